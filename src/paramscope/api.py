@@ -1,0 +1,94 @@
+"""The one entry point: anything that names a model → Report.
+
+input → sources (config dict) → build (class choice, meta build) → count (ids, roles, tree) → Report.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from .count import count_module
+from .errors import ModelClassError
+from .report import ModelInfo, Report, make_report
+from .sources import Source, resolve
+
+
+def inspect(
+    model: Any,
+    *,
+    model_class: str | None = None,
+    task: str | None = None,
+    num_labels: int | None = None,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+) -> Report:
+    """Count `model`'s parameters exactly, without weights.
+
+    `model` may be a preset name, a config.json path, a model directory, a hub id, a dict holding a
+    config, a transformers `PretrainedConfig`, or a live `torch.nn.Module` (counted as it is).
+    """
+    if _is_module(model):
+        if model_class or task or num_labels is not None:
+            raise ModelClassError("--class, --task and --num-labels apply to configs, not to a live module")
+        return inspect_module(model)
+    if isinstance(model, dict):
+        source = Source("config-dict", "config", "a config dict", model)
+        return _inspect_source(source, model_class, task, num_labels, trust_remote_code)
+    if _is_pretrained_config(model):
+        config_dict = model.to_dict()
+        source = Source("config-object", type(model).__name__, f"a {type(model).__name__} object", config_dict)
+        return _inspect_source(source, model_class, task, num_labels, trust_remote_code)
+    return _inspect_source(resolve(str(model), revision=revision), model_class, task, num_labels, trust_remote_code)
+
+
+def inspect_module(module: Any, *, label: str | None = None) -> Report:
+    """Count a live module as it is: its requires_grad flags, ties and buffers."""
+    config = getattr(module, "config", None)
+    info = ModelInfo(
+        source=f"a live {type(module).__name__} module",
+        source_kind="module",
+        label=label or type(module).__name__,
+        class_name=type(module).__name__,
+        class_reason="the module passed in",
+        model_type=getattr(config, "model_type", None),
+        native=None,
+        transformers_version=None,
+    )
+    return make_report(info, count_module(module), getattr(module, "base_model_prefix", None))
+
+
+def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_code) -> Report:
+    from .build import build_on_meta, choose_class, make_config, transformers_version
+
+    config, notes = make_config(
+        source.config, num_labels=num_labels, trust_remote_code=trust_remote_code, source_path=source.path
+    )
+    choice = choose_class(config, source.config, model_class=model_class, task=task)
+    module = build_on_meta(choice.name, copy.deepcopy(config), trust_remote_code=trust_remote_code)
+    native = type(module).__module__.startswith("transformers.")
+    info = ModelInfo(
+        source=source.description,
+        source_kind=source.kind,
+        label=source.label,
+        class_name=type(module).__name__,
+        class_reason=choice.reason,
+        model_type=config.model_type,
+        native=native,
+        transformers_version=transformers_version(),
+        notes=tuple(notes),
+    )
+    return make_report(info, count_module(module), getattr(module, "base_model_prefix", None))
+
+
+def _is_module(obj: Any) -> bool:
+    # Checked by duck type first so that a plain string never triggers `import torch`.
+    if isinstance(obj, (str, dict)) or not hasattr(obj, "named_parameters"):
+        return False
+    import torch
+
+    return isinstance(obj, torch.nn.Module)
+
+
+def _is_pretrained_config(obj: Any) -> bool:
+    return hasattr(obj, "to_dict") and hasattr(obj, "model_type") and type(obj).__name__.endswith("Config")

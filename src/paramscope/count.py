@@ -1,0 +1,192 @@
+"""Counting a module: unique parameters by identity, tied groups, buffers, and the owned-parameter tree.
+
+Ties are found by Parameter identity (`id`), not storage pointers: meta tensors have no storage.
+Each parameter belongs to exactly one place, its canonical (first-registered) name, so the tree
+and the role breakdown both sum exactly to the total.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .roles import OTHER, role_of, role_sort_key
+
+
+@dataclass(frozen=True)
+class ParameterInfo:
+    name: str  # canonical name: the first name named_parameters() gives this tensor
+    shape: tuple[int, ...]
+    numel: int
+    trainable: bool
+    role: str
+    dtype: str
+    aliases: tuple[str, ...] = ()  # other names of the same Parameter object (tied weights)
+
+
+@dataclass(frozen=True)
+class TiedGroup:
+    canonical: str
+    aliases: tuple[str, ...]
+    numel: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BufferInfo:
+    name: str
+    shape: tuple[int, ...]
+    numel: int
+    persistent: bool
+
+
+@dataclass(frozen=True)
+class ModuleNode:
+    name: str  # full dotted path, "" for the root
+    attr: str  # the attribute name under its parent ("" for the root)
+    type: str
+    params: int  # unique parameters owned in this subtree (canonical names only)
+    own: tuple[str, ...]  # local names of parameters this module itself owns
+    tied: tuple[tuple[str, str], ...]  # (local name, canonical name) of parameters owned elsewhere
+    children: tuple["ModuleNode", ...]
+    signature: int  # equal for structurally identical subtrees; used to collapse repeated layers
+
+
+@dataclass(frozen=True)
+class Counts:
+    total: int
+    trainable: int
+    frozen: int
+    with_tied_duplicates: int
+    buffers: int
+
+
+@dataclass(frozen=True)
+class Counted:
+    counts: Counts
+    parameters: tuple[ParameterInfo, ...]
+    tied: tuple[TiedGroup, ...]
+    buffers: tuple[BufferInfo, ...]
+    breakdown: dict[str, int]
+    unclassified: tuple[str, ...]
+    tree: ModuleNode
+
+
+def count_module(module: Any) -> Counted:
+    """Everything paramscope knows about `module`'s parameters. Never touches tensor data."""
+    names_by_id: dict[int, list[str]] = {}
+    tensors: dict[int, Any] = {}
+    with_duplicates = 0
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names_by_id.setdefault(id(param), []).append(name)
+        tensors[id(param)] = param
+        with_duplicates += param.numel()
+
+    canonical_of: dict[str, str] = {}
+    infos: list[ParameterInfo] = []
+    tied: list[TiedGroup] = []
+    for key, names in names_by_id.items():
+        param = tensors[key]
+        canonical, aliases = names[0], tuple(names[1:])
+        for name in names:
+            canonical_of[name] = canonical
+        shape = tuple(int(d) for d in param.shape)
+        infos.append(
+            ParameterInfo(
+                name=canonical,
+                shape=shape,
+                numel=int(param.numel()),
+                trainable=bool(param.requires_grad),
+                role=role_of(canonical),
+                dtype=str(param.dtype).removeprefix("torch."),
+                aliases=aliases,
+            )
+        )
+        if aliases:
+            tied.append(TiedGroup(canonical, aliases, int(param.numel()), shape))
+
+    total = sum(p.numel for p in infos)
+    trainable = sum(p.numel for p in infos if p.trainable)
+    breakdown: dict[str, int] = {}
+    for info in infos:
+        breakdown[info.role] = breakdown.get(info.role, 0) + info.numel
+    breakdown = dict(sorted(breakdown.items(), key=lambda item: role_sort_key(item[0])))
+
+    buffers: list[BufferInfo] = []
+    seen_buffers: set[int] = set()
+    for module_name, submodule in module.named_modules(remove_duplicate=False):
+        non_persistent = getattr(submodule, "_non_persistent_buffers_set", set())
+        for local, buffer in submodule.named_buffers(recurse=False):
+            if buffer is None or id(buffer) in seen_buffers:
+                continue
+            seen_buffers.add(id(buffer))
+            full = f"{module_name}.{local}" if module_name else local
+            buffers.append(BufferInfo(full, tuple(int(d) for d in buffer.shape), int(buffer.numel()),
+                                      local not in non_persistent))
+
+    numel_of = {info.name: info.numel for info in infos}
+    tree = _node(module, "", "", canonical_of, numel_of)
+    return Counted(
+        counts=Counts(
+            total=total,
+            trainable=trainable,
+            frozen=total - trainable,
+            with_tied_duplicates=with_duplicates,
+            buffers=sum(b.numel for b in buffers),
+        ),
+        parameters=tuple(infos),
+        tied=tuple(tied),
+        buffers=tuple(buffers),
+        breakdown=breakdown,
+        unclassified=tuple(info.name for info in infos if info.role == OTHER),
+        tree=tree,
+    )
+
+
+def _node(module: Any, name: str, attr: str, canonical_of: dict[str, str], numel_of: dict[str, int]) -> ModuleNode:
+    own: list[str] = []
+    tied: list[tuple[str, str]] = []
+    own_numel = 0
+    shape_key: list[Any] = [type(module).__name__]
+    for local, param in module.named_parameters(recurse=False, remove_duplicate=False):
+        full = f"{name}.{local}" if name else local
+        canonical = canonical_of[full]
+        shape_key.append((local, tuple(param.shape), canonical == full))
+        if canonical == full:
+            own.append(local)
+            own_numel += numel_of[full]
+        else:
+            tied.append((local, canonical))
+    children = []
+    for child_attr, child in module.named_children():
+        child_name = f"{name}.{child_attr}" if name else child_attr
+        node = _node(child, child_name, child_attr, canonical_of, numel_of)
+        children.append(node)
+        shape_key.append((child_attr.isdigit() or child_attr, node.signature))
+    return ModuleNode(
+        name=name,
+        attr=attr,
+        type=type(module).__name__,
+        params=own_numel + sum(c.params for c in children),
+        own=tuple(own),
+        tied=tuple(tied),
+        children=tuple(children),
+        signature=hash(tuple(shape_key)),
+    )
+
+
+def collapse_runs(children: tuple[ModuleNode, ...]) -> list[tuple[ModuleNode, int]]:
+    """Group consecutive structurally identical siblings: 12 BertLayers become (layer 0, 12)."""
+    runs: list[tuple[ModuleNode, int]] = []
+    for child in children:
+        if runs and runs[-1][0].signature == child.signature and child.attr.isdigit():
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((child, 1))
+    return runs
+
+
+def walk(node: ModuleNode):
+    yield node
+    for child in node.children:
+        yield from walk(child)

@@ -1,0 +1,66 @@
+"""Embedded presets: real config.json files of well-known models, named by hub id with short aliases.
+
+The registry is plain JSON so that looking a preset up never imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+_REGISTRY_FILES = ("registry.json", "registry_extra.json")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str  # the hub id, e.g. "google-bert/bert-base-uncased"
+    aliases: tuple[str, ...]
+    config_file: str
+    published: dict[str, Any] | None = field(default=None, compare=False)
+
+    def load_config(self) -> dict[str, Any]:
+        text = resources.files(__name__).joinpath("configs", self.config_file).read_text("utf-8")
+        return json.loads(text)
+
+
+@lru_cache(maxsize=1)
+def all_presets() -> tuple[Preset, ...]:
+    presets = []
+    root = resources.files(__name__)
+    for filename in _REGISTRY_FILES:
+        entry_file = root.joinpath(filename)
+        if not entry_file.is_file():
+            continue
+        for entry in json.loads(entry_file.read_text("utf-8")):
+            presets.append(
+                Preset(
+                    name=entry["name"],
+                    aliases=tuple(entry.get("aliases", ())),
+                    config_file=entry["config"],
+                    published=entry.get("published"),
+                )
+            )
+    return tuple(presets)
+
+
+@lru_cache(maxsize=1)
+def _index() -> dict[str, Preset]:
+    index: dict[str, Preset] = {}
+    for preset in all_presets():
+        for key in (preset.name, *preset.aliases):
+            index[key.lower()] = preset
+        # "bert-base-uncased" also finds "google-bert/bert-base-uncased"
+        index.setdefault(preset.name.split("/")[-1].lower(), preset)
+    return index
+
+
+def find_preset(name: str) -> Preset | None:
+    """The preset called `name` (hub id, alias or bare repo name, any case), or None."""
+    return _index().get(name.strip().lower())
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name for p in all_presets())

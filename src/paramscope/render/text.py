@@ -1,0 +1,212 @@
+"""Terminal rendering with rich: a pure function of (report, width, options) → str."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from rich import box
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from ..count import ModuleNode, collapse_runs
+from ..explain import exact, human, module_arithmetic, role_arithmetic
+from ..report import Report
+from ..roles import ROLES, role_group
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    width: int = 100
+    depth: int = 3
+    explain: bool = False
+    color: bool = False
+    tree: bool = True
+
+
+_ROLE_DESCRIPTIONS = dict(ROLES)
+_GROUP_TITLES = {
+    "embeddings": "embeddings",
+    "attention": "attention",
+    "mlp": "feed-forward (MLP)",
+    "norm": "final norm",
+    "pooler": "pooler",
+    "head": "heads",
+    "other": "unclassified",
+}
+
+
+def render_text(report: Report, options: TextOptions = TextOptions()) -> str:
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer,
+        width=options.width,
+        force_terminal=options.color,
+        color_system="truecolor" if options.color else None,
+        no_color=not options.color,
+        highlight=False,
+        emoji=False,
+    )
+    for part in _parts(report, options):
+        console.print(part)
+    # rich pads table rows to full width; trailing blanks only get in the way of diffs and golden files.
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+
+
+def _parts(report: Report, options: TextOptions):
+    yield _header(report)
+    yield _totals(report)
+    yield _components(report)
+    yield _roles(report, options.explain)
+    if report.tied:
+        yield _tied(report)
+    if report.unclassified:
+        yield _unclassified(report)
+    if options.tree:
+        yield _tree(report, options)
+
+
+def _header(report: Report) -> Group:
+    model = report.model
+    title = Text.assemble((f"{model.label}", "bold"), " · ", (model.class_name, "bold cyan"))
+    lines = [title]
+    lines.append(Text(f"  source   {model.source}"))
+    if model.native:
+        how = f"native class of transformers {model.transformers_version}"
+    else:
+        how = "remote code" if model.native is False else "live module"
+    lines.append(Text(f"  class    {model.class_name}, {how}"))
+    lines.append(Text(f"  why      {model.class_reason}"))
+    if model.model_type:
+        lines.append(Text(f"  type     {model.model_type}"))
+    for note in model.notes:
+        lines.append(Text(f"  note     {note}"))
+    return Group(*lines, Text(""))
+
+
+def _totals(report: Report) -> Table:
+    counts = report.parameters
+    table = Table(title="Totals", title_justify="left", box=box.SIMPLE_HEAD, show_header=False, pad_edge=False)
+    table.add_column("what")
+    table.add_column("exact", justify="right")
+    table.add_column("human", justify="right")
+    table.add_row("parameters (unique)", exact(counts.total), human(counts.total), style="bold")
+    table.add_row("  trainable", exact(counts.trainable), human(counts.trainable))
+    table.add_row("  frozen", exact(counts.frozen), human(counts.frozen))
+    table.add_row("with tied duplicates", exact(counts.with_tied_duplicates), human(counts.with_tied_duplicates))
+    table.add_row("buffers (not parameters)", exact(counts.buffers), human(counts.buffers))
+    return table
+
+
+def _components(report: Report) -> Table:
+    table = Table(title="Components", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("component")
+    table.add_column("type")
+    table.add_column("parameters", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("≈", justify="right")
+    for component in report.components:
+        kind = component.type
+        if component.repeated:
+            layer_type, n, each = component.repeated
+            kind = f"{component.type}: {n} × {layer_type}, {exact(each)} each"
+        table.add_row(component.name, kind, exact(component.params), _percent(report.share(component.params)),
+                      human(component.params))
+    table.add_section()
+    table.add_row("total", "", exact(report.total), "100.00%", human(report.total), style="bold")
+    return table
+
+
+def _roles(report: Report, explain: bool) -> Table:
+    table = Table(title="Breakdown by role", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("role")
+    table.add_column("parameters", justify="right")
+    table.add_column("share", justify="right")
+    if explain:
+        table.add_column("arithmetic", overflow="fold")
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for role, count in report.breakdown.items():
+        groups.setdefault(role_group(role), []).append((role, count))
+    for group, roles in groups.items():
+        if len(roles) > 1:
+            subtotal = sum(count for _, count in roles)
+            row = [_GROUP_TITLES.get(group, group), exact(subtotal), _percent(report.share(subtotal))]
+            table.add_row(*row, *([""] if explain else []), style="bold")
+            indent = "  "
+        else:
+            indent = ""
+        for role, count in roles:
+            row = [indent + role, exact(count), _percent(report.share(count))]
+            if explain:
+                row.append(role_arithmetic(report, role))
+            table.add_row(*row)
+    table.add_section()
+    table.add_row("total", exact(report.total), "100.00%", *([""] if explain else []), style="bold")
+    return table
+
+
+def _tied(report: Report) -> Group:
+    lines = [Text("Tied weights", style="bold")]
+    for group in report.tied:
+        aliases = ", ".join(group.aliases)
+        lines.append(Text(
+            f"  {aliases} is the same tensor as {group.canonical} "
+            f"({'×'.join(map(str, group.shape))} = {exact(group.numel)}); counted once."
+        ))
+    extra = report.parameters.with_tied_duplicates - report.parameters.total
+    lines.append(Text(
+        f"  A naive sum over every parameter name counts shared tensors again: "
+        f"{exact(report.parameters.with_tied_duplicates)} instead of {exact(report.total)} (+{exact(extra)})."
+    ))
+    return Group(*lines, Text(""))
+
+
+def _unclassified(report: Report) -> Group:
+    lines = [Text(f"Unclassified ({len(report.unclassified)} tensors, role 'other')", style="bold yellow")]
+    lines.extend(Text(f"  {name}") for name in report.unclassified)
+    return Group(*lines, Text(""))
+
+
+def _tree(report: Report, options: TextOptions) -> Tree:
+    params_by_name = {p.name: p for p in report.params}
+    root = Tree(_node_label(report.tree, report.tree.type, 1, params_by_name, options), guide_style="dim")
+    _add_children(root, report.tree, 1, params_by_name, options)
+    return root
+
+
+def _add_children(branch: Tree, node: ModuleNode, level: int, params_by_name, options: TextOptions) -> None:
+    if level > options.depth:
+        return
+    for child, n in collapse_runs(node.children):
+        if child.params == 0 and not child.tied:
+            continue
+        if n > 1:
+            name = f"{child.attr}–{int(child.attr) + n - 1}"
+        else:
+            name = child.attr
+        sub = branch.add(_node_label(child, name, n, params_by_name, options))
+        _add_children(sub, child, level + 1, params_by_name, options)
+
+
+def _node_label(node: ModuleNode, name: str, n: int, params_by_name, options: TextOptions) -> Text:
+    text = Text()
+    if n > 1:
+        text.append(f"{name}: {n} × {node.type}, {exact(node.params)} each = {exact(node.params * n)}")
+    else:
+        text.append(f"{name} ")
+        if name != node.type:
+            text.append(f"({node.type}) ", style="dim")
+        text.append(exact(node.params))
+    for local, canonical in node.tied:
+        text.append(f"  [{local} tied to {canonical}]", style="magenta")
+    if options.explain:
+        arithmetic = module_arithmetic(node, params_by_name)
+        if arithmetic and node.own and not node.children:
+            text.append(f"  = {arithmetic}", style="dim")
+    return text
+
+
+def _percent(share: float) -> str:
+    return f"{share * 100:.2f}%"

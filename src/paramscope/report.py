@@ -1,0 +1,134 @@
+"""The report: frozen data that every renderer takes. No formatting happens here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .count import BufferInfo, Counted, Counts, ModuleNode, ParameterInfo, TiedGroup
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    source: str  # plain-language origin, e.g. "embedded preset google-bert/bert-base-uncased"
+    source_kind: str  # preset | config-file | directory | hub | hub-cache | module | config-object
+    label: str  # short name for titles
+    class_name: str
+    class_reason: str  # why this class was built
+    model_type: str | None
+    native: bool | None  # built from transformers' own class (True), remote code (False), or not a config build (None)
+    transformers_version: str | None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Component:
+    """A top-level part of the model (embeddings, encoder, pooler, a head), as people sketch it."""
+
+    name: str
+    type: str
+    params: int
+    repeated: tuple[str, int, int] | None = None  # (layer type, count, params each) when one run fills it
+
+
+@dataclass(frozen=True)
+class Report:
+    model: ModelInfo
+    parameters: Counts
+    params: tuple[ParameterInfo, ...]
+    tied: tuple[TiedGroup, ...]
+    buffers: tuple[BufferInfo, ...]
+    breakdown: dict[str, int]
+    unclassified: tuple[str, ...]
+    tree: ModuleNode
+    components: tuple[Component, ...]
+    num_layers: int | None = None
+
+    @property
+    def total(self) -> int:
+        return self.parameters.total
+
+    def share(self, count: int) -> float:
+        return count / self.parameters.total if self.parameters.total else 0.0
+
+    def by_role(self, role: str) -> tuple[ParameterInfo, ...]:
+        return tuple(p for p in self.params if p.role == role)
+
+    def node(self, name: str) -> ModuleNode:
+        """The tree node at dotted path `name` ("" is the root)."""
+        node = self.tree
+        for part in [p for p in name.split(".") if p]:
+            node = next(c for c in node.children if c.attr == part)
+        return node
+
+
+def make_report(model_info: ModelInfo, counted: Counted, base_model_prefix: str | None = None) -> Report:
+    return Report(
+        model=model_info,
+        parameters=counted.counts,
+        params=counted.parameters,
+        tied=counted.tied,
+        buffers=counted.buffers,
+        breakdown=counted.breakdown,
+        unclassified=counted.unclassified,
+        tree=counted.tree,
+        components=_components(counted.tree, base_model_prefix),
+        num_layers=_layer_count(counted.tree),
+    )
+
+
+def _components(tree: ModuleNode, base_model_prefix: str | None) -> tuple[Component, ...]:
+    """The base model's children, then the task model's own top-level parts (heads)."""
+    parts: list[ModuleNode] = []
+    for child in tree.children:
+        if base_model_prefix and child.attr == base_model_prefix and child.children:
+            parts.extend(child.children)
+        else:
+            parts.append(child)
+    if tree.own:
+        parts.append(ModuleNode(tree.name, "(own parameters)", tree.type, _own_numel(tree), tree.own, (), (), 0))
+    components = []
+    for part in parts:
+        if part.params == 0:
+            continue
+        components.append(Component(part.name or part.attr, part.type, part.params, _single_run(part)))
+    return tuple(components)
+
+
+def _own_numel(tree: ModuleNode) -> int:
+    return tree.params - sum(c.params for c in tree.children)
+
+
+def _single_run(node: ModuleNode) -> tuple[str, int, int] | None:
+    """For an encoder-like block, (layer type, n, each) when its params are one run of identical layers."""
+    from .count import collapse_runs
+
+    stack = node
+    while True:
+        with_params = [c for c in stack.children if c.params]
+        if len(with_params) != 1 or stack.own:
+            break
+        only = with_params[0]
+        runs = collapse_runs(only.children)
+        if len(runs) == 1 and runs[0][1] > 1 and not only.own:
+            first, n = runs[0]
+            return (first.type, n, first.params)
+        stack = only
+    runs = collapse_runs(node.children)
+    if len(runs) == 1 and runs[0][1] > 1 and not node.own:
+        first, n = runs[0]
+        return (first.type, n, first.params)
+    return None
+
+
+def _layer_count(tree: ModuleNode) -> int | None:
+    """The length of the longest run of identical numbered blocks: the model's layer count."""
+    from .count import collapse_runs, walk
+
+    best = None
+    for node in walk(tree):
+        for first, n in collapse_runs(node.children):
+            if first.attr.isdigit() and n > 1 and first.params and (best is None or n > best):
+                best = n
+    return best

@@ -1,0 +1,176 @@
+"""Where a model's config comes from: a preset, a file, a directory, a hub id, or the cache.
+
+Only config.json is ever read. Weights are never downloaded, and nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from .errors import SourceError
+from .presets import find_preset
+
+# A hub repo id: "org/name" (the legacy bare names are covered by presets).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A config and a plain-language account of where it came from."""
+
+    kind: str  # preset | config-file | directory | hub | hub-cache
+    label: str  # what the user typed, or the preset's hub id
+    description: str  # e.g. "embedded preset google-bert/bert-base-uncased"
+    config: dict[str, Any] = field(compare=False, repr=False)
+    path: str | None = None  # the config.json read, when one was read from disk
+
+
+def resolve(spec: str, *, revision: str | None = None) -> Source:
+    """Find the config that `spec` names.
+
+    Order: an existing path wins; then an embedded preset; then a hub id (online, else the local cache).
+    """
+    spec = str(spec).strip()
+    if not spec:
+        raise SourceError("empty model name: give a preset name, a config.json path, a directory or a hub id")
+    path = Path(spec).expanduser()
+    if path.exists():
+        return _from_path(path)
+    preset = find_preset(spec)
+    if preset is not None:
+        return Source(
+            kind="preset",
+            label=preset.name,
+            description=f"embedded preset {preset.name}",
+            config=_check_object(preset.load_config(), f"preset {preset.name}"),
+        )
+    if _HUB_ID.match(spec) and not spec.endswith(".json"):
+        return _from_hub(spec, revision)
+    if spec.endswith(".json") or os.sep in spec or spec.startswith("."):
+        raise SourceError(f"no such file or directory: {spec}")
+    raise SourceError(
+        f"unknown model {spec!r}: not a file, not an embedded preset (see `paramscope presets`), "
+        "and not a hub id of the form org/name"
+    )
+
+
+def _from_path(path: Path) -> Source:
+    if path.is_dir():
+        config_path = _config_in_directory(path)
+        return Source(
+            kind="directory",
+            label=str(path),
+            description=f"directory {path}",
+            config=read_config_file(config_path),
+            path=str(config_path),
+        )
+    return Source(
+        kind="config-file",
+        label=str(path),
+        description=f"config file {path}",
+        config=read_config_file(path),
+        path=str(path),
+    )
+
+
+def _config_in_directory(directory: Path) -> Path:
+    candidate = directory / "config.json"
+    if candidate.is_file():
+        return candidate
+    # A Hugging Face cache repo folder (models--org--name): follow refs/main to its snapshot.
+    ref = directory / "refs" / "main"
+    if ref.is_file():
+        snapshot = directory / "snapshots" / ref.read_text().strip()
+        if (snapshot / "config.json").is_file():
+            return snapshot / "config.json"
+    raise SourceError(f"no config.json in directory {directory}")
+
+
+def read_config_file(path: Path | str) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SourceError(f"no such file: {path}") from None
+    except OSError as err:
+        raise SourceError(f"cannot read {path}: {err.strerror or err}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise SourceError(f"{path} is not UTF-8 text") from None
+    except json.JSONDecodeError as err:
+        raise SourceError(f"malformed JSON in {path}: {err.msg} at line {err.lineno} column {err.colno}") from None
+    return _check_object(data, str(path))
+
+
+def _check_object(data: Any, where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise SourceError(f"{where} is not a config: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """One quick TCP connect, so that an offline machine answers from the cache at once.
+
+    Without it, huggingface_hub retries a dead connection for about 25 seconds.
+    """
+    from huggingface_hub import constants
+
+    parsed = urlparse(constants.ENDPOINT)
+    host = parsed.hostname or "huggingface.co"
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _from_hub(repo_id: str, revision: str | None) -> Source:
+    try:
+        from huggingface_hub import constants, hf_hub_download
+        from huggingface_hub.errors import (
+            EntryNotFoundError,
+            GatedRepoError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+    except ImportError:  # pragma: no cover - huggingface_hub is a dependency
+        raise SourceError(f"{repo_id} looks like a hub id, but huggingface_hub is not installed") from None
+
+    offline_setting = constants.is_offline_mode()
+    online = not offline_setting and _hub_reachable()
+    try:
+        path = hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=not online)
+    except LocalEntryNotFoundError:
+        why = "HF_HUB_OFFLINE is set" if offline_setting else "the Hugging Face Hub cannot be reached"
+        raise SourceError(
+            f"hub id {repo_id}: {why}, and its config.json is not in the local cache ({constants.HF_HUB_CACHE})"
+        ) from None
+    except GatedRepoError:
+        raise SourceError(f"hub id {repo_id} is gated: log in with `hf auth login` and accept its terms") from None
+    except RepositoryNotFoundError:
+        raise SourceError(f"hub id {repo_id} was not found on the Hub (or is private)") from None
+    except RevisionNotFoundError:
+        raise SourceError(f"hub id {repo_id} has no revision {revision!r}") from None
+    except EntryNotFoundError:
+        raise SourceError(f"hub id {repo_id} has no config.json") from None
+    except OSError as err:
+        raise SourceError(f"hub id {repo_id}: {err}") from None
+    kind = "hub" if online else "hub-cache"
+    where = "the Hub" if online else "the local Hugging Face cache (offline)"
+    return Source(
+        kind=kind,
+        label=repo_id,
+        description=f"hub id {repo_id}, config.json from {where}",
+        config=read_config_file(path),
+        path=str(path),
+    )

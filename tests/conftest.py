@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+import paramscope
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@functools.lru_cache(maxsize=None)
+def report_of(model: str, model_class: str | None = None, task: str | None = None, num_labels: int | None = None):
+    """Meta builds are cheap but not free: each (model, class) is built once per test session."""
+    return paramscope.inspect(model, model_class=model_class, task=task, num_labels=num_labels)
+
+
+@pytest.fixture
+def write_config(tmp_path):
+    """Write a config (dict, or raw text) to tmp_path/config.json and return its path."""
+
+    def write(content, name: str = "config.json") -> Path:
+        path = tmp_path / name
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+        return path
+
+    return write
+
+
+def bert_config(**overrides) -> dict:
+    from paramscope.presets import find_preset
+
+    config = find_preset("bert-base-uncased").load_config()
+    config.update(overrides)
+    return config
