@@ -209,4 +209,6 @@ def _node_label(node: ModuleNode, name: str, n: int, params_by_name, options: Te
 
 
 def _percent(share: float) -> str:
+    if 0 < share < 0.00005:  # a real head of 1,538 parameters must not read as 0.00%
+        return "<0.01%"
     return f"{share * 100:.2f}%"

@@ -1,0 +1,127 @@
+"""Every bad input: one line on stderr naming the problem, a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from paramscope.cli import main
+
+from conftest import bert_config
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(capsys, argv, *expected):
+    code, out, err = run_cli(capsys, *argv)
+    assert code != 0
+    assert out == ""
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("paramscope: error: ")
+    for fragment in expected:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def test_missing_file(capsys):
+    assert_one_line_error(capsys, ["inspect", "nowhere/config.json"], "no such file or directory", "nowhere/config.json")
+
+
+def test_malformed_json(capsys, write_config):
+    path = write_config('{"model_type": "bert", ')
+    assert_one_line_error(capsys, ["inspect", str(path)], "malformed JSON", str(path), "line 1")
+
+
+def test_config_not_an_object(capsys, write_config):
+    path = write_config("[1, 2, 3]")
+    assert_one_line_error(capsys, ["inspect", str(path)], "expected a JSON object, got list")
+
+
+def test_missing_model_type(capsys, write_config):
+    config = bert_config()
+    del config["model_type"]
+    assert_one_line_error(capsys, ["inspect", str(write_config(config))], "no 'model_type'")
+
+
+def test_unknown_model_type(capsys, write_config):
+    path = write_config(bert_config(model_type="bertish"))
+    assert_one_line_error(capsys, ["inspect", str(path)], "unknown model_type 'bertish'")
+
+
+def test_remote_code_is_refused_without_the_flag(capsys, write_config):
+    path = write_config(bert_config(model_type="my_custom", auto_map={"AutoModel": "modeling_x.MyModel"}))
+    assert_one_line_error(capsys, ["inspect", str(path)], "'my_custom'", "--trust-remote-code")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "fragment"),
+    [
+        ("hidden_size", "wide", "'hidden_size' must be an integer, got 'wide'"),
+        ("num_hidden_layers", 1.5, "'num_hidden_layers' must be an integer, got 1.5"),
+        ("vocab_size", True, "'vocab_size' must be an integer, got True"),
+        ("hidden_size", 0, "'hidden_size' must be positive, got 0"),
+        ("num_attention_heads", -4, "'num_attention_heads' must be positive, got -4"),
+        ("type_vocab_size", -1, "'type_vocab_size' must be a non-negative integer, got -1"),
+        ("hidden_size", 770, "hidden_size 770 is not divisible by num_attention_heads 12"),
+    ],
+)
+def test_bad_field_values(capsys, write_config, field, value, fragment):
+    path = write_config(bert_config(**{field: value}))
+    assert_one_line_error(capsys, ["inspect", str(path)], fragment)
+
+
+def test_wrong_type_caught_by_transformers_validation(capsys, write_config):
+    path = write_config(bert_config(layer_norm_eps="tiny"))
+    assert_one_line_error(capsys, ["inspect", str(path)], "invalid bert config", "layer_norm_eps")
+
+
+def test_unknown_class(capsys):
+    assert_one_line_error(capsys, ["inspect", "bert-base-uncased", "--class", "BertForMagic"],
+                          "unknown class 'BertForMagic'")
+
+
+def test_class_that_does_not_fit_the_model_type(capsys):
+    assert_one_line_error(capsys, ["inspect", "bert-base-uncased", "--class", "GPT2LMHeadModel"],
+                          "GPT2LMHeadModel is for model_type 'gpt2'", "'bert'")
+
+
+def test_unknown_task(capsys):
+    assert_one_line_error(capsys, ["inspect", "bert-base-uncased", "--task", "telepathy"], "unknown task 'telepathy'")
+
+
+def test_task_without_a_class_for_this_model(capsys):
+    assert_one_line_error(capsys, ["inspect", "bert-base-uncased", "--task", "text2text-generation"],
+                          "has no class for model_type 'bert'")
+
+
+def test_bad_num_labels(capsys):
+    assert_one_line_error(capsys, ["inspect", "bert-base-uncased", "--task", "ner", "--num-labels", "0"],
+                          "--num-labels must be a positive integer, got 0")
+
+
+def test_hub_id_offline_with_nothing_cached(capsys, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert_one_line_error(capsys, ["inspect", "nobody/nothing"], "hub id nobody/nothing", "HF_HUB_OFFLINE",
+                          "not in the local cache")
+
+
+def test_unknown_preset_name(capsys):
+    assert_one_line_error(capsys, ["inspect", "bert-huge"], "unknown model 'bert-huge'")
+
+
+def test_debug_shows_the_traceback(capsys, write_config):
+    from paramscope import ConfigError
+
+    path = write_config(bert_config(hidden_size=770))
+    with pytest.raises(ConfigError):
+        main(["--debug", "inspect", str(path)])
+    with pytest.raises(ConfigError):
+        main(["inspect", str(path), "--debug"])

@@ -1,0 +1,144 @@
+"""Every way a model can be named: preset, config file, directory, HF cache layouts, hub id offline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paramscope import SourceError
+from paramscope.presets import find_preset
+from paramscope.sources import resolve
+
+from conftest import bert_config, report_of
+
+REPO = "someorg/tiny-bert"
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def make_hf_cache(root, repo_id: str = REPO, config: dict | None = None):
+    """The layout huggingface_hub writes: models--org--name/{refs/main, snapshots/<sha>/config.json}."""
+    repo_dir = root / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo_dir / "snapshots" / SHA
+    snapshot.mkdir(parents=True)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(SHA)
+    (snapshot / "config.json").write_text(json.dumps(config or bert_config()))
+    return repo_dir, snapshot
+
+
+@pytest.fixture
+def offline_cache(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def test_preset_by_alias_hub_id_and_case():
+    for name in ("bert-base-uncased", "google-bert/bert-base-uncased", "BERT-BASE-UNCASED", "bert-base"):
+        source = resolve(name)
+        assert source.kind == "preset"
+        assert source.label == "google-bert/bert-base-uncased"
+        assert source.config["vocab_size"] == 30522
+
+
+def test_all_foundation_presets_exist():
+    for name in ("bert-base-uncased", "bert-base-cased", "bert-large-uncased", "bert-large-cased",
+                 "bert-base-chinese", "bert-base-multilingual-cased", "distilbert-base-uncased",
+                 "roberta-base", "roberta-large"):
+        assert find_preset(name) is not None, name
+
+
+def test_config_file_and_directory(write_config, tmp_path):
+    path = write_config(bert_config())
+    assert resolve(str(path)).kind == "config-file"
+    source = resolve(str(tmp_path))
+    assert source.kind == "directory"
+    assert source.path == str(path)
+
+
+def test_hf_cache_snapshot_folder_and_repo_folder(tmp_path):
+    repo_dir, snapshot = make_hf_cache(tmp_path)
+    assert resolve(str(snapshot)).config["hidden_size"] == 768
+    # The repo folder itself: follow refs/main to the snapshot.
+    assert resolve(str(repo_dir)).path == str(snapshot / "config.json")
+
+
+def test_hub_id_offline_uses_the_local_cache(offline_cache):
+    make_hf_cache(offline_cache, config=bert_config(num_hidden_layers=2))
+    source = resolve(REPO)
+    assert source.kind == "hub-cache"
+    assert "local Hugging Face cache" in source.description
+    assert source.config["num_hidden_layers"] == 2
+
+
+def test_hub_id_offline_nothing_cached_says_which(offline_cache):
+    with pytest.raises(SourceError, match="HF_HUB_OFFLINE is set, and its config.json is not in the local cache"):
+        resolve("nobody/nothing-here")
+
+
+def test_hub_unreachable_falls_back_to_cache(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    import paramscope.sources as sources
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: False)
+    with pytest.raises(SourceError, match="cannot be reached, and its config.json is not in the local cache"):
+        resolve(REPO)
+    make_hf_cache(cache)
+    assert resolve(REPO).kind == "hub-cache"
+
+
+def test_hub_cache_report_end_to_end(offline_cache):
+    make_hf_cache(offline_cache)
+    report = report_of(REPO, "BertModel")
+    assert report.parameters.total == 109_482_240
+    assert report.model.source_kind == "hub-cache"
+
+
+def test_unknown_name_and_missing_path():
+    with pytest.raises(SourceError, match="unknown model 'not-a-model'"):
+        resolve("not-a-model")
+    with pytest.raises(SourceError, match="no such file or directory: missing/config.json"):
+        resolve("missing/config.json")
+
+
+def test_python_inputs_config_object_dict_and_live_module():
+    import torch
+    import transformers
+
+    import paramscope
+
+    config = transformers.BertConfig(num_hidden_layers=2)
+    assert paramscope.inspect(config, model_class="BertModel").model.source_kind == "config-object"
+    as_dict = paramscope.inspect(bert_config(), model_class="BertModel")
+    assert as_dict.parameters.total == 109_482_240
+
+    class TinyLM(torch.nn.Module):
+        """A user's own model: tied input/output embeddings and a frozen part."""
+
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(100, 16)
+            self.body = torch.nn.Linear(16, 16)
+            self.out = torch.nn.Linear(16, 100, bias=False)
+            self.out.weight = self.embed.weight
+            self.body.requires_grad_(False)
+
+    with torch.device("meta"):
+        model = TinyLM()
+    report = paramscope.inspect(model)
+    assert report.model.source_kind == "module"
+    assert report.parameters.total == 100 * 16 + 16 * 16 + 16
+    assert report.parameters.frozen == 16 * 16 + 16
+    assert report.parameters.trainable == 1_600
+    assert report.parameters.with_tied_duplicates == 1_600 * 2 + 272
+    assert [(g.canonical, g.aliases) for g in report.tied] == [("embed.weight", ("out.weight",))]
+    assert report.tree.params == report.parameters.total
