@@ -101,24 +101,20 @@ def _own_numel(tree: ModuleNode) -> int:
 
 
 def _single_run(node: ModuleNode) -> tuple[str, int, int] | None:
-    """For an encoder-like block, (layer type, n, each) when its params are one run of identical layers."""
+    """(layer type, n, params each) when a block's parameters are one run of identical layers.
+
+    Follows single-child chains, so BertEncoder → layer (ModuleList) → 12 × BertLayer is found.
+    """
     from .count import collapse_runs
 
-    stack = node
-    while True:
-        with_params = [c for c in stack.children if c.params]
-        if len(with_params) != 1 or stack.own:
-            break
-        only = with_params[0]
-        runs = collapse_runs(only.children)
-        if len(runs) == 1 and runs[0][1] > 1 and not only.own:
-            first, n = runs[0]
-            return (first.type, n, first.params)
-        stack = only
-    runs = collapse_runs(node.children)
-    if len(runs) == 1 and runs[0][1] > 1 and not node.own:
+    while not node.own:
+        runs = collapse_runs(tuple(c for c in node.children if c.params))
+        if len(runs) != 1:
+            return None
         first, n = runs[0]
-        return (first.type, n, first.params)
+        if n > 1:
+            return (first.type, n, first.params)
+        node = first
     return None
 
 
