@@ -8,9 +8,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from .conventions import named_counts
 from .count import count_module
 from .errors import ModelClassError
+from .moe import summarize_moe
+from .quant import describe_storage
 from .report import ModelInfo, Report, make_report
+from .sharing import find_shared_layers
 from .sources import Source, resolve
 
 
@@ -45,6 +49,7 @@ def inspect(
 def inspect_module(module: Any, *, label: str | None = None) -> Report:
     """Count a live module as it is: its requires_grad flags, ties and buffers."""
     config = getattr(module, "config", None)
+    counted = count_module(module)
     info = ModelInfo(
         source=f"a live {type(module).__name__} module",
         source_kind="module",
@@ -55,7 +60,8 @@ def inspect_module(module: Any, *, label: str | None = None) -> Report:
         native=None,
         transformers_version=None,
     )
-    return make_report(info, count_module(module), getattr(module, "base_model_prefix", None))
+    return make_report(info, counted, getattr(module, "base_model_prefix", None),
+                       **_extras(module, config, counted))
 
 
 def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_code) -> Report:
@@ -76,9 +82,31 @@ def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_
         model_type=config.model_type,
         native=native,
         transformers_version=transformers_version(),
-        notes=tuple(notes),
+        notes=tuple(notes) + _config_notes(source.config),
+        storage=describe_storage(source.config),
     )
-    return make_report(info, count_module(module), getattr(module, "base_model_prefix", None))
+    counted = count_module(module)
+    return make_report(info, counted, getattr(module, "base_model_prefix", None),
+                       **_extras(module, config, counted))
+
+
+def _config_notes(config: dict[str, Any]) -> tuple[str, ...]:
+    """Config fields that describe weights transformers does not build, so the reader knows they are not counted."""
+    notes = []
+    mtp = config.get("num_nextn_predict_layers")
+    if isinstance(mtp, int) and not isinstance(mtp, bool) and mtp > 0:
+        notes.append(f"num_nextn_predict_layers={mtp}: the multi-token-prediction module ships in the checkpoint "
+                     "but is not part of the transformers model, so it is not counted")
+    return tuple(notes)
+
+
+def _extras(module: Any, config: Any, counted) -> dict[str, Any]:
+    """What needs more than the counted tensors: the config (MoE E and k, ALBERT's groups) or the module."""
+    return {
+        "moe": summarize_moe(counted.parameters, config, counted.counts.total),
+        "conventions": named_counts(counted.parameters, counted.tied, counted.counts.total, module),
+        "shared_layers": find_shared_layers(counted.tree, config),
+    }
 
 
 def _is_module(obj: Any) -> bool:

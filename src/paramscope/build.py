@@ -140,10 +140,18 @@ def make_config(config_dict: dict[str, Any], *, num_labels: int | None = None, t
             f"auto_map names remote code, but model_type {model_type!r} is native to transformers "
             f"{transformers_version()}: the native class was used, no remote code ran"
         )
+    rope = config_dict.get("rope_scaling")
+    if isinstance(rope, dict) and rope.get("type") == "su" and "rope_type" not in rope:
+        # Phi-3's first 128k configs called LongRoPE "su"; transformers 4 renamed it, transformers 5 rejects it.
+        config_dict["rope_scaling"] = {**rope, "type": "longrope"}
+        notes.append("rope_scaling type 'su' read as 'longrope' (its later name); it does not change the count")
     quantization = config_dict.pop("quantization_config", None)
     if isinstance(quantization, dict):
-        method = quantization.get("quant_method", "unknown")
-        notes.append(f"quantization_config ({method}) ignored for counting: logical parameters are reported")
+        method = quantization.get("quant_method") or "unknown"
+        notes.append(
+            f"quantization_config ({method}) not applied: logical parameters are counted, and no quantisation "
+            "backend is needed (the storage line says how the checkpoint stores them)"
+        )
     try:
         config = CONFIG_MAPPING[model_type].from_dict(config_dict)
     except Exception as err:  # transformers' strict validation names the field
@@ -203,11 +211,31 @@ def choose_class(config, config_dict: dict[str, Any], *, model_class: str | None
         cls = getattr(transformers, name, None) if isinstance(name, str) else None
         if cls is not None and _fits(cls, model_type):
             return ClassChoice(name, "the checkpoint's own class (config architectures[0])")
+    if architectures and isinstance(architectures[0], str):
+        # A remote-code class name (auto_map) for a native model_type: the native class for the same head.
+        for suffix, mapping_name in _HEAD_SUFFIXES:
+            if architectures[0].endswith(suffix):
+                native = getattr(modeling_auto, mapping_name).get(model_type)
+                if isinstance(native, str) and getattr(transformers, native, None) is not None:
+                    return ClassChoice(native, f"architectures[0] {architectures[0]!r} is not a transformers class; "
+                                               f"{native} is the native class with the same head")
     name = modeling_auto.MODEL_MAPPING_NAMES.get(model_type)
     if name is None:
         raise ModelClassError(f"transformers has no base model class for model_type {model_type!r}")
     why = "no architectures in the config" if not architectures else f"architectures[0] {architectures[0]!r} is not a transformers class"
     return ClassChoice(name, f"AutoModel fallback ({why})")
+
+
+# architectures[0] suffix → the auto mapping of the same head, for class names transformers does not have.
+_HEAD_SUFFIXES = (
+    ("ForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    ("LMHeadModel", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    ("ForConditionalGeneration", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    ("ForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    ("ForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+    ("ForTokenClassification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
+    ("ForQuestionAnswering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
+)
 
 
 def _fits(cls, model_type: str) -> bool:

@@ -7,10 +7,10 @@ and the role breakdown both sum exactly to the total.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .roles import OTHER, role_of, role_sort_key
+from .roles import OTHER, buffer_role, role_of, role_sort_key
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class BufferInfo:
     shape: tuple[int, ...]
     numel: int
     persistent: bool
+    role: str | None = None  # set only for buffers that hold learned values (a router's correction bias)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class ModuleNode:
     tied: tuple[tuple[str, str], ...]  # (local name, canonical name) of parameters owned elsewhere
     children: tuple["ModuleNode", ...]
     signature: int  # equal for structurally identical subtrees; used to collapse repeated layers
+    uses: int = 1  # how many of the parent's attributes hold this same module object (shared layers)
+    aliases: tuple[str, ...] = ()  # the parent's other attribute names for this module object
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class Counts:
     frozen: int
     with_tied_duplicates: int
     buffers: int
+    active: int | None = None  # parameters used per token: the total for dense models (set by make_report)
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,8 @@ def count_module(module: Any) -> Counted:
         tensors[id(param)] = param
         with_duplicates += param.numel()
 
+    types_of = _module_types(module)
+
     canonical_of: dict[str, str] = {}
     infos: list[ParameterInfo] = []
     tied: list[TiedGroup] = []
@@ -97,7 +103,7 @@ def count_module(module: Any) -> Counted:
                 shape=shape,
                 numel=int(param.numel()),
                 trainable=bool(param.requires_grad),
-                role=role_of(canonical),
+                role=role_of(canonical, _types_for(canonical, types_of)),
                 dtype=str(param.dtype).removeprefix("torch."),
                 aliases=aliases,
             )
@@ -122,7 +128,7 @@ def count_module(module: Any) -> Counted:
             seen_buffers.add(id(buffer))
             full = f"{module_name}.{local}" if module_name else local
             buffers.append(BufferInfo(full, tuple(int(d) for d in buffer.shape), int(buffer.numel()),
-                                      local not in non_persistent))
+                                      local not in non_persistent, buffer_role(full, _types_for(full, types_of))))
 
     numel_of = {info.name: info.numel for info in infos}
     tree = _node(module, "", "", canonical_of, numel_of)
@@ -143,6 +149,20 @@ def count_module(module: Any) -> Counted:
     )
 
 
+def _module_types(module: Any) -> dict[str, str]:
+    """Every module path (shared modules under each of their names) → its class name."""
+    return {name: type(sub).__name__ for name, sub in module.named_modules(remove_duplicate=False)}
+
+
+def _types_for(tensor_name: str, types_of: dict[str, str]) -> tuple[str, ...]:
+    """Class names of the modules from the root to the owner of `tensor_name`."""
+    parts = tensor_name.split(".")[:-1]
+    path = [types_of.get("", "")]
+    for i in range(1, len(parts) + 1):
+        path.append(types_of.get(".".join(parts[:i]), ""))
+    return tuple(path)
+
+
 def _node(module: Any, name: str, attr: str, canonical_of: dict[str, str], numel_of: dict[str, int]) -> ModuleNode:
     own: list[str] = []
     tied: list[tuple[str, str]] = []
@@ -158,9 +178,16 @@ def _node(module: Any, name: str, attr: str, canonical_of: dict[str, str], numel
         else:
             tied.append((local, canonical))
     children = []
+    attrs_of: dict[int, list[str]] = {}
+    for child_attr, child in module._modules.items():
+        if child is not None:
+            attrs_of.setdefault(id(child), []).append(child_attr)
     for child_attr, child in module.named_children():
         child_name = f"{name}.{child_attr}" if name else child_attr
         node = _node(child, child_name, child_attr, canonical_of, numel_of)
+        attrs = attrs_of.get(id(child), [child_attr])
+        if len(attrs) > 1:
+            node = replace(node, uses=len(attrs), aliases=tuple(a for a in attrs if a != child_attr))
         children.append(node)
         shape_key.append((child_attr.isdigit() or child_attr, node.signature))
     return ModuleNode(

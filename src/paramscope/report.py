@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from .conventions import Convention
 from .count import BufferInfo, Counted, Counts, ModuleNode, ParameterInfo, TiedGroup
+from .moe import MoESummary
+from .quant import Storage
+from .sharing import SharedLayers
 
 SCHEMA_VERSION = 1
 
@@ -20,6 +24,8 @@ class ModelInfo:
     native: bool | None  # built from transformers' own class (True), remote code (False), or not a config build (None)
     transformers_version: str | None
     notes: tuple[str, ...] = ()
+    storage: Storage | None = None  # declared dtype and quantisation of the checkpoint, from its config
+    base_model_prefix: str | None = None  # e.g. "bert": task models hold the base model under it
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class Component:
     type: str
     params: int
     repeated: tuple[str, int, int] | None = None  # (layer type, count, params each) when one run fills it
+    shared: str | None = None  # "12 layers sharing one set of 7,087,872" when it holds shared layers
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,17 @@ class Report:
     tree: ModuleNode
     components: tuple[Component, ...]
     num_layers: int | None = None
+    moe: MoESummary | None = None  # None for dense models
+    conventions: tuple[Convention, ...] = ()  # the named counts (nanoGPT non-embedding, …)
+    shared_layers: tuple[SharedLayers, ...] = ()
+
+    @property
+    def active(self) -> int | None:
+        """Parameters used per token: the total for a dense model; None for MoE when top-k is unknown."""
+        return self.parameters.active
+
+    def convention(self, key: str) -> Convention | None:
+        return next((c for c in self.conventions if c.key == key), None)
 
     @property
     def total(self) -> int:
@@ -63,19 +81,40 @@ class Report:
         return node
 
 
-def make_report(model_info: ModelInfo, counted: Counted, base_model_prefix: str | None = None) -> Report:
+def make_report(model_info: ModelInfo, counted: Counted, base_model_prefix: str | None = None, *,
+                moe: MoESummary | None = None, conventions: tuple[Convention, ...] = (),
+                shared_layers: tuple[SharedLayers, ...] = ()) -> Report:
+    active = counted.counts.total if moe is None else moe.active
+    components = _components(counted.tree, base_model_prefix)
+    if shared_layers:
+        components = tuple(_with_shared(c, shared_layers) for c in components)
+    num_layers = _layer_count(counted.tree)
+    if num_layers is None and shared_layers:
+        num_layers = max(s.layers for s in shared_layers)
+    if base_model_prefix and model_info.base_model_prefix is None:
+        model_info = replace(model_info, base_model_prefix=base_model_prefix)
     return Report(
         model=model_info,
-        parameters=counted.counts,
+        parameters=replace(counted.counts, active=active),
         params=counted.parameters,
         tied=counted.tied,
         buffers=counted.buffers,
         breakdown=counted.breakdown,
         unclassified=counted.unclassified,
         tree=counted.tree,
-        components=_components(counted.tree, base_model_prefix),
-        num_layers=_layer_count(counted.tree),
+        components=components,
+        num_layers=num_layers,
+        moe=moe,
+        conventions=conventions,
+        shared_layers=shared_layers,
     )
+
+
+def _with_shared(component: Component, shared_layers: tuple[SharedLayers, ...]) -> Component:
+    for shared in shared_layers:
+        if shared.path == component.name or shared.path.startswith(component.name + "."):
+            return replace(component, shared=shared.text)
+    return component
 
 
 def _components(tree: ModuleNode, base_model_prefix: str | None) -> tuple[Component, ...]:

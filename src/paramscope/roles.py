@@ -1,33 +1,60 @@
-"""Canonical roles: one per parameter, from its canonical name.
+"""Canonical roles: one per parameter, from its canonical name and the types of the modules that hold it.
 
-The rules are data: an ordered list of (pattern, role); the first match wins. Order matters where names
-nest (BERT's `attention.output.dense` is attention, a layer's bare `output.dense` is the MLP).
-A parameter no rule matches gets the role `other`, and reports list it by name.
+The rules are data: per-family tables of `Rule`s, tried in order; the first match wins. Order matters where
+names nest (BERT's `attention.output.dense` is attention, a layer's bare `output.dense` is the MLP) and where one
+family's name means something else in another (BART's per-layer `final_layer_norm` is the MLP's norm, T5's
+stack-level one is the final norm). After the family tables comes a generic classifier that works from module
+types (`*Embedding`, `*Norm`, `*Experts`, `*Router`) and common name fragments (`attn`, `mlp`, `q_proj`, …).
+A parameter that nothing recognises gets the role `other`, and reports list it by name.
+
+`role_of(name, types)` takes the parameter's canonical name and, optionally, the class names of the modules on
+its path from the root to the module that owns it (`types[-1]` is the owner). Rules that need types never
+match without them.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 OTHER = "other"
 
 # (role, description) in display order; docs/roles.md documents the same list.
 ROLES: tuple[tuple[str, str], ...] = (
-    ("embeddings.word", "token (word) embedding matrix, V×D"),
-    ("embeddings.position", "learned absolute position embeddings, L×D"),
-    ("embeddings.token_type", "segment (token type) embeddings, T×D"),
+    ("embeddings.word", "token (word) embedding matrix, V×E"),
+    ("embeddings.position", "learned absolute position embeddings, L×E"),
+    ("embeddings.token_type", "segment (token type) embeddings, T×E"),
+    ("embeddings.projection", "factorised-embedding projection from embedding width E to hidden width D (ALBERT)"),
     ("embeddings.norm", "normalisation applied to the summed embeddings"),
     ("attention.query", "query projection"),
     ("attention.key", "key projection"),
     ("attention.value", "value projection"),
     ("attention.qkv", "fused query/key/value projection"),
+    ("attention.q_down", "low-rank query down-projection D→r_q (MLA, DeepSeek q_a_proj)"),
+    ("attention.q_up", "low-rank query up-projection r_q→H·d (MLA, DeepSeek q_b_proj)"),
+    ("attention.kv_down", "joint key/value down-projection to the latent plus the shared RoPE key (MLA kv_a_proj_with_mqa)"),
+    ("attention.kv_up", "key/value up-projection from the latent (MLA kv_b_proj)"),
+    ("attention.latent_norm", "normalisation of the MLA query/key-value latents"),
     ("attention.output", "attention output projection"),
-    ("attention.norm", "normalisation around the attention block"),
+    ("attention.relative_bias", "learned relative-position bias, buckets×heads (T5)"),
+    ("attention.relative_position", "relative-position embeddings shared by every layer's attention, and the "
+     "projections that read them (DeBERTa)"),
+    ("attention.sinks", "learned per-head attention-sink logits (gpt-oss)"),
+    ("attention.norm", "normalisation around the attention block (pre-, post- or q/k-norm)"),
+    ("cross_attention.query", "cross-attention query projection (decoder attending to the encoder)"),
+    ("cross_attention.key", "cross-attention key projection"),
+    ("cross_attention.value", "cross-attention value projection"),
+    ("cross_attention.output", "cross-attention output projection"),
+    ("cross_attention.norm", "normalisation around the cross-attention block"),
     ("mlp.gate", "gate projection of a gated MLP (SwiGLU/GeGLU)"),
     ("mlp.up", "MLP up projection (BERT 'intermediate')"),
     ("mlp.gate_up", "fused gate and up projections"),
     ("mlp.down", "MLP down projection (BERT 'output.dense')"),
     ("mlp.norm", "normalisation around the MLP block"),
+    ("moe.router", "mixture-of-experts router: token→expert scores (and its bias)"),
+    ("moe.experts", "routed experts' MLPs, all E of them (fused [E, …] tensors or per-expert modules)"),
+    ("moe.shared_experts", "shared experts every token passes through, with their gate (DeepSeek, Qwen2-MoE)"),
+    ("encoder.conv", "convolution branch beside the first encoder layer, with its norm (DeBERTa-v2 conv_kernel_size)"),
     ("norm.final", "final normalisation after the last layer"),
     ("pooler", "pooler: dense layer over the first token"),
     ("head.transform", "dense transform inside a head (MLM transform, pre-classifier)"),
@@ -35,74 +62,227 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("head.decoder", "untied MLM decoder weight (vocabulary projection)"),
     ("head.bias", "MLM output (vocabulary) bias"),
     ("head.lm", "language-modelling head (vocabulary projection)"),
-    ("head.nsp", "next-sentence-prediction head"),
-    ("head.classifier", "task classifier (sequence or token classification, multiple choice)"),
+    ("head.nsp", "next-sentence or sentence-order prediction head"),
+    ("head.classifier", "task classifier (sequence or token classification, multiple choice, ELECTRA's detector)"),
     ("head.qa", "question-answering span head"),
     (OTHER, "parameters no rule recognised; listed by name"),
 )
 ROLE_ORDER = {role: i for i, (role, _) in enumerate(ROLES)}
 
-_RULES: tuple[tuple[str, str], ...] = (
-    # embeddings
-    (r"(^|\.)(word_embeddings|embed_tokens|wte|embed_in)\.weight$", "embeddings.word"),
-    (r"(^|\.)(position_embeddings|wpe|embed_positions)\.weight$", "embeddings.position"),
-    (r"(^|\.)token_type_embeddings\.weight$", "embeddings.token_type"),
-    (r"(^|\.)embeddings\.(LayerNorm|layer_norm|norm)\.", "embeddings.norm"),
-    # attention: BERT family, DistilBERT, Llama-style, GPT-2
-    (r"\.attention\.self\.query\.|\.attention\.q_lin\.|\.self_attn\.q_proj\.", "attention.query"),
-    (r"\.attention\.self\.key\.|\.attention\.k_lin\.|\.self_attn\.k_proj\.", "attention.key"),
-    (r"\.attention\.self\.value\.|\.attention\.v_lin\.|\.self_attn\.v_proj\.", "attention.value"),
-    (r"\.attn\.c_attn\.|\.self_attn\.qkv_proj\.|\.attention\.query_key_value\.", "attention.qkv"),
-    (
-        r"\.attention\.output\.dense\.|\.attention\.out_lin\.|\.self_attn\.o_proj\.|\.attn\.c_proj\."
-        r"|\.attention\.dense\.",
-        "attention.output",
-    ),
-    (
-        r"\.attention\.output\.LayerNorm\.|\.sa_layer_norm\.|\.input_layernorm\.|\.ln_1\.",
-        "attention.norm",
-    ),
-    # MLP
-    (r"\.mlp\.gate_proj\.", "mlp.gate"),
-    (r"\.mlp\.gate_up_proj\.", "mlp.gate_up"),
-    (r"\.intermediate\.dense\.|\.ffn\.lin1\.|\.mlp\.up_proj\.|\.mlp\.c_fc\.|\.mlp\.dense_h_to_4h\.", "mlp.up"),
-    (
-        r"\.layer\.\d+\.output\.dense\.|\.ffn\.lin2\.|\.mlp\.down_proj\.|\.mlp\.c_proj\.|\.mlp\.dense_4h_to_h\.",
-        "mlp.down",
-    ),
-    (
-        r"\.layer\.\d+\.output\.LayerNorm\.|\.output_layer_norm\.|\.post_attention_layernorm\.|\.ln_2\.",
-        "mlp.norm",
-    ),
-    (r"(^|\.)(ln_f|final_layer_norm)\.|^model\.norm\.|^norm\.", "norm.final"),
-    # pooler and heads
-    (r"(^|\.)pooler\.", "pooler"),
-    (r"(^|\.)cls\.predictions\.transform\.dense\.|(^|\.)lm_head\.dense\.|(^|\.)vocab_transform\.", "head.transform"),
-    (r"(^|\.)pre_classifier\.", "head.transform"),
-    (
-        r"(^|\.)cls\.predictions\.transform\.LayerNorm\.|(^|\.)lm_head\.layer_norm\.|(^|\.)vocab_layer_norm\.",
-        "head.transform_norm",
-    ),
-    (r"(^|\.)cls\.predictions\.decoder\.weight$|(^|\.)lm_head\.decoder\.weight$", "head.decoder"),
-    (r"(^|\.)vocab_projector\.weight$", "head.decoder"),
-    (
-        r"(^|\.)cls\.predictions\.(decoder\.)?bias$|(^|\.)lm_head\.(decoder\.)?bias$|(^|\.)vocab_projector\.bias$",
-        "head.bias",
-    ),
-    (r"(^|\.)cls\.seq_relationship\.", "head.nsp"),
-    (r"^(lm_head|embed_out)\.", "head.lm"),
-    (r"(^|\.)classifier\.", "head.classifier"),
-    (r"(^|\.)qa_outputs\.", "head.qa"),
+
+@dataclass(frozen=True)
+class Rule:
+    """`pattern` searched in the canonical name; `owner`/`within` searched in module class names."""
+
+    pattern: str
+    role: str
+    owner: str | None = None  # must match the owning module's class name (types[-1])
+    parent: str | None = None  # must match the owner's parent's class name (types[-2])
+    within: str | None = None  # must match some module on the path (any of types)
+
+    def compiled(self) -> "_Compiled":
+        return _Compiled(
+            re.compile(self.pattern),
+            self.role,
+            re.compile(self.owner) if self.owner else None,
+            re.compile(self.parent) if self.parent else None,
+            re.compile(self.within) if self.within else None,
+        )
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    pattern: re.Pattern
+    role: str
+    owner: re.Pattern | None
+    parent: re.Pattern | None
+    within: re.Pattern | None
+
+    def matches(self, name: str, types: tuple[str, ...]) -> bool:
+        if not self.pattern.search(name):
+            return False
+        if self.owner is not None and not (types and self.owner.search(types[-1])):
+            return False
+        if self.parent is not None and not (len(types) > 1 and self.parent.search(types[-2])):
+            return False
+        if self.within is not None and not any(self.within.search(t) for t in types):
+            return False
+        return True
+
+
+# Attention-module attribute names, as they appear in front of the projections.
+_ATTN = r"(?:attention\.self|attention|self_attn|self_attention|attn|SelfAttention|self)"
+_CROSS = r"(?:encoder_attn|EncDecAttention|crossattention\.self|crossattention|cross_attn|cross_attention)"
+# Decoder layers that put norms on both sides of each block ("sandwich"): their post_attention_layernorm
+# normalises the attention output, not the MLP input.
+_SANDWICH_LAYERS = r"^(?:Gemma2|Gemma3|Gemma3n|T5Gemma|Olmo2|Olmo3|Cohere2|Exaone4)\w*(?:DecoderLayer|Layer)$"
+
+EMBEDDING_RULES: tuple[Rule, ...] = (
+    Rule(r"(^|\.)(word_embeddings|embed_tokens|wte|embed_in|tok_embeddings)\.weight$", "embeddings.word"),
+    Rule(r"(^|\.)shared\.weight$", "embeddings.word"),  # T5, BART: the encoder/decoder share it
+    Rule(r"(^|\.)(position_embeddings|wpe|embed_positions)\.weight$", "embeddings.position"),
+    Rule(r"(^|\.)token_type_embeddings\.weight$", "embeddings.token_type"),
+    Rule(r"(^|\.)(embedding_hidden_mapping_in|embeddings_project|embed_proj)\.", "embeddings.projection"),
+    Rule(r"(^|\.)embeddings\.(LayerNorm|layer_norm|norm)\.|(^|\.)(layernorm_embedding|word_embeddings_layernorm"
+         r"|emb_ln|embed_norm)\.", "embeddings.norm"),
 )
-_COMPILED = tuple((re.compile(pattern), role) for pattern, role in _RULES)
+
+# Encoder–decoder cross-attention (BART encoder_attn, T5 EncDecAttention, BERT-as-decoder crossattention).
+CROSS_ATTENTION_RULES: tuple[Rule, ...] = (
+    Rule(rf"\.{_CROSS}\.(q_proj|q|query)\.", "cross_attention.query"),
+    Rule(rf"\.{_CROSS}\.(k_proj|k|key)\.", "cross_attention.key"),
+    Rule(rf"\.{_CROSS}\.(v_proj|v|value)\.", "cross_attention.value"),
+    Rule(rf"\.{_CROSS}\.(out_proj|o|o_proj|output\.dense)\.", "cross_attention.output"),
+    Rule(r"\.(encoder_attn_layer_norm|cross_attn_layer_norm|crossattention\.output\.LayerNorm)\.",
+         "cross_attention.norm"),
+    Rule(r"\.layer_norm\.", "cross_attention.norm", parent=r"LayerCrossAttention$"),  # T5 layer.1 in a decoder
+)
+
+# Multi-head latent attention (DeepSeek-V2/V3).
+MLA_RULES: tuple[Rule, ...] = (
+    Rule(r"\.q_a_proj\.", "attention.q_down"),
+    Rule(r"\.q_b_proj\.", "attention.q_up"),
+    Rule(r"\.kv_a_proj_with_mqa\.", "attention.kv_down"),
+    Rule(r"\.kv_b_proj\.", "attention.kv_up"),
+    Rule(r"\.(q_a_layernorm|kv_a_layernorm)\.", "attention.latent_norm"),
+)
+
+SELF_ATTENTION_RULES: tuple[Rule, ...] = (
+    Rule(rf"\.{_ATTN}\.(query|q_proj|q_lin|q|query_proj|wq|to_q)\.", "attention.query"),
+    Rule(rf"\.{_ATTN}\.(key|k_proj|k_lin|k|key_proj|wk|to_k)\.", "attention.key"),
+    Rule(rf"\.{_ATTN}\.(value|v_proj|v_lin|v|value_proj|wv|to_v)\.", "attention.value"),
+    Rule(rf"\.{_ATTN}\.(c_attn|qkv_proj|query_key_value|Wqkv|qkv|wqkv|in_proj)\.|\.{_ATTN}\.in_proj_(weight|bias)$",
+         "attention.qkv"),
+    Rule(r"\.attention\.self\.(q_bias|v_bias)$", "attention.qkv"),  # DeBERTa: biases of the fused in_proj
+    Rule(r"\.attention\.self\.(pos_proj|pos_q_proj|pos_key_proj|pos_query_proj)\.", "attention.relative_position"),
+    Rule(rf"\.{_ATTN}\.sinks$", "attention.sinks"),
+    Rule(rf"\.attention\.output\.dense\.|\.{_ATTN}\.(out_lin|dense|c_proj|out_proj|o_proj|Wo|o|wo|to_out)\.",
+         "attention.output"),
+    Rule(r"\.relative_attention_bias\.weight$", "attention.relative_bias"),
+    Rule(r"(^|\.)rel_embeddings\.weight$", "attention.relative_position"),
+    # DeBERTa-v2 normalises the shared relative-position embeddings with encoder.LayerNorm
+    Rule(r"(^|\.)encoder\.LayerNorm\.", "attention.norm", within=r"^DebertaV2Encoder$"),
+    Rule(r"\.post_attention_layernorm\.", "attention.norm", parent=_SANDWICH_LAYERS),
+    Rule(r"\.norm_attn_norm\.norm_2\.", "mlp.norm"),  # DBRX: the second norm feeds the MoE block
+    Rule(rf"\.attention\.output\.LayerNorm\.|\.attention\.LayerNorm\.|\.{_ATTN}\.(q_norm|k_norm|q_layernorm"
+         r"|k_layernorm)\.|\.(sa_layer_norm|input_layernorm|ln_1|self_attn_layer_norm|attn_norm"
+         r"|pre_attention_layernorm|attention_norm|attn_layer_norm)\.", "attention.norm"),
+    Rule(r"\.layer_norm\.", "attention.norm", parent=r"LayerSelfAttention$"),  # T5 layer.0
+)
+
+MOE_RULES: tuple[Rule, ...] = (
+    Rule(r"\.(shared_experts?|shared_expert_gate|shared_mlp)\.", "moe.shared_experts"),
+    Rule(r"\.experts\.", "moe.experts"),
+    Rule(r"\.experts\.[^.]+$", "moe.experts"),
+    # A `gate`/`router` is MoE routing only inside a sparse block or as a router class; Llama's gate_proj is not.
+    Rule(r"\.(gate|router)\.[^.]+$", "moe.router", owner=r"(?i)router|gate"),
+    Rule(r"\.(gate|router)\.[^.]+$", "moe.router", parent=r"(?i)moe|sparse|expert"),
+    Rule(r"\.(block_sparse_moe|moe)\.(gate|router)\.[^.]+$", "moe.router"),
+    Rule(r"\.router\.", "moe.router", within=r"(?i)router$"),  # Switch Transformers: router.classifier
+)
+
+MLP_RULES: tuple[Rule, ...] = (
+    Rule(r"\.(mlp|feed_forward|ffn)\.(gate_proj|w1)\.|\.(gate_proj|wi_0)\.", "mlp.gate"),
+    Rule(r"\.(gate_up_proj|Wi)\.", "mlp.gate_up"),
+    Rule(r"\.intermediate\.dense\.|\.ffn\.lin1\.|\.(mlp|feed_forward)\.(up_proj|c_fc|dense_h_to_4h|fc_in|fc1|w3)\."
+         r"|\.(fc1|wi|wi_1|up_proj)\.|\.ffn\.(weight|bias)$", "mlp.up"),
+    Rule(r"\.layer\.\d+\.output\.dense\.|\.ffn\.lin2\.|\.(mlp|feed_forward)\.(down_proj|c_proj|dense_4h_to_h"
+         r"|fc_out|fc2|Wo|w2)\.|\.(fc2|wo|down_proj|ffn_output)\.", "mlp.down"),
+    Rule(r"\.layer\.\d+\.output\.LayerNorm\.|\.(output_layer_norm|post_attention_layernorm|ln_2"
+         r"|pre_feedforward_layernorm|post_feedforward_layernorm|mlp_norm|full_layer_layer_norm|ffn_norm"
+         r"|ffn_layer_norm)\.|\.layers?\.\d+\.final_layer_norm\.", "mlp.norm"),
+    Rule(r"\.layer_norm\.", "mlp.norm", parent=r"LayerFF$"),  # T5's feed-forward sublayer
+)
+
+ENCODER_RULES: tuple[Rule, ...] = (
+    Rule(r"(^|\.)encoder\.conv\.", "encoder.conv"),
+)
+
+FINAL_NORM_RULES: tuple[Rule, ...] = (
+    Rule(r"(^|\.)(ln_f|final_layer_norm|final_norm|norm_f|final_layernorm)\.", "norm.final"),
+    Rule(r"^norm\.|(^|\.)(model|decoder|encoder|transformer|language_model|gpt_neox)\.(norm|layer_norm)\.",
+         "norm.final"),
+)
+
+HEAD_RULES: tuple[Rule, ...] = (
+    Rule(r"(^|\.)pooler\.", "pooler"),
+    # BERT, RoBERTa, DistilBERT, DeBERTa-v2, ModernBERT, ALBERT, ELECTRA generator
+    Rule(r"(^|\.)cls\.predictions\.transform\.dense\.|(^|\.)lm_head\.dense\.|(^|\.)vocab_transform\."
+         r"|^lm_predictions\.lm_head\.dense\.|^head\.dense\.|^predictions\.dense\.|^generator_predictions\.dense\."
+         r"|^discriminator_predictions\.dense\.", "head.transform"),
+    Rule(r"(^|\.)pre_classifier\.", "head.transform"),
+    Rule(r"(^|\.)cls\.predictions\.transform\.LayerNorm\.|(^|\.)lm_head\.layer_norm\.|(^|\.)vocab_layer_norm\."
+         r"|^lm_predictions\.lm_head\.LayerNorm\.|^head\.norm\.|^predictions\.LayerNorm\."
+         r"|^generator_predictions\.LayerNorm\.", "head.transform_norm"),
+    Rule(r"(^|\.)cls\.predictions\.decoder\.weight$|(^|\.)lm_head\.decoder\.weight$|^predictions\.decoder\.weight$"
+         r"|^decoder\.weight$|^generator_lm_head\.weight$", "head.decoder"),
+    Rule(r"(^|\.)vocab_projector\.weight$", "head.decoder"),
+    # RoBERTa's lm_head is a head module with its own bias; GPT-J's lm_head is a Linear whose bias is head.lm
+    Rule(r"(^|\.)lm_head\.bias$", "head.bias", owner=r"(?i)head$"),
+    Rule(r"(^|\.)cls\.predictions\.(decoder\.)?bias$|(^|\.)lm_head\.decoder\.bias$|(^|\.)vocab_projector\.bias$"
+         r"|^lm_predictions\.lm_head\.bias$|^predictions\.(decoder\.)?bias$|^decoder\.bias$"
+         r"|^generator_lm_head\.bias$", "head.bias"),
+    Rule(r"(^|\.)cls\.seq_relationship\.|(^|\.)sop_classifier\.", "head.nsp"),
+    Rule(r"^(lm_head|embed_out|output)\.", "head.lm"),
+    Rule(r"(^|\.)(classifier|classification_head|score|discriminator_predictions|multiple_choice_head)\.",
+         "head.classifier"),
+    Rule(r"(^|\.)qa_outputs\.", "head.qa"),
+)
+
+# The generic classifier: module types first, then name fragments. Kept last so that family rules win.
+GENERIC_RULES: tuple[Rule, ...] = (
+    Rule(r"(?i)pos", "embeddings.position", owner=r"Embedding$"),
+    Rule(r"(?i)token_type|segment", "embeddings.token_type", owner=r"Embedding$"),
+    Rule(r"\.weight$", "embeddings.word", owner=r"^(Embedding|\w*(Word|Token)Embedding)$"),
+    Rule(r".", "moe.experts", owner=r"Experts?$"),
+    Rule(r".", "moe.router", owner=r"Router$"),
+    Rule(r"(?i)(^|\.)embed\w*\.", "embeddings.norm", owner=r"(?i)norm"),
+    Rule(r"(?i)(^|\.)(cross|encdec)\w*\.", "cross_attention.norm", owner=r"(?i)norm"),
+    Rule(r"(?i)(^|\.)\w*(attn|attention)\w*\.", "attention.norm", owner=r"(?i)norm"),
+    Rule(r"(?i)(^|\.)\w*(mlp|ffn|feed_?forward)\w*\.", "mlp.norm", owner=r"(?i)norm"),
+    Rule(r"^([^.]*\.)?[^.\d][^.]*\.[^.]+$", "norm.final", owner=r"(?i)norm"),  # outside any numbered layer
+    Rule(r"(?i)\.\w*(attn|attention)\w*\.\w*(qkv)\w*\.", "attention.qkv"),
+    Rule(r"(?i)\.\w*(attn|attention)\w*\.(\w+_)?q(uery)?(_\w+)?\.(weight|bias)$", "attention.query"),
+    Rule(r"(?i)\.\w*(attn|attention)\w*\.(\w+_)?k(ey)?(_\w+)?\.(weight|bias)$", "attention.key"),
+    Rule(r"(?i)\.\w*(attn|attention)\w*\.(\w+_)?v(alue)?(_\w+)?\.(weight|bias)$", "attention.value"),
+    Rule(r"(?i)\.\w*(attn|attention)\w*\.(\w+_)?o(ut|utput)?(_\w+)?\.(weight|bias)$", "attention.output"),
+    Rule(r"(?i)\.\w*(mlp|ffn|feed_?forward)\w*\.\w*gate\w*\.", "mlp.gate"),
+    Rule(r"(?i)\.\w*(mlp|ffn|feed_?forward)\w*\.\w*(up|fc_?1|in)\w*\.", "mlp.up"),
+    Rule(r"(?i)\.\w*(mlp|ffn|feed_?forward)\w*\.\w*(down|fc_?2|out)\w*\.", "mlp.down"),
+)
+
+# Family tables in the order they are tried.
+RULE_TABLES: tuple[tuple[str, tuple[Rule, ...]], ...] = (
+    ("embeddings", EMBEDDING_RULES),
+    ("cross-attention", CROSS_ATTENTION_RULES),
+    ("multi-head latent attention", MLA_RULES),
+    ("mixture of experts", MOE_RULES),
+    ("self-attention", SELF_ATTENTION_RULES),
+    ("MLP", MLP_RULES),
+    ("encoder extras", ENCODER_RULES),
+    ("final norm", FINAL_NORM_RULES),
+    ("heads", HEAD_RULES),
+    ("generic", GENERIC_RULES),
+)
+_COMPILED = tuple(rule.compiled() for _, table in RULE_TABLES for rule in table)
 
 
-def role_of(name: str) -> str:
-    """The canonical role of the parameter called `name`, or `other`."""
-    for pattern, role in _COMPILED:
-        if pattern.search(name):
-            return role
+def role_of(name: str, types: tuple[str, ...] = ()) -> str:
+    """The canonical role of the parameter called `name`, or `other`.
+
+    `types` are the class names of the modules from the root to the parameter's owner, when known.
+    """
+    for rule in _COMPILED:
+        if rule.matches(name, types):
+            return rule.role
     return OTHER
+
+
+def buffer_role(name: str, types: tuple[str, ...] = ()) -> str | None:
+    """The role of a buffer that holds learned values (a router's score-correction bias), else None."""
+    if re.search(r"\.e_score_correction_bias$", name):
+        return "moe.router"
+    return None
 
 
 def role_sort_key(role: str) -> tuple[int, str]:

@@ -23,6 +23,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
             "native": model.native,
             "transformers_version": model.transformers_version,
             "notes": list(model.notes),
+            "storage": _storage(model.storage),
         },
         "parameters": {
             "total": report.parameters.total,
@@ -30,6 +31,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
             "frozen": report.parameters.frozen,
             "with_tied_duplicates": report.parameters.with_tied_duplicates,
             "buffers": report.parameters.buffers,
+            "active": report.parameters.active,
         },
         "tied": [
             {"canonical": group.canonical, "aliases": list(group.aliases), "numel": group.numel,
@@ -41,12 +43,13 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "components": [
             {"name": c.name, "type": c.type, "params": c.params,
              "repeated": None if c.repeated is None else
-             {"type": c.repeated[0], "count": c.repeated[1], "params_each": c.repeated[2]}}
+             {"type": c.repeated[0], "count": c.repeated[1], "params_each": c.repeated[2]},
+             "shared": c.shared}
             for c in report.components
         ],
         "layers": report.num_layers,
         "buffers": [
-            {"name": b.name, "shape": list(b.shape), "numel": b.numel, "persistent": b.persistent}
+            {"name": b.name, "shape": list(b.shape), "numel": b.numel, "persistent": b.persistent, "role": b.role}
             for b in report.buffers
         ],
         "tensors": [
@@ -55,7 +58,48 @@ def report_to_dict(report: Report) -> dict[str, Any]:
             for p in report.params
         ],
         "tree": tree_to_dict(report.tree),
+        "moe": moe_to_dict(report.moe),
+        "conventions": {
+            c.key: {"label": c.label, "value": c.value, "definition": c.definition} for c in report.conventions
+        },
+        "shared_layers": [
+            {"path": s.path, "layer_type": s.layer_type, "layers": s.layers, "sets": s.sets,
+             "params_per_set": list(s.params_per_set), "params": s.params, "text": s.text, "how": s.how}
+            for s in report.shared_layers
+        ],
     }
+
+
+def moe_to_dict(moe) -> dict[str, Any] | None:
+    if moe is None:
+        return None
+    return {
+        "num_experts": moe.num_experts,
+        "top_k": moe.top_k,
+        "num_shared_experts": moe.num_shared_experts,
+        "layout": moe.layout,
+        "total": moe.total,
+        "active": moe.active,
+        "inactive": moe.inactive,
+        "routed_experts": moe.routed,
+        "shared_experts": moe.shared,
+        "router": moe.router,
+        "source": moe.source,
+        "definition": moe.definition,
+        "layers": [
+            {"name": layer.name, "index": layer.index, "kind": layer.kind, "params": layer.params,
+             "routed_experts": layer.routed, "shared_experts": layer.shared, "router": layer.router,
+             "num_experts": layer.num_experts, "top_k": layer.top_k, "active": layer.active}
+            for layer in moe.layers
+        ],
+    }
+
+
+def _storage(storage) -> dict[str, Any] | None:
+    if storage is None:
+        return None
+    return {"dtype": storage.dtype, "quant_method": storage.quant_method, "bits": storage.bits,
+            "description": storage.description, "unquantized": list(storage.unquantized)}
 
 
 def tree_to_dict(node: ModuleNode) -> dict[str, Any]:

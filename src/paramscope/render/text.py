@@ -31,6 +31,9 @@ _GROUP_TITLES = {
     "embeddings": "embeddings",
     "attention": "attention",
     "mlp": "feed-forward (MLP)",
+    "cross_attention": "cross-attention",
+    "moe": "mixture of experts",
+    "encoder": "encoder extras",
     "norm": "final norm",
     "pooler": "pooler",
     "head": "heads",
@@ -58,8 +61,14 @@ def render_text(report: Report, options: TextOptions = TextOptions()) -> str:
 def _parts(report: Report, options: TextOptions):
     yield _header(report)
     yield _totals(report)
+    if report.conventions:
+        yield _conventions(report, options.explain)
+    if report.moe is not None:
+        yield _moe(report)
     yield _components(report)
     yield _roles(report, options.explain)
+    if report.shared_layers:
+        yield _shared(report)
     if report.tied:
         yield _tied(report)
     if report.unclassified:
@@ -81,6 +90,8 @@ def _header(report: Report) -> Group:
     lines.append(Text(f"  why      {model.class_reason}"))
     if model.model_type:
         lines.append(Text(f"  type     {model.model_type}"))
+    if model.storage is not None:
+        lines.append(Text(f"  storage  {model.storage.description}"))
     for note in model.notes:
         lines.append(Text(f"  note     {note}"))
     return Group(*lines, Text(""))
@@ -93,11 +104,80 @@ def _totals(report: Report) -> Table:
     table.add_column("exact", justify="right")
     table.add_column("human", justify="right")
     table.add_row("parameters (unique)", exact(counts.total), human(counts.total), style="bold")
+    if report.moe is not None:
+        if counts.active is None:
+            table.add_row("  active per token", "unknown", "", style="bold")
+        else:
+            table.add_row("  active per token", exact(counts.active), human(counts.active), style="bold")
     table.add_row("  trainable", exact(counts.trainable), human(counts.trainable))
     table.add_row("  frozen", exact(counts.frozen), human(counts.frozen))
     table.add_row("with tied duplicates", exact(counts.with_tied_duplicates), human(counts.with_tied_duplicates))
     table.add_row("buffers (not parameters)", exact(counts.buffers), human(counts.buffers))
     return table
+
+
+def _conventions(report: Report, explain: bool) -> Table:
+    """The counts people quote, by convention; --explain adds each one's definition."""
+    table = Table(title="Counts by convention", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  show_header=explain)
+    table.add_column("convention", no_wrap=True)
+    table.add_column("parameters", justify="right", no_wrap=True)
+    table.add_column("≈", justify="right", no_wrap=True)
+    if explain:
+        table.add_column("definition", overflow="fold")
+    for convention in report.conventions:
+        row = [convention.label, exact(convention.value), human(convention.value)]
+        table.add_row(*row, *([convention.definition] if explain else []))
+    return table
+
+
+def _moe(report: Report) -> Group:
+    """Runs of identical layers as sentences: exact figures must never be cut to fit a column."""
+    moe = report.moe
+    stacks = sorted({layer.name.rsplit(".", 1)[0] for layer in moe.layers})
+    lines = [Text(f"Mixture of experts, per layer ({', '.join(stacks)})", style="bold")]
+    for layer, n in moe.runs():
+        prefix = "" if len(stacks) == 1 else layer.name.rsplit(".", 1)[0] + "."
+        name = f"{prefix}{layer.index}" if n == 1 else f"{prefix}{layer.index}–{layer.index + n - 1}"
+        count = f"{n} {layer.kind if layer.kind == 'dense' else 'MoE'} layer{'s' if n > 1 else ''}"
+        each = " each" if n > 1 else ""
+        if layer.kind == "dense":
+            lines.append(Text(f"  {name:<7} {count}, {exact(layer.params)}{each}, all active"))
+            continue
+        rest = layer.params - layer.routed - layer.shared - layer.router
+        parts = [f"routed experts {exact(layer.routed)} ({layer.num_experts} × {exact(layer.per_expert)})"]
+        if layer.shared:
+            parts.append(f"shared experts {exact(layer.shared)}")
+        parts.append(f"router {exact(layer.router)}")
+        parts.append(f"attention, norms and the rest {exact(rest)}")
+        k = layer.top_k if layer.top_k is not None else "?"
+        active = "unknown" if layer.active is None else exact(layer.active)
+        lines.append(Text(
+            f"  {name:<7} {count}, {exact(layer.params)}{each}: {', '.join(parts)}; "
+            f"active {active}{each} (top-{k} of {layer.num_experts})"
+        ))
+    shared = f", {moe.num_shared_experts} shared" if moe.num_shared_experts else ""
+    lines.append(Text(
+        f"  {len(moe.moe_layers)} MoE and {len(moe.dense_layers)} dense layers; E = {moe.num_experts} routed "
+        f"experts{shared}, k = {moe.top_k if moe.top_k is not None else '?'} per token; experts stored as "
+        f"{moe.layout}. {moe.source}."
+    ))
+    if moe.active is not None:
+        lines.append(Text(
+            f"  active per token = {exact(moe.total)} − {exact(moe.inactive)} = {exact(moe.active)}, where active = "
+            f"{moe.definition}"
+        ))
+    return Group(*lines, Text(""))
+
+
+def _shared(report: Report) -> Group:
+    lines = [Text("Shared layers", style="bold")]
+    for shared in report.shared_layers:
+        lines.append(Text(
+            f"  {shared.path}: {shared.text} ({shared.how}). The breakdown counts the shared "
+            f"{'set' if shared.sets == 1 else 'sets'} once."
+        ))
+    return Group(*lines, Text(""))
 
 
 def _components(report: Report) -> Table:
@@ -112,6 +192,8 @@ def _components(report: Report) -> Table:
         if component.repeated:
             layer_type, n, each = component.repeated
             kind = f"{component.type}: {n} × {layer_type}, {exact(each)} each"
+        elif component.shared:
+            kind = f"{component.type}: {component.shared}"
         table.add_row(component.name, kind, exact(component.params), _percent(report.share(component.params)),
                       human(component.params))
     table.add_section()
@@ -171,12 +253,14 @@ def _unclassified(report: Report) -> Group:
 
 def _tree(report: Report, options: TextOptions) -> Tree:
     params_by_name = {p.name: p for p in report.params}
-    root = Tree(_node_label(report.tree, report.tree.type, 1, params_by_name, options), guide_style="dim")
-    _add_children(root, report.tree, 1, params_by_name, options)
+    shared = {s.path: s.text for s in report.shared_layers}
+    root = Tree(_node_label(report.tree, report.tree.type, 1, params_by_name, options, shared), guide_style="dim")
+    _add_children(root, report.tree, 1, params_by_name, options, shared)
     return root
 
 
-def _add_children(branch: Tree, node: ModuleNode, level: int, params_by_name, options: TextOptions) -> None:
+def _add_children(branch: Tree, node: ModuleNode, level: int, params_by_name, options: TextOptions,
+                  shared: dict[str, str] | None = None) -> None:
     if level > options.depth:
         return
     for child, n in collapse_runs(node.children):
@@ -186,11 +270,31 @@ def _add_children(branch: Tree, node: ModuleNode, level: int, params_by_name, op
             name = f"{child.attr}–{int(child.attr) + n - 1}"
         else:
             name = child.attr
-        sub = branch.add(_node_label(child, name, n, params_by_name, options))
-        _add_children(sub, child, level + 1, params_by_name, options)
+        if child.uses > 1:
+            name = f"{name} (also {_index_ranges(child.aliases)})"
+        sub = branch.add(_node_label(child, name, n, params_by_name, options, shared))
+        _add_children(sub, child, level + 1, params_by_name, options, shared)
 
 
-def _node_label(node: ModuleNode, name: str, n: int, params_by_name, options: TextOptions) -> Text:
+def _index_ranges(attrs: tuple[str, ...]) -> str:
+    """('1', '2', '3', '5') → '1–3, 5'."""
+    if not all(a.isdigit() for a in attrs):
+        return ", ".join(attrs)
+    numbers = sorted(int(a) for a in attrs)
+    parts: list[str] = []
+    start = prev = numbers[0]
+    for number in numbers[1:] + [None]:
+        if number is not None and number == prev + 1:
+            prev = number
+            continue
+        parts.append(str(start) if start == prev else f"{start}–{prev}")
+        if number is not None:
+            start = prev = number
+    return ", ".join(parts)
+
+
+def _node_label(node: ModuleNode, name: str, n: int, params_by_name, options: TextOptions,
+                shared: dict[str, str] | None = None) -> Text:
     text = Text()
     if n > 1:
         text.append(f"{name}: {n} × {node.type}, {exact(node.params)} each = {exact(node.params * n)}")
@@ -199,6 +303,8 @@ def _node_label(node: ModuleNode, name: str, n: int, params_by_name, options: Te
         if name != node.type:
             text.append(f"({node.type}) ", style="dim")
         text.append(exact(node.params))
+    if shared and node.name in shared:
+        text.append(f" — {shared[node.name]}", style="bold")
     for local, canonical in node.tied:
         text.append(f"  [{local} tied to {canonical}]", style="magenta")
     if options.explain:
