@@ -266,6 +266,15 @@ def _add_children(branch: Tree, node: ModuleNode, level: int, params_by_name, op
     for child, n in collapse_runs(node.children):
         if child.params == 0 and not child.tied:
             continue
+        run = _single_run_container(child) if n == 1 else None
+        if run is not None:
+            # A ModuleList that is one run of identical layers reads as one line at its own depth:
+            # "layer.0–11: 12 × BertLayer, 7,087,872 each", so the default depth already shows it.
+            first, m = run
+            name = f"{child.attr}.{first.attr}–{int(first.attr) + m - 1}"
+            sub = branch.add(_node_label(first, name, m, params_by_name, options, shared))
+            _add_children(sub, first, level + 1, params_by_name, options, shared)
+            continue
         if n > 1:
             name = f"{child.attr}–{int(child.attr) + n - 1}"
         else:
@@ -274,6 +283,15 @@ def _add_children(branch: Tree, node: ModuleNode, level: int, params_by_name, op
             name = f"{name} (also {_index_ranges(child.aliases)})"
         sub = branch.add(_node_label(child, name, n, params_by_name, options, shared))
         _add_children(sub, child, level + 1, params_by_name, options, shared)
+
+
+def _single_run_container(node: ModuleNode) -> tuple[ModuleNode, int] | None:
+    if node.own or node.tied or node.type not in ("ModuleList", "Sequential"):
+        return None
+    runs = collapse_runs(node.children)
+    if len(runs) == 1 and runs[0][1] > 1 and runs[0][0].uses == 1:
+        return runs[0]
+    return None
 
 
 def _index_ranges(attrs: tuple[str, ...]) -> str:
