@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     presets = commands.add_parser("presets", help="list the embedded presets")
     presets.add_argument("--json", action="store_true")
+
+    from . import cli_extra
+
+    cli_extra.add_parsers(commands)
+    cli_extra.add_inspect_options(inspect)
     return parser
 
 
@@ -79,6 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from . import cli_extra
+
+    handled = cli_extra.run(args)
+    if handled is not None:
+        return handled
     if args.command == "inspect":
         return _inspect(args)
     if args.command == "presets":

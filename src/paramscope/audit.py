@@ -1,0 +1,162 @@
+"""Audit a real checkpoint against the architecture its config describes, reading headers only.
+
+Glue: locate the checkpoint (file, directory, Hugging Face cache folder, or hub id in the local cache) →
+`paramscope.inspect` its config → `checkpoint.read_checkpoint` (headers only) → `checkpoint.reconcile` (keys
+matched the way transformers loads them) → the counts reconciled (`reconcile_counts`). No tensor data is read,
+nothing is downloaded, and no weight is allocated.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import SourceError
+from .report import Report
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+@dataclass(frozen=True)
+class Located:
+    checkpoint: Path  # a file, an index, or a directory read_checkpoint understands
+    config_dir: Path | None  # where config.json sits, when it does
+    description: str  # plain words: how the checkpoint was found
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    report: Report
+    checkpoint: Any  # paramscope.checkpoint.Checkpoint
+    audit: Any  # paramscope.checkpoint.Audit
+    counts: Any  # paramscope.reconcile_counts.CountsExplanation
+    located: Located
+
+    def checkpoint_dict(self) -> dict[str, Any]:
+        """The `"checkpoint"` object of `audit --json`."""
+        ck, audit = self.checkpoint, self.audit
+        out = {"path": ck.path, "format": ck.format, "files": list(ck.files), "tensors": len(ck.tensors),
+               "found": self.located.description}
+        out.update(audit.to_dict())
+        out["complete"] = bool(audit.complete)
+        out["packed"] = [
+            {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "stored_elements": t.numel,
+             "logical_elements": t.logical_numel, "packing": t.packing, "note": t.note}
+            for t in ck.tensors if t.role == "packed"
+        ]
+        out["counts"] = self.counts.to_dict()
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The inspect JSON of the model, plus `"checkpoint"`."""
+        from .render.json import report_to_dict
+
+        out = report_to_dict(self.report)
+        out["checkpoint"] = self.checkpoint_dict()
+        return out
+
+
+def locate_checkpoint(spec: str | os.PathLike[str], *, revision: str | None = None) -> Located:
+    """Find a checkpoint: a file, a directory, a cache folder (models--org--name), or a hub id in the local cache."""
+    text = os.fspath(spec).strip() if not isinstance(spec, str) else spec.strip()
+    if not text:
+        raise SourceError("empty checkpoint path: give a file, a directory or a hub id")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        snapshot = _cache_snapshot(path, revision)
+        if snapshot is not None:
+            return Located(snapshot, snapshot if (snapshot / "config.json").is_file() else None,
+                           f"cache folder {path}, snapshot {snapshot.name}")
+        return Located(path, path if (path / "config.json").is_file() else None, f"directory {path}")
+    if path.is_file():
+        parent = path.parent
+        return Located(path, parent if (parent / "config.json").is_file() else None, f"file {path}")
+    if _HUB_ID.match(text) and not text.endswith((".json", ".safetensors", ".bin")):
+        from huggingface_hub import constants
+
+        cache = Path(constants.HF_HUB_CACHE)
+        repo = cache / ("models--" + text.replace("/", "--"))
+        snapshot = _cache_snapshot(repo, revision) if repo.is_dir() else None
+        if snapshot is None:
+            raise SourceError(
+                f"hub id {text} is not in the local Hugging Face cache ({cache}); paramscope audit reads checkpoint "
+                "headers from local files only: download it first or give a path"
+            )
+        return Located(snapshot, snapshot if (snapshot / "config.json").is_file() else None,
+                       f"hub id {text}, local cache snapshot {snapshot.name}")
+    raise SourceError(f"no such file or directory: {text}")
+
+
+def audit(path_or_id: str | os.PathLike[str], *, config: Any = None, model_class: str | None = None,
+          task: str | None = None, num_labels: int | None = None, trust_remote_code: bool = False,
+          revision: str | None = None) -> AuditResult:
+    """Reconcile the checkpoint at `path_or_id` with the model its config (or `config`) describes.
+
+    `config` may be anything `paramscope.inspect` takes (preset, config.json, directory, hub id, dict); without
+    it, the config.json next to the checkpoint is used.
+    """
+    from .api import inspect
+    from .checkpoint import read_checkpoint
+    from .reconcile_counts import meta_module
+
+    located = locate_checkpoint(path_or_id, revision=revision)
+    if config is None:
+        if located.config_dir is None:
+            raise SourceError(f"no config.json next to checkpoint {located.checkpoint}: name the model with --config")
+        config = str(located.config_dir)
+    checkpoint = read_checkpoint(located.checkpoint)
+    options = dict(model_class=model_class, task=task, num_labels=num_labels, trust_remote_code=trust_remote_code)
+    report = inspect(config, revision=None if located.config_dir else revision, **options)
+    module = meta_module(config, revision=None if located.config_dir else revision, **options)
+    return audit_report(report, checkpoint, module=module, located=located)
+
+
+def audit_report(report: Report, checkpoint: Any, *, module: Any = None, located: Located | None = None) -> AuditResult:
+    """Pure glue: reconcile `checkpoint` with the parameters, ties and buffers of `report`."""
+    from .checkpoint import reconcile
+    from .reconcile_counts import reconcile_counts
+
+    expected = {p.name: p.shape for p in report.params}
+    aliases = {alias: p.name for p in report.params for alias in p.aliases}
+    result = reconcile(
+        checkpoint,
+        expected,
+        expected_buffers=[b.name for b in report.buffers],
+        tied_aliases=aliases,
+        base_model_prefix=_prefix(report),
+        model_class=report.model.class_name,
+    )
+    counts = reconcile_counts(report, module, checkpoint=checkpoint, audit=result)
+    if located is None:
+        path = Path(checkpoint.path)
+        located = Located(path, None, f"file {path}")
+    return AuditResult(report, checkpoint, result, counts, located)
+
+
+def _prefix(report: Report) -> str:
+    prefix = getattr(report.model, "base_model_prefix", None)
+    return prefix or ""
+
+
+def _cache_snapshot(repo: Path, revision: str | None) -> Path | None:
+    """The snapshot folder of a Hugging Face cache repo folder (models--org--name), or None if it is not one."""
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    if revision and _COMMIT.match(revision) and (snapshots / revision).is_dir():
+        return snapshots / revision
+    ref = repo / "refs" / (revision or "main")
+    if ref.is_file():
+        commit = ref.read_text().strip()
+        if (snapshots / commit).is_dir():
+            return snapshots / commit
+    if revision:
+        raise SourceError(f"{repo}: no snapshot for revision {revision!r} in the local cache")
+    found = sorted(p for p in snapshots.iterdir() if p.is_dir())
+    if len(found) == 1:
+        return found[0]
+    return None
