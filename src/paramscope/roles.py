@@ -292,3 +292,18 @@ def role_sort_key(role: str) -> tuple[int, str]:
 def role_group(role: str) -> str:
     """`attention.query` → `attention`; used for subtotals."""
     return role.split(".", 1)[0]
+
+
+# Display titles of role groups (the part before the dot), shared by every renderer.
+GROUP_TITLES = {
+    "embeddings": "embeddings",
+    "attention": "attention",
+    "cross_attention": "cross-attention",
+    "mlp": "feed-forward (MLP)",
+    "moe": "mixture of experts",
+    "encoder": "encoder extras",
+    "norm": "final norm",
+    "pooler": "pooler",
+    "head": "heads",
+    "other": "unclassified",
+}

@@ -9,21 +9,9 @@ from rich.table import Table
 
 from ..compare import Comparison
 from ..explain import exact, human
-from ..roles import role_group
+from ..roles import GROUP_TITLES, role_group
 from ._console import to_text
 
-_GROUP_TITLES = {
-    "embeddings": "embeddings",
-    "attention": "attention",
-    "cross_attention": "cross-attention",
-    "mlp": "feed-forward (MLP)",
-    "moe": "mixture of experts",
-    "encoder": "encoder extras",
-    "norm": "final norm",
-    "pooler": "pooler",
-    "head": "heads",
-    "other": "unclassified",
-}
 
 
 def render_compare_text(comparison: Comparison, width: int = 100, *, color: bool = False,
@@ -45,7 +33,7 @@ def render_compare_text(comparison: Comparison, width: int = 100, *, color: bool
     for group in comparison.groups:
         members = [r for r in comparison.roles if role_group(r) == group]
         style = "bold" if roles and len(members) > 1 else None
-        table.add_row(_GROUP_TITLES.get(group, group), *[_cell(c.groups.get(group, 0), c.share) for c in cols],
+        table.add_row(GROUP_TITLES.get(group, group), *[_cell(c.groups.get(group, 0), c.share) for c in cols],
                       style=style)
         if roles and (len(members) > 1 or members[0] != group):
             for role in members:

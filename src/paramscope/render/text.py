@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
@@ -14,7 +13,8 @@ from rich.tree import Tree
 from ..count import ModuleNode, collapse_runs
 from ..explain import exact, human, module_arithmetic, role_arithmetic
 from ..report import Report
-from ..roles import ROLES, role_group
+from ..roles import GROUP_TITLES, role_group
+from ._console import percent, to_text
 
 
 @dataclass(frozen=True)
@@ -26,36 +26,10 @@ class TextOptions:
     tree: bool = True
 
 
-_ROLE_DESCRIPTIONS = dict(ROLES)
-_GROUP_TITLES = {
-    "embeddings": "embeddings",
-    "attention": "attention",
-    "mlp": "feed-forward (MLP)",
-    "cross_attention": "cross-attention",
-    "moe": "mixture of experts",
-    "encoder": "encoder extras",
-    "norm": "final norm",
-    "pooler": "pooler",
-    "head": "heads",
-    "other": "unclassified",
-}
 
 
 def render_text(report: Report, options: TextOptions = TextOptions()) -> str:
-    buffer = io.StringIO()
-    console = Console(
-        file=buffer,
-        width=options.width,
-        force_terminal=options.color,
-        color_system="truecolor" if options.color else None,
-        no_color=not options.color,
-        highlight=False,
-        emoji=False,
-    )
-    for part in _parts(report, options):
-        console.print(part)
-    # rich pads table rows to full width; trailing blanks only get in the way of diffs and golden files.
-    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+    return to_text(_parts(report, options), options.width, options.color)
 
 
 def _parts(report: Report, options: TextOptions):
@@ -194,7 +168,7 @@ def _components(report: Report) -> Table:
             kind = f"{component.type}: {n} × {layer_type}, {exact(each)} each"
         elif component.shared:
             kind = f"{component.type}: {component.shared}"
-        table.add_row(component.name, kind, exact(component.params), _percent(report.share(component.params)),
+        table.add_row(component.name, kind, exact(component.params), percent(report.share(component.params)),
                       human(component.params))
     table.add_section()
     table.add_row("total", "", exact(report.total), "100.00%", human(report.total), style="bold")
@@ -214,13 +188,13 @@ def _roles(report: Report, explain: bool) -> Table:
     for group, roles in groups.items():
         if len(roles) > 1:
             subtotal = sum(count for _, count in roles)
-            row = [_GROUP_TITLES.get(group, group), exact(subtotal), _percent(report.share(subtotal))]
+            row = [GROUP_TITLES.get(group, group), exact(subtotal), percent(report.share(subtotal))]
             table.add_row(*row, *([""] if explain else []), style="bold")
             indent = "  "
         else:
             indent = ""
         for role, count in roles:
-            row = [indent + role, exact(count), _percent(report.share(count))]
+            row = [indent + role, exact(count), percent(report.share(count))]
             if explain:
                 row.append(role_arithmetic(report, role))
             table.add_row(*row)
@@ -330,9 +304,3 @@ def _node_label(node: ModuleNode, name: str, n: int, params_by_name, options: Te
         if arithmetic and node.own and not node.children:
             text.append(f"  = {arithmetic}", style="dim")
     return text
-
-
-def _percent(share: float) -> str:
-    if 0 < share < 0.00005:  # a real head of 1,538 parameters must not read as 0.00%
-        return "<0.01%"
-    return f"{share * 100:.2f}%"
