@@ -11,6 +11,14 @@ import paramscope
 GOLDEN = Path(__file__).parent / "golden"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _formula_cache_outside_home(tmp_path_factory):
+    """`formula` and `inspect --explain` cache derived formulas; tests keep them out of the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path_factory.mktemp("session-formula-cache")))
+        yield
+
+
 @functools.lru_cache(maxsize=None)
 def report_of(model: str, model_class: str | None = None, task: str | None = None, num_labels: int | None = None):
     """Meta builds are cheap but not free: each (model, class) is built once per test session."""

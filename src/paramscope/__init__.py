@@ -5,7 +5,10 @@
     >>> report.parameters.total
     109482240
 
-Importing this package imports neither torch, transformers nor rich; they load when first needed.
+    >>> paramscope.derive_formula("bert-base-chinese", model_class="BertForMaskedLM").value
+    102290312
+
+Importing this package imports neither torch, transformers, sympy nor rich; they load when first needed.
 """
 
 from .api import inspect, inspect_module
@@ -18,17 +21,23 @@ from .errors import (
     RemoteCodeError,
     SourceError,
 )
+from .formula import Formula, derive_formula
+from .formula_cache import AssumptionError, FormulaError, FormulaMismatchError
 from .report import SCHEMA_VERSION, Component, ModelInfo, Report
 
 __version__ = "0.1.0"
 
 __all__ = [
     "SCHEMA_VERSION",
+    "AssumptionError",
     "BufferInfo",
     "CheckpointError",
     "Component",
     "ConfigError",
     "Counts",
+    "Formula",
+    "FormulaError",
+    "FormulaMismatchError",
     "ModelClassError",
     "ModelInfo",
     "ModuleNode",
@@ -39,6 +48,7 @@ __all__ = [
     "SourceError",
     "TiedGroup",
     "__version__",
+    "derive_formula",
     "inspect",
     "inspect_module",
 ]

@@ -30,8 +30,11 @@ def inspect(
     """Count `model`'s parameters exactly, without weights.
 
     `model` may be a preset name, a config.json path, a model directory, a hub id, a dict holding a
-    config, a transformers `PretrainedConfig`, or a live `torch.nn.Module` (counted as it is).
+    config, a transformers `PretrainedConfig`, a `sources.Source` already resolved, or a live
+    `torch.nn.Module` (counted as it is).
     """
+    if isinstance(model, Source):
+        return _inspect_source(model, model_class, task, num_labels, trust_remote_code)
     if _is_module(model):
         if model_class or task or num_labels is not None:
             raise ModelClassError("--class, --task and --num-labels apply to configs, not to a live module")

@@ -6,6 +6,7 @@ Every ParamscopeError becomes one line on stderr and its exit code; --debug show
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Sequence
@@ -53,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     presets = commands.add_parser("presets", help="list the embedded presets")
     presets.add_argument("--json", action="store_true")
 
-    from . import cli_extra
+    from . import cli_extra, cli_formula
 
+    cli_formula.add_parser(commands)
     cli_extra.add_parsers(commands)
     cli_extra.add_inspect_options(inspect)
     return parser
@@ -93,26 +95,61 @@ def _run(args: argparse.Namespace) -> int:
         return _inspect(args)
     if args.command == "presets":
         return _presets(args)
+    if args.command == "formula":
+        from . import cli_formula
+
+        return cli_formula.run(args)
     raise AssertionError(args.command)  # pragma: no cover
 
 
 def _inspect(args: argparse.Namespace) -> int:
     from .api import inspect
+    from .sources import resolve
 
     if args.depth is not None and args.depth < 0:
         raise _usage(f"--depth must be 0 or more, got {args.depth}")
-    report = inspect(args.model, model_class=args.model_class, task=args.task, num_labels=args.num_labels,
-                     trust_remote_code=args.trust_remote_code, revision=args.revision)
-    if args.json:
-        from .render.json import render_json
+    source = resolve(args.model, revision=args.revision)
+    options = dict(model_class=args.model_class, task=args.task, num_labels=args.num_labels,
+                   trust_remote_code=args.trust_remote_code)
+    report = inspect(source, **options)
+    counts = heads = None
+    if args.explain_counts:
+        from .reconcile_counts import meta_module, reconcile_counts
 
-        _write(render_json(report) + "\n")
+        counts = reconcile_counts(report, meta_module(source, **options))
+    if args.heads:
+        from .heads import describe_heads
+
+        heads = describe_heads(report, task=args.task, num_labels=args.num_labels)
+    if args.json:
+        from .render.json import report_to_dict
+
+        document = report_to_dict(report)
+        if counts is not None:
+            document["counts"] = counts.to_dict()
+        if heads is not None:
+            document["heads"] = heads.to_dict()
+        _write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
         return 0
     from .render.text import TextOptions, render_text
 
-    options = TextOptions(width=args.width or _terminal_width(), depth=args.depth, explain=args.explain,
-                          color=_use_color(), tree=not args.no_tree)
-    _write(render_text(report, options))
+    width = args.width or _terminal_width()
+    formula = None
+    if args.explain:
+        from .cli_formula import formula_link
+
+        formula = formula_link(source, report, num_labels=args.num_labels,
+                               name_class=bool(args.model_class or args.task))
+    text = render_text(report, TextOptions(width=width, depth=args.depth, explain=args.explain, color=_use_color(),
+                                           tree=not args.no_tree), formula)
+    if heads is not None or counts is not None:
+        from .render.audit import render_counts_text, render_heads_text
+
+        if heads is not None:
+            text += render_heads_text(heads, width, color=_use_color())
+        if counts is not None:
+            text += render_counts_text(counts, width, color=_use_color())
+    _write(text)
     return 0
 
 
@@ -121,8 +158,6 @@ def _presets(args: argparse.Namespace) -> int:
 
     presets = all_presets()
     if args.json:
-        import json
-
         _write(json.dumps([{"name": p.name, "aliases": list(p.aliases)} for p in presets], indent=2) + "\n")
         return 0
     width = max(len(p.name) for p in presets)

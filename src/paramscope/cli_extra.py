@@ -76,15 +76,13 @@ def add_inspect_options(inspect_parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int | None:
-    """Handle the extra commands and inspect's extra flags; None for everything cli.py handles itself."""
+    """Handle the extra commands; None for everything cli.py handles itself."""
     if args.command == "diff":
         return _diff(args)
     if args.command == "compare":
         return _compare(args)
     if args.command == "audit":
         return _audit(args)
-    if args.command == "inspect" and (getattr(args, "explain_counts", False) or getattr(args, "heads", False)):
-        return _inspect(args)
     return None
 
 
@@ -174,38 +172,3 @@ def _audit(args) -> int:
     return 0
 
 
-def _inspect(args) -> int:
-    from .api import inspect
-    from .heads import describe_heads
-    from .reconcile_counts import meta_module, reconcile_counts
-
-    write, _, use_color = _output()
-    if args.depth is not None and args.depth < 0:
-        raise ParamscopeError(f"--depth must be 0 or more, got {args.depth}")
-    options = dict(model_class=args.model_class, task=args.task, num_labels=args.num_labels,
-                   trust_remote_code=args.trust_remote_code, revision=args.revision)
-    report = inspect(args.model, **options)
-    counts = reconcile_counts(report, meta_module(args.model, **options)) if args.explain_counts else None
-    heads = describe_heads(report, task=args.task, num_labels=args.num_labels) if args.heads else None
-    if args.json:
-        from .render.json import report_to_dict
-
-        document = report_to_dict(report)
-        if counts is not None:
-            document["counts"] = counts.to_dict()
-        if heads is not None:
-            document["heads"] = heads.to_dict()
-        write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
-        return 0
-    from .render.audit import render_counts_text, render_heads_text
-    from .render.text import TextOptions, render_text
-
-    width = _width_of(args)
-    text = render_text(report, TextOptions(width=width, depth=args.depth, explain=args.explain, color=use_color(),
-                                           tree=not args.no_tree))
-    if heads is not None:
-        text += render_heads_text(heads, width, color=use_color())
-    if counts is not None:
-        text += render_counts_text(counts, width, color=use_color())
-    write(text)
-    return 0

@@ -276,11 +276,13 @@ def meta_module(model: Any, *, model_class: str | None = None, task: str | None 
 
     from .api import _is_module, _is_pretrained_config
     from .build import build_on_meta, choose_class, make_config
-    from .sources import resolve
+    from .sources import Source, resolve
 
     if _is_module(model):
         return model
-    if isinstance(model, dict):
+    if isinstance(model, Source):
+        config_dict, path = model.config, model.path
+    elif isinstance(model, dict):
         config_dict, path = model, None
     elif _is_pretrained_config(model):
         config_dict, path = model.to_dict(), None

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 from rich import box
 from rich.console import Group
@@ -26,13 +27,24 @@ class TextOptions:
     tree: bool = True
 
 
+@dataclass(frozen=True)
+class FormulaLink:
+    """What `inspect --explain` shows of the model's closed-form formula (paramscope formula).
+
+    `terms` maps each role to its term (N·(D² + D)); `expression` is the total (P = …). When no formula could
+    be had, `note` says why and the rest is empty.
+    """
+
+    expression: str = ""
+    terms: Mapping[str, str] = field(default_factory=dict)
+    note: str = ""  # one line per line of output
 
 
-def render_text(report: Report, options: TextOptions = TextOptions()) -> str:
-    return to_text(_parts(report, options), options.width, options.color)
+def render_text(report: Report, options: TextOptions = TextOptions(), formula: FormulaLink | None = None) -> str:
+    return to_text(_parts(report, options, formula), options.width, options.color)
 
 
-def _parts(report: Report, options: TextOptions):
+def _parts(report: Report, options: TextOptions, formula: FormulaLink | None = None):
     yield _header(report)
     yield _totals(report)
     if report.conventions:
@@ -40,7 +52,9 @@ def _parts(report: Report, options: TextOptions):
     if report.moe is not None:
         yield _moe(report)
     yield _components(report)
-    yield _roles(report, options.explain)
+    yield _roles(report, options.explain, formula)
+    if options.explain and formula is not None:
+        yield _formula(formula)
     if report.shared_layers:
         yield _shared(report)
     if report.tied:
@@ -175,7 +189,7 @@ def _components(report: Report) -> Table:
     return table
 
 
-def _roles(report: Report, explain: bool) -> Table:
+def _roles(report: Report, explain: bool, formula: FormulaLink | None = None) -> Table:
     table = Table(title="Breakdown by role", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("role")
     table.add_column("parameters", justify="right")
@@ -196,11 +210,21 @@ def _roles(report: Report, explain: bool) -> Table:
         for role, count in roles:
             row = [indent + role, exact(count), percent(report.share(count))]
             if explain:
-                row.append(role_arithmetic(report, role))
+                arithmetic = role_arithmetic(report, role)
+                term = formula.terms.get(role) if formula is not None else None
+                row.append(f"{term}: {arithmetic}" if term else arithmetic)
             table.add_row(*row)
     table.add_section()
     table.add_row("total", exact(report.total), "100.00%", *([""] if explain else []), style="bold")
     return table
+
+
+def _formula(formula: FormulaLink) -> Group:
+    if not formula.expression:
+        return Group(Text(f"Formula: none shown — {formula.note}", style="dim"), Text(""))
+    lines = [Text("Formula (the terms in the arithmetic column)", style="bold"), Text(f"  P = {formula.expression}")]
+    lines.extend(Text(f"  {line}", style="dim") for line in formula.note.splitlines())
+    return Group(*lines, Text(""))
 
 
 def _tied(report: Report) -> Group:

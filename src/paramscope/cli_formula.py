@@ -1,0 +1,135 @@
+"""`paramscope formula MODEL`: the parameter count as a closed-form polynomial in the config's fields.
+
+The cached path (a formula derived before whose assumptions this config meets) imports neither torch,
+transformers nor sympy; everything heavy is imported only after a cache miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .errors import ConfigError, ParamscopeError
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "formula",
+        help="the parameter count as a formula in the config's fields, derived and checked",
+        description="Derive the parameter count as a polynomial in the config's fields (V vocab_size, D "
+                    "hidden_size, L max_position_embeddings, N num_hidden_layers, I intermediate_size, …), "
+                    "per role, with the assumptions under which it holds; checked against meta-device builds.",
+    )
+    parser.add_argument("model", metavar="MODEL",
+                        help="preset name, config.json path, model directory, or hub id (org/name)")
+    parser.add_argument("--class", dest="model_class", metavar="NAME",
+                        help="build this transformers class (default: the config's architectures[0])")
+    parser.add_argument("--task", metavar="TASK", help="build the head for a task (as for `inspect`)")
+    parser.add_argument("--num-labels", type=int, metavar="K", help="number of labels of a classification head")
+    parser.add_argument("--revision", metavar="REV", help="hub revision (branch, tag or commit)")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help='print JSON with a "formula" object')
+    output.add_argument("--latex", action="store_true", help="print the formula as LaTeX")
+    parser.add_argument("--explain", action="store_true", help="show each role's term with the numbers put in")
+    parser.add_argument("--verify", action="store_true",
+                        help="build the model on meta even when a cached formula applies, and compare")
+    parser.add_argument("--no-cache", action="store_true", help="derive afresh; neither read nor write the cache")
+    parser.add_argument("--width", type=int, metavar="COLS", help="output width (default: the terminal's)")
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from .build import validate_config_dict
+    from .sources import resolve
+
+    if args.num_labels is not None and args.num_labels <= 0:
+        raise ConfigError(f"--num-labels must be a positive integer, got {args.num_labels}")
+    source = resolve(args.model, revision=args.revision)
+    validate_config_dict(source.config)
+    shown, rejected = None, ()
+    if not args.no_cache and not args.verify:
+        shown, rejected = _cached(source, args)
+    if shown is None:
+        shown = _derived(source, args, rejected)
+    _output(shown, args)
+    return 0
+
+
+def _cached(source, args):
+    from .formula_cache import lookup
+    from .render.formula import Shown
+
+    hit = lookup(source.config, model_class=args.model_class, task=args.task, num_labels=args.num_labels)
+    if hit.spec is None:
+        return None, hit.rejected
+    return Shown(hit.spec, hit.values, source.label, source.description, "cache", str(hit.path)), ()
+
+
+def _derived(source, args, rejected):
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as err:
+        from .formula_cache import FormulaError
+
+        why = "; ".join(rejected) or "no formula for this class is cached"
+        raise FormulaError(f"no cached formula applies ({why}), and deriving one needs torch and transformers: "
+                           f"{err}") from None
+    from .formula import formula_for
+
+    formula = formula_for(source.config, label=source.label, source=source.description,
+                          model_class=args.model_class, task=args.task, num_labels=args.num_labels,
+                          use_cache=not args.no_cache)
+    return formula.shown()
+
+
+def _output(shown, args) -> None:
+    from .cli import _terminal_width, _use_color, _write
+    from .render import formula as render
+
+    if args.json:
+        import json
+
+        _write(json.dumps(render.document(shown), indent=2, ensure_ascii=False) + "\n")
+    elif args.latex:
+        _write(render.render_latex(shown))
+    else:
+        _write(render.render_text(shown, width=args.width or _terminal_width(), color=_use_color(),
+                                  explain=args.explain))
+
+
+def formula_link(source, report, *, num_labels: int | None, name_class: bool = False):
+    """For `inspect --explain`: each role's term in the model's formula (cached, or derived once and cached).
+
+    A formula that cannot be had, or that disagrees with the report's count, becomes a note in the output,
+    never a failure of `inspect` itself.
+    """
+    from .render.formula import format_groups, role_terms
+    from .render.text import FormulaLink
+
+    if report.model.source_kind == "module":
+        return None
+    try:
+        from .formula import derive_formula
+
+        formula = derive_formula(source, model_class=report.model.class_name, num_labels=num_labels)
+    except ParamscopeError as err:
+        return FormulaLink(note=f"no closed-form formula for {report.model.class_name}: {err}")
+    if formula.value != report.total:
+        return FormulaLink(note=f"the formula gives {formula.value:,} but the model has {report.total:,}; "
+                                "please report this as a paramscope bug")
+    spec = formula.spec
+    how = "from the formula cache" if formula.origin == "cache" else "derived now and cached"
+    command = f"paramscope formula {report.model.label}"
+    if name_class:
+        command += f" --class {report.model.class_name}"
+    if num_labels is not None:
+        command += f" --num-labels {num_labels}"
+    legend = ", ".join(f"{symbol} = {formula.values[symbol]:,}" for symbol in spec.symbols if symbol in formula.values)
+    return FormulaLink(
+        expression=format_groups(spec.total_groups(), spec.order),
+        terms=role_terms(spec),
+        note=f"{legend}\n{how}, and checked against this build\n"
+             f"`{command}` gives the legend and the assumptions",
+    )

@@ -1,0 +1,682 @@
+"""Closed-form parameter formulas as data, kept on disk, and used without torch, transformers or sympy.
+
+A derived formula is stored as a `FormulaSpec`: for each tensor family (a parameter name with its layer and
+expert indices replaced by `*`) its multiplicity and its shape, each a polynomial in the config's integer
+fields, plus the conditions (structural flags, derived fields, equalities) under which those polynomials hold.
+Evaluating a spec at a config is plain integer arithmetic on that data, so the cached path of
+`paramscope formula` reads one small JSON file and imports neither torch, transformers nor sympy.
+
+Cache layout (one file per formula, written atomically: temp file + os.replace, so concurrent runs never
+see a half-written file, and two writers of the same formula write the same bytes):
+
+    <cache>/formulas/v<FORMAT>/<transformers version>/<class>/<hash of the structural conditions>.json
+    <cache>/formulas/v<FORMAT>/<transformers version>/routes/<hash of the request>.json   (request → class)
+
+<cache> is $PARAMSCOPE_CACHE_DIR, else the platform cache directory (~/.cache/paramscope on Linux).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import ConfigError, ParamscopeError
+
+FORMAT = 1
+# Factors inside a term follow this order (multiplicities first, the width D late, divisors last).
+FACTOR_ORDER = ("N", "N_dec", "N_dense", "G", "G_in", "E", "E_sh", "V", "L", "T", "C", "B", "K", "D", "D_emb",
+                "I", "I_dec", "I_moe", "I_sh", "H", "H_dec", "d_h", "r_q", "r_kv", "d_nope", "d_rope", "d_v", "d_rot")
+ABSENT = "<absent>"  # JSON marker: the key is not in the config and the config class declares no default
+
+
+class FormulaError(ParamscopeError):
+    """A formula could not be derived, or a derived formula disagrees with the meta-device count."""
+
+
+class FormulaMismatchError(FormulaError):
+    """The formula and the meta build disagree: a bug in paramscope, reported instead of a number."""
+
+    exit_code = 1
+
+
+class AssumptionError(ConfigError):
+    """The config violates an assumption under which the formula was derived."""
+
+
+# --------------------------------------------------------------------------------------------------- polynomials
+
+Monomial = tuple[tuple[str, int], ...]  # ((symbol, exponent), ...) sorted by symbol; exponents may be negative
+
+
+def _mono_mul(a: Monomial, b: Monomial) -> Monomial:
+    exps: dict[str, int] = dict(a)
+    for name, e in b:
+        exps[name] = exps.get(name, 0) + e
+    return tuple(sorted((n, e) for n, e in exps.items() if e))
+
+
+def mono_degree(mono: Monomial) -> int:
+    return sum(e for _, e in mono)
+
+
+class Poly:
+    """A Laurent polynomial with rational coefficients; term order is kept (first appearance) for display."""
+
+    __slots__ = ("terms",)
+
+    def __init__(self, terms: Iterable[tuple[Monomial, Any]] = ()):
+        self.terms: dict[Monomial, Fraction] = {}
+        for mono, coef in terms:
+            self._add(tuple(sorted((n, e) for n, e in mono if e)), Fraction(coef))
+
+    @classmethod
+    def const(cls, value: Any) -> "Poly":
+        return cls([((), value)])
+
+    @classmethod
+    def var(cls, name: str, exponent: int = 1) -> "Poly":
+        return cls([(((name, exponent),), 1)])
+
+    @classmethod
+    def monomial(cls, exps: dict[str, int], coef: Any = 1) -> "Poly":
+        return cls([(tuple(exps.items()), coef)])
+
+    def _add(self, mono: Monomial, coef: Fraction) -> None:
+        new = self.terms.get(mono, Fraction(0)) + coef
+        if new:
+            self.terms[mono] = new
+        else:
+            self.terms.pop(mono, None)
+
+    def __add__(self, other: "Poly") -> "Poly":
+        out = Poly()
+        out.terms = dict(self.terms)
+        for mono, coef in other.terms.items():
+            out._add(mono, coef)
+        return out
+
+    def __mul__(self, other: "Poly") -> "Poly":
+        out = Poly()
+        for m1, c1 in self.terms.items():
+            for m2, c2 in other.terms.items():
+                out._add(_mono_mul(m1, m2), c1 * c2)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Poly) and self.terms == other.terms
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self.terms.items()))
+
+    def __repr__(self) -> str:
+        return f"Poly({self.to_json()!r})"
+
+    def is_zero(self) -> bool:
+        return not self.terms
+
+    def constant(self) -> Fraction | None:
+        """The value when the polynomial is a constant, else None."""
+        if not self.terms:
+            return Fraction(0)
+        if len(self.terms) == 1 and () in self.terms:
+            return self.terms[()]
+        return None
+
+    def symbols(self) -> set[str]:
+        return {name for mono in self.terms for name, _ in mono}
+
+    def has_denominator(self) -> bool:
+        return any(e < 0 for mono in self.terms for _, e in mono) or any(c.denominator != 1 for c in self.terms.values())
+
+    def evaluate(self, values: dict[str, int]) -> Fraction:
+        total = Fraction(0)
+        for mono, coef in self.terms.items():
+            num, den = coef.numerator, coef.denominator
+            for name, e in mono:
+                if e > 0:
+                    num *= values[name] ** e
+                else:
+                    den *= values[name] ** (-e)
+            total += Fraction(num, den)
+        return total
+
+    def to_json(self) -> list:
+        return [[_coef_json(c), dict(mono)] for mono, c in self.terms.items()]
+
+    @classmethod
+    def from_json(cls, data: list) -> "Poly":
+        return cls((tuple(exps.items()), Fraction(coef)) for coef, exps in data)
+
+
+def _coef_json(c: Fraction) -> int | str:
+    return c.numerator if c.denominator == 1 else f"{c.numerator}/{c.denominator}"
+
+
+def product(polys: Iterable[Poly]) -> Poly:
+    out = Poly.const(1)
+    for p in polys:
+        out = out * p
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- the spec
+
+
+@dataclass(frozen=True)
+class Family:
+    """Tensors that differ only by layer/expert index: `mult` of them, each of shape `shape`."""
+
+    pattern: str
+    role: str
+    mult: Poly
+    shape: tuple[Poly, ...]
+
+    def numel(self) -> Poly:
+        return self.mult * product(self.shape)
+
+    def per_item(self) -> Poly:
+        return product(self.shape)
+
+    def to_json(self) -> dict:
+        return {"pattern": self.pattern, "role": self.role, "mult": self.mult.to_json(),
+                "shape": [d.to_json() for d in self.shape]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Family":
+        return cls(data["pattern"], data["role"], Poly.from_json(data["mult"]),
+                   tuple(Poly.from_json(d) for d in data["shape"]))
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One assumption. kind: equals (a structural flag keeps its value), unset (a field the config class derives
+    stays unset), same_as (two fields stay equal), present (a symbol's field must be given), integral (a
+    dimension with a denominator must come out whole)."""
+
+    kind: str
+    path: str
+    value: Any
+    default: Any
+    text: str
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "path": self.path, "value": self.value, "default": self.default, "text": self.text}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Condition":
+        return cls(data["kind"], data["path"], data["value"], data["default"], data["text"])
+
+
+Group = tuple[Poly, Poly]  # (multiplicity, per-item sum): displayed as mult·(inner)
+
+
+@dataclass(frozen=True)
+class FormulaSpec:
+    class_name: str
+    model_type: str
+    transformers_version: str
+    roles_fingerprint: str
+    symbols: dict[str, str]  # symbol → dotted config path, in display order
+    defaults: dict[str, int]  # config path → the class default used when the key is absent
+    families: tuple[Family, ...]
+    conditions: tuple[Condition, ...]
+    independent: tuple[str, ...]  # integer fields that were varied and change no parameter
+    sympy_names: dict[str, str]  # symbol → how a sympify-able string must spell it (N → Symbol('N'))
+    anchor: dict[str, Any]  # where it was derived: label, values, total, builds, seconds
+    format: int = FORMAT
+
+    # --- structure -------------------------------------------------------------------------------------------
+
+    @functools.cached_property
+    def order(self) -> list[str]:
+        """The order of factors inside a term: V·D, L·D, E·D·I, K·D²/H (the legend keeps the notes' order)."""
+        return factor_order(self.symbols)
+
+    @functools.cached_property
+    def _total_poly(self) -> Poly:
+        out = Poly()
+        for fam in self.families:
+            out = out + fam.numel()
+        return out
+
+    def total_poly(self) -> Poly:
+        return self._total_poly
+
+    def role_groups(self) -> dict[str, list[Group]]:
+        """role → [(multiplicity, per-item sum)], roles in the canonical display order."""
+        return self._role_groups
+
+    @functools.cached_property
+    def _role_groups(self) -> dict[str, list[Group]]:
+        from .roles import role_sort_key
+
+        roles: dict[str, list[Family]] = {}
+        for fam in self.families:
+            roles.setdefault(fam.role, []).append(fam)
+        ordered = sorted(roles, key=role_sort_key)
+        return {role: _groups(roles[role]) for role in ordered}
+
+    def role_polys(self) -> dict[str, Poly]:
+        return self._role_polys
+
+    @functools.cached_property
+    def _role_polys(self) -> dict[str, Poly]:
+        return {role: _groups_poly(groups) for role, groups in self.role_groups().items()}
+
+    def parts(self) -> list[tuple[str, list[Group]]]:
+        """The notes' layout: embeddings, the repeated blocks, then whatever else (final norm, pooler, heads)."""
+        return self._parts
+
+    @functools.cached_property
+    def _parts(self) -> list[tuple[str, list[Group]]]:
+        from .roles import GROUP_TITLES, role_group
+
+        embeddings, blocks, rest = [], [], []
+        for fam in self.families:
+            if "*" in fam.pattern:
+                blocks.append(fam)
+            elif role_group(fam.role) == "embeddings":
+                embeddings.append(fam)
+            else:
+                rest.append(fam)
+        out = []
+        if embeddings:
+            out.append(("embeddings", _groups(embeddings)))
+        if blocks:
+            out.append(("blocks", _groups(blocks)))
+        if rest:
+            names: list[str] = []
+            for fam in rest:
+                name = GROUP_TITLES.get(role_group(fam.role), role_group(fam.role))
+                if name not in names:
+                    names.append(name)
+            out.append((", ".join(names), _groups(rest)))
+        return out
+
+    def total_groups(self) -> list[Group]:
+        return [group for _, groups in self.parts() for group in groups]
+
+    # --- evaluation ------------------------------------------------------------------------------------------
+
+    def values_for(self, config: dict[str, Any], num_labels: int | None = None) -> dict[str, int]:
+        """The symbols' values at `config`; AssumptionError names the first assumption it violates."""
+        problems = self.violations(config, num_labels)
+        if problems:
+            raise AssumptionError(problems[0])
+        return self._values(config, num_labels)
+
+    def _values(self, config: dict[str, Any], num_labels: int | None) -> dict[str, int]:
+        values = {}
+        for symbol, path in self.symbols.items():
+            value = self.field_value(config, path, num_labels)
+            values[symbol] = value  # checked by violations()
+        return values
+
+    def field_value(self, config: dict[str, Any], path: str, num_labels: int | None = None) -> Any:
+        if path == "num_labels":
+            return labels_of(config, num_labels)
+        value = get_path(config, path)
+        if value is ABSENT:
+            return self.defaults.get(path, ABSENT)
+        return value
+
+    def violations(self, config: dict[str, Any], num_labels: int | None = None) -> list[str]:
+        """Every assumption `config` breaks, in words; empty when the formula applies."""
+        from .build import validate_config_dict  # torch-free: the same size checks `inspect` applies
+
+        problems = []
+        model_type = config.get("model_type")
+        if model_type != self.model_type:
+            problems.append(f"the formula is for model_type {self.model_type!r}, the config is {model_type!r}")
+            return problems
+        try:
+            validate_config_dict(config)
+        except ConfigError as err:
+            return [str(err)]
+        for cond in self.conditions:
+            current = _current(config, cond)
+            if cond.kind == "equals" and _canon(current) != _canon(cond.value):
+                problems.append(f"assumes {cond.text}; this config has {cond.path} = {_show(current)}")
+            elif cond.kind == "periodic" and not _repeats(current, cond.value):
+                problems.append(f"assumes {cond.text}; this config has {cond.path} = {_show(current)}")
+            elif cond.kind == "unset" and current not in (None, ABSENT):
+                problems.append(f"assumes {cond.text}; this config sets {cond.path} = {_show(current)}")
+            elif cond.kind == "same_as":
+                other = _current(config, Condition("", cond.value, None, self._default(cond.value), ""))
+                if _canon(current) != _canon(other):
+                    problems.append(f"assumes {cond.text}; this config has {cond.path} = {_show(current)}, "
+                                    f"{cond.value} = {_show(other)}")
+        for symbol, path in self.symbols.items():
+            value = self.field_value(config, path, num_labels)
+            if value is ABSENT or value is None:
+                problems.append(f"the formula needs {path} ({symbol}), which this config does not set "
+                                "(the config class would derive it, which changes the formula)")
+            elif not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                problems.append(f"{path} ({symbol}) must be a positive integer, got {_show(value)}")
+        if problems:
+            return problems
+        values = self._values(config, num_labels)
+        for fam in self.families:
+            for i, dim in enumerate((fam.mult, *fam.shape)):
+                got = dim.evaluate(values)
+                if got.denominator != 1 or got < 0:
+                    what = "count" if i == 0 else f"dimension {i - 1}"
+                    problems.append(f"{fam.pattern}: {what} would be {got} at this config, not a whole number; "
+                                    "the config is not valid for this class")
+                    return problems
+        return problems
+
+    def _default(self, path: str) -> Any:
+        return self.defaults.get(path, ABSENT)
+
+    def evaluate(self, values: dict[str, int]) -> "Evaluation":
+        by_role = {role: _int(poly.evaluate(values)) for role, poly in self.role_polys().items()}
+        parts = [(name, groups, _int(_groups_poly(groups).evaluate(values))) for name, groups in self.parts()]
+        total = _int(self.total_poly().evaluate(values))
+        return Evaluation(total=total, by_role=by_role, parts=parts)
+
+    def value_at(self, config: dict[str, Any], num_labels: int | None = None) -> int:
+        return self.evaluate(self.values_for(config, num_labels)).total
+
+    # --- (de)serialisation -----------------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        return {
+            "format": self.format,
+            "class": self.class_name,
+            "model_type": self.model_type,
+            "transformers_version": self.transformers_version,
+            "roles_fingerprint": self.roles_fingerprint,
+            "symbols": self.symbols,
+            "defaults": self.defaults,
+            "families": [f.to_json() for f in self.families],
+            "conditions": [c.to_json() for c in self.conditions],
+            "independent": list(self.independent),
+            "sympy_names": self.sympy_names,
+            "anchor": self.anchor,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "FormulaSpec":
+        return cls(
+            class_name=data["class"],
+            model_type=data["model_type"],
+            transformers_version=data["transformers_version"],
+            roles_fingerprint=data["roles_fingerprint"],
+            symbols=dict(data["symbols"]),
+            defaults=dict(data["defaults"]),
+            families=tuple(Family.from_json(f) for f in data["families"]),
+            conditions=tuple(Condition.from_json(c) for c in data["conditions"]),
+            independent=tuple(data["independent"]),
+            sympy_names=dict(data["sympy_names"]),
+            anchor=dict(data["anchor"]),
+            format=data["format"],
+        )
+
+    def key(self) -> str:
+        """What makes two formulas of one class different: the structural conditions."""
+        payload = json.dumps([self.model_type, self.roles_fingerprint, [c.to_json() for c in self.conditions
+                                                                         if c.kind != "integral"]],
+                             sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+def factor_order(symbols: Iterable[str]) -> list[str]:
+    rank = {s: i for i, s in enumerate(FACTOR_ORDER)}
+    arrival = list(symbols)
+    return sorted(arrival, key=lambda s: (rank.get(s, rank.get(s.rsplit("_", 1)[0], len(rank))), arrival.index(s)))
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    total: int
+    by_role: dict[str, int]
+    parts: list[tuple[str, list[Group], int]]
+
+
+def _groups(families: list[Family]) -> list[Group]:
+    groups: dict[Poly, Poly] = {}
+    for fam in families:
+        groups[fam.mult] = groups.get(fam.mult, Poly()) + fam.per_item()
+    return [(mult, inner) for mult, inner in groups.items() if not inner.is_zero() and not mult.is_zero()]
+
+
+def _groups_poly(groups: list[Group]) -> Poly:
+    out = Poly()
+    for mult, inner in groups:
+        out = out + mult * inner
+    return out
+
+
+def _int(value: Fraction) -> int:
+    if value.denominator != 1:
+        raise FormulaError(f"the formula gives a fractional count ({value}) here: the config is not valid for it")
+    return int(value)
+
+
+def labels_of(config: dict[str, Any], num_labels: int | None = None) -> Any:
+    """num_labels as transformers derives it: --num-labels, else num_labels, else len(id2label), else 2."""
+    if num_labels is not None:
+        return num_labels
+    if "num_labels" in config:
+        return config["num_labels"]
+    id2label = config.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        return len(id2label)
+    return 2
+
+
+def get_path(config: dict[str, Any], path: str) -> Any:
+    node: Any = config
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return ABSENT
+        node = node[part]
+    return node
+
+
+def set_path(config: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    node = config
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def _current(config: dict[str, Any], cond: Condition) -> Any:
+    value = get_path(config, cond.path)
+    return cond.default if value is ABSENT else value
+
+
+def _repeats(values: Any, period: list) -> bool:
+    return (isinstance(values, list) and bool(values) and bool(period)
+            and all(_canon(v) == _canon(period[i % len(period)]) for i, v in enumerate(values)))
+
+
+def _canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _show(value: Any) -> str:
+    if value is ABSENT:
+        return "(not set)"
+    return json.dumps(value, default=str)
+
+
+# --------------------------------------------------------------------------------------------- the disk cache
+
+
+def cache_root() -> Path:
+    env = os.environ.get("PARAMSCOPE_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "paramscope"
+    if os.name == "nt":
+        base = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
+        return Path(base) / "paramscope" / "Cache"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "paramscope"
+
+
+_VERSION_LINE = re.compile(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", re.M)
+
+
+def installed_transformers_version() -> str | None:
+    """The installed transformers version, without importing transformers (nor importlib.metadata: 15 ms)."""
+    from importlib.machinery import PathFinder
+
+    try:
+        spec = PathFinder.find_spec("transformers")  # searches sys.path; imports nothing
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin:
+        return None
+    try:
+        with open(spec.origin, encoding="utf-8") as handle:
+            match = _VERSION_LINE.search(handle.read(8192))
+    except OSError:
+        match = None
+    if match:
+        return match.group(1)
+    from importlib import metadata
+
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def roles_fingerprint() -> str:
+    """Changes whenever the role rules change, so that a cached per-role split is never stale."""
+    from . import roles
+
+    try:
+        payload = Path(roles.__file__).read_bytes()
+    except OSError:  # e.g. a zipped install: fall back to the public role table
+        payload = json.dumps(roles.ROLES).encode()
+    return hashlib.sha256(payload).hexdigest()[:12]
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "_"
+
+
+def _version_dir(version: str) -> Path:
+    return cache_root() / "formulas" / f"v{FORMAT}" / _safe(version)
+
+
+def route_key(config: dict[str, Any], *, model_class: str | None, task: str | None) -> str | None:
+    """How the class was asked for, as a string; None when --class names it (no route needed)."""
+    if model_class:
+        return None
+    model_type = config.get("model_type")
+    if task:
+        from .build import resolve_task
+
+        return f"{model_type}|task|{resolve_task(task)}"
+    architectures = config.get("architectures") or []
+    first = architectures[0] if isinstance(architectures, list) and architectures else ""
+    return f"{model_type}|default|{first if isinstance(first, str) else ''}"
+
+
+def _route_path(version: str, key: str) -> Path:
+    return _version_dir(version) / "routes" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """Write `data` to `path` so that readers only ever see the old file or the complete new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, separators=(",", ":"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def store(spec: FormulaSpec, *, route: str | None = None) -> Path | None:
+    """Keep `spec` on disk; returns its path, or None when the cache directory cannot be written."""
+    directory = _version_dir(spec.transformers_version)
+    path = directory / _safe(spec.class_name) / f"{spec.key()}.json"
+    try:
+        atomic_write_json(path, spec.to_json())
+        if route:
+            atomic_write_json(_route_path(spec.transformers_version, route), {"route": route, "class": spec.class_name})
+    except OSError:
+        return None
+    return path
+
+
+@dataclass(frozen=True)
+class Lookup:
+    spec: FormulaSpec | None
+    values: dict[str, int] = field(default_factory=dict)
+    path: Path | None = None
+    class_name: str | None = None
+    rejected: tuple[str, ...] = ()  # why the cached formulas of this class did not apply
+
+
+def lookup(config: dict[str, Any], *, model_class: str | None = None, task: str | None = None,
+           num_labels: int | None = None) -> Lookup:
+    """The cached formula whose assumptions `config` meets, with the symbols' values; never imports torch."""
+    version = installed_transformers_version()
+    if version is None or not isinstance(config.get("model_type"), str):
+        return Lookup(None)
+    class_name = model_class
+    if class_name is None:
+        route = _read_json(_route_path(version, route_key(config, model_class=None, task=task) or ""))
+        if not isinstance(route, dict) or not isinstance(route.get("class"), str):
+            return Lookup(None)
+        class_name = route["class"]
+    directory = _version_dir(version) / _safe(class_name)
+    try:
+        entries = sorted(directory.glob("*.json"))
+    except OSError:
+        return Lookup(None, class_name=class_name)
+    fingerprint = roles_fingerprint()
+    rejected = []
+    for entry in entries:
+        data = _read_json(entry)
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            continue
+        try:
+            spec = FormulaSpec.from_json(data)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            continue
+        if spec.roles_fingerprint != fingerprint or spec.class_name != class_name:
+            continue
+        problems = spec.violations(config, num_labels)
+        if problems:
+            rejected.append(problems[0])
+            continue
+        return Lookup(spec, spec._values(config, num_labels), entry, class_name)
+    return Lookup(None, class_name=class_name, rejected=tuple(rejected))
