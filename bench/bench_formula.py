@@ -25,10 +25,10 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
+
+from _child import run_child
 
 DEFAULT_MODELS = ("bert-base-chinese,openai-community/gpt2,google-t5/t5-small,meta-llama/Llama-2-7b-hf,"
                   "mistralai/Mixtral-8x7B-v0.1,albert/albert-base-v2,deepseek-ai/DeepSeek-V3")
@@ -37,19 +37,6 @@ CLI = "from paramscope.cli import main; import sys; sys.exit(main(sys.argv[1:]))
 CLI_LIGHT = ("import sys; from paramscope.cli import main; code = main(sys.argv[1:]);"
              "heavy = {'torch', 'transformers', 'sympy'} & set(sys.modules);"
              "sys.exit(f'imported {sorted(heavy)}' if heavy else code)")
-
-
-def run_child(argv: list[str], env: dict[str, str]) -> tuple[float, int, str]:
-    """(wall s, peak RSS bytes, stdout) of one child process."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    out = proc.stdout.read()
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{argv[2:6]} failed: {err.decode()[-600:]}")
-    return wall, usage.ru_maxrss * 1024, out.decode()
 
 
 def median_runs(argv: list[str], env: dict[str, str], repeats: int, warm: bool = True) -> tuple[float, int, str]:

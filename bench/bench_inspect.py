@@ -16,9 +16,9 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
-import time
+
+from _child import run_child
 
 BUILD = """
 import json, torch, transformers
@@ -39,15 +39,36 @@ SNIPPETS = {
 
 
 def measure(argv: list[str]) -> tuple[float, int, str]:
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out = proc.stdout.read()
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{argv[:3]} failed: {err.decode()[-500:]}")
-    return wall, usage.ru_maxrss * 1024, out.decode().strip().splitlines()[-1][:40] if out else ""
+    wall, rss, out = run_child(argv)
+    return wall, rss, out.strip().splitlines()[-1][:40] if out.strip() else ""
+
+
+# The work after the imports, in one warm process: the floor's build + sum against paramscope's whole
+# inspect (resolve, build, count, roles, ties, tree, MoE, conventions) + JSON. Import time (≈6 s here, and
+# noisy) dominates whole-process figures; this isolates what paramscope adds.
+IN_PROCESS = BUILD + """
+import statistics, time
+import paramscope
+from paramscope.render.json import render_json
+
+def floor():
+    with torch.device("meta"):
+        m = cls(config)
+    return sum(p.numel() for p in m.parameters())
+
+def full():
+    return render_json(paramscope.inspect({model!r}))
+
+for f in (floor, full):
+    f()  # warm: first-use imports and caches belong to neither
+times = {{}}
+for name, f in (("floor", floor), ("paramscope", full)):
+    runs = []
+    for _ in range({repeats}):
+        start = time.perf_counter(); f(); runs.append(time.perf_counter() - start)
+    times[name] = statistics.median(runs)
+print(times["floor"], times["paramscope"])
+"""
 
 
 def class_of(model: str) -> str:
@@ -61,6 +82,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", default="bert-base-uncased,meta-llama/Llama-3.1-405B")
     parser.add_argument("--tools", default="floor,paramscope,torchinfo,fvcore")
+    parser.add_argument("--no-in-process", action="store_true", help="skip the after-import comparison")
     args = parser.parse_args()
 
     rows = []
@@ -83,6 +105,15 @@ def main() -> None:
             rows.append((model, cls, tool, wall, rss, medians["floor"] if "floor" in medians else None))
             print(f"{model} {tool}: {wall:.2f} s, {rss / 2**20:.0f} MiB", file=sys.stderr, flush=True)
 
+    in_process = []
+    if not args.no_in_process:
+        for model in args.models.split(","):
+            snippet = IN_PROCESS.format(model=model, cls=class_of(model), repeats=max(args.repeats, 5))
+            _, _, out = run_child([sys.executable, "-c", snippet])
+            floor_s, full_s = map(float, out.split()[-2:])
+            in_process.append((model, floor_s, full_s))
+            print(f"{model} in-process: floor {floor_s:.3f} s, paramscope {full_s:.3f} s", file=sys.stderr)
+
     print(f"\nPython {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cores; "
           f"median of {args.repeats} runs, peak RSS the max.\n")
     print("| model | class | tool | wall (s) | × floor | peak RSS (MiB) | × floor |")
@@ -91,6 +122,12 @@ def main() -> None:
         ratio_t = f"{wall / floor[0]:.2f}" if floor else "–"
         ratio_m = f"{rss / floor[1]:.2f}" if floor else "–"
         print(f"| {model} | {cls} | {tool} | {wall:.2f} | {ratio_t} | {rss / 2**20:.0f} | {ratio_m} |")
+    if in_process:
+        print(f"\nAfter the imports, in one warm process (median of {max(args.repeats, 5)}):\n")
+        print("| model | floor: build + sum (s) | paramscope: inspect + JSON (s) | × floor |")
+        print("| --- | ---: | ---: | ---: |")
+        for model, floor_s, full_s in in_process:
+            print(f"| {model} | {floor_s:.3f} | {full_s:.3f} | {full_s / floor_s:.2f} |")
 
 
 if __name__ == "__main__":

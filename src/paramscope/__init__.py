@@ -11,8 +11,8 @@
 Importing this package imports neither torch, transformers, sympy nor rich; they load when first needed.
 """
 
-from .api import inspect, inspect_module
-from .count import BufferInfo, Counts, ModuleNode, ParameterInfo, TiedGroup
+from typing import TYPE_CHECKING
+
 from .errors import (
     CheckpointError,
     ConfigError,
@@ -21,9 +21,38 @@ from .errors import (
     RemoteCodeError,
     SourceError,
 )
-from .formula import Formula, derive_formula
-from .formula_cache import AssumptionError, FormulaError, FormulaMismatchError
-from .report import SCHEMA_VERSION, Component, ModelInfo, Report
+
+if TYPE_CHECKING:
+    from .api import inspect, inspect_module
+    from .count import BufferInfo, Counts, ModuleNode, ParameterInfo, TiedGroup
+    from .formula import Formula, derive_formula
+    from .formula_cache import AssumptionError, FormulaError, FormulaMismatchError
+    from .report import SCHEMA_VERSION, Component, ModelInfo, Report
+
+# The public names each load their module on first use (PEP 562), so that `paramscope formula` answering from
+# its cache, and `paramscope --version`, pay for nothing they do not use.
+_LAZY = {
+    "inspect": "api", "inspect_module": "api",
+    "BufferInfo": "count", "Counts": "count", "ModuleNode": "count", "ParameterInfo": "count", "TiedGroup": "count",
+    "Formula": "formula", "derive_formula": "formula",
+    "AssumptionError": "formula_cache", "FormulaError": "formula_cache", "FormulaMismatchError": "formula_cache",
+    "SCHEMA_VERSION": "report", "Component": "report", "ModelInfo": "report", "Report": "report",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'paramscope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

@@ -7,7 +7,6 @@ dispatch, `run(args)`, which returns an exit code for what it handles and None f
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from .errors import ParamscopeError

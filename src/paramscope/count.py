@@ -7,6 +7,8 @@ and the role breakdown both sum exactly to the total.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -90,6 +92,7 @@ def count_module(module: Any) -> Counted:
 
     canonical_of: dict[str, str] = {}
     infos: list[ParameterInfo] = []
+    roles_seen: dict[tuple[str, tuple[str, ...]], str] = {}
     tied: list[TiedGroup] = []
     for key, names in names_by_id.items():
         param = tensors[key]
@@ -103,7 +106,7 @@ def count_module(module: Any) -> Counted:
                 shape=shape,
                 numel=int(param.numel()),
                 trainable=bool(param.requires_grad),
-                role=role_of(canonical, _types_for(canonical, types_of)),
+                role=_role_memo(canonical, _types_for(canonical, types_of), roles_seen),
                 dtype=str(param.dtype).removeprefix("torch."),
                 aliases=aliases,
             )
@@ -122,7 +125,7 @@ def count_module(module: Any) -> Counted:
     seen_buffers: set[int] = set()
     for module_name, submodule in module.named_modules(remove_duplicate=False):
         non_persistent = getattr(submodule, "_non_persistent_buffers_set", set())
-        for local, buffer in submodule.named_buffers(recurse=False):
+        for local, buffer in submodule._buffers.items():
             if buffer is None or id(buffer) in seen_buffers:
                 continue
             seen_buffers.add(id(buffer))
@@ -149,6 +152,19 @@ def count_module(module: Any) -> Counted:
     )
 
 
+_LAYER_INDEX = re.compile(r"\.\d+(?=\.)")
+
+
+def _role_memo(name: str, types: tuple[str, ...], seen: dict[tuple[str, tuple[str, ...]], str]) -> str:
+    """role_of, once per tensor family: layer 7's query has the role of layer 0's when their module types agree
+    (the rules read `\\d+`, never a particular index)."""
+    key = (_LAYER_INDEX.sub(".0", name), types)
+    role = seen.get(key)
+    if role is None:
+        role = seen[key] = role_of(name, types)
+    return role
+
+
 def _module_types(module: Any) -> dict[str, str]:
     """Every module path (shared modules under each of their names) → its class name."""
     return {name: type(sub).__name__ for name, sub in module.named_modules(remove_duplicate=False)}
@@ -168,7 +184,9 @@ def _node(module: Any, name: str, attr: str, canonical_of: dict[str, str], numel
     tied: list[tuple[str, str]] = []
     own_numel = 0
     shape_key: list[Any] = [type(module).__name__]
-    for local, param in module.named_parameters(recurse=False, remove_duplicate=False):
+    for local, param in module._parameters.items():  # named_parameters(recurse=False), without its memo set
+        if param is None:
+            continue
         full = f"{name}.{local}" if name else local
         canonical = canonical_of[full]
         shape_key.append((local, tuple(param.shape), canonical == full))
@@ -182,7 +200,11 @@ def _node(module: Any, name: str, attr: str, canonical_of: dict[str, str], numel
     for child_attr, child in module._modules.items():
         if child is not None:
             attrs_of.setdefault(id(child), []).append(child_attr)
-    for child_attr, child in module.named_children():
+    visited: set[int] = set()
+    for child_attr, child in module._modules.items():  # named_children(): each child once, under its first name
+        if child is None or id(child) in visited:
+            continue
+        visited.add(id(child))
         child_name = f"{name}.{child_attr}" if name else child_attr
         node = _node(child, child_name, child_attr, canonical_of, numel_of)
         attrs = attrs_of.get(id(child), [child_attr])
