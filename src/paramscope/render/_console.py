@@ -6,6 +6,8 @@ import io
 from typing import Iterable
 
 from rich.console import Console
+from rich.padding import Padding
+from rich.text import Text
 
 
 def to_text(parts: Iterable, width: int, color: bool = False) -> str:
@@ -33,3 +35,20 @@ def percent(share: float) -> str:
 
 def shape(dims) -> str:
     return "×".join(str(d) for d in dims) if dims else "scalar"
+
+
+def indented(text: str | Text, indent: int = 2, label: str = "", style: str | None = None) -> Padding:
+    """`text` wrapped with a hanging indent: continuation lines start under the text, not at column 0.
+
+    With `label`, the label sits in the indent: indented("BertModel, …", 11, "  class") puts the value at column 11.
+    """
+    body = text if isinstance(text, Text) else Text(text, style=style or "")
+    if not label:
+        return Padding(body, (0, 0, 0, indent))
+    from rich.table import Table
+
+    grid = Table.grid()
+    grid.add_column(width=indent, no_wrap=True)
+    grid.add_column()
+    grid.add_row(label, body)
+    return grid

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..explain import exact
-from ._console import shape, to_text
+from ._console import indented, shape, to_text
 
 LIST_LIMIT = 20  # longer lists of keys are cut (with a count) unless every key is asked for
 
@@ -56,13 +56,13 @@ def heads_group(heads) -> Group:
     lines = [Text(f"What the heads of {heads.class_name} add: {exact(heads.total)}", style="bold")]
     if not heads.parts:
         lines.append(Text("  no head: this is the bare model"))
-    lines.extend(Text(f"  {p.line}") for p in heads.parts)
+    lines.extend(indented(p.line) for p in heads.parts)
     if heads.uses_pooler:
         lines.append(Text("  reads the pooled first token: the pooler belongs to the base model"))
     if heads.task_description:
-        lines.append(Text(f"  task {heads.task}: {heads.task_description}"))
+        lines.append(indented(f"task {heads.task}: {heads.task_description}"))
     if heads.suggestion_note:
-        lines.append(Text(f"  {heads.suggestion_note}"))
+        lines.append(indented(heads.suggestion_note))
     return Group(*lines, Text(""))
 
 

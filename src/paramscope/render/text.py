@@ -15,7 +15,7 @@ from ..count import ModuleNode, collapse_runs
 from ..explain import exact, human, module_arithmetic, role_arithmetic
 from ..report import Report
 from ..roles import GROUP_TITLES, role_group
-from ._console import percent, to_text
+from ._console import indented, percent, to_text
 
 
 @dataclass(frozen=True)
@@ -69,19 +69,19 @@ def _header(report: Report) -> Group:
     model = report.model
     title = Text.assemble((f"{model.label}", "bold"), " · ", (model.class_name, "bold cyan"))
     lines = [title]
-    lines.append(Text(f"  source   {model.source}"))
+    lines.append(indented(f"{model.source}", 11, "  source"))
     if model.native:
         how = f"native class of transformers {model.transformers_version}"
     else:
         how = "remote code" if model.native is False else "live module"
-    lines.append(Text(f"  class    {model.class_name}, {how}"))
-    lines.append(Text(f"  why      {model.class_reason}"))
+    lines.append(indented(f"{model.class_name}, {how}", 11, "  class"))
+    lines.append(indented(f"{model.class_reason}", 11, "  why"))
     if model.model_type:
-        lines.append(Text(f"  type     {model.model_type}"))
+        lines.append(indented(f"{model.model_type}", 11, "  type"))
     if model.storage is not None:
-        lines.append(Text(f"  storage  {model.storage.description}"))
+        lines.append(indented(f"{model.storage.description}", 11, "  storage"))
     for note in model.notes:
-        lines.append(Text(f"  note     {note}"))
+        lines.append(indented(f"{note}", 11, "  note"))
     return Group(*lines, Text(""))
 
 
@@ -222,8 +222,9 @@ def _roles(report: Report, explain: bool, formula: FormulaLink | None = None) ->
 def _formula(formula: FormulaLink) -> Group:
     if not formula.expression:
         return Group(Text(f"Formula: none shown — {formula.note}", style="dim"), Text(""))
-    lines = [Text("Formula (the terms in the arithmetic column)", style="bold"), Text(f"  P = {formula.expression}")]
-    lines.extend(Text(f"  {line}", style="dim") for line in formula.note.splitlines())
+    lines = [Text("Formula (the terms in the arithmetic column)", style="bold"),
+             indented(f"P = {formula.expression}")]
+    lines.extend(indented(line, style="dim") for line in formula.note.splitlines())
     return Group(*lines, Text(""))
 
 
@@ -231,13 +232,13 @@ def _tied(report: Report) -> Group:
     lines = [Text("Tied weights", style="bold")]
     for group in report.tied:
         aliases = ", ".join(group.aliases)
-        lines.append(Text(
-            f"  {aliases} is the same tensor as {group.canonical} "
+        lines.append(indented(
+            f"{aliases} is the same tensor as {group.canonical} "
             f"({'×'.join(map(str, group.shape))} = {exact(group.numel)}); counted once."
         ))
     extra = report.parameters.with_tied_duplicates - report.parameters.total
-    lines.append(Text(
-        f"  A naive sum over every parameter name counts shared tensors again: "
+    lines.append(indented(
+        f"A naive sum over every parameter name counts shared tensors again: "
         f"{exact(report.parameters.with_tied_duplicates)} instead of {exact(report.total)} (+{exact(extra)})."
     ))
     return Group(*lines, Text(""))
