@@ -255,7 +255,9 @@ def test_hub_id_from_the_local_cache(tmp_path, monkeypatch):
     assert located.checkpoint == repo / "snapshots" / commit
     assert audit("someone/tiny-bert").audit.complete
     assert locate_checkpoint(repo).checkpoint == repo / "snapshots" / commit  # the cache folder itself
-    with pytest.raises(SourceError, match="someone/absent is not in the local Hugging Face cache"):
+    monkeypatch.setattr("paramscope.sources.hub_online", lambda: False)
+    with pytest.raises(SourceError, match="someone/absent: the Hugging Face Hub cannot be reached, and no "
+                                          "checkpoint of it is in the local cache"):
         locate_checkpoint("someone/absent")
 
 

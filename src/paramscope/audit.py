@@ -1,9 +1,10 @@
 """Audit a real checkpoint against the architecture its config describes, reading headers only.
 
-Glue: locate the checkpoint (file, directory, Hugging Face cache folder, or hub id in the local cache) →
+Glue: locate the checkpoint (file, directory, Hugging Face cache folder, hub id in the local cache, or hub id
+read over HTTP range requests when online) →
 `paramscope.inspect` its config → `checkpoint.read_checkpoint` (headers only) → `checkpoint.reconcile` (keys
 matched the way transformers loads them) → the counts reconciled (`reconcile_counts`). No tensor data is read,
-nothing is downloaded, and no weight is allocated.
+no weight is downloaded (from the Hub: config.json and the safetensors headers only), and none is allocated.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class Located:
     checkpoint: Path  # a file, an index, or a directory read_checkpoint understands
     config_dir: Path | None  # where config.json sits, when it does
     description: str  # plain words: how the checkpoint was found
+    hub_id: str | None = None  # set when the headers are to be read from the Hub itself
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,8 @@ class AuditResult:
 
 
 def locate_checkpoint(spec: str | os.PathLike[str], *, revision: str | None = None) -> Located:
-    """Find a checkpoint: a file, a directory, a cache folder (models--org--name), or a hub id in the local cache."""
+    """Find a checkpoint: a file, a directory, a cache folder (models--org--name), or a hub id: in the local
+    cache when a checkpoint of it is there, else on the Hub (headers only) when the Hub can be reached."""
     text = os.fspath(spec).strip() if not isinstance(spec, str) else spec.strip()
     if not text:
         raise SourceError("empty checkpoint path: give a file, a directory or a hub id")
@@ -81,10 +84,17 @@ def locate_checkpoint(spec: str | os.PathLike[str], *, revision: str | None = No
         cache = Path(constants.HF_HUB_CACHE)
         repo = cache / ("models--" + text.replace("/", "--"))
         snapshot = _cache_snapshot(repo, revision) if repo.is_dir() else None
+        if snapshot is not None and not _has_checkpoint(snapshot):
+            snapshot = None  # a cache that holds only config.json (paramscope inspect put it there)
         if snapshot is None:
+            from .sources import hub_online
+
+            if hub_online():
+                return Located(Path(text), None, f"hub id {text}: safetensors headers read from the Hub", hub_id=text)
+            why = "HF_HUB_OFFLINE is set" if constants.is_offline_mode() else "the Hugging Face Hub cannot be reached"
             raise SourceError(
-                f"hub id {text} is not in the local Hugging Face cache ({cache}); paramscope audit reads checkpoint "
-                "headers from local files only: download it first or give a path"
+                f"hub id {text}: {why}, and no checkpoint of it is in the local cache ({cache}); download it "
+                "first or give a path"
             )
         return Located(snapshot, snapshot if (snapshot / "config.json").is_file() else None,
                        f"hub id {text}, local cache snapshot {snapshot.name}")
@@ -104,14 +114,25 @@ def audit(path_or_id: str | os.PathLike[str], *, config: Any = None, model_class
     from .reconcile_counts import meta_module
 
     located = locate_checkpoint(path_or_id, revision=revision)
-    if config is None:
-        if located.config_dir is None:
-            raise SourceError(f"no config.json next to checkpoint {located.checkpoint}: name the model with --config")
-        config = str(located.config_dir)
-    checkpoint = read_checkpoint(located.checkpoint)
+    if located.hub_id is not None:
+        from .checkpoint import read_hub_checkpoint
+
+        checkpoint = read_hub_checkpoint(located.hub_id, revision=revision)
+        if config is None:
+            from .sources import resolve
+
+            config = resolve(located.hub_id, revision=revision)  # config.json only
+    else:
+        if config is None:
+            if located.config_dir is None:
+                raise SourceError(
+                    f"no config.json next to checkpoint {located.checkpoint}: name the model with --config")
+            config = str(located.config_dir)
+        checkpoint = read_checkpoint(located.checkpoint)
     options = dict(model_class=model_class, task=task, num_labels=num_labels, trust_remote_code=trust_remote_code)
-    report = inspect(config, revision=None if located.config_dir else revision, **options)
-    module = meta_module(config, revision=None if located.config_dir else revision, **options)
+    config_revision = None if located.config_dir else revision
+    report = inspect(config, revision=config_revision, **options)
+    module = meta_module(config, revision=config_revision, **options)
     return audit_report(report, checkpoint, module=module, located=located)
 
 
@@ -140,6 +161,10 @@ def audit_report(report: Report, checkpoint: Any, *, module: Any = None, located
 def _prefix(report: Report) -> str:
     prefix = getattr(report.model, "base_model_prefix", None)
     return prefix or ""
+
+
+def _has_checkpoint(snapshot: Path) -> bool:
+    return any(snapshot.glob("*.safetensors")) or any(snapshot.glob("*.index.json")) or any(snapshot.glob("*.bin"))
 
 
 def _cache_snapshot(repo: Path, revision: str | None) -> Path | None:

@@ -450,6 +450,72 @@ def _cross_check_with_library(path: Path, names: set[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Headers from the Hub, over HTTP range requests
+# ---------------------------------------------------------------------------------------------
+
+
+def read_hub_checkpoint(repo_id: str, *, revision: str | None = None) -> Checkpoint:
+    """The tensors of a hub repo's safetensors checkpoint, from its headers alone.
+
+    huggingface_hub's get_safetensors_metadata fetches each file's 8-byte length and JSON header with HTTP range
+    requests (at most 25 MB each); no tensor data is downloaded. Each entry is then checked as a local header is.
+    """
+    from huggingface_hub import get_safetensors_metadata
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        NotASafetensorsRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+        SafetensorsParsingError,
+    )
+
+    try:
+        metadata = get_safetensors_metadata(repo_id, revision=revision)
+    except GatedRepoError:
+        raise SourceError(f"hub id {repo_id} is gated: log in with `hf auth login` and accept its terms") from None
+    except RepositoryNotFoundError:
+        raise SourceError(f"hub id {repo_id} was not found on the Hub (or is private)") from None
+    except RevisionNotFoundError:
+        raise SourceError(f"hub id {repo_id} has no revision {revision!r}") from None
+    except NotASafetensorsRepoError:
+        raise SourceError(f"hub id {repo_id} has no model.safetensors or model.safetensors.index.json; "
+                          "paramscope audit reads a .bin checkpoint only from local files") from None
+    except SafetensorsParsingError as err:
+        raise CheckpointError(f"hub id {repo_id}: a safetensors header could not be parsed: {_short(err)}") from None
+    except OSError as err:  # requests' connection errors are OSErrors
+        raise SourceError(f"hub id {repo_id}: reading the safetensors headers failed: {_short(err)}") from None
+    return checkpoint_from_hub_metadata(f"hub:{repo_id}", metadata)
+
+
+def checkpoint_from_hub_metadata(label: str, metadata: Any) -> Checkpoint:
+    """A Checkpoint from huggingface_hub's SafetensorsRepoMetadata, every entry checked by `_parse_entry`."""
+    tensors: list[CheckpointTensor] = []
+    found: dict[str, str] = {}
+    for filename, file_metadata in metadata.files_metadata.items():
+        where = Path(f"{label}/{filename}")
+        entries = {name: {"dtype": info.dtype, "shape": list(info.shape), "data_offsets": list(info.data_offsets)}
+                   for name, info in file_metadata.tensors.items()}
+        # The remote file's size is not known here; the data area is at least as long as its last tensor.
+        data_size = max((entry["data_offsets"][1] for entry in entries.values()
+                         if isinstance(entry["data_offsets"][1], int)), default=0)
+        for name, entry in entries.items():
+            if name in found:
+                raise CheckpointError(f"{label}: tensor {_q(name)} is stored in two files ({found[name]} and {filename})")
+            found[name] = filename
+            tensor, _, _ = _parse_entry(where, name, entry, data_size)
+            tensors.append(tensor)
+    for name, filename in metadata.weight_map.items():
+        if found.get(name) != filename:
+            raise CheckpointError(f"{label}: the index puts {_q(name)} in {filename}, but its header does not")
+    info: dict[str, Any] = {"read": "safetensors headers from the Hub (HTTP range requests)",
+                            "files": list(metadata.files_metadata)}
+    if metadata.metadata:
+        info["index_metadata"] = dict(metadata.metadata)
+    fmt = "safetensors-sharded" if metadata.sharded else "safetensors"
+    return _finish(Path(label), fmt, tensors, info)
+
+
+# ---------------------------------------------------------------------------------------------
 # Sharded checkpoints (*.index.json)
 # ---------------------------------------------------------------------------------------------
 

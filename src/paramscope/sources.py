@@ -116,6 +116,13 @@ def _check_object(data: Any, where: str) -> dict[str, Any]:
     return data
 
 
+def hub_online() -> bool:
+    """Whether the Hub may be asked: HF_HUB_OFFLINE is not set and it answers a TCP connect."""
+    from huggingface_hub import constants
+
+    return not constants.is_offline_mode() and _hub_reachable()
+
+
 def _hub_reachable(timeout: float = 3.0) -> bool:
     """One quick TCP connect, so that an offline machine answers from the cache at once.
 
