@@ -55,10 +55,10 @@ def counts_table(counts) -> Table:
 def heads_group(heads) -> Group:
     lines = [Text(f"What the heads of {heads.class_name} add: {exact(heads.total)}", style="bold")]
     if not heads.parts:
-        lines.append(Text("  no head: this is the bare model"))
+        lines.append(indented("no head: this is the bare model"))
     lines.extend(indented(p.line) for p in heads.parts)
     if heads.uses_pooler:
-        lines.append(Text("  reads the pooled first token: the pooler belongs to the base model"))
+        lines.append(indented("reads the pooled first token: the pooler belongs to the base model"))
     if heads.task_description:
         lines.append(indented(f"task {heads.task}: {heads.task_description}"))
     if heads.suggestion_note:

@@ -130,7 +130,7 @@ def _moe(report: Report) -> Group:
         count = f"{n} {layer.kind if layer.kind == 'dense' else 'MoE'} layer{'s' if n > 1 else ''}"
         each = " each" if n > 1 else ""
         if layer.kind == "dense":
-            lines.append(Text(f"  {name:<7} {count}, {exact(layer.params)}{each}, all active"))
+            lines.append(indented(f"{count}, {exact(layer.params)}{each}, all active", 10, f"  {name}"))
             continue
         rest = layer.params - layer.routed - layer.shared - layer.router
         parts = [f"routed experts {exact(layer.routed)} ({layer.num_experts} × {exact(layer.per_expert)})"]
@@ -140,19 +140,19 @@ def _moe(report: Report) -> Group:
         parts.append(f"attention, norms and the rest {exact(rest)}")
         k = layer.top_k if layer.top_k is not None else "?"
         active = "unknown" if layer.active is None else exact(layer.active)
-        lines.append(Text(
-            f"  {name:<7} {count}, {exact(layer.params)}{each}: {', '.join(parts)}; "
-            f"active {active}{each} (top-{k} of {layer.num_experts})"
+        lines.append(indented(
+            f"{count}, {exact(layer.params)}{each}: {', '.join(parts)}; "
+            f"active {active}{each} (top-{k} of {layer.num_experts})", 10, f"  {name}"
         ))
     shared = f", {moe.num_shared_experts} shared" if moe.num_shared_experts else ""
-    lines.append(Text(
-        f"  {len(moe.moe_layers)} MoE and {len(moe.dense_layers)} dense layers; E = {moe.num_experts} routed "
+    lines.append(indented(
+        f"{len(moe.moe_layers)} MoE and {len(moe.dense_layers)} dense layers; E = {moe.num_experts} routed "
         f"experts{shared}, k = {moe.top_k if moe.top_k is not None else '?'} per token; experts stored as "
         f"{moe.layout}. {moe.source}."
     ))
     if moe.active is not None:
-        lines.append(Text(
-            f"  active per token = {exact(moe.total)} − {exact(moe.inactive)} = {exact(moe.active)}, where active = "
+        lines.append(indented(
+            f"active per token = {exact(moe.total)} − {exact(moe.inactive)} = {exact(moe.active)}, where active = "
             f"{moe.definition}"
         ))
     return Group(*lines, Text(""))
@@ -161,8 +161,8 @@ def _moe(report: Report) -> Group:
 def _shared(report: Report) -> Group:
     lines = [Text("Shared layers", style="bold")]
     for shared in report.shared_layers:
-        lines.append(Text(
-            f"  {shared.path}: {shared.text} ({shared.how}). The breakdown counts the shared "
+        lines.append(indented(
+            f"{shared.path}: {shared.text} ({shared.how}). The breakdown counts the shared "
             f"{'set' if shared.sets == 1 else 'sets'} once."
         ))
     return Group(*lines, Text(""))
@@ -246,7 +246,7 @@ def _tied(report: Report) -> Group:
 
 def _unclassified(report: Report) -> Group:
     lines = [Text(f"Unclassified ({len(report.unclassified)} tensors, role 'other')", style="bold yellow")]
-    lines.extend(Text(f"  {name}") for name in report.unclassified)
+    lines.extend(indented(name) for name in report.unclassified)
     return Group(*lines, Text(""))
 
 
