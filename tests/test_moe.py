@@ -240,3 +240,12 @@ def test_dbrx_two_dimensional_expert_packing_takes_e_from_the_nested_config():
     assert report.breakdown["moe.experts"] == routed
     assert report.moe.num_experts == 4 and report.moe.top_k == 2
     assert report.parameters.active == report.total - routed * 2 // 4
+
+
+def test_qwen15_moe_preset_reports_the_cards_figures():
+    """The card: '14.3B parameters in total and 2.7B activated parameters during runtime'."""
+    from paramscope.presets import find_preset
+
+    assert find_preset("qwen1.5-moe-a2.7b").load_config() == QWEN15_MOE_A27B
+    report = paramscope.inspect("qwen1.5-moe-a2.7b")
+    assert (report.parameters.total, report.parameters.active) == (14_315_784_192, 2_689_173_504)

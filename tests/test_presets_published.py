@@ -77,6 +77,7 @@ MEASURED: dict[str, int] = {
     "microsoft/deberta-v3-base": 183_831_552,
     "answerdotai/ModernBERT-base": 149_014_272,
     "deepseek-ai/DeepSeek-V3": 671_026_404_352,
+    "Qwen/Qwen1.5-MoE-A2.7B": 14_315_784_192,
 }
 
 # Names the nine BERT-family presets of registry.json own.
