@@ -449,3 +449,11 @@ def test_inspect_explain_without_a_formula_says_why_and_still_succeeds(write_con
     out = capsys.readouterr().out
     assert "Formula: none shown — no closed-form formula for Qwen2MoeForCausalLM" in out
     assert "decoder_sparse_step" in out
+
+
+def test_formula_displays_as_text_and_as_latex_in_jupyter():
+    f = formula_of(preset("google-bert--bert-base-chinese"), "BertForMaskedLM")
+    assert repr(f) == ("<Formula BertForMaskedLM: P = V·D + L·D + T·D + 2·D + N·(4·D² + 2·D·I + 9·D + I) + D² + V "
+                       "+ 3·D = 102,290,312>")
+    latex = f._repr_latex_()
+    assert latex.startswith("$P = V \\cdot D") and latex.endswith("= 102{,}290{,}312$")

@@ -113,3 +113,26 @@ def test_presets_command(capsys):
     assert main(["presets"]) == 0
     out = capsys.readouterr().out
     assert "google-bert/bert-base-uncased" in out and "bert-base-uncased" in out
+
+
+def test_a_report_displays_briefly_in_repr_and_fully_in_ipython_and_jupyter():
+    report = report_of("bert-base-uncased")
+    assert repr(report) == "<Report BertForMaskedLM of google-bert/bert-base-uncased: 109,514,298 parameters>"
+    assert repr(report_of("mixtral-8x7b")) == ("<Report MixtralForCausalLM of mistralai/Mixtral-8x7B-v0.1: "
+                                               "46,702,792,704 parameters, 12,879,925,248 active>")
+
+    class Printer:  # IPython.lib.pretty's interface, as much as _repr_pretty_ uses
+        text_out = ""
+
+        def text(self, value):
+            self.text_out += value
+
+    printer = Printer()
+    report._repr_pretty_(printer, cycle=False)
+    assert printer.text_out == render_text(report, TextOptions(width=110, depth=2))
+    assert "132,985,716" in printer.text_out and "Tied weights" in printer.text_out
+
+    html = report._repr_html_()
+    assert html.startswith("<pre") and html.rstrip().endswith("</pre>")
+    assert "109,514,298" in html and "Breakdown by role" in html
+    assert "<script" not in html

@@ -176,6 +176,19 @@ class Formula:
         return Shown(self.spec, dict(self.values), self.label, self.source, self.origin, self.cache_path,
                      self.checked, self.seconds)
 
+    def __repr__(self) -> str:
+        from .render.formula import format_groups
+
+        return (f"<Formula {self.class_name}: P = {format_groups(self.spec.total_groups(), self.spec.order)} "
+                f"= {self.value:,}>")
+
+    def _repr_latex_(self) -> str:  # Jupyter renders the formula as math
+        from .render.formula import format_groups
+
+        latex = format_groups(self.spec.total_groups(), self.spec.order, "latex")
+        value = f"{self.value:,}".replace(",", "{,}")
+        return f"$P = {latex} = {value}$"
+
     def subs(self, **values: Any):
         """The total with some symbols replaced, e.g. `formula.subs(I=4 * sympy.Symbol("D"))`."""
         import sympy

@@ -80,6 +80,30 @@ class Report:
             node = next(c for c in node.children if c.attr == part)
         return node
 
+    # --- display: a short repr, and the full text report in IPython and Jupyter --------------------------------
+
+    def __repr__(self) -> str:
+        active = "" if self.moe is None or self.parameters.active is None else f", {self.parameters.active:,} active"
+        return (f"<Report {self.model.class_name} of {self.model.label}: {self.parameters.total:,} parameters"
+                f"{active}>")
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython's text display
+        printer.text(repr(self) if cycle else self._display_text())
+
+    def _repr_html_(self) -> str:  # Jupyter: the same report, rich's styles as inline HTML
+        try:
+            from .render.text import TextOptions, render_html
+        except ImportError:  # rich, the rendering extra, is not installed
+            return f"<pre>{_html_escape(repr(self))}</pre>"
+        return render_html(self, TextOptions(width=110, depth=2))
+
+    def _display_text(self) -> str:
+        try:
+            from .render.text import TextOptions, render_text
+        except ImportError:
+            return repr(self)
+        return render_text(self, TextOptions(width=110, depth=2))
+
 
 def make_report(model_info: ModelInfo, counted: Counted, base_model_prefix: str | None = None, *,
                 moe: MoESummary | None = None, conventions: tuple[Convention, ...] = (),
@@ -167,3 +191,9 @@ def _layer_count(tree: ModuleNode) -> int | None:
             if first.attr.isdigit() and n > 1 and first.params and (best is None or n > best):
                 best = n
     return best
+
+
+def _html_escape(text: str) -> str:
+    import html
+
+    return html.escape(text)

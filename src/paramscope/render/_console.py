@@ -27,6 +27,15 @@ def to_text(parts: Iterable, width: int, color: bool = False) -> str:
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
 
 
+def to_html(parts: Iterable, width: int) -> str:
+    """The same output as HTML with inline styles, for Jupyter's rich display (a <pre> block)."""
+    console = Console(record=True, file=io.StringIO(), width=width, force_terminal=True, color_system="truecolor",
+                      highlight=False, emoji=False)
+    for part in parts:
+        console.print(part)
+    return console.export_html(inline_styles=True, code_format="<pre style=\"font-family:monospace\">{code}</pre>")
+
+
 def percent(share: float) -> str:
     if 0 < share < 0.00005:
         return "<0.01%"

@@ -15,7 +15,7 @@ from ..count import ModuleNode, collapse_runs
 from ..explain import exact, human, module_arithmetic, role_arithmetic
 from ..report import Report
 from ..roles import GROUP_TITLES, role_group
-from ._console import indented, percent, to_text
+from ._console import indented, percent, to_html, to_text
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,11 @@ class FormulaLink:
 
 def render_text(report: Report, options: TextOptions = TextOptions(), formula: FormulaLink | None = None) -> str:
     return to_text(_parts(report, options, formula), options.width, options.color)
+
+
+def render_html(report: Report, options: TextOptions = TextOptions(), formula: FormulaLink | None = None) -> str:
+    """The text report as HTML with inline styles (Jupyter's display of a Report)."""
+    return to_html(_parts(report, options, formula), options.width)
 
 
 def _parts(report: Report, options: TextOptions, formula: FormulaLink | None = None):
