@@ -120,7 +120,12 @@ def formula_link(source, report, *, num_labels: int | None, name_class: bool = F
         return FormulaLink(note=f"the formula gives {formula.value:,} but the model has {report.total:,}; "
                                 "please report this as a paramscope bug")
     spec = formula.spec
-    how = "from the formula cache" if formula.origin == "cache" else "derived now and cached"
+    if formula.origin == "cache":
+        how = "from the formula cache"
+    elif formula.cache_path:
+        how = "derived now and cached"
+    else:
+        how = "derived now (not cached: the cache directory could not be written)"
     command = f"paramscope formula {report.model.label}"
     if name_class:
         command += f" --class {report.model.class_name}"
