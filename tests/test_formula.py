@@ -457,3 +457,17 @@ def test_formula_displays_as_text_and_as_latex_in_jupyter():
                        "+ 3·D = 102,290,312>")
     latex = f._repr_latex_()
     assert latex.startswith("$P = V \\cdot D") and latex.endswith("= 102{,}290{,}312$")
+
+
+def test_inspect_explain_checks_a_cached_formula_against_the_report(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
+    f = derive_formula("google-bert/bert-base-uncased", model_class="BertModel")
+    data = json.loads(Path(f.cache_path).read_text())
+    data["families"][0]["mult"] = [[2, {}]]  # the word embeddings, counted twice
+    atomic_write_json(Path(f.cache_path), data)
+    assert formula_main(["inspect", "bert-base-uncased", "--class", "BertModel", "--explain", "--no-tree",
+                         "--width", "200"]) == 0
+    out = capsys.readouterr().out
+    assert ("Formula: none shown — the formula gives 132,923,136 but the model has 109,482,240 (or a role "
+            "differs); please report this as a paramscope bug") in out
+    assert "V·D:" not in out  # no term is shown from a formula that failed its check

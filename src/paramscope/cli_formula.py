@@ -110,28 +110,36 @@ def formula_link(source, report, *, num_labels: int | None, name_class: bool = F
 
     if report.model.source_kind == "module":
         return None
-    try:
-        from .formula import derive_formula
+    from .formula_cache import lookup
 
-        formula = derive_formula(source, model_class=report.model.class_name, num_labels=num_labels)
-    except ParamscopeError as err:
-        return FormulaLink(note=f"no closed-form formula for {report.model.class_name}: {err}")
-    if formula.value != report.total:
-        return FormulaLink(note=f"the formula gives {formula.value:,} but the model has {report.total:,}; "
-                                "please report this as a paramscope bug")
-    spec = formula.spec
-    if formula.origin == "cache":
-        how = "from the formula cache"
-    elif formula.cache_path:
-        how = "derived now and cached"
+    # A cached formula is checked against this very report (total and every role): no second meta build.
+    hit = lookup(source.config, model_class=report.model.class_name, num_labels=num_labels)
+    if hit.spec is not None:
+        spec, values, how = hit.spec, hit.values, "from the formula cache"
     else:
-        how = "derived now (not cached: the cache directory could not be written)"
+        import copy
+
+        from .formula import formula_for
+
+        try:
+            formula = formula_for(copy.deepcopy(source.config), label=source.label, source=source.description,
+                                  model_class=report.model.class_name, num_labels=num_labels)
+        except ParamscopeError as err:
+            return FormulaLink(note=f"no closed-form formula for {report.model.class_name}: {err}")
+        spec, values = formula.spec, formula.values
+        how = ("derived now and cached" if formula.cache_path
+               else "derived now (not cached: the cache directory could not be written)")
+    evaluation = spec.evaluate(values)
+    roles = {role: n for role, n in evaluation.by_role.items() if n}
+    if evaluation.total != report.total or roles != {role: n for role, n in report.breakdown.items() if n}:
+        return FormulaLink(note=f"the formula gives {evaluation.total:,} but the model has {report.total:,} (or a "
+                                "role differs); please report this as a paramscope bug")
     command = f"paramscope formula {report.model.label}"
     if name_class:
         command += f" --class {report.model.class_name}"
     if num_labels is not None:
         command += f" --num-labels {num_labels}"
-    legend = ", ".join(f"{symbol} = {formula.values[symbol]:,}" for symbol in spec.symbols if symbol in formula.values)
+    legend = ", ".join(f"{symbol} = {values[symbol]:,}" for symbol in spec.symbols if symbol in values)
     return FormulaLink(
         expression=format_groups(spec.total_groups(), spec.order),
         terms=role_terms(spec),
