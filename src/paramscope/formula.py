@@ -732,7 +732,7 @@ class _Deriver:
         for _ in range(8):
             obs = self._observations(variables, axis, joint)
             fitted, short = {}, False
-            for key, (mult, shape) in self.anchor.fams.items():
+            for key, (_, shape) in self.anchor.fams.items():
                 comps = []
                 for i in range(len(shape) + 1):
                     poly = self._fit(key, i, variables, axis, obs)
