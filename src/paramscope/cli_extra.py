@@ -50,7 +50,8 @@ def add_parsers(subparsers: Any) -> None:
                     "with the model its config describes: matched, missing, unexpected and non-parameter "
                     "tensors, shape mismatches, dtypes and bytes. Only headers are read.")
     audit.add_argument("path", metavar="PATH_OR_ID",
-                       help="checkpoint file, model directory, Hugging Face cache folder, or hub id in the local cache")
+                       help="checkpoint file, model directory, Hugging Face cache folder, or hub id (read from the "
+                            "local cache, else its safetensors headers from the Hub)")
     audit.add_argument("--config", metavar="MODEL",
                        help="the model to compare with (preset, config.json, directory, hub id); default: the "
                             "config.json next to the checkpoint")
