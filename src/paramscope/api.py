@@ -33,20 +33,32 @@ def inspect(
     config, a transformers `PretrainedConfig`, a `sources.Source` already resolved, or a live
     `torch.nn.Module` (counted as it is).
     """
-    if isinstance(model, Source):
-        return _inspect_source(model, model_class, task, num_labels, trust_remote_code)
+    return inspect_with_module(model, model_class=model_class, task=task, num_labels=num_labels,
+                               trust_remote_code=trust_remote_code, revision=revision)[0]
+
+
+def inspect_with_module(model: Any, *, model_class: str | None = None, task: str | None = None,
+                        num_labels: int | None = None, trust_remote_code: bool = False,
+                        revision: str | None = None) -> tuple[Report, Any]:
+    """`inspect`, and the meta-device module it counted (for what needs the module: torchinfo's convention)."""
     if _is_module(model):
         if model_class or task or num_labels is not None:
             raise ModelClassError("--class, --task and --num-labels apply to configs, not to a live module")
-        return inspect_module(model)
+        return inspect_module(model), model
+    return _inspect_source(as_source(model, revision), model_class, task, num_labels, trust_remote_code)
+
+
+def as_source(model: Any, revision: str | None = None) -> Source:
+    """A config-bearing input as a Source: a Source, a config dict, a PretrainedConfig, or a name `resolve` takes."""
+    if isinstance(model, Source):
+        return model
     if isinstance(model, dict):
-        source = Source("config-dict", "config", "a config dict", model)
-        return _inspect_source(source, model_class, task, num_labels, trust_remote_code)
+        return Source("config-dict", "config", "a config dict", model)
     if _is_pretrained_config(model):
-        config_dict = model.to_dict()
-        source = Source("config-object", type(model).__name__, f"a {type(model).__name__} object", config_dict)
-        return _inspect_source(source, model_class, task, num_labels, trust_remote_code)
-    return _inspect_source(resolve(str(model), revision=revision), model_class, task, num_labels, trust_remote_code)
+        return Source("config-object", type(model).__name__, f"a {type(model).__name__} object", model.to_dict())
+    if _is_module(model):
+        raise ModelClassError("a live module has no config to read")
+    return resolve(str(model), revision=revision)
 
 
 def inspect_module(module: Any, *, label: str | None = None) -> Report:
@@ -67,7 +79,7 @@ def inspect_module(module: Any, *, label: str | None = None) -> Report:
                        **_extras(module, config, counted))
 
 
-def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_code) -> Report:
+def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_code) -> tuple[Report, Any]:
     from .build import build_on_meta, choose_class, make_config, transformers_version
 
     config, notes = make_config(
@@ -89,8 +101,9 @@ def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_
         storage=describe_storage(source.config),
     )
     counted = count_module(module)
-    return make_report(info, counted, getattr(module, "base_model_prefix", None),
-                       **_extras(module, config, counted))
+    report = make_report(info, counted, getattr(module, "base_model_prefix", None),
+                         **_extras(module, config, counted))
+    return report, module
 
 
 def _config_notes(config: dict[str, Any]) -> tuple[str, ...]:

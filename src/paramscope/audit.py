@@ -109,9 +109,8 @@ def audit(path_or_id: str | os.PathLike[str], *, config: Any = None, model_class
     `config` may be anything `paramscope.inspect` takes (preset, config.json, directory, hub id, dict); without
     it, the config.json next to the checkpoint is used.
     """
-    from .api import inspect
+    from .api import inspect_with_module
     from .checkpoint import read_checkpoint
-    from .reconcile_counts import meta_module
 
     located = locate_checkpoint(path_or_id, revision=revision)
     if located.hub_id is not None:
@@ -131,8 +130,7 @@ def audit(path_or_id: str | os.PathLike[str], *, config: Any = None, model_class
         checkpoint = read_checkpoint(located.checkpoint)
     options = dict(model_class=model_class, task=task, num_labels=num_labels, trust_remote_code=trust_remote_code)
     config_revision = None if located.config_dir else revision
-    report = inspect(config, revision=config_revision, **options)
-    module = meta_module(config, revision=config_revision, **options)
+    report, module = inspect_with_module(config, revision=config_revision, **options)
     return audit_report(report, checkpoint, module=module, located=located)
 
 

@@ -103,7 +103,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .api import inspect
+    from .api import inspect_with_module
     from .sources import resolve
 
     if args.depth is not None and args.depth < 0:
@@ -111,12 +111,12 @@ def _inspect(args: argparse.Namespace) -> int:
     source = resolve(args.model, revision=args.revision)
     options = dict(model_class=args.model_class, task=args.task, num_labels=args.num_labels,
                    trust_remote_code=args.trust_remote_code)
-    report = inspect(source, **options)
+    report, module = inspect_with_module(source, **options)
     counts = heads = None
     if args.explain_counts:
-        from .reconcile_counts import meta_module, reconcile_counts
+        from .reconcile_counts import reconcile_counts
 
-        counts = reconcile_counts(report, meta_module(source, **options))
+        counts = reconcile_counts(report, module)
     if args.heads:
         from .heads import describe_heads
 

@@ -283,19 +283,11 @@ def _nonzero(mapping: dict[str, int]) -> dict[str, int]:
 
 def _resolve(model: Any, revision: str | None) -> tuple[dict[str, Any], str, str]:
     """(config dict, label, description) for what `paramscope.inspect` accepts, except a live module."""
-    from .api import _is_module, _is_pretrained_config
-    from .sources import Source, resolve
+    from .api import _is_module, as_source
 
-    if isinstance(model, Source):
-        return copy.deepcopy(model.config), model.label, model.description
-    if isinstance(model, dict):
-        return copy.deepcopy(model), str(model.get("model_type", "config")), "a config dict"
-    if _is_pretrained_config(model):
-        return model.to_dict(), type(model).__name__, f"a {type(model).__name__} object"
     if _is_module(model):
         raise ModelClassError("a formula is derived from a config; a live module has no config fields to vary")
-
-    source = resolve(str(model), revision=revision)
+    source = as_source(model, revision)
     return copy.deepcopy(source.config), source.label, source.description
 
 

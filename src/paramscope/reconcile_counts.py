@@ -259,40 +259,21 @@ def reconcile_counts(report: Report, module: Any = None, *, checkpoint: Any = No
 def explain_counts(model: Any, *, model_class: str | None = None, task: str | None = None,
                    num_labels: int | None = None, trust_remote_code: bool = False,
                    revision: str | None = None) -> tuple[Report, CountsExplanation]:
-    """Inspect `model` and reconcile its counts; the module is built a second time on the meta device (cheap)."""
-    from .api import inspect
+    """Inspect `model` and reconcile its counts (one meta build serves both)."""
+    from .api import inspect_with_module
 
-    report = inspect(model, model_class=model_class, task=task, num_labels=num_labels,
-                     trust_remote_code=trust_remote_code, revision=revision)
-    module = meta_module(model, model_class=model_class, task=task, num_labels=num_labels,
-                         trust_remote_code=trust_remote_code, revision=revision)
+    report, module = inspect_with_module(model, model_class=model_class, task=task, num_labels=num_labels,
+                                         trust_remote_code=trust_remote_code, revision=revision)
     return report, reconcile_counts(report, module)
 
 
 def meta_module(model: Any, *, model_class: str | None = None, task: str | None = None,
                 num_labels: int | None = None, trust_remote_code: bool = False, revision: str | None = None):
     """The module `paramscope.inspect` counts, built on the meta device (a live module is returned as is)."""
-    import copy
+    from .api import inspect_with_module
 
-    from .api import _is_module, _is_pretrained_config
-    from .build import build_on_meta, choose_class, make_config
-    from .sources import Source, resolve
-
-    if _is_module(model):
-        return model
-    if isinstance(model, Source):
-        config_dict, path = model.config, model.path
-    elif isinstance(model, dict):
-        config_dict, path = model, None
-    elif _is_pretrained_config(model):
-        config_dict, path = model.to_dict(), None
-    else:
-        source = resolve(str(model), revision=revision)
-        config_dict, path = source.config, source.path
-    config, _ = make_config(config_dict, num_labels=num_labels, trust_remote_code=trust_remote_code,
-                            source_path=path)
-    choice = choose_class(config, config_dict, model_class=model_class, task=task)
-    return build_on_meta(choice.name, copy.deepcopy(config), trust_remote_code=trust_remote_code)
+    return inspect_with_module(model, model_class=model_class, task=task, num_labels=num_labels,
+                               trust_remote_code=trust_remote_code, revision=revision)[1]
 
 
 def _convention(report: Report, key: str):
