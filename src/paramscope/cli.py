@@ -17,7 +17,7 @@ from .errors import ParamscopeError
 EXIT_INTERNAL = 1
 
 
-def _add_model_options(parser: argparse.ArgumentParser) -> None:
+def _add_model_options(parser: argparse.ArgumentParser, *, remote_code: bool = True) -> None:
     parser.add_argument("--class", dest="model_class", metavar="NAME",
                         help="build this transformers class (default: the config's architectures[0])")
     parser.add_argument("--task", metavar="TASK",
@@ -25,8 +25,9 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                              "question-answering, text-generation, … or sentiment, topic, spam, intent, ner, pos, "
                              "chunking")
     parser.add_argument("--num-labels", type=int, metavar="K", help="number of labels of a classification head")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="allow executing model code named by the config's auto_map (off by default)")
+    if remote_code:
+        parser.add_argument("--trust-remote-code", action="store_true",
+                            help="allow executing model code named by the config's auto_map (off by default)")
     parser.add_argument("--revision", metavar="REV", help="hub revision (branch, tag or commit)")
 
 

@@ -22,11 +22,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("model", metavar="MODEL",
                         help="preset name, config.json path, model directory, or hub id (org/name)")
-    parser.add_argument("--class", dest="model_class", metavar="NAME",
-                        help="build this transformers class (default: the config's architectures[0])")
-    parser.add_argument("--task", metavar="TASK", help="build the head for a task (as for `inspect`)")
-    parser.add_argument("--num-labels", type=int, metavar="K", help="number of labels of a classification head")
-    parser.add_argument("--revision", metavar="REV", help="hub revision (branch, tag or commit)")
+    from .cli import _add_model_options
+
+    _add_model_options(parser, remote_code=False)  # formulas are derived for native classes only
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help='print JSON with a "formula" object')
     output.add_argument("--latex", action="store_true", help="print the formula as LaTeX")
