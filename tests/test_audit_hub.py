@@ -156,3 +156,12 @@ def test_offline_hub_id_with_no_checkpoint_cached_says_which(monkeypatch, tmp_pa
     err = capsys.readouterr().err.strip()
     assert "someone/absent: the Hugging Face Hub cannot be reached, and no checkpoint of it is in the local cache" \
         in err
+
+
+@pytest.mark.checkpoint
+def test_cli_audit_hub_id_text(online_hub, capsys):
+    assert main(["audit", REPO, "--width", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "hub id sentence-transformers/all-MiniLM-L6-v2: safetensors headers read from the Hub" in out
+    assert "matched         103 names, 22,713,216 of 22,713,216 parameters: complete" in out
+    assert "embeddings.position_ids 1×512: buffer, not a parameter" in out

@@ -426,6 +426,7 @@ def test_inspect_explain_puts_each_roles_formula_term_beside_its_arithmetic(caps
     assert "N·(D·I + I): 3072×768 + 3072 = 2,362,368 per layer × 12 = 28,348,416" in rows["mlp.up"]
     assert "D² + D: 768×768 + 768 = 590,592" in rows["pooler"]
     assert "P = V·D + L·D + T·D + 2·D + N·(4·D² + 2·D·I + 9·D + I) + D² + D" in out
+    assert "  V = 30,522, D = 768, L = 512, N = 12, I = 3,072, T = 2\n" in out
     assert "`paramscope formula google-bert/bert-base-uncased --class BertModel` gives the legend" in out
 
 
