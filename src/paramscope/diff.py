@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .count import TiedGroup
 from .errors import ModelClassError
 from .report import Report
 from .roles import ROLES, role_of, role_sort_key
@@ -99,14 +100,6 @@ class ShapeChange:
 
 
 @dataclass(frozen=True)
-class Tie:
-    canonical: str
-    aliases: tuple[str, ...]
-    numel: int
-    shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class Side:
     spec: str  # the label the user gave, e.g. "bert-base-uncased:BertModel"
     class_name: str
@@ -123,8 +116,8 @@ class Diff:
     removed: tuple[Tensor, ...]  # parameters only a has
     changed: tuple[ShapeChange, ...]  # same aligned name, different shape
     unchanged: int  # tensors with the same aligned name and shape
-    tied_added: tuple[Tie, ...]  # b's tie groups that a does not have
-    tied_removed: tuple[Tie, ...]  # a's tie groups that b does not have
+    tied_added: tuple[TiedGroup, ...]  # b's tie groups that a does not have
+    tied_removed: tuple[TiedGroup, ...]  # a's tie groups that b does not have
     new_ties: tuple[tuple[str, str, int], ...]  # (b alias, b canonical, numel): b reuses a tensor a also has
     clauses: tuple[str, ...]  # the plain-language summary, clause by clause
     delta: int  # b.total - a.total
@@ -185,26 +178,13 @@ def diff_reports(a: Report, b: Report, *, a_label: str | None = None, b_label: s
 
     a_groups = {_group_key(g.canonical, g.aliases, a_prefix): g for g in a.tied}
     b_groups = {_group_key(g.canonical, g.aliases, b_prefix): g for g in b.tied}
-    tied_added = tuple(_tie(g) for k, g in b_groups.items() if k not in a_groups)
-    tied_removed = tuple(_tie(g) for k, g in a_groups.items() if k not in b_groups)
+    tied_added = tuple(g for k, g in b_groups.items() if k not in a_groups)
+    tied_removed = tuple(g for k, g in a_groups.items() if k not in b_groups)
 
     # b's aliases that name a tensor a has too, where a had no such name: b reuses it, adding nothing.
-    a_names = set(a_tensors) | set(a_alias_of)
-    new_ties = []
-    for alias_key, canonical_key in b_alias_of.items():
-        if alias_key in a_names or canonical_key not in a_tensors or canonical_key not in b_tensors:
-            continue
-        new_ties.append((_unkey(alias_key, b, b_prefix), b_tensors[canonical_key].name,
-                         b_tensors[canonical_key].numel))
-
+    new_ties = _alias_only_names(b, b_prefix, b_alias_of, b_tensors, set(a_tensors) | set(a_alias_of), a_tensors)
     # a's aliases of a tensor both have, under a name b lacks: they go away and change nothing.
-    b_names = set(b_tensors) | set(b_alias_of)
-    lost_ties = []
-    for alias_key, canonical_key in a_alias_of.items():
-        if alias_key in b_names or canonical_key not in a_tensors or canonical_key not in b_tensors:
-            continue
-        lost_ties.append((_unkey(alias_key, a, a_prefix), a_tensors[canonical_key].name,
-                          a_tensors[canonical_key].numel))
+    lost_ties = _alias_only_names(a, a_prefix, a_alias_of, a_tensors, set(b_tensors) | set(b_alias_of), b_tensors)
 
     clauses = _clauses(added, removed, changed, new_ties, lost_ties, a_alias_of, b_alias_of, a_tensors, b_tensors,
                        _blocks(b, {t.name for t in added}), _blocks(a, {t.name for t in removed}))
@@ -271,10 +251,6 @@ def _group_key(canonical: str, aliases: tuple[str, ...], prefix: str | None) -> 
     return frozenset(_key(n, prefix) for n in (canonical, *aliases))
 
 
-def _tie(group) -> Tie:
-    return Tie(group.canonical, tuple(group.aliases), group.numel, tuple(group.shape))
-
-
 def _side(report: Report, label: str | None, prefix: str | None) -> Side:
     return Side(label or f"{report.model.label}:{report.model.class_name}", report.model.class_name,
                 report.total, report.parameters.with_tied_duplicates, prefix)
@@ -285,7 +261,18 @@ def _side_dict(side: Side) -> dict[str, Any]:
             "with_tied_duplicates": side.with_tied_duplicates, "base_model_prefix": side.base_model_prefix}
 
 
-def _tie_dict(tie: Tie) -> dict[str, Any]:
+def _alias_only_names(side: Report, prefix: str, alias_of: dict, tensors: dict, other_names: set,
+                      other_tensors: dict) -> list[tuple[str, str, int]]:
+    """(alias, canonical, numel) for `side`'s aliases that the other model lacks, of a tensor both models have."""
+    out = []
+    for alias_key, canonical_key in alias_of.items():
+        if alias_key in other_names or canonical_key not in other_tensors or canonical_key not in tensors:
+            continue
+        out.append((_unkey(alias_key, side, prefix), tensors[canonical_key].name, tensors[canonical_key].numel))
+    return out
+
+
+def _tie_dict(tie: TiedGroup) -> dict[str, Any]:
     return {"canonical": tie.canonical, "aliases": list(tie.aliases), "numel": tie.numel, "shape": list(tie.shape)}
 
 
