@@ -727,7 +727,7 @@ class _Inert:
         raise _Malformed("the pickle tries to set state on a tensor-rebuilding object")
 
 
-class _StorageType(_Inert):
+class _NamedDtype(_Inert):
     __slots__ = ("name", "dtype")
 
     def __init__(self, name: str, dtype: str) -> None:
@@ -735,12 +735,12 @@ class _StorageType(_Inert):
         object.__setattr__(self, "dtype", dtype)
 
 
-class _Dtype(_Inert):
-    __slots__ = ("name", "dtype")
+class _StorageType(_NamedDtype):  # torch.FloatStorage and kin: what a storage record names
+    __slots__ = ()
 
-    def __init__(self, name: str, dtype: str) -> None:
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "dtype", dtype)
+
+class _Dtype(_NamedDtype):  # torch.float32 and kin: what a v3 tensor record names; never a storage type
+    __slots__ = ()
 
 
 class _Storage(_Inert):
