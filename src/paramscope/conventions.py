@@ -52,7 +52,7 @@ def named_counts(params: tuple[ParameterInfo, ...], tied: tuple[TiedGroup, ...],
         f"total − learned position embeddings ({position:,}); token embeddings, a tied head, stay in",
     ))
     if module is not None:
-        value, excluded = exclude_embeddings(module)
+        value, excluded = exclude_embeddings(module, params)
         out.append(Convention(
             "exclude_embeddings_transformers",
             "non-embedding (transformers)",
@@ -69,20 +69,25 @@ def named_counts(params: tuple[ParameterInfo, ...], tied: tuple[TiedGroup, ...],
     return tuple(out)
 
 
-def exclude_embeddings(module: Any) -> tuple[int, int]:
+def exclude_embeddings(module: Any, params: tuple[ParameterInfo, ...] | None = None) -> tuple[int, int]:
     """(count, tensors excluded), exactly as `PreTrainedModel.num_parameters(exclude_embeddings=True)` computes it
     (transformers 5.23, modeling_utils): embedding names come from `named_modules()` (first name of each module),
-    parameters from `named_parameters()` (first name of each tensor); a name in both is left out."""
+    parameters from `named_parameters()` (first name of each tensor); a name in both is left out.
+
+    `params`, when given, are the module's counted parameters: each under its first name, as named_parameters()
+    yields them, so the module need not be walked a second time."""
     import torch
 
     embedding_param_names = {
         f"{name}.weight" for name, sub in module.named_modules() if isinstance(sub, torch.nn.Embedding)
     }
+    named = ((p.name, p.numel) for p in params) if params is not None else (
+        (name, param.numel()) for name, param in module.named_parameters())
     total = 0
     excluded = 0
-    for name, param in module.named_parameters():
+    for name, numel in named:
         if name in embedding_param_names:
             excluded += 1
             continue
-        total += param.numel()
+        total += numel
     return int(total), excluded

@@ -202,7 +202,8 @@ def reconcile_counts(report: Report, module: Any = None, *, checkpoint: Any = No
     if module is not None:
         from .conventions import exclude_embeddings
 
-        excluded_value, _ = exclude_embeddings(module)
+        known = _convention(report, "exclude_embeddings_transformers")
+        excluded_value = known.value if known is not None else exclude_embeddings(module, report.params)[0]
         excluded = _embedding_weights(module)
         removed = unique - excluded_value
         listed = ", ".join(f"{name} {numel:,}" for name, numel in excluded) or "none"
