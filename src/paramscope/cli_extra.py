@@ -16,6 +16,8 @@ EXTRA_COMMANDS = ("diff", "compare", "audit")
 
 def add_parsers(subparsers: Any) -> None:
     """Add the diff, compare and audit subcommands to cli.py's subparsers."""
+    from .cli import _add_model_options
+
     diff = subparsers.add_parser(
         "diff", help="what changes between two models or classes: added, removed, reshaped, tied",
         description="What changes from model A to model B, parameter by parameter, in exact figures and plain "
@@ -55,10 +57,8 @@ def add_parsers(subparsers: Any) -> None:
     audit.add_argument("--config", metavar="MODEL",
                        help="the model to compare with (preset, config.json, directory, hub id); default: the "
                             "config.json next to the checkpoint")
-    audit.add_argument("--class", dest="model_class", metavar="NAME", help="build this transformers class")
-    audit.add_argument("--task", metavar="TASK", help="build the head for a task")
-    audit.add_argument("--num-labels", type=int, metavar="K", help="number of labels of a classification head")
-    _common(audit)
+    _add_model_options(audit)
+    audit.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     audit.add_argument("--json", action="store_true", help="print the model's JSON report plus \"checkpoint\"")
     audit.add_argument("--all", action="store_true", dest="all_rows", help="list every key, not the first 20")
     _width(audit)
