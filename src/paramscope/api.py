@@ -6,6 +6,7 @@ input → sources (config dict) → build (class choice, meta build) → count (
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from .conventions import named_counts
@@ -82,11 +83,11 @@ def inspect_module(module: Any, *, label: str | None = None) -> Report:
 def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_code) -> tuple[Report, Any]:
     from .build import build_on_meta, choose_class, make_config, transformers_version
 
-    config, notes = make_config(
-        source.config, num_labels=num_labels, trust_remote_code=trust_remote_code, source_path=source.path
-    )
+    location = code_location(source)
+    config, notes = make_config(source.config, num_labels=num_labels, trust_remote_code=trust_remote_code,
+                                code_location=location, model_class=model_class)
     choice = choose_class(config, source.config, model_class=model_class, task=task)
-    module = build_on_meta(choice.name, copy.deepcopy(config), trust_remote_code=trust_remote_code)
+    module = build_on_meta(choice.name, copy.deepcopy(config), code_ref=choice.code_ref, code_location=location)
     native = type(module).__module__.startswith("transformers.")
     info = ModelInfo(
         source=source.description,
@@ -104,6 +105,15 @@ def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_
     report = make_report(info, counted, getattr(module, "base_model_prefix", None),
                          **_extras(module, config, counted))
     return report, module
+
+
+def code_location(source: Source) -> str | None:
+    """Where a remote-code config's auto_map modules are: the given file's own folder, or its hub repo."""
+    if source.kind in ("hub", "hub-cache"):
+        return source.label
+    if source.path is not None:
+        return str(Path(source.path).resolve().parent)
+    return None
 
 
 def _config_notes(config: dict[str, Any]) -> tuple[str, ...]:

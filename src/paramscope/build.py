@@ -24,6 +24,19 @@ TASKS: dict[str, tuple[str, str]] = {
     "text-generation": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "causal language modelling (generation)"),
     "text2text-generation": ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "sequence-to-sequence generation"),
 }
+# The auto class of each task: the auto_map key naming a remote-code model's class for it.
+AUTO_CLASS_OF_TASK: dict[str, str] = {
+    "feature-extraction": "AutoModel",
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "fill-mask": "AutoModelForMaskedLM",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "multiple-choice": "AutoModelForMultipleChoice",
+    "pretraining": "AutoModelForPreTraining",
+    "next-sentence-prediction": "AutoModelForNextSentencePrediction",
+    "text-generation": "AutoModelForCausalLM",
+    "text2text-generation": "AutoModelForSeq2SeqLM",
+}
 TASK_ALIASES: dict[str, str] = {
     "sentiment": "text-classification",
     "sentiment-analysis": "text-classification",
@@ -44,7 +57,7 @@ TASK_ALIASES: dict[str, str] = {
     "base": "feature-extraction",
 }
 
-# Size fields that must be positive integers wherever a config has them (None means "derived").
+# Size fields that must be positive integers wherever a config (or a sub-config) has them (None: "derived").
 _POSITIVE_INT_FIELDS = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
     "intermediate_size", "max_position_embeddings", "head_dim", "embedding_size",
@@ -54,8 +67,15 @@ _POSITIVE_INT_FIELDS = (
     "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
     "encoder_ffn_dim", "decoder_ffn_dim",
     "num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "num_labels",
+    "depth", "patch_size", "image_size", "num_channels", "num_mel_bins", "kv_lora_rank", "q_lora_rank",
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "shared_expert_intermediate_size",
 )
 _NON_NEGATIVE_INT_FIELDS = ("type_vocab_size", "n_shared_experts", "first_k_dense_replace")
+# Fields that count blocks in a stack: each block is a dozen modules or more, so they are bounded first.
+_LAYER_FIELDS = (
+    "num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers", "n_layers", "encoder_layers",
+    "decoder_layers", "depth",
+)
 # (width field, heads field): the width must split evenly into heads unless head_dim is explicit.
 _HEAD_SPLITS = (
     ("hidden_size", "num_attention_heads"),
@@ -64,12 +84,29 @@ _HEAD_SPLITS = (
     ("d_model", "encoder_attention_heads"),
     ("d_model", "decoder_attention_heads"),
 )
+# (query heads, key/value heads): grouped-query attention shares each kv head among heads/kv query heads.
+_KV_SPLITS = (
+    ("num_attention_heads", "num_key_value_heads"),
+    ("n_head", "num_key_value_heads"),
+    ("num_heads", "num_key_value_heads"),
+    ("n_heads", "n_kv_heads"),
+)
+
+# Bounds, documented in the README ("Limits"): each lies far above every real model and far below what would
+# cost minutes or gigabytes to build on meta (about 0.3 ms and a few KB per module).
+MAX_LAYERS = 2048  # the deepest published transformer (DeepNet) has 1,000 layers
+MAX_MODULES = 25_000  # Llama-3.1-405B builds 1,645 modules, DeepSeek-V3 1,215
+MAX_DIMENSION = 2**31 - 1  # no tensor dimension is larger; products of three stay inside int64
+MAX_LABELS = 100_000  # transformers builds an id2label entry per label: 1,000,000 cost 12 s and 650 MB
+_INT64_MAX = 2**63 - 1
+_SUB_CONFIG_DEPTH = 4  # text_config.…: multimodal configs nest one or two levels
 
 
 @dataclass(frozen=True)
 class ClassChoice:
     name: str
     reason: str
+    code_ref: str | None = None  # auto_map reference of a remote-code class ("modeling_x.MyModel")
 
 
 def transformers_version() -> str:
@@ -79,34 +116,108 @@ def transformers_version() -> str:
 
 
 def validate_config_dict(config: dict[str, Any]) -> None:
-    """Reject sizes that cannot describe a model, naming the field and the value."""
+    """Reject sizes that cannot describe a model, naming the field and the value: before any import or build.
+
+    Sub-configs (text_config, vision_config, …) are checked the same way, their fields named by path.
+    """
+    _check_level(config, "", 0)
+    architectures = config.get("architectures")
+    if architectures is not None and (not isinstance(architectures, list)
+                                      or not all(isinstance(a, str) for a in architectures)):
+        raise ConfigError(f"config field 'architectures' must be a list of class names, got {_short(architectures)}")
+    model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ConfigError(f"config field 'model_type' must be a string, got {_short(model_type)}")
+    check_num_labels(config.get("num_labels"), "config field 'num_labels'")
+    labels = config.get("id2label")
+    if isinstance(labels, dict) and len(labels) > MAX_LABELS:
+        raise ConfigError(f"config field 'id2label' has {len(labels):,} labels, more than the {MAX_LABELS:,} "
+                          "paramscope builds")
+
+
+def check_num_labels(value: Any, what: str = "--num-labels") -> None:
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{what} must be a positive integer, got {_short(value)}")
+    if value > MAX_LABELS:
+        raise ConfigError(f"{what} is {value:,}, more than the {MAX_LABELS:,} labels paramscope builds "
+                          "(transformers makes an id2label entry for each)")
+
+
+def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
+    def name(key: str) -> str:
+        return f"{prefix}{key}"
+
+    dims: list[tuple[int, str]] = []
     for key in _POSITIVE_INT_FIELDS:
         value = config.get(key)
         if value is None:
             continue
         if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError(f"config field {key!r} must be an integer, got {value!r}")
+            raise ConfigError(f"config field {name(key)!r} must be an integer, got {_short(value)}")
         if value <= 0:
-            raise ConfigError(f"config field {key!r} must be positive, got {value}")
+            raise ConfigError(f"config field {name(key)!r} must be positive, got {value}")
+        if value > MAX_DIMENSION:
+            raise ConfigError(f"config field {name(key)!r} is {value:,}, larger than any tensor dimension "
+                              f"({MAX_DIMENSION:,} = 2^31 − 1)")
+        dims.append((value, key))
     for key in _NON_NEGATIVE_INT_FIELDS:
         value = config.get(key)
         if value is None:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"config field {key!r} must be a non-negative integer, got {value!r}")
+            raise ConfigError(f"config field {name(key)!r} must be a non-negative integer, got {_short(value)}")
+        if value > MAX_DIMENSION:
+            raise ConfigError(f"config field {name(key)!r} is {value:,}, larger than any tensor dimension "
+                              f"({MAX_DIMENSION:,} = 2^31 − 1)")
+    for key in _LAYER_FIELDS:
+        value = config.get(key)
+        if isinstance(value, int) and value > MAX_LAYERS:
+            raise ConfigError(f"config field {name(key)!r} is {value:,}, more than the {MAX_LAYERS:,} layers "
+                              "paramscope builds")
+    # A weight's element count is a product of up to three of these (experts × intermediate × hidden).
+    top = sorted(dims, reverse=True)[:3]
+    product = 1
+    for value, _ in top:
+        product *= value
+    if product > _INT64_MAX:
+        fields = " × ".join(f"{name(key)} {value:,}" for value, key in top)
+        raise ConfigError(f"{fields} overflows a 64-bit element count")
     if config.get("head_dim") is None and config.get("embedding_size") is None:
         for width_key, heads_key in _HEAD_SPLITS:
             width, heads = config.get(width_key), config.get(heads_key)
             if isinstance(width, int) and isinstance(heads, int) and heads > 0 and width % heads:
                 raise ConfigError(
-                    f"{width_key} {width} is not divisible by {heads_key} {heads} "
+                    f"{name(width_key)} {width} is not divisible by {name(heads_key)} {heads} "
                     f"(each head would get {width / heads:g} dimensions)"
                 )
+    for heads_key, kv_key in _KV_SPLITS:
+        heads, kv = config.get(heads_key), config.get(kv_key)
+        if isinstance(heads, int) and isinstance(kv, int) and kv > 0 and heads % kv:
+            raise ConfigError(f"{name(heads_key)} {heads} is not divisible by {name(kv_key)} {kv} (grouped-query "
+                              "attention shares each key/value head among a whole number of query heads)")
+    if depth < _SUB_CONFIG_DEPTH:
+        for key, value in config.items():
+            if isinstance(value, dict) and key not in ("id2label", "label2id", "auto_map"):
+                _check_level(value, f"{name(key)}.", depth + 1)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # an integer too long to print, a structure nested too deep
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def make_config(config_dict: dict[str, Any], *, num_labels: int | None = None, trust_remote_code: bool = False,
-                source_path: str | None = None):
-    """A PretrainedConfig for `config_dict`, plus notes on what was decided along the way."""
+                code_location: str | None = None, model_class: str | None = None):
+    """A PretrainedConfig for `config_dict`, plus notes on what was decided along the way.
+
+    `code_location` is where a remote-code config's auto_map modules live: the folder of the config file given, or
+    the hub id it came from. `model_class` lets a native class read a config whose model_type transformers lacks.
+    """
     from transformers import CONFIG_MAPPING
 
     notes: list[str] = []
@@ -115,26 +226,30 @@ def make_config(config_dict: dict[str, Any], *, num_labels: int | None = None, t
     auto_map = config_dict.get("auto_map")
     if model_type is None:
         raise ConfigError("config has no 'model_type': paramscope cannot tell which architecture it describes")
-    if not isinstance(model_type, str):
-        raise ConfigError(f"config field 'model_type' must be a string, got {model_type!r}")
     validate_config_dict(config_dict)
+    check_num_labels(num_labels)
     if num_labels is not None:
-        if not isinstance(num_labels, int) or isinstance(num_labels, bool) or num_labels <= 0:
-            raise ConfigError(f"--num-labels must be a positive integer, got {num_labels!r}")
         config_dict.pop("id2label", None)
         config_dict.pop("label2id", None)
         config_dict["num_labels"] = num_labels
 
+    config_class = None
     if model_type not in CONFIG_MAPPING:
-        if auto_map:
+        native = _native_class(model_class)
+        if native is not None:
+            config_class = native.config_class
+            config_dict.pop("auto_map", None)
+            notes.append(f"model_type {model_type!r} is not in transformers {transformers_version()}; the config "
+                         f"was read with {config_class.__name__}, the config class of --class {model_class}; "
+                         "no remote code ran")
+        elif isinstance(auto_map, dict) and auto_map:
             if not trust_remote_code:
-                raise RemoteCodeError(
-                    f"model_type {model_type!r} is not in transformers {transformers_version()}; the config's "
-                    "auto_map names code from the hub. Rerun with --trust-remote-code to execute it"
-                )
-            return _remote_config(config_dict, source_path), notes
-        raise ConfigError(f"unknown model_type {model_type!r}: not in transformers {transformers_version()}")
-    if auto_map:
+                raise RemoteCodeError(_remote_refusal(model_type, auto_map, config_dict))
+            return _remote_config(config_dict, auto_map, code_location), notes
+        else:
+            raise ConfigError(f"unknown model_type {_short(model_type)}: not in transformers "
+                              f"{transformers_version()}")
+    elif auto_map:
         config_dict.pop("auto_map")
         notes.append(
             f"auto_map names remote code, but model_type {model_type!r} is native to transformers "
@@ -152,24 +267,70 @@ def make_config(config_dict: dict[str, Any], *, num_labels: int | None = None, t
             f"quantization_config ({method}) not applied: logical parameters are counted, and no quantisation "
             "backend is needed (the storage line says how the checkpoint stores them)"
         )
+    if config_class is None:
+        config_class = CONFIG_MAPPING[model_type]
+    else:
+        config_dict.pop("model_type")
     try:
-        config = CONFIG_MAPPING[model_type].from_dict(config_dict)
+        with _quiet_transformers():
+            config = config_class.from_dict(config_dict)
     except Exception as err:  # transformers' strict validation names the field
-        raise ConfigError(f"invalid {model_type} config: {_first_line(err)}") from err
+        raise ConfigError(f"invalid {config_class.model_type or model_type} config: {_first_line(err)}") from err
     return config, notes
 
 
-def _remote_config(config_dict: dict[str, Any], source_path: str | None):
-    from pathlib import Path
+def _native_class(model_class: str | None):
+    """The transformers class called `model_class`, if it is one (used to read an unknown model_type)."""
+    if not model_class:
+        return None
+    import transformers
 
-    from transformers import AutoConfig
+    cls = getattr(transformers, model_class, None)
+    return cls if isinstance(cls, type) and getattr(cls, "config_class", None) is not None else None
 
-    if source_path is None:
-        raise RemoteCodeError("remote code can only be loaded from a model directory or hub id")
+
+def _remote_refusal(model_type: str, auto_map: dict[str, Any], config_dict: dict[str, Any]) -> str:
+    """Why a remote-code config is refused, and the way forward: --class when transformers has the class."""
+    import transformers
+
+    named = [ref.rsplit(".", 1)[-1] for ref in auto_map.values() if isinstance(ref, str) and "." in ref]
+    architectures = config_dict.get("architectures") or []
+    natives = [name for name in dict.fromkeys([*architectures, *named])
+               if _native_class(name) is not None and name != "PreTrainedModel"]
+    message = (f"model_type {_short(model_type)} is not in transformers {transformers.__version__}; the config's "
+               "auto_map names code from the model's repo. Rerun with --trust-remote-code to execute it")
+    if natives:
+        message += (f", or with --class {natives[0]} to build transformers' own {natives[0]} from this config "
+                    "(no remote code runs)")
+    return message
+
+
+def _remote_config(config_dict: dict[str, Any], auto_map: dict[str, Any], code_location: str | None):
+    """The config class auto_map names, from `code_location`, reading exactly `config_dict` (the file given)."""
+    reference = auto_map.get("AutoConfig")
+    if not isinstance(reference, str):
+        raise RemoteCodeError("the config's auto_map names no AutoConfig class, so its remote code cannot read it")
+    config_class = remote_class(reference, code_location)
     try:
-        return AutoConfig.from_pretrained(str(Path(source_path).parent), trust_remote_code=True)
+        with _quiet_transformers():
+            return config_class.from_dict(config_dict)
     except Exception as err:
-        raise RemoteCodeError(f"could not load the remote config code: {_first_line(err)}") from err
+        raise RemoteCodeError(f"the remote config class {reference} rejects this config: {_first_line(err)}") from err
+
+
+def remote_class(reference: str, code_location: str | None):
+    """The class `reference` ("modeling_x.MyModel") names, imported from the module file at `code_location`."""
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    if code_location is None:
+        raise RemoteCodeError("remote code can only be loaded from a model directory, a config file's folder or a "
+                              "hub id")
+    try:
+        with _quiet_transformers():
+            return get_class_from_dynamic_module(reference, code_location)
+    except Exception as err:
+        raise RemoteCodeError(f"could not load remote code {reference} from {code_location}: "
+                              f"{_first_line(err)}") from err
 
 
 def resolve_task(task: str) -> str:
@@ -190,6 +351,8 @@ def choose_class(config, config_dict: dict[str, Any], *, model_class: str | None
     model_type = config.model_type
     if model_class and task:
         raise ModelClassError("give --class or --task, not both")
+    if not type(config).__module__.startswith("transformers."):
+        return _remote_choice(config_dict.get("auto_map") or {}, config_dict, model_class, task)
     if model_class:
         cls = getattr(transformers, model_class, None)
         if cls is None or not isinstance(cls, type) or not hasattr(cls, "config_class"):
@@ -226,6 +389,36 @@ def choose_class(config, config_dict: dict[str, Any], *, model_class: str | None
     return ClassChoice(name, f"AutoModel fallback ({why})")
 
 
+def _remote_choice(auto_map: dict[str, Any], config_dict: dict[str, Any], model_class: str | None,
+                   task: str | None) -> ClassChoice:
+    """A remote-code model's class: the auto_map entry for --class, --task, architectures[0], else AutoModel."""
+    references = {key: ref for key, ref in auto_map.items() if isinstance(ref, str) and key != "AutoConfig"}
+    by_class = {ref.rsplit(".", 1)[-1]: ref for ref in references.values()}
+    if model_class:
+        if model_class not in by_class:
+            raise ModelClassError(f"--class {model_class}: the config's auto_map names no such class (it names "
+                                  f"{', '.join(by_class) or 'none'})")
+        return ClassChoice(model_class, f"--class {model_class} (remote code {by_class[model_class]})",
+                           by_class[model_class])
+    if task:
+        key = resolve_task(task)
+        auto_class = AUTO_CLASS_OF_TASK[key]
+        if auto_class not in references:
+            raise ModelClassError(f"task {task!r} needs auto_map[{auto_class!r}], which the config does not name")
+        ref = references[auto_class]
+        return ClassChoice(ref.rsplit(".", 1)[-1], f"--task {task}: auto_map[{auto_class!r}] = {ref} (remote code)",
+                           ref)
+    architectures = config_dict.get("architectures") or []
+    if architectures and architectures[0] in by_class:
+        return ClassChoice(architectures[0], f"the checkpoint's own class (config architectures[0]), remote code "
+                                             f"{by_class[architectures[0]]}", by_class[architectures[0]])
+    if "AutoModel" in references:
+        ref = references["AutoModel"]
+        return ClassChoice(ref.rsplit(".", 1)[-1], f"auto_map['AutoModel'] = {ref} (remote code)", ref)
+    raise ModelClassError("the config's auto_map names no model class to build (no AutoModel entry, and "
+                          "architectures[0] is not among its classes)")
+
+
 # architectures[0] suffix → the auto mapping of the same head, for class names transformers does not have.
 _HEAD_SUFFIXES = (
     ("ForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
@@ -251,35 +444,75 @@ def _check_fits(cls, model_type: str) -> None:
 
 @contextlib.contextmanager
 def _quiet_transformers():
+    """transformers' log lines and Python warnings stay off stderr: the report carries what matters as notes."""
+    import warnings
+
     from transformers.utils import logging as hf_logging
 
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         hf_logging.set_verbosity(previous)
 
 
-def build_on_meta(class_name: str, config, *, trust_remote_code: bool = False):
-    """Instantiate `class_name` from `config` with every tensor on the meta device: no memory for weights."""
+def build_on_meta(class_name: str, config, *, code_ref: str | None = None, code_location: str | None = None):
+    """Instantiate `class_name` from `config` with every tensor on the meta device: no memory for weights.
+
+    `code_ref` names a remote-code class (auto_map) to import from `code_location` instead of transformers'.
+    At most MAX_MODULES modules are built: a config that slipped past the field checks still cannot cost minutes.
+    """
     import torch
     import transformers
 
-    cls = getattr(transformers, class_name, None)
+    cls = remote_class(code_ref, code_location) if code_ref else getattr(transformers, class_name, None)
+    if cls is None:
+        raise ModelClassError(f"unknown class {class_name!r}")
     try:
-        with _quiet_transformers(), torch.device("meta"):
-            if cls is None and trust_remote_code:
-                return transformers.AutoModel.from_config(config, trust_remote_code=True)
-            if cls is None:
-                raise ModelClassError(f"unknown class {class_name!r}")
+        with _quiet_transformers(), _module_budget(MAX_MODULES), torch.device("meta"):
             return cls(config)
     except (ModelClassError, RemoteCodeError):
         raise
+    except _TooManyModules:
+        raise ConfigError(f"{class_name} from this config has more than {MAX_MODULES:,} modules; paramscope builds "
+                          "no larger model (check the layer and expert counts)") from None
     except Exception as err:
         raise ConfigError(f"could not build {class_name} from this config: {_first_line(err)}") from err
 
 
+class _TooManyModules(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _module_budget(limit: int):
+    """Count module registrations (torch's global hook) and stop the build past `limit`."""
+    from torch.nn.modules.module import register_module_module_registration_hook
+
+    registered = 0
+
+    def count(_module, _name, _submodule):
+        nonlocal registered
+        registered += 1
+        if registered > limit:
+            raise _TooManyModules
+
+    handle = register_module_module_registration_hook(count)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def _first_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return text or type(err).__name__
+    """The first line of an exception's message, short: never a C++ backtrace or a multi-line dump."""
+    try:
+        text = str(err)
+    except Exception:
+        text = ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = lines[0] if lines else type(err).__name__
+    return first if len(first) <= 300 else first[:297] + "..."

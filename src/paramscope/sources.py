@@ -18,6 +18,12 @@ from urllib.parse import urlparse
 
 from .errors import SourceError
 from .presets import find_preset
+from .safe_io import is_within, read_regular
+
+# Bounds on a config file, documented in the README: real configs are a few KB and nest 3–4 levels deep.
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+MAX_JSON_DEPTH = 64
+MAX_INT_DIGITS = 40  # 2^128 has 39 digits; Python refuses to parse past 4,300, with an error of its own
 
 # A hub repo id: "org/name" (the legacy bare names are covered by presets).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -54,6 +60,7 @@ def resolve(spec: str, *, revision: str | None = None) -> Source:
             config=_check_object(preset.load_config(), f"preset {preset.name}"),
         )
     if _HUB_ID.match(spec) and not spec.endswith(".json"):
+        check_hub_id(spec)
         return _from_hub(spec, revision)
     if spec.endswith(".json") or os.sep in spec or spec.startswith("."):
         raise SourceError(f"no such file or directory: {spec}")
@@ -84,38 +91,112 @@ def _from_path(path: Path) -> Source:
 
 def _config_in_directory(directory: Path) -> Path:
     candidate = directory / "config.json"
-    if candidate.is_file():
+    if candidate.exists():
         return candidate
     # A Hugging Face cache repo folder (models--org--name): follow refs/main to its snapshot.
     ref = directory / "refs" / "main"
-    if ref.is_file():
-        snapshot = directory / "snapshots" / ref.read_text().strip()
-        if (snapshot / "config.json").is_file():
+    if ref.exists():
+        snapshot = directory / "snapshots" / _snapshot_name(ref)
+        if (snapshot / "config.json").exists():
+            if not is_within(snapshot / "config.json", directory):
+                raise SourceError(f"{snapshot / 'config.json'} leads outside the cache folder {directory}")
             return snapshot / "config.json"
     raise SourceError(f"no config.json in directory {directory}")
 
 
-def read_config_file(path: Path | str) -> dict[str, Any]:
-    path = Path(path)
+_REF = re.compile(r"^[\w.\-]{1,255}$")
+
+
+def _snapshot_name(ref: Path) -> str:
+    """The snapshot folder refs/main names: one path component (a commit hash), nothing that climbs out."""
+    raw = read_regular(ref, 4096, what="cache ref")
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise SourceError(f"no such file: {path}") from None
-    except OSError as err:
-        raise SourceError(f"cannot read {path}: {err.strerror or err}") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
+        name = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
-        raise SourceError(f"{path} is not UTF-8 text") from None
+        raise SourceError(f"{ref} is not UTF-8 text (a cache ref holds a commit hash)") from None
+    if not _REF.match(name) or name in (".", ".."):
+        raise SourceError(f"{ref} names {name[:80]!r}, not a snapshot folder (a cache ref holds a commit hash)")
+    return name
+
+
+def read_config_file(path: Path | str) -> dict[str, Any]:
+    """A config.json's object: a regular file under MAX_CONFIG_BYTES, UTF-8, bounded JSON, valid Unicode."""
+    path = Path(path)
+    raw = read_regular(path, MAX_CONFIG_BYTES, what="config file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SourceError(f"{path} is not UTF-8 text (byte {err.start})") from None
+    return _check_object(parse_config_json(text, str(path)), str(path))
+
+
+def parse_config_json(text: str, where: str) -> Any:
+    """json.loads with the bounds a config needs: integer literals, nesting depth, and valid Unicode strings."""
+    try:
+        data = json.loads(text, parse_int=_bounded_int)
+    except _LongInteger as err:
+        raise SourceError(f"{where}: an integer of {err.args[0]:,} digits (more than {MAX_INT_DIGITS}) is no "
+                          "config value") from None
+    except RecursionError:
+        raise SourceError(f"{where}: JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
     except json.JSONDecodeError as err:
-        raise SourceError(f"malformed JSON in {path}: {err.msg} at line {err.lineno} column {err.colno}") from None
-    return _check_object(data, str(path))
+        raise SourceError(f"malformed JSON in {where}: {err.msg} at line {err.lineno} column {err.colno}") from None
+    _check_depth_and_text(data, where)
+    return data
+
+
+class _LongInteger(ValueError):
+    pass
+
+
+def _bounded_int(literal: str) -> int:
+    digits = len(literal.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise _LongInteger(digits)
+    return int(literal)
+
+
+def _check_depth_and_text(data: Any, where: str) -> None:
+    """Depth at most MAX_JSON_DEPTH, and no lone surrogates (\\ud800) in keys or strings: they cannot be printed."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise SourceError(f"{where}: JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_text(key, where)
+                stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str):
+            _check_text(value, where)
+
+
+def _check_text(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        shown = text[max(0, err.start - 20):err.start].encode("utf-8", "backslashreplace").decode("ascii", "replace")
+        raise SourceError(f"{where}: a string holds a lone surrogate escape "
+                          f"(\\u{ord(text[err.start]):04x}, after {shown!r}), which is not Unicode text") from None
 
 
 def _check_object(data: Any, where: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SourceError(f"{where} is not a config: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def check_hub_id(repo_id: str) -> None:
+    """Refuse what huggingface_hub refuses (`org/..`, `org/name--x`, non-ASCII), in one line, before any request."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        why = " ".join(str(err).split()).split(". ")[0]
+        raise SourceError(f"{repo_id!r} is not a valid hub id: {why}") from None
 
 
 def hub_online() -> bool:
