@@ -26,6 +26,8 @@ Limits, on purpose:
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import json
 import math
@@ -35,12 +37,14 @@ import re
 import struct
 import zipfile
 from collections import OrderedDict
+from functools import cached_property
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from .errors import CheckpointError, SourceError
+from .safe_io import hf_cache_repo, is_within, open_regular, read_regular
 
 __all__ = [
     "Audit",
@@ -84,6 +88,9 @@ _DTYPE_BITS: Mapping[str, int] = {**SAFETENSORS_DTYPE_BITS, "C128": 128}
 
 # The safetensors library refuses headers above this size; so do we, before reading one.
 _MAX_HEADER_BYTES = 100_000_000
+# The safetensors library re-reads headers of up to this many tensors (a real file holds a few thousand); past it
+# our own checks stand alone, so that a legal 100 MB header costs seconds, not a minute.
+_LIBRARY_CHECK_MAX_TENSORS = 100_000
 # An index.json or a data.pkl this large is not a real checkpoint (a 100k-tensor model needs a few MB).
 _MAX_INDEX_BYTES = 64 * 1024 * 1024
 _MAX_PICKLE_BYTES = 64 * 1024 * 1024
@@ -102,7 +109,7 @@ _DIRECTORY_CANDIDATES = (
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CheckpointTensor:
     """One tensor as its file describes it. No data is ever read.
 
@@ -137,17 +144,17 @@ class Checkpoint:
     tensors: tuple[CheckpointTensor, ...]
     metadata: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
-    @property
+    @cached_property  # a checkpoint may hold a million tensors; each figure is summed once
     def elements(self) -> int:
         """Stored elements over all tensors (packed tensors count their storage elements)."""
         return sum(t.numel for t in self.tensors)
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         """Bytes of tensor data the headers describe (numel x itemsize, summed)."""
         return sum(t.nbytes for t in self.tensors)
 
-    @property
+    @cached_property
     def by_dtype(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
         for t in self.tensors:
@@ -157,7 +164,7 @@ class Checkpoint:
             row["bytes"] += t.nbytes
         return {k: out[k] for k in sorted(out)}
 
-    @property
+    @cached_property
     def files(self) -> tuple[str, ...]:
         seen: dict[str, None] = {}
         for t in self.tensors:
@@ -285,13 +292,15 @@ def _finish(path: Path, fmt: str, tensors: list[CheckpointTensor], metadata: dic
 def _read_directory(directory: Path) -> Checkpoint:
     for name in _DIRECTORY_CANDIDATES:
         candidate = directory / name
-        if candidate.is_file():
+        if candidate.exists():
+            check_inside(candidate, directory)
             return read_checkpoint(candidate)
     # Other names happen (adapter_model.safetensors, diffusion_pytorch_model.safetensors): accept one
     # unambiguous file rather than guess between several.
     for pattern in ("*.safetensors.index.json", "*.safetensors", "*.bin.index.json"):
         found = sorted(directory.glob(pattern))
         if len(found) == 1:
+            check_inside(found[0], directory)
             return read_checkpoint(found[0])
         if len(found) > 1:
             names = ", ".join(f.name for f in found)
@@ -301,11 +310,8 @@ def _read_directory(directory: Path) -> Checkpoint:
 
 
 def _is_zip(path: Path) -> bool:
-    try:
-        with path.open("rb") as f:
-            magic = f.read(4)
-    except OSError as err:
-        raise SourceError(f"{path}: cannot read: {err.strerror or err}") from None
+    with open_regular(path, what="checkpoint file") as f:
+        magic = f.read(4)
     return magic in (b"PK\x03\x04", b"PK\x05\x06")
 
 
@@ -324,10 +330,13 @@ def _read_safetensors(path: Path) -> tuple[list[CheckpointTensor], dict[str, str
 
     tensors: list[CheckpointTensor] = []
     spans: list[tuple[int, int, str]] = []
-    for name, entry in header.items():
-        tensor, begin, end = _parse_entry(path, name, entry, data_size)
-        tensors.append(tensor)
-        spans.append((begin, end, name))
+    with _gc_paused():
+        while header:  # popped as parsed: a million-entry header is never held twice
+            name, entry = header.popitem()
+            tensor, begin, end = _parse_entry(path, name, entry, data_size)
+            tensors.append(tensor)
+            spans.append((begin, end, name))
+    tensors.reverse()  # back to the header's order
 
     # The format has no holes and no sharing: sorted by offset, each tensor starts where the
     # previous one ended and the last one ends at the end of the file. The safetensors library
@@ -350,17 +359,14 @@ def _read_safetensors(path: Path) -> tuple[list[CheckpointTensor], dict[str, str
             f"{path}: tensor data ends at byte {cursor} but the data area holds {data_size} bytes "
             "(trailing bytes after the last tensor)"
         )
-    _cross_check_with_library(path, {t.name for t in tensors})
+    if len(tensors) <= _LIBRARY_CHECK_MAX_TENSORS:
+        _cross_check_with_library(path, {t.name for t in tensors})
     return tensors, metadata
 
 
 def _read_safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
     """Return the decoded header and the size of the data area that follows it."""
-    try:
-        f = path.open("rb")
-    except OSError as err:
-        raise SourceError(f"{path}: cannot open: {err.strerror or err}") from None
-    with f:
+    with open_regular(path, what="checkpoint file") as f:
         size = os.fstat(f.fileno()).st_size
         if size < 8:
             raise CheckpointError(
@@ -384,50 +390,87 @@ def _read_safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise CheckpointError(f"{path}: header is not valid UTF-8 (byte {err.start})") from None
-    header = _decode_json(path, text, "header")
+    del raw  # a header may be 100 MB: hold it once, not twice, while it is parsed
+    header = _decode_header(path, text)
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: header must be a JSON object, got {_json_type(header)}")
     return header, size - 8 - header_len
 
 
 def _parse_entry(path: Path, name: str, entry: Any, data_size: int) -> tuple[CheckpointTensor, int, int]:
-    where = f"{path}: tensor {_q(name)}"
-    if not isinstance(entry, dict):
-        raise CheckpointError(f"{where}: entry must be a JSON object, got {_json_type(entry)}")
-    for key in ("dtype", "shape", "data_offsets"):
-        if key not in entry:
-            raise CheckpointError(f"{where}: entry has no {_q(key)}")
-    dtype = entry["dtype"]
-    if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPE_BITS:
-        raise CheckpointError(f"{where}: unknown dtype {_q(dtype)}")
-    shape = entry["shape"]
-    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-        raise CheckpointError(f"{where}: shape must be a list of non-negative integers, got {_q(shape)}")
-    offsets = entry["data_offsets"]
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
-        raise CheckpointError(f"{where}: data_offsets must be [begin, end] integers, got {_q(offsets)}")
+    # Runs once per tensor of headers up to 100 MB (a million entries): exact type tests, no generator per entry.
+    if type(entry) is not dict:
+        raise CheckpointError(f"{path}: tensor {_q(name)}: entry must be a JSON object, got {_json_type(entry)}")
+    if "dtype" not in entry or "shape" not in entry or "data_offsets" not in entry:
+        missing = next(key for key in ("dtype", "shape", "data_offsets") if key not in entry)
+        raise CheckpointError(f"{path}: tensor {_q(name)}: entry has no {_q(missing)}")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    bits_each = SAFETENSORS_DTYPE_BITS.get(dtype) if type(dtype) is str else None
+    if bits_each is None:
+        raise CheckpointError(f"{path}: tensor {_q(name)}: unknown dtype {_q(dtype)}")
+    if type(shape) is not list or not _all_dims(shape):
+        raise CheckpointError(
+            f"{path}: tensor {_q(name)}: shape must be a list of non-negative integers, got {_q(shape)}")
+    if type(offsets) is not list or len(offsets) != 2 or type(offsets[0]) is not int or type(offsets[1]) is not int:
+        raise CheckpointError(f"{path}: tensor {_q(name)}: data_offsets must be [begin, end] integers, got "
+                              f"{_q(offsets)}")
     begin, end = offsets
     if not 0 <= begin <= end:
-        raise CheckpointError(f"{where}: data_offsets [{begin}, {end}] are not 0 <= begin <= end")
+        raise CheckpointError(f"{path}: tensor {_q(name)}: data_offsets [{begin}, {end}] are not 0 <= begin <= end")
     if end > data_size:
         raise CheckpointError(
-            f"{where}: data_offsets [{begin}, {end}] run past the {data_size}-byte data area (file truncated?)"
+            f"{path}: tensor {_q(name)}: data_offsets [{begin}, {end}] run past the {data_size}-byte data area "
+            "(file truncated?)"
         )
     # Bound the product: a hostile header can list thousands of huge dimensions.
-    numel = _bounded_prod(shape, data_size * 8 // SAFETENSORS_DTYPE_BITS[dtype])
-    if numel is None:
-        raise CheckpointError(f"{where}: shape {_q(shape)} needs more bytes than the file holds")
-    bits = numel * SAFETENSORS_DTYPE_BITS[dtype]
+    numel = math.prod(shape) if len(shape) <= 4 else _bounded_prod(shape, data_size * 8 // bits_each)
+    if numel is None or numel * bits_each > data_size * 8:
+        raise CheckpointError(f"{path}: tensor {_q(name)}: shape {_q(shape)} needs more bytes than the file holds")
+    bits = numel * bits_each
     if bits % 8:
-        raise CheckpointError(f"{where}: {numel} x {dtype} does not fill a whole number of bytes")
+        raise CheckpointError(f"{path}: tensor {_q(name)}: {numel} x {dtype} does not fill a whole number of bytes")
     if end - begin != bits // 8:
         raise CheckpointError(
-            f"{where}: shape {_q(shape)} of {dtype} needs {bits // 8} bytes but data_offsets span {end - begin}"
+            f"{path}: tensor {_q(name)}: shape {_q(shape)} of {dtype} needs {bits // 8} bytes but data_offsets span "
+            f"{end - begin}"
         )
-    tensor = CheckpointTensor(
-        name=name, dtype=dtype, shape=tuple(shape), numel=numel, nbytes=bits // 8, file=str(path)
-    )
+    tensor = CheckpointTensor(name, dtype, tuple(shape), numel, bits // 8, str(path))
     return tensor, begin, end
+
+
+def _all_dims(shape: list[Any]) -> bool:
+    for d in shape:  # `type(d) is int` also refuses JSON true, a bool
+        if type(d) is not int or d < 0:
+            return False
+    return True
+
+
+def _decode_header(path: Path, text: str) -> Any:
+    """The header's JSON, on the C parser's fast path; the slow duplicate-key check only when the text asks for it.
+
+    In valid JSON the token "data_offsets" can only be a string of its own, so a header whose text holds more of
+    them than its parsed entries have keys may name a tensor twice: parse again, key by key, to say which.
+    """
+    with _gc_paused():
+        header = _decode_json(path, text, "header", pairs_hook=None)
+    if isinstance(header, dict):
+        keys = sum(1 for entry in header.values() if type(entry) is dict and "data_offsets" in entry)
+        if text.count('"data_offsets"') != keys:
+            with _gc_paused():
+                header = _decode_json(path, text, "header")
+    return header
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Building a million small dicts triggers the cyclic collector over and over; none of them forms a cycle."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _cross_check_with_library(path: Path, names: set[str]) -> None:
@@ -567,19 +610,21 @@ def _shard_path(index_path: Path, shard: str) -> Path:
     if not shard or Path(shard).is_absolute() or ".." in parts or "\\" in shard:
         raise CheckpointError(f"{index_path}: shard name {_q(shard)} points outside the checkpoint directory")
     shard_path = index_path.parent / shard
-    if not shard_path.is_file():
+    if not shard_path.exists():
         raise CheckpointError(f"{index_path}: shard {shard} listed in the index does not exist")
+    check_inside(shard_path, index_path.parent)
     return shard_path
 
 
+def check_inside(path: Path, folder: Path) -> None:
+    """A checkpoint's files (and the symlinks they are) stay inside its folder, or its Hugging Face cache repo."""
+    root = hf_cache_repo(folder) or folder
+    if not is_within(path, root):
+        raise CheckpointError(f"{path} leads outside the checkpoint folder {root} (to {os.path.realpath(path)})")
+
+
 def _read_json_file(path: Path, limit: int) -> Any:
-    try:
-        with path.open("rb") as f:
-            raw = f.read(limit + 1)
-    except OSError as err:
-        raise SourceError(f"{path}: cannot read: {err.strerror or err}") from None
-    if len(raw) > limit:
-        raise CheckpointError(f"{path}: larger than {limit} bytes, not a checkpoint index")
+    raw = read_regular(path, limit, error=CheckpointError, what="checkpoint index")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -593,17 +638,19 @@ class _DuplicateKey(Exception):
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     # json keeps the last of two equal keys silently; in a header that would hide a tensor entry.
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):  # rare: find the key named twice, in Python
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
     return out
 
 
-def _decode_json(path: Path, text: str, what: str) -> Any:
+def _decode_json(path: Path, text: str, what: str, pairs_hook: Any = _reject_duplicates) -> Any:
     try:
-        return json.loads(text, object_pairs_hook=_reject_duplicates)
+        return json.loads(text, object_pairs_hook=pairs_hook)
     except _DuplicateKey as err:
         raise CheckpointError(f"{path}: {what} names {_q(err.args[0])} twice") from None
     except RecursionError:
@@ -1122,7 +1169,10 @@ _LEGACY_RENAMES: tuple[tuple[re.Pattern[str], str], ...] = (
 # Buffers older versions saved and current models recreate (transformers drops them silently).
 _LEGACY_BUFFER = re.compile(r"(^|\.)(position_ids|rotary_emb\.inv_freq|masked_bias|attn\.bias)$")
 
-_TASK_HEADS = ("classifier", "score", "qa_outputs", "lm_head", "head", "heads", "seq_relationship")
+# Every rename's pattern holds one of these: most keys hold none and skip the regexes (once per tensor).
+_LEGACY_RENAME_HINTS = ("LayerNorm", "weight_", "language_model")
+
+_TASK_HEADS = frozenset(("classifier", "score", "qa_outputs", "lm_head", "head", "heads", "seq_relationship"))
 
 
 def reconcile(
@@ -1221,6 +1271,8 @@ def reconcile(
 
 def _apply_legacy_renames(key: str) -> str:
     # Every rule that matches fires, in order, as in transformers' apply_renamings.
+    if not any(hint in key for hint in _LEGACY_RENAME_HINTS):
+        return key
     for pattern, replacement in _LEGACY_RENAMES:
         m = pattern.search(key)
         if m:
@@ -1279,7 +1331,7 @@ def _components(name: str) -> list[str]:
 
 
 def _unexpected_reason(name: str, who: str) -> str:
-    parts = _components(name)
+    parts = set(_components(name))
     if "cls" in parts and "predictions" in parts:
         return f"part of the MLM pretraining head that {who} does not have"
     if "cls" in parts and "seq_relationship" in parts:
@@ -1288,7 +1340,7 @@ def _unexpected_reason(name: str, who: str) -> str:
         return f"language-modelling head that {who} does not have: unused when loaded"
     if "pooler" in parts:
         return f"pooler that {who} does not have: unused when loaded"
-    if any(p in _TASK_HEADS for p in parts):
+    if not _TASK_HEADS.isdisjoint(parts):
         return f"task head that {who} does not have: unused when loaded"
     return f"no parameter of that name in {who}: unused when loaded"
 
