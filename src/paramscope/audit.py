@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SourceError
+from .sources import HUB_ID, check_hub_id, snapshot_name
 from .report import Report
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -75,12 +75,13 @@ def locate_checkpoint(spec: str | os.PathLike[str], *, revision: str | None = No
             return Located(snapshot, snapshot if (snapshot / "config.json").is_file() else None,
                            f"cache folder {path}, snapshot {snapshot.name}")
         return Located(path, path if (path / "config.json").is_file() else None, f"directory {path}")
-    if path.is_file():
+    if path.exists():  # a file; read_checkpoint refuses anything else (a FIFO, a device) in one line
         parent = path.parent
         return Located(path, parent if (parent / "config.json").is_file() else None, f"file {path}")
-    if _HUB_ID.match(text) and not text.endswith((".json", ".safetensors", ".bin")):
+    if HUB_ID.match(text) and not text.endswith((".json", ".safetensors", ".bin")):
         from huggingface_hub import constants
 
+        check_hub_id(text)
         cache = Path(constants.HF_HUB_CACHE)
         repo = cache / ("models--" + text.replace("/", "--"))
         snapshot = _cache_snapshot(repo, revision) if repo.is_dir() else None
@@ -173,8 +174,8 @@ def _cache_snapshot(repo: Path, revision: str | None) -> Path | None:
     if revision and _COMMIT.match(revision) and (snapshots / revision).is_dir():
         return snapshots / revision
     ref = repo / "refs" / (revision or "main")
-    if ref.is_file():
-        commit = ref.read_text().strip()
+    if ref.exists():
+        commit = snapshot_name(ref)
         if (snapshots / commit).is_dir():
             return snapshots / commit
     if revision:

@@ -218,16 +218,16 @@ def make_config(config_dict: dict[str, Any], *, num_labels: int | None = None, t
     `code_location` is where a remote-code config's auto_map modules live: the folder of the config file given, or
     the hub id it came from. `model_class` lets a native class read a config whose model_type transformers lacks.
     """
-    from transformers import CONFIG_MAPPING
-
     notes: list[str] = []
     config_dict = dict(config_dict)
     model_type = config_dict.get("model_type")
     auto_map = config_dict.get("auto_map")
     if model_type is None:
         raise ConfigError("config has no 'model_type': paramscope cannot tell which architecture it describes")
-    validate_config_dict(config_dict)
+    validate_config_dict(config_dict)  # before importing transformers: bad input costs milliseconds
     check_num_labels(num_labels)
+    from transformers import CONFIG_MAPPING
+
     if num_labels is not None:
         config_dict.pop("id2label", None)
         config_dict.pop("label2id", None)

@@ -26,7 +26,7 @@ MAX_JSON_DEPTH = 64
 MAX_INT_DIGITS = 40  # 2^128 has 39 digits; Python refuses to parse past 4,300, with an error of its own
 
 # A hub repo id: "org/name" (the legacy bare names are covered by presets).
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def resolve(spec: str, *, revision: str | None = None) -> Source:
             description=f"embedded preset {preset.name}",
             config=_check_object(preset.load_config(), f"preset {preset.name}"),
         )
-    if _HUB_ID.match(spec) and not spec.endswith(".json"):
+    if HUB_ID.match(spec) and not spec.endswith(".json"):
         check_hub_id(spec)
         return _from_hub(spec, revision)
     if spec.endswith(".json") or os.sep in spec or spec.startswith("."):
@@ -96,7 +96,7 @@ def _config_in_directory(directory: Path) -> Path:
     # A Hugging Face cache repo folder (models--org--name): follow refs/main to its snapshot.
     ref = directory / "refs" / "main"
     if ref.exists():
-        snapshot = directory / "snapshots" / _snapshot_name(ref)
+        snapshot = directory / "snapshots" / snapshot_name(ref)
         if (snapshot / "config.json").exists():
             if not is_within(snapshot / "config.json", directory):
                 raise SourceError(f"{snapshot / 'config.json'} leads outside the cache folder {directory}")
@@ -107,7 +107,7 @@ def _config_in_directory(directory: Path) -> Path:
 _REF = re.compile(r"^[\w.\-]{1,255}$")
 
 
-def _snapshot_name(ref: Path) -> str:
+def snapshot_name(ref: Path) -> str:
     """The snapshot folder refs/main names: one path component (a commit hash), nothing that climbs out."""
     raw = read_regular(ref, 4096, what="cache ref")
     try:

@@ -1,0 +1,336 @@
+"""Every hostile or mistaken input, as a user would type it: one line, a non-zero exit, seconds and megabytes.
+
+Each case runs `python -m paramscope …` in its own process, offline, and is measured: exit code, stderr is one
+line naming the problem, nothing on stdout, no traceback, at most MAX_SECONDS of wall time and MAX_RSS of peak
+resident memory (the child's own, from wait4). The cases run two at a time, once per session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from conftest import bert_config
+
+MAX_SECONDS = 10.0
+MAX_RSS_BYTES = 1 << 30
+SRC = Path(__file__).resolve().parent.parent / "src"
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    make: Callable[[Path], list[str]]  # builds its files under a folder of its own, returns the argv
+    expect: tuple[str, ...]  # fragments the one line must hold
+
+
+def _config(tmp: Path, content, name: str = "config.json") -> str:
+    path = tmp / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return str(path)
+
+
+def inspect_config(content, *extra: str) -> Callable[[Path], list[str]]:
+    return lambda tmp: ["inspect", _config(tmp, content), *extra]
+
+
+def llama(**fields) -> dict:
+    return {"model_type": "llama", "vocab_size": 32000, "hidden_size": 5120, "intermediate_size": 13824,
+            "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40, **fields}
+
+
+def nested(depth: int, opener: str = "[", closer: str = "]") -> str:
+    return '{"model_type": "bert", "x": ' + opener * depth + closer * depth + "}"
+
+
+def fifo(tmp: Path, name: str) -> str:
+    path = tmp / name
+    os.mkfifo(path)
+    return str(path)
+
+
+def fifo_config_dir(tmp: Path) -> list[str]:
+    folder = tmp / "model"
+    folder.mkdir()
+    fifo(folder, "config.json")
+    return ["inspect", str(folder)]
+
+
+def cache_repo(tmp: Path, ref: bytes | None, *, snapshot: str = SHA) -> Path:
+    repo = tmp / "models--someorg--model"
+    (repo / "snapshots" / snapshot).mkdir(parents=True)
+    (repo / "snapshots" / snapshot / "config.json").write_text(json.dumps(bert_config()))
+    (repo / "refs").mkdir()
+    if ref is not None:
+        (repo / "refs" / "main").write_bytes(ref)
+    return repo
+
+
+def fifo_ref(tmp: Path) -> Path:
+    repo = cache_repo(tmp, None)
+    os.mkfifo(repo / "refs" / "main")
+    return repo
+
+
+def climbing_ref(tmp: Path) -> list[str]:
+    """refs/main naming ../../.. must not lead to a config.json outside the cache folder."""
+    (tmp / "config.json").write_text(json.dumps(bert_config()))
+    repo = tmp / "cache" / "models--someorg--model"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "snapshots").mkdir()
+    (repo / "refs" / "main").write_text("../..")
+    return ["inspect", str(repo)]
+
+
+def safetensors_bytes(header: bytes | dict, data: bytes = b"", length: int | None = None) -> bytes:
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<Q", len(raw) if length is None else length) + raw + data
+
+
+def checkpoint_dir(tmp: Path, files: dict[str, bytes | str | None]) -> Path:
+    """A model folder: BERT's config.json plus `files` (bytes, a symlink target given as str, or None: a FIFO)."""
+    folder = tmp / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(bert_config()))
+    for name, content in files.items():
+        if content is None:
+            os.mkfifo(folder / name)
+        elif isinstance(content, str):
+            os.symlink(content, folder / name)
+        else:
+            (folder / name).write_bytes(content)
+    return folder
+
+
+def audit_dir(files: dict[str, bytes | str | None]) -> Callable[[Path], list[str]]:
+    return lambda tmp: ["audit", str(checkpoint_dir(tmp, files))]
+
+
+ONE_TENSOR = safetensors_bytes({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4)
+INDEX = json.dumps({"weight_map": {"a": "shard.safetensors"}}).encode()
+KIMI = {"model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                     "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"}}
+REMOTE = {"model_type": "my_custom", "auto_map": {"AutoConfig": "configuration_x.XConfig",
+                                                   "AutoModel": "modeling_x.XModel"}}
+DIMENSION = 2**31 - 1
+
+CASES = [
+    # --- the config file itself ---------------------------------------------------------------------------------
+    Case("malformed-json", inspect_config('{"model_type": "bert", '), ("malformed JSON", "line 1")),
+    Case("json-array", inspect_config("[1, 2, 3]"), ("expected a JSON object, got list",)),
+    Case("json-string", inspect_config('"bert"'), ("expected a JSON object, got str",)),
+    Case("json-null", inspect_config("null"), ("expected a JSON object",)),
+    Case("empty-file", inspect_config(""), ("malformed JSON",)),
+    Case("not-utf8", inspect_config(b'{"model_type": "\xff\xfe"}'), ("not UTF-8",)),
+    Case("nul-bytes", inspect_config(b"\0" * 64), ("malformed JSON",)),
+    Case("5000-digit-int", inspect_config('{"model_type": "bert", "vocab_size": ' + "9" * 5000 + "}"),
+         ("5,000 digits",)),
+    Case("50-digit-int", inspect_config('{"model_type": "bert", "seed": ' + "7" * 50 + "}"), ("50 digits",)),
+    Case("nested-1e5-lists", inspect_config(nested(100_000)), ("nested too deeply",)),
+    Case("nested-1e5-objects", inspect_config('{"model_type": "bert", "x": ' + '{"a": ' * 100_000 + "1"
+                                              + "}" * 100_001), ("nested too deeply",)),
+    Case("nested-100", inspect_config(nested(100)), ("nested too deeply", "64")),
+    Case("lone-surrogate-model-type", inspect_config('{"model_type": "\\ud800bert"}'), ("lone surrogate",)),
+    Case("lone-surrogate-key", inspect_config('{"model_type": "bert", "\\udfff": 1}'), ("lone surrogate",)),
+    Case("config-over-16mib", inspect_config('{"model_type": "bert"}' + " " * (17 << 20)), ("16,777,216-byte",)),
+    Case("dev-zero", lambda tmp: ["inspect", "/dev/zero"], ("character device",)),
+    Case("dev-null", lambda tmp: ["inspect", "/dev/null"], ("character device",)),
+    Case("fifo-config", lambda tmp: ["inspect", fifo(tmp, "config.json")], ("FIFO",)),
+    Case("fifo-config-in-dir", fifo_config_dir, ("FIFO",)),
+    Case("dir-without-config", lambda tmp: ["inspect", str(tmp)], ("no config.json",)),
+    Case("missing-file", lambda tmp: ["inspect", str(tmp / "none" / "config.json")], ("no such file",)),
+    Case("empty-name", lambda tmp: ["inspect", ""], ("empty model name",)),
+    Case("unknown-preset", lambda tmp: ["inspect", "bert-base-uncasd"], ("unknown model 'bert-base-uncasd'",)),
+    # --- fields ---------------------------------------------------------------------------------------------------
+    Case("no-model-type", inspect_config({"hidden_size": 768}), ("no 'model_type'",)),
+    Case("model-type-int", inspect_config({"model_type": 123}), ("'model_type' must be a string", "123")),
+    Case("model-type-list", inspect_config({"model_type": ["bert"]}), ("'model_type' must be a string",)),
+    Case("unknown-model-type", inspect_config(bert_config(model_type="bertish")), ("unknown model_type 'bertish'",)),
+    Case("architectures-string", inspect_config(bert_config(architectures="BertModel")),
+         ("'architectures' must be a list",)),
+    Case("architectures-ints", inspect_config(bert_config(architectures=[1, 2])),
+         ("'architectures' must be a list",)),
+    Case("architectures-nested", inspect_config(bert_config(architectures=[["BertModel"]])),
+         ("'architectures' must be a list",)),
+    Case("layers-1e5", inspect_config(bert_config(num_hidden_layers=10**5)), ("'num_hidden_layers'", "100,000")),
+    Case("layers-1e9", inspect_config(bert_config(num_hidden_layers=10**9)), ("'num_hidden_layers'", "2,048")),
+    Case("layers-1e12", inspect_config(bert_config(num_hidden_layers=10**12)), ("'num_hidden_layers'",)),
+    Case("layers-zero", inspect_config(bert_config(num_hidden_layers=0)), ("'num_hidden_layers' must be positive",)),
+    Case("layers-negative", inspect_config(bert_config(num_hidden_layers=-1)), ("'num_hidden_layers'", "-1")),
+    Case("layers-string", inspect_config(bert_config(num_hidden_layers="12")), ("must be an integer", "'12'")),
+    Case("layers-bool", inspect_config(bert_config(num_hidden_layers=True)), ("must be an integer", "True")),
+    Case("layers-float", inspect_config(bert_config(num_hidden_layers=1.5)), ("must be an integer", "1.5")),
+    Case("layers-null-list", inspect_config(bert_config(num_hidden_layers=[12])), ("must be an integer",)),
+    Case("gpt2-n-layer-1e6", inspect_config({"model_type": "gpt2", "n_layer": 10**6}), ("'n_layer'",)),
+    Case("t5-num-layers-1e6", inspect_config({"model_type": "t5", "num_layers": 10**6}), ("'num_layers'",)),
+    Case("bart-decoder-layers-1e6", inspect_config({"model_type": "bart", "decoder_layers": 10**6}),
+         ("'decoder_layers'",)),
+    Case("vocab-2pow64", inspect_config(bert_config(vocab_size=2**64 + 1)), ("'vocab_size'", "2^31")),
+    Case("vocab-2pow31", inspect_config(bert_config(vocab_size=2**31)), ("'vocab_size'", "2,147,483,648")),
+    Case("hidden-zero", inspect_config(bert_config(hidden_size=0)), ("'hidden_size' must be positive",)),
+    Case("intermediate-negative", inspect_config(bert_config(intermediate_size=-3072)), ("'intermediate_size'",)),
+    Case("position-zero", inspect_config(bert_config(max_position_embeddings=0)), ("'max_position_embeddings'",)),
+    Case("head-dim-negative", inspect_config(llama(head_dim=-128)), ("'head_dim'",)),
+    Case("type-vocab-negative", inspect_config(bert_config(type_vocab_size=-1)), ("'type_vocab_size'",)),
+    Case("three-dims-overflow", inspect_config(llama(vocab_size=DIMENSION, hidden_size=DIMENSION - 1,
+                                                      num_attention_heads=1, num_key_value_heads=1,
+                                                      intermediate_size=DIMENSION)),
+         ("overflows a 64-bit element count",)),
+    Case("heads-not-dividing", inspect_config(bert_config(hidden_size=770)), ("770", "not divisible", "12")),
+    Case("kv-heads-7-of-40", inspect_config(llama(num_key_value_heads=7)), ("40", "num_key_value_heads 7")),
+    Case("kv-heads-more-than-heads", inspect_config(llama(num_key_value_heads=80)), ("num_key_value_heads 80",)),
+    Case("kv-heads-zero", inspect_config(llama(num_key_value_heads=0)), ("'num_key_value_heads' must be positive",)),
+    Case("num-labels-1e9-in-config", inspect_config(bert_config(num_labels=10**9)), ("'num_labels'", "100,000")),
+    Case("num-labels-zero-in-config", inspect_config(bert_config(num_labels=0)), ("'num_labels'",)),
+    Case("id2label-200k", inspect_config(bert_config(id2label={str(i): "x" for i in range(200_000)})),
+         ("'id2label'", "200,000")),
+    Case("sub-config-layers", inspect_config({"model_type": "llava", "text_config": llama(num_hidden_layers=10**6)}),
+         ("'text_config.num_hidden_layers'",)),
+    Case("sub-config-hidden", inspect_config({"model_type": "llava", "vision_config": {"hidden_size": -3}}),
+         ("'vision_config.hidden_size'",)),
+    Case("experts-overflow", inspect_config({"model_type": "mixtral", "num_local_experts": DIMENSION,
+                                             "hidden_size": DIMENSION - 1, "intermediate_size": DIMENSION,
+                                             "num_attention_heads": 1, "num_key_value_heads": 1}),
+         ("overflows",)),
+    # --- classes, tasks, remote code -------------------------------------------------------------------------------
+    Case("remote-code-refused", inspect_config(REMOTE), ("'my_custom'", "--trust-remote-code")),
+    Case("native-auto-map-suggests-class", inspect_config(KIMI), ("'kimi_k2'", "--class DeepseekV3ForCausalLM")),
+    Case("remote-code-missing-module", inspect_config(REMOTE, "--trust-remote-code"), ("configuration_x",)),
+    Case("remote-code-no-auto-config", inspect_config({**REMOTE, "auto_map": {"AutoModel": "m.X"}},
+                                                      "--trust-remote-code"), ("no AutoConfig",)),
+    Case("unknown-task", inspect_config(bert_config(), "--task", "summarise-poems"), ("unknown task",)),
+    Case("unknown-class", inspect_config(bert_config(), "--class", "BertForEverything"),
+         ("unknown class 'BertForEverything'",)),
+    Case("class-of-other-type", inspect_config(bert_config(), "--class", "GPT2Model"), ("GPT2Model", "'gpt2'")),
+    Case("class-and-task", inspect_config(bert_config(), "--class", "BertModel", "--task", "ner"),
+         ("not both",)),
+    Case("task-without-class", inspect_config(llama(), "--task", "multiple-choice"), ("multiple-choice",)),
+    Case("num-labels-1e12", inspect_config(bert_config(), "--task", "ner", "--num-labels", str(10**12)),
+         ("--num-labels", "100,000")),
+    Case("num-labels-zero", inspect_config(bert_config(), "--num-labels", "0"), ("--num-labels",)),
+    Case("num-labels-negative", inspect_config(bert_config(), "--num-labels", "-5"), ("--num-labels", "-5")),
+    Case("depth-negative", lambda tmp: ["inspect", "bert-base-uncased", "--depth", "-1"], ("--depth",)),
+    # --- hub ids and cache layouts -----------------------------------------------------------------------------
+    Case("hub-id-dotdot", lambda tmp: ["inspect", "org/.."], ("not a valid hub id",)),
+    Case("hub-id-double-dash", lambda tmp: ["inspect", "org/name--x"], ("not a valid hub id",)),
+    Case("hub-id-non-ascii", lambda tmp: ["inspect", "org/näme"], ("not a valid hub id",)),
+    Case("hub-id-not-cached", lambda tmp: ["inspect", "someorg/not-cached"], ("HF_HUB_OFFLINE",)),
+    Case("audit-hub-id-dotdot", lambda tmp: ["audit", "org/.."], ("not a valid hub id",)),
+    Case("cache-ref-not-utf8", lambda tmp: ["inspect", str(cache_repo(tmp, b"\xff\xfe\xfd"))], ("not UTF-8",)),
+    Case("cache-ref-climbs", climbing_ref, ("not a snapshot folder",)),
+    Case("cache-ref-empty", lambda tmp: ["inspect", str(cache_repo(tmp, b""))], ("not a snapshot folder",)),
+    Case("cache-ref-fifo", lambda tmp: ["inspect", str(fifo_ref(tmp))], ("FIFO",)),
+    # --- other commands --------------------------------------------------------------------------------------------
+    Case("formula-layers-1e9", lambda tmp: ["formula", _config(tmp, bert_config(num_hidden_layers=10**9))],
+         ("'num_hidden_layers'",)),
+    Case("formula-num-labels-1e12", lambda tmp: ["formula", "bert-base-uncased", "--task", "ner", "--num-labels",
+                                                 str(10**12)], ("--num-labels",)),
+    Case("formula-fifo", lambda tmp: ["formula", fifo(tmp, "config.json")], ("FIFO",)),
+    Case("diff-layers-1e9", lambda tmp: ["diff", "bert-base-uncased", _config(tmp, bert_config(
+        num_hidden_layers=10**9))], ("'num_hidden_layers'",)),
+    Case("compare-one-model", lambda tmp: ["compare", "bert-base-uncased"], ("two or more",)),
+    Case("compare-width-5", lambda tmp: ["compare", "bert-base-uncased", "gpt2", "--width", "5"], ("--width",)),
+    Case("compare-dev-zero", lambda tmp: ["compare", "bert-base-uncased", "/dev/zero"], ("character device",)),
+    # --- checkpoints -------------------------------------------------------------------------------------------------
+    Case("audit-missing", lambda tmp: ["audit", str(tmp / "nothing.safetensors")], ("no such file",)),
+    Case("audit-dev-zero", lambda tmp: ["audit", "/dev/zero", "--config", "bert-base-uncased"],
+         ("character device",)),
+    Case("audit-fifo-safetensors", audit_dir({"model.safetensors": None}), ("FIFO",)),
+    Case("audit-fifo-index", audit_dir({"model.safetensors.index.json": None}), ("FIFO",)),
+    Case("audit-too-short", audit_dir({"model.safetensors": b"\1\2\3"}), ("shorter than the 8-byte",)),
+    Case("audit-header-length-lies", audit_dir({"model.safetensors": safetensors_bytes(b"{}", length=2**60)}),
+         ("header length field",)),
+    Case("audit-header-not-json", audit_dir({"model.safetensors": safetensors_bytes(b"{not json}")}),
+         ("not valid JSON",)),
+    Case("audit-header-nested", audit_dir({"model.safetensors": safetensors_bytes(("[" * 100_000 + "]" * 100_000)
+                                                                                   .encode())}),
+         ("nested too deeply",)),
+    Case("audit-duplicate-tensor", audit_dir({"model.safetensors": safetensors_bytes(
+        b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, '
+        b'"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', b"\0" * 4)}), ("'a' twice",)),
+    Case("audit-symlink-passwd", audit_dir({"model.safetensors": "/etc/passwd"}), ("outside the checkpoint folder",)),
+    Case("audit-shard-symlink-passwd", audit_dir({"model.safetensors.index.json": INDEX,
+                                                  "shard.safetensors": "/etc/passwd"}),
+         ("outside the checkpoint folder",)),
+    Case("audit-shard-climbs", audit_dir({"model.safetensors.index.json": json.dumps(
+        {"weight_map": {"a": "../shard.safetensors"}}).encode()}), ("points outside",)),
+    Case("audit-legacy-bin", audit_dir({"pytorch_model.bin": b"\x80\x02legacy pickle"}), ("legacy",)),
+    Case("audit-empty-weight-map", audit_dir({"model.safetensors.index.json": b'{"weight_map": {}}'}),
+         ("no weight_map",)),
+    Case("audit-shape-lies", audit_dir({"model.safetensors": safetensors_bytes(
+        {"a": {"dtype": "F32", "shape": [10**12, 10**12], "data_offsets": [0, 4]}}, b"\0" * 4)}),
+         ("needs more bytes",)),
+    Case("audit-one-tensor-no-config", lambda tmp: ["audit", _config(tmp, ONE_TENSOR, "x.safetensors")],
+         ("--config",)),
+]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    code: int
+    out: str
+    err: str
+    seconds: float
+    rss_bytes: int
+
+
+def _run(case: Case, root: Path) -> Outcome:
+    folder = root / case.id
+    folder.mkdir()
+    argv = case.make(folder)
+    env = {**os.environ, "PYTHONPATH": str(SRC), "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(root / "hub"),
+           "HF_MODULES_CACHE": str(root / "modules"), "PARAMSCOPE_CACHE_DIR": str(root / "formulas"),
+           "COLUMNS": "100"}
+    out_path, err_path = folder / "stdout", folder / "stderr"
+    with out_path.open("wb") as out, err_path.open("wb") as err:
+        start = time.monotonic()
+        child = subprocess.Popen([sys.executable, "-m", "paramscope", *argv], stdout=out, stderr=err, env=env,
+                                 cwd=folder)
+        _, status, usage = os.wait4(child.pid, 0)
+        seconds = time.monotonic() - start
+    child.returncode = os.waitstatus_to_exitcode(status)
+    return Outcome(child.returncode, out_path.read_text(errors="replace"), err_path.read_text(errors="replace"),
+                   seconds, usage.ru_maxrss * 1024)
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[str, Outcome]:
+    root = tmp_path_factory.mktemp("bad-input")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip((c.id for c in CASES), pool.map(lambda c: _run(c, root), CASES)))
+
+
+def test_the_matrix_is_large_and_ids_unique():
+    assert len(CASES) >= 80
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case: Case, outcomes):
+    outcome = outcomes[case.id]
+    lines = outcome.err.strip().splitlines()
+    assert outcome.code == 2, (outcome.code, outcome.err[-2000:])
+    assert outcome.out == ""
+    assert len(lines) == 1, outcome.err[-2000:]
+    assert lines[0].startswith("paramscope: error: "), lines[0]
+    assert "Traceback" not in outcome.err and "internal error" not in outcome.err
+    assert len(lines[0]) < 600, lines[0]
+    for fragment in case.expect:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert outcome.seconds <= MAX_SECONDS, f"{outcome.seconds:.1f} s"
+    assert outcome.rss_bytes <= MAX_RSS_BYTES, f"{outcome.rss_bytes / 2**20:.0f} MiB"
