@@ -93,7 +93,7 @@ def count_module(module: Any) -> Counted:
     tensors: dict[int, Any] = {}
     uninitialized: dict[int, str] = {}  # each uninitialised tensor under its first name
     with_duplicates = 0
-    for module_name, submodule in modules:
+    for module_name, submodule, _ in modules:
         for local, param in submodule._parameters.items():  # named_parameters(remove_duplicate=False), cycle-safe
             if param is None:
                 continue
@@ -105,7 +105,7 @@ def count_module(module: Any) -> Counted:
             tensors[id(param)] = param
             with_duplicates += param.numel()
 
-    types_of = {name: type(sub).__name__ for name, sub in modules}
+    types_of = {name: types for name, _, types in modules}
 
     canonical_of: dict[str, str] = {}
     infos: list[ParameterInfo] = []
@@ -117,11 +117,12 @@ def count_module(module: Any) -> Counted:
         for name in names:
             canonical_of[name] = canonical
         shape = tuple(int(d) for d in param.shape)
+        numel = int(param.numel())
         infos.append(
             ParameterInfo(
                 name=canonical,
                 shape=shape,
-                numel=int(param.numel()),
+                numel=numel,
                 trainable=bool(param.requires_grad),
                 role=_role_memo(canonical, _types_for(canonical, types_of), roles_seen),
                 dtype=str(param.dtype).removeprefix("torch."),
@@ -129,7 +130,7 @@ def count_module(module: Any) -> Counted:
             )
         )
         if aliases:
-            tied.append(TiedGroup(canonical, aliases, int(param.numel()), shape))
+            tied.append(TiedGroup(canonical, aliases, numel, shape))
 
     total = sum(p.numel for p in infos)
     trainable = sum(p.numel for p in infos if p.trainable)
@@ -140,7 +141,7 @@ def count_module(module: Any) -> Counted:
 
     buffers: list[BufferInfo] = []
     seen_buffers: set[int] = set()
-    for module_name, submodule in modules:
+    for module_name, submodule, _ in modules:
         non_persistent = getattr(submodule, "_non_persistent_buffers_set", set())
         for local, buffer in submodule._buffers.items():
             if buffer is None or id(buffer) in seen_buffers:
@@ -173,21 +174,22 @@ def count_module(module: Any) -> Counted:
     )
 
 
-def _module_paths(module: Any) -> list[tuple[str, Any]]:
-    """Every (path, module), a shared module under each of its paths, in the order of
-    named_modules(remove_duplicate=False), except that a module met again inside itself ends the path: torch's
-    walk would recurse forever on `a.me = a`."""
-    paths: list[tuple[str, Any]] = []
+def _module_paths(module: Any) -> list[tuple[str, Any, tuple[str, ...]]]:
+    """Every (path, module, class names from the root to it), a shared module under each of its paths, in the
+    order of named_modules(remove_duplicate=False), except that a module met again inside itself ends the path:
+    torch's walk would recurse forever on `a.me = a`."""
+    paths: list[tuple[str, Any, tuple[str, ...]]] = []
 
-    def visit(path: str, current: Any, enclosing: set[int]) -> None:
-        paths.append((path, current))
+    def visit(path: str, current: Any, types: tuple[str, ...], enclosing: set[int]) -> None:
+        types = (*types, type(current).__name__)
+        paths.append((path, current, types))
         enclosing.add(id(current))
         for attr, child in current._modules.items():
             if child is not None and id(child) not in enclosing:
-                visit(f"{path}.{attr}" if path else attr, child, enclosing)
+                visit(f"{path}.{attr}" if path else attr, child, types, enclosing)
         enclosing.discard(id(current))
 
-    visit("", module, set())
+    visit("", module, (), set())
     return paths
 
 
@@ -216,13 +218,9 @@ def _role_memo(name: str, types: tuple[str, ...], seen: dict[tuple[str, tuple[st
     return role
 
 
-def _types_for(tensor_name: str, types_of: dict[str, str]) -> tuple[str, ...]:
+def _types_for(tensor_name: str, types_of: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
     """Class names of the modules from the root to the owner of `tensor_name`."""
-    parts = tensor_name.split(".")[:-1]
-    path = [types_of.get("", "")]
-    for i in range(1, len(parts) + 1):
-        path.append(types_of.get(".".join(parts[:i]), ""))
-    return tuple(path)
+    return types_of[tensor_name.rpartition(".")[0]]
 
 
 def _node(module: Any, name: str, attr: str, canonical_of: dict[str, str], numel_of: dict[str, int],
