@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from typing import Iterable
 
-from .count import ModuleNode, ParameterInfo
+from .count import ModuleNode, ParameterInfo, index_pattern
 from .report import Report
 
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
@@ -21,6 +22,18 @@ def human(n: int) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
     return str(n)
+
+
+def fold_names(names: Iterable[str]) -> list[tuple[str, int]]:
+    """Names that differ only in layer indices as one (pattern, count), in order of first appearance:
+    32 layers' `layers.0.x` … `layers.31.x` become ('layers.*.x', 32); a name alone in its pattern stays as it is."""
+    first: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for name in names:
+        pattern = index_pattern(name)
+        first.setdefault(pattern, name)
+        counts[pattern] = counts.get(pattern, 0) + 1
+    return [(pattern if n > 1 else first[pattern], n) for pattern, n in counts.items()]
 
 
 def shape_term(shape: tuple[int, ...]) -> str:

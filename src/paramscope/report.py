@@ -54,6 +54,7 @@ class Report:
     moe: MoESummary | None = None  # None for dense models
     conventions: tuple[Convention, ...] = ()  # the named counts (nanoGPT non-embedding, …)
     shared_layers: tuple[SharedLayers, ...] = ()
+    uninitialized: tuple[str, ...] = ()  # tensors of lazy modules with no shape yet: listed, not counted
 
     @property
     def active(self) -> int | None:
@@ -74,10 +75,21 @@ class Report:
         return tuple(p for p in self.params if p.role == role)
 
     def node(self, name: str) -> ModuleNode:
-        """The tree node at dotted path `name` ("" is the root)."""
+        """The tree node at dotted path `name` ("" is the root).
+
+        Raises KeyError naming the path when no module is there, or when the path is an alias: a shared module's
+        other index, or a back-reference (a cycle). Each module is in the tree once, under its first path."""
         node = self.tree
         for part in [p for p in name.split(".") if p]:
-            node = next(c for c in node.children if c.attr == part)
+            child = next((c for c in node.children if c.attr == part), None)
+            if child is None:
+                alias_of = next((c.name for c in node.children if part in c.aliases), None)
+                if alias_of is None:
+                    raise KeyError(f"no module at {name!r}")
+                raise KeyError(f"{name!r} is an alias: the module is in the tree at {alias_of!r}")
+            if child.back_reference is not None:
+                raise KeyError(f"{name!r} is an alias: the module is in the tree at {child.back_reference!r}")
+            node = child
         return node
 
     # --- display: a short repr, and the full text report in IPython and Jupyter --------------------------------
@@ -131,6 +143,7 @@ def make_report(model_info: ModelInfo, counted: Counted, base_model_prefix: str 
         moe=moe,
         conventions=conventions,
         shared_layers=shared_layers,
+        uninitialized=counted.uninitialized,
     )
 
 
@@ -171,10 +184,10 @@ def _single_run(node: ModuleNode) -> tuple[str, int, int] | None:
     from .count import collapse_runs
 
     while not node.own:
-        runs = collapse_runs(tuple(c for c in node.children if c.params))
+        runs = collapse_runs(c for c in node.children if c.params)
         if len(runs) != 1:
             return None
-        first, n = runs[0]
+        first, n, _ = runs[0]
         if n > 1:
             return (first.type, n, first.params)
         node = first
@@ -182,13 +195,21 @@ def _single_run(node: ModuleNode) -> tuple[str, int, int] | None:
 
 
 def _layer_count(tree: ModuleNode) -> int | None:
-    """The length of the longest run of identical numbered blocks: the model's layer count."""
-    from .count import collapse_runs, walk
+    """The model's layer count: the longest run of numbered blocks of one class in a stack.
+
+    The class, not the full structure: T5's block 0 alone carries the relative-attention bias, and Qwen3-Next
+    mixes linear- and full-attention layers, yet each is one stack of blocks. An encoder–decoder counts per stack."""
+    from .count import walk
 
     best = None
     for node in walk(tree):
-        for first, n in collapse_runs(node.children):
-            if first.attr.isdigit() and n > 1 and first.params and (best is None or n > best):
+        run_type, n = None, 0
+        for child in node.children:
+            if not child.attr.isdigit() or not child.params:
+                run_type, n = None, 0
+                continue
+            run_type, n = child.type, (n + 1 if child.type == run_type else 1)
+            if n > 1 and (best is None or n > best):
                 best = n
     return best
 

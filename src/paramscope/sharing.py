@@ -49,16 +49,21 @@ def find_shared_layers(tree: ModuleNode, config: Any = None) -> tuple[SharedLaye
     for node in walk(tree):
         if any(c.path == node.name for c in found):
             continue
-        shared = [child for child in node.children if child.uses > 1]
-        if not shared or not all(child.attr.isdigit() for child in node.children):
+        if not all(child.attr.isdigit() for child in node.children):
             continue
-        layers = sum(child.uses for child in node.children)
+        # A parameterless module reused (one ReLU at several indices) shares no weights: only layers with
+        # parameters count, as layers and as sets.
+        weighted = [child for child in node.children if child.params]
+        shared = [child for child in weighted if child.uses > 1]
+        if not shared:
+            continue
+        layers = sum(child.uses for child in weighted)
         found.append(SharedLayers(
             path=node.name,
             layer_type=shared[0].type,
             layers=layers,
-            sets=len(node.children),
-            params_per_set=tuple(child.params for child in node.children),
+            sets=len(weighted),
+            params_per_set=tuple(child.params for child in weighted),
             how=f"the same module object is registered at {layers} indices of {node.name or 'the root'}",
         ))
     return tuple(found)

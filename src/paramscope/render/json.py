@@ -40,6 +40,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         ],
         "breakdown": dict(report.breakdown),
         "unclassified": list(report.unclassified),
+        "uninitialized": list(report.uninitialized),
         "components": [
             {"name": c.name, "type": c.type, "params": c.params,
              "repeated": None if c.repeated is None else
@@ -106,6 +107,8 @@ def tree_to_dict(node: ModuleNode) -> dict[str, Any]:
     out: dict[str, Any] = {"name": node.name, "type": node.type, "params": node.params}
     if node.tied:
         out["tied"] = {local: canonical for local, canonical in node.tied}
+    if node.back_reference is not None:
+        out["back_reference"] = node.back_reference
     out["children"] = [tree_to_dict(child) for child in node.children]
     return out
 

@@ -12,8 +12,8 @@ from rich.text import Text
 from rich.tree import Tree
 
 from ..count import ModuleNode, collapse_runs
-from ..explain import exact, human, module_arithmetic, role_arithmetic
-from ..report import Report
+from ..explain import exact, fold_names, human, module_arithmetic, role_arithmetic
+from ..report import Component, Report
 from ..roles import GROUP_TITLES, role_group
 from ._console import indented, percent, to_html, to_text
 
@@ -65,7 +65,10 @@ def _parts(report: Report, options: TextOptions, formula: FormulaLink | None = N
     if report.tied:
         yield _tied(report)
     if report.unclassified:
-        yield _unclassified(report)
+        yield _names(f"Unclassified ({exact(len(report.unclassified))} tensors, role 'other')", report.unclassified)
+    if report.uninitialized:
+        yield _names(f"Uninitialised ({exact(len(report.uninitialized))} tensors of lazy modules: no shape before "
+                     "the first forward pass, so not counted)", report.uninitialized)
     if options.tree:
         yield _tree(report, options)
 
@@ -180,15 +183,22 @@ def _components(report: Report) -> Table:
     table.add_column("parameters", justify="right")
     table.add_column("share", justify="right")
     table.add_column("≈", justify="right")
-    for component in report.components:
+    # Numbered parts alike in type and size (a flat Sequential's layers) fold into one row, as in the tree.
+    for component, n, step in collapse_runs(report.components, key=_component_key, index=_component_index):
         kind = component.type
-        if component.repeated:
-            layer_type, n, each = component.repeated
-            kind = f"{component.type}: {n} × {layer_type}, {exact(each)} each"
+        name = component.name
+        params = component.params
+        if n > 1:
+            prefix, _, start = component.name.rpartition(".")
+            name = (f"{prefix}." if prefix else "") + _run_name(int(start), n, step)
+            kind = f"{exact(n)} × {component.type}, {exact(component.params)} each"
+            params = component.params * n
+        elif component.repeated:
+            layer_type, count, each = component.repeated
+            kind = f"{component.type}: {exact(count)} × {layer_type}, {exact(each)} each"
         elif component.shared:
             kind = f"{component.type}: {component.shared}"
-        table.add_row(component.name, kind, exact(component.params), percent(report.share(component.params)),
-                      human(component.params))
+        table.add_row(name, kind, exact(params), percent(report.share(params)), human(params))
     table.add_section()
     table.add_row("total", "", exact(report.total), "100.00%", human(report.total), style="bold")
     return table
@@ -249,10 +259,38 @@ def _tied(report: Report) -> Group:
     return Group(*lines, Text(""))
 
 
-def _unclassified(report: Report) -> Group:
-    lines = [Text(f"Unclassified ({len(report.unclassified)} tensors, role 'other')", style="bold yellow")]
-    lines.extend(indented(name) for name in report.unclassified)
+_NAME_PATTERNS_SHOWN = 20
+
+
+def _names(title: str, names: tuple[str, ...]) -> Group:
+    """A titled list of tensor names, folded by layer index (`layers.*.x ×32`) and capped."""
+    lines = [Text(title, style="bold yellow")]
+    folded = fold_names(names)
+    for pattern, n in folded[:_NAME_PATTERNS_SHOWN]:
+        lines.append(indented(pattern if n == 1 else f"{pattern} ×{exact(n)}"))
+    rest = folded[_NAME_PATTERNS_SHOWN:]
+    if rest:
+        lines.append(indented(f"… and {exact(len(rest))} more patterns ({exact(sum(n for _, n in rest))} tensors)",
+                              style="dim"))
     return Group(*lines, Text(""))
+
+
+def _component_key(component: Component) -> tuple:
+    return (component.name.rpartition(".")[0], component.type, component.params, component.repeated,
+            component.shared)
+
+
+def _component_index(component: Component) -> int | None:
+    last = component.name.rpartition(".")[2]
+    return int(last) if last.isdigit() else None
+
+
+def _run_name(start: int, n: int, step: int) -> str:
+    """Indices of a run: '0–11' when consecutive, '0, 2, …, 9998' when evenly spaced."""
+    end = start + (n - 1) * step
+    if step == 1:
+        return f"{start}–{end}"
+    return f"{start}, {end}" if n == 2 else f"{start}, {start + step}, …, {end}"
 
 
 def _tree(report: Report, options: TextOptions) -> Tree:
@@ -267,22 +305,24 @@ def _add_children(branch: Tree, node: ModuleNode, level: int, params_by_name, op
                   shared: dict[str, str] | None = None) -> None:
     if level > options.depth:
         return
-    for child, n in collapse_runs(node.children):
-        if child.params == 0 and not child.tied:
+    # Parameterless modules (activations, dropout) are left out before runs are found, so a Sequential that
+    # alternates Linear and ReLU still folds its Linear layers into one line.
+    shown = (c for c in node.children if c.params or c.tied or c.back_reference is not None)
+    for child, n, step in collapse_runs(shown):
+        if child.back_reference is not None:
+            branch.add(Text(f"{child.attr} → {child.back_reference or 'the root'} (a cycle back to an enclosing "
+                            "module, counted once there)", style="magenta"))
             continue
         run = _single_run_container(child) if n == 1 else None
         if run is not None:
             # A ModuleList that is one run of identical layers reads as one line at its own depth:
             # "layer.0–11: 12 × BertLayer, 7,087,872 each", so the default depth already shows it.
             first, m = run
-            name = f"{child.attr}.{first.attr}–{int(first.attr) + m - 1}"
+            name = f"{child.attr}.{_run_name(int(first.attr), m, 1)}"
             sub = branch.add(_node_label(first, name, m, params_by_name, options, shared))
             _add_children(sub, first, level + 1, params_by_name, options, shared)
             continue
-        if n > 1:
-            name = f"{child.attr}–{int(child.attr) + n - 1}"
-        else:
-            name = child.attr
+        name = _run_name(int(child.attr), n, step) if n > 1 else child.attr
         if child.uses > 1:
             name = f"{name} (also {_index_ranges(child.aliases)})"
         sub = branch.add(_node_label(child, name, n, params_by_name, options, shared))
@@ -293,8 +333,8 @@ def _single_run_container(node: ModuleNode) -> tuple[ModuleNode, int] | None:
     if node.own or node.tied or node.type not in ("ModuleList", "Sequential"):
         return None
     runs = collapse_runs(node.children)
-    if len(runs) == 1 and runs[0][1] > 1 and runs[0][0].uses == 1:
-        return runs[0]
+    if len(runs) == 1 and runs[0][1] > 1 and runs[0][2] == 1 and runs[0][0].uses == 1:
+        return runs[0][:2]
     return None
 
 
@@ -319,7 +359,7 @@ def _node_label(node: ModuleNode, name: str, n: int, params_by_name, options: Te
                 shared: dict[str, str] | None = None) -> Text:
     text = Text()
     if n > 1:
-        text.append(f"{name}: {n} × {node.type}, {exact(node.params)} each = {exact(node.params * n)}")
+        text.append(f"{name}: {exact(n)} × {node.type}, {exact(node.params)} each = {exact(node.params * n)}")
     else:
         text.append(f"{name} ")
         if name != node.type:
