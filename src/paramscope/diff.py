@@ -61,13 +61,30 @@ def inspect_spec(spec: str | ModelSpec, *, model_class: str | None = None, task:
                  num_labels: int | None = None, trust_remote_code: bool = False,
                  revision: str | None = None) -> Report:
     """Inspect a `MODEL[:CLASS]` spec; the spec's own class or task wins over the defaults given here."""
-    from .api import inspect
+    return inspect_specs([spec], model_class=model_class, task=task, num_labels=num_labels,
+                         trust_remote_code=trust_remote_code, revision=revision)[0]
 
-    parsed = spec if isinstance(spec, ModelSpec) else parse_spec(spec)
-    if parsed.model_class or parsed.task:
-        model_class, task = parsed.model_class, parsed.task
-    return inspect(parsed.model, model_class=model_class, task=task, num_labels=num_labels,
-                   trust_remote_code=trust_remote_code, revision=revision)
+
+def inspect_specs(specs: list[str | ModelSpec], *, model_class: str | None = None, task: str | None = None,
+                  num_labels: int | None = None, trust_remote_code: bool = False,
+                  revision: str | None = None) -> list[Report]:
+    """Inspect several specs. Every config is read and checked before the first build, so that a bad last model
+    fails in milliseconds, not after the others were built."""
+    from .api import as_source, inspect
+    from .build import check_num_labels, validate_config_dict
+
+    check_num_labels(num_labels)
+    parsed = [spec if isinstance(spec, ModelSpec) else parse_spec(spec) for spec in specs]
+    sources = [as_source(p.model, revision) for p in parsed]
+    for source in sources:
+        validate_config_dict(source.config)
+    reports = []
+    for p, source in zip(parsed, sources):
+        own = bool(p.model_class or p.task)
+        reports.append(inspect(source, model_class=p.model_class if own else model_class,
+                               task=p.task if own else task, num_labels=num_labels,
+                               trust_remote_code=trust_remote_code))
+    return reports
 
 
 # ---------------------------------------------------------------------------------------------
