@@ -141,7 +141,7 @@ FAMILIES = {
     }),
     "facebook--convnext-tiny-224": (28_589_128, {
         "conv.stem": 4 * 4 * 3 * 96 + 96 + 2 * 96,  # patchify conv and its LayerNorm
-        "conv.layer_scale": 3 * 96 + 3 * 192 + 9 * 384 + 3 * 768,  # one per channel per block
+        "layer_scale": 3 * 96 + 3 * 192 + 9 * 384 + 3 * 768,  # one per channel per block
         "conv.downsample": sum(2 * a + a * b * 4 + b for a, b in ((96, 192), (192, 384), (384, 768))),
         "head.classifier": 768 * 1000 + 1000,
     }),
@@ -176,8 +176,10 @@ def test_every_shipped_config_is_tested():
     assert {path.stem for path in CONFIGS.glob("*.json")} == set(FAMILIES)
 
 
-def test_every_role_group_has_a_title():
+def test_every_role_group_has_a_title_and_every_role_is_documented():
     assert {role_group(role) for role, _ in ROLES} <= set(GROUP_TITLES)
+    doc = (Path(__file__).parent.parent / "docs" / "roles.md").read_text()
+    assert [role for role, _ in ROLES if f"| `{role}` |" not in doc] == []
 
 
 def test_vision_tower_blocks_reuse_attention_and_mlp_roles(reports):

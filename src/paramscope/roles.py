@@ -28,6 +28,7 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("embeddings.norm", "normalisation applied to the summed embeddings"),
     ("vision.patch_embedding", "patch embedding: the convolution or linear map from image patches to the model width"),
     ("vision.class_token", "learned class (and distillation) tokens prepended to the patch sequence"),
+    ("vision.mask_token", "learned token that replaces masked patches (DINOv2, BEiT)"),
     ("vision.neck", "convolutional neck after a vision encoder, with its norms (SAM)"),
     ("audio.conv", "convolutional audio front-end over the spectrogram or waveform, with its norms"),
     ("audio.feature_projection", "projection of the convolutional features to the encoder width, with its norm"),
@@ -87,10 +88,10 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("conv.norm", "normalisation inside convolutional blocks (batch norm, or ConvNeXt's layer norm)"),
     ("conv.downsample", "downsampling between stages: a residual shortcut projection or a strided convolution, "
      "with its norm"),
-    ("conv.layer_scale", "learned per-channel scale of a block's output (ConvNeXt layer scale)"),
     ("segmentation.prompt_encoder", "prompt encoder: point, box and mask prompt embeddings (SAM)"),
     ("segmentation.mask_decoder", "mask decoder: its two-way transformer, output tokens, upscaling convolutions, "
      "hypernetwork MLPs and IoU head (SAM)"),
+    ("layer_scale", "learned per-channel scale of a residual block's output (ConvNeXt, DINOv2, BEiT)"),
     ("encoder.conv", "convolution branch beside the first encoder layer, with its norm (DeBERTa-v2 conv_kernel_size)"),
     ("norm.final", "final normalisation after the last layer"),
     ("pooler", "pooler: dense layer over the first token, or attention pooling (SigLIP's head)"),
@@ -162,7 +163,7 @@ _SANDWICH_LAYERS = r"^(?:Gemma2|Gemma3|Gemma3n|T5Gemma|Olmo2|Olmo3|Cohere2|Exaon
 _HYBRID_LAYERS = r"^(?:Qwen3Next|Qwen3_5|Qwen3_5Moe|Lfm2|Lfm2Moe)DecoderLayer$"
 # Speech encoders of the wav2vec2 line (HuBERT, WavLM, Data2Vec-audio, UniSpeech share its layout).
 _SPEECH = r"^(?:Wav2Vec2|Wav2Vec2Conformer|Hubert|WavLM|Data2VecAudio|UniSpeech|UniSpeechSat|SEW)"
-_CONV_MODULE = r"^(?:Conv[123]d|ConvTranspose[123]d|LazyConv[123]d)$"
+_CONV_MODULE = r"^\w*(?:Conv|ConvTranspose)[123]d$"  # torch's and subclasses (EfficientNetDepthwiseConv2d)
 _CONV_NORM = r"^(?:BatchNorm[123]d|SyncBatchNorm|LazyBatchNorm[123]d|GroupNorm|InstanceNorm[123]d|\w*BatchNorm\w*)$"
 
 # Whole modules whose parts are named like attention or embeddings but belong to one larger unit: SAM's prompt
@@ -171,7 +172,8 @@ MODULE_RULES: tuple[Rule, ...] = (
     Rule(r"(^|\.)prompt_encoder\.", "segmentation.prompt_encoder", within=r"PromptEncoder$"),
     Rule(r"(^|\.)mask_decoder\.", "segmentation.mask_decoder", within=r"MaskDecoder$"),
     Rule(r"(^|\.)head\.", "pooler", within=r"MultiheadAttentionPoolingHead$"),  # SigLIP: probe, attention, MLP
-    Rule(r"(^|\.)(multi_modal_projector|mm_projector)\.|(^|\.)visual\.(merger|deepstack_merger_list)\.",
+    Rule(r"(^|\.)(multi_modal_projector|mm_projector)\.|(^|\.)visual\.(merger|deepstack_merger_list)\."
+         r"|(^|\.)connector\.modality_projection\.",
          "projector"),
     Rule(r"\.indexer\.", "attention.indexer"),  # DeepSeek-V3.2 lightning indexer: wq_b, wk, k_norm, weights_proj
     Rule(r"(^|\.)(aux\d*|AuxLogits|aux_classifier)\.", "head.auxiliary"),
@@ -182,6 +184,7 @@ VISION_RULES: tuple[Rule, ...] = (
     # Fuyu has no vision encoder: vision_embed_tokens maps raw pixel patches straight to the decoder's width
     Rule(r"(^|\.)vision_embed_tokens\.", "vision.patch_embedding"),
     Rule(r"(^|\.)(cls_token|class_embedding|class_token|distillation_token)$", "vision.class_token"),
+    Rule(r"(^|\.)embeddings\.mask_token$", "vision.mask_token"),
     Rule(r"(^|\.)neck\.", "vision.neck"),
     # CLIP's pre_layrnorm (sic) normalises the summed patch, class and position embeddings
     Rule(r"(^|\.)(pre_layrnorm|pre_layernorm)\.", "embeddings.norm"),
@@ -230,10 +233,11 @@ CONV_RULES: tuple[Rule, ...] = (
     Rule(r"(?i)^(conv|bn|stem)\w*\.([^.]+\.)?(weight|bias)$", "conv.stem", owner=_CONV_MODULE),
     Rule(r"(?i)^(conv|bn|stem)\w*\.([^.]+\.)?(weight|bias)$", "conv.stem", owner=_CONV_NORM),
     Rule(r"(^|\.)(downsample|downsampling_layer|shortcut)\.", "conv.downsample", owner=r"(?i)conv|norm"),
-    Rule(r"\.(layer_scale_parameter|layer_scale)$", "conv.layer_scale"),
+    # ConvNeXt layer_scale_parameter, torchvision CNBlock layer_scale, DINOv2 layer_scale1.lambda1, BEiT lambda_1
+    Rule(r"\.(layer_scale_parameter|layer_scale|lambda_[12])$|\.layer_scale\d\.lambda1$", "layer_scale"),
     Rule(r"\.pwconv1\.", "mlp.up"),  # ConvNeXt's pointwise convolutions are Linear layers: an inverted MLP
     Rule(r"\.pwconv2\.", "mlp.down"),
-    Rule(r"\.layernorm\.", "conv.norm", parent=r"^ConvNextV?2?Layer$"),
+    Rule(r"\.layernorm\.|\.grn\.", "conv.norm", parent=r"^ConvNextV?2?Layer$"),  # V2: global response norm
     Rule(r"^fc\.(weight|bias)$", "head.classifier", owner=r"^Linear$"),  # torchvision classifiers
 )
 
@@ -278,6 +282,7 @@ SELF_ATTENTION_RULES: tuple[Rule, ...] = (
     Rule(r"\.attention\.self\.(pos_proj|pos_q_proj|pos_key_proj|pos_query_proj)\.", "attention.relative_position"),
     Rule(rf"\.{_ATTN}\.sinks$", "attention.sinks"),
     Rule(rf"\.{_ATTN}\.rel_pos_[hw]$", "attention.relative_position"),  # SAM's decomposed relative positions
+    Rule(rf"\.{_ATTN}\.gru_rel_pos_(const|linear)\b", "attention.relative_position"),  # WavLM's gated bias
     Rule(rf"\.attention\.output\.dense\.|\.{_ATTN}\.(out_lin|dense|c_proj|out_proj|o_proj|Wo|o|wo|to_out|proj)\.",
          "attention.output"),
     Rule(r"\.relative_attention_bias\.weight$", "attention.relative_bias"),
@@ -316,7 +321,7 @@ MLP_RULES: tuple[Rule, ...] = (
          r"|pre_feedforward_layernorm|post_feedforward_layernorm|mlp_norm|full_layer_layer_norm|ffn_norm"
          r"|ffn_layer_norm)\.|\.layers?\.\d+\.final_layer_norm\.", "mlp.norm"),
     Rule(r"\.layer_norm\.", "mlp.norm", parent=r"LayerFF$"),  # T5's feed-forward sublayer
-    Rule(r"(^|\.)(layers?|blocks)\.\d+\.(layernorm_after|layer_norm2|norm2|pre_ff_layernorm)\.", "mlp.norm"),
+    Rule(r"(^|\.)(layers?|blocks)\.\d+\.(layernorm_after|layer_norm2|norm2)\.|\.pre_ff_layernorm\.", "mlp.norm"),
     Rule(r"\.feed_forward\.intermediate_dense\.", "mlp.up"),  # wav2vec2
     Rule(r"\.feed_forward\.output_dense\.", "mlp.down"),
     Rule(r"\.mlp\.lin1\.", "mlp.up"),  # SAM
@@ -454,6 +459,7 @@ GROUP_TITLES = {
     "recurrent": "recurrent layers",
     "conv": "convolutional network",
     "segmentation": "segmentation (SAM)",
+    "layer_scale": "layer scale",
     "encoder": "encoder extras",
     "norm": "final norm",
     "pooler": "pooler",
