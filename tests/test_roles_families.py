@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import paramscope
-from paramscope.roles import GROUP_TITLES, ROLES, role_group
+from paramscope.roles import GROUP_TITLES, ROLES, role_group, role_of
 
 CONFIGS = Path(__file__).parent / "configs" / "families"
 KNOWN_ROLES = {role for role, _ in ROLES}
@@ -203,6 +203,29 @@ def test_hybrid_layers_pre_mixer_norm(reports):
     assert jamba["model.layers.0.input_layernorm.weight"] == "ssm.norm"  # a Mamba layer
     assert jamba["model.layers.4.input_layernorm.weight"] == "attention.norm"  # the attention layer
     assert jamba["model.layers.0.pre_ff_layernorm.weight"] == "mlp.norm"
+
+
+@pytest.mark.parametrize("name, role", [
+    # transformers 4 ViT checkpoints (5.x renamed the blocks to layers.N.attention.q_proj, mlp.fc1)
+    ("vit.encoder.layer.0.attention.attention.query.weight", "attention.query"),
+    ("vit.encoder.layer.0.attention.output.dense.weight", "attention.output"),
+    ("vit.encoder.layer.0.intermediate.dense.weight", "mlp.up"),
+    ("vit.encoder.layer.0.output.dense.weight", "mlp.down"),
+    ("vit.encoder.layer.0.layernorm_before.weight", "attention.norm"),
+    ("vit.encoder.layer.0.layernorm_after.bias", "mlp.norm"),
+    ("vit.embeddings.cls_token", "vision.class_token"),
+    ("vit.embeddings.position_embeddings", "embeddings.position"),
+    ("vit.embeddings.patch_embeddings.projection.weight", "vision.patch_embedding"),
+    ("model.visual.blocks.3.attn.proj.bias", "attention.output"),
+    ("model.layers.0.self_attn.indexer.weights_proj.weight", "attention.indexer"),
+    ("model.layers.1.linear_attn.in_proj_ba.weight", "linear_attention.in_proj"),
+    ("multi_modal_projector.linear_1.weight", "projector"),
+    ("rnn.weight_hh_l1_reverse", "recurrent.hidden"),
+    ("aux2.fc1.weight", "head.auxiliary"),
+    ("decoder.weight", "other"),  # without a masked-LM model class around it, no head.decoder
+])
+def test_role_of_by_name_alone(name, role):
+    assert role_of(name) == role
 
 
 # ---------------------------------------------------------------- live modules: CNNs shaped like torchvision's

@@ -3,9 +3,11 @@
 The rules are data: per-family tables of `Rule`s, tried in order; the first match wins. Order matters where
 names nest (BERT's `attention.output.dense` is attention, a layer's bare `output.dense` is the MLP) and where one
 family's name means something else in another (BART's per-layer `final_layer_norm` is the MLP's norm, T5's
-stack-level one is the final norm). After the family tables comes a generic classifier that works from module
-types (`*Embedding`, `*Norm`, `*Experts`, `*Router`) and common name fragments (`attn`, `mlp`, `q_proj`, …).
-A parameter that nothing recognises gets the role `other`, and reports list it by name.
+stack-level one is the final norm). Whole modules whose insides look like attention or embeddings (SAM's mask
+decoder, a projector, an indexer) are claimed first. After the family tables comes a generic classifier that
+works from module types (`*Embedding`, `*Norm`, `*Experts`, `*Router`, `Conv2d`, `BatchNorm2d`, `LSTM`) and
+common name fragments (`attn`, `mlp`, `q_proj`, …). It never guesses a name that could be wrong (a batch norm is
+no final norm); a parameter that nothing recognises gets the role `other`, and reports list it by name.
 
 `role_of(name, types)` takes the parameter's canonical name and, optionally, the class names of the modules on
 its path from the root to the module that owns it (`types[-1]` is the owner). Rules that need types never
@@ -220,9 +222,11 @@ MIXER_RULES: tuple[Rule, ...] = (
     Rule(r"\.(mamba|mixer)\.(norm|dt_layernorm|b_layernorm|c_layernorm)\.", "ssm.norm",
          within=r"(?i)mamba|mixer$"),
     Rule(r"\.(mamba|mixer)\.out_proj\.", "ssm.output", within=r"(?i)mamba|mixer$"),
-    Rule(r"(^|\.)(weight|bias)_ih(_l\d+(_reverse)?)?$", "recurrent.input", owner=r"^(LSTM|GRU|RNN)(Cell)?$"),
-    Rule(r"(^|\.)((weight|bias)_hh|weight_hr)(_l\d+(_reverse)?)?$", "recurrent.hidden",
-         owner=r"^(LSTM|GRU|RNN)(Cell)?$"),
+    # nn.LSTM/GRU/RNN name their tensors per layer (`weight_ih_l0`, `_reverse`); their *Cell twins do not
+    Rule(r"(^|\.)(weight|bias)_ih_l\d+(_reverse)?$", "recurrent.input"),
+    Rule(r"(^|\.)((weight|bias)_hh|weight_hr)_l\d+(_reverse)?$", "recurrent.hidden"),
+    Rule(r"(^|\.)(weight|bias)_ih$", "recurrent.input", owner=r"^(LSTM|GRU|RNN)Cell$"),
+    Rule(r"(^|\.)(weight|bias)_hh$", "recurrent.hidden", owner=r"^(LSTM|GRU|RNN)Cell$"),
 )
 
 # Convolutional networks: transformers' ResNet and ConvNeXt, and torchvision's layout (conv1/bn1 stem,
@@ -232,7 +236,8 @@ CONV_RULES: tuple[Rule, ...] = (
     Rule(r"(^|\.)embeddings\.(patch_embeddings|layernorm)\.", "conv.stem", within=r"^ConvNextV?2?Embeddings$"),
     Rule(r"(?i)^(conv|bn|stem)\w*\.([^.]+\.)?(weight|bias)$", "conv.stem", owner=_CONV_MODULE),
     Rule(r"(?i)^(conv|bn|stem)\w*\.([^.]+\.)?(weight|bias)$", "conv.stem", owner=_CONV_NORM),
-    Rule(r"(^|\.)(downsample|downsampling_layer|shortcut)\.", "conv.downsample", owner=r"(?i)conv|norm"),
+    Rule(r"(^|\.)(downsample|downsampling_layer|shortcut)\.", "conv.downsample",
+         owner=_CONV_MODULE + "|" + _CONV_NORM + r"|^ConvNextV?2?LayerNorm$"),
     # ConvNeXt layer_scale_parameter, torchvision CNBlock layer_scale, DINOv2 layer_scale1.lambda1, BEiT lambda_1
     Rule(r"\.(layer_scale_parameter|layer_scale|lambda_[12])$|\.layer_scale\d\.lambda1$", "layer_scale"),
     Rule(r"\.pwconv1\.", "mlp.up"),  # ConvNeXt's pointwise convolutions are Linear layers: an inverted MLP
