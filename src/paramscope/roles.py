@@ -182,7 +182,8 @@ MODULE_RULES: tuple[Rule, ...] = (
 )
 
 VISION_RULES: tuple[Rule, ...] = (
-    Rule(r"(^|\.)(patch_embeddings?|patch_embed)\.(projection|proj)\.|(^|\.)patch_embedding\.", "vision.patch_embedding"),
+    Rule(r"(^|\.)(patch_embeddings?|patch_embed)\.(projection|proj)\.|(^|\.)patch_embedding\.",
+         "vision.patch_embedding"),
     # Fuyu has no vision encoder: vision_embed_tokens maps raw pixel patches straight to the decoder's width
     Rule(r"(^|\.)vision_embed_tokens\.", "vision.patch_embedding"),
     Rule(r"(^|\.)(cls_token|class_embedding|class_token|distillation_token)$", "vision.class_token"),
@@ -234,8 +235,8 @@ MIXER_RULES: tuple[Rule, ...] = (
 CONV_RULES: tuple[Rule, ...] = (
     Rule(r"(^|\.)embedder\.|(^|\.)stem\.", "conv.stem", within=r"(?i)resnet|regnet|convnext|stem"),
     Rule(r"(^|\.)embeddings\.(patch_embeddings|layernorm)\.", "conv.stem", within=r"^ConvNextV?2?Embeddings$"),
-    Rule(r"(?i)^(conv|bn|stem)\w*\.([^.]+\.)?(weight|bias)$", "conv.stem", owner=_CONV_MODULE),
-    Rule(r"(?i)^(conv|bn|stem)\w*\.([^.]+\.)?(weight|bias)$", "conv.stem", owner=_CONV_NORM),
+    # torchvision: root-level conv1/bn1 (ResNet), conv1–conv3 BasicConv2d (GoogLeNet), Conv2d_1a_3x3 (Inception)
+    Rule(r"(?i)^(conv|bn|stem)\w*\.([^.]+\.)?(weight|bias)$", "conv.stem", owner=_CONV_MODULE + "|" + _CONV_NORM),
     Rule(r"(^|\.)(downsample|downsampling_layer|shortcut)\.", "conv.downsample",
          owner=_CONV_MODULE + "|" + _CONV_NORM + r"|^ConvNextV?2?LayerNorm$"),
     # ConvNeXt layer_scale_parameter, torchvision CNBlock layer_scale, DINOv2 layer_scale1.lambda1, BEiT lambda_1
