@@ -126,6 +126,20 @@ FAMILIES = {
         "ssm.norm": 24 * 768,
         "embeddings.word": 50280 * 768,  # tied to the LM head
     }),
+    "microsoft--swin-tiny-patch4-window7-224": (28_288_354, {
+        # patch merging after stages 1–3 at width C = 96, 192, 384: LayerNorm(4C) + Linear(4C → 2C, no bias)
+        "vision.patch_merging": sum(2 * 4 * c + 4 * c * 2 * c for c in (96, 192, 384)),  # 1,553,664
+        # a (2·7 − 1)² table per head of every block: depths [2, 2, 6, 2] × heads [3, 6, 12, 24]
+        "attention.relative_bias": 13 * 13 * (2 * 3 + 2 * 6 + 6 * 12 + 2 * 24),  # 23,322
+        "head.classifier": 768 * 1000 + 1000,
+    }),
+    "defaults--swinv2": (27_578_154, {
+        # Swin v2 normalises after the reduction: Linear(4C → 2C, no bias) + LayerNorm(2C)
+        "vision.patch_merging": sum(4 * c * 2 * c + 2 * 2 * c for c in (96, 192, 384)),  # 1,550,976
+        # the continuous position-bias MLP per block: Linear(2 → 512) + Linear(512 → heads, no bias)
+        "attention.relative_bias": 12 * (2 * 512 + 512) + 512 * (2 * 3 + 2 * 6 + 6 * 12 + 2 * 24),  # 89,088
+        "attention.temperature": 2 * 3 + 2 * 6 + 6 * 12 + 2 * 24,  # one logit scale per head: 138
+    }),
     "defaults--mamba2": (7_151_185_920, {
         "ssm.state": 64 * (128 * 3),  # A_log, D, dt_bias per head
         "ssm.output": 2_147_483_648,

@@ -68,13 +68,13 @@ _POSITIVE_INT_FIELDS = (
     "encoder_ffn_dim", "decoder_ffn_dim",
     "num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "num_labels",
     "depth", "patch_size", "image_size", "num_channels", "num_mel_bins", "kv_lora_rank", "q_lora_rank",
-    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "shared_expert_intermediate_size",
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "shared_expert_intermediate_size", "depths",
 )
 _NON_NEGATIVE_INT_FIELDS = ("type_vocab_size", "n_shared_experts", "first_k_dense_replace")
 # Fields that count blocks in a stack: each block is a dozen modules or more, so they are bounded first.
 _LAYER_FIELDS = (
     "num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers", "n_layers", "encoder_layers",
-    "decoder_layers", "depth",
+    "decoder_layers", "depth", "depths",
 )
 # (width field, heads field): the width must split evenly into heads unless head_dim is explicit.
 _HEAD_SPLITS = (
@@ -154,14 +154,16 @@ def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
         value = config.get(key)
         if value is None:
             continue
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError(f"config field {name(key)!r} must be an integer, got {_short(value)}")
-        if value <= 0:
-            raise ConfigError(f"config field {name(key)!r} must be positive, got {value}")
-        if value > MAX_DIMENSION:
-            raise ConfigError(f"config field {name(key)!r} is {value:,}, larger than any tensor dimension "
-                              f"({MAX_DIMENSION:,} = 2^31 − 1)")
-        dims.append((value, key))
+        # Hierarchical vision models give one value per stage (Swin: num_heads [3, 6, 12, 24], depths [2, 2, 6, 2]).
+        for item in (value if isinstance(value, list) and value else [value]):
+            if not isinstance(item, int) or isinstance(item, bool):
+                raise ConfigError(f"config field {name(key)!r} must be an integer, got {_short(value)}")
+            if item <= 0:
+                raise ConfigError(f"config field {name(key)!r} must be positive, got {_short(value)}")
+            if item > MAX_DIMENSION:
+                raise ConfigError(f"config field {name(key)!r} is {item:,}, larger than any tensor dimension "
+                                  f"({MAX_DIMENSION:,} = 2^31 − 1)")
+        dims.append((max(value) if isinstance(value, list) and value else value, key))
     for key in _NON_NEGATIVE_INT_FIELDS:
         value = config.get(key)
         if value is None:
@@ -173,6 +175,8 @@ def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
                               f"({MAX_DIMENSION:,} = 2^31 − 1)")
     for key in _LAYER_FIELDS:
         value = config.get(key)
+        if isinstance(value, list) and all(isinstance(v, int) for v in value):
+            value = sum(value)
         if isinstance(value, int) and value > MAX_LAYERS:
             raise ConfigError(f"config field {name(key)!r} is {value:,}, more than the {MAX_LAYERS:,} layers "
                               "paramscope builds")

@@ -32,6 +32,8 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("vision.class_token", "learned class (and distillation) tokens prepended to the patch sequence"),
     ("vision.mask_token", "learned token that replaces masked patches (DINOv2, BEiT)"),
     ("vision.neck", "convolutional neck after a vision encoder, with its norms (SAM)"),
+    ("vision.patch_merging", "patch merging between stages of a hierarchical vision encoder: 2×2 patches "
+     "concatenated, normalised and projected (Swin's downsample)"),
     ("audio.conv", "convolutional audio front-end over the spectrogram or waveform, with its norms"),
     ("audio.feature_projection", "projection of the convolutional features to the encoder width, with its norm"),
     ("audio.position_conv", "convolutional relative position embedding (wav2vec2 pos_conv_embed)"),
@@ -50,6 +52,7 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("attention.relative_bias", "learned relative-position bias, buckets×heads (T5)"),
     ("attention.relative_position", "relative-position embeddings shared by every layer's attention, and the "
      "projections that read them (DeBERTa)"),
+    ("attention.temperature", "learned per-head temperature of cosine attention (Swin v2 logit_scale)"),
     ("attention.sinks", "learned per-head attention-sink logits (gpt-oss)"),
     ("attention.indexer", "attention indexer that scores keys to pick the ones each query attends to (DeepSeek-V3.2)"),
     ("attention.norm", "normalisation around the attention block (pre-, post- or q/k-norm)"),
@@ -189,6 +192,11 @@ VISION_RULES: tuple[Rule, ...] = (
     Rule(r"(^|\.)(cls_token|class_embedding|class_token|distillation_token)$", "vision.class_token"),
     Rule(r"(^|\.)embeddings\.mask_token$", "vision.mask_token"),
     Rule(r"(^|\.)neck\.", "vision.neck"),
+    Rule(r"\.downsample\.(reduction|norm)\.", "vision.patch_merging", within=r"PatchMerging$"),
+    # Swin's windowed attention keeps a learned bias per relative offset and head, as T5 does per bucket; Swin v2
+    # computes it with a small MLP from log-spaced offsets, and scales cosine attention by a learned temperature
+    Rule(r"\.relative_position_bias_table$|\.continuous_position_bias_mlp\.", "attention.relative_bias"),
+    Rule(r"\.attention\.self\.logit_scale$", "attention.temperature"),
     # CLIP's pre_layrnorm (sic) normalises the summed patch, class and position embeddings
     Rule(r"(^|\.)(pre_layrnorm|pre_layernorm)\.", "embeddings.norm"),
 )
@@ -321,7 +329,7 @@ MLP_RULES: tuple[Rule, ...] = (
     Rule(r"\.(gate_up_proj|Wi)\.", "mlp.gate_up"),
     Rule(r"\.intermediate\.dense\.|\.ffn\.lin1\.|\.(mlp|feed_forward)\.(up_proj|c_fc|dense_h_to_4h|fc_in|fc1|w3)\."
          r"|\.(fc1|wi|wi_1|up_proj)\.|\.ffn\.(weight|bias)$", "mlp.up"),
-    Rule(r"\.layer\.\d+\.output\.dense\.|\.ffn\.lin2\.|\.(mlp|feed_forward)\.(down_proj|c_proj|dense_4h_to_h"
+    Rule(r"\.(layer|blocks)\.\d+\.output\.dense\.|\.ffn\.lin2\.|\.(mlp|feed_forward)\.(down_proj|c_proj|dense_4h_to_h"
          r"|fc_out|fc2|Wo|w2)\.|\.(fc2|wo|down_proj|ffn_output)\.", "mlp.down"),
     Rule(r"\.layer\.\d+\.output\.LayerNorm\.|\.(output_layer_norm|post_attention_layernorm|ln_2"
          r"|pre_feedforward_layernorm|post_feedforward_layernorm|mlp_norm|full_layer_layer_norm|ffn_norm"
