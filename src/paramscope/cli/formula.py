@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .errors import ConfigError, ParamscopeError
+from ..errors import ConfigError
+from ._common import add_debug_option, add_model_options, add_width_option, terminal_width, use_color, write
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "formula",
         help="the parameter count as a formula in the config's fields, derived and checked",
@@ -22,9 +23,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("model", metavar="MODEL",
                         help="preset name, config.json path, model directory, or hub id (org/name)")
-    from .cli import _add_model_options
-
-    _add_model_options(parser, remote_code=False)  # formulas are derived for native classes only
+    add_model_options(parser, remote_code=False)  # formulas are derived for native classes only
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help='print JSON with a "formula" object')
     output.add_argument("--latex", action="store_true", help="print the formula as LaTeX")
@@ -32,14 +31,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--verify", action="store_true",
                         help="build the model on meta even when a cached formula applies, and compare")
     parser.add_argument("--no-cache", action="store_true", help="derive afresh; neither read nor write the cache")
-    parser.add_argument("--width", type=int, metavar="COLS", help="output width (default: the terminal's)")
-    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    return parser
+    add_width_option(parser)
+    add_debug_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .build import validate_config_dict
-    from .sources import resolve
+    from ..build import validate_config_dict
+    from ..sources import resolve
 
     if args.num_labels is not None and args.num_labels <= 0:
         raise ConfigError(f"--num-labels must be a positive integer, got {args.num_labels}")
@@ -55,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cached(source, args):
-    from .formula_cache import lookup
-    from .render.formula import Shown
+    from ..formula_cache import lookup
+    from ..render.formula import Shown
 
     hit = lookup(source.config, model_class=args.model_class, task=args.task, num_labels=args.num_labels)
     if hit.spec is None:
@@ -69,12 +67,12 @@ def _derived(source, args, rejected):
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as err:
-        from .formula_cache import FormulaError
+        from ..formula_cache import FormulaError
 
         why = "; ".join(rejected) or "no formula for this class is cached"
         raise FormulaError(f"no cached formula applies ({why}), and deriving one needs torch and transformers: "
                            f"{err}") from None
-    from .formula import formula_for
+    from ..formula import formula_for
 
     formula = formula_for(source.config, label=source.label, source=source.description,
                           model_class=args.model_class, task=args.task, num_labels=args.num_labels,
@@ -83,64 +81,14 @@ def _derived(source, args, rejected):
 
 
 def _output(shown, args) -> None:
-    from .cli import _terminal_width, _use_color, _write
-    from .render import formula as render
+    from ..render import formula as render
 
     if args.json:
         import json
 
-        _write(json.dumps(render.document(shown), indent=2, ensure_ascii=False) + "\n")
+        write(json.dumps(render.document(shown), indent=2, ensure_ascii=False) + "\n")
     elif args.latex:
-        _write(render.render_latex(shown))
+        write(render.render_latex(shown))
     else:
-        _write(render.render_text(shown, width=args.width or _terminal_width(), color=_use_color(),
-                                  explain=args.explain))
-
-
-def formula_link(source, report, *, num_labels: int | None, name_class: bool = False):
-    """For `inspect --explain`: each role's term in the model's formula (cached, or derived once and cached).
-
-    A formula that cannot be had, or that disagrees with the report's count, becomes a note in the output,
-    never a failure of `inspect` itself.
-    """
-    from .render.formula import format_groups, role_terms
-    from .render.text import FormulaLink
-
-    if report.model.source_kind == "module":
-        return None
-    from .formula_cache import lookup
-
-    # A cached formula is checked against this very report (total and every role): no second meta build.
-    hit = lookup(source.config, model_class=report.model.class_name, num_labels=num_labels)
-    if hit.spec is not None:
-        spec, values, how = hit.spec, hit.values, "from the formula cache"
-    else:
-        import copy
-
-        from .formula import formula_for
-
-        try:
-            formula = formula_for(copy.deepcopy(source.config), label=source.label, source=source.description,
-                                  model_class=report.model.class_name, num_labels=num_labels)
-        except ParamscopeError as err:
-            return FormulaLink(note=f"no closed-form formula for {report.model.class_name}: {err}")
-        spec, values = formula.spec, formula.values
-        how = ("derived now and cached" if formula.cache_path
-               else "derived now (not cached: the cache directory could not be written)")
-    evaluation = spec.evaluate(values)
-    roles = {role: n for role, n in evaluation.by_role.items() if n}
-    if evaluation.total != report.total or roles != {role: n for role, n in report.breakdown.items() if n}:
-        return FormulaLink(note=f"the formula gives {evaluation.total:,} but the model has {report.total:,} (or a "
-                                "role differs); please report this as a paramscope bug")
-    command = f"paramscope formula {report.model.label}"
-    if name_class:
-        command += f" --class {report.model.class_name}"
-    if num_labels is not None:
-        command += f" --num-labels {num_labels}"
-    legend = ", ".join(f"{symbol} = {values[symbol]:,}" for symbol in spec.symbols if symbol in values)
-    return FormulaLink(
-        expression=format_groups(spec.total_groups(), spec.order),
-        terms=role_terms(spec),
-        note=f"{legend}\n{how}, and checked against this build\n"
-             f"`{command}` gives the legend and the assumptions",
-    )
+        write(render.render_text(shown, width=args.width or terminal_width(), color=use_color(),
+                                 explain=args.explain))
