@@ -2,7 +2,7 @@
 
 Pure: `diff_reports(a, b)` takes two Reports and returns a frozen `Diff`. Names are aligned across the
 base-model prefix, so BertModel's `embeddings.word_embeddings.weight` is BertForMaskedLM's
-`bert.embeddings.word_embeddings.weight`. `parse_spec` and `inspect_spec` read the CLI's `MODEL[:CLASS]`.
+`bert.embeddings.word_embeddings.weight`. `parse_spec` and `inspect_specs` read the CLI's `MODEL[:CLASS]`.
 """
 
 from __future__ import annotations
@@ -55,14 +55,6 @@ def parse_spec(spec: str) -> ModelSpec:
     if not _CLASS_NAME.match(after):
         raise ModelClassError(f"bad model spec {text!r}: {after!r} is neither a class name nor a task")
     return ModelSpec(text, model.strip(), model_class=after)
-
-
-def inspect_spec(spec: str | ModelSpec, *, model_class: str | None = None, task: str | None = None,
-                 num_labels: int | None = None, trust_remote_code: bool = False,
-                 revision: str | None = None) -> Report:
-    """Inspect a `MODEL[:CLASS]` spec; the spec's own class or task wins over the defaults given here."""
-    return inspect_specs([spec], model_class=model_class, task=task, num_labels=num_labels,
-                         trust_remote_code=trust_remote_code, revision=revision)[0]
 
 
 def inspect_specs(specs: list[str | ModelSpec], *, model_class: str | None = None, task: str | None = None,

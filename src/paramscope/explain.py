@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from .count import ModuleNode, ParameterInfo, index_pattern
-from .report import Report
+
+if TYPE_CHECKING:  # only for type hints: report.py → render.text → explain must not lead back to report
+    from .report import Report
 
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from rich import box
 from rich.console import Group
@@ -13,9 +13,11 @@ from rich.tree import Tree
 
 from ..count import ModuleNode, collapse_runs
 from ..explain import exact, fold_names, human, module_arithmetic, role_arithmetic
-from ..report import Component, Report
 from ..roles import GROUP_TITLES, role_group
 from ._console import indented, percent, to_html, to_text
+
+if TYPE_CHECKING:  # only for type hints: report.py imports this module to display a Report in IPython
+    from ..report import Component, Report
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,58 @@
+"""The command line: parse arguments, call the library, print a renderer's output. Nothing else.
+
+Each command is a module of this package with `add_parser(subparsers)` and `run(args) -> int`; this module only
+builds the parser from them and turns errors into one line: every ParamscopeError becomes one line on stderr and
+its exit code; --debug shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from .. import __version__
+from ..errors import ParamscopeError
+from . import audit, compare, diff, formula, inspect, presets
+
+EXIT_INTERNAL = 1
+
+# In the order `paramscope --help` lists them.
+COMMANDS = {"inspect": inspect, "presets": presets, "formula": formula, "diff": diff, "compare": compare,
+            "audit": audit}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="paramscope",
+        description="Exact, explained parameter counts of transformers models, from a config alone.",
+    )
+    parser.add_argument("--version", action="version", version=f"paramscope {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS.values():
+        command.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return COMMANDS[args.command].run(args)
+    except ParamscopeError as err:
+        if args.debug:
+            raise
+        print(f"paramscope: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # a bug in paramscope, not bad input: still one line unless --debug
+        if args.debug:
+            raise
+        print(f"paramscope: internal error: {type(err).__name__}: {err} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return EXIT_INTERNAL

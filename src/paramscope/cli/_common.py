@@ -1,0 +1,68 @@
+"""What the command modules share: argparse options that several commands take, and writing to the terminal.
+
+It imports only paramscope.errors, so every command module can import it without a circle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..errors import ParamscopeError
+
+
+def add_model_options(parser: argparse.ArgumentParser, *, remote_code: bool = True) -> None:
+    """--class, --task, --num-labels, --trust-remote-code (unless remote_code is False) and --revision."""
+    parser.add_argument("--class", dest="model_class", metavar="NAME",
+                        help="build this transformers class (default: the config's architectures[0])")
+    parser.add_argument("--task", metavar="TASK",
+                        help="build the head for a task: text-classification, token-classification, fill-mask, "
+                             "question-answering, text-generation, … or sentiment, topic, spam, intent, ner, pos, "
+                             "chunking")
+    parser.add_argument("--num-labels", type=int, metavar="K", help="number of labels of a classification head")
+    add_source_options(parser, remote_code=remote_code)
+
+
+def add_source_options(parser: argparse.ArgumentParser, *, remote_code: bool = True) -> None:
+    """--trust-remote-code (unless remote_code is False) and --revision: where a model comes from."""
+    if remote_code:
+        parser.add_argument("--trust-remote-code", action="store_true",
+                            help="allow executing model code named by the config's auto_map (off by default)")
+    parser.add_argument("--revision", metavar="REV", help="hub revision (branch, tag or commit)")
+
+
+def add_debug_option(parser: argparse.ArgumentParser) -> None:
+    """--debug after the command too; SUPPRESS keeps the top-level --debug when it is not given here."""
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def add_width_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--width", type=int, metavar="COLS", help="output width (default: the terminal's)")
+
+
+def checked_width(args: argparse.Namespace) -> int:
+    """--width, at least 20, else the terminal's width."""
+    if args.width is not None and args.width < 20:
+        raise ParamscopeError(f"--width must be 20 or more, got {args.width}")
+    return args.width or terminal_width()
+
+
+def use_color() -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    return sys.stdout.isatty()
+
+
+def terminal_width() -> int:
+    if sys.stdout.isatty():
+        return os.get_terminal_size(sys.stdout.fileno()).columns
+    return int(os.environ.get("COLUMNS", 100))
+
+
+def write(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `paramscope inspect … | head` is normal use
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -1,0 +1,40 @@
+"""`paramscope audit PATH`: reconcile a real checkpoint with the architecture, reading headers only."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ._common import add_debug_option, add_model_options, add_width_option, checked_width, use_color, write
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "audit", help="reconcile a real checkpoint with the architecture, reading headers only",
+        description="Reconcile a checkpoint (safetensors, sharded safetensors, or a zip-format PyTorch .bin) "
+                    "with the model its config describes: matched, missing, unexpected and non-parameter "
+                    "tensors, shape mismatches, dtypes and bytes. Only headers are read.")
+    parser.add_argument("path", metavar="PATH_OR_ID",
+                        help="checkpoint file, model directory, Hugging Face cache folder, or hub id (read from the "
+                             "local cache, else its safetensors headers from the Hub)")
+    parser.add_argument("--config", metavar="MODEL",
+                        help="the model to compare with (preset, config.json, directory, hub id); default: the "
+                             "config.json next to the checkpoint")
+    add_model_options(parser)
+    add_debug_option(parser)
+    parser.add_argument("--json", action="store_true", help="print the model's JSON report plus \"checkpoint\"")
+    parser.add_argument("--all", action="store_true", dest="all_rows", help="list every key, not the first 20")
+    add_width_option(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..audit import audit
+    from ..render.audit import render_audit_json, render_audit_text
+
+    result = audit(args.path, config=args.config, model_class=args.model_class, task=args.task,
+                   num_labels=args.num_labels, trust_remote_code=args.trust_remote_code, revision=args.revision)
+    if args.json:
+        write(render_audit_json(result) + "\n")
+    else:
+        write(render_audit_text(result, checked_width(args), color=use_color(), all_keys=args.all_rows))
+    return 0

@@ -1,0 +1,82 @@
+"""`paramscope inspect MODEL`: anatomy, roles, ties and totals of one model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..errors import ParamscopeError
+from ._common import add_debug_option, add_model_options, add_width_option, terminal_width, use_color, write
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("inspect", help="anatomy, roles, ties and totals of one model",
+                                   description="Anatomy, roles, ties and totals of one model.")
+    parser.add_argument("model", metavar="MODEL",
+                        help="preset name, config.json path, model directory, or hub id (org/name)")
+    add_model_options(parser)
+    parser.add_argument("--json", action="store_true", help="print the JSON report (docs/json-schema.md)")
+    parser.add_argument("--depth", type=int, default=3, metavar="N", help="module tree depth (default 3)")
+    parser.add_argument("--explain", action="store_true", help="show the arithmetic behind every figure")
+    parser.add_argument("--no-tree", action="store_true", help="leave out the module tree")
+    add_width_option(parser)
+    add_debug_option(parser)
+    parser.add_argument(
+        "--explain-counts", action="store_true",
+        help="reconcile the counts people see: unique, with tied duplicates, torchinfo 1.8, "
+             "transformers' exclude_embeddings, buffers, state_dict")
+    parser.add_argument(
+        "--heads", action="store_true",
+        help="what the task head adds, with its arithmetic, and a typical label count for a use-case task")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..api import inspect_with_module
+    from ..sources import resolve
+
+    if args.depth is not None and args.depth < 0:
+        raise ParamscopeError(f"--depth must be 0 or more, got {args.depth}")
+    source = resolve(args.model, revision=args.revision)
+    options = dict(model_class=args.model_class, task=args.task, num_labels=args.num_labels,
+                   trust_remote_code=args.trust_remote_code)
+    report, module = inspect_with_module(source, **options)
+    counts = heads = None
+    if args.explain_counts:
+        from ..reconcile_counts import reconcile_counts
+
+        counts = reconcile_counts(report, module)
+    if args.heads:
+        from ..heads import describe_heads
+
+        heads = describe_heads(report, task=args.task, num_labels=args.num_labels)
+    if args.json:
+        from ..render.json import report_to_dict
+
+        document = report_to_dict(report)
+        if counts is not None:
+            document["counts"] = counts.to_dict()
+        if heads is not None:
+            document["heads"] = heads.to_dict()
+        write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        return 0
+    from ..render.text import TextOptions, render_text
+
+    width = args.width or terminal_width()
+    formula = None
+    if args.explain:
+        from ..formula_link import formula_link
+
+        formula = formula_link(source, report, num_labels=args.num_labels,
+                               name_class=bool(args.model_class or args.task))
+    text = render_text(report, TextOptions(width=width, depth=args.depth, explain=args.explain, color=use_color(),
+                                           tree=not args.no_tree), formula)
+    if heads is not None or counts is not None:
+        from ..render.audit import render_counts_text, render_heads_text
+
+        if heads is not None:
+            text += render_heads_text(heads, width, color=use_color())
+        if counts is not None:
+            text += render_counts_text(counts, width, color=use_color())
+    write(text)
+    return 0
