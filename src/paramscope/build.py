@@ -70,6 +70,7 @@ _POSITIVE_INT_FIELDS = (
     "depth", "patch_size", "image_size", "num_channels", "num_mel_bins", "kv_lora_rank", "q_lora_rank",
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "shared_expert_intermediate_size", "depths",
 )
+_PER_STAGE_FIELDS = ("num_heads", "depths")  # lists of positive integers, one per stage, in Swin-like models
 _NON_NEGATIVE_INT_FIELDS = ("type_vocab_size", "n_shared_experts", "first_k_dense_replace")
 # Fields that count blocks in a stack: each block is a dozen modules or more, so they are bounded first.
 _LAYER_FIELDS = (
@@ -155,7 +156,8 @@ def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
         if value is None:
             continue
         # Hierarchical vision models give one value per stage (Swin: num_heads [3, 6, 12, 24], depths [2, 2, 6, 2]).
-        for item in (value if isinstance(value, list) and value else [value]):
+        per_stage = key in _PER_STAGE_FIELDS and isinstance(value, list) and value
+        for item in (value if per_stage else [value]):
             if not isinstance(item, int) or isinstance(item, bool):
                 raise ConfigError(f"config field {name(key)!r} must be an integer, got {_short(value)}")
             if item <= 0:
@@ -163,7 +165,7 @@ def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
             if item > MAX_DIMENSION:
                 raise ConfigError(f"config field {name(key)!r} is {item:,}, larger than any tensor dimension "
                                   f"({MAX_DIMENSION:,} = 2^31 − 1)")
-        dims.append((max(value) if isinstance(value, list) and value else value, key))
+        dims.append((max(value) if per_stage else value, key))
     for key in _NON_NEGATIVE_INT_FIELDS:
         value = config.get(key)
         if value is None:
