@@ -168,7 +168,7 @@ CASES = [
     Case("architectures-nested", inspect_config(bert_config(architectures=[["BertModel"]])),
          ("'architectures' must be a list",)),
     Case("layers-1e5", inspect_config(bert_config(num_hidden_layers=10**5)), ("'num_hidden_layers'", "100,000")),
-    Case("layers-1e9", inspect_config(bert_config(num_hidden_layers=10**9)), ("'num_hidden_layers'", "2,048")),
+    Case("layers-1e9", inspect_config(bert_config(num_hidden_layers=10**9)), ("'num_hidden_layers'", "1,024")),
     Case("layers-1e12", inspect_config(bert_config(num_hidden_layers=10**12)), ("'num_hidden_layers'",)),
     Case("layers-zero", inspect_config(bert_config(num_hidden_layers=0)), ("'num_hidden_layers' must be positive",)),
     Case("layers-negative", inspect_config(bert_config(num_hidden_layers=-1)), ("'num_hidden_layers'", "-1")),
