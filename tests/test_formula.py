@@ -355,12 +355,38 @@ def test_cache_hit_from_python_is_checked_by_a_meta_build(tmp_path, monkeypatch)
     assert again.cache_path == first.cache_path
 
 
-def test_a_tampered_cached_formula_is_a_bug_report_not_a_number(tmp_path, monkeypatch):
+def forge_double_word_embeddings(path: Path) -> None:
+    """Count the word embeddings twice in a cached formula, and re-anchor it so that it passes its own check:
+    a wrong formula that only a meta build can catch."""
+    data = json.loads(path.read_text())
+    data["families"][0]["mult"] = [[2, {}]]
+    evaluation = FormulaSpec.from_json(data).evaluate(data["anchor"]["values"])
+    data["anchor"]["total"] = evaluation.total
+    data["anchor"]["by_role"] = {role: n for role, n in evaluation.by_role.items() if n}
+    atomic_write_json(path, data)
+
+
+def test_a_tampered_cached_formula_is_discarded_by_its_own_anchor(tmp_path, monkeypatch):
+    """Issue 9: an emptied cached formula printed `P = 0` beside "verified … 109,514,298"."""
     monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
     f = derive_formula("google-bert/bert-base-uncased", model_class="BertModel")
     data = json.loads(Path(f.cache_path).read_text())
-    data["families"][0]["mult"] = [[2, {}]]  # the word embeddings, counted twice
+    data["families"][0]["mult"] = [[2, {}]]  # the word embeddings, counted twice; the anchor says otherwise
     atomic_write_json(Path(f.cache_path), data)
+    hit = lookup(find_preset("bert-base-uncased").load_config(), model_class="BertModel")
+    assert hit.spec is None
+    assert hit.rejected == (f"cache entry {Path(f.cache_path).name} discarded: it gives 132,923,136 at the config "
+                            "it was derived from, which counts 109,482,240",)
+    again = derive_formula("bert-base-uncased", model_class="BertModel")
+    assert again.origin == "derived" and again.value == 109_482_240
+
+
+def test_a_cached_formula_wrong_elsewhere_is_a_bug_report_not_a_number(tmp_path, monkeypatch):
+    # old test (a tampered entry raised FormulaMismatchError): such an entry is now discarded by its anchor
+    # (above), so the entry is forged consistently to reach the meta-build check it exercises
+    monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
+    f = derive_formula("google-bert/bert-base-uncased", model_class="BertModel")
+    forge_double_word_embeddings(Path(f.cache_path))
     with pytest.raises(FormulaMismatchError, match="please report"):
         derive_formula("bert-base-uncased", model_class="BertModel")
 
@@ -463,9 +489,7 @@ def test_formula_displays_as_text_and_as_latex_in_jupyter():
 def test_inspect_explain_checks_a_cached_formula_against_the_report(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
     f = derive_formula("google-bert/bert-base-uncased", model_class="BertModel")
-    data = json.loads(Path(f.cache_path).read_text())
-    data["families"][0]["mult"] = [[2, {}]]  # the word embeddings, counted twice
-    atomic_write_json(Path(f.cache_path), data)
+    forge_double_word_embeddings(Path(f.cache_path))  # passes its anchor check; only the report catches it
     assert formula_main(["inspect", "bert-base-uncased", "--class", "BertModel", "--explain", "--no-tree",
                          "--width", "200"]) == 0
     out = capsys.readouterr().out

@@ -423,7 +423,8 @@ class _Deriver:
         # two fresh joint builds the fit never saw
         holdout = self._joint(variables, axis, count=2, seed=1, exclude=joint)
         self._verify(spec, variables, sym_of, axis, holdout, holdout=True)
-        anchor = {"label": self.label, "values": anchor_values, "total": self.anchor.total, "builds": self.builds,
+        anchor = {"label": self.label, "values": anchor_values, "total": self.anchor.total,
+                  "by_role": _nonzero(self.anchor.breakdown), "builds": self.builds,
                   "seconds": round(time.perf_counter() - started, 3)}
         spec = dataclasses.replace(spec, anchor=anchor)
         return spec, anchor_values
