@@ -726,8 +726,11 @@ def atomic_write_json(path: Path, data: Any) -> None:
         raise
 
 
+_UNREADABLE = object()  # what _read_json gives for anything but a regular file of at most MAX_ENTRY_BYTES of JSON
+
+
 def _read_json(path: Path) -> Any:
-    """The JSON in `path` when it is a regular file of at most MAX_ENTRY_BYTES; None otherwise (or unreadable).
+    """The JSON in `path` when it is a regular file of at most MAX_ENTRY_BYTES; _UNREADABLE otherwise.
 
     lstat decides before anything is opened, so a symlink (to /dev/zero, say), a FIFO or a device costs nothing;
     the opened file is checked again (O_NOFOLLOW, fstat) in case it was swapped in between.
@@ -735,19 +738,19 @@ def _read_json(path: Path) -> Any:
     try:
         info = os.lstat(path)
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_ENTRY_BYTES:
-            return None
+            return _UNREADABLE
         flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
         fd = os.open(path, flags)
         with os.fdopen(fd, "rb") as handle:
             opened = os.fstat(handle.fileno())
             if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
-                return None
+                return _UNREADABLE
             raw = handle.read(MAX_ENTRY_BYTES + 1)
         if len(raw) > MAX_ENTRY_BYTES:
-            return None
+            return _UNREADABLE
         return json.loads(raw.decode("utf-8"))
     except (OSError, ValueError, RecursionError):  # ValueError: bad UTF-8, bad JSON, a 5000-digit integer
-        return None
+        return _UNREADABLE
 
 
 def store(spec: FormulaSpec, *, route: str | None = None) -> Path | None:
@@ -793,7 +796,7 @@ def lookup(config: dict[str, Any], *, model_class: str | None = None, task: str 
     rejected = []
     for entry in entries[:MAX_CACHED_ENTRIES]:
         data = _read_json(entry)
-        if data is None:
+        if data is _UNREADABLE:
             rejected.append(f"cache entry {entry.name} skipped: not a readable JSON file of at most "
                             f"{MAX_ENTRY_BYTES // 1024 // 1024} MiB")
             continue
