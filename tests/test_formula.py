@@ -496,3 +496,64 @@ def test_inspect_explain_checks_a_cached_formula_against_the_report(tmp_path, mo
     assert ("Formula: none shown — the formula gives 132,923,136 but the model has 109,482,240 (or a role "
             "differs); please report this as a paramscope bug") in out
     assert "V·D:" not in out  # no term is shown from a formula that failed its check
+
+
+# ------------------------------------------------------------------------ aliases: one field, several spellings
+
+FORMULA_CONFIGS = Path(__file__).parent / "configs" / "formula"
+QWEN3_MOE = str(FORMULA_CONFIGS / "Qwen--Qwen3-30B-A3B.json")
+QWEN25_VL = str(FORMULA_CONFIGS / "Qwen--Qwen2.5-VL-7B-Instruct.json")
+SMALL_QWEN3_MOE = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 101,
+                   "hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 12, "num_hidden_layers": 3,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "num_experts_per_tok": 2,
+                   "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False}
+
+
+def test_qwen3_moe_attribute_map_alias_is_one_symbol():
+    """num_experts is an attribute_map alias of num_local_experts: varied together, one symbol E (issue 9)."""
+    f = formula_of(QWEN3_MOE)
+    assert f.value == 30_532_122_624 == meta_total(QWEN3_MOE)  # the card: 30.5B
+    assert f.symbols["E"] == "num_local_experts"
+    assert f.spec.aliases["num_local_experts"] == ("num_experts",)
+    assert "num_experts" not in f.symbols.values() and "num_experts" not in f.spec.independent
+    N, D, E, I_moe = sympy.symbols("N D E I_moe")
+    assert same(f.by_role["moe.experts"], 3 * N * E * D * I_moe)
+    # either spelling is read: 2·V·D + D + N·(2·D·H·d_h + 2·K·D·d_h + 3·E·D·I_moe + E·D + 2·d_h + 2·D)
+    # = 6,464 + 32 + 3·(2,048 + 1,024 + 6,912 + 192 + 16 + 64) = 37,264 at E = 6
+    for experts in ({"num_experts": 6}, {"num_local_experts": 6}):
+        config = {**SMALL_QWEN3_MOE, **experts}
+        assert f.evaluate(config) == meta_total(config) == 37_264, experts
+    # both spellings, disagreeing: refused rather than guessed
+    with pytest.raises(AssumptionError, match="spells one field two ways"):
+        f.evaluate({**SMALL_QWEN3_MOE, "num_experts": 6, "num_local_experts": 4})
+
+
+def test_qwen2_5_vl_flat_fields_and_text_config_are_one_symbol():
+    """The hub config is flat; the class builds text_config from the flat fields: one symbol per field."""
+    f = formula_of(QWEN25_VL)
+    assert f.value == 8_292_166_656 == meta_total(QWEN25_VL)  # the card: 8.29B
+    assert f.symbols["D"] == "text_config.hidden_size" and f.symbols["D_vision"] == "vision_config.hidden_size"
+    assert f.spec.aliases["text_config.hidden_size"] == ("hidden_size",)
+    assert f.symbols["N_vision"] == "vision_config.depth"  # attribute_map: depth is its num_hidden_layers
+    assert not any(path in f.spec.independent for path in ("hidden_size", "vocab_size", "num_hidden_layers"))
+    small_text = {"vocab_size": 101, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2}
+    small_vision = {"depth": 2, "hidden_size": 16, "intermediate_size": 24, "num_heads": 2, "out_hidden_size": 32,
+                    "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                    "fullatt_block_indexes": [7, 15, 23, 31]}
+    flat = {"model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+            "tie_word_embeddings": False, **small_text, "vision_config": small_vision}
+    nested = {**flat, "text_config": small_text}
+    shadowed = {**flat, "text_config": {**small_text, "hidden_size": 64}}  # a given text_config wins
+    for config in (flat, nested, shadowed):
+        assert f.evaluate(config) == meta_total(config)
+    assert f.evaluate(flat) == f.evaluate(nested) == 34_576
+    assert f.evaluate(shadowed) != 34_576
+
+
+@pytest.mark.parametrize("model", [QWEN3_MOE, QWEN25_VL])
+def test_alias_formulas_round_trip_through_the_cache(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
+    f = formula_of(model)
+    again = FormulaSpec.from_json(json.loads(json.dumps(f.spec.to_json())))
+    assert again.aliases == f.spec.aliases and again.anchor_problem() is None

@@ -48,9 +48,11 @@ from .formula_cache import (
     FormulaSpec,
     Poly,
     factor_order,
+    get_path,
     installed_transformers_version,
     labels_of,
     lookup,
+    read_path,
     roles_fingerprint,
     route_key,
     set_path,
@@ -352,7 +354,8 @@ class _Deriver:
         config = copy.deepcopy(self.base)
         for path, value in overrides.items():
             if path != "num_labels":
-                set_path(config, path, value)
+                for spelling in self._spellings_in_base(path):
+                    set_path(config, spelling, value)
             # per-layer lists (layer_types, …) follow the field that counts the layers
             for list_path, (length_path, period) in self.periodic.items():
                 if length_path == path:
@@ -367,21 +370,37 @@ class _Deriver:
         self._probes[key] = snap
         return snap
 
+    def _spellings_in_base(self, path: str) -> list[str]:
+        """Where to write the field at `path` in the anchor config: every spelling it uses, so that no alias keeps
+        the old value; when it uses none, beside the fields the class reads it with (flat, when a sub-config is
+        built from flat fields), so that a probe never creates a sub-config that shadows them."""
+        spellings = [path, *self.spellings.get(path, ())]
+        given = [s for s in spellings if get_path(self.base, s) is not ABSENT]
+        if given:
+            return given
+        for spelling in sorted(spellings, key=lambda s: -s.count(".")):
+            parent = spelling.rpartition(".")[0]
+            if not parent or isinstance(get_path(self.base, parent), dict):
+                return [spelling]
+        return [path]
+
     # --- the whole derivation ----------------------------------------------------------------------------------
 
     def run(self) -> tuple[FormulaSpec, dict[str, int]]:
         import transformers
 
-        from .build import choose_class, make_config
+        from .build import _quiet_transformers, choose_class, make_config
 
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _quiet_transformers():
             warnings.simplefilter("ignore")
             config, _ = make_config(self.base, num_labels=self.num_labels)
             choice = choose_class(config, self.base, model_class=self.model_class, task=self.task)
-        self.class_name = choice.name
-        if getattr(transformers, self.class_name, None) is None:
-            raise ModelClassError(f"formulas need a native transformers class; {self.class_name!r} is not one")
-        self.config_obj = config
+            self.class_name = choice.name
+            if getattr(transformers, self.class_name, None) is None:
+                raise ModelClassError(f"formulas need a native transformers class; {self.class_name!r} is not one")
+            self.spellings: dict[str, list[str]] = {}  # config path → its other spellings (aliases)
+            self._register_flat_spellings(config)
+            self.config_obj = config
         counted = _build(self.base, self.class_name, self.num_labels)
         self.builds += 1
         self.anchor = _snapshot(counted)
@@ -418,6 +437,7 @@ class _Deriver:
                                      key=self._rank)),
             sympy_names=_sympy_names(symbols),
             anchor={},
+            aliases={path: tuple(others) for path, others in self.spellings.items()},
         )
         self._verify(spec, variables, sym_of, axis, joint)
         # two fresh joint builds the fit never saw
@@ -440,6 +460,65 @@ class _Deriver:
         self._ints = dict(sorted(ints.items(), key=lambda item: self._rank(item[0])))
         return self._ints, flags
 
+    def _register_flat_spellings(self, config) -> None:
+        """Sub-configs some classes build from flat fields when the sub-config is not given (Qwen2.5-VL's
+        text_config from hidden_size, …): such a field is one field with two spellings, `text_config.hidden_size`,
+        read when text_config is given, and `hidden_size`, read when it is not.
+
+        A sub-config most of whose probed fields come from flat fields is built from them: all its fields get
+        both spellings (the class passes them on together). Otherwise only the fields seen coming from a flat
+        field do (Qwen2.5-VL forwards tokens_per_second alone to its vision config).
+        """
+        from transformers import PreTrainedConfig
+
+        top_level = {f.name for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else set()
+        claimed = {s for spellings in self.spellings.values() for s in spellings}
+        for name, sub in list(vars(config).items()):
+            if not isinstance(sub, PreTrainedConfig) or not dataclasses.is_dataclass(sub):
+                continue
+            fed, probed = self._flat_fed(config, name, sub)
+            if not fed:
+                continue
+            fields = [f.name for f in dataclasses.fields(sub)] if 2 * len(fed) > probed else fed
+            for field_name in fields:
+                if field_name.startswith("_") or field_name in top_level or field_name in claimed:
+                    continue
+                self.spellings.setdefault(f"{name}.{field_name}", []).append(field_name)
+                claimed.add(field_name)
+
+    def _flat_fed(self, config, name: str, sub) -> tuple[list[str], int]:
+        """The fields of sub-config `name` that the class fills from flat fields when `name` is not given, and how
+        many were probed: each integer and boolean field is given flat, changed, and read back from the
+        sub-config (all at once; one at a time when the class rejects that combination)."""
+        top_level = {f.name for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else set()
+        changed: dict[str, Any] = {}
+        for f in dataclasses.fields(sub):
+            value = getattr(sub, f.name, None)
+            if f.name.startswith("_") or f.name in top_level or f.name in _SKIP_KEYS:
+                continue
+            if isinstance(value, bool):
+                changed[f.name] = not value
+            elif isinstance(value, int):
+                changed[f.name] = value * 2 if value > 0 else 2
+            elif value is None and "int" in str(f.type):
+                changed[f.name] = 2
+        found = self._read_back(name, changed)
+        if found is None:
+            found = [k for k, v in changed.items() if self._read_back(name, {k: v})]
+        return found, len(changed)
+
+    def _read_back(self, name: str, flat: dict[str, Any]) -> list[str] | None:
+        """Which of `flat`, given as flat fields, sub-config `name` takes; None when the class rejects them."""
+        from .build import make_config
+
+        try:
+            rebuilt, _ = make_config({"model_type": self.base.get("model_type"), **flat}, num_labels=self.num_labels)
+        except Exception:  # the class's own checks: not a usable probe
+            return None
+        sub = getattr(rebuilt, name, None)
+        return [k for k, v in flat.items() if sub is not None and type(getattr(sub, k, None)) is type(v)
+                and getattr(sub, k) == v]
+
     def _walk(self, config_obj, base: dict[str, Any], prefix: str, ints, flags) -> None:
         from transformers import PreTrainedConfig
 
@@ -458,8 +537,20 @@ class _Deriver:
             class_defaults = type(config_obj)().to_dict()
         except Exception:
             class_defaults = {}
-        names = list(declared) + [k for k in base if k not in declared]
-        names += [k for k in effective if k not in declared and k not in base]
+        # transformers' attribute_map: an alias names the same field (Qwen3-MoE's num_experts is num_local_experts)
+        alias_of = {alias: real for alias, real in (getattr(config_obj, "attribute_map", None) or {}).items()
+                    if isinstance(alias, str) and isinstance(real, str) and alias != real}
+        for alias, real in alias_of.items():
+            self.spellings.setdefault(prefix + real, []).append(prefix + alias)
+        for alias, real in alias_of.items():  # a class may declare the alias as its field (Qwen3-MoE)
+            if alias in declared and real not in declared:
+                declared[real] = declared.pop(alias)
+                annotations[real] = annotations.pop(alias, "")
+        names = list(declared) + [k for k in base if k not in declared and k not in alias_of]
+        names += [k for k in effective if k not in declared and k not in base and k not in alias_of]
+        names += [real for alias, real in alias_of.items() if alias in base and real not in names]
+        flat_copies = {spelling for spellings in self.spellings.values() for spelling in spellings
+                       if "." not in spelling} if not prefix else set()
         for name in names:
             path = prefix + name
             if name.startswith("_") or name in _SKIP_KEYS or _SKIP_RE.search(name):
@@ -469,13 +560,16 @@ class _Deriver:
                 child = base.get(name) if isinstance(base.get(name), dict) else {}
                 self._walk(sub, child, path + ".", ints, flags)
                 continue
-            present = name in base
+            if name in flat_copies and name not in declared:
+                continue  # a flat copy of a sub-config's field: catalogued there, under both spellings
+            given = read_path(self.base, path, self.spellings)  # under any spelling, at any level
+            present = given is not ABSENT
             if name in declared:
                 default = declared[name]
             else:
                 default = class_defaults.get(name, ABSENT)
             if present:
-                value = base[name]
+                value = given
             elif name in declared:
                 value = default
             else:
@@ -811,7 +905,10 @@ class _Deriver:
         for path in sorted(variables, key=self._rank):
             leaf = path.rsplit(".", 1)[-1]
             prefix = path.rsplit(".", 1)[0].split("_")[0] if "." in path else ""
-            base = _SYMBOL_OF_KEY.get(leaf) or re.sub(r"\W", "_", leaf)
+            # an alias may carry the conventional name (a vision tower's depth is its num_hidden_layers)
+            known = [_SYMBOL_OF_KEY[k] for k in [leaf] + [a.rsplit(".", 1)[-1] for a in self.spellings.get(path, ())]
+                     if k in _SYMBOL_OF_KEY]
+            base = known[0] if known else re.sub(r"\W", "_", leaf)
             name = base
             if name in symbols:
                 name = f"{base}_{prefix}" if prefix else base

@@ -301,8 +301,11 @@ class FormulaSpec:
     conditions: tuple[Condition, ...]
     independent: tuple[str, ...]  # integer fields that were varied and change no parameter
     sympy_names: dict[str, str]  # symbol → how a sympify-able string must spell it (N → Symbol('N'))
-    anchor: dict[str, Any]  # where it was derived: label, values, total, builds, seconds
+    anchor: dict[str, Any]  # where it was derived: label, values, total, by_role, builds, seconds
     format: int = FORMAT
+    # config path → its other spellings: transformers' attribute_map aliases (num_experts for num_local_experts)
+    # and the flat fields a sub-config is built from when it is not given (hidden_size for text_config.hidden_size)
+    aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     # --- structure -------------------------------------------------------------------------------------------
 
@@ -394,10 +397,25 @@ class FormulaSpec:
     def field_value(self, config: dict[str, Any], path: str, num_labels: int | None = None) -> Any:
         if path == "num_labels":
             return labels_of(config, num_labels)
-        value = get_path(config, path)
+        value = self.read(config, path)
         if value is ABSENT:
             return self.defaults.get(path, ABSENT)
         return value
+
+    def read(self, config: dict[str, Any], path: str) -> Any:
+        """The field at `path` as `config` spells it (read_path), or ABSENT."""
+        return read_path(config, path, self.aliases)
+
+    def _spelling_conflicts(self, config: dict[str, Any]) -> list[str]:
+        """Two spellings of one field at one level (an attribute_map alias and its field) that disagree."""
+        problems = []
+        for path, others in self.aliases.items():
+            given = {s: get_path(config, s) for s in (path, *others) if s.count(".") == path.count(".")}
+            given = {s: v for s, v in given.items() if v is not ABSENT}
+            if len({_canon(v) for v in given.values()}) > 1:
+                problems.append("the config spells one field two ways with different values: "
+                                + ", ".join(f"{s} = {_show(v)}" for s, v in given.items()))
+        return problems
 
     def violations(self, config: dict[str, Any], num_labels: int | None = None) -> list[str]:
         """Every assumption `config` breaks, in words; empty when the formula applies."""
@@ -412,8 +430,9 @@ class FormulaSpec:
             validate_config_dict(config)
         except ConfigError as err:
             return [str(err)]
+        problems.extend(self._spelling_conflicts(config))
         for cond in self.conditions:
-            current = _current(config, cond)
+            current = self._current(config, cond)
             if cond.kind == "equals" and _canon(current) != _canon(cond.value):
                 problems.append(f"assumes {cond.text}; this config has {cond.path} = {_show(current)}")
             elif cond.kind == "periodic" and not _repeats(current, cond.value):
@@ -421,7 +440,7 @@ class FormulaSpec:
             elif cond.kind == "unset" and current not in (None, ABSENT):
                 problems.append(f"assumes {cond.text}; this config sets {cond.path} = {_show(current)}")
             elif cond.kind == "same_as":
-                other = _current(config, Condition("", cond.value, None, self._default(cond.value), ""))
+                other = self._current(config, Condition("", cond.value, None, self._default(cond.value), ""))
                 if _canon(current) != _canon(other):
                     problems.append(f"assumes {cond.text}; this config has {cond.path} = {_show(current)}, "
                                     f"{cond.value} = {_show(other)}")
@@ -448,6 +467,10 @@ class FormulaSpec:
     def _default(self, path: str) -> Any:
         return self.defaults.get(path, ABSENT)
 
+    def _current(self, config: dict[str, Any], cond: Condition) -> Any:
+        value = self.read(config, cond.path)
+        return cond.default if value is ABSENT else value
+
     def evaluate(self, values: dict[str, int]) -> "Evaluation":
         by_role = {role: _int(poly.evaluate(values)) for role, poly in self.role_polys().items()}
         parts = [(name, groups, _int(_groups_poly(groups).evaluate(values))) for name, groups in self.parts()]
@@ -473,6 +496,7 @@ class FormulaSpec:
             "independent": list(self.independent),
             "sympy_names": self.sympy_names,
             "anchor": self.anchor,
+            "aliases": {path: list(others) for path, others in self.aliases.items()},
         }
 
     @classmethod
@@ -502,6 +526,10 @@ class FormulaSpec:
         by_role = _str_dict(anchor.get("by_role"), "the anchor's counts by role", int)
         _expect(all(v > 0 for v in by_role.values()), "the anchor's counts by role are not positive")
         _expect(isinstance(anchor.get("label", ""), str), "the anchor's label is not a string")
+        aliases = data.get("aliases")
+        _expect(isinstance(aliases, dict) and all(
+            isinstance(path, str) and isinstance(others, list) and all(isinstance(o, str) for o in others)
+            for path, others in aliases.items()), "aliases is not a mapping of field names to their spellings")
         for name in ("builds", "seconds"):
             _expect(isinstance(anchor.get(name, 0), (int, float)) and not isinstance(anchor.get(name), bool),
                     f"the anchor's {name} is not a number")
@@ -518,6 +546,7 @@ class FormulaSpec:
             sympy_names=sympy_names,
             anchor=dict(anchor),
             format=data["format"],
+            aliases={path: tuple(others) for path, others in aliases.items()},
         )
 
     def anchor_problem(self) -> str | None:
@@ -595,6 +624,25 @@ def get_path(config: dict[str, Any], path: str) -> Any:
     return node
 
 
+def read_path(config: dict[str, Any], path: str, aliases: dict[str, Any]) -> Any:
+    """The field at `path`, under whichever of its spellings (`aliases[path]`) `config` uses; ABSENT if none.
+
+    As transformers reads them: a sub-config that is given is read and the flat copies beside it are ignored (a
+    given text_config without hidden_size means the class default); a flat field counts only when its
+    sub-config is not given. Spellings at one level (attribute_map aliases) are read in order.
+    """
+    spellings = (path, *aliases.get(path, ()))
+    for depth in sorted({s.count(".") for s in spellings}, reverse=True):
+        level = [s for s in spellings if s.count(".") == depth]
+        for spelling in level:
+            value = get_path(config, spelling)
+            if value is not ABSENT:
+                return value
+        if depth and any(isinstance(get_path(config, s.rpartition(".")[0]), dict) for s in level):
+            return ABSENT
+    return ABSENT
+
+
 def set_path(config: dict[str, Any], path: str, value: Any) -> None:
     parts = path.split(".")
     node = config
@@ -605,11 +653,6 @@ def set_path(config: dict[str, Any], path: str, value: Any) -> None:
             node[part] = child
         node = child
     node[parts[-1]] = value
-
-
-def _current(config: dict[str, Any], cond: Condition) -> Any:
-    value = get_path(config, cond.path)
-    return cond.default if value is ABSENT else value
 
 
 def _repeats(values: Any, period: list) -> bool:
