@@ -557,3 +557,43 @@ def test_alias_formulas_round_trip_through_the_cache(model, tmp_path, monkeypatc
     f = formula_of(model)
     again = FormulaSpec.from_json(json.loads(json.dumps(f.spec.to_json())))
     assert again.aliases == f.spec.aliases and again.anchor_problem() is None
+
+
+# --------------------------------------------------------------------------- derived quantities: ViT's patches
+
+VIT_BASE = {"model_type": "vit", "architectures": ["ViTForImageClassification"], "hidden_size": 768,
+            "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072, "image_size": 224,
+            "patch_size": 16, "num_channels": 3, "qkv_bias": True, "hidden_act": "gelu"}
+
+
+def test_vit_positions_are_a_polynomial_in_patches_per_side():
+    """No polynomial in image_size and patch_size gives (image_size // patch_size)² + 1 positions; one in the
+    derived Q = image_size // patch_size does, at every image size (issue 9, point 4)."""
+    f = derive_formula(VIT_BASE, num_labels=1000, use_cache=False)
+    # 85,798,656 in the backbone (ViT-B/16) + the 1000-way classifier 768·1000 + 1000
+    assert f.value == 86_567_656 == meta_total(VIT_BASE, num_labels=1000)
+    assert f.spec.derived == {"Q": ("image_size", "patch_size")}
+    assert f.spec.definitions() == {"Q": "image_size // patch_size"}
+    assert f.values["Q"] == 14
+    D, Q, N = sympy.symbols("D Q N")
+    # position table (Q² + 1)·D, class token D, the patch projection's bias D, final norm 2·D … all in `other`
+    assert same(f.by_role["other"] - 4 * N * D, D * sympy.Symbol("num_channels") * sympy.Symbol("patch_size") ** 2
+                + D * Q**2 + 3 * D)
+    for changes in ({"image_size": 384}, {"image_size": 225}, {"image_size": 200, "patch_size": 32},
+                    {"image_size": 30, "patch_size": 7, "hidden_size": 48, "num_hidden_layers": 2}):
+        config = {**VIT_BASE, **changes}
+        assert f.evaluate(config, num_labels=1000) == meta_total(config, num_labels=1000), changes
+    with pytest.raises(AssumptionError, match=r"image_size // patch_size \(Q\) is 0"):
+        f.evaluate({**VIT_BASE, "image_size": 8}, num_labels=1000)
+
+
+def test_derived_symbols_show_in_the_legend_and_the_json(capsys, write_config):
+    path = write_config({**VIT_BASE, "hidden_size": 48, "num_hidden_layers": 2, "intermediate_size": 64})
+    assert formula_main(["formula", str(path), "--no-cache", "--width", "140"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"Q\s+image_size // patch_size\s+14\s+derived: a whole-number quotient", out)
+    assert formula_main(["formula", str(path), "--no-cache", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["formula"]["symbols"]["Q"] == "image_size // patch_size" and doc["values"]["Q"] == 14
+    values = {sympy.Symbol(k): v for k, v in doc["values"].items()}
+    assert sympy.sympify(doc["formula"]["expression"]).subs(values) == doc["parameters"]["total"]

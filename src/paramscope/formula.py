@@ -343,6 +343,7 @@ class _Deriver:
         self.builds = 0
         self._probes: dict[str, _Snapshot | None] = {}
         self.periodic: dict[str, tuple[str, list]] = {}  # list path → (the int field its length follows, period)
+        self.quotients: dict[str, tuple[str, str]] = {}  # "a//b" → (a, b): derived whole-number quotients
 
     # --- building ----------------------------------------------------------------------------------------------
 
@@ -417,8 +418,15 @@ class _Deriver:
         quantities = self._fit_all(variables, axis, joint)
 
         symbols, sym_of = self._symbols(variables, ints)
+        derived: dict[str, tuple[str, str]] = {}
+        for name, (a, b) in self.quotients.items():
+            symbol = next(f"Q{n}" if n > 1 else "Q" for n in itertools.count(1)
+                          if (f"Q{n}" if n > 1 else "Q") not in symbols and (f"Q{n}" if n > 1 else "Q") not in derived)
+            derived[symbol] = (sym_of[a], sym_of[b])
+            sym_of[name] = symbol
         families = self._families(quantities, sym_of)
         anchor_values = {sym_of[v]: ints[v].value for v in variables}
+        anchor_values.update({symbol: anchor_values[a] // anchor_values[b] for symbol, (a, b) in derived.items()})
         spec_conditions = self._conditions(conditions, groups, ints, variables, sym_of, families)
         defaults = {}
         for path, info in ints.items():
@@ -435,9 +443,10 @@ class _Deriver:
             conditions=spec_conditions,
             independent=tuple(sorted((p for p in independent if ints[p].present or p != "num_labels"),
                                      key=self._rank)),
-            sympy_names=_sympy_names(symbols),
+            sympy_names=_sympy_names({**symbols, **derived}),
             anchor={},
             aliases={path: tuple(others) for path, others in self.spellings.items()},
+            derived=derived,
         )
         self._verify(spec, variables, sym_of, axis, joint)
         # two fresh joint builds the fit never saw
@@ -863,6 +872,9 @@ class _Deriver:
             rhs.append(Fraction(y))
         solution = _solve(rows, rhs)
         if solution is None:
+            quotient = self._fit_quotient(key, i, exponents, obs)
+            if quotient is not None:
+                return quotient
             raise FormulaError(
                 f"{key[0]}: its {'count' if i == 0 else f'dimension {i - 1}'} is no polynomial in the config's "
                 f"fields that paramscope can find, so no closed form is given for {self.class_name}"
@@ -874,6 +886,41 @@ class _Deriver:
             if coef:
                 poly = poly + Poly.monomial(mono, coef)
         return poly
+
+    def _fit_quotient(self, key, i: int, exponents: dict[str, tuple[int, ...]], obs) -> Poly | None:
+        """The quantity as a polynomial in a whole-number quotient a // b, where it grows as a^e and shrinks as
+        b^−e: ViT's positions are (image_size // patch_size)² + 1, which no polynomial in the two fields gives
+        once image_size is no multiple of patch_size. None when no such quotient gives one."""
+        for a, b in itertools.permutations(exponents, 2):
+            powers = sorted({e for e in exponents[a] if e > 0 and -e in exponents[b]})
+            if not powers:
+                continue
+            name = self._quotient_name(a, b)
+            rest = {rep: exps for rep, exps in exponents.items() if rep not in (a, b)}
+            rest[name] = tuple(powers) + (0,)
+            monomials = [dict(zip(rest, combo)) for combo in itertools.product(*rest.values())]
+            rows, rhs = [], []
+            for assignment, snap in obs:
+                y = self._quantity(snap, key, i)
+                if y is None or assignment[a] < assignment[b]:
+                    continue
+                point = {**assignment, name: assignment[a] // assignment[b]}
+                rows.append([_monomial_value(m, point) for m in monomials])
+                rhs.append(Fraction(y))
+            solution = _solve(rows, rhs)
+            if solution is None or solution == "underdetermined":
+                continue
+            self.quotients[name] = (a, b)
+            poly = Poly()
+            for mono, coef in zip(monomials, solution):
+                if coef:
+                    poly = poly + Poly.monomial(mono, coef)
+            return poly
+        return None
+
+    @staticmethod
+    def _quotient_name(a: str, b: str) -> str:
+        return f"{a}//{b}"
 
     def _axis_exponents(self, key, i: int, rep: str, points) -> tuple[int, ...]:
         (x0, y0), (x1, y1), (x2, y2) = points[:3]

@@ -306,6 +306,9 @@ class FormulaSpec:
     # config path → its other spellings: transformers' attribute_map aliases (num_experts for num_local_experts)
     # and the flat fields a sub-config is built from when it is not given (hidden_size for text_config.hidden_size)
     aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # derived symbol → (numerator symbol, denominator symbol): a whole-number quotient, where the count is a
+    # polynomial in it but not in the fields (ViT's patches per side, image_size // patch_size)
+    derived: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     # --- structure -------------------------------------------------------------------------------------------
 
@@ -392,7 +395,15 @@ class FormulaSpec:
         for symbol, path in self.symbols.items():
             value = self.field_value(config, path, num_labels)
             values[symbol] = value  # checked by violations()
-        return values
+        return self.with_derived(values)
+
+    def with_derived(self, values: dict[str, int]) -> dict[str, int]:
+        """`values` with the derived symbols added (each a whole-number quotient of two symbols)."""
+        return {**values, **{symbol: values[a] // values[b] for symbol, (a, b) in self.derived.items()}}
+
+    def definitions(self) -> dict[str, str]:
+        """Each derived symbol's definition in its fields: {"Q": "image_size // patch_size"}."""
+        return {symbol: f"{self.symbols[a]} // {self.symbols[b]}" for symbol, (a, b) in self.derived.items()}
 
     def field_value(self, config: dict[str, Any], path: str, num_labels: int | None = None) -> Any:
         if path == "num_labels":
@@ -454,6 +465,9 @@ class FormulaSpec:
         if problems:
             return problems
         values = self._values(config, num_labels)
+        for symbol, definition in self.definitions().items():
+            if values[symbol] < 1:
+                return [f"{definition} ({symbol}) is {values[symbol]} at this config; the formula needs at least 1"]
         for fam in self.families:
             for i, dim in enumerate((fam.mult, *fam.shape)):
                 got = dim.evaluate(values)
@@ -472,6 +486,7 @@ class FormulaSpec:
         return cond.default if value is ABSENT else value
 
     def evaluate(self, values: dict[str, int]) -> "Evaluation":
+        values = self.with_derived(values)
         by_role = {role: _int(poly.evaluate(values)) for role, poly in self.role_polys().items()}
         parts = [(name, groups, _int(_groups_poly(groups).evaluate(values))) for name, groups in self.parts()]
         total = _int(self.total_poly().evaluate(values))
@@ -497,6 +512,7 @@ class FormulaSpec:
             "sympy_names": self.sympy_names,
             "anchor": self.anchor,
             "aliases": {path: list(others) for path, others in self.aliases.items()},
+            "derived": {symbol: list(pair) for symbol, pair in self.derived.items()},
         }
 
     @classmethod
@@ -508,6 +524,11 @@ class FormulaSpec:
         for name in ("class", "model_type", "transformers_version", "roles_fingerprint"):
             _expect(isinstance(data.get(name), str), f"{name} is not a string")
         symbols = _str_dict(data.get("symbols"), "symbols")
+        derived = data.get("derived")
+        _expect(isinstance(derived, dict) and all(
+            isinstance(name, str) and name not in symbols and isinstance(pair, list) and len(pair) == 2
+            and all(isinstance(s, str) and s in symbols for s in pair) for name, pair in derived.items()),
+            "derived is not a mapping of new symbols to two of the symbols")
         families = data.get("families")
         conditions = data.get("conditions")
         independent = data.get("independent")
@@ -520,7 +541,7 @@ class FormulaSpec:
         anchor = data.get("anchor")
         _expect(isinstance(anchor, dict), "anchor is not a mapping")
         values = _str_dict(anchor.get("values"), "anchor values", int)
-        _expect(set(values) == set(symbols) and all(0 < v < MAX_COEFFICIENT for v in values.values()),
+        _expect(set(values) == set(symbols) | set(derived) and all(0 < v < MAX_COEFFICIENT for v in values.values()),
                 "the anchor's values do not match the symbols")
         _expect(_is_int(anchor.get("total")) and anchor["total"] >= 0, "the anchor has no total")
         by_role = _str_dict(anchor.get("by_role"), "the anchor's counts by role", int)
@@ -540,13 +561,14 @@ class FormulaSpec:
             roles_fingerprint=data["roles_fingerprint"],
             symbols=symbols,
             defaults=defaults,
-            families=tuple(Family.from_json(f, symbols) for f in families),
+            families=tuple(Family.from_json(f, [*symbols, *derived]) for f in families),
             conditions=tuple(Condition.from_json(c) for c in conditions),
             independent=tuple(independent),
             sympy_names=sympy_names,
             anchor=dict(anchor),
             format=data["format"],
             aliases={path: tuple(others) for path, others in aliases.items()},
+            derived={name: (pair[0], pair[1]) for name, pair in derived.items()},
         )
 
     def anchor_problem(self) -> str | None:
@@ -555,6 +577,8 @@ class FormulaSpec:
             evaluation = self.evaluate(self.anchor["values"])
         except FormulaError as err:
             return f"at its anchor: {err}"
+        except ZeroDivisionError:
+            return "at its anchor a derived symbol is 0"
         if evaluation.total != self.anchor["total"]:
             return (f"it gives {evaluation.total:,} at the config it was derived from, which counts "
                     f"{self.anchor['total']:,}")

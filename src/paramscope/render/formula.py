@@ -198,7 +198,7 @@ def formula_json(spec: FormulaSpec, values: dict[str, int], value: int) -> dict[
     names = spec.sympy_names
     return {
         "expression": format_groups(spec.total_groups(), spec.order, "sympy", names),
-        "symbols": dict(spec.symbols),
+        "symbols": {**spec.symbols, **spec.definitions()},
         "by_role": {role: format_groups(groups, spec.order, "sympy", names)
                     for role, groups in spec.role_groups().items()},
         "value": value,
@@ -306,6 +306,8 @@ def render_text(shown: Shown, *, width: int = 100, color: bool = False, explain:
     say(("Legend", "bold"))
     rows = [([symbol, spelled(spec, path), exact(values[symbol]), DESCRIPTIONS.get(symbol, "")], "")
             for symbol, path in spec.symbols.items()]
+    rows += [([symbol, definition, exact(values[symbol]), "derived: a whole-number quotient"], "")
+             for symbol, definition in spec.definitions().items()]
     lines.extend(_table(rows, "llrl", width, fold=3))
     if spec.independent:
         say(("  does not depend on: " + ", ".join(spec.independent) + " (varied; no parameter changed)", "dim"))
@@ -406,7 +408,7 @@ def render_latex(shown: Shown) -> str:
              for role, groups in spec.role_groups().items()]
     lines += [" \\\\\n".join(roles), r"\end{align*}"]
     legend = ", ".join(rf"${latex_symbol(s)}$ = \texttt{{{p.replace('_', chr(92) + '_')}}} = {number(values[s])}"
-                       for s, p in spec.symbols.items())
+                       for s, p in {**spec.symbols, **spec.definitions()}.items())
     lines.append(f"where {legend}.")
     lines += [f"% assumes: {assumption}" for assumption in assumption_texts(spec)]
     return "\n".join(lines) + "\n"
