@@ -7,7 +7,10 @@ How a formula is derived (nothing is fitted to one point):
 2. Sort the config's fields. Integer fields are candidate symbols. Every other field (booleans, strings,
    floats, null fields the config class derives, lists) is a candidate structural flag: all are changed at
    once and the model rebuilt; when its parameters change, the set is halved until each flag that matters is
-   found. Those become assumptions (`tie_word_embeddings = true`, `n_inner is not set`).
+   found. Those become assumptions (`tie_word_embeddings = true`, `n_inner is not set`). A field has one entry
+   however it is spelled: attribute_map aliases (Qwen3-MoE's num_experts is num_local_experts) and the flat
+   fields a sub-config is built from (Qwen2.5-VL's hidden_size is text_config.hidden_size) are its spellings,
+   varied together.
 3. Vary each integer field alone, twice, keeping divisibility relations (hidden size by heads) intact. A field
    that changes nothing is independent of the count (BERT's heads); one that adds or removes tensors is
    structural: it is tied to an equal field (ELECTRA's embedding_size = hidden_size) or held fixed.
@@ -15,7 +18,9 @@ How a formula is derived (nothing is fitted to one point):
    independently, so each keeps its own symbol.
 4. Along each field, every multiplicity and every dimension is fitted as a·x^e + b (e in 1, −1, 2, …);
    the product of those exponent sets gives candidate monomials (K·D/H, N − N_dense, r_kv + d_rope), whose
-   coefficients are solved exactly over all builds, including random joint variations.
+   coefficients are solved exactly over all builds, including random joint variations. A dimension that no
+   polynomial in the fields gives, but one in a whole-number quotient a // b does, gets a derived symbol
+   (ViT's positions: Q² + 1 with Q = image_size // patch_size).
 5. The formula (Σ multiplicity × Π dimensions) is checked against the meta count at every build, on two
    fresh hold-out builds, and per role at the anchor. Any disagreement raises FormulaMismatchError.
 
@@ -420,8 +425,8 @@ class _Deriver:
         symbols, sym_of = self._symbols(variables, ints)
         derived: dict[str, tuple[str, str]] = {}
         for name, (a, b) in self.quotients.items():
-            symbol = next(f"Q{n}" if n > 1 else "Q" for n in itertools.count(1)
-                          if (f"Q{n}" if n > 1 else "Q") not in symbols and (f"Q{n}" if n > 1 else "Q") not in derived)
+            free = (f"Q{n}" if n > 1 else "Q" for n in itertools.count(1))
+            symbol = next(q for q in free if q not in symbols and q not in derived)
             derived[symbol] = (sym_of[a], sym_of[b])
             sym_of[name] = symbol
         families = self._families(quantities, sym_of)
