@@ -72,8 +72,8 @@ def quick_lookup(seconds: float = 5.0):
 def test_the_real_entry_is_a_hit_at_its_anchor(cached, entry):
     hit, _ = quick_lookup()
     assert hit.spec is not None and hit.path == entry
-    # embeddings V·D + L·D + T·D + 2·D = 2,328 + 792 + 72 + 48 = 3,240; blocks 2 × (4·(D² + D) + 2·D·I + 9·D + I)
-    # = 2 × 4,480 = 8,960; pooler D² + D = 600; total 12,800
+    # embeddings V·D + L·D + T·D + 2·D = 2,328 + 792 + 72 + 48 = 3,240;
+    # blocks 2 × (4·(D² + D) + 2·D·I + 9·D + I) = 2 × 4,480 = 8,960; pooler D² + D = 600; total 12,800
     assert hit.spec.evaluate(hit.values).total == cached[2] == 12_800
 
 

@@ -323,4 +323,5 @@ def test_sub_config_search_is_bounded_and_survives_cycles():
         deep = {"text_config": deep}
     assert config_value(deep, ("num_experts_per_tok",)) is None  # deeper than any real wrapper nests
     shallow = {"text_config": {"text_config": {"text_config": {"num_experts_per_tok": 3}}}}
-    assert config_value(shallow, ("num_experts_per_tok",)) == ("text_config.text_config.text_config.num_experts_per_tok", 3)
+    assert config_value(shallow, ("num_experts_per_tok",)) == (
+        "text_config.text_config.text_config.num_experts_per_tok", 3)

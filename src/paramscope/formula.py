@@ -490,7 +490,7 @@ class _Deriver:
         for name, sub in list(vars(config).items()):
             if not isinstance(sub, PreTrainedConfig) or not dataclasses.is_dataclass(sub):
                 continue
-            fed, probed = self._flat_fed(config, name, sub)
+            fed, probed = self._flat_fed(name, sub, top_level)
             if not fed:
                 continue
             fields = [f.name for f in dataclasses.fields(sub)] if 2 * len(fed) > probed else fed
@@ -500,11 +500,11 @@ class _Deriver:
                 self.spellings.setdefault(f"{name}.{field_name}", []).append(field_name)
                 claimed.add(field_name)
 
-    def _flat_fed(self, config, name: str, sub) -> tuple[list[str], int]:
+    def _flat_fed(self, name: str, sub, top_level: set[str]) -> tuple[list[str], int]:
         """The fields of sub-config `name` that the class fills from flat fields when `name` is not given, and how
         many were probed: each integer and boolean field is given flat, changed, and read back from the
-        sub-config (all at once; one at a time when the class rejects that combination)."""
-        top_level = {f.name for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else set()
+        sub-config (all at once; one at a time when the class rejects that combination). Fields of the wrapper
+        itself (`top_level`) are left out: given flat, they are the wrapper's."""
         changed: dict[str, Any] = {}
         for f in dataclasses.fields(sub):
             value = getattr(sub, f.name, None)
@@ -900,7 +900,7 @@ class _Deriver:
             powers = sorted({e for e in exponents[a] if e > 0 and -e in exponents[b]})
             if not powers:
                 continue
-            name = self._quotient_name(a, b)
+            name = f"{a}//{b}"
             rest = {rep: exps for rep, exps in exponents.items() if rep not in (a, b)}
             rest[name] = tuple(powers) + (0,)
             monomials = [dict(zip(rest, combo)) for combo in itertools.product(*rest.values())]
@@ -922,10 +922,6 @@ class _Deriver:
                     poly = poly + Poly.monomial(mono, coef)
             return poly
         return None
-
-    @staticmethod
-    def _quotient_name(a: str, b: str) -> str:
-        return f"{a}//{b}"
 
     def _axis_exponents(self, key, i: int, rep: str, points) -> tuple[int, ...]:
         (x0, y0), (x1, y1), (x2, y2) = points[:3]
