@@ -355,12 +355,38 @@ def test_cache_hit_from_python_is_checked_by_a_meta_build(tmp_path, monkeypatch)
     assert again.cache_path == first.cache_path
 
 
-def test_a_tampered_cached_formula_is_a_bug_report_not_a_number(tmp_path, monkeypatch):
+def forge_double_word_embeddings(path: Path) -> None:
+    """Count the word embeddings twice in a cached formula, and re-anchor it so that it passes its own check:
+    a wrong formula that only a meta build can catch."""
+    data = json.loads(path.read_text())
+    data["families"][0]["mult"] = [[2, {}]]
+    evaluation = FormulaSpec.from_json(data).evaluate(data["anchor"]["values"])
+    data["anchor"]["total"] = evaluation.total
+    data["anchor"]["by_role"] = {role: n for role, n in evaluation.by_role.items() if n}
+    atomic_write_json(path, data)
+
+
+def test_a_tampered_cached_formula_is_discarded_by_its_own_anchor(tmp_path, monkeypatch):
+    """Issue 9: an emptied cached formula printed `P = 0` beside "verified … 109,514,298"."""
     monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
     f = derive_formula("google-bert/bert-base-uncased", model_class="BertModel")
     data = json.loads(Path(f.cache_path).read_text())
-    data["families"][0]["mult"] = [[2, {}]]  # the word embeddings, counted twice
+    data["families"][0]["mult"] = [[2, {}]]  # the word embeddings, counted twice; the anchor says otherwise
     atomic_write_json(Path(f.cache_path), data)
+    hit = lookup(find_preset("bert-base-uncased").load_config(), model_class="BertModel")
+    assert hit.spec is None
+    assert hit.rejected == (f"cache entry {Path(f.cache_path).name} discarded: it gives 132,923,136 at the config "
+                            "it was derived from, which counts 109,482,240",)
+    again = derive_formula("bert-base-uncased", model_class="BertModel")
+    assert again.origin == "derived" and again.value == 109_482_240
+
+
+def test_a_cached_formula_wrong_elsewhere_is_a_bug_report_not_a_number(tmp_path, monkeypatch):
+    # old test (a tampered entry raised FormulaMismatchError): such an entry is now discarded by its anchor
+    # (above), so the entry is forged consistently to reach the meta-build check it exercises
+    monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
+    f = derive_formula("google-bert/bert-base-uncased", model_class="BertModel")
+    forge_double_word_embeddings(Path(f.cache_path))
     with pytest.raises(FormulaMismatchError, match="please report"):
         derive_formula("bert-base-uncased", model_class="BertModel")
 
@@ -463,12 +489,111 @@ def test_formula_displays_as_text_and_as_latex_in_jupyter():
 def test_inspect_explain_checks_a_cached_formula_against_the_report(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
     f = derive_formula("google-bert/bert-base-uncased", model_class="BertModel")
-    data = json.loads(Path(f.cache_path).read_text())
-    data["families"][0]["mult"] = [[2, {}]]  # the word embeddings, counted twice
-    atomic_write_json(Path(f.cache_path), data)
+    forge_double_word_embeddings(Path(f.cache_path))  # passes its anchor check; only the report catches it
     assert formula_main(["inspect", "bert-base-uncased", "--class", "BertModel", "--explain", "--no-tree",
                          "--width", "200"]) == 0
     out = capsys.readouterr().out
     assert ("Formula: none shown — the formula gives 132,923,136 but the model has 109,482,240 (or a role "
             "differs); please report this as a paramscope bug") in out
     assert "V·D:" not in out  # no term is shown from a formula that failed its check
+
+
+# ------------------------------------------------------------------------ aliases: one field, several spellings
+
+FORMULA_CONFIGS = Path(__file__).parent / "configs" / "formula"
+QWEN3_MOE = str(FORMULA_CONFIGS / "Qwen--Qwen3-30B-A3B.json")
+QWEN25_VL = str(FORMULA_CONFIGS / "Qwen--Qwen2.5-VL-7B-Instruct.json")
+SMALL_QWEN3_MOE = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 101,
+                   "hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 12, "num_hidden_layers": 3,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "num_experts_per_tok": 2,
+                   "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False}
+
+
+def test_qwen3_moe_attribute_map_alias_is_one_symbol():
+    """num_experts is an attribute_map alias of num_local_experts: varied together, one symbol E (issue 9)."""
+    f = formula_of(QWEN3_MOE)
+    assert f.value == 30_532_122_624 == meta_total(QWEN3_MOE)  # the card: 30.5B
+    assert f.symbols["E"] == "num_local_experts"
+    assert f.spec.aliases["num_local_experts"] == ("num_experts",)
+    assert "num_experts" not in f.symbols.values() and "num_experts" not in f.spec.independent
+    N, D, E, I_moe = sympy.symbols("N D E I_moe")
+    assert same(f.by_role["moe.experts"], 3 * N * E * D * I_moe)
+    # either spelling is read: 2·V·D + D + N·(2·D·H·d_h + 2·K·D·d_h + 3·E·D·I_moe + E·D + 2·d_h + 2·D)
+    # = 6,464 + 32 + 3·(2,048 + 1,024 + 6,912 + 192 + 16 + 64) = 37,264 at E = 6
+    for experts in ({"num_experts": 6}, {"num_local_experts": 6}):
+        config = {**SMALL_QWEN3_MOE, **experts}
+        assert f.evaluate(config) == meta_total(config) == 37_264, experts
+    # both spellings, disagreeing: refused rather than guessed
+    with pytest.raises(AssumptionError, match="spells one field two ways"):
+        f.evaluate({**SMALL_QWEN3_MOE, "num_experts": 6, "num_local_experts": 4})
+
+
+def test_qwen2_5_vl_flat_fields_and_text_config_are_one_symbol():
+    """The hub config is flat; the class builds text_config from the flat fields: one symbol per field."""
+    f = formula_of(QWEN25_VL)
+    assert f.value == 8_292_166_656 == meta_total(QWEN25_VL)  # the card: 8.29B
+    assert f.symbols["D"] == "text_config.hidden_size" and f.symbols["D_vision"] == "vision_config.hidden_size"
+    assert f.spec.aliases["text_config.hidden_size"] == ("hidden_size",)
+    assert f.symbols["N_vision"] == "vision_config.depth"  # attribute_map: depth is its num_hidden_layers
+    assert not any(path in f.spec.independent for path in ("hidden_size", "vocab_size", "num_hidden_layers"))
+    small_text = {"vocab_size": 101, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2}
+    small_vision = {"depth": 2, "hidden_size": 16, "intermediate_size": 24, "num_heads": 2, "out_hidden_size": 32,
+                    "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                    "fullatt_block_indexes": [7, 15, 23, 31]}
+    flat = {"model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+            "tie_word_embeddings": False, **small_text, "vision_config": small_vision}
+    nested = {**flat, "text_config": small_text}
+    shadowed = {**flat, "text_config": {**small_text, "hidden_size": 64}}  # a given text_config wins
+    for config in (flat, nested, shadowed):
+        assert f.evaluate(config) == meta_total(config)
+    assert f.evaluate(flat) == f.evaluate(nested) == 34_576
+    assert f.evaluate(shadowed) != 34_576
+
+
+@pytest.mark.parametrize("model", [QWEN3_MOE, QWEN25_VL])
+def test_alias_formulas_round_trip_through_the_cache(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
+    f = formula_of(model)
+    again = FormulaSpec.from_json(json.loads(json.dumps(f.spec.to_json())))
+    assert again.aliases == f.spec.aliases and again.anchor_problem() is None
+
+
+# --------------------------------------------------------------------------- derived quantities: ViT's patches
+
+VIT_BASE = {"model_type": "vit", "architectures": ["ViTForImageClassification"], "hidden_size": 768,
+            "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072, "image_size": 224,
+            "patch_size": 16, "num_channels": 3, "qkv_bias": True, "hidden_act": "gelu"}
+
+
+def test_vit_positions_are_a_polynomial_in_patches_per_side():
+    """No polynomial in image_size and patch_size gives (image_size // patch_size)² + 1 positions; one in the
+    derived Q = image_size // patch_size does, at every image size (issue 9, point 4)."""
+    f = derive_formula(VIT_BASE, num_labels=1000, use_cache=False)
+    # 85,798,656 in the backbone (ViT-B/16) + the 1000-way classifier 768·1000 + 1000
+    assert f.value == 86_567_656 == meta_total(VIT_BASE, num_labels=1000)
+    assert f.spec.derived == {"Q": ("image_size", "patch_size")}
+    assert f.spec.definitions() == {"Q": "image_size // patch_size"}
+    assert f.values["Q"] == 14
+    D, Q, N = sympy.symbols("D Q N")
+    # position table (Q² + 1)·D, class token D, the patch projection's bias D, final norm 2·D … all in `other`
+    assert same(f.by_role["other"] - 4 * N * D, D * sympy.Symbol("num_channels") * sympy.Symbol("patch_size") ** 2
+                + D * Q**2 + 3 * D)
+    for changes in ({"image_size": 384}, {"image_size": 225}, {"image_size": 200, "patch_size": 32},
+                    {"image_size": 30, "patch_size": 7, "hidden_size": 48, "num_hidden_layers": 2}):
+        config = {**VIT_BASE, **changes}
+        assert f.evaluate(config, num_labels=1000) == meta_total(config, num_labels=1000), changes
+    with pytest.raises(AssumptionError, match=r"image_size // patch_size \(Q\) is 0"):
+        f.evaluate({**VIT_BASE, "image_size": 8}, num_labels=1000)
+
+
+def test_derived_symbols_show_in_the_legend_and_the_json(capsys, write_config):
+    path = write_config({**VIT_BASE, "hidden_size": 48, "num_hidden_layers": 2, "intermediate_size": 64})
+    assert formula_main(["formula", str(path), "--no-cache", "--width", "140"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"Q\s+image_size // patch_size\s+14\s+derived: a whole-number quotient", out)
+    assert formula_main(["formula", str(path), "--no-cache", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["formula"]["symbols"]["Q"] == "image_size // patch_size" and doc["values"]["Q"] == 14
+    values = {sympy.Symbol(k): v for k, v in doc["values"].items()}
+    assert sympy.sympify(doc["formula"]["expression"]).subs(values) == doc["parameters"]["total"]

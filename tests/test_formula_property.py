@@ -34,6 +34,17 @@ ANCHORS = {
         "model_type": "mixtral", "vocab_size": 97, "hidden_size": 32, "num_attention_heads": 4,
         "num_key_value_heads": 2, "intermediate_size": 24, "num_hidden_layers": 2, "num_local_experts": 3,
         "num_experts_per_tok": 1}),
+    # num_experts is an attribute_map alias of num_local_experts: one symbol, either spelling
+    "qwen3_moe": ("Qwen3MoeForCausalLM", {
+        "model_type": "qwen3_moe", "vocab_size": 101, "hidden_size": 32, "intermediate_size": 48,
+        "moe_intermediate_size": 12, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "num_experts": 4, "num_experts_per_tok": 1, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "tie_word_embeddings": False}),
+    # patches per side, image_size // patch_size, is a derived symbol: image sizes need not be multiples (at
+    # 224/16 some probes are no multiples, which no polynomial in the two fields fits)
+    "vit": ("ViTModel", {
+        "model_type": "vit", "hidden_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 40, "image_size": 224, "patch_size": 16, "num_channels": 3}),
 }
 
 SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
@@ -52,8 +63,8 @@ def meta_count(family: str, config: dict) -> int:
     return count_module(build_on_meta(class_name, built)).counts.total
 
 
-def check(family: str, changes: dict) -> None:
-    config = {**ANCHORS[family][1], **changes}
+def check(family: str, changes: dict, drop: tuple[str, ...] = ()) -> None:
+    config = {k: v for k, v in {**ANCHORS[family][1], **changes}.items() if k not in drop}
     assert formula(family).evaluate(config) == meta_count(family, config), changes
 
 
@@ -102,6 +113,27 @@ def test_t5_formula_at_random_configs(width, head_width, heads, ffn, vocab, laye
 def test_mixtral_formula_at_random_configs(attention, vocab, ffn, layers, experts):
     check("mixtral", {**attention, "vocab_size": vocab, "intermediate_size": ffn, "num_hidden_layers": layers,
                       "num_local_experts": experts, "num_experts_per_tok": 1})
+
+
+@SETTINGS
+@given(attention=gqa, vocab=sizes(2, 200), expert_ffn=sizes(1, 32), layers=sizes(1, 3), experts=sizes(1, 6),
+       head_width=sizes(1, 6).map(lambda h: 2 * h), spelled_local=st.booleans())  # RoPE needs an even width
+def test_qwen3_moe_formula_at_random_configs_under_either_spelling(attention, vocab, expert_ffn, layers, experts,
+                                                                   head_width, spelled_local):
+    changes = {**attention, "vocab_size": vocab, "moe_intermediate_size": expert_ffn, "num_hidden_layers": layers,
+               "head_dim": head_width, "num_local_experts" if spelled_local else "num_experts": experts}
+    check("qwen3_moe", changes, drop=("num_experts",) if spelled_local else ())
+
+
+@SETTINGS
+@given(hw=heads_and_width, ffn=sizes(1, 48), layers=sizes(1, 3), patch=sizes(1, 12), image=sizes(1, 64),
+       channels=sizes(1, 4))
+def test_vit_formula_at_random_image_and_patch_sizes(hw, ffn, layers, patch, image, channels):
+    assert formula("vit").spec.definitions() == {"Q": "image_size // patch_size"}
+    heads, width = hw
+    check("vit", {"num_attention_heads": heads, "hidden_size": width, "intermediate_size": ffn,
+                  "num_hidden_layers": layers, "patch_size": patch, "image_size": max(image, patch),
+                  "num_channels": channels})
 
 
 @pytest.mark.parametrize("family", sorted(ANCHORS))

@@ -249,3 +249,79 @@ def test_qwen15_moe_preset_reports_the_cards_figures():
     assert find_preset("qwen1.5-moe-a2.7b").load_config() == QWEN15_MOE_A27B
     report = paramscope.inspect("qwen1.5-moe-a2.7b")
     assert (report.parameters.total, report.parameters.active) == (14_315_784_192, 2_689_173_504)
+
+
+# ------------------------------------------------------------------------------ top-k and E in sub-configs
+
+FORMULA_CONFIGS = __import__("pathlib").Path(__file__).parent / "configs" / "formula"
+
+
+def test_qwen3_5_35b_a3b_finds_top_k_in_text_config():
+    """Qwen3.5-MoE keeps num_experts_per_tok in text_config; the wrapper's top level has none (issue 9, point 3).
+
+    The config is Qwen3_5MoeConfig's defaults (the 35B-A3B sizes) with the public card's 262,144 positions and a
+    vision merger projecting to the text width, 2048.
+    """
+    report = report_of(str(FORMULA_CONFIGS / "qwen3_5_moe-35b-a3b.json"))
+    assert report.parameters.total == 35_107_181_936
+    # one routed expert: 3 × 2048 × 512 = 3,145,728; × 256 experts × 40 layers = 32,212,254,720
+    # top-8 of 256 leaves 248/256 idle: 31,205,621,760; active = total − that = 3,901,560,176
+    moe = report.moe
+    assert moe.routed == 40 * 256 * 3 * 2048 * 512 == 32_212_254_720
+    assert moe.inactive == 32_212_254_720 * 248 // 256 == 31_205_621_760
+    assert report.parameters.active == 35_107_181_936 - 31_205_621_760 == 3_901_560_176
+    assert (moe.num_experts, moe.top_k) == (256, 8)
+    assert moe.source == "E from config text_config.num_experts=256; k from config text_config.num_experts_per_tok=8"
+
+
+def test_qwen3_vl_moe_dict_config_names_the_aliased_field_it_read():
+    config = {"model_type": "qwen3_vl_moe", "architectures": ["Qwen3VLMoeForConditionalGeneration"],
+              "text_config": {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 48,
+                              "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+                              "num_key_value_heads": 2, "head_dim": 8, "num_experts": 6, "num_experts_per_tok": 2,
+                              "decoder_sparse_step": 1, "tie_word_embeddings": False},
+              "vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 24, "num_heads": 2,
+                                "out_hidden_size": 32, "num_position_embeddings": 16, "patch_size": 4,
+                                "deepstack_visual_indexes": []}}
+    report = paramscope.inspect(config)
+    assert report.parameters.total == 43_384
+    # 2 layers × 6 experts × 3 × 32 × 16 = 18,432 routed; top-2 of 6 leaves 4/6 idle = 12,288
+    assert report.moe.routed == 18_432
+    assert report.parameters.active == 43_384 - 12_288 == 31_096
+    # the text config maps num_experts onto num_local_experts (attribute_map): the source names the real field
+    assert "text_config.num_local_experts=6" in report.moe.source
+    assert "text_config.num_experts_per_tok=2" in report.moe.source
+
+
+def test_top_k_in_a_nested_sub_config_and_disagreeing_sub_configs():
+    from paramscope.moe import config_value
+
+    omni = {"model_type": "x", "thinker_config": {"text_config": {"num_experts_per_tok": 8}},
+            "talker_config": {"text_config": {"num_experts_per_tok": 8}}}
+    assert config_value(omni, ("num_experts_per_tok",)) == ("thinker_config.text_config.num_experts_per_tok", 8)
+    # the top level wins over sub-configs; fields that are no sub-config (rope, quantisation) are never read
+    assert config_value({"top_k": 2, "text_config": {"top_k": 4}}, ("top_k",)) == ("top_k", 2)
+    assert config_value({"quantization_config": {"top_k": 4}, "rope_scaling": {"top_k": 4}}, ("top_k",)) is None
+
+    model = _TinyMoE(True)
+    model.config = SimpleNamespace(model_type=None, thinker_config=SimpleNamespace(top_k=1, model_type="a",
+                                                                                   to_dict=dict),
+                                   talker_config={"top_k": 2})
+    summary = summarize_moe(paramscope.inspect(model).params, model.config)
+    assert summary.top_k is None and summary.active is None
+    assert "the sub-configs disagree (thinker_config.top_k=1, talker_config.top_k=2)" in summary.source
+
+
+def test_sub_config_search_is_bounded_and_survives_cycles():
+    from paramscope.moe import config_value
+
+    loop: dict = {"model_type": "x"}
+    loop["text_config"] = loop  # a config that holds itself
+    assert config_value(loop, ("num_experts_per_tok",)) is None
+    deep = {"num_experts_per_tok": 3}
+    for _ in range(6):
+        deep = {"text_config": deep}
+    assert config_value(deep, ("num_experts_per_tok",)) is None  # deeper than any real wrapper nests
+    shallow = {"text_config": {"text_config": {"text_config": {"num_experts_per_tok": 3}}}}
+    assert config_value(shallow, ("num_experts_per_tok",)) == (
+        "text_config.text_config.text_config.num_experts_per_tok", 3)

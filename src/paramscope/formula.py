@@ -7,7 +7,10 @@ How a formula is derived (nothing is fitted to one point):
 2. Sort the config's fields. Integer fields are candidate symbols. Every other field (booleans, strings,
    floats, null fields the config class derives, lists) is a candidate structural flag: all are changed at
    once and the model rebuilt; when its parameters change, the set is halved until each flag that matters is
-   found. Those become assumptions (`tie_word_embeddings = true`, `n_inner is not set`).
+   found. Those become assumptions (`tie_word_embeddings = true`, `n_inner is not set`). A field has one entry
+   however it is spelled: attribute_map aliases (Qwen3-MoE's num_experts is num_local_experts) and the flat
+   fields a sub-config is built from (Qwen2.5-VL's hidden_size is text_config.hidden_size) are its spellings,
+   varied together.
 3. Vary each integer field alone, twice, keeping divisibility relations (hidden size by heads) intact. A field
    that changes nothing is independent of the count (BERT's heads); one that adds or removes tensors is
    structural: it is tied to an equal field (ELECTRA's embedding_size = hidden_size) or held fixed.
@@ -15,7 +18,9 @@ How a formula is derived (nothing is fitted to one point):
    independently, so each keeps its own symbol.
 4. Along each field, every multiplicity and every dimension is fitted as a·x^e + b (e in 1, −1, 2, …);
    the product of those exponent sets gives candidate monomials (K·D/H, N − N_dense, r_kv + d_rope), whose
-   coefficients are solved exactly over all builds, including random joint variations.
+   coefficients are solved exactly over all builds, including random joint variations. A dimension that no
+   polynomial in the fields gives, but one in a whole-number quotient a // b does, gets a derived symbol
+   (ViT's positions: Q² + 1 with Q = image_size // patch_size).
 5. The formula (Σ multiplicity × Π dimensions) is checked against the meta count at every build, on two
    fresh hold-out builds, and per role at the anchor. Any disagreement raises FormulaMismatchError.
 
@@ -48,9 +53,11 @@ from .formula_cache import (
     FormulaSpec,
     Poly,
     factor_order,
+    get_path,
     installed_transformers_version,
     labels_of,
     lookup,
+    read_path,
     roles_fingerprint,
     route_key,
     set_path,
@@ -341,6 +348,7 @@ class _Deriver:
         self.builds = 0
         self._probes: dict[str, _Snapshot | None] = {}
         self.periodic: dict[str, tuple[str, list]] = {}  # list path → (the int field its length follows, period)
+        self.quotients: dict[str, tuple[str, str]] = {}  # "a//b" → (a, b): derived whole-number quotients
 
     # --- building ----------------------------------------------------------------------------------------------
 
@@ -352,7 +360,8 @@ class _Deriver:
         config = copy.deepcopy(self.base)
         for path, value in overrides.items():
             if path != "num_labels":
-                set_path(config, path, value)
+                for spelling in self._spellings_in_base(path):
+                    set_path(config, spelling, value)
             # per-layer lists (layer_types, …) follow the field that counts the layers
             for list_path, (length_path, period) in self.periodic.items():
                 if length_path == path:
@@ -367,21 +376,37 @@ class _Deriver:
         self._probes[key] = snap
         return snap
 
+    def _spellings_in_base(self, path: str) -> list[str]:
+        """Where to write the field at `path` in the anchor config: every spelling it uses, so that no alias keeps
+        the old value; when it uses none, beside the fields the class reads it with (flat, when a sub-config is
+        built from flat fields), so that a probe never creates a sub-config that shadows them."""
+        spellings = [path, *self.spellings.get(path, ())]
+        given = [s for s in spellings if get_path(self.base, s) is not ABSENT]
+        if given:
+            return given
+        for spelling in sorted(spellings, key=lambda s: -s.count(".")):
+            parent = spelling.rpartition(".")[0]
+            if not parent or isinstance(get_path(self.base, parent), dict):
+                return [spelling]
+        return [path]
+
     # --- the whole derivation ----------------------------------------------------------------------------------
 
     def run(self) -> tuple[FormulaSpec, dict[str, int]]:
         import transformers
 
-        from .build import choose_class, make_config
+        from .build import _quiet_transformers, choose_class, make_config
 
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _quiet_transformers():
             warnings.simplefilter("ignore")
             config, _ = make_config(self.base, num_labels=self.num_labels)
             choice = choose_class(config, self.base, model_class=self.model_class, task=self.task)
-        self.class_name = choice.name
-        if getattr(transformers, self.class_name, None) is None:
-            raise ModelClassError(f"formulas need a native transformers class; {self.class_name!r} is not one")
-        self.config_obj = config
+            self.class_name = choice.name
+            if getattr(transformers, self.class_name, None) is None:
+                raise ModelClassError(f"formulas need a native transformers class; {self.class_name!r} is not one")
+            self.spellings: dict[str, list[str]] = {}  # config path → its other spellings (aliases)
+            self._register_flat_spellings(config)
+            self.config_obj = config
         counted = _build(self.base, self.class_name, self.num_labels)
         self.builds += 1
         self.anchor = _snapshot(counted)
@@ -398,8 +423,15 @@ class _Deriver:
         quantities = self._fit_all(variables, axis, joint)
 
         symbols, sym_of = self._symbols(variables, ints)
+        derived: dict[str, tuple[str, str]] = {}
+        for name, (a, b) in self.quotients.items():
+            free = (f"Q{n}" if n > 1 else "Q" for n in itertools.count(1))
+            symbol = next(q for q in free if q not in symbols and q not in derived)
+            derived[symbol] = (sym_of[a], sym_of[b])
+            sym_of[name] = symbol
         families = self._families(quantities, sym_of)
         anchor_values = {sym_of[v]: ints[v].value for v in variables}
+        anchor_values.update({symbol: anchor_values[a] // anchor_values[b] for symbol, (a, b) in derived.items()})
         spec_conditions = self._conditions(conditions, groups, ints, variables, sym_of, families)
         defaults = {}
         for path, info in ints.items():
@@ -416,14 +448,17 @@ class _Deriver:
             conditions=spec_conditions,
             independent=tuple(sorted((p for p in independent if ints[p].present or p != "num_labels"),
                                      key=self._rank)),
-            sympy_names=_sympy_names(symbols),
+            sympy_names=_sympy_names({**symbols, **derived}),
             anchor={},
+            aliases={path: tuple(others) for path, others in self.spellings.items()},
+            derived=derived,
         )
         self._verify(spec, variables, sym_of, axis, joint)
         # two fresh joint builds the fit never saw
         holdout = self._joint(variables, axis, count=2, seed=1, exclude=joint)
         self._verify(spec, variables, sym_of, axis, holdout, holdout=True)
-        anchor = {"label": self.label, "values": anchor_values, "total": self.anchor.total, "builds": self.builds,
+        anchor = {"label": self.label, "values": anchor_values, "total": self.anchor.total,
+                  "by_role": _nonzero(self.anchor.breakdown), "builds": self.builds,
                   "seconds": round(time.perf_counter() - started, 3)}
         spec = dataclasses.replace(spec, anchor=anchor)
         return spec, anchor_values
@@ -438,6 +473,65 @@ class _Deriver:
         ints["num_labels"] = _Field("num_labels", labels, 2, "num_labels" in self.base or "id2label" in self.base)
         self._ints = dict(sorted(ints.items(), key=lambda item: self._rank(item[0])))
         return self._ints, flags
+
+    def _register_flat_spellings(self, config) -> None:
+        """Sub-configs some classes build from flat fields when the sub-config is not given (Qwen2.5-VL's
+        text_config from hidden_size, …): such a field is one field with two spellings, `text_config.hidden_size`,
+        read when text_config is given, and `hidden_size`, read when it is not.
+
+        A sub-config most of whose probed fields come from flat fields is built from them: all its fields get
+        both spellings (the class passes them on together). Otherwise only the fields seen coming from a flat
+        field do (Qwen2.5-VL forwards tokens_per_second alone to its vision config).
+        """
+        from transformers import PreTrainedConfig
+
+        top_level = {f.name for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else set()
+        claimed = {s for spellings in self.spellings.values() for s in spellings}
+        for name, sub in list(vars(config).items()):
+            if not isinstance(sub, PreTrainedConfig) or not dataclasses.is_dataclass(sub):
+                continue
+            fed, probed = self._flat_fed(name, sub, top_level)
+            if not fed:
+                continue
+            fields = [f.name for f in dataclasses.fields(sub)] if 2 * len(fed) > probed else fed
+            for field_name in fields:
+                if field_name.startswith("_") or field_name in top_level or field_name in claimed:
+                    continue
+                self.spellings.setdefault(f"{name}.{field_name}", []).append(field_name)
+                claimed.add(field_name)
+
+    def _flat_fed(self, name: str, sub, top_level: set[str]) -> tuple[list[str], int]:
+        """The fields of sub-config `name` that the class fills from flat fields when `name` is not given, and how
+        many were probed: each integer and boolean field is given flat, changed, and read back from the
+        sub-config (all at once; one at a time when the class rejects that combination). Fields of the wrapper
+        itself (`top_level`) are left out: given flat, they are the wrapper's."""
+        changed: dict[str, Any] = {}
+        for f in dataclasses.fields(sub):
+            value = getattr(sub, f.name, None)
+            if f.name.startswith("_") or f.name in top_level or f.name in _SKIP_KEYS:
+                continue
+            if isinstance(value, bool):
+                changed[f.name] = not value
+            elif isinstance(value, int):
+                changed[f.name] = value * 2 if value > 0 else 2
+            elif value is None and "int" in str(f.type):
+                changed[f.name] = 2
+        found = self._read_back(name, changed)
+        if found is None:
+            found = [k for k, v in changed.items() if self._read_back(name, {k: v})]
+        return found, len(changed)
+
+    def _read_back(self, name: str, flat: dict[str, Any]) -> list[str] | None:
+        """Which of `flat`, given as flat fields, sub-config `name` takes; None when the class rejects them."""
+        from .build import make_config
+
+        try:
+            rebuilt, _ = make_config({"model_type": self.base.get("model_type"), **flat}, num_labels=self.num_labels)
+        except Exception:  # the class's own checks: not a usable probe
+            return None
+        sub = getattr(rebuilt, name, None)
+        return [k for k, v in flat.items() if sub is not None and type(getattr(sub, k, None)) is type(v)
+                and getattr(sub, k) == v]
 
     def _walk(self, config_obj, base: dict[str, Any], prefix: str, ints, flags) -> None:
         from transformers import PreTrainedConfig
@@ -457,8 +551,20 @@ class _Deriver:
             class_defaults = type(config_obj)().to_dict()
         except Exception:
             class_defaults = {}
-        names = list(declared) + [k for k in base if k not in declared]
-        names += [k for k in effective if k not in declared and k not in base]
+        # transformers' attribute_map: an alias names the same field (Qwen3-MoE's num_experts is num_local_experts)
+        alias_of = {alias: real for alias, real in (getattr(config_obj, "attribute_map", None) or {}).items()
+                    if isinstance(alias, str) and isinstance(real, str) and alias != real}
+        for alias, real in alias_of.items():
+            self.spellings.setdefault(prefix + real, []).append(prefix + alias)
+        for alias, real in alias_of.items():  # a class may declare the alias as its field (Qwen3-MoE)
+            if alias in declared and real not in declared:
+                declared[real] = declared.pop(alias)
+                annotations[real] = annotations.pop(alias, "")
+        names = list(declared) + [k for k in base if k not in declared and k not in alias_of]
+        names += [k for k in effective if k not in declared and k not in base and k not in alias_of]
+        names += [real for alias, real in alias_of.items() if alias in base and real not in names]
+        flat_copies = {spelling for spellings in self.spellings.values() for spelling in spellings
+                       if "." not in spelling} if not prefix else set()
         for name in names:
             path = prefix + name
             if name.startswith("_") or name in _SKIP_KEYS or _SKIP_RE.search(name):
@@ -468,13 +574,16 @@ class _Deriver:
                 child = base.get(name) if isinstance(base.get(name), dict) else {}
                 self._walk(sub, child, path + ".", ints, flags)
                 continue
-            present = name in base
+            if name in flat_copies and name not in declared:
+                continue  # a flat copy of a sub-config's field: catalogued there, under both spellings
+            given = read_path(self.base, path, self.spellings)  # under any spelling, at any level
+            present = given is not ABSENT
             if name in declared:
                 default = declared[name]
             else:
                 default = class_defaults.get(name, ABSENT)
             if present:
-                value = base[name]
+                value = given
             elif name in declared:
                 value = default
             else:
@@ -768,6 +877,9 @@ class _Deriver:
             rhs.append(Fraction(y))
         solution = _solve(rows, rhs)
         if solution is None:
+            quotient = self._fit_quotient(key, i, exponents, obs)
+            if quotient is not None:
+                return quotient
             raise FormulaError(
                 f"{key[0]}: its {'count' if i == 0 else f'dimension {i - 1}'} is no polynomial in the config's "
                 f"fields that paramscope can find, so no closed form is given for {self.class_name}"
@@ -779,6 +891,37 @@ class _Deriver:
             if coef:
                 poly = poly + Poly.monomial(mono, coef)
         return poly
+
+    def _fit_quotient(self, key, i: int, exponents: dict[str, tuple[int, ...]], obs) -> Poly | None:
+        """The quantity as a polynomial in a whole-number quotient a // b, where it grows as a^e and shrinks as
+        b^−e: ViT's positions are (image_size // patch_size)² + 1, which no polynomial in the two fields gives
+        once image_size is no multiple of patch_size. None when no such quotient gives one."""
+        for a, b in itertools.permutations(exponents, 2):
+            powers = sorted({e for e in exponents[a] if e > 0 and -e in exponents[b]})
+            if not powers:
+                continue
+            name = f"{a}//{b}"
+            rest = {rep: exps for rep, exps in exponents.items() if rep not in (a, b)}
+            rest[name] = tuple(powers) + (0,)
+            monomials = [dict(zip(rest, combo)) for combo in itertools.product(*rest.values())]
+            rows, rhs = [], []
+            for assignment, snap in obs:
+                y = self._quantity(snap, key, i)
+                if y is None or assignment[a] < assignment[b]:
+                    continue
+                point = {**assignment, name: assignment[a] // assignment[b]}
+                rows.append([_monomial_value(m, point) for m in monomials])
+                rhs.append(Fraction(y))
+            solution = _solve(rows, rhs)
+            if solution is None or solution == "underdetermined":
+                continue
+            self.quotients[name] = (a, b)
+            poly = Poly()
+            for mono, coef in zip(monomials, solution):
+                if coef:
+                    poly = poly + Poly.monomial(mono, coef)
+            return poly
+        return None
 
     def _axis_exponents(self, key, i: int, rep: str, points) -> tuple[int, ...]:
         (x0, y0), (x1, y1), (x2, y2) = points[:3]
@@ -810,7 +953,10 @@ class _Deriver:
         for path in sorted(variables, key=self._rank):
             leaf = path.rsplit(".", 1)[-1]
             prefix = path.rsplit(".", 1)[0].split("_")[0] if "." in path else ""
-            base = _SYMBOL_OF_KEY.get(leaf) or re.sub(r"\W", "_", leaf)
+            # an alias may carry the conventional name (a vision tower's depth is its num_hidden_layers)
+            known = [_SYMBOL_OF_KEY[k] for k in [leaf] + [a.rsplit(".", 1)[-1] for a in self.spellings.get(path, ())]
+                     if k in _SYMBOL_OF_KEY]
+            base = known[0] if known else re.sub(r"\W", "_", leaf)
             name = base
             if name in symbols:
                 name = f"{base}_{prefix}" if prefix else base

@@ -13,6 +13,12 @@ see a half-written file, and two writers of the same formula write the same byte
     <cache>/formulas/v<FORMAT>/<transformers version>/routes/<hash of the request>.json   (request → class)
 
 <cache> is $PARAMSCOPE_CACHE_DIR, else the platform cache directory (~/.cache/paramscope on Linux).
+
+Reading the cache never trusts it: only regular files of at most MAX_ENTRY_BYTES are opened (a symlink, a FIFO
+or a device costs one lstat), every field is type-checked and bounded (exponents, coefficients, counts) before
+any arithmetic, and a formula must reproduce its own anchor (the count, total and per role, of the config it was
+derived from) before it is used. An entry that fails any of these is skipped with a note in `Lookup.rejected`;
+`lookup` raises for no cache content.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -31,11 +38,20 @@ from typing import Any, Iterable
 
 from .errors import ConfigError, ParamscopeError
 
-FORMAT = 1
+FORMAT = 2  # 2: the anchor carries its per-role counts, and every entry is checked against its anchor
 # Factors inside a term follow this order (multiplicities first, the width D late, divisors last).
 FACTOR_ORDER = ("N", "N_dec", "N_dense", "G", "G_in", "E", "E_sh", "V", "L", "T", "C", "B", "K", "D", "D_emb",
                 "I", "I_dec", "I_moe", "I_sh", "H", "H_dec", "d_h", "r_q", "r_kv", "d_nope", "d_rope", "d_v", "d_rot")
 ABSENT = "<absent>"  # JSON marker: the key is not in the config and the config class declares no default
+
+# Bounds on what a cache entry may hold, checked before any arithmetic. Derived formulas stay far inside them:
+# exponents come from fits in 1, −1, 2, −2, 3; coefficients are small fractions; an entry is tens of kB.
+MAX_ENTRY_BYTES = 4 * 1024 * 1024
+MAX_EXPONENT = 6
+MAX_COEFFICIENT = 2**63  # numerator and denominator, in absolute value
+MAX_CACHED_ENTRIES = 256  # per class directory
+_COEFFICIENT = re.compile(r"-?[0-9]{1,19}(?:/[0-9]{1,19})?")
+_CONDITION_KINDS = frozenset({"equals", "unset", "same_as", "present", "integral", "periodic"})
 
 
 class FormulaError(ParamscopeError):
@@ -50,6 +66,25 @@ class FormulaMismatchError(FormulaError):
 
 class AssumptionError(ConfigError):
     """The config violates an assumption under which the formula was derived."""
+
+
+class CacheEntryError(ValueError):
+    """A cache entry of the wrong shape or out of bounds: skipped with this note, never used."""
+
+
+def _expect(ok: bool, what: str) -> None:
+    if not ok:
+        raise CacheEntryError(what)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _str_dict(data: Any, what: str, values=str) -> dict:
+    _expect(isinstance(data, dict) and all(isinstance(k, str) and isinstance(v, values) and not isinstance(v, bool)
+                                           for k, v in data.items()), f"{what} is not a mapping of the right types")
+    return dict(data)
 
 
 # --------------------------------------------------------------------------------------------------- polynomials
@@ -153,12 +188,39 @@ class Poly:
         return [[_coef_json(c), dict(mono)] for mono, c in self.terms.items()]
 
     @classmethod
-    def from_json(cls, data: list) -> "Poly":
-        return cls((tuple(exps.items()), Fraction(coef)) for coef, exps in data)
+    def from_json(cls, data: Any, symbols: Iterable[str] | None = None) -> "Poly":
+        """The polynomial `to_json` wrote; CacheEntryError for anything else, or out of bounds, or naming a
+        symbol outside `symbols`."""
+        known = None if symbols is None else set(symbols)
+        _expect(isinstance(data, list), "a polynomial is not a list of terms")
+        terms = []
+        for term in data:
+            _expect(isinstance(term, list) and len(term) == 2, "a polynomial term is not [coefficient, exponents]")
+            coef, exps = term
+            _expect(isinstance(exps, dict), "a term's exponents are not a mapping")
+            for name, e in exps.items():
+                _expect(known is None or name in known, f"a term names the unknown symbol {str(name)[:40]!r}")
+                _expect(_is_int(e) and abs(e) <= MAX_EXPONENT, f"an exponent is not an integer within "
+                                                              f"±{MAX_EXPONENT}")
+            terms.append((tuple(exps.items()), _coefficient(coef)))
+        return cls(terms)
 
 
 def _coef_json(c: Fraction) -> int | str:
     return c.numerator if c.denominator == 1 else f"{c.numerator}/{c.denominator}"
+
+
+def _coefficient(value: Any) -> Fraction:
+    """A coefficient as `_coef_json` wrote it (an int, or "p/q"), refused before any arithmetic when too large."""
+    if _is_int(value):
+        _expect(abs(value) < MAX_COEFFICIENT, "a coefficient is out of bounds")
+        return Fraction(value)
+    _expect(isinstance(value, str) and _COEFFICIENT.fullmatch(value) is not None,
+            "a coefficient is neither an integer nor a fraction p/q")
+    num, _, den = value.partition("/")
+    _expect(abs(int(num)) < MAX_COEFFICIENT and int(den or 1) < MAX_COEFFICIENT and int(den or 1) != 0,
+            "a coefficient is out of bounds")
+    return Fraction(int(num), int(den or 1))
 
 
 def product(polys: Iterable[Poly]) -> Poly:
@@ -191,9 +253,11 @@ class Family:
                 "shape": [d.to_json() for d in self.shape]}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Family":
-        return cls(data["pattern"], data["role"], Poly.from_json(data["mult"]),
-                   tuple(Poly.from_json(d) for d in data["shape"]))
+    def from_json(cls, data: Any, symbols: Iterable[str] | None = None) -> "Family":
+        _expect(isinstance(data, dict) and isinstance(data.get("pattern"), str) and isinstance(data.get("role"), str)
+                and isinstance(data.get("shape"), list), "a family is not {pattern, role, mult, shape}")
+        return cls(data["pattern"], data["role"], Poly.from_json(data.get("mult"), symbols),
+                   tuple(Poly.from_json(d, symbols) for d in data["shape"]))
 
 
 @dataclass(frozen=True)
@@ -212,7 +276,13 @@ class Condition:
         return {"kind": self.kind, "path": self.path, "value": self.value, "default": self.default, "text": self.text}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Condition":
+    def from_json(cls, data: Any) -> "Condition":
+        _expect(isinstance(data, dict) and {"kind", "path", "value", "default", "text"} <= set(data)
+                and data["kind"] in _CONDITION_KINDS and isinstance(data["path"], str)
+                and isinstance(data["text"], str), "a condition is not {kind, path, value, default, text}")
+        _expect(data["kind"] != "same_as" or isinstance(data["value"], str), "a same_as condition names no field")
+        _expect(data["kind"] != "periodic" or isinstance(data["value"], list) and data["value"],
+                "a periodic condition has no period")
         return cls(data["kind"], data["path"], data["value"], data["default"], data["text"])
 
 
@@ -231,8 +301,14 @@ class FormulaSpec:
     conditions: tuple[Condition, ...]
     independent: tuple[str, ...]  # integer fields that were varied and change no parameter
     sympy_names: dict[str, str]  # symbol → how a sympify-able string must spell it (N → Symbol('N'))
-    anchor: dict[str, Any]  # where it was derived: label, values, total, builds, seconds
+    anchor: dict[str, Any]  # where it was derived: label, values, total, by_role, builds, seconds
     format: int = FORMAT
+    # config path → its other spellings: transformers' attribute_map aliases (num_experts for num_local_experts)
+    # and the flat fields a sub-config is built from when it is not given (hidden_size for text_config.hidden_size)
+    aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # derived symbol → (numerator symbol, denominator symbol): a whole-number quotient, where the count is a
+    # polynomial in it but not in the fields (ViT's patches per side, image_size // patch_size)
+    derived: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     # --- structure -------------------------------------------------------------------------------------------
 
@@ -319,15 +395,38 @@ class FormulaSpec:
         for symbol, path in self.symbols.items():
             value = self.field_value(config, path, num_labels)
             values[symbol] = value  # checked by violations()
-        return values
+        return self.with_derived(values)
+
+    def with_derived(self, values: dict[str, int]) -> dict[str, int]:
+        """`values` with the derived symbols added (each a whole-number quotient of two symbols)."""
+        return {**values, **{symbol: values[a] // values[b] for symbol, (a, b) in self.derived.items()}}
+
+    def definitions(self) -> dict[str, str]:
+        """Each derived symbol's definition in its fields: {"Q": "image_size // patch_size"}."""
+        return {symbol: f"{self.symbols[a]} // {self.symbols[b]}" for symbol, (a, b) in self.derived.items()}
 
     def field_value(self, config: dict[str, Any], path: str, num_labels: int | None = None) -> Any:
         if path == "num_labels":
             return labels_of(config, num_labels)
-        value = get_path(config, path)
+        value = self.read(config, path)
         if value is ABSENT:
             return self.defaults.get(path, ABSENT)
         return value
+
+    def read(self, config: dict[str, Any], path: str) -> Any:
+        """The field at `path` as `config` spells it (read_path), or ABSENT."""
+        return read_path(config, path, self.aliases)
+
+    def _spelling_conflicts(self, config: dict[str, Any]) -> list[str]:
+        """Two spellings of one field at one level (an attribute_map alias and its field) that disagree."""
+        problems = []
+        for path, others in self.aliases.items():
+            given = {s: get_path(config, s) for s in (path, *others) if s.count(".") == path.count(".")}
+            given = {s: v for s, v in given.items() if v is not ABSENT}
+            if len({_canon(v) for v in given.values()}) > 1:
+                problems.append("the config spells one field two ways with different values: "
+                                + ", ".join(f"{s} = {_show(v)}" for s, v in given.items()))
+        return problems
 
     def violations(self, config: dict[str, Any], num_labels: int | None = None) -> list[str]:
         """Every assumption `config` breaks, in words; empty when the formula applies."""
@@ -342,8 +441,9 @@ class FormulaSpec:
             validate_config_dict(config)
         except ConfigError as err:
             return [str(err)]
+        problems.extend(self._spelling_conflicts(config))
         for cond in self.conditions:
-            current = _current(config, cond)
+            current = self._current(config, cond)
             if cond.kind == "equals" and _canon(current) != _canon(cond.value):
                 problems.append(f"assumes {cond.text}; this config has {cond.path} = {_show(current)}")
             elif cond.kind == "periodic" and not _repeats(current, cond.value):
@@ -351,7 +451,7 @@ class FormulaSpec:
             elif cond.kind == "unset" and current not in (None, ABSENT):
                 problems.append(f"assumes {cond.text}; this config sets {cond.path} = {_show(current)}")
             elif cond.kind == "same_as":
-                other = _current(config, Condition("", cond.value, None, self._default(cond.value), ""))
+                other = self._current(config, Condition("", cond.value, None, self._default(cond.value), ""))
                 if _canon(current) != _canon(other):
                     problems.append(f"assumes {cond.text}; this config has {cond.path} = {_show(current)}, "
                                     f"{cond.value} = {_show(other)}")
@@ -365,6 +465,9 @@ class FormulaSpec:
         if problems:
             return problems
         values = self._values(config, num_labels)
+        for symbol, definition in self.definitions().items():
+            if values[symbol] < 1:
+                return [f"{definition} ({symbol}) is {values[symbol]} at this config; the formula needs at least 1"]
         for fam in self.families:
             for i, dim in enumerate((fam.mult, *fam.shape)):
                 got = dim.evaluate(values)
@@ -378,7 +481,12 @@ class FormulaSpec:
     def _default(self, path: str) -> Any:
         return self.defaults.get(path, ABSENT)
 
+    def _current(self, config: dict[str, Any], cond: Condition) -> Any:
+        value = self.read(config, cond.path)
+        return cond.default if value is ABSENT else value
+
     def evaluate(self, values: dict[str, int]) -> "Evaluation":
+        values = self.with_derived(values)
         by_role = {role: _int(poly.evaluate(values)) for role, poly in self.role_polys().items()}
         parts = [(name, groups, _int(_groups_poly(groups).evaluate(values))) for name, groups in self.parts()]
         total = _int(self.total_poly().evaluate(values))
@@ -403,24 +511,80 @@ class FormulaSpec:
             "independent": list(self.independent),
             "sympy_names": self.sympy_names,
             "anchor": self.anchor,
+            "aliases": {path: list(others) for path, others in self.aliases.items()},
+            "derived": {symbol: list(pair) for symbol, pair in self.derived.items()},
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> "FormulaSpec":
+    def from_json(cls, data: Any) -> "FormulaSpec":
+        """The spec `to_json` wrote. CacheEntryError names what is wrong with anything else: every field is
+        type-checked and bounded here, so that evaluating the result is cheap and cannot fail."""
+        _expect(isinstance(data, dict), "the entry is not a JSON object")
+        _expect(_is_int(data.get("format")) and data["format"] == FORMAT, f"the entry is not of cache format {FORMAT}")
+        for name in ("class", "model_type", "transformers_version", "roles_fingerprint"):
+            _expect(isinstance(data.get(name), str), f"{name} is not a string")
+        symbols = _str_dict(data.get("symbols"), "symbols")
+        derived = data.get("derived")
+        _expect(isinstance(derived, dict) and all(
+            isinstance(name, str) and name not in symbols and isinstance(pair, list) and len(pair) == 2
+            and all(isinstance(s, str) and s in symbols for s in pair) for name, pair in derived.items()),
+            "derived is not a mapping of new symbols to two of the symbols")
+        families = data.get("families")
+        conditions = data.get("conditions")
+        independent = data.get("independent")
+        _expect(isinstance(families, list), "families is not a list")
+        _expect(isinstance(conditions, list), "conditions is not a list")
+        _expect(isinstance(independent, list) and all(isinstance(p, str) for p in independent),
+                "independent is not a list of field names")
+        defaults = _str_dict(data.get("defaults"), "defaults", int)
+        sympy_names = _str_dict(data.get("sympy_names"), "sympy_names")
+        anchor = data.get("anchor")
+        _expect(isinstance(anchor, dict), "anchor is not a mapping")
+        values = _str_dict(anchor.get("values"), "anchor values", int)
+        _expect(set(values) == set(symbols) | set(derived) and all(0 < v < MAX_COEFFICIENT for v in values.values()),
+                "the anchor's values do not match the symbols")
+        _expect(_is_int(anchor.get("total")) and anchor["total"] >= 0, "the anchor has no total")
+        by_role = _str_dict(anchor.get("by_role"), "the anchor's counts by role", int)
+        _expect(all(v > 0 for v in by_role.values()), "the anchor's counts by role are not positive")
+        _expect(isinstance(anchor.get("label", ""), str), "the anchor's label is not a string")
+        aliases = data.get("aliases")
+        _expect(isinstance(aliases, dict) and all(
+            isinstance(path, str) and isinstance(others, list) and all(isinstance(o, str) for o in others)
+            for path, others in aliases.items()), "aliases is not a mapping of field names to their spellings")
+        for name in ("builds", "seconds"):
+            _expect(isinstance(anchor.get(name, 0), (int, float)) and not isinstance(anchor.get(name), bool),
+                    f"the anchor's {name} is not a number")
         return cls(
             class_name=data["class"],
             model_type=data["model_type"],
             transformers_version=data["transformers_version"],
             roles_fingerprint=data["roles_fingerprint"],
-            symbols=dict(data["symbols"]),
-            defaults=dict(data["defaults"]),
-            families=tuple(Family.from_json(f) for f in data["families"]),
-            conditions=tuple(Condition.from_json(c) for c in data["conditions"]),
-            independent=tuple(data["independent"]),
-            sympy_names=dict(data["sympy_names"]),
-            anchor=dict(data["anchor"]),
+            symbols=symbols,
+            defaults=defaults,
+            families=tuple(Family.from_json(f, [*symbols, *derived]) for f in families),
+            conditions=tuple(Condition.from_json(c) for c in conditions),
+            independent=tuple(independent),
+            sympy_names=sympy_names,
+            anchor=dict(anchor),
             format=data["format"],
+            aliases={path: tuple(others) for path, others in aliases.items()},
+            derived={name: (pair[0], pair[1]) for name, pair in derived.items()},
         )
+
+    def anchor_problem(self) -> str | None:
+        """Why this formula does not reproduce its own anchor count (total and per role), or None when it does."""
+        try:
+            evaluation = self.evaluate(self.anchor["values"])
+        except FormulaError as err:
+            return f"at its anchor: {err}"
+        except ZeroDivisionError:
+            return "at its anchor a derived symbol is 0"
+        if evaluation.total != self.anchor["total"]:
+            return (f"it gives {evaluation.total:,} at the config it was derived from, which counts "
+                    f"{self.anchor['total']:,}")
+        if {role: n for role, n in evaluation.by_role.items() if n} != self.anchor["by_role"]:
+            return "its split by role differs from the count at the config it was derived from"
+        return None
 
     def key(self) -> str:
         """What makes two formulas of one class different: the structural conditions."""
@@ -484,6 +648,25 @@ def get_path(config: dict[str, Any], path: str) -> Any:
     return node
 
 
+def read_path(config: dict[str, Any], path: str, aliases: dict[str, Any]) -> Any:
+    """The field at `path`, under whichever of its spellings (`aliases[path]`) `config` uses; ABSENT if none.
+
+    As transformers reads them: a sub-config that is given is read and the flat copies beside it are ignored (a
+    given text_config without hidden_size means the class default); a flat field counts only when its
+    sub-config is not given. Spellings at one level (attribute_map aliases) are read in order.
+    """
+    spellings = (path, *aliases.get(path, ()))
+    for depth in sorted({s.count(".") for s in spellings}, reverse=True):
+        level = [s for s in spellings if s.count(".") == depth]
+        for spelling in level:
+            value = get_path(config, spelling)
+            if value is not ABSENT:
+                return value
+        if depth and any(isinstance(get_path(config, s.rpartition(".")[0]), dict) for s in level):
+            return ABSENT
+    return ABSENT
+
+
 def set_path(config: dict[str, Any], path: str, value: Any) -> None:
     parts = path.split(".")
     node = config
@@ -494,11 +677,6 @@ def set_path(config: dict[str, Any], path: str, value: Any) -> None:
             node[part] = child
         node = child
     node[parts[-1]] = value
-
-
-def _current(config: dict[str, Any], cond: Condition) -> Any:
-    value = get_path(config, cond.path)
-    return cond.default if value is ABSENT else value
 
 
 def _repeats(values: Any, period: list) -> bool:
@@ -615,12 +793,31 @@ def atomic_write_json(path: Path, data: Any) -> None:
         raise
 
 
+_UNREADABLE = object()  # what _read_json gives for anything but a regular file of at most MAX_ENTRY_BYTES of JSON
+
+
 def _read_json(path: Path) -> Any:
+    """The JSON in `path` when it is a regular file of at most MAX_ENTRY_BYTES; _UNREADABLE otherwise.
+
+    lstat decides before anything is opened, so a symlink (to /dev/zero, say), a FIFO or a device costs nothing;
+    the opened file is checked again (O_NOFOLLOW, fstat) in case it was swapped in between.
+    """
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_ENTRY_BYTES:
+            return _UNREADABLE
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        fd = os.open(path, flags)
+        with os.fdopen(fd, "rb") as handle:
+            opened = os.fstat(handle.fileno())
+            if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+                return _UNREADABLE
+            raw = handle.read(MAX_ENTRY_BYTES + 1)
+        if len(raw) > MAX_ENTRY_BYTES:
+            return _UNREADABLE
+        return json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # ValueError: bad UTF-8, bad JSON, a 5000-digit integer
+        return _UNREADABLE
 
 
 def store(spec: FormulaSpec, *, route: str | None = None) -> Path | None:
@@ -664,15 +861,25 @@ def lookup(config: dict[str, Any], *, model_class: str | None = None, task: str 
         return Lookup(None, class_name=class_name)
     fingerprint = roles_fingerprint()
     rejected = []
-    for entry in entries:
+    for entry in entries[:MAX_CACHED_ENTRIES]:
         data = _read_json(entry)
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        if data is _UNREADABLE:
+            rejected.append(f"cache entry {entry.name} skipped: not a readable JSON file of at most "
+                            f"{MAX_ENTRY_BYTES // 1024 // 1024} MiB")
             continue
         try:
             spec = FormulaSpec.from_json(data)
-        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        except CacheEntryError as err:
+            rejected.append(f"cache entry {entry.name} discarded: {err}")
             continue
         if spec.roles_fingerprint != fingerprint or spec.class_name != class_name:
+            continue
+        if entry.stem != spec.key():
+            rejected.append(f"cache entry {entry.name} discarded: its conditions are not the ones it was filed under")
+            continue
+        problem = spec.anchor_problem()
+        if problem:
+            rejected.append(f"cache entry {entry.name} discarded: {problem}")
             continue
         problems = spec.violations(config, num_labels)
         if problems:

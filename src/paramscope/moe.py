@@ -9,7 +9,8 @@ attention, norms, embeddings and heads all count as active. Routed experts are t
 `moe.experts`, whether stored as fused [E, …] tensors (transformers 5) or as one module per expert.
 
 E comes from the experts themselves (the leading dimension of a fused tensor, or the number of per-expert
-modules), falling back to the config; k comes from the config (num_experts_per_tok, top_k, …). Without k the
+modules), falling back to the config; k comes from the config (num_experts_per_tok, top_k, …), searched in its
+sub-configs too (text_config, thinker_config.text_config, …). Without k, or when sub-configs disagree on it, the
 active count is unknown (None) rather than guessed.
 """
 
@@ -108,25 +109,79 @@ class MoESummary:
 
 
 def config_value(config: Any, fields: Iterable[str]) -> tuple[str, int] | None:
-    """The first of `fields` that `config` (object or dict, or DBRX's nested ffn_config) sets to a positive int."""
-    for holder in _holders(config):
-        for field in fields:
-            value = holder.get(field) if isinstance(holder, dict) else getattr(holder, field, None)
+    """The first of `fields` that `config` or one of its sub-configs sets to a positive int, as (where, value).
+
+    `where` is the field's dotted path (`text_config.num_experts_per_tok`): multimodal and omni wrappers keep
+    the language model's MoE settings in a sub-config (Qwen3.5-MoE's text_config, Qwen3-Omni's
+    thinker_config.text_config), DBRX in ffn_config. The top level is searched first, then each depth in turn.
+    """
+    return next(iter(config_values(config, fields)), None)
+
+
+def config_values(config: Any, fields: Iterable[str]) -> list[tuple[str, int]]:
+    """For `config` and each sub-config that sets one of `fields`: the first it sets, as config_value gives it."""
+    fields = tuple(fields)
+    found = []
+    for prefix, holder in _holders(config):
+        for name in fields:
+            value = holder.get(name) if isinstance(holder, dict) else getattr(holder, name, None)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 # transformers' attribute_map aliases (DeepSeek's n_routed_experts as num_local_experts)
                 aliases = {} if isinstance(holder, dict) else getattr(holder, "attribute_map", None) or {}
-                return aliases.get(field, field), value
-    return None
+                found.append((prefix + aliases.get(name, name), value))
+                break
+    return found
 
 
-def _holders(config: Any) -> list[Any]:
+# Sub-configs are fields named *_config; these hold no model sizes.
+_NOT_SUB_CONFIGS = frozenset({"quantization_config", "generation_config", "compression_config"})
+# Searched first at each depth: the language model's settings win over a vision or audio tower's.
+_PREFERRED_STEMS = ("text", "language", "llm", "thinker", "ffn")
+_MAX_DEPTH = 3
+_MAX_HOLDERS = 64
+
+
+def _holders(config: Any) -> list[tuple[str, Any]]:
+    """(dotted prefix, config) for `config` and its sub-configs, breadth first, depth and count bounded."""
     if config is None:
         return []
-    holders = [config]
-    nested = config.get("ffn_config") if isinstance(config, dict) else getattr(config, "ffn_config", None)
-    if nested is not None:
-        holders.append(nested)
-    return holders
+    out: list[tuple[str, Any]] = [("", config)]
+    seen = {id(config)}
+    level = [("", config)]
+    for _ in range(_MAX_DEPTH):
+        following = []
+        for prefix, holder in level:
+            for name, child in _sub_configs(holder):
+                if id(child) not in seen and len(out) < _MAX_HOLDERS:
+                    seen.add(id(child))
+                    following.append((f"{prefix}{name}.", child))
+        out.extend(following)
+        level = following
+    return out
+
+
+def _sub_configs(holder: Any) -> list[tuple[str, Any]]:
+    if isinstance(holder, dict):
+        items = list(holder.items())
+    else:
+        try:
+            items = list(vars(holder).items())
+        except TypeError:  # no __dict__ (slots, builtins): nothing nested
+            return []
+    found = [(name, value) for name, value in items
+             if isinstance(name, str) and name.endswith("_config") and name not in _NOT_SUB_CONFIGS
+             and (isinstance(value, dict) or _is_config_object(value))]
+
+    def rank(item: tuple[str, Any]) -> int:
+        stem = item[0][: -len("_config")]
+        return _PREFERRED_STEMS.index(stem) if stem in _PREFERRED_STEMS else len(_PREFERRED_STEMS)
+
+    return sorted(found, key=rank)
+
+
+def _is_config_object(value: Any) -> bool:
+    """A PretrainedConfig by duck type (this module imports no transformers)."""
+    return not isinstance(value, type) and callable(getattr(value, "to_dict", None)) and hasattr(value, "model_type")
 
 
 def summarize_moe(params: tuple[ParameterInfo, ...], config: Any = None, total: int | None = None) -> MoESummary | None:
@@ -157,9 +212,14 @@ def summarize_moe(params: tuple[ParameterInfo, ...], config: Any = None, total: 
     order.sort(key=lambda key: (first_seen[key[0]], key[1]))
 
     config_e = config_value(config, EXPERT_FIELDS)
-    config_k = config_value(config, TOP_K_FIELDS)
+    all_k = config_values(config, TOP_K_FIELDS)
+    config_k = all_k[0] if all_k else None
+    # one k serves every MoE layer: sub-configs that disagree (a thinker and a talker) leave it unknown
+    conflicting_k = len({value for _, value in all_k}) > 1
+    if conflicting_k:
+        config_k = None
     model_type = (config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None))
-    if config_k is None and model_type in FIXED_TOP_K:
+    if config_k is None and not conflicting_k and model_type in FIXED_TOP_K:
         config_k = (f"{model_type} routing", FIXED_TOP_K[model_type])
     top_k = config_k[1] if config_k else None
     shared_count = config_value(config, SHARED_FIELDS)
@@ -199,8 +259,13 @@ def summarize_moe(params: tuple[ParameterInfo, ...], config: Any = None, total: 
         source.append(f"E from config {config_e[0]}={config_e[1]}")
     elif counts:
         source.append(f"E = {num_experts} from the expert tensors")
-    source.append(f"k from config {config_k[0]}={config_k[1]}" if config_k
-                  else "k unknown: the config names no top-k field, so active parameters are not computed")
+    if config_k:
+        source.append(f"k from config {config_k[0]}={config_k[1]}")
+    elif conflicting_k:
+        source.append("k unknown: the sub-configs disagree (" + ", ".join(f"{where}={k}" for where, k in all_k)
+                      + "), so active parameters are not computed")
+    else:
+        source.append("k unknown: the config names no top-k field, so active parameters are not computed")
     if config_e and counts and config_e[1] != num_experts:
         source.append(f"the model holds {num_experts} experts per layer; that figure is used")
     return MoESummary(

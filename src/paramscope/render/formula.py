@@ -183,6 +183,12 @@ def role_terms(spec: FormulaSpec, values: dict[str, int] | None = None) -> dict[
     return {role: format_groups(groups, spec.order, subst=values) for role, groups in spec.role_groups().items()}
 
 
+def spelled(spec: FormulaSpec, path: str) -> str:
+    """A field with its other spellings, which are the same field: `num_local_experts (or num_experts)`."""
+    others = spec.aliases.get(path, ())
+    return f"{path} (or {', '.join(others)})" if others else path
+
+
 def assumption_texts(spec: FormulaSpec) -> list[str]:
     return [cond.text for cond in spec.conditions]
 
@@ -192,7 +198,7 @@ def formula_json(spec: FormulaSpec, values: dict[str, int], value: int) -> dict[
     names = spec.sympy_names
     return {
         "expression": format_groups(spec.total_groups(), spec.order, "sympy", names),
-        "symbols": dict(spec.symbols),
+        "symbols": {**spec.symbols, **spec.definitions()},
         "by_role": {role: format_groups(groups, spec.order, "sympy", names)
                     for role, groups in spec.role_groups().items()},
         "value": value,
@@ -214,6 +220,7 @@ def document(shown: Shown) -> dict[str, Any]:
         "by_role_values": dict(evaluation.by_role),
         "latex": render_latex(shown),
         "independent_of": list(spec.independent),
+        "aliases": {path: list(spec.aliases[path]) for path in spec.symbols.values() if spec.aliases.get(path)},
         "derivation": {
             "origin": shown.origin,
             "cache_file": shown.cache_path,
@@ -297,8 +304,10 @@ def render_text(shown: Shown, *, width: int = 100, color: bool = False, explain:
     say()
 
     say(("Legend", "bold"))
-    rows = [([symbol, path, exact(values[symbol]), DESCRIPTIONS.get(symbol, "")], "")
+    rows = [([symbol, spelled(spec, path), exact(values[symbol]), DESCRIPTIONS.get(symbol, "")], "")
             for symbol, path in spec.symbols.items()]
+    rows += [([symbol, definition, exact(values[symbol]), "derived: a whole-number quotient"], "")
+             for symbol, definition in spec.definitions().items()]
     lines.extend(_table(rows, "llrl", width, fold=3))
     if spec.independent:
         say(("  does not depend on: " + ", ".join(spec.independent) + " (varied; no parameter changed)", "dim"))
@@ -399,7 +408,7 @@ def render_latex(shown: Shown) -> str:
              for role, groups in spec.role_groups().items()]
     lines += [" \\\\\n".join(roles), r"\end{align*}"]
     legend = ", ".join(rf"${latex_symbol(s)}$ = \texttt{{{p.replace('_', chr(92) + '_')}}} = {number(values[s])}"
-                       for s, p in spec.symbols.items())
+                       for s, p in {**spec.symbols, **spec.definitions()}.items())
     lines.append(f"where {legend}.")
     lines += [f"% assumes: {assumption}" for assumption in assumption_texts(spec)]
     return "\n".join(lines) + "\n"
