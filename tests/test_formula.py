@@ -576,9 +576,13 @@ def test_vit_positions_are_a_polynomial_in_patches_per_side():
     assert f.spec.definitions() == {"Q": "image_size // patch_size"}
     assert f.values["Q"] == 14
     D, Q, N = sympy.symbols("D Q N")
-    # position table (Q² + 1)·D, class token D, the patch projection's bias D, final norm 2·D … all in `other`
-    assert same(f.by_role["other"] - 4 * N * D, D * sympy.Symbol("num_channels") * sympy.Symbol("patch_size") ** 2
-                + D * Q**2 + 3 * D)
+    # the position table holds Q² patches and the class token's position; the patch projection is a convolution
+    assert same(f.by_role["embeddings.position"], (Q**2 + 1) * D)
+    assert same(f.by_role["vision.class_token"], D)
+    assert same(f.by_role["vision.patch_embedding"],
+                D * sympy.Symbol("num_channels") * sympy.Symbol("patch_size") ** 2 + D)
+    assert same(f.by_role["attention.norm"] + f.by_role["mlp.norm"], 4 * N * D)
+    assert "other" not in f.by_role
     for changes in ({"image_size": 384}, {"image_size": 225}, {"image_size": 200, "patch_size": 32},
                     {"image_size": 30, "patch_size": 7, "hidden_size": 48, "num_hidden_layers": 2}):
         config = {**VIT_BASE, **changes}

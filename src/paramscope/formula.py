@@ -682,6 +682,10 @@ class _Deriver:
         else:
             raw = [value // 2 if value % 2 == 0 else None, value * 2, value // 3 if value % 3 == 0 else None,
                    value * 3, value + 1, value - 1, value * 4, value + 2, value - 2, value * 5]
+            if _SYMBOL_OF_KEY.get(path.rsplit(".", 1)[-1]) == "K":
+                # key/value heads must divide the query heads, and builds refuse any other count: at K = H = 32
+                # (Llama-2-7B) only 16, 8 and 4 let K move alone
+                raw[2:2] = [value // d for d in (4, 8) if value % d == 0]
         seen, out = set(), []
         for x in raw:
             if x is not None and x >= 1 and x != value and x not in seen:
