@@ -2,7 +2,7 @@
 
 Each case runs `python -m paramscope …` in its own process, offline, and is measured: exit code, stderr is one
 line naming the problem, nothing on stdout, no traceback, at most MAX_SECONDS of wall time and MAX_RSS of peak
-resident memory (the child's own, from wait4). The cases run two at a time, once per session.
+resident memory (the child's own, from wait4). The cases run one at a time, as a user runs them, once per session.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import struct
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -311,8 +310,7 @@ def _run(case: Case, root: Path) -> Outcome:
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, Outcome]:
     root = tmp_path_factory.mktemp("bad-input")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip((c.id for c in CASES), pool.map(lambda c: _run(c, root), CASES)))
+    return {case.id: _run(case, root) for case in CASES}
 
 
 def test_the_matrix_is_large_and_ids_unique():

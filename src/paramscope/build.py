@@ -295,14 +295,22 @@ def _native_class(model_class: str | None):
     return cls if isinstance(cls, type) and getattr(cls, "config_class", None) is not None else None
 
 
+# The endings of transformers' model classes (not its configs, tokenizers or PreTrainedModel bases).
+_MODEL_CLASS_SUFFIXES = ("Model", "ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "ForMaskedLM",
+                         "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
+                         "ForMultipleChoice", "ForPreTraining", "ForImageClassification")
+
+
 def _remote_refusal(model_type: str, auto_map: dict[str, Any], config_dict: dict[str, Any]) -> str:
     """Why a remote-code config is refused, and the way forward: --class when transformers has the class."""
     import transformers
 
     named = [ref.rsplit(".", 1)[-1] for ref in auto_map.values() if isinstance(ref, str) and "." in ref]
     architectures = config_dict.get("architectures") or []
+    # transformers lists its names without importing their modules (and torch): a refusal stays quick
+    exported = set(dir(transformers))
     natives = [name for name in dict.fromkeys([*architectures, *named])
-               if _native_class(name) is not None and name != "PreTrainedModel"]
+               if name in exported and name.endswith(_MODEL_CLASS_SUFFIXES) and not name.endswith("PreTrainedModel")]
     message = (f"model_type {_short(model_type)} is not in transformers {transformers.__version__}; the config's "
                "auto_map names code from the model's repo. Rerun with --trust-remote-code to execute it")
     if natives:

@@ -1169,8 +1169,8 @@ _LEGACY_RENAMES: tuple[tuple[re.Pattern[str], str], ...] = (
 # Buffers older versions saved and current models recreate (transformers drops them silently).
 _LEGACY_BUFFER = re.compile(r"(^|\.)(position_ids|rotary_emb\.inv_freq|masked_bias|attn\.bias)$")
 
-# Every rename's pattern holds one of these: most keys hold none and skip the regexes (once per tensor).
-_LEGACY_RENAME_HINTS = ("LayerNorm", "weight_", "language_model")
+# Every rename's pattern holds one of these words: most keys hold none and skip the renames (once per tensor).
+_LEGACY_RENAME_HINT = re.compile("LayerNorm|weight_|language_model")
 
 _TASK_HEADS = frozenset(("classifier", "score", "qa_outputs", "lm_head", "head", "heads", "seq_relationship"))
 
@@ -1271,7 +1271,7 @@ def reconcile(
 
 def _apply_legacy_renames(key: str) -> str:
     # Every rule that matches fires, in order, as in transformers' apply_renamings.
-    if not any(hint in key for hint in _LEGACY_RENAME_HINTS):
+    if not _LEGACY_RENAME_HINT.search(key):
         return key
     for pattern, replacement in _LEGACY_RENAMES:
         m = pattern.search(key)
