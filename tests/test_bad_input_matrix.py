@@ -174,7 +174,7 @@ CASES = [
     Case("layers-string", inspect_config(bert_config(num_hidden_layers="12")), ("must be an integer", "'12'")),
     Case("layers-bool", inspect_config(bert_config(num_hidden_layers=True)), ("must be an integer", "True")),
     Case("layers-float", inspect_config(bert_config(num_hidden_layers=1.5)), ("must be an integer", "1.5")),
-    Case("layers-null-list", inspect_config(bert_config(num_hidden_layers=[12])), ("must be an integer",)),
+    Case("layers-list-of-text", inspect_config(bert_config(num_hidden_layers=[12, "x"])), ("must be an integer",)),
     Case("gpt2-n-layer-1e6", inspect_config({"model_type": "gpt2", "n_layer": 10**6}), ("'n_layer'",)),
     Case("t5-num-layers-1e6", inspect_config({"model_type": "t5", "num_layers": 10**6}), ("'num_layers'",)),
     Case("bart-decoder-layers-1e6", inspect_config({"model_type": "bart", "decoder_layers": 10**6}),

@@ -70,7 +70,8 @@ _POSITIVE_INT_FIELDS = (
     "depth", "patch_size", "image_size", "num_channels", "num_mel_bins", "kv_lora_rank", "q_lora_rank",
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "shared_expert_intermediate_size", "depths",
 )
-_PER_STAGE_FIELDS = ("num_heads", "depths")  # lists of positive integers, one per stage, in Swin-like models
+# Zero is meaningful here: head_dim 0 is "hidden size / heads" in some defaults, a rope dimension 0 is no rope part.
+_MAY_BE_ZERO = ("head_dim", "qk_rope_head_dim", "q_lora_rank")
 _NON_NEGATIVE_INT_FIELDS = ("type_vocab_size", "n_shared_experts", "first_k_dense_replace")
 # Fields that count blocks in a stack: each block is a dozen modules or more, so they are bounded first.
 _LAYER_FIELDS = (
@@ -153,19 +154,21 @@ def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
     dims: list[tuple[int, str]] = []
     for key in _POSITIVE_INT_FIELDS:
         value = config.get(key)
-        if value is None:
+        if value is None or (value == 0 and key in _MAY_BE_ZERO):
             continue
-        # Hierarchical vision models give one value per stage (Swin: num_heads [3, 6, 12, 24], depths [2, 2, 6, 2]).
-        per_stage = key in _PER_STAGE_FIELDS and isinstance(value, list) and value
-        for item in (value if per_stage else [value]):
-            if not isinstance(item, int) or isinstance(item, bool):
-                raise ConfigError(f"config field {name(key)!r} must be an integer, got {_short(value)}")
+        items = _size_items(value)
+        if items is None:
+            raise ConfigError(f"config field {name(key)!r} must be an integer, got {_short(value)}")
+        for item in items:
             if item <= 0:
                 raise ConfigError(f"config field {name(key)!r} must be positive, got {_short(value)}")
             if item > MAX_DIMENSION:
                 raise ConfigError(f"config field {name(key)!r} is {item:,}, larger than any tensor dimension "
                                   f"({MAX_DIMENSION:,} = 2^31 − 1)")
-        dims.append((max(value) if per_stage else value, key))
+        dims.append((max(items), key))
+        if key in _LAYER_FIELDS and sum(items) > MAX_LAYERS:
+            raise ConfigError(f"config field {name(key)!r} is {sum(items):,}, more than the {MAX_LAYERS:,} layers "
+                              "paramscope builds")
     for key in _NON_NEGATIVE_INT_FIELDS:
         value = config.get(key)
         if value is None:
@@ -175,13 +178,6 @@ def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
         if value > MAX_DIMENSION:
             raise ConfigError(f"config field {name(key)!r} is {value:,}, larger than any tensor dimension "
                               f"({MAX_DIMENSION:,} = 2^31 − 1)")
-    for key in _LAYER_FIELDS:
-        value = config.get(key)
-        if isinstance(value, list) and all(isinstance(v, int) for v in value):
-            value = sum(value)
-        if isinstance(value, int) and value > MAX_LAYERS:
-            raise ConfigError(f"config field {name(key)!r} is {value:,}, more than the {MAX_LAYERS:,} layers "
-                              "paramscope builds")
     # A weight's element count is a product of up to three of these (experts × intermediate × hidden).
     top = sorted(dims, reverse=True)[:3]
     product = 1
@@ -190,23 +186,41 @@ def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
     if product > _INT64_MAX:
         fields = " × ".join(f"{name(key)} {value:,}" for value, key in top)
         raise ConfigError(f"{fields} overflows a 64-bit element count")
-    if config.get("head_dim") is None and config.get("embedding_size") is None:
+    # Only at the top level, and only where no field gives the head size: sub-configs and many classes set it in
+    # ways a config dict does not show (GLM-4.5's head_dim 128 for 4096 / 96).
+    if depth == 0 and not any("head_dim" in key or "head_size" in key for key in config) \
+            and config.get("embedding_size") is None:
         for width_key, heads_key in _HEAD_SPLITS:
             width, heads = config.get(width_key), config.get(heads_key)
-            if isinstance(width, int) and isinstance(heads, int) and heads > 0 and width % heads:
+            if type(width) is int and type(heads) is int and heads > 0 and width % heads:
                 raise ConfigError(
                     f"{name(width_key)} {width} is not divisible by {name(heads_key)} {heads} "
                     f"(each head would get {width / heads:g} dimensions)"
                 )
     for heads_key, kv_key in _KV_SPLITS:
         heads, kv = config.get(heads_key), config.get(kv_key)
-        if isinstance(heads, int) and isinstance(kv, int) and kv > 0 and heads % kv:
+        if type(heads) is int and type(kv) is int and kv > 0 and heads % kv:
             raise ConfigError(f"{name(heads_key)} {heads} is not divisible by {name(kv_key)} {kv} (grouped-query "
                               "attention shares each key/value head among a whole number of query heads)")
     if depth < _SUB_CONFIG_DEPTH:
         for key, value in config.items():
             if isinstance(value, dict) and key not in ("id2label", "label2id", "auto_map"):
                 _check_level(value, f"{name(key)}.", depth + 1)
+
+
+def _size_items(value: Any) -> list[int] | None:
+    """The integers a size field holds: one, or one per stage, axis or layer (Swin's num_heads [3, 6, 12, 24],
+    image_size [384, 384], Gemma 3n's intermediate_size per layer, LXMERT's layers per encoder); None if any is not
+    an integer. Whole floats (1200.0, as some defaults write them) count as integers."""
+    items = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        if isinstance(item, float) and item.is_integer() and abs(item) < 2**63:
+            item = int(item)
+        if type(item) is not int:
+            return None
+        out.append(item)
+    return out or None
 
 
 def _short(value: Any, limit: int = 80) -> str:
