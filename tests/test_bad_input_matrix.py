@@ -223,6 +223,10 @@ CASES = [
          ("--num-labels", "100,000")),
     Case("num-labels-zero", inspect_config(bert_config(), "--num-labels", "0"), ("--num-labels",)),
     Case("num-labels-negative", inspect_config(bert_config(), "--num-labels", "-5"), ("--num-labels", "-5")),
+    Case("inspect-width-negative", lambda tmp: ["inspect", "bert-base-uncased", "--width", "-5"], ("--width",)),
+    Case("formula-width-5", lambda tmp: ["formula", "bert-base-uncased", "--width", "5"], ("--width",)),
+    Case("audit-width-5", lambda tmp: ["audit", str(checkpoint_dir(tmp, {"model.safetensors": ONE_TENSOR})),
+                                       "--width", "5"], ("--width",)),
     Case("depth-negative", lambda tmp: ["inspect", "bert-base-uncased", "--depth", "-1"], ("--depth",)),
     # --- hub ids and cache layouts -----------------------------------------------------------------------------
     Case("hub-id-dotdot", lambda tmp: ["inspect", "org/.."], ("not a valid hub id",)),
@@ -268,6 +272,11 @@ CASES = [
          ("outside the checkpoint folder",)),
     Case("audit-shard-climbs", audit_dir({"model.safetensors.index.json": json.dumps(
         {"weight_map": {"a": "../shard.safetensors"}}).encode()}), ("points outside",)),
+    Case("audit-shard-name-newline", audit_dir({"model.safetensors.index.json": json.dumps(
+        {"weight_map": {"a": "x\ny.safetensors"}}).encode()}), ("does not exist",)),
+    Case("audit-escaped-duplicate", audit_dir({"model.safetensors": safetensors_bytes(
+        b'{"a": {"dtype": "F32", "shape": [0], "data\\u005foffsets": [0, 0]}, '
+        b'"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', b"\0" * 4)}), ("'a' twice",)),
     Case("audit-legacy-bin", audit_dir({"pytorch_model.bin": b"\x80\x02legacy pickle"}), ("legacy",)),
     Case("audit-empty-weight-map", audit_dir({"model.safetensors.index.json": b'{"weight_map": {}}'}),
          ("no weight_map",)),

@@ -270,7 +270,7 @@ def test_index_naming_a_missing_tensor_is_an_error(sharded: Path) -> None:
 
 def test_index_naming_a_missing_shard_is_an_error(sharded: Path) -> None:
     (sharded / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="shard model-00002-of-00002.safetensors listed in the index does not"):
+    with pytest.raises(CheckpointError, match="shard 'model-00002-of-00002.safetensors' listed in the index does not"):
         read_checkpoint(sharded)
 
 

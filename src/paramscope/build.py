@@ -11,31 +11,25 @@ from typing import Any
 
 from .errors import ConfigError, ModelClassError, RemoteCodeError
 
-# Pipeline task names and the notes' use-case names → transformers' auto-model mapping.
-TASKS: dict[str, tuple[str, str]] = {
-    "feature-extraction": ("MODEL_MAPPING_NAMES", "the bare model (AutoModel)"),
-    "text-classification": ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "sequence classification"),
-    "token-classification": ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "token classification"),
-    "fill-mask": ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "masked language modelling"),
-    "question-answering": ("MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "extractive question answering"),
-    "multiple-choice": ("MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES", "multiple choice"),
-    "pretraining": ("MODEL_FOR_PRETRAINING_MAPPING_NAMES", "pretraining heads"),
-    "next-sentence-prediction": ("MODEL_FOR_NEXT_SENTENCE_PREDICTION_MAPPING_NAMES", "next-sentence prediction"),
-    "text-generation": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "causal language modelling (generation)"),
-    "text2text-generation": ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "sequence-to-sequence generation"),
-}
-# The auto class of each task: the auto_map key naming a remote-code model's class for it.
-AUTO_CLASS_OF_TASK: dict[str, str] = {
-    "feature-extraction": "AutoModel",
-    "text-classification": "AutoModelForSequenceClassification",
-    "token-classification": "AutoModelForTokenClassification",
-    "fill-mask": "AutoModelForMaskedLM",
-    "question-answering": "AutoModelForQuestionAnswering",
-    "multiple-choice": "AutoModelForMultipleChoice",
-    "pretraining": "AutoModelForPreTraining",
-    "next-sentence-prediction": "AutoModelForNextSentencePrediction",
-    "text-generation": "AutoModelForCausalLM",
-    "text2text-generation": "AutoModelForSeq2SeqLM",
+# Pipeline task names and the notes' use-case names → transformers' auto-model mapping, what it builds in words,
+# and the auto class whose auto_map entry names a remote-code model's class for it.
+TASKS: dict[str, tuple[str, str, str]] = {
+    "feature-extraction": ("MODEL_MAPPING_NAMES", "the bare model (AutoModel)", "AutoModel"),
+    "text-classification": ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "sequence classification",
+                            "AutoModelForSequenceClassification"),
+    "token-classification": ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "token classification",
+                             "AutoModelForTokenClassification"),
+    "fill-mask": ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "masked language modelling", "AutoModelForMaskedLM"),
+    "question-answering": ("MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "extractive question answering",
+                           "AutoModelForQuestionAnswering"),
+    "multiple-choice": ("MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES", "multiple choice", "AutoModelForMultipleChoice"),
+    "pretraining": ("MODEL_FOR_PRETRAINING_MAPPING_NAMES", "pretraining heads", "AutoModelForPreTraining"),
+    "next-sentence-prediction": ("MODEL_FOR_NEXT_SENTENCE_PREDICTION_MAPPING_NAMES", "next-sentence prediction",
+                                 "AutoModelForNextSentencePrediction"),
+    "text-generation": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "causal language modelling (generation)",
+                        "AutoModelForCausalLM"),
+    "text2text-generation": ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "sequence-to-sequence generation",
+                             "AutoModelForSeq2SeqLM"),
 }
 TASK_ALIASES: dict[str, str] = {
     "sentiment": "text-classification",
@@ -292,7 +286,7 @@ def make_config(config_dict: dict[str, Any], *, num_labels: int | None = None, t
     else:
         config_dict.pop("model_type")
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             config = config_class.from_dict(config_dict)
     except Exception as err:  # transformers' strict validation names the field
         raise ConfigError(f"invalid {config_class.model_type or model_type} config: {_first_line(err)}") from err
@@ -340,7 +334,7 @@ def _remote_config(config_dict: dict[str, Any], auto_map: dict[str, Any], code_l
         raise RemoteCodeError("the config's auto_map names no AutoConfig class, so its remote code cannot read it")
     config_class = remote_class(reference, code_location)
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             return config_class.from_dict(config_dict)
     except Exception as err:
         raise RemoteCodeError(f"the remote config class {reference} rejects this config: {_first_line(err)}") from err
@@ -354,7 +348,7 @@ def remote_class(reference: str, code_location: str | None):
         raise RemoteCodeError("remote code can only be loaded from a model directory, a config file's folder or a "
                               "hub id")
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             return get_class_from_dynamic_module(reference, code_location)
     except Exception as err:
         raise RemoteCodeError(f"could not load remote code {reference} from {code_location}: "
@@ -389,7 +383,7 @@ def choose_class(config, config_dict: dict[str, Any], *, model_class: str | None
         return ClassChoice(model_class, f"--class {model_class}")
     if task:
         key = resolve_task(task)
-        mapping_name, description = TASKS[key]
+        mapping_name, description, _ = TASKS[key]
         mapping = getattr(modeling_auto, mapping_name)
         name = mapping.get(model_type)
         if name is None:
@@ -430,7 +424,7 @@ def _remote_choice(auto_map: dict[str, Any], config_dict: dict[str, Any], model_
                            by_class[model_class])
     if task:
         key = resolve_task(task)
-        auto_class = AUTO_CLASS_OF_TASK[key]
+        auto_class = TASKS[key][2]
         if auto_class not in references:
             raise ModelClassError(f"task {task!r} needs auto_map[{auto_class!r}], which the config does not name")
         ref = references[auto_class]
@@ -471,7 +465,7 @@ def _check_fits(cls, model_type: str) -> None:
 
 
 @contextlib.contextmanager
-def _quiet_transformers():
+def quiet_transformers():
     """transformers' log lines and Python warnings stay off stderr: the report carries what matters as notes."""
     import warnings
 
@@ -500,7 +494,7 @@ def build_on_meta(class_name: str, config, *, code_ref: str | None = None, code_
     if cls is None:
         raise ModelClassError(f"unknown class {class_name!r}")
     try:
-        with _quiet_transformers(), _module_budget(MAX_MODULES), torch.device("meta"):
+        with quiet_transformers(), _module_budget(MAX_MODULES), torch.device("meta"):
             return cls(config)
     except (ModelClassError, RemoteCodeError):
         raise

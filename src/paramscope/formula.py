@@ -37,7 +37,6 @@ import json
 import random
 import re
 import time
-import warnings
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -304,11 +303,10 @@ def _config_dict(config: Any) -> dict[str, Any]:
 
 def _build(config_dict: dict[str, Any], class_name: str, num_labels: int | None = None):
     """make_config → build_on_meta → count_module, quietly: the same path `paramscope inspect` takes."""
-    from .build import _quiet_transformers, build_on_meta, make_config
+    from .build import quiet_transformers, build_on_meta, make_config
     from .count import count_module
 
-    with warnings.catch_warnings(), _quiet_transformers():
-        warnings.simplefilter("ignore")
+    with quiet_transformers():
         config, _ = make_config(config_dict, num_labels=num_labels)
         return count_module(build_on_meta(class_name, config))
 
@@ -395,10 +393,9 @@ class _Deriver:
     def run(self) -> tuple[FormulaSpec, dict[str, int]]:
         import transformers
 
-        from .build import _quiet_transformers, choose_class, make_config
+        from .build import quiet_transformers, choose_class, make_config
 
-        with warnings.catch_warnings(), _quiet_transformers():
-            warnings.simplefilter("ignore")
+        with quiet_transformers():
             config, _ = make_config(self.base, num_labels=self.num_labels)
             choice = choose_class(config, self.base, model_class=self.model_class, task=self.task)
             self.class_name = choice.name

@@ -77,3 +77,12 @@ def hf_cache_repo(path: str | os.PathLike[str]) -> Path | None:
         if parts[i] == "snapshots" and parts[i - 1].split("--", 1)[0] in ("models", "datasets", "spaces"):
             return Path(*parts[:i])
     return None
+
+
+def check_inside(path: str | os.PathLike[str], folder: str | os.PathLike[str], *,
+                 error: type[ParamscopeError] = SourceError, what: str = "folder") -> None:
+    """Refuse `path` when it (or a symlink on the way) leads out of `folder`, or of the Hugging Face cache repo
+    that holds `folder`."""
+    root = hf_cache_repo(folder) or Path(folder)
+    if not is_within(path, root):
+        raise error(f"{path} leads outside the {what} {root} (to {os.path.realpath(path)})")

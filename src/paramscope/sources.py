@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 from .errors import SourceError
 from .presets import find_preset
-from .safe_io import is_within, read_regular
+from .safe_io import check_inside, read_regular
 
 # Bounds on a config file, documented in the README: real configs are a few KB and nest 3–4 levels deep.
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
@@ -98,8 +98,7 @@ def _config_in_directory(directory: Path) -> Path:
     if ref.exists():
         snapshot = directory / "snapshots" / snapshot_name(ref)
         if (snapshot / "config.json").exists():
-            if not is_within(snapshot / "config.json", directory):
-                raise SourceError(f"{snapshot / 'config.json'} leads outside the cache folder {directory}")
+            check_inside(snapshot / "config.json", directory, what="cache folder")
             return snapshot / "config.json"
     raise SourceError(f"no config.json in directory {directory}")
 

@@ -31,10 +31,11 @@ def run(args: argparse.Namespace) -> int:
     from ..audit import audit
     from ..render.audit import render_audit_json, render_audit_text
 
+    width = None if args.json else checked_width(args)  # bad options fail before any build
     result = audit(args.path, config=args.config, model_class=args.model_class, task=args.task,
                    num_labels=args.num_labels, trust_remote_code=args.trust_remote_code, revision=args.revision)
     if args.json:
         write(render_audit_json(result) + "\n")
     else:
-        write(render_audit_text(result, checked_width(args), color=use_color(), all_keys=args.all_rows))
+        write(render_audit_text(result, width, color=use_color(), all_keys=args.all_rows))
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import add_debug_option, add_model_options, add_width_option, terminal_width, use_color, write
+from ._common import add_debug_option, add_model_options, add_width_option, checked_width, use_color, write
 
 
 def add_parser(subparsers: Any) -> None:
@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from ..sources import resolve
 
     check_num_labels(args.num_labels)
+    width = None if args.json or args.latex else checked_width(args)  # bad options fail before any build
     source = resolve(args.model, revision=args.revision)
     validate_config_dict(source.config)
     shown, rejected = None, ()
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         shown, rejected = _cached(source, args)
     if shown is None:
         shown = _derived(source, args, rejected)
-    _output(shown, args)
+    _output(shown, args, width)
     return 0
 
 
@@ -78,7 +79,7 @@ def _derived(source, args, rejected):
     return formula.shown()
 
 
-def _output(shown, args) -> None:
+def _output(shown, args, width: int | None) -> None:
     from ..render import formula as render
 
     if args.json:
@@ -88,5 +89,5 @@ def _output(shown, args) -> None:
     elif args.latex:
         write(render.render_latex(shown))
     else:
-        write(render.render_text(shown, width=args.width or terminal_width(), color=use_color(),
+        write(render.render_text(shown, width=width, color=use_color(),
                                  explain=args.explain))

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from ..errors import ParamscopeError
-from ._common import add_debug_option, add_model_options, add_width_option, terminal_width, use_color, write
+from ._common import add_debug_option, add_model_options, add_width_option, checked_width, use_color, write
 
 
 def add_parser(subparsers: Any) -> None:
@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.depth is not None and args.depth < 0:
         raise ParamscopeError(f"--depth must be 0 or more, got {args.depth}")
+    width = None if args.json else checked_width(args)  # bad options fail before any build
     source = resolve(args.model, revision=args.revision)
     options = dict(model_class=args.model_class, task=args.task, num_labels=args.num_labels,
                    trust_remote_code=args.trust_remote_code)
@@ -62,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from ..render.text import TextOptions, render_text
 
-    width = args.width or terminal_width()
     formula = None
     if args.explain:
         from ..formula_link import formula_link
