@@ -9,7 +9,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError, ModelClassError, RemoteCodeError
+from .errors import ConfigError, ModelClassError, RemoteCodeError, short_repr
 
 # Pipeline task names and the notes' use-case names → transformers' auto-model mapping, what it builds in words,
 # and the auto class whose auto_map entry names a remote-code model's class for it.
@@ -120,10 +120,10 @@ def validate_config_dict(config: dict[str, Any]) -> None:
     architectures = config.get("architectures")
     if architectures is not None and (not isinstance(architectures, list)
                                       or not all(isinstance(a, str) for a in architectures)):
-        raise ConfigError(f"config field 'architectures' must be a list of class names, got {_short(architectures)}")
+        raise ConfigError(f"config field 'architectures' must be a list of class names, got {short_repr(architectures)}")
     model_type = config.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
-        raise ConfigError(f"config field 'model_type' must be a string, got {_short(model_type)}")
+        raise ConfigError(f"config field 'model_type' must be a string, got {short_repr(model_type)}")
     check_num_labels(config.get("num_labels"), "config field 'num_labels'")
     labels = config.get("id2label")
     if isinstance(labels, dict) and len(labels) > MAX_LABELS:
@@ -135,7 +135,7 @@ def check_num_labels(value: Any, what: str = "--num-labels") -> None:
     if value is None:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{what} must be a positive integer, got {_short(value)}")
+        raise ConfigError(f"{what} must be a positive integer, got {short_repr(value)}")
     if value > MAX_LABELS:
         raise ConfigError(f"{what} is {value:,}, more than the {MAX_LABELS:,} labels paramscope builds "
                           "(transformers makes an id2label entry for each)")
@@ -152,10 +152,10 @@ def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
             continue
         items = _size_items(value)
         if items is None:
-            raise ConfigError(f"config field {name(key)!r} must be an integer, got {_short(value)}")
+            raise ConfigError(f"config field {name(key)!r} must be an integer, got {short_repr(value)}")
         for item in items:
             if item <= 0:
-                raise ConfigError(f"config field {name(key)!r} must be positive, got {_short(value)}")
+                raise ConfigError(f"config field {name(key)!r} must be positive, got {short_repr(value)}")
             if item > MAX_DIMENSION:
                 raise ConfigError(f"config field {name(key)!r} is {item:,}, larger than any tensor dimension "
                                   f"({MAX_DIMENSION:,} = 2^31 − 1)")
@@ -168,7 +168,7 @@ def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
         if value is None:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"config field {name(key)!r} must be a non-negative integer, got {_short(value)}")
+            raise ConfigError(f"config field {name(key)!r} must be a non-negative integer, got {short_repr(value)}")
         if value > MAX_DIMENSION:
             raise ConfigError(f"config field {name(key)!r} is {value:,}, larger than any tensor dimension "
                               f"({MAX_DIMENSION:,} = 2^31 − 1)")
@@ -217,14 +217,6 @@ def _size_items(value: Any) -> list[int] | None:
     return out or None
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    try:
-        text = repr(value)
-    except Exception:  # an integer too long to print, a structure nested too deep
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def make_config(config_dict: dict[str, Any], *, num_labels: int | None = None, trust_remote_code: bool = False,
                 code_location: str | None = None, model_class: str | None = None):
     """A PretrainedConfig for `config_dict`, plus notes on what was decided along the way.
@@ -261,7 +253,7 @@ def make_config(config_dict: dict[str, Any], *, num_labels: int | None = None, t
                 raise RemoteCodeError(_remote_refusal(model_type, auto_map, config_dict))
             return _remote_config(config_dict, auto_map, code_location), notes
         else:
-            raise ConfigError(f"unknown model_type {_short(model_type)}: not in transformers "
+            raise ConfigError(f"unknown model_type {short_repr(model_type)}: not in transformers "
                               f"{transformers_version()}")
     elif auto_map:
         config_dict.pop("auto_map")
@@ -319,7 +311,7 @@ def _remote_refusal(model_type: str, auto_map: dict[str, Any], config_dict: dict
     exported = set(dir(transformers))
     natives = [name for name in dict.fromkeys([*architectures, *named])
                if name in exported and name.endswith(_MODEL_CLASS_SUFFIXES) and not name.endswith("PreTrainedModel")]
-    message = (f"model_type {_short(model_type)} is not in transformers {transformers.__version__}; the config's "
+    message = (f"model_type {short_repr(model_type)} is not in transformers {transformers.__version__}; the config's "
                "auto_map names code from the model's repo. Rerun with --trust-remote-code to execute it")
     if natives:
         message += (f", or with --class {natives[0]} to build transformers' own {natives[0]} from this config "

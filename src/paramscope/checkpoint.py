@@ -44,6 +44,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from .errors import CheckpointError, SourceError
+from .errors import short_repr as _q
 from .safe_io import check_inside, open_regular, read_regular
 
 __all__ = [
@@ -647,16 +648,6 @@ def _json_type(value: Any) -> str:
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}.get(
         type(value), "null" if value is None else "a number"
     )
-
-
-def _q(value: Any, limit: int = 100) -> str:
-    """repr() cut short: names and values come from the file and may be megabytes long."""
-    try:
-        text = repr(value)
-    except Exception:  # e.g. an integer too long to print, or nesting too deep
-        text = f"<{type(value).__name__}>"
-    text = text.replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _short(err: BaseException) -> str:

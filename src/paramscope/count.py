@@ -200,6 +200,8 @@ def _is_uninitialized(tensor: Any) -> bool:
 
 
 _INDEX_PART = re.compile(r"(?:^|(?<=\.))\d+(?=\.)")
+# The first layer index inside a name ('encoder.layer.7.attention…' → 7): what explain, diff and its renderer group by.
+LAYER_INDEX = re.compile(r"\.(\d+)\.")
 
 
 def index_pattern(name: str, wildcard: str = "*") -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .count import TiedGroup
+from .count import LAYER_INDEX, TiedGroup
 from .errors import ModelClassError
 from .report import Report
 from .roles import ROLES, role_of, role_sort_key
@@ -326,7 +326,6 @@ _PHRASES: dict[str, tuple[str, bool]] = {
     "head.classifier": ("the classifier", False),
     "head.qa": ("the question-answering span head", False),
 }
-_LAYER = re.compile(r"\.(\d+)\.")
 _MAX_LISTED = 6  # more changed groups than this are summarised by the largest
 
 
@@ -351,7 +350,7 @@ def _phrase(role: str, names: list[str]) -> tuple[str, bool]:
 
 
 def _layers(names: list[str]) -> str:
-    indices = sorted({int(m.group(1)) for n in names for m in [_LAYER.search(n)] if m})
+    indices = sorted({int(m.group(1)) for n in names for m in [LAYER_INDEX.search(n)] if m})
     if len(indices) <= 1:
         return ""
     if indices == list(range(indices[0], indices[-1] + 1)):

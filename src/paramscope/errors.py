@@ -29,3 +29,14 @@ class RemoteCodeError(ParamscopeError):
 
 class CheckpointError(ParamscopeError):
     """A checkpoint file is malformed, hostile or in an unsupported format."""
+
+
+def short_repr(value: object, limit: int = 100) -> str:
+    """repr() cut short for a one-line message: names and values come from files and may be megabytes long, or be
+    integers too long to print."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."

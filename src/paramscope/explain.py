@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from typing import TYPE_CHECKING, Iterable
 
-from .count import ModuleNode, ParameterInfo, index_pattern
+from .count import LAYER_INDEX, ModuleNode, ParameterInfo, index_pattern
 
 if TYPE_CHECKING:  # only for type hints: report.py → render.text → explain must not lead back to report
     from .report import Report
 
-_LAYER_INDEX = re.compile(r"\.(\d+)\.")
 
 
 def exact(n: int) -> str:
@@ -56,7 +54,7 @@ def role_arithmetic(report: Report, role: str) -> str:
     layered: dict[str, list[ParameterInfo]] = defaultdict(list)
     single: list[ParameterInfo] = []
     for param in report.by_role(role):
-        match = _LAYER_INDEX.search(param.name)
+        match = LAYER_INDEX.search(param.name)
         if match:
             layered[match.group(1)].append(param)
         else:

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json as _json
-import re
 
 from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..count import LAYER_INDEX
 from ..diff import Diff, Tensor
 from ..explain import exact
 from ._console import shape, to_text
 
-_LAYER = re.compile(r"\.(\d+)\.")
 ROW_LIMIT = 24  # longer lists are grouped by role unless every tensor is asked for
 
 
@@ -122,11 +121,11 @@ def _by_pattern(items, signature) -> dict[str, list]:
     """Group names that differ only by their layer index (and share a signature): 'layer.{12–23}.query.weight'."""
     groups: dict[tuple, list] = {}
     for item in items:
-        key = (_LAYER.sub(".#.", item.name, count=1), signature(item))
+        key = (LAYER_INDEX.sub(".#.", item.name, count=1), signature(item))
         groups.setdefault(key, []).append(item)
     out: dict[str, list] = {}
     for (pattern, _), members in groups.items():
-        indices = sorted({int(m.group(1)) for x in members for m in [_LAYER.search(x.name)] if m})
+        indices = sorted({int(m.group(1)) for x in members for m in [LAYER_INDEX.search(x.name)] if m})
         if len(members) == 1 or not indices:
             label = members[0].name if len(members) == 1 else f"{members[0].name} (and {len(members) - 1} more)"
         else:
