@@ -40,13 +40,15 @@ def inspect(
 
 def inspect_with_module(model: Any, *, model_class: str | None = None, task: str | None = None,
                         num_labels: int | None = None, trust_remote_code: bool = False,
-                        revision: str | None = None) -> tuple[Report, Any]:
-    """`inspect`, and the meta-device module it counted (for what needs the module: torchinfo's convention)."""
+                        revision: str | None = None, dtype: str | None = None) -> tuple[Report, Any]:
+    """`inspect`, and the meta-device module it counted (for what needs the module: torchinfo's convention).
+
+    `dtype` ("bfloat16") builds as loading in that dtype would, so each tensor's dtype is the loaded one."""
     if _is_module(model):
         if model_class or task or num_labels is not None:
             raise ModelClassError("--class, --task and --num-labels apply to configs, not to a live module")
         return inspect_module(model), model
-    return _inspect_source(as_source(model, revision), model_class, task, num_labels, trust_remote_code)
+    return _inspect_source(as_source(model, revision), model_class, task, num_labels, trust_remote_code, dtype)
 
 
 def as_source(model: Any, revision: str | None = None) -> Source:
@@ -80,14 +82,16 @@ def inspect_module(module: Any, *, label: str | None = None) -> Report:
                        **_extras(module, config, counted))
 
 
-def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_code) -> tuple[Report, Any]:
+def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_code,
+                    dtype: str | None = None) -> tuple[Report, Any]:
     from .build import build_on_meta, choose_class, make_config, transformers_version
 
     location = code_location(source)
     config, notes = make_config(source.config, num_labels=num_labels, trust_remote_code=trust_remote_code,
                                 code_location=location, model_class=model_class)
     choice = choose_class(config, source.config, model_class=model_class, task=task)
-    module = build_on_meta(choice.name, copy.deepcopy(config), code_ref=choice.code_ref, code_location=location)
+    module = build_on_meta(choice.name, copy.deepcopy(config), code_ref=choice.code_ref, code_location=location,
+                           dtype=dtype)
     native = type(module).__module__.startswith("transformers.")
     info = ModelInfo(
         source=source.description,

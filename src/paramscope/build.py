@@ -473,10 +473,13 @@ def quiet_transformers():
         hf_logging.set_verbosity(previous)
 
 
-def build_on_meta(class_name: str, config, *, code_ref: str | None = None, code_location: str | None = None):
+def build_on_meta(class_name: str, config, *, code_ref: str | None = None, code_location: str | None = None,
+                  dtype: str | None = None):
     """Instantiate `class_name` from `config` with every tensor on the meta device: no memory for weights.
 
     `code_ref` names a remote-code class (auto_map) to import from `code_location` instead of transformers'.
+    `dtype` ("bfloat16") is the default dtype during the build, as `from_pretrained(dtype=…)` sets it, so each
+    tensor gets the dtype loading gives it (a tensor the code creates in float32 explicitly stays float32).
     At most MAX_MODULES modules are built: a config that slipped past the field checks still cannot cost minutes.
     """
     import torch
@@ -486,7 +489,7 @@ def build_on_meta(class_name: str, config, *, code_ref: str | None = None, code_
     if cls is None:
         raise ModelClassError(f"unknown class {class_name!r}")
     try:
-        with quiet_transformers(), _module_budget(MAX_MODULES), torch.device("meta"):
+        with quiet_transformers(), _module_budget(MAX_MODULES), torch.device("meta"), _default_dtype(dtype):
             return cls(config)
     except (ModelClassError, RemoteCodeError):
         raise
@@ -495,6 +498,21 @@ def build_on_meta(class_name: str, config, *, code_ref: str | None = None, code_
                           "no larger model (check the layer and expert counts)") from None
     except Exception as err:
         raise ConfigError(f"could not build {class_name} from this config: {_first_line(err)}") from err
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: str | None):
+    import torch
+
+    if dtype is None:
+        yield
+        return
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 class _TooManyModules(Exception):

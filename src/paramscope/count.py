@@ -47,6 +47,7 @@ class BufferInfo:
     numel: int
     persistent: bool
     role: str | None = None  # set only for buffers that hold learned values (a router's correction bias)
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,8 @@ def count_module(module: Any) -> Counted:
                 uninitialized.setdefault(id(buffer), full)
                 continue
             buffers.append(BufferInfo(full, tuple(int(d) for d in buffer.shape), int(buffer.numel()),
-                                      local not in non_persistent, buffer_role(full, _types_for(full, types_of))))
+                                      local not in non_persistent, buffer_role(full, _types_for(full, types_of)),
+                                      str(buffer.dtype).removeprefix("torch.")))
 
     numel_of = {info.name: info.numel for info in infos}
     tree = _node(module, "", "", canonical_of, numel_of, {})

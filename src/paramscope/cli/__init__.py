@@ -13,13 +13,13 @@ from typing import Sequence
 
 from .. import __version__
 from ..errors import ParamscopeError
-from . import audit, compare, diff, formula, inspect, presets
+from . import audit, compare, diff, formula, inspect, memory, presets
 
 EXIT_INTERNAL = 1
 
 # In the order `paramscope --help` lists them.
 COMMANDS = {"inspect": inspect, "presets": presets, "formula": formula, "diff": diff, "compare": compare,
-            "audit": audit}
+            "audit": audit, "memory": memory}
 
 
 def build_parser() -> argparse.ArgumentParser:

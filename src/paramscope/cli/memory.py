@@ -1,0 +1,82 @@
+"""`paramscope memory MODEL`: the memory to load and serve a model, exact and explained (analytic engine)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ._common import add_debug_option, add_model_options, add_width_option, checked_width, use_color, write
+
+
+def add_parser(subparsers: Any) -> None:
+    from ..cost.quantization import FORMAT_CHOICES
+
+    parser = subparsers.add_parser(
+        "memory", help="memory to load and serve a model: weights by dtype and role, KV cache, what fits",
+        description="Memory to load and serve a model, at allocator level: weights in their storage format (by "
+                    "dtype, role and component), the KV cache at a batch and context length, the prefill's "
+                    "workspace, the peak, and the accelerators it fits on.")
+    parser.add_argument("model", metavar="MODEL",
+                        help="preset name, config.json path, model directory, or hub id (org/name)")
+    add_model_options(parser)
+    parser.add_argument("--dtype", metavar="FORMAT",
+                        help="weight storage (default: the config's quantization_config or torch_dtype): "
+                             + ", ".join(FORMAT_CHOICES))
+    parser.add_argument("--group-size", type=int, metavar="G",
+                        help="GPTQ/AWQ group size along the input dimension (default 128; -1: per channel)")
+    parser.add_argument("--kv-dtype", metavar="DTYPE", help="KV cache dtype: fp32, bf16, fp16, fp8 "
+                        "(default: the compute dtype)")
+    parser.add_argument("--kv-layout", default="hf", choices=("hf", "latent", "expanded"),
+                        help="MLA models: hf (what transformers' cache stores, measured), latent (kv_lora_rank + "
+                             "rope, as MLA-aware servers store it), expanded (per-head K and V)")
+    parser.add_argument("--batch", type=int, default=1, metavar="B", help="sequences served at once (default 1)")
+    parser.add_argument("--seq", type=int, metavar="S",
+                        help="context length in tokens (default: the model's max_position_embeddings)")
+    parser.add_argument("--encoder-seq", type=int, metavar="S",
+                        help="encoder-decoder models: encoder tokens held by the cross-attention cache "
+                             "(default: --seq)")
+    parser.add_argument("--gpu", metavar="NAME", help="answer for one accelerator (h100, a100-40gb, 4090, …)")
+    parser.add_argument("--budget", metavar="SIZE", help="answer for a memory budget (24GiB, 80GB, …)")
+    parser.add_argument("--reserve", metavar="SIZE", default="1GiB",
+                        help="CUDA context and allocator fragmentation, added before comparing with a device "
+                             "(default 1GiB; 0 for none)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the JSON report with its \"memory\" object (docs/json-schema.md)")
+    add_width_option(parser)
+    add_debug_option(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cost.dtypes import parse_bytes
+    from ..cost.estimate import MemoryOptions, estimate_memory
+    from ..errors import ParamscopeError
+    from ..sources import resolve
+
+    width = None if args.json else checked_width(args)  # bad options fail before any build
+    if args.gpu and args.budget:
+        raise ParamscopeError("give --gpu or --budget, not both")
+    reserve = 0 if str(args.reserve).strip() in ("0", "0B") else parse_bytes(args.reserve)
+    options = MemoryOptions(dtype=args.dtype, kv_dtype=args.kv_dtype, batch=args.batch, seq=args.seq,
+                            kv_layout=args.kv_layout, group_size=args.group_size, encoder_seq=args.encoder_seq,
+                            gpu=args.gpu, budget=parse_bytes(args.budget) if args.budget else None, reserve=reserve)
+    options.check()
+    if args.dtype is not None:
+        from ..cost.quantization import weight_format
+
+        weight_format(args.dtype, group_size=args.group_size)  # a bad --dtype fails before the build
+    source = resolve(args.model, revision=args.revision)
+    report, estimate = estimate_memory(source, options, model_class=args.model_class, task=args.task,
+                                       num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
+    if args.json:
+        from ..render.json import report_to_dict
+        from ..render.memory import memory_to_dict
+
+        document = report_to_dict(report)
+        document["memory"] = memory_to_dict(estimate)
+        write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        return 0
+    from ..render.memory import render_memory_text
+
+    write(render_memory_text(report, estimate, width, color=use_color()))
+    return 0

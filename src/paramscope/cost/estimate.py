@@ -1,0 +1,179 @@
+"""`memory(model, …)`: build on meta in the storage's compute dtype, then add up weights, KV cache and workspace.
+
+input → storage format (declared or --dtype) → meta build in the compute dtype → Report → which tensors are
+quantised and kept in fp32 (from the module, as transformers decides) → weights → KV cache (config formula,
+checked against the real cache on meta) → prefill workspace → peak → fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ParamscopeError
+from .dtypes import itemsize, torch_name
+from .hardware import Accelerator, find_accelerator
+from .kv_cache import KVCache, is_mla, kv_cache, text_config
+from .memory import DEFAULT_RESERVE, MemoryEstimate, fit_on, fit_table, prefill_workspace
+from .quantization import declared_format, weight_format
+from .weights import kept_in_fp32, quantized_names, weight_memory
+
+KV_LAYOUTS = ("hf", "latent", "expanded")
+MAX_BATCH = 1 << 20
+MAX_SEQ = 1 << 24
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    dtype: str | None = None  # --dtype: a storage format; None: the checkpoint's declared one
+    kv_dtype: str | None = None  # None: the compute dtype
+    batch: int = 1
+    seq: int | None = None  # None: the model's maximum context (max_position_embeddings)
+    kv_layout: str = "hf"  # MLA only: "hf" (what transformers' cache stores), "latent", "expanded"
+    group_size: int | None = None  # GPTQ/AWQ
+    encoder_seq: int | None = None
+    gpu: str | None = None
+    budget: int | None = None
+    reserve: int = DEFAULT_RESERVE
+
+    def check(self) -> None:
+        if not 1 <= self.batch <= MAX_BATCH:
+            raise ParamscopeError(f"--batch must be between 1 and {MAX_BATCH:,}, got {self.batch}")
+        for name, value in (("--seq", self.seq), ("--encoder-seq", self.encoder_seq)):
+            if value is not None and not 1 <= value <= MAX_SEQ:
+                raise ParamscopeError(f"{name} must be between 1 and {MAX_SEQ:,}, got {value}")
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ParamscopeError(f"--kv-layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}")
+        if self.reserve < 0:
+            raise ParamscopeError(f"--reserve must be 0 or more, got {self.reserve}")
+        if self.group_size is not None and not (self.group_size == -1 or 1 <= self.group_size <= 1 << 20):
+            raise ParamscopeError(f"--group-size must be -1 (per channel) or a positive size, got {self.group_size}")
+
+
+def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **model_options: Any):
+    """(Report, MemoryEstimate) for serving `model`, analytic engine."""
+    from ..api import as_source, inspect_with_module
+
+    options.check()
+    accelerator = find_accelerator(options.gpu) if options.gpu else None
+    if options.kv_dtype is not None:
+        torch_name(options.kv_dtype)  # a bad name fails before the build
+    source = as_source(model, model_options.pop("revision", None))
+    declared, declared_from, not_convert = declared_format(source.config) if options.dtype is None else (
+        None, "", ())
+    if options.dtype is not None:
+        base = declared_format_or_default(source.config)
+        fmt = weight_format(options.dtype, compute_dtype=base, group_size=options.group_size)
+        origin = "--dtype"
+    else:
+        fmt, origin = declared, declared_from
+    report, module = inspect_with_module(source, dtype=fmt.compute_dtype, **model_options)
+    quantized = quantized_names(module, report.params, fmt, not_convert)
+    fp32 = kept_in_fp32(module, fmt.compute_dtype)
+    weights = weight_memory(report.params, report.buffers, fmt, quantized=quantized, fp32=fp32,
+                            components=[c.name for c in report.components])
+    config = getattr(module, "config", None)
+    text = text_config(config)
+    seq = options.seq or _max_context(text) or 2048
+    kv_dtype = torch_name(options.kv_dtype) if options.kv_dtype else (
+        "float16" if fmt.kind == "gguf" else fmt.compute_dtype)
+    notes: list[str] = []
+    cache = None
+    if _has_cache(module):
+        cache, note = _checked_cache(module, config, options, seq, kv_dtype, fmt.compute_dtype)
+        notes.extend(note)
+    vocab = _vocab(text) if cache is not None else None
+    workspace = prefill_workspace(config, batch=options.batch, seq=seq, dtype_size=itemsize(fmt.compute_dtype),
+                                  vocab=vocab)
+
+    def peak_at(batch: int, length: int) -> int:
+        kv = cache.at(batch, length) if cache is not None else 0
+        work = prefill_workspace(config, batch=batch, seq=length, dtype_size=itemsize(fmt.compute_dtype),
+                                 vocab=vocab).bytes
+        return weights.bytes + kv + work
+
+    peak = peak_at(options.batch, seq)
+    settings = {
+        "dtype": fmt.key, "dtype_from": origin, "compute_dtype": fmt.compute_dtype, "kv_dtype": kv_dtype,
+        "batch": options.batch, "seq": seq, "seq_from": "--seq" if options.seq else "max_position_embeddings",
+        "kv_layout": cache.layout if cache else None, "reserve": options.reserve,
+    }
+    if fmt.group_size is not None:
+        settings["group_size"] = fmt.group_size
+    if accelerator is None and options.budget is not None:
+        accelerator = Accelerator("budget", options.budget, "", "budget")
+    max_context = _max_context(text)
+    settings["max_context"] = max_context
+    budget = fit_on(accelerator, peak_at, options.reserve, batch=options.batch, seq=seq,
+                    max_context=max_context) if accelerator else None
+    return report, MemoryEstimate(
+        mode="inference", engine="analytic", settings=settings, weights=weights, kv_cache=cache,
+        activations=workspace, peak=peak, peak_phase="prefill", reserve=options.reserve,
+        fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=max_context),
+        budget=budget, notes=tuple(notes))
+
+
+def declared_format_or_default(config: dict[str, Any] | None) -> str:
+    """The compute dtype a --dtype format keeps its unquantised tensors in: the declared float dtype, or bf16."""
+    try:
+        return declared_format(config)[0].compute_dtype
+    except ParamscopeError:
+        return "bfloat16"
+
+
+def _max_context(config: Any) -> int | None:
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_target_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_SEQ:
+            return value
+    return None
+
+
+def _vocab(config: Any) -> int | None:
+    value = getattr(config, "vocab_size", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _has_cache(module: Any) -> bool:
+    """A model that generates (transformers' `can_generate`) serves with a KV cache."""
+    can_generate = getattr(module, "can_generate", None)
+    try:
+        return bool(can_generate()) if callable(can_generate) else False
+    except Exception:
+        return False
+
+
+def _checked_cache(module: Any, config: Any, options: MemoryOptions, seq: int, kv_dtype: str,
+                   build_dtype: str) -> tuple[KVCache, list[str]]:
+    """The cache from the config's formula; for MLA, the layout the real cache holds, measured on meta."""
+    from .probe import probe_cache
+
+    notes = []
+    layout = options.kv_layout
+    text = text_config(config)
+    probed = None
+    if layout == "hf" or not is_mla(text):
+        probed = probe_cache(module, batch=1, seq=2)
+    if is_mla(text) and layout == "hf":
+        for candidate in ("latent", "expanded"):
+            if probed is not None and _at(text, candidate, build_dtype, 2) == probed.bytes:
+                layout = candidate
+                break
+        else:
+            layout = "latent"
+            notes.append("the real cache could not be measured on meta; MLA counted as cached latents")
+        notes.append(f"transformers' {type(module).__name__} caches MLA as "
+                     f"{'the compressed latent' if layout == 'latent' else 'per-head K and V'} (measured on meta)")
+    cache = kv_cache(config, batch=options.batch, seq=seq, dtype=kv_dtype, layout=layout,
+                     encoder_seq=options.encoder_seq)
+    if probed is not None and not is_mla(text):
+        expected = _at(text, layout, build_dtype, 2)
+        if expected != probed.bytes:
+            notes.append(f"check: the real cache holds {probed.bytes:,} B after 2 tokens in the build's dtype, the "
+                         f"formula says {expected:,} B; the formula is used")
+    return cache, notes
+
+
+def _at(config: Any, layout: str, dtype: str, seq: int) -> int:
+    """The formula's bytes at batch 1 and `seq` tokens in the build's dtype (what the probe saw)."""
+    return kv_cache(config, batch=1, seq=seq, dtype=dtype, layout=layout).bytes

@@ -1,0 +1,81 @@
+"""Accelerators by name and memory: the "fits on" table and `--gpu NAME`.
+
+Capacities are the vendors' nominal figures, read as binary gigabytes (an "80 GB" H100 holds 80 GiB of HBM). The
+driver shows a little less (an H100 80GB reports 81,559 MiB) and the CUDA context and the allocator's
+fragmentation take more; paramscope keeps those out of its allocator-level figures and shows them as a separate,
+settable reserve (`--reserve`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import ParamscopeError
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str
+    memory: int  # bytes, nominal
+    vendor: str
+    kind: str  # "datacenter" | "workstation" | "consumer"
+
+
+ACCELERATORS: tuple[Accelerator, ...] = (
+    Accelerator("RTX 3060", 12 * GiB, "NVIDIA", "consumer"),
+    Accelerator("RTX 4070", 12 * GiB, "NVIDIA", "consumer"),
+    Accelerator("RTX 4080", 16 * GiB, "NVIDIA", "consumer"),
+    Accelerator("T4", 16 * GiB, "NVIDIA", "datacenter"),
+    Accelerator("V100 16GB", 16 * GiB, "NVIDIA", "datacenter"),
+    Accelerator("TPU v5e", 16 * GiB, "Google", "datacenter"),
+    Accelerator("RTX 3090", 24 * GiB, "NVIDIA", "consumer"),
+    Accelerator("RTX 4090", 24 * GiB, "NVIDIA", "consumer"),
+    Accelerator("A10G", 24 * GiB, "NVIDIA", "datacenter"),
+    Accelerator("L4", 24 * GiB, "NVIDIA", "datacenter"),
+    Accelerator("RTX 5090", 32 * GiB, "NVIDIA", "consumer"),
+    Accelerator("V100 32GB", 32 * GiB, "NVIDIA", "datacenter"),
+    Accelerator("TPU v6e", 32 * GiB, "Google", "datacenter"),
+    Accelerator("A100 40GB", 40 * GiB, "NVIDIA", "datacenter"),
+    Accelerator("RTX A6000", 48 * GiB, "NVIDIA", "workstation"),
+    Accelerator("RTX 6000 Ada", 48 * GiB, "NVIDIA", "workstation"),
+    Accelerator("L40S", 48 * GiB, "NVIDIA", "datacenter"),
+    Accelerator("A100 80GB", 80 * GiB, "NVIDIA", "datacenter"),
+    Accelerator("H100 80GB", 80 * GiB, "NVIDIA", "datacenter"),
+    Accelerator("H100 NVL", 94 * GiB, "NVIDIA", "datacenter"),
+    Accelerator("TPU v5p", 95 * GiB, "Google", "datacenter"),
+    Accelerator("RTX PRO 6000", 96 * GiB, "NVIDIA", "workstation"),
+    Accelerator("GH200", 96 * GiB, "NVIDIA", "datacenter"),
+    Accelerator("Gaudi 3", 128 * GiB, "Intel", "datacenter"),
+    Accelerator("MI250X", 128 * GiB, "AMD", "datacenter"),
+    Accelerator("H200", 141 * GiB, "NVIDIA", "datacenter"),
+    Accelerator("B200", 180 * GiB, "NVIDIA", "datacenter"),
+    Accelerator("MI300X", 192 * GiB, "AMD", "datacenter"),
+    Accelerator("MI325X", 256 * GiB, "AMD", "datacenter"),
+    Accelerator("B300", 288 * GiB, "NVIDIA", "datacenter"),
+    Accelerator("MI355X", 288 * GiB, "AMD", "datacenter"),
+)
+
+# Names people type for the same card.
+_ALIASES = {"h100": "H100 80GB", "h100sxm": "H100 80GB", "h100pcie": "H100 80GB", "a100": "A100 80GB",
+            "v100": "V100 32GB", "4090": "RTX 4090", "3090": "RTX 3090", "5090": "RTX 5090", "a6000": "RTX A6000",
+            "6000ada": "RTX 6000 Ada", "h200nvl": "H200", "b200": "B200", "gaudi3": "Gaudi 3"}
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower()).removeprefix("nvidia").removeprefix("amd").removeprefix("geforce")
+
+
+def find_accelerator(name: str) -> Accelerator:
+    """The accelerator called `name` ("h100", "RTX 4090", "a100-40gb"); raises naming it when unknown."""
+    key = _key(str(name)[:60])
+    by_key = {_key(a.name): a for a in ACCELERATORS}
+    for alias, target in _ALIASES.items():
+        by_key.setdefault(alias, next(a for a in ACCELERATORS if a.name == target))
+    for candidate in (key, key.removeprefix("rtx")):
+        if candidate in by_key:
+            return by_key[candidate]
+    known = ", ".join(a.name for a in ACCELERATORS)
+    raise ParamscopeError(f"unknown accelerator {str(name)[:60]!r}; known: {known} (or give --budget 24GiB)")

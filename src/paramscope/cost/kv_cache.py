@@ -1,0 +1,265 @@
+"""The KV cache of a generating model, from its config: per token, and at a batch and context length.
+
+Pure arithmetic on config fields (read with getattr, so transformers' attribute maps apply: GPT-2's n_head is
+num_attention_heads). It mirrors what transformers' DynamicCache holds, layer by layer:
+
+- layer kinds come from the config as `get_layer_types_and_kwargs` reads them: `layer_types` when given, else
+  every layer sliding when `sliding_window` is set, chunked when `attention_chunk_size` is, full otherwise;
+  layers that reuse another layer's cache (`kv_sharing_modes`) and "moe"/"mlp" layers hold none;
+- a full layer holds every token: 2 (K and V) × kv_heads × head_dim per token; kv_heads and head_dim are the
+  config's (never hidden ÷ heads where head_dim is given);
+- a sliding or chunked layer keeps its last `window − 1` tokens (DynamicSlidingWindowLayer);
+- multi-head latent attention (MLA: `kv_lora_rank`) is cached either as the latent, kv_lora_rank + the rope
+  dimension per token (one "head"), or expanded to per-head K (qk_nope + qk_rope) and V (v_head_dim);
+  which one a class's cache stores is the implementation's choice, measured by `probe.py`;
+- state-space and linear-attention layers keep a fixed recurrent state per sequence instead of a growing cache;
+- an encoder-decoder's decoder layers also cache the cross-attention K and V of the encoder's output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .dtypes import itemsize, short_name
+
+CONVENTION = ("transformers' DynamicCache: a full layer holds every token; a sliding-window layer keeps its last "
+              "window − 1 tokens")
+
+
+@dataclass(frozen=True)
+class CacheGroup:
+    kind: str  # "full attention", "sliding window 4,096", "MLA latent", "cross-attention", "recurrent state"
+    layers: int
+    tokens: int  # tokens each of these layers holds, per sequence
+    per_token: int  # bytes per token per sequence, these layers together (0 for a recurrent state)
+    fixed: int  # bytes per sequence that do not grow with tokens, these layers together
+    bytes: int  # at the batch and context length asked
+    arithmetic: str  # per layer and token, e.g. "2 × 8 kv heads × 128 × 2 B"
+    constant: int = 0  # bytes whatever the batch: a sliding layer's window, held as an int64 tensor (8 B)
+
+
+@dataclass(frozen=True)
+class KVCache:
+    bytes: int  # at batch × seq
+    bytes_per_token: int  # one more token of one sequence, while it is inside every window
+    layout: str  # "kv" | "latent" | "expanded"
+    dtype: str
+    batch: int
+    seq: int
+    groups: tuple[CacheGroup, ...]
+    convention: str = CONVENTION
+    notes: tuple[str, ...] = ()
+
+    def at(self, batch: int, seq: int) -> int:
+        """Bytes at another batch and context length (windows and fixed states included)."""
+        return sum(batch * (g.fixed + g.per_token * _held(g, seq)) + g.constant for g in self.groups)
+
+
+def _held(group: CacheGroup, seq: int) -> int:
+    window = _window_of(group.kind)
+    return seq if window is None else min(seq, window - 1)
+
+
+def _window_of(kind: str) -> int | None:
+    if kind.startswith(("sliding window ", "chunked ")):
+        return int(kind.rsplit(" ", 1)[1].replace(",", ""))
+    return None
+
+
+def text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    if callable(get):
+        try:
+            return get(decoder=True)
+        except TypeError:
+            return get()
+    return config
+
+
+def _int(config: Any, *names: str) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def layer_kinds(config: Any) -> list[tuple[str, int | None]]:
+    """(kind, window) per decoder layer, as transformers' get_layer_types_and_kwargs reads the config."""
+    count = decoder_layers(config)
+    types = getattr(config, "layer_types", None)
+    if not isinstance(types, (list, tuple)) or not types:
+        if _int(config, "sliding_window") is not None:
+            types = ["sliding_attention"] * count
+        elif _int(config, "attention_chunk_size") is not None:
+            types = ["chunked_attention"] * count
+        else:
+            types = ["full_attention"] * count
+    sharing = getattr(config, "kv_sharing_modes", None)
+    kinds = []
+    for index, kind in enumerate(types):
+        kind = str(kind)
+        if isinstance(sharing, (list, tuple)) and index < len(sharing) and sharing[index] == "reuse":
+            kind = "shared"
+        if kind in ("moe", "mlp"):  # no attention in this layer
+            kind = "none"
+        window = None
+        if kind in ("sliding_attention", "hybrid_sliding"):
+            window = _int(config, "sliding_window")
+        elif kind == "chunked_attention":
+            window = _int(config, "attention_chunk_size")
+        kinds.append((kind, window))
+    return kinds
+
+
+def decoder_layers(config: Any) -> int:
+    if getattr(config, "is_encoder_decoder", False):
+        value = _int(config, "num_decoder_layers", "decoder_layers")
+        if value:
+            return value
+    return _int(config, "num_hidden_layers", "n_layer", "num_layers") or 0
+
+
+def attention_shape(config: Any) -> tuple[int, int, int, str]:
+    """(kv heads, K head dim, V head dim, how they were found) of a decoder's self-attention."""
+    if getattr(config, "is_encoder_decoder", False):
+        heads = _int(config, "decoder_attention_heads", "num_attention_heads", "num_heads", "n_head")
+    else:
+        heads = _int(config, "num_attention_heads", "n_head", "num_heads")
+    heads = heads or 1
+    kv_heads = _int(config, "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+    how = "num_key_value_heads" if kv_heads else "num_attention_heads (no key/value head count given)"
+    if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
+        kv_heads, how = 1, "multi_query: one key/value head"
+    kv_heads = kv_heads or heads
+    head_dim = _int(config, "head_dim", "d_kv", "kv_channels")
+    hidden = _int(config, "hidden_size", "d_model", "n_embd") or 0
+    if head_dim is None:
+        head_dim = hidden // heads if heads else 0
+        dim_how = f"hidden_size ÷ heads = {hidden:,} ÷ {heads}"
+    else:
+        dim_how = "head_dim"
+    return kv_heads, head_dim, head_dim, f"{how}; {dim_how}"
+
+
+def is_mla(config: Any) -> bool:
+    return _int(config, "kv_lora_rank") is not None
+
+
+def kv_cache(config: Any, *, batch: int, seq: int, dtype: str, layout: str = "kv",
+             encoder_seq: int | None = None) -> KVCache:
+    """The cache after a prefill of `seq` tokens for `batch` sequences (decoding further grows it the same way).
+
+    `layout` matters for MLA only: "latent" (kv_lora_rank + rope per token) or "expanded" (per-head K and V).
+    """
+    config = text_config(config)
+    size = itemsize(dtype)
+    kinds = layer_kinds(config)
+    mla = is_mla(config)
+    if mla and layout not in ("latent", "expanded"):
+        layout = "latent"
+    if not mla:
+        layout = "kv"
+    per_layer, arithmetic = _attention_bytes_per_token(config, size, layout)
+    groups: dict[str, list[Any]] = {}
+    notes: list[str] = []
+    recurrent = _recurrent_state(config, size)
+    for kind, window in kinds:
+        if kind in ("full_attention", "indexed_attention", "hybrid"):
+            key = "MLA latent" if layout == "latent" else "MLA expanded" if layout == "expanded" else "full attention"
+        elif kind in ("sliding_attention", "chunked_attention", "hybrid_sliding") and window:
+            key = f"{'chunked' if kind == 'chunked_attention' else 'sliding window'} {window:,}"
+        elif kind in ("shared", "none"):
+            continue
+        elif kind in ("linear_attention", "conv", "mamba", "mamba2", "ssm", "recurrent"):
+            key = "recurrent state"
+        else:  # an unknown kind: treat as full attention and say so
+            key = "full attention"
+            notes.append(f"layer type {kind!r} is not known to paramscope; counted as full attention")
+        entry = groups.setdefault(key, [0, 0, 0])
+        entry[0] += 1
+        if key == "recurrent state":
+            if recurrent is None:
+                notes.append("this model's recurrent state has no formula here; `--trace` measures it")
+            else:
+                entry[2] += recurrent[0]
+        else:
+            entry[1] += per_layer
+            if kind in ("hybrid", "hybrid_sliding") and recurrent is not None:
+                entry[2] += recurrent[0]
+    result = []
+    for key, (layers, per_token, fixed) in groups.items():
+        group = CacheGroup(key, layers, 0, per_token, fixed, 0,
+                           recurrent[1] if key == "recurrent state" and recurrent else arithmetic)
+        held = _held(group, seq)
+        constant = 8 * layers if _window_of(key) is not None else 0
+        result.append(CacheGroup(key, layers, held, per_token, fixed,
+                                 batch * (fixed + per_token * held) + constant, group.arithmetic, constant))
+    if getattr(config, "is_encoder_decoder", False):
+        cross = _cross_attention(config, size, encoder_seq or seq)
+        if cross is not None:
+            result.append(CacheGroup("cross-attention", cross[0], encoder_seq or seq, 0, cross[1],
+                                     batch * cross[1], cross[2]))
+    total = sum(g.bytes for g in result)
+    bytes_per_token = sum(g.per_token for g in result)
+    return KVCache(total, bytes_per_token, layout, short_name(dtype), batch, seq, tuple(result),
+                   notes=tuple(dict.fromkeys(notes)))
+
+
+def _attention_bytes_per_token(config: Any, size: int, layout: str) -> tuple[int, str]:
+    """Bytes per token of one attention layer, and the arithmetic."""
+    if layout == "latent":
+        rank = _int(config, "kv_lora_rank") or 0
+        rope = _int(config, "qk_rope_head_dim") or 0
+        return (rank + rope) * size, f"(kv_lora_rank {rank} + qk_rope_head_dim {rope}) × {size} B"
+    if layout == "expanded":
+        heads = _int(config, "num_key_value_heads", "num_attention_heads") or 1
+        k_dim = (_int(config, "qk_nope_head_dim") or 0) + (_int(config, "qk_rope_head_dim") or 0)
+        v_dim = _int(config, "v_head_dim") or k_dim
+        return (heads * (k_dim + v_dim) * size,
+                f"{heads} heads × (K {k_dim} + V {v_dim}) × {size} B")
+    kv_heads, k_dim, v_dim, how = attention_shape(config)
+    if k_dim == v_dim:
+        return 2 * kv_heads * k_dim * size, f"2 × {kv_heads} kv heads × {k_dim} × {size} B"
+    return kv_heads * (k_dim + v_dim) * size, f"{kv_heads} kv heads × (K {k_dim} + V {v_dim}) × {size} B"
+
+
+def _recurrent_state(config: Any, size: int) -> tuple[int, str] | None:
+    """(bytes per sequence, arithmetic) of one recurrent layer's state, for the families with a formula."""
+    model_type = str(getattr(config, "model_type", ""))
+    if model_type == "mamba":
+        inner = _int(config, "intermediate_size") or 0
+        conv = _int(config, "conv_kernel") or 4
+        state = _int(config, "state_size") or 16
+        return (inner * (conv + state) * size,
+                f"intermediate {inner:,} × (conv_kernel {conv} + state_size {state}) × {size} B")
+    if model_type in ("mamba2", "falcon_h1", "bamba", "nemotron_h", "granitemoehybrid"):
+        heads = _int(config, "mamba_n_heads", "num_heads") or 0
+        head_dim = _int(config, "mamba_d_head", "head_dim") or 0
+        state = _int(config, "mamba_d_state", "state_size") or 0
+        groups = _int(config, "mamba_n_groups", "n_groups") or 1
+        conv = _int(config, "mamba_d_conv", "conv_kernel") or 4
+        inner = heads * head_dim
+        conv_dim = inner + 2 * groups * state
+        return ((conv_dim * conv + heads * head_dim * state) * size,
+                f"(conv {conv_dim:,} × {conv} + ssm {heads} heads × {head_dim} × {state}) × {size} B")
+    if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        k_heads = _int(config, "linear_num_key_heads") or 0
+        v_heads = _int(config, "linear_num_value_heads") or 0
+        k_dim = _int(config, "linear_key_head_dim") or 0
+        v_dim = _int(config, "linear_value_head_dim") or 0
+        conv = _int(config, "linear_conv_kernel_dim") or 4
+        conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
+        return ((conv_dim * conv + v_heads * k_dim * v_dim) * size,
+                f"(conv {conv_dim:,} × {conv} + state {v_heads} heads × {k_dim} × {v_dim}) × {size} B")
+    return None
+
+
+def _cross_attention(config: Any, size: int, encoder_seq: int) -> tuple[int, int, str] | None:
+    layers = decoder_layers(config)
+    kv_heads, k_dim, v_dim, _ = attention_shape(config)
+    per_layer = kv_heads * (k_dim + v_dim) * size * encoder_seq
+    if not layers or not per_layer:
+        return None
+    return layers, layers * per_layer, f"{kv_heads} heads × (K {k_dim} + V {v_dim}) × {size} B × {encoder_seq:,} encoder tokens"

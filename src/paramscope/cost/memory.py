@@ -1,0 +1,114 @@
+"""Memory to load and serve a model: the analytic engine's answer, as frozen data for the renderers.
+
+    weights (weights.py) + KV cache (kv_cache.py) + the prefill's working memory = the peak at serving
+
+Every figure is at allocator level (bytes of tensors); the CUDA context and the allocator's fragmentation are a
+separate reserve that the "fits on" table adds, and the report names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .hardware import ACCELERATORS, GiB, Accelerator
+from .kv_cache import KVCache
+from .weights import WeightMemory
+
+DEFAULT_RESERVE = 1 * GiB  # CUDA context (~0.5 GiB with torch) and fragmentation; `--reserve` sets it
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Working memory of the prefill's forward beyond weights and cache: the largest layer's live tensors."""
+
+    bytes: int
+    arithmetic: str
+    logits: int  # the last token's logits, in fp32 as generate keeps them
+
+
+@dataclass(frozen=True)
+class Fit:
+    accelerator: Accelerator
+    fits: bool
+    free: int  # bytes left after the peak and the reserve (negative: short by)
+    largest_batch: int | None  # at the asked context length; None when nothing fits
+    largest_context: int | None  # at the asked batch
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    mode: str  # "inference" | "training"
+    engine: str  # "analytic" | "traced"
+    settings: dict[str, Any]
+    weights: WeightMemory
+    kv_cache: KVCache | None
+    activations: Workspace | None
+    peak: int
+    peak_phase: str
+    reserve: int
+    fits: tuple[Fit, ...] = ()
+    budget: Fit | None = None  # the answer for --gpu or --budget
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def with_reserve(self) -> int:
+        return self.peak + self.reserve
+
+
+def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, vocab: int | None) -> Workspace:
+    """The prefill's largest transient, per token: the residual stream, the normed input and an MLP's
+    intermediates (gate, up and their product, 3 × intermediate), plus the last token's logits in fp32."""
+    from .kv_cache import text_config
+
+    text = text_config(config)
+    hidden = _first_int(text, "hidden_size", "d_model", "n_embd") or 0
+    inner = _first_int(text, "intermediate_size", "ffn_dim", "n_inner", "d_ff", "decoder_ffn_dim") or 4 * hidden
+    per_token = (2 * hidden + 3 * inner) * dtype_size
+    logits = batch * (vocab or 0) * 4
+    text_line = (f"{batch} × {seq:,} tokens × (2 × hidden {hidden:,} + 3 × intermediate {inner:,}) × {dtype_size} B"
+                 + (f" + last-token logits {batch} × {vocab:,} × 4 B" if vocab else ""))
+    return Workspace(batch * seq * per_token + logits, text_line, logits)
+
+
+def _first_int(config: Any, *names: str) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def fit_table(peak_at, reserve: int, *, batch: int, seq: int, max_context: int | None = None,
+              accelerators: tuple[Accelerator, ...] = ACCELERATORS) -> tuple[Fit, ...]:
+    """For each accelerator: does the peak fit, and the largest batch (at `seq`) and context (at `batch`)."""
+    return tuple(fit_on(a, peak_at, reserve, batch=batch, seq=seq, max_context=max_context) for a in accelerators)
+
+
+def fit_on(accelerator: Accelerator, peak_at, reserve: int, *, batch: int, seq: int,
+           max_context: int | None = None) -> Fit:
+    """`peak_at(batch, seq)` → bytes; searched by bisection, since memory grows with both.
+
+    The largest context stops at the model's own maximum (`max_context`) when it has one."""
+    capacity = accelerator.memory - reserve
+    peak = peak_at(batch, seq)
+    largest_batch = _largest(lambda b: peak_at(b, seq) <= capacity, 1 << 20)
+    largest_context = _largest(lambda s: peak_at(batch, s) <= capacity, max_context or 1 << 24)
+    return Fit(accelerator, peak <= capacity, capacity - peak, largest_batch, largest_context)
+
+
+def _largest(ok, limit: int) -> int | None:
+    """The largest n in 1..limit with ok(n), for ok monotone decreasing; None when not even 1 fits."""
+    if not ok(1):
+        return None
+    low, high = 1, 2
+    while high <= limit and ok(high):
+        low, high = high, high * 2
+    high = min(high, limit + 1)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if ok(middle):
+            low = middle
+        else:
+            high = middle
+    return low

@@ -1,0 +1,229 @@
+"""The bytes of a model's weights in a storage format: by dtype, by role and by component, with the arithmetic.
+
+`weight_memory` is pure: it takes the counted tensors (their dtypes as transformers builds them in the compute
+dtype), the names the format quantises and the names transformers keeps in fp32, and adds up bytes. Which names
+those are is read from the real module by `quantized_names` and `kept_in_fp32`, the only functions here that
+look at a module, as transformers' quantisers and loader decide them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..count import BufferInfo, ParameterInfo
+from .dtypes import itemsize, short_name
+from .quantization import WeightFormat
+
+# Roles every format keeps in higher precision: routers decide which experts run, and llama.cpp, bitsandbytes
+# and the fp8 checkpoints all leave them unquantised.
+_KEPT_ROLES = ("moe.router",)
+
+
+@dataclass(frozen=True)
+class WeightMemory:
+    bytes: int  # the parameters as stored, quantisation overhead included (buffers are apart)
+    buffer_bytes: int  # buffers (rotary frequencies, position ids): loaded with the model, not weights
+    overhead: int  # scales, zero points, absmax, maps: included in `bytes`
+    by_dtype: dict[str, int]  # storage ("bf16", "nf4", "fp32") → bytes of parameters
+    buffers_by_dtype: dict[str, int]
+    by_role: dict[str, int]  # role → bytes of its parameters
+    by_component: dict[str, int]  # top-level component → bytes of its parameters
+    format: WeightFormat
+    quantized: int  # parameters stored quantised
+    kept: tuple[tuple[str, int, str], ...]  # (what, parameters, storage) left out of the quantisation
+    lines: tuple[tuple[str, int, str], ...]  # (label, bytes, arithmetic): how the total adds up
+
+
+def weight_memory(params: Iterable[ParameterInfo], buffers: Iterable[BufferInfo], fmt: WeightFormat, *,
+                  quantized: frozenset[str] = frozenset(), fp32: frozenset[str] = frozenset(),
+                  components: Iterable[str] = ()) -> WeightMemory:
+    """Bytes of `params` and `buffers` stored as `fmt`.
+
+    `quantized` names the parameters the format quantises; the rest keep the dtype they were built in (the
+    compute dtype), except `fp32`, the parameters transformers keeps in float32 (`_keep_in_fp32_modules`).
+    """
+    params, buffers = tuple(params), tuple(buffers)
+    component_names = sorted((c for c in components if c), key=len, reverse=True)
+    by_dtype: dict[str, int] = {}
+    by_role: dict[str, int] = {}
+    by_component: dict[str, int] = {}
+    kept: dict[tuple[str, str], int] = {}
+    overhead = quantized_numel = 0
+    groups: dict[str, list[int]] = {}  # storage → [numel, data bytes, overhead bytes]
+    for param in params:
+        if param.name in quantized:
+            cost = fmt.tensor_bytes(param.shape)
+            quantized_numel += param.numel
+            overhead += cost.overhead
+        else:
+            dtype = "float32" if param.name in fp32 else param.dtype
+            cost = fmt.plain_bytes(param.numel, dtype)
+            if fmt.quantized:
+                why = "kept in fp32 by transformers" if param.name in fp32 else _why_kept(param)
+                kept[(why, cost.storage)] = kept.get((why, cost.storage), 0) + param.numel
+        by_dtype[cost.storage] = by_dtype.get(cost.storage, 0) + cost.total
+        by_role[param.role] = by_role.get(param.role, 0) + cost.total
+        owner = next((c for c in component_names if param.name == c or param.name.startswith(c + ".")), "(root)")
+        by_component[owner] = by_component.get(owner, 0) + cost.total
+        group = groups.setdefault(cost.storage, [0, 0, 0])
+        group[0] += param.numel
+        group[1] += cost.data
+        group[2] += cost.overhead
+    parameter_bytes = sum(by_dtype.values())
+    buffer_bytes = 0
+    buffers_by_dtype: dict[str, int] = {}
+    for buffer in buffers:
+        dtype = "float32" if buffer.name in fp32 and buffer.dtype in ("bfloat16", "float16") else buffer.dtype
+        size = itemsize(dtype)
+        buffer_bytes += buffer.numel * size
+        storage = short_name(dtype)
+        buffers_by_dtype[storage] = buffers_by_dtype.get(storage, 0) + buffer.numel * size
+    lines = []
+    for storage, (numel, data, extra) in groups.items():
+        if extra:
+            text = f"{numel:,} parameters: {data:,} B of values + {extra:,} B of scales and metadata"
+        else:
+            size = data // numel if numel else 0
+            text = f"{numel:,} parameters × {size} B" if numel and data == numel * size else f"{numel:,} parameters"
+        lines.append((f"parameters in {storage}", data + extra, text))
+    return WeightMemory(
+        bytes=parameter_bytes,
+        buffer_bytes=buffer_bytes,
+        overhead=overhead,
+        by_dtype=dict(sorted(by_dtype.items(), key=lambda kv: -kv[1])),
+        buffers_by_dtype=buffers_by_dtype,
+        by_role=by_role,
+        by_component=by_component,
+        format=fmt,
+        quantized=quantized_numel,
+        kept=tuple((why, numel, storage) for (why, storage), numel in kept.items()),
+        lines=tuple(lines),
+    )
+
+
+def _why_kept(param: ParameterInfo) -> str:
+    role = param.role
+    if role.startswith("embeddings.") or role in ("head.lm", "head.decoder"):
+        return "embeddings and output head"
+    if len(param.shape) < 2:
+        return "norms, biases and other 1-D tensors"
+    if role in _KEPT_ROLES:
+        return "routers"
+    return "other tensors the format does not quantise"
+
+
+# --- reading the real module: which tensors a format quantises ----------------------------------------------------
+
+def quantized_names(module: Any, params: Iterable[ParameterInfo], fmt: WeightFormat,
+                    not_convert: Iterable[str] = ()) -> frozenset[str]:
+    """The canonical parameter names `fmt` stores quantised, decided as the libraries decide.
+
+    - "linear" (bitsandbytes, GPTQ, AWQ, fp8): the weight of every module whose type is exactly nn.Linear or
+      transformers' Conv1D, as transformers' quantisers replace them, except its default skips (tied
+      weights, the output embeddings and the last module: `get_keys_to_not_convert`) and the config's
+      `modules_to_not_convert`. Fused expert tensors (3-D parameters) are not nn.Linear and stay unquantised.
+    - "matrices" (GGUF): every tensor of two or more dimensions except routers.
+    - "linear+experts" (fp8): the same, and the fused expert tensors of every `….experts` module, which
+      transformers' fine-grained fp8 replaces with FP8Experts.
+    - "experts" (MXFP4): the fused expert tensors.
+    """
+    if not fmt.quantized:
+        return frozenset()
+    params = tuple(params)
+    skip = _matcher(tuple(not_convert))
+    if fmt.targets == "matrices":
+        return frozenset(p.name for p in params if len(p.shape) >= 2 and p.role not in _KEPT_ROLES)
+    experts = frozenset(p.name for p in params if len(p.shape) >= 2 and _in_experts(p.name)
+                        and not skip(p.name.rpartition(".")[0]))
+    if fmt.targets == "experts":
+        return experts
+    canonical = {p.name for p in params}
+    default_skips = _default_skips(module)
+    names = set()
+    for module_name, sub in module.named_modules():
+        if type(sub).__name__ not in ("Linear", "Conv1D") or not _is_linear(sub):
+            continue
+        weight_name = f"{module_name}.weight" if module_name else "weight"
+        if weight_name not in canonical or skip(module_name) or _skipped_by(module_name, default_skips):
+            continue
+        names.add(weight_name)
+    if fmt.targets == "linear+experts":
+        names |= experts
+    return frozenset(names)
+
+
+def _in_experts(name: str) -> bool:
+    """A fused expert tensor: a parameter of a module named `experts` (`….mlp.experts.gate_up_proj`)."""
+    module = name.rpartition(".")[0]
+    return module == "experts" or module.endswith(".experts")
+
+
+def _is_linear(sub: Any) -> bool:
+    import torch
+
+    if type(sub) is torch.nn.Linear:
+        return True
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:  # transformers is absent: only torch modules
+        return False
+    return isinstance(sub, Conv1D)
+
+
+def _default_skips(module: Any) -> tuple[str, ...]:
+    """transformers' `get_keys_to_not_convert`: tied weights, the last module, the output embeddings."""
+    try:
+        from transformers.quantizers.base import get_keys_to_not_convert
+
+        return tuple(get_keys_to_not_convert(module))
+    except Exception:  # not a PreTrainedModel (a live torch module): nothing is skipped by default
+        return ()
+
+
+def _skipped_by(module_name: str, skips: tuple[str, ...]) -> bool:
+    return any(module_name == s or module_name.startswith(s + ".") or module_name.endswith("." + s)
+               for s in skips)
+
+
+def _matcher(patterns: tuple[str, ...]):
+    """transformers' `should_convert_module`, negated, with the config's patterns read as globs.
+
+    A pattern matches a module from the start up to a module boundary, or as a suffix; `*` matches anything.
+    transformers compiles the patterns as regular expressions; a config is untrusted input, so here only `*` is
+    special (no backtracking blow-up from a hostile pattern).
+    """
+    compiled = []
+    for pattern in patterns[:1000]:
+        if not isinstance(pattern, str) or len(pattern) > 500:
+            continue
+        body = ".*".join(re.escape(part) for part in pattern.replace(".*", "*").split("*"))
+        compiled.append((pattern, re.compile(rf"(?:{body})(?:(?<=\.)|(?=\.|$))")))
+
+    def skip(module_name: str) -> bool:
+        return any(regex.match(module_name) or module_name.endswith(pattern) for pattern, regex in compiled)
+
+    return skip
+
+
+def kept_in_fp32(module: Any, dtype: str) -> frozenset[str]:
+    """Parameter and buffer names transformers keeps in float32 when loading in `dtype`
+    (`_keep_in_fp32_modules`, and `_keep_in_fp32_modules_strict`, e.g. DeepSeek-V3's router correction bias)."""
+    plan_of = getattr(module, "_get_dtype_plan", None)
+    if plan_of is None:
+        return frozenset()
+    import torch
+
+    try:
+        plan = plan_of(getattr(torch, dtype))
+        if not plan:
+            return frozenset()
+        from transformers.core_model_loading import build_glob_alternation
+
+        pattern = build_glob_alternation(list(plan))[0]
+    except Exception:  # an older or newer transformers without these helpers: nothing is kept
+        return frozenset()
+    names = [name for name, _ in module.named_parameters()] + [name for name, _ in module.named_buffers()]
+    return frozenset(name for name in names if pattern.search(name))

@@ -1,0 +1,224 @@
+"""`paramscope memory`: a MemoryEstimate → text (rich, at a width) and → the JSON "memory" object.
+
+Pure functions of their data. Bytes are exact integers; the binary units beside them (GiB = 2³⁰ B) are for
+reading only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ..explain import exact
+from ._console import indented, to_text
+
+# One accelerator per memory size for the text table; the JSON lists them all.
+_SHOWN = ("RTX 3060", "T4", "RTX 4090", "RTX 5090", "A100 40GB", "L40S", "H100 80GB", "H200", "B200", "MI300X",
+          "MI355X")
+
+
+def binary(n: int) -> str:
+    """1,073,741,824 → '1.00 GiB'; small values in B, KiB, MiB."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def render_memory_text(report, estimate, width: int = 100, *, color: bool = False) -> str:
+    return to_text(memory_parts(report, estimate), width, color)
+
+
+def memory_parts(report, estimate) -> list:
+    settings = estimate.settings
+    weights = estimate.weights
+    title = Text(f"Memory to serve {report.model.label} ({report.model.class_name}): {estimate.engine} engine, "
+                 "allocator level", style="bold")
+    seq_from = "" if settings["seq_from"] == "--seq" else f" ({settings['seq_from']})"
+    lines = [
+        title,
+        indented(f"storage: {weights.format.label}, from {settings['dtype_from']}"),
+        indented(f"batch {settings['batch']:,} × {settings['seq']:,} tokens{seq_from}"
+                 + (f"; KV cache in {_short(settings['kv_dtype'])}" if estimate.kv_cache else "")),
+        Text(""),
+        _totals(estimate),
+    ]
+    if weights.format.quantized and weights.kept:
+        lines.append(indented("left unquantised: " + "; ".join(
+            f"{why} ({exact(numel)} parameters, {storage})" for why, numel, storage in weights.kept)))
+    if estimate.kv_cache is not None:
+        lines.append(_cache_table(estimate.kv_cache))
+    lines.append(_roles_table(weights))
+    lines.append(_fits_table(estimate))
+    if estimate.budget is not None:
+        lines.append(_budget_line(estimate))
+    for note in estimate.notes:
+        lines.append(indented(f"note: {note}"))
+    if estimate.kv_cache is not None:
+        lines.append(indented(f"convention: {estimate.kv_cache.convention}"))
+    lines.append(indented("convention: figures are bytes of tensors (what torch's allocator is asked for); the CUDA "
+                          f"context and fragmentation are the reserve, {binary(estimate.reserve)} (--reserve)"))
+    return lines
+
+
+def _short(dtype: str) -> str:
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype)
+
+
+def _totals(estimate) -> Table:
+    weights = estimate.weights
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    table.add_column("how", overflow="fold", ratio=1)
+    for label, value, how in weights.lines:
+        table.add_row(f"weights: {label.removeprefix('parameters in ')}", exact(value), binary(value), how)
+    if len(weights.lines) > 1:
+        table.add_row("weights", exact(weights.bytes), binary(weights.bytes), "", style="bold")
+    if weights.buffer_bytes:
+        parts = ", ".join(f"{exact(v)} B {k}" for k, v in weights.buffers_by_dtype.items())
+        table.add_row("buffers", exact(weights.buffer_bytes), binary(weights.buffer_bytes), parts)
+    cache = estimate.kv_cache
+    if cache is not None:
+        table.add_row("KV cache", exact(cache.bytes), binary(cache.bytes),
+                      f"{exact(cache.bytes_per_token)} B per token; by layer kind below")
+    if estimate.activations is not None:
+        table.add_row("prefill workspace", exact(estimate.activations.bytes), binary(estimate.activations.bytes),
+                      estimate.activations.arithmetic)
+    table.add_row(f"peak ({estimate.peak_phase})", exact(estimate.peak), binary(estimate.peak),
+                  "the sum above: weights stay resident, the cache is full at the end of the prefill",
+                  style="bold")
+    table.add_row("+ reserve", exact(estimate.reserve), binary(estimate.reserve),
+                  "CUDA context and allocator fragmentation (--reserve)")
+    return table
+
+
+def _cache_table(cache) -> Table:
+    table = Table(title=f"KV cache, {cache.layout} layout, {_short(cache.dtype)}: batch {cache.batch:,} × "
+                        f"{cache.seq:,} tokens", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("layers", no_wrap=True)
+    table.add_column("count", justify="right", no_wrap=True)
+    table.add_column("tokens held", justify="right", no_wrap=True)
+    table.add_column("per layer and token", overflow="fold", ratio=1)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    for group in cache.groups:
+        how = group.arithmetic
+        if group.kind == "recurrent state" or group.kind == "cross-attention":
+            how += " (per sequence)" if group.kind == "recurrent state" else ""
+        table.add_row(group.kind, str(group.layers), exact(group.tokens), how, exact(group.bytes))
+    for note in cache.notes:
+        table.add_row("", "", "", f"note: {note}", "")
+    return table
+
+
+def _roles_table(weights, limit: int = 12) -> Table:
+    table = Table(title="Weights by role", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("role", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    table.add_column("share", justify="right", no_wrap=True)
+    rows = sorted(weights.by_role.items(), key=lambda kv: -kv[1])
+    for role, value in rows[:limit]:
+        table.add_row(role, exact(value), binary(value), _share(value, weights.bytes))
+    if len(rows) > limit:
+        rest = sum(v for _, v in rows[limit:])
+        table.add_row(f"{len(rows) - limit} more roles", exact(rest), binary(rest), _share(rest, weights.bytes))
+    return table
+
+
+def _share(value: int, total: int) -> str:
+    return f"{100 * value / total:.1f}%" if total else "—"
+
+
+def _fits_table(estimate) -> Table:
+    settings = estimate.settings
+    limit = settings.get("max_context")
+    table = Table(title="Fits on: peak + reserve within the accelerator's memory", title_justify="left",
+                  caption=f"largest batch at {settings['seq']:,} tokens; largest context at batch {settings['batch']:,}"
+                          + (f", up to the model's {limit:,}" if limit else ""),
+                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("accelerator", no_wrap=True)
+    table.add_column("memory", justify="right", no_wrap=True)
+    table.add_column("fits", no_wrap=True)
+    table.add_column("free", justify="right", no_wrap=True)
+    table.add_column("largest batch", justify="right", no_wrap=True)
+    table.add_column("largest context", justify="right", no_wrap=True)
+    for fit in estimate.fits:
+        if fit.accelerator.name in _SHOWN:
+            table.add_row(*_fit_row(fit))
+    return table
+
+
+def _fit_row(fit) -> tuple[str, ...]:
+    return (fit.accelerator.name, binary(fit.accelerator.memory), "yes" if fit.fits else "no",
+            binary(fit.free) if fit.free >= 0 else f"short {binary(-fit.free)}",
+            "—" if fit.largest_batch is None else exact(fit.largest_batch),
+            "—" if fit.largest_context is None else exact(fit.largest_context))
+
+
+def _budget_line(estimate) -> Text:
+    fit = estimate.budget
+    name = f"{binary(fit.accelerator.memory)} budget" if fit.accelerator.kind == "budget" else fit.accelerator.name
+    if fit.fits:
+        head = f"On {name}: fits, {binary(fit.free)} to spare"
+    else:
+        head = f"On {name}: does not fit, short by {binary(-fit.free)}"
+    batch = "no batch fits" if fit.largest_batch is None else f"largest batch {exact(fit.largest_batch)}"
+    context = "no context fits" if fit.largest_context is None else f"largest context {exact(fit.largest_context)}"
+    return Text(f"{head}; {batch} at {estimate.settings['seq']:,} tokens, {context} at batch "
+                f"{estimate.settings['batch']:,}", style="bold")
+
+
+# --- JSON ----------------------------------------------------------------------------------------------------------
+
+def memory_to_dict(estimate) -> dict[str, Any]:
+    weights, cache = estimate.weights, estimate.kv_cache
+    return {
+        "mode": estimate.mode,
+        "engine": estimate.engine,
+        "settings": dict(estimate.settings),
+        "weights": {
+            "bytes": weights.bytes,
+            "format": weights.format.key,
+            "format_label": weights.format.label,
+            "quantized_parameters": weights.quantized,
+            "overhead_bytes": weights.overhead,
+            "by_dtype": dict(weights.by_dtype),
+            "by_role": dict(weights.by_role),
+            "by_component": dict(weights.by_component),
+        },
+        "buffers": {"bytes": weights.buffer_bytes, "by_dtype": dict(weights.buffers_by_dtype)},
+        "kv_cache": None if cache is None else {
+            "bytes": cache.bytes,
+            "bytes_per_token": cache.bytes_per_token,
+            "layout": cache.layout,
+            "dtype": cache.dtype,
+            "groups": [{"kind": g.kind, "layers": g.layers, "tokens": g.tokens, "bytes_per_token": g.per_token,
+                        "fixed_bytes_per_sequence": g.fixed, "bytes": g.bytes, "arithmetic": g.arithmetic}
+                       for g in cache.groups],
+            "convention": cache.convention,
+        },
+        "gradients": None,
+        "optimizer": None,
+        "master_weights": None,
+        "activations": None if estimate.activations is None else {
+            "bytes": estimate.activations.bytes, "arithmetic": estimate.activations.arithmetic,
+            "what": "prefill workspace"},
+        "peak": {"bytes": estimate.peak, "phase": estimate.peak_phase},
+        "reserve": estimate.reserve,
+        "per_device": None,
+        "fits": [{"accelerator": f.accelerator.name, "memory": f.accelerator.memory, "fits": f.fits,
+                  "free": f.free, "largest_batch": f.largest_batch, "largest_context": f.largest_context}
+                 for f in estimate.fits],
+        "budget": None if estimate.budget is None else {
+            "accelerator": estimate.budget.accelerator.name, "memory": estimate.budget.accelerator.memory,
+            "fits": estimate.budget.fits, "free": estimate.budget.free,
+            "largest_batch": estimate.budget.largest_batch, "largest_context": estimate.budget.largest_context},
+        "notes": list(estimate.notes),
+    }
