@@ -90,7 +90,7 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **mode
         kv = cache.at(batch, length) if cache is not None else 0
         work = prefill_workspace(config, batch=batch, seq=length, dtype_size=itemsize(fmt.compute_dtype),
                                  vocab=vocab).bytes
-        return weights.bytes + kv + work
+        return weights.bytes + weights.buffer_bytes + kv + work
 
     peak = peak_at(options.batch, seq)
     settings = {

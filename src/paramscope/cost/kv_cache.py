@@ -68,13 +68,19 @@ def _window_of(kind: str) -> int | None:
 
 
 def text_config(config: Any) -> Any:
+    """The decoder's text config, as transformers' caches read it; an encoder-decoder's own config."""
     get = getattr(config, "get_text_config", None)
-    if callable(get):
-        try:
-            return get(decoder=True)
-        except TypeError:
-            return get()
-    return config
+    if not callable(get):
+        return config
+    try:
+        text = get(decoder=True)
+    except TypeError:
+        text = get()
+    # For an encoder-decoder without sub-configs (BART), transformers returns a fresh view of the same class
+    # that loses the decoder's fields; the config itself holds them.
+    if text is not config and type(text) is type(config):
+        return config
+    return text
 
 
 def _int(config: Any, *names: str) -> int | None:
@@ -172,7 +178,7 @@ def kv_cache(config: Any, *, batch: int, seq: int, dtype: str, layout: str = "kv
             key = f"{'chunked' if kind == 'chunked_attention' else 'sliding window'} {window:,}"
         elif kind in ("shared", "none"):
             continue
-        elif kind in ("linear_attention", "conv", "mamba", "mamba2", "ssm", "recurrent"):
+        elif kind in ("linear_attention", "conv", "mamba", "mamba2", "ssm", "recurrent", "attention_free"):
             key = "recurrent state"
         else:  # an unknown kind: treat as full attention and say so
             key = "full attention"
@@ -226,24 +232,28 @@ def _attention_bytes_per_token(config: Any, size: int, layout: str) -> tuple[int
 
 
 def _recurrent_state(config: Any, size: int) -> tuple[int, str] | None:
-    """(bytes per sequence, arithmetic) of one recurrent layer's state, for the families with a formula."""
+    """(bytes per sequence, arithmetic) of one recurrent layer's state, for the families with a formula.
+
+    The convolution state is in the compute dtype; the SSM and linear-attention states are float32 in
+    transformers (measured on meta: probe.py)."""
     model_type = str(getattr(config, "model_type", ""))
-    if model_type == "mamba":
-        inner = _int(config, "intermediate_size") or 0
-        conv = _int(config, "conv_kernel") or 4
-        state = _int(config, "state_size") or 16
-        return (inner * (conv + state) * size,
-                f"intermediate {inner:,} × (conv_kernel {conv} + state_size {state}) × {size} B")
+    if model_type in ("mamba", "jamba"):
+        hidden = _int(config, "hidden_size") or 0
+        inner = _int(config, "intermediate_size") if model_type == "mamba" else (
+            (_int(config, "mamba_expand") or 2) * hidden)
+        conv = _int(config, "conv_kernel", "mamba_d_conv") or 4
+        state = _int(config, "state_size", "mamba_d_state") or 16
+        return (inner * conv * size + inner * state * 4,
+                f"conv {inner:,} × {conv} × {size} B + ssm {inner:,} × {state} × 4 B")
     if model_type in ("mamba2", "falcon_h1", "bamba", "nemotron_h", "granitemoehybrid"):
         heads = _int(config, "mamba_n_heads", "num_heads") or 0
         head_dim = _int(config, "mamba_d_head", "head_dim") or 0
         state = _int(config, "mamba_d_state", "state_size") or 0
         groups = _int(config, "mamba_n_groups", "n_groups") or 1
         conv = _int(config, "mamba_d_conv", "conv_kernel") or 4
-        inner = heads * head_dim
-        conv_dim = inner + 2 * groups * state
-        return ((conv_dim * conv + heads * head_dim * state) * size,
-                f"(conv {conv_dim:,} × {conv} + ssm {heads} heads × {head_dim} × {state}) × {size} B")
+        conv_dim = heads * head_dim + 2 * groups * state
+        return (conv_dim * conv * size + heads * head_dim * state * 4,
+                f"conv {conv_dim:,} × {conv} × {size} B + ssm {heads} heads × {head_dim} × {state} × 4 B")
     if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
         k_heads = _int(config, "linear_num_key_heads") or 0
         v_heads = _int(config, "linear_num_value_heads") or 0
@@ -251,8 +261,12 @@ def _recurrent_state(config: Any, size: int) -> tuple[int, str] | None:
         v_dim = _int(config, "linear_value_head_dim") or 0
         conv = _int(config, "linear_conv_kernel_dim") or 4
         conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
-        return ((conv_dim * conv + v_heads * k_dim * v_dim) * size,
-                f"(conv {conv_dim:,} × {conv} + state {v_heads} heads × {k_dim} × {v_dim}) × {size} B")
+        return (conv_dim * conv * size + v_heads * k_dim * v_dim * 4,
+                f"conv {conv_dim:,} × {conv} × {size} B + state {v_heads} heads × {k_dim} × {v_dim} × 4 B")
+    if model_type == "lfm2":
+        hidden = _int(config, "hidden_size") or 0
+        kernel = _int(config, "conv_L_cache") or 3
+        return hidden * kernel * size, f"conv {hidden:,} × {kernel} × {size} B"
     return None
 
 

@@ -37,7 +37,7 @@ def probe_cache(module: Any, *, batch: int, seq: int, encoder_seq: int | None = 
             output = module(**kwargs)
     except Exception:  # a forward that cannot run on meta (data-dependent ops, other inputs): no probe
         return None
-    cache = getattr(output, "past_key_values", None)
+    cache = getattr(output, "past_key_values", None) or getattr(output, "cache_params", None)
     if cache is None:
         return None
     layers: list[tuple[str, int]] = []

@@ -33,6 +33,7 @@ class WeightMemory:
     by_component: dict[str, int]  # top-level component → bytes of its parameters
     format: WeightFormat
     quantized: int  # parameters stored quantised
+    quantized_tensors: tuple[str, ...]  # their names
     kept: tuple[tuple[str, int, str], ...]  # (what, parameters, storage) left out of the quantisation
     lines: tuple[tuple[str, int, str], ...]  # (label, bytes, arithmetic): how the total adds up
 
@@ -99,6 +100,7 @@ def weight_memory(params: Iterable[ParameterInfo], buffers: Iterable[BufferInfo]
         by_component=by_component,
         format=fmt,
         quantized=quantized_numel,
+        quantized_tensors=tuple(p.name for p in params if p.name in quantized),
         kept=tuple((why, numel, storage) for (why, storage), numel in kept.items()),
         lines=tuple(lines),
     )

@@ -1,0 +1,283 @@
+"""`paramscope memory`, analytic engine: exact figures, the KV formula against the real cache, storage formats."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from paramscope.cost.estimate import MemoryOptions, estimate_memory
+from paramscope.cost.hardware import find_accelerator
+from paramscope.cost.kv_cache import kv_cache
+from paramscope.cost.memory import fit_on
+from paramscope.cost.quantization import declared_format, weight_format
+from paramscope.errors import ParamscopeError
+
+
+# --- figures the issue pins -----------------------------------------------------------------------------------
+
+def test_llama3_8b_bf16_weights_and_kv_cache():
+    report, memory = estimate_memory("meta-llama/Meta-Llama-3-8B", MemoryOptions(dtype="bf16", seq=8192))
+    assert memory.weights.bytes == 16_060_522_496 == 2 * report.total
+    assert memory.weights.by_dtype == {"bf16": 16_060_522_496}
+    assert memory.kv_cache.bytes_per_token == 131_072  # 32 layers × 2 × 8 kv heads × 128 × 2 B
+    assert memory.kv_cache.bytes == 1_073_741_824
+    # The peak is the sum of what is resident at the end of the prefill, named by its phase.
+    assert memory.peak == (memory.weights.bytes + memory.weights.buffer_bytes + memory.kv_cache.bytes
+                           + memory.activations.bytes)
+    assert memory.peak_phase == "prefill"
+
+
+def test_deepseek_v3_kv_per_token_in_both_mla_layouts():
+    _, latent = estimate_memory("deepseek-ai/DeepSeek-V3", MemoryOptions(seq=1, kv_layout="latent"))
+    _, expanded = estimate_memory("deepseek-ai/DeepSeek-V3", MemoryOptions(seq=1, kv_layout="expanded"))
+    assert latent.kv_cache.bytes_per_token == 70_272 == 61 * (512 + 64) * 2
+    assert expanded.kv_cache.bytes_per_token == 4_997_120 == 61 * 128 * (192 + 128) * 2
+    # "hf" is what the installed transformers' cache really stores, measured on meta: DeepseekV3 caches latents.
+    _, measured = estimate_memory("deepseek-ai/DeepSeek-V3", MemoryOptions(seq=1))
+    assert measured.kv_cache.layout == "latent"
+    assert any("caches MLA as the compressed latent" in note for note in measured.notes)
+
+
+def test_deepseek_v3_declared_fp8_blocks_and_fp32_router_bias():
+    report, memory = estimate_memory("deepseek-ai/DeepSeek-V3", MemoryOptions(seq=1))
+    weights = memory.weights
+    assert weights.format.key == "fp8-block" and weights.format.block == (128, 128)
+    assert memory.settings["dtype_from"] == "the config's quantization_config (fp8)"
+    # Every expert and linear weight is fp8; embeddings, lm_head, norms and routers stay bf16.
+    quantized = set(weights.quantized_tensors)
+    assert {p.role for p in report.params if p.name not in quantized} == {
+        "embeddings.word", "head.lm", "attention.norm", "attention.latent_norm", "mlp.norm", "norm.final",
+        "moe.router"}
+    assert weights.kept and all(storage == "bf16" for _, _, storage in weights.kept)
+    assert sum(n for _, n, _ in weights.kept) == sum(p.numel for p in report.params if p.name not in quantized)
+    # The router's correction bias is a buffer transformers keeps in fp32 (_keep_in_fp32_modules_strict).
+    assert weights.buffers_by_dtype.get("fp32", 0) >= 58 * 256 * 4
+
+
+def test_bert_base_cased_fp32_as_accelerate_documents():
+    # accelerate's docs (usage_guides/model_size_estimator) give bert-base-cased in float32 as 413.18 MB. That is
+    # AutoModel (BertModel): 108,310,272 parameters × 4 B = 433,241,088 B (413.17 MiB), plus the two int64
+    # buffers accelerate also counts (position_ids and token_type_ids, 2 × 512 × 8 B): 433,249,280 B = 413.18 MiB.
+    report, memory = estimate_memory("google-bert/bert-base-cased", MemoryOptions(dtype="fp32"),
+                                     model_class="BertModel")
+    assert report.total == 108_310_272
+    assert memory.weights.bytes == 433_241_088
+    assert memory.weights.buffers_by_dtype == {"int64": 8192}
+    assert f"{(memory.weights.bytes + memory.weights.buffer_bytes) / 2**20:.2f}" == "413.18"
+    assert memory.kv_cache is None  # an encoder serves without a cache
+
+
+# --- the KV formula against the real cache (a prefill on meta) ------------------------------------------------
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+             num_hidden_layers=4, vocab_size=128, head_dim=16)
+NO_HEAD_DIM = {k: v for k, v in SMALL.items() if k != "head_dim"}
+MLA = dict(num_hidden_layers=2, first_k_dense_replace=1, hidden_size=64, intermediate_size=128,
+           moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+           num_attention_heads=4, num_key_value_heads=4, vocab_size=128, q_lora_rank=32, kv_lora_rank=16,
+           qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
+CACHE_CASES = {
+    "llama": ("LlamaForCausalLM", SMALL),
+    "mistral": ("MistralForCausalLM", {**SMALL, "sliding_window": 8}),
+    "gemma2": ("Gemma2ForCausalLM", {**SMALL, "sliding_window": 8}),
+    "gemma3_text": ("Gemma3ForCausalLM", {**SMALL, "num_hidden_layers": 6, "sliding_window": 8}),
+    "gpt_oss": ("GptOssForCausalLM", {**SMALL, "sliding_window": 8, "num_local_experts": 4,
+                                      "num_experts_per_tok": 2}),
+    "qwen2": ("Qwen2ForCausalLM", NO_HEAD_DIM),
+    "phi": ("PhiForCausalLM", NO_HEAD_DIM),
+    "falcon": ("FalconForCausalLM", dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                                         vocab_size=128)),
+    "gpt2": ("GPT2LMHeadModel", dict(n_embd=64, n_head=4, n_layer=2, vocab_size=128)),
+    "gpt_bigcode": ("GPTBigCodeForCausalLM", dict(n_embd=64, n_head=4, n_layer=2, vocab_size=128)),
+    "t5": ("T5ForConditionalGeneration", dict(d_model=64, d_kv=16, d_ff=128, num_heads=4, num_layers=2,
+                                              num_decoder_layers=3, vocab_size=128)),
+    "mamba": ("MambaForCausalLM", dict(hidden_size=64, num_hidden_layers=2, vocab_size=128, state_size=8)),
+    "mamba2": ("Mamba2ForCausalLM", dict(hidden_size=64, num_hidden_layers=2, vocab_size=128, state_size=8,
+                                         num_heads=8, head_dim=16, n_groups=1)),
+    "qwen3_next": ("Qwen3NextForCausalLM", {**SMALL, "num_experts": 4, "num_experts_per_tok": 2,
+                                            "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+                                            "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                                            "linear_key_head_dim": 8, "linear_value_head_dim": 8}),
+    "llama4_text": ("Llama4ForCausalLM", {**SMALL, "attention_chunk_size": 8, "num_local_experts": 4,
+                                          "intermediate_size_mlp": 128}),
+    "jamba": ("JambaForCausalLM", {**SMALL, "num_experts": 2, "mamba_d_state": 8, "attn_layer_period": 2,
+                                   "attn_layer_offset": 1, "expert_layer_period": 2}),
+    "lfm2": ("Lfm2ForCausalLM", {**SMALL, "layer_types": ["conv", "full_attention", "conv", "full_attention"]}),
+    "deepseek_v3": ("DeepseekV3ForCausalLM", MLA),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(CACHE_CASES))
+def test_kv_formula_equals_the_real_cache(model_type):
+    import transformers
+
+    from paramscope.build import build_on_meta
+    from paramscope.cost.probe import probe_cache
+
+    class_name, fields = CACHE_CASES[model_type]
+    config = transformers.AutoConfig.for_model(model_type, **fields)
+    module = build_on_meta(class_name, config, dtype="bfloat16")
+    layout = "latent" if model_type == "deepseek_v3" else "kv"
+    for seq in (5, 20):  # inside and past the windows of 8
+        probed = probe_cache(module, batch=2, seq=seq)
+        assert probed is not None
+        assert kv_cache(module.config, batch=2, seq=seq, dtype="bfloat16", layout=layout).bytes == probed.bytes
+
+
+def test_sliding_layers_keep_window_minus_one_tokens():
+    import transformers
+
+    config = transformers.AutoConfig.for_model("gemma2", **{**SMALL, "sliding_window": 8})
+    cache = kv_cache(config, batch=1, seq=100, dtype="bfloat16")
+    groups = {g.kind: g for g in cache.groups}
+    assert groups["sliding window 8"].tokens == 7 and groups["full attention"].tokens == 100
+    per_layer = 2 * 2 * 16 * 2
+    assert cache.bytes == 2 * per_layer * 7 + 2 * 8 + 2 * per_layer * 100  # + each window's int64 scalar
+
+
+def test_encoder_decoder_cache_holds_cross_attention():
+    import transformers
+
+    config = transformers.AutoConfig.for_model(
+        "bart", d_model=64, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+        decoder_attention_heads=2, vocab_size=128)
+    cache = kv_cache(config, batch=2, seq=5, dtype="bfloat16", encoder_seq=7)
+    self_attention = 2 * 3 * (2 * 2 * 32 * 2) * 5  # batch × layers × (K,V × heads × head dim × 2 B) × tokens
+    cross = 2 * 3 * (2 * (32 + 32) * 2) * 7
+    assert cache.bytes == self_attention + cross
+
+
+# --- storage formats -------------------------------------------------------------------------------------------
+
+def test_nf4_scales_cost_half_a_bit_and_double_quantisation_0_127():
+    shape = (4096, 4096)
+    plain = weight_format("nf4").tensor_bytes(shape)
+    assert plain.data == 4096 * 4096 // 2
+    assert plain.overhead == 262_144 * 4 + 64
+    double = weight_format("nf4-dq").tensor_bytes(shape)
+    assert double.overhead == 262_144 + 1024 * 4 + 4 + 1024 + 64
+    # QLoRA: double quantisation takes the scales from 0.5 to 0.127 bits per parameter.
+    assert round((plain.overhead - 64) * 8 / (4096 * 4096), 3) == 0.5
+    assert round((double.overhead - 4 - 1024 - 64) * 8 / (4096 * 4096), 3) == 0.127
+
+
+def test_gptq_awq_fp8_mxfp4_int8_layouts():
+    gptq = weight_format("gptq-int4", group_size=128).tensor_bytes((4096, 11008))  # out 4096, in 11008
+    assert gptq.data == 11008 * 4 // 32 * 4096 * 4
+    assert gptq.overhead == 86 * 4096 * 4 // 32 * 4 + 86 * 4096 * 2 + 11008 * 4
+    awq = weight_format("awq-int4").tensor_bytes((4096, 11008))
+    assert awq.data == 11008 * (4096 * 4 // 32) * 4 and awq.overhead == 86 * 512 * 4 + 86 * 4096 * 2
+    fp8 = weight_format("fp8-block").tensor_bytes((7168, 2048))
+    assert fp8.data == 7168 * 2048 and fp8.overhead == 56 * 16 * 4
+    experts = weight_format("fp8-block").tensor_bytes((256, 4096, 7168))  # fused experts: blocks per matrix
+    assert experts.overhead == 256 * 32 * 56 * 4
+    assert weight_format("mxfp4").tensor_bytes((32, 5760, 2880)).total == 32 * 5760 * 2880 // 2 + 32 * 5760 * 90
+    assert weight_format("int8").tensor_bytes((4096, 4096)).total == 4096 * 4096 + 4096 * 4
+
+
+def test_gguf_blocks_and_llama_cpp_fallbacks():
+    assert weight_format("q4_0").tensor_bytes((4096, 4096)).total == 4096 * 4096 // 32 * 18
+    assert weight_format("q4_k").tensor_bytes((4096, 4096)).total == 4096 * 4096 // 256 * 144
+    assert weight_format("q6_k").tensor_bytes((4096, 4096)).total == 4096 * 4096 // 256 * 210
+    # Qwen2.5-0.5B's rows of 896 are no multiple of 256: Q4_K falls back to Q5_0 (22 B per 32), as llama.cpp does.
+    fallback = weight_format("q4_k").tensor_bytes((4864, 896))
+    assert fallback.storage == "q5_0 (fallback)" and fallback.total == 4864 * 896 // 32 * 22
+    assert weight_format("q4_0").tensor_bytes((10, 33)).storage.startswith("f16")
+
+
+def test_declared_formats_from_configs():
+    fmt, origin, _ = declared_format({"torch_dtype": "bfloat16"})
+    assert fmt.key == "bf16" and origin == "the config's torch_dtype"
+    assert declared_format({})[0].key == "fp32"
+    bnb = declared_format({"torch_dtype": "float16", "quantization_config": {
+        "quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True}})[0]
+    assert bnb.key == "nf4-dq" and bnb.compute_dtype == "float16"
+    gptq = declared_format({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 64}})[0]
+    assert gptq.key == "gptq-int4" and gptq.group_size == 64
+    fmt, _, skip = declared_format({"quantization_config": {"quant_method": "mxfp4",
+                                                            "modules_to_not_convert": ["model.layers.*.self_attn"]}})
+    assert fmt.key == "mxfp4" and skip == ("model.layers.*.self_attn",)
+    with pytest.raises(ParamscopeError, match="'hqq'"):
+        declared_format({"quantization_config": {"quant_method": "hqq"}})
+
+
+def test_bitsandbytes_leaves_fused_experts_lm_head_and_router_unquantised():
+    """transformers' bitsandbytes integration replaces exactly nn.Linear (and Conv1D) modules."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model("mixtral", **{**SMALL, "num_local_experts": 4,
+                                                             "num_experts_per_tok": 2})
+    report, memory = estimate_memory(config, MemoryOptions(dtype="nf4", seq=16))
+    quantized = set(memory.weights.quantized_tensors)
+    quantized_roles = {p.role for p in report.params if p.name in quantized}
+    assert quantized_roles == {"attention.query", "attention.key", "attention.value", "attention.output"}
+    _, fp8 = estimate_memory(config, MemoryOptions(dtype="fp8", seq=16))
+    experts = sum(p.numel for p in report.params if p.role == "moe.experts")
+    assert fp8.weights.quantized == experts + sum(p.numel for p in report.params if p.role.startswith("attention.")
+                                                  and len(p.shape) == 2)
+
+
+def test_gguf_keeps_one_dimensional_tensors_and_routers_in_fp32():
+    _, memory = estimate_memory("gpt2", MemoryOptions(dtype="q8_0", seq=16))
+    assert memory.weights.by_dtype.get("fp32", 0) > 0
+    assert memory.settings["kv_dtype"] == "float16"  # llama.cpp's default cache type
+
+
+# --- fits -------------------------------------------------------------------------------------------------------
+
+def test_largest_batch_is_the_largest_that_fits():
+    def peak_at(batch, seq):
+        return 10 * 2**30 + batch * seq * 131_072
+
+    fit = fit_on(find_accelerator("rtx 4090"), peak_at, 2**30, batch=1, seq=8192)
+    capacity = 24 * 2**30 - 2**30
+    assert peak_at(fit.largest_batch, 8192) <= capacity < peak_at(fit.largest_batch + 1, 8192)
+    assert fit.largest_context == (capacity - 10 * 2**30) // 131_072
+    limited = fit_on(find_accelerator("h100"), peak_at, 2**30, batch=1, seq=8192, max_context=8192)
+    assert limited.largest_context == 8192
+
+
+# --- the command ------------------------------------------------------------------------------------------------
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "paramscope", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_json_has_memory_and_schema_2():
+    result = _cli("memory", "gpt2", "--json", "--seq", "1024", "--batch", "2")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["schema_version"] == 2
+    memory = document["memory"]
+    assert memory["mode"] == "inference" and memory["engine"] == "analytic"
+    assert memory["weights"]["bytes"] == 4 * document["parameters"]["total"]  # GPT-2 declares float32
+    assert memory["kv_cache"]["bytes"] == 2 * 1024 * 12 * 2 * 768 * 4
+    assert memory["peak"]["phase"] == "prefill"
+    assert {f["accelerator"] for f in memory["fits"]} >= {"H100 80GB", "RTX 4090"}
+
+
+def test_cli_text_names_its_conventions():
+    result = _cli("memory", "gpt2", "--width", "100", "--gpu", "t4")
+    assert result.returncode == 0, result.stderr
+    assert "allocator level" in result.stdout and "reserve" in result.stdout
+    assert "On T4: fits" in result.stdout
+
+
+@pytest.mark.parametrize("args, named", [
+    (("--batch", "0"), "--batch"),
+    (("--dtype", "int3"), "'int3'"),
+    (("--budget", "lots"), "'lots'"),
+    (("--gpu", "abacus"), "'abacus'"),
+    (("--kv-dtype", "fp7"), "'fp7'"),
+    (("--seq", "-5"), "--seq"),
+    (("--group-size", "0", "--dtype", "gptq-int4"), "--group-size"),
+])
+def test_cli_bad_options_give_one_line(args, named):
+    result = _cli("memory", "gpt2", *args)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and named in result.stderr
