@@ -114,6 +114,8 @@ def _why_kept(param: ParameterInfo) -> str:
         return "norms, biases and other 1-D tensors"
     if role in _KEPT_ROLES:
         return "routers"
+    if _in_experts(param.name):
+        return "fused experts (3-D tensors, not nn.Linear: transformers' integration of this format skips them)"
     return "other tensors the format does not quantise"
 
 

@@ -50,7 +50,8 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         ],
         "layers": report.num_layers,
         "buffers": [
-            {"name": b.name, "shape": list(b.shape), "numel": b.numel, "persistent": b.persistent, "role": b.role}
+            {"name": b.name, "shape": list(b.shape), "numel": b.numel, "persistent": b.persistent, "role": b.role,
+             "dtype": b.dtype}
             for b in report.buffers
         ],
         "tensors": [
