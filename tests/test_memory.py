@@ -281,3 +281,33 @@ def test_cli_bad_options_give_one_line(args, named):
     result = _cli("memory", "gpt2", *args)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and named in result.stderr
+
+
+# --- the analytic prefill against a fake-tensor trace measured by torch's MemTracker --------------------------
+
+def test_llama_prefill_peak_equals_memtracker_on_fake_tensors():
+    import torch
+    import transformers
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    config = transformers.LlamaConfig(hidden_size=512, intermediate_size=1408, num_hidden_layers=3,
+                                      num_attention_heads=8, num_key_value_heads=2, vocab_size=4000)
+    batch, seq = 2, 256
+    _, memory = estimate_memory(config, MemoryOptions(dtype="bf16", batch=batch, seq=seq),
+                                model_class="LlamaForCausalLM")
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with FakeTensorMode():
+            model = transformers.LlamaForCausalLM(config).eval()
+            ids = torch.zeros((batch, seq), dtype=torch.long)
+            tracker = MemTracker()
+            tracker.track_external(model)
+            with tracker, torch.no_grad():
+                model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            peak = sum(v for device in tracker.get_tracker_snapshot("peak").values() for k, v in device.items()
+                       if str(k) == "Total")
+    finally:
+        torch.set_default_dtype(previous)
+    assert memory.peak == peak

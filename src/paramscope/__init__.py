@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from .formula import Formula, derive_formula
     from .formula_cache import AssumptionError, FormulaError, FormulaMismatchError
     from .report import SCHEMA_VERSION, Component, ModelInfo, Report
+    from .cost.estimate import MemoryOptions, estimate_memory
+    from .cost.memory import MemoryEstimate
 
 # The public names each load their module on first use (PEP 562), so that `paramscope formula` answering from
 # its cache, and `paramscope --version`, pay for nothing they do not use.
@@ -37,6 +39,7 @@ _LAZY = {
     "Formula": "formula", "derive_formula": "formula",
     "AssumptionError": "formula_cache", "FormulaError": "formula_cache", "FormulaMismatchError": "formula_cache",
     "SCHEMA_VERSION": "report", "Component": "report", "ModelInfo": "report", "Report": "report",
+    "estimate_memory": "cost.estimate", "MemoryOptions": "cost.estimate", "MemoryEstimate": "cost.memory",
 }
 
 
@@ -67,6 +70,8 @@ __all__ = [
     "Formula",
     "FormulaError",
     "FormulaMismatchError",
+    "MemoryEstimate",
+    "MemoryOptions",
     "ModelClassError",
     "ModelInfo",
     "ModuleNode",
@@ -78,6 +83,7 @@ __all__ = [
     "TiedGroup",
     "__version__",
     "derive_formula",
+    "estimate_memory",
     "inspect",
     "inspect_module",
 ]

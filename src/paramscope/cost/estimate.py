@@ -83,13 +83,13 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **mode
         cache, note = _checked_cache(module, config, options, seq, kv_dtype, fmt.compute_dtype)
         notes.extend(note)
     vocab = _vocab(text) if cache is not None else None
-    workspace = prefill_workspace(config, batch=options.batch, seq=seq, dtype_size=itemsize(fmt.compute_dtype),
-                                  vocab=vocab)
+    shape = dict(dtype_size=itemsize(fmt.compute_dtype), vocab=vocab, layers=report.num_layers or 1,
+                 gated=any(role in report.breakdown for role in ("mlp.gate", "mlp.gate_up")))
+    workspace = prefill_workspace(config, batch=options.batch, seq=seq, **shape)
 
     def peak_at(batch: int, length: int) -> int:
         kv = cache.at(batch, length) if cache is not None else 0
-        work = prefill_workspace(config, batch=batch, seq=length, dtype_size=itemsize(fmt.compute_dtype),
-                                 vocab=vocab).bytes
+        work = prefill_workspace(config, batch=batch, seq=length, **shape).bytes
         return weights.bytes + weights.buffer_bytes + kv + work
 
     peak = peak_at(options.batch, seq)

@@ -24,7 +24,7 @@ class Workspace:
 
     bytes: int
     arithmetic: str
-    logits: int  # the last token's logits, in fp32 as generate keeps them
+    logits: int  # the last token's logits (generate's logits_to_keep=1), in the compute dtype
 
 
 @dataclass(frozen=True)
@@ -56,19 +56,39 @@ class MemoryEstimate:
         return self.peak + self.reserve
 
 
-def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, vocab: int | None) -> Workspace:
-    """The prefill's largest transient, per token: the residual stream, the normed input and an MLP's
-    intermediates (gate, up and their product, 3 × intermediate), plus the last token's logits in fp32."""
+def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, vocab: int | None, gated: bool = True,
+                      layers: int = 2) -> Workspace:
+    """The prefill's working memory on top of weights, buffers and the KV cache, at its peak: the last layer.
+
+    Live then, per token: the embedding output (the model keeps `inputs_embeds`) and the layer's input (h each,
+    one when there is a single layer), the post-attention residual and the normed MLP input (h each), and the
+    MLP's intermediates: gate, up and their product (3 × intermediate) for a gated MLP, the projection and its
+    activation (2 × intermediate) otherwise. Besides: RoPE's cos and sin (seq × head_dim each) and the position
+    ids (seq × 8 B). Logits are for the last token only, as generate() asks (`logits_to_keep=1`).
+
+    Exact for Llama-style decoders (RMSNorm, gated MLP, RoPE) at sdpa, checked against a fake-tensor trace;
+    other layouts differ by their own temporaries (an unfused GELU, eager attention's scores, MoE routing),
+    which the traced engine measures.
+    """
     from .kv_cache import text_config
 
     text = text_config(config)
     hidden = _first_int(text, "hidden_size", "d_model", "n_embd") or 0
     inner = _first_int(text, "intermediate_size", "ffn_dim", "n_inner", "d_ff", "decoder_ffn_dim") or 4 * hidden
-    per_token = (2 * hidden + 3 * inner) * dtype_size
-    logits = batch * (vocab or 0) * 4
-    text_line = (f"{batch} × {seq:,} tokens × (2 × hidden {hidden:,} + 3 × intermediate {inner:,}) × {dtype_size} B"
-                 + (f" + last-token logits {batch} × {vocab:,} × 4 B" if vocab else ""))
-    return Workspace(batch * seq * per_token + logits, text_line, logits)
+    held = 2 if layers > 1 else 1
+    mlp = 3 if gated else 2
+    per_token = ((held + 2) * hidden + mlp * inner) * dtype_size
+    heads = _first_int(text, "num_attention_heads", "n_head", "num_heads") or 1
+    head_dim = _first_int(text, "head_dim") or (hidden // heads if heads else 0)
+    rotary = getattr(text, "rope_parameters", None) is not None or getattr(text, "rope_theta", None) is not None
+    rope = 2 * seq * head_dim * dtype_size if rotary else 0
+    positions = seq * 8
+    layer_peak = batch * seq * per_token + rope + positions
+    logits = batch * (vocab or 0) * dtype_size
+    text_line = (f"{batch} × {seq:,} tokens × ({held + 2} × hidden {hidden:,} + {mlp} × intermediate {inner:,}) × "
+                 f"{dtype_size} B" + (f" + RoPE cos/sin 2 × {seq:,} × {head_dim} × {dtype_size} B" if rope else "")
+                 + f" + position ids {seq:,} × 8 B")
+    return Workspace(max(layer_peak, logits), text_line, logits)
 
 
 def _first_int(config: Any, *names: str) -> int | None:
