@@ -16,6 +16,7 @@ from ..errors import ParamscopeError
 from . import audit, compare, diff, formula, inspect, memory, presets
 
 EXIT_INTERNAL = 1
+DEFAULT_COMMAND = "inspect"  # `paramscope bert-base-uncased` is `paramscope inspect bert-base-uncased`
 
 # In the order `paramscope --help` lists them.
 COMMANDS = {"inspect": inspect, "presets": presets, "formula": formula, "diff": diff, "compare": compare,
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="paramscope",
         description="Exact, explained parameter counts of transformers models, from a config alone.",
+        epilog="`paramscope MODEL …` is short for `paramscope inspect MODEL …`.",
     )
     parser.add_argument("--version", action="version", version=f"paramscope {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
@@ -37,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(with_default_command(sys.argv[1:] if argv is None else list(argv)))
     if args.command is None:
         parser.print_help()
         return 2
@@ -56,3 +58,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"paramscope: internal error: {type(err).__name__}: {err} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def with_default_command(argv: list[str]) -> list[str]:
+    """Insert `inspect` before the first positional argument when it names no command: a command name always wins,
+    so a model that happens to be called `compare` needs `paramscope inspect compare`."""
+    for index, arg in enumerate(argv):
+        if arg == "--":
+            return argv
+        if arg.startswith("-"):
+            continue
+        return argv if arg in COMMANDS else [*argv[:index], DEFAULT_COMMAND, *argv[index:]]
+    return argv

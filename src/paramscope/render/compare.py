@@ -1,46 +1,134 @@
-"""`paramscope compare`: a pure function of (Comparison, width) → text; JSON and CSV producers."""
+"""`paramscope compare`: a pure function of (Comparison, width) → text; JSON and CSV producers.
+
+A number is never broken across lines. The first layout that fits the width is used:
+
+1. models side by side, exact counts with shares;
+2. models side by side, human units (109.5M) with shares;
+3. models as rows: exact totals, then each role group's share;
+4. one block per model, which fits any width of 40 or more.
+"""
 
 from __future__ import annotations
 
 import json as _json
 
 from rich import box
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from ..compare import Comparison
 from ..explain import exact, human
 from ..roles import GROUP_TITLES, role_group
 from ._console import to_text
 
+# Column headers of the models-as-rows layout, short so that more groups fit.
+_SHORT_GROUP = {"embeddings": "embed", "attention": "attn", "cross_attention": "x-attn", "linear_attention": "lin-attn",
+                "projector": "proj", "segmentation": "seg", "layer_scale": "scale", "encoder": "enc",
+                "recurrent": "rnn", "pooler": "pool", "head": "heads"}
 
 
 def render_compare_text(comparison: Comparison, width: int = 100, *, color: bool = False,
                         roles: bool = False) -> str:
     """Models side by side: totals, then each role group (and with `roles`, each role) with its share."""
-    table = Table(title="Comparison", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("", no_wrap=True)
-    for column in comparison.columns:
-        table.add_column(column.label, justify="right", overflow="fold")
+    for layout in (_side_by_side_exact, _side_by_side_human, _models_as_rows):
+        table = layout(comparison, roles)
+        if table is not None and _needed_width(table) <= width:
+            return to_text([table], width, color)
+    return to_text([_blocks(comparison, roles)], width, color)
+
+
+def _needed_width(table: Table) -> int:
+    """The width rich needs to print `table` with no cell wrapped or cut, measured by rich itself."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console(width=10_000)
+    return Measurement.get(console, console.options, table).maximum
+
+
+def _rows(comparison: Comparison, roles: bool, count, cell) -> list[tuple[str, list[str], str | None]]:
+    """(label, one cell per model, style) for the side-by-side layouts."""
     cols = comparison.columns
-    table.add_row("class", *[c.class_name for c in cols])
-    table.add_row("parameters (unique)", *[exact(c.total) for c in cols], style="bold")
-    table.add_row("  ≈", *[human(c.total) for c in cols])
-    table.add_row("with tied duplicates", *[exact(c.with_tied_duplicates) for c in cols])
-    table.add_row("trainable", *[exact(c.trainable) for c in cols])
-    table.add_row("buffers", *[exact(c.buffers) for c in cols])
-    table.add_row("layers", *["" if c.layers is None else str(c.layers) for c in cols])
-    table.add_section()
+    rows: list[tuple[str, list[str], str | None]] = [
+        ("class", [c.class_name for c in cols], None),
+        ("parameters (unique)", [count(c.total) for c in cols], "bold"),
+    ]
+    if count is exact:
+        rows.append(("  ≈", [human(c.total) for c in cols], None))
+    rows += [
+        ("with tied duplicates", [count(c.with_tied_duplicates) for c in cols], None),
+        ("trainable", [count(c.trainable) for c in cols], None),
+        ("buffers", [count(c.buffers) for c in cols], None),
+        ("layers", ["" if c.layers is None else str(c.layers) for c in cols], None),
+        ("", [], "section"),
+    ]
     for group in comparison.groups:
         members = [r for r in comparison.roles if role_group(r) == group]
         style = "bold" if roles and len(members) > 1 else None
-        table.add_row(GROUP_TITLES.get(group, group), *[_cell(c.groups.get(group, 0), c.share) for c in cols],
-                      style=style)
+        rows.append((GROUP_TITLES.get(group, group), [cell(c.groups.get(group, 0), c) for c in cols], style))
         if roles and (len(members) > 1 or members[0] != group):
             for role in members:
-                table.add_row(f"  {role}", *[_cell(c.breakdown.get(role, 0), c.share) for c in cols])
-    table.add_section()
-    table.add_row("total", *[exact(c.total) for c in cols], style="bold")
-    return to_text([table], width, color)
+                rows.append((f"  {role}", [cell(c.breakdown.get(role, 0), c) for c in cols], None))
+    rows += [("", [], "section"), ("total", [count(c.total) for c in cols], "bold")]
+    return rows
+
+
+def _side_by_side(comparison: Comparison, roles: bool, count, cell) -> Table:
+    headers = [""] + [column.label for column in comparison.columns]
+    return _table("Comparison", headers, _rows(comparison, roles, count, cell))
+
+
+def _side_by_side_exact(comparison: Comparison, roles: bool) -> Table:
+    return _side_by_side(comparison, roles, exact, lambda n, c: _cell(n, c.share))
+
+
+def _side_by_side_human(comparison: Comparison, roles: bool) -> Table:
+    return _side_by_side(comparison, roles, human, lambda n, c: _human_cell(n, c.share))
+
+
+def _models_as_rows(comparison: Comparison, roles: bool) -> Table | None:
+    if roles:  # one column per role is too many: the blocks show them
+        return None
+    headers = ["model", "parameters", *(_SHORT_GROUP.get(g, g) for g in comparison.groups)]
+    rows = []
+    for c in comparison.columns:
+        shares = [_share(c.groups.get(g, 0), c.share) for g in comparison.groups]
+        rows.append((c.label, [exact(c.total), *shares], None))
+    return _table("Comparison: models as rows, role groups as shares of each total", headers, rows)
+
+
+def _table(title: str, headers: list[str], rows: list[tuple[str, list[str], str | None]]) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for index, header in enumerate(headers):
+        table.add_column(header, justify="left" if index == 0 else "right", no_wrap=True)
+    for label, cells, style in rows:
+        if style == "section":
+            table.add_section()
+        else:
+            table.add_row(label, *cells, style=style)
+    return table
+
+
+def _blocks(comparison: Comparison, roles: bool) -> Group:
+    parts: list = [Text("Comparison", style="bold")]
+    for c in comparison.columns:
+        parts.append(Text(""))
+        parts.append(Text(f"{c.label} ({c.class_name})", style="bold"))
+        lines = [("parameters", exact(c.total)), ("≈", human(c.total)),
+                 ("with tied duplicates", exact(c.with_tied_duplicates)), ("trainable", exact(c.trainable))]
+        if c.layers is not None:
+            lines.append(("layers", str(c.layers)))
+        for group in comparison.groups:
+            if c.groups.get(group, 0):
+                lines.append((GROUP_TITLES.get(group, group), _cell(c.groups[group], c.share)))
+            if roles:
+                for role in comparison.roles:
+                    if role_group(role) == group and c.breakdown.get(role, 0):
+                        lines.append((f"  {role}", _cell(c.breakdown[role], c.share)))
+        for label, value in lines:
+            parts.append(Text(f"  {label}: {value}"))
+    return Group(*parts)
 
 
 def render_compare_json(comparison: Comparison, *, indent: int | None = 2) -> str:
@@ -51,8 +139,21 @@ def render_compare_csv(comparison: Comparison) -> str:
     return comparison.to_csv()
 
 
+def _percent(value: float) -> str:
+    return "<0.1" if 0 < value < 0.0005 else f"{value * 100:.1f}"
+
+
 def _cell(count: int, share) -> str:
     if not count:
         return "—"
-    value = share(count)
-    return f"{exact(count)} ({'<0.1' if 0 < value < 0.0005 else f'{value * 100:.1f}'}%)"
+    return f"{exact(count)} ({_percent(share(count))}%)"
+
+
+def _human_cell(count: int, share) -> str:
+    if not count:
+        return "—"
+    return f"{human(count)} ({_percent(share(count))}%)"
+
+
+def _share(count: int, share) -> str:
+    return "—" if not count else f"{_percent(share(count))}%"
