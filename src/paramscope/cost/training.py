@@ -1,0 +1,158 @@
+"""Model states of a training step, exact: weights, gradients, optimizer states and master weights, per device.
+
+The step is the steady one (optimizer states already allocated) of transformers' Trainer defaults:
+
+    loss = model(ids, labels=ids).loss; loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+
+Precisions (Lightning's names):
+- `fp32`: fp32 weights, gradients and optimizer states.
+- `bf16-mixed` / `fp16-mixed`: autocast. The fp32 weights are the master copy, gradients are fp32; no separate
+  master copy exists (`master_weights` is 0 and says so).
+- `bf16-pure`: everything in bf16, optimizer states too (torch creates them like the parameter).
+
+Optimizers (torch's, as the Trainer builds them; states take the parameter's dtype):
+- `adamw`, `adam`: exp_avg and exp_avg_sq, 2 × n, and a fp32 `step` scalar per tensor (fused, the Trainer's default
+  `adamw_torch_fused`, keeps it on the device);
+- `sgd`: none; `sgd-momentum`: momentum_buffer, n; `lion`: exp_avg, n;
+- `adafactor` (torch.optim.Adafactor): a factored second moment, rows + columns for each matrix (per matrix of a
+  stacked tensor), n for a vector, and the step;
+- `adamw-8bit` (bitsandbytes): two uint8 states with one fp32 absmax per block of 256 for tensors of 4,096
+  elements or more, fp32 states for smaller ones.
+
+ZeRO (DeepSpeed) / FSDP: stage 1 shards optimizer states (and master weights), 2 also gradients, 3 also weights,
+each evenly over the devices, rounded up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..count import ParameterInfo
+from ..errors import ParamscopeError
+from .dtypes import itemsize
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit", "lion")
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-pure")
+ZERO_ALIASES = {"0": 0, "1": 1, "2": 2, "3": 3, "ddp": 0, "no_shard": 0, "shard_grad_op": 2, "full_shard": 3,
+                "hybrid_shard": 3}
+
+
+@dataclass(frozen=True)
+class Term:
+    bytes: int
+    arithmetic: str
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    weights: Term
+    gradients: Term
+    optimizer: Term
+    master_weights: Term
+    trainable: int  # parameters
+    frozen: int
+    precision: str
+    optimizer_name: str
+
+    @property
+    def bytes(self) -> int:
+        return self.weights.bytes + self.gradients.bytes + self.optimizer.bytes + self.master_weights.bytes
+
+
+def check_optimizer(name: str) -> str:
+    key = str(name).strip().lower().replace("_", "-")
+    key = {"adamw8bit": "adamw-8bit", "sgdm": "sgd-momentum", "momentum": "sgd-momentum"}.get(key, key)
+    if key not in OPTIMIZERS:
+        raise ParamscopeError(f"unknown --optimizer {str(name)[:40]!r}; use one of {', '.join(OPTIMIZERS)}")
+    return key
+
+
+def check_precision(name: str) -> str:
+    key = str(name).strip().lower()
+    key = {"bf16": "bf16-mixed", "fp16": "fp16-mixed", "bf16-true": "bf16-pure", "32": "fp32",
+           "fp32-true": "fp32"}.get(key, key)
+    if key not in PRECISIONS:
+        raise ParamscopeError(f"unknown --precision {str(name)[:40]!r}; use one of {', '.join(PRECISIONS)}")
+    return key
+
+
+def zero_stage(value: str | int) -> int:
+    key = str(value).strip().lower().replace("-", "_")
+    if key not in ZERO_ALIASES:
+        raise ParamscopeError(f"unknown --zero {str(value)[:40]!r}; use 0, 1, 2, 3 or an FSDP strategy "
+                              "(no_shard, shard_grad_op, full_shard)")
+    return ZERO_ALIASES[key]
+
+
+def weight_dtype(precision: str) -> str:
+    return "bfloat16" if precision == "bf16-pure" else "float32"
+
+
+def compute_dtype(precision: str) -> str:
+    return {"fp32": "float32", "bf16-mixed": "bfloat16", "fp16-mixed": "float16", "bf16-pure": "bfloat16"}[precision]
+
+
+def model_states(params: Iterable[ParameterInfo], *, precision: str, optimizer: str,
+                 trainable: frozenset[str] | None = None) -> ModelStates:
+    """Bytes of weights, gradients (trainable parameters only), optimizer states and master weights.
+
+    `trainable` names the parameters that train; None: those whose `trainable` flag is set."""
+    params = tuple(params)
+    size = itemsize(weight_dtype(precision))
+    is_trainable = (lambda p: p.trainable) if trainable is None else (lambda p: p.name in trainable)
+    training = [p for p in params if is_trainable(p)]
+    n_all = sum(p.numel for p in params)
+    n_train = sum(p.numel for p in training)
+    weights = Term(n_all * size, f"{n_all:,} parameters × {size} B")
+    gradients = Term(n_train * size, f"{n_train:,} trainable × {size} B")
+    states, text = _optimizer_bytes(training, optimizer, size)
+    master = Term(0, "none: the fp32 weights are the master copy" if precision.endswith("-mixed")
+                  else "none")
+    return ModelStates(weights, gradients, Term(states, text), master, n_train, n_all - n_train, precision,
+                       optimizer)
+
+
+def _optimizer_bytes(params: list[ParameterInfo], optimizer: str, size: int) -> tuple[int, str]:
+    n = sum(p.numel for p in params)
+    tensors = len(params)
+    if optimizer in ("adamw", "adam"):
+        return 2 * n * size + 4 * tensors, f"2 × {n:,} × {size} B + {tensors} step scalars × 4 B"
+    if optimizer == "sgd":
+        return 0, "plain SGD keeps no state"
+    if optimizer in ("sgd-momentum", "lion"):
+        what = "momentum_buffer" if optimizer == "sgd-momentum" else "exp_avg"
+        return n * size, f"{what}: {n:,} × {size} B"
+    if optimizer == "adafactor":
+        factored = 0
+        for p in params:
+            if len(p.shape) >= 2:
+                stack = math.prod(p.shape[:-2])
+                factored += stack * (p.shape[-2] + p.shape[-1])
+            else:
+                factored += p.numel
+        return factored * size + 4 * tensors, (f"row and column second moments, {factored:,} × {size} B + "
+                                              f"{tensors} step scalars × 4 B")
+    if optimizer == "adamw-8bit":
+        big = [p for p in params if p.numel >= 4096]
+        small = sum(p.numel for p in params if p.numel < 4096)
+        n_big = sum(p.numel for p in big)
+        blocks = sum(-(-p.numel // 256) for p in big)
+        total = 2 * (n_big + blocks * 4) + 2 * small * 4
+        return total, (f"2 × ({n_big:,} × 1 B + {blocks:,} absmax × 4 B) + 2 × {small:,} small-tensor "
+                       "elements × 4 B")
+    raise ParamscopeError(f"unknown optimizer {optimizer!r}")
+
+
+def per_device(states: ModelStates, *, devices: int, zero: int) -> dict[str, int]:
+    """Each device's share of the model states under ZeRO stage `zero` over `devices` devices."""
+    def shard(value: int, sharded: bool) -> int:
+        return -(-value // devices) if sharded else value
+
+    return {
+        "weights": shard(states.weights.bytes, zero >= 3),
+        "gradients": shard(states.gradients.bytes, zero >= 2),
+        "optimizer": shard(states.optimizer.bytes, zero >= 1),
+        "master_weights": shard(states.master_weights.bytes, zero >= 1),
+    }
