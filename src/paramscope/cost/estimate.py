@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import ParamscopeError
 from .dtypes import itemsize, torch_name
 from .hardware import Accelerator, find_accelerator
-from .kv_cache import KVCache, is_mla, kv_cache, text_config
+from .kv_cache import KVCache, config_int, is_mla, kv_cache, text_config
 from .memory import DEFAULT_RESERVE, MemoryEstimate, fit_on, fit_table, prefill_workspace
 from .quantization import declared_format, weight_format
 from .weights import kept_in_fp32, quantized_names, weight_memory
@@ -82,7 +82,7 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **mode
     if _has_cache(module):
         cache, note = _checked_cache(module, config, options, seq, kv_dtype, fmt.compute_dtype)
         notes.extend(note)
-    vocab = _vocab(text) if cache is not None else None
+    vocab = config_int(text, "vocab_size") if cache is not None else None
     shape = dict(dtype_size=itemsize(fmt.compute_dtype), vocab=vocab, layers=report.num_layers or 1,
                  gated=any(role in report.breakdown for role in ("mlp.gate", "mlp.gate_up")))
     workspace = prefill_workspace(config, batch=options.batch, seq=seq, **shape)
@@ -122,16 +122,9 @@ def declared_format_or_default(config: dict[str, Any] | None) -> str:
 
 
 def _max_context(config: Any) -> int | None:
-    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_target_positions"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_SEQ:
-            return value
-    return None
-
-
-def _vocab(config: Any) -> int | None:
-    value = getattr(config, "vocab_size", None)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    value = config_int(config, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                       "max_target_positions")
+    return value if value is not None and value <= MAX_SEQ else None
 
 
 def _has_cache(module: Any) -> bool:

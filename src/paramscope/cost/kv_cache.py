@@ -83,7 +83,8 @@ def text_config(config: Any) -> Any:
     return text
 
 
-def _int(config: Any, *names: str) -> int | None:
+def config_int(config: Any, *names: str) -> int | None:
+    """The first of `names` that the config sets to a positive integer (bools are not integers here)."""
     for name in names:
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -96,9 +97,9 @@ def layer_kinds(config: Any) -> list[tuple[str, int | None]]:
     count = decoder_layers(config)
     types = getattr(config, "layer_types", None)
     if not isinstance(types, (list, tuple)) or not types:
-        if _int(config, "sliding_window") is not None:
+        if config_int(config, "sliding_window") is not None:
             types = ["sliding_attention"] * count
-        elif _int(config, "attention_chunk_size") is not None:
+        elif config_int(config, "attention_chunk_size") is not None:
             types = ["chunked_attention"] * count
         else:
             types = ["full_attention"] * count
@@ -112,35 +113,35 @@ def layer_kinds(config: Any) -> list[tuple[str, int | None]]:
             kind = "none"
         window = None
         if kind in ("sliding_attention", "hybrid_sliding"):
-            window = _int(config, "sliding_window")
+            window = config_int(config, "sliding_window")
         elif kind == "chunked_attention":
-            window = _int(config, "attention_chunk_size")
+            window = config_int(config, "attention_chunk_size")
         kinds.append((kind, window))
     return kinds
 
 
 def decoder_layers(config: Any) -> int:
     if getattr(config, "is_encoder_decoder", False):
-        value = _int(config, "num_decoder_layers", "decoder_layers")
+        value = config_int(config, "num_decoder_layers", "decoder_layers")
         if value:
             return value
-    return _int(config, "num_hidden_layers", "n_layer", "num_layers") or 0
+    return config_int(config, "num_hidden_layers", "n_layer", "num_layers") or 0
 
 
 def attention_shape(config: Any) -> tuple[int, int, int, str]:
     """(kv heads, K head dim, V head dim, how they were found) of a decoder's self-attention."""
     if getattr(config, "is_encoder_decoder", False):
-        heads = _int(config, "decoder_attention_heads", "num_attention_heads", "num_heads", "n_head")
+        heads = config_int(config, "decoder_attention_heads", "num_attention_heads", "num_heads", "n_head")
     else:
-        heads = _int(config, "num_attention_heads", "n_head", "num_heads")
+        heads = config_int(config, "num_attention_heads", "n_head", "num_heads")
     heads = heads or 1
-    kv_heads = _int(config, "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+    kv_heads = config_int(config, "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
     how = "num_key_value_heads" if kv_heads else "num_attention_heads (no key/value head count given)"
     if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
         kv_heads, how = 1, "multi_query: one key/value head"
     kv_heads = kv_heads or heads
-    head_dim = _int(config, "head_dim", "d_kv", "kv_channels")
-    hidden = _int(config, "hidden_size", "d_model", "n_embd") or 0
+    head_dim = config_int(config, "head_dim", "d_kv", "kv_channels")
+    hidden = config_int(config, "hidden_size", "d_model", "n_embd") or 0
     if head_dim is None:
         head_dim = hidden // heads if heads else 0
         dim_how = f"hidden_size ÷ heads = {hidden:,} ÷ {heads}"
@@ -150,7 +151,7 @@ def attention_shape(config: Any) -> tuple[int, int, int, str]:
 
 
 def is_mla(config: Any) -> bool:
-    return _int(config, "kv_lora_rank") is not None
+    return config_int(config, "kv_lora_rank") is not None
 
 
 def kv_cache(config: Any, *, batch: int, seq: int, dtype: str, layout: str = "kv",
@@ -216,13 +217,13 @@ def kv_cache(config: Any, *, batch: int, seq: int, dtype: str, layout: str = "kv
 def _attention_bytes_per_token(config: Any, size: int, layout: str) -> tuple[int, str]:
     """Bytes per token of one attention layer, and the arithmetic."""
     if layout == "latent":
-        rank = _int(config, "kv_lora_rank") or 0
-        rope = _int(config, "qk_rope_head_dim") or 0
+        rank = config_int(config, "kv_lora_rank") or 0
+        rope = config_int(config, "qk_rope_head_dim") or 0
         return (rank + rope) * size, f"(kv_lora_rank {rank} + qk_rope_head_dim {rope}) × {size} B"
     if layout == "expanded":
-        heads = _int(config, "num_key_value_heads", "num_attention_heads") or 1
-        k_dim = (_int(config, "qk_nope_head_dim") or 0) + (_int(config, "qk_rope_head_dim") or 0)
-        v_dim = _int(config, "v_head_dim") or k_dim
+        heads = config_int(config, "num_key_value_heads", "num_attention_heads") or 1
+        k_dim = (config_int(config, "qk_nope_head_dim") or 0) + (config_int(config, "qk_rope_head_dim") or 0)
+        v_dim = config_int(config, "v_head_dim") or k_dim
         return (heads * (k_dim + v_dim) * size,
                 f"{heads} heads × (K {k_dim} + V {v_dim}) × {size} B")
     kv_heads, k_dim, v_dim, how = attention_shape(config)
@@ -238,34 +239,34 @@ def _recurrent_state(config: Any, size: int) -> tuple[int, str] | None:
     transformers (measured on meta: probe.py)."""
     model_type = str(getattr(config, "model_type", ""))
     if model_type in ("mamba", "jamba"):
-        hidden = _int(config, "hidden_size") or 0
-        inner = _int(config, "intermediate_size") if model_type == "mamba" else (
-            (_int(config, "mamba_expand") or 2) * hidden)
-        conv = _int(config, "conv_kernel", "mamba_d_conv") or 4
-        state = _int(config, "state_size", "mamba_d_state") or 16
+        hidden = config_int(config, "hidden_size") or 0
+        inner = config_int(config, "intermediate_size") if model_type == "mamba" else (
+            (config_int(config, "mamba_expand") or 2) * hidden)
+        conv = config_int(config, "conv_kernel", "mamba_d_conv") or 4
+        state = config_int(config, "state_size", "mamba_d_state") or 16
         return (inner * conv * size + inner * state * 4,
                 f"conv {inner:,} × {conv} × {size} B + ssm {inner:,} × {state} × 4 B")
     if model_type in ("mamba2", "falcon_h1", "bamba", "nemotron_h", "granitemoehybrid"):
-        heads = _int(config, "mamba_n_heads", "num_heads") or 0
-        head_dim = _int(config, "mamba_d_head", "head_dim") or 0
-        state = _int(config, "mamba_d_state", "state_size") or 0
-        groups = _int(config, "mamba_n_groups", "n_groups") or 1
-        conv = _int(config, "mamba_d_conv", "conv_kernel") or 4
+        heads = config_int(config, "mamba_n_heads", "num_heads") or 0
+        head_dim = config_int(config, "mamba_d_head", "head_dim") or 0
+        state = config_int(config, "mamba_d_state", "state_size") or 0
+        groups = config_int(config, "mamba_n_groups", "n_groups") or 1
+        conv = config_int(config, "mamba_d_conv", "conv_kernel") or 4
         conv_dim = heads * head_dim + 2 * groups * state
         return (conv_dim * conv * size + heads * head_dim * state * 4,
                 f"conv {conv_dim:,} × {conv} × {size} B + ssm {heads} heads × {head_dim} × {state} × 4 B")
     if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
-        k_heads = _int(config, "linear_num_key_heads") or 0
-        v_heads = _int(config, "linear_num_value_heads") or 0
-        k_dim = _int(config, "linear_key_head_dim") or 0
-        v_dim = _int(config, "linear_value_head_dim") or 0
-        conv = _int(config, "linear_conv_kernel_dim") or 4
+        k_heads = config_int(config, "linear_num_key_heads") or 0
+        v_heads = config_int(config, "linear_num_value_heads") or 0
+        k_dim = config_int(config, "linear_key_head_dim") or 0
+        v_dim = config_int(config, "linear_value_head_dim") or 0
+        conv = config_int(config, "linear_conv_kernel_dim") or 4
         conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
         return (conv_dim * conv * size + v_heads * k_dim * v_dim * 4,
                 f"conv {conv_dim:,} × {conv} × {size} B + state {v_heads} heads × {k_dim} × {v_dim} × 4 B")
     if model_type == "lfm2":
-        hidden = _int(config, "hidden_size") or 0
-        kernel = _int(config, "conv_L_cache") or 3
+        hidden = config_int(config, "hidden_size") or 0
+        kernel = config_int(config, "conv_L_cache") or 3
         return hidden * kernel * size, f"conv {hidden:,} × {kernel} × {size} B"
     return None
 

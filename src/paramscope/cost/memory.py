@@ -70,16 +70,16 @@ def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, voc
     other layouts differ by their own temporaries (an unfused GELU, eager attention's scores, MoE routing),
     which the traced engine measures.
     """
-    from .kv_cache import text_config
+    from .kv_cache import config_int, text_config
 
     text = text_config(config)
-    hidden = _first_int(text, "hidden_size", "d_model", "n_embd") or 0
-    inner = _first_int(text, "intermediate_size", "ffn_dim", "n_inner", "d_ff", "decoder_ffn_dim") or 4 * hidden
+    hidden = config_int(text, "hidden_size", "d_model", "n_embd") or 0
+    inner = config_int(text, "intermediate_size", "ffn_dim", "n_inner", "d_ff", "decoder_ffn_dim") or 4 * hidden
     held = 2 if layers > 1 else 1
     mlp = 3 if gated else 2
     per_token = ((held + 2) * hidden + mlp * inner) * dtype_size
-    heads = _first_int(text, "num_attention_heads", "n_head", "num_heads") or 1
-    head_dim = _first_int(text, "head_dim") or (hidden // heads if heads else 0)
+    heads = config_int(text, "num_attention_heads", "n_head", "num_heads") or 1
+    head_dim = config_int(text, "head_dim") or (hidden // heads if heads else 0)
     rotary = getattr(text, "rope_parameters", None) is not None or getattr(text, "rope_theta", None) is not None
     rope = 2 * seq * head_dim * dtype_size if rotary else 0
     positions = seq * 8
@@ -89,14 +89,6 @@ def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, voc
                  f"{dtype_size} B" + (f" + RoPE cos/sin 2 × {seq:,} × {head_dim} × {dtype_size} B" if rope else "")
                  + f" + position ids {seq:,} × 8 B")
     return Workspace(max(layer_peak, logits), text_line, logits)
-
-
-def _first_int(config: Any, *names: str) -> int | None:
-    for name in names:
-        value = getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
 
 
 def fit_table(peak_at, reserve: int, *, batch: int, seq: int, max_context: int | None = None,
