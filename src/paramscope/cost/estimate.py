@@ -82,9 +82,11 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **mode
     if _has_cache(module):
         cache, note = _checked_cache(module, config, options, seq, kv_dtype, fmt.compute_dtype)
         notes.extend(note)
-    vocab = config_int(text, "vocab_size") if cache is not None else None
+    scores_tokens = cache is not None or any(r in report.breakdown for r in ("head.lm", "head.decoder", "head.bias"))
+    vocab = config_int(text, "vocab_size") if scores_tokens else None
     shape = dict(dtype_size=itemsize(fmt.compute_dtype), vocab=vocab, layers=report.num_layers or 1,
-                 gated=any(role in report.breakdown for role in ("mlp.gate", "mlp.gate_up")))
+                 gated=any(role in report.breakdown for role in ("mlp.gate", "mlp.gate_up")),
+                 every_token_logits=cache is None)
     workspace = prefill_workspace(config, batch=options.batch, seq=seq, **shape)
 
     def peak_at(batch: int, length: int) -> int:

@@ -57,14 +57,16 @@ class MemoryEstimate:
 
 
 def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, vocab: int | None, gated: bool = True,
-                      layers: int = 2) -> Workspace:
+                      layers: int = 2, every_token_logits: bool = False) -> Workspace:
     """The prefill's working memory on top of weights, buffers and the KV cache, at its peak: the last layer.
 
     Live then, per token: the embedding output (the model keeps `inputs_embeds`) and the layer's input (h each,
     one when there is a single layer), the post-attention residual and the normed MLP input (h each), and the
     MLP's intermediates: gate, up and their product (3 × intermediate) for a gated MLP, the projection and its
     activation (2 × intermediate) otherwise. Besides: RoPE's cos and sin (seq × head_dim each) and the position
-    ids (seq × 8 B). Logits are for the last token only, as generate() asks (`logits_to_keep=1`).
+    ids (seq × 8 B). Logits are for the last token only, as generate() asks (`logits_to_keep=1`); a model that
+    does not generate (a masked-LM encoder) scores every token, and its head holds the logits with the encoder's
+    output and the head's transform (hidden each): batch × seq × (vocab + 2 × hidden).
 
     Exact for Llama-style decoders (RMSNorm, gated MLP, RoPE) at sdpa, checked against a fake-tensor trace;
     other layouts differ by their own temporaries (an unfused GELU, eager attention's scores, MoE routing),
@@ -84,10 +86,17 @@ def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, voc
     rope = 2 * seq * head_dim * dtype_size if rotary else 0
     positions = seq * 8
     layer_peak = batch * seq * per_token + rope + positions
-    logits = batch * (vocab or 0) * dtype_size
     text_line = (f"{batch} × {seq:,} tokens × ({held + 2} × hidden {hidden:,} + {mlp} × intermediate {inner:,}) × "
                  f"{dtype_size} B" + (f" + RoPE cos/sin 2 × {seq:,} × {head_dim} × {dtype_size} B" if rope else "")
                  + f" + position ids {seq:,} × 8 B")
+    if every_token_logits and vocab:
+        logits = batch * seq * vocab * dtype_size
+        head_peak = batch * seq * (vocab + 2 * hidden) * dtype_size
+        if head_peak > layer_peak:
+            return Workspace(head_peak, f"the head: {batch} × {seq:,} tokens × (vocab {vocab:,} + 2 × hidden "
+                                        f"{hidden:,}) × {dtype_size} B, every token's logits", logits)
+        return Workspace(layer_peak, text_line, logits)
+    logits = batch * (vocab or 0) * dtype_size
     return Workspace(max(layer_peak, logits), text_line, logits)
 
 
