@@ -311,3 +311,39 @@ def test_llama_prefill_peak_equals_memtracker_on_fake_tensors():
     finally:
         torch.set_default_dtype(previous)
     assert memory.peak == peak
+
+
+@pytest.mark.parametrize("preset", ["Qwen/Qwen2.5-0.5B", "google-bert/bert-base-uncased", "google/gemma-2b"])
+def test_preset_prefill_peak_equals_memtracker(preset):
+    """Three families the analytic workspace models exactly, at their real sizes (fake tensors cost nothing)."""
+    import copy
+
+    import torch
+    import transformers
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from paramscope.build import choose_class, make_config, quiet_transformers
+    from paramscope.presets import find_preset
+
+    _, memory = estimate_memory(preset, MemoryOptions(dtype="bf16", seq=256))
+    raw = find_preset(preset).load_config()
+    config, _ = make_config(raw)
+    cls = getattr(transformers, choose_class(config, raw).name)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with quiet_transformers(), FakeTensorMode():
+            model = cls(copy.deepcopy(config)).eval()
+            kwargs = {"input_ids": torch.zeros((1, 256), dtype=torch.long)}
+            if memory.kv_cache is not None:
+                kwargs.update(use_cache=True, logits_to_keep=1)
+            tracker = MemTracker()
+            tracker.track_external(model)
+            with tracker, torch.no_grad():
+                model(**kwargs)
+            peak = sum(v for device in tracker.get_tracker_snapshot("peak").values() for k, v in device.items()
+                       if str(k) == "Total")
+    finally:
+        torch.set_default_dtype(previous)
+    assert memory.peak == peak
