@@ -106,6 +106,10 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **mode
         accelerator = Accelerator("budget", options.budget, "", "budget")
     max_context = _max_context(text)
     settings["max_context"] = max_context
+    if max_context is not None and seq > max_context:
+        notes.append(f"--seq {seq:,} is beyond the model's max_position_embeddings ({max_context:,}); the largest "
+                     "context is searched up to --seq")
+        max_context = seq
     budget = fit_on(accelerator, peak_at, options.reserve, batch=options.batch, seq=seq,
                     max_context=max_context) if accelerator else None
     return report, MemoryEstimate(
