@@ -59,14 +59,12 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **mode
     if options.kv_dtype is not None:
         torch_name(options.kv_dtype)  # a bad name fails before the build
     source = as_source(model, model_options.pop("revision", None))
-    declared, declared_from, not_convert = declared_format(source.config) if options.dtype is None else (
-        None, "", ())
-    if options.dtype is not None:
-        base = declared_format_or_default(source.config)
-        fmt = weight_format(options.dtype, compute_dtype=base, group_size=options.group_size)
-        origin = "--dtype"
+    if options.dtype is None:
+        fmt, origin, not_convert = declared_format(source.config)
     else:
-        fmt, origin = declared, declared_from
+        fmt = weight_format(options.dtype, compute_dtype=declared_compute_dtype(source.config),
+                            group_size=options.group_size)
+        origin, not_convert = "--dtype", ()
     report, module = inspect_with_module(source, dtype=fmt.compute_dtype, **model_options)
     quantized = quantized_names(module, report.params, fmt, not_convert)
     fp32 = kept_in_fp32(module, fmt.compute_dtype)
@@ -119,7 +117,7 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **mode
         budget=budget, notes=tuple(notes))
 
 
-def declared_format_or_default(config: dict[str, Any] | None) -> str:
+def declared_compute_dtype(config: dict[str, Any] | None) -> str:
     """The compute dtype a --dtype format keeps its unquantised tensors in: the declared float dtype, or bf16."""
     try:
         return declared_format(config)[0].compute_dtype

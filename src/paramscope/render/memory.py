@@ -108,9 +108,7 @@ def _cache_table(cache) -> Table:
     table.add_column("per layer and token", overflow="fold", ratio=1)
     table.add_column("bytes", justify="right", no_wrap=True)
     for group in cache.groups:
-        how = group.arithmetic
-        if group.kind == "recurrent state" or group.kind == "cross-attention":
-            how += " (per sequence)" if group.kind == "recurrent state" else ""
+        how = group.arithmetic + (" per sequence" if group.kind == "recurrent state" else "")
         table.add_row(group.kind, str(group.layers), exact(group.tokens), how, exact(group.bytes))
     for note in cache.notes:
         table.add_row("", "", "", f"note: {note}", "")
