@@ -11,7 +11,6 @@ buffers − KV cache). Also times `paramscope memory` in a fresh process for one
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import sys
 import time
@@ -22,36 +21,16 @@ LARGE = ("405B", "Llama-3.1-70B", "Llama-2-70b", "72B", "8x22B", "DeepSeek", "ge
 
 
 def traced_prefill_peak(name: str, batch: int, seq: int, generating: bool) -> int:
-    import torch
     import transformers
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
 
-    from paramscope.build import choose_class, make_config, quiet_transformers
+    from paramscope.build import choose_class, make_config
+    from paramscope.cost import probe
     from paramscope.presets import find_preset
 
     raw = find_preset(name).load_config()
     config, _ = make_config(raw)
     cls = getattr(transformers, choose_class(config, raw).name)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with quiet_transformers(), FakeTensorMode():
-            model = cls(copy.deepcopy(config)).eval()
-            ids = torch.zeros((batch, seq), dtype=torch.long)
-            kwargs = {"input_ids": ids}
-            if generating:
-                kwargs.update(use_cache=True, logits_to_keep=1)
-            if getattr(config, "is_encoder_decoder", False):
-                kwargs["decoder_input_ids"] = ids
-            tracker = MemTracker()
-            tracker.track_external(model)
-            with tracker, torch.no_grad():
-                model(**kwargs)
-            snapshot = tracker.get_tracker_snapshot("peak")
-    finally:
-        torch.set_default_dtype(previous)
-    return sum(v for device in snapshot.values() for k, v in device.items() if str(k) == "Total")
+    return probe.traced_prefill_peak(cls, config, batch=batch, seq=seq, generating=generating)
 
 
 def main() -> None:

@@ -286,64 +286,38 @@ def test_cli_bad_options_give_one_line(args, named):
 # --- the analytic prefill against a fake-tensor trace measured by torch's MemTracker --------------------------
 
 def test_llama_prefill_peak_equals_memtracker_on_fake_tensors():
-    import torch
     import transformers
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from paramscope.cost.probe import traced_prefill_peak
 
     config = transformers.LlamaConfig(hidden_size=512, intermediate_size=1408, num_hidden_layers=3,
                                       num_attention_heads=8, num_key_value_heads=2, vocab_size=4000)
     batch, seq = 2, 256
     _, memory = estimate_memory(config, MemoryOptions(dtype="bf16", batch=batch, seq=seq),
                                 model_class="LlamaForCausalLM")
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with FakeTensorMode():
-            model = transformers.LlamaForCausalLM(config).eval()
-            ids = torch.zeros((batch, seq), dtype=torch.long)
-            tracker = MemTracker()
-            tracker.track_external(model)
-            with tracker, torch.no_grad():
-                model(input_ids=ids, use_cache=True, logits_to_keep=1)
-            peak = sum(v for device in tracker.get_tracker_snapshot("peak").values() for k, v in device.items()
-                       if str(k) == "Total")
-    finally:
-        torch.set_default_dtype(previous)
-    assert memory.peak == peak
+    traced = traced_prefill_peak(transformers.LlamaForCausalLM, config, batch=batch, seq=seq, generating=True)
+    assert memory.peak == traced
 
 
 @pytest.mark.parametrize("preset", ["Qwen/Qwen2.5-0.5B", "google-bert/bert-base-uncased", "google/gemma-2b"])
 def test_preset_prefill_peak_equals_memtracker(preset):
     """Three families the analytic workspace models exactly, at their real sizes (fake tensors cost nothing)."""
-    import copy
-
-    import torch
     import transformers
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
 
-    from paramscope.build import choose_class, make_config, quiet_transformers
+    from paramscope.build import choose_class, make_config
+    from paramscope.cost.probe import traced_prefill_peak
     from paramscope.presets import find_preset
 
     _, memory = estimate_memory(preset, MemoryOptions(dtype="bf16", seq=256))
     raw = find_preset(preset).load_config()
     config, _ = make_config(raw)
     cls = getattr(transformers, choose_class(config, raw).name)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with quiet_transformers(), FakeTensorMode():
-            model = cls(copy.deepcopy(config)).eval()
-            kwargs = {"input_ids": torch.zeros((1, 256), dtype=torch.long)}
-            if memory.kv_cache is not None:
-                kwargs.update(use_cache=True, logits_to_keep=1)
-            tracker = MemTracker()
-            tracker.track_external(model)
-            with tracker, torch.no_grad():
-                model(**kwargs)
-            peak = sum(v for device in tracker.get_tracker_snapshot("peak").values() for k, v in device.items()
-                       if str(k) == "Total")
-    finally:
-        torch.set_default_dtype(previous)
-    assert memory.peak == peak
+    traced = traced_prefill_peak(cls, config, batch=1, seq=256, generating=memory.kv_cache is not None)
+    assert memory.peak == traced
+
+
+def test_weights_by_role_component_and_dtype_sum_to_the_total():
+    _, memory = estimate_memory("mixtral-8x7b", MemoryOptions(dtype="nf4-dq", seq=16))
+    weights = memory.weights
+    assert sum(weights.by_role.values()) == sum(weights.by_component.values()) == sum(weights.by_dtype.values())
+    assert sum(weights.by_dtype.values()) == weights.bytes
