@@ -13,10 +13,11 @@ def add_parser(subparsers: Any) -> None:
     from ..cost.quantization import FORMAT_CHOICES
 
     parser = subparsers.add_parser(
-        "memory", help="memory to load and serve a model: weights by dtype and role, KV cache, what fits",
+        "memory", help="memory to load, serve or train a model: weights, KV cache, activations, what fits",
         description="Memory to load and serve a model, at allocator level: weights in their storage format (by "
                     "dtype, role and component), the KV cache at a batch and context length, the prefill's "
-                    "workspace, the peak, and the accelerators it fits on.")
+                    "workspace, the peak, and the accelerators it fits on. With --training: one steady training "
+                    "step's weights, gradients, optimizer states, activations and peak, by phase.")
     parser.add_argument("model", metavar="MODEL",
                         help="preset name, config.json path, model directory, or hub id (org/name)")
     add_model_options(parser)
@@ -41,6 +42,26 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--reserve", metavar="SIZE", default="1GiB",
                         help="CUDA context and allocator fragmentation, added before comparing with a device "
                              "(default 1GiB; 0 for none)")
+    training = parser.add_argument_group("training (--training)")
+    training.add_argument("--training", action="store_true",
+                          help="one steady training step: loss, backward, optimizer step, zero_grad")
+    training.add_argument("--optimizer", default="adamw", metavar="NAME",
+                          help="adamw (default, fused), adam, sgd, sgd-momentum, adafactor, adamw-8bit, lion")
+    training.add_argument("--precision", default="bf16-mixed", metavar="P",
+                          help="bf16-mixed (default; fp32 weights, bf16 autocast), fp16-mixed, fp32, bf16-pure")
+    training.add_argument("--grad-checkpointing", default="none", choices=("none", "full"),
+                          help="full: each layer keeps only its input and is recomputed in backward")
+    training.add_argument("--attention", default="sdpa", choices=("sdpa", "eager", "flash"),
+                          help="attention implementation (default sdpa)")
+    training.add_argument("--freeze", action="append", default=[], metavar="ROLE_OR_GLOB",
+                          help="parameters that do not train: a role (embeddings, attention, mlp, norm, head) or a name glob "
+                               "(model.layers.0.*); repeatable")
+    training.add_argument("--devices", type=int, default=1, metavar="N", help="data-parallel devices (default 1)")
+    training.add_argument("--zero", default="0", metavar="STAGE",
+                          help="ZeRO stage 0-3, or an FSDP strategy: no_shard, shard_grad_op, full_shard")
+    parser.add_argument("--trace", action="store_true",
+                        help="measure one step of the real class on fake tensors with torch's MemTracker "
+                             "(training), beside the analytic answer")
     parser.add_argument("--json", action="store_true",
                         help="print the JSON report with its \"memory\" object (docs/json-schema.md)")
     add_width_option(parser)
@@ -65,9 +86,35 @@ def run(args: argparse.Namespace) -> int:
         from ..cost.quantization import weight_format
 
         weight_format(args.dtype, group_size=args.group_size)  # a bad --dtype fails before the build
-    source = resolve(args.model, revision=args.revision)
-    report, estimate = estimate_memory(source, options, model_class=args.model_class, task=args.task,
-                                       num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
+    model_options = dict(model_class=args.model_class, task=args.task, num_labels=args.num_labels,
+                         trust_remote_code=args.trust_remote_code)
+    if args.training:
+        from ..cost.training_estimate import TrainingOptions, estimate_training
+
+        if args.dtype or args.kv_dtype or args.group_size or args.encoder_seq or args.kv_layout != "hf":
+            raise ParamscopeError("--dtype, --kv-dtype, --kv-layout, --group-size and --encoder-seq are for "
+                                  "serving; training takes --precision")
+        training = TrainingOptions(batch=args.batch, seq=args.seq, optimizer=args.optimizer,
+                                   precision=args.precision, grad_checkpointing=args.grad_checkpointing,
+                                   attention=args.attention, freeze=tuple(args.freeze), devices=args.devices,
+                                   zero=args.zero, trace=args.trace, gpu=args.gpu, budget=options.budget,
+                                   reserve=reserve)
+        training.check()
+        source = resolve(args.model, revision=args.revision)
+        report, estimate = estimate_training(source, training, **model_options)
+    else:
+        for flag, value, default in (("--optimizer", args.optimizer, "adamw"),
+                                     ("--precision", args.precision, "bf16-mixed"),
+                                     ("--grad-checkpointing", args.grad_checkpointing, "none"),
+                                     ("--devices", args.devices, 1), ("--zero", args.zero, "0"),
+                                     ("--attention", args.attention, "sdpa"),
+                                     ("--trace", args.trace, False)):
+            if value != default:
+                raise ParamscopeError(f"{flag} is for --training")
+        if args.freeze:
+            raise ParamscopeError("--freeze is for --training")
+        source = resolve(args.model, revision=args.revision)
+        report, estimate = estimate_memory(source, options, **model_options)
     if args.json:
         from ..render.json import report_to_dict
         from ..render.memory import memory_to_dict

@@ -50,6 +50,7 @@ class MemoryEstimate:
     fits: tuple[Fit, ...] = ()
     budget: Fit | None = None  # the answer for --gpu or --budget
     notes: tuple[str, ...] = field(default=())
+    training: Any = None  # training_estimate.TrainingDetail for mode "training"
 
     @property
     def with_reserve(self) -> int:

@@ -35,6 +35,8 @@ def render_memory_text(report, estimate, width: int = 100, *, color: bool = Fals
 
 
 def memory_parts(report, estimate) -> list:
+    if estimate.mode == "training":
+        return training_parts(report, estimate)
     settings = estimate.settings
     weights = estimate.weights
     title = Text(f"Memory to serve {report.model.label} ({report.model.class_name}): {estimate.engine} engine, "
@@ -173,10 +175,111 @@ def _budget_line(estimate) -> Text:
                 f"{estimate.settings['batch']:,}", style="bold")
 
 
+# --- training ------------------------------------------------------------------------------------------------
+
+_PRECISIONS = {"fp32": "fp32 weights, gradients and optimizer states",
+               "bf16-mixed": "fp32 weights (the master copy), bf16 autocast",
+               "fp16-mixed": "fp32 weights (the master copy), fp16 autocast",
+               "bf16-pure": "bf16 weights, gradients and optimizer states"}
+
+
+def training_parts(report, estimate) -> list:
+    settings, detail = estimate.settings, estimate.training
+    states = detail.states
+    title = Text(f"Memory to train {report.model.label} ({report.model.class_name}): {estimate.engine} engine, "
+                 "allocator level", style="bold")
+    seq_from = "" if settings["seq_from"] == "--seq" else " (default for training)"
+    step = (f"{settings['precision']} ({_PRECISIONS[settings['precision']]}); {settings['optimizer']}"
+            + (" (fused)" if settings["optimizer"] in ("adamw", "adam") else ""))
+    shape = (f"batch {settings['batch']:,} × {settings['seq']:,} tokens{seq_from}; attention "
+             f"{settings['attention']}; gradient checkpointing {settings['grad_checkpointing']}")
+    lines = [title, indented(step), indented(shape)]
+    if detail.frozen:
+        lines.append(indented(f"frozen: {exact(states.frozen)} parameters in {len(detail.frozen)} tensors "
+                              f"({', '.join(settings['freeze'])}); {exact(states.trainable)} train"))
+    lines += [Text(""), _training_totals(estimate), _phases_table(estimate)]
+    if detail.per_device is not None:
+        lines.append(_per_device_table(estimate))
+    lines.append(_fits_table(estimate))
+    if estimate.budget is not None:
+        lines.append(_budget_line(estimate))
+    for note in estimate.notes:
+        lines.append(indented(f"note: {note}"))
+    lines.append(indented("convention: the steady step (optimizer states already allocated): loss = model(ids, "
+                          "labels=ids).loss; loss.backward(); opt.step(); opt.zero_grad(set_to_none=True); outputs "
+                          "are not kept past the loss"))
+    lines.append(indented("convention: figures are bytes of tensors (what torch's allocator is asked for); the CUDA "
+                          f"context and fragmentation are the reserve, {binary(estimate.reserve)} (--reserve)"))
+    return lines
+
+
+def _training_totals(estimate) -> Table:
+    states, detail = estimate.training.states, estimate.training
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    table.add_column("how", overflow="fold", ratio=1)
+    for label, term in (("weights", states.weights), ("gradients", states.gradients),
+                        ("optimizer states", states.optimizer), ("master weights", states.master_weights)):
+        table.add_row(label, exact(term.bytes), binary(term.bytes), term.arithmetic)
+    weights = estimate.weights
+    if weights.buffer_bytes:
+        parts = ", ".join(f"{exact(v)} B {k}" for k, v in weights.buffers_by_dtype.items())
+        table.add_row("buffers", exact(weights.buffer_bytes), binary(weights.buffer_bytes), parts)
+    act = estimate.activations
+    table.add_row("activations saved", exact(act.bytes), binary(act.bytes),
+                  f"{detail.activation_source}: {act.arithmetic}")
+    top = max(detail.phases, key=lambda p: p.bytes)
+    where = "" if top.where == "measured" else f"{top.where}: "
+    table.add_row(f"peak ({estimate.peak_phase})", exact(top.bytes), binary(top.bytes),
+                  f"{where}the largest moment of the step, not the sum of the rows", style="bold")
+    if detail.per_device is not None:
+        table.add_row("peak per device", exact(estimate.peak), binary(estimate.peak), "sharded, below",
+                      style="bold")
+    table.add_row("+ reserve", exact(estimate.reserve), binary(estimate.reserve),
+                  "CUDA context and allocator fragmentation (--reserve)")
+    return table
+
+
+def _phases_table(estimate) -> Table:
+    detail = estimate.training
+    table = Table(title="The step's moments: resident weights, buffers and optimizer states, plus", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("phase", no_wrap=True)
+    table.add_column("moment", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    table.add_column("how", overflow="fold", ratio=1)
+    top = max(detail.phases, key=lambda p: p.bytes)
+    for phase in detail.phases:
+        table.add_row(phase.phase, phase.where, exact(phase.bytes), binary(phase.bytes), phase.arithmetic,
+                      style="bold" if phase is top else None)
+    return table
+
+
+def _per_device_table(estimate) -> Table:
+    settings, shares = estimate.settings, estimate.training.per_device
+    table = Table(title=f"Per device: ZeRO stage {settings['zero']} over {settings['devices']:,} devices (each with its "
+                        f"own batch of {settings['batch']:,})", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    for key in ("weights", "gradients", "optimizer", "master_weights", "activations", "peak"):
+        table.add_row(key.replace("_", " "), exact(shares[key]), binary(shares[key]),
+                      style="bold" if key == "peak" else None)
+    return table
+
+
 # --- JSON ----------------------------------------------------------------------------------------------------------
 
+def _term(term) -> dict[str, Any]:
+    return {"bytes": term.bytes, "arithmetic": term.arithmetic}
+
+
 def memory_to_dict(estimate) -> dict[str, Any]:
-    weights, cache = estimate.weights, estimate.kv_cache
+    weights, cache, training = estimate.weights, estimate.kv_cache, estimate.training
     return {
         "mode": estimate.mode,
         "engine": estimate.engine,
@@ -202,15 +305,23 @@ def memory_to_dict(estimate) -> dict[str, Any]:
                        for g in cache.groups],
             "convention": cache.convention,
         },
-        "gradients": None,
-        "optimizer": None,
-        "master_weights": None,
+        "gradients": _term(training.states.gradients) if training else None,
+        "optimizer": _term(training.states.optimizer) if training else None,
+        "master_weights": _term(training.states.master_weights) if training else None,
         "activations": None if estimate.activations is None else {
             "bytes": estimate.activations.bytes, "arithmetic": estimate.activations.arithmetic,
-            "what": "prefill workspace"},
+            "what": "saved for backward" if training else "prefill workspace",
+            **({"source": training.activation_source} if training else {})},
         "peak": {"bytes": estimate.peak, "phase": estimate.peak_phase},
+        "phases": [{"phase": p.phase, "moment": p.where, "bytes": p.bytes, "arithmetic": p.arithmetic}
+                   for p in training.phases] if training else None,
+        "traced": None if not training or training.traced is None else {
+            "peak": training.traced.peak.bytes, "phase": training.traced.peak.phase,
+            "by_category": dict(training.by_category), "analytic_peak": training.analytic_peak},
+        "trainable_parameters": training.states.trainable if training else None,
+        "frozen_parameters": training.states.frozen if training else None,
         "reserve": estimate.reserve,
-        "per_device": None,
+        "per_device": dict(training.per_device) if training and training.per_device else None,
         "fits": [{"accelerator": f.accelerator.name, "memory": f.accelerator.memory, "fits": f.fits,
                   "free": f.free, "largest_batch": f.largest_batch, "largest_context": f.largest_context}
                  for f in estimate.fits],

@@ -1,0 +1,441 @@
+"""The traced engine: one real step of the actual module on fake tensors, measured by torch's own MemTracker.
+
+    module (meta, live or built) → a fake copy (FakeTensorMode: shapes and dtypes, no storage) → a warm-up step
+    (optimizer states allocated) → the measured steady step under MemTracker, phase by phase → TracedStep
+
+A training step is transformers' Trainer's:
+
+    loss = model(ids, labels=ids).loss; loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+
+in train mode (dropout masks are real memory), with the optimizer's states already allocated. An inference step is
+what generate() does: a prefill over the prompt with use_cache and last-token logits, then decode steps of one token.
+
+MemTracker sorts every byte into parameters, buffers, gradients, activations (the forward's tensors, and the
+recomputation of checkpointed layers), temporaries (the backward's own tensors) and optimizer states. The peak of
+each phase is measured on its own (the tracker's running peak is restarted at the phase's start), so the report can
+say which phase the peak is in. `fake=False` runs the same step on real CPU tensors, which the tests use to check
+that the fake step equals reality to the byte on small models.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import itertools
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from ..errors import ParamscopeError
+
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer states", "activations", "temporaries", "other")
+_TRACKER_NAMES = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients",
+                  "Optstate": "optimizer states", "Activation": "activations", "Temp": "temporaries",
+                  "Other": "other"}
+TORCH_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
+ATTENTION = ("sdpa", "eager", "flash")
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    phase: str  # "forward" | "backward" | "optimizer step" | "prefill" | "decode"
+    bytes: int
+    by_category: dict[str, int]  # the tracker's breakdown at this phase's peak
+
+
+@dataclass(frozen=True)
+class TracedStep:
+    mode: str  # "training" | "inference"
+    resident: dict[str, int]  # before the step: parameters, buffers, optimizer states
+    end_of_forward: dict[str, int]  # after the forward (the loss computed): what backward will read
+    phases: tuple[PhasePeak, ...]
+    attention: str
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def peak(self) -> PhasePeak:
+        return max(self.phases, key=lambda p: p.bytes)
+
+    @property
+    def saved_activations(self) -> int:
+        """Bytes the forward leaves for backward: activations live at its end (logits and loss included)."""
+        return self.end_of_forward.get("activations", 0)
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    batch: int = 1
+    seq: int = 512
+    precision: str = "fp32"  # training: fp32 | bf16-mixed | fp16-mixed | bf16-pure
+    optimizer: str = "adamw"
+    grad_checkpointing: bool = False
+    attention: str = "sdpa"
+    frozen: frozenset[str] = frozenset()  # parameter names that do not train
+    decode_steps: int = 1  # inference
+    encoder_seq: int | None = None
+
+
+def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) -> TracedStep:
+    """Measure one steady training step of `module` (a meta-built, fake or live model; it is not modified)."""
+    import torch
+
+    _check_attention(settings.attention)
+    notes = list(_attention_notes(settings.attention))
+    with _fake_mode(fake) as mode:
+        model = _working_copy(module, mode, settings.attention)
+        model.train()
+        for name, param in model.named_parameters():
+            if name in settings.frozen:
+                param.requires_grad_(False)
+        if settings.grad_checkpointing:
+            if not getattr(model, "supports_gradient_checkpointing", False):
+                raise ParamscopeError(f"{type(model).__name__} does not support gradient checkpointing")
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.x's name
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        inputs = _training_inputs(model, settings)
+        optimizer, note = _optimizer(model, settings.optimizer)
+        if note:
+            notes.append(note)
+        autocast = _autocast(settings.precision)
+
+        def forward():
+            with autocast:
+                return _loss(model(**inputs))
+
+        def step():
+            loss = forward()
+            loss.backward()
+            del loss
+            if optimizer is not None:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            else:
+                model.zero_grad(set_to_none=True)
+
+        with _running(model):
+            step()  # warm-up: allocates the optimizer states, as in every step after the first
+            tracker = _tracker(model, optimizer)
+            with tracker:
+                resident = _current(tracker)
+                _restart_peak(tracker)
+                loss = forward()
+                end_of_forward = _current(tracker)
+                forward_peak = _peak(tracker, "forward")
+                _restart_peak(tracker)
+                loss.backward()
+                del loss
+                backward_peak = _peak(tracker, "backward")
+                phases = [forward_peak, backward_peak]
+                if optimizer is not None:
+                    _restart_peak(tracker)
+                    optimizer.step()
+                    phases.append(_peak(tracker, "optimizer step"))
+                    optimizer.zero_grad(set_to_none=True)
+                else:
+                    model.zero_grad(set_to_none=True)
+    del torch
+    return TracedStep("training", resident, end_of_forward, tuple(phases), settings.attention, tuple(notes))
+
+
+def trace_inference(module: Any, settings: StepSettings, *, fake: bool = True) -> TracedStep:
+    """Measure generate()'s prefill of `settings.seq` tokens and `decode_steps` steps of one token each."""
+    import torch
+
+    _check_attention(settings.attention)
+    notes = list(_attention_notes(settings.attention))
+    with _fake_mode(fake) as mode:
+        model = _working_copy(module, mode, settings.attention)
+        model.eval()
+        inputs = _ids(model, settings.batch, settings.seq)
+        generating = _accepts(model, "use_cache") and bool(getattr(model, "can_generate", lambda: False)())
+        kwargs: dict[str, Any] = {"input_ids": inputs}
+        if generating:
+            kwargs.update(use_cache=True)
+            if _accepts(model, "logits_to_keep"):
+                kwargs["logits_to_keep"] = 1
+        if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+            kwargs["input_ids"] = _ids(model, settings.batch, settings.encoder_seq or settings.seq)
+            kwargs["decoder_input_ids"] = inputs
+        with _running(model), torch.no_grad():
+            tracker = _tracker(model, None)
+            with tracker:
+                resident = _current(tracker)
+                _restart_peak(tracker)
+                output = model(**kwargs)
+                end_of_forward = _current(tracker)
+                phases = [_peak(tracker, "prefill")]
+                cache = getattr(output, "past_key_values", None) if generating else None
+                if cache is not None and settings.decode_steps > 0:
+                    _restart_peak(tracker)
+                    step_ids = _ids(model, settings.batch, 1)
+                    for _ in range(settings.decode_steps):
+                        tracker.reset_mod_stats()  # the tracker's per-module stats allow one call per module
+                        step_kwargs = dict(kwargs, past_key_values=cache)
+                        step_kwargs["decoder_input_ids" if "decoder_input_ids" in kwargs else "input_ids"] = step_ids
+                        if "decoder_input_ids" in kwargs:
+                            step_kwargs["encoder_outputs"] = (output.encoder_last_hidden_state,)
+                            step_kwargs.pop("input_ids")
+                        del output
+                        output = model(**step_kwargs)
+                        cache = output.past_key_values
+                    phases.append(_peak(tracker, "decode"))
+                del output, cache
+        if not generating:
+            notes.append(f"{type(model).__name__} does not generate: one forward over every token, no KV cache")
+    return TracedStep("inference", resident, end_of_forward, tuple(phases), settings.attention, tuple(notes))
+
+
+# --- the model's copy -------------------------------------------------------------------------------------------
+
+@contextmanager
+def _fake_mode(fake: bool) -> Iterator[Any]:
+    if not fake:
+        yield None
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode, _as_in_eager():
+        yield mode
+
+
+@contextmanager
+def _as_in_eager() -> Iterator[None]:
+    """Make transformers take the paths on fake tensors that it takes on real ones, for these inputs.
+
+    - Masks: transformers takes a fake tensor for a compile trace and then always builds the causal mask
+      (B × 1 × S × S) that eager code skips when nothing is padded, for sdpa's is_causal. The mask helpers are
+      told what eager finds: not tracing, no padding, one sequence per row (the inputs never pad or pack).
+    - MoE experts: torch's fake kernel for grouped_mm accepts only bf16 (the CUDA kernel's rule); for other
+      dtypes the experts run transformers' own grouped-mm op, which has a fake kernel and the same inputs,
+      outputs and saved tensors.
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    patches: list[tuple[Any, str, Any]] = []
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        masking_utils = None
+    names = ("is_tracing", "fast_all", "find_packed_sequence_indices")
+    if masking_utils is not None and all(hasattr(masking_utils, name) for name in names):
+        tracing, fast_all, packed = (getattr(masking_utils, name) for name in names)
+        patches += [
+            (masking_utils, "is_tracing",
+             lambda tensor=None: tracing(None if isinstance(tensor, FakeTensor) else tensor)),
+            (masking_utils, "fast_all", lambda tensor: True if isinstance(tensor, FakeTensor) else fast_all(tensor)),
+            (masking_utils, "find_packed_sequence_indices",
+             lambda positions: None if isinstance(positions, FakeTensor) else packed(positions)),
+        ]
+    try:
+        from transformers.integrations import moe
+    except ImportError:
+        moe = None
+    can_use = getattr(moe, "_can_use_grouped_mm", None)
+    if can_use is not None:
+        def grouped_mm_allowed(input, weight, offs):  # noqa: A002 - transformers' argument names
+            if isinstance(weight, FakeTensor) and weight.dtype != torch.bfloat16:
+                return False
+            return can_use(input, weight, offs)
+
+        patches.append((moe, "_can_use_grouped_mm", grouped_mm_allowed))
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+def _working_copy(module: Any, mode: Any, attention: str) -> Any:
+    """A copy whose parameters and buffers are fake CPU tensors of the same shapes, dtypes, flags and sharing.
+
+    Ties survive: each distinct tensor becomes one fake tensor, however many modules hold it. With `mode` None
+    (a real run, for the tests) the module itself is used."""
+    import torch
+
+    if mode is None:
+        model = module
+    else:
+        memo: dict[int, Any] = {}
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            if id(tensor) in memo:
+                continue
+            fake = torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()), dtype=tensor.dtype,
+                                       device="cpu")
+            if isinstance(tensor, torch.nn.Parameter):
+                fake = torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
+            memo[id(tensor)] = fake
+        model = copy.deepcopy(module, memo)
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "_attn_implementation"):
+        implementation = {"flash": "sdpa"}.get(attention, attention)
+        for sub in _configs(config):
+            try:
+                sub._attn_implementation = implementation
+            except Exception:  # a config that refuses the setter keeps its own
+                pass
+    return model
+
+
+def _configs(config: Any) -> list[Any]:
+    found = [config]
+    for key in ("text_config", "vision_config", "audio_config", "encoder", "decoder"):
+        sub = getattr(config, key, None)
+        if sub is not None and hasattr(sub, "_attn_implementation"):
+            found.append(sub)
+    return found
+
+
+@contextmanager
+def _running(model: Any) -> Iterator[None]:
+    """A forward that cannot run on fake tensors becomes one line that names the model and the reason."""
+    from ..build import quiet_transformers
+
+    try:
+        with quiet_transformers():
+            yield
+    except ParamscopeError:
+        raise
+    except Exception as err:  # the model's own code: data-dependent control flow, other inputs, …
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ParamscopeError(f"cannot trace a step of {type(model).__name__}: {text[:200]}") from None
+
+
+def _check_attention(attention: str) -> None:
+    if attention not in ATTENTION:
+        raise ParamscopeError(f"unknown --attention {attention[:40]!r}; use one of {', '.join(ATTENTION)}")
+
+
+def _attention_notes(attention: str) -> tuple[str, ...]:
+    if attention == "flash":
+        return ("flash attention is traced as sdpa's flash kernel (the CPU one): no score matrix, a log-sum-exp "
+                "per head and token is saved, as flash-attn saves",)
+    return ()
+
+
+# --- inputs, loss, optimizer -------------------------------------------------------------------------------------
+
+def _ids(model: Any, batch: int, seq: int) -> Any:
+    import torch
+
+    return torch.zeros((batch, seq), dtype=torch.long)
+
+
+def _accepts(model: Any, name: str) -> bool:
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def _training_inputs(model: Any, settings: StepSettings) -> dict[str, Any]:
+    import torch
+
+    try:
+        names = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        names = {}
+    if "input_ids" not in names:
+        raise ParamscopeError(f"the traced step feeds token ids; {type(model).__name__}.forward takes no input_ids")
+    ids = _ids(model, settings.batch, settings.seq)
+    inputs: dict[str, Any] = {"input_ids": ids}
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        inputs["input_ids"] = _ids(model, settings.batch, settings.encoder_seq or settings.seq)
+        if "labels" not in names:
+            inputs["decoder_input_ids"] = ids
+    if "labels" in names:
+        name = type(model).__name__
+        if "SequenceClassification" in name or "MultipleChoice" in name:
+            inputs["labels"] = torch.zeros((settings.batch,), dtype=torch.long)
+        else:
+            inputs["labels"] = ids
+    return inputs
+
+
+def _loss(output: Any) -> Any:
+    """The model's loss; a model without one (a bare encoder) trains on the sum of its first output."""
+    loss = getattr(output, "loss", None)
+    if loss is not None:
+        return loss
+    first = output[0] if isinstance(output, (tuple, list)) or hasattr(output, "to_tuple") else output
+    return first.float().sum()
+
+
+def _optimizer(model: Any, name: str) -> tuple[Any, str | None]:
+    """torch's optimizer as the Trainer builds it (fused AdamW, its default on GPUs); None for one torch lacks."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ParamscopeError("nothing trains: every parameter is frozen")
+    if name in ("adamw", "adam"):
+        cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
+        return cls(params, lr=1e-4, fused=True), None
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, foreach=True), None
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True), None
+    return None, (f"{name} is not a torch optimizer: the forward and backward are traced, the optimizer's states "
+                  "are the analytic figure (exact) and its step's temporaries are not counted")
+
+
+def _autocast(precision: str) -> Any:
+    import torch
+
+    if precision in ("bf16-mixed", "fp16-mixed"):
+        dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float16
+        return torch.autocast("cpu", dtype=dtype)
+    return nullcontext()
+
+
+# --- the tracker --------------------------------------------------------------------------------------------------
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _tracker(model: Any, optimizer: Any) -> Any:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    # MemTracker hooks every parameter's gradient, and torch refuses a hook on a frozen one: mark them hooked.
+    for param in model.parameters():
+        if not param.requires_grad:
+            tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
+    tracker.track_external(model, optimizer)
+    return tracker
+
+
+def _restart_peak(tracker: Any) -> None:
+    """Start the running peak afresh at the current total, so each phase's peak is its own."""
+    current = tracker.get_tracker_snapshot("current")
+    tracker._peak_mem_snap = current
+    tracker._peak_mem = {device: snap["Total"] for device, snap in current.items()}
+
+
+def _by_category(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
+    totals = dict.fromkeys(CATEGORIES, 0)
+    for device_snap in snapshot.values():
+        for key, value in device_snap.items():
+            name = _TRACKER_NAMES.get(getattr(key, "value", str(key)))
+            if name is not None:
+                totals[name] += value
+    return totals
+
+
+def _current(tracker: Any) -> dict[str, int]:
+    return _by_category(tracker.get_tracker_snapshot("current"))
+
+
+def _peak(tracker: Any, phase: str) -> PhasePeak:
+    snapshot = tracker.get_tracker_snapshot("peak")
+    total = sum(snap.get("Total", 0) for snap in snapshot.values())
+    return PhasePeak(phase, total, _by_category(snapshot))

@@ -1,0 +1,252 @@
+"""`memory MODEL --training`: build on meta in the training dtype, then model states, activations and the peak.
+
+input → meta build in the weights' dtype (fp32, or bf16 when pure) → Report → what trains (--freeze) → model
+states (training.py, exact) → activations: the analytic recipe (activations.py) or the traced step (trace.py) →
+the peak over the step's moments → per device (ZeRO) → fits.
+
+The analytic engine answers where a recipe covers the layout; elsewhere, or with --trace, one step is traced on
+fake tensors. With --trace the analytic answer, where there is one, is shown beside it with the difference.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ParamscopeError
+from .activations import TrainingActivations, embedding_gradient, recipe_for, training_activations
+from .hardware import Accelerator, find_accelerator
+from .kv_cache import config_int, text_config
+from .memory import DEFAULT_RESERVE, MemoryEstimate, Workspace, fit_on, fit_table
+from .quantization import weight_format
+from .trace import ATTENTION, TORCH_OPTIMIZERS, StepSettings, TracedStep, trace_training
+from .training import (ModelStates, check_optimizer, check_precision, model_states, per_device, weight_dtype,
+                       zero_stage)
+from .weights import weight_memory
+
+DEFAULT_TRAINING_SEQ = 2048
+MAX_DEVICES = 1 << 16
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    batch: int = 1
+    seq: int | None = None  # None: 2,048, or the model's maximum when shorter
+    optimizer: str = "adamw"
+    precision: str = "bf16-mixed"
+    grad_checkpointing: str = "none"  # "none" | "full"
+    attention: str = "sdpa"
+    freeze: tuple[str, ...] = ()  # roles ("embedding", "attention") or parameter-name globs
+    devices: int = 1
+    zero: str = "0"
+    trace: bool = False
+    gpu: str | None = None
+    budget: int | None = None
+    reserve: int = DEFAULT_RESERVE
+
+    def check(self) -> None:
+        from .estimate import MAX_BATCH, MAX_SEQ
+
+        if not 1 <= self.batch <= MAX_BATCH:
+            raise ParamscopeError(f"--batch must be between 1 and {MAX_BATCH:,}, got {self.batch}")
+        if self.seq is not None and not 1 <= self.seq <= MAX_SEQ:
+            raise ParamscopeError(f"--seq must be between 1 and {MAX_SEQ:,}, got {self.seq}")
+        check_optimizer(self.optimizer)
+        check_precision(self.precision)
+        zero_stage(self.zero)
+        if self.grad_checkpointing not in ("none", "full"):
+            raise ParamscopeError(f"--grad-checkpointing must be none or full, got {self.grad_checkpointing!r}")
+        if self.attention not in ATTENTION:
+            raise ParamscopeError(f"--attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
+        if not 1 <= self.devices <= MAX_DEVICES:
+            raise ParamscopeError(f"--devices must be between 1 and {MAX_DEVICES:,}, got {self.devices}")
+        if self.reserve < 0:
+            raise ParamscopeError(f"--reserve must be 0 or more, got {self.reserve}")
+
+
+@dataclass(frozen=True)
+class PhaseFigure:
+    phase: str  # "forward" | "backward" | "optimizer step"
+    bytes: int
+    where: str  # the moment ("start of backward") or "measured"
+    arithmetic: str
+
+
+@dataclass(frozen=True)
+class TrainingDetail:
+    """What a training estimate adds to MemoryEstimate: model states, the phases, the check between engines."""
+
+    states: ModelStates
+    frozen: tuple[str, ...]  # parameter names that do not train
+    activation_source: str  # "analytic: Llama-style decoder" | "traced"
+    phases: tuple[PhaseFigure, ...]
+    per_device: dict[str, int] | None
+    traced: TracedStep | None = None
+    analytic_peak: int | None = None  # beside a traced answer, where a recipe exists
+    by_category: dict[str, int] = field(default_factory=dict)  # the traced peak's MemTracker breakdown
+
+
+def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), **model_options: Any):
+    """(Report, MemoryEstimate) for one steady training step of `model`."""
+    from ..api import as_source, inspect_with_module
+
+    options.check()
+    optimizer = check_optimizer(options.optimizer)
+    precision = check_precision(options.precision)
+    zero = zero_stage(options.zero)
+    accelerator = find_accelerator(options.gpu) if options.gpu else None
+    source = as_source(model, model_options.pop("revision", None))
+    dtype = weight_dtype(precision)
+    report, module = inspect_with_module(source, dtype=dtype, **model_options)
+    frozen = _frozen(report, options.freeze)
+    trainable = frozenset(p.name for p in report.params) - frozenset(frozen)
+    states = model_states(report.params, precision=precision, optimizer=optimizer, trainable=trainable)
+    fmt = weight_format({"float32": "fp32", "bfloat16": "bf16"}[dtype])
+    weights = weight_memory(report.params, report.buffers, fmt, components=[c.name for c in report.components])
+    config = getattr(module, "config", None)
+    text = text_config(config)
+    limit = config_int(text, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+    seq = options.seq or min(DEFAULT_TRAINING_SEQ, limit or DEFAULT_TRAINING_SEQ)
+    checkpointing = options.grad_checkpointing == "full"
+    notes: list[str] = []
+    resident = weights.bytes + weights.buffer_bytes + states.optimizer.bytes + states.master_weights.bytes
+    gradients = states.gradients.bytes
+    cast, cast_head = _cast_weights(module) if precision.endswith("-mixed") else (0, 0)
+    shape = dict(precision=precision, checkpointing=checkpointing, cast_weights=cast, cast_head=cast_head)
+    analytic = training_activations(text, batch=options.batch, seq=seq, **shape) if options.attention == "sdpa" \
+        else None
+    if analytic is None and recipe_for(text) is not None and options.attention != "sdpa":
+        notes.append(f"the analytic recipe is for sdpa; --attention {options.attention} is traced")
+
+    tied = _tied_embedding_bytes(report, trainable)
+
+    def analytic_phases(act: TrainingActivations, batch: int, length: int) -> tuple[PhaseFigure, ...]:
+        end = gradients + embedding_gradient(text, batch=batch, seq=length, precision=precision) + 2 * tied
+        figures = [PhaseFigure(m.phase, resident + m.bytes, m.where, m.arithmetic) for m in act.moments]
+        how = f"gradients {gradients:,} + the embedding output's gradient"
+        if tied:
+            how += f" + 2 × the tied embedding's gradient {tied:,} (its own and their sum, beside the head's)"
+        figures.append(PhaseFigure("backward", resident + end, "end of backward", f"{how} = {end - gradients:,}"))
+        figures.append(PhaseFigure("optimizer step", resident + gradients, "optimizer step",
+                                   f"gradients {gradients:,}; the fused step keeps no temporaries"))
+        return tuple(figures)
+
+    traced = None
+    if options.trace or analytic is None:
+        settings = StepSettings(batch=options.batch, seq=seq, precision=precision, optimizer=optimizer,
+                                grad_checkpointing=checkpointing, attention=options.attention, frozen=frozenset(frozen))
+        traced = trace_training(module, settings)
+        notes.extend(traced.notes)
+        extra = 0 if optimizer in TORCH_OPTIMIZERS[:4] else states.optimizer.bytes  # states the trace lacks
+        phases = tuple(PhaseFigure(p.phase, p.bytes + extra, "measured",
+                                   "MemTracker: " + ", ".join(f"{k} {v:,}" for k, v in p.by_category.items() if v))
+                       for p in traced.phases)
+        if extra:
+            phases = phases + (PhaseFigure("optimizer step", resident + gradients, "optimizer step (analytic)",
+                                           f"gradients {gradients:,}"),)
+        saved = traced.saved_activations
+        activations = Workspace(saved, "measured at the end of the forward (MemTracker, fake tensors)",
+                                4 * options.batch * seq * (config_int(text, "vocab_size") or 0))
+        if analytic is None:
+            notes.append(f"no analytic activation recipe for {type(module).__name__}: one step traced on fake "
+                         "tensors")
+        source_label = "traced"
+    else:
+        phases = analytic_phases(analytic, options.batch, seq)
+        activations = Workspace(analytic.saved, analytic.saved_arithmetic, analytic.logits)
+        source_label = f"analytic: {analytic.recipe}"
+    top = max(phases, key=lambda p: p.bytes)
+    analytic_peak = None
+    if traced is not None and analytic is not None:
+        analytic_peak = max(p.bytes for p in analytic_phases(analytic, options.batch, seq))
+        diff = (analytic_peak - top.bytes) / top.bytes
+        notes.append(f"check: the analytic peak is {analytic_peak:,} B, {100 * diff:+.2f}% from the traced one")
+    sharded = per_device(states, devices=options.devices, zero=zero) if options.devices > 1 or zero else None
+    peak = top.bytes
+    if sharded is not None:
+        saving = (states.weights.bytes - sharded["weights"]) + (gradients - sharded["gradients"]) + \
+                 (states.optimizer.bytes - sharded["optimizer"]) + (states.master_weights.bytes -
+                                                                      sharded["master_weights"])
+        sharded = dict(sharded, activations=activations.bytes, peak=peak - saving)
+        peak = sharded["peak"]
+        if zero >= 3:
+            notes.append("ZeRO-3 gathers each layer's full weights while it runs; that transient is not counted")
+
+    def peak_at(batch: int, length: int) -> int:
+        base = peak if sharded is None else sharded["peak"]
+        if analytic is not None and traced is None:
+            act = training_activations(text, batch=batch, seq=length, **shape)
+            figure = max(p.bytes for p in analytic_phases(act, batch, length))
+            return figure - (top.bytes - base)
+        # traced: what grows with tokens scales linearly from the measured step
+        growth = max(top.bytes - resident - (gradients if top.phase == "optimizer step" else 0), 0)
+        return base + growth * (batch * length - options.batch * seq) // (options.batch * seq)
+
+    settings_out = {
+        "precision": precision, "optimizer": optimizer, "weights_dtype": dtype, "batch": options.batch, "seq": seq,
+        "seq_from": "--seq" if options.seq else f"default for training (2,048, or the model's maximum)",
+        "grad_checkpointing": options.grad_checkpointing, "attention": options.attention,
+        "freeze": list(options.freeze), "devices": options.devices, "zero": zero, "reserve": options.reserve,
+        "activations_from": source_label, "max_context": limit,
+    }
+    if accelerator is None and options.budget is not None:
+        accelerator = Accelerator("budget", options.budget, "", "budget")
+    budget = fit_on(accelerator, peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit) \
+        if accelerator else None
+    detail = TrainingDetail(states, tuple(sorted(frozen)), source_label, phases, sharded, traced, analytic_peak,
+                            dict(traced.peak.by_category) if traced is not None else {})
+    estimate = MemoryEstimate(
+        mode="training", engine="traced" if traced is not None else "analytic", settings=settings_out,
+        weights=weights, kv_cache=None, activations=activations, peak=peak, peak_phase=top.phase,
+        reserve=options.reserve,
+        fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit),
+        budget=budget, notes=tuple(notes), training=detail)
+    return report, estimate
+
+
+def _frozen(report: Any, patterns: tuple[str, ...]) -> list[str]:
+    """Parameter names matched by each --freeze pattern: a role (or role prefix) or a glob over names."""
+    frozen: set[str] = set()
+    for pattern in patterns:
+        text = str(pattern).strip()
+        roles = (text, text + "s")  # "embedding" names the "embeddings" roles too
+        hits = [p.name for p in report.params
+                if any(p.role == r or p.role.startswith(r + ".") for r in roles) or fnmatch.fnmatchcase(p.name, text)
+                or any(fnmatch.fnmatchcase(alias, text) for alias in p.aliases)]
+        if not text or not hits:
+            roles = sorted({p.role.split(".")[0] for p in report.params})
+            raise ParamscopeError(f"--freeze {text[:60]!r} matches no parameter; give a role ({', '.join(roles)}) "
+                                  "or a glob over parameter names (model.layers.0.*)")
+        frozen.update(hits)
+    return sorted(frozen)
+
+
+def _tied_embedding_bytes(report: Any, trainable: frozenset[str]) -> int:
+    """Bytes of a trainable input embedding tied to the output head: its gradient arrives twice."""
+    roles = {p.name: p for p in report.params}
+    for group in report.tied:
+        param = roles.get(group.canonical)
+        if param is not None and param.role.startswith("embedding") and param.name in trainable:
+            from .dtypes import itemsize
+
+            return param.numel * itemsize(param.dtype)
+    return 0
+
+
+def _cast_weights(module: Any) -> tuple[int, int]:
+    """Elements of the matmul weights autocast copies to 16 bits each step (each distinct tensor once), and of
+    those the output head's."""
+    import torch
+
+    head = getattr(module, "get_output_embeddings", lambda: None)()
+    head_weight = getattr(head, "weight", None)
+    seen: set[int] = set()
+    total = 0
+    for sub in module.modules():
+        weight = getattr(sub, "weight", None)
+        if isinstance(sub, torch.nn.Linear) and weight is not None and id(weight) not in seen:
+            seen.add(id(weight))
+            total += weight.numel()
+    head_part = head_weight.numel() if isinstance(head, torch.nn.Linear) and head_weight is not None else 0
+    return total, head_part

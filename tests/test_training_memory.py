@@ -1,0 +1,232 @@
+"""`memory --training` (issue 10): the traced step against reality, the analytic engine against the traced one.
+
+- The traced engine runs one steady step on fake tensors; the same step on real CPU tensors, measured by the same
+  MemTracker, must agree to the byte, phase by phase (GPT-2, BERT-base, a 4-layer Llama, a 4-layer Mixtral).
+- The analytic engine's peak must land within 3% of the traced one for the layouts it has a recipe for.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+from paramscope.cost.trace import StepSettings, trace_inference, trace_training
+from paramscope.cost.training_estimate import TrainingOptions, estimate_training
+from paramscope.errors import ParamscopeError
+
+
+def _phases(step):
+    return [(p.phase, p.bytes, p.by_category) for p in step.phases]
+
+
+def _real_and_fake(make, settings, dtype="float32"):
+    """The traced step of a model built on meta, and the real step of the same class, both under MemTracker."""
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))
+    try:
+        with torch.device("meta"):
+            meta = make()
+        torch.manual_seed(0)
+        real = make()
+    finally:
+        torch.set_default_dtype(previous)
+    return trace_training(meta, settings), trace_training(real, settings, fake=False)
+
+
+# --- the traced step equals a real one, to the byte --------------------------------------------------------------
+
+def test_gpt2_adamw_fp32_batch_2_by_128_traced_equals_real():
+    import transformers
+
+    traced, real = _real_and_fake(lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config()),
+                                  StepSettings(batch=2, seq=128, precision="fp32", optimizer="adamw"))
+    assert _phases(traced) == _phases(real)
+    assert traced.peak.bytes == real.peak.bytes
+    assert traced.resident["parameters"] == 4 * 124_439_808  # GPT-2 small, the tied head counted once
+
+
+def test_bert_base_masked_lm_traced_equals_real():
+    import transformers
+
+    traced, real = _real_and_fake(lambda: transformers.BertForMaskedLM(transformers.BertConfig()),
+                                  StepSettings(batch=2, seq=128, precision="fp32"))
+    assert _phases(traced) == _phases(real)
+    assert traced.end_of_forward == real.end_of_forward
+
+
+LLAMA = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=2, vocab_size=1000)
+
+
+@pytest.mark.parametrize("settings", [
+    StepSettings(batch=2, seq=64, precision="fp32"),
+    StepSettings(batch=2, seq=64, precision="bf16-mixed"),
+    StepSettings(batch=2, seq=64, precision="fp32", grad_checkpointing=True),
+    StepSettings(batch=2, seq=64, precision="fp32", optimizer="sgd-momentum",
+                 frozen=frozenset({"model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight"})),
+    StepSettings(batch=2, seq=64, precision="fp32", attention="eager"),
+], ids=["fp32", "bf16-mixed", "checkpointing", "frozen-sgd-momentum", "eager"])
+def test_four_layer_llama_traced_equals_real(settings):
+    import transformers
+
+    traced, real = _real_and_fake(lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)),
+                                  settings)
+    assert _phases(traced) == _phases(real)
+
+
+def test_four_layer_mixtral_traced_equals_real():
+    import transformers
+
+    config = transformers.MixtralConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=500,
+                                        num_local_experts=4, num_experts_per_tok=2)
+    traced, real = _real_and_fake(lambda: transformers.MixtralForCausalLM(config),
+                                  StepSettings(batch=2, seq=32, precision="bf16-pure"), dtype="bfloat16")
+    assert _phases(traced) == _phases(real)
+
+
+def test_inference_prefill_and_decode_traced_equals_real():
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        meta = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+    real = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+    settings = StepSettings(batch=2, seq=64, decode_steps=2)
+    traced = trace_inference(meta, settings)
+    assert [p.phase for p in traced.phases] == ["prefill", "decode"]
+    assert _phases(traced) == _phases(trace_inference(real, settings, fake=False))
+
+
+def test_the_trace_leaves_the_module_alone():
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+    trace_training(model, StepSettings(batch=1, seq=16, frozen=frozenset({"lm_head.weight"})))
+    assert all(p.requires_grad and p.is_meta for p in model.parameters())
+
+
+# --- the analytic engine against the traced one --------------------------------------------------------------
+
+def _truncated(preset: str, layers: int = 2) -> dict:
+    """A preset's config with fewer layers: every per-layer and outside-the-layers term at full width."""
+    from paramscope.sources import resolve
+
+    config = dict(resolve(preset).config)
+    config["num_hidden_layers"] = layers
+    return config
+
+
+@pytest.mark.parametrize("preset", ["llama-3-8b", "mistral-7b", "qwen2.5-0.5b"])
+@pytest.mark.parametrize("precision, checkpointing, batch, seq", [
+    ("fp32", "none", 2, 512),
+    ("bf16-mixed", "none", 1, 1024),
+    ("bf16-pure", "none", 2, 512),
+    ("bf16-mixed", "full", 4, 512),
+])
+def test_analytic_peak_within_3_percent_of_the_trace(preset, precision, checkpointing, batch, seq):
+    _, estimate = estimate_training(_truncated(preset), TrainingOptions(
+        batch=batch, seq=seq, precision=precision, grad_checkpointing=checkpointing, trace=True))
+    detail = estimate.training
+    assert estimate.engine == "traced" and detail.analytic_peak is not None
+    assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
+    assert any(note.startswith("check: the analytic peak") for note in estimate.notes)
+
+
+def test_model_states_agree_with_the_trace_to_the_byte():
+    _, estimate = estimate_training(_truncated("qwen2.5-0.5b"), TrainingOptions(
+        batch=1, seq=64, precision="fp32", trace=True))
+    states, traced = estimate.training.states, estimate.training.traced
+    assert traced.resident["parameters"] == states.weights.bytes
+    assert traced.resident["optimizer states"] == states.optimizer.bytes
+    step = [p for p in traced.phases if p.phase == "optimizer step"][0]
+    assert step.by_category["gradients"] == states.gradients.bytes
+
+
+def test_a_class_without_a_recipe_is_traced_and_says_so():
+    _, estimate = estimate_training("gpt2", TrainingOptions(batch=1, seq=128, precision="fp32"))
+    assert estimate.engine == "traced"
+    assert any("no analytic activation recipe for GPT2LMHeadModel" in n for n in estimate.notes)
+
+
+def test_freeze_by_role_and_glob():
+    report, estimate = estimate_training(_truncated("qwen2.5-0.5b"), TrainingOptions(
+        batch=1, seq=64, precision="fp32", freeze=("embedding", "model.layers.0.*")))
+    states, frozen = estimate.training.states, estimate.training.frozen
+    assert "model.embed_tokens.weight" in frozen and "model.layers.0.mlp.up_proj.weight" in frozen
+    assert "model.layers.1.mlp.up_proj.weight" not in frozen
+    assert states.frozen == sum(p.numel for p in report.params if p.name in frozen)
+    assert states.gradients.bytes == 4 * states.trainable
+    tensors = len(report.params) - len(frozen)
+    assert states.optimizer.bytes == 8 * states.trainable + 4 * tensors  # a step scalar per trainable tensor
+    with pytest.raises(ParamscopeError, match="matches no parameter"):
+        estimate_training(_truncated("qwen2.5-0.5b"), TrainingOptions(freeze=("nothing.*",)))
+
+
+def test_zero_stages_shard_what_they_name():
+    base = TrainingOptions(batch=1, seq=128, precision="bf16-mixed")
+    _, alone = estimate_training(_truncated("qwen2.5-0.5b"), base)
+    states = alone.training.states
+    for stage, sharded in (("1", {"optimizer"}), ("2", {"optimizer", "gradients"}),
+                           ("full_shard", {"optimizer", "gradients", "weights"})):
+        _, estimate = estimate_training(_truncated("qwen2.5-0.5b"), TrainingOptions(
+            batch=1, seq=128, precision="bf16-mixed", devices=8, zero=stage))
+        shares = estimate.training.per_device
+        for key, total in (("weights", states.weights.bytes), ("gradients", states.gradients.bytes),
+                           ("optimizer", states.optimizer.bytes)):
+            assert shares[key] == (-(-total // 8) if key in sharded else total)
+        assert shares["peak"] == estimate.peak < alone.peak
+
+
+# --- the command --------------------------------------------------------------------------------------------------
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "paramscope", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_training_json():
+    result = _cli("memory", "qwen2.5-0.5b", "--training", "--batch", "2", "--seq", "256", "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    memory = document["memory"]
+    assert memory["mode"] == "training" and memory["engine"] == "analytic"
+    total = document["parameters"]["total"]
+    assert memory["weights"]["bytes"] == 4 * total  # bf16-mixed keeps fp32 weights
+    assert memory["gradients"]["bytes"] == 4 * total
+    assert memory["optimizer"]["bytes"] == 8 * total + 4 * 290  # exp_avg, exp_avg_sq, a step per tensor
+    assert memory["master_weights"]["bytes"] == 0
+    assert memory["peak"]["bytes"] == max(p["bytes"] for p in memory["phases"])
+    assert memory["peak"]["phase"] == "backward"
+    assert memory["activations"]["source"] == "analytic: Llama-style decoder"
+
+
+def test_cli_training_text_names_the_phase_and_convention():
+    result = _cli("memory", "qwen2.5-0.5b", "--training", "--seq", "128", "--width", "110", "--gpu", "4090")
+    assert result.returncode == 0, result.stderr
+    assert "peak (backward)" in result.stdout and "start of backward" in result.stdout
+    assert "opt.zero_grad(set_to_none=True)" in result.stdout and "On RTX 4090" in result.stdout
+
+
+@pytest.mark.parametrize("args, named", [
+    (("--training", "--optimizer", "rmsprop"), "'rmsprop'"),
+    (("--training", "--precision", "fp12"), "'fp12'"),
+    (("--training", "--zero", "5"), "'5'"),
+    (("--training", "--devices", "0"), "--devices"),
+    (("--training", "--freeze", "wings"), "'wings'"),
+    (("--training", "--dtype", "int4"), "--precision"),
+    (("--precision", "fp32"), "--training"),
+    (("--freeze", "embedding"), "--training"),
+])
+def test_cli_training_bad_options_give_one_line(args, named):
+    result = _cli("memory", "gpt2", *args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and named in result.stderr
