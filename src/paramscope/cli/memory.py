@@ -51,8 +51,8 @@ def add_parser(subparsers: Any) -> None:
                           help="bf16-mixed (default; fp32 weights, bf16 autocast), fp16-mixed, fp32, bf16-pure")
     training.add_argument("--grad-checkpointing", default="none", choices=("none", "full"),
                           help="full: each layer keeps only its input and is recomputed in backward")
-    training.add_argument("--attention", default="sdpa", choices=("sdpa", "eager", "flash"),
-                          help="attention implementation (default sdpa)")
+    training.add_argument("--attention", choices=("sdpa", "eager", "flash"),
+                          help="attention implementation (default: the model's own, sdpa where it supports it)")
     training.add_argument("--freeze", action="append", default=[], metavar="ROLE_OR_GLOB",
                           help="parameters that do not train: a role (embeddings, attention, mlp, norm, head) or a name glob "
                                "(model.layers.0.*); repeatable")
@@ -60,8 +60,8 @@ def add_parser(subparsers: Any) -> None:
     training.add_argument("--zero", default="0", metavar="STAGE",
                           help="ZeRO stage 0-3, or an FSDP strategy: no_shard, shard_grad_op, full_shard")
     parser.add_argument("--trace", action="store_true",
-                        help="measure one step of the real class on fake tensors with torch's MemTracker "
-                             "(training), beside the analytic answer")
+                        help="measure one step of the real class on fake tensors with torch's MemTracker (a "
+                             "training step, or generate()'s prefill and a decode step), beside the analytic answer")
     parser.add_argument("--json", action="store_true",
                         help="print the JSON report with its \"memory\" object (docs/json-schema.md)")
     add_width_option(parser)
@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     reserve = 0 if str(args.reserve).strip() in ("0", "0B") else parse_bytes(args.reserve)
     options = MemoryOptions(dtype=args.dtype, kv_dtype=args.kv_dtype, batch=args.batch, seq=args.seq,
                             kv_layout=args.kv_layout, group_size=args.group_size, encoder_seq=args.encoder_seq,
-                            gpu=args.gpu, budget=parse_bytes(args.budget) if args.budget else None, reserve=reserve)
+                            gpu=args.gpu, budget=parse_bytes(args.budget) if args.budget else None, reserve=reserve,
+                            trace=args.trace)
     options.check()
     if args.dtype is not None:
         from ..cost.quantization import weight_format
@@ -107,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
                                      ("--precision", args.precision, "bf16-mixed"),
                                      ("--grad-checkpointing", args.grad_checkpointing, "none"),
                                      ("--devices", args.devices, 1), ("--zero", args.zero, "0"),
-                                     ("--attention", args.attention, "sdpa"),
-                                     ("--trace", args.trace, False)):
+                                     ("--attention", args.attention, None)):
             if value != default:
                 raise ParamscopeError(f"{flag} is for --training")
         if args.freeze:

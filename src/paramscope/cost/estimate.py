@@ -35,6 +35,7 @@ class MemoryOptions:
     gpu: str | None = None
     budget: int | None = None
     reserve: int = DEFAULT_RESERVE
+    trace: bool = False  # also measure generate()'s prefill and one decode step on fake tensors
 
     def check(self) -> None:
         if not 1 <= self.batch <= MAX_BATCH:
@@ -93,6 +94,18 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **mode
         return weights.bytes + weights.buffer_bytes + kv + work
 
     peak = peak_at(options.batch, seq)
+    peak_phase, engine = "prefill", "analytic"
+    if options.trace:
+        traced_peak, peak_phase = _traced_serving(module, options, seq, weights)
+        difference = peak - traced_peak
+        notes.append(f"check: the analytic peak is {peak:,} B, {100 * difference / traced_peak:+.2f}% from the traced "
+                     f"one ({peak_phase}); the fits below are the analytic curve moved by {-difference:+,} B")
+        analytic_at = peak_at
+
+        def peak_at(batch: int, length: int) -> int:  # noqa: F811 - the traced answer's curve
+            return analytic_at(batch, length) - difference
+
+        peak, engine = traced_peak, "traced"
     settings = {
         "dtype": fmt.key, "dtype_from": origin, "compute_dtype": fmt.compute_dtype, "kv_dtype": kv_dtype,
         "batch": options.batch, "seq": seq, "seq_from": "--seq" if options.seq else "max_position_embeddings",
@@ -111,10 +124,24 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **mode
     budget = fit_on(accelerator, peak_at, options.reserve, batch=options.batch, seq=seq,
                     max_context=max_context) if accelerator else None
     return report, MemoryEstimate(
-        mode="inference", engine="analytic", settings=settings, weights=weights, kv_cache=cache,
-        activations=workspace, peak=peak, peak_phase="prefill", reserve=options.reserve,
+        mode="inference", engine=engine, settings=settings, weights=weights, kv_cache=cache,
+        activations=workspace, peak=peak, peak_phase=peak_phase, reserve=options.reserve,
         fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=max_context),
         budget=budget, notes=tuple(notes))
+
+
+def _traced_serving(module: Any, options: MemoryOptions, seq: int, weights: Any) -> tuple[int, str]:
+    """generate()'s prefill of `seq` tokens and one decode step on fake tensors: (peak, phase).
+
+    The trace holds the weights as built, in the compute dtype; the stored format's weights (quantised or not)
+    replace them, so the traced figure is the analytic weights plus what the trace measured beyond its own."""
+    from .trace import StepSettings, trace_inference
+
+    traced = trace_inference(module, StepSettings(batch=options.batch, seq=seq, decode_steps=1,
+                                                  encoder_seq=options.encoder_seq))
+    top = traced.peak
+    beyond = top.bytes - top.by_category["parameters"] - top.by_category["buffers"]
+    return weights.bytes + weights.buffer_bytes + beyond, top.phase
 
 
 def declared_compute_dtype(config: dict[str, Any] | None) -> str:

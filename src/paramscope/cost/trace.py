@@ -69,7 +69,7 @@ class StepSettings:
     precision: str = "fp32"  # training: fp32 | bf16-mixed | fp16-mixed | bf16-pure
     optimizer: str = "adamw"
     grad_checkpointing: bool = False
-    attention: str = "sdpa"
+    attention: str | None = None  # None: the model's own (transformers picks sdpa where the model supports it)
     frozen: frozenset[str] = frozenset()  # parameter names that do not train
     decode_steps: int = 1  # inference
     encoder_seq: int | None = None
@@ -136,7 +136,7 @@ def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) ->
                 else:
                     model.zero_grad(set_to_none=True)
     del torch
-    return TracedStep("training", resident, end_of_forward, tuple(phases), settings.attention, tuple(notes))
+    return TracedStep("training", resident, end_of_forward, tuple(phases), attention_of(model), tuple(notes))
 
 
 def trace_inference(module: Any, settings: StepSettings, *, fake: bool = True) -> TracedStep:
@@ -184,7 +184,7 @@ def trace_inference(module: Any, settings: StepSettings, *, fake: bool = True) -
                 del output, cache
         if not generating:
             notes.append(f"{type(model).__name__} does not generate: one forward over every token, no KV cache")
-    return TracedStep("inference", resident, end_of_forward, tuple(phases), settings.attention, tuple(notes))
+    return TracedStep("inference", resident, end_of_forward, tuple(phases), attention_of(model), tuple(notes))
 
 
 # --- the model's copy -------------------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ def _working_copy(module: Any, mode: Any, attention: str) -> Any:
             memo[id(tensor)] = fake
         model = copy.deepcopy(module, memo)
     config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "_attn_implementation"):
+    if attention is not None and config is not None and hasattr(config, "_attn_implementation"):
         implementation = {"flash": "sdpa"}.get(attention, attention)
         for sub in _configs(config):
             try:
@@ -280,6 +280,11 @@ def _working_copy(module: Any, mode: Any, attention: str) -> Any:
             except Exception:  # a config that refuses the setter keeps its own
                 pass
     return model
+
+
+def attention_of(model: Any) -> str:
+    """The attention implementation the model runs ("sdpa", "eager", …; "" when it has no config)."""
+    return str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
 
 
 def _configs(config: Any) -> list[Any]:
@@ -306,8 +311,8 @@ def _running(model: Any) -> Iterator[None]:
         raise ParamscopeError(f"cannot trace a step of {type(model).__name__}: {text[:200]}") from None
 
 
-def _check_attention(attention: str) -> None:
-    if attention not in ATTENTION:
+def _check_attention(attention: str | None) -> None:
+    if attention is not None and attention not in ATTENTION:
         raise ParamscopeError(f"unknown --attention {attention[:40]!r}; use one of {', '.join(ATTENTION)}")
 
 

@@ -36,7 +36,7 @@ class TrainingOptions:
     optimizer: str = "adamw"
     precision: str = "bf16-mixed"
     grad_checkpointing: str = "none"  # "none" | "full"
-    attention: str = "sdpa"
+    attention: str | None = None  # None: the model's own choice (sdpa where supported)
     freeze: tuple[str, ...] = ()  # roles ("embedding", "attention") or parameter-name globs
     devices: int = 1
     zero: str = "0"
@@ -57,7 +57,7 @@ class TrainingOptions:
         zero_stage(self.zero)
         if self.grad_checkpointing not in ("none", "full"):
             raise ParamscopeError(f"--grad-checkpointing must be none or full, got {self.grad_checkpointing!r}")
-        if self.attention not in ATTENTION:
+        if self.attention is not None and self.attention not in ATTENTION:
             raise ParamscopeError(f"--attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
         if not 1 <= self.devices <= MAX_DEVICES:
             raise ParamscopeError(f"--devices must be between 1 and {MAX_DEVICES:,}, got {self.devices}")
@@ -71,6 +71,7 @@ class PhaseFigure:
     bytes: int
     where: str  # the moment ("start of backward") or "measured"
     arithmetic: str
+    gradients: int = 0  # bytes of gradients live at this moment (ZeRO-2 shards them)
 
 
 @dataclass(frozen=True)
@@ -114,10 +115,12 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     gradients = states.gradients.bytes
     cast, cast_head = _cast_weights(module) if precision.endswith("-mixed") else (0, 0)
     shape = dict(precision=precision, checkpointing=checkpointing, cast_weights=cast, cast_head=cast_head)
-    analytic = training_activations(text, batch=options.batch, seq=seq, **shape) if options.attention == "sdpa" \
-        else None
-    if analytic is None and recipe_for(text) is not None and options.attention != "sdpa":
-        notes.append(f"the analytic recipe is for sdpa; --attention {options.attention} is traced")
+    from .trace import attention_of
+
+    attention = options.attention or attention_of(module) or "sdpa"
+    analytic = training_activations(text, batch=options.batch, seq=seq, **shape) if attention == "sdpa" else None
+    if analytic is None and recipe_for(text) is not None and attention != "sdpa":
+        notes.append(f"the analytic recipe is for sdpa; attention {attention} is traced")
 
     tied = _tied_embedding_bytes(report, trainable)
 
@@ -127,9 +130,10 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
         how = f"gradients {gradients:,} + the embedding output's gradient"
         if tied:
             how += f" + 2 × the tied embedding's gradient {tied:,} (its own and their sum, beside the head's)"
-        figures.append(PhaseFigure("backward", resident + end, "end of backward", f"{how} = {end - gradients:,}"))
+        figures.append(PhaseFigure("backward", resident + end, "end of backward", f"{how} = {end - gradients:,}",
+                                   gradients))
         figures.append(PhaseFigure("optimizer step", resident + gradients, "optimizer step",
-                                   f"gradients {gradients:,}; the fused step keeps no temporaries"))
+                                   f"gradients {gradients:,}; the fused step keeps no temporaries", gradients))
         return tuple(figures)
 
     traced = None
@@ -140,11 +144,12 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
         notes.extend(traced.notes)
         extra = 0 if optimizer in TORCH_OPTIMIZERS[:4] else states.optimizer.bytes  # states the trace lacks
         phases = tuple(PhaseFigure(p.phase, p.bytes + extra, "measured",
-                                   "MemTracker: " + ", ".join(f"{k} {v:,}" for k, v in p.by_category.items() if v))
+                                   "MemTracker: " + ", ".join(f"{k} {v:,}" for k, v in p.by_category.items() if v),
+                                   p.by_category["gradients"])
                        for p in traced.phases)
         if extra:
             phases = phases + (PhaseFigure("optimizer step", resident + gradients, "optimizer step (analytic)",
-                                           f"gradients {gradients:,}"),)
+                                           f"gradients {gradients:,}", gradients),)
         saved = traced.saved_activations
         activations = Workspace(saved, "measured at the end of the forward (MemTracker, fake tensors)",
                                 4 * options.batch * seq * (config_int(text, "vocab_size") or 0))
@@ -163,22 +168,29 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
         diff = (analytic_peak - top.bytes) / top.bytes
         notes.append(f"check: the analytic peak is {analytic_peak:,} B, {100 * diff:+.2f}% from the traced one")
     sharded = per_device(states, devices=options.devices, zero=zero) if options.devices > 1 or zero else None
-    peak = top.bytes
+
+    def on_one_device(figures: tuple[PhaseFigure, ...]) -> PhaseFigure:
+        """The largest moment on one device, each moment's model states replaced by the device's shares."""
+        if sharded is None:
+            return max(figures, key=lambda p: p.bytes)
+        fixed = (states.weights.bytes - sharded["weights"]) + (states.optimizer.bytes - sharded["optimizer"]) + \
+            (states.master_weights.bytes - sharded["master_weights"])
+        return max((PhaseFigure(p.phase, p.bytes - fixed - (p.gradients - -(-p.gradients // options.devices)
+                                                              if zero >= 2 else 0), p.where, p.arithmetic)
+                    for p in figures), key=lambda p: p.bytes)
+
+    device_top = on_one_device(phases)
+    peak = device_top.bytes
     if sharded is not None:
-        saving = (states.weights.bytes - sharded["weights"]) + (gradients - sharded["gradients"]) + \
-                 (states.optimizer.bytes - sharded["optimizer"]) + (states.master_weights.bytes -
-                                                                      sharded["master_weights"])
-        sharded = dict(sharded, activations=activations.bytes, peak=peak - saving)
-        peak = sharded["peak"]
+        sharded = dict(sharded, activations=activations.bytes, peak=peak, peak_phase=device_top.phase)
         if zero >= 3:
             notes.append("ZeRO-3 gathers each layer's full weights while it runs; that transient is not counted")
 
     def peak_at(batch: int, length: int) -> int:
-        base = peak if sharded is None else sharded["peak"]
+        base = peak
         if analytic is not None and traced is None:
             act = training_activations(text, batch=batch, seq=length, **shape)
-            figure = max(p.bytes for p in analytic_phases(act, batch, length))
-            return figure - (top.bytes - base)
+            return on_one_device(analytic_phases(act, batch, length)).bytes
         # traced: what grows with tokens scales linearly from the measured step
         growth = max(top.bytes - resident - (gradients if top.phase == "optimizer step" else 0), 0)
         return base + growth * (batch * length - options.batch * seq) // (options.batch * seq)
@@ -186,7 +198,7 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     settings_out = {
         "precision": precision, "optimizer": optimizer, "weights_dtype": dtype, "batch": options.batch, "seq": seq,
         "seq_from": "--seq" if options.seq else f"default for training (2,048, or the model's maximum)",
-        "grad_checkpointing": options.grad_checkpointing, "attention": options.attention,
+        "grad_checkpointing": options.grad_checkpointing, "attention": attention,
         "freeze": list(options.freeze), "devices": options.devices, "zero": zero, "reserve": options.reserve,
         "activations_from": source_label, "max_context": limit,
     }
@@ -198,7 +210,7 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
                             dict(traced.peak.by_category) if traced is not None else {})
     estimate = MemoryEstimate(
         mode="training", engine="traced" if traced is not None else "analytic", settings=settings_out,
-        weights=weights, kv_cache=None, activations=activations, peak=peak, peak_phase=top.phase,
+        weights=weights, kv_cache=None, activations=activations, peak=peak, peak_phase=device_top.phase,
         reserve=options.reserve,
         fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit),
         budget=budget, notes=tuple(notes), training=detail)

@@ -93,9 +93,10 @@ def _totals(estimate) -> Table:
     if estimate.activations is not None:
         table.add_row("prefill workspace", exact(estimate.activations.bytes), binary(estimate.activations.bytes),
                       estimate.activations.arithmetic)
-    table.add_row(f"peak ({estimate.peak_phase})", exact(estimate.peak), binary(estimate.peak),
-                  "the sum above: weights stay resident, the cache is full at the end of the prefill",
-                  style="bold")
+    how = ("measured: generate()'s prefill and a decode step on fake tensors (MemTracker), with the stored weights"
+           if estimate.engine == "traced" else
+           "the sum above: weights stay resident, the cache is full at the end of the prefill")
+    table.add_row(f"peak ({estimate.peak_phase})", exact(estimate.peak), binary(estimate.peak), how, style="bold")
     table.add_row("+ reserve", exact(estimate.reserve), binary(estimate.reserve),
                   "CUDA context and allocator fragmentation (--reserve)")
     return table
@@ -197,7 +198,7 @@ def training_parts(report, estimate) -> list:
     if detail.frozen:
         lines.append(indented(f"frozen: {exact(states.frozen)} parameters in {len(detail.frozen)} tensors "
                               f"({', '.join(settings['freeze'])}); {exact(states.trainable)} train"))
-    lines += [Text(""), _training_totals(estimate), _phases_table(estimate)]
+    lines += [Text(""), _training_totals(estimate), Text(""), _phases_table(estimate)]
     if detail.per_device is not None:
         lines.append(_per_device_table(estimate))
     lines.append(_fits_table(estimate))
@@ -205,6 +206,10 @@ def training_parts(report, estimate) -> list:
         lines.append(_budget_line(estimate))
     for note in estimate.notes:
         lines.append(indented(f"note: {note}"))
+    if settings["precision"].endswith("-mixed"):
+        lines.append(indented("convention: mixed precision is torch.autocast's: matmuls (and sdpa) in 16 bits with "
+                              "16-bit weight copies cached for the step, norms, softmax and the loss in fp32; "
+                              "traced with the CPU autocast rules, which cast the same matmuls as CUDA's"))
     lines.append(indented("convention: the steady step (optimizer states already allocated): loss = model(ids, "
                           "labels=ids).loss; loss.backward(); opt.step(); opt.zero_grad(set_to_none=True); outputs "
                           "are not kept past the loss"))
