@@ -151,10 +151,33 @@ def test_model_states_agree_with_the_trace_to_the_byte():
     assert step.by_category["gradients"] == states.gradients.bytes
 
 
+@pytest.mark.parametrize("preset", ["gpt2", "distilgpt2", "bert-base-uncased"])
+@pytest.mark.parametrize("precision, checkpointing, batch, seq", [
+    ("fp32", "none", 2, 256),
+    ("bf16-mixed", "none", 2, 512),
+    ("bf16-pure", "none", 2, 256),
+    ("bf16-mixed", "full", 4, 256),
+])
+def test_gpt2_and_bert_analytic_peak_within_3_percent(preset, precision, checkpointing, batch, seq):
+    config = _truncated(preset, layers=2) if preset.startswith("bert") else dict(
+        _truncated(preset, layers=2), n_layer=2)
+    _, estimate = estimate_training(config, TrainingOptions(
+        batch=batch, seq=seq, precision=precision, grad_checkpointing=checkpointing, trace=True))
+    detail = estimate.training
+    assert detail.analytic_peak is not None
+    assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
+    assert any("attention dropout 0.1" in note for note in estimate.notes)
+
+
 def test_a_class_without_a_recipe_is_traced_and_says_so():
-    _, estimate = estimate_training("gpt2", TrainingOptions(batch=1, seq=128, precision="fp32"))
+    _, estimate = estimate_training("pythia-70m", TrainingOptions(batch=1, seq=128, precision="fp32"))
     assert estimate.engine == "traced"
-    assert any("no analytic activation recipe for GPT2LMHeadModel" in n for n in estimate.notes)
+    assert any("no analytic activation recipe for GPTNeoXForCausalLM" in n for n in estimate.notes)
+
+
+def test_a_sequence_beyond_learned_positions_is_refused():
+    with pytest.raises(ParamscopeError, match="512 learned positions"):
+        estimate_training("bert-base-uncased", TrainingOptions(seq=1024))
 
 
 def test_freeze_by_role_and_glob():

@@ -1,25 +1,36 @@
 """Activations of a training step, analytic: what the forward saves for backward, and the peaks around it.
 
-Closed forms in the config's fields, for the layouts whose step was measured op by op on fake tensors and fitted
-exactly (tests/test_training_memory.py holds them to the traced engine within 3%). T = batch × seq tokens,
-h = hidden, q = heads × head_dim, kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers.
+Closed forms in the config's fields for the layouts whose step was measured op by op on fake tensors (the traced
+engine, trace.py) and fitted exactly over varied configs; tests/test_training_memory.py holds every preset of
+these families to the traced engine within 3%. T = batch × seq tokens, h = hidden, q = heads × head_dim,
+kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. Bytes saved per layer:
 
-Llama-style decoders (RMSNorm, RoPE, sdpa, SiLU-gated MLP; llama, mistral, qwen2), bytes saved per layer and token:
+    Llama-style decoders (llama, mistral, qwen2; RMSNorm, RoPE, sdpa, SiLU-gated MLP), per token:
+        fp32        24h + 8q + 8kv + 16i + 4·heads + 8
+        bf16-pure   16h + 4q + 4kv +  8i + 4·heads + 8     (RMSNorm computes in fp32 and saves its fp32 input)
+        *-mixed     26h + 4q + 4kv +  8i + 4·heads + 8     (autocast: matmuls in 16 bits, norms fp32)
+      the 4·heads being sdpa's log-sum-exp (fp32 per head and token), the 8 the RMSNorms' reciprocal roots.
+    GPT-2 (LayerNorm, Conv1D, unfused tanh-GELU, dropout), per layer: 120·T·h (fp32), 66 (bf16-pure), 70 (mixed)
+        + 12·B·heads·S² + 16·T (8 in bf16-pure).
+    BERT masked LM (post-LN, exact GELU, dropout), per layer: 40·T·h + 8·T·i (fp32), 26·T·h + 4·T·i (bf16-pure),
+        34·T·h + 4·T·i (mixed), + 12·B·heads·S² + 16·T (8 in bf16-pure).
 
-    fp32        24h + 8q + 8kv + 16i + 4·heads + 8
-    bf16-pure   16h + 4q + 4kv +  8i + 4·heads + 8     (RMSNorm computes in fp32 and saves its fp32 input)
-    *-mixed     26h + 4q + 4kv +  8i + 4·heads + 8     (autocast: matmuls in 16 bits, norms and residuals fp32)
+The S² terms are attention dropout's: torch's fused CPU kernels do not support dropout, so sdpa in training runs
+the math kernel and keeps the probabilities and the dropout mask. CUDA's flash and memory-efficient kernels support
+dropout and keep only a log-sum-exp, so these figures, like the traced ones they are checked against, overstate a
+GPU step for models with attention dropout by that term (the report says so).
 
-the 4·heads being sdpa's log-sum-exp (fp32 per head and token) and the 8 the RMSNorms' reciprocal roots. Outside
-the layers: the embedding output and final norm (fp32: 12·T·h), fp32 logits 4·T·V, RoPE's cos and sin 8·S·hd, and
-12·T of positions and loss indices; mixed precision adds the 16-bit copies of the weights autocast casts (2 B per
-layer matmul weight and lm_head). With full gradient checkpointing a layer saves only its input (T·h × size) and
-its activations are recomputed, one layer at a time, in backward.
+Outside the layers: the embedding output and final norm, the fp32 logits 4·T·V, RoPE's cos and sin, positions and
+loss indices; mixed precision adds the 16-bit copies autocast keeps of every matmul weight (2 B each). With full
+gradient checkpointing a layer saves only its input (T·h × size) and is recomputed, one at a time, in backward;
+the checkpointed layers' weight copies are not kept.
 
 The peak is the largest of the step's moments, not the sum of its parts (R = weights + buffers + optimizer states):
-- end of forward: R + saved + the loss's fp32 log-softmax (4·T·V; 6·T·V when logits are 16-bit);
-- start of backward: R + saved + the logits' gradient and log-softmax (8·T·V);
-- end of backward: R + gradients + the embedding's input gradient (T·h in fp32, or bf16 when pure);
+- end of forward: R + saved + the loss's log-softmax (4·T·V; 6·T·V when the logits are 16-bit and upcast);
+- start of backward: R + saved + the logits' gradient and log-softmax (8·T·V; 4·T·V for BERT in bf16-pure, which
+  takes the loss in bf16);
+- last layer recomputed (checkpointing): R + saved − the freed logits + one layer + its gradients;
+- end of backward: R + gradients + the embedding output's gradient (a tied embedding's gradient arrives twice);
 - optimizer step: R + gradients (fused AdamW and foreach SGD keep no step-sized temporaries).
 """
 
@@ -29,11 +40,108 @@ from dataclasses import dataclass
 from typing import Any
 
 LLAMA_STYLE = ("llama", "mistral", "qwen2")
+GPT2_STYLE = ("gpt2",)
+BERT_STYLE = ("bert",)
 
-# (h, q, kv, i, heads, 1) bytes per layer and token
-_LAYER = {"fp32": (24, 8, 8, 16, 4, 8), "bf16-pure": (16, 4, 4, 8, 4, 8), "mixed": (26, 4, 4, 8, 4, 8)}
-# (T·h, T·V, S·hd, T) bytes outside the layers
-_OUTSIDE = {"fp32": (12, 4, 8, 12), "bf16-pure": (8, 4, 4, 12), "mixed": (10, 4, 8, 12)}
+# Llama-style, (h, q, kv, i, heads, 1) bytes per layer and token
+_LLAMA_LAYER = {"fp32": (24, 8, 8, 16, 4, 8), "bf16-pure": (16, 4, 4, 8, 4, 8), "mixed": (26, 4, 4, 8, 4, 8)}
+# Llama-style, (T·h, T·V, S·hd, T) bytes outside the layers
+_LLAMA_OUTSIDE = {"fp32": (12, 4, 8, 12), "bf16-pure": (8, 4, 4, 12), "mixed": (10, 4, 8, 12)}
+# GPT-2, (T·h, B·heads·S², T) bytes per layer: LayerNorms, Conv1D inputs, the unfused tanh-GELU's intermediates,
+# dropout masks, and eager-sized attention scores (sdpa with dropout runs the math kernel on CPU)
+_GPT2_LAYER = {"fp32": (120, 12, 16), "bf16-pure": (66, 12, 8), "mixed": (70, 12, 16)}
+# GPT-2, (T·h, T·V, T, S) outside the layers
+_GPT2_OUTSIDE = {"fp32": (12, 4, 24, 8), "bf16-pure": (6, 4, 20, 8), "mixed": (10, 4, 24, 8)}
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """One family's closed forms at one precision: bytes and arithmetic, per layer and outside the layers."""
+
+    layer: int  # a whole layer's saved bytes at this batch and length, without checkpointing
+    layer_text: str
+    outside: int
+    outside_text: str
+    hidden: int
+    vocab: int
+    layers: int
+    loss_tv: tuple[int, int] = (0, 0)  # (end of forward, start of backward) extra ·T·V; (0, 0): the usual
+
+
+def _llama_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
+    from .kv_cache import config_int
+
+    h = config_int(config, "hidden_size")
+    heads = config_int(config, "num_attention_heads")
+    kv_heads = config_int(config, "num_key_value_heads") or heads
+    head_dim = config_int(config, "head_dim") or (h // heads if h and heads else None)
+    inner = config_int(config, "intermediate_size")
+    vocab = config_int(config, "vocab_size")
+    layers = config_int(config, "num_hidden_layers")
+    if None in (h, heads, head_dim, inner, vocab, layers):
+        return None
+    q, kv, tokens = heads * head_dim, kv_heads * head_dim, batch * seq
+    c = _LLAMA_LAYER[kind]
+    per_token = c[0] * h + c[1] * q + c[2] * kv + c[3] * inner + c[4] * heads + c[5]
+    th, tv, shd, t = _LLAMA_OUTSIDE[kind]
+    outside = th * tokens * h + tv * tokens * vocab + shd * seq * head_dim + t * tokens
+    return _Layout(tokens * per_token, f"{tokens:,} tokens × ({c[0]}h + {c[1]}q + {c[2]}kv + {c[3]}i + "
+                   f"{c[4]}·heads + {c[5]}) = {tokens:,} × {per_token:,} B",
+                   outside, f"{th}·T·h + {tv}·T·V + {shd}·S·hd + {t}·T = {outside:,} B", h, vocab, layers)
+
+
+def _gpt2_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
+    from .kv_cache import config_int
+
+    h = config_int(config, "n_embd", "hidden_size")
+    heads = config_int(config, "n_head", "num_attention_heads")
+    vocab = config_int(config, "vocab_size")
+    layers = config_int(config, "n_layer", "num_hidden_layers")
+    inner = getattr(config, "n_inner", None)
+    if None in (h, heads, vocab, layers) or inner not in (None, 4 * h):
+        return None
+    tokens = batch * seq
+    per_h, per_score, per_t = _GPT2_LAYER[kind]
+    layer = per_h * tokens * h + per_score * batch * heads * seq * seq + per_t * tokens
+    th, tv, t, s = _GPT2_OUTSIDE[kind]
+    outside = th * tokens * h + tv * tokens * vocab + t * tokens + s * seq
+    return _Layout(layer, f"({per_h}·T·h + {per_score}·B·heads·S² + {per_t}·T) = {layer:,} B", outside,
+                   f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S = {outside:,} B", h, vocab, layers)
+
+
+# BERT, (T·h, T·i, B·heads·S², T) bytes per layer: post-LN blocks, exact GELU, dropout masks, CPU sdpa's scores
+_BERT_LAYER = {"fp32": (40, 8, 12, 16), "bf16-pure": (26, 4, 12, 8), "mixed": (34, 4, 12, 16)}
+# BERT with its masked-LM head, (T·h, T·V, T, S, 1) outside the layers
+_BERT_OUTSIDE = {"fp32": (24, 4, 24, 8, 8), "bf16-pure": (12, 2, 16, 8, 4), "mixed": (16, 4, 20, 8, 8)}
+
+
+def _bert_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
+    from .kv_cache import config_int
+
+    h = config_int(config, "hidden_size")
+    heads = config_int(config, "num_attention_heads")
+    inner = config_int(config, "intermediate_size")
+    vocab = config_int(config, "vocab_size")
+    layers = config_int(config, "num_hidden_layers")
+    if None in (h, heads, inner, vocab, layers):
+        return None
+    tokens = batch * seq
+    per_h, per_i, per_score, per_t = _BERT_LAYER[kind]
+    layer = per_h * tokens * h + per_i * tokens * inner + per_score * batch * heads * seq * seq + per_t * tokens
+    th, tv, t, s, one = _BERT_OUTSIDE[kind]
+    outside = th * tokens * h + tv * tokens * vocab + t * tokens + s * seq + one
+    # bf16 logits go to the loss as they are (Llama and GPT-2 upcast them): a bf16 log-softmax and its gradient
+    loss_tv = (2, 4) if kind == "bf16-pure" else (0, 0)
+    return _Layout(layer, f"({per_h}·T·h + {per_i}·T·i + {per_score}·B·heads·S² + {per_t}·T) = {layer:,} B", outside,
+                   f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S + {one} = {outside:,} B", h, vocab, layers, loss_tv)
+
+
+# recipe → (model types, the head its class must end with, layout); the head carries the loss the recipe counts
+_RECIPES = {
+    "Llama-style decoder": (LLAMA_STYLE, ("ForCausalLM",), _llama_style),
+    "GPT-2": (GPT2_STYLE, ("LMHeadModel",), _gpt2_style),
+    "BERT masked LM": (BERT_STYLE, ("ForMaskedLM",), _bert_style),
+}
 
 
 @dataclass(frozen=True)
@@ -55,74 +163,62 @@ class TrainingActivations:
     moments: tuple[Moment, ...]  # candidate peaks; the gradients' moments are added by the caller
 
 
-def recipe_for(config: Any) -> str | None:
+def recipe_for(config: Any, class_name: str) -> str | None:
+    """The recipe covering this config's layout built as `class_name`, or None."""
     model_type = getattr(config, "model_type", None)
-    return "Llama-style decoder" if model_type in LLAMA_STYLE else None
+    return next((name for name, (types, heads, _) in _RECIPES.items()
+                 if model_type in types and class_name.endswith(heads)), None)
 
 
-def training_activations(config: Any, *, batch: int, seq: int, precision: str, checkpointing: bool,
-                         cast_weights: int = 0, cast_head: int = 0) -> TrainingActivations | None:
+def training_activations(config: Any, class_name: str, *, batch: int, seq: int, precision: str,
+                         checkpointing: bool, cast_weights: int = 0, cast_head: int = 0) -> TrainingActivations | None:
     """The analytic activations of one training step, or None when no recipe covers the config's layout.
 
     `cast_weights`: elements of the matmul weights autocast copies to 16 bits (mixed precision only), of which
-    `cast_head` are the output head's. Checkpointed layers do not keep their copies for backward (autocast's
+    `cast_head` are outside the repeated layers (the heads'). Checkpointed layers do not keep their copies for backward (autocast's
     cache is dropped as the forward leaves it, and the recomputation casts again); the head's copy is kept."""
-    from .kv_cache import config_int
-
-    if recipe_for(config) is None:
-        return None
-    h = config_int(config, "hidden_size")
-    heads = config_int(config, "num_attention_heads")
-    kv_heads = config_int(config, "num_key_value_heads") or heads
-    head_dim = config_int(config, "head_dim") or h // heads
-    inner = config_int(config, "intermediate_size")
-    vocab = config_int(config, "vocab_size")
-    layers = config_int(config, "num_hidden_layers")
-    if None in (h, heads, head_dim, inner, vocab, layers):
+    recipe = recipe_for(config, class_name)
+    if recipe is None:
         return None
     kind = "fp32" if precision == "fp32" else "bf16-pure" if precision == "bf16-pure" else "mixed"
-    q, kv = heads * head_dim, kv_heads * head_dim
-    tokens = batch * seq
-    size = 2 if kind == "bf16-pure" else 4
-    full = _LAYER[kind]
-    full_bytes = full[0] * h + full[1] * q + full[2] * kv + full[3] * inner + full[4] * heads + full[5]
-    full_text = (f"({full[0]}h + {full[1]}q + {full[2]}kv + {full[3]}i + {full[4]}·heads + {full[5]}) = "
-                 f"{full_bytes:,} B")
+    layout = _RECIPES[recipe][2](config, kind, batch, seq)
+    if layout is None:
+        return None
+    tokens, h, vocab, layers = batch * seq, layout.hidden, layout.vocab, layout.layers
     if checkpointing:
-        layer_token = (2 if kind == "bf16-pure" else 4) * h
-        layer_text = f"the layer's input, {layer_token // h}h = {layer_token:,} B (recomputed in backward)"
+        per_layer = (2 if kind == "bf16-pure" else 4) * tokens * h
+        layer_text = f"the layer's input, {per_layer // (tokens * h)}·T·h = {per_layer:,} B (recomputed in backward)"
     else:
-        layer_token, layer_text = full_bytes, full_text
-    per_layer = tokens * layer_token
-    th, tv, shd, t = _OUTSIDE[kind]
-    outside = th * tokens * h + tv * tokens * vocab + shd * seq * head_dim + t * tokens
+        per_layer, layer_text = layout.layer, layout.layer_text
+    outside = layout.outside
     kept_casts = (cast_head if checkpointing else cast_weights) if kind == "mixed" else 0
     casts = 2 * kept_casts
     saved = layers * per_layer + outside + casts
-    text = (f"{layers} layers × {tokens:,} tokens × {layer_text.split(' (')[0]}; outside the layers {th}·T·h + "
-            f"{tv}·T·V + {shd}·S·hd + {t}·T = {outside:,} B" + (f"; autocast's 16-bit weights 2 × {kept_casts:,}"
-                                                                  if casts else ""))
+    text = (f"{layers} layers × {layer_text}; outside the layers {layout.outside_text}"
+            + (f"; autocast's 16-bit weights 2 × {kept_casts:,}" if casts else ""))
     logits = 4 * tokens * vocab
-    forward_extra = (4 if kind == "fp32" else 6) * tokens * vocab
+    forward_tv, backward_tv = layout.loss_tv if layout.loss_tv != (0, 0) else (4 if kind == "fp32" else 6, 8)
+    forward_extra = forward_tv * tokens * vocab
     in_flight = 2 * (cast_weights - kept_casts) if kind == "mixed" else 0  # layer copies alive until the forward ends
     moments = [
         Moment("forward", "end of forward", saved + forward_extra + in_flight,
                f"saved {saved:,} + the loss's log-softmax {forward_extra // (tokens * vocab)}·T·V"
                + (f" + the layers' 16-bit weight copies 2 × {cast_weights - kept_casts:,}" if in_flight else "")),
-        Moment("backward", "start of backward", saved + 8 * tokens * vocab,
-               f"saved {saved:,} + the logits' gradient and log-softmax 8·T·V = {8 * tokens * vocab:,}"),
+        Moment("backward", "start of backward", saved + backward_tv * tokens * vocab,
+               f"saved {saved:,} + the logits' gradient and log-softmax {backward_tv}·T·V = "
+               f"{backward_tv * tokens * vocab:,}"),
     ]
     if checkpointing:
-        recompute = saved - 4 * tokens * vocab + tokens * full_bytes + 8 * tokens * h
+        recompute = saved - 4 * tokens * vocab + layout.layer + 8 * tokens * h
         moments.append(Moment("backward", "last layer recomputed", recompute,
-                              f"saved {saved:,} − the freed fp32 logits 4·T·V + one layer's activations {tokens:,} × "
-                              f"{full_bytes:,} + its output and input gradients 8·T·h"))
-    return TrainingActivations("Llama-style decoder", saved, text, per_layer, layers, logits, tuple(moments))
+                              f"saved {saved:,} − the freed fp32 logits 4·T·V + one layer's activations "
+                              f"{layout.layer:,} + its output and input gradients 8·T·h"))
+    return TrainingActivations(recipe, saved, text, per_layer, layers, logits, tuple(moments))
 
 
 def embedding_gradient(config: Any, *, batch: int, seq: int, precision: str) -> int:
     """The gradient of the embedding's output, live as backward ends."""
     from .kv_cache import config_int
 
-    h = config_int(config, "hidden_size") or 0
+    h = config_int(config, "hidden_size", "n_embd") or 0
     return (2 if precision == "bf16-pure" else 4) * batch * seq * h + 8

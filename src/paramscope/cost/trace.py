@@ -299,8 +299,13 @@ def _configs(config: Any) -> list[Any]:
 @contextmanager
 def _running(model: Any) -> Iterator[None]:
     """A forward that cannot run on fake tensors becomes one line that names the model and the reason."""
+    import logging
+
     from ..build import quiet_transformers
 
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")  # logs a kernel's failure before raising it
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
     try:
         with quiet_transformers():
             yield
@@ -309,6 +314,8 @@ def _running(model: Any) -> Iterator[None]:
     except Exception as err:  # the model's own code: data-dependent control flow, other inputs, …
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ParamscopeError(f"cannot trace a step of {type(model).__name__}: {text[:200]}") from None
+    finally:
+        fake_log.setLevel(level)
 
 
 def _check_attention(attention: str | None) -> None:

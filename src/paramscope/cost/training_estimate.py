@@ -111,6 +111,11 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     seq = options.seq or min(DEFAULT_TRAINING_SEQ, limit or DEFAULT_TRAINING_SEQ)
     checkpointing = options.grad_checkpointing == "full"
     notes: list[str] = []
+    if limit is not None and seq > limit:
+        if any(p.role == "embeddings.position" for p in report.params):
+            raise ParamscopeError(f"--seq {seq:,} is beyond the model's {limit:,} learned positions "
+                                  "(max_position_embeddings)")
+        notes.append(f"--seq {seq:,} is beyond the model's max_position_embeddings ({limit:,})")
     resident = weights.bytes + weights.buffer_bytes + states.optimizer.bytes + states.master_weights.bytes
     gradients = states.gradients.bytes
     cast, cast_head = _cast_weights(module) if precision.endswith("-mixed") else (0, 0)
@@ -118,8 +123,10 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     from .trace import attention_of
 
     attention = options.attention or attention_of(module) or "sdpa"
-    analytic = training_activations(text, batch=options.batch, seq=seq, **shape) if attention == "sdpa" else None
-    if analytic is None and recipe_for(text) is not None and attention != "sdpa":
+    class_name = type(module).__name__
+    analytic = training_activations(text, class_name, batch=options.batch, seq=seq, **shape) \
+        if attention == "sdpa" else None
+    if analytic is None and recipe_for(text, class_name) is not None and attention != "sdpa":
         notes.append(f"the analytic recipe is for sdpa; attention {attention} is traced")
 
     tied = _tied_embedding_bytes(report, trainable)
@@ -161,6 +168,11 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
         phases = analytic_phases(analytic, options.batch, seq)
         activations = Workspace(analytic.saved, analytic.saved_arithmetic, analytic.logits)
         source_label = f"analytic: {analytic.recipe}"
+    dropout = _attention_dropout(text)
+    if dropout and attention == "sdpa":
+        notes.append(f"attention dropout {dropout:g} in training: torch's fused CPU attention kernels do not support "
+                     "dropout, so sdpa keeps the probabilities and the mask (B·heads·S² each); CUDA's flash and "
+                     "memory-efficient kernels do, keeping only a log-sum-exp, so a GPU step is smaller by that")
     top = max(phases, key=lambda p: p.bytes)
     analytic_peak = None
     if traced is not None and analytic is not None:
@@ -189,7 +201,7 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     def peak_at(batch: int, length: int) -> int:
         base = peak
         if analytic is not None and traced is None:
-            act = training_activations(text, batch=batch, seq=length, **shape)
+            act = training_activations(text, class_name, batch=batch, seq=length, **shape)
             return on_one_device(analytic_phases(act, batch, length)).bytes
         # traced: what grows with tokens scales linearly from the measured step
         growth = max(top.bytes - resident - (gradients if top.phase == "optimizer step" else 0), 0)
@@ -234,6 +246,14 @@ def _frozen(report: Any, patterns: tuple[str, ...]) -> list[str]:
     return sorted(frozen)
 
 
+def _attention_dropout(config: Any) -> float:
+    for key in ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout", "attention_dropout_prob"):
+        value = getattr(config, key, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return 0.0
+
+
 def _tied_embedding_bytes(report: Any, trainable: frozenset[str]) -> int:
     """Bytes of a trainable input embedding tied to the output head: its gradient arrives twice."""
     roles = {p.name: p for p in report.params}
@@ -248,17 +268,19 @@ def _tied_embedding_bytes(report: Any, trainable: frozenset[str]) -> int:
 
 def _cast_weights(module: Any) -> tuple[int, int]:
     """Elements of the matmul weights autocast copies to 16 bits each step (each distinct tensor once), and of
-    those the output head's."""
+    those the ones outside the repeated layers (a ModuleList index in the name), which checkpointing keeps."""
+    import re
+
     import torch
 
-    head = getattr(module, "get_output_embeddings", lambda: None)()
-    head_weight = getattr(head, "weight", None)
     seen: set[int] = set()
-    total = 0
-    for sub in module.modules():
+    total = outside = 0
+    for name, sub in module.named_modules():
         weight = getattr(sub, "weight", None)
-        if isinstance(sub, torch.nn.Linear) and weight is not None and id(weight) not in seen:
+        matmul = isinstance(sub, torch.nn.Linear) or type(sub).__name__ == "Conv1D"  # GPT-2's Conv1D: addmm
+        if matmul and isinstance(weight, torch.Tensor) and id(weight) not in seen:
             seen.add(id(weight))
             total += weight.numel()
-    head_part = head_weight.numel() if isinstance(head, torch.nn.Linear) and head_weight is not None else 0
-    return total, head_part
+            if not re.search(r"\.\d+\.", f".{name}."):
+                outside += weight.numel()
+    return total, outside
