@@ -253,3 +253,25 @@ def test_cli_training_bad_options_give_one_line(args, named):
     result = _cli("memory", "gpt2", *args)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and named in result.stderr
+
+
+def test_a_live_module_is_traced_in_a_fake_copy():
+    import torch
+    import transformers
+
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+    report, estimate = estimate_training(model, TrainingOptions(batch=2, seq=64, precision="fp32", trace=True))
+    assert estimate.engine == "traced" and report.total == sum(p.numel() for p in model.parameters())
+    assert abs(estimate.training.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
+    assert all(not p.is_meta and p.grad is None for p in model.parameters())  # untouched
+
+    class NoTokens(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    with pytest.raises(ParamscopeError, match="takes no input_ids"):
+        estimate_training(NoTokens(), TrainingOptions(batch=1, seq=8))

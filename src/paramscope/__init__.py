@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .report import SCHEMA_VERSION, Component, ModelInfo, Report
     from .cost.estimate import MemoryOptions, estimate_memory
     from .cost.memory import MemoryEstimate
+    from .cost.training_estimate import TrainingOptions, estimate_training
 
 # The public names each load their module on first use (PEP 562), so that `paramscope formula` answering from
 # its cache, and `paramscope --version`, pay for nothing they do not use.
@@ -40,6 +41,7 @@ _LAZY = {
     "AssumptionError": "formula_cache", "FormulaError": "formula_cache", "FormulaMismatchError": "formula_cache",
     "SCHEMA_VERSION": "report", "Component": "report", "ModelInfo": "report", "Report": "report",
     "estimate_memory": "cost.estimate", "MemoryOptions": "cost.estimate", "MemoryEstimate": "cost.memory",
+    "estimate_training": "cost.training_estimate", "TrainingOptions": "cost.training_estimate",
 }
 
 
@@ -81,9 +83,11 @@ __all__ = [
     "Report",
     "SourceError",
     "TiedGroup",
+    "TrainingOptions",
     "__version__",
     "derive_formula",
     "estimate_memory",
+    "estimate_training",
     "inspect",
     "inspect_module",
 ]

@@ -73,6 +73,7 @@ class StepSettings:
     frozen: frozenset[str] = frozenset()  # parameter names that do not train
     decode_steps: int = 1  # inference
     encoder_seq: int | None = None
+    weights_dtype: str | None = None  # floating parameters become this dtype in the copy; None: as they are
 
 
 def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) -> TracedStep:
@@ -82,7 +83,7 @@ def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) ->
     _check_attention(settings.attention)
     notes = list(_attention_notes(settings.attention))
     with _fake_mode(fake) as mode:
-        model = _working_copy(module, mode, settings.attention)
+        model = _working_copy(module, mode, settings.attention, settings.weights_dtype)
         model.train()
         for name, param in model.named_parameters():
             if name in settings.frozen:
@@ -251,7 +252,7 @@ def _as_in_eager() -> Iterator[None]:
             setattr(owner, name, value)
 
 
-def _working_copy(module: Any, mode: Any, attention: str) -> Any:
+def _working_copy(module: Any, mode: Any, attention: str | None, weights_dtype: str | None = None) -> Any:
     """A copy whose parameters and buffers are fake CPU tensors of the same shapes, dtypes, flags and sharing.
 
     Ties survive: each distinct tensor becomes one fake tensor, however many modules hold it. With `mode` None
@@ -265,8 +266,10 @@ def _working_copy(module: Any, mode: Any, attention: str) -> Any:
         for tensor in itertools.chain(module.parameters(), module.buffers()):
             if id(tensor) in memo:
                 continue
-            fake = torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()), dtype=tensor.dtype,
-                                       device="cpu")
+            dtype = tensor.dtype
+            if weights_dtype and isinstance(tensor, torch.nn.Parameter) and dtype.is_floating_point:
+                dtype = getattr(torch, weights_dtype)
+            fake = torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()), dtype=dtype, device="cpu")
             if isinstance(tensor, torch.nn.Parameter):
                 fake = torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
             memo[id(tensor)] = fake

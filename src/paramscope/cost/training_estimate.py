@@ -90,16 +90,22 @@ class TrainingDetail:
 
 def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), **model_options: Any):
     """(Report, MemoryEstimate) for one steady training step of `model`."""
-    from ..api import as_source, inspect_with_module
+    from ..api import _is_module, as_source, inspect_module, inspect_with_module
 
     options.check()
     optimizer = check_optimizer(options.optimizer)
     precision = check_precision(options.precision)
     zero = zero_stage(options.zero)
     accelerator = find_accelerator(options.gpu) if options.gpu else None
-    source = as_source(model, model_options.pop("revision", None))
     dtype = weight_dtype(precision)
-    report, module = inspect_with_module(source, dtype=dtype, **model_options)
+    live = _is_module(model)
+    if live:  # a user's module: counted as it is, traced in a fake copy with the precision's weights dtype
+        if any(v for k, v in model_options.items() if k != "trust_remote_code"):
+            raise ParamscopeError("--class, --task and --num-labels apply to configs, not to a live module")
+        report, module = inspect_module(model), model
+    else:
+        source = as_source(model, model_options.pop("revision", None))
+        report, module = inspect_with_module(source, dtype=dtype, **model_options)
     frozen = _frozen(report, options.freeze)
     trainable = frozenset(p.name for p in report.params) - frozenset(frozen)
     states = model_states(report.params, precision=precision, optimizer=optimizer, trainable=trainable)
@@ -146,7 +152,8 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     traced = None
     if options.trace or analytic is None:
         settings = StepSettings(batch=options.batch, seq=seq, precision=precision, optimizer=optimizer,
-                                grad_checkpointing=checkpointing, attention=options.attention, frozen=frozenset(frozen))
+                                grad_checkpointing=checkpointing, attention=options.attention, frozen=frozenset(frozen),
+                                weights_dtype=dtype if live else None)
         traced = trace_training(module, settings)
         notes.extend(traced.notes)
         extra = 0 if optimizer in TORCH_OPTIMIZERS[:4] else states.optimizer.bytes  # states the trace lacks
