@@ -80,10 +80,10 @@ def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) ->
     """Measure one steady training step of `module` (a meta-built, fake or live model; it is not modified)."""
     import torch
 
-    _check_attention(settings.attention)
+    check_attention(settings.attention)
     notes = list(_attention_notes(settings.attention))
-    with _fake_mode(fake) as mode:
-        model = _working_copy(module, mode, settings.attention, settings.weights_dtype)
+    with fake_mode(fake) as mode:
+        model = working_copy(module, mode, settings.attention, settings.weights_dtype)
         model.train()
         for name, param in model.named_parameters():
             if name in settings.frozen:
@@ -95,15 +95,15 @@ def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) ->
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        inputs = _training_inputs(model, settings)
+        inputs = training_inputs(model, settings)
         optimizer, note = _optimizer(model, settings.optimizer)
         if note:
             notes.append(note)
-        autocast = _autocast(settings.precision)
+        autocast = autocast_for(settings.precision)
 
         def forward():
             with autocast:
-                return _loss(model(**inputs))
+                return loss_of(model(**inputs))
 
         def step():
             loss = forward()
@@ -115,7 +115,7 @@ def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) ->
             else:
                 model.zero_grad(set_to_none=True)
 
-        with _running(model):
+        with running(model):
             step()  # warm-up: allocates the optimizer states, as in every step after the first
             tracker = _tracker(model, optimizer)
             with tracker:
@@ -144,10 +144,10 @@ def trace_inference(module: Any, settings: StepSettings, *, fake: bool = True) -
     """Measure generate()'s prefill of `settings.seq` tokens and `decode_steps` steps of one token each."""
     import torch
 
-    _check_attention(settings.attention)
+    check_attention(settings.attention)
     notes = list(_attention_notes(settings.attention))
-    with _fake_mode(fake) as mode:
-        model = _working_copy(module, mode, settings.attention)
+    with fake_mode(fake) as mode:
+        model = working_copy(module, mode, settings.attention)
         model.eval()
         inputs = _ids(model, settings.batch, settings.seq)
         generating = _accepts(model, "use_cache") and bool(getattr(model, "can_generate", lambda: False)())
@@ -159,7 +159,7 @@ def trace_inference(module: Any, settings: StepSettings, *, fake: bool = True) -
         if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
             kwargs["input_ids"] = _ids(model, settings.batch, settings.encoder_seq or settings.seq)
             kwargs["decoder_input_ids"] = inputs
-        with _running(model), torch.no_grad():
+        with running(model), torch.no_grad():
             tracker = _tracker(model, None)
             with tracker:
                 resident = _current(tracker)
@@ -191,7 +191,7 @@ def trace_inference(module: Any, settings: StepSettings, *, fake: bool = True) -
 # --- the model's copy -------------------------------------------------------------------------------------------
 
 @contextmanager
-def _fake_mode(fake: bool) -> Iterator[Any]:
+def fake_mode(fake: bool) -> Iterator[Any]:
     if not fake:
         yield None
         return
@@ -252,7 +252,7 @@ def _as_in_eager() -> Iterator[None]:
             setattr(owner, name, value)
 
 
-def _working_copy(module: Any, mode: Any, attention: str | None, weights_dtype: str | None = None) -> Any:
+def working_copy(module: Any, mode: Any, attention: str | None, weights_dtype: str | None = None) -> Any:
     """A copy whose parameters and buffers are fake CPU tensors of the same shapes, dtypes, flags and sharing.
 
     Ties survive: each distinct tensor becomes one fake tensor, however many modules hold it. With `mode` None
@@ -300,7 +300,7 @@ def _configs(config: Any) -> list[Any]:
 
 
 @contextmanager
-def _running(model: Any) -> Iterator[None]:
+def running(model: Any) -> Iterator[None]:
     """A forward that cannot run on fake tensors becomes one line that names the model and the reason."""
     import logging
 
@@ -321,7 +321,7 @@ def _running(model: Any) -> Iterator[None]:
         fake_log.setLevel(level)
 
 
-def _check_attention(attention: str | None) -> None:
+def check_attention(attention: str | None) -> None:
     if attention is not None and attention not in ATTENTION:
         raise ParamscopeError(f"unknown --attention {attention[:40]!r}; use one of {', '.join(ATTENTION)}")
 
@@ -349,7 +349,7 @@ def _accepts(model: Any, name: str) -> bool:
     return name in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
-def _training_inputs(model: Any, settings: StepSettings) -> dict[str, Any]:
+def training_inputs(model: Any, settings: StepSettings) -> dict[str, Any]:
     import torch
 
     try:
@@ -374,7 +374,7 @@ def _training_inputs(model: Any, settings: StepSettings) -> dict[str, Any]:
     return inputs
 
 
-def _loss(output: Any) -> Any:
+def loss_of(output: Any) -> Any:
     """The model's loss; a model without one (a bare encoder) trains on the sum of its first output."""
     loss = getattr(output, "loss", None)
     if loss is not None:
@@ -401,7 +401,7 @@ def _optimizer(model: Any, name: str) -> tuple[Any, str | None]:
                   "are the analytic figure (exact) and its step's temporaries are not counted")
 
 
-def _autocast(precision: str) -> Any:
+def autocast_for(precision: str) -> Any:
     import torch
 
     if precision in ("bf16-mixed", "fp16-mixed"):

@@ -1,0 +1,210 @@
+"""FLOPs, analytic: from the built module's matmul weights and the config's attention shape, with the arithmetic.
+
+Convention (FlopCounterMode's and PaLM's): a matmul of m×k by k×n costs 2mnk; attention scores (q·kᵀ) and the
+weighted sum (p·v) are counted in full, 2·B·S²·heads·(d_qk + d_v) per attention layer, whatever the mask keeps
+(`causal="half"` halves them, Megatron's convention); elementwise ops, norms, softmax and embedding lookups are
+not counted. T = batch × seq tokens.
+
+    forward  = 2·T·(matmul weights a token meets) + attention
+      - every nn.Linear (and GPT-2's Conv1D) weight, once per use: a tied lm_head counts as a matmul;
+      - routed experts at top-k of E: each token meets k of them (numel × k / E); shared experts and the router
+        in full.
+    backward = 2 × forward for what trains (the input's gradient and the weight's; a frozen matmul only passes
+               the input's gradient on, 1 ×; attention's backward is 2 × its forward)
+    recompute (hardware FLOPs, not model FLOPs): flash attention's backward recomputes the scores (½ × the
+               attention forward), and full gradient checkpointing reruns each layer's forward.
+
+MFU divides model FLOPs (forward + backward) by time and the accelerator's dense peak; HFU adds the recompute.
+The traced engine (flop_count.py) is the check: on every preset family the two agree exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .kv_cache import config_int, layer_kinds, text_config
+
+_NO_ATTENTION = ("none", "linear_attention", "mamba", "conv", "recurrent", "shared")
+# Layouts whose matmuls the module structure does not give once per use: ALBERT runs one shared layer N times,
+# DeBERTa's disentangled attention adds position matmuls. The traced engine answers for them.
+_NOT_ANALYTIC = ("albert", "deberta", "deberta-v2")
+
+
+@dataclass(frozen=True)
+class FlopTerm:
+    role: str
+    flops: int  # forward
+    arithmetic: str
+
+
+@dataclass(frozen=True)
+class FlopEstimate:
+    engine: str  # "analytic" | "traced"
+    batch: int
+    seq: int
+    causal: str  # "full" | "half"
+    forward: int
+    attention: int  # the forward's attention-score term (grows with S²)
+    terms: tuple[FlopTerm, ...]  # by role, summing to forward
+    backward: int | None  # model FLOPs of the backward (training)
+    recompute: int | None  # hardware FLOPs beyond the model's (training)
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def by_role(self) -> dict[str, int]:
+        return {t.role: t.flops for t in self.terms}
+
+    @property
+    def step(self) -> int | None:
+        return None if self.backward is None else self.forward + self.backward
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+
+def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: bool, checkpointing: bool = False,
+                   causal: str = "full", frozen: frozenset[str] = frozenset()) -> FlopEstimate | None:
+    """The analytic FLOPs of `module` (built on meta), or None where its attention has no closed form here."""
+    from .flop_count import module_roles
+
+    config = text_config(getattr(module, "config", None))
+    if config is None or getattr(getattr(module, "config", None), "is_encoder_decoder", False):
+        return None
+    if getattr(config, "model_type", None) in _NOT_ANALYTIC:
+        return None
+    tokens = batch * seq
+    roles = module_roles(params)
+    top_k, experts = _routing(config)
+    by_role: dict[str, list[int]] = {}  # role → [flops, numel met per token]
+    frozen_flops = 0
+    layer_flops = 0
+    last_in_layer: dict[str, int] = {}  # layer → its last matmul in registration order (not rerun, see below)
+    import torch
+
+    seen_frozen: set[str] = set(frozen)
+    for param in params:  # a frozen tensor is frozen under every name it has (a tied lm_head)
+        if param.name in frozen:
+            seen_frozen.update(param.aliases)
+    for path, sub in module.named_modules():
+        weight = getattr(sub, "weight", None)
+        if isinstance(sub, torch.nn.Linear) or type(sub).__name__ == "Conv1D":
+            numel = weight.numel()
+            role = roles.get(path, "other")
+            if role.startswith("moe.experts") and experts:
+                numel = numel * top_k // experts
+            _add(by_role, role, 2 * tokens * numel, numel)
+            if f"{path}.weight" in seen_frozen:
+                frozen_flops += 2 * tokens * numel
+            if _in_layer(path):
+                layer_flops += 2 * tokens * numel
+                last_in_layer[_layer_of(path)] = 2 * tokens * numel
+            continue
+        for name, param in sub.named_parameters(recurse=False):
+            full = f"{path}.{name}" if path else name
+            role = roles.get(path, "other")
+            if name == "weight" and param.dim() == 2 and role.startswith("moe.router"):  # a router's F.linear
+                _add(by_role, role, 2 * tokens * param.numel(), param.numel())
+                if full in seen_frozen:
+                    frozen_flops += 2 * tokens * param.numel()
+                layer_flops += 2 * tokens * param.numel()
+                last_in_layer[_layer_of(path)] = 2 * tokens * param.numel()
+            elif param.dim() == 3 and role.startswith("moe.experts"):  # fused experts: E × in × out
+                numel = param.numel() * top_k // max(param.shape[0], 1)
+                _add(by_role, role, 2 * tokens * numel, numel)
+                if full in seen_frozen:
+                    frozen_flops += 2 * tokens * numel
+                layer_flops += 2 * tokens * numel
+                last_in_layer[_layer_of(path)] = 2 * tokens * numel
+    attention, text = _attention(config, batch, seq, causal)
+    if attention is None:
+        return None
+    terms = [FlopTerm(role, flops, f"2 × {tokens:,} tokens × {numel:,} weights"
+                      + (f" (top-{top_k} of {experts} experts)" if role.startswith("moe.experts") else ""))
+             for role, (flops, numel) in sorted(by_role.items(), key=lambda kv: -kv[1][0])]
+    if attention:
+        terms.append(FlopTerm("attention.scores", attention, text))
+    forward = sum(t.flops for t in terms)
+    backward = recompute = None
+    notes = []
+    if training:
+        backward = 2 * forward - frozen_flops  # a frozen weight's gradient is not computed
+        # a fused (flash) attention backward recomputes q·kᵀ; with attention dropout, torch's CPU kernels cannot
+        # fuse and run the math path, which keeps the scores instead
+        recompute = 0 if _attention_dropout(config) else attention // 2
+        if checkpointing:
+            # non-reentrant checkpointing reruns a layer only until backward has what it saved. A layer's last
+            # matmul is not rerun when nothing after it saves its output: not so when a dropout follows (its
+            # mask is regenerated) or an MoE weighs the experts' outputs by the router's weights
+            ends_saved = experts > 0 or _hidden_dropout(config) > 0
+            recompute += layer_flops - (0 if ends_saved else sum(last_in_layer.values())) + attention
+        if frozen_flops:
+            notes.append(f"frozen matmuls skip their weight gradients: backward is 2 × forward − {frozen_flops:,}")
+    return FlopEstimate("analytic", batch, seq, causal, forward, attention, tuple(terms), backward, recompute,
+                        tuple(notes))
+
+
+def _attention_dropout(config: Any) -> float:
+    for key in ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout", "attention_dropout_prob"):
+        value = getattr(config, key, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return 0.0
+
+
+def _hidden_dropout(config: Any) -> float:
+    for key in ("resid_pdrop", "hidden_dropout_prob", "hidden_dropout", "dropout"):
+        value = getattr(config, key, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return 0.0
+
+
+def _add(by_role: dict[str, list[int]], role: str, flops: int, numel: int) -> None:
+    entry = by_role.setdefault(role, [0, 0])
+    entry[0] += flops
+    entry[1] += numel
+
+
+def _in_layer(path: str) -> bool:
+    import re
+
+    return re.search(r"\.\d+(\.|$)", path) is not None
+
+
+def _layer_of(path: str) -> str:
+    import re
+
+    match = re.search(r"^(.*?\.\d+)(\.|$)", path)
+    return match.group(1) if match else path
+
+
+def _routing(config: Any) -> tuple[int, int]:
+    """(top-k, routed experts) from the config; (1, 0) for a dense model."""
+    experts = config_int(config, "num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts") or 0
+    top_k = config_int(config, "num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts") or 1
+    return top_k, experts
+
+
+def _attention(config: Any, batch: int, seq: int, causal: str) -> tuple[int | None, str]:
+    """2·B·S²·heads·(d_qk + d_v) per attention layer (halved for causal="half")."""
+    heads = config_int(config, "num_attention_heads", "n_head", "num_heads")
+    if not heads:
+        return None, ""
+    if config_int(config, "kv_lora_rank") is not None:  # MLA: queries and keys carry a rope part
+        d_qk = (config_int(config, "qk_nope_head_dim") or 0) + (config_int(config, "qk_rope_head_dim") or 0)
+        d_v = config_int(config, "v_head_dim") or d_qk
+    else:
+        hidden = config_int(config, "hidden_size", "n_embd", "d_model") or 0
+        d_qk = d_v = config_int(config, "head_dim") or hidden // heads
+    try:
+        layers = sum(1 for kind, _ in layer_kinds(config) if kind not in _NO_ATTENTION)
+    except Exception:
+        layers = config_int(config, "num_hidden_layers", "n_layer") or 0
+    flops = layers * 2 * batch * seq * seq * heads * (d_qk + d_v)
+    text = (f"{layers} layers × 2 × {batch} × {seq:,}² × {heads} heads × ({d_qk} + {d_v})")
+    if causal == "half":
+        flops //= 2
+        text += " ÷ 2 (causal half)"
+    return flops, text
