@@ -252,7 +252,7 @@ def test_cli_json_has_memory_and_schema_2():
     result = _cli("memory", "gpt2", "--json", "--seq", "1024", "--batch", "2")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    assert document["schema_version"] == 2
+    assert document["schema_version"] == 3
     memory = document["memory"]
     assert memory["mode"] == "inference" and memory["engine"] == "analytic"
     assert memory["weights"]["bytes"] == 4 * document["parameters"]["total"]  # GPT-2 declares float32

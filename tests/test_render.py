@@ -66,7 +66,7 @@ def test_tied_weights_explained_in_plain_words():
 def test_json_contract(capsys):
     assert main(["inspect", "bert-base-uncased", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["schema_version"] == 2
+    assert doc["schema_version"] == 3
     assert doc["model"]["class"] == "BertForMaskedLM"
     assert doc["model"]["model_type"] == "bert"
     assert doc["model"]["source"] == "embedded preset google-bert/bert-base-uncased"

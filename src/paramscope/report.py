@@ -10,7 +10,7 @@ from .moe import MoESummary
 from .quant import Storage
 from .sharing import SharedLayers
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,14 @@ from typing import Sequence
 
 from .. import __version__
 from ..errors import ParamscopeError
-from . import audit, compare, diff, formula, inspect, memory, presets
+from . import audit, compare, diff, flops, formula, inspect, memory, presets
 
 EXIT_INTERNAL = 1
 DEFAULT_COMMAND = "inspect"  # `paramscope bert-base-uncased` is `paramscope inspect bert-base-uncased`
 
 # In the order `paramscope --help` lists them.
 COMMANDS = {"inspect": inspect, "presets": presets, "formula": formula, "diff": diff, "compare": compare,
-            "audit": audit, "memory": memory}
+            "audit": audit, "memory": memory, "flops": flops}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -80,7 +80,7 @@ def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: 
     by_role: dict[str, list[int]] = {}  # role → [flops, numel met per token]
     frozen_flops = 0
     layer_flops = 0
-    last_in_layer: dict[str, int] = {}  # layer → its last matmul in registration order (not rerun, see below)
+    last_in_layer: dict[str, tuple[int, str]] = {}  # layer → (FLOPs, role) of its last matmul in registration order
     import torch
 
     seen_frozen: set[str] = set(frozen)
@@ -99,7 +99,8 @@ def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: 
                 frozen_flops += 2 * tokens * numel
             if _in_layer(path):
                 layer_flops += 2 * tokens * numel
-                last_in_layer[_layer_of(path)] = 2 * tokens * numel
+                down = role.startswith("moe.shared") and path.endswith(("down_proj", "w2"))
+                last_in_layer[_layer_of(path)] = (2 * tokens * numel, "moe.shared_experts.down" if down else role)
             continue
         for name, param in sub.named_parameters(recurse=False):
             full = f"{path}.{name}" if path else name
@@ -109,14 +110,14 @@ def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: 
                 if full in seen_frozen:
                     frozen_flops += 2 * tokens * param.numel()
                 layer_flops += 2 * tokens * param.numel()
-                last_in_layer[_layer_of(path)] = 2 * tokens * param.numel()
+                last_in_layer[_layer_of(path)] = (2 * tokens * param.numel(), role)
             elif param.dim() == 3 and role.startswith("moe.experts"):  # fused experts: E × in × out
                 numel = param.numel() * top_k // max(param.shape[0], 1)
                 _add(by_role, role, 2 * tokens * numel, numel)
                 if full in seen_frozen:
                     frozen_flops += 2 * tokens * numel
                 layer_flops += 2 * tokens * numel
-                last_in_layer[_layer_of(path)] = 2 * tokens * numel
+                last_in_layer[_layer_of(path)] = (2 * tokens * numel, role)
     attention, text = _attention(config, batch, seq, causal)
     if attention is None:
         return None
@@ -132,17 +133,34 @@ def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: 
         backward = 2 * forward - frozen_flops  # a frozen weight's gradient is not computed
         # a fused (flash) attention backward recomputes q·kᵀ; with attention dropout, torch's CPU kernels cannot
         # fuse and run the math path, which keeps the scores instead
-        recompute = 0 if _attention_dropout(config) else attention // 2
+        implementation = getattr(getattr(module, "config", None), "_attn_implementation", "sdpa") or "sdpa"
+        # eager attention keeps its scores; so does sdpa where torch's CPU kernels cannot fuse (attention dropout,
+        # or MLA's query and value head sizes differing)
+        fused = implementation == "sdpa" and not _attention_dropout(config) and _same_head_sizes(config)
+        recompute = attention // 2 if fused else 0
         if checkpointing:
             # non-reentrant checkpointing reruns a layer only until backward has what it saved. A layer's last
             # matmul is not rerun when nothing after it saves its output: not so when a dropout follows (its
-            # mask is regenerated) or an MoE weighs the experts' outputs by the router's weights
-            ends_saved = experts > 0 or _hidden_dropout(config) > 0
-            recompute += layer_flops - (0 if ends_saved else sum(last_in_layer.values())) + attention
+            # mask is regenerated), a norm takes the MLP's output (Gemma-2's post-feedforward norm saves its input)
+            # or the last matmul is the routed experts', whose outputs the router's weights multiply
+            post_norm = any("post_feedforward" in path for path, _ in module.named_modules())
+            dropout = _hidden_dropout(config) > 0
+            # (or a gate whose sigmoid saves its output, as Qwen2-MoE's shared-expert gate): only a down projection
+            # ending the layer is skipped
+            skipped = sum(flops for flops, role in last_in_layer.values()
+                          if not (dropout or post_norm) and role in ("mlp.down", "moe.shared_experts.down"))
+            recompute += layer_flops - skipped + attention
         if frozen_flops:
             notes.append(f"frozen matmuls skip their weight gradients: backward is 2 × forward − {frozen_flops:,}")
     return FlopEstimate("analytic", batch, seq, causal, forward, attention, tuple(terms), backward, recompute,
                         tuple(notes))
+
+
+def _same_head_sizes(config: Any) -> bool:
+    if config_int(config, "kv_lora_rank") is None:
+        return True
+    d_qk = (config_int(config, "qk_nope_head_dim") or 0) + (config_int(config, "qk_rope_head_dim") or 0)
+    return d_qk == (config_int(config, "v_head_dim") or d_qk)
 
 
 def _attention_dropout(config: Any) -> float:

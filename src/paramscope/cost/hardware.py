@@ -58,6 +58,42 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator("MI355X", 288 * GiB, "AMD", "datacenter"),
 )
 
+# Dense peak matmul throughput in TFLOP/s (no 2:4 sparsity), from the vendors' datasheets, for the dtypes a
+# training or serving run computes in; bf16 and fp16 tensor-core rates with fp32 accumulation where the vendor
+# gives both. Cards left out have no figure here: `--peak-tflops` gives one.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "T4": {"fp16": 65.0},
+    "V100 16GB": {"fp16": 125.0},
+    "V100 32GB": {"fp16": 125.0},
+    "RTX 3090": {"bf16": 71.0, "fp16": 71.0},
+    "RTX 4090": {"bf16": 165.2, "fp16": 165.2, "fp8": 330.3},
+    "L4": {"bf16": 121.0, "fp16": 121.0, "fp8": 242.0},
+    "A100 40GB": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0},
+    "A100 80GB": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0},
+    "RTX A6000": {"bf16": 154.8, "fp16": 154.8},
+    "RTX 6000 Ada": {"bf16": 364.2, "fp16": 364.2, "fp8": 728.5},
+    "L40S": {"bf16": 362.1, "fp16": 362.1, "fp8": 733.0},
+    "H100 80GB": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7},
+    "H100 NVL": {"bf16": 835.5, "fp16": 835.5, "fp8": 1670.5},
+    "GH200": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
+    "H200": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7},
+    "B200": {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},
+    "MI250X": {"bf16": 383.0, "fp16": 383.0},
+    "MI300X": {"bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9},
+    "MI325X": {"bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9},
+    "TPU v5e": {"bf16": 197.0},
+    "TPU v5p": {"bf16": 459.0},
+    "TPU v6e": {"bf16": 918.0},
+    "Gaudi 3": {"bf16": 1835.0},
+}
+
+
+def peak_flops(accelerator: Accelerator, dtype: str) -> float | None:
+    """Dense peak FLOP/s of `accelerator` in `dtype` ("bf16", "fp16", "fp8", "tf32"), or None when unknown."""
+    value = PEAK_TFLOPS.get(accelerator.name, {}).get(dtype)
+    return None if value is None else value * 1e12
+
+
 # Names people type for the same card.
 _ALIASES = {"h100": "H100 80GB", "h100sxm": "H100 80GB", "h100pcie": "H100 80GB", "a100": "A100 80GB",
             "v100": "V100 32GB", "4090": "RTX 4090", "3090": "RTX 3090", "5090": "RTX 5090", "a6000": "RTX A6000",

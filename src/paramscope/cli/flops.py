@@ -1,0 +1,84 @@
+"""`paramscope flops MODEL`: FLOPs of a forward pass or a training step, exact and explained; compute and MFU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ._common import add_debug_option, add_model_options, add_width_option, checked_width, use_color, write
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "flops", help="FLOPs of a forward pass or a training step, by role; training compute, MFU and time",
+        description="FLOPs of one forward pass (or, with --training, a training step) at a batch and length, by "
+                    "role, with the arithmetic; over --tokens D beside 6ND; MFU from a throughput or time from an "
+                    "MFU on an accelerator.")
+    parser.add_argument("model", metavar="MODEL",
+                        help="preset name, config.json path, model directory, or hub id (org/name)")
+    add_model_options(parser)
+    parser.add_argument("--batch", type=int, default=1, metavar="B", help="sequences (default 1)")
+    parser.add_argument("--seq", type=int, metavar="S",
+                        help="tokens per sequence (default 2,048, or the model's maximum when shorter)")
+    parser.add_argument("--training", action="store_true", help="forward, backward and the recomputation")
+    parser.add_argument("--grad-checkpointing", default="none", choices=("none", "full"),
+                        help="full: each layer's forward is rerun in backward (hardware FLOPs)")
+    parser.add_argument("--freeze", action="append", default=[], metavar="ROLE_OR_GLOB",
+                        help="parameters that do not train (no weight gradients); repeatable")
+    parser.add_argument("--causal", default="full", choices=("full", "half"),
+                        help="attention: full (FlopCounterMode's and PaLM's convention, the default) or half "
+                             "(Megatron's)")
+    parser.add_argument("--tokens", type=float, metavar="D", help="training tokens (2e12, …): the total compute")
+    parser.add_argument("--gpu", metavar="NAME", help="accelerator for the peak FLOP/s (h100, a100, mi300x, …)")
+    parser.add_argument("--peak-dtype", default="bf16", choices=("bf16", "fp16", "fp8", "tf32"),
+                        help="which dense peak to use (default bf16)")
+    parser.add_argument("--peak-tflops", type=float, metavar="X", help="the peak per device, in TFLOP/s")
+    parser.add_argument("--tokens-per-second", type=float, metavar="T",
+                        help="measured throughput over all devices: gives the MFU")
+    parser.add_argument("--mfu", type=float, metavar="X", help="an assumed MFU (0.4): gives the time for --tokens")
+    parser.add_argument("--devices", type=int, default=1, metavar="N", help="devices (default 1)")
+    parser.add_argument("--trace", action="store_true",
+                        help="also count with torch's FlopCounterMode on fake tensors and show the agreement")
+    parser.add_argument("--json", action="store_true",
+                        help="print the JSON report with its \"flops\" object (docs/json-schema.md)")
+    add_width_option(parser)
+    add_debug_option(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cost.flop_estimate import FlopOptions, estimate_flops
+    from ..errors import ParamscopeError
+    from ..sources import resolve
+
+    width = None if args.json else checked_width(args)
+    tokens = None
+    if args.tokens is not None:
+        if not args.tokens >= 1 or args.tokens != args.tokens:
+            raise ParamscopeError(f"--tokens must be a positive count, got {args.tokens}")
+        tokens = int(args.tokens)
+    options = FlopOptions(batch=args.batch, seq=args.seq, training=args.training,
+                          grad_checkpointing=args.grad_checkpointing, causal=args.causal, freeze=tuple(args.freeze),
+                          tokens=tokens, gpu=args.gpu, peak_dtype=args.peak_dtype, peak_tflops=args.peak_tflops,
+                          tokens_per_second=args.tokens_per_second, mfu=args.mfu, devices=args.devices,
+                          trace=args.trace)
+    options.check()
+    if args.gpu:
+        from ..cost.hardware import find_accelerator
+
+        find_accelerator(args.gpu)  # a bad name fails before the build
+    source = resolve(args.model, revision=args.revision)
+    report, estimate, compute = estimate_flops(source, options, model_class=args.model_class, task=args.task,
+                                               num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
+    if args.json:
+        from ..render.flops import flops_to_dict
+        from ..render.json import report_to_dict
+
+        document = report_to_dict(report)
+        document["flops"] = flops_to_dict(estimate, compute)
+        write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        return 0
+    from ..render.flops import render_flops_text
+
+    write(render_flops_text(report, estimate, compute, width, color=use_color()))
+    return 0

@@ -1,0 +1,189 @@
+"""`paramscope flops MODEL`: build on meta, count FLOPs (analytic, checked by or replaced with the traced count),
+then training compute, MFU and time.
+
+input → meta build → Report → analytic FLOPs (flops.py) or, for a class it does not cover and with --trace, the
+traced count (flop_count.py) → per token → × tokens (training compute, beside 6ND) → ÷ time and peak (MFU) or
+÷ MFU and peak (time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ParamscopeError
+from .flop_count import by_role, count_flops, module_roles
+from .flops import FlopEstimate, FlopTerm, analytic_flops
+from .hardware import Accelerator, find_accelerator, peak_flops
+from .kv_cache import config_int, text_config
+from .trace import StepSettings
+
+DEFAULT_SEQ = 2048
+PEAK_DTYPES = ("bf16", "fp16", "fp8", "tf32")
+
+
+@dataclass(frozen=True)
+class FlopOptions:
+    batch: int = 1
+    seq: int | None = None  # None: 2,048, or the model's maximum when shorter
+    training: bool = False
+    grad_checkpointing: str = "none"
+    causal: str = "full"  # "full" (FlopCounterMode's, PaLM's) | "half" (Megatron's)
+    freeze: tuple[str, ...] = ()
+    tokens: int | None = None  # D: training tokens, for the total compute
+    gpu: str | None = None
+    peak_dtype: str = "bf16"
+    peak_tflops: float | None = None  # overrides the table
+    tokens_per_second: float | None = None  # measured throughput (all devices), for MFU
+    mfu: float | None = None  # assumed MFU, for the time
+    devices: int = 1
+    trace: bool = False
+
+    def check(self) -> None:
+        from .estimate import MAX_BATCH, MAX_SEQ
+
+        if not 1 <= self.batch <= MAX_BATCH:
+            raise ParamscopeError(f"--batch must be between 1 and {MAX_BATCH:,}, got {self.batch}")
+        if self.seq is not None and not 1 <= self.seq <= MAX_SEQ:
+            raise ParamscopeError(f"--seq must be between 1 and {MAX_SEQ:,}, got {self.seq}")
+        if self.causal not in ("full", "half"):
+            raise ParamscopeError(f"--causal must be full or half, got {self.causal!r}")
+        if self.grad_checkpointing not in ("none", "full"):
+            raise ParamscopeError(f"--grad-checkpointing must be none or full, got {self.grad_checkpointing!r}")
+        if self.peak_dtype not in PEAK_DTYPES:
+            raise ParamscopeError(f"--peak-dtype must be one of {', '.join(PEAK_DTYPES)}, got {self.peak_dtype!r}")
+        if self.tokens is not None and not 1 <= self.tokens <= 10**17:
+            raise ParamscopeError(f"--tokens must be between 1 and 1e17, got {self.tokens}")
+        for flag, value in (("--tokens-per-second", self.tokens_per_second), ("--peak-tflops", self.peak_tflops)):
+            if value is not None and not 0 < value < 1e15:
+                raise ParamscopeError(f"{flag} must be a positive number, got {value}")
+        if self.mfu is not None and not 0 < self.mfu <= 1:
+            raise ParamscopeError(f"--mfu must be a fraction in (0, 1], got {self.mfu}")
+        if not 1 <= self.devices <= 1 << 20:
+            raise ParamscopeError(f"--devices must be between 1 and {1 << 20:,}, got {self.devices}")
+        if self.tokens_per_second is not None and self.mfu is not None:
+            raise ParamscopeError("give --tokens-per-second (to get the MFU) or --mfu (to get the time), not both")
+
+
+@dataclass(frozen=True)
+class Compute:
+    """What the per-step FLOPs come to: per token, over D tokens, and against an accelerator's peak."""
+
+    per_token_forward: int
+    per_token_training: int | None  # forward + backward, model FLOPs
+    tokens: int | None
+    total: int | None  # model FLOPs for D tokens (training, or forward-only)
+    six_nd: int | None
+    parameters: int
+    accelerator: str | None
+    peak: float | None  # FLOP/s per device
+    peak_from: str | None
+    mfu: float | None
+    hfu: float | None
+    seconds: float | None  # for D tokens at --mfu on --devices
+    notes: tuple[str, ...] = field(default=())
+
+
+def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), **model_options: Any):
+    """(Report, FlopEstimate, Compute)."""
+    from ..api import as_source, inspect_with_module
+    from .training_estimate import _frozen
+
+    options.check()
+    accelerator = find_accelerator(options.gpu) if options.gpu else None
+    source = as_source(model, model_options.pop("revision", None))
+    report, module = inspect_with_module(source, **model_options)
+    text = text_config(getattr(module, "config", None))
+    limit = config_int(text, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+    seq = options.seq or min(DEFAULT_SEQ, limit or DEFAULT_SEQ)
+    if limit is not None and seq > limit and any(p.role == "embeddings.position" for p in report.params):
+        raise ParamscopeError(f"--seq {seq:,} is beyond the model's {limit:,} learned positions "
+                              "(max_position_embeddings)")
+    frozen = frozenset(_frozen(report, options.freeze)) if options.freeze else frozenset()
+    if frozen and not options.training:
+        raise ParamscopeError("--freeze is for --training")
+    checkpointing = options.grad_checkpointing == "full"
+    estimate = analytic_flops(module, report.params, batch=options.batch, seq=seq, training=options.training,
+                              checkpointing=checkpointing, causal=options.causal, frozen=frozen)
+    notes: list[str] = list(estimate.notes) if estimate else []
+    if estimate is None or options.trace:
+        traced = _traced(module, report, options, seq, frozen, checkpointing)
+        if estimate is None:
+            notes.append(f"no analytic FLOP formula for {type(module).__name__}: counted by FlopCounterMode on fake "
+                         "tensors")
+        else:
+            notes.append(_agreement(estimate, traced))
+        estimate = dataclasses.replace(traced, notes=tuple(notes) + traced.notes)
+    else:
+        estimate = dataclasses.replace(estimate, notes=tuple(notes))
+    compute = _compute(estimate, report, options, accelerator)
+    return report, estimate, compute
+
+
+def _traced(module: Any, report: Any, options: FlopOptions, seq: int, frozen: frozenset[str],
+            checkpointing: bool) -> FlopEstimate:
+    settings = StepSettings(batch=options.batch, seq=seq, precision="fp32", grad_checkpointing=checkpointing,
+                            frozen=frozen)
+    counted = count_flops(module, settings, training=options.training)
+    roles = by_role(counted.forward_by_module, module_roles(report.params))
+    attention = roles.get("attention.scores", 0)
+    notes = []
+    if options.causal == "half" and attention:
+        roles["attention.scores"] = attention // 2
+        notes.append("causal half: the traced attention term is halved")
+    terms = tuple(FlopTerm(role, value, "FlopCounterMode") for role, value in
+                  sorted(roles.items(), key=lambda kv: -kv[1]) if value)
+    forward = sum(t.flops for t in terms)
+    backward = counted.model_backward
+    recompute = counted.recompute
+    if backward is not None and options.causal == "half":
+        backward -= attention  # 2 × the halved part
+    return FlopEstimate("traced", options.batch, seq, options.causal, forward, roles.get("attention.scores", 0),
+                        terms, backward, recompute, tuple(notes))
+
+
+def _agreement(analytic: FlopEstimate, traced: FlopEstimate) -> str:
+    pairs = [("forward", analytic.forward, traced.forward), ("backward", analytic.backward, traced.backward),
+             ("recompute", analytic.recompute, traced.recompute)]
+    differing = [f"{name} {a:,} analytic vs {t:,} traced" for name, a, t in pairs if a is not None and a != t]
+    if not differing:
+        return "check: the analytic count equals FlopCounterMode's on fake tensors, term for term"
+    return "check: " + "; ".join(differing)
+
+
+def _compute(estimate: FlopEstimate, report: Any, options: FlopOptions, accelerator: Accelerator | None) -> Compute:
+    tokens = estimate.tokens
+    per_forward = estimate.forward // tokens
+    per_training = None if estimate.step is None else estimate.step // tokens
+    per_hardware = None if estimate.step is None else (estimate.step + (estimate.recompute or 0)) / tokens
+    notes = []
+    total = six_nd = None
+    parameters = report.total
+    if options.tokens is not None:
+        per = estimate.step if estimate.step is not None else estimate.forward
+        total = per * options.tokens // tokens
+        if options.training:
+            six_nd = 6 * parameters * options.tokens
+    peak = peak_from = None
+    if options.peak_tflops is not None:
+        peak, peak_from = options.peak_tflops * 1e12, "--peak-tflops"
+    elif accelerator is not None:
+        peak = peak_flops(accelerator, options.peak_dtype)
+        peak_from = f"{accelerator.name} dense {options.peak_dtype} (vendor datasheet)" if peak else None
+        if peak is None:
+            notes.append(f"no {options.peak_dtype} peak for {accelerator.name} in the table; give --peak-tflops")
+    mfu = hfu = seconds = None
+    per_model = per_training if per_training is not None else per_forward
+    if options.tokens_per_second is not None:
+        if peak is None:
+            raise ParamscopeError("--tokens-per-second needs --gpu NAME (with a peak in the table) or --peak-tflops")
+        mfu = per_model * options.tokens_per_second / (peak * options.devices)
+        if per_hardware is not None:
+            hfu = per_hardware * options.tokens_per_second / (peak * options.devices)
+    if options.mfu is not None:
+        if peak is None or options.tokens is None:
+            raise ParamscopeError("--mfu needs --tokens D and --gpu NAME (or --peak-tflops) to give a time")
+        seconds = total / (options.mfu * peak * options.devices)
+    return Compute(per_forward, per_training, options.tokens, total, six_nd, parameters,
+                   accelerator.name if accelerator else None, peak, peak_from, mfu, hfu, seconds, tuple(notes))

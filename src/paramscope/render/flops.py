@@ -1,0 +1,149 @@
+"""`paramscope flops`: a FlopEstimate and its Compute → text (rich, at a width) and → the JSON "flops" object.
+
+Pure functions of their data. FLOPs are exact integers; the scientific notation beside them is for reading only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ..explain import exact
+from ._console import indented, to_text
+
+CONVENTION = {
+    "matmul": "a matmul of m×k by k×n costs 2mnk",
+    "attention": "scores (q·kᵀ) and the weighted sum (p·v) counted in full, whatever the mask keeps",
+    "causal": "full",
+    "not_counted": "elementwise ops, norms, softmax, embedding lookups",
+    "moe": "each token passes its top-k routed experts, the shared experts and the router",
+    "backward": "model FLOPs: 2 × forward for what trains (input and weight gradients); recomputation apart",
+}
+
+
+def sci(value: float | int) -> str:
+    return f"{value:.3e}".replace("e+", "e")
+
+
+def render_flops_text(report, estimate, compute, width: int = 100, *, color: bool = False) -> str:
+    return to_text(flops_parts(report, estimate, compute), width, color)
+
+
+def flops_parts(report, estimate, compute) -> list:
+    training = estimate.backward is not None
+    title = Text(f"FLOPs of {'a training step of ' if training else 'a forward pass of '}{report.model.label} "
+                 f"({report.model.class_name}): {estimate.engine} engine", style="bold")
+    lines = [title, indented(f"batch {estimate.batch:,} × {estimate.seq:,} tokens = {estimate.tokens:,} tokens"),
+             Text(""), _terms_table(estimate), Text(""), _totals_table(estimate, compute)]
+    if compute.tokens is not None or compute.mfu is not None or compute.seconds is not None:
+        lines += [Text(""), _compute_lines(estimate, compute)]
+    for note in (*estimate.notes, *compute.notes):
+        lines.append(indented(f"note: {note}"))
+    causal = ("attention scores and weighted sum counted in full (no causal halving; FlopCounterMode's and PaLM's "
+              "convention)" if estimate.causal == "full" else
+              "attention halved for the causal mask (--causal half, Megatron's convention)")
+    lines.append(indented(f"convention: a matmul of m×k by k×n costs 2mnk; {causal}; elementwise ops, norms, "
+                          "softmax and embedding lookups are not counted"))
+    if training:
+        lines.append(indented("convention: backward is model FLOPs, 2 × forward for what trains; the recomputation "
+                              "(flash attention's scores, checkpointed layers) is hardware FLOPs, counted apart: "
+                              "MFU uses model FLOPs, HFU adds the recomputation"))
+    return lines
+
+
+def _terms_table(estimate) -> Table:
+    table = Table(title="Forward, by role", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("role", no_wrap=True)
+    table.add_column("FLOPs", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    table.add_column("share", justify="right", no_wrap=True)
+    table.add_column("how", overflow="fold", ratio=1)
+    for term in estimate.terms:
+        share = f"{100 * term.flops / estimate.forward:.1f}%" if estimate.forward else "—"
+        table.add_row(term.role, exact(term.flops), sci(term.flops), share, term.arithmetic)
+    table.add_row("forward", exact(estimate.forward), sci(estimate.forward), "100%", "", style="bold")
+    return table
+
+
+def _totals_table(estimate, compute) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("FLOPs", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    table.add_column("how", overflow="fold", ratio=1)
+    table.add_row("forward", exact(estimate.forward), sci(estimate.forward),
+                  f"of which attention {exact(estimate.attention)} (grows with S²)")
+    table.add_row("forward per token", exact(compute.per_token_forward), sci(compute.per_token_forward),
+                  f"forward ÷ {estimate.tokens:,} tokens")
+    if estimate.backward is not None:
+        ratio = estimate.backward / estimate.forward if estimate.forward else 0
+        table.add_row("backward", exact(estimate.backward), sci(estimate.backward), f"{ratio:.4f} × forward")
+        table.add_row("training step", exact(estimate.step), sci(estimate.step), "forward + backward (model FLOPs)",
+                      style="bold")
+        table.add_row("recompute", exact(estimate.recompute or 0), sci(estimate.recompute or 0),
+                      "hardware FLOPs beyond the model's")
+        table.add_row("step per token", exact(compute.per_token_training), sci(compute.per_token_training),
+                      f"{compute.per_token_training / max(compute.parameters, 1):.3f} × parameters "
+                      f"({exact(compute.parameters)}), against 6 in 6ND")
+    return table
+
+
+def _compute_lines(estimate, compute) -> Table:
+    table = Table(title="Compute", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
+    table.add_column("how", overflow="fold", ratio=1)
+    if compute.total is not None:
+        per = "step" if estimate.backward is not None else "forward"
+        table.add_row(f"{exact(compute.tokens)} tokens", sci(compute.total),
+                      f"{per} FLOPs per token × tokens = {exact(compute.total)}")
+    if compute.six_nd is not None:
+        diff = (compute.total - compute.six_nd) / compute.six_nd
+        table.add_row("6ND", sci(compute.six_nd),
+                      f"6 × {exact(compute.parameters)} parameters × tokens; the exact count is {100 * diff:+.2f}% "
+                      "(6ND counts every parameter as a matmul weight, embeddings included, and no attention)")
+    if compute.peak is not None:
+        table.add_row("peak", f"{compute.peak / 1e12:,.1f} TFLOP/s", compute.peak_from or "")
+    if compute.mfu is not None:
+        table.add_row("MFU", f"{100 * compute.mfu:.2f}%", "model FLOPs per token × tokens/s ÷ (peak × devices)")
+    if compute.hfu is not None:
+        table.add_row("HFU", f"{100 * compute.hfu:.2f}%", "with the recomputation")
+    if compute.seconds is not None:
+        table.add_row("time", _duration(compute.seconds), f"{sci(compute.total)} ÷ (MFU × peak × devices)")
+    return table
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 86400:
+        return f"{seconds / 86400:,.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} hours"
+    return f"{seconds:,.1f} s"
+
+
+def flops_to_dict(estimate, compute) -> dict[str, Any]:
+    return {
+        "engine": estimate.engine,
+        "convention": dict(CONVENTION, causal=estimate.causal),
+        "batch": estimate.batch,
+        "seq": estimate.seq,
+        "forward": estimate.forward,
+        "attention": estimate.attention,
+        "by_role": estimate.by_role,
+        "arithmetic": {t.role: t.arithmetic for t in estimate.terms},
+        "backward": estimate.backward,
+        "step": estimate.step,
+        "recompute": estimate.recompute,
+        "per_token": {"forward": compute.per_token_forward, "training": compute.per_token_training},
+        "training_compute": None if compute.total is None else {
+            "tokens": compute.tokens, "flops": compute.total, "six_nd": compute.six_nd},
+        "peak_flops": compute.peak,
+        "peak_from": compute.peak_from,
+        "mfu": compute.mfu,
+        "hfu": compute.hfu,
+        "seconds": compute.seconds,
+        "notes": [*estimate.notes, *compute.notes],
+    }

@@ -1,0 +1,173 @@
+"""`paramscope flops` (issue 11): pinned figures, the analytic engine against FlopCounterMode, compute and MFU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from paramscope.cost.flop_estimate import FlopOptions, estimate_flops
+from paramscope.errors import ParamscopeError
+
+
+def _truncated(preset: str, layers: int = 2) -> dict:
+    from paramscope.sources import resolve
+
+    config = dict(resolve(preset).config)
+    for key in ("num_hidden_layers", "n_layer"):
+        if key in config:
+            config[key] = layers
+    if "layer_types" in config:
+        config["layer_types"] = config["layer_types"][:layers]
+    return config
+
+
+# --- figures the issue pins ---------------------------------------------------------------------------------------
+
+def test_llama2_7b_forward_and_training_at_128_tokens():
+    _, estimate, _ = estimate_flops("llama-2-7b", FlopOptions(batch=1, seq=128, training=True))
+    assert estimate.forward == 1_700_001_742_848
+    assert estimate.attention == 8_589_934_592 == 32 * 4 * 128**2 * 4096
+    assert estimate.backward == 2 * estimate.forward and estimate.step == 3 * estimate.forward
+    assert estimate.recompute == estimate.attention // 2  # flash attention's backward recomputes q·kᵀ
+    assert sum(estimate.by_role.values()) == estimate.forward
+
+
+def test_mixtral_8x7b_forward_is_top2_active_weights_plus_attention():
+    _, estimate, _ = estimate_flops("mixtral-8x7b", FlopOptions(batch=1, seq=128))
+    assert estimate.forward == 3_272_228_208_640
+    assert estimate.forward == 2 * 128 * 12_748_587_008 + 8_589_934_592
+    assert estimate.by_role["moe.router"] == 2 * 128 * 32 * 8 * 4096
+
+
+def test_gpt3_175b_on_300b_tokens_and_6nd():
+    gpt3 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 12288, "n_layer": 96,
+            "n_head": 96, "n_positions": 2048, "vocab_size": 50257}
+    report, estimate, compute = estimate_flops(gpt3, FlopOptions(batch=1, seq=2048, training=True, tokens=300 * 10**9))
+    assert 174e9 < report.total < 176e9
+    assert abs(compute.six_nd - 3.14e23) / 3.14e23 < 0.005  # the paper's figure is 6ND
+    # the exact count adds attention (2·4·L·S·h per token for fwd + bwd: +7.2% at 2,048 tokens) and drops the
+    # embedding lookups (-0.36%)
+    assert compute.total > compute.six_nd
+    assert abs(compute.total / compute.six_nd - 1 - (12 * 96 * 2048 * 12288 / (6 * report.total)
+                                                    - 6 * (50257 + 2048) * 12288 / (6 * report.total)
+                                                    + 6 * 50257 * 12288 / (6 * report.total))) < 1e-3
+
+
+# --- the two engines agree exactly --------------------------------------------------------------------------------
+
+FAMILIES = ["llama-3-8b", "mistral-7b", "qwen2.5-0.5b", "gemma-2b", "gemma-2-2b", "phi-3-mini", "gpt2",
+            "pythia-160m", "gpt-j-6b", "bert-base-uncased", "roberta-base", "distilbert", "electra-base",
+            "modernbert-base", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "deepseek-v3"]
+
+
+@pytest.mark.parametrize("preset", FAMILIES)
+def test_analytic_equals_flopcountermode(preset):
+    layers = 4 if preset == "deepseek-v3" else 2  # DeepSeek-V3's first 3 layers are dense
+    config = _truncated(preset, layers)
+    if preset == "deepseek-v3":
+        config["first_k_dense_replace"] = 1
+    for training, checkpointing in ((False, "none"), (True, "none"), (True, "full")):
+        _, estimate, _ = estimate_flops(config, FlopOptions(batch=2, seq=64, training=training,
+                                                             grad_checkpointing=checkpointing, trace=True))
+        assert estimate.engine == "traced"
+        assert estimate.notes[0] == "check: the analytic count equals FlopCounterMode's on fake tensors, term for term"
+
+
+def test_a_class_without_a_formula_is_traced():
+    _, estimate, _ = estimate_flops("t5-small", FlopOptions(batch=1, seq=64, training=True))
+    assert estimate.engine == "traced" and estimate.backward > estimate.forward
+    assert any("no analytic FLOP formula for T5ForConditionalGeneration" in n for n in estimate.notes)
+
+
+def test_real_mixtral_with_eager_experts_and_real_routing():
+    """FlopCounterMode on a real step, real routing: exactly 2·tokens·active matmul weights + attention."""
+    import torch
+    import transformers
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from paramscope.cost.flop_count import _missing_formulas
+
+    config = transformers.MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                                        num_local_experts=4, num_experts_per_tok=2)
+    config._experts_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(config).eval()
+    ids = torch.randint(0, 300, (2, 32))
+    counter = FlopCounterMode(display=False, custom_mapping=_missing_formulas())
+    with counter, torch.no_grad():
+        model(input_ids=ids)
+    _, estimate, _ = estimate_flops(config, FlopOptions(batch=2, seq=32), model_class="MixtralForCausalLM")
+    assert counter.get_total_flops() == estimate.forward
+
+
+def test_frozen_weights_skip_their_gradients():
+    options = FlopOptions(batch=1, seq=64, training=True, freeze=("embeddings", "head"))
+    _, estimate, _ = estimate_flops(_truncated("llama-3-8b"), options)
+    head = estimate.by_role["head.lm"]
+    assert estimate.backward == 2 * estimate.forward - head
+    _, traced, _ = estimate_flops(_truncated("llama-3-8b"), FlopOptions(**{**options.__dict__, "trace": True}))
+    assert traced.backward == estimate.backward
+
+
+def test_causal_half_halves_attention_only():
+    _, full, _ = estimate_flops("llama-2-7b", FlopOptions(seq=128))
+    _, half, _ = estimate_flops("llama-2-7b", FlopOptions(seq=128, causal="half"))
+    assert full.forward - half.forward == full.attention // 2
+
+
+def test_mfu_and_time():
+    _, estimate, compute = estimate_flops("llama-3-8b", FlopOptions(
+        seq=2048, training=True, tokens=10**9, gpu="h100", tokens_per_second=8 * 3000, devices=8))
+    per_token = estimate.step // estimate.tokens
+    assert compute.peak == 989.4e12
+    assert compute.mfu == pytest.approx(per_token * 24000 / (989.4e12 * 8))
+    _, _, timed = estimate_flops("llama-3-8b", FlopOptions(seq=2048, training=True, tokens=10**9, gpu="h100",
+                                                          mfu=0.4, devices=8))
+    assert timed.seconds == pytest.approx(timed.total / (0.4 * 989.4e12 * 8))
+    with pytest.raises(ParamscopeError, match="--tokens-per-second needs"):
+        estimate_flops("gpt2", FlopOptions(seq=128, tokens_per_second=100.0))
+
+
+# --- the command --------------------------------------------------------------------------------------------------
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "paramscope", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_json_contract():
+    result = _cli("flops", "llama-2-7b", "--seq", "128", "--training", "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["schema_version"] == 3
+    flops = document["flops"]
+    assert flops["forward"] == 1_700_001_742_848 and flops["attention"] == 8_589_934_592
+    assert sum(flops["by_role"].values()) == flops["forward"]
+    assert flops["backward"] == 2 * flops["forward"] and flops["step"] == 3 * flops["forward"]
+    assert flops["per_token"] == {"forward": flops["forward"] // 128, "training": flops["step"] // 128}
+    assert flops["convention"]["causal"] == "full" and flops["engine"] == "analytic"
+
+
+def test_cli_text_states_the_convention():
+    result = _cli("flops", "gpt2", "--seq", "1024", "--training", "--tokens", "1e9", "--gpu", "a100",
+                  "--mfu", "0.4", "--width", "250")
+    assert result.returncode == 0, result.stderr
+    assert "2mnk" in result.stdout and "no causal halving" in result.stdout and "6ND" in result.stdout
+    assert "time" in result.stdout
+
+
+@pytest.mark.parametrize("args, named", [
+    (("--seq", "0"), "--seq"),
+    (("--gpu", "abacus"), "'abacus'"),
+    (("--mfu", "2"), "--mfu"),
+    (("--tokens", "-3"), "--tokens"),
+    (("--freeze", "embeddings"), "--training"),
+    (("--seq", "2048"), "1,024 learned positions"),
+])
+def test_cli_bad_options_give_one_line(args, named):
+    result = _cli("flops", "gpt2", *args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and named in result.stderr
