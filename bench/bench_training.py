@@ -24,11 +24,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("presets", nargs="*")
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--seq", type=int, default=None, help="default: 2,048, or the model's maximum")
     parser.add_argument("--precision", default="bf16-mixed")
     parser.add_argument("--grad-checkpointing", default="none")
     args = parser.parse_args()
-    print(f"batch {args.batch} × {args.seq} tokens, {args.precision}, AdamW (fused), checkpointing "
+    print(f"batch {args.batch} × {args.seq or '2,048 (or the model maximum)'} tokens, {args.precision}, AdamW (fused), checkpointing "
           f"{args.grad_checkpointing}")
     print(f"{'preset':<20} {'traced peak':>17} {'phase':<15} {'analytic peak':>17} {'diff':>8} {'trace s':>8}")
     for name in args.presets or DEFAULT:
