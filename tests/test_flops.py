@@ -56,6 +56,21 @@ def test_gpt3_175b_on_300b_tokens_and_6nd():
                                                     + 6 * 50257 * 12288 / (6 * report.total))) < 1e-3
 
 
+def test_nanogpt_gpt2_sizing_notebook_forward_at_1024_tokens():
+    """nanoGPT's scaling_laws/transformer_sizing.ipynb counts the same way (2mnk, attention in full, no biases)."""
+    n_embd, n_head, n_layer, block, vocab = 768, 12, 12, 1024, 50257
+    kqv = 2 * block * (n_embd * 3 * n_embd)
+    scores = 2 * block * block * n_embd
+    reduce = 2 * n_head * (block * block * (n_embd // n_head))
+    proj = 2 * block * (n_embd * n_embd)
+    mlp = 2 * block * (n_embd * 4 * n_embd) * 2
+    dense = 2 * block * (n_embd * vocab)
+    forward_total = n_layer * (kqv + scores + reduce + proj + mlp) + dense
+    assert forward_total == 291_648_307_200
+    _, estimate, _ = estimate_flops("gpt2", FlopOptions(batch=1, seq=1024))
+    assert estimate.forward == forward_total
+
+
 # --- the two engines agree exactly --------------------------------------------------------------------------------
 
 FAMILIES = ["llama-3-8b", "mistral-7b", "qwen2.5-0.5b", "gemma-2b", "gemma-2-2b", "phi-3-mini", "gpt2",

@@ -141,6 +141,15 @@ def test_analytic_peak_within_3_percent_of_the_trace(preset, precision, checkpoi
     assert any(note.startswith("check: the analytic peak") for note in estimate.notes)
 
 
+def test_each_traced_layer_keeps_what_the_analytic_layer_term_says():
+    _, estimate = estimate_training(_truncated("llama-3-8b", layers=3), TrainingOptions(
+        batch=1, seq=256, precision="fp32", trace=True))
+    layers = [value for path, value in estimate.training.traced.kept_by_module if path.startswith("model.layers.")
+              and path.count(".") == 2]
+    tokens, h, q, kv, i, heads = 256, 4096, 4096, 1024, 14336, 32
+    assert layers == [tokens * (24 * h + 8 * q + 8 * kv + 16 * i + 4 * heads + 8)] * 3
+
+
 def test_model_states_agree_with_the_trace_to_the_byte():
     _, estimate = estimate_training(_truncated("qwen2.5-0.5b"), TrainingOptions(
         batch=1, seq=64, precision="fp32", trace=True))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import inspect
 import itertools
+import re
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -51,6 +52,9 @@ class TracedStep:
     phases: tuple[PhasePeak, ...]
     attention: str
     notes: tuple[str, ...] = field(default=())
+    # (module path below the model, activation bytes it leaves allocated when its forward returns), in call
+    # order: the top-level modules, each layer, and the first layer's own modules
+    kept_by_module: tuple[tuple[str, int], ...] = ()
 
     @property
     def peak(self) -> PhasePeak:
@@ -124,6 +128,7 @@ def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) ->
                 loss = forward()
                 end_of_forward = _current(tracker)
                 forward_peak = _peak(tracker, "forward")
+                kept = _kept_by_module(tracker, type(model).__name__)
                 _restart_peak(tracker)
                 loss.backward()
                 del loss
@@ -137,7 +142,7 @@ def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) ->
                 else:
                     model.zero_grad(set_to_none=True)
     del torch
-    return TracedStep("training", resident, end_of_forward, tuple(phases), attention_of(model), tuple(notes))
+    return TracedStep("training", resident, end_of_forward, tuple(phases), attention_of(model), tuple(notes), kept)
 
 
 def trace_inference(module: Any, settings: StepSettings, *, fake: bool = True) -> TracedStep:
@@ -427,6 +432,37 @@ def _tracker(model: Any, optimizer: Any) -> Any:
             tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
     tracker.track_external(model, optimizer)
     return tracker
+
+
+def _kept_by_module(tracker: Any, root: str) -> tuple[tuple[str, int], ...]:
+    """Activation bytes each module leaves allocated when its forward returns (its output and what it saved),
+    for the modules one or two levels down, every layer, and the first layer's own modules."""
+    rows: list[tuple[str, int]] = []
+    first_layer: str | None = None
+    for stats in tracker.memory_tracking.values():
+        path = stats.mod_fqn[len(root) + 1:] if stats.mod_fqn.startswith(root + ".") else ""
+        if not path:
+            continue
+        depth = path.count(".")
+        layer = re.match(r"^(.*?\.\d+)$", path)
+        if layer and first_layer is None:
+            first_layer = path
+        inside_first = first_layer is not None and path.startswith(first_layer + ".") and \
+            path.count(".") == first_layer.count(".") + 1
+        if depth <= 1 or layer or inside_first:
+            before = _activations(stats.snapshots, "Pre-Forward")
+            after = _activations(stats.snapshots, "Post-Forward")
+            if before is not None and after is not None:
+                rows.append((path, after - before))
+    return tuple(rows)
+
+
+def _activations(snapshots: dict[Any, list], state: str) -> int | None:
+    for key, values in snapshots.items():
+        if getattr(key, "value", str(key)) == state and values:
+            return sum(v for device in values[0].values() for k, v in device.items()
+                       if getattr(k, "value", str(k)) == "Activation")
+    return None
 
 
 def _restart_peak(tracker: Any) -> None:

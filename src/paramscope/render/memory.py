@@ -199,6 +199,8 @@ def training_parts(report, estimate) -> list:
         lines.append(indented(f"frozen: {exact(states.frozen)} parameters in {len(detail.frozen)} tensors "
                               f"({', '.join(settings['freeze'])}); {exact(states.trainable)} train"))
     lines += [Text(""), _training_totals(estimate), Text(""), _phases_table(estimate)]
+    if detail.traced is not None and detail.traced.kept_by_module:
+        lines += [Text(""), _kept_table(detail.traced)]
     if detail.per_device is not None:
         lines.append(_per_device_table(estimate))
     lines.append(_fits_table(estimate))
@@ -263,6 +265,49 @@ def _phases_table(estimate) -> Table:
     return table
 
 
+def _kept_table(traced) -> Table:
+    """Activations by module: what each leaves allocated as its forward returns; identical layers folded."""
+    import re
+
+    table = Table(title="Activations by module (traced)", title_justify="left",
+                  caption="what each module's forward leaves allocated, its output included", caption_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("module", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    rows = list(traced.kept_by_module)
+    index = 0
+    while index < len(rows):
+        path, value = rows[index]
+        match = re.match(r"^(.*)\.(\d+)$", path)
+        if match:
+            run = [index]
+            probe = index + 1
+            while probe < len(rows):
+                other, other_value = rows[probe]
+                if other.startswith(path + "."):
+                    probe += 1
+                    continue
+                same = re.match(r"^(.*)\.(\d+)$", other)
+                if same and same.group(1) == match.group(1) and other_value == value:
+                    run.append(probe)
+                    probe += 1
+                    continue
+                break
+            last = re.match(r"^(.*)\.(\d+)$", rows[run[-1]][0]).group(2)
+            label = path if len(run) == 1 else f"{match.group(1)}.{match.group(2)}–{last} (each)"
+            table.add_row(label, exact(value), binary(value), style="bold" if len(run) > 1 else None)
+            for child, child_value in rows[index + 1:]:
+                if not child.startswith(path + "."):
+                    break
+                table.add_row("  " + child[len(path) + 1:], exact(child_value), binary(child_value))
+            index = probe
+            continue
+        table.add_row(path, exact(value), binary(value))
+        index += 1
+    return table
+
+
 def _per_device_table(estimate) -> Table:
     settings, shares = estimate.settings, estimate.training.per_device
     table = Table(title=f"Per device: ZeRO stage {settings['zero']} over {settings['devices']:,} devices (each with its "
@@ -322,7 +367,9 @@ def memory_to_dict(estimate) -> dict[str, Any]:
                    for p in training.phases] if training else None,
         "traced": None if not training or training.traced is None else {
             "peak": training.traced.peak.bytes, "phase": training.traced.peak.phase,
-            "by_category": dict(training.by_category), "analytic_peak": training.analytic_peak},
+            "by_category": dict(training.by_category), "analytic_peak": training.analytic_peak,
+            "activations_by_module": [{"module": path, "bytes": value}
+                                      for path, value in training.traced.kept_by_module]},
         "trainable_parameters": training.states.trainable if training else None,
         "frozen_parameters": training.states.frozen if training else None,
         "reserve": estimate.reserve,
