@@ -13,14 +13,14 @@ from typing import Sequence
 
 from .. import __version__
 from ..errors import ParamscopeError
-from . import audit, compare, diff, flops, formula, inspect, memory, presets
+from . import audit, compare, diff, flops, formula, inspect, memory, plan, presets
 
 EXIT_INTERNAL = 1
 DEFAULT_COMMAND = "inspect"  # `paramscope bert-base-uncased` is `paramscope inspect bert-base-uncased`
 
 # In the order `paramscope --help` lists them.
 COMMANDS = {"inspect": inspect, "presets": presets, "formula": formula, "diff": diff, "compare": compare,
-            "audit": audit, "memory": memory, "flops": flops}
+            "audit": audit, "memory": memory, "flops": flops, "plan": plan}
 
 
 def build_parser() -> argparse.ArgumentParser:

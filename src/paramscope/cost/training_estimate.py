@@ -10,7 +10,6 @@ fake tensors. With --trace the analytic answer, where there is one, is shown bes
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +106,8 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
         source = as_source(model, model_options.pop("revision", None))
         report, module = inspect_with_module(source, dtype=dtype, **model_options)
     frozen = _frozen(report, options.freeze)
+    if live:  # a user's module (a PEFT model, a half-frozen one) trains what its requires_grad flags say
+        frozen = sorted(set(frozen) | {p.name for p in report.params if not p.trainable})
     trainable = frozenset(p.name for p in report.params) - frozenset(frozen)
     states = model_states(report.params, precision=precision, optimizer=optimizer, trainable=trainable)
     fmt = weight_format({"float32": "fp32", "bfloat16": "bf16"}[dtype])
@@ -130,8 +131,9 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
 
     attention = options.attention or attention_of(module) or "sdpa"
     class_name = type(module).__name__
+    adapters = type(module).__module__.startswith("peft")  # adapters add their own activations: traced
     analytic = training_activations(text, class_name, batch=options.batch, seq=seq, **shape) \
-        if attention == "sdpa" else None
+        if attention == "sdpa" and not adapters else None
     if analytic is None and recipe_for(text, class_name) is not None and attention != "sdpa":
         notes.append(f"the analytic recipe is for sdpa; attention {attention} is traced")
 
@@ -236,20 +238,13 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     return report, estimate
 
 
-def _frozen(report: Any, patterns: tuple[str, ...]) -> list[str]:
+def _frozen(report: Any, patterns: tuple[str, ...], flag: str = "--freeze") -> list[str]:
     """Parameter names matched by each --freeze pattern: a role (or role prefix) or a glob over names."""
+    from ..selection import match_parameters
+
     frozen: set[str] = set()
     for pattern in patterns:
-        text = str(pattern).strip()
-        roles = (text, text + "s")  # "embedding" names the "embeddings" roles too
-        hits = [p.name for p in report.params
-                if any(p.role == r or p.role.startswith(r + ".") for r in roles) or fnmatch.fnmatchcase(p.name, text)
-                or any(fnmatch.fnmatchcase(alias, text) for alias in p.aliases)]
-        if not text or not hits:
-            roles = sorted({p.role.split(".")[0] for p in report.params})
-            raise ParamscopeError(f"--freeze {text[:60]!r} matches no parameter; give a role ({', '.join(roles)}) "
-                                  "or a glob over parameter names (model.layers.0.*)")
-        frozen.update(hits)
+        frozen.update(match_parameters(report.params, pattern, flag=flag))
     return sorted(frozen)
 
 

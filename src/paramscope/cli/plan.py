@@ -1,0 +1,97 @@
+"""`paramscope plan MODEL`: which parameters a fine-tuning plan trains, as PEFT counts them, and its memory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ._common import add_debug_option, add_model_options, add_width_option, checked_width, use_color, write
+
+
+class _Rule(argparse.Action):
+    """Keeps --train, --freeze and --train-last in the order given, in one list."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        rules = list(getattr(namespace, "rules", None) or [])
+        rules.append((option_string.lstrip("-"), values))
+        namespace.rules = rules
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="a fine-tuning plan: what trains (freezing rules, LoRA/DoRA via PEFT) and its memory",
+        description="Which parameters a fine-tuning plan trains, exactly as PEFT counts them (adapters are applied "
+                    "by PEFT itself on the meta device), by role, and the plan's training memory.")
+    parser.add_argument("model", metavar="MODEL",
+                        help="preset name, config.json path, model directory, or hub id (org/name)")
+    add_model_options(parser)
+    parser.set_defaults(rules=[])
+    parser.add_argument("--train", action=_Rule, metavar="PATTERN",
+                        help="train what PATTERN names: a role (head.classifier, attention, embeddings) or a glob "
+                             "over parameter names; as the first rule, everything else starts frozen")
+    parser.add_argument("--freeze", action=_Rule, metavar="PATTERN", help="freeze what PATTERN names")
+    parser.add_argument("--train-last", action=_Rule, metavar="K", help="train the last K blocks")
+    parser.add_argument("--lora", type=int, metavar="R", help="LoRA adapters of rank R (PEFT)")
+    parser.add_argument("--alpha", type=int, metavar="A", help="LoRA alpha (PEFT's default 8)")
+    parser.add_argument("--dropout", type=float, default=0.0, metavar="P", help="LoRA dropout (default 0)")
+    parser.add_argument("--target", metavar="NAMES",
+                        help="comma-separated module names, or all-linear (default: PEFT's for the architecture)")
+    parser.add_argument("--dora", action="store_true", help="DoRA: LoRA with a learned magnitude per output")
+    parser.add_argument("--rslora", action="store_true", help="rank-stabilised LoRA scaling (same parameters)")
+    parser.add_argument("--modules-to-save", metavar="NAMES", help="comma-separated modules trained in full")
+    memory = parser.add_argument_group("the plan's training memory")
+    memory.add_argument("--batch", type=int, default=1, metavar="B")
+    memory.add_argument("--seq", type=int, metavar="S", help="default: 2,048, or the model's maximum when shorter")
+    memory.add_argument("--precision", default="bf16-mixed", metavar="P",
+                        help="bf16-mixed (default), fp16-mixed, fp32, bf16-pure")
+    memory.add_argument("--optimizer", default="adamw", metavar="NAME")
+    memory.add_argument("--grad-checkpointing", default="none", choices=("none", "full"))
+    memory.add_argument("--gpu", metavar="NAME", help="answer for one accelerator")
+    memory.add_argument("--budget", metavar="SIZE", help="answer for a memory budget (24GiB, …)")
+    memory.add_argument("--no-memory", action="store_true",
+                        help="counts only (adapters' memory needs a traced step: seconds to a minute)")
+    parser.add_argument("--json", action="store_true", help="print the JSON report with its \"plan\" object")
+    add_width_option(parser)
+    add_debug_option(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..api import as_source, inspect_with_module
+    from ..cost.dtypes import parse_bytes
+    from ..cost.training_estimate import TrainingOptions, estimate_training
+    from ..errors import ParamscopeError
+    from ..plan import PlanOptions, make_plan
+    from ..sources import resolve
+
+    width = None if args.json else checked_width(args)
+    split = lambda text: tuple(t.strip() for t in text.split(",") if t.strip()) if text else None  # noqa: E731
+    options = PlanOptions(rules=tuple(args.rules), lora=args.lora, alpha=args.alpha, dropout=args.dropout,
+                          target=split(args.target), dora=args.dora, rslora=args.rslora,
+                          modules_to_save=split(args.modules_to_save) or ())
+    options.check()
+    if args.gpu and args.budget:
+        raise ParamscopeError("give --gpu or --budget, not both")
+    training = TrainingOptions(batch=args.batch, seq=args.seq, optimizer=args.optimizer, precision=args.precision,
+                               grad_checkpointing=args.grad_checkpointing, gpu=args.gpu,
+                               budget=parse_bytes(args.budget) if args.budget else None)
+    training.check()
+    source = resolve(args.model, revision=args.revision)
+    report, module = inspect_with_module(as_source(source), model_class=args.model_class, task=args.task,
+                                         num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
+    plan = make_plan(report, module, options)
+    estimate = None
+    if not args.no_memory:
+        _, estimate = estimate_training(plan.module, training)
+    if args.json:
+        from ..render.json import report_to_dict
+        from ..render.plan import plan_to_dict
+
+        document = report_to_dict(report)
+        document["plan"] = plan_to_dict(plan, estimate)
+        write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        return 0
+    from ..render.plan import render_plan_text
+
+    write(render_plan_text(report, plan, estimate, width, color=use_color()))
+    return 0

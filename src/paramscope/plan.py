@@ -1,0 +1,188 @@
+"""Fine-tuning plans: which parameters train, exactly as PEFT counts them, and what the plan's step costs.
+
+    input → meta build (Report, module) → rules in the order given (--train / --freeze / --train-last) →
+    adapters applied by PEFT itself on the meta device (--lora, --dora, --rslora, --modules-to-save) →
+    counts by role (PEFT's own trainable and total) → the plan's training memory (cost/training_estimate.py)
+
+Rules: a pattern is a role or role group ("head.classifier", "embeddings", "attention") or a glob over parameter
+names. When the first rule trains something, everything else starts frozen; when it freezes something,
+everything else starts trainable. Each later rule overrides the earlier ones for what it names, and the report
+echoes what each matched. With adapters, PEFT freezes the base first and the rules then apply to the base.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ParamscopeError
+from .selection import last_blocks, match_parameters
+
+TASK_TYPES = (("ForCausalLM", "CAUSAL_LM"), ("LMHeadModel", "CAUSAL_LM"), ("ForSequenceClassification", "SEQ_CLS"),
+              ("ForTokenClassification", "TOKEN_CLS"), ("ForConditionalGeneration", "SEQ_2_SEQ_LM"),
+              ("ForQuestionAnswering", "QUESTION_ANS"))
+MAX_RANK = 1 << 16
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    rules: tuple[tuple[str, str], ...] = ()  # ("train" | "freeze" | "train-last", pattern or K), in order
+    lora: int | None = None  # the rank r
+    alpha: int | None = None  # PEFT's default: 8
+    dropout: float = 0.0
+    target: tuple[str, ...] | None = None  # module names, ("all-linear",), or None: PEFT's default for the model
+    dora: bool = False
+    rslora: bool = False
+    modules_to_save: tuple[str, ...] = ()
+
+    def check(self) -> None:
+        if self.lora is not None and not 1 <= self.lora <= MAX_RANK:
+            raise ParamscopeError(f"--lora must be a rank between 1 and {MAX_RANK:,}, got {self.lora}")
+        if self.lora is None and (self.dora or self.rslora or self.target or self.modules_to_save
+                                  or self.alpha is not None):
+            raise ParamscopeError("--alpha, --target, --dora, --rslora and --modules-to-save need --lora R")
+        if not 0 <= self.dropout < 1:
+            raise ParamscopeError(f"--dropout must be in [0, 1), got {self.dropout}")
+        for kind, value in self.rules:
+            if kind == "train-last":
+                try:
+                    int(value)
+                except ValueError:
+                    raise ParamscopeError(f"--train-last takes a number of blocks, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class RuleMatch:
+    action: str  # "train" | "freeze"
+    pattern: str
+    tensors: int
+    parameters: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    method: str  # "full" | "freeze" | "lora" | "dora"
+    rules: tuple[RuleMatch, ...]
+    targets: tuple[str, ...]  # adapter target modules as PEFT resolved them
+    trainable: int
+    frozen: int
+    adapter: int  # parameters the adapters add
+    total: int  # base + adapters, as PEFT counts
+    by_role: dict[str, tuple[int, int]]  # role → (trainable, frozen)
+    module: Any = field(repr=False, compare=False, default=None)  # the meta module with the plan applied
+    peft_counts: tuple[int, int] | None = None  # PEFT's get_nb_trainable_parameters(), where adapters are used
+
+
+def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
+    """Apply the plan to a copy of `module` (built on meta) and count, by role."""
+    import torch
+
+    options.check()
+    model = copy.deepcopy(module)
+    params = {p.name: p for p in report.params}
+    peft_counts = None
+    targets: tuple[str, ...] = ()
+    if options.lora is not None:
+        model, targets = _with_adapters(model, options)
+        peft_counts = tuple(model.get_nb_trainable_parameters())
+    trainable = _apply_rules(model, report, options.rules, adapters=options.lora is not None)
+    by_role: dict[str, list[int]] = {}
+    adapter = 0
+    seen: set[int] = set()
+    total = n_trainable = 0
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        role, is_adapter = _role_of(name, params)
+        numel = param.numel()
+        adapter += numel if is_adapter else 0
+        entry = by_role.setdefault(role, [0, 0])
+        entry[0 if param.requires_grad else 1] += numel
+        total += numel
+        n_trainable += numel if param.requires_grad else 0
+    del torch
+    method = "full" if options.lora is None and not options.rules else (
+        ("dora" if options.dora else "lora") if options.lora is not None else "freeze")
+    return Plan(method, trainable, targets, n_trainable, total - n_trainable, adapter, total,
+                {k: (v[0], v[1]) for k, v in sorted(by_role.items())}, model, peft_counts)
+
+
+def _apply_rules(model: Any, report: Any, rules: tuple[tuple[str, str], ...], *, adapters: bool) -> tuple[RuleMatch, ...]:
+    """Set requires_grad on the base parameters rule by rule; returns what each rule matched."""
+    if not rules:
+        return ()
+    by_base_name = _base_parameters(model)
+    first_trains = rules[0][0] in ("train", "train-last")
+    if not adapters:
+        for param in by_base_name.values():
+            param.requires_grad_(not first_trains)
+    matches = []
+    numel = {p.name: p.numel for p in report.params}
+    for kind, value in rules:
+        if kind == "train-last":
+            names, described = last_blocks(report.params, int(value))
+            action, pattern = "train", f"last {value} blocks ({described})"
+        else:
+            names = match_parameters(report.params, value, flag=f"--{kind}")
+            action, pattern = kind, value
+        for name in names:
+            param = by_base_name.get(name)
+            if param is not None:
+                param.requires_grad_(action == "train")
+        matches.append(RuleMatch(action, pattern, len(names), sum(numel[n] for n in names)))
+    return tuple(matches)
+
+
+def _base_parameters(model: Any) -> dict[str, Any]:
+    """The base model's parameters under their names before PEFT wrapped them."""
+    return {_base_name(name): param for name, param in model.named_parameters()}
+
+
+def _base_name(name: str) -> str:
+    name = re.sub(r"^base_model\.model\.", "", name)
+    return name.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".") \
+        .replace(".original_module.", ".")
+
+
+def _role_of(name: str, params: dict[str, Any]) -> tuple[str, bool]:
+    """(role, is an adapter) of a parameter of the planned model."""
+    adapter = re.search(r"\.(lora_[A-Za-z_]+|lora_magnitude_vector)\.", name + ".")
+    if adapter:
+        kind = adapter.group(1)
+        return ("adapter.dora_magnitude" if "magnitude" in kind else f"adapter.{kind}"), True
+    base = _base_name(name)
+    param = params.get(base)
+    if param is None:
+        param = next((p for p in params.values() if base in p.aliases), None)
+    return (param.role if param is not None else "other"), False
+
+
+def _with_adapters(model: Any, options: PlanOptions) -> tuple[Any, tuple[str, ...]]:
+    import torch
+
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ParamscopeError("--lora needs PEFT: pip install peft") from None
+    task_type = next((task for suffix, task in TASK_TYPES if type(model).__name__.endswith(suffix)), None)
+    target: Any = None
+    if options.target:
+        target = "all-linear" if options.target == ("all-linear",) else list(options.target)
+    config = LoraConfig(r=options.lora, lora_alpha=options.alpha if options.alpha is not None else 8,
+                        lora_dropout=options.dropout, target_modules=target, use_dora=options.dora,
+                        use_rslora=options.rslora, modules_to_save=list(options.modules_to_save) or None,
+                        task_type=task_type)
+    import warnings
+
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # PEFT calling transformers' renamed helpers
+            wrapped = get_peft_model(model, config)
+    except ValueError as err:  # PEFT's own message: no default targets for this model, a target not found, …
+        raise ParamscopeError(f"PEFT: {str(err).strip().splitlines()[0][:200]}") from None
+    resolved = wrapped.peft_config["default"].target_modules
+    targets = tuple(sorted(resolved)) if isinstance(resolved, (set, list, tuple)) else (str(resolved),)
+    return wrapped, targets

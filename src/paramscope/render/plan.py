@@ -1,0 +1,97 @@
+"""`paramscope plan`: a Plan (and its training memory) → text (rich, at a width) and → the JSON "plan" object."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ..explain import exact
+from ._console import indented, to_text
+from .memory import binary, memory_to_dict
+
+
+def render_plan_text(report, plan, estimate, width: int = 100, *, color: bool = False) -> str:
+    return to_text(plan_parts(report, plan, estimate), width, color)
+
+
+def _share(part: int, total: int) -> str:
+    return f"{100 * part / total:.4g}%" if total else "—"
+
+
+def plan_parts(report, plan, estimate) -> list:
+    lines: list = [Text(f"Fine-tuning plan for {report.model.label} ({report.model.class_name}): {plan.method}",
+                        style="bold")]
+    if plan.rules:
+        first = plan.rules[0]
+        start = "everything else starts frozen" if first.action == "train" else "everything else starts trainable"
+        for index, rule in enumerate(plan.rules):
+            lines.append(indented(f"rule {index + 1}: {rule.action} {rule.pattern} → {rule.tensors} tensors, "
+                                  f"{exact(rule.parameters)} parameters" + (f" ({start})" if index == 0 else "")))
+    if plan.targets:
+        lines.append(indented(f"adapters on: {', '.join(plan.targets)} (as PEFT resolved them)"))
+    lines.append(indented(f"trainable {exact(plan.trainable)} of {exact(plan.total)} ({_share(plan.trainable, plan.total)})"
+                          f"; frozen {exact(plan.frozen)}; adapter parameters {exact(plan.adapter)}"
+                          + ("; total includes the adapters, as PEFT counts" if plan.adapter else "")))
+    if plan.peft_counts is not None:
+        same = plan.peft_counts == (plan.trainable, plan.total)
+        lines.append(indented(f"PEFT's get_nb_trainable_parameters(): {exact(plan.peft_counts[0])} of "
+                              f"{exact(plan.peft_counts[1])}" + (" (the same)" if same else " (differs!)")))
+    lines += [Text(""), _roles_table(plan)]
+    if estimate is not None:
+        lines += [Text(""), _memory_table(estimate)]
+        for note in estimate.notes:
+            lines.append(indented(f"note: {note}"))
+    return lines
+
+
+def _roles_table(plan) -> Table:
+    table = Table(title="By role", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("role", no_wrap=True)
+    table.add_column("trainable", justify="right", no_wrap=True)
+    table.add_column("frozen", justify="right", no_wrap=True)
+    for role, (trainable, frozen) in plan.by_role.items():
+        table.add_row(role, exact(trainable), exact(frozen), style="bold" if trainable else None)
+    table.add_row("total", exact(plan.trainable), exact(plan.frozen), style="bold")
+    return table
+
+
+def _memory_table(estimate) -> Table:
+    settings, detail = estimate.settings, estimate.training
+    table = Table(title=f"Training memory ({estimate.engine} engine)", title_justify="left",
+                  caption=f"{settings['precision']}, {settings['optimizer']}, batch {settings['batch']:,} × "
+                          f"{settings['seq']:,} tokens; details: paramscope memory --training",
+                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    states = detail.states
+    for label, value in (("weights", states.weights.bytes), ("gradients", states.gradients.bytes),
+                         ("optimizer states", states.optimizer.bytes), ("activations saved", estimate.activations.bytes)):
+        table.add_row(label, exact(value), binary(value))
+    table.add_row(f"peak ({estimate.peak_phase})", exact(estimate.peak), binary(estimate.peak), style="bold")
+    if estimate.budget is not None:
+        fit = estimate.budget
+        table.add_row(f"on {fit.accelerator.name}", "fits" if fit.fits else "does not fit",
+                      f"largest batch {fit.largest_batch if fit.largest_batch is not None else '—'}")
+    return table
+
+
+def plan_to_dict(plan, estimate) -> dict[str, Any]:
+    return {
+        "method": plan.method,
+        "rules": [{"action": r.action, "pattern": r.pattern, "tensors": r.tensors, "parameters": r.parameters}
+                  for r in plan.rules],
+        "targets": list(plan.targets),
+        "trainable": plan.trainable,
+        "frozen": plan.frozen,
+        "adapter": plan.adapter,
+        "total": plan.total,
+        "by_role": {role: {"trainable": t, "frozen": f} for role, (t, f) in plan.by_role.items()},
+        "peft_counts": None if plan.peft_counts is None else {"trainable": plan.peft_counts[0],
+                                                             "total": plan.peft_counts[1]},
+        "memory": None if estimate is None else memory_to_dict(estimate),
+        "flops": None,
+    }

@@ -1,0 +1,52 @@
+"""Which parameters a pattern names: a role or role group ("embeddings", "attention", "head.classifier") or a glob
+over parameter names ("*.layer.1[01].*"), and "the last K blocks".
+
+Used by `memory --training --freeze`, `flops --freeze` and `plan`'s rules, so a pattern means the same everywhere.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections import Counter
+from typing import Any, Iterable
+
+from .errors import ParamscopeError
+
+
+def match_parameters(params: Iterable[Any], pattern: str, *, flag: str = "--freeze") -> list[str]:
+    """Canonical names of the parameters `pattern` names; raises, listing the roles, when it names none."""
+    params = list(params)
+    text = str(pattern).strip()
+    roles = (text, text + "s")  # "embedding" names the "embeddings" roles too
+    hits = [p.name for p in params
+            if any(p.role == r or p.role.startswith(r + ".") for r in roles) or fnmatch.fnmatchcase(p.name, text)
+            or any(fnmatch.fnmatchcase(alias, text) for alias in p.aliases)]
+    if not text or not hits:
+        groups = sorted({p.role.split(".")[0] for p in params})
+        raise ParamscopeError(f"{flag} {text[:60]!r} matches no parameter; give a role ({', '.join(groups)}) or a "
+                              "glob over parameter names (model.layers.0.*)")
+    return hits
+
+
+def last_blocks(params: Iterable[Any], count: int) -> tuple[list[str], str]:
+    """Names of the parameters in the last `count` blocks of the model's longest run of numbered blocks, and a
+    description ("model.layers.20–23")."""
+    params = list(params)
+    prefixes: Counter[str] = Counter()
+    indices: dict[str, set[int]] = {}
+    for p in params:
+        match = re.match(r"^(.*?)\.(\d+)\.", p.name)
+        if match:
+            prefixes[match.group(1)] += 1
+            indices.setdefault(match.group(1), set()).add(int(match.group(2)))
+    if not prefixes:
+        raise ParamscopeError("--train-last: the model has no numbered blocks (layers.0, layer.1, …)")
+    prefix = max(indices, key=lambda k: (len(indices[k]), prefixes[k]))
+    blocks = sorted(indices[prefix])
+    if not 1 <= count <= len(blocks):
+        raise ParamscopeError(f"--train-last must be between 1 and {len(blocks)} (the blocks of {prefix}), got {count}")
+    chosen = set(blocks[-count:])
+    names = [p.name for p in params
+             if (m := re.match(rf"^{re.escape(prefix)}\.(\d+)\.", p.name)) and int(m.group(1)) in chosen]
+    return names, f"{prefix}.{blocks[-count]}–{blocks[-1]}"
