@@ -222,3 +222,22 @@ def embedding_gradient(config: Any, *, batch: int, seq: int, precision: str) -> 
 
     h = config_int(config, "hidden_size", "n_embd") or 0
     return (2 if precision == "bf16-pure" else 4) * batch * seq * h + 8
+
+
+def attention_dropout(config: Any) -> float:
+    """The attention-probability dropout a config sets for training (0 when none)."""
+    return _first_positive(config, ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout",
+                                    "attention_dropout_prob"))
+
+
+def hidden_dropout(config: Any) -> float:
+    """The dropout on a layer's outputs a config sets for training (0 when none)."""
+    return _first_positive(config, ("resid_pdrop", "hidden_dropout_prob", "hidden_dropout", "dropout"))
+
+
+def _first_positive(config: Any, keys: tuple[str, ...]) -> float:
+    for key in keys:
+        value = getattr(config, key, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return 0.0

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .activations import attention_dropout, hidden_dropout
 from .kv_cache import config_int, layer_kinds, text_config
 
 _NO_ATTENTION = ("none", "linear_attention", "mamba", "conv", "recurrent", "shared")
@@ -136,7 +137,7 @@ def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: 
         implementation = getattr(getattr(module, "config", None), "_attn_implementation", "sdpa") or "sdpa"
         # eager attention keeps its scores; so does sdpa where torch's CPU kernels cannot fuse (attention dropout,
         # or MLA's query and value head sizes differing)
-        fused = implementation == "sdpa" and not _attention_dropout(config) and _same_head_sizes(config)
+        fused = implementation == "sdpa" and not attention_dropout(config) and _same_head_sizes(config)
         recompute = attention // 2 if fused else 0
         if checkpointing:
             # non-reentrant checkpointing reruns a layer only until backward has what it saved. A layer's last
@@ -144,7 +145,7 @@ def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: 
             # mask is regenerated), a norm takes the MLP's output (Gemma-2's post-feedforward norm saves its input)
             # or the last matmul is the routed experts', whose outputs the router's weights multiply
             post_norm = any("post_feedforward" in path for path, _ in module.named_modules())
-            dropout = _hidden_dropout(config) > 0
+            dropout = hidden_dropout(config) > 0
             # (or a gate whose sigmoid saves its output, as Qwen2-MoE's shared-expert gate): only a down projection
             # ending the layer is skipped
             skipped = sum(flops for flops, role in last_in_layer.values()
@@ -161,22 +162,6 @@ def _same_head_sizes(config: Any) -> bool:
         return True
     d_qk = (config_int(config, "qk_nope_head_dim") or 0) + (config_int(config, "qk_rope_head_dim") or 0)
     return d_qk == (config_int(config, "v_head_dim") or d_qk)
-
-
-def _attention_dropout(config: Any) -> float:
-    for key in ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout", "attention_dropout_prob"):
-        value = getattr(config, key, None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            return float(value)
-    return 0.0
-
-
-def _hidden_dropout(config: Any) -> float:
-    for key in ("resid_pdrop", "hidden_dropout_prob", "hidden_dropout", "dropout"):
-        value = getattr(config, key, None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            return float(value)
-    return 0.0
 
 
 def _add(by_role: dict[str, list[int]], role: str, flops: int, numel: int) -> None:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ParamscopeError
-from .activations import TrainingActivations, embedding_gradient, recipe_for, training_activations
+from .activations import (TrainingActivations, attention_dropout, embedding_gradient, recipe_for,
+                          training_activations)
 from .hardware import Accelerator, find_accelerator
 from .kv_cache import config_int, text_config
 from .memory import DEFAULT_RESERVE, MemoryEstimate, Workspace, fit_on, fit_table
@@ -177,7 +178,7 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
         phases = analytic_phases(analytic, options.batch, seq)
         activations = Workspace(analytic.saved, analytic.saved_arithmetic, analytic.logits)
         source_label = f"analytic: {analytic.recipe}"
-    dropout = _attention_dropout(text)
+    dropout = attention_dropout(text)
     if dropout and attention == "sdpa":
         notes.append(f"attention dropout {dropout:g} in training: torch's fused CPU attention kernels do not support "
                      "dropout, so sdpa keeps the probabilities and the mask (B·heads·S² each); CUDA's flash and "
@@ -246,14 +247,6 @@ def _frozen(report: Any, patterns: tuple[str, ...], flag: str = "--freeze") -> l
     for pattern in patterns:
         frozen.update(match_parameters(report.params, pattern, flag=flag))
     return sorted(frozen)
-
-
-def _attention_dropout(config: Any) -> float:
-    for key in ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout", "attention_dropout_prob"):
-        value = getattr(config, key, None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            return float(value)
-    return 0.0
 
 
 def _tied_embedding_bytes(report: Any, trainable: frozenset[str]) -> int:
