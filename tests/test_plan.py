@@ -105,3 +105,19 @@ def test_cli_plan_bad_options_give_one_line(args, named):
     result = _cli("plan", "gpt2", "--no-memory", *args)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and named in result.stderr
+
+
+def test_plan_flops_full_is_twice_forward_and_lora_skips_base_weight_gradients():
+    from paramscope.plan import plan_flops
+    from paramscope.sources import resolve
+
+    config = dict(resolve("llama-2-7b").config, num_hidden_layers=2)
+    report, module = inspect_with_module(config)
+    full = plan_flops(make_plan(report, module, PlanOptions()), batch=1, seq=128)
+    assert full.model_backward == 2 * full.forward
+    lora = plan_flops(make_plan(report, module, PlanOptions(lora=8, target=("q_proj", "v_proj"))), batch=1, seq=128)
+    adapters = 2 * 128 * (2 * 2 * (8 * 4096 + 4096 * 8))  # A and B on q and v, 2 layers, forward
+    assert lora.forward == full.forward + adapters
+    # backward: input gradients (at most a forward's worth: with the embedding frozen, the first layer's
+    # projections need none) and the adapters' weight gradients, no base weight gradient
+    assert 0 < lora.model_backward <= lora.forward + adapters < full.model_backward

@@ -186,3 +186,14 @@ def _with_adapters(model: Any, options: PlanOptions) -> tuple[Any, tuple[str, ..
     resolved = wrapped.peft_config["default"].target_modules
     targets = tuple(sorted(resolved)) if isinstance(resolved, (set, list, tuple)) else (str(resolved),)
     return wrapped, targets
+
+
+def plan_flops(plan: Plan, *, batch: int, seq: int, checkpointing: bool = False) -> Any:
+    """The plan's training-step FLOPs, counted by FlopCounterMode on fake tensors: adapters add their matmuls;
+    frozen weights still pass the input's gradient back (where something before them trains) but compute no
+    weight gradient."""
+    from .cost.flop_count import count_flops
+    from .cost.trace import StepSettings
+
+    return count_flops(plan.module, StepSettings(batch=batch, seq=seq, grad_checkpointing=checkpointing),
+                       training=True)

@@ -50,7 +50,7 @@ def add_parser(subparsers: Any) -> None:
     memory.add_argument("--gpu", metavar="NAME", help="answer for one accelerator")
     memory.add_argument("--budget", metavar="SIZE", help="answer for a memory budget (24GiB, …)")
     memory.add_argument("--no-memory", action="store_true",
-                        help="counts only (adapters' memory needs a traced step: seconds to a minute)")
+                        help="counts only: no memory or FLOPs (adapters need a traced step: seconds to a minute)")
     parser.add_argument("--json", action="store_true", help="print the JSON report with its \"plan\" object")
     add_width_option(parser)
     add_debug_option(parser)
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from ..cost.dtypes import parse_bytes
     from ..cost.training_estimate import TrainingOptions, estimate_training
     from ..errors import ParamscopeError
-    from ..plan import PlanOptions, make_plan
+    from ..plan import PlanOptions, make_plan, plan_flops
     from ..sources import resolve
 
     width = None if args.json else checked_width(args)
@@ -80,18 +80,20 @@ def run(args: argparse.Namespace) -> int:
     report, module = inspect_with_module(as_source(source), model_class=args.model_class, task=args.task,
                                          num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
     plan = make_plan(report, module, options)
-    estimate = None
+    estimate = flops = None
     if not args.no_memory:
         _, estimate = estimate_training(plan.module, training)
+        flops = plan_flops(plan, batch=args.batch, seq=estimate.settings["seq"],
+                           checkpointing=args.grad_checkpointing == "full")
     if args.json:
         from ..render.json import report_to_dict
         from ..render.plan import plan_to_dict
 
         document = report_to_dict(report)
-        document["plan"] = plan_to_dict(plan, estimate)
+        document["plan"] = plan_to_dict(plan, estimate, flops)
         write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
         return 0
     from ..render.plan import render_plan_text
 
-    write(render_plan_text(report, plan, estimate, width, color=use_color()))
+    write(render_plan_text(report, plan, estimate, width, color=use_color(), flops=flops))
     return 0

@@ -13,15 +13,15 @@ from ._console import indented, to_text
 from .memory import binary, memory_to_dict
 
 
-def render_plan_text(report, plan, estimate, width: int = 100, *, color: bool = False) -> str:
-    return to_text(plan_parts(report, plan, estimate), width, color)
+def render_plan_text(report, plan, estimate, width: int = 100, *, color: bool = False, flops=None) -> str:
+    return to_text(plan_parts(report, plan, estimate, flops), width, color)
 
 
 def _share(part: int, total: int) -> str:
     return f"{100 * part / total:.4g}%" if total else "—"
 
 
-def plan_parts(report, plan, estimate) -> list:
+def plan_parts(report, plan, estimate, flops=None) -> list:
     lines: list = [Text(f"Fine-tuning plan for {report.model.label} ({report.model.class_name}): {plan.method}",
                         style="bold")]
     if plan.rules:
@@ -42,6 +42,12 @@ def plan_parts(report, plan, estimate) -> list:
     lines += [Text(""), _roles_table(plan)]
     if estimate is not None:
         lines += [Text(""), _memory_table(estimate)]
+    if flops is not None:
+        tokens = estimate.settings["batch"] * estimate.settings["seq"]
+        step = flops.forward + flops.model_backward
+        lines.append(indented(f"FLOPs (traced): forward {exact(flops.forward)}, backward {exact(flops.model_backward)} "
+                              f"(model FLOPs; {flops.model_backward / flops.forward:.3f} × forward), step per token "
+                              f"{exact(step // tokens)}"))
         for note in estimate.notes:
             lines.append(indented(f"note: {note}"))
     return lines
@@ -79,7 +85,7 @@ def _memory_table(estimate) -> Table:
     return table
 
 
-def plan_to_dict(plan, estimate) -> dict[str, Any]:
+def plan_to_dict(plan, estimate, flops=None) -> dict[str, Any]:
     return {
         "method": plan.method,
         "rules": [{"action": r.action, "pattern": r.pattern, "tensors": r.tensors, "parameters": r.parameters}
@@ -93,5 +99,7 @@ def plan_to_dict(plan, estimate) -> dict[str, Any]:
         "peft_counts": None if plan.peft_counts is None else {"trainable": plan.peft_counts[0],
                                                              "total": plan.peft_counts[1]},
         "memory": None if estimate is None else memory_to_dict(estimate),
-        "flops": None,
+        "flops": None if flops is None else {
+            "engine": "traced", "forward": flops.forward, "backward": flops.model_backward,
+            "step": flops.forward + flops.model_backward, "recompute": flops.recompute},
     }
