@@ -321,3 +321,17 @@ def test_weights_by_role_component_and_dtype_sum_to_the_total():
     weights = memory.weights
     assert sum(weights.by_role.values()) == sum(weights.by_component.values()) == sum(weights.by_dtype.values())
     assert sum(weights.by_dtype.values()) == weights.bytes
+
+
+def test_traced_serving_equals_the_analytic_peak_for_a_llama_and_says_so():
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=512, intermediate_size=1408, num_hidden_layers=3,
+                                      num_attention_heads=8, num_key_value_heads=2, vocab_size=4000)
+    options = MemoryOptions(dtype="bf16", batch=2, seq=256)
+    _, analytic = estimate_memory(config, options, model_class="LlamaForCausalLM")
+    _, traced = estimate_memory(config, MemoryOptions(dtype="bf16", batch=2, seq=256, trace=True),
+                                model_class="LlamaForCausalLM")
+    assert traced.engine == "traced" and traced.peak == analytic.peak
+    assert traced.peak_phase in ("prefill", "decode")
+    assert any(note.startswith("check: the analytic peak is") and "+0.00%" in note for note in traced.notes)

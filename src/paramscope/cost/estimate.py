@@ -38,17 +38,22 @@ class MemoryOptions:
     trace: bool = False  # also measure generate()'s prefill and one decode step on fake tensors
 
     def check(self) -> None:
-        if not 1 <= self.batch <= MAX_BATCH:
-            raise ParamscopeError(f"--batch must be between 1 and {MAX_BATCH:,}, got {self.batch}")
-        for name, value in (("--seq", self.seq), ("--encoder-seq", self.encoder_seq)):
-            if value is not None and not 1 <= value <= MAX_SEQ:
-                raise ParamscopeError(f"{name} must be between 1 and {MAX_SEQ:,}, got {value}")
+        check_batch_and_seq(self.batch, self.seq)
+        check_batch_and_seq(1, self.encoder_seq, "--encoder-seq")
         if self.kv_layout not in KV_LAYOUTS:
             raise ParamscopeError(f"--kv-layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}")
         if self.reserve < 0:
             raise ParamscopeError(f"--reserve must be 0 or more, got {self.reserve}")
         if self.group_size is not None and not (self.group_size == -1 or 1 <= self.group_size <= 1 << 20):
             raise ParamscopeError(f"--group-size must be -1 (per channel) or a positive size, got {self.group_size}")
+
+
+def check_batch_and_seq(batch: int, seq: int | None, seq_flag: str = "--seq") -> None:
+    """The bounds every command puts on --batch and --seq, checked before any build."""
+    if not 1 <= batch <= MAX_BATCH:
+        raise ParamscopeError(f"--batch must be between 1 and {MAX_BATCH:,}, got {batch}")
+    if seq is not None and not 1 <= seq <= MAX_SEQ:
+        raise ParamscopeError(f"{seq_flag} must be between 1 and {MAX_SEQ:,}, got {seq}")
 
 
 def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **model_options: Any):

@@ -41,12 +41,9 @@ class FlopOptions:
     trace: bool = False
 
     def check(self) -> None:
-        from .estimate import MAX_BATCH, MAX_SEQ
+        from .estimate import check_batch_and_seq
 
-        if not 1 <= self.batch <= MAX_BATCH:
-            raise ParamscopeError(f"--batch must be between 1 and {MAX_BATCH:,}, got {self.batch}")
-        if self.seq is not None and not 1 <= self.seq <= MAX_SEQ:
-            raise ParamscopeError(f"--seq must be between 1 and {MAX_SEQ:,}, got {self.seq}")
+        check_batch_and_seq(self.batch, self.seq)
         if self.causal not in ("full", "half"):
             raise ParamscopeError(f"--causal must be full or half, got {self.causal!r}")
         if self.grad_checkpointing not in ("none", "full"):

@@ -65,6 +65,13 @@ class FlopEstimate:
         return self.batch * self.seq
 
 
+def is_matmul_module(sub: Any) -> bool:
+    """A module whose forward is one matmul by its `weight`: nn.Linear and its subclasses, GPT-2's Conv1D."""
+    import torch
+
+    return isinstance(sub, torch.nn.Linear) or type(sub).__name__ == "Conv1D"
+
+
 def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: bool, checkpointing: bool = False,
                    causal: str = "full", frozen: frozenset[str] = frozenset()) -> FlopEstimate | None:
     """The analytic FLOPs of `module` (built on meta), or None where its attention has no closed form here."""
@@ -90,7 +97,7 @@ def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: 
             seen_frozen.update(param.aliases)
     for path, sub in module.named_modules():
         weight = getattr(sub, "weight", None)
-        if isinstance(sub, torch.nn.Linear) or type(sub).__name__ == "Conv1D":
+        if is_matmul_module(sub):
             numel = weight.numel()
             role = roles.get(path, "other")
             if role.startswith("moe.experts") and experts:

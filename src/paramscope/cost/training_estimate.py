@@ -46,12 +46,9 @@ class TrainingOptions:
     reserve: int = DEFAULT_RESERVE
 
     def check(self) -> None:
-        from .estimate import MAX_BATCH, MAX_SEQ
+        from .estimate import check_batch_and_seq
 
-        if not 1 <= self.batch <= MAX_BATCH:
-            raise ParamscopeError(f"--batch must be between 1 and {MAX_BATCH:,}, got {self.batch}")
-        if self.seq is not None and not 1 <= self.seq <= MAX_SEQ:
-            raise ParamscopeError(f"--seq must be between 1 and {MAX_SEQ:,}, got {self.seq}")
+        check_batch_and_seq(self.batch, self.seq)
         check_optimizer(self.optimizer)
         check_precision(self.precision)
         zero_stage(self.zero)
@@ -268,12 +265,13 @@ def _cast_weights(module: Any) -> tuple[int, int]:
 
     import torch
 
+    from .flops import is_matmul_module
+
     seen: set[int] = set()
     total = outside = 0
     for name, sub in module.named_modules():
         weight = getattr(sub, "weight", None)
-        matmul = isinstance(sub, torch.nn.Linear) or type(sub).__name__ == "Conv1D"  # GPT-2's Conv1D: addmm
-        if matmul and isinstance(weight, torch.Tensor) and id(weight) not in seen:
+        if is_matmul_module(sub) and isinstance(weight, torch.Tensor) and id(weight) not in seen:
             seen.add(id(weight))
             total += weight.numel()
             if not re.search(r"\.\d+\.", f".{name}."):
