@@ -186,3 +186,16 @@ def test_cli_bad_options_give_one_line(args, named):
     result = _cli("flops", "gpt2", *args)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and named in result.stderr
+
+
+def test_moe_6nd_uses_the_parameters_a_token_meets_and_tied_heads_are_heads():
+    _, estimate, compute = estimate_flops("mixtral-8x7b", FlopOptions(seq=128, training=True, tokens=10**9))
+    assert compute.parameters == 12_879_925_248  # Mixtral's active parameters
+    assert compute.six_nd == 6 * 12_879_925_248 * 10**9
+    _, gpt2, _ = estimate_flops("gpt2", FlopOptions(seq=128))
+    assert "head.lm" in gpt2.by_role and not any(r.startswith("embeddings") for r in gpt2.by_role)
+
+
+def test_causal_half_is_for_causal_decoders():
+    with pytest.raises(ParamscopeError, match="bidirectional"):
+        estimate_flops("bert-base-uncased", FlopOptions(seq=128, causal="half"))

@@ -284,3 +284,28 @@ def test_a_live_module_is_traced_in_a_fake_copy():
 
     with pytest.raises(ParamscopeError, match="takes no input_ids"):
         estimate_training(NoTokens(), TrainingOptions(batch=1, seq=8))
+
+
+def test_traced_fits_answer_the_batch_at_the_traced_length_only():
+    _, estimate = estimate_training("gpt2", TrainingOptions(batch=8, seq=1024, precision="fp32", trace=True))
+    for fit in estimate.fits:
+        assert fit.largest_context is None  # not extrapolated: attention dropout grows with S²
+    h100 = next(f for f in estimate.fits if f.accelerator.name == "H100 80GB")
+    _, at_largest = estimate_training("gpt2", TrainingOptions(batch=h100.largest_batch, seq=1024, precision="fp32",
+                                                              trace=True))
+    assert at_largest.peak + estimate.reserve <= h100.accelerator.memory  # the batch it names does fit
+
+
+def test_per_device_peak_is_labelled_with_its_own_phase():
+    result = _cli("memory", "qwen2.5-0.5b", "--training", "--seq", "256", "--devices", "8", "--zero", "3",
+                  "--width", "200")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(_cli("memory", "qwen2.5-0.5b", "--training", "--seq", "256", "--devices", "8", "--zero",
+                               "3", "--json").stdout)["memory"]
+    assert f"peak per device ({document['peak']['phase']})" in result.stdout
+    assert document["per_device"]["peak"] == document["peak"]["bytes"]
+
+
+def test_choices_errors_are_one_line():
+    result = _cli("memory", "gpt2", "--training", "--grad-checkpointing", "partial")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "'partial'" in result.stderr

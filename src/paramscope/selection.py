@@ -24,8 +24,10 @@ def match_parameters(params: Iterable[Any], pattern: str, *, flag: str = "--free
             or any(fnmatch.fnmatchcase(alias, text) for alias in p.aliases)]
     if not text or not hits:
         groups = sorted({p.role.split(".")[0] for p in params})
+        tied = next((alias for p in params for alias in p.aliases), None) if text.startswith("head") else None
+        hint = f"; the output head ({tied}) is tied to the input embeddings: name embeddings" if tied else ""
         raise ParamscopeError(f"{flag} {text[:60]!r} matches no parameter; give a role ({', '.join(groups)}) or a "
-                              "glob over parameter names (model.layers.0.*)")
+                              f"glob over parameter names (model.layers.0.*){hint}")
     return hits
 
 

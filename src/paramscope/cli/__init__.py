@@ -23,8 +23,15 @@ COMMANDS = {"inspect": inspect, "presets": presets, "formula": formula, "diff": 
             "audit": audit, "memory": memory, "flops": flops, "plan": plan}
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse with the project's error form: one line naming the bad value, exit 2 (no usage dump)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="paramscope",
         description="Exact, explained parameter counts of transformers models, from a config alone.",
         epilog="`paramscope MODEL …` is short for `paramscope inspect MODEL …`.",

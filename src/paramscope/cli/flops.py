@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     width = None if args.json else checked_width(args)
     tokens = None
     if args.tokens is not None:
-        if not args.tokens >= 1 or args.tokens != args.tokens:
-            raise ParamscopeError(f"--tokens must be a positive count, got {args.tokens}")
+        if not 1 <= args.tokens <= 1e17:  # also refuses nan
+            raise ParamscopeError(f"--tokens must be a count between 1 and 1e17, got {args.tokens:g}")
         tokens = int(args.tokens)
     options = FlopOptions(batch=args.batch, seq=args.seq, training=args.training,
                           grad_checkpointing=args.grad_checkpointing, causal=args.causal, freeze=tuple(args.freeze),
@@ -75,7 +75,10 @@ def run(args: argparse.Namespace) -> int:
         from ..render.json import report_to_dict
 
         document = report_to_dict(report)
-        document["flops"] = flops_to_dict(estimate, compute)
+        document["flops"] = flops_to_dict(estimate, compute, {
+            "training": args.training, "grad_checkpointing": args.grad_checkpointing, "freeze": list(args.freeze),
+            "tokens": tokens, "gpu": args.gpu, "peak_dtype": args.peak_dtype, "peak_tflops": args.peak_tflops,
+            "tokens_per_second": args.tokens_per_second, "mfu_assumed": args.mfu, "devices": args.devices})
         write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
         return 0
     from ..render.flops import render_flops_text

@@ -85,8 +85,8 @@ def _llama_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None
     per_token = c[0] * h + c[1] * q + c[2] * kv + c[3] * inner + c[4] * heads + c[5]
     th, tv, shd, t = _LLAMA_OUTSIDE[kind]
     outside = th * tokens * h + tv * tokens * vocab + shd * seq * head_dim + t * tokens
-    return _Layout(tokens * per_token, f"{tokens:,} tokens × ({c[0]}h + {c[1]}q + {c[2]}kv + {c[3]}i + "
-                   f"{c[4]}·heads + {c[5]}) = {tokens:,} × {per_token:,} B",
+    return _Layout(tokens * per_token, f"{tokens:,} tokens × {per_token:,} B ({c[0]}h + {c[1]}q + {c[2]}kv + "
+                   f"{c[3]}i + {c[4]}·heads + {c[5]}) = {tokens * per_token:,} B each",
                    outside, f"{th}·T·h + {tv}·T·V + {shd}·S·hd + {t}·T = {outside:,} B", h, vocab, layers)
 
 
@@ -105,7 +105,7 @@ def _gpt2_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
     layer = per_h * tokens * h + per_score * batch * heads * seq * seq + per_t * tokens
     th, tv, t, s = _GPT2_OUTSIDE[kind]
     outside = th * tokens * h + tv * tokens * vocab + t * tokens + s * seq
-    return _Layout(layer, f"({per_h}·T·h + {per_score}·B·heads·S² + {per_t}·T) = {layer:,} B", outside,
+    return _Layout(layer, f"({per_h}·T·h + {per_score}·B·heads·S² + {per_t}·T) = {layer:,} B each", outside,
                    f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S = {outside:,} B", h, vocab, layers)
 
 
@@ -132,7 +132,8 @@ def _bert_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
     outside = th * tokens * h + tv * tokens * vocab + t * tokens + s * seq + one
     # bf16 logits go to the loss as they are (Llama and GPT-2 upcast them): a bf16 log-softmax and its gradient
     loss_tv = (2, 4) if kind == "bf16-pure" else (0, 0)
-    return _Layout(layer, f"({per_h}·T·h + {per_i}·T·i + {per_score}·B·heads·S² + {per_t}·T) = {layer:,} B", outside,
+    return _Layout(layer, f"({per_h}·T·h + {per_i}·T·i + {per_score}·B·heads·S² + {per_t}·T) = {layer:,} B each",
+                   outside,
                    f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S + {one} = {outside:,} B", h, vocab, layers, loss_tv)
 
 
@@ -187,7 +188,7 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
     tokens, h, vocab, layers = batch * seq, layout.hidden, layout.vocab, layout.layers
     if checkpointing:
         per_layer = (2 if kind == "bf16-pure" else 4) * tokens * h
-        layer_text = f"the layer's input, {per_layer // (tokens * h)}·T·h = {per_layer:,} B (recomputed in backward)"
+        layer_text = f"the layer's input, {per_layer // (tokens * h)}·T·h = {per_layer:,} B each (recomputed in backward)"
     else:
         per_layer, layer_text = layout.layer, layout.layer_text
     outside = layout.outside

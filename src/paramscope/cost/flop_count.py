@@ -179,6 +179,8 @@ def by_role(own: dict[str, int], roles: dict[str, str]) -> dict[str, int]:
     result: dict[str, int] = {}
     for path, value in own.items():
         role = roles.get(path)
+        if role is not None and role.startswith("embeddings"):  # lookups cost nothing: a tied head's matmul
+            role = "head.lm"
         if role is None:
             last = path.rsplit(".", 1)[-1]
             role = "attention.scores" if re.search(r"attn|attention", last, re.IGNORECASE) else "other"

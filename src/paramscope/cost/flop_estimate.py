@@ -97,6 +97,9 @@ def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), **model_opt
     if limit is not None and seq > limit and any(p.role == "embeddings.position" for p in report.params):
         raise ParamscopeError(f"--seq {seq:,} is beyond the model's {limit:,} learned positions "
                               "(max_position_embeddings)")
+    if options.causal == "half" and not type(module).__name__.endswith(("ForCausalLM", "LMHeadModel")):
+        raise ParamscopeError(f"--causal half halves a causal decoder's attention; {type(module).__name__}'s "
+                              "attention is bidirectional (or, for an encoder-decoder, partly so)")
     frozen = frozenset(_frozen(report, options.freeze)) if options.freeze else frozenset()
     if frozen and not options.training:
         raise ParamscopeError("--freeze is for --training")
@@ -114,8 +117,19 @@ def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), **model_opt
         estimate = dataclasses.replace(traced, notes=tuple(notes) + traced.notes)
     else:
         estimate = dataclasses.replace(estimate, notes=tuple(notes))
-    compute = _compute(estimate, report, options, accelerator)
+    compute = _compute(estimate, report, options, accelerator, _active_parameters(report, text))
     return report, estimate, compute
+
+
+def _active_parameters(report: Any, config: Any) -> int:
+    """Parameters a token meets: all of them, less the routed experts it does not pass (MoE: k of E)."""
+    from .flops import _routing
+
+    top_k, experts = _routing(config)
+    routed = sum(p.numel for p in report.params if p.role.startswith("moe.experts"))
+    if not experts or not routed:
+        return report.total
+    return report.total - routed + routed * top_k // experts
 
 
 def _traced(module: Any, report: Any, options: FlopOptions, seq: int, frozen: frozenset[str],
@@ -149,14 +163,18 @@ def _agreement(analytic: FlopEstimate, traced: FlopEstimate) -> str:
     return "check: " + "; ".join(differing)
 
 
-def _compute(estimate: FlopEstimate, report: Any, options: FlopOptions, accelerator: Accelerator | None) -> Compute:
+def _compute(estimate: FlopEstimate, report: Any, options: FlopOptions, accelerator: Accelerator | None,
+             active: int) -> Compute:
     tokens = estimate.tokens
     per_forward = estimate.forward // tokens
     per_training = None if estimate.step is None else estimate.step // tokens
     per_hardware = None if estimate.step is None else (estimate.step + (estimate.recompute or 0)) / tokens
     notes = []
     total = six_nd = None
-    parameters = report.total
+    parameters = active  # 6ND's N: for an MoE, the parameters a token meets (Kaplan's and DeepSeek's usage)
+    if active != report.total:
+        notes.append(f"MoE: N in 6ND and the per-parameter ratio is the {active:,} parameters a token meets (top-k "
+                     f"of the routed experts), not all {report.total:,}")
     if options.tokens is not None:
         per = estimate.step if estimate.step is not None else estimate.forward
         total = per * options.tokens // tokens
@@ -165,6 +183,8 @@ def _compute(estimate: FlopEstimate, report: Any, options: FlopOptions, accelera
     peak = peak_from = None
     if options.peak_tflops is not None:
         peak, peak_from = options.peak_tflops * 1e12, "--peak-tflops"
+        if accelerator is not None:
+            notes.append(f"--peak-tflops {options.peak_tflops:g} is used instead of the {accelerator.name}'s table peak")
     elif accelerator is not None:
         peak = peak_flops(accelerator, options.peak_dtype)
         peak_from = f"{accelerator.name} dense {options.peak_dtype} (vendor datasheet)" if peak else None

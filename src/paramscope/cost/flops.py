@@ -100,6 +100,8 @@ def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: 
         if is_matmul_module(sub):
             numel = weight.numel()
             role = roles.get(path, "other")
+            if role.startswith("embeddings"):  # a head tied to the input embedding: its matmul is the head's
+                role = "head.lm"
             if role.startswith("moe.experts") and experts:
                 numel = numel * top_k // experts
             _add(by_role, role, 2 * tokens * numel, numel)

@@ -102,20 +102,23 @@ def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, voc
 
 
 def fit_table(peak_at, reserve: int, *, batch: int, seq: int, max_context: int | None = None,
-              accelerators: tuple[Accelerator, ...] = ACCELERATORS) -> tuple[Fit, ...]:
+              accelerators: tuple[Accelerator, ...] = ACCELERATORS, contexts: bool = True) -> tuple[Fit, ...]:
     """For each accelerator: does the peak fit, and the largest batch (at `seq`) and context (at `batch`)."""
-    return tuple(fit_on(a, peak_at, reserve, batch=batch, seq=seq, max_context=max_context) for a in accelerators)
+    return tuple(fit_on(a, peak_at, reserve, batch=batch, seq=seq, max_context=max_context, contexts=contexts)
+                 for a in accelerators)
 
 
 def fit_on(accelerator: Accelerator, peak_at, reserve: int, *, batch: int, seq: int,
-           max_context: int | None = None) -> Fit:
+           max_context: int | None = None, contexts: bool = True) -> Fit:
     """`peak_at(batch, seq)` → bytes; searched by bisection, since memory grows with both.
 
-    The largest context stops at the model's own maximum (`max_context`) when it has one."""
+    The largest context stops at the model's own maximum (`max_context`) when it has one; `contexts=False`
+    leaves it unanswered (None), for a peak known at one length only."""
     capacity = accelerator.memory - reserve
     peak = peak_at(batch, seq)
     largest_batch = _largest(lambda b: peak_at(b, seq) <= capacity, 1 << 20)
-    largest_context = _largest(lambda s: peak_at(batch, s) <= capacity, max_context or 1 << 24)
+    largest_context = _largest(lambda s: peak_at(batch, s) <= capacity, max_context or 1 << 24) if contexts \
+        else None
     return Fit(accelerator, peak <= capacity, capacity - peak, largest_batch, largest_context)
 
 

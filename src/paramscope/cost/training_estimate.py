@@ -10,6 +10,7 @@ fake tensors. With --trace the analytic answer, where there is one, is shown bes
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,7 @@ class PhaseFigure:
     where: str  # the moment ("start of backward") or "measured"
     arithmetic: str
     gradients: int = 0  # bytes of gradients live at this moment (ZeRO-2 shards them)
+    variable: int = 0  # traced: activations, temporaries and other bytes, the part that grows with the batch
 
 
 @dataclass(frozen=True)
@@ -130,9 +132,10 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     attention = options.attention or attention_of(module) or "sdpa"
     class_name = type(module).__name__
     adapters = type(module).__module__.startswith("peft")  # adapters add their own activations: traced
+    fused = attention in ("sdpa", "flash")  # flash is sdpa's flash kernel here, as traced
     analytic = training_activations(text, class_name, batch=options.batch, seq=seq, **shape) \
-        if attention == "sdpa" and not adapters else None
-    if analytic is None and recipe_for(text, class_name) is not None and attention != "sdpa":
+        if fused and not adapters else None
+    if analytic is None and recipe_for(text, class_name) is not None and not fused:
         notes.append(f"the analytic recipe is for sdpa; attention {attention} is traced")
 
     tied = _tied_embedding_bytes(report, trainable)
@@ -146,7 +149,7 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
         figures.append(PhaseFigure("backward", resident + end, "end of backward", f"{how} = {end - gradients:,}",
                                    gradients))
         figures.append(PhaseFigure("optimizer step", resident + gradients, "optimizer step",
-                                   f"gradients {gradients:,}; the fused step keeps no temporaries", gradients))
+                                   f"gradients {gradients:,}; {_step_temporaries(optimizer)}", gradients))
         return tuple(figures)
 
     traced = None
@@ -159,7 +162,9 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
         extra = 0 if optimizer in TORCH_OPTIMIZERS[:4] else states.optimizer.bytes  # states the trace lacks
         phases = tuple(PhaseFigure(p.phase, p.bytes + extra, "measured",
                                    "MemTracker: " + ", ".join(f"{k} {v:,}" for k, v in p.by_category.items() if v),
-                                   p.by_category["gradients"])
+                                   p.by_category["gradients"],
+                                   p.by_category["activations"] + p.by_category["temporaries"] +
+                                   p.by_category["other"])
                        for p in traced.phases)
         if extra:
             phases = phases + (PhaseFigure("optimizer step", resident + gradients, "optimizer step (analytic)",
@@ -167,26 +172,36 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
         saved = traced.saved_activations
         activations = Workspace(saved, "measured at the end of the forward (MemTracker, fake tensors)",
                                 4 * options.batch * seq * (config_int(text, "vocab_size") or 0))
-        if analytic is None:
+        if recipe_for(text, class_name) is None or adapters:
             notes.append(f"no analytic activation recipe for {type(module).__name__}: one step traced on fake "
-                         "tensors")
+                         "tensors; the largest batch scales the measured activations (linear in the batch), the "
+                         "largest context is left to a trace at that length (--seq)")
         source_label = "traced"
     else:
         phases = analytic_phases(analytic, options.batch, seq)
         activations = Workspace(analytic.saved, analytic.saved_arithmetic, analytic.logits)
         source_label = f"analytic: {analytic.recipe}"
     dropout = attention_dropout(text)
-    if dropout and attention == "sdpa":
+    if dropout and fused:
+        layers = config_int(text, "num_hidden_layers", "n_layer") or 0
+        heads = config_int(text, "num_attention_heads", "n_head") or 0
+        scores = layers * 12 * options.batch * heads * seq * seq
         notes.append(f"attention dropout {dropout:g} in training: torch's fused CPU attention kernels do not support "
-                     "dropout, so sdpa keeps the probabilities and the mask (B·heads·S² each); CUDA's flash and "
-                     "memory-efficient kernels do, keeping only a log-sum-exp, so a GPU step is smaller by that")
+                     f"dropout, so sdpa keeps the probabilities and the mask, 12·B·heads·S² B per layer "
+                     f"({scores:,} B here); CUDA's flash and memory-efficient kernels support dropout and keep "
+                     "only a log-sum-exp, so on a GPU the peak is lower by up to that much")
     top = max(phases, key=lambda p: p.bytes)
     analytic_peak = None
     if traced is not None and analytic is not None:
         analytic_peak = max(p.bytes for p in analytic_phases(analytic, options.batch, seq))
         diff = (analytic_peak - top.bytes) / top.bytes
         notes.append(f"check: the analytic peak is {analytic_peak:,} B, {100 * diff:+.2f}% from the traced one")
-    sharded = per_device(states, devices=options.devices, zero=zero) if options.devices > 1 or zero else None
+    sharded = per_device(states, devices=options.devices, zero=zero) if options.devices > 1 and zero else None
+    if options.devices > 1 and not zero:
+        notes.append(f"data parallel over {options.devices:,} devices without ZeRO: each holds the full model "
+                     "states; the figures are per device")
+    elif zero and options.devices == 1:
+        notes.append(f"ZeRO stage {zero} over one device shards nothing; give --devices N")
 
     def on_one_device(figures: tuple[PhaseFigure, ...]) -> PhaseFigure:
         """The largest moment on one device, each moment's model states replaced by the device's shares."""
@@ -210,9 +225,10 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
         if analytic is not None and traced is None:
             act = training_activations(text, class_name, batch=batch, seq=length, **shape)
             return on_one_device(analytic_phases(act, batch, length)).bytes
-        # traced: what grows with tokens scales linearly from the measured step
-        growth = max(top.bytes - resident - (gradients if top.phase == "optimizer step" else 0), 0)
-        return base + growth * (batch * length - options.batch * seq) // (options.batch * seq)
+        # traced: each moment's activations and temporaries scale with the batch (at the traced length only)
+        scaled = tuple(dataclasses.replace(p, bytes=p.bytes + p.variable * (batch - options.batch) // options.batch)
+                       for p in phases)
+        return on_one_device(scaled).bytes
 
     settings_out = {
         "precision": precision, "optimizer": optimizer, "weights_dtype": dtype, "batch": options.batch, "seq": seq,
@@ -223,15 +239,16 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     }
     if accelerator is None and options.budget is not None:
         accelerator = Accelerator("budget", options.budget, "", "budget")
-    budget = fit_on(accelerator, peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit) \
-        if accelerator else None
+    contexts = traced is None  # a traced peak is known at its own length only
+    budget = fit_on(accelerator, peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit,
+                    contexts=contexts) if accelerator else None
     detail = TrainingDetail(states, tuple(sorted(frozen)), source_label, phases, sharded, traced, analytic_peak,
                             dict(traced.peak.by_category) if traced is not None else {})
     estimate = MemoryEstimate(
         mode="training", engine="traced" if traced is not None else "analytic", settings=settings_out,
         weights=weights, kv_cache=None, activations=activations, peak=peak, peak_phase=device_top.phase,
         reserve=options.reserve,
-        fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit),
+        fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit, contexts=contexts),
         budget=budget, notes=tuple(notes), training=detail)
     return report, estimate
 
@@ -244,6 +261,14 @@ def _frozen(report: Any, patterns: tuple[str, ...], flag: str = "--freeze") -> l
     for pattern in patterns:
         frozen.update(match_parameters(report.params, pattern, flag=flag))
     return sorted(frozen)
+
+
+def _step_temporaries(optimizer: str) -> str:
+    if optimizer in ("adamw", "adam"):
+        return "the fused AdamW step keeps no temporaries"
+    if optimizer in ("sgd", "sgd-momentum"):
+        return "the foreach SGD step updates in place"
+    return f"{optimizer}'s step temporaries are not counted"
 
 
 def _tied_embedding_bytes(report: Any, trainable: frozenset[str]) -> int:

@@ -104,7 +104,8 @@ def _compute_lines(estimate, compute) -> Table:
         diff = (compute.total - compute.six_nd) / compute.six_nd
         table.add_row("6ND", sci(compute.six_nd),
                       f"6 × {exact(compute.parameters)} parameters × tokens; the exact count is {100 * diff:+.2f}% "
-                      "(6ND counts every parameter as a matmul weight, embeddings included, and no attention)")
+                      "(6ND counts every parameter a token meets as a matmul weight, embeddings included, and no "
+                      "attention)")
     if compute.peak is not None:
         table.add_row("peak", f"{compute.peak / 1e12:,.1f} TFLOP/s", compute.peak_from or "")
     if compute.mfu is not None:
@@ -124,10 +125,14 @@ def _duration(seconds: float) -> str:
     return f"{seconds:,.1f} s"
 
 
-def flops_to_dict(estimate, compute) -> dict[str, Any]:
+def flops_to_dict(estimate, compute, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    convention = dict(CONVENTION, causal=estimate.causal)
+    if estimate.causal == "half":
+        convention["attention"] = "scores (q·kᵀ) and the weighted sum (p·v) halved for the causal mask (Megatron's)"
     return {
         "engine": estimate.engine,
-        "convention": dict(CONVENTION, causal=estimate.causal),
+        "convention": convention,
+        "settings": dict(settings or {}),
         "batch": estimate.batch,
         "seq": estimate.seq,
         "forward": estimate.forward,

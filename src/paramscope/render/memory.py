@@ -196,7 +196,8 @@ def training_parts(report, estimate) -> list:
              f"{settings['attention']}; gradient checkpointing {settings['grad_checkpointing']}")
     lines = [title, indented(step), indented(shape)]
     if detail.frozen:
-        lines.append(indented(f"frozen: {exact(states.frozen)} parameters in {len(detail.frozen)} tensors "
+        tensors = "tensor" if len(detail.frozen) == 1 else "tensors"
+        lines.append(indented(f"frozen: {exact(states.frozen)} parameters in {len(detail.frozen)} {tensors} "
                               f"({', '.join(settings['freeze'])}); {exact(states.trainable)} train"))
     lines += [Text(""), _training_totals(estimate), Text(""), _phases_table(estimate)]
     if detail.traced is not None and detail.traced.kept_by_module:
@@ -239,11 +240,11 @@ def _training_totals(estimate) -> Table:
                   f"{detail.activation_source}: {act.arithmetic}")
     top = max(detail.phases, key=lambda p: p.bytes)
     where = "" if top.where == "measured" else f"{top.where}: "
-    table.add_row(f"peak ({estimate.peak_phase})", exact(top.bytes), binary(top.bytes),
+    table.add_row(f"peak ({top.phase})", exact(top.bytes), binary(top.bytes),
                   f"{where}the largest moment of the step, not the sum of the rows", style="bold")
     if detail.per_device is not None:
-        table.add_row("peak per device", exact(estimate.peak), binary(estimate.peak), "sharded, below",
-                      style="bold")
+        table.add_row(f"peak per device ({estimate.peak_phase})", exact(estimate.peak), binary(estimate.peak),
+                      "each moment with the device's shares of the model states, below", style="bold")
     table.add_row("+ reserve", exact(estimate.reserve), binary(estimate.reserve),
                   "CUDA context and allocator fragmentation (--reserve)")
     return table
@@ -310,13 +311,15 @@ def _kept_table(traced) -> Table:
 
 def _per_device_table(estimate) -> Table:
     settings, shares = estimate.settings, estimate.training.per_device
-    table = Table(title=f"Per device: ZeRO stage {settings['zero']} over {settings['devices']:,} devices (each with its "
-                        f"own batch of {settings['batch']:,})", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
+    table = Table(title=f"Per device: ZeRO-{settings['zero']} over {settings['devices']:,} devices",
+                  caption=f"each device runs its own batch of {settings['batch']:,}", caption_justify="left",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("", no_wrap=True)
     table.add_column("bytes", justify="right", no_wrap=True)
     table.add_column("", justify="right", no_wrap=True)
     for key in ("weights", "gradients", "optimizer", "master_weights", "activations", "peak"):
+        if key not in shares:
+            continue
         table.add_row(key.replace("_", " "), exact(shares[key]), binary(shares[key]),
                       style="bold" if key == "peak" else None)
     return table

@@ -28,7 +28,8 @@ def plan_parts(report, plan, estimate, flops=None) -> list:
         first = plan.rules[0]
         start = "everything else starts frozen" if first.action == "train" else "everything else starts trainable"
         for index, rule in enumerate(plan.rules):
-            lines.append(indented(f"rule {index + 1}: {rule.action} {rule.pattern} → {rule.tensors} tensors, "
+            tensors = "tensor" if rule.tensors == 1 else "tensors"
+            lines.append(indented(f"rule {index + 1}: {rule.action} {rule.pattern} → {rule.tensors} {tensors}, "
                                   f"{exact(rule.parameters)} parameters" + (f" ({start})" if index == 0 else "")))
     if plan.targets:
         lines.append(indented(f"adapters on: {', '.join(plan.targets)} (as PEFT resolved them)"))
