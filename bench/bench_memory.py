@@ -20,7 +20,7 @@ from _child import run_child
 LARGE = ("405B", "Llama-3.1-70B", "Llama-2-70b", "72B", "8x22B", "DeepSeek", "gemma-2-27b", "Meta-Llama-3-70B")
 
 
-def traced_prefill_peak(name: str, batch: int, seq: int, generating: bool) -> int:
+def traced_prefill_peak(name: str, batch: int, seq: int) -> int:
     import transformers
 
     from paramscope.build import choose_class, make_config
@@ -30,7 +30,7 @@ def traced_prefill_peak(name: str, batch: int, seq: int, generating: bool) -> in
     raw = find_preset(name).load_config()
     config, _ = make_config(raw)
     cls = getattr(transformers, choose_class(config, raw).name)
-    return probe.traced_prefill_peak(cls, config, batch=batch, seq=seq, generating=generating)
+    return probe.traced_prefill_peak(cls, config, batch=batch, seq=seq)
 
 
 def main() -> None:
@@ -48,7 +48,7 @@ def main() -> None:
     for name in names:
         try:
             report, memory = estimate_memory(name, MemoryOptions(dtype="bf16", batch=args.batch, seq=args.seq))
-            traced = traced_prefill_peak(name, args.batch, args.seq, memory.kv_cache is not None)
+            traced = traced_prefill_peak(name, args.batch, args.seq)
         except Exception as err:  # a forward that cannot run on fake tensors (data-dependent ops)
             print(f"{name:40} not traced: {type(err).__name__}: {str(err)[:80]}")
             continue

@@ -295,7 +295,7 @@ def test_llama_prefill_peak_equals_memtracker_on_fake_tensors():
     batch, seq = 2, 256
     _, memory = estimate_memory(config, MemoryOptions(dtype="bf16", batch=batch, seq=seq),
                                 model_class="LlamaForCausalLM")
-    traced = traced_prefill_peak(transformers.LlamaForCausalLM, config, batch=batch, seq=seq, generating=True)
+    traced = traced_prefill_peak(transformers.LlamaForCausalLM, config, batch=batch, seq=seq)
     assert memory.peak == traced
 
 
@@ -312,7 +312,7 @@ def test_preset_prefill_peak_equals_memtracker(preset):
     raw = find_preset(preset).load_config()
     config, _ = make_config(raw)
     cls = getattr(transformers, choose_class(config, raw).name)
-    traced = traced_prefill_peak(cls, config, batch=1, seq=256, generating=memory.kv_cache is not None)
+    traced = traced_prefill_peak(cls, config, batch=1, seq=256)
     assert memory.peak == traced
 
 

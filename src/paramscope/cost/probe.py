@@ -66,37 +66,24 @@ def _tensor_bytes(value: Any, depth: int = 0) -> int:
     return 0
 
 
-def traced_prefill_peak(model_class: Any, config: Any, *, batch: int, seq: int, generating: bool,
-                        dtype: str = "bfloat16") -> int:
+def traced_prefill_peak(model_class: Any, config: Any, *, batch: int, seq: int, dtype: str = "bfloat16") -> int:
     """The peak bytes torch's MemTracker sees over a prefill of `model_class(config)` on fake tensors.
 
-    The prefill runs as generate() runs it (use_cache, last-token logits) when `generating`, else as a plain
-    forward over every token (an encoder). Weights are fake: nothing real is allocated. The analytic workspace in
-    memory.py is tested against this."""
+    The traced engine's serving step (trace.py) without decode steps: as generate() runs the prefill (use_cache,
+    last-token logits) for a model that generates, else a plain forward over every token (an encoder). The class
+    is built on meta in `dtype`; nothing real is allocated. The analytic workspace in memory.py is tested against
+    this."""
     import copy
 
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
 
-    from ..build import quiet_transformers
+    from .trace import StepSettings, trace_inference
 
     previous = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, dtype))
     try:
-        with quiet_transformers(), FakeTensorMode():
-            model = model_class(copy.deepcopy(config)).eval()
-            ids = torch.zeros((batch, seq), dtype=torch.long)
-            kwargs: dict[str, Any] = {"input_ids": ids}
-            if generating:
-                kwargs.update(use_cache=True, logits_to_keep=1)
-            if getattr(config, "is_encoder_decoder", False):
-                kwargs["decoder_input_ids"] = ids
-            tracker = MemTracker()
-            tracker.track_external(model)
-            with tracker, torch.no_grad():
-                model(**kwargs)
-            snapshot = tracker.get_tracker_snapshot("peak")
+        with torch.device("meta"):
+            model = model_class(copy.deepcopy(config))
     finally:
         torch.set_default_dtype(previous)
-    return sum(v for device in snapshot.values() for k, v in device.items() if str(k) == "Total")
+    return trace_inference(model, StepSettings(batch=batch, seq=seq, decode_steps=0)).phases[0].bytes
