@@ -199,3 +199,12 @@ def test_moe_6nd_uses_the_parameters_a_token_meets_and_tied_heads_are_heads():
 def test_causal_half_is_for_causal_decoders():
     with pytest.raises(ParamscopeError, match="bidirectional"):
         estimate_flops("bert-base-uncased", FlopOptions(seq=128, causal="half"))
+
+
+def test_hfu_adds_the_recomputation_exactly():
+    _, estimate, compute = estimate_flops("llama-2-7b", FlopOptions(seq=128, training=True, gpu="a100",
+                                                                   tokens_per_second=1000.0))
+    hardware = estimate.step + estimate.recompute  # flash attention's recomputed scores: 4,294,967,296
+    assert estimate.recompute == 4_294_967_296
+    assert compute.hfu == hardware / 128 * 1000.0 / 312e12
+    assert compute.mfu == estimate.step // 128 * 1000.0 / 312e12

@@ -77,8 +77,6 @@ class Plan:
 
 def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
     """Apply the plan to a copy of `module` (built on meta) and count, by role."""
-    import torch
-
     options.check()
     model = copy.deepcopy(module)
     params = {p.name: p for p in report.params}
@@ -103,7 +101,6 @@ def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
         entry[0 if param.requires_grad else 1] += numel
         total += numel
         n_trainable += numel if param.requires_grad else 0
-    del torch
     method = "full" if options.lora is None and not options.rules else (
         ("dora" if options.dora else "lora") if options.lora is not None else "freeze")
     return Plan(method, trainable, targets, n_trainable, total - n_trainable, adapter, total,

@@ -31,6 +31,15 @@ def match_parameters(params: Iterable[Any], pattern: str, *, flag: str = "--free
     return hits
 
 
+def match_all(params: Iterable[Any], patterns: Iterable[str], *, flag: str = "--freeze") -> list[str]:
+    """Sorted canonical names of the parameters any of `patterns` names (each must name one)."""
+    params = list(params)
+    names: set[str] = set()
+    for pattern in patterns:
+        names.update(match_parameters(params, pattern, flag=flag))
+    return sorted(names)
+
+
 def last_blocks(params: Iterable[Any], count: int) -> tuple[list[str], str]:
     """Names of the parameters in the last `count` blocks of the model's longest run of numbered blocks, and a
     description ("model.layers.20–23")."""

@@ -78,7 +78,7 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **mode
                             components=[c.name for c in report.components])
     config = getattr(module, "config", None)
     text = text_config(config)
-    seq = options.seq or _max_context(text) or 2048
+    seq = options.seq or max_context(text) or 2048
     kv_dtype = torch_name(options.kv_dtype) if options.kv_dtype else (
         "float16" if fmt.kind == "gguf" else fmt.compute_dtype)
     notes: list[str] = []
@@ -120,7 +120,7 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **mode
         settings["group_size"] = fmt.group_size
     if accelerator is None and options.budget is not None:
         accelerator = Accelerator("budget", options.budget, "", "budget")
-    max_context = _max_context(text)
+    max_context = max_context(text)
     settings["max_context"] = max_context
     if max_context is not None and seq > max_context:
         notes.append(f"--seq {seq:,} is beyond the model's max_position_embeddings ({max_context:,}); the largest "
@@ -157,10 +157,26 @@ def declared_compute_dtype(config: dict[str, Any] | None) -> str:
         return "bfloat16"
 
 
-def _max_context(config: Any) -> int | None:
+def max_context(config: Any) -> int | None:
+    """The model's longest context from its config (max_position_embeddings and its other names), or None."""
     value = config_int(config, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
                        "max_target_positions")
     return value if value is not None and value <= MAX_SEQ else None
+
+
+def step_length(report: Any, config: Any, seq: int | None, default: int = 2048) -> tuple[int, int | None, list[str]]:
+    """(tokens per sequence, the model's maximum, notes) for a training step or a FLOP count: --seq, else
+    `default` or the model's maximum when shorter. Beyond learned positions a model cannot run: refused; beyond
+    a rotary model's maximum it runs (extrapolating): noted."""
+    limit = max_context(config)
+    length = seq or min(default, limit or default)
+    notes = []
+    if limit is not None and length > limit:
+        if any(p.role == "embeddings.position" for p in report.params):
+            raise ParamscopeError(f"--seq {length:,} is beyond the model's {limit:,} learned positions "
+                                  "(max_position_embeddings)")
+        notes.append(f"--seq {length:,} is beyond the model's max_position_embeddings ({limit:,})")
+    return length, limit, notes
 
 
 def _has_cache(module: Any) -> bool:

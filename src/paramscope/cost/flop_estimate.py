@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ParamscopeError
+from ..selection import match_all
 from .flop_count import by_role, count_flops, module_roles
 from .flops import FlopEstimate, FlopTerm, analytic_flops
 from .hardware import Accelerator, find_accelerator, peak_flops
-from .kv_cache import config_int, text_config
+from .estimate import step_length
+from .kv_cache import text_config
 from .trace import StepSettings
 
 DEFAULT_SEQ = 2048
@@ -85,28 +87,23 @@ class Compute:
 def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), **model_options: Any):
     """(Report, FlopEstimate, Compute)."""
     from ..api import as_source, inspect_with_module
-    from .training_estimate import _frozen
 
     options.check()
     accelerator = find_accelerator(options.gpu) if options.gpu else None
     source = as_source(model, model_options.pop("revision", None))
     report, module = inspect_with_module(source, **model_options)
     text = text_config(getattr(module, "config", None))
-    limit = config_int(text, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
-    seq = options.seq or min(DEFAULT_SEQ, limit or DEFAULT_SEQ)
-    if limit is not None and seq > limit and any(p.role == "embeddings.position" for p in report.params):
-        raise ParamscopeError(f"--seq {seq:,} is beyond the model's {limit:,} learned positions "
-                              "(max_position_embeddings)")
+    seq, _, length_notes = step_length(report, text, options.seq, DEFAULT_SEQ)
     if options.causal == "half" and not type(module).__name__.endswith(("ForCausalLM", "LMHeadModel")):
         raise ParamscopeError(f"--causal half halves a causal decoder's attention; {type(module).__name__}'s "
                               "attention is bidirectional (or, for an encoder-decoder, partly so)")
-    frozen = frozenset(_frozen(report, options.freeze)) if options.freeze else frozenset()
+    frozen = frozenset(match_all(report.params, options.freeze))
     if frozen and not options.training:
         raise ParamscopeError("--freeze is for --training")
     checkpointing = options.grad_checkpointing == "full"
     estimate = analytic_flops(module, report.params, batch=options.batch, seq=seq, training=options.training,
                               checkpointing=checkpointing, causal=options.causal, frozen=frozen)
-    notes: list[str] = list(estimate.notes) if estimate else []
+    notes: list[str] = length_notes + (list(estimate.notes) if estimate else [])
     if estimate is None or options.trace:
         traced = _traced(module, report, options, seq, frozen, checkpointing)
         if estimate is None:
@@ -123,9 +120,9 @@ def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), **model_opt
 
 def _active_parameters(report: Any, config: Any) -> int:
     """Parameters a token meets: all of them, less the routed experts it does not pass (MoE: k of E)."""
-    from .flops import _routing
+    from .flops import routing
 
-    top_k, experts = _routing(config)
+    top_k, experts = routing(config)
     routed = sum(p.numel for p in report.params if p.role.startswith("moe.experts"))
     if not experts or not routed:
         return report.total

@@ -84,7 +84,7 @@ def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: 
         return None
     tokens = batch * seq
     roles = module_roles(params)
-    top_k, experts = _routing(config)
+    top_k, experts = routing(config)
     by_role: dict[str, list[int]] = {}  # role → [flops, numel met per token]
     frozen_flops = 0
     layer_flops = 0
@@ -192,7 +192,7 @@ def _layer_of(path: str) -> str:
     return match.group(1) if match else path
 
 
-def _routing(config: Any) -> tuple[int, int]:
+def routing(config: Any) -> tuple[int, int]:
     """(top-k, routed experts) from the config; (1, 0) for a dense model."""
     experts = config_int(config, "num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts") or 0
     top_k = config_int(config, "num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts") or 1

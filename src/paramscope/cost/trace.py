@@ -82,8 +82,6 @@ class StepSettings:
 
 def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) -> TracedStep:
     """Measure one steady training step of `module` (a meta-built, fake or live model; it is not modified)."""
-    import torch
-
     check_attention(settings.attention)
     notes = list(_attention_notes(settings.attention))
     with fake_mode(fake) as mode:
@@ -141,7 +139,6 @@ def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) ->
                     optimizer.zero_grad(set_to_none=True)
                 else:
                     model.zero_grad(set_to_none=True)
-    del torch
     return TracedStep("training", resident, end_of_forward, tuple(phases), attention_of(model), tuple(notes), kept)
 
 

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ParamscopeError
+from ..selection import match_all
 from .activations import (TrainingActivations, attention_dropout, embedding_gradient, recipe_for,
                           training_activations)
 from .hardware import Accelerator, find_accelerator
 from .kv_cache import config_int, text_config
+from .estimate import step_length
 from .memory import DEFAULT_RESERVE, MemoryEstimate, Workspace, fit_on, fit_table
 from .quantization import weight_format
 from .trace import ATTENTION, TORCH_OPTIMIZERS, StepSettings, TracedStep, trace_training
@@ -105,7 +107,7 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     else:
         source = as_source(model, model_options.pop("revision", None))
         report, module = inspect_with_module(source, dtype=dtype, **model_options)
-    frozen = _frozen(report, options.freeze)
+    frozen = match_all(report.params, options.freeze)
     if live:  # a user's module (a PEFT model, a half-frozen one) trains what its requires_grad flags say
         frozen = sorted(set(frozen) | {p.name for p in report.params if not p.trainable})
     trainable = frozenset(p.name for p in report.params) - frozenset(frozen)
@@ -114,15 +116,8 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     weights = weight_memory(report.params, report.buffers, fmt, components=[c.name for c in report.components])
     config = getattr(module, "config", None)
     text = text_config(config)
-    limit = config_int(text, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
-    seq = options.seq or min(DEFAULT_TRAINING_SEQ, limit or DEFAULT_TRAINING_SEQ)
+    seq, limit, notes = step_length(report, text, options.seq, DEFAULT_TRAINING_SEQ)
     checkpointing = options.grad_checkpointing == "full"
-    notes: list[str] = []
-    if limit is not None and seq > limit:
-        if any(p.role == "embeddings.position" for p in report.params):
-            raise ParamscopeError(f"--seq {seq:,} is beyond the model's {limit:,} learned positions "
-                                  "(max_position_embeddings)")
-        notes.append(f"--seq {seq:,} is beyond the model's max_position_embeddings ({limit:,})")
     resident = weights.bytes + weights.buffer_bytes + states.optimizer.bytes + states.master_weights.bytes
     gradients = states.gradients.bytes
     cast, cast_head = _cast_weights(module) if precision.endswith("-mixed") else (0, 0)
@@ -251,16 +246,6 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
         fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit, contexts=contexts),
         budget=budget, notes=tuple(notes), training=detail)
     return report, estimate
-
-
-def _frozen(report: Any, patterns: tuple[str, ...], flag: str = "--freeze") -> list[str]:
-    """Parameter names matched by each --freeze pattern: a role (or role prefix) or a glob over names."""
-    from ..selection import match_parameters
-
-    frozen: set[str] = set()
-    for pattern in patterns:
-        frozen.update(match_parameters(report.params, pattern, flag=flag))
-    return sorted(frozen)
 
 
 def _step_temporaries(optimizer: str) -> str:
