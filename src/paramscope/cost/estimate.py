@@ -120,18 +120,18 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **mode
         settings["group_size"] = fmt.group_size
     if accelerator is None and options.budget is not None:
         accelerator = Accelerator("budget", options.budget, "", "budget")
-    max_context = max_context(text)
-    settings["max_context"] = max_context
-    if max_context is not None and seq > max_context:
-        notes.append(f"--seq {seq:,} is beyond the model's max_position_embeddings ({max_context:,}); the largest "
+    longest = max_context(text)
+    settings["max_context"] = longest
+    if longest is not None and seq > longest:
+        notes.append(f"--seq {seq:,} is beyond the model's max_position_embeddings ({longest:,}); the largest "
                      "context is searched up to --seq")
-        max_context = seq
+        longest = seq
     budget = fit_on(accelerator, peak_at, options.reserve, batch=options.batch, seq=seq,
-                    max_context=max_context) if accelerator else None
+                    max_context=longest) if accelerator else None
     return report, MemoryEstimate(
         mode="inference", engine=engine, settings=settings, weights=weights, kv_cache=cache,
         activations=workspace, peak=peak, peak_phase=peak_phase, reserve=options.reserve,
-        fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=max_context),
+        fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=longest),
         budget=budget, notes=tuple(notes))
 
 
