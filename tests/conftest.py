@@ -16,13 +16,16 @@ def _formula_cache_outside_home(tmp_path_factory):
     """`formula` and `inspect --explain` cache derived formulas; tests keep them out of the user's cache."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path_factory.mktemp("session-formula-cache")))
+        # The CLI records a structure template after each build that no template answered: 30–50 more builds,
+        # which tests of other things need not pay (tests/test_template.py turns it on where it is the subject).
+        patch.setenv("PARAMSCOPE_RECORD_TEMPLATES", "0")
         yield
 
 
 @functools.lru_cache(maxsize=None)
 def report_of(model: str, model_class: str | None = None, task: str | None = None, num_labels: int | None = None):
     """Meta builds are cheap but not free: each (model, class) is built once per test session."""
-    return paramscope.inspect(model, model_class=model_class, task=task, num_labels=num_labels)
+    return paramscope.inspect(model, model_class=model_class, task=task, num_labels=num_labels, use_cache=False)
 
 
 @pytest.fixture(scope="session")

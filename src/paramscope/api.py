@@ -6,6 +6,7 @@ input → sources (config dict) → build (class choice, meta build) → count (
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +28,51 @@ def inspect(
     num_labels: int | None = None,
     trust_remote_code: bool = False,
     revision: str | None = None,
+    use_cache: bool = True,
 ) -> Report:
     """Count `model`'s parameters exactly, without weights.
 
     `model` may be a preset name, a config.json path, a model directory, a hub id, a dict holding a
     config, a transformers `PretrainedConfig`, a `sources.Source` already resolved, or a live
     `torch.nn.Module` (counted as it is).
+
+    With `use_cache`, a config of a class seen before is answered from its structure template (template.py: the
+    same report, without importing torch or transformers); otherwise, or when no template applies, the class is
+    built on the meta device. `report.model.engine` says which answered.
     """
+    if use_cache and not trust_remote_code and not _is_module(model):
+        source = as_source(model, revision)
+        report, why = answer_from_template(source, model_class=model_class, task=task, num_labels=num_labels)
+        if report is not None:
+            return report
+        built = _inspect_source(source, model_class, task, num_labels, trust_remote_code)[0]
+        return replace(built, model=replace(built.model, engine_detail=why))
     return inspect_with_module(model, model_class=model_class, task=task, num_labels=num_labels,
                                trust_remote_code=trust_remote_code, revision=revision)[0]
+
+
+def answer_from_template(source: Source, *, model_class: str | None = None, task: str | None = None,
+                         num_labels: int | None = None) -> tuple[Report | None, str | None]:
+    """(the report from a cached or shipped template, None) or (None, why no template answered)."""
+    from .build import TASKS, check_num_labels, resolve_task, validate_config_dict
+    from .template import lookup_template, report_from_template
+
+    if model_class and task:
+        raise ModelClassError("give --class or --task, not both")
+    if not isinstance(source.config.get("model_type"), str):
+        return None, None  # the build names what is missing
+    validate_config_dict(source.config)
+    check_num_labels(num_labels)
+    if task:
+        key = resolve_task(task)
+    found = lookup_template(source.config, model_class=model_class, task=task, num_labels=num_labels)
+    if found.template is None:
+        return None, found.why_not
+    if task:
+        reason = f"--task {task}" + (f" (= {key})" if key != task else "") + f": {TASKS[key][1]}"
+    else:
+        reason = found.class_reason
+    return report_from_template(found.template, source, num_labels=num_labels, class_reason=reason), None
 
 
 def inspect_with_module(model: Any, *, model_class: str | None = None, task: str | None = None,
@@ -77,6 +114,7 @@ def inspect_module(module: Any, *, label: str | None = None) -> Report:
         model_type=getattr(config, "model_type", None),
         native=None,
         transformers_version=None,
+        engine="module",
     )
     return make_report(info, counted, getattr(module, "base_model_prefix", None),
                        **_extras(module, config, counted))
@@ -84,7 +122,7 @@ def inspect_module(module: Any, *, label: str | None = None) -> Report:
 
 def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_code,
                     dtype: str | None = None) -> tuple[Report, Any]:
-    from .build import build_on_meta, choose_class, make_config, transformers_version
+    from .build import build_on_meta, choose_class, extra_config_notes, make_config, transformers_version
 
     location = code_location(source)
     config, notes = make_config(source.config, num_labels=num_labels, trust_remote_code=trust_remote_code,
@@ -102,7 +140,7 @@ def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_
         model_type=config.model_type,
         native=native,
         transformers_version=transformers_version(),
-        notes=tuple(notes) + _config_notes(source.config),
+        notes=tuple(notes) + extra_config_notes(source.config),
         storage=describe_storage(source.config),
     )
     counted = count_module(module)
@@ -118,16 +156,6 @@ def code_location(source: Source) -> str | None:
     if source.path is not None:
         return str(Path(source.path).resolve().parent)
     return None
-
-
-def _config_notes(config: dict[str, Any]) -> tuple[str, ...]:
-    """Config fields that describe weights transformers does not build, so the reader knows they are not counted."""
-    notes = []
-    mtp = config.get("num_nextn_predict_layers")
-    if isinstance(mtp, int) and not isinstance(mtp, bool) and mtp > 0:
-        notes.append(f"num_nextn_predict_layers={mtp}: the multi-token-prediction module ships in the checkpoint "
-                     "but is not part of the transformers model, so it is not counted")
-    return tuple(notes)
 
 
 def _extras(module: Any, config: Any, counted) -> dict[str, Any]:

@@ -248,6 +248,7 @@ def make_config(config_dict: dict[str, Any], *, num_labels: int | None = None, t
             notes.append(f"model_type {model_type!r} is not in transformers {transformers_version()}; the config "
                          f"was read with {config_class.__name__}, the config class of --class {model_class}; "
                          "no remote code ran")
+            notes.extend(config_notes(config_dict, transformers_version()))
         elif isinstance(auto_map, dict) and auto_map:
             if not trust_remote_code:
                 raise RemoteCodeError(_remote_refusal(model_type, auto_map, config_dict))
@@ -255,24 +256,14 @@ def make_config(config_dict: dict[str, Any], *, num_labels: int | None = None, t
         else:
             raise ConfigError(f"unknown model_type {short_repr(model_type)}: not in transformers "
                               f"{transformers_version()}")
-    elif auto_map:
-        config_dict.pop("auto_map")
-        notes.append(
-            f"auto_map names remote code, but model_type {model_type!r} is native to transformers "
-            f"{transformers_version()}: the native class was used, no remote code ran"
-        )
+    else:
+        notes.extend(config_notes(config_dict, transformers_version()))
+        config_dict.pop("auto_map", None)
     rope = config_dict.get("rope_scaling")
     if isinstance(rope, dict) and rope.get("type") == "su" and "rope_type" not in rope:
         # Phi-3's first 128k configs called LongRoPE "su"; transformers 4 renamed it, transformers 5 rejects it.
         config_dict["rope_scaling"] = {**rope, "type": "longrope"}
-        notes.append("rope_scaling type 'su' read as 'longrope' (its later name); it does not change the count")
-    quantization = config_dict.pop("quantization_config", None)
-    if isinstance(quantization, dict):
-        method = quantization.get("quant_method") or "unknown"
-        notes.append(
-            f"quantization_config ({method}) not applied: logical parameters are counted, and no quantisation "
-            "backend is needed (the storage line says how the checkpoint stores them)"
-        )
+    config_dict.pop("quantization_config", None)
     if config_class is None:
         config_class = CONFIG_MAPPING[model_type]
     else:
@@ -283,6 +274,37 @@ def make_config(config_dict: dict[str, Any], *, num_labels: int | None = None, t
     except Exception as err:  # transformers' strict validation names the field
         raise ConfigError(f"invalid {config_class.model_type or model_type} config: {_first_line(err)}") from err
     return config, notes
+
+
+def config_notes(config_dict: dict[str, Any], version: str) -> tuple[str, ...]:
+    """What reading a config of a native model_type decides along the way, in words (torch-free: templates
+    give the same notes as a build)."""
+    notes = []
+    model_type = config_dict.get("model_type")
+    if config_dict.get("auto_map"):
+        notes.append(f"auto_map names remote code, but model_type {model_type!r} is native to transformers "
+                     f"{version}: the native class was used, no remote code ran")
+    rope = config_dict.get("rope_scaling")
+    if isinstance(rope, dict) and rope.get("type") == "su" and "rope_type" not in rope:
+        notes.append("rope_scaling type 'su' read as 'longrope' (its later name); it does not change the count")
+    quantization = config_dict.get("quantization_config")
+    if isinstance(quantization, dict):
+        method = quantization.get("quant_method") or "unknown"
+        notes.append(
+            f"quantization_config ({method}) not applied: logical parameters are counted, and no quantisation "
+            "backend is needed (the storage line says how the checkpoint stores them)"
+        )
+    return tuple(notes)
+
+
+def extra_config_notes(config: dict[str, Any]) -> tuple[str, ...]:
+    """Config fields that describe weights transformers does not build, so the reader knows they are not counted."""
+    notes = []
+    mtp = config.get("num_nextn_predict_layers")
+    if isinstance(mtp, int) and not isinstance(mtp, bool) and mtp > 0:
+        notes.append(f"num_nextn_predict_layers={mtp}: the multi-token-prediction module ships in the checkpoint "
+                     "but is not part of the transformers model, so it is not counted")
+    return tuple(notes)
 
 
 def _native_class(model_class: str | None):

@@ -76,11 +76,14 @@ def exclude_embeddings(module: Any, params: tuple[ParameterInfo, ...] | None = N
 
     `params`, when given, are the module's counted parameters: each under its first name, as named_parameters()
     yields them, so the module need not be walked a second time."""
-    import torch
+    if getattr(module, "paramscope_stub", False):  # a template's stand-in says which modules are embeddings
+        embedding_param_names = {f"{name}.weight" for name, sub in module.named_modules() if sub.is_embedding}
+    else:
+        import torch
 
-    embedding_param_names = {
-        f"{name}.weight" for name, sub in module.named_modules() if isinstance(sub, torch.nn.Embedding)
-    }
+        embedding_param_names = {
+            f"{name}.weight" for name, sub in module.named_modules() if isinstance(sub, torch.nn.Embedding)
+        }
     named = ((p.name, p.numel) for p in params) if params is not None else (
         (name, param.numel()) for name, param in module.named_parameters())
     total = 0

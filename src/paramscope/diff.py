@@ -59,7 +59,7 @@ def parse_spec(spec: str) -> ModelSpec:
 
 def inspect_specs(specs: list[str | ModelSpec], *, model_class: str | None = None, task: str | None = None,
                   num_labels: int | None = None, trust_remote_code: bool = False,
-                  revision: str | None = None) -> list[Report]:
+                  revision: str | None = None, use_cache: bool = True) -> list[Report]:
     """Inspect several specs. Every config is read and checked before the first build, so that a bad last model
     fails in milliseconds, not after the others were built."""
     from .api import as_source, inspect
@@ -75,7 +75,7 @@ def inspect_specs(specs: list[str | ModelSpec], *, model_class: str | None = Non
         own = bool(p.model_class or p.task)
         reports.append(inspect(source, model_class=p.model_class if own else model_class,
                                task=p.task if own else task, num_labels=num_labels,
-                               trust_remote_code=trust_remote_code))
+                               trust_remote_code=trust_remote_code, use_cache=use_cache))
     return reports
 
 

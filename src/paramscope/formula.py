@@ -39,7 +39,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, Callable
 
 from .errors import ModelClassError, ParamscopeError
 from .formula_cache import (
@@ -138,9 +138,15 @@ class _Snapshot:
     fams: dict[tuple[str, str, int], tuple[int, tuple[int, ...]]]  # (pattern, role, k) → (multiplicity, shape)
     total: int
     breakdown: dict[str, int]
+    # Template mode (template_record.py): the module skeleton with every size left out (class names, buffers,
+    # ties, which runs of layers a stack holds), so that a field changing anything in the report is structural.
+    skeleton: str = ""
 
     def structure(self) -> frozenset:
-        return frozenset((key, len(shape)) for key, (_, shape) in self.fams.items())
+        return frozenset((key, len(shape)) for key, (_, shape) in self.fams.items()) | {("skeleton", self.skeleton)}
+
+    def same(self, other: "_Snapshot") -> bool:
+        return self.fams == other.fams and self.skeleton == other.skeleton
 
 
 @dataclass(frozen=True)
@@ -303,12 +309,18 @@ def _config_dict(config: Any) -> dict[str, Any]:
 
 def _build(config_dict: dict[str, Any], class_name: str, num_labels: int | None = None):
     """make_config → build_on_meta → count_module, quietly: the same path `paramscope inspect` takes."""
-    from .build import quiet_transformers, build_on_meta, make_config
     from .count import count_module
+
+    return count_module(build_module(config_dict, class_name, num_labels))
+
+
+def build_module(config_dict: dict[str, Any], class_name: str, num_labels: int | None = None):
+    """The meta-device module `_build` counts."""
+    from .build import quiet_transformers, build_on_meta, make_config
 
     with quiet_transformers():
         config, _ = make_config(config_dict, num_labels=num_labels)
-        return count_module(build_on_meta(class_name, config))
+        return build_on_meta(class_name, config)
 
 
 # ------------------------------------------------------------------------------------------------ derivation
@@ -337,7 +349,14 @@ def _snapshot(counted) -> _Snapshot:
 
 class _Deriver:
     def __init__(self, config: dict[str, Any], label: str, *, model_class: str | None, task: str | None,
-                 num_labels: int | None):
+                 num_labels: int | None, take: Callable[[Any], _Snapshot] | None = None,
+                 deadline: float | None = None, deadline_per_build: float | None = None):
+        """`take` turns a built module into a snapshot (template mode; the default counts parameter families);
+        past `deadline` (time.perf_counter()) the derivation gives up with a FormulaError."""
+        self.take = take
+        self.deadline = deadline
+        self.deadline_per_build = deadline_per_build
+        self.configs: dict[str, dict[str, Any]] = {}  # probe key → the config built (template mode checks them)
         self.base = copy.deepcopy(config)
         self.num_labels = num_labels
         self.label = label
@@ -365,14 +384,29 @@ class _Deriver:
                 if length_path == path:
                     set_path(config, list_path, [period[i % len(period)] for i in range(value)])
         self.builds += 1
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise FormulaError(f"deriving {self.class_name}'s structure took longer than its time budget")
         try:
-            snap = _snapshot(_build(config, self.class_name, overrides.get("num_labels", self.num_labels)))
+            snap = self._take(config, overrides.get("num_labels", self.num_labels))
+            self.configs[key] = (config, overrides.get("num_labels", self.num_labels))
         except ParamscopeError:
             snap = None
         except Exception:  # a config the class's own code rejects: not a usable probe
             snap = None
         self._probes[key] = snap
         return snap
+
+    def _take(self, config: dict[str, Any], num_labels: int | None) -> _Snapshot:
+        if self.take is None:
+            return _snapshot(_build(config, self.class_name, num_labels))
+        started = time.perf_counter()
+        module = build_module(config, self.class_name, num_labels)
+        if self.deadline is not None and self.builds <= 1 and self.deadline_per_build is not None:
+            spent = time.perf_counter() - started
+            if spent > self.deadline_per_build:
+                raise FormulaError(f"one build of {self.class_name} takes {spent:.1f} s here; deriving its structure "
+                                   "would take 30–50 of them")
+        return self.take(module)
 
     def _spellings_in_base(self, path: str) -> list[str]:
         """Where to write the field at `path` in the anchor config: every spelling it uses, so that no alias keeps
@@ -404,15 +438,23 @@ class _Deriver:
             self.spellings: dict[str, list[str]] = {}  # config path → its other spellings (aliases)
             self._register_flat_spellings(config)
             self.config_obj = config
-        counted = _build(self.base, self.class_name, self.num_labels)
         self.builds += 1
-        self.anchor = _snapshot(counted)
+        self.anchor = self._take(self.base, self.num_labels)
         self._probes[json.dumps([])] = self.anchor
+        self.configs[json.dumps([])] = (copy.deepcopy(self.base), self.num_labels)
         started = time.perf_counter()  # the derivation proper: the imports and the first build are any build's
 
         ints, flags = self._catalogue()
+        unset: list[tuple[str, _Field]] = []
+        if self.take is not None:
+            # Template mode: a field the config leaves out may be one the config class derives in ways no default
+            # says (DeepSeek-V3's head_dim is qk_rope_head_dim); varied alone, it would disagree with itself. The
+            # class decides it, so the template assumes it stays unset: a config that sets it is built instead.
+            for path in [p for p, info in ints.items() if not info.present and p != "num_labels"]:
+                unset.append(("flag", _Field(path, None, ABSENT, False)))
+                del ints[path]
         self._find_periodic(ints, flags)
-        conditions = self._flag_conditions(flags)
+        conditions = self._flag_conditions(flags) + unset
         groups, axis, independent, fixed = self._vary_ints(ints)
         conditions += fixed
         variables = [g for g in groups if g in axis]
@@ -427,6 +469,8 @@ class _Deriver:
             derived[symbol] = (sym_of[a], sym_of[b])
             sym_of[name] = symbol
         families = self._families(quantities, sym_of)
+        # template mode: buffers and run lengths are fitted as families are, but are no parameters
+        self.extra_families = tuple(f for f in families if f.role.startswith("<"))
         anchor_values = {sym_of[v]: ints[v].value for v in variables}
         anchor_values.update({symbol: anchor_values[a] // anchor_values[b] for symbol, (a, b) in derived.items()})
         spec_conditions = self._conditions(conditions, groups, ints, variables, sym_of, families)
@@ -441,7 +485,7 @@ class _Deriver:
             roles_fingerprint=roles_fingerprint(),
             symbols=symbols,
             defaults=defaults,
-            families=families,
+            families=tuple(f for f in families if not f.role.startswith("<")),
             conditions=spec_conditions,
             independent=tuple(sorted((p for p in independent if ints[p].present or p != "num_labels"),
                                      key=self._rank)),
@@ -651,7 +695,7 @@ class _Deriver:
                 alts = self._alternatives(info)
                 overrides[info.path] = alts[min(pick, len(alts) - 1)]
             snap = self.probe(overrides)
-            return snap is not None and snap.fams == self.anchor.fams
+            return snap is not None and snap.same(self.anchor)
 
         def split(group: list[_Field]) -> None:
             if not group or unchanged(group):
@@ -742,7 +786,7 @@ class _Deriver:
             for path in batch:
                 overrides.update(self._assign(groups, path, self._candidates(path, ints[path].value, ints)[0]))
             snap = self.probe(overrides)
-            if snap is not None and snap.fams == self.anchor.fams:
+            if snap is not None and snap.same(self.anchor):
                 independent.update(batch)
                 return
             half = len(batch) // 2
@@ -759,7 +803,7 @@ class _Deriver:
             snap = self.probe(self._assign(groups, rep, x))
             if snap is None or snap.structure() != anchor_structure:
                 continue
-            if snap.fams == self.anchor.fams:
+            if snap.same(self.anchor):
                 return "independent", []
             found.append((x, snap))
             if len(found) == 2:

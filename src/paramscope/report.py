@@ -26,6 +26,8 @@ class ModelInfo:
     notes: tuple[str, ...] = ()
     storage: Storage | None = None  # declared dtype and quantisation of the checkpoint, from its config
     base_model_prefix: str | None = None  # e.g. "bert": task models hold the base model under it
+    engine: str = "build"  # what answered: "build" (the class built on meta) or "template" (template.py)
+    engine_detail: str | None = None  # why the build answered (no template, or one did not apply), in words
 
 
 @dataclass(frozen=True)

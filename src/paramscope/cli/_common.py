@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from ..errors import ParamscopeError
 
@@ -66,3 +67,39 @@ def write(text: str) -> None:
         sys.stdout.flush()
     except BrokenPipeError:  # `paramscope inspect … | head` is normal use
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def add_cache_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-cache", action="store_true",
+                        help="build the class on meta: neither answer from nor record a structure template")
+
+
+RECORD_ENV = "PARAMSCOPE_RECORD_TEMPLATES"  # "0": never record templates after a build (documented in the README)
+RECORD_BUDGET_S = 30.0
+_RECORD_AFTER_BUILD_S = 2.0  # a class whose one build took longer is not worth 30–50 more builds here
+
+
+def record_after_build(report: Any, source: Any, *, model_class: str | None, task: str | None,
+                       num_labels: int | None) -> None:
+    """After a build answered a config (no template applied), record a template so that the next call with a
+    config of this class answers without torch. Quiet unless stderr is a terminal; never fails the command."""
+    if (report.model.engine != "build" or report.model.native is not True or source is None
+            or os.environ.get(RECORD_ENV, "1") == "0"):
+        return
+    from ..template_record import record_template
+
+    status = None
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        status = Console(stderr=True).status(f"recording a template for {report.model.class_name} (next time: "
+                                             "instant; --no-cache skips this)")
+        status.start()
+    try:
+        record_template(source.config, label=source.label, model_class=model_class, task=task,
+                        num_labels=num_labels, budget_s=RECORD_BUDGET_S, max_build_s=_RECORD_AFTER_BUILD_S)
+    except Exception:  # the answer is already out; a template not recorded only means the next call builds
+        pass
+    finally:
+        if status is not None:
+            status.stop()

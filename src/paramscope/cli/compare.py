@@ -6,7 +6,8 @@ import argparse
 from typing import Any
 
 from ..errors import ParamscopeError
-from ._common import add_debug_option, add_source_options, add_width_option, checked_width, use_color, write
+from ._common import (add_cache_option, add_debug_option, add_source_options, add_width_option, checked_width,
+                      record_after_build, use_color, write)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -19,6 +20,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--task", metavar="TASK", help="task for models without ':CLASS'")
     parser.add_argument("--num-labels", type=int, metavar="K", help="number of labels of classification heads")
     add_source_options(parser)
+    add_cache_option(parser)
     add_debug_option(parser)
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the comparison as JSON")
@@ -37,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     width = None if args.json or args.csv else checked_width(args)  # bad options fail before any build
     specs = [parse_spec(m) for m in args.models]
     reports = inspect_specs(specs, model_class=args.model_class, task=args.task, num_labels=args.num_labels,
-                            trust_remote_code=args.trust_remote_code, revision=args.revision)
+                            trust_remote_code=args.trust_remote_code, revision=args.revision,
+                            use_cache=not args.no_cache)
     comparison = compare_reports(reports, [s.text for s in specs])
     if args.json:
         write(render_compare_json(comparison) + "\n")
@@ -45,4 +48,12 @@ def run(args: argparse.Namespace) -> int:
         write(render_compare_csv(comparison))
     else:
         write(render_compare_text(comparison, width, color=use_color(), roles=args.roles))
+    if not args.no_cache and not args.trust_remote_code:
+        from ..api import as_source
+
+        for spec, report in zip(specs, reports):
+            own = bool(spec.model_class or spec.task)
+            record_after_build(report, as_source(spec.model, args.revision),
+                               model_class=spec.model_class if own else args.model_class,
+                               task=spec.task if own else args.task, num_labels=args.num_labels)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import add_debug_option, add_source_options, add_width_option, checked_width, use_color, write
+from ._common import add_cache_option, add_debug_option, add_source_options, add_width_option, checked_width, use_color, write
 
 
 def add_parser(subparsers: Any) -> None:
@@ -18,6 +18,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("b", metavar="B", help="MODEL[:CLASS] after")
     parser.add_argument("--num-labels", type=int, metavar="K", help="number of labels of classification heads (both)")
     add_source_options(parser)
+    add_cache_option(parser)
     add_debug_option(parser)
     parser.add_argument("--json", action="store_true", help="print the diff as JSON")
     parser.add_argument("--all", action="store_true", dest="all_rows", help="list every tensor, not groups")
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     width = None if args.json else checked_width(args)  # bad options fail before any build
     specs = [parse_spec(args.a), parse_spec(args.b)]
     a, b = inspect_specs(specs, num_labels=args.num_labels, trust_remote_code=args.trust_remote_code,
-                         revision=args.revision)
+                         revision=args.revision, use_cache=not args.no_cache)
     result = diff_reports(a, b, a_label=specs[0].text, b_label=specs[1].text)
     if args.json:
         write(render_diff_json(result) + "\n")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from typing import Any
 
 from ..errors import ParamscopeError
-from ._common import add_debug_option, add_model_options, add_width_option, checked_width, use_color, write
+from ._common import (add_cache_option, add_debug_option, add_model_options, add_width_option, checked_width,
+                      record_after_build, use_color, write)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -21,6 +23,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--explain", action="store_true", help="show the arithmetic behind every figure")
     parser.add_argument("--no-tree", action="store_true", help="leave out the module tree")
     add_width_option(parser)
+    add_cache_option(parser)
     add_debug_option(parser)
     parser.add_argument(
         "--explain-counts", action="store_true",
@@ -41,7 +44,24 @@ def run(args: argparse.Namespace) -> int:
     source = resolve(args.model, revision=args.revision)
     options = dict(model_class=args.model_class, task=args.task, num_labels=args.num_labels,
                    trust_remote_code=args.trust_remote_code)
-    report, module = inspect_with_module(source, **options)
+    report = module = None
+    if not args.no_cache and not args.explain_counts and not args.trust_remote_code:
+        from ..api import answer_from_template
+
+        report, why = answer_from_template(source, model_class=args.model_class, task=args.task,
+                                           num_labels=args.num_labels)
+    if report is None:
+        report, module = inspect_with_module(source, **options)
+        if not args.no_cache and not args.explain_counts and not args.trust_remote_code:
+            report = replace(report, model=replace(report.model, engine_detail=why))
+    _show(args, source, report, module, width)
+    if not args.no_cache and not args.trust_remote_code:
+        record_after_build(report, source, model_class=args.model_class, task=args.task,
+                           num_labels=args.num_labels)
+    return 0
+
+
+def _show(args: argparse.Namespace, source: Any, report: Any, module: Any, width: int | None) -> None:
     counts = heads = None
     if args.explain_counts:
         from ..reconcile_counts import reconcile_counts
@@ -60,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         if heads is not None:
             document["heads"] = heads.to_dict()
         write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
-        return 0
+        return
     from ..render.text import TextOptions, render_text
 
     formula = None
@@ -79,4 +99,3 @@ def run(args: argparse.Namespace) -> int:
         if counts is not None:
             text += render_counts_text(counts, width, color=use_color())
     write(text)
-    return 0

@@ -24,6 +24,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
             "transformers_version": model.transformers_version,
             "notes": list(model.notes),
             "storage": _storage(model.storage),
+            "engine": {"name": model.engine, "detail": model.engine_detail},
         },
         "parameters": {
             "total": report.parameters.total,

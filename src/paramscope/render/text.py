@@ -86,6 +86,12 @@ def _header(report: Report) -> Group:
         how = "remote code" if model.native is False else "live module"
     lines.append(indented(f"{model.class_name}, {how}", 11, "  class"))
     lines.append(indented(f"{model.class_reason}", 11, "  why"))
+    if model.engine == "template":
+        lines.append(indented("structure template: the recorded skeleton evaluated at this config, no build "
+                              "(--no-cache builds)", 11, "  engine"))
+    elif model.engine == "build":
+        detail = f" ({model.engine_detail})" if model.engine_detail else ""
+        lines.append(indented(f"built on the meta device{detail}", 11, "  engine"))
     if model.model_type:
         lines.append(indented(f"{model.model_type}", 11, "  type"))
     if model.storage is not None:
