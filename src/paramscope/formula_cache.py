@@ -34,7 +34,7 @@ import tempfile
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from .errors import ConfigError, ParamscopeError
 
@@ -833,6 +833,21 @@ def store(spec: FormulaSpec, *, route: str | None = None) -> Path | None:
     return path
 
 
+def read_entries(entries: Iterable[Path], parse) -> Iterator[tuple[Path, Any, str | None]]:
+    """(entry, parse(its JSON), None) for each of the first MAX_CACHED_ENTRIES cache files, or (entry, None, why
+    not) for one that is unreadable or that `parse` rejects (CacheEntryError)."""
+    for entry in list(entries)[:MAX_CACHED_ENTRIES]:
+        data = _read_json(entry)
+        if data is _UNREADABLE:
+            yield entry, None, (f"skipped: not a readable JSON file of at most "
+                                f"{MAX_ENTRY_BYTES // 1024 // 1024} MiB")
+            continue
+        try:
+            yield entry, parse(data), None
+        except CacheEntryError as err:
+            yield entry, None, f"discarded: {err}"
+
+
 @dataclass(frozen=True)
 class Lookup:
     spec: FormulaSpec | None
@@ -861,16 +876,9 @@ def lookup(config: dict[str, Any], *, model_class: str | None = None, task: str 
         return Lookup(None, class_name=class_name)
     fingerprint = roles_fingerprint()
     rejected = []
-    for entry in entries[:MAX_CACHED_ENTRIES]:
-        data = _read_json(entry)
-        if data is _UNREADABLE:
-            rejected.append(f"cache entry {entry.name} skipped: not a readable JSON file of at most "
-                            f"{MAX_ENTRY_BYTES // 1024 // 1024} MiB")
-            continue
-        try:
-            spec = FormulaSpec.from_json(data)
-        except CacheEntryError as err:
-            rejected.append(f"cache entry {entry.name} discarded: {err}")
+    for entry, spec, why_not in read_entries(entries, FormulaSpec.from_json):
+        if spec is None:
+            rejected.append(f"cache entry {entry.name} {why_not}")
             continue
         if spec.roles_fingerprint != fingerprint or spec.class_name != class_name:
             continue

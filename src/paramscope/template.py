@@ -34,14 +34,12 @@ from typing import Any
 from .errors import ParamscopeError
 from .formula_cache import (
     ABSENT,
-    MAX_CACHED_ENTRIES,
     AssumptionError,
-    CacheEntryError,
     Family,
     FormulaSpec,
-    _UNREADABLE,
     _expect,
     _read_json,
+    read_entries,
     _safe,
     atomic_write_json,
     cache_root,
@@ -410,17 +408,12 @@ def lookup_template(config: dict[str, Any], *, model_class: str | None = None, t
     for root in roots:
         directory = root / _safe(class_name)
         try:
-            entries = sorted(directory.glob("*.json"))[:MAX_CACHED_ENTRIES]
+            entries = sorted(directory.glob("*.json"))
         except OSError:
             continue
-        for entry in entries:
-            data = _read_json(entry)
-            if data is _UNREADABLE:
-                continue
-            try:
-                template = Template.from_json(data)
-            except CacheEntryError as err:
-                rejected.append(f"template {entry.name} discarded: {err}")
+        for entry, template, why_not in read_entries(entries, Template.from_json):
+            if template is None:
+                rejected.append(f"template {entry.name} {why_not}")
                 continue
             spec = template.spec
             if (spec.roles_fingerprint != fingerprint or spec.class_name != class_name
