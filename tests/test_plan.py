@@ -121,3 +121,96 @@ def test_plan_flops_full_is_twice_forward_and_lora_skips_base_weight_gradients()
     # backward: input gradients (at most a forward's worth: with the embedding frozen, the first layer's
     # projections need none) and the adapters' weight gradients, no base weight gradient
     assert 0 < lora.model_backward <= lora.forward + adapters < full.model_backward
+
+
+# ------------------------------------------------------------------------------------------------------ QLoRA
+
+
+@pytest.mark.parametrize("storage", ["nf4", "nf4-dq"])
+def test_qlora_base_is_stored_as_bitsandbytes_stores_it(storage):
+    """The 4-bit stand-ins hold exactly the bytes `memory --dtype nf4[-dq]` gives for the same tensors."""
+    from paramscope.cost.quantization import weight_format
+    from paramscope.sources import resolve
+
+    config = dict(resolve("llama-2-7b").config, num_hidden_layers=2)
+    report, module = inspect_with_module(config)
+    lora = make_plan(report, module, PlanOptions(lora=8, target=("q_proj", "v_proj")))
+    qlora = make_plan(report, module, PlanOptions(lora=8, target=("q_proj", "v_proj"), qlora=storage))
+    assert qlora.method == "qlora" and len(qlora.quantized) == 14  # 7 nn.Linear per layer; lm_head is kept
+    assert (qlora.trainable, qlora.total) == (lora.trainable, lora.total)  # logical counts, as PEFT's
+    fmt = weight_format(storage)
+    shapes = {p.name: p.shape for p in report.params}
+    expected = sum(fmt.tensor_bytes(shapes[name]).total for name in qlora.quantized)
+    held = 0
+    for sub in qlora.module.modules():
+        if type(sub).__name__ == "Linear4bitStandIn":
+            held += sum(t.numel() * t.element_size() for t in (*sub.parameters(recurse=False),
+                                                               *sub.buffers(recurse=False))
+                        if t is not sub.bias)
+    n = 2 * (4 * 4096 * 4096 + 3 * 4096 * 11008)  # q, k, v, o and gate, up, down of 2 layers
+    if storage == "nf4":  # half a byte each, an fp32 absmax per 64, a 16-entry fp32 code book per tensor
+        assert held == expected == n // 2 + n // 64 * 4 + 14 * 64 == 227_672_960
+    else:  # uint8 absmax, an fp32 absmax per 256 blocks, offset, the 256-entry nested code and the code book
+        nested = 2 * (4 * (4096 * 4096 // 64 // 256) + 3 * (4096 * 11008 // 64 // 256)) * 4
+        assert held == expected == n // 2 + n // 64 + nested + 14 * (4 + 1024 + 64) == 208_813_496
+
+
+def test_qlora_below_lora_below_full_on_llama_2_7b():
+    """The issue's pin: Llama-2-7B, batch 1 × 2,048 tokens, bf16-mixed: QLoRA < LoRA < full, and full
+    fine-tuning holds at least 16 bytes per parameter."""
+    report, module = inspect_with_module(as_source("llama-2-7b"))
+    options = TrainingOptions(batch=1, seq=2048, precision="bf16-mixed")
+    peaks = {}
+    for name, plan_options in (("full", PlanOptions()),
+                               ("lora", PlanOptions(lora=8, target=("q_proj", "v_proj"))),
+                               ("qlora", PlanOptions(lora=8, target=("q_proj", "v_proj"), qlora="nf4"))):
+        _, estimate = estimate_training(make_plan(report, module, plan_options).module, options)
+        peaks[name] = estimate
+    assert peaks["qlora"].peak < peaks["lora"].peak < peaks["full"].peak
+    assert peaks["lora"].engine == peaks["qlora"].engine == "traced"
+    states = peaks["full"].training.states
+    assert states.weights.bytes + states.gradients.bytes + states.optimizer.bytes >= 16 * report.total
+    # the 4-bit base: 224 weights of Llama-2-7B's 6.74 B parameters stored in half a byte and a block scale
+    assert peaks["qlora"].weights.bytes < peaks["lora"].weights.bytes / 4
+
+
+def test_qlora_flops_are_loras():
+    """Dequantising is elementwise (not counted); the matmuls are the same as LoRA's."""
+    from paramscope.plan import plan_flops
+    from paramscope.sources import resolve
+
+    config = dict(resolve("llama-2-7b").config, num_hidden_layers=1, hidden_size=256, intermediate_size=512,
+                  num_attention_heads=4, num_key_value_heads=4, vocab_size=128)
+    report, module = inspect_with_module(config)
+    lora = plan_flops(make_plan(report, module, PlanOptions(lora=4)), batch=1, seq=32)
+    qlora = plan_flops(make_plan(report, module, PlanOptions(lora=4, qlora="nf4")), batch=1, seq=32)
+    assert (qlora.forward, qlora.model_backward) == (lora.forward, lora.model_backward)
+
+
+def test_cli_plan_compare_sets_plans_side_by_side():
+    result = _cli("plan", "gpt2", "--compare", "full,freeze,lora,qlora", "--seq", "64", "--budget", "4GiB",
+                  "--width", "160")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    rows = {line.split()[0]: line for line in lines if line.split()[:1] in (["full"], ["freeze"], ["lora"],
+                                                                            ["qlora"])}
+    assert set(rows) == {"full", "freeze", "lora", "qlora"}
+    assert "124,439,808" in rows["full"] and "100%" in rows["full"]
+    assert "largest batch on budget" in result.stdout
+    assert "train last 2 blocks" in result.stdout and "stored nf4 by bitsandbytes" in result.stdout
+    json_result = _cli("plan", "gpt2", "--compare", "full,qlora", "--seq", "64", "--json")
+    document = json.loads(json_result.stdout)
+    plans = {p["name"]: p for p in document["plans"]}
+    assert plans["full"]["trainable"] == 124_439_808 and plans["qlora"]["method"] == "qlora"
+    assert plans["qlora"]["memory"]["peak"]["bytes"] < plans["full"]["memory"]["peak"]["bytes"]
+    assert plans["qlora"]["storage"]["format"] == "nf4" and len(plans["qlora"]["storage"]["quantized"]) == 48
+
+
+@pytest.mark.parametrize("args, named", [
+    (("--compare", "full,wings"), "--compare"),
+    (("--qlora",), "--qlora needs --lora"),
+])
+def test_cli_plan_compare_and_qlora_bad_options(args, named):
+    result = _cli("plan", "gpt2", "--no-memory", *args)
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -36,6 +36,7 @@ class PlanOptions:
     dora: bool = False
     rslora: bool = False
     modules_to_save: tuple[str, ...] = ()
+    qlora: str | None = None  # "nf4" or "nf4-dq": the base's nn.Linear weights stored 4-bit (bitsandbytes)
 
     def check(self) -> None:
         if self.lora is not None and not 1 <= self.lora <= MAX_RANK:
@@ -43,6 +44,10 @@ class PlanOptions:
         if self.lora is None and (self.dora or self.rslora or self.target or self.modules_to_save
                                   or self.alpha is not None):
             raise ParamscopeError("--alpha, --target, --dora, --rslora and --modules-to-save need --lora R")
+        if self.qlora is not None and self.qlora not in ("nf4", "nf4-dq"):
+            raise ParamscopeError(f"the QLoRA base is nf4 or nf4-dq, got {self.qlora!r}")
+        if self.qlora is not None and self.lora is None:
+            raise ParamscopeError("--qlora needs --lora R (the adapters' rank)")
         if not 0 <= self.dropout < 1:
             raise ParamscopeError(f"--dropout must be in [0, 1), got {self.dropout}")
         for kind, value in self.rules:
@@ -63,7 +68,7 @@ class RuleMatch:
 
 @dataclass(frozen=True)
 class Plan:
-    method: str  # "full" | "freeze" | "lora" | "dora"
+    method: str  # "full" | "freeze" | "lora" | "dora" | "qlora"
     rules: tuple[RuleMatch, ...]
     targets: tuple[str, ...]  # adapter target modules as PEFT resolved them
     trainable: int
@@ -73,6 +78,8 @@ class Plan:
     by_role: dict[str, tuple[int, int]]  # role → (trainable, frozen)
     module: Any = field(repr=False, compare=False, default=None)  # the meta module with the plan applied
     peft_counts: tuple[int, int] | None = None  # PEFT's get_nb_trainable_parameters(), where adapters are used
+    quantized: tuple[str, ...] = ()  # QLoRA: the base weights stored 4-bit (canonical names)
+    storage: str | None = None  # QLoRA: "nf4" | "nf4-dq"
 
 
 def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
@@ -102,9 +109,28 @@ def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
         total += numel
         n_trainable += numel if param.requires_grad else 0
     method = "full" if options.lora is None and not options.rules else (
-        ("dora" if options.dora else "lora") if options.lora is not None else "freeze")
+        ("dora" if options.dora else "qlora" if options.qlora else "lora") if options.lora is not None else "freeze")
+    quantized: tuple[str, ...] = ()
+    if options.qlora:
+        quantized = _quantize_base(model, module, report, options.qlora)
     return Plan(method, trainable, targets, n_trainable, total - n_trainable, adapter, total,
-                {k: (v[0], v[1]) for k, v in sorted(by_role.items())}, model, peft_counts)
+                {k: (v[0], v[1]) for k, v in sorted(by_role.items())}, model, peft_counts, quantized, options.qlora)
+
+
+def _quantize_base(model: Any, base: Any, report: Any, storage: str) -> tuple[str, ...]:
+    """QLoRA: the frozen base nn.Linear weights transformers' bitsandbytes quantiser would replace (the same
+    choice `memory --dtype nf4` makes) become 4-bit stand-ins in the planned model (cost/bnb4.py)."""
+    from .cost.bnb4 import quantize_base
+    from .cost.quantization import weight_format
+    from .cost.weights import quantized_names
+
+    fmt = weight_format(storage, compute_dtype="bfloat16")
+    names = quantized_names(base, report.params, fmt)
+    by_base_name = _base_parameters(model)
+    weights = {id(by_base_name[name]) for name in names if name in by_base_name
+               and not by_base_name[name].requires_grad}
+    replaced = quantize_base(model, weights, fmt)
+    return tuple(sorted(name for name in names if name in by_base_name and id(by_base_name[name]) in replaced))
 
 
 def _apply_rules(model: Any, report: Any, rules: tuple[tuple[str, str], ...], *, adapters: bool) -> tuple[RuleMatch, ...]:
@@ -176,7 +202,9 @@ def _with_adapters(model: Any, options: PlanOptions) -> tuple[Any, tuple[str, ..
 
     try:
         with torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # PEFT calling transformers' renamed helpers
+            # PEFT calling transformers' renamed helpers, PEFT's notes (fan_in_fan_out set for Conv1D): the report
+            # says what matters; nothing leaks to stderr
+            warnings.simplefilter("ignore")
             wrapped = get_peft_model(model, config)
     except ValueError as err:  # PEFT's own message: no default targets for this model, a target not found, …
         raise ParamscopeError(f"PEFT: {str(err).strip().splitlines()[0][:200]}") from None

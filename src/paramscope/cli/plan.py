@@ -40,6 +40,13 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--dora", action="store_true", help="DoRA: LoRA with a learned magnitude per output")
     parser.add_argument("--rslora", action="store_true", help="rank-stabilised LoRA scaling (same parameters)")
     parser.add_argument("--modules-to-save", metavar="NAMES", help="comma-separated modules trained in full")
+    parser.add_argument("--qlora", nargs="?", const="nf4", choices=("nf4", "nf4-dq"), metavar="nf4|nf4-dq",
+                        help="QLoRA: with --lora R, the frozen base's nn.Linear weights stored 4-bit by bitsandbytes "
+                             "(nf4; nf4-dq: double quantisation)")
+    parser.add_argument("--compare", metavar="PLANS",
+                        help="plans side by side, from full,freeze,lora,qlora: trainable share, peak memory, step "
+                             "FLOPs per token, largest batch on --gpu/--budget (freeze: the --train/--freeze rules "
+                             "given, else --train-last 2; lora/qlora: --lora R, else rank 8)")
     memory = parser.add_argument_group("the plan's training memory")
     memory.add_argument("--batch", type=int, default=1, metavar="B")
     memory.add_argument("--seq", type=int, metavar="S", help="default: 2,048, or the model's maximum when shorter")
@@ -68,8 +75,10 @@ def run(args: argparse.Namespace) -> int:
     split = lambda text: tuple(t.strip() for t in text.split(",") if t.strip()) if text else None  # noqa: E731
     options = PlanOptions(rules=tuple(args.rules), lora=args.lora, alpha=args.alpha, dropout=args.dropout,
                           target=split(args.target), dora=args.dora, rslora=args.rslora,
-                          modules_to_save=split(args.modules_to_save) or ())
-    options.check()
+                          modules_to_save=split(args.modules_to_save) or (), qlora=args.qlora)
+    compared = _compared_plans(args.compare, options) if args.compare else None
+    if compared is None:
+        options.check()
     if args.gpu and args.budget:
         raise ParamscopeError("give --gpu or --budget, not both")
     training = TrainingOptions(batch=args.batch, seq=args.seq, optimizer=args.optimizer, precision=args.precision,
@@ -79,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     source = resolve(args.model, revision=args.revision)
     report, module = inspect_with_module(as_source(source), model_class=args.model_class, task=args.task,
                                          num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
+    if compared is not None:
+        return _compare(args, report, module, compared, training, width)
     plan = make_plan(report, module, options)
     estimate = flops = None
     if not args.no_memory:
@@ -96,4 +107,58 @@ def run(args: argparse.Namespace) -> int:
     from ..render.plan import render_plan_text
 
     write(render_plan_text(report, plan, estimate, width, color=use_color(), flops=flops))
+    return 0
+
+
+COMPARABLE = ("full", "freeze", "lora", "qlora")
+
+
+def _compared_plans(text: str, options: Any) -> list[tuple[str, Any]]:
+    """--compare full,freeze,lora,qlora → [(name, PlanOptions)], each checked before any build."""
+    import dataclasses
+
+    from ..errors import ParamscopeError
+    from ..plan import PlanOptions
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in COMPARABLE]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ParamscopeError(f"--compare takes plans from {','.join(COMPARABLE)}, each once; got {text!r}")
+    adapters = dict(lora=options.lora or 8, alpha=options.alpha, dropout=options.dropout, target=options.target,
+                    rslora=options.rslora, modules_to_save=options.modules_to_save)
+    plans = []
+    for name in names:
+        if name == "full":
+            plan = PlanOptions()
+        elif name == "freeze":
+            plan = PlanOptions(rules=options.rules or (("train-last", "2"),))
+        elif name == "lora":
+            plan = PlanOptions(rules=options.rules, **adapters)
+        else:
+            plan = PlanOptions(rules=options.rules, qlora=options.qlora or "nf4", **adapters)
+        plan.check()
+        plans.append((name, dataclasses.replace(plan)))
+    return plans
+
+
+def _compare(args, report, module, compared, training, width) -> int:
+    from ..cost.training_estimate import estimate_training
+    from ..plan import make_plan, plan_flops
+    from ..render.plan import compare_plans_to_dict, render_plan_compare_text
+
+    rows = []
+    for name, options in compared:
+        plan = make_plan(report, module, options)
+        _, estimate = estimate_training(plan.module, training)
+        flops = plan_flops(plan, batch=args.batch, seq=estimate.settings["seq"],
+                           checkpointing=args.grad_checkpointing == "full")
+        rows.append((name, plan, estimate, flops))
+    if args.json:
+        from ..render.json import report_to_dict
+
+        document = report_to_dict(report)
+        document["plans"] = compare_plans_to_dict(rows)
+        write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        return 0
+    write(render_plan_compare_text(report, rows, width, color=use_color()))
     return 0

@@ -33,6 +33,8 @@ def plan_parts(report, plan, estimate, flops=None) -> list:
                                   f"{exact(rule.parameters)} parameters" + (f" ({start})" if index == 0 else "")))
     if plan.targets:
         lines.append(indented(f"adapters on: {', '.join(plan.targets)} (as PEFT resolved them)"))
+    if plan.storage:
+        lines.append(indented(storage_line(plan)))
     lines.append(indented(f"trainable {exact(plan.trainable)} of {exact(plan.total)} ({_share(plan.trainable, plan.total)})"
                           f"; frozen {exact(plan.frozen)}; adapter parameters {exact(plan.adapter)}"
                           + ("; total includes the adapters, as PEFT counts" if plan.adapter else "")))
@@ -52,6 +54,62 @@ def plan_parts(report, plan, estimate, flops=None) -> list:
         for note in estimate.notes:
             lines.append(indented(f"note: {note}"))
     return lines
+
+
+def storage_line(plan) -> str:
+    how = "double quantisation" if plan.storage == "nf4-dq" else "fp32 absmax per 64"
+    return (f"base: {len(plan.quantized):,} frozen nn.Linear weights stored {plan.storage} by bitsandbytes "
+            f"(4-bit, {how}; dequantised to bf16 per matmul), as transformers' quantiser chooses them; the "
+            "adapters and every other weight follow --precision")
+
+
+def render_plan_compare_text(report, rows, width: int = 100, *, color: bool = False) -> str:
+    """Plans side by side: [(name, Plan, MemoryEstimate, FLOPs)]."""
+    first = rows[0][2]
+    settings = first.settings
+    budget = any(estimate.budget is not None for _, _, estimate, _ in rows)
+    on = f"; largest batch on {first.budget.accelerator.name}" if budget else ""
+    table = Table(title=f"Fine-tuning plans for {report.model.label} ({report.model.class_name})",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption=f"{settings['precision']}, {settings['optimizer']}, batch {settings['batch']:,} × "
+                          f"{settings['seq']:,} tokens; FLOPs per token of the step: forward + backward (model "
+                          f"FLOPs, traced){on}",
+                  caption_justify="left")
+    # numbers are never cut: the binary size goes first when the width is short
+    wide = width is None or width >= 118
+    engine = width is None or width >= 90  # below, each plan's engine is named under the table
+    for name, justify in (("plan", "left"), ("trainable", "right"), ("share", "right"), ("peak bytes", "right"),
+                          *((("", "right"),) if wide else ()), *((("engine", "left"),) if engine else ()),
+                          ("FLOPs/token", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    if budget:
+        table.add_column("batch", justify="right", no_wrap=True)
+    for name, plan, estimate, flops in rows:
+        tokens = estimate.settings["batch"] * estimate.settings["seq"]
+        cells = [f"{name} ({plan.method})" if plan.method != name else name, exact(plan.trainable),
+                 _share(plan.trainable, plan.total), exact(estimate.peak),
+                 *((binary(estimate.peak),) if wide else ()), *((estimate.engine,) if engine else ()),
+                 exact((flops.forward + flops.model_backward) // tokens)]
+        if budget:
+            fit = estimate.budget
+            cells.append("none" if not fit.fits else exact(fit.largest_batch) if fit.largest_batch else "—")
+        table.add_row(*cells)
+    lines: list = [table]
+    if not engine:
+        lines.append(indented("memory engines: " + ", ".join(f"{name} {estimate.engine}"
+                                                              for name, _, estimate, _ in rows)))
+    for name, plan, _, _ in rows:
+        if plan.rules:
+            lines.append(indented(f"{name}: " + "; ".join(f"{r.action} {r.pattern}" for r in plan.rules)))
+        if plan.targets:
+            lines.append(indented(f"{name}: adapters on {', '.join(plan.targets)}"))
+        if plan.storage:
+            lines.append(indented(f"{name}: {storage_line(plan)}"))
+    return to_text(lines, width, color)
+
+
+def compare_plans_to_dict(rows) -> list[dict[str, Any]]:
+    return [dict(name=name, **plan_to_dict(plan, estimate, flops)) for name, plan, estimate, flops in rows]
 
 
 def _roles_table(plan) -> Table:
@@ -92,6 +150,7 @@ def plan_to_dict(plan, estimate, flops=None) -> dict[str, Any]:
         "rules": [{"action": r.action, "pattern": r.pattern, "tensors": r.tensors, "parameters": r.parameters}
                   for r in plan.rules],
         "targets": list(plan.targets),
+        "storage": None if plan.storage is None else {"format": plan.storage, "quantized": list(plan.quantized)},
         "trainable": plan.trainable,
         "frozen": plan.frozen,
         "adapter": plan.adapter,
