@@ -214,3 +214,13 @@ def test_cli_plan_compare_and_qlora_bad_options(args, named):
     result = _cli("plan", "gpt2", "--no-memory", *args)
     assert result.returncode == 2, result.stderr
     assert named in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_lora_on_embeddings_counts_and_traces():
+    """PEFT's lora.Embedding: r·(V + D) per embedding, PEFT's own count, and the step traces with it."""
+    report, plan = _plan("gpt2", PlanOptions(lora=8, target=("wte",)))
+    assert plan.adapter == 8 * (50257 + 768) == 408_200
+    assert plan.peft_counts == (plan.trainable, plan.total) == (408_200, 124_439_808 + 408_200)
+    assert plan.by_role["adapter.lora_embedding_A"] == (8 * 50257, 0)
+    _, estimate = estimate_training(plan.module, TrainingOptions(batch=1, seq=64))
+    assert estimate.engine == "traced" and estimate.training.states.trainable == 408_200
