@@ -172,6 +172,8 @@ def test_qlora_below_lora_below_full_on_llama_2_7b():
     assert states.weights.bytes + states.gradients.bytes + states.optimizer.bytes >= 16 * report.total
     # the 4-bit base: 224 weights of Llama-2-7B's 6.74 B parameters stored in half a byte and a block scale
     assert peaks["qlora"].weights.bytes < peaks["lora"].weights.bytes / 4
+    # the model states' weights count the packed 4-bit codes at their own size, as the weights table does
+    assert peaks["qlora"].training.states.weights.bytes == peaks["qlora"].weights.bytes
 
 
 def test_qlora_flops_are_loras():

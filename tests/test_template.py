@@ -210,3 +210,66 @@ def test_shipped_templates_are_fresh():
         for document in (fresh, shipped):
             document["spec"]["anchor"].pop("seconds")
         assert fresh == shipped, f"{name}: the shipped template is stale; run python -m paramscope.template_record"
+
+
+@needs_shipped
+def test_a_tampered_template_costs_nothing_and_the_build_answers(tmp_path, monkeypatch):
+    """A cache entry whose stack would hold 12⁶ layers: the stand-ins stop at their cap and the build answers."""
+    from paramscope.formula_cache import route_key
+    from paramscope.template import cache_directory, write_template
+
+    monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
+    config = find_preset("bert-base-uncased").load_config()
+    data = lookup_template(config).template.to_json()
+    data["runs"][0]["mult"] = [[1, {"N": 6}]]
+    tampered = Template.from_json(data)
+    write_template(tampered, route_key(config, model_class=None, task=None),
+                   cache_directory(installed_transformers_version()))
+    report = paramscope.inspect("bert-base-uncased")
+    assert report.model.engine == "build" and "modules" in report.model.engine_detail
+    assert report.total == 109_514_298
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _paths(value, (*prefix, i))
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) |
+                     st.text(max_size=8), lambda inner: st.lists(inner, max_size=3) |
+                     st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
+
+
+@needs_shipped
+@settings(max_examples=int(os.environ.get("PARAMSCOPE_FUZZ_EXAMPLES", 150)), deadline=None)
+@given(data=st.data())
+def test_a_mutated_template_is_refused_or_answers_never_crashes(data):
+    """Any one value of a template replaced by any JSON value: the reader refuses it (CacheEntryError), or the
+    template refuses the config (AssumptionError), or it answers; nothing else escapes, and nothing is slow."""
+    from paramscope.errors import ParamscopeError
+    from paramscope.formula_cache import CacheEntryError
+    from paramscope.sources import Source
+    from paramscope.template import report_from_template
+
+    config = find_preset("t5-small").load_config()
+    document = lookup_template(config).template.to_json()
+    paths = [p for p in _paths(document) if p]
+    path = data.draw(st.sampled_from(paths))
+    node = document
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = data.draw(_JSON)
+    try:
+        template = Template.from_json(json.loads(json.dumps(document)))
+    except CacheEntryError:
+        return
+    try:
+        report_from_template(template, Source("config-dict", "config", "a config dict", config),
+                             class_reason="test")
+    except ParamscopeError:
+        pass

@@ -55,6 +55,7 @@ def answer_from_template(source: Source, *, model_class: str | None = None, task
                          num_labels: int | None = None) -> tuple[Report | None, str | None]:
     """(the report from a cached or shipped template, None) or (None, why no template answered)."""
     from .build import TASKS, check_num_labels, resolve_task, validate_config_dict
+    from .formula_cache import AssumptionError
     from .template import lookup_template, report_from_template
 
     if model_class and task:
@@ -72,7 +73,10 @@ def answer_from_template(source: Source, *, model_class: str | None = None, task
         reason = f"--task {task}" + (f" (= {key})" if key != task else "") + f": {TASKS[key][1]}"
     else:
         reason = found.class_reason
-    return report_from_template(found.template, source, num_labels=num_labels, class_reason=reason), None
+    try:
+        return report_from_template(found.template, source, num_labels=num_labels, class_reason=reason), None
+    except AssumptionError as err:  # sizes the template cannot lay out (too many modules): the build decides
+        return None, f"the template for {found.class_name} does not apply: {err}"
 
 
 def inspect_with_module(model: Any, *, model_class: str | None = None, task: str | None = None,

@@ -278,7 +278,7 @@ class Condition:
     @classmethod
     def from_json(cls, data: Any) -> "Condition":
         _expect(isinstance(data, dict) and {"kind", "path", "value", "default", "text"} <= set(data)
-                and data["kind"] in _CONDITION_KINDS and isinstance(data["path"], str)
+                and isinstance(data["kind"], str) and data["kind"] in _CONDITION_KINDS and isinstance(data["path"], str)
                 and isinstance(data["text"], str), "a condition is not {kind, path, value, default, text}")
         _expect(data["kind"] != "same_as" or isinstance(data["value"], str), "a same_as condition names no field")
         _expect(data["kind"] != "periodic" or isinstance(data["value"], list) and data["value"],

@@ -324,19 +324,25 @@ def _check_skeleton(node: Any, depth: int = 0, counter: list[int] | None = None)
     counter[0] += 1
     _expect(counter[0] <= MAX_SKELETON_NODES and depth <= MAX_SKELETON_DEPTH, "the skeleton is too large")
     _expect(isinstance(node, dict) and isinstance(node.get("type"), str), "a skeleton node has no class name")
+    _expect(set(node) <= {"type", "emb", "params", "buffers", "children", "runs"}, "a skeleton node has unknown keys")
+    _expect(isinstance(node.get("emb", False), bool), "a skeleton node's embedding mark is not a boolean")
+    for name in ("params", "buffers", "children", "runs"):
+        _expect(isinstance(node.get(name, []), list), f"a skeleton node's {name} is not a list")
     for name in ("params", "buffers"):
         for item in node.get(name, ()):
             _expect(isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)
                     and isinstance(item[1], str) and isinstance(item[2], bool)
                     and (item[3] is None or isinstance(item[3], str)), f"a skeleton's {name} entry is malformed")
-    for attr, child in node.get("children", ()):
+    for item in node.get("children", ()):
+        _expect(isinstance(item, list) and len(item) == 2, "a skeleton child is malformed")
+        attr, child = item
         _expect(isinstance(attr, str) and isinstance(child, dict), "a skeleton child is malformed")
         if "alias" in child:
-            _expect(isinstance(child["alias"], str), "a skeleton alias is not a path")
+            _expect(set(child) == {"alias"} and isinstance(child["alias"], str), "a skeleton alias is not a path")
         else:
             _check_skeleton(child, depth + 1, counter)
     for item in node.get("runs", ()):
-        _expect(isinstance(item, list) and len(item) == 2 and isinstance(item[0], int), "a skeleton run is malformed")
+        _expect(isinstance(item, list) and len(item) == 2 and type(item[0]) is int, "a skeleton run is malformed")
         _check_skeleton(item[1], depth + 1, counter)
 
 

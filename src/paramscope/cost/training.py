@@ -105,13 +105,23 @@ def model_states(params: Iterable[ParameterInfo], *, precision: str, optimizer: 
     training = [p for p in params if is_trainable(p)]
     n_all = sum(p.numel for p in params)
     n_train = sum(p.numel for p in training)
-    weights = Term(n_all * size, f"{n_all:,} parameters × {size} B")
+    # storage that is no floating point (QLoRA's packed 4-bit codes, uint8) keeps its own size under any precision
+    packed = [p for p in params if not _floating(p.dtype)]
+    n_packed = sum(p.numel for p in packed)
+    packed_bytes = sum(p.numel * itemsize(p.dtype) for p in packed)
+    weights = Term((n_all - n_packed) * size + packed_bytes,
+                   f"{n_all - n_packed:,} parameters × {size} B" +
+                   (f" + {n_packed:,} packed elements in {packed_bytes:,} B" if packed else ""))
     gradients = Term(n_train * size, f"{n_train:,} trainable × {size} B")
     states, text = _optimizer_bytes(training, optimizer, size)
     master = Term(0, "none: the fp32 weights are the master copy" if precision.endswith("-mixed")
                   else "none")
     return ModelStates(weights, gradients, Term(states, text), master, n_train, n_all - n_train, precision,
                        optimizer)
+
+
+def _floating(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat"))
 
 
 def _optimizer_bytes(params: list[ParameterInfo], optimizer: str, size: int) -> tuple[int, str]:
