@@ -103,3 +103,15 @@ def record_after_build(report: Any, source: Any, *, model_class: str | None, tas
     finally:
         if status is not None:
             status.stop()
+
+
+def write_report_json(report: Any, **objects: Any) -> None:
+    """The inspect document (docs/json-schema.md) with each command's own objects ("memory", "plan", …) added;
+    None values are left out."""
+    import json
+
+    from ..render.json import report_to_dict
+
+    document = report_to_dict(report)
+    document.update({key: value for key, value in objects.items() if value is not None})
+    write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from ._common import add_debug_option, add_model_options, add_width_option, checked_width, use_color, write
+from ._common import (add_debug_option, add_model_options, add_width_option, checked_width, use_color, write,
+                      write_report_json)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -72,14 +72,11 @@ def run(args: argparse.Namespace) -> int:
                                                num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
     if args.json:
         from ..render.flops import flops_to_dict
-        from ..render.json import report_to_dict
 
-        document = report_to_dict(report)
-        document["flops"] = flops_to_dict(estimate, compute, {
+        write_report_json(report, flops=flops_to_dict(estimate, compute, {
             "training": args.training, "grad_checkpointing": args.grad_checkpointing, "freeze": list(args.freeze),
             "tokens": tokens, "gpu": args.gpu, "peak_dtype": args.peak_dtype, "peak_tflops": args.peak_tflops,
-            "tokens_per_second": args.tokens_per_second, "mfu_assumed": args.mfu, "devices": args.devices})
-        write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+            "tokens_per_second": args.tokens_per_second, "mfu_assumed": args.mfu, "devices": args.devices}))
         return 0
     from ..render.flops import render_flops_text
 

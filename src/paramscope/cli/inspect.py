@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from typing import Any
 
 from ..errors import ParamscopeError
 from ._common import (add_cache_option, add_debug_option, add_model_options, add_width_option, checked_width,
-                      record_after_build, use_color, write)
+                      record_after_build, use_color, write, write_report_json)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -72,14 +71,8 @@ def _show(args: argparse.Namespace, source: Any, report: Any, module: Any, width
 
         heads = describe_heads(report, task=args.task, num_labels=args.num_labels)
     if args.json:
-        from ..render.json import report_to_dict
-
-        document = report_to_dict(report)
-        if counts is not None:
-            document["counts"] = counts.to_dict()
-        if heads is not None:
-            document["heads"] = heads.to_dict()
-        write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        write_report_json(report, counts=None if counts is None else counts.to_dict(),
+                          heads=None if heads is None else heads.to_dict())
         return
     from ..render.text import TextOptions, render_text
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from ._common import add_debug_option, add_model_options, add_width_option, checked_width, use_color, write
+from ._common import (add_debug_option, add_model_options, add_width_option, checked_width, use_color, write,
+                      write_report_json)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -116,12 +116,9 @@ def run(args: argparse.Namespace) -> int:
         source = resolve(args.model, revision=args.revision)
         report, estimate = estimate_memory(source, options, **model_options)
     if args.json:
-        from ..render.json import report_to_dict
         from ..render.memory import memory_to_dict
 
-        document = report_to_dict(report)
-        document["memory"] = memory_to_dict(estimate)
-        write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        write_report_json(report, memory=memory_to_dict(estimate))
         return 0
     from ..render.memory import render_memory_text
 

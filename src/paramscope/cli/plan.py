@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from ._common import add_debug_option, add_model_options, add_width_option, checked_width, use_color, write
+from ._common import (add_debug_option, add_model_options, add_width_option, checked_width, use_color, write,
+                      write_report_json)
 
 
 class _Rule(argparse.Action):
@@ -97,12 +97,9 @@ def run(args: argparse.Namespace) -> int:
         flops = plan_flops(plan, batch=args.batch, seq=estimate.settings["seq"],
                            checkpointing=args.grad_checkpointing == "full")
     if args.json:
-        from ..render.json import report_to_dict
         from ..render.plan import plan_to_dict
 
-        document = report_to_dict(report)
-        document["plan"] = plan_to_dict(plan, estimate, flops)
-        write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        write_report_json(report, plan=plan_to_dict(plan, estimate, flops))
         return 0
     from ..render.plan import render_plan_text
 
@@ -154,11 +151,7 @@ def _compare(args, report, module, compared, training, width) -> int:
                            checkpointing=args.grad_checkpointing == "full")
         rows.append((name, plan, estimate, flops))
     if args.json:
-        from ..render.json import report_to_dict
-
-        document = report_to_dict(report)
-        document["plans"] = compare_plans_to_dict(rows)
-        write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        write_report_json(report, plans=compare_plans_to_dict(rows))
         return 0
     write(render_plan_compare_text(report, rows, width, color=use_color()))
     return 0
