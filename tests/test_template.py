@@ -27,10 +27,6 @@ needs_shipped = pytest.mark.skipif(
            "(run python -m paramscope.template_record to regenerate them)")
 
 
-# Presets whose class no template expresses yet (the build answers them, and says so)
-NO_TEMPLATE: dict[str, str] = {}
-
-
 def _same(config_or_name, **options) -> paramscope.Report:
     """Answer from the template and from the build; they must agree key for key (but the engine)."""
     answered = paramscope.inspect(config_or_name, **options)
@@ -45,9 +41,6 @@ def _same(config_or_name, **options) -> paramscope.Report:
 @pytest.mark.parametrize("preset", [p.name for p in all_presets()])
 def test_every_preset_is_answered_by_its_template_exactly(preset):
     report = _same(preset)
-    if preset in NO_TEMPLATE:
-        assert report.model.engine == "build" and "no template yet" in report.model.engine_detail
-        pytest.xfail(NO_TEMPLATE[preset])
     assert report.model.engine == "template", report.model.engine_detail
 
 

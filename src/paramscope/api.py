@@ -40,15 +40,26 @@ def inspect(
     same report, without importing torch or transformers); otherwise, or when no template applies, the class is
     built on the meta device. `report.model.engine` says which answered.
     """
-    if use_cache and not trust_remote_code and not _is_module(model):
-        source = as_source(model, revision)
+    if _is_module(model):
+        return inspect_with_module(model, model_class=model_class, task=task, num_labels=num_labels)[0]
+    return inspect_source(as_source(model, revision), model_class=model_class, task=task, num_labels=num_labels,
+                          trust_remote_code=trust_remote_code, use_cache=use_cache)[0]
+
+
+def inspect_source(source: Source, *, model_class: str | None = None, task: str | None = None,
+                   num_labels: int | None = None, trust_remote_code: bool = False,
+                   use_cache: bool = True) -> tuple[Report, Any]:
+    """(Report, the meta module or None): from a template where one applies (with `use_cache`, never for remote
+    code), else from the build, whose report then says why no template answered."""
+    why = None
+    if use_cache and not trust_remote_code:
         report, why = answer_from_template(source, model_class=model_class, task=task, num_labels=num_labels)
         if report is not None:
-            return report
-        built = _inspect_source(source, model_class, task, num_labels, trust_remote_code)[0]
-        return replace(built, model=replace(built.model, engine_detail=why))
-    return inspect_with_module(model, model_class=model_class, task=task, num_labels=num_labels,
-                               trust_remote_code=trust_remote_code, revision=revision)[0]
+            return report, None
+    report, module = _inspect_source(source, model_class, task, num_labels, trust_remote_code)
+    if why is not None:
+        report = replace(report, model=replace(report.model, engine_detail=why))
+    return report, module
 
 
 def answer_from_template(source: Source, *, model_class: str | None = None, task: str | None = None,

@@ -350,13 +350,16 @@ def _snapshot(counted) -> _Snapshot:
 class _Deriver:
     def __init__(self, config: dict[str, Any], label: str, *, model_class: str | None, task: str | None,
                  num_labels: int | None, take: Callable[[Any], _Snapshot] | None = None,
-                 deadline: float | None = None, deadline_per_build: float | None = None):
+                 deadline: float | None = None, max_anchor_build_s: float | None = None):
         """`take` turns a built module into a snapshot (template mode; the default counts parameter families);
-        past `deadline` (time.perf_counter()) the derivation gives up with a FormulaError."""
+        past `deadline` (time.perf_counter()), or when the anchor's build alone takes over `max_anchor_build_s`,
+        the derivation gives up with a FormulaError."""
         self.take = take
         self.deadline = deadline
-        self.deadline_per_build = deadline_per_build
-        self.configs: dict[str, dict[str, Any]] = {}  # probe key → the config built (template mode checks them)
+        self.max_anchor_build_s = max_anchor_build_s
+        # probe key → (the config built, its num_labels): template mode checks its report at them
+        self.configs: dict[str, tuple[dict[str, Any], int | None]] = {}
+        self.anchor_module: Any = None  # template mode: the module built at the anchor config
         self.base = copy.deepcopy(config)
         self.num_labels = num_labels
         self.label = label
@@ -401,9 +404,10 @@ class _Deriver:
             return _snapshot(_build(config, self.class_name, num_labels))
         started = time.perf_counter()
         module = build_module(config, self.class_name, num_labels)
-        if self.deadline is not None and self.builds <= 1 and self.deadline_per_build is not None:
+        if self.anchor_module is None:  # the first build is the anchor's
+            self.anchor_module = module
             spent = time.perf_counter() - started
-            if spent > self.deadline_per_build:
+            if self.max_anchor_build_s is not None and spent > self.max_anchor_build_s:
                 raise FormulaError(f"one build of {self.class_name} takes {spent:.1f} s here; deriving its structure "
                                    "would take 30–50 of them")
         return self.take(module)
@@ -433,6 +437,7 @@ class _Deriver:
             config, _ = make_config(self.base, num_labels=self.num_labels)
             choice = choose_class(config, self.base, model_class=self.model_class, task=self.task)
             self.class_name = choice.name
+            self.class_reason = choice.reason
             if getattr(transformers, self.class_name, None) is None:
                 raise ModelClassError(f"formulas need a native transformers class; {self.class_name!r} is not one")
             self.spellings: dict[str, list[str]] = {}  # config path → its other spellings (aliases)

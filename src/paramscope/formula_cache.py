@@ -772,7 +772,12 @@ def route_key(config: dict[str, Any], *, model_class: str | None, task: str | No
 
 
 def _route_path(version: str, key: str) -> Path:
-    return _version_dir(version) / "routes" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+    return route_file(_version_dir(version), key)
+
+
+def route_file(directory: Path, key: str) -> Path:
+    """Where a cache directory keeps the class a request (`route_key`) was answered with."""
+    return directory / "routes" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
 
 
 def atomic_write_json(path: Path, data: Any) -> None:

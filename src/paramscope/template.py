@@ -46,6 +46,7 @@ from .formula_cache import (
     installed_transformers_version,
     read_path,
     roles_fingerprint,
+    route_file,
     route_key,
     set_path,
 )
@@ -353,6 +354,10 @@ def _directory(root: Path, version: str) -> Path:
     return root / f"v{FORMAT}" / _safe(version)
 
 
+def shipped_directory(version: str) -> Path:
+    return _directory(SHIPPED, version)
+
+
 def cache_directory(version: str) -> Path:
     return _directory(cache_root() / "templates", version)
 
@@ -367,17 +372,11 @@ def write_template(template: Template, route: str | None, directory: Path) -> Pa
     try:
         atomic_write_json(path, template.to_json())
         if route:
-            atomic_write_json(_route_file(directory, route), {"route": route, "class": template.class_name,
+            atomic_write_json(route_file(directory, route), {"route": route, "class": template.class_name,
                                                               "reason": template.class_reason})
     except OSError:
         return None
     return path
-
-
-def _route_file(directory: Path, route: str) -> Path:
-    import hashlib
-
-    return directory / "routes" / (hashlib.sha256(route.encode()).hexdigest()[:20] + ".json")
 
 
 @dataclass(frozen=True)
@@ -390,8 +389,9 @@ class TemplateLookup:
 
 
 def lookup_template(config: dict[str, Any], *, model_class: str | None = None, task: str | None = None,
-                    num_labels: int | None = None) -> TemplateLookup:
-    """The cached or shipped template that answers `config`; never imports torch or transformers."""
+                    num_labels: int | None = None, directories: list[Path] | None = None) -> TemplateLookup:
+    """The cached or shipped template that answers `config` (or the first of `directories` that holds one);
+    never imports torch or transformers."""
     version = installed_transformers_version()
     model_type = config.get("model_type")
     if version is None or not isinstance(model_type, str):
@@ -399,11 +399,11 @@ def lookup_template(config: dict[str, Any], *, model_class: str | None = None, t
     # auto_map (remote code) beside a native model_type is ignored by the build too; templates are only ever
     # recorded for transformers' own classes, and each is checked against the config's model_type below
     route = route_key(config, model_class=model_class, task=task)
-    roots = [cache_directory(version), _directory(SHIPPED, version)]
+    roots = directories or [cache_directory(version), shipped_directory(version)]
     class_name, reason = model_class, (f"--class {model_class}" if model_class else None)
     if class_name is None:
         for root in roots:
-            entry = _read_json(_route_file(root, route or ""))
+            entry = _read_json(route_file(root, route or ""))
             if isinstance(entry, dict) and isinstance(entry.get("class"), str) and isinstance(entry.get("reason"), str):
                 class_name, reason = entry["class"], entry["reason"]
                 break
@@ -448,8 +448,7 @@ def _route_words(route: str | None) -> str:
 # ---------------------------------------------------------------------------------------------------- the report
 
 
-def report_from_template(template: Template, source: Any, *, num_labels: int | None = None,
-                         class_reason: str, why: str | None = None):
+def report_from_template(template: Template, source: Any, *, num_labels: int | None = None, class_reason: str):
     """The report a meta build of `source` gives, from `template`. AssumptionError when it does not apply."""
     from .build import config_notes, extra_config_notes
     from .conventions import named_counts
@@ -477,7 +476,6 @@ def report_from_template(template: Template, source: Any, *, num_labels: int | N
         notes=config_notes(source.config, template.spec.transformers_version) + extra_config_notes(source.config),
         storage=describe_storage(source.config),
         engine="template",
-        engine_detail=why,
     )
     return make_report(info, counted, template.base_model_prefix,
                        moe=summarize_moe(counted.parameters, view, counted.counts.total),

@@ -20,7 +20,7 @@ from typing import Any
 
 from .count import count_module
 from .errors import ParamscopeError
-from .formula import _Deriver, _snapshot, _Snapshot, build_module
+from .formula import _Deriver, _snapshot, _Snapshot
 from .formula_cache import route_key
 from .template import (Template, TemplateError, pattern_of, report_from_template, store_template, sub_configs_of,
                        write_template)
@@ -114,17 +114,11 @@ def derive_template(config: dict[str, Any], *, label: str = "config", model_clas
                     budget_s: float = DEFAULT_BUDGET_S, max_build_s: float | None = None) -> Template:
     """A template for `config`'s class under its structural settings, checked against the build's reports.
     TemplateError (or FormulaError) when none can be made within `budget_s`."""
-    from .build import choose_class, make_config, quiet_transformers
-
     started = time.perf_counter()
     deriver = _Deriver(config, label, model_class=model_class, task=task, num_labels=num_labels,
-                       take=template_snapshot, deadline=started + budget_s,
-                       deadline_per_build=max_build_s)
+                       take=template_snapshot, deadline=started + budget_s, max_anchor_build_s=max_build_s)
     spec, _ = deriver.run()
-    with quiet_transformers():
-        config_obj, _ = make_config(config, num_labels=num_labels)
-        choice = choose_class(config_obj, config, model_class=model_class, task=task)
-    module = build_module(config, spec.class_name, num_labels)
+    module = deriver.anchor_module
     skeleton, _ = skeleton_of(module)
     extras = deriver.extra_families
     template = Template(
@@ -132,10 +126,10 @@ def derive_template(config: dict[str, Any], *, label: str = "config", model_clas
         buffers=tuple(f for f in extras if f.role == "<buffer>"),
         runs=tuple(f for f in extras if f.role == "<run>"),
         skeleton=skeleton,
-        class_reason=choice.reason,
+        class_reason=deriver.class_reason,
         base_model_prefix=getattr(module, "base_model_prefix", None) or None,
         sub_configs=sub_configs_of(config),
-        field_types=field_kinds(type(config_obj)),
+        field_types=field_kinds(type(deriver.config_obj)),
     )
     template = Template.from_json(json.loads(json.dumps(template.to_json())))  # as it will be read back
     anchor_structure = deriver.anchor.structure()
@@ -266,7 +260,7 @@ def ship_presets(directory, names: list[str] | None = None, *, log=print) -> lis
     """Record templates for presets (all of them by default) into `directory` (the package's shipped set)."""
     from .formula_cache import installed_transformers_version
     from .presets import all_presets, find_preset
-    from .template import _directory
+    from .template import _directory, lookup_template
 
     version = installed_transformers_version()
     target = _directory(directory, version)
@@ -276,9 +270,9 @@ def ship_presets(directory, names: list[str] | None = None, *, log=print) -> lis
         config = preset.load_config()
         started = time.perf_counter()
         route = route_key(config, model_class=None, task=None)
-        covering = _covering(target, route, config)
-        if covering is not None:
-            log(f"{preset.name}: covered by {covering}")
+        covering = lookup_template(config, directories=[target])
+        if covering.template is not None:
+            log(f"{preset.name}: covered by {covering.class_name}/{covering.path.name}")
             continue
         try:
             template = derive_template(config, label=preset.name, budget_s=600)
@@ -289,21 +283,6 @@ def ship_presets(directory, names: list[str] | None = None, *, log=print) -> lis
         written.append(str(path))
         log(f"{preset.name}: {template.class_name} {template.key()} ({time.perf_counter() - started:.1f} s)")
     return written
-
-
-def _covering(directory, route: str | None, config: dict[str, Any]) -> str | None:
-    """The name of a template already in `directory` that answers `config` by the same route, or None."""
-    from .formula_cache import _UNREADABLE, _read_json
-    from .template import _route_file
-
-    entry = _read_json(_route_file(directory, route or ""))
-    if not isinstance(entry, dict):
-        return None
-    for path in sorted((directory / entry["class"]).glob("*.json")):
-        data = _read_json(path)
-        if data is not _UNREADABLE and Template.from_json(data).problem(config) is None:
-            return f"{entry['class']}/{path.name}"
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:

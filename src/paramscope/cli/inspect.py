@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from typing import Any
 
 from ..errors import ParamscopeError
@@ -34,25 +33,17 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..api import inspect_with_module
+    from ..api import inspect_source
     from ..sources import resolve
 
     if args.depth is not None and args.depth < 0:
         raise ParamscopeError(f"--depth must be 0 or more, got {args.depth}")
     width = None if args.json else checked_width(args)  # bad options fail before any build
     source = resolve(args.model, revision=args.revision)
-    options = dict(model_class=args.model_class, task=args.task, num_labels=args.num_labels,
-                   trust_remote_code=args.trust_remote_code)
-    report = module = None
-    if not args.no_cache and not args.explain_counts and not args.trust_remote_code:
-        from ..api import answer_from_template
-
-        report, why = answer_from_template(source, model_class=args.model_class, task=args.task,
-                                           num_labels=args.num_labels)
-    if report is None:
-        report, module = inspect_with_module(source, **options)
-        if not args.no_cache and not args.explain_counts and not args.trust_remote_code:
-            report = replace(report, model=replace(report.model, engine_detail=why))
+    # --explain-counts needs the module itself, so it always builds
+    report, module = inspect_source(source, model_class=args.model_class, task=args.task,
+                                    num_labels=args.num_labels, trust_remote_code=args.trust_remote_code,
+                                    use_cache=not args.no_cache and not args.explain_counts)
     _show(args, source, report, module, width)
     if not args.no_cache and not args.trust_remote_code:
         record_after_build(report, source, model_class=args.model_class, task=args.task,

@@ -112,8 +112,6 @@ COMPARABLE = ("full", "freeze", "lora", "qlora")
 
 def _compared_plans(text: str, options: Any) -> list[tuple[str, Any]]:
     """--compare full,freeze,lora,qlora → [(name, PlanOptions)], each checked before any build."""
-    import dataclasses
-
     from ..errors import ParamscopeError
     from ..plan import PlanOptions
 
@@ -134,7 +132,7 @@ def _compared_plans(text: str, options: Any) -> list[tuple[str, Any]]:
         else:
             plan = PlanOptions(rules=options.rules, qlora=options.qlora or "nf4", **adapters)
         plan.check()
-        plans.append((name, dataclasses.replace(plan)))
+        plans.append((name, plan))
     return plans
 
 
