@@ -160,12 +160,12 @@ def test_qlora_below_lora_below_full_on_llama_2_7b():
     fine-tuning holds at least 16 bytes per parameter."""
     report, module = inspect_with_module(as_source("llama-2-7b"))
     options = TrainingOptions(batch=1, seq=2048, precision="bf16-mixed")
-    peaks = {}
+    peaks, plans = {}, {}
     for name, plan_options in (("full", PlanOptions()),
                                ("lora", PlanOptions(lora=8, target=("q_proj", "v_proj"))),
                                ("qlora", PlanOptions(lora=8, target=("q_proj", "v_proj"), qlora="nf4"))):
-        _, estimate = estimate_training(make_plan(report, module, plan_options).module, options)
-        peaks[name] = estimate
+        plans[name] = make_plan(report, module, plan_options)
+        _, peaks[name] = estimate_training(plans[name].module, options)
     assert peaks["qlora"].peak < peaks["lora"].peak < peaks["full"].peak
     assert peaks["lora"].engine == peaks["qlora"].engine == "traced"
     states = peaks["full"].training.states
@@ -174,6 +174,18 @@ def test_qlora_below_lora_below_full_on_llama_2_7b():
     assert peaks["qlora"].weights.bytes < peaks["lora"].weights.bytes / 4
     # the model states' weights count the packed 4-bit codes at their own size, as the weights table does
     assert peaks["qlora"].training.states.weights.bytes == peaks["qlora"].weights.bytes
+    # to the byte: LoRA's fp32 base matrices leave, memory --dtype nf4's bytes for them (codes, absmax, code book)
+    # come in
+    from paramscope.cost.quantization import weight_format
+
+    shapes = {p.name: p.shape for p in report.params}
+    quantized = plans["qlora"].quantized
+    numel = {p.name: p.numel for p in report.params}
+    fp32 = sum(4 * numel[name] for name in quantized)
+    nf4 = sum(weight_format("nf4").tensor_bytes(shapes[name]).total for name in quantized)
+    lora, qlora = peaks["lora"].weights, peaks["qlora"].weights
+    assert len(quantized) == 224
+    assert qlora.bytes + qlora.buffer_bytes == lora.bytes + lora.buffer_bytes - fp32 + nf4
 
 
 def test_qlora_flops_are_loras():
