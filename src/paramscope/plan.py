@@ -82,6 +82,33 @@ class Plan:
     storage: str | None = None  # QLoRA: "nf4" | "nf4-dq"
 
 
+COMPARABLE = ("full", "freeze", "lora", "qlora")
+
+
+def compared_plans(text: str, options: PlanOptions) -> list[tuple[str, PlanOptions]]:
+    """--compare full,freeze,lora,qlora → [(name, PlanOptions)], each checked before any build. `freeze` is the
+    rules given, else the last 2 blocks; lora and qlora take the adapter options given, rank 8 by default."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in COMPARABLE]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ParamscopeError(f"--compare takes plans from {','.join(COMPARABLE)}, each once; got {text!r}")
+    adapters = dict(lora=options.lora or 8, alpha=options.alpha, dropout=options.dropout, target=options.target,
+                    rslora=options.rslora, modules_to_save=options.modules_to_save)
+    plans = []
+    for name in names:
+        if name == "full":
+            plan = PlanOptions()
+        elif name == "freeze":
+            plan = PlanOptions(rules=options.rules or (("train-last", "2"),))
+        elif name == "lora":
+            plan = PlanOptions(rules=options.rules, **adapters)
+        else:
+            plan = PlanOptions(rules=options.rules, qlora=options.qlora or "nf4", **adapters)
+        plan.check()
+        plans.append((name, plan))
+    return plans
+
+
 def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
     """Apply the plan to a copy of `module` (built on meta) and count, by role."""
     options.check()

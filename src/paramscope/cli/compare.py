@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         from ..api import as_source
 
         for spec, report in zip(specs, reports):
+            if report.model.engine != "build":  # answered by a template: nothing to record, nothing to read again
+                continue
             own = bool(spec.model_class or spec.task)
             record_after_build(report, as_source(spec.model, args.revision),
                                model_class=spec.model_class if own else args.model_class,

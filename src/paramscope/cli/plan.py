@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from ..cost.dtypes import parse_bytes
     from ..cost.training_estimate import TrainingOptions, estimate_training
     from ..errors import ParamscopeError
-    from ..plan import PlanOptions, make_plan, plan_flops
+    from ..plan import PlanOptions, compared_plans, make_plan, plan_flops
     from ..sources import resolve
 
     width = None if args.json else checked_width(args)
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     options = PlanOptions(rules=tuple(args.rules), lora=args.lora, alpha=args.alpha, dropout=args.dropout,
                           target=split(args.target), dora=args.dora, rslora=args.rslora,
                           modules_to_save=split(args.modules_to_save) or (), qlora=args.qlora)
-    compared = _compared_plans(args.compare, options) if args.compare else None
+    compared = compared_plans(args.compare, options) if args.compare else None
     if compared is None:
         options.check()
     if args.gpu and args.budget:
@@ -105,35 +105,6 @@ def run(args: argparse.Namespace) -> int:
 
     write(render_plan_text(report, plan, estimate, width, color=use_color(), flops=flops))
     return 0
-
-
-COMPARABLE = ("full", "freeze", "lora", "qlora")
-
-
-def _compared_plans(text: str, options: Any) -> list[tuple[str, Any]]:
-    """--compare full,freeze,lora,qlora → [(name, PlanOptions)], each checked before any build."""
-    from ..errors import ParamscopeError
-    from ..plan import PlanOptions
-
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in COMPARABLE]
-    if unknown or not names or len(set(names)) != len(names):
-        raise ParamscopeError(f"--compare takes plans from {','.join(COMPARABLE)}, each once; got {text!r}")
-    adapters = dict(lora=options.lora or 8, alpha=options.alpha, dropout=options.dropout, target=options.target,
-                    rslora=options.rslora, modules_to_save=options.modules_to_save)
-    plans = []
-    for name in names:
-        if name == "full":
-            plan = PlanOptions()
-        elif name == "freeze":
-            plan = PlanOptions(rules=options.rules or (("train-last", "2"),))
-        elif name == "lora":
-            plan = PlanOptions(rules=options.rules, **adapters)
-        else:
-            plan = PlanOptions(rules=options.rules, qlora=options.qlora or "nf4", **adapters)
-        plan.check()
-        plans.append((name, plan))
-    return plans
 
 
 def _compare(args, report, module, compared, training, width) -> int:
