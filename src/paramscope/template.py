@@ -408,7 +408,7 @@ def lookup_template(config: dict[str, Any], *, model_class: str | None = None, t
                 class_name, reason = entry["class"], entry["reason"]
                 break
         if class_name is None:
-            return TemplateLookup(None, why_not=f"no template yet for {_route_words(route)}")
+            return TemplateLookup(None, why_not=f"no template yet for {_route_words(route)}{_other_versions(version)}")
     fingerprint = roles_fingerprint()
     rejected: list[str] = []
     for root in roots:
@@ -432,8 +432,21 @@ def lookup_template(config: dict[str, Any], *, model_class: str | None = None, t
                 continue
             return TemplateLookup(template, entry, class_name, reason)
     why = (f"the template for {class_name} does not apply: {rejected[0]}" if rejected
-           else f"no template yet for {class_name} under this config's structural settings")
+           else f"no template yet for {class_name} under this config's structural settings"
+                f"{_other_versions(version)}")
     return TemplateLookup(None, class_name=class_name, why_not=why)
+
+
+def _other_versions(version: str) -> str:
+    """When the package ships templates for other transformers versions only, say so: templates are exact for the
+    version they were recorded with and are never used with another."""
+    try:
+        shipped = sorted(p.name for p in (SHIPPED / f"v{FORMAT}").iterdir() if p.is_dir())
+    except OSError:
+        return ""
+    if not shipped or _safe(version) in shipped:
+        return ""
+    return f" (templates ship for transformers {', '.join(shipped)}; this is {version})"
 
 
 def _route_words(route: str | None) -> str:

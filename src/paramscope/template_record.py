@@ -286,18 +286,20 @@ def ship_presets(directory, names: list[str] | None = None, *, log=print) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m paramscope.template_record [PRESET …]`: regenerate the shipped templates (all presets by
-    default). Run it after upgrading transformers or changing the role rules; tests/test_template.py fails
-    when the shipped ones are stale."""
+    """`python -m paramscope.template_record [PRESET …]`: regenerate the shipped templates for the installed
+    transformers version (all presets by default); other versions' stay. Run it after a new transformers release
+    or a change of the role rules; tests/test_template.py fails when the installed version's are stale."""
     import shutil
     import sys
 
     from .formula_cache import installed_transformers_version
     from .template import SHIPPED
 
+    from .template import shipped_directory
+
     names = list(sys.argv[1:] if argv is None else argv)
-    if not names:  # a full regeneration replaces every version's files: only the installed one is ever read
-        shutil.rmtree(SHIPPED, ignore_errors=True)
+    if not names:  # a full regeneration replaces the installed version's files; other versions' stay
+        shutil.rmtree(shipped_directory(installed_transformers_version()), ignore_errors=True)
     ship_presets(SHIPPED, names or None)
     print(f"shipped templates for transformers {installed_transformers_version()} in {SHIPPED}")
     return 0
