@@ -104,12 +104,18 @@ class Report:
     def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython's text display
         printer.text(repr(self) if cycle else self._display_text())
 
-    def _repr_html_(self) -> str:  # Jupyter: the same report, rich's styles as inline HTML
+    def _repr_html_(self) -> str:  # Jupyter: the interactive report (treemaps, tables), offline
         try:
-            from .render.text import TextOptions, render_html
-        except ImportError:  # rich, the rendering extra, is not installed
-            return f"<pre>{_html_escape(repr(self))}</pre>"
-        return render_html(self, TextOptions(width=110, depth=2))
+            from .render.html import render_report_html
+        except ImportError:  # plotly or rich missing: the text report, as inline HTML
+            return f"<pre>{_html_escape(self._display_text())}</pre>"
+        return render_report_html(self, fragment=True)
+
+    def to_html(self, path: str | None = None) -> str:
+        """The self-contained HTML page of `paramscope inspect --html`; written to `path` when given."""
+        from .render.html import render_report_html, save_page
+
+        return save_page(render_report_html(self), path)
 
     def _display_text(self) -> str:
         try:

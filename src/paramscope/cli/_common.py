@@ -115,3 +115,36 @@ def write_report_json(report: Any, **objects: Any) -> None:
     document = report_to_dict(report)
     document.update({key: value for key, value in objects.items() if value is not None})
     write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+
+
+def add_html_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--html", metavar="FILE",
+                        help="write a self-contained interactive HTML report to FILE ('-': stdout) instead of the "
+                             "text; works offline")
+
+
+def checked_html_path(args: argparse.Namespace) -> str | None:
+    """--html's FILE, checked before any work: its folder exists and it is not a folder itself."""
+    path = getattr(args, "html", None)
+    if path is None or path == "-":
+        return path
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ParamscopeError(f"--html: no such folder for {path!r}")
+    if os.path.isdir(path):
+        raise ParamscopeError(f"--html: {path!r} is a folder, not a file")
+    return path
+
+
+def write_html_page(page: str, path: str) -> None:
+    """The page to `path` (or stdout for '-'); one line on stderr says where it went."""
+    if path == "-":
+        write(page)
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(page)
+    except OSError as err:
+        raise ParamscopeError(f"--html: cannot write {path!r}: {err.strerror}") from None
+    print(f"paramscope: wrote {path} ({len(page.encode('utf-8')) / 1e6:.1f} MB; open it in any browser, "
+          "it needs no network)", file=sys.stderr)

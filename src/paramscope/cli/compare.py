@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from ..errors import ParamscopeError
-from ._common import (add_cache_option, add_debug_option, add_source_options, add_width_option, checked_width,
-                      record_after_build, use_color, write)
+from ._common import (add_cache_option, add_debug_option, add_html_option, add_source_options, add_width_option,
+                      checked_html_path, checked_width, record_after_build, use_color, write, write_html_page)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -25,6 +25,7 @@ def add_parser(subparsers: Any) -> None:
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the comparison as JSON")
     output.add_argument("--csv", action="store_true", help="print the comparison as CSV, one row per model")
+    add_html_option(parser)
     parser.add_argument("--roles", action="store_true", help="show every role, not only role groups")
     add_width_option(parser)
 
@@ -37,16 +38,21 @@ def run(args: argparse.Namespace) -> int:
     if len(args.models) < 2:
         raise ParamscopeError(f"compare needs two or more models, got {len(args.models)}: {args.models[0]}")
     width = None if args.json or args.csv else checked_width(args)  # bad options fail before any build
+    checked_html_path(args)
     specs = [parse_spec(m) for m in args.models]
     reports = inspect_specs(specs, model_class=args.model_class, task=args.task, num_labels=args.num_labels,
                             trust_remote_code=args.trust_remote_code, revision=args.revision,
                             use_cache=not args.no_cache)
     comparison = compare_reports(reports, [s.text for s in specs])
+    if args.html is not None:
+        from ..render.html import render_compare_html
+
+        write_html_page(render_compare_html(comparison, reports), args.html)
     if args.json:
         write(render_compare_json(comparison) + "\n")
     elif args.csv:
         write(render_compare_csv(comparison))
-    else:
+    elif args.html is None:  # the page replaces the text
         write(render_compare_text(comparison, width, color=use_color(), roles=args.roles))
     if not args.no_cache and not args.trust_remote_code:
         from ..api import as_source

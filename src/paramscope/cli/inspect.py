@@ -6,8 +6,9 @@ import argparse
 from typing import Any
 
 from ..errors import ParamscopeError
-from ._common import (add_cache_option, add_debug_option, add_model_options, add_width_option, checked_width,
-                      record_after_build, use_color, write, write_report_json)
+from ._common import (add_cache_option, add_debug_option, add_html_option, add_model_options, add_width_option,
+                      checked_html_path, checked_width, record_after_build, use_color, write, write_html_page,
+                      write_report_json)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -17,6 +18,7 @@ def add_parser(subparsers: Any) -> None:
                         help="preset name, config.json path, model directory, or hub id (org/name)")
     add_model_options(parser)
     parser.add_argument("--json", action="store_true", help="print the JSON report (docs/json-schema.md)")
+    add_html_option(parser)
     parser.add_argument("--depth", type=int, default=3, metavar="N", help="module tree depth (default 3)")
     parser.add_argument("--explain", action="store_true", help="show the arithmetic behind every figure")
     parser.add_argument("--no-tree", action="store_true", help="leave out the module tree")
@@ -39,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if args.depth is not None and args.depth < 0:
         raise ParamscopeError(f"--depth must be 0 or more, got {args.depth}")
     width = None if args.json else checked_width(args)  # bad options fail before any build
+    checked_html_path(args)
     source = resolve(args.model, revision=args.revision)
     # --explain-counts needs the module itself, so it always builds
     report, module = inspect_source(source, model_class=args.model_class, task=args.task,
@@ -61,9 +64,15 @@ def _show(args: argparse.Namespace, source: Any, report: Any, module: Any, width
         from ..heads import describe_heads
 
         heads = describe_heads(report, task=args.task, num_labels=args.num_labels)
+    if args.html is not None:
+        from ..render.html import render_report_html
+
+        write_html_page(render_report_html(report), args.html)
     if args.json:
         write_report_json(report, counts=None if counts is None else counts.to_dict(),
                           heads=None if heads is None else heads.to_dict())
+        return
+    if args.html is not None:  # the page replaces the text (with --json, stdout still gets the JSON)
         return
     from ..render.text import TextOptions, render_text
 

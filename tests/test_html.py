@@ -1,0 +1,273 @@
+"""The HTML report: treemap data exact to the integer, the page self-contained, and (in Chromium) interactive.
+
+Browser tests drive the system's Chromium through playwright (`executable_path`, no browser download). They skip
+where no Chromium is installed, unless PARAMSCOPE_REQUIRE_BROWSER=1 (set by .ci/run), where they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from paramscope import inspect
+from paramscope.compare import compare_reports
+from paramscope.presets import preset_names
+from paramscope.render.html import render_compare_html, render_report_html
+from paramscope.render.treemap import active_share, module_treemap, role_treemap, trainable_share
+
+BROWSER_MODELS = ["bert-base-uncased", "mixtral-8x7b", "deepseek-v3"]
+
+
+def _leaf_sum(treemap) -> int:
+    return sum(box.value for box in treemap.leaves)
+
+
+def _consistent(treemap) -> None:
+    """Ids unique, every parent present, each parent's value the sum of its children's."""
+    ids = [box.id for box in treemap.boxes]
+    assert len(ids) == len(set(ids))
+    by_id = {box.id: box for box in treemap.boxes}
+    children: dict[str, int] = {}
+    for box in treemap.boxes:
+        if box.parent:
+            assert box.parent in by_id, box.id
+            children[box.parent] = children.get(box.parent, 0) + box.value
+    for parent, total in children.items():
+        assert by_id[parent].value == total, parent
+
+
+# --- the data ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_treemap_leaves_sum_to_the_unique_total(name):
+    report = inspect(name)
+    for treemap in (module_treemap(report, active_share(report)), role_treemap(report)):
+        assert _leaf_sum(treemap) == report.total
+        assert treemap.total == report.total
+        _consistent(treemap)
+
+
+def test_bert_layers_are_one_block_of_twelve_with_the_arithmetic():
+    report = inspect("bert-base-uncased")
+    boxes = {box.label: box for box in module_treemap(report).boxes}
+    layers = boxes["encoder.layer.0–11 × 12"]
+    assert layers.value == 12 * 7_087_872
+    assert "7,087,872 per layer × 12 = 85,054,464" in layers.hover
+    query = next(b for b in module_treemap(report).boxes if b.id.endswith("/attention/self/query"))
+    assert query.value == 12 * 590_592
+    assert "768×768 + 768 = 590,592 per layer × 12 = 7,087,104" in query.hover
+    # the tied word embedding is marked, and counted once: the decoder's alias adds no box
+    assert boxes["word_embeddings"].tied and boxes["word_embeddings"].value == 30522 * 768
+    assert "shared with cls.predictions.decoder.weight" in boxes["word_embeddings"].hover
+    assert not any("decoder" in box.label for box in module_treemap(report).boxes)
+
+
+def test_bert_ffn_dwarfs_attention_in_the_role_view():
+    report = inspect("bert-base-uncased")
+    groups = {box.label: box.value for box in role_treemap(report).boxes if box.parent == report.model.class_name}
+    assert groups["feed-forward (MLP)"] == 56_687_616
+    assert groups["attention"] == 28_366_848
+
+
+def test_moe_experts_are_shaded_by_the_share_a_token_uses():
+    report = inspect("deepseek-v3")
+    boxes = module_treemap(report, active_share(report)).boxes
+    experts = next(b for b in boxes if b.id.endswith("/3–60/mlp/experts"))
+    assert experts.emphasis == pytest.approx(8 / 256)
+    assert experts.value == 58 * 256 * 3 * 7168 * 2048
+    attention = next(b for b in boxes if b.id.endswith("/3–60/self_attn"))
+    assert attention.emphasis == 1.0
+    root = boxes[0]
+    assert root.emphasis == pytest.approx(report.active / report.total)
+    # the experts fill the picture: 97.4% of the model
+    assert experts.value / report.total > 0.97
+
+
+def test_plan_emphasis_is_the_trainable_share():
+    report = inspect("bert-base-uncased")
+    boxes = module_treemap(report, trainable_share, "frozen").boxes
+    assert all(box.emphasis == 1.0 for box in boxes)  # all trainable
+
+
+def test_wide_models_fold_deep_levels_to_stay_bounded():
+    report = inspect("t5-small")
+    full = module_treemap(report)
+    small = module_treemap(report, max_boxes=20)
+    assert len(small.boxes) <= 20 < len(full.boxes)
+    assert _leaf_sum(small) == report.total
+    _consistent(small)
+
+
+# --- the page ---------------------------------------------------------------------------------------------------
+
+def test_page_is_self_contained_and_small():
+    page = render_report_html(inspect("deepseek-v3"))
+    assert len(page.encode()) < 10_000_000
+    assert page.startswith("<!DOCTYPE html>") and page.count("window.Plotly = Plotly") == 1  # plotly.js once
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", page)  # nothing loaded from elsewhere
+    assert "671,026,404,352" in page and "37,552,282,624" in page
+
+
+def test_notebook_display_is_the_interactive_fragment(tmp_path):
+    report = inspect("bert-base-uncased")
+    fragment = report._repr_html_()
+    assert not fragment.startswith("<!DOCTYPE") and "if(!window.Plotly)" in fragment
+    assert "treemap-module" in fragment
+    path = tmp_path / "bert.html"
+    page = report.to_html(str(path))
+    assert path.read_text("utf-8") == page and page.startswith("<!DOCTYPE html>")
+
+
+def _cli(*args, cwd=None):
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    return subprocess.run([sys.executable, "-m", "paramscope", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=300)
+
+
+def test_cli_html_writes_the_page_and_says_where(tmp_path):
+    out = tmp_path / "bert.html"
+    result = _cli("inspect", "bert-base-uncased", "--html", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""  # the page replaces the text
+    assert f"wrote {out}" in result.stderr
+    assert 'data-total="109514298"' in out.read_text("utf-8")
+    both = _cli("compare", "bert-base-uncased", "gpt2", "--html", str(tmp_path / "c.html"), "--json")
+    assert both.returncode == 0 and '"columns"' in both.stdout or '"models"' in both.stdout
+    assert (tmp_path / "c.html").stat().st_size > 1_000_000
+
+
+@pytest.mark.parametrize("target, message", [
+    ("/no/such/folder/x.html", "--html: no such folder"),
+    (".", "is a folder"),
+])
+def test_cli_html_refuses_a_bad_path_before_any_work(tmp_path, target, message):
+    result = _cli("inspect", "bert-base-uncased", "--html", target, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and message in result.stderr
+    assert result.stdout == ""
+
+
+# --- in a real browser ------------------------------------------------------------------------------------------
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    executable = _chromium()
+    if executable is None:
+        if os.environ.get("PARAMSCOPE_REQUIRE_BROWSER") == "1":
+            pytest.fail("no chromium on PATH, and PARAMSCOPE_REQUIRE_BROWSER=1")
+        pytest.skip("no chromium on PATH (apt-get install chromium)")
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+class _Page:
+    """A page opened from a file, with every console error and every request recorded."""
+
+    def __init__(self, browser, path):
+        self.page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.url = path.as_uri()
+        self.page.goto(self.url)
+        self.page.wait_for_selector("html[data-paramscope-ready]", timeout=20_000)
+        self.ready_ms = int(self.page.get_attribute("html", "data-paramscope-ready"))
+
+    def leaf_sum(self, div_id: str) -> int:
+        return self.page.evaluate("""id => { const t = document.getElementById(id).data[0];
+            const parents = new Set(t.parents); let s = 0;
+            t.ids.forEach((x, i) => { if (!parents.has(x)) s += t.values[i]; }); return s; }""", div_id)
+
+
+@pytest.fixture(scope="module")
+def pages(browser, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("html")
+    opened = {}
+    for name in BROWSER_MODELS:
+        path = folder / f"{name}.html"
+        path.write_text(render_report_html(inspect(name)), "utf-8")
+        opened[name] = _Page(browser, path)
+    yield opened
+    for page in opened.values():
+        page.page.close()
+
+
+@pytest.mark.parametrize("name", BROWSER_MODELS)
+def test_page_renders_offline_with_no_console_error(pages, name):
+    page = pages[name]
+    assert page.errors == []
+    assert page.requests == [page.url]  # the file itself, nothing else
+
+
+@pytest.mark.parametrize("name", BROWSER_MODELS)
+def test_treemap_leaves_in_the_browser_sum_to_the_total(pages, name):
+    total = inspect(name).total
+    assert int(pages[name].page.get_attribute("#totals", "data-total")) == total
+    assert pages[name].leaf_sum("treemap-module") == total
+    assert pages[name].leaf_sum("treemap-role") == total
+
+
+@pytest.mark.parametrize("name", BROWSER_MODELS)
+def test_page_is_interactive_within_two_seconds(pages, name):
+    assert pages[name].ready_ms < 2000  # every figure drawn, in ms since navigation began
+
+
+def _slice(page, div_id: str, label: str):
+    return page.locator(f"#{div_id} g.slice").filter(has=page.locator("text.slicetext", has_text=label)).first
+
+
+def test_hover_shows_the_exact_count_and_a_click_drills_down(pages):
+    page = pages["bert-base-uncased"].page
+    box = _slice(page, "treemap-module", "encoder.layer.0–11 × 12").bounding_box()
+    # the box's own strip is its top edge, where its label is; below it lie its parts
+    x, y = box["x"] + 12, box["y"] + 6
+    page.mouse.move(x, y)
+    page.wait_for_selector("#treemap-module .hoverlayer .hovertext")
+    hover = page.text_content("#treemap-module .hoverlayer")
+    assert "7,087,872 per layer × 12 = 85,054,464" in hover
+    page.mouse.click(x, y)
+    page.wait_for_function("document.getElementById('treemap-module').data[0].level !== undefined")
+    level = page.evaluate("document.getElementById('treemap-module').data[0].level")
+    assert level.endswith("/encoder.layer.0–11")
+
+
+def test_sunburst_toggle_redraws(pages):
+    page = pages["mixtral-8x7b"].page
+    page.locator("#treemap-role .updatemenu-button", has_text="sunburst").click()
+    page.wait_for_function("document.getElementById('treemap-role').data[0].type === 'sunburst'")
+    assert page.locator("#treemap-role .sunburstlayer").count() == 1
+    assert pages["mixtral-8x7b"].leaf_sum("treemap-role") == inspect("mixtral-8x7b").total
+
+
+def test_compare_page_small_multiples_and_bars(browser, tmp_path):
+    names = ["bert-base-uncased", "gpt2", "mixtral-8x7b", "deepseek-v3"]
+    reports = [inspect(n) for n in names]
+    path = tmp_path / "compare.html"
+    path.write_text(render_compare_html(compare_reports(reports, names), reports), "utf-8")
+    page = _Page(browser, path)
+    assert page.errors == [] and page.requests == [page.url]
+    for index, report in enumerate(reports):
+        assert page.leaf_sum(f"treemap-{index}") == report.total
+    widths = [page.page.evaluate(f"document.getElementById('treemap-{i}').layout.width") for i in range(4)]
+    assert widths[3] == 560 and widths[2] == round(560 * (reports[2].total / reports[3].total) ** 0.5)
+    bars = page.page.evaluate("document.getElementById('bars-groups').data.length")
+    assert bars == len(compare_reports(reports, names).groups)
+    page.page.close()
