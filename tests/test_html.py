@@ -271,3 +271,88 @@ def test_compare_page_small_multiples_and_bars(browser, tmp_path):
     bars = page.page.evaluate("document.getElementById('bars-groups').data.length")
     assert bars == len(compare_reports(reports, names).groups)
     page.page.close()
+
+
+# --- memory, FLOPs and plans ------------------------------------------------------------------------------------
+
+def test_memory_page_bars_are_each_phase_exactly(browser, tmp_path):
+    from paramscope.cost.estimate import MemoryOptions, estimate_memory
+    from paramscope.cost.training_estimate import TrainingOptions, estimate_training
+    from paramscope.render.html import render_memory_html
+    from paramscope.render.memory import memory_to_dict
+
+    report, serving = estimate_memory("gpt2", MemoryOptions(batch=2, seq=256))
+    _, training = estimate_training("gpt2", TrainingOptions(batch=1, seq=128))
+    for name, estimate in (("serving", serving), ("training", training)):
+        path = tmp_path / f"{name}.html"
+        path.write_text(render_memory_html(report, estimate), "utf-8")
+        page = _Page(browser, path)
+        assert page.errors == [] and page.requests == [page.url]
+        stacks = page.page.evaluate("""() => { const d = document.getElementById('bars-phases').data;
+            return d[0].x.map((_, i) => d.reduce((s, t) => s + t.y[i], 0)); }""")
+        memory = memory_to_dict(estimate)
+        expected = [p["bytes"] for p in memory["phases"]] if name == "training" else [memory["peak"]["bytes"]]
+        assert stacks == expected
+        assert int(page.page.get_attribute("#memory", "data-peak")) == estimate.peak
+        page.page.close()
+
+
+def test_flops_page_has_the_context_curve_from_the_analytic_count(browser, tmp_path):
+    from paramscope.cost.flop_estimate import FlopOptions, estimate_flops
+    from paramscope.render.html import render_flops_html
+
+    report, estimate, compute = estimate_flops("llama-2-7b", FlopOptions(context_curve=True))
+    assert estimate.forward == 29_261_612_187_648 and estimate.attention == 2_199_023_255_552
+    points = dict((seq, (forward, attention)) for seq, forward, attention in estimate.by_context)
+    assert points[2048] == (estimate.forward, estimate.attention)  # the curve passes through the answer
+    assert max(points) == 4096 and min(points) == 128
+    assert points[4096][1] == 4 * points[2048][1]  # attention scores grow with S²
+    path = tmp_path / "flops.html"
+    path.write_text(render_flops_html(report, estimate, compute), "utf-8")
+    page = _Page(browser, path)
+    assert page.errors == [] and page.requests == [page.url]
+    bars = page.page.evaluate("document.getElementById('bars-flops').data[0].x.reduce((a, b) => a + b, 0)")
+    assert bars == estimate.forward
+    assert page.page.evaluate("document.getElementById('line-context').data.length") == 3
+    page.page.close()
+
+
+def test_plan_page_treemap_marks_what_trains(browser, tmp_path):
+    from paramscope.api import inspect_with_module
+    from paramscope.plan import PlanOptions, make_plan
+    from paramscope.render.html import render_plan_html
+
+    report, module = inspect_with_module("bert-base-uncased")
+    plan = make_plan(report, module, PlanOptions(lora=8))
+    planned = inspect(plan.module)
+    assert planned.total == plan.total == 109_809_210
+    treemap = module_treemap(planned, trainable_share)
+    assert sum(box.value * box.emphasis for box in treemap.leaves) == pytest.approx(294_912)
+    path = tmp_path / "plan.html"
+    path.write_text(render_plan_html(report, plan, planned), "utf-8")
+    page = _Page(browser, path)
+    assert page.errors == [] and page.requests == [page.url]
+    assert page.leaf_sum("treemap-plan") == 109_809_210
+    assert int(page.page.get_attribute("#plan", "data-trainable")) == 294_912
+    page.page.close()
+
+
+@pytest.mark.parametrize("argv", [
+    ["memory", "gpt2", "--seq", "128"],
+    ["flops", "gpt2", "--seq", "128"],
+    ["plan", "gpt2", "--train-last", "1", "--no-memory"],
+    # a PeftModel with no task type (BertForMaskedLM) forwards **kwargs: its traced step feeds the wrapped model's
+    # inputs (it used to stop at "PeftModel.forward takes no input_ids")
+    ["plan", "bert-base-uncased", "--lora", "8", "--seq", "64"],
+])
+def test_cost_commands_write_html(tmp_path, argv):
+    out = tmp_path / "page.html"
+    result = _cli(*argv, "--html", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "" and out.stat().st_size > 1_000_000
+    assert "data-paramscope" not in result.stdout
+
+
+def test_plan_html_with_compare_is_refused_in_one_line(tmp_path):
+    result = _cli("plan", "gpt2", "--compare", "full,lora", "--html", str(tmp_path / "x.html"))
+    assert result.returncode == 2 and "--html shows one plan" in result.stderr and result.stderr.count("\n") == 1

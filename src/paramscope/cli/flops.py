@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import (add_debug_option, add_model_options, add_width_option, checked_width, use_color, write,
-                      write_report_json)
+from ._common import (add_debug_option, add_html_option, add_model_options, add_width_option, checked_html_path,
+                      checked_width, use_color, write, write_html_page, write_report_json)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -42,6 +42,7 @@ def add_parser(subparsers: Any) -> None:
                         help="also count with torch's FlopCounterMode on fake tensors and show the agreement")
     parser.add_argument("--json", action="store_true",
                         help="print the JSON report with its \"flops\" object (docs/json-schema.md)")
+    add_html_option(parser)
     add_width_option(parser)
     add_debug_option(parser)
 
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from ..sources import resolve
 
     width = None if args.json else checked_width(args)
+    checked_html_path(args)
     tokens = None
     if args.tokens is not None:
         if not 1 <= args.tokens <= 1e17:  # also refuses nan
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                           grad_checkpointing=args.grad_checkpointing, causal=args.causal, freeze=tuple(args.freeze),
                           tokens=tokens, gpu=args.gpu, peak_dtype=args.peak_dtype, peak_tflops=args.peak_tflops,
                           tokens_per_second=args.tokens_per_second, mfu=args.mfu, devices=args.devices,
-                          trace=args.trace)
+                          trace=args.trace, context_curve=args.html is not None)
     options.check()
     if args.gpu:
         from ..cost.hardware import find_accelerator
@@ -70,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
     source = resolve(args.model, revision=args.revision)
     report, estimate, compute = estimate_flops(source, options, model_class=args.model_class, task=args.task,
                                                num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
+    if args.html is not None:
+        from ..render.html import render_flops_html
+
+        write_html_page(render_flops_html(report, estimate, compute), args.html)
     if args.json:
         from ..render.flops import flops_to_dict
 
@@ -77,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
             "training": args.training, "grad_checkpointing": args.grad_checkpointing, "freeze": list(args.freeze),
             "tokens": tokens, "gpu": args.gpu, "peak_dtype": args.peak_dtype, "peak_tflops": args.peak_tflops,
             "tokens_per_second": args.tokens_per_second, "mfu_assumed": args.mfu, "devices": args.devices}))
+        return 0
+    if args.html is not None:  # the page replaces the text
         return 0
     from ..render.flops import render_flops_text
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import (add_debug_option, add_model_options, add_width_option, checked_width, use_color, write,
-                      write_report_json)
+from ._common import (add_debug_option, add_html_option, add_model_options, add_width_option, checked_html_path,
+                      checked_width, use_color, write, write_html_page, write_report_json)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -64,6 +64,7 @@ def add_parser(subparsers: Any) -> None:
                              "training step, or generate()'s prefill and a decode step), beside the analytic answer")
     parser.add_argument("--json", action="store_true",
                         help="print the JSON report with its \"memory\" object (docs/json-schema.md)")
+    add_html_option(parser)
     add_width_option(parser)
     add_debug_option(parser)
 
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from ..sources import resolve
 
     width = None if args.json else checked_width(args)  # bad options fail before any build
+    checked_html_path(args)
     if args.gpu and args.budget:
         raise ParamscopeError("give --gpu or --budget, not both")
     reserve = 0 if str(args.reserve).strip() in ("0", "0B") else parse_bytes(args.reserve)
@@ -115,10 +117,16 @@ def run(args: argparse.Namespace) -> int:
             raise ParamscopeError("--freeze is for --training")
         source = resolve(args.model, revision=args.revision)
         report, estimate = estimate_memory(source, options, **model_options)
+    if args.html is not None:
+        from ..render.html import render_memory_html
+
+        write_html_page(render_memory_html(report, estimate), args.html)
     if args.json:
         from ..render.memory import memory_to_dict
 
         write_report_json(report, memory=memory_to_dict(estimate))
+        return 0
+    if args.html is not None:  # the page replaces the text
         return 0
     from ..render.memory import render_memory_text
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import (add_debug_option, add_model_options, add_width_option, checked_width, use_color, write,
-                      write_report_json)
+from ._common import (add_debug_option, add_html_option, add_model_options, add_width_option, checked_html_path,
+                      checked_width, use_color, write, write_html_page, write_report_json)
 
 
 class _Rule(argparse.Action):
@@ -59,6 +59,7 @@ def add_parser(subparsers: Any) -> None:
     memory.add_argument("--no-memory", action="store_true",
                         help="counts only: no memory or FLOPs (adapters need a traced step: seconds to a minute)")
     parser.add_argument("--json", action="store_true", help="print the JSON report with its \"plan\" object")
+    add_html_option(parser)
     add_width_option(parser)
     add_debug_option(parser)
 
@@ -72,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
     from ..sources import resolve
 
     width = None if args.json else checked_width(args)
+    checked_html_path(args)
+    if args.html is not None and args.compare:
+        raise ParamscopeError("--html shows one plan; leave out --compare (or compare in the terminal)")
     split = lambda text: tuple(t.strip() for t in text.split(",") if t.strip()) if text else None  # noqa: E731
     options = PlanOptions(rules=tuple(args.rules), lora=args.lora, alpha=args.alpha, dropout=args.dropout,
                           target=split(args.target), dora=args.dora, rslora=args.rslora,
@@ -96,10 +100,17 @@ def run(args: argparse.Namespace) -> int:
         _, estimate = estimate_training(plan.module, training)
         flops = plan_flops(plan, batch=args.batch, seq=estimate.settings["seq"],
                            checkpointing=args.grad_checkpointing == "full")
+    if args.html is not None:
+        from ..api import inspect as inspect_module
+        from ..render.html import render_plan_html
+
+        write_html_page(render_plan_html(report, plan, inspect_module(plan.module), estimate), args.html)
     if args.json:
         from ..render.plan import plan_to_dict
 
         write_report_json(report, plan=plan_to_dict(plan, estimate, flops))
+        return 0
+    if args.html is not None:  # the page replaces the text
         return 0
     from ..render.plan import render_plan_text
 

@@ -17,7 +17,7 @@ from ..selection import match_all
 from .flop_count import by_role, count_flops, module_roles
 from .flops import FlopEstimate, FlopTerm, analytic_flops
 from .hardware import Accelerator, find_accelerator, peak_flops
-from .estimate import step_length
+from .estimate import max_context, step_length
 from .kv_cache import text_config
 from .trace import StepSettings
 
@@ -41,6 +41,7 @@ class FlopOptions:
     mfu: float | None = None  # assumed MFU, for the time
     devices: int = 1
     trace: bool = False
+    context_curve: bool = False  # also count the forward at powers of two up to the model's context (HTML plot)
 
     def check(self) -> None:
         from .estimate import check_batch_and_seq
@@ -114,8 +115,30 @@ def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), **model_opt
         estimate = dataclasses.replace(traced, notes=tuple(notes) + traced.notes)
     else:
         estimate = dataclasses.replace(estimate, notes=tuple(notes))
+        if options.context_curve:
+            estimate = dataclasses.replace(estimate, by_context=_by_context(
+                module, report, options, seq, max_context(text), checkpointing, frozen))
     compute = _compute(estimate, report, options, accelerator, _active_parameters(report, text))
     return report, estimate, compute
+
+
+CURVE_POINTS = 16
+
+
+def _by_context(module: Any, report: Any, options: FlopOptions, seq: int, limit: int | None, checkpointing: bool,
+                frozen: frozenset[str]) -> tuple[tuple[int, int, int], ...]:
+    """(seq, forward, attention) at 128, 256, … up to the model's context (or 4 × seq when it has none), and at seq
+    itself: the same analytic count at each length, so the attention term's S² shows against the linear rest."""
+    top = limit or 4 * seq
+    lengths = sorted({min(128 << k, top) for k in range(CURVE_POINTS) if 128 << k <= max(top, 128)} | {seq})
+    points = []
+    for length in lengths[:CURVE_POINTS + 1]:
+        counted = analytic_flops(module, report.params, batch=options.batch, seq=length, training=False,
+                                 checkpointing=checkpointing, causal=options.causal, frozen=frozen)
+        if counted is None:
+            return ()
+        points.append((length, counted.forward, counted.attention))
+    return tuple(points)
 
 
 def _active_parameters(report: Any, config: Any) -> int:

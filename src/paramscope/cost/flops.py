@@ -51,6 +51,9 @@ class FlopEstimate:
     backward: int | None  # model FLOPs of the backward (training)
     recompute: int | None  # hardware FLOPs beyond the model's (training)
     notes: tuple[str, ...] = field(default=())
+    # The forward at other context lengths, same batch: (seq, forward, attention) from the same analytic count
+    # (FlopOptions.context_curve); empty when not asked or when the traced engine answered.
+    by_context: tuple[tuple[int, int, int], ...] = field(default=())
 
     @property
     def by_role(self) -> dict[str, int]:

@@ -354,8 +354,10 @@ def _accepts(model: Any, name: str) -> bool:
 def training_inputs(model: Any, settings: StepSettings) -> dict[str, Any]:
     import torch
 
+    # A PeftModel with no task type forwards *args, **kwargs to the model it wraps: that model's signature counts.
+    wrapped = model.get_base_model() if hasattr(model, "get_base_model") else model
     try:
-        names = inspect.signature(model.forward).parameters
+        names = inspect.signature(wrapped.forward).parameters
     except (TypeError, ValueError):
         names = {}
     if "input_ids" not in names:

@@ -87,6 +87,203 @@ def render_compare_html(comparison: Comparison, reports: Sequence[Report], *, fr
     return _page(title, f"{len(reports)} models", sections, fragment)
 
 
+def render_memory_html(report: Report, estimate, *, fragment: bool = False) -> str:
+    """memory: the bytes of each phase as stacked bars, the "fits on" table, the model's treemap."""
+    from .memory import memory_to_dict
+
+    memory = memory_to_dict(estimate)
+    sections = [
+        Section("Memory", _memory_totals(memory)),
+        Section("By phase", _figure(_phase_bars(memory), "bars-phases")),
+        Section("Fits on", _fits_table(memory)),
+        Section("Parameters by module", _figure(_treemap_figure(module_treemap(report, active_share(report))),
+                                                "treemap-module"), open=False),
+    ]
+    if memory.get("notes"):
+        sections.append(Section("Notes", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in memory["notes"]) + "</ul>",
+                                open=False))
+    mode = "training step" if memory["mode"] == "training" else "serving"
+    return _page(f"{report.model.label}: memory to {'train' if mode == 'training step' else 'serve'}",
+                 f"{_subtitle(report)} · {memory['engine']} engine · peak {_bytes(memory['peak']['bytes'])} in "
+                 f"{memory['peak']['phase']}", sections, fragment)
+
+
+def render_flops_html(report: Report, estimate, compute, *, fragment: bool = False) -> str:
+    """flops: the forward by role with the attention term apart, and the forward against context length."""
+    sections = [Section("FLOPs", _flop_totals(estimate, compute)),
+                Section("Forward by role", _figure(_flop_bars(estimate), "bars-flops"))]
+    if estimate.by_context:
+        sections.append(Section("Against context length", _figure(_flop_curve(estimate), "line-context")))
+    else:
+        sections.append(Section("Against context length", "<p class=\"dim\">Only the analytic engine gives the curve; "
+                                                          "this model was counted by FlopCounterMode at one length."
+                                                          "</p>"))
+    if estimate.notes:
+        sections.append(Section("Notes", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in estimate.notes) + "</ul>",
+                                open=False))
+    return _page(f"{report.model.label}: FLOPs", f"{_subtitle(report)} · {estimate.engine} engine · batch "
+                 f"{estimate.batch} × {estimate.seq:,} tokens · attention convention: {estimate.causal}",
+                 sections, fragment)
+
+
+def render_plan_html(report: Report, plan, planned: Report, estimate=None, *, fragment: bool = False) -> str:
+    """plan: what trains, as the treemap of the model with the plan applied (frozen parts pale)."""
+    rows = [("trainable", plan.trainable, "requires_grad, adapters included"),
+            ("frozen", plan.frozen, "no gradient, no optimizer state"),
+            ("adapters add", plan.adapter, "parameters of the LoRA/DoRA matrices"),
+            ("total", plan.total, "base + adapters, as PEFT counts")]
+    body = "".join(f'<tr><th>{_e(label)}</th><td class="num" data-value="{value}">{exact(value)}</td>'
+                   f'<td class="num dim">{human(value)}</td><td class="dim">{_e(note)}</td></tr>'
+                   for label, value, note in rows)
+    share = plan.trainable / plan.total * 100 if plan.total else 0.0
+    treemap = module_treemap(planned, trainable_share, "frozen (pale): no gradient, no optimizer state")
+    sections = [
+        Section("Plan", f'<table class="totals" id="plan" data-trainable="{plan.trainable}">{body}</table>'
+                        f"<p>{share:.4f}% of the parameters train.</p>"),
+        Section("What trains", _figure(_treemap_figure(treemap), "treemap-plan") + _key(treemap)),
+    ]
+    if estimate is not None:
+        from .memory import memory_to_dict
+
+        memory = memory_to_dict(estimate)
+        sections += [Section("Memory of a training step", _memory_totals(memory)
+                             + _figure(_phase_bars(memory), "bars-phases")),
+                     Section("Fits on", _fits_table(memory), open=False)]
+    method = plan.method + (f" ({plan.storage})" if plan.storage else "")
+    return _page(f"{report.model.label}: fine-tuning plan, {method}", _subtitle(report), sections, fragment)
+
+
+# --- parts of the cost pages ------------------------------------------------------------------------------------
+
+_PHASE_PARTS = (("weights", "weights"), ("buffers", "buffers"), ("optimizer", "optimizer state"),
+                ("master_weights", "master weights"), ("kv_cache", "KV cache"))
+_PART_COLORS = {"weights": "#4e79a7", "buffers": "#bab0ac", "optimizer state": "#f28e2b",
+                "master weights": "#edc948", "KV cache": "#b07aa1",
+                "gradients, activations and temporaries": "#59a14f", "activations and workspace": "#59a14f"}
+
+
+def _held(memory: dict, key: str) -> int:
+    part = memory.get(key)
+    return int(part["bytes"]) if isinstance(part, dict) and part.get("bytes") else 0
+
+
+def _phase_bars(memory: dict) -> dict:
+    """Per phase, the bytes held: the state that persists (weights, buffers, optimizer, KV cache) and what the
+    phase adds (the rest of its figure). Each bar is exactly the phase's figure."""
+    if memory["mode"] == "training":
+        moments = [(p["moment"], int(p["bytes"]), p.get("arithmetic", "")) for p in memory.get("phases") or []]
+        rest = "gradients, activations and temporaries"
+    else:
+        moments = [("peak (" + memory["peak"]["phase"] + ")", int(memory["peak"]["bytes"]),
+                    (memory.get("activations") or {}).get("arithmetic", ""))]
+        rest = "activations and workspace"
+    names = [m[0] for m in moments]
+    traces = []
+    persistent = {label: _held(memory, key) for key, label in _PHASE_PARTS}
+    for label, value in persistent.items():
+        if value:
+            traces.append(_bar(label, names, [value] * len(moments), [""] * len(moments)))
+    held = sum(persistent.values())
+    traces.append(_bar(rest, names, [total - held for _, total, _ in moments], [a for _, _, a in moments]))
+    layout = {"barmode": "stack", "height": 380, "margin": {"t": 40, "l": 10, "r": 10, "b": 60},
+              "yaxis": {"title": {"text": "bytes"}, "tickformat": ".3s", "automargin": True}, "font": {"family": "system-ui, sans-serif"},
+              "legend": {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"}}
+    return {"data": traces, "layout": layout}
+
+
+def _bar(label: str, names: list[str], values: list[int], notes: list[str]) -> dict:
+    return {"type": "bar", "name": label, "x": names, "y": values, "marker": {"color": _PART_COLORS.get(label)},
+            "customdata": [f"{exact(v)} B ({_bytes(v)})" + (f"<br>{_e(n)}" if n else "") for v, n in
+                           zip(values, notes)],
+            "hovertemplate": f"<b>{_e(label)}</b><br>%{{customdata}}<extra>%{{x}}</extra>"}
+
+
+def _memory_totals(memory: dict) -> str:
+    rows = [(label, _held(memory, key)) for key, label in (("weights", "weights"), ("buffers", "buffers"),
+                                                            ("gradients", "gradients"),
+                                                            ("optimizer", "optimizer state"),
+                                                            ("master_weights", "master weights"),
+                                                            ("kv_cache", "KV cache"),
+                                                            ("activations", "activations"))]
+    rows = [(label, value) for label, value in rows if value]
+    rows.append(("peak", int(memory["peak"]["bytes"])))
+    rows.append(("peak + reserve", int(memory["peak"]["bytes"]) + int(memory.get("reserve") or 0)))
+    body = "".join(f'<tr><th>{_e(label)}</th><td class="num" data-value="{value}">{exact(value)} B</td>'
+                   f'<td class="num dim">{_bytes(value)}</td></tr>' for label, value in rows)
+    return f'<table class="totals" id="memory" data-peak="{memory["peak"]["bytes"]}">{body}</table>'
+
+
+def _fits_table(memory: dict) -> str:
+    head = "<tr><th>accelerator</th><th>memory</th><th>fits</th><th>free</th><th>largest batch</th>" \
+           "<th>largest context</th></tr>"
+    rows = "".join(
+        f'<tr><td>{_e(f["accelerator"])}</td><td class="num">{_bytes(f["memory"])}</td>'
+        f'<td>{"yes" if f["fits"] else "no"}</td><td class="num">{_bytes(f["free"])}</td>'
+        f'<td class="num">{"—" if f["largest_batch"] is None else exact(f["largest_batch"])}</td>'
+        f'<td class="num">{"—" if f.get("largest_context") is None else exact(f["largest_context"])}</td></tr>'
+        for f in memory.get("fits") or [])
+    return f'<div class="scroll"><table class="fits">{head}{rows}</table></div>' if rows else \
+        '<p class="dim">No accelerator table for these settings.</p>'
+
+
+def _flop_totals(estimate, compute) -> str:
+    rows = [("forward", estimate.forward, "model FLOPs of one forward: 2 per multiply-add"),
+            ("of which attention scores", estimate.attention, f"QKᵀ and AV, convention {estimate.causal}")]
+    if estimate.backward is not None:
+        rows.append(("backward", estimate.backward, "model FLOPs, about 2 × forward"))
+        rows.append(("training step", estimate.step, "forward + backward"))
+    if estimate.recompute:
+        rows.append(("recompute", estimate.recompute, "hardware FLOPs beyond the model's (checkpointing)"))
+    rows.append(("per token, forward", compute.per_token_forward, ""))
+    if compute.total is not None:
+        rows.append((f"for {exact(compute.tokens)} tokens", compute.total, "model FLOPs"))
+    body = "".join(f'<tr><th>{_e(label)}</th><td class="num" data-value="{value}">{exact(value)}</td>'
+                   f'<td class="num dim">{value:.3e}</td><td class="dim">{_e(note)}</td></tr>'
+                   for label, value, note in rows)
+    extra = ""
+    if compute.mfu is not None:
+        extra += f"<p>MFU {compute.mfu * 100:.1f}% of {_e(compute.accelerator)}'s peak ({_e(compute.peak_from)}).</p>"
+    return f'<table class="totals" id="flops" data-forward="{estimate.forward}">{body}</table>{extra}'
+
+
+def _flop_bars(estimate) -> dict:
+    terms = sorted(estimate.terms, key=lambda t: t.flops)
+    colors = [GROUP_COLORS.get(t.role.split(".")[0], "#79706e") if t.role != "attention.scores" else "#e15759"
+              for t in terms]
+    trace = {"type": "bar", "orientation": "h", "y": [t.role for t in terms], "x": [t.flops for t in terms],
+             "marker": {"color": colors},
+             "customdata": [f"{exact(t.flops)} FLOPs ({t.flops / estimate.forward * 100:.2f}%)<br>{_e(t.arithmetic)}"
+                            for t in terms],
+             "hovertemplate": "<b>%{y}</b><br>%{customdata}<extra></extra>"}
+    layout = {"height": 80 + 26 * len(terms), "margin": {"t": 10, "l": 10, "r": 10, "b": 40},
+              "xaxis": {"title": {"text": "forward FLOPs"}, "tickformat": ".3s"}, "yaxis": {"automargin": True},
+              "font": {"family": "system-ui, sans-serif"}}
+    return {"data": [trace], "layout": layout}
+
+
+def _flop_curve(estimate) -> dict:
+    seqs = [p[0] for p in estimate.by_context]
+    line = lambda name, values, color: {  # noqa: E731
+        "type": "scatter", "mode": "lines+markers", "name": name, "x": seqs, "y": values,
+        "line": {"color": color}, "customdata": [exact(v) for v in values],
+        "hovertemplate": f"{name}<br>%{{x:,}} tokens: %{{customdata}} FLOPs<extra></extra>"}
+    traces = [line("forward", [p[1] for p in estimate.by_context], "#4e79a7"),
+              line("attention scores (∝ S²)", [p[2] for p in estimate.by_context], "#e15759"),
+              line("the rest (∝ S)", [p[1] - p[2] for p in estimate.by_context], "#59a14f")]
+    layout = {"height": 420, "margin": {"t": 40, "l": 10, "r": 10, "b": 50},
+              "xaxis": {"title": {"text": f"context length (tokens), batch {estimate.batch}"}, "type": "log"},
+              "yaxis": {"title": {"text": "forward FLOPs"}, "type": "log", "tickformat": ".2s", "automargin": True},
+              "legend": {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"},
+              "font": {"family": "system-ui, sans-serif"}}
+    return {"data": traces, "layout": layout}
+
+
+def _bytes(value: int) -> str:
+    from .memory import binary
+
+    return binary(value)
+
+
 # --- parts of the inspect page ----------------------------------------------------------------------------------
 
 def _subtitle(report: Report) -> str:
@@ -341,4 +538,5 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-__all__ = ["render_report_html", "render_compare_html", "save_page", "GROUP_COLORS"]
+__all__ = ["render_report_html", "render_compare_html", "render_memory_html", "render_flops_html",
+           "render_plan_html", "save_page", "GROUP_COLORS"]
