@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from ..count import ModuleNode, ParameterInfo, collapse_runs, index_pattern
-from ..explain import exact, human, role_arithmetic, shape_term
+from ..explain import exact, human, role_arithmetic, shape_term, sum_of_shapes
+from ._console import percent as _percent
 from ..roles import GROUP_TITLES, role_group
 
 if TYPE_CHECKING:  # type hints only: report.py imports render lazily, so render must not import it back
@@ -343,19 +344,14 @@ def _emphasis(params, emphasis) -> float:
 
 
 def _sum_of_shapes(params: list[ParameterInfo], n: int) -> str:
-    value = sum(p.numel for p in params)
-    terms = " + ".join(shape_term(p.shape) for p in params)
-    each = f"{terms} = {exact(value)}" if len(params) > 1 or len(params[0].shape) > 1 else exact(value)
-    return f"{each} per layer × {n} = {exact(value * n)}" if n > 1 else each
+    """explain.sum_of_shapes, times the run length: '768×768 + 768 = 590,592 per layer × 12 = 7,087,104'."""
+    each = sum_of_shapes(params)
+    return f"{each} per layer × {n} = {exact(sum(p.numel for p in params) * n)}" if n > 1 else each
 
 
 def _hover_lines(title: str, value: int, report: Report) -> str:
     return f"<b>{title}</b><br>{exact(value)} parameters ({human(value)})<br>" \
            f"{_percent(report.share(value))} of {exact(report.total)}"
-
-
-def _percent(share: float) -> str:
-    return "<0.01%" if 0 < share < 0.00005 else f"{share * 100:.2f}%"
 
 
 __all__ = ["Box", "Treemap", "module_treemap", "role_treemap", "active_share", "trainable_share"]
