@@ -356,3 +356,26 @@ def test_cost_commands_write_html(tmp_path, argv):
 def test_plan_html_with_compare_is_refused_in_one_line(tmp_path):
     result = _cli("plan", "gpt2", "--compare", "full,lora", "--html", str(tmp_path / "x.html"))
     assert result.returncode == 2 and "--html shows one plan" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_diff_page_shows_both_models_with_what_changes_in_full_colour(browser, tmp_path):
+    from paramscope.diff import diff_reports
+    from paramscope.render.html import render_diff_html
+
+    a, b = inspect("bert-base-uncased", model_class="BertModel"), inspect("bert-base-uncased")
+    diff = diff_reports(a, b, a_label="a", b_label="b")
+    path = tmp_path / "diff.html"
+    path.write_text(render_diff_html(diff, a, b), "utf-8")
+    page = _Page(browser, path)
+    assert page.errors == [] and page.requests == [page.url]
+    assert page.leaf_sum("treemap-a") == 109_482_240 and page.leaf_sum("treemap-b") == 109_514_298
+    assert int(page.page.get_attribute("#diff", "data-delta")) == 32_058
+    assert "The pooler (590,592) is removed" in page.page.text_content("body")
+    page.page.close()
+
+
+def test_diff_cli_writes_html(tmp_path):
+    out = tmp_path / "diff.html"
+    result = _cli("diff", "bert-base-uncased:BertModel", "bert-base-uncased:BertForMaskedLM", "--html", str(out))
+    assert result.returncode == 0 and result.stdout == "", result.stderr
+    assert 'data-delta="32058"' in out.read_text("utf-8")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import add_cache_option, add_debug_option, add_source_options, add_width_option, checked_width, use_color, write
+from ._common import (add_cache_option, add_debug_option, add_html_option, add_source_options, add_width_option,
+                      checked_html_path, checked_width, use_color, write, write_html_page)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -21,6 +22,7 @@ def add_parser(subparsers: Any) -> None:
     add_cache_option(parser)
     add_debug_option(parser)
     parser.add_argument("--json", action="store_true", help="print the diff as JSON")
+    add_html_option(parser)
     parser.add_argument("--all", action="store_true", dest="all_rows", help="list every tensor, not groups")
     add_width_option(parser)
 
@@ -31,13 +33,15 @@ def run(args: argparse.Namespace) -> int:
     from ..render.diff import render_diff_json, render_diff_text
 
     width = None if args.json else checked_width(args)  # bad options fail before any build
+    checked_html_path(args)
     specs = [parse_spec(args.a), parse_spec(args.b)]
     a, b = inspect_specs(specs, num_labels=args.num_labels, trust_remote_code=args.trust_remote_code,
                          revision=args.revision, use_cache=not args.no_cache)
     result = diff_reports(a, b, a_label=specs[0].text, b_label=specs[1].text)
     if args.json:
         write(render_diff_json(result) + "\n")
-        return 0
+        if args.html is None:
+            return 0
     heads = []
     b_heads = describe_heads(b)
     if b_heads.parts:
@@ -45,5 +49,10 @@ def run(args: argparse.Namespace) -> int:
     a_heads = describe_heads(a)
     if a_heads.parts and {p.module for p in a_heads.parts} != {p.module for p in b_heads.parts}:
         heads.append((f"a ({a.model.class_name})", a_heads))
+    if args.html is not None:
+        from ..render.html import render_diff_html
+
+        write_html_page(render_diff_html(result, a, b, heads=heads), args.html)
+        return 0  # the page replaces the text
     write(render_diff_text(result, width, color=use_color(), all_tensors=args.all_rows, heads=heads))
     return 0

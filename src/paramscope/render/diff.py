@@ -12,7 +12,7 @@ from rich.text import Text
 from ..count import LAYER_INDEX
 from ..diff import Diff, Tensor
 from ..explain import exact
-from ._console import shape, to_text
+from ._console import shape, to_html, to_text
 
 ROW_LIMIT = 24  # longer lists are grouped by role unless every tensor is asked for
 
@@ -20,6 +20,15 @@ ROW_LIMIT = 24  # longer lists are grouped by role unless every tensor is asked 
 def render_diff_text(diff: Diff, width: int = 100, *, color: bool = False, all_tensors: bool = False,
                      heads=None) -> str:
     """`heads`: optional (label, paramscope.heads.Heads) pairs to explain what the heads add."""
+    return to_text(diff_parts(diff, all_tensors=all_tensors, heads=heads), width, color)
+
+
+def render_diff_html_text(diff: Diff, width: int = 120, *, heads=None) -> str:
+    """The terminal's diff as inline-styled HTML, for the --html page."""
+    return to_html(diff_parts(diff, all_tensors=False, heads=heads), width)
+
+
+def diff_parts(diff: Diff, *, all_tensors: bool = False, heads=None) -> list:
     parts = [_header(diff), Text(diff.sentence), Text("")]
     parts.append(_tensor_table(f"Removed from a ({len(diff.removed)} tensors, "
                                f"{exact(sum(t.numel for t in diff.removed))})", diff.removed, all_tensors))
@@ -30,8 +39,7 @@ def render_diff_text(diff: Diff, width: int = 100, *, color: bool = False, all_t
     for label, h in heads or ():
         if h.parts:
             parts.append(_heads(label, h))
-    parts = [p for p in parts if p is not None]
-    return to_text(parts, width, color)
+    return [p for p in parts if p is not None]
 
 
 def render_diff_json(diff: Diff, *, indent: int | None = 2) -> str:
