@@ -17,7 +17,8 @@ import pytest
 from paramscope import inspect
 from paramscope.compare import compare_reports
 from paramscope.presets import preset_names
-from paramscope.render.html import render_compare_html, render_report_html
+from paramscope.render.html.compare import render_compare_html
+from paramscope.render.html.report import render_report_html
 from paramscope.render.treemap import active_share, module_treemap, role_treemap, trainable_share
 
 BROWSER_MODELS = ["bert-base-uncased", "mixtral-8x7b", "deepseek-v3"]
@@ -278,7 +279,7 @@ def test_compare_page_small_multiples_and_bars(browser, tmp_path):
 def test_memory_page_bars_are_each_phase_exactly(browser, tmp_path):
     from paramscope.cost.estimate import MemoryOptions, estimate_memory
     from paramscope.cost.training_estimate import TrainingOptions, estimate_training
-    from paramscope.render.html import render_memory_html
+    from paramscope.render.html.cost import render_memory_html
     from paramscope.render.memory import memory_to_dict
 
     report, serving = estimate_memory("gpt2", MemoryOptions(batch=2, seq=256))
@@ -299,7 +300,7 @@ def test_memory_page_bars_are_each_phase_exactly(browser, tmp_path):
 
 def test_flops_page_has_the_context_curve_from_the_analytic_count(browser, tmp_path):
     from paramscope.cost.flop_estimate import FlopOptions, estimate_flops
-    from paramscope.render.html import render_flops_html
+    from paramscope.render.html.cost import render_flops_html
 
     report, estimate, compute = estimate_flops("llama-2-7b", FlopOptions(context_curve=True))
     assert estimate.forward == 29_261_612_187_648 and estimate.attention == 2_199_023_255_552
@@ -320,7 +321,7 @@ def test_flops_page_has_the_context_curve_from_the_analytic_count(browser, tmp_p
 def test_plan_page_treemap_marks_what_trains(browser, tmp_path):
     from paramscope.api import inspect_with_module
     from paramscope.plan import PlanOptions, make_plan
-    from paramscope.render.html import render_plan_html
+    from paramscope.render.html.cost import render_plan_html
 
     report, module = inspect_with_module("bert-base-uncased")
     plan = make_plan(report, module, PlanOptions(lora=8))
@@ -360,7 +361,7 @@ def test_plan_html_with_compare_is_refused_in_one_line(tmp_path):
 
 def test_diff_page_shows_both_models_with_what_changes_in_full_colour(browser, tmp_path):
     from paramscope.diff import diff_reports
-    from paramscope.render.html import render_diff_html
+    from paramscope.render.html.diff import render_diff_html
 
     a, b = inspect("bert-base-uncased", model_class="BertModel"), inspect("bert-base-uncased")
     diff = diff_reports(a, b, a_label="a", b_label="b")
@@ -379,3 +380,38 @@ def test_diff_cli_writes_html(tmp_path):
     result = _cli("diff", "bert-base-uncased:BertModel", "bert-base-uncased:BertForMaskedLM", "--html", str(out))
     assert result.returncode == 0 and result.stdout == "", result.stderr
     assert 'data-delta="32058"' in out.read_text("utf-8")
+
+
+# --- the notebook -----------------------------------------------------------------------------------------------
+
+def test_two_notebook_outputs_on_one_page_each_draw_their_own_figures(browser, tmp_path):
+    """A notebook shows fragments one after another on one page: ids repeat, plotly.js must load once."""
+    bert, mixtral = inspect("bert-base-uncased"), inspect("mixtral-8x7b")
+    path = tmp_path / "notebook.html"
+    path.write_text(f"<!DOCTYPE html><html><body>{bert._repr_html_()}{mixtral._repr_html_()}</body></html>",
+                    "utf-8")
+    page = _Page(browser, path)
+    assert page.errors == [] and page.requests == [page.url]
+    sums = page.page.evaluate("""() => Array.from(document.querySelectorAll('.figure')).map(div => {
+        const t = div.data[0]; const parents = new Set(t.parents); let s = 0;
+        t.ids.forEach((x, i) => { if (!parents.has(x)) s += t.values[i]; }); return s; })""")
+    assert sums == [bert.total, bert.total, mixtral.total, mixtral.total]
+    page.page.close()
+
+
+def test_memory_flops_and_plan_results_display_and_save_alone(tmp_path):
+    from paramscope.api import inspect_with_module
+    from paramscope.cost.estimate import MemoryOptions, estimate_memory
+    from paramscope.cost.flop_estimate import FlopOptions, estimate_flops
+    from paramscope.plan import PlanOptions, make_plan
+
+    _, memory = estimate_memory("gpt2", MemoryOptions(seq=128))
+    _, flops, _ = estimate_flops("gpt2", FlopOptions(seq=128, context_curve=True))
+    report, module = inspect_with_module("gpt2")
+    plan = make_plan(report, module, PlanOptions(lora=4))
+    for result, marker in ((memory, f'data-peak="{memory.peak}"'), (flops, f'data-forward="{flops.forward}"'),
+                           (plan, f'data-trainable="{plan.trainable}"')):
+        fragment = result._repr_html_()
+        assert "if(!window.Plotly)" in fragment and marker in fragment
+        path = tmp_path / f"{type(result).__name__}.html"
+        assert result.to_html(str(path)).startswith("<!DOCTYPE html>") and marker in path.read_text("utf-8")

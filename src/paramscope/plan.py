@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .display import HtmlDisplay
 from .errors import ParamscopeError
 from .selection import last_blocks, match_parameters
 
@@ -67,7 +68,7 @@ class RuleMatch:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(HtmlDisplay):
     method: str  # "full" | "freeze" | "lora" | "dora" | "qlora"
     rules: tuple[RuleMatch, ...]
     targets: tuple[str, ...]  # adapter target modules as PEFT resolved them
@@ -80,6 +81,12 @@ class Plan:
     peft_counts: tuple[int, int] | None = None  # PEFT's get_nb_trainable_parameters(), where adapters are used
     quantized: tuple[str, ...] = ()  # QLoRA: the base weights stored 4-bit (canonical names)
     storage: str | None = None  # QLoRA: "nf4" | "nf4-dq"
+
+    def _html(self, fragment: bool) -> str:
+        from .api import inspect
+        from .render.html.cost import render_plan_html
+
+        return render_plan_html(None, self, inspect(self.module), fragment=fragment)
 
 
 COMPARABLE = ("full", "freeze", "lora", "qlora")

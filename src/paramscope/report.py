@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .conventions import Convention
+from .display import HtmlDisplay
 from .count import BufferInfo, Counted, Counts, ModuleNode, ParameterInfo, TiedGroup
 from .moe import MoESummary
 from .quant import Storage
@@ -42,7 +43,7 @@ class Component:
 
 
 @dataclass(frozen=True)
-class Report:
+class Report(HtmlDisplay):
     model: ModelInfo
     parameters: Counts
     params: tuple[ParameterInfo, ...]
@@ -104,18 +105,10 @@ class Report:
     def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython's text display
         printer.text(repr(self) if cycle else self._display_text())
 
-    def _repr_html_(self) -> str:  # Jupyter: the interactive report (treemaps, tables), offline
-        try:
-            from .render.html import render_report_html
-        except ImportError:  # plotly or rich missing: the text report, as inline HTML
-            return f"<pre>{_html_escape(self._display_text())}</pre>"
-        return render_report_html(self, fragment=True)
+    def _html(self, fragment: bool) -> str:  # Jupyter and to_html(): inspect's page
+        from .render.html.report import render_report_html
 
-    def to_html(self, path: str | None = None) -> str:
-        """The self-contained HTML page of `paramscope inspect --html`; written to `path` when given."""
-        from .render.html import render_report_html, save_page
-
-        return save_page(render_report_html(self), path)
+        return render_report_html(self, fragment=fragment)
 
     def _display_text(self) -> str:
         try:
@@ -220,9 +213,3 @@ def _layer_count(tree: ModuleNode) -> int | None:
             if n > 1 and (best is None or n > best):
                 best = n
     return best
-
-
-def _html_escape(text: str) -> str:
-    import html
-
-    return html.escape(text)

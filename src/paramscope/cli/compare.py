@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
                             use_cache=not args.no_cache)
     comparison = compare_reports(reports, [s.text for s in specs])
     if args.html is not None:
-        from ..render.html import render_compare_html
+        from ..render.html.compare import render_compare_html
 
         write_html_page(render_compare_html(comparison, reports), args.html)
     if args.json:

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if a_heads.parts and {p.module for p in a_heads.parts} != {p.module for p in b_heads.parts}:
         heads.append((f"a ({a.model.class_name})", a_heads))
     if args.html is not None:
-        from ..render.html import render_diff_html
+        from ..render.html.diff import render_diff_html
 
         write_html_page(render_diff_html(result, a, b, heads=heads), args.html)
         return 0  # the page replaces the text

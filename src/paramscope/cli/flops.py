@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     report, estimate, compute = estimate_flops(source, options, model_class=args.model_class, task=args.task,
                                                num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
     if args.html is not None:
-        from ..render.html import render_flops_html
+        from ..render.html.cost import render_flops_html
 
         write_html_page(render_flops_html(report, estimate, compute), args.html)
     if args.json:

@@ -65,7 +65,7 @@ def _show(args: argparse.Namespace, source: Any, report: Any, module: Any, width
 
         heads = describe_heads(report, task=args.task, num_labels=args.num_labels)
     if args.html is not None:
-        from ..render.html import render_report_html
+        from ..render.html.report import render_report_html
 
         write_html_page(render_report_html(report), args.html)
     if args.json:

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         source = resolve(args.model, revision=args.revision)
         report, estimate = estimate_memory(source, options, **model_options)
     if args.html is not None:
-        from ..render.html import render_memory_html
+        from ..render.html.cost import render_memory_html
 
         write_html_page(render_memory_html(report, estimate), args.html)
     if args.json:

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                            checkpointing=args.grad_checkpointing == "full")
     if args.html is not None:
         from ..api import inspect as inspect_module
-        from ..render.html import render_plan_html
+        from ..render.html.cost import render_plan_html
 
         write_html_page(render_plan_html(report, plan, inspect_module(plan.module), estimate), args.html)
     if args.json:

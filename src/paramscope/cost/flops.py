@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .activations import attention_dropout, hidden_dropout
+from ..display import HtmlDisplay
 from .kv_cache import config_int, layer_kinds, text_config
 
 _NO_ATTENTION = ("none", "linear_attention", "mamba", "conv", "recurrent", "shared")
@@ -40,7 +41,7 @@ class FlopTerm:
 
 
 @dataclass(frozen=True)
-class FlopEstimate:
+class FlopEstimate(HtmlDisplay):
     engine: str  # "analytic" | "traced"
     batch: int
     seq: int
@@ -67,6 +68,11 @@ class FlopEstimate:
     def tokens(self) -> int:
         return self.batch * self.seq
 
+    def _html(self, fragment: bool) -> str:
+        from ..render.html.cost import render_flops_html
+
+        return render_flops_html(None, self, None, fragment=fragment)
+
 
 def is_matmul_module(sub: Any) -> bool:
     """A module whose forward is one matmul by its `weight`: nn.Linear and its subclasses, GPT-2's Conv1D."""
@@ -92,8 +98,6 @@ def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: 
     frozen_flops = 0
     layer_flops = 0
     last_in_layer: dict[str, tuple[int, str]] = {}  # layer → (FLOPs, role) of its last matmul in registration order
-    import torch
-
     seen_frozen: set[str] = set(frozen)
     for param in params:  # a frozen tensor is frozen under every name it has (a tied lm_head)
         if param.name in frozen:

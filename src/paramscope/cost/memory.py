@@ -14,6 +14,7 @@ from typing import Any
 from .hardware import ACCELERATORS, GiB, Accelerator
 from .kv_cache import KVCache
 from .weights import WeightMemory
+from ..display import HtmlDisplay
 
 DEFAULT_RESERVE = 1 * GiB  # CUDA context (~0.5 GiB with torch) and fragmentation; `--reserve` sets it
 
@@ -37,7 +38,7 @@ class Fit:
 
 
 @dataclass(frozen=True)
-class MemoryEstimate:
+class MemoryEstimate(HtmlDisplay):
     mode: str  # "inference" | "training"
     engine: str  # "analytic" | "traced"
     settings: dict[str, Any]
@@ -55,6 +56,11 @@ class MemoryEstimate:
     @property
     def with_reserve(self) -> int:
         return self.peak + self.reserve
+
+    def _html(self, fragment: bool) -> str:
+        from ..render.html.cost import render_memory_html
+
+        return render_memory_html(None, self, fragment=fragment)
 
 
 def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, vocab: int | None, gated: bool = True,

@@ -1,0 +1,225 @@
+"""The pages of memory, flops and plan: phases as stacked bars, FLOPs by role and against context, what trains."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...explain import exact, human
+from ..treemap import active_share, module_treemap, trainable_share
+from .page import GROUP_COLORS, Section, color_key, escape, figure, html_page, subtitle, treemap_figure
+
+if TYPE_CHECKING:
+    from ...report import Report
+
+
+def render_memory_html(report: Report | None, estimate, *, fragment: bool = False) -> str:
+    """memory: the bytes of each phase as stacked bars, the "fits on" table, and (given the report) the model's
+    treemap. A MemoryEstimate displayed alone in a notebook has no report: the page leaves the model's parts out."""
+    from ..memory import memory_to_dict
+
+    memory = memory_to_dict(estimate)
+    sections = [
+        Section("Memory", _memory_totals(memory)),
+        Section("By phase", figure(_phase_bars(memory), "bars-phases")),
+        Section("Fits on", _fits_table(memory)),
+    ]
+    if report is not None:
+        treemap = module_treemap(report, active_share(report))
+        sections.append(Section("Parameters by module", figure(treemap_figure(treemap), "treemap-module"),
+                                open=False))
+    if memory.get("notes"):
+        sections.append(_notes(memory["notes"]))
+    verb = "train" if memory["mode"] == "training" else "serve"
+    peak = f"{memory['engine']} engine · peak {bytes_text(memory['peak']['bytes'])} in {memory['peak']['phase']}"
+    return html_page(_titled(report, f"memory to {verb}"), _subtitled(report, peak), sections, fragment)
+
+
+def render_flops_html(report: Report | None, estimate, compute=None, *, fragment: bool = False) -> str:
+    """flops: the forward by role with the attention term apart, and the forward against context length."""
+    sections = [Section("FLOPs", _flop_totals(estimate, compute)),
+                Section("Forward by role", figure(_flop_bars(estimate), "bars-flops"))]
+    if estimate.by_context:
+        sections.append(Section("Against context length", figure(_flop_curve(estimate), "line-context")))
+    else:
+        sections.append(Section("Against context length", '<p class="dim">Not counted: the analytic engine gives '
+                                                          "the curve (FlopOptions(context_curve=True), which --html "
+                                                          "sets); FlopCounterMode counts one length.</p>"))
+    if estimate.notes:
+        sections.append(_notes(estimate.notes))
+    settings = (f"{estimate.engine} engine · batch {estimate.batch} × {estimate.seq:,} tokens · attention "
+                f"convention: {estimate.causal}")
+    return html_page(_titled(report, "FLOPs"), _subtitled(report, settings), sections, fragment)
+
+
+def render_plan_html(report: Report | None, plan, planned: Report, estimate=None, *, fragment: bool = False) -> str:
+    """plan: what trains, as the treemap of the model with the plan applied (frozen parts pale)."""
+    rows = [("trainable", plan.trainable, "requires_grad, adapters included"),
+            ("frozen", plan.frozen, "no gradient, no optimizer state"),
+            ("adapters add", plan.adapter, "parameters of the LoRA/DoRA matrices"),
+            ("total", plan.total, "base + adapters, as PEFT counts")]
+    body = "".join(f'<tr><th>{escape(label)}</th><td class="num" data-value="{value}">{exact(value)}</td>'
+                   f'<td class="num dim">{human(value)}</td><td class="dim">{escape(note)}</td></tr>'
+                   for label, value, note in rows)
+    share = plan.trainable / plan.total * 100 if plan.total else 0.0
+    treemap = module_treemap(planned, trainable_share, "frozen (pale): no gradient, no optimizer state")
+    sections = [
+        Section("Plan", f'<table class="totals" id="plan" data-trainable="{plan.trainable}">{body}</table>'
+                        f"<p>{share:.4f}% of the parameters train.</p>"),
+        Section("What trains", figure(treemap_figure(treemap), "treemap-plan") + color_key(treemap)),
+    ]
+    if estimate is not None:
+        from ..memory import memory_to_dict
+
+        memory = memory_to_dict(estimate)
+        sections += [Section("Memory of a training step", _memory_totals(memory)
+                             + figure(_phase_bars(memory), "bars-phases")),
+                     Section("Fits on", _fits_table(memory), open=False)]
+    method = plan.method + (f" ({plan.storage})" if plan.storage else "")
+    return html_page(_titled(report, f"fine-tuning plan, {method}"), _subtitled(report, ""), sections, fragment)
+
+
+def _titled(report: Report | None, what: str) -> str:
+    return f"{report.model.label}: {what}" if report is not None else what[:1].upper() + what[1:]
+
+
+def _subtitled(report: Report | None, settings: str) -> str:
+    parts = ([subtitle(report)] if report is not None else []) + ([settings] if settings else [])
+    return " · ".join(parts)
+
+
+def _notes(notes) -> Section:
+    return Section("Notes", "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>", open=False)
+
+
+_PHASE_PARTS = (("weights", "weights"), ("buffers", "buffers"), ("optimizer", "optimizer state"),
+                ("master_weights", "master weights"), ("kv_cache", "KV cache"))
+
+
+_PART_COLORS = {"weights": "#4e79a7", "buffers": "#bab0ac", "optimizer state": "#f28e2b",
+                "master weights": "#edc948", "KV cache": "#b07aa1",
+                "gradients, activations and temporaries": "#59a14f", "activations and workspace": "#59a14f"}
+
+
+def _held(memory: dict, key: str) -> int:
+    part = memory.get(key)
+    return int(part["bytes"]) if isinstance(part, dict) and part.get("bytes") else 0
+
+
+def _phase_bars(memory: dict) -> dict:
+    """Per phase, the bytes held: the state that persists (weights, buffers, optimizer, KV cache) and what the
+    phase adds (the rest of its figure). Each bar is exactly the phase's figure."""
+    if memory["mode"] == "training":
+        moments = [(p["moment"], int(p["bytes"]), p.get("arithmetic", "")) for p in memory.get("phases") or []]
+        rest = "gradients, activations and temporaries"
+    else:
+        moments = [("peak (" + memory["peak"]["phase"] + ")", int(memory["peak"]["bytes"]),
+                    (memory.get("activations") or {}).get("arithmetic", ""))]
+        rest = "activations and workspace"
+    names = [m[0] for m in moments]
+    traces = []
+    persistent = {label: _held(memory, key) for key, label in _PHASE_PARTS}
+    for label, value in persistent.items():
+        if value:
+            traces.append(_bar(label, names, [value] * len(moments), [""] * len(moments)))
+    held = sum(persistent.values())
+    traces.append(_bar(rest, names, [total - held for _, total, _ in moments], [a for _, _, a in moments]))
+    layout = {"barmode": "stack", "height": 380, "margin": {"t": 40, "l": 10, "r": 10, "b": 60},
+              "yaxis": {"title": {"text": "bytes"}, "tickformat": ".3s", "automargin": True},
+              "font": {"family": "system-ui, sans-serif"},
+              "legend": {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"}}
+    return {"data": traces, "layout": layout}
+
+
+def _bar(label: str, names: list[str], values: list[int], notes: list[str]) -> dict:
+    return {"type": "bar", "name": label, "x": names, "y": values, "marker": {"color": _PART_COLORS.get(label)},
+            "customdata": [f"{exact(v)} B ({bytes_text(v)})" + (f"<br>{escape(n)}" if n else "") for v, n in
+                           zip(values, notes)],
+            "hovertemplate": f"<b>{escape(label)}</b><br>%{{customdata}}<extra>%{{x}}</extra>"}
+
+
+def _memory_totals(memory: dict) -> str:
+    rows = [(label, _held(memory, key)) for key, label in (("weights", "weights"), ("buffers", "buffers"),
+                                                            ("gradients", "gradients"),
+                                                            ("optimizer", "optimizer state"),
+                                                            ("master_weights", "master weights"),
+                                                            ("kv_cache", "KV cache"),
+                                                            ("activations", "activations"))]
+    rows = [(label, value) for label, value in rows if value]
+    rows.append(("peak", int(memory["peak"]["bytes"])))
+    rows.append(("peak + reserve", int(memory["peak"]["bytes"]) + int(memory.get("reserve") or 0)))
+    body = "".join(f'<tr><th>{escape(label)}</th><td class="num" data-value="{value}">{exact(value)} B</td>'
+                   f'<td class="num dim">{bytes_text(value)}</td></tr>' for label, value in rows)
+    return f'<table class="totals" id="memory" data-peak="{memory["peak"]["bytes"]}">{body}</table>'
+
+
+def _fits_table(memory: dict) -> str:
+    head = "<tr><th>accelerator</th><th>memory</th><th>fits</th><th>free</th><th>largest batch</th>" \
+           "<th>largest context</th></tr>"
+    rows = "".join(
+        f'<tr><td>{escape(f["accelerator"])}</td><td class="num">{bytes_text(f["memory"])}</td>'
+        f'<td>{"yes" if f["fits"] else "no"}</td><td class="num">{bytes_text(f["free"])}</td>'
+        f'<td class="num">{"—" if f["largest_batch"] is None else exact(f["largest_batch"])}</td>'
+        f'<td class="num">{"—" if f.get("largest_context") is None else exact(f["largest_context"])}</td></tr>'
+        for f in memory.get("fits") or [])
+    return f'<div class="scroll"><table class="fits">{head}{rows}</table></div>' if rows else \
+        '<p class="dim">No accelerator table for these settings.</p>'
+
+
+def _flop_totals(estimate, compute) -> str:
+    rows = [("forward", estimate.forward, "model FLOPs of one forward: 2 per multiply-add"),
+            ("of which attention scores", estimate.attention, f"QKᵀ and AV, convention {estimate.causal}")]
+    if estimate.backward is not None:
+        rows.append(("backward", estimate.backward, "model FLOPs, about 2 × forward"))
+        rows.append(("training step", estimate.step, "forward + backward"))
+    if estimate.recompute:
+        rows.append(("recompute", estimate.recompute, "hardware FLOPs beyond the model's (checkpointing)"))
+    if compute is not None:
+        rows.append(("per token, forward", compute.per_token_forward, ""))
+    if compute is not None and compute.total is not None:
+        rows.append((f"for {exact(compute.tokens)} tokens", compute.total, "model FLOPs"))
+    body = "".join(f'<tr><th>{escape(label)}</th><td class="num" data-value="{value}">{exact(value)}</td>'
+                   f'<td class="num dim">{value:.3e}</td><td class="dim">{escape(note)}</td></tr>'
+                   for label, value, note in rows)
+    extra = ""
+    if compute is not None and compute.mfu is not None:
+        extra += (f"<p>MFU {compute.mfu * 100:.1f}% of {escape(compute.accelerator)}'s peak "
+                  f"({escape(compute.peak_from)}).</p>")
+    return f'<table class="totals" id="flops" data-forward="{estimate.forward}">{body}</table>{extra}'
+
+
+def _flop_bars(estimate) -> dict:
+    terms = sorted(estimate.terms, key=lambda t: t.flops)
+    colors = [GROUP_COLORS.get(t.role.split(".")[0], "#79706e") if t.role != "attention.scores" else "#e15759"
+              for t in terms]
+    trace = {"type": "bar", "orientation": "h", "y": [t.role for t in terms], "x": [t.flops for t in terms],
+             "marker": {"color": colors},
+             "customdata": [f"{exact(t.flops)} FLOPs ({t.flops / estimate.forward * 100:.2f}%)<br>"
+                            f"{escape(t.arithmetic)}" for t in terms],
+             "hovertemplate": "<b>%{y}</b><br>%{customdata}<extra></extra>"}
+    layout = {"height": 80 + 26 * len(terms), "margin": {"t": 10, "l": 10, "r": 10, "b": 40},
+              "xaxis": {"title": {"text": "forward FLOPs"}, "tickformat": ".3s"}, "yaxis": {"automargin": True},
+              "font": {"family": "system-ui, sans-serif"}}
+    return {"data": [trace], "layout": layout}
+
+
+def _flop_curve(estimate) -> dict:
+    seqs = [p[0] for p in estimate.by_context]
+    line = lambda name, values, color: {  # noqa: E731
+        "type": "scatter", "mode": "lines+markers", "name": name, "x": seqs, "y": values,
+        "line": {"color": color}, "customdata": [exact(v) for v in values],
+        "hovertemplate": f"{name}<br>%{{x:,}} tokens: %{{customdata}} FLOPs<extra></extra>"}
+    traces = [line("forward", [p[1] for p in estimate.by_context], "#4e79a7"),
+              line("attention scores (∝ S²)", [p[2] for p in estimate.by_context], "#e15759"),
+              line("the rest (∝ S)", [p[1] - p[2] for p in estimate.by_context], "#59a14f")]
+    layout = {"height": 420, "margin": {"t": 40, "l": 10, "r": 10, "b": 50},
+              "xaxis": {"title": {"text": f"context length (tokens), batch {estimate.batch}"}, "type": "log"},
+              "yaxis": {"title": {"text": "forward FLOPs"}, "type": "log", "tickformat": ".2s", "automargin": True},
+              "legend": {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"},
+              "font": {"family": "system-ui, sans-serif"}}
+    return {"data": traces, "layout": layout}
+
+
+def bytes_text(value: int) -> str:
+    from ..memory import binary
+
+    return binary(value)

@@ -1,0 +1,43 @@
+"""diff's page: both models' treemaps at one scale, what differs in full colour, and the tensor tables.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...explain import exact
+from ..treemap import module_treemap
+from .page import Section, escape, figure, html_page, treemap_figure
+
+if TYPE_CHECKING:
+    from ...report import Report
+
+def render_diff_html(diff, a: Report, b: Report, *, heads=None, fragment: bool = False) -> str:
+    """diff: the sentence, both models' treemaps at one scale with what changes in full colour, and the tables."""
+    from ..diff import render_diff_html_text
+
+    changed_b = {t.name for t in diff.added} | {c.name for c in diff.changed}
+    changed_a = {t.name for t in diff.removed} | {c.a_name for c in diff.changed}
+    largest = max(a.total, b.total) or 1
+    cells = []
+    for index, (side, report, names, what) in enumerate(((diff.a, a, changed_a, "removed or reshaped"),
+                                                         (diff.b, b, changed_b, "added or reshaped"))):
+        treemap = module_treemap(report, lambda p, names=names: 1.0 if p.name in names else 0.0,
+                                 f"unchanged (pale); full colour: {what}")
+        side_px = max(160, round(520 * (report.total / largest) ** 0.5))
+        tag = "ab"[index]
+        cells.append(f'<div class="multiple"><div class="multiple-title">{tag}: {escape(side.spec)}<br>'
+                     f'<span class="dim">{escape(side.class_name)} · {exact(report.total)}</span></div>'
+                     f'{figure(treemap_figure(treemap, side=side_px, toggle=False), "treemap-" + tag)}</div>')
+    rows = [("a", diff.a.total), ("b", diff.b.total), ("b − a", diff.delta)]
+    table = "".join(f'<tr><th>{label}</th><td class="num">{value:+,}</td></tr>' if label == "b − a" else
+                    f'<tr><th>{label}</th><td class="num">{exact(value)}</td></tr>' for label, value in rows)
+    sections = [
+        Section("What changes", f"<p>{escape(diff.sentence)}</p>"
+                                f'<table class="totals" id="diff" data-delta="{diff.delta}">{table}</table>'),
+        Section("Both models, one scale", '<p class="dim">Area ∝ parameters; what differs is in full colour, the '
+                                          'rest pale.</p>' f'<div class="multiples">{"".join(cells)}</div>'),
+        Section("Tensor by tensor", render_diff_html_text(diff, heads=heads)),
+    ]
+    return html_page(f"Diff: {diff.a.spec} → {diff.b.spec}", f"{diff.a.class_name} → {diff.b.class_name}", sections,
+                 fragment)
