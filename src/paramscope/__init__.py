@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from .cost.estimate import MemoryOptions, estimate_memory
     from .cost.memory import MemoryEstimate
     from .cost.training_estimate import TrainingOptions, estimate_training
+    from .cost.flop_estimate import FlopOptions, estimate_flops
+    from .cost.flops import FlopEstimate
+    from .api import inspect_with_module
+    from .plan import Plan, PlanOptions, make_plan
 
 # The public names each load their module on first use (PEP 562), so that `paramscope formula` answering from
 # its cache, and `paramscope --version`, pay for nothing they do not use.
@@ -42,6 +46,8 @@ _LAZY = {
     "SCHEMA_VERSION": "report", "Component": "report", "ModelInfo": "report", "Report": "report",
     "estimate_memory": "cost.estimate", "MemoryOptions": "cost.estimate", "MemoryEstimate": "cost.memory",
     "estimate_training": "cost.training_estimate", "TrainingOptions": "cost.training_estimate",
+    "estimate_flops": "cost.flop_estimate", "FlopOptions": "cost.flop_estimate", "FlopEstimate": "cost.flops",
+    "inspect_with_module": "api", "Plan": "plan", "PlanOptions": "plan", "make_plan": "plan",
 }
 
 
@@ -69,6 +75,8 @@ __all__ = [
     "Component",
     "ConfigError",
     "Counts",
+    "FlopEstimate",
+    "FlopOptions",
     "Formula",
     "FormulaError",
     "FormulaMismatchError",
@@ -79,6 +87,8 @@ __all__ = [
     "ModuleNode",
     "ParameterInfo",
     "ParamscopeError",
+    "Plan",
+    "PlanOptions",
     "RemoteCodeError",
     "Report",
     "SourceError",
@@ -86,8 +96,11 @@ __all__ = [
     "TrainingOptions",
     "__version__",
     "derive_formula",
+    "estimate_flops",
     "estimate_memory",
     "estimate_training",
     "inspect",
     "inspect_module",
+    "inspect_with_module",
+    "make_plan",
 ]
