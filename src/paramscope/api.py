@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from . import progress
 from .conventions import named_counts
 from .count import count_module
 from .errors import ModelClassError
@@ -143,8 +144,9 @@ def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_
     config, notes = make_config(source.config, num_labels=num_labels, trust_remote_code=trust_remote_code,
                                 code_location=location, model_class=model_class)
     choice = choose_class(config, source.config, model_class=model_class, task=task)
-    module = build_on_meta(choice.name, copy.deepcopy(config), code_ref=choice.code_ref, code_location=location,
-                           dtype=dtype)
+    with progress.status(f"building {choice.name} on the meta device (no weights are allocated)"):
+        module = build_on_meta(choice.name, copy.deepcopy(config), code_ref=choice.code_ref,
+                               code_location=location, dtype=dtype)
     native = type(module).__module__.startswith("transformers.")
     info = ModelInfo(
         source=source.description,

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable
 
+from . import progress
 from .errors import ModelClassError, ParamscopeError
 from .formula_cache import (
     ABSENT,
@@ -389,6 +390,7 @@ class _Deriver:
         self.builds += 1
         if self.deadline is not None and time.perf_counter() > self.deadline:
             raise FormulaError(f"deriving {self.class_name}'s structure took longer than its time budget")
+        progress.update(f"deriving {self.class_name}'s structure: probe build {self.builds} on meta")
         try:
             snap = self._take(config, overrides.get("num_labels", self.num_labels))
             self.configs[key] = (config, overrides.get("num_labels", self.num_labels))
@@ -429,6 +431,10 @@ class _Deriver:
     # --- the whole derivation ----------------------------------------------------------------------------------
 
     def run(self) -> tuple[FormulaSpec, dict[str, int]]:
+        with progress.status(f"deriving {getattr(self, 'label', 'the model')}'s structure: builds on meta"):
+            return self._run()
+
+    def _run(self) -> tuple[FormulaSpec, dict[str, int]]:
         import transformers
 
         from .build import quiet_transformers, choose_class, make_config

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from . import progress
 from .errors import SourceError
 from .presets import find_preset
 from .safe_io import check_inside, read_regular
@@ -257,7 +258,7 @@ def _from_hub(repo_id: str, revision: str | None) -> Source:
     from huggingface_hub import hf_hub_download
 
     online = hub_online()
-    with hub_errors(repo_id, revision):
+    with hub_errors(repo_id, revision), progress.status(f"fetching {repo_id}'s config.json"):
         path = hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=not online)
     kind = "hub" if online else "hub-cache"
     where = "the Hub" if online else "the local Hugging Face cache (offline)"

@@ -50,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from .. import progress
+
+    progress.enable()  # spinners on stderr for long work, only when stderr is a terminal
     try:
         return COMMANDS[args.command].run(args)
     except ParamscopeError as err:
@@ -65,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"paramscope: internal error: {type(err).__name__}: {err} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return EXIT_INTERNAL
+    finally:
+        progress.disable()
 
 
 def with_default_command(argv: list[str]) -> list[str]:

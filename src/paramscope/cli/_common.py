@@ -88,21 +88,15 @@ def record_after_build(report: Any, source: Any, *, model_class: str | None, tas
         return
     from ..template_record import record_template
 
-    status = None
-    if sys.stderr.isatty():
-        from rich.console import Console
+    from .. import progress
 
-        status = Console(stderr=True).status(f"recording a template for {report.model.class_name} (next time: "
-                                             "instant; --no-cache skips this)")
-        status.start()
     try:
-        record_template(source.config, label=source.label, model_class=model_class, task=task,
-                        num_labels=num_labels, budget_s=RECORD_BUDGET_S, max_build_s=_RECORD_AFTER_BUILD_S)
+        with progress.status(f"recording a template for {report.model.class_name} (next time: instant; "
+                             "--no-cache skips this)"):
+            record_template(source.config, label=source.label, model_class=model_class, task=task,
+                            num_labels=num_labels, budget_s=RECORD_BUDGET_S, max_build_s=_RECORD_AFTER_BUILD_S)
     except Exception:  # the answer is already out; a template not recorded only means the next call builds
         pass
-    finally:
-        if status is not None:
-            status.stop()
 
 
 def write_report_json(report: Any, **objects: Any) -> None:

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .. import progress
 from .trace import StepSettings, autocast_for, fake_mode, loss_of, running, training_inputs, working_copy
 
 
@@ -54,6 +55,11 @@ def count_flops(module: Any, settings: StepSettings, *, training: bool) -> Trace
     With gradient checkpointing the step is counted twice, with and without it: the difference is the reruns
     (non-reentrant checkpointing stops rerunning a layer once backward has what it needs, so they are less
     than the layers' forward)."""
+    with progress.status(f"counting {type(module).__name__}'s FLOPs on fake tensors (FlopCounterMode)"):
+        return _count_flops(module, settings, training=training)
+
+
+def _count_flops(module: Any, settings: StepSettings, *, training: bool) -> TracedFlops:
     import dataclasses
 
     counted = _count(module, settings, training=training)

@@ -27,6 +27,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from .. import progress
 from ..errors import ParamscopeError
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer states", "activations", "temporaries", "other")
@@ -82,6 +83,11 @@ class StepSettings:
 
 def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) -> TracedStep:
     """Measure one steady training step of `module` (a meta-built, fake or live model; it is not modified)."""
+    with progress.status(f"tracing one training step of {type(module).__name__} on fake tensors (MemTracker)"):
+        return _trace_training(module, settings, fake=fake)
+
+
+def _trace_training(module: Any, settings: StepSettings, *, fake: bool) -> TracedStep:
     check_attention(settings.attention)
     notes = list(_attention_notes(settings.attention))
     with fake_mode(fake) as mode:
@@ -144,6 +150,11 @@ def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) ->
 
 def trace_inference(module: Any, settings: StepSettings, *, fake: bool = True) -> TracedStep:
     """Measure generate()'s prefill of `settings.seq` tokens and `decode_steps` steps of one token each."""
+    with progress.status(f"tracing {type(module).__name__}'s prefill and a decode step on fake tensors"):
+        return _trace_inference(module, settings, fake=fake)
+
+
+def _trace_inference(module: Any, settings: StepSettings, *, fake: bool) -> TracedStep:
     import torch
 
     check_attention(settings.attention)
