@@ -295,6 +295,11 @@ def test_memory_page_bars_are_each_phase_exactly(browser, tmp_path):
         expected = [p["bytes"] for p in memory["phases"]] if name == "training" else [memory["peak"]["bytes"]]
         assert stacks == expected
         assert int(page.page.get_attribute("#memory", "data-peak")) == estimate.peak
+        if name == "training":  # gradients are their own segment: none at the end of forward, all at the step
+            grads = page.page.evaluate("""() => document.getElementById('bars-phases').data
+                .find(t => t.name === 'gradients').y""")
+            assert grads == [p["gradients"] for p in memory["phases"]]
+            assert grads[0] == 0 and grads[-1] == memory["gradients"]["bytes"] == 4 * 124_439_808
         page.page.close()
 
 

@@ -366,8 +366,8 @@ def memory_to_dict(estimate) -> dict[str, Any]:
             "what": "saved for backward" if training else "prefill workspace",
             **({"source": training.activation_source} if training else {})},
         "peak": {"bytes": estimate.peak, "phase": estimate.peak_phase},
-        "phases": [{"phase": p.phase, "moment": p.where, "bytes": p.bytes, "arithmetic": p.arithmetic}
-                   for p in training.phases] if training else None,
+        "phases": [{"phase": p.phase, "moment": p.where, "bytes": p.bytes, "gradients": p.gradients,
+                    "arithmetic": p.arithmetic} for p in training.phases] if training else None,
         "traced": None if not training or training.traced is None else {
             "peak": training.traced.peak.bytes, "phase": training.traced.peak.phase,
             "by_category": dict(training.by_category), "analytic_peak": training.analytic_peak,

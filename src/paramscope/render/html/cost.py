@@ -97,7 +97,7 @@ _PHASE_PARTS = (("weights", "weights"), ("buffers", "buffers"), ("optimizer", "o
 
 _PART_COLORS = {"weights": "#4e79a7", "buffers": "#bab0ac", "optimizer state": "#f28e2b",
                 "master weights": "#edc948", "KV cache": "#b07aa1",
-                "gradients, activations and temporaries": "#59a14f", "activations and workspace": "#59a14f"}
+                "gradients": "#e15759", "activations and temporaries": "#59a14f", "activations and workspace": "#59a14f"}
 
 
 def _held(memory: dict, key: str) -> int:
@@ -109,11 +109,14 @@ def _phase_bars(memory: dict) -> dict:
     """Per phase, the bytes held: the state that persists (weights, buffers, optimizer, KV cache) and what the
     phase adds (the rest of its figure). Each bar is exactly the phase's figure."""
     if memory["mode"] == "training":
-        moments = [(p["moment"], int(p["bytes"]), p.get("arithmetic", "")) for p in memory.get("phases") or []]
-        rest = "gradients, activations and temporaries"
+        phases = memory.get("phases") or []
+        moments = [(p["moment"], int(p["bytes"]), p.get("arithmetic", "")) for p in phases]
+        gradients = [int(p.get("gradients") or 0) for p in phases]
+        rest = "activations and temporaries"
     else:
         moments = [("peak (" + memory["peak"]["phase"] + ")", int(memory["peak"]["bytes"]),
                     (memory.get("activations") or {}).get("arithmetic", ""))]
+        gradients = [0]
         rest = "activations and workspace"
     names = [m[0] for m in moments]
     traces = []
@@ -121,8 +124,11 @@ def _phase_bars(memory: dict) -> dict:
     for label, value in persistent.items():
         if value:
             traces.append(_bar(label, names, [value] * len(moments), [""] * len(moments)))
+    if any(gradients):
+        traces.append(_bar("gradients", names, gradients, [""] * len(moments)))
     held = sum(persistent.values())
-    traces.append(_bar(rest, names, [total - held for _, total, _ in moments], [a for _, _, a in moments]))
+    traces.append(_bar(rest, names, [total - held - g for (_, total, _), g in zip(moments, gradients)],
+                       [a for _, _, a in moments]))
     layout = {"barmode": "stack", "height": 380, "margin": {"t": 40, "l": 10, "r": 10, "b": 60},
               "yaxis": {"title": {"text": "bytes"}, "tickformat": ".3s", "automargin": True},
               "font": {"family": "system-ui, sans-serif"},
