@@ -359,9 +359,6 @@ def test_cost_commands_write_html(tmp_path, argv):
     assert "data-paramscope" not in result.stdout
 
 
-def test_plan_html_with_compare_is_refused_in_one_line(tmp_path):
-    result = _cli("plan", "gpt2", "--compare", "full,lora", "--html", str(tmp_path / "x.html"))
-    assert result.returncode == 2 and "--html shows one plan" in result.stderr and result.stderr.count("\n") == 1
 
 
 def test_diff_page_shows_both_models_with_what_changes_in_full_colour(browser, tmp_path):
@@ -420,3 +417,28 @@ def test_memory_flops_and_plan_results_display_and_save_alone(tmp_path):
         assert "if(!window.Plotly)" in fragment and marker in fragment
         path = tmp_path / f"{type(result).__name__}.html"
         assert result.to_html(str(path)).startswith("<!DOCTYPE html>") and marker in path.read_text("utf-8")
+
+
+def test_layers_that_train_stay_apart_from_frozen_ones(tmp_path):
+    from paramscope.api import inspect_with_module
+    from paramscope.plan import PlanOptions, make_plan
+
+    report, module = inspect_with_module("gpt2")
+    plan = make_plan(report, module, PlanOptions(rules=(("train-last", "2"),)))
+    boxes = {box.label: box for box in module_treemap(inspect(plan.module), trainable_share).boxes}
+    assert boxes["0–9 × 10"].emphasis == 0.0 and boxes["10–11 × 2"].emphasis == 1.0
+    assert boxes["10–11 × 2"].value == 2 * 7_087_872 == plan.trainable
+
+
+def test_plan_compare_page(browser, tmp_path):
+    out = tmp_path / "plans.html"
+    result = _cli("plan", "gpt2", "--compare", "full,freeze,lora", "--seq", "64", "--html", str(out))
+    assert result.returncode == 0 and result.stdout == "", result.stderr
+    page = _Page(browser, out)
+    assert page.errors == [] and page.requests == [page.url]
+    totals = [124_439_808, 124_439_808, 124_734_720]  # LoRA's adapters add 294,912
+    assert [page.leaf_sum(f"treemap-{i}") for i in range(3)] == totals
+    trainable = page.page.evaluate("""() => Array.from(document.querySelectorAll('#plans tr[data-plan]'))
+        .map(row => Number(row.querySelector('td').dataset.value))""")
+    assert trainable == [124_439_808, 14_175_744, 294_912]
+    page.page.close()

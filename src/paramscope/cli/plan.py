@@ -74,8 +74,6 @@ def run(args: argparse.Namespace) -> int:
 
     width = None if args.json else checked_width(args)
     checked_html_path(args)
-    if args.html is not None and args.compare:
-        raise ParamscopeError("--html shows one plan; leave out --compare (or compare in the terminal)")
     split = lambda text: tuple(t.strip() for t in text.split(",") if t.strip()) if text else None  # noqa: E731
     options = PlanOptions(rules=tuple(args.rules), lora=args.lora, alpha=args.alpha, dropout=args.dropout,
                           target=split(args.target), dora=args.dora, rslora=args.rslora,
@@ -130,8 +128,16 @@ def _compare(args, report, module, compared, training, width) -> int:
         flops = plan_flops(plan, batch=args.batch, seq=estimate.settings["seq"],
                            checkpointing=args.grad_checkpointing == "full")
         rows.append((name, plan, estimate, flops))
+    if args.html is not None:
+        from ..api import inspect as inspect_module
+        from ..render.html.cost import render_plans_html
+
+        planned = [inspect_module(plan.module) for _, plan, _, _ in rows]
+        write_html_page(render_plans_html(report, rows, planned), args.html)
     if args.json:
         write_report_json(report, plans=compare_plans_to_dict(rows))
+        return 0
+    if args.html is not None:  # the page replaces the text
         return 0
     write(render_plan_compare_text(report, rows, width, color=use_color()))
     return 0

@@ -149,14 +149,20 @@ class _ModuleBoxes:
                 emphasis=self._weighted(own_params) / own if own else 1.0,
                 tied=any(p.name in self.tied_names for p in own_params),
             ))
-        for child, count, step in collapse_runs(children):
+        for child, count, step in collapse_runs(children, key=self._alike):
             if count > 1:
                 first, name, m = child, _range(int(child.attr), count, step), count
             else:
                 first, name, m = child, child.attr, 1
-            first, name, m = _descend(first, name, m)
+            first, name, m = _descend(first, name, m, self._alike)
             label = f"{name} × {m}" if m > 1 else name
             self._add(first, f"{box_id}/{name}", label, box_id, _full(path, name), n * m, depth + 1)
+
+    def _alike(self, node: ModuleNode) -> tuple:
+        """Layers fold into one "× n" box when they are the same structure with the same emphasis: the last two
+        layers that train stay apart from the frozen ten before them."""
+        _, active = self._summary(node)
+        return node.signature, round(active / node.params, 9) if node.params else 1.0
 
     def _summary(self, node: ModuleNode) -> tuple[Counter, float]:
         """(parameters per role group, parameters weighted by emphasis) of the subtree, memoised per node."""
@@ -218,11 +224,11 @@ class _ModuleBoxes:
         return lines
 
 
-def _descend(node: ModuleNode, name: str, n: int) -> tuple[ModuleNode, str, int]:
+def _descend(node: ModuleNode, name: str, n: int, alike) -> tuple[ModuleNode, str, int]:
     """Follow a chain of modules that only wrap one part (BertEncoder → layer → 12 × BertLayer), so that the box
     says "encoder.layer.0–11 × 12" and the treemap spends no level on wrappers: (node, dotted name, run length)."""
     while not node.own:
-        run = _single_run(node)
+        run = _single_run(node, alike)
         if run is not None:
             first, m = run
             node, name, n = first, f"{name}.{_range(int(first.attr), m, 1)}", n * m
@@ -234,11 +240,11 @@ def _descend(node: ModuleNode, name: str, n: int) -> tuple[ModuleNode, str, int]
     return node, name, n
 
 
-def _single_run(node: ModuleNode) -> tuple[ModuleNode, int] | None:
+def _single_run(node: ModuleNode, alike) -> tuple[ModuleNode, int] | None:
     """A ModuleList/Sequential that is exactly one run of identical, unshared layers: (first layer, count)."""
     if node.own or node.tied or node.type not in ("ModuleList", "Sequential"):
         return None
-    runs = collapse_runs(c for c in node.children if c.params)
+    runs = collapse_runs((c for c in node.children if c.params), key=alike)
     if len(runs) == 1 and runs[0][1] > 1 and runs[0][2] == 1 and runs[0][0].uses == 1 and node.params == (
             runs[0][0].params * runs[0][1]):
         return runs[0][0], runs[0][1]

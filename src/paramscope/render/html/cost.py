@@ -97,7 +97,7 @@ _PHASE_PARTS = (("weights", "weights"), ("buffers", "buffers"), ("optimizer", "o
 
 _PART_COLORS = {"weights": "#4e79a7", "buffers": "#bab0ac", "optimizer state": "#f28e2b",
                 "master weights": "#edc948", "KV cache": "#b07aa1",
-                "gradients": "#e15759", "activations and temporaries": "#59a14f", "activations and workspace": "#59a14f"}
+                "gradients": "#e15759", "activations and temporaries": "#59a14f", "activations": "#59a14f", "activations and workspace": "#59a14f"}
 
 
 def _held(memory: dict, key: str) -> int:
@@ -229,3 +229,46 @@ def bytes_text(value: int) -> str:
     from ..memory import binary
 
     return binary(value)
+
+
+def render_plans_html(report: Report, rows, planned: list[Report], *, fragment: bool = False) -> str:
+    """plan --compare: each plan's counts and training memory side by side, and each model-with-plan's treemap at
+    one scale with its frozen parts pale. `rows` are (name, Plan, MemoryEstimate, FLOPs) as the CLI makes them."""
+    from ..memory import memory_to_dict
+
+    memories = [memory_to_dict(estimate) for _, _, estimate, _ in rows]
+    head = "<tr><th>plan</th><th>trainable</th><th>total</th><th>share</th><th>peak</th><th>fits on</th></tr>"
+    body = ""
+    for (name, plan, estimate, _), memory in zip(rows, memories):
+        fits = sum(1 for fit in memory.get("fits") or [] if fit["fits"])
+        body += (f'<tr data-plan="{escape(name)}"><th>{escape(name)}</th>'
+                 f'<td class="num" data-value="{plan.trainable}">{exact(plan.trainable)}</td>'
+                 f'<td class="num">{exact(plan.total)}</td>'
+                 f'<td class="num">{plan.trainable / plan.total * 100 if plan.total else 0:.4f}%</td>'
+                 f'<td class="num" data-value="{estimate.peak}">{bytes_text(estimate.peak)}</td>'
+                 f'<td class="num">{fits} of {len(memory.get("fits") or [])} accelerators</td></tr>')
+    traces = []
+    parts = [(key, label) for key, label in (("weights", "weights"), ("gradients", "gradients"),
+                                              ("optimizer", "optimizer state"), ("activations", "activations"))]
+    names = [name for name, *_ in rows]
+    for key, label in parts:
+        traces.append(_bar(label, names, [_held(memory, key) for memory in memories], [""] * len(rows)))
+    layout = {"barmode": "group", "height": 380, "margin": {"t": 40, "l": 10, "r": 10, "b": 40},
+              "yaxis": {"title": {"text": "bytes"}, "tickformat": ".3s", "automargin": True},
+              "legend": {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"},
+              "font": {"family": "system-ui, sans-serif"}}
+    largest = max(r.total for r in planned) or 1
+    cells = []
+    for index, ((name, *_), model) in enumerate(zip(rows, planned)):
+        side = max(160, round(420 * (model.total / largest) ** 0.5))
+        treemap = module_treemap(model, trainable_share, "frozen")
+        cells.append(f'<div class="multiple"><div class="multiple-title">{escape(name)}</div>'
+                     f'{figure(treemap_figure(treemap, depth=4, side=side, toggle=False), f"treemap-{index}")}'
+                     "</div>")
+    sections = [
+        Section("Plans", f'<div class="scroll"><table class="compare" id="plans">{head}{body}</table></div>'),
+        Section("Training memory by part", figure({"data": traces, "layout": layout}, "bars-plans")),
+        Section("What trains in each", '<p class="dim">Frozen parts pale; area ∝ parameters.</p>'
+                                       f'<div class="multiples">{"".join(cells)}</div>'),
+    ]
+    return html_page(_titled(report, "fine-tuning plans compared"), _subtitled(report, ""), sections, fragment)
