@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Iterable
 
 from ... import __version__
 from ...explain import exact
-from ..treemap import Treemap
 from ...roles import GROUP_TITLES
+from ..treemap import Treemap
 
 if TYPE_CHECKING:
     from ...report import Report
@@ -61,14 +61,13 @@ def tree_html(treemap: Treemap) -> str:
 
     def entry(box, level: int) -> str:
         hover = box.hover.replace("<br>", " · ").replace("<b>", "").replace("</b>", "")
-        summary = (f'<summary><span class="name">{escape(box.label)}</span> <span class="num">{exact(box.value)}</span>'
-                   f'{" <span class=tied>tied</span>" if box.tied else ""}'
-                   f'<span class="dim"> — {escape(hover)}</span></summary>')
+        line = (f'<span class="name">{escape(box.label)}</span> <span class="num">{exact(box.value)}</span>'
+                f'{" <span class=tied>tied</span>" if box.tied else ""}<span class="dim"> — {escape(hover)}</span>')
         kids = children.get(box.id, [])
         if not kids:
-            return f'<div class="leaf">{summary[9:-10]}</div>'
+            return f'<div class="leaf">{line}</div>'
         inner = "".join(entry(kid, level + 1) for kid in kids)
-        return f'<details{" open" if level < 2 else ""}>{summary}{inner}</details>'
+        return f'<details{" open" if level < 2 else ""}><summary>{line}</summary>{inner}</details>'
 
     return '<div class="tree">' + "".join(entry(root, 0) for root in children.get("", [])) + "</div>"
 
@@ -100,13 +99,19 @@ def treemap_figure(treemap: Treemap, *, depth: int = 6, side: int | None = None,
     return {"data": [trace], "layout": layout}
 
 
-def box_colors(treemap: Treemap) -> dict[str, str]:
-    spare = iter(_SPARE_COLORS * 4)
+def _palette(treemap: Treemap) -> dict[str, str]:
+    """GROUP_COLORS, and a spare colour for each group it lacks (a role group added after this table)."""
+    spare = iter(_SPARE_COLORS)
     palette = dict(GROUP_COLORS)
     for group in treemap.groups:
         if group not in palette:
-            palette[group] = next(spare, "#79706e")
-    return {box.id: _pale(palette.get(box.group, "#79706e"), box.emphasis) for box in treemap.boxes}
+            palette[group] = next(spare, GROUP_COLORS["other"])
+    return palette
+
+
+def box_colors(treemap: Treemap) -> dict[str, str]:
+    palette = _palette(treemap)
+    return {box.id: _pale(palette.get(box.group, GROUP_COLORS["other"]), box.emphasis) for box in treemap.boxes}
 
 
 def _pale(color: str, emphasis: float) -> str:
@@ -119,11 +124,8 @@ def _pale(color: str, emphasis: float) -> str:
 
 
 def color_key(treemap: Treemap) -> str:
-    colors = box_colors(treemap)
-    first = {}
-    for box in treemap.boxes:
-        first.setdefault(box.group, colors[box.id] if box.emphasis >= 0.999 else GROUP_COLORS.get(box.group))
-    items = "".join(f'<span class="swatch" style="background:{first.get(g) or "#79706e"}"></span>'
+    palette = _palette(treemap)
+    items = "".join(f'<span class="swatch" style="background:{palette[g]}"></span>'
                     f'{escape(GROUP_TITLES.get(g, g))} ' for g in treemap.groups)
     pale = f'<br><span class="dim">Pale: {escape(treemap.emphasis)}.</span>' if treemap.emphasis else ""
     return (f'<p class="key">{items}{pale}<br><span class="dim">A click opens a box; the bar at the top goes back. '
