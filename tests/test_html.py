@@ -19,7 +19,7 @@ from paramscope.compare import compare_reports
 from paramscope.presets import preset_names
 from paramscope.render.html.compare import render_compare_html
 from paramscope.render.html.report import render_report_html
-from paramscope.render.treemap import active_share, module_treemap, role_treemap, trainable_share
+from paramscope.render.treemap import TRAINABLE, active_share, module_treemap, role_treemap
 
 BROWSER_MODELS = ["bert-base-uncased", "mixtral-8x7b", "deepseek-v3"]
 
@@ -91,7 +91,7 @@ def test_moe_experts_are_shaded_by_the_share_a_token_uses():
 
 def test_plan_emphasis_is_the_trainable_share():
     report = inspect("bert-base-uncased")
-    boxes = module_treemap(report, trainable_share, "frozen").boxes
+    boxes = module_treemap(report, TRAINABLE).boxes
     assert all(box.emphasis == 1.0 for box in boxes)  # all trainable
 
 
@@ -332,7 +332,7 @@ def test_plan_page_treemap_marks_what_trains(browser, tmp_path):
     plan = make_plan(report, module, PlanOptions(lora=8))
     planned = inspect(plan.module)
     assert planned.total == plan.total == 109_809_210
-    treemap = module_treemap(planned, trainable_share)
+    treemap = module_treemap(planned, TRAINABLE)
     assert sum(box.value * box.emphasis for box in treemap.leaves) == pytest.approx(294_912)
     path = tmp_path / "plan.html"
     path.write_text(render_plan_html(report, plan, planned), "utf-8")
@@ -423,7 +423,7 @@ def test_layers_that_train_stay_apart_from_frozen_ones(tmp_path):
 
     report, module = inspect_with_module("gpt2")
     plan = make_plan(report, module, PlanOptions(rules=(("train-last", "2"),)))
-    boxes = {box.label: box for box in module_treemap(inspect(plan.module), trainable_share).boxes}
+    boxes = {box.label: box for box in module_treemap(inspect(plan.module), TRAINABLE).boxes}
     assert boxes["0–9 × 10"].emphasis == 0.0 and boxes["10–11 × 2"].emphasis == 1.0
     assert boxes["10–11 × 2"].value == 2 * 7_087_872 == plan.trainable
 
@@ -440,3 +440,13 @@ def test_plan_compare_page(browser, tmp_path):
         .map(row => Number(row.querySelector('td').dataset.value))""")
     assert trainable == [124_439_808, 14_175_744, 294_912]
     page.page.close()
+
+
+def test_hovers_name_what_full_colour_means():
+    from paramscope.render.treemap import changed
+
+    base = inspect("bert-base-uncased", model_class="BertModel")
+    root = module_treemap(base, changed({"pooler.dense.weight", "pooler.dense.bias"}, "removed or reshaped")).boxes[0]
+    assert "590,592 removed or reshaped (0.54%)" in root.hover
+    experts_root = module_treemap(inspect("mixtral-8x7b"), active_share(inspect("mixtral-8x7b"))).boxes[0]
+    assert "12,879,925,248 active per token (27.58%)" in experts_root.hover

@@ -64,9 +64,27 @@ class Treemap:
         return tuple(group for group, _ in sizes.most_common())
 
 
-# --- what each parameter contributes: a weight for the emphasis (active or trainable share) ---------------------
+# --- what full colour means: a share per tensor (active per token, trainable, changed) --------------------------
 
-def active_share(report: Report) -> Callable[[ParameterInfo], float] | None:
+@dataclass(frozen=True)
+class Emphasis:
+    """Boxes are in full colour where `share` is 1 and pale where it is 0; the hovers and the key say what it means."""
+
+    share: Callable[[ParameterInfo], float]  # 0–1 per tensor
+    bright: str  # what the counted part is, in hovers: "active per token", "trainable", "changed"
+    pale: str  # what pale means, under the chart
+
+
+TRAINABLE = Emphasis(lambda param: 1.0 if param.trainable else 0.0, "trainable",
+                     "frozen: no gradient, no optimizer state")
+
+
+def changed(names: set[str], what: str) -> Emphasis:
+    """The tensors named (a diff's added, removed or reshaped ones) in full colour, the rest pale."""
+    return Emphasis(lambda param: 1.0 if param.name in names else 0.0, what, "unchanged")
+
+
+def active_share(report: Report) -> Emphasis | None:
     """Per tensor, the share of its parameters a token uses: k/E for routed experts, 1 elsewhere. None when the model
     is dense or k is unknown (nothing is pale then)."""
     moe = report.moe
@@ -82,18 +100,14 @@ def active_share(report: Report) -> Callable[[ParameterInfo], float] | None:
                 return layer.top_k / layer.num_experts
         return 1.0
 
-    return share
-
-
-def trainable_share(param: ParameterInfo) -> float:
-    return 1.0 if param.trainable else 0.0
+    return Emphasis(share, "active per token", "inactive per token (routed experts: a token uses k of E)")
 
 
 # --- by module --------------------------------------------------------------------------------------------------
 
-def module_treemap(report: Report, emphasis: Callable[[ParameterInfo], float] | None = None,
-                   emphasis_label: str | None = None, max_boxes: int = MAX_BOXES) -> Treemap:
-    """The module tree as boxes. With `emphasis` (active_share, trainable_share), boxes are pale where it is low."""
+def module_treemap(report: Report, emphasis: Emphasis | None = None, max_boxes: int = MAX_BOXES) -> Treemap:
+    """The module tree as boxes. With `emphasis` (active_share, TRAINABLE, changed), boxes are pale where it is
+    low."""
     params = {p.name: p for p in report.params}
     tied_names = {alias for group in report.tied for alias in group.aliases} | {g.canonical for g in report.tied}
     depth = None
@@ -104,12 +118,12 @@ def module_treemap(report: Report, emphasis: Callable[[ParameterInfo], float] | 
             break
         depth = builder.deepest - 1 if depth is None else depth - 1
     return Treemap(f"Parameters by module: {report.model.class_name}", report.total, tuple(boxes),
-                   emphasis_label if emphasis is not None else None)
+                   None if emphasis is None else emphasis.pale)
 
 
 class _ModuleBoxes:
     def __init__(self, report: Report, params: dict[str, ParameterInfo], tied_names: set[str],
-                 emphasis: Callable[[ParameterInfo], float] | None, max_depth: int | None):
+                 emphasis: Emphasis | None, max_depth: int | None):
         self.report = report
         self.params = params
         self.tied_names = tied_names
@@ -175,7 +189,7 @@ class _ModuleBoxes:
                 if param is None:
                     continue
                 groups[role_group(param.role)] += param.numel
-                active += param.numel * (self.emphasis(param) if self.emphasis else 1.0)
+                active += param.numel * (self.emphasis.share(param) if self.emphasis else 1.0)
             for child in node.children:
                 if child.back_reference is None:
                     child_groups, child_active = self._summary(child)
@@ -185,7 +199,7 @@ class _ModuleBoxes:
         return self._subtree[key]
 
     def _weighted(self, params: list[ParameterInfo]) -> float:
-        return sum(p.numel * (self.emphasis(p) if self.emphasis else 1.0) for p in params)
+        return sum(p.numel * (self.emphasis.share(p) if self.emphasis else 1.0) for p in params)
 
     def _is_tied(self, node: ModuleNode) -> bool:
         return bool(node.tied) or any(_full(node.name, local) in self.tied_names for local in node.own)
@@ -204,8 +218,7 @@ class _ModuleBoxes:
         if self.emphasis is not None and node.params:
             _, active = self._summary(node)
             if round(active) != node.params:
-                lines.append(f"{_percent(active / node.params)} active per token" if self.emphasis is not
-                             trainable_share else f"{exact(round(active) * n)} trainable")
+                lines.append(f"{exact(round(active * n))} {self.emphasis.bright} ({_percent(active / node.params)})")
         return "<br>".join(lines)
 
     def _own_hover(self, node: ModuleNode, path: str, own_params: list[ParameterInfo], own: int, n: int) -> str:
@@ -253,8 +266,7 @@ def _single_run(node: ModuleNode, alike) -> tuple[ModuleNode, int] | None:
 
 # --- by role ----------------------------------------------------------------------------------------------------
 
-def role_treemap(report: Report, emphasis: Callable[[ParameterInfo], float] | None = None,
-                 emphasis_label: str | None = None) -> Treemap:
+def role_treemap(report: Report, emphasis: Emphasis | None = None) -> Treemap:
     """Role group → role → tensor family, each family folded over layer indices."""
     root = report.model.class_name
     boxes = [Box(root, "", root, report.total, _hover_lines(root, report.total, report), _dominant(report.params),
@@ -279,7 +291,7 @@ def role_treemap(report: Report, emphasis: Callable[[ParameterInfo], float] | No
                              any(p.name in tied_names for p in params)))
             boxes.extend(_families(report, role_id, params, group, emphasis, tied_names))
     return Treemap(f"Parameters by role: {report.model.class_name}", report.total, tuple(boxes),
-                   emphasis_label if emphasis is not None else None)
+                   None if emphasis is None else emphasis.pale)
 
 
 def _families(report: Report, parent: str, params: list[ParameterInfo], group: str, emphasis, tied_names
@@ -346,7 +358,7 @@ def _emphasis(params, emphasis) -> float:
     total = sum(p.numel for p in params)
     if emphasis is None or not total:
         return 1.0
-    return sum(p.numel * emphasis(p) for p in params) / total
+    return sum(p.numel * emphasis.share(p) for p in params) / total
 
 
 def _sum_of_shapes(params: list[ParameterInfo], n: int) -> str:
@@ -360,4 +372,4 @@ def _hover_lines(title: str, value: int, report: Report) -> str:
            f"{_percent(report.share(value))} of {exact(report.total)}"
 
 
-__all__ = ["Box", "Treemap", "module_treemap", "role_treemap", "active_share", "trainable_share"]
+__all__ = ["Box", "Emphasis", "TRAINABLE", "Treemap", "active_share", "changed", "module_treemap", "role_treemap"]

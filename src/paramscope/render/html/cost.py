@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...explain import exact, human
-from ..treemap import active_share, module_treemap, trainable_share
+from ..treemap import TRAINABLE, active_share, module_treemap
 from .page import GROUP_COLORS, Section, color_key, escape, figure, html_page, subtitle, treemap_figure
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def render_plan_html(report: Report | None, plan, planned: Report, estimate=None
                    f'<td class="num dim">{human(value)}</td><td class="dim">{escape(note)}</td></tr>'
                    for label, value, note in rows)
     share = plan.trainable / plan.total * 100 if plan.total else 0.0
-    treemap = module_treemap(planned, trainable_share, "frozen (pale): no gradient, no optimizer state")
+    treemap = module_treemap(planned, TRAINABLE)
     sections = [
         Section("Plan", f'<table class="totals" id="plan" data-trainable="{plan.trainable}">{body}</table>'
                         f"<p>{share:.4f}% of the parameters train.</p>"),
@@ -261,7 +261,7 @@ def render_plans_html(report: Report, rows, planned: list[Report], *, fragment: 
     cells = []
     for index, ((name, *_), model) in enumerate(zip(rows, planned)):
         side = max(160, round(420 * (model.total / largest) ** 0.5))
-        treemap = module_treemap(model, trainable_share, "frozen")
+        treemap = module_treemap(model, TRAINABLE)
         cells.append(f'<div class="multiple"><div class="multiple-title">{escape(name)}</div>'
                      f'{figure(treemap_figure(treemap, depth=4, side=side, toggle=False), f"treemap-{index}")}'
                      "</div>")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...explain import exact
-from ..treemap import module_treemap
+from ..treemap import changed, module_treemap
 from .page import Section, escape, figure, html_page, treemap_figure
 
 if TYPE_CHECKING:
@@ -22,8 +22,7 @@ def render_diff_html(diff, a: Report, b: Report, *, heads=None, fragment: bool =
     cells = []
     for index, (side, report, names, what) in enumerate(((diff.a, a, changed_a, "removed or reshaped"),
                                                          (diff.b, b, changed_b, "added or reshaped"))):
-        treemap = module_treemap(report, lambda p, names=names: 1.0 if p.name in names else 0.0,
-                                 f"unchanged (pale); full colour: {what}")
+        treemap = module_treemap(report, changed(names, what))
         side_px = max(160, round(520 * (report.total / largest) ** 0.5))
         tag = "ab"[index]
         cells.append(f'<div class="multiple"><div class="multiple-title">{tag}: {escape(side.spec)}<br>'

@@ -15,13 +15,12 @@ if TYPE_CHECKING:  # type hints only: report.py imports this module lazily, whic
 def render_report_html(report: Report, *, fragment: bool = False) -> str:
     """inspect: the totals, both treemaps, the conventions, tied weights and the module tree."""
     emphasis = active_share(report)
-    label = "inactive per token (routed experts: a token uses k of E)" if emphasis else None
-    by_module = module_treemap(report, emphasis, label)
+    by_module = module_treemap(report, emphasis)
     sections = [
         Section("Totals", _totals(report)),
         Section("Parameters by module", figure(treemap_figure(by_module), "treemap-module")
                 + color_key(by_module)),
-        Section("Parameters by role", figure(treemap_figure(role_treemap(report, emphasis, label)),
+        Section("Parameters by role", figure(treemap_figure(role_treemap(report, emphasis)),
                                               "treemap-role")),
         *_explanations(report),
         Section("Module tree", tree_html(by_module), open=False),
