@@ -47,25 +47,34 @@ def inspect(
                           trust_remote_code=trust_remote_code, use_cache=use_cache)[0]
 
 
+def answer_from_template(source: Source, *, model_class: str | None = None, task: str | None = None,
+                         num_labels: int | None = None) -> tuple[Report | None, str | None]:
+    """(the report from a cached or shipped template, None) or (None, why no template answered)."""
+    report, _, why = _template_answer(source, model_class=model_class, task=task, num_labels=num_labels)
+    return report, why
+
+
 def inspect_source(source: Source, *, model_class: str | None = None, task: str | None = None,
                    num_labels: int | None = None, trust_remote_code: bool = False,
                    use_cache: bool = True) -> tuple[Report, Any]:
-    """(Report, the meta module or None): from a template where one applies (with `use_cache`, never for remote
-    code), else from the build, whose report then says why no template answered."""
+    """(Report, what was counted): from a template where one applies (with `use_cache`, never for remote code), with
+    the template's stand-in modules (no torch); else from the meta build, with the module, and the report says why
+    no template answered. Either serves what walks a module's structure (torchinfo's count, exclude_embeddings, an
+    audit); only the built module can run (traces, FLOPs)."""
     why = None
     if use_cache and not trust_remote_code:
-        report, why = answer_from_template(source, model_class=model_class, task=task, num_labels=num_labels)
+        report, root, why = _template_answer(source, model_class=model_class, task=task, num_labels=num_labels)
         if report is not None:
-            return report, None
+            return report, root
     report, module = _inspect_source(source, model_class, task, num_labels, trust_remote_code)
     if why is not None:
         report = replace(report, model=replace(report.model, engine_detail=why))
     return report, module
 
 
-def answer_from_template(source: Source, *, model_class: str | None = None, task: str | None = None,
-                         num_labels: int | None = None) -> tuple[Report | None, str | None]:
-    """(the report from a cached or shipped template, None) or (None, why no template answered)."""
+def _template_answer(source: Source, *, model_class: str | None, task: str | None,
+                     num_labels: int | None) -> tuple[Report | None, Any, str | None]:
+    """(report, the stand-in modules, None), or (None, None, why no template answered)."""
     from .build import TASKS, check_num_labels, resolve_task, validate_config_dict
     from .formula_cache import AssumptionError
     from .template import lookup_template, report_from_template
@@ -73,22 +82,24 @@ def answer_from_template(source: Source, *, model_class: str | None = None, task
     if model_class and task:
         raise ModelClassError("give --class or --task, not both")
     if not isinstance(source.config.get("model_type"), str):
-        return None, None  # the build names what is missing
+        return None, None, None  # the build names what is missing
     validate_config_dict(source.config)
     check_num_labels(num_labels)
     if task:
         key = resolve_task(task)
     found = lookup_template(source.config, model_class=model_class, task=task, num_labels=num_labels)
     if found.template is None:
-        return None, found.why_not
+        return None, None, found.why_not
     if task:
         reason = f"--task {task}" + (f" (= {key})" if key != task else "") + f": {TASKS[key][1]}"
     else:
         reason = found.class_reason
     try:
-        return report_from_template(found.template, source, num_labels=num_labels, class_reason=reason), None
+        root = found.template.module(source.config, num_labels)
+        report = report_from_template(found.template, source, num_labels=num_labels, class_reason=reason, root=root)
+        return report, root, None
     except AssumptionError as err:  # sizes the template cannot lay out (too many modules): the build decides
-        return None, f"the template for {found.class_name} does not apply: {err}"
+        return None, None, f"the template for {found.class_name} does not apply: {err}"
 
 
 def inspect_with_module(model: Any, *, model_class: str | None = None, task: str | None = None,

@@ -69,6 +69,16 @@ def named_counts(params: tuple[ParameterInfo, ...], tied: tuple[TiedGroup, ...],
     return tuple(out)
 
 
+def embedding_weight_names(module: Any) -> set[str]:
+    """`{name}.weight` of every nn.Embedding module, by its first name (named_modules()); a template's stand-in
+    modules say which are embeddings themselves, so no torch is needed for them."""
+    if getattr(module, "paramscope_stub", False):
+        return {f"{name}.weight" for name, sub in module.named_modules() if sub.is_embedding}
+    import torch
+
+    return {f"{name}.weight" for name, sub in module.named_modules() if isinstance(sub, torch.nn.Embedding)}
+
+
 def exclude_embeddings(module: Any, params: tuple[ParameterInfo, ...] | None = None) -> tuple[int, int]:
     """(count, tensors excluded), exactly as `PreTrainedModel.num_parameters(exclude_embeddings=True)` computes it
     (transformers 5.23, modeling_utils): embedding names come from `named_modules()` (first name of each module),
@@ -76,14 +86,7 @@ def exclude_embeddings(module: Any, params: tuple[ParameterInfo, ...] | None = N
 
     `params`, when given, are the module's counted parameters: each under its first name, as named_parameters()
     yields them, so the module need not be walked a second time."""
-    if getattr(module, "paramscope_stub", False):  # a template's stand-in says which modules are embeddings
-        embedding_param_names = {f"{name}.weight" for name, sub in module.named_modules() if sub.is_embedding}
-    else:
-        import torch
-
-        embedding_param_names = {
-            f"{name}.weight" for name, sub in module.named_modules() if isinstance(sub, torch.nn.Embedding)
-        }
+    embedding_param_names = embedding_weight_names(module)
     named = ((p.name, p.numel) for p in params) if params is not None else (
         (name, param.numel()) for name, param in module.named_parameters())
     total = 0

@@ -283,9 +283,9 @@ def _convention(report: Report, key: str):
 
 def _embedding_weights(module: Any) -> list[tuple[str, int]]:
     """The (name, numel) of the tensors num_parameters(exclude_embeddings=True) leaves out."""
-    import torch
+    from .conventions import embedding_weight_names
 
-    names = {f"{name}.weight" for name, sub in module.named_modules() if isinstance(sub, torch.nn.Embedding)}
+    names = embedding_weight_names(module)
     return [(name, int(p.numel())) for name, p in module.named_parameters() if name in names]
 
 

@@ -204,6 +204,21 @@ class StubModule:
 
         yield from visit("", self)
 
+    def named_parameters(self, prefix: str = ""):
+        """As torch's (remove_duplicate=True): each tensor once, under its first name, modules in named_modules()'s
+        order. torchinfo's convention (reconcile_counts) walks it module by module."""
+        seen: set[int] = set()
+        for name, module in self.named_modules():
+            for local, tensor in module._parameters.items():
+                if tensor is None or id(tensor) in seen:
+                    continue
+                seen.add(id(tensor))
+                full = f"{name}.{local}" if name else local
+                yield (f"{prefix}.{full}" if prefix else full), tensor
+
+    def children(self):
+        return (child for child in self._modules.values() if child is not None)
+
 
 class StubTensor:
     __slots__ = ("shape", "dtype", "requires_grad", "_numel")
@@ -461,8 +476,10 @@ def _route_words(route: str | None) -> str:
 # ---------------------------------------------------------------------------------------------------- the report
 
 
-def report_from_template(template: Template, source: Any, *, num_labels: int | None = None, class_reason: str):
-    """The report a meta build of `source` gives, from `template`. AssumptionError when it does not apply."""
+def report_from_template(template: Template, source: Any, *, num_labels: int | None = None, class_reason: str,
+                         root: StubModule | None = None):
+    """The report a meta build of `source` gives, from `template`. AssumptionError when it does not apply.
+    `root`: the stand-in modules already made by template.module() for this config (else they are made here)."""
     from .build import config_notes, extra_config_notes
     from .conventions import named_counts
     from .count import count_module
@@ -474,7 +491,8 @@ def report_from_template(template: Template, source: Any, *, num_labels: int | N
     config = source.config
     if num_labels is not None:
         config = {k: v for k, v in config.items() if k not in ("id2label", "label2id")} | {"num_labels": num_labels}
-    root = template.module(source.config, num_labels)
+    if root is None:
+        root = template.module(source.config, num_labels)
     view = template.config_view(config)
     counted = count_module(root)
     info = ModelInfo(

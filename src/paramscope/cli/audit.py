@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import add_debug_option, add_model_options, add_width_option, checked_width, use_color, write
+from ._common import (add_cache_option, add_debug_option, add_model_options, add_width_option, checked_width,
+                      record_after_build, use_color, write)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -21,6 +22,7 @@ def add_parser(subparsers: Any) -> None:
                         help="the model to compare with (preset, config.json, directory, hub id); default: the "
                              "config.json next to the checkpoint")
     add_model_options(parser)
+    add_cache_option(parser)
     add_debug_option(parser)
     parser.add_argument("--json", action="store_true", help="print the model's JSON report plus \"checkpoint\"")
     parser.add_argument("--all", action="store_true", dest="all_rows", help="list every key, not the first 20")
@@ -33,9 +35,17 @@ def run(args: argparse.Namespace) -> int:
 
     width = None if args.json else checked_width(args)  # bad options fail before any build
     result = audit(args.path, config=args.config, model_class=args.model_class, task=args.task,
-                   num_labels=args.num_labels, trust_remote_code=args.trust_remote_code, revision=args.revision)
+                   num_labels=args.num_labels, trust_remote_code=args.trust_remote_code, revision=args.revision,
+                   use_cache=not args.no_cache)
     if args.json:
         write(render_audit_json(result) + "\n")
     else:
         write(render_audit_text(result, width, color=use_color(), all_keys=args.all_rows))
+    config = args.config or (str(result.located.config_dir) if result.located.config_dir else None)
+    if config is not None and not args.no_cache and not args.trust_remote_code:
+        from ..api import as_source
+
+        # after a build, a template: the next audit (or inspect) of this class answers without torch
+        record_after_build(result.report, as_source(config, args.revision if args.config else None),
+                           model_class=args.model_class, task=args.task, num_labels=args.num_labels)
     return 0
