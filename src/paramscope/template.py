@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
