@@ -7,7 +7,6 @@ torchinfo 1.8's module-by-module count and transformers' exclude_embeddings.
 from __future__ import annotations
 
 import json
-import struct
 import subprocess
 import sys
 
@@ -50,18 +49,17 @@ def test_audit_of_a_real_checkpoint_is_the_same_from_the_template(minilm_dir, tm
 
 
 def _header_checkpoint(folder, tensors: int) -> None:
-    """BERT's config beside a safetensors header of `tensors` one-element tensors no BERT has (bench_header's)."""
-    from paramscope.presets import find_preset
+    """BERT's config beside a safetensors header of `tensors` one-element tensors no BERT has: the benchmark's own
+    writer (bench/bench_header.py), so that the test and the measured figure are about the same file."""
+    from pathlib import Path
 
-    header, offset = {}, 0
-    for i in range(tensors):
-        header[f"model.layers.{i // 1000}.mlp.experts.{i % 1000}.w.weight"] = {
-            "dtype": "F32", "shape": [1], "data_offsets": [offset, offset + 4]}
-        offset += 4
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
-    (folder / "config.json").write_text(json.dumps(find_preset("bert-base-uncased").load_config()))
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    sys.path.insert(0, bench)
+    try:
+        from bench_header import write_checkpoint
+    finally:
+        sys.path.remove(bench)
+    write_checkpoint(folder, tensors)
 
 
 def test_a_large_header_is_audited_without_importing_torch(tmp_path):
