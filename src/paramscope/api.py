@@ -47,13 +47,6 @@ def inspect(
                           trust_remote_code=trust_remote_code, use_cache=use_cache)[0]
 
 
-def answer_from_template(source: Source, *, model_class: str | None = None, task: str | None = None,
-                         num_labels: int | None = None) -> tuple[Report | None, str | None]:
-    """(the report from a cached or shipped template, None) or (None, why no template answered)."""
-    report, _, why = _template_answer(source, model_class=model_class, task=task, num_labels=num_labels)
-    return report, why
-
-
 def inspect_source(source: Source, *, model_class: str | None = None, task: str | None = None,
                    num_labels: int | None = None, trust_remote_code: bool = False,
                    use_cache: bool = True) -> tuple[Report, Any]:
