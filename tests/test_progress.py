@@ -46,8 +46,8 @@ def test_nested_steps_share_one_line_and_nothing_is_left_on_screen(shown):
     with progress.status("outer"):
         with progress.status("inner"):
             progress.update("inner, step 2")
-        assert progress._current and progress._current[0].status == "outer"
-    assert not progress._current
+        assert progress._running is not None and progress._running.status == "outer"
+    assert progress._running is None
 
 
 def test_off_by_default_and_in_pipes():

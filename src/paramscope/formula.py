@@ -431,7 +431,7 @@ class _Deriver:
     # --- the whole derivation ----------------------------------------------------------------------------------
 
     def run(self) -> tuple[FormulaSpec, dict[str, int]]:
-        with progress.status(f"deriving {getattr(self, 'label', 'the model')}'s structure: builds on meta"):
+        with progress.status(f"deriving {self.label}'s structure: builds on meta"):
             return self._run()
 
     def _run(self) -> tuple[FormulaSpec, dict[str, int]]:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 _console: Any = None  # a rich Console on stderr once enabled; None: off
-_current: list[Any] = []  # the running rich Status (at most one: nested steps update its text)
+_running: Any = None  # the rich Status on screen (one at most: a nested step changes its text)
 
 
 def enable(console: Any = None) -> bool:
@@ -36,29 +36,28 @@ def disable() -> None:
 def status(message: str) -> Iterator[None]:
     """A spinner with `message` while the block runs (transient: nothing stays on the screen). Inside another
     status, the message replaces the outer one's for the while."""
+    global _running
     if _console is None:
         yield
         return
-    if _current:
-        outer = _current[-1]
-        previous = outer.status
-        outer.update(message)
+    if _running is not None:
+        previous = _running.status
+        _running.update(message)
         try:
             yield
         finally:
-            outer.update(previous)
+            _running.update(previous)
         return
-    spinner = _console.status(message)
-    spinner.start()
-    _current.append(spinner)
+    _running = _console.status(message)
+    _running.start()
     try:
         yield
     finally:
-        _current.pop()
-        spinner.stop()
+        _running.stop()
+        _running = None
 
 
 def update(message: str) -> None:
     """New text for the running status (a probe build's number); nothing when none runs."""
-    if _current:
-        _current[-1].update(message)
+    if _running is not None:
+        _running.update(message)

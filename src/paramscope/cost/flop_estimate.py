@@ -117,7 +117,7 @@ def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), **model_opt
         estimate = dataclasses.replace(estimate, notes=tuple(notes))
         if options.context_curve:
             estimate = dataclasses.replace(estimate, by_context=_by_context(
-                module, report, options, seq, max_context(text), checkpointing, frozen))
+                module, report, options, estimate, max_context(text), checkpointing, frozen))
     compute = _compute(estimate, report, options, accelerator, _active_parameters(report, text))
     return report, estimate, compute
 
@@ -125,20 +125,21 @@ def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), **model_opt
 CURVE_POINTS = 16
 
 
-def _by_context(module: Any, report: Any, options: FlopOptions, seq: int, limit: int | None, checkpointing: bool,
-                frozen: frozenset[str]) -> tuple[tuple[int, int, int], ...]:
-    """(seq, forward, attention) at 128, 256, … up to the model's context (or 4 × seq when it has none), and at seq
-    itself: the same analytic count at each length, so the attention term's S² shows against the linear rest."""
-    top = limit or 4 * seq
-    lengths = sorted({min(128 << k, top) for k in range(CURVE_POINTS) if 128 << k <= max(top, 128)} | {seq})
-    points = []
-    for length in lengths[:CURVE_POINTS + 1]:
-        counted = analytic_flops(module, report.params, batch=options.batch, seq=length, training=False,
-                                 checkpointing=checkpointing, causal=options.causal, frozen=frozen)
-        if counted is None:
-            return ()
-        points.append((length, counted.forward, counted.attention))
-    return tuple(points)
+def _by_context(module: Any, report: Any, options: FlopOptions, answer: FlopEstimate, limit: int | None,
+                checkpointing: bool, frozen: frozenset[str]) -> tuple[tuple[int, int, int], ...]:
+    """(seq, forward, attention) at 128, 256, … (CURVE_POINTS lengths at most) up to the model's context (or 4 × seq
+    when it has none), and at the answer's own length: the same analytic count at each length, so the attention
+    term's S² shows against the linear rest. The answer's point is the answer's (a forward is a forward, training
+    or not)."""
+    top = limit or 4 * answer.seq
+    lengths = [128 << k for k in range(CURVE_POINTS) if 128 << k <= top] or [top]
+    points = {answer.seq: (answer.forward, answer.attention)}
+    for length in lengths:
+        if length not in points:
+            counted = analytic_flops(module, report.params, batch=options.batch, seq=length, training=False,
+                                     checkpointing=checkpointing, causal=options.causal, frozen=frozen)
+            points[length] = (counted.forward, counted.attention)
+    return tuple((length, *points[length]) for length in sorted(points))
 
 
 def _active_parameters(report: Any, config: Any) -> int:

@@ -155,12 +155,11 @@ class _ModuleBoxes:
             return
         own = node.params - sum(c.params for c in children)
         if own:
-            own_params = [self.params[_full(node.name, local)] for local in node.own]
-            own_params = [p for p in own_params if p.name in self.params]
+            own_params = self._own_params(node)
             self.boxes.append(Box(
                 id=f"{box_id}/(own)", parent=box_id, label=f"{label or node.type}: own tensors", value=own * n,
                 hover=self._own_hover(node, path, own_params, own, n), group=_dominant(own_params),
-                emphasis=self._weighted(own_params) / own if own else 1.0,
+                emphasis=_emphasis(own_params, self.emphasis),
                 tied=any(p.name in self.tied_names for p in own_params),
             ))
         for child, count, step in collapse_runs(children, key=self._alike):
@@ -198,15 +197,17 @@ class _ModuleBoxes:
             self._subtree[key] = (groups, active)
         return self._subtree[key]
 
-    def _weighted(self, params: list[ParameterInfo]) -> float:
-        return sum(p.numel * (self.emphasis.share(p) if self.emphasis else 1.0) for p in params)
+    def _own_params(self, node: ModuleNode) -> list[ParameterInfo]:
+        """The counted tensors the module itself holds (its own, canonical names)."""
+        names = (_full(node.name, local) for local in node.own)
+        return [self.params[name] for name in names if name in self.params]
 
     def _is_tied(self, node: ModuleNode) -> bool:
         return bool(node.tied) or any(_full(node.name, local) in self.tied_names for local in node.own)
 
     def _hover(self, node: ModuleNode, path: str, n: int) -> str:
         lines = [f"<b>{path or node.type}</b> ({node.type})"]
-        own_params = [self.params[_full(node.name, l)] for l in node.own if _full(node.name, l) in self.params]
+        own_params = self._own_params(node)
         if own_params and node.params == sum(p.numel for p in own_params):  # a leaf module: its tensors' shapes
             lines.append(_sum_of_shapes(own_params, n))
         elif n > 1:
@@ -297,7 +298,7 @@ def role_treemap(report: Report, emphasis: Emphasis | None = None) -> Treemap:
 def _families(report: Report, parent: str, params: list[ParameterInfo], group: str, emphasis, tied_names
               ) -> list[Box]:
     members: dict[str, list[ParameterInfo]] = {}
-    for (pattern, _), param in zip(_fold_each(params), params):
+    for pattern, param in zip(_family_patterns(params), params):
         members.setdefault(pattern, []).append(param)
     families = sorted(members.items(), key=lambda item: -sum(p.numel for p in item[1]))
     shown, rest = families[:MAX_FAMILIES_PER_ROLE], families[MAX_FAMILIES_PER_ROLE:]
@@ -327,17 +328,18 @@ def _families(report: Report, parent: str, params: list[ParameterInfo], group: s
     return boxes
 
 
-def _fold_each(params: list[ParameterInfo]) -> list[tuple[str, int]]:
-    """Each tensor's family pattern (layer indices as *), as explain.fold_names names them."""
-    counts = Counter(index_pattern(p.name) for p in params)
-    return [(index_pattern(p.name) if counts[index_pattern(p.name)] > 1 else p.name, 1) for p in params]
+def _family_patterns(params: list[ParameterInfo]) -> list[str]:
+    """Each tensor's family pattern (layer indices as *), as explain.fold_names names them: a tensor alone in its
+    pattern keeps its own name."""
+    patterns = [index_pattern(p.name) for p in params]
+    counts = Counter(patterns)
+    return [pattern if counts[pattern] > 1 else p.name for pattern, p in zip(patterns, params)]
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------
 
 def _full(prefix: str, local: str) -> str:
     return f"{prefix}.{local}" if prefix else local
-
 
 
 def _range(start: int, n: int, step: int) -> str:

@@ -1,5 +1,4 @@
-"""compare's page: one treemap per model at one scale (area ∝ parameters), and role groups as bars.
-"""
+"""compare's page: one treemap per model at one scale (area ∝ parameters), and role groups as bars."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ from typing import TYPE_CHECKING, Sequence
 from ...explain import exact, human
 from ...roles import GROUP_TITLES
 from ..treemap import active_share, module_treemap
-from .page import GROUP_COLORS, Section, escape, figure, html_page, treemap_figure
+from .page import FONT, GROUP_COLORS, LEGEND_ABOVE, Section, escape, figure, html_page, small_multiple
 
 if TYPE_CHECKING:
     from ...compare import Comparison
@@ -16,14 +15,11 @@ if TYPE_CHECKING:
 
 def render_compare_html(comparison: Comparison, reports: Sequence[Report], *, fragment: bool = False) -> str:
     """compare: one treemap per model at one scale (area ∝ parameters), and role groups as bars."""
-    largest = max(r.total for r in reports) or 1
-    cells = []
-    for index, (column, report) in enumerate(zip(comparison.columns, reports)):
-        side = max(120, round(560 * (report.total / largest) ** 0.5))
-        drawn = treemap_figure(module_treemap(report, active_share(report)), depth=4, side=side, toggle=False)
-        cells.append(f'<div class="multiple"><div class="multiple-title">{escape(column.label)}<br>'
-                     f'<span class="dim">{escape(column.class_name)} · {exact(report.total)}</span></div>'
-                     f'{figure(drawn, f"treemap-{index}")}</div>')
+    largest = max(r.total for r in reports)
+    cells = [small_multiple(column.label, f"{column.class_name} · {exact(report.total)}",
+                            module_treemap(report, active_share(report)), f"treemap-{index}", total=report.total,
+                            largest=largest, side=560, least=120, depth=4)
+             for index, (column, report) in enumerate(zip(comparison.columns, reports))]
     sections = [
         Section("Totals", _compare_table(comparison)),
         Section("Role groups", figure(_group_bars(comparison), "bars-groups")),
@@ -70,7 +66,5 @@ def _group_bars(comparison: Comparison) -> dict:
     layout = {"barmode": "stack", "height": 110 + 34 * len(labels), "margin": {"t": 40, "l": 10, "r": 10, "b": 40},
               "xaxis": {"title": {"text": "share of the model's parameters (%)"}, "range": [0, 100]},
               "yaxis": {"autorange": "reversed", "automargin": True},
-              "legend": {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom",
-                         "traceorder": "normal"},
-              "font": {"family": "system-ui, sans-serif", "size": 12}}
+              "legend": {**LEGEND_ABOVE, "traceorder": "normal"}, "font": FONT}
     return {"data": traces, "layout": layout}

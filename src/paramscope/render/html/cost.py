@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...explain import exact, human
+from ..memory import binary as bytes_text
 from ..treemap import TRAINABLE, active_share, module_treemap
-from .page import GROUP_COLORS, Section, color_key, escape, figure, html_page, subtitle, treemap_figure
+from .page import (FONT, GROUP_COLORS, LEGEND_ABOVE, Section, color_key, escape, figure, html_page, notes_section,
+                   small_multiple, subtitle, totals_table, treemap_figure)
 
 if TYPE_CHECKING:
     from ...report import Report
@@ -28,7 +30,7 @@ def render_memory_html(report: Report | None, estimate, *, fragment: bool = Fals
         sections.append(Section("Parameters by module", figure(treemap_figure(treemap), "treemap-module"),
                                 open=False))
     if memory.get("notes"):
-        sections.append(_notes(memory["notes"]))
+        sections.append(notes_section(memory["notes"]))
     verb = "train" if memory["mode"] == "training" else "serve"
     peak = f"{memory['engine']} engine · peak {bytes_text(memory['peak']['bytes'])} in {memory['peak']['phase']}"
     return html_page(_titled(report, f"memory to {verb}"), _subtitled(report, peak), sections, fragment)
@@ -45,7 +47,7 @@ def render_flops_html(report: Report | None, estimate, compute=None, *, fragment
                                                           "the curve (FlopOptions(context_curve=True), which --html "
                                                           "sets); FlopCounterMode counts one length.</p>"))
     if estimate.notes:
-        sections.append(_notes(estimate.notes))
+        sections.append(notes_section(estimate.notes))
     settings = (f"{estimate.engine} engine · batch {estimate.batch} × {estimate.seq:,} tokens · attention "
                 f"convention: {estimate.causal}")
     return html_page(_titled(report, "FLOPs"), _subtitled(report, settings), sections, fragment)
@@ -57,14 +59,11 @@ def render_plan_html(report: Report | None, plan, planned: Report, estimate=None
             ("frozen", plan.frozen, "no gradient, no optimizer state"),
             ("adapters add", plan.adapter, "parameters of the LoRA/DoRA matrices"),
             ("total", plan.total, "base + adapters, as PEFT counts")]
-    body = "".join(f'<tr><th>{escape(label)}</th><td class="num" data-value="{value}">{exact(value)}</td>'
-                   f'<td class="num dim">{human(value)}</td><td class="dim">{escape(note)}</td></tr>'
-                   for label, value, note in rows)
     share = plan.trainable / plan.total * 100 if plan.total else 0.0
     treemap = module_treemap(planned, TRAINABLE)
     sections = [
-        Section("Plan", f'<table class="totals" id="plan" data-trainable="{plan.trainable}">{body}</table>'
-                        f"<p>{share:.4f}% of the parameters train.</p>"),
+        Section("Plan", totals_table(rows, "plan", {"trainable": plan.trainable}, human)
+                + f"<p>{share:.4f}% of the parameters train.</p>"),
         Section("What trains", figure(treemap_figure(treemap), "treemap-plan") + color_key(treemap)),
     ]
     if estimate is not None:
@@ -87,17 +86,14 @@ def _subtitled(report: Report | None, settings: str) -> str:
     return " · ".join(parts)
 
 
-def _notes(notes) -> Section:
-    return Section("Notes", "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>", open=False)
-
-
 _PHASE_PARTS = (("weights", "weights"), ("buffers", "buffers"), ("optimizer", "optimizer state"),
                 ("master_weights", "master weights"), ("kv_cache", "KV cache"))
 
 
 _PART_COLORS = {"weights": "#4e79a7", "buffers": "#bab0ac", "optimizer state": "#f28e2b",
-                "master weights": "#edc948", "KV cache": "#b07aa1",
-                "gradients": "#e15759", "activations and temporaries": "#59a14f", "activations": "#59a14f", "activations and workspace": "#59a14f"}
+                "master weights": "#edc948", "KV cache": "#b07aa1", "gradients": "#e15759",
+                "activations and temporaries": "#59a14f", "activations": "#59a14f",
+                "activations and workspace": "#59a14f"}
 
 
 def _held(memory: dict, key: str) -> int:
@@ -131,8 +127,7 @@ def _phase_bars(memory: dict) -> dict:
                        [a for _, _, a in moments]))
     layout = {"barmode": "stack", "height": 380, "margin": {"t": 40, "l": 10, "r": 10, "b": 60},
               "yaxis": {"title": {"text": "bytes"}, "tickformat": ".3s", "automargin": True},
-              "font": {"family": "system-ui, sans-serif"},
-              "legend": {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"}}
+              "font": FONT, "legend": LEGEND_ABOVE}
     return {"data": traces, "layout": layout}
 
 
@@ -204,7 +199,7 @@ def _flop_bars(estimate) -> dict:
              "hovertemplate": "<b>%{y}</b><br>%{customdata}<extra></extra>"}
     layout = {"height": 80 + 26 * len(terms), "margin": {"t": 10, "l": 10, "r": 10, "b": 40},
               "xaxis": {"title": {"text": "forward FLOPs"}, "tickformat": ".3s"}, "yaxis": {"automargin": True},
-              "font": {"family": "system-ui, sans-serif"}}
+              "font": FONT}
     return {"data": [trace], "layout": layout}
 
 
@@ -220,15 +215,8 @@ def _flop_curve(estimate) -> dict:
     layout = {"height": 420, "margin": {"t": 40, "l": 10, "r": 10, "b": 50},
               "xaxis": {"title": {"text": f"context length (tokens), batch {estimate.batch}"}, "type": "log"},
               "yaxis": {"title": {"text": "forward FLOPs"}, "type": "log", "tickformat": ".2s", "automargin": True},
-              "legend": {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"},
-              "font": {"family": "system-ui, sans-serif"}}
+              "legend": LEGEND_ABOVE, "font": FONT}
     return {"data": traces, "layout": layout}
-
-
-def bytes_text(value: int) -> str:
-    from ..memory import binary
-
-    return binary(value)
 
 
 def render_plans_html(report: Report, rows, planned: list[Report], *, fragment: bool = False) -> str:
@@ -247,24 +235,17 @@ def render_plans_html(report: Report, rows, planned: list[Report], *, fragment: 
                  f'<td class="num">{plan.trainable / plan.total * 100 if plan.total else 0:.4f}%</td>'
                  f'<td class="num" data-value="{estimate.peak}">{bytes_text(estimate.peak)}</td>'
                  f'<td class="num">{fits} of {len(memory.get("fits") or [])} accelerators</td></tr>')
-    traces = []
-    parts = [(key, label) for key, label in (("weights", "weights"), ("gradients", "gradients"),
-                                              ("optimizer", "optimizer state"), ("activations", "activations"))]
     names = [name for name, *_ in rows]
-    for key, label in parts:
-        traces.append(_bar(label, names, [_held(memory, key) for memory in memories], [""] * len(rows)))
+    traces = [_bar(label, names, [_held(memory, key) for memory in memories], [""] * len(rows))
+              for key, label in (("weights", "weights"), ("gradients", "gradients"),
+                                 ("optimizer", "optimizer state"), ("activations", "activations"))]
     layout = {"barmode": "group", "height": 380, "margin": {"t": 40, "l": 10, "r": 10, "b": 40},
               "yaxis": {"title": {"text": "bytes"}, "tickformat": ".3s", "automargin": True},
-              "legend": {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"},
-              "font": {"family": "system-ui, sans-serif"}}
-    largest = max(r.total for r in planned) or 1
-    cells = []
-    for index, ((name, *_), model) in enumerate(zip(rows, planned)):
-        side = max(160, round(420 * (model.total / largest) ** 0.5))
-        treemap = module_treemap(model, TRAINABLE)
-        cells.append(f'<div class="multiple"><div class="multiple-title">{escape(name)}</div>'
-                     f'{figure(treemap_figure(treemap, depth=4, side=side, toggle=False), f"treemap-{index}")}'
-                     "</div>")
+              "legend": LEGEND_ABOVE, "font": FONT}
+    largest = max(r.total for r in planned)
+    cells = [small_multiple(name, "", module_treemap(model, TRAINABLE), f"treemap-{index}", total=model.total,
+                            largest=largest, side=420, least=160, depth=4)
+             for index, ((name, *_), model) in enumerate(zip(rows, planned))]
     sections = [
         Section("Plans", f'<div class="scroll"><table class="compare" id="plans">{head}{body}</table></div>'),
         Section("Training memory by part", figure({"data": traces, "layout": layout}, "bars-plans")),

@@ -1,5 +1,4 @@
-"""diff's page: both models' treemaps at one scale, what differs in full colour, and the tensor tables.
-"""
+"""diff's page: both models' treemaps at one scale, what differs in full colour, and the tensor tables."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from ...explain import exact
 from ..treemap import changed, module_treemap
-from .page import Section, escape, figure, html_page, treemap_figure
+from .page import Section, escape, html_page, small_multiple
 
 if TYPE_CHECKING:
     from ...report import Report
@@ -18,16 +17,12 @@ def render_diff_html(diff, a: Report, b: Report, *, heads=None, fragment: bool =
 
     changed_b = {t.name for t in diff.added} | {c.name for c in diff.changed}
     changed_a = {t.name for t in diff.removed} | {c.a_name for c in diff.changed}
-    largest = max(a.total, b.total) or 1
-    cells = []
-    for index, (side, report, names, what) in enumerate(((diff.a, a, changed_a, "removed or reshaped"),
-                                                         (diff.b, b, changed_b, "added or reshaped"))):
-        treemap = module_treemap(report, changed(names, what))
-        side_px = max(160, round(520 * (report.total / largest) ** 0.5))
-        tag = "ab"[index]
-        cells.append(f'<div class="multiple"><div class="multiple-title">{tag}: {escape(side.spec)}<br>'
-                     f'<span class="dim">{escape(side.class_name)} · {exact(report.total)}</span></div>'
-                     f'{figure(treemap_figure(treemap, side=side_px, toggle=False), "treemap-" + tag)}</div>')
+    largest = max(a.total, b.total)
+    cells = [small_multiple(f"{tag}: {side.spec}", f"{side.class_name} · {exact(report.total)}",
+                            module_treemap(report, changed(names, what)), f"treemap-{tag}", total=report.total,
+                            largest=largest, side=520, least=160)
+             for tag, side, report, names, what in (("a", diff.a, a, changed_a, "removed or reshaped"),
+                                                    ("b", diff.b, b, changed_b, "added or reshaped"))]
     rows = [("a", diff.a.total), ("b", diff.b.total), ("b − a", diff.delta)]
     table = "".join(f'<tr><th>{label}</th><td class="num">{value:+,}</td></tr>' if label == "b − a" else
                     f'<tr><th>{label}</th><td class="num">{exact(value)}</td></tr>' for label, value in rows)

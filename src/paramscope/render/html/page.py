@@ -34,6 +34,8 @@ _SPARE_COLORS = ("#d4a6c8", "#fabfd2", "#f1ce63", "#ffbe7d", "#9d7660", "#d7b5a6
 
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendDataToCloud"]}
+FONT = {"family": "system-ui, sans-serif", "size": 12}
+LEGEND_ABOVE = {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"}
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,7 @@ def treemap_figure(treemap: Treemap, *, depth: int = 6, side: int | None = None,
         "texttemplate": "%{label}<br>%{value:,}", "marker": {"colors": [colors[b.id] for b in treemap.boxes]},
         "sort": False, "name": treemap.title,
     }
-    layout: dict = {"margin": {"t": 30 if toggle else 4, "l": 4, "r": 4, "b": 4},
-                    "font": {"family": "system-ui, sans-serif", "size": 12}}
+    layout: dict = {"margin": {"t": 30 if toggle else 4, "l": 4, "r": 4, "b": 4}, "font": FONT}
     if side is not None:
         layout.update(width=side, height=side)
     else:
@@ -130,6 +131,31 @@ def color_key(treemap: Treemap) -> str:
     pale = f'<br><span class="dim">Pale: {escape(treemap.emphasis)}.</span>' if treemap.emphasis else ""
     return (f'<p class="key">{items}{pale}<br><span class="dim">A click opens a box; the bar at the top goes back. '
             'A run of identical layers is one box "× n" whose parts add up all n layers.</span></p>')
+
+
+def small_multiple(title: str, note: str, treemap: Treemap, div_id: str, *, total: int, largest: int, side: int,
+                   least: int, depth: int = 6) -> str:
+    """One of several treemaps drawn at one scale: its area is `total`/`largest` of a `side` × `side` square, and
+    never under `least` px a side, so the smallest stay readable."""
+    px = max(least, round(side * (total / (largest or 1)) ** 0.5))
+    drawn = treemap_figure(treemap, depth=depth, side=px, toggle=False)
+    subtitle_line = f'<br><span class="dim">{escape(note)}</span>' if note else ""
+    return (f'<div class="multiple"><div class="multiple-title">{escape(title)}{subtitle_line}</div>'
+            f"{figure(drawn, div_id)}</div>")
+
+
+def totals_table(rows, table_id: str, data: dict[str, int], human_text) -> str:
+    """(label, value, note) rows as the pages' totals table: the exact value (also in data-value), a short form
+    (`human_text`), the note; `data` becomes the table's data-* attributes (the tests read them)."""
+    body = "".join(f'<tr><th>{escape(label)}</th><td class="num" data-value="{value}">{exact(value)}</td>'
+                   f'<td class="num dim">{human_text(value)}</td><td class="dim">{escape(note)}</td></tr>'
+                   for label, value, note in rows)
+    attributes = "".join(f' data-{key}="{value}"' for key, value in data.items())
+    return f'<table class="totals" id="{table_id}"{attributes}>{body}</table>'
+
+
+def notes_section(notes) -> Section:
+    return Section("Notes", "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>", open=False)
 
 
 def figure(spec: dict, div_id: str) -> str:

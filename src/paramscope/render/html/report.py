@@ -1,5 +1,4 @@
-"""inspect's page (and a Report's notebook display): totals, both treemaps, conventions, ties, the tree.
-"""
+"""inspect's page (and a Report's notebook display): totals, both treemaps, conventions, ties, the tree."""
 
 from __future__ import annotations
 
@@ -7,7 +6,8 @@ from typing import TYPE_CHECKING
 
 from ...explain import exact, human
 from ..treemap import active_share, module_treemap, role_treemap
-from .page import Section, color_key, escape, figure, html_page, subtitle, tree_html, treemap_figure
+from .page import (Section, color_key, escape, figure, html_page, notes_section, subtitle, totals_table, tree_html,
+                   treemap_figure)
 
 if TYPE_CHECKING:  # type hints only: report.py imports this module lazily, which must not lead back
     from ...report import Report
@@ -43,11 +43,8 @@ def _totals(report: Report) -> str:
     rows.append(("buffers", counts.buffers, "not parameters: position ids, running statistics, …"))
     for convention in report.conventions:
         rows.append((convention.label, convention.value, convention.definition))
-    body = "".join(f'<tr><th>{escape(label)}</th><td class="num" data-value="{value}">{exact(value)}</td>'
-                   f'<td class="num dim">{human(value)}</td><td class="dim">{escape(note)}</td></tr>'
-                   for label, value, note in rows)
     layers = "" if report.num_layers is None else f"<p>{report.num_layers} layers.</p>"
-    return f'<table class="totals" id="totals" data-total="{counts.total}">{body}</table>{layers}'
+    return totals_table(rows, "totals", {"total": counts.total}, human) + layers
 
 
 def _explanations(report: Report) -> list[Section]:
@@ -79,8 +76,7 @@ def _explanations(report: Report) -> list[Section]:
     if report.unclassified:
         notes.append(f"{len(report.unclassified)} tensors have no role: they are in the group 'other'.")
     if notes:
-        sections.append(Section("Notes", "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>",
-                                open=False))
+        sections.append(notes_section(notes))
     return sections
 
 
