@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ class AuditResult:
     audit: Any  # paramscope.checkpoint.Audit
     counts: Any  # paramscope.reconcile_counts.CountsExplanation
     located: Located
+    source: Any = None  # the sources.Source the model's config came from (the CLI records a template from it)
 
     def checkpoint_dict(self) -> dict[str, Any]:
         """The `"checkpoint"` object of `audit --json`."""
@@ -133,9 +134,10 @@ def audit(path_or_id: str | os.PathLike[str], *, config: Any = None, model_class
     config_revision = None if located.config_dir else revision
     # A template answers without torch, with stand-in modules enough for the conventions the audit reports: a
     # 100 MB header is then audited without building the model (3.5 s of its budget).
-    report, counted = inspect_source(as_source(config, config_revision), model_class=model_class, task=task,
-                                     num_labels=num_labels, trust_remote_code=trust_remote_code, use_cache=use_cache)
-    return audit_report(report, checkpoint, module=counted, located=located)
+    source = as_source(config, config_revision)
+    report, counted = inspect_source(source, model_class=model_class, task=task, num_labels=num_labels,
+                                     trust_remote_code=trust_remote_code, use_cache=use_cache)
+    return replace(audit_report(report, checkpoint, module=counted, located=located), source=source)
 
 
 def audit_report(report: Report, checkpoint: Any, *, module: Any = None, located: Located | None = None) -> AuditResult:

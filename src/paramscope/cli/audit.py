@@ -41,11 +41,8 @@ def run(args: argparse.Namespace) -> int:
         write(render_audit_json(result) + "\n")
     else:
         write(render_audit_text(result, width, color=use_color(), all_keys=args.all_rows))
-    config = args.config or (str(result.located.config_dir) if result.located.config_dir else None)
-    if config is not None and not args.no_cache and not args.trust_remote_code:
-        from ..api import as_source
-
+    if not args.no_cache and not args.trust_remote_code:
         # after a build, a template: the next audit (or inspect) of this class answers without torch
-        record_after_build(result.report, as_source(config, args.revision if args.config else None),
-                           model_class=args.model_class, task=args.task, num_labels=args.num_labels)
+        record_after_build(result.report, result.source, model_class=args.model_class, task=args.task,
+                           num_labels=args.num_labels)
     return 0
