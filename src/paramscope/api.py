@@ -68,31 +68,48 @@ def inspect_source(source: Source, *, model_class: str | None = None, task: str 
 def _template_answer(source: Source, *, model_class: str | None, task: str | None,
                      num_labels: int | None) -> tuple[Report | None, Any, str | None]:
     """(report, the stand-in modules, None), or (None, None, why no template answered)."""
+    from .formula_cache import AssumptionError
+    from .template import report_from_template
+
+    template, reason, root, why = template_stand_ins(source, model_class=model_class, task=task,
+                                                     num_labels=num_labels)
+    if template is None:
+        return None, None, why
+    try:
+        report = report_from_template(template, source, num_labels=num_labels, class_reason=reason, root=root)
+        return report, root, None
+    except AssumptionError as err:
+        return None, None, f"the template for {template.class_name} does not apply: {err}"
+
+
+def template_stand_ins(source: Source, *, model_class: str | None, task: str | None,
+                       num_labels: int | None) -> tuple[Any, str | None, Any, str | None]:
+    """(template, why its class, its stand-in modules for this config, None), or (None, None, None, why no
+    template applies). Torch-free."""
     from .build import TASKS, check_num_labels, resolve_task, validate_config_dict
     from .formula_cache import AssumptionError
-    from .template import lookup_template, report_from_template
+    from .template import lookup_template
 
     if model_class and task:
         raise ModelClassError("give --class or --task, not both")
     if not isinstance(source.config.get("model_type"), str):
-        return None, None, None  # the build names what is missing
+        return None, None, None, None  # the build names what is missing
     validate_config_dict(source.config)
     check_num_labels(num_labels)
     if task:
         key = resolve_task(task)
     found = lookup_template(source.config, model_class=model_class, task=task, num_labels=num_labels)
     if found.template is None:
-        return None, None, found.why_not
+        return None, None, None, found.why_not
     if task:
         reason = f"--task {task}" + (f" (= {key})" if key != task else "") + f": {TASKS[key][1]}"
     else:
         reason = found.class_reason
     try:
         root = found.template.module(source.config, num_labels)
-        report = report_from_template(found.template, source, num_labels=num_labels, class_reason=reason, root=root)
-        return report, root, None
     except AssumptionError as err:  # sizes the template cannot lay out (too many modules): the build decides
-        return None, None, f"the template for {found.class_name} does not apply: {err}"
+        return None, None, None, f"the template for {found.class_name} does not apply: {err}"
+    return found.template, reason, root, None
 
 
 def inspect_with_module(model: Any, *, model_class: str | None = None, task: str | None = None,

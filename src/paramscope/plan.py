@@ -155,11 +155,12 @@ def _quantize_base(model: Any, base: Any, report: Any, storage: str) -> tuple[st
     """QLoRA: the frozen base nn.Linear weights transformers' bitsandbytes quantiser would replace (the same
     choice `memory --dtype nf4` makes) become 4-bit stand-ins in the planned model (cost/bnb4.py)."""
     from .cost.bnb4 import quantize_base
+    from .cost.model_view import from_module
     from .cost.quantization import weight_format
     from .cost.weights import quantized_names
 
     fmt = weight_format(storage, compute_dtype="bfloat16")
-    names = quantized_names(base, report.params, fmt)
+    names = quantized_names(from_module(base), report.params, fmt)
     by_base_name = _base_parameters(model)
     weights = {id(by_base_name[name]) for name in names if name in by_base_name
                and not by_base_name[name].requires_grad}

@@ -286,8 +286,8 @@ def ship_presets(directory, names: list[str] | None = None, *, log=print) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m paramscope.template_record [PRESET …]`: regenerate the shipped templates for the installed
-    transformers version (all presets by default); other versions' stay. Run it after a new transformers release
+    """`python -m paramscope.template_record [PRESET …]`: regenerate the shipped templates and cost facts for the
+    installed transformers version (all presets by default); other versions' stay. Run it after a new transformers release
     or a change of the role rules; tests/test_template.py fails when the installed version's are stale."""
     import shutil
     import sys
@@ -301,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     if not names:  # a full regeneration replaces the installed version's files; other versions' stay
         shutil.rmtree(shipped_directory(installed_transformers_version()), ignore_errors=True)
     ship_presets(SHIPPED, names or None)
+    from .cost.cost_facts import ship_facts
+
+    ship_facts(SHIPPED, names or None)
     print(f"shipped templates for transformers {installed_transformers_version()} in {SHIPPED}")
     return 0
 

@@ -80,22 +80,30 @@ _RECORD_AFTER_BUILD_S = 2.0  # a class whose one build took longer is not worth 
 
 
 def record_after_build(report: Any, source: Any, *, model_class: str | None, task: str | None,
-                       num_labels: int | None) -> None:
-    """After a build answered a config (no template applied), record a template so that the next call with a
-    config of this class answers without torch. Quiet unless stderr is a terminal; never fails the command."""
+                       num_labels: int | None, module: Any = None, build_dtype: str | None = None) -> None:
+    """After a build answered a config, record what lets the next call answer without torch: the class's template
+    when none applies, and with `module` (what memory and flops built, in `build_dtype`) the config's cost facts.
+    Quiet unless stderr is a terminal; never fails the command."""
     if (report.model.engine != "build" or report.model.native is not True or source is None
             or os.environ.get(RECORD_ENV, "1") == "0"):
         return
+    from .. import progress
+    from ..template import lookup_template
     from ..template_record import record_template
 
-    from .. import progress
-
     try:
-        with progress.status(f"recording a template for {report.model.class_name} (next time: instant; "
-                             "--no-cache skips this)"):
-            record_template(source.config, label=source.label, model_class=model_class, task=task,
-                            num_labels=num_labels, budget_s=RECORD_BUDGET_S, max_build_s=_RECORD_AFTER_BUILD_S)
-    except Exception:  # the answer is already out; a template not recorded only means the next call builds
+        if lookup_template(source.config, model_class=model_class, task=task, num_labels=num_labels).template is None:
+            with progress.status(f"recording a template for {report.model.class_name} (next time: instant; "
+                                 "--no-cache skips this)"):
+                record_template(source.config, label=source.label, model_class=model_class, task=task,
+                                num_labels=num_labels, budget_s=RECORD_BUDGET_S, max_build_s=_RECORD_AFTER_BUILD_S)
+        if module is not None:
+            from ..cost.cost_facts import record_facts
+
+            with progress.status("recording cost facts for this config (next time: instant)"):
+                record_facts(source, report, module, build_dtype=build_dtype, model_class=model_class, task=task,
+                             num_labels=num_labels)
+    except Exception:  # the answer is already out; nothing recorded only means the next call builds
         pass
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import (add_debug_option, add_html_option, add_model_options, add_width_option, checked_html_path,
-                      checked_width, use_color, write, write_html_page, write_report_json)
+from ._common import (add_cache_option, add_debug_option, add_html_option, add_model_options, add_width_option,
+                      checked_html_path, checked_width, record_after_build, use_color, write, write_html_page,
+                      write_report_json)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -42,13 +43,14 @@ def add_parser(subparsers: Any) -> None:
                         help="also count with torch's FlopCounterMode on fake tensors and show the agreement")
     parser.add_argument("--json", action="store_true",
                         help="print the JSON report with its \"flops\" object (docs/json-schema.md)")
+    add_cache_option(parser)
     add_html_option(parser)
     add_width_option(parser)
     add_debug_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cost.flop_estimate import FlopOptions, estimate_flops
+    from ..cost.flop_estimate import FlopOptions, flop_answer
     from ..errors import ParamscopeError
     from ..sources import resolve
 
@@ -70,8 +72,18 @@ def run(args: argparse.Namespace) -> int:
 
         find_accelerator(args.gpu)  # a bad name fails before the build
     source = resolve(args.model, revision=args.revision)
-    report, estimate, compute = estimate_flops(source, options, model_class=args.model_class, task=args.task,
-                                               num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
+    report, estimate, compute, view = flop_answer(source, options, not args.no_cache, model_class=args.model_class,
+                                                  task=args.task, num_labels=args.num_labels,
+                                                  trust_remote_code=args.trust_remote_code)
+    _show(args, report, estimate, compute, width, tokens)
+    if not args.no_cache and not args.trust_remote_code:
+        record_after_build(report, source, model_class=args.model_class, task=args.task,
+                           num_labels=args.num_labels, module=view.module, build_dtype=None)
+    return 0
+
+
+def _show(args: argparse.Namespace, report: Any, estimate: Any, compute: Any, width: int | None,
+          tokens: int | None) -> None:
     if args.html is not None:
         from ..render.html.cost import render_flops_html
 
@@ -83,10 +95,9 @@ def run(args: argparse.Namespace) -> int:
             "training": args.training, "grad_checkpointing": args.grad_checkpointing, "freeze": list(args.freeze),
             "tokens": tokens, "gpu": args.gpu, "peak_dtype": args.peak_dtype, "peak_tflops": args.peak_tflops,
             "tokens_per_second": args.tokens_per_second, "mfu_assumed": args.mfu, "devices": args.devices}))
-        return 0
+        return
     if args.html is not None:  # the page replaces the text
-        return 0
+        return
     from ..render.flops import render_flops_text
 
     write(render_flops_text(report, estimate, compute, width, color=use_color()))
-    return 0

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import (add_debug_option, add_html_option, add_model_options, add_width_option, checked_html_path,
-                      checked_width, use_color, write, write_html_page, write_report_json)
+from ._common import (add_cache_option, add_debug_option, add_html_option, add_model_options, add_width_option,
+                      checked_html_path, checked_width, record_after_build, use_color, write, write_html_page,
+                      write_report_json)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -64,6 +65,7 @@ def add_parser(subparsers: Any) -> None:
                              "training step, or generate()'s prefill and a decode step), beside the analytic answer")
     parser.add_argument("--json", action="store_true",
                         help="print the JSON report with its \"memory\" object (docs/json-schema.md)")
+    add_cache_option(parser)
     add_html_option(parser)
     add_width_option(parser)
     add_debug_option(parser)
@@ -71,7 +73,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..cost.dtypes import parse_bytes
-    from ..cost.estimate import MemoryOptions, estimate_memory
+    from ..cost.estimate import MemoryOptions, memory_answer
     from ..errors import ParamscopeError
     from ..sources import resolve
 
@@ -91,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         weight_format(args.dtype, group_size=args.group_size)  # a bad --dtype fails before the build
     model_options = dict(model_class=args.model_class, task=args.task, num_labels=args.num_labels,
                          trust_remote_code=args.trust_remote_code)
+    view = None
     if args.training:
         from ..cost.training_estimate import TrainingOptions, estimate_training
 
@@ -116,7 +119,15 @@ def run(args: argparse.Namespace) -> int:
         if args.freeze:
             raise ParamscopeError("--freeze is for --training")
         source = resolve(args.model, revision=args.revision)
-        report, estimate = estimate_memory(source, options, **model_options)
+        report, estimate, view = memory_answer(source, options, not args.no_cache, **model_options)
+    _show(args, report, estimate, width)
+    if view is not None and not args.no_cache and not args.trust_remote_code:
+        record_after_build(report, source, model_class=args.model_class, task=args.task, num_labels=args.num_labels,
+                           module=view.module, build_dtype=estimate.settings["compute_dtype"])
+    return 0
+
+
+def _show(args: argparse.Namespace, report: Any, estimate: Any, width: int | None) -> None:
     if args.html is not None:
         from ..render.html.cost import render_memory_html
 
@@ -125,10 +136,9 @@ def run(args: argparse.Namespace) -> int:
         from ..render.memory import memory_to_dict
 
         write_report_json(report, memory=memory_to_dict(estimate))
-        return 0
+        return
     if args.html is not None:  # the page replaces the text
-        return 0
+        return
     from ..render.memory import render_memory_text
 
     write(render_memory_text(report, estimate, width, color=use_color()))
-    return 0

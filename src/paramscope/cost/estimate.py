@@ -16,7 +16,8 @@ from .hardware import Accelerator, find_accelerator
 from .kv_cache import KVCache, config_int, is_mla, kv_cache, text_config
 from .memory import DEFAULT_RESERVE, MemoryEstimate, fit_on, fit_table, prefill_workspace
 from .quantization import declared_format, weight_format
-from .weights import kept_in_fp32, quantized_names, weight_memory
+from .model_view import FactsGap
+from .weights import quantized_names, weight_memory
 
 KV_LAYOUTS = ("hf", "latent", "expanded")
 MAX_BATCH = 1 << 20
@@ -56,35 +57,64 @@ def check_batch_and_seq(batch: int, seq: int | None, seq_flag: str = "--seq") ->
         raise ParamscopeError(f"{seq_flag} must be between 1 and {MAX_SEQ:,}, got {seq}")
 
 
-def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **model_options: Any):
-    """(Report, MemoryEstimate) for serving `model`, analytic engine."""
-    from ..api import as_source, inspect_with_module
+def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), use_cache: bool = True,
+                    **model_options: Any):
+    """(Report, MemoryEstimate) for serving `model`, analytic engine.
+
+    With `use_cache` (and without --trace), a config whose template and cost facts are recorded is answered
+    without torch (cost_facts.py); otherwise the class is built on meta in the storage's compute dtype."""
+    report, estimate, _ = memory_answer(model, options, use_cache, **model_options)
+    return report, estimate
+
+
+def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cache: bool = True,
+                  **model_options: Any):
+    """`estimate_memory`, and the ModelView it read (the CLI records cost facts from a built one)."""
+    from ..api import as_source
+    from .cost_facts import cost_view
 
     options.check()
     accelerator = find_accelerator(options.gpu) if options.gpu else None
     if options.kv_dtype is not None:
         torch_name(options.kv_dtype)  # a bad name fails before the build
     source = as_source(model, model_options.pop("revision", None))
+    fmt, origin, not_convert = storage_format(source.config, options)
+    report, view = cost_view(source, dtype=fmt.compute_dtype, use_cache=use_cache and not options.trace,
+                             **model_options)
+    if view.module is None:
+        try:
+            return report, serving_estimate(report, view, options, fmt, origin, not_convert, accelerator), view
+        except FactsGap as gap:  # what the facts do not hold: the build answers
+            report, view = cost_view(source, dtype=fmt.compute_dtype, use_cache=False, why_not=str(gap),
+                                     **model_options)
+    return report, serving_estimate(report, view, options, fmt, origin, not_convert, accelerator), view
+
+
+def storage_format(config: dict[str, Any], options: MemoryOptions):
+    """(WeightFormat, where it came from, the config's modules_to_not_convert): --dtype, else the declared one."""
     if options.dtype is None:
-        fmt, origin, not_convert = declared_format(source.config)
-    else:
-        fmt = weight_format(options.dtype, compute_dtype=declared_compute_dtype(source.config),
-                            group_size=options.group_size)
-        origin, not_convert = "--dtype", ()
-    report, module = inspect_with_module(source, dtype=fmt.compute_dtype, **model_options)
-    quantized = quantized_names(module, report.params, fmt, not_convert)
-    fp32 = kept_in_fp32(module, fmt.compute_dtype)
+        return declared_format(config)
+    fmt = weight_format(options.dtype, compute_dtype=declared_compute_dtype(config), group_size=options.group_size)
+    return fmt, "--dtype", ()
+
+
+def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, origin: str,
+                     not_convert: Any, accelerator: Accelerator | None = None) -> MemoryEstimate:
+    """The serving answer from the report and the model's view (model_view.ModelView), built in `fmt`'s compute
+    dtype: the same arithmetic whether the view is the meta build or facts recorded from it."""
+    quantized = quantized_names(view, report.params, fmt, not_convert)
+    fp32 = view.kept_in_fp32(fmt.compute_dtype, [p.name for p in report.params] + [b.name for b in report.buffers])
     weights = weight_memory(report.params, report.buffers, fmt, quantized=quantized, fp32=fp32,
                             components=[c.name for c in report.components])
-    config = getattr(module, "config", None)
+    config = view.config
     text = text_config(config)
     seq = options.seq or max_context(text) or 2048
     kv_dtype = torch_name(options.kv_dtype) if options.kv_dtype else (
         "float16" if fmt.kind == "gguf" else fmt.compute_dtype)
     notes: list[str] = []
     cache = None
-    if _has_cache(module):
-        cache, note = _checked_cache(module, config, options, seq, kv_dtype, fmt.compute_dtype)
+    if view.can_generate:
+        cache, note = _checked_cache(view, config, options, seq, kv_dtype, fmt.compute_dtype)
         notes.extend(note)
     scores_tokens = cache is not None or any(r in report.breakdown for r in ("head.lm", "head.decoder", "head.bias"))
     vocab = config_int(text, "vocab_size") if scores_tokens else None
@@ -101,7 +131,7 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **mode
     peak = peak_at(options.batch, seq)
     peak_phase, engine = "prefill", "analytic"
     if options.trace:
-        traced_peak, peak_phase = _traced_serving(module, options, seq, weights)
+        traced_peak, peak_phase = _traced_serving(view.module, options, seq, weights)
         difference = peak - traced_peak
         notes.append(f"check: the analytic peak is {peak:,} B, {100 * difference / traced_peak:+.2f}% from the traced "
                      f"one ({peak_phase}); the fits below are the analytic curve moved by {-difference:+,} B")
@@ -128,7 +158,7 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), **mode
         longest = seq
     budget = fit_on(accelerator, peak_at, options.reserve, batch=options.batch, seq=seq,
                     max_context=longest) if accelerator else None
-    return report, MemoryEstimate(
+    return MemoryEstimate(
         mode="inference", engine=engine, settings=settings, weights=weights, kv_cache=cache,
         activations=workspace, peak=peak, peak_phase=peak_phase, reserve=options.reserve,
         fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=longest),
@@ -179,42 +209,31 @@ def step_length(report: Any, config: Any, seq: int | None, default: int = 2048) 
     return length, limit, notes
 
 
-def _has_cache(module: Any) -> bool:
-    """A model that generates (transformers' `can_generate`) serves with a KV cache."""
-    can_generate = getattr(module, "can_generate", None)
-    try:
-        return bool(can_generate()) if callable(can_generate) else False
-    except Exception:
-        return False
-
-
-def _checked_cache(module: Any, config: Any, options: MemoryOptions, seq: int, kv_dtype: str,
+def _checked_cache(view: Any, config: Any, options: MemoryOptions, seq: int, kv_dtype: str,
                    build_dtype: str) -> tuple[KVCache, list[str]]:
     """The cache from the config's formula; for MLA, the layout the real cache holds, measured on meta."""
-    from .probe import probe_cache
-
     notes = []
     layout = options.kv_layout
     text = text_config(config)
     probed = None
     if layout == "hf" or not is_mla(text):
-        probed = probe_cache(module, batch=1, seq=2)
+        probed = view.probe(build_dtype)
     if is_mla(text) and layout == "hf":
         for candidate in ("latent", "expanded"):
-            if probed is not None and _at(text, candidate, build_dtype, 2) == probed.bytes:
+            if probed is not None and _at(text, candidate, build_dtype, 2) == probed:
                 layout = candidate
                 break
         else:
             layout = "latent"
             notes.append("the real cache could not be measured on meta; MLA counted as cached latents")
-        notes.append(f"transformers' {type(module).__name__} caches MLA as "
+        notes.append(f"transformers' {view.class_name} caches MLA as "
                      f"{'the compressed latent' if layout == 'latent' else 'per-head K and V'} (measured on meta)")
     cache = kv_cache(config, batch=options.batch, seq=seq, dtype=kv_dtype, layout=layout,
                      encoder_seq=options.encoder_seq)
     if probed is not None and not is_mla(text):
         expected = _at(text, layout, build_dtype, 2)
-        if expected != probed.bytes:
-            notes.append(f"check: the real cache holds {probed.bytes:,} B after 2 tokens in the build's dtype, the "
+        if expected != probed:
+            notes.append(f"check: the real cache holds {probed:,} B after 2 tokens in the build's dtype, the "
                          f"formula says {expected:,} B; the formula is used")
     return cache, notes
 

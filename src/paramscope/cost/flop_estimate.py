@@ -19,6 +19,7 @@ from .flops import FlopEstimate, FlopTerm, analytic_flops
 from .hardware import Accelerator, find_accelerator, peak_flops
 from .estimate import max_context, step_length
 from .kv_cache import text_config
+from .model_view import FactsGap
 from .trace import StepSettings
 
 DEFAULT_SEQ = 2048
@@ -85,47 +86,82 @@ class Compute:
     notes: tuple[str, ...] = field(default=())
 
 
-def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), **model_options: Any):
-    """(Report, FlopEstimate, Compute)."""
-    from ..api import as_source, inspect_with_module
+def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), use_cache: bool = True, **model_options: Any):
+    """(Report, FlopEstimate, Compute).
+
+    With `use_cache` (and without --trace), a config whose template and cost facts are recorded is counted
+    without torch (cost_facts.py); otherwise, or where only the traced engine answers, the class is built on
+    meta."""
+    report, estimate, compute, _ = flop_answer(model, options, use_cache, **model_options)
+    return report, estimate, compute
+
+
+def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: bool = True, **model_options: Any):
+    """`estimate_flops`, and the ModelView it read (the CLI records cost facts from a built one)."""
+    from ..api import as_source
+    from .cost_facts import cost_view
 
     options.check()
     accelerator = find_accelerator(options.gpu) if options.gpu else None
     source = as_source(model, model_options.pop("revision", None))
-    report, module = inspect_with_module(source, **model_options)
-    text = text_config(getattr(module, "config", None))
+    report, view = cost_view(source, use_cache=use_cache and not options.trace, **model_options)
+    if view.module is None:
+        try:
+            estimate = _estimate(report, view, options)
+            if estimate is not None:
+                return report, estimate, _compute(estimate, report, options, accelerator,
+                                                  _active_parameters(report, text_config(view.config))), view
+            why = f"no analytic FLOP formula for {view.class_name}: the traced engine needs the build"
+        except FactsGap as gap:  # what the facts do not hold: the build answers
+            why = str(gap)
+        report, view = cost_view(source, use_cache=False, why_not=why, **model_options)
+    estimate = _estimate(report, view, options)
+    if estimate is None or options.trace:
+        estimate = _with_trace(estimate, report, view, options)
+    return report, estimate, _compute(estimate, report, options, accelerator,
+                                      _active_parameters(report, text_config(view.config))), view
+
+
+def _estimate(report: Any, view: Any, options: FlopOptions) -> FlopEstimate | None:
+    """The analytic count (with its context curve when asked), or None where only the traced engine answers."""
+    text = text_config(view.config)
     seq, _, length_notes = step_length(report, text, options.seq, DEFAULT_SEQ)
-    if options.causal == "half" and not type(module).__name__.endswith(("ForCausalLM", "LMHeadModel")):
-        raise ParamscopeError(f"--causal half halves a causal decoder's attention; {type(module).__name__}'s "
+    if options.causal == "half" and not view.class_name.endswith(("ForCausalLM", "LMHeadModel")):
+        raise ParamscopeError(f"--causal half halves a causal decoder's attention; {view.class_name}'s "
                               "attention is bidirectional (or, for an encoder-decoder, partly so)")
     frozen = frozenset(match_all(report.params, options.freeze))
     if frozen and not options.training:
         raise ParamscopeError("--freeze is for --training")
     checkpointing = options.grad_checkpointing == "full"
-    estimate = analytic_flops(module, report.params, batch=options.batch, seq=seq, training=options.training,
+    estimate = analytic_flops(view, report.params, batch=options.batch, seq=seq, training=options.training,
                               checkpointing=checkpointing, causal=options.causal, frozen=frozen)
-    notes: list[str] = length_notes + (list(estimate.notes) if estimate else [])
-    if estimate is None or options.trace:
-        traced = _traced(module, report, options, seq, frozen, checkpointing)
-        if estimate is None:
-            notes.append(f"no analytic FLOP formula for {type(module).__name__}: counted by FlopCounterMode on fake "
-                         "tensors")
-        else:
-            notes.append(_agreement(estimate, traced))
-        estimate = dataclasses.replace(traced, notes=tuple(notes) + traced.notes)
+    if estimate is None:
+        return None
+    estimate = dataclasses.replace(estimate, notes=tuple(length_notes) + estimate.notes)
+    if options.context_curve and not options.trace:
+        estimate = dataclasses.replace(estimate, by_context=_by_context(
+            view, report, options, estimate, max_context(text), checkpointing, frozen))
+    return estimate
+
+
+def _with_trace(estimate: FlopEstimate | None, report: Any, view: Any, options: FlopOptions) -> FlopEstimate:
+    """The traced count, beside the analytic one (--trace) or in its place (a class it does not cover)."""
+    text = text_config(view.config)
+    seq, _, length_notes = step_length(report, text, options.seq, DEFAULT_SEQ)
+    frozen = frozenset(match_all(report.params, options.freeze))
+    traced = _traced(view.module, report, options, seq, frozen, options.grad_checkpointing == "full")
+    if estimate is None:
+        notes = length_notes + [f"no analytic FLOP formula for {view.class_name}: counted by FlopCounterMode on "
+                                "fake tensors"]
     else:
-        estimate = dataclasses.replace(estimate, notes=tuple(notes))
-        if options.context_curve:
-            estimate = dataclasses.replace(estimate, by_context=_by_context(
-                module, report, options, estimate, max_context(text), checkpointing, frozen))
-    compute = _compute(estimate, report, options, accelerator, _active_parameters(report, text))
-    return report, estimate, compute
+        notes = list(estimate.notes) + [_agreement(estimate, traced)]
+    return dataclasses.replace(traced, notes=tuple(notes) + traced.notes)
 
 
 CURVE_POINTS = 16
 
 
-def _by_context(module: Any, report: Any, options: FlopOptions, answer: FlopEstimate, limit: int | None,
+def _by_context(view: Any, report: Any, options: FlopOptions, answer: FlopEstimate, limit: int | None,
                 checkpointing: bool, frozen: frozenset[str]) -> tuple[tuple[int, int, int], ...]:
     """(seq, forward, attention) at 128, 256, … (CURVE_POINTS lengths at most) up to the model's context (or 4 × seq
     when it has none), and at the answer's own length: the same analytic count at each length, so the attention
@@ -136,7 +172,7 @@ def _by_context(module: Any, report: Any, options: FlopOptions, answer: FlopEsti
     points = {answer.seq: (answer.forward, answer.attention)}
     for length in lengths:
         if length not in points:
-            counted = analytic_flops(module, report.params, batch=options.batch, seq=length, training=False,
+            counted = analytic_flops(view, report.params, batch=options.batch, seq=length, training=False,
                                      checkpointing=checkpointing, causal=options.causal, frozen=frozen)
             points[length] = (counted.forward, counted.attention)
     return tuple((length, *points[length]) for length in sorted(points))

@@ -74,20 +74,14 @@ class FlopEstimate(HtmlDisplay):
         return render_flops_html(None, self, None, fragment=fragment)
 
 
-def is_matmul_module(sub: Any) -> bool:
-    """A module whose forward is one matmul by its `weight`: nn.Linear and its subclasses, GPT-2's Conv1D."""
-    import torch
-
-    return isinstance(sub, torch.nn.Linear) or type(sub).__name__ == "Conv1D"
-
-
-def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: bool, checkpointing: bool = False,
+def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bool, checkpointing: bool = False,
                    causal: str = "full", frozen: frozenset[str] = frozenset()) -> FlopEstimate | None:
-    """The analytic FLOPs of `module` (built on meta), or None where its attention has no closed form here."""
+    """The analytic FLOPs of the model `view` shows (model_view.ModelView: the meta build, or facts recorded from
+    it), or None where its attention has no closed form here."""
     from .flop_count import module_roles
 
-    config = text_config(getattr(module, "config", None))
-    if config is None or getattr(getattr(module, "config", None), "is_encoder_decoder", False):
+    config = text_config(view.config)
+    if config is None or getattr(view.config, "is_encoder_decoder", False):
         return None
     if getattr(config, "model_type", None) in _NOT_ANALYTIC:
         return None
@@ -102,10 +96,9 @@ def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: 
     for param in params:  # a frozen tensor is frozen under every name it has (a tied lm_head)
         if param.name in frozen:
             seen_frozen.update(param.aliases)
-    for path, sub in module.named_modules():
-        weight = getattr(sub, "weight", None)
-        if is_matmul_module(sub):
-            numel = weight.numel()
+    for path, sub in view.root.named_modules():
+        if view.is_matmul(sub):
+            numel = sub._parameters["weight"].numel()
             role = roles.get(path, "other")
             if role.startswith("embeddings"):  # a head tied to the input embedding: its matmul is the head's
                 role = "head.lm"
@@ -119,16 +112,18 @@ def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: 
                 down = role.startswith("moe.shared") and path.endswith(("down_proj", "w2"))
                 last_in_layer[_layer_of(path)] = (2 * tokens * numel, "moe.shared_experts.down" if down else role)
             continue
-        for name, param in sub.named_parameters(recurse=False):
+        for name, param in sub._parameters.items():
+            if param is None:
+                continue
             full = f"{path}.{name}" if path else name
             role = roles.get(path, "other")
-            if name == "weight" and param.dim() == 2 and role.startswith("moe.router"):  # a router's F.linear
+            if name == "weight" and len(param.shape) == 2 and role.startswith("moe.router"):  # a router's F.linear
                 _add(by_role, role, 2 * tokens * param.numel(), param.numel())
                 if full in seen_frozen:
                     frozen_flops += 2 * tokens * param.numel()
                 layer_flops += 2 * tokens * param.numel()
                 last_in_layer[_layer_of(path)] = (2 * tokens * param.numel(), role)
-            elif param.dim() == 3 and role.startswith("moe.experts"):  # fused experts: E × in × out
+            elif len(param.shape) == 3 and role.startswith("moe.experts"):  # fused experts: E × in × out
                 numel = param.numel() * top_k // max(param.shape[0], 1)
                 _add(by_role, role, 2 * tokens * numel, numel)
                 if full in seen_frozen:
@@ -150,7 +145,7 @@ def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: 
         backward = 2 * forward - frozen_flops  # a frozen weight's gradient is not computed
         # a fused (flash) attention backward recomputes q·kᵀ; with attention dropout, torch's CPU kernels cannot
         # fuse and run the math path, which keeps the scores instead
-        implementation = getattr(getattr(module, "config", None), "_attn_implementation", "sdpa") or "sdpa"
+        implementation = getattr(view.config, "_attn_implementation", "sdpa") or "sdpa"
         # eager attention keeps its scores; so does sdpa where torch's CPU kernels cannot fuse (attention dropout,
         # or MLA's query and value head sizes differing)
         fused = implementation == "sdpa" and not attention_dropout(config) and _same_head_sizes(config)
@@ -160,7 +155,7 @@ def analytic_flops(module: Any, params: Any, *, batch: int, seq: int, training: 
             # matmul is not rerun when nothing after it saves its output: not so when a dropout follows (its
             # mask is regenerated), a norm takes the MLP's output (Gemma-2's post-feedforward norm saves its input)
             # or the last matmul is the routed experts', whose outputs the router's weights multiply
-            post_norm = any("post_feedforward" in path for path, _ in module.named_modules())
+            post_norm = any("post_feedforward" in path for path, _ in view.root.named_modules())
             dropout = hidden_dropout(config) > 0
             # (or a gate whose sigmoid saves its output, as Qwen2-MoE's shared-expert gate): only a down projection
             # ending the layer is skipped

@@ -275,7 +275,7 @@ def _cast_weights(module: Any) -> tuple[int, int]:
 
     import torch
 
-    from .flops import is_matmul_module
+    from .model_view import is_matmul_module
 
     seen: set[int] = set()
     total = outside = 0

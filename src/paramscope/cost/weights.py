@@ -2,8 +2,8 @@
 
 `weight_memory` is pure: it takes the counted tensors (their dtypes as transformers builds them in the compute
 dtype), the names the format quantises and the names transformers keeps in fp32, and adds up bytes. Which names
-those are is read from the real module by `quantized_names` and `kept_in_fp32`, the only functions here that
-look at a module, as transformers' quantisers and loader decide them.
+those are is decided by `quantized_names` from the model's view (model_view.py: the built module, or facts
+recorded from it), as transformers' quantisers and loader decide them.
 """
 
 from __future__ import annotations
@@ -121,9 +121,10 @@ def _why_kept(param: ParameterInfo) -> str:
 
 # --- reading the real module: which tensors a format quantises ----------------------------------------------------
 
-def quantized_names(module: Any, params: Iterable[ParameterInfo], fmt: WeightFormat,
+def quantized_names(view: Any, params: Iterable[ParameterInfo], fmt: WeightFormat,
                     not_convert: Iterable[str] = ()) -> frozenset[str]:
-    """The canonical parameter names `fmt` stores quantised, decided as the libraries decide.
+    """The canonical parameter names `fmt` stores quantised, decided as the libraries decide; `view` is the
+    model's ModelView (model_view.py).
 
     - "linear" (bitsandbytes, GPTQ, AWQ, fp8): the weight of every module whose type is exactly nn.Linear or
       transformers' Conv1D, as transformers' quantisers replace them, except its default skips (tied
@@ -145,11 +146,9 @@ def quantized_names(module: Any, params: Iterable[ParameterInfo], fmt: WeightFor
     if fmt.targets == "experts":
         return experts
     canonical = {p.name for p in params}
-    default_skips = _default_skips(module)
+    default_skips = view.default_skips
     names = set()
-    for module_name, sub in module.named_modules():
-        if type(sub).__name__ not in ("Linear", "Conv1D") or not _is_linear(sub):
-            continue
+    for module_name in view.linear_modules():
         weight_name = f"{module_name}.weight" if module_name else "weight"
         if weight_name not in canonical or skip(module_name) or _skipped_by(module_name, default_skips):
             continue
@@ -163,28 +162,6 @@ def _in_experts(name: str) -> bool:
     """A fused expert tensor: a parameter of a module named `experts` (`….mlp.experts.gate_up_proj`)."""
     module = name.rpartition(".")[0]
     return module == "experts" or module.endswith(".experts")
-
-
-def _is_linear(sub: Any) -> bool:
-    import torch
-
-    if type(sub) is torch.nn.Linear:
-        return True
-    try:
-        from transformers.pytorch_utils import Conv1D
-    except ImportError:  # transformers is absent: only torch modules
-        return False
-    return isinstance(sub, Conv1D)
-
-
-def _default_skips(module: Any) -> tuple[str, ...]:
-    """transformers' `get_keys_to_not_convert`: tied weights, the last module, the output embeddings."""
-    try:
-        from transformers.quantizers.base import get_keys_to_not_convert
-
-        return tuple(get_keys_to_not_convert(module))
-    except Exception:  # not a PreTrainedModel (a live torch module): nothing is skipped by default
-        return ()
 
 
 def _skipped_by(module_name: str, skips: tuple[str, ...]) -> bool:
@@ -210,24 +187,3 @@ def _matcher(patterns: tuple[str, ...]):
         return any(regex.match(module_name) or module_name.endswith(pattern) for pattern, regex in compiled)
 
     return skip
-
-
-def kept_in_fp32(module: Any, dtype: str) -> frozenset[str]:
-    """Parameter and buffer names transformers keeps in float32 when loading in `dtype`
-    (`_keep_in_fp32_modules`, and `_keep_in_fp32_modules_strict`, e.g. DeepSeek-V3's router correction bias)."""
-    plan_of = getattr(module, "_get_dtype_plan", None)
-    if plan_of is None:
-        return frozenset()
-    import torch
-
-    try:
-        plan = plan_of(getattr(torch, dtype))
-        if not plan:
-            return frozenset()
-        from transformers.core_model_loading import build_glob_alternation
-
-        pattern = build_glob_alternation(list(plan))[0]
-    except Exception:  # an older or newer transformers without these helpers: nothing is kept
-        return frozenset()
-    names = [name for name, _ in module.named_parameters()] + [name for name, _ in module.named_buffers()]
-    return frozenset(name for name in names if pattern.search(name))

@@ -61,3 +61,14 @@ def indented(text: str | Text, indent: int = 2, label: str = "", style: str | No
     grid.add_column()
     grid.add_row(label, body)
     return grid
+
+
+def model_source_line(model) -> Padding | None:
+    """How the cost commands read the model: from its template and recorded facts, or from a meta build (and why
+    not the former); None for a live module."""
+    if model.engine == "template":
+        return indented("model: its structure template and recorded cost facts, no build (--no-cache builds)")
+    if model.engine == "build":
+        return indented("model: built on the meta device" + (f" ({model.engine_detail})" if model.engine_detail
+                                                             else ""))
+    return None

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..explain import exact
-from ._console import indented, to_text
+from ._console import indented, model_source_line, to_text
 
 CONVENTION = {
     "matmul": "a matmul of m×k by k×n costs 2mnk",
@@ -36,7 +36,8 @@ def flops_parts(report, estimate, compute) -> list:
     training = estimate.backward is not None
     title = Text(f"FLOPs of {'a training step of ' if training else 'a forward pass of '}{report.model.label} "
                  f"({report.model.class_name}): {estimate.engine} engine", style="bold")
-    lines = [title, indented(f"batch {estimate.batch:,} × {estimate.seq:,} tokens = {estimate.tokens:,} tokens"),
+    lines = [title, *filter(None, [model_source_line(report.model)]),
+             indented(f"batch {estimate.batch:,} × {estimate.seq:,} tokens = {estimate.tokens:,} tokens"),
              Text(""), _terms_table(estimate), Text(""), _totals_table(estimate, compute)]
     if compute.tokens is not None or compute.mfu is not None or compute.seconds is not None:
         lines += [Text(""), _compute_lines(estimate, compute)]

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..explain import exact
-from ._console import indented, to_text
+from ._console import indented, model_source_line, to_text
 
 # One accelerator per memory size for the text table; the JSON lists them all.
 _SHOWN = ("RTX 3060", "T4", "RTX 4090", "RTX 5090", "A100 40GB", "L40S", "H100 80GB", "H200", "B200", "MI300X",
@@ -44,6 +44,7 @@ def memory_parts(report, estimate) -> list:
     seq_from = "" if settings["seq_from"] == "--seq" else f" ({settings['seq_from']})"
     lines = [
         title,
+        *filter(None, [model_source_line(report.model)]),
         indented(f"storage: {weights.format.label}, from {settings['dtype_from']}"),
         indented(f"batch {settings['batch']:,} × {settings['seq']:,} tokens{seq_from}"
                  + (f"; KV cache in {_short(settings['kv_dtype'])}" if estimate.kv_cache else "")),

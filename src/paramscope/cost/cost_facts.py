@@ -1,0 +1,493 @@
+"""Cost facts: what the analytic memory and FLOP engines read of a built model, recorded for one config.
+
+A structure template (template.py) answers the report without torch; memory and FLOPs need a little more
+(model_view.ModelView): the config object as the class reads it, which module classes run as one matmul and which
+ones transformers' quantisers replace, its default quantisation skips, whether it generates, and, per build dtype,
+each tensor's dtype, the names it keeps in fp32 and the bytes its real cache holds after a two-token prefill.
+
+`record_facts` reads those from the module a build made, then answers the engines both ways (the build's view
+and the facts' view over the template's stand-ins) and keeps the facts only when every answer is identical. Facts
+are kept per exact config (its fields, --class, --task, --num-labels), beside the class's templates:
+<templates>/<class>/costs/<key>.json, in the user's cache (recorded after a build) and in the package (every
+preset). A config without facts, a dtype the facts were not recorded in, or a read they do not hold
+(`FactsGap`) is answered by the build, which records them for next time.
+
+The config is kept as a snapshot of every attribute the config object gives (transformers' defaults and the
+fields its __init__ derives included), read back through its attribute_map, so the engines' `getattr` reads see
+what they would see on the real object; what cannot be kept as JSON is marked, and reading it is a gap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..formula_cache import (CacheEntryError, _expect, _read_json, _safe, atomic_write_json,
+                             installed_transformers_version, roles_fingerprint)
+from .model_view import FactsGap, ModelView
+
+FORMAT = 1
+BUILD_DTYPES = ("float32", "bfloat16", "float16")
+MAX_SNAPSHOT_DEPTH = 3
+_UNKEPT_FIELDS = frozenset({"_name_or_path", "name_or_path", "transformers_version", "_commit_hash"})
+
+
+# ------------------------------------------------------------------------------------------------- the config
+
+
+def config_snapshot(config: Any, depth: int = 0) -> dict[str, Any]:
+    """{"fields": {name: JSON value}, "subs": {name: snapshot}, "gaps": [names]} for every public and private
+    non-method attribute of a transformers config object (dir(), properties included)."""
+    import warnings
+
+    from ..build import quiet_transformers
+
+    fields: dict[str, Any] = {}
+    subs: dict[str, Any] = {}
+    gaps: list[str] = []
+    with quiet_transformers(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in dir(config):
+            if name.startswith("__"):
+                continue
+            if name in _UNKEPT_FIELDS:
+                gaps.append(name)
+                continue
+            try:
+                value = getattr(config, name)
+            except Exception:
+                gaps.append(name)
+                continue
+            if _is_config(value):
+                if depth < MAX_SNAPSHOT_DEPTH:
+                    subs[name] = config_snapshot(value, depth + 1)
+                else:
+                    gaps.append(name)
+            elif callable(value):
+                continue
+            elif _keeps_as_json(value):
+                fields[name] = _as_json(value)
+            else:
+                gaps.append(name)
+    return {"fields": fields, "subs": subs, "gaps": sorted(gaps)}
+
+
+def _is_config(value: Any) -> bool:
+    return hasattr(value, "to_dict") and hasattr(value, "model_type") and type(value).__name__.endswith("Config")
+
+
+def _keeps_as_json(value: Any) -> bool:
+    """A value that JSON gives back as the engines read it (a tuple comes back a list: they accept both)."""
+    try:
+        return json.loads(json.dumps(_as_json(value))) == _as_json(value)
+    except (TypeError, ValueError, RecursionError):
+        return False
+
+
+def _as_json(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_as_json(v) for v in value]
+    if isinstance(value, list):
+        return [_as_json(v) for v in value]
+    return value
+
+
+class FactsConfig:
+    """A config object read back from its snapshot: attribute reads as transformers' config gives them."""
+
+    __slots__ = ("_fields", "_subs", "_gaps", "_map", "_text")
+
+    def __init__(self, snapshot: dict[str, Any], text: str | None = None):
+        self._fields = snapshot["fields"]
+        self._subs = {name: FactsSubConfig(sub) for name, sub in snapshot["subs"].items()}
+        self._gaps = frozenset(snapshot["gaps"])
+        mapping = self._fields.get("attribute_map")
+        self._map = mapping if isinstance(mapping, dict) else {}
+        self._text = text
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        for key in (name, self._map.get(name)):
+            if key is None:
+                continue
+            if key in self._fields:
+                return self._fields[key]
+            if key in self._subs:
+                return self._subs[key]
+            if key in self._gaps:
+                raise FactsGap(f"the config's {name} was not recorded")
+        raise AttributeError(name)
+
+    def get_text_config(self, decoder: bool = False) -> Any:
+        if self._text is None or self._text == "self":
+            return self
+        return self._subs[self._text]
+
+
+class FactsSubConfig(FactsConfig):
+    """A sub-config (text_config): another type, as transformers' sub-configs are another class."""
+
+    __slots__ = ()
+
+
+def _text_choice(config: Any) -> str:
+    """Which object the engines' text_config() takes: "self", or the attribute holding the sub-config."""
+    from .kv_cache import text_config
+
+    text = text_config(config)
+    if text is config:
+        return "self"
+    for name in dir(config):
+        if not name.startswith("__") and name not in _UNKEPT_FIELDS:
+            try:
+                if getattr(config, name) is text:
+                    return name
+            except Exception:
+                continue
+    raise FactsGap("the config's text config is not one of its attributes")
+
+
+# -------------------------------------------------------------------------------------------------- the facts
+
+
+@dataclass(frozen=True)
+class BuildFacts:
+    """What depends on the dtype the class is built in."""
+
+    dtypes: dict[str, str]  # tensor name pattern (layer indices as *) → its dtype in this build
+    keep_fp32: str | None  # the regex of names transformers keeps in fp32 when loading in this dtype
+    probe: int | None  # the real cache's bytes after a 2-token prefill on meta; None: it could not run
+
+
+@dataclass(frozen=True)
+class CostFacts:
+    class_name: str
+    transformers_version: str
+    roles_fingerprint: str
+    key: str
+    config: dict[str, Any]  # config_snapshot
+    text: str
+    can_generate: bool
+    matmul_classes: tuple[str, ...]
+    linear_classes: tuple[str, ...]
+    default_skips: tuple[str, ...]
+    builds: dict[str, BuildFacts]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "class": self.class_name, "transformers_version": self.transformers_version,
+                "roles_fingerprint": self.roles_fingerprint, "key": self.key, "config": self.config,
+                "text": self.text, "can_generate": self.can_generate, "matmul_classes": list(self.matmul_classes),
+                "linear_classes": list(self.linear_classes), "default_skips": list(self.default_skips),
+                "builds": {dtype: {"dtypes": b.dtypes, "keep_fp32": b.keep_fp32, "probe": b.probe}
+                           for dtype, b in sorted(self.builds.items())}}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "CostFacts":
+        _expect(isinstance(data, dict) and data.get("format") == FORMAT, f"not cost facts of format {FORMAT}")
+        for name in ("class", "transformers_version", "roles_fingerprint", "key", "text"):
+            _expect(isinstance(data.get(name), str), f"{name} is not a string")
+        _expect(isinstance(data.get("can_generate"), bool), "can_generate is not a boolean")
+        for name in ("matmul_classes", "linear_classes", "default_skips"):
+            _expect(isinstance(data.get(name), list) and all(isinstance(s, str) for s in data[name]),
+                    f"{name} is not a list of names")
+        _check_snapshot(data.get("config"), 0)
+        _expect(data["text"] == "self" or data["text"] in data["config"]["subs"], "text names no sub-config")
+        builds = data.get("builds")
+        _expect(isinstance(builds, dict) and set(builds) <= set(BUILD_DTYPES), "builds is not keyed by dtype")
+        parsed = {}
+        for dtype, build in builds.items():
+            _expect(isinstance(build, dict) and set(build) == {"dtypes", "keep_fp32", "probe"}, "a build is malformed")
+            _expect(isinstance(build["dtypes"], dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                              for k, v in build["dtypes"].items()),
+                    "a build's dtypes are not names")
+            _expect(build["keep_fp32"] is None or isinstance(build["keep_fp32"], str) and len(build["keep_fp32"]) < 10_000,
+                    "keep_fp32 is not a pattern")
+            _expect(build["probe"] is None or type(build["probe"]) is int and build["probe"] >= 0,
+                    "probe is not a byte count")
+            parsed[dtype] = BuildFacts(build["dtypes"], build["keep_fp32"], build["probe"])
+        return cls(data["class"], data["transformers_version"], data["roles_fingerprint"], data["key"],
+                   data["config"], data["text"], data["can_generate"], tuple(data["matmul_classes"]),
+                   tuple(data["linear_classes"]), tuple(data["default_skips"]), parsed)
+
+
+def _check_snapshot(snapshot: Any, depth: int) -> None:
+    _expect(depth <= MAX_SNAPSHOT_DEPTH and isinstance(snapshot, dict)
+            and set(snapshot) == {"fields", "subs", "gaps"}, "the config snapshot is malformed")
+    _expect(isinstance(snapshot["fields"], dict), "the snapshot's fields are not a mapping")
+    _expect(isinstance(snapshot["gaps"], list) and all(isinstance(g, str) for g in snapshot["gaps"]),
+            "the snapshot's gaps are not names")
+    _expect(isinstance(snapshot["subs"], dict), "the snapshot's sub-configs are not a mapping")
+    for sub in snapshot["subs"].values():
+        _check_snapshot(sub, depth + 1)
+
+
+def facts_key(config: dict[str, Any], *, model_class: str | None, task: str | None,
+              num_labels: int | None) -> str:
+    """The exact config (less where it came from) and how its class was asked for, hashed."""
+    kept = {k: v for k, v in config.items() if k not in _UNKEPT_FIELDS}
+    text = json.dumps([kept, model_class, task, num_labels], sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def facts_from_module(module: Any, *, build_dtype: str, key: str) -> CostFacts:
+    """The facts of a module built on meta in `build_dtype` (FactsGap when its config cannot be kept)."""
+    from ..count import count_module
+    from ..template import pattern_of
+    from .model_view import from_module
+
+    view = from_module(module)
+    config = getattr(module, "config", None)
+    counted = count_module(module)
+    dtypes: dict[str, str] = {}
+    for tensor in (*counted.parameters, *counted.buffers):
+        if dtypes.setdefault(pattern_of(tensor.name), tensor.dtype) != tensor.dtype:
+            raise FactsGap(f"the tensors {pattern_of(tensor.name)} have different dtypes")
+    build = BuildFacts(dtypes, view.keep_fp32(build_dtype), view.probe(build_dtype))
+    return CostFacts(
+        class_name=type(module).__name__, transformers_version=installed_transformers_version() or "",
+        roles_fingerprint=roles_fingerprint(), key=key, config=config_snapshot(config),
+        text=_text_choice(config), can_generate=view.can_generate,
+        matmul_classes=tuple(sorted(view.matmul_classes)), linear_classes=tuple(sorted(view.linear_classes)),
+        default_skips=view.default_skips, builds={build_dtype: build})
+
+
+def view_from_facts(facts: CostFacts, root: Any) -> ModelView:
+    """The engines' view of the template's stand-ins `root`, with the facts for what they do not show."""
+
+    def build(dtype: str) -> BuildFacts:
+        found = facts.builds.get(dtype)
+        if found is None:
+            raise FactsGap(f"no cost facts recorded for a build in {dtype}")
+        return found
+
+    return ModelView(
+        class_name=facts.class_name, config=FactsConfig(facts.config, facts.text), root=root,
+        can_generate=facts.can_generate, matmul_classes=frozenset(facts.matmul_classes),
+        linear_classes=frozenset(facts.linear_classes), default_skips=facts.default_skips,
+        keep_fp32=lambda dtype: build(dtype).keep_fp32, probe=lambda dtype: build(dtype).probe)
+
+
+def set_build_dtypes(root: Any, facts: CostFacts, dtype: str) -> None:
+    """Give the stand-in tensors the dtypes a build in `dtype` gives them (FactsGap when not recorded)."""
+    from ..template import _dtype, pattern_of
+
+    build = facts.builds.get(dtype)
+    if build is None:
+        raise FactsGap(f"no cost facts recorded for a build in {dtype}")
+    seen: set[int] = set()
+    for name, module in root.named_modules():
+        for table in (module._parameters, module._buffers):
+            for local, tensor in table.items():
+                if id(tensor) in seen:  # a tied tensor, set under its canonical (first) name
+                    continue
+                seen.add(id(tensor))
+                full = f"{name}.{local}" if name else local
+                found = build.dtypes.get(pattern_of(full))
+                if found is None:
+                    raise FactsGap(f"no recorded dtype for {full}")
+                tensor.dtype = _dtype(found)
+
+
+# ------------------------------------------------------------------------------------------- report and view
+
+
+def cost_view(source: Any, *, dtype: str | None = None, use_cache: bool = True, why_not: str | None = None,
+              model_class: str | None = None, task: str | None = None, num_labels: int | None = None,
+              trust_remote_code: bool = False) -> tuple[Any, ModelView]:
+    """(Report, ModelView) of `source` built in `dtype` (None: torch's default, float32): from its template and
+    cost facts where both are recorded (no torch), else from the meta build, whose report then says why
+    (`why_not`, when the caller already knows)."""
+    from dataclasses import replace
+
+    from ..api import inspect_with_module
+    from .model_view import from_module
+
+    if use_cache and not trust_remote_code:
+        answer, why = _facts_answer(source, dtype, model_class=model_class, task=task, num_labels=num_labels)
+        if answer is not None:
+            return answer
+        why_not = why_not or why
+    report, module = inspect_with_module(source, dtype=dtype, model_class=model_class, task=task,
+                                         num_labels=num_labels, trust_remote_code=trust_remote_code)
+    if why_not:
+        report = replace(report, model=replace(report.model, engine_detail=why_not))
+    return report, from_module(module)
+
+
+def _facts_answer(source: Any, dtype: str | None, *, model_class: str | None, task: str | None,
+                  num_labels: int | None) -> tuple[tuple[Any, ModelView] | None, str | None]:
+    from ..api import template_stand_ins
+    from ..formula_cache import AssumptionError
+    from ..template import report_from_template
+
+    template, reason, root, why = template_stand_ins(source, model_class=model_class, task=task,
+                                                     num_labels=num_labels)
+    if template is None:
+        return None, why
+    key = facts_key(source.config, model_class=model_class, task=task, num_labels=num_labels)
+    facts = find_facts(template.class_name, key)
+    if facts is None:
+        return None, (f"no cost facts recorded yet for this config of {template.class_name} (the build answers "
+                      "once and records them)")
+    try:
+        if dtype is not None:
+            set_build_dtypes(root, facts, dtype)
+        report = report_from_template(template, source, num_labels=num_labels, class_reason=reason, root=root)
+    except FactsGap as gap:
+        return None, str(gap)
+    except AssumptionError as err:
+        return None, f"the template for {template.class_name} does not apply: {err}"
+    return (report, view_from_facts(facts, root)), None
+
+
+def find_facts(class_name: str, key: str) -> CostFacts | None:
+    """The facts for `key` in the user's cache, else in the package."""
+    from ..template import cache_directory, shipped_directory
+
+    version = installed_transformers_version()
+    if version is None:
+        return None
+    for root in (cache_directory(version), shipped_directory(version)):
+        facts = read_facts(facts_directory(root / _safe(class_name)), key, class_name)
+        if facts is not None:
+            return facts
+    return None
+
+
+# -------------------------------------------------------------------------------------------------- the cache
+
+
+def facts_directory(template_directory: Path) -> Path:
+    """Where the facts of a class live: beside its templates (<templates>/<class>/costs/)."""
+    return template_directory / "costs"
+
+
+def read_facts(directory: Path, key: str, class_name: str) -> CostFacts | None:
+    """The facts in `directory` for `key`, when they are whole and for this class, version and role rules."""
+    data = _read_json(directory / f"{_safe(key)}.json")
+    try:
+        facts = CostFacts.from_json(data)
+    except CacheEntryError:
+        return None
+    if (facts.key != key or facts.class_name != class_name
+            or facts.transformers_version != installed_transformers_version()
+            or facts.roles_fingerprint != roles_fingerprint()):
+        return None
+    return facts
+
+
+def write_facts(facts: CostFacts, directory: Path) -> Path | None:
+    """Keep `facts`, merged with the builds already kept for the same config; the path, or None."""
+    existing = read_facts(directory, facts.key, facts.class_name)
+    if existing is not None and existing.config == facts.config:
+        facts = CostFacts(**{**facts.__dict__, "builds": {**existing.builds, **facts.builds}})
+    path = directory / f"{_safe(facts.key)}.json"
+    try:
+        atomic_write_json(path, facts.to_json())
+    except OSError:
+        return None
+    return path
+
+
+# ------------------------------------------------------------------------------------------------- recording
+
+# --dtype formats whose answers a recording checks (those whose compute dtype is the build's): each family of
+# quantiser decisions (linear, matrices, linear+experts, experts) once
+_CHECKED_FORMATS = (None, "fp32", "bf16", "fp16", "nf4", "fp8-block", "q4_k", "mxfp4")
+
+
+def record_facts(source: Any, report: Any, module: Any, *, build_dtype: str | None, model_class: str | None = None,
+                 task: str | None = None, num_labels: int | None = None,
+                 directory: Path | None = None) -> tuple[CostFacts | None, str]:
+    """Record the cost facts of `module` (built on meta in `build_dtype`, None: float32; `report` is its report)
+    for `source`'s config, after checking that the facts' answers equal the build's; (facts or None, what
+    happened). Needs the class's template (template.py) for the stand-ins; never raises for a config the build
+    took."""
+    from ..errors import ParamscopeError
+    from ..template import cache_directory, lookup_template
+
+    dtype = build_dtype or "float32"
+    found = lookup_template(source.config, model_class=model_class, task=task, num_labels=num_labels)
+    if found.template is None:
+        return None, f"no cost facts recorded: {found.why_not or 'no template applies'}"
+    key = facts_key(source.config, model_class=model_class, task=task, num_labels=num_labels)
+    try:
+        facts = facts_from_module(module, build_dtype=dtype, key=key)
+        difference = check_facts(facts, found.template, source, report, module, dtype, num_labels)
+    except (FactsGap, ParamscopeError) as err:
+        return None, f"no cost facts recorded: {err}"
+    if difference:
+        return None, f"no cost facts recorded: the facts' answer differs from the build's at {difference}"
+    version = facts.transformers_version
+    target = facts_directory((directory or cache_directory(version)) / _safe(facts.class_name))
+    path = write_facts(facts, target)
+    return facts, (f"cost facts recorded at {path}" if path else "cost facts checked but the cache cannot be written")
+
+
+def check_facts(facts: CostFacts, template: Any, source: Any, report: Any, module: Any, dtype: str,
+                num_labels: int | None) -> str | None:
+    """Where the facts' answers (the report in `dtype`, serving memory in each format built in it, FLOPs of a
+    forward and of training steps) differ from the build's, or None."""
+    from ..render.json import report_to_dict
+    from ..render.memory import memory_to_dict
+    from ..template import report_from_template
+    from ..template_record import _comparable, first_difference
+    from .estimate import MemoryOptions, serving_estimate, storage_format
+    from .flops import analytic_flops
+    from .kv_cache import is_mla, text_config
+    from .model_view import from_module
+
+    root = template.module(source.config, num_labels)
+    set_build_dtypes(root, facts, dtype)
+    answered = report_from_template(template, source, num_labels=num_labels,
+                                    class_reason=report.model.class_reason, root=root)
+    found = first_difference(_comparable(report_to_dict(report)), _comparable(report_to_dict(answered)))
+    if found:
+        return f"the report: {found}"
+    built, recorded = from_module(module), view_from_facts(facts, root)
+    options = [MemoryOptions(dtype=name, seq=256) for name in _CHECKED_FORMATS]
+    if is_mla(text_config(module.config)):
+        options += [MemoryOptions(kv_layout=layout, seq=256) for layout in ("latent", "expanded")]
+    for option in options:
+        fmt, origin, not_convert = storage_format(source.config, option)
+        if fmt.compute_dtype != dtype:
+            continue
+        expected = memory_to_dict(serving_estimate(report, built, option, fmt, origin, not_convert))
+        got = memory_to_dict(serving_estimate(answered, recorded, option, fmt, origin, not_convert))
+        found = first_difference(expected, got)
+        if found:
+            return f"memory --dtype {option.dtype or '(declared)'}: {found}"
+    for training, checkpointing in ((False, False), (True, False), (True, True)):
+        settings = dict(batch=1, seq=128, training=training, checkpointing=checkpointing)
+        if analytic_flops(built, report.params, **settings) != analytic_flops(recorded, answered.params, **settings):
+            return f"flops (training={training}, checkpointing={checkpointing})"
+    return None
+
+
+def ship_facts(directory: Path, names: list[str] | None = None, *, log=print) -> list[str]:
+    """Record the cost facts of presets (all by default) into `directory` (the package's shipped set), built in
+    each of BUILD_DTYPES, so `memory` and `flops` answer every preset at once after a fresh install."""
+    from ..api import inspect_with_module
+    from ..presets import all_presets, find_preset
+    from ..sources import resolve
+    from ..template import _directory
+
+    target = _directory(directory, installed_transformers_version() or "")
+    written = []
+    for preset in ([find_preset(n) for n in names] if names else list(all_presets())):
+        source = resolve(preset.name)
+        for dtype in BUILD_DTYPES:
+            report, module = inspect_with_module(source, dtype=None if dtype == "float32" else dtype)
+            facts, message = record_facts(source, report, module, build_dtype=dtype, directory=target)
+            log(f"{preset.name} ({dtype}): {message}")
+            if facts is not None:
+                written.append(message)
+    return written
+
+
+__all__ = ["BuildFacts", "CostFacts", "FactsConfig", "config_snapshot", "facts_from_module", "facts_key",
+           "check_facts", "cost_view", "read_facts", "record_facts", "set_build_dtypes", "view_from_facts", "write_facts"]

@@ -1,0 +1,144 @@
+"""What the analytic memory and FLOP engines read of a model, from the meta build or from recorded facts.
+
+The analytic engines need a little more than the report: the config as the class reads it (attribute maps,
+defaults, fields its __init__ derives), which modules run as one matmul, which ones transformers' quantisers
+replace, what the class keeps in fp32, whether it generates, and how many bytes its real cache holds after a
+two-token prefill. A `ModelView` gives exactly that:
+
+- `from_module`: read from the module built on meta (and, for the cache, a prefill run on it);
+- `from_facts`: read from `CostFacts` (cost_facts.py), recorded from such a module for one config and checked
+  against it, with the template's stand-in modules for the structure. No torch, no transformers.
+
+Both go through the same arithmetic, so the facts path answers what the build would, or refuses: a read the
+facts do not hold raises `FactsGap`, and the caller builds instead.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+class FactsGap(Exception):
+    """The recorded facts do not hold something the engines asked for: the build answers instead.
+
+    Deliberately not an AttributeError: `getattr(config, name, None)` must not read a gap as an absent field."""
+
+
+@dataclass(frozen=True)
+class ModelView:
+    class_name: str
+    config: Any  # attribute access as transformers' config object gives it
+    root: Any  # named_modules() of modules with `_parameters`: the nn.Module, or the template's stand-ins
+    can_generate: bool
+    matmul_classes: frozenset[str]  # module classes whose forward is one matmul by `weight` (nn.Linear, Conv1D)
+    linear_classes: frozenset[str]  # module classes transformers' quantisers replace (exactly nn.Linear, Conv1D)
+    default_skips: tuple[str, ...]  # transformers' get_keys_to_not_convert
+    keep_fp32: Callable[[str], str | None]  # compute dtype → the regex of names kept in fp32, or None
+    probe: Callable[[str], int | None]  # build dtype → the real cache's bytes after a 2-token prefill, or None
+    module: Any = None  # the built module (traces); None from facts
+
+    def is_matmul(self, sub: Any) -> bool:
+        if self.module is not None:
+            return is_matmul_module(sub)
+        return type(sub).__name__ in self.matmul_classes
+
+    def linear_modules(self) -> list[str]:
+        """Module paths whose weight transformers' "linear" quantisers would replace, in module order."""
+        if self.module is not None:
+            return [path for path, sub in self.root.named_modules() if _is_linear(sub)]
+        return [path for path, sub in self.root.named_modules() if type(sub).__name__ in self.linear_classes]
+
+    def kept_in_fp32(self, dtype: str, names: list[str]) -> frozenset[str]:
+        pattern = self.keep_fp32(dtype)
+        if not pattern:
+            return frozenset()
+        regex = re.compile(pattern)
+        return frozenset(name for name in names if regex.search(name))
+
+
+def from_module(module: Any, build_dtype: str | None = None) -> ModelView:
+    """The view of a module built on meta (or a live module), read as the libraries read it."""
+    import functools
+
+    return ModelView(
+        class_name=type(module).__name__,
+        config=getattr(module, "config", None),
+        root=module,
+        can_generate=_can_generate(module),
+        matmul_classes=frozenset(type(sub).__name__ for _, sub in module.named_modules() if is_matmul_module(sub)),
+        linear_classes=frozenset(type(sub).__name__ for _, sub in module.named_modules() if _is_linear(sub)),
+        default_skips=_default_skips(module),
+        keep_fp32=functools.lru_cache(maxsize=None)(lambda dtype: _keep_fp32_pattern(module, dtype)),
+        probe=functools.lru_cache(maxsize=None)(lambda dtype: _probe(module)),
+        module=module,
+    )
+
+
+def _can_generate(module: Any) -> bool:
+    """A model that generates (transformers' `can_generate`) serves with a KV cache."""
+    can_generate = getattr(module, "can_generate", None)
+    try:
+        return bool(can_generate()) if callable(can_generate) else False
+    except Exception:
+        return False
+
+
+def is_matmul_module(sub: Any) -> bool:
+    """A module whose forward is one matmul by its `weight`: nn.Linear and its subclasses, GPT-2's Conv1D."""
+    import torch
+
+    return isinstance(sub, torch.nn.Linear) or type(sub).__name__ == "Conv1D"
+
+
+def _is_linear(sub: Any) -> bool:
+    """What transformers' quantisers replace: exactly nn.Linear, or transformers' Conv1D."""
+    import torch
+
+    if type(sub) is torch.nn.Linear:
+        return True
+    if type(sub).__name__ != "Conv1D":
+        return False
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:  # transformers is absent: only torch modules
+        return False
+    return isinstance(sub, Conv1D)
+
+
+def _default_skips(module: Any) -> tuple[str, ...]:
+    """transformers' `get_keys_to_not_convert`: tied weights, the last module, the output embeddings."""
+    try:
+        from transformers.quantizers.base import get_keys_to_not_convert
+
+        return tuple(get_keys_to_not_convert(module))
+    except Exception:  # not a PreTrainedModel (a live torch module): nothing is skipped by default
+        return ()
+
+
+def _keep_fp32_pattern(module: Any, dtype: str) -> str | None:
+    """The regex of names transformers keeps in float32 when loading in `dtype` (`_keep_in_fp32_modules` and
+    `_keep_in_fp32_modules_strict`), as its loader matches them; None when it keeps none."""
+    plan_of = getattr(module, "_get_dtype_plan", None)
+    if plan_of is None:
+        return None
+    import torch
+
+    try:
+        plan = plan_of(getattr(torch, dtype))
+        if not plan:
+            return None
+        from transformers.core_model_loading import build_glob_alternation
+
+        return build_glob_alternation(list(plan))[0].pattern
+    except Exception:  # an older or newer transformers without these helpers: nothing is kept
+        return None
+
+
+def _probe(module: Any) -> int | None:
+    """The bytes of the real cache after a 2-token prefill on meta (in the dtype the module was built in)."""
+    from .probe import probe_cache
+
+    probed = probe_cache(module, batch=1, seq=2)
+    return None if probed is None else probed.bytes
