@@ -1,12 +1,14 @@
-"""Structure templates (issue 14): `inspect` and `compare` answered from shipped templates, against the build.
+"""Structure templates (issue 14): `inspect`, `compare`, `memory` and `flops` answered from shipped templates (and
+cost facts), against the build.
 
-    python bench/bench_template.py [--repeats 7]
+    python bench/bench_template.py [--repeats 7] [--only report|costs]
 
 Every measurement is a fresh Python process timed from the parent (peak RSS from os.wait4). The cache lives in an
 empty temporary PARAMSCOPE_CACHE_DIR, so only the shipped templates answer. Template runs must import neither
 torch, transformers nor sympy (the child exits non-zero if they did). Rows:
 
-- template: `inspect PRESET --json`, `inspect PRESET` (text, width 100), `compare` of 8 presets;
+- template: `inspect PRESET --json`, `inspect PRESET` (text, width 100), `compare` of 8 presets; `memory PRESET`
+  (JSON and text), `flops PRESET --json` and `flops PRESET --training` (text);
 - build: the same with `--no-cache` (imports torch and transformers, builds on meta);
 - floors: `python -c pass` and `import paramscope`, and the bare meta-count floor (import transformers, build
   on meta, sum numel) from bench_inspect.py's definition.
@@ -45,6 +47,7 @@ def median(argv, env, repeats):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--only", choices=("report", "costs"))
     args = parser.parse_args()
     py = sys.executable
     with tempfile.TemporaryDirectory() as cache:
@@ -60,6 +63,19 @@ def main() -> None:
 
         row("`python -c pass`", "", "floor", [py, "-c", "pass"])
         row("`import paramscope`", "", "floor", [py, "-c", "import paramscope"])
+        if args.only != "report":
+            for model in MODELS:
+                row("`memory --json`", model, "template", [py, "-c", CLI_LIGHT, "memory", model, "--json"])
+                row("`memory` (text)", model, "template", [py, "-c", CLI_LIGHT, "memory", model])
+                row("`memory --json --no-cache`", model, "build", [py, "-c", CLI, "memory", model, "--json",
+                                                                    "--no-cache"])
+                row("`flops --json`", model, "template", [py, "-c", CLI_LIGHT, "flops", model, "--json"])
+                row("`flops --training` (text)", model, "template", [py, "-c", CLI_LIGHT, "flops", model,
+                                                                     "--training"])
+                row("`flops --json --no-cache`", model, "build", [py, "-c", CLI, "flops", model, "--json",
+                                                                   "--no-cache"])
+        if args.only == "costs":
+            return
         for model in MODELS:
             row("`inspect --json`", model, "template", [py, "-c", CLI_LIGHT, "inspect", model, "--json"])
             row("`inspect` (text)", model, "template", [py, "-c", CLI_LIGHT, "inspect", model])

@@ -162,7 +162,9 @@ def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_
     from .build import build_on_meta, choose_class, extra_config_notes, make_config, transformers_version
 
     location = code_location(source)
-    config, notes = make_config(source.config, num_labels=num_labels, trust_remote_code=trust_remote_code,
+    # a copy: transformers normalises some fields in place (rope_scaling), and the source's config must stay as
+    # given (cost facts are keyed by it)
+    config, notes = make_config(copy.deepcopy(source.config), num_labels=num_labels, trust_remote_code=trust_remote_code,
                                 code_location=location, model_class=model_class)
     choice = choose_class(config, source.config, model_class=model_class, task=task)
     with progress.status(f"building {choice.name} on the meta device (no weights are allocated)"):

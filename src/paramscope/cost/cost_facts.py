@@ -27,6 +27,7 @@ from typing import Any
 
 from ..formula_cache import (CacheEntryError, _expect, _read_json, _safe, atomic_write_json,
                              installed_transformers_version, roles_fingerprint)
+from .dtypes import ITEMSIZE
 from .model_view import FactsGap, ModelView
 
 FORMAT = 1
@@ -201,9 +202,9 @@ class CostFacts:
         parsed = {}
         for dtype, build in builds.items():
             _expect(isinstance(build, dict) and set(build) == {"dtypes", "keep_fp32", "probe"}, "a build is malformed")
-            _expect(isinstance(build["dtypes"], dict) and all(isinstance(k, str) and isinstance(v, str)
+            _expect(isinstance(build["dtypes"], dict) and all(isinstance(k, str) and isinstance(v, str) and v in ITEMSIZE
                                                               for k, v in build["dtypes"].items()),
-                    "a build's dtypes are not names")
+                    "a build's dtypes are not element types")
             _expect(build["keep_fp32"] is None or isinstance(build["keep_fp32"], str) and len(build["keep_fp32"]) < 10_000,
                     "keep_fp32 is not a pattern")
             _expect(build["probe"] is None or type(build["probe"]) is int and build["probe"] >= 0,

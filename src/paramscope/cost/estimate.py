@@ -16,7 +16,7 @@ from .hardware import Accelerator, find_accelerator
 from .kv_cache import KVCache, config_int, is_mla, kv_cache, text_config
 from .memory import DEFAULT_RESERVE, MemoryEstimate, fit_on, fit_table, prefill_workspace
 from .quantization import declared_format, weight_format
-from .model_view import FactsGap
+from .model_view import gap_words
 from .weights import quantized_names, weight_memory
 
 KV_LAYOUTS = ("hf", "latent", "expanded")
@@ -84,8 +84,10 @@ def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cach
     if view.module is None:
         try:
             return report, serving_estimate(report, view, options, fmt, origin, not_convert, accelerator), view
-        except FactsGap as gap:  # what the facts do not hold: the build answers
-            report, view = cost_view(source, dtype=fmt.compute_dtype, use_cache=False, why_not=str(gap),
+        except ParamscopeError:
+            raise
+        except Exception as gap:  # what the facts do not hold (FactsGap), or could not give: the build answers
+            report, view = cost_view(source, dtype=fmt.compute_dtype, use_cache=False, why_not=gap_words(gap),
                                      **model_options)
     return report, serving_estimate(report, view, options, fmt, origin, not_convert, accelerator), view
 

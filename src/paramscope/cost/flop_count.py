@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import progress
-from .trace import StepSettings, autocast_for, fake_mode, loss_of, running, training_inputs, working_copy
+from .trace import (StepSettings, autocast_for, enable_checkpointing, fake_mode, loss_of, running, training_inputs,
+                    working_copy)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def _count(module: Any, settings: StepSettings, *, training: bool) -> TracedFlop
             if name in settings.frozen:
                 param.requires_grad_(False)
         if training and settings.grad_checkpointing:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            enable_checkpointing(model)
         import torch
 
         inputs = training_inputs(model, settings)

@@ -19,7 +19,7 @@ from .flops import FlopEstimate, FlopTerm, analytic_flops
 from .hardware import Accelerator, find_accelerator, peak_flops
 from .estimate import max_context, step_length
 from .kv_cache import text_config
-from .model_view import FactsGap
+from .model_view import gap_words
 from .trace import StepSettings
 
 DEFAULT_SEQ = 2048
@@ -112,8 +112,10 @@ def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: boo
                 return report, estimate, _compute(estimate, report, options, accelerator,
                                                   _active_parameters(report, text_config(view.config))), view
             why = f"no analytic FLOP formula for {view.class_name}: the traced engine needs the build"
-        except FactsGap as gap:  # what the facts do not hold: the build answers
-            why = str(gap)
+        except ParamscopeError:
+            raise
+        except Exception as gap:  # what the facts do not hold (FactsGap), or could not give: the build answers
+            why = gap_words(gap)
         report, view = cost_view(source, use_cache=False, why_not=why, **model_options)
     estimate = _estimate(report, view, options)
     if estimate is None or options.trace:

@@ -26,6 +26,14 @@ class FactsGap(Exception):
     Deliberately not an AttributeError: `getattr(config, name, None)` must not read a gap as an absent field."""
 
 
+def gap_words(error: Exception) -> str:
+    """Why recorded facts did not answer, for the report's engine line. A FactsGap names what they lack; anything
+    else means facts that break the arithmetic (a tampered cache): the build answers either way."""
+    if isinstance(error, FactsGap):
+        return str(error)
+    return f"the recorded cost facts could not answer ({type(error).__name__}); built instead"
+
+
 @dataclass(frozen=True)
 class ModelView:
     class_name: str
@@ -112,7 +120,7 @@ def _default_skips(module: Any) -> tuple[str, ...]:
     try:
         from transformers.quantizers.base import get_keys_to_not_convert
 
-        return tuple(get_keys_to_not_convert(module))
+        return tuple(sorted(get_keys_to_not_convert(module)))  # a set underneath: sorted, so facts are stable
     except Exception:  # not a PreTrainedModel (a live torch module): nothing is skipped by default
         return ()
 

@@ -97,12 +97,7 @@ def _trace_training(module: Any, settings: StepSettings, *, fake: bool) -> Trace
             if name in settings.frozen:
                 param.requires_grad_(False)
         if settings.grad_checkpointing:
-            if not getattr(model, "supports_gradient_checkpointing", False):
-                raise ParamscopeError(f"{type(model).__name__} does not support gradient checkpointing")
-            if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.x's name
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_checkpointing(model)
         inputs = training_inputs(model, settings)
         optimizer, note = _optimizer(model, settings.optimizer)
         if note:
@@ -360,6 +355,17 @@ def _accepts(model: Any, name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return name in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Full, non-reentrant gradient checkpointing, as the Trainer turns it on; one line for a class without it."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ParamscopeError(f"{type(model).__name__} does not support gradient checkpointing "
+                              "(--grad-checkpointing full)")
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.x's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def training_inputs(model: Any, settings: StepSettings) -> dict[str, Any]:
