@@ -12,16 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paramscope.cost.cost_facts import (CostFacts, FactsConfig, config_snapshot, find_facts, facts_key,
-                                        read_facts, record_facts)
+from paramscope.cost.cost_facts import CostFacts, FactsConfig, config_snapshot, facts_key, find_facts, read_facts
+from paramscope.cost.facts_record import record_facts
 from paramscope.cost.estimate import MemoryOptions, memory_answer
 from paramscope.cost.flop_estimate import FlopOptions, flop_answer
+from paramscope.cost.training_estimate import TrainingOptions, training_answer
 from paramscope.cost.model_view import FactsGap
 from paramscope.presets import all_presets, find_preset
 from paramscope.render.flops import flops_to_dict
 from paramscope.render.json import report_to_dict
 from paramscope.render.memory import memory_to_dict
-from paramscope.template_record import _comparable, first_difference
+from paramscope.document_diff import comparable as _comparable, first_difference
 
 from test_template import needs_shipped
 
@@ -76,6 +77,32 @@ def test_formats_and_layouts_from_facts_equal_the_build(preset, options):
 
 
 @needs_shipped
+@pytest.mark.parametrize("preset, options", [
+    ("llama-2-7b", TrainingOptions(seq=2048)),
+    ("llama-3-8b", TrainingOptions(seq=1024, grad_checkpointing="full", optimizer="adamw-8bit", gpu="a100-80gb")),
+    ("mistral-7b", TrainingOptions(seq=512, precision="bf16-pure", freeze=("embeddings", "*.layers.[0-9].*"))),
+    ("qwen2.5-7b", TrainingOptions(seq=512, devices=8, zero="3")),
+    ("gpt2", TrainingOptions(seq=1024, precision="fp32", optimizer="sgd-momentum")),
+])
+def test_training_memory_from_facts_equals_the_build(preset, options):
+    """`memory --training` from facts where an analytic recipe covers the layout: the build's answer exactly."""
+    report, memory, view = training_answer(preset, options)
+    assert view.module is None and memory.engine == "analytic", report.model.engine_detail
+    built_report, built_memory, built_view = training_answer(preset, options, use_cache=False)
+    assert built_view.module is not None
+    difference = first_difference(_memory_document(built_report, built_memory), _memory_document(report, memory))
+    assert difference is None, difference
+
+
+@needs_shipped
+def test_training_without_a_recipe_builds_and_says_why():
+    report, memory, view = training_answer("t5-small", TrainingOptions(seq=32))
+    assert view.module is not None and memory.engine == "traced"
+    assert report.model.engine_detail == ("no analytic activation recipe for T5ForConditionalGeneration: the traced "
+                                          "step needs the build")
+
+
+@needs_shipped
 def test_memory_and_flops_of_presets_import_neither_torch_nor_transformers():
     code = ("import sys, io, contextlib\n"
             "from paramscope.cli import main\n"
@@ -86,6 +113,7 @@ def test_memory_and_flops_of_presets_import_neither_torch_nor_transformers():
             "    assert main(['flops', 'mixtral-8x7b', '--training', '--tokens', '1e12', '--gpu', 'h100', "
             "'--mfu', '0.4', '--json']) == 0\n"
             "    assert main(['flops', 'gpt2', '--width', '100']) == 0\n"
+            "    assert main(['memory', 'mistral-7b', '--training', '--grad-checkpointing', 'full', '--json']) == 0\n"
             "print(sorted(m for m in ('torch', 'transformers', 'sympy') if m in sys.modules))\n")
     env = {k: v for k, v in os.environ.items() if k != "PARAMSCOPE_CACHE_DIR"} | {"PARAMSCOPE_CACHE_DIR": "/nonexistent"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -153,13 +181,14 @@ def test_the_text_says_where_the_model_was_read_from(capsys):
 def test_facts_are_checked_before_they_are_kept(tmp_path):
     """record_facts compares the facts' answers with the build's and keeps nothing that differs."""
     import paramscope.cost.cost_facts as cost_facts
+    import paramscope.cost.facts_record as facts_record
     from paramscope.api import inspect_with_module
     from paramscope.sources import Source
 
     config, _ = _small_qwen(tmp_path)
     source = Source("config-dict", "config", "a config dict", config)
     report, module = inspect_with_module(source, dtype="bfloat16")
-    original = cost_facts.facts_from_module
+    original = facts_record.facts_from_module
 
     def wrong(module, *, build_dtype, key):  # a probe that misreads the real cache by one byte
         facts = original(module, build_dtype=build_dtype, key=key)
@@ -168,10 +197,10 @@ def test_facts_are_checked_before_they_are_kept(tmp_path):
             build.dtypes, build.keep_fp32, (build.probe or 0) + 1)}})
 
     try:
-        cost_facts.facts_from_module = wrong
+        facts_record.facts_from_module = wrong
         facts, message = record_facts(source, report, module, build_dtype="bfloat16", directory=tmp_path / "d")
     finally:
-        cost_facts.facts_from_module = original
+        facts_record.facts_from_module = original
     assert facts is None and "differs from the build's" in message, message
     facts, message = record_facts(source, report, module, build_dtype="bfloat16", directory=tmp_path / "d")
     assert facts is not None, message

@@ -17,7 +17,8 @@ from paramscope.formula_cache import installed_transformers_version
 from paramscope.presets import all_presets, find_preset
 from paramscope.render.json import report_to_dict
 from paramscope.template import SHIPPED, Template, lookup_template
-from paramscope.template_record import _comparable, derive_template, first_difference
+from paramscope.document_diff import comparable as _comparable, first_difference
+from paramscope.template_record import derive_template
 
 UNSEEN = Path(__file__).parent / "configs" / "unseen"
 SHIPPED_VERSIONS = sorted(p.name for p in (SHIPPED / "v1").iterdir()) if (SHIPPED / "v1").is_dir() else []

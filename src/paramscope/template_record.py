@@ -22,6 +22,7 @@ from .count import count_module
 from .errors import ParamscopeError
 from .formula import _Deriver, _snapshot, _Snapshot
 from .formula_cache import route_key
+from .document_diff import comparable, first_difference
 from .template import (Template, TemplateError, pattern_of, report_from_template, store_template, sub_configs_of,
                        write_template)
 
@@ -206,37 +207,7 @@ def compare_with_build(template: Template, config: dict[str, Any], *, model_clas
     source = Source("config-dict", "config", "a config dict", copy.deepcopy(config))
     built, _ = _inspect_source(source, model_class, task, num_labels, False)
     answered = report_from_template(template, source, num_labels=num_labels, class_reason=built.model.class_reason)
-    return first_difference(_comparable(report_to_dict(built)), _comparable(report_to_dict(answered)))
-
-
-def _comparable(document: dict[str, Any]) -> dict[str, Any]:
-    document = dict(document)
-    document["model"] = {k: v for k, v in document["model"].items() if k != "engine"}
-    return document
-
-
-def first_difference(a: Any, b: Any, path: str = "") -> str | None:
-    if type(a) is not type(b):
-        return f"{path or '/'}: {str(a)[:80]} vs {str(b)[:80]}"
-    if isinstance(a, dict):
-        for key in list(a) + [k for k in b if k not in a]:
-            if key not in a or key not in b:
-                return f"{path}/{key}: only in {'the build' if key in a else 'the template'}"
-            found = first_difference(a[key], b[key], f"{path}/{key}")
-            if found:
-                return found
-        if list(a) != list(b):
-            return f"{path or '/'}: keys in another order"
-        return None
-    if isinstance(a, list):
-        if len(a) != len(b):
-            return f"{path or '/'}: {len(a)} items vs {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            found = first_difference(x, y, f"{path}/{i}")
-            if found:
-                return found
-        return None
-    return None if a == b else f"{path or '/'}: {str(a)[:80]} vs {str(b)[:80]}"
+    return first_difference(comparable(report_to_dict(built)), comparable(report_to_dict(answered)))
 
 
 def record_template(config: dict[str, Any], *, label: str = "config", model_class: str | None = None,
@@ -259,12 +230,12 @@ def record_template(config: dict[str, Any], *, label: str = "config", model_clas
 def ship_presets(directory, names: list[str] | None = None, *, log=print) -> list[str]:
     """Record templates for presets (all of them by default) into `directory` (the package's shipped set)."""
     from .formula_cache import installed_transformers_version
-    from .presets import all_presets, find_preset
+    from .presets import presets_named
     from .template import _directory, lookup_template
 
     version = installed_transformers_version()
     target = _directory(directory, version)
-    presets = [find_preset(n) for n in names] if names else list(all_presets())
+    presets = presets_named(names)
     written = []
     for preset in presets:
         config = preset.load_config()
@@ -301,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     if not names:  # a full regeneration replaces the installed version's files; other versions' stay
         shutil.rmtree(shipped_directory(installed_transformers_version()), ignore_errors=True)
     ship_presets(SHIPPED, names or None)
-    from .cost.cost_facts import ship_facts
+    from .cost.facts_record import ship_facts
 
     ship_facts(SHIPPED, names or None)
     print(f"shipped templates for transformers {installed_transformers_version()} in {SHIPPED}")

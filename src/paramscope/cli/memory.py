@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
                          trust_remote_code=args.trust_remote_code)
     view = None
     if args.training:
-        from ..cost.training_estimate import TrainingOptions, estimate_training
+        from ..cost.training_estimate import TrainingOptions, training_answer
 
         if args.dtype or args.kv_dtype or args.group_size or args.encoder_seq or args.kv_layout != "hf":
             raise ParamscopeError("--dtype, --kv-dtype, --kv-layout, --group-size and --encoder-seq are for "
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
                                    reserve=reserve)
         training.check()
         source = resolve(args.model, revision=args.revision)
-        report, estimate = estimate_training(source, training, **model_options)
+        report, estimate, view = training_answer(source, training, not args.no_cache, **model_options)
     else:
         for flag, value, default in (("--optimizer", args.optimizer, "adamw"),
                                      ("--precision", args.precision, "bf16-mixed"),
@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
     _show(args, report, estimate, width)
     if view is not None and not args.no_cache and not args.trust_remote_code:
         record_after_build(report, source, model_class=args.model_class, task=args.task, num_labels=args.num_labels,
-                           module=view.module, build_dtype=estimate.settings["compute_dtype"])
+                           module=view.module, build_dtype=estimate.settings.get("compute_dtype")
+                           or estimate.settings["weights_dtype"])
     return 0
 
 

@@ -139,7 +139,7 @@ def _keep_fp32_pattern(module: Any, dtype: str) -> str | None:
             return None
         from transformers.core_model_loading import build_glob_alternation
 
-        return build_glob_alternation(list(plan))[0].pattern
+        return build_glob_alternation(sorted(plan))[0].pattern  # sorted: a set underneath, and facts must be stable
     except Exception:  # an older or newer transformers without these helpers: nothing is kept
         return None
 

@@ -89,24 +89,56 @@ class TrainingDetail:
     by_category: dict[str, int] = field(default_factory=dict)  # the traced peak's MemTracker breakdown
 
 
-def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), **model_options: Any):
-    """(Report, MemoryEstimate) for one steady training step of `model`."""
-    from ..api import _is_module, as_source, inspect_module, inspect_with_module
+def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), use_cache: bool = True,
+                      **model_options: Any):
+    """(Report, MemoryEstimate) for one steady training step of `model`.
+
+    With `use_cache` (and without --trace), a config whose template and cost facts are recorded, and whose layout
+    an analytic activation recipe covers, is answered without torch (cost_facts.py); otherwise the class is built
+    on meta in the weights' dtype (and, without a recipe, one step is traced)."""
+    report, estimate, _ = training_answer(model, options, use_cache, **model_options)
+    return report, estimate
+
+
+def training_answer(model: Any, options: TrainingOptions = TrainingOptions(), use_cache: bool = True,
+                    **model_options: Any):
+    """`estimate_training`, and the ModelView it read (the CLI records cost facts from a built one)."""
+    from ..api import _is_module, as_source, inspect_module
+    from .cost_facts import cost_view
+    from .model_view import from_module, gap_words
 
     options.check()
+    dtype = weight_dtype(check_precision(options.precision))
+    if _is_module(model):  # a user's module: counted as it is, traced in a fake copy with the precision's dtype
+        if any(v for k, v in model_options.items() if k != "trust_remote_code"):
+            raise ParamscopeError("--class, --task and --num-labels apply to configs, not to a live module")
+        report, view = inspect_module(model), from_module(model)
+        return report, step_estimate(report, view, options, live=True), view
+    source = as_source(model, model_options.pop("revision", None))
+    report, view = cost_view(source, dtype=dtype, use_cache=use_cache and not options.trace, **model_options)
+    if view.module is None:
+        try:
+            estimate = step_estimate(report, view, options, live=False)
+            if estimate is not None:
+                return report, estimate, view
+            why = f"no analytic activation recipe for {view.class_name}: the traced step needs the build"
+        except ParamscopeError:
+            raise
+        except Exception as gap:  # what the facts do not hold (FactsGap), or could not give: the build answers
+            why = gap_words(gap)
+        report, view = cost_view(source, dtype=dtype, use_cache=False, why_not=why, **model_options)
+    return report, step_estimate(report, view, options, live=False), view
+
+
+def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: bool) -> MemoryEstimate | None:
+    """The training answer from the report and view; None when it needs a traced step and the view has no module
+    (the caller builds)."""
     optimizer = check_optimizer(options.optimizer)
     precision = check_precision(options.precision)
     zero = zero_stage(options.zero)
     accelerator = find_accelerator(options.gpu) if options.gpu else None
     dtype = weight_dtype(precision)
-    live = _is_module(model)
-    if live:  # a user's module: counted as it is, traced in a fake copy with the precision's weights dtype
-        if any(v for k, v in model_options.items() if k != "trust_remote_code"):
-            raise ParamscopeError("--class, --task and --num-labels apply to configs, not to a live module")
-        report, module = inspect_module(model), model
-    else:
-        source = as_source(model, model_options.pop("revision", None))
-        report, module = inspect_with_module(source, dtype=dtype, **model_options)
+    module = view.module
     frozen = match_all(report.params, options.freeze)
     if live:  # a user's module (a PEFT model, a half-frozen one) trains what its requires_grad flags say
         frozen = sorted(set(frozen) | {p.name for p in report.params if not p.trainable})
@@ -114,19 +146,17 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     states = model_states(report.params, precision=precision, optimizer=optimizer, trainable=trainable)
     fmt = weight_format({"float32": "fp32", "bfloat16": "bf16"}[dtype])
     weights = weight_memory(report.params, report.buffers, fmt, components=[c.name for c in report.components])
-    config = getattr(module, "config", None)
-    text = text_config(config)
+    text = text_config(view.config)
     seq, limit, notes = step_length(report, text, options.seq, DEFAULT_TRAINING_SEQ)
     checkpointing = options.grad_checkpointing == "full"
     resident = weights.bytes + weights.buffer_bytes + states.optimizer.bytes + states.master_weights.bytes
     gradients = states.gradients.bytes
-    cast, cast_head = _cast_weights(module) if precision.endswith("-mixed") else (0, 0)
+    cast, cast_head = _cast_weights(view) if precision.endswith("-mixed") else (0, 0)
     shape = dict(precision=precision, checkpointing=checkpointing, cast_weights=cast, cast_head=cast_head)
-    from .trace import attention_of
-
-    attention = options.attention or attention_of(module) or "sdpa"
-    class_name = type(module).__name__
-    adapters = type(module).__module__.startswith("peft")  # adapters add their own activations: traced
+    attention = options.attention or str(getattr(view.config, "_attn_implementation", "") or "") or "sdpa"
+    class_name = view.class_name
+    # adapters add their own activations: traced
+    adapters = module is not None and type(module).__module__.startswith("peft")
     fused = attention in ("sdpa", "flash")  # flash is sdpa's flash kernel here, as traced
     analytic = training_activations(text, class_name, batch=options.batch, seq=seq, **shape) \
         if fused and not adapters else None
@@ -149,6 +179,8 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
 
     traced = None
     if options.trace or analytic is None:
+        if module is None:
+            return None
         settings = StepSettings(batch=options.batch, seq=seq, precision=precision, optimizer=optimizer,
                                 grad_checkpointing=checkpointing, attention=options.attention, frozen=frozenset(frozen),
                                 weights_dtype=dtype if live else None)
@@ -168,7 +200,7 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
         activations = Workspace(saved, "measured at the end of the forward (MemTracker, fake tensors)",
                                 4 * options.batch * seq * (config_int(text, "vocab_size") or 0))
         if recipe_for(text, class_name) is None or adapters:
-            notes.append(f"no analytic activation recipe for {type(module).__name__}: one step traced on fake "
+            notes.append(f"no analytic activation recipe for {class_name}: one step traced on fake "
                          "tensors; the largest batch scales the measured activations (linear in the batch), the "
                          "largest context is left to a trace at that length (--seq)")
         source_label = "traced"
@@ -216,7 +248,6 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
             notes.append("ZeRO-3 gathers each layer's full weights while it runs; that transient is not counted")
 
     def peak_at(batch: int, length: int) -> int:
-        base = peak
         if analytic is not None and traced is None:
             act = training_activations(text, class_name, batch=batch, seq=length, **shape)
             return on_one_device(analytic_phases(act, batch, length)).bytes
@@ -227,7 +258,7 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
 
     settings_out = {
         "precision": precision, "optimizer": optimizer, "weights_dtype": dtype, "batch": options.batch, "seq": seq,
-        "seq_from": "--seq" if options.seq else f"default for training (2,048, or the model's maximum)",
+        "seq_from": "--seq" if options.seq else "default for training (2,048, or the model's maximum)",
         "grad_checkpointing": options.grad_checkpointing, "attention": attention,
         "freeze": list(options.freeze), "devices": options.devices, "zero": zero, "reserve": options.reserve,
         "activations_from": source_label, "max_context": limit,
@@ -245,7 +276,7 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
         reserve=options.reserve,
         fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit, contexts=contexts),
         budget=budget, notes=tuple(notes), training=detail)
-    return report, estimate
+    return estimate
 
 
 def _step_temporaries(optimizer: str) -> str:
@@ -268,20 +299,16 @@ def _tied_embedding_bytes(report: Any, trainable: frozenset[str]) -> int:
     return 0
 
 
-def _cast_weights(module: Any) -> tuple[int, int]:
+def _cast_weights(view: Any) -> tuple[int, int]:
     """Elements of the matmul weights autocast copies to 16 bits each step (each distinct tensor once), and of
     those the ones outside the repeated layers (a ModuleList index in the name), which checkpointing keeps."""
     import re
 
-    import torch
-
-    from .model_view import is_matmul_module
-
     seen: set[int] = set()
     total = outside = 0
-    for name, sub in module.named_modules():
-        weight = getattr(sub, "weight", None)
-        if is_matmul_module(sub) and isinstance(weight, torch.Tensor) and id(weight) not in seen:
+    for name, sub in view.root.named_modules():
+        weight = sub._parameters.get("weight") if view.is_matmul(sub) else None
+        if weight is not None and id(weight) not in seen:
             seen.add(id(weight))
             total += weight.numel()
             if not re.search(r"\.\d+\.", f".{name}."):

@@ -11,6 +11,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from ..errors import SourceError
+
 _REGISTRY_FILES = ("registry.json", "registry_extra.json")
 
 
@@ -60,6 +62,19 @@ def _index() -> dict[str, Preset]:
 def find_preset(name: str) -> Preset | None:
     """The preset called `name` (hub id, alias or bare repo name, any case), or None."""
     return _index().get(name.strip().lower())
+
+
+def presets_named(names: list[str] | None) -> list[Preset]:
+    """The presets `names` name (all of them for None or none given); SourceError naming one that is no preset."""
+    if not names:
+        return list(all_presets())
+    found = []
+    for name in names:
+        preset = find_preset(name)
+        if preset is None:
+            raise SourceError(f"no preset named {name!r} (see `paramscope presets`)")
+        found.append(preset)
+    return found
 
 
 def preset_names() -> list[str]:
