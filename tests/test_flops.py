@@ -16,7 +16,8 @@ def _truncated(preset: str, layers: int = 2) -> dict:
     from paramscope.sources import resolve
 
     config = dict(resolve(preset).config)
-    for key in ("num_hidden_layers", "n_layer"):
+    for key in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers", "encoder_layers",
+                "decoder_layers"):
         if key in config:
             config[key] = layers
     if "layer_types" in config:
@@ -75,7 +76,8 @@ def test_nanogpt_gpt2_sizing_notebook_forward_at_1024_tokens():
 
 FAMILIES = ["llama-3-8b", "mistral-7b", "qwen2.5-0.5b", "gemma-2b", "gemma-2-2b", "phi-3-mini", "gpt2",
             "pythia-160m", "gpt-j-6b", "bert-base-uncased", "roberta-base", "distilbert", "electra-base",
-            "modernbert-base", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "deepseek-v3"]
+            "modernbert-base", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "deepseek-v3", "t5-small", "bart-base",
+            "albert-base-v2"]
 
 
 @pytest.mark.parametrize("preset", FAMILIES)
@@ -84,7 +86,9 @@ def test_analytic_equals_flopcountermode(preset):
     config = _truncated(preset, layers)
     if preset == "deepseek-v3":
         config["first_k_dense_replace"] = 1
-    for training, checkpointing in ((False, "none"), (True, "none"), (True, "full")):
+    # ALBERT does not support gradient checkpointing (transformers' supports_gradient_checkpointing)
+    steps = ((False, "none"), (True, "none")) + (((True, "full"),) if preset != "albert-base-v2" else ())
+    for training, checkpointing in steps:
         _, estimate, _ = estimate_flops(config, FlopOptions(batch=2, seq=64, training=training,
                                                              grad_checkpointing=checkpointing, trace=True))
         assert estimate.engine == "traced"
@@ -92,9 +96,62 @@ def test_analytic_equals_flopcountermode(preset):
 
 
 def test_a_class_without_a_formula_is_traced():
-    _, estimate, _ = estimate_flops("t5-small", FlopOptions(batch=1, seq=64, training=True))
+    _, estimate, _ = estimate_flops("deberta-v3-base", FlopOptions(batch=1, seq=64, training=True))
     assert estimate.engine == "traced" and estimate.backward > estimate.forward
-    assert any("no analytic FLOP formula for T5ForConditionalGeneration" in n for n in estimate.notes)
+    assert any("no analytic FLOP formula for DebertaV2Model" in n for n in estimate.notes)
+
+
+def test_encoder_decoders_count_self_and_cross_attention():
+    """T5-small at 128 tokens (encoder and decoder each): 6 encoder self-attentions, 6 decoder self-attentions and 6
+    cross-attentions of 8 heads × (64 + 64), and every matmul once per token (the tied head included)."""
+    _, estimate, _ = estimate_flops("t5-small", FlopOptions(batch=1, seq=128))
+    assert estimate.engine == "analytic"
+    assert estimate.attention == (6 + 6 + 6) * 2 * 128 * 128 * 8 * (64 + 64) == 603_979_776
+    # the layers' matmul weights (all 60,506,624 parameters less the shared 32,128 × 512 embedding, 32 norms of 512
+    # and two 32 × 8 relative biases) and the head tied to the embedding, once each per token
+    layers = 60_506_624 - 32_128 * 512 - 32 * 512 - 2 * 32 * 8
+    assert estimate.forward - estimate.attention == 2 * 128 * (layers + 32_128 * 512)
+
+
+@pytest.mark.parametrize("groups, inner", [(1, 1), (2, 1), (2, 2)])
+def test_albert_counts_its_shared_layers_once_per_pass(groups, inner):
+    """ALBERT runs num_hidden_layers passes over num_hidden_groups groups (pass i runs group int(i / (L / G)), each
+    group inner_group_num layers): 5 passes over 2 groups run them 3 and 2 times, exactly as traced."""
+    config = _truncated("albert-base-v2", 5) | {"num_hidden_groups": groups, "inner_group_num": inner}
+    for training in (False, True):
+        _, estimate, _ = estimate_flops(config, FlopOptions(batch=2, seq=32, training=training, trace=True))
+        assert estimate.notes[0] == "check: the analytic count equals FlopCounterMode's on fake tensors, term for term"
+    if groups == 1:  # one pass more is one layer's matmuls and attention more, however many passes share them
+        _, once, _ = estimate_flops(config | {"num_hidden_layers": 1}, FlopOptions(seq=32))
+        _, five, _ = estimate_flops(config, FlopOptions(seq=32))
+        layer = sum(flops for role, flops in once.by_role.items() if role.startswith(("attention", "mlp")))
+        assert five.forward - once.forward == 4 * layer > 0
+
+
+@pytest.mark.parametrize("preset, freeze", [
+    ("bert-base-uncased", ("embeddings",)),  # post-LN: the embeddings' norm is frozen too
+    ("gpt2", ("embeddings", "transformer.h.[0-2].*")),  # a frozen prefix through three layers
+])
+def test_a_frozen_prefix_is_traced_because_autograd_skips_its_input_gradients(preset, freeze):
+    """2 × forward less the frozen weights' gradients assumes every matmul's input requires grad; a frozen prefix
+    breaks that (autograd stops at the first trainable tensor), so the traced engine answers, and says why."""
+    options = FlopOptions(batch=1, seq=32, training=True, freeze=freeze)
+    _, estimate, _ = estimate_flops(_truncated(preset, 4), options)
+    assert estimate.engine == "traced"
+    assert any(n.startswith("no analytic FLOP count here (the embeddings") for n in estimate.notes)
+    assert estimate.backward < 2 * estimate.forward - sum(
+        t.flops for t in estimate.terms if t.role.startswith(("embeddings", "head")))
+
+
+@pytest.mark.parametrize("preset, freeze", [
+    ("llama-3-8b", ("embeddings",)),  # pre-LN: the first layer opens with a trainable norm
+    ("gpt2", ("transformer.h.[0-2].*",)),  # frozen layers after trainable embeddings still pass input gradients
+    ("t5-small", ("embeddings",)),
+])
+def test_freezing_that_keeps_input_gradients_stays_analytic_and_exact(preset, freeze):
+    options = FlopOptions(batch=1, seq=32, training=True, freeze=freeze, trace=True)
+    _, estimate, _ = estimate_flops(_truncated(preset, 4), options)
+    assert "check: the analytic count equals FlopCounterMode's on fake tensors, term for term" in estimate.notes
 
 
 def test_real_mixtral_with_eager_experts_and_real_routing():

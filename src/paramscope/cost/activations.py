@@ -228,12 +228,13 @@ def embedding_gradient(config: Any, *, batch: int, seq: int, precision: str) -> 
 def attention_dropout(config: Any) -> float:
     """The attention-probability dropout a config sets for training (0 when none)."""
     return _first_positive(config, ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout",
-                                    "attention_dropout_prob"))
+                                    "attention_dropout_prob", "dropout_rate"))  # T5: one rate for both
 
 
 def hidden_dropout(config: Any) -> float:
     """The dropout on a layer's outputs a config sets for training (0 when none)."""
-    return _first_positive(config, ("resid_pdrop", "hidden_dropout_prob", "hidden_dropout", "dropout"))
+    return _first_positive(config, ("resid_pdrop", "hidden_dropout_prob", "hidden_dropout", "dropout",
+                                    "dropout_rate"))
 
 
 def _first_positive(config: Any, keys: tuple[str, ...]) -> float:

@@ -173,6 +173,7 @@ class CostFacts:
     config: dict[str, Any]  # config_snapshot
     text: str
     can_generate: bool
+    supports_checkpointing: bool
     matmul_classes: tuple[str, ...]
     linear_classes: tuple[str, ...]
     default_skips: tuple[str, ...]
@@ -181,7 +182,8 @@ class CostFacts:
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "class": self.class_name, "transformers_version": self.transformers_version,
                 "roles_fingerprint": self.roles_fingerprint, "key": self.key, "config": self.config,
-                "text": self.text, "can_generate": self.can_generate, "matmul_classes": list(self.matmul_classes),
+                "text": self.text, "can_generate": self.can_generate,
+                "supports_checkpointing": self.supports_checkpointing, "matmul_classes": list(self.matmul_classes),
                 "linear_classes": list(self.linear_classes), "default_skips": list(self.default_skips),
                 "builds": {dtype: {"dtypes": b.dtypes, "keep_fp32": b.keep_fp32, "probe": b.probe}
                            for dtype, b in sorted(self.builds.items())}}
@@ -191,7 +193,8 @@ class CostFacts:
         _expect(isinstance(data, dict) and data.get("format") == FORMAT, f"not cost facts of format {FORMAT}")
         for name in ("class", "transformers_version", "roles_fingerprint", "key", "text"):
             _expect(isinstance(data.get(name), str), f"{name} is not a string")
-        _expect(isinstance(data.get("can_generate"), bool), "can_generate is not a boolean")
+        for name in ("can_generate", "supports_checkpointing"):
+            _expect(isinstance(data.get(name), bool), f"{name} is not a boolean")
         for name in ("matmul_classes", "linear_classes", "default_skips"):
             _expect(isinstance(data.get(name), list) and all(isinstance(s, str) for s in data[name]),
                     f"{name} is not a list of names")
@@ -211,7 +214,8 @@ class CostFacts:
                     "probe is not a byte count")
             parsed[dtype] = BuildFacts(build["dtypes"], build["keep_fp32"], build["probe"])
         return cls(data["class"], data["transformers_version"], data["roles_fingerprint"], data["key"],
-                   data["config"], data["text"], data["can_generate"], tuple(data["matmul_classes"]),
+                   data["config"], data["text"], data["can_generate"], data["supports_checkpointing"],
+                   tuple(data["matmul_classes"]),
                    tuple(data["linear_classes"]), tuple(data["default_skips"]), parsed)
 
 
@@ -251,7 +255,7 @@ def facts_from_module(module: Any, *, build_dtype: str, key: str) -> CostFacts:
     return CostFacts(
         class_name=type(module).__name__, transformers_version=installed_transformers_version() or "",
         roles_fingerprint=roles_fingerprint(), key=key, config=config_snapshot(config),
-        text=_text_choice(config), can_generate=view.can_generate,
+        text=_text_choice(config), can_generate=view.can_generate, supports_checkpointing=view.supports_checkpointing,
         matmul_classes=tuple(sorted(view.matmul_classes)), linear_classes=tuple(sorted(view.linear_classes)),
         default_skips=view.default_skips, builds={build_dtype: build})
 
@@ -267,7 +271,8 @@ def view_from_facts(facts: CostFacts, root: Any) -> ModelView:
 
     return ModelView(
         class_name=facts.class_name, config=FactsConfig(facts.config, facts.text), root=root,
-        can_generate=facts.can_generate, matmul_classes=frozenset(facts.matmul_classes),
+        can_generate=facts.can_generate, supports_checkpointing=facts.supports_checkpointing,
+        matmul_classes=frozenset(facts.matmul_classes),
         linear_classes=frozenset(facts.linear_classes), default_skips=facts.default_skips,
         keep_fp32=lambda dtype: build(dtype).keep_fp32, probe=lambda dtype: build(dtype).probe)
 

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ParamscopeError
 from ..selection import match_all
 from .flop_count import by_role, count_flops, module_roles
-from .flops import FlopEstimate, FlopTerm, analytic_flops
+from .flops import FlopEstimate, FlopTerm, analytic_flops, frozen_prefix
 from .hardware import Accelerator, find_accelerator, peak_flops
 from .estimate import max_context, step_length
 from .kv_cache import text_config
@@ -111,7 +111,7 @@ def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: boo
             if estimate is not None:
                 return report, estimate, _compute(estimate, report, options, accelerator,
                                                   _active_parameters(report, text_config(view.config))), view
-            why = f"no analytic FLOP formula for {view.class_name}: the traced engine needs the build"
+            why = _no_analytic(report, view, options) + ": the traced engine needs the build"
         except ParamscopeError:
             raise
         except Exception as gap:  # what the facts do not hold (FactsGap), or could not give: the build answers
@@ -135,6 +135,8 @@ def _estimate(report: Any, view: Any, options: FlopOptions) -> FlopEstimate | No
     if frozen and not options.training:
         raise ParamscopeError("--freeze is for --training")
     checkpointing = options.grad_checkpointing == "full"
+    if checkpointing and options.training:
+        view.check_checkpointing()
     estimate = analytic_flops(view, report.params, batch=options.batch, seq=seq, training=options.training,
                               checkpointing=checkpointing, causal=options.causal, frozen=frozen)
     if estimate is None:
@@ -146,6 +148,13 @@ def _estimate(report: Any, view: Any, options: FlopOptions) -> FlopEstimate | No
     return estimate
 
 
+def _no_analytic(report: Any, view: Any, options: FlopOptions) -> str:
+    """Why the analytic engine gave no count, in words."""
+    frozen = frozenset(match_all(report.params, options.freeze))
+    why = frozen_prefix(report.params, frozen) if options.training and frozen else None
+    return f"no analytic FLOP count here ({why})" if why else f"no analytic FLOP formula for {view.class_name}"
+
+
 def _with_trace(estimate: FlopEstimate | None, report: Any, view: Any, options: FlopOptions) -> FlopEstimate:
     """The traced count, beside the analytic one (--trace) or in its place (a class it does not cover)."""
     text = text_config(view.config)
@@ -153,8 +162,8 @@ def _with_trace(estimate: FlopEstimate | None, report: Any, view: Any, options: 
     frozen = frozenset(match_all(report.params, options.freeze))
     traced = _traced(view.module, report, options, seq, frozen, options.grad_checkpointing == "full")
     if estimate is None:
-        notes = length_notes + [f"no analytic FLOP formula for {view.class_name}: counted by FlopCounterMode on "
-                                "fake tensors"]
+        notes = length_notes + [_no_analytic(report, view, options) + ": counted by FlopCounterMode on fake "
+                                "tensors"]
     else:
         notes = list(estimate.notes) + [_agreement(estimate, traced)]
     return dataclasses.replace(traced, notes=tuple(notes) + traced.notes)

@@ -28,9 +28,9 @@ from ..display import HtmlDisplay
 from .kv_cache import config_int, layer_kinds, text_config
 
 _NO_ATTENTION = ("none", "linear_attention", "mamba", "conv", "recurrent", "shared")
-# Layouts whose matmuls the module structure does not give once per use: ALBERT runs one shared layer N times,
-# DeBERTa's disentangled attention adds position matmuls. The traced engine answers for them.
-_NOT_ANALYTIC = ("albert", "deberta", "deberta-v2")
+# Layouts whose matmuls the module structure does not give: DeBERTa's disentangled attention adds position
+# matmuls. The traced engine answers for them.
+_NOT_ANALYTIC = ("deberta", "deberta-v2")
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,10 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
     from .flop_count import module_roles
 
     config = text_config(view.config)
-    if config is None or getattr(view.config, "is_encoder_decoder", False):
+    if config is None or getattr(config, "model_type", None) in _NOT_ANALYTIC:
         return None
-    if getattr(config, "model_type", None) in _NOT_ANALYTIC:
+    uses = _shared_uses(view.root, config)
+    if uses is None:
         return None
     tokens = batch * seq
     roles = module_roles(params)
@@ -96,9 +97,12 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
     for param in params:  # a frozen tensor is frozen under every name it has (a tied lm_head)
         if param.name in frozen:
             seen_frozen.update(param.aliases)
+    if training and frozen and frozen_prefix(params, frozen):
+        return None
     for path, sub in view.root.named_modules():
+        runs = _runs(uses, path)
         if view.is_matmul(sub):
-            numel = sub._parameters["weight"].numel()
+            numel = sub._parameters["weight"].numel() * runs
             role = roles.get(path, "other")
             if role.startswith("embeddings"):  # a head tied to the input embedding: its matmul is the head's
                 role = "head.lm"
@@ -118,7 +122,7 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
             full = f"{path}.{name}" if path else name
             role = roles.get(path, "other")
             if name == "weight" and len(param.shape) == 2 and role.startswith("moe.router"):  # a router's F.linear
-                _add(by_role, role, 2 * tokens * param.numel(), param.numel())
+                _add(by_role, role, 2 * tokens * param.numel(), param.numel())  # (routers are never shared)
                 if full in seen_frozen:
                     frozen_flops += 2 * tokens * param.numel()
                 layer_flops += 2 * tokens * param.numel()
@@ -130,7 +134,10 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
                     frozen_flops += 2 * tokens * numel
                 layer_flops += 2 * tokens * numel
                 last_in_layer[_layer_of(path)] = (2 * tokens * numel, role)
-    attention, text = _attention(config, batch, seq, causal)
+    if getattr(config, "is_encoder_decoder", False):
+        attention, text = _encoder_decoder_attention(config, batch, seq)
+    else:
+        attention, text = _attention(config, batch, seq, causal)
     if attention is None:
         return None
     terms = [FlopTerm(role, flops, f"2 × {tokens:,} tokens × {numel:,} weights"
@@ -168,6 +175,57 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
                         tuple(notes))
 
 
+def frozen_prefix(params: Any, frozen: frozenset[str]) -> str | None:
+    """Why the backward of this freezing is not 2 × forward less the frozen weights' gradients, or None.
+
+    That rule holds while every matmul's input requires grad: the embeddings train, or the first layer opens with a
+    trainable norm (pre-LN: Llama, GPT-2, T5). Where the network's first part is frozen through to a matmul
+    (frozen embeddings with their own norm, as BERT and BART have, or frozen first layers), autograd skips the
+    input gradients up to the first trainable tensor; where that ends depends on the layer's dataflow, which the
+    traced engine follows."""
+    embeddings = [p for p in params if p.role.startswith("embeddings")]
+    if not embeddings or any(p.name not in frozen for p in embeddings):
+        return None
+    if any(p.role == "embeddings.norm" for p in params):
+        return "the embeddings and their norm are frozen, so the first layer's projections skip input gradients"
+    first = [p for p in params if _first_index(p.name) == "0"]
+    if first and all(p.name not in frozen for p in first):
+        return None
+    return "the embeddings and the first layer are frozen, so autograd skips input gradients until the first " \
+           "trainable tensor"
+
+
+def _first_index(name: str) -> str | None:
+    import re
+
+    match = re.search(r"\.(\d+)\.", f".{name}.")
+    return match.group(1) if match else None
+
+
+def _shared_uses(root: Any, config: Any) -> dict[str, int] | None:
+    """Module path → how many times its forward runs, where layers share weights; None where that is not known
+    here (the traced engine answers). ALBERT: pass i of num_hidden_layers runs layer group
+    int(i / (num_hidden_layers / num_hidden_groups)), transformers' own expression."""
+    groups = config_int(config, "num_hidden_groups")
+    paths = [path for path, _ in root.named_modules() if path.endswith("albert_layer_groups")]
+    if not paths:
+        return {}
+    layers = config_int(config, "num_hidden_layers")
+    if groups is None or layers is None or len(paths) != 1:
+        return None
+    counts = [0] * groups
+    for i in range(layers):
+        counts[int(i / (layers / groups))] += 1
+    return {f"{paths[0]}.{g}": count for g, count in enumerate(counts)}
+
+
+def _runs(uses: dict[str, int], path: str) -> int:
+    for prefix, count in uses.items():
+        if path == prefix or path.startswith(prefix + "."):
+            return count
+    return 1
+
+
 def _same_head_sizes(config: Any) -> bool:
     if config_int(config, "kv_lora_rank") is None:
         return True
@@ -201,6 +259,27 @@ def routing(config: Any) -> tuple[int, int]:
     return top_k, experts
 
 
+def _encoder_decoder_attention(config: Any, batch: int, seq: int) -> tuple[int | None, str]:
+    """Encoder self-attention, decoder self-attention and cross-attention, the encoder and the decoder both at
+    `seq` tokens (as the traced step runs them): 2·B·S²·heads·(d_qk + d_v) per attention."""
+    encoder_layers = config_int(config, "encoder_layers", "num_layers")
+    decoder_layers = config_int(config, "decoder_layers", "num_decoder_layers") or encoder_layers
+    hidden = config_int(config, "d_model", "hidden_size") or 0
+    parts = []
+    for what, layers, heads in (
+            ("encoder self", encoder_layers, config_int(config, "encoder_attention_heads", "num_heads")),
+            ("decoder self", decoder_layers, config_int(config, "decoder_attention_heads", "num_heads")),
+            ("cross", decoder_layers, config_int(config, "decoder_attention_heads", "num_heads"))):
+        if not layers or not heads:
+            return None, ""
+        d = config_int(config, "d_kv", "head_dim") or hidden // heads
+        parts.append((what, layers, heads, d))
+    flops = sum(layers * 2 * batch * seq * seq * heads * 2 * d for _, layers, heads, d in parts)
+    text = " + ".join(f"{what} {layers} × 2 × {batch} × {seq:,}² × {heads} heads × ({d} + {d})"
+                      for what, layers, heads, d in parts)
+    return flops, text
+
+
 def _attention(config: Any, batch: int, seq: int, causal: str) -> tuple[int | None, str]:
     """2·B·S²·heads·(d_qk + d_v) per attention layer (halved for causal="half")."""
     heads = config_int(config, "num_attention_heads", "n_head", "num_heads")
@@ -216,6 +295,7 @@ def _attention(config: Any, batch: int, seq: int, causal: str) -> tuple[int | No
         layers = sum(1 for kind, _ in layer_kinds(config) if kind not in _NO_ATTENTION)
     except Exception:
         layers = config_int(config, "num_hidden_layers", "n_layer") or 0
+    layers *= config_int(config, "inner_group_num") or 1  # ALBERT: each pass runs a group of layers
     flops = layers * 2 * batch * seq * seq * heads * (d_qk + d_v)
     text = (f"{layers} layers × 2 × {batch} × {seq:,}² × {heads} heads × ({d_qk} + {d_v})")
     if causal == "half":

@@ -40,12 +40,21 @@ class ModelView:
     config: Any  # attribute access as transformers' config object gives it
     root: Any  # named_modules() of modules with `_parameters`: the nn.Module, or the template's stand-ins
     can_generate: bool
+    supports_checkpointing: bool  # transformers' supports_gradient_checkpointing
     matmul_classes: frozenset[str]  # module classes whose forward is one matmul by `weight` (nn.Linear, Conv1D)
     linear_classes: frozenset[str]  # module classes transformers' quantisers replace (exactly nn.Linear, Conv1D)
     default_skips: tuple[str, ...]  # transformers' get_keys_to_not_convert
     keep_fp32: Callable[[str], str | None]  # compute dtype → the regex of names kept in fp32, or None
     probe: Callable[[str], int | None]  # build dtype → the real cache's bytes after a 2-token prefill, or None
     module: Any = None  # the built module (traces); None from facts
+
+    def check_checkpointing(self) -> None:
+        """One line for --grad-checkpointing full on a class that cannot checkpoint (as the traced step says)."""
+        if not self.supports_checkpointing:
+            from ..errors import ParamscopeError
+
+            raise ParamscopeError(f"{self.class_name} does not support gradient checkpointing "
+                                  "(--grad-checkpointing full)")
 
     def is_matmul(self, sub: Any) -> bool:
         if self.module is not None:
@@ -75,6 +84,7 @@ def from_module(module: Any, build_dtype: str | None = None) -> ModelView:
         config=getattr(module, "config", None),
         root=module,
         can_generate=_can_generate(module),
+        supports_checkpointing=bool(getattr(module, "supports_gradient_checkpointing", False)),
         matmul_classes=frozenset(type(sub).__name__ for _, sub in module.named_modules() if is_matmul_module(sub)),
         linear_classes=frozenset(type(sub).__name__ for _, sub in module.named_modules() if _is_linear(sub)),
         default_skips=_default_skips(module),

@@ -139,6 +139,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     accelerator = find_accelerator(options.gpu) if options.gpu else None
     dtype = weight_dtype(precision)
     module = view.module
+    if options.grad_checkpointing == "full" and not live:
+        view.check_checkpointing()
     frozen = match_all(report.params, options.freeze)
     if live:  # a user's module (a PEFT model, a half-frozen one) trains what its requires_grad flags say
         frozen = sorted(set(frozen) | {p.name for p in report.params if not p.trainable})
