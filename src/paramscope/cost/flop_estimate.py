@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ParamscopeError
 from ..selection import match_all
 from .flop_count import by_role, count_flops, module_roles
-from .flops import FlopEstimate, FlopTerm, analytic_flops, frozen_prefix
+from .flops import FlopEstimate, FlopTerm, analytic_flops, skipped_input_gradients
 from .hardware import Accelerator, find_accelerator, peak_flops
 from .estimate import max_context, step_length
 from .kv_cache import text_config
@@ -151,7 +151,8 @@ def _estimate(report: Any, view: Any, options: FlopOptions) -> FlopEstimate | No
 def _no_analytic(report: Any, view: Any, options: FlopOptions) -> str:
     """Why the analytic engine gave no count, in words."""
     frozen = frozenset(match_all(report.params, options.freeze))
-    why = frozen_prefix(report.params, frozen) if options.training and frozen else None
+    why = skipped_input_gradients(report.params, frozen, text_config(view.config)) if options.training and frozen \
+        else None
     return f"no analytic FLOP count here ({why})" if why else f"no analytic FLOP formula for {view.class_name}"
 
 

@@ -28,9 +28,9 @@ from ..display import HtmlDisplay
 from .kv_cache import config_int, layer_kinds, text_config
 
 _NO_ATTENTION = ("none", "linear_attention", "mamba", "conv", "recurrent", "shared")
-# Layouts whose matmuls the module structure does not give: DeBERTa's disentangled attention adds position
-# matmuls. The traced engine answers for them.
-_NOT_ANALYTIC = ("deberta", "deberta-v2")
+# Layouts whose matmuls the module structure does not give here: DeBERTa (v1)'s disentangled attention with its
+# fused in_proj. The traced engine answers for it.
+_NOT_ANALYTIC = ("deberta",)
 
 
 @dataclass(frozen=True)
@@ -97,12 +97,25 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
     for param in params:  # a frozen tensor is frozen under every name it has (a tied lm_head)
         if param.name in frozen:
             seen_frozen.update(param.aliases)
-    if training and frozen and frozen_prefix(params, frozen):
+    if training and frozen and skipped_input_gradients(params, seen_frozen, config):
         return None
+    positions = _relative_positions(config)  # DeBERTa-v2: (2 × span rows, shared projections, c2p/p2c)
+    unused_flops = 0
     for path, sub in view.root.named_modules():
         runs = _runs(uses, path)
         if view.is_matmul(sub):
             numel = sub._parameters["weight"].numel() * runs
+            rows, used = _position_rows(positions, path)
+            if rows:  # a projection of the relative-position embeddings: 2 × span rows, whatever the batch
+                flops = 2 * rows * numel
+                _add(by_role, "attention.position", flops, numel)
+                layer_flops += flops
+                if not used:  # computed, then not used by any score: no gradient reaches it
+                    unused_flops += flops
+                elif f"{path}.weight" in seen_frozen:
+                    frozen_flops += flops
+                if path.endswith(("pos_key_proj", "pos_query_proj")):  # runs only on the positions
+                    continue
             role = roles.get(path, "other")
             if role.startswith("embeddings"):  # a head tied to the input embedding: its matmul is the head's
                 role = "head.lm"
@@ -140,8 +153,11 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
         attention, text = _attention(config, batch, seq, causal)
     if attention is None:
         return None
-    terms = [FlopTerm(role, flops, f"2 × {tokens:,} tokens × {numel:,} weights"
-                      + (f" (top-{top_k} of {experts} experts)" if role.startswith("moe.experts") else ""))
+    if positions:
+        relative, relative_text = _position_scores(config, positions, batch, seq)
+        attention += relative
+        text += f" + {relative_text}"
+    terms = [FlopTerm(role, flops, _term_text(role, flops, numel, tokens, top_k, experts, positions))
              for role, (flops, numel) in sorted(by_role.items(), key=lambda kv: -kv[1][0])]
     if attention:
         terms.append(FlopTerm("attention.scores", attention, text))
@@ -149,7 +165,7 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
     backward = recompute = None
     notes = []
     if training:
-        backward = 2 * forward - frozen_flops  # a frozen weight's gradient is not computed
+        backward = 2 * (forward - unused_flops) - frozen_flops  # a frozen weight's gradient is not computed
         # a fused (flash) attention backward recomputes q·kᵀ; with attention dropout, torch's CPU kernels cannot
         # fuse and run the math path, which keeps the scores instead
         implementation = getattr(view.config, "_attn_implementation", "sdpa") or "sdpa"
@@ -175,7 +191,7 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
                         tuple(notes))
 
 
-def frozen_prefix(params: Any, frozen: frozenset[str]) -> str | None:
+def skipped_input_gradients(params: Any, frozen: Any, config: Any) -> str | None:
     """Why the backward of this freezing is not 2 × forward less the frozen weights' gradients, or None.
 
     That rule holds while every matmul's input requires grad: the embeddings train, or the first layer opens with a
@@ -183,6 +199,9 @@ def frozen_prefix(params: Any, frozen: frozenset[str]) -> str | None:
     (frozen embeddings with their own norm, as BERT and BART have, or frozen first layers), autograd skips the
     input gradients up to the first trainable tensor; where that ends depends on the layer's dataflow, which the
     traced engine follows."""
+    if _relative_positions(config) and _frozen_positions(params, frozen):
+        return ("DeBERTa's relative-position embeddings are frozen with their norm, so the position projections "
+                "skip input gradients")
     embeddings = [p for p in params if p.role.startswith("embeddings")]
     if not embeddings or any(p.name not in frozen for p in embeddings):
         return None
@@ -200,6 +219,67 @@ def _first_index(name: str) -> str | None:
 
     match = re.search(r"\.(\d+)\.", f".{name}.")
     return match.group(1) if match else None
+
+
+def _relative_positions(config: Any) -> tuple[int, bool, tuple[str, ...]] | None:
+    """DeBERTa-v2's disentangled attention, as its DisentangledSelfAttention reads the config: (2 × the span of
+    relative-position embeddings each layer projects, whether the content projections serve them too
+    (share_att_key), the position terms "c2p"/"p2c"); None for any other attention."""
+    if getattr(config, "model_type", None) != "deberta-v2" or not getattr(config, "relative_attention", False):
+        return None
+    buckets = getattr(config, "position_buckets", -1)
+    span = getattr(config, "max_relative_positions", -1)
+    if not isinstance(span, int) or span < 1:
+        span = config_int(config, "max_position_embeddings") or 0
+    if isinstance(buckets, int) and buckets > 0:
+        span = buckets
+    kinds = tuple(k for k in (getattr(config, "pos_att_type", None) or ()) if k in ("c2p", "p2c"))
+    return 2 * span, bool(getattr(config, "share_att_key", False)), kinds
+
+
+def _position_rows(positions: tuple[int, bool, tuple[str, ...]] | None, path: str) -> tuple[int, bool]:
+    """(the relative-position rows a matmul module also runs on, 0 for none; whether a score uses its output).
+    With shared keys both content projections run on the positions, whichever terms the scores use."""
+    if positions is None:
+        return 0, False
+    rows, shared, kinds = positions
+    if shared and path.endswith("attention.self.query_proj"):
+        return rows, "p2c" in kinds
+    if shared and path.endswith("attention.self.key_proj"):
+        return rows, "c2p" in kinds
+    if path.endswith("pos_key_proj") and "c2p" in kinds or path.endswith("pos_query_proj") and "p2c" in kinds:
+        return rows, True
+    return 0, False
+
+
+def _frozen_positions(params: Any, frozen: set[str]) -> bool:
+    """DeBERTa-v2's relative-position embeddings frozen with their norm: the position projections' inputs need no
+    gradient, which 2 × forward does not follow (the traced engine does)."""
+    tables = [p.name for p in params if p.name.endswith("rel_embeddings.weight")]
+    owners = {name.rpartition(".rel_embeddings")[0] for name in tables}
+    norms = [p.name for p in params if any(p.name.startswith(f"{o}.LayerNorm.") for o in owners)]
+    return bool(tables) and all(name in frozen for name in tables + norms)
+
+
+def _position_scores(config: Any, positions: tuple[int, bool, tuple[str, ...]], batch: int,
+                     seq: int) -> tuple[int, str]:
+    """c2p (queries by projected positions) and p2c (keys by projected positions): 2·B·heads·S·d·(2 × span)
+    each, per layer."""
+    rows, _, kinds = positions
+    layers = config_int(config, "num_hidden_layers") or 0
+    heads = config_int(config, "num_attention_heads") or 1
+    head_dim = config_int(config, "attention_head_size") or (config_int(config, "hidden_size") or 0) // heads
+    flops = layers * len(kinds) * 2 * batch * heads * seq * head_dim * rows
+    return flops, (f"{'/'.join(kinds)} {layers} layers × {len(kinds)} × 2 × {batch} × {heads} heads × {seq:,} × "
+                   f"{head_dim} × {rows:,} positions")
+
+
+def _term_text(role: str, flops: int, numel: int, tokens: int, top_k: int, experts: int, positions: Any) -> str:
+    if role == "attention.position":
+        return (f"2 × {positions[0]:,} relative positions × {numel:,} weights (the projections that run on the "
+                "relative-position embeddings, each layer)")
+    text = f"2 × {tokens:,} tokens × {numel:,} weights"
+    return text + (f" (top-{top_k} of {experts} experts)" if role.startswith("moe.experts") else "")
 
 
 def _shared_uses(root: Any, config: Any) -> dict[str, int] | None:
