@@ -3,6 +3,7 @@ torch, identical to the answers of the meta build."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paramscope.cost.cost_facts import CostFacts, FactsConfig, config_snapshot, facts_key, find_facts, read_facts
+from paramscope.cost.cost_facts import FactsConfig, config_snapshot, facts_key, find_facts, read_facts
 from paramscope.cost.facts_record import record_facts
 from paramscope.cost.estimate import MemoryOptions, memory_answer
 from paramscope.cost.flop_estimate import FlopOptions, flop_answer
@@ -193,8 +194,8 @@ def test_facts_are_checked_before_they_are_kept(tmp_path):
     def wrong(module, *, build_dtype, key):  # a probe that misreads the real cache by one byte
         facts = original(module, build_dtype=build_dtype, key=key)
         build = facts.builds[build_dtype]
-        return CostFacts(**{**facts.__dict__, "builds": {build_dtype: cost_facts.BuildFacts(
-            build.dtypes, build.keep_fp32, (build.probe or 0) + 1)}})
+        return dataclasses.replace(facts, builds={build_dtype: cost_facts.BuildFacts(
+            build.dtypes, build.keep_fp32, (build.probe or 0) + 1)})
 
     try:
         facts_record.facts_from_module = wrong

@@ -5,7 +5,7 @@ A structure template (template.py) answers the report without torch; memory and 
 ones transformers' quantisers replace, its default quantisation skips, whether it generates, and, per build dtype,
 each tensor's dtype, the names it keeps in fp32 and the bytes its real cache holds after a two-token prefill.
 
-`record_facts` reads those from the module a build made, then answers the engines both ways (the build's view
+facts_record.py reads them from the module a build made, then answers the engines both ways (the build's view
 and the facts' view over the template's stand-ins) and keeps the facts only when every answer is identical. Facts
 are kept per exact config (its fields, --class, --task, --num-labels), beside the class's templates:
 <templates>/<class>/costs/<key>.json, in the user's cache (recorded after a build) and in the package (every
@@ -19,6 +19,7 @@ what they would see on the real object; what cannot be kept as JSON is marked, a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -205,11 +206,11 @@ class CostFacts:
         parsed = {}
         for dtype, build in builds.items():
             _expect(isinstance(build, dict) and set(build) == {"dtypes", "keep_fp32", "probe"}, "a build is malformed")
-            _expect(isinstance(build["dtypes"], dict) and all(isinstance(k, str) and isinstance(v, str) and v in ITEMSIZE
-                                                              for k, v in build["dtypes"].items()),
+            dtypes, pattern = build["dtypes"], build["keep_fp32"]
+            _expect(isinstance(dtypes, dict) and all(isinstance(k, str) and isinstance(v, str) and v in ITEMSIZE
+                                                     for k, v in dtypes.items()),
                     "a build's dtypes are not element types")
-            _expect(build["keep_fp32"] is None or isinstance(build["keep_fp32"], str) and len(build["keep_fp32"]) < 10_000,
-                    "keep_fp32 is not a pattern")
+            _expect(pattern is None or isinstance(pattern, str) and len(pattern) < 10_000, "keep_fp32 is not a pattern")
             _expect(build["probe"] is None or type(build["probe"]) is int and build["probe"] >= 0,
                     "probe is not a byte count")
             parsed[dtype] = BuildFacts(build["dtypes"], build["keep_fp32"], build["probe"])
@@ -324,6 +325,30 @@ def cost_view(source: Any, *, dtype: str | None = None, use_cache: bool = True, 
     return report, from_module(module)
 
 
+def answer_from_facts_or_build(source: Any, answer: Any, *, dtype: str | None = None, use_cache: bool = True,
+                               why_none: Any = None, **model_options: Any) -> tuple[Any, ModelView, Any]:
+    """(report, view, answer(report, view)), from the template and cost facts where they answer, else from the
+    meta build. `answer` returns None where it needs the built module (a traced step); `why_none(report, view)`
+    says why, for the report's engine line. A read the facts do not hold (FactsGap), or arithmetic that tampered
+    facts break, makes the build answer too; a user-facing error (ParamscopeError) is raised as it is."""
+    from ..errors import ParamscopeError
+    from .model_view import gap_words
+
+    report, view = cost_view(source, dtype=dtype, use_cache=use_cache, **model_options)
+    if view.module is None:
+        try:
+            result = answer(report, view)
+            if result is not None:
+                return report, view, result
+            why = why_none(report, view) if why_none else "the answer needs the built module"
+        except ParamscopeError:
+            raise
+        except Exception as gap:
+            why = gap_words(gap)
+        report, view = cost_view(source, dtype=dtype, use_cache=False, why_not=why, **model_options)
+    return report, view, answer(report, view)
+
+
 def _facts_answer(source: Any, dtype: str | None, *, model_class: str | None, task: str | None,
                   num_labels: int | None) -> tuple[tuple[Any, ModelView] | None, str | None]:
     from ..api import template_stand_ins
@@ -390,7 +415,7 @@ def write_facts(facts: CostFacts, directory: Path) -> Path | None:
     """Keep `facts`, merged with the builds already kept for the same config; the path, or None."""
     existing = read_facts(directory, facts.key, facts.class_name)
     if existing is not None and existing.config == facts.config:
-        facts = CostFacts(**{**facts.__dict__, "builds": {**existing.builds, **facts.builds}})
+        facts = dataclasses.replace(facts, builds={**existing.builds, **facts.builds})
     path = directory / f"{_safe(facts.key)}.json"
     try:
         atomic_write_json(path, facts.to_json())
@@ -399,5 +424,6 @@ def write_facts(facts: CostFacts, directory: Path) -> Path | None:
     return path
 
 
-__all__ = ["BuildFacts", "CostFacts", "FactsConfig", "config_snapshot", "cost_view", "facts_from_module",
+__all__ = ["BuildFacts", "CostFacts", "FactsConfig", "answer_from_facts_or_build", "config_snapshot", "cost_view",
+           "facts_from_module",
            "facts_key", "find_facts", "read_facts", "set_build_dtypes", "view_from_facts", "write_facts"]

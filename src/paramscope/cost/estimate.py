@@ -16,7 +16,6 @@ from .hardware import Accelerator, find_accelerator
 from .kv_cache import KVCache, config_int, is_mla, kv_cache, text_config
 from .memory import DEFAULT_RESERVE, MemoryEstimate, fit_on, fit_table, prefill_workspace
 from .quantization import declared_format, weight_format
-from .model_view import gap_words
 from .weights import quantized_names, weight_memory
 
 KV_LAYOUTS = ("hf", "latent", "expanded")
@@ -71,7 +70,7 @@ def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cach
                   **model_options: Any):
     """`estimate_memory`, and the ModelView it read (the CLI records cost facts from a built one)."""
     from ..api import as_source
-    from .cost_facts import cost_view
+    from .cost_facts import answer_from_facts_or_build
 
     options.check()
     accelerator = find_accelerator(options.gpu) if options.gpu else None
@@ -79,17 +78,10 @@ def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cach
         torch_name(options.kv_dtype)  # a bad name fails before the build
     source = as_source(model, model_options.pop("revision", None))
     fmt, origin, not_convert = storage_format(source.config, options)
-    report, view = cost_view(source, dtype=fmt.compute_dtype, use_cache=use_cache and not options.trace,
-                             **model_options)
-    if view.module is None:
-        try:
-            return report, serving_estimate(report, view, options, fmt, origin, not_convert, accelerator), view
-        except ParamscopeError:
-            raise
-        except Exception as gap:  # what the facts do not hold (FactsGap), or could not give: the build answers
-            report, view = cost_view(source, dtype=fmt.compute_dtype, use_cache=False, why_not=gap_words(gap),
-                                     **model_options)
-    return report, serving_estimate(report, view, options, fmt, origin, not_convert, accelerator), view
+    report, view, estimate = answer_from_facts_or_build(
+        source, lambda report, view: serving_estimate(report, view, options, fmt, origin, not_convert, accelerator),
+        dtype=fmt.compute_dtype, use_cache=use_cache and not options.trace, **model_options)
+    return report, estimate, view
 
 
 def storage_format(config: dict[str, Any], options: MemoryOptions):

@@ -59,6 +59,8 @@ def check_facts(facts: CostFacts, template: Any, source: Any, report: Any, modul
     from .flops import analytic_flops
     from .kv_cache import is_mla, text_config
     from .model_view import from_module
+    from .training import weight_dtype
+    from .training_estimate import TrainingOptions, step_estimate
 
     root = template.module(source.config, num_labels)
     set_build_dtypes(root, facts, dtype)
@@ -80,9 +82,6 @@ def check_facts(facts: CostFacts, template: Any, source: Any, report: Any, modul
         found = first_difference(expected, got)
         if found:
             return f"memory --dtype {option.dtype or '(declared)'}: {found}"
-    from .training import weight_dtype
-    from .training_estimate import TrainingOptions, step_estimate
-
     for precision in ("bf16-mixed", "fp16-mixed", "fp32", "bf16-pure"):
         if weight_dtype(precision) != dtype:
             continue

@@ -19,7 +19,6 @@ from .flops import FlopEstimate, FlopTerm, analytic_flops, skipped_input_gradien
 from .hardware import Accelerator, find_accelerator, peak_flops
 from .estimate import max_context, step_length
 from .kv_cache import text_config
-from .model_view import gap_words
 from .trace import StepSettings
 
 DEFAULT_SEQ = 2048
@@ -99,25 +98,15 @@ def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), use_cache: 
 def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: bool = True, **model_options: Any):
     """`estimate_flops`, and the ModelView it read (the CLI records cost facts from a built one)."""
     from ..api import as_source
-    from .cost_facts import cost_view
+    from .cost_facts import answer_from_facts_or_build
 
     options.check()
     accelerator = find_accelerator(options.gpu) if options.gpu else None
     source = as_source(model, model_options.pop("revision", None))
-    report, view = cost_view(source, use_cache=use_cache and not options.trace, **model_options)
-    if view.module is None:
-        try:
-            estimate = _estimate(report, view, options)
-            if estimate is not None:
-                return report, estimate, _compute(estimate, report, options, accelerator,
-                                                  _active_parameters(report, text_config(view.config))), view
-            why = _no_analytic(report, view, options) + ": the traced engine needs the build"
-        except ParamscopeError:
-            raise
-        except Exception as gap:  # what the facts do not hold (FactsGap), or could not give: the build answers
-            why = gap_words(gap)
-        report, view = cost_view(source, use_cache=False, why_not=why, **model_options)
-    estimate = _estimate(report, view, options)
+    report, view, estimate = answer_from_facts_or_build(
+        source, lambda report, view: _estimate(report, view, options),
+        why_none=lambda report, view: _no_analytic(report, view, options) + ": the traced engine needs the build",
+        use_cache=use_cache and not options.trace, **model_options)
     if estimate is None or options.trace:
         estimate = _with_trace(estimate, report, view, options)
     return report, estimate, _compute(estimate, report, options, accelerator,

@@ -6,11 +6,17 @@ weighted sum (p·v) are counted in full, 2·B·S²·heads·(d_qk + d_v) per atte
 not counted. T = batch × seq tokens.
 
     forward  = 2·T·(matmul weights a token meets) + attention
-      - every nn.Linear (and GPT-2's Conv1D) weight, once per use: a tied lm_head counts as a matmul;
+      - every nn.Linear (and GPT-2's Conv1D) weight, once per use: a tied lm_head counts as a matmul; ALBERT's
+        shared layer groups once per pass that runs them;
       - routed experts at top-k of E: each token meets k of them (numel × k / E); shared experts and the router
-        in full.
+        in full;
+      - an encoder-decoder: encoder and decoder both at S tokens, attention = encoder self + decoder self + cross;
+      - DeBERTa-v2: each layer also projects 2 × span relative-position embeddings (whatever B and S), and its
+        c2p and p2c scores cost 2·B·heads·S·d·(2 × span) each, counted with the attention.
     backward = 2 × forward for what trains (the input's gradient and the weight's; a frozen matmul only passes
-               the input's gradient on, 1 ×; attention's backward is 2 × its forward)
+               the input's gradient on, 1 ×; attention's backward is 2 × its forward). Where freezing leaves a
+               frozen prefix, autograd computes no input gradient before the first trainable tensor: no closed
+               form here (skipped_input_gradients), the traced engine answers.
     recompute (hardware FLOPs, not model FLOPs): flash attention's backward recomputes the scores (½ × the
                attention forward), and full gradient checkpointing reruns each layer's forward.
 
@@ -157,7 +163,7 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
         relative, relative_text = _position_scores(config, positions, batch, seq)
         attention += relative
         text += f" + {relative_text}"
-    terms = [FlopTerm(role, flops, _term_text(role, flops, numel, tokens, top_k, experts, positions))
+    terms = [FlopTerm(role, flops, _term_text(role, numel, tokens, top_k, experts, positions))
              for role, (flops, numel) in sorted(by_role.items(), key=lambda kv: -kv[1][0])]
     if attention:
         terms.append(FlopTerm("attention.scores", attention, text))
@@ -274,7 +280,7 @@ def _position_scores(config: Any, positions: tuple[int, bool, tuple[str, ...]], 
                    f"{head_dim} × {rows:,} positions")
 
 
-def _term_text(role: str, flops: int, numel: int, tokens: int, top_k: int, experts: int, positions: Any) -> str:
+def _term_text(role: str, numel: int, tokens: int, top_k: int, experts: int, positions: Any) -> str:
     if role == "attention.position":
         return (f"2 × {positions[0]:,} relative positions × {numel:,} weights (the projections that run on the "
                 "relative-position embeddings, each layer)")

@@ -6,8 +6,9 @@ replace, what the class keeps in fp32, whether it generates, and how many bytes 
 two-token prefill. A `ModelView` gives exactly that:
 
 - `from_module`: read from the module built on meta (and, for the cache, a prefill run on it);
-- `from_facts`: read from `CostFacts` (cost_facts.py), recorded from such a module for one config and checked
-  against it, with the template's stand-in modules for the structure. No torch, no transformers.
+- `cost_facts.view_from_facts`: read from `CostFacts`, recorded from such a module for one config and checked
+  against it (facts_record.py), with the template's stand-in modules for the structure. No torch, no
+  transformers.
 
 Both go through the same arithmetic, so the facts path answers what the build would, or refuses: a read the
 facts do not hold raises `FactsGap`, and the caller builds instead.

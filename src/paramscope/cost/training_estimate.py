@@ -104,8 +104,8 @@ def training_answer(model: Any, options: TrainingOptions = TrainingOptions(), us
                     **model_options: Any):
     """`estimate_training`, and the ModelView it read (the CLI records cost facts from a built one)."""
     from ..api import _is_module, as_source, inspect_module
-    from .cost_facts import cost_view
-    from .model_view import from_module, gap_words
+    from .cost_facts import answer_from_facts_or_build
+    from .model_view import from_module
 
     options.check()
     dtype = weight_dtype(check_precision(options.precision))
@@ -115,19 +115,12 @@ def training_answer(model: Any, options: TrainingOptions = TrainingOptions(), us
         report, view = inspect_module(model), from_module(model)
         return report, step_estimate(report, view, options, live=True), view
     source = as_source(model, model_options.pop("revision", None))
-    report, view = cost_view(source, dtype=dtype, use_cache=use_cache and not options.trace, **model_options)
-    if view.module is None:
-        try:
-            estimate = step_estimate(report, view, options, live=False)
-            if estimate is not None:
-                return report, estimate, view
-            why = f"no analytic activation recipe for {view.class_name}: the traced step needs the build"
-        except ParamscopeError:
-            raise
-        except Exception as gap:  # what the facts do not hold (FactsGap), or could not give: the build answers
-            why = gap_words(gap)
-        report, view = cost_view(source, dtype=dtype, use_cache=False, why_not=why, **model_options)
-    return report, step_estimate(report, view, options, live=False), view
+    report, view, estimate = answer_from_facts_or_build(
+        source, lambda report, view: step_estimate(report, view, options, live=False),
+        why_none=lambda report, view: f"no analytic activation recipe for {view.class_name}: the traced step needs "
+                                      "the build",
+        dtype=dtype, use_cache=use_cache and not options.trace, **model_options)
+    return report, estimate, view
 
 
 def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: bool) -> MemoryEstimate | None:
