@@ -25,6 +25,7 @@ from paramscope.render.json import report_to_dict
 from paramscope.render.memory import memory_to_dict
 from paramscope.document_diff import comparable as _comparable, first_difference
 
+from json_mutation import mutate
 from test_template import needs_shipped
 
 
@@ -254,21 +255,6 @@ def test_tampered_or_hostile_facts_files_are_ignored(tmp_path, monkeypatch):
     assert read_facts(directory, key, "GPT2LMHeadModel") is None
 
 
-def _paths(node, prefix=()):
-    yield prefix
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _paths(value, (*prefix, key))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from _paths(value, (*prefix, i))
-
-
-_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) |
-                     st.text(max_size=8), lambda inner: st.lists(inner, max_size=3) |
-                     st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
-
-
 @needs_shipped
 @settings(max_examples=int(os.environ.get("PARAMSCOPE_FUZZ_EXAMPLES", 100)), deadline=None)
 @given(data=st.data())
@@ -287,12 +273,7 @@ def test_mutated_facts_are_refused_or_answer_never_crash(data, tmp_path_factory)
         config = find_preset("gpt2").load_config()
         key = facts_key(config, model_class=None, task=None, num_labels=None)
         document = find_facts("GPT2LMHeadModel", key).to_json()
-        paths = [p for p in _paths(document) if p]
-        path = data.draw(st.sampled_from(paths))
-        node = document
-        for part in path[:-1]:
-            node = node[part]
-        node[path[-1]] = data.draw(_JSON)
+        mutate(document, data)
         directory = facts_directory(cache_directory(installed_transformers_version()) / "GPT2LMHeadModel")
         directory.mkdir(parents=True, exist_ok=True)
         (directory / f"{key}.json").write_text(json.dumps(document))

@@ -20,6 +20,8 @@ from paramscope.template import SHIPPED, Template, lookup_template
 from paramscope.document_diff import comparable as _comparable, first_difference
 from paramscope.template_record import derive_template
 
+from json_mutation import mutate
+
 UNSEEN = Path(__file__).parent / "configs" / "unseen"
 SHIPPED_VERSIONS = sorted(p.name for p in (SHIPPED / "v1").iterdir()) if (SHIPPED / "v1").is_dir() else []
 needs_shipped = pytest.mark.skipif(
@@ -224,21 +226,6 @@ def test_a_tampered_template_costs_nothing_and_the_build_answers(tmp_path, monke
     assert report.total == 109_514_298
 
 
-def _paths(node, prefix=()):
-    yield prefix
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _paths(value, (*prefix, key))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from _paths(value, (*prefix, i))
-
-
-_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) |
-                     st.text(max_size=8), lambda inner: st.lists(inner, max_size=3) |
-                     st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
-
-
 @needs_shipped
 @settings(max_examples=int(os.environ.get("PARAMSCOPE_FUZZ_EXAMPLES", 150)), deadline=None)
 @given(data=st.data())
@@ -252,12 +239,7 @@ def test_a_mutated_template_is_refused_or_answers_never_crashes(data):
 
     config = find_preset("t5-small").load_config()
     document = lookup_template(config).template.to_json()
-    paths = [p for p in _paths(document) if p]
-    path = data.draw(st.sampled_from(paths))
-    node = document
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = data.draw(_JSON)
+    mutate(document, data)
     try:
         template = Template.from_json(json.loads(json.dumps(document)))
     except CacheEntryError:
