@@ -69,9 +69,11 @@ def write(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def add_cache_option(parser: argparse.ArgumentParser) -> None:
+def add_cache_option(parser: argparse.ArgumentParser, *, costs: bool = False) -> None:
+    """--no-cache; `costs`: the command also answers from (and records) a config's cost facts."""
+    what = "a structure template or cost facts" if costs else "a structure template"
     parser.add_argument("--no-cache", action="store_true",
-                        help="build the class on meta: neither answer from nor record a structure template")
+                        help=f"build the class on meta: neither answer from nor record {what}")
 
 
 RECORD_ENV = "PARAMSCOPE_RECORD_TEMPLATES"  # "0": never record templates after a build (documented in the README)

@@ -43,7 +43,7 @@ def add_parser(subparsers: Any) -> None:
                         help="also count with torch's FlopCounterMode on fake tensors and show the agreement")
     parser.add_argument("--json", action="store_true",
                         help="print the JSON report with its \"flops\" object (docs/json-schema.md)")
-    add_cache_option(parser)
+    add_cache_option(parser, costs=True)
     add_html_option(parser)
     add_width_option(parser)
     add_debug_option(parser)

@@ -65,7 +65,7 @@ def add_parser(subparsers: Any) -> None:
                              "training step, or generate()'s prefill and a decode step), beside the analytic answer")
     parser.add_argument("--json", action="store_true",
                         help="print the JSON report with its \"memory\" object (docs/json-schema.md)")
-    add_cache_option(parser)
+    add_cache_option(parser, costs=True)
     add_html_option(parser)
     add_width_option(parser)
     add_debug_option(parser)
