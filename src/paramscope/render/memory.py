@@ -195,7 +195,7 @@ def training_parts(report, estimate) -> list:
             + (" (fused)" if settings["optimizer"] in ("adamw", "adam") else ""))
     shape = (f"batch {settings['batch']:,} × {settings['seq']:,} tokens{seq_from}; attention "
              f"{settings['attention']}; gradient checkpointing {settings['grad_checkpointing']}")
-    lines = [title, indented(step), indented(shape)]
+    lines = [title, *filter(None, [model_source_line(report.model)]), indented(step), indented(shape)]
     if detail.frozen:
         tensors = "tensor" if len(detail.frozen) == 1 else "tensors"
         lines.append(indented(f"frozen: {exact(states.frozen)} parameters in {len(detail.frozen)} {tensors} "
