@@ -11,7 +11,7 @@ import pytest
 from paramscope.api import as_source, inspect_with_module
 from paramscope.cost.training_estimate import TrainingOptions, estimate_training
 from paramscope.errors import ParamscopeError
-from paramscope.plan import PlanOptions, make_plan
+from paramscope.plan import PlanOptions, make_plan, plan_memory
 
 
 def _plan(name: str, options: PlanOptions, **model_options):
@@ -165,7 +165,7 @@ def test_qlora_below_lora_below_full_on_llama_2_7b():
                                ("lora", PlanOptions(lora=8, target=("q_proj", "v_proj"))),
                                ("qlora", PlanOptions(lora=8, target=("q_proj", "v_proj"), qlora="nf4"))):
         plans[name] = make_plan(report, module, plan_options)
-        _, peaks[name] = estimate_training(plans[name].module, options)
+        peaks[name] = plan_memory(plans[name], options)
     assert peaks["qlora"].peak < peaks["lora"].peak < peaks["full"].peak
     assert peaks["lora"].engine == peaks["qlora"].engine == "traced"
     states = peaks["full"].training.states
@@ -175,7 +175,7 @@ def test_qlora_below_lora_below_full_on_llama_2_7b():
     # the model states' weights count the packed 4-bit codes at their own size, as the weights table does
     assert peaks["qlora"].training.states.weights.bytes == peaks["qlora"].weights.bytes
     # to the byte: LoRA's fp32 base matrices leave, memory --dtype nf4's bytes for them (codes, absmax, code book)
-    # come in
+    # come in, and the adapters are bf16 (QLoRA's recipe) where LoRA's are fp32 (PEFT's under mixed precision)
     from paramscope.cost.quantization import weight_format
 
     shapes = {p.name: p.shape for p in report.params}
@@ -185,7 +185,12 @@ def test_qlora_below_lora_below_full_on_llama_2_7b():
     nf4 = sum(weight_format("nf4").tensor_bytes(shapes[name]).total for name in quantized)
     lora, qlora = peaks["lora"].weights, peaks["qlora"].weights
     assert len(quantized) == 224
-    assert qlora.bytes + qlora.buffer_bytes == lora.bytes + lora.buffer_bytes - fp32 + nf4
+    adapters = plans["qlora"].adapter
+    assert plans["qlora"].adapter_dtype == "bfloat16" and plans["lora"].adapter_dtype is None
+    assert qlora.bytes + qlora.buffer_bytes == lora.bytes + lora.buffer_bytes - fp32 + nf4 - 2 * adapters
+    assert qlora.by_dtype["bf16"] == 2 * adapters == 2 * 4_194_304
+    qstates, lstates = peaks["qlora"].training.states, peaks["lora"].training.states
+    assert (qstates.gradients.bytes, lstates.gradients.bytes) == (2 * adapters, 4 * adapters)
 
 
 def test_qlora_flops_are_loras():
@@ -238,3 +243,99 @@ def test_lora_on_embeddings_counts_and_traces():
     assert plan.by_role["adapter.lora_embedding_A"] == (8 * 50257, 0)
     _, estimate = estimate_training(plan.module, TrainingOptions(batch=1, seq=64))
     assert estimate.engine == "traced" and estimate.training.states.trainable == 408_200
+
+
+# ------------------------------------------------------------------------------------------ the adapters' dtype
+
+LLAMA = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=8,
+             num_key_value_heads=2, vocab_size=1000)
+
+
+def _real_peft_llama(adapter_dtype):
+    """A real (CPU, random) 2-layer Llama with PEFT's LoRA on q and v, the adapters cast as a user would."""
+    import peft
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+    model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"],
+                                                       task_type="CAUSAL_LM"))
+    for name, param in model.named_parameters():
+        if "lora_" in name:
+            param.data = param.data.to(getattr(torch, adapter_dtype))
+    return model
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp32"])
+def test_bf16_adapters_traced_equal_a_real_step_and_the_model_states(precision):
+    """bf16 adapters over an fp32 base (QLoRA's recipe without the 4-bit base): the traced step of the plan built
+    on meta equals a real step of a real PEFT model, phase by phase, to the byte; and the model states (weights,
+    gradients, AdamW's states) equal MemTracker's categories."""
+    import transformers
+
+    from paramscope.api import inspect_module
+    from paramscope.cost.trace import StepSettings, trace_training
+
+    report, module = inspect_with_module(transformers.LlamaConfig(**LLAMA), model_class="LlamaForCausalLM")
+    plan = make_plan(report, module, PlanOptions(lora=8, target=("q_proj", "v_proj"), adapter_dtype="bfloat16"))
+    assert plan.adapter_dtype == "bfloat16" and len(plan.own_dtype) == 2 * 2 * 2  # A, B on q, v of 2 layers
+    assert {str(p.dtype) for n, p in plan.module.named_parameters() if n in plan.own_dtype} == {"torch.bfloat16"}
+    settings = StepSettings(batch=2, seq=64, precision=precision, optimizer="adamw", weights_dtype="float32",
+                            own_dtype=plan.own_dtype)
+    traced = trace_training(plan.module, settings)
+    real = trace_training(_real_peft_llama("bfloat16"), settings, fake=False)
+    assert [(p.phase, p.bytes, p.by_category) for p in traced.phases] == \
+        [(p.phase, p.bytes, p.by_category) for p in real.phases]
+
+    estimate = plan_memory(plan, TrainingOptions(batch=2, seq=64, precision=precision))
+    states = estimate.training.states
+    adapters = 2 * (8 * 256 + 256 * 8) + 2 * (8 * 256 + 64 * 8)  # q: A 8×256, B 256×8; v: A 8×256, B 64×8
+    assert states.trainable == adapters
+    assert states.gradients.bytes == 2 * adapters  # bf16 gradients, like their parameters
+    assert states.optimizer.bytes == 2 * 2 * adapters + 4 * 8  # bf16 exp_avg, exp_avg_sq; 8 fp32 step scalars
+    base = report.total
+    assert states.weights.bytes == estimate.weights.bytes == 4 * base + 2 * adapters
+    assert estimate.weights.by_dtype == {"fp32": 4 * base, "bf16": 2 * adapters}
+    assert estimate.settings["own_dtype"] == {"bfloat16": adapters}
+    resident = traced.resident
+    assert (resident["parameters"], resident["optimizer states"]) == (states.weights.bytes, states.optimizer.bytes)
+    assert max(p.by_category["gradients"] for p in traced.phases) == states.gradients.bytes
+    assert traced.peak.bytes == real.peak.bytes
+    assert inspect_module(plan.module).total == base + adapters
+
+
+def test_a_live_plan_under_bf16_pure_counts_its_weights_in_bf16():
+    """The planned module is built in fp32; under bf16-pure the step holds every weight in bf16, and the weights
+    table says so, as the model states and the traced step do (it once said fp32)."""
+    report, plan = _plan("gpt2", PlanOptions(lora=8))
+    estimate = plan_memory(plan, TrainingOptions(batch=1, seq=32, precision="bf16-pure"))
+    total = plan.total
+    assert estimate.weights.bytes == estimate.training.states.weights.bytes == 2 * total
+    assert estimate.weights.by_dtype == {"bf16": 2 * total}
+    assert estimate.training.traced.resident["parameters"] == 2 * total
+    assert estimate.settings["own_dtype"] == {}
+
+
+@pytest.mark.parametrize("args, named", [
+    (("--lora", "8", "--adapter-dtype", "fp16"), "'fp16'"),
+    (("--adapter-dtype", "bf16"), "--adapter-dtype needs --lora"),
+])
+def test_cli_adapter_dtype_bad_options(args, named):
+    result = _cli("plan", "gpt2", "--no-memory", *args)
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cli_qlora_adapters_are_bf16_and_named():
+    result = _cli("plan", "gpt2", "--lora", "8", "--qlora", "--seq", "32", "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)["plan"]
+    assert plan["adapter_dtype"] == "bfloat16"
+    memory = plan["memory"]
+    assert memory["settings"]["own_dtype"] == {"bfloat16": 294_912}
+    assert memory["gradients"]["bytes"] == 2 * 294_912
+    text = _cli("plan", "gpt2", "--lora", "8", "--qlora", "--no-memory", "--width", "200").stdout
+    assert "stored in bf16 under any --precision (QLoRA's recipe)" in text
+    fp32 = _cli("plan", "gpt2", "--lora", "8", "--qlora", "--adapter-dtype", "fp32", "--seq", "32", "--json")
+    assert json.loads(fp32.stdout)["plan"]["memory"]["gradients"]["bytes"] == 4 * 294_912

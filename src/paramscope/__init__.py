@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .cost.flop_estimate import FlopOptions, estimate_flops
     from .cost.flops import FlopEstimate
     from .api import inspect_with_module
-    from .plan import Plan, PlanOptions, make_plan
+    from .plan import Plan, PlanOptions, make_plan, plan_flops, plan_memory
 
 # The public names each load their module on first use (PEP 562), so that `paramscope formula` answering from
 # its cache, and `paramscope --version`, pay for nothing they do not use.
@@ -48,6 +48,7 @@ _LAZY = {
     "estimate_training": "cost.training_estimate", "TrainingOptions": "cost.training_estimate",
     "estimate_flops": "cost.flop_estimate", "FlopOptions": "cost.flop_estimate", "FlopEstimate": "cost.flops",
     "inspect_with_module": "api", "Plan": "plan", "PlanOptions": "plan", "make_plan": "plan",
+    "plan_memory": "plan", "plan_flops": "plan",
 }
 
 
@@ -103,4 +104,6 @@ __all__ = [
     "inspect_module",
     "inspect_with_module",
     "make_plan",
+    "plan_flops",
+    "plan_memory",
 ]

@@ -13,6 +13,7 @@ echoes what each matched. With adapters, PEFT freezes the base first and the rul
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,10 @@ TASK_TYPES = (("ForCausalLM", "CAUSAL_LM"), ("LMHeadModel", "CAUSAL_LM"), ("ForS
               ("ForTokenClassification", "TOKEN_CLS"), ("ForConditionalGeneration", "SEQ_2_SEQ_LM"),
               ("ForQuestionAnswering", "QUESTION_ANS"))
 MAX_RANK = 1 << 16
+# fp16 adapters are left out: under fp16 autocast the grad scaler refuses fp16 gradients (PEFT's
+# autocast_adapter_dtype exists for that reason)
+ADAPTER_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+QLORA_ADAPTER_DTYPE = "bfloat16"  # the QLoRA paper's: a 4-bit base, bf16 adapters, bf16 compute
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,8 @@ class PlanOptions:
     rslora: bool = False
     modules_to_save: tuple[str, ...] = ()
     qlora: str | None = None  # "nf4" or "nf4-dq": the base's nn.Linear weights stored 4-bit (bitsandbytes)
+    # the adapters' dtype: "float32" | "bfloat16"; None: bf16 with --qlora (QLoRA's recipe), else --precision's
+    adapter_dtype: str | None = None
 
     def check(self) -> None:
         if self.lora is not None and not 1 <= self.lora <= MAX_RANK:
@@ -49,6 +56,11 @@ class PlanOptions:
             raise ParamscopeError(f"the QLoRA base is nf4 or nf4-dq, got {self.qlora!r}")
         if self.qlora is not None and self.lora is None:
             raise ParamscopeError("--qlora needs --lora R (the adapters' rank)")
+        if self.adapter_dtype is not None:
+            if self.adapter_dtype not in ADAPTER_DTYPES.values():
+                raise ParamscopeError(f"--adapter-dtype is fp32 or bf16, got {self.adapter_dtype!r}")
+            if self.lora is None:
+                raise ParamscopeError("--adapter-dtype needs --lora R")
         if not 0 <= self.dropout < 1:
             raise ParamscopeError(f"--dropout must be in [0, 1), got {self.dropout}")
         for kind, value in self.rules:
@@ -81,6 +93,8 @@ class Plan(HtmlDisplay):
     peft_counts: tuple[int, int] | None = None  # PEFT's get_nb_trainable_parameters(), where adapters are used
     quantized: tuple[str, ...] = ()  # QLoRA: the base weights stored 4-bit (canonical names)
     storage: str | None = None  # QLoRA: "nf4" | "nf4-dq"
+    adapter_dtype: str | None = None  # the adapters' own dtype; None: they follow --precision
+    own_dtype: frozenset[str] = frozenset()  # the module's parameters kept in adapter_dtype (names in `module`)
 
     def _html(self, fragment: bool) -> str:
         from .api import inspect
@@ -100,7 +114,8 @@ def compared_plans(text: str, options: PlanOptions) -> list[tuple[str, PlanOptio
     if unknown or not names or len(set(names)) != len(names):
         raise ParamscopeError(f"--compare takes plans from {','.join(COMPARABLE)}, each once; got {text!r}")
     adapters = dict(lora=options.lora or 8, alpha=options.alpha, dropout=options.dropout, target=options.target,
-                    rslora=options.rslora, modules_to_save=options.modules_to_save)
+                    rslora=options.rslora, modules_to_save=options.modules_to_save,
+                    adapter_dtype=options.adapter_dtype)
     plans = []
     for name in names:
         if name == "full":
@@ -147,8 +162,24 @@ def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
     quantized: tuple[str, ...] = ()
     if options.qlora:
         quantized = _quantize_base(model, module, report, options.qlora)
+    adapter_dtype = options.adapter_dtype or (QLORA_ADAPTER_DTYPE if options.qlora else None)
+    own = _cast_adapters(model, adapter_dtype) if adapter_dtype else frozenset()
     return Plan(method, trainable, targets, n_trainable, total - n_trainable, adapter, total,
-                {k: (v[0], v[1]) for k, v in sorted(by_role.items())}, model, peft_counts, quantized, options.qlora)
+                {k: (v[0], v[1]) for k, v in sorted(by_role.items())}, model, peft_counts, quantized, options.qlora,
+                adapter_dtype, own)
+
+
+def _cast_adapters(model: Any, dtype: str) -> frozenset[str]:
+    """Store the adapters' parameters (LoRA's A and B, DoRA's magnitude) in `dtype`, on meta as PEFT's
+    `autocast_adapter_dtype=False` leaves them; returns their names."""
+    import torch
+
+    names = set()
+    for name, param in model.named_parameters():
+        if _ADAPTER.search(name + "."):
+            param.data = param.data.to(getattr(torch, dtype))
+            names.add(name)
+    return frozenset(names)
 
 
 def _quantize_base(model: Any, base: Any, report: Any, storage: str) -> tuple[str, ...]:
@@ -205,9 +236,12 @@ def _base_name(name: str) -> str:
         .replace(".original_module.", ".")
 
 
+_ADAPTER = re.compile(r"\.(lora_[A-Za-z_]+|lora_magnitude_vector)\.")
+
+
 def _role_of(name: str, params: dict[str, Any]) -> tuple[str, bool]:
     """(role, is an adapter) of a parameter of the planned model."""
-    adapter = re.search(r"\.(lora_[A-Za-z_]+|lora_magnitude_vector)\.", name + ".")
+    adapter = _ADAPTER.search(name + ".")
     if adapter:
         kind = adapter.group(1)
         return ("adapter.dora_magnitude" if "magnitude" in kind else f"adapter.{kind}"), True
@@ -246,6 +280,16 @@ def _with_adapters(model: Any, options: PlanOptions) -> tuple[Any, tuple[str, ..
     resolved = wrapped.peft_config["default"].target_modules
     targets = tuple(sorted(resolved)) if isinstance(resolved, (set, list, tuple)) else (str(resolved),)
     return wrapped, targets
+
+
+def plan_memory(plan: Plan, options: Any = None) -> Any:
+    """The plan's training step's memory (a MemoryEstimate, as `estimate_training` gives), for `options`
+    (TrainingOptions; default: its defaults). The planned module is a live one: its weights take --precision's
+    dtype, except the adapters when the plan stores them in their own (bf16 with --qlora)."""
+    from .cost.training_estimate import TrainingOptions, estimate_training
+
+    options = TrainingOptions() if options is None else options
+    return estimate_training(plan.module, dataclasses.replace(options, own_dtype=plan.own_dtype))[1]
 
 
 def plan_flops(plan: Plan, *, batch: int, seq: int, checkpointing: bool = False) -> Any:

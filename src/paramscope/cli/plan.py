@@ -43,6 +43,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--qlora", nargs="?", const="nf4", choices=("nf4", "nf4-dq"), metavar="nf4|nf4-dq",
                         help="QLoRA: with --lora R, the frozen base's nn.Linear weights stored 4-bit by bitsandbytes "
                              "(nf4; nf4-dq: double quantisation)")
+    parser.add_argument("--adapter-dtype", metavar="fp32|bf16",
+                        help="the adapters' storage (default: bf16 with --qlora, as the QLoRA paper trains them; "
+                             "else --precision's weights dtype, fp32 under mixed precision as PEFT makes them)")
     parser.add_argument("--compare", metavar="PLANS",
                         help="plans side by side, from full,freeze,lora,qlora: trainable share, peak memory, step "
                              "FLOPs per token, largest batch on --gpu/--budget (freeze: the --train/--freeze rules "
@@ -67,9 +70,9 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..api import as_source, inspect_with_module
     from ..cost.dtypes import parse_bytes
-    from ..cost.training_estimate import TrainingOptions, estimate_training
+    from ..cost.training_estimate import TrainingOptions
     from ..errors import ParamscopeError
-    from ..plan import PlanOptions, compared_plans, make_plan, plan_flops
+    from ..plan import ADAPTER_DTYPES, PlanOptions, compared_plans, make_plan, plan_flops, plan_memory
     from ..sources import resolve
 
     width = None if args.json else checked_width(args)
@@ -77,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
     split = lambda text: tuple(t.strip() for t in text.split(",") if t.strip()) if text else None  # noqa: E731
     options = PlanOptions(rules=tuple(args.rules), lora=args.lora, alpha=args.alpha, dropout=args.dropout,
                           target=split(args.target), dora=args.dora, rslora=args.rslora,
-                          modules_to_save=split(args.modules_to_save) or (), qlora=args.qlora)
+                          modules_to_save=split(args.modules_to_save) or (), qlora=args.qlora,
+                          adapter_dtype=None if args.adapter_dtype is None else
+                          ADAPTER_DTYPES.get(args.adapter_dtype.strip().lower(), args.adapter_dtype))
     compared = compared_plans(args.compare, options) if args.compare else None
     if compared is None:
         options.check()
@@ -95,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(report, module, options)
     estimate = flops = None
     if not args.no_memory:
-        _, estimate = estimate_training(plan.module, training)
+        estimate = plan_memory(plan, training)
         flops = plan_flops(plan, batch=args.batch, seq=estimate.settings["seq"],
                            checkpointing=args.grad_checkpointing == "full")
     if args.html is not None:
@@ -117,14 +122,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(args, report, module, compared, training, width) -> int:
-    from ..cost.training_estimate import estimate_training
-    from ..plan import make_plan, plan_flops
+    from ..plan import make_plan, plan_flops, plan_memory
     from ..render.plan import compare_plans_to_dict, render_plan_compare_text
 
     rows = []
     for name, options in compared:
         plan = make_plan(report, module, options)
-        _, estimate = estimate_training(plan.module, training)
+        estimate = plan_memory(plan, training)
         flops = plan_flops(plan, batch=args.batch, seq=estimate.settings["seq"],
                            checkpointing=args.grad_checkpointing == "full")
         rows.append((name, plan, estimate, flops))

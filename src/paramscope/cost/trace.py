@@ -79,6 +79,7 @@ class StepSettings:
     decode_steps: int = 1  # inference
     encoder_seq: int | None = None
     weights_dtype: str | None = None  # floating parameters become this dtype in the copy; None: as they are
+    own_dtype: frozenset[str] = frozenset()  # parameter names that keep their own dtype (a plan's bf16 adapters)
 
 
 def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) -> TracedStep:
@@ -91,7 +92,7 @@ def _trace_training(module: Any, settings: StepSettings, *, fake: bool) -> Trace
     check_attention(settings.attention)
     notes = list(_attention_notes(settings.attention))
     with fake_mode(fake) as mode:
-        model = working_copy(module, mode, settings.attention, settings.weights_dtype)
+        model = working_copy(module, mode, settings.attention, settings.weights_dtype, settings.own_dtype)
         model.train()
         for name, param in model.named_parameters():
             if name in settings.frozen:
@@ -260,8 +261,11 @@ def _as_in_eager() -> Iterator[None]:
             setattr(owner, name, value)
 
 
-def working_copy(module: Any, mode: Any, attention: str | None, weights_dtype: str | None = None) -> Any:
+def working_copy(module: Any, mode: Any, attention: str | None, weights_dtype: str | None = None,
+                 own_dtype: frozenset[str] = frozenset()) -> Any:
     """A copy whose parameters and buffers are fake CPU tensors of the same shapes, dtypes, flags and sharing.
+
+    With `weights_dtype`, floating parameters take that dtype, except those named in `own_dtype`.
 
     Ties survive: each distinct tensor becomes one fake tensor, however many modules hold it. With `mode` None
     (a real run, for the tests) the module itself is used."""
@@ -271,11 +275,14 @@ def working_copy(module: Any, mode: Any, attention: str | None, weights_dtype: s
         model = module
     else:
         memo: dict[int, Any] = {}
+        own = {id(p) for name, p in module.named_parameters(remove_duplicate=False) if name in own_dtype} \
+            if own_dtype else set()
         for tensor in itertools.chain(module.parameters(), module.buffers()):
             if id(tensor) in memo:
                 continue
             dtype = tensor.dtype
-            if weights_dtype and isinstance(tensor, torch.nn.Parameter) and dtype.is_floating_point:
+            if weights_dtype and isinstance(tensor, torch.nn.Parameter) and dtype.is_floating_point \
+                    and id(tensor) not in own:
                 dtype = getattr(torch, weights_dtype)
             fake = torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()), dtype=dtype, device="cpu")
             if isinstance(tensor, torch.nn.Parameter):

@@ -25,6 +25,7 @@ each evenly over the devices, rounded up.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Iterable
@@ -94,29 +95,47 @@ def compute_dtype(precision: str) -> str:
     return {"fp32": "float32", "bf16-mixed": "bfloat16", "fp16-mixed": "float16", "bf16-pure": "bfloat16"}[precision]
 
 
+def trained_dtype(param: ParameterInfo, precision: str, own: frozenset[str] = frozenset()) -> str:
+    """The dtype `param` is stored and trained in: its own where it is no floating point (QLoRA's packed 4-bit
+    codes) or is named in `own` (a plan's bf16 adapters), else the precision's weights dtype."""
+    if param.name in own or not _floating(param.dtype):
+        return param.dtype
+    return weight_dtype(precision)
+
+
+def as_trained(params: Iterable[ParameterInfo], precision: str,
+               own: frozenset[str] = frozenset()) -> tuple[ParameterInfo, ...]:
+    """`params` with each dtype the one it trains in (trained_dtype)."""
+    return tuple(p if p.dtype == (dtype := trained_dtype(p, precision, own)) else dataclasses.replace(p, dtype=dtype)
+                 for p in params)
+
+
 def model_states(params: Iterable[ParameterInfo], *, precision: str, optimizer: str,
-                 trainable: frozenset[str] | None = None) -> ModelStates:
+                 trainable: frozenset[str] | None = None, own: frozenset[str] = frozenset()) -> ModelStates:
     """Bytes of weights, gradients (trainable parameters only), optimizer states and master weights.
 
-    `trainable` names the parameters that train; None: those whose `trainable` flag is set."""
-    params = tuple(params)
-    size = itemsize(weight_dtype(precision))
+    `trainable` names the parameters that train; None: those whose `trainable` flag is set. Each parameter is
+    stored in its trained_dtype; its gradient and (torch's) optimizer states take that dtype too."""
+    params = as_trained(params, precision, own)
     is_trainable = (lambda p: p.trainable) if trainable is None else (lambda p: p.name in trainable)
     training = [p for p in params if is_trainable(p)]
     n_all = sum(p.numel for p in params)
     n_train = sum(p.numel for p in training)
     # storage that is no floating point (QLoRA's packed 4-bit codes, uint8) keeps its own size under any precision
+    floating = [p for p in params if _floating(p.dtype)]
     packed = [p for p in params if not _floating(p.dtype)]
     n_packed = sum(p.numel for p in packed)
     packed_bytes = sum(p.numel * itemsize(p.dtype) for p in packed)
-    weights = Term((n_all - n_packed) * size + packed_bytes,
-                   f"{n_all - n_packed:,} parameters × {size} B" +
+    weights = Term(_bytes(floating) + packed_bytes, _sized(floating, "parameters") +
                    (f" + {n_packed:,} packed elements in {packed_bytes:,} B" if packed else ""))
-    gradients = Term(n_train * size, f"{n_train:,} trainable × {size} B")
-    states, text = _optimizer_bytes(training, optimizer, size)
-    master = Term(0, "none: the fp32 weights are the master copy" if precision.endswith("-mixed")
-                  else "none")
-    return ModelStates(weights, gradients, Term(states, text), master, n_train, n_all - n_train, precision,
+    gradients = Term(_bytes(training), _sized(training, "trainable"))
+    states, text = _optimizer_bytes(training, optimizer)
+    own_trained = sum(p.numel for p in training if p.name in own and _floating(p.dtype)
+                      and p.dtype != weight_dtype(precision))
+    master = "none: the fp32 weights are the master copy" if precision.endswith("-mixed") else "none"
+    if own_trained:
+        master += f"; {own_trained:,} parameters train in their own dtype, without one"
+    return ModelStates(weights, gradients, Term(states, text), Term(0, master), n_train, n_all - n_train, precision,
                        optimizer)
 
 
@@ -124,26 +143,60 @@ def _floating(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat"))
 
 
-def _optimizer_bytes(params: list[ParameterInfo], optimizer: str, size: int) -> tuple[int, str]:
-    n = sum(p.numel for p in params)
+def _bytes(params: Iterable[ParameterInfo]) -> int:
+    return sum(p.numel * itemsize(p.dtype) for p in params)
+
+
+def _by_size(params: Iterable[ParameterInfo]) -> list[tuple[int, int]]:
+    """[(element size, elements)], the largest size first."""
+    sizes: dict[int, int] = {}
+    for p in params:
+        size = itemsize(p.dtype)
+        sizes[size] = sizes.get(size, 0) + p.numel
+    return sorted(sizes.items(), reverse=True) or [(0, 0)]
+
+
+def _sized(params: Iterable[ParameterInfo], what: str) -> str:
+    """"N what × 4 B", or "N what × 4 B + M × 2 B" where dtypes differ."""
+    groups = _by_size(params)
+    if groups == [(0, 0)]:
+        return f"0 {what}"
+    first, *rest = groups
+    return " + ".join([f"{first[1]:,} {what} × {first[0]} B", *(f"{n:,} × {size} B" for size, n in rest)])
+
+
+def _per_size(params: list[ParameterInfo], factor: str = "") -> str:
+    """"F × N × 4 B" for one element size, "F × (N × 4 B + M × 2 B)" for several."""
+    groups = _by_size(params)
+    body = " + ".join(f"{n:,} × {size} B" for size, n in groups)
+    if not factor:
+        return body
+    return f"{factor} × {body}" if len(groups) == 1 else f"{factor} × ({body})"
+
+
+def _optimizer_bytes(params: list[ParameterInfo], optimizer: str) -> tuple[int, str]:
+    """torch's optimizers create each state like its parameter (the parameter's dtype)."""
+    total = _bytes(params)
     tensors = len(params)
     if optimizer in ("adamw", "adam"):
-        return 2 * n * size + 4 * tensors, f"2 × {n:,} × {size} B + {tensors} step scalars × 4 B"
+        return 2 * total + 4 * tensors, f"{_per_size(params, '2')} + {tensors} step scalars × 4 B"
     if optimizer == "sgd":
         return 0, "plain SGD keeps no state"
     if optimizer in ("sgd-momentum", "lion"):
         what = "momentum_buffer" if optimizer == "sgd-momentum" else "exp_avg"
-        return n * size, f"{what}: {n:,} × {size} B"
+        return total, f"{what}: {_per_size(params)}"
     if optimizer == "adafactor":
         factored = 0
+        count = 0
         for p in params:
             if len(p.shape) >= 2:
-                stack = math.prod(p.shape[:-2])
-                factored += stack * (p.shape[-2] + p.shape[-1])
+                elements = math.prod(p.shape[:-2]) * (p.shape[-2] + p.shape[-1])
             else:
-                factored += p.numel
-        return factored * size + 4 * tensors, (f"row and column second moments, {factored:,} × {size} B + "
-                                              f"{tensors} step scalars × 4 B")
+                elements = p.numel
+            count += elements
+            factored += elements * itemsize(p.dtype)
+        return factored + 4 * tensors, (f"row and column second moments, {count:,} elements in {factored:,} B + "
+                                        f"{tensors} step scalars × 4 B")
     if optimizer == "adamw-8bit":
         big = [p for p in params if p.numel >= 4096]
         small = sum(p.numel for p in params if p.numel < 4096)

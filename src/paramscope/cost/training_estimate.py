@@ -24,8 +24,8 @@ from .estimate import step_length
 from .memory import DEFAULT_RESERVE, MemoryEstimate, Workspace, fit_on, fit_table
 from .quantization import weight_format
 from .trace import ATTENTION, TORCH_OPTIMIZERS, StepSettings, TracedStep, trace_training
-from .training import (ModelStates, check_optimizer, check_precision, model_states, per_device, weight_dtype,
-                       zero_stage)
+from .training import (ModelStates, as_trained, check_optimizer, check_precision, model_states, per_device,
+                       weight_dtype, zero_stage)
 from .weights import weight_memory
 
 DEFAULT_TRAINING_SEQ = 2048
@@ -41,6 +41,8 @@ class TrainingOptions:
     grad_checkpointing: str = "none"  # "none" | "full"
     attention: str | None = None  # None: the model's own choice (sdpa where supported)
     freeze: tuple[str, ...] = ()  # roles ("embedding", "attention") or parameter-name globs
+    # parameters (by name) a live module stores in their own dtype under any precision: a plan's bf16 adapters
+    own_dtype: frozenset[str] = frozenset()
     devices: int = 1
     zero: str = "0"
     trace: bool = False
@@ -138,9 +140,12 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     if live:  # a user's module (a PEFT model, a half-frozen one) trains what its requires_grad flags say
         frozen = sorted(set(frozen) | {p.name for p in report.params if not p.trainable})
     trainable = frozenset(p.name for p in report.params) - frozenset(frozen)
-    states = model_states(report.params, precision=precision, optimizer=optimizer, trainable=trainable)
+    own = options.own_dtype if live else frozenset()
+    states = model_states(report.params, precision=precision, optimizer=optimizer, trainable=trainable, own=own)
     fmt = weight_format({"float32": "fp32", "bfloat16": "bf16"}[dtype])
-    weights = weight_memory(report.params, report.buffers, fmt, components=[c.name for c in report.components])
+    # each parameter in the dtype the step holds it in (a live module is cast to the precision's, as traced)
+    weights = weight_memory(as_trained(report.params, precision, own), report.buffers, fmt,
+                            components=[c.name for c in report.components])
     text = text_config(view.config)
     seq, limit, notes = step_length(report, text, options.seq, DEFAULT_TRAINING_SEQ)
     checkpointing = options.grad_checkpointing == "full"
@@ -178,7 +183,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
             return None
         settings = StepSettings(batch=options.batch, seq=seq, precision=precision, optimizer=optimizer,
                                 grad_checkpointing=checkpointing, attention=options.attention, frozen=frozenset(frozen),
-                                weights_dtype=dtype if live else None)
+                                weights_dtype=dtype if live else None, own_dtype=own)
         traced = trace_training(module, settings)
         notes.extend(traced.notes)
         extra = 0 if optimizer in TORCH_OPTIMIZERS[:4] else states.optimizer.bytes  # states the trace lacks
@@ -252,7 +257,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         return on_one_device(scaled).bytes
 
     settings_out = {
-        "precision": precision, "optimizer": optimizer, "weights_dtype": dtype, "batch": options.batch, "seq": seq,
+        "precision": precision, "optimizer": optimizer, "weights_dtype": dtype, "own_dtype": _own_dtypes(report, own),
+        "batch": options.batch, "seq": seq,
         "seq_from": "--seq" if options.seq else "default for training (2,048, or the model's maximum)",
         "grad_checkpointing": options.grad_checkpointing, "attention": attention,
         "freeze": list(options.freeze), "devices": options.devices, "zero": zero, "reserve": options.reserve,
@@ -272,6 +278,15 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit, contexts=contexts),
         budget=budget, notes=tuple(notes), training=detail)
     return estimate
+
+
+def _own_dtypes(report: Any, own: frozenset[str]) -> dict[str, int]:
+    """dtype → parameters stored in their own dtype rather than the precision's (a plan's bf16 adapters)."""
+    counts: dict[str, int] = {}
+    for param in report.params:
+        if param.name in own:
+            counts[param.dtype] = counts.get(param.dtype, 0) + param.numel
+    return dict(sorted(counts.items()))
 
 
 def _step_temporaries(optimizer: str) -> str:

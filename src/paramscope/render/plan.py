@@ -8,6 +8,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from ..cost.dtypes import short_name
 from ..explain import exact
 from ._console import indented, to_text
 from .memory import binary, memory_to_dict
@@ -32,7 +33,8 @@ def plan_parts(report, plan, estimate, flops=None) -> list:
             lines.append(indented(f"rule {index + 1}: {rule.action} {rule.pattern} → {rule.tensors} {tensors}, "
                                   f"{exact(rule.parameters)} parameters" + (f" ({start})" if index == 0 else "")))
     if plan.targets:
-        lines.append(indented(f"adapters on: {', '.join(plan.targets)} (as PEFT resolved them)"))
+        lines.append(indented(f"adapters on: {', '.join(plan.targets)} (as PEFT resolved them); "
+                              f"{adapter_dtype_words(plan)}"))
     if plan.storage:
         lines.append(indented(storage_line(plan)))
     lines.append(indented(f"trainable {exact(plan.trainable)} of {exact(plan.total)} ({_share(plan.trainable, plan.total)})"
@@ -59,8 +61,15 @@ def plan_parts(report, plan, estimate, flops=None) -> list:
 def storage_line(plan) -> str:
     how = "double quantisation" if plan.storage == "nf4-dq" else "fp32 absmax per 64"
     return (f"base: {len(plan.quantized):,} frozen nn.Linear weights stored {plan.storage} by bitsandbytes "
-            f"(4-bit, {how}; dequantised to bf16 per matmul), as transformers' quantiser chooses them; the "
-            "adapters and every other weight follow --precision")
+            f"(4-bit, {how}; dequantised to bf16 per matmul), as transformers' quantiser chooses them; every "
+            "other base weight follows --precision")
+
+
+def adapter_dtype_words(plan) -> str:
+    if plan.adapter_dtype is None:
+        return "stored in --precision's weights dtype (fp32 under mixed precision, as PEFT makes them)"
+    why = "QLoRA's recipe" if plan.storage else "--adapter-dtype"
+    return f"stored in {short_name(plan.adapter_dtype)} under any --precision ({why})"
 
 
 def render_plan_compare_text(report, rows, width: int = 100, *, color: bool = False) -> str:
@@ -102,7 +111,7 @@ def render_plan_compare_text(report, rows, width: int = 100, *, color: bool = Fa
         if plan.rules:
             lines.append(indented(f"{name}: " + "; ".join(f"{r.action} {r.pattern}" for r in plan.rules)))
         if plan.targets:
-            lines.append(indented(f"{name}: adapters on {', '.join(plan.targets)}"))
+            lines.append(indented(f"{name}: adapters on {', '.join(plan.targets)}, {adapter_dtype_words(plan)}"))
         if plan.storage:
             lines.append(indented(f"{name}: {storage_line(plan)}"))
     return to_text(lines, width, color)
@@ -151,6 +160,7 @@ def plan_to_dict(plan, estimate, flops=None) -> dict[str, Any]:
                   for r in plan.rules],
         "targets": list(plan.targets),
         "storage": None if plan.storage is None else {"format": plan.storage, "quantized": list(plan.quantized)},
+        "adapter_dtype": plan.adapter_dtype,
         "trainable": plan.trainable,
         "frozen": plan.frozen,
         "adapter": plan.adapter,
