@@ -61,6 +61,9 @@ def add_parser(subparsers: Any) -> None:
     memory.add_argument("--budget", metavar="SIZE", help="answer for a memory budget (24GiB, …)")
     memory.add_argument("--no-memory", action="store_true",
                         help="counts only: no memory or FLOPs (adapters need a traced step: seconds to a minute)")
+    parser.add_argument("--depth", type=int, default=3, metavar="N",
+                        help="depth of the module tree, which says what of each module trains (default 3)")
+    parser.add_argument("--no-tree", action="store_true", help="leave out the module tree")
     parser.add_argument("--json", action="store_true", help="print the JSON report with its \"plan\" object")
     add_html_option(parser)
     add_width_option(parser)
@@ -77,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
     width = None if args.json else checked_width(args)
     checked_html_path(args)
+    if args.depth < 0:
+        raise ParamscopeError(f"--depth must be 0 or more, got {args.depth}")
     split = lambda text: tuple(t.strip() for t in text.split(",") if t.strip()) if text else None  # noqa: E731
     options = PlanOptions(rules=tuple(args.rules), lora=args.lora, alpha=args.alpha, dropout=args.dropout,
                           target=split(args.target), dora=args.dora, rslora=args.rslora,
@@ -115,9 +120,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.html is not None:  # the page replaces the text
         return 0
+    from ..api import inspect as inspect_module
     from ..render.plan import render_plan_text
 
-    write(render_plan_text(report, plan, estimate, width, color=use_color(), flops=flops))
+    planned = None if args.no_tree else inspect_module(plan.module)
+    write(render_plan_text(report, plan, estimate, width, color=use_color(), flops=flops, planned=planned,
+                           depth=args.depth))
     return 0
 
 

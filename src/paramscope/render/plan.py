@@ -11,18 +11,22 @@ from rich.text import Text
 from ..cost.dtypes import short_name
 from ..explain import exact
 from ._console import indented, to_text
+from .text import module_tree
 from .memory import binary, memory_to_dict
 
 
-def render_plan_text(report, plan, estimate, width: int = 100, *, color: bool = False, flops=None) -> str:
-    return to_text(plan_parts(report, plan, estimate, flops), width, color)
+def render_plan_text(report, plan, estimate, width: int = 100, *, color: bool = False, flops=None, planned=None,
+                     depth: int = 3) -> str:
+    """`planned`: the report of the planned module (api.inspect(plan.module)); with it, the module tree says what
+    of each module trains."""
+    return to_text(plan_parts(report, plan, estimate, flops, planned, depth), width, color)
 
 
 def _share(part: int, total: int) -> str:
     return f"{100 * part / total:.4g}%" if total else "—"
 
 
-def plan_parts(report, plan, estimate, flops=None) -> list:
+def plan_parts(report, plan, estimate, flops=None, planned=None, depth: int = 3) -> list:
     lines: list = [Text(f"Fine-tuning plan for {report.model.label} ({report.model.class_name}): {plan.method}",
                         style="bold")]
     if plan.rules:
@@ -45,6 +49,10 @@ def plan_parts(report, plan, estimate, flops=None) -> list:
         lines.append(indented(f"PEFT's get_nb_trainable_parameters(): {exact(plan.peft_counts[0])} of "
                               f"{exact(plan.peft_counts[1])}" + (" (the same)" if same else " (differs!)")))
     lines += [Text(""), _roles_table(plan)]
+    if planned is not None:
+        # PEFT wraps the model twice (PeftModel → LoraModel → the model): the tree starts at the model
+        root = "base_model.model" if plan.peft_counts is not None else ""
+        lines += [Text(""), Text("What trains, by module", style="bold"), module_tree(planned, depth, root=root)]
     if estimate is not None:
         lines += [Text(""), _memory_table(estimate)]
     if flops is not None:

@@ -302,48 +302,95 @@ def _run_name(start: int, n: int, step: int) -> str:
 
 
 def _tree(report: Report, options: TextOptions) -> Tree:
-    params_by_name = {p.name: p for p in report.params}
-    shared = {s.path: s.text for s in report.shared_layers}
-    root = Tree(_node_label(report.tree, report.tree.type, 1, params_by_name, options, shared), guide_style="dim")
-    _add_children(root, report.tree, 1, params_by_name, options, shared)
-    return root
+    return module_tree(report, options.depth, explain=options.explain)
 
 
-def _add_children(branch: Tree, node: ModuleNode, level: int, params_by_name, options: TextOptions,
-                  shared: dict[str, str] | None = None) -> None:
-    if level > options.depth:
-        return
-    # Parameterless modules (activations, dropout) are left out before runs are found, so a Sequential that
-    # alternates Linear and ReLU still folds its Linear layers into one line.
-    shown = (c for c in node.children if c.params or c.tied or c.back_reference is not None)
-    for child, n, step in collapse_runs(shown):
-        if child.back_reference is not None:
-            branch.add(Text(f"{child.attr} → {child.back_reference or 'the root'} (a cycle back to an enclosing "
-                            "module, counted once there)", style="magenta"))
-            continue
-        run = _single_run_container(child) if n == 1 else None
-        if run is not None:
-            # A ModuleList that is one run of identical layers reads as one line at its own depth:
-            # "layer.0–11: 12 × BertLayer, 7,087,872 each", so the default depth already shows it.
-            first, m = run
-            name = f"{child.attr}.{_run_name(int(first.attr), m, 1)}"
-            sub = branch.add(_node_label(first, name, m, params_by_name, options, shared))
-            _add_children(sub, first, level + 1, params_by_name, options, shared)
-            continue
-        name = _run_name(int(child.attr), n, step) if n > 1 else child.attr
-        if child.uses > 1:
-            name = f"{name} (also {_index_ranges(child.aliases)})"
-        sub = branch.add(_node_label(child, name, n, params_by_name, options, shared))
-        _add_children(sub, child, level + 1, params_by_name, options, shared)
+def module_tree(report: Report, depth: int = 3, *, explain: bool = False, root: str = "") -> Tree:
+    """The module tree to `depth` levels below `root` (a module path; "" for the model), runs of identical layers
+    folded into one line. Where some parameters train and others do not (a live module with frozen parts, a
+    fine-tuning plan), each line says what of it trains, and layers fold only when they train alike."""
+    writer = _TreeWriter(report, depth, explain)
+    node = writer.find(root)
+    tree = Tree(writer.label(node, node.name or node.type if root else node.type, 1), guide_style="dim")
+    writer.add_children(tree, node, 1)
+    return tree
 
 
-def _single_run_container(node: ModuleNode) -> tuple[ModuleNode, int] | None:
-    if node.own or node.tied or node.type not in ("ModuleList", "Sequential"):
+class _TreeWriter:
+    def __init__(self, report: Report, depth: int, explain: bool):
+        self.report, self.depth, self.explain = report, depth, explain
+        self.params_by_name = {p.name: p for p in report.params}
+        self.shared = {s.path: s.text for s in report.shared_layers}
+        mixed = report.parameters.trainable and report.parameters.frozen
+        self.trainable: dict[int, int] | None = {} if mixed else None
+
+    def find(self, path: str) -> ModuleNode:
+        node = self.report.tree
+        for part in path.split(".") if path else ():
+            node = next((c for c in node.children if c.attr == part), node)
+        return node
+
+    def trains(self, node: ModuleNode) -> int | None:
+        """Trainable parameters in the subtree (None when the model trains all or nothing), memoised."""
+        if self.trainable is None:
+            return None
+        key = id(node)
+        if key not in self.trainable:
+            own = sum(p.numel for local in node.own
+                      if (p := self.params_by_name.get(f"{node.name}.{local}" if node.name else local)) is not None
+                      and p.trainable)
+            self.trainable[key] = own + sum(self.trains(c) or 0 for c in node.children if c.back_reference is None)
+        return self.trainable[key]
+
+    def add_children(self, branch: Tree, node: ModuleNode, level: int) -> None:
+        if level > self.depth:
+            return
+        # Parameterless modules (activations, dropout) are left out before runs are found, so a Sequential that
+        # alternates Linear and ReLU still folds its Linear layers into one line.
+        shown = (c for c in node.children if c.params or c.tied or c.back_reference is not None)
+        for child, n, step in collapse_runs(shown, key=lambda c: (c.signature, self.trains(c))):
+            if child.back_reference is not None:
+                branch.add(Text(f"{child.attr} → {child.back_reference or 'the root'} (a cycle back to an enclosing "
+                                "module, counted once there)", style="magenta"))
+                continue
+            runs = self.runs_inside(child) if n == 1 else None
+            if runs is not None:
+                # A ModuleList that is one run of identical layers reads as one line at its own depth:
+                # "layer.0–11: 12 × BertLayer, 7,087,872 each", so the default depth already shows it; layers
+                # alike but for what trains read as a line per run ("layer.0–9 … frozen", "layer.10–11 … trains")
+                for first, m in runs:
+                    name = f"{child.attr}.{_run_name(int(first.attr), m, 1) if m > 1 else first.attr}"
+                    sub = branch.add(self.label(first, name, m))
+                    self.add_children(sub, first, level + 1)
+                continue
+            name = _run_name(int(child.attr), n, step) if n > 1 else child.attr
+            if child.uses > 1:
+                name = f"{name} (also {_index_ranges(child.aliases)})"
+            sub = branch.add(self.label(child, name, n))
+            self.add_children(sub, child, level + 1)
+
+    def runs_inside(self, node: ModuleNode) -> list[tuple[ModuleNode, int]] | None:
+        """The runs of a ModuleList or Sequential whose children are all one structure at consecutive indices:
+        one run, or several that differ only in what trains; None otherwise."""
+        if node.own or node.tied or node.type not in ("ModuleList", "Sequential"):
+            return None
+        runs = collapse_runs(node.children, key=lambda c: (c.signature, self.trains(c)))
+        alike = len({first.signature for first, _, _ in runs}) == 1
+        if alike and sum(n for _, n, _ in runs) > 1 and all(step == 1 and first.uses == 1 for first, _, step in runs):
+            return [(first, n) for first, n, _ in runs]
         return None
-    runs = collapse_runs(node.children)
-    if len(runs) == 1 and runs[0][1] > 1 and runs[0][2] == 1 and runs[0][0].uses == 1:
-        return runs[0][:2]
-    return None
+
+    def label(self, node: ModuleNode, name: str, n: int) -> Text:
+        text = _node_label(node, name, n, self.params_by_name, self.explain, self.shared)
+        trains = self.trains(node)
+        if trains is not None and node.params:
+            if trains == 0:
+                text.append("  frozen", style="dim")
+            elif trains == node.params:
+                text.append("  trains", style="bold green")
+            else:
+                text.append(f"  {exact(trains)} trainable" + (" each" if n > 1 else ""), style="green")
+        return text
 
 
 def _index_ranges(attrs: tuple[str, ...]) -> str:
@@ -363,7 +410,7 @@ def _index_ranges(attrs: tuple[str, ...]) -> str:
     return ", ".join(parts)
 
 
-def _node_label(node: ModuleNode, name: str, n: int, params_by_name, options: TextOptions,
+def _node_label(node: ModuleNode, name: str, n: int, params_by_name, explain: bool,
                 shared: dict[str, str] | None = None) -> Text:
     text = Text()
     if n > 1:
@@ -377,7 +424,7 @@ def _node_label(node: ModuleNode, name: str, n: int, params_by_name, options: Te
         text.append(f" — {shared[node.name]}", style="bold")
     for local, canonical in node.tied:
         text.append(f"  [{local} tied to {canonical}]", style="magenta")
-    if options.explain:
+    if explain:
         arithmetic = module_arithmetic(node, params_by_name)
         if arithmetic and node.own and not node.children:
             text.append(f"  = {arithmetic}", style="dim")
