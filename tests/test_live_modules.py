@@ -177,3 +177,19 @@ def test_unclassified_names_fold_by_layer_index_and_are_capped():
         *(f"  loose.zq_{i}" for i in range(18)),
         "  … and 7 more patterns (7 tensors)",
     ]
+
+
+def test_a_half_frozen_module_tree_says_what_trains_and_folds_only_alike_layers():
+    """Layers of one structure fold into one line only where they train alike; each line says what trains."""
+    model = nn.Sequential(*(nn.Linear(10, 10) for _ in range(5)))
+    model[0].requires_grad_(False)
+    model[4].bias.requires_grad_(False)
+    text = render_text(paramscope.inspect(model), TextOptions(width=100))
+    tree = text[text.rindex("Sequential"):].splitlines()
+    assert tree == ["Sequential 550  430 trainable",
+                    "├── 0 (Linear) 110  frozen",
+                    "├── 1–3: 3 × Linear, 110 each = 330  trains",
+                    "└── 4 (Linear) 110  100 trainable"]
+    model.requires_grad_(True)  # all trainable: no annotation, one line, as before
+    text = render_text(paramscope.inspect(model), TextOptions(width=100))
+    assert text[text.rindex("Sequential"):].splitlines() == ["Sequential 550", "└── 0–4: 5 × Linear, 110 each = 550"]

@@ -339,3 +339,19 @@ def test_cli_qlora_adapters_are_bf16_and_named():
     assert "stored in bf16 under any --precision (QLoRA's recipe)" in text
     fp32 = _cli("plan", "gpt2", "--lora", "8", "--qlora", "--adapter-dtype", "fp32", "--seq", "32", "--json")
     assert json.loads(fp32.stdout)["plan"]["memory"]["gradients"]["bytes"] == 4 * 294_912
+
+
+def test_cli_plan_tree_says_what_trains():
+    result = _cli("plan", "bert-base-uncased", "--task", "ner", "--num-labels", "9", "--train-last", "2", "--train",
+                  "head.classifier", "--no-memory", "--width", "100")
+    assert result.returncode == 0, result.stderr
+    tree = result.stdout[result.stdout.index("What trains, by module"):].splitlines()
+    assert tree[1] == "BertForTokenClassification 108,898,569  14,182,665 trainable"
+    assert "│       ├── layer.0–9: 10 × BertLayer, 7,087,872 each = 70,878,720  frozen" in tree
+    assert "│       └── layer.10–11: 2 × BertLayer, 7,087,872 each = 14,175,744  trains" in tree
+    assert tree[-1] == "└── classifier (Linear) 6,921  trains"
+    lora = _cli("plan", "llama-2-7b", "--lora", "8", "--no-memory", "--width", "140", "--depth", "2").stdout
+    tree = lora[lora.index("What trains, by module"):].splitlines()
+    assert tree[1] == "base_model.model (LlamaForCausalLM) 6,742,609,920  4,194,304 trainable"  # PEFT's wrappers skipped
+    assert any("layers.0–31: 32 × LlamaDecoderLayer" in line and "131,072 trainable each" in line for line in tree)
+    assert "What trains" not in _cli("plan", "gpt2", "--train-last", "1", "--no-memory", "--no-tree").stdout
