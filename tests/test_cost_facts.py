@@ -85,6 +85,10 @@ def test_formats_and_layouts_from_facts_equal_the_build(preset, options):
     ("mistral-7b", TrainingOptions(seq=512, precision="bf16-pure", freeze=("embeddings", "*.layers.[0-9].*"))),
     ("qwen2.5-7b", TrainingOptions(seq=512, devices=8, zero="3")),
     ("gpt2", TrainingOptions(seq=1024, precision="fp32", optimizer="sgd-momentum")),
+    ("gemma-7b", TrainingOptions(seq=1024, grad_checkpointing="full")),
+    ("phi-3-mini-4k-instruct", TrainingOptions(seq=2048, precision="bf16-pure")),
+    ("pythia-1.4b", TrainingOptions(seq=2048, batch=4)),
+    ("gpt-neox-20b", TrainingOptions(seq=1024, devices=8, zero="2")),
 ])
 def test_training_memory_from_facts_equals_the_build(preset, options):
     """`memory --training` from facts where an analytic recipe covers the layout: the build's answer exactly."""

@@ -125,20 +125,32 @@ def _truncated(preset: str, layers: int = 2) -> dict:
     return config
 
 
-@pytest.mark.parametrize("preset", ["llama-3-8b", "mistral-7b", "qwen2.5-0.5b"])
+@pytest.mark.parametrize("preset, recipe", [
+    ("llama-3-8b", "Llama-style decoder"), ("mistral-7b", "Llama-style decoder"),
+    ("qwen2.5-0.5b", "Llama-style decoder"), ("gemma-2b", "Gemma decoder"), ("gemma-7b", "Gemma decoder"),
+    ("phi-3-mini-4k-instruct", "Phi-3 decoder"), ("pythia-160m", "GPT-NeoX"), ("pythia-1b", "GPT-NeoX"),
+    ("gpt-neox-20b", "GPT-NeoX"),  # its unfused tanh GELU ("gelu_fast") keeps 4 tensors of T·i
+])
 @pytest.mark.parametrize("precision, checkpointing, batch, seq", [
     ("fp32", "none", 2, 512),
     ("bf16-mixed", "none", 1, 1024),
     ("bf16-pure", "none", 2, 512),
     ("bf16-mixed", "full", 4, 512),
 ])
-def test_analytic_peak_within_3_percent_of_the_trace(preset, precision, checkpointing, batch, seq):
+def test_analytic_peak_within_3_percent_of_the_trace(preset, recipe, precision, checkpointing, batch, seq):
+    """The peak within 3% (the issue's bar); the saved activations, which the model states do not dilute, to
+    within 0.01% (they are exact but for a few index bytes)."""
     _, estimate = estimate_training(_truncated(preset), TrainingOptions(
         batch=batch, seq=seq, precision=precision, grad_checkpointing=checkpointing, trace=True))
     detail = estimate.training
     assert estimate.engine == "traced" and detail.analytic_peak is not None
     assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
+    saved = estimate.activations.bytes
+    assert abs(detail.analytic_activations - saved) <= 0.0001 * saved
     assert any(note.startswith("check: the analytic peak") for note in estimate.notes)
+    _, analytic = estimate_training(_truncated(preset), TrainingOptions(
+        batch=batch, seq=seq, precision=precision, grad_checkpointing=checkpointing))
+    assert analytic.engine == "analytic" and analytic.settings["activations_from"] == f"analytic: {recipe}"
 
 
 def test_each_traced_layer_keeps_what_the_analytic_layer_term_says():
@@ -175,13 +187,27 @@ def test_gpt2_and_bert_analytic_peak_within_3_percent(preset, precision, checkpo
     detail = estimate.training
     assert detail.analytic_peak is not None
     assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
+    saved = estimate.activations.bytes
+    assert abs(detail.analytic_activations - saved) <= 0.0001 * saved
     assert any("attention dropout 0.1" in note for note in estimate.notes)
 
 
 def test_a_class_without_a_recipe_is_traced_and_says_so():
-    _, estimate = estimate_training("pythia-70m", TrainingOptions(batch=1, seq=128, precision="fp32"))
+    _, estimate = estimate_training("distilbert-base-uncased", TrainingOptions(batch=1, seq=128, precision="fp32"))
     assert estimate.engine == "traced"
-    assert any("no analytic activation recipe for GPTNeoXForCausalLM" in n for n in estimate.notes)
+    assert any("no analytic activation recipe for DistilBertForMaskedLM" in n for n in estimate.notes)
+
+
+def test_a_layout_the_recipe_was_not_fitted_for_is_traced():
+    """GPT-NeoX's recipe is for the parallel residual without dropout; anything else is traced, not guessed."""
+    from paramscope.sources import resolve
+
+    for change in ({"use_parallel_residual": False}, {"hidden_dropout": 0.1}, {"hidden_act": "relu"}):
+        config = dict(_truncated("pythia-70m"), **change)
+        _, estimate = estimate_training(config, TrainingOptions(batch=1, seq=64, precision="fp32"))
+        assert estimate.engine == "traced", change
+    _, estimate = estimate_training(dict(resolve("pythia-70m").config), TrainingOptions(batch=1, seq=64))
+    assert estimate.engine == "analytic" and estimate.settings["activations_from"] == "analytic: GPT-NeoX"
 
 
 def test_a_sequence_beyond_learned_positions_is_refused():

@@ -1,8 +1,9 @@
 """Activations of a training step, analytic: what the forward saves for backward, and the peaks around it.
 
-Closed forms in the config's fields for the layouts whose step was measured op by op on fake tensors (the traced
-engine, trace.py) and fitted exactly over varied configs; tests/test_training_memory.py holds every preset of
-these families to the traced engine within 3%. T = batch × seq tokens, h = hidden, q = heads × head_dim,
+Closed forms in the config's fields for the layouts whose step was traced on fake tensors (trace.py) and fitted
+exactly over varied configs by bench/fit_activations.py (a layer's bytes: 3 layers minus 2);
+tests/test_training_memory.py holds these families' presets to the traced engine: the saved activations within
+0.01%, the peak within 3%. T = batch × seq tokens, h = hidden, q = heads × head_dim,
 kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. Bytes saved per layer:
 
     Llama-style decoders (llama, mistral, qwen2; RMSNorm, RoPE, sdpa, SiLU-gated MLP), per token:
@@ -10,6 +11,11 @@ kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. Bytes saved 
         bf16-pure   16h + 4q + 4kv +  8i + 4·heads + 8     (RMSNorm computes in fp32 and saves its fp32 input)
         *-mixed     26h + 4q + 4kv +  8i + 4·heads + 8     (autocast: matmuls in 16 bits, norms fp32)
       the 4·heads being sdpa's log-sum-exp (fp32 per head and token), the 8 the RMSNorms' reciprocal roots.
+    Gemma: the same, + 4h in bf16-pure, + 8h per layer whatever the tokens (each RMSNorm's fp32 (1 + weight)).
+    Phi-3 (fused qkv_proj and gate_up_proj): the same, + 4h (fp32), − 4h (mixed), + 2h (bf16-pure).
+    GPT-NeoX (parallel residual, LayerNorm, fused qkv, partial rotary), per token: 32h (fp32), 18h (mixed), 16h
+        (bf16-pure) + 4·heads + 16 (8 in bf16-pure) + the MLP's activation: exact GELU 8i (fp32) or 4i,
+        GPT-NeoX-20B's unfused tanh "gelu_fast" 32i (fp32) or 16i.
     GPT-2 (LayerNorm, Conv1D, unfused tanh-GELU, dropout), per layer: 120·T·h (fp32), 66 (bf16-pure), 70 (mixed)
         + 12·B·heads·S² + 16·T (8 in bf16-pure).
     BERT masked LM (post-LN, exact GELU, dropout), per layer: 40·T·h + 8·T·i (fp32), 26·T·h + 4·T·i (bf16-pure),
@@ -68,7 +74,19 @@ class _Layout:
     loss_tv: tuple[int, int] = (0, 0)  # (end of forward, start of backward) extra ·T·V; (0, 0): the usual
 
 
-def _llama_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
+# Variants of the Llama-style layout, as fitted (bench/fit_activations.py): (extra ·T·h per layer by precision
+# kind, extra ·T·h outside the layers by kind, bytes per layer and outside that do not grow with the tokens, ·h)
+_LLAMA_VARIANTS = {
+    "llama": ({}, {}, (0, 0)),
+    # Gemma: RMSNorm scales by (1 + weight) in fp32, so each norm keeps that h-vector (4h B, whatever the tokens)
+    # and in bf16-pure its fp32 normalised input as well
+    "gemma": ({"bf16-pure": 4}, {"bf16-pure": 2}, (8, 4)),
+    # Phi-3: fused qkv_proj and gate_up_proj; their outputs are split into views that keep the fused tensors
+    "phi3": ({"fp32": 4, "mixed": -4, "bf16-pure": 2}, {}, (0, 0)),
+}
+
+
+def _llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "llama") -> _Layout | None:
     from .kv_cache import config_int
 
     h = config_int(config, "hidden_size")
@@ -80,14 +98,21 @@ def _llama_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None
     layers = config_int(config, "num_hidden_layers")
     if None in (h, heads, head_dim, inner, vocab, layers):
         return None
+    layer_h, outside_h, (layer_vector, outside_vector) = _LLAMA_VARIANTS[variant]
     q, kv, tokens = heads * head_dim, kv_heads * head_dim, batch * seq
-    c = _LLAMA_LAYER[kind]
+    c = list(_LLAMA_LAYER[kind])
+    c[0] += layer_h.get(kind, 0)
     per_token = c[0] * h + c[1] * q + c[2] * kv + c[3] * inner + c[4] * heads + c[5]
     th, tv, shd, t = _LLAMA_OUTSIDE[kind]
-    outside = th * tokens * h + tv * tokens * vocab + shd * seq * head_dim + t * tokens
-    return _Layout(tokens * per_token, f"{tokens:,} tokens × {per_token:,} B ({c[0]}h + {c[1]}q + {c[2]}kv + "
-                   f"{c[3]}i + {c[4]}·heads + {c[5]}) = {tokens * per_token:,} B each",
-                   outside, f"{th}·T·h + {tv}·T·V + {shd}·S·hd + {t}·T = {outside:,} B", h, vocab, layers)
+    th += outside_h.get(kind, 0)
+    layer = tokens * per_token + layer_vector * h
+    outside = th * tokens * h + tv * tokens * vocab + shd * seq * head_dim + t * tokens + outside_vector * h
+    vector = f" + {layer_vector}h" if layer_vector else ""
+    return _Layout(layer, f"{tokens:,} tokens × {per_token:,} B ({c[0]}h + {c[1]}q + {c[2]}kv + {c[3]}i + "
+                   f"{c[4]}·heads + {c[5]}){vector} = {layer:,} B each",
+                   outside, f"{th}·T·h + {tv}·T·V + {shd}·S·hd + {t}·T" + (f" + {outside_vector}h" if outside_vector
+                                                                          else "") + f" = {outside:,} B",
+                   h, vocab, layers)
 
 
 def _gpt2_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
@@ -107,6 +132,44 @@ def _gpt2_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
     outside = th * tokens * h + tv * tokens * vocab + t * tokens + s * seq
     return _Layout(layer, f"({per_h}·T·h + {per_score}·B·heads·S² + {per_t}·T) = {layer:,} B each", outside,
                    f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S = {outside:,} B", h, vocab, layers)
+
+
+# GPT-NeoX (Pythia; parallel residual, LayerNorm, fused qkv, rotary on part of each head), (T·h, T·heads, T) bytes
+# per layer and, by activation, ·T·i: exact GELU keeps its input, the unfused tanh "gelu_fast" its intermediates
+_NEOX_LAYER = {"fp32": (32, 4, 16), "mixed": (18, 4, 16), "bf16-pure": (16, 4, 8)}
+_NEOX_ACTIVATION = {"gelu": {"fp32": 8, "mixed": 4, "bf16-pure": 4},
+                    "gelu_fast": {"fp32": 32, "mixed": 16, "bf16-pure": 16}}
+# GPT-NeoX, (T·h, T·V, S·rd, T) outside the layers; rd: the rotary dimensions of a head
+_NEOX_OUTSIDE = {"fp32": (8, 4, 8, 16), "mixed": (6, 4, 8, 16), "bf16-pure": (4, 4, 4, 12)}
+
+
+def _neox_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
+    from .kv_cache import config_int
+
+    h = config_int(config, "hidden_size")
+    heads = config_int(config, "num_attention_heads")
+    inner = config_int(config, "intermediate_size")
+    vocab = config_int(config, "vocab_size")
+    layers = config_int(config, "num_hidden_layers")
+    act = _NEOX_ACTIVATION.get(getattr(config, "hidden_act", None))
+    rope = getattr(config, "rope_parameters", None)
+    fraction = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else \
+        getattr(config, "rotary_pct", None)
+    # the fitted layout: parallel residual, no dropout (dropout adds masks and sdpa's S² scores)
+    if None in (h, heads, inner, vocab, layers, act) or not isinstance(fraction, (int, float)) or \
+            getattr(config, "use_parallel_residual", None) is not True or attention_dropout(config) or \
+            hidden_dropout(config):
+        return None
+    rotary = int(h // heads * fraction)
+    tokens = batch * seq
+    per_h, per_heads, per_t = _NEOX_LAYER[kind]
+    per_i = act[kind]
+    per_token = per_h * h + per_i * inner + per_heads * heads + per_t
+    th, tv, srd, t = _NEOX_OUTSIDE[kind]
+    outside = th * tokens * h + tv * tokens * vocab + srd * seq * rotary + t * tokens
+    return _Layout(tokens * per_token, f"{tokens:,} tokens × {per_token:,} B ({per_h}h + {per_i}i + "
+                   f"{per_heads}·heads + {per_t}) = {tokens * per_token:,} B each",
+                   outside, f"{th}·T·h + {tv}·T·V + {srd}·S·rd + {t}·T = {outside:,} B", h, vocab, layers)
 
 
 # BERT, (T·h, T·i, B·heads·S², T) bytes per layer: post-LN blocks, exact GELU, dropout masks, CPU sdpa's scores
@@ -140,7 +203,10 @@ def _bert_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
 # recipe → (model types, the head its class must end with, layout); the head carries the loss the recipe counts
 _RECIPES = {
     "Llama-style decoder": (LLAMA_STYLE, ("ForCausalLM",), _llama_style),
+    "Gemma decoder": (("gemma",), ("ForCausalLM",), lambda *a: _llama_style(*a, variant="gemma")),
+    "Phi-3 decoder": (("phi3",), ("ForCausalLM",), lambda *a: _llama_style(*a, variant="phi3")),
     "GPT-2": (GPT2_STYLE, ("LMHeadModel",), _gpt2_style),
+    "GPT-NeoX": (("gpt_neox",), ("ForCausalLM",), _neox_style),
     "BERT masked LM": (BERT_STYLE, ("ForMaskedLM",), _bert_style),
 }
 

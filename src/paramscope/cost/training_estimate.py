@@ -89,6 +89,7 @@ class TrainingDetail:
     traced: TracedStep | None = None
     analytic_peak: int | None = None  # beside a traced answer, where a recipe exists
     by_category: dict[str, int] = field(default_factory=dict)  # the traced peak's MemTracker breakdown
+    analytic_activations: int | None = None  # beside a traced answer: the recipe's saved activations
 
 
 def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), use_cache: bool = True,
@@ -222,7 +223,9 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     if traced is not None and analytic is not None:
         analytic_peak = max(p.bytes for p in analytic_phases(analytic, options.batch, seq))
         diff = (analytic_peak - top.bytes) / top.bytes
-        notes.append(f"check: the analytic peak is {analytic_peak:,} B, {100 * diff:+.2f}% from the traced one")
+        saved_diff = (analytic.saved - activations.bytes) / activations.bytes if activations.bytes else 0.0
+        notes.append(f"check: the analytic peak is {analytic_peak:,} B, {100 * diff:+.2f}% from the traced one; its "
+                     f"saved activations {analytic.saved:,} B, {100 * saved_diff:+.2f}%")
     sharded = per_device(states, devices=options.devices, zero=zero) if options.devices > 1 and zero else None
     if options.devices > 1 and not zero:
         notes.append(f"data parallel over {options.devices:,} devices without ZeRO: each holds the full model "
@@ -270,7 +273,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     budget = fit_on(accelerator, peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit,
                     contexts=contexts) if accelerator else None
     detail = TrainingDetail(states, tuple(sorted(frozen)), source_label, phases, sharded, traced, analytic_peak,
-                            dict(traced.peak.by_category) if traced is not None else {})
+                            dict(traced.peak.by_category) if traced is not None else {},
+                            analytic.saved if traced is not None and analytic is not None else None)
     estimate = MemoryEstimate(
         mode="training", engine="traced" if traced is not None else "analytic", settings=settings_out,
         weights=weights, kv_cache=None, activations=activations, peak=peak, peak_phase=device_top.phase,

@@ -372,6 +372,7 @@ def memory_to_dict(estimate) -> dict[str, Any]:
         "traced": None if not training or training.traced is None else {
             "peak": training.traced.peak.bytes, "phase": training.traced.peak.phase,
             "by_category": dict(training.by_category), "analytic_peak": training.analytic_peak,
+            "analytic_activations": training.analytic_activations,
             "activations_by_module": [{"module": path, "bytes": value}
                                       for path, value in training.traced.kept_by_module]},
         "trainable_parameters": training.states.trainable if training else None,

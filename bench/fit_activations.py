@@ -1,0 +1,241 @@
+"""Fit the analytic activation recipes (src/paramscope/cost/activations.py) to the traced engine, exactly.
+
+    python bench/fit_activations.py [FAMILY ...]     # default: every family below
+
+For each family and precision kind (fp32, bf16-mixed, bf16-pure), one training step of a 2- and a 3-layer model is
+traced on fake tensors (cost/trace.py, MemTracker) at varied small configs, batches and lengths. What one more
+layer adds to the bytes the forward saves, and what is saved outside the layers, are solved by least squares for
+whole (or half) byte coefficients of the family's terms (T·h, T·i, B·heads·S², …), and the solution is checked on
+every config. Under mixed precision autocast's 16-bit copies of the matmul weights (2 B per element) are taken out
+first: the recipe adds them from the model (`cast_weights`).
+
+A layer's bytes are the difference between 3 layers and 2, not what the tracker finds allocated as a layer returns
+(`kept_by_module`): that includes the layer's output, which the next layer frees as it makes its own.
+
+Prints each family's coefficients, ready for activations.py, and whether they hold exactly (outside the layers a
+few bytes of index tensors may differ at batch 1: "within 8 B"). Rerun after a torch or transformers upgrade: the
+recipes are fitted to the installed implementation; tests/test_training_memory.py holds them to the traced engine.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable
+
+import numpy as np
+
+KINDS = ("fp32", "bf16-mixed", "bf16-pure")
+
+
+@dataclass(frozen=True)
+class Family:
+    cls: str
+    layers: str  # the layer list's path: "model.layers"
+    config: Callable[[dict], dict]  # dims → config kwargs (2 layers)
+    dims: tuple[dict, ...]  # varied dims, each with B and S
+    layer_terms: tuple[tuple[str, Callable[[dict], int]], ...]
+    outside_terms: tuple[tuple[str, Callable[[dict], int]], ...]
+
+
+def _T(d):
+    return d["B"] * d["S"]
+
+
+def _llama_dims():
+    return (
+        dict(h=256, heads=8, kv=2, hd=32, i=688, V=1000, B=2, S=64),
+        dict(h=128, heads=4, kv=4, hd=64, i=300, V=700, B=1, S=128),
+        dict(h=384, heads=12, kv=4, hd=16, i=1000, V=1200, B=2, S=32),
+        dict(h=256, heads=4, kv=1, hd=128, i=512, V=500, B=3, S=48),
+        dict(h=192, heads=6, kv=3, hd=32, i=640, V=900, B=1, S=96),
+        dict(h=320, heads=5, kv=5, hd=64, i=800, V=1100, B=2, S=40),
+        dict(h=512, heads=8, kv=8, hd=32, i=256, V=640, B=1, S=80),
+        dict(h=64, heads=2, kv=1, hd=16, i=128, V=300, B=4, S=24),
+        dict(h=160, heads=10, kv=2, hd=16, i=432, V=800, B=2, S=56),
+    )
+
+
+_DECODER_LAYER = (
+    ("h", lambda d: _T(d) * d["h"]), ("q", lambda d: _T(d) * d["heads"] * d["hd"]),
+    ("kv", lambda d: _T(d) * d["kv"] * d["hd"]), ("i", lambda d: _T(d) * d["i"]),
+    ("heads", lambda d: _T(d) * d["heads"]), ("1", _T),
+)
+_DECODER_OUTSIDE = (
+    ("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("S·hd", lambda d: d["S"] * d["hd"]),
+    ("T", _T), ("S", lambda d: d["S"]), ("1", lambda d: 1),
+)
+
+
+def _llama_config(d):
+    return dict(hidden_size=d["h"], num_attention_heads=d["heads"], num_key_value_heads=d["kv"], head_dim=d["hd"],
+                intermediate_size=d["i"], vocab_size=d["V"], num_hidden_layers=2, pad_token_id=0, bos_token_id=0,
+                eos_token_id=0)
+
+
+def _phi3_dims():  # Phi-3 has no head_dim: hd = h / heads
+    return tuple(dict(d, hd=d["h"] // d["heads"]) for d in _llama_dims())
+
+
+def _phi3_config(d):
+    return dict(hidden_size=d["h"], num_attention_heads=d["heads"], num_key_value_heads=d["kv"],
+                intermediate_size=d["i"], vocab_size=d["V"], num_hidden_layers=2, pad_token_id=0, bos_token_id=0,
+                eos_token_id=0)
+
+
+_PHI3_LAYER = tuple(t for t in _DECODER_LAYER if t[0] != "q")  # q = h: one term
+
+
+def _gpt2_dims():
+    return (
+        dict(h=256, heads=8, V=1000, B=2, S=64), dict(h=128, heads=4, V=700, B=1, S=128),
+        dict(h=192, heads=6, V=1200, B=2, S=32), dict(h=64, heads=2, V=500, B=3, S=48),
+        dict(h=320, heads=4, V=900, B=1, S=96), dict(h=128, heads=8, V=1100, B=2, S=80),
+        dict(h=96, heads=3, V=640, B=4, S=24),
+    )
+
+
+def _gpt2_config(d):
+    return dict(n_embd=d["h"], n_head=d["heads"], n_layer=2, vocab_size=d["V"], n_positions=256, bos_token_id=0,
+                eos_token_id=0)
+
+
+def _bert_dims():
+    return (
+        dict(h=256, heads=8, i=1024, V=1000, B=2, S=64), dict(h=128, heads=4, i=300, V=700, B=1, S=128),
+        dict(h=192, heads=6, i=700, V=1200, B=2, S=32), dict(h=64, heads=2, i=256, V=500, B=3, S=48),
+        dict(h=320, heads=4, i=500, V=900, B=1, S=96), dict(h=128, heads=8, i=512, V=1100, B=2, S=80),
+        dict(h=96, heads=3, i=200, V=640, B=2, S=40), dict(h=160, heads=5, i=640, V=800, B=1, S=72),
+    )
+
+
+def _bert_config(d):
+    return dict(hidden_size=d["h"], num_attention_heads=d["heads"], intermediate_size=d["i"], vocab_size=d["V"],
+                num_hidden_layers=2, max_position_embeddings=256, pad_token_id=0)
+
+
+_SCORES = ("B·heads·S²", lambda d: d["B"] * d["heads"] * d["S"] ** 2)
+
+
+def _neox_dims():  # rotary on a quarter of each head (Pythia, GPT-NeoX-20B)
+    return tuple(dict(h=d["h"], heads=d["heads"], hd=d["h"] // d["heads"], rd=d["h"] // d["heads"] // 4, i=d["i"],
+                      V=d["V"], B=d["B"], S=d["S"]) for d in _bert_dims())
+
+
+def _neox_config(d):
+    return dict(hidden_size=d["h"], num_attention_heads=d["heads"], intermediate_size=d["i"], vocab_size=d["V"],
+                num_hidden_layers=2, rotary_pct=0.25, max_position_embeddings=256, use_parallel_residual=True,
+                bos_token_id=0, eos_token_id=0)
+
+FAMILIES = {
+    "llama": Family("LlamaForCausalLM", "model.layers", _llama_config, _llama_dims(), _DECODER_LAYER,
+                    _DECODER_OUTSIDE),
+    # Gemma's RMSNorm multiplies by (1 + weight) in fp32: a vector of h per norm, whatever the tokens
+    "gemma": Family("GemmaForCausalLM", "model.layers", _llama_config, _llama_dims(),
+                    _DECODER_LAYER + (("h (per norm, no T)", lambda d: d["h"]),),
+                    _DECODER_OUTSIDE + (("h (no T)", lambda d: d["h"]),)),
+    "phi3": Family("Phi3ForCausalLM", "model.layers", _phi3_config, _phi3_dims(), _PHI3_LAYER, _DECODER_OUTSIDE),
+    "gpt2": Family("GPT2LMHeadModel", "transformer.h", _gpt2_config, _gpt2_dims(),
+                   (("T·h", lambda d: _T(d) * d["h"]), _SCORES, ("T", _T)),
+                   (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),
+                    ("S", lambda d: d["S"]), ("1", lambda d: 1))),
+    "gpt_neox": Family("GPTNeoXForCausalLM", "gpt_neox.layers", _neox_config, _neox_dims(),
+                       (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]),
+                        ("T·heads", lambda d: _T(d) * d["heads"]), ("T", _T)),
+                       (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]),
+                        ("S·rd", lambda d: d["S"] * d["rd"]), ("T", _T), ("S", lambda d: d["S"]),
+                        ("1", lambda d: 1))),
+    "gpt_neox_fast": Family("GPTNeoXForCausalLM", "gpt_neox.layers",
+                            lambda d: dict(_neox_config(d), hidden_act="gelu_fast"), _neox_dims(),
+                            (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]),
+                             ("T·heads", lambda d: _T(d) * d["heads"]), ("T", _T)),
+                            (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]),
+                             ("S·rd", lambda d: d["S"] * d["rd"]), ("T", _T), ("S", lambda d: d["S"]),
+                             ("1", lambda d: 1))),
+    "bert": Family("BertForMaskedLM", "bert.encoder.layer", _bert_config, _bert_dims(),
+                   (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("T", _T)),
+                   (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),
+                    ("S", lambda d: d["S"]), ("1", lambda d: 1))),
+}
+
+
+def measure(family: Family, dims: dict, kind: str) -> tuple[int, int]:
+    """(bytes one more layer adds to what the forward saves, bytes saved outside the layers), autocast's 16-bit
+    weight copies taken out."""
+    from paramscope.cost.model_view import from_module
+    from paramscope.cost.training_estimate import _cast_weights
+
+    saved = {}
+    for layers in (2, 3):
+        model, step = _trace(family, dims, kind, layers)
+        casts = _cast_weights(from_module(model))[0] if kind == "bf16-mixed" else 0
+        saved[layers] = step.saved_activations - 2 * casts
+    layer = saved[3] - saved[2]
+    return layer, saved[2] - 2 * layer
+
+
+def _trace(family: Family, dims: dict, kind: str, layers: int):
+    import torch
+    import transformers
+
+    from paramscope.cost.trace import StepSettings, trace_training
+    from paramscope.cost.training import weight_dtype
+
+    config_class = re.sub(r"(ForCausalLM|ForMaskedLM|LMHeadModel)$", "Config", family.cls)
+    kwargs = family.config(dims)
+    kwargs["n_layer" if "n_layer" in kwargs else "num_hidden_layers"] = layers
+    config = getattr(transformers, config_class)(**kwargs)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, weight_dtype(kind)))
+    try:
+        with torch.device("meta"):
+            model = getattr(transformers, family.cls)(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model, trace_training(model, StepSettings(batch=dims["B"], seq=dims["S"], precision=kind))
+
+
+def solve(rows: list[list[int]], values: list[int]) -> tuple[list[Fraction], Fraction | None]:
+    """Coefficients rounded to half bytes, and the largest miss over the configs (None: the terms are not
+    independent over these configs)."""
+    a, y = np.array(rows, dtype=float), np.array(values, dtype=float)
+    coefficients, *_ = np.linalg.lstsq(a, y, rcond=None)
+    exact = [Fraction(round(c * 2), 2) for c in coefficients]  # whole or half bytes per element
+    worst = max(abs(v - sum(c * x for c, x in zip(exact, row))) for row, v in zip(rows, values))
+    return exact, worst if np.linalg.matrix_rank(a) == len(exact) else None
+
+
+def fit(name: str) -> None:
+    family = FAMILIES[name]
+    for kind in KINDS:
+        layer_rows, layer_values, outside_rows, outside_values = [], [], [], []
+        for dims in family.dims:
+            layer, outside = measure(family, dims, kind)
+            layer_rows.append([f(dims) for _, f in family.layer_terms])
+            layer_values.append(layer)
+            outside_rows.append([f(dims) for _, f in family.outside_terms])
+            outside_values.append(outside)
+        for what, terms, rows, values in (("layer", family.layer_terms, layer_rows, layer_values),
+                                          ("outside", family.outside_terms, outside_rows, outside_values)):
+            coefficients, worst = solve(rows, values)
+            text = " + ".join(f"{c}·{t}" for c, (t, _) in zip(coefficients, terms) if c)
+            verdict = "terms not independent" if worst is None else "exact" if worst == 0 else \
+                f"within {worst} B" if worst <= 8 else "NOT EXACT"
+            print(f"{name:6} {kind:10} {what:7} {verdict}: {text}", flush=True)
+            if worst is None or worst > 8:
+                misses = [v - sum(c * x for c, x in zip(coefficients, row)) for row, v in zip(rows, values)]
+                print(f"{'':6} {'':10} {'':7} residuals {', '.join(str(m) for m in misses)}")
+
+
+def main(argv: list[str]) -> int:
+    for name in argv or list(FAMILIES):
+        if name not in FAMILIES:
+            raise SystemExit(f"unknown family {name!r}; known: {', '.join(FAMILIES)}")
+        fit(name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
