@@ -117,6 +117,24 @@ def _bert_config(d):
 
 
 _SCORES = ("B·heads·S²", lambda d: d["B"] * d["heads"] * d["S"] ** 2)
+_ENCODER_LAYER = (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("T", _T))
+_ENCODER_OUTSIDE = (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),
+                    ("S", lambda d: d["S"]), ("1", lambda d: 1))
+
+
+def _roberta_config(d):  # positions count from padding_idx + 1: room for S + 2
+    return dict(_bert_config(d), pad_token_id=1)
+
+
+def _distilbert_config(d):
+    return dict(dim=d["h"], n_heads=d["heads"], hidden_dim=d["i"], vocab_size=d["V"], n_layers=2,
+                max_position_embeddings=256, pad_token_id=0)
+
+
+def _electra_config(d):  # the discriminator: embeddings as wide as the layers (electra-base)
+    return dict(_bert_config(d), embedding_size=d["h"])
+
+
 
 
 def _neox_dims():  # rotary on a quarter of each head (Pythia, GPT-NeoX-20B)
@@ -154,6 +172,12 @@ FAMILIES = {
                             (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]),
                              ("S·rd", lambda d: d["S"] * d["rd"]), ("T", _T), ("S", lambda d: d["S"]),
                              ("1", lambda d: 1))),
+    "roberta": Family("RobertaForMaskedLM", "roberta.encoder.layer", _roberta_config, _bert_dims(), _ENCODER_LAYER,
+                      _ENCODER_OUTSIDE),
+    "distilbert": Family("DistilBertForMaskedLM", "distilbert.transformer.layer", _distilbert_config, _bert_dims(),
+                         _ENCODER_LAYER, _ENCODER_OUTSIDE),
+    "electra": Family("ElectraForPreTraining", "electra.encoder.layer", _electra_config, _bert_dims(),
+                      _ENCODER_LAYER, _ENCODER_OUTSIDE),
     "bert": Family("BertForMaskedLM", "bert.encoder.layer", _bert_config, _bert_dims(),
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("T", _T)),
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),
@@ -183,9 +207,10 @@ def _trace(family: Family, dims: dict, kind: str, layers: int):
     from paramscope.cost.trace import StepSettings, trace_training
     from paramscope.cost.training import weight_dtype
 
-    config_class = re.sub(r"(ForCausalLM|ForMaskedLM|LMHeadModel)$", "Config", family.cls)
+    config_class = re.sub(r"(ForCausalLM|ForMaskedLM|LMHeadModel|ForPreTraining)$", "Config", family.cls)
     kwargs = family.config(dims)
-    kwargs["n_layer" if "n_layer" in kwargs else "num_hidden_layers"] = layers
+    key = next((k for k in ("n_layer", "n_layers") if k in kwargs), "num_hidden_layers")
+    kwargs[key] = layers
     config = getattr(transformers, config_class)(**kwargs)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, weight_dtype(kind)))

@@ -121,6 +121,9 @@ def _truncated(preset: str, layers: int = 2) -> dict:
     from paramscope.sources import resolve
 
     config = dict(resolve(preset).config)
+    for key in ("n_layer", "n_layers"):  # GPT-2's and DistilBERT's names for it
+        if key in config:
+            config[key] = layers
     config["num_hidden_layers"] = layers
     return config
 
@@ -172,16 +175,19 @@ def test_model_states_agree_with_the_trace_to_the_byte():
     assert step.by_category["gradients"] == states.gradients.bytes
 
 
-@pytest.mark.parametrize("preset", ["gpt2", "distilgpt2", "bert-base-uncased"])
+@pytest.mark.parametrize("preset", ["gpt2", "distilgpt2", "bert-base-uncased", "roberta-base",
+                                    "distilbert-base-uncased", "electra-base-discriminator"])
 @pytest.mark.parametrize("precision, checkpointing, batch, seq", [
     ("fp32", "none", 2, 256),
     ("bf16-mixed", "none", 2, 512),
     ("bf16-pure", "none", 2, 256),
     ("bf16-mixed", "full", 4, 256),
 ])
-def test_gpt2_and_bert_analytic_peak_within_3_percent(preset, precision, checkpointing, batch, seq):
-    config = _truncated(preset, layers=2) if preset.startswith("bert") else dict(
-        _truncated(preset, layers=2), n_layer=2)
+def test_gpt2_and_encoders_analytic_peak_within_3_percent(preset, precision, checkpointing, batch, seq):
+    """Models with attention dropout. Truncated to 2 layers the peak is the hardest case: ELECTRA's comes in the
+    last layer's backward (its S²-sized gradients beside the saved activations), which the analytic moments leave
+    out: −1.4% (bf16-mixed), −2.0% (bf16-pure)."""
+    config = _truncated(preset, layers=2)
     _, estimate = estimate_training(config, TrainingOptions(
         batch=batch, seq=seq, precision=precision, grad_checkpointing=checkpointing, trace=True))
     detail = estimate.training

@@ -20,6 +20,8 @@ kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. Bytes saved 
         + 12·B·heads·S² + 16·T (8 in bf16-pure).
     BERT masked LM (post-LN, exact GELU, dropout), per layer: 40·T·h + 8·T·i (fp32), 26·T·h + 4·T·i (bf16-pure),
         34·T·h + 4·T·i (mixed), + 12·B·heads·S² + 16·T (8 in bf16-pure).
+    RoBERTa and ELECTRA's discriminator: BERT's layers; outside, RoBERTa counts positions from the ids and
+        ELECTRA has one logit a token. DistilBERT: 36·T·h (fp32), 24 (bf16-pure), 32 (mixed), the rest as BERT.
 
 The S² terms are attention dropout's: torch's fused CPU kernels do not support dropout, so sdpa in training runs
 the math kernel and keeps the probabilities and the dropout mask. CUDA's flash and memory-efficient kernels support
@@ -176,28 +178,48 @@ def _neox_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
 _BERT_LAYER = {"fp32": (40, 8, 12, 16), "bf16-pure": (26, 4, 12, 8), "mixed": (34, 4, 12, 16)}
 # BERT with its masked-LM head, (T·h, T·V, T, S, 1) outside the layers
 _BERT_OUTSIDE = {"fp32": (24, 4, 24, 8, 8), "bf16-pure": (12, 2, 16, 8, 4), "mixed": (16, 4, 20, 8, 8)}
+# Encoders of BERT's layout, as fitted: (·T·h per layer by kind, the outside terms (T·h, T·V, T, S, 1) by kind)
+# where they differ from BERT masked LM's
+_ENCODER_VARIANTS = {
+    "bert": ({}, {}),
+    # positions counted from the input ids (int64 masks and cumulative sums, 16·T), no position-id buffer slice
+    "roberta": ({}, {"fp32": (24, 4, 40, 0, 8), "bf16-pure": (12, 2, 32, 0, 4), "mixed": (16, 4, 36, 0, 8)}),
+    # DistilBERT: no token types, its attention keeps 4·T·h less (2 in bf16-pure); no position-id slice
+    "distilbert": ({"fp32": 36, "bf16-pure": 24, "mixed": 32},
+                   {"fp32": (24, 4, 24, 0, 8), "bf16-pure": (12, 2, 16, 0, 4), "mixed": (16, 4, 20, 0, 8)}),
+    # ELECTRA's discriminator: a token-level real/replaced logit, no vocabulary-wide logits
+    "electra": ({}, {"fp32": (20, 0, 16, 8, 4), "bf16-pure": (10, 0, 10, 8, 4), "mixed": (14, 0, 16, 8, 4)}),
+}
 
 
-def _bert_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
+def _bert_style(config: Any, kind: str, batch: int, seq: int, variant: str = "bert") -> _Layout | None:
     from .kv_cache import config_int
 
-    h = config_int(config, "hidden_size")
-    heads = config_int(config, "num_attention_heads")
-    inner = config_int(config, "intermediate_size")
+    h = config_int(config, "hidden_size", "dim")
+    heads = config_int(config, "num_attention_heads", "n_heads")
+    inner = config_int(config, "intermediate_size", "hidden_dim")
     vocab = config_int(config, "vocab_size")
-    layers = config_int(config, "num_hidden_layers")
-    if None in (h, heads, inner, vocab, layers):
+    layers = config_int(config, "num_hidden_layers", "n_layers")
+    # the fitted layout has dropout on the attention probabilities and the layers' outputs (masks, and sdpa's
+    # math kernel with its S² scores); without it the step is traced
+    if None in (h, heads, inner, vocab, layers) or not attention_dropout(config) or not hidden_dropout(config):
         return None
+    layer_h, outside = _ENCODER_VARIANTS[variant]
+    if variant == "electra" and config_int(config, "embedding_size") not in (None, h):
+        return None  # a projection from narrower embeddings (ELECTRA-small): not fitted
     tokens = batch * seq
     per_h, per_i, per_score, per_t = _BERT_LAYER[kind]
+    per_h = layer_h.get(kind, per_h)
     layer = per_h * tokens * h + per_i * tokens * inner + per_score * batch * heads * seq * seq + per_t * tokens
-    th, tv, t, s, one = _BERT_OUTSIDE[kind]
-    outside = th * tokens * h + tv * tokens * vocab + t * tokens + s * seq + one
+    th, tv, t, s, one = outside.get(kind, _BERT_OUTSIDE[kind])
+    loss_vocab = vocab if tv else 1  # ELECTRA's loss is over one logit a token
+    outside_bytes = th * tokens * h + tv * tokens * vocab + t * tokens + s * seq + one
     # bf16 logits go to the loss as they are (Llama and GPT-2 upcast them): a bf16 log-softmax and its gradient
-    loss_tv = (2, 4) if kind == "bf16-pure" else (0, 0)
+    loss_tv = (2, 4) if kind == "bf16-pure" and tv else (0, 0)
     return _Layout(layer, f"({per_h}·T·h + {per_i}·T·i + {per_score}·B·heads·S² + {per_t}·T) = {layer:,} B each",
-                   outside,
-                   f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S + {one} = {outside:,} B", h, vocab, layers, loss_tv)
+                   outside_bytes,
+                   f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S + {one} = {outside_bytes:,} B", h, loss_vocab, layers,
+                   loss_tv)
 
 
 # recipe → (model types, the head its class must end with, layout); the head carries the loss the recipe counts
@@ -208,6 +230,9 @@ _RECIPES = {
     "GPT-2": (GPT2_STYLE, ("LMHeadModel",), _gpt2_style),
     "GPT-NeoX": (("gpt_neox",), ("ForCausalLM",), _neox_style),
     "BERT masked LM": (BERT_STYLE, ("ForMaskedLM",), _bert_style),
+    "RoBERTa masked LM": (("roberta",), ("ForMaskedLM",), lambda *a: _bert_style(*a, variant="roberta")),
+    "DistilBERT masked LM": (("distilbert",), ("ForMaskedLM",), lambda *a: _bert_style(*a, variant="distilbert")),
+    "ELECTRA discriminator": (("electra",), ("ForPreTraining",), lambda *a: _bert_style(*a, variant="electra")),
 }
 
 
