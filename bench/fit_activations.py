@@ -38,6 +38,7 @@ class Family:
     dims: tuple[dict, ...]  # varied dims, each with B and S
     layer_terms: tuple[tuple[str, Callable[[dict], int]], ...]
     outside_terms: tuple[tuple[str, Callable[[dict], int]], ...]
+    period: int = 1  # layers that repeat as a unit (Gemma-2 alternates sliding and full attention)
 
 
 def _T(d):
@@ -178,6 +179,12 @@ FAMILIES = {
                          _ENCODER_LAYER, _ENCODER_OUTSIDE),
     "electra": Family("ElectraForPreTraining", "electra.encoder.layer", _electra_config, _bert_dims(),
                       _ENCODER_LAYER, _ENCODER_OUTSIDE),
+    # Gemma-2: eager attention (sdpa cannot softcap the scores), four norms a layer, softcapped logits; sliding and
+    # full attention alternate, so a layer's bytes are the average over a pair
+    "gemma2": Family("Gemma2ForCausalLM", "model.layers", lambda d: dict(_llama_config(d), sliding_window=4096,
+                                                                        query_pre_attn_scalar=d["hd"]),
+                     _llama_dims(), _DECODER_LAYER + (_SCORES, ("h (per norm, no T)", lambda d: d["h"])),
+                     _DECODER_OUTSIDE + (("h (no T)", lambda d: d["h"]),), period=2),
     "bert": Family("BertForMaskedLM", "bert.encoder.layer", _bert_config, _bert_dims(),
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("T", _T)),
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),
@@ -192,12 +199,15 @@ def measure(family: Family, dims: dict, kind: str) -> tuple[int, int]:
     from paramscope.cost.training_estimate import _cast_weights
 
     saved = {}
-    for layers in (2, 3):
+    base, more = 2 * family.period, 3 * family.period
+    for layers in (base, more):
         model, step = _trace(family, dims, kind, layers)
         casts = _cast_weights(from_module(model))[0] if kind == "bf16-mixed" else 0
         saved[layers] = step.saved_activations - 2 * casts
-    layer = saved[3] - saved[2]
-    return layer, saved[2] - 2 * layer
+    if (saved[more] - saved[base]) % family.period:
+        raise SystemExit(f"{family.cls}: {family.period} layers add {saved[more] - saved[base]} B, not a multiple")
+    layer = (saved[more] - saved[base]) // family.period  # the average over the period
+    return layer, saved[base] - base * layer
 
 
 def _trace(family: Family, dims: dict, kind: str, layers: int):

@@ -133,6 +133,7 @@ def _truncated(preset: str, layers: int = 2) -> dict:
     ("qwen2.5-0.5b", "Llama-style decoder"), ("gemma-2b", "Gemma decoder"), ("gemma-7b", "Gemma decoder"),
     ("phi-3-mini-4k-instruct", "Phi-3 decoder"), ("pythia-160m", "GPT-NeoX"), ("pythia-1b", "GPT-NeoX"),
     ("gpt-neox-20b", "GPT-NeoX"),  # its unfused tanh GELU ("gelu_fast") keeps 4 tensors of T·i
+    ("gemma-2-2b", "Gemma-2 decoder"), ("gemma-2-9b", "Gemma-2 decoder"),  # eager attention, fitted there
 ])
 @pytest.mark.parametrize("precision, checkpointing, batch, seq", [
     ("fp32", "none", 2, 512),
@@ -142,14 +143,15 @@ def _truncated(preset: str, layers: int = 2) -> dict:
 ])
 def test_analytic_peak_within_3_percent_of_the_trace(preset, recipe, precision, checkpointing, batch, seq):
     """The peak within 3% (the issue's bar); the saved activations, which the model states do not dilute, to
-    within 0.01% (they are exact but for a few index bytes)."""
+    within 0.01% (they are exact but for a few index bytes), or 0.1% with checkpointing (Gemma-2's checkpointed
+    layers also keep fp32 copies of the rotary cos and sin, 8·S·hd each: −0.05%)."""
     _, estimate = estimate_training(_truncated(preset), TrainingOptions(
         batch=batch, seq=seq, precision=precision, grad_checkpointing=checkpointing, trace=True))
     detail = estimate.training
     assert estimate.engine == "traced" and detail.analytic_peak is not None
     assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
     saved = estimate.activations.bytes
-    assert abs(detail.analytic_activations - saved) <= 0.0001 * saved
+    assert abs(detail.analytic_activations - saved) <= (0.001 if checkpointing == "full" else 0.0001) * saved
     assert any(note.startswith("check: the analytic peak") for note in estimate.notes)
     _, analytic = estimate_training(_truncated(preset), TrainingOptions(
         batch=batch, seq=seq, precision=precision, grad_checkpointing=checkpointing))
@@ -199,9 +201,19 @@ def test_gpt2_and_encoders_analytic_peak_within_3_percent(preset, precision, che
 
 
 def test_a_class_without_a_recipe_is_traced_and_says_so():
-    _, estimate = estimate_training("distilbert-base-uncased", TrainingOptions(batch=1, seq=128, precision="fp32"))
+    _, estimate = estimate_training("albert-base-v2", TrainingOptions(batch=1, seq=128, precision="fp32"))
     assert estimate.engine == "traced"
-    assert any("no analytic activation recipe for DistilBertForMaskedLM" in n for n in estimate.notes)
+    assert any("no analytic activation recipe for AlbertForMaskedLM" in n for n in estimate.notes)
+
+
+def test_a_recipe_answers_only_at_the_attention_it_was_fitted_at():
+    _, estimate = estimate_training(_truncated("gemma-2-2b"), TrainingOptions(batch=1, seq=64, attention="eager"))
+    assert estimate.engine == "analytic" and estimate.settings["activations_from"] == "analytic: Gemma-2 decoder"
+    with pytest.raises(ParamscopeError, match="does not support `softcap`"):  # transformers' own refusal, one line
+        estimate_training(_truncated("gemma-2-2b"), TrainingOptions(batch=1, seq=64, attention="sdpa"))
+    _, estimate = estimate_training(_truncated("llama-3-8b"), TrainingOptions(batch=1, seq=64, attention="eager"))
+    assert estimate.engine == "traced"
+    assert "the analytic recipe is for sdpa attention; attention eager is traced" in estimate.notes
 
 
 def test_a_layout_the_recipe_was_not_fitted_for_is_traced():

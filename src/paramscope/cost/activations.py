@@ -13,6 +13,8 @@ kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. Bytes saved 
       the 4·heads being sdpa's log-sum-exp (fp32 per head and token), the 8 the RMSNorms' reciprocal roots.
     Gemma: the same, + 4h in bf16-pure, + 8h per layer whatever the tokens (each RMSNorm's fp32 (1 + weight)).
     Phi-3 (fused qkv_proj and gate_up_proj): the same, + 4h (fp32), − 4h (mixed), + 2h (bf16-pure).
+    Gemma-2 (eager attention, as transformers runs it: sdpa cannot softcap), per token: 40h + 16q + 16i + 16
+        (fp32), 42h + 8q + 8i + 16 (mixed), 36h + 8q + 8i + 16 (bf16-pure); + 8·B·heads·S² and 16h per layer.
     GPT-NeoX (parallel residual, LayerNorm, fused qkv, partial rotary), per token: 32h (fp32), 18h (mixed), 16h
         (bf16-pure) + 4·heads + 16 (8 in bf16-pure) + the MLP's activation: exact GELU 8i (fp32) or 4i,
         GPT-NeoX-20B's unfused tanh "gelu_fast" 32i (fp32) or 16i.
@@ -51,10 +53,6 @@ LLAMA_STYLE = ("llama", "mistral", "qwen2")
 GPT2_STYLE = ("gpt2",)
 BERT_STYLE = ("bert",)
 
-# Llama-style, (h, q, kv, i, heads, 1) bytes per layer and token
-_LLAMA_LAYER = {"fp32": (24, 8, 8, 16, 4, 8), "bf16-pure": (16, 4, 4, 8, 4, 8), "mixed": (26, 4, 4, 8, 4, 8)}
-# Llama-style, (T·h, T·V, S·hd, T) bytes outside the layers
-_LLAMA_OUTSIDE = {"fp32": (12, 4, 8, 12), "bf16-pure": (8, 4, 4, 12), "mixed": (10, 4, 8, 12)}
 # GPT-2, (T·h, B·heads·S², T) bytes per layer: LayerNorms, Conv1D inputs, the unfused tanh-GELU's intermediates,
 # dropout masks, and eager-sized attention scores (sdpa with dropout runs the math kernel on CPU)
 _GPT2_LAYER = {"fp32": (120, 12, 16), "bf16-pure": (66, 12, 8), "mixed": (70, 12, 16)}
@@ -74,17 +72,42 @@ class _Layout:
     vocab: int
     layers: int
     loss_tv: tuple[int, int] = (0, 0)  # (end of forward, start of backward) extra ·T·V; (0, 0): the usual
+    checkpointed: int = 0  # with checkpointing, what a layer keeps beside its input
+    checkpointed_text: str = ""
 
 
-# Variants of the Llama-style layout, as fitted (bench/fit_activations.py): (extra ·T·h per layer by precision
-# kind, extra ·T·h outside the layers by kind, bytes per layer and outside that do not grow with the tokens, ·h)
-_LLAMA_VARIANTS = {
-    "llama": ({}, {}, (0, 0)),
+@dataclass(frozen=True)
+class _DecoderTables:
+    """One decoder family's fitted coefficients, by precision kind (fp32, mixed, bf16-pure)."""
+
+    layer: dict[str, tuple[int, int, int, int, int, int]]  # (h, q, kv, i, heads, 1) bytes per layer and token
+    outside: dict[str, tuple[int, int, int, int]]  # (T·h, T·V, S·hd, T) bytes outside the layers
+    scores: int = 0  # ·B·heads·S² per layer: eager attention keeps its score matrices
+    layer_vector: int = 0  # ·h per layer, whatever the tokens
+    outside_vector: int = 0  # ·h outside the layers, whatever the tokens
+    checkpointed_hd: int = 0  # ·T·hd a checkpointed layer keeps beside its input
+
+
+_DECODERS = {
+    "llama": _DecoderTables(
+        {"fp32": (24, 8, 8, 16, 4, 8), "bf16-pure": (16, 4, 4, 8, 4, 8), "mixed": (26, 4, 4, 8, 4, 8)},
+        {"fp32": (12, 4, 8, 12), "bf16-pure": (8, 4, 4, 12), "mixed": (10, 4, 8, 12)}),
     # Gemma: RMSNorm scales by (1 + weight) in fp32, so each norm keeps that h-vector (4h B, whatever the tokens)
     # and in bf16-pure its fp32 normalised input as well
-    "gemma": ({"bf16-pure": 4}, {"bf16-pure": 2}, (8, 4)),
-    # Phi-3: fused qkv_proj and gate_up_proj; their outputs are split into views that keep the fused tensors
-    "phi3": ({"fp32": 4, "mixed": -4, "bf16-pure": 2}, {}, (0, 0)),
+    "gemma": _DecoderTables(
+        {"fp32": (24, 8, 8, 16, 4, 8), "bf16-pure": (20, 4, 4, 8, 4, 8), "mixed": (26, 4, 4, 8, 4, 8)},
+        {"fp32": (12, 4, 8, 12), "bf16-pure": (10, 4, 4, 12), "mixed": (10, 4, 8, 12)}, layer_vector=8,
+        outside_vector=4),
+    # Phi-3: fused qkv_proj and gate_up_proj, whose outputs are split into views of the fused tensors (q = h)
+    "phi3": _DecoderTables(
+        {"fp32": (28, 8, 8, 16, 4, 8), "bf16-pure": (18, 4, 4, 8, 4, 8), "mixed": (22, 4, 4, 8, 4, 8)},
+        {"fp32": (12, 4, 8, 12), "bf16-pure": (8, 4, 4, 12), "mixed": (10, 4, 8, 12)}),
+    # Gemma-2: eager attention (sdpa cannot softcap scores) keeps its S² score matrices, K and V repeated to the
+    # query heads; four norms a layer; the logits softcapped (tanh) before the loss
+    "gemma2": _DecoderTables(
+        {"fp32": (40, 16, 0, 16, 0, 16), "bf16-pure": (36, 8, 0, 8, 0, 16), "mixed": (42, 8, 0, 8, 0, 16)},
+        {"fp32": (12, 8, 8, 12), "bf16-pure": (10, 6, 4, 12), "mixed": (10, 6, 8, 12)}, scores=8,
+        layer_vector=16, outside_vector=4, checkpointed_hd=8),  # a checkpointed layer keeps fp32 cos and sin
 }
 
 
@@ -100,21 +123,23 @@ def _llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "l
     layers = config_int(config, "num_hidden_layers")
     if None in (h, heads, head_dim, inner, vocab, layers):
         return None
-    layer_h, outside_h, (layer_vector, outside_vector) = _LLAMA_VARIANTS[variant]
+    tables = _DECODERS[variant]
     q, kv, tokens = heads * head_dim, kv_heads * head_dim, batch * seq
-    c = list(_LLAMA_LAYER[kind])
-    c[0] += layer_h.get(kind, 0)
+    c = tables.layer[kind]
     per_token = c[0] * h + c[1] * q + c[2] * kv + c[3] * inner + c[4] * heads + c[5]
-    th, tv, shd, t = _LLAMA_OUTSIDE[kind]
-    th += outside_h.get(kind, 0)
-    layer = tokens * per_token + layer_vector * h
-    outside = th * tokens * h + tv * tokens * vocab + shd * seq * head_dim + t * tokens + outside_vector * h
-    vector = f" + {layer_vector}h" if layer_vector else ""
-    return _Layout(layer, f"{tokens:,} tokens × {per_token:,} B ({c[0]}h + {c[1]}q + {c[2]}kv + {c[3]}i + "
-                   f"{c[4]}·heads + {c[5]}){vector} = {layer:,} B each",
-                   outside, f"{th}·T·h + {tv}·T·V + {shd}·S·hd + {t}·T" + (f" + {outside_vector}h" if outside_vector
-                                                                          else "") + f" = {outside:,} B",
-                   h, vocab, layers)
+    scores = tables.scores * batch * heads * seq * seq
+    th, tv, shd, t = tables.outside[kind]
+    layer = tokens * per_token + scores + tables.layer_vector * h
+    outside = th * tokens * h + tv * tokens * vocab + shd * seq * head_dim + t * tokens + tables.outside_vector * h
+    terms = " + ".join(f"{n}{name}" for n, name in zip(c, ("h", "q", "kv", "i", "·heads", "")) if n)
+    extra = (f" + {tables.scores}·B·heads·S²" if scores else "") + \
+        (f" + {tables.layer_vector}h" if tables.layer_vector else "")
+    checkpointed = tables.checkpointed_hd * tokens * head_dim
+    return _Layout(layer, f"{tokens:,} tokens × {per_token:,} B ({terms}){extra} = {layer:,} B each",
+                   outside, f"{th}·T·h + {tv}·T·V + {shd}·S·hd + {t}·T" +
+                   (f" + {tables.outside_vector}h" if tables.outside_vector else "") + f" = {outside:,} B",
+                   h, vocab, layers, checkpointed=checkpointed,
+                   checkpointed_text=f" + the rotary cos and sin {tables.checkpointed_hd}·T·hd" if checkpointed else "")
 
 
 def _gpt2_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
@@ -222,17 +247,29 @@ def _bert_style(config: Any, kind: str, batch: int, seq: int, variant: str = "be
                    loss_tv)
 
 
-# recipe → (model types, the head its class must end with, layout); the head carries the loss the recipe counts
+@dataclass(frozen=True)
+class _Recipe:
+    model_types: tuple[str, ...]
+    heads: tuple[str, ...]  # the class must end with one: the head carries the loss the recipe counts
+    layout: Any  # (config, kind, batch, seq) → _Layout | None
+    attention: str = "sdpa"  # the implementation it was fitted at (flash runs as sdpa here)
+
+
+def _variant(function: Any, variant: str) -> Any:
+    return lambda config, kind, batch, seq: function(config, kind, batch, seq, variant=variant)
+
+
 _RECIPES = {
-    "Llama-style decoder": (LLAMA_STYLE, ("ForCausalLM",), _llama_style),
-    "Gemma decoder": (("gemma",), ("ForCausalLM",), lambda *a: _llama_style(*a, variant="gemma")),
-    "Phi-3 decoder": (("phi3",), ("ForCausalLM",), lambda *a: _llama_style(*a, variant="phi3")),
-    "GPT-2": (GPT2_STYLE, ("LMHeadModel",), _gpt2_style),
-    "GPT-NeoX": (("gpt_neox",), ("ForCausalLM",), _neox_style),
-    "BERT masked LM": (BERT_STYLE, ("ForMaskedLM",), _bert_style),
-    "RoBERTa masked LM": (("roberta",), ("ForMaskedLM",), lambda *a: _bert_style(*a, variant="roberta")),
-    "DistilBERT masked LM": (("distilbert",), ("ForMaskedLM",), lambda *a: _bert_style(*a, variant="distilbert")),
-    "ELECTRA discriminator": (("electra",), ("ForPreTraining",), lambda *a: _bert_style(*a, variant="electra")),
+    "Llama-style decoder": _Recipe(LLAMA_STYLE, ("ForCausalLM",), _llama_style),
+    "Gemma decoder": _Recipe(("gemma",), ("ForCausalLM",), _variant(_llama_style, "gemma")),
+    "Gemma-2 decoder": _Recipe(("gemma2",), ("ForCausalLM",), _variant(_llama_style, "gemma2"), "eager"),
+    "Phi-3 decoder": _Recipe(("phi3",), ("ForCausalLM",), _variant(_llama_style, "phi3")),
+    "GPT-2": _Recipe(GPT2_STYLE, ("LMHeadModel",), _gpt2_style),
+    "GPT-NeoX": _Recipe(("gpt_neox",), ("ForCausalLM",), _neox_style),
+    "BERT masked LM": _Recipe(BERT_STYLE, ("ForMaskedLM",), _bert_style),
+    "RoBERTa masked LM": _Recipe(("roberta",), ("ForMaskedLM",), _variant(_bert_style, "roberta")),
+    "DistilBERT masked LM": _Recipe(("distilbert",), ("ForMaskedLM",), _variant(_bert_style, "distilbert")),
+    "ELECTRA discriminator": _Recipe(("electra",), ("ForPreTraining",), _variant(_bert_style, "electra")),
 }
 
 
@@ -258,8 +295,13 @@ class TrainingActivations:
 def recipe_for(config: Any, class_name: str) -> str | None:
     """The recipe covering this config's layout built as `class_name`, or None."""
     model_type = getattr(config, "model_type", None)
-    return next((name for name, (types, heads, _) in _RECIPES.items()
-                 if model_type in types and class_name.endswith(heads)), None)
+    return next((name for name, recipe in _RECIPES.items()
+                 if model_type in recipe.model_types and class_name.endswith(recipe.heads)), None)
+
+
+def recipe_attention(recipe: str) -> str:
+    """The attention implementation a recipe was fitted at: "sdpa" (flash too) or "eager"."""
+    return _RECIPES[recipe].attention
 
 
 def training_activations(config: Any, class_name: str, *, batch: int, seq: int, precision: str,
@@ -273,13 +315,15 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
     if recipe is None:
         return None
     kind = "fp32" if precision == "fp32" else "bf16-pure" if precision == "bf16-pure" else "mixed"
-    layout = _RECIPES[recipe][2](config, kind, batch, seq)
+    layout = _RECIPES[recipe].layout(config, kind, batch, seq)
     if layout is None:
         return None
     tokens, h, vocab, layers = batch * seq, layout.hidden, layout.vocab, layout.layers
     if checkpointing:
-        per_layer = (2 if kind == "bf16-pure" else 4) * tokens * h
-        layer_text = f"the layer's input, {per_layer // (tokens * h)}·T·h = {per_layer:,} B each (recomputed in backward)"
+        size = 2 if kind == "bf16-pure" else 4
+        per_layer = size * tokens * h + layout.checkpointed
+        layer_text = (f"the layer's input, {size}·T·h{layout.checkpointed_text} = {per_layer:,} B each "
+                      "(recomputed in backward)")
     else:
         per_layer, layer_text = layout.layer, layout.layer_text
     outside = layout.outside

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import ParamscopeError
 from ..selection import match_all
-from .activations import (TrainingActivations, attention_dropout, embedding_gradient, recipe_for,
+from .activations import (TrainingActivations, attention_dropout, embedding_gradient, recipe_attention, recipe_for,
                           training_activations)
 from .hardware import Accelerator, find_accelerator
 from .kv_cache import config_int, text_config
@@ -159,10 +159,13 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     # adapters add their own activations: traced
     adapters = module is not None and type(module).__module__.startswith("peft")
     fused = attention in ("sdpa", "flash")  # flash is sdpa's flash kernel here, as traced
+    recipe = recipe_for(text, class_name)
+    fitted = recipe_attention(recipe) if recipe else None
+    at_fitted = fitted == ("sdpa" if fused else attention)
     analytic = training_activations(text, class_name, batch=options.batch, seq=seq, **shape) \
-        if fused and not adapters else None
-    if analytic is None and recipe_for(text, class_name) is not None and not fused:
-        notes.append(f"the analytic recipe is for sdpa; attention {attention} is traced")
+        if at_fitted and not adapters else None
+    if recipe is not None and not at_fitted:
+        notes.append(f"the analytic recipe is for {fitted} attention; attention {attention} is traced")
 
     tied = _tied_embedding_bytes(report, trainable)
 
