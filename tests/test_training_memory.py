@@ -220,10 +220,14 @@ def test_a_layout_the_recipe_was_not_fitted_for_is_traced():
     """GPT-NeoX's recipe is for the parallel residual without dropout; anything else is traced, not guessed."""
     from paramscope.sources import resolve
 
-    for change in ({"use_parallel_residual": False}, {"hidden_dropout": 0.1}, {"hidden_act": "relu"}):
-        config = dict(_truncated("pythia-70m"), **change)
+    for preset, change in (("pythia-70m", {"use_parallel_residual": False}), ("pythia-70m", {"hidden_dropout": 0.1}),
+                           ("pythia-70m", {"hidden_act": "relu"}),
+                           ("phi-3-mini-4k-instruct", {"partial_rotary_factor": 0.75}),
+                           ("bert-base-uncased", {"attention_probs_dropout_prob": 0.0})):
+        config = dict(_truncated(preset), **change)
         _, estimate = estimate_training(config, TrainingOptions(batch=1, seq=64, precision="fp32"))
         assert estimate.engine == "traced", change
+        assert any("recipe was fitted without some of this config's features" in n for n in estimate.notes), change
     _, estimate = estimate_training(dict(resolve("pythia-70m").config), TrainingOptions(batch=1, seq=64))
     assert estimate.engine == "analytic" and estimate.settings["activations_from"] == "analytic: GPT-NeoX"
 

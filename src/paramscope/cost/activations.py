@@ -121,8 +121,8 @@ def _llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "l
     inner = config_int(config, "intermediate_size")
     vocab = config_int(config, "vocab_size")
     layers = config_int(config, "num_hidden_layers")
-    if None in (h, heads, head_dim, inner, vocab, layers):
-        return None
+    if None in (h, heads, head_dim, inner, vocab, layers) or _partial_rotary(config):
+        return None  # rotary on part of each head splits and joins q and k: not the fitted layout
     tables = _DECODERS[variant]
     q, kv, tokens = heads * head_dim, kv_heads * head_dim, batch * seq
     c = tables.layer[kind]
@@ -140,6 +140,13 @@ def _llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "l
                    (f" + {tables.outside_vector}h" if tables.outside_vector else "") + f" = {outside:,} B",
                    h, vocab, layers, checkpointed=checkpointed,
                    checkpointed_text=f" + the rotary cos and sin {tables.checkpointed_hd}·T·hd" if checkpointed else "")
+
+
+def _partial_rotary(config: Any) -> bool:
+    rope = getattr(config, "rope_parameters", None)
+    fraction = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    fraction = fraction if fraction is not None else getattr(config, "partial_rotary_factor", None)
+    return isinstance(fraction, (int, float)) and fraction != 1
 
 
 def _gpt2_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:

@@ -120,8 +120,7 @@ def training_answer(model: Any, options: TrainingOptions = TrainingOptions(), us
     source = as_source(model, model_options.pop("revision", None))
     report, view, estimate = answer_from_facts_or_build(
         source, lambda report, view: step_estimate(report, view, options, live=False),
-        why_none=lambda report, view: f"no analytic activation recipe for {view.class_name}: the traced step needs "
-                                      "the build",
+        why_none=lambda report, view: f"{_why_traced(view, options)}: the traced step needs the build",
         dtype=dtype, use_cache=use_cache and not options.trace, **model_options)
     return report, estimate, view
 
@@ -166,6 +165,9 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         if at_fitted and not adapters else None
     if recipe is not None and not at_fitted:
         notes.append(f"the analytic recipe is for {fitted} attention; attention {attention} is traced")
+    elif recipe is not None and analytic is None and not adapters:
+        notes.append(f"the analytic {recipe} recipe was fitted without some of this config's features (dropout, "
+                     "partial rotary, another activation or residual layout): one step traced")
 
     tied = _tied_embedding_bytes(report, trainable)
 
@@ -285,6 +287,14 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit, contexts=contexts),
         budget=budget, notes=tuple(notes), training=detail)
     return estimate
+
+
+def _why_traced(view: Any, options: TrainingOptions) -> str:
+    recipe = recipe_for(text_config(view.config), view.class_name)
+    if recipe is None:
+        return f"no analytic activation recipe for {view.class_name}"
+    return f"the analytic {recipe} recipe does not cover this config or --attention {options.attention}" \
+        if options.attention else f"the analytic {recipe} recipe does not cover this config"
 
 
 def _own_dtypes(report: Any, own: frozenset[str]) -> dict[str, int]:
