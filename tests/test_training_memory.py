@@ -357,3 +357,35 @@ def test_per_device_peak_is_labelled_with_its_own_phase():
 def test_choices_errors_are_one_line():
     result = _cli("memory", "gpt2", "--training", "--grad-checkpointing", "partial")
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "'partial'" in result.stderr
+
+
+def test_adafactor_step_equals_a_real_foreach_step():
+    """torch.optim.Adafactor can't run on fake tensors (its step reads values), so its step is analytic: the
+    states and one update per trainable tensor at once (foreach, its default on CUDA). A real CPU step with
+    foreach=True, under MemTracker, allocates exactly that."""
+    import torch
+    import transformers
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    config = transformers.LlamaConfig(**LLAMA)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    optimizer = torch.optim.Adafactor(model.parameters(), lr=1e-2, foreach=True)
+    ids = torch.zeros((2, 32), dtype=torch.long)
+    for _ in range(2):  # the first step allocates the states; the second is measured up to its optimizer step
+        model(input_ids=ids, labels=ids).loss.backward()
+        if _ == 0:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    with tracker:
+        tracker.reset_mod_stats()
+        optimizer.step()
+        snapshot = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    peak = {getattr(key, "value", str(key)): value for key, value in snapshot.items()}["Total"]
+    _, estimate = estimate_training(dict(LLAMA, model_type="llama", architectures=["LlamaForCausalLM"]),
+                                    TrainingOptions(batch=2, seq=32, precision="fp32", optimizer="adafactor"))
+    step = [p for p in estimate.training.phases if p.phase == "optimizer step"][0]
+    assert estimate.engine == "analytic" and "foreach step" in step.arithmetic
+    assert step.bytes == peak

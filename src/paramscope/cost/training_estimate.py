@@ -170,6 +170,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                      "partial rotary, another activation or residual layout): one step traced")
 
     tied = _tied_embedding_bytes(report, trainable)
+    step_bytes, step_text = _step_temporaries(optimizer, gradients)
 
     def analytic_phases(act: TrainingActivations, batch: int, length: int) -> tuple[PhaseFigure, ...]:
         end = gradients + embedding_gradient(text, batch=batch, seq=length, precision=precision) + 2 * tied
@@ -179,8 +180,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
             how += f" + 2 × the tied embedding's gradient {tied:,} (its own and their sum, beside the head's)"
         figures.append(PhaseFigure("backward", resident + end, "end of backward", f"{how} = {end - gradients:,}",
                                    gradients))
-        figures.append(PhaseFigure("optimizer step", resident + gradients, "optimizer step",
-                                   f"gradients {gradients:,}; {_step_temporaries(optimizer)}", gradients))
+        figures.append(PhaseFigure("optimizer step", resident + gradients + step_bytes, "optimizer step",
+                                   f"gradients {gradients:,}; {step_text}", gradients))
         return tuple(figures)
 
     traced = None
@@ -200,8 +201,9 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                                    p.by_category["other"])
                        for p in traced.phases)
         if extra:
-            phases = phases + (PhaseFigure("optimizer step", resident + gradients, "optimizer step (analytic)",
-                                           f"gradients {gradients:,}", gradients),)
+            phases = phases + (PhaseFigure("optimizer step", resident + gradients + step_bytes,
+                                           "optimizer step (analytic)", f"gradients {gradients:,}; {step_text}",
+                                           gradients),)
         saved = traced.saved_activations
         activations = Workspace(saved, "measured at the end of the forward (MemTracker, fake tensors)",
                                 4 * options.batch * seq * (config_int(text, "vocab_size") or 0))
@@ -306,12 +308,18 @@ def _own_dtypes(report: Any, own: frozenset[str]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def _step_temporaries(optimizer: str) -> str:
+def _step_temporaries(optimizer: str, gradients: int) -> tuple[int, str]:
+    """(bytes, words) the optimizer's step allocates beside the states, as the step runs on a GPU."""
     if optimizer in ("adamw", "adam"):
-        return "the fused AdamW step keeps no temporaries"
+        return 0, "the fused AdamW step keeps no temporaries"
     if optimizer in ("sgd", "sgd-momentum"):
-        return "the foreach SGD step updates in place"
-    return f"{optimizer}'s step temporaries are not counted"
+        return 0, "the foreach SGD step updates in place"
+    if optimizer == "adafactor":
+        # torch.optim.Adafactor with foreach (its default on CUDA) builds every trainable tensor's update at once:
+        # one tensor like each gradient (a real CPU step with foreach=True measures exactly this)
+        return gradients, (f"Adafactor's foreach step makes an update like every gradient at once, "
+                           f"{gradients:,} B")
+    return 0, f"{optimizer}'s step temporaries are not counted"
 
 
 def _tied_embedding_bytes(report: Any, trainable: frozenset[str]) -> int:
