@@ -123,6 +123,15 @@ _ENCODER_OUTSIDE = (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d)
                     ("S", lambda d: d["S"]), ("1", lambda d: 1))
 
 
+def _albert_dims():  # embeddings narrower than the layers, projected up
+    return tuple(dict(d, e=e) for d, e in zip(_bert_dims(), (64, 32, 48, 16, 80, 128, 24, 40)))
+
+
+def _albert_config(d):  # albert-base-v2: one shared layer, no dropout, the unfused tanh GELU
+    return dict(_bert_config(d), embedding_size=d["e"], num_hidden_groups=1, inner_group_num=1,
+                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, hidden_act="gelu_new")
+
+
 def _roberta_config(d):  # positions count from padding_idx + 1: room for S + 2
     return dict(_bert_config(d), pad_token_id=1)
 
@@ -185,6 +194,11 @@ FAMILIES = {
                                                                         query_pre_attn_scalar=d["hd"]),
                      _llama_dims(), _DECODER_LAYER + (_SCORES, ("h (per norm, no T)", lambda d: d["h"])),
                      _DECODER_OUTSIDE + (("h (no T)", lambda d: d["h"]),), period=2),
+    "albert": Family("AlbertForMaskedLM", "albert.encoder", _albert_config, _albert_dims(),
+                     (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]),
+                      ("T·heads", lambda d: _T(d) * d["heads"]), ("T", _T)),
+                     (("T·h", lambda d: _T(d) * d["h"]), ("T·e", lambda d: _T(d) * d["e"]),
+                      ("T·V", lambda d: _T(d) * d["V"]), ("T", _T), ("S", lambda d: d["S"]), ("1", lambda d: 1))),
     "bert": Family("BertForMaskedLM", "bert.encoder.layer", _bert_config, _bert_dims(),
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("T", _T)),
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),

@@ -93,6 +93,7 @@ def test_formats_and_layouts_from_facts_equal_the_build(preset, options):
     ("distilbert-base-uncased", TrainingOptions(seq=512, grad_checkpointing="full")),
     ("electra-base-discriminator", TrainingOptions(seq=512, precision="bf16-pure")),
     ("gemma-2-9b", TrainingOptions(seq=4096, grad_checkpointing="full")),
+    ("albert-base-v2", TrainingOptions(seq=512, batch=16, precision="bf16-pure")),
 ])
 def test_training_memory_from_facts_equals_the_build(preset, options):
     """`memory --training` from facts where an analytic recipe covers the layout: the build's answer exactly."""

@@ -22,6 +22,8 @@ kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. Bytes saved 
         + 12·B·heads·S² + 16·T (8 in bf16-pure).
     BERT masked LM (post-LN, exact GELU, dropout), per layer: 40·T·h + 8·T·i (fp32), 26·T·h + 4·T·i (bf16-pure),
         34·T·h + 4·T·i (mixed), + 12·B·heads·S² + 16·T (8 in bf16-pure).
+    ALBERT (albert-base-v2: one shared layer a pass, no dropout, unfused tanh GELU), per pass: 32·T·h + 20·T·i
+        (fp32), 16·T·h + 10·T·i (mixed, bf16-pure), + 4·T·heads + 16·T (8).
     RoBERTa and ELECTRA's discriminator: BERT's layers; outside, RoBERTa counts positions from the ids and
         ELECTRA has one logit a token. DistilBERT: 36·T·h (fp32), 24 (bf16-pure), 32 (mixed), the rest as BERT.
 
@@ -254,6 +256,36 @@ def _bert_style(config: Any, kind: str, batch: int, seq: int, variant: str = "be
                    loss_tv)
 
 
+# ALBERT (albert-base-v2's layout: one shared layer a pass, no dropout, the unfused tanh GELU, embeddings of width e
+# projected up), (T·h, T·i, T·heads, T) per pass and (T·h, T·e, T·V, T, S, 1) outside
+_ALBERT_LAYER = {"fp32": (32, 20, 4, 16), "bf16-pure": (16, 10, 4, 8), "mixed": (16, 10, 4, 8)}
+_ALBERT_OUTSIDE = {"fp32": (4, 32, 4, 24, 8, 8), "bf16-pure": (2, 16, 2, 16, 8, 4), "mixed": (2, 18, 4, 20, 8, 8)}
+
+
+def _albert_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
+    from .kv_cache import config_int
+
+    h = config_int(config, "hidden_size")
+    e = config_int(config, "embedding_size")
+    heads = config_int(config, "num_attention_heads")
+    inner = config_int(config, "intermediate_size")
+    vocab = config_int(config, "vocab_size")
+    layers = config_int(config, "num_hidden_layers")
+    if None in (h, e, heads, inner, vocab, layers) or getattr(config, "hidden_act", None) != "gelu_new" or \
+            config_int(config, "inner_group_num") != 1 or attention_dropout(config) or hidden_dropout(config):
+        return None
+    tokens = batch * seq
+    per_h, per_i, per_heads, per_t = _ALBERT_LAYER[kind]
+    per_token = per_h * h + per_i * inner + per_heads * heads + per_t
+    th, te, tv, t, s, one = _ALBERT_OUTSIDE[kind]
+    outside = th * tokens * h + te * tokens * e + tv * tokens * vocab + t * tokens + s * seq + one
+    loss_tv = (2, 4) if kind == "bf16-pure" else (0, 0)  # bf16 logits go to the loss as they are (as BERT's)
+    return _Layout(tokens * per_token, f"{tokens:,} tokens × {per_token:,} B ({per_h}h + {per_i}i + {per_heads}·heads"
+                   f" + {per_t}) = {tokens * per_token:,} B each pass",
+                   outside, f"{th}·T·h + {te}·T·e + {tv}·T·V + {t}·T + {s}·S + {one} = {outside:,} B", h, vocab,
+                   layers, loss_tv)
+
+
 @dataclass(frozen=True)
 class _Recipe:
     model_types: tuple[str, ...]
@@ -276,6 +308,7 @@ _RECIPES = {
     "BERT masked LM": _Recipe(BERT_STYLE, ("ForMaskedLM",), _bert_style),
     "RoBERTa masked LM": _Recipe(("roberta",), ("ForMaskedLM",), _variant(_bert_style, "roberta")),
     "DistilBERT masked LM": _Recipe(("distilbert",), ("ForMaskedLM",), _variant(_bert_style, "distilbert")),
+    "ALBERT masked LM": _Recipe(("albert",), ("ForMaskedLM",), _albert_style),
     "ELECTRA discriminator": _Recipe(("electra",), ("ForPreTraining",), _variant(_bert_style, "electra")),
 }
 
