@@ -39,6 +39,7 @@ class Family:
     layer_terms: tuple[tuple[str, Callable[[dict], int]], ...]
     outside_terms: tuple[tuple[str, Callable[[dict], int]], ...]
     period: int = 1  # layers that repeat as a unit (Gemma-2 alternates sliding and full attention)
+    decoder_key: str | None = None  # encoder-decoders: the decoder's layer count; its layers are fitted apart
 
 
 def _T(d):
@@ -132,6 +133,21 @@ def _albert_config(d):  # albert-base-v2: one shared layer, no dropout, the unfu
                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, hidden_act="gelu_new")
 
 
+def _t5_dims():
+    dims = tuple(dict(d, dkv=d["h"] // d["heads"] * m) for d, m in zip(_bert_dims(), (1, 2, 1, 1, 2, 1, 2, 1)))
+    return dims + tuple(dict(d, B=d["B"] + 1, S=d["S"] + 16) for d in dims[:6])
+
+
+def _t5_config(d):  # T5 v1 (t5-small/base/large): ReLU MLP, dropout 0.1, the head tied and rescaled
+    return dict(d_model=d["h"], d_kv=d["dkv"], d_ff=d["i"], num_heads=d["heads"], vocab_size=d["V"],
+                num_layers=2, num_decoder_layers=2, feed_forward_proj="relu", dropout_rate=0.1,
+                decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+
+
+_T5_LAYER = (("T·h", lambda d: _T(d) * d["h"]), ("T·inner", lambda d: _T(d) * d["heads"] * d["dkv"]),
+             ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("T", _T), ("S²", lambda d: d["S"] ** 2))
+
+
 def _roberta_config(d):  # positions count from padding_idx + 1: room for S + 2
     return dict(_bert_config(d), pad_token_id=1)
 
@@ -199,6 +215,10 @@ FAMILIES = {
                       ("T·heads", lambda d: _T(d) * d["heads"]), ("T", _T)),
                      (("T·h", lambda d: _T(d) * d["h"]), ("T·e", lambda d: _T(d) * d["e"]),
                       ("T·V", lambda d: _T(d) * d["V"]), ("T", _T), ("S", lambda d: d["S"]), ("1", lambda d: 1))),
+    # T5: encoder and decoder each at --seq tokens; a decoder layer adds cross-attention
+    "t5": Family("T5ForConditionalGeneration", "", _t5_config, _t5_dims(), _T5_LAYER,
+                 (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),
+                  ("S²", lambda d: d["S"] ** 2), ("1", lambda d: 1)), decoder_key="num_decoder_layers"),
     "bert": Family("BertForMaskedLM", "bert.encoder.layer", _bert_config, _bert_dims(),
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("T", _T)),
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),
@@ -206,35 +226,43 @@ FAMILIES = {
 }
 
 
-def measure(family: Family, dims: dict, kind: str) -> tuple[int, int]:
-    """(bytes one more layer adds to what the forward saves, bytes saved outside the layers), autocast's 16-bit
-    weight copies taken out."""
+def measure(family: Family, dims: dict, kind: str) -> tuple[int, ...]:
+    """(bytes one more layer adds to what the forward saves, [one more decoder layer,] bytes saved outside the
+    layers), autocast's 16-bit weight copies taken out."""
     from paramscope.cost.model_view import from_module
     from paramscope.cost.training_estimate import _cast_weights
 
-    saved = {}
-    base, more = 2 * family.period, 3 * family.period
-    for layers in (base, more):
-        model, step = _trace(family, dims, kind, layers)
+    def saved(layers: int, decoder_layers: int | None = None) -> int:
+        model, step = _trace(family, dims, kind, layers, decoder_layers)
         casts = _cast_weights(from_module(model))[0] if kind == "bf16-mixed" else 0
-        saved[layers] = step.saved_activations - 2 * casts
-    if (saved[more] - saved[base]) % family.period:
-        raise SystemExit(f"{family.cls}: {family.period} layers add {saved[more] - saved[base]} B, not a multiple")
-    layer = (saved[more] - saved[base]) // family.period  # the average over the period
-    return layer, saved[base] - base * layer
+        return step.saved_activations - 2 * casts
+
+    base, more = 2 * family.period, 3 * family.period
+    if family.decoder_key:
+        start = saved(2, 2)
+        encoder, decoder = saved(3, 2) - start, saved(2, 3) - start
+        return encoder, decoder, start - 2 * encoder - 2 * decoder
+    low, high = saved(base), saved(more)
+    if (high - low) % family.period:
+        raise SystemExit(f"{family.cls}: {family.period} layers add {high - low} B, not a multiple")
+    layer = (high - low) // family.period  # the average over the period
+    return layer, low - base * layer
 
 
-def _trace(family: Family, dims: dict, kind: str, layers: int):
+def _trace(family: Family, dims: dict, kind: str, layers: int, decoder_layers: int | None = None):
     import torch
     import transformers
 
     from paramscope.cost.trace import StepSettings, trace_training
     from paramscope.cost.training import weight_dtype
 
-    config_class = re.sub(r"(ForCausalLM|ForMaskedLM|LMHeadModel|ForPreTraining)$", "Config", family.cls)
+    config_class = re.sub(r"(ForCausalLM|ForMaskedLM|LMHeadModel|ForPreTraining|ForConditionalGeneration)$", "Config",
+                          family.cls)
     kwargs = family.config(dims)
-    key = next((k for k in ("n_layer", "n_layers") if k in kwargs), "num_hidden_layers")
+    key = next((k for k in ("n_layer", "n_layers", "num_layers") if k in kwargs), "num_hidden_layers")
     kwargs[key] = layers
+    if decoder_layers is not None:
+        kwargs[family.decoder_key] = decoder_layers
     config = getattr(transformers, config_class)(**kwargs)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, weight_dtype(kind)))
@@ -258,23 +286,23 @@ def solve(rows: list[list[int]], values: list[int]) -> tuple[list[Fraction], Fra
 
 def fit(name: str) -> None:
     family = FAMILIES[name]
+    parts = [("layer", family.layer_terms)] + ([("decoder", family.layer_terms)] if family.decoder_key else []) + \
+        [("outside", family.outside_terms)]
     for kind in KINDS:
-        layer_rows, layer_values, outside_rows, outside_values = [], [], [], []
+        rows: dict[str, list] = {what: [] for what, _ in parts}
+        values: dict[str, list] = {what: [] for what, _ in parts}
         for dims in family.dims:
-            layer, outside = measure(family, dims, kind)
-            layer_rows.append([f(dims) for _, f in family.layer_terms])
-            layer_values.append(layer)
-            outside_rows.append([f(dims) for _, f in family.outside_terms])
-            outside_values.append(outside)
-        for what, terms, rows, values in (("layer", family.layer_terms, layer_rows, layer_values),
-                                          ("outside", family.outside_terms, outside_rows, outside_values)):
-            coefficients, worst = solve(rows, values)
+            for (what, terms), value in zip(parts, measure(family, dims, kind)):
+                rows[what].append([f(dims) for _, f in terms])
+                values[what].append(value)
+        for what, terms in parts:
+            coefficients, worst = solve(rows[what], values[what])
             text = " + ".join(f"{c}·{t}" for c, (t, _) in zip(coefficients, terms) if c)
             verdict = "terms not independent" if worst is None else "exact" if worst == 0 else \
                 f"within {worst} B" if worst <= 8 else "NOT EXACT"
             print(f"{name:6} {kind:10} {what:7} {verdict}: {text}", flush=True)
             if worst is None or worst > 8:
-                misses = [v - sum(c * x for c, x in zip(coefficients, row)) for row, v in zip(rows, values)]
+                misses = [v - sum(c * x for c, x in zip(coefficients, row)) for row, v in zip(rows[what], values[what])]
                 print(f"{'':6} {'':10} {'':7} residuals {', '.join(str(m) for m in misses)}")
 
 

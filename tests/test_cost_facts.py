@@ -94,6 +94,7 @@ def test_formats_and_layouts_from_facts_equal_the_build(preset, options):
     ("electra-base-discriminator", TrainingOptions(seq=512, precision="bf16-pure")),
     ("gemma-2-9b", TrainingOptions(seq=4096, grad_checkpointing="full")),
     ("albert-base-v2", TrainingOptions(seq=512, batch=16, precision="bf16-pure")),
+    ("t5-large", TrainingOptions(seq=512, batch=4)),
 ])
 def test_training_memory_from_facts_equals_the_build(preset, options):
     """`memory --training` from facts where an analytic recipe covers the layout: the build's answer exactly."""
@@ -107,10 +108,14 @@ def test_training_memory_from_facts_equals_the_build(preset, options):
 
 @needs_shipped
 def test_training_without_a_recipe_builds_and_says_why():
-    report, memory, view = training_answer("t5-small", TrainingOptions(seq=32))
+    report, memory, view = training_answer("deberta-v3-base", TrainingOptions(seq=32))
     assert view.module is not None and memory.engine == "traced"
-    assert report.model.engine_detail == ("no analytic activation recipe for T5ForConditionalGeneration: the traced "
+    assert report.model.engine_detail == ("no analytic activation recipe for DebertaV2Model: the traced "
                                           "step needs the build")
+    report, memory, view = training_answer("t5-small", TrainingOptions(seq=32, grad_checkpointing="full"))
+    assert view.module is not None and memory.engine == "traced"
+    assert report.model.engine_detail == ("the analytic T5 (v1) recipe does not cover this config: the traced step "
+                                          "needs the build")
 
 
 @needs_shipped

@@ -201,9 +201,9 @@ def test_gpt2_and_encoders_analytic_peak_within_3_percent(preset, precision, che
 
 
 def test_a_class_without_a_recipe_is_traced_and_says_so():
-    _, estimate = estimate_training("t5-small", TrainingOptions(batch=1, seq=128, precision="fp32"))
+    _, estimate = estimate_training("deberta-v3-base", TrainingOptions(batch=1, seq=128, precision="fp32"))
     assert estimate.engine == "traced"
-    assert any("no analytic activation recipe for T5ForConditionalGeneration" in n for n in estimate.notes)
+    assert any("no analytic activation recipe for DebertaV2" in n for n in estimate.notes)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16-pure"])
@@ -218,6 +218,27 @@ def test_albert_shared_layer_recipe_equals_the_trace(precision):
     assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
     _, analytic = estimate_training("albert-base-v2", TrainingOptions(batch=2, seq=256, precision=precision))
     assert analytic.settings["activations_from"] == "analytic: ALBERT masked LM"
+
+
+@pytest.mark.parametrize("preset, precision", [("t5-small", "fp32"), ("t5-small", "bf16-mixed"),
+                                               ("t5-small", "bf16-pure"), ("t5-base", "bf16-mixed")])
+def test_t5_encoder_decoder_recipe_equals_the_trace(preset, precision):
+    """Encoder and decoder layers apart (a decoder layer adds its causal mask and cross-attention), both sides at
+    --seq tokens. Checkpointed T5 layers keep more than their input: that case is traced."""
+    _, estimate = estimate_training(preset, TrainingOptions(batch=2, seq=128, precision=precision, trace=True))
+    detail = estimate.training
+    saved = estimate.activations.bytes
+    assert abs(detail.analytic_activations - saved) <= 0.0001 * saved
+    assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
+    _, analytic = estimate_training(preset, TrainingOptions(batch=2, seq=128, precision=precision))
+    assert analytic.settings["activations_from"] == "analytic: T5 (v1)"
+    assert "6 encoder layers" in analytic.activations.arithmetic or "12 encoder layers" in analytic.activations.arithmetic
+
+
+def test_t5_with_checkpointing_is_traced_and_says_why():
+    _, estimate = estimate_training("t5-small", TrainingOptions(batch=1, seq=64, grad_checkpointing="full"))
+    assert estimate.engine == "traced"
+    assert any("gradient checkpointing): one step traced" in note for note in estimate.notes)
 
 
 def test_a_recipe_answers_only_at_the_attention_it_was_fitted_at():

@@ -22,6 +22,10 @@ kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. Bytes saved 
         + 12·B·heads·S² + 16·T (8 in bf16-pure).
     BERT masked LM (post-LN, exact GELU, dropout), per layer: 40·T·h + 8·T·i (fp32), 26·T·h + 4·T·i (bf16-pure),
         34·T·h + 4·T·i (mixed), + 12·B·heads·S² + 16·T (8 in bf16-pure).
+    T5 v1 (ReLU MLP, dropout, tied head; encoder and decoder at S tokens each), inner = heads × d_kv:
+        encoder layer 32·T·h + 16·T·inner + 12·T·i (fp32; 28, 14, 6 mixed; 24, 14, 6 bf16-pure) + 12·B·heads·S² +
+        8·T; decoder layer 48·T·h + 32·T·inner + 12·T·i (44, 28, 6; 36, 28, 6) + 24·B·heads·S² + 12·T + S² (its
+        causal mask). Not fitted with checkpointing (its layers then keep masks and biases too): traced.
     ALBERT (albert-base-v2: one shared layer a pass, no dropout, unfused tanh GELU), per pass: 32·T·h + 20·T·i
         (fp32), 16·T·h + 10·T·i (mixed, bf16-pure), + 4·T·heads + 16·T (8).
     RoBERTa and ELECTRA's discriminator: BERT's layers; outside, RoBERTa counts positions from the ids and
@@ -76,6 +80,8 @@ class _Layout:
     loss_tv: tuple[int, int] = (0, 0)  # (end of forward, start of backward) extra ·T·V; (0, 0): the usual
     checkpointed: int = 0  # with checkpointing, what a layer keeps beside its input
     checkpointed_text: str = ""
+    stack: tuple[int, str] | None = None  # (bytes, arithmetic) of all the layers when they differ (encoder-decoders)
+    checkpointing: bool = True  # fitted with gradient checkpointing too
 
 
 @dataclass(frozen=True)
@@ -286,6 +292,49 @@ def _albert_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | Non
                    layers, loss_tv)
 
 
+# T5 v1 (t5-small/base/large: ReLU MLP, dropout, the head tied), each side at --seq tokens; inner = heads × d_kv.
+# (T·h, T·inner, T·i, B·heads·S², T, S²) per encoder layer and per decoder layer (its causal mask, cross-attention)
+_T5_ENCODER = {"fp32": (32, 16, 12, 12, 8, 0), "bf16-pure": (24, 14, 6, 12, 8, 0), "mixed": (28, 14, 6, 12, 8, 0)}
+_T5_DECODER = {"fp32": (48, 32, 12, 24, 12, 1), "bf16-pure": (36, 28, 6, 24, 12, 1),
+               "mixed": (44, 28, 6, 24, 12, 1)}
+# T5, (T·h, T·V, T, S², 1) outside the layers: embeddings, position biases and masks, final norms, head, loss
+_T5_OUTSIDE = {"fp32": (40, 4, 24, 16, 8), "bf16-pure": (28, 2, 24, 16, 4), "mixed": (34, 4, 24, 16, 8)}
+
+
+def _t5_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
+    from .kv_cache import config_int
+
+    h = config_int(config, "d_model")
+    inner = (config_int(config, "num_heads") or 0) * (config_int(config, "d_kv") or 0)
+    heads = config_int(config, "num_heads")
+    ff = config_int(config, "d_ff")
+    vocab = config_int(config, "vocab_size")
+    encoder_layers = config_int(config, "num_layers")
+    decoder_layers = config_int(config, "num_decoder_layers") or encoder_layers
+    if None in (h, heads, ff, vocab, encoder_layers) or not inner or \
+            getattr(config, "feed_forward_proj", "relu") != "relu" or not attention_dropout(config) or \
+            getattr(config, "tie_word_embeddings", True) is not True:
+        return None
+    tokens = batch * seq
+
+    def layer(c: tuple[int, ...]) -> tuple[int, str]:
+        value = (c[0] * tokens * h + c[1] * tokens * inner + c[2] * tokens * ff + c[3] * batch * heads * seq * seq
+                 + c[4] * tokens + c[5] * seq * seq)
+        return value, (f"({c[0]}·T·h + {c[1]}·T·inner + {c[2]}·T·i + {c[3]}·B·heads·S² + {c[4]}·T"
+                       + (f" + {c[5]}·S²" if c[5] else "") + f") = {value:,} B")
+
+    encoder, encoder_text = layer(_T5_ENCODER[kind])
+    decoder, decoder_text = layer(_T5_DECODER[kind])
+    th, tv, t, s2, one = _T5_OUTSIDE[kind]
+    outside = th * tokens * h + tv * tokens * vocab + t * tokens + s2 * seq * seq + one
+    stack = encoder_layers * encoder + decoder_layers * decoder
+    loss_tv = (2, 4) if kind == "bf16-pure" else (0, 0)  # the bf16 logits go to the loss as they are
+    return _Layout(decoder, decoder_text, outside, f"{th}·T·h + {tv}·T·V + {t}·T + {s2}·S² + {one} = {outside:,} B",
+                   h, vocab, encoder_layers + decoder_layers, loss_tv, checkpointing=False,
+                   stack=(stack, f"{encoder_layers} encoder layers × {encoder_text} + {decoder_layers} decoder layers"
+                                 f" × {decoder_text}"))
+
+
 @dataclass(frozen=True)
 class _Recipe:
     model_types: tuple[str, ...]
@@ -308,6 +357,7 @@ _RECIPES = {
     "BERT masked LM": _Recipe(BERT_STYLE, ("ForMaskedLM",), _bert_style),
     "RoBERTa masked LM": _Recipe(("roberta",), ("ForMaskedLM",), _variant(_bert_style, "roberta")),
     "DistilBERT masked LM": _Recipe(("distilbert",), ("ForMaskedLM",), _variant(_bert_style, "distilbert")),
+    "T5 (v1)": _Recipe(("t5",), ("ForConditionalGeneration",), _t5_style),
     "ALBERT masked LM": _Recipe(("albert",), ("ForMaskedLM",), _albert_style),
     "ELECTRA discriminator": _Recipe(("electra",), ("ForPreTraining",), _variant(_bert_style, "electra")),
 }
@@ -358,6 +408,8 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
     layout = _RECIPES[recipe].layout(config, kind, batch, seq)
     if layout is None:
         return None
+    if checkpointing and not layout.checkpointing:
+        return None  # checkpointed layers keep more than their input here (T5: masks and biases); traced
     tokens, h, vocab, layers = batch * seq, layout.hidden, layout.vocab, layout.layers
     if checkpointing:
         size = 2 if kind == "bf16-pure" else 4
@@ -369,8 +421,12 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
     outside = layout.outside
     kept_casts = (cast_head if checkpointing else cast_weights) if kind == "mixed" else 0
     casts = 2 * kept_casts
-    saved = layers * per_layer + outside + casts
-    text = (f"{layers} layers × {layer_text}; outside the layers {layout.outside_text}"
+    if layout.stack is not None and not checkpointing:
+        stack, stack_text = layout.stack
+    else:
+        stack, stack_text = layers * per_layer, f"{layers} layers × {layer_text}"
+    saved = stack + outside + casts
+    text = (f"{stack_text}; outside the layers {layout.outside_text}"
             + (f"; autocast's 16-bit weights 2 × {kept_casts:,}" if casts else ""))
     logits = 4 * tokens * vocab
     forward_tv, backward_tv = layout.loss_tv if layout.loss_tv != (0, 0) else (4 if kind == "fp32" else 6, 8)

@@ -167,7 +167,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         notes.append(f"the analytic recipe is for {fitted} attention; attention {attention} is traced")
     elif recipe is not None and analytic is None and not adapters:
         notes.append(f"the analytic {recipe} recipe was fitted without some of this config's features (dropout, "
-                     "partial rotary, another activation or residual layout): one step traced")
+                     "partial rotary, another activation or residual layout, gradient checkpointing): one step "
+                     "traced")
 
     tied = _tied_embedding_bytes(report, trainable)
     step_bytes, step_text = _step_temporaries(optimizer, gradients)
