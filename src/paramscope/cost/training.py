@@ -126,7 +126,7 @@ def model_states(params: Iterable[ParameterInfo], *, precision: str, optimizer: 
     packed = [p for p in params if not _floating(p.dtype)]
     n_packed = sum(p.numel for p in packed)
     packed_bytes = sum(p.numel * itemsize(p.dtype) for p in packed)
-    weights = Term(_bytes(floating) + packed_bytes, _sized(floating, "parameters") +
+    weights = Term(_bytes(params), _sized(floating, "parameters") +
                    (f" + {n_packed:,} packed elements in {packed_bytes:,} B" if packed else ""))
     gradients = Term(_bytes(training), _sized(training, "trainable"))
     states, text = _optimizer_bytes(training, optimizer)
@@ -153,13 +153,13 @@ def _by_size(params: Iterable[ParameterInfo]) -> list[tuple[int, int]]:
     for p in params:
         size = itemsize(p.dtype)
         sizes[size] = sizes.get(size, 0) + p.numel
-    return sorted(sizes.items(), reverse=True) or [(0, 0)]
+    return sorted(sizes.items(), reverse=True)
 
 
 def _sized(params: Iterable[ParameterInfo], what: str) -> str:
     """"N what × 4 B", or "N what × 4 B + M × 2 B" where dtypes differ."""
     groups = _by_size(params)
-    if groups == [(0, 0)]:
+    if not groups:
         return f"0 {what}"
     first, *rest = groups
     return " + ".join([f"{first[1]:,} {what} × {first[0]} B", *(f"{n:,} × {size} B" for size, n in rest)])
@@ -168,10 +168,10 @@ def _sized(params: Iterable[ParameterInfo], what: str) -> str:
 def _per_size(params: list[ParameterInfo], factor: str = "") -> str:
     """"F × N × 4 B" for one element size, "F × (N × 4 B + M × 2 B)" for several."""
     groups = _by_size(params)
-    body = " + ".join(f"{n:,} × {size} B" for size, n in groups)
+    body = " + ".join(f"{n:,} × {size} B" for size, n in groups) or "0 B"
     if not factor:
         return body
-    return f"{factor} × {body}" if len(groups) == 1 else f"{factor} × ({body})"
+    return f"{factor} × {body}" if len(groups) <= 1 else f"{factor} × ({body})"
 
 
 def _optimizer_bytes(params: list[ParameterInfo], optimizer: str) -> tuple[int, str]:

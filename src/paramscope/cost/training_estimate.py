@@ -208,7 +208,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         saved = traced.saved_activations
         activations = Workspace(saved, "measured at the end of the forward (MemTracker, fake tensors)",
                                 4 * options.batch * seq * (config_int(text, "vocab_size") or 0))
-        if recipe_for(text, class_name) is None or adapters:
+        if recipe is None or adapters:
             notes.append(f"no analytic activation recipe for {class_name}: one step traced on fake "
                          "tensors; the largest batch scales the measured activations (linear in the batch), the "
                          "largest context is left to a trace at that length (--seq)")
