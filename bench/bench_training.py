@@ -2,11 +2,11 @@
 
     python bench/bench_training.py [--batch 1] [--seq 2048] [--precision bf16-mixed] [PRESET ...]
 
-For each preset (the Llama-family ones by default: the layouts the analytic engine has a recipe for), runs the
-training estimate with --trace: one steady AdamW step of the real class on fake tensors, measured by torch's
-MemTracker. Prints the traced peak and its phase, the analytic peak and the difference, and the wall time of the
-traced estimate (build, warm-up step and measured step). Other presets are traced only (no recipe). Nothing real
-is allocated.
+For each preset, runs the training estimate with --trace: one steady AdamW step of the real class on fake tensors,
+measured by torch's MemTracker. Prints the traced peak and its phase, the analytic peak and the difference, the
+difference of the analytic saved activations from the traced ones, and the wall time of the traced estimate
+(build, warm-up step and measured step). Presets without a recipe are traced only ("—"). Nothing real is
+allocated.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import argparse
 import time
 
 DEFAULT = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "mistral-7b", "llama-2-7b", "llama-3-8b", "gpt2",
-           "bert-base-uncased", "pythia-410m", "gemma-2b", "phi-3-mini", "t5-small")
+           "bert-base-uncased", "pythia-410m", "gemma-2b", "gemma-2-2b", "phi-3-mini", "t5-small", "roberta-base",
+           "distilbert-base-uncased", "electra-base-discriminator", "albert-base-v2", "deberta-v3-base")
 
 
 def main() -> None:
@@ -30,7 +31,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"batch {args.batch} × {args.seq or '2,048 (or the model maximum)'} tokens, {args.precision}, AdamW (fused), checkpointing "
           f"{args.grad_checkpointing}")
-    print(f"{'preset':<20} {'traced peak':>17} {'phase':<15} {'analytic peak':>17} {'diff':>8} {'trace s':>8}")
+    print(f"{'preset':<26} {'traced peak':>17} {'phase':<15} {'analytic peak':>17} {'diff':>8} {'saved':>8} "
+          f"{'trace s':>8}")
     for name in args.presets or DEFAULT:
         start = time.perf_counter()
         try:
@@ -38,13 +40,15 @@ def main() -> None:
                 batch=args.batch, seq=args.seq, precision=args.precision,
                 grad_checkpointing=args.grad_checkpointing, trace=True))
         except Exception as err:  # a bench row, not a crash
-            print(f"{name:<20} {'—':>17} {str(err)[:80]}")
+            print(f"{name:<26} {'—':>17} {str(err)[:80]}")
             continue
         seconds = time.perf_counter() - start
         analytic = estimate.training.analytic_peak
         diff = f"{100 * (analytic - estimate.peak) / estimate.peak:+.2f}%" if analytic else "—"
-        print(f"{name:<20} {estimate.peak:>17,} {estimate.peak_phase:<15} "
-              f"{'—' if analytic is None else format(analytic, ','):>17} {diff:>8} {seconds:>8.1f}",
+        saved, traced = estimate.training.analytic_activations, estimate.activations.bytes
+        saved_diff = f"{100 * (saved - traced) / traced:+.2f}%" if saved else "—"
+        print(f"{name:<26} {estimate.peak:>17,} {estimate.peak_phase:<15} "
+              f"{'—' if analytic is None else format(analytic, ','):>17} {diff:>8} {saved_diff:>8} {seconds:>8.1f}",
               flush=True)
 
 
