@@ -40,6 +40,7 @@ class Family:
     outside_terms: tuple[tuple[str, Callable[[dict], int]], ...]
     period: int = 1  # layers that repeat as a unit (Gemma-2 alternates sliding and full attention)
     decoder_key: str | None = None  # encoder-decoders: the decoder's layer count; its layers are fitted apart
+    layers_key: str | None = None  # the config's layer count, where not n_layer, n_layers, num_layers or num_hidden_layers
 
 
 def _T(d):
@@ -148,6 +149,14 @@ _T5_LAYER = (("T·h", lambda d: _T(d) * d["h"]), ("T·inner", lambda d: _T(d) * 
              ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("T", _T), ("S²", lambda d: d["S"] ** 2))
 
 
+def _bart_config(d):  # BART (bart-base/large): post-LN, exact GELU, dropout on everything, learned positions
+    return dict(d_model=d["h"], encoder_layers=2, decoder_layers=2, encoder_attention_heads=d["heads"],
+                decoder_attention_heads=d["heads"], encoder_ffn_dim=d["i"], decoder_ffn_dim=d["i"],
+                vocab_size=d["V"], max_position_embeddings=256, dropout=0.1, attention_dropout=0.1,
+                activation_dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+                forced_eos_token_id=2)
+
+
 def _roberta_config(d):  # positions count from padding_idx + 1: room for S + 2
     return dict(_bert_config(d), pad_token_id=1)
 
@@ -180,6 +189,11 @@ FAMILIES = {
     "gemma": Family("GemmaForCausalLM", "model.layers", _llama_config, _llama_dims(),
                     _DECODER_LAYER + (("h (per norm, no T)", lambda d: d["h"]),),
                     _DECODER_OUTSIDE + (("h (no T)", lambda d: d["h"]),)),
+    # a sliding window no longer than the sequence: sdpa takes a mask (float, like the scores, one per sequence),
+    # and with a mask transformers repeats K and V to the query heads rather than sdpa's enable_gqa
+    "mistral_window": Family("MistralForCausalLM", "model.layers", lambda d: dict(_llama_config(d), sliding_window=16),
+                             _llama_dims(), _DECODER_LAYER + (("B·S²", lambda d: d["B"] * d["S"] ** 2), _SCORES),
+                             _DECODER_OUTSIDE),
     "phi3": Family("Phi3ForCausalLM", "model.layers", _phi3_config, _phi3_dims(), _PHI3_LAYER, _DECODER_OUTSIDE),
     "gpt2": Family("GPT2LMHeadModel", "transformer.h", _gpt2_config, _gpt2_dims(),
                    (("T·h", lambda d: _T(d) * d["h"]), _SCORES, ("T", _T)),
@@ -219,6 +233,20 @@ FAMILIES = {
     "t5": Family("T5ForConditionalGeneration", "", _t5_config, _t5_dims(), _T5_LAYER,
                  (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),
                   ("S²", lambda d: d["S"] ** 2), ("1", lambda d: 1)), decoder_key="num_decoder_layers"),
+    # BART: encoder and decoder each at --seq tokens (the labels shifted right); a decoder layer adds cross-attention
+    "bart": Family("BartForConditionalGeneration", "", _bart_config, _bert_dims(),
+                   (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("T", _T),
+                    ("S²", lambda d: d["S"] ** 2)),
+                   (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),
+                    ("S", lambda d: d["S"]), ("S²", lambda d: d["S"] ** 2), ("1", lambda d: 1)),
+                   decoder_key="decoder_layers", layers_key="encoder_layers"),
+    # the bare BartModel (the preset's class), trained on the sum of its output: the same layers
+    "bart_model": Family("BartModel", "", _bart_config, _bert_dims(),
+                         (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES,
+                          ("T", _T), ("S²", lambda d: d["S"] ** 2)),
+                         (("T·h", lambda d: _T(d) * d["h"]), ("T", _T), ("S", lambda d: d["S"]),
+                          ("S²", lambda d: d["S"] ** 2), ("1", lambda d: 1)),
+                         decoder_key="decoder_layers", layers_key="encoder_layers"),
     "bert": Family("BertForMaskedLM", "bert.encoder.layer", _bert_config, _bert_dims(),
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("T", _T)),
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),
@@ -256,10 +284,11 @@ def _trace(family: Family, dims: dict, kind: str, layers: int, decoder_layers: i
     from paramscope.cost.trace import StepSettings, trace_training
     from paramscope.cost.training import weight_dtype
 
-    config_class = re.sub(r"(ForCausalLM|ForMaskedLM|LMHeadModel|ForPreTraining|ForConditionalGeneration)$", "Config",
+    config_class = re.sub(r"(ForCausalLM|ForMaskedLM|LMHeadModel|ForPreTraining|ForConditionalGeneration|Model)$", "Config",
                           family.cls)
     kwargs = family.config(dims)
-    key = next((k for k in ("n_layer", "n_layers", "num_layers") if k in kwargs), "num_hidden_layers")
+    key = family.layers_key or next((k for k in ("n_layer", "n_layers", "num_layers") if k in kwargs),
+                                    "num_hidden_layers")
     kwargs[key] = layers
     if decoder_layers is not None:
         kwargs[family.decoder_key] = decoder_layers

@@ -114,8 +114,9 @@ def test_training_without_a_recipe_builds_and_says_why():
                                           "step needs the build")
     report, memory, view = training_answer("t5-small", TrainingOptions(seq=32, grad_checkpointing="full"))
     assert view.module is not None and memory.engine == "traced"
-    assert report.model.engine_detail == ("the analytic T5 (v1) recipe does not cover this config: the traced step "
-                                          "needs the build")
+    assert report.model.engine_detail == (
+        "the analytic T5 (v1) recipe was not fitted for gradient checkpointing (its checkpointed layers keep more "
+        "than their inputs): the traced step needs the build")
 
 
 @needs_shipped

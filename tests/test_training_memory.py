@@ -12,6 +12,8 @@ import json
 import subprocess
 import sys
 
+import dataclasses
+
 import pytest
 
 from paramscope.cost.trace import StepSettings, trace_inference, trace_training
@@ -121,8 +123,8 @@ def _truncated(preset: str, layers: int = 2) -> dict:
     from paramscope.sources import resolve
 
     config = dict(resolve(preset).config)
-    for key in ("n_layer", "n_layers"):  # GPT-2's and DistilBERT's names for it
-        if key in config:
+    for key in ("n_layer", "n_layers", "num_layers", "num_decoder_layers", "encoder_layers", "decoder_layers"):
+        if key in config:  # GPT-2's, DistilBERT's, T5's and BART's names for it
             config[key] = layers
     config["num_hidden_layers"] = layers
     return config
@@ -238,7 +240,44 @@ def test_t5_encoder_decoder_recipe_equals_the_trace(preset, precision):
 def test_t5_with_checkpointing_is_traced_and_says_why():
     _, estimate = estimate_training("t5-small", TrainingOptions(batch=1, seq=64, grad_checkpointing="full"))
     assert estimate.engine == "traced"
-    assert any("gradient checkpointing): one step traced" in note for note in estimate.notes)
+    assert "the analytic T5 (v1) recipe was not fitted for gradient checkpointing (its checkpointed layers keep " \
+           "more than their inputs): one step traced" in estimate.notes
+
+
+@pytest.mark.parametrize("model_class, recipe", [
+    (None, "BART (bare, trained on its output's sum)"), ("BartForConditionalGeneration", "BART")])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16-pure"])
+def test_bart_recipe_equals_the_trace(model_class, recipe, precision):
+    """bart-base as its preset declares it (the bare BartModel, trained on its output's sum) and with its LM head;
+    encoder and decoder layers apart, each side at --seq tokens."""
+    options = TrainingOptions(batch=2, seq=128, precision=precision)
+    _, estimate = estimate_training("bart-base", dataclasses.replace(options, trace=True), model_class=model_class)
+    detail = estimate.training
+    saved = estimate.activations.bytes
+    assert abs(detail.analytic_activations - saved) <= 0.0001 * saved
+    assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
+    _, analytic = estimate_training("bart-base", options, model_class=model_class)
+    assert analytic.settings["activations_from"] == f"analytic: {recipe}"
+    assert analytic.activations.arithmetic.startswith("6 encoder layers × (")
+
+
+@pytest.mark.parametrize("preset, change", [
+    ("phi-3-mini-4k-instruct", {"sliding_window": 200}),  # as many KV heads as query heads: the mask alone
+    ("mistral-7b", {"sliding_window": 256}),  # grouped-query: K and V repeated to the query heads as well
+    ("mistral-7b", {"sliding_window": 100, "num_key_value_heads": 1}),  # one KV head repeats as a view
+    ("qwen2.5-0.5b", {"sliding_window": 100, "use_sliding_window": True, "max_window_layers": 1}),  # some layers
+])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16-pure"])
+def test_a_sliding_window_the_sequence_fills_is_in_the_recipe(preset, change, precision):
+    """At --seq ≥ sliding_window sdpa is given a mask (Phi-3-mini's window is 2,047: every 2k-token step), which
+    each layer keeps, with K and V repeated to the query heads."""
+    config = dict(_truncated(preset, layers=3), **change)
+    _, estimate = estimate_training(config, TrainingOptions(batch=2, seq=256, precision=precision, trace=True))
+    saved = estimate.activations.bytes
+    assert abs(estimate.training.analytic_activations - saved) <= 16
+    assert abs(estimate.training.analytic_peak - estimate.peak) <= 0.001 * estimate.peak
+    _, analytic = estimate_training(config, TrainingOptions(batch=2, seq=256, precision=precision))
+    assert "whose sliding window the sequence fills" in analytic.activations.arithmetic
 
 
 def test_a_recipe_answers_only_at_the_attention_it_was_fitted_at():
@@ -255,14 +294,19 @@ def test_a_layout_the_recipe_was_not_fitted_for_is_traced():
     """GPT-NeoX's recipe is for the parallel residual without dropout; anything else is traced, not guessed."""
     from paramscope.sources import resolve
 
-    for preset, change in (("pythia-70m", {"use_parallel_residual": False}), ("pythia-70m", {"hidden_dropout": 0.1}),
-                           ("pythia-70m", {"hidden_act": "relu"}),
-                           ("phi-3-mini-4k-instruct", {"partial_rotary_factor": 0.75}),
-                           ("bert-base-uncased", {"attention_probs_dropout_prob": 0.0})):
+    for preset, change, why in (
+            ("pythia-70m", {"use_parallel_residual": False}, "a sequential residual (fitted: parallel)"),
+            ("pythia-70m", {"hidden_dropout": 0.1}, "dropout (fitted without)"),
+            ("pythia-70m", {"hidden_act": "relu"}, "the activation 'relu' (fitted: gelu, gelu_fast)"),
+            ("phi-3-mini-4k-instruct", {"partial_rotary_factor": 0.75}, "rotary embeddings on part of each head"),
+            ("bert-base-uncased", {"attention_probs_dropout_prob": 0.0},
+             "no attention or hidden dropout (fitted with both)"),
+            ("bart-base", {"activation_function": "relu"}, "the activation 'relu' (fitted: gelu)")):
         config = dict(_truncated(preset), **change)
         _, estimate = estimate_training(config, TrainingOptions(batch=1, seq=64, precision="fp32"))
         assert estimate.engine == "traced", change
-        assert any("recipe was fitted without some of this config's features" in n for n in estimate.notes), change
+        assert any(n.startswith("the analytic ") and n.endswith(f"recipe was not fitted for {why}: one step traced")
+                   for n in estimate.notes), (change, estimate.notes)
     _, estimate = estimate_training(dict(resolve("pythia-70m").config), TrainingOptions(batch=1, seq=64))
     assert estimate.engine == "analytic" and estimate.settings["activations_from"] == "analytic: GPT-NeoX"
 

@@ -28,8 +28,16 @@ kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. Bytes saved 
         causal mask). Not fitted with checkpointing (its layers then keep masks and biases too): traced.
     ALBERT (albert-base-v2: one shared layer a pass, no dropout, unfused tanh GELU), per pass: 32·T·h + 20·T·i
         (fp32), 16·T·h + 10·T·i (mixed, bf16-pure), + 4·T·heads + 16·T (8).
+    BART (post-LN, exact GELU, dropout everywhere; each side at S tokens): encoder layer 40·T·h + 12·T·i (fp32;
+        34, 6 mixed; 26, 6 bf16-pure) + 12·B·heads·S² + 16·T (8); decoder layer 68·T·h + 12·T·i (60, 6; 46, 6) +
+        24·B·heads·S² + 24·T (12). The bare BartModel (its preset's class) trains on its output's sum: no logits.
     RoBERTa and ELECTRA's discriminator: BERT's layers; outside, RoBERTa counts positions from the ids and
         ELECTRA has one logit a token. DistilBERT: 36·T·h (fp32), 24 (bf16-pure), 32 (mixed), the rest as BERT.
+
+Sliding windows (Mistral, Phi-3-mini's 2,047, Qwen2's upper layers): once the sequence fills the window, sdpa is
+given a mask, a float B × S × S that each such layer keeps, and transformers repeats K and V to the query heads
+(sdpa's own grouped-query path runs only without a mask): + 4·B·S² + 8·T·(q − kv) per layer (fp32; 2 and 4 in
+16 bits; a single KV head repeats as a view, but for K under autocast, 2·T·(q − kv)).
 
 The S² terms are attention dropout's: torch's fused CPU kernels do not support dropout, so sdpa in training runs
 the math kernel and keeps the probabilities and the dropout mask. CUDA's flash and memory-efficient kernels support
@@ -119,7 +127,7 @@ _DECODERS = {
 }
 
 
-def _llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "llama") -> _Layout | None:
+def _llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "llama") -> _Layout | str:
     from .kv_cache import config_int
 
     h = config_int(config, "hidden_size")
@@ -129,8 +137,11 @@ def _llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "l
     inner = config_int(config, "intermediate_size")
     vocab = config_int(config, "vocab_size")
     layers = config_int(config, "num_hidden_layers")
-    if None in (h, heads, head_dim, inner, vocab, layers) or _partial_rotary(config):
-        return None  # rotary on part of each head splits and joins q and k: not the fitted layout
+    if None in (h, heads, head_dim, inner, vocab, layers):
+        return _missing(hidden_size=h, num_attention_heads=heads, intermediate_size=inner, vocab_size=vocab,
+                        num_hidden_layers=layers)
+    if _partial_rotary(config):  # rotary on part of each head splits and joins q and k
+        return "rotary embeddings on part of each head"
     tables = _DECODERS[variant]
     q, kv, tokens = heads * head_dim, kv_heads * head_dim, batch * seq
     c = tables.layer[kind]
@@ -143,11 +154,40 @@ def _llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "l
     extra = (f" + {tables.scores}·B·heads·S²" if scores else "") + \
         (f" + {tables.layer_vector}h" if tables.layer_vector else "")
     checkpointed = tables.checkpointed_hd * tokens * head_dim
-    return _Layout(layer, f"{tokens:,} tokens × {per_token:,} B ({terms}){extra} = {layer:,} B each",
+    layer_text = f"{tokens:,} tokens × {per_token:,} B ({terms}){extra} = {layer:,} B each"
+    stack = None
+    window = _window_layers(config, seq, layers) if not tables.scores else 0  # eager attention masks anyway
+    if window:
+        masked, masked_text = _masked_sdpa(kind, batch, seq, q, kv, kv_heads)
+        layer_text = f"{layer_text}; the {window} layers whose sliding window the sequence fills add {masked_text}"
+        stack = (layers * layer + window * masked, f"{layers} layers × {layer_text}")
+    return _Layout(layer + (masked if window == layers else 0), layer_text,
                    outside, f"{th}·T·h + {tv}·T·V + {shd}·S·hd + {t}·T" +
                    (f" + {tables.outside_vector}h" if tables.outside_vector else "") + f" = {outside:,} B",
                    h, vocab, layers, checkpointed=checkpointed,
-                   checkpointed_text=f" + the rotary cos and sin {tables.checkpointed_hd}·T·hd" if checkpointed else "")
+                   checkpointed_text=f" + the rotary cos and sin {tables.checkpointed_hd}·T·hd" if checkpointed else "",
+                   stack=stack)
+
+
+def _window_layers(config: Any, seq: int, layers: int) -> int:
+    """How many layers attend through a sliding window that `seq` tokens fill (then sdpa takes a mask)."""
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0 or seq < window:
+        return 0
+    types = getattr(config, "layer_types", None)
+    return sum(kind == "sliding_attention" for kind in types) if isinstance(types, (list, tuple)) else layers
+
+
+def _masked_sdpa(kind: str, batch: int, seq: int, q: int, kv: int, kv_heads: int) -> tuple[int, str]:
+    """(bytes, arithmetic) a layer's sdpa keeps beyond the fitted causal case when it is given a mask: the mask,
+    a float B × S × S like the scores, and K and V repeated to the query heads (transformers uses sdpa's own
+    grouped-query path only without a mask). One KV head repeats as a view, except K under autocast.
+    Fitted by bench/fit_activations.py (family mistral_window)."""
+    size = 4 if kind == "fp32" else 2
+    repeat = 0 if q == kv else 2 * size if kv_heads > 1 else size if kind == "mixed" else 0
+    value = repeat * (q - kv) * batch * seq + size * batch * seq * seq
+    return value, (f"({repeat}·T·(q − kv) + {size}·B·S²) = {value:,} B each" if repeat else
+                   f"the mask {size}·B·S² = {value:,} B each")
 
 
 def _partial_rotary(config: Any) -> bool:
@@ -157,7 +197,7 @@ def _partial_rotary(config: Any) -> bool:
     return isinstance(fraction, (int, float)) and fraction != 1
 
 
-def _gpt2_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
+def _gpt2_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | str:
     from .kv_cache import config_int
 
     h = config_int(config, "n_embd", "hidden_size")
@@ -165,8 +205,10 @@ def _gpt2_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
     vocab = config_int(config, "vocab_size")
     layers = config_int(config, "n_layer", "num_hidden_layers")
     inner = getattr(config, "n_inner", None)
-    if None in (h, heads, vocab, layers) or inner not in (None, 4 * h):
-        return None
+    if None in (h, heads, vocab, layers):
+        return _missing(n_embd=h, n_head=heads, vocab_size=vocab, n_layer=layers)
+    if inner not in (None, 4 * h):
+        return f"an MLP width n_inner = {inner} other than 4 × n_embd"
     tokens = batch * seq
     per_h, per_score, per_t = _GPT2_LAYER[kind]
     layer = per_h * tokens * h + per_score * batch * heads * seq * seq + per_t * tokens
@@ -185,7 +227,7 @@ _NEOX_ACTIVATION = {"gelu": {"fp32": 8, "mixed": 4, "bf16-pure": 4},
 _NEOX_OUTSIDE = {"fp32": (8, 4, 8, 16), "mixed": (6, 4, 8, 16), "bf16-pure": (4, 4, 4, 12)}
 
 
-def _neox_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
+def _neox_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | str:
     from .kv_cache import config_int
 
     h = config_int(config, "hidden_size")
@@ -198,10 +240,15 @@ def _neox_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
     fraction = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else \
         getattr(config, "rotary_pct", None)
     # the fitted layout: parallel residual, no dropout (dropout adds masks and sdpa's S² scores)
-    if None in (h, heads, inner, vocab, layers, act) or not isinstance(fraction, (int, float)) or \
-            getattr(config, "use_parallel_residual", None) is not True or attention_dropout(config) or \
-            hidden_dropout(config):
-        return None
+    if None in (h, heads, inner, vocab, layers) or not isinstance(fraction, (int, float)):
+        return _missing(hidden_size=h, num_attention_heads=heads, intermediate_size=inner, vocab_size=vocab,
+                        num_hidden_layers=layers, rotary_pct=fraction if isinstance(fraction, (int, float)) else None)
+    if act is None:
+        return f"the activation {getattr(config, 'hidden_act', None)!r} (fitted: gelu, gelu_fast)"
+    if getattr(config, "use_parallel_residual", None) is not True:
+        return "a sequential residual (fitted: parallel)"
+    if attention_dropout(config) or hidden_dropout(config):
+        return "dropout (fitted without)"
     rotary = int(h // heads * fraction)
     tokens = batch * seq
     per_h, per_heads, per_t = _NEOX_LAYER[kind]
@@ -232,7 +279,7 @@ _ENCODER_VARIANTS = {
 }
 
 
-def _bert_style(config: Any, kind: str, batch: int, seq: int, variant: str = "bert") -> _Layout | None:
+def _bert_style(config: Any, kind: str, batch: int, seq: int, variant: str = "bert") -> _Layout | str:
     from .kv_cache import config_int
 
     h = config_int(config, "hidden_size", "dim")
@@ -242,11 +289,14 @@ def _bert_style(config: Any, kind: str, batch: int, seq: int, variant: str = "be
     layers = config_int(config, "num_hidden_layers", "n_layers")
     # the fitted layout has dropout on the attention probabilities and the layers' outputs (masks, and sdpa's
     # math kernel with its S² scores); without it the step is traced
-    if None in (h, heads, inner, vocab, layers) or not attention_dropout(config) or not hidden_dropout(config):
-        return None
+    if None in (h, heads, inner, vocab, layers):
+        return _missing(hidden_size=h, num_attention_heads=heads, intermediate_size=inner, vocab_size=vocab,
+                        num_hidden_layers=layers)
+    if not attention_dropout(config) or not hidden_dropout(config):
+        return "no attention or hidden dropout (fitted with both)"
     layer_h, outside = _ENCODER_VARIANTS[variant]
     if variant == "electra" and config_int(config, "embedding_size") not in (None, h):
-        return None  # a projection from narrower embeddings (ELECTRA-small): not fitted
+        return "embeddings narrower than the layers, projected up (ELECTRA-small's)"
     tokens = batch * seq
     per_h, per_i, per_score, per_t = _BERT_LAYER[kind]
     per_h = layer_h.get(kind, per_h)
@@ -268,7 +318,7 @@ _ALBERT_LAYER = {"fp32": (32, 20, 4, 16), "bf16-pure": (16, 10, 4, 8), "mixed": 
 _ALBERT_OUTSIDE = {"fp32": (4, 32, 4, 24, 8, 8), "bf16-pure": (2, 16, 2, 16, 8, 4), "mixed": (2, 18, 4, 20, 8, 8)}
 
 
-def _albert_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
+def _albert_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | str:
     from .kv_cache import config_int
 
     h = config_int(config, "hidden_size")
@@ -277,9 +327,15 @@ def _albert_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | Non
     inner = config_int(config, "intermediate_size")
     vocab = config_int(config, "vocab_size")
     layers = config_int(config, "num_hidden_layers")
-    if None in (h, e, heads, inner, vocab, layers) or getattr(config, "hidden_act", None) != "gelu_new" or \
-            config_int(config, "inner_group_num") != 1 or attention_dropout(config) or hidden_dropout(config):
-        return None
+    if None in (h, e, heads, inner, vocab, layers):
+        return _missing(hidden_size=h, embedding_size=e, num_attention_heads=heads, intermediate_size=inner,
+                        vocab_size=vocab, num_hidden_layers=layers)
+    if getattr(config, "hidden_act", None) != "gelu_new":
+        return f"the activation {getattr(config, 'hidden_act', None)!r} (fitted: gelu_new)"
+    if config_int(config, "inner_group_num") != 1:
+        return "more than one layer in a group"
+    if attention_dropout(config) or hidden_dropout(config):
+        return "dropout (fitted without, as albert-base-v2)"
     tokens = batch * seq
     per_h, per_i, per_heads, per_t = _ALBERT_LAYER[kind]
     per_token = per_h * h + per_i * inner + per_heads * heads + per_t
@@ -301,7 +357,7 @@ _T5_DECODER = {"fp32": (48, 32, 12, 24, 12, 1), "bf16-pure": (36, 28, 6, 24, 12,
 _T5_OUTSIDE = {"fp32": (40, 4, 24, 16, 8), "bf16-pure": (28, 2, 24, 16, 4), "mixed": (34, 4, 24, 16, 8)}
 
 
-def _t5_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
+def _t5_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | str:
     from .kv_cache import config_int
 
     h = config_int(config, "d_model")
@@ -311,10 +367,15 @@ def _t5_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
     vocab = config_int(config, "vocab_size")
     encoder_layers = config_int(config, "num_layers")
     decoder_layers = config_int(config, "num_decoder_layers") or encoder_layers
-    if None in (h, heads, ff, vocab, encoder_layers) or not inner or \
-            getattr(config, "feed_forward_proj", "relu") != "relu" or not attention_dropout(config) or \
-            getattr(config, "tie_word_embeddings", True) is not True:
-        return None
+    if None in (h, heads, ff, vocab, encoder_layers) or not inner:
+        return _missing(d_model=h, num_heads=heads, d_kv=inner or None, d_ff=ff, vocab_size=vocab,
+                        num_layers=encoder_layers)
+    if getattr(config, "feed_forward_proj", "relu") != "relu":
+        return f"the feed-forward {getattr(config, 'feed_forward_proj', None)!r} (fitted: T5 v1's relu)"
+    if not attention_dropout(config):
+        return "no dropout (fitted with it)"
+    if getattr(config, "tie_word_embeddings", True) is not True:
+        return "an untied head (fitted: tied and rescaled)"
     tokens = batch * seq
 
     def layer(c: tuple[int, ...]) -> tuple[int, str]:
@@ -331,6 +392,57 @@ def _t5_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | None:
     loss_tv = (2, 4) if kind == "bf16-pure" else (0, 0)  # the bf16 logits go to the loss as they are
     return _Layout(decoder, decoder_text, outside, f"{th}·T·h + {tv}·T·V + {t}·T + {s2}·S² + {one} = {outside:,} B",
                    h, vocab, encoder_layers + decoder_layers, loss_tv, checkpointing=False,
+                   stack=(stack, f"{encoder_layers} encoder layers × {encoder_text} + {decoder_layers} decoder layers"
+                                 f" × {decoder_text}"))
+
+
+# BART (bart-base/large: post-LN, exact GELU, dropout on the attention, activations and outputs, learned positions),
+# each side at --seq tokens (the labels shifted right), (T·h, T·i, B·heads·S², T) per encoder and per decoder layer
+_BART_ENCODER = {"fp32": (40, 12, 12, 16), "bf16-pure": (26, 6, 12, 8), "mixed": (34, 6, 12, 16)}
+_BART_DECODER = {"fp32": (68, 12, 24, 24), "bf16-pure": (46, 6, 24, 12), "mixed": (60, 6, 24, 24)}
+# BART outside the layers, (T·h, T·V, T, S, 1): with the LM head (ForConditionalGeneration), and the bare BartModel
+# trained on the sum of its output
+_BART_OUTSIDE = {"fp32": (24, 4, 40, 8, 8), "bf16-pure": (12, 2, 32, 8, 4), "mixed": (18, 4, 40, 8, 8)}
+_BART_MODEL_OUTSIDE = {"fp32": (20, 0, 24, 8, 4), "bf16-pure": (10, 0, 16, 8, 4), "mixed": (16, 0, 24, 8, 4)}
+
+
+def _bart_style(config: Any, kind: str, batch: int, seq: int, variant: str = "lm") -> _Layout | str:
+    from .kv_cache import config_int
+
+    h = config_int(config, "d_model")
+    vocab = config_int(config, "vocab_size")
+    sides = [(config_int(config, f"{side}_layers"), config_int(config, f"{side}_attention_heads"),
+              config_int(config, f"{side}_ffn_dim")) for side in ("encoder", "decoder")]
+    # the fitted layout: post-LN (mBART's pre-LN is another model type), no extra final norms, unscaled
+    # embeddings, exact GELU, dropout everywhere
+    if None in (h, vocab) or None in sides[0] + sides[1]:
+        return _missing(d_model=h, vocab_size=vocab, encoder_layers=sides[0][0], encoder_attention_heads=sides[0][1],
+                        encoder_ffn_dim=sides[0][2], decoder_layers=sides[1][0],
+                        decoder_attention_heads=sides[1][1], decoder_ffn_dim=sides[1][2])
+    if getattr(config, "activation_function", None) != "gelu":
+        return f"the activation {getattr(config, 'activation_function', None)!r} (fitted: gelu)"
+    if getattr(config, "normalize_before", False) or getattr(config, "add_final_layer_norm", False):
+        return "pre-LN layers or final norms (fitted: BART's post-LN)"
+    if getattr(config, "scale_embedding", False):
+        return "scaled embeddings (fitted without)"
+    if not all(_first_positive(config, (key,)) for key in ("dropout", "attention_dropout", "activation_dropout")):
+        return "no dropout on the attention, activations or outputs (fitted with all three)"
+    tokens = batch * seq
+
+    def layer(c: tuple[int, ...], heads: int, ffn: int) -> tuple[int, str]:
+        value = c[0] * tokens * h + c[1] * tokens * ffn + c[2] * batch * heads * seq * seq + c[3] * tokens
+        return value, f"({c[0]}·T·h + {c[1]}·T·i + {c[2]}·B·heads·S² + {c[3]}·T) = {value:,} B"
+
+    (encoder_layers, encoder_heads, encoder_ffn), (decoder_layers, decoder_heads, decoder_ffn) = sides
+    encoder, encoder_text = layer(_BART_ENCODER[kind], encoder_heads, encoder_ffn)
+    decoder, decoder_text = layer(_BART_DECODER[kind], decoder_heads, decoder_ffn)
+    th, tv, t, s, one = (_BART_OUTSIDE if variant == "lm" else _BART_MODEL_OUTSIDE)[kind]
+    outside = th * tokens * h + tv * tokens * vocab + t * tokens + s * seq + one
+    stack = encoder_layers * encoder + decoder_layers * decoder
+    loss_tv = (2, 4) if kind == "bf16-pure" else (0, 0)  # the bf16 logits go to the loss as they are
+    return _Layout(decoder, decoder_text, outside, f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S + {one} = {outside:,} B"
+                   if tv else f"{th}·T·h + {t}·T + {s}·S + {one} = {outside:,} B",
+                   h, vocab if tv else 0, encoder_layers + decoder_layers, loss_tv, checkpointing=False,
                    stack=(stack, f"{encoder_layers} encoder layers × {encoder_text} + {decoder_layers} decoder layers"
                                  f" × {decoder_text}"))
 
@@ -359,6 +471,8 @@ _RECIPES = {
     "DistilBERT masked LM": _Recipe(("distilbert",), ("ForMaskedLM",), _variant(_bert_style, "distilbert")),
     "T5 (v1)": _Recipe(("t5",), ("ForConditionalGeneration",), _t5_style),
     "ALBERT masked LM": _Recipe(("albert",), ("ForMaskedLM",), _albert_style),
+    "BART": _Recipe(("bart",), ("ForConditionalGeneration",), _bart_style),
+    "BART (bare, trained on its output's sum)": _Recipe(("bart",), ("BartModel",), _variant(_bart_style, "model")),
     "ELECTRA discriminator": _Recipe(("electra",), ("ForPreTraining",), _variant(_bert_style, "electra")),
 }
 
@@ -394,6 +508,34 @@ def recipe_attention(recipe: str) -> str:
     return _RECIPES[recipe].attention
 
 
+def recipe_declines(config: Any, class_name: str, *, batch: int, seq: int, precision: str,
+                    checkpointing: bool) -> str | None:
+    """What of this config (or step) its recipe was not fitted for, in words; None when the recipe answers or
+    there is none."""
+    layout = _layout(config, class_name, batch, seq, precision, checkpointing)
+    return layout if isinstance(layout, str) else None
+
+
+def _kind(precision: str) -> str:
+    return "fp32" if precision == "fp32" else "bf16-pure" if precision == "bf16-pure" else "mixed"
+
+
+def _layout(config: Any, class_name: str, batch: int, seq: int, precision: str,
+            checkpointing: bool) -> _Layout | str | None:
+    recipe = recipe_for(config, class_name)
+    if recipe is None:
+        return None
+    layout = _RECIPES[recipe].layout(config, _kind(precision), batch, seq)
+    if isinstance(layout, _Layout) and checkpointing and not layout.checkpointing:
+        # checkpointed layers keep more than their input here (T5: masks and biases)
+        return "gradient checkpointing (its checkpointed layers keep more than their inputs)"
+    return layout
+
+
+def _missing(**fields: Any) -> str:
+    return "a config without " + ", ".join(name for name, value in fields.items() if value is None)
+
+
 def training_activations(config: Any, class_name: str, *, batch: int, seq: int, precision: str,
                          checkpointing: bool, cast_weights: int = 0, cast_head: int = 0) -> TrainingActivations | None:
     """The analytic activations of one training step, or None when no recipe covers the config's layout.
@@ -401,15 +543,11 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
     `cast_weights`: elements of the matmul weights autocast copies to 16 bits (mixed precision only), of which
     `cast_head` are outside the repeated layers (the heads'). Checkpointed layers do not keep their copies for backward (autocast's
     cache is dropped as the forward leaves it, and the recomputation casts again); the head's copy is kept."""
+    layout = _layout(config, class_name, batch, seq, precision, checkpointing)
+    if not isinstance(layout, _Layout):
+        return None
     recipe = recipe_for(config, class_name)
-    if recipe is None:
-        return None
-    kind = "fp32" if precision == "fp32" else "bf16-pure" if precision == "bf16-pure" else "mixed"
-    layout = _RECIPES[recipe].layout(config, kind, batch, seq)
-    if layout is None:
-        return None
-    if checkpointing and not layout.checkpointing:
-        return None  # checkpointed layers keep more than their input here (T5: masks and biases); traced
+    kind = _kind(precision)
     tokens, h, vocab, layers = batch * seq, layout.hidden, layout.vocab, layout.layers
     if checkpointing:
         size = 2 if kind == "bf16-pure" else 4
@@ -432,6 +570,10 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
     forward_tv, backward_tv = layout.loss_tv if layout.loss_tv != (0, 0) else (4 if kind == "fp32" else 6, 8)
     forward_extra = forward_tv * tokens * vocab
     in_flight = 2 * (cast_weights - kept_casts) if kind == "mixed" else 0  # layer copies alive until the forward ends
+    if not vocab:  # a bare model trains on its output's sum: no logits, no loss buffers (the sum's gradient is a view)
+        moments = [Moment("forward", "end of forward", saved + in_flight, f"saved {saved:,}" + (
+            f" + the layers' 16-bit weight copies 2 × {cast_weights - kept_casts:,}" if in_flight else ""))]
+        return TrainingActivations(recipe, saved, text, per_layer, layers, 0, tuple(moments))
     moments = [
         Moment("forward", "end of forward", saved + forward_extra + in_flight,
                f"saved {saved:,} + the loss's log-softmax {forward_extra // (tokens * vocab)}·T·V"

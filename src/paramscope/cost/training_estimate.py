@@ -16,8 +16,8 @@ from typing import Any
 
 from ..errors import ParamscopeError
 from ..selection import match_all
-from .activations import (TrainingActivations, attention_dropout, embedding_gradient, recipe_attention, recipe_for,
-                          training_activations)
+from .activations import (TrainingActivations, attention_dropout, embedding_gradient, recipe_attention, recipe_declines,
+                          recipe_for, training_activations)
 from .hardware import Accelerator, find_accelerator
 from .kv_cache import config_int, text_config
 from .estimate import step_length
@@ -166,9 +166,9 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     if recipe is not None and not at_fitted:
         notes.append(f"the analytic recipe is for {fitted} attention; attention {attention} is traced")
     elif recipe is not None and analytic is None and not adapters:
-        notes.append(f"the analytic {recipe} recipe was fitted without some of this config's features (dropout, "
-                     "partial rotary, another activation or residual layout, gradient checkpointing): one step "
-                     "traced")
+        why = recipe_declines(text, class_name, batch=options.batch, seq=seq, precision=precision,
+                              checkpointing=checkpointing)
+        notes.append(f"the analytic {recipe} recipe was not fitted for {why}: one step traced")
 
     tied = _tied_embedding_bytes(report, trainable)
     step_bytes, step_text = _step_temporaries(optimizer, gradients)
@@ -296,8 +296,13 @@ def _why_traced(view: Any, options: TrainingOptions) -> str:
     recipe = recipe_for(text_config(view.config), view.class_name)
     if recipe is None:
         return f"no analytic activation recipe for {view.class_name}"
-    return f"the analytic {recipe} recipe does not cover this config or --attention {options.attention}" \
-        if options.attention else f"the analytic {recipe} recipe does not cover this config"
+    why = recipe_declines(text_config(view.config), view.class_name, batch=options.batch,
+                          seq=options.seq or DEFAULT_TRAINING_SEQ, precision=check_precision(options.precision),
+                          checkpointing=options.grad_checkpointing == "full")
+    if why is not None:
+        return f"the analytic {recipe} recipe was not fitted for {why}"
+    return f"the analytic {recipe} recipe is not for --attention {options.attention}" if options.attention else \
+        f"the analytic {recipe} recipe does not cover this config"
 
 
 def _own_dtypes(report: Any, own: frozenset[str]) -> dict[str, int]:
