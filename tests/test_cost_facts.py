@@ -95,6 +95,9 @@ def test_formats_and_layouts_from_facts_equal_the_build(preset, options):
     ("gemma-2-9b", TrainingOptions(seq=4096, grad_checkpointing="full")),
     ("albert-base-v2", TrainingOptions(seq=512, batch=16, precision="bf16-pure")),
     ("t5-large", TrainingOptions(seq=512, batch=4)),
+    ("bart-base", TrainingOptions(seq=1024, precision="fp32")),
+    ("bart-large", TrainingOptions(seq=512, batch=2)),
+    ("mistral-7b", TrainingOptions(seq=4096)),  # the sequence fills the sliding window: sdpa's mask
 ])
 def test_training_memory_from_facts_equals_the_build(preset, options):
     """`memory --training` from facts where an analytic recipe covers the layout: the build's answer exactly."""
