@@ -16,7 +16,7 @@ import time
 
 DEFAULT = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "mistral-7b", "llama-2-7b", "llama-3-8b", "gpt2",
            "bert-base-uncased", "pythia-410m", "gemma-2b", "gemma-2-2b", "phi-3-mini", "t5-small", "roberta-base",
-           "distilbert-base-uncased", "electra-base-discriminator", "albert-base-v2", "deberta-v3-base")
+           "distilbert-base-uncased", "electra-base-discriminator", "albert-base-v2", "bart-base", "deberta-v3-base")
 
 
 def main() -> None:

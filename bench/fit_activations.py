@@ -182,6 +182,32 @@ def _neox_config(d):
                 num_hidden_layers=2, rotary_pct=0.25, max_position_embeddings=256, use_parallel_residual=True,
                 bos_token_id=0, eos_token_id=0)
 
+def _moe_dims():  # E experts, k of them a token; every dimension a multiple of 16 (grouped_mm's alignment)
+    return (
+        dict(h=256, heads=8, kv=2, hd=32, i=352, E=4, k=2, V=1000, B=2, S=64),
+        dict(h=128, heads=4, kv=4, hd=32, i=192, E=8, k=2, V=704, B=1, S=128),
+        dict(h=384, heads=12, kv=4, hd=16, i=512, E=4, k=1, V=1200, B=2, S=32),
+        dict(h=256, heads=4, kv=1, hd=64, i=256, E=6, k=3, V=512, B=3, S=48),
+        dict(h=192, heads=6, kv=3, hd=32, i=320, E=16, k=4, V=912, B=1, S=96),
+        dict(h=320, heads=5, kv=5, hd=32, i=384, E=2, k=2, V=1104, B=2, S=40),
+        dict(h=512, heads=8, kv=8, hd=64, i=128, E=8, k=1, V=640, B=1, S=80),
+        dict(h=64, heads=2, kv=1, hd=32, i=128, E=5, k=2, V=304, B=4, S=24),
+        dict(h=160, heads=10, kv=2, hd=32, i=432, E=3, k=3, V=800, B=2, S=56),
+        dict(h=224, heads=7, kv=7, hd=32, i=256, E=12, k=2, V=960, B=2, S=72),
+        dict(h=288, heads=9, kv=3, hd=32, i=480, E=7, k=4, V=1024, B=1, S=112),
+    )
+
+
+def _mixtral_config(d):
+    return dict(_llama_config(d), num_local_experts=d["E"], num_experts_per_tok=d["k"])
+
+
+_MOE_LAYER = _DECODER_LAYER[:3] + (
+    ("k·i", lambda d: _T(d) * d["k"] * d["i"]), ("k·h", lambda d: _T(d) * d["k"] * d["h"]),
+    ("heads", lambda d: _T(d) * d["heads"]), ("E", lambda d: _T(d) * d["E"]), ("k", lambda d: _T(d) * d["k"]),
+    ("1", _T), ("E (no T)", lambda d: d["E"]), ("E·h (no T)", lambda d: d["E"] * d["h"]))
+
+
 FAMILIES = {
     "llama": Family("LlamaForCausalLM", "model.layers", _llama_config, _llama_dims(), _DECODER_LAYER,
                     _DECODER_OUTSIDE),
@@ -194,6 +220,9 @@ FAMILIES = {
     "mistral_window": Family("MistralForCausalLM", "model.layers", lambda d: dict(_llama_config(d), sliding_window=16),
                              _llama_dims(), _DECODER_LAYER + (("B·S²", lambda d: d["B"] * d["S"] ** 2), _SCORES),
                              _DECODER_OUTSIDE),
+    # Mixtral: a router, then each token's k experts, run grouped (tokens sorted by expert)
+    "mixtral": Family("MixtralForCausalLM", "model.layers", _mixtral_config, _moe_dims(), _MOE_LAYER,
+                      _DECODER_OUTSIDE),
     "phi3": Family("Phi3ForCausalLM", "model.layers", _phi3_config, _phi3_dims(), _PHI3_LAYER, _DECODER_OUTSIDE),
     "gpt2": Family("GPT2LMHeadModel", "transformer.h", _gpt2_config, _gpt2_dims(),
                    (("T·h", lambda d: _T(d) * d["h"]), _SCORES, ("T", _T)),

@@ -102,6 +102,10 @@ class _DecoderTables:
     layer_vector: int = 0  # ·h per layer, whatever the tokens
     outside_vector: int = 0  # ·h outside the layers, whatever the tokens
     checkpointed_hd: int = 0  # ·T·hd a checkpointed layer keeps beside its input
+    # sparse MoE layers (the table's ·i is then 0): (k·i, k·h, E, k) bytes per token, k of E experts a token, and
+    # (E, E·h) per layer whatever the tokens
+    experts: dict[str, tuple[int, int, int, int]] | None = None
+    experts_layer: dict[str, tuple[int, int]] | None = None
 
 
 _DECODERS = {
@@ -124,6 +128,14 @@ _DECODERS = {
         {"fp32": (40, 16, 0, 16, 0, 16), "bf16-pure": (36, 8, 0, 8, 0, 16), "mixed": (42, 8, 0, 8, 0, 16)},
         {"fp32": (12, 8, 8, 12), "bf16-pure": (10, 6, 4, 12), "mixed": (10, 6, 8, 12)}, scores=8,
         layer_vector=16, outside_vector=4, checkpointed_hd=8),  # a checkpointed layer keeps fp32 cos and sin
+    # Mixtral: a router (fp32 softmax over E, top-k), each token copied to its k experts, sorted by expert and run
+    # grouped (transformers' grouped_mm, which autocast does not cast: under mixed precision the experts run in
+    # fp32); the router's 16-bit weight copy (2·E·h, mixed)
+    "mixtral": _DecoderTables(
+        {"fp32": (24, 8, 8, 0, 4, 12), "bf16-pure": (16, 4, 4, 0, 4, 12), "mixed": (24, 4, 4, 0, 4, 12)},
+        {"fp32": (12, 4, 8, 12), "bf16-pure": (8, 4, 4, 12), "mixed": (10, 4, 8, 12)},
+        experts={"fp32": (16, 8, 4, 40), "bf16-pure": (8, 4, 4, 40), "mixed": (16, 8, 4, 40)},
+        experts_layer={"fp32": (4, 0), "bf16-pure": (4, 0), "mixed": (4, 2)}),
 }
 
 
@@ -146,13 +158,25 @@ def _llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "l
     q, kv, tokens = heads * head_dim, kv_heads * head_dim, batch * seq
     c = tables.layer[kind]
     per_token = c[0] * h + c[1] * q + c[2] * kv + c[3] * inner + c[4] * heads + c[5]
+    terms = " + ".join(f"{n}{name}" for n, name in zip(c, ("h", "q", "kv", "i", "·heads", "")) if n)
     scores = tables.scores * batch * heads * seq * seq
     th, tv, shd, t = tables.outside[kind]
     layer = tokens * per_token + scores + tables.layer_vector * h
-    outside = th * tokens * h + tv * tokens * vocab + shd * seq * head_dim + t * tokens + tables.outside_vector * h
-    terms = " + ".join(f"{n}{name}" for n, name in zip(c, ("h", "q", "kv", "i", "·heads", "")) if n)
     extra = (f" + {tables.scores}·B·heads·S²" if scores else "") + \
         (f" + {tables.layer_vector}h" if tables.layer_vector else "")
+    if tables.experts is not None:
+        experts = config_int(config, "num_local_experts")
+        top_k = config_int(config, "num_experts_per_tok")
+        if None in (experts, top_k):
+            return _missing(num_local_experts=experts, num_experts_per_tok=top_k)
+        ki, kh, e, k = tables.experts[kind]
+        routed = ki * top_k * inner + kh * top_k * h + e * experts + k * top_k
+        per_token += routed
+        terms += f" + {ki}k·i + {kh}k·h + {e}E + {k}k"
+        e_layer, eh_layer = tables.experts_layer[kind]
+        layer += tokens * routed + e_layer * experts + eh_layer * experts * h
+        extra += f" + {e_layer}E" + (f" + the router's 16-bit copy {eh_layer}·E·h" if eh_layer else "")
+    outside = th * tokens * h + tv * tokens * vocab + shd * seq * head_dim + t * tokens + tables.outside_vector * h
     checkpointed = tables.checkpointed_hd * tokens * head_dim
     layer_text = f"{tokens:,} tokens × {per_token:,} B ({terms}){extra} = {layer:,} B each"
     stack = None
@@ -464,6 +488,7 @@ _RECIPES = {
     "Gemma decoder": _Recipe(("gemma",), ("ForCausalLM",), _variant(_llama_style, "gemma")),
     "Gemma-2 decoder": _Recipe(("gemma2",), ("ForCausalLM",), _variant(_llama_style, "gemma2"), "eager"),
     "Phi-3 decoder": _Recipe(("phi3",), ("ForCausalLM",), _variant(_llama_style, "phi3")),
+    "Mixtral (sparse MoE)": _Recipe(("mixtral",), ("ForCausalLM",), _variant(_llama_style, "mixtral")),
     "GPT-2": _Recipe(GPT2_STYLE, ("LMHeadModel",), _gpt2_style),
     "GPT-NeoX": _Recipe(("gpt_neox",), ("ForCausalLM",), _neox_style),
     "BERT masked LM": _Recipe(BERT_STYLE, ("ForMaskedLM",), _bert_style),
