@@ -195,6 +195,10 @@ def _moe_dims():  # E experts, k of them a token; every dimension a multiple of 
         dict(h=160, heads=10, kv=2, hd=32, i=432, E=3, k=3, V=800, B=2, S=56),
         dict(h=224, heads=7, kv=7, hd=32, i=256, E=12, k=2, V=960, B=2, S=72),
         dict(h=288, heads=9, kv=3, hd=32, i=480, E=7, k=4, V=1024, B=1, S=112),
+        dict(h=128, heads=8, kv=2, hd=16, i=96, E=10, k=3, V=600, B=3, S=40),
+        dict(h=352, heads=11, kv=1, hd=32, i=224, E=4, k=4, V=720, B=2, S=48),
+        dict(h=96, heads=3, kv=3, hd=64, i=640, E=6, k=1, V=1300, B=1, S=64),
+        dict(h=256, heads=16, kv=4, hd=16, i=160, E=9, k=5, V=880, B=2, S=24),
     )
 
 
@@ -206,6 +210,12 @@ _MOE_LAYER = _DECODER_LAYER[:3] + (
     ("k·i", lambda d: _T(d) * d["k"] * d["i"]), ("k·h", lambda d: _T(d) * d["k"] * d["h"]),
     ("heads", lambda d: _T(d) * d["heads"]), ("E", lambda d: _T(d) * d["E"]), ("k", lambda d: _T(d) * d["k"]),
     ("1", _T), ("E (no T)", lambda d: d["E"]), ("E·h (no T)", lambda d: d["E"] * d["h"]))
+
+
+def _qwen2_moe_config(d):  # Qwen1.5-MoE: routed experts of width i, a shared expert of width 4i with a sigmoid gate
+    return dict(_llama_config(d), num_experts=d["E"], num_experts_per_tok=d["k"], moe_intermediate_size=d["i"],
+                shared_expert_intermediate_size=4 * d["i"], decoder_sparse_step=1, mlp_only_layers=[],
+                norm_topk_prob=False, use_sliding_window=False)
 
 
 FAMILIES = {
@@ -223,6 +233,9 @@ FAMILIES = {
     # Mixtral: a router, then each token's k experts, run grouped (tokens sorted by expert)
     "mixtral": Family("MixtralForCausalLM", "model.layers", _mixtral_config, _moe_dims(), _MOE_LAYER,
                       _DECODER_OUTSIDE),
+    "qwen2_moe": Family("Qwen2MoeForCausalLM", "model.layers", _qwen2_moe_config, _moe_dims(),
+                        _MOE_LAYER + (("si (the shared expert's width)", lambda d: _T(d) * 4 * d["i"]),),
+                        _DECODER_OUTSIDE),
     "phi3": Family("Phi3ForCausalLM", "model.layers", _phi3_config, _phi3_dims(), _PHI3_LAYER, _DECODER_OUTSIDE),
     "gpt2": Family("GPT2LMHeadModel", "transformer.h", _gpt2_config, _gpt2_dims(),
                    (("T·h", lambda d: _T(d) * d["h"]), _SCORES, ("T", _T)),

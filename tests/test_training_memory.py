@@ -136,6 +136,7 @@ def _truncated(preset: str, layers: int = 2) -> dict:
     ("phi-3-mini-4k-instruct", "Phi-3 decoder"), ("pythia-160m", "GPT-NeoX"), ("pythia-1b", "GPT-NeoX"),
     ("gpt-neox-20b", "GPT-NeoX"),  # its unfused tanh GELU ("gelu_fast") keeps 4 tensors of T·i
     ("gemma-2-2b", "Gemma-2 decoder"), ("gemma-2-9b", "Gemma-2 decoder"),  # eager attention, fitted there
+    ("mixtral-8x7b", "Mixtral (sparse MoE)"), ("qwen1.5-moe-a2.7b", "Qwen2-MoE"),  # routed (and shared) experts
 ])
 @pytest.mark.parametrize("precision, checkpointing, batch, seq", [
     ("fp32", "none", 2, 512),

@@ -13,6 +13,11 @@ kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. Bytes saved 
       the 4·heads being sdpa's log-sum-exp (fp32 per head and token), the 8 the RMSNorms' reciprocal roots.
     Gemma: the same, + 4h in bf16-pure, + 8h per layer whatever the tokens (each RMSNorm's fp32 (1 + weight)).
     Phi-3 (fused qkv_proj and gate_up_proj): the same, + 4h (fp32), − 4h (mixed), + 2h (bf16-pure).
+    Mixtral (sparse MoE: a router, each token to k of E experts, sorted by expert and run grouped; transformers'
+        grouped_mm is not autocast, so under mixed precision the experts run in fp32), i_e = an expert's width,
+        per token: 24h + 8q + 8kv + 16k·i_e + 8k·h + 4E + 40k + 4·heads + 12 (fp32); 24h + 4q + 4kv + 16k·i_e +
+        8k·h … (mixed); 16h + 4q + 4kv + 8k·i_e + 4k·h … (bf16-pure); + 4E per layer and, mixed, the router's
+        16-bit weight copy 2·E·h. Qwen2-MoE adds a shared expert (its width as i: 16i fp32, 8i otherwise).
     Gemma-2 (eager attention, as transformers runs it: sdpa cannot softcap), per token: 40h + 16q + 16i + 16
         (fp32), 42h + 8q + 8i + 16 (mixed), 36h + 8q + 8i + 16 (bf16-pure); + 8·B·heads·S² and 16h per layer.
     GPT-NeoX (parallel residual, LayerNorm, fused qkv, partial rotary), per token: 32h (fp32), 18h (mixed), 16h
@@ -106,6 +111,8 @@ class _DecoderTables:
     # (E, E·h) per layer whatever the tokens
     experts: dict[str, tuple[int, int, int, int]] | None = None
     experts_layer: dict[str, tuple[int, int]] | None = None
+    inner_key: str = "intermediate_size"  # the config's width for ·i (Qwen2-MoE: its shared expert's)
+    expert_keys: tuple[str, str] = ("num_local_experts", "intermediate_size")  # E, and a routed expert's width
 
 
 _DECODERS = {
@@ -136,6 +143,13 @@ _DECODERS = {
         {"fp32": (12, 4, 8, 12), "bf16-pure": (8, 4, 4, 12), "mixed": (10, 4, 8, 12)},
         experts={"fp32": (16, 8, 4, 40), "bf16-pure": (8, 4, 4, 40), "mixed": (16, 8, 4, 40)},
         experts_layer={"fp32": (4, 0), "bf16-pure": (4, 0), "mixed": (4, 2)}),
+    # Qwen2-MoE (Qwen1.5-MoE): Mixtral's routed experts beside a shared expert (·i: its width) and its sigmoid gate
+    "qwen2_moe": _DecoderTables(
+        {"fp32": (28, 8, 8, 16, 4, 12), "bf16-pure": (18, 4, 4, 8, 4, 10), "mixed": (32, 4, 4, 8, 4, 10)},
+        {"fp32": (12, 4, 8, 12), "bf16-pure": (8, 4, 4, 12), "mixed": (10, 4, 8, 12)},
+        experts={"fp32": (16, 8, 4, 36), "bf16-pure": (8, 4, 4, 34), "mixed": (16, 8, 4, 34)},
+        experts_layer={"fp32": (4, 0), "bf16-pure": (4, 0), "mixed": (4, 2)},
+        inner_key="shared_expert_intermediate_size", expert_keys=("num_experts", "moe_intermediate_size")),
 }
 
 
@@ -146,15 +160,15 @@ def _llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "l
     heads = config_int(config, "num_attention_heads")
     kv_heads = config_int(config, "num_key_value_heads") or heads
     head_dim = config_int(config, "head_dim") or (h // heads if h and heads else None)
-    inner = config_int(config, "intermediate_size")
+    tables = _DECODERS[variant]
+    inner = config_int(config, tables.inner_key)
     vocab = config_int(config, "vocab_size")
     layers = config_int(config, "num_hidden_layers")
     if None in (h, heads, head_dim, inner, vocab, layers):
-        return _missing(hidden_size=h, num_attention_heads=heads, intermediate_size=inner, vocab_size=vocab,
+        return _missing(hidden_size=h, num_attention_heads=heads, **{tables.inner_key: inner}, vocab_size=vocab,
                         num_hidden_layers=layers)
     if _partial_rotary(config):  # rotary on part of each head splits and joins q and k
         return "rotary embeddings on part of each head"
-    tables = _DECODERS[variant]
     q, kv, tokens = heads * head_dim, kv_heads * head_dim, batch * seq
     c = tables.layer[kind]
     per_token = c[0] * h + c[1] * q + c[2] * kv + c[3] * inner + c[4] * heads + c[5]
@@ -165,14 +179,19 @@ def _llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "l
     extra = (f" + {tables.scores}·B·heads·S²" if scores else "") + \
         (f" + {tables.layer_vector}h" if tables.layer_vector else "")
     if tables.experts is not None:
-        experts = config_int(config, "num_local_experts")
+        experts_key, width_key = tables.expert_keys
+        experts, width = config_int(config, experts_key), config_int(config, width_key)
         top_k = config_int(config, "num_experts_per_tok")
-        if None in (experts, top_k):
-            return _missing(num_local_experts=experts, num_experts_per_tok=top_k)
+        if None in (experts, width, top_k):
+            return _missing(**{experts_key: experts, width_key: width, "num_experts_per_tok": top_k})
+        if variant == "qwen2_moe" and (config_int(config, "decoder_sparse_step") != 1 or
+                                       getattr(config, "mlp_only_layers", None) or
+                                       getattr(config, "norm_topk_prob", False)):
+            return "dense layers among the sparse ones, or renormalised top-k weights (fitted: every layer sparse)"
         ki, kh, e, k = tables.experts[kind]
-        routed = ki * top_k * inner + kh * top_k * h + e * experts + k * top_k
+        routed = ki * top_k * width + kh * top_k * h + e * experts + k * top_k
         per_token += routed
-        terms += f" + {ki}k·i + {kh}k·h + {e}E + {k}k"
+        terms += f" + {ki}k·i_e + {kh}k·h + {e}E + {k}k"
         e_layer, eh_layer = tables.experts_layer[kind]
         layer += tokens * routed + e_layer * experts + eh_layer * experts * h
         extra += f" + {e_layer}E" + (f" + the router's 16-bit copy {eh_layer}·E·h" if eh_layer else "")
@@ -489,6 +508,7 @@ _RECIPES = {
     "Gemma-2 decoder": _Recipe(("gemma2",), ("ForCausalLM",), _variant(_llama_style, "gemma2"), "eager"),
     "Phi-3 decoder": _Recipe(("phi3",), ("ForCausalLM",), _variant(_llama_style, "phi3")),
     "Mixtral (sparse MoE)": _Recipe(("mixtral",), ("ForCausalLM",), _variant(_llama_style, "mixtral")),
+    "Qwen2-MoE": _Recipe(("qwen2_moe",), ("ForCausalLM",), _variant(_llama_style, "qwen2_moe")),
     "GPT-2": _Recipe(GPT2_STYLE, ("LMHeadModel",), _gpt2_style),
     "GPT-NeoX": _Recipe(("gpt_neox",), ("ForCausalLM",), _neox_style),
     "BERT masked LM": _Recipe(BERT_STYLE, ("ForMaskedLM",), _bert_style),
