@@ -218,6 +218,44 @@ def _qwen2_moe_config(d):  # Qwen1.5-MoE: routed experts of width i, a shared ex
                 norm_topk_prob=False, use_sliding_window=False)
 
 
+def _mla_dims():  # DeepSeek-V3's MLA and MoE: every width varied apart; E a multiple of the groups
+    import random
+
+    rng = random.Random(3)
+    dims = []
+    for _ in range(20):
+        groups = rng.choice((1, 2, 4))
+        experts = groups * rng.choice((2, 3, 4))
+        dims.append(dict(h=16 * rng.randint(4, 24), heads=rng.randint(2, 12), rq=16 * rng.randint(2, 12),
+                         rkv=16 * rng.randint(2, 10), nope=16 * rng.randint(1, 6), rope=8 * rng.randint(1, 6),
+                         v=16 * rng.randint(1, 6), i=16 * rng.randint(4, 40), ie=16 * rng.randint(2, 20),
+                         E=experts, k=rng.randint(1, 3), groups=groups, topk_groups=rng.randint(1, groups),
+                         shared=rng.randint(1, 2), V=rng.randint(300, 1300), B=rng.randint(1, 3),
+                         S=8 * rng.randint(3, 14)))
+        dims[-1]["k"] = min(dims[-1]["k"], dims[-1]["topk_groups"] * experts // groups)
+        if dims[-1]["v"] >= dims[-1]["nope"] + dims[-1]["rope"]:  # V3's layout: q and k wider than v (192, 128),
+            dims[-1]["v"] = dims[-1]["nope"] + dims[-1]["rope"] - 8  # so CPU sdpa runs its math kernel
+    return tuple(dims)
+
+
+def _deepseek_config(d, dense_layers):
+    return dict(hidden_size=d["h"], num_attention_heads=d["heads"], num_key_value_heads=d["heads"],
+                q_lora_rank=d["rq"], kv_lora_rank=d["rkv"], qk_nope_head_dim=d["nope"], qk_rope_head_dim=d["rope"],
+                v_head_dim=d["v"], intermediate_size=d["i"], moe_intermediate_size=d["ie"], n_routed_experts=d["E"],
+                num_experts_per_tok=d["k"], n_group=d["groups"], topk_group=d["topk_groups"],
+                n_shared_experts=d["shared"], first_k_dense_replace=dense_layers, vocab_size=d["V"],
+                num_hidden_layers=2, norm_topk_prob=True, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+
+
+_MLA_LAYER = (
+    ("h", lambda d: _T(d) * d["h"]), ("rq", lambda d: _T(d) * d["rq"]), ("rkv", lambda d: _T(d) * d["rkv"]),
+    ("heads·nope", lambda d: _T(d) * d["heads"] * d["nope"]), ("heads·rope", lambda d: _T(d) * d["heads"] * d["rope"]),
+    ("heads·v", lambda d: _T(d) * d["heads"] * d["v"]), ("rope", lambda d: _T(d) * d["rope"]),
+    ("heads", lambda d: _T(d) * d["heads"]), ("1", _T), _SCORES, ("S·rope (no B)", lambda d: d["S"] * d["rope"]))
+_MLA_OUTSIDE = (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]),
+                ("S·rope", lambda d: d["S"] * d["rope"]), ("T", _T), ("S", lambda d: d["S"]), ("1", lambda d: 1))
+
+
 FAMILIES = {
     "llama": Family("LlamaForCausalLM", "model.layers", _llama_config, _llama_dims(), _DECODER_LAYER,
                     _DECODER_OUTSIDE),
@@ -236,6 +274,16 @@ FAMILIES = {
     "qwen2_moe": Family("Qwen2MoeForCausalLM", "model.layers", _qwen2_moe_config, _moe_dims(),
                         _MOE_LAYER + (("si (the shared expert's width)", lambda d: _T(d) * 4 * d["i"]),),
                         _DECODER_OUTSIDE),
+    # DeepSeek-V3: multi-head latent attention; dense MLP layers (the first k) and MoE layers fitted apart
+    "deepseek_v3_dense": Family("DeepseekV3ForCausalLM", "model.layers", lambda d: _deepseek_config(d, 99),
+                                _mla_dims(), _MLA_LAYER + (("i", lambda d: _T(d) * d["i"]),), _MLA_OUTSIDE),
+    "deepseek_v3_moe": Family("DeepseekV3ForCausalLM", "model.layers", lambda d: _deepseek_config(d, 0),
+                              _mla_dims(), _MLA_LAYER + (
+                                  ("k·ie", lambda d: _T(d) * d["k"] * d["ie"]), ("k·h", lambda d: _T(d) * d["k"] * d["h"]),
+                                  ("shared·ie", lambda d: _T(d) * d["shared"] * d["ie"]), ("E", lambda d: _T(d) * d["E"]),
+                                  ("groups", lambda d: _T(d) * d["groups"]), ("k", lambda d: _T(d) * d["k"]),
+                                  ("E (no T)", lambda d: d["E"]), ("E·h (no T)", lambda d: d["E"] * d["h"])),
+                              _MLA_OUTSIDE),
     "phi3": Family("Phi3ForCausalLM", "model.layers", _phi3_config, _phi3_dims(), _PHI3_LAYER, _DECODER_OUTSIDE),
     "gpt2": Family("GPT2LMHeadModel", "transformer.h", _gpt2_config, _gpt2_dims(),
                    (("T·h", lambda d: _T(d) * d["h"]), _SCORES, ("T", _T)),

@@ -100,6 +100,7 @@ def test_formats_and_layouts_from_facts_equal_the_build(preset, options):
     ("mistral-7b", TrainingOptions(seq=4096)),  # the sequence fills the sliding window: sdpa's mask
     ("mixtral-8x7b", TrainingOptions(seq=2048, devices=8, zero="3")),
     ("qwen1.5-moe-a2.7b", TrainingOptions(seq=1024, precision="bf16-pure")),
+    ("deepseek-v3", TrainingOptions(seq=4096, devices=64, zero="3", grad_checkpointing="full")),
 ])
 def test_training_memory_from_facts_equals_the_build(preset, options):
     """`memory --training` from facts where an analytic recipe covers the layout: the build's answer exactly."""

@@ -262,6 +262,30 @@ def test_bart_recipe_equals_the_trace(model_class, recipe, precision):
     assert analytic.activations.arithmetic.startswith("6 encoder layers × (")
 
 
+@pytest.mark.parametrize("precision, checkpointing", [("bf16-mixed", "none"), ("bf16-pure", "none"),
+                                                      ("bf16-mixed", "full")])
+def test_deepseek_v3_recipe_equals_the_trace(precision, checkpointing):
+    """At DeepSeek-V3's own widths (MLA, 256 experts, top-8 of 4 groups, a shared expert), 2 dense layers and 3 MoE
+    layers: fitted in the 16-bit precisions it is trained in."""
+    config = dict(_truncated("deepseek-v3", layers=5), first_k_dense_replace=2)
+    options = TrainingOptions(batch=1, seq=256, precision=precision, grad_checkpointing=checkpointing)
+    _, estimate = estimate_training(config, dataclasses.replace(options, trace=True))
+    saved = estimate.activations.bytes
+    assert abs(estimate.training.analytic_activations - saved) <= (0.001 * saved if checkpointing == "full" else 16)
+    assert abs(estimate.training.analytic_peak - estimate.peak) <= 0.001 * estimate.peak
+    _, analytic = estimate_training(config, options)
+    assert analytic.settings["activations_from"] == "analytic: DeepSeek-V3 (MLA, MoE)"
+    if checkpointing == "none":
+        assert analytic.activations.arithmetic.startswith("2 dense layers × (T × (")
+
+
+def test_deepseek_v3_in_fp32_is_traced_and_says_why():
+    config = dict(_truncated("deepseek-v3", layers=2), first_k_dense_replace=1)
+    _, estimate = estimate_training(config, TrainingOptions(batch=1, seq=32, precision="fp32"))
+    assert estimate.engine == "traced"
+    assert any(n.startswith("the analytic DeepSeek-V3 (MLA, MoE) recipe was not fitted for fp32") for n in estimate.notes)
+
+
 @pytest.mark.parametrize("preset, change", [
     ("phi-3-mini-4k-instruct", {"sliding_window": 200}),  # as many KV heads as query heads: the mask alone
     ("mistral-7b", {"sliding_window": 256}),  # grouped-query: K and V repeated to the query heads as well
