@@ -1,6 +1,6 @@
 """Fit the analytic activation recipes (src/paramscope/cost/activations.py) to the traced engine, exactly.
 
-    python bench/fit_activations.py [FAMILY ...]     # default: every family below
+    python bench/fit_activations.py [--checkpointing] [FAMILY ...]     # default: every family below
 
 For each family and precision kind (fp32, bf16-mixed, bf16-pure), one training step of a 2- and a 3-layer model is
 traced on fake tensors (cost/trace.py, MemTracker) at varied small configs, batches and lengths. What one more
@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 
 KINDS = ("fp32", "bf16-mixed", "bf16-pure")
+CHECKPOINTING = False  # --checkpointing: fit what checkpointed layers keep
 
 
 @dataclass(frozen=True)
@@ -310,6 +311,14 @@ FAMILIES = {
                       _ENCODER_LAYER, _ENCODER_OUTSIDE),
     # Gemma-2: eager attention (sdpa cannot softcap the scores), four norms a layer, softcapped logits; sliding and
     # full attention alternate, so a layer's bytes are the average over a pair
+    # Gemma-2 with checkpointing: what each layer keeps beside the recomputation (its input, the masks it is given)
+    "gemma2_checkpointed": Family(
+        "Gemma2ForCausalLM", "model.layers", lambda d: dict(_llama_config(d), sliding_window=4096,
+                                                          query_pre_attn_scalar=d["hd"]), _llama_dims(),
+        (("T·h", lambda d: _T(d) * d["h"]), ("T·hd", lambda d: _T(d) * d["hd"]), ("S·hd", lambda d: d["S"] * d["hd"]),
+         ("B·S²", lambda d: d["B"] * d["S"] ** 2), ("S²", lambda d: d["S"] ** 2), ("1", lambda d: 1)),
+        _DECODER_OUTSIDE + (("h (no T)", lambda d: d["h"]), ("B·S²", lambda d: d["B"] * d["S"] ** 2),
+                            ("S²", lambda d: d["S"] ** 2), ("T·hd", lambda d: _T(d) * d["hd"])), period=2),
     "gemma2": Family("Gemma2ForCausalLM", "model.layers", lambda d: dict(_llama_config(d), sliding_window=4096,
                                                                         query_pre_attn_scalar=d["hd"]),
                      _llama_dims(), _DECODER_LAYER + (_SCORES, ("h (per norm, no T)", lambda d: d["h"])),
@@ -352,7 +361,8 @@ def measure(family: Family, dims: dict, kind: str) -> tuple[int, ...]:
 
     def saved(layers: int, decoder_layers: int | None = None) -> int:
         model, step = _trace(family, dims, kind, layers, decoder_layers)
-        casts = _cast_weights(from_module(model))[0] if kind == "bf16-mixed" else 0
+        # checkpointed layers do not keep their copies (the recomputation casts again); the head's is kept
+        casts = _cast_weights(from_module(model))[1 if CHECKPOINTING else 0] if kind == "bf16-mixed" else 0
         return step.saved_activations - 2 * casts
 
     base, more = 2 * family.period, 3 * family.period
@@ -390,7 +400,8 @@ def _trace(family: Family, dims: dict, kind: str, layers: int, decoder_layers: i
             model = getattr(transformers, family.cls)(config)
     finally:
         torch.set_default_dtype(previous)
-    return model, trace_training(model, StepSettings(batch=dims["B"], seq=dims["S"], precision=kind))
+    return model, trace_training(model, StepSettings(batch=dims["B"], seq=dims["S"], precision=kind,
+                                                     grad_checkpointing=CHECKPOINTING))
 
 
 def solve(rows: list[list[int]], values: list[int]) -> tuple[list[Fraction], Fraction | None]:
@@ -426,6 +437,9 @@ def fit(name: str) -> None:
 
 
 def main(argv: list[str]) -> int:
+    global CHECKPOINTING
+    CHECKPOINTING = "--checkpointing" in argv
+    argv = [a for a in argv if a != "--checkpointing"]
     for name in argv or list(FAMILIES):
         if name not in FAMILIES:
             raise SystemExit(f"unknown family {name!r}; known: {', '.join(FAMILIES)}")

@@ -24,6 +24,7 @@ kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. Bytes saved 
         math kernel, in fp32). fp32 is traced: there the kernel's inputs are views or copies depending on shapes.
     Gemma-2 (eager attention, as transformers runs it: sdpa cannot softcap), per token: 40h + 16q + 16i + 16
         (fp32), 42h + 8q + 8i + 16 (mixed), 36h + 8q + 8i + 16 (bf16-pure); + 8·B·heads·S² and 16h per layer.
+        Checkpointed, its layers keep the full and sliding masks they are recomputed from: 8·B·S² (4 bf16-pure).
     GPT-NeoX (parallel residual, LayerNorm, fused qkv, partial rotary), per token: 32h (fp32), 18h (mixed), 16h
         (bf16-pure) + 4·heads + 16 (8 in bf16-pure) + the MLP's activation: exact GELU 8i (fp32) or 4i,
         GPT-NeoX-20B's unfused tanh "gelu_fast" 32i (fp32) or 16i.
@@ -46,7 +47,8 @@ kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. Bytes saved 
 Sliding windows (Mistral, Phi-3-mini's 2,047, Qwen2's upper layers): once the sequence fills the window, sdpa is
 given a mask, a float B × S × S that each such layer keeps, and transformers repeats K and V to the query heads
 (sdpa's own grouped-query path runs only without a mask): + 4·B·S² + 8·T·(q − kv) per layer (fp32; 2 and 4 in
-16 bits; a single KV head repeats as a view, but for K under autocast, 2·T·(q − kv)).
+16 bits; a single KV head repeats as a view, but for K under autocast, 2·T·(q − kv)). Checkpointed layers keep
+only the (bool, S²) mask they are recomputed from.
 
 The S² terms are attention dropout's: torch's fused CPU kernels do not support dropout, so sdpa in training runs
 the math kernel and keeps the probabilities and the dropout mask. CUDA's flash and memory-efficient kernels support
@@ -95,8 +97,8 @@ class _Layout:
     vocab: int
     layers: int
     loss_tv: tuple[int, int] = (0, 0)  # (end of forward, start of backward) extra ·T·V; (0, 0): the usual
-    checkpointed: int = 0  # with checkpointing, what a layer keeps beside its input
-    checkpointed_text: str = ""
+    checkpointed_outside: int = 0  # with checkpointing, what the layers' kept arguments add (attention masks)
+    checkpointed_outside_text: str = ""
     stack: tuple[int, str] | None = None  # (bytes, arithmetic) of all the layers when they differ (encoder-decoders)
     checkpointing: bool = True  # fitted with gradient checkpointing too
 
@@ -110,7 +112,7 @@ class _DecoderTables:
     scores: int = 0  # ·B·heads·S² per layer: eager attention keeps its score matrices
     layer_vector: int = 0  # ·h per layer, whatever the tokens
     outside_vector: int = 0  # ·h outside the layers, whatever the tokens
-    checkpointed_hd: int = 0  # ·T·hd a checkpointed layer keeps beside its input
+    checkpointed_masks: dict[str, int] | None = None  # ·B·S² of masks checkpointed layers are given (eager)
     # sparse MoE layers (the table's ·i is then 0): (k·i, k·h, E, k) bytes per token, k of E experts a token, and
     # (E, E·h) per layer whatever the tokens
     experts: dict[str, tuple[int, int, int, int]] | None = None
@@ -138,7 +140,9 @@ _DECODERS = {
     "gemma2": _DecoderTables(
         {"fp32": (40, 16, 0, 16, 0, 16), "bf16-pure": (36, 8, 0, 8, 0, 16), "mixed": (42, 8, 0, 8, 0, 16)},
         {"fp32": (12, 8, 8, 12), "bf16-pure": (10, 6, 4, 12), "mixed": (10, 6, 8, 12)}, scores=8,
-        layer_vector=16, outside_vector=4, checkpointed_hd=8),  # a checkpointed layer keeps fp32 cos and sin
+        layer_vector=16, outside_vector=4,
+        # checkpointed layers keep the arguments they are recomputed from: eager's full and sliding masks
+        checkpointed_masks={"fp32": 8, "mixed": 8, "bf16-pure": 4}),
     # Mixtral: a router (fp32 softmax over E, top-k), each token copied to its k experts, sorted by expert and run
     # grouped (transformers' grouped_mm, which autocast does not cast: under mixed precision the experts run in
     # fp32); the router's 16-bit weight copy (2·E·h, mixed)
@@ -200,10 +204,17 @@ def _llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "l
         layer += tokens * routed + e_layer * experts + eh_layer * experts * h
         extra += f" + {e_layer}E" + (f" + the router's 16-bit copy {eh_layer}·E·h" if eh_layer else "")
     outside = th * tokens * h + tv * tokens * vocab + shd * seq * head_dim + t * tokens + tables.outside_vector * h
-    checkpointed = tables.checkpointed_hd * tokens * head_dim
     layer_text = f"{tokens:,} tokens × {per_token:,} B ({terms}){extra} = {layer:,} B each"
     stack = None
     window = _window_layers(config, seq, layers) if not tables.scores else 0  # eager attention masks anyway
+    kept, kept_text = 0, ""
+    if tables.checkpointed_masks:  # and the positions they were built from, 8·S
+        masks = tables.checkpointed_masks[kind]
+        kept = masks * batch * seq * seq + 8 * seq
+        kept_text = f"the attention masks and positions the layers are recomputed from, {masks}·B·S² + 8·S"
+    elif window:
+        kept = seq * seq + 8 * seq
+        kept_text = "the sliding-window mask and positions the layers are recomputed from, S² + 8·S"
     if window:
         masked, masked_text = _masked_sdpa(kind, batch, seq, q, kv, kv_heads)
         layer_text = f"{layer_text}; the {window} layers whose sliding window the sequence fills add {masked_text}"
@@ -211,9 +222,7 @@ def _llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "l
     return _Layout(layer + (masked if window == layers else 0), layer_text,
                    outside, f"{th}·T·h + {tv}·T·V + {shd}·S·hd + {t}·T" +
                    (f" + {tables.outside_vector}h" if tables.outside_vector else "") + f" = {outside:,} B",
-                   h, vocab, layers, checkpointed=checkpointed,
-                   checkpointed_text=f" + the rotary cos and sin {tables.checkpointed_hd}·T·hd" if checkpointed else "",
-                   stack=stack)
+                   h, vocab, layers, checkpointed_outside=kept, checkpointed_outside_text=kept_text, stack=stack)
 
 
 def _window_layers(config: Any, seq: int, layers: int) -> int:
@@ -657,12 +666,11 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
     tokens, h, vocab, layers = batch * seq, layout.hidden, layout.vocab, layout.layers
     if checkpointing:
         size = 2 if kind == "bf16-pure" else 4
-        per_layer = size * tokens * h + layout.checkpointed
-        layer_text = (f"the layer's input, {size}·T·h{layout.checkpointed_text} = {per_layer:,} B each "
-                      "(recomputed in backward)")
+        per_layer = size * tokens * h
+        layer_text = f"the layer's input, {size}·T·h = {per_layer:,} B each (recomputed in backward)"
     else:
         per_layer, layer_text = layout.layer, layout.layer_text
-    outside = layout.outside
+    outside = layout.outside + (layout.checkpointed_outside if checkpointing else 0)
     kept_casts = (cast_head if checkpointing else cast_weights) if kind == "mixed" else 0
     casts = 2 * kept_casts
     if layout.stack is not None and not checkpointing:
@@ -670,7 +678,9 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
     else:
         stack, stack_text = layers * per_layer, f"{layers} layers × {layer_text}"
     saved = stack + outside + casts
+    kept_args = checkpointing and layout.checkpointed_outside
     text = (f"{stack_text}; outside the layers {layout.outside_text}"
+            + (f" + {layout.checkpointed_outside_text} = {layout.checkpointed_outside:,} B" if kept_args else "")
             + (f"; autocast's 16-bit weights 2 × {kept_casts:,}" if casts else ""))
     logits = 4 * tokens * vocab
     forward_tv, backward_tv = layout.loss_tv if layout.loss_tv != (0, 0) else (4 if kind == "fp32" else 6, 8)
