@@ -146,6 +146,10 @@ def _t5_config(d):  # T5 v1 (t5-small/base/large): ReLU MLP, dropout 0.1, the he
                 decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
 
 
+# what checkpointed layers' kept arguments may add outside the layers (masks, position biases, positions); zero
+# without checkpointing
+_KEPT_ARGUMENTS = (("B·S² (kept)", lambda d: d["B"] * d["S"] ** 2), ("heads·S² (kept)", lambda d: d["heads"] * d["S"] ** 2),
+                   ("B·heads·S² (kept)", lambda d: d["B"] * d["heads"] * d["S"] ** 2), ("S (kept)", lambda d: d["S"]))
 _T5_LAYER = (("T·h", lambda d: _T(d) * d["h"]), ("T·inner", lambda d: _T(d) * d["heads"] * d["dkv"]),
              ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("T", _T), ("S²", lambda d: d["S"] ** 2))
 
@@ -331,13 +335,13 @@ FAMILIES = {
     # T5: encoder and decoder each at --seq tokens; a decoder layer adds cross-attention
     "t5": Family("T5ForConditionalGeneration", "", _t5_config, _t5_dims(), _T5_LAYER,
                  (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),
-                  ("S²", lambda d: d["S"] ** 2), ("1", lambda d: 1)), decoder_key="num_decoder_layers"),
+                  ("S²", lambda d: d["S"] ** 2), ("1", lambda d: 1)) + _KEPT_ARGUMENTS, decoder_key="num_decoder_layers"),
     # BART: encoder and decoder each at --seq tokens (the labels shifted right); a decoder layer adds cross-attention
     "bart": Family("BartForConditionalGeneration", "", _bart_config, _bert_dims(),
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("T", _T),
                     ("S²", lambda d: d["S"] ** 2)),
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),
-                    ("S", lambda d: d["S"]), ("S²", lambda d: d["S"] ** 2), ("1", lambda d: 1)),
+                    ("S", lambda d: d["S"]), ("S²", lambda d: d["S"] ** 2), ("1", lambda d: 1)) + _KEPT_ARGUMENTS[:3],
                    decoder_key="decoder_layers", layers_key="encoder_layers"),
     # the bare BartModel (the preset's class), trained on the sum of its output: the same layers
     "bart_model": Family("BartModel", "", _bart_config, _bert_dims(),

@@ -35,7 +35,8 @@ kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. Bytes saved 
     T5 v1 (ReLU MLP, dropout, tied head; encoder and decoder at S tokens each), inner = heads × d_kv:
         encoder layer 32·T·h + 16·T·inner + 12·T·i (fp32; 28, 14, 6 mixed; 24, 14, 6 bf16-pure) + 12·B·heads·S² +
         8·T; decoder layer 48·T·h + 32·T·inner + 12·T·i (44, 28, 6; 36, 28, 6) + 24·B·heads·S² + 12·T + S² (its
-        causal mask). Not fitted with checkpointing (its layers then keep masks and biases too): traced.
+        causal mask). Checkpointed, T5 keeps the position biases its layers are recomputed from (12·heads·S² fp32,
+        10 mixed, 6 bf16-pure) outside the layers.
     ALBERT (albert-base-v2: one shared layer a pass, no dropout, unfused tanh GELU), per pass: 32·T·h + 20·T·i
         (fp32), 16·T·h + 10·T·i (mixed, bf16-pure), + 4·T·heads + 16·T (8).
     BART (post-LN, exact GELU, dropout everywhere; each side at S tokens): encoder layer 40·T·h + 12·T·i (fp32;
@@ -97,8 +98,9 @@ class _Layout:
     vocab: int
     layers: int
     loss_tv: tuple[int, int] = (0, 0)  # (end of forward, start of backward) extra ·T·V; (0, 0): the usual
-    checkpointed_outside: int = 0  # with checkpointing, what the layers' kept arguments add (attention masks)
-    checkpointed_outside_text: str = ""
+    # with checkpointing, (bytes, arithmetic) outside the layers where the arguments the layers are recomputed from
+    # (masks, position biases) change them; None: as without
+    checkpointed_outside: tuple[int, str] | None = None
     stack: tuple[int, str] | None = None  # (bytes, arithmetic) of all the layers when they differ (encoder-decoders)
     checkpointing: bool = True  # fitted with gradient checkpointing too
 
@@ -219,10 +221,11 @@ def _llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "l
         masked, masked_text = _masked_sdpa(kind, batch, seq, q, kv, kv_heads)
         layer_text = f"{layer_text}; the {window} layers whose sliding window the sequence fills add {masked_text}"
         stack = (layers * layer + window * masked, f"{layers} layers × {layer_text}")
-    return _Layout(layer + (masked if window == layers else 0), layer_text,
-                   outside, f"{th}·T·h + {tv}·T·V + {shd}·S·hd + {t}·T" +
-                   (f" + {tables.outside_vector}h" if tables.outside_vector else "") + f" = {outside:,} B",
-                   h, vocab, layers, checkpointed_outside=kept, checkpointed_outside_text=kept_text, stack=stack)
+    outside_text = f"{th}·T·h + {tv}·T·V + {shd}·S·hd + {t}·T" + \
+        (f" + {tables.outside_vector}h" if tables.outside_vector else "")
+    return _Layout(layer + (masked if window == layers else 0), layer_text, outside, f"{outside_text} = {outside:,} B",
+                   h, vocab, layers, stack=stack, checkpointed_outside=(
+                       outside + kept, f"{outside_text} + {kept_text} = {outside + kept:,} B") if kept else None)
 
 
 def _window_layers(config: Any, seq: int, layers: int) -> int:
@@ -467,6 +470,8 @@ _T5_DECODER = {"fp32": (48, 32, 12, 24, 12, 1), "bf16-pure": (36, 28, 6, 24, 12,
                "mixed": (44, 28, 6, 24, 12, 1)}
 # T5, (T·h, T·V, T, S², 1) outside the layers: embeddings, position biases and masks, final norms, head, loss
 _T5_OUTSIDE = {"fp32": (40, 4, 24, 16, 8), "bf16-pure": (28, 2, 24, 16, 4), "mixed": (34, 4, 24, 16, 8)}
+# T5 checkpointed, (T·h, T·V, T, heads·S², 1) outside: the position biases the layers are recomputed from are kept
+_T5_CHECKPOINTED_OUTSIDE = {"fp32": (40, 4, 24, 12, 8), "bf16-pure": (28, 2, 24, 6, 4), "mixed": (38, 4, 24, 10, 8)}
 
 
 def _t5_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | str:
@@ -502,8 +507,12 @@ def _t5_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | str:
     outside = th * tokens * h + tv * tokens * vocab + t * tokens + s2 * seq * seq + one
     stack = encoder_layers * encoder + decoder_layers * decoder
     loss_tv = (2, 4) if kind == "bf16-pure" else (0, 0)  # the bf16 logits go to the loss as they are
+    th_c, tv_c, t_c, biases, one_c = _T5_CHECKPOINTED_OUTSIDE[kind]
+    kept = th_c * tokens * h + tv_c * tokens * vocab + t_c * tokens + biases * heads * seq * seq + one_c
     return _Layout(decoder, decoder_text, outside, f"{th}·T·h + {tv}·T·V + {t}·T + {s2}·S² + {one} = {outside:,} B",
-                   h, vocab, encoder_layers + decoder_layers, loss_tv, checkpointing=False,
+                   h, vocab, encoder_layers + decoder_layers, loss_tv, checkpointed_outside=(
+                       kept, f"{th_c}·T·h + {tv_c}·T·V + {t_c}·T + the position biases the layers are recomputed "
+                             f"from {biases}·heads·S² + {one_c} = {kept:,} B"),
                    stack=(stack, f"{encoder_layers} encoder layers × {encoder_text} + {decoder_layers} decoder layers"
                                  f" × {decoder_text}"))
 
@@ -515,6 +524,7 @@ _BART_DECODER = {"fp32": (68, 12, 24, 24), "bf16-pure": (46, 6, 24, 12), "mixed"
 # BART outside the layers, (T·h, T·V, T, S, 1): with the LM head (ForConditionalGeneration), and the bare BartModel
 # trained on the sum of its output
 _BART_OUTSIDE = {"fp32": (24, 4, 40, 8, 8), "bf16-pure": (12, 2, 32, 8, 4), "mixed": (18, 4, 40, 8, 8)}
+_BART_CHECKPOINTED_TH = {"fp32": 24, "bf16-pure": 12, "mixed": 22}  # ·T·h outside with checkpointing (LM head)
 _BART_MODEL_OUTSIDE = {"fp32": (20, 0, 24, 8, 4), "bf16-pure": (10, 0, 16, 8, 4), "mixed": (16, 0, 24, 8, 4)}
 
 
@@ -552,9 +562,12 @@ def _bart_style(config: Any, kind: str, batch: int, seq: int, variant: str = "lm
     outside = th * tokens * h + tv * tokens * vocab + t * tokens + s * seq + one
     stack = encoder_layers * encoder + decoder_layers * decoder
     loss_tv = (2, 4) if kind == "bf16-pure" else (0, 0)  # the bf16 logits go to the loss as they are
+    th_c = _BART_CHECKPOINTED_TH[kind]
+    kept = outside + (th_c - th) * tokens * h
     return _Layout(decoder, decoder_text, outside, f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S + {one} = {outside:,} B"
                    if tv else f"{th}·T·h + {t}·T + {s}·S + {one} = {outside:,} B",
-                   h, vocab if tv else 0, encoder_layers + decoder_layers, loss_tv, checkpointing=False,
+                   h, vocab if tv else 0, encoder_layers + decoder_layers, loss_tv, checkpointing=variant == "lm",
+                   checkpointed_outside=(kept, f"{th_c}·T·h + {tv}·T·V + {t}·T + {s}·S + {one} = {kept:,} B"),
                    stack=(stack, f"{encoder_layers} encoder layers × {encoder_text} + {decoder_layers} decoder layers"
                                  f" × {decoder_text}"))
 
@@ -670,7 +683,8 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
         layer_text = f"the layer's input, {size}·T·h = {per_layer:,} B each (recomputed in backward)"
     else:
         per_layer, layer_text = layout.layer, layout.layer_text
-    outside = layout.outside + (layout.checkpointed_outside if checkpointing else 0)
+    outside, outside_text = layout.checkpointed_outside if checkpointing and layout.checkpointed_outside else \
+        (layout.outside, layout.outside_text)
     kept_casts = (cast_head if checkpointing else cast_weights) if kind == "mixed" else 0
     casts = 2 * kept_casts
     if layout.stack is not None and not checkpointing:
@@ -678,9 +692,7 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
     else:
         stack, stack_text = layers * per_layer, f"{layers} layers × {layer_text}"
     saved = stack + outside + casts
-    kept_args = checkpointing and layout.checkpointed_outside
-    text = (f"{stack_text}; outside the layers {layout.outside_text}"
-            + (f" + {layout.checkpointed_outside_text} = {layout.checkpointed_outside:,} B" if kept_args else "")
+    text = (f"{stack_text}; outside the layers {outside_text}"
             + (f"; autocast's 16-bit weights 2 × {kept_casts:,}" if casts else ""))
     logits = 4 * tokens * vocab
     forward_tv, backward_tv = layout.loss_tv if layout.loss_tv != (0, 0) else (4 if kind == "fp32" else 6, 8)
