@@ -261,6 +261,17 @@ _MLA_OUTSIDE = (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d
                 ("S·rope", lambda d: d["S"] * d["rope"]), ("T", _T), ("S", lambda d: d["S"]), ("1", lambda d: 1))
 
 
+def _gptj_dims():  # GPT-J: rotary on the first rd of each head; the MLP's width set apart from 4h
+    return tuple(dict(d, rd=rd, i=i) for d, rd, i in zip(_gpt2_dims() + _gpt2_dims()[:3],
+                                                          (16, 8, 16, 8, 32, 4, 8, 16, 8, 16),
+                                                          (1024, 300, 700, 256, 500, 512, 200, 640, 900, 100)))
+
+
+def _gptj_config(d):  # gpt-j-6b: no dropout, the unfused tanh GELU, parallel attention and MLP
+    return dict(n_embd=d["h"], n_head=d["heads"], n_layer=2, n_inner=d["i"], rotary_dim=d["rd"], vocab_size=d["V"],
+                n_positions=256, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+
+
 FAMILIES = {
     "llama": Family("LlamaForCausalLM", "model.layers", _llama_config, _llama_dims(), _DECODER_LAYER,
                     _DECODER_OUTSIDE),
@@ -289,6 +300,13 @@ FAMILIES = {
                                   ("groups", lambda d: _T(d) * d["groups"]), ("k", lambda d: _T(d) * d["k"]),
                                   ("E (no T)", lambda d: d["E"]), ("E·h (no T)", lambda d: d["E"] * d["h"])),
                               _MLA_OUTSIDE),
+    "gptj": Family("GPTJForCausalLM", "transformer.h", _gptj_config, _gptj_dims(),
+                   (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]),
+                    ("T·heads·rd", lambda d: _T(d) * d["heads"] * d["rd"]), ("S·rd", lambda d: d["S"] * d["rd"]),
+                    ("T·rd", lambda d: _T(d) * d["rd"]), ("T·heads", lambda d: _T(d) * d["heads"]), ("T", _T)),
+                   (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]),
+                    ("S·rd", lambda d: d["S"] * d["rd"]), ("T·rd", lambda d: _T(d) * d["rd"]), ("T", _T),
+                    ("S", lambda d: d["S"]), ("1", lambda d: 1))),
     "phi3": Family("Phi3ForCausalLM", "model.layers", _phi3_config, _phi3_dims(), _PHI3_LAYER, _DECODER_OUTSIDE),
     "gpt2": Family("GPT2LMHeadModel", "transformer.h", _gpt2_config, _gpt2_dims(),
                    (("T·h", lambda d: _T(d) * d["h"]), _SCORES, ("T", _T)),

@@ -89,6 +89,7 @@ def test_formats_and_layouts_from_facts_equal_the_build(preset, options):
     ("phi-3-mini-4k-instruct", TrainingOptions(seq=2048, precision="bf16-pure")),
     ("pythia-1.4b", TrainingOptions(seq=2048, batch=4)),
     ("gpt-neox-20b", TrainingOptions(seq=1024, devices=8, zero="2")),
+    ("gpt-j-6b", TrainingOptions(seq=2048, grad_checkpointing="full", precision="bf16-pure")),
     ("roberta-large", TrainingOptions(seq=512, batch=8)),
     ("distilbert-base-uncased", TrainingOptions(seq=512, grad_checkpointing="full")),
     ("electra-base-discriminator", TrainingOptions(seq=512, precision="bf16-pure")),

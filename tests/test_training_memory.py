@@ -137,6 +137,7 @@ def _truncated(preset: str, layers: int = 2) -> dict:
     ("gpt-neox-20b", "GPT-NeoX"),  # its unfused tanh GELU ("gelu_fast") keeps 4 tensors of T·i
     ("gemma-2-2b", "Gemma-2 decoder"), ("gemma-2-9b", "Gemma-2 decoder"),  # eager attention, fitted there
     ("mixtral-8x7b", "Mixtral (sparse MoE)"), ("qwen1.5-moe-a2.7b", "Qwen2-MoE"),  # routed (and shared) experts
+    ("gpt-j-6b", "GPT-J"),  # partial rotary, parallel attention and MLP
 ])
 @pytest.mark.parametrize("precision, checkpointing, batch, seq", [
     ("fp32", "none", 2, 512),

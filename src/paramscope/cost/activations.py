@@ -28,6 +28,9 @@ kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. Bytes saved 
     GPT-NeoX (parallel residual, LayerNorm, fused qkv, partial rotary), per token: 32h (fp32), 18h (mixed), 16h
         (bf16-pure) + 4·heads + 16 (8 in bf16-pure) + the MLP's activation: exact GELU 8i (fp32) or 4i,
         GPT-NeoX-20B's unfused tanh "gelu_fast" 32i (fp32) or 16i.
+    GPT-J (parallel attention and MLP, rotary on rd dimensions a head, unfused tanh GELU, no dropout), per layer:
+        24·T·h + 20·T·i (fp32), 20·T·h + 10·T·i (mixed), 12·T·h + 10·T·i (bf16-pure), + 4·T·heads + 8·T (4) +
+        16·S·rd (8: the rotary sin and cos, repeated per call).
     GPT-2 (LayerNorm, Conv1D, unfused tanh-GELU, dropout), per layer: 120·T·h (fp32), 66 (bf16-pure), 70 (mixed)
         + 12·B·heads·S² + 16·T (8 in bf16-pure).
     BERT masked LM (post-LN, exact GELU, dropout), per layer: 40·T·h + 8·T·i (fp32), 26·T·h + 4·T·i (bf16-pure),
@@ -376,6 +379,41 @@ def _neox_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | str:
                    outside, f"{th}·T·h + {tv}·T·V + {srd}·S·rd + {t}·T = {outside:,} B", h, vocab, layers)
 
 
+# GPT-J (gpt-j-6b: parallel attention and MLP from one LayerNorm, rotary on the first rd dimensions of each head,
+# the unfused tanh GELU, no dropout), (T·h, T·i, S·rd, T·heads, T) per layer and (T·h, T·V, T) outside
+_GPTJ_LAYER = {"fp32": (24, 20, 16, 4, 8), "mixed": (20, 10, 16, 4, 8), "bf16-pure": (12, 10, 8, 4, 4)}
+_GPTJ_OUTSIDE = {"fp32": (8, 4, 16), "mixed": (6, 4, 16), "bf16-pure": (4, 4, 12)}
+
+
+def _gptj_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | str:
+    from .kv_cache import config_int
+
+    h = config_int(config, "n_embd")
+    heads = config_int(config, "n_head")
+    rotary = config_int(config, "rotary_dim")
+    vocab = config_int(config, "vocab_size")
+    layers = config_int(config, "n_layer")
+    if None in (h, heads, rotary, vocab, layers):
+        return _missing(n_embd=h, n_head=heads, rotary_dim=rotary, vocab_size=vocab, n_layer=layers)
+    inner = config_int(config, "n_inner") or 4 * h
+    if getattr(config, "activation_function", None) != "gelu_new":
+        return f"the activation {getattr(config, 'activation_function', None)!r} (fitted: gelu_new)"
+    if attention_dropout(config) or hidden_dropout(config) or _first_positive(config, ("embd_pdrop",)):
+        return "dropout (fitted without, as gpt-j-6b)"
+    tokens = batch * seq
+    per_h, per_i, per_srd, per_heads, per_t = _GPTJ_LAYER[kind]
+    layer = tokens * (per_h * h + per_i * inner + per_heads * heads + per_t) + per_srd * seq * rotary
+    th, tv, t = _GPTJ_OUTSIDE[kind]
+    outside = th * tokens * h + tv * tokens * vocab + t * tokens
+    # checkpointed layers are recomputed from the sin and cos (and the positions they were gathered at)
+    kept = outside + per_srd // 4 * seq * rotary + 8 * seq
+    return _Layout(layer, f"({per_h}·T·h + {per_i}·T·i + {per_heads}·T·heads + {per_t}·T + the rotary sin and cos "
+                          f"{per_srd}·S·rd) = {layer:,} B each",
+                   outside, f"{th}·T·h + {tv}·T·V + {t}·T = {outside:,} B", h, vocab, layers,
+                   checkpointed_outside=(kept, f"{th}·T·h + {tv}·T·V + {t}·T + the sin, cos and positions the layers "
+                                               f"are recomputed from {per_srd // 4}·S·rd + 8·S = {kept:,} B"))
+
+
 # BERT, (T·h, T·i, B·heads·S², T) bytes per layer: post-LN blocks, exact GELU, dropout masks, CPU sdpa's scores
 _BERT_LAYER = {"fp32": (40, 8, 12, 16), "bf16-pure": (26, 4, 12, 8), "mixed": (34, 4, 12, 16)}
 # BERT with its masked-LM head, (T·h, T·V, T, S, 1) outside the layers
@@ -594,6 +632,7 @@ _RECIPES = {
     "Qwen2-MoE": _Recipe(("qwen2_moe",), ("ForCausalLM",), _variant(_llama_style, "qwen2_moe")),
     "GPT-2": _Recipe(GPT2_STYLE, ("LMHeadModel",), _gpt2_style),
     "GPT-NeoX": _Recipe(("gpt_neox",), ("ForCausalLM",), _neox_style),
+    "GPT-J": _Recipe(("gptj",), ("ForCausalLM",), _gptj_style),
     "BERT masked LM": _Recipe(BERT_STYLE, ("ForMaskedLM",), _bert_style),
     "RoBERTa masked LM": _Recipe(("roberta",), ("ForMaskedLM",), _variant(_bert_style, "roberta")),
     "DistilBERT masked LM": _Recipe(("distilbert",), ("ForMaskedLM",), _variant(_bert_style, "distilbert")),
