@@ -40,6 +40,7 @@ class Family:
     layer_terms: tuple[tuple[str, Callable[[dict], int]], ...]
     outside_terms: tuple[tuple[str, Callable[[dict], int]], ...]
     period: int = 1  # layers that repeat as a unit (Gemma-2 alternates sliding and full attention)
+    per_period: bool = False  # fit a whole period's bytes rather than the average layer's
     decoder_key: str | None = None  # encoder-decoders: the decoder's layer count; its layers are fitted apart
     layers_key: str | None = None  # the config's layer count, where not n_layer, n_layers, num_layers or num_hidden_layers
 
@@ -272,6 +273,12 @@ def _gptj_config(d):  # gpt-j-6b: no dropout, the unfused tanh GELU, parallel at
                 n_positions=256, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0, eos_token_id=0)
 
 
+def _modernbert_config(d):  # ModernBERT: a global layer every 3, local ones attend ±8 tokens here (±64 in -base)
+    return dict(hidden_size=d["h"], num_attention_heads=d["heads"], intermediate_size=d["i"], vocab_size=d["V"],
+                num_hidden_layers=3, global_attn_every_n_layers=3, local_attention=16, max_position_embeddings=256,
+                pad_token_id=0, bos_token_id=0, eos_token_id=0, cls_token_id=0, sep_token_id=0)
+
+
 FAMILIES = {
     "llama": Family("LlamaForCausalLM", "model.layers", _llama_config, _llama_dims(), _DECODER_LAYER,
                     _DECODER_OUTSIDE),
@@ -307,6 +314,16 @@ FAMILIES = {
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]),
                     ("S·rd", lambda d: d["S"] * d["rd"]), ("T·rd", lambda d: _T(d) * d["rd"]), ("T", _T),
                     ("S", lambda d: d["S"]), ("1", lambda d: 1))),
+    "modernbert": Family("ModernBertForMaskedLM", "model.layers", _modernbert_config,
+                         _bert_dims() + tuple(dict(d, B=d["B"] + 1, S=d["S"] + 8) for d in _bert_dims()[:4]),
+                         (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]),
+                          ("T·heads", lambda d: _T(d) * d["heads"]), ("T", _T), ("B·S²", lambda d: d["B"] * d["S"] ** 2),
+                          ("S·h/heads", lambda d: d["S"] * d["h"] // d["heads"]), _SCORES),
+                         (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),
+                          ("S", lambda d: d["S"]), ("B·S²", lambda d: d["B"] * d["S"] ** 2),
+                          ("S·h/heads", lambda d: d["S"] * d["h"] // d["heads"]), ("S²", lambda d: d["S"] ** 2),
+                          ("1", lambda d: 1)), period=3,
+                         per_period=True),
     "phi3": Family("Phi3ForCausalLM", "model.layers", _phi3_config, _phi3_dims(), _PHI3_LAYER, _DECODER_OUTSIDE),
     "gpt2": Family("GPT2LMHeadModel", "transformer.h", _gpt2_config, _gpt2_dims(),
                    (("T·h", lambda d: _T(d) * d["h"]), _SCORES, ("T", _T)),
@@ -393,6 +410,8 @@ def measure(family: Family, dims: dict, kind: str) -> tuple[int, ...]:
         encoder, decoder = saved(3, 2) - start, saved(2, 3) - start
         return encoder, decoder, start - 2 * encoder - 2 * decoder
     low, high = saved(base), saved(more)
+    if family.per_period:  # layers of several kinds: the bytes of one whole period
+        return high - low, low - 2 * (high - low)
     if (high - low) % family.period:
         raise SystemExit(f"{family.cls}: {family.period} layers add {high - low} B, not a multiple")
     layer = (high - low) // family.period  # the average over the period

@@ -90,6 +90,7 @@ def test_formats_and_layouts_from_facts_equal_the_build(preset, options):
     ("pythia-1.4b", TrainingOptions(seq=2048, batch=4)),
     ("gpt-neox-20b", TrainingOptions(seq=1024, devices=8, zero="2")),
     ("gpt-j-6b", TrainingOptions(seq=2048, grad_checkpointing="full", precision="bf16-pure")),
+    ("modernbert-base", TrainingOptions(seq=8192, batch=2)),
     ("roberta-large", TrainingOptions(seq=512, batch=8)),
     ("distilbert-base-uncased", TrainingOptions(seq=512, grad_checkpointing="full")),
     ("electra-base-discriminator", TrainingOptions(seq=512, precision="bf16-pure")),

@@ -138,6 +138,7 @@ def _truncated(preset: str, layers: int = 2) -> dict:
     ("gemma-2-2b", "Gemma-2 decoder"), ("gemma-2-9b", "Gemma-2 decoder"),  # eager attention, fitted there
     ("mixtral-8x7b", "Mixtral (sparse MoE)"), ("qwen1.5-moe-a2.7b", "Qwen2-MoE"),  # routed (and shared) experts
     ("gpt-j-6b", "GPT-J"),  # partial rotary, parallel attention and MLP
+    ("modernbert-base", "ModernBERT masked LM"),  # global and local layers (the local ones keep their masks)
 ])
 @pytest.mark.parametrize("precision, checkpointing, batch, seq", [
     ("fp32", "none", 2, 512),
@@ -321,6 +322,14 @@ def test_a_sliding_window_the_sequence_fills_is_in_the_recipe(preset, change, pr
     _, analytic = estimate_training(config, options)
     assert ("whose sliding window the sequence fills" if checkpointing == "none" else
             "the sliding-window mask and positions") in analytic.activations.arithmetic
+
+
+@pytest.mark.parametrize("seq, checkpointing", [(32, "none"), (63, "none"), (64, "none"), (40, "full"), (96, "full")])
+def test_modernbert_local_masks_exist_once_the_sequence_fills_the_window(seq, checkpointing):
+    """ModernBERT-base's local layers attend ±64 tokens: a shorter sequence needs no mask."""
+    _, estimate = estimate_training(_truncated("modernbert-base", layers=4), TrainingOptions(
+        batch=2, seq=seq, precision="bf16-mixed", grad_checkpointing=checkpointing, trace=True))
+    assert abs(estimate.training.analytic_activations - estimate.activations.bytes) <= 16
 
 
 @pytest.mark.parametrize("layers, batch, seq", [(3, 1, 2048), (2, 2, 1024), (3, 3, 256)])

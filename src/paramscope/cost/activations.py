@@ -40,6 +40,9 @@ kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. Bytes saved 
         8·T; decoder layer 48·T·h + 32·T·inner + 12·T·i (44, 28, 6; 36, 28, 6) + 24·B·heads·S² + 12·T + S² (its
         causal mask). Checkpointed, T5 keeps the position biases its layers are recomputed from (12·heads·S² fp32,
         10 mixed, 6 bf16-pure) outside the layers.
+    ModernBERT (pre-LN, GeGLU, RoPE, no dropout; global and local layers), per layer: 40·T·h + 16·T·i (fp32),
+        24·T·h + 8·T·i (mixed), 20·T·h + 8·T·i (bf16-pure), + 4·T·heads + 16·T (8); each local layer keeps its
+        sliding-window mask, 4·B·S² (2 in 16 bits), once the sequence fills the window.
     ALBERT (albert-base-v2: one shared layer a pass, no dropout, unfused tanh GELU), per pass: 32·T·h + 20·T·i
         (fp32), 16·T·h + 10·T·i (mixed, bf16-pure), + 4·T·heads + 16·T (8).
     BART (post-LN, exact GELU, dropout everywhere; each side at S tokens): encoder layer 40·T·h + 12·T·i (fp32;
@@ -465,6 +468,57 @@ def _bert_style(config: Any, kind: str, batch: int, seq: int, variant: str = "be
                    loss_tv)
 
 
+# ModernBERT (pre-LN without biases, GeGLU, RoPE, no dropout; a global layer every few, the others local), per
+# layer (T·h, T·i, T·heads, T), ·B·S² per local layer (its sliding-window mask, which sdpa keeps), and outside
+# (T·h, T·V, T, S·hd)
+_MODERNBERT_LAYER = {"fp32": (40, 16, 4, 16), "mixed": (24, 8, 4, 16), "bf16-pure": (20, 8, 4, 8)}
+_MODERNBERT_MASK = {"fp32": 4, "mixed": 2, "bf16-pure": 2}
+_MODERNBERT_OUTSIDE = {"fp32": (20, 4, 24, 16), "mixed": (12, 4, 20, 16), "bf16-pure": (10, 4, 16, 8)}
+# checkpointed: the layers keep their input, and (·T·h, ·T) more outside with the S² mask they are recomputed from
+_MODERNBERT_CHECKPOINTED = {"fp32": (4, 8), "mixed": (4, 8), "bf16-pure": (2, 4)}
+
+
+def _modernbert_style(config: Any, kind: str, batch: int, seq: int) -> _Layout | str:
+    from .kv_cache import config_int
+
+    h = config_int(config, "hidden_size")
+    heads = config_int(config, "num_attention_heads")
+    inner = config_int(config, "intermediate_size")
+    vocab = config_int(config, "vocab_size")
+    layers = config_int(config, "num_hidden_layers")
+    window = config_int(config, "sliding_window")
+    types = getattr(config, "layer_types", None)
+    if None in (h, heads, inner, vocab, layers, window) or not isinstance(types, (list, tuple)):
+        return _missing(hidden_size=h, num_attention_heads=heads, intermediate_size=inner, vocab_size=vocab,
+                        num_hidden_layers=layers, sliding_window=window,
+                        layer_types=types if isinstance(types, (list, tuple)) else None)
+    if getattr(config, "hidden_activation", None) != "gelu":
+        return f"the activation {getattr(config, 'hidden_activation', None)!r} (fitted: gelu)"
+    if _first_positive(config, ("attention_dropout", "mlp_dropout", "embedding_dropout")):
+        return "dropout (fitted without, as ModernBERT-base)"
+    # the local layers' mask exists once the sequence fills the window (shorter, every token sees every other)
+    local = sum(kind_ == "sliding_attention" for kind_ in types) if seq >= window else 0
+    tokens = batch * seq
+    per_h, per_i, per_heads, per_t = _MODERNBERT_LAYER[kind]
+    per_token = per_h * h + per_i * inner + per_heads * heads + per_t
+    layer = tokens * per_token
+    mask = _MODERNBERT_MASK[kind]
+    stack = layers * layer + local * mask * batch * seq * seq
+    layer_text = f"{tokens:,} tokens × {per_token:,} B ({per_h}h + {per_i}i + {per_heads}·heads + {per_t}) = " \
+                 f"{layer:,} B each"
+    th, tv, t, shd = _MODERNBERT_OUTSIDE[kind]
+    outside = th * tokens * h + tv * tokens * vocab + t * tokens + shd * seq * (h // heads)
+    more_th, more_t = _MODERNBERT_CHECKPOINTED[kind]
+    mask_kept = seq * seq if local else 0
+    kept = outside + more_th * tokens * h + more_t * tokens + mask_kept
+    kept_text = f"{th + more_th}·T·h + {tv}·T·V + {t + more_t}·T + {shd}·S·hd" + \
+        (" + the mask the layers are recomputed from S²" if mask_kept else "") + f" = {kept:,} B"
+    return _Layout(layer, layer_text, outside, f"{th}·T·h + {tv}·T·V + {t}·T + {shd}·S·hd = {outside:,} B", h, vocab,
+                   layers, checkpointed_outside=(kept, kept_text),
+                   stack=(stack, f"{layers} layers × {layer_text}" + (
+                       f"; the {local} local layers' sliding-window masks {mask}·B·S² each" if local else "")))
+
+
 # ALBERT (albert-base-v2's layout: one shared layer a pass, no dropout, the unfused tanh GELU, embeddings of width e
 # projected up), (T·h, T·i, T·heads, T) per pass and (T·h, T·e, T·V, T, S, 1) outside
 _ALBERT_LAYER = {"fp32": (32, 20, 4, 16), "bf16-pure": (16, 10, 4, 8), "mixed": (16, 10, 4, 8)}
@@ -637,6 +691,7 @@ _RECIPES = {
     "RoBERTa masked LM": _Recipe(("roberta",), ("ForMaskedLM",), _variant(_bert_style, "roberta")),
     "DistilBERT masked LM": _Recipe(("distilbert",), ("ForMaskedLM",), _variant(_bert_style, "distilbert")),
     "T5 (v1)": _Recipe(("t5",), ("ForConditionalGeneration",), _t5_style),
+    "ModernBERT masked LM": _Recipe(("modernbert",), ("ForMaskedLM",), _modernbert_style),
     "ALBERT masked LM": _Recipe(("albert",), ("ForMaskedLM",), _albert_style),
     "BART": _Recipe(("bart",), ("ForConditionalGeneration",), _bart_style),
     "BART (bare, trained on its output's sum)": _Recipe(("bart",), ("BartModel",), _variant(_bart_style, "model")),
