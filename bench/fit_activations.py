@@ -1,4 +1,4 @@
-"""Fit the analytic activation recipes (src/paramscope/cost/activations.py) to the traced engine, exactly.
+"""Fit the analytic activation recipes (src/paramscope/cost/activations/) to the traced engine, exactly.
 
     python bench/fit_activations.py [--checkpointing] [FAMILY ...]     # default: every family below
 

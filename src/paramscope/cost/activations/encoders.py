@@ -1,0 +1,158 @@
+"""Encoder recipes: BERT, RoBERTa, DistilBERT, ELECTRA's discriminator, ModernBERT, ALBERT (masked LMs).
+
+    BERT masked LM (post-LN, exact GELU, dropout), per layer: 40·T·h + 8·T·i (fp32), 26·T·h + 4·T·i (bf16-pure),
+        34·T·h + 4·T·i (mixed), + 12·B·heads·S² + 16·T (8 in bf16-pure).
+    ModernBERT (pre-LN, GeGLU, RoPE, no dropout; global and local layers), per layer: 40·T·h + 16·T·i (fp32),
+        24·T·h + 8·T·i (mixed), 20·T·h + 8·T·i (bf16-pure), + 4·T·heads + 16·T (8); each local layer keeps its
+        sliding-window mask, 4·B·S² (2 in 16 bits), once the sequence fills the window.
+    ALBERT (albert-base-v2: one shared layer a pass, no dropout, unfused tanh GELU), per pass: 32·T·h + 20·T·i
+        (fp32), 16·T·h + 10·T·i (mixed, bf16-pure), + 4·T·heads + 16·T (8).
+    RoBERTa and ELECTRA's discriminator: BERT's layers; outside, RoBERTa counts positions from the ids and
+        ELECTRA has one logit a token. DistilBERT: 36·T·h (fp32), 24 (bf16-pure), 32 (mixed), the rest as BERT.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .layout import Layout, attention_dropout, first_positive, hidden_dropout, missing
+
+BERT_STYLE = ("bert",)
+
+
+# BERT, (T·h, T·i, B·heads·S², T) bytes per layer: post-LN blocks, exact GELU, dropout masks, CPU sdpa's scores
+_BERT_LAYER = {"fp32": (40, 8, 12, 16), "bf16-pure": (26, 4, 12, 8), "mixed": (34, 4, 12, 16)}
+# BERT with its masked-LM head, (T·h, T·V, T, S, 1) outside the layers
+_BERT_OUTSIDE = {"fp32": (24, 4, 24, 8, 8), "bf16-pure": (12, 2, 16, 8, 4), "mixed": (16, 4, 20, 8, 8)}
+# Encoders of BERT's layout, as fitted: (·T·h per layer by kind, the outside terms (T·h, T·V, T, S, 1) by kind)
+# where they differ from BERT masked LM's
+_ENCODER_VARIANTS = {
+    "bert": ({}, {}),
+    # positions counted from the input ids (int64 masks and cumulative sums, 16·T), no position-id buffer slice
+    "roberta": ({}, {"fp32": (24, 4, 40, 0, 8), "bf16-pure": (12, 2, 32, 0, 4), "mixed": (16, 4, 36, 0, 8)}),
+    # DistilBERT: no token types, its attention keeps 4·T·h less (2 in bf16-pure); no position-id slice
+    "distilbert": ({"fp32": 36, "bf16-pure": 24, "mixed": 32},
+                   {"fp32": (24, 4, 24, 0, 8), "bf16-pure": (12, 2, 16, 0, 4), "mixed": (16, 4, 20, 0, 8)}),
+    # ELECTRA's discriminator: a token-level real/replaced logit, no vocabulary-wide logits
+    "electra": ({}, {"fp32": (20, 0, 16, 8, 4), "bf16-pure": (10, 0, 10, 8, 4), "mixed": (14, 0, 16, 8, 4)}),
+}
+
+
+def bert_style(config: Any, kind: str, batch: int, seq: int, variant: str = "bert") -> Layout | str:
+    from ..kv_cache import config_int
+
+    h = config_int(config, "hidden_size", "dim")
+    heads = config_int(config, "num_attention_heads", "n_heads")
+    inner = config_int(config, "intermediate_size", "hidden_dim")
+    vocab = config_int(config, "vocab_size")
+    layers = config_int(config, "num_hidden_layers", "n_layers")
+    # the fitted layout has dropout on the attention probabilities and the layers' outputs (masks, and sdpa's
+    # math kernel with its S² scores); without it the step is traced
+    if None in (h, heads, inner, vocab, layers):
+        return missing(hidden_size=h, num_attention_heads=heads, intermediate_size=inner, vocab_size=vocab,
+                        num_hidden_layers=layers)
+    if not attention_dropout(config) or not hidden_dropout(config):
+        return "no attention or hidden dropout (fitted with both)"
+    layer_h, outside = _ENCODER_VARIANTS[variant]
+    if variant == "electra" and config_int(config, "embedding_size") not in (None, h):
+        return "embeddings narrower than the layers, projected up (ELECTRA-small's)"
+    tokens = batch * seq
+    per_h, per_i, per_score, per_t = _BERT_LAYER[kind]
+    per_h = layer_h.get(kind, per_h)
+    layer = per_h * tokens * h + per_i * tokens * inner + per_score * batch * heads * seq * seq + per_t * tokens
+    th, tv, t, s, one = outside.get(kind, _BERT_OUTSIDE[kind])
+    loss_vocab = vocab if tv else 1  # ELECTRA's loss is over one logit a token
+    outside_bytes = th * tokens * h + tv * tokens * vocab + t * tokens + s * seq + one
+    # bf16 logits go to the loss as they are (Llama and GPT-2 upcast them): a bf16 log-softmax and its gradient
+    loss_tv = (2, 4) if kind == "bf16-pure" and tv else (0, 0)
+    return Layout(layer, f"({per_h}·T·h + {per_i}·T·i + {per_score}·B·heads·S² + {per_t}·T) = {layer:,} B each",
+                   outside_bytes,
+                   f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S + {one} = {outside_bytes:,} B", h, loss_vocab, layers,
+                   loss_tv)
+
+
+# ModernBERT (pre-LN without biases, GeGLU, RoPE, no dropout; a global layer every few, the others local), per
+# layer (T·h, T·i, T·heads, T), ·B·S² per local layer (its sliding-window mask, which sdpa keeps), and outside
+# (T·h, T·V, T, S·hd)
+_MODERNBERT_LAYER = {"fp32": (40, 16, 4, 16), "mixed": (24, 8, 4, 16), "bf16-pure": (20, 8, 4, 8)}
+_MODERNBERT_MASK = {"fp32": 4, "mixed": 2, "bf16-pure": 2}
+_MODERNBERT_OUTSIDE = {"fp32": (20, 4, 24, 16), "mixed": (12, 4, 20, 16), "bf16-pure": (10, 4, 16, 8)}
+# checkpointed: the layers keep their input, and (·T·h, ·T) more outside with the S² mask they are recomputed from
+_MODERNBERT_CHECKPOINTED = {"fp32": (4, 8), "mixed": (4, 8), "bf16-pure": (2, 4)}
+
+
+def modernbert_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
+    from ..kv_cache import config_int
+
+    h = config_int(config, "hidden_size")
+    heads = config_int(config, "num_attention_heads")
+    inner = config_int(config, "intermediate_size")
+    vocab = config_int(config, "vocab_size")
+    layers = config_int(config, "num_hidden_layers")
+    window = config_int(config, "sliding_window")
+    types = getattr(config, "layer_types", None)
+    if None in (h, heads, inner, vocab, layers, window) or not isinstance(types, (list, tuple)):
+        return missing(hidden_size=h, num_attention_heads=heads, intermediate_size=inner, vocab_size=vocab,
+                        num_hidden_layers=layers, sliding_window=window,
+                        layer_types=types if isinstance(types, (list, tuple)) else None)
+    if getattr(config, "hidden_activation", None) != "gelu":
+        return f"the activation {getattr(config, 'hidden_activation', None)!r} (fitted: gelu)"
+    if first_positive(config, ("attention_dropout", "mlp_dropout", "embedding_dropout")):
+        return "dropout (fitted without, as ModernBERT-base)"
+    # the local layers' mask exists once the sequence fills the window (shorter, every token sees every other)
+    local = sum(kind_ == "sliding_attention" for kind_ in types) if seq >= window else 0
+    tokens = batch * seq
+    per_h, per_i, per_heads, per_t = _MODERNBERT_LAYER[kind]
+    per_token = per_h * h + per_i * inner + per_heads * heads + per_t
+    layer = tokens * per_token
+    mask = _MODERNBERT_MASK[kind]
+    stack = layers * layer + local * mask * batch * seq * seq
+    layer_text = f"{tokens:,} tokens × {per_token:,} B ({per_h}h + {per_i}i + {per_heads}·heads + {per_t}) = " \
+                 f"{layer:,} B each"
+    th, tv, t, shd = _MODERNBERT_OUTSIDE[kind]
+    outside = th * tokens * h + tv * tokens * vocab + t * tokens + shd * seq * (h // heads)
+    more_th, more_t = _MODERNBERT_CHECKPOINTED[kind]
+    mask_kept = seq * seq if local else 0
+    kept = outside + more_th * tokens * h + more_t * tokens + mask_kept
+    kept_text = f"{th + more_th}·T·h + {tv}·T·V + {t + more_t}·T + {shd}·S·hd" + \
+        (" + the mask the layers are recomputed from S²" if mask_kept else "") + f" = {kept:,} B"
+    return Layout(layer, layer_text, outside, f"{th}·T·h + {tv}·T·V + {t}·T + {shd}·S·hd = {outside:,} B", h, vocab,
+                   layers, checkpointed_outside=(kept, kept_text),
+                   stack=(stack, f"{layers} layers × {layer_text}" + (
+                       f"; the {local} local layers' sliding-window masks {mask}·B·S² each" if local else "")))
+
+
+# ALBERT (albert-base-v2's layout: one shared layer a pass, no dropout, the unfused tanh GELU, embeddings of width e
+# projected up), (T·h, T·i, T·heads, T) per pass and (T·h, T·e, T·V, T, S, 1) outside
+_ALBERT_LAYER = {"fp32": (32, 20, 4, 16), "bf16-pure": (16, 10, 4, 8), "mixed": (16, 10, 4, 8)}
+_ALBERT_OUTSIDE = {"fp32": (4, 32, 4, 24, 8, 8), "bf16-pure": (2, 16, 2, 16, 8, 4), "mixed": (2, 18, 4, 20, 8, 8)}
+
+
+def albert_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
+    from ..kv_cache import config_int
+
+    h = config_int(config, "hidden_size")
+    e = config_int(config, "embedding_size")
+    heads = config_int(config, "num_attention_heads")
+    inner = config_int(config, "intermediate_size")
+    vocab = config_int(config, "vocab_size")
+    layers = config_int(config, "num_hidden_layers")
+    if None in (h, e, heads, inner, vocab, layers):
+        return missing(hidden_size=h, embedding_size=e, num_attention_heads=heads, intermediate_size=inner,
+                        vocab_size=vocab, num_hidden_layers=layers)
+    if getattr(config, "hidden_act", None) != "gelu_new":
+        return f"the activation {getattr(config, 'hidden_act', None)!r} (fitted: gelu_new)"
+    if config_int(config, "inner_group_num") != 1:
+        return "more than one layer in a group"
+    if attention_dropout(config) or hidden_dropout(config):
+        return "dropout (fitted without, as albert-base-v2)"
+    tokens = batch * seq
+    per_h, per_i, per_heads, per_t = _ALBERT_LAYER[kind]
+    per_token = per_h * h + per_i * inner + per_heads * heads + per_t
+    th, te, tv, t, s, one = _ALBERT_OUTSIDE[kind]
+    outside = th * tokens * h + te * tokens * e + tv * tokens * vocab + t * tokens + s * seq + one
+    loss_tv = (2, 4) if kind == "bf16-pure" else (0, 0)  # bf16 logits go to the loss as they are (as BERT's)
+    return Layout(tokens * per_token, f"{tokens:,} tokens × {per_token:,} B ({per_h}h + {per_i}i + {per_heads}·heads"
+                   f" + {per_t}) = {tokens * per_token:,} B each pass",
+                   outside, f"{th}·T·h + {te}·T·e + {tv}·T·V + {t}·T + {s}·S + {one} = {outside:,} B", h, vocab,
+                   layers, loss_tv)

@@ -1,0 +1,183 @@
+"""The recipes by name, and one training step's activations and moments from the layout a recipe gives.
+
+Outside the layers: the embedding output and final norm, the fp32 logits 4·T·V, RoPE's cos and sin, positions and
+loss indices; mixed precision adds the 16-bit copies autocast keeps of every matmul weight (2 B each). With full
+gradient checkpointing a layer saves only its input (T·h × size) and is recomputed, one at a time, in backward;
+the checkpointed layers' weight copies are not kept.
+
+The peak is the largest of the step's moments, not the sum of its parts (R = weights + buffers + optimizer states):
+- end of forward: R + saved + the loss's log-softmax (4·T·V; 6·T·V when the logits are 16-bit and upcast);
+- start of backward: R + saved + the logits' gradient and log-softmax (8·T·V; 4·T·V for BERT in bf16-pure, which
+  takes the loss in bf16);
+- last layer recomputed (checkpointing): R + saved − the freed logits + one layer + its gradients;
+- end of backward: R + gradients + the embedding output's gradient (a tied embedding's gradient arrives twice);
+- optimizer step: R + gradients (fused AdamW and foreach SGD keep no step-sized temporaries).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .decoders import LLAMA_STYLE, llama_style
+from .deepseek import deepseek_style
+from .encoders import BERT_STYLE, albert_style, bert_style, modernbert_style
+from .gpt import GPT2_STYLE, gpt2_style, gptj_style, neox_style
+from .layout import Layout
+from .seq2seq import bart_style, t5_style
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    model_types: tuple[str, ...]
+    heads: tuple[str, ...]  # the class must end with one: the head carries the loss the recipe counts
+    layout: Any  # (config, kind, batch, seq) → Layout | None
+    attention: str = "sdpa"  # the implementation it was fitted at (flash runs as sdpa here)
+
+
+def _variant(function: Any, variant: str) -> Any:
+    return lambda config, kind, batch, seq: function(config, kind, batch, seq, variant=variant)
+
+
+_RECIPES = {
+    "Llama-style decoder": _Recipe(LLAMA_STYLE, ("ForCausalLM",), llama_style),
+    "Gemma decoder": _Recipe(("gemma",), ("ForCausalLM",), _variant(llama_style, "gemma")),
+    "Gemma-2 decoder": _Recipe(("gemma2",), ("ForCausalLM",), _variant(llama_style, "gemma2"), "eager"),
+    "Phi-3 decoder": _Recipe(("phi3",), ("ForCausalLM",), _variant(llama_style, "phi3")),
+    "Mixtral (sparse MoE)": _Recipe(("mixtral",), ("ForCausalLM",), _variant(llama_style, "mixtral")),
+    "DeepSeek-V3 (MLA, MoE)": _Recipe(("deepseek_v3",), ("ForCausalLM",), deepseek_style),
+    "Qwen2-MoE": _Recipe(("qwen2_moe",), ("ForCausalLM",), _variant(llama_style, "qwen2_moe")),
+    "GPT-2": _Recipe(GPT2_STYLE, ("LMHeadModel",), gpt2_style),
+    "GPT-NeoX": _Recipe(("gpt_neox",), ("ForCausalLM",), neox_style),
+    "GPT-J": _Recipe(("gptj",), ("ForCausalLM",), gptj_style),
+    "BERT masked LM": _Recipe(BERT_STYLE, ("ForMaskedLM",), bert_style),
+    "RoBERTa masked LM": _Recipe(("roberta",), ("ForMaskedLM",), _variant(bert_style, "roberta")),
+    "DistilBERT masked LM": _Recipe(("distilbert",), ("ForMaskedLM",), _variant(bert_style, "distilbert")),
+    "T5 (v1)": _Recipe(("t5",), ("ForConditionalGeneration",), t5_style),
+    "ModernBERT masked LM": _Recipe(("modernbert",), ("ForMaskedLM",), modernbert_style),
+    "ALBERT masked LM": _Recipe(("albert",), ("ForMaskedLM",), albert_style),
+    "BART": _Recipe(("bart",), ("ForConditionalGeneration",), bart_style),
+    "BART (bare, trained on its output's sum)": _Recipe(("bart",), ("BartModel",), _variant(bart_style, "model")),
+    "ELECTRA discriminator": _Recipe(("electra",), ("ForPreTraining",), _variant(bert_style, "electra")),
+}
+
+
+@dataclass(frozen=True)
+class Moment:
+    phase: str  # "forward" | "backward" | "optimizer step"
+    where: str  # "end of forward", "start of backward", …
+    bytes: int  # beyond the resident weights, buffers and optimizer states
+    arithmetic: str
+
+
+@dataclass(frozen=True)
+class TrainingActivations:
+    recipe: str  # "Llama-style decoder"
+    saved: int  # bytes the forward leaves for backward
+    saved_arithmetic: str
+    per_layer: int  # saved per layer
+    layers: int
+    logits: int  # the fp32 logits, 4·T·V
+    moments: tuple[Moment, ...]  # candidate peaks; the gradients' moments are added by the caller
+
+
+def recipe_for(config: Any, class_name: str) -> str | None:
+    """The recipe covering this config's layout built as `class_name`, or None."""
+    model_type = getattr(config, "model_type", None)
+    return next((name for name, recipe in _RECIPES.items()
+                 if model_type in recipe.model_types and class_name.endswith(recipe.heads)), None)
+
+
+def recipe_attention(recipe: str) -> str:
+    """The attention implementation a recipe was fitted at: "sdpa" (flash too) or "eager"."""
+    return _RECIPES[recipe].attention
+
+
+def recipe_declines(config: Any, class_name: str, *, batch: int, seq: int, precision: str,
+                    checkpointing: bool) -> str | None:
+    """What of this config (or step) its recipe was not fitted for, in words; None when the recipe answers or
+    there is none."""
+    layout = _layout(config, class_name, batch, seq, precision, checkpointing)
+    return layout if isinstance(layout, str) else None
+
+
+def _kind(precision: str) -> str:
+    return "fp32" if precision == "fp32" else "bf16-pure" if precision == "bf16-pure" else "mixed"
+
+
+def _layout(config: Any, class_name: str, batch: int, seq: int, precision: str,
+            checkpointing: bool) -> Layout | str | None:
+    recipe = recipe_for(config, class_name)
+    if recipe is None:
+        return None
+    layout = _RECIPES[recipe].layout(config, _kind(precision), batch, seq)
+    if isinstance(layout, Layout) and checkpointing and not layout.checkpointing:
+        # checkpointed layers keep more than their input here (T5: masks and biases)
+        return "gradient checkpointing (its checkpointed layers keep more than their inputs)"
+    return layout
+
+
+def missing(**fields: Any) -> str:
+    return "a config without " + ", ".join(name for name, value in fields.items() if value is None)
+
+
+def training_activations(config: Any, class_name: str, *, batch: int, seq: int, precision: str,
+                         checkpointing: bool, cast_weights: int = 0, cast_head: int = 0) -> TrainingActivations | None:
+    """The analytic activations of one training step, or None when no recipe covers the config's layout.
+
+    `cast_weights`: elements of the matmul weights autocast copies to 16 bits (mixed precision only), of which
+    `cast_head` are outside the repeated layers (the heads'). Checkpointed layers do not keep their copies for backward (autocast's
+    cache is dropped as the forward leaves it, and the recomputation casts again); the head's copy is kept."""
+    layout = _layout(config, class_name, batch, seq, precision, checkpointing)
+    if not isinstance(layout, Layout):
+        return None
+    recipe = recipe_for(config, class_name)
+    kind = _kind(precision)
+    tokens, h, vocab, layers = batch * seq, layout.hidden, layout.vocab, layout.layers
+    if checkpointing:
+        size = 2 if kind == "bf16-pure" else 4
+        per_layer = size * tokens * h
+        layer_text = f"the layer's input, {size}·T·h = {per_layer:,} B each (recomputed in backward)"
+    else:
+        per_layer, layer_text = layout.layer, layout.layer_text
+    outside, outside_text = layout.checkpointed_outside if checkpointing and layout.checkpointed_outside else \
+        (layout.outside, layout.outside_text)
+    kept_casts = (cast_head if checkpointing else cast_weights) if kind == "mixed" else 0
+    casts = 2 * kept_casts
+    if layout.stack is not None and not checkpointing:
+        stack, stack_text = layout.stack
+    else:
+        stack, stack_text = layers * per_layer, f"{layers} layers × {layer_text}"
+    saved = stack + outside + casts
+    text = (f"{stack_text}; outside the layers {outside_text}"
+            + (f"; autocast's 16-bit weights 2 × {kept_casts:,}" if casts else ""))
+    logits = 4 * tokens * vocab
+    forward_tv, backward_tv = layout.loss_tv if layout.loss_tv != (0, 0) else (4 if kind == "fp32" else 6, 8)
+    forward_extra = forward_tv * tokens * vocab
+    in_flight = 2 * (cast_weights - kept_casts) if kind == "mixed" else 0  # layer copies alive until the forward ends
+    if not vocab:  # a bare model trains on its output's sum: no logits, no loss buffers (the sum's gradient is a view)
+        moments = [Moment("forward", "end of forward", saved + in_flight, f"saved {saved:,}" + (
+            f" + the layers' 16-bit weight copies 2 × {cast_weights - kept_casts:,}" if in_flight else ""))]
+        return TrainingActivations(recipe, saved, text, per_layer, layers, 0, tuple(moments))
+    moments = [
+        Moment("forward", "end of forward", saved + forward_extra + in_flight,
+               f"saved {saved:,} + the loss's log-softmax {forward_extra // (tokens * vocab)}·T·V"
+               + (f" + the layers' 16-bit weight copies 2 × {cast_weights - kept_casts:,}" if in_flight else "")),
+        Moment("backward", "start of backward", saved + backward_tv * tokens * vocab,
+               f"saved {saved:,} + the logits' gradient and log-softmax {backward_tv}·T·V = "
+               f"{backward_tv * tokens * vocab:,}"),
+    ]
+    if checkpointing:
+        recompute = saved - 4 * tokens * vocab + layout.layer + 8 * tokens * h
+        moments.append(Moment("backward", "last layer recomputed", recompute,
+                              f"saved {saved:,} − the freed fp32 logits 4·T·V + one layer's activations "
+                              f"{layout.layer:,} + its output and input gradients 8·T·h"))
+    return TrainingActivations(recipe, saved, text, per_layer, layers, logits, tuple(moments))
+
+
+def embedding_gradient(config: Any, *, batch: int, seq: int, precision: str) -> int:
+    """The gradient of the embedding's output, live as backward ends."""
+    from ..kv_cache import config_int
+
+    h = config_int(config, "hidden_size", "n_embd") or 0
+    return (2 if precision == "bf16-pure" else 4) * batch * seq * h + 8
