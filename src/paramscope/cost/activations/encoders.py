@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layout import Layout, attention_dropout, first_positive, hidden_dropout, missing
+from .layout import Layout, attention_dropout, config_dims, first_positive, hidden_dropout, missing
 
 BERT_STYLE = ("bert",)
 
@@ -41,16 +41,14 @@ _ENCODER_VARIANTS = {
 def bert_style(config: Any, kind: str, batch: int, seq: int, variant: str = "bert") -> Layout | str:
     from ..kv_cache import config_int
 
-    h = config_int(config, "hidden_size", "dim")
-    heads = config_int(config, "num_attention_heads", "n_heads")
-    inner = config_int(config, "intermediate_size", "hidden_dim")
-    vocab = config_int(config, "vocab_size")
-    layers = config_int(config, "num_hidden_layers", "n_layers")
+    dims = config_dims(config, h=("hidden_size", "dim"), heads=("num_attention_heads", "n_heads"),
+                       inner=("intermediate_size", "hidden_dim"), vocab="vocab_size",
+                       layers=("num_hidden_layers", "n_layers"))
+    if isinstance(dims, str):
+        return dims
+    h, heads, inner, vocab, layers = dims
     # the fitted layout has dropout on the attention probabilities and the layers' outputs (masks, and sdpa's
     # math kernel with its S² scores); without it the step is traced
-    if None in (h, heads, inner, vocab, layers):
-        return missing(hidden_size=h, num_attention_heads=heads, intermediate_size=inner, vocab_size=vocab,
-                        num_hidden_layers=layers)
     if not attention_dropout(config) or not hidden_dropout(config):
         return "no attention or hidden dropout (fitted with both)"
     layer_h, outside = _ENCODER_VARIANTS[variant]
@@ -131,15 +129,11 @@ _ALBERT_OUTSIDE = {"fp32": (4, 32, 4, 24, 8, 8), "bf16-pure": (2, 16, 2, 16, 8, 
 def albert_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
     from ..kv_cache import config_int
 
-    h = config_int(config, "hidden_size")
-    e = config_int(config, "embedding_size")
-    heads = config_int(config, "num_attention_heads")
-    inner = config_int(config, "intermediate_size")
-    vocab = config_int(config, "vocab_size")
-    layers = config_int(config, "num_hidden_layers")
-    if None in (h, e, heads, inner, vocab, layers):
-        return missing(hidden_size=h, embedding_size=e, num_attention_heads=heads, intermediate_size=inner,
-                        vocab_size=vocab, num_hidden_layers=layers)
+    dims = config_dims(config, h="hidden_size", e="embedding_size", heads="num_attention_heads",
+                       inner="intermediate_size", vocab="vocab_size", layers="num_hidden_layers")
+    if isinstance(dims, str):
+        return dims
+    h, e, heads, inner, vocab, layers = dims
     if getattr(config, "hidden_act", None) != "gelu_new":
         return f"the activation {getattr(config, 'hidden_act', None)!r} (fitted: gelu_new)"
     if config_int(config, "inner_group_num") != 1:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layout import Layout, attention_dropout, first_positive, hidden_dropout, missing
+from .layout import Layout, attention_dropout, config_dims, first_positive, hidden_dropout, missing
 
 GPT2_STYLE = ("gpt2",)
 
@@ -26,15 +26,12 @@ _GPT2_OUTSIDE = {"fp32": (12, 4, 24, 8), "bf16-pure": (6, 4, 20, 8), "mixed": (1
 
 
 def gpt2_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
-    from ..kv_cache import config_int
-
-    h = config_int(config, "n_embd", "hidden_size")
-    heads = config_int(config, "n_head", "num_attention_heads")
-    vocab = config_int(config, "vocab_size")
-    layers = config_int(config, "n_layer", "num_hidden_layers")
+    dims = config_dims(config, h=("n_embd", "hidden_size"), heads=("n_head", "num_attention_heads"),
+                       vocab="vocab_size", layers=("n_layer", "num_hidden_layers"))
+    if isinstance(dims, str):
+        return dims
+    h, heads, vocab, layers = dims
     inner = getattr(config, "n_inner", None)
-    if None in (h, heads, vocab, layers):
-        return missing(n_embd=h, n_head=heads, vocab_size=vocab, n_layer=layers)
     if inner not in (None, 4 * h):
         return f"an MLP width n_inner = {inner} other than 4 × n_embd"
     tokens = batch * seq
@@ -98,13 +95,10 @@ _GPTJ_OUTSIDE = {"fp32": (8, 4, 16), "mixed": (6, 4, 16), "bf16-pure": (4, 4, 12
 def gptj_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
     from ..kv_cache import config_int
 
-    h = config_int(config, "n_embd")
-    heads = config_int(config, "n_head")
-    rotary = config_int(config, "rotary_dim")
-    vocab = config_int(config, "vocab_size")
-    layers = config_int(config, "n_layer")
-    if None in (h, heads, rotary, vocab, layers):
-        return missing(n_embd=h, n_head=heads, rotary_dim=rotary, vocab_size=vocab, n_layer=layers)
+    dims = config_dims(config, h="n_embd", heads="n_head", rotary="rotary_dim", vocab="vocab_size", layers="n_layer")
+    if isinstance(dims, str):
+        return dims
+    h, heads, rotary, vocab, layers = dims
     inner = config_int(config, "n_inner") or 4 * h
     if getattr(config, "activation_function", None) != "gelu_new":
         return f"the activation {getattr(config, 'activation_function', None)!r} (fitted: gelu_new)"

@@ -30,6 +30,17 @@ class Layout:
 
 
 
+def config_dims(config: Any, **fields: str | tuple[str, ...]) -> tuple[int, ...] | str:
+    """The config's positive integers for `fields` (name → its key, or keys tried in order), in that order; or,
+    when any is unset, the words naming the first key of each missing one."""
+    from ..kv_cache import config_int
+
+    keys = {name: (key,) if isinstance(key, str) else key for name, key in fields.items()}
+    values = {name: config_int(config, *names) for name, names in keys.items()}
+    absent = [names[0] for name, names in keys.items() if values[name] is None]
+    return "a config without " + ", ".join(absent) if absent else tuple(values.values())
+
+
 def missing(**fields: Any) -> str:
     return "a config without " + ", ".join(name for name, value in fields.items() if value is None)
 

@@ -97,7 +97,7 @@ def recipe_declines(config: Any, class_name: str, *, batch: int, seq: int, preci
                     checkpointing: bool) -> str | None:
     """What of this config (or step) its recipe was not fitted for, in words; None when the recipe answers or
     there is none."""
-    layout = _layout(config, class_name, batch, seq, precision, checkpointing)
+    _, layout = _layout(config, class_name, batch, seq, precision, checkpointing)
     return layout if isinstance(layout, str) else None
 
 
@@ -106,19 +106,16 @@ def _kind(precision: str) -> str:
 
 
 def _layout(config: Any, class_name: str, batch: int, seq: int, precision: str,
-            checkpointing: bool) -> Layout | str | None:
+            checkpointing: bool) -> tuple[str | None, Layout | str | None]:
+    """(the recipe's name, its layout or what it was not fitted for); (None, None) without a recipe."""
     recipe = recipe_for(config, class_name)
     if recipe is None:
-        return None
+        return None, None
     layout = _RECIPES[recipe].layout(config, _kind(precision), batch, seq)
     if isinstance(layout, Layout) and checkpointing and not layout.checkpointing:
-        # checkpointed layers keep more than their input here (T5: masks and biases)
-        return "gradient checkpointing (its checkpointed layers keep more than their inputs)"
-    return layout
-
-
-def missing(**fields: Any) -> str:
-    return "a config without " + ", ".join(name for name, value in fields.items() if value is None)
+        # checkpointed layers keep more than their input here (the bare BartModel)
+        return recipe, "gradient checkpointing (its checkpointed layers keep more than their inputs)"
+    return recipe, layout
 
 
 def training_activations(config: Any, class_name: str, *, batch: int, seq: int, precision: str,
@@ -128,10 +125,9 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
     `cast_weights`: elements of the matmul weights autocast copies to 16 bits (mixed precision only), of which
     `cast_head` are outside the repeated layers (the heads'). Checkpointed layers do not keep their copies for backward (autocast's
     cache is dropped as the forward leaves it, and the recomputation casts again); the head's copy is kept."""
-    layout = _layout(config, class_name, batch, seq, precision, checkpointing)
+    recipe, layout = _layout(config, class_name, batch, seq, precision, checkpointing)
     if not isinstance(layout, Layout):
         return None
-    recipe = recipe_for(config, class_name)
     kind = _kind(precision)
     tokens, h, vocab, layers = batch * seq, layout.hidden, layout.vocab, layout.layers
     if checkpointing:
