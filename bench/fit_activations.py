@@ -178,6 +178,21 @@ def _electra_config(d):  # the discriminator: embeddings as wide as the layers (
 
 
 
+def _deberta_dims():  # P: position buckets (the relative embeddings are 2P wide), varied apart from S
+    more = (dict(h=128, heads=4, i=256, V=300, B=3, S=20), dict(h=96, heads=6, i=384, V=300, B=1, S=60),
+            dict(h=256, heads=2, i=200, V=300, B=2, S=24), dict(h=64, heads=4, i=128, V=300, B=4, S=36),
+            dict(h=192, heads=3, i=320, V=300, B=1, S=44), dict(h=160, heads=10, i=160, V=300, B=3, S=28))
+    return tuple(dict(d, P=p) for d, p in zip(_bert_dims() + more, (16, 32, 24, 64, 40, 8, 48, 20, 12, 28, 36, 6,
+                                                                      52, 18)))
+
+
+def _deberta_config(d):  # deberta-v3-base's layout: disentangled attention (c2p and p2c, shared keys), log buckets
+    return dict(hidden_size=d["h"], num_attention_heads=d["heads"], intermediate_size=d["i"], vocab_size=d["V"],
+                num_hidden_layers=2, max_position_embeddings=256, relative_attention=True, position_buckets=d["P"],
+                norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type=["p2c", "c2p"], max_relative_positions=-1,
+                position_biased_input=False, type_vocab_size=0, hidden_act="gelu", pad_token_id=0)
+
+
 def _neox_dims():  # rotary on a quarter of each head (Pythia, GPT-NeoX-20B)
     return tuple(dict(h=d["h"], heads=d["heads"], hd=d["h"] // d["heads"], rd=d["h"] // d["heads"] // 4, i=d["i"],
                       V=d["V"], B=d["B"], S=d["S"]) for d in _bert_dims())
@@ -385,6 +400,29 @@ FAMILIES = {
                          (("T·h", lambda d: _T(d) * d["h"]), ("T", _T), ("S", lambda d: d["S"]),
                           ("S²", lambda d: d["S"] ** 2), ("1", lambda d: 1)),
                          decoder_key="decoder_layers", layers_key="encoder_layers"),
+    # DeBERTa-v2/v3 (the preset's bare DebertaV2Model, trained on its output's sum): each layer projects the 2P
+    # relative embeddings through the shared query and key projections, repeated over the batch
+    "deberta_v2_model": Family("DebertaV2Model", "encoder.layer", _deberta_config, _deberta_dims(),
+                               (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES,
+                                ("T", _T), ("B·2P·h", lambda d: d["B"] * 2 * d["P"] * d["h"]),
+                                ("2P·h", lambda d: 2 * d["P"] * d["h"]), ("S²", lambda d: d["S"] ** 2),
+                                ("B·S²", lambda d: d["B"] * d["S"] ** 2),
+                                ("B·heads·S·2P", lambda d: d["B"] * d["heads"] * d["S"] * 2 * d["P"]), ("1", lambda d: 1)),
+                               (("T·h", lambda d: _T(d) * d["h"]), ("T", _T), ("2P·h", lambda d: 2 * d["P"] * d["h"]),
+                                ("2P", lambda d: 2 * d["P"]), ("S²", lambda d: d["S"] ** 2),
+                                ("B·S²", lambda d: d["B"] * d["S"] ** 2), ("S", lambda d: d["S"]), ("1", lambda d: 1))),
+    # DeBERTa-v2 masked LM (the legacy head: dense, GELU, norm, the tied decoder): the same layers
+    "deberta_v2_mlm": Family("DebertaV2ForMaskedLM", "deberta.encoder.layer", _deberta_config, _deberta_dims(),
+                             (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES,
+                              ("T", _T), ("B·2P·h", lambda d: d["B"] * 2 * d["P"] * d["h"]),
+                              ("2P·h", lambda d: 2 * d["P"] * d["h"]), ("S²", lambda d: d["S"] ** 2),
+                              ("B·S²", lambda d: d["B"] * d["S"] ** 2),
+                              ("B·heads·S·2P", lambda d: d["B"] * d["heads"] * d["S"] * 2 * d["P"]),
+                              ("1", lambda d: 1)),
+                             (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),
+                              ("2P·h", lambda d: 2 * d["P"] * d["h"]), ("2P", lambda d: 2 * d["P"]),
+                              ("S²", lambda d: d["S"] ** 2), ("B·S²", lambda d: d["B"] * d["S"] ** 2),
+                              ("S", lambda d: d["S"]), ("1", lambda d: 1))),
     "bert": Family("BertForMaskedLM", "bert.encoder.layer", _bert_config, _bert_dims(),
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("T", _T)),
                    (("T·h", lambda d: _T(d) * d["h"]), ("T·V", lambda d: _T(d) * d["V"]), ("T", _T),

@@ -324,6 +324,56 @@ def test_preset_prefill_peak_equals_memtracker(preset):
     assert memory.peak == traced
 
 
+# configs (B, S and the widths) at which each fitted family's prefill peaks at another moment (bench/fit_prefill.py
+# groups them by the op at the peak), in 16 bits and fp32: the analytic workspace is the largest, to the byte
+_PREFILL_MOMENTS = [
+    ("gpt2", {}, 2, 512, "the MLP's unfused GELU"),
+    ("gpt2", {"n_inner": 640}, 3, 48, "the MLP's unfused GELU"),
+    ("t5-small", {}, 1, 512, "the head's logits for every decoder token"),
+    ("t5-small", {"vocab_size": 300}, 2, 64, "the decoder's MLP activation"),
+    ("t5-small", {"vocab_size": 300, "d_ff": 128, "d_kv": 128}, 2, 64, "the decoder's cross-attention"),
+    ("t5-small", {"vocab_size": 300, "d_model": 64, "d_ff": 64, "d_kv": 8, "num_heads": 16}, 2, 256,
+     "the decoder's self-attention"),
+    ("t5-small", {"vocab_size": 300, "d_model": 32, "d_ff": 32, "d_kv": 8, "num_heads": 1}, 1, 512,
+     "the encoder's position buckets"),
+    ("bart-base", {}, 2, 256, "the decoder's MLP activation"),
+    ("bart-base", {"encoder_ffn_dim": 512, "decoder_ffn_dim": 512}, 2, 128, "the decoder's cross-attention"),
+    ("deberta-v3-base", {}, 1, 512, "the attention's scaled scores"),
+    ("deberta-v3-base", {}, 1, 128, "the p2c gather"),
+    ("deberta-v3-base", {"hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 2048,
+                         "position_buckets": 4}, 2, 16, "the MLP's GELU"),
+    ("deberta-v3-base", {"hidden_size": 512, "num_attention_heads": 2, "intermediate_size": 64,
+                         "position_buckets": 8}, 1, 32, "the heads' copy"),
+    ("deberta-v3-base", {"hidden_size": 256, "num_attention_heads": 2, "intermediate_size": 64,
+                         "position_buckets": 128}, 1, 8, "the repeated position keys"),
+]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("preset, change, batch, seq, moment", _PREFILL_MOMENTS)
+def test_fitted_prefill_moments_equal_memtracker(preset, change, batch, seq, moment, dtype):
+    """GPT-2's unfused GELU, T5's and BART's decoders (and T5's encoder, before the cache, and its logits for every
+    decoder token), DeBERTa's disentangled attention: two layers of each preset (changed), traced on fake tensors."""
+    import transformers
+
+    from paramscope.build import choose_class, make_config
+    from paramscope.cost.probe import traced_prefill_peak
+    from paramscope.presets import find_preset
+
+    raw = dict(find_preset(preset).load_config(), **change)
+    for key in ("n_layer", "num_layers", "num_decoder_layers", "encoder_layers", "decoder_layers",
+                "num_hidden_layers"):
+        if key in raw:
+            raw[key] = 2
+    config, _ = make_config(raw)
+    cls = choose_class(config, raw).name
+    _, memory = estimate_memory(raw, MemoryOptions(dtype=dtype, batch=batch, seq=seq), model_class=cls)
+    traced = traced_prefill_peak(getattr(transformers, cls), config, batch=batch, seq=seq,
+                                 dtype={"bf16": "bfloat16", "fp32": "float32"}[dtype])
+    assert memory.peak == traced
+    assert moment in memory.activations.arithmetic
+
+
 def test_weights_by_role_component_and_dtype_sum_to_the_total():
     _, memory = estimate_memory("mixtral-8x7b", MemoryOptions(dtype="nf4-dq", seq=16))
     weights = memory.weights

@@ -93,6 +93,23 @@ def test_four_layer_mixtral_traced_equals_real():
     assert _phases(traced) == _phases(real)
 
 
+@pytest.mark.parametrize("model_class", ["DebertaV2Model", "DebertaV2ForSequenceClassification"])
+def test_deberta_v2_traced_equals_real(model_class):
+    """DeBERTa-v3's layout on fake tensors equals the real step; its sequence-classification loss selects the
+    labelled rows with nonzero, which fake tensors answer as every row (every label of the step is valid)."""
+    import transformers
+
+    config = transformers.DebertaV2Config(hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                                          num_hidden_layers=2, vocab_size=300, relative_attention=True,
+                                          position_buckets=16, norm_rel_ebd="layer_norm", share_att_key=True,
+                                          pos_att_type="p2c|c2p", position_biased_input=False, type_vocab_size=0)
+    traced, real = _real_and_fake(lambda: getattr(transformers, model_class)(config),
+                                  StepSettings(batch=2, seq=24, precision="fp32"))
+    assert _phases(traced) == _phases(real)
+    assert any(note.startswith("nonzero, whose size depends on values") for note in traced.notes) == \
+        (model_class == "DebertaV2ForSequenceClassification")
+
+
 def test_inference_prefill_and_decode_traced_equals_real():
     import torch
     import transformers
@@ -139,6 +156,7 @@ def _truncated(preset: str, layers: int = 2) -> dict:
     ("mixtral-8x7b", "Mixtral (sparse MoE)"), ("qwen1.5-moe-a2.7b", "Qwen2-MoE"),  # routed (and shared) experts
     ("gpt-j-6b", "GPT-J"),  # partial rotary, parallel attention and MLP
     ("modernbert-base", "ModernBERT masked LM"),  # global and local layers (the local ones keep their masks)
+    ("deberta-v3-base", "DeBERTa-v2 (bare, trained on its output's sum)"),  # disentangled attention, eager
 ])
 @pytest.mark.parametrize("precision, checkpointing, batch, seq", [
     ("fp32", "none", 2, 512),
@@ -205,9 +223,26 @@ def test_gpt2_and_encoders_analytic_peak_within_3_percent(preset, precision, che
 
 
 def test_a_class_without_a_recipe_is_traced_and_says_so():
-    _, estimate = estimate_training("deberta-v3-base", TrainingOptions(batch=1, seq=128, precision="fp32"))
+    _, estimate = estimate_training("deberta-v3-base", TrainingOptions(batch=1, seq=128, precision="fp32"),
+                                    model_class="DebertaV2ForSequenceClassification")
     assert estimate.engine == "traced"
-    assert any("no analytic activation recipe for DebertaV2" in n for n in estimate.notes)
+    assert any("no analytic activation recipe for DebertaV2ForSequenceClassification" in n for n in estimate.notes)
+
+
+@pytest.mark.parametrize("model_class", [None, "DebertaV2ForMaskedLM"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16-pure"])
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_deberta_v2_recipe_equals_the_trace(model_class, precision, checkpointing):
+    """DeBERTa-v3's disentangled attention: each layer projects the 2P relative embeddings through its query and
+    key projections, repeats them over the batch (8·B·2P·h fp32) and keeps both gathers' inputs (8·B·heads·S·2P)
+    and int64 indices (16·S²); checkpointed, the relative embeddings, positions and mask are kept once. P = 256
+    buckets here, so 2P = 512 is as long as the sequence: the S·2P and S² terms are told apart by varying S."""
+    for seq in (128, 384):
+        options = TrainingOptions(batch=2, seq=seq, precision=precision, grad_checkpointing=checkpointing)
+        _, estimate = estimate_training(_truncated("deberta-v3-base", layers=2), dataclasses.replace(
+            options, trace=True), model_class=model_class)
+        assert estimate.training.analytic_activations == estimate.activations.bytes
+        assert abs(estimate.training.analytic_peak - estimate.peak) <= 0.015 * estimate.peak
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16-pure"])

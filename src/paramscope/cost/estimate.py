@@ -114,12 +114,13 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     vocab = config_int(text, "vocab_size") if scores_tokens else None
     shape = dict(dtype_size=itemsize(fmt.compute_dtype), vocab=vocab, layers=report.num_layers or 1,
                  gated=any(role in report.breakdown for role in ("mlp.gate", "mlp.gate_up")),
-                 every_token_logits=cache is None)
-    workspace = prefill_workspace(config, batch=options.batch, seq=seq, **shape)
+                 every_token_logits=cache is None, class_name=view.class_name)
+    workspace = prefill_workspace(config, batch=options.batch, seq=seq, **shape,
+                                  cache_bytes=cache.at(options.batch, seq) if cache is not None else 0)
 
     def peak_at(batch: int, length: int) -> int:
         kv = cache.at(batch, length) if cache is not None else 0
-        work = prefill_workspace(config, batch=batch, seq=length, **shape).bytes
+        work = prefill_workspace(config, batch=batch, seq=length, **shape, cache_bytes=kv).bytes
         return weights.bytes + weights.buffer_bytes + kv + work
 
     peak = peak_at(options.batch, seq)

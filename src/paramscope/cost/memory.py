@@ -64,7 +64,8 @@ class MemoryEstimate(HtmlDisplay):
 
 
 def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, vocab: int | None, gated: bool = True,
-                      layers: int = 2, every_token_logits: bool = False) -> Workspace:
+                      layers: int = 2, every_token_logits: bool = False, class_name: str = "",
+                      cache_bytes: int = 0) -> Workspace:
     """The prefill's working memory on top of weights, buffers and the KV cache, at its peak: the last layer.
 
     Live then, per token: the embedding output (the model keeps `inputs_embeds`) and the layer's input (h each,
@@ -75,13 +76,21 @@ def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, voc
     does not generate (a masked-LM encoder) scores every token, and its head holds the logits with the encoder's
     output and the head's transform (hidden each): batch × seq × (vocab + 2 × hidden).
 
-    Exact for Llama-style decoders (RMSNorm, gated MLP, RoPE) at sdpa, checked against a fake-tensor trace;
-    other layouts differ by their own temporaries (an unfused GELU, eager attention's scores, MoE routing),
-    which the traced engine measures.
+    Exact for Llama-style decoders (RMSNorm, gated MLP, RoPE) at sdpa, checked against a fake-tensor trace. The
+    families prefill.py has fitted (GPT-2, T5, the bare BART and DeBERTa-v2) take their own largest moment instead
+    (`class_name`; `cache_bytes`, the full KV cache, for the moments before it is held); other layouts differ by
+    their own temporaries (MoE routing, eager attention's scores), which the traced engine measures.
     """
     from .kv_cache import config_int, text_config
+    from .prefill import family_workspace
 
     text = text_config(config)
+    family = family_workspace(text, class_name, batch=batch, seq=seq, dtype_size=dtype_size,
+                              cache_bytes=cache_bytes) if class_name else None
+    if isinstance(family, tuple):
+        layer_peak, text_line = family
+        logits = batch * (vocab or 0) * dtype_size * (seq if every_token_logits else 1)
+        return Workspace(max(layer_peak, logits), text_line, logits)
     hidden = config_int(text, "hidden_size", "d_model", "n_embd") or 0
     inner = config_int(text, "intermediate_size", "ffn_dim", "n_inner", "d_ff", "decoder_ffn_dim") or 4 * hidden
     held = 2 if layers > 1 else 1

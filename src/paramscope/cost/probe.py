@@ -37,7 +37,9 @@ def probe_cache(module: Any, *, batch: int, seq: int, encoder_seq: int | None = 
             output = module(**kwargs)
     except Exception:  # a forward that cannot run on meta (data-dependent ops, other inputs): no probe
         return None
-    cache = getattr(output, "past_key_values", None) or getattr(output, "cache_params", None)
+    with quiet_transformers():  # transformers ≥ 5.24 calls it `cache`, and warns on the older names
+        cache = next((value for value in (getattr(output, name, None) for name in
+                                          ("cache", "past_key_values", "cache_params")) if value is not None), None)
     if cache is None:
         return None
     layers: list[tuple[str, int]] = []

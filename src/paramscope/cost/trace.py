@@ -91,7 +91,7 @@ def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) ->
 def _trace_training(module: Any, settings: StepSettings, *, fake: bool) -> TracedStep:
     check_attention(settings.attention)
     notes = list(_attention_notes(settings.attention))
-    with fake_mode(fake) as mode:
+    with fake_mode(fake) as mode, nonzero_as_all_true(fake) as nonzero:
         model = working_copy(module, mode, settings.attention, settings.weights_dtype, settings.own_dtype)
         model.train()
         for name, param in model.named_parameters():
@@ -141,6 +141,7 @@ def _trace_training(module: Any, settings: StepSettings, *, fake: bool) -> Trace
                     optimizer.zero_grad(set_to_none=True)
                 else:
                     model.zero_grad(set_to_none=True)
+    notes.extend(nonzero.notes())
     return TracedStep("training", resident, end_of_forward, tuple(phases), attention_of(model), tuple(notes), kept)
 
 
@@ -165,6 +166,8 @@ def _trace_inference(module: Any, settings: StepSettings, *, fake: bool) -> Trac
             kwargs.update(use_cache=True)
             if _accepts(model, "logits_to_keep"):
                 kwargs["logits_to_keep"] = 1
+        elif _accepts(model, "use_cache"):  # a forward for its outputs (a bare BartModel) keeps no cache
+            kwargs["use_cache"] = False
         if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
             kwargs["input_ids"] = _ids(model, settings.batch, settings.encoder_seq or settings.seq)
             kwargs["decoder_input_ids"] = inputs
@@ -208,6 +211,45 @@ def fake_mode(fake: bool) -> Iterator[Any]:
 
     with FakeTensorMode(allow_non_fake_inputs=False) as mode, _as_in_eager():
         yield mode
+
+
+class _Nonzero:
+    """How often a step asked fake tensors for `nonzero`, which they answer as if every element were nonzero."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def notes(self) -> list[str]:
+        if not self.calls:
+            return []
+        return [f"nonzero, whose size depends on values fake tensors lack, was taken as every element nonzero "
+                f"({self.calls} call{'s' if self.calls > 1 else ''} a step; exact where it selects the labelled rows, "
+                "as the traced labels are all valid)"]
+
+
+@contextmanager
+def nonzero_as_all_true(fake: bool) -> Iterator[_Nonzero]:
+    """Answer aten.nonzero on fake tensors as if every element were nonzero (torch's own meta kernel does so under
+    `meta_nonzero_assume_all_nonzero`; the fake mode refuses without symbolic shapes). DeBERTa's sequence
+    classification loss selects the rows with a label ≥ 0 this way: every row, with the step's labels."""
+    counter = _Nonzero()
+    if not fake:
+        yield counter
+        return
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class AllNonzero(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
+            if func is torch.ops.aten.nonzero.default:
+                counter.calls += 1
+                (tensor,) = args
+                count = tensor.numel()
+                return torch.empty_strided((count, tensor.dim()), (1, count), dtype=torch.long, device=tensor.device)
+            return func(*args, **(kwargs or {}))
+
+    with AllNonzero():
+        yield counter
 
 
 @contextmanager

@@ -253,6 +253,10 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
 
     device_top = on_one_device(phases)
     peak = device_top.bytes
+    if traced is None and device_top.where == "end of forward":
+        notes.append("the peak is the end of the forward, counted as what the forward saves for backward; the working "
+                     "tensors of the layer running then are not (a traced peak was 0.0 to 1.4% higher on the "
+                     "presets in docs/benchmarks.md); --trace measures them")
     if sharded is not None:
         sharded = dict(sharded, activations=activations.bytes, peak=peak, peak_phase=device_top.phase)
         if zero >= 3:

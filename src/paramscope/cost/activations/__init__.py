@@ -7,8 +7,8 @@ tests/test_training_memory.py holds these families' presets to the traced engine
 kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. The recipes, by module:
     decoders.py (Llama-style, Gemma, Gemma-2, Phi-3, Mixtral, Qwen2-MoE, sliding windows), deepseek.py
     (DeepSeek-V3), gpt.py (GPT-2, GPT-NeoX, GPT-J), encoders.py (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT,
-    ALBERT), seq2seq.py (T5, BART); each module's docstring gives its families' bytes. step.py turns a layout
-    into the step's saved bytes and moments.
+    ALBERT, DeBERTa-v2), seq2seq.py (T5, BART); each module's docstring gives its families' bytes. step.py turns
+    a layout into the step's saved bytes and moments.
 
 The S² terms are attention dropout's: torch's fused CPU kernels do not support dropout, so sdpa in training runs
 the math kernel and keeps the probabilities and the dropout mask. CUDA's flash and memory-efficient kernels support

@@ -5,6 +5,11 @@
     ModernBERT (pre-LN, GeGLU, RoPE, no dropout; global and local layers), per layer: 40·T·h + 16·T·i (fp32),
         24·T·h + 8·T·i (mixed), 20·T·h + 8·T·i (bf16-pure), + 4·T·heads + 16·T (8); each local layer keeps its
         sliding-window mask, 4·B·S² (2 in 16 bits), once the sequence fills the window.
+    DeBERTa-v2/v3 (deberta-v3-base: disentangled attention, c2p and p2c through the shared query and key
+        projections, log-bucketed relative positions; P buckets, the relative embeddings 2P wide), per layer:
+        44·T·h + 8·T·i + 12·B·heads·S² + 16·T (fp32; 30, 4, 6, 16 mixed; 22, 4, 6, 8 bf16-pure), + the relative
+        terms 8·B·2P·h + 8·B·heads·S·2P (4 and 4 in 16 bits: the repeated position keys and queries, the c2p and
+        p2c scores the gathers keep), 8·2P·h (4 bf16-pure), 16·S² (the int64 gather indices), B·S² (the mask).
     ALBERT (albert-base-v2: one shared layer a pass, no dropout, unfused tanh GELU), per pass: 32·T·h + 20·T·i
         (fp32), 16·T·h + 10·T·i (mixed, bf16-pure), + 4·T·heads + 16·T (8).
     RoBERTa and ELECTRA's discriminator: BERT's layers; outside, RoBERTa counts positions from the ids and
@@ -150,3 +155,87 @@ def albert_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
                    f" + {per_t}) = {tokens * per_token:,} B each pass",
                    outside, f"{th}·T·h + {te}·T·e + {tv}·T·V + {t}·T + {s}·S + {one} = {outside:,} B", h, vocab,
                    layers, loss_tv)
+
+
+# DeBERTa-v2/v3 (deberta-v3-base's layout), per layer: (T·h, T·i, B·heads·S², T, B·2P·h, 2P·h, S², B·S²,
+# B·heads·S·2P, 1); 2P relative positions (P buckets)
+_DEBERTA_LAYER = {"fp32": (44, 8, 12, 16, 8, 8, 16, 1, 8, 12), "mixed": (30, 4, 6, 16, 4, 8, 16, 1, 4, 6),
+                  "bf16-pure": (22, 4, 6, 8, 4, 4, 16, 1, 4, 6)}
+# outside the layers, (T·h, T·V, T, 2P, 1): the bare DebertaV2Model (its preset's class, trained on its output's
+# sum) and the masked LM (the legacy head: dense, GELU, norm, the tied decoder)
+_DEBERTA_OUTSIDE = {
+    "model": {"fp32": (8, 0, 12, 8, 4), "mixed": (8, 0, 12, 8, 4), "bf16-pure": (4, 0, 6, 4, 4)},
+    "lm": {"fp32": (24, 4, 28, 8, 8), "mixed": (16, 4, 24, 8, 8), "bf16-pure": (12, 2, 18, 4, 4)},
+}
+# checkpointed, the layers are recomputed from the normed relative embeddings (·2P·h), the int64 relative positions
+# (8·S²) and the mask (4·B·S²), kept outside
+_DEBERTA_CHECKPOINTED_2PH = {"fp32": 4, "mixed": 4, "bf16-pure": 2}
+# the fitted layout, (field, value, words): deberta-v3-base's
+_DEBERTA_FITTED = (("relative_attention", True, "no relative attention"),
+                   ("share_att_key", True, "separate position projections (fitted: shared with query and key)"),
+                   ("position_biased_input", False, "absolute positions added to the input"),
+                   ("hidden_act", "gelu", "another activation (fitted: gelu)"))
+
+
+def deberta_layout_issue(config: Any) -> dict[str, int] | str:
+    """DeBERTa-v2's dimensions (h, heads, i, layers, P2: the 2P relative positions) where the config has the layout
+    the recipes were fitted at (deberta-v3-base's), else the words naming what differs."""
+    from ..kv_cache import config_int
+
+    dims = config_dims(config, h="hidden_size", heads="num_attention_heads", inner="intermediate_size",
+                       layers="num_hidden_layers")
+    if isinstance(dims, str):
+        return dims
+    h, heads, inner, layers = dims
+    for field, value, words in _DEBERTA_FITTED:
+        if getattr(config, field, None) != value:
+            return words
+    kinds = getattr(config, "pos_att_type", None)
+    kinds = kinds.lower().split("|") if isinstance(kinds, str) else kinds
+    if not isinstance(kinds, (list, tuple)) or sorted(str(k).strip() for k in kinds) != ["c2p", "p2c"]:
+        return f"pos_att_type {getattr(config, 'pos_att_type', None)!r} (fitted: p2c|c2p)"
+    norms = str(getattr(config, "norm_rel_ebd", "none")).lower().split("|")
+    if "layer_norm" not in (n.strip() for n in norms):
+        return "relative embeddings without their norm (fitted: norm_rel_ebd layer_norm)"
+    if config_int(config, "conv_kernel_size"):
+        return "a convolution beside the first layer (deberta-v2-xlarge's)"
+    if config_int(config, "type_vocab_size") or config_int(config, "embedding_size") not in (None, h):
+        return "token types or embeddings narrower than the layers"
+    # the attention's span: position buckets, else the maximum relative position, else the positions
+    span = config_int(config, "position_buckets") or config_int(config, "max_relative_positions") or \
+        config_int(config, "max_position_embeddings")
+    if span is None:
+        return "a config without position_buckets, max_relative_positions or max_position_embeddings"
+    return {"h": h, "heads": heads, "i": inner, "layers": layers, "P2": 2 * span}
+
+
+def deberta_style(config: Any, kind: str, batch: int, seq: int, variant: str = "model") -> Layout | str:
+    from ..kv_cache import config_int
+
+    dims = deberta_layout_issue(config)
+    if isinstance(dims, str):
+        return dims
+    if not attention_dropout(config) or not hidden_dropout(config):
+        return "no attention or hidden dropout (fitted with both)"
+    h, heads, inner, layers, positions = dims["h"], dims["heads"], dims["i"], dims["layers"], dims["P2"]
+    tokens, scores = batch * seq, batch * heads * seq * seq
+    c = _DEBERTA_LAYER[kind]
+    layer = (c[0] * tokens * h + c[1] * tokens * inner + c[2] * scores + c[3] * tokens + c[4] * batch * positions * h
+             + c[5] * positions * h + c[6] * seq * seq + c[7] * batch * seq * seq
+             + c[8] * batch * heads * seq * positions + c[9])
+    layer_text = (f"({c[0]}·T·h + {c[1]}·T·i + {c[2]}·B·heads·S² + {c[3]}·T + {c[4]}·B·2P·h + {c[5]}·2P·h + "
+                  f"{c[6]}·S² + {c[7]}·B·S² + {c[8]}·B·heads·S·2P + {c[9]}, 2P = {positions:,} relative positions) "
+                  f"= {layer:,} B each")
+    th, tv, t, p, one = _DEBERTA_OUTSIDE[variant][kind]
+    vocab = config_int(config, "vocab_size") if tv else 0
+    if vocab is None:
+        return "a config without vocab_size"
+    outside = th * tokens * h + tv * tokens * vocab + t * tokens + p * positions + one
+    outside_text = f"{th}·T·h + " + (f"{tv}·T·V + " if tv else "") + f"{t}·T + {p}·2P + {one} = {outside:,} B"
+    kept_ph = _DEBERTA_CHECKPOINTED_2PH[kind]
+    kept = outside + kept_ph * positions * h + 8 * seq * seq + 4 * batch * seq * seq
+    kept_text = (outside_text.rsplit(" = ", 1)[0] + f" + the normed relative embeddings, positions and mask the layers"
+                 f" are recomputed from {kept_ph}·2P·h + 8·S² + 4·B·S² = {kept:,} B")
+    loss_tv = (2, 4) if kind == "bf16-pure" and tv else (0, 0)  # bf16 logits go to the loss as they are (as BERT's)
+    return Layout(layer, layer_text, outside, outside_text, h, vocab, layers, loss_tv,
+                  checkpointed_outside=(kept, kept_text))

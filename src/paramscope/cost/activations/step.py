@@ -21,7 +21,7 @@ from typing import Any
 
 from .decoders import LLAMA_STYLE, llama_style
 from .deepseek import deepseek_style
-from .encoders import BERT_STYLE, albert_style, bert_style, modernbert_style
+from .encoders import BERT_STYLE, albert_style, bert_style, deberta_style, modernbert_style
 from .gpt import GPT2_STYLE, gpt2_style, gptj_style, neox_style
 from .layout import Layout
 from .seq2seq import bart_style, t5_style
@@ -58,6 +58,9 @@ _RECIPES = {
     "ALBERT masked LM": _Recipe(("albert",), ("ForMaskedLM",), albert_style),
     "BART": _Recipe(("bart",), ("ForConditionalGeneration",), bart_style),
     "BART (bare, trained on its output's sum)": _Recipe(("bart",), ("BartModel",), _variant(bart_style, "model")),
+    "DeBERTa-v2 (bare, trained on its output's sum)": _Recipe(("deberta-v2",), ("DebertaV2Model",), deberta_style,
+                                                       "eager"),
+    "DeBERTa-v2 masked LM": _Recipe(("deberta-v2",), ("ForMaskedLM",), _variant(deberta_style, "lm"), "eager"),
     "ELECTRA discriminator": _Recipe(("electra",), ("ForPreTraining",), _variant(bert_style, "electra")),
 }
 

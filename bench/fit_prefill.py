@@ -1,0 +1,266 @@
+"""Fit the analytic prefill workspace (src/paramscope/cost/prefill.py) to the traced prefill, exactly.
+
+    python bench/fit_prefill.py [--fp32] [FAMILY ...]      # default: every family below, in bf16
+
+For each family, the prefill generate() runs (use_cache, the last token's logits; every token for a model that does
+not generate) is traced on fake tensors in bf16 (cost/probe.py, MemTracker) at varied small configs, batches and
+lengths. The workspace is the traced peak less the weights, buffers and KV cache, which the analytic engine has
+exactly (weights.py, kv_cache.py). Its coefficients in the family's terms (T·h, T·i, B·heads·S², …) are solved by
+least squares in whole bytes and checked on every config: "exact", or the residuals.
+
+The peak is the largest moment of one layer's forward, so a family whose largest moment changes with the config
+(the MLP's intermediates against the attention's scores) is fitted per regime: the dims of each family are chosen
+in the regime its presets run in, and prefill.py takes the larger of the moments it knows.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from fit_activations import (FAMILIES as TRAINING, _T, _bart_config, _bert_dims, _deberta_config, _deberta_dims,
+                             _gpt2_config, _gpt2_dims, _t5_config, _t5_dims, solve)
+
+
+@dataclass(frozen=True)
+class Family:
+    cls: str
+    config: Callable[[dict], dict]
+    dims: tuple[dict, ...]
+    terms: tuple[tuple[str, Callable[[dict], int]], ...]
+
+
+def _varied(count: int, seed: int, **ranges: tuple[int, ...]) -> tuple[dict, ...]:
+    """`count` configs, each dimension drawn from its choices (seeded: the same configs every run)."""
+    import random
+
+    rng = random.Random(seed)
+    return tuple({key: rng.choice(choices) for key, choices in ranges.items()} for _ in range(count))
+
+
+_SCORES = ("B·heads·S²", lambda d: d["B"] * d["heads"] * d["S"] ** 2)
+_BV = ("B·V", lambda d: d["B"] * d["V"])
+
+# encoders' and encoder-decoders' configs: the MLP's regime, the attention's (long, many heads), the norms'
+_ENCODER_VARIED = (
+    _varied(24, 11, h=(64, 96, 128, 192, 256), heads=(2, 4, 8), i=(128, 256, 512, 1024), V=(300, 500), B=(1, 2, 3),
+            S=(16, 32, 48, 80, 128))
+    + _varied(20, 12, h=(32, 64), heads=(4, 8, 16), i=(64, 128), V=(300,), B=(1, 2), S=(128, 192, 256, 320))
+    + _varied(14, 13, h=(256, 384), heads=(2, 4), i=(64, 128), V=(300,), B=(1, 2, 3), S=(16, 24, 40)))
+
+FAMILIES = {
+    # n_inner varied apart from 4h (every GPT-2 preset has 4h)
+    "gpt2": Family("GPT2LMHeadModel", lambda d: dict(_gpt2_config(d), n_inner=d["i"]),
+                   tuple(dict(d, i=i) for d, i in zip(_gpt2_dims(), (1000, 300, 640, 400, 900, 512, 200))),
+                   (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), ("S·h", lambda d: d["S"] * d["h"]), _BV, ("T", _T),
+                    ("S", lambda d: d["S"]), ("1", lambda d: 1))),
+    "t5": Family("T5ForConditionalGeneration", _t5_config,
+                 _t5_dims() + _varied(30, 5, h=(64, 96, 128, 192, 256), heads=(2, 4, 6, 8), dkv=(16, 32, 48, 64),
+                                      i=(128, 256, 384, 512, 1024, 2048), V=(300, 500, 700), B=(1, 2, 3),
+                                      S=(16, 32, 48, 80, 96, 128, 160))
+                 # the norms' regime (wide, narrow MLP and heads) and the attentions' (long, narrow)
+                 + _varied(14, 6, h=(256, 320, 384), heads=(2, 4), dkv=(8, 16), i=(64, 96, 128), V=(300,),
+                           B=(1, 2, 3), S=(16, 24, 32, 40))
+                 + _varied(16, 7, h=(32, 48, 64), heads=(4, 8, 12), dkv=(8, 16), i=(64, 128), V=(300,),
+                           B=(1, 2, 3), S=(160, 192, 256, 320))
+                 + _varied(20, 8, h=(32, 64), heads=(8, 12, 16), dkv=(8,), i=(64,), V=(300,), B=(1, 2),
+                           S=(192, 256, 320, 384))
+                 + _varied(16, 9, h=(32, 48, 64, 96), heads=(1, 2, 4), dkv=(8, 16, 32), i=(64, 128, 256), V=(300,),
+                           B=(1, 2), S=(160, 256, 384, 448))
+                 + _varied(20, 10, h=(16, 32, 48), heads=(1, 2), dkv=(8, 16), i=(32, 64), V=(300,), B=(1, 2),
+                           S=(320, 384, 448, 512))
+                 # the head's regime: every decoder token's logits over a large vocabulary
+                 + _varied(14, 17, h=(64, 128), heads=(2, 4), dkv=(16, 32), i=(128, 256), V=(4000, 6000, 8000),
+                           B=(1, 2), S=(32, 64, 96, 128)),
+                 (("T·h", lambda d: _T(d) * d["h"]), ("T·inner", lambda d: _T(d) * d["heads"] * d["dkv"]),
+                  ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("heads·S²", lambda d: d["heads"] * d["S"] ** 2),
+                  ("T·V", lambda d: _T(d) * d["V"]), ("T", _T), ("S²", lambda d: d["S"] ** 2), ("S", lambda d: d["S"]),
+                  ("1", lambda d: 1))),
+    "bart_model": Family("BartModel", lambda d: dict(_bart_config(d), max_position_embeddings=512), _bert_dims() + _ENCODER_VARIED,
+                         (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES,
+                          ("S·h", lambda d: d["S"] * d["h"]), ("T", _T), ("S²", lambda d: d["S"] ** 2),
+                          ("B·S²", lambda d: d["B"] * d["S"] ** 2), ("S", lambda d: d["S"]), ("1", lambda d: 1))),
+    "deberta_v2_model": Family("DebertaV2Model", lambda d: dict(_deberta_config(d), max_position_embeddings=512), _deberta_dims() + tuple(
+                                   dict(d, P=p) for d, p in zip(_ENCODER_VARIED, (8, 16, 24, 32, 64, 128) * 10))
+                               # the MLP's regime (short, wide MLP) and the relative embeddings' (many positions)
+                               + _varied(16, 14, h=(64, 128, 192), heads=(2, 4), i=(1024, 1536, 2048), V=(300,),
+                                         B=(1, 2, 3), S=(8, 12, 16, 24), P=(4, 8))
+                               + _varied(16, 15, h=(128, 192, 256), heads=(2, 4), i=(64, 128), V=(300,),
+                                         B=(1, 2, 3), S=(8, 12, 16), P=(128, 192, 256))
+                               # the projections' regime (wide, one sequence, short)
+                               + _varied(24, 16, h=(256, 320, 384, 512), heads=(2, 4), i=(32, 64, 128), V=(300,),
+                                         B=(1,), S=(8, 16, 24, 32, 40), P=(8, 16, 32, 64))
+                               # deberta-v3-base's proportions: many narrow heads, 2P about S
+                               + tuple(dict(d, h=8 * d["heads"]) for d in _varied(
+                                   24, 18, heads=(8, 12, 16), i=(256, 384, 512), V=(300,), B=(1, 2),
+                                   S=(48, 64, 96, 128), P=(24, 32, 48, 64))),
+                               (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES,
+                                ("B·heads·S·2P", lambda d: d["B"] * d["heads"] * d["S"] * 2 * d["P"]),
+                                ("B·2P·h", lambda d: d["B"] * 2 * d["P"] * d["h"]),
+                                ("2P·h", lambda d: 2 * d["P"] * d["h"]), ("S²", lambda d: d["S"] ** 2),
+                                ("B·S²", lambda d: d["B"] * d["S"] ** 2), ("T", _T), ("1", lambda d: 1))),
+}
+
+
+def workspace(family: Family, dims: dict, layers: int = 2) -> tuple[int, int, str]:
+    """The traced prefill peak less the weights and buffers (bf16), the KV cache, and the module running at the
+    peak (from the same prefill on real CPU tensors, digits as *)."""
+    import transformers
+
+    from paramscope.cost.estimate import MemoryOptions, estimate_memory
+    from paramscope.cost.probe import traced_prefill_peak
+
+    kwargs = dict(family.config(dims))
+    for key in ("n_layer", "num_layers", "num_hidden_layers", "encoder_layers", "decoder_layers",
+                "num_decoder_layers"):
+        if key in kwargs:
+            kwargs[key] = layers
+    config_class = getattr(transformers, TRAINING_CONFIG.get(family.cls, family.cls.replace(
+        "ForConditionalGeneration", "Config").replace("LMHeadModel", "Config").replace("Model", "Config")))
+    config = config_class(**kwargs)
+    raw = config.to_dict()
+    raw["architectures"] = [family.cls]
+    _, memory = estimate_memory(raw, MemoryOptions(dtype=DTYPE[0], batch=dims["B"], seq=dims["S"]),
+                                model_class=family.cls)
+    traced = traced_prefill_peak(getattr(transformers, family.cls), config, batch=dims["B"], seq=dims["S"],
+                                 dtype=DTYPES[DTYPE[0]])
+    kv = memory.kv_cache.bytes if memory.kv_cache else 0
+    return traced - memory.weights.bytes - memory.weights.buffer_bytes, kv, _peak_module(family, config)
+
+
+def _peak_module(family: Family, config) -> str:
+    import inspect
+    import re
+
+    import torch
+    import transformers
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, DTYPES[DTYPE[0]]))
+    try:
+        model = getattr(transformers, family.cls)(config).eval()
+    finally:
+        torch.set_default_dtype(previous)
+    dims = family.dims[0]
+    ids = torch.zeros((CURRENT["B"], CURRENT["S"]), dtype=torch.long)
+    kwargs = {"input_ids": ids}
+    if config.is_encoder_decoder:
+        kwargs["decoder_input_ids"] = ids
+    if model.can_generate():
+        kwargs.update(use_cache=True, logits_to_keep=1)
+    elif "use_cache" in inspect.signature(model.forward).parameters:
+        kwargs["use_cache"] = False  # as the traced engine runs a model that does not generate
+    tracker = MemTracker()
+    tracker.track_external(model)
+    where = [0, ""]
+    update = tracker._update_peak_stats
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    last = {"module": "", "op": "", "counts": {}}
+
+    class Ops(TorchDispatchMode):  # the op running at each moment, and its count within the innermost module
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            module = max(tracker._mod_tracker.parents, key=len)
+            if module != last["module"]:
+                last.update(module=module, counts={})
+            name = func.__name__
+            last["counts"][name] = last["counts"].get(name, 0) + 1
+            last["op"] = f"{name}#{last['counts'][name]}"
+            return func(*args, **(kwargs or {}))
+
+    def watch(state):  # the module path innermost and the op at each new peak
+        total = sum(snap["Total"] for snap in tracker._curr_mem_snap.values())
+        if total > where[0]:
+            where[:] = [total, max(tracker._mod_tracker.parents, key=len) + (":" + last["op"] if OPS[0] else "")]
+        update(state)
+
+    tracker._update_peak_stats = watch
+    with tracker, Ops(), torch.no_grad():
+        model(**kwargs)
+    assert dims is not None
+    return re.sub(r"\.\d+\.", ".*.", where[1].split(".", 1)[-1])
+
+
+CURRENT: dict = {}
+SEEN: dict[str, list] = {}  # location → the configs peaking there (for --show)
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+DTYPE = ["bf16"]  # --fp32: fit the fp32 prefill
+OPS = [False]  # --ops: group the configs by the op at the peak too, not the module alone
+
+
+TRAINING_CONFIG = {"GPT2LMHeadModel": "GPT2Config", "T5ForConditionalGeneration": "T5Config",
+                   "BartModel": "BartConfig", "DebertaV2Model": "DebertaV2Config"}
+
+
+def fit(name: str) -> None:
+    family = FAMILIES[name]
+    groups: dict[str, tuple[list, list, list]] = {}
+    for dims in family.dims:
+        CURRENT.clear()
+        CURRENT.update(dims)
+        value, kv, where = workspace(family, dims)
+        rows, values, caches = groups.setdefault(where, ([], [], []))
+        SEEN.setdefault(where, []).append(dims)
+        values.append(value)
+        caches.append(kv)
+        rows.append([term(dims) for _, term in family.terms])
+    moments = []
+    for where, (rows, values, caches) in groups.items():
+        # the encoder runs before the decoder caches anything: its moments are fitted without the cache
+        cached = not where.startswith("encoder.")
+        print(f"{name} at {where} ({len(rows)} configs)" + ("" if cached else ", the cache not yet held"))
+        exact = _report(name, family, rows, [v - k if cached else v for v, k in zip(values, caches)])
+        if exact:
+            moments.append((exact, cached))
+    if not moments:
+        return
+    # the workspace is the largest moment: check the max of the exact ones on every config
+    misses = []
+    for rows, values, caches in groups.values():
+        for row, value, kv in zip(rows, values, caches):
+            best = max(sum(c * x for c, x in zip(m, row)) + (kv if cached else 0) for m, cached in moments)
+            if best != value:
+                misses.append((value, best))
+    for where, configs in SEEN.items():
+        if len(configs) < len(family.terms):
+            print(f"{'':18} configs at {where}: {configs[:4]}")
+    print(f"{name:18} the largest moment: " + ("exact on every config" if not misses else
+                                                 f"{len(misses)} misses (traced, max): {misses[:6]}"))
+
+
+def _report(name: str, family: Family, rows: list, values: list) -> list | None:
+    if len(rows) < len(family.terms):
+        print(f"{'':18} too few configs for {len(family.terms)} terms")
+        return None
+    exact, worst = solve(rows, values)
+    formula = " + ".join(f"{c}·{n}" for c, (n, _) in zip(exact, family.terms) if c)
+    if worst is None:
+        print(f"{name:18} terms not independent: {formula}")
+    elif worst == 0:
+        print(f"{name:18} exact: {formula}")
+        return exact
+    else:
+        misses = [v - sum(c * x for c, x in zip(exact, row)) for row, v in zip(rows, values)]
+        print(f"{name:18} NOT EXACT: {formula}\n{'':18} residuals {', '.join(str(m) for m in misses)}")
+
+
+def main(argv: list[str]) -> int:
+    if "--fp32" in argv:
+        argv = [a for a in argv if a != "--fp32"]
+        DTYPE[0] = "fp32"
+    if "--ops" in argv:
+        argv = [a for a in argv if a != "--ops"]
+        OPS[0] = True
+    for name in argv or list(FAMILIES):
+        if name not in FAMILIES:
+            raise SystemExit(f"unknown family {name!r}; known: {', '.join(FAMILIES)}")
+        fit(name)
+    return 0
+
+
+if __name__ == "__main__":
+    assert TRAINING  # the training fit's families share these configs
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,148 @@
+"""The prefill's working memory by family: the largest moment of a layer's forward, exact on the traced prefill.
+
+A prefill without gradients frees each tensor once nothing needs it, so its working memory is the largest moment of
+the last layer's forward: the tensors live while one op runs. Which op that is depends on the config (the MLP's
+activation when the intermediate is wide, the attention's scores when the sequence is long), so a family has a few
+moments and the workspace is the largest. Each moment was fitted exactly, over varied configs grouped by the op at
+their peak, by bench/fit_prefill.py against the traced prefill (MemTracker on fake tensors), in 16 bits and fp32;
+tests/test_memory.py holds them to the trace. T = batch × seq tokens; S² and B·S² terms are masks and int64
+positions (the same in every dtype).
+
+Layouts without a recipe here use memory.py's Llama-style formula (exact for Llama, Mistral, Qwen2 and Gemma).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PrefillMoment:
+    where: str  # "the decoder's MLP activation"
+    formula: str  # "10·T·h + 8·T·i + 2·S·h + 8·T + 8·S"
+    cached: bool = True  # the KV cache is already held (False: the encoder runs before the decoder caches)
+
+
+# GPT-2 (the unfused tanh GELU keeps its input and three temporaries of T·i), the last token's logits apart
+_GPT2 = {2: (PrefillMoment("the MLP's unfused GELU", "10·T·h + 8·T·i + 2·S·h + 8·T + 8·S"),),
+         4: (PrefillMoment("the MLP's unfused GELU", "20·T·h + 16·T·i + 4·S·h + 8·T + 8·S"),)}
+# T5 v1 (eager-free sdpa with the position bias as its mask; the encoder's output held through the decoder); the
+# encoder's moment is its first layer's position-bias buckets (int64 and fp32 S² temporaries), before any cache
+_T5 = {
+    2: (PrefillMoment("the decoder's MLP activation", "10·T·h + 4·T·i + 4·heads·S²"),
+        PrefillMoment("the decoder's cross-attention", "10·T·h + 6·T·inner + 4·heads·S²"),
+        PrefillMoment("the decoder's self-attention", "8·T·h - 2·T·inner + 8·heads·S² + 1·S²"),
+        PrefillMoment("the decoder's fp32 layer norm", "16·T·h + 4·heads·S²"),
+        PrefillMoment("the encoder's position buckets", "4·T·h + 6·T·inner + 49·S² + 16·S", cached=False),
+        PrefillMoment("the head's logits for every decoder token", "6·T·h + 2·T·V")),
+    4: (PrefillMoment("the decoder's MLP activation", "20·T·h + 8·T·i + 8·heads·S²"),
+        PrefillMoment("the decoder's cross-attention", "20·T·h + 12·T·inner + 8·heads·S²"),
+        PrefillMoment("the decoder's self-attention", "16·T·h - 4·T·inner + 16·heads·S² + 1·S²"),
+        PrefillMoment("the decoder's residual", "28·T·h + 8·heads·S²"),
+        PrefillMoment("the encoder's position buckets", "8·T·h + 12·T·inner + 49·S² + 16·S", cached=False),
+        PrefillMoment("the head's logits for every decoder token", "12·T·h + 4·T·V")),
+}
+# the bare BartModel (a forward for its outputs, no cache): the decoder's MLP or its cross-attention
+_BART = {2: (PrefillMoment("the decoder's MLP activation", "8·T·h + 4·T·i + 2·S·h + 8·S"),
+             PrefillMoment("the decoder's cross-attention", "18·T·h + 2·S·h + 8·S")),
+         4: (PrefillMoment("the decoder's MLP activation", "16·T·h + 8·T·i + 4·S·h + 8·S"),
+             PrefillMoment("the decoder's cross-attention", "36·T·h + 4·S·h + 8·S"))}
+# DeBERTa-v2/v3 (the bare DebertaV2Model, eager disentangled attention; 2P relative positions): the scores' scaling,
+# the gathered p2c scores, the repeated and copied position projections, the MLP's GELU
+_DEBERTA = {
+    2: (PrefillMoment("the attention's scaled scores", "6·T·h + 2·L·T·h + 10·B·heads·S² + 4·B·2P·h + 2·2P·h + 24·S² + "
+                                                       "4·B·S² + 12·T + 10"),
+        PrefillMoment("the p2c gather", "6·T·h + 2·L·T·h + 8·B·heads·S² + 2·B·heads·S·2P + 4·B·2P·h + 2·2P·h + 24·S² + "
+                                        "4·B·S² + 12·T + 8"),
+        PrefillMoment("the repeated position keys", "6·T·h + 2·L·T·h + 2·B·heads·S² + 4·B·2P·h + 4·2P·h + 8·S² + 4·B·S² + "
+                                                    "12·T + 4"),
+        PrefillMoment("the heads' copy", "10·T·h + 2·L·T·h + 6·B·heads·S² + 2·2P·h + 8·S² + 5·B·S² + 12·T + 4"),
+        PrefillMoment("the MLP's GELU", "2·T·h + 2·L·T·h + 4·T·i + 2·2P·h + 8·S² + 4·B·S² + 12·T")),
+    4: (PrefillMoment("the attention's scaled scores", "12·T·h + 4·L·T·h + 20·B·heads·S² + 8·B·2P·h + 4·2P·h + 24·S² + "
+                                                       "4·B·S² + 12·T + 8"),
+        PrefillMoment("the p2c gather", "12·T·h + 4·L·T·h + 16·B·heads·S² + 4·B·heads·S·2P + 8·B·2P·h + 4·2P·h + 24·S² + "
+                                        "4·B·S² + 12·T + 8"),
+        PrefillMoment("the repeated position keys", "12·T·h + 4·L·T·h + 4·B·heads·S² + 8·B·2P·h + 8·2P·h + 8·S² + 4·B·S² + "
+                                                    "12·T + 4"),
+        PrefillMoment("the heads' copy", "20·T·h + 4·L·T·h + 12·B·heads·S² + 4·2P·h + 8·S² + 5·B·S² + 12·T + 4"),
+        PrefillMoment("the MLP's GELU", "4·T·h + 4·L·T·h + 8·T·i + 4·2P·h + 8·S² + 4·B·S² + 12·T")),
+}
+
+_TERM = re.compile(r"([+-])?\s*(\d+)(?:·(\S+))?")
+
+
+def evaluate(formula: str, dims: dict[str, int]) -> int:
+    """`formula` ("10·T·h - 2·T·inner + 8") at `dims` (B, S, h, i, heads, inner, P2, layers)."""
+    total = 0
+    for sign, coefficient, term in _TERM.findall(formula.replace("+ ", "+").replace("- ", "-")):
+        total += (-1 if sign == "-" else 1) * int(coefficient) * (_term(term, dims) if term else 1)
+    return total
+
+
+def _term(term: str, d: dict[str, int]) -> int:
+    values = {"T": d["B"] * d["S"], "S²": d["S"] ** 2, "2P": d.get("P2", 0), "L": d.get("layers", 0)}
+    value = 1
+    for factor in term.split("·"):
+        value *= values[factor] if factor in values else d[factor]
+    return value
+
+
+def prefill_moments(config: Any, class_name: str) -> tuple[str, dict[str, int], dict[int, tuple]] | str | None:
+    """(the family, its dimensions, its moments by compute dtype size) for a layout fitted here; the words naming
+    what of the config was not fitted; or None for a family without moments here."""
+    from .activations.encoders import deberta_layout_issue
+    from .kv_cache import config_int
+
+    model_type = getattr(config, "model_type", None)
+    if model_type in ("gpt2",) and class_name == "GPT2LMHeadModel":
+        h = config_int(config, "n_embd")
+        if h is None or getattr(config, "activation_function", None) != "gelu_new":
+            return "GPT-2 with another activation (fitted: gelu_new)"
+        return "GPT-2", {"h": h, "i": config_int(config, "n_inner") or 4 * h}, _GPT2
+    if model_type == "t5" and class_name == "T5ForConditionalGeneration":
+        h, heads, d_kv, ff = (config_int(config, k) for k in ("d_model", "num_heads", "d_kv", "d_ff"))
+        if None in (h, heads, d_kv, ff):
+            return "a T5 config without d_model, num_heads, d_kv or d_ff"
+        if getattr(config, "feed_forward_proj", "relu") != "relu":
+            return f"T5's {getattr(config, 'feed_forward_proj', None)!r} MLP (fitted: relu, T5 v1)"
+        vocab = config_int(config, "vocab_size")
+        if vocab is None:
+            return "a T5 config without vocab_size"
+        return "T5 (v1)", {"h": h, "heads": heads, "inner": heads * d_kv, "i": ff, "V": vocab}, _T5
+    if model_type == "bart" and class_name == "BartModel":
+        h = config_int(config, "d_model")
+        sides = {config_int(config, f"{side}_ffn_dim") for side in ("encoder", "decoder")}
+        if h is None or len(sides) != 1 or None in sides:
+            return "BART with encoder and decoder MLPs of other widths"
+        if getattr(config, "activation_function", None) != "gelu" or getattr(config, "normalize_before", False):
+            return "BART with another activation or pre-LN layers (fitted: gelu, post-LN)"
+        return "BART (bare)", {"h": h, "i": sides.pop()}, _BART
+    if model_type == "deberta-v2" and class_name == "DebertaV2Model":
+        issue = deberta_layout_issue(config)
+        if isinstance(issue, str):
+            return issue
+        return "DeBERTa-v2 (bare)", issue, _DEBERTA  # with its layers, L
+    return None
+
+
+def family_workspace(config: Any, class_name: str, *, batch: int, seq: int, dtype_size: int,
+                     cache_bytes: int) -> tuple[int, str] | str | None:
+    """(bytes beyond weights, buffers and the KV cache, arithmetic) at the family's largest moment; the words why
+    not (a config or dtype not fitted); None for a family without moments here."""
+    found = prefill_moments(config, class_name)
+    if not isinstance(found, tuple):
+        return found
+    family, dims, tables = found
+    if dtype_size not in tables:
+        return f"{family} computing in {dtype_size}-byte floats (fitted: 16-bit and fp32)"
+    dims = dict(dims, B=batch, S=seq)
+    best: tuple[int, str] | None = None
+    for moment in tables[dtype_size]:
+        value = evaluate(moment.formula, dims) - (0 if moment.cached else cache_bytes)
+        text = (f"{family}, {moment.where}: {moment.formula} = {evaluate(moment.formula, dims):,} B"
+                + ("" if moment.cached else f", before the cache's {cache_bytes:,} B"))
+        if best is None or value > best[0]:
+            best = (value, text)
+    return best
