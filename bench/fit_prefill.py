@@ -53,8 +53,8 @@ FAMILIES = {
     # n_inner varied apart from 4h (every GPT-2 preset has 4h)
     "gpt2": Family("GPT2LMHeadModel", lambda d: dict(_gpt2_config(d), n_inner=d["i"]),
                    tuple(dict(d, i=i) for d, i in zip(_gpt2_dims(), (1000, 300, 640, 400, 900, 512, 200))),
-                   (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), ("S·h", lambda d: d["S"] * d["h"]), _BV, ("T", _T),
-                    ("S", lambda d: d["S"]), ("1", lambda d: 1))),
+                   (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]),
+                    ("S·h", lambda d: d["S"] * d["h"]), _BV, ("T", _T), ("S", lambda d: d["S"]), ("1", lambda d: 1))),
     "t5": Family("T5ForConditionalGeneration", _t5_config,
                  _t5_dims() + _varied(30, 5, h=(64, 96, 128, 192, 256), heads=(2, 4, 6, 8), dkv=(16, 32, 48, 64),
                                       i=(128, 256, 384, 512, 1024, 2048), V=(300, 500, 700), B=(1, 2, 3),
@@ -77,12 +77,14 @@ FAMILIES = {
                   ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("heads·S²", lambda d: d["heads"] * d["S"] ** 2),
                   ("T·V", lambda d: _T(d) * d["V"]), ("T", _T), ("S²", lambda d: d["S"] ** 2), ("S", lambda d: d["S"]),
                   ("1", lambda d: 1))),
-    "bart_model": Family("BartModel", lambda d: dict(_bart_config(d), max_position_embeddings=512), _bert_dims() + _ENCODER_VARIED,
+    "bart_model": Family("BartModel", lambda d: dict(_bart_config(d), max_position_embeddings=512),
+                         _bert_dims() + _ENCODER_VARIED,
                          (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES,
                           ("S·h", lambda d: d["S"] * d["h"]), ("T", _T), ("S²", lambda d: d["S"] ** 2),
                           ("B·S²", lambda d: d["B"] * d["S"] ** 2), ("S", lambda d: d["S"]), ("1", lambda d: 1))),
-    "deberta_v2_model": Family("DebertaV2Model", lambda d: dict(_deberta_config(d), max_position_embeddings=512), _deberta_dims() + tuple(
-                                   dict(d, P=p) for d, p in zip(_ENCODER_VARIED, (8, 16, 24, 32, 64, 128) * 10))
+    "deberta_v2_model": Family("DebertaV2Model",
+                               lambda d: dict(_deberta_config(d), max_position_embeddings=512),
+                               _deberta_dims() + tuple(dict(d, P=p) for d, p in zip(_ENCODER_VARIED, (8, 16, 24, 32, 64, 128) * 10))
                                # the MLP's regime (short, wide MLP) and the relative embeddings' (many positions)
                                + _varied(16, 14, h=(64, 128, 192), heads=(2, 4), i=(1024, 1536, 2048), V=(300,),
                                          B=(1, 2, 3), S=(8, 12, 16, 24), P=(4, 8))

@@ -50,22 +50,25 @@ _BART = {2: (PrefillMoment("the decoder's MLP activation", "8·T·h + 4·T·i + 
          4: (PrefillMoment("the decoder's MLP activation", "16·T·h + 8·T·i + 4·S·h + 8·S"),
              PrefillMoment("the decoder's cross-attention", "36·T·h + 4·S·h + 8·S"))}
 # DeBERTa-v2/v3 (the bare DebertaV2Model, eager disentangled attention; 2P relative positions): the scores' scaling,
-# the gathered p2c scores, the repeated and copied position projections, the MLP's GELU
+# the gathered p2c scores, the repeated and copied position projections, the MLP's GELU; its encoder keeps every
+# layer's output (L·T·h) for the hidden states it may return
 _DEBERTA = {
-    2: (PrefillMoment("the attention's scaled scores", "6·T·h + 2·L·T·h + 10·B·heads·S² + 4·B·2P·h + 2·2P·h + 24·S² + "
-                                                       "4·B·S² + 12·T + 10"),
-        PrefillMoment("the p2c gather", "6·T·h + 2·L·T·h + 8·B·heads·S² + 2·B·heads·S·2P + 4·B·2P·h + 2·2P·h + 24·S² + "
-                                        "4·B·S² + 12·T + 8"),
-        PrefillMoment("the repeated position keys", "6·T·h + 2·L·T·h + 2·B·heads·S² + 4·B·2P·h + 4·2P·h + 8·S² + 4·B·S² + "
-                                                    "12·T + 4"),
+    2: (PrefillMoment("the attention's scaled scores",
+                      "6·T·h + 2·L·T·h + 10·B·heads·S² + 4·B·2P·h + 2·2P·h + 24·S² + 4·B·S² + 12·T + 10"),
+        PrefillMoment("the p2c gather",
+                      "6·T·h + 2·L·T·h + 8·B·heads·S² + 2·B·heads·S·2P + 4·B·2P·h "
+                      "+ 2·2P·h + 24·S² + 4·B·S² + 12·T + 8"),
+        PrefillMoment("the repeated position keys",
+                      "6·T·h + 2·L·T·h + 2·B·heads·S² + 4·B·2P·h + 4·2P·h + 8·S² + 4·B·S² + 12·T + 4"),
         PrefillMoment("the heads' copy", "10·T·h + 2·L·T·h + 6·B·heads·S² + 2·2P·h + 8·S² + 5·B·S² + 12·T + 4"),
         PrefillMoment("the MLP's GELU", "2·T·h + 2·L·T·h + 4·T·i + 2·2P·h + 8·S² + 4·B·S² + 12·T")),
-    4: (PrefillMoment("the attention's scaled scores", "12·T·h + 4·L·T·h + 20·B·heads·S² + 8·B·2P·h + 4·2P·h + 24·S² + "
-                                                       "4·B·S² + 12·T + 8"),
-        PrefillMoment("the p2c gather", "12·T·h + 4·L·T·h + 16·B·heads·S² + 4·B·heads·S·2P + 8·B·2P·h + 4·2P·h + 24·S² + "
-                                        "4·B·S² + 12·T + 8"),
-        PrefillMoment("the repeated position keys", "12·T·h + 4·L·T·h + 4·B·heads·S² + 8·B·2P·h + 8·2P·h + 8·S² + 4·B·S² + "
-                                                    "12·T + 4"),
+    4: (PrefillMoment("the attention's scaled scores",
+                      "12·T·h + 4·L·T·h + 20·B·heads·S² + 8·B·2P·h + 4·2P·h + 24·S² + 4·B·S² + 12·T + 8"),
+        PrefillMoment("the p2c gather",
+                      "12·T·h + 4·L·T·h + 16·B·heads·S² + 4·B·heads·S·2P + 8·B·2P·h "
+                      "+ 4·2P·h + 24·S² + 4·B·S² + 12·T + 8"),
+        PrefillMoment("the repeated position keys",
+                      "12·T·h + 4·L·T·h + 4·B·heads·S² + 8·B·2P·h + 8·2P·h + 8·S² + 4·B·S² + 12·T + 4"),
         PrefillMoment("the heads' copy", "20·T·h + 4·L·T·h + 12·B·heads·S² + 4·2P·h + 8·S² + 5·B·S² + 12·T + 4"),
         PrefillMoment("the MLP's GELU", "4·T·h + 4·L·T·h + 8·T·i + 4·2P·h + 8·S² + 4·B·S² + 12·T")),
 }
