@@ -19,8 +19,9 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from fit_activations import (FAMILIES as TRAINING, _T, _bart_config, _bert_dims, _deberta_config, _deberta_dims,
-                             _gpt2_config, _gpt2_dims, _t5_config, _t5_dims, solve)
+from fit_activations import (FAMILIES as TRAINING, _T, _albert_config, _bart_config, _bert_config, _bert_dims,
+                             _deberta_config, _deberta_dims, _electra_config, _gpt2_config, _gpt2_dims, _gptj_config,
+                             _llama_config, _neox_config, _phi3_config, _t5_config, _t5_dims, solve)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ def _varied(count: int, seed: int, **ranges: tuple[int, ...]) -> tuple[dict, ...
 
 
 _SCORES = ("B·heads·S²", lambda d: d["B"] * d["heads"] * d["S"] ** 2)
+_SCORES_ = _SCORES
 _BV = ("B·V", lambda d: d["B"] * d["V"])
 
 # encoders' and encoder-decoders' configs: the MLP's regime, the attention's (long, many heads), the norms'
@@ -49,7 +51,84 @@ _ENCODER_VARIED = (
     + _varied(20, 12, h=(32, 64), heads=(4, 8, 16), i=(64, 128), V=(300,), B=(1, 2), S=(128, 192, 256, 320))
     + _varied(14, 13, h=(256, 384), heads=(2, 4), i=(64, 128), V=(300,), B=(1, 2, 3), S=(16, 24, 40)))
 
+def _decoders(count: int, seed: int, **ranges: tuple[int, ...]) -> tuple[dict, ...]:
+    """Decoder configs: kv heads a divisor of the heads, h = heads × hd unless `h` is given."""
+    import random
+
+    rng = random.Random(seed)
+    configs = []
+    for d in _varied(count, seed, **ranges):
+        d["kv"] = rng.choice([k for k in range(1, d["heads"] + 1) if d["heads"] % k == 0])
+        d.setdefault("h", d["heads"] * d["hd"])
+        configs.append(d)
+    return tuple(configs)
+
+
+_DECODER_RANGES = dict(heads=(2, 4, 6, 8), hd=(16, 32, 64), i=(128, 256, 512, 1024), V=(300, 700, 1200),
+                       B=(1, 2, 3), S=(16, 32, 64, 96, 128))
+_DECODER_LONG = dict(heads=(4, 8, 16), hd=(8, 16), i=(32, 64), V=(300,), B=(1, 2), S=(192, 256, 384))
+_DECODER_VARIED = _decoders(36, 21, **_DECODER_RANGES) + _decoders(16, 22, **_DECODER_LONG)
+# head_dim given apart from h / heads (Llama, Mistral, Gemma-2)
+# a sliding window the sequence fills (W ≤ S), varied apart from S
+_WINDOWED = tuple(dict(d, W=min(d["S"], (8, 16, 24)[n % 3])) for n, d in enumerate(
+    _decoders(36, 24, **_DECODER_RANGES) + _decoders(16, 25, **_DECODER_LONG)))
+_WINDOW_TERMS = ("B·W", lambda d: d["B"] * d["W"]), ("W", lambda d: d["W"]), ("S·W", lambda d: d["S"] * d["W"])
+_DECODER_FREE = _DECODER_VARIED + tuple(d for d in _decoders(30, 23, h=(96, 192, 256, 384), **_DECODER_RANGES)
+                                        if d["h"] % d["heads"] == 0)
+_DECODER_TERMS = (("T·h", lambda d: _T(d) * d["h"]), ("T·q", lambda d: _T(d) * d["heads"] * d["hd"]),
+                  ("T·kv", lambda d: _T(d) * d["kv"] * d["hd"]), ("T·i", lambda d: _T(d) * d["i"]),
+                  ("T·heads", lambda d: _T(d) * d["heads"]), _SCORES_, ("B·S²", lambda d: d["B"] * d["S"] ** 2),
+                  ("S²", lambda d: d["S"] ** 2),
+                  ("S·hd", lambda d: d["S"] * d["hd"]), ("B·V", lambda d: d["B"] * d["V"]), ("T", _T),
+                  ("S", lambda d: d["S"]), ("1", lambda d: 1))
+
+_PHI3_TERMS = tuple(t for t in _DECODER_TERMS if t[0] != "T·q")  # Phi-3 has no head_dim: q = h
+
 FAMILIES = {
+    # Phi-3 (fused qkv and gate-up projections; no head_dim: q = h), below and at its sliding window
+    "phi3": Family("Phi3ForCausalLM", lambda d: dict(_phi3_config(d), head_dim=d["hd"], max_position_embeddings=512),
+                   _DECODER_VARIED, _PHI3_TERMS),
+    "phi3_window": Family("Phi3ForCausalLM", lambda d: dict(_phi3_config(d), max_position_embeddings=512,
+                                                            sliding_window=d["W"]), _WINDOWED,
+                          _PHI3_TERMS + _WINDOW_TERMS),
+    "mistral_window": Family("MistralForCausalLM", lambda d: dict(_llama_config(d), sliding_window=d["W"],
+                                                                  max_position_embeddings=512),
+                             _WINDOWED, _DECODER_TERMS + _WINDOW_TERMS),
+    # Gemma-2 (eager attention: softcapped fp32 scores; sliding and global layers alternate)
+    # (grouped K and V only: with as many kv heads as heads eager attention uses the cache's K and V as they are)
+    "gemma2": Family("Gemma2ForCausalLM", lambda d: dict(_llama_config(d), sliding_window=4096,
+                                                         query_pre_attn_scalar=d["hd"]),
+                     tuple(d for d in _DECODER_FREE if d["kv"] < d["heads"]),
+                     _DECODER_TERMS + (("h", lambda d: d["h"]),)),
+    "gemma2_window": Family("Gemma2ForCausalLM", lambda d: dict(_llama_config(d), sliding_window=d["W"],
+                                                                query_pre_attn_scalar=d["hd"]), _WINDOWED,
+                            _DECODER_TERMS + (("h", lambda d: d["h"]),) + _WINDOW_TERMS),
+    # GPT-J (parallel attention and MLP, the unfused tanh GELU, rotary on the first rd of each head)
+    "gptj": Family("GPTJForCausalLM", lambda d: dict(_gptj_config(d), n_positions=512),
+                   tuple(dict(d, h=d["heads"] * d["hd"], rd=d["hd"] // (1, 2, 4)[n % 3])
+                         for n, d in enumerate(_DECODER_VARIED)),
+                   (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]),
+                    ("T·heads·rd", lambda d: _T(d) * d["heads"] * d["rd"]), ("S·rd", lambda d: d["S"] * d["rd"]),
+                    ("T·rd", lambda d: _T(d) * d["rd"]), ("T·heads", lambda d: _T(d) * d["heads"]), _SCORES,
+                    _BV, ("T", _T), ("S", lambda d: d["S"]), ("1", lambda d: 1))),
+    # GPT-NeoX (Pythia: parallel residual, rotary on a quarter of each head, exact GELU)
+    "gpt_neox": Family("GPTNeoXForCausalLM", lambda d: dict(_neox_config(d), max_position_embeddings=512),
+                       tuple(dict(d, h=d["heads"] * d["hd"], rd=d["hd"] // 4) for d in _DECODER_VARIED),
+                       (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]),
+                        ("T·heads", lambda d: _T(d) * d["heads"]), ("S·rd", lambda d: d["S"] * d["rd"]),
+                        ("T·rd", lambda d: _T(d) * d["rd"]), _SCORES, _BV, ("T", _T), ("S", lambda d: d["S"]),
+                        ("1", lambda d: 1))),
+    # ALBERT (the unfused tanh GELU, embeddings of width e) and ELECTRA's discriminator: every token scored
+    "albert": Family("AlbertForMaskedLM", lambda d: dict(_albert_config(d), max_position_embeddings=512),
+                     tuple(dict(d, e=e) for d, e in zip(_bert_dims() + _ENCODER_VARIED, (16, 32, 48, 64) * 20)),
+                     (("T·h", lambda d: _T(d) * d["h"]), ("T·e", lambda d: _T(d) * d["e"]),
+                      ("T·i", lambda d: _T(d) * d["i"]), ("T·V", lambda d: _T(d) * d["V"]), _SCORES, ("T", _T),
+                      ("S·h", lambda d: d["S"] * d["h"]), ("S", lambda d: d["S"]), ("1", lambda d: 1))),
+    "electra": Family("ElectraForPreTraining", lambda d: dict(_electra_config(d), max_position_embeddings=512),
+                      _bert_dims() + _ENCODER_VARIED,
+                      (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]), _SCORES, ("T", _T),
+                       ("S·h", lambda d: d["S"] * d["h"]), ("B·S²", lambda d: d["B"] * d["S"] ** 2),
+                       ("S", lambda d: d["S"]), ("1", lambda d: 1))),
     # n_inner varied apart from 4h (every GPT-2 preset has 4h)
     "gpt2": Family("GPT2LMHeadModel", lambda d: dict(_gpt2_config(d), n_inner=d["i"]),
                    tuple(dict(d, i=i) for d, i in zip(_gpt2_dims(), (1000, 300, 640, 400, 900, 512, 200))),
@@ -118,8 +197,10 @@ def workspace(family: Family, dims: dict, layers: int = 2) -> tuple[int, int, st
                 "num_decoder_layers"):
         if key in kwargs:
             kwargs[key] = layers
-    config_class = getattr(transformers, TRAINING_CONFIG.get(family.cls, family.cls.replace(
-        "ForConditionalGeneration", "Config").replace("LMHeadModel", "Config").replace("Model", "Config")))
+    import re
+
+    config_class = getattr(transformers, re.sub(
+        r"(ForCausalLM|ForMaskedLM|LMHeadModel|ForPreTraining|ForConditionalGeneration|Model)$", "Config", family.cls))
     config = config_class(**kwargs)
     raw = config.to_dict()
     raw["architectures"] = [family.cls]
@@ -127,7 +208,8 @@ def workspace(family: Family, dims: dict, layers: int = 2) -> tuple[int, int, st
                                 model_class=family.cls)
     traced = traced_prefill_peak(getattr(transformers, family.cls), config, batch=dims["B"], seq=dims["S"],
                                  dtype=DTYPES[DTYPE[0]])
-    kv = memory.kv_cache.bytes if memory.kv_cache else 0
+    # the cache as the prefill ends: a windowed layer still holds the whole prompt's K and V (kv_cache.py)
+    kv = memory.kv_cache.bytes + memory.kv_cache.prefill_extra(dims["B"], dims["S"]) if memory.kv_cache else 0
     return traced - memory.weights.bytes - memory.weights.buffer_bytes, kv, _peak_module(family, config)
 
 
@@ -183,18 +265,16 @@ def _peak_module(family: Family, config) -> str:
     with tracker, Ops(), torch.no_grad():
         model(**kwargs)
     assert dims is not None
-    return re.sub(r"\.\d+\.", ".*.", where[1].split(".", 1)[-1])
+    path = where[1].split(".", 1)[-1]
+    return path if KEEP_DIGITS[0] else re.sub(r"\.\d+\.", ".*.", path)
 
 
 CURRENT: dict = {}
 SEEN: dict[str, list] = {}  # location → the configs peaking there (for --show)
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 DTYPE = ["bf16"]  # --fp32: fit the fp32 prefill
+KEEP_DIGITS = [False]  # --layers: group by the layer too
 OPS = [False]  # --ops: group the configs by the op at the peak too, not the module alone
-
-
-TRAINING_CONFIG = {"GPT2LMHeadModel": "GPT2Config", "T5ForConditionalGeneration": "T5Config",
-                   "BartModel": "BartConfig", "DebertaV2Model": "DebertaV2Config"}
 
 
 def fit(name: str) -> None:
@@ -253,6 +333,9 @@ def main(argv: list[str]) -> int:
     if "--fp32" in argv:
         argv = [a for a in argv if a != "--fp32"]
         DTYPE[0] = "fp32"
+    if "--layers" in argv:
+        argv = [a for a in argv if a != "--layers"]
+        KEEP_DIGITS[0] = True
     if "--ops" in argv:
         argv = [a for a in argv if a != "--ops"]
         OPS[0] = True

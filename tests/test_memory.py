@@ -346,6 +346,20 @@ _PREFILL_MOMENTS = [
                          "position_buckets": 8}, 1, 32, "the heads' copy"),
     ("deberta-v3-base", {"hidden_size": 256, "num_attention_heads": 2, "intermediate_size": 64,
                          "position_buckets": 128}, 1, 8, "the repeated position keys"),
+    ("pythia-160m", {"intermediate_size": 512}, 2, 256, "the attention's rotary copy"),
+    ("pythia-160m", {}, 2, 64, "the MLP's GELU"),
+    ("gpt-j-6b", {"n_embd": 256, "n_head": 4, "rotary_dim": 16, "n_inner": 2048}, 2, 64, "the MLP's unfused GELU"),
+    ("gpt-j-6b", {"n_embd": 256, "n_head": 8, "rotary_dim": 16, "n_inner": 256}, 2, 64,
+     "the attention's rotary halves"),
+    ("phi-3-mini-4k-instruct", {}, 1, 512, "the MLP's gate-up halves"),
+    ("phi-3-mini-4k-instruct", {"intermediate_size": 1024}, 2, 256, "the attention's K and V copies"),
+    ("albert-base-v2", {"vocab_size": 300}, 2, 256, "the MLP's unfused GELU"),
+    ("albert-base-v2", {"vocab_size": 300, "intermediate_size": 256}, 2, 128, "the attention's norm"),
+    ("albert-base-v2", {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 64}, 1, 128,
+     "the head's logits for every token"),
+    ("electra-base-discriminator", {}, 2, 256, "the MLP's GELU"),
+    ("electra-base-discriminator", {"intermediate_size": 512}, 2, 128, "the output's norm"),
+    ("mistral-7b", {"sliding_window": 64}, 2, 256, "the sliding window's mask"),  # the Llama formula, windowed
 ]
 
 
@@ -372,6 +386,23 @@ def test_fitted_prefill_moments_equal_memtracker(preset, change, batch, seq, mom
                                  dtype={"bf16": "bfloat16", "fp32": "float32"}[dtype])
     assert memory.peak == traced
     assert moment in memory.activations.arithmetic
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("preset, change, batch, seq, moment", [
+    ("gemma-2-2b", {}, 1, 256, "the MLP's gate and up"),
+    ("gemma-2-2b", {}, 1, 4096, "the attention's fp32 softmax"),  # its own window filled: the sliding layers' K, V
+    ("gemma-2-9b", {"num_key_value_heads": 1}, 1, 4096, "the attention's fp32 softmax"),  # one kv head: views
+])
+def test_gemma2_prefill_equals_memtracker(preset, change, batch, seq, moment, dtype):
+    """Gemma-2's eager attention: bf16 scores softcapped and softmaxed in fp32, a full and a sliding mask; K and V
+    repeated to the query heads are copies unless there is one kv head."""
+    test_fitted_prefill_moments_equal_memtracker(preset, change, batch, seq, moment, dtype)
+
+
+def test_a_family_not_fitted_at_its_dtype_says_so():
+    _, memory = estimate_memory("gpt-neox-20b", MemoryOptions(seq=256))  # gelu_fast: the Llama formula, said
+    assert any("not fitted for GPT-NeoX with another activation" in note for note in memory.notes)
 
 
 def test_weights_by_role_component_and_dtype_sum_to_the_total():

@@ -15,6 +15,7 @@ from .dtypes import itemsize, torch_name
 from .hardware import Accelerator, find_accelerator
 from .kv_cache import KVCache, config_int, is_mla, kv_cache, text_config
 from .memory import DEFAULT_RESERVE, MemoryEstimate, fit_on, fit_table, prefill_workspace
+from .prefill import family_workspace
 from .quantization import declared_format, weight_format
 from .weights import quantized_names, weight_memory
 
@@ -72,10 +73,20 @@ def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cach
     from ..api import as_source
     from .cost_facts import answer_from_facts_or_build
 
+    from ..api import _is_module, inspect_module
+    from .model_view import from_module
+
     options.check()
     accelerator = find_accelerator(options.gpu) if options.gpu else None
     if options.kv_dtype is not None:
         torch_name(options.kv_dtype)  # a bad name fails before the build
+    if _is_module(model):  # a user's module, counted as it is; a transformers one brings its config
+        if any(v for k, v in model_options.items() if k != "trust_remote_code"):
+            raise ParamscopeError("--class, --task and --num-labels apply to configs, not to a live module")
+        config = getattr(model, "config", None)
+        fmt, origin, not_convert = storage_format(config.to_dict() if hasattr(config, "to_dict") else {}, options)
+        report, view = inspect_module(model), from_module(model)
+        return report, serving_estimate(report, view, options, fmt, origin, not_convert, accelerator), view
     source = as_source(model, model_options.pop("revision", None))
     fmt, origin, not_convert = storage_format(source.config, options)
     report, view, estimate = answer_from_facts_or_build(
@@ -115,12 +126,22 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     shape = dict(dtype_size=itemsize(fmt.compute_dtype), vocab=vocab, layers=report.num_layers or 1,
                  gated=any(role in report.breakdown for role in ("mlp.gate", "mlp.gate_up")),
                  every_token_logits=cache is None, class_name=view.class_name)
+    if not config_int(text, "hidden_size", "d_model", "n_embd"):
+        notes.append("no config with a hidden size (a plain module): the prefill workspace is not estimated, only "
+                      "the weights; --trace runs the module on token ids where its forward takes input_ids")
+    fitted = family_workspace(text, view.class_name, batch=options.batch, seq=seq, dtype_size=shape["dtype_size"],
+                              cache_bytes=0)
+    if isinstance(fitted, str):
+        notes.append(f"the prefill workspace takes the Llama-style formula: its family's moments were not fitted for "
+                     f"{fitted}; --trace measures it")
     workspace = prefill_workspace(config, batch=options.batch, seq=seq, **shape,
-                                  cache_bytes=cache.at(options.batch, seq) if cache is not None else 0)
+                                  cache_bytes=cache.at(options.batch, seq) if cache is not None else 0,
+                                  window_extra=cache.prefill_extra(options.batch, seq) if cache is not None else 0)
 
     def peak_at(batch: int, length: int) -> int:
         kv = cache.at(batch, length) if cache is not None else 0
-        work = prefill_workspace(config, batch=batch, seq=length, **shape, cache_bytes=kv).bytes
+        extra = cache.prefill_extra(batch, length) if cache is not None else 0
+        work = prefill_workspace(config, batch=batch, seq=length, **shape, cache_bytes=kv, window_extra=extra).bytes
         return weights.bytes + weights.buffer_bytes + kv + work
 
     peak = peak_at(options.batch, seq)

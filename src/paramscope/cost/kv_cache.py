@@ -55,6 +55,11 @@ class KVCache:
         """Bytes at another batch and context length (windows and fixed states included)."""
         return sum(batch * (g.fixed + g.per_token * _held(g, seq)) + g.constant for g in self.groups)
 
+    def prefill_extra(self, batch: int, seq: int) -> int:
+        """Bytes a windowed layer's cache still holds beyond its window as the prefill ends: transformers keeps a
+        slice of the whole prompt's K and V (a view, so their storage), until the first decode step concatenates."""
+        return sum(batch * g.per_token * (seq - _held(g, seq)) for g in self.groups if _window_of(g.kind))
+
 
 def _held(group: CacheGroup, seq: int) -> int:
     window = _window_of(group.kind)

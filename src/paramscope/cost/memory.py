@@ -65,7 +65,7 @@ class MemoryEstimate(HtmlDisplay):
 
 def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, vocab: int | None, gated: bool = True,
                       layers: int = 2, every_token_logits: bool = False, class_name: str = "",
-                      cache_bytes: int = 0) -> Workspace:
+                      cache_bytes: int = 0, window_extra: int = 0) -> Workspace:
     """The prefill's working memory on top of weights, buffers and the KV cache, at its peak: the last layer.
 
     Live then, per token: the embedding output (the model keeps `inputs_embeds`) and the layer's input (h each,
@@ -87,10 +87,12 @@ def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, voc
     text = text_config(config)
     family = family_workspace(text, class_name, batch=batch, seq=seq, dtype_size=dtype_size,
                               cache_bytes=cache_bytes) if class_name else None
+    beyond = (f" + the sliding layers' prompt K and V beyond their windows, kept until the first decode step "
+              f"{window_extra:,} B" if window_extra else "")
     if isinstance(family, tuple):
         layer_peak, text_line = family
         logits = batch * (vocab or 0) * dtype_size * (seq if every_token_logits else 1)
-        return Workspace(max(layer_peak, logits), text_line, logits)
+        return Workspace(max(layer_peak, logits) + window_extra, text_line + beyond, logits)
     hidden = config_int(text, "hidden_size", "d_model", "n_embd") or 0
     inner = config_int(text, "intermediate_size", "ffn_dim", "n_inner", "d_ff", "decoder_ffn_dim") or 4 * hidden
     held = 2 if layers > 1 else 1
@@ -101,10 +103,13 @@ def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, voc
     rotary = getattr(text, "rope_parameters", None) is not None or getattr(text, "rope_theta", None) is not None
     rope = 2 * seq * head_dim * dtype_size if rotary else 0
     positions = seq * 8
-    layer_peak = batch * seq * per_token + rope + positions
+    # a sequence that fills the sliding window: sdpa takes a boolean S × S mask, shared by the batch
+    window = config_int(text, "sliding_window") if window_extra else None
+    mask = seq * seq if window else 0
+    layer_peak = batch * seq * per_token + rope + positions + mask
     text_line = (f"{batch} × {seq:,} tokens × ({held + 2} × hidden {hidden:,} + {mlp} × intermediate {inner:,}) × "
                  f"{dtype_size} B" + (f" + RoPE cos/sin 2 × {seq:,} × {head_dim} × {dtype_size} B" if rope else "")
-                 + f" + position ids {seq:,} × 8 B")
+                 + f" + position ids {seq:,} × 8 B" + (f" + the sliding window's mask {seq:,}² × 1 B" if mask else ""))
     if every_token_logits and vocab:
         logits = batch * seq * vocab * dtype_size
         head_peak = batch * seq * (vocab + 2 * hidden) * dtype_size
@@ -113,7 +118,7 @@ def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, voc
                                         f"{hidden:,}) × {dtype_size} B, every token's logits", logits)
         return Workspace(layer_peak, text_line, logits)
     logits = batch * (vocab or 0) * dtype_size
-    return Workspace(max(layer_peak, logits), text_line, logits)
+    return Workspace(max(layer_peak, logits) + window_extra, text_line + beyond, logits)
 
 
 def fit_table(peak_at, reserve: int, *, batch: int, seq: int, max_context: int | None = None,

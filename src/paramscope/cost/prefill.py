@@ -73,6 +73,44 @@ _DEBERTA = {
         PrefillMoment("the MLP's GELU", "4·T·h + 4·L·T·h + 8·T·i + 4·2P·h + 8·S² + 4·B·S² + 12·T")),
 }
 
+# GPT-NeoX (Pythia: parallel residual, exact GELU, rotary on rd of each head): the MLP's GELU or the attention
+_NEOX = {2: (PrefillMoment("the MLP's GELU", "8·T·h + 4·T·i + 4·S·rd + 8·S"),
+             PrefillMoment("the attention's rotary copy", "18·T·h + 4·S·rd + 8·S")),
+         4: (PrefillMoment("the MLP's GELU", "16·T·h + 8·T·i + 8·S·rd + 8·S"),
+             PrefillMoment("the attention's rotary copy", "36·T·h + 8·S·rd + 8·S"))}
+# GPT-J (parallel attention and MLP, the unfused tanh GELU, rotary on the first rd of each head)
+_GPTJ = {2: (PrefillMoment("the MLP's unfused GELU", "8·T·h + 8·T·i + 2·S·rd + 8·S"),
+             PrefillMoment("the attention's rotary halves", "16·T·h + 4·T·heads·rd + 2·S·rd + 8·S")),
+         4: (PrefillMoment("the MLP's unfused GELU", "16·T·h + 16·T·i + 4·S·rd + 8·S"),
+             PrefillMoment("the attention's rotary halves", "32·T·h + 8·T·heads·rd + 4·S·rd + 8·S"))}
+# Phi-3 (fused qkv and gate-up projections), below its sliding window
+_PHI3 = {2: (PrefillMoment("the MLP's gate-up halves", "8·T·h + 8·T·i + 4·S·hd + 8·S"),
+             PrefillMoment("the attention's K and V copies", "14·T·h + 4·T·kv + 4·S·hd + 8·S")),
+         4: (PrefillMoment("the MLP's gate-up halves", "16·T·h + 16·T·i + 8·S·hd + 8·S"),
+             PrefillMoment("the attention's K and V copies", "28·T·h + 8·T·kv + 8·S·hd + 8·S"))}
+# Gemma-2 (eager attention: bf16 scores, softcapped and softmaxed in fp32; a full and a sliding mask, both built):
+# the softmax, where K and V repeated to the query heads are copies (R = 1) unless one kv head (a view) or as many
+# as the heads (no repeat); or the MLP, beside the attention weights the layer still holds
+_GEMMA2 = {2: (PrefillMoment("the attention's fp32 softmax",
+                             "10·B·heads·S² + 6·T·h + 2·T·q + 4·R·T·q + 4·B·S² + 4·S·hd + 8·S"),
+               PrefillMoment("the MLP's gate and up", "8·T·h + 6·T·i + 2·B·heads·S² + 4·B·S² + 4·S·hd + 8·S")),
+           4: (PrefillMoment("the attention's fp32 softmax",
+                             "8·B·heads·S² + 12·T·h + 4·T·q + 8·R·T·q + 8·B·S² + 8·S·hd + 8·S"),
+               PrefillMoment("the MLP's gate and up", "16·T·h + 12·T·i + 4·B·heads·S² + 8·B·S² + 8·S·hd + 8·S"))}
+_PHI3_WINDOW: dict[int, tuple] = {}
+# ALBERT (the shared layer's unfused tanh GELU, embeddings of width e) and its masked-LM head over every token
+_ALBERT = {2: (PrefillMoment("the MLP's unfused GELU", "4·T·h + 2·T·e + 8·T·i"),
+               PrefillMoment("the attention's norm", "14·T·h + 2·T·e + 4·T"),
+               PrefillMoment("the head's logits for every token", "2·T·V + 2·T·h + 2·T·e")),
+           4: (PrefillMoment("the MLP's unfused GELU", "8·T·h + 4·T·e + 16·T·i"),
+               PrefillMoment("the attention's norm", "28·T·h + 4·T·e + 8·T"),
+               PrefillMoment("the head's logits for every token", "4·T·V + 4·T·h + 4·T·e"))}
+# ELECTRA's discriminator (BERT's layers, one logit a token)
+_ELECTRA = {2: (PrefillMoment("the MLP's GELU", "6·T·h + 4·T·i"),
+                PrefillMoment("the output's norm", "12·T·h + 2·T·i + 4·T")),
+            4: (PrefillMoment("the MLP's GELU", "12·T·h + 8·T·i"),
+                PrefillMoment("the output's norm", "24·T·h + 4·T·i + 8·T"))}
+
 _TERM = re.compile(r"([+-])?\s*(\d+)(?:·(\S+))?")
 
 
@@ -85,16 +123,17 @@ def evaluate(formula: str, dims: dict[str, int]) -> int:
 
 
 def _term(term: str, d: dict[str, int]) -> int:
-    values = {"T": d["B"] * d["S"], "S²": d["S"] ** 2, "2P": d.get("P2", 0), "L": d.get("layers", 0)}
+    values = {"T": d["B"] * d["S"], "S²": d["S"] ** 2, "2P": d.get("P2", 0), "L": d.get("layers", 0),
+              "R": d.get("R", 0)}
     value = 1
     for factor in term.split("·"):
         value *= values[factor] if factor in values else d[factor]
     return value
 
 
-def prefill_moments(config: Any, class_name: str) -> tuple[str, dict[str, int], dict[int, tuple]] | str | None:
-    """(the family, its dimensions, its moments by compute dtype size) for a layout fitted here; the words naming
-    what of the config was not fitted; or None for a family without moments here."""
+def prefill_moments(config: Any, class_name: str, seq: int) -> tuple[str, dict[str, int], dict[int, tuple]] | str | None:
+    """(the family, its dimensions, its moments by compute dtype size) for a layout fitted here at `seq` tokens; the
+    words naming what of the config was not fitted; or None for a family without moments here."""
     from .activations.encoders import deberta_layout_issue
     from .kv_cache import config_int
 
@@ -122,6 +161,53 @@ def prefill_moments(config: Any, class_name: str) -> tuple[str, dict[str, int], 
         if getattr(config, "activation_function", None) != "gelu" or getattr(config, "normalize_before", False):
             return "BART with another activation or pre-LN layers (fitted: gelu, post-LN)"
         return "BART (bare)", {"h": h, "i": sides.pop()}, _BART
+    if model_type == "gpt_neox" and class_name == "GPTNeoXForCausalLM":
+        h, heads, inner = (config_int(config, k) for k in ("hidden_size", "num_attention_heads", "intermediate_size"))
+        rope = getattr(config, "rope_parameters", None)
+        fraction = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else \
+            getattr(config, "rotary_pct", None)
+        if None in (h, heads, inner) or not isinstance(fraction, (int, float)):
+            return "a GPT-NeoX config without hidden_size, num_attention_heads, intermediate_size or rotary_pct"
+        if getattr(config, "hidden_act", None) != "gelu" or getattr(config, "use_parallel_residual", None) is not True:
+            return "GPT-NeoX with another activation or a sequential residual (fitted: gelu, parallel)"
+        return "GPT-NeoX", {"h": h, "i": inner, "rd": int(h // heads * fraction)}, _NEOX
+    if model_type == "gptj" and class_name == "GPTJForCausalLM":
+        h, heads = config_int(config, "n_embd"), config_int(config, "n_head")
+        if None in (h, heads) or getattr(config, "activation_function", None) != "gelu_new":
+            return "GPT-J with another activation (fitted: gelu_new)"
+        rotary = config_int(config, "rotary_dim") or h // heads
+        return "GPT-J", {"h": h, "heads": heads, "i": config_int(config, "n_inner") or 4 * h, "rd": rotary}, _GPTJ
+    if model_type == "phi3" and class_name == "Phi3ForCausalLM":
+        h, heads, inner = (config_int(config, k) for k in ("hidden_size", "num_attention_heads", "intermediate_size"))
+        if None in (h, heads, inner):
+            return "a Phi-3 config without hidden_size, num_attention_heads or intermediate_size"
+        kv = config_int(config, "num_key_value_heads") or heads
+        window = config_int(config, "sliding_window")
+        dims = {"h": h, "i": inner, "hd": h // heads, "kv": kv * (h // heads), "W": window or 0}
+        if window and seq >= window:  # sdpa takes a mask, K and V repeated to the query heads
+            return ("Phi-3 at its sliding window", dims, _PHI3_WINDOW) if _PHI3_WINDOW else \
+                "a sequence that fills the sliding window"
+        return "Phi-3", dims, _PHI3
+    if model_type == "gemma2" and class_name == "Gemma2ForCausalLM":
+        h, heads, inner = (config_int(config, k) for k in ("hidden_size", "num_attention_heads", "intermediate_size"))
+        if None in (h, heads, inner):
+            return "a Gemma-2 config without hidden_size, num_attention_heads or intermediate_size"
+        kv = config_int(config, "num_key_value_heads") or heads
+        hd = config_int(config, "head_dim") or h // heads
+        return "Gemma-2", {"h": h, "heads": heads, "i": inner, "q": heads * hd, "hd": hd,
+                           "R": 1 if 1 < kv < heads else 0}, _GEMMA2
+    if model_type == "albert" and class_name == "AlbertForMaskedLM":
+        h, e, inner, vocab = (config_int(config, k) for k in ("hidden_size", "embedding_size", "intermediate_size",
+                                                              "vocab_size"))
+        if None in (h, e, inner, vocab) or getattr(config, "hidden_act", None) != "gelu_new":
+            return "ALBERT with another activation (fitted: gelu_new)"
+        return "ALBERT", {"h": h, "e": e, "i": inner, "V": vocab}, _ALBERT
+    if model_type == "electra" and class_name == "ElectraForPreTraining":
+        h, inner = config_int(config, "hidden_size"), config_int(config, "intermediate_size")
+        if None in (h, inner) or config_int(config, "embedding_size") not in (None, h) or \
+                getattr(config, "hidden_act", None) != "gelu":
+            return "ELECTRA with narrower embeddings or another activation (fitted: electra-base's)"
+        return "ELECTRA discriminator", {"h": h, "i": inner}, _ELECTRA
     if model_type == "deberta-v2" and class_name == "DebertaV2Model":
         issue = deberta_layout_issue(config)
         if isinstance(issue, str):
@@ -134,7 +220,7 @@ def family_workspace(config: Any, class_name: str, *, batch: int, seq: int, dtyp
                      cache_bytes: int) -> tuple[int, str] | str | None:
     """(bytes beyond weights, buffers and the KV cache, arithmetic) at the family's largest moment; the words why
     not (a config or dtype not fitted); None for a family without moments here."""
-    found = prefill_moments(config, class_name)
+    found = prefill_moments(config, class_name, seq)
     if not isinstance(found, tuple):
         return found
     family, dims, tables = found
