@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from fit_activations import (FAMILIES as TRAINING, _T, _albert_config, _bart_config, _bert_config, _bert_dims,
+from fit_activations import (FAMILIES as TRAINING, _T, _albert_config, _mixtral_config, _moe_dims, _bart_config, _bert_config, _bert_dims,
                              _deberta_config, _deberta_dims, _electra_config, _gpt2_config, _gpt2_dims, _gptj_config,
                              _llama_config, _neox_config, _phi3_config, _t5_config, _t5_dims, solve)
 
@@ -85,6 +85,17 @@ _DECODER_TERMS = (("T·h", lambda d: _T(d) * d["h"]), ("T·q", lambda d: _T(d) *
 _PHI3_TERMS = tuple(t for t in _DECODER_TERMS if t[0] != "T·q")  # Phi-3 has no head_dim: q = h
 
 FAMILIES = {
+    # Mixtral (a router, then each token's k experts, run grouped: tokens sorted by expert)
+    "mixtral": Family("MixtralForCausalLM", lambda d: dict(_mixtral_config(d), max_position_embeddings=512),
+                      _moe_dims() + tuple(dict(d, h=16 * (d["h"] // 16), i=16 * (d["i"] // 16 + 1), E=e, k=k)
+                                          for d, e, k in zip(_DECODER_FREE, (4, 8, 6, 3, 16, 5, 2, 12) * 9,
+                                                             (2, 1, 3, 2, 4, 1, 2, 3) * 9)
+                                          if d["hd"] % 16 == 0 and d["h"] >= 64),
+                      (("T·h", lambda d: _T(d) * d["h"]), ("T·q", lambda d: _T(d) * d["heads"] * d["hd"]),
+                       ("T·kv", lambda d: _T(d) * d["kv"] * d["hd"]), ("T·k·i", lambda d: _T(d) * d["k"] * d["i"]),
+                       ("T·k·h", lambda d: _T(d) * d["k"] * d["h"]), ("T·E", lambda d: _T(d) * d["E"]),
+                       ("T·k", lambda d: _T(d) * d["k"]), ("T", _T), ("S·hd", lambda d: d["S"] * d["hd"]),
+                       ("E", lambda d: d["E"]), ("S", lambda d: d["S"]), ("1", lambda d: 1))),
     # Phi-3 (fused qkv and gate-up projections; no head_dim: q = h), below and at its sliding window
     "phi3": Family("Phi3ForCausalLM", lambda d: dict(_phi3_config(d), head_dim=d["hd"], max_position_embeddings=512),
                    _DECODER_VARIED, _PHI3_TERMS),

@@ -400,6 +400,17 @@ def test_gemma2_prefill_equals_memtracker(preset, change, batch, seq, moment, dt
     test_fitted_prefill_moments_equal_memtracker(preset, change, batch, seq, moment, dtype)
 
 
+@pytest.mark.parametrize("preset, change, batch, seq, moment", [
+    ("mixtral-8x7b", {}, 1, 512, "the experts' intermediates"),
+    ("mixtral-8x7b", {"intermediate_size": 512, "hidden_size": 1024}, 2, 256, "the tokens gathered by expert"),
+])
+def test_mixtral_prefill_in_16_bits_equals_memtracker(preset, change, batch, seq, moment):
+    """Mixtral's routed experts, fitted in 16 bits (its checkpoints' dtype); fp32 takes the Llama formula, said."""
+    test_fitted_prefill_moments_equal_memtracker(preset, change, batch, seq, moment, "bf16")
+    _, memory = estimate_memory(preset, MemoryOptions(dtype="fp32", seq=256))
+    assert any("not fitted for Mixtral computing in 4-byte floats" in note for note in memory.notes)
+
+
 def test_a_family_not_fitted_at_its_dtype_says_so():
     _, memory = estimate_memory("gpt-neox-20b", MemoryOptions(seq=256))  # gelu_fast: the Llama formula, said
     assert any("not fitted for GPT-NeoX with another activation" in note for note in memory.notes)

@@ -97,6 +97,11 @@ _GEMMA2 = {2: (PrefillMoment("the attention's fp32 softmax",
            4: (PrefillMoment("the attention's fp32 softmax",
                              "8·B·heads·S² + 12·T·h + 4·T·q + 8·R·T·q + 8·B·S² + 8·S·hd + 8·S"),
                PrefillMoment("the MLP's gate and up", "16·T·h + 12·T·i + 4·B·heads·S² + 8·B·S² + 8·S·hd + 8·S"))}
+# Mixtral (a router, then each token's k experts, run grouped with the tokens sorted by expert), in 16 bits: the
+# experts' intermediates, or the gathered tokens
+_MIXTRAL = {2: (PrefillMoment("the experts' intermediates",
+                              "8·T·h + 8·T·k·i + 2·T·k·h + 2·T·E + 36·T·k + 4·S·hd + 8·E + 8·S"),
+                PrefillMoment("the tokens gathered by expert", "8·T·h + 12·T·k·h + 2·T·E + 44·T·k + 4·S·hd + 8·E + 8·S"))}
 _PHI3_WINDOW: dict[int, tuple] = {}
 # ALBERT (the shared layer's unfused tanh GELU, embeddings of width e) and its masked-LM head over every token
 _ALBERT = {2: (PrefillMoment("the MLP's unfused GELU", "4·T·h + 2·T·e + 8·T·i"),
@@ -196,6 +201,16 @@ def prefill_moments(config: Any, class_name: str, seq: int) -> tuple[str, dict[s
         hd = config_int(config, "head_dim") or h // heads
         return "Gemma-2", {"h": h, "heads": heads, "i": inner, "q": heads * hd, "hd": hd,
                            "R": 1 if 1 < kv < heads else 0}, _GEMMA2
+    if model_type == "mixtral" and class_name == "MixtralForCausalLM":
+        h, heads, inner = (config_int(config, k) for k in ("hidden_size", "num_attention_heads", "intermediate_size"))
+        experts, chosen = config_int(config, "num_local_experts"), config_int(config, "num_experts_per_tok")
+        if None in (h, heads, inner, experts, chosen):
+            return "a Mixtral config without its widths or experts"
+        window = config_int(config, "sliding_window")
+        if window and seq >= window:
+            return "a sequence that fills the sliding window"
+        hd = config_int(config, "head_dim") or h // heads
+        return "Mixtral", {"h": h, "i": inner, "E": experts, "k": chosen, "hd": hd}, _MIXTRAL
     if model_type == "albert" and class_name == "AlbertForMaskedLM":
         h, e, inner, vocab = (config_int(config, k) for k in ("hidden_size", "embedding_size", "intermediate_size",
                                                               "vocab_size"))

@@ -176,11 +176,10 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     def analytic_phases(act: TrainingActivations, batch: int, length: int) -> tuple[PhaseFigure, ...]:
         end = gradients + embedding_gradient(text, batch=batch, seq=length, precision=precision) + 2 * tied
         figures = [PhaseFigure(m.phase, resident + m.bytes, m.where, m.arithmetic) for m in act.moments]
-        how = f"gradients {gradients:,} + the embedding output's gradient"
+        how = f"gradients {gradients:,} + {end - gradients:,}: the embedding output's gradient"
         if tied:
-            how += f" + 2 × the tied embedding's gradient {tied:,} (its own and their sum, beside the head's)"
-        figures.append(PhaseFigure("backward", resident + end, "end of backward", f"{how} = {end - gradients:,}",
-                                   gradients))
+            how += f" and 2 × the tied embedding's gradient {tied:,} (its own and their sum, beside the head's)"
+        figures.append(PhaseFigure("backward", resident + end, "end of backward", how, gradients))
         figures.append(PhaseFigure("optimizer step", resident + gradients + step_bytes, "optimizer step",
                                    f"gradients {gradients:,}; {step_text}", gradients))
         return tuple(figures)
@@ -321,7 +320,7 @@ def _own_dtypes(report: Any, own: frozenset[str]) -> dict[str, int]:
 def _step_temporaries(optimizer: str, gradients: int) -> tuple[int, str]:
     """(bytes, words) the optimizer's step allocates beside the states, as the step runs on a GPU."""
     if optimizer in ("adamw", "adam"):
-        return 0, "the fused AdamW step keeps no temporaries"
+        return 0, f"the fused {'AdamW' if optimizer == 'adamw' else 'Adam'} step keeps no temporaries"
     if optimizer in ("sgd", "sgd-momentum"):
         return 0, "the foreach SGD step updates in place"
     if optimizer == "adafactor":

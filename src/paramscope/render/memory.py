@@ -94,9 +94,12 @@ def _totals(estimate) -> Table:
     if estimate.activations is not None:
         table.add_row("prefill workspace", exact(estimate.activations.bytes), binary(estimate.activations.bytes),
                       estimate.activations.arithmetic)
-    how = ("measured: generate()'s prefill and a decode step on fake tensors (MemTracker), with the stored weights"
-           if estimate.engine == "traced" else
-           "the sum above: weights stay resident, the cache is full at the end of the prefill")
+    if estimate.engine == "traced":
+        how = ("measured: generate()'s prefill and a decode step on fake tensors (MemTracker), with the stored weights"
+               if cache is not None else "measured: one forward on fake tensors (MemTracker), with the stored weights")
+    else:
+        how = ("the sum above: weights stay resident, the cache is full at the end of the prefill" if cache is not None
+               else "the sum above: weights stay resident; no cache (the model does not generate)")
     table.add_row(f"peak ({estimate.peak_phase})", exact(estimate.peak), binary(estimate.peak), how, style="bold")
     table.add_row("+ reserve", exact(estimate.reserve), binary(estimate.reserve),
                   "CUDA context and allocator fragmentation (--reserve)")
@@ -113,7 +116,8 @@ def _cache_table(cache) -> Table:
     table.add_column("bytes", justify="right", no_wrap=True)
     for group in cache.groups:
         how = group.arithmetic + (" per sequence" if group.kind == "recurrent state" else "")
-        table.add_row(group.kind, str(group.layers), exact(group.tokens), how, exact(group.bytes))
+        held = "fixed" if group.kind == "recurrent state" else exact(group.tokens)  # a state, not tokens
+        table.add_row(group.kind, str(group.layers), held, how, exact(group.bytes))
     for note in cache.notes:
         table.add_row("", "", "", f"note: {note}", "")
     return table
