@@ -1,16 +1,19 @@
 """Fit the analytic prefill workspace (src/paramscope/cost/prefill.py) to the traced prefill, exactly.
 
-    python bench/fit_prefill.py [--fp32] [FAMILY ...]      # default: every family below, in bf16
+    python bench/fit_prefill.py [--fp32] [--ops] [--layers] [FAMILY ...]    # default: every family, in bf16
 
-For each family, the prefill generate() runs (use_cache, the last token's logits; every token for a model that does
-not generate) is traced on fake tensors in bf16 (cost/probe.py, MemTracker) at varied small configs, batches and
-lengths. The workspace is the traced peak less the weights, buffers and KV cache, which the analytic engine has
-exactly (weights.py, kv_cache.py). Its coefficients in the family's terms (T·h, T·i, B·heads·S², …) are solved by
-least squares in whole bytes and checked on every config: "exact", or the residuals.
+For each family, the prefill generate() runs (use_cache, the last token's logits; every token, and no cache, for a
+model that does not generate) is traced on fake tensors in bf16 or fp32 (cost/probe.py, MemTracker) at varied small
+configs, batches and lengths. The workspace is the traced peak less the weights, buffers and KV cache, which the
+analytic engine has exactly (weights.py, kv_cache.py; a windowed layer's cache as the prefill ends holds the whole
+prompt, `prefill_extra`).
 
-The peak is the largest moment of one layer's forward, so a family whose largest moment changes with the config
-(the MLP's intermediates against the attention's scores) is fitted per regime: the dims of each family are chosen
-in the regime its presets run in, and prefill.py takes the larger of the moments it knows.
+The peak is the largest moment of the last layer's forward, and which op that is depends on the config (the MLP's
+intermediates against the attention's scores). So each config is also run on real CPU tensors under MemTracker to
+find the module (and with --ops the op) at its peak; the configs are grouped by it, each group is solved by least
+squares for whole-byte coefficients of the family's terms (T·h, T·i, B·heads·S², …), and the largest of the exact
+moments is checked on every config. A group with too few configs lists them, to add configs in its regime. The
+encoder's moments (T5) are before any cache. Prints each moment's formula, ready for prefill.py.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from fit_activations import (FAMILIES as TRAINING, _T, _albert_config, _mixtral_config, _moe_dims, _bart_config, _bert_config, _bert_dims,
+from fit_activations import (_T, _albert_config, _mixtral_config, _moe_dims, _bart_config, _bert_config, _bert_dims,
                              _deberta_config, _deberta_dims, _electra_config, _gpt2_config, _gpt2_dims, _gptj_config,
                              _llama_config, _neox_config, _phi3_config, _t5_config, _t5_dims, solve)
 
@@ -174,7 +177,8 @@ FAMILIES = {
                           ("B·S²", lambda d: d["B"] * d["S"] ** 2), ("S", lambda d: d["S"]), ("1", lambda d: 1))),
     "deberta_v2_model": Family("DebertaV2Model",
                                lambda d: dict(_deberta_config(d), max_position_embeddings=512),
-                               _deberta_dims() + tuple(dict(d, P=p) for d, p in zip(_ENCODER_VARIED, (8, 16, 24, 32, 64, 128) * 10))
+                               _deberta_dims() + tuple(dict(d, P=p) for d, p in zip(_ENCODER_VARIED,
+                                                                                    (8, 16, 24, 32, 64, 128) * 10))
                                # the MLP's regime (short, wide MLP) and the relative embeddings' (many positions)
                                + _varied(16, 14, h=(64, 128, 192), heads=(2, 4), i=(1024, 1536, 2048), V=(300,),
                                          B=(1, 2, 3), S=(8, 12, 16, 24), P=(4, 8))
@@ -341,22 +345,23 @@ def _report(name: str, family: Family, rows: list, values: list) -> list | None:
 
 
 def main(argv: list[str]) -> int:
-    if "--fp32" in argv:
-        argv = [a for a in argv if a != "--fp32"]
-        DTYPE[0] = "fp32"
-    if "--layers" in argv:
-        argv = [a for a in argv if a != "--layers"]
-        KEEP_DIGITS[0] = True
-    if "--ops" in argv:
-        argv = [a for a in argv if a != "--ops"]
-        OPS[0] = True
-    for name in argv or list(FAMILIES):
-        if name not in FAMILIES:
-            raise SystemExit(f"unknown family {name!r}; known: {', '.join(FAMILIES)}")
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Fit the prefill workspace's moments to the traced prefill.")
+    parser.add_argument("families", nargs="*", metavar="FAMILY", help=f"one of {', '.join(FAMILIES)} (default: all)")
+    parser.add_argument("--fp32", action="store_true", help="fit the fp32 prefill (default: bf16)")
+    parser.add_argument("--ops", action="store_true", help="group the configs by the op at the peak too")
+    parser.add_argument("--layers", action="store_true", help="group by the layer too (digits kept)")
+    args = parser.parse_args(argv)
+    DTYPE[0] = "fp32" if args.fp32 else "bf16"
+    OPS[0], KEEP_DIGITS[0] = args.ops, args.layers
+    unknown = [name for name in args.families if name not in FAMILIES]
+    if unknown:
+        parser.error(f"unknown family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
+    for name in args.families or list(FAMILIES):
         fit(name)
     return 0
 
 
 if __name__ == "__main__":
-    assert TRAINING  # the training fit's families share these configs
     sys.exit(main(sys.argv[1:]))
