@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -435,3 +436,35 @@ def test_traced_serving_equals_the_analytic_peak_for_a_llama_and_says_so():
     assert traced.engine == "traced" and traced.peak == analytic.peak
     assert traced.peak_phase in ("prefill", "decode")
     assert any(note.startswith("check: the analytic peak is") and "+0.00%" in note for note in traced.notes)
+
+
+def test_options_that_change_nothing_say_so():
+    _, memory = estimate_memory("llama-3-8b", MemoryOptions(kv_layout="latent", seq=64))
+    assert memory.kv_cache.layout == "kv"
+    assert any(note.startswith("--kv-layout latent applies to multi-head latent attention") for note in memory.notes)
+    _, memory = estimate_memory("bert-base-uncased", MemoryOptions(kv_dtype="fp8", seq=64))
+    assert memory.kv_cache is None and any("does not generate: no KV cache" in note for note in memory.notes)
+    _, memory = estimate_memory("llama-3-8b", MemoryOptions(dtype="mxfp4", seq=64))
+    assert memory.weights.quantized == 0
+    assert any(note.startswith("mxfp4 quantises none of LlamaForCausalLM's tensors") for note in memory.notes)
+
+
+def test_a_live_module_serves_as_its_config_does():
+    """A transformers module brings its config: the same answer as from the config, traced too; a plain module
+    has its weights counted and says the workspace needs a config."""
+    import torch
+    import transformers
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=500, bos_token_id=0,
+                                     eos_token_id=0)
+    with torch.device("meta"):
+        module = transformers.GPT2LMHeadModel(config)
+    options = MemoryOptions(seq=64, batch=2)
+    _, live = estimate_memory(module, options)
+    _, from_config = estimate_memory(config, options, model_class="GPT2LMHeadModel")
+    assert live.peak == from_config.peak and live.kv_cache.bytes == from_config.kv_cache.bytes
+    _, traced = estimate_memory(module, dataclasses.replace(options, trace=True))
+    assert traced.engine == "traced" and traced.peak == live.peak
+    _, plain = estimate_memory(torch.nn.Linear(10, 20), MemoryOptions(seq=64))
+    assert plain.weights.bytes == 220 * 4 and plain.kv_cache is None
+    assert any(note.startswith("no config with a hidden size") for note in plain.notes)

@@ -114,13 +114,20 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     config = view.config
     text = text_config(config)
     seq = options.seq or max_context(text) or 2048
+    notes: list[str] = []
+    if fmt.quantized and not weights.quantized:
+        notes.append(f"{fmt.key} quantises none of {view.class_name}'s tensors (it targets "
+                     f"{'MoE experts' if fmt.kind == 'mxfp4' else 'none of these layers'}); every weight keeps its "
+                     "dtype")
     kv_dtype = torch_name(options.kv_dtype) if options.kv_dtype else (
         "float16" if fmt.kind == "gguf" else fmt.compute_dtype)
-    notes: list[str] = []
     cache = None
     if view.can_generate:
         cache, note = _checked_cache(view, config, options, seq, kv_dtype, fmt.compute_dtype)
         notes.extend(note)
+    elif options.kv_dtype is not None or options.kv_layout not in (None, "hf"):
+        notes.append(f"{view.class_name} does not generate: no KV cache, so --kv-dtype and --kv-layout change "
+                     "nothing")
     scores_tokens = cache is not None or any(r in report.breakdown for r in ("head.lm", "head.decoder", "head.bias"))
     vocab = config_int(text, "vocab_size") if scores_tokens else None
     shape = dict(dtype_size=itemsize(fmt.compute_dtype), vocab=vocab, layers=report.num_layers or 1,
@@ -244,6 +251,10 @@ def _checked_cache(view: Any, config: Any, options: MemoryOptions, seq: int, kv_
             notes.append("the real cache could not be measured on meta; MLA counted as cached latents")
         notes.append(f"transformers' {view.class_name} caches MLA as "
                      f"{'the compressed latent' if layout == 'latent' else 'per-head K and V'} (measured on meta)")
+    if not is_mla(text) and layout != "hf":
+        notes.append(f"--kv-layout {layout} applies to multi-head latent attention (MLA); {view.class_name} caches "
+                     "per-head K and V")
+        layout = "hf"
     cache = kv_cache(config, batch=options.batch, seq=seq, dtype=kv_dtype, layout=layout,
                      encoder_seq=options.encoder_seq)
     if probed is not None and not is_mla(text):

@@ -115,7 +115,8 @@ def _cache_table(cache) -> Table:
     table.add_column("per layer and token", overflow="fold", ratio=1)
     table.add_column("bytes", justify="right", no_wrap=True)
     for group in cache.groups:
-        how = group.arithmetic + (" per sequence" if group.kind == "recurrent state" else "")
+        how = group.arithmetic + (" per sequence" if group.kind == "recurrent state" else "") + (
+            f" + the window, an int64 per layer ({group.constant:,} B)" if getattr(group, "constant", 0) else "")
         held = "fixed" if group.kind == "recurrent state" else exact(group.tokens)  # a state, not tokens
         table.add_row(group.kind, str(group.layers), held, how, exact(group.bytes))
     for note in cache.notes:
