@@ -281,6 +281,7 @@ def test_cli_text_names_its_conventions():
     (("--batch", "0"), "--batch"),
     (("--dtype", "int3"), "'int3'"),
     (("--budget", "lots"), "'lots'"),
+    (("--budget", "-5GiB"), "'-5GiB'"),  # a negative value is the option's, not another option
     (("--gpu", "abacus"), "'abacus'"),
     (("--kv-dtype", "fp7"), "'fp7'"),
     (("--seq", "-5"), "--seq"),

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(with_default_command(sys.argv[1:] if argv is None else list(argv)))
+    args = parser.parse_args(with_default_command(joined_values(sys.argv[1:] if argv is None else list(argv))))
     if args.command is None:
         parser.print_help()
         return 2
@@ -70,6 +70,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL
     finally:
         progress.disable()
+
+
+# options whose value may begin with "-" (a negative size): argparse would take "--budget -5GiB" for two options
+# and say only "expected one argument"; joined, the option's own check names the bad value
+_SIGNED_VALUES = ("--budget", "--reserve", "--seq", "--batch", "--devices", "--num-labels", "--tokens")
+
+
+def joined_values(argv: list[str]) -> list[str]:
+    """`--budget -5GiB` as `--budget=-5GiB`, so that a negative value reaches the check that names it."""
+    joined: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        following = argv[index + 1] if index + 1 < len(argv) else ""
+        if arg in _SIGNED_VALUES and following[:1] == "-" and following[1:2].isdigit():
+            joined.append(f"{arg}={following}")
+            index += 2
+            continue
+        joined.append(arg)
+        index += 1
+    return joined
 
 
 def with_default_command(argv: list[str]) -> list[str]:

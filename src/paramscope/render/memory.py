@@ -148,7 +148,8 @@ def _fits_table(estimate) -> Table:
     limit = settings.get("max_context")
     table = Table(title="Fits on: peak + reserve within the accelerator's memory", title_justify="left",
                   caption=f"largest batch at {settings['seq']:,} tokens; largest context at batch {settings['batch']:,}"
-                          + (f", up to the model's {limit:,}" if limit else ""),
+                          + ((f", up to the model's {limit:,}" if limit >= settings["seq"] else
+                              f", up to --seq {settings['seq']:,} (beyond the model's {limit:,})") if limit else ""),
                   caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("accelerator", no_wrap=True)
     table.add_column("memory", justify="right", no_wrap=True)
