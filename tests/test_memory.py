@@ -469,3 +469,12 @@ def test_a_live_module_serves_as_its_config_does():
     _, plain = estimate_memory(torch.nn.Linear(10, 20), MemoryOptions(seq=64))
     assert plain.weights.bytes == 220 * 4 and plain.kv_cache is None
     assert any(note.startswith("no config with a hidden size") for note in plain.notes)
+
+
+def test_fp16_checks_on_values_are_taken_as_finite_and_the_trace_says_so():
+    """BART in fp16 clamps its hidden states when `not torch.isfinite(h).all()`: a value fake tensors lack. The trace
+    takes whole-tensor all() as True and any() as False (finite values, no padding) and counts the checks."""
+    _, memory = estimate_memory("bart-base", MemoryOptions(dtype="fp16", seq=64, batch=2, trace=True))
+    assert memory.engine == "traced"
+    assert any("checks on values (all / any over a tensor" in note for note in memory.notes)
+    assert any(note.startswith("check: the analytic peak is") and "+0.00%" in note for note in memory.notes)

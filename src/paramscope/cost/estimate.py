@@ -154,7 +154,8 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     peak = peak_at(options.batch, seq)
     peak_phase, engine = "prefill", "analytic"
     if options.trace:
-        traced_peak, peak_phase = _traced_serving(view.module, options, seq, weights)
+        traced_peak, peak_phase, traced_notes = _traced_serving(view.module, options, seq, weights)
+        notes.extend(note for note in traced_notes if note not in notes)
         difference = peak - traced_peak
         notes.append(f"check: the analytic peak is {peak:,} B, {100 * difference / traced_peak:+.2f}% from the traced "
                      f"one ({peak_phase}); the fits below are the analytic curve moved by {-difference:+,} B")
@@ -188,8 +189,9 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         budget=budget, notes=tuple(notes))
 
 
-def _traced_serving(module: Any, options: MemoryOptions, seq: int, weights: Any) -> tuple[int, str]:
-    """generate()'s prefill of `seq` tokens and one decode step on fake tensors: (peak, phase).
+def _traced_serving(module: Any, options: MemoryOptions, seq: int,
+                    weights: Any) -> tuple[int, str, tuple[str, ...]]:
+    """generate()'s prefill of `seq` tokens and one decode step on fake tensors: (peak, phase, the trace's notes).
 
     The trace holds the weights as built, in the compute dtype; the stored format's weights (quantised or not)
     replace them, so the traced figure is the analytic weights plus what the trace measured beyond its own."""
@@ -199,7 +201,7 @@ def _traced_serving(module: Any, options: MemoryOptions, seq: int, weights: Any)
                                                   encoder_seq=options.encoder_seq))
     top = traced.peak
     beyond = top.bytes - top.by_category["parameters"] - top.by_category["buffers"]
-    return weights.bytes + weights.buffer_bytes + beyond, top.phase
+    return weights.bytes + weights.buffer_bytes + beyond, top.phase, traced.notes
 
 
 def declared_compute_dtype(config: dict[str, Any] | None) -> str:

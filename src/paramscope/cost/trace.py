@@ -156,7 +156,7 @@ def _trace_inference(module: Any, settings: StepSettings, *, fake: bool) -> Trac
 
     check_attention(settings.attention)
     notes = list(_attention_notes(settings.attention))
-    with fake_mode(fake) as mode:
+    with fake_mode(fake) as mode, nonzero_as_all_true(fake) as nonzero:
         model = working_copy(module, mode, settings.attention)
         model.eval()
         inputs = _ids(model, settings.batch, settings.seq)
@@ -197,6 +197,7 @@ def _trace_inference(module: Any, settings: StepSettings, *, fake: bool) -> Trac
                 del output, cache
         if not generating:
             notes.append(f"{type(model).__name__} does not generate: one forward over every token, no KV cache")
+    notes.extend(nonzero.notes())
     return TracedStep("inference", resident, end_of_forward, tuple(phases), attention_of(model), tuple(notes))
 
 
@@ -214,17 +215,25 @@ def fake_mode(fake: bool) -> Iterator[Any]:
 
 
 class _Nonzero:
-    """How often a step asked fake tensors for `nonzero`, which they answer as if every element were nonzero."""
+    """How often a step asked fake tensors for `nonzero`, which they answer as if every element were nonzero, and
+    for the truth of a whole-tensor `all` or `any` (a finite-values or padding check), answered all: True, any:
+    False."""
 
     def __init__(self) -> None:
         self.calls = 0
+        self.checks = 0
 
     def notes(self) -> list[str]:
-        if not self.calls:
-            return []
-        return [f"nonzero, whose size depends on values fake tensors lack, was taken as every element nonzero "
-                f"({self.calls} call{'s' if self.calls > 1 else ''} a step; exact where it selects the labelled rows, "
-                "as the traced labels are all valid)"]
+        notes = []
+        if self.calls:
+            notes.append(f"nonzero, whose size depends on values fake tensors lack, was taken as every element nonzero "
+                         f"({self.calls} call{'s' if self.calls > 1 else ''} a step; exact where it selects the "
+                         "labelled rows, as the traced labels are all valid)")
+        if self.checks:
+            notes.append(f"{self.checks} check{'s' if self.checks > 1 else ''} on values (all / any over a tensor, "
+                         "such as fp16's isfinite(...).all()) taken as all True and any False: finite values, no "
+                         "padding")
+        return notes
 
 
 @contextmanager
@@ -239,14 +248,25 @@ def nonzero_as_all_true(fake: bool) -> Iterator[_Nonzero]:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from torch.utils.weak import WeakTensorKeyDictionary
+
+    truths = WeakTensorKeyDictionary()  # a whole-tensor all / any → the truth it is taken to have
+    aten = torch.ops.aten
+
     class AllNonzero(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
-            if func is torch.ops.aten.nonzero.default:
+            if func is aten.nonzero.default:
                 counter.calls += 1
                 (tensor,) = args
                 count = tensor.numel()
                 return torch.empty_strided((count, tensor.dim()), (1, count), dtype=torch.long, device=tensor.device)
-            return func(*args, **(kwargs or {}))
+            if func is aten._local_scalar_dense.default and args[0] in truths:
+                counter.checks += 1
+                return truths[args[0]]
+            result = func(*args, **(kwargs or {}))
+            if func in (aten.all.default, aten.any.default):
+                truths[result] = func is aten.all.default
+            return result
 
     with AllNonzero():
         yield counter
