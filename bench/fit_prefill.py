@@ -22,9 +22,10 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from fit_activations import (_T, _albert_config, _mixtral_config, _moe_dims, _qwen2_moe_config, _bart_config, _bert_config, _bert_dims,
-                             _deberta_config, _deberta_dims, _electra_config, _gpt2_config, _gpt2_dims, _gptj_config,
-                             _llama_config, _neox_config, _phi3_config, _t5_config, _t5_dims, solve)
+from fit_activations import (_albert_config, _bart_config, _bert_config, _bert_dims, _deberta_config, _deberta_dims,
+                             _electra_config, _gpt2_config, _gpt2_dims, _gptj_config, _llama_config, _mixtral_config,
+                             _moe_dims, _neox_config, _phi3_config, _qwen2_moe_config, solve, _T, _t5_config,
+                             _t5_dims)
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,13 @@ FAMILIES = {
                         ("T·heads", lambda d: _T(d) * d["heads"]), ("S·rd", lambda d: d["S"] * d["rd"]),
                         ("T·rd", lambda d: _T(d) * d["rd"]), _SCORES, _BV, ("T", _T), ("S", lambda d: d["S"]),
                         ("1", lambda d: 1))),
+    "gpt_neox_fast": Family("GPTNeoXForCausalLM", lambda d: dict(_neox_config(d), max_position_embeddings=512,
+                                                                  hidden_act="gelu_fast"),
+                            tuple(dict(d, h=d["heads"] * d["hd"], rd=d["hd"] // 4) for d in _DECODER_VARIED),
+                            (("T·h", lambda d: _T(d) * d["h"]), ("T·i", lambda d: _T(d) * d["i"]),
+                             ("T·heads", lambda d: _T(d) * d["heads"]), ("S·rd", lambda d: d["S"] * d["rd"]),
+                             ("T·rd", lambda d: _T(d) * d["rd"]), _SCORES, _BV, ("T", _T), ("S", lambda d: d["S"]),
+                             ("1", lambda d: 1))),
     # ALBERT (the unfused tanh GELU, embeddings of width e) and ELECTRA's discriminator: every token scored
     "albert": Family("AlbertForMaskedLM", lambda d: dict(_albert_config(d), max_position_embeddings=512),
                      tuple(dict(d, e=e) for d, e in zip(_bert_dims() + _ENCODER_VARIED, (16, 32, 48, 64) * 20)),

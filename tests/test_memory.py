@@ -350,6 +350,7 @@ _PREFILL_MOMENTS = [
                          "position_buckets": 128}, 1, 8, "the repeated position keys"),
     ("pythia-160m", {"intermediate_size": 512}, 2, 256, "the attention's rotary copy"),
     ("pythia-160m", {}, 2, 64, "the MLP's GELU"),
+    ("gpt-neox-20b", {"hidden_size": 512, "num_attention_heads": 8}, 2, 64, "the MLP's unfused GELU"),  # gelu_fast
     ("gpt-j-6b", {"n_embd": 256, "n_head": 4, "rotary_dim": 16, "n_inner": 2048}, 2, 64, "the MLP's unfused GELU"),
     ("gpt-j-6b", {"n_embd": 256, "n_head": 8, "rotary_dim": 16, "n_inner": 256}, 2, 64,
      "the attention's rotary halves"),
@@ -413,8 +414,15 @@ def test_mixtral_prefill_in_16_bits_equals_memtracker(preset, change, batch, seq
     assert any("not fitted for Mixtral computing in 4-byte floats" in note for note in memory.notes)
 
 
-def test_a_family_not_fitted_at_its_dtype_says_so():
-    _, memory = estimate_memory("gpt-neox-20b", MemoryOptions(seq=256))  # gelu_fast: the Llama formula, said
+def resolve_config(preset):
+    from paramscope.presets import find_preset
+
+    return find_preset(preset).load_config()
+
+
+def test_a_family_not_fitted_for_a_config_says_so():
+    config = dict(resolve_config("pythia-160m"), hidden_act="relu")
+    _, memory = estimate_memory(config, MemoryOptions(seq=256), model_class="GPTNeoXForCausalLM")
     assert any("not fitted for GPT-NeoX with another activation" in note for note in memory.notes)
 
 

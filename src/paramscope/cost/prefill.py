@@ -78,6 +78,11 @@ _NEOX = {2: (PrefillMoment("the MLP's GELU", "8·T·h + 4·T·i + 4·S·rd + 8·
              PrefillMoment("the attention's rotary copy", "18·T·h + 4·S·rd + 8·S")),
          4: (PrefillMoment("the MLP's GELU", "16·T·h + 8·T·i + 8·S·rd + 8·S"),
              PrefillMoment("the attention's rotary copy", "36·T·h + 8·S·rd + 8·S"))}
+# GPT-NeoX-20B's unfused tanh GELU ("gelu_fast"): five intermediates of T·i at its largest
+_NEOX_FAST = {2: (PrefillMoment("the MLP's unfused GELU", "8·T·h + 10·T·i + 4·S·rd + 8·S"),
+                  PrefillMoment("the attention's rotary copy", "18·T·h + 4·S·rd + 8·S")),
+              4: (PrefillMoment("the MLP's unfused GELU", "16·T·h + 20·T·i + 8·S·rd + 8·S"),
+                  PrefillMoment("the attention's rotary copy", "36·T·h + 8·S·rd + 8·S"))}
 # GPT-J (parallel attention and MLP, the unfused tanh GELU, rotary on the first rd of each head)
 _GPTJ = {2: (PrefillMoment("the MLP's unfused GELU", "8·T·h + 8·T·i + 2·S·rd + 8·S"),
              PrefillMoment("the attention's rotary halves", "16·T·h + 4·T·heads·rd + 2·S·rd + 8·S")),
@@ -173,9 +178,11 @@ def prefill_moments(config: Any, class_name: str, seq: int) -> tuple[str, dict[s
             getattr(config, "rotary_pct", None)
         if None in (h, heads, inner) or not isinstance(fraction, (int, float)):
             return "a GPT-NeoX config without hidden_size, num_attention_heads, intermediate_size or rotary_pct"
-        if getattr(config, "hidden_act", None) != "gelu" or getattr(config, "use_parallel_residual", None) is not True:
-            return "GPT-NeoX with another activation or a sequential residual (fitted: gelu, parallel)"
-        return "GPT-NeoX", {"h": h, "i": inner, "rd": int(h // heads * fraction)}, _NEOX
+        act = getattr(config, "hidden_act", None)
+        if act not in ("gelu", "gelu_fast") or getattr(config, "use_parallel_residual", None) is not True:
+            return "GPT-NeoX with another activation or a sequential residual (fitted: gelu, gelu_fast, parallel)"
+        return "GPT-NeoX", {"h": h, "i": inner, "rd": int(h // heads * fraction)}, \
+            _NEOX if act == "gelu" else _NEOX_FAST
     if model_type == "gptj" and class_name == "GPTJForCausalLM":
         h, heads = config_int(config, "n_embd"), config_int(config, "n_head")
         if None in (h, heads) or getattr(config, "activation_function", None) != "gelu_new":
