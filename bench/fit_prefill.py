@@ -86,33 +86,26 @@ _DECODER_TERMS = (("T·h", lambda d: _T(d) * d["h"]), ("T·q", lambda d: _T(d) *
                   ("S·hd", lambda d: d["S"] * d["hd"]), ("B·V", lambda d: d["B"] * d["V"]), ("T", _T),
                   ("S", lambda d: d["S"]), ("1", lambda d: 1))
 
+# MoE configs: every width a multiple of 16 (grouped_mm's alignment), E experts, k of them a token
+_MOE_VARIED = _moe_dims() + tuple(dict(d, h=16 * (d["h"] // 16), i=16 * (d["i"] // 16 + 1), E=e, k=k)
+                                  for d, e, k in zip(_DECODER_FREE, (4, 8, 6, 3, 16, 5, 2, 12) * 9,
+                                                     (2, 1, 3, 2, 4, 1, 2, 3) * 9)
+                                  if d["hd"] % 16 == 0 and d["h"] >= 64)
+_MOE_TERMS = (("T·h", lambda d: _T(d) * d["h"]), ("T·q", lambda d: _T(d) * d["heads"] * d["hd"]),
+              ("T·kv", lambda d: _T(d) * d["kv"] * d["hd"]), ("T·k·i", lambda d: _T(d) * d["k"] * d["i"]),
+              ("T·k·h", lambda d: _T(d) * d["k"] * d["h"]), ("T·E", lambda d: _T(d) * d["E"]),
+              ("T·k", lambda d: _T(d) * d["k"]), ("T", _T), ("S·hd", lambda d: d["S"] * d["hd"]),
+              ("E", lambda d: d["E"]), ("S", lambda d: d["S"]), ("1", lambda d: 1))
 _PHI3_TERMS = tuple(t for t in _DECODER_TERMS if t[0] != "T·q")  # Phi-3 has no head_dim: q = h
 
 FAMILIES = {
     # Qwen1.5-MoE (routed experts of width i and a shared expert of width 4i with a sigmoid gate): NOT EXACT yet
     # with these terms (2026-11-25), so prefill.py has no moments for it (the Llama formula: -1.5% at its defaults)
     "qwen2_moe": Family("Qwen2MoeForCausalLM", lambda d: dict(_qwen2_moe_config(d), max_position_embeddings=512),
-                        _moe_dims() + tuple(dict(d, h=16 * (d["h"] // 16), i=16 * (d["i"] // 16 + 1), E=e, k=k)
-                                            for d, e, k in zip(_DECODER_FREE, (4, 8, 6, 3, 16, 5, 2, 12) * 9,
-                                                               (2, 1, 3, 2, 4, 1, 2, 3) * 9)
-                                            if d["hd"] % 16 == 0 and d["h"] >= 64),
-                        (("T·h", lambda d: _T(d) * d["h"]), ("T·q", lambda d: _T(d) * d["heads"] * d["hd"]),
-                         ("T·kv", lambda d: _T(d) * d["kv"] * d["hd"]), ("T·k·i", lambda d: _T(d) * d["k"] * d["i"]),
-                         ("T·i", lambda d: _T(d) * d["i"]),
-                         ("T·k·h", lambda d: _T(d) * d["k"] * d["h"]), ("T·E", lambda d: _T(d) * d["E"]),
-                         ("T·k", lambda d: _T(d) * d["k"]), ("T", _T), ("S·hd", lambda d: d["S"] * d["hd"]),
-                         ("E", lambda d: d["E"]), ("S", lambda d: d["S"]), ("1", lambda d: 1))),
+                        _MOE_VARIED, _MOE_TERMS + (("T·i (the shared expert)", lambda d: _T(d) * d["i"]),)),
     # Mixtral (a router, then each token's k experts, run grouped: tokens sorted by expert)
     "mixtral": Family("MixtralForCausalLM", lambda d: dict(_mixtral_config(d), max_position_embeddings=512),
-                      _moe_dims() + tuple(dict(d, h=16 * (d["h"] // 16), i=16 * (d["i"] // 16 + 1), E=e, k=k)
-                                          for d, e, k in zip(_DECODER_FREE, (4, 8, 6, 3, 16, 5, 2, 12) * 9,
-                                                             (2, 1, 3, 2, 4, 1, 2, 3) * 9)
-                                          if d["hd"] % 16 == 0 and d["h"] >= 64),
-                      (("T·h", lambda d: _T(d) * d["h"]), ("T·q", lambda d: _T(d) * d["heads"] * d["hd"]),
-                       ("T·kv", lambda d: _T(d) * d["kv"] * d["hd"]), ("T·k·i", lambda d: _T(d) * d["k"] * d["i"]),
-                       ("T·k·h", lambda d: _T(d) * d["k"] * d["h"]), ("T·E", lambda d: _T(d) * d["E"]),
-                       ("T·k", lambda d: _T(d) * d["k"]), ("T", _T), ("S·hd", lambda d: d["S"] * d["hd"]),
-                       ("E", lambda d: d["E"]), ("S", lambda d: d["S"]), ("1", lambda d: 1))),
+                      _MOE_VARIED, _MOE_TERMS),
     # Phi-3 (fused qkv and gate-up projections; no head_dim: q = h), below and at its sliding window
     "phi3": Family("Phi3ForCausalLM", lambda d: dict(_phi3_config(d), head_dim=d["hd"], max_position_embeddings=512),
                    _DECODER_VARIED, _PHI3_TERMS),
