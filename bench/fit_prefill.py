@@ -239,10 +239,10 @@ def workspace(family: Family, dims: dict, layers: int = 2) -> tuple[int, int, st
                                  dtype=DTYPES[DTYPE[0]])
     # the cache as the prefill ends: a windowed layer still holds the whole prompt's K and V (kv_cache.py)
     kv = memory.kv_cache.bytes + memory.kv_cache.prefill_extra(dims["B"], dims["S"]) if memory.kv_cache else 0
-    return traced - memory.weights.bytes - memory.weights.buffer_bytes, kv, _peak_module(family, config)
+    return traced - memory.weights.bytes - memory.weights.buffer_bytes, kv, _peak_module(family, config, dims)
 
 
-def _peak_module(family: Family, config) -> str:
+def _peak_module(family: Family, config, dims: dict) -> str:
     import inspect
     import re
 
@@ -256,8 +256,7 @@ def _peak_module(family: Family, config) -> str:
         model = getattr(transformers, family.cls)(config).eval()
     finally:
         torch.set_default_dtype(previous)
-    dims = family.dims[0]
-    ids = torch.zeros((CURRENT["B"], CURRENT["S"]), dtype=torch.long)
+    ids = torch.zeros((dims["B"], dims["S"]), dtype=torch.long)
     kwargs = {"input_ids": ids}
     if config.is_encoder_decoder:
         kwargs["decoder_input_ids"] = ids
@@ -293,13 +292,10 @@ def _peak_module(family: Family, config) -> str:
     tracker._update_peak_stats = watch
     with tracker, Ops(), torch.no_grad():
         model(**kwargs)
-    assert dims is not None
     path = where[1].split(".", 1)[-1]
     return path if KEEP_DIGITS[0] else re.sub(r"\.\d+\.", ".*.", path)
 
 
-CURRENT: dict = {}
-SEEN: dict[str, list] = {}  # location → the configs peaking there (for --show)
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 DTYPE = ["bf16"]  # --fp32: fit the fp32 prefill
 KEEP_DIGITS = [False]  # --layers: group by the layer too
@@ -309,12 +305,11 @@ OPS = [False]  # --ops: group the configs by the op at the peak too, not the mod
 def fit(name: str) -> None:
     family = FAMILIES[name]
     groups: dict[str, tuple[list, list, list]] = {}
+    seen: dict[str, list] = {}  # location → the configs peaking there (listed where too few to fit)
     for dims in family.dims:
-        CURRENT.clear()
-        CURRENT.update(dims)
         value, kv, where = workspace(family, dims)
         rows, values, caches = groups.setdefault(where, ([], [], []))
-        SEEN.setdefault(where, []).append(dims)
+        seen.setdefault(where, []).append(dims)
         values.append(value)
         caches.append(kv)
         rows.append([term(dims) for _, term in family.terms])
@@ -335,7 +330,7 @@ def fit(name: str) -> None:
             best = max(sum(c * x for c, x in zip(m, row)) + (kv if cached else 0) for m, cached in moments)
             if best != value:
                 misses.append((value, best))
-    for where, configs in SEEN.items():
+    for where, configs in seen.items():
         if len(configs) < len(family.terms):
             print(f"{'':18} configs at {where}: {configs[:4]}")
     print(f"{name:18} the largest moment: " + ("exact on every config" if not misses else

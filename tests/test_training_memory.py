@@ -565,3 +565,12 @@ def test_adafactor_step_equals_a_real_foreach_step():
     step = [p for p in estimate.training.phases if p.phase == "optimizer step"][0]
     assert estimate.engine == "analytic" and "foreach step" in step.arithmetic
     assert step.bytes == peak
+
+
+def test_an_analytic_peak_at_the_end_of_the_forward_names_what_it_leaves_out():
+    _, estimate = estimate_training("deberta-v3-base", TrainingOptions(batch=2, seq=512, precision="bf16-mixed"))
+    assert estimate.engine == "analytic" and estimate.peak_phase == "forward"
+    assert any(note.startswith("the peak is the end of the forward") for note in estimate.notes)
+    _, estimate = estimate_training("deberta-v3-base", TrainingOptions(batch=1, seq=128, precision="bf16-mixed"))
+    assert estimate.peak_phase == "backward"
+    assert not any(note.startswith("the peak is the end of the forward") for note in estimate.notes)

@@ -103,9 +103,9 @@ def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, voc
     rotary = getattr(text, "rope_parameters", None) is not None or getattr(text, "rope_theta", None) is not None
     rope = 2 * seq * head_dim * dtype_size if rotary else 0
     positions = seq * 8
-    # a sequence that fills the sliding window: sdpa takes a boolean S × S mask, shared by the batch
-    window = config_int(text, "sliding_window") if window_extra else None
-    mask = seq * seq if window else 0
+    # a sequence that fills the sliding window (the cache holds more than the window): sdpa takes a boolean S × S
+    # mask, shared by the batch
+    mask = seq * seq if window_extra else 0
     layer_peak = batch * seq * per_token + rope + positions + mask
     text_line = (f"{batch} × {seq:,} tokens × ({held + 2} × hidden {hidden:,} + {mlp} × intermediate {inner:,}) × "
                  f"{dtype_size} B" + (f" + RoPE cos/sin 2 × {seq:,} × {head_dim} × {dtype_size} B" if rope else "")

@@ -74,15 +74,13 @@ _DEBERTA = {
 }
 
 # GPT-NeoX (Pythia: parallel residual, exact GELU, rotary on rd of each head): the MLP's GELU or the attention
-_NEOX = {2: (PrefillMoment("the MLP's GELU", "8·T·h + 4·T·i + 4·S·rd + 8·S"),
-             PrefillMoment("the attention's rotary copy", "18·T·h + 4·S·rd + 8·S")),
-         4: (PrefillMoment("the MLP's GELU", "16·T·h + 8·T·i + 8·S·rd + 8·S"),
-             PrefillMoment("the attention's rotary copy", "36·T·h + 8·S·rd + 8·S"))}
-# GPT-NeoX-20B's unfused tanh GELU ("gelu_fast"): five intermediates of T·i at its largest
-_NEOX_FAST = {2: (PrefillMoment("the MLP's unfused GELU", "8·T·h + 10·T·i + 4·S·rd + 8·S"),
-                  PrefillMoment("the attention's rotary copy", "18·T·h + 4·S·rd + 8·S")),
-              4: (PrefillMoment("the MLP's unfused GELU", "16·T·h + 20·T·i + 8·S·rd + 8·S"),
-                  PrefillMoment("the attention's rotary copy", "36·T·h + 8·S·rd + 8·S"))}
+_NEOX_ATTENTION = {2: PrefillMoment("the attention's rotary copy", "18·T·h + 4·S·rd + 8·S"),
+                   4: PrefillMoment("the attention's rotary copy", "36·T·h + 8·S·rd + 8·S")}
+_NEOX = {2: (PrefillMoment("the MLP's GELU", "8·T·h + 4·T·i + 4·S·rd + 8·S"), _NEOX_ATTENTION[2]),
+         4: (PrefillMoment("the MLP's GELU", "16·T·h + 8·T·i + 8·S·rd + 8·S"), _NEOX_ATTENTION[4])}
+# GPT-NeoX-20B's unfused tanh GELU ("gelu_fast"): five intermediates of T·i at its largest; the same attention
+_NEOX_FAST = {2: (PrefillMoment("the MLP's unfused GELU", "8·T·h + 10·T·i + 4·S·rd + 8·S"), _NEOX_ATTENTION[2]),
+              4: (PrefillMoment("the MLP's unfused GELU", "16·T·h + 20·T·i + 8·S·rd + 8·S"), _NEOX_ATTENTION[4])}
 # GPT-J (parallel attention and MLP, the unfused tanh GELU, rotary on the first rd of each head)
 _GPTJ = {2: (PrefillMoment("the MLP's unfused GELU", "8·T·h + 8·T·i + 2·S·rd + 8·S"),
              PrefillMoment("the attention's rotary halves", "16·T·h + 4·T·heads·rd + 2·S·rd + 8·S")),
@@ -144,7 +142,7 @@ def _term(term: str, d: dict[str, int]) -> int:
 def prefill_moments(config: Any, class_name: str, seq: int) -> tuple[str, dict[str, int], dict[int, tuple]] | str | None:
     """(the family, its dimensions, its moments by compute dtype size) for a layout fitted here at `seq` tokens; the
     words naming what of the config was not fitted; or None for a family without moments here."""
-    from .activations.encoders import deberta_layout_issue
+    from .activations.encoders import deberta_dims
     from .kv_cache import config_int
 
     model_type = getattr(config, "model_type", None)
@@ -231,10 +229,10 @@ def prefill_moments(config: Any, class_name: str, seq: int) -> tuple[str, dict[s
             return "ELECTRA with narrower embeddings or another activation (fitted: electra-base's)"
         return "ELECTRA discriminator", {"h": h, "i": inner}, _ELECTRA
     if model_type == "deberta-v2" and class_name == "DebertaV2Model":
-        issue = deberta_layout_issue(config)
-        if isinstance(issue, str):
-            return issue
-        return "DeBERTa-v2 (bare)", issue, _DEBERTA  # with its layers, L
+        dims = deberta_dims(config)
+        if isinstance(dims, str):
+            return dims
+        return "DeBERTa-v2 (bare)", dims, _DEBERTA  # with its layers, L
     return None
 
 

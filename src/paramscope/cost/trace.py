@@ -91,7 +91,7 @@ def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) ->
 def _trace_training(module: Any, settings: StepSettings, *, fake: bool) -> TracedStep:
     check_attention(settings.attention)
     notes = list(_attention_notes(settings.attention))
-    with fake_mode(fake) as mode, nonzero_as_all_true(fake) as nonzero:
+    with fake_mode(fake) as mode, assumed_values(fake) as assumed:
         model = working_copy(module, mode, settings.attention, settings.weights_dtype, settings.own_dtype)
         model.train()
         for name, param in model.named_parameters():
@@ -141,7 +141,7 @@ def _trace_training(module: Any, settings: StepSettings, *, fake: bool) -> Trace
                     optimizer.zero_grad(set_to_none=True)
                 else:
                     model.zero_grad(set_to_none=True)
-    notes.extend(nonzero.notes())
+    notes.extend(assumed.notes())
     return TracedStep("training", resident, end_of_forward, tuple(phases), attention_of(model), tuple(notes), kept)
 
 
@@ -156,7 +156,7 @@ def _trace_inference(module: Any, settings: StepSettings, *, fake: bool) -> Trac
 
     check_attention(settings.attention)
     notes = list(_attention_notes(settings.attention))
-    with fake_mode(fake) as mode, nonzero_as_all_true(fake) as nonzero:
+    with fake_mode(fake) as mode, assumed_values(fake) as assumed:
         model = working_copy(module, mode, settings.attention)
         model.eval()
         inputs = _ids(model, settings.batch, settings.seq)
@@ -197,7 +197,7 @@ def _trace_inference(module: Any, settings: StepSettings, *, fake: bool) -> Trac
                 del output, cache
         if not generating:
             notes.append(f"{type(model).__name__} does not generate: one forward over every token, no KV cache")
-    notes.extend(nonzero.notes())
+    notes.extend(assumed.notes())
     return TracedStep("inference", resident, end_of_forward, tuple(phases), attention_of(model), tuple(notes))
 
 
@@ -214,7 +214,7 @@ def fake_mode(fake: bool) -> Iterator[Any]:
         yield mode
 
 
-class _Nonzero:
+class _AssumedValues:
     """How often a step asked fake tensors for `nonzero`, which they answer as if every element were nonzero, and
     for the truth of a whole-tensor `all` or `any` (a finite-values or padding check), answered all: True, any:
     False."""
@@ -237,11 +237,12 @@ class _Nonzero:
 
 
 @contextmanager
-def nonzero_as_all_true(fake: bool) -> Iterator[_Nonzero]:
-    """Answer aten.nonzero on fake tensors as if every element were nonzero (torch's own meta kernel does so under
-    `meta_nonzero_assume_all_nonzero`; the fake mode refuses without symbolic shapes). DeBERTa's sequence
-    classification loss selects the rows with a label ≥ 0 this way: every row, with the step's labels."""
-    counter = _Nonzero()
+def assumed_values(fake: bool) -> Iterator[_AssumedValues]:
+    """Answer what fake tensors cannot, as real inputs without padding or overflow would: aten.nonzero as if every
+    element were nonzero (torch's own meta kernel does so under `meta_nonzero_assume_all_nonzero`; DeBERTa's
+    sequence classification loss selects its rows with a label ≥ 0 so: every row, with the step's labels), and the
+    truth of a whole-tensor all() as True and any() as False (fp16 BART's isfinite(h).all()). Counted for the notes."""
+    counter = _AssumedValues()
     if not fake:
         yield counter
         return
@@ -253,7 +254,7 @@ def nonzero_as_all_true(fake: bool) -> Iterator[_Nonzero]:
     truths = WeakTensorKeyDictionary()  # a whole-tensor all / any → the truth it is taken to have
     aten = torch.ops.aten
 
-    class AllNonzero(TorchDispatchMode):
+    class Assume(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
             if func is aten.nonzero.default:
                 counter.calls += 1
@@ -268,7 +269,7 @@ def nonzero_as_all_true(fake: bool) -> Iterator[_Nonzero]:
                 truths[result] = func is aten.all.default
             return result
 
-    with AllNonzero():
+    with Assume():
         yield counter
 
 

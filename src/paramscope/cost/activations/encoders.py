@@ -85,19 +85,14 @@ _MODERNBERT_CHECKPOINTED = {"fp32": (4, 8), "mixed": (4, 8), "bf16-pure": (2, 4)
 
 
 def modernbert_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
-    from ..kv_cache import config_int
-
-    h = config_int(config, "hidden_size")
-    heads = config_int(config, "num_attention_heads")
-    inner = config_int(config, "intermediate_size")
-    vocab = config_int(config, "vocab_size")
-    layers = config_int(config, "num_hidden_layers")
-    window = config_int(config, "sliding_window")
+    dims = config_dims(config, h="hidden_size", heads="num_attention_heads", inner="intermediate_size",
+                       vocab="vocab_size", layers="num_hidden_layers", window="sliding_window")
+    if isinstance(dims, str):
+        return dims
+    h, heads, inner, vocab, layers, window = dims
     types = getattr(config, "layer_types", None)
-    if None in (h, heads, inner, vocab, layers, window) or not isinstance(types, (list, tuple)):
-        return missing(hidden_size=h, num_attention_heads=heads, intermediate_size=inner, vocab_size=vocab,
-                        num_hidden_layers=layers, sliding_window=window,
-                        layer_types=types if isinstance(types, (list, tuple)) else None)
+    if not isinstance(types, (list, tuple)):
+        return missing(layer_types=None)
     if getattr(config, "hidden_activation", None) != "gelu":
         return f"the activation {getattr(config, 'hidden_activation', None)!r} (fitted: gelu)"
     if first_positive(config, ("attention_dropout", "mlp_dropout", "embedding_dropout")):
@@ -177,7 +172,7 @@ _DEBERTA_FITTED = (("relative_attention", True, "no relative attention"),
                    ("hidden_act", "gelu", "another activation (fitted: gelu)"))
 
 
-def deberta_layout_issue(config: Any) -> dict[str, int] | str:
+def deberta_dims(config: Any) -> dict[str, int] | str:
     """DeBERTa-v2's dimensions (h, heads, i, layers, P2: the 2P relative positions) where the config has the layout
     the recipes were fitted at (deberta-v3-base's), else the words naming what differs."""
     from ..kv_cache import config_int
@@ -212,7 +207,7 @@ def deberta_layout_issue(config: Any) -> dict[str, int] | str:
 def deberta_style(config: Any, kind: str, batch: int, seq: int, variant: str = "model") -> Layout | str:
     from ..kv_cache import config_int
 
-    dims = deberta_layout_issue(config)
+    dims = deberta_dims(config)
     if isinstance(dims, str):
         return dims
     if not attention_dropout(config) or not hidden_dropout(config):
