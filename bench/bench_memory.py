@@ -24,7 +24,7 @@ def traced_prefill_peak(name: str, batch: int, seq: int) -> int:
     import transformers
 
     from paramscope.build import choose_class, make_config
-    from paramscope.cost import probe
+    from paramscope.cost.traced import cache_probe as probe
     from paramscope.presets import find_preset
 
     raw = find_preset(name).load_config()
@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
-    from paramscope.cost.estimate import MemoryOptions, estimate_memory
+    from paramscope.cost.memory.serving import MemoryOptions, estimate_memory
     from paramscope.presets import all_presets
 
     names = args.presets or [p.name for p in all_presets() if not any(big in p.name for big in LARGE)]

@@ -20,7 +20,7 @@ DEFAULT = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "mistral-7b", "llama-2-
 
 
 def main() -> None:
-    from paramscope.cost.training_estimate import TrainingOptions, estimate_training
+    from paramscope.cost.memory.training import TrainingOptions, estimate_training
 
     parser = argparse.ArgumentParser()
     parser.add_argument("presets", nargs="*")

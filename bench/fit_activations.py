@@ -12,7 +12,7 @@ first: the recipe adds them from the model (`cast_weights`).
 A layer's bytes are the difference between 3 layers and 2, not what the tracker finds allocated as a layer returns
 (`kept_by_module`): that includes the layer's output, which the next layer frees as it makes its own.
 
-Prints each family's coefficients, ready for activations.py, and whether they hold exactly (outside the layers a
+Prints each family's coefficients, ready for memory/activations/, and whether they hold exactly (outside the layers a
 few bytes of index tensors may differ at batch 1: "within 8 B"). Rerun after a torch or transformers upgrade: the
 recipes are fitted to the installed implementation; tests/test_training_memory.py holds them to the traced engine.
 """
@@ -434,7 +434,7 @@ def measure(family: Family, dims: dict, kind: str) -> tuple[int, ...]:
     """(bytes one more layer adds to what the forward saves, [one more decoder layer,] bytes saved outside the
     layers), autocast's 16-bit weight copies taken out."""
     from paramscope.cost.model_view import from_module
-    from paramscope.cost.training_estimate import _cast_weights
+    from paramscope.cost.memory.training import _cast_weights
 
     def saved(layers: int, decoder_layers: int | None = None) -> int:
         model, step = _trace(family, dims, kind, layers, decoder_layers)
@@ -460,8 +460,8 @@ def _trace(family: Family, dims: dict, kind: str, layers: int, decoder_layers: i
     import torch
     import transformers
 
-    from paramscope.cost.trace import StepSettings, trace_training
-    from paramscope.cost.training import weight_dtype
+    from paramscope.cost.traced.step import StepSettings, trace_training
+    from paramscope.cost.memory.states import weight_dtype
 
     config_class = re.sub(r"(ForCausalLM|ForMaskedLM|LMHeadModel|ForPreTraining|ForConditionalGeneration|Model)$", "Config",
                           family.cls)

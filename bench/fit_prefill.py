@@ -5,7 +5,7 @@
 For each family, the prefill generate() runs (use_cache, the last token's logits; every token, and no cache, for a
 model that does not generate) is traced on fake tensors in bf16 or fp32 (cost/probe.py, MemTracker) at varied small
 configs, batches and lengths. The workspace is the traced peak less the weights, buffers and KV cache, which the
-analytic engine has exactly (weights.py, kv_cache.py; a windowed layer's cache as the prefill ends holds the whole
+analytic engine has exactly (memory/weights.py, memory/kv.py; a windowed layer's cache as the prefill ends holds the whole
 prompt, `prefill_extra`).
 
 The peak is the largest moment of the last layer's forward, and which op that is depends on the config (the MLP's
@@ -13,7 +13,7 @@ intermediates against the attention's scores). So each config is also run on rea
 find the module (and with --ops the op) at its peak; the configs are grouped by it, each group is solved by least
 squares for whole-byte coefficients of the family's terms (T·h, T·i, B·heads·S², …), and the largest of the exact
 moments is checked on every config. A group with too few configs lists them, to add configs in its regime. The
-encoder's moments (T5) are before any cache. Prints each moment's formula, ready for prefill.py.
+encoder's moments (T5) are before any cache. Prints each moment's formula, ready for memory/prefill.py.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ _PHI3_TERMS = tuple(t for t in _DECODER_TERMS if t[0] != "T·q")  # Phi-3 has no
 
 FAMILIES = {
     # Qwen1.5-MoE (routed experts of width i and a shared expert of width 4i with a sigmoid gate): NOT EXACT yet
-    # with these terms (2026-11-25), so prefill.py has no moments for it (the Llama formula: -1.5% at its defaults)
+    # with these terms (2026-11-25), so memory/prefill.py has no moments for it (the Llama formula: -1.5% at its defaults)
     "qwen2_moe": Family("Qwen2MoeForCausalLM", lambda d: dict(_qwen2_moe_config(d), max_position_embeddings=512),
                         _MOE_VARIED, _MOE_TERMS + (("T·i (the shared expert)", lambda d: _T(d) * d["i"]),)),
     # Mixtral (a router, then each token's k experts, run grouped: tokens sorted by expert)
@@ -218,8 +218,8 @@ def workspace(family: Family, dims: dict, layers: int = 2) -> tuple[int, int, st
     peak (from the same prefill on real CPU tensors, digits as *)."""
     import transformers
 
-    from paramscope.cost.estimate import MemoryOptions, estimate_memory
-    from paramscope.cost.probe import traced_prefill_peak
+    from paramscope.cost.memory.serving import MemoryOptions, estimate_memory
+    from paramscope.cost.traced.cache_probe import traced_prefill_peak
 
     kwargs = dict(family.config(dims))
     for key in ("n_layer", "num_layers", "num_hidden_layers", "encoder_layers", "decoder_layers",
@@ -237,7 +237,7 @@ def workspace(family: Family, dims: dict, layers: int = 2) -> tuple[int, int, st
                                 model_class=family.cls)
     traced = traced_prefill_peak(getattr(transformers, family.cls), config, batch=dims["B"], seq=dims["S"],
                                  dtype=DTYPES[DTYPE[0]])
-    # the cache as the prefill ends: a windowed layer still holds the whole prompt's K and V (kv_cache.py)
+    # the cache as the prefill ends: a windowed layer still holds the whole prompt's K and V (memory/kv.py)
     kv = memory.kv_cache.bytes + memory.kv_cache.prefill_extra(dims["B"], dims["S"]) if memory.kv_cache else 0
     return traced - memory.weights.bytes - memory.weights.buffer_bytes, kv, _peak_module(family, config, dims)
 

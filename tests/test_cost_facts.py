@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paramscope.cost.cost_facts import FactsConfig, config_snapshot, facts_key, find_facts, read_facts
-from paramscope.cost.facts_record import record_facts
-from paramscope.cost.estimate import MemoryOptions, memory_answer
-from paramscope.cost.flop_estimate import FlopOptions, flop_answer
-from paramscope.cost.training_estimate import TrainingOptions, training_answer
+from paramscope.cost.facts.store import FactsConfig, config_snapshot, facts_key, find_facts, read_facts
+from paramscope.cost.facts.record import record_facts
+from paramscope.cost.memory.serving import MemoryOptions, memory_answer
+from paramscope.cost.flops.estimate import FlopOptions, flop_answer
+from paramscope.cost.memory.training import TrainingOptions, training_answer
 from paramscope.cost.model_view import FactsGap
 from paramscope.presets import all_presets, find_preset
 from paramscope.render.flops import flops_to_dict
@@ -204,8 +204,8 @@ def test_the_text_says_where_the_model_was_read_from(capsys):
 
 def test_facts_are_checked_before_they_are_kept(tmp_path):
     """record_facts compares the facts' answers with the build's and keeps nothing that differs."""
-    import paramscope.cost.cost_facts as cost_facts
-    import paramscope.cost.facts_record as facts_record
+    import paramscope.cost.facts.store as cost_facts
+    import paramscope.cost.facts.record as facts_record
     from paramscope.api import inspect_with_module
     from paramscope.sources import Source
 
@@ -283,7 +283,7 @@ def test_tampered_or_hostile_facts_files_are_ignored(tmp_path, monkeypatch):
 def test_mutated_facts_are_refused_or_answer_never_crash(data, tmp_path_factory):
     """Any one value of a facts file replaced by any JSON value: the reader refuses it, or the facts answer, or
     the build does (a gap, or arithmetic the facts break); a user-facing error at most, never a traceback."""
-    from paramscope.cost.cost_facts import facts_directory
+    from paramscope.cost.facts.store import facts_directory
     from paramscope.errors import ParamscopeError
     from paramscope.formula_cache import installed_transformers_version
     from paramscope.template import cache_directory
@@ -310,7 +310,7 @@ def test_mutated_facts_are_refused_or_answer_never_crash(data, tmp_path_factory)
 @pytest.mark.parametrize("preset", ["gpt2", "deepseek-v3"])
 def test_shipped_facts_are_fresh(preset, tmp_path):
     """Recording a preset's facts again gives the shipped ones (all of them: python -m paramscope.template_record)."""
-    from paramscope.cost.cost_facts import BUILD_DTYPES, facts_directory
+    from paramscope.cost.facts.store import BUILD_DTYPES, facts_directory
     from paramscope.sources import resolve
 
     source = resolve(preset)

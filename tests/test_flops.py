@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from paramscope.cost.flop_estimate import FlopOptions, estimate_flops
+from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
 from paramscope.errors import ParamscopeError
 
 
@@ -187,7 +187,7 @@ def test_real_mixtral_with_eager_experts_and_real_routing():
     import transformers
     from torch.utils.flop_counter import FlopCounterMode
 
-    from paramscope.cost.flop_count import _missing_formulas
+    from paramscope.cost.traced.flops import _missing_formulas
 
     config = transformers.MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=300,

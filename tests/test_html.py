@@ -277,8 +277,8 @@ def test_compare_page_small_multiples_and_bars(browser, tmp_path):
 # --- memory, FLOPs and plans ------------------------------------------------------------------------------------
 
 def test_memory_page_bars_are_each_phase_exactly(browser, tmp_path):
-    from paramscope.cost.estimate import MemoryOptions, estimate_memory
-    from paramscope.cost.training_estimate import TrainingOptions, estimate_training
+    from paramscope.cost.memory.serving import MemoryOptions, estimate_memory
+    from paramscope.cost.memory.training import TrainingOptions, estimate_training
     from paramscope.render.html.cost import render_memory_html
     from paramscope.render.memory import memory_to_dict
 
@@ -304,7 +304,7 @@ def test_memory_page_bars_are_each_phase_exactly(browser, tmp_path):
 
 
 def test_flops_page_has_the_context_curve_from_the_analytic_count(browser, tmp_path):
-    from paramscope.cost.flop_estimate import FlopOptions, estimate_flops
+    from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
     from paramscope.render.html.cost import render_flops_html
 
     report, estimate, compute = estimate_flops("llama-2-7b", FlopOptions(context_curve=True))
@@ -401,8 +401,8 @@ def test_two_notebook_outputs_on_one_page_each_draw_their_own_figures(browser, t
 
 def test_memory_flops_and_plan_results_display_and_save_alone(tmp_path):
     from paramscope.api import inspect_with_module
-    from paramscope.cost.estimate import MemoryOptions, estimate_memory
-    from paramscope.cost.flop_estimate import FlopOptions, estimate_flops
+    from paramscope.cost.memory.serving import MemoryOptions, estimate_memory
+    from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
     from paramscope.plan import PlanOptions, make_plan
 
     _, memory = estimate_memory("gpt2", MemoryOptions(seq=128))

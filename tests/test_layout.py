@@ -1,7 +1,8 @@
 """The package's layout: no import circle between paramscope's modules, and one CLI module per command.
 
-Imports are read with `ast`, not by importing: module-level and function-level imports both count (a function-level
-import is a circle deferred, not removed). Imports under `if TYPE_CHECKING:` do not count: they never run.
+Imports are read with `ast`, not by importing: module-level, function-level and `if TYPE_CHECKING:` imports all
+count (a function-level import is a circle deferred, not removed; a type hint's import is a dependency all the same).
+Results find their notebook pages by type name (display.PAGES), so no data module imports a renderer.
 """
 
 from __future__ import annotations
@@ -24,18 +25,11 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _runtime_imports(nodes):
-    """Every import statement in `nodes`, at any depth, except those guarded by `if TYPE_CHECKING:`."""
+    """Every import statement in `nodes`, at any depth, `if TYPE_CHECKING:` blocks included."""
     for node in nodes:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, ast.If) and _is_type_checking(node.test):
-            yield from _runtime_imports(node.orelse)
         else:
             yield from _runtime_imports(ast.iter_child_nodes(node))
 
@@ -90,7 +84,8 @@ def test_the_graph_sees_function_level_relative_and_package_imports():
     assert "paramscope.errors" in graph["paramscope"]  # a package's __init__, relative import
     assert "paramscope.render.text" in graph["paramscope.cli.inspect"]  # function-level, two dots deep
     assert "paramscope.cli._common" in graph["paramscope.cli.formula"]
-    assert "paramscope.report" not in graph["paramscope.render.text"]  # for type hints only
+    assert "paramscope.report" in graph["paramscope.render.text"]  # for type hints only, and counted
+    assert not any(t.startswith("paramscope.render") for t in graph["paramscope.report"])  # data never draws itself
 
 
 def test_the_circle_finder_finds_a_circle_and_names_it():
@@ -118,3 +113,21 @@ def test_importing_the_cli_and_its_commands_stays_light():
             "print(sorted(m for m in ('torch', 'transformers', 'rich', 'sympy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_every_registered_display_names_a_page_that_exists():
+    import importlib
+    import inspect
+
+    from paramscope.display import PAGES, TEXTS
+
+    for registry, arity in ((PAGES, 2), (TEXTS, 1)):
+        for type_name, target in registry.items():
+            module, _, name = target.partition(":")
+            function = getattr(importlib.import_module(module), name)
+            assert len(inspect.signature(function).parameters) == arity, (type_name, target)
+    classes = {"Report": "paramscope.report", "MemoryEstimate": "paramscope.cost.memory.result",
+               "FlopEstimate": "paramscope.cost.flops.result", "Plan": "paramscope.plan"}
+    assert set(PAGES) == set(classes)
+    for type_name, module in classes.items():
+        assert hasattr(importlib.import_module(module), type_name)

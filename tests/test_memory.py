@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from paramscope.cost.estimate import MemoryOptions, estimate_memory
+from paramscope.cost.memory.serving import MemoryOptions, estimate_memory
 from paramscope.cost.hardware import find_accelerator
-from paramscope.cost.kv_cache import kv_cache
-from paramscope.cost.memory import fit_on
-from paramscope.cost.quantization import declared_format, weight_format
+from paramscope.cost.memory.kv import kv_cache
+from paramscope.cost.memory.fits import fit_on
+from paramscope.cost.memory.quantization import declared_format, weight_format
 from paramscope.errors import ParamscopeError
 
 
@@ -124,7 +124,7 @@ def test_kv_formula_equals_the_real_cache(model_type):
     import transformers
 
     from paramscope.build import build_on_meta
-    from paramscope.cost.probe import probe_cache
+    from paramscope.cost.traced.cache_probe import probe_cache
 
     class_name, fields = CACHE_CASES[model_type]
     config = transformers.AutoConfig.for_model(model_type, **fields)
@@ -298,7 +298,7 @@ def test_cli_bad_options_give_one_line(args, named):
 def test_llama_prefill_peak_equals_memtracker_on_fake_tensors():
     import transformers
 
-    from paramscope.cost.probe import traced_prefill_peak
+    from paramscope.cost.traced.cache_probe import traced_prefill_peak
 
     config = transformers.LlamaConfig(hidden_size=512, intermediate_size=1408, num_hidden_layers=3,
                                       num_attention_heads=8, num_key_value_heads=2, vocab_size=4000)
@@ -315,7 +315,7 @@ def test_preset_prefill_peak_equals_memtracker(preset):
     import transformers
 
     from paramscope.build import choose_class, make_config
-    from paramscope.cost.probe import traced_prefill_peak
+    from paramscope.cost.traced.cache_probe import traced_prefill_peak
     from paramscope.presets import find_preset
 
     _, memory = estimate_memory(preset, MemoryOptions(dtype="bf16", seq=256))
@@ -374,7 +374,7 @@ def test_fitted_prefill_moments_equal_memtracker(preset, change, batch, seq, mom
     import transformers
 
     from paramscope.build import choose_class, make_config
-    from paramscope.cost.probe import traced_prefill_peak
+    from paramscope.cost.traced.cache_probe import traced_prefill_peak
     from paramscope.presets import find_preset
 
     raw = dict(find_preset(preset).load_config(), **change)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from paramscope.api import as_source, inspect_with_module
-from paramscope.cost.training_estimate import TrainingOptions, estimate_training
+from paramscope.cost.memory.training import TrainingOptions, estimate_training
 from paramscope.errors import ParamscopeError
 from paramscope.plan import PlanOptions, make_plan, plan_memory
 
@@ -129,7 +129,7 @@ def test_plan_flops_full_is_twice_forward_and_lora_skips_base_weight_gradients()
 @pytest.mark.parametrize("storage", ["nf4", "nf4-dq"])
 def test_qlora_base_is_stored_as_bitsandbytes_stores_it(storage):
     """The 4-bit stand-ins hold exactly the bytes `memory --dtype nf4[-dq]` gives for the same tensors."""
-    from paramscope.cost.quantization import weight_format
+    from paramscope.cost.memory.quantization import weight_format
     from paramscope.sources import resolve
 
     config = dict(resolve("llama-2-7b").config, num_hidden_layers=2)
@@ -176,7 +176,7 @@ def test_qlora_below_lora_below_full_on_llama_2_7b():
     assert peaks["qlora"].training.states.weights.bytes == peaks["qlora"].weights.bytes
     # to the byte: LoRA's fp32 base matrices leave, memory --dtype nf4's bytes for them (codes, absmax, code book)
     # come in, and the adapters are bf16 (QLoRA's recipe) where LoRA's are fp32 (PEFT's under mixed precision)
-    from paramscope.cost.quantization import weight_format
+    from paramscope.cost.memory.quantization import weight_format
 
     shapes = {p.name: p.shape for p in report.params}
     quantized = plans["qlora"].quantized
@@ -275,7 +275,7 @@ def test_bf16_adapters_traced_equal_a_real_step_and_the_model_states(precision):
     import transformers
 
     from paramscope.api import inspect_module
-    from paramscope.cost.trace import StepSettings, trace_training
+    from paramscope.cost.traced.step import StepSettings, trace_training
 
     report, module = inspect_with_module(transformers.LlamaConfig(**LLAMA), model_class="LlamaForCausalLM")
     plan = make_plan(report, module, PlanOptions(lora=8, target=("q_proj", "v_proj"), adapter_dtype="bfloat16"))

@@ -36,7 +36,7 @@ def test_a_build_on_meta_says_what_it_builds(shown):
 
 
 def test_a_traced_step_says_so(shown):
-    from paramscope.cost.training_estimate import TrainingOptions, estimate_training
+    from paramscope.cost.memory.training import TrainingOptions, estimate_training
 
     estimate_training("bert-base-uncased", TrainingOptions(batch=1, seq=16, trace=True))
     assert "tracing one training step of BertForMaskedLM on fake tensors" in shown.getvalue()

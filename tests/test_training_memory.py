@@ -16,8 +16,8 @@ import dataclasses
 
 import pytest
 
-from paramscope.cost.trace import StepSettings, trace_inference, trace_training
-from paramscope.cost.training_estimate import TrainingOptions, estimate_training
+from paramscope.cost.traced.step import StepSettings, trace_inference, trace_training
+from paramscope.cost.memory.training import TrainingOptions, estimate_training
 from paramscope.errors import ParamscopeError
 
 

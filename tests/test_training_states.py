@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from paramscope import inspect
-from paramscope.cost.training import check_optimizer, check_precision, model_states, per_device, zero_stage
+from paramscope.cost.memory.states import check_optimizer, check_precision, model_states, per_device, zero_stage
 from paramscope.errors import ParamscopeError
 
 FIELDS = dict(hidden_size=256, intermediate_size=700, num_hidden_layers=2, num_attention_heads=4,

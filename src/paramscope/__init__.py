@@ -13,6 +13,7 @@ Importing this package imports neither torch, transformers, sympy nor rich; they
 
 from typing import TYPE_CHECKING
 
+from ._version import __version__
 from .errors import (
     CheckpointError,
     ConfigError,
@@ -28,11 +29,11 @@ if TYPE_CHECKING:
     from .formula import Formula, derive_formula
     from .formula_cache import AssumptionError, FormulaError, FormulaMismatchError
     from .report import SCHEMA_VERSION, Component, ModelInfo, Report
-    from .cost.estimate import MemoryOptions, estimate_memory
-    from .cost.memory import MemoryEstimate
-    from .cost.training_estimate import TrainingOptions, estimate_training
-    from .cost.flop_estimate import FlopOptions, estimate_flops
-    from .cost.flops import FlopEstimate
+    from .cost.memory.serving import MemoryOptions, estimate_memory
+    from .cost.memory.result import MemoryEstimate
+    from .cost.memory.training import TrainingOptions, estimate_training
+    from .cost.flops.estimate import FlopOptions, estimate_flops
+    from .cost.flops.result import FlopEstimate
     from .api import inspect_with_module
     from .plan import Plan, PlanOptions, make_plan, plan_flops, plan_memory
 
@@ -44,9 +45,10 @@ _LAZY = {
     "Formula": "formula", "derive_formula": "formula",
     "AssumptionError": "formula_cache", "FormulaError": "formula_cache", "FormulaMismatchError": "formula_cache",
     "SCHEMA_VERSION": "report", "Component": "report", "ModelInfo": "report", "Report": "report",
-    "estimate_memory": "cost.estimate", "MemoryOptions": "cost.estimate", "MemoryEstimate": "cost.memory",
-    "estimate_training": "cost.training_estimate", "TrainingOptions": "cost.training_estimate",
-    "estimate_flops": "cost.flop_estimate", "FlopOptions": "cost.flop_estimate", "FlopEstimate": "cost.flops",
+    "estimate_memory": "cost.memory.serving", "MemoryOptions": "cost.memory.serving",
+    "MemoryEstimate": "cost.memory.result",
+    "estimate_training": "cost.memory.training", "TrainingOptions": "cost.memory.training",
+    "estimate_flops": "cost.flops.estimate", "FlopOptions": "cost.flops.estimate", "FlopEstimate": "cost.flops.result",
     "inspect_with_module": "api", "Plan": "plan", "PlanOptions": "plan", "make_plan": "plan",
     "plan_memory": "plan", "plan_flops": "plan",
 }
@@ -65,8 +67,6 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
-
-__version__ = "0.1.0"
 
 __all__ = [
     "SCHEMA_VERSION",

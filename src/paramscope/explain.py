@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from .count import LAYER_INDEX, ModuleNode, ParameterInfo, index_pattern
 
-if TYPE_CHECKING:  # only for type hints: report.py → render.text → explain must not lead back to report
+if TYPE_CHECKING:  # type hints only (counted by tests/test_layout.py all the same)
     from .report import Report
 
 

@@ -96,12 +96,6 @@ class Plan(HtmlDisplay):
     adapter_dtype: str | None = None  # the adapters' own dtype; None: they follow --precision
     own_dtype: frozenset[str] = frozenset()  # the module's parameters kept in adapter_dtype (names in `module`)
 
-    def _html(self, fragment: bool) -> str:
-        from .api import inspect
-        from .render.html.cost import render_plan_html
-
-        return render_plan_html(None, self, inspect(self.module), fragment=fragment)
-
 
 COMPARABLE = ("full", "freeze", "lora", "qlora")
 
@@ -185,10 +179,10 @@ def _cast_adapters(model: Any, dtype: str) -> frozenset[str]:
 def _quantize_base(model: Any, base: Any, report: Any, storage: str) -> tuple[str, ...]:
     """QLoRA: the frozen base nn.Linear weights transformers' bitsandbytes quantiser would replace (the same
     choice `memory --dtype nf4` makes) become 4-bit stand-ins in the planned model (cost/bnb4.py)."""
-    from .cost.bnb4 import quantize_base
+    from .cost.traced.bnb4 import quantize_base
     from .cost.model_view import from_module
-    from .cost.quantization import weight_format
-    from .cost.weights import quantized_names
+    from .cost.memory.quantization import weight_format
+    from .cost.memory.weights import quantized_names
 
     fmt = weight_format(storage, compute_dtype="bfloat16")
     names = quantized_names(from_module(base), report.params, fmt)
@@ -286,7 +280,7 @@ def plan_memory(plan: Plan, options: Any = None) -> Any:
     """The plan's training step's memory (a MemoryEstimate, as `estimate_training` gives), for `options`
     (TrainingOptions; default: its defaults). The planned module is a live one: its weights take --precision's
     dtype, except the adapters when the plan stores them in their own (bf16 with --qlora)."""
-    from .cost.training_estimate import TrainingOptions, estimate_training
+    from .cost.memory.training import TrainingOptions, estimate_training
 
     options = TrainingOptions() if options is None else options
     return estimate_training(plan.module, dataclasses.replace(options, own_dtype=plan.own_dtype))[1]
@@ -296,8 +290,8 @@ def plan_flops(plan: Plan, *, batch: int, seq: int, checkpointing: bool = False)
     """The plan's training-step FLOPs, counted by FlopCounterMode on fake tensors: adapters add their matmuls;
     frozen weights still pass the input's gradient back (where something before them trains) but compute no
     weight gradient."""
-    from .cost.flop_count import count_flops
-    from .cost.trace import StepSettings
+    from .cost.traced.flops import count_flops
+    from .cost.traced.step import StepSettings
 
     return count_flops(plan.module, StepSettings(batch=batch, seq=seq, grad_checkpointing=checkpointing),
                        training=True)

@@ -102,21 +102,6 @@ class Report(HtmlDisplay):
         return (f"<Report {self.model.class_name} of {self.model.label}: {self.parameters.total:,} parameters"
                 f"{active}>")
 
-    def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython's text display
-        printer.text(repr(self) if cycle else self._display_text())
-
-    def _html(self, fragment: bool) -> str:  # Jupyter and to_html(): inspect's page
-        from .render.html.report import render_report_html
-
-        return render_report_html(self, fragment=fragment)
-
-    def _display_text(self) -> str:
-        try:
-            from .render.text import TextOptions, render_text
-        except ImportError:
-            return repr(self)
-        return render_text(self, TextOptions(width=110, depth=2))
-
 
 def make_report(model_info: ModelInfo, counted: Counted, base_model_prefix: str | None = None, *,
                 moe: MoESummary | None = None, conventions: tuple[Convention, ...] = (),

@@ -19,10 +19,10 @@ import time
 from typing import Any
 
 from .count import count_module
-from .errors import ParamscopeError
-from .formula import _Deriver, _snapshot, _Snapshot
-from .formula_cache import route_key
 from .document_diff import comparable, first_difference
+from .errors import ParamscopeError
+from .formula import _Deriver, _Snapshot, _snapshot
+from .formula_cache import route_key
 from .template import (Template, TemplateError, pattern_of, report_from_template, store_template, sub_configs_of,
                        write_template)
 
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     if not names:  # a full regeneration replaces the installed version's files; other versions' stay
         shutil.rmtree(shipped_directory(installed_transformers_version()), ignore_errors=True)
     ship_presets(SHIPPED, names or None)
-    from .cost.facts_record import ship_facts
+    from .cost.facts.record import ship_facts
 
     ship_facts(SHIPPED, names or None)
     print(f"shipped templates for transformers {installed_transformers_version()} in {SHIPPED}")

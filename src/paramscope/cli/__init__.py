@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from .. import __version__
+from .._version import __version__
 from ..errors import ParamscopeError
 from . import audit, compare, diff, flops, formula, inspect, memory, plan, presets
 

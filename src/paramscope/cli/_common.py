@@ -100,7 +100,7 @@ def record_after_build(report: Any, source: Any, *, model_class: str | None, tas
                 record_template(source.config, label=source.label, model_class=model_class, task=task,
                                 num_labels=num_labels, budget_s=RECORD_BUDGET_S, max_build_s=_RECORD_AFTER_BUILD_S)
         if module is not None:
-            from ..cost.facts_record import record_facts
+            from ..cost.facts.record import record_facts
 
             with progress.status("recording cost facts for this config (next time: instant)"):
                 record_facts(source, report, module, build_dtype=build_dtype, model_class=model_class, task=task,

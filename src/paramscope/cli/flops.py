@@ -50,7 +50,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cost.flop_estimate import FlopOptions, flop_answer
+    from ..cost.flops.estimate import FlopOptions, flop_answer
     from ..errors import ParamscopeError
     from ..sources import resolve
 

@@ -11,7 +11,7 @@ from ._common import (add_cache_option, add_debug_option, add_html_option, add_m
 
 
 def add_parser(subparsers: Any) -> None:
-    from ..cost.quantization import FORMAT_CHOICES
+    from ..cost.memory.quantization import FORMAT_CHOICES
 
     parser = subparsers.add_parser(
         "memory", help="memory to load, serve or train a model: weights, KV cache, activations, what fits",
@@ -73,7 +73,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..cost.dtypes import parse_bytes
-    from ..cost.estimate import MemoryOptions, memory_answer
+    from ..cost.memory.serving import MemoryOptions, memory_answer
     from ..errors import ParamscopeError
     from ..sources import resolve
 
@@ -88,14 +88,14 @@ def run(args: argparse.Namespace) -> int:
                             trace=args.trace)
     options.check()
     if args.dtype is not None:
-        from ..cost.quantization import weight_format
+        from ..cost.memory.quantization import weight_format
 
         weight_format(args.dtype, group_size=args.group_size)  # a bad --dtype fails before the build
     model_options = dict(model_class=args.model_class, task=args.task, num_labels=args.num_labels,
                          trust_remote_code=args.trust_remote_code)
     view = None
     if args.training:
-        from ..cost.training_estimate import TrainingOptions, training_answer
+        from ..cost.memory.training import TrainingOptions, training_answer
 
         if args.dtype or args.kv_dtype or args.group_size or args.encoder_seq or args.kv_layout != "hf":
             raise ParamscopeError("--dtype, --kv-dtype, --kv-layout, --group-size and --encoder-seq are for "

@@ -73,7 +73,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..api import as_source, inspect_with_module
     from ..cost.dtypes import parse_bytes
-    from ..cost.training_estimate import TrainingOptions
+    from ..cost.memory.training import TrainingOptions
     from ..errors import ParamscopeError
     from ..plan import ADAPTER_DTYPES, PlanOptions, compared_plans, make_plan, plan_flops, plan_memory
     from ..sources import resolve

@@ -1,17 +1,29 @@
-"""What parameters cost: memory to load, to serve with a KV cache and to train; FLOPs next.
+"""What parameters cost: memory (to load, serve and train) and FLOPs, laid out by quantity, then by engine.
 
-    storage format (quantization.py, dtypes.py) → weights.py ─┐
-    config → kv_cache.py (checked against probe.py)  ─────────┼→ memory.py (MemoryEstimate, fits) ← hardware.py
-    the prefill's workspace (memory.py) ───────────────────────┘
-    estimate.py: serving — build on meta in the compute dtype, then add it all up
+    dims.py        config dimensions as every engine reads them (one reader: text config, positive ints, dropouts)
+    dtypes.py      element types by name, their sizes, sizes of memory ("24GiB")
+    hardware.py    accelerators: memory, bandwidth and peaks; `--gpu NAME`
+    model_view.py  what the analytic engines read of a model, from the meta build or from recorded facts
 
-    training.py (weights, gradients, optimizer states, master weights, ZeRO shards) ─┐
-    activations.py (closed forms per family: saved bytes and the step's moments) ────┼→ training_estimate.py
-    trace.py (one real step on fake tensors, measured by torch's MemTracker) ────────┘
+    memory/        how many bytes (analytic closed forms, and the pipelines that answer)
+        quantization.py, weights.py   storage formats → the weights' bytes by dtype, role and component
+        kv.py, prefill.py             the KV cache from the config; the prefill's workspace by family
+        states.py, activations/       a training step's model states (ZeRO shares); saved activations per family
+        result.py, fits.py            the frozen MemoryEstimate; what fits on which accelerator
+        serving.py, training.py       the pipelines: facts or build → analytic (or traced) → MemoryEstimate
+    flops/         how many FLOPs
+        analytic.py, result.py        the closed-form count and the frozen FlopEstimate
+        estimate.py                   the pipeline: facts or build → analytic (checked by or replaced with traced)
+    traced/        the engine that runs the real class on fake tensors (needs torch)
+        step.py                       one training or generate() step measured by torch's MemTracker
+        flops.py                      the same step under FlopCounterMode
+        cache_probe.py                the real cache after a prefill on meta (the check on memory/kv.py)
+        bnb4.py                       bitsandbytes' 4-bit Linear, as far as memory goes (QLoRA's base)
+    facts/         cost facts: what a build decides beyond the report, recorded per config so answers need no torch
+        store.py                      keys, reading and the view they give (`cost_view`)
+        record.py                     reading them from a build and checking every answer before keeping them
 
-trace.py is the traced engine both modes share (a training step; generate()'s prefill and decode steps): it
-checks the analytic figures, answers for classes without a recipe, and is what FLOPs will count on.
-
-The pure modules (dtypes, quantization, kv_cache, memory, hardware, training, activations) use the standard
-library alone; weights.py, probe.py, trace.py, estimate.py and training_estimate.py look at the built module.
+Two engines check each other: the analytic ones (memory/, flops/) answer instantly from closed forms, the traced one
+(traced/) runs the actual module and is what the closed forms are fitted and tested against. dims, dtypes, hardware
+and memory/'s arithmetic use the standard library alone; the pipelines, traced/ and facts/record.py look at a build.
 """

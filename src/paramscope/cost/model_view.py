@@ -7,7 +7,7 @@ two-token prefill. A `ModelView` gives exactly that:
 
 - `from_module`: read from the module built on meta (and, for the cache, a prefill run on it);
 - `cost_facts.view_from_facts`: read from `CostFacts`, recorded from such a module for one config and checked
-  against it (facts_record.py), with the template's stand-in modules for the structure. No torch, no
+  against it (facts/record.py), with the template's stand-in modules for the structure. No torch, no
   transformers.
 
 Both go through the same arithmetic, so the facts path answers what the build would, or refuses: a read the
@@ -157,7 +157,7 @@ def _keep_fp32_pattern(module: Any, dtype: str) -> str | None:
 
 def _probe(module: Any) -> int | None:
     """The bytes of the real cache after a 2-token prefill on meta (in the dtype the module was built in)."""
-    from .probe import probe_cache
+    from .traced.cache_probe import probe_cache
 
     probed = probe_cache(module, batch=1, seq=2)
     return None if probed is None else probed.bytes

@@ -16,7 +16,7 @@ from ..explain import exact, fold_names, human, module_arithmetic, role_arithmet
 from ..roles import GROUP_TITLES, role_group
 from ._console import indented, percent, to_html, to_text
 
-if TYPE_CHECKING:  # only for type hints: report.py imports this module to display a Report in IPython
+if TYPE_CHECKING:  # type hints only (counted by tests/test_layout.py all the same)
     from ..report import Component, Report
 
 
@@ -429,3 +429,8 @@ def _node_label(node: ModuleNode, name: str, n: int, params_by_name, explain: bo
         if arithmetic and node.own and not node.children:
             text.append(f"  = {arithmetic}", style="dim")
     return text
+
+
+def notebook_text(report: Report) -> str:
+    """What IPython shows for a Report (display.TEXTS): the terminal report at 110 columns, two levels deep."""
+    return render_text(report, TextOptions(width=110, depth=2))

@@ -253,3 +253,19 @@ def render_plans_html(report: Report, rows, planned: list[Report], *, fragment: 
                                        f'<div class="multiples">{"".join(cells)}</div>'),
     ]
     return html_page(_titled(report, "fine-tuning plans compared"), _subtitled(report, ""), sections, fragment)
+
+
+# Results displayed alone (a notebook, `.to_html()`), by type name (display.PAGES): no report beside them, except
+# the plan's, which is the planned module's own.
+def memory_page(estimate, fragment: bool) -> str:
+    return render_memory_html(None, estimate, fragment=fragment)
+
+
+def flops_page(estimate, fragment: bool) -> str:
+    return render_flops_html(None, estimate, None, fragment=fragment)
+
+
+def plan_page(plan, fragment: bool) -> str:
+    from ...api import inspect
+
+    return render_plan_html(None, plan, inspect(plan.module), fragment=fragment)

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
-from ... import __version__
+from ..._version import __version__
 from ...explain import exact
 from ...roles import GROUP_TITLES
 from ..treemap import Treemap
@@ -209,14 +209,6 @@ def html_page(title: str, subtitle: str, sections: Iterable[Section], fragment: 
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{escape(title)}</title>"
             f"<style>{_STYLE}</style><script>{plotly_js}</script></head><body>{body}</body></html>")
-
-
-def save_page(page: str, path: str | None) -> str:
-    """`page`, also written to `path` (UTF-8) when a path is given: what every result's .to_html(path) does."""
-    if path is not None:
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(page)
-    return page
 
 
 def escape(text: object) -> str:

@@ -9,7 +9,7 @@ from ..treemap import active_share, module_treemap, role_treemap
 from .page import (Section, color_key, escape, figure, html_page, notes_section, subtitle, totals_table, tree_html,
                    treemap_figure)
 
-if TYPE_CHECKING:  # type hints only: report.py imports this module lazily, which must not lead back
+if TYPE_CHECKING:  # type hints only (counted by tests/test_layout.py all the same)
     from ...report import Report
 
 def render_report_html(report: Report, *, fragment: bool = False) -> str:
@@ -84,3 +84,8 @@ def _terminal(report: Report) -> str:
     from ..text import TextOptions, render_html
 
     return render_html(report, TextOptions(width=120, depth=3, explain=True))
+
+
+def report_page(report: Report, fragment: bool) -> str:
+    """A Report in a notebook and `Report.to_html()` (display.PAGES)."""
+    return render_report_html(report, fragment=fragment)

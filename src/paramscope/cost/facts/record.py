@@ -1,4 +1,4 @@
-"""Recording cost facts (cost_facts.py): read them from a build, check every answer they give against the build's,
+"""Recording cost facts (facts/store.py): read them from a build, check every answer they give against the build's,
 keep them. Needs torch; the CLI records after a build answered, `python -m paramscope.template_record` ships the
 presets'."""
 
@@ -7,11 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..document_diff import comparable, first_difference
-from ..formula_cache import _safe, installed_transformers_version
-from .cost_facts import (BUILD_DTYPES, CostFacts, facts_directory, facts_from_module, facts_key, set_build_dtypes,
-                         view_from_facts, write_facts)
-from .model_view import FactsGap
+from ...document_diff import comparable, first_difference
+from ...formula_cache import _safe, installed_transformers_version
+from .store import (
+    BUILD_DTYPES, CostFacts, facts_directory, facts_from_module, facts_key, set_build_dtypes, view_from_facts,
+    write_facts,
+)
+from ..model_view import FactsGap
 
 
 # --dtype formats whose answers a recording checks (those whose compute dtype is the build's): each family of
@@ -26,8 +28,8 @@ def record_facts(source: Any, report: Any, module: Any, *, build_dtype: str | No
     for `source`'s config, after checking that the facts' answers equal the build's; (facts or None, what
     happened). Needs the class's template (template.py) for the stand-ins; never raises for a config the build
     took."""
-    from ..errors import ParamscopeError
-    from ..template import cache_directory, lookup_template
+    from ...errors import ParamscopeError
+    from ...template import cache_directory, lookup_template
 
     dtype = build_dtype or "float32"
     found = lookup_template(source.config, model_class=model_class, task=task, num_labels=num_labels)
@@ -52,15 +54,15 @@ def check_facts(facts: CostFacts, template: Any, source: Any, report: Any, modul
     """Where the facts' answers (the report in `dtype`, serving memory in each format built in it, training
     memory in each precision whose weights are in it, FLOPs of a forward and of training steps) differ from the
     build's, or None."""
-    from ..render.json import report_to_dict
-    from ..render.memory import memory_to_dict
-    from ..template import report_from_template
-    from .estimate import MemoryOptions, serving_estimate, storage_format
-    from .flops import analytic_flops
-    from .kv_cache import is_mla, text_config
-    from .model_view import from_module
-    from .training import weight_dtype
-    from .training_estimate import TrainingOptions, step_estimate
+    from ...render.json import report_to_dict
+    from ...render.memory import memory_to_dict
+    from ...template import report_from_template
+    from ..memory.serving import MemoryOptions, serving_estimate, storage_format
+    from ..flops.analytic import analytic_flops
+    from ..dims import is_mla, text_config
+    from ..model_view import from_module
+    from ..memory.states import weight_dtype
+    from ..memory.training import TrainingOptions, step_estimate
 
     root = template.module(source.config, num_labels)
     set_build_dtypes(root, facts, dtype)
@@ -104,10 +106,10 @@ def check_facts(facts: CostFacts, template: Any, source: Any, report: Any, modul
 def ship_facts(directory: Path, names: list[str] | None = None, *, log=print) -> list[str]:
     """Record the cost facts of presets (all by default) into `directory` (the package's shipped set), built in
     each of BUILD_DTYPES, so `memory` and `flops` answer every preset at once after a fresh install."""
-    from ..api import inspect_with_module
-    from ..presets import presets_named
-    from ..sources import resolve
-    from ..template import _directory
+    from ...api import inspect_with_module
+    from ...presets import presets_named
+    from ...sources import resolve
+    from ...template import _directory
 
     target = _directory(directory, installed_transformers_version() or "")
     written = []

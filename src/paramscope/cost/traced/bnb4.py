@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .quantization import WeightFormat
+from ..memory.quantization import WeightFormat
 
 
 def linear4bit_class():

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ...dims import dim
 from .decoders import LLAMA_STYLE, llama_style
 from .deepseek import deepseek_style
 from .encoders import BERT_STYLE, albert_style, bert_style, deberta_style, modernbert_style
@@ -176,7 +177,6 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
 
 def embedding_gradient(config: Any, *, batch: int, seq: int, precision: str) -> int:
     """The gradient of the embedding's output, live as backward ends."""
-    from ..kv_cache import config_int
 
-    h = config_int(config, "hidden_size", "n_embd") or 0
+    h = dim(config, "hidden") or 0
     return (2 if precision == "bf16-pure" else 4) * batch * seq * h + 8

@@ -31,7 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .layout import Layout, missing
+from ...dims import config_int, missing
+from .layout import Layout
 
 LLAMA_STYLE = ("llama", "mistral", "qwen2")
 
@@ -95,7 +96,6 @@ _DECODERS = {
 
 
 def llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "llama") -> Layout | str:
-    from ..kv_cache import config_int
 
     h = config_int(config, "hidden_size")
     heads = config_int(config, "num_attention_heads")

@@ -2,7 +2,7 @@
 
 No memory is used (meta tensors have shapes and dtypes, no storage) and it takes well under a second, so it can
 answer what only the implementation knows: whether a class caches MLA latents or expanded heads, and what a
-recurrent layer keeps. The analytic formulas in kv_cache.py are tested against it.
+recurrent layer keeps. The analytic formulas in memory/kv.py are tested against it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def probe_cache(module: Any, *, batch: int, seq: int, encoder_seq: int | None = 
     """Run `module` (built on meta) on `batch` × `seq` token ids with use_cache; None when it cannot run so."""
     import torch
 
-    from ..build import quiet_transformers
+    from ...build import quiet_transformers
 
     config = getattr(module, "config", None)
     kwargs: dict[str, Any] = {"use_cache": True}
@@ -71,15 +71,15 @@ def _tensor_bytes(value: Any, depth: int = 0) -> int:
 def traced_prefill_peak(model_class: Any, config: Any, *, batch: int, seq: int, dtype: str = "bfloat16") -> int:
     """The peak bytes torch's MemTracker sees over a prefill of `model_class(config)` on fake tensors.
 
-    The traced engine's serving step (trace.py) without decode steps: as generate() runs the prefill (use_cache,
+    The traced engine's serving step (traced/step.py) without decode steps: as generate() runs the prefill (use_cache,
     last-token logits) for a model that generates, else a plain forward over every token (an encoder). The class
-    is built on meta in `dtype`; nothing real is allocated. The analytic workspace in memory.py is tested against
+    is built on meta in `dtype`; nothing real is allocated. The analytic workspace in memory/prefill.py is tested against
     this."""
     import copy
 
     import torch
 
-    from .trace import StepSettings, trace_inference
+    from .step import StepSettings, trace_inference
 
     previous = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, dtype))

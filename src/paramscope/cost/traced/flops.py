@@ -1,6 +1,6 @@
 """FLOPs, traced: torch's FlopCounterMode over the real class on fake tensors, with the holes it has filled.
 
-    module → fake copy (trace.py) → forward (and backward) under FlopCounterMode → FLOPs per module → by role
+    module → fake copy (traced/step.py) → forward (and backward) under FlopCounterMode → FLOPs per module → by role
 
 FlopCounterMode counts matmuls, convolutions and attention kernels with a matmul of m×k by k×n costing 2mnk,
 attention in full (no causal halving) and elementwise ops not at all. Two of its holes are filled here:
@@ -21,9 +21,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .. import progress
-from .trace import (StepSettings, autocast_for, enable_checkpointing, fake_mode, loss_of, running, training_inputs,
-                    working_copy)
+from ... import progress
+from .step import (
+    StepSettings, autocast_for, enable_checkpointing, fake_mode, loss_of, running, training_inputs, working_copy,
+)
 
 
 @dataclass(frozen=True)

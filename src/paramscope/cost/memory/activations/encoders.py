@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layout import Layout, attention_dropout, config_dims, first_positive, hidden_dropout, missing
+from ...dims import attention_dropout, config_dims, config_int, first_positive, hidden_dropout, missing
+from .layout import Layout
 
 BERT_STYLE = ("bert",)
 
@@ -44,7 +45,6 @@ _ENCODER_VARIANTS = {
 
 
 def bert_style(config: Any, kind: str, batch: int, seq: int, variant: str = "bert") -> Layout | str:
-    from ..kv_cache import config_int
 
     dims = config_dims(config, h=("hidden_size", "dim"), heads=("num_attention_heads", "n_heads"),
                        inner=("intermediate_size", "hidden_dim"), vocab="vocab_size",
@@ -127,7 +127,6 @@ _ALBERT_OUTSIDE = {"fp32": (4, 32, 4, 24, 8, 8), "bf16-pure": (2, 16, 2, 16, 8, 
 
 
 def albert_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
-    from ..kv_cache import config_int
 
     dims = config_dims(config, h="hidden_size", e="embedding_size", heads="num_attention_heads",
                        inner="intermediate_size", vocab="vocab_size", layers="num_hidden_layers")
@@ -175,7 +174,6 @@ _DEBERTA_FITTED = (("relative_attention", True, "no relative attention"),
 def deberta_dims(config: Any) -> dict[str, int] | str:
     """DeBERTa-v2's dimensions (h, heads, i, layers, P2: the 2P relative positions) where the config has the layout
     the recipes were fitted at (deberta-v3-base's), else the words naming what differs."""
-    from ..kv_cache import config_int
 
     dims = config_dims(config, h="hidden_size", heads="num_attention_heads", inner="intermediate_size",
                        layers="num_hidden_layers")
@@ -205,7 +203,6 @@ def deberta_dims(config: Any) -> dict[str, int] | str:
 
 
 def deberta_style(config: Any, kind: str, batch: int, seq: int, variant: str = "model") -> Layout | str:
-    from ..kv_cache import config_int
 
     dims = deberta_dims(config)
     if isinstance(dims, str):

@@ -8,7 +8,7 @@ their peak, by bench/fit_prefill.py against the traced prefill (MemTracker on fa
 tests/test_memory.py holds them to the trace. T = batch × seq tokens; S² and B·S² terms are masks and int64
 positions (the same in every dtype).
 
-Layouts without a recipe here use memory.py's Llama-style formula (exact for Llama, Mistral, Qwen2 and Gemma).
+Layouts without a recipe here take the Llama-style formula (`prefill_workspace`, at the end of this module) (exact for Llama, Mistral, Qwen2 and Gemma).
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from ..dims import config_int, dim
+from .result import Workspace
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,6 @@ def prefill_moments(config: Any, class_name: str, seq: int) -> tuple[str, dict[s
     """(the family, its dimensions, its moments by compute dtype size) for a layout fitted here at `seq` tokens; the
     words naming what of the config was not fitted; or None for a family without moments here."""
     from .activations.encoders import deberta_dims
-    from .kv_cache import config_int
 
     model_type = getattr(config, "model_type", None)
     if model_type in ("gpt2",) and class_name == "GPT2LMHeadModel":
@@ -255,3 +257,60 @@ def family_workspace(config: Any, class_name: str, *, batch: int, seq: int, dtyp
         if best is None or value > best[0]:
             best = (value, text)
     return best
+
+
+def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, vocab: int | None, gated: bool = True,
+                      layers: int = 2, every_token_logits: bool = False, class_name: str = "",
+                      cache_bytes: int = 0, window_extra: int = 0) -> Workspace:
+    """The prefill's working memory on top of weights, buffers and the KV cache, at its peak: the last layer.
+
+    Live then, per token: the embedding output (the model keeps `inputs_embeds`) and the layer's input (h each,
+    one when there is a single layer), the post-attention residual and the normed MLP input (h each), and the
+    MLP's intermediates: gate, up and their product (3 × intermediate) for a gated MLP, the projection and its
+    activation (2 × intermediate) otherwise. Besides: RoPE's cos and sin (seq × head_dim each) and the position
+    ids (seq × 8 B). Logits are for the last token only, as generate() asks (`logits_to_keep=1`); a model that
+    does not generate (a masked-LM encoder) scores every token, and its head holds the logits with the encoder's
+    output and the head's transform (hidden each): batch × seq × (vocab + 2 × hidden).
+
+    Exact for Llama-style decoders (RMSNorm, gated MLP, RoPE) at sdpa, checked against a fake-tensor trace. The
+    families this module has fitted (GPT-2, T5, the bare BART and DeBERTa-v2) take their own largest moment instead
+    (`class_name`; `cache_bytes`, the full KV cache, for the moments before it is held); other layouts differ by
+    their own temporaries (MoE routing, eager attention's scores), which the traced engine measures.
+    """
+    from ..dims import config_int, text_config
+
+    text = text_config(config)
+    family = family_workspace(text, class_name, batch=batch, seq=seq, dtype_size=dtype_size,
+                              cache_bytes=cache_bytes) if class_name else None
+    beyond = (f" + the sliding layers' prompt K and V beyond their windows, kept until the first decode step "
+              f"{window_extra:,} B" if window_extra else "")
+    if isinstance(family, tuple):
+        layer_peak, text_line = family
+        logits = batch * (vocab or 0) * dtype_size * (seq if every_token_logits else 1)
+        return Workspace(max(layer_peak, logits) + window_extra, text_line + beyond, logits)
+    hidden = dim(text, "hidden") or 0
+    inner = dim(text, "intermediate") or 4 * hidden
+    held = 2 if layers > 1 else 1
+    mlp = 3 if gated else 2
+    per_token = ((held + 2) * hidden + mlp * inner) * dtype_size
+    heads = dim(text, "heads") or 1
+    head_dim = config_int(text, "head_dim") or (hidden // heads if heads else 0)
+    rotary = getattr(text, "rope_parameters", None) is not None or getattr(text, "rope_theta", None) is not None
+    rope = 2 * seq * head_dim * dtype_size if rotary else 0
+    positions = seq * 8
+    # a sequence that fills the sliding window (the cache holds more than the window): sdpa takes a boolean S × S
+    # mask, shared by the batch
+    mask = seq * seq if window_extra else 0
+    layer_peak = batch * seq * per_token + rope + positions + mask
+    text_line = (f"{batch} × {seq:,} tokens × ({held + 2} × hidden {hidden:,} + {mlp} × intermediate {inner:,}) × "
+                 f"{dtype_size} B" + (f" + RoPE cos/sin 2 × {seq:,} × {head_dim} × {dtype_size} B" if rope else "")
+                 + f" + position ids {seq:,} × 8 B" + (f" + the sliding window's mask {seq:,}² × 1 B" if mask else ""))
+    if every_token_logits and vocab:
+        logits = batch * seq * vocab * dtype_size
+        head_peak = batch * seq * (vocab + 2 * hidden) * dtype_size
+        if head_peak > layer_peak:
+            return Workspace(head_peak, f"the head: {batch} × {seq:,} tokens × (vocab {vocab:,} + 2 × hidden "
+                                        f"{hidden:,}) × {dtype_size} B, every token's logits", logits)
+        return Workspace(layer_peak, text_line, logits)
+    logits = batch * (vocab or 0) * dtype_size
+    return Workspace(max(layer_peak, logits) + window_extra, text_line + beyond, logits)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layout import Layout, attention_dropout, first_positive, missing
+from ...dims import attention_dropout, config_int, first_positive, missing
+from .layout import Layout
 
 # T5 v1 (t5-small/base/large: ReLU MLP, dropout, the head tied), each side at --seq tokens; inner = heads × d_kv.
 # (T·h, T·inner, T·i, B·heads·S², T, S²) per encoder layer and per decoder layer (its causal mask, cross-attention)
@@ -28,7 +29,6 @@ _T5_CHECKPOINTED_OUTSIDE = {"fp32": (40, 4, 24, 12, 8), "bf16-pure": (28, 2, 24,
 
 
 def t5_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
-    from ..kv_cache import config_int
 
     h = config_int(config, "d_model")
     inner = (config_int(config, "num_heads") or 0) * (config_int(config, "d_kv") or 0)
@@ -82,7 +82,6 @@ _BART_MODEL_OUTSIDE = {"fp32": (20, 0, 24, 8, 4), "bf16-pure": (10, 0, 16, 8, 4)
 
 
 def bart_style(config: Any, kind: str, batch: int, seq: int, variant: str = "lm") -> Layout | str:
-    from ..kv_cache import config_int
 
     h = config_int(config, "d_model")
     vocab = config_int(config, "vocab_size")

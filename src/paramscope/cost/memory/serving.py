@@ -10,13 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ParamscopeError
-from .dtypes import itemsize, torch_name
-from .hardware import Accelerator, find_accelerator
-from .kv_cache import KVCache, config_int, is_mla, kv_cache, text_config
-from .memory import DEFAULT_RESERVE, MemoryEstimate, fit_on, fit_table, prefill_workspace
-from .prefill import family_workspace
+from ...errors import ParamscopeError
+from ..dims import config_int, dim, is_mla, text_config
+from ..dtypes import itemsize, torch_name
+from ..hardware import Accelerator, find_accelerator
+from .fits import fit_on, fit_table
+from .kv import KVCache, kv_cache
+from .prefill import family_workspace, prefill_workspace
 from .quantization import declared_format, weight_format
+from .result import DEFAULT_RESERVE, MemoryEstimate
 from .weights import quantized_names, weight_memory
 
 KV_LAYOUTS = ("hf", "latent", "expanded")
@@ -62,7 +64,7 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), use_ca
     """(Report, MemoryEstimate) for serving `model`, analytic engine.
 
     With `use_cache` (and without --trace), a config whose template and cost facts are recorded is answered
-    without torch (cost_facts.py); otherwise the class is built on meta in the storage's compute dtype."""
+    without torch (facts/store.py); otherwise the class is built on meta in the storage's compute dtype."""
     report, estimate, _ = memory_answer(model, options, use_cache, **model_options)
     return report, estimate
 
@@ -70,11 +72,11 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), use_ca
 def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cache: bool = True,
                   **model_options: Any):
     """`estimate_memory`, and the ModelView it read (the CLI records cost facts from a built one)."""
-    from ..api import as_source
-    from .cost_facts import answer_from_facts_or_build
+    from ...api import as_source
+    from ..facts.store import answer_from_facts_or_build
 
-    from ..api import _is_module, inspect_module
-    from .model_view import from_module
+    from ...api import _is_module, inspect_module
+    from ..model_view import from_module
 
     options.check()
     accelerator = find_accelerator(options.gpu) if options.gpu else None
@@ -133,7 +135,7 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     shape = dict(dtype_size=itemsize(fmt.compute_dtype), vocab=vocab, layers=report.num_layers or 1,
                  gated=any(role in report.breakdown for role in ("mlp.gate", "mlp.gate_up")),
                  every_token_logits=cache is None, class_name=view.class_name)
-    if not config_int(text, "hidden_size", "d_model", "n_embd"):
+    if not dim(text, "hidden"):
         notes.append("no config with a hidden size (a plain module): the prefill workspace is not estimated, only "
                       "the weights; --trace runs the module on token ids where its forward takes input_ids")
     fitted = family_workspace(text, view.class_name, batch=options.batch, seq=seq, dtype_size=shape["dtype_size"],
@@ -195,7 +197,7 @@ def _traced_serving(module: Any, options: MemoryOptions, seq: int,
 
     The trace holds the weights as built, in the compute dtype; the stored format's weights (quantised or not)
     replace them, so the traced figure is the analytic weights plus what the trace measured beyond its own."""
-    from .trace import StepSettings, trace_inference
+    from ..traced.step import StepSettings, trace_inference
 
     traced = trace_inference(module, StepSettings(batch=options.batch, seq=seq, decode_steps=1,
                                                   encoder_seq=options.encoder_seq))

@@ -27,8 +27,8 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .. import progress
-from ..errors import ParamscopeError
+from ... import progress
+from ...errors import ParamscopeError
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer states", "activations", "temporaries", "other")
 _TRACKER_NAMES = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients",
@@ -382,7 +382,7 @@ def running(model: Any) -> Iterator[None]:
     """A forward that cannot run on fake tensors becomes one line that names the model and the reason."""
     import logging
 
-    from ..build import quiet_transformers
+    from ...build import quiet_transformers
 
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")  # logs a kernel's failure before raising it
     level = fake_log.level

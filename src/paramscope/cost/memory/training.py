@@ -1,7 +1,7 @@
 """`memory MODEL --training`: build on meta in the training dtype, then model states, activations and the peak.
 
 input → meta build in the weights' dtype (fp32, or bf16 when pure) → Report → what trains (--freeze) → model
-states (training.py, exact) → activations: the analytic recipe (activations.py) or the traced step (trace.py) →
+states (memory/states.py, exact) → activations: the analytic recipe (memory/activations/) or the traced step (traced/step.py) →
 the peak over the step's moments → per device (ZeRO) → fits.
 
 The analytic engine answers where a recipe covers the layout; elsewhere, or with --trace, one step is traced on
@@ -14,18 +14,21 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ParamscopeError
-from ..selection import match_all
-from .activations import (TrainingActivations, attention_dropout, embedding_gradient, recipe_attention, recipe_declines,
-                          recipe_for, training_activations)
-from .hardware import Accelerator, find_accelerator
-from .kv_cache import config_int, text_config
-from .estimate import step_length
-from .memory import DEFAULT_RESERVE, MemoryEstimate, Workspace, fit_on, fit_table
+from ...errors import ParamscopeError
+from ...selection import match_all
+from .activations import (
+    TrainingActivations, embedding_gradient, recipe_attention, recipe_declines, recipe_for, training_activations,
+)
+from ..dims import attention_dropout, config_int, dim, text_config
+from ..hardware import Accelerator, find_accelerator
+from ..traced.step import ATTENTION, StepSettings, TORCH_OPTIMIZERS, TracedStep, trace_training
+from .fits import fit_on, fit_table
 from .quantization import weight_format
-from .trace import ATTENTION, TORCH_OPTIMIZERS, StepSettings, TracedStep, trace_training
-from .training import (ModelStates, as_trained, check_optimizer, check_precision, model_states, per_device,
-                       weight_dtype, zero_stage)
+from .result import DEFAULT_RESERVE, MemoryEstimate, Workspace
+from .serving import step_length
+from .states import (
+    ModelStates, as_trained, check_optimizer, check_precision, model_states, per_device, weight_dtype, zero_stage,
+)
 from .weights import weight_memory
 
 DEFAULT_TRAINING_SEQ = 2048
@@ -51,7 +54,7 @@ class TrainingOptions:
     reserve: int = DEFAULT_RESERVE
 
     def check(self) -> None:
-        from .estimate import check_batch_and_seq
+        from .serving import check_batch_and_seq
 
         check_batch_and_seq(self.batch, self.seq)
         check_optimizer(self.optimizer)
@@ -97,7 +100,7 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     """(Report, MemoryEstimate) for one steady training step of `model`.
 
     With `use_cache` (and without --trace), a config whose template and cost facts are recorded, and whose layout
-    an analytic activation recipe covers, is answered without torch (cost_facts.py); otherwise the class is built
+    an analytic activation recipe covers, is answered without torch (facts/store.py); otherwise the class is built
     on meta in the weights' dtype (and, without a recipe, one step is traced)."""
     report, estimate, _ = training_answer(model, options, use_cache, **model_options)
     return report, estimate
@@ -106,9 +109,9 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
 def training_answer(model: Any, options: TrainingOptions = TrainingOptions(), use_cache: bool = True,
                     **model_options: Any):
     """`estimate_training`, and the ModelView it read (the CLI records cost facts from a built one)."""
-    from ..api import _is_module, as_source, inspect_module
-    from .cost_facts import answer_from_facts_or_build
-    from .model_view import from_module
+    from ...api import _is_module, as_source, inspect_module
+    from ..facts.store import answer_from_facts_or_build
+    from ..model_view import from_module
 
     options.check()
     dtype = weight_dtype(check_precision(options.precision))
@@ -218,8 +221,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         source_label = f"analytic: {analytic.recipe}"
     dropout = attention_dropout(text)
     if dropout and fused:
-        layers = config_int(text, "num_hidden_layers", "n_layer") or 0
-        heads = config_int(text, "num_attention_heads", "n_head") or 0
+        layers = dim(text, "layers") or 0
+        heads = dim(text, "heads") or 0
         scores = layers * 12 * options.batch * heads * seq * seq
         notes.append(f"attention dropout {dropout:g} in training: torch's fused CPU attention kernels do not support "
                      f"dropout, so sdpa keeps the probabilities and the mask, 12·B·heads·S² B per layer "
@@ -337,7 +340,7 @@ def _tied_embedding_bytes(report: Any, trainable: frozenset[str]) -> int:
     for group in report.tied:
         param = roles.get(group.canonical)
         if param is not None and param.role.startswith("embedding") and param.name in trainable:
-            from .dtypes import itemsize
+            from ..dtypes import itemsize
 
             return param.numel * itemsize(param.dtype)
     return 0

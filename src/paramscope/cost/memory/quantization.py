@@ -2,7 +2,7 @@
 
 Each format answers, for one tensor shape, the bytes of its data and of its overhead (scales, zero points,
 absmax, per-group metadata), with the arithmetic. Which tensors a format quantises is decided elsewhere
-(weights.py), from the real module structure. The layouts are those of the libraries that hold the weights:
+(memory/weights.py), from the real module structure. The layouts are those of the libraries that hold the weights:
 
 - bitsandbytes 4-bit (`Params4bit`): two weights per byte, one fp32 absmax per block of 64, and the 16-entry
   quantisation map (64 B) per tensor. Double quantisation stores the absmax as uint8 instead, plus one fp32
@@ -25,8 +25,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import ParamscopeError
-from .dtypes import DTYPE_NAMES, itemsize, short_name
+from ...errors import ParamscopeError
+from ..dtypes import DTYPE_NAMES, itemsize, short_name
 
 # ggml block types: (weights per block, bytes per block, what a block holds)
 GGUF_TYPES: dict[str, tuple[int, int, str]] = {
@@ -58,7 +58,7 @@ class TensorBytes:
 
 @dataclass(frozen=True)
 class WeightFormat:
-    """How weights are stored. `kind` picks the layout; `targets` which tensors it quantises (see weights.py)."""
+    """How weights are stored. `kind` picks the layout; `targets` which tensors it quantises (see memory/weights.py)."""
 
     key: str  # what the user typed, canonical: "bf16", "nf4-dq", "gptq-int4", "q4_k"
     kind: str  # "plain" | "bnb4" | "int8" | "gptq" | "awq" | "fp8" | "mxfp4" | "gguf"

@@ -1,6 +1,6 @@
 """Activations of a training step, analytic: what the forward saves for backward, and the peaks around it.
 
-Closed forms in the config's fields for the layouts whose step was traced on fake tensors (trace.py) and fitted
+Closed forms in the config's fields for the layouts whose step was traced on fake tensors (traced/step.py) and fitted
 exactly over varied configs by bench/fit_activations.py (a layer's bytes: 3 layers minus 2);
 tests/test_training_memory.py holds these families' presets to the traced engine: the saved activations within
 0.01%, the peak within 3%. T = batch × seq tokens, h = hidden, q = heads × head_dim,
@@ -16,9 +16,11 @@ dropout and keep only a log-sum-exp, so these figures, like the traced ones they
 GPU step for models with attention dropout by that term (the report says so).
 """
 
-from .layout import attention_dropout, hidden_dropout
-from .step import (Moment, TrainingActivations, embedding_gradient, recipe_attention, recipe_declines, recipe_for,
-                   training_activations)
+from ...dims import attention_dropout, hidden_dropout
+from .step import (
+    Moment, TrainingActivations, embedding_gradient, recipe_attention, recipe_declines, recipe_for,
+    training_activations,
+)
 
 __all__ = ["Moment", "TrainingActivations", "attention_dropout", "embedding_gradient", "hidden_dropout",
            "recipe_attention", "recipe_declines", "recipe_for", "training_activations"]

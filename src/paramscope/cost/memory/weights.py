@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..count import BufferInfo, ParameterInfo
-from .dtypes import itemsize, short_name
+from ...count import BufferInfo, ParameterInfo
+from ..dtypes import itemsize, short_name
 from .quantization import WeightFormat
 
 # Roles every format keeps in higher precision: routers decide which experts run, and llama.cpp, bitsandbytes

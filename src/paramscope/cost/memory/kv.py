@@ -11,7 +11,7 @@ num_attention_heads). It mirrors what transformers' DynamicCache holds, layer by
 - a sliding or chunked layer keeps its last `window − 1` tokens (DynamicSlidingWindowLayer);
 - multi-head latent attention (MLA: `kv_lora_rank`) is cached either as the latent, kv_lora_rank + the rope
   dimension per token (one "head"), or expanded to per-head K (qk_nope + qk_rope) and V (v_head_dim);
-  which one a class's cache stores is the implementation's choice, measured by `probe.py`;
+  which one a class's cache stores is the implementation's choice, measured by `traced/cache_probe.py`;
 - state-space and linear-attention layers keep a fixed recurrent state per sequence instead of a growing cache;
 - an encoder-decoder's decoder layers also cache the cross-attention K and V of the encoder's output.
 """
@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .dtypes import itemsize, short_name
+from ..dims import config_int, decoder_layers, dim, is_mla, text_config
+from ..dtypes import itemsize, short_name
 
 CONVENTION = ("transformers' DynamicCache: a full layer holds every token; a sliding-window layer keeps its last "
               "window − 1 tokens")
@@ -72,31 +73,6 @@ def _window_of(kind: str) -> int | None:
     return None
 
 
-def text_config(config: Any) -> Any:
-    """The decoder's text config, as transformers' caches read it; an encoder-decoder's own config."""
-    get = getattr(config, "get_text_config", None)
-    if not callable(get):
-        return config
-    try:
-        text = get(decoder=True)
-    except TypeError:
-        text = get()
-    # For an encoder-decoder without sub-configs (BART), transformers returns a fresh view of the same class
-    # that loses the decoder's fields; the config itself holds them.
-    if text is not config and type(text) is type(config):
-        return config
-    return text
-
-
-def config_int(config: Any, *names: str) -> int | None:
-    """The first of `names` that the config sets to a positive integer (bools are not integers here)."""
-    for name in names:
-        value = getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
 def layer_kinds(config: Any) -> list[tuple[str, int | None]]:
     """(kind, window) per decoder layer, as transformers' get_layer_types_and_kwargs reads the config."""
     count = decoder_layers(config)
@@ -125,38 +101,26 @@ def layer_kinds(config: Any) -> list[tuple[str, int | None]]:
     return kinds
 
 
-def decoder_layers(config: Any) -> int:
-    if getattr(config, "is_encoder_decoder", False):
-        value = config_int(config, "num_decoder_layers", "decoder_layers")
-        if value:
-            return value
-    return config_int(config, "num_hidden_layers", "n_layer", "num_layers") or 0
-
-
 def attention_shape(config: Any) -> tuple[int, int, int, str]:
     """(kv heads, K head dim, V head dim, how they were found) of a decoder's self-attention."""
     if getattr(config, "is_encoder_decoder", False):
         heads = config_int(config, "decoder_attention_heads", "num_attention_heads", "num_heads", "n_head")
     else:
-        heads = config_int(config, "num_attention_heads", "n_head", "num_heads")
+        heads = dim(config, "heads")
     heads = heads or 1
-    kv_heads = config_int(config, "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+    kv_heads = dim(config, "kv_heads")
     how = "num_key_value_heads" if kv_heads else "num_attention_heads (no key/value head count given)"
     if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
         kv_heads, how = 1, "multi_query: one key/value head"
     kv_heads = kv_heads or heads
-    head_dim = config_int(config, "head_dim", "d_kv", "kv_channels")
-    hidden = config_int(config, "hidden_size", "d_model", "n_embd") or 0
+    head_dim = dim(config, "head_dim")
+    hidden = dim(config, "hidden") or 0
     if head_dim is None:
         head_dim = hidden // heads if heads else 0
         dim_how = f"hidden_size ÷ heads = {hidden:,} ÷ {heads}"
     else:
         dim_how = "head_dim"
     return kv_heads, head_dim, head_dim, f"{how}; {dim_how}"
-
-
-def is_mla(config: Any) -> bool:
-    return config_int(config, "kv_lora_rank") is not None
 
 
 def kv_cache(config: Any, *, batch: int, seq: int, dtype: str, layout: str = "kv",
@@ -241,7 +205,7 @@ def _recurrent_state(config: Any, size: int) -> tuple[int, str] | None:
     """(bytes per sequence, arithmetic) of one recurrent layer's state, for the families with a formula.
 
     The convolution state is in the compute dtype; the SSM and linear-attention states are float32 in
-    transformers (measured on meta: probe.py)."""
+    transformers (measured on meta: traced/cache_probe.py)."""
     model_type = str(getattr(config, "model_type", ""))
     if model_type in ("mamba", "jamba"):
         hidden = config_int(config, "hidden_size") or 0

@@ -5,7 +5,7 @@ A structure template (template.py) answers the report without torch; memory and 
 ones transformers' quantisers replace, its default quantisation skips, whether it generates, and, per build dtype,
 each tensor's dtype, the names it keeps in fp32 and the bytes its real cache holds after a two-token prefill.
 
-facts_record.py reads them from the module a build made, then answers the engines both ways (the build's view
+facts/record.py reads them from the module a build made, then answers the engines both ways (the build's view
 and the facts' view over the template's stand-ins) and keeps the facts only when every answer is identical. Facts
 are kept per exact config (its fields, --class, --task, --num-labels), beside the class's templates:
 <templates>/<class>/costs/<key>.json, in the user's cache (recorded after a build) and in the package (every
@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..formula_cache import (CacheEntryError, _expect, _read_json, _safe, atomic_write_json,
-                             installed_transformers_version, roles_fingerprint)
-from .dtypes import ITEMSIZE
-from .model_view import FactsGap, ModelView
+from ...formula_cache import (
+    CacheEntryError, _expect, _read_json, _safe, atomic_write_json, installed_transformers_version, roles_fingerprint,
+)
+from ..dtypes import ITEMSIZE
+from ..model_view import FactsGap, ModelView
 
 FORMAT = 1
 BUILD_DTYPES = ("float32", "bfloat16", "float16")
@@ -45,7 +46,7 @@ def config_snapshot(config: Any, depth: int = 0) -> dict[str, Any]:
     non-method attribute of a transformers config object (dir(), properties included)."""
     import warnings
 
-    from ..build import quiet_transformers
+    from ...build import quiet_transformers
 
     fields: dict[str, Any] = {}
     subs: dict[str, Any] = {}
@@ -138,7 +139,7 @@ class FactsSubConfig(FactsConfig):
 
 def _text_choice(config: Any) -> str:
     """Which object the engines' text_config() takes: "self", or the attribute holding the sub-config."""
-    from .kv_cache import text_config
+    from ..dims import text_config
 
     text = text_config(config)
     if text is config:
@@ -241,9 +242,9 @@ def facts_key(config: dict[str, Any], *, model_class: str | None, task: str | No
 
 def facts_from_module(module: Any, *, build_dtype: str, key: str) -> CostFacts:
     """The facts of a module built on meta in `build_dtype` (FactsGap when its config cannot be kept)."""
-    from ..count import count_module
-    from ..template import pattern_of
-    from .model_view import from_module
+    from ...count import count_module
+    from ...template import pattern_of
+    from ..model_view import from_module
 
     view = from_module(module)
     config = getattr(module, "config", None)
@@ -280,7 +281,7 @@ def view_from_facts(facts: CostFacts, root: Any) -> ModelView:
 
 def set_build_dtypes(root: Any, facts: CostFacts, dtype: str) -> None:
     """Give the stand-in tensors the dtypes a build in `dtype` gives them (FactsGap when not recorded)."""
-    from ..template import _dtype, pattern_of
+    from ...template import _dtype, pattern_of
 
     build = facts.builds.get(dtype)
     if build is None:
@@ -310,8 +311,8 @@ def cost_view(source: Any, *, dtype: str | None = None, use_cache: bool = True, 
     (`why_not`, when the caller already knows)."""
     from dataclasses import replace
 
-    from ..api import inspect_with_module
-    from .model_view import from_module
+    from ...api import inspect_with_module
+    from ..model_view import from_module
 
     if use_cache and not trust_remote_code:
         answer, why = _facts_answer(source, dtype, model_class=model_class, task=task, num_labels=num_labels)
@@ -331,8 +332,8 @@ def answer_from_facts_or_build(source: Any, answer: Any, *, dtype: str | None = 
     meta build. `answer` returns None where it needs the built module (a traced step); `why_none(report, view)`
     says why, for the report's engine line. A read the facts do not hold (FactsGap), or arithmetic that tampered
     facts break, makes the build answer too; a user-facing error (ParamscopeError) is raised as it is."""
-    from ..errors import ParamscopeError
-    from .model_view import gap_words
+    from ...errors import ParamscopeError
+    from ..model_view import gap_words
 
     report, view = cost_view(source, dtype=dtype, use_cache=use_cache, **model_options)
     if view.module is None:
@@ -351,9 +352,9 @@ def answer_from_facts_or_build(source: Any, answer: Any, *, dtype: str | None = 
 
 def _facts_answer(source: Any, dtype: str | None, *, model_class: str | None, task: str | None,
                   num_labels: int | None) -> tuple[tuple[Any, ModelView] | None, str | None]:
-    from ..api import template_stand_ins
-    from ..formula_cache import AssumptionError
-    from ..template import report_from_template
+    from ...api import template_stand_ins
+    from ...formula_cache import AssumptionError
+    from ...template import report_from_template
 
     template, reason, root, why = template_stand_ins(source, model_class=model_class, task=task,
                                                      num_labels=num_labels)
@@ -377,7 +378,7 @@ def _facts_answer(source: Any, dtype: str | None, *, model_class: str | None, ta
 
 def find_facts(class_name: str, key: str) -> CostFacts | None:
     """The facts for `key` in the user's cache, else in the package."""
-    from ..template import cache_directory, shipped_directory
+    from ...template import cache_directory, shipped_directory
 
     version = installed_transformers_version()
     if version is None:

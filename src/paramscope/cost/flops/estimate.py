@@ -1,8 +1,8 @@
 """`paramscope flops MODEL`: build on meta, count FLOPs (analytic, checked by or replaced with the traced count),
 then training compute, MFU and time.
 
-input → meta build → Report → analytic FLOPs (flops.py) or, for a class it does not cover and with --trace, the
-traced count (flop_count.py) → per token → × tokens (training compute, beside 6ND) → ÷ time and peak (MFU) or
+input → meta build → Report → analytic FLOPs (flops/analytic.py) or, for a class it does not cover and with --trace, the
+traced count (traced/flops.py) → per token → × tokens (training compute, beside 6ND) → ÷ time and peak (MFU) or
 ÷ MFU and peak (time).
 """
 
@@ -12,14 +12,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ParamscopeError
-from ..selection import match_all
-from .flop_count import by_role, count_flops, module_roles
-from .flops import FlopEstimate, FlopTerm, analytic_flops, skipped_input_gradients
-from .hardware import Accelerator, find_accelerator, peak_flops
-from .estimate import max_context, step_length
-from .kv_cache import text_config
-from .trace import StepSettings
+from ...errors import ParamscopeError
+from ...selection import match_all
+from ..dims import text_config
+from ..hardware import Accelerator, find_accelerator, peak_flops
+from ..memory.serving import max_context, step_length
+from ..traced.flops import by_role, count_flops, module_roles
+from ..traced.step import StepSettings
+from .analytic import analytic_flops, skipped_input_gradients
+from .result import FlopEstimate, FlopTerm
 
 DEFAULT_SEQ = 2048
 PEAK_DTYPES = ("bf16", "fp16", "fp8", "tf32")
@@ -44,7 +45,7 @@ class FlopOptions:
     context_curve: bool = False  # also count the forward at powers of two up to the model's context (HTML plot)
 
     def check(self) -> None:
-        from .estimate import check_batch_and_seq
+        from ..memory.serving import check_batch_and_seq
 
         check_batch_and_seq(self.batch, self.seq)
         if self.causal not in ("full", "half"):
@@ -89,7 +90,7 @@ def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), use_cache: 
     """(Report, FlopEstimate, Compute).
 
     With `use_cache` (and without --trace), a config whose template and cost facts are recorded is counted
-    without torch (cost_facts.py); otherwise, or where only the traced engine answers, the class is built on
+    without torch (facts/store.py); otherwise, or where only the traced engine answers, the class is built on
     meta."""
     report, estimate, compute, _ = flop_answer(model, options, use_cache, **model_options)
     return report, estimate, compute
@@ -97,8 +98,8 @@ def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), use_cache: 
 
 def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: bool = True, **model_options: Any):
     """`estimate_flops`, and the ModelView it read (the CLI records cost facts from a built one)."""
-    from ..api import as_source
-    from .cost_facts import answer_from_facts_or_build
+    from ...api import as_source
+    from ..facts.store import answer_from_facts_or_build
 
     options.check()
     accelerator = find_accelerator(options.gpu) if options.gpu else None
@@ -181,7 +182,7 @@ def _by_context(view: Any, report: Any, options: FlopOptions, answer: FlopEstima
 
 def _active_parameters(report: Any, config: Any) -> int:
     """Parameters a token meets: all of them, less the routed experts it does not pass (MoE: k of E)."""
-    from .flops import routing
+    from .analytic import routing
 
     top_k, experts = routing(config)
     routed = sum(p.numel for p in report.params if p.role.startswith("moe.experts"))

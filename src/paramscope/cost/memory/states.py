@@ -30,9 +30,9 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..count import ParameterInfo
-from ..errors import ParamscopeError
-from .dtypes import itemsize
+from ...count import ParameterInfo
+from ...errors import ParamscopeError
+from ..dtypes import itemsize
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit", "lion")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-pure")

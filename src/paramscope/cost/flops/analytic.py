@@ -21,17 +21,16 @@ not counted. T = batch × seq tokens.
                attention forward), and full gradient checkpointing reruns each layer's forward.
 
 MFU divides model FLOPs (forward + backward) by time and the accelerator's dense peak; HFU adds the recompute.
-The traced engine (flop_count.py) is the check: on every preset family the two agree exactly.
+The traced engine (traced/flops.py) is the check: on every preset family the two agree exactly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from .activations import attention_dropout, hidden_dropout
-from ..display import HtmlDisplay
-from .kv_cache import config_int, layer_kinds, text_config
+from ..dims import attention_dropout, config_int, dim, hidden_dropout, text_config
+from ..memory.kv import layer_kinds
+from .result import FlopEstimate, FlopTerm
 
 _NO_ATTENTION = ("none", "linear_attention", "mamba", "conv", "recurrent", "shared")
 # Layouts whose matmuls the module structure does not give here: DeBERTa (v1)'s disentangled attention with its
@@ -39,52 +38,11 @@ _NO_ATTENTION = ("none", "linear_attention", "mamba", "conv", "recurrent", "shar
 _NOT_ANALYTIC = ("deberta",)
 
 
-@dataclass(frozen=True)
-class FlopTerm:
-    role: str
-    flops: int  # forward
-    arithmetic: str
-
-
-@dataclass(frozen=True)
-class FlopEstimate(HtmlDisplay):
-    engine: str  # "analytic" | "traced"
-    batch: int
-    seq: int
-    causal: str  # "full" | "half"
-    forward: int
-    attention: int  # the forward's attention-score term (grows with S²)
-    terms: tuple[FlopTerm, ...]  # by role, summing to forward
-    backward: int | None  # model FLOPs of the backward (training)
-    recompute: int | None  # hardware FLOPs beyond the model's (training)
-    notes: tuple[str, ...] = field(default=())
-    # The forward at other context lengths, same batch: (seq, forward, attention) from the same analytic count
-    # (FlopOptions.context_curve); empty when not asked or when the traced engine answered.
-    by_context: tuple[tuple[int, int, int], ...] = field(default=())
-
-    @property
-    def by_role(self) -> dict[str, int]:
-        return {t.role: t.flops for t in self.terms}
-
-    @property
-    def step(self) -> int | None:
-        return None if self.backward is None else self.forward + self.backward
-
-    @property
-    def tokens(self) -> int:
-        return self.batch * self.seq
-
-    def _html(self, fragment: bool) -> str:
-        from ..render.html.cost import render_flops_html
-
-        return render_flops_html(None, self, None, fragment=fragment)
-
-
 def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bool, checkpointing: bool = False,
                    causal: str = "full", frozen: frozenset[str] = frozenset()) -> FlopEstimate | None:
     """The analytic FLOPs of the model `view` shows (model_view.ModelView: the meta build, or facts recorded from
     it), or None where its attention has no closed form here."""
-    from .flop_count import module_roles
+    from ..traced.flops import module_roles
 
     config = text_config(view.config)
     if config is None or getattr(config, "model_type", None) in _NOT_ANALYTIC:
@@ -340,8 +298,8 @@ def _layer_of(path: str) -> str:
 
 def routing(config: Any) -> tuple[int, int]:
     """(top-k, routed experts) from the config; (1, 0) for a dense model."""
-    experts = config_int(config, "num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts") or 0
-    top_k = config_int(config, "num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts") or 1
+    experts = dim(config, "experts") or 0
+    top_k = dim(config, "top_k") or 1
     return top_k, experts
 
 
@@ -350,7 +308,7 @@ def _encoder_decoder_attention(config: Any, batch: int, seq: int) -> tuple[int |
     `seq` tokens (as the traced step runs them): 2·B·S²·heads·(d_qk + d_v) per attention."""
     encoder_layers = config_int(config, "encoder_layers", "num_layers")
     decoder_layers = config_int(config, "decoder_layers", "num_decoder_layers") or encoder_layers
-    hidden = config_int(config, "d_model", "hidden_size") or 0
+    hidden = dim(config, "hidden") or 0
     parts = []
     for what, layers, heads in (
             ("encoder self", encoder_layers, config_int(config, "encoder_attention_heads", "num_heads")),
@@ -358,7 +316,7 @@ def _encoder_decoder_attention(config: Any, batch: int, seq: int) -> tuple[int |
             ("cross", decoder_layers, config_int(config, "decoder_attention_heads", "num_heads"))):
         if not layers or not heads:
             return None, ""
-        d = config_int(config, "d_kv", "head_dim") or hidden // heads
+        d = dim(config, "head_dim") or hidden // heads
         parts.append((what, layers, heads, d))
     flops = sum(layers * 2 * batch * seq * seq * heads * 2 * d for _, layers, heads, d in parts)
     text = " + ".join(f"{what} {layers} × 2 × {batch} × {seq:,}² × {heads} heads × ({d} + {d})"
@@ -368,19 +326,19 @@ def _encoder_decoder_attention(config: Any, batch: int, seq: int) -> tuple[int |
 
 def _attention(config: Any, batch: int, seq: int, causal: str) -> tuple[int | None, str]:
     """2·B·S²·heads·(d_qk + d_v) per attention layer (halved for causal="half")."""
-    heads = config_int(config, "num_attention_heads", "n_head", "num_heads")
+    heads = dim(config, "heads")
     if not heads:
         return None, ""
     if config_int(config, "kv_lora_rank") is not None:  # MLA: queries and keys carry a rope part
         d_qk = (config_int(config, "qk_nope_head_dim") or 0) + (config_int(config, "qk_rope_head_dim") or 0)
         d_v = config_int(config, "v_head_dim") or d_qk
     else:
-        hidden = config_int(config, "hidden_size", "n_embd", "d_model") or 0
+        hidden = dim(config, "hidden") or 0
         d_qk = d_v = config_int(config, "head_dim") or hidden // heads
     try:
         layers = sum(1 for kind, _ in layer_kinds(config) if kind not in _NO_ATTENTION)
     except Exception:
-        layers = config_int(config, "num_hidden_layers", "n_layer") or 0
+        layers = dim(config, "layers") or 0
     layers *= config_int(config, "inner_group_num") or 1  # ALBERT: each pass runs a group of layers
     flops = layers * 2 * batch * seq * seq * heads * (d_qk + d_v)
     text = (f"{layers} layers × 2 × {batch} × {seq:,}² × {heads} heads × ({d_qk} + {d_v})")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layout import Layout, missing
+from ...dims import config_int, missing
+from .layout import Layout
 
 # DeepSeek-V3 (multi-head latent attention, the first k layers dense, the rest MoE with a shared expert and
 # group-limited sigmoid routing), fitted in bf16-mixed and bf16-pure. Per token, by kind:
@@ -24,7 +25,6 @@ _MLA_OUTSIDE = {"bf16-pure": (8, 4, 4, 12), "mixed": (10, 4, 8, 12)}  # (T·h, T
 
 
 def deepseek_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
-    from ..kv_cache import config_int
 
     names = ("hidden_size", "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
              "qk_rope_head_dim", "v_head_dim", "intermediate_size", "moe_intermediate_size", "n_routed_experts",

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layout import Layout, attention_dropout, config_dims, first_positive, hidden_dropout, missing
+from ...dims import attention_dropout, config_dims, config_int, first_positive, hidden_dropout, missing
+from .layout import Layout
 
 GPT2_STYLE = ("gpt2",)
 
@@ -53,7 +54,6 @@ _NEOX_OUTSIDE = {"fp32": (8, 4, 8, 16), "mixed": (6, 4, 8, 16), "bf16-pure": (4,
 
 
 def neox_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
-    from ..kv_cache import config_int
 
     h = config_int(config, "hidden_size")
     heads = config_int(config, "num_attention_heads")
@@ -93,7 +93,6 @@ _GPTJ_OUTSIDE = {"fp32": (8, 4, 16), "mixed": (6, 4, 16), "bf16-pure": (4, 4, 12
 
 
 def gptj_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
-    from ..kv_cache import config_int
 
     dims = config_dims(config, h="n_embd", heads="n_head", rotary="rotary_dim", vocab="vocab_size", layers="n_layer")
     if isinstance(dims, str):

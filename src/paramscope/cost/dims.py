@@ -1,0 +1,98 @@
+"""Config dimensions as the cost engines read them: the text config, positive integers by their keys, dropouts.
+
+Every reader goes through getattr, so transformers' attribute maps apply (GPT-2's n_head is num_attention_heads).
+A value that is not a positive integer (bools included) reads as unset; the engines name what is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The dimensions every engine reads, each with its keys in one order: the first a config sets to a positive integer
+# wins. transformers' attribute maps already alias most of them (T5's d_model is hidden_size), so the order matters
+# only for a config that sets two keys apart; one order everywhere gives one answer.
+DIMENSIONS: dict[str, tuple[str, ...]] = {
+    "hidden": ("hidden_size", "d_model", "n_embd"),
+    "heads": ("num_attention_heads", "n_head", "num_heads"),
+    "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
+    "head_dim": ("head_dim", "d_kv", "kv_channels"),
+    "layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "intermediate": ("intermediate_size", "ffn_dim", "n_inner", "d_ff", "decoder_ffn_dim"),
+    "experts": ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts"),
+    "top_k": ("num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts"),
+}
+
+
+def dim(config: Any, name: str) -> int | None:
+    """The dimension `name` (a key of DIMENSIONS) as the config sets it, or None when none of its keys is set."""
+    return config_int(config, *DIMENSIONS[name])
+
+
+def text_config(config: Any) -> Any:
+    """The decoder's text config, as transformers' caches read it; an encoder-decoder's own config."""
+    get = getattr(config, "get_text_config", None)
+    if not callable(get):
+        return config
+    try:
+        text = get(decoder=True)
+    except TypeError:
+        text = get()
+    # For an encoder-decoder without sub-configs (BART), transformers returns a fresh view of the same class
+    # that loses the decoder's fields; the config itself holds them.
+    if text is not config and type(text) is type(config):
+        return config
+    return text
+
+
+def config_int(config: Any, *names: str) -> int | None:
+    """The first of `names` that the config sets to a positive integer (bools are not integers here)."""
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def decoder_layers(config: Any) -> int:
+    if getattr(config, "is_encoder_decoder", False):
+        value = config_int(config, "num_decoder_layers", "decoder_layers")
+        if value:
+            return value
+    return config_int(config, "num_hidden_layers", "n_layer", "num_layers") or 0
+
+
+def is_mla(config: Any) -> bool:
+    return config_int(config, "kv_lora_rank") is not None
+
+
+def config_dims(config: Any, **fields: str | tuple[str, ...]) -> tuple[int, ...] | str:
+    """The config's positive integers for `fields` (name → its key, or keys tried in order), in that order; or,
+    when any is unset, the words naming the first key of each missing one."""
+    keys = {name: (key,) if isinstance(key, str) else key for name, key in fields.items()}
+    values = {name: config_int(config, *names) for name, names in keys.items()}
+    absent = [names[0] for name, names in keys.items() if values[name] is None]
+    return "a config without " + ", ".join(absent) if absent else tuple(values.values())
+
+
+def missing(**fields: Any) -> str:
+    return "a config without " + ", ".join(name for name, value in fields.items() if value is None)
+
+
+def attention_dropout(config: Any) -> float:
+    """The attention-probability dropout a config sets for training (0 when none)."""
+    return first_positive(config, ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout",
+                                    "attention_dropout_prob", "dropout_rate"))  # T5: one rate for both
+
+
+def hidden_dropout(config: Any) -> float:
+    """The dropout on a layer's outputs a config sets for training (0 when none)."""
+    return first_positive(config, ("resid_pdrop", "hidden_dropout_prob", "hidden_dropout", "dropout",
+                                    "dropout_rate"))
+
+
+def first_positive(config: Any, keys: tuple[str, ...]) -> float:
+    for key in keys:
+        value = getattr(config, key, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return 0.0

@@ -1,0 +1,44 @@
+"""What fits where: for each accelerator, whether a peak fits and the largest batch and context that do."""
+
+from __future__ import annotations
+
+from ..hardware import ACCELERATORS, Accelerator
+from .result import Fit
+
+
+def fit_table(peak_at, reserve: int, *, batch: int, seq: int, max_context: int | None = None,
+              accelerators: tuple[Accelerator, ...] = ACCELERATORS, contexts: bool = True) -> tuple[Fit, ...]:
+    """For each accelerator: does the peak fit, and the largest batch (at `seq`) and context (at `batch`)."""
+    return tuple(fit_on(a, peak_at, reserve, batch=batch, seq=seq, max_context=max_context, contexts=contexts)
+                 for a in accelerators)
+
+
+def fit_on(accelerator: Accelerator, peak_at, reserve: int, *, batch: int, seq: int,
+           max_context: int | None = None, contexts: bool = True) -> Fit:
+    """`peak_at(batch, seq)` → bytes; searched by bisection, since memory grows with both.
+
+    The largest context stops at the model's own maximum (`max_context`) when it has one; `contexts=False`
+    leaves it unanswered (None), for a peak known at one length only."""
+    capacity = accelerator.memory - reserve
+    peak = peak_at(batch, seq)
+    largest_batch = _largest(lambda b: peak_at(b, seq) <= capacity, 1 << 20)
+    largest_context = _largest(lambda s: peak_at(batch, s) <= capacity, max_context or 1 << 24) if contexts \
+        else None
+    return Fit(accelerator, peak <= capacity, capacity - peak, largest_batch, largest_context)
+
+
+def _largest(ok, limit: int) -> int | None:
+    """The largest n in 1..limit with ok(n), for ok monotone decreasing; None when not even 1 fits."""
+    if not ok(1):
+        return None
+    low, high = 1, 2
+    while high <= limit and ok(high):
+        low, high = high, high * 2
+    high = min(high, limit + 1)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if ok(middle):
+            low = middle
+        else:
+            high = middle
+    return low

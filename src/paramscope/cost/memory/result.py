@@ -1,0 +1,60 @@
+"""Memory to load and serve a model: the analytic engine's answer, as frozen data for the renderers.
+
+    weights (memory/weights.py) + KV cache (memory/kv.py) + the prefill's working memory = the peak at serving
+
+Every figure is at allocator level (bytes of tensors); the CUDA context and the allocator's fragmentation are a
+separate reserve that the "fits on" table adds, and the report names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...display import HtmlDisplay
+from ..hardware import Accelerator, GiB
+from .kv import KVCache
+from .weights import WeightMemory
+
+DEFAULT_RESERVE = 1 * GiB  # CUDA context (~0.5 GiB with torch) and fragmentation; `--reserve` sets it
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Working memory of the prefill's forward beyond weights and cache: the largest layer's live tensors."""
+
+    bytes: int
+    arithmetic: str
+    logits: int  # the last token's logits (generate's logits_to_keep=1), in the compute dtype
+
+
+@dataclass(frozen=True)
+class Fit:
+    accelerator: Accelerator
+    fits: bool
+    free: int  # bytes left after the peak and the reserve (negative: short by)
+    largest_batch: int | None  # at the asked context length; None when nothing fits
+    largest_context: int | None  # at the asked batch
+
+
+@dataclass(frozen=True)
+class MemoryEstimate(HtmlDisplay):
+    mode: str  # "inference" | "training"
+    engine: str  # "analytic" | "traced"
+    settings: dict[str, Any]
+    weights: WeightMemory
+    kv_cache: KVCache | None
+    activations: Workspace | None
+    peak: int
+    peak_phase: str
+    reserve: int
+    fits: tuple[Fit, ...] = ()
+    budget: Fit | None = None  # the answer for --gpu or --budget
+    notes: tuple[str, ...] = field(default=())
+    training: Any = None  # training_estimate.TrainingDetail for mode "training"
+
+    @property
+    def with_reserve(self) -> int:
+        return self.peak + self.reserve
+
+
