@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,44 @@ import pytest
 import paramscope
 
 GOLDEN = Path(__file__).parent / "golden"
+
+# Skips CI allows (PARAMSCOPE_STRICT_SKIPS=1, set by .ci/run): a reason that starts with one of these, at most that
+# many times. Everything else that skips fails the run, so a missing browser, checkpoint or pinned transformers
+# version cannot leave CI green with the tests that need it silently skipped.
+ALLOWED_SKIPS = {
+    "no FIFOs on this platform": 1,  # Windows only
+}
+_SKIPPED: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _SKIPPED.append((report.nodeid, reason.removeprefix("Skipped: ")))
+
+
+def unallowed_skips(skipped: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The skips beyond ALLOWED_SKIPS: those of an unlisted reason, and those past a listed reason's count."""
+    left, beyond = dict(ALLOWED_SKIPS), []
+    for nodeid, reason in skipped:
+        prefix = next((p for p in left if reason.startswith(p)), None)
+        if prefix is not None and left[prefix] > 0:
+            left[prefix] -= 1
+        else:
+            beyond.append((nodeid, reason))
+    return beyond
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("PARAMSCOPE_STRICT_SKIPS") != "1":
+        return
+    beyond = unallowed_skips(_SKIPPED)
+    if beyond:
+        lines = "\n".join(f"  {nodeid}: {reason}" for nodeid, reason in beyond[:20])
+        more = f"\n  … and {len(beyond) - 20} more" if len(beyond) > 20 else ""
+        print(f"\nPARAMSCOPE_STRICT_SKIPS: {len(beyond)} test(s) skipped beyond tests/conftest.py's ALLOWED_SKIPS:\n"
+              f"{lines}{more}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -64,8 +64,8 @@ def minilm(minilm_dir: Path) -> Checkpoint:
 
 
 def meta_model(minilm_dir: Path, class_name: str):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch
+    import transformers
     config = transformers.BertConfig.from_dict(json.loads((minilm_dir / "config.json").read_text()))
     with torch.device("meta"):
         return getattr(transformers, class_name)(config)
@@ -307,12 +307,12 @@ def no_unpickling(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pickle, "load", boom)
     monkeypatch.setattr(pickle, "loads", boom)
     monkeypatch.setattr(pickle, "Unpickler", boom)
-    torch = pytest.importorskip("torch")
+    import torch
     monkeypatch.setattr(torch, "load", boom)
 
 
 def test_pytorch_bin_read_without_unpickling(tmp_path: Path, no_unpickling: None) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
     weight = torch.zeros(4, 3)
     state = {
         "dense.weight": weight,
@@ -347,7 +347,7 @@ def test_pytorch_bin_read_without_unpickling(tmp_path: Path, no_unpickling: None
 
 
 def test_pytorch_bin_new_dtypes(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
     state = {
         "u16": torch.zeros(3, dtype=torch.uint16),
         "e8m0": torch.zeros(4, dtype=torch.float8_e8m0fnu),
@@ -364,7 +364,7 @@ def test_pytorch_bin_new_dtypes(tmp_path: Path) -> None:
 
 
 def test_sharded_pytorch_bin(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
     torch.save({"a": torch.zeros(2, 2)}, tmp_path / "pytorch_model-00001-of-00002.bin")
     torch.save({"b": torch.zeros(3, dtype=torch.float16)}, tmp_path / "pytorch_model-00002-of-00002.bin")
     index = {"weight_map": {"a": "pytorch_model-00001-of-00002.bin", "b": "pytorch_model-00002-of-00002.bin"}}
@@ -377,14 +377,14 @@ def test_sharded_pytorch_bin(tmp_path: Path) -> None:
 
 
 def test_legacy_torch_save_format_is_refused(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
     torch.save({"a": torch.zeros(2)}, tmp_path / "old.bin", _use_new_zipfile_serialization=False)
     with pytest.raises(CheckpointError, match=r"old\.bin: .*legacy .*convert to safetensors"):
         read_checkpoint(tmp_path / "old.bin")
 
 
 def test_directory_prefers_safetensors_over_bin(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
     torch.save({"from_bin": torch.zeros(1)}, tmp_path / "pytorch_model.bin")
     assert read_checkpoint(tmp_path).format == "pytorch-bin"
     write_raw_safetensors(tmp_path / "model.safetensors", [("from_st", "F32", [1])])

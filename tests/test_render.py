@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+import paramscope
+
 from paramscope.cli import main
 from paramscope.render.json import report_to_dict
 from paramscope.render.text import TextOptions, render_text
@@ -39,10 +41,18 @@ def test_golden_text(filename):
     assert text == path.read_text()
 
 
-def test_text_is_a_pure_function_of_report_and_width():
+def test_text_is_a_pure_function_of_report_and_width(monkeypatch):
     report = report_of("bert-base-uncased", "BertModel")
-    assert render_text(report, TextOptions(width=90)) == render_text(report, TextOptions(width=90))
-    assert all(len(line) <= 90 for line in render_text(report, TextOptions(width=90)).splitlines())
+    expected = render_text(report, TextOptions(width=90))
+    assert all(len(line) <= 90 for line in expected.splitlines())
+    # nothing but the report and the width: not the terminal's size or colour settings, not the object's identity
+    for name, value in (("COLUMNS", "40"), ("LINES", "5"), ("FORCE_COLOR", "1"), ("TERM", "xterm-256color")):
+        monkeypatch.setenv(name, value)
+    rebuilt = paramscope.inspect("bert-base-uncased", model_class="BertModel", use_cache=False)
+    assert rebuilt is not report
+    assert render_text(rebuilt, TextOptions(width=90)) == expected
+    narrower = render_text(report, TextOptions(width=70))
+    assert narrower != expected and all(len(line) <= 70 for line in narrower.splitlines())
 
 
 def test_collapsed_layers_and_explained_rows():

@@ -39,7 +39,10 @@ def test_compare_layout_follows_the_width(eight):
     assert render_compare_text(eight, 80).count("parameters: ") == 8  # one block per model
     two = compare(EIGHT[:2])
     wide = render_compare_text(two, 100)
-    assert "109,514,298 " in wide or wide.count("109,514,298") >= 1
+    lines = wide.splitlines()
+    # the exact total, whole, in its column beside the other model's, on the unique-parameters and total rows
+    assert [line.split() for line in lines if line.startswith(("parameters (unique)", "total "))] == [
+        ["parameters", "(unique)", "109,514,298", "335,174,458"], ["total", "109,514,298", "335,174,458"]]
     assert "bert-large-uncased" in wide.splitlines()[1]  # models side by side
 
 
