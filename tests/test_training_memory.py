@@ -574,3 +574,24 @@ def test_an_analytic_peak_at_the_end_of_the_forward_names_what_it_leaves_out():
     _, estimate = estimate_training("deberta-v3-base", TrainingOptions(batch=1, seq=128, precision="bf16-mixed"))
     assert estimate.peak_phase == "backward"
     assert not any(note.startswith("the peak is the end of the forward") for note in estimate.notes)
+
+
+@pytest.mark.parametrize("module_name, attribute", __import__(
+    "paramscope.cost.traced.step", fromlist=["PATCHED_TRANSFORMERS"]).PATCHED_TRANSFORMERS)
+def test_each_transformers_internal_the_trace_patches_still_exists_and_is_called_by_name(module_name, attribute):
+    """A transformers release that renames one of these would silently change traced figures: fail here instead."""
+    import importlib
+    import inspect
+    import re
+
+    from paramscope.cost.traced.step import _as_in_eager
+
+    module = importlib.import_module(module_name)
+    original = getattr(module, attribute)  # still there
+    source = inspect.getsource(module)
+    calls = [m.start() for m in re.finditer(rf"(?<![\w.]){re.escape(attribute)}\(", source)]
+    definition = source.find(f"def {attribute}(")
+    assert [c for c in calls if c != definition + 4], f"{module_name} no longer calls {attribute} by its name"
+    with _as_in_eager():
+        assert getattr(module, attribute) is not original  # applied
+    assert getattr(module, attribute) is original  # and undone

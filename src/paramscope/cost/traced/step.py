@@ -273,6 +273,18 @@ def assumed_values(fake: bool) -> Iterator[_AssumedValues]:
         yield counter
 
 
+# The transformers internals _as_in_eager replaces while a step runs, as (module, attribute). Each is looked up by
+# its module-level name by the code that calls it, so replacing the attribute changes what that code does.
+# tests/test_training_memory.py checks that every one still exists and is still called that way, so a transformers
+# release that renames one fails a test instead of silently changing traced figures.
+PATCHED_TRANSFORMERS = (
+    ("transformers.masking_utils", "is_tracing"),
+    ("transformers.masking_utils", "fast_all"),
+    ("transformers.masking_utils", "find_packed_sequence_indices"),
+    ("transformers.integrations.moe", "_can_use_grouped_mm"),
+)
+
+
 @contextmanager
 def _as_in_eager() -> Iterator[None]:
     """Make transformers take the paths on fake tensors that it takes on real ones, for these inputs.
