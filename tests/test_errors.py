@@ -125,3 +125,72 @@ def test_debug_shows_the_traceback(capsys, write_config):
         main(["--debug", "inspect", str(path)])
     with pytest.raises(ConfigError):
         main(["inspect", str(path), "--debug"])
+
+
+def test_one_error_family_every_public_error_exported_from_errors_py():
+    import ast
+    from pathlib import Path
+
+    import paramscope
+    from paramscope import errors
+
+    public = {name for name, value in vars(errors).items()
+              if isinstance(value, type) and issubclass(value, errors.ParamscopeError)}
+    assert public >= {"ParamscopeError", "SourceError", "ConfigError", "ModelClassError", "RemoteCodeError",
+                      "CheckpointError", "OptionError", "UnsupportedError", "FormulaError", "FormulaMismatchError",
+                      "AssumptionError", "TemplateError"}
+    for name in public:  # exported, and the same class wherever it is imported from
+        assert getattr(paramscope, name) is getattr(errors, name), name
+        assert name in paramscope.__all__ and name in errors.__all__, name
+    # no ParamscopeError subclass is defined anywhere else in the package
+    package = Path(paramscope.__file__).parent
+    for path in package.rglob("*.py"):
+        if path.name == "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases = {getattr(b, "id", getattr(b, "attr", None)) for b in node.bases}
+                assert not bases & public, f"{path.relative_to(package)} defines {node.name}({bases & public})"
+
+
+def test_library_messages_name_parameters_and_the_cli_spells_flags(capsys):
+    import paramscope
+    from paramscope.errors import OptionError
+
+    with pytest.raises(OptionError) as caught:
+        paramscope.estimate_memory("gpt2", paramscope.MemoryOptions(batch=0))
+    assert str(caught.value) == "batch must be between 1 and 1,048,576, got 0"
+    assert caught.value.options == ("batch",)
+    with pytest.raises(paramscope.ModelClassError, match="^give model_class or task, not both$"):
+        paramscope.inspect("bert-base-uncased", model_class="BertModel", task="ner")
+    assert main(["memory", "gpt2", "--batch", "0"]) == 2
+    assert capsys.readouterr().err == "paramscope: error: --batch must be between 1 and 1,048,576, got 0\n"
+    assert main(["inspect", "bert-base-uncased", "--class", "BertModel", "--task", "ner"]) == 2
+    assert capsys.readouterr().err == "paramscope: error: give --class or --task, not both\n"
+    # a value taken from a file never reaches the format string
+    err = OptionError("{0} {text!r} matches nothing", "train", text="{0}{oops}")
+    assert str(err) == "train '{0}{oops}' matches nothing"
+    assert err.spelled(lambda option: "--" + option) == "--train '{0}{oops}' matches nothing"
+
+
+def test_no_library_message_names_a_cli_flag():
+    """Library errors speak of parameters; only cli/ spells flags (a template's {0} is spelled by the CLI)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    import paramscope
+
+    package = Path(paramscope.__file__).parent
+    offenders = []
+    for path in package.rglob("*.py"):
+        if "cli" in path.relative_to(package).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
+                first = node.exc.args[0]
+                parts = first.values if isinstance(first, ast.JoinedStr) else [first]
+                text = "".join(p.value for p in parts if isinstance(p, ast.Constant) and isinstance(p.value, str))
+                if re.search(r"(?<![\w-])--[a-z]", text):
+                    offenders.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert not offenders, offenders

@@ -227,8 +227,10 @@ def test_mfu_and_time():
     _, _, timed = estimate_flops("llama-3-8b", FlopOptions(seq=2048, training=True, tokens=10**9, gpu="h100",
                                                           mfu=0.4, devices=8))
     assert timed.seconds == pytest.approx(timed.total / (0.4 * 989.4e12 * 8))
-    with pytest.raises(ParamscopeError, match="--tokens-per-second needs"):
+    with pytest.raises(ParamscopeError, match="^tokens_per_second needs gpu NAME") as caught:
         estimate_flops("gpt2", FlopOptions(seq=128, tokens_per_second=100.0))
+    assert caught.value.spelled(lambda option: "--" + option.replace("_", "-")).startswith(
+        "--tokens-per-second needs --gpu NAME (with a peak in the table) or --peak-tflops")
 
 
 # --- the command --------------------------------------------------------------------------------------------------

@@ -54,9 +54,9 @@ def test_rules_combine_in_order_and_echo_what_they_matched():
 
 
 def test_a_pattern_that_names_nothing_is_one_line():
-    with pytest.raises(ParamscopeError, match="--train 'wings' matches no parameter"):
+    with pytest.raises(ParamscopeError, match="^train 'wings' matches no parameter"):
         _plan("gpt2", PlanOptions(rules=(("train", "wings"),)))
-    with pytest.raises(ParamscopeError, match="--train-last must be between 1 and 12"):
+    with pytest.raises(ParamscopeError, match="^train_last must be between 1 and 12"):
         _plan("gpt2", PlanOptions(rules=(("train-last", "13"),)))
 
 

@@ -15,19 +15,24 @@ from typing import TYPE_CHECKING
 
 from ._version import __version__
 from .errors import (
+    AssumptionError,
     CheckpointError,
     ConfigError,
+    FormulaError,
+    FormulaMismatchError,
     ModelClassError,
+    OptionError,
     ParamscopeError,
     RemoteCodeError,
     SourceError,
+    TemplateError,
+    UnsupportedError,
 )
 
 if TYPE_CHECKING:
     from .api import inspect, inspect_module
     from .count import BufferInfo, Counts, ModuleNode, ParameterInfo, TiedGroup
     from .formula import Formula, derive_formula
-    from .formula_cache import AssumptionError, FormulaError, FormulaMismatchError
     from .report import SCHEMA_VERSION, Component, ModelInfo, Report
     from .cost.memory.serving import MemoryOptions, estimate_memory
     from .cost.memory.result import MemoryEstimate
@@ -43,7 +48,6 @@ _LAZY = {
     "inspect": "api", "inspect_module": "api",
     "BufferInfo": "count", "Counts": "count", "ModuleNode": "count", "ParameterInfo": "count", "TiedGroup": "count",
     "Formula": "formula", "derive_formula": "formula",
-    "AssumptionError": "formula_cache", "FormulaError": "formula_cache", "FormulaMismatchError": "formula_cache",
     "SCHEMA_VERSION": "report", "Component": "report", "ModelInfo": "report", "Report": "report",
     "estimate_memory": "cost.memory.serving", "MemoryOptions": "cost.memory.serving",
     "MemoryEstimate": "cost.memory.result",
@@ -86,6 +90,7 @@ __all__ = [
     "ModelClassError",
     "ModelInfo",
     "ModuleNode",
+    "OptionError",
     "ParameterInfo",
     "ParamscopeError",
     "Plan",
@@ -93,8 +98,10 @@ __all__ = [
     "RemoteCodeError",
     "Report",
     "SourceError",
+    "TemplateError",
     "TiedGroup",
     "TrainingOptions",
+    "UnsupportedError",
     "__version__",
     "derive_formula",
     "estimate_flops",

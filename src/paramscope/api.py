@@ -68,7 +68,7 @@ def inspect_source(source: Source, *, model_class: str | None = None, task: str 
 def _template_answer(source: Source, *, model_class: str | None, task: str | None,
                      num_labels: int | None) -> tuple[Report | None, Any, str | None]:
     """(report, the stand-in modules, None), or (None, None, why no template answered)."""
-    from .formula_cache import AssumptionError
+    from .errors import AssumptionError
     from .template import report_from_template
 
     template, reason, root, why = template_stand_ins(source, model_class=model_class, task=task,
@@ -87,11 +87,11 @@ def template_stand_ins(source: Source, *, model_class: str | None, task: str | N
     """(template, why its class, its stand-in modules for this config, None), or (None, None, None, why no
     template applies). Torch-free."""
     from .build import TASKS, check_num_labels, resolve_task, validate_config_dict
-    from .formula_cache import AssumptionError
+    from .errors import AssumptionError
     from .template import lookup_template
 
     if model_class and task:
-        raise ModelClassError("give --class or --task, not both")
+        raise ModelClassError("give {0} or {1}, not both", "model_class", "task")
     if not isinstance(source.config.get("model_type"), str):
         return None, None, None, None  # the build names what is missing
     validate_config_dict(source.config)
@@ -120,7 +120,8 @@ def inspect_with_module(model: Any, *, model_class: str | None = None, task: str
     `dtype` ("bfloat16") builds as loading in that dtype would, so each tensor's dtype is the loaded one."""
     if _is_module(model):
         if model_class or task or num_labels is not None:
-            raise ModelClassError("--class, --task and --num-labels apply to configs, not to a live module")
+            raise ModelClassError("{0}, {1} and {2} apply to configs, not to a live module", "model_class", "task",
+                                  "num_labels")
         return inspect_module(model), model
     return _inspect_source(as_source(model, revision), model_class, task, num_labels, trust_remote_code, dtype)
 

@@ -127,8 +127,8 @@ def audit(path_or_id: str | os.PathLike[str], *, config: Any = None, model_class
     else:
         if config is None:
             if located.config_dir is None:
-                raise SourceError(
-                    f"no config.json next to checkpoint {located.checkpoint}: name the model with --config")
+                raise SourceError("no config.json next to checkpoint {checkpoint}: name the model with {0}", "config",
+                                  checkpoint=located.checkpoint)
             config = str(located.config_dir)
         checkpoint = read_checkpoint(located.checkpoint)
     config_revision = None if located.config_dir else revision

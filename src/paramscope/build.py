@@ -386,7 +386,7 @@ def choose_class(config, config_dict: dict[str, Any], *, model_class: str | None
 
     model_type = config.model_type
     if model_class and task:
-        raise ModelClassError("give --class or --task, not both")
+        raise ModelClassError("give {0} or {1}, not both", "model_class", "task")
     if not type(config).__module__.startswith("transformers."):
         return _remote_choice(config_dict.get("auto_map") or {}, config_dict, model_class, task)
     if model_class:
@@ -432,8 +432,8 @@ def _remote_choice(auto_map: dict[str, Any], config_dict: dict[str, Any], model_
     by_class = {ref.rsplit(".", 1)[-1]: ref for ref in references.values()}
     if model_class:
         if model_class not in by_class:
-            raise ModelClassError(f"--class {model_class}: the config's auto_map names no such class (it names "
-                                  f"{', '.join(by_class) or 'none'})")
+            raise ModelClassError("{0} {model_class}: the config's auto_map names no such class (it names {named})",
+                                  "model_class", model_class=model_class, named=", ".join(by_class) or "none")
         return ClassChoice(model_class, f"--class {model_class} (remote code {by_class[model_class]})",
                            by_class[model_class])
     if task:

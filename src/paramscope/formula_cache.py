@@ -36,7 +36,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from .errors import ConfigError, ParamscopeError
+# formula.py and older callers import the formula errors from here; they live in errors.py
+from .errors import AssumptionError, ConfigError, FormulaError, FormulaMismatchError  # noqa: F401
 
 FORMAT = 2  # 2: the anchor carries its per-role counts, and every entry is checked against its anchor
 # Factors inside a term follow this order (multiplicities first, the width D late, divisors last).
@@ -52,20 +53,6 @@ MAX_COEFFICIENT = 2**63  # numerator and denominator, in absolute value
 MAX_CACHED_ENTRIES = 256  # per class directory
 _COEFFICIENT = re.compile(r"-?[0-9]{1,19}(?:/[0-9]{1,19})?")
 _CONDITION_KINDS = frozenset({"equals", "unset", "same_as", "present", "integral", "periodic"})
-
-
-class FormulaError(ParamscopeError):
-    """A formula could not be derived, or a derived formula disagrees with the meta-device count."""
-
-
-class FormulaMismatchError(FormulaError):
-    """The formula and the meta build disagree: a bug in paramscope, reported instead of a number."""
-
-    exit_code = 1
-
-
-class AssumptionError(ConfigError):
-    """The config violates an assumption under which the formula was derived."""
 
 
 class CacheEntryError(ValueError):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .display import HtmlDisplay
-from .errors import ParamscopeError
+from .errors import OptionError, UnsupportedError
 from .selection import last_blocks, match_parameters
 
 TASK_TYPES = (("ForCausalLM", "CAUSAL_LM"), ("LMHeadModel", "CAUSAL_LM"), ("ForSequenceClassification", "SEQ_CLS"),
@@ -48,27 +48,29 @@ class PlanOptions:
 
     def check(self) -> None:
         if self.lora is not None and not 1 <= self.lora <= MAX_RANK:
-            raise ParamscopeError(f"--lora must be a rank between 1 and {MAX_RANK:,}, got {self.lora}")
+            raise OptionError("{0} must be a rank between 1 and {limit:,}, got {lora}", "lora", limit=MAX_RANK,
+                              lora=self.lora)
         if self.lora is None and (self.dora or self.rslora or self.target or self.modules_to_save
                                   or self.alpha is not None):
-            raise ParamscopeError("--alpha, --target, --dora, --rslora and --modules-to-save need --lora R")
+            raise OptionError("{0}, {1}, {2}, {3} and {4} need {5} R", "alpha", "target", "dora", "rslora",
+                              "modules_to_save", "lora")
         if self.qlora is not None and self.qlora not in ("nf4", "nf4-dq"):
-            raise ParamscopeError(f"the QLoRA base is nf4 or nf4-dq, got {self.qlora!r}")
+            raise OptionError("{0}: the QLoRA base is nf4 or nf4-dq, got {qlora!r}", "qlora", qlora=self.qlora)
         if self.qlora is not None and self.lora is None:
-            raise ParamscopeError("--qlora needs --lora R (the adapters' rank)")
+            raise OptionError("{0} needs {1} R (the adapters' rank)", 'qlora', 'lora')
         if self.adapter_dtype is not None:
             if self.adapter_dtype not in ADAPTER_DTYPES.values():
-                raise ParamscopeError(f"--adapter-dtype is fp32 or bf16, got {self.adapter_dtype!r}")
+                raise OptionError("{0} is fp32 or bf16, got {value!r}", "adapter_dtype", value=self.adapter_dtype)
             if self.lora is None:
-                raise ParamscopeError("--adapter-dtype needs --lora R")
+                raise OptionError("{0} needs {1} R", "adapter_dtype", "lora")
         if not 0 <= self.dropout < 1:
-            raise ParamscopeError(f"--dropout must be in [0, 1), got {self.dropout}")
+            raise OptionError("{0} must be in [0, 1), got {dropout}", "dropout", dropout=self.dropout)
         for kind, value in self.rules:
             if kind == "train-last":
                 try:
                     int(value)
                 except ValueError:
-                    raise ParamscopeError(f"--train-last takes a number of blocks, got {value!r}") from None
+                    raise OptionError("{0} takes a number of blocks, got {value!r}", "train_last", value=value) from None
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,8 @@ def compared_plans(text: str, options: PlanOptions) -> list[tuple[str, PlanOptio
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in COMPARABLE]
     if unknown or not names or len(set(names)) != len(names):
-        raise ParamscopeError(f"--compare takes plans from {','.join(COMPARABLE)}, each once; got {text!r}")
+        raise OptionError("{0} takes plans from {plans}, each once; got {text!r}", "compare", plans=",".join(COMPARABLE),
+                          text=text)
     adapters = dict(lora=options.lora or 8, alpha=options.alpha, dropout=options.dropout, target=options.target,
                     rslora=options.rslora, modules_to_save=options.modules_to_save,
                     adapter_dtype=options.adapter_dtype)
@@ -209,7 +212,7 @@ def _apply_rules(model: Any, report: Any, rules: tuple[tuple[str, str], ...], *,
             names, described = last_blocks(report.params, int(value))
             action, pattern = "train", f"last {value} blocks ({described})"
         else:
-            names = match_parameters(report.params, value, flag=f"--{kind}")
+            names = match_parameters(report.params, value, option=kind)
             action, pattern = kind, value
         for name in names:
             param = by_base_name.get(name)
@@ -252,7 +255,7 @@ def _with_adapters(model: Any, options: PlanOptions) -> tuple[Any, tuple[str, ..
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
-        raise ParamscopeError("--lora needs PEFT: pip install peft") from None
+        raise UnsupportedError("{0} needs PEFT: pip install peft", "lora") from None
     task_type = next((task for suffix, task in TASK_TYPES if type(model).__name__.endswith(suffix)), None)
     target: Any = None
     if options.target:
@@ -270,7 +273,7 @@ def _with_adapters(model: Any, options: PlanOptions) -> tuple[Any, tuple[str, ..
             warnings.simplefilter("ignore")
             wrapped = get_peft_model(model, config)
     except ValueError as err:  # PEFT's own message: no default targets for this model, a target not found, …
-        raise ParamscopeError(f"PEFT: {str(err).strip().splitlines()[0][:200]}") from None
+        raise UnsupportedError(f"PEFT: {str(err).strip().splitlines()[0][:200]}") from None
     resolved = wrapped.peft_config["default"].target_modules
     targets = tuple(sorted(resolved)) if isinstance(resolved, (set, list, tuple)) else (str(resolved),)
     return wrapped, targets

@@ -11,10 +11,10 @@ import re
 from collections import Counter
 from typing import Any, Iterable
 
-from .errors import ParamscopeError
+from .errors import OptionError
 
 
-def match_parameters(params: Iterable[Any], pattern: str, *, flag: str = "--freeze") -> list[str]:
+def match_parameters(params: Iterable[Any], pattern: str, *, option: str = "freeze") -> list[str]:
     """Canonical names of the parameters `pattern` names; raises, listing the roles, when it names none."""
     params = list(params)
     text = str(pattern).strip()
@@ -26,17 +26,17 @@ def match_parameters(params: Iterable[Any], pattern: str, *, flag: str = "--free
         groups = sorted({p.role.split(".")[0] for p in params})
         tied = next((alias for p in params for alias in p.aliases), None) if text.startswith("head") else None
         hint = f"; the output head ({tied}) is tied to the input embeddings: name embeddings" if tied else ""
-        raise ParamscopeError(f"{flag} {text[:60]!r} matches no parameter; give a role ({', '.join(groups)}) or a "
-                              f"glob over parameter names (model.layers.0.*){hint}")
+        raise OptionError("{0} {text!r} matches no parameter; give a role ({roles}) or a glob over parameter names "
+                          "(model.layers.0.*){hint}", option, text=text[:60], roles=", ".join(groups), hint=hint)
     return hits
 
 
-def match_all(params: Iterable[Any], patterns: Iterable[str], *, flag: str = "--freeze") -> list[str]:
+def match_all(params: Iterable[Any], patterns: Iterable[str], *, option: str = "freeze") -> list[str]:
     """Sorted canonical names of the parameters any of `patterns` names (each must name one)."""
     params = list(params)
     names: set[str] = set()
     for pattern in patterns:
-        names.update(match_parameters(params, pattern, flag=flag))
+        names.update(match_parameters(params, pattern, option=option))
     return sorted(names)
 
 
@@ -52,11 +52,12 @@ def last_blocks(params: Iterable[Any], count: int) -> tuple[list[str], str]:
             prefixes[match.group(1)] += 1
             indices.setdefault(match.group(1), set()).add(int(match.group(2)))
     if not prefixes:
-        raise ParamscopeError("--train-last: the model has no numbered blocks (layers.0, layer.1, …)")
+        raise OptionError("{0}: the model has no numbered blocks (layers.0, layer.1, …)", "train_last")
     prefix = max(indices, key=lambda k: (len(indices[k]), prefixes[k]))
     blocks = sorted(indices[prefix])
     if not 1 <= count <= len(blocks):
-        raise ParamscopeError(f"--train-last must be between 1 and {len(blocks)} (the blocks of {prefix}), got {count}")
+        raise OptionError("{0} must be between 1 and {blocks} (the blocks of {prefix}), got {count}", "train_last",
+                          blocks=len(blocks), prefix=prefix, count=count)
     chosen = set(blocks[-count:])
     names = [p.name for p in params
              if (m := re.match(rf"^{re.escape(prefix)}\.(\d+)\.", p.name)) and int(m.group(1)) in chosen]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ParamscopeError
+from .errors import TemplateError
 from .formula_cache import (
     ABSENT,
     AssumptionError,
@@ -511,10 +511,6 @@ def report_from_template(template: Template, source: Any, *, num_labels: int | N
                        moe=summarize_moe(counted.parameters, view, counted.counts.total),
                        conventions=named_counts(counted.parameters, counted.tied, counted.counts.total, root),
                        shared_layers=find_shared_layers(counted.tree, view))
-
-
-class TemplateError(ParamscopeError):
-    """A template could not be recorded (the build answered; nothing is wrong with the config)."""
 
 
 __all__ = ["Template", "TemplateLookup", "lookup_template", "report_from_template", "store_template",

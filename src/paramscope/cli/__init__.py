@@ -13,6 +13,7 @@ from typing import Sequence
 
 from .._version import __version__
 from ..errors import ParamscopeError
+from ._common import flag_of
 from . import audit, compare, diff, flops, formula, inspect, memory, plan, presets
 
 EXIT_INTERNAL = 1
@@ -58,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ParamscopeError as err:
         if args.debug:
             raise
-        print(f"paramscope: error: {err}", file=sys.stderr)
+        print(f"paramscope: error: {err.spelled(flag_of)}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         return 130

@@ -76,6 +76,15 @@ def add_cache_option(parser: argparse.ArgumentParser, *, costs: bool = False) ->
                         help=f"build the class on meta: neither answer from nor record {what}")
 
 
+# The library's errors name options as its Python parameters (`model_class`); the CLI spells them as its flags.
+_FLAGS = {"model_class": "--class"}
+
+
+def flag_of(option: str) -> str:
+    """The command-line flag for a library option: `batch` → `--batch`, `model_class` → `--class`."""
+    return _FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
 RECORD_ENV = "PARAMSCOPE_RECORD_TEMPLATES"  # "0": never record templates after a build (documented in the README)
 RECORD_BUDGET_S = 30.0
 _RECORD_AFTER_BUILD_S = 2.0  # a class whose one build took longer is not worth 30–50 more builds here

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from ..errors import ParamscopeError
+from ..errors import OptionError
 
 # The user's name → torch's name. The CLI takes the short names; configs declare torch's.
 DTYPE_NAMES = {
@@ -37,7 +37,7 @@ def torch_name(name: str) -> str:
     """`bf16` → `bfloat16`; raises naming the value when it is no known element type."""
     key = str(name).strip().lower().removeprefix("torch.")
     if key not in DTYPE_NAMES:
-        raise ParamscopeError(f"unknown dtype {name!r}; use one of {', '.join(FLOAT_DTYPES)}")
+        raise OptionError(f"unknown dtype {name!r}; use one of {', '.join(FLOAT_DTYPES)}")
     return DTYPE_NAMES[key]
 
 
@@ -45,7 +45,7 @@ def itemsize(dtype: str) -> int:
     """Bytes per element of a torch dtype name ("bfloat16" → 2)."""
     dtype = dtype.removeprefix("torch.")
     if dtype not in ITEMSIZE:
-        raise ParamscopeError(f"no known size for dtype {dtype!r}")
+        raise OptionError(f"no known size for dtype {dtype!r}")
     return ITEMSIZE[dtype]
 
 
@@ -63,8 +63,8 @@ def parse_bytes(text: str) -> int:
     match = _SIZE.match(str(text))
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS or len(str(text)) > 40:
-        raise ParamscopeError(f"not a memory size: {str(text)[:40]!r} (examples: 24GiB, 80GB, 512MiB)")
+        raise OptionError(f"not a memory size: {str(text)[:40]!r} (examples: 24GiB, 80GB, 512MiB)")
     value = int(Fraction(match.group(1)) * _UNITS[unit])  # exact: '1.5GiB' is 1,610,612,736
     if value <= 0:
-        raise ParamscopeError(f"a memory size must be positive, got {text!r}")
+        raise OptionError(f"a memory size must be positive, got {text!r}")
     return value

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import ParamscopeError
+from ..errors import OptionError
 
 GiB = 2**30
 
@@ -114,4 +114,5 @@ def find_accelerator(name: str) -> Accelerator:
         if candidate in by_key:
             return by_key[candidate]
     known = ", ".join(a.name for a in ACCELERATORS)
-    raise ParamscopeError(f"unknown accelerator {str(name)[:60]!r}; known: {known} (or give --budget 24GiB)")
+    raise OptionError("unknown accelerator {name!r}; known: {known} (or give {0} 24GiB)", "budget", name=str(name)[:60],
+                      known=known)

@@ -52,10 +52,10 @@ class ModelView:
     def check_checkpointing(self) -> None:
         """One line for --grad-checkpointing full on a class that cannot checkpoint (as the traced step says)."""
         if not self.supports_checkpointing:
-            from ..errors import ParamscopeError
+            from ..errors import UnsupportedError
 
-            raise ParamscopeError(f"{self.class_name} does not support gradient checkpointing "
-                                  "(--grad-checkpointing full)")
+            raise UnsupportedError("{name} does not support gradient checkpointing ({0} full)", "grad_checkpointing",
+                                   name=self.class_name)
 
     def is_matmul(self, sub: Any) -> bool:
         if self.module is not None:

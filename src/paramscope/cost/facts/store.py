@@ -353,7 +353,7 @@ def answer_from_facts_or_build(source: Any, answer: Any, *, dtype: str | None = 
 def _facts_answer(source: Any, dtype: str | None, *, model_class: str | None, task: str | None,
                   num_labels: int | None) -> tuple[tuple[Any, ModelView] | None, str | None]:
     from ...api import template_stand_ins
-    from ...formula_cache import AssumptionError
+    from ...errors import AssumptionError
     from ...template import report_from_template
 
     template, reason, root, why = template_stand_ins(source, model_class=model_class, task=task,

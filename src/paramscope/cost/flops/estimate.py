@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import ParamscopeError
+from ...errors import OptionError
 from ...selection import match_all
 from ..dims import text_config
 from ..hardware import Accelerator, find_accelerator, peak_flops
@@ -49,22 +49,25 @@ class FlopOptions:
 
         check_batch_and_seq(self.batch, self.seq)
         if self.causal not in ("full", "half"):
-            raise ParamscopeError(f"--causal must be full or half, got {self.causal!r}")
+            raise OptionError("{0} must be full or half, got {causal!r}", "causal", causal=self.causal)
         if self.grad_checkpointing not in ("none", "full"):
-            raise ParamscopeError(f"--grad-checkpointing must be none or full, got {self.grad_checkpointing!r}")
+            raise OptionError("{0} must be none or full, got {value!r}", "grad_checkpointing",
+                              value=self.grad_checkpointing)
         if self.peak_dtype not in PEAK_DTYPES:
-            raise ParamscopeError(f"--peak-dtype must be one of {', '.join(PEAK_DTYPES)}, got {self.peak_dtype!r}")
+            raise OptionError("{0} must be one of {choices}, got {value!r}", "peak_dtype", choices=", ".join(PEAK_DTYPES),
+                              value=self.peak_dtype)
         if self.tokens is not None and not 1 <= self.tokens <= 10**17:
-            raise ParamscopeError(f"--tokens must be between 1 and 1e17, got {self.tokens}")
-        for flag, value in (("--tokens-per-second", self.tokens_per_second), ("--peak-tflops", self.peak_tflops)):
+            raise OptionError("{0} must be between 1 and 1e17, got {tokens}", "tokens", tokens=self.tokens)
+        for option, value in (("tokens_per_second", self.tokens_per_second), ("peak_tflops", self.peak_tflops)):
             if value is not None and not 0 < value < 1e15:
-                raise ParamscopeError(f"{flag} must be a positive number, got {value}")
+                raise OptionError("{0} must be a positive number, got {value}", option, value=value)
         if self.mfu is not None and not 0 < self.mfu <= 1:
-            raise ParamscopeError(f"--mfu must be a fraction in (0, 1], got {self.mfu}")
+            raise OptionError("{0} must be a fraction in (0, 1], got {mfu}", "mfu", mfu=self.mfu)
         if not 1 <= self.devices <= 1 << 20:
-            raise ParamscopeError(f"--devices must be between 1 and {1 << 20:,}, got {self.devices}")
+            raise OptionError("{0} must be between 1 and {limit:,}, got {devices}", "devices", limit=1 << 20,
+                              devices=self.devices)
         if self.tokens_per_second is not None and self.mfu is not None:
-            raise ParamscopeError("give --tokens-per-second (to get the MFU) or --mfu (to get the time), not both")
+            raise OptionError("give {0} (to get the MFU) or {1} (to get the time), not both", "tokens_per_second", "mfu")
 
 
 @dataclass(frozen=True)
@@ -119,11 +122,11 @@ def _estimate(report: Any, view: Any, options: FlopOptions) -> FlopEstimate | No
     text = text_config(view.config)
     seq, _, length_notes = step_length(report, text, options.seq, DEFAULT_SEQ)
     if options.causal == "half" and not view.class_name.endswith(("ForCausalLM", "LMHeadModel")):
-        raise ParamscopeError(f"--causal half halves a causal decoder's attention; {view.class_name}'s "
-                              "attention is bidirectional (or, for an encoder-decoder, partly so)")
+        raise OptionError("{0} half halves a causal decoder's attention; {name}'s attention is bidirectional (or, for "
+                          "an encoder-decoder, partly so)", "causal", name=view.class_name)
     frozen = frozenset(match_all(report.params, options.freeze))
     if frozen and not options.training:
-        raise ParamscopeError("--freeze is for --training")
+        raise OptionError("{0} is for {1}", "freeze", "training")
     checkpointing = options.grad_checkpointing == "full"
     if checkpointing and options.training:
         view.check_checkpointing()
@@ -253,13 +256,14 @@ def _compute(estimate: FlopEstimate, report: Any, options: FlopOptions, accelera
     per_model = per_training if per_training is not None else per_forward
     if options.tokens_per_second is not None:
         if peak is None:
-            raise ParamscopeError("--tokens-per-second needs --gpu NAME (with a peak in the table) or --peak-tflops")
+            raise OptionError("{0} needs {1} NAME (with a peak in the table) or {2}", "tokens_per_second", "gpu",
+                              "peak_tflops")
         mfu = per_model * options.tokens_per_second / (peak * options.devices)
         if per_hardware is not None:
             hfu = per_hardware * options.tokens_per_second / (peak * options.devices)
     if options.mfu is not None:
         if peak is None or options.tokens is None:
-            raise ParamscopeError("--mfu needs --tokens D and --gpu NAME (or --peak-tflops) to give a time")
+            raise OptionError("{0} needs {1} D and {2} NAME (or {3}) to give a time", "mfu", "tokens", "gpu", "peak_tflops")
         seconds = total / (options.mfu * peak * options.devices)
     return Compute(per_forward, per_training, options.tokens, total, six_nd, parameters,
                    accelerator.name if accelerator else None, peak, peak_from, mfu, hfu, seconds, tuple(notes))

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ...errors import ParamscopeError
+from ...errors import OptionError, ParamscopeError, UnsupportedError
 from ..dtypes import DTYPE_NAMES, itemsize, short_name
 
 # ggml block types: (weights per block, bytes per block, what a block holds)
@@ -216,7 +216,7 @@ def weight_format(name: str, *, compute_dtype: str = "bfloat16", group_size: int
         method, _, bits_text = key.partition("-int")
         bits = int(bits_text) if bits_text.isdigit() else 0
         if bits not in ((2, 3, 4, 8) if method == "gptq" else (4,)):
-            raise ParamscopeError(f"unsupported {method.upper()} width {key!r}")
+            raise UnsupportedError(f"unsupported {method.upper()} width {key!r}")
         group = 128 if group_size is None else group_size
         group_text = "per-channel" if group <= 0 else f"group size {group}"
         return WeightFormat(key, method, f"{method.upper()} int{bits}, {group_text}", compute_dtype, "linear",
@@ -229,7 +229,8 @@ def weight_format(name: str, *, compute_dtype: str = "bfloat16", group_size: int
     if key == "mxfp4":
         return WeightFormat("mxfp4", "mxfp4", "MXFP4 (4-bit e2m1, one 8-bit scale per block of 32)", compute_dtype,
                             "experts", bits=4)
-    raise ParamscopeError(f"unknown --dtype {str(name)[:40]!r}; use one of {', '.join(FORMAT_CHOICES)}")
+    raise OptionError("unknown {0} {name!r}; use one of {choices}", "dtype", name=str(name)[:40],
+                      choices=", ".join(FORMAT_CHOICES))
 
 
 def declared_format(config: dict[str, Any] | None) -> tuple[WeightFormat, str, tuple[str, ...]]:
@@ -250,8 +251,9 @@ def declared_format(config: dict[str, Any] | None) -> tuple[WeightFormat, str, t
         skip = tuple(str(s) for s in skip) if isinstance(skip, (list, tuple)) else ()
         fmt = _declared_quantized(method, quant, compute)
         if fmt is None:
-            raise ParamscopeError(f"the config declares quant_method {method or 'unknown'!r}, which paramscope does "
-                                  f"not model; choose a storage with --dtype ({', '.join(FORMAT_CHOICES[:6])}, …)")
+            raise UnsupportedError("the config declares quant_method {method!r}, which paramscope does not model; choose "
+                                   "a storage with {0} ({choices}, …)", "dtype", method=method or "unknown",
+                                   choices=", ".join(FORMAT_CHOICES[:6]))
         return replace(fmt, declared=True), f"the config's quantization_config ({method})", skip
     if dtype in ("float32", "bfloat16", "float16"):
         key = "torch_dtype" if config.get("torch_dtype") else "dtype"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import ParamscopeError
+from ...errors import OptionError, ParamscopeError
 from ..dims import config_int, dim, is_mla, text_config
 from ..dtypes import itemsize, torch_name
 from ..hardware import Accelerator, find_accelerator
@@ -42,21 +42,23 @@ class MemoryOptions:
 
     def check(self) -> None:
         check_batch_and_seq(self.batch, self.seq)
-        check_batch_and_seq(1, self.encoder_seq, "--encoder-seq")
+        check_batch_and_seq(1, self.encoder_seq, "encoder_seq")
         if self.kv_layout not in KV_LAYOUTS:
-            raise ParamscopeError(f"--kv-layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}")
+            raise OptionError("{0} must be one of {choices}, got {value!r}", "kv_layout", choices=", ".join(KV_LAYOUTS),
+                              value=self.kv_layout)
         if self.reserve < 0:
-            raise ParamscopeError(f"--reserve must be 0 or more, got {self.reserve}")
+            raise OptionError("{0} must be 0 or more, got {reserve}", "reserve", reserve=self.reserve)
         if self.group_size is not None and not (self.group_size == -1 or 1 <= self.group_size <= 1 << 20):
-            raise ParamscopeError(f"--group-size must be -1 (per channel) or a positive size, got {self.group_size}")
+            raise OptionError("{0} must be -1 (per channel) or a positive size, got {group_size}", "group_size",
+                              group_size=self.group_size)
 
 
-def check_batch_and_seq(batch: int, seq: int | None, seq_flag: str = "--seq") -> None:
-    """The bounds every command puts on --batch and --seq, checked before any build."""
+def check_batch_and_seq(batch: int, seq: int | None, seq_option: str = "seq") -> None:
+    """The bounds every command puts on the batch and the sequence length, checked before any build."""
     if not 1 <= batch <= MAX_BATCH:
-        raise ParamscopeError(f"--batch must be between 1 and {MAX_BATCH:,}, got {batch}")
+        raise OptionError("{0} must be between 1 and {limit:,}, got {batch}", "batch", limit=MAX_BATCH, batch=batch)
     if seq is not None and not 1 <= seq <= MAX_SEQ:
-        raise ParamscopeError(f"{seq_flag} must be between 1 and {MAX_SEQ:,}, got {seq}")
+        raise OptionError("{0} must be between 1 and {limit:,}, got {seq}", seq_option, limit=MAX_SEQ, seq=seq)
 
 
 def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), use_cache: bool = True,
@@ -84,7 +86,8 @@ def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cach
         torch_name(options.kv_dtype)  # a bad name fails before the build
     if _is_module(model):  # a user's module, counted as it is; a transformers one brings its config
         if any(v for k, v in model_options.items() if k != "trust_remote_code"):
-            raise ParamscopeError("--class, --task and --num-labels apply to configs, not to a live module")
+            raise OptionError("{0}, {1} and {2} apply to configs, not to a live module", "model_class", "task",
+                              "num_labels")
         config = getattr(model, "config", None)
         fmt, origin, not_convert = storage_format(config.to_dict() if hasattr(config, "to_dict") else {}, options)
         report, view = inspect_module(model), from_module(model)
@@ -230,8 +233,8 @@ def step_length(report: Any, config: Any, seq: int | None, default: int = 2048) 
     notes = []
     if limit is not None and length > limit:
         if any(p.role == "embeddings.position" for p in report.params):
-            raise ParamscopeError(f"--seq {length:,} is beyond the model's {limit:,} learned positions "
-                                  "(max_position_embeddings)")
+            raise OptionError("{0} {length:,} is beyond the model's {limit:,} learned positions "
+                              "(max_position_embeddings)", "seq", length=length, limit=limit)
         notes.append(f"--seq {length:,} is beyond the model's max_position_embeddings ({limit:,})")
     return length, limit, notes
 

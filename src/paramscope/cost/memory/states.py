@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ...count import ParameterInfo
-from ...errors import ParamscopeError
+from ...errors import OptionError
 from ..dtypes import itemsize
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit", "lion")
@@ -66,7 +66,8 @@ def check_optimizer(name: str) -> str:
     key = str(name).strip().lower().replace("_", "-")
     key = {"adamw8bit": "adamw-8bit", "sgdm": "sgd-momentum", "momentum": "sgd-momentum"}.get(key, key)
     if key not in OPTIMIZERS:
-        raise ParamscopeError(f"unknown --optimizer {str(name)[:40]!r}; use one of {', '.join(OPTIMIZERS)}")
+        raise OptionError("unknown {0} {name!r}; use one of {choices}", "optimizer", name=str(name)[:40],
+                          choices=", ".join(OPTIMIZERS))
     return key
 
 
@@ -75,15 +76,16 @@ def check_precision(name: str) -> str:
     key = {"bf16": "bf16-mixed", "fp16": "fp16-mixed", "bf16-true": "bf16-pure", "32": "fp32",
            "fp32-true": "fp32"}.get(key, key)
     if key not in PRECISIONS:
-        raise ParamscopeError(f"unknown --precision {str(name)[:40]!r}; use one of {', '.join(PRECISIONS)}")
+        raise OptionError("unknown {0} {name!r}; use one of {choices}", "precision", name=str(name)[:40],
+                          choices=", ".join(PRECISIONS))
     return key
 
 
 def zero_stage(value: str | int) -> int:
     key = str(value).strip().lower().replace("-", "_")
     if key not in ZERO_ALIASES:
-        raise ParamscopeError(f"unknown --zero {str(value)[:40]!r}; use 0, 1, 2, 3 or an FSDP strategy "
-                              "(no_shard, shard_grad_op, full_shard)")
+        raise OptionError("unknown {0} {value!r}; use 0, 1, 2, 3 or an FSDP strategy (no_shard, shard_grad_op, "
+                          "full_shard)", "zero", value=str(value)[:40])
     return ZERO_ALIASES[key]
 
 
@@ -205,7 +207,7 @@ def _optimizer_bytes(params: list[ParameterInfo], optimizer: str) -> tuple[int, 
         total = 2 * (n_big + blocks * 4) + 2 * small * 4
         return total, (f"2 × ({n_big:,} × 1 B + {blocks:,} absmax × 4 B) + 2 × {small:,} small-tensor "
                        "elements × 4 B")
-    raise ParamscopeError(f"unknown optimizer {optimizer!r}")
+    raise OptionError(f"unknown optimizer {optimizer!r}")
 
 
 def per_device(states: ModelStates, *, devices: int, zero: int) -> dict[str, int]:

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import ParamscopeError
+from ...errors import OptionError
 from ...selection import match_all
 from .activations import (
     TrainingActivations, embedding_gradient, recipe_attention, recipe_declines, recipe_for, training_activations,
@@ -61,13 +61,16 @@ class TrainingOptions:
         check_precision(self.precision)
         zero_stage(self.zero)
         if self.grad_checkpointing not in ("none", "full"):
-            raise ParamscopeError(f"--grad-checkpointing must be none or full, got {self.grad_checkpointing!r}")
+            raise OptionError("{0} must be none or full, got {value!r}", "grad_checkpointing",
+                              value=self.grad_checkpointing)
         if self.attention is not None and self.attention not in ATTENTION:
-            raise ParamscopeError(f"--attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
+            raise OptionError("{0} must be one of {choices}, got {value!r}", "attention", choices=", ".join(ATTENTION),
+                              value=self.attention)
         if not 1 <= self.devices <= MAX_DEVICES:
-            raise ParamscopeError(f"--devices must be between 1 and {MAX_DEVICES:,}, got {self.devices}")
+            raise OptionError("{0} must be between 1 and {limit:,}, got {devices}", "devices", limit=MAX_DEVICES,
+                              devices=self.devices)
         if self.reserve < 0:
-            raise ParamscopeError(f"--reserve must be 0 or more, got {self.reserve}")
+            raise OptionError("{0} must be 0 or more, got {reserve}", "reserve", reserve=self.reserve)
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,8 @@ def training_answer(model: Any, options: TrainingOptions = TrainingOptions(), us
     dtype = weight_dtype(check_precision(options.precision))
     if _is_module(model):  # a user's module: counted as it is, traced in a fake copy with the precision's dtype
         if any(v for k, v in model_options.items() if k != "trust_remote_code"):
-            raise ParamscopeError("--class, --task and --num-labels apply to configs, not to a live module")
+            raise OptionError("{0}, {1} and {2} apply to configs, not to a live module", "model_class", "task",
+                              "num_labels")
         report, view = inspect_module(model), from_module(model)
         return report, step_estimate(report, view, options, live=True), view
     source = as_source(model, model_options.pop("revision", None))

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from ... import progress
-from ...errors import ParamscopeError
+from ...errors import OptionError, ParamscopeError, UnsupportedError
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer states", "activations", "temporaries", "other")
 _TRACKER_NAMES = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients",
@@ -406,14 +406,15 @@ def running(model: Any) -> Iterator[None]:
         raise
     except Exception as err:  # the model's own code: data-dependent control flow, other inputs, …
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ParamscopeError(f"cannot trace a step of {type(model).__name__}: {text[:200]}") from None
+        raise UnsupportedError(f"cannot trace a step of {type(model).__name__}: {text[:200]}") from None
     finally:
         fake_log.setLevel(level)
 
 
 def check_attention(attention: str | None) -> None:
     if attention is not None and attention not in ATTENTION:
-        raise ParamscopeError(f"unknown --attention {attention[:40]!r}; use one of {', '.join(ATTENTION)}")
+        raise OptionError("unknown {0} {attention!r}; use one of {choices}", "attention", attention=attention[:40],
+                          choices=", ".join(ATTENTION))
 
 
 def _attention_notes(attention: str) -> tuple[str, ...]:
@@ -442,8 +443,8 @@ def _accepts(model: Any, name: str) -> bool:
 def enable_checkpointing(model: Any) -> None:
     """Full, non-reentrant gradient checkpointing, as the Trainer turns it on; one line for a class without it."""
     if not getattr(model, "supports_gradient_checkpointing", False):
-        raise ParamscopeError(f"{type(model).__name__} does not support gradient checkpointing "
-                              "(--grad-checkpointing full)")
+        raise UnsupportedError("{name} does not support gradient checkpointing ({0} full)", "grad_checkpointing",
+                               name=type(model).__name__)
     if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.x's name
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
@@ -460,7 +461,7 @@ def training_inputs(model: Any, settings: StepSettings) -> dict[str, Any]:
     except (TypeError, ValueError):
         names = {}
     if "input_ids" not in names:
-        raise ParamscopeError(f"the traced step feeds token ids; {type(model).__name__}.forward takes no input_ids")
+        raise UnsupportedError(f"the traced step feeds token ids; {type(model).__name__}.forward takes no input_ids")
     ids = _ids(model, settings.batch, settings.seq)
     inputs: dict[str, Any] = {"input_ids": ids}
     config = getattr(model, "config", None)
@@ -492,7 +493,7 @@ def _optimizer(model: Any, name: str) -> tuple[Any, str | None]:
 
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        raise ParamscopeError("nothing trains: every parameter is frozen")
+        raise OptionError("nothing trains: every parameter is frozen")
     if name in ("adamw", "adam"):
         cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
         return cls(params, lr=1e-4, fused=True), None
