@@ -176,7 +176,8 @@ def _disagreements(notes) -> list[str]:
 
 def test_falcon_40b_cache_holds_every_query_head_and_grouped_keeps_the_kv_heads():
     """transformers' Falcon broadcasts its 8 KV heads to the 128 query heads before writing the cache
-    (new_decoder_architecture): each layer holds [B, 128, T, 64], 16× what a server with grouped-query kernels keeps."""
+    (new_decoder_architecture): each layer holds [B, 128, T, 64], 16× what a server with grouped-query kernels
+    keeps."""
     from paramscope.cost.kv_cache import CONVENTION, LAYOUT_CONVENTIONS
     from paramscope.cost.estimate import memory_answer
     from paramscope.cost.probe import probe_cache
@@ -186,7 +187,8 @@ def test_falcon_40b_cache_holds_every_query_head_and_grouped_keeps_the_kv_heads(
     assert cache.bytes_per_token == 1_966_080 == 60 * 2 * 128 * 64 * 2
     assert cache.bytes == 4_026_531_840 == 2048 * 1_966_080
     assert cache.layout == "kv" and hf.settings["kv_layout"] == "kv" and cache.convention == CONVENTION
-    assert [g.arithmetic for g in cache.groups] == ["2 × 128 heads (8 kv heads broadcast to every query head) × 64 × 2 B"]
+    assert [g.arithmetic for g in cache.groups] == [
+        "2 × 128 heads (8 kv heads broadcast to every query head) × 64 × 2 B"]
     assert _disagreements(hf.notes) == []
     assert any(note.startswith("transformers' FalconForCausalLM caches more K and V heads") and "122,880 B" in note
                for note in hf.notes)
@@ -198,7 +200,8 @@ def test_falcon_40b_cache_holds_every_query_head_and_grouped_keeps_the_kv_heads(
     assert grouped.kv_cache.bytes_per_token == 122_880 == 60 * 2 * 8 * 64 * 2
     assert grouped.kv_cache.bytes == 251_658_240
     assert grouped.kv_cache.layout == "grouped" and grouped.settings["kv_layout"] == "grouped"
-    assert grouped.kv_cache.convention == LAYOUT_CONVENTIONS["grouped"] and "DynamicCache" not in grouped.kv_cache.convention
+    assert grouped.kv_cache.convention == LAYOUT_CONVENTIONS["grouped"]
+    assert "DynamicCache" not in grouped.kv_cache.convention
     assert [g.arithmetic for g in grouped.kv_cache.groups] == ["2 × 8 kv heads × 64 × 2 B"]
     assert ("--kv-layout grouped: 122,880 B per token, where transformers' FalconForCausalLM cache holds 1,966,080 B "
             "per token (--kv-layout hf)") in grouped.notes
@@ -263,7 +266,8 @@ def test_a_real_cache_the_formula_does_not_give_is_used_when_a_layout_gives_it_a
     # The class caches every query head (as Falcon does): that count is used, and the note says why.
     expanded = _with_probe(2 * 4 * per_kv_head)
     assert expanded.kv_cache.bytes_per_token == 4 * per_kv_head and expanded.kv_cache.convention == CONVENTION
-    assert expanded.kv_cache.groups[0].arithmetic == "2 × 4 heads (measured on meta; the config has 2 kv heads) × 16 × 2 B"
+    assert expanded.kv_cache.groups[0].arithmetic == (
+        "2 × 4 heads (measured on meta; the config has 2 kv heads) × 16 × 2 B")
     assert ("check: the real cache holds 2,048 B after 2 tokens in the build's dtype, the formula says 1,024 B: "
             "transformers' LlamaForCausalLM caches K and V for 4 heads per layer (measured on meta), and that is used"
             ) in expanded.notes

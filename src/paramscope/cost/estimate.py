@@ -295,8 +295,9 @@ def _transformers_cache(view: Any, config: Any, common: dict[str, Any], build_dt
                       f"not transformers' DynamicCache: {name}'s real cache holds another amount, which no layout "
                       "paramscope knows gives (the check note says how much)")
         notes.append(f"check: the real cache holds {probed:,} B after 2 tokens in the build's dtype, the formula says "
-                     f"{formula:,} B and no other layout gives it (one probe does not say how the real cache grows): the "
-                     "formula is used, under its own convention; --trace measures generate() with the real cache")
+                     f"{formula:,} B and no other layout gives it (one probe does not say how the real cache "
+                     "grows): the formula is used, under its own convention; --trace measures generate() with the "
+                     "real cache")
     elif heads is not None:  # the formula's heads did not give the real cache; another count did
         notes.append(f"check: the real cache holds {probed:,} B after 2 tokens in the build's dtype, the formula "
                      f"says {formula:,} B: transformers' {name} caches K and V for {heads} heads per layer (measured "
