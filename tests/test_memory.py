@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 
 from paramscope.cost.memory.serving import MemoryOptions, estimate_memory
@@ -15,6 +17,9 @@ from paramscope.cost.memory.kv import kv_cache
 from paramscope.cost.memory.fits import fit_on
 from paramscope.cost.memory.quantization import declared_format, weight_format
 from paramscope.errors import ParamscopeError
+from paramscope.presets import all_presets
+
+from test_template import needs_shipped
 
 
 # --- figures the issue pins -----------------------------------------------------------------------------------
@@ -157,6 +162,180 @@ def test_encoder_decoder_cache_holds_cross_attention():
     self_attention = 2 * 3 * (2 * 2 * 32 * 2) * 5  # batch × layers × (K,V × heads × head dim × 2 B) × tokens
     cross = 2 * 3 * (2 * (32 + 32) * 2) * 7
     assert cache.bytes == self_attention + cross
+
+
+# --- transformers' cache against the grouped layout (Falcon's broadcast heads) -----------------------------------
+
+FALCON_40B = str(Path(__file__).parent / "configs" / "kv" / "tiiuae--falcon-40b.json")
+
+
+def _disagreements(notes) -> list[str]:
+    """Notes that say the figure is not the real cache's, or was not checked against it."""
+    return [note for note in notes if note.startswith("check: the real cache") or "could not be measured" in note]
+
+
+def test_falcon_40b_cache_holds_every_query_head_and_grouped_keeps_the_kv_heads():
+    """transformers' Falcon broadcasts its 8 KV heads to the 128 query heads before writing the cache
+    (new_decoder_architecture): each layer holds [B, 128, T, 64], 16× what a server with grouped-query kernels
+    keeps."""
+    from paramscope.cost.memory.kv import CONVENTION, LAYOUT_CONVENTIONS
+    from paramscope.cost.memory.serving import memory_answer
+    from paramscope.cost.traced.cache_probe import probe_cache
+
+    _, hf, view = memory_answer(FALCON_40B, MemoryOptions(seq=2048))
+    cache = hf.kv_cache
+    assert cache.bytes_per_token == 1_966_080 == 60 * 2 * 128 * 64 * 2
+    assert cache.bytes == 4_026_531_840 == 2048 * 1_966_080
+    assert cache.layout == "kv" and hf.settings["kv_layout"] == "kv" and cache.convention == CONVENTION
+    assert [g.arithmetic for g in cache.groups] == [
+        "2 × 128 heads (8 kv heads broadcast to every query head) × 64 × 2 B"]
+    assert _disagreements(hf.notes) == []
+    assert any(note.startswith("transformers' FalconForCausalLM caches more K and V heads") and "122,880 B" in note
+               for note in hf.notes)
+    # The real cache, measured on meta: 3,932,160 B after 2 tokens, and the formula at other batches and lengths.
+    assert view.probe("bfloat16") == 3_932_160
+    assert probe_cache(view.module, batch=3, seq=7).bytes == cache.at(3, 7) == 3 * 7 * 1_966_080
+
+    _, grouped = estimate_memory(FALCON_40B, MemoryOptions(seq=2048, kv_layout="grouped"))
+    assert grouped.kv_cache.bytes_per_token == 122_880 == 60 * 2 * 8 * 64 * 2
+    assert grouped.kv_cache.bytes == 251_658_240
+    assert grouped.kv_cache.layout == "grouped" and grouped.settings["kv_layout"] == "grouped"
+    assert grouped.kv_cache.convention == LAYOUT_CONVENTIONS["grouped"]
+    assert "DynamicCache" not in grouped.kv_cache.convention
+    assert [g.arithmetic for g in grouped.kv_cache.groups] == ["2 × 8 kv heads × 64 × 2 B"]
+    assert ("--kv-layout grouped: 122,880 B per token, where transformers' FalconForCausalLM cache holds 1,966,080 B "
+            "per token (--kv-layout hf)") in grouped.notes
+    # The fits follow the layout: served by transformers, 15 sequences of 2,048 tokens fit an H200 (and 1,025 tokens
+    # an H100); with a grouped cache, 103 (and 3 sequences of 2,048).
+    fits = {layout: {f.accelerator.name: (f.largest_batch, f.largest_context) for f in m.fits}
+            for layout, m in (("hf", hf), ("grouped", grouped))}
+    assert fits["hf"]["H200"] == (15, 2048) and fits["hf"]["H100 80GB"] == (None, 1025)
+    assert fits["grouped"]["H200"] == (103, 2048) and fits["grouped"]["H100 80GB"] == (3, 2048)
+
+
+FALCONS = {
+    "new decoder, 2 kv heads": dict(new_decoder_architecture=True, num_kv_heads=2),
+    "new decoder, as many kv heads": dict(new_decoder_architecture=True, num_kv_heads=8),
+    "new decoder, alibi": dict(new_decoder_architecture=True, num_kv_heads=2, alibi=True),
+    "multi-query (7B)": dict(),
+    "multi-head (RW)": dict(multi_query=False, alibi=True, parallel_attn=False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FALCONS))
+def test_falcon_kv_formula_equals_the_real_cache(case):
+    import transformers
+
+    from paramscope.build import build_on_meta
+    from paramscope.cost.traced.cache_probe import probe_cache
+
+    config = transformers.AutoConfig.for_model("falcon", hidden_size=64, num_attention_heads=8, num_hidden_layers=2,
+                                               vocab_size=128, **FALCONS[case])
+    module = build_on_meta("FalconForCausalLM", config, dtype="bfloat16")
+    kv_heads = 1 if config.multi_query and not config.new_decoder_architecture else config.num_kv_heads
+    cached = 8 if config.new_decoder_architecture else kv_heads
+    for seq in (2, 5):
+        assert probe_cache(module, batch=2, seq=seq).bytes == 2 * seq * 2 * (2 * cached * 8 * 2)
+        assert kv_cache(module.config, batch=2, seq=seq, dtype="bfloat16").bytes == 2 * seq * 2 * (2 * cached * 8 * 2)
+        grouped = kv_cache(module.config, batch=2, seq=seq, dtype="bfloat16", layout="grouped")
+        assert grouped.bytes == 2 * seq * 2 * (2 * kv_heads * 8 * 2)
+
+
+def _with_probe(probed):
+    """Llama with 4 query heads and 2 KV heads, its real cache replaced by `probed` bytes after 2 tokens."""
+    import transformers
+
+    from paramscope.api import as_source, inspect_with_module
+    from paramscope.cost.memory.serving import serving_estimate, storage_format
+    from paramscope.cost.model_view import from_module
+
+    source = as_source(transformers.LlamaConfig(**SMALL, torch_dtype="bfloat16"), None)
+    report, module = inspect_with_module(source, dtype="bfloat16", model_class="LlamaForCausalLM")
+    view = dataclasses.replace(from_module(module), probe=lambda dtype: probed)
+    options = MemoryOptions(seq=16, batch=2)
+    fmt, origin, skip = storage_format(source.config, options)
+    return serving_estimate(report, view, options, fmt, origin, skip)
+
+
+def test_a_real_cache_the_formula_does_not_give_is_used_when_a_layout_gives_it_and_named_otherwise():
+    from paramscope.cost.memory.kv import CONVENTION
+
+    per_kv_head = 4 * 2 * 16 * 2  # 4 layers × K and V × head_dim 16 × 2 B, per head and token
+    agreed = _with_probe(2 * 2 * per_kv_head)  # 2 tokens × 2 kv heads: the formula
+    assert agreed.kv_cache.bytes_per_token == 2 * per_kv_head and _disagreements(agreed.notes) == []
+    # The class caches every query head (as Falcon does): that count is used, and the note says why.
+    expanded = _with_probe(2 * 4 * per_kv_head)
+    assert expanded.kv_cache.bytes_per_token == 4 * per_kv_head and expanded.kv_cache.convention == CONVENTION
+    assert expanded.kv_cache.groups[0].arithmetic == (
+        "2 × 4 heads (measured on meta; the config has 2 kv heads) × 16 × 2 B")
+    assert ("check: the real cache holds 2,048 B after 2 tokens in the build's dtype, the formula says 1,024 B: "
+            "transformers' LlamaForCausalLM caches K and V for 4 heads per layer (measured on meta), and that is used"
+            ) in expanded.notes
+    # No layout gives it: the formula, under a convention that is not transformers'.
+    odd = _with_probe(1000)
+    assert odd.kv_cache.bytes_per_token == 2 * per_kv_head
+    assert odd.kv_cache.convention.startswith("the config's formula (K and V per key/value head), not transformers'")
+    assert any(note.startswith("check: the real cache holds 1,000 B") and "the formula is used, under its own "
+               "convention" in note for note in odd.notes)
+    unmeasured = _with_probe(None)
+    assert any(note.startswith("the real cache could not be measured on meta") for note in unmeasured.notes)
+
+
+@needs_shipped
+def test_every_preset_kv_cache_equals_its_recorded_real_cache():
+    """The sweep, without torch: every preset's cost facts hold its real cache's bytes after a 2-token prefill on meta,
+    in each build dtype; under transformers' convention (--kv-layout hf) the figure is exactly that, with no note of a
+    disagreement. Every class with a shipped template is a preset's class, so each is swept."""
+    from paramscope.cost.memory.serving import memory_answer
+    from paramscope.template import shipped_directory
+    from paramscope.formula_cache import installed_transformers_version
+
+    classes, unmeasured = set(), set()
+    for preset in all_presets():
+        for dtype in ("fp32", "bf16", "fp16"):
+            report, memory, view = memory_answer(preset.name, MemoryOptions(dtype=dtype, seq=2))
+            assert view.module is None, report.model.engine_detail
+            classes.add(view.class_name)
+            if memory.kv_cache is None:
+                continue
+            assert memory.kv_cache.convention.startswith("transformers' DynamicCache")
+            probed = view.probe(memory.settings["compute_dtype"])
+            if probed is None:  # grouped_mm experts do not run on meta in fp32 or fp16: said, not hidden
+                unmeasured.add(view.class_name)
+                assert any("could not be measured on meta" in note for note in memory.notes)
+                continue
+            assert memory.kv_cache.at(1, 2) == probed, (preset.name, dtype)
+            assert _disagreements(memory.notes) == [], (preset.name, dtype)
+    shipped = {path.name for path in shipped_directory(installed_transformers_version()).iterdir()
+               if path.is_dir() and path.name != "routes"}
+    assert shipped <= classes
+    assert unmeasured <= {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV3ForCausalLM"}
+
+
+def _one_preset_per_class() -> list[str]:
+    seen: dict[str, str] = {}
+    for preset in all_presets():
+        seen.setdefault(tuple(preset.load_config().get("architectures") or ("?",))[0], preset.name)
+    return sorted(seen.values())
+
+
+@pytest.mark.parametrize("preset", _one_preset_per_class())
+def test_kv_formula_equals_the_real_cache_for_each_preset_class(preset):
+    """The sweep on the real cache: one preset per class built on meta, prefills of several lengths (past a
+    sliding window too) against the figure --kv-layout hf gives."""
+    from paramscope.cost.memory.serving import memory_answer
+    from paramscope.cost.traced.cache_probe import probe_cache
+
+    report, memory, view = memory_answer(preset, MemoryOptions(seq=5, batch=2), use_cache=False)
+    cache = memory.kv_cache
+    if cache is None:
+        assert not view.can_generate
+        return
+    assert _disagreements(memory.notes) == []
+    windows = [int(g.kind.rsplit(" ", 1)[1].replace(",", "")) for g in cache.groups
+               if g.kind.startswith(("sliding window ", "chunked "))]
+    for seq in (5, *(min(windows) + 3 for _ in windows[:1])):
+        assert probe_cache(view.module, batch=2, seq=seq).bytes == cache.at(2, seq), (preset, seq)
 
 
 # --- storage formats -------------------------------------------------------------------------------------------

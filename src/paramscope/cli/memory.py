@@ -29,9 +29,11 @@ def add_parser(subparsers: Any) -> None:
                         help="GPTQ/AWQ group size along the input dimension (default 128; -1: per channel)")
     parser.add_argument("--kv-dtype", metavar="DTYPE", help="KV cache dtype: fp32, bf16, fp16, fp8 "
                         "(default: the compute dtype)")
-    parser.add_argument("--kv-layout", default="hf", choices=("hf", "latent", "expanded"),
-                        help="MLA models: hf (what transformers' cache stores, measured), latent (kv_lora_rank + "
-                             "rope, as MLA-aware servers store it), expanded (per-head K and V)")
+    parser.add_argument("--kv-layout", default="hf", choices=("hf", "grouped", "latent", "expanded"),
+                        help="hf (default): what transformers' cache holds, checked against a prefill on meta; "
+                             "grouped: K and V once per key/value head, as servers with grouped-query kernels "
+                             "(vLLM) keep them; MLA models: latent (kv_lora_rank + rope, as MLA-aware servers store "
+                             "it), expanded (per-head K and V)")
     parser.add_argument("--batch", type=int, default=1, metavar="B", help="sequences served at once (default 1)")
     parser.add_argument("--seq", type=int, metavar="S",
                         help="context length in tokens (default: the model's max_position_embeddings)")

@@ -73,6 +73,7 @@ def check_facts(facts: CostFacts, template: Any, source: Any, report: Any, modul
         return f"the report: {found}"
     built, recorded = from_module(module), view_from_facts(facts, root)
     options = [MemoryOptions(dtype=name, seq=256) for name in _CHECKED_FORMATS]
+    options.append(MemoryOptions(kv_layout="grouped", seq=256))
     if is_mla(text_config(module.config)):
         options += [MemoryOptions(kv_layout=layout, seq=256) for layout in ("latent", "expanded")]
     for option in options:

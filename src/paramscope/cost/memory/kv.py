@@ -7,13 +7,20 @@ num_attention_heads). It mirrors what transformers' DynamicCache holds, layer by
   every layer sliding when `sliding_window` is set, chunked when `attention_chunk_size` is, full otherwise;
   layers that reuse another layer's cache (`kv_sharing_modes`) and "moe"/"mlp" layers hold none;
 - a full layer holds every token: 2 (K and V) × kv_heads × head_dim per token; kv_heads and head_dim are the
-  config's (never hidden ÷ heads where head_dim is given);
+  config's (never hidden ÷ heads where head_dim is given), except where the class caches more heads than the
+  config declares: Falcon's new decoder architecture (Falcon-40B/180B) broadcasts its key/value heads to every
+  query head before it writes the cache (modeling_falcon.py), so its cache holds num_attention_heads;
 - a sliding or chunked layer keeps its last `window − 1` tokens (DynamicSlidingWindowLayer);
 - multi-head latent attention (MLA: `kv_lora_rank`) is cached either as the latent, kv_lora_rank + the rope
   dimension per token (one "head"), or expanded to per-head K (qk_nope + qk_rope) and V (v_head_dim);
   which one a class's cache stores is the implementation's choice, measured by `traced/cache_probe.py`;
 - state-space and linear-attention layers keep a fixed recurrent state per sequence instead of a growing cache;
 - an encoder-decoder's decoder layers also cache the cross-attention K and V of the encoder's output.
+
+Layouts: "kv" is transformers' (K and V per head, as the class caches them); "grouped" keeps K and V once per
+key/value head as the config declares them, whatever the class does (what servers with grouped-query kernels,
+vLLM's paged cache among them, keep); "latent" and "expanded" are MLA's two. Each figure carries the convention
+it follows (`KVCache.convention`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,19 @@ from ..dtypes import itemsize, short_name
 
 CONVENTION = ("transformers' DynamicCache: a full layer holds every token; a sliding-window layer keeps its last "
               "window − 1 tokens")
+_WINDOWS = "a full layer holds every token, a sliding-window layer its last window − 1 tokens"
+# The conventions of the layouts asked for by name (--kv-layout), which need not be what transformers' cache holds.
+LAYOUT_CONVENTIONS = {
+    "grouped": ("--kv-layout grouped: K and V once per key/value head as the config declares them "
+                "(num_key_value_heads), as servers with grouped-query kernels keep them (vLLM's paged cache, before "
+                f"its block rounding), not necessarily what transformers' cache holds (--kv-layout hf); {_WINDOWS}"),
+    "latent": ("--kv-layout latent: MLA's compressed latent, kv_lora_rank + qk_rope_head_dim per token and layer, "
+               "as MLA-aware servers (vLLM, SGLang) keep it, not necessarily what transformers' cache holds "
+               f"(--kv-layout hf); {_WINDOWS}"),
+    "expanded": ("--kv-layout expanded: MLA decompressed, per-head K (qk_nope + qk_rope) and V (v_head_dim) per "
+                 "token and layer, not necessarily what transformers' cache holds (--kv-layout hf); "
+                 f"{_WINDOWS}"),
+}
 
 
 @dataclass(frozen=True)
@@ -44,7 +64,7 @@ class CacheGroup:
 class KVCache:
     bytes: int  # at batch × seq
     bytes_per_token: int  # one more token of one sequence, while it is inside every window
-    layout: str  # "kv" | "latent" | "expanded"
+    layout: str  # "kv" (as transformers caches it) | "grouped" (per key/value head) | "latent" | "expanded" (MLA)
     dtype: str
     batch: int
     seq: int
@@ -123,11 +143,25 @@ def attention_shape(config: Any) -> tuple[int, int, int, str]:
     return kv_heads, head_dim, head_dim, f"{how}; {dim_how}"
 
 
+def cached_heads(config: Any) -> tuple[int, str]:
+    """(K and V heads per layer that transformers' cache holds, in the arithmetic's words): the config's key/value
+    heads, or every query head for a class that broadcasts them before writing the cache (Falcon's new decoder
+    architecture: FalconAttention's `num_kv_heads = num_heads if new_decoder_architecture`)."""
+    kv_heads = attention_shape(config)[0]
+    if getattr(config, "model_type", None) == "falcon" and getattr(config, "new_decoder_architecture", False):
+        heads = dim(config, "heads") or kv_heads
+        if heads != kv_heads:
+            return heads, f"{heads} heads ({kv_heads} kv heads broadcast to every query head)"
+    return kv_heads, f"{kv_heads} kv heads"
+
+
 def kv_cache(config: Any, *, batch: int, seq: int, dtype: str, layout: str = "kv",
-             encoder_seq: int | None = None) -> KVCache:
+             encoder_seq: int | None = None, heads: int | None = None, convention: str | None = None) -> KVCache:
     """The cache after a prefill of `seq` tokens for `batch` sequences (decoding further grows it the same way).
 
-    `layout` matters for MLA only: "latent" (kv_lora_rank + rope per token) or "expanded" (per-head K and V).
+    `layout`: "kv" (as transformers caches it: `cached_heads`) or "grouped" (the config's key/value heads) without
+    MLA; "latent" (kv_lora_rank + rope per token) or "expanded" (per-head K and V) with MLA. `heads` replaces the
+    K and V heads per layer of "kv" (a count measured on the real cache); `convention` replaces the layout's.
     """
     config = text_config(config)
     size = itemsize(dtype)
@@ -135,9 +169,9 @@ def kv_cache(config: Any, *, batch: int, seq: int, dtype: str, layout: str = "kv
     mla = is_mla(config)
     if mla and layout not in ("latent", "expanded"):
         layout = "latent"
-    if not mla:
+    if not mla and layout != "grouped":
         layout = "kv"
-    per_layer, arithmetic = _attention_bytes_per_token(config, size, layout)
+    per_layer, arithmetic = _attention_bytes_per_token(config, size, layout, heads)
     groups: dict[str, list[Any]] = {}
     notes: list[str] = []
     recurrent = _recurrent_state(config, size)
@@ -180,10 +214,11 @@ def kv_cache(config: Any, *, batch: int, seq: int, dtype: str, layout: str = "kv
     total = sum(g.bytes for g in result)
     bytes_per_token = sum(g.per_token for g in result)
     return KVCache(total, bytes_per_token, layout, short_name(dtype), batch, seq, tuple(result),
+                   convention=convention or (LAYOUT_CONVENTIONS["grouped"] if layout == "grouped" else CONVENTION),
                    notes=tuple(dict.fromkeys(notes)))
 
 
-def _attention_bytes_per_token(config: Any, size: int, layout: str) -> tuple[int, str]:
+def _attention_bytes_per_token(config: Any, size: int, layout: str, heads: int | None = None) -> tuple[int, str]:
     """Bytes per token of one attention layer, and the arithmetic."""
     if layout == "latent":
         rank = config_int(config, "kv_lora_rank") or 0
@@ -196,9 +231,16 @@ def _attention_bytes_per_token(config: Any, size: int, layout: str) -> tuple[int
         return (heads * (k_dim + v_dim) * size,
                 f"{heads} heads × (K {k_dim} + V {v_dim}) × {size} B")
     kv_heads, k_dim, v_dim, how = attention_shape(config)
+    label = f"{kv_heads} kv heads"
+    if layout == "kv" and heads is not None:
+        if heads != kv_heads:
+            label = f"{heads} heads (measured on meta; the config has {kv_heads} kv heads)"
+        kv_heads = heads
+    elif layout == "kv":
+        kv_heads, label = cached_heads(config)
     if k_dim == v_dim:
-        return 2 * kv_heads * k_dim * size, f"2 × {kv_heads} kv heads × {k_dim} × {size} B"
-    return kv_heads * (k_dim + v_dim) * size, f"{kv_heads} kv heads × (K {k_dim} + V {v_dim}) × {size} B"
+        return 2 * kv_heads * k_dim * size, f"2 × {label} × {k_dim} × {size} B"
+    return kv_heads * (k_dim + v_dim) * size, f"{label} × (K {k_dim} + V {v_dim}) × {size} B"
 
 
 def _recurrent_state(config: Any, size: int) -> tuple[int, str] | None:

@@ -15,13 +15,13 @@ from ..dims import config_int, dim, is_mla, text_config
 from ..dtypes import itemsize, torch_name
 from ..hardware import Accelerator, find_accelerator
 from .fits import fit_on, fit_table
-from .kv import KVCache, kv_cache
+from .kv import LAYOUT_CONVENTIONS, KVCache, attention_shape, kv_cache
 from .prefill import family_workspace, prefill_workspace
 from .quantization import declared_format, weight_format
 from .result import DEFAULT_RESERVE, MemoryEstimate
 from .weights import quantized_names, weight_memory
 
-KV_LAYOUTS = ("hf", "latent", "expanded")
+KV_LAYOUTS = ("hf", "grouped", "latent", "expanded")
 MAX_BATCH = 1 << 20
 MAX_SEQ = 1 << 24
 
@@ -32,7 +32,8 @@ class MemoryOptions:
     kv_dtype: str | None = None  # None: the compute dtype
     batch: int = 1
     seq: int | None = None  # None: the model's maximum context (max_position_embeddings)
-    kv_layout: str = "hf"  # MLA only: "hf" (what transformers' cache stores), "latent", "expanded"
+    kv_layout: str = "hf"  # "hf" (what transformers' cache holds, measured), "grouped" (per key/value head, as
+    # servers with grouped-query kernels keep it), and for MLA "latent" or "expanded"
     group_size: int | None = None  # GPTQ/AWQ
     encoder_seq: int | None = None
     gpu: str | None = None
@@ -241,37 +242,84 @@ def step_length(report: Any, config: Any, seq: int | None, default: int = 2048) 
 
 def _checked_cache(view: Any, config: Any, options: MemoryOptions, seq: int, kv_dtype: str,
                    build_dtype: str) -> tuple[KVCache, list[str]]:
-    """The cache from the config's formula; for MLA, the layout the real cache holds, measured on meta."""
-    notes = []
+    """The cache under the layout asked for. "hf": what transformers' cache holds, the config's formula checked
+    against the real cache after a 2-token prefill on meta (`view.probe`), and where they disagree the layout that
+    gives the real cache's bytes, or the formula under a convention that says it is not transformers'. A named
+    layout ("grouped", "latent", "expanded"): the formula under that layout's own convention, compared with
+    transformers' cache in a note."""
+    notes: list[str] = []
     layout = options.kv_layout
     text = text_config(config)
-    probed = None
-    if layout == "hf" or not is_mla(text):
-        probed = view.probe(build_dtype)
-    if is_mla(text) and layout == "hf":
-        for candidate in ("latent", "expanded"):
-            if probed is not None and _at(text, candidate, build_dtype, 2) == probed:
-                layout = candidate
-                break
-        else:
-            layout = "latent"
-            notes.append("the real cache could not be measured on meta; MLA counted as cached latents")
-        notes.append(f"transformers' {view.class_name} caches MLA as "
-                     f"{'the compressed latent' if layout == 'latent' else 'per-head K and V'} (measured on meta)")
-    if not is_mla(text) and layout != "hf":
+    mla = is_mla(text)
+    if not mla and layout in ("latent", "expanded"):
         notes.append(f"--kv-layout {layout} applies to multi-head latent attention (MLA); {view.class_name} caches "
                      "per-head K and V")
         layout = "hf"
-    cache = kv_cache(config, batch=options.batch, seq=seq, dtype=kv_dtype, layout=layout,
-                     encoder_seq=options.encoder_seq)
-    if probed is not None and not is_mla(text):
-        expected = _at(text, layout, build_dtype, 2)
-        if expected != probed:
-            notes.append(f"check: the real cache holds {probed:,} B after 2 tokens in the build's dtype, the "
-                         f"formula says {expected:,} B; the formula is used")
+    if mla and layout == "grouped":
+        notes.append(f"--kv-layout grouped applies to grouped-query attention; {view.class_name} uses multi-head "
+                     "latent attention (MLA), which MLA-aware servers keep as the latent (--kv-layout latent)")
+        layout = "hf"
+    common = dict(batch=options.batch, seq=seq, dtype=kv_dtype, encoder_seq=options.encoder_seq)
+    held, held_notes = _transformers_cache(view, config, common, build_dtype)
+    if layout == "hf":
+        return held, notes + held_notes
+    cache = kv_cache(config, layout=layout, convention=LAYOUT_CONVENTIONS[layout], **common)
+    unchecked = "" if view.probe(build_dtype) is not None else ", by the formula: it could not be measured on meta"
+    if cache.bytes_per_token == held.bytes_per_token and cache.bytes == held.bytes:
+        notes.append(f"--kv-layout {layout}: the same bytes as transformers' {view.class_name} cache holds "
+                     f"(--kv-layout hf{unchecked})")
+    else:
+        notes.append(f"--kv-layout {layout}: {cache.bytes_per_token:,} B per token, where transformers' "
+                     f"{view.class_name} cache holds {held.bytes_per_token:,} B per token (--kv-layout hf{unchecked})")
     return cache, notes
 
 
-def _at(config: Any, layout: str, dtype: str, seq: int) -> int:
+def _transformers_cache(view: Any, config: Any, common: dict[str, Any], build_dtype: str) -> tuple[KVCache, list[str]]:
+    """The cache as transformers' class holds it (--kv-layout hf), and what the check against the probe found."""
+    notes = []
+    name = view.class_name
+    text = text_config(config)
+    probed = view.probe(build_dtype)
+    if is_mla(text):
+        candidates: list[tuple[str, int | None]] = [("latent", None), ("expanded", None)]
+    else:
+        # the formula's heads (cached_heads), else the config's key/value heads or every query head, measured
+        kv_heads = attention_shape(text)[0]
+        query_heads = config_int(text, "num_attention_heads", "n_head", "num_heads", "decoder_attention_heads")
+        candidates = [("kv", None), *(("kv", h) for h in dict.fromkeys((kv_heads, query_heads)) if h)]
+    formula = _at(text, *candidates[0], build_dtype, 2)
+    found = next((c for c in candidates if probed is not None and _at(text, *c, build_dtype, 2) == probed), None)
+    layout, heads = found or candidates[0]
+    convention = None
+    if probed is None:
+        notes.append(f"the real cache could not be measured on meta ({name}'s forward does not run there): the "
+                     f"figures are the config's formula{', MLA counted as cached latents' if is_mla(text) else ''}, "
+                     "unchecked")
+    elif found is None:
+        convention = (f"the config's formula ({'MLA latent' if is_mla(text) else 'K and V per key/value head'}), "
+                      f"not transformers' DynamicCache: {name}'s real cache holds another amount, which no layout "
+                      "paramscope knows gives (the check note says how much)")
+        notes.append(f"check: the real cache holds {probed:,} B after 2 tokens in the build's dtype, the formula says "
+                     f"{formula:,} B and no other layout gives it (one probe does not say how the real cache "
+                     "grows): the formula is used, under its own convention; --trace measures generate() with the "
+                     "real cache")
+    elif heads is not None:  # the formula's heads did not give the real cache; another count did
+        notes.append(f"check: the real cache holds {probed:,} B after 2 tokens in the build's dtype, the formula "
+                     f"says {formula:,} B: transformers' {name} caches K and V for {heads} heads per layer (measured "
+                     "on meta), and that is used")
+    elif is_mla(text):
+        notes.append(f"transformers' {name} caches MLA as "
+                     f"{'the compressed latent' if layout == 'latent' else 'per-head K and V'} (measured on meta)")
+    cache = kv_cache(config, layout=layout, heads=heads, convention=convention, **common)
+    if not is_mla(text):
+        grouped = kv_cache(config, layout="grouped", **common)
+        if grouped.bytes_per_token != cache.bytes_per_token:
+            notes.append(f"transformers' {name} caches more K and V heads than the config's key/value heads: "
+                         f"{cache.bytes_per_token:,} B per token, where --kv-layout grouped (one K and V per key/value "
+                         f"head, as servers with grouped-query kernels keep them) gives {grouped.bytes_per_token:,} B")
+    return cache, notes
+
+
+def _at(config: Any, layout: str, heads: int | None, dtype: str, seq: int) -> int:
     """The formula's bytes at batch 1 and `seq` tokens in the build's dtype (what the probe saw)."""
-    return kv_cache(config, batch=1, seq=seq, dtype=dtype, layout=layout).bytes
+    return kv_cache(config, batch=1, seq=seq, dtype=dtype, layout=layout, heads=heads).bytes

@@ -29,8 +29,11 @@ def render_memory_html(report: Report | None, estimate, *, fragment: bool = Fals
         treemap = module_treemap(report, active_share(report))
         sections.append(Section("Parameters by module", figure(treemap_figure(treemap), "treemap-module"),
                                 open=False))
-    if memory.get("notes"):
-        sections.append(notes_section(memory["notes"]))
+    notes = list(memory.get("notes") or ())
+    if memory.get("kv_cache"):  # the convention the cache's figure follows, as the text report states it
+        notes.append(f"KV cache, {memory['kv_cache']['layout']} layout: {memory['kv_cache']['convention']}")
+    if notes:
+        sections.append(notes_section(notes))
     verb = "train" if memory["mode"] == "training" else "serve"
     peak = f"{memory['engine']} engine · peak {bytes_text(memory['peak']['bytes'])} in {memory['peak']['phase']}"
     return html_page(_titled(report, f"memory to {verb}"), _subtitled(report, peak), sections, fragment)
