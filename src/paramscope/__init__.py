@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .api import inspect, inspect_module
     from .count import BufferInfo, Counts, ModuleNode, ParameterInfo, TiedGroup
     from .formula import Formula, derive_formula
-    from .formula_cache import AssumptionError, FormulaError, FormulaMismatchError
+    from .formula_spec import AssumptionError, FormulaError, FormulaMismatchError
     from .report import SCHEMA_VERSION, Component, ModelInfo, Report
     from .cost.memory.serving import MemoryOptions, estimate_memory
     from .cost.memory.result import MemoryEstimate
@@ -43,7 +43,7 @@ _LAZY = {
     "inspect": "api", "inspect_module": "api",
     "BufferInfo": "count", "Counts": "count", "ModuleNode": "count", "ParameterInfo": "count", "TiedGroup": "count",
     "Formula": "formula", "derive_formula": "formula",
-    "AssumptionError": "formula_cache", "FormulaError": "formula_cache", "FormulaMismatchError": "formula_cache",
+    "AssumptionError": "formula_spec", "FormulaError": "formula_spec", "FormulaMismatchError": "formula_spec",
     "SCHEMA_VERSION": "report", "Component": "report", "ModelInfo": "report", "Report": "report",
     "estimate_memory": "cost.memory.serving", "MemoryOptions": "cost.memory.serving",
     "MemoryEstimate": "cost.memory.result",

@@ -68,7 +68,7 @@ def inspect_source(source: Source, *, model_class: str | None = None, task: str 
 def _template_answer(source: Source, *, model_class: str | None, task: str | None,
                      num_labels: int | None) -> tuple[Report | None, Any, str | None]:
     """(report, the stand-in modules, None), or (None, None, why no template answered)."""
-    from .formula_cache import AssumptionError
+    from .formula_spec import AssumptionError
     from .template import report_from_template
 
     template, reason, root, why = template_stand_ins(source, model_class=model_class, task=task,
@@ -87,7 +87,7 @@ def template_stand_ins(source: Source, *, model_class: str | None, task: str | N
     """(template, why its class, its stand-in modules for this config, None), or (None, None, None, why no
     template applies). Torch-free."""
     from .build import TASKS, check_num_labels, resolve_task, validate_config_dict
-    from .formula_cache import AssumptionError
+    from .formula_spec import AssumptionError
     from .template import lookup_template
 
     if model_class and task:

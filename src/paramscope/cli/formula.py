@@ -66,7 +66,7 @@ def _derived(source, args, rejected):
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as err:
-        from ..formula_cache import FormulaError
+        from ..formula_spec import FormulaError
 
         why = "; ".join(rejected) or "no formula for this class is cached"
         raise FormulaError(f"no cached formula applies ({why}), and deriving one needs torch and transformers: "
