@@ -18,7 +18,8 @@ from huggingface_hub.utils._safetensors import (
 )
 
 from paramscope.audit import audit, locate_checkpoint
-from paramscope.checkpoint import _read_safetensors_header, checkpoint_from_hub_metadata
+from paramscope.checkpoint import checkpoint_from_hub_metadata
+from paramscope.checkpoint.read import read_safetensors_header
 from paramscope.cli import main
 from paramscope.errors import CheckpointError
 
@@ -52,7 +53,7 @@ def online_hub(tmp_path, monkeypatch, minilm_dir):
     """A reachable Hub that serves all-MiniLM-L6-v2's config.json and safetensors headers, and an empty cache."""
     from huggingface_hub import constants
 
-    header, _ = _read_safetensors_header(minilm_dir / "model.safetensors")
+    header, _ = read_safetensors_header(minilm_dir / "model.safetensors")
     served = {"metadata": repo_metadata(header), "calls": []}
 
     def get_safetensors_metadata(repo_id, *, revision=None, **_):
@@ -88,7 +89,7 @@ def test_hub_id_online_reads_headers_and_config_only(online_hub):
 
 @pytest.mark.checkpoint
 def test_hub_id_online_sharded_repo(online_hub, minilm_dir):
-    header, _ = _read_safetensors_header(minilm_dir / "model.safetensors")
+    header, _ = read_safetensors_header(minilm_dir / "model.safetensors")
     online_hub["metadata"] = repo_metadata(header, shards=3)
     result = audit(REPO, model_class="BertForSequenceClassification", num_labels=3)
     assert result.checkpoint.format == "safetensors-sharded"

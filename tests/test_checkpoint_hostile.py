@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paramscope import checkpoint as checkpoint_module
+from paramscope.checkpoint import unpickler as checkpoint_unpickler
 from paramscope.checkpoint import read_checkpoint
 from paramscope.errors import CheckpointError, ParamscopeError
 
@@ -378,8 +378,8 @@ def test_setting_state_on_an_allowed_function_is_refused(tmp_path: Path) -> None
     # BUILD on the whitelisted rebuild function, trying to overwrite its attributes.
     payload = b"\x80\x02" + g("torch._utils", "_rebuild_tensor_v2") + b"}(" + s("fn") + n(1) + b"ub."
     expect_error(write_torch_zip(tmp_path / "build.bin", payload, storages={}), "set state")
-    function = checkpoint_module._ALLOWED_GLOBALS["torch._utils._rebuild_tensor_v2"]
-    assert function.fn is checkpoint_module._rebuild_tensor_v2
+    function = checkpoint_unpickler._ALLOWED_GLOBALS["torch._utils._rebuild_tensor_v2"]
+    assert function.fn is checkpoint_unpickler._rebuild_tensor_v2
 
 
 def test_setting_attributes_on_ordereddict_is_refused(tmp_path: Path) -> None:

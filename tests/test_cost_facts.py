@@ -285,7 +285,7 @@ def test_mutated_facts_are_refused_or_answer_never_crash(data, tmp_path_factory)
     the build does (a gap, or arithmetic the facts break); a user-facing error at most, never a traceback."""
     from paramscope.cost.facts.store import facts_directory
     from paramscope.errors import ParamscopeError
-    from paramscope.formula_cache import installed_transformers_version
+    from paramscope.disk_cache import installed_transformers_version
     from paramscope.template import cache_directory
 
     from unittest import mock

@@ -22,14 +22,9 @@ from conftest import report_of
 from paramscope.cli import main as formula_main
 from paramscope.errors import ConfigError, ModelClassError, SourceError
 from paramscope.formula import derive_formula
-from paramscope.formula_cache import (
-    AssumptionError,
-    FormulaError,
-    FormulaMismatchError,
-    FormulaSpec,
-    atomic_write_json,
-    lookup,
-)
+from paramscope.disk_cache import atomic_write_json
+from paramscope.formula_cache import lookup
+from paramscope.formula_spec import AssumptionError, FormulaError, FormulaMismatchError, FormulaSpec
 from paramscope.presets import find_preset
 
 CONFIGS = Path(paramscope.__file__).parent / "presets" / "configs"
@@ -404,7 +399,7 @@ def test_lookup_never_matches_another_model_type():
     assert lookup(config, model_class="BertForMaskedLM").spec is None
 
 
-_HAMMER = ("import sys; from pathlib import Path; from paramscope.formula_cache import atomic_write_json\n"
+_HAMMER = ("import sys; from pathlib import Path; from paramscope.disk_cache import atomic_write_json\n"
            "w = int(sys.argv[2])\n"
            "for i in range(40): atomic_write_json(Path(sys.argv[1]), {'w': w, 'i': i, 'pad': 'x' * 4000 * (w + 1)})")
 

@@ -22,14 +22,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paramscope.formula import derive_formula
-from paramscope.formula_cache import (
+from paramscope.disk_cache import (
     MAX_ENTRY_BYTES,
-    _route_path,
     atomic_write_json,
     installed_transformers_version,
-    lookup,
+    route_file,
     route_key,
 )
+from paramscope.formula_cache import formula_directory, lookup
 
 CLASS = "BertModel"
 ANCHOR = {"model_type": "bert", "vocab_size": 97, "hidden_size": 24, "num_attention_heads": 4,
@@ -196,7 +196,8 @@ def test_entries_of_the_wrong_shape_are_discarded_with_a_note(cached, entry, sha
 @pytest.mark.parametrize("content", ["[", '{"class": 7}', '{"class": ["BertModel"]}', "/dev/zero"])
 def test_a_corrupt_route_file_is_a_miss(entry, content):
     """Without --class the class comes from a route file: it is read as carefully as an entry."""
-    route = _route_path(installed_transformers_version(), route_key(ANCHOR, model_class=None, task=None))
+    route = route_file(formula_directory(installed_transformers_version()),
+                       route_key(ANCHOR, model_class=None, task=None))
     route.parent.mkdir(parents=True, exist_ok=True)
     route.unlink(missing_ok=True)
     if content == "/dev/zero":

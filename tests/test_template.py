@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import paramscope
-from paramscope.formula_cache import installed_transformers_version
+from paramscope.disk_cache import installed_transformers_version
 from paramscope.presets import all_presets, find_preset
 from paramscope.render.json import report_to_dict
 from paramscope.template import SHIPPED, Template, lookup_template
@@ -78,7 +78,7 @@ def test_a_config_breaking_an_assumption_falls_back_and_says_why(tmp_path, monke
     config = find_preset("gpt2").load_config() | {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100}
     template = derive_template(config, label="tiny gpt2")
     from paramscope.template import store_template
-    from paramscope.formula_cache import route_key
+    from paramscope.disk_cache import route_key
 
     store_template(template, route_key(config, model_class=None, task=None))
     assert _same(config | {"n_layer": 3}).model.engine == "template"
@@ -96,7 +96,7 @@ def test_a_template_survives_its_json_and_rejects_tampering(tmp_path):
     assert Template.from_json(data).to_json() == template.to_json()
     # T5's stack: block 0 carries the relative bias, then N − 1 blocks without
     assert {f.pattern: f.mult.to_json() for f in template.runs}["encoder.block#1"] == [[1, {"N": 1}], [-1, {}]]
-    from paramscope.formula_cache import CacheEntryError
+    from paramscope.disk_cache import CacheEntryError
 
     bad = json.loads(json.dumps(data))
     bad["skeleton"]["children"][0][1] = {"no": "type"}
@@ -211,7 +211,7 @@ def test_shipped_templates_are_fresh():
 @needs_shipped
 def test_a_tampered_template_costs_nothing_and_the_build_answers(tmp_path, monkeypatch):
     """A cache entry whose stack would hold 12⁶ layers: the stand-ins stop at their cap and the build answers."""
-    from paramscope.formula_cache import route_key
+    from paramscope.disk_cache import route_key
     from paramscope.template import cache_directory, write_template
 
     monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
@@ -233,7 +233,7 @@ def test_a_mutated_template_is_refused_or_answers_never_crashes(data):
     """Any one value of a template replaced by any JSON value: the reader refuses it (CacheEntryError), or the
     template refuses the config (AssumptionError), or it answers; nothing else escapes, and nothing is slow."""
     from paramscope.errors import ParamscopeError
-    from paramscope.formula_cache import CacheEntryError
+    from paramscope.disk_cache import CacheEntryError
     from paramscope.sources import Source
     from paramscope.template import report_from_template
 

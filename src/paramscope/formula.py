@@ -43,7 +43,9 @@ from typing import Any, Callable
 
 from . import progress
 from .errors import ModelClassError, ParamscopeError
-from .formula_cache import (
+from .disk_cache import installed_transformers_version, roles_fingerprint, route_key
+from .formula_cache import lookup, store
+from .formula_spec import (
     ABSENT,
     AssumptionError,
     Condition,
@@ -51,18 +53,13 @@ from .formula_cache import (
     FormulaError,
     FormulaMismatchError,
     FormulaSpec,
-    Poly,
     factor_order,
     get_path,
-    installed_transformers_version,
     labels_of,
-    lookup,
     read_path,
-    roles_fingerprint,
-    route_key,
     set_path,
-    store,
 )
+from .polynomial import Poly
 
 __all__ = ["Formula", "derive_formula", "formula_for", "AssumptionError", "FormulaError", "FormulaMismatchError"]
 

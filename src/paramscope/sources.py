@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 
-import json
 import os
 import re
 import socket
@@ -19,7 +18,7 @@ from urllib.parse import urlparse
 from . import progress
 from .errors import SourceError
 from .presets import find_preset
-from .safe_io import check_inside, read_regular
+from .safe_io import check_inside, read_json, read_regular
 
 # Bounds on a config file, documented in the README: real configs are a few KB and nest 3–4 levels deep.
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
@@ -121,65 +120,9 @@ def snapshot_name(ref: Path) -> str:
 
 def read_config_file(path: Path | str) -> dict[str, Any]:
     """A config.json's object: a regular file under MAX_CONFIG_BYTES, UTF-8, bounded JSON, valid Unicode."""
-    path = Path(path)
-    raw = read_regular(path, MAX_CONFIG_BYTES, what="config file")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise SourceError(f"{path} is not UTF-8 text (byte {err.start})") from None
-    return _check_object(parse_config_json(text, str(path)), str(path))
-
-
-def parse_config_json(text: str, where: str) -> Any:
-    """json.loads with the bounds a config needs: integer literals, nesting depth, and valid Unicode strings."""
-    try:
-        data = json.loads(text, parse_int=_bounded_int)
-    except _LongInteger as err:
-        raise SourceError(f"{where}: an integer of {err.args[0]:,} digits (more than {MAX_INT_DIGITS}) is no "
-                          "config value") from None
-    except RecursionError:
-        raise SourceError(f"{where}: JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
-    except json.JSONDecodeError as err:
-        raise SourceError(f"malformed JSON in {where}: {err.msg} at line {err.lineno} column {err.colno}") from None
-    _check_depth_and_text(data, where)
-    return data
-
-
-class _LongInteger(ValueError):
-    pass
-
-
-def _bounded_int(literal: str) -> int:
-    digits = len(literal.lstrip("-"))
-    if digits > MAX_INT_DIGITS:
-        raise _LongInteger(digits)
-    return int(literal)
-
-
-def _check_depth_and_text(data: Any, where: str) -> None:
-    """Depth at most MAX_JSON_DEPTH, and no lone surrogates (\\ud800) in keys or strings: they cannot be printed."""
-    stack = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise SourceError(f"{where}: JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)")
-        if isinstance(value, dict):
-            for key, item in value.items():
-                _check_text(key, where)
-                stack.append((item, depth + 1))
-        elif isinstance(value, list):
-            stack.extend((item, depth + 1) for item in value)
-        elif isinstance(value, str):
-            _check_text(value, where)
-
-
-def _check_text(text: str, where: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        shown = text[max(0, err.start - 20):err.start].encode("utf-8", "backslashreplace").decode("ascii", "replace")
-        raise SourceError(f"{where}: a string holds a lone surrogate escape "
-                          f"(\\u{ord(text[err.start]):04x}, after {shown!r}), which is not Unicode text") from None
+    data = read_json(path, MAX_CONFIG_BYTES, what="config file", max_depth=MAX_JSON_DEPTH,
+                     max_int_digits=MAX_INT_DIGITS, text_only=True)
+    return _check_object(data, str(path))
 
 
 def _check_object(data: Any, where: str) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 A template is what a meta build of one class shows, with every size as a polynomial in the config's fields:
 
-- `spec`: a FormulaSpec (formula_cache) whose families are the parameters (name pattern → multiplicity and
+- `spec`: a FormulaSpec (formula_spec.py) whose families are the parameters (name pattern → multiplicity and
   shape) and whose conditions are every assumption under which the *whole skeleton* stays the same, not only the
   parameter count: class names, buffers, ties, which runs of layers a stack holds. A config that breaks one is
   not answered from the template (the build answers, and the report says why);
@@ -16,9 +16,9 @@ through the very counting, roles, MoE, conventions and report code a meta build 
 report comes from the same code path as the build's. template_record.py derives templates (that needs torch) and
 checks each one against the build's report at every config it probed before it is kept.
 
-Templates are kept as formulas are (formula_cache: atomic writes, bounded reads, every field checked) under
-<cache>/templates/v<FORMAT>/<transformers version>/<class>/<key>.json, and shipped in the package for every
-preset's class (presets/templates/), so a fresh install answers presets at once.
+Templates are kept in the disk cache as formulas are (disk_cache.py: atomic writes, bounded reads, every field
+checked) under <cache>/templates/v<FORMAT>/<transformers version>/<class>/<key>.json, and shipped in the package
+for every preset's class (presets/templates/), so a fresh install answers presets at once.
 """
 
 from __future__ import annotations
@@ -30,25 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .disk_cache import (cache_root, class_directory, entry_path, expect, installed_transformers_version, read_entries,
+                         read_route, roles_fingerprint, route_file, route_key, safe_name, versioned_directory,
+                         write_entry)
 from .errors import TemplateError
-from .formula_cache import (
-    ABSENT,
-    AssumptionError,
-    Family,
-    FormulaSpec,
-    _expect,
-    _read_json,
-    read_entries,
-    _safe,
-    atomic_write_json,
-    cache_root,
-    installed_transformers_version,
-    read_path,
-    roles_fingerprint,
-    route_file,
-    route_key,
-    set_path,
-)
+from .formula_spec import ABSENT, AssumptionError, Family, FormulaSpec, read_path, set_path
 
 FORMAT = 1
 MAX_SKELETON_DEPTH = 64
@@ -87,20 +73,20 @@ class Template:
     @classmethod
     def from_json(cls, data: Any) -> "Template":
         """The template `to_json` wrote; CacheEntryError names what is wrong with anything else."""
-        _expect(isinstance(data, dict) and data.get("format") == FORMAT, f"the entry is not of template format "
-                                                                           f"{FORMAT}")
+        expect(isinstance(data, dict) and data.get("format") == FORMAT, f"the entry is not of template format "
+                                                                          f"{FORMAT}")
         spec = FormulaSpec.from_json(data.get("spec"))
         symbols = [*spec.symbols, *spec.derived]
         for name in ("buffers", "runs"):
-            _expect(isinstance(data.get(name), list), f"{name} is not a list")
-        _expect(isinstance(data.get("class_reason"), str), "class_reason is not a string")
+            expect(isinstance(data.get(name), list), f"{name} is not a list")
+        expect(isinstance(data.get("class_reason"), str), "class_reason is not a string")
         prefix = data.get("base_model_prefix")
-        _expect(prefix is None or isinstance(prefix, str), "base_model_prefix is not a string")
+        expect(prefix is None or isinstance(prefix, str), "base_model_prefix is not a string")
         subs = data.get("sub_configs")
-        _expect(isinstance(subs, list) and all(isinstance(s, str) for s in subs), "sub_configs is not a list")
+        expect(isinstance(subs, list) and all(isinstance(s, str) for s in subs), "sub_configs is not a list")
         _check_skeleton(data.get("skeleton"))
         types = data.get("field_types")
-        _expect(isinstance(types, dict) and all(
+        expect(isinstance(types, dict) and all(
             isinstance(name, str) and isinstance(kinds, list) and all(k in JSON_KINDS for k in kinds)
             for name, kinds in types.items()), "field_types is not a mapping of fields to JSON kinds")
         return cls(spec, tuple(Family.from_json(f, symbols) for f in data["buffers"]),
@@ -251,7 +237,7 @@ def _stub_class(name: str) -> type:
 
 
 @functools.lru_cache(maxsize=None)
-def _dtype(name: str) -> StubDtype:
+def stub_dtype(name: str) -> StubDtype:
     return StubDtype(name)
 
 
@@ -322,7 +308,7 @@ class _Instantiate:
             if target is None:
                 raise AssumptionError(f"the template ties {full!r} to {tie!r}, which it does not hold")
             return target
-        tensor = StubTensor(self._size(kind, pattern_of(full)), _dtype(dtype), trainable)
+        tensor = StubTensor(self._size(kind, pattern_of(full)), stub_dtype(dtype), trainable)
         self.registry[full] = tensor
         return tensor
 
@@ -337,43 +323,44 @@ def _check_skeleton(node: Any, depth: int = 0, counter: list[int] | None = None)
     """Type-check a stored skeleton before anything is built from it."""
     counter = counter if counter is not None else [0]
     counter[0] += 1
-    _expect(counter[0] <= MAX_SKELETON_NODES and depth <= MAX_SKELETON_DEPTH, "the skeleton is too large")
-    _expect(isinstance(node, dict) and isinstance(node.get("type"), str), "a skeleton node has no class name")
-    _expect(set(node) <= {"type", "emb", "params", "buffers", "children", "runs"}, "a skeleton node has unknown keys")
-    _expect(isinstance(node.get("emb", False), bool), "a skeleton node's embedding mark is not a boolean")
+    expect(counter[0] <= MAX_SKELETON_NODES and depth <= MAX_SKELETON_DEPTH, "the skeleton is too large")
+    expect(isinstance(node, dict) and isinstance(node.get("type"), str), "a skeleton node has no class name")
+    expect(set(node) <= {"type", "emb", "params", "buffers", "children", "runs"}, "a skeleton node has unknown keys")
+    expect(isinstance(node.get("emb", False), bool), "a skeleton node's embedding mark is not a boolean")
     for name in ("params", "buffers", "children", "runs"):
-        _expect(isinstance(node.get(name, []), list), f"a skeleton node's {name} is not a list")
+        expect(isinstance(node.get(name, []), list), f"a skeleton node's {name} is not a list")
     for name in ("params", "buffers"):
         for item in node.get(name, ()):
-            _expect(isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)
-                    and isinstance(item[1], str) and isinstance(item[2], bool)
-                    and (item[3] is None or isinstance(item[3], str)), f"a skeleton's {name} entry is malformed")
+            expect(isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)
+                   and isinstance(item[1], str) and isinstance(item[2], bool)
+                   and (item[3] is None or isinstance(item[3], str)), f"a skeleton's {name} entry is malformed")
     for item in node.get("children", ()):
-        _expect(isinstance(item, list) and len(item) == 2, "a skeleton child is malformed")
+        expect(isinstance(item, list) and len(item) == 2, "a skeleton child is malformed")
         attr, child = item
-        _expect(isinstance(attr, str) and isinstance(child, dict), "a skeleton child is malformed")
+        expect(isinstance(attr, str) and isinstance(child, dict), "a skeleton child is malformed")
         if "alias" in child:
-            _expect(set(child) == {"alias"} and isinstance(child["alias"], str), "a skeleton alias is not a path")
+            expect(set(child) == {"alias"} and isinstance(child["alias"], str), "a skeleton alias is not a path")
         else:
             _check_skeleton(child, depth + 1, counter)
     for item in node.get("runs", ()):
-        _expect(isinstance(item, list) and len(item) == 2 and type(item[0]) is int, "a skeleton run is malformed")
+        expect(isinstance(item, list) and len(item) == 2 and type(item[0]) is int, "a skeleton run is malformed")
         _check_skeleton(item[1], depth + 1, counter)
 
 
 # ---------------------------------------------------------------------------------------------------- the cache
 
 
-def _directory(root: Path, version: str) -> Path:
-    return root / f"v{FORMAT}" / _safe(version)
+def template_directory(root: Path, version: str) -> Path:
+    """Where templates recorded with transformers `version` live under `root` (the cache's or the package's)."""
+    return versioned_directory(root, FORMAT, version)
 
 
 def shipped_directory(version: str) -> Path:
-    return _directory(SHIPPED, version)
+    return template_directory(SHIPPED, version)
 
 
 def cache_directory(version: str) -> Path:
-    return _directory(cache_root() / "templates", version)
+    return template_directory(cache_root() / "templates", version)
 
 
 def store_template(template: Template, route: str | None) -> Path | None:
@@ -382,15 +369,9 @@ def store_template(template: Template, route: str | None) -> Path | None:
 
 
 def write_template(template: Template, route: str | None, directory: Path) -> Path | None:
-    path = directory / _safe(template.class_name) / f"{template.key()}.json"
-    try:
-        atomic_write_json(path, template.to_json())
-        if route:
-            atomic_write_json(route_file(directory, route), {"route": route, "class": template.class_name,
-                                                              "reason": template.class_reason})
-    except OSError:
-        return None
-    return path
+    record = {"route": route, "class": template.class_name, "reason": template.class_reason}
+    return write_entry(entry_path(directory, template.class_name, template.key()), template.to_json(),
+                       route=(route_file(directory, route), record) if route else None)
 
 
 @dataclass(frozen=True)
@@ -417,8 +398,8 @@ def lookup_template(config: dict[str, Any], *, model_class: str | None = None, t
     class_name, reason = model_class, (f"--class {model_class}" if model_class else None)
     if class_name is None:
         for root in roots:
-            entry = _read_json(route_file(root, route or ""))
-            if isinstance(entry, dict) and isinstance(entry.get("class"), str) and isinstance(entry.get("reason"), str):
+            entry = read_route(root, route, ("class", "reason"))
+            if entry is not None:
                 class_name, reason = entry["class"], entry["reason"]
                 break
         if class_name is None:
@@ -426,12 +407,7 @@ def lookup_template(config: dict[str, Any], *, model_class: str | None = None, t
     fingerprint = roles_fingerprint()
     rejected: list[str] = []
     for root in roots:
-        directory = root / _safe(class_name)
-        try:
-            entries = sorted(directory.glob("*.json"))
-        except OSError:
-            continue
-        for entry, template, why_not in read_entries(entries, Template.from_json):
+        for entry, template, why_not in read_entries(class_directory(root, class_name), Template.from_json):
             if template is None:
                 rejected.append(f"template {entry.name} {why_not}")
                 continue
@@ -458,7 +434,7 @@ def _other_versions(version: str) -> str:
         shipped = sorted(p.name for p in (SHIPPED / f"v{FORMAT}").iterdir() if p.is_dir())
     except OSError:
         return ""
-    if not shipped or _safe(version) in shipped:
+    if not shipped or safe_name(version) in shipped:
         return ""
     return f" (templates ship for transformers {', '.join(shipped)}; this is {version})"
 

@@ -22,7 +22,7 @@ from .count import count_module
 from .document_diff import comparable, first_difference
 from .errors import ParamscopeError
 from .formula import _Deriver, _Snapshot, _snapshot
-from .formula_cache import route_key
+from .disk_cache import route_key
 from .template import (Template, TemplateError, pattern_of, report_from_template, store_template, sub_configs_of,
                        write_template)
 
@@ -229,12 +229,12 @@ def record_template(config: dict[str, Any], *, label: str = "config", model_clas
 
 def ship_presets(directory, names: list[str] | None = None, *, log=print) -> list[str]:
     """Record templates for presets (all of them by default) into `directory` (the package's shipped set)."""
-    from .formula_cache import installed_transformers_version
+    from .disk_cache import installed_transformers_version
     from .presets import presets_named
-    from .template import _directory, lookup_template
+    from .template import lookup_template, template_directory
 
     version = installed_transformers_version()
-    target = _directory(directory, version)
+    target = template_directory(directory, version)
     presets = presets_named(names)
     written = []
     for preset in presets:
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     import shutil
     import sys
 
-    from .formula_cache import installed_transformers_version
+    from .disk_cache import installed_transformers_version
     from .template import SHIPPED
 
     from .template import shipped_directory

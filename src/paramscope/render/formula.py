@@ -11,7 +11,8 @@ from fractions import Fraction
 from typing import Any
 
 from ..explain import exact, human
-from ..formula_cache import FormulaSpec, Group, Monomial, Poly, mono_degree
+from ..formula_spec import FormulaSpec, Group
+from ..polynomial import Monomial, Poly, mono_degree
 
 _SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ...document_diff import comparable, first_difference
-from ...formula_cache import _safe, installed_transformers_version
+from ...disk_cache import class_directory, installed_transformers_version
 from .store import (
     BUILD_DTYPES, CostFacts, facts_directory, facts_from_module, facts_key, set_build_dtypes, view_from_facts,
     write_facts,
@@ -44,7 +44,7 @@ def record_facts(source: Any, report: Any, module: Any, *, build_dtype: str | No
     if difference:
         return None, f"no cost facts recorded: the facts' answer differs from the build's at {difference}"
     version = facts.transformers_version
-    target = facts_directory((directory or cache_directory(version)) / _safe(facts.class_name))
+    target = facts_directory(class_directory(directory or cache_directory(version), facts.class_name))
     path = write_facts(facts, target)
     return facts, (f"cost facts recorded at {path}" if path else "cost facts checked but the cache cannot be written")
 
@@ -110,9 +110,9 @@ def ship_facts(directory: Path, names: list[str] | None = None, *, log=print) ->
     from ...api import inspect_with_module
     from ...presets import presets_named
     from ...sources import resolve
-    from ...template import _directory
+    from ...template import template_directory
 
-    target = _directory(directory, installed_transformers_version() or "")
+    target = template_directory(directory, installed_transformers_version() or "")
     written = []
     for preset in presets_named(names):
         source = resolve(preset.name)

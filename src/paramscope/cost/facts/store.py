@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...formula_cache import (
-    CacheEntryError, _expect, _read_json, _safe, atomic_write_json, installed_transformers_version, roles_fingerprint,
+from ...disk_cache import (
+    CacheEntryError, class_directory, expect, installed_transformers_version, read_entry, roles_fingerprint, safe_name,
+    write_entry,
 )
 from ..dtypes import ITEMSIZE
 from ..model_view import FactsGap, ModelView
@@ -192,28 +193,28 @@ class CostFacts:
 
     @classmethod
     def from_json(cls, data: Any) -> "CostFacts":
-        _expect(isinstance(data, dict) and data.get("format") == FORMAT, f"not cost facts of format {FORMAT}")
+        expect(isinstance(data, dict) and data.get("format") == FORMAT, f"not cost facts of format {FORMAT}")
         for name in ("class", "transformers_version", "roles_fingerprint", "key", "text"):
-            _expect(isinstance(data.get(name), str), f"{name} is not a string")
+            expect(isinstance(data.get(name), str), f"{name} is not a string")
         for name in ("can_generate", "supports_checkpointing"):
-            _expect(isinstance(data.get(name), bool), f"{name} is not a boolean")
+            expect(isinstance(data.get(name), bool), f"{name} is not a boolean")
         for name in ("matmul_classes", "linear_classes", "default_skips"):
-            _expect(isinstance(data.get(name), list) and all(isinstance(s, str) for s in data[name]),
-                    f"{name} is not a list of names")
+            expect(isinstance(data.get(name), list) and all(isinstance(s, str) for s in data[name]),
+                   f"{name} is not a list of names")
         _check_snapshot(data.get("config"), 0)
-        _expect(data["text"] == "self" or data["text"] in data["config"]["subs"], "text names no sub-config")
+        expect(data["text"] == "self" or data["text"] in data["config"]["subs"], "text names no sub-config")
         builds = data.get("builds")
-        _expect(isinstance(builds, dict) and set(builds) <= set(BUILD_DTYPES), "builds is not keyed by dtype")
+        expect(isinstance(builds, dict) and set(builds) <= set(BUILD_DTYPES), "builds is not keyed by dtype")
         parsed = {}
         for dtype, build in builds.items():
-            _expect(isinstance(build, dict) and set(build) == {"dtypes", "keep_fp32", "probe"}, "a build is malformed")
+            expect(isinstance(build, dict) and set(build) == {"dtypes", "keep_fp32", "probe"}, "a build is malformed")
             dtypes, pattern = build["dtypes"], build["keep_fp32"]
-            _expect(isinstance(dtypes, dict) and all(isinstance(k, str) and isinstance(v, str) and v in ITEMSIZE
-                                                     for k, v in dtypes.items()),
-                    "a build's dtypes are not element types")
-            _expect(pattern is None or isinstance(pattern, str) and len(pattern) < 10_000, "keep_fp32 is not a pattern")
-            _expect(build["probe"] is None or type(build["probe"]) is int and build["probe"] >= 0,
-                    "probe is not a byte count")
+            expect(isinstance(dtypes, dict) and all(isinstance(k, str) and isinstance(v, str) and v in ITEMSIZE
+                                                    for k, v in dtypes.items()),
+                   "a build's dtypes are not element types")
+            expect(pattern is None or isinstance(pattern, str) and len(pattern) < 10_000, "keep_fp32 is not a pattern")
+            expect(build["probe"] is None or type(build["probe"]) is int and build["probe"] >= 0,
+                   "probe is not a byte count")
             parsed[dtype] = BuildFacts(build["dtypes"], build["keep_fp32"], build["probe"])
         return cls(data["class"], data["transformers_version"], data["roles_fingerprint"], data["key"],
                    data["config"], data["text"], data["can_generate"], data["supports_checkpointing"],
@@ -222,12 +223,12 @@ class CostFacts:
 
 
 def _check_snapshot(snapshot: Any, depth: int) -> None:
-    _expect(depth <= MAX_SNAPSHOT_DEPTH and isinstance(snapshot, dict)
+    expect(depth <= MAX_SNAPSHOT_DEPTH and isinstance(snapshot, dict)
             and set(snapshot) == {"fields", "subs", "gaps"}, "the config snapshot is malformed")
-    _expect(isinstance(snapshot["fields"], dict), "the snapshot's fields are not a mapping")
-    _expect(isinstance(snapshot["gaps"], list) and all(isinstance(g, str) for g in snapshot["gaps"]),
+    expect(isinstance(snapshot["fields"], dict), "the snapshot's fields are not a mapping")
+    expect(isinstance(snapshot["gaps"], list) and all(isinstance(g, str) for g in snapshot["gaps"]),
             "the snapshot's gaps are not names")
-    _expect(isinstance(snapshot["subs"], dict), "the snapshot's sub-configs are not a mapping")
+    expect(isinstance(snapshot["subs"], dict), "the snapshot's sub-configs are not a mapping")
     for sub in snapshot["subs"].values():
         _check_snapshot(sub, depth + 1)
 
@@ -281,7 +282,7 @@ def view_from_facts(facts: CostFacts, root: Any) -> ModelView:
 
 def set_build_dtypes(root: Any, facts: CostFacts, dtype: str) -> None:
     """Give the stand-in tensors the dtypes a build in `dtype` gives them (FactsGap when not recorded)."""
-    from ...template import _dtype, pattern_of
+    from ...template import pattern_of, stub_dtype
 
     build = facts.builds.get(dtype)
     if build is None:
@@ -297,7 +298,7 @@ def set_build_dtypes(root: Any, facts: CostFacts, dtype: str) -> None:
                 found = build.dtypes.get(pattern_of(full))
                 if found is None:
                     raise FactsGap(f"no recorded dtype for {full}")
-                tensor.dtype = _dtype(found)
+                tensor.dtype = stub_dtype(found)
 
 
 # ------------------------------------------------------------------------------------------- report and view
@@ -384,7 +385,7 @@ def find_facts(class_name: str, key: str) -> CostFacts | None:
     if version is None:
         return None
     for root in (cache_directory(version), shipped_directory(version)):
-        facts = read_facts(facts_directory(root / _safe(class_name)), key, class_name)
+        facts = read_facts(facts_directory(class_directory(root, class_name)), key, class_name)
         if facts is not None:
             return facts
     return None
@@ -400,10 +401,9 @@ def facts_directory(template_directory: Path) -> Path:
 
 def read_facts(directory: Path, key: str, class_name: str) -> CostFacts | None:
     """The facts in `directory` for `key`, when they are whole and for this class, version and role rules."""
-    data = _read_json(directory / f"{_safe(key)}.json")
     try:
-        facts = CostFacts.from_json(data)
-    except CacheEntryError:
+        facts = CostFacts.from_json(read_entry(directory / f"{safe_name(key)}.json"))
+    except CacheEntryError:  # unreadable (disk_cache.UnreadableEntry) or malformed
         return None
     if (facts.key != key or facts.class_name != class_name
             or facts.transformers_version != installed_transformers_version()
@@ -417,12 +417,7 @@ def write_facts(facts: CostFacts, directory: Path) -> Path | None:
     existing = read_facts(directory, facts.key, facts.class_name)
     if existing is not None and existing.config == facts.config:
         facts = dataclasses.replace(facts, builds={**existing.builds, **facts.builds})
-    path = directory / f"{_safe(facts.key)}.json"
-    try:
-        atomic_write_json(path, facts.to_json())
-    except OSError:
-        return None
-    return path
+    return write_entry(directory / f"{safe_name(facts.key)}.json", facts.to_json())
 
 
 __all__ = ["BuildFacts", "CostFacts", "FactsConfig", "answer_from_facts_or_build", "config_snapshot", "cost_view",
