@@ -374,6 +374,15 @@ def write_template(template: Template, route: str | None, directory: Path) -> Pa
                        route=(route_file(directory, route), record) if route else None)
 
 
+def _adopted_words(template: Template) -> str | None:
+    """For a template adopted from another transformers version's (template_adopt.py), where it came from."""
+    donor = template.spec.anchor.get("adopted_from")
+    if not isinstance(donor, str):
+        return None
+    return (f"the template shipped for transformers {donor[:20]}, kept for {template.spec.transformers_version[:20]} "
+            "after it equalled this version's builds at a config and at its anchor")
+
+
 @dataclass(frozen=True)
 class TemplateLookup:
     template: Template | None
@@ -384,10 +393,12 @@ class TemplateLookup:
 
 
 def lookup_template(config: dict[str, Any], *, model_class: str | None = None, task: str | None = None,
-                    num_labels: int | None = None, directories: list[Path] | None = None) -> TemplateLookup:
+                    num_labels: int | None = None, directories: list[Path] | None = None,
+                    version: str | None = None) -> TemplateLookup:
     """The cached or shipped template that answers `config` (or the first of `directories` that holds one);
-    never imports torch or transformers."""
-    version = installed_transformers_version()
+    never imports torch or transformers. `version`: the transformers version it must have been recorded with (the
+    installed one unless given: template_adopt.py reads another version's shipped templates this way)."""
+    version = version or installed_transformers_version()
     model_type = config.get("model_type")
     if version is None or not isinstance(model_type, str):
         return TemplateLookup(None, why_not="transformers is not installed" if version is None else None)
@@ -482,6 +493,7 @@ def report_from_template(template: Template, source: Any, *, num_labels: int | N
         notes=config_notes(source.config, template.spec.transformers_version) + extra_config_notes(source.config),
         storage=describe_storage(source.config),
         engine="template",
+        engine_detail=_adopted_words(template),
     )
     return make_report(info, counted, template.base_model_prefix,
                        moe=summarize_moe(counted.parameters, view, counted.counts.total),

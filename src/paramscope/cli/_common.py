@@ -103,7 +103,8 @@ def record_after_build(report: Any, source: Any, *, model_class: str | None, tas
     from ..template_record import record_template
 
     try:
-        if lookup_template(source.config, model_class=model_class, task=task, num_labels=num_labels).template is None:
+        if (lookup_template(source.config, model_class=model_class, task=task, num_labels=num_labels).template is None
+                and not _adopted(report, source, model_class=model_class, task=task, num_labels=num_labels)):
             with progress.status(f"recording a template for {report.model.class_name} (next time: instant; "
                                  "--no-cache skips this)"):
                 record_template(source.config, label=source.label, model_class=model_class, task=task,
@@ -116,6 +117,20 @@ def record_after_build(report: Any, source: Any, *, model_class: str | None, tas
                              num_labels=num_labels)
     except Exception:  # the answer is already out; nothing recorded only means the next call builds
         pass
+
+
+def _adopted(report: Any, source: Any, **options: Any) -> bool:
+    """On a transformers version the package ships no templates for: whether the nearest shipped version's
+    template for this class was checked against this build and one at its anchor, and kept (template_adopt.py)."""
+    from .. import progress
+    from ..template_adopt import adopt_template, nearest_shipped
+    from ..disk_cache import installed_transformers_version
+
+    version = installed_transformers_version()
+    if version is None or nearest_shipped(version) is None:
+        return False
+    with progress.status(f"checking the shipped template for {report.model.class_name} on this transformers version"):
+        return adopt_template(report, source, **options).kept is not None
 
 
 def write_report_json(report: Any, **objects: Any) -> None:

@@ -67,7 +67,8 @@ def model_source_line(model) -> Padding | None:
     """How the cost commands read the model: from its template and recorded facts, or from a meta build (and why
     not the former); None for a live module."""
     if model.engine == "template":
-        return indented("model: its structure template and recorded cost facts, no build (--no-cache builds)")
+        detail = f" ({model.engine_detail})" if model.engine_detail else ""
+        return indented(f"model: its structure template and recorded cost facts, no build (--no-cache builds){detail}")
     if model.engine == "build":
         return indented("model: built on the meta device" + (f" ({model.engine_detail})" if model.engine_detail
                                                              else ""))

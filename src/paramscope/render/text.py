@@ -87,8 +87,9 @@ def _header(report: Report) -> Group:
     lines.append(indented(f"{model.class_name}, {how}", 11, "  class"))
     lines.append(indented(f"{model.class_reason}", 11, "  why"))
     if model.engine == "template":
+        detail = f" ({model.engine_detail})" if model.engine_detail else ""
         lines.append(indented("structure template: the recorded skeleton evaluated at this config, no build "
-                              "(--no-cache builds)", 11, "  engine"))
+                              f"(--no-cache builds){detail}", 11, "  engine"))
     elif model.engine == "build":
         detail = f" ({model.engine_detail})" if model.engine_detail else ""
         lines.append(indented(f"built on the meta device{detail}", 11, "  engine"))
