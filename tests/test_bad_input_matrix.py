@@ -249,6 +249,16 @@ CASES = [
     Case("compare-one-model", lambda tmp: ["compare", "bert-base-uncased"], ("two or more",)),
     Case("compare-width-5", lambda tmp: ["compare", "bert-base-uncased", "gpt2", "--width", "5"], ("--width",)),
     Case("compare-dev-zero", lambda tmp: ["compare", "bert-base-uncased", "/dev/zero"], ("character device",)),
+    # --- the CLI's own options ---------------------------------------------------------------------------------
+    Case("budget-no-unit", lambda tmp: ["memory", "gpt2", "--budget", "24"], ("--budget needs a unit", "24GiB")),
+    Case("budget-no-unit-fraction", lambda tmp: ["memory", "gpt2", "--budget", "1.5"], ("'1.5'", "1.5GiB")),
+    Case("budget-negative", lambda tmp: ["memory", "gpt2", "--budget", "-5GiB"], ("--budget", "positive", "'-5GiB'")),
+    Case("budget-1e400", lambda tmp: ["memory", "gpt2", "--budget", "1e400GB"], ("--budget", "'1e400GB'")),
+    Case("budget-lots", lambda tmp: ["memory", "gpt2", "--budget", "lots"], ("--budget", "'lots'", "24GiB")),
+    Case("budget-under-1mib", lambda tmp: ["memory", "gpt2", "--budget", "512KiB"], ("--budget", "1MiB", "524,288")),
+    Case("budget-5000-digits", lambda tmp: ["memory", "gpt2", "--budget", "9" * 5000], ("--budget",)),
+    Case("reserve-no-unit", lambda tmp: ["memory", "gpt2", "--reserve", "2"], ("--reserve needs a unit", "2GiB")),
+    Case("plan-budget-no-unit", lambda tmp: ["plan", "gpt2", "--budget", "24"], ("--budget needs a unit",)),
     # --- checkpoints -------------------------------------------------------------------------------------------------
     Case("audit-missing", lambda tmp: ["audit", str(tmp / "nothing.safetensors")], ("no such file",)),
     Case("audit-dev-zero", lambda tmp: ["audit", "/dev/zero", "--config", "bert-base-uncased"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any
 
@@ -119,6 +120,35 @@ def write_report_json(report: Any, **objects: Any) -> None:
     document = report_to_dict(report)
     document.update({key: value for key, value in objects.items() if value is not None})
     write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+
+
+MIN_SIZE = 1 << 20  # a budget or reserve under 1 MiB is a typo (`--budget 24` for 24 GiB), not a device
+
+
+def checked_size(flag: str, text: str | None, *, zero: bool = False) -> int | None:
+    """A memory size given to `flag` ("24GiB", "80GB"), in bytes: a unit is required (a bare `24` is 24 bytes to
+    the library, never what a user meant) and so is at least 1 MiB; `zero`: a plain 0 means none."""
+    if text is None:
+        return None
+    from ..cost.dtypes import parse_bytes
+    from ..errors import short_repr
+
+    stripped = str(text).strip()
+    if zero and stripped in ("0", "0B"):
+        return 0
+    shown = short_repr(str(text), 40)
+    if stripped.startswith("-"):
+        raise ParamscopeError(f"{flag} must be a positive size, got {shown} (for example 24GiB)")
+    if re.fullmatch(r"[0-9.]{1,20}", stripped):
+        raise ParamscopeError(f"{flag} needs a unit: {shown} would be {stripped} bytes; write {stripped}GiB, "
+                              f"{stripped}GB or {stripped}MiB")
+    try:
+        value = parse_bytes(stripped)
+    except ParamscopeError:
+        raise ParamscopeError(f"{flag}: not a memory size: {shown} (examples: 24GiB, 80GB, 512MiB)") from None
+    if value < MIN_SIZE:
+        raise ParamscopeError(f"{flag} must be at least 1MiB, got {shown} ({value:,} bytes)")
+    return value
 
 
 def add_html_option(parser: argparse.ArgumentParser) -> None:
