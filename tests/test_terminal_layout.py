@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paramscope.cli import with_default_command
+from paramscope.cli import build_parser, unknown_command, with_default_command
 from paramscope import inspect
 from paramscope.compare import compare_reports
 from paramscope.explain import exact, human
@@ -53,3 +53,22 @@ def test_compare_layout_follows_the_width(eight):
 ])
 def test_model_without_command_means_inspect(argv, expected):
     assert with_default_command(argv) == expected
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["bert-base-uncased"], None),  # a model alone is inspect
+    (["bert-base-uncased", "--depth", "2"], None),  # an option's value is no second argument
+    (["inspect", "gpt2"], None),
+    (["inpsect"], None),  # alone, a word is a model (its unknown-model error names the command it resembles)
+    (["someorg/somemodel", "--json"], None),
+    (["inpsect", "gpt2"], "unknown command 'inpsect'; did you mean 'inspect'?"),
+    (["--debug", "flop", "gpt2", "--seq", "8"], "unknown command 'flop'; did you mean 'flops'?"),
+    (["explode", "gpt2"], "unknown command 'explode'; the commands are inspect, presets, formula, diff, compare, "
+                          "audit, memory, flops, plan (see --help)"),
+    (["explode", "--depth", "2", "gpt2"], "unknown command 'explode'; the commands are inspect, presets, formula, "
+                                          "diff, compare, audit, memory, flops, plan (see --help)"),
+    (["gpt2", "bert-base-uncased"], "inspect takes one model, got 'gpt2' and then 'bert-base-uncased' (several "
+                                    "models: `paramscope compare A B …`)"),
+])
+def test_a_misspelled_command_names_itself(argv, expected):
+    assert unknown_command(argv, build_parser()) == expected
