@@ -269,6 +269,12 @@ CASES = [
     Case("budget-under-1mib", lambda tmp: ["memory", "gpt2", "--budget", "512KiB"], ("--budget", "1MiB", "524,288")),
     Case("budget-5000-digits", lambda tmp: ["memory", "gpt2", "--budget", "9" * 5000], ("--budget",)),
     Case("reserve-no-unit", lambda tmp: ["memory", "gpt2", "--reserve", "2"], ("--reserve needs a unit", "2GiB")),
+    Case("gpu-ambiguous-a100", lambda tmp: ["memory", "gpt2", "--gpu", "a100"],
+         ("'a100' names several cards", "A100 40GB ('a100-40gb') or A100 80GB ('a100-80gb')")),
+    Case("gpu-ambiguous-flops", lambda tmp: ["flops", "gpt2", "--gpu", "v100"], ("'v100' names several cards",)),
+    Case("gpu-10000-chars", lambda tmp: ["memory", "gpt2", "--gpu", "h" * 10_000], ("unknown accelerator 'hhhh",)),
+    Case("gpu-unicode", lambda tmp: ["memory", "gpt2", "--gpu", "Ｈ１００ ☃"], ("unknown accelerator 'Ｈ１００ ☃'",)),
+    Case("gpu-misspelled", lambda tmp: ["plan", "gpt2", "--gpu", "rtx 409"], ("did you mean 'rtx-4090'?",)),
     Case("plan-budget-no-unit", lambda tmp: ["plan", "gpt2", "--budget", "24"], ("--budget needs a unit",)),
     # --- checkpoints -------------------------------------------------------------------------------------------------
     Case("audit-missing", lambda tmp: ["audit", str(tmp / "nothing.safetensors")], ("no such file",)),

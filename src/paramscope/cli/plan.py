@@ -96,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
                                grad_checkpointing=args.grad_checkpointing, gpu=args.gpu,
                                budget=checked_size("--budget", args.budget))
     training.check()
+    if args.gpu:
+        from ..cost.hardware import find_accelerator
+
+        find_accelerator(args.gpu)  # a bad name fails before the build
     source = resolve(args.model, revision=args.revision)
     report, module = inspect_with_module(as_source(source), model_class=args.model_class, task=args.task,
                                          num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
