@@ -35,6 +35,8 @@ def open_regular(path: str | os.PathLike[str], *, error: type[ParamscopeError] =
         fd = os.open(os.fspath(path), flags)
     except FileNotFoundError:
         raise error(f"no such {what}: {path}") from None
+    except PermissionError:
+        raise error(f"permission denied: cannot open {what} {path}") from None
     except OSError as err:
         raise error(f"cannot open {what} {path}: {err.strerror or err}") from None
     mode = os.fstat(fd).st_mode

@@ -14,10 +14,29 @@ from typing import Any, Iterable
 from .errors import ParamscopeError
 
 
+MAX_PATTERN = 500  # characters: a parameter name is under 200
+
+
+_NEVER_IN_A_NAME = set("()+^$|\\{}")  # regular-expression syntax: no parameter name holds it, no glob needs it
+
+
+def check_pattern(pattern: str, *, flag: str = "--freeze") -> None:
+    """Refuse, before any build, a pattern that can match no parameter name whatever the model: too long, or a
+    regular expression where a glob is meant."""
+    text = str(pattern).strip()
+    if len(text) > MAX_PATTERN:
+        raise ParamscopeError(f"{flag}: a pattern of {len(text):,} characters; at most {MAX_PATTERN} "
+                              f"(it begins {text[:40]!r})")
+    if set(text) & _NEVER_IN_A_NAME:
+        raise ParamscopeError(f"{flag} {text[:60]!r} can match no parameter name; patterns are globs, not regular "
+                              "expressions: * any run, ? one character, [01] a set (model.layers.1[01].*)")
+
+
 def match_parameters(params: Iterable[Any], pattern: str, *, flag: str = "--freeze") -> list[str]:
     """Canonical names of the parameters `pattern` names; raises, listing the roles, when it names none."""
     params = list(params)
     text = str(pattern).strip()
+    check_pattern(text, flag=flag)
     roles = (text, text + "s")  # "embedding" names the "embeddings" roles too
     hits = [p.name for p in params
             if any(p.role == r or p.role.startswith(r + ".") for r in roles) or fnmatch.fnmatchcase(p.name, text)

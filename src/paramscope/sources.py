@@ -50,8 +50,11 @@ def resolve(spec: str, *, revision: str | None = None) -> Source:
     if not spec:
         raise SourceError("empty model name: give a preset name, a config.json path, a directory or a hub id")
     path = Path(spec).expanduser()
-    if path.exists():
-        return _from_path(path)
+    try:
+        if path.exists():
+            return _from_path(path)
+    except PermissionError as err:  # a folder on the way without the execute bit (root is never refused)
+        raise SourceError(f"permission denied: {err.filename or path} (reading {spec})") from None
     preset = find_preset(spec)
     if preset is not None:
         return Source(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 import sys
 from typing import Sequence
 
@@ -25,11 +26,20 @@ COMMANDS = {"inspect": inspect, "presets": presets, "formula": formula, "diff": 
             "audit": audit, "memory": memory, "flops": flops, "plan": plan}
 
 
+class _UsageError(Exception):
+    """argparse's complaint, raised to main, which words it with the command line at hand (usage_message)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str):
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse with the project's error form: one line naming the bad value, exit 2 (no usage dump)."""
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        raise _UsageError(self, message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if mistaken is not None:
         print(f"paramscope: error: {mistaken}", file=sys.stderr)
         return 2
-    args = parser.parse_args(with_default_command(argv))
+    try:
+        args = parser.parse_args(with_default_command(argv))
+    except _UsageError as err:
+        print(f"paramscope: error: {usage_message(err, with_default_command(argv), parser)}", file=sys.stderr)
+        return 2
     if args.command is None:
         parser.print_help()
         return 2
@@ -193,3 +207,50 @@ def _command_hint(argv: list[str], err: ParamscopeError) -> str:
         return ""
     close = _close_command(argv[index], 0.75)
     return f"; or the command {close!r}? (`paramscope {close} …`)" if close else ""
+
+
+def usage_message(err: _UsageError, argv: list[str], parser: argparse.ArgumentParser) -> str:
+    """argparse's message in the project's words: the flag and the bad value first, a name beginning with '-'
+    explained, a misspelled option's closest spelling; never longer than a line."""
+    from ..errors import short_repr
+
+    index = _first_word(argv)
+    command = argv[index] if index is not None and argv[index] in COMMANDS else None
+    sub = _subparser(parser, command) if command else parser
+    options = sorted(option for option in sub._option_string_actions if option.startswith("--"))
+    message = err.message
+    typed = re.match(r"argument (\S+?)(?:/\S+)?: invalid (int|float) value: (.*)$", message, re.S)
+    if typed:
+        what = "a whole number" if typed.group(2) == "int" else "a number"
+        message = f"{typed.group(1)} must be {what}, got {short_repr(_unquoted(typed.group(3)), 60)}"
+    dashed = [arg for arg in argv[0 if index is None else index + 1:] if arg.startswith("-") and arg != "-" and not arg.startswith("--")
+              and arg.split("=")[0] not in sub._option_string_actions and not _number(arg)]
+    if message.startswith("the following arguments are required") and dashed:
+        message += (f"; {short_repr(dashed[0], 60)} was read as an option: a name beginning with '-' needs `--` "
+                    f"before it (paramscope {command or DEFAULT_COMMAND} -- {short_repr(dashed[0], 60)[1:-1]})")
+    elif message.startswith("unrecognized arguments:"):
+        unknown = message.split(":", 1)[1].split()
+        first = unknown[0] if unknown else ""
+        close = difflib.get_close_matches(first.split("=")[0], options, n=1, cutoff=0.7) if first[:2] == "--" else []
+        message = f"unrecognized arguments: {short_repr(' '.join(unknown), 100)[1:-1]}"
+        if close:
+            message += f"; did you mean {close[0]}?"
+        elif first in dashed:
+            message += (f" (a name beginning with '-' needs `--` before it: paramscope {command or DEFAULT_COMMAND}"
+                        f" -- {short_repr(first, 60)[1:-1]})")
+    message = " ".join(message.split())
+    if len(message) > 400:
+        message = message[:397] + "..."
+    return f"{message} (see `paramscope {command + ' ' if command else ''}--help`)"
+
+
+def _unquoted(text: str) -> str:
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] == "'" else text
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

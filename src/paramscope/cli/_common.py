@@ -6,12 +6,13 @@ It imports only paramscope.errors, so every command module can import it without
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
 from typing import Any
 
-from ..errors import ParamscopeError
+from ..errors import ParamscopeError, short_repr
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, remote_code: bool = True) -> None:
@@ -131,7 +132,6 @@ def checked_size(flag: str, text: str | None, *, zero: bool = False) -> int | No
     if text is None:
         return None
     from ..cost.dtypes import parse_bytes
-    from ..errors import short_repr
 
     stripped = str(text).strip()
     if zero and stripped in ("0", "0B"):
@@ -162,6 +162,12 @@ def checked_html_path(args: argparse.Namespace) -> str | None:
     path = getattr(args, "html", None)
     if path is None or path == "-":
         return path
+    control = next((c for c in path if ord(c) < 32 or ord(c) == 127), None)
+    if control is not None:  # legal on Linux, but no one means it, and the "wrote …" line would break in two
+        raise ParamscopeError(f"--html: the file name {short_repr(path, 80)} holds a control character "
+                              f"({short_repr(control)}); give a plain name")
+    if len(os.path.basename(path).encode("utf-8", "surrogateescape")) > 255:
+        raise ParamscopeError(f"--html: the file name {short_repr(path, 80)} is longer than 255 bytes")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ParamscopeError(f"--html: no such folder for {path!r}")
@@ -175,10 +181,14 @@ def write_html_page(page: str, path: str) -> None:
     if path == "-":
         write(page)
         return
+    existed = os.path.lexists(path)
     try:
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(page)
     except OSError as err:
+        if not existed and os.path.isfile(path):  # a disk that filled up leaves no half page behind
+            with contextlib.suppress(OSError):
+                os.remove(path)
         raise ParamscopeError(f"--html: cannot write {path!r}: {err.strerror}") from None
     print(f"paramscope: wrote {path} ({len(page.encode('utf-8')) / 1e6:.1f} MB; open it in any browser, "
           "it needs no network)", file=sys.stderr)

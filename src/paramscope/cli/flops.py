@@ -67,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
                           tokens_per_second=args.tokens_per_second, mfu=args.mfu, devices=args.devices,
                           trace=args.trace, context_curve=args.html is not None)
     options.check()
+    from ..selection import check_pattern
+
+    for pattern in args.freeze:
+        check_pattern(pattern, flag="--freeze")  # a regular expression or a megabyte fails before the build
     if args.gpu:
         from ..cost.hardware import find_accelerator
 

@@ -105,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
                                    zero=args.zero, trace=args.trace, gpu=args.gpu, budget=options.budget,
                                    reserve=reserve)
         training.check()
+        from ..selection import check_pattern
+
+        for pattern in args.freeze:
+            check_pattern(pattern, flag="--freeze")  # a regular expression or a megabyte fails before the build
         source = resolve(args.model, revision=args.revision)
         report, estimate, view = training_answer(source, training, not args.no_cache, **model_options)
     else:
