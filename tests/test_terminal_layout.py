@@ -72,3 +72,42 @@ def test_model_without_command_means_inspect(argv, expected):
 ])
 def test_a_misspelled_command_names_itself(argv, expected):
     assert unknown_command(argv, build_parser()) == expected
+
+
+def _cli_at(capsys, monkeypatch, columns: int, *argv: str) -> str:
+    from paramscope.cli import main
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_formula_follows_columns(capsys, monkeypatch, columns):
+    """formula took COLUMNS for its tables only: the provenance, the cache file's path and the headings ran to 137
+    characters at 80."""
+    out = _cli_at(capsys, monkeypatch, columns, "formula", "gpt2")
+    assert max(len(line) for line in out.splitlines()) <= columns
+    assert "file      " in out and out.count(".json") == 1  # the path is kept, broken after a '/'
+    for line in out.splitlines():
+        if line.startswith("            ") and "/" in line:
+            assert line.rstrip().endswith("/") or line.rstrip().endswith(".json")
+
+
+def test_audit_breaks_a_path_after_a_slash_not_inside_a_name(tmp_path, capsys, monkeypatch):
+    import json
+    import struct
+
+    from conftest import bert_config
+
+    folder = tmp_path / "some-long-folder-name-for-models" / "google-bert--bert-base-uncased-finetuned-checkpoint"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(bert_config()))
+    header = json.dumps({"bert.embeddings.word_embeddings.weight": {"dtype": "F32", "shape": [1],
+                                                                    "data_offsets": [0, 4]}}).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    out = _cli_at(capsys, monkeypatch, 80, "audit", str(folder))
+    assert max(len(line) for line in out.splitlines()) <= 80
+    text = " ".join(line.strip() for line in out.splitlines())
+    assert "google-bert--bert-base-uncased-finetuned-checkpoint/" in text  # whole, on one line
+    assert "some-long-folder-name-for-models/" in text
