@@ -35,8 +35,12 @@ def test_compare_of_eight_fits_every_width_and_keeps_numbers_whole(eight, width,
 
 
 def test_compare_layout_follows_the_width(eight):
+    """Side by side when it fits, models as rows, then fewer group columns with a note naming those left out."""
     assert "models as rows" in render_compare_text(eight, 100)
-    assert render_compare_text(eight, 80).count("parameters: ") == 8  # one block per model
+    at80 = render_compare_text(eight, 80)  # a compact table and a note, not 60–90 lines of blocks per model
+    assert at80.count("parameters: ") == 0 and len(at80.splitlines()) <= 14
+    assert "46,702,792,704" in at80 and "meta-llama/Meta-Llama-3-8B" in at80
+    assert "not shown at this width: cross-attention, final norm, heads; every group at\n--width 100" in at80
     two = compare(EIGHT[:2])
     wide = render_compare_text(two, 100)
     assert "109,514,298 " in wide or wide.count("109,514,298") >= 1
