@@ -194,3 +194,50 @@ def test_no_library_message_names_a_cli_flag():
                 if re.search(r"(?<![\w-])--[a-z]", text):
                     offenders.append(f"{path.relative_to(package)}:{node.lineno}")
     assert not offenders, offenders
+
+
+def _locked_folder(tmp_path, monkeypatch):
+    """A folder whose entries cannot be reached, as without its execute bit: root is never refused, so the refusal
+    is simulated (os.stat and os.open raise what the kernel raises for anyone else)."""
+    import json
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "config.json").write_text(json.dumps(bert_config()))
+    inside = str(locked) + os.sep
+    real_stat, real_open = os.stat, os.open
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(inside):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    def open_(path, *args, **kwargs):
+        if os.fspath(path).startswith(inside):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(os, "open", open_)
+    return locked
+
+
+def test_a_config_in_a_folder_without_permission(capsys, tmp_path, monkeypatch):
+    locked = _locked_folder(tmp_path, monkeypatch)
+    config = str(locked / "config.json")
+    line = assert_one_line_error(capsys, ["inspect", config], "permission denied", config)
+    assert "internal error" not in line
+    assert_one_line_error(capsys, ["inspect", str(locked)], "permission denied", config)
+    assert_one_line_error(capsys, ["memory", str(locked)], "permission denied", config)
+
+
+def test_an_unreadable_config_file(capsys, tmp_path, monkeypatch):
+    import os
+
+    path = tmp_path / "config.json"
+    path.write_text("{}")
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda p, *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+                        if os.fspath(p) == str(path) else real_open(p, *a, **k))
+    assert_one_line_error(capsys, ["inspect", str(path)], f"permission denied: cannot open config file {path}")

@@ -253,7 +253,7 @@ def test_cli_json_contract():
 
 
 def test_cli_text_states_the_convention():
-    result = _cli("flops", "gpt2", "--seq", "1024", "--training", "--tokens", "1e9", "--gpu", "a100",
+    result = _cli("flops", "gpt2", "--seq", "1024", "--training", "--tokens", "1e9", "--gpu", "a100-80gb",
                   "--mfu", "0.4", "--width", "250")
     assert result.returncode == 0, result.stderr
     assert "2mnk" in result.stdout and "no causal halving" in result.stdout and "6ND" in result.stdout
@@ -288,7 +288,7 @@ def test_causal_half_is_for_causal_decoders():
 
 
 def test_hfu_adds_the_recomputation_exactly():
-    _, estimate, compute = estimate_flops("llama-2-7b", FlopOptions(seq=128, training=True, gpu="a100",
+    _, estimate, compute = estimate_flops("llama-2-7b", FlopOptions(seq=128, training=True, gpu="a100-80gb",
                                                                    tokens_per_second=1000.0))
     hardware = estimate.step + estimate.recompute  # flash attention's recomputed scores: 4,294,967,296
     assert estimate.recompute == 4_294_967_296

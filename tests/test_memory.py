@@ -665,3 +665,37 @@ def test_fp16_checks_on_values_are_taken_as_finite_and_the_trace_says_so():
     assert memory.engine == "traced"
     assert any("checks on values (all / any over a tensor" in note for note in memory.notes)
     assert any(note.startswith("check: the analytic peak is") and "+0.00%" in note for note in memory.notes)
+
+
+@pytest.mark.parametrize("name, card", [("h100", "H100 80GB"), ("A100-40GB", "A100 40GB"), ("a100 80gb", "A100 80GB"),
+                                        ("v100-16gb", "V100 16GB"), ("4090", "RTX 4090"), ("tpu-v5e", "TPU v5e")])
+def test_accelerator_names(name, card):
+    from paramscope.cost.hardware import find_accelerator
+
+    assert find_accelerator(name).name == card
+
+
+@pytest.mark.parametrize("name, message", [
+    ("a100", "accelerator 'a100' names several cards; say which: A100 40GB ('a100-40gb') or A100 80GB ('a100-80gb')"),
+    ("v100", "accelerator 'v100' names several cards; say which: V100 16GB ('v100-16gb') or V100 32GB ('v100-32gb')"),
+    ("tpu v5", "accelerator 'tpu v5' names several cards; say which: TPU v5e ('tpu-v5e') or TPU v5p ('tpu-v5p')"),
+])
+def test_an_ambiguous_accelerator_is_refused_with_its_variants(name, message):
+    from paramscope.cost.hardware import find_accelerator
+    from paramscope.errors import ParamscopeError
+
+    with pytest.raises(ParamscopeError) as err:
+        find_accelerator(name)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("name, start", [("b20", "unknown accelerator 'b20'; did you mean 'b200'? known: "),
+                                         ("x" * 10_000, "unknown accelerator '" + "x" * 56 + "...; known: "),
+                                         ("", "unknown accelerator ''; known: ")])
+def test_an_unknown_accelerator_is_named_never_guessed(name, start):
+    from paramscope.cost.hardware import find_accelerator
+    from paramscope.errors import ParamscopeError
+
+    with pytest.raises(ParamscopeError) as err:
+        find_accelerator(name)
+    assert str(err.value).startswith(start) and len(str(err.value)) < 600

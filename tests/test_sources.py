@@ -142,3 +142,16 @@ def test_python_inputs_config_object_dict_and_live_module():
     assert report.parameters.with_tied_duplicates == 1_600 * 2 + 272
     assert [(g.canonical, g.aliases) for g in report.tied] == [("embed.weight", ("out.weight",))]
     assert report.tree.params == report.parameters.total
+
+
+def test_a_misspelled_preset_gets_the_closest_names():
+    from paramscope.presets import close_preset_names, presets_named
+
+    assert close_preset_names("bert-base-uncasd") == ["bert-base-uncased"]
+    assert close_preset_names("google-bert/bert-base-uncasd") == ["google-bert/bert-base-uncased"]
+    assert close_preset_names("explode") == []
+    assert close_preset_names("x" * 10_000) == []
+    with pytest.raises(SourceError, match=r"no preset named 'mixtral-8x7'; did you mean 'mixtral-8x7b'\?"):
+        presets_named(["mixtral-8x7"])
+    with pytest.raises(SourceError, match=r"unknown model 'gpt-2': did you mean 'gpt2'\?"):
+        resolve("gpt-2")

@@ -64,6 +64,11 @@ _POSITIVE_INT_FIELDS = (
     "depth", "patch_size", "image_size", "num_channels", "num_mel_bins", "kv_lora_rank", "q_lora_rank",
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "shared_expert_intermediate_size", "depths",
 )
+# Of those, the ones transformers declares a plain int in every native config class that has them: 768.0, null or
+# [768] there fails its validation only after torch and transformers are imported (seconds), so it fails here.
+# Sub-configs count too; a config with auto_map (remote code) declares its own types and is left to them.
+_SCALAR_INT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
+                      "n_embd", "n_layer", "n_head", "n_positions")
 # Zero is meaningful here: head_dim 0 is "hidden size / heads" in some defaults, a rope dimension 0 is no rope part.
 _MAY_BE_ZERO = ("head_dim", "qk_rope_head_dim", "q_lora_rank")
 _NON_NEGATIVE_INT_FIELDS = ("type_vocab_size", "n_shared_experts", "first_k_dense_replace")
@@ -146,6 +151,14 @@ def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
         return f"{prefix}{key}"
 
     dims: list[tuple[int, str]] = []
+    if "auto_map" not in config and (depth == 0 or "model_type" in config):
+        for key in _SCALAR_INT_FIELDS:
+            if key in config and type(config[key]) is not int:
+                value = config[key]
+                shown = "null" if value is None else short_repr(value)
+                raise ConfigError(f"config field {name(key)!r} must be an integer, got {shown}"
+                                  + (f" (write {int(value)})" if isinstance(value, float) and value.is_integer()
+                                     and abs(value) < 2**63 else ""))
     for key in _POSITIVE_INT_FIELDS:
         value = config.get(key)
         if value is None or (value == 0 and key in _MAY_BE_ZERO):
@@ -569,4 +582,6 @@ def _first_line(err: BaseException) -> str:
         text = ""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     first = lines[0] if lines else type(err).__name__
+    if first.endswith(":") and len(lines) > 1:  # "Validation error for field 'x':" says why on the next line
+        first = f"{first} {lines[1]}"
     return first if len(first) <= 300 else first[:297] + "..."

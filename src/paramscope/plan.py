@@ -19,13 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .display import HtmlDisplay
-from .errors import OptionError, UnsupportedError
-from .selection import last_blocks, match_parameters
+from .errors import OptionError, UnsupportedError, short_repr
+from .selection import check_pattern, last_blocks, match_parameters
 
 TASK_TYPES = (("ForCausalLM", "CAUSAL_LM"), ("LMHeadModel", "CAUSAL_LM"), ("ForSequenceClassification", "SEQ_CLS"),
               ("ForTokenClassification", "TOKEN_CLS"), ("ForConditionalGeneration", "SEQ_2_SEQ_LM"),
               ("ForQuestionAnswering", "QUESTION_ANS"))
 MAX_RANK = 1 << 16
+MAX_MODULE_NAMES = 1_000  # --target and --modules-to-save: a model has a few dozen distinct module names
+MODULE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")  # a module's name or dotted path, as PEFT matches it
 # fp16 adapters are left out: under fp16 autocast the grad scaler refuses fp16 gradients (PEFT's
 # autocast_adapter_dtype exists for that reason)
 ADAPTER_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
@@ -63,9 +65,21 @@ class PlanOptions:
                 raise OptionError("{0} is fp32 or bf16, got {value!r}", "adapter_dtype", value=self.adapter_dtype)
             if self.lora is None:
                 raise OptionError("{0} needs {1} R", "adapter_dtype", "lora")
+        for option, names in (("target", self.target or ()), ("modules_to_save", self.modules_to_save)):
+            if len(names) > MAX_MODULE_NAMES:
+                raise OptionError("{0}: {count:,} names; at most {limit:,}", option, count=len(names),
+                                  limit=MAX_MODULE_NAMES)
+            for name in names:
+                if name != "all-linear" and not MODULE_NAME.fullmatch(name):
+                    raise OptionError(
+                        "{0}: {name} is not a module name: PEFT matches module names whole or as a dotted suffix "
+                        "(q_proj, attn.c_attn; all-linear for every linear layer), never as a pattern", option,
+                        name=short_repr(name, 60))
         if not 0 <= self.dropout < 1:
             raise OptionError("{0} must be in [0, 1), got {dropout}", "dropout", dropout=self.dropout)
         for kind, value in self.rules:
+            if kind in ("train", "freeze"):
+                check_pattern(value, option=kind)
             if kind == "train-last":
                 try:
                     int(value)

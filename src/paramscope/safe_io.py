@@ -52,6 +52,8 @@ def open_regular(path: str | os.PathLike[str], *, error: type[Exception] = Sourc
         fd = os.open(os.fspath(path), flags)
     except FileNotFoundError:
         raise error(f"no such {what}: {path}") from None
+    except PermissionError:
+        raise error(f"permission denied: cannot open {what} {path}") from None
     except OSError as err:
         raise error(f"cannot open {what} {path}: {err.strerror or err}") from None
     opened = os.fstat(fd)

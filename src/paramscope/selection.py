@@ -14,10 +14,29 @@ from typing import Any, Iterable
 from .errors import OptionError
 
 
+MAX_PATTERN = 500  # characters: a parameter name is under 200
+
+
+_NEVER_IN_A_NAME = set("()+^$|\\{}")  # regular-expression syntax: no parameter name holds it, no glob needs it
+
+
+def check_pattern(pattern: str, *, option: str = "freeze") -> None:
+    """Refuse, before any build, a pattern that can match no parameter name whatever the model: too long, or a
+    regular expression where a glob is meant."""
+    text = str(pattern).strip()
+    if len(text) > MAX_PATTERN:
+        raise OptionError("{0}: a pattern of {length:,} characters; at most {limit} (it begins {start!r})", option,
+                          length=len(text), limit=MAX_PATTERN, start=text[:40])
+    if set(text) & _NEVER_IN_A_NAME:
+        raise OptionError("{0} {text!r} can match no parameter name; patterns are globs, not regular expressions: "
+                          "* any run, ? one character, [01] a set (model.layers.1[01].*)", option, text=text[:60])
+
+
 def match_parameters(params: Iterable[Any], pattern: str, *, option: str = "freeze") -> list[str]:
     """Canonical names of the parameters `pattern` names; raises, listing the roles, when it names none."""
     params = list(params)
     text = str(pattern).strip()
+    check_pattern(text, option=option)
     roles = (text, text + "s")  # "embedding" names the "embeddings" roles too
     hits = [p.name for p in params
             if any(p.role == r or p.role.startswith(r + ".") for r in roles) or fnmatch.fnmatchcase(p.name, text)

@@ -16,8 +16,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from . import progress
-from .errors import SourceError
-from .presets import find_preset
+from .errors import SourceError, short_repr
+from .presets import close_preset_names, did_you_mean, find_preset
 from .safe_io import check_inside, read_json, read_regular
 
 # Bounds on a config file, documented in the README: real configs are a few KB and nest 3–4 levels deep.
@@ -49,8 +49,11 @@ def resolve(spec: str, *, revision: str | None = None) -> Source:
     if not spec:
         raise SourceError("empty model name: give a preset name, a config.json path, a directory or a hub id")
     path = Path(spec).expanduser()
-    if path.exists():
-        return _from_path(path)
+    try:
+        if path.exists():
+            return _from_path(path)
+    except PermissionError as err:  # a folder on the way without the execute bit (root is never refused)
+        raise SourceError(f"permission denied: {err.filename or path} (reading {spec})") from None
     preset = find_preset(spec)
     if preset is not None:
         return Source(
@@ -64,9 +67,11 @@ def resolve(spec: str, *, revision: str | None = None) -> Source:
         return _from_hub(spec, revision)
     if spec.endswith(".json") or os.sep in spec or spec.startswith("."):
         raise SourceError(f"no such file or directory: {spec}")
+    hint = did_you_mean(close_preset_names(spec))
     raise SourceError(
-        f"unknown model {spec!r}: not a file, not an embedded preset (see `paramscope presets`), "
-        "and not a hub id of the form org/name"
+        f"unknown model {short_repr(spec)}: " + (f"{hint} (" if hint else "")
+        + "not a file, not an embedded preset (see `paramscope presets`), and not a hub id of the form org/name"
+        + (")" if hint else "")
     )
 
 
@@ -201,8 +206,14 @@ def _from_hub(repo_id: str, revision: str | None) -> Source:
     from huggingface_hub import hf_hub_download
 
     online = hub_online()
-    with hub_errors(repo_id, revision), progress.status(f"fetching {repo_id}'s config.json"):
-        path = hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=not online)
+    try:
+        with hub_errors(repo_id, revision), progress.status(f"fetching {repo_id}'s config.json"):
+            path = hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=not online)
+    except SourceError as err:  # a misspelled preset's hub id ("google-bert/bert-base-uncasd") is no hub problem
+        hint = did_you_mean(close_preset_names(repo_id))
+        if not hint or "revision" in str(err):
+            raise
+        raise SourceError(f"{err}; {hint} (an embedded preset)") from None
     kind = "hub" if online else "hub-cache"
     where = "the Hub" if online else "the local Hugging Face cache (offline)"
     return Source(

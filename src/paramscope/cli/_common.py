@@ -6,11 +6,13 @@ It imports only paramscope.errors, so every command module can import it without
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import sys
 from typing import Any
 
-from ..errors import ParamscopeError
+from ..errors import ParamscopeError, short_repr
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, remote_code: bool = True) -> None:
@@ -145,6 +147,34 @@ def write_report_json(report: Any, **objects: Any) -> None:
     write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
 
 
+MIN_SIZE = 1 << 20  # a budget or reserve under 1 MiB is a typo (`--budget 24` for 24 GiB), not a device
+
+
+def checked_size(flag: str, text: str | None, *, zero: bool = False) -> int | None:
+    """A memory size given to `flag` ("24GiB", "80GB"), in bytes: a unit is required (a bare `24` is 24 bytes to
+    the library, never what a user meant) and so is at least 1 MiB; `zero`: a plain 0 means none."""
+    if text is None:
+        return None
+    from ..cost.dtypes import parse_bytes
+
+    stripped = str(text).strip()
+    if zero and stripped in ("0", "0B"):
+        return 0
+    shown = short_repr(str(text), 40)
+    if stripped.startswith("-"):
+        raise ParamscopeError(f"{flag} must be a positive size, got {shown} (for example 24GiB)")
+    if re.fullmatch(r"[0-9.]{1,20}", stripped):
+        raise ParamscopeError(f"{flag} needs a unit: {shown} would be {stripped} bytes; write {stripped}GiB, "
+                              f"{stripped}GB or {stripped}MiB")
+    try:
+        value = parse_bytes(stripped)
+    except ParamscopeError:
+        raise ParamscopeError(f"{flag}: not a memory size: {shown} (examples: 24GiB, 80GB, 512MiB)") from None
+    if value < MIN_SIZE:
+        raise ParamscopeError(f"{flag} must be at least 1MiB, got {shown} ({value:,} bytes)")
+    return value
+
+
 def add_html_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE",
                         help="write a self-contained interactive HTML report to FILE ('-': stdout) instead of the "
@@ -156,6 +186,12 @@ def checked_html_path(args: argparse.Namespace) -> str | None:
     path = getattr(args, "html", None)
     if path is None or path == "-":
         return path
+    control = next((c for c in path if ord(c) < 32 or ord(c) == 127), None)
+    if control is not None:  # legal on Linux, but no one means it, and the "wrote …" line would break in two
+        raise ParamscopeError(f"--html: the file name {short_repr(path, 80)} holds a control character "
+                              f"({short_repr(control)}); give a plain name")
+    if len(os.path.basename(path).encode("utf-8", "surrogateescape")) > 255:
+        raise ParamscopeError(f"--html: the file name {short_repr(path, 80)} is longer than 255 bytes")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ParamscopeError(f"--html: no such folder for {path!r}")
@@ -169,10 +205,14 @@ def write_html_page(page: str, path: str) -> None:
     if path == "-":
         write(page)
         return
+    existed = os.path.lexists(path)
     try:
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(page)
     except OSError as err:
+        if not existed and os.path.isfile(path):  # a disk that filled up leaves no half page behind
+            with contextlib.suppress(OSError):
+                os.remove(path)
         raise ParamscopeError(f"--html: cannot write {path!r}: {err.strerror}") from None
     print(f"paramscope: wrote {path} ({len(page.encode('utf-8')) / 1e6:.1f} MB; open it in any browser, "
           "it needs no network)", file=sys.stderr)

@@ -31,7 +31,7 @@ def add_parser(subparsers: Any) -> None:
                         help="attention: full (FlopCounterMode's and PaLM's convention, the default) or half "
                              "(Megatron's)")
     parser.add_argument("--tokens", type=float, metavar="D", help="training tokens (2e12, …): the total compute")
-    parser.add_argument("--gpu", metavar="NAME", help="accelerator for the peak FLOP/s (h100, a100, mi300x, …)")
+    parser.add_argument("--gpu", metavar="NAME", help="accelerator for the peak FLOP/s (h100, a100-80gb, mi300x, …)")
     parser.add_argument("--peak-dtype", default="bf16", choices=("bf16", "fp16", "fp8", "tf32"),
                         help="which dense peak to use (default bf16)")
     parser.add_argument("--peak-tflops", type=float, metavar="X", help="the peak per device, in TFLOP/s")
@@ -67,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
                           tokens_per_second=args.tokens_per_second, mfu=args.mfu, devices=args.devices,
                           trace=args.trace, context_curve=args.html is not None)
     options.check()
+    from ..selection import check_pattern
+
+    for pattern in args.freeze:
+        check_pattern(pattern, option="freeze")  # a regular expression or a megabyte fails before the build
     if args.gpu:
         from ..cost.hardware import find_accelerator
 

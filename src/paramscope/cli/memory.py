@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from ._common import (add_cache_option, add_debug_option, add_html_option, add_model_options, add_width_option,
-                      checked_html_path, checked_width, record_after_build, use_color, write, write_html_page,
-                      write_report_json)
+                      checked_html_path, checked_size, checked_width, record_after_build, use_color, write,
+                      write_html_page, write_report_json)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -74,7 +74,6 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cost.dtypes import parse_bytes
     from ..cost.memory.serving import MemoryOptions, memory_answer
     from ..errors import ParamscopeError
     from ..sources import resolve
@@ -83,10 +82,10 @@ def run(args: argparse.Namespace) -> int:
     checked_html_path(args)
     if args.gpu and args.budget:
         raise ParamscopeError("give --gpu or --budget, not both")
-    reserve = 0 if str(args.reserve).strip() in ("0", "0B") else parse_bytes(args.reserve)
+    reserve = checked_size("--reserve", args.reserve, zero=True)
     options = MemoryOptions(dtype=args.dtype, kv_dtype=args.kv_dtype, batch=args.batch, seq=args.seq,
                             kv_layout=args.kv_layout, group_size=args.group_size, encoder_seq=args.encoder_seq,
-                            gpu=args.gpu, budget=parse_bytes(args.budget) if args.budget else None, reserve=reserve,
+                            gpu=args.gpu, budget=checked_size("--budget", args.budget), reserve=reserve,
                             trace=args.trace)
     options.check()
     if args.dtype is not None:
@@ -108,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
                                    zero=args.zero, trace=args.trace, gpu=args.gpu, budget=options.budget,
                                    reserve=reserve)
         training.check()
+        from ..selection import check_pattern
+
+        for pattern in args.freeze:
+            check_pattern(pattern, option="freeze")  # a regular expression or a megabyte fails before the build
         source = resolve(args.model, revision=args.revision)
         report, estimate, view = training_answer(source, training, not args.no_cache, **model_options)
     else:

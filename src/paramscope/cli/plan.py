@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ._common import (add_debug_option, add_html_option, add_model_options, add_width_option, checked_html_path,
-                      checked_width, use_color, write, write_html_page, write_report_json)
+                      checked_size, checked_width, use_color, write, write_html_page, write_report_json)
 
 
 class _Rule(argparse.Action):
@@ -72,7 +72,6 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..api import as_source, inspect_with_module
-    from ..cost.dtypes import parse_bytes
     from ..cost.memory.training import TrainingOptions
     from ..errors import ParamscopeError
     from ..plan import ADAPTER_DTYPES, PlanOptions, compared_plans, make_plan, plan_flops, plan_memory
@@ -95,8 +94,12 @@ def run(args: argparse.Namespace) -> int:
         raise ParamscopeError("give --gpu or --budget, not both")
     training = TrainingOptions(batch=args.batch, seq=args.seq, optimizer=args.optimizer, precision=args.precision,
                                grad_checkpointing=args.grad_checkpointing, gpu=args.gpu,
-                               budget=parse_bytes(args.budget) if args.budget else None)
+                               budget=checked_size("--budget", args.budget))
     training.check()
+    if args.gpu:
+        from ..cost.hardware import find_accelerator
+
+        find_accelerator(args.gpu)  # a bad name fails before the build
     source = resolve(args.model, revision=args.revision)
     report, module = inspect_with_module(as_source(source), model_class=args.model_class, task=args.task,
                                          num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)

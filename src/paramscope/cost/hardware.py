@@ -8,6 +8,7 @@ settable reserve (`--reserve`).
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -94,25 +95,44 @@ def peak_flops(accelerator: Accelerator, dtype: str) -> float | None:
     return None if value is None else value * 1e12
 
 
-# Names people type for the same card.
-_ALIASES = {"h100": "H100 80GB", "h100sxm": "H100 80GB", "h100pcie": "H100 80GB", "a100": "A100 80GB",
-            "v100": "V100 32GB", "4090": "RTX 4090", "3090": "RTX 3090", "5090": "RTX 5090", "a6000": "RTX A6000",
-            "6000ada": "RTX 6000 Ada", "h200nvl": "H200", "b200": "B200", "gaudi3": "Gaudi 3"}
+# Names people type for the same card. "a100" and "v100" are no alias: each names two cards whose memory differs
+# twice over, so they are refused with both spellings (see find_accelerator).
+_ALIASES = {"h100": "H100 80GB", "h100sxm": "H100 80GB", "h100pcie": "H100 80GB", "4090": "RTX 4090",
+            "3090": "RTX 3090", "5090": "RTX 5090", "a6000": "RTX A6000", "6000ada": "RTX 6000 Ada", "h200nvl": "H200",
+            "b200": "B200", "gaudi3": "Gaudi 3"}
 
 
 def _key(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower()).removeprefix("nvidia").removeprefix("amd").removeprefix("geforce")
 
 
+def _spelling(accelerator: Accelerator) -> str:
+    """How to type a card on the command line: "A100 40GB" → "a100-40gb"."""
+    return accelerator.name.lower().replace(" ", "-")
+
+
 def find_accelerator(name: str) -> Accelerator:
-    """The accelerator called `name` ("h100", "RTX 4090", "a100-40gb"); raises naming it when unknown."""
-    key = _key(str(name)[:60])
+    """The accelerator called `name` ("h100", "RTX 4090", "a100-40gb"); raises naming it when unknown, and when it
+    names several cards ("a100": 40GB or 80GB), with their spellings, rather than choosing one silently."""
+    from ..errors import short_repr
+
+    shown = short_repr(str(name), 60)
+    key = _key(str(name)[:60]) if len(str(name)) <= 60 else ""
     by_key = {_key(a.name): a for a in ACCELERATORS}
     for alias, target in _ALIASES.items():
         by_key.setdefault(alias, next(a for a in ACCELERATORS if a.name == target))
     for candidate in (key, key.removeprefix("rtx")):
         if candidate in by_key:
             return by_key[candidate]
+    variants = [a for a in ACCELERATORS
+                if key and any(k.startswith(candidate) for k in (_key(a.name), _key(a.name).removeprefix("rtx"))
+                               for candidate in (key, key.removeprefix("rtx")) if candidate)]
+    if 1 < len(variants) <= 4:
+        cards = " or ".join(f"{a.name} ({_spelling(a)!r})" for a in variants)
+        raise OptionError(f"accelerator {shown} names several cards; say which: {cards}")
+    close = [_spelling(a) for a in variants] or [
+        _spelling(by_key[k]) for k in difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.7)] if key else []
+    hint = f"did you mean {close[0]!r}? " if close else ""  # a unique prefix ("b20") is suggested, never taken
     known = ", ".join(a.name for a in ACCELERATORS)
-    raise OptionError("unknown accelerator {name!r}; known: {known} (or give {0} 24GiB)", "budget", name=str(name)[:60],
-                      known=known)
+    raise OptionError("unknown accelerator {name}; {hint}known: {known} (or give {0} 24GiB)", "budget", name=shown,
+                      hint=hint, known=known)

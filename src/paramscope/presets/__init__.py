@@ -5,6 +5,7 @@ The registry is plain JSON so that looking a preset up never imports torch or tr
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -64,6 +65,43 @@ def find_preset(name: str) -> Preset | None:
     return _index().get(name.strip().lower())
 
 
+@lru_cache(maxsize=1)
+def _spellings() -> dict[str, str]:
+    """Every name a preset answers to, lower-cased → as the registry spells it."""
+    spellings: dict[str, str] = {}
+    for preset in all_presets():
+        for name in (preset.name, *preset.aliases, preset.name.split("/")[-1]):
+            spellings.setdefault(name.lower(), name)
+    return spellings
+
+
+def close_preset_names(name: str, limit: int = 3) -> list[str]:
+    """Preset names (hub ids or aliases) close to a misspelled `name`, closest first: "bert-base-uncasd" →
+    ["bert-base-uncased"]. Empty when nothing is close or `name` is too long to be a misspelling of one."""
+    key = str(name).strip().lower()
+    if not key or len(key) > 200:
+        return []
+    spellings = _spellings()
+    scored = sorted(((difflib.SequenceMatcher(None, key, other).ratio(), other) for other in spellings),
+                    reverse=True)
+    best = scored[0][0] if scored else 0.0
+    found: list[str] = []
+    for ratio, match in scored:
+        if ratio < 0.8 or ratio < best - 0.03:  # only the closest: a near tie is shown, a distant second is not
+            break
+        preset = find_preset(match)
+        if all(find_preset(f) is not preset for f in found):  # one spelling per preset
+            found.append(spellings[match])
+    return found[:limit]
+
+
+def did_you_mean(names: list[str]) -> str:
+    """"did you mean 'a' or 'b'?" for a message, or "" when there is nothing to suggest."""
+    if not names:
+        return ""
+    return "did you mean " + " or ".join(repr(n) for n in names) + "?"
+
+
 def presets_named(names: list[str] | None) -> list[Preset]:
     """The presets `names` name (all of them for None or none given); SourceError naming one that is no preset."""
     if not names:
@@ -72,7 +110,8 @@ def presets_named(names: list[str] | None) -> list[Preset]:
     for name in names:
         preset = find_preset(name)
         if preset is None:
-            raise SourceError(f"no preset named {name!r} (see `paramscope presets`)")
+            hint = did_you_mean(close_preset_names(name))
+            raise SourceError(f"no preset named {name!r}" + (f"; {hint}" if hint else "") + " (see `paramscope presets`)")
         found.append(preset)
     return found
 

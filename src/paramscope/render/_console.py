@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from typing import Iterable
 
 from rich.console import Console
@@ -73,3 +74,31 @@ def model_source_line(model) -> Padding | None:
         return indented("model: built on the meta device" + (f" ({model.engine_detail})" if model.engine_detail
                                                              else ""))
     return None
+
+
+def wrap_words(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width` characters, broken between words; a word wider than the line (a path, a
+    hub id) breaks after a '/', and only a single name wider than the line is cut inside."""
+    width = max(width, 8)
+    lines: list[str] = []
+    current = ""
+    for word in text.split(" "):
+        chunks = re.findall(r"[^/]*/|[^/]+", word) if len(word) > width else [word]
+        for index, chunk in enumerate(chunks):
+            joined = (current + " " + chunk) if index == 0 and current else current + chunk
+            if current and len(joined) > width:
+                lines.append(current.rstrip())
+                current = chunk
+            else:
+                current = joined
+            while len(current) > width:
+                lines.append(current[:width])
+                current = current[width:]
+    lines.append(current.rstrip())
+    return lines
+
+
+def hanging(label: str, text: str, width: int) -> list[str]:
+    """`label` then `text` wrapped to `width`, continuation lines indented under the text (wrap_words)."""
+    indent = " " * len(label)
+    return [(label if i == 0 else indent) + line for i, line in enumerate(wrap_words(text, width - len(label)))]

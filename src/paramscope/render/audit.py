@@ -14,13 +14,13 @@ from rich.table import Table
 from rich.text import Text
 
 from ..explain import exact
-from ._console import indented, shape, to_text
+from ._console import indented, shape, to_text, wrap_words
 
 LIST_LIMIT = 20  # longer lists of keys are cut (with a count) unless every key is asked for
 
 
 def render_audit_text(result, width: int = 100, *, color: bool = False, all_keys: bool = False) -> str:
-    parts = [_header(result), _dtypes(result.checkpoint), _reconciliation(result, all_keys)]
+    parts = [_header(result, width), _dtypes(result.checkpoint), _reconciliation(result, all_keys)]
     loading = _loading(result)
     if loading is not None:
         parts.append(loading)
@@ -66,7 +66,7 @@ def heads_group(heads) -> Group:
     return Group(*lines, Text(""))
 
 
-def _header(result) -> Group:
+def _header(result, width: int = 100) -> Group:
     ck, report = result.checkpoint, result.report
     files = len(ck.files)
     title = Text.assemble(("Audit", "bold"), " · ", (report.model.class_name, "bold cyan"), " · ",
@@ -74,11 +74,16 @@ def _header(result) -> Group:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(no_wrap=True)
     grid.add_column(overflow="fold")
-    grid.add_row("  checkpoint", f"{ck.path} ({ck.format}, {files} file{'s' if files != 1 else ''}, "
-                                 f"{len(ck.tensors)} tensors)")
-    grid.add_row("  found", result.located.description)
+    room = width - len("  checkpoint") - 2  # the labels' column and the grid's padding
+
+    def paths(text: str) -> str:  # broken between words and after a '/', never inside a folder's name
+        return "\n".join(wrap_words(text, room))
+
+    grid.add_row("  checkpoint", paths(f"{ck.path} ({ck.format}, {files} file{'s' if files != 1 else ''}, "
+                                       f"{len(ck.tensors)} tensors)"))
+    grid.add_row("  found", paths(result.located.description))
     if report.model.source.split(" ", 1)[-1] != result.located.description.split(" ", 1)[-1]:
-        grid.add_row("  config", report.model.source)
+        grid.add_row("  config", paths(report.model.source))
     grid.add_row("  class", f"{report.model.class_name}: {report.model.class_reason}")
     grid.add_row("  read", "headers only: no tensor data was read")
     return Group(title, grid, Text(""))

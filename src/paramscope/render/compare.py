@@ -5,7 +5,9 @@ A number is never broken across lines. The first layout that fits the width is u
 1. models side by side, exact counts with shares;
 2. models side by side, human units (109.5M) with shares;
 3. models as rows: exact totals, then each role group's share;
-4. one block per model, which fits any width of 40 or more.
+4. the same, compact: the role groups that fit (the largest first) and a note naming those left out, exact totals
+   or human units;
+5. one block per model, for a width where not even a model's name and total fit on a line.
 """
 
 from __future__ import annotations
@@ -35,7 +37,33 @@ def render_compare_text(comparison: Comparison, width: int = 100, *, color: bool
         table = layout(comparison, roles)
         if table is not None and _needed_width(table) <= width:
             return to_text([table], width, color)
+    compact = _compact_rows(comparison, roles, width)
+    if compact is not None:
+        return to_text(compact, width, color)
     return to_text([_blocks(comparison, roles)], width, color)
+
+
+def _compact_rows(comparison: Comparison, roles: bool, width: int) -> list | None:
+    """Models as rows with as many role-group columns as fit, the largest groups first, and a note naming the rest;
+    None when not even each model's name and total fit."""
+    from ._console import wrap_words
+
+    ranked = sorted(comparison.groups, key=lambda g: -max(c.share(c.groups.get(g, 0)) for c in comparison.columns))
+    for count in (exact, human):
+        for kept in range(len(ranked), -1, -1):
+            shown = [g for g in comparison.groups if g in ranked[:kept]]
+            headers = ["model", "parameters", *(_SHORT_GROUP.get(g, g) for g in shown)]
+            rows = [(c.label, [count(c.total), *(_share(c.groups.get(g, 0), c.share) for g in shown)], None)
+                    for c in comparison.columns]
+            table = _table("Comparison: role groups as shares of each total", headers, rows)
+            if _needed_width(table) <= width:
+                left_out = [GROUP_TITLES.get(g, g) for g in comparison.groups if g not in shown]
+                wider = [_side_by_side_human(comparison, roles)] + ([] if roles else [_models_as_rows(comparison, roles)])
+                needed = min(_needed_width(t) for t in wider if t is not None)
+                note = ("not shown at this width: " + ", ".join(left_out) + "; " if left_out else "")
+                note += ("each role" if roles else "every group") + f" at --width {needed}, every figure in --json"
+                return [table, Text("\n".join(wrap_words(note, width)), style="dim")]
+    return None
 
 
 def _needed_width(table: Table) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 from ..explain import exact, human
 from ..formula_spec import FormulaSpec, Group
 from ..polynomial import Monomial, Poly, mono_degree
+from ._console import hanging, wrap_words
 
 _SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 
@@ -269,10 +270,23 @@ def render_text(shown: Shown, *, width: int = 100, color: bool = False, explain:
     def say(*segments: Segment | str) -> None:
         lines.append([(seg, "") if isinstance(seg, str) else seg for seg in segments])
 
-    say((shown.label, "bold"), " · ", (spec.class_name, "bold cyan"), " · parameter formula")
-    say(f"  source    {shown.source}")
-    for line in provenance(shown):
-        say(("  " + line, ""))
+    def heading(title: str, aside: str) -> None:
+        """A bold title and a dim aside (" — …"), the aside on lines of its own when both do not fit."""
+        if len(title) + len(aside) <= width:
+            say((title, "bold"), (aside, "dim"))
+            return
+        say((title, "bold"))
+        for wrapped in hanging("  ", aside.removeprefix(" — "), width):
+            say((wrapped, "dim"))
+
+    if len(shown.label) + len(spec.class_name) + 22 <= width:
+        say((shown.label, "bold"), " · ", (spec.class_name, "bold cyan"), " · parameter formula")
+    else:
+        say((shown.label, "bold"))
+        say("  ", (spec.class_name, "bold cyan"), " · parameter formula")
+    for line in ["source    " + shown.source, *provenance(shown)]:  # "cached    derived at …": a 10-character label
+        for wrapped in hanging("  " + line[:10], line[10:], width):
+            say((wrapped, ""))
     say()
     for i, chunk in enumerate(_wrap(format_groups(spec.total_groups(), order), width - 4)):
         say((("P = " if i == 0 else "    ") + chunk, "bold"))
@@ -292,7 +306,7 @@ def render_text(shown: Shown, *, width: int = 100, color: bool = False, explain:
     lines.extend(_table(rows, "llr", width, fold=1, rule_before_last=True))
     say()
 
-    say(("By role", "bold"), (" — the figures of `paramscope inspect`, each from its term", "dim"))
+    heading("By role", " — the figures of `paramscope inspect`, each from its term")
     header = ["role", "term"] + (["arithmetic"] if explain else []) + ["parameters"]
     rows = [(header, "bold")]
     terms, arithmetic = role_terms(spec), role_terms(spec, values) if explain else {}
@@ -309,17 +323,19 @@ def render_text(shown: Shown, *, width: int = 100, color: bool = False, explain:
             for symbol, path in spec.symbols.items()]
     rows += [([symbol, definition, exact(values[symbol]), "derived: a whole-number quotient"], "")
              for symbol, definition in spec.definitions().items()]
-    lines.extend(_table(rows, "llrl", width, fold=3))
+    lines.extend(_table(rows, "llrl", width, fold=1))
     if spec.independent:
-        say(("  does not depend on: " + ", ".join(spec.independent) + " (varied; no parameter changed)", "dim"))
+        for wrapped in hanging("  ", "does not depend on: " + ", ".join(spec.independent)
+                               + " (varied; no parameter changed)", width):
+            say((wrapped, "dim"))
     say()
 
     assumptions = assumption_texts(spec)
     if assumptions:
-        say(("Assumptions", "bold"),
-            (" — a config that breaks one gets a new derivation or an error, never a wrong number", "dim"))
+        heading("Assumptions", " — a config that breaks one gets a new derivation or an error, never a wrong number")
         for text in assumptions:
-            say(f"  · {text}")
+            for wrapped in hanging("  · ", text, width):
+                say(wrapped)
     return _emit(lines, width, color)
 
 
@@ -364,7 +380,7 @@ def _table(rows: list[tuple[list[str], str]], aligns: str, width: int, *, fold: 
     for index, (cells, style) in enumerate(rows):
         if rule_before_last and index == len(rows) - 1:
             out.append([("  " + "─" * (sum(widths) + gap * (ncols - 1)), "dim")])
-        wrapped = [_wrap(cell, widths[c]) if c == fold else [cell] for c, cell in enumerate(cells)]
+        wrapped = [_fold(cell, widths[c]) if c == fold else [cell] for c, cell in enumerate(cells)]
         for k in range(max(len(w) for w in wrapped)):
             parts = []
             for c in range(ncols):
@@ -374,6 +390,12 @@ def _table(rows: list[tuple[list[str], str]], aligns: str, width: int, *, fold: 
                 parts.append(cell.rjust(widths[c]) if aligns[c] == "r" else cell.ljust(widths[c]))
             out.append([("  " + (" " * gap).join(parts).rstrip(), style)])
     return out
+
+
+def _fold(text: str, width: int) -> list[str]:
+    """A cell in lines of `width`: a sum broken after a ' + ', then anything still too wide between words."""
+    return [line for piece in _wrap(text, width)
+            for line in (wrap_words(piece, width) if len(piece) > width else [piece])]
 
 
 def _emit(lines: list[list[Segment]], width: int, color: bool) -> str:
