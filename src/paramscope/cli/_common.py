@@ -12,7 +12,7 @@ import re
 import sys
 from typing import Any
 
-from ..errors import ParamscopeError, short_repr
+from ..errors import OptionError, ParamscopeError, short_repr
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, remote_code: bool = True) -> None:
@@ -47,7 +47,7 @@ def add_width_option(parser: argparse.ArgumentParser) -> None:
 def checked_width(args: argparse.Namespace) -> int:
     """--width, at least 20, else the terminal's width."""
     if args.width is not None and args.width < 20:
-        raise ParamscopeError(f"--width must be 20 or more, got {args.width}")
+        raise OptionError(f"--width must be 20 or more, got {args.width}")
     return args.width or terminal_width()
 
 
@@ -162,16 +162,16 @@ def checked_size(flag: str, text: str | None, *, zero: bool = False) -> int | No
         return 0
     shown = short_repr(str(text), 40)
     if stripped.startswith("-"):
-        raise ParamscopeError(f"{flag} must be a positive size, got {shown} (for example 24GiB)")
+        raise OptionError(f"{flag} must be a positive size, got {shown} (for example 24GiB)")
     if re.fullmatch(r"[0-9.]{1,20}", stripped):
-        raise ParamscopeError(f"{flag} needs a unit: {shown} would be {stripped} bytes; write {stripped}GiB, "
+        raise OptionError(f"{flag} needs a unit: {shown} would be {stripped} bytes; write {stripped}GiB, "
                               f"{stripped}GB or {stripped}MiB")
     try:
         value = parse_bytes(stripped)
     except ParamscopeError:
-        raise ParamscopeError(f"{flag}: not a memory size: {shown} (examples: 24GiB, 80GB, 512MiB)") from None
+        raise OptionError(f"{flag}: not a memory size: {shown} (examples: 24GiB, 80GB, 512MiB)") from None
     if value < MIN_SIZE:
-        raise ParamscopeError(f"{flag} must be at least 1MiB, got {shown} ({value:,} bytes)")
+        raise OptionError(f"{flag} must be at least 1MiB, got {shown} ({value:,} bytes)")
     return value
 
 
@@ -188,15 +188,15 @@ def checked_html_path(args: argparse.Namespace) -> str | None:
         return path
     control = next((c for c in path if ord(c) < 32 or ord(c) == 127), None)
     if control is not None:  # legal on Linux, but no one means it, and the "wrote …" line would break in two
-        raise ParamscopeError(f"--html: the file name {short_repr(path, 80)} holds a control character "
+        raise OptionError(f"--html: the file name {short_repr(path, 80)} holds a control character "
                               f"({short_repr(control)}); give a plain name")
     if len(os.path.basename(path).encode("utf-8", "surrogateescape")) > 255:
-        raise ParamscopeError(f"--html: the file name {short_repr(path, 80)} is longer than 255 bytes")
+        raise OptionError(f"--html: the file name {short_repr(path, 80)} is longer than 255 bytes")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise ParamscopeError(f"--html: no such folder for {path!r}")
+        raise OptionError(f"--html: no such folder for {path!r}")
     if os.path.isdir(path):
-        raise ParamscopeError(f"--html: {path!r} is a folder, not a file")
+        raise OptionError(f"--html: {path!r} is a folder, not a file")
     return path
 
 
@@ -213,6 +213,6 @@ def write_html_page(page: str, path: str) -> None:
         if not existed and os.path.isfile(path):  # a disk that filled up leaves no half page behind
             with contextlib.suppress(OSError):
                 os.remove(path)
-        raise ParamscopeError(f"--html: cannot write {path!r}: {err.strerror}") from None
+        raise OptionError(f"--html: cannot write {path!r}: {err.strerror}") from None
     print(f"paramscope: wrote {path} ({len(page.encode('utf-8')) / 1e6:.1f} MB; open it in any browser, "
           "it needs no network)", file=sys.stderr)

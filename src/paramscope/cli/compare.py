@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..errors import ParamscopeError
+from ..errors import OptionError
 from ._common import (add_cache_option, add_debug_option, add_html_option, add_source_options, add_width_option,
                       checked_html_path, checked_width, record_after_build, use_color, write, write_html_page)
 
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from ..render.compare import render_compare_csv, render_compare_json, render_compare_text
 
     if len(args.models) < 2:
-        raise ParamscopeError(f"compare needs two or more models, got {len(args.models)}: {args.models[0]}")
+        raise OptionError(f"compare needs two or more models, got {len(args.models)}: {args.models[0]}")
     width = None if args.json or args.csv else checked_width(args)  # bad options fail before any build
     checked_html_path(args)
     specs = [parse_spec(m) for m in args.models]

@@ -51,7 +51,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..cost.flops.estimate import FlopOptions, flop_answer
-    from ..errors import ParamscopeError
+    from ..errors import OptionError
     from ..sources import resolve
 
     width = None if args.json else checked_width(args)
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     tokens = None
     if args.tokens is not None:
         if not 1 <= args.tokens <= 1e17:  # also refuses nan
-            raise ParamscopeError(f"--tokens must be a count between 1 and 1e17, got {args.tokens:g}")
+            raise OptionError(f"--tokens must be a count between 1 and 1e17, got {args.tokens:g}")
         tokens = int(args.tokens)
     options = FlopOptions(batch=args.batch, seq=args.seq, training=args.training,
                           grad_checkpointing=args.grad_checkpointing, causal=args.causal, freeze=tuple(args.freeze),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..errors import ParamscopeError
+from ..errors import OptionError
 from ._common import (add_cache_option, add_debug_option, add_html_option, add_model_options, add_width_option,
                       checked_html_path, checked_width, record_after_build, use_color, write, write_html_page,
                       write_report_json)
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from ..sources import resolve
 
     if args.depth is not None and args.depth < 0:
-        raise ParamscopeError(f"--depth must be 0 or more, got {args.depth}")
+        raise OptionError(f"--depth must be 0 or more, got {args.depth}")
     width = None if args.json else checked_width(args)  # bad options fail before any build
     checked_html_path(args)
     source = resolve(args.model, revision=args.revision)

@@ -75,13 +75,13 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..cost.memory.serving import MemoryOptions, memory_answer
-    from ..errors import ParamscopeError
+    from ..errors import OptionError
     from ..sources import resolve
 
     width = None if args.json else checked_width(args)  # bad options fail before any build
     checked_html_path(args)
     if args.gpu and args.budget:
-        raise ParamscopeError("give --gpu or --budget, not both")
+        raise OptionError("give --gpu or --budget, not both")
     reserve = checked_size("--reserve", args.reserve, zero=True)
     options = MemoryOptions(dtype=args.dtype, kv_dtype=args.kv_dtype, batch=args.batch, seq=args.seq,
                             kv_layout=args.kv_layout, group_size=args.group_size, encoder_seq=args.encoder_seq,
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         from ..cost.memory.training import TrainingOptions, training_answer
 
         if args.dtype or args.kv_dtype or args.group_size or args.encoder_seq or args.kv_layout != "hf":
-            raise ParamscopeError("--dtype, --kv-dtype, --kv-layout, --group-size and --encoder-seq are for "
+            raise OptionError("--dtype, --kv-dtype, --kv-layout, --group-size and --encoder-seq are for "
                                   "serving; training takes --precision")
         training = TrainingOptions(batch=args.batch, seq=args.seq, optimizer=args.optimizer,
                                    precision=args.precision, grad_checkpointing=args.grad_checkpointing,
@@ -120,9 +120,9 @@ def run(args: argparse.Namespace) -> int:
                                      ("--devices", args.devices, 1), ("--zero", args.zero, "0"),
                                      ("--attention", args.attention, None)):
             if value != default:
-                raise ParamscopeError(f"{flag} is for --training")
+                raise OptionError(f"{flag} is for --training")
         if args.freeze:
-            raise ParamscopeError("--freeze is for --training")
+            raise OptionError("--freeze is for --training")
         source = resolve(args.model, revision=args.revision)
         report, estimate, view = memory_answer(source, options, not args.no_cache, **model_options)
     _show(args, report, estimate, width)

@@ -73,14 +73,14 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..api import as_source, inspect_with_module
     from ..cost.memory.training import TrainingOptions
-    from ..errors import ParamscopeError
+    from ..errors import OptionError
     from ..plan import ADAPTER_DTYPES, PlanOptions, compared_plans, make_plan, plan_flops, plan_memory
     from ..sources import resolve
 
     width = None if args.json else checked_width(args)
     checked_html_path(args)
     if args.depth < 0:
-        raise ParamscopeError(f"--depth must be 0 or more, got {args.depth}")
+        raise OptionError(f"--depth must be 0 or more, got {args.depth}")
     split = lambda text: tuple(t.strip() for t in text.split(",") if t.strip()) if text else None  # noqa: E731
     options = PlanOptions(rules=tuple(args.rules), lora=args.lora, alpha=args.alpha, dropout=args.dropout,
                           target=split(args.target), dora=args.dora, rslora=args.rslora,
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if compared is None:
         options.check()
     if args.gpu and args.budget:
-        raise ParamscopeError("give --gpu or --budget, not both")
+        raise OptionError("give --gpu or --budget, not both")
     training = TrainingOptions(batch=args.batch, seq=args.seq, optimizer=args.optimizer, precision=args.precision,
                                grad_checkpointing=args.grad_checkpointing, gpu=args.gpu,
                                budget=checked_size("--budget", args.budget))
