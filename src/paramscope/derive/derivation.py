@@ -65,43 +65,17 @@ def _derive(base: dict[str, Any], label: str, model_class: str | None, task: str
         if getattr(transformers, class_name, None) is None:
             raise ModelClassError(f"formulas need a native transformers class; {class_name!r} is not one")
         flat = flat_spellings(config, base, num_labels)
-    anchor_module, anchor = build_anchor(base, class_name, num_labels, take or parameter_snapshot, max_anchor_build_s)
+    snapshot_of = take or parameter_snapshot
+    anchor_module, anchor = build_anchor(base, class_name, num_labels, snapshot_of, max_anchor_build_s)
     started = time.perf_counter()  # the derivation proper: the imports and the first build are any build's
 
     fields = read_fields(config, base, num_labels, flat, template=take is not None)
-    prober = Prober(fields, class_name, num_labels, anchor, take or parameter_snapshot, deadline)
+    prober = Prober(fields, class_name, num_labels, anchor, snapshot_of, deadline)
     flags = structural_flags(prober, fields.flags)
     design = design_variations(prober, fields.ints)
-    variables = design.variables
     found = fit(prober, design, joint(prober, design, count=6))
 
-    symbols, sym_of = fields.symbols(variables)
-    derived: dict[str, tuple[str, str]] = {}
-    for name, (a, b) in found.quotients.items():
-        free = (f"Q{n}" if n > 1 else "Q" for n in itertools.count(1))
-        symbol = next(q for q in free if q not in symbols and q not in derived)
-        derived[symbol] = (sym_of[a], sym_of[b])
-        sym_of[name] = symbol
-    families = tuple(Family(key[0], key[1], *_renamed(comps, sym_of)) for key, comps in found.quantities.items())
-    anchor_values = {sym_of[v]: fields.ints[v].value for v in variables}
-    anchor_values.update({symbol: anchor_values[a] // anchor_values[b] for symbol, (a, b) in derived.items()})
-    ints = fields.ints
-    spec = FormulaSpec(
-        class_name=class_name,
-        model_type=str(base.get("model_type")),
-        transformers_version=installed_transformers_version() or transformers.__version__,
-        roles_fingerprint=roles_fingerprint(),
-        symbols=symbols,
-        defaults={path: info.default for path, info in ints.items()
-                  if isinstance(info.default, int) and not isinstance(info.default, bool)},
-        families=tuple(f for f in families if not f.role.startswith("<")),
-        conditions=_conditions(fields, flags, design, sym_of, families),
-        independent=tuple(sorted((p for p in design.independent if ints[p].present or p != "num_labels"), key=rank)),
-        sympy_names=_sympy_names({**symbols, **derived}),
-        anchor={},
-        aliases=dict(fields.spellings),
-        derived=derived,
-    )
+    spec, sym_of, anchor_values, families = _assemble(class_name, fields, flags, design, found)
     _verify_fit(spec, prober, design, sym_of, found)
     anchor_info = {"label": label, "values": anchor_values, "total": anchor.total, "by_role": nonzero(anchor.breakdown),
                    "builds": prober.builds, "seconds": round(time.perf_counter() - started, 3)}
@@ -115,6 +89,42 @@ def _derive(base: dict[str, Any], label: str, model_class: str | None, task: str
         extra_families=tuple(f for f in families if f.role.startswith("<")),
         probes=prober.probes(),
     )
+
+
+def _assemble(class_name: str, fields: Fields, flags: tuple[Field, ...], design: Design, found: Fit
+              ) -> tuple[FormulaSpec, dict[str, str], dict[str, int], tuple[Family, ...]]:
+    """(the spec with its anchor left empty, path → symbol, each symbol's value at the anchor, every family fitted:
+    template mode's buffers and runs too). A whole-number quotient a // b gets a symbol of its own (Q, Q2, …)."""
+    import transformers
+
+    ints, variables = fields.ints, design.variables
+    symbols, sym_of = fields.symbols(variables)
+    derived: dict[str, tuple[str, str]] = {}
+    for name, (a, b) in found.quotients.items():
+        free = (f"Q{n}" if n > 1 else "Q" for n in itertools.count(1))
+        symbol = next(q for q in free if q not in symbols and q not in derived)
+        derived[symbol] = (sym_of[a], sym_of[b])
+        sym_of[name] = symbol
+    families = tuple(Family(key[0], key[1], *_renamed(comps, sym_of)) for key, comps in found.quantities.items())
+    anchor_values = {sym_of[v]: ints[v].value for v in variables}
+    anchor_values.update({symbol: anchor_values[a] // anchor_values[b] for symbol, (a, b) in derived.items()})
+    spec = FormulaSpec(
+        class_name=class_name,
+        model_type=str(fields.base.get("model_type")),
+        transformers_version=installed_transformers_version() or transformers.__version__,
+        roles_fingerprint=roles_fingerprint(),
+        symbols=symbols,
+        defaults={path: info.default for path, info in ints.items()
+                  if isinstance(info.default, int) and not isinstance(info.default, bool)},
+        families=tuple(f for f in families if not f.role.startswith("<")),
+        conditions=_conditions(fields, flags, design, sym_of, families),
+        independent=tuple(sorted((p for p in design.independent if ints[p].present or p != "num_labels"), key=rank)),
+        sympy_names=_sympy_names({**symbols, **derived}),
+        anchor={},
+        aliases=dict(fields.spellings),
+        derived=derived,
+    )
+    return spec, sym_of, anchor_values, families
 
 
 def _verify_fit(spec: FormulaSpec, prober: Prober, design: Design, sym_of: dict[str, str], found: Fit) -> None:

@@ -73,7 +73,8 @@ def bisect(items: list, settled: Callable[[list], bool]) -> None:
 
 
 def alternatives(info: Field) -> list[Any]:
-    """Other values to try for a flag; none for lists and dicts (held as they are: structural)."""
+    """Other values to try for a flag; none for lists, dicts and nulls of no simple type (held as they are:
+    structural)."""
     value = info.value
     if isinstance(value, bool):
         return [not value]
