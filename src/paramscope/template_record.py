@@ -1,6 +1,6 @@
 """Recording structure templates (template.py): derive one from meta builds, check it, keep it. Needs torch.
 
-The derivation is the formula engine's (formula._Deriver), run on a richer snapshot of each build: besides the
+The derivation is the formula engine's (derive/), run on a richer snapshot of each build: besides the
 parameter families it holds the buffers' shapes, the length of each run of identical blocks in a stack, and the
 module skeleton with every size left out. So a field is structural for a template when it changes anything a report
 shows (an activation's class name, a buffer), not only when it changes the count; every other field is a size,
@@ -19,9 +19,10 @@ import time
 from typing import Any
 
 from .count import count_module
+from .derive.derivation import derive_structure
+from .derive.probe import Snapshot, snapshot
 from .document_diff import comparable, first_difference
 from .errors import ParamscopeError
-from .formula import _Deriver, _Snapshot, _snapshot
 from .disk_cache import route_key
 from .template import (Template, TemplateError, pattern_of, report_from_template, store_template, sub_configs_of,
                        write_template)
@@ -90,10 +91,10 @@ def _entry(tensors: dict[int, str], path: str, local: str, tensor: Any, flag: bo
     return [local, str(tensor.dtype).removeprefix("torch."), flag, tie]
 
 
-def template_snapshot(module: Any) -> _Snapshot:
+def template_snapshot(module: Any) -> Snapshot:
     """The formula engine's snapshot plus what a template needs: buffer shapes, run lengths, the skeleton."""
     counted = count_module(module)
-    base = _snapshot(counted)
+    base = snapshot(counted)
     if any(k for _, _, k in base.fams):
         raise TemplateError("one parameter name pattern holds tensors of different shapes")
     fams = dict(base.fams)
@@ -107,7 +108,7 @@ def template_snapshot(module: Any) -> _Snapshot:
     skeleton, runs = skeleton_of(module)
     for key, length in runs.items():
         fams[(key, "<run>", 0)] = (length, ())
-    return _Snapshot(fams, base.total, base.breakdown, json.dumps(skeleton, sort_keys=True))
+    return Snapshot(fams, base.total, base.breakdown, json.dumps(skeleton, sort_keys=True))
 
 
 def derive_template(config: dict[str, Any], *, label: str = "config", model_class: str | None = None,
@@ -116,33 +117,31 @@ def derive_template(config: dict[str, Any], *, label: str = "config", model_clas
     """A template for `config`'s class under its structural settings, checked against the build's reports.
     TemplateError (or FormulaError) when none can be made within `budget_s`."""
     started = time.perf_counter()
-    deriver = _Deriver(config, label, model_class=model_class, task=task, num_labels=num_labels,
-                       take=template_snapshot, deadline=started + budget_s, max_anchor_build_s=max_build_s)
-    spec, _ = deriver.run()
-    module = deriver.anchor_module
+    derivation = derive_structure(config, label, model_class=model_class, task=task, num_labels=num_labels,
+                                  take=template_snapshot, deadline=started + budget_s,
+                                  max_anchor_build_s=max_build_s)
+    spec, module, extras = derivation.spec, derivation.anchor_module, derivation.extra_families
     skeleton, _ = skeleton_of(module)
-    extras = deriver.extra_families
     template = Template(
         spec=spec,
         buffers=tuple(f for f in extras if f.role == "<buffer>"),
         runs=tuple(f for f in extras if f.role == "<run>"),
         skeleton=skeleton,
-        class_reason=deriver.class_reason,
+        class_reason=derivation.class_reason,
         base_model_prefix=getattr(module, "base_model_prefix", None) or None,
         sub_configs=sub_configs_of(config),
-        field_types=field_kinds(type(deriver.config_obj)),
+        field_types=field_kinds(derivation.config_class),
     )
     template = Template.from_json(json.loads(json.dumps(template.to_json())))  # as it will be read back
-    anchor_structure = deriver.anchor.structure()
+    anchor_structure = derivation.anchor.structure()
     checked = 0
-    for key, (probe_config, probe_labels) in deriver.configs.items():
-        snap = deriver._probes.get(key)
-        if snap is None or snap.structure() != anchor_structure or checked >= MAX_CHECKS:
+    for probe in derivation.probes:
+        if probe.snapshot.structure() != anchor_structure or checked >= MAX_CHECKS:
             continue
-        if template.problem(probe_config, probe_labels) is not None:
+        if template.problem(probe.config, probe.num_labels) is not None:
             continue
-        difference = compare_with_build(template, probe_config, model_class=model_class, task=task,
-                                        num_labels=probe_labels)
+        difference = compare_with_build(template, probe.config, model_class=model_class, task=task,
+                                        num_labels=probe.num_labels)
         if difference:
             raise TemplateError(f"the template for {spec.class_name} differs from the build: {difference}")
         checked += 1
