@@ -131,3 +131,14 @@ def test_every_registered_display_names_a_page_that_exists():
     assert set(PAGES) == set(classes)
     for type_name, module in classes.items():
         assert hasattr(importlib.import_module(module), type_name)
+
+
+def test_no_module_imports_another_modules_private_name():
+    """A name starting with '_' is its module's own: what others need is public (issue 26's reaches into _Deriver)."""
+    offenders = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("paramscope")):
+                offenders += [f"{path.relative_to(PACKAGE_DIR)}:{node.lineno} {alias.name}" for alias in node.names
+                              if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert not offenders, offenders

@@ -41,7 +41,7 @@ def inspect(
     same report, without importing torch or transformers); otherwise, or when no template applies, the class is
     built on the meta device. `report.model.engine` says which answered.
     """
-    if _is_module(model):
+    if is_module(model):
         return inspect_with_module(model, model_class=model_class, task=task, num_labels=num_labels)[0]
     return inspect_source(as_source(model, revision), model_class=model_class, task=task, num_labels=num_labels,
                           trust_remote_code=trust_remote_code, use_cache=use_cache)[0]
@@ -59,7 +59,7 @@ def inspect_source(source: Source, *, model_class: str | None = None, task: str 
         report, root, why = _template_answer(source, model_class=model_class, task=task, num_labels=num_labels)
         if report is not None:
             return report, root
-    report, module = _inspect_source(source, model_class, task, num_labels, trust_remote_code)
+    report, module = build_source(source, model_class, task, num_labels, trust_remote_code)
     if why is not None:
         report = replace(report, model=replace(report.model, engine_detail=why))
     return report, module
@@ -118,12 +118,12 @@ def inspect_with_module(model: Any, *, model_class: str | None = None, task: str
     """`inspect`, and the meta-device module it counted (for what needs the module: torchinfo's convention).
 
     `dtype` ("bfloat16") builds as loading in that dtype would, so each tensor's dtype is the loaded one."""
-    if _is_module(model):
+    if is_module(model):
         if model_class or task or num_labels is not None:
             raise ModelClassError("{0}, {1} and {2} apply to configs, not to a live module", "model_class", "task",
                                   "num_labels")
         return inspect_module(model), model
-    return _inspect_source(as_source(model, revision), model_class, task, num_labels, trust_remote_code, dtype)
+    return build_source(as_source(model, revision), model_class, task, num_labels, trust_remote_code, dtype)
 
 
 def as_source(model: Any, revision: str | None = None) -> Source:
@@ -134,7 +134,7 @@ def as_source(model: Any, revision: str | None = None) -> Source:
         return Source("config-dict", "config", "a config dict", model)
     if _is_pretrained_config(model):
         return Source("config-object", type(model).__name__, f"a {type(model).__name__} object", model.to_dict())
-    if _is_module(model):
+    if is_module(model):
         raise ModelClassError("a live module has no config to read")
     return resolve(str(model), revision=revision)
 
@@ -158,8 +158,9 @@ def inspect_module(module: Any, *, label: str | None = None) -> Report:
                        **_extras(module, config, counted))
 
 
-def _inspect_source(source: Source, model_class, task, num_labels, trust_remote_code,
-                    dtype: str | None = None) -> tuple[Report, Any]:
+def build_source(source: Source, model_class, task, num_labels, trust_remote_code,
+                 dtype: str | None = None) -> tuple[Report, Any]:
+    """(Report, module) of `source` built on meta (in `dtype`), the class chosen as transformers would: no template."""
     from .build import build_on_meta, choose_class, extra_config_notes, make_config, transformers_version
 
     location = code_location(source)
@@ -208,7 +209,7 @@ def _extras(module: Any, config: Any, counted) -> dict[str, Any]:
     }
 
 
-def _is_module(obj: Any) -> bool:
+def is_module(obj: Any) -> bool:
     # Checked by duck type first so that a plain string never triggers `import torch`.
     if isinstance(obj, (str, dict)) or not hasattr(obj, "named_parameters"):
         return False

@@ -154,9 +154,9 @@ def _groups_sympy(groups, sympy) -> Any:
 
 def _resolve(model: Any, revision: str | None) -> tuple[dict[str, Any], str, str]:
     """(config dict, label, description) for what `paramscope.inspect` accepts, except a live module."""
-    from .api import _is_module, as_source
+    from .api import is_module, as_source
 
-    if _is_module(model):
+    if is_module(model):
         raise ModelClassError("a formula is derived from a config; a live module has no config fields to vary")
     source = as_source(model, revision)
     return copy.deepcopy(source.config), source.label, source.description

@@ -199,12 +199,12 @@ def _kinds(annotation: Any) -> set[str] | None:
 def compare_with_build(template: Template, config: dict[str, Any], *, model_class: str | None = None,
                        task: str | None = None, num_labels: int | None = None) -> str | None:
     """Where the template's report of `config` differs from the meta build's (JSON paths), or None."""
-    from .api import _inspect_source
+    from .api import build_source
     from .render.json import report_to_dict
     from .sources import Source
 
     source = Source("config-dict", "config", "a config dict", copy.deepcopy(config))
-    built, _ = _inspect_source(source, model_class, task, num_labels, False)
+    built, _ = build_source(source, model_class, task, num_labels, False)
     answered = report_from_template(template, source, num_labels=num_labels, class_reason=built.model.class_reason)
     return first_difference(comparable(report_to_dict(built)), comparable(report_to_dict(answered)))
 

@@ -78,14 +78,14 @@ def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cach
     from ...api import as_source
     from ..facts.store import answer_from_facts_or_build
 
-    from ...api import _is_module, inspect_module
+    from ...api import is_module, inspect_module
     from ..model_view import from_module
 
     options.check()
     accelerator = find_accelerator(options.gpu) if options.gpu else None
     if options.kv_dtype is not None:
         torch_name(options.kv_dtype)  # a bad name fails before the build
-    if _is_module(model):  # a user's module, counted as it is; a transformers one brings its config
+    if is_module(model):  # a user's module, counted as it is; a transformers one brings its config
         if any(v for k, v in model_options.items() if k != "trust_remote_code"):
             raise OptionError("{0}, {1} and {2} apply to configs, not to a live module", "model_class", "task",
                               "num_labels")

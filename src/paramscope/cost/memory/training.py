@@ -112,13 +112,13 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
 def training_answer(model: Any, options: TrainingOptions = TrainingOptions(), use_cache: bool = True,
                     **model_options: Any):
     """`estimate_training`, and the ModelView it read (the CLI records cost facts from a built one)."""
-    from ...api import _is_module, as_source, inspect_module
+    from ...api import is_module, as_source, inspect_module
     from ..facts.store import answer_from_facts_or_build
     from ..model_view import from_module
 
     options.check()
     dtype = weight_dtype(check_precision(options.precision))
-    if _is_module(model):  # a user's module: counted as it is, traced in a fake copy with the precision's dtype
+    if is_module(model):  # a user's module: counted as it is, traced in a fake copy with the precision's dtype
         if any(v for k, v in model_options.items() if k != "trust_remote_code"):
             raise OptionError("{0}, {1} and {2} apply to configs, not to a live module", "model_class", "task",
                               "num_labels")
