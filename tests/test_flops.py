@@ -294,3 +294,41 @@ def test_hfu_adds_the_recomputation_exactly():
     assert estimate.recompute == 4_294_967_296
     assert compute.hfu == hardware / 128 * 1000.0 / 312e12
     assert compute.mfu == estimate.step // 128 * 1000.0 / 312e12
+
+
+# --- matmuls that run on one token of each sequence (issue 31 §2) --------------------------------------------------
+
+ONCE_PER_SEQUENCE = [
+    ("bert-base-uncased", "BertModel"),  # the pooler: each sequence's first token
+    ("bert-base-uncased", "BertForSequenceClassification"),  # pooler + classifier
+    ("bert-base-uncased", "BertForPreTraining"),  # pooler + next-sentence prediction
+    ("roberta-base", "RobertaForSequenceClassification"),  # its head's dense and out_proj on the first token
+    ("deberta-v3-base", "DebertaV2ForSequenceClassification"),  # the context pooler
+    ("distilbert", "DistilBertForSequenceClassification"),  # pre_classifier and classifier
+    ("electra-base", "ElectraForSequenceClassification"),
+    ("albert-base-v2", "AlbertForSequenceClassification"),
+    ("bart-base", "BartForSequenceClassification"),  # the end-of-sequence token's representation
+    ("gpt2", "GPT2ForSequenceClassification"),  # `score` runs on every token, then the last real one is taken
+    ("llama-3-8b", "LlamaForSequenceClassification"),
+    ("bert-base-uncased", "BertForTokenClassification"),  # every token
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset, model_class", ONCE_PER_SEQUENCE)
+def test_heads_on_one_token_of_each_sequence_equal_flopcountermode(preset, model_class):
+    for training in (False, True):
+        _, estimate, _ = estimate_flops(_truncated(preset), FlopOptions(batch=2, seq=64, training=training, trace=True),
+                                        model_class=model_class)
+        assert estimate.engine == "traced"
+        assert "check: the analytic count equals FlopCounterMode's on fake tensors, term for term" in estimate.notes
+
+
+def test_the_pooler_runs_on_the_first_token_only():
+    """LaBSE (BertModel) was 2·512·768·768 = 603,979,776 FLOPs over at 1 × 512: the pooler counted for every token."""
+    _, estimate, _ = estimate_flops(_truncated("bert-base-uncased"), FlopOptions(batch=1, seq=512),
+                                    model_class="BertModel")
+    pooler = next(term for term in estimate.terms if term.role == "pooler")
+    assert pooler.flops == 2 * 1 * 768 * 768
+    assert pooler.arithmetic == ("2 × 1 sequences × 589,824 weights (one token each: the pooler reads each "
+                                 "sequence's first token)")

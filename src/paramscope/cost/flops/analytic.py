@@ -64,6 +64,8 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
     if training and frozen and skipped_input_gradients(params, seen_frozen, config):
         return None
     positions = _relative_positions(config)  # DeBERTa-v2: (2 × span rows, shared projections, c2p/p2c)
+    once: dict[str, str] = {}  # role → why its matmuls run on one token of each sequence (the pooler, …)
+    unused_pooler = False
     unused_flops = 0
     for path, sub in view.root.named_modules():
         runs = _runs(uses, path)
@@ -81,13 +83,23 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
                 if path.endswith(("pos_key_proj", "pos_query_proj")):  # runs only on the positions
                     continue
             role = roles.get(path, "other")
+            why_once = once_per_sequence(role, path, view.class_name)
             if role.startswith("embeddings"):  # a head tied to the input embedding: its matmul is the head's
                 role = "head.lm"
             if role.startswith("moe.experts") and experts:
                 numel = numel * top_k // experts
-            _add(by_role, role, 2 * tokens * numel, numel)
+            rows = tokens
+            if why_once:
+                rows = batch
+                once[role] = why_once
+            _add(by_role, role, 2 * rows * numel, numel)
             if f"{path}.weight" in seen_frozen:
-                frozen_flops += 2 * tokens * numel
+                frozen_flops += 2 * rows * numel
+            elif why_once and role.startswith("pooler") and "For" not in view.class_name:
+                # a bare model trains on the sum of its last hidden state (the traced step's convention): the
+                # pooler runs, but its output is in no loss, so no gradient reaches it
+                unused_flops += 2 * rows * numel
+                unused_pooler = True
             if _in_layer(path):
                 layer_flops += 2 * tokens * numel
                 down = role.startswith("moe.shared") and path.endswith(("down_proj", "w2"))
@@ -121,7 +133,7 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
         relative, relative_text = _position_scores(config, positions, batch, seq)
         attention += relative
         text += f" + {relative_text}"
-    terms = [FlopTerm(role, flops, _term_text(role, numel, tokens, top_k, experts, positions))
+    terms = [FlopTerm(role, flops, _term_text(role, numel, tokens, top_k, experts, positions, batch, once.get(role)))
              for role, (flops, numel) in sorted(by_role.items(), key=lambda kv: -kv[1][0])]
     if attention:
         terms.append(FlopTerm("attention.scores", attention, text))
@@ -149,6 +161,9 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
             skipped = sum(flops for flops, role in last_in_layer.values()
                           if not (dropout or post_norm) and role in ("mlp.down", "moe.shared_experts.down"))
             recompute += layer_flops - skipped + attention
+        if unused_pooler:
+            notes.append("a bare model trains on the sum of its last hidden state: the pooler runs in the forward, "
+                         "but no gradient reaches it")
         if frozen_flops:
             notes.append(f"frozen matmuls skip their weight gradients: backward is 2 × forward − {frozen_flops:,}")
     return FlopEstimate("analytic", batch, seq, causal, forward, attention, tuple(terms), backward, recompute,
@@ -238,7 +253,27 @@ def _position_scores(config: Any, positions: tuple[int, bool, tuple[str, ...]], 
                    f"{head_dim} × {rows:,} positions")
 
 
-def _term_text(role: str, numel: int, tokens: int, top_k: int, experts: int, positions: Any) -> str:
+def once_per_sequence(role: str, path: str, class_name: str) -> str | None:
+    """Why a matmul runs on one token of each sequence, not on every token; None when it runs on every token.
+
+    The pooler (BERT, RoBERTa, ALBERT, DeBERTa's context pooler) reads each sequence's first token, and so does
+    next-sentence prediction on its output. A sequence classifier's head reads one token of each sequence (the
+    pooled or first token of an encoder, the end-of-sequence token of BART and T5), except a decoder's `score`,
+    which transformers runs on every token before it picks the last real one (GPT-2, Llama)."""
+    if role == "pooler" or role.startswith("pooler."):
+        return "the pooler reads each sequence's first token"
+    if role == "head.nsp":
+        return "next-sentence prediction reads each sequence's pooled first token"
+    if (role.startswith("head.") and class_name.endswith("ForSequenceClassification")
+            and path.rsplit(".", 1)[-1] != "score"):  # DistilBERT's pre_classifier (head.transform) too
+        return "a sequence classifier reads one token of each sequence"
+    return None
+
+
+def _term_text(role: str, numel: int, tokens: int, top_k: int, experts: int, positions: Any, batch: int = 0,
+               once: str | None = None) -> str:
+    if once:
+        return f"2 × {batch:,} sequences × {numel:,} weights (one token each: {once})"
     if role == "attention.position":
         return (f"2 × {positions[0]:,} relative positions × {numel:,} weights (the projections that run on the "
                 "relative-position embeddings, each layer)")

@@ -23,7 +23,7 @@ from typing import Any
 
 from ... import progress
 from .step import (
-    StepSettings, autocast_for, enable_checkpointing, fake_mode, loss_of, running, training_inputs, working_copy,
+    StepSettings, assumed_values, autocast_for, enable_checkpointing, fake_mode, loss_of, running, training_inputs, working_copy,
 )
 
 
@@ -75,7 +75,7 @@ def _count_flops(module: Any, settings: StepSettings, *, training: bool) -> Trac
 def _count(module: Any, settings: StepSettings, *, training: bool) -> TracedFlops:
     from torch.utils.flop_counter import FlopCounterMode
 
-    with fake_mode(True) as mode:
+    with fake_mode(True) as mode, assumed_values(True):
         model = working_copy(module, mode, settings.attention)
         model.train(training)
         for name, param in model.named_parameters():

@@ -222,6 +222,7 @@ class _AssumedValues:
     def __init__(self) -> None:
         self.calls = 0
         self.checks = 0
+        self.uniques = 0
 
     def notes(self) -> list[str]:
         notes = []
@@ -233,6 +234,10 @@ class _AssumedValues:
             notes.append(f"{self.checks} check{'s' if self.checks > 1 else ''} on values (all / any over a tensor, "
                          "such as fp16's isfinite(...).all()) taken as all True and any False: finite values, no "
                          "padding")
+        if self.uniques:
+            notes.append(f"unique_consecutive ({self.uniques} call{'s' if self.uniques > 1 else ''} a step, BART's "
+                         "check that every sequence holds as many end-of-sequence tokens) taken as one value: every "
+                         "sequence alike")
         return notes
 
 
@@ -261,6 +266,26 @@ def assumed_values(fake: bool) -> Iterator[_AssumedValues]:
                 (tensor,) = args
                 count = tensor.numel()
                 return torch.empty_strided((count, tensor.dim()), (1, count), dtype=torch.long, device=tensor.device)
+            if func is aten.index.Tensor and any(
+                    index is not None and index.dtype in (torch.bool, torch.uint8) for index in args[1]):
+                # a boolean mask's nonzero runs inside the fake kernel, below this mode: expand every mask into the
+                # positions of all its elements, as the nonzero above takes them (BART's end-of-sequence tokens)
+                counter.calls += 1
+                expanded = []
+                for index in args[1]:
+                    if index is not None and index.dtype in (torch.bool, torch.uint8):
+                        grids = torch.meshgrid(*(torch.arange(n) for n in index.shape), indexing="ij")
+                        expanded += [grid.reshape(-1) for grid in grids]
+                    else:
+                        expanded.append(index)
+                return func(args[0], expanded)
+            if func is aten.unique_consecutive.default:  # every sequence alike: one value
+                counter.uniques += 1
+                tensor = args[0]
+                options = dict(zip(("return_inverse", "return_counts", "dim"), args[1:])) | (kwargs or {})
+                inverse = tensor.new_zeros(tensor.shape if options.get("return_inverse") else (0,), dtype=torch.long)
+                counts = tensor.new_empty((1,) if options.get("return_counts") else (0,), dtype=torch.long)
+                return tensor.new_empty((1,)), inverse, counts
             if func is aten._local_scalar_dense.default and args[0] in truths:
                 counter.checks += 1
                 return truths[args[0]]
@@ -364,6 +389,12 @@ def working_copy(module: Any, mode: Any, attention: str | None, weights_dtype: s
                 fake = torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
             memo[id(tensor)] = fake
         model = copy.deepcopy(module, memo)
+        config = getattr(model, "config", None)
+        # transformers' decoder sequence classifiers (GPT-2, Llama) refuse a batch without a pad token, to find each
+        # row's last real token; the copy gets one the step's ids (all 0) never hold, so every token is real
+        if (type(model).__name__.endswith("ForSequenceClassification") and config is not None
+                and getattr(config, "pad_token_id", 0) is None):
+            config.pad_token_id = 1
     config = getattr(model, "config", None)
     if attention is not None and config is not None and hasattr(config, "_attn_implementation"):
         implementation = {"flash": "sdpa"}.get(attention, attention)
@@ -475,6 +506,8 @@ def training_inputs(model: Any, settings: StepSettings) -> dict[str, Any]:
             inputs["labels"] = torch.zeros((settings.batch,), dtype=torch.long)
         else:
             inputs["labels"] = ids
+    if "next_sentence_label" in names:  # BERT's pre-training loss is the masked LM's and next-sentence prediction's
+        inputs["next_sentence_label"] = torch.zeros((settings.batch,), dtype=torch.long)
     return inputs
 
 
