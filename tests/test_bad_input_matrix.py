@@ -47,6 +47,16 @@ def inspect_config(content, *extra: str) -> Callable[[Path], list[str]]:
     return lambda tmp: ["inspect", _config(tmp, content), *extra]
 
 
+def memory_config(content, *extra: str) -> Callable[[Path], list[str]]:
+    return lambda tmp: ["memory", _config(tmp, content), *extra]
+
+
+def mixtral(**fields) -> dict:
+    return {"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+            "num_experts_per_tok": 2, **fields}
+
+
 def llama(**fields) -> dict:
     return {"model_type": "llama", "vocab_size": 32000, "hidden_size": 5120, "intermediate_size": 13824,
             "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40, **fields}
@@ -209,6 +219,29 @@ CASES = [
     Case("num-labels-zero-in-config", inspect_config(bert_config(num_labels=0)), ("'num_labels'",)),
     Case("id2label-200k", inspect_config(bert_config(id2label={str(i): "x" for i in range(200_000)})),
          ("'id2label'", "200,000")),
+    # the fields the cost engines read (issue 30 §3): refused in one line before torch, never a silent answer
+    Case("top-k-above-experts", memory_config(mixtral(num_experts_per_tok=10**9)),
+         ("'num_experts_per_tok'", "1 to the 8", "1000000000")),
+    Case("top-k-zero", memory_config(mixtral(num_experts_per_tok=0)), ("'num_experts_per_tok'", "got 0")),
+    Case("top-k-negative", memory_config(mixtral(num_experts_per_tok=-2)), ("'num_experts_per_tok'", "got -2")),
+    Case("top-k-zero-training", memory_config(mixtral(num_experts_per_tok=0), "--training"),
+         ("'num_experts_per_tok'",)),
+    Case("sliding-window-zero", memory_config(llama(sliding_window=0)), ("'sliding_window'", "got 0")),
+    Case("sliding-window-negative", memory_config(llama(sliding_window=-1)), ("'sliding_window'", "got -1")),
+    Case("chunk-zero", memory_config(llama(attention_chunk_size=0)), ("'attention_chunk_size'",)),
+    Case("torch-dtype-unknown", memory_config(llama(torch_dtype="float1024")), ("'torch_dtype'", "float1024")),
+    Case("rope-scaling-string", memory_config(llama(rope_scaling="abc")), ("'rope_scaling'", "'abc'")),
+    Case("id2label-string", inspect_config(bert_config(id2label="x")), ("'id2label'", "mapping")),
+    Case("gptq-bits-zero", memory_config(llama(quantization_config={"quant_method": "gptq", "bits": 0})),
+         ("'quantization_config.bits'", "2, 3, 4, 8", "got 0")),
+    Case("gptq-bits-huge", memory_config(llama(quantization_config={"quant_method": "gptq", "bits": 10**9})),
+         ("'quantization_config.bits'", "1000000000")),
+    Case("gptq-group-zero", memory_config(llama(quantization_config={"quant_method": "gptq", "bits": 4,
+                                                                     "group_size": 0})),
+         ("'quantization_config.group_size'", "got 0")),
+    Case("awq-group-negative", memory_config(llama(quantization_config={"quant_method": "awq", "bits": 4,
+                                                                        "group_size": -7})),
+         ("'quantization_config.group_size'", "got -7")),
     Case("sub-config-layers", inspect_config({"model_type": "llava", "text_config": llama(num_hidden_layers=10**6)}),
          ("'text_config.num_hidden_layers'",)),
     Case("sub-config-hidden", inspect_config({"model_type": "llava", "vision_config": {"hidden_size": -3}}),
@@ -296,7 +329,10 @@ CASES = [
     Case("plan-train-10000-chars", lambda tmp: ["plan", "gpt2", "--no-memory", "--train", "a*" * 5000],
          ("--train", "10,000 characters")),
     Case("html-dev-full", lambda tmp: ["inspect", "gpt2", "--html", "/dev/full"], ("--html", "'/dev/full'",
-                                                                                     "No space left")),
+                                                                                     "is a character device")),
+    Case("html-fifo", lambda tmp: ["inspect", "gpt2", "--html", fifo(tmp, "page.html")],
+         ("--html", "is a FIFO", "a regular file")),
+    Case("memory-html-fifo", lambda tmp: ["memory", "gpt2", "--html", fifo(tmp, "memory.html")], ("is a FIFO",)),
     Case("html-folder", lambda tmp: ["inspect", "gpt2", "--html", str(tmp)], ("--html", "is a folder")),
     Case("html-newline", lambda tmp: ["inspect", "gpt2", "--html", str(tmp / "a\nb.html")],
          ("--html", "control character", "'\\n'")),

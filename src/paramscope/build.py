@@ -209,10 +209,85 @@ def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
         if type(heads) is int and type(kv) is int and kv > 0 and heads % kv:
             raise ConfigError(f"{name(heads_key)} {heads} is not divisible by {name(kv_key)} {kv} (grouped-query "
                               "attention shares each key/value head among a whole number of query heads)")
+    _check_cost_fields(config, name)
     if depth < _SUB_CONFIG_DEPTH:
         for key, value in config.items():
             if isinstance(value, dict) and key not in ("id2label", "label2id", "auto_map"):
                 _check_level(value, f"{name(key)}.", depth + 1)
+
+
+# The routed experts a token meets, by the keys the cost engines read them under (cost/dims.py), and the expert counts.
+_TOP_K_FIELDS = ("num_experts_per_tok", "moe_top_k", "num_selected_experts", "top_k")
+_EXPERT_FIELDS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
+_WINDOW_FIELDS = ("sliding_window", "attention_chunk_size")
+# dtype names a config may declare (transformers' torch_dtype / dtype), as torch spells them, and "auto"
+_DTYPE_NAMES = frozenset({"float32", "float", "float16", "half", "bfloat16", "float64", "double", "int8", "uint8",
+                          "float8_e4m3fn", "float8_e5m2", "auto"})
+
+
+def _check_cost_fields(config: dict[str, Any], name) -> None:
+    """The fields the memory and FLOP engines read beyond sizes, each refused with one line when it cannot describe
+    a model (they would otherwise turn into silent answers: a top-k above the experts, a window of 0)."""
+    experts_key = next((k for k in _EXPERT_FIELDS if type(config.get(k)) is int), None)
+    if experts_key is not None:
+        experts = config[experts_key]
+        for key in _TOP_K_FIELDS:
+            value = config.get(key)
+            if value is None:
+                continue
+            if type(value) is not int or not 1 <= value <= experts:
+                raise ConfigError(f"config field {name(key)!r} must be a whole number of experts from 1 to the "
+                                  f"{experts:,} of {name(experts_key)!r}, got {short_repr(value)}")
+            break  # the first key set is the one read
+    for key in _WINDOW_FIELDS:
+        value = config.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            raise ConfigError(f"config field {name(key)!r} must be a positive number of tokens, or null for none; "
+                              f"got {short_repr(value)}")
+    for key in ("torch_dtype", "dtype"):
+        value = config.get(key)
+        if value is None or isinstance(value, dict):  # a dtype per sub-config is transformers' own to resolve
+            continue
+        if not isinstance(value, str) or value.removeprefix("torch.").lower() not in _DTYPE_NAMES:
+            raise ConfigError(f"config field {name(key)!r} is not a dtype: {short_repr(value)} (float32, bfloat16, "
+                              "float16, …)")
+    for key in ("id2label", "label2id"):
+        value = config.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(f"config field {name(key)!r} must be a mapping of labels, got {short_repr(value)}")
+    for key in ("rope_scaling", "rope_parameters"):
+        value = config.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(f"config field {name(key)!r} must be a mapping (rope_type, factor, …) or null, got "
+                              f"{short_repr(value)}")
+    quant = config.get("quantization_config")
+    if quant is not None and not isinstance(quant, dict):
+        raise ConfigError(f"config field {name('quantization_config')!r} must be a mapping, got {short_repr(quant)}")
+    if isinstance(quant, dict):
+        _check_quantization(quant, name)
+
+
+# Bits each packed format stores (transformers' GPTQ and AWQ integrations)
+_QUANT_BITS = {"gptq": (2, 3, 4, 8), "awq": (4,)}
+
+
+def _check_quantization(quant: dict[str, Any], name) -> None:
+    method = str(quant.get("quant_method") or "").lower()
+    if method not in _QUANT_BITS:
+        return
+    for key in ("bits", "w_bit"):
+        if key in quant:
+            bits = quant[key]
+            if type(bits) is not int or bits not in _QUANT_BITS[method]:
+                raise ConfigError(f"config field {name('quantization_config.' + key)!r} must be one of "
+                                  f"{', '.join(map(str, _QUANT_BITS[method]))} for {method.upper()}, got "
+                                  f"{short_repr(bits)}")
+    for key in ("group_size", "q_group_size"):
+        if key in quant:
+            group = quant[key]
+            if type(group) is not int or not (group == -1 or 1 <= group <= MAX_DIMENSION):
+                raise ConfigError(f"config field {name('quantization_config.' + key)!r} must be a positive group "
+                                  f"size, or -1 for one group per row; got {short_repr(group)}")
 
 
 def _size_items(value: Any) -> list[int] | None:

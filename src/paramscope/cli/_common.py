@@ -197,7 +197,28 @@ def checked_html_path(args: argparse.Namespace) -> str | None:
         raise OptionError(f"--html: no such folder for {path!r}")
     if os.path.isdir(path):
         raise OptionError(f"--html: {path!r} is a folder, not a file")
+    if os.path.lexists(path):
+        kind = _file_kind(path)
+        if kind != "a regular file":
+            raise OptionError(f"--html: {short_repr(path, 80)} is {kind}; --html writes a regular file (or '-' for "
+                              "stdout)")
     return path
+
+
+def _file_kind(path: str) -> str:
+    """What is at `path`, in words ('a regular file', 'a FIFO', …), following links; never opens it."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        return f"unreadable ({err.strerror})"
+    for test, words in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a regular file"
 
 
 def write_html_page(page: str, path: str) -> None:
@@ -207,7 +228,15 @@ def write_html_page(page: str, path: str) -> None:
         return
     existed = os.path.lexists(path)
     try:
-        with open(path, "w", encoding="utf-8") as handle:
+        # non-blocking: a FIFO that appeared since the check fails at once (no reader) instead of waiting for one
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, 0o666)
+        import stat
+
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            os.close(descriptor)
+            raise OptionError(f"--html: {short_repr(path, 80)} is {_file_kind(path)}; --html writes a regular file "
+                              "(or '-' for stdout)")
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             handle.write(page)
     except OSError as err:
         if not existed and os.path.isfile(path):  # a disk that filled up leaves no half page behind

@@ -94,6 +94,9 @@ def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cach
         report, view = inspect_module(model), from_module(model)
         return report, serving_estimate(report, view, options, fmt, origin, not_convert, accelerator), view
     source = as_source(model, model_options.pop("revision", None))
+    from ...build import validate_config_dict
+
+    validate_config_dict(source.config)  # the fields the storage format reads too, before they are read
     fmt, origin, not_convert = storage_format(source.config, options)
     report, view, estimate = answer_from_facts_or_build(
         source, lambda report, view: serving_estimate(report, view, options, fmt, origin, not_convert, accelerator),
