@@ -119,6 +119,8 @@ def test_notebook_display_is_the_interactive_fragment(tmp_path):
     fragment = report._repr_html_()
     assert not fragment.startswith("<!DOCTYPE") and "if(!window.Plotly)" in fragment
     assert "treemap-module" in fragment
+    # self-describing: written to a file as it is, it still reads as UTF-8 (×, –, ≈ and the like)
+    assert fragment.startswith('<meta charset="utf-8">')
     path = tmp_path / "bert.html"
     page = report.to_html(str(path))
     assert path.read_text("utf-8") == page and page.startswith("<!DOCTYPE html>")

@@ -205,7 +205,8 @@ def html_page(title: str, subtitle: str, sections: Iterable[Section], fragment: 
             "</script>")
     plotly_js = get_plotlyjs() + "\n"  # plotly.js 4 sets window.Plotly itself
     if fragment:  # Jupyter: each output carries plotly.js, but loads it only where the page has none yet
-        return f"<style>{_STYLE}</style><script>if(!window.Plotly){{{plotly_js}}}</script>{body}"
+        # the charset first: a fragment written to a file as it is still reads as UTF-8 (a notebook ignores it)
+        return f'<meta charset="utf-8"><style>{_STYLE}</style><script>if(!window.Plotly){{{plotly_js}}}</script>{body}'
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{escape(title)}</title>"
             f"<style>{_STYLE}</style><script>{plotly_js}</script></head><body>{body}</body></html>")
