@@ -44,6 +44,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from .errors import CheckpointError, SourceError
+from .frozen import FrozenDict, freeze, freeze_fields, thaw
 from .errors import short_repr as _q
 from .safe_io import check_inside, open_regular, read_regular
 
@@ -143,7 +144,10 @@ class Checkpoint:
     path: str
     format: str  # safetensors | safetensors-sharded | pytorch-bin | pytorch-bin-sharded
     tensors: tuple[CheckpointTensor, ...]
-    metadata: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    metadata: FrozenDict[str, Any] = field(default_factory=FrozenDict, compare=False)
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "metadata")
 
     @cached_property  # a checkpoint may hold a million tensors; each figure is summed once
     def elements(self) -> int:
@@ -156,14 +160,14 @@ class Checkpoint:
         return sum(t.nbytes for t in self.tensors)
 
     @cached_property
-    def by_dtype(self) -> dict[str, dict[str, int]]:
+    def by_dtype(self) -> FrozenDict[str, FrozenDict[str, int]]:
         out: dict[str, dict[str, int]] = {}
         for t in self.tensors:
             row = out.setdefault(t.dtype, {"tensors": 0, "elements": 0, "bytes": 0})
             row["tensors"] += 1
             row["elements"] += t.numel
             row["bytes"] += t.nbytes
-        return {k: out[k] for k in sorted(out)}
+        return freeze({k: out[k] for k in sorted(out)})
 
     @cached_property
     def files(self) -> tuple[str, ...]:
@@ -185,9 +189,9 @@ class Checkpoint:
             "tensors": len(self.tensors),
             "elements": self.elements,
             "bytes": self.nbytes,
-            "by_dtype": self.by_dtype,
+            "by_dtype": thaw(self.by_dtype),
             "files": list(self.files),
-            "metadata": dict(self.metadata),
+            "metadata": thaw(self.metadata),
         }
 
 
@@ -235,7 +239,10 @@ class Audit:
     parameters: int  # unique parameter elements the checkpoint provides
     elements: int  # every stored element in the checkpoint
     bytes: int
-    by_dtype: Mapping[str, Mapping[str, int]]
+    by_dtype: FrozenDict[str, FrozenDict[str, int]]
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "by_dtype")
 
     @property
     def complete(self) -> bool:

@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 from . import progress
 from .errors import ModelClassError, ParamscopeError
+from .frozen import FrozenDict, freeze_fields
 from .formula_cache import (
     ABSENT,
     AssumptionError,
@@ -155,11 +156,11 @@ class Formula:
     """A closed-form parameter count: `expression` (sympy) in the config's fields, checked against meta builds."""
 
     expression: Any  # sympy.Expr: the total
-    by_role: dict[str, Any]  # role → sympy.Expr
-    symbols: dict[str, str]  # symbol → config key (dotted for nested configs)
+    by_role: FrozenDict[str, Any]  # role → sympy.Expr
+    symbols: FrozenDict[str, str]  # symbol → config key (dotted for nested configs)
     value: int  # the count at this config
     assumptions: tuple[str, ...]
-    values: dict[str, int]  # symbol → its value at this config
+    values: FrozenDict[str, int]  # symbol → its value at this config
     spec: FormulaSpec = field(repr=False, compare=False)
     label: str = ""
     source: str = ""
@@ -167,6 +168,9 @@ class Formula:
     cache_path: str | None = None
     checked: int | None = None  # the meta-device count at this config, when one was built
     seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "by_role", "symbols", "values")
 
     @property
     def class_name(self) -> str:
@@ -186,7 +190,7 @@ class Formula:
         """What the renderers take (render.formula.Shown)."""
         from .render.formula import Shown
 
-        return Shown(self.spec, dict(self.values), self.label, self.source, self.origin, self.cache_path,
+        return Shown(self.spec, self.values, self.label, self.source, self.origin, self.cache_path,
                      self.checked, self.seconds)
 
     def __repr__(self) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..explain import exact, human
 from ..formula_cache import FormulaSpec, Group, Monomial, Poly, mono_degree
+from ..frozen import FrozenDict, freeze_fields
 
 _SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 
@@ -35,13 +36,16 @@ class Shown:
     """A formula at one config, and where it came from: what every view renders."""
 
     spec: FormulaSpec
-    values: dict[str, int]
+    values: FrozenDict[str, int]
     label: str
     source: str
     origin: str  # "derived" (here, now) or "cache"
     cache_path: str | None = None
     checked: int | None = None  # the meta-device count at this config, when one was built here
     seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "values")
 
 
 # --------------------------------------------------------------------------------------------------- formatting

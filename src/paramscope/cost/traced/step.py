@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 from ... import progress
 from ...errors import ParamscopeError
+from ...frozen import FrozenDict, freeze_fields
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer states", "activations", "temporaries", "other")
 _TRACKER_NAMES = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients",
@@ -42,20 +43,26 @@ ATTENTION = ("sdpa", "eager", "flash")
 class PhasePeak:
     phase: str  # "forward" | "backward" | "optimizer step" | "prefill" | "decode"
     bytes: int
-    by_category: dict[str, int]  # the tracker's breakdown at this phase's peak
+    by_category: FrozenDict[str, int]  # the tracker's breakdown at this phase's peak
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "by_category")
 
 
 @dataclass(frozen=True)
 class TracedStep:
     mode: str  # "training" | "inference"
-    resident: dict[str, int]  # before the step: parameters, buffers, optimizer states
-    end_of_forward: dict[str, int]  # after the forward (the loss computed): what backward will read
+    resident: FrozenDict[str, int]  # before the step: parameters, buffers, optimizer states
+    end_of_forward: FrozenDict[str, int]  # after the forward (the loss computed): what backward will read
     phases: tuple[PhasePeak, ...]
     attention: str
     notes: tuple[str, ...] = field(default=())
     # (module path below the model, activation bytes it leaves allocated when its forward returns), in call
     # order: the top-level modules, each layer, and the first layer's own modules
     kept_by_module: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "resident", "end_of_forward")
 
     @property
     def peak(self) -> PhasePeak:
