@@ -669,7 +669,7 @@ def _json_type(value: Any) -> str:
 def _short(err: BaseException) -> str:
     try:
         text = str(err)
-    except Exception:
+    except Exception:  # broad on purpose: an exception's own __str__ (a C extension's, a pickle's) may raise
         text = ""
     text = " ".join(text.split()) or type(err).__name__
     return text if len(text) <= 200 else text[:197] + "..."

@@ -601,11 +601,11 @@ class _Deriver:
         # attributes the config object carries without declaring them (base-class defaults, __post_init__)
         try:
             effective = config_obj.to_dict()
-        except Exception:
+        except Exception:  # broad on purpose: the config class's own code (remote code too) may raise anything
             effective = {}
         try:
             class_defaults = type(config_obj)().to_dict()
-        except Exception:
+        except Exception:  # broad on purpose: a class whose defaults its own validation rejects, however it says so
             class_defaults = {}
         # transformers' attribute_map: an alias names the same field (Qwen3-MoE's num_experts is num_local_experts)
         alias_of = {alias: real for alias, real in (getattr(config_obj, "attribute_map", None) or {}).items()
@@ -1178,7 +1178,7 @@ def _sympy_names(symbols: dict[str, str]) -> dict[str, str]:
     for name in symbols:
         try:
             ok = sympy.sympify(name) == sympy.Symbol(name)
-        except Exception:
+        except sympy.SympifyError:  # a Python keyword (lambda, if, …): sympify cannot read it as a name
             ok = False
         out[name] = name if ok else f"Symbol('{name}')"
     return out

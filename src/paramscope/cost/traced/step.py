@@ -365,7 +365,7 @@ def working_copy(module: Any, mode: Any, attention: str | None, weights_dtype: s
         for sub in _configs(config):
             try:
                 sub._attn_implementation = implementation
-            except Exception:  # a config that refuses the setter keeps its own
+            except (AttributeError, ValueError, TypeError):  # a config that refuses the setter keeps its own
                 pass
     return model
 
@@ -399,7 +399,7 @@ def running(model: Any) -> Iterator[None]:
             yield
     except ParamscopeError:
         raise
-    except Exception as err:  # the model's own code: data-dependent control flow, other inputs, …
+    except Exception as err:  # broad on purpose: the model's own code (data-dependent control flow, other inputs, …)
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ParamscopeError(f"cannot trace a step of {type(model).__name__}: {text[:200]}") from None
     finally:
