@@ -219,3 +219,18 @@ def test_plan_and_its_traced_memory_are_read_only(write_config):
     assert_read_only(traced, mappings=("resident", "end_of_forward"))
     for phase in traced.phases:
         assert_read_only(phase, mappings=("by_category",))
+
+
+def test_json_of_a_frozen_result_is_plain_data(capsys):
+    """The settings hold a list (--freeze) that freeze made a tuple, inside a FrozenDict: the JSON document is
+    still plain lists and objects, as before results were frozen."""
+    from paramscope.cli import main
+
+    assert main(["memory", "Qwen/Qwen2.5-0.5B", "--training", "--freeze", "embedding", "--freeze", "lm_head*",
+                 "--json"]) == 0
+    text = capsys.readouterr().out
+    document = json.loads(text)
+    settings = document["memory"]["settings"]
+    assert settings["freeze"] == ["embedding", "lm_head*"]
+    assert isinstance(document["memory"]["weights"]["by_role"], dict)
+    assert json.dumps(document, indent=2, ensure_ascii=False) + "\n" == text  # nothing written specially

@@ -2,8 +2,8 @@
 
 A frozen dataclass only stops its fields from being rebound; a dict or list field can still be changed in place
 (`report.breakdown["x"] = 0`), and makes the result unhashable. Every public result therefore holds tuples and
-`FrozenDict`s, converted once where it is made (`freeze`, from the dataclass's `__post_init__`): changing one
-raises TypeError, and `hash(result)` works.
+`FrozenDict`s, converted once where it is made (`freeze_fields` from the dataclass's `__post_init__`): changing
+one raises TypeError, and `hash(result)` works.
 
 `FrozenDict` is a `collections.abc.Mapping`, not a dict: it compares equal to a dict with the same items, but
 `json.dumps` needs a plain one (`thaw`, or `json_default` as `json.dumps(..., default=json_default)`).
@@ -23,7 +23,7 @@ V = TypeVar("V")
 
 class FrozenDict(Mapping, Generic[K, V]):
     """A read-only dict that hashes (when its values do): insertion order, `==` with any mapping of the same
-    items, `repr` like a dict's. There is no way to change one in place; `dict(d)` is a mutable copy."""
+    items, `repr` like a dict's. Nothing public changes one in place; `dict(d)` is a mutable copy."""
 
     __slots__ = ("_items", "_hash")
 
@@ -42,6 +42,19 @@ class FrozenDict(Mapping, Generic[K, V]):
 
     def __contains__(self, key: Any) -> bool:
         return key in self._items
+
+    # a dict's own (read-only) views and get: faster than Mapping's generic ones, same results
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._items.get(key, default)
+
+    def keys(self):
+        return self._items.keys()
+
+    def values(self):
+        return self._items.values()
+
+    def items(self):
+        return self._items.items()
 
     def __eq__(self, other: Any) -> bool:
         if isinstance(other, FrozenDict):

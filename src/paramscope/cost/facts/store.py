@@ -344,7 +344,7 @@ def answer_from_facts_or_build(source: Any, answer: Any, *, dtype: str | None = 
             why = why_none(report, view) if why_none else "the answer needs the built module"
         except ParamscopeError:
             raise
-        except Exception as gap:  # broad on purpose: facts a hand-edited cache breaks fail in any arithmetic
+        except Exception as gap:  # broad on purpose: a FactsGap, or facts a hand-edited cache broke (any error)
             why = gap_words(gap)
         report, view = cost_view(source, dtype=dtype, use_cache=False, why_not=why, **model_options)
     return report, view, answer(report, view)
