@@ -161,7 +161,7 @@ class Formula:
     value: int  # the count at this config
     assumptions: tuple[str, ...]
     values: FrozenDict[str, int]  # symbol → its value at this config
-    spec: FormulaSpec = field(repr=False, compare=False)
+    spec: FormulaSpec = field(repr=False, compare=False)  # the stored spec (formula_cache): not in == or hash
     label: str = ""
     source: str = ""
     origin: str = "derived"  # "derived" here, or "cache"
