@@ -243,7 +243,7 @@ def test_sharded_safetensors_via_index(sharded: Path) -> None:
         str(sharded / "model-00002-of-00002.safetensors"),
     )
     assert ckpt.metadata["index_metadata"] == {"total_size": 76}
-    assert ckpt.metadata["shards"] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    assert ckpt.metadata["shards"] == ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
     assert "unindexed_tensors" not in ckpt.metadata
 
 
@@ -257,7 +257,7 @@ def test_tensors_a_shard_holds_beyond_the_index_are_kept_and_noted(sharded: Path
     (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
     ckpt = read_checkpoint(sharded / "model.safetensors.index.json")
     assert len(ckpt.tensors) == 4
-    assert ckpt.metadata["unindexed_tensors"] == ["c"]
+    assert ckpt.metadata["unindexed_tensors"] == ("c",)  # read-only: a tuple
 
 
 def test_index_naming_a_missing_tensor_is_an_error(sharded: Path) -> None:

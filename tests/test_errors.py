@@ -241,3 +241,33 @@ def test_an_unreadable_config_file(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(os, "open", lambda p, *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
                         if os.fspath(p) == str(path) else real_open(p, *a, **k))
     assert_one_line_error(capsys, ["inspect", str(path)], f"permission denied: cannot open config file {path}")
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_recording_that_fails_is_silent_unless_debug(capsys, monkeypatch, write_config, debug):
+    """The answer is out before the template is recorded: a failed recording never fails the command, and says
+    nothing, except under --debug, where what was swallowed is shown (type, message and traceback)."""
+    from paramscope import template, template_record
+    from paramscope.cli import _common
+
+    def no_template(config, **options):
+        return template.TemplateLookup(None, why_not="no template (test)")
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setenv(_common.RECORD_ENV, "1")
+    monkeypatch.setattr(template, "lookup_template", no_template)  # the build answers, and a template is due
+    monkeypatch.setattr(template_record, "record_template", disk_full)
+    path = write_config(bert_config(num_hidden_layers=2))
+    argv = ["inspect", str(path), "--no-tree"] + (["--debug"] if debug else [])
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0 and "BertForMaskedLM" in out  # the answer, whatever the recording did
+    if not debug:
+        assert err == ""
+        return
+    assert err, "--debug must show what the recording's fallback swallowed"
+    first = err.splitlines()[0]
+    assert first.startswith("paramscope: debug: nothing recorded after the build (OSError: ")
+    assert "No space left on device" in first
+    assert "Traceback (most recent call last)" in err and "disk_full" in err

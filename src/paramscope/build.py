@@ -438,7 +438,7 @@ def _remote_config(config_dict: dict[str, Any], auto_map: dict[str, Any], code_l
     try:
         with quiet_transformers():
             return config_class.from_dict(config_dict)
-    except Exception as err:
+    except Exception as err:  # broad on purpose: remote code raises what it likes; the error names it
         raise RemoteCodeError(f"the remote config class {reference} rejects this config: {_first_line(err)}") from err
 
 
@@ -452,7 +452,7 @@ def remote_class(reference: str, code_location: str | None):
     try:
         with quiet_transformers():
             return get_class_from_dynamic_module(reference, code_location)
-    except Exception as err:
+    except Exception as err:  # broad on purpose: importing remote code runs it; the error names what it raised
         raise RemoteCodeError(f"could not load remote code {reference} from {code_location}: "
                               f"{_first_line(err)}") from err
 
@@ -606,7 +606,7 @@ def build_on_meta(class_name: str, config, *, code_ref: str | None = None, code_
     except _TooManyModules:
         raise ConfigError(f"{class_name} from this config has more than {MAX_MODULES:,} modules; paramscope builds "
                           "no larger model (check the layer and expert counts)") from None
-    except Exception as err:
+    except Exception as err:  # broad on purpose: the class's own __init__ rejects a config however it likes
         raise ConfigError(f"could not build {class_name} from this config: {_first_line(err)}") from err
 
 
@@ -653,7 +653,7 @@ def _first_line(err: BaseException) -> str:
     """The first line of an exception's message, short: never a C++ backtrace or a multi-line dump."""
     try:
         text = str(err)
-    except Exception:
+    except Exception:  # broad on purpose: an exception's own __str__ (remote code's, torch's) may raise
         text = ""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     first = lines[0] if lines else type(err).__name__

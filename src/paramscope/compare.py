@@ -7,6 +7,7 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
+from .frozen import FrozenDict, freeze_fields
 from .report import SCHEMA_VERSION, Report
 from .roles import role_group, role_sort_key
 
@@ -23,8 +24,11 @@ class Column:
     with_tied_duplicates: int
     buffers: int
     layers: int | None
-    breakdown: dict[str, int]  # role → count (roles the model has)
-    groups: dict[str, int]  # role group (embeddings, attention, mlp, …) → count
+    breakdown: FrozenDict[str, int]  # role → count (roles the model has)
+    groups: FrozenDict[str, int]  # role group (embeddings, attention, mlp, …) → count
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "breakdown", "groups")
 
     def share(self, count: int) -> float:
         return count / self.total if self.total else 0.0

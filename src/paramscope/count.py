@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Hashable, Iterable, TypeVar
 
+from .frozen import FrozenDict, freeze_fields
 from .roles import OTHER, buffer_role, role_of, role_sort_key
 
 T = TypeVar("T")
@@ -81,10 +82,13 @@ class Counted:
     parameters: tuple[ParameterInfo, ...]
     tied: tuple[TiedGroup, ...]
     buffers: tuple[BufferInfo, ...]
-    breakdown: dict[str, int]
+    breakdown: FrozenDict[str, int]  # role → parameters
     unclassified: tuple[str, ...]
     tree: ModuleNode
     uninitialized: tuple[str, ...] = ()  # parameters and buffers with no shape yet (lazy modules): not counted
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "breakdown")
 
 
 def count_module(module: Any) -> Counted:

@@ -89,7 +89,7 @@ def short_repr(value: object, limit: int = 100) -> str:
     integers too long to print."""
     try:
         text = repr(value)
-    except Exception:
+    except Exception:  # broad on purpose: a value's own __repr__ (a user's object, a config's) may raise anything
         text = f"<{type(value).__name__}>"
     text = text.replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -19,6 +19,7 @@ from .errors import AssumptionError, FormulaError, FormulaMismatchError, ModelCl
 from .formula_cache import lookup, store
 from .formula_spec import FormulaSpec
 from .polynomial import Poly
+from .frozen import FrozenDict, freeze_fields
 
 __all__ = ["Formula", "derive_formula", "formula_for", "AssumptionError", "FormulaError", "FormulaMismatchError"]
 
@@ -28,18 +29,21 @@ class Formula:
     """A closed-form parameter count: `expression` (sympy) in the config's fields, checked against meta builds."""
 
     expression: Any  # sympy.Expr: the total
-    by_role: dict[str, Any]  # role → sympy.Expr
-    symbols: dict[str, str]  # symbol → config key (dotted for nested configs)
+    by_role: FrozenDict[str, Any]  # role → sympy.Expr
+    symbols: FrozenDict[str, str]  # symbol → config key (dotted for nested configs)
     value: int  # the count at this config
     assumptions: tuple[str, ...]
-    values: dict[str, int]  # symbol → its value at this config
-    spec: FormulaSpec = field(repr=False, compare=False)
+    values: FrozenDict[str, int]  # symbol → its value at this config
+    spec: FormulaSpec = field(repr=False, compare=False)  # the stored spec (formula_cache): not in == or hash
     label: str = ""
     source: str = ""
     origin: str = "derived"  # "derived" here, or "cache"
     cache_path: str | None = None
     checked: int | None = None  # the meta-device count at this config, when one was built
     seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "by_role", "symbols", "values")
 
     @property
     def class_name(self) -> str:
@@ -59,7 +63,7 @@ class Formula:
         """What the renderers take (render.formula.Shown)."""
         from .render.formula import Shown
 
-        return Shown(self.spec, dict(self.values), self.label, self.source, self.origin, self.cache_path,
+        return Shown(self.spec, self.values, self.label, self.source, self.origin, self.cache_path,
                      self.checked, self.seconds)
 
     def __repr__(self) -> str:

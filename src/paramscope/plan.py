@@ -21,6 +21,7 @@ from typing import Any
 from .display import HtmlDisplay
 from .errors import OptionError, UnsupportedError, short_repr
 from .selection import check_pattern, last_blocks, match_parameters
+from .frozen import FrozenDict, freeze_fields
 
 TASK_TYPES = (("ForCausalLM", "CAUSAL_LM"), ("LMHeadModel", "CAUSAL_LM"), ("ForSequenceClassification", "SEQ_CLS"),
               ("ForTokenClassification", "TOKEN_CLS"), ("ForConditionalGeneration", "SEQ_2_SEQ_LM"),
@@ -97,6 +98,13 @@ class RuleMatch:
 
 @dataclass(frozen=True)
 class Plan(HtmlDisplay):
+    """What a fine-tuning plan trains, and the counts that follow.
+
+    Read-only like every result: tuples and FrozenDicts (frozen.py). The one live object is `module`, the meta
+    module the plan was applied to (what `plan_memory` and `plan_flops` trace); a torch module is mutable by
+    nature, so it takes no part in `==` or `hash` (compare=False): both are the plan's figures alone, and two
+    plans with the same figures are equal, and hash alike, whichever module they hold."""
+
     method: str  # "full" | "freeze" | "lora" | "dora" | "qlora"
     rules: tuple[RuleMatch, ...]
     targets: tuple[str, ...]  # adapter target modules as PEFT resolved them
@@ -104,13 +112,16 @@ class Plan(HtmlDisplay):
     frozen: int
     adapter: int  # parameters the adapters add
     total: int  # base + adapters, as PEFT counts
-    by_role: dict[str, tuple[int, int]]  # role → (trainable, frozen)
+    by_role: FrozenDict[str, tuple[int, int]]  # role → (trainable, frozen)
     module: Any = field(repr=False, compare=False, default=None)  # the meta module with the plan applied
     peft_counts: tuple[int, int] | None = None  # PEFT's get_nb_trainable_parameters(), where adapters are used
     quantized: tuple[str, ...] = ()  # QLoRA: the base weights stored 4-bit (canonical names)
     storage: str | None = None  # QLoRA: "nf4" | "nf4-dq"
     adapter_dtype: str | None = None  # the adapters' own dtype; None: they follow --precision
     own_dtype: frozenset[str] = frozenset()  # the module's parameters kept in adapter_dtype (names in `module`)
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "by_role")
 
 
 COMPARABLE = ("full", "freeze", "lora", "qlora")

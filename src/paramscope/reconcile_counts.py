@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .frozen import FrozenDict, freeze_fields, thaw
 from .report import Report
 
 
@@ -56,7 +57,10 @@ class CountsExplanation:
     torchinfo: TorchinfoCount | None
     exclude_embeddings: int | None
     lines: tuple[CountLine, ...]
-    checkpoint: dict[str, Any] | None = field(default=None)
+    checkpoint: FrozenDict[str, Any] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "checkpoint")
 
     def value(self, key: str) -> int | None:
         return next(line.value for line in self.lines if line.key == key)
@@ -68,7 +72,7 @@ class CountsExplanation:
             out["torchinfo_counted_twice"] = [{"name": n, "numel": x, "times": t}
                                               for n, x, t in self.torchinfo.counted_twice]
         if self.checkpoint is not None:
-            out["checkpoint"] = dict(self.checkpoint)
+            out["checkpoint"] = thaw(self.checkpoint)
         return out
 
 

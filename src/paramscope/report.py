@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 from .conventions import Convention
 from .display import HtmlDisplay
+from .frozen import FrozenDict, freeze_fields
 from .count import BufferInfo, Counted, Counts, ModuleNode, ParameterInfo, TiedGroup
 from .moe import MoESummary
 from .quant import Storage
@@ -49,7 +50,7 @@ class Report(HtmlDisplay):
     params: tuple[ParameterInfo, ...]
     tied: tuple[TiedGroup, ...]
     buffers: tuple[BufferInfo, ...]
-    breakdown: dict[str, int]
+    breakdown: FrozenDict[str, int]  # role → parameters
     unclassified: tuple[str, ...]
     tree: ModuleNode
     components: tuple[Component, ...]
@@ -58,6 +59,9 @@ class Report(HtmlDisplay):
     conventions: tuple[Convention, ...] = ()  # the named counts (nanoGPT non-embedding, …)
     shared_layers: tuple[SharedLayers, ...] = ()
     uninitialized: tuple[str, ...] = ()  # tensors of lazy modules with no shape yet: listed, not counted
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "breakdown")  # read-only and hashable (frozen.py), whatever the caller passed
 
     @property
     def active(self) -> int | None:

@@ -223,7 +223,7 @@ def short_error(err: BaseException) -> str:
     """An exception's text on one line, at most 200 characters (its type's name when it has none)."""
     try:
         text = str(err)
-    except Exception:
+    except Exception:  # broad on purpose: an exception's own __str__ (a C extension's, a pickle's) may raise
         text = ""
     text = " ".join(text.split()) or type(err).__name__
     return text if len(text) <= 200 else text[:197] + "..."

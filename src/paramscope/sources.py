@@ -36,6 +36,7 @@ class Source:
     kind: str  # preset | config-file | directory | hub | hub-cache
     label: str  # what the user typed, or the preset's hub id
     description: str  # e.g. "embedded preset google-bert/bert-base-uncased"
+    # the input as read, a plain dict (transformers is given it): not part of == or hash, unlike a result's fields
     config: dict[str, Any] = field(compare=False, repr=False)
     path: str | None = None  # the config.json read, when one was read from disk
 

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from ..frozen import FrozenDict, freeze_fields
 from .tensors import Checkpoint, CheckpointTensor
 
 
@@ -61,7 +62,10 @@ class Audit:
     parameters: int  # unique parameter elements the checkpoint provides
     elements: int  # every stored element in the checkpoint
     bytes: int
-    by_dtype: Mapping[str, Mapping[str, int]]
+    by_dtype: FrozenDict[str, FrozenDict[str, int]]
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "by_dtype")
 
     @property
     def complete(self) -> bool:

@@ -9,6 +9,8 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
+from ..frozen import FrozenDict, freeze, freeze_fields, thaw
+
 # Bits per element of every dtype the safetensors format defines (safetensors 0.8 knows these 22).
 # Sub-byte types (F4, F6_*) are why sizes are computed in bits: a tensor must still fill whole bytes.
 SAFETENSORS_DTYPE_BITS: Mapping[str, int] = MappingProxyType({
@@ -72,7 +74,10 @@ class Checkpoint:
     path: str
     format: str  # safetensors | safetensors-sharded | pytorch-bin | pytorch-bin-sharded
     tensors: tuple[CheckpointTensor, ...]
-    metadata: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    metadata: FrozenDict[str, Any] = field(default_factory=FrozenDict, compare=False)
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "metadata")
 
     @cached_property  # a checkpoint may hold a million tensors; each figure is summed once
     def elements(self) -> int:
@@ -85,14 +90,14 @@ class Checkpoint:
         return sum(t.nbytes for t in self.tensors)
 
     @cached_property
-    def by_dtype(self) -> dict[str, dict[str, int]]:
+    def by_dtype(self) -> FrozenDict[str, FrozenDict[str, int]]:
         out: dict[str, dict[str, int]] = {}
         for t in self.tensors:
             row = out.setdefault(t.dtype, {"tensors": 0, "elements": 0, "bytes": 0})
             row["tensors"] += 1
             row["elements"] += t.numel
             row["bytes"] += t.nbytes
-        return {k: out[k] for k in sorted(out)}
+        return freeze({k: out[k] for k in sorted(out)})
 
     @cached_property
     def files(self) -> tuple[str, ...]:
@@ -114,9 +119,9 @@ class Checkpoint:
             "tensors": len(self.tensors),
             "elements": self.elements,
             "bytes": self.nbytes,
-            "by_dtype": self.by_dtype,
+            "by_dtype": thaw(self.by_dtype),
             "files": list(self.files),
-            "metadata": dict(self.metadata),
+            "metadata": thaw(self.metadata),
         }
 
 

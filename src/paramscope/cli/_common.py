@@ -93,10 +93,12 @@ _RECORD_AFTER_BUILD_S = 2.0  # a class whose one build took longer is not worth 
 
 
 def record_after_build(report: Any, source: Any, *, model_class: str | None, task: str | None,
-                       num_labels: int | None, module: Any = None, build_dtype: str | None = None) -> None:
+                       num_labels: int | None, module: Any = None, build_dtype: str | None = None,
+                       debug: bool = False) -> None:
     """After a build answered a config, record what lets the next call answer without torch: the class's template
     when none applies, and with `module` (what memory and flops built, in `build_dtype`) the config's cost facts.
-    Quiet unless stderr is a terminal; never fails the command."""
+    Quiet unless stderr is a terminal; never fails the command. With `debug` (--debug), a recording that failed
+    says so on stderr, with its traceback."""
     if (report.model.engine != "build" or report.model.native is not True or source is None
             or os.environ.get(RECORD_ENV, "1") == "0"):
         return
@@ -117,8 +119,14 @@ def record_after_build(report: Any, source: Any, *, model_class: str | None, tas
             with progress.status("recording cost facts for this config (next time: instant)"):
                 record_facts(source, report, module, build_dtype=build_dtype, model_class=model_class, task=task,
                              num_labels=num_labels)
-    except Exception:  # the answer is already out; nothing recorded only means the next call builds
-        pass
+    except Exception as err:  # broad on purpose: recording rebuilds the class (its own code) and writes files; the
+        # answer is already out, and nothing recorded only means the next call builds. --debug shows what failed.
+        if debug:
+            import traceback
+
+            print(f"paramscope: debug: nothing recorded after the build ({type(err).__name__}: {err}); the next call "
+                  "builds again", file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
 
 
 def _adopted(report: Any, source: Any, **options: Any) -> bool:

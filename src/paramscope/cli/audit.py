@@ -44,5 +44,5 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_cache and not args.trust_remote_code:
         # after a build, a template: the next audit (or inspect) of this class answers without torch
         record_after_build(result.report, result.source, model_class=args.model_class, task=args.task,
-                           num_labels=args.num_labels)
+                           num_labels=args.num_labels, debug=args.debug)
     return 0

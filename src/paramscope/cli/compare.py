@@ -63,5 +63,6 @@ def run(args: argparse.Namespace) -> int:
             own = bool(spec.model_class or spec.task)
             record_after_build(report, as_source(spec.model, args.revision),
                                model_class=spec.model_class if own else args.model_class,
-                               task=spec.task if own else args.task, num_labels=args.num_labels)
+                               task=spec.task if own else args.task, num_labels=args.num_labels,
+                               debug=args.debug)
     return 0

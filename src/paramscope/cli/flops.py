@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     _show(args, report, estimate, compute, width, tokens)
     if not args.no_cache and not args.trust_remote_code:
         record_after_build(report, source, model_class=args.model_class, task=args.task,
-                           num_labels=args.num_labels, module=view.module, build_dtype=None)
+                           num_labels=args.num_labels, module=view.module, build_dtype=None, debug=args.debug)
     return 0
 
 

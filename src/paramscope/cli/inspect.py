@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     _show(args, source, report, module, width)
     if not args.no_cache and not args.trust_remote_code:
         record_after_build(report, source, model_class=args.model_class, task=args.task,
-                           num_labels=args.num_labels)
+                           num_labels=args.num_labels, debug=args.debug)
     return 0
 
 

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if view is not None and not args.no_cache and not args.trust_remote_code:
         record_after_build(report, source, model_class=args.model_class, task=args.task, num_labels=args.num_labels,
                            module=view.module, build_dtype=estimate.settings.get("compute_dtype")
-                           or estimate.settings["weights_dtype"])
+                           or estimate.settings["weights_dtype"], debug=args.debug)
     return 0
 
 

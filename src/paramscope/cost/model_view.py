@@ -100,7 +100,7 @@ def _can_generate(module: Any) -> bool:
     can_generate = getattr(module, "can_generate", None)
     try:
         return bool(can_generate()) if callable(can_generate) else False
-    except Exception:
+    except (TypeError, NotImplementedError):  # a live module's own can_generate that wants arguments, or has none
         return False
 
 
@@ -132,7 +132,9 @@ def _default_skips(module: Any) -> tuple[str, ...]:
         from transformers.quantizers.base import get_keys_to_not_convert
 
         return tuple(sorted(get_keys_to_not_convert(module)))  # a set underneath: sorted, so facts are stable
-    except Exception:  # not a PreTrainedModel (a live torch module): nothing is skipped by default
+    except ImportError:  # a transformers without the helper: nothing is skipped by default
+        return ()
+    except (AttributeError, IndexError):  # not a PreTrainedModel (a live torch module), or one with no parameter
         return ()
 
 
@@ -151,7 +153,7 @@ def _keep_fp32_pattern(module: Any, dtype: str) -> str | None:
         from transformers.core_model_loading import build_glob_alternation
 
         return build_glob_alternation(sorted(plan))[0].pattern  # sorted: a set underneath, and facts must be stable
-    except Exception:  # an older or newer transformers without these helpers: nothing is kept
+    except (ImportError, AttributeError, TypeError):  # an older or newer transformers: helpers absent or changed
         return None
 
 

@@ -195,7 +195,7 @@ def _sympy_names(symbols: dict[str, str]) -> dict[str, str]:
     for name in symbols:
         try:
             ok = sympy.sympify(name) == sympy.Symbol(name)
-        except Exception:
+        except sympy.SympifyError:  # a Python keyword (lambda, if, …): sympify cannot read it as a name
             ok = False
         out[name] = name if ok else f"Symbol('{name}')"
     return out

@@ -262,11 +262,11 @@ def _walk(config_obj, base: dict[str, Any], prefix: str, ints: dict[str, Field],
     # attributes the config object carries without declaring them (base-class defaults, __post_init__)
     try:
         effective = config_obj.to_dict()
-    except Exception:
+    except Exception:  # broad on purpose: the config class's own code (remote code too) may raise anything
         effective = {}
     try:
         class_defaults = type(config_obj)().to_dict()
-    except Exception:
+    except Exception:  # broad on purpose: a class whose defaults its own validation rejects, however it says so
         class_defaults = {}
     # transformers' attribute_map: an alias names the same field (Qwen3-MoE's num_experts is num_local_experts)
     alias_of = {alias: real for alias, real in (getattr(config_obj, "attribute_map", None) or {}).items()

@@ -13,6 +13,7 @@ from importlib import resources
 from typing import Any
 
 from ..errors import SourceError
+from ..frozen import FrozenDict, freeze_fields
 
 _REGISTRY_FILES = ("registry.json", "registry_extra.json")
 
@@ -22,7 +23,10 @@ class Preset:
     name: str  # the hub id, e.g. "google-bert/bert-base-uncased"
     aliases: tuple[str, ...]
     config_file: str
-    published: dict[str, Any] | None = field(default=None, compare=False)
+    published: FrozenDict[str, Any] | None = field(default=None, compare=False)  # figures the model card gives
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "published")
 
     def load_config(self) -> dict[str, Any]:
         text = resources.files(__name__).joinpath("configs", self.config_file).read_text("utf-8")

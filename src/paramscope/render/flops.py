@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..explain import exact
+from ..frozen import thaw
 from ._console import indented, model_source_line, to_text
 
 CONVENTION = {
@@ -133,7 +134,7 @@ def flops_to_dict(estimate, compute, settings: dict[str, Any] | None = None) -> 
     return {
         "engine": estimate.engine,
         "convention": convention,
-        "settings": dict(settings or {}),
+        "settings": thaw(settings or {}),
         "batch": estimate.batch,
         "seq": estimate.seq,
         "forward": estimate.forward,

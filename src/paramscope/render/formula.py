@@ -14,6 +14,7 @@ from ..explain import exact, human
 from ..formula_spec import FormulaSpec, Group
 from ..polynomial import Monomial, Poly, mono_degree
 from ._console import hanging, wrap_words
+from ..frozen import FrozenDict, freeze_fields
 
 _SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 
@@ -37,13 +38,16 @@ class Shown:
     """A formula at one config, and where it came from: what every view renders."""
 
     spec: FormulaSpec
-    values: dict[str, int]
+    values: FrozenDict[str, int]
     label: str
     source: str
     origin: str  # "derived" (here, now) or "cache"
     cache_path: str | None = None
     checked: int | None = None  # the meta-device count at this config, when one was built here
     seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "values")
 
 
 # --------------------------------------------------------------------------------------------------- formatting

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..explain import exact
+from ..frozen import thaw
 from ._console import indented, model_source_line, to_text
 
 # One accelerator per memory size for the text table; the JSON lists them all.
@@ -343,7 +344,7 @@ def memory_to_dict(estimate) -> dict[str, Any]:
     return {
         "mode": estimate.mode,
         "engine": estimate.engine,
-        "settings": dict(estimate.settings),
+        "settings": thaw(estimate.settings),  # a FrozenDict, lists inside as tuples: plain data for json
         "weights": {
             "bytes": weights.bytes,
             "format": weights.format.key,

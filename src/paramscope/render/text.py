@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Group
@@ -12,6 +12,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from ..count import ModuleNode, collapse_runs
+from ..frozen import FrozenDict, freeze_fields
 from ..explain import exact, fold_names, human, module_arithmetic, role_arithmetic
 from ..roles import GROUP_TITLES, role_group
 from ._console import indented, percent, to_html, to_text
@@ -38,8 +39,11 @@ class FormulaLink:
     """
 
     expression: str = ""
-    terms: Mapping[str, str] = field(default_factory=dict)
+    terms: FrozenDict[str, str] = field(default_factory=FrozenDict)
     note: str = ""  # one line per line of output
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "terms")
 
 
 def render_text(report: Report, options: TextOptions = TextOptions(), formula: FormulaLink | None = None) -> str:

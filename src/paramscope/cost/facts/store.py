@@ -62,7 +62,7 @@ def config_snapshot(config: Any, depth: int = 0) -> dict[str, Any]:
                 continue
             try:
                 value = getattr(config, name)
-            except Exception:
+            except Exception:  # broad on purpose: a property runs the config class's own code; unreadable is a gap
                 gaps.append(name)
                 continue
             if _is_config(value):
@@ -150,7 +150,7 @@ def _text_choice(config: Any) -> str:
             try:
                 if getattr(config, name) is text:
                     return name
-            except Exception:
+            except Exception:  # broad on purpose, as in config_snapshot: a property that raises is not the one
                 continue
     raise FactsGap("the config's text config is not one of its attributes")
 
@@ -345,7 +345,7 @@ def answer_from_facts_or_build(source: Any, answer: Any, *, dtype: str | None = 
             why = why_none(report, view) if why_none else "the answer needs the built module"
         except ParamscopeError:
             raise
-        except Exception as gap:
+        except Exception as gap:  # broad on purpose: a FactsGap, or facts a hand-edited cache broke (any error)
             why = gap_words(gap)
         report, view = cost_view(source, dtype=dtype, use_cache=False, why_not=why, **model_options)
     return report, view, answer(report, view)

@@ -370,10 +370,9 @@ def _attention(config: Any, batch: int, seq: int, causal: str) -> tuple[int | No
     else:
         hidden = dim(config, "hidden") or 0
         d_qk = d_v = config_int(config, "head_dim") or hidden // heads
-    try:
-        layers = sum(1 for kind, _ in layer_kinds(config) if kind not in _NO_ATTENTION)
-    except Exception:
-        layers = dim(config, "layers") or 0
+    # layer_kinds reads with defaults and cannot fail on a config; a gap in recorded facts (FactsGap) must reach
+    # answer_from_facts_or_build, which builds instead, rather than be answered from another count here
+    layers = sum(1 for kind, _ in layer_kinds(config) if kind not in _NO_ATTENTION)
     layers *= config_int(config, "inner_group_num") or 1  # ALBERT: each pass runs a group of layers
     flops = layers * 2 * batch * seq * seq * heads * (d_qk + d_v)
     text = (f"{layers} layers × 2 × {batch} × {seq:,}² × {heads} heads × ({d_qk} + {d_v})")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...display import HtmlDisplay
+from ...frozen import FrozenDict, freeze_fields
 from ..hardware import Accelerator, GiB
 from .kv import KVCache
 from .weights import WeightMemory
@@ -41,7 +42,7 @@ class Fit:
 class MemoryEstimate(HtmlDisplay):
     mode: str  # "inference" | "training"
     engine: str  # "analytic" | "traced"
-    settings: dict[str, Any]
+    settings: FrozenDict[str, Any]  # what was asked (batch, seq, dtypes, …); lists inside become tuples
     weights: WeightMemory
     kv_cache: KVCache | None
     activations: Workspace | None
@@ -51,7 +52,10 @@ class MemoryEstimate(HtmlDisplay):
     fits: tuple[Fit, ...] = ()
     budget: Fit | None = None  # the answer for --gpu or --budget
     notes: tuple[str, ...] = field(default=())
-    training: Any = None  # training_estimate.TrainingDetail for mode "training"
+    training: Any = None  # training.TrainingDetail for mode "training"
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "settings")
 
     @property
     def with_reserve(self) -> int:

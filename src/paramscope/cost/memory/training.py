@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import OptionError
+from ...frozen import FrozenDict, freeze_fields
 from ...selection import match_all
 from .activations import (
     TrainingActivations, embedding_gradient, recipe_attention, recipe_declines, recipe_for, training_activations,
@@ -91,11 +92,14 @@ class TrainingDetail:
     frozen: tuple[str, ...]  # parameter names that do not train
     activation_source: str  # "analytic: Llama-style decoder" | "traced"
     phases: tuple[PhaseFigure, ...]
-    per_device: dict[str, int] | None
+    per_device: FrozenDict[str, int] | None
     traced: TracedStep | None = None
     analytic_peak: int | None = None  # beside a traced answer, where a recipe exists
-    by_category: dict[str, int] = field(default_factory=dict)  # the traced peak's MemTracker breakdown
+    by_category: FrozenDict[str, int] = field(default_factory=FrozenDict)  # the traced peak's MemTracker breakdown
     analytic_activations: int | None = None  # beside a traced answer: the recipe's saved activations
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "per_device", "by_category")
 
 
 def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), use_cache: bool = True,

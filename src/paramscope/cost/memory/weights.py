@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...count import BufferInfo, ParameterInfo
+from ...frozen import FrozenDict, freeze_fields
 from ..dtypes import itemsize, short_name
 from .quantization import WeightFormat
 
@@ -27,15 +28,18 @@ class WeightMemory:
     bytes: int  # the parameters as stored, quantisation overhead included (buffers are apart)
     buffer_bytes: int  # buffers (rotary frequencies, position ids): loaded with the model, not weights
     overhead: int  # scales, zero points, absmax, maps: included in `bytes`
-    by_dtype: dict[str, int]  # storage ("bf16", "nf4", "fp32") → bytes of parameters
-    buffers_by_dtype: dict[str, int]
-    by_role: dict[str, int]  # role → bytes of its parameters
-    by_component: dict[str, int]  # top-level component → bytes of its parameters
+    by_dtype: FrozenDict[str, int]  # storage ("bf16", "nf4", "fp32") → bytes of parameters
+    buffers_by_dtype: FrozenDict[str, int]
+    by_role: FrozenDict[str, int]  # role → bytes of its parameters
+    by_component: FrozenDict[str, int]  # top-level component → bytes of its parameters
     format: WeightFormat
     quantized: int  # parameters stored quantised
     quantized_tensors: tuple[str, ...]  # their names
     kept: tuple[tuple[str, int, str], ...]  # (what, parameters, storage) left out of the quantisation
     lines: tuple[tuple[str, int, str], ...]  # (label, bytes, arithmetic): how the total adds up
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "by_dtype", "buffers_by_dtype", "by_role", "by_component")
 
 
 def weight_memory(params: Iterable[ParameterInfo], buffers: Iterable[BufferInfo], fmt: WeightFormat, *,

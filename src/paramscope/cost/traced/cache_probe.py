@@ -35,7 +35,7 @@ def probe_cache(module: Any, *, batch: int, seq: int, encoder_seq: int | None = 
     try:
         with quiet_transformers(), torch.no_grad():
             output = module(**kwargs)
-    except Exception:  # a forward that cannot run on meta (data-dependent ops, other inputs): no probe
+    except Exception:  # broad on purpose: the model's own forward cannot run on meta (data-dependent ops): no probe
         return None
     with quiet_transformers():  # transformers ≥ 5.24 calls it `cache`, and warns on the older names
         cache = next((value for value in (getattr(output, name, None) for name in

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import progress
+from ...frozen import FrozenDict, freeze_fields
 from .step import (
     StepSettings, assumed_values, autocast_for, enable_checkpointing, fake_mode, loss_of, running, training_inputs, working_copy,
 )
@@ -31,11 +32,14 @@ from .step import (
 class TracedFlops:
     forward: int
     backward: int | None  # training only, as counted: the recomputations included (hardware FLOPs)
-    forward_by_module: dict[str, int]  # innermost module path → its own forward FLOPs
-    backward_by_module: dict[str, int]
+    forward_by_module: FrozenDict[str, int]  # innermost module path → its own forward FLOPs
+    backward_by_module: FrozenDict[str, int]
     fused_attention_forward: int  # FLOPs of fused attention kernels (flash, memory-efficient) in the forward
     fused_attention_backward: int  # … in the backward: 2 × the forward + the scores' recomputation
     backward_without_checkpointing: int | None = None  # with checkpointing: the same backward without it
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "forward_by_module", "backward_by_module")
 
     @property
     def model_backward(self) -> int | None:

@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 from ... import progress
 from ...errors import OptionError, ParamscopeError, UnsupportedError
+from ...frozen import FrozenDict, freeze_fields
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer states", "activations", "temporaries", "other")
 _TRACKER_NAMES = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients",
@@ -42,20 +43,26 @@ ATTENTION = ("sdpa", "eager", "flash")
 class PhasePeak:
     phase: str  # "forward" | "backward" | "optimizer step" | "prefill" | "decode"
     bytes: int
-    by_category: dict[str, int]  # the tracker's breakdown at this phase's peak
+    by_category: FrozenDict[str, int]  # the tracker's breakdown at this phase's peak
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "by_category")
 
 
 @dataclass(frozen=True)
 class TracedStep:
     mode: str  # "training" | "inference"
-    resident: dict[str, int]  # before the step: parameters, buffers, optimizer states
-    end_of_forward: dict[str, int]  # after the forward (the loss computed): what backward will read
+    resident: FrozenDict[str, int]  # before the step: parameters, buffers, optimizer states
+    end_of_forward: FrozenDict[str, int]  # after the forward (the loss computed): what backward will read
     phases: tuple[PhasePeak, ...]
     attention: str
     notes: tuple[str, ...] = field(default=())
     # (module path below the model, activation bytes it leaves allocated when its forward returns), in call
     # order: the top-level modules, each layer, and the first layer's own modules
     kept_by_module: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "resident", "end_of_forward")
 
     @property
     def peak(self) -> PhasePeak:
@@ -401,7 +408,7 @@ def working_copy(module: Any, mode: Any, attention: str | None, weights_dtype: s
         for sub in _configs(config):
             try:
                 sub._attn_implementation = implementation
-            except Exception:  # a config that refuses the setter keeps its own
+            except (AttributeError, ValueError, TypeError):  # a config that refuses the setter keeps its own
                 pass
     return model
 
@@ -435,7 +442,7 @@ def running(model: Any) -> Iterator[None]:
             yield
     except ParamscopeError:
         raise
-    except Exception as err:  # the model's own code: data-dependent control flow, other inputs, …
+    except Exception as err:  # broad on purpose: the model's own code (data-dependent control flow, other inputs, …)
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UnsupportedError(f"cannot trace a step of {type(model).__name__}: {text[:200]}") from None
     finally:
