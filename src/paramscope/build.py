@@ -136,14 +136,18 @@ def validate_config_dict(config: dict[str, Any]) -> None:
                           "paramscope builds")
 
 
-def check_num_labels(value: Any, what: str = "--num-labels") -> None:
+def check_num_labels(value: Any, what: str | None = None) -> None:
+    """`what`: the words for where the value came from ("config field 'num_labels'"); None: the num_labels option
+    (which the CLI spells --num-labels)."""
     if value is None:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{what} must be a positive integer, got {short_repr(value)}")
+        raise ConfigError(f"{what or '{0}'} must be a positive integer, got {{value}}", *([] if what else ["num_labels"]),
+                          value=short_repr(value))
     if value > MAX_LABELS:
-        raise ConfigError(f"{what} is {value:,}, more than the {MAX_LABELS:,} labels paramscope builds "
-                          "(transformers makes an id2label entry for each)")
+        raise ConfigError(f"{what or '{0}'} is {{value:,}}, more than the {{limit:,}} labels paramscope builds "
+                          "(transformers makes an id2label entry for each)", *([] if what else ["num_labels"]),
+                          value=value, limit=MAX_LABELS)
 
 
 def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
