@@ -20,6 +20,25 @@ ALLOWED_SKIPS = {
 _SKIPPED: list[tuple[str, str]] = []
 
 
+SLOW_LIST = Path(__file__).parent / "slow_tests.txt"
+
+
+def _slow_entries() -> list[str]:
+    lines = SLOW_LIST.read_text("utf-8").splitlines() if SLOW_LIST.is_file() else []
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `slow` what tests/slow_tests.txt names: a file, a test (all its cases) or one case."""
+    entries = _slow_entries()
+    files = tuple(e + "::" for e in entries if e.endswith(".py"))
+    tests = {e for e in entries if not e.endswith(".py")}
+    for item in items:
+        nodeid = item.nodeid
+        if nodeid.startswith(files) or nodeid in tests or nodeid.split("[")[0] in tests:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_runtest_logreport(report):
     if report.skipped:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)

@@ -41,3 +41,17 @@ def test_ci_installs_from_the_constraints_file_and_runs_strict():
                 if "==" in line and not line.startswith("#"))
     for package in ("torch", "transformers", "peft", "plotly", "pytest", "playwright", "huggingface-hub"):
         assert package in pins, package
+
+
+def test_every_slow_entry_names_a_test_that_exists():
+    """A renamed test would silently leave the fast lane; each entry of tests/slow_tests.txt must still match."""
+    from conftest import _slow_entries
+
+    entries = _slow_entries()
+    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                         capture_output=True, text=True, cwd=ROOT)
+    collected = [line for line in run.stdout.splitlines() if "::" in line]
+    assert len(collected) > 1500
+    for entry in entries:
+        assert any(nodeid == entry or nodeid.startswith(entry + "::") or nodeid.split("[")[0] == entry
+                   for nodeid in collected), entry

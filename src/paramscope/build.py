@@ -69,6 +69,17 @@ _POSITIVE_INT_FIELDS = (
 # Sub-configs count too; a config with auto_map (remote code) declares its own types and is left to them.
 _SCALAR_INT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
                       "n_embd", "n_layer", "n_head", "n_positions")
+# What transformers' own defaults give these fields besides a plain integer, and so what stays allowed: per-stage
+# lists and maps of depths and heads (SegFormer, LeViT, LXMERT) and a whole-number float position count
+# (MusicFlamingo's 1200.0). A width is never a list, and null, a bool or a string never describes a model.
+def _scalar_exception(key: str, value: Any) -> bool:
+    if isinstance(value, float):
+        return key in ("max_position_embeddings", "n_positions") and value.is_integer()
+    if isinstance(value, (list, dict)):
+        return key not in ("hidden_size", "n_embd")
+    return False
+
+
 # Zero is meaningful here: head_dim 0 is "hidden size / heads" in some defaults, a rope dimension 0 is no rope part.
 _MAY_BE_ZERO = ("head_dim", "qk_rope_head_dim", "q_lora_rank")
 _NON_NEGATIVE_INT_FIELDS = ("type_vocab_size", "n_shared_experts", "first_k_dense_replace")
@@ -157,7 +168,7 @@ def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
     dims: list[tuple[int, str]] = []
     if "auto_map" not in config and (depth == 0 or "model_type" in config):
         for key in _SCALAR_INT_FIELDS:
-            if key in config and type(config[key]) is not int:
+            if key in config and type(config[key]) is not int and not _scalar_exception(key, config[key]):
                 value = config[key]
                 shown = "null" if value is None else short_repr(value)
                 raise ConfigError(f"config field {name(key)!r} must be an integer, got {shown}"
@@ -245,9 +256,10 @@ def _check_cost_fields(config: dict[str, Any], name) -> None:
             break  # the first key set is the one read
     for key in _WINDOW_FIELDS:
         value = config.get(key)
-        if value is not None and (type(value) is not int or value < 1):
-            raise ConfigError(f"config field {name(key)!r} must be a positive number of tokens, or null for none; "
-                              f"got {short_repr(value)}")
+        # 0 is transformers' own "no window" (Qwen2-MoE's default): accepted, and named in the report's notes
+        if value is not None and (type(value) is not int or value < 0):
+            raise ConfigError(f"config field {name(key)!r} must be a positive number of tokens, or 0 or null for "
+                              f"none; got {short_repr(value)}")
     for key in ("torch_dtype", "dtype"):
         value = config.get(key)
         if value is None or isinstance(value, dict):  # a dtype per sub-config is transformers' own to resolve
@@ -392,6 +404,9 @@ def config_notes(config_dict: dict[str, Any], version: str) -> tuple[str, ...]:
 def extra_config_notes(config: dict[str, Any]) -> tuple[str, ...]:
     """Config fields that describe weights transformers does not build, so the reader knows they are not counted."""
     notes = []
+    for key in _WINDOW_FIELDS:
+        if config.get(key) == 0 and type(config.get(key)) is int:
+            notes.append(f"{key}=0: no window, as transformers reads it; every layer attends to every token")
     mtp = config.get("num_nextn_predict_layers")
     if isinstance(mtp, int) and not isinstance(mtp, bool) and mtp > 0:
         notes.append(f"num_nextn_predict_layers={mtp}: the multi-token-prediction module ships in the checkpoint "
