@@ -271,3 +271,11 @@ def test_a_recording_that_fails_is_silent_unless_debug(capsys, monkeypatch, writ
     assert first.startswith("paramscope: debug: nothing recorded after the build (OSError: ")
     assert "No space left on device" in first
     assert "Traceback (most recent call last)" in err and "disk_full" in err
+
+
+def test_a_window_of_zero_is_no_window_and_the_report_says_so(write_config, capsys):
+    """transformers reads sliding_window 0 as no window (Qwen2-MoE's default): accepted, and named."""
+    config = write_config({"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": 0})
+    assert main(["inspect", str(config)]) == 0
+    assert "sliding_window=0: no window, as transformers reads it; every layer attends to every token" \
+        in " ".join(capsys.readouterr().out.split())

@@ -88,9 +88,7 @@ def adopt_template(report: Any, source: Any, *, model_class: str | None, task: s
     for symbol, path in template.spec.symbols.items():
         if symbol in template.spec.anchor["values"]:
             set_path(anchor_config, path, template.spec.anchor["values"][symbol])
-    anchor_source = dataclasses.replace(source, config=anchor_config) if dataclasses.is_dataclass(source) else None
-    if anchor_source is None:
-        return Adoption(None, donor, "the source cannot be rebuilt at the anchor")
+    anchor_source = dataclasses.replace(source, config=anchor_config)
     built = inspect(anchor_config, model_class=template.class_name, num_labels=num_labels, use_cache=False)
     at_anchor = report_from_template(template, anchor_source, num_labels=num_labels, class_reason=reason)
     difference = _difference(_unlabelled(report_to_dict(built)), _unlabelled(report_to_dict(at_anchor)))
