@@ -611,12 +611,19 @@ def build_on_meta(class_name: str, config, *, code_ref: str | None = None, code_
     tensor gets the dtype loading gives it (a tensor the code creates in float32 explicitly stays float32).
     At most MAX_MODULES modules are built: a config that slipped past the field checks still cannot cost minutes.
     """
-    import torch
     import transformers
 
     cls = remote_class(code_ref, code_location) if code_ref else getattr(transformers, class_name, None)
     if cls is None:
         raise ModelClassError(f"unknown class {class_name!r}")
+    return build_class_on_meta(cls, config, dtype=dtype)
+
+
+def build_class_on_meta(cls, config, *, dtype: str | None = None):
+    """`cls(config)` on the meta device, in `dtype`, within the module budget (build_on_meta's core)."""
+    import torch
+
+    class_name = cls.__name__
     try:
         with quiet_transformers(), _module_budget(MAX_MODULES), torch.device("meta"), _default_dtype(dtype):
             return cls(config)

@@ -196,7 +196,27 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         return tuple(figures)
 
     traced = None
-    if options.trace or analytic is None:
+    derived = None
+    if analytic is None and not options.trace and module is not None and not checkpointing:
+        derived, why_not = _derive(module, options, seq, limit, frozen, dtype if live else None, own)
+        if derived is None:
+            notes.append(f"no closed form derived for {class_name} ({why_not}): one step traced")
+    if derived is not None:
+        figures = derived.recipe.peaks(options.batch, seq)
+        step_end = resident + gradients + step_bytes
+        phases = (
+            PhaseFigure("forward", resident + figures.forward, "derived", derived.recipe.words("forward", options.batch, seq), 0,
+                        figures.forward),
+            PhaseFigure("backward", resident + figures.backward, "derived", derived.recipe.words("backward", options.batch, seq),
+                        figures.gradients_at_backward_peak, figures.backward - figures.gradients_at_backward_peak),
+            PhaseFigure("optimizer step", step_end, "optimizer step", f"gradients {gradients:,}; {step_text}",
+                        gradients),
+        )
+        activations = Workspace(figures.end_of_forward, derived.recipe.words("end of forward", options.batch, seq),
+                                4 * options.batch * seq * (config_int(text, "vocab_size") or 0))
+        notes.extend(derived.notes())
+        source_label = "derived"
+    elif options.trace or analytic is None:
         if module is None:
             return None
         settings = StepSettings(batch=options.batch, seq=seq, precision=precision, optimizer=optimizer,
@@ -263,7 +283,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
 
     device_top = on_one_device(phases)
     peak = device_top.bytes
-    if traced is None and device_top.where == "end of forward":
+    if traced is None and derived is None and device_top.where == "end of forward":
         notes.append("the peak is the end of the forward, counted as what the forward saves for backward; the working "
                      "tensors of the layer running then are not (a traced peak was 0.0 to 1.4% higher on the "
                      "presets in docs/benchmarks.md); --trace measures them")
@@ -273,6 +293,14 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
             notes.append("ZeRO-3 gathers each layer's full weights while it runs; that transient is not counted")
 
     def peak_at(batch: int, length: int) -> int:
+        if derived is not None:
+            figures = derived.at(batch, length)
+            if figures is None:  # that regime's derivation declined: counted as not fitting, and said
+                return 1 << 62
+            return on_one_device((
+                PhaseFigure("forward", resident + figures.forward, "", ""),
+                PhaseFigure("backward", resident + figures.backward, "", "", figures.gradients_at_backward_peak),
+                PhaseFigure("optimizer step", resident + gradients + step_bytes, "", "", gradients))).bytes
         if analytic is not None and traced is None:
             act = training_activations(text, class_name, batch=batch, seq=length, **shape)
             return on_one_device(analytic_phases(act, batch, length)).bytes
@@ -291,19 +319,40 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     }
     if accelerator is None and options.budget is not None:
         accelerator = Accelerator("budget", options.budget, "", "budget")
-    contexts = traced is None  # a traced peak is known at its own length only
+    contexts = traced is None  # a traced peak is known at its own length only; a derived one at any
     budget = fit_on(accelerator, peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit,
                     contexts=contexts) if accelerator else None
+    if derived is not None and derived.declined:
+        notes.append("largest batch and context: a regime whose derivation declined counts as not fitting (" +
+                     "; ".join(derived.declined[:3]) + ")")
     detail = TrainingDetail(states, tuple(sorted(frozen)), source_label, phases, sharded, traced, analytic_peak,
                             dict(traced.peak.by_category) if traced is not None else {},
                             analytic.saved if traced is not None and analytic is not None else None)
     estimate = MemoryEstimate(
-        mode="training", engine="traced" if traced is not None else "analytic", settings=settings_out,
+        mode="training", engine="traced" if traced is not None else "derived" if derived is not None else "analytic",
+        settings=settings_out,
         weights=weights, kv_cache=None, activations=activations, peak=peak, peak_phase=device_top.phase,
         reserve=options.reserve,
         fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit, contexts=contexts),
         budget=budget, notes=tuple(notes), training=detail)
     return estimate
+
+
+def _derive(module: Any, options: TrainingOptions, seq: int, limit: int | None, frozen: list[str],
+            weights_dtype: str | None, own: frozenset[str]) -> tuple[Any, str]:
+    """(the derived step, "") for the class's training memory at any batch and length; (None, why) where the
+    derivation declines (its check failed, or the model has no repeated layers to extend)."""
+    from ..derived.derive import DerivedStep, derive_training
+    from ..derived.symbols import NotDerivable
+
+    settings = StepSettings(precision=check_precision(options.precision), optimizer=check_optimizer(options.optimizer),
+                            attention=options.attention, frozen=frozenset(frozen), weights_dtype=weights_dtype,
+                            own_dtype=own)
+    try:
+        recipe = derive_training(module, settings, seq=seq, batch=options.batch, max_context=limit)
+    except NotDerivable as err:
+        return None, str(err)
+    return DerivedStep(module, settings, limit, [recipe]), ""
 
 
 def _why_traced(view: Any, options: TrainingOptions) -> str:

@@ -1,0 +1,158 @@
+"""A derived memory recipe: the training step's allocations as closed forms in B and S, per layer type.
+
+The step of an L-layer model is laid out as its traced cut's was, with the middle layers repeated:
+
+    forward:   prefix · first layer · middle layers (each its type's) · last layer (with the head and the loss)
+    backward:  the loss's and head's backward · last layer · middle layers, last to first · first layer (and the rest)
+
+Each segment is a list of allocations (+ size) and frees (− size), sizes being polynomials in B and S. A free that the
+boundary makes for every middle layer of a type (autocast's weight copies, released when the forward ends) counts once
+per such layer. Replaying the list gives each moment's bytes above the step's start, hence the forward's peak, what the
+forward leaves for backward and the backward's peak, exactly for any B and S in the recipe's regime and any depth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ...frozen import FrozenDict, freeze_fields
+from .symbols import Poly, evaluate
+
+# (sign, allocation, multiplier): sign +1 allocates, −1 frees; multiplier None counts once, a middle layer's context
+# (its type between its neighbours') counts once per middle layer in that context
+Entry = tuple[int, int, "str | None"]
+
+
+@dataclass(frozen=True)
+class DerivedPeaks:
+    forward: int  # the forward's peak, bytes above the step's start
+    end_of_forward: int  # live when the loss is computed: what backward reads (the saved activations and the loss)
+    backward: int  # the backward's peak, above the step's start (gradients included)
+    gradients_at_backward_peak: int
+
+
+@dataclass(frozen=True)
+class DerivedRecipe:
+    sizes: tuple[Poly, ...]  # each allocation's bytes
+    gradient: tuple[bool, ...]  # each allocation ends as a parameter's .grad
+    prefix: tuple[Entry, ...]
+    first_forward: tuple[Entry, ...]
+    middle_forward: FrozenDict[str, tuple[Entry, ...]]  # a middle layer's context (its neighbours' types) → segment
+    last_forward: tuple[Entry, ...]
+    head_backward: tuple[Entry, ...]
+    last_backward: tuple[Entry, ...]
+    middle_backward: FrozenDict[str, tuple[Entry, ...]]
+    first_backward: tuple[Entry, ...]
+    layer_types: tuple[str, ...]  # the model's layers, each's type
+    seq_range: tuple[int, int]  # the regime: S from, to (inclusive)
+    batch_range: tuple[int, int]  # and B
+    regime: str  # the regime in words
+    traced: str  # how it was derived, in words
+    check: str  # the check before use, in words
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "middle_forward", "middle_backward")
+
+    def covers(self, batch: int, seq: int) -> bool:
+        return self.seq_range[0] <= seq <= self.seq_range[1] and self.batch_range[0] <= batch <= self.batch_range[1]
+
+    def peaks(self, batch: int, seq: int, layer_types: Sequence[str] | None = None,
+              gradient_share: int = 1) -> DerivedPeaks:
+        """The step's figures at `batch` × `seq` for the model's layers (or `layer_types`, a cut's); with
+        `gradient_share` N, each gradient counts 1/N (rounded up: ZeRO-2's shard)."""
+        import numpy as np
+
+        laid = self._laid_out(layer_types)
+        values = np.array([evaluate(poly, batch, seq) for poly in self.sizes], dtype=object)
+        if gradient_share > 1:
+            values = np.array([-(-v // gradient_share) if g else v for v, g in zip(values, self.gradient)],
+                              dtype=object)
+        forward = (laid.forward_sign * values[laid.forward_index]).astype(np.int64)
+        backward = (laid.backward_sign * values[laid.backward_index]).astype(np.int64)
+        live = np.cumsum(forward)
+        forward_peak = max(0, int(live.max())) if live.size else 0
+        end = int(live[-1]) if live.size else 0
+        after = end + np.cumsum(backward)
+        if not after.size or int(after.max()) <= end:
+            return DerivedPeaks(forward_peak, end, end, 0)
+        at = int(np.argmax(after))
+        gradients = int(np.cumsum(np.where(laid.backward_gradient, backward, 0))[at])
+        return DerivedPeaks(forward_peak, end, int(after[at]), gradients)
+
+    def words(self, phase: str, batch: int, seq: int) -> str:
+        """The phase's peak moment as its closed form: "what is live: 24·B·S² + … B (L layers folded in)"."""
+        from .symbols import words
+
+        return f"live at the {phase} peak: {words(self.moment(batch, seq, phase))} B ({self.regime})"
+
+    def moment(self, batch: int, seq: int, phase: str) -> Poly:
+        """What is live at `phase`'s peak ("forward", "end of forward", "backward") at `batch` × `seq`, as a
+        polynomial in B and S (the model's depth folded into the coefficients)."""
+        import numpy as np
+
+        laid = self._laid_out(None)
+        values = np.array([evaluate(poly, batch, seq) for poly in self.sizes], dtype=object)
+        forward = laid.forward_sign * values[laid.forward_index]
+        live = np.cumsum(forward.astype(np.int64))
+        if phase == "forward":
+            rows = [(laid.forward_sign[:k + 1], laid.forward_index[:k + 1]) for k in [int(np.argmax(live))]]
+        else:
+            rows = [(laid.forward_sign, laid.forward_index)]
+            if phase == "backward":
+                backward = (laid.backward_sign * values[laid.backward_index]).astype(np.int64)
+                after = np.cumsum(backward)
+                if after.size and int(after.max()) > 0:
+                    k = int(np.argmax(after))
+                    rows.append((laid.backward_sign[:k + 1], laid.backward_index[:k + 1]))
+        terms: dict[tuple[int, int], int] = {}
+        for signs, indices in rows:
+            weight: dict[int, int] = {}
+            for sign, index in zip(signs.tolist(), indices.tolist()):
+                weight[index] = weight.get(index, 0) + sign
+            for index, times in weight.items():
+                for i, j, c in self.sizes[index]:
+                    terms[(i, j)] = terms.get((i, j), 0) + times * c
+        return tuple(sorted((i, j, c) for (i, j), c in terms.items() if c))
+
+    def _laid_out(self, layer_types: Sequence[str] | None) -> "_Layout":
+        import numpy as np
+
+        types = tuple(self.layer_types if layer_types is None else layer_types)
+        key = types
+        cached = _LAYOUTS.get((id(self), key))
+        if cached is not None:
+            return cached
+        middle = tuple("|".join(types[i - 1:i + 2]) for i in range(1, len(types) - 1))  # derive.contexts
+        counts = {t: middle.count(t) for t in set(middle)}
+
+        def arrays(segments: list[tuple[Entry, ...]]) -> tuple[Any, Any]:
+            entries = [e for segment in segments for e in segment]
+            sign = np.array([e[0] * (1 if e[2] is None else counts.get(e[2], 0)) for e in entries], dtype=object)
+            index = np.array([e[1] for e in entries], dtype=np.int64)
+            return sign, index
+
+        forward = [self.prefix, self.first_forward, *(self.middle_forward[t] for t in middle), self.last_forward]
+        backward = [self.head_backward, self.last_backward, *(self.middle_backward[t] for t in reversed(middle)),
+                    self.first_backward]
+        forward_sign, forward_index = arrays(forward)
+        backward_sign, backward_index = arrays(backward)
+        gradient = np.array(self.gradient, dtype=bool)
+        laid = _Layout(forward_sign, forward_index, backward_sign, backward_index,
+                       gradient[backward_index] if backward_index.size else np.zeros(0, dtype=bool))
+        if len(_LAYOUTS) > 64:
+            _LAYOUTS.clear()
+        _LAYOUTS[(id(self), key)] = laid
+        return laid
+
+
+@dataclass(frozen=True)
+class _Layout:
+    forward_sign: Any
+    forward_index: Any
+    backward_sign: Any
+    backward_index: Any
+    backward_gradient: Any
+
+
+_LAYOUTS: dict[tuple[int, tuple[str, ...]], _Layout] = {}

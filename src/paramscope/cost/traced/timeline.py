@@ -1,0 +1,193 @@
+"""A training step's allocations in order: what the derived engine fits, and what MemTracker's peaks are replayed from.
+
+    module (meta) → fake copy (step.working_copy) → forward and backward under a dispatch mode that records every new
+    storage (its bytes, shape, element size) and, through a weakref, the moment it is freed → Timeline
+
+Markers split the timeline at the repeated layers: ("fw", i) as layer i's forward starts, ("bw", i) as the gradient of
+its output is ready (its backward starts), "end-fw" when the loss is computed, "end-bw" when backward returns. Storages
+that end up as a parameter's .grad are flagged, so ZeRO-2 can share them out moment by moment.
+
+Replaying the allocations and frees gives, to the byte, what torch's MemTracker reports for the same step (its peak is
+taken after each operator, as here; tests/test_derived_memory.py holds the two equal). The optimizer's states and step
+are not traced: they are the exact analytic figures (memory/states.py).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from ... import progress
+
+ALLOC, FREE, MARK = "a", "f", "m"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    nbytes: int
+    shape: tuple[int, ...]
+    itemsize: int
+    gradient: bool = False  # ends the step as a parameter's .grad
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Events in order: (ALLOC, index), (FREE, index) or (MARK, marker); `allocations[index]` says what was made."""
+
+    events: tuple[tuple[str, Any], ...]
+    allocations: tuple[Allocation, ...]
+    layers: int  # the repeated layers the markers name
+
+    def peaks(self) -> tuple[int, int, int]:
+        """(forward peak, live at the end of the forward, backward peak), in bytes above what the step began with."""
+        live = peak = forward_peak = 0
+        end_of_forward = None
+        for kind, what in self.events:
+            if kind == ALLOC:
+                live += self.allocations[what].nbytes
+                peak = max(peak, live)
+            elif kind == FREE:
+                live -= self.allocations[what].nbytes
+            elif what == ("end-fw",):
+                forward_peak, end_of_forward, peak = peak, live, live
+        if end_of_forward is None:
+            raise ValueError("the timeline has no end of forward")
+        return forward_peak, end_of_forward, peak
+
+
+def record_training_step(module: Any, settings: Any, layer_path: str) -> Timeline:
+    """Record one training step (forward, loss, backward) of `module` on fake tensors, with `settings` as
+    step.StepSettings gives them; `layer_path` names the ModuleList of repeated layers ("model.layers")."""
+    with progress.status(f"recording a training step of {type(module).__name__} on fake tensors"):
+        return _record(module, settings, layer_path)
+
+
+def _record(module: Any, settings: Any, layer_path: str) -> Timeline:
+    import torch
+    from torch.autograd.graph import register_multi_grad_hook
+    from torch.utils._pytree import tree_leaves
+
+    from .step import (
+        assumed_values, autocast_for, check_attention, enable_checkpointing, fake_mode, loss_of, running,
+        training_inputs, working_copy,
+    )
+
+    check_attention(settings.attention)
+    with fake_mode(True) as mode, assumed_values(True):
+        model = working_copy(module, mode, settings.attention, settings.weights_dtype, settings.own_dtype)
+        model.train()
+        for name, param in model.named_parameters():
+            if name in settings.frozen:
+                param.requires_grad_(False)
+        if settings.grad_checkpointing:
+            enable_checkpointing(model)
+        inputs = training_inputs(model, settings)
+        layers = model.get_submodule(layer_path)
+        recorder = _recorder()
+        # the weights exist before the step: a view of one that an operator returns is no allocation (the inputs'
+        # ids are counted once an operator returns a view of them, as MemTracker counts them)
+        for tensor in [*model.parameters(), *model.buffers()]:
+            recorder.known(tensor)
+        handles = []
+        for index, layer in enumerate(layers):
+            def before(_module, _args, index=index):
+                if not recorder.in_backward:  # a checkpointed layer's recomputation runs its forward again
+                    recorder.mark(("fw", index))
+
+            def after(_module, _args, output, index=index):
+                if recorder.in_backward:
+                    return
+                tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+                if tensors:
+                    register_multi_grad_hook(tensors, lambda _grads, index=index: recorder.mark(("bw", index)),
+                                             mode="any")
+
+            handles += [layer.register_forward_pre_hook(before), layer.register_forward_hook(after)]
+        try:
+            with running(model), recorder:
+                with autocast_for(settings.precision):
+                    loss = loss_of(model(**inputs))
+                recorder.mark(("end-fw",))
+                recorder.in_backward = True
+                loss.backward()
+                del loss
+                recorder.mark(("end-bw",))
+                for param in model.parameters():
+                    if param.grad is not None:
+                        recorder.flag_gradient(param.grad)
+        finally:
+            for handle in handles:
+                handle.remove()
+            recorder.detach()
+        return Timeline(_ordered_frees(recorder.events), tuple(recorder.allocations), len(layers))
+
+
+def _ordered_frees(events: list[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
+    """Frees that follow one another (a graph node's saved tensors, autocast's cache) in allocation order: the
+    order the garbage collector happens to run them in changes no moment's bytes."""
+    ordered: list[tuple[str, Any]] = []
+    run: list[int] = []
+    for kind, what in events:
+        if kind == FREE:
+            run.append(what)
+            continue
+        ordered += [(FREE, index) for index in sorted(run)]
+        run = []
+        ordered.append((kind, what))
+    ordered += [(FREE, index) for index in sorted(run)]
+    return tuple(ordered)
+
+
+def _recorder() -> Any:
+    """A dispatch mode that notes each new storage an operator returns, and (by weakref) when it is freed."""
+    import dataclasses
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.events: list[tuple[str, Any]] = []
+            self.allocations: list[Allocation] = []
+            self.index_of = WeakIdKeyDictionary()  # storage → its allocation's index
+            self.finalizers: list[Any] = []
+            self.in_backward = False
+
+        def known(self, tensor: Any) -> None:
+            self.index_of[tensor.untyped_storage()] = -1
+
+        def mark(self, marker: tuple) -> None:
+            self.events.append((MARK, marker))
+
+        def _freed(self, index: int) -> None:
+            self.events.append((FREE, index))
+
+        def flag_gradient(self, tensor: Any) -> None:
+            index = self.index_of.get(tensor.untyped_storage())
+            if index is not None and index >= 0:
+                self.allocations[index] = dataclasses.replace(self.allocations[index], gradient=True)
+
+        def detach(self) -> None:
+            for finalizer in self.finalizers:
+                finalizer.detach()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
+            result = func(*args, **(kwargs or {}))
+            for tensor in tree_leaves(result):
+                if not isinstance(tensor, torch.Tensor):
+                    continue
+                storage = tensor.untyped_storage()
+                if storage in self.index_of:
+                    continue
+                index = len(self.allocations)
+                self.index_of[storage] = index
+                self.allocations.append(Allocation(storage.nbytes(), tuple(tensor.shape), tensor.dtype.itemsize))
+                self.events.append((ALLOC, index))
+                self.finalizers.append(weakref.finalize(storage, self._freed, index))
+            return result
+
+    return Recorder()
