@@ -222,11 +222,17 @@ def test_gpt2_and_encoders_analytic_peak_within_3_percent(preset, precision, che
     assert any("attention dropout 0.1" in note for note in estimate.notes)
 
 
-def test_a_class_without_a_recipe_is_traced_and_says_so():
-    _, estimate = estimate_training("deberta-v3-base", TrainingOptions(batch=1, seq=128, precision="fp32"),
-                                    model_class="DebertaV2ForSequenceClassification")
-    assert estimate.engine == "traced"
-    assert any("no analytic activation recipe for DebertaV2ForSequenceClassification" in n for n in estimate.notes)
+def test_a_class_without_a_recipe_is_derived_and_equals_the_trace():
+    options = TrainingOptions(batch=1, seq=128, precision="fp32")
+    _, estimate = estimate_training("deberta-v3-base", options, model_class="DebertaV2ForSequenceClassification")
+    assert estimate.engine == "derived"
+    assert any("checked against a trace of" in n and "equal to the byte" in n for n in estimate.notes)
+    _, traced = estimate_training("deberta-v3-base", dataclasses.replace(options, trace=True),
+                                  model_class="DebertaV2ForSequenceClassification")
+    assert traced.engine == "traced"
+    assert any("no analytic activation recipe for DebertaV2ForSequenceClassification" in n for n in traced.notes)
+    assert (estimate.peak, estimate.activations.bytes) == (traced.peak, traced.activations.bytes)
+    assert [p.bytes for p in estimate.training.phases] == [p.bytes for p in traced.training.phases]
 
 
 @pytest.mark.parametrize("model_class", [None, "DebertaV2ForMaskedLM"])

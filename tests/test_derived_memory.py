@@ -1,0 +1,148 @@
+"""The derived engine (cost/derived/): closed forms in B and S from traces of short cuts, held to full-depth traces.
+
+Each model here has more layers than the cuts the derivation traces (4 and 5 for one layer type), so every figure
+compared is an extrapolation in depth, batch and length; the reference is the traced engine's MemTracker step of the
+whole model, to the byte.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from paramscope.build import build_class_on_meta
+from paramscope.cost.derived.derive import choose_depths, contexts, derive_training, layer_types
+from paramscope.cost.derived.symbols import NotDerivable, dimension, size, words
+from paramscope.cost.traced.step import StepSettings, trace_training
+from paramscope.cost.traced.timeline import record_training_step
+
+SMALL = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=256,
+             vocab_size=500, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+
+
+def _model(name: str):
+    import transformers as T
+
+    made = {
+        "llama": lambda: (T.LlamaForCausalLM, T.LlamaConfig(**SMALL, num_hidden_layers=7)),
+        "qwen3": lambda: (T.Qwen3ForCausalLM, T.Qwen3Config(**SMALL, num_hidden_layers=9)),
+        "olmo2": lambda: (T.Olmo2ForCausalLM, T.Olmo2Config(**SMALL, num_hidden_layers=8)),
+        "qwen3-moe": lambda: (T.Qwen3MoeForCausalLM, T.Qwen3MoeConfig(
+            **SMALL, num_hidden_layers=8, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64)),
+        "gpt2": lambda: (T.GPT2LMHeadModel, T.GPT2Config(n_embd=128, n_head=4, n_layer=8, vocab_size=500,
+                                                          bos_token_id=0, eos_token_id=0)),
+    }[name]
+    cls, config = made()
+    return build_class_on_meta(cls, config)
+
+
+def _traced(model, batch, seq, precision):
+    step = trace_training(model, StepSettings(batch=batch, seq=seq, precision=precision))
+    resident = sum(step.resident.values())
+    return step.phases[0].bytes - resident, step.saved_activations, step.phases[1].bytes - resident
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_the_recorded_timeline_replays_memtrackers_peaks(precision):
+    model = _model("llama")
+    settings = StepSettings(batch=2, seq=48, precision=precision)
+    assert record_training_step(model, settings, "model.layers").peaks() == _traced(model, 2, 48, precision)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "olmo2", "qwen3-moe", "gpt2"])
+def test_derived_peaks_equal_the_full_depth_trace(name):
+    model = _model(name)
+    settings = StepSettings(precision="bf16-mixed")
+    recipes = []
+    for batch, seq in [(2, 64), (1, 100), (3, 37)]:
+        recipe = next((r for r in recipes if r.covers(batch, seq)), None)
+        if recipe is None:
+            recipe = derive_training(model, settings, seq=seq, batch=batch)
+            recipes.append(recipe)
+            assert "equal to the byte" in recipe.check
+        figures = recipe.peaks(batch, seq)
+        assert (figures.forward, figures.end_of_forward, figures.backward) == _traced(model, batch, seq,
+                                                                                      "bf16-mixed")
+    assert [r.batch_range[0] for r in recipes] == [2, 1]  # batch 1 is a regime of its own
+
+
+def test_fp32_derived_equals_the_trace_outside_the_sampled_lengths():
+    model = _model("qwen3")
+    recipe = derive_training(model, StepSettings(precision="fp32"), seq=256, batch=2)
+    figures = recipe.peaks(4, 9)  # the traces sampled S = 17 and 19, B = 3 and 2
+    assert (figures.forward, figures.end_of_forward, figures.backward) == _traced(model, 4, 9, "fp32")
+
+
+def test_the_moment_is_a_closed_form_that_gives_the_peak():
+    model = _model("gpt2")
+    recipe = derive_training(model, StepSettings(precision="bf16-mixed"), seq=64, batch=2)
+    from paramscope.cost.derived.symbols import evaluate
+
+    for phase, value in (("forward", "forward"), ("end of forward", "end_of_forward"), ("backward", "backward")):
+        poly = recipe.moment(5, 80, phase)
+        assert evaluate(poly, 5, 80) == getattr(recipe.peaks(5, 80), value)
+    assert "B·S" in recipe.words("forward", 5, 80)
+
+
+def test_a_sliding_window_splits_the_regimes():
+    import transformers as T
+
+    from paramscope.cost.derived.derive import regime_of
+
+    config = T.MistralConfig(**SMALL, num_hidden_layers=6, sliding_window=48)
+    assert regime_of(config, 40, 4096) == ((1, 48), "S ≤ sliding_window 48")
+    assert regime_of(config, 64, 4096) == ((49, 4096), "S > sliding_window 48")
+
+
+def test_layer_types_and_depths():
+    import transformers as T
+
+    config = T.Gemma3TextConfig(**SMALL, num_hidden_layers=14, sliding_window=40)
+    model = build_class_on_meta(T.Gemma3ForCausalLM, config)
+    types = layer_types(model.model.layers)
+    assert types == tuple("type 2" if i % 6 == 5 else "type 1" for i in range(14))
+    depth, check = choose_depths(types)
+    assert types[depth - 1] == types[-1] and check > depth
+    assert set(contexts(types)) <= set(contexts(types[:depth - 1] + types[-1:]))
+    uniform = layer_types(_model("qwen3").model.layers)
+    assert set(uniform) == {"type 1"} and choose_depths(uniform) == (4, 5)
+
+
+def test_dimension_forms():
+    at1, at2 = (3, 17), (2, 19)
+    assert dimension(256, 256, at1, at2) == ((0, 0, 256),)
+    assert dimension(17, 19, at1, at2) == ((0, 1, 1),)
+    assert dimension(16, 18, at1, at2) == ((0, 0, -1), (0, 1, 1))  # S − 1: shifted labels
+    assert dimension(51, 38, at1, at2) == ((1, 1, 1),)  # B·S
+    assert dimension(48, 36, at1, at2) == ((1, 0, -1), (1, 1, 1))  # B·(S − 1)
+    assert dimension(3, 2, at1, at2) == ((1, 0, 1),)
+    with pytest.raises(NotDerivable):
+        dimension(1000, 7, at1, at2)
+    assert size((3, 17, 8), (2, 19, 8), 3 * 17 * 8 * 2, 2 * 19 * 8 * 2, 2, at1, at2) == ((1, 1, 16),)
+    assert words(((1, 1, 16), (0, 2, 4), (0, 0, -8))) == "4·S² + 16·B·S − 8"
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "paramscope", *args], capture_output=True, text=True, timeout=600,
+                          env=env)
+
+
+def test_cli_memory_training_of_an_unseen_class_is_derived_and_equals_trace(tmp_path):
+    import os
+
+    config = dict(SMALL, architectures=["Qwen3ForCausalLM"], model_type="qwen3", num_hidden_layers=12,
+                  tie_word_embeddings=False)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    env = dict(os.environ, PARAMSCOPE_CACHE_DIR=str(tmp_path / "cache"))
+    derived = _cli("memory", str(path), "--training", "--batch", "2", "--seq", "96", "--json", env=env)
+    assert derived.returncode == 0, derived.stderr
+    traced = _cli("memory", str(path), "--training", "--batch", "2", "--seq", "96", "--trace", "--json", env=env)
+    assert traced.returncode == 0, traced.stderr
+    one, other = json.loads(derived.stdout)["memory"], json.loads(traced.stdout)["memory"]
+    assert one["engine"] == "derived" and other["engine"] == "traced"
+    assert one["peak"]["bytes"] == other["peak"]["bytes"]
+    assert any("checked against a trace of 5 layers at B=2, S=96" in note for note in one["notes"])
