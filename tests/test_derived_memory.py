@@ -69,6 +69,22 @@ def test_derived_peaks_equal_the_full_depth_trace(name):
     assert [r.batch_range[0] for r in recipes] == [2, 1]  # batch 1 is a regime of its own
 
 
+def test_sliding_window_regimes_and_what_grows_with_depth_are_derived_exactly():
+    import transformers as T
+
+    # transformers' training forward builds a DynamicCache: 8 B per sliding layer before the first layer runs, which
+    # grows with the depth outside the layers; each side of the window is a regime of its own
+    model = build_class_on_meta(T.MistralForCausalLM, T.MistralConfig(**SMALL, num_hidden_layers=8,
+                                                                       sliding_window=48))
+    settings = StepSettings(precision="bf16-mixed")
+    for batch, seq, regime in [(2, 64, "B ≥ 2; S > sliding_window 48"), (2, 40, "B ≥ 2; S ≤ sliding_window 48")]:
+        recipe = derive_training(model, settings, seq=seq, batch=batch)
+        assert recipe.regime == regime and "read from the first check" in recipe.traced
+        figures = recipe.peaks(batch, seq)
+        assert (figures.forward, figures.end_of_forward, figures.backward) == _traced(model, batch, seq,
+                                                                                      "bf16-mixed")
+
+
 def test_fp32_derived_equals_the_trace_outside_the_sampled_lengths():
     model = _model("qwen3")
     recipe = derive_training(model, StepSettings(precision="fp32"), seq=256, batch=2)
@@ -104,11 +120,11 @@ def test_layer_types_and_depths():
     model = build_class_on_meta(T.Gemma3ForCausalLM, config)
     types = layer_types(model.model.layers)
     assert types == tuple("type 2" if i % 6 == 5 else "type 1" for i in range(14))
-    depth, check = choose_depths(types)
+    depth, check, _ = choose_depths(types)
     assert types[depth - 1] == types[-1] and check > depth
     assert set(contexts(types)) <= set(contexts(types[:depth - 1] + types[-1:]))
     uniform = layer_types(_model("qwen3").model.layers)
-    assert set(uniform) == {"type 1"} and choose_depths(uniform) == (4, 5)
+    assert set(uniform) == {"type 1"} and choose_depths(uniform) == (4, 5, 6)
 
 
 def test_dimension_forms():

@@ -17,7 +17,7 @@ from typing import Any
 
 from ... import progress
 from ..dims import config_int, text_config
-from .recipe import DerivedPeaks, DerivedRecipe, Entry
+from .recipe import DerivedPeaks, DerivedRecipe, Entry, contexts, multipliers
 from .symbols import NotDerivable, size
 
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -70,27 +70,23 @@ def layer_types(layers: Any) -> tuple[str, ...]:
     return tuple(names.setdefault(s, f"type {len(names) + 1}") for s in signatures)
 
 
-def contexts(types: tuple[str, ...]) -> tuple[str, ...]:
-    """Each middle layer's context: its type between its neighbours' (what a layer frees of its neighbour's, the
-    neighbour's type decides)."""
-    return tuple("|".join(types[i - 1:i + 2]) for i in range(1, len(types) - 1))
-
-
-def choose_depths(types: tuple[str, ...]) -> tuple[int, int]:
-    """(D, D'): the shortest cut whose layers are the model's first D − 1 and one of the last layer's type, with
-    every middle context (a type between its neighbours') at least twice among its middle layers (once, where twice
-    needs over 24 layers); and the next such cut, longer, for the check."""
+def choose_depths(types: tuple[str, ...]) -> tuple[int, int, int | None]:
+    """(D, D', D''): the shortest cut whose layers are the model's first D − 1 and one of the last layer's type, with
+    every middle context (recipe.contexts) at least twice among its middle layers (its type's first layer once; all
+    once where twice needs over 24 layers); the next such cut, longer, for the check; and the next (None if none),
+    for the check of what grew from D to D' outside the layers."""
     count = len(types)
     wanted = set(contexts(types))
 
     def good(depth: int, times: int) -> bool:
         cut = contexts(types[:depth - 1] + types[-1:])
-        return types[depth - 1] == types[-1] and all(cut.count(c) >= times for c in wanted)
+        return types[depth - 1] == types[-1] and \
+            all(cut.count(c) >= (1 if c.endswith("|first") else times) for c in wanted)
 
     for times, longest in ((2, 24), (1, 64)):
         depths = [d for d in range(3, min(count, longest) + 1) if good(d, times)]
         if len(depths) >= 2:
-            return depths[0], depths[1]
+            return depths[0], depths[1], depths[2] if len(depths) > 2 else None
     raise NotDerivable(f"no short cut of the {count} layers ({len(set(types))} types) repeats them")
 
 
@@ -185,7 +181,7 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
     types = layer_types(module.get_submodule(path))
     if count < 4:
         raise NotDerivable(f"{count} layers: the whole model is traced")
-    depth, check_depth = choose_depths(types)
+    depth, check_depth, third_depth = choose_depths(types)
     dtype = _build_dtype(module)
     seq_range, regime = regime_of(module.config, seq, max_context)
     # batch 1 is a regime of its own: torch and transformers take views (and skip an expansion) that a batch of
@@ -193,34 +189,148 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
     batch_range = (1, 1) if batch == 1 else (2, MAX_BATCH)
     regime = f"B = 1; {regime}" if batch == 1 else f"B ≥ 2; {regime}"
     at1, at2 = sample_points(seq_range, _config_integers(module.config), batch_range)
+
+    def trace(layers: int, at: tuple[int, int]) -> Any:
+        cut = cut_module(module, layers, dtype)
+        cut_path, _ = layer_stack(cut)
+        if layer_types(cut.get_submodule(cut_path)) != _renamed(types, types[:layers - 1] + types[-1:]):
+            raise NotDerivable(f"a cut of {layers} layers does not keep the layers' types")
+        return record_training_step(cut, dataclasses.replace(settings, batch=at[0], seq=at[1]), cut_path)
+
     with progress.status(f"deriving {type(module).__name__}'s training memory from traces of {depth} and "
                          f"{check_depth} layers"):
-        cut = cut_module(module, depth, dtype)
-        cut_path, _ = layer_stack(cut)
-        expected = types[:depth - 1] + types[-1:]
-        if layer_types(cut.get_submodule(cut_path)) != _renamed(types, expected):
-            raise NotDerivable(f"a cut of {depth} layers does not keep the layers' types")
-        first = record_training_step(cut, dataclasses.replace(settings, batch=at1[0], seq=at1[1]), cut_path)
-        second = record_training_step(cut, dataclasses.replace(settings, batch=at2[0], seq=at2[1]), cut_path)
-        recipe = build_recipe(first, second, at1, at2, cut_types=expected, model_types=types, seq_range=seq_range,
-                              batch_range=batch_range, regime=regime)
-        check_cut = cut_module(module, check_depth, dtype)
+        first, second = trace(depth, at1), trace(depth, at2)
+        recipe = build_recipe(first, second, at1, at2, cut_types=types[:depth - 1] + types[-1:], model_types=types,
+                              seq_range=seq_range, batch_range=batch_range, regime=regime)
         check_at = (batch, seq) if recipe.covers(batch, seq) else (batch_range[0], seq_range[0])
-        check = record_training_step(check_cut, dataclasses.replace(settings, batch=check_at[0], seq=check_at[1]),
-                                     cut_path)
-    check_types = types[:check_depth - 1] + types[-1:]
-    predicted = recipe.peaks(*check_at, layer_types=check_types)
-    measured = DerivedPeaks(*check.peaks(), predicted.gradients_at_backward_peak)
-    if predicted != measured:
-        raise NotDerivable(f"the recipe from {depth} layers gives {predicted.forward:,} / {predicted.backward:,} B "
-                           f"for {check_depth} layers at B={check_at[0]}, S={check_at[1]}, the trace "
-                           f"{measured.forward:,} / {measured.backward:,} B")
+        check = trace(check_depth, check_at)
+        grown = grow_boundaries(recipe, check, types[:check_depth - 1] + types[-1:], check_at)
+        checks = [(check_depth, check_at, check)]
+        if grown is not recipe:  # what grew was read from the check: a longer cut checks it
+            if third_depth is None:
+                raise NotDerivable("allocations outside the layers grow with the depth, and no longer cut checks them")
+            recipe = grown
+            third_at = (batch_range[0], seq_range[0]) if check_at != (batch_range[0], seq_range[0]) else at1
+            checks.append((third_depth, third_at, trace(third_depth, third_at)))
+    for layers, at, timeline in checks:
+        predicted = recipe.peaks(*at, layer_types=types[:layers - 1] + types[-1:])
+        measured = DerivedPeaks(*timeline.peaks(), predicted.gradients_at_backward_peak)
+        if predicted != measured:
+            raise NotDerivable(f"the recipe from {depth} layers gives {predicted.forward:,} / {predicted.backward:,} "
+                               f"B for {layers} layers at B={at[0]}, S={at[1]}, the trace {measured.forward:,} / "
+                               f"{measured.backward:,} B")
+    words = "; ".join(f"{layers} layers at B={at[0]}, S={at[1]}: forward peak {t.peaks()[0]:,} B, backward peak "
+                      f"{t.peaks()[2]:,} B" for layers, at, t in checks)
+    grew = " (what the step builds per layer outside the layers, such as a cache layer's tensors, read from the " \
+        "first check)" if len(checks) > 1 else ""
     return dataclasses.replace(
         recipe,
         traced=(f"traced at {depth} layers, B={at1[0]}, S={at1[1]} and B={at2[0]}, S={at2[1]} (fake tensors, "
-                "every allocation and free)"),
-        check=(f"checked against a trace of {check_depth} layers at B={check_at[0]}, S={check_at[1]}: forward peak "
-               f"{measured.forward:,} B, backward peak {measured.backward:,} B, equal to the byte"))
+                f"every allocation and free){grew}"),
+        check=f"checked against a trace of {words}, equal to the byte")
+
+
+def grow_boundaries(recipe: DerivedRecipe, check: Any, check_types: tuple[str, ...],
+                    at: tuple[int, int]) -> DerivedRecipe:
+    """The recipe with the allocations (and frees) outside the layers that a longer cut makes once per added layer,
+    such as the 8 B a training step's DynamicCache builds per sliding layer; the recipe itself when none grew."""
+    from ..traced.timeline import ALLOC, MARK
+    from .recipe import multipliers
+    from .symbols import evaluate
+
+    counts = multipliers(check_types, recipe.cut_types)
+    values = [evaluate(poly, *at) for poly in recipe.sizes]
+    depth = check.layers
+    actual: dict[Any, list[tuple[int, int]]] = {}
+    current: Any = "prefix"
+    for kind, what in check.events:
+        if kind == MARK:
+            current = "head" if what == ("end-fw",) else what
+            continue
+        actual.setdefault(current, []).append((1 if kind == ALLOC else -1, check.allocations[what].nbytes))
+    segments = {"prefix": "prefix", "first_forward": ("fw", 0), "last_forward": ("fw", depth - 1),
+                "head_backward": "head", "last_backward": ("bw", depth - 1), "first_backward": ("bw", 0)}
+    added = [t for t in set(check_types) for _ in range(list(check_types).count(t) - list(recipe.cut_types).count(t))]
+    changes: dict[str, tuple[Entry, ...]] = {}
+    for name, key in segments.items():
+        entries = getattr(recipe, name)
+        grown = _grown_segment(entries, actual.get(key, []), values, counts, added, name)
+        if grown is not None:
+            changes[name] = grown
+    return dataclasses.replace(recipe, **changes) if changes else recipe
+
+
+def _grown_segment(entries: tuple[Entry, ...], have: list[tuple[int, int]], values: list[int],
+                   counts: dict[str, int], added: list[str], name: str) -> tuple[Entry, ...] | None:
+    """One boundary segment grown by what the check's cut makes there per added layer; None when it matches.
+
+    Compared run by run (allocations in order; a run of frees as a multiset, its order being the collector's)."""
+    import difflib
+    from collections import Counter
+
+    def runs(signs: list[int]) -> list[tuple[int, int, int]]:  # (sign, start, end)
+        found: list[tuple[int, int, int]] = []
+        for i, sign in enumerate(signs):
+            if found and found[-1][0] == sign:
+                found[-1] = (sign, found[-1][1], i + 1)
+            else:
+                found.append((sign, i, i + 1))
+        return found
+
+    def times_of(entry: Entry) -> int:
+        return 1 if entry[2] is None else counts.get(entry[2], 0)
+
+    mine, theirs = runs([e[0] for e in entries]), runs([sign for sign, _ in have])
+    expanded = [[values[e[1]]] * times_of(e) for e in entries]
+    same = len(mine) == len(theirs) and all(
+        Counter(v for e in range(a0, a1) for v in expanded[e]) == Counter(v for _, v in have[b0:b1])
+        for (_, a0, a1), (_, b0, b1) in zip(mine, theirs))
+    if same and all([v for e in range(a0, a1) for v in expanded[e]] == [v for _, v in have[b0:b1]]
+                    for (sign, a0, a1), (_, b0, b1) in zip(mine, theirs) if sign > 0):
+        return None
+    if len(set(added)) != 1 or len(mine) != len(theirs) or any(m[0] != t[0] for m, t in zip(mine, theirs)):
+        raise NotDerivable(f"allocations outside the layers ({name}) change with the depth in a way the added "
+                           "layers do not repeat")
+    kind, times = added[0], len(added)
+
+    def closed_form(value: int) -> int:
+        index = next((e[1] for e in entries if values[e[1]] == value), None)
+        if index is None:
+            index = next((i for i, v in enumerate(values) if v == value), None)
+        if index is None:
+            raise NotDerivable(f"an allocation of {value:,} B outside the layers grows with the depth and has no "
+                               "closed form")
+        return index
+
+    grown: list[Entry] = []
+    for (sign, a0, a1), (_, b0, b1) in zip(mine, theirs):
+        run = list(entries[a0:a1])
+        wanted = [v for _, v in have[b0:b1]]
+        if sign < 0:
+            extra = Counter(wanted) - Counter(v for e in range(a0, a1) for v in expanded[e])
+            if Counter(v for e in range(a0, a1) for v in expanded[e]) - Counter(wanted) or \
+                    any(n % times for n in extra.values()):
+                raise NotDerivable(f"frees outside the layers ({name}) change with the depth in a way the added "
+                                   "layers do not repeat")
+            run += [(-1, closed_form(v), "+" + kind) for v, n in sorted(extra.items()) for _ in range(n // times)]
+        else:
+            flat = [v for e in range(a0, a1) for v in expanded[e]]
+            starts = [sum(len(expanded[e]) for e in range(a0, k)) for k in range(a0, a1 + 1)]
+            shift = 0
+            for op, f0, _, t0, t1 in difflib.SequenceMatcher(a=flat, b=wanted, autojunk=False).get_opcodes():
+                if op == "equal":
+                    continue
+                block = wanted[t0:t1]
+                if op != "insert" or f0 not in starts or len(block) % times or \
+                        block != block[:len(block) // times] * times:
+                    raise NotDerivable(f"allocations outside the layers ({name}) change with the depth in a way "
+                                       "the added layers do not repeat")
+                new = [(1, closed_form(v), "+" + kind) for v in block[:len(block) // times]]
+                at = starts.index(f0) + shift
+                run[at:at] = new
+                shift += len(new)
+        grown += run
+    return tuple(grown)
 
 
 def _renamed(types: tuple[str, ...], expected: tuple[str, ...]) -> tuple[str, ...]:
@@ -303,10 +413,13 @@ def build_recipe(first: Any, second: Any, at1: tuple[int, int], at2: tuple[int, 
             seen.add(group)
             layers = sorted(groups[group])
             of_type = [i for i in middle if type_of[i] == kind]
-            if layers == of_type and len(of_type) > 1:
-                settled.append((-1, what, kind))  # freed for every middle layer of the type
-            elif len(layers) == 1 and layers[0] in (1, depth - 2):
-                settled.append((-1, what, None))  # freed once, from the layer beside the boundary
+            if layers == of_type and (len(of_type) > 1 or layers[0] not in (1, depth - 2)) and \
+                    not kind.endswith("|first"):
+                settled.append((-1, what, kind))  # freed for every middle layer of the context (the check holds a
+                # context seen once to it)
+            elif len(layers) == 1 and (layers[0] in (1, depth - 2) or kind.endswith("|first")):
+                settled.append((-1, what, None))  # freed once: from the layer beside the boundary, or what its
+                # type's first layer alone made
             else:
                 raise NotDerivable(f"a segment at the boundary frees allocations of layers {layers}")
         return tuple(settled)
@@ -328,7 +441,7 @@ def build_recipe(first: Any, second: Any, at1: tuple[int, int], at2: tuple[int, 
         sizes=sizes, gradient=gradient, prefix=boundary("prefix"), first_forward=boundary(("fw", 0)),
         middle_forward=representative("fw"), last_forward=boundary(("fw", depth - 1)), head_backward=boundary("head"),
         last_backward=boundary(("bw", depth - 1)), middle_backward=representative("bw"),
-        first_backward=boundary(("bw", 0)), layer_types=model_types, seq_range=seq_range, batch_range=batch_range,
+        first_backward=boundary(("bw", 0)), layer_types=model_types, cut_types=cut_types, seq_range=seq_range, batch_range=batch_range,
         regime=regime, traced="",
         check="")
 
@@ -374,7 +487,7 @@ def _declined(batch: int, seq: int, config: Any, limit: int | None) -> DerivedRe
     empty: tuple[Entry, ...] = ()
     return _Declined(sizes=(), gradient=(), prefix=empty, first_forward=empty, middle_forward={}, last_forward=empty,
                      head_backward=empty, last_backward=empty, middle_backward={}, first_backward=empty,
-                     layer_types=(), seq_range=seq_range, batch_range=(1, 1) if batch == 1 else (2, MAX_BATCH),
+                     layer_types=(), cut_types=(), seq_range=seq_range, batch_range=(1, 1) if batch == 1 else (2, MAX_BATCH),
                      regime=regime, traced="declined", check="")
 
 

@@ -20,8 +20,31 @@ from ...frozen import FrozenDict, freeze_fields
 from .symbols import Poly, evaluate
 
 # (sign, allocation, multiplier): sign +1 allocates, −1 frees; multiplier None counts once, a middle layer's context
-# (its type between its neighbours') counts once per middle layer in that context
+# (contexts below) counts once per middle layer in that context, and "+TYPE" once per layer of that type beyond the
+# traced cut's (an object per layer that the step builds before the first layer runs, such as a cache layer's)
 Entry = tuple[int, int, "str | None"]
+
+
+def contexts(types: Sequence[str]) -> tuple[str, ...]:
+    """Each middle layer's context: its type between its neighbours' (what a layer frees of its neighbour's, the
+    neighbour's type decides), and whether it is its type's first layer (the last to run backward, which frees what
+    the layers of its type shared)."""
+    seen: set[str] = set()
+    found = []
+    for i in range(1, len(types) - 1):
+        first = types[i] not in seen and types[i] not in types[:i]
+        seen.add(types[i])
+        found.append("|".join(types[i - 1:i + 2]) + ("|first" if first else ""))
+    return tuple(found)
+
+
+def multipliers(types: Sequence[str], cut_types: Sequence[str]) -> dict[str, int]:
+    """How many times each multiplier counts for a model of `types`, laid out from a cut of `cut_types`."""
+    middle = contexts(types)
+    counts: dict[str, int] = {c: middle.count(c) for c in set(middle)}
+    for kind in set(types) | set(cut_types):
+        counts["+" + kind] = list(types).count(kind) - list(cut_types).count(kind)
+    return counts
 
 
 @dataclass(frozen=True)
@@ -45,6 +68,7 @@ class DerivedRecipe:
     middle_backward: FrozenDict[str, tuple[Entry, ...]]
     first_backward: tuple[Entry, ...]
     layer_types: tuple[str, ...]  # the model's layers, each's type
+    cut_types: tuple[str, ...]  # the traced cut's
     seq_range: tuple[int, int]  # the regime: S from, to (inclusive)
     batch_range: tuple[int, int]  # and B
     regime: str  # the regime in words
@@ -123,8 +147,8 @@ class DerivedRecipe:
         cached = _LAYOUTS.get((id(self), key))
         if cached is not None:
             return cached
-        middle = tuple("|".join(types[i - 1:i + 2]) for i in range(1, len(types) - 1))  # derive.contexts
-        counts = {t: middle.count(t) for t in set(middle)}
+        middle = contexts(types)
+        counts = multipliers(types, self.cut_types)
 
         def arrays(segments: list[tuple[Entry, ...]]) -> tuple[Any, Any]:
             entries = [e for segment in segments for e in segment]
