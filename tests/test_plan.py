@@ -167,7 +167,7 @@ def test_qlora_below_lora_below_full_on_llama_2_7b():
         plans[name] = make_plan(report, module, plan_options)
         peaks[name] = plan_memory(plans[name], options)
     assert peaks["qlora"].peak < peaks["lora"].peak < peaks["full"].peak
-    assert peaks["lora"].engine == peaks["qlora"].engine == "traced"
+    assert peaks["lora"].engine == peaks["qlora"].engine == "derived"
     states = peaks["full"].training.states
     assert states.weights.bytes + states.gradients.bytes + states.optimizer.bytes >= 16 * report.total
     # the 4-bit base: 224 weights of Llama-2-7B's 6.74 B parameters stored in half a byte and a block scale
@@ -242,7 +242,10 @@ def test_lora_on_embeddings_counts_and_traces():
     assert plan.peft_counts == (plan.trainable, plan.total) == (408_200, 124_439_808 + 408_200)
     assert plan.by_role["adapter.lora_embedding_A"] == (8 * 50257, 0)
     _, estimate = estimate_training(plan.module, TrainingOptions(batch=1, seq=64))
-    assert estimate.engine == "traced" and estimate.training.states.trainable == 408_200
+    assert estimate.engine == "derived" and estimate.training.states.trainable == 408_200
+    _, traced = estimate_training(plan.module, TrainingOptions(batch=1, seq=64, trace=True))
+    assert traced.engine == "traced" and (traced.peak, traced.activations.bytes) == (estimate.peak,
+                                                                                     estimate.activations.bytes)
 
 
 # ------------------------------------------------------------------------------------------ the adapters' dtype
@@ -309,12 +312,15 @@ def test_a_live_plan_under_bf16_pure_counts_its_weights_in_bf16():
     """The planned module is built in fp32; under bf16-pure the step holds every weight in bf16, and the weights
     table says so, as the model states and the traced step do (it once said fp32)."""
     report, plan = _plan("gpt2", PlanOptions(lora=8))
-    estimate = plan_memory(plan, TrainingOptions(batch=1, seq=32, precision="bf16-pure"))
+    estimate = plan_memory(plan, TrainingOptions(batch=1, seq=32, precision="bf16-pure", trace=True))
     total = plan.total
     assert estimate.weights.bytes == estimate.training.states.weights.bytes == 2 * total
     assert estimate.weights.by_dtype == {"bf16": 2 * total}
     assert estimate.training.traced.resident["parameters"] == 2 * total
     assert estimate.settings["own_dtype"] == {}
+    derived = plan_memory(plan, TrainingOptions(batch=1, seq=32, precision="bf16-pure"))
+    assert derived.engine == "derived" and derived.weights.by_dtype == {"bf16": 2 * total}
+    assert (derived.peak, derived.activations.bytes) == (estimate.peak, estimate.activations.bytes)
 
 
 @pytest.mark.parametrize("args, named", [

@@ -90,20 +90,30 @@ def choose_depths(types: tuple[str, ...]) -> tuple[int, int, int | None]:
     raise NotDerivable(f"no short cut of the {count} layers ({len(set(types))} types) repeats them")
 
 
-def cut_module(module: Any, depth: int, dtype: str | None) -> Any:
-    """The same class built on meta from the config cut to `depth` layers (lists as long as the layers cut too)."""
-    from ...build import build_class_on_meta
+def cut_module(module: Any, path: str, depth: int) -> Any:
+    """A copy of `module` (on meta, or fake: no storage is copied) with only its first `depth` repeated layers, its
+    config's layer count and the lists as long as the layers cut to match. Works on any wrapping of the layers (a
+    PEFT model, QLoRA's stand-ins): the copy is the same objects, less the layers beyond the cut."""
+    import torch
 
-    config = copy.deepcopy(module.config)
-    text = text_config(config)
-    count = config_int(text, *LAYER_COUNT_KEYS)
-    for key in LAYER_COUNT_KEYS:
-        if config_int(text, key) == count:
-            setattr(text, key, depth)
-    for key, value in list(vars(text).items()):
-        if isinstance(value, (list, tuple)) and len(value) == count and not key.startswith("_"):
-            setattr(text, key, type(value)(value[:depth]))
-    return build_class_on_meta(type(module), config, dtype=dtype)
+    layers = module.get_submodule(path)
+    parent_path, _, name = path.rpartition(".")
+    parent = module.get_submodule(parent_path) if parent_path else module
+    count = len(layers)
+    setattr(parent, name, torch.nn.ModuleList(list(layers)[:depth]))
+    try:
+        cut = copy.deepcopy(module)
+    finally:
+        setattr(parent, name, layers)
+    text = text_config(getattr(cut, "config", None))
+    if text is not None:
+        for key in LAYER_COUNT_KEYS:
+            if config_int(text, key) == count:
+                setattr(text, key, depth)
+        for key, value in list(vars(text).items()):
+            if isinstance(value, (list, tuple)) and len(value) == count and not key.startswith("_"):
+                setattr(text, key, type(value)(value[:depth]))
+    return cut
 
 
 def regime_of(config: Any, seq: int, limit: int | None) -> tuple[tuple[int, int], str]:
@@ -182,7 +192,6 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
     if count < 4:
         raise NotDerivable(f"{count} layers: the whole model is traced")
     depth, check_depth, third_depth = choose_depths(types)
-    dtype = _build_dtype(module)
     seq_range, regime = regime_of(module.config, seq, max_context)
     # batch 1 is a regime of its own: torch and transformers take views (and skip an expansion) that a batch of
     # several cannot
@@ -191,11 +200,8 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
     at1, at2 = sample_points(seq_range, _config_integers(module.config), batch_range)
 
     def trace(layers: int, at: tuple[int, int]) -> Any:
-        cut = cut_module(module, layers, dtype)
-        cut_path, _ = layer_stack(cut)
-        if layer_types(cut.get_submodule(cut_path)) != _renamed(types, types[:layers - 1] + types[-1:]):
-            raise NotDerivable(f"a cut of {layers} layers does not keep the layers' types")
-        return record_training_step(cut, dataclasses.replace(settings, batch=at[0], seq=at[1]), cut_path)
+        cut = cut_module(module, path, layers)
+        return record_training_step(cut, dataclasses.replace(settings, batch=at[0], seq=at[1]), path)
 
     with progress.status(f"deriving {type(module).__name__}'s training memory from traces of {depth} and "
                          f"{check_depth} layers"):
@@ -235,7 +241,6 @@ def grow_boundaries(recipe: DerivedRecipe, check: Any, check_types: tuple[str, .
     """The recipe with the allocations (and frees) outside the layers that a longer cut makes once per added layer,
     such as the 8 B a training step's DynamicCache builds per sliding layer; the recipe itself when none grew."""
     from ..traced.timeline import ALLOC, MARK
-    from .recipe import multipliers
     from .symbols import evaluate
 
     counts = multipliers(check_types, recipe.cut_types)
@@ -339,13 +344,6 @@ def _renamed(types: tuple[str, ...], expected: tuple[str, ...]) -> tuple[str, ..
     return tuple(names.setdefault(t, f"type {len(names) + 1}") for t in expected)
 
 
-def _build_dtype(module: Any) -> str | None:
-    for param in module.parameters():
-        if param.dtype.is_floating_point:
-            return str(param.dtype).removeprefix("torch.")
-    return None
-
-
 def build_recipe(first: Any, second: Any, at1: tuple[int, int], at2: tuple[int, int], *, cut_types: tuple[str, ...],
                  model_types: tuple[str, ...], seq_range: tuple[int, int], batch_range: tuple[int, int],
                  regime: str) -> DerivedRecipe:
@@ -447,38 +445,88 @@ def build_recipe(first: Any, second: Any, at1: tuple[int, int], at2: tuple[int, 
 
 
 class DerivedStep:
-    """One model's recipes under one set of settings, a recipe per regime, each derived when a question first
-    reaches its regime (a largest batch or context searched across them)."""
+    """One model's recipes under one set of settings, a recipe per regime: read from the cache, or derived when a
+    question first reaches its regime (a largest batch or context searched across them) and kept."""
 
-    def __init__(self, module: Any, settings: Any, limit: int | None, recipes: list[DerivedRecipe]) -> None:
-        self.module, self.settings, self.limit = module, settings, limit
-        self.recipes = recipes
+    def __init__(self, module: Any, class_name: str, config: Any, settings: Any, limit: int | None,
+                 live: bool = False) -> None:
+        self.module, self.class_name, self.config = module, class_name, config
+        self.settings, self.limit = settings, limit
+        # a live module (a PEFT plan, a user's half-frozen model) is more than its config: its structure is keyed
+        self.structure = structure_of(module) if live and module is not None else None
+        self.recipes: list[DerivedRecipe] = []
         self.declined: list[str] = []
+        self.from_cache = 0
+
+    @classmethod
+    def first(cls, module: Any, class_name: str, config: Any, settings: Any, *, batch: int, seq: int,
+              limit: int | None, live: bool = False) -> "DerivedStep | None":
+        """The step with the asked point's recipe; None when it is not cached and there is no module to trace
+        (NotDerivable when the derivation declines)."""
+        step = cls(module, class_name, config, settings, limit, live)
+        recipe = step._recipe(batch, seq)
+        if recipe is None:
+            return None
+        step.recipes.append(recipe)
+        return step
+
+    def _recipe(self, batch: int, seq: int) -> DerivedRecipe | None:
+        from .store import find_recipe, keep_recipe, recipe_key
+
+        seq_range, _ = regime_of(self.config, seq, self.limit)
+        key = recipe_key(self.class_name, self.config, self.settings, batch, seq_range, self.structure)
+        recipe = find_recipe(self.class_name, key)
+        if recipe is not None:
+            self.from_cache += 1
+            return recipe
+        if self.module is None:
+            return None
+        recipe = derive_training(self.module, self.settings, seq=seq, batch=batch, max_context=self.limit)
+        keep_recipe(self.class_name, key, recipe)
+        return recipe
 
     @property
     def recipe(self) -> DerivedRecipe:
-        """The asked batch and length's recipe (the first derived)."""
+        """The asked batch and length's recipe (the first)."""
         return self.recipes[0]
 
     def at(self, batch: int, seq: int) -> DerivedPeaks | None:
-        """The figures at `batch` × `seq`; None where that regime's derivation declines."""
+        """The figures at `batch` × `seq`; None where that regime's derivation declines (or needs a build)."""
         for recipe in self.recipes:
             if recipe.covers(batch, seq):
                 return recipe.peaks(batch, seq)
         try:
-            recipe = derive_training(self.module, self.settings, seq=seq, batch=batch, max_context=self.limit)
+            recipe = self._recipe(batch, seq)
         except NotDerivable as err:
-            self.declined.append(f"B={batch}, S={seq}: {err}")
-            self.recipes.append(_declined(batch, seq, self.module.config, self.limit))
+            recipe, why = None, str(err)
+        else:
+            why = "not cached; it needs the build" if recipe is None else ""
+        if recipe is None:
+            self.declined.append(f"B={batch}, S={seq}: {why}")
+            self.recipes.append(_declined(batch, seq, self.config, self.limit))
             return None
         self.recipes.append(recipe)
         return recipe.peaks(batch, seq)
 
     def notes(self) -> list[str]:
         recipe = self.recipe
-        return [f"derived: {recipe.traced}; {recipe.check}",
+        cached = " (read from the cache: derived and checked by an earlier run)" if self.from_cache else ""
+        return [f"derived{cached}: {recipe.traced}; {recipe.check}",
                 f"derived regime: {recipe.regime}; another batch or length in it is answered from the closed form, "
                 "another regime is derived when first asked"]
+
+
+def structure_of(module: Any) -> str:
+    """A digest of a module's structure: every parameter's name, shape, dtype and whether it trains, and every
+    module's class (a PEFT plan's rank, targets and frozen base, QLoRA's stand-ins)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, param in module.named_parameters():
+        digest.update(f"{name}:{tuple(param.shape)}:{param.dtype}:{param.requires_grad};".encode())
+    for name, sub in module.named_modules():
+        digest.update(f"{name}:{type(sub).__module__}.{type(sub).__name__};".encode())
+    return digest.hexdigest()[:32]
 
 
 def _declined(batch: int, seq: int, config: Any, limit: int | None) -> DerivedRecipe:

@@ -108,7 +108,8 @@ class DerivedRecipe:
         """The phase's peak moment as its closed form: "what is live: 24·B·S² + … B (L layers folded in)"."""
         from .symbols import words
 
-        return f"live at the {phase} peak: {words(self.moment(batch, seq, phase))} B ({self.regime})"
+        moment = "at the end of the forward" if phase == "end of forward" else f"at the {phase} peak"
+        return f"live {moment}: {words(self.moment(batch, seq, phase))} B ({self.regime})"
 
     def moment(self, batch: int, seq: int, phase: str) -> Poly:
         """What is live at `phase`'s peak ("forward", "end of forward", "backward") at `batch` × `seq`, as a
@@ -180,3 +181,79 @@ class _Layout:
 
 
 _LAYOUTS: dict[tuple[int, tuple[str, ...]], _Layout] = {}
+
+
+# ------------------------------------------------------------------------------------------------ JSON (the cache)
+
+_SEGMENTS = ("prefix", "first_forward", "last_forward", "head_backward", "last_backward", "first_backward")
+MAX_ALLOCATIONS = 200_000
+
+
+def recipe_to_json(recipe: DerivedRecipe) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "sizes": [[list(term) for term in poly] for poly in recipe.sizes],
+        "gradient": [int(g) for g in recipe.gradient],
+        "middle_forward": {k: [list(e) for e in v] for k, v in recipe.middle_forward.items()},
+        "middle_backward": {k: [list(e) for e in v] for k, v in recipe.middle_backward.items()},
+        "layer_types": list(recipe.layer_types), "cut_types": list(recipe.cut_types),
+        "seq_range": list(recipe.seq_range), "batch_range": list(recipe.batch_range),
+        "regime": recipe.regime, "traced": recipe.traced, "check": recipe.check,
+    }
+    for name in _SEGMENTS:
+        data[name] = [list(e) for e in getattr(recipe, name)]
+    return data
+
+
+def recipe_from_json(data: Any) -> DerivedRecipe:
+    """The recipe in `data`, every field checked (disk_cache.CacheEntryError names the first that is wrong)."""
+    from ...disk_cache import expect, is_int
+
+    expect(isinstance(data, dict), "a derived recipe is a JSON object")
+    sizes = data.get("sizes")
+    expect(isinstance(sizes, list) and len(sizes) <= MAX_ALLOCATIONS, "sizes: a list of allocations")
+    polys = []
+    for poly in sizes:
+        expect(isinstance(poly, list) and len(poly) <= 16 and all(
+            isinstance(t, list) and len(t) == 3 and all(is_int(x) for x in t) and 0 <= t[0] <= 4 and 0 <= t[1] <= 4
+            and abs(t[2]) < (1 << 48) for t in poly), "sizes: each a list of [i, j, c] terms")
+        polys.append(tuple(tuple(t) for t in poly))
+    gradient = data.get("gradient")
+    expect(isinstance(gradient, list) and len(gradient) == len(polys) and all(g in (0, 1) for g in gradient),
+           "gradient: one 0 or 1 per allocation")
+    types = data.get("layer_types")
+    cut = data.get("cut_types")
+    expect(isinstance(types, list) and 3 <= len(types) <= 1 << 14 and all(isinstance(t, str) and len(t) < 64
+                                                                            for t in types), "layer_types")
+    expect(isinstance(cut, list) and 3 <= len(cut) <= 256 and all(t in types for t in cut), "cut_types")
+    keys = set(contexts(types)) | {"+" + t for t in types}
+
+    def entries(value: Any, what: str) -> tuple[Entry, ...]:
+        expect(isinstance(value, list) and len(value) <= 4 * MAX_ALLOCATIONS, f"{what}: a list of entries")
+        out = []
+        for e in value:
+            expect(isinstance(e, list) and len(e) == 3 and e[0] in (1, -1) and is_int(e[1])
+                   and 0 <= e[1] < len(polys) and (e[2] is None or e[2] in keys | set(contexts(cut))),
+                   f"{what}: each entry [±1, allocation, multiplier]")
+            out.append((e[0], e[1], e[2]))
+        return tuple(out)
+
+    middle = {}
+    for name in ("middle_forward", "middle_backward"):
+        value = data.get(name)
+        expect(isinstance(value, dict) and set(contexts(types)) <= set(value) and len(value) <= 256,
+               f"{name}: a segment for every middle context")
+        middle[name] = {k: entries(v, name) for k, v in value.items()}
+    ranges = {}
+    for name in ("seq_range", "batch_range"):
+        value = data.get(name)
+        expect(isinstance(value, list) and len(value) == 2 and all(is_int(v) and v >= 1 for v in value)
+               and value[0] <= value[1], f"{name}: [from, to]")
+        ranges[name] = (value[0], value[1])
+    words = {}
+    for name in ("regime", "traced", "check"):
+        value = data.get(name)
+        expect(isinstance(value, str) and len(value) <= 2000, f"{name}: text")
+        words[name] = value
+    return DerivedRecipe(sizes=tuple(polys), gradient=tuple(bool(g) for g in gradient),
+                         **{name: entries(data.get(name), name) for name in _SEGMENTS},
+                         **middle, layer_types=tuple(types), cut_types=tuple(cut), **ranges, **words)

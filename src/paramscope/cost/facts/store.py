@@ -79,6 +79,15 @@ def config_snapshot(config: Any, depth: int = 0) -> dict[str, Any]:
     return {"fields": fields, "subs": subs, "gaps": sorted(gaps)}
 
 
+def snapshot_of(config: Any) -> dict[str, Any]:
+    """The snapshot of a transformers config, or the one a FactsConfig was read back from: the same dict for the
+    same config, built or recorded."""
+    if isinstance(config, FactsConfig):
+        return {"fields": config._fields, "subs": {k: snapshot_of(v) for k, v in config._subs.items()},
+                "gaps": sorted(config._gaps)}
+    return config_snapshot(config)
+
+
 def _is_config(value: Any) -> bool:
     return hasattr(value, "to_dict") and hasattr(value, "model_type") and type(value).__name__.endswith("Config")
 
@@ -422,4 +431,4 @@ def write_facts(facts: CostFacts, directory: Path) -> Path | None:
 
 __all__ = ["BuildFacts", "CostFacts", "FactsConfig", "answer_from_facts_or_build", "config_snapshot", "cost_view",
            "facts_from_module",
-           "facts_key", "find_facts", "read_facts", "set_build_dtypes", "view_from_facts", "write_facts"]
+           "facts_key", "find_facts", "read_facts", "set_build_dtypes", "snapshot_of", "view_from_facts", "write_facts"]

@@ -197,9 +197,9 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
 
     traced = None
     derived = None
-    if analytic is None and not options.trace and module is not None and not checkpointing:
-        derived, why_not = _derive(module, options, seq, limit, frozen, dtype if live else None, own)
-        if derived is None:
+    if analytic is None and not options.trace and not checkpointing:
+        derived, why_not = _derive(view, options, seq, limit, frozen, dtype if live else None, own, live=live)
+        if derived is None and why_not:
             notes.append(f"no closed form derived for {class_name} ({why_not}): one step traced")
     if derived is not None:
         figures = derived.recipe.peaks(options.batch, seq)
@@ -338,21 +338,23 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     return estimate
 
 
-def _derive(module: Any, options: TrainingOptions, seq: int, limit: int | None, frozen: list[str],
-            weights_dtype: str | None, own: frozenset[str]) -> tuple[Any, str]:
-    """(the derived step, "") for the class's training memory at any batch and length; (None, why) where the
-    derivation declines (its check failed, or the model has no repeated layers to extend)."""
-    from ..derived.derive import DerivedStep, derive_training
+def _derive(view: Any, options: TrainingOptions, seq: int, limit: int | None, frozen: list[str],
+            weights_dtype: str | None, own: frozenset[str], *, live: bool) -> tuple[Any, str]:
+    """(the derived step, "") for the class's training memory at any batch and length, from the cache or derived
+    from the built module; (None, "") when neither (the caller builds); (None, why) where the derivation declines
+    (its check failed, or the model has no repeated layers to extend)."""
+    from ..derived.derive import DerivedStep
     from ..derived.symbols import NotDerivable
 
     settings = StepSettings(precision=check_precision(options.precision), optimizer=check_optimizer(options.optimizer),
                             attention=options.attention, frozen=frozenset(frozen), weights_dtype=weights_dtype,
                             own_dtype=own)
     try:
-        recipe = derive_training(module, settings, seq=seq, batch=options.batch, max_context=limit)
+        step = DerivedStep.first(view.module, view.class_name, view.config, settings, batch=options.batch, seq=seq,
+                                 limit=limit, live=live)
     except NotDerivable as err:
         return None, str(err)
-    return DerivedStep(module, settings, limit, [recipe]), ""
+    return step, ""
 
 
 def _why_traced(view: Any, options: TrainingOptions) -> str:

@@ -1,0 +1,63 @@
+"""Derived recipes kept on disk, so that a config's next question (another batch, another length, another run)
+is answered without a trace, and without torch when its template and cost facts are kept too.
+
+An entry is bound to what made it: the class, the config (its whole snapshot), the step's settings, the regime,
+and the versions of paramscope, torch and transformers (all in the key's hash and repeated in the entry); it is
+read through disk_cache's bounded reader and every field is checked (recipe.recipe_from_json).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from ..._version import __version__
+from ...disk_cache import CacheEntryError, cache_root, entry_path, read_entry, write_entry
+from .recipe import DerivedRecipe, recipe_from_json, recipe_to_json
+
+FORMAT = 1
+
+
+def _torch_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def recipe_key(class_name: str, config: Any, settings: Any, batch: int, seq_range: tuple[int, int],
+               structure: str | None = None) -> str:
+    from ...disk_cache import installed_transformers_version
+    from ..facts.store import snapshot_of
+
+    payload = {
+        "class": class_name, "config": snapshot_of(config),
+        "settings": {"precision": settings.precision, "attention": settings.attention,
+                     "frozen": sorted(settings.frozen), "weights_dtype": settings.weights_dtype,
+                     "own_dtype": sorted(settings.own_dtype), "checkpointing": bool(settings.grad_checkpointing)},
+        "batch": "1" if batch == 1 else "2+", "seq_range": list(seq_range), "structure": structure,
+        "versions": [__version__, _torch_version(), installed_transformers_version()],
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _path(class_name: str, key: str) -> Path:
+    return entry_path(cache_root() / f"derived-v{FORMAT}", class_name, key)
+
+
+def find_recipe(class_name: str, key: str) -> DerivedRecipe | None:
+    try:
+        data = read_entry(_path(class_name, key))
+        if not isinstance(data, dict) or data.get("key") != key or data.get("class") != class_name:
+            return None
+        return recipe_from_json(data.get("recipe"))
+    except (CacheEntryError, OSError):
+        return None
+
+
+def keep_recipe(class_name: str, key: str, recipe: DerivedRecipe) -> Path | None:
+    return write_entry(_path(class_name, key), {"key": key, "class": class_name, "recipe": recipe_to_json(recipe)})
