@@ -162,7 +162,9 @@ def test_qlora_below_lora_below_full_on_llama_2_7b():
     options = TrainingOptions(batch=1, seq=2048, precision="bf16-mixed")
     peaks, plans = {}, {}
     for name, plan_options in (("full", PlanOptions()),
-                               ("lora", PlanOptions(lora=8, target=("q_proj", "v_proj"))),
+                               # the base as QLoRA's non-4-bit parameters are kept: fp32 (the default LoRA
+                               # recipe's base is the checkpoint's fp16: test_the_lora_recipe_people_run)
+                               ("lora", PlanOptions(lora=8, target=("q_proj", "v_proj"), base_dtype="float32")),
                                ("qlora", PlanOptions(lora=8, target=("q_proj", "v_proj"), qlora="nf4"))):
         plans[name] = make_plan(report, module, plan_options)
         peaks[name] = plan_memory(plans[name], options)
@@ -361,3 +363,27 @@ def test_cli_plan_tree_says_what_trains():
     assert tree[1] == "base_model.model (LlamaForCausalLM) 6,742,609,920  4,194,304 trainable"  # PEFT's wrappers skipped
     assert any("layers.0–31: 32 × LlamaDecoderLayer" in line and "131,072 trainable each" in line for line in tree)
     assert "What trains" not in _cli("plan", "gpt2", "--train-last", "1", "--no-memory", "--no-tree").stdout
+
+
+def test_the_lora_recipe_people_run_is_the_default():
+    """transformers 5 loads the base in the checkpoint's dtype, PEFT keeps the adapters in fp32, the Trainer
+    autocasts to bf16: Llama-2-7B's LoRA at 512 tokens is about half its fp32-base figure (issue 25 §5), and a base
+    whose dtype is not autocast's says what its weights' casts cost."""
+    report, module = inspect_with_module(as_source("llama-2-7b"))
+    options = TrainingOptions(batch=1, seq=512)
+    peaks = {}
+    for base in (None, "bfloat16", "float32"):
+        plan = make_plan(report, module, PlanOptions(lora=16, target=("all-linear",), base_dtype=base))
+        peaks[base] = plan_memory(plan, options)
+    default, bf16, fp32 = peaks[None], peaks["bfloat16"], peaks["float32"]
+    assert default.settings["base_dtype"] == "float16"  # Llama-2-7b-hf's config: torch_dtype float16
+    assert "checkpoint's dtype" in default.settings["base_dtype_from"]
+    trainable = 39_976_960  # r·(in + out) over the 7 linear kinds of 32 layers
+    assert bf16.weights.by_dtype == {"bf16": 2 * 6_738_415_616, "fp32": 4 * trainable}
+    assert bf16.training.states.gradients.bytes == 4 * trainable and bf16.training.states.master_weights.bytes == 0
+    assert 2 * bf16.peak < fp32.peak * 1.1 and bf16.peak < default.peak < fp32.peak
+    assert any("cast to bf16 and the copy is saved for backward" in n for n in default.notes)
+    assert not any("cast to bf16" in n for n in bf16.notes)
+    assert all(p.engine == "derived" for p in (default, bf16, fp32))
+    with pytest.raises(ParamscopeError, match="base_dtype"):
+        PlanOptions(lora=8, qlora="nf4", base_dtype="bfloat16").check()

@@ -33,6 +33,8 @@ MODULE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")  # a module's na
 # autocast_adapter_dtype exists for that reason)
 ADAPTER_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 QLORA_ADAPTER_DTYPE = "bfloat16"  # the QLoRA paper's: a 4-bit base, bf16 adapters, bf16 compute
+BASE_DTYPES = {"auto": "auto", "fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
+               "fp16": "float16", "float16": "float16"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,9 @@ class PlanOptions:
     qlora: str | None = None  # "nf4" or "nf4-dq": the base's nn.Linear weights stored 4-bit (bitsandbytes)
     # the adapters' dtype: "float32" | "bfloat16"; None: bf16 with --qlora (QLoRA's recipe), else --precision's
     adapter_dtype: str | None = None
+    # LoRA/DoRA's frozen base under mixed precision: "auto" (None): the checkpoint's dtype, as transformers 5 loads
+    # it (dtype="auto"); or "float32" | "bfloat16" | "float16"
+    base_dtype: str | None = None
 
     def check(self) -> None:
         if self.lora is not None and not 1 <= self.lora <= MAX_RANK:
@@ -66,6 +71,12 @@ class PlanOptions:
                 raise OptionError("{0} is fp32 or bf16, got {value!r}", "adapter_dtype", value=self.adapter_dtype)
             if self.lora is None:
                 raise OptionError("{0} needs {1} R", "adapter_dtype", "lora")
+        if self.base_dtype is not None:
+            if self.base_dtype not in BASE_DTYPES.values():
+                raise OptionError("{0} is auto, fp32, bf16 or fp16, got {value!r}", "base_dtype",
+                                  value=short_repr(self.base_dtype, 40))
+            if self.lora is None or self.qlora is not None:
+                raise OptionError("{0} needs {1} R without {2} (QLoRA's base is 4-bit)", "base_dtype", "lora", "qlora")
         for option, names in (("target", self.target or ()), ("modules_to_save", self.modules_to_save)):
             if len(names) > MAX_MODULE_NAMES:
                 raise OptionError("{0}: {count:,} names; at most {limit:,}", option, count=len(names),
@@ -119,6 +130,11 @@ class Plan(HtmlDisplay):
     storage: str | None = None  # QLoRA: "nf4" | "nf4-dq"
     adapter_dtype: str | None = None  # the adapters' own dtype; None: they follow --precision
     own_dtype: frozenset[str] = frozenset()  # the module's parameters kept in adapter_dtype (names in `module`)
+    # LoRA/DoRA under mixed precision: the frozen base's dtype, its parameters (names in `module`) kept in it, and
+    # where the dtype came from
+    base_dtype: str | None = None
+    base_own: frozenset[str] = frozenset()
+    base_dtype_from: str = ""
 
     def __post_init__(self) -> None:
         freeze_fields(self, "by_role")
@@ -145,7 +161,7 @@ def compared_plans(text: str, options: PlanOptions) -> list[tuple[str, PlanOptio
         elif name == "freeze":
             plan = PlanOptions(rules=options.rules or (("train-last", "2"),))
         elif name == "lora":
-            plan = PlanOptions(rules=options.rules, **adapters)
+            plan = PlanOptions(rules=options.rules, base_dtype=options.base_dtype, **adapters)
         else:
             plan = PlanOptions(rules=options.rules, qlora=options.qlora or "nf4", **adapters)
         plan.check()
@@ -186,9 +202,43 @@ def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
         quantized = _quantize_base(model, module, report, options.qlora)
     adapter_dtype = options.adapter_dtype or (QLORA_ADAPTER_DTYPE if options.qlora else None)
     own = _cast_adapters(model, adapter_dtype) if adapter_dtype else frozenset()
+    base_dtype, base_from, base_own = None, "", frozenset()
+    if options.lora is not None and not options.qlora:
+        base_dtype, base_from = _base_dtype(options.base_dtype, getattr(module, "config", None))
+        # an fp32 base is what mixed precision keeps anyway: nothing to hold in its own dtype
+        base_own = _cast_base(model, base_dtype) if base_dtype != "float32" else frozenset()
     return Plan(method, trainable, targets, n_trainable, total - n_trainable, adapter, total,
                 {k: (v[0], v[1]) for k, v in sorted(by_role.items())}, model, peft_counts, quantized, options.qlora,
-                adapter_dtype, own)
+                adapter_dtype, own, base_dtype, base_own, base_from)
+
+
+def _base_dtype(asked: str | None, config: Any) -> tuple[str, str]:
+    """(dtype, where it came from) of a LoRA/DoRA plan's base: as asked, or the checkpoint's (config dtype)."""
+    if asked not in (None, "auto"):
+        return asked, "--base-dtype"
+    stored = None
+    for key in ("dtype", "torch_dtype"):
+        value = getattr(config, key, None) if config is not None else None
+        if value is not None:
+            stored = str(value).removeprefix("torch.")
+            break
+    if stored in ("bfloat16", "float16", "float32"):
+        return stored, "the checkpoint's dtype (config dtype), as transformers 5 loads it (dtype=\"auto\")"
+    return "float32", "float32: the config names no dtype, and transformers 5 loads such a checkpoint in float32"
+
+
+def _cast_base(model: Any, dtype: str) -> frozenset[str]:
+    """Store every floating parameter but the adapters in `dtype` (on meta); returns their names."""
+    import torch
+
+    names = set()
+    target = getattr(torch, dtype)
+    for name, param in model.named_parameters():
+        if not _ADAPTER.search(name + ".") and param.dtype.is_floating_point:
+            if param.dtype != target:
+                param.data = param.data.to(target)
+            names.add(name)
+    return frozenset(names)
 
 
 def _cast_adapters(model: Any, dtype: str) -> frozenset[str]:
@@ -311,7 +361,41 @@ def plan_memory(plan: Plan, options: Any = None) -> Any:
     from .cost.memory.training import TrainingOptions, estimate_training
 
     options = TrainingOptions() if options is None else options
-    return estimate_training(plan.module, dataclasses.replace(options, own_dtype=plan.own_dtype))[1]
+    mixed = options.precision.endswith("-mixed")
+    own = plan.own_dtype | (plan.base_own if mixed else frozenset())
+    estimate = estimate_training(plan.module, dataclasses.replace(options, own_dtype=own))[1]
+    if plan.base_dtype and mixed:
+        short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+        adapters = short.get(plan.adapter_dtype or "float32", plan.adapter_dtype)
+        compute = options.precision.split("-")[0]
+        notes = [f"the recipe people run: the frozen base in {short[plan.base_dtype]} ({plan.base_dtype_from}), the "
+                 f"adapters in {adapters} (PEFT's autocast_adapter_dtype), {compute} autocast (the Trainer's); "
+                 "--base-dtype changes the base"]
+        if short[plan.base_dtype] != compute:
+            cast = 2 * _base_matmul_elements(plan)
+            notes.append(f"the base is {short[plan.base_dtype]} and autocast computes in {compute}: each of its "
+                         f"matmul weights is cast to {compute} and the copy is saved for backward (up to {cast:,} B "
+                         f"in all); --base-dtype {compute}, or --precision {short[plan.base_dtype]}-mixed where the "
+                         "base is 16-bit, avoids it")
+        estimate = dataclasses.replace(estimate, notes=tuple(notes) + tuple(estimate.notes),
+                                       settings=dict(estimate.settings, base_dtype=plan.base_dtype,
+                                                     base_dtype_from=plan.base_dtype_from))
+    return estimate
+
+
+def _base_matmul_elements(plan: Plan) -> int:
+    """Elements of the frozen base's nn.Linear weights (what autocast casts, matmul by matmul)."""
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+    for name, sub in plan.module.named_modules():
+        weight = getattr(sub, "weight", None)
+        if isinstance(sub, torch.nn.Linear) and not _ADAPTER.search(name + ".") and weight is not None \
+                and id(weight) not in seen and not weight.requires_grad:
+            seen.add(id(weight))
+            total += weight.numel()
+    return total
 
 
 def plan_flops(plan: Plan, *, batch: int, seq: int, checkpointing: bool = False) -> Any:

@@ -46,6 +46,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--adapter-dtype", metavar="fp32|bf16",
                         help="the adapters' storage (default: bf16 with --qlora, as the QLoRA paper trains them; "
                              "else --precision's weights dtype, fp32 under mixed precision as PEFT makes them)")
+    parser.add_argument("--base-dtype", metavar="auto|fp32|bf16|fp16",
+                        help="LoRA/DoRA: the frozen base's dtype under mixed precision (default auto: the "
+                             "checkpoint's, as transformers 5 loads it; fp32: a full-precision base)")
     parser.add_argument("--compare", metavar="PLANS",
                         help="plans side by side, from full,freeze,lora,qlora: trainable share, peak memory, step "
                              "FLOPs per token, largest batch on --gpu/--budget (freeze: the --train/--freeze rules "
@@ -74,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from ..api import as_source, inspect_with_module
     from ..cost.memory.training import TrainingOptions
     from ..errors import OptionError
-    from ..plan import ADAPTER_DTYPES, PlanOptions, compared_plans, make_plan, plan_flops, plan_memory
+    from ..plan import ADAPTER_DTYPES, BASE_DTYPES, PlanOptions, compared_plans, make_plan, plan_flops, plan_memory
     from ..sources import resolve
 
     width = None if args.json else checked_width(args)
@@ -86,7 +89,9 @@ def run(args: argparse.Namespace) -> int:
                           target=split(args.target), dora=args.dora, rslora=args.rslora,
                           modules_to_save=split(args.modules_to_save) or (), qlora=args.qlora,
                           adapter_dtype=None if args.adapter_dtype is None else
-                          ADAPTER_DTYPES.get(args.adapter_dtype.strip().lower(), args.adapter_dtype))
+                          ADAPTER_DTYPES.get(args.adapter_dtype.strip().lower(), args.adapter_dtype),
+                          base_dtype=None if args.base_dtype is None else
+                          BASE_DTYPES.get(args.base_dtype.strip().lower(), args.base_dtype))
     compared = compared_plans(args.compare, options) if args.compare else None
     if compared is None:
         options.check()
