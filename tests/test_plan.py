@@ -387,3 +387,23 @@ def test_the_lora_recipe_people_run_is_the_default():
     assert all(p.engine == "derived" for p in (default, bf16, fp32))
     with pytest.raises(ParamscopeError, match="base_dtype"):
         PlanOptions(lora=8, qlora="nf4", base_dtype="bfloat16").check()
+
+
+@pytest.mark.parametrize("target", ["q_prj", "q_proj,wings", "input_layernorm"])
+def test_a_target_that_matches_nothing_is_refused_before_the_build(target):
+    """Checked against the template's stand-ins (no build), PEFT's matching (a whole name or a dotted suffix),
+    listing what LoRA can adapt; a norm has no matrix to adapt."""
+    result = subprocess.run([sys.executable, "-m", "paramscope", "plan", "llama-2-7b", "--lora", "8", "--target",
+                             target, "--no-memory"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "matches no module that LoRA adapts" in result.stderr
+    assert "down_proj, embed_tokens, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj" in result.stderr
+
+
+def test_a_good_target_passes_the_check():
+    from paramscope.plan import check_targets
+
+    report, module = inspect_with_module(as_source("gpt2"))
+    check_targets(module, ("c_attn", "attn.c_proj", "wte"))
+    with pytest.raises(ParamscopeError, match="'ln_1' matches no module"):
+        check_targets(module, ("c_attn", "ln_1"))

@@ -177,6 +177,7 @@ def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
     peft_counts = None
     targets: tuple[str, ...] = ()
     if options.lora is not None:
+        check_targets(module, options.target)
         model, targets = _with_adapters(model, options)
         peft_counts = tuple(model.get_nb_trainable_parameters())
     trainable = _apply_rules(model, report, options.rules, adapters=options.lora is not None)
@@ -322,6 +323,27 @@ def _role_of(name: str, params: dict[str, Any]) -> tuple[str, bool]:
     if param is None:
         param = next((p for p in params.values() if base in p.aliases), None)
     return (param.role if param is not None else "other"), False
+
+
+def check_targets(root: Any, target: tuple[str, ...] | None) -> None:
+    """Refuse --target names that match no module LoRA can adapt, as PEFT matches them (the whole name or a dotted
+    suffix), listing the model's adaptable module names. `root` is the built module or a template's stand-ins:
+    the check needs no build."""
+    if not target or target == ("all-linear",):
+        return
+    adaptable = [name for name, sub in root.named_modules()
+                 if name and not any(True for _ in sub.children()) and _has_matrix(sub)]
+    missing = [t for t in target if not any(n == t or n.endswith("." + t) for n in adaptable)]
+    if missing:
+        short = sorted({n.rsplit(".", 1)[-1] for n in adaptable})
+        raise OptionError("{0} {missing} matches no module that LoRA adapts; this model's are: {names} (or "
+                          "all-linear)", "target", missing=", ".join(short_repr(m, 60) for m in missing[:5]),
+                          names=", ".join(short[:40]) + (f", … ({len(short)} names)" if len(short) > 40 else ""))
+
+
+def _has_matrix(module: Any) -> bool:
+    weight = module._parameters.get("weight") if hasattr(module, "_parameters") else None
+    return weight is not None and len(tuple(weight.shape)) >= 2
 
 
 def _with_adapters(model: Any, options: PlanOptions) -> tuple[Any, tuple[str, ...]]:

@@ -106,6 +106,13 @@ def run(args: argparse.Namespace) -> int:
 
         find_accelerator(args.gpu)  # a bad name fails before the build
     source = resolve(args.model, revision=args.revision)
+    if options.target and options.target != ("all-linear",):  # a bad --target fails before the build
+        from ..api import inspect_source
+        from ..plan import check_targets
+
+        _, counted = inspect_source(as_source(source), model_class=args.model_class, task=args.task,
+                                    num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
+        check_targets(counted, options.target)
     report, module = inspect_with_module(as_source(source), model_class=args.model_class, task=args.task,
                                          num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
     if compared is not None:

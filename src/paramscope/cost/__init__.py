@@ -14,8 +14,14 @@
     flops/         how many FLOPs
         analytic.py, result.py        the closed-form count and the frozen FlopEstimate
         estimate.py                   the pipeline: facts or build → analytic (checked by or replaced with traced)
+    derived/       closed forms in B and S for any class, derived from traces of short cuts of it (needs torch to
+                   derive; a kept recipe answers without it)
+        derive.py                     cuts, layer types and contexts, regimes, the check before use
+        symbols.py, recipe.py         sizes as polynomials in B and S; the recipe laid out to any depth; its JSON
+        store.py                      recipes in the cache
     traced/        the engine that runs the real class on fake tensors (needs torch)
         step.py                       one training or generate() step measured by torch's MemTracker
+        timeline.py                   the same training step's every allocation and free, in order (derived/)
         flops.py                      the same step under FlopCounterMode
         cache_probe.py                the real cache after a prefill on meta (the check on memory/kv.py)
         bnb4.py                       bitsandbytes' 4-bit Linear, as far as memory goes (QLoRA's base)
@@ -24,6 +30,7 @@
         record.py                     reading them from a build and checking every answer before keeping them
 
 Two engines check each other: the analytic ones (memory/, flops/) answer instantly from closed forms, the traced one
-(traced/) runs the actual module and is what the closed forms are fitted and tested against. dims, dtypes, hardware
+(traced/) runs the actual module and is what the closed forms are fitted and tested against; the derived one
+(derived/) fits closed forms from the traced one itself, per config, and checks them before use. dims, dtypes, hardware
 and memory/'s arithmetic use the standard library alone; the pipelines, traced/ and facts/record.py look at a build.
 """
