@@ -85,6 +85,34 @@ def test_sliding_window_regimes_and_what_grows_with_depth_are_derived_exactly():
                                                                                       "bf16-mixed")
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_the_recorded_timeline_equals_a_real_cpu_step(precision, checkpointing):
+    import torch
+    import transformers as T
+
+    config = T.LlamaConfig(**SMALL, num_hidden_layers=3)
+    torch.manual_seed(0)
+    real = T.LlamaForCausalLM(config)
+    settings = StepSettings(batch=2, seq=64, precision=precision, grad_checkpointing=checkpointing)
+    fake = record_training_step(build_class_on_meta(T.LlamaForCausalLM, config), settings, "model.layers")
+    assert fake.peaks() == record_training_step(real, settings, "model.layers", fake=False).peaks()
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gpt2"])
+def test_checkpointed_steps_are_derived_exactly(name):
+    model = _model(name)
+    settings = StepSettings(precision="bf16-mixed", grad_checkpointing=True)
+    for batch, seq in [(2, 64), (1, 100)]:
+        recipe = derive_training(model, settings, seq=seq, batch=batch)
+        figures = recipe.peaks(batch, seq)
+        step = trace_training(model, StepSettings(batch=batch, seq=seq, precision="bf16-mixed",
+                                                  grad_checkpointing=True))
+        resident = sum(step.resident.values())
+        assert (figures.forward, figures.end_of_forward, figures.backward) == \
+            (step.phases[0].bytes - resident, step.saved_activations, step.phases[1].bytes - resident)
+
+
 def test_fp32_derived_equals_the_trace_outside_the_sampled_lengths():
     model = _model("qwen3")
     recipe = derive_training(model, StepSettings(precision="fp32"), seq=256, batch=2)

@@ -185,8 +185,6 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
     replaced), in the regime that holds `seq`, checked against a trace at `batch` × `seq` before it is returned."""
     from ..traced.timeline import record_training_step
 
-    if settings.grad_checkpointing:
-        raise NotDerivable("gradient checkpointing is traced in full")
     path, count = layer_stack(module)
     types = layer_types(module.get_submodule(path))
     if count < 4:

@@ -197,7 +197,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
 
     traced = None
     derived = None
-    if analytic is None and not options.trace and not checkpointing:
+    if analytic is None and not options.trace:
         derived, why_not = _derive(view, options, seq, limit, frozen, dtype if live else None, own, live=live)
         if derived is None and why_not:
             notes.append(f"no closed form derived for {class_name} ({why_not}): one step traced")

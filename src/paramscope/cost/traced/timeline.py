@@ -56,14 +56,15 @@ class Timeline:
         return forward_peak, end_of_forward, peak
 
 
-def record_training_step(module: Any, settings: Any, layer_path: str) -> Timeline:
+def record_training_step(module: Any, settings: Any, layer_path: str, *, fake: bool = True) -> Timeline:
     """Record one training step (forward, loss, backward) of `module` on fake tensors, with `settings` as
-    step.StepSettings gives them; `layer_path` names the ModuleList of repeated layers ("model.layers")."""
+    step.StepSettings gives them; `layer_path` names the ModuleList of repeated layers ("model.layers").
+    `fake=False` records the module itself on its real tensors (the tests' check against reality)."""
     with progress.status(f"recording a training step of {type(module).__name__} on fake tensors"):
-        return _record(module, settings, layer_path)
+        return _record(module, settings, layer_path, fake)
 
 
-def _record(module: Any, settings: Any, layer_path: str) -> Timeline:
+def _record(module: Any, settings: Any, layer_path: str, fake: bool) -> Timeline:
     import torch
     from torch.autograd.graph import register_multi_grad_hook
     from torch.utils._pytree import tree_leaves
@@ -74,7 +75,7 @@ def _record(module: Any, settings: Any, layer_path: str) -> Timeline:
     )
 
     check_attention(settings.attention)
-    with fake_mode(True) as mode, assumed_values(True):
+    with fake_mode(fake) as mode, assumed_values(fake):
         model = working_copy(module, mode, settings.attention, settings.weights_dtype, settings.own_dtype)
         model.train()
         for name, param in model.named_parameters():
