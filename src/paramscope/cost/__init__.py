@@ -17,6 +17,7 @@
     derived/       closed forms in B and S for any class, derived from traces of short cuts of it (needs torch to
                    derive; a kept recipe answers without it)
         derive.py                     cuts, layer types and contexts, regimes, the check before use
+        layout.py, step.py            timelines laid out as a recipe; a model's recipes, regime by regime
         symbols.py, recipe.py         sizes as polynomials in B and S; the recipe laid out to any depth; its JSON
         store.py                      recipes in the cache
     traced/        the engine that runs the real class on fake tensors (needs torch)

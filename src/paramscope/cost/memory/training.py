@@ -343,7 +343,7 @@ def _derive(view: Any, options: TrainingOptions, seq: int, limit: int | None, fr
     """(the derived step, "") for the class's training memory at any batch and length, from the cache or derived
     from the built module; (None, "") when neither (the caller builds); (None, why) where the derivation declines
     (its check failed, or the model has no repeated layers to extend)."""
-    from ..derived.derive import DerivedStep
+    from ..derived.step import DerivedStep
     from ..derived.symbols import NotDerivable
 
     settings = StepSettings(precision=check_precision(options.precision), optimizer=check_optimizer(options.optimizer),
