@@ -135,6 +135,10 @@ class Plan(HtmlDisplay):
     base_dtype: str | None = None
     base_own: frozenset[str] = frozenset()
     base_dtype_from: str = ""
+    # the base's counted tensors (the report the plan was made from): QLoRA's weights as `memory --dtype nf4` counts
+    # them, logical parameters and their scales
+    base_params: tuple[Any, ...] = field(default=(), repr=False, compare=False)
+    base_buffers: tuple[Any, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         freeze_fields(self, "by_role")
@@ -210,7 +214,7 @@ def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
         base_own = _cast_base(model, base_dtype) if base_dtype != "float32" else frozenset()
     return Plan(method, trainable, targets, n_trainable, total - n_trainable, adapter, total,
                 {k: (v[0], v[1]) for k, v in sorted(by_role.items())}, model, peft_counts, quantized, options.qlora,
-                adapter_dtype, own, base_dtype, base_own, base_from)
+                adapter_dtype, own, base_dtype, base_own, base_from, tuple(report.params), tuple(report.buffers))
 
 
 def _base_dtype(asked: str | None, config: Any) -> tuple[str, str]:
@@ -386,6 +390,8 @@ def plan_memory(plan: Plan, options: Any = None) -> Any:
     mixed = options.precision.endswith("-mixed")
     own = plan.own_dtype | (plan.base_own if mixed else frozenset())
     estimate = estimate_training(plan.module, dataclasses.replace(options, own_dtype=own))[1]
+    if plan.storage and plan.base_params:
+        estimate = _qlora_weights(plan, estimate)
     if plan.base_dtype and mixed:
         short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
         adapters = short.get(plan.adapter_dtype or "float32", plan.adapter_dtype)
@@ -403,6 +409,27 @@ def plan_memory(plan: Plan, options: Any = None) -> Any:
                                        settings=dict(estimate.settings, base_dtype=plan.base_dtype,
                                                      base_dtype_from=plan.base_dtype_from))
     return estimate
+
+
+def _qlora_weights(plan: Plan, estimate: Any) -> Any:
+    """QLoRA's weights as `memory --dtype nf4` gives them: format nf4, its quantised parameters counted logically,
+    the absmax and code books as the format's overhead (its own row), rather than the stand-ins' packed bytes and
+    buffers. The same bytes in all (checked: weights and buffers add up to the step's resident ones)."""
+    from .api import inspect_module
+    from .cost.memory.quantization import weight_format
+    from .cost.memory.states import as_trained
+    from .cost.memory.weights import weight_memory
+
+    fmt = weight_format(plan.storage, compute_dtype="bfloat16")
+    adapters = [p for p in inspect_module(plan.module).params if _ADAPTER.search(p.name + ".")]
+    precision = estimate.settings["precision"]
+    params = as_trained(plan.base_params, precision) + as_trained(adapters, precision, plan.own_dtype)
+    old = estimate.weights
+    weights = weight_memory(params, plan.base_buffers, fmt, quantized=frozenset(plan.quantized),
+                            components=sorted({p.name.split(".")[0] for p in params}))
+    if weights.bytes + weights.buffer_bytes != old.bytes + old.buffer_bytes:
+        return estimate  # the stand-ins' own count stands (never seen: the stand-ins store what the format says)
+    return dataclasses.replace(estimate, weights=weights)
 
 
 def _base_matmul_elements(plan: Plan) -> int:

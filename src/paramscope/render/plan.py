@@ -150,8 +150,12 @@ def _memory_table(estimate) -> Table:
     table.add_column("bytes", justify="right", no_wrap=True)
     table.add_column("", justify="right", no_wrap=True)
     states = detail.states
-    for label, value in (("weights", states.weights.bytes), ("gradients", states.gradients.bytes),
-                         ("optimizer states", states.optimizer.bytes), ("activations saved", estimate.activations.bytes)):
+    rows = [("weights", states.weights.bytes)]
+    if estimate.weights.overhead and estimate.weights.quantized:  # QLoRA: the 4-bit base's absmax and code books
+        rows.append(("quantization scales", estimate.weights.overhead))
+    rows += [("gradients", states.gradients.bytes), ("optimizer states", states.optimizer.bytes),
+             ("activations saved", estimate.activations.bytes)]
+    for label, value in rows:
         table.add_row(label, exact(value), binary(value))
     table.add_row(f"peak ({estimate.peak_phase})", exact(estimate.peak), binary(estimate.peak), style="bold")
     if estimate.budget is not None:
