@@ -88,7 +88,7 @@ class DerivedRecipe:
         import numpy as np
 
         laid = self._laid_out(layer_types)
-        values = np.array([evaluate(poly, batch, seq) for poly in self.sizes], dtype=object)
+        values = self._values(batch, seq)
         if gradient_share > 1:
             values = np.array([-(-v // gradient_share) if g else v for v, g in zip(values, self.gradient)],
                               dtype=object)
@@ -140,12 +140,42 @@ class DerivedRecipe:
                     terms[(i, j)] = terms.get((i, j), 0) + times * c
         return tuple(sorted((i, j, c) for (i, j), c in terms.items() if c))
 
+    def _memo(self) -> dict[Any, Any]:
+        """This recipe's own cache (its layouts by layer types, its coefficient matrix): kept on the instance, out
+        of the fields, so equality and the JSON never see it."""
+        memo = self.__dict__.get("_cache")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_cache", memo)
+        return memo
+
+    def _values(self, batch: int, seq: int) -> Any:
+        """Every allocation's bytes at `batch` × `seq`: the coefficient matrix times the monomials (Python
+        integers past int64's reach)."""
+        import numpy as np
+
+        memo = self._memo()
+        matrix = memo.get("values")
+        if matrix is None:
+            monomials = sorted({(i, j) for poly in self.sizes for i, j, _ in poly})
+            column = {m: k for k, m in enumerate(monomials)}
+            coefficients = np.zeros((len(self.sizes), len(monomials)), dtype=np.int64)
+            for row, poly in enumerate(self.sizes):
+                for i, j, c in poly:
+                    coefficients[row, column[(i, j)]] = c
+            matrix = memo["values"] = (monomials, coefficients)
+        monomials, coefficients = matrix
+        powers = [batch ** i * seq ** j for i, j in monomials]
+        if max(powers, default=0) * int(np.abs(coefficients).max(initial=0)) * max(len(monomials), 1) < 1 << 62:
+            return (coefficients @ np.array(powers, dtype=np.int64)).astype(object)
+        return np.array([evaluate(poly, batch, seq) for poly in self.sizes], dtype=object)
+
     def _laid_out(self, layer_types: Sequence[str] | None) -> "_Layout":
         import numpy as np
 
         types = tuple(self.layer_types if layer_types is None else layer_types)
-        key = types
-        cached = _LAYOUTS.get((id(self), key))
+        memo = self._memo()
+        cached = memo.get(types)
         if cached is not None:
             return cached
         middle = contexts(types)
@@ -165,9 +195,9 @@ class DerivedRecipe:
         gradient = np.array(self.gradient, dtype=bool)
         laid = _Layout(forward_sign, forward_index, backward_sign, backward_index,
                        gradient[backward_index] if backward_index.size else np.zeros(0, dtype=bool))
-        if len(_LAYOUTS) > 64:
-            _LAYOUTS.clear()
-        _LAYOUTS[(id(self), key)] = laid
+        if len(memo) > 64:
+            memo.clear()
+        memo[types] = laid
         return laid
 
 
@@ -180,7 +210,6 @@ class _Layout:
     backward_gradient: Any
 
 
-_LAYOUTS: dict[tuple[int, tuple[str, ...]], _Layout] = {}
 
 
 # ------------------------------------------------------------------------------------------------ JSON (the cache)
