@@ -77,7 +77,8 @@ def test_sliding_window_regimes_and_what_grows_with_depth_are_derived_exactly():
     model = build_class_on_meta(T.MistralForCausalLM, T.MistralConfig(**SMALL, num_hidden_layers=8,
                                                                        sliding_window=48))
     settings = StepSettings(precision="bf16-mixed")
-    for batch, seq, regime in [(2, 64, "B ≥ 2; S > sliding_window 48"), (2, 40, "B ≥ 2; S ≤ sliding_window 48")]:
+    for batch, seq, regime in [(2, 64, "B ≥ 2; S > sliding_window 48"), (2, 40, "B ≥ 2; S < sliding_window 48"),
+                               (1, 48, "B = 1; S = sliding_window 48")]:
         recipe = derive_training(model, settings, seq=seq, batch=batch)
         assert recipe.regime == regime and "read from the first check" in recipe.traced
         figures = recipe.peaks(batch, seq)
@@ -137,7 +138,8 @@ def test_a_sliding_window_splits_the_regimes():
     from paramscope.cost.derived.derive import regime_of
 
     config = T.MistralConfig(**SMALL, num_hidden_layers=6, sliding_window=48)
-    assert regime_of(config, 40, 4096) == ((1, 48), "S ≤ sliding_window 48")
+    assert regime_of(config, 40, 4096) == ((1, 47), "S < sliding_window 48")
+    assert regime_of(config, 48, 4096) == ((48, 48), "S = sliding_window 48")
     assert regime_of(config, 64, 4096) == ((49, 4096), "S > sliding_window 48")
 
 

@@ -118,16 +118,21 @@ def cut_module(module: Any, path: str, depth: int) -> Any:
 
 
 def regime_of(config: Any, seq: int, limit: int | None) -> tuple[tuple[int, int], str]:
-    """The range of S around `seq` in which no config threshold is crossed, and its name."""
+    """The range of S around `seq` in which no config threshold is crossed, and its name. S equal to a threshold is
+    a regime of its own: whether a window "fills" at S = W or past it is the implementation's choice (transformers'
+    sdpa takes a mask once the keys reach the window), and the recipe does not guess it."""
     text = text_config(config)
     low, high, words = 1, limit or MAX_SEQ, []
     for key in REGIME_KEYS:
         value = config_int(text, key)
         if not value:
             continue
-        if seq <= value:
-            high = min(high, value)
-            words.append(f"S ≤ {key} {value:,}")
+        if seq < value:
+            high = min(high, value - 1)
+            words.append(f"S < {key} {value:,}")
+        elif seq == value:
+            low, high = max(low, value), min(high, value)
+            words.append(f"S = {key} {value:,}")
         else:
             low = max(low, value + 1)
             words.append(f"S > {key} {value:,}")
