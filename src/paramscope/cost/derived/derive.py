@@ -212,21 +212,28 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
                               seq_range=seq_range, batch_range=batch_range, regime=regime)
         check_at = (batch, seq) if recipe.covers(batch, seq) else (batch_range[0], seq_range[0])
         check = trace(check_depth, check_at)
-        grown = grow_boundaries(recipe, check, types[:check_depth - 1] + types[-1:], check_at)
+        candidates = grow_boundaries(recipe, check, types[:check_depth - 1] + types[-1:], check_at)
         checks = [(check_depth, check_at, check)]
-        if grown is not recipe:  # what grew was read from the check: a longer cut checks it
+        if candidates != [recipe]:  # what grew was read from the check: a longer cut checks it
             if third_depth is None:
                 raise NotDerivable("allocations outside the layers grow with the depth, and no longer cut checks them")
-            recipe = grown
             third_at = (batch_range[0], seq_range[0]) if check_at != (batch_range[0], seq_range[0]) else at1
             checks.append((third_depth, third_at, trace(third_depth, third_at)))
-    for layers, at, timeline in checks:
-        predicted = recipe.peaks(*at, layer_types=types[:layers - 1] + types[-1:])
-        measured = DerivedPeaks(*timeline.peaks(), predicted.gradients_at_backward_peak)
-        if predicted != measured:
-            raise NotDerivable(f"the recipe from {depth} layers gives {predicted.forward:,} / {predicted.backward:,} "
-                               f"B for {layers} layers at B={at[0]}, S={at[1]}, the trace {measured.forward:,} / "
-                               f"{measured.backward:,} B")
+
+    def mismatch(candidate: DerivedRecipe) -> str | None:
+        for layers, at, timeline in checks:
+            predicted = candidate.peaks(*at, layer_types=types[:layers - 1] + types[-1:])
+            measured = DerivedPeaks(*timeline.peaks(), predicted.gradients_at_backward_peak)
+            if predicted != measured:
+                return (f"the recipe from {depth} layers gives {predicted.forward:,} / {predicted.backward:,} B for "
+                        f"{layers} layers at B={at[0]}, S={at[1]}, the trace {measured.forward:,} / "
+                        f"{measured.backward:,} B")
+        return None
+
+    failures = [mismatch(candidate) for candidate in candidates]
+    if all(failures):
+        raise NotDerivable(failures[0])
+    recipe = candidates[failures.index(None)]
     words = "; ".join(f"{layers} layers at B={at[0]}, S={at[1]}: forward peak {t.peaks()[0]:,} B, backward peak "
                       f"{t.peaks()[2]:,} B" for layers, at, t in checks)
     grew = " (what the step builds per layer outside the layers, such as a cache layer's tensors, read from the " \

@@ -115,9 +115,11 @@ def build_recipe(first: Any, second: Any, at1: tuple[int, int], at2: tuple[int, 
 
 
 def grow_boundaries(recipe: DerivedRecipe, check: Any, check_types: tuple[str, ...],
-                    at: tuple[int, int]) -> DerivedRecipe:
+                    at: tuple[int, int]) -> list[DerivedRecipe]:
     """The recipe with the allocations (and frees) outside the layers that a longer cut makes once per added layer,
-    such as the 8 B a training step's DynamicCache builds per sliding layer; the recipe itself when none grew."""
+    such as the 8 B a training step's DynamicCache builds per sliding layer: one candidate per layer type they may
+    belong to (where the added layers are of several types, a third cut tells them apart); [the recipe] when none
+    grew."""
     from ..traced.timeline import ALLOC, MARK
     from .symbols import evaluate
 
@@ -133,18 +135,31 @@ def grow_boundaries(recipe: DerivedRecipe, check: Any, check_types: tuple[str, .
         actual.setdefault(current, []).append((1 if kind == ALLOC else -1, check.allocations[what].nbytes))
     segments = {"prefix": "prefix", "first_forward": ("fw", 0), "last_forward": ("fw", depth - 1),
                 "head_backward": "head", "last_backward": ("bw", depth - 1), "first_backward": ("bw", 0)}
-    added = [t for t in set(check_types) for _ in range(list(check_types).count(t) - list(recipe.cut_types).count(t))]
-    changes: dict[str, tuple[Entry, ...]] = {}
-    for name, key in segments.items():
-        entries = getattr(recipe, name)
-        grown = _grown_segment(entries, actual.get(key, []), values, counts, added, name)
-        if grown is not None:
-            changes[name] = grown
-    return dataclasses.replace(recipe, **changes) if changes else recipe
+    added = [t for t in sorted(set(check_types))
+             for _ in range(list(check_types).count(t) - list(recipe.cut_types).count(t))]
+    candidates: list[DerivedRecipe] = []
+    why = None
+    for kind in sorted(set(added)):
+        changes: dict[str, tuple[Entry, ...]] = {}
+        try:
+            for name, key in segments.items():
+                grown = _grown_segment(getattr(recipe, name), actual.get(key, []), values, counts, kind,
+                                       added.count(kind), name)
+                if grown is not None:
+                    changes[name] = grown
+        except NotDerivable as err:
+            why = err
+            continue
+        if not changes:
+            return [recipe]
+        candidates.append(dataclasses.replace(recipe, **changes))
+    if not candidates:
+        raise why or NotDerivable("the longer cut adds no layers")
+    return candidates
 
 
 def _grown_segment(entries: tuple[Entry, ...], have: list[tuple[int, int]], values: list[int],
-                   counts: dict[str, int], added: list[str], name: str) -> tuple[Entry, ...] | None:
+                   counts: dict[str, int], kind: str, times: int, name: str) -> tuple[Entry, ...] | None:
     """One boundary segment grown by what the check's cut makes there per added layer; None when it matches.
 
     Compared run by run (allocations in order; a run of frees as a multiset, its order being the collector's)."""
@@ -171,10 +186,9 @@ def _grown_segment(entries: tuple[Entry, ...], have: list[tuple[int, int]], valu
     if same and all([v for e in range(a0, a1) for v in expanded[e]] == [v for _, v in have[b0:b1]]
                     for (sign, a0, a1), (_, b0, b1) in zip(mine, theirs) if sign > 0):
         return None
-    if len(set(added)) != 1 or len(mine) != len(theirs) or any(m[0] != t[0] for m, t in zip(mine, theirs)):
+    if len(mine) != len(theirs) or any(m[0] != t[0] for m, t in zip(mine, theirs)):
         raise NotDerivable(f"allocations outside the layers ({name}) change with the depth in a way the added "
                            "layers do not repeat")
-    kind, times = added[0], len(added)
 
     def closed_form(value: int) -> int:
         index = next((e[1] for e in entries if values[e[1]] == value), None)
