@@ -238,8 +238,9 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
                       f"{t.peaks()[2]:,} B" for layers, at, t in checks)
     grew = " (what the step builds per layer outside the layers, such as a cache layer's tensors, read from the " \
         "first check)" if len(checks) > 1 else ""
+    assumed = "".join(f"; {note}" for note in first.notes)
     return dataclasses.replace(
         recipe,
         traced=(f"traced at {depth} layers, B={at1[0]}, S={at1[1]} and B={at2[0]}, S={at2[1]} (fake tensors, "
-                f"every allocation and free){grew}"),
+                f"every allocation and free){grew}{assumed}"),
         check=f"checked against a trace of {words}, equal to the byte")

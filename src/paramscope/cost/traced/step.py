@@ -99,13 +99,7 @@ def _trace_training(module: Any, settings: StepSettings, *, fake: bool) -> Trace
     check_attention(settings.attention)
     notes = list(_attention_notes(settings.attention))
     with fake_mode(fake) as mode, assumed_values(fake) as assumed:
-        model = working_copy(module, mode, settings.attention, settings.weights_dtype, settings.own_dtype)
-        model.train()
-        for name, param in model.named_parameters():
-            if name in settings.frozen:
-                param.requires_grad_(False)
-        if settings.grad_checkpointing:
-            enable_checkpointing(model)
+        model = training_copy(module, mode, settings)
         inputs = training_inputs(model, settings)
         optimizer, note = _optimizer(model, settings.optimizer)
         if note:
@@ -150,6 +144,18 @@ def _trace_training(module: Any, settings: StepSettings, *, fake: bool) -> Trace
                     model.zero_grad(set_to_none=True)
     notes.extend(assumed.notes())
     return TracedStep("training", resident, end_of_forward, tuple(phases), attention_of(model), tuple(notes), kept)
+
+
+def training_copy(module: Any, mode: Any, settings: StepSettings) -> Any:
+    """The working copy a training step runs: in train mode, `settings.frozen` frozen, checkpointed if asked."""
+    model = working_copy(module, mode, settings.attention, settings.weights_dtype, settings.own_dtype)
+    model.train()
+    for name, param in model.named_parameters():
+        if name in settings.frozen:
+            param.requires_grad_(False)
+    if settings.grad_checkpointing:
+        enable_checkpointing(model)
+    return model
 
 
 def trace_inference(module: Any, settings: StepSettings, *, fake: bool = True) -> TracedStep:

@@ -38,6 +38,7 @@ class Timeline:
     events: tuple[tuple[str, Any], ...]
     allocations: tuple[Allocation, ...]
     layers: int  # the repeated layers the markers name
+    notes: tuple[str, ...] = ()  # what fake tensors could not answer and was assumed (step.assumed_values)
 
     def peaks(self) -> tuple[int, int, int]:
         """(forward peak, live at the end of the forward, backward peak), in bytes above what the step began with."""
@@ -70,19 +71,12 @@ def _record(module: Any, settings: Any, layer_path: str, fake: bool) -> Timeline
     from torch.utils._pytree import tree_leaves
 
     from .step import (
-        assumed_values, autocast_for, check_attention, enable_checkpointing, fake_mode, loss_of, running,
-        training_inputs, working_copy,
+        assumed_values, autocast_for, check_attention, fake_mode, loss_of, running, training_copy, training_inputs,
     )
 
     check_attention(settings.attention)
-    with fake_mode(fake) as mode, assumed_values(fake):
-        model = working_copy(module, mode, settings.attention, settings.weights_dtype, settings.own_dtype)
-        model.train()
-        for name, param in model.named_parameters():
-            if name in settings.frozen:
-                param.requires_grad_(False)
-        if settings.grad_checkpointing:
-            enable_checkpointing(model)
+    with fake_mode(fake) as mode, assumed_values(fake) as assumed:
+        model = training_copy(module, mode, settings)
         inputs = training_inputs(model, settings)
         layers = model.get_submodule(layer_path)
         recorder = _recorder()
@@ -121,7 +115,8 @@ def _record(module: Any, settings: Any, layer_path: str, fake: bool) -> Timeline
             for handle in handles:
                 handle.remove()
             recorder.detach()
-        return Timeline(_ordered_frees(recorder.events), tuple(recorder.allocations), len(layers))
+        return Timeline(_ordered_frees(recorder.events), tuple(recorder.allocations), len(layers),
+                        tuple(assumed.notes()))
 
 
 def _ordered_frees(events: list[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
