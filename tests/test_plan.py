@@ -387,7 +387,11 @@ def test_the_lora_recipe_people_run_is_the_default():
     assert bf16.weights.by_dtype == {"bf16": 2 * 6_738_415_616, "fp32": 4 * trainable}
     assert bf16.training.states.gradients.bytes == 4 * trainable and bf16.training.states.master_weights.bytes == 0
     assert 2 * bf16.peak < fp32.peak * 1.1 and bf16.peak < default.peak < fp32.peak
-    assert any("cast to bf16 and the copy is saved for backward" in n for n in default.notes)
+    # 2 B × the frozen base's nn.Linear weights: 32 layers × (4·4096² + 3·4096·11008) + the head's 32000 × 4096
+    cast = 2 * (32 * (4 * 4096 * 4096 + 3 * 4096 * 11008) + 32000 * 4096)
+    assert cast == 13_214_154_752
+    assert any(f"cast to bf16 and the copy is saved for backward (up to {cast:,} B in all)" in n
+               for n in default.notes)
     assert not any("cast to bf16" in n for n in bf16.notes)
     assert all(p.engine == "derived" for p in (default, bf16, fp32))
     with pytest.raises(ParamscopeError, match="base_dtype"):
