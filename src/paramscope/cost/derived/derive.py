@@ -139,6 +139,11 @@ def regime_of(config: Any, seq: int, limit: int | None) -> tuple[tuple[int, int]
     return (low, max(low, high)), "; ".join(words) or "one regime for every S"
 
 
+def batch_range_of(batch: int) -> tuple[int, int]:
+    """The batches of `batch`'s regime: batch 1 alone (torch takes views a batch of several cannot), or 2 and up."""
+    return (1, 1) if batch == 1 else (2, MAX_BATCH)
+
+
 def sample_points(seq_range: tuple[int, int], avoid: set[int], batch_range: tuple[int, int]
                   ) -> tuple[tuple[int, int], tuple[int, int]]:
     """Two (B, S) inside the ranges whose values no config integer shares, so that no two forms of a dimension
@@ -197,7 +202,7 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
     seq_range, regime = regime_of(module.config, seq, max_context)
     # batch 1 is a regime of its own: torch and transformers take views (and skip an expansion) that a batch of
     # several cannot
-    batch_range = (1, 1) if batch == 1 else (2, MAX_BATCH)
+    batch_range = batch_range_of(batch)
     regime = f"B = 1; {regime}" if batch == 1 else f"B ≥ 2; {regime}"
     at1, at2 = sample_points(seq_range, _config_integers(module.config), batch_range)
 

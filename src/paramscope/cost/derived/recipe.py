@@ -81,17 +81,12 @@ class DerivedRecipe:
     def covers(self, batch: int, seq: int) -> bool:
         return self.seq_range[0] <= seq <= self.seq_range[1] and self.batch_range[0] <= batch <= self.batch_range[1]
 
-    def peaks(self, batch: int, seq: int, layer_types: Sequence[str] | None = None,
-              gradient_share: int = 1) -> DerivedPeaks:
-        """The step's figures at `batch` × `seq` for the model's layers (or `layer_types`, a cut's); with
-        `gradient_share` N, each gradient counts 1/N (rounded up: ZeRO-2's shard)."""
+    def peaks(self, batch: int, seq: int, layer_types: Sequence[str] | None = None) -> DerivedPeaks:
+        """The step's figures at `batch` × `seq` for the model's layers (or `layer_types`, a cut's)."""
         import numpy as np
 
         laid = self._laid_out(layer_types)
         values = self._values(batch, seq)
-        if gradient_share > 1:
-            values = np.array([-(-v // gradient_share) if g else v for v, g in zip(values, self.gradient)],
-                              dtype=object)
         forward = (laid.forward_sign * values[laid.forward_index]).astype(np.int64)
         backward = (laid.backward_sign * values[laid.backward_index]).astype(np.int64)
         live = np.cumsum(forward)
@@ -117,7 +112,7 @@ class DerivedRecipe:
         import numpy as np
 
         laid = self._laid_out(None)
-        values = np.array([evaluate(poly, batch, seq) for poly in self.sizes], dtype=object)
+        values = self._values(batch, seq)
         forward = laid.forward_sign * values[laid.forward_index]
         live = np.cumsum(forward.astype(np.int64))
         if phase == "forward":

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .derive import MAX_BATCH, derive_training, regime_of
-from .recipe import DerivedPeaks, DerivedRecipe, Entry
+from .derive import batch_range_of, derive_training, regime_of
+from .recipe import DerivedPeaks, DerivedRecipe
 from .symbols import NotDerivable
 
 
@@ -21,7 +21,8 @@ class DerivedStep:
         # a live module (a PEFT plan, a user's half-frozen model) is more than its config: its structure is keyed
         self.structure = structure_of(module) if live and module is not None else None
         self.recipes: list[DerivedRecipe] = []
-        self.declined: list[str] = []
+        self.declined: list[str] = []  # why each regime that declined did
+        self.declined_regimes: set[tuple[tuple[int, int], tuple[int, int]]] = set()  # (B range, S range)
         self.from_cache = 0
 
     @classmethod
@@ -61,6 +62,9 @@ class DerivedStep:
         for recipe in self.recipes:
             if recipe.covers(batch, seq):
                 return recipe.peaks(batch, seq)
+        regime = (batch_range_of(batch), regime_of(self.config, seq, self.limit)[0])
+        if regime in self.declined_regimes:  # tried once: not again
+            return None
         try:
             recipe = self._recipe(batch, seq)
         except NotDerivable as err:
@@ -69,7 +73,7 @@ class DerivedStep:
             why = "not cached; it needs the build" if recipe is None else ""
         if recipe is None:
             self.declined.append(f"B={batch}, S={seq}: {why}")
-            self.recipes.append(_declined(batch, seq, self.config, self.limit))
+            self.declined_regimes.add(regime)
             return None
         self.recipes.append(recipe)
         return recipe.peaks(batch, seq)
@@ -93,18 +97,3 @@ def structure_of(module: Any) -> str:
     for name, sub in module.named_modules():
         digest.update(f"{name}:{type(sub).__module__}.{type(sub).__name__};".encode())
     return digest.hexdigest()[:32]
-
-
-def _declined(batch: int, seq: int, config: Any, limit: int | None) -> DerivedRecipe:
-    """A stand-in that covers a regime whose derivation declined, so it is not tried again."""
-    seq_range, regime = regime_of(config, seq, limit)
-    empty: tuple[Entry, ...] = ()
-    return _Declined(sizes=(), gradient=(), prefix=empty, first_forward=empty, middle_forward={}, last_forward=empty,
-                     head_backward=empty, last_backward=empty, middle_backward={}, first_backward=empty,
-                     layer_types=(), cut_types=(), seq_range=seq_range, batch_range=(1, 1) if batch == 1 else (2, MAX_BATCH),
-                     regime=regime, traced="declined", check="")
-
-
-class _Declined(DerivedRecipe):
-    def peaks(self, *args: Any, **kwargs: Any) -> Any:
-        return None
