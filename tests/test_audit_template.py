@@ -81,7 +81,7 @@ def test_a_large_header_is_audited_without_importing_torch(tmp_path):
 def test_an_audit_that_built_records_a_template_for_the_next(minilm_dir, tmp_path):
     import os
 
-    env = dict(os.environ, PARAMSCOPE_CACHE_DIR=str(tmp_path), PARAMSCOPE_RECORD_TEMPLATES="1")
+    env = dict(os.environ, PARAMSCOPE_CACHE_DIR=str(tmp_path), PARAMSCOPE_RECORD_TEMPLATES="wait")
     engines = []
     for _ in range(2):
         out = subprocess.run([sys.executable, "-m", "paramscope", "audit", str(minilm_dir), "--json"],

@@ -161,7 +161,7 @@ def test_the_cli_records_cost_facts_after_a_build_and_answers_from_them_next(tmp
     from paramscope.cli import main
 
     monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("PARAMSCOPE_RECORD_TEMPLATES", "1")
+    monkeypatch.setenv("PARAMSCOPE_RECORD_TEMPLATES", "wait")
     _, path = _small_qwen(tmp_path)
     # FLOPs need no build dtype: the facts memory recorded answer them from the first call
     for command, first in ((["memory", str(path), "--seq", "64"], "build"),

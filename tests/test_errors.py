@@ -248,7 +248,7 @@ def test_a_recording_that_fails_is_silent_unless_debug(capsys, monkeypatch, writ
     """The answer is out before the template is recorded: a failed recording never fails the command, and says
     nothing, except under --debug, where what was swallowed is shown (type, message and traceback)."""
     from paramscope import template, template_record
-    from paramscope.cli import _common
+    from paramscope.cli import recording
 
     def no_template(config, **options):
         return template.TemplateLookup(None, why_not="no template (test)")
@@ -256,7 +256,7 @@ def test_a_recording_that_fails_is_silent_unless_debug(capsys, monkeypatch, writ
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setenv(_common.RECORD_ENV, "1")
+    monkeypatch.setenv(recording.RECORD_ENV, "wait")
     monkeypatch.setattr(template, "lookup_template", no_template)  # the build answers, and a template is due
     monkeypatch.setattr(template_record, "record_template", disk_full)
     path = write_config(bert_config(num_hidden_layers=2))

@@ -172,7 +172,7 @@ def test_the_cli_records_a_template_after_a_build_and_answers_from_it_next(tmp_p
     from paramscope.cli import main
 
     monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("PARAMSCOPE_RECORD_TEMPLATES", "1")
+    monkeypatch.setenv("PARAMSCOPE_RECORD_TEMPLATES", "wait")
     config = find_preset("qwen2.5-0.5b").load_config() | {"num_hidden_layers": 2, "hidden_size": 64,
                                                           "num_attention_heads": 4, "num_key_value_heads": 2,
                                                           "intermediate_size": 96, "vocab_size": 128}

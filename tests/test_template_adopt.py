@@ -20,7 +20,7 @@ def newer_transformers(monkeypatch, tmp_path):
     for module in (disk_cache, template, template_adopt):
         monkeypatch.setattr(module, "installed_transformers_version", lambda: NEWER)
     monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("PARAMSCOPE_RECORD_TEMPLATES", "1")
+    monkeypatch.setenv("PARAMSCOPE_RECORD_TEMPLATES", "wait")
     return tmp_path
 
 

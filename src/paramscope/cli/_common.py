@@ -87,62 +87,6 @@ def flag_of(option: str) -> str:
     return _FLAGS.get(option, "--" + option.replace("_", "-"))
 
 
-RECORD_ENV = "PARAMSCOPE_RECORD_TEMPLATES"  # "0": never record templates after a build (documented in the README)
-RECORD_BUDGET_S = 30.0
-_RECORD_AFTER_BUILD_S = 2.0  # a class whose one build took longer is not worth 30–50 more builds here
-
-
-def record_after_build(report: Any, source: Any, *, model_class: str | None, task: str | None,
-                       num_labels: int | None, module: Any = None, build_dtype: str | None = None,
-                       debug: bool = False) -> None:
-    """After a build answered a config, record what lets the next call answer without torch: the class's template
-    when none applies, and with `module` (what memory and flops built, in `build_dtype`) the config's cost facts.
-    Quiet unless stderr is a terminal; never fails the command. With `debug` (--debug), a recording that failed
-    says so on stderr, with its traceback."""
-    if (report.model.engine != "build" or report.model.native is not True or source is None
-            or os.environ.get(RECORD_ENV, "1") == "0"):
-        return
-    from .. import progress
-    from ..template import lookup_template
-    from ..template_record import record_template
-
-    try:
-        if (lookup_template(source.config, model_class=model_class, task=task, num_labels=num_labels).template is None
-                and not _adopted(report, source, model_class=model_class, task=task, num_labels=num_labels)):
-            with progress.status(f"recording a template for {report.model.class_name} (next time: instant; "
-                                 "--no-cache skips this)"):
-                record_template(source.config, label=source.label, model_class=model_class, task=task,
-                                num_labels=num_labels, budget_s=RECORD_BUDGET_S, max_build_s=_RECORD_AFTER_BUILD_S)
-        if module is not None:
-            from ..cost.facts.record import record_facts
-
-            with progress.status("recording cost facts for this config (next time: instant)"):
-                record_facts(source, report, module, build_dtype=build_dtype, model_class=model_class, task=task,
-                             num_labels=num_labels)
-    except Exception as err:  # broad on purpose: recording rebuilds the class (its own code) and writes files; the
-        # answer is already out, and nothing recorded only means the next call builds. --debug shows what failed.
-        if debug:
-            import traceback
-
-            print(f"paramscope: debug: nothing recorded after the build ({type(err).__name__}: {err}); the next call "
-                  "builds again", file=sys.stderr)
-            traceback.print_exc(file=sys.stderr)
-
-
-def _adopted(report: Any, source: Any, **options: Any) -> bool:
-    """On a transformers version the package ships no templates for: whether the nearest shipped version's
-    template for this class was checked against this build and one at its anchor, and kept (template_adopt.py)."""
-    from .. import progress
-    from ..template_adopt import adopt_template, nearest_shipped
-    from ..disk_cache import installed_transformers_version
-
-    version = installed_transformers_version()
-    if version is None or nearest_shipped(version) is None:
-        return False
-    with progress.status(f"checking the shipped template for {report.model.class_name} on this transformers version"):
-        return adopt_template(report, source, **options).kept is not None
-
-
 def write_report_json(report: Any, **objects: Any) -> None:
     """The inspect document (docs/json-schema.md) with each command's own objects ("memory", "plan", …) added;
     None values are left out."""
