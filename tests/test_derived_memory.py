@@ -253,3 +253,25 @@ def test_a_recipe_is_kept_and_read_back_without_a_trace(tmp_path, monkeypatch):
     data["first_backward"][0][1] = len(data["sizes"])  # an allocation that does not exist
     with pytest.raises(CacheEntryError):
         recipe_from_json(data)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_the_largest_context_is_solved_on_the_closed_form_and_a_trace_at_the_answer_agrees(batch):
+    """"Largest context" is bisected on the derived closed form; the full-depth traced step at the answer fits the
+    budget, and equals the derived peak to the byte, and one token more does not fit, traced too."""
+    from paramscope.cost.memory.training import TrainingOptions, estimate_training
+
+    model = _model("qwen3")
+
+    def peak(seq, trace=False, budget=None):
+        estimate = estimate_training(model, TrainingOptions(batch=batch, seq=seq, trace=trace, budget=budget))[1]
+        assert estimate.engine == ("traced" if trace else "derived")
+        return estimate
+
+    probe = peak(300)
+    budget = probe.peak + probe.reserve + probe.peak // 20  # 300 tokens fit, and more
+    largest = peak(64, budget=budget).budget.largest_context
+    assert largest is not None and largest > 300
+    at, beyond = peak(largest, trace=True), peak(largest + 1, trace=True)
+    assert at.peak == peak(largest).peak
+    assert at.peak + at.reserve <= budget < beyond.peak + beyond.reserve
