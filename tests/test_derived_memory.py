@@ -7,6 +7,7 @@ whole model, to the byte.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -186,12 +187,20 @@ def test_cli_memory_training_of_an_unseen_class_is_derived_and_equals_trace(tmp_
     env = dict(os.environ, PARAMSCOPE_CACHE_DIR=str(tmp_path / "cache"))
     derived = _cli("memory", str(path), "--training", "--batch", "2", "--seq", "96", "--json", env=env)
     assert derived.returncode == 0, derived.stderr
-    traced = _cli("memory", str(path), "--training", "--batch", "2", "--seq", "96", "--trace", "--json", env=env)
+    traced = _cli("memory", str(path), "--training", "--batch", "2", "--seq", "96", "--trace", "full", "--json",
+                  env=env)
     assert traced.returncode == 0, traced.stderr
-    one, other = json.loads(derived.stdout)["memory"], json.loads(traced.stdout)["memory"]
-    assert one["engine"] == "derived" and other["engine"] == "traced"
-    assert one["peak"]["bytes"] == other["peak"]["bytes"]
+    extended = _cli("memory", str(path), "--training", "--batch", "2", "--seq", "96", "--json", "--trace", env=env)
+    assert extended.returncode == 0, extended.stderr
+    one, other, third = (json.loads(r.stdout)["memory"] for r in (derived, traced, extended))
+    assert one["engine"] == "derived" and other["engine"] == third["engine"] == "traced"
+    assert (other["traced"]["depth"], third["traced"]["depth"]) == ("full", "extended")
+    assert (other["settings"]["trace"], third["settings"]["trace"], one["settings"]["trace"]) == \
+        ("full", "extended", None)
+    assert one["peak"]["bytes"] == other["peak"]["bytes"] == third["peak"]["bytes"] == third["traced"]["peak"]
     assert any("checked against a trace of 5 layers at B=2, S=96" in note for note in one["notes"])
+    bad = _cli("memory", str(path), "--training", "--trace", "deep", env=env)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "'deep'" in bad.stderr
 
 
 def _plan(kind: str, layers: int = 8):
@@ -275,3 +284,53 @@ def test_the_largest_context_is_solved_on_the_closed_form_and_a_trace_at_the_ans
     at, beyond = peak(largest, trace=True), peak(largest + 1, trace=True)
     assert at.peak == peak(largest).peak
     assert at.peak + at.reserve <= budget < beyond.peak + beyond.reserve
+
+
+def _deepseek(layers: int) -> dict:
+    """DeepSeek-V3 at its own widths (MLA, 256 routed experts, a shared one), 2 dense layers, then MoE layers."""
+    from paramscope.sources import resolve
+
+    return dict(resolve("deepseek-v3").config, num_hidden_layers=layers, first_k_dense_replace=2)
+
+
+@pytest.mark.parametrize("model, options", [
+    ("llama", dict(batch=2, seq=96)),  # an analytic recipe exists: the trace still extends
+    ("qwen3-moe", dict(batch=1, seq=64, precision="fp32")),
+    ("deepseek", dict(batch=1, seq=64)),  # two layer types: dense, then MoE
+    ("gpt2", dict(batch=3, seq=40, grad_checkpointing="full")),
+])
+def test_the_depth_extended_trace_equals_the_full_depth_trace(model, options):
+    """`--trace` traces a few layers of each type at the asked point and extends them to the model's depth; `--trace
+    full` traces every layer. Every phase is equal to the byte; the extension says how it was checked."""
+    from paramscope.cost.memory.training import TrainingOptions, estimate_training
+
+    subject = _deepseek(8) if model == "deepseek" else _model(model)
+    extended = estimate_training(subject, TrainingOptions(**options, trace="extended"))[1]
+    full = estimate_training(subject, TrainingOptions(**options, trace="full"))[1]
+    assert extended.engine == full.engine == "traced"
+    assert (extended.settings["trace"], full.settings["trace"]) == ("extended", "full")
+    assert extended.peak == full.peak
+    # forward and backward equal to the byte; the optimizer step is the analytic moment in the extension (gradients
+    # and the step's temporaries), where a full trace also measures what a MoE layer keeps referenced past the
+    # backward (a 4-byte count per routed expert; GPT-2's checkpointed layers a few bytes more)
+    phases = [[(p.phase, p.bytes) for p in e.training.phases[:2]] for e in (extended, full)]
+    assert phases[0] == phases[1] and [p[0] for p in phases[0]] == ["forward", "backward"]
+    step = [p for p in full.training.phases if p.phase == "optimizer step"][0]
+    kept = {"qwen3-moe": 8 * 8 * 4, "deepseek": 6 * 256 * 4, "gpt2": 960}.get(model, 0)
+    assert step.bytes - extended.training.phases[2].bytes == kept
+    note = next(n for n in extended.notes if n.startswith("traced, depth-extended: "))
+    assert "equal to the byte" in note and "--trace full traces every layer" in note
+
+
+def test_a_checkpointed_step_is_derived_with_checkpointing():
+    """The derivation traces the step it is asked about: with --grad-checkpointing full each layer keeps only its
+    input (a derivation that left the setting out once answered the step without checkpointing)."""
+    from paramscope.cost.memory.training import TrainingOptions, estimate_training
+
+    model = _model("qwen3")
+    options = TrainingOptions(batch=2, seq=64, grad_checkpointing="full")
+    derived = estimate_training(model, options)[1]
+    full = estimate_training(model, dataclasses.replace(options, trace="full"))[1]
+    plain = estimate_training(model, dataclasses.replace(options, grad_checkpointing="none"))[1]
+    assert derived.engine == plain.engine == "derived"
+    assert derived.peak == full.peak < plain.peak

@@ -63,9 +63,12 @@ def add_parser(subparsers: Any) -> None:
     training.add_argument("--devices", type=int, default=1, metavar="N", help="data-parallel devices (default 1)")
     training.add_argument("--zero", default="0", metavar="STAGE",
                           help="ZeRO stage 0-3, or an FSDP strategy: no_shard, shard_grad_op, full_shard")
-    parser.add_argument("--trace", action="store_true",
-                        help="measure one step of the real class on fake tensors with torch's MemTracker (a "
-                             "training step, or generate()'s prefill and a decode step), beside the analytic answer")
+    parser.add_argument("--trace", nargs="?", const="extended", choices=("extended", "full"), metavar="full",
+                        help="measure one step of the real class on fake tensors, beside the analytic answer: a "
+                             "training step traced at a few layers of each type at this batch and length and "
+                             "extended to the model's depth exactly (checked by a longer cut); --trace full "
+                             "traces every layer with torch's MemTracker. Serving traces generate()'s prefill and "
+                             "a decode step, every layer")
     parser.add_argument("--json", action="store_true",
                         help="print the JSON report with its \"memory\" object (docs/json-schema.md)")
     add_cache_option(parser, costs=True)
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     options = MemoryOptions(dtype=args.dtype, kv_dtype=args.kv_dtype, batch=args.batch, seq=args.seq,
                             kv_layout=args.kv_layout, group_size=args.group_size, encoder_seq=args.encoder_seq,
                             gpu=args.gpu, budget=checked_size("--budget", args.budget), reserve=reserve,
-                            trace=args.trace)
+                            trace=bool(args.trace))
     options.check()
     if args.dtype is not None:
         from ..cost.memory.quantization import weight_format

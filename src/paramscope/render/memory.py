@@ -376,12 +376,7 @@ def memory_to_dict(estimate) -> dict[str, Any]:
         "peak": {"bytes": estimate.peak, "phase": estimate.peak_phase},
         "phases": [{"phase": p.phase, "moment": p.where, "bytes": p.bytes, "gradients": p.gradients,
                     "arithmetic": p.arithmetic} for p in training.phases] if training else None,
-        "traced": None if not training or training.traced is None else {
-            "peak": training.traced.peak.bytes, "phase": training.traced.peak.phase,
-            "by_category": dict(training.by_category), "analytic_peak": training.analytic_peak,
-            "analytic_activations": training.analytic_activations,
-            "activations_by_module": [{"module": path, "bytes": value}
-                                      for path, value in training.traced.kept_by_module]},
+        "traced": _traced_to_dict(estimate),
         "trainable_parameters": training.states.trainable if training else None,
         "frozen_parameters": training.states.frozen if training else None,
         "reserve": estimate.reserve,
@@ -395,3 +390,19 @@ def memory_to_dict(estimate) -> dict[str, Any]:
             "largest_batch": estimate.budget.largest_batch, "largest_context": estimate.budget.largest_context},
         "notes": list(estimate.notes),
     }
+
+
+def _traced_to_dict(estimate) -> dict[str, Any] | None:
+    """The traced engine's figures: a full-depth trace's MemTracker breakdown, or the depth-extended trace's peak
+    (its `by_category` and `activations_by_module` empty: the extension adds up allocations, not categories)."""
+    training = estimate.training
+    if not training or training.trace_depth is None:
+        return None
+    full = training.traced
+    top = max(training.phases, key=lambda p: p.bytes)  # one device's, before any sharding, as a full trace's
+    return {"peak": full.peak.bytes if full else top.bytes, "phase": full.peak.phase if full else top.phase,
+            "depth": training.trace_depth,
+            "by_category": dict(training.by_category), "analytic_peak": training.analytic_peak,
+            "analytic_activations": training.analytic_activations,
+            "activations_by_module": [{"module": path, "bytes": value}
+                                      for path, value in (full.kept_by_module if full else ())]}

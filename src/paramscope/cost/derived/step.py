@@ -27,22 +27,23 @@ class DerivedStep:
 
     @classmethod
     def first(cls, module: Any, class_name: str, config: Any, settings: Any, *, batch: int, seq: int,
-              limit: int | None, live: bool = False) -> "DerivedStep | None":
+              limit: int | None, live: bool = False, fresh: bool = False) -> "DerivedStep | None":
         """The step with the asked point's recipe; None when it is not cached and there is no module to trace
-        (NotDerivable when the derivation declines)."""
+        (NotDerivable when the derivation declines). `fresh`: the asked point's recipe is derived, and checked by a
+        trace at that point, even where the cache holds it."""
         step = cls(module, class_name, config, settings, limit, live)
-        recipe = step._recipe(batch, seq)
+        recipe = step._recipe(batch, seq, fresh=fresh)
         if recipe is None:
             return None
         step.recipes.append(recipe)
         return step
 
-    def _recipe(self, batch: int, seq: int) -> DerivedRecipe | None:
+    def _recipe(self, batch: int, seq: int, fresh: bool = False) -> DerivedRecipe | None:
         from .store import find_recipe, keep_recipe, recipe_key
 
         seq_range, _ = regime_of(self.config, seq, self.limit)
         key = recipe_key(self.class_name, self.config, self.settings, batch, seq_range, self.structure)
-        recipe = find_recipe(self.class_name, key)
+        recipe = None if fresh and self.module is not None else find_recipe(self.class_name, key)
         if recipe is not None:
             self.from_cache += 1
             return recipe

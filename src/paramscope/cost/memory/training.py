@@ -49,7 +49,9 @@ class TrainingOptions:
     own_dtype: frozenset[str] = frozenset()
     devices: int = 1
     zero: str = "0"
-    trace: bool = False
+    # the traced engine: False; "extended" (a few layers of each type traced at the asked point and extended to the
+    # model's depth exactly, checked by a longer cut; --trace); "full" or True (every layer traced; --trace full)
+    trace: bool | str = False
     gpu: str | None = None
     budget: int | None = None
     reserve: int = DEFAULT_RESERVE
@@ -72,6 +74,21 @@ class TrainingOptions:
                               devices=self.devices)
         if self.reserve < 0:
             raise OptionError("{0} must be 0 or more, got {reserve}", "reserve", reserve=self.reserve)
+        trace_depth(self.trace)
+
+
+TRACE_DEPTHS = ("extended", "full")
+
+
+def trace_depth(trace: bool | str) -> str | None:
+    """None (no trace), "extended" or "full", from TrainingOptions.trace (True is "full", the older spelling)."""
+    if trace is False or trace is None:
+        return None
+    if trace is True:
+        return "full"
+    if trace not in TRACE_DEPTHS:
+        raise OptionError("{0} is extended or full, got {value!r}", "trace", value=str(trace)[:40])
+    return trace
 
 
 @dataclass(frozen=True)
@@ -97,6 +114,7 @@ class TrainingDetail:
     analytic_peak: int | None = None  # beside a traced answer, where a recipe exists
     by_category: FrozenDict[str, int] = field(default_factory=FrozenDict)  # the traced peak's MemTracker breakdown
     analytic_activations: int | None = None  # beside a traced answer: the recipe's saved activations
+    trace_depth: str | None = None  # the traced engine's: "extended" (cuts extended to the depth) | "full"
 
     def __post_init__(self) -> None:
         freeze_fields(self, "per_device", "by_category")
@@ -197,26 +215,40 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
 
     traced = None
     derived = None
-    if analytic is None and not options.trace:
-        derived, why_not = _derive(view, options, seq, limit, frozen, dtype if live else None, own, live=live)
-        if derived is None and why_not:
+    depth = trace_depth(options.trace)
+    if depth == "extended" or (analytic is None and depth is None):
+        derived, why_not = _derive(view, options, seq, limit, frozen, dtype if live else None, own, live=live,
+                                   fresh=depth == "extended")
+        if derived is None and why_not and depth == "extended":
+            notes.append(f"the depth-extended trace declined ({why_not}): every layer traced")
+        elif derived is None and why_not:
             notes.append(f"no closed form derived for {class_name} ({why_not}): one step traced")
+    extended = derived is not None and depth == "extended"
     if derived is not None:
         figures = derived.recipe.peaks(options.batch, seq)
+        how = "depth-extended trace" if extended else "derived"
         step_end = resident + gradients + step_bytes
         phases = (
-            PhaseFigure("forward", resident + figures.forward, "derived", derived.recipe.words("forward", options.batch, seq), 0,
+            PhaseFigure("forward", resident + figures.forward, how, derived.recipe.words("forward", options.batch, seq), 0,
                         figures.forward),
-            PhaseFigure("backward", resident + figures.backward, "derived", derived.recipe.words("backward", options.batch, seq),
+            PhaseFigure("backward", resident + figures.backward, how, derived.recipe.words("backward", options.batch, seq),
                         figures.gradients_at_backward_peak, figures.backward - figures.gradients_at_backward_peak),
             PhaseFigure("optimizer step", step_end, "optimizer step", f"gradients {gradients:,}; {step_text}",
                         gradients),
         )
         activations = Workspace(figures.end_of_forward, derived.recipe.words("end of forward", options.batch, seq),
                                 4 * options.batch * seq * (config_int(text, "vocab_size") or 0))
-        notes.extend(derived.notes())
-        source_label = "derived"
-    elif options.trace or analytic is None:
+        if extended:
+            layers = len(derived.recipe.layer_types)
+            notes.append(f"traced, depth-extended: {derived.recipe.traced}; {derived.recipe.check}; extended to "
+                         f"the model's {layers:,} layers exactly, allocation by allocation (--trace full traces "
+                         "every layer); the optimizer step's moment is counted (gradients and the step's "
+                         "temporaries), where a full trace also sees the few bytes a layer keeps referenced past "
+                         "the backward (a MoE layer's 4 B per expert)")
+        else:
+            notes.extend(derived.notes())
+        source_label = "traced (depth-extended)" if extended else "derived"
+    elif depth or analytic is None:
         if module is None:
             return None
         settings = StepSettings(batch=options.batch, seq=seq, precision=precision, optimizer=optimizer,
@@ -258,12 +290,16 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                      "only a log-sum-exp, so on a GPU the peak is lower by up to that much")
     top = max(phases, key=lambda p: p.bytes)
     analytic_peak = None
-    if traced is not None and analytic is not None:
+    if (traced is not None or extended) and analytic is not None:
         analytic_peak = max(p.bytes for p in analytic_phases(analytic, options.batch, seq))
         diff = (analytic_peak - top.bytes) / top.bytes
-        saved_diff = (analytic.saved - activations.bytes) / activations.bytes if activations.bytes else 0.0
-        notes.append(f"check: the analytic peak is {analytic_peak:,} B, {100 * diff:+.2f}% from the traced one; its "
-                     f"saved activations {analytic.saved:,} B, {100 * saved_diff:+.2f}%")
+        if traced is not None:
+            saved_diff = (analytic.saved - activations.bytes) / activations.bytes if activations.bytes else 0.0
+            saved_words = f"; its saved activations {analytic.saved:,} B, {100 * saved_diff:+.2f}%"
+        else:  # the extended trace's end of the forward holds more than what is saved: no like-for-like figure
+            saved_words = ""
+        notes.append(f"check: the analytic peak is {analytic_peak:,} B, {100 * diff:+.2f}% from the traced one"
+                     f"{saved_words}")
     sharded = per_device(states, devices=options.devices, zero=zero) if options.devices > 1 and zero else None
     if options.devices > 1 and not zero:
         notes.append(f"data parallel over {options.devices:,} devices without ZeRO: each holds the full model "
@@ -316,10 +352,11 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         "grad_checkpointing": options.grad_checkpointing, "attention": attention,
         "freeze": list(options.freeze), "devices": options.devices, "zero": zero, "reserve": options.reserve,
         "activations_from": source_label, "max_context": limit,
+        "trace": "full" if traced is not None else "extended" if extended else None,
     }
     if accelerator is None and options.budget is not None:
         accelerator = Accelerator("budget", options.budget, "", "budget")
-    contexts = traced is None  # a traced peak is known at its own length only; a derived one at any
+    contexts = traced is None  # a full-depth traced peak is known at its own length only; a derived one at any
     budget = fit_on(accelerator, peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit,
                     contexts=contexts) if accelerator else None
     if derived is not None and derived.declined:
@@ -327,9 +364,11 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                      "; ".join(derived.declined[:3]) + ")")
     detail = TrainingDetail(states, tuple(sorted(frozen)), source_label, phases, sharded, traced, analytic_peak,
                             dict(traced.peak.by_category) if traced is not None else {},
-                            analytic.saved if traced is not None and analytic is not None else None)
+                            analytic.saved if traced is not None and analytic is not None else None,
+                            settings_out["trace"])
     estimate = MemoryEstimate(
-        mode="training", engine="traced" if traced is not None else "derived" if derived is not None else "analytic",
+        mode="training",
+        engine="traced" if traced is not None or extended else "derived" if derived is not None else "analytic",
         settings=settings_out,
         weights=weights, kv_cache=None, activations=activations, peak=peak, peak_phase=device_top.phase,
         reserve=options.reserve,
@@ -339,19 +378,20 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
 
 
 def _derive(view: Any, options: TrainingOptions, seq: int, limit: int | None, frozen: list[str],
-            weights_dtype: str | None, own: frozenset[str], *, live: bool) -> tuple[Any, str]:
+            weights_dtype: str | None, own: frozenset[str], *, live: bool, fresh: bool = False) -> tuple[Any, str]:
     """(the derived step, "") for the class's training memory at any batch and length, from the cache or derived
     from the built module; (None, "") when neither (the caller builds); (None, why) where the derivation declines
-    (its check failed, or the model has no repeated layers to extend)."""
+    (its check failed, or the model has no repeated layers to extend). `fresh`: derived and checked at the asked
+    point whatever the cache holds (the depth-extended trace)."""
     from ..derived.step import DerivedStep
     from ..derived.symbols import NotDerivable
 
     settings = StepSettings(precision=check_precision(options.precision), optimizer=check_optimizer(options.optimizer),
-                            attention=options.attention, frozen=frozenset(frozen), weights_dtype=weights_dtype,
-                            own_dtype=own)
+                            grad_checkpointing=options.grad_checkpointing == "full", attention=options.attention,
+                            frozen=frozenset(frozen), weights_dtype=weights_dtype, own_dtype=own)
     try:
         step = DerivedStep.first(view.module, view.class_name, view.config, settings, batch=options.batch, seq=seq,
-                                 limit=limit, live=live)
+                                 limit=limit, live=live, fresh=fresh)
     except NotDerivable as err:
         return None, str(err)
     return step, ""
