@@ -248,7 +248,7 @@ def test_a_recording_that_fails_is_silent_unless_debug(capsys, monkeypatch, writ
     """The answer is out before the template is recorded: a failed recording never fails the command, and says
     nothing, except under --debug, where what was swallowed is shown (type, message and traceback)."""
     from paramscope import template, template_record
-    from paramscope.cli import recording
+    from paramscope.cli import _recording as recording
 
     def no_template(config, **options):
         return template.TemplateLookup(None, why_not="no template (test)")

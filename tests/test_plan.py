@@ -155,6 +155,23 @@ def test_qlora_base_is_stored_as_bitsandbytes_stores_it(storage):
         assert held == expected == n // 2 + n // 64 + nested + 14 * (4 + 1024 + 64) == 208_813_496
 
 
+def test_a_qlora_plan_is_drawn_and_counted_in_logical_parameters():
+    """The tree and the treemaps (plan --html, plan --compare's) count QLoRA's base as logical parameters, as PEFT
+    and the plan's totals do, not as the stand-ins' packed bytes (half an element each)."""
+    from paramscope.api import inspect_module
+    from paramscope.plan import counted_module
+    from paramscope.sources import resolve
+
+    config = dict(resolve("llama-2-7b").config, num_hidden_layers=2)
+    report, module = inspect_with_module(config)
+    qlora = make_plan(report, module, PlanOptions(lora=8, qlora="nf4"))
+    packed, logical = inspect_module(qlora.module), inspect_module(counted_module(qlora))
+    n = 2 * (4 * 4096 * 4096 + 3 * 4096 * 11008)  # the quantised nn.Linear weights of 2 layers
+    assert logical.total == qlora.total == packed.total + n - n // 2
+    assert [p.name for p in logical.params] == [p.name for p in inspect_module(
+        make_plan(report, module, PlanOptions(lora=8)).module).params]
+
+
 def test_qlora_below_lora_below_full_on_llama_2_7b():
     """The issue's pin: Llama-2-7B, batch 1 × 2,048 tokens, bf16-mixed: QLoRA < LoRA < full, and full
     fine-tuning holds at least 16 bytes per parameter."""

@@ -1,4 +1,4 @@
-"""Recording after the answer (cli/recording.py): the command ends once its answer is printed, and a detached
+"""Recording after the answer (cli/_recording.py): the command ends once its answer is printed, and a detached
 process records the template and cost facts that the next call answers from."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from paramscope.cli import recording
+from paramscope.cli import _recording as recording
 
 SMALL_QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 2,
                "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -58,11 +58,11 @@ def test_a_second_command_does_not_start_the_same_recording(tmp_path, monkeypatc
     directory = recording.jobs_directory()
     directory.mkdir(parents=True)
     lock = directory / "job.lock"
-    assert recording._take_lock(lock)
-    assert not recording._take_lock(lock)  # held
+    assert recording.take_lock(lock)
+    assert not recording.take_lock(lock)  # held
     old = time.time() - recording.STALE_LOCK_S - 1
     os.utime(lock, (old, old))
-    assert recording._take_lock(lock)  # a lock older than that is a recorder that died: taken over
+    assert recording.take_lock(lock)  # a lock older than that is a recorder that died: taken over
 
 
 @pytest.mark.parametrize("job, field", [

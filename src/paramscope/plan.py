@@ -139,6 +139,9 @@ class Plan(HtmlDisplay):
     # them, logical parameters and their scales
     base_params: tuple[Any, ...] = field(default=(), repr=False, compare=False)
     base_buffers: tuple[Any, ...] = field(default=(), repr=False, compare=False)
+    # what counted: "build" (PEFT applied to the meta build) or "arithmetic" (the template's stand-ins and PEFT's
+    # arithmetic, no build: plan_counts); the same figures either way, so it takes no part in `==`
+    engine: str = field(default="build", compare=False)
 
     def __post_init__(self) -> None:
         freeze_fields(self, "by_role")
@@ -184,24 +187,9 @@ def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
         check_targets(module, options.target)
         model, targets = _with_adapters(model, options)
         peft_counts = tuple(model.get_nb_trainable_parameters())
-    trainable = _apply_rules(model, report, options.rules, adapters=options.lora is not None)
-    by_role: dict[str, list[int]] = {}
-    adapter = 0
-    seen: set[int] = set()
-    total = n_trainable = 0
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in seen:
-            continue
-        seen.add(id(param))
-        role, is_adapter = _role_of(name, params)
-        numel = param.numel()
-        adapter += numel if is_adapter else 0
-        entry = by_role.setdefault(role, [0, 0])
-        entry[0 if param.requires_grad else 1] += numel
-        total += numel
-        n_trainable += numel if param.requires_grad else 0
-    method = "full" if options.lora is None and not options.rules else (
-        ("dora" if options.dora else "qlora" if options.qlora else "lora") if options.lora is not None else "freeze")
+    trainable = apply_rules(model, report, options.rules, adapters=options.lora is not None)
+    by_role, adapter, total, n_trainable = tally(each_once(model.named_parameters(remove_duplicate=False)), params)
+    method = method_of(options)
     quantized: tuple[str, ...] = ()
     if options.qlora:
         quantized = _quantize_base(model, module, report, options.qlora)
@@ -209,15 +197,44 @@ def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
     own = _cast_adapters(model, adapter_dtype) if adapter_dtype else frozenset()
     base_dtype, base_from, base_own = None, "", frozenset()
     if options.lora is not None and not options.qlora:
-        base_dtype, base_from = _base_dtype(options.base_dtype, getattr(module, "config", None))
+        base_dtype, base_from = base_dtype_of(options.base_dtype, getattr(module, "config", None))
         # an fp32 base is what mixed precision keeps anyway: nothing to hold in its own dtype
         base_own = _cast_base(model, base_dtype) if base_dtype != "float32" else frozenset()
-    return Plan(method, trainable, targets, n_trainable, total - n_trainable, adapter, total,
-                {k: (v[0], v[1]) for k, v in sorted(by_role.items())}, model, peft_counts, quantized, options.qlora,
-                adapter_dtype, own, base_dtype, base_own, base_from, tuple(report.params), tuple(report.buffers))
+    return Plan(method, trainable, targets, n_trainable, total - n_trainable, adapter, total, by_role, model,
+                peft_counts, quantized, options.qlora, adapter_dtype, own, base_dtype, base_own, base_from,
+                tuple(report.params), tuple(report.buffers))
 
 
-def _base_dtype(asked: str | None, config: Any) -> tuple[str, str]:
+def method_of(options: PlanOptions) -> str:
+    if options.lora is not None:
+        return "dora" if options.dora else "qlora" if options.qlora else "lora"
+    return "freeze" if options.rules else "full"
+
+
+def each_once(named: Any) -> Any:
+    """(name, parameter) pairs, each parameter once under its first name."""
+    seen: set[int] = set()
+    for name, param in named:
+        if id(param) not in seen:
+            seen.add(id(param))
+            yield name, param
+
+
+def tally(named: Any, params: dict[str, Any]) -> tuple[dict[str, tuple[int, int]], int, int, int]:
+    """(role → (trainable, frozen), adapter parameters, total, trainable) of the planned model's parameters."""
+    by_role: dict[str, list[int]] = {}
+    adapter = total = trainable = 0
+    for name, param in named:
+        role, is_adapter = _role_of(name, params)
+        numel = param.numel()
+        adapter += numel if is_adapter else 0
+        by_role.setdefault(role, [0, 0])[0 if param.requires_grad else 1] += numel
+        total += numel
+        trainable += numel if param.requires_grad else 0
+    return {k: (v[0], v[1]) for k, v in sorted(by_role.items())}, adapter, total, trainable
+
+
+def base_dtype_of(asked: str | None, config: Any) -> tuple[str, str]:
     """(dtype, where it came from) of a LoRA/DoRA plan's base: as asked, or the checkpoint's (config dtype)."""
     if asked not in (None, "auto"):
         return asked, "--base-dtype"
@@ -239,7 +256,7 @@ def _cast_base(model: Any, dtype: str) -> frozenset[str]:
     names = set()
     target = getattr(torch, dtype)
     for name, param in model.named_parameters():
-        if not _ADAPTER.search(name + ".") and param.dtype.is_floating_point:
+        if not ADAPTER.search(name + ".") and param.dtype.is_floating_point:
             if param.dtype != target:
                 param.data = param.data.to(target)
             names.add(name)
@@ -253,7 +270,7 @@ def _cast_adapters(model: Any, dtype: str) -> frozenset[str]:
 
     names = set()
     for name, param in model.named_parameters():
-        if _ADAPTER.search(name + "."):
+        if ADAPTER.search(name + "."):
             param.data = param.data.to(getattr(torch, dtype))
             names.add(name)
     return frozenset(names)
@@ -276,7 +293,7 @@ def _quantize_base(model: Any, base: Any, report: Any, storage: str) -> tuple[st
     return tuple(sorted(name for name in names if name in by_base_name and id(by_base_name[name]) in replaced))
 
 
-def _apply_rules(model: Any, report: Any, rules: tuple[tuple[str, str], ...], *, adapters: bool) -> tuple[RuleMatch, ...]:
+def apply_rules(model: Any, report: Any, rules: tuple[tuple[str, str], ...], *, adapters: bool) -> tuple[RuleMatch, ...]:
     """Set requires_grad on the base parameters rule by rule; returns what each rule matched."""
     if not rules:
         return ()
@@ -313,12 +330,12 @@ def _base_name(name: str) -> str:
         .replace(".original_module.", ".")
 
 
-_ADAPTER = re.compile(r"\.(lora_[A-Za-z_]+|lora_magnitude_vector)\.")
+ADAPTER = re.compile(r"\.(lora_[A-Za-z_]+|lora_magnitude_vector)\.")
 
 
 def _role_of(name: str, params: dict[str, Any]) -> tuple[str, bool]:
     """(role, is an adapter) of a parameter of the planned model."""
-    adapter = _ADAPTER.search(name + ".")
+    adapter = ADAPTER.search(name + ".")
     if adapter:
         kind = adapter.group(1)
         return ("adapter.dora_magnitude" if "magnitude" in kind else f"adapter.{kind}"), True
@@ -336,7 +353,7 @@ def check_targets(root: Any, target: tuple[str, ...] | None) -> None:
     if not target or target == ("all-linear",):
         return
     adaptable = [name for name, sub in root.named_modules()
-                 if name and not any(True for _ in sub.children()) and _has_matrix(sub)]
+                 if name and not any(True for _ in sub.children()) and has_matrix(sub)]
     missing = [t for t in target if not any(n == t or n.endswith("." + t) for n in adaptable)]
     if missing:
         short = sorted({n.rsplit(".", 1)[-1] for n in adaptable})
@@ -345,7 +362,7 @@ def check_targets(root: Any, target: tuple[str, ...] | None) -> None:
                           names=", ".join(short[:40]) + (f", … ({len(short)} names)" if len(short) > 40 else ""))
 
 
-def _has_matrix(module: Any) -> bool:
+def has_matrix(module: Any) -> bool:
     weight = module._parameters.get("weight") if hasattr(module, "_parameters") else None
     return weight is not None and len(tuple(weight.shape)) >= 2
 
@@ -380,12 +397,23 @@ def _with_adapters(model: Any, options: PlanOptions) -> tuple[Any, tuple[str, ..
     return wrapped, targets
 
 
+
+def counted_module(plan: Plan) -> Any:
+    """The planned module as a count shows it: QLoRA's 4-bit stand-ins back as the nn.Linear they replaced, so the
+    tree and treemaps count logical parameters, as PEFT and the plan's totals do (not packed bytes)."""
+    from .cost.traced.bnb4 import logical_copy
+
+    check_built(plan)
+    return logical_copy(plan.module) if plan.storage else plan.module
+
+
 def plan_memory(plan: Plan, options: Any = None) -> Any:
     """The plan's training step's memory (a MemoryEstimate, as `estimate_training` gives), for `options`
     (TrainingOptions; default: its defaults). The planned module is a live one: its weights take --precision's
     dtype, except the adapters when the plan stores them in their own (bf16 with --qlora)."""
     from .cost.memory.training import TrainingOptions, estimate_training
 
+    check_built(plan)
     options = TrainingOptions() if options is None else options
     mixed = options.precision.endswith("-mixed")
     own = plan.own_dtype | (plan.base_own if mixed else frozenset())
@@ -411,6 +439,12 @@ def plan_memory(plan: Plan, options: Any = None) -> Any:
     return estimate
 
 
+def check_built(plan: Plan) -> None:
+    if plan.module is None:  # plan_counts': figures without a build, nothing to trace
+        raise UnsupportedError("this plan was counted without a build (plan_counts): its memory and FLOPs trace the "
+                               "planned module make_plan gives")
+
+
 def _qlora_weights(plan: Plan, estimate: Any) -> Any:
     """QLoRA's weights as `memory --dtype nf4` gives them: format nf4, its quantised parameters counted logically,
     the absmax and code books as the format's overhead (its own row), rather than the stand-ins' packed bytes and
@@ -421,7 +455,7 @@ def _qlora_weights(plan: Plan, estimate: Any) -> Any:
     from .cost.memory.weights import weight_memory
 
     fmt = weight_format(plan.storage, compute_dtype="bfloat16")
-    adapters = [p for p in inspect_module(plan.module).params if _ADAPTER.search(p.name + ".")]
+    adapters = [p for p in inspect_module(plan.module).params if ADAPTER.search(p.name + ".")]
     precision = estimate.settings["precision"]
     params = as_trained(plan.base_params, precision) + as_trained(adapters, precision, plan.own_dtype)
     old = estimate.weights
@@ -440,7 +474,7 @@ def _base_matmul_elements(plan: Plan) -> int:
     total = 0
     for name, sub in plan.module.named_modules():
         weight = getattr(sub, "weight", None)
-        if isinstance(sub, torch.nn.Linear) and not _ADAPTER.search(name + ".") and weight is not None \
+        if isinstance(sub, torch.nn.Linear) and not ADAPTER.search(name + ".") and weight is not None \
                 and id(weight) not in seen and not weight.requires_grad:
             seen.add(id(weight))
             total += weight.numel()
@@ -454,5 +488,6 @@ def plan_flops(plan: Plan, *, batch: int, seq: int, checkpointing: bool = False)
     from .cost.traced.flops import count_flops
     from .cost.traced.step import StepSettings
 
+    check_built(plan)
     return count_flops(plan.module, StepSettings(batch=batch, seq=seq, grad_checkpointing=checkpointing),
                        training=True)

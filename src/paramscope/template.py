@@ -232,7 +232,7 @@ class StubDtype:
 
 
 @functools.lru_cache(maxsize=None)
-def _stub_class(name: str) -> type:
+def stub_class(name: str) -> type:
     return type(name, (StubModule,), {"__slots__": ()})
 
 
@@ -273,7 +273,7 @@ class _Instantiate:
         self.nodes += 1
         if self.nodes > MAX_SKELETON_NODES:
             raise AssumptionError(f"the config asks for more than {MAX_SKELETON_NODES:,} modules")
-        module = _stub_class(node["type"])(bool(node.get("emb")))
+        module = stub_class(node["type"])(bool(node.get("emb")))
         self.registry[path] = module
         for local, dtype, trainable, tie in node.get("params", ()):
             full = f"{path}.{local}" if path else local

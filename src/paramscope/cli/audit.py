@@ -7,7 +7,7 @@ from typing import Any
 
 from ._common import (add_cache_option, add_debug_option, add_model_options, add_width_option, checked_width,
                       use_color, write)
-from .recording import record_after_build
+from ._recording import record_after_build
 
 
 def add_parser(subparsers: Any) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from ..errors import OptionError
 from ._common import (add_cache_option, add_debug_option, add_html_option, add_source_options, add_width_option,
                       checked_html_path, checked_width, use_color, write, write_html_page)
-from .recording import record_after_build
+from ._recording import record_after_build
 
 
 def add_parser(subparsers: Any) -> None:

@@ -9,7 +9,7 @@ from ..errors import OptionError
 from ._common import (add_cache_option, add_debug_option, add_html_option, add_model_options, add_width_option,
                       checked_html_path, checked_width, use_color, write, write_html_page,
                       write_report_json)
-from .recording import record_after_build
+from ._recording import record_after_build
 
 
 def add_parser(subparsers: Any) -> None:

@@ -63,7 +63,8 @@ def add_parser(subparsers: Any) -> None:
     memory.add_argument("--gpu", metavar="NAME", help="answer for one accelerator")
     memory.add_argument("--budget", metavar="SIZE", help="answer for a memory budget (24GiB, …)")
     memory.add_argument("--no-memory", action="store_true",
-                        help="counts only: no memory or FLOPs (adapters need a traced step: seconds to a minute)")
+                        help="counts only: no memory or FLOPs (adapters need a traced step: seconds to a minute); "
+                             "without a build where the template and PEFT's arithmetic answer exactly")
     parser.add_argument("--depth", type=int, default=3, metavar="N",
                         help="depth of the module tree, which says what of each module trains (default 3)")
     parser.add_argument("--no-tree", action="store_true", help="leave out the module tree")
@@ -77,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     from ..api import as_source, inspect_with_module
     from ..cost.memory.training import TrainingOptions
     from ..errors import OptionError
-    from ..plan import ADAPTER_DTYPES, BASE_DTYPES, PlanOptions, compared_plans, make_plan, plan_flops, plan_memory
+    from ..plan import (
+        ADAPTER_DTYPES, BASE_DTYPES, PlanOptions, compared_plans, counted_module, make_plan, plan_flops, plan_memory,
+    )
     from ..sources import resolve
 
     width = None if args.json else checked_width(args)
@@ -106,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
 
         find_accelerator(args.gpu)  # a bad name fails before the build
     source = resolve(args.model, revision=args.revision)
+    if args.no_memory and compared is None and _answer_without_build(args, source, options, width):
+        return 0
     if options.target and options.target != ("all-linear",):  # a bad --target fails before the build
         from ..api import inspect_source
         from ..plan import check_targets
@@ -123,29 +128,67 @@ def run(args: argparse.Namespace) -> int:
         estimate = plan_memory(plan, training)
         flops = plan_flops(plan, batch=args.batch, seq=estimate.settings["seq"],
                            checkpointing=args.grad_checkpointing == "full")
+    from ..api import inspect as inspect_module
+
     if args.html is not None:
-        from ..api import inspect as inspect_module
         from ..render.html.cost import render_plan_html
 
-        write_html_page(render_plan_html(report, plan, inspect_module(plan.module), estimate), args.html)
+        write_html_page(render_plan_html(report, plan, inspect_module(counted_module(plan)), estimate), args.html)
+        if not args.json:  # the page replaces the text
+            return 0
+    planned = None if args.no_tree or args.json else inspect_module(counted_module(plan))
+    return _write_plan(args, report, plan, estimate, flops, planned, width)
+
+
+def _answer_without_build(args, source, options, width) -> bool:
+    """--no-memory: the plan from the template's stand-ins and PEFT's arithmetic (plan_arithmetic.plan_stand_ins), without
+    torch; False, with nothing written, where they do not answer exactly and the build must (no template, a layer
+    type or task not mirrored, remote code, an HTML page, which shows the built module)."""
+    from ..api import as_source, template_stand_ins
+    from ..errors import AssumptionError
+    from ..plan_arithmetic import plan_stand_ins, planned_report
+    from ..template import report_from_template
+
+    if args.trust_remote_code or args.html is not None:
+        return False
+    source = as_source(source)
+    template, reason, root, _ = template_stand_ins(source, model_class=args.model_class, task=args.task,
+                                                   num_labels=args.num_labels)
+    if template is None:
+        return False
+    try:
+        report = report_from_template(template, source, num_labels=args.num_labels, class_reason=reason, root=root)
+    except AssumptionError:  # the template does not apply to this config: the build answers, as inspect's would
+        return False
+    answered = plan_stand_ins(report, root, options, source.config)
+    if answered is None:
+        return False
+    plan, stand_ins = answered
+    planned = None
+    if not (args.no_tree or args.json):
+        planned = planned_report(stand_ins, report)
+        if planned is None:
+            return False
+    _write_plan(args, report, plan, None, None, planned, width)
+    return True
+
+
+def _write_plan(args, report, plan, estimate, flops, planned, width) -> int:
+    """The plan as JSON or text; `planned`: the planned model's report, for the tree (None: no tree)."""
     if args.json:
         from ..render.plan import plan_to_dict
 
         write_report_json(report, plan=plan_to_dict(plan, estimate, flops))
         return 0
-    if args.html is not None:  # the page replaces the text
-        return 0
-    from ..api import inspect as inspect_module
     from ..render.plan import render_plan_text
 
-    planned = None if args.no_tree else inspect_module(plan.module)
     write(render_plan_text(report, plan, estimate, width, color=use_color(), flops=flops, planned=planned,
                            depth=args.depth))
     return 0
 
 
 def _compare(args, report, module, compared, training, width) -> int:
-    from ..plan import make_plan, plan_flops, plan_memory
+    from ..plan import counted_module, make_plan, plan_flops, plan_memory
     from ..render.plan import compare_plans_to_dict, render_plan_compare_text
 
     rows = []
@@ -159,7 +202,7 @@ def _compare(args, report, module, compared, training, width) -> int:
         from ..api import inspect as inspect_module
         from ..render.html.cost import render_plans_html
 
-        planned = [inspect_module(plan.module) for _, plan, _, _ in rows]
+        planned = [inspect_module(counted_module(plan)) for _, plan, _, _ in rows]
         write_html_page(render_plans_html(report, rows, planned), args.html)
     if args.json:
         write_report_json(report, plans=compare_plans_to_dict(rows))

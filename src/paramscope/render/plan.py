@@ -28,7 +28,7 @@ def _share(part: int, total: int) -> str:
 
 def plan_parts(report, plan, estimate, flops=None, planned=None, depth: int = 3) -> list:
     lines: list = [Text(f"Fine-tuning plan for {report.model.label} ({report.model.class_name}): {plan.method}",
-                        style="bold")]
+                        style="bold"), indented(f"engine: {engine_words(plan)}")]
     if plan.rules:
         first = plan.rules[0]
         start = "everything else starts frozen" if first.action == "train" else "everything else starts trainable"
@@ -64,6 +64,15 @@ def plan_parts(report, plan, estimate, flops=None, planned=None, depth: int = 3)
         for note in estimate.notes:
             lines.append(indented(f"note: {note}"))
     return lines
+
+
+def engine_words(plan) -> str:
+    """What counted the plan: PEFT on the meta build, or the template and PEFT's arithmetic (plan_arithmetic.plan_counts)."""
+    adapters = plan.peft_counts is not None
+    if plan.engine == "arithmetic":
+        return "counts from the template and PEFT's arithmetic (no build)" if adapters else \
+            "counts from the template (no build)"
+    return "counts from the meta build, adapters applied by PEFT" if adapters else "counts from the meta build"
 
 
 def storage_line(plan) -> str:
@@ -167,6 +176,7 @@ def _memory_table(estimate) -> Table:
 
 def plan_to_dict(plan, estimate, flops=None) -> dict[str, Any]:
     return {
+        "engine": plan.engine,
         "method": plan.method,
         "rules": [{"action": r.action, "pattern": r.pattern, "tensors": r.tensors, "parameters": r.parameters}
                   for r in plan.rules],

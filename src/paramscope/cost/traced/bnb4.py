@@ -48,6 +48,9 @@ def linear4bit_class():
             if type(linear).__name__ == "Conv1D":  # GPT-2's transposed Linear: weight [in, out]
                 in_features, out_features = out_features, in_features
             numel = out_features * in_features
+            # the nn.Linear replaced, kept out of the module tree (no parameter of this module): counting shows
+            # the logical weight where the packed one is stored (logical_copy)
+            object.__setattr__(self, "logical", linear)
             self.in_features, self.out_features = in_features, out_features
             self.shape = (out_features, in_features)
             device = linear.weight.device
@@ -93,3 +96,19 @@ def quantize_base(model: Any, weights: set[int], fmt: WeightFormat) -> set[int]:
 
 def _is_conv1d(module: Any) -> bool:
     return type(module).__name__ == "Conv1D" and type(module).__module__.startswith("transformers.")
+
+
+def logical_copy(model: Any) -> Any:
+    """A copy of `model` with every stand-in back as the nn.Linear it replaced (on meta, frozen): what a count of
+    parameters shows, logical weights rather than packed bytes (a QLoRA plan's tree and treemap, as PEFT counts
+    it). Returns `model` itself when it holds no stand-in."""
+    import copy
+
+    if not any(hasattr(sub, "logical") and type(sub).__name__ == "Linear4bitStandIn" for sub in model.modules()):
+        return model
+    copied = copy.deepcopy(model)
+    for parent in list(copied.modules()):
+        for attr, child in list(parent._modules.items()):
+            if type(child).__name__ == "Linear4bitStandIn" and hasattr(child, "logical"):
+                parent._modules[attr] = child.logical
+    return copied

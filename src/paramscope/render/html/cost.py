@@ -56,19 +56,24 @@ def render_flops_html(report: Report | None, estimate, compute=None, *, fragment
     return html_page(_titled(report, "FLOPs"), _subtitled(report, settings), sections, fragment)
 
 
-def render_plan_html(report: Report | None, plan, planned: Report, estimate=None, *, fragment: bool = False) -> str:
-    """plan: what trains, as the treemap of the model with the plan applied (frozen parts pale)."""
+def render_plan_html(report: Report | None, plan, planned: Report | None, estimate=None, *,
+                     fragment: bool = False) -> str:
+    """plan: what trains, as the treemap of the model with the plan applied (frozen parts pale); `planned` None (a
+    plan counted without a build) leaves the treemap out, and says so."""
     rows = [("trainable", plan.trainable, "requires_grad, adapters included"),
             ("frozen", plan.frozen, "no gradient, no optimizer state"),
             ("adapters add", plan.adapter, "parameters of the LoRA/DoRA matrices"),
             ("total", plan.total, "base + adapters, as PEFT counts")]
     share = plan.trainable / plan.total * 100 if plan.total else 0.0
-    treemap = module_treemap(planned, TRAINABLE)
-    sections = [
-        Section("Plan", totals_table(rows, "plan", {"trainable": plan.trainable}, human)
-                + f"<p>{share:.4f}% of the parameters train.</p>"),
-        Section("What trains", figure(treemap_figure(treemap), "treemap-plan") + color_key(treemap)),
-    ]
+    sections = [Section("Plan", totals_table(rows, "plan", {"trainable": plan.trainable}, human)
+                        + f"<p>{share:.4f}% of the parameters train.</p>")]
+    if planned is not None:
+        treemap = module_treemap(planned, TRAINABLE)
+        sections.append(Section("What trains", figure(treemap_figure(treemap), "treemap-plan") + color_key(treemap)))
+    else:
+        sections.append(Section("What trains", "<p>Counted from the template and PEFT's arithmetic, without a build: "
+                                               "no planned module to draw (make the plan from a built model for "
+                                               "its treemap).</p>"))
     if estimate is not None:
         from ..memory import memory_to_dict
 
@@ -270,5 +275,7 @@ def flops_page(estimate, fragment: bool) -> str:
 
 def plan_page(plan, fragment: bool) -> str:
     from ...api import inspect
+    from ...plan import counted_module
 
-    return render_plan_html(None, plan, inspect(plan.module), fragment=fragment)
+    return render_plan_html(None, plan, None if plan.module is None else inspect(counted_module(plan)),
+                            fragment=fragment)

@@ -1,6 +1,6 @@
 """Recording after a build answered: the class's structure template and the config's cost facts, which let the next
 call answer without torch. The command's answer comes first, and the process ends once it is printed: by default
-the recording runs in a detached process of its own (`python -m paramscope.cli.recording JOB`), so a user's prompt
+the recording runs in a detached process of its own (`python -m paramscope.cli._recording JOB`), so a user's prompt
 comes back at once instead of 5–30 s later (30–50 more meta builds for a template).
 
 PARAMSCOPE_RECORD_TEMPLATES: "1" (default) records in a detached process; "wait" records in this process before it
@@ -121,7 +121,7 @@ def _spawn(source: Any, *, model_class: str | None, task: str | None, num_labels
     name = hashlib.sha256(text.encode()).hexdigest()[:32]
     directory = jobs_directory()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not _take_lock(directory / f"{name}.lock"):
+    if not take_lock(directory / f"{name}.lock"):
         return None
     path = directory / f"{name}.json"
     handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -134,10 +134,10 @@ def _spawn(source: Any, *, model_class: str | None, task: str | None, num_labels
             subprocess, "CREATE_NEW_PROCESS_GROUP", 0)
     else:
         options["start_new_session"] = True  # not the terminal's process group: Ctrl-C at the prompt spares it
-    return subprocess.Popen([sys.executable, "-m", "paramscope.cli.recording", str(path)], **options)
+    return subprocess.Popen([sys.executable, "-m", "paramscope.cli._recording", str(path)], **options)
 
 
-def _take_lock(path: Path) -> bool:
+def take_lock(path: Path) -> bool:
     """Create `path` exclusively; a lock older than STALE_LOCK_S is taken over."""
     for _ in range(2):
         try:
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m paramscope.cli.recording JOB", file=sys.stderr)
+        print("usage: python -m paramscope.cli._recording JOB", file=sys.stderr)
         return 2
     try:
         return run_job(Path(args[0]))
