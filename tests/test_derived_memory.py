@@ -334,3 +334,20 @@ def test_a_checkpointed_step_is_derived_with_checkpointing():
     plain = estimate_training(model, dataclasses.replace(options, grad_checkpointing="none"))[1]
     assert derived.engine == plain.engine == "derived"
     assert derived.peak == full.peak < plain.peak
+
+
+@pytest.mark.parametrize("rules", [(("train-last", "2"),), (("freeze", "model.layers.0.*"),),
+                                   (("freeze", "model.layers.5.*"),)])
+def test_a_plan_that_freezes_some_layers_is_derived_by_layer_trainability(rules):
+    """A frozen layer keeps no gradient: trainability is part of a layer's type, so a cut never stands for layers
+    that train differently. Derived where the cuts repeat the types, else traced; equal to the full trace."""
+    from paramscope.api import inspect_module
+    from paramscope.cost.memory.training import TrainingOptions
+    from paramscope.plan import PlanOptions, make_plan, plan_memory
+
+    model = _model("qwen3")
+    plan = make_plan(inspect_module(model), model, PlanOptions(rules=rules))
+    answer = plan_memory(plan, TrainingOptions(batch=2, seq=64))
+    full = plan_memory(plan, TrainingOptions(batch=2, seq=64, trace="full"))
+    assert [(p.phase, p.bytes) for p in answer.training.phases] == [(p.phase, p.bytes) for p in full.training.phases]
+    assert answer.engine == ("traced" if rules[0][0] == "train-last" else "derived")

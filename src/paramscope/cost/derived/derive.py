@@ -44,8 +44,8 @@ def layer_stack(module: Any) -> tuple[str, int]:
 
 
 def layer_types(layers: Any) -> tuple[str, ...]:
-    """Each layer's type: its modules' classes, parameters' shapes and dtypes, and plain settings (a sliding
-    window, a flag), less the settings that only number the layers (layer_idx: i, or i + a constant)."""
+    """Each layer's type: its modules' classes, parameters' shapes, dtypes and trainability, and plain settings (a
+    sliding window, a flag), less the settings that only number the layers (layer_idx: i, or i + a constant)."""
     described = []
     for layer in layers:
         settings: dict[tuple[str, str], Any] = {}
@@ -55,7 +55,10 @@ def layer_types(layers: Any) -> tuple[str, ...]:
                 if not key.startswith("_") and key != "training" and \
                         isinstance(value, (int, float, str, bool, type(None))):
                     settings[(name, key)] = value
-            params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in sub.named_parameters(recurse=False))
+            # whether a parameter trains is part of the type: a frozen layer keeps no gradient (a plan that freezes
+            # some layers, trains the last ones)
+            params = tuple((n, tuple(p.shape), str(p.dtype), bool(p.requires_grad))
+                           for n, p in sub.named_parameters(recurse=False))
             structure.append((name, type(sub).__name__, params))
         described.append((settings, structure))
     numbering = set()

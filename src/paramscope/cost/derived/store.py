@@ -17,7 +17,9 @@ from ..._version import __version__
 from ...disk_cache import CacheEntryError, cache_root, entry_path, read_entry, write_entry
 from .recipe import DerivedRecipe, recipe_from_json, recipe_to_json
 
-FORMAT = 1
+# 2: a layer's type includes its parameters' trainability (v1 recipes of plans that froze layers beyond the cut
+# extended the cut's trainable layers over them: never read again)
+FORMAT = 2
 
 
 def _torch_version() -> str:
