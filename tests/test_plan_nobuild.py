@@ -202,3 +202,59 @@ def test_cli_no_memory_imports_no_torch():
     assert result.returncode == 0, result.stderr
     assert result.stdout.rstrip().endswith("no torch 0")
     assert "trainable 39,976,960 of 6,778,392,576" in result.stdout.replace("\n  ", " ")
+
+
+def _plan_run(argv, cache):
+    """The CLI in a fresh process: (stdout, whether torch was imported)."""
+    import os
+
+    code = ("import sys; from paramscope.cli import main; "
+            f"rc = main({argv!r}); "
+            "print('torch imported' if 'torch' in sys.modules else 'no torch', rc)")
+    env = dict(os.environ, PARAMSCOPE_CACHE_DIR=str(cache))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr
+    out, _, last = result.stdout.rstrip().rpartition("\n")
+    assert last.endswith(" 0")
+    return out, last.startswith("torch imported")
+
+
+def test_a_plan_asked_again_answers_from_what_the_first_run_kept_without_torch(tmp_path):
+    """The first run builds, derives the step's memory and traces its FLOPs, and keeps them under the plan's key;
+    the same plan asked again is counted by PEFT's arithmetic on the template's stand-ins and priced from the
+    cache, with torch never imported, and every figure the same. Another plan (another rank) builds again."""
+    argv = ["plan", "qwen2.5-0.5b", "--lora", "8", "--target", "all-linear", "--seq", "128"]
+    first, first_torch = _plan_run(argv + ["--json"], tmp_path)
+    second, second_torch = _plan_run(argv + ["--json"], tmp_path)
+    assert first_torch and not second_torch
+    first, second = json.loads(first), json.loads(second)
+    assert (first["plan"]["engine"], second["plan"]["engine"]) == ("build", "arithmetic")
+    for document in (first, second):
+        del document["plan"]["engine"], document["model"]["engine"]
+        memory = document["plan"]["memory"]
+        memory["notes"] = [n.replace(" (read from the cache: derived and checked by an earlier run)", "")
+                           for n in memory["notes"]]
+    assert first == second
+    text, _ = _plan_run(argv, tmp_path)
+    assert "memory and FLOPs as an earlier run of this plan derived and traced them" in " ".join(text.split())
+    _, other_torch = _plan_run(argv[:3] + ["4"] + argv[4:] + ["--json"], tmp_path)
+    assert other_torch
+
+
+def test_a_tampered_flop_entry_is_not_used(tmp_path, monkeypatch):
+    from paramscope.plan_store import PLANS, find_flops, flops_from_json, keep_flops
+    from paramscope.cost.traced.flops import TracedFlops
+    from paramscope.disk_cache import CacheEntryError
+
+    monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
+    flops = TracedFlops(10, 20, {"a": 10}, {"a": 20}, 0, 0)
+    point = dict(batch=1, seq=8, checkpointing=False)
+    path = keep_flops(PLANS, "plan-k", flops, **point)
+    assert find_flops(PLANS, "plan-k", **point) == flops
+    assert find_flops(PLANS, "plan-k", batch=2, seq=8, checkpointing=False) is None
+    data = json.loads(path.read_text())
+    data["points"]["1x8"]["forward"] = -1
+    path.write_text(json.dumps(data))
+    assert find_flops(PLANS, "plan-k", **point) is None
+    with pytest.raises(CacheEntryError):
+        flops_from_json({"forward": True})

@@ -142,6 +142,11 @@ class Plan(HtmlDisplay):
     # what counted: "build" (PEFT applied to the meta build) or "arithmetic" (the template's stand-ins and PEFT's
     # arithmetic, no build: plan_counts); the same figures either way, so it takes no part in `==`
     engine: str = field(default="build", compare=False)
+    # plan_store.plan_key: the config, class and options that decide the planned module (None: a user's module);
+    # the plan's derived memory recipes and FLOPs are kept under it, so the same plan asked again needs no build
+    key: str | None = field(default=None, compare=False)
+    # QLoRA: each nn.Linear the 4-bit stand-ins replaced, by its path in `module` (counted_module puts them back)
+    quantized_modules: FrozenDict[str, Any] = field(default_factory=FrozenDict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         freeze_fields(self, "by_role")
@@ -176,8 +181,9 @@ def compared_plans(text: str, options: PlanOptions) -> list[tuple[str, PlanOptio
     return plans
 
 
-def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
-    """Apply the plan to a copy of `module` (built on meta) and count, by role."""
+def make_plan(report: Any, module: Any, options: PlanOptions, *, key: str | None = None) -> Plan:
+    """Apply the plan to a copy of `module` (built on meta) and count, by role. `key`: the plan's key
+    (plan_store.plan_key), for a module built from a config."""
     options.check()
     model = copy.deepcopy(module)
     params = {p.name: p for p in report.params}
@@ -191,8 +197,9 @@ def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
     by_role, adapter, total, n_trainable = tally(each_once(model.named_parameters(remove_duplicate=False)), params)
     method = method_of(options)
     quantized: tuple[str, ...] = ()
+    replaced: FrozenDict = FrozenDict()
     if options.qlora:
-        quantized = _quantize_base(model, module, report, options.qlora)
+        quantized, replaced = _quantize_base(model, module, report, options.qlora)
     adapter_dtype = options.adapter_dtype or (QLORA_ADAPTER_DTYPE if options.qlora else None)
     own = _cast_adapters(model, adapter_dtype) if adapter_dtype else frozenset()
     base_dtype, base_from, base_own = None, "", frozenset()
@@ -202,7 +209,7 @@ def make_plan(report: Any, module: Any, options: PlanOptions) -> Plan:
         base_own = _cast_base(model, base_dtype) if base_dtype != "float32" else frozenset()
     return Plan(method, trainable, targets, n_trainable, total - n_trainable, adapter, total, by_role, model,
                 peft_counts, quantized, options.qlora, adapter_dtype, own, base_dtype, base_own, base_from,
-                tuple(report.params), tuple(report.buffers))
+                tuple(report.params), tuple(report.buffers), key=key, quantized_modules=replaced)
 
 
 def method_of(options: PlanOptions) -> str:
@@ -276,7 +283,7 @@ def _cast_adapters(model: Any, dtype: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def _quantize_base(model: Any, base: Any, report: Any, storage: str) -> tuple[str, ...]:
+def _quantize_base(model: Any, base: Any, report: Any, storage: str) -> tuple[tuple[str, ...], FrozenDict]:
     """QLoRA: the frozen base nn.Linear weights transformers' bitsandbytes quantiser would replace (the same
     choice `memory --dtype nf4` makes) become 4-bit stand-ins in the planned model (cost/bnb4.py)."""
     from .cost.traced.bnb4 import quantize_base
@@ -290,7 +297,9 @@ def _quantize_base(model: Any, base: Any, report: Any, storage: str) -> tuple[st
     weights = {id(by_base_name[name]) for name in names if name in by_base_name
                and not by_base_name[name].requires_grad}
     replaced = quantize_base(model, weights, fmt)
-    return tuple(sorted(name for name in names if name in by_base_name and id(by_base_name[name]) in replaced))
+    kept = {id(module.weight) for module in replaced.values()}
+    quantized = tuple(sorted(name for name in names if name in by_base_name and id(by_base_name[name]) in kept))
+    return quantized, FrozenDict(replaced)
 
 
 def apply_rules(model: Any, report: Any, rules: tuple[tuple[str, str], ...], *, adapters: bool) -> tuple[RuleMatch, ...]:
@@ -404,7 +413,7 @@ def counted_module(plan: Plan) -> Any:
     from .cost.traced.bnb4 import logical_copy
 
     check_built(plan)
-    return logical_copy(plan.module) if plan.storage else plan.module
+    return logical_copy(plan.module, dict(plan.quantized_modules)) if plan.quantized_modules else plan.module
 
 
 def plan_memory(plan: Plan, options: Any = None) -> Any:
@@ -415,11 +424,37 @@ def plan_memory(plan: Plan, options: Any = None) -> Any:
 
     check_built(plan)
     options = TrainingOptions() if options is None else options
-    mixed = options.precision.endswith("-mixed")
-    own = plan.own_dtype | (plan.base_own if mixed else frozenset())
-    estimate = estimate_training(plan.module, dataclasses.replace(options, own_dtype=own))[1]
+    estimate = estimate_training(plan.module, _with_own_dtypes(plan, options), structure=plan.key)[1]
     if plan.storage and plan.base_params:
         estimate = _qlora_weights(plan, estimate)
+    return _named_recipe(plan, estimate, options, plan.module)
+
+
+def cached_plan_memory(plan: Plan, planned: Any, root: Any, view: Any, options: Any = None) -> Any:
+    """The plan's memory without a build, from what an earlier run kept (its derived recipe, under the plan's key),
+    or an analytic recipe (a plan without adapters): as `plan_memory` gives it, or None (the caller builds).
+    `planned` is the planned model's report and `root` its stand-ins (plan_arithmetic); `view` the engines' view
+    of them (cost facts)."""
+    from .cost.memory.training import TrainingOptions, step_estimate
+
+    options = TrainingOptions() if options is None else options
+    options.check()
+    if plan.key is None or plan.storage:
+        return None
+    estimate = step_estimate(planned, view, _with_own_dtypes(plan, options), live=True, structure=plan.key)
+    return None if estimate is None else _named_recipe(plan, estimate, options, root)
+
+
+def _with_own_dtypes(plan: Plan, options: Any) -> Any:
+    """The options with the parameters the plan keeps in their own dtype: its adapters (bf16 with --qlora), and
+    under mixed precision its 16-bit base."""
+    mixed = options.precision.endswith("-mixed")
+    return dataclasses.replace(options, own_dtype=plan.own_dtype | (plan.base_own if mixed else frozenset()))
+
+
+def _named_recipe(plan: Plan, estimate: Any, options: Any, root: Any) -> Any:
+    """The estimate with the plan's recipe named (the base's dtype and where it came from, what autocast casts)."""
+    mixed = options.precision.endswith("-mixed")
     if plan.base_dtype and mixed:
         short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
         adapters = short.get(plan.adapter_dtype or "float32", plan.adapter_dtype)
@@ -428,7 +463,7 @@ def plan_memory(plan: Plan, options: Any = None) -> Any:
                  f"adapters in {adapters} (PEFT's autocast_adapter_dtype), {compute} autocast (the Trainer's); "
                  "--base-dtype changes the base"]
         if short[plan.base_dtype] != compute:
-            cast = 2 * _base_matmul_elements(plan)
+            cast = 2 * _base_matmul_elements(root)
             notes.append(f"the base is {short[plan.base_dtype]} and autocast computes in {compute}: each of its "
                          f"matmul weights is cast to {compute} and the copy is saved for backward (up to {cast:,} B "
                          f"in all); --base-dtype {compute}, or --precision {short[plan.base_dtype]}-mixed where the "
@@ -466,28 +501,45 @@ def _qlora_weights(plan: Plan, estimate: Any) -> Any:
     return dataclasses.replace(estimate, weights=weights)
 
 
-def _base_matmul_elements(plan: Plan) -> int:
-    """Elements of the frozen base's nn.Linear weights (what autocast casts, matmul by matmul)."""
-    import torch
-
+def _base_matmul_elements(root: Any) -> int:
+    """Elements of the frozen base's nn.Linear weights (what autocast casts, matmul by matmul), in the planned
+    module or its stand-ins (by class name: PEFT's own wrapper, also named Linear, holds no weight of its own)."""
     seen: set[int] = set()
     total = 0
-    for name, sub in plan.module.named_modules():
-        weight = getattr(sub, "weight", None)
-        if isinstance(sub, torch.nn.Linear) and not ADAPTER.search(name + ".") and weight is not None \
+    for name, sub in root.named_modules():
+        weight = sub._parameters.get("weight")
+        if _is_linear(sub) and not ADAPTER.search(name + ".") and weight is not None \
                 and id(weight) not in seen and not weight.requires_grad:
             seen.add(id(weight))
             total += weight.numel()
     return total
 
 
+def _is_linear(module: Any) -> bool:
+    if getattr(module, "paramscope_stub", False):
+        return type(module).__name__ == "Linear"
+    import torch
+
+    return isinstance(module, torch.nn.Linear)
+
+
 def plan_flops(plan: Plan, *, batch: int, seq: int, checkpointing: bool = False) -> Any:
     """The plan's training-step FLOPs, counted by FlopCounterMode on fake tensors: adapters add their matmuls;
     frozen weights still pass the input's gradient back (where something before them trains) but compute no
-    weight gradient."""
+    weight gradient. A plan with a key reads them from the cache where an earlier run kept them at this point,
+    and keeps them; a plan counted without a build (no module) answers from the cache only, else None."""
     from .cost.traced.flops import count_flops
     from .cost.traced.step import StepSettings
+    from .plan_store import PLANS, find_flops, keep_flops
 
+    point = dict(batch=batch, seq=seq, checkpointing=checkpointing)
+    if plan.key is not None:
+        cached = find_flops(PLANS, plan.key, **point)
+        if cached is not None or plan.module is None:
+            return cached
     check_built(plan)
-    return count_flops(plan.module, StepSettings(batch=batch, seq=seq, grad_checkpointing=checkpointing),
-                       training=True)
+    counted = count_flops(plan.module, StepSettings(batch=batch, seq=seq, grad_checkpointing=checkpointing),
+                          training=True)
+    if plan.key is not None:
+        keep_flops(PLANS, plan.key, counted, **point)
+    return counted

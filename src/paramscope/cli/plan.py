@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
         find_accelerator(args.gpu)  # a bad name fails before the build
     source = resolve(args.model, revision=args.revision)
-    if args.no_memory and compared is None and _answer_without_build(args, source, options, width):
+    if compared is None and _answer_without_build(args, source, options, training, width):
         return 0
     if options.target and options.target != ("all-linear",):  # a bad --target fails before the build
         from ..api import inspect_source
@@ -121,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
     report, module = inspect_with_module(as_source(source), model_class=args.model_class, task=args.task,
                                          num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
     if compared is not None:
-        return _compare(args, report, module, compared, training, width)
-    plan = make_plan(report, module, options)
+        return _compare(args, source, report, module, compared, training, width)
+    plan = make_plan(report, module, options, key=_key(args, source, report, options))
     estimate = flops = None
     if not args.no_memory:
         estimate = plan_memory(plan, training)
@@ -140,10 +140,26 @@ def run(args: argparse.Namespace) -> int:
     return _write_plan(args, report, plan, estimate, flops, planned, width)
 
 
-def _answer_without_build(args, source, options, width) -> bool:
-    """--no-memory: the plan from the template's stand-ins and PEFT's arithmetic (plan_arithmetic.plan_stand_ins), without
-    torch; False, with nothing written, where they do not answer exactly and the build must (no template, a layer
-    type or task not mirrored, remote code, an HTML page, which shows the built module)."""
+def _key(args, source, report, options) -> str | None:
+    """The plan's key (plan_store.plan_key) where the class is the config's own, native one: under it the plan's
+    memory recipes and FLOPs are kept, and found again without a build."""
+    from ..api import as_source
+    from ..plan_store import plan_key
+
+    config = getattr(as_source(source), "config", None)
+    if args.trust_remote_code or report.model.native is not True or not isinstance(config, dict):
+        return None
+    return plan_key(config, report.model.class_name, options, args.num_labels)
+
+
+def _answer_without_build(args, source, options, training, width) -> bool:
+    """The plan from the template's stand-ins and PEFT's arithmetic (plan_arithmetic.plan_stand_ins), without
+    torch: its counts (--no-memory), or with its memory and FLOPs where an earlier run kept them under the plan's
+    key (plan.cached_plan_memory, plan_flops). False, with nothing written, where they do not answer exactly and
+    the build must (no template, a layer type or task not mirrored, remote code, nothing kept yet, an HTML page,
+    which shows the built module)."""
+    from dataclasses import replace
+
     from ..api import as_source, template_stand_ins
     from ..errors import AssumptionError
     from ..plan_arithmetic import plan_stand_ins, planned_report
@@ -164,13 +180,44 @@ def _answer_without_build(args, source, options, width) -> bool:
     if answered is None:
         return False
     plan, stand_ins = answered
+    estimate = flops = None
+    if not args.no_memory:
+        plan = replace(plan, key=_key(args, source, report, options))
+        estimate, flops = _cached_costs(args, source, report, plan, stand_ins, training)
+        if estimate is None or flops is None:
+            return False
     planned = None
     if not (args.no_tree or args.json):
         planned = planned_report(stand_ins, report)
         if planned is None:
             return False
-    _write_plan(args, report, plan, None, None, planned, width)
+    _write_plan(args, report, plan, estimate, flops, planned, width)
     return True
+
+
+def _cached_costs(args, source, report, plan, stand_ins, training):
+    """(memory, FLOPs) of a plan counted without a build, from what an earlier run kept; (None, None) where
+    either was not kept (or the config's cost facts were not recorded)."""
+    from dataclasses import replace
+
+    from ..cost.facts.store import facts_key, find_facts, view_from_facts
+    from ..plan import cached_plan_memory, plan_flops
+    from ..plan_arithmetic import planned_report
+
+    if plan.key is None:
+        return None, None
+    facts = find_facts(report.model.class_name, facts_key(source.config, model_class=args.model_class,
+                                                          task=args.task, num_labels=args.num_labels))
+    planned = planned_report(stand_ins, report) if facts is not None else None
+    if planned is None:
+        return None, None
+    view = replace(view_from_facts(facts, stand_ins), class_name=type(stand_ins).__name__)
+    estimate = cached_plan_memory(plan, planned, stand_ins, view, training)
+    if estimate is None:
+        return None, None
+    flops = plan_flops(plan, batch=args.batch, seq=estimate.settings["seq"],
+                       checkpointing=args.grad_checkpointing == "full")
+    return estimate, flops
 
 
 def _write_plan(args, report, plan, estimate, flops, planned, width) -> int:
@@ -187,13 +234,13 @@ def _write_plan(args, report, plan, estimate, flops, planned, width) -> int:
     return 0
 
 
-def _compare(args, report, module, compared, training, width) -> int:
+def _compare(args, source, report, module, compared, training, width) -> int:
     from ..plan import counted_module, make_plan, plan_flops, plan_memory
     from ..render.plan import compare_plans_to_dict, render_plan_compare_text
 
     rows = []
     for name, options in compared:
-        plan = make_plan(report, module, options)
+        plan = make_plan(report, module, options, key=_key(args, source, report, options))
         estimate = plan_memory(plan, training)
         flops = plan_flops(plan, batch=args.batch, seq=estimate.settings["seq"],
                            checkpointing=args.grad_checkpointing == "full")

@@ -28,7 +28,7 @@ def _share(part: int, total: int) -> str:
 
 def plan_parts(report, plan, estimate, flops=None, planned=None, depth: int = 3) -> list:
     lines: list = [Text(f"Fine-tuning plan for {report.model.label} ({report.model.class_name}): {plan.method}",
-                        style="bold"), indented(f"engine: {engine_words(plan)}")]
+                        style="bold"), indented(f"engine: {engine_words(plan, estimate)}")]
     if plan.rules:
         first = plan.rules[0]
         start = "everything else starts frozen" if first.action == "train" else "everything else starts trainable"
@@ -66,12 +66,15 @@ def plan_parts(report, plan, estimate, flops=None, planned=None, depth: int = 3)
     return lines
 
 
-def engine_words(plan) -> str:
-    """What counted the plan: PEFT on the meta build, or the template and PEFT's arithmetic (plan_arithmetic.plan_counts)."""
+def engine_words(plan, estimate=None) -> str:
+    """What counted the plan: PEFT on the meta build, or the template and PEFT's arithmetic
+    (plan_arithmetic.plan_counts), with the memory and FLOPs an earlier run kept under the plan's key."""
     adapters = plan.peft_counts is not None
     if plan.engine == "arithmetic":
-        return "counts from the template and PEFT's arithmetic (no build)" if adapters else \
+        counts = "counts from the template and PEFT's arithmetic (no build)" if adapters else \
             "counts from the template (no build)"
+        return counts + ("; memory and FLOPs as an earlier run of this plan derived and traced them (the cache)"
+                         if estimate is not None else "")
     return "counts from the meta build, adapters applied by PEFT" if adapters else "counts from the meta build"
 
 

@@ -15,11 +15,12 @@ class DerivedStep:
     question first reaches its regime (a largest batch or context searched across them) and kept."""
 
     def __init__(self, module: Any, class_name: str, config: Any, settings: Any, limit: int | None,
-                 live: bool = False) -> None:
+                 live: bool = False, structure: str | None = None) -> None:
         self.module, self.class_name, self.config = module, class_name, config
         self.settings, self.limit = settings, limit
-        # a live module (a PEFT plan, a user's half-frozen model) is more than its config: its structure is keyed
-        self.structure = structure_of(module) if live and module is not None else None
+        # a live module (a PEFT plan, a user's half-frozen model) is more than its config: its structure is keyed,
+        # by the caller's key where it has one (a plan's: the config and the plan's options, known without a build)
+        self.structure = structure or (structure_of(module) if live and module is not None else None)
         self.recipes: list[DerivedRecipe] = []
         self.declined: list[str] = []  # why each regime that declined did
         self.declined_regimes: set[tuple[tuple[int, int], tuple[int, int]]] = set()  # (B range, S range)
@@ -27,11 +28,12 @@ class DerivedStep:
 
     @classmethod
     def first(cls, module: Any, class_name: str, config: Any, settings: Any, *, batch: int, seq: int,
-              limit: int | None, live: bool = False, fresh: bool = False) -> "DerivedStep | None":
+              limit: int | None, live: bool = False, fresh: bool = False,
+              structure: str | None = None) -> "DerivedStep | None":
         """The step with the asked point's recipe; None when it is not cached and there is no module to trace
         (NotDerivable when the derivation declines). `fresh`: the asked point's recipe is derived, and checked by a
         trace at that point, even where the cache holds it."""
-        step = cls(module, class_name, config, settings, limit, live)
+        step = cls(module, class_name, config, settings, limit, live, structure)
         recipe = step._recipe(batch, seq, fresh=fresh)
         if recipe is None:
             return None

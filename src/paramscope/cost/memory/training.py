@@ -121,18 +121,19 @@ class TrainingDetail:
 
 
 def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), use_cache: bool = True,
-                      **model_options: Any):
+                      structure: str | None = None, **model_options: Any):
     """(Report, MemoryEstimate) for one steady training step of `model`.
 
     With `use_cache` (and without --trace), a config whose template and cost facts are recorded, and whose layout
     an analytic activation recipe covers, is answered without torch (facts/store.py); otherwise the class is built
-    on meta in the weights' dtype (and, without a recipe, one step is traced)."""
-    report, estimate, _ = training_answer(model, options, use_cache, **model_options)
+    on meta in the weights' dtype (and, without a recipe, one step is traced). `structure`: for a live module, the
+    key its derived recipes are kept under (a plan's; default: a digest of the module's structure)."""
+    report, estimate, _ = training_answer(model, options, use_cache, structure=structure, **model_options)
     return report, estimate
 
 
 def training_answer(model: Any, options: TrainingOptions = TrainingOptions(), use_cache: bool = True,
-                    **model_options: Any):
+                    structure: str | None = None, **model_options: Any):
     """`estimate_training`, and the ModelView it read (the CLI records cost facts from a built one)."""
     from ...api import is_module, as_source, inspect_module
     from ..facts.store import answer_from_facts_or_build
@@ -145,7 +146,7 @@ def training_answer(model: Any, options: TrainingOptions = TrainingOptions(), us
             raise OptionError("{0}, {1} and {2} apply to configs, not to a live module", "model_class", "task",
                               "num_labels")
         report, view = inspect_module(model), from_module(model)
-        return report, step_estimate(report, view, options, live=True), view
+        return report, step_estimate(report, view, options, live=True, structure=structure), view
     source = as_source(model, model_options.pop("revision", None))
     report, view, estimate = answer_from_facts_or_build(
         source, lambda report, view: step_estimate(report, view, options, live=False),
@@ -154,9 +155,11 @@ def training_answer(model: Any, options: TrainingOptions = TrainingOptions(), us
     return report, estimate, view
 
 
-def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: bool) -> MemoryEstimate | None:
+def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: bool,
+                  structure: str | None = None) -> MemoryEstimate | None:
     """The training answer from the report and view; None when it needs a traced step and the view has no module
-    (the caller builds)."""
+    (the caller builds). `live`: the report is of a module as it is (a plan's, a user's), whose requires_grad flags
+    say what trains; `structure`: the key its derived recipes are kept under (plan.py's plan key)."""
     optimizer = check_optimizer(options.optimizer)
     precision = check_precision(options.precision)
     zero = zero_stage(options.zero)
@@ -184,8 +187,10 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     shape = dict(precision=precision, checkpointing=checkpointing, cast_weights=cast, cast_head=cast_head)
     attention = options.attention or str(getattr(view.config, "_attn_implementation", "") or "") or "sdpa"
     class_name = view.class_name
-    # adapters add their own activations: traced
-    adapters = module is not None and type(module).__module__.startswith("peft")
+    # adapters add their own activations: never an analytic recipe's (a plan counted without a build is a PEFT
+    # model's stand-ins, named as PEFT's classes are)
+    adapters = (module is not None and type(module).__module__.startswith("peft")) or \
+        (module is None and live and class_name.startswith("PeftModel"))
     fused = attention in ("sdpa", "flash")  # flash is sdpa's flash kernel here, as traced
     recipe = recipe_for(text, class_name)
     fitted = recipe_attention(recipe) if recipe else None
@@ -218,7 +223,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     depth = trace_depth(options.trace)
     if depth == "extended" or (analytic is None and depth is None):
         derived, why_not = _derive(view, options, seq, limit, frozen, dtype if live else None, own, live=live,
-                                   fresh=depth == "extended")
+                                   fresh=depth == "extended", structure=structure)
         if derived is None and why_not and depth == "extended":
             notes.append(f"the depth-extended trace declined ({why_not}): every layer traced")
         elif derived is None and why_not:
@@ -378,7 +383,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
 
 
 def _derive(view: Any, options: TrainingOptions, seq: int, limit: int | None, frozen: list[str],
-            weights_dtype: str | None, own: frozenset[str], *, live: bool, fresh: bool = False) -> tuple[Any, str]:
+            weights_dtype: str | None, own: frozenset[str], *, live: bool, fresh: bool = False,
+            structure: str | None = None) -> tuple[Any, str]:
     """(the derived step, "") for the class's training memory at any batch and length, from the cache or derived
     from the built module; (None, "") when neither (the caller builds); (None, why) where the derivation declines
     (its check failed, or the model has no repeated layers to extend). `fresh`: derived and checked at the asked
@@ -391,7 +397,7 @@ def _derive(view: Any, options: TrainingOptions, seq: int, limit: int | None, fr
                             frozen=frozenset(frozen), weights_dtype=weights_dtype, own_dtype=own)
     try:
         step = DerivedStep.first(view.module, view.class_name, view.config, settings, batch=options.batch, seq=seq,
-                                 limit=limit, live=live, fresh=fresh)
+                                 limit=limit, live=live, fresh=fresh, structure=structure)
     except NotDerivable as err:
         return None, str(err)
     return step, ""

@@ -48,9 +48,6 @@ def linear4bit_class():
             if type(linear).__name__ == "Conv1D":  # GPT-2's transposed Linear: weight [in, out]
                 in_features, out_features = out_features, in_features
             numel = out_features * in_features
-            # the nn.Linear replaced, kept out of the module tree (no parameter of this module): counting shows
-            # the logical weight where the packed one is stored (logical_copy)
-            object.__setattr__(self, "logical", linear)
             self.in_features, self.out_features = in_features, out_features
             self.shape = (out_features, in_features)
             device = linear.weight.device
@@ -77,20 +74,21 @@ def linear4bit_class():
     return Linear4bitStandIn
 
 
-def quantize_base(model: Any, weights: set[int], fmt: WeightFormat) -> set[int]:
+def quantize_base(model: Any, weights: set[int], fmt: WeightFormat) -> dict[str, Any]:
     """Replace, in place, every nn.Linear of `model` whose weight object is in `weights` (ids) by the stand-in;
-    returns the ids of the weights replaced."""
+    returns each replaced module by its path (what logical_copy puts back: kept out of the module, whose traces
+    convert only its own tensors)."""
     import torch
 
     stand_in = linear4bit_class()
-    replaced: set[int] = set()
-    for parent in list(model.modules()):
+    replaced: dict[str, Any] = {}
+    for path, parent in list(model.named_modules()):
         for attr, child in list(parent._modules.items()):
             # exactly nn.Linear (or transformers' Conv1D, which the quantiser converts too): PEFT's lora.Linear
             # wraps one (as base_layer) and is not replaced itself
             if (type(child) is torch.nn.Linear or _is_conv1d(child)) and id(child.weight) in weights:
                 parent._modules[attr] = stand_in(child, fmt)
-                replaced.add(id(child.weight))
+                replaced[f"{path}.{attr}" if path else attr] = child
     return replaced
 
 
@@ -98,17 +96,15 @@ def _is_conv1d(module: Any) -> bool:
     return type(module).__name__ == "Conv1D" and type(module).__module__.startswith("transformers.")
 
 
-def logical_copy(model: Any) -> Any:
-    """A copy of `model` with every stand-in back as the nn.Linear it replaced (on meta, frozen): what a count of
-    parameters shows, logical weights rather than packed bytes (a QLoRA plan's tree and treemap, as PEFT counts
-    it). Returns `model` itself when it holds no stand-in."""
+def logical_copy(model: Any, replaced: dict[str, Any]) -> Any:
+    """A copy of `model` with every stand-in back as the module it replaced (`replaced`, by path, as quantize_base
+    gives it): what a count of parameters shows, logical weights rather than packed bytes (a QLoRA plan's tree
+    and treemaps, as PEFT counts it). The stand-ins' other tensors (the bias) stay shared, as they were."""
     import copy
 
-    if not any(hasattr(sub, "logical") and type(sub).__name__ == "Linear4bitStandIn" for sub in model.modules()):
-        return model
     copied = copy.deepcopy(model)
-    for parent in list(copied.modules()):
-        for attr, child in list(parent._modules.items()):
-            if type(child).__name__ == "Linear4bitStandIn" and hasattr(child, "logical"):
-                parent._modules[attr] = child.logical
+    for path, original in replaced.items():
+        parent_path, _, attr = path.rpartition(".")
+        parent = copied.get_submodule(parent_path) if parent_path else copied
+        parent._modules[attr] = original
     return copied
