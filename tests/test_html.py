@@ -308,6 +308,80 @@ def test_memory_page_bars_are_each_phase_exactly(browser, tmp_path):
         page.page.close()
 
 
+def _settings_of(page: str) -> dict[str, str]:
+    """The page's settings table: setting → words."""
+    import html
+
+    table = re.search(r'<table class="totals" id="settings">(.*?)</table>', page).group(1)
+    return {html.unescape(k): html.unescape(v) for k, v in re.findall(r"<tr><th>(.*?)</th><td>(.*?)</td></tr>", table)}
+
+
+def test_memory_page_states_every_setting_and_the_gpu_answer(tmp_path):
+    """Issue 27: `memory llama-3-8b --dtype nf4 --gpu 4090 --html` said neither nf4 nor batch × seq, and left the
+    --gpu answer out. The page lists every setting and says the text's bold line, word for word."""
+    from paramscope.cli import main
+    from paramscope.cost.memory.serving import MemoryOptions, estimate_memory
+    from paramscope.render.html.cost import memory_page, render_memory_html
+    from paramscope.render.memory import render_memory_text
+
+    report, estimate = estimate_memory("llama-3-8b", MemoryOptions(dtype="nf4", gpu="4090"))
+    answer = ("On RTX 4090: fits, 15.48 GiB to spare; largest batch 9 at 8,192 tokens, largest context 8,192 at "
+              "batch 1")
+    assert answer in render_memory_text(report, estimate, 200)
+    for page in (render_memory_html(report, estimate), memory_page(estimate, True)):  # the CLI's, a notebook's
+        assert _settings_of(page) == {
+            "engine": "analytic engine, allocator level (bytes of tensors)",
+            "weights": "bitsandbytes 4-bit NF4 (blocks of 64), from --dtype",
+            "compute dtype": "bf16",
+            "KV cache": "bf16, kv layout",
+            "batch × sequence": "1 × 8,192 tokens (max_position_embeddings)",
+            "reserve": "1.00 GiB (--reserve): CUDA context and allocator fragmentation, added to the peak before "
+                       "comparing with a device"}
+        budget = re.search(r'<p id="budget" ([^>]*)><b>(.*?)</b></p>', page)
+        assert budget.group(2) == answer
+        assert ('data-fits="true" data-free="16617219584" data-largest-batch="9" data-largest-context="8192"'
+                == budget.group(1))
+        assert "analytic engine · nf4 weights · batch 1 × 8,192 tokens · peak 7.52 GiB in prefill" in page
+    out = tmp_path / "m.html"  # the command itself: its --gpu reaches the page
+    assert main(["memory", "llama-3-8b", "--dtype", "nf4", "--gpu", "4090", "--html", str(out)]) == 0
+    assert f"<b>{answer}</b>" in out.read_text("utf-8")
+    _, plain = estimate_memory("gpt2", MemoryOptions(seq=128))
+    assert 'id="budget"' not in render_memory_html(None, plain)  # neither --gpu nor --budget: no answer to give
+
+
+def test_training_memory_page_states_every_setting_and_the_budget_answer():
+    from paramscope.cost.hardware import GiB
+    from paramscope.cost.memory.training import TrainingOptions, estimate_training
+    from paramscope.render.html.cost import render_memory_html
+    from paramscope.render.memory import render_memory_text
+
+    report, estimate = estimate_training("gpt2", TrainingOptions(
+        batch=2, seq=128, optimizer="sgd-momentum", precision="fp16-mixed", grad_checkpointing="full",
+        freeze=("embeddings",), devices=4, zero="2", budget=24 * GiB, reserve=GiB // 2))
+    page = render_memory_html(report, estimate)
+    assert _settings_of(page) == {
+        "engine": "analytic engine, allocator level (bytes of tensors)",
+        "precision": "fp16-mixed: fp32 weights (the master copy), fp16 autocast",
+        "weights dtype": "fp32",
+        "optimizer": "sgd-momentum",
+        "batch × sequence": "2 × 128 tokens",
+        "attention": "sdpa",
+        "gradient checkpointing": "full",
+        "activations": "analytic: GPT-2",
+        "frozen": "embeddings (39,383,808 parameters; 85,056,000 train)",
+        "devices": "4, data parallel, each with its own batch; ZeRO-2",
+        "reserve": "512.00 MiB (--reserve): CUDA context and allocator fragmentation, added to the peak before "
+                   "comparing with a device"}
+    answer = re.search(r'<p id="budget" [^>]*data-free="(\d+)" data-largest-batch="(\d+)"[^>]*><b>(.*?)</b>', page)
+    assert answer.group(3) in render_memory_text(report, estimate, 200)
+    assert answer.group(3) == ("On 24.00 GiB budget: fits, 22.60 GiB to spare; largest batch 296 at 128 tokens, "
+                               "largest context 1,024 at batch 2")
+    # 24 GiB − (the per-device peak 969,947,648 B + the 512 MiB reserve)
+    assert (int(answer.group(1)), int(answer.group(2))) == (24_262_985_216, 296) == (
+        24 * GiB - 969_947_648 - GiB // 2, estimate.budget.largest_batch)
+    assert "analytic engine · fp16-mixed, sgd-momentum · batch 2 × 128 tokens · peak" in page
+
+
 def test_flops_page_has_the_context_curve_from_the_analytic_count(browser, tmp_path):
     from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
     from paramscope.render.html.cost import render_flops_html

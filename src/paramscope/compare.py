@@ -26,6 +26,10 @@ class Column:
     layers: int | None
     breakdown: FrozenDict[str, int]  # role → count (roles the model has)
     groups: FrozenDict[str, int]  # role group (embeddings, attention, mlp, …) → count
+    # Parameters a token uses (moe.py's definition): a dense model's total, as the report's `active`; None for a
+    # mixture of experts whose top-k the config does not give
+    active: int | None = None
+    moe: bool = False  # routed experts: `active` is less than the total
 
     def __post_init__(self) -> None:
         freeze_fields(self, "breakdown", "groups")
@@ -55,6 +59,7 @@ class Comparison:
                     "with_tied_duplicates": c.with_tied_duplicates,
                     "buffers": c.buffers,
                     "layers": c.layers,
+                    "active": c.active,
                     "groups": {g: c.groups.get(g, 0) for g in self.groups},
                     "breakdown": {r: c.breakdown.get(r, 0) for r in self.roles},
                     "shares": {g: round(c.share(c.groups.get(g, 0)), 6) for g in self.groups},
@@ -64,16 +69,19 @@ class Comparison:
         }
 
     def to_csv(self) -> str:
-        """One row per model: totals, then each group's count and share, then each role's count."""
+        """One row per model: totals, then each group's count and share, then each role's count. `active` comes after
+        `layers`, so the columns before it keep their places; empty where the active count is unknown."""
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        header = ["model", "class", "model_type", "total", "trainable", "with_tied_duplicates", "buffers", "layers"]
+        header = ["model", "class", "model_type", "total", "trainable", "with_tied_duplicates", "buffers", "layers",
+                  "active"]
         header += [f"group:{g}" for g in self.groups] + [f"share:{g}" for g in self.groups]
         header += [f"role:{r}" for r in self.roles]
         writer.writerow(header)
         for c in self.columns:
             row: list[Any] = [c.label, c.class_name, c.model_type or "", c.total, c.trainable,
-                              c.with_tied_duplicates, c.buffers, "" if c.layers is None else c.layers]
+                              c.with_tied_duplicates, c.buffers, "" if c.layers is None else c.layers,
+                              "" if c.active is None else c.active]
             row += [c.groups.get(g, 0) for g in self.groups]
             row += [f"{c.share(c.groups.get(g, 0)):.6f}" for g in self.groups]
             row += [c.breakdown.get(r, 0) for r in self.roles]
@@ -104,6 +112,8 @@ def compare_reports(reports: list[Report] | tuple[Report, ...], labels: list[str
             layers=report.num_layers,
             breakdown=dict(report.breakdown),
             groups=groups,
+            active=report.parameters.active,
+            moe=report.moe is not None,
         ))
     ordered_roles = tuple(sorted(roles, key=role_sort_key))
     ordered_groups: list[str] = []

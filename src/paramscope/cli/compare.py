@@ -14,8 +14,9 @@ from ._recording import record_after_build
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "compare", help="several models side by side: totals, roles and shares",
-        description="Several models side by side: totals, role groups and shares. Each MODEL is MODEL[:CLASS]; "
-                    "--class/--task/--num-labels apply to the models that name no class.")
+        description="Several models side by side: totals (with a mixture of experts, the parameters a token "
+                    "uses), role groups and shares. Each MODEL is MODEL[:CLASS]; --class/--task/--num-labels apply "
+                    "to the models that name no class.")
     parser.add_argument("models", nargs="+", metavar="MODEL", help="two or more MODEL[:CLASS]")
     parser.add_argument("--class", dest="model_class", metavar="NAME", help="class for models without ':CLASS'")
     parser.add_argument("--task", metavar="TASK", help="task for models without ':CLASS'")

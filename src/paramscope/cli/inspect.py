@@ -44,10 +44,11 @@ def run(args: argparse.Namespace) -> int:
     width = None if args.json else checked_width(args)  # bad options fail before any build
     checked_html_path(args)
     source = resolve(args.model, revision=args.revision)
-    # --explain-counts needs the module itself, so it always builds
+    # --explain-counts walks the module: a template's stand-ins carry what torchinfo's and transformers'
+    # conventions read (modules, shared ones, tied tensors, which are embeddings), so no build is needed
     report, module = inspect_source(source, model_class=args.model_class, task=args.task,
                                     num_labels=args.num_labels, trust_remote_code=args.trust_remote_code,
-                                    use_cache=not args.no_cache and not args.explain_counts)
+                                    use_cache=not args.no_cache)
     _show(args, source, report, module, width)
     if not args.no_cache and not args.trust_remote_code:
         record_after_build(report, source, model_class=args.model_class, task=args.task,

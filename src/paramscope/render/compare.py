@@ -8,6 +8,10 @@ A number is never broken across lines. The first layout that fits the width is u
 4. the same, compact: the role groups that fit (the largest first) and a note naming those left out, exact totals
    or human units;
 5. one block per model, for a width where not even a model's name and total fit on a line.
+
+Where a model is a mixture of experts, the parameters a token uses are a row of the side-by-side layouts, a line of
+its block, and a note under the models-as-rows tables (a column would push them past the width they fit today); a
+dense model's active count is its total, and the note says so.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from rich.text import Text
 from ..compare import Comparison
 from ..explain import exact, human
 from ..roles import GROUP_TITLES, role_group
-from ._console import to_text
+from ._console import to_text, wrap_words
 
 # Column headers of the models-as-rows layout, short so that more groups fit.
 _SHORT_GROUP = {"embeddings": "embed", "attention": "attn", "cross_attention": "x-attn", "linear_attention": "lin-attn",
@@ -36,18 +40,41 @@ def render_compare_text(comparison: Comparison, width: int = 100, *, color: bool
     for layout in (_side_by_side_exact, _side_by_side_human, _models_as_rows):
         table = layout(comparison, roles)
         if table is not None and _needed_width(table) <= width:
-            return to_text([table], width, color)
+            return to_text([table, *_dim(_active_words(comparison, figures=layout is _models_as_rows), width)],
+                           width, color)
     compact = _compact_rows(comparison, roles, width)
     if compact is not None:
         return to_text(compact, width, color)
-    return to_text([_blocks(comparison, roles)], width, color)
+    return to_text([_blocks(comparison, roles), *_dim(_active_words(comparison, figures=False), width)], width,
+                   color)
+
+
+def _has_moe(comparison: Comparison) -> bool:
+    return any(c.moe for c in comparison.columns)
+
+
+def _active_words(comparison: Comparison, *, figures: bool) -> str:
+    """The convention of the active counts when a model is a mixture of experts (else ""); with `figures` (the
+    layouts with no row for them) each such model's count too."""
+    if not _has_moe(comparison):
+        return ""
+    convention = "k of E routed experts; a dense model's is its total"
+    if any(c.moe and c.active is None for c in comparison.columns):
+        convention += "; unknown where the config gives no top-k"
+    if not figures:
+        return f"active per token: {convention}"
+    counts = ", ".join(f"{c.label} {'unknown' if c.active is None else _cell(c.active, c.share)}"
+                       for c in comparison.columns if c.moe)
+    return f"active per token ({convention}): {counts}"
+
+
+def _dim(note: str, width: int) -> list:
+    return [Text("\n".join(wrap_words(note, width)), style="dim")] if note else []
 
 
 def _compact_rows(comparison: Comparison, roles: bool, width: int) -> list | None:
     """Models as rows with as many role-group columns as fit, the largest groups first, and a note naming the rest;
     None when not even each model's name and total fit."""
-    from ._console import wrap_words
-
     ranked = sorted(comparison.groups, key=lambda g: -max(c.share(c.groups.get(g, 0)) for c in comparison.columns))
     for count in (exact, human):
         for kept in range(len(ranked), -1, -1):
@@ -62,7 +89,8 @@ def _compact_rows(comparison: Comparison, roles: bool, width: int) -> list | Non
                 needed = min(_needed_width(t) for t in wider if t is not None)
                 note = ("not shown at this width: " + ", ".join(left_out) + "; " if left_out else "")
                 note += ("each role" if roles else "every group") + f" at --width {needed}, every figure in --json"
-                return [table, Text("\n".join(wrap_words(note, width)), style="dim")]
+                active = _active_words(comparison, figures=True)  # one paragraph: the narrow layout spares lines
+                return [table, *_dim(note + (f"; {active}" if active else ""), width)]
     return None
 
 
@@ -84,6 +112,8 @@ def _rows(comparison: Comparison, roles: bool, count, cell) -> list[tuple[str, l
     ]
     if count is exact:
         rows.append(("  ≈", [human(c.total) for c in cols], None))
+    if _has_moe(comparison):
+        rows.append(("active per token", [_active_cell(c, count, cell) for c in cols], None))
     rows += [
         ("with tied duplicates", [count(c.with_tied_duplicates) for c in cols], None),
         ("trainable", [count(c.trainable) for c in cols], None),
@@ -143,8 +173,10 @@ def _blocks(comparison: Comparison, roles: bool) -> Group:
     for c in comparison.columns:
         parts.append(Text(""))
         parts.append(Text(f"{c.label} ({c.class_name})", style="bold"))
-        lines = [("parameters", exact(c.total)), ("≈", human(c.total)),
-                 ("with tied duplicates", exact(c.with_tied_duplicates)), ("trainable", exact(c.trainable))]
+        lines = [("parameters", exact(c.total)), ("≈", human(c.total))]
+        if c.moe:
+            lines.append(("active per token", _active_cell(c, exact, lambda n, col: _cell(n, col.share))))
+        lines += [("with tied duplicates", exact(c.with_tied_duplicates)), ("trainable", exact(c.trainable))]
         if c.layers is not None:
             lines.append(("layers", str(c.layers)))
         for group in comparison.groups:
@@ -181,6 +213,13 @@ def _human_cell(count: int, share) -> str:
     if not count:
         return "—"
     return f"{human(count)} ({_percent(share(count))}%)"
+
+
+def _active_cell(column, count, cell) -> str:
+    """A mixture of experts' active count with its share; a dense model's total (all of it is active); — unknown."""
+    if column.active is None:
+        return "—"
+    return cell(column.active, column) if column.moe else count(column.active)
 
 
 def _share(count: int, share) -> str:

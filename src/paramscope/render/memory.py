@@ -172,16 +172,69 @@ def _fit_row(fit) -> tuple[str, ...]:
 
 
 def _budget_line(estimate) -> Text:
-    fit = estimate.budget
-    name = f"{binary(fit.accelerator.memory)} budget" if fit.accelerator.kind == "budget" else fit.accelerator.name
-    if fit.fits:
-        head = f"On {name}: fits, {binary(fit.free)} to spare"
+    return Text(budget_sentence(_fit_to_dict(estimate.budget), estimate.settings), style="bold")
+
+
+def budget_sentence(budget: dict[str, Any], settings) -> str:
+    """The answer for --gpu or --budget in one sentence, from the JSON form of the fit (the text and the page say
+    the same words). A --budget is the accelerator named "budget" (cost/memory: Accelerator("budget", …))."""
+    name = f"{binary(budget['memory'])} budget" if budget["accelerator"] == "budget" else budget["accelerator"]
+    if budget["fits"]:
+        head = f"On {name}: fits, {binary(budget['free'])} to spare"
     else:
-        head = f"On {name}: does not fit, short by {binary(-fit.free)}"
-    batch = "no batch fits" if fit.largest_batch is None else f"largest batch {exact(fit.largest_batch)}"
-    context = "no context fits" if fit.largest_context is None else f"largest context {exact(fit.largest_context)}"
-    return Text(f"{head}; {batch} at {estimate.settings['seq']:,} tokens, {context} at batch "
-                f"{estimate.settings['batch']:,}", style="bold")
+        head = f"On {name}: does not fit, short by {binary(-budget['free'])}"
+    batch = "no batch fits" if budget["largest_batch"] is None else f"largest batch {exact(budget['largest_batch'])}"
+    context = ("no context fits" if budget["largest_context"] is None
+               else f"largest context {exact(budget['largest_context'])}")
+    return f"{head}; {batch} at {settings['seq']:,} tokens, {context} at batch {settings['batch']:,}"
+
+
+def settings_rows(memory: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every setting the figures depend on, as (setting, value) in words, from the JSON "memory" object: what
+    the text says in its header and convention lines, for the page to list."""
+    settings = memory["settings"]
+    engine = memory["engine"] + " engine, allocator level (bytes of tensors)"
+    training = memory["mode"] == "training"
+    seq_from = "" if settings["seq_from"] == "--seq" else " (default for training)" if training else \
+        f" ({settings['seq_from']})"  # as the text's header says it
+    shape = f"{settings['batch']:,} × {settings['seq']:,} tokens{seq_from}"
+    reserve = (f"{binary(settings['reserve'])} (--reserve): CUDA context and allocator fragmentation, added to the "
+               "peak before comparing with a device")
+    if not training:
+        cache = memory["kv_cache"]
+        if cache is None:
+            kv = "none: the model does not generate"
+        else:
+            kv = f"{_short(cache['dtype'])}, {cache['layout']} layout"
+            encoder = [g["tokens"] for g in cache["groups"] if g["kind"] == "cross-attention"]
+            if encoder:
+                kv += f"; cross-attention holds {encoder[0]:,} encoder tokens"
+        return [("engine", engine),
+                ("weights", f"{memory['weights']['format_label']}, from {settings['dtype_from']}"),
+                *([("compute dtype", _short(settings["compute_dtype"]))] if settings.get("compute_dtype") else []),
+                ("KV cache", kv),
+                ("batch × sequence", shape),
+                ("reserve", reserve)]
+    if settings.get("trace"):
+        engine += f"; --trace {settings['trace']}"
+    own = ", ".join(f"{exact(n)} parameters kept in {_short(d)}" for d, n in (settings.get("own_dtype") or {}).items())
+    frozen = ", ".join(settings["freeze"]) or "nothing"
+    if memory.get("frozen_parameters"):
+        frozen += (f" ({exact(memory['frozen_parameters'])} parameters; {exact(memory['trainable_parameters'])} "
+                   "train)")
+    devices = (f"{settings['devices']:,}, data parallel, each with its own batch; ZeRO-{settings['zero']}"
+               if settings["devices"] > 1 or str(settings["zero"]) != "0" else "1, no sharding (ZeRO-0)")
+    return [("engine", engine),
+            ("precision", f"{settings['precision']}: {_PRECISIONS[settings['precision']]}"),
+            ("weights dtype", _short(settings["weights_dtype"]) + (f"; {own}" if own else "")),
+            ("optimizer", settings["optimizer"] + (" (fused)" if settings["optimizer"] in ("adamw", "adam") else "")),
+            ("batch × sequence", shape),
+            ("attention", settings["attention"]),
+            ("gradient checkpointing", settings["grad_checkpointing"]),
+            ("activations", settings["activations_from"]),
+            ("frozen", frozen),
+            ("devices", devices),
+            ("reserve", reserve)]
 
 
 # --- training ------------------------------------------------------------------------------------------------
@@ -384,12 +437,14 @@ def memory_to_dict(estimate) -> dict[str, Any]:
         "fits": [{"accelerator": f.accelerator.name, "memory": f.accelerator.memory, "fits": f.fits,
                   "free": f.free, "largest_batch": f.largest_batch, "largest_context": f.largest_context}
                  for f in estimate.fits],
-        "budget": None if estimate.budget is None else {
-            "accelerator": estimate.budget.accelerator.name, "memory": estimate.budget.accelerator.memory,
-            "fits": estimate.budget.fits, "free": estimate.budget.free,
-            "largest_batch": estimate.budget.largest_batch, "largest_context": estimate.budget.largest_context},
+        "budget": None if estimate.budget is None else _fit_to_dict(estimate.budget),
         "notes": list(estimate.notes),
     }
+
+
+def _fit_to_dict(fit) -> dict[str, Any]:
+    return {"accelerator": fit.accelerator.name, "memory": fit.accelerator.memory, "fits": fit.fits, "free": fit.free,
+            "largest_batch": fit.largest_batch, "largest_context": fit.largest_context}
 
 
 def _traced_to_dict(estimate) -> dict[str, Any] | None:

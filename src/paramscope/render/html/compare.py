@@ -37,6 +37,7 @@ def _compare_table(comparison: Comparison) -> str:
     rows = [("class", [escape(c.class_name) for c in columns]),
             ("parameters (unique)", [exact(c.total) for c in columns]),
             ("≈", [human(c.total) for c in columns]),
+            *([("active per token", [_active(c) for c in columns])] if any(c.moe for c in columns) else []),
             ("with tied duplicates", [exact(c.with_tied_duplicates) for c in columns]),
             ("trainable", [exact(c.trainable) for c in columns]),
             ("layers", ["" if c.layers is None else str(c.layers) for c in columns])]
@@ -46,7 +47,18 @@ def _compare_table(comparison: Comparison) -> str:
                       else "—" for c in columns]))
     body = "".join(f"<tr><th>{escape(label)}</th>" + "".join(f'<td class="num">{cell}</td>' for cell in cells)
                    + "</tr>" for label, cells in rows)
-    return f'<div class="scroll"><table class="compare">{head}{body}</table></div>'
+    note = ('<p class="dim">Active per token: a mixture of experts counts k of its E routed experts; a dense '
+            "model's active count is its total; — where the config gives no top-k.</p>"
+            if any(c.moe for c in columns) else "")
+    return f'<div class="scroll"><table class="compare">{head}{body}</table></div>{note}'
+
+
+def _active(column) -> str:
+    """The active count (data-active for the tests), its share for a mixture of experts; — unknown."""
+    if column.active is None:
+        return "—"
+    share = f" ({column.share(column.active) * 100:.1f}%)" if column.moe else ""
+    return f'<span data-active="{column.active}">{exact(column.active)}</span>{share}'
 
 
 def _group_bars(comparison: Comparison) -> dict:

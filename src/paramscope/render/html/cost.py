@@ -15,13 +15,15 @@ if TYPE_CHECKING:
 
 
 def render_memory_html(report: Report | None, estimate, *, fragment: bool = False) -> str:
-    """memory: the bytes of each phase as stacked bars, the "fits on" table, and (given the report) the model's
-    treemap. A MemoryEstimate displayed alone in a notebook has no report: the page leaves the model's parts out."""
+    """memory: the totals with the --gpu/--budget answer, every setting the figures depend on, the bytes of each
+    phase as stacked bars, the "fits on" table, and (given the report) the model's treemap. A MemoryEstimate
+    displayed alone in a notebook has no report: the page leaves the model's parts out."""
     from ..memory import memory_to_dict
 
     memory = memory_to_dict(estimate)
     sections = [
-        Section("Memory", _memory_totals(memory)),
+        Section("Memory", _memory_totals(memory) + _budget_answer(memory)),
+        Section("Settings", _settings_table(memory)),
         Section("By phase", figure(_phase_bars(memory), "bars-phases")),
         Section("Fits on", _fits_table(memory)),
     ]
@@ -35,8 +37,34 @@ def render_memory_html(report: Report | None, estimate, *, fragment: bool = Fals
     if notes:
         sections.append(notes_section(notes))
     verb = "train" if memory["mode"] == "training" else "serve"
-    peak = f"{memory['engine']} engine · peak {bytes_text(memory['peak']['bytes'])} in {memory['peak']['phase']}"
+    settings = memory["settings"]
+    asked = (f"{settings['precision']}, {settings['optimizer']}" if memory["mode"] == "training"
+             else f"{memory['weights']['format']} weights")  # the rest in the settings table
+    peak = (f"{memory['engine']} engine · {asked} · batch {settings['batch']:,} × {settings['seq']:,} tokens · "
+            f"peak {bytes_text(memory['peak']['bytes'])} in {memory['peak']['phase']}")
     return html_page(_titled(report, f"memory to {verb}"), _subtitled(report, peak), sections, fragment)
+
+
+def _settings_table(memory: dict) -> str:
+    """What the figures depend on, in the text report's words (render/memory.settings_rows)."""
+    from ..memory import settings_rows
+
+    body = "".join(f"<tr><th>{escape(name)}</th><td>{escape(value)}</td></tr>" for name, value in settings_rows(memory))
+    return f'<table class="totals" id="settings">{body}</table>'
+
+
+def _budget_answer(memory: dict) -> str:
+    """The --gpu or --budget answer, the text's bold line; nothing when neither was asked."""
+    from ..memory import budget_sentence
+
+    budget = memory.get("budget")
+    if budget is None:
+        return ""
+    batch, context = budget["largest_batch"], budget["largest_context"]
+    return (f'<p id="budget" data-fits="{str(budget["fits"]).lower()}" data-free="{budget["free"]}" '
+            f'data-largest-batch="{"" if batch is None else batch}" '
+            f'data-largest-context="{"" if context is None else context}">'
+            f'<b>{escape(budget_sentence(budget, memory["settings"]))}</b></p>')
 
 
 def render_flops_html(report: Report | None, estimate, compute=None, *, fragment: bool = False) -> str:
