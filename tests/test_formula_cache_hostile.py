@@ -289,3 +289,125 @@ def test_the_reader_needs_neither_torch_nor_transformers_nor_sympy(entry):
     assert run.returncode == 0, run.stderr
     miss, rejected, heavy = json.loads(run.stdout)
     assert miss and heavy == [] and rejected[0].startswith(f"cache entry {entry.name} discarded: ")
+
+
+# ------------------------------------------------------------------------------ names that reach sympify (issue 30)
+# `formula --json` writes expression strings that users pass to sympy.sympify, an eval. A name planted in a cache
+# entry must never reach one: the entry is discarded when read (and rebuilt), and every name is checked again where
+# an expression string is made.
+
+PLANTED = "__import__('os').system('touch {marker}')"
+
+
+def renamed_symbol(data, old: str, new: str):
+    """`data` (an entry's JSON) with symbol `old` renamed `new` everywhere, so that only the name is wrong."""
+    text = json.dumps(data).replace(json.dumps(old), json.dumps(new))
+    return json.loads(text)
+
+
+@pytest.mark.parametrize("tamper", ["sympy_name", "symbol", "path"])
+def test_a_planted_name_is_discarded_and_nothing_runs(cached, entry, tmp_path, tamper):
+    marker = tmp_path / "ran"
+    planted = PLANTED.format(marker=marker)
+    data = copy.deepcopy(cached[1])
+    if tamper == "sympy_name":
+        data["sympy_names"]["N"] = planted
+    elif tamper == "symbol":
+        data = renamed_symbol(data, "V", planted)
+    else:
+        data["symbols"]["V"] = planted
+    rewrite(entry, data)
+    hit, _ = quick_lookup()
+    assert hit.spec is None and len(hit.rejected) == 1
+    assert hit.rejected[0].startswith(f"cache entry {entry.name} discarded: ")
+    assert "\n" not in hit.rejected[0] and not marker.exists()
+
+
+def test_a_planted_sympy_name_is_rebuilt_and_the_json_is_safe(cached, entry, tmp_path, capsys):
+    """End to end: `formula --json` on the tampered cache derives afresh, rewrites the entry, and its expression
+    strings sympify to symbols and numbers; the planted call never runs."""
+    from paramscope.cli import main
+
+    marker = tmp_path / "ran"
+    data = copy.deepcopy(cached[1])
+    data["sympy_names"]["N"] = PLANTED.format(marker=marker)
+    rewrite(entry, data)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(ANCHOR))
+    assert main(["formula", str(config), "--class", CLASS, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["derivation"]["origin"] == "derived" and doc["derivation"]["cache_file"] == str(entry)
+    assert json.loads(entry.read_text())["sympy_names"]["N"] == "Symbol('N')"  # rebuilt
+    check_sympifies_to(doc, 12_800)
+    assert not marker.exists()
+
+
+def test_an_expression_is_never_written_with_an_unchecked_name():
+    """The second check, where the string is made: a spec that never passed through from_json still cannot plant
+    a call."""
+    from paramscope.errors import FormulaError
+    from paramscope.polynomial import Poly
+    from paramscope.render.formula import format_poly
+
+    assert format_poly(Poly.var("D", 2) + Poly.var("N"), ["N", "D"], "sympy") == "D**2 + Symbol('N')"
+    for name in ["__import__('os').system('true')", "__class__", "lambda", "a b", "x" * 65, "", "1x", "é"]:
+        with pytest.raises(FormulaError, match="refusing to write a formula expression"):
+            format_poly(Poly.var(name), [], "sympy")
+
+
+def test_the_plain_names_are_the_ones_sympify_reads_as_symbols():
+    """PLAIN_SYMPY_NAMES (written bare) against the installed sympy; every other name is written Symbol('name')."""
+    import sympy
+
+    from paramscope.formula_spec import FACTOR_ORDER, PLAIN_SYMPY_NAMES, sympy_spelling
+
+    for name in [*FACTOR_ORDER, "Q", "Q2", "S", "O", "beta", "position_buckets", "f_lambda"]:
+        assert sympy.sympify(sympy_spelling(name), locals={}) == sympy.Symbol(name), name
+        assert (sympy_spelling(name) == name) == (name in PLAIN_SYMPY_NAMES), name
+    assert {name for name in FACTOR_ORDER if sympy.sympify(name) != sympy.Symbol(name)} == {"N", "I", "E"}
+
+
+def test_a_template_with_a_planted_sympy_name_is_refused():
+    """Templates (shipped and cached) carry the same spec, read by the same FormulaSpec.from_json."""
+    from paramscope.disk_cache import CacheEntryError
+    from paramscope.template import Template
+
+    shipped = sorted(Path(__file__).parents[1].glob("src/paramscope/presets/templates/v1/*/GPT2LMHeadModel/*.json"))
+    data = json.loads(shipped[0].read_text())
+    Template.from_json(copy.deepcopy(data))  # as shipped: valid
+    data["spec"]["sympy_names"]["N"] = "__import__('os').getcwd()"
+    with pytest.raises(CacheEntryError, match="neither the symbol nor Symbol"):
+        Template.from_json(data)
+
+
+def check_sympifies_to(doc, total: int) -> None:
+    """Every expression string of a `formula --json` document parses with sympify(s, locals={}) to a tree of
+    symbols, numbers, sums, products and powers only, and gives the document's counts at its values."""
+    import sympy
+
+    values = {sympy.Symbol(name): value for name, value in doc["values"].items()}
+    strings = {"expression": doc["formula"]["expression"], **doc["formula"]["by_role"]}
+    for where, text in strings.items():
+        parsed = sympy.sympify(text, locals={})
+        for node in sympy.preorder_traversal(parsed):
+            assert isinstance(node, (sympy.Symbol, sympy.Rational, sympy.Add, sympy.Mul, sympy.Pow)), (where, node)
+        assert parsed.free_symbols <= set(values), where
+        want = total if where == "expression" else doc["by_role_values"][where]
+        assert parsed.subs(values) == want, where
+    assert doc["parameters"]["total"] == doc["formula"]["value"] == total
+
+
+@pytest.mark.parametrize("preset, total", [
+    ("bert-base-uncased", 109_514_298),   # N and I: Symbol('N'), Symbol('I')
+    ("mixtral-8x7b", 46_702_792_704),     # E: Symbol('E')
+    ("deberta-v3-base", 183_831_552),     # position_buckets: a field outside the notes' symbols
+    ("t5-small", 60_506_624),             # N_dec, d_h, B
+])
+def test_every_expression_string_of_formula_json_sympifies_safely(capsys, preset, total):
+    import paramscope
+    from paramscope.cli import main
+
+    assert main(["formula", preset, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert paramscope.inspect(preset).total == total
+    check_sympifies_to(doc, total)

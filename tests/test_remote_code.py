@@ -173,3 +173,72 @@ def test_class_reads_an_unknown_model_type_with_the_native_config(write_config):
 def test_remote_code_refusal_is_a_remote_code_error(write_config):
     with pytest.raises(RemoteCodeError):
         paramscope.inspect(str(write_config(tiny_config())))
+
+
+# --- a native model_type with an auto_map (issue 30): the flag builds what transformers' Auto classes build ------------
+# transformers 5.24, checked by hand: AutoConfig.from_pretrained(folder, trust_remote_code=True) reads this config with
+# TinyConfig, and AutoModel.from_config(config, trust_remote_code=True) builds TinyModel (110 parameters); without the
+# flag, BertConfig and BertModel (109,482,240). TinyConfig keeps its own defaults (width 10, depth 1).
+BERT_BASE_MODEL = 109_482_240
+
+
+@pytest.fixture
+def native_remote_dir(remote_dir):
+    """The toy remote model's folder, its config a BERT config (model_type "bert") whose auto_map names the toy."""
+    (remote_dir / "config.json").write_text(json.dumps(bert_config(auto_map=AUTO_MAP, architectures=["TinyModel"])))
+    return remote_dir
+
+
+def test_trust_remote_code_prefers_auto_map_over_a_native_model_type(native_remote_dir):
+    report = paramscope.inspect(native_remote_dir, trust_remote_code=True)
+    assert report.total == 10 * 10 + 10
+    assert report.model.class_name == "TinyModel" and report.model.native is False
+    assert report.model.class_reason == ("the checkpoint's own class (config architectures[0]), remote code "
+                                         "modeling_x.TinyModel")
+    assert any("auto_map classes were used" in note for note in report.model.notes)
+    by_task = paramscope.inspect(native_remote_dir, trust_remote_code=True, task="sentiment", num_labels=3)
+    assert by_task.model.class_name == "TinyForClassification" and by_task.total == 110 + 10 * 3 + 3
+
+
+def test_without_the_flag_a_native_model_type_builds_the_native_class(native_remote_dir):
+    report = paramscope.inspect(native_remote_dir, use_cache=False)
+    assert report.total == BERT_BASE_MODEL  # architectures[0] TinyModel is no transformers class: AutoModel's BertModel
+    assert report.model.class_name == "BertModel" and report.model.native is True
+    assert any("no remote code ran" in note for note in report.model.notes)
+    assert paramscope.inspect(native_remote_dir).total == BERT_BASE_MODEL  # the template path agrees
+
+
+def test_the_flag_with_a_native_class_builds_the_native_class(native_remote_dir):
+    report = paramscope.inspect(native_remote_dir, trust_remote_code=True, model_class="BertModel")
+    assert report.total == BERT_BASE_MODEL and report.model.native is True
+
+
+def test_the_class_line_names_the_remote_class(capsys, native_remote_dir):
+    code, out, err = run_cli(capsys, "inspect", str(native_remote_dir), "--trust-remote-code", "--width", "200")
+    assert code == 0, err
+    assert "  class    TinyModel, remote code\n" in out and "BertModel" not in out
+    code, out, err = run_cli(capsys, "inspect", str(native_remote_dir), "--json")
+    assert code == 0, err
+    assert json.loads(out)["parameters"]["total"] == BERT_BASE_MODEL
+
+
+def test_the_flag_with_missing_code_is_one_line_naming_the_native_way(capsys, native_remote_dir):
+    (native_remote_dir / "configuration_x.py").unlink()
+    assert_one_line_error(capsys, ["inspect", str(native_remote_dir), "--trust-remote-code"], "configuration_x",
+                          "without --trust-remote-code, transformers' own BertConfig reads this config")
+
+
+def test_the_flag_on_a_preset_has_no_code_to_run(monkeypatch):
+    """An embedded preset carries no code files: its native class, and a note saying the flag ran nothing."""
+    report = paramscope.inspect("phi-3-mini", trust_remote_code=True)
+    assert report.model.class_name == "Phi3ForCausalLM" and report.total == 3_821_079_552
+    assert any("carries no code files" in note for note in report.model.notes)
+
+
+def test_auto_map_without_auto_config_builds_the_remote_class_from_the_native_config(capsys, remote_dir):
+    """transformers reads this config with BertConfig, then AutoModel builds TinyModel from it, which fails on the
+    missing `depth` (transformers 5.24: "'BertConfig' object has no attribute 'depth'"): so does the flag here."""
+    models_only = {key: ref for key, ref in AUTO_MAP.items() if key != "AutoConfig"}
+    (remote_dir / "config.json").write_text(json.dumps(bert_config(auto_map=models_only, architectures=["TinyModel"])))
+    assert_one_line_error(capsys, ["inspect", str(remote_dir), "--trust-remote-code"], "TinyModel", "depth")
+    assert paramscope.inspect(remote_dir, use_cache=False).total == BERT_BASE_MODEL

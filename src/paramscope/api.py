@@ -168,7 +168,8 @@ def build_source(source: Source, model_class, task, num_labels, trust_remote_cod
     # given (cost facts are keyed by it)
     config, notes = make_config(copy.deepcopy(source.config), num_labels=num_labels, trust_remote_code=trust_remote_code,
                                 code_location=location, model_class=model_class)
-    choice = choose_class(config, source.config, model_class=model_class, task=task)
+    choice = choose_class(config, source.config, model_class=model_class, task=task,
+                          remote_code=trust_remote_code and location is not None)
     with progress.status(f"building {choice.name} on the meta device (no weights are allocated)"):
         module = build_on_meta(choice.name, copy.deepcopy(config), code_ref=choice.code_ref,
                                code_location=location, dtype=dtype)

@@ -360,8 +360,24 @@ def make_config(config_dict: dict[str, Any], *, num_labels: int | None = None, t
         else:
             raise ConfigError(f"unknown model_type {short_repr(model_type)}: not in transformers "
                               f"{transformers_version()}")
+    elif trust_remote_code and _names_remote_config(auto_map) and code_location is not None \
+            and _native_class(model_class) is None:
+        # transformers' AutoConfig, trusted, reads a config whose auto_map names an AutoConfig with that remote class
+        # even when model_type is native, and the Auto model classes then build auto_map's class: so does the flag.
+        try:
+            config = _remote_config(config_dict, auto_map, code_location)
+        except RemoteCodeError as err:
+            raise RemoteCodeError("{error} (without {0}, transformers' own {config_class} reads this config)",
+                                  "trust_remote_code", error=str(err),
+                                  config_class=CONFIG_MAPPING[model_type].__name__) from err
+        notes.append(f"model_type {model_type!r} is native to transformers {transformers_version()}, but with "
+                     "--trust-remote-code the config's auto_map classes were used, as transformers' Auto classes do")
+        return config, notes
     else:
         notes.extend(config_notes(config_dict, transformers_version()))
+        if trust_remote_code and isinstance(auto_map, dict) and auto_map and code_location is None:
+            notes.append("--trust-remote-code: this source (an embedded preset or a config object) carries no code "
+                         "files, so auto_map's classes could not be loaded and none ran")
         config_dict.pop("auto_map", None)
     rope = config_dict.get("rope_scaling")
     if isinstance(rope, dict) and rope.get("type") == "su" and "rope_type" not in rope:
@@ -430,6 +446,11 @@ _MODEL_CLASS_SUFFIXES = ("Model", "ForCausalLM", "LMHeadModel", "ForConditionalG
                          "ForMultipleChoice", "ForPreTraining", "ForImageClassification")
 
 
+def _names_remote_config(auto_map: Any) -> bool:
+    """Whether `auto_map` names a remote config class, which is what makes transformers read the config with it."""
+    return isinstance(auto_map, dict) and isinstance(auto_map.get("AutoConfig"), str)
+
+
 def _remote_refusal(model_type: str, auto_map: dict[str, Any], config_dict: dict[str, Any]) -> str:
     """Why a remote-code config is refused, and the way forward: --class when transformers has the class."""
     import transformers
@@ -486,8 +507,11 @@ def resolve_task(task: str) -> str:
 
 
 def choose_class(config, config_dict: dict[str, Any], *, model_class: str | None = None,
-                 task: str | None = None) -> ClassChoice:
-    """Which transformers class to build, and why, in words the report can show."""
+                 task: str | None = None, remote_code: bool = False) -> ClassChoice:
+    """Which transformers class to build, and why, in words the report can show.
+
+    `remote_code`: --trust-remote-code was given and the source has code files to load. Then, as transformers'
+    Auto classes do, auto_map's entry for the auto class asked for wins over the native class."""
     import transformers
     from transformers.models.auto import modeling_auto
 
@@ -496,6 +520,10 @@ def choose_class(config, config_dict: dict[str, Any], *, model_class: str | None
         raise ModelClassError("give {0} or {1}, not both", "model_class", "task")
     if not type(config).__module__.startswith("transformers."):
         return _remote_choice(config_dict.get("auto_map") or {}, config_dict, model_class, task)
+    if remote_code and isinstance(config_dict.get("auto_map"), dict):
+        choice = _remote_for_native_config(config_dict["auto_map"], config_dict, model_class, task)
+        if choice is not None:
+            return choice
     if model_class:
         cls = getattr(transformers, model_class, None)
         if cls is None or not isinstance(cls, type) or not hasattr(cls, "config_class"):
@@ -560,6 +588,36 @@ def _remote_choice(auto_map: dict[str, Any], config_dict: dict[str, Any], model_
         return ClassChoice(ref.rsplit(".", 1)[-1], f"auto_map['AutoModel'] = {ref} (remote code)", ref)
     raise ModelClassError("the config's auto_map names no model class to build (no AutoModel entry, and "
                           "architectures[0] is not among its classes)")
+
+
+def _remote_for_native_config(auto_map: dict[str, Any], config_dict: dict[str, Any], model_class: str | None,
+                              task: str | None) -> ClassChoice | None:
+    """The remote class transformers' Auto class would build from a native config whose auto_map names model
+    classes but no AutoConfig (so transformers' own config class read it), or None when it would build the native
+    class: --class naming a transformers class, or an auto class that auto_map does not name."""
+    import transformers
+
+    references = {key: ref for key, ref in auto_map.items() if isinstance(ref, str) and key != "AutoConfig"}
+    by_class = {ref.rsplit(".", 1)[-1]: ref for ref in references.values()}
+    if model_class:
+        if model_class in by_class and not isinstance(getattr(transformers, model_class, None), type):
+            return ClassChoice(model_class, f"--class {model_class} (remote code {by_class[model_class]})",
+                               by_class[model_class])
+        return None
+    if task:
+        auto_class = TASKS[resolve_task(task)][2]
+        ref = references.get(auto_class)
+        return None if ref is None else ClassChoice(
+            ref.rsplit(".", 1)[-1], f"--task {task}: auto_map[{auto_class!r}] = {ref} (remote code)", ref)
+    architectures = config_dict.get("architectures") or []
+    if architectures and architectures[0] in by_class:
+        return ClassChoice(architectures[0], f"the checkpoint's own class (config architectures[0]), remote code "
+                                             f"{by_class[architectures[0]]}", by_class[architectures[0]])
+    native = architectures and isinstance(architectures[0], str) and hasattr(transformers, architectures[0])
+    if "AutoModel" in references and not native:  # the native choice would be AutoModel's: auto_map's wins
+        ref = references["AutoModel"]
+        return ClassChoice(ref.rsplit(".", 1)[-1], f"auto_map['AutoModel'] = {ref} (remote code)", ref)
+    return None
 
 
 # architectures[0] suffix → the auto mapping of the same head, for class names transformers does not have.

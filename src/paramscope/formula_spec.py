@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import keyword
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Iterable
@@ -32,6 +34,60 @@ FACTOR_ORDER = ("N", "N_dec", "N_dense", "G", "G_in", "E", "E_sh", "V", "L", "T"
                 "I", "I_dec", "I_moe", "I_sh", "H", "H_dec", "d_h", "r_q", "r_kv", "d_nope", "d_rope", "d_v", "d_rot")
 ABSENT = "<absent>"  # JSON marker: the key is not in the config and the config class declares no default
 _CONDITION_KINDS = frozenset({"equals", "unset", "same_as", "present", "integral", "periodic"})
+
+# Names that reach `formula --json`'s expression strings, which users pass to sympy.sympify (an eval): a symbol is a
+# plain identifier of at most 64 characters, never a Python keyword nor a dunder (__import__, __class__), so that a
+# string built from symbols, numbers and + - * / ** ( ) can only ever parse to symbols and numbers. A config path
+# is such identifiers joined by dots. A cache entry is checked against these when it is read, and every name again
+# where an expression string is made (`sympy_spelling`): nothing from a cache reaches an expression unchecked.
+MAX_SYMBOL_LENGTH = 64
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_PATH_PARTS = 8  # text_config.…: configs nest one or two levels
+# The conventional symbols that plain sympify reads as themselves; all but N (sympy's N()), I (the imaginary unit)
+# and E (Euler's number). Every other name is written Symbol('name'), which sympify reads as that symbol whatever
+# sympy itself calls the name (Q, S, beta, …). tests/test_formula_cache_hostile.py checks this set against sympy.
+PLAIN_SYMPY_NAMES = frozenset(FACTOR_ORDER) - {"N", "I", "E"}
+
+
+def symbol_problem(name: object) -> str | None:
+    """Why `name` may not be a formula symbol, or None when it may."""
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_SYMBOL_LENGTH or not _IDENTIFIER.fullmatch(name):
+        return (f"the symbol name {str(name)[:40]!r} is not an identifier of at most {MAX_SYMBOL_LENGTH} "
+                "characters")
+    if keyword.iskeyword(name) or name.startswith("__"):
+        return f"the symbol name {name!r} is a Python keyword or a dunder"
+    return None
+
+
+def path_problem(path: object) -> str | None:
+    """Why `path` may not be a config field's dotted path in a formula, or None when it may."""
+    parts = path.split(".") if isinstance(path, str) else []
+    if not 0 < len(parts) <= MAX_PATH_PARTS or any(symbol_problem(part) for part in parts):
+        return (f"the config path {str(path)[:40]!r} is not at most {MAX_PATH_PARTS} identifiers of at most "
+                f"{MAX_SYMBOL_LENGTH} characters (no keyword, no dunder) joined by dots")
+    return None
+
+
+def sympy_spelling(name: str) -> str:
+    """How a sympify-able string writes symbol `name`: bare when plain sympify reads it as that symbol, else
+    Symbol('name'). Checked here, where expression strings are made, whatever was checked before: FormulaError
+    for a name that is not a safe identifier."""
+    problem = symbol_problem(name)
+    if problem:
+        raise FormulaError(f"refusing to write a formula expression: {problem}")
+    return name if name in PLAIN_SYMPY_NAMES else f"Symbol('{name}')"
+
+
+def _check_sympy_names(data: Any, names: Iterable[str]) -> dict[str, str]:
+    """The stored sympy_names, checked: one per symbol, each the bare name or Symbol('name'). They are kept for the
+    cache format only (derivation writes what sympy says, so shipped templates stay byte-stable); expressions are
+    written with `sympy_spelling`, never with what an entry says."""
+    names = list(names)
+    sympy_names = _str_dict(data, "sympy_names")
+    expect(set(sympy_names) == set(names), "sympy_names does not name exactly the symbols")
+    expect(all(spelling in (name, f"Symbol('{name}')") for name, spelling in sympy_names.items()),
+           "a sympy name is neither the symbol nor Symbol('symbol')")
+    return sympy_names
 
 
 def _str_dict(data: Any, what: str, values=str) -> dict:
@@ -110,7 +166,9 @@ class FormulaSpec:
     families: tuple[Family, ...]
     conditions: tuple[Condition, ...]
     independent: tuple[str, ...]  # integer fields that were varied and change no parameter
-    sympy_names: dict[str, str]  # symbol → how a sympify-able string must spell it (N → Symbol('N'))
+    # symbol → how sympy, at derivation, said a sympify-able string must spell it (N → Symbol('N')): kept in the
+    # cache format and checked when read, but never used to write an expression (render.formula: `sympy_spelling`)
+    sympy_names: dict[str, str]
     anchor: dict[str, Any]  # where it was derived: label, values, total, by_role, builds, seconds
     format: int = FORMAT
     # config path → its other spellings: transformers' attribute_map aliases (num_experts for num_local_experts)
@@ -339,6 +397,12 @@ class FormulaSpec:
             isinstance(name, str) and name not in symbols and isinstance(pair, list) and len(pair) == 2
             and all(isinstance(s, str) and s in symbols for s in pair) for name, pair in derived.items()),
             "derived is not a mapping of new symbols to two of the symbols")
+        for name in (*symbols, *derived):  # the names that expressions, the legend and LaTeX are written with
+            problem = symbol_problem(name)
+            expect(problem is None, problem or "")
+        for path in symbols.values():  # shown beside them, and in each derived symbol's definition (a // b)
+            problem = path_problem(path)
+            expect(problem is None, problem or "")
         families = data.get("families")
         conditions = data.get("conditions")
         independent = data.get("independent")
@@ -347,7 +411,7 @@ class FormulaSpec:
         expect(isinstance(independent, list) and all(isinstance(p, str) for p in independent),
                "independent is not a list of field names")
         defaults = _str_dict(data.get("defaults"), "defaults", int)
-        sympy_names = _str_dict(data.get("sympy_names"), "sympy_names")
+        sympy_names = _check_sympy_names(data.get("sympy_names"), [*symbols, *derived])
         anchor = data.get("anchor")
         expect(isinstance(anchor, dict), "anchor is not a mapping")
         values = _str_dict(anchor.get("values"), "anchor values", int)

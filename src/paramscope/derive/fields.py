@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..formula_spec import ABSENT, get_path, labels_of, read_path, set_path
+from ..formula_spec import ABSENT, MAX_SYMBOL_LENGTH, get_path, labels_of, read_path, set_path, symbol_problem
 
 # Symbols in the notes' convention, in display order; the first key of a config that names each wins.
 KNOWN_SYMBOLS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -134,6 +134,9 @@ class Fields:
             known = [SYMBOL_OF_KEY[k] for k in [leaf] + [a.rsplit(".", 1)[-1] for a in self.spellings.get(path, ())]
                      if k in SYMBOL_OF_KEY]
             base = known[0] if known else re.sub(r"\W", "_", leaf)
+            if symbol_problem(base):  # a keyword, a dunder, a leading digit: never a symbol as it is
+                base = "f_" + base.strip("_")
+            base = base[:MAX_SYMBOL_LENGTH - 16]  # room for a sub-config prefix or a number (formula_spec's bound)
             name = base
             if name in symbols:
                 name = f"{base}_{prefix}" if prefix else base

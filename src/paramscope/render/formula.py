@@ -11,7 +11,7 @@ from fractions import Fraction
 from typing import Any
 
 from ..explain import exact, human
-from ..formula_spec import FormulaSpec, Group
+from ..formula_spec import FormulaSpec, Group, sympy_spelling
 from ..polynomial import Monomial, Poly, mono_degree
 from ._console import hanging, wrap_words
 from ..frozen import FrozenDict, freeze_fields
@@ -53,16 +53,16 @@ class Shown:
 # --------------------------------------------------------------------------------------------------- formatting
 
 
-def format_poly(poly: Poly, order: list[str], style: str = "text", names: dict[str, str] | None = None,
-                subst: dict[str, int] | None = None) -> str:
-    """`poly` as text (V·D + 2·D), LaTeX, or a sympify-able string; `subst` writes numbers for symbols."""
+def format_poly(poly: Poly, order: list[str], style: str = "text", subst: dict[str, int] | None = None) -> str:
+    """`poly` as text (V·D + 2·D), LaTeX, or a sympify-able string (each symbol as `sympy_spelling` checks and
+    writes it); `subst` writes numbers for symbols."""
     terms = sorted(poly.terms.items(), key=lambda item: -mono_degree(item[0]))
     if not terms:
         return "0"
     minus = "−" if style == "text" else "-"
     out = []
     for i, (mono, coef) in enumerate(terms):
-        body = _monomial(mono, abs(coef), order, style, names, subst)
+        body = _monomial(mono, abs(coef), order, style, subst)
         if i == 0:
             out.append((minus if coef < 0 else "") + body)
         else:
@@ -70,11 +70,11 @@ def format_poly(poly: Poly, order: list[str], style: str = "text", names: dict[s
     return "".join(out)
 
 
-def _monomial(mono: Monomial, coef: Fraction, order: list[str], style: str, names, subst) -> str:
+def _monomial(mono: Monomial, coef: Fraction, order: list[str], style: str, subst) -> str:
     rank = {s: i for i, s in enumerate(order)}
     factors = sorted(mono, key=lambda item: (rank.get(item[0], len(rank)), item[0]))
-    num = [_power(name, e, style, names, subst) for name, e in factors if e > 0]
-    den = [_power(name, -e, style, names, subst) for name, e in factors if e < 0]
+    num = [_power(name, e, style, subst) for name, e in factors if e > 0]
+    den = [_power(name, -e, style, subst) for name, e in factors if e < 0]
     dot = {"text": "·", "latex": r" \cdot ", "sympy": "*"}[style]
     if coef.numerator != 1 or not num:
         num.insert(0, _number(coef.numerator, style, subst is not None))
@@ -95,13 +95,13 @@ def _number(n: int, style: str, grouped: bool) -> str:
     return f"{n:,}" if grouped and style == "text" else str(n)
 
 
-def _power(name: str, e: int, style: str, names, subst) -> str:
+def _power(name: str, e: int, style: str, subst) -> str:
     if subst is not None:
         base = f"{subst[name]:,}" if style == "text" else str(subst[name])
     elif style == "latex":
         base = latex_symbol(name)
     elif style == "sympy":
-        base = (names or {}).get(name, name)
+        base = sympy_spelling(name)  # never a spelling read from a cache: the name itself, checked
     else:
         base = name
     if e == 1:
@@ -122,7 +122,7 @@ def latex_symbol(name: str) -> str:
     return r"\mathit{" + name.replace("_", r"\_") + "}"
 
 
-def format_groups(groups: list[Group], order: list[str], style: str = "text", names: dict[str, str] | None = None,
+def format_groups(groups: list[Group], order: list[str], style: str = "text",
                   subst: dict[str, int] | None = None) -> str:
     """Σ multiplicity·(per-item sum), e.g. N·(4·D² + 2·D·I + 9·D + I)."""
     dot = {"text": "·", "latex": r" \cdot ", "sympy": "*"}[style]
@@ -130,12 +130,12 @@ def format_groups(groups: list[Group], order: list[str], style: str = "text", na
     pieces = []
     for mult, inner in groups:
         if mult.constant() == 1:
-            pieces.append(format_poly(inner, order, style, names, subst))
+            pieces.append(format_poly(inner, order, style, subst))
         elif len(mult.terms) == 1 and len(inner.terms) == 1 and subst is None:
-            pieces.append(format_poly(mult * inner, order, style, names, subst))
+            pieces.append(format_poly(mult * inner, order, style, subst))
         else:
-            m = format_poly(mult, order, style, names, subst)
-            i = format_poly(inner, order, style, names, subst)
+            m = format_poly(mult, order, style, subst)
+            i = format_poly(inner, order, style, subst)
             if len(mult.terms) > 1:
                 m = f"{left}{m}{right}"
             if len(inner.terms) > 1 or subst is not None and not i.replace(",", "").isdigit():
@@ -200,13 +200,13 @@ def assumption_texts(spec: FormulaSpec) -> list[str]:
 
 
 def formula_json(spec: FormulaSpec, values: dict[str, int], value: int) -> dict[str, Any]:
-    """The `formula` object of the JSON output; `expression` and `by_role` parse with plain sympy.sympify."""
-    names = spec.sympy_names
+    """The `formula` object of the JSON output. `expression` and `by_role` parse with plain sympy.sympify to symbols
+    and numbers only: they hold numbers, + - * / ** ( ), and symbols that `sympy_spelling` checks as it writes
+    them. `symbols` maps each to its config path (checked identifiers joined by dots) or its definition (a // b)."""
     return {
-        "expression": format_groups(spec.total_groups(), spec.order, "sympy", names),
+        "expression": format_groups(spec.total_groups(), spec.order, "sympy"),
         "symbols": {**spec.symbols, **spec.definitions()},
-        "by_role": {role: format_groups(groups, spec.order, "sympy", names)
-                    for role, groups in spec.role_groups().items()},
+        "by_role": {role: format_groups(groups, spec.order, "sympy") for role, groups in spec.role_groups().items()},
         "value": value,
         "assumptions": assumption_texts(spec),
     }
