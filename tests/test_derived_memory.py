@@ -53,12 +53,12 @@ def test_the_recorded_timeline_replays_memtrackers_peaks(precision):
     assert record_training_step(model, settings, "model.layers").peaks() == _traced(model, 2, 48, precision)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "olmo2", "qwen3-moe", "gpt2"])
-def test_derived_peaks_equal_the_full_depth_trace(name):
-    model = _model(name)
+def _derived_at(model, points) -> list:
+    """Derive `model`'s recipes at `points` ((B, S); a regime derived when first reached), and hold forward, end of
+    forward and backward to the full-depth trace at each, to the byte; the recipes derived."""
     settings = StepSettings(precision="bf16-mixed")
     recipes = []
-    for batch, seq in [(2, 64), (1, 100), (3, 37)]:
+    for batch, seq in points:
         recipe = next((r for r in recipes if r.covers(batch, seq)), None)
         if recipe is None:
             recipe = derive_training(model, settings, seq=seq, batch=batch)
@@ -67,6 +67,12 @@ def test_derived_peaks_equal_the_full_depth_trace(name):
         figures = recipe.peaks(batch, seq)
         assert (figures.forward, figures.end_of_forward, figures.backward) == _traced(model, batch, seq,
                                                                                       "bf16-mixed")
+    return recipes
+
+
+@pytest.mark.parametrize("name", ["qwen3", "olmo2", "qwen3-moe", "gpt2"])
+def test_derived_peaks_equal_the_full_depth_trace(name):
+    recipes = _derived_at(_model(name), [(2, 64), (1, 100), (3, 37)])
     assert [r.batch_range[0] for r in recipes] == [2, 1]  # batch 1 is a regime of its own
 
 
@@ -223,7 +229,7 @@ def test_peft_plans_are_derived_and_equal_the_full_depth_trace(kind, tmp_path, m
 
     monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
     plan = _plan(kind)
-    for batch, seq in [(1, 64), (2, 48)]:
+    for batch, seq in [(1, 64), (2, 48), (3, 37)]:
         derived = plan_memory(plan, TrainingOptions(batch=batch, seq=seq))
         traced = plan_memory(plan, TrainingOptions(batch=batch, seq=seq, trace=True))
         assert (derived.engine, traced.engine) == ("derived", "traced")
@@ -240,15 +246,16 @@ def test_a_dora_plan_is_derived_and_equals_the_full_depth_recording(tmp_path, mo
 
     monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
     plan = _plan("dora")
-    estimate = plan_memory(plan, TrainingOptions(batch=1, seq=64))
-    assert estimate.engine == "derived"
     path, _ = layer_stack(plan.module)
     frozen = frozenset(n for n, p in plan.module.named_parameters() if not p.requires_grad)
-    full = record_training_step(plan.module, StepSettings(batch=1, seq=64, precision="bf16-mixed", frozen=frozen,
-                                                          weights_dtype="float32"), path)
-    assert estimate.activations.bytes == full.peaks()[1]
-    backward = next(p for p in estimate.training.phases if p.phase == "backward")
-    assert backward.variable + backward.gradients == full.peaks()[2]
+    for batch, seq in [(1, 64), (2, 48), (3, 37)]:
+        estimate = plan_memory(plan, TrainingOptions(batch=batch, seq=seq))
+        assert estimate.engine == "derived"
+        full = record_training_step(plan.module, StepSettings(batch=batch, seq=seq, precision="bf16-mixed",
+                                                              frozen=frozen, weights_dtype="float32"), path)
+        assert estimate.activations.bytes == full.peaks()[1]
+        backward = next(p for p in estimate.training.phases if p.phase == "backward")
+        assert backward.variable + backward.gradients == full.peaks()[2]
 
 
 def test_a_recipe_is_kept_and_read_back_without_a_trace(tmp_path, monkeypatch):
@@ -351,3 +358,65 @@ def test_a_plan_that_freezes_some_layers_is_derived_by_layer_trainability(rules)
     full = plan_memory(plan, TrainingOptions(batch=2, seq=64, trace="full"))
     assert [(p.phase, p.bytes) for p in answer.training.phases] == [(p.phase, p.bytes) for p in full.training.phases]
     assert answer.engine == ("traced" if rules[0][0] == "train-last" else "derived")
+
+
+def _unseen(name: str):
+    """Classes of no preset family, each deeper than the cuts its derivation traces (choose_depths: 8 / 10 / 12
+    layers for GPT-OSS's alternation, 9 / 10 / 11 for SmolLM3's NoPE layer every fourth, 13 / 14 / 15 for Gemma-3's
+    five sliding layers to one global)."""
+    import transformers as T
+
+    experts = dict(num_experts_per_tok=2)
+    made = {
+        "gemma3": lambda: (T.Gemma3ForCausalLM, T.Gemma3TextConfig(**SMALL, num_hidden_layers=16, sliding_window=40)),
+        "gpt-oss": lambda: (T.GptOssForCausalLM, T.GptOssConfig(**SMALL, num_hidden_layers=14, sliding_window=40,
+                                                                num_local_experts=8, **experts)),
+        "smollm3": lambda: (T.SmolLM3ForCausalLM, T.SmolLM3Config(**SMALL, num_hidden_layers=13,
+                                                                  no_rope_layer_interval=4)),
+        "glm4-moe": lambda: (T.Glm4MoeForCausalLM, T.Glm4MoeConfig(
+            **SMALL, num_hidden_layers=8, first_k_dense_replace=1, n_routed_experts=8, moe_intermediate_size=64,
+            n_group=1, topk_group=1, **experts)),
+        "granite-moe": lambda: (T.GraniteMoeForCausalLM, T.GraniteMoeConfig(
+            **{k: v for k, v in SMALL.items() if k != "head_dim"}, num_hidden_layers=8, num_local_experts=8,
+            **experts)),
+    }[name]
+    cls, config = made()
+    return build_class_on_meta(cls, config)
+
+
+@pytest.mark.parametrize("name, points", [
+    # a 40-token window: S on each side of it, batch 1 and several; one case per regime derived, each under 40 s
+    pytest.param("gemma3", [(1, 100), (1, 57)], id="gemma3-beyond-the-window"),  # five sliding layers to one global
+    pytest.param("gemma3", [(3, 37)], id="gemma3-inside-the-window"),
+    pytest.param("gpt-oss", [(1, 100), (1, 57)], id="gpt-oss-beyond-the-window"),  # sliding and full alternating,
+    pytest.param("gpt-oss", [(3, 37)], id="gpt-oss-inside-the-window"),  # MoE, attention sinks
+    pytest.param("smollm3", [(2, 64), (1, 100), (3, 37)], id="smollm3"),  # a NoPE layer every fourth
+    pytest.param("glm4-moe", [(2, 64), (1, 100), (3, 37)], id="glm4-moe"),  # a dense first layer, then MoE layers
+    # with a shared expert
+    pytest.param("granite-moe", [(2, 64), (1, 100), (3, 37)], id="granite-moe"),  # MoE with fused expert weights
+])
+def test_unseen_architectures_are_derived_equal_to_the_full_depth_trace(name, points):
+    """Classes of no preset family, derived at their depth from shorter cuts, equal to the full-depth trace in every
+    phase at each point; a recipe derived at one point answers the next point of its regime."""
+    recipes = _derived_at(_unseen(name), points)
+    assert len(recipes) == len({(b == 1, s < 40 if name in ("gemma3", "gpt-oss") else None) for b, s in points})
+
+
+def test_a_context_a_short_cut_holds_once_is_checked_where_it_is_held_twice():
+    """13-layer EXAONE-4 (three sliding layers to one global): no cut shorter than the model holds the global
+    layer's context twice, so the recipe read from a cut holding it once could not tell what that context's layers
+    free once from what each frees (its cache tensors, 256·B·S B); its check is the cut that holds it twice, and
+    the answer is then the full-depth trace's, derived or traced."""
+    import transformers as T
+
+    from paramscope.cost.derived.derive import choose_depths
+    from paramscope.cost.memory.training import TrainingOptions, estimate_training
+
+    config = T.Exaone4Config(**SMALL, num_hidden_layers=13, sliding_window=40, sliding_window_pattern=4)
+    model = build_class_on_meta(T.Exaone4ForCausalLM, config)
+    assert choose_depths(layer_types(model.model.layers))[:2] == (9, 13)
+    options = TrainingOptions(batch=2, seq=64)
+    answer = estimate_training(model, options)[1]
+    full = estimate_training(model, dataclasses.replace(options, trace="full"))[1]
+    assert [(p.phase, p.bytes) for p in answer.training.phases[:2]] == \
+        [(p.phase, p.bytes) for p in full.training.phases[:2]]

@@ -26,8 +26,13 @@ from pathlib import Path
 from typing import Any
 
 RECORD_ENV = "PARAMSCOPE_RECORD_TEMPLATES"  # "0" | "1" (default: detached) | "wait" (documented in the README)
+# in the command's own process ("wait", --debug) a class whose one build took over 2 s is not worth 30–50 more
+# builds before the prompt comes back; the detached recorder costs the user no wait, so it takes larger classes
+# (Qwen3-235B-A22B's build: about 3 s), within a larger budget
 RECORD_BUDGET_S = 30.0
-_RECORD_AFTER_BUILD_S = 2.0  # a class whose one build took longer is not worth 30–50 more builds here
+MAX_BUILD_S = 2.0
+DETACHED_BUDGET_S = 240.0
+DETACHED_MAX_BUILD_S = 8.0
 MAX_JOB_BYTES = 16 << 20  # a config is kilobytes; the job holds one
 STALE_LOCK_S = 600.0  # a recording that has not finished in 10 minutes died: its lock no longer holds
 
@@ -56,9 +61,10 @@ def record_after_build(report: Any, source: Any, *, model_class: str | None, tas
 
 
 def record_now(report: Any, source: Any, *, model_class: str | None, task: str | None, num_labels: int | None,
-               module: Any = None, build_dtype: str | None = None, debug: bool = False) -> None:
+               module: Any = None, build_dtype: str | None = None, debug: bool = False,
+               detached: bool = False) -> None:
     """Record in this process (quiet unless stderr is a terminal; with `debug`, a recording that failed says so on
-    stderr, with its traceback)."""
+    stderr, with its traceback). `detached`: this process is the recorder the command left behind."""
     from .. import progress
     from ..template import lookup_template
     from ..template_record import record_template
@@ -69,7 +75,8 @@ def record_now(report: Any, source: Any, *, model_class: str | None, task: str |
             with progress.status(f"recording a template for {report.model.class_name} (next time: instant; "
                                  "--no-cache skips this)"):
                 record_template(source.config, label=source.label, model_class=model_class, task=task,
-                                num_labels=num_labels, budget_s=RECORD_BUDGET_S, max_build_s=_RECORD_AFTER_BUILD_S)
+                                num_labels=num_labels, budget_s=DETACHED_BUDGET_S if detached else RECORD_BUDGET_S,
+                                max_build_s=DETACHED_MAX_BUILD_S if detached else MAX_BUILD_S)
         if module is not None:
             from ..cost.facts.record import record_facts
 
@@ -197,7 +204,7 @@ def run_job(path: Path) -> int:
         if report.model.native is not True:  # never remote code, whatever the job says
             return 2
         record_now(report, source, module=module if job["facts"] else None, build_dtype=job["build_dtype"],
-                   **options)
+                   detached=True, **options)
         return 0
     finally:
         path.unlink(missing_ok=True)

@@ -76,9 +76,10 @@ def layer_types(layers: Any) -> tuple[str, ...]:
 
 def choose_depths(types: tuple[str, ...]) -> tuple[int, int, int | None]:
     """(D, D', D''): the shortest cut whose layers are the model's first D − 1 and one of the last layer's type, with
-    every middle context (recipe.contexts) at least twice among its middle layers (its type's first layer once; all
-    once where twice needs over 24 layers); the next such cut, longer, for the check; and the next (None if none),
-    for the check of what grew from D to D' outside the layers."""
+    every middle context (recipe.contexts) at least twice among its middle layers (its type's first layer once); the
+    next such cut, longer, for the check; and the next (None if none), for the check of what grew from D to D'
+    outside the layers. Where twice needs over 24 layers: the shortest cut holding each context once, checked on
+    cuts holding each as often as the model does, up to twice."""
     count = len(types)
     wanted = set(contexts(types))
 
@@ -87,11 +88,27 @@ def choose_depths(types: tuple[str, ...]) -> tuple[int, int, int | None]:
         return types[depth - 1] == types[-1] and \
             all(cut.count(c) >= (1 if c.endswith("|first") else times) for c in wanted)
 
-    for times, longest in ((2, 24), (1, 64)):
-        depths = [d for d in range(3, min(count, longest) + 1) if good(d, times)]
-        if len(depths) >= 2:
-            return depths[0], depths[1], depths[2] if len(depths) > 2 else None
-    raise NotDerivable(f"no short cut of the {count} layers ({len(set(types))} types) repeats them")
+    depths = [d for d in range(3, min(count, 24) + 1) if good(d, 2)]
+    if len(depths) >= 2:
+        return depths[0], depths[1], depths[2] if len(depths) > 2 else None
+    # no short cut holds every context twice: the recipe is read from a cut holding each once, and then it cannot
+    # tell what a context's layers free once from what each of them frees (a global layer's cache tensors, freed
+    # by the last layer), so its check must be a cut that holds every context twice, where a wrong guess shows
+    # (13-layer EXAONE-4 was 256·B·S B high, checked on cuts that only added sliding layers)
+    in_model = contexts(types)
+
+    def as_often(depth: int) -> bool:  # every context as often as the model holds it, up to twice
+        cut = contexts(types[:depth - 1] + types[-1:])
+        return types[depth - 1] == types[-1] and \
+            all(cut.count(c) >= (1 if c.endswith("|first") else min(2, in_model.count(c))) for c in wanted)
+
+    once = [d for d in range(3, min(count, 64) + 1) if good(d, 1)]
+    checks = [d for d in range(3, min(count, 64) + 1) if as_often(d)]
+    if once and any(d > once[0] for d in checks):
+        check = next(d for d in checks if d > once[0])
+        return once[0], check, next((d for d in checks if d > check), None)
+    raise NotDerivable(f"no cut of the {count} layers ({len(set(types))} types) short enough to trace holds each "
+                       "context as often as the model does, up to twice")
 
 
 def cut_module(module: Any, path: str, depth: int) -> Any:
