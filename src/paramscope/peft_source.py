@@ -14,6 +14,7 @@ from typing import Any
 
 from .frozen import FrozenDict, freeze_fields
 
+
 @dataclass(frozen=True)
 class PeftFacts:
     """What the installed PEFT decides a LoRA plan by, read from its source with `ast` (importing peft takes 2 s

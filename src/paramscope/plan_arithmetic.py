@@ -21,11 +21,6 @@ from .plan import (
 )
 from .template import StubTensor, stub_class, stub_dtype
 
-# A template's stand-ins (template.py) hold each module's class name, parameters and ties: enough to apply a plan as
-# PEFT applies it, by PEFT's own rules read from its installed source, and count, without torch. What is not mirrored
-# here exactly (other layer types, QLoRA, MoE experts PEFT adapts as parameters, token classification, …) answers
-# None, and the caller builds: an answer from here is the build's or nothing.
-
 # PEFT's model class by task type (peft/auto.py; no task type: PeftModel), for the task types mirrored here; each
 # wrapping is checked against PEFT's (tests/test_plan_nobuild.py)
 PEFT_MODEL_CLASSES = {None: "PeftModel", "CAUSAL_LM": "PeftModelForCausalLM", "SEQ_2_SEQ_LM": "PeftModelForSeq2SeqLM",
@@ -34,8 +29,6 @@ PEFT_MODEL_CLASSES = {None: "PeftModel", "CAUSAL_LM": "PeftModelForCausalLM", "S
 # lora.Linear for both) and nn.Embedding (lora.Embedding; a subclass too, told by the stand-in's embedding mark)
 LINEAR_CLASSES = ("Linear", "Conv1D")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")  # what a config's dtype may name, as torch names them
-
-
 
 
 def plan_counts(report: Any, stand_ins: Any, options: PlanOptions,
