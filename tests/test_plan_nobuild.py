@@ -22,14 +22,18 @@ from paramscope.plan import PlanOptions, make_plan
 from paramscope.plan_arithmetic import plan_counts, plan_stand_ins, planned_report
 
 @pytest.fixture(scope="module", autouse=True)
-def _seq_cls_template():
-    """No template ships for BERT's classifiers: record them into the session's cache, as the CLI does after a
-    build, so that their plans answer without one (or decline for what they are, not for want of a template)."""
+def _seq_cls_template(tmp_path_factory):
+    """No template ships for BERT's classifiers: record them into a cache of this module's own, as the CLI does
+    after a build, so that their plans answer without one (or decline for what they are, not for want of a
+    template). Its own: other modules test that these tasks build until a template is recorded."""
     from paramscope.template_record import record_template
 
-    for task in ("text-classification", "token-classification"):
-        template, said = record_template(as_source("bert-base-uncased").config, task=task)
-        assert template is not None, said
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path_factory.mktemp("plan-nobuild-cache")))
+        for task in ("text-classification", "token-classification"):
+            template, said = record_template(as_source("bert-base-uncased").config, task=task)
+            assert template is not None, said
+        yield
 
 
 @functools.lru_cache(maxsize=None)
