@@ -180,36 +180,33 @@ def _answer_without_build(args, source, options, training, width) -> bool:
     if answered is None:
         return False
     plan, stand_ins = answered
+    needs_report = not args.no_memory or not (args.no_tree or args.json)  # the memory's, the tree's
+    planned = planned_report(stand_ins, report) if needs_report else None
+    if needs_report and planned is None:
+        return False
     estimate = flops = None
     if not args.no_memory:
         plan = replace(plan, key=_key(args, source, report, options))
-        estimate, flops = _cached_costs(args, source, report, plan, stand_ins, training)
+        estimate, flops = _cached_costs(args, source, report, plan, stand_ins, planned, training)
         if estimate is None or flops is None:
             return False
-    planned = None
-    if not (args.no_tree or args.json):
-        planned = planned_report(stand_ins, report)
-        if planned is None:
-            return False
-    _write_plan(args, report, plan, estimate, flops, planned, width)
+    _write_plan(args, report, plan, estimate, flops, None if args.no_tree or args.json else planned, width)
     return True
 
 
-def _cached_costs(args, source, report, plan, stand_ins, training):
-    """(memory, FLOPs) of a plan counted without a build, from what an earlier run kept; (None, None) where
-    either was not kept (or the config's cost facts were not recorded)."""
+def _cached_costs(args, source, report, plan, stand_ins, planned, training):
+    """(memory, FLOPs) of a plan counted without a build (`stand_ins`, and `planned` their report), from what an
+    earlier run kept; (None, None) where either was not kept (or the config's cost facts were not recorded)."""
     from dataclasses import replace
 
     from ..cost.facts.store import facts_key, find_facts, view_from_facts
     from ..plan import cached_plan_memory, plan_flops
-    from ..plan_arithmetic import planned_report
 
     if plan.key is None:
         return None, None
     facts = find_facts(report.model.class_name, facts_key(source.config, model_class=args.model_class,
                                                           task=args.task, num_labels=args.num_labels))
-    planned = planned_report(stand_ins, report) if facts is not None else None
-    if planned is None:
+    if facts is None:
         return None, None
     view = replace(view_from_facts(facts, stand_ins), class_name=type(stand_ins).__name__)
     estimate = cached_plan_memory(plan, planned, stand_ins, view, training)
