@@ -56,7 +56,7 @@ def inspect_source(source: Source, *, model_class: str | None = None, task: str 
     audit); only the built module can run (traces, FLOPs)."""
     why = None
     if use_cache and not trust_remote_code:
-        report, root, why = _template_answer(source, model_class=model_class, task=task, num_labels=num_labels)
+        report, root, why = template_answer(source, model_class=model_class, task=task, num_labels=num_labels)
         if report is not None:
             return report, root
     report, module = build_source(source, model_class, task, num_labels, trust_remote_code)
@@ -65,7 +65,7 @@ def inspect_source(source: Source, *, model_class: str | None = None, task: str 
     return report, module
 
 
-def _template_answer(source: Source, *, model_class: str | None, task: str | None,
+def template_answer(source: Source, *, model_class: str | None, task: str | None,
                      num_labels: int | None) -> tuple[Report | None, Any, str | None]:
     """(report, the stand-in modules, None), or (None, None, why no template answered)."""
     from .errors import AssumptionError

@@ -160,21 +160,15 @@ def _answer_without_build(args, source, options, training, width) -> bool:
     which shows the built module)."""
     from dataclasses import replace
 
-    from ..api import as_source, template_stand_ins
-    from ..errors import AssumptionError
+    from ..api import as_source, template_answer
     from ..plan_arithmetic import plan_stand_ins, planned_report
-    from ..template import report_from_template
 
     if args.trust_remote_code or args.html is not None:
         return False
     source = as_source(source)
-    template, reason, root, _ = template_stand_ins(source, model_class=args.model_class, task=args.task,
-                                                   num_labels=args.num_labels)
-    if template is None:
-        return False
-    try:
-        report = report_from_template(template, source, num_labels=args.num_labels, class_reason=reason, root=root)
-    except AssumptionError:  # the template does not apply to this config: the build answers, as inspect's would
+    report, root, _ = template_answer(source, model_class=args.model_class, task=args.task,
+                                      num_labels=args.num_labels)
+    if report is None:  # no template, or it does not apply to this config: the build answers, as inspect's would
         return False
     answered = plan_stand_ins(report, root, options, source.config)
     if answered is None:
