@@ -16,7 +16,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from .errors import SourceError, short_repr
 
@@ -99,7 +99,7 @@ def read_json(path: str | os.PathLike[str], limit: int, *, error: type[Exception
 
 def parse_json(raw: bytes | str, where: str, *, error: type[Exception] = SourceError, what: str = "file",
                max_depth: int | None = None, max_int_digits: int | None = None, unique_keys: bool = False,
-               text_only: bool = False) -> Any:
+               text_only: bool = False, pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
     """The JSON value `raw` holds (UTF-8), every failure one `error` naming `where` and the problem.
 
     Bounds, each when asked: `max_depth` levels of nesting (Python's recursion limit always), integer literals of
@@ -107,14 +107,20 @@ def parse_json(raw: bytes | str, where: str, *, error: type[Exception] = SourceE
     (`unique_keys`: json keeps the last silently, which in a header would hide a tensor), and no lone surrogate
     escape in a key or string (`text_only`: it cannot be printed). The cyclic collector is paused while parsing:
     a million small dicts would otherwise start it over and over (7.4 s → 3.2 s for a 92 MB header).
+
+    `pairs_hook` replaces `unique_keys`' check for a caller that digests objects as they are parsed (a safetensors
+    header's million entries): it must pass every object it does not digest to `reject_duplicates`, and an
+    exception of the caller's own class that it raises reaches the caller unchanged.
     """
     if isinstance(raw, bytes):
         raw = decode_utf8(raw, where, error=error, what=what)
     hooks: dict[str, Any] = {}
     if max_int_digits is not None:
         hooks["parse_int"] = _IntLimit(max_int_digits)
-    if unique_keys:
-        hooks["object_pairs_hook"] = _reject_duplicates
+    if pairs_hook is not None:
+        hooks["object_pairs_hook"] = pairs_hook
+    elif unique_keys:
+        hooks["object_pairs_hook"] = reject_duplicates
     too_deep = f"{where}: {what} is nested too deeply" + (f" (more than {max_depth} levels)" if max_depth else "")
     try:
         with gc_paused():
@@ -168,7 +174,8 @@ class _DuplicateKey(Exception):
     pass
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook for `unique_keys`: the object as a dict, refused when it names a key twice."""
     out = dict(pairs)
     if len(out) != len(pairs):  # rare: find the key named twice, in Python
         seen: set[str] = set()

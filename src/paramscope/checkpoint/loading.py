@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from operator import attrgetter
+from typing import Any, Callable, Iterable, Mapping
 
 from ..frozen import FrozenDict, freeze_fields
 from .tensors import Checkpoint, CheckpointTensor
@@ -28,6 +29,27 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "reason": self.reason}
+
+
+class _FindingFilling:
+    """Finding's slots, settable: `_finding` fills one and makes it the frozen Finding it equals (the layouts are
+    the same), as tensors.make_tensor does for a tensor: a million findings, a third of the time."""
+
+    __slots__ = Finding.__slots__  # type: ignore[attr-defined]
+
+    def __init__(self, name: str, reason: str, shape: tuple[int, ...] = ()) -> None:
+        self.name = name
+        self.reason = reason
+        self.shape = shape
+        self.__class__ = Finding  # type: ignore[assignment]
+
+
+_finding: Any = _FindingFilling
+try:  # where `__class__` cannot be assigned (another Python), the dataclass's own constructor
+    if _finding("n", "r", (1,)) != Finding("n", "r", (1,)) or type(_finding("n", "r")) is not Finding:
+        raise TypeError("_finding differs")
+except TypeError:
+    _finding = Finding
 
 
 @dataclass(frozen=True)
@@ -106,6 +128,8 @@ _LEGACY_BUFFER_ENDINGS = ("position_ids", "inv_freq", "masked_bias", "attn.bias"
 # One search that tells whether any rename can fire: most keys need none (reconcile runs once per tensor).
 _ANY_LEGACY_RENAME = re.compile("|".join(f"(?:{pattern.pattern})" for pattern, _ in _LEGACY_RENAMES))
 
+_name = attrgetter("name")
+
 _TASK_HEADS = frozenset(("classifier", "score", "qa_outputs", "lm_head", "head", "heads", "seq_relationship"))
 # A substring of every component _unexpected_reason looks for ("head" is in lm_head and heads): a precheck.
 _HEAD_WORD = re.compile("cls|pooler|head|classifier|score|qa_outputs|seq_relationship")
@@ -143,11 +167,13 @@ def reconcile(
     mismatched: list[Mismatch] = []
     renamed: list[tuple[str, str]] = []
     reasons: dict[str, str] = {}  # one string per distinct reason, not one per tensor (a million, at 100 MB)
+    unused = _unexpected_reason("", who)  # the reason of a name no head word is in: most unexpected tensors'
+    map_key = _key_mapper(model_keys, base_model_prefix)
 
     for t in checkpoint.tensors:
-        target = _map_key(t.name, model_keys, base_model_prefix)
+        target = map_key(t.name)
         if target not in params and target not in aliases and t.role == "packed":
-            target = _packed_target(t.name, model_keys, base_model_prefix) or target
+            target = _packed_target(t.name, map_key, model_keys) or target
 
         if target in params or target in aliases:
             canonical = aliases.get(target, target)
@@ -177,14 +203,17 @@ def reconcile(
         elif target in buffers:
             non_parameters.append(Finding(t.name, "buffer, not a parameter", t.shape))
         elif t.role == "quant_aux":
-            non_parameters.append(Finding(t.name, f"{t.note}: not a parameter", t.shape))
+            reason = f"{t.note}: not a parameter"
+            non_parameters.append(_finding(t.name, reasons.setdefault(reason, reason), t.shape))
         elif target.endswith(_LEGACY_BUFFER_ENDINGS) and _LEGACY_BUFFER.search(target):
             non_parameters.append(
                 Finding(t.name, "buffer saved by older versions; the model recreates it, not a parameter", t.shape)
             )
+        elif not _HEAD_WORD.search(target):
+            unexpected.append(_finding(t.name, unused, t.shape))
         else:
             reason = _unexpected_reason(target, who)
-            unexpected.append(Finding(t.name, reasons.setdefault(reason, reason), t.shape))
+            unexpected.append(_finding(t.name, reasons.setdefault(reason, reason), t.shape))
 
     mismatched_names = {aliases.get(m.name, m.name) for m in mismatched}
     missing = [
@@ -195,10 +224,10 @@ def reconcile(
     return Audit(
         format=checkpoint.format,
         matched=tuple(sorted(matched)),
-        missing=tuple(sorted(missing, key=lambda f: f.name)),
-        unexpected=tuple(sorted(unexpected, key=lambda f: f.name)),
-        non_parameters=tuple(sorted(non_parameters, key=lambda f: f.name)),
-        mismatched=tuple(sorted(mismatched, key=lambda m: m.name)),
+        missing=tuple(sorted(missing, key=_name)),
+        unexpected=tuple(sorted(unexpected, key=_name)),
+        non_parameters=tuple(sorted(non_parameters, key=_name)),
+        mismatched=tuple(sorted(mismatched, key=_name)),
         renamed=tuple(sorted(renamed)),
         parameters=sum(math.prod(params[name]) for name in filled),
         elements=checkpoint.elements,
@@ -220,34 +249,40 @@ def _apply_legacy_renames(key: str) -> str:
     return key
 
 
-def _fix_prefix(key: str, model_keys: set[str], prefix: str) -> str:
-    # Per key, as transformers does: strip the base-model prefix when the model lacks it (a
-    # BertModel loading a BertForMaskedLM checkpoint), add it when the model has it (a
-    # BertForSequenceClassification loading a BertModel checkpoint).
-    if not prefix:
-        return key
+def _key_mapper(model_keys: set[str], prefix: str) -> Callable[[str], str]:
+    """The model name a checkpoint key loads into, as transformers maps it (legacy renames, then the base-model
+    prefix); what depends only on the model is worked out once, since a checkpoint may hold a million keys."""
     dotted = f"{prefix}."
-    if key.startswith(dotted) and key[len(dotted) :] in model_keys:
-        return key[len(dotted) :]
-    if dotted + key in model_keys:
-        return dotted + key
-    return key
+    cut = len(dotted)
+    # dotted + key is a model key exactly when key is in `added`
+    added = {key[cut:]: key for key in model_keys if key.startswith(dotted)} if prefix else {}
+
+    def fix_prefix(key: str) -> str:
+        # Per key, as transformers does: strip the base-model prefix when the model lacks it (a
+        # BertModel loading a BertForMaskedLM checkpoint), add it when the model has it (a
+        # BertForSequenceClassification loading a BertModel checkpoint).
+        if not prefix:
+            return key
+        if key.startswith(dotted) and key[cut:] in model_keys:
+            return key[cut:]
+        return added.get(key, key)
+
+    def map_key(key: str) -> str:
+        renamed = fix_prefix(_apply_legacy_renames(key))
+        if renamed not in model_keys and key in model_keys:
+            # The rename should not have fired: the key already names a model entry.
+            renamed = fix_prefix(key)
+        return renamed
+
+    return map_key
 
 
-def _map_key(key: str, model_keys: set[str], prefix: str) -> str:
-    renamed = _fix_prefix(_apply_legacy_renames(key), model_keys, prefix)
-    if renamed not in model_keys and key in model_keys:
-        # The rename should not have fired: the key already names a model entry.
-        renamed = _fix_prefix(key, model_keys, prefix)
-    return renamed
-
-
-def _packed_target(key: str, model_keys: set[str], prefix: str) -> str | None:
+def _packed_target(key: str, map_key: Callable[[str], str], model_keys: set[str]) -> str | None:
     # A GPTQ `X.qweight` or compressed-tensors `X.weight_packed` stands for the model's `X.weight`.
     stem, _, last = key.rpartition(".")
     if last not in ("qweight", "weight_packed"):
         return None
-    target = _map_key(f"{stem}.weight" if stem else "weight", model_keys, prefix)
+    target = map_key(f"{stem}.weight" if stem else "weight")
     return target if target in model_keys else None
 
 

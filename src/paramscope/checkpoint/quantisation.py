@@ -5,9 +5,10 @@ zero points, state), recognised from names and shapes alone.
 from __future__ import annotations
 
 import re
+from operator import attrgetter
 from typing import Any
 
-from .tensors import CheckpointTensor
+from .tensors import CheckpointTensor, make_tensor
 
 # Names that are quantisation bookkeeping whatever sits next to them (fp8, NVFP4, compressed-tensors,
 # kv-cache scales): suffix -> (scheme, what it is).
@@ -28,6 +29,9 @@ _BNB4_STATE = re.compile(
     r"^(?P<weight>.+\.weight)\.(absmax|quant_map|nested_absmax|nested_quant_map|quant_state\..+)$"
 )
 _GPTQ_PARTS = ("qzeros", "scales", "g_idx")
+# Every last name component that classify_quantisation marks (besides bitsandbytes 4-bit state, under ".weight.").
+_MARKED_LAST = frozenset(_AUX_SUFFIXES) | {"SCB", "weight_format", "qweight", "weight_packed", *_GPTQ_PARTS}
+_name = attrgetter("name")
 
 
 def classify_quantisation(tensors: list[CheckpointTensor]) -> list[CheckpointTensor]:
@@ -37,60 +41,52 @@ def classify_quantisation(tensors: list[CheckpointTensor]) -> list[CheckpointTen
     bitsandbytes 8-bit (``X.SCB``), GPTQ/AWQ (``X.qweight`` with ``X.qzeros``/``X.scales``),
     compressed-tensors (``X.weight_packed``) and fp8 scales (``X.weight_scale[_inv]``, ``X.input_scale``).
     """
-    by_name = {t.name: t for t in tensors}
-    updates: dict[str, dict[str, Any]] = {}
+    # Only names ending in one of these, or holding ".weight.", can be marked: most checkpoints hold none of them, and
+    # a 100 MB header lists a million names.
+    candidates = [i for i, t in enumerate(tensors) if t.name.rpartition(".")[2] in _MARKED_LAST or ".weight." in t.name]
+    if not candidates:
+        return tensors
+    index = dict(zip(map(_name, tensors), range(len(tensors))))  # name → position, built by C loops
+    out = list(tensors)
+    marked = False
 
-    for t in tensors:
+    def mark(i: int, role: str, packing: str, note: str, logical_numel: Any = None) -> None:
+        # the tensor at `i` as it was read, with these fields: the last mark of a tensor is what it becomes
+        nonlocal marked
+        t = tensors[i]
+        out[i] = make_tensor(t.name, t.dtype, t.shape, t.numel, t.nbytes, t.file, role, logical_numel, packing, note)
+        marked = True
+
+    def named(name: str) -> CheckpointTensor | None:
+        i = index.get(name)
+        return None if i is None else tensors[i]
+
+    for i in candidates:
+        t = tensors[i]
         stem, _, last = t.name.rpartition(".")
         prefix = f"{stem}." if stem else ""
         if last in _AUX_SUFFIXES:
             scheme, what = _AUX_SUFFIXES[last]
-            updates[t.name] = {"role": "quant_aux", "packing": scheme, "note": what}
+            mark(i, role="quant_aux", packing=scheme, note=what)
         m = _BNB4_STATE.match(t.name) if ".weight." in t.name else None  # the pattern needs ".weight."
-        if m and m["weight"] in by_name:
-            updates[t.name] = {"role": "quant_aux", "packing": "bnb-4bit", "note": "bitsandbytes 4-bit state"}
-            weight = by_name[m["weight"]]
-            if weight.dtype == "U8":
-                updates[weight.name] = {
-                    "role": "packed",
-                    "packing": "bnb-4bit",
-                    "logical_numel": None,
-                    "note": "bitsandbytes 4-bit, 2 values per byte; the exact count is in quant_state data",
-                }
-        if last in ("SCB", "weight_format") and f"{prefix}weight" in by_name:
-            updates[t.name] = {"role": "quant_aux", "packing": "bnb-8bit", "note": "bitsandbytes 8-bit scale"}
-        if last in _GPTQ_PARTS and f"{prefix}qweight" in by_name:
-            updates[t.name] = {
-                "role": "quant_aux",
-                "packing": "gptq",
-                "note": "GPTQ/AWQ scale, zero point or group index",
-            }
+        if m and m["weight"] in index:
+            mark(i, role="quant_aux", packing="bnb-4bit", note="bitsandbytes 4-bit state")
+            w = index[m["weight"]]
+            if tensors[w].dtype == "U8":
+                mark(w, role="packed", packing="bnb-4bit", logical_numel=None,
+                     note="bitsandbytes 4-bit, 2 values per byte; the exact count is in quant_state data")
+        if last in ("SCB", "weight_format") and f"{prefix}weight" in index:
+            mark(i, role="quant_aux", packing="bnb-8bit", note="bitsandbytes 8-bit scale")
+        if last in _GPTQ_PARTS and f"{prefix}qweight" in index:
+            mark(i, role="quant_aux", packing="gptq", note="GPTQ/AWQ scale, zero point or group index")
         if last == "qweight":
-            updates[t.name] = {
-                "role": "packed",
-                "packing": "gptq",
-                "logical_numel": _gptq_logical(t, by_name.get(f"{prefix}scales"), by_name.get(f"{prefix}qzeros")),
-                "note": "GPTQ/AWQ int32-packed weight",
-            }
+            mark(i, role="packed", packing="gptq",
+                 logical_numel=_gptq_logical(t, named(f"{prefix}scales"), named(f"{prefix}qzeros")),
+                 note="GPTQ/AWQ int32-packed weight")
         if last == "weight_packed":
-            updates[t.name] = {
-                "role": "packed",
-                "packing": "compressed-tensors",
-                "logical_numel": None,
-                "note": "compressed-tensors packed weight; the unpacked shape is in weight_shape data",
-            }
-    if not updates:
-        return tensors
-    out = []
-    for t in tensors:
-        change = updates.get(t.name)
-        if change:
-            fields = {k: getattr(t, k) for k in ("name", "dtype", "shape", "numel", "nbytes", "file")}
-            fields.setdefault("logical_numel", None)
-            fields.update(change)
-            t = CheckpointTensor(**fields)
-        out.append(t)
-    return out
+            mark(i, role="packed", packing="compressed-tensors", logical_numel=None,
+                 note="compressed-tensors packed weight; the unpacked shape is in weight_shape data")
+    return out if marked else tensors
 
 
 def _gptq_logical(

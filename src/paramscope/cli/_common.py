@@ -134,7 +134,10 @@ def add_html_option(parser: argparse.ArgumentParser) -> None:
 
 
 def checked_html_path(args: argparse.Namespace) -> str | None:
-    """--html's FILE, checked before any work: its folder exists and it is not a folder itself."""
+    """--html's FILE, checked before any work, with stat alone (nothing is opened): its folder exists, and it is a
+    regular file or none yet. A FIFO (opening it would wait for a reader for ever), a device, a folder, a socket, a
+    link to nothing and a name holding a control character get one line each. '-' is stdout, and /dev/null (or a
+    link to it) is taken too: the page is made and discarded, as `-o /dev/null` is in curl or gcc."""
     path = getattr(args, "html", None)
     if path is None or path == "-":
         return path
@@ -151,10 +154,21 @@ def checked_html_path(args: argparse.Namespace) -> str | None:
         raise OptionError(f"--html: {path!r} is a folder, not a file")
     if os.path.lexists(path):
         kind = _file_kind(path)
-        if kind != "a regular file":
+        if kind != "a regular file" and not _is_devnull(path):
             raise OptionError(f"--html: {short_repr(path, 80)} is {kind}; --html writes a regular file (or '-' for "
                               "stdout)")
     return path
+
+
+def _is_devnull(path: str) -> bool:
+    """Whether `path` is the null device (/dev/null, or a link to it), by stat alone."""
+    import stat
+
+    try:
+        seen, null = os.stat(path), os.stat(os.devnull)
+    except OSError:
+        return False
+    return stat.S_ISCHR(seen.st_mode) and stat.S_ISCHR(null.st_mode) and seen.st_rdev == null.st_rdev
 
 
 def _file_kind(path: str) -> str:
@@ -163,6 +177,8 @@ def _file_kind(path: str) -> str:
 
     try:
         mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a symbolic link to nothing" if os.path.islink(path) else "gone"
     except OSError as err:
         return f"unreadable ({err.strerror})"
     for test, words in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
@@ -178,10 +194,15 @@ def write_html_page(page: str, path: str) -> None:
     if path == "-":
         write(page)
         return
+    size = f"{len(page.encode('utf-8')) / 1e6:.1f} MB"
+    if _is_devnull(path):
+        print(f"paramscope: the page ({size}) went to {path}, which discards it", file=sys.stderr)
+        return
     existed = os.path.lexists(path)
     try:
         # non-blocking: a FIFO that appeared since the check fails at once (no reader) instead of waiting for one
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, 0o666)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
+                             0o666)
         import stat
 
         if not stat.S_ISREG(os.fstat(descriptor).st_mode):
@@ -195,5 +216,4 @@ def write_html_page(page: str, path: str) -> None:
             with contextlib.suppress(OSError):
                 os.remove(path)
         raise OptionError(f"--html: cannot write {path!r}: {err.strerror}") from None
-    print(f"paramscope: wrote {path} ({len(page.encode('utf-8')) / 1e6:.1f} MB; open it in any browser, "
-          "it needs no network)", file=sys.stderr)
+    print(f"paramscope: wrote {path} ({size}; open it in any browser, it needs no network)", file=sys.stderr)

@@ -32,16 +32,19 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..audit import audit
-    from ..render.audit import render_audit_json, render_audit_text
+    from ..render.audit import iter_audit_json, iter_audit_text
 
     width = None if args.json else checked_width(args)  # bad options fail before any build
     result = audit(args.path, config=args.config, model_class=args.model_class, task=args.task,
                    num_labels=args.num_labels, trust_remote_code=args.trust_remote_code, revision=args.revision,
                    use_cache=not args.no_cache)
     if args.json:
-        write(render_audit_json(result) + "\n")
+        for piece in iter_audit_json(result):  # a million findings are written as they are formatted
+            write(piece)
+        write("\n")
     else:
-        write(render_audit_text(result, width, color=use_color(), all_keys=args.all_rows))
+        for piece in iter_audit_text(result, width, color=use_color(), all_keys=args.all_rows):
+            write(piece)
     if not args.no_cache and not args.trust_remote_code:
         # after a build, a template: the next audit (or inspect) of this class answers without torch
         record_after_build(result.report, result.source, model_class=args.model_class, task=args.task,
