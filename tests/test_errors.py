@@ -273,9 +273,15 @@ def test_a_recording_that_fails_is_silent_unless_debug(capsys, monkeypatch, writ
     assert "Traceback (most recent call last)" in err and "disk_full" in err
 
 
-def test_a_window_of_zero_is_no_window_and_the_report_says_so(write_config, capsys):
-    """transformers reads sliding_window 0 as no window (Qwen2-MoE's default): accepted, and named."""
-    config = write_config({"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": 0})
+def test_a_window_of_zero_is_no_window_only_where_transformers_reads_it_so(write_config, capsys):
+    """Beside use_sliding_window false (Qwen2-MoE's own default writes 0 there) sliding_window 0 is no window:
+    accepted, and named. Elsewhere transformers builds a window of 0 tokens, whose mask hides every key (Mistral's
+    forward fails on it): refused in one line."""
+    config = write_config({"model_type": "qwen2_moe", "num_hidden_layers": 2, "sliding_window": 0,
+                           "use_sliding_window": False})
     assert main(["inspect", str(config)]) == 0
     assert "sliding_window=0: no window, as transformers reads it; every layer attends to every token" \
         in " ".join(capsys.readouterr().out.split())
+    config = write_config({"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": 0})
+    assert_one_line_error(capsys, ["inspect", str(config)], "config field 'sliding_window' is 0, a window of no "
+                                                             "tokens")

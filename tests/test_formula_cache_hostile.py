@@ -51,7 +51,7 @@ def cached(tmp_path_factory):
 def entry(cached, monkeypatch):
     """The real entry's path, restored before each test, with the cache pointed at it."""
     path, data, _ = cached
-    monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(path.parents[4]))
+    monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(path.parents[5]))  # <root>/paramscope-<version>/formulas/v…/<tf>/<class>
     for other in path.parent.iterdir():
         other.unlink()
     atomic_write_json(path, data)

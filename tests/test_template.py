@@ -210,8 +210,13 @@ def test_shipped_templates_are_fresh():
 
 @needs_shipped
 def test_a_tampered_template_costs_nothing_and_the_build_answers(tmp_path, monkeypatch):
-    """A cache entry whose stack would hold 12⁶ layers: the stand-ins stop at their cap and the build answers."""
+    """A cache entry whose stack would hold 12⁶ layers: the package's own template answers the preset (a cache
+    entry never overrides it), and where the cache's is the one read, the stand-ins stop at their cap and the build
+    answers."""
+    import time
+
     from paramscope.disk_cache import route_key
+    from paramscope.errors import AssumptionError
     from paramscope.template import cache_directory, write_template
 
     monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
@@ -219,11 +224,16 @@ def test_a_tampered_template_costs_nothing_and_the_build_answers(tmp_path, monke
     data = lookup_template(config).template.to_json()
     data["runs"][0]["mult"] = [[1, {"N": 6}]]
     tampered = Template.from_json(data)
-    write_template(tampered, route_key(config, model_class=None, task=None),
-                   cache_directory(installed_transformers_version()))
+    directory = cache_directory(installed_transformers_version())
+    write_template(tampered, route_key(config, model_class=None, task=None), directory)
     report = paramscope.inspect("bert-base-uncased")
-    assert report.model.engine == "build" and "modules" in report.model.engine_detail
-    assert report.total == 109_514_298
+    assert report.model.engine == "template" and report.total == 109_514_298
+    found = lookup_template(config, directories=[directory])
+    assert found.template == tampered
+    started = time.perf_counter()
+    with pytest.raises(AssumptionError, match="modules"):
+        found.template.module(config)
+    assert time.perf_counter() - started < 2
 
 
 @needs_shipped

@@ -6,6 +6,8 @@ torch and transformers are imported inside the functions, so that `import params
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +112,10 @@ MAX_LAYERS = 1024  # the deepest published transformer (DeepNet) has 1,000 layer
 MAX_MODULES = 15_000  # Llama-3.1-405B builds 1,645 modules, DeepSeek-V3 1,215; 15,000 take about 4 s
 MAX_DIMENSION = 2**31 - 1  # no tensor dimension is larger; products of three stay inside int64
 MAX_LABELS = 100_000  # transformers builds an id2label entry per label: 1,000,000 cost 12 s and 650 MB
+# `memory` and `flops` run more than a build per layer (a prefill on meta to check the KV cache, traces, analytic
+# sums): about 25-30 ms a layer on a 2-core machine, so a 1,024-layer build took 22-36 s there. They build at most
+# this many, within 30 s; inspect, compare and diff build up to MAX_LAYERS.
+MAX_COST_LAYERS = 512
 _INT64_MAX = 2**63 - 1
 _SUB_CONFIG_DEPTH = 4  # text_config.…: multimodal configs nest one or two levels
 
@@ -145,6 +151,26 @@ def validate_config_dict(config: dict[str, Any]) -> None:
     if isinstance(labels, dict) and len(labels) > MAX_LABELS:
         raise ConfigError(f"config field 'id2label' has {len(labels):,} labels, more than the {MAX_LABELS:,} "
                           "paramscope builds")
+
+
+def check_cost_layers(config: dict[str, Any]) -> None:
+    """Refuse, before a build, a config with more than MAX_COST_LAYERS layers in a stack (memory and flops build at
+    most that many; inspect takes up to MAX_LAYERS), naming the field and the bound."""
+
+    def visit(level: dict[str, Any], prefix: str, depth: int) -> None:
+        for key in _LAYER_FIELDS:
+            items = _size_items(level.get(key)) if level.get(key) is not None else None
+            if items and sum(items) > MAX_COST_LAYERS:
+                raise ConfigError(f"config field {prefix + key!r} is {sum(items):,}, more than the {MAX_COST_LAYERS:,} "
+                                  f"layers memory and flops build (they run a prefill, traces and sums over every "
+                                  f"layer, about 25 ms each); inspect takes up to {MAX_LAYERS:,}")
+        if depth < _SUB_CONFIG_DEPTH:
+            for key, value in level.items():
+                if isinstance(value, dict) and key not in ("id2label", "label2id", "auto_map"):
+                    visit(value, f"{prefix}{key}.", depth + 1)
+
+    if isinstance(config, dict):
+        visit(config, "", 0)
 
 
 def check_num_labels(value: Any, what: str | None = None) -> None:
@@ -231,13 +257,21 @@ def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
                 _check_level(value, f"{name(key)}.", depth + 1)
 
 
-# The routed experts a token meets, by the keys the cost engines read them under (cost/dims.py), and the expert counts.
-_TOP_K_FIELDS = ("num_experts_per_tok", "moe_top_k", "num_selected_experts", "top_k")
+# The routed experts a token meets and the expert counts, in the order the cost engines read them (cost/dims.py:
+# the first key a config sets is the one read, so it is the one checked).
+_TOP_K_FIELDS = ("num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts")
 _EXPERT_FIELDS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
 _WINDOW_FIELDS = ("sliding_window", "attention_chunk_size")
-# dtype names a config may declare (transformers' torch_dtype / dtype), as torch spells them, and "auto"
-_DTYPE_NAMES = frozenset({"float32", "float", "float16", "half", "bfloat16", "float64", "double", "int8", "uint8",
-                          "float8_e4m3fn", "float8_e5m2", "auto"})
+# Config classes whose sliding_window is read only when use_sliding_window is true (default false): there 0 is how
+# transformers itself writes "no window" (Qwen2-MoE's __init__ sets it when the flag is off)
+_WINDOW_FLAG_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen2_5_omni", "qwen3", "qwen3_moe",
+                                "smollm3"})
+# dtype names a config may declare (transformers' torch_dtype / dtype), as torch spells them: the floating types a
+# model is built in. transformers' config refuses "auto" (a from_pretrained argument, no torch dtype), and an integer
+# or float8 default dtype fails in torch before any weight is made.
+_DTYPE_NAMES = frozenset({"float32", "float", "float16", "half", "bfloat16", "float64", "double"})
+_NOT_BUILD_DTYPES = frozenset({"auto", "int8", "uint8", "int16", "int32", "int64", "bool", "float8_e4m3fn",
+                               "float8_e5m2"})
 
 
 def _check_cost_fields(config: dict[str, Any], name) -> None:
@@ -256,21 +290,34 @@ def _check_cost_fields(config: dict[str, Any], name) -> None:
             break  # the first key set is the one read
     for key in _WINDOW_FIELDS:
         value = config.get(key)
-        # 0 is transformers' own "no window" (Qwen2-MoE's default): accepted, and named in the report's notes
-        if value is not None and (type(value) is not int or value < 0):
-            raise ConfigError(f"config field {name(key)!r} must be a positive number of tokens, or 0 or null for "
-                              f"none; got {short_repr(value)}")
+        if value is None:
+            continue
+        if type(value) is not int or value < 0:
+            raise ConfigError(f"config field {name(key)!r} must be a positive number of tokens, or null for none; "
+                              f"got {short_repr(value)}")
+        if value == 0 and not (key == "sliding_window" and _window_flag_off(config)):
+            # transformers builds it, as a window of 0 tokens: every layer's mask hides every key, and its cache
+            # keeps a negative count of tokens. Only beside use_sliding_window false is 0 "no window".
+            raise ConfigError(f"config field {name(key)!r} is 0, a window of no tokens; give a positive number of "
+                              "tokens, or null for none" + (" (0 means none only beside use_sliding_window false)"
+                                                            if key == "sliding_window" else ""))
     for key in ("torch_dtype", "dtype"):
         value = config.get(key)
         if value is None or isinstance(value, dict):  # a dtype per sub-config is transformers' own to resolve
             continue
-        if not isinstance(value, str) or value.removeprefix("torch.").lower() not in _DTYPE_NAMES:
+        spelled = value.removeprefix("torch.").lower() if isinstance(value, str) else None
+        if spelled in _NOT_BUILD_DTYPES:
+            raise ConfigError(f"config field {name(key)!r} is {short_repr(value)}, not a dtype a model is built in "
+                              "(float32, bfloat16, float16 or float64; a checkpoint's quantisation is its "
+                              "quantization_config)")
+        if spelled not in _DTYPE_NAMES:
             raise ConfigError(f"config field {name(key)!r} is not a dtype: {short_repr(value)} (float32, bfloat16, "
                               "float16, …)")
     for key in ("id2label", "label2id"):
         value = config.get(key)
         if value is not None and not isinstance(value, dict):
             raise ConfigError(f"config field {name(key)!r} must be a mapping of labels, got {short_repr(value)}")
+    _check_label_ids(config.get("id2label"), name)
     for key in ("rope_scaling", "rope_parameters"):
         value = config.get(key)
         if value is not None and not isinstance(value, dict):
@@ -280,30 +327,109 @@ def _check_cost_fields(config: dict[str, Any], name) -> None:
     if quant is not None and not isinstance(quant, dict):
         raise ConfigError(f"config field {name('quantization_config')!r} must be a mapping, got {short_repr(quant)}")
     if isinstance(quant, dict):
-        _check_quantization(quant, name)
+        _check_quantization(quant, name, config)
+
+
+def _window_flag_off(config: dict[str, Any]) -> bool:
+    """Whether the config's class reads sliding_window only under a use_sliding_window flag, and it is off."""
+    flag = config.get("use_sliding_window")
+    if flag is None:
+        return config.get("model_type") in _WINDOW_FLAG_TYPES  # their default is false
+    return flag is False
+
+
+_LABEL_ID = re.compile(r"^\s*[+-]?\d{1,18}\s*$")
+
+
+def _check_label_ids(id2label: Any, name) -> None:
+    """id2label's keys are label ids: transformers reads each with int(), so "x" fails it (after seconds of
+    imports) and "0" beside "00" is one label, not two (the count would differ from the dict's length)."""
+    if not isinstance(id2label, dict):
+        return
+    seen: dict[int, Any] = {}
+    for key in id2label:
+        if not (type(key) is int or isinstance(key, str) and _LABEL_ID.match(key)):
+            raise ConfigError(f"config field {name('id2label')!r} must map label ids (integers) to names, got the key "
+                              f"{short_repr(key)}")
+        number = int(key)
+        if number in seen:
+            raise ConfigError(f"config field {name('id2label')!r} gives label id {number} twice "
+                              f"({short_repr(seen[number])} and {short_repr(key)})")
+        seen[number] = key
 
 
 # Bits each packed format stores (transformers' GPTQ and AWQ integrations)
 _QUANT_BITS = {"gptq": (2, 3, 4, 8), "awq": (4,)}
+# The widths a GPTQ/AWQ group runs along: the input dimension of the linears they quantise (the hidden size for
+# attention and the MLP's up and gate projections, the intermediate sizes for its down projections)
+_GROUPED_DIMENSIONS = ("hidden_size", "d_model", "n_embd", "intermediate_size", "moe_intermediate_size",
+                       "shared_expert_intermediate_size", "ffn_dim", "n_inner", "d_ff")
 
 
-def _check_quantization(quant: dict[str, Any], name) -> None:
+def _check_quantization(quant: dict[str, Any], name, config: dict[str, Any] | None = None) -> None:
+    def field(key: str) -> str:
+        return repr(name("quantization_config." + key))
+
     method = str(quant.get("quant_method") or "").lower()
+    flags = {key: quant.get(key, quant.get("_" + key)) for key in ("load_in_4bit", "load_in_8bit")}
+    if method == "bitsandbytes" or any(flags.values()):
+        for key, flag in flags.items():
+            if flag is not None and type(flag) is not bool:
+                raise ConfigError(f"config field {field(key)} must be true or false, got {short_repr(flag)}")
+        if flags["load_in_4bit"] and flags["load_in_8bit"]:
+            raise ConfigError(f"config fields {field('load_in_4bit')} and {field('load_in_8bit')} are both true; "
+                              "bitsandbytes stores one or the other")
+        if not any(flags.values()):
+            raise ConfigError(f"config field {field('quant_method')} is 'bitsandbytes' but neither load_in_4bit nor "
+                              "load_in_8bit is true: no storage is declared")
+        bits = 4 if flags["load_in_4bit"] else 8
+        if "bits" in quant and quant["bits"] != bits:
+            raise ConfigError(f"config field {field('bits')} is {short_repr(quant['bits'])}, but "
+                              f"{'load_in_4bit' if bits == 4 else 'load_in_8bit'} stores {bits}-bit weights")
+        kind = quant.get("bnb_4bit_quant_type")
+        if bits == 4 and kind is not None and (not isinstance(kind, str) or kind.lower() not in ("nf4", "fp4")):
+            raise ConfigError(f"config field {field('bnb_4bit_quant_type')} must be 'nf4' or 'fp4', got "
+                              f"{short_repr(kind)}")
+        return
+    if method in ("fp8", "finegrained_fp8"):
+        block = quant.get("weight_block_size")
+        if block is not None and not (isinstance(block, list) and len(block) == 2 and all(
+                type(b) is int and 1 <= b <= MAX_DIMENSION for b in block)):
+            raise ConfigError(f"config field {field('weight_block_size')} must be two positive integers (rows, "
+                              f"columns) or null, got {short_repr(block)}")
+        return
     if method not in _QUANT_BITS:
         return
     for key in ("bits", "w_bit"):
         if key in quant:
             bits = quant[key]
             if type(bits) is not int or bits not in _QUANT_BITS[method]:
-                raise ConfigError(f"config field {name('quantization_config.' + key)!r} must be one of "
+                raise ConfigError(f"config field {field(key)} must be one of "
                                   f"{', '.join(map(str, _QUANT_BITS[method]))} for {method.upper()}, got "
                                   f"{short_repr(bits)}")
     for key in ("group_size", "q_group_size"):
         if key in quant:
             group = quant[key]
             if type(group) is not int or not (group == -1 or 1 <= group <= MAX_DIMENSION):
-                raise ConfigError(f"config field {name('quantization_config.' + key)!r} must be a positive group "
-                                  f"size, or -1 for one group per row; got {short_repr(group)}")
+                raise ConfigError(f"config field {field(key)} must be a positive group size, or -1 for one group "
+                                  f"per row; got {short_repr(group)}")
+            if group > 0 and config is not None:
+                for width in _GROUPED_DIMENSIONS:
+                    value = _grouped_width(config, width)
+                    if value is not None and value % group:
+                        raise ConfigError(f"config field {field(key)} is {group}, which does not divide {width} "
+                                          f"{value:,}: {method.upper()} quantises each linear's input in whole "
+                                          "groups")
+            break  # the first key set is the one read
+
+
+def _grouped_width(config: dict[str, Any], key: str) -> int | None:
+    """A width field of the config, or of its text_config when the config has none (a multimodal checkpoint's
+    quantization_config sits at the top, its language model's sizes below)."""
+    for level in (config, config.get("text_config")):
+        if isinstance(level, dict) and type(level.get(key)) is int and level[key] > 0:
+            return level[key]
+    return None
 
 
 def _size_items(value: Any) -> list[int] | None:
@@ -423,6 +549,10 @@ def extra_config_notes(config: dict[str, Any]) -> tuple[str, ...]:
     for key in _WINDOW_FIELDS:
         if config.get(key) == 0 and type(config.get(key)) is int:
             notes.append(f"{key}=0: no window, as transformers reads it; every layer attends to every token")
+    labels, num_labels = config.get("id2label"), config.get("num_labels")
+    if isinstance(labels, dict) and type(num_labels) is int and num_labels != len(labels):
+        notes.append(f"num_labels={num_labels} and id2label's {len(labels)} labels disagree: transformers builds "
+                     f"{num_labels} labels (it warns, and names them LABEL_0 …), and so does paramscope")
     mtp = config.get("num_nextn_predict_layers")
     if isinstance(mtp, int) and not isinstance(mtp, bool) and mtp > 0:
         notes.append(f"num_nextn_predict_layers={mtp}: the multi-token-prediction module ships in the checkpoint "
@@ -489,10 +619,25 @@ def remote_class(reference: str, code_location: str | None):
     if code_location is None:
         raise RemoteCodeError("remote code can only be loaded from a model directory, a config file's folder or a "
                               "hub id")
+    # Offline first, as a hub id's config is read (sources.hub_online): code on the Hub (a "repo--module.Class"
+    # reference, or a hub id's own files) is fetched only when HF_HUB_OFFLINE is unset and the Hub answers one quick
+    # connect; otherwise only the local cache is read, and a miss is one line at once (huggingface_hub would retry a
+    # dead connection five times, about 25 s, printing each).
+    from .sources import hub_offline, hub_offline_reason
+
+    offline_because = None
+    if "--" in reference or not os.path.isdir(code_location):
+        offline_because = hub_offline_reason()
     try:
-        with quiet_transformers():
-            return get_class_from_dynamic_module(reference, code_location)
+        with quiet_transformers(), hub_offline(offline_because is not None):
+            return get_class_from_dynamic_module(reference, code_location, local_files_only=offline_because is not None)
     except Exception as err:  # broad on purpose: importing remote code runs it; the error names what it raised
+        if offline_because is not None and isinstance(err, OSError):
+            from huggingface_hub import constants
+
+            raise RemoteCodeError(f"could not load remote code {reference} from {code_location}: {offline_because}, "
+                                  f"and the code is not in the local cache ({constants.HF_HUB_CACHE}); nothing ran") \
+                from None
         raise RemoteCodeError(f"could not load remote code {reference} from {code_location}: "
                               f"{_first_line(err)}") from err
 

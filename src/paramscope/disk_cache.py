@@ -3,8 +3,12 @@ reads of entries and atomic writes.
 
 Layout: `<root>/v<format>/<transformers version>/<class>/<key>.json` for each kind of entry (formula_cache.py,
 template.py, cost/facts/store.py), and `<root>/v<format>/<transformers version>/routes/<hash>.json` for the class a
-request (`route_key`) was answered with. <root> lies under `cache_root()`: $PARAMSCOPE_CACHE_DIR, else the
-platform cache directory (~/.cache/paramscope on Linux); the package ships templates in the same layout.
+request (`route_key`) was answered with. In the user's cache <root> lies under `bound_root()`:
+`<cache_root()>/paramscope-<paramscope version>/<kind>`, where `cache_root()` is $PARAMSCOPE_CACHE_DIR, else the
+platform cache directory (~/.cache/paramscope on Linux), so an entry is only ever read by the paramscope version and
+the transformers version that wrote it; the package ships templates in the same layout, without the paramscope
+level. Stores whose key hashes what they were derived from (cost/derived/store.py, plan_store.py) hash `versions()`
+into it and repeat it in the entry.
 
 Writing is atomic (temp file + os.replace), so concurrent runs never see a half-written file, and two writers of
 the same entry write the same bytes. Reading never trusts the cache: an entry is read only when it is a regular
@@ -15,6 +19,7 @@ MAX_CACHED_ENTRIES of a class and says why each one it skips was skipped.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -24,6 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from ._version import __version__
 from .safe_io import read_json
 
 MAX_ENTRY_BYTES = 4 * 1024 * 1024
@@ -63,6 +69,13 @@ def cache_root() -> Path:
         return Path(base) / "paramscope" / "Cache"
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "paramscope"
+
+
+def bound_root() -> Path:
+    """The part of the user cache this paramscope version reads and writes (templates, formulas, cost facts and
+    routes): entries another paramscope version wrote lie beside it and are never read, since how an entry is
+    derived and checked may have changed between versions; they are rebuilt instead."""
+    return cache_root() / f"paramscope-{safe_name(__version__)}"
 
 
 def safe_name(name: str) -> str:
@@ -112,6 +125,25 @@ def installed_transformers_version() -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=None)
+def package_version(name: str) -> str:
+    """An installed distribution's version, or "none" (read once per process: about 15 ms each)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def versions(*extra: str) -> list[str | None]:
+    """What a derived entry depends on besides its own key: the versions of paramscope, torch and transformers
+    (then of each of `extra`, e.g. "peft"). Hashed into the keys of cost/derived/store.py and plan_store.py and
+    repeated in their entries, which are read only when it is equal."""
+    return [__version__, package_version("torch"), installed_transformers_version(),
+            *(package_version(name) for name in extra)]
+
+
 def roles_fingerprint() -> str:
     """Changes whenever the role rules change, so that a cached per-role split is never stale."""
     from . import roles
@@ -145,13 +177,47 @@ def route_file(directory: Path, key: str) -> Path:
     return directory / "routes" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
 
 
+CLASS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")  # a route's class: one Python identifier
+_OWN_CLASS = "the checkpoint's own class (config architectures[0])"
+
+
+def route_fits(key: str, class_name: str, reason: str | None) -> bool:
+    """Whether a kept route is one the build could have written for request `key` (route_key): its class an
+    identifier and, where it keeps the reason, the reason build.choose_class gives for that request and class. So
+    a route edited to send `bert|default|BertForMaskedLM` to BertModel is refused, not reported as "the
+    checkpoint's own class"."""
+    parts = key.split("|", 2)
+    if len(parts) != 3 or not CLASS_NAME.match(class_name):
+        return False
+    _, how, what = parts
+    if reason is None:  # formula routes keep no reason
+        return True
+    if how == "default":
+        if not what:
+            return reason == "AutoModel fallback (no architectures in the config)"
+        if class_name == what:
+            return reason == _OWN_CLASS
+        return reason in (f"architectures[0] {what!r} is not a transformers class; {class_name} is the native class "
+                          "with the same head",
+                          f"AutoModel fallback (architectures[0] {what!r} is not a transformers class)")
+    if how == "task":
+        from .build import TASKS
+
+        return what in TASKS and reason.startswith("--task ") and reason.endswith(f": {TASKS[what][1]}")
+    return False
+
+
 def read_route(directory: Path, key: str | None, fields: tuple[str, ...] = ("class",)) -> dict[str, Any] | None:
-    """The route kept for request `key` in `directory`, when it is readable and each of `fields` is a string."""
+    """The route kept for request `key` in `directory`, when it is readable, each of `fields` is a string, it was
+    written for `key` and its class and reason are ones the build gives for it (route_fits)."""
     try:
         route = read_entry(route_file(directory, key or ""))
     except CacheEntryError:
         return None
     if not isinstance(route, dict) or not all(isinstance(route.get(name), str) for name in fields):
+        return None
+    if key is None or route.get("route") != key or not route_fits(key, route["class"], route.get("reason")
+                                                                   if "reason" in fields else None):
         return None
     return route
 

@@ -3,8 +3,10 @@ transformers or sympy.
 
 One file per formula (formula_spec.FormulaSpec as JSON), in the disk cache's layout (disk_cache.py):
 
-    <cache>/formulas/v<FORMAT>/<transformers version>/<class>/<hash of the structural conditions>.json
-    <cache>/formulas/v<FORMAT>/<transformers version>/routes/<hash of the request>.json   (request → class)
+    <cache>/paramscope-<version>/formulas/v<FORMAT>/<transformers version>/<class>/<hash of the conditions>.json
+    <cache>/paramscope-<version>/formulas/v<FORMAT>/<transformers version>/routes/<hash of the request>.json
+
+(the second: request → class), so an entry is read only by the paramscope and transformers versions that wrote it.
 
 So the cached path of `paramscope formula` reads one small JSON file. Reading never trusts it: an entry is read
 and checked by the disk cache and FormulaSpec.from_json, filed under its own conditions' hash, and must reproduce
@@ -18,14 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .disk_cache import (cache_root, class_directory, entry_path, installed_transformers_version, read_entries,
+from .disk_cache import (bound_root, class_directory, entry_path, installed_transformers_version, read_entries,
                          read_route, roles_fingerprint, route_file, route_key, versioned_directory, write_entry)
 from .formula_spec import FORMAT, FormulaSpec
 
 
 def formula_directory(version: str) -> Path:
-    """Where the formulas derived with transformers `version` are kept."""
-    return versioned_directory(cache_root() / "formulas", FORMAT, version)
+    """Where the formulas this paramscope version derived with transformers `version` are kept."""
+    return versioned_directory(bound_root() / "formulas", FORMAT, version)
 
 
 def store(spec: FormulaSpec, *, route: str | None = None) -> Path | None:

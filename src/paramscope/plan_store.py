@@ -3,8 +3,9 @@
 memory recipes are kept (derived/store.py), and its traced FLOPs at each batch, length and checkpointing asked.
 
 An entry is bound to what made it (the key's hash holds the config snapshot, the class, every plan option and the
-versions of paramscope, torch, transformers and PEFT) and read through disk_cache's bounded reader, every field
-checked. Torch-free: nothing here imports torch.
+versions of paramscope, torch, transformers and PEFT: disk_cache.versions("peft"), repeated in the entry with the
+key and the class, all equal before it is read) and read through disk_cache's bounded reader, every field checked.
+Torch-free: nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -12,34 +13,23 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ._version import __version__
-from .disk_cache import CacheEntryError, cache_root, entry_path, expect, is_int, read_entry, write_entry
+from .disk_cache import CacheEntryError, cache_root, entry_path, expect, is_int, read_entry, versions, write_entry
 
 FORMAT = 1
 PLANS = "plans"  # the entries' class directory: a plan key already holds the class
 MAX_MODULES = 1 << 16  # entries of a by-module FLOP table: a model's modules, a few thousand
 
 
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "none"
-
-
 def plan_key(config: dict[str, Any], class_name: str, options: Any, num_labels: int | None = None) -> str:
     """The key of `options` (plan.PlanOptions) applied to `class_name` built from `config`: the dict as read, which
     the build and the template's stand-ins both start from."""
-    from .disk_cache import installed_transformers_version
-
     payload = {"config": json.loads(json.dumps(config, sort_keys=True, default=str)), "class": class_name,
                "num_labels": num_labels,
                "options": dataclasses.asdict(options),
-               "versions": [__version__, _version("torch"), installed_transformers_version(), _version("peft")]}
+               "versions": versions("peft")}
     return "plan-" + hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -55,7 +45,8 @@ def find_flops(class_name: str, key: str, *, batch: int, seq: int, checkpointing
     """The plan's traced FLOPs at that point (traced/flops.TracedFlops), or None."""
     try:
         data = read_entry(_path(class_name, key))
-        if not isinstance(data, dict) or data.get("key") != key or data.get("class") != class_name:
+        if (not isinstance(data, dict) or data.get("key") != key or data.get("class") != class_name
+                or data.get("versions") != versions("peft")):
             return None
         points = data.get("points")
         expect(isinstance(points, dict) and len(points) <= 4096, "points")
@@ -70,12 +61,13 @@ def keep_flops(class_name: str, key: str, flops: Any, *, batch: int, seq: int, c
     points: dict[str, Any] = {}
     try:
         data = read_entry(path)
-        if isinstance(data, dict) and data.get("key") == key and isinstance(data.get("points"), dict):
+        if (isinstance(data, dict) and data.get("key") == key and data.get("versions") == versions("peft")
+                and isinstance(data.get("points"), dict)):
             points = dict(list(data["points"].items())[-1000:])  # the newest points, bounded
     except (CacheEntryError, OSError):
         pass
     points[_point(batch, seq, checkpointing)] = flops_to_json(flops)
-    return write_entry(path, {"key": key, "class": class_name, "points": points})
+    return write_entry(path, {"key": key, "class": class_name, "versions": versions("peft"), "points": points})
 
 
 def flops_to_json(flops: Any) -> dict[str, Any]:

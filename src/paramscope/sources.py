@@ -148,25 +148,60 @@ def check_hub_id(repo_id: str) -> None:
         raise SourceError(f"{repo_id!r} is not a valid hub id: {why}") from None
 
 
+HUB_CONNECT_TIMEOUT = 3.0  # seconds: the one connect that decides whether the Hub is asked at all
+
+
 def hub_online() -> bool:
     """Whether the Hub may be asked: HF_HUB_OFFLINE is not set and it answers a TCP connect."""
+    return hub_offline_reason() is None
+
+
+def hub_offline_reason() -> str | None:
+    """Why the Hub is not asked, in words for an error line (None: it may be): HF_HUB_OFFLINE is set, or the
+    endpoint did not answer one TCP connect within HUB_CONNECT_TIMEOUT seconds."""
     from huggingface_hub import constants
 
-    return not constants.is_offline_mode() and _hub_reachable()
+    if constants.is_offline_mode():
+        return "HF_HUB_OFFLINE is set"
+    host, port = _hub_address()
+    if not _hub_reachable():
+        return (f"the Hugging Face Hub cannot be reached (no answer from {host}:{port} within "
+                f"{HUB_CONNECT_TIMEOUT:g} s)")
+    return None
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
+@contextlib.contextmanager
+def hub_offline(active: bool = True):
+    """huggingface_hub in offline mode while it runs (when `active`: the Hub was found unreachable): not one request,
+    not even those it makes for itself (its user-agent header fetches a registry from the Hub, 3 s more when the
+    Hub does not answer). HF_HUB_OFFLINE set by the user is left as it is."""
+    if not active:
+        yield
+        return
+    from huggingface_hub import constants
+
+    previous = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = previous
+
+
+def _hub_address() -> tuple[str, int]:
+    from huggingface_hub import constants
+
+    parsed = urlparse(constants.ENDPOINT)
+    return parsed.hostname or "huggingface.co", parsed.port or (443 if parsed.scheme == "https" else 80)
+
+
+def _hub_reachable(timeout: float = HUB_CONNECT_TIMEOUT) -> bool:
     """One quick TCP connect, so that an offline machine answers from the cache at once.
 
     Without it, huggingface_hub retries a dead connection for about 25 seconds.
     """
-    from huggingface_hub import constants
-
-    parsed = urlparse(constants.ENDPOINT)
-    host = parsed.hostname or "huggingface.co"
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
-        with socket.create_connection((host, port), timeout=timeout):
+        with socket.create_connection(_hub_address(), timeout=timeout):
             return True
     except OSError:
         return False
@@ -208,7 +243,8 @@ def _from_hub(repo_id: str, revision: str | None) -> Source:
 
     online = hub_online()
     try:
-        with hub_errors(repo_id, revision), progress.status(f"fetching {repo_id}'s config.json"):
+        with hub_errors(repo_id, revision), progress.status(f"fetching {repo_id}'s config.json"), \
+                hub_offline(not online):
             path = hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=not online)
     except SourceError as err:  # a misspelled preset's hub id ("google-bert/bert-base-uncasd") is no hub problem
         hint = did_you_mean(close_preset_names(repo_id))

@@ -17,8 +17,10 @@ report comes from the same code path as the build's. template_record.py derives 
 checks each one against the build's report at every config it probed before it is kept.
 
 Templates are kept in the disk cache as formulas are (disk_cache.py: atomic writes, bounded reads, every field
-checked) under <cache>/templates/v<FORMAT>/<transformers version>/<class>/<key>.json, and shipped in the package
-for every preset's class (presets/templates/), so a fresh install answers presets at once.
+checked) under <cache>/paramscope-<version>/templates/v<FORMAT>/<transformers version>/<class>/<key>.json, and shipped
+in the package for every preset's class (presets/templates/), so a fresh install answers presets at once. The
+package's own templates and routes are read first: an entry in the user's cache answers only what the package does
+not.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .disk_cache import (cache_root, class_directory, entry_path, expect, installed_transformers_version, read_entries,
+from .disk_cache import (bound_root, class_directory, entry_path, expect, installed_transformers_version, read_entries,
                          read_route, roles_fingerprint, route_file, route_key, safe_name, versioned_directory,
                          write_entry)
 from .errors import TemplateError
@@ -360,7 +362,8 @@ def shipped_directory(version: str) -> Path:
 
 
 def cache_directory(version: str) -> Path:
-    return template_directory(cache_root() / "templates", version)
+    """Where the user's cache keeps templates this paramscope version recorded with transformers `version`."""
+    return template_directory(bound_root() / "templates", version)
 
 
 def store_template(template: Template, route: str | None) -> Path | None:
@@ -395,8 +398,9 @@ class TemplateLookup:
 def lookup_template(config: dict[str, Any], *, model_class: str | None = None, task: str | None = None,
                     num_labels: int | None = None, directories: list[Path] | None = None,
                     version: str | None = None) -> TemplateLookup:
-    """The cached or shipped template that answers `config` (or the first of `directories` that holds one);
-    never imports torch or transformers. `version`: the transformers version it must have been recorded with (the
+    """The shipped or cached template that answers `config` (or the first of `directories` that holds one);
+    never imports torch or transformers. The package's own templates and routes are read before the user's cache,
+    so a cache entry never overrides them. `version`: the transformers version it must have been recorded with (the
     installed one unless given: template_adopt.py reads another version's shipped templates this way)."""
     version = version or installed_transformers_version()
     model_type = config.get("model_type")
@@ -405,7 +409,7 @@ def lookup_template(config: dict[str, Any], *, model_class: str | None = None, t
     # auto_map (remote code) beside a native model_type is ignored by the build too; templates are only ever
     # recorded for transformers' own classes, and each is checked against the config's model_type below
     route = route_key(config, model_class=model_class, task=task)
-    roots = directories or [cache_directory(version), shipped_directory(version)]
+    roots = directories or [shipped_directory(version), cache_directory(version)]
     class_name, reason = model_class, (f"--class {model_class}" if model_class else None)
     if class_name is None:
         for root in roots:

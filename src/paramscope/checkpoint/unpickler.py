@@ -6,10 +6,19 @@ pure-Python pickle VM with every way out closed: `find_class` knows only the han
 tensors (anything else is refused, naming the global, before it runs), each of those rebuilds nothing but an inert
 record, no record accepts state, and `persistent_load` accepts only torch storages whose size the zip's own
 bookkeeping proves. Nothing here imports torch.
+
+A pickle is also a program that may run long or allocate much: the work is bounded before the result is looked at.
+data.pkl is at most MAX_PICKLE_BYTES, the VM runs at most MAX_PICKLE_OPS opcodes (a state dict needs 32 per tensor),
+none of the opcodes that build sets, byte arrays or out-of-band buffers (a state dict has none, and each costs
+hundreds of bytes per byte of pickle) runs, and the zip lists at most MAX_ZIP_ENTRIES files. So a hostile file is
+refused within about a second and 300 MB, naming the bound; the cyclic garbage collector is paused while the VM
+runs (it rescans every object the pickle made, again and again, for nothing: none of them is garbage).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import math
 import pickle
@@ -23,8 +32,13 @@ from ..errors import short_repr as _q
 from ..safe_io import short_error
 from .tensors import DTYPE_BITS, CheckpointTensor, bounded_prod
 
-# A data.pkl this large is not a real state dict (a 100k-tensor model needs a few MB).
-MAX_PICKLE_BYTES = 64 * 1024 * 1024
+# Bounds on a .bin's pickle, each far above a real state dict (about 133 bytes, 32 opcodes and one zip entry a
+# tensor) and low enough that a file built to exhaust them is refused within about a second and 300 MB (the pure-Python
+# VM runs about a million opcodes a second on a 2-core machine, and no opcode allowed makes more than about 150 bytes).
+MAX_PICKLE_BYTES = 32 * 1024 * 1024
+MAX_PICKLE_OPS = 1_500_000  # a state dict of about 46,000 tensors; transformers' .bin shards hold a few thousand
+MAX_ZIP_ENTRIES = 50_000  # one data file per storage, and a handful more
+_OPS_PER_TENSOR = 32
 
 # torch's legacy storage classes: the dtype of the storage a tensor lives in.
 _TORCH_STORAGE_DTYPES = {
@@ -83,6 +97,10 @@ class _Malformed(Exception):
 
 class _Refused(Exception):
     """A global outside the allow-list: the pickle wants to run something."""
+
+
+class _TooMuchWork(Exception):
+    """The pickle runs more opcodes than MAX_PICKLE_OPS."""
 
 
 class _Inert:
@@ -251,12 +269,58 @@ def _allowed_globals() -> dict[str, Any]:
 _ALLOWED_GLOBALS = _allowed_globals()
 
 
+def _counted(handler: Any) -> Any:
+    """`handler` (one opcode of the pure-Python VM), run only while the pickle's opcode budget lasts."""
+
+    def step(self: "_RestrictedUnpickler") -> None:
+        self.budget -= 1
+        if self.budget < 0:
+            raise _TooMuchWork
+        handler(self)
+
+    return step
+
+
+def _refused_opcode(name: str) -> Any:
+    def refuse(self: "_RestrictedUnpickler") -> None:
+        raise _Malformed(f"the pickle uses opcode {name}, which no state dict needs")
+
+    return refuse
+
+
+# Opcodes torch.save never writes, refused before they run: sets and frozensets (200+ bytes for each byte of
+# pickle), byte arrays and out-of-band buffers (protocol 5), and the copyreg extension registry.
+_REFUSED_OPCODES = ("EMPTY_SET", "ADDITEMS", "FROZENSET", "BYTEARRAY8", "NEXT_BUFFER", "READONLY_BUFFER", "EXT1",
+                    "EXT2", "EXT4")
+_DISPATCH = {code: _counted(handler)
+             for code, handler in pickle._Unpickler.dispatch.items()}  # type: ignore[attr-defined]
+for _name in _REFUSED_OPCODES:
+    _code = getattr(pickle, _name, None)
+    if isinstance(_code, bytes):
+        _DISPATCH[_code[0]] = _refused_opcode(_name)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """No cyclic garbage collection while the VM runs: every object it makes stays reachable until it returns, and
+    each collection would rescan them all (most of the time a large pickle takes, and nothing to free)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
-    """The pure-Python unpickler with every way out of the pickle VM closed.
+    """The pure-Python unpickler with every way out of the pickle VM closed, on an opcode budget.
 
     The pure-Python class is used on purpose: its memo is a dict, so a hostile memo index cannot
     make it allocate (the C unpickler sizes an array by the largest index it sees).
     """
+
+    dispatch = _DISPATCH
 
     def __init__(
         self, data: bytes, zip_entries: Mapping[str, zipfile.ZipInfo], prefix: str, archive_size: int
@@ -266,6 +330,7 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
         self._prefix = prefix
         self._archive_size = archive_size
         self.storages: dict[str, _Storage] = {}
+        self.budget = MAX_PICKLE_OPS
 
     def find_class(self, module: str, name: str) -> Any:
         qualname = f"{module}.{name}"
@@ -307,9 +372,23 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
         return storage
 
 
+def _check_entry_count(path: Path) -> None:
+    """Refuse a zip listing more than MAX_ZIP_ENTRIES files from its end record, before zipfile reads the central
+    directory into a ZipInfo (some 500 bytes) per file."""
+    try:
+        with open(path, "rb") as handle:
+            end = zipfile._EndRecData(handle)  # type: ignore[attr-defined]  # stable since Python 2, zip64 aware
+    except (OSError, AttributeError, zipfile.BadZipFile):
+        return  # unreadable or another Python: zipfile reports it, or reads it, as before
+    if end and end[4] > MAX_ZIP_ENTRIES:  # _ECD_ENTRIES_TOTAL
+        raise CheckpointError(f"{path}: the zip lists {end[4]:,} files, more than the {MAX_ZIP_ENTRIES:,} paramscope "
+                              "reads (a PyTorch checkpoint holds one per storage)")
+
+
 def read_torch_zip(path: Path) -> tuple[list[CheckpointTensor], int]:
     """The tensors of a zip-format torch.save file, and the bytes of its distinct storages."""
     try:
+        _check_entry_count(path)
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
             pickles = [i for i in infos if i.filename.endswith("data.pkl") and i.filename.count("/") <= 1]
@@ -321,7 +400,9 @@ def read_torch_zip(path: Path) -> tuple[list[CheckpointTensor], int]:
                 )
             entry = pickles[0]
             if entry.file_size > MAX_PICKLE_BYTES:
-                raise CheckpointError(f"{path}: data.pkl is {entry.file_size} bytes, too large to be a state dict")
+                raise CheckpointError(f"{path}: data.pkl is {entry.file_size:,} bytes, too large to be a state dict "
+                                      f"(paramscope reads at most {MAX_PICKLE_BYTES:,}; a state dict needs about 133 "
+                                      "a tensor)")
             with zf.open(entry) as handle:
                 # Read at most the limit: a compressed entry may lie about its size.
                 raw = handle.read(MAX_PICKLE_BYTES + 1)
@@ -332,13 +413,21 @@ def read_torch_zip(path: Path) -> tuple[list[CheckpointTensor], int]:
     except Exception as err:  # zipfile reports damage through many exception types
         raise CheckpointError(f"{path}: damaged zip archive: {short_error(err)}") from None
     if len(raw) > MAX_PICKLE_BYTES:
-        raise CheckpointError(f"{path}: data.pkl is larger than {MAX_PICKLE_BYTES} bytes")
+        raise CheckpointError(f"{path}: data.pkl is larger than {MAX_PICKLE_BYTES:,} bytes, too large to be a state "
+                              "dict (its entry claimed less)")
 
     prefix = entry.filename[: -len("data.pkl")]
     archive_size = path.stat().st_size
     unpickler = _RestrictedUnpickler(raw, {i.filename: i for i in infos}, prefix, archive_size)
     try:
-        root = unpickler.load()
+        with _collector_paused():
+            root = unpickler.load()
+    except _TooMuchWork:
+        raise CheckpointError(
+            f"{path}: refusing to load: data.pkl runs more than {MAX_PICKLE_OPS:,} pickle opcodes, the most "
+            f"paramscope runs for one file (a state dict needs {_OPS_PER_TENSOR} a tensor: about "
+            f"{MAX_PICKLE_OPS // _OPS_PER_TENSOR:,} tensors); nothing was executed"
+        ) from None
     except _Refused as err:
         raise CheckpointError(
             f"{path}: refusing to load: data.pkl calls {err.args[0]}, which is not a tensor-rebuilding "

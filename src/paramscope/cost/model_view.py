@@ -16,7 +16,6 @@ facts do not hold raises `FactsGap`, and the caller builds instead.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -45,7 +44,7 @@ class ModelView:
     matmul_classes: frozenset[str]  # module classes whose forward is one matmul by `weight` (nn.Linear, Conv1D)
     linear_classes: frozenset[str]  # module classes transformers' quantisers replace (exactly nn.Linear, Conv1D)
     default_skips: tuple[str, ...]  # transformers' get_keys_to_not_convert
-    keep_fp32: Callable[[str], str | None]  # compute dtype → the regex of names kept in fp32, or None
+    keep_fp32: Callable[[str], tuple[str, ...] | None]  # compute dtype → globs of the names kept in fp32, or None
     probe: Callable[[str], int | None]  # build dtype → the real cache's bytes after a 2-token prefill, or None
     module: Any = None  # the built module (traces); None from facts
 
@@ -69,11 +68,19 @@ class ModelView:
         return [path for path, sub in self.root.named_modules() if type(sub).__name__ in self.linear_classes]
 
     def kept_in_fp32(self, dtype: str, names: list[str]) -> frozenset[str]:
-        pattern = self.keep_fp32(dtype)
-        if not pattern:
+        """Of `names`, those transformers keeps in float32 when loading in `dtype`: globs paramscope compiles and
+        matches with bounded work (facts/globs.py), never a regular expression from a cache."""
+        from .facts.globs import match_any
+
+        try:
+            globs = self.keep_fp32(dtype)
+        except FactsGap:  # a class's own list no glob expresses: the build asks transformers' own matcher
+            if self.module is None:
+                raise
+            return _kept_by_transformers(self.module, dtype, names)
+        if not globs:
             return frozenset()
-        regex = re.compile(pattern)
-        return frozenset(name for name in names if regex.search(name))
+        return frozenset(name for name in names if match_any(globs, name))
 
 
 def from_module(module: Any, build_dtype: str | None = None) -> ModelView:
@@ -89,7 +96,7 @@ def from_module(module: Any, build_dtype: str | None = None) -> ModelView:
         matmul_classes=frozenset(type(sub).__name__ for _, sub in module.named_modules() if is_matmul_module(sub)),
         linear_classes=frozenset(type(sub).__name__ for _, sub in module.named_modules() if _is_linear(sub)),
         default_skips=_default_skips(module),
-        keep_fp32=functools.lru_cache(maxsize=None)(lambda dtype: _keep_fp32_pattern(module, dtype)),
+        keep_fp32=functools.lru_cache(maxsize=None)(lambda dtype: _keep_fp32_globs(module, dtype)),
         probe=functools.lru_cache(maxsize=None)(lambda dtype: _probe(module)),
         module=module,
     )
@@ -138,23 +145,39 @@ def _default_skips(module: Any) -> tuple[str, ...]:
         return ()
 
 
-def _keep_fp32_pattern(module: Any, dtype: str) -> str | None:
-    """The regex of names transformers keeps in float32 when loading in `dtype` (`_keep_in_fp32_modules` and
-    `_keep_in_fp32_modules_strict`), as its loader matches them; None when it keeps none."""
+def _keep_fp32_globs(module: Any, dtype: str) -> tuple[str, ...] | None:
+    """Globs of the names transformers keeps in float32 when loading in `dtype` (`_keep_in_fp32_modules` and
+    `_keep_in_fp32_modules_strict`), each matching exactly what its loader's regex finds for that entry
+    (facts/globs.glob_of); None when it keeps none. FactsGap for an entry no glob can express (a regex character
+    in a class's own list): the facts are not recorded, and the build answers every time."""
     plan_of = getattr(module, "_get_dtype_plan", None)
     if plan_of is None:
         return None
     import torch
 
+    from .facts.globs import MAX_GLOBS, glob_of
+
     try:
         plan = plan_of(getattr(torch, dtype))
-        if not plan:
-            return None
-        from transformers.core_model_loading import build_glob_alternation
-
-        return build_glob_alternation(sorted(plan))[0].pattern  # sorted: a set underneath, and facts must be stable
-    except (ImportError, AttributeError, TypeError):  # an older or newer transformers: helpers absent or changed
+    except (AttributeError, TypeError):  # an older or newer transformers: the helper absent or changed
         return None
+    if not plan:
+        return None
+    names = sorted(str(name) for name in plan)  # sorted: a set underneath, and facts must be stable
+    globs = tuple(glob_of(name) for name in names)
+    if None in globs or len(globs) > MAX_GLOBS:
+        raise FactsGap(f"{type(module).__name__} keeps {names!r} in float32, which paramscope's globs cannot "
+                       "express")
+    return globs  # type: ignore[return-value]
+
+
+def _kept_by_transformers(module: Any, dtype: str, names: list[str]) -> frozenset[str]:
+    """As kept_in_fp32, by the regex transformers' loader compiles from the class's own list (never from a cache)."""
+    import torch
+    from transformers.core_model_loading import build_glob_alternation
+
+    regex = build_glob_alternation(sorted(module._get_dtype_plan(getattr(torch, dtype))))[0]
+    return frozenset(name for name in names if regex.search(name))
 
 
 def _probe(module: Any) -> int | None:

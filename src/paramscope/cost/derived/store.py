@@ -2,8 +2,9 @@
 is answered without a trace, and without torch when its template and cost facts are kept too.
 
 An entry is bound to what made it: the class, the config (its whole snapshot), the step's settings, the regime,
-and the versions of paramscope, torch and transformers (all in the key's hash and repeated in the entry); it is
-read through disk_cache's bounded reader and every field is checked (recipe.recipe_from_json).
+and the versions of paramscope, torch and transformers (disk_cache.versions), all in the key's hash; the key, the
+class and the versions are repeated in the entry and must be equal before it is read, through disk_cache's bounded
+reader, every field checked (recipe.recipe_from_json). An entry that does not match is derived again.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..._version import __version__
-from ...disk_cache import CacheEntryError, cache_root, entry_path, read_entry, write_entry
+from ...disk_cache import CacheEntryError, cache_root, entry_path, read_entry, versions, write_entry
 from .recipe import DerivedRecipe, recipe_from_json, recipe_to_json
 
 # 2: a layer's type includes its parameters' trainability (v1 recipes of plans that froze layers beyond the cut
@@ -22,18 +22,8 @@ from .recipe import DerivedRecipe, recipe_from_json, recipe_to_json
 FORMAT = 2
 
 
-def _torch_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return "none"
-
-
 def recipe_key(class_name: str, config: Any, settings: Any, batch: int, seq_range: tuple[int, int],
                structure: str | None = None) -> str:
-    from ...disk_cache import installed_transformers_version
     from ..facts.store import snapshot_of
 
     payload = {
@@ -42,7 +32,7 @@ def recipe_key(class_name: str, config: Any, settings: Any, batch: int, seq_rang
                      "frozen": sorted(settings.frozen), "weights_dtype": settings.weights_dtype,
                      "own_dtype": sorted(settings.own_dtype), "checkpointing": bool(settings.grad_checkpointing)},
         "batch": "1" if batch == 1 else "2+", "seq_range": list(seq_range), "structure": structure,
-        "versions": [__version__, _torch_version(), installed_transformers_version()],
+        "versions": versions(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -54,7 +44,8 @@ def _path(class_name: str, key: str) -> Path:
 def find_recipe(class_name: str, key: str) -> DerivedRecipe | None:
     try:
         data = read_entry(_path(class_name, key))
-        if not isinstance(data, dict) or data.get("key") != key or data.get("class") != class_name:
+        if (not isinstance(data, dict) or data.get("key") != key or data.get("class") != class_name
+                or data.get("versions") != versions()):
             return None
         return recipe_from_json(data.get("recipe"))
     except (CacheEntryError, OSError):
@@ -62,4 +53,5 @@ def find_recipe(class_name: str, key: str) -> DerivedRecipe | None:
 
 
 def keep_recipe(class_name: str, key: str, recipe: DerivedRecipe) -> Path | None:
-    return write_entry(_path(class_name, key), {"key": key, "class": class_name, "recipe": recipe_to_json(recipe)})
+    return write_entry(_path(class_name, key), {"key": key, "class": class_name, "versions": versions(),
+                                                "recipe": recipe_to_json(recipe)})

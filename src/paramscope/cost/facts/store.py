@@ -32,8 +32,11 @@ from ...disk_cache import (
 )
 from ..dtypes import ITEMSIZE
 from ..model_view import FactsGap, ModelView
+from .globs import MAX_GLOBS, is_glob
 
-FORMAT = 1
+# 2: keep_fp32 is a list of globs paramscope compiles (facts/globs.py), no longer a regular expression (format-1
+# facts are never read again: the build answers once and records them afresh)
+FORMAT = 2
 BUILD_DTYPES = ("float32", "bfloat16", "float16")
 MAX_SNAPSHOT_DEPTH = 3
 _UNKEPT_FIELDS = frozenset({"_name_or_path", "name_or_path", "transformers_version", "_commit_hash"})
@@ -172,7 +175,7 @@ class BuildFacts:
     """What depends on the dtype the class is built in."""
 
     dtypes: dict[str, str]  # tensor name pattern (layer indices as *) → its dtype in this build
-    keep_fp32: str | None  # the regex of names transformers keeps in fp32 when loading in this dtype
+    keep_fp32: tuple[str, ...] | None  # globs (facts/globs.py) of the names transformers keeps in fp32 in this dtype
     probe: int | None  # the real cache's bytes after a 2-token prefill on meta; None: it could not run
 
 
@@ -197,7 +200,8 @@ class CostFacts:
                 "text": self.text, "can_generate": self.can_generate,
                 "supports_checkpointing": self.supports_checkpointing, "matmul_classes": list(self.matmul_classes),
                 "linear_classes": list(self.linear_classes), "default_skips": list(self.default_skips),
-                "builds": {dtype: {"dtypes": b.dtypes, "keep_fp32": b.keep_fp32, "probe": b.probe}
+                "builds": {dtype: {"dtypes": b.dtypes,
+                                   "keep_fp32": None if b.keep_fp32 is None else list(b.keep_fp32), "probe": b.probe}
                            for dtype, b in sorted(self.builds.items())}}
 
     @classmethod
@@ -217,14 +221,16 @@ class CostFacts:
         parsed = {}
         for dtype, build in builds.items():
             expect(isinstance(build, dict) and set(build) == {"dtypes", "keep_fp32", "probe"}, "a build is malformed")
-            dtypes, pattern = build["dtypes"], build["keep_fp32"]
+            dtypes, globs = build["dtypes"], build["keep_fp32"]
             expect(isinstance(dtypes, dict) and all(isinstance(k, str) and isinstance(v, str) and v in ITEMSIZE
                                                     for k, v in dtypes.items()),
                    "a build's dtypes are not element types")
-            expect(pattern is None or isinstance(pattern, str) and len(pattern) < 10_000, "keep_fp32 is not a pattern")
+            expect(globs is None or isinstance(globs, list) and 0 < len(globs) <= MAX_GLOBS
+                   and all(map(is_glob, globs)),
+                   f"keep_fp32 is not a list of at most {MAX_GLOBS} globs (letters, digits, _ - . ? *)")
             expect(build["probe"] is None or type(build["probe"]) is int and build["probe"] >= 0,
                    "probe is not a byte count")
-            parsed[dtype] = BuildFacts(build["dtypes"], build["keep_fp32"], build["probe"])
+            parsed[dtype] = BuildFacts(build["dtypes"], None if globs is None else tuple(globs), build["probe"])
         return cls(data["class"], data["transformers_version"], data["roles_fingerprint"], data["key"],
                    data["config"], data["text"], data["can_generate"], data["supports_checkpointing"],
                    tuple(data["matmul_classes"]),
@@ -322,6 +328,7 @@ def cost_view(source: Any, *, dtype: str | None = None, use_cache: bool = True, 
     from dataclasses import replace
 
     from ...api import inspect_with_module
+    from ...build import check_cost_layers
     from ..model_view import from_module
 
     if use_cache and not trust_remote_code:
@@ -329,6 +336,7 @@ def cost_view(source: Any, *, dtype: str | None = None, use_cache: bool = True, 
         if answer is not None:
             return answer
         why_not = why_not or why
+    check_cost_layers(source.config)  # a build for the cost engines: at most MAX_COST_LAYERS, before it starts
     report, module = inspect_with_module(source, dtype=dtype, model_class=model_class, task=task,
                                          num_labels=num_labels, trust_remote_code=trust_remote_code)
     if why_not:
@@ -387,13 +395,13 @@ def _facts_answer(source: Any, dtype: str | None, *, model_class: str | None, ta
 
 
 def find_facts(class_name: str, key: str) -> CostFacts | None:
-    """The facts for `key` in the user's cache, else in the package."""
+    """The facts for `key` in the package, else in the user's cache (which never overrides the package's)."""
     from ...template import cache_directory, shipped_directory
 
     version = installed_transformers_version()
     if version is None:
         return None
-    for root in (cache_directory(version), shipped_directory(version)):
+    for root in (shipped_directory(version), cache_directory(version)):
         facts = read_facts(facts_directory(class_directory(root, class_name)), key, class_name)
         if facts is not None:
             return facts

@@ -255,6 +255,9 @@ def declared_format(config: dict[str, Any] | None) -> tuple[WeightFormat, str, t
                                    "a storage with {0} ({choices}, …)", "dtype", method=method or "unknown",
                                    choices=", ".join(FORMAT_CHOICES[:6]))
         return replace(fmt, declared=True), f"the config's quantization_config ({method})", skip
+    if dtype == "float64":  # transformers loads it in float64; no storage format here is 8 bytes a weight
+        raise UnsupportedError("the config declares dtype float64, which paramscope's memory does not model; choose "
+                               "a storage with {0} ({choices}, …)", "dtype", choices=", ".join(FORMAT_CHOICES[:6]))
     if dtype in ("float32", "bfloat16", "float16"):
         key = "torch_dtype" if config.get("torch_dtype") else "dtype"
         return replace(weight_format(short_name(dtype)), declared=True), f"the config's {key}", ()
