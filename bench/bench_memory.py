@@ -47,7 +47,8 @@ def main() -> None:
           f"{'analytic':>12} {'diff':>8}")
     for name in names:
         try:
-            report, memory = estimate_memory(name, MemoryOptions(dtype="bf16", batch=args.batch, seq=args.seq))
+            memory = estimate_memory(name, MemoryOptions(dtype="bf16", batch=args.batch, seq=args.seq))
+            report = memory.report
             traced = traced_prefill_peak(name, args.batch, args.seq)
         except Exception as err:  # a forward that cannot run on fake tensors (data-dependent ops)
             print(f"{name:40} not traced: {type(err).__name__}: {str(err)[:80]}")

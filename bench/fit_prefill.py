@@ -233,8 +233,8 @@ def workspace(family: Family, dims: dict, layers: int = 2) -> tuple[int, int, st
     config = config_class(**kwargs)
     raw = config.to_dict()
     raw["architectures"] = [family.cls]
-    _, memory = estimate_memory(raw, MemoryOptions(dtype=DTYPE[0], batch=dims["B"], seq=dims["S"]),
-                                model_class=family.cls)
+    memory = estimate_memory(raw, MemoryOptions(dtype=DTYPE[0], batch=dims["B"], seq=dims["S"]),
+                             model_class=family.cls)
     traced = traced_prefill_peak(getattr(transformers, family.cls), config, batch=dims["B"], seq=dims["S"],
                                  dtype=DTYPES[DTYPE[0]])
     # the cache as the prefill ends: a windowed layer still holds the whole prompt's K and V (memory/kv.py)

@@ -28,7 +28,7 @@ def _truncated(preset: str, layers: int = 2) -> dict:
 # --- figures the issue pins ---------------------------------------------------------------------------------------
 
 def test_llama2_7b_forward_and_training_at_128_tokens():
-    _, estimate, _ = estimate_flops("llama-2-7b", FlopOptions(batch=1, seq=128, training=True))
+    estimate = estimate_flops("llama-2-7b", FlopOptions(batch=1, seq=128, training=True))
     assert estimate.forward == 1_700_001_742_848
     assert estimate.attention == 8_589_934_592 == 32 * 4 * 128**2 * 4096
     assert estimate.backward == 2 * estimate.forward and estimate.step == 3 * estimate.forward
@@ -37,7 +37,7 @@ def test_llama2_7b_forward_and_training_at_128_tokens():
 
 
 def test_mixtral_8x7b_forward_is_top2_active_weights_plus_attention():
-    _, estimate, _ = estimate_flops("mixtral-8x7b", FlopOptions(batch=1, seq=128))
+    estimate = estimate_flops("mixtral-8x7b", FlopOptions(batch=1, seq=128))
     assert estimate.forward == 3_272_228_208_640
     assert estimate.forward == 2 * 128 * 12_748_587_008 + 8_589_934_592
     assert estimate.by_role["moe.router"] == 2 * 128 * 32 * 8 * 4096
@@ -46,7 +46,8 @@ def test_mixtral_8x7b_forward_is_top2_active_weights_plus_attention():
 def test_gpt3_175b_on_300b_tokens_and_6nd():
     gpt3 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 12288, "n_layer": 96,
             "n_head": 96, "n_positions": 2048, "vocab_size": 50257}
-    report, estimate, compute = estimate_flops(gpt3, FlopOptions(batch=1, seq=2048, training=True, tokens=300 * 10**9))
+    estimate = estimate_flops(gpt3, FlopOptions(batch=1, seq=2048, training=True, tokens=300 * 10**9))
+    report, compute = estimate.report, estimate.compute
     assert 174e9 < report.total < 176e9
     assert abs(compute.six_nd - 3.14e23) / 3.14e23 < 0.005  # the paper's figure is 6ND
     # the exact count adds attention (2·4·L·S·h per token for fwd + bwd: +7.2% at 2,048 tokens) and drops the
@@ -68,7 +69,7 @@ def test_nanogpt_gpt2_sizing_notebook_forward_at_1024_tokens():
     dense = 2 * block * (n_embd * vocab)
     forward_total = n_layer * (kqv + scores + reduce + proj + mlp) + dense
     assert forward_total == 291_648_307_200
-    _, estimate, _ = estimate_flops("gpt2", FlopOptions(batch=1, seq=1024))
+    estimate = estimate_flops("gpt2", FlopOptions(batch=1, seq=1024))
     assert estimate.forward == forward_total
 
 
@@ -89,8 +90,8 @@ def test_analytic_equals_flopcountermode(preset):
     # ALBERT does not support gradient checkpointing (transformers' supports_gradient_checkpointing)
     steps = ((False, "none"), (True, "none")) + (((True, "full"),) if preset != "albert-base-v2" else ())
     for training, checkpointing in steps:
-        _, estimate, _ = estimate_flops(config, FlopOptions(batch=2, seq=64, training=training,
-                                                             grad_checkpointing=checkpointing, trace=True))
+        estimate = estimate_flops(config, FlopOptions(batch=2, seq=64, training=training,
+                                                      grad_checkpointing=checkpointing, trace=True))
         assert estimate.engine == "traced"
         assert estimate.notes[0] == "check: the analytic count equals FlopCounterMode's on fake tensors, term for term"
 
@@ -100,7 +101,7 @@ def test_a_class_without_a_formula_is_traced():
     config = {"model_type": "deberta", "architectures": ["DebertaModel"], "hidden_size": 64,
               "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 300,
               "relative_attention": True, "pos_att_type": ["c2p", "p2c"], "max_relative_positions": 32}
-    _, estimate, _ = estimate_flops(config, FlopOptions(batch=1, seq=64, training=True))
+    estimate = estimate_flops(config, FlopOptions(batch=1, seq=64, training=True))
     assert estimate.engine == "traced" and estimate.backward > estimate.forward
     assert any("no analytic FLOP formula for DebertaModel" in n for n in estimate.notes)
 
@@ -114,13 +115,13 @@ def test_deberta_v2_disentangled_attention_equals_flopcountermode(variation):
     whose output no term uses runs, but gets no gradient."""
     config = _truncated("deberta-v3-base", 2) | variation
     for training, checkpointing, seq in ((False, "none", 48), (True, "none", 48), (True, "full", 600)):
-        _, estimate, _ = estimate_flops(config, FlopOptions(batch=2, seq=seq, training=training,
-                                                             grad_checkpointing=checkpointing, trace=True))
+        estimate = estimate_flops(config, FlopOptions(batch=2, seq=seq, training=training,
+                                                      grad_checkpointing=checkpointing, trace=True))
         assert "check: the analytic count equals FlopCounterMode's on fake tensors, term for term" in estimate.notes
 
 
 def test_deberta_v2_position_projections_at_512_tokens():
-    _, estimate, _ = estimate_flops("deberta-v3-base", FlopOptions(seq=512))
+    estimate = estimate_flops("deberta-v3-base", FlopOptions(seq=512))
     # 12 layers × the query and key projections (768 × 768 each) run on 2 × 256 relative positions
     assert estimate.by_role["attention.position"] == 2 * 512 * 12 * 2 * 768 * 768
     # q·kᵀ and p·v, plus c2p and p2c against the 512 projected positions
@@ -130,7 +131,7 @@ def test_deberta_v2_position_projections_at_512_tokens():
 def test_encoder_decoders_count_self_and_cross_attention():
     """T5-small at 128 tokens (encoder and decoder each): 6 encoder self-attentions, 6 decoder self-attentions and 6
     cross-attentions of 8 heads × (64 + 64), and every matmul once per token (the tied head included)."""
-    _, estimate, _ = estimate_flops("t5-small", FlopOptions(batch=1, seq=128))
+    estimate = estimate_flops("t5-small", FlopOptions(batch=1, seq=128))
     assert estimate.engine == "analytic"
     assert estimate.attention == (6 + 6 + 6) * 2 * 128 * 128 * 8 * (64 + 64) == 603_979_776
     # the layers' matmul weights (all 60,506,624 parameters less the shared 32,128 × 512 embedding, 32 norms of 512
@@ -145,11 +146,11 @@ def test_albert_counts_its_shared_layers_once_per_pass(groups, inner):
     group inner_group_num layers): 5 passes over 2 groups run them 3 and 2 times, exactly as traced."""
     config = _truncated("albert-base-v2", 5) | {"num_hidden_groups": groups, "inner_group_num": inner}
     for training in (False, True):
-        _, estimate, _ = estimate_flops(config, FlopOptions(batch=2, seq=32, training=training, trace=True))
+        estimate = estimate_flops(config, FlopOptions(batch=2, seq=32, training=training, trace=True))
         assert estimate.notes[0] == "check: the analytic count equals FlopCounterMode's on fake tensors, term for term"
     if groups == 1:  # one pass more is one layer's matmuls and attention more, however many passes share them
-        _, once, _ = estimate_flops(config | {"num_hidden_layers": 1}, FlopOptions(seq=32))
-        _, five, _ = estimate_flops(config, FlopOptions(seq=32))
+        once = estimate_flops(config | {"num_hidden_layers": 1}, FlopOptions(seq=32))
+        five = estimate_flops(config, FlopOptions(seq=32))
         layer = sum(flops for role, flops in once.by_role.items() if role.startswith(("attention", "mlp")))
         assert five.forward - once.forward == 4 * layer > 0
 
@@ -163,7 +164,7 @@ def test_a_frozen_prefix_is_traced_because_autograd_skips_its_input_gradients(pr
     """2 × forward less the frozen weights' gradients assumes every matmul's input requires grad; a frozen prefix
     breaks that (autograd stops at the first trainable tensor), so the traced engine answers, and says why."""
     options = FlopOptions(batch=1, seq=32, training=True, freeze=freeze)
-    _, estimate, _ = estimate_flops(_truncated(preset, 4), options)
+    estimate = estimate_flops(_truncated(preset, 4), options)
     assert estimate.engine == "traced"
     assert any(n.startswith("no analytic FLOP count here (") for n in estimate.notes)
     assert estimate.backward < 2 * estimate.forward - sum(
@@ -177,7 +178,7 @@ def test_a_frozen_prefix_is_traced_because_autograd_skips_its_input_gradients(pr
 ])
 def test_freezing_that_keeps_input_gradients_stays_analytic_and_exact(preset, freeze):
     options = FlopOptions(batch=1, seq=32, training=True, freeze=freeze, trace=True)
-    _, estimate, _ = estimate_flops(_truncated(preset, 4), options)
+    estimate = estimate_flops(_truncated(preset, 4), options)
     assert "check: the analytic count equals FlopCounterMode's on fake tensors, term for term" in estimate.notes
 
 
@@ -199,33 +200,34 @@ def test_real_mixtral_with_eager_experts_and_real_routing():
     counter = FlopCounterMode(display=False, custom_mapping=_missing_formulas())
     with counter, torch.no_grad():
         model(input_ids=ids)
-    _, estimate, _ = estimate_flops(config, FlopOptions(batch=2, seq=32), model_class="MixtralForCausalLM")
+    estimate = estimate_flops(config, FlopOptions(batch=2, seq=32), model_class="MixtralForCausalLM")
     assert counter.get_total_flops() == estimate.forward
 
 
 def test_frozen_weights_skip_their_gradients():
     options = FlopOptions(batch=1, seq=64, training=True, freeze=("embeddings", "head"))
-    _, estimate, _ = estimate_flops(_truncated("llama-3-8b"), options)
+    estimate = estimate_flops(_truncated("llama-3-8b"), options)
     head = estimate.by_role["head.lm"]
     assert estimate.backward == 2 * estimate.forward - head
-    _, traced, _ = estimate_flops(_truncated("llama-3-8b"), FlopOptions(**{**options.__dict__, "trace": True}))
+    traced = estimate_flops(_truncated("llama-3-8b"), FlopOptions(**{**options.__dict__, "trace": True}))
     assert traced.backward == estimate.backward
 
 
 def test_causal_half_halves_attention_only():
-    _, full, _ = estimate_flops("llama-2-7b", FlopOptions(seq=128))
-    _, half, _ = estimate_flops("llama-2-7b", FlopOptions(seq=128, causal="half"))
+    full = estimate_flops("llama-2-7b", FlopOptions(seq=128))
+    half = estimate_flops("llama-2-7b", FlopOptions(seq=128, causal="half"))
     assert full.forward - half.forward == full.attention // 2
 
 
 def test_mfu_and_time():
-    _, estimate, compute = estimate_flops("llama-3-8b", FlopOptions(
+    estimate = estimate_flops("llama-3-8b", FlopOptions(
         seq=2048, training=True, tokens=10**9, gpu="h100", tokens_per_second=8 * 3000, devices=8))
+    compute = estimate.compute
     per_token = estimate.step // estimate.tokens
     assert compute.peak == 989.4e12
     assert compute.mfu == pytest.approx(per_token * 24000 / (989.4e12 * 8))
-    _, _, timed = estimate_flops("llama-3-8b", FlopOptions(seq=2048, training=True, tokens=10**9, gpu="h100",
-                                                          mfu=0.4, devices=8))
+    timed = estimate_flops("llama-3-8b", FlopOptions(seq=2048, training=True, tokens=10**9, gpu="h100", mfu=0.4,
+                                                     devices=8)).compute
     assert timed.seconds == pytest.approx(timed.total / (0.4 * 989.4e12 * 8))
     with pytest.raises(ParamscopeError, match="^tokens_per_second needs gpu NAME") as caught:
         estimate_flops("gpt2", FlopOptions(seq=128, tokens_per_second=100.0))
@@ -275,10 +277,11 @@ def test_cli_bad_options_give_one_line(args, named):
 
 
 def test_moe_6nd_uses_the_parameters_a_token_meets_and_tied_heads_are_heads():
-    _, estimate, compute = estimate_flops("mixtral-8x7b", FlopOptions(seq=128, training=True, tokens=10**9))
+    estimate = estimate_flops("mixtral-8x7b", FlopOptions(seq=128, training=True, tokens=10**9))
+    compute = estimate.compute
     assert compute.parameters == 12_879_925_248  # Mixtral's active parameters
     assert compute.six_nd == 6 * 12_879_925_248 * 10**9
-    _, gpt2, _ = estimate_flops("gpt2", FlopOptions(seq=128))
+    gpt2 = estimate_flops("gpt2", FlopOptions(seq=128))
     assert "head.lm" in gpt2.by_role and not any(r.startswith("embeddings") for r in gpt2.by_role)
 
 
@@ -288,8 +291,9 @@ def test_causal_half_is_for_causal_decoders():
 
 
 def test_hfu_adds_the_recomputation_exactly():
-    _, estimate, compute = estimate_flops("llama-2-7b", FlopOptions(seq=128, training=True, gpu="a100-80gb",
-                                                                   tokens_per_second=1000.0))
+    estimate = estimate_flops("llama-2-7b", FlopOptions(seq=128, training=True, gpu="a100-80gb",
+                                                         tokens_per_second=1000.0))
+    compute = estimate.compute
     hardware = estimate.step + estimate.recompute  # flash attention's recomputed scores: 4,294,967,296
     assert estimate.recompute == 4_294_967_296
     assert compute.hfu == hardware / 128 * 1000.0 / 312e12
@@ -318,16 +322,16 @@ ONCE_PER_SEQUENCE = [
 @pytest.mark.parametrize("preset, model_class", ONCE_PER_SEQUENCE)
 def test_heads_on_one_token_of_each_sequence_equal_flopcountermode(preset, model_class):
     for training in (False, True):
-        _, estimate, _ = estimate_flops(_truncated(preset), FlopOptions(batch=2, seq=64, training=training, trace=True),
-                                        model_class=model_class)
+        estimate = estimate_flops(_truncated(preset), FlopOptions(batch=2, seq=64, training=training, trace=True),
+                                  model_class=model_class)
         assert estimate.engine == "traced"
         assert "check: the analytic count equals FlopCounterMode's on fake tensors, term for term" in estimate.notes
 
 
 def test_the_pooler_runs_on_the_first_token_only():
     """LaBSE (BertModel) was 2·512·768·768 = 603,979,776 FLOPs over at 1 × 512: the pooler counted for every token."""
-    _, estimate, _ = estimate_flops(_truncated("bert-base-uncased"), FlopOptions(batch=1, seq=512),
-                                    model_class="BertModel")
+    estimate = estimate_flops(_truncated("bert-base-uncased"), FlopOptions(batch=1, seq=512),
+                              model_class="BertModel")
     pooler = next(term for term in estimate.terms if term.role == "pooler")
     assert pooler.flops == 2 * 1 * 768 * 768
     assert pooler.arithmetic == ("2 × 1 sequences × 589,824 weights (one token each: the pooler reads each "

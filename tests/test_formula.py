@@ -341,13 +341,16 @@ def test_cache_answers_without_torch_transformers_or_sympy(formula_cache_dir):
     assert run.stderr.count("\n") == 1  # one line
 
 
-def test_cache_hit_from_python_is_checked_by_a_meta_build(tmp_path, monkeypatch):
+def test_cache_hit_from_python_with_verify_is_checked_by_a_meta_build(tmp_path, monkeypatch):
     monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
     first = derive_formula("bert-base-cased", model_class="BertForMaskedLM")
-    again = derive_formula("bert-large-cased", model_class="BertForMaskedLM")
+    again = derive_formula("bert-large-cased", model_class="BertForMaskedLM", verify=True)
     assert first.origin == "derived" and again.origin == "cache"
-    assert again.value == again.checked == meta_total("bert-large-cased", "BertForMaskedLM")
+    assert again.value == again.checked == meta_total("bert-large-cased", "BertForMaskedLM") == 333_610_308
     assert again.cache_path == first.cache_path
+    unchecked = derive_formula("bert-large-cased", model_class="BertForMaskedLM")  # as `paramscope formula`
+    assert unchecked.origin == "cache" and unchecked.checked is None
+    assert (unchecked.value, unchecked.expression) == (again.value, again.expression)
 
 
 def forge_double_word_embeddings(path: Path) -> None:
@@ -376,14 +379,18 @@ def test_a_tampered_cached_formula_is_discarded_by_its_own_anchor(tmp_path, monk
     assert again.origin == "derived" and again.value == 109_482_240
 
 
-def test_a_cached_formula_wrong_elsewhere_is_a_bug_report_not_a_number(tmp_path, monkeypatch):
+def test_a_cached_formula_wrong_elsewhere_is_a_bug_report_not_a_number(tmp_path, monkeypatch, capsys):
     # old test (a tampered entry raised FormulaMismatchError): such an entry is now discarded by its anchor
     # (above), so the entry is forged consistently to reach the meta-build check it exercises
     monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
     f = derive_formula("google-bert/bert-base-uncased", model_class="BertModel")
     forge_double_word_embeddings(Path(f.cache_path))
     with pytest.raises(FormulaMismatchError, match="please report"):
-        derive_formula("bert-base-uncased", model_class="BertModel")
+        derive_formula("bert-base-uncased", model_class="BertModel", verify=True)
+    capsys.readouterr()
+    assert formula_main(["formula", "bert-base-uncased", "--class", "BertModel", "--verify"]) == 1  # a bug's code
+    assert capsys.readouterr().err.startswith("paramscope: error: cached formula for BertModel gives 132,923,136 but "
+                                              "the meta build counts 109,482,240: a paramscope bug, please report it")
 
 
 def test_spec_round_trips_through_json():

@@ -25,7 +25,8 @@ from test_template import needs_shipped
 # --- figures the issue pins -----------------------------------------------------------------------------------
 
 def test_llama3_8b_bf16_weights_and_kv_cache():
-    report, memory = estimate_memory("meta-llama/Meta-Llama-3-8B", MemoryOptions(dtype="bf16", seq=8192))
+    memory = estimate_memory("meta-llama/Meta-Llama-3-8B", MemoryOptions(dtype="bf16", seq=8192))
+    report = memory.report
     assert memory.weights.bytes == 16_060_522_496 == 2 * report.total
     assert memory.weights.by_dtype == {"bf16": 16_060_522_496}
     assert memory.kv_cache.bytes_per_token == 131_072  # 32 layers × 2 × 8 kv heads × 128 × 2 B
@@ -37,18 +38,19 @@ def test_llama3_8b_bf16_weights_and_kv_cache():
 
 
 def test_deepseek_v3_kv_per_token_in_both_mla_layouts():
-    _, latent = estimate_memory("deepseek-ai/DeepSeek-V3", MemoryOptions(seq=1, kv_layout="latent"))
-    _, expanded = estimate_memory("deepseek-ai/DeepSeek-V3", MemoryOptions(seq=1, kv_layout="expanded"))
+    latent = estimate_memory("deepseek-ai/DeepSeek-V3", MemoryOptions(seq=1, kv_layout="latent"))
+    expanded = estimate_memory("deepseek-ai/DeepSeek-V3", MemoryOptions(seq=1, kv_layout="expanded"))
     assert latent.kv_cache.bytes_per_token == 70_272 == 61 * (512 + 64) * 2
     assert expanded.kv_cache.bytes_per_token == 4_997_120 == 61 * 128 * (192 + 128) * 2
     # "hf" is what the installed transformers' cache really stores, measured on meta: DeepseekV3 caches latents.
-    _, measured = estimate_memory("deepseek-ai/DeepSeek-V3", MemoryOptions(seq=1))
+    measured = estimate_memory("deepseek-ai/DeepSeek-V3", MemoryOptions(seq=1))
     assert measured.kv_cache.layout == "latent"
     assert any("caches MLA as the compressed latent" in note for note in measured.notes)
 
 
 def test_deepseek_v3_declared_fp8_blocks_and_fp32_router_bias():
-    report, memory = estimate_memory("deepseek-ai/DeepSeek-V3", MemoryOptions(seq=1))
+    memory = estimate_memory("deepseek-ai/DeepSeek-V3", MemoryOptions(seq=1))
+    report = memory.report
     weights = memory.weights
     assert weights.format.key == "fp8-block" and weights.format.block == (128, 128)
     assert memory.settings["dtype_from"] == "the config's quantization_config (fp8)"
@@ -75,8 +77,8 @@ def test_bert_base_cased_fp32_as_accelerate_documents():
     # accelerate's docs (usage_guides/model_size_estimator) give bert-base-cased in float32 as 413.18 MB. That is
     # AutoModel (BertModel): 108,310,272 parameters × 4 B = 433,241,088 B (413.17 MiB), plus the two int64
     # buffers accelerate also counts (position_ids and token_type_ids, 2 × 512 × 8 B): 433,249,280 B = 413.18 MiB.
-    report, memory = estimate_memory("google-bert/bert-base-cased", MemoryOptions(dtype="fp32"),
-                                     model_class="BertModel")
+    memory = estimate_memory("google-bert/bert-base-cased", MemoryOptions(dtype="fp32"), model_class="BertModel")
+    report = memory.report
     assert report.total == 108_310_272
     assert memory.weights.bytes == 433_241_088
     assert memory.weights.buffers_by_dtype == {"int64": 8192}
@@ -196,7 +198,7 @@ def test_falcon_40b_cache_holds_every_query_head_and_grouped_keeps_the_kv_heads(
     assert view.probe("bfloat16") == 3_932_160
     assert probe_cache(view.module, batch=3, seq=7).bytes == cache.at(3, 7) == 3 * 7 * 1_966_080
 
-    _, grouped = estimate_memory(FALCON_40B, MemoryOptions(seq=2048, kv_layout="grouped"))
+    grouped = estimate_memory(FALCON_40B, MemoryOptions(seq=2048, kv_layout="grouped"))
     assert grouped.kv_cache.bytes_per_token == 122_880 == 60 * 2 * 8 * 64 * 2
     assert grouped.kv_cache.bytes == 251_658_240
     assert grouped.kv_cache.layout == "grouped" and grouped.settings["kv_layout"] == "grouped"
@@ -399,18 +401,19 @@ def test_bitsandbytes_leaves_fused_experts_lm_head_and_router_unquantised():
 
     config = transformers.AutoConfig.for_model("mixtral", **{**SMALL, "num_local_experts": 4,
                                                              "num_experts_per_tok": 2})
-    report, memory = estimate_memory(config, MemoryOptions(dtype="nf4", seq=16))
+    memory = estimate_memory(config, MemoryOptions(dtype="nf4", seq=16))
+    report = memory.report
     quantized = set(memory.weights.quantized_tensors)
     quantized_roles = {p.role for p in report.params if p.name in quantized}
     assert quantized_roles == {"attention.query", "attention.key", "attention.value", "attention.output"}
-    _, fp8 = estimate_memory(config, MemoryOptions(dtype="fp8", seq=16))
+    fp8 = estimate_memory(config, MemoryOptions(dtype="fp8", seq=16))
     experts = sum(p.numel for p in report.params if p.role == "moe.experts")
     assert fp8.weights.quantized == experts + sum(p.numel for p in report.params if p.role.startswith("attention.")
                                                   and len(p.shape) == 2)
 
 
 def test_gguf_keeps_one_dimensional_tensors_and_routers_in_fp32():
-    _, memory = estimate_memory("gpt2", MemoryOptions(dtype="q8_0", seq=16))
+    memory = estimate_memory("gpt2", MemoryOptions(dtype="q8_0", seq=16))
     assert memory.weights.by_dtype.get("fp32", 0) > 0
     assert memory.settings["kv_dtype"] == "float16"  # llama.cpp's default cache type
 
@@ -482,8 +485,8 @@ def test_llama_prefill_peak_equals_memtracker_on_fake_tensors():
     config = transformers.LlamaConfig(hidden_size=512, intermediate_size=1408, num_hidden_layers=3,
                                       num_attention_heads=8, num_key_value_heads=2, vocab_size=4000)
     batch, seq = 2, 256
-    _, memory = estimate_memory(config, MemoryOptions(dtype="bf16", batch=batch, seq=seq),
-                                model_class="LlamaForCausalLM")
+    memory = estimate_memory(config, MemoryOptions(dtype="bf16", batch=batch, seq=seq),
+                             model_class="LlamaForCausalLM")
     traced = traced_prefill_peak(transformers.LlamaForCausalLM, config, batch=batch, seq=seq)
     assert memory.peak == traced
 
@@ -497,7 +500,7 @@ def test_preset_prefill_peak_equals_memtracker(preset):
     from paramscope.cost.traced.cache_probe import traced_prefill_peak
     from paramscope.presets import find_preset
 
-    _, memory = estimate_memory(preset, MemoryOptions(dtype="bf16", seq=256))
+    memory = estimate_memory(preset, MemoryOptions(dtype="bf16", seq=256))
     raw = find_preset(preset).load_config()
     config, _ = make_config(raw)
     cls = getattr(transformers, choose_class(config, raw).name)
@@ -563,7 +566,7 @@ def test_fitted_prefill_moments_equal_memtracker(preset, change, batch, seq, mom
             raw[key] = 2
     config, _ = make_config(raw)
     cls = choose_class(config, raw).name
-    _, memory = estimate_memory(raw, MemoryOptions(dtype=dtype, batch=batch, seq=seq), model_class=cls)
+    memory = estimate_memory(raw, MemoryOptions(dtype=dtype, batch=batch, seq=seq), model_class=cls)
     traced = traced_prefill_peak(getattr(transformers, cls), config, batch=batch, seq=seq,
                                  dtype={"bf16": "bfloat16", "fp32": "float32"}[dtype])
     assert memory.peak == traced
@@ -589,7 +592,7 @@ def test_gemma2_prefill_equals_memtracker(preset, change, batch, seq, moment, dt
 def test_mixtral_prefill_in_16_bits_equals_memtracker(preset, change, batch, seq, moment):
     """Mixtral's routed experts, fitted in 16 bits (its checkpoints' dtype); fp32 takes the Llama formula, said."""
     test_fitted_prefill_moments_equal_memtracker(preset, change, batch, seq, moment, "bf16")
-    _, memory = estimate_memory(preset, MemoryOptions(dtype="fp32", seq=256))
+    memory = estimate_memory(preset, MemoryOptions(dtype="fp32", seq=256))
     assert any("not fitted for Mixtral computing in 4-byte floats" in note for note in memory.notes)
 
 
@@ -601,12 +604,12 @@ def resolve_config(preset):
 
 def test_a_family_not_fitted_for_a_config_says_so():
     config = dict(resolve_config("pythia-160m"), hidden_act="relu")
-    _, memory = estimate_memory(config, MemoryOptions(seq=256), model_class="GPTNeoXForCausalLM")
+    memory = estimate_memory(config, MemoryOptions(seq=256), model_class="GPTNeoXForCausalLM")
     assert any("not fitted for GPT-NeoX with another activation" in note for note in memory.notes)
 
 
 def test_weights_by_role_component_and_dtype_sum_to_the_total():
-    _, memory = estimate_memory("mixtral-8x7b", MemoryOptions(dtype="nf4-dq", seq=16))
+    memory = estimate_memory("mixtral-8x7b", MemoryOptions(dtype="nf4-dq", seq=16))
     weights = memory.weights
     assert sum(weights.by_role.values()) == sum(weights.by_component.values()) == sum(weights.by_dtype.values())
     assert sum(weights.by_dtype.values()) == weights.bytes
@@ -618,21 +621,21 @@ def test_traced_serving_equals_the_analytic_peak_for_a_llama_and_says_so():
     config = transformers.LlamaConfig(hidden_size=512, intermediate_size=1408, num_hidden_layers=3,
                                       num_attention_heads=8, num_key_value_heads=2, vocab_size=4000)
     options = MemoryOptions(dtype="bf16", batch=2, seq=256)
-    _, analytic = estimate_memory(config, options, model_class="LlamaForCausalLM")
-    _, traced = estimate_memory(config, MemoryOptions(dtype="bf16", batch=2, seq=256, trace=True),
-                                model_class="LlamaForCausalLM")
+    analytic = estimate_memory(config, options, model_class="LlamaForCausalLM")
+    traced = estimate_memory(config, MemoryOptions(dtype="bf16", batch=2, seq=256, trace=True),
+                             model_class="LlamaForCausalLM")
     assert traced.engine == "traced" and traced.peak == analytic.peak
     assert traced.peak_phase in ("prefill", "decode")
     assert any(note.startswith("check: the analytic peak is") and "+0.00%" in note for note in traced.notes)
 
 
 def test_options_that_change_nothing_say_so():
-    _, memory = estimate_memory("llama-3-8b", MemoryOptions(kv_layout="latent", seq=64))
+    memory = estimate_memory("llama-3-8b", MemoryOptions(kv_layout="latent", seq=64))
     assert memory.kv_cache.layout == "kv"
     assert any(note.startswith("--kv-layout latent applies to multi-head latent attention") for note in memory.notes)
-    _, memory = estimate_memory("bert-base-uncased", MemoryOptions(kv_dtype="fp8", seq=64))
+    memory = estimate_memory("bert-base-uncased", MemoryOptions(kv_dtype="fp8", seq=64))
     assert memory.kv_cache is None and any("does not generate: no KV cache" in note for note in memory.notes)
-    _, memory = estimate_memory("llama-3-8b", MemoryOptions(dtype="mxfp4", seq=64))
+    memory = estimate_memory("llama-3-8b", MemoryOptions(dtype="mxfp4", seq=64))
     assert memory.weights.quantized == 0
     assert any(note.startswith("mxfp4 quantises none of LlamaForCausalLM's tensors") for note in memory.notes)
 
@@ -648,12 +651,12 @@ def test_a_live_module_serves_as_its_config_does():
     with torch.device("meta"):
         module = transformers.GPT2LMHeadModel(config)
     options = MemoryOptions(seq=64, batch=2)
-    _, live = estimate_memory(module, options)
-    _, from_config = estimate_memory(config, options, model_class="GPT2LMHeadModel")
+    live = estimate_memory(module, options)
+    from_config = estimate_memory(config, options, model_class="GPT2LMHeadModel")
     assert live.peak == from_config.peak and live.kv_cache.bytes == from_config.kv_cache.bytes
-    _, traced = estimate_memory(module, dataclasses.replace(options, trace=True))
+    traced = estimate_memory(module, dataclasses.replace(options, trace=True))
     assert traced.engine == "traced" and traced.peak == live.peak
-    _, plain = estimate_memory(torch.nn.Linear(10, 20), MemoryOptions(seq=64))
+    plain = estimate_memory(torch.nn.Linear(10, 20), MemoryOptions(seq=64))
     assert plain.weights.bytes == 220 * 4 and plain.kv_cache is None
     assert any(note.startswith("no config with a hidden size") for note in plain.notes)
 
@@ -661,7 +664,7 @@ def test_a_live_module_serves_as_its_config_does():
 def test_fp16_checks_on_values_are_taken_as_finite_and_the_trace_says_so():
     """BART in fp16 clamps its hidden states when `not torch.isfinite(h).all()`: a value fake tensors lack. The trace
     takes whole-tensor all() as True and any() as False (finite values, no padding) and counts the checks."""
-    _, memory = estimate_memory("bart-base", MemoryOptions(dtype="fp16", seq=64, batch=2, trace=True))
+    memory = estimate_memory("bart-base", MemoryOptions(dtype="fp16", seq=64, batch=2, trace=True))
     assert memory.engine == "traced"
     assert any("checks on values (all / any over a tensor" in note for note in memory.notes)
     assert any(note.startswith("check: the analytic peak is") and "+0.00%" in note for note in memory.notes)

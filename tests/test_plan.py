@@ -66,9 +66,9 @@ def test_lora_peak_is_below_full_finetuning_and_traced():
     config = dict(resolve("llama-2-7b").config, num_hidden_layers=2)
     report, module = inspect_with_module(config)
     options = TrainingOptions(batch=1, seq=512, precision="bf16-mixed")
-    _, full = estimate_training(make_plan(report, module, PlanOptions()).module, options)
-    _, lora = estimate_training(make_plan(report, module, PlanOptions(lora=8, target=("q_proj", "v_proj"))).module,
-                                options)
+    full = estimate_training(make_plan(report, module, PlanOptions()).module, options)
+    lora = estimate_training(make_plan(report, module, PlanOptions(lora=8, target=("q_proj", "v_proj"))).module,
+                             options)
     assert lora.engine == "traced" and lora.peak < full.peak
     assert full.training.states.weights.bytes + full.training.states.gradients.bytes + \
         full.training.states.optimizer.bytes >= 16 * report.total
@@ -265,9 +265,9 @@ def test_lora_on_embeddings_counts_and_traces():
     assert plan.adapter == 8 * (50257 + 768) == 408_200
     assert plan.peft_counts == (plan.trainable, plan.total) == (408_200, 124_439_808 + 408_200)
     assert plan.by_role["adapter.lora_embedding_A"] == (8 * 50257, 0)
-    _, estimate = estimate_training(plan.module, TrainingOptions(batch=1, seq=64))
+    estimate = estimate_training(plan.module, TrainingOptions(batch=1, seq=64))
     assert estimate.engine == "derived" and estimate.training.states.trainable == 408_200
-    _, traced = estimate_training(plan.module, TrainingOptions(batch=1, seq=64, trace=True))
+    traced = estimate_training(plan.module, TrainingOptions(batch=1, seq=64, trace=True))
     assert traced.engine == "traced" and (traced.peak, traced.activations.bytes) == (estimate.peak,
                                                                                      estimate.activations.bytes)
 

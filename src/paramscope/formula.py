@@ -1,8 +1,9 @@
 """Closed-form parameter formulas, derived from the config for any model class, and checked.
 
 `derive_formula` and `formula_for` answer with a `Formula` whose `expression` is a sympy expression: from the
-cache (formula_cache) when a formula derived before holds there, checked with one meta build; otherwise derived
-from meta builds (derive/, whose docstring walks through the steps: nothing is fitted to one point) and stored.
+cache (formula_cache.lookup, the path `paramscope formula` answers by) when a formula derived before holds there,
+without a build (`verify=True` checks it with one meta build, as `--verify` does); otherwise derived from meta
+builds (derive/, whose docstring walks through the steps: nothing is fitted to one point) and stored.
 """
 
 from __future__ import annotations
@@ -67,10 +68,21 @@ class Formula:
                      self.checked, self.seconds)
 
     def __repr__(self) -> str:
+        """One line of at most REPR_LIMIT characters: a long formula (a multimodal model's) keeps its leading terms
+        and says `+ …`; IPython's text display, `str(formula.expression)` and `_repr_latex_` give it whole."""
+        return self._line(REPR_LIMIT)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # IPython's text display: the whole formula
+        printer.text(self._line(None))
+
+    def _line(self, limit: int | None) -> str:
         from .render.formula import format_groups
 
-        return (f"<Formula {self.class_name}: P = {format_groups(self.spec.total_groups(), self.spec.order)} "
-                f"= {self.value:,}>")
+        head, tail = f"<Formula {self.class_name}: P = ", f" = {self.value:,}>"
+        expression = format_groups(self.spec.total_groups(), self.spec.order)
+        if limit is not None and len(head) + len(expression) + len(tail) > limit:
+            expression = _leading_terms(expression, limit - len(head) - len(tail))
+        return head + expression + tail
 
     def _repr_latex_(self) -> str:  # Jupyter renders the formula as math
         from .render.formula import format_groups
@@ -87,26 +99,34 @@ class Formula:
 
 
 def derive_formula(model: Any, *, model_class: str | None = None, task: str | None = None,
-                   num_labels: int | None = None, use_cache: bool = True, revision: str | None = None) -> Formula:
+                   num_labels: int | None = None, use_cache: bool = True, revision: str | None = None,
+                   verify: bool = False) -> Formula:
     """The parameter count of `model` as a polynomial in its config's fields, verified against meta builds.
 
     `model` is anything `paramscope.inspect` takes except a live module: a preset name, a config.json path, a
     model directory, a hub id, a config dict or a PretrainedConfig. With `use_cache`, a formula derived
-    before whose assumptions hold is reused (and checked here with one meta build); a new one is stored.
+    before whose assumptions hold is answered from the cache without building the model, as `paramscope formula`
+    answers (the entry reproduces its own anchor before use); `verify=True` also builds the model on meta and
+    compares, as `--verify` does (`checked` is then that count). A new formula is stored.
     """
     config, label, source = _resolve(model, revision)
     return formula_for(config, label=label, source=source, model_class=model_class, task=task,
-                       num_labels=num_labels, use_cache=use_cache)
+                       num_labels=num_labels, use_cache=use_cache, verify=verify)
 
 
 def formula_for(config: dict[str, Any], *, label: str, source: str, model_class: str | None = None,
-                task: str | None = None, num_labels: int | None = None, use_cache: bool = True) -> Formula:
-    """derive_formula for a config dict already read (the CLI's path after a cache miss)."""
+                task: str | None = None, num_labels: int | None = None, use_cache: bool = True,
+                verify: bool = False) -> Formula:
+    """derive_formula for a config dict already read (the CLI's path after a cache miss, or with --verify)."""
+    from .build import check_num_labels, validate_config_dict
+
     started = time.perf_counter()
+    check_num_labels(num_labels)  # as the CLI checks them, before the cache is read
+    validate_config_dict(config)
     if use_cache:
         hit = lookup(config, model_class=model_class, task=task, num_labels=num_labels)
         if hit.spec is not None:
-            checked = check_cached(hit.spec, config, hit.values, num_labels)
+            checked = check_cached(hit.spec, config, hit.values, num_labels) if verify else None
             return _make_formula(hit.spec, hit.values, label=label, source=source, origin="cache",
                                  cache_path=str(hit.path), checked=checked,
                                  seconds=time.perf_counter() - started)
@@ -118,6 +138,21 @@ def formula_for(config: dict[str, Any], *, label: str, source: str, model_class:
         path = str(stored) if stored else None
     return _make_formula(spec, values, label=label, source=source, origin="derived", cache_path=path,
                          checked=spec.anchor["total"], seconds=time.perf_counter() - started)
+
+
+REPR_LIMIT = 300  # characters of a Formula's repr
+
+
+def _leading_terms(expression: str, room: int) -> str:
+    """The expression's leading top-level terms that fit in `room` characters with " + …" after them."""
+    cuts, depth = [], 0
+    for i, char in enumerate(expression):
+        depth += char in "([{"
+        depth -= char in ")]}"
+        if depth == 0 and expression[i:i + 3] in (" + ", " − "):
+            cuts.append(i)
+    kept = [cut for cut in cuts if cut + len(" + …") <= room]
+    return expression[:kept[-1]] + " + …" if kept else expression[:max(room - 1, 0)] + "…"
 
 
 def _make_formula(spec: FormulaSpec, values: dict[str, int], **info: Any) -> Formula:

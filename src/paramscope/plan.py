@@ -151,6 +151,19 @@ class Plan(HtmlDisplay):
     def __post_init__(self) -> None:
         freeze_fields(self, "by_role")
 
+    def __repr__(self) -> str:
+        """One line: `<Plan lora: 294,912 of 109,809,210 parameters train (0.2686%) · …>`; the whole plan displays
+        in Jupyter (`_repr_html_`) and saves with `.to_html(path)`."""
+        method = self.method + (f" ({self.storage})" if self.storage else "")
+        share = self.trainable / self.total * 100 if self.total else 0.0
+        adapters = ""
+        if self.adapter:
+            targets = ", ".join(self.targets)
+            if len(targets) > 60:  # all-linear's every name, a user's pattern
+                targets = f"{len(self.targets)} target{'s' if len(self.targets) != 1 else ''}"
+            adapters = f" · adapters add {self.adapter:,} on {targets}"
+        return f"<Plan {method}: {self.trainable:,} of {self.total:,} parameters train ({share:.4f}%){adapters}>"
+
 
 COMPARABLE = ("full", "freeze", "lora", "qlora")
 
@@ -424,7 +437,10 @@ def plan_memory(plan: Plan, options: Any = None) -> Any:
 
     check_built(plan)
     options = TrainingOptions() if options is None else options
-    estimate = estimate_training(plan.module, _with_own_dtypes(plan, options), structure=plan.key)[1]
+    # the planned module's own report, QLoRA's 4-bit stand-ins counted as stored, is no page's to draw: the plan's
+    # page draws what trains (counted_module)
+    estimate = dataclasses.replace(estimate_training(plan.module, _with_own_dtypes(plan, options),
+                                                     structure=plan.key), report=None)
     if plan.storage and plan.base_params:
         estimate = _qlora_weights(plan, estimate)
     return _named_recipe(plan, estimate, options, plan.module)

@@ -75,7 +75,7 @@ def _derived(source, args, rejected):
 
     formula = formula_for(source.config, label=source.label, source=source.description,
                           model_class=args.model_class, task=args.task, num_labels=args.num_labels,
-                          use_cache=not args.no_cache)
+                          use_cache=not args.no_cache, verify=args.verify)
     return formula.shown()
 
 

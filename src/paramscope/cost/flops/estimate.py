@@ -89,14 +89,16 @@ class Compute:
     notes: tuple[str, ...] = field(default=())
 
 
-def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), use_cache: bool = True, **model_options: Any):
-    """(Report, FlopEstimate, Compute).
+def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), use_cache: bool = True,
+                   **model_options: Any) -> FlopEstimate:
+    """The FlopEstimate, with the model's Report as its `report` and the Compute (per token, over D tokens, MFU,
+    time) as its `compute`.
 
     With `use_cache` (and without --trace), a config whose template and cost facts are recorded is counted
     without torch (facts/store.py); otherwise, or where only the traced engine answers, the class is built on
     meta."""
     report, estimate, compute, _ = flop_answer(model, options, use_cache, **model_options)
-    return report, estimate, compute
+    return dataclasses.replace(estimate, report=report, compute=compute)
 
 
 def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: bool = True, **model_options: Any):

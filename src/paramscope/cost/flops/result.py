@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...display import HtmlDisplay
 
@@ -29,6 +30,11 @@ class FlopEstimate(HtmlDisplay):
     # The forward at other context lengths, same batch: (seq, forward, attention) from the same analytic count
     # (FlopOptions.context_curve); empty when not asked or when the traced engine answered.
     by_context: tuple[tuple[int, int, int], ...] = field(default=())
+    # what `estimate_flops` answers with beside the count (`result.report`, `result.compute`): the model's Report
+    # and the step's compute (estimate.Compute: per token, over D tokens, MFU, time); the page shows them as the
+    # CLI's does. None for a count made without them. Not in == or hash: the count is the figures above.
+    report: Any = field(default=None, repr=False, compare=False)
+    compute: Any = field(default=None, repr=False, compare=False)
 
     @property
     def by_role(self) -> dict[str, int]:
@@ -41,3 +47,13 @@ class FlopEstimate(HtmlDisplay):
     @property
     def tokens(self) -> int:
         return self.batch * self.seq
+
+    def __repr__(self) -> str:
+        """One line, as the CLI's title: `<FlopEstimate of a forward pass of gpt2 (GPT2LMHeadModel): … FLOPs …>`;
+        the whole answer displays in Jupyter (`_repr_html_`) and saves with `.to_html(path)`."""
+        model = "" if self.report is None else f" of {self.report.model.label} ({self.report.model.class_name})"
+        what, flops = ("a training step", self.step) if self.step is not None else ("a forward pass", self.forward)
+        forward = f"; forward {self.forward:,}" if self.step is not None else ""
+        scientific = f"{flops:.3e}".replace("e+", "e")  # as the CLI writes it (2.916e11)
+        return (f"<FlopEstimate of {what}{model}: {flops:,} FLOPs ({scientific}{forward}) · batch {self.batch:,} × "
+                f"{self.seq:,} tokens · {self.engine} engine>")

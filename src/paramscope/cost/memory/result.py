@@ -53,6 +53,10 @@ class MemoryEstimate(HtmlDisplay):
     budget: Fit | None = None  # the answer for --gpu or --budget
     notes: tuple[str, ...] = field(default=())
     training: Any = None  # training.TrainingDetail for mode "training"
+    # the model's Report, as `estimate_memory` and `estimate_training` answer (`result.report`): the page draws its
+    # treemap and names the model, as the CLI's does; None for an estimate made without one. Not in == or hash:
+    # the same figures are equal whichever engine counted the model.
+    report: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         freeze_fields(self, "settings")
@@ -60,5 +64,20 @@ class MemoryEstimate(HtmlDisplay):
     @property
     def with_reserve(self) -> int:
         return self.peak + self.reserve
+
+    def __repr__(self) -> str:
+        """One line, the page's subtitle in short: `<MemoryEstimate to serve gpt2 (GPT2LMHeadModel): peak … B …>`;
+        the whole answer displays in Jupyter (`_repr_html_`) and saves with `.to_html(path)`."""
+        settings, training = self.settings, self.mode == "training"
+        model = "" if self.report is None else f" {self.report.model.label} ({self.report.model.class_name})"
+        asked = (f"{settings.get('precision')}, {settings.get('optimizer')}" if training
+                 else f"{self.weights.format.key} weights")
+        fit = ""
+        if self.budget is not None:
+            fit = f" · {'fits' if self.budget.fits else 'does not fit'} on {self.budget.accelerator.name}"
+        batch, seq = settings.get("batch", 1), settings.get("seq") or 0
+        return (f"<MemoryEstimate to {'train' if training else 'serve'}{model}: peak {self.peak:,} B "
+                f"({self.peak / GiB:,.2f} GiB) in {self.peak_phase} · {asked} · batch {batch:,} × {seq:,} tokens · "
+                f"{self.engine} engine{fit}>")
 
 

@@ -7,6 +7,7 @@ checked against the real cache on meta) → prefill workspace → peak → fits.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,13 +64,13 @@ def check_batch_and_seq(batch: int, seq: int | None, seq_option: str = "seq") ->
 
 
 def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), use_cache: bool = True,
-                    **model_options: Any):
-    """(Report, MemoryEstimate) for serving `model`, analytic engine.
+                    **model_options: Any) -> MemoryEstimate:
+    """The MemoryEstimate for serving `model`, analytic engine, with the model's Report as its `report`.
 
     With `use_cache` (and without --trace), a config whose template and cost facts are recorded is answered
     without torch (facts/store.py); otherwise the class is built on meta in the storage's compute dtype."""
     report, estimate, _ = memory_answer(model, options, use_cache, **model_options)
-    return report, estimate
+    return dataclasses.replace(estimate, report=report)
 
 
 def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cache: bool = True,

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
 def render_memory_html(report: Report | None, estimate, *, fragment: bool = False) -> str:
     """memory: the totals with the --gpu/--budget answer, every setting the figures depend on, the bytes of each
-    phase as stacked bars, the "fits on" table, and (given the report) the model's treemap. A MemoryEstimate
-    displayed alone in a notebook has no report: the page leaves the model's parts out."""
+    phase as stacked bars, the "fits on" table, and (given the report) the model's treemap. An estimate without a
+    report (a plan's step, one made by hand) leaves the model's parts out."""
     from ..memory import memory_to_dict
 
     memory = memory_to_dict(estimate)
@@ -291,14 +291,15 @@ def render_plans_html(report: Report, rows, planned: list[Report], *, fragment: 
     return html_page(_titled(report, "fine-tuning plans compared"), _subtitled(report, ""), sections, fragment)
 
 
-# Results displayed alone (a notebook, `.to_html()`), by type name (display.PAGES): no report beside them, except
-# the plan's, which is the planned module's own.
+# Results displayed alone (a notebook, `.to_html()`), by type name (display.PAGES): with the report (and the
+# compute) `estimate_memory`, `estimate_training` and `estimate_flops` keep on them, the CLI's page; the plan's
+# report is the planned module's own.
 def memory_page(estimate, fragment: bool) -> str:
-    return render_memory_html(None, estimate, fragment=fragment)
+    return render_memory_html(estimate.report, estimate, fragment=fragment)
 
 
 def flops_page(estimate, fragment: bool) -> str:
-    return render_flops_html(None, estimate, None, fragment=fragment)
+    return render_flops_html(estimate.report, estimate, estimate.compute, fragment=fragment)
 
 
 def plan_page(plan, fragment: bool) -> str:
