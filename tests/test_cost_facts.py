@@ -93,18 +93,11 @@ def test_formats_and_layouts_from_facts_equal_the_build(preset, options):
     ("modernbert-base", TrainingOptions(seq=8192, batch=2)),
     ("roberta-large", TrainingOptions(seq=512, batch=8)),
     ("distilbert-base-uncased", TrainingOptions(seq=512, grad_checkpointing="full")),
-    ("electra-base-discriminator", TrainingOptions(seq=512, precision="bf16-pure")),
     ("gemma-2-9b", TrainingOptions(seq=4096, grad_checkpointing="full")),
     ("albert-base-v2", TrainingOptions(seq=512, batch=16, precision="bf16-pure")),
     ("t5-large", TrainingOptions(seq=512, batch=4)),
     ("t5-base", TrainingOptions(seq=512, batch=4, grad_checkpointing="full")),
-    ("bart-base", TrainingOptions(seq=1024, precision="fp32")),
-    ("bart-large", TrainingOptions(seq=512, batch=2)),
     ("mistral-7b", TrainingOptions(seq=4096)),  # the sequence fills the sliding window: sdpa's mask
-    ("mixtral-8x7b", TrainingOptions(seq=2048, devices=8, zero="3")),
-    ("qwen1.5-moe-a2.7b", TrainingOptions(seq=1024, precision="bf16-pure")),
-    ("deepseek-v3", TrainingOptions(seq=4096, devices=64, zero="3", grad_checkpointing="full")),
-    ("deberta-v3-base", TrainingOptions(seq=512, batch=8, precision="bf16-mixed")),
 ])
 def test_training_memory_from_facts_equals_the_build(preset, options):
     """`memory --training` from facts where an analytic recipe covers the layout: the build's answer exactly."""
@@ -114,6 +107,42 @@ def test_training_memory_from_facts_equals_the_build(preset, options):
     assert built_view.module is not None
     difference = first_difference(_memory_document(built_report, built_memory), _memory_document(report, memory))
     assert difference is None, difference
+
+
+@needs_shipped
+@pytest.mark.parametrize("preset, options", [
+    ("electra-base-discriminator", TrainingOptions(seq=512, precision="bf16-pure")),
+    ("deberta-v3-base", TrainingOptions(seq=512, batch=8, precision="bf16-mixed")),
+    ("mixtral-8x7b", TrainingOptions(seq=2048, devices=8, zero="3")),
+    ("qwen1.5-moe-a2.7b", TrainingOptions(seq=1024, precision="bf16-pure")),
+])
+def test_training_where_the_step_peaks_inside_a_layer_is_derived_once_then_answered_without_a_build(
+        preset, options, tmp_path, monkeypatch):
+    """Their recipes' moments do not hold a peak inside a layer (no vocabulary-wide logits; the experts' backward):
+    the first answer builds and derives, a second comes from the facts and the derived recipe kept in the cache,
+    without a build, to the byte."""
+    monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path))
+    built_report, built_memory, built_view = training_answer(preset, options)
+    assert built_view.module is not None and built_memory.engine == "derived"
+    report, memory, view = training_answer(preset, options)
+    assert view.module is None and memory.engine == "derived", report.model.engine_detail
+    cached = " (read from the cache: derived and checked by an earlier run)"
+    assert any(cached in note for note in memory.notes)
+    first = json.loads(json.dumps(_memory_document(built_report, built_memory)))
+    later = json.loads(json.dumps(_memory_document(report, memory)).replace(cached, ""))
+    difference = first_difference(first, later)
+    assert difference is None, difference
+
+
+@needs_shipped
+def test_training_the_bare_bart_model_builds_and_traces_and_says_why():
+    """BART's two stacks of layers cannot be cut, so where its recipe's moments do not hold the peak (the bare model
+    has no logits), every layer is traced."""
+    report, memory, view = training_answer("bart-base", TrainingOptions(seq=1024, precision="fp32"))
+    assert view.module is not None and memory.engine == "traced"
+    assert report.model.engine_detail.startswith(
+        "the analytic BART (bare, trained on its output's sum) recipe's moments do not hold its step's peak (this "
+        "head has no vocabulary-wide logits, so its step peaks inside the last layer)")
 
 
 @needs_shipped

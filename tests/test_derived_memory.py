@@ -145,7 +145,10 @@ def test_a_sliding_window_splits_the_regimes():
     from paramscope.cost.derived.derive import regime_of
 
     config = T.MistralConfig(**SMALL, num_hidden_layers=6, sliding_window=48)
-    assert regime_of(config, 40, 4096) == ((1, 47), "S < sliding_window 48")
+    assert regime_of(config, 40, 4096) == ((2, 47), "S < sliding_window 48")
+    # a single query runs attention without its causal mask: a regime of its own (Phi-3's B ≥ 2 recipe declined
+    # when its check of what grows with the depth was traced at S = 1)
+    assert regime_of(config, 1, 4096) == ((1, 1), "S = 1 (a single query)")
     assert regime_of(config, 48, 4096) == ((48, 48), "S = sliding_window 48")
     assert regime_of(config, 64, 4096) == ((49, 4096), "S > sliding_window 48")
 
@@ -280,7 +283,7 @@ def test_the_largest_context_is_solved_on_the_closed_form_and_a_trace_at_the_ans
     model = _model("qwen3")
 
     def peak(seq, trace=False, budget=None):
-        estimate = estimate_training(model, TrainingOptions(batch=batch, seq=seq, trace=trace, budget=budget))[1]
+        estimate = estimate_training(model, TrainingOptions(batch=batch, seq=seq, trace=trace, budget=budget))
         assert estimate.engine == ("traced" if trace else "derived")
         return estimate
 
@@ -312,8 +315,8 @@ def test_the_depth_extended_trace_equals_the_full_depth_trace(model, options):
     from paramscope.cost.memory.training import TrainingOptions, estimate_training
 
     subject = _deepseek(8) if model == "deepseek" else _model(model)
-    extended = estimate_training(subject, TrainingOptions(**options, trace="extended"))[1]
-    full = estimate_training(subject, TrainingOptions(**options, trace="full"))[1]
+    extended = estimate_training(subject, TrainingOptions(**options, trace="extended"))
+    full = estimate_training(subject, TrainingOptions(**options, trace="full"))
     assert extended.engine == full.engine == "traced"
     assert (extended.settings["trace"], full.settings["trace"]) == ("extended", "full")
     assert extended.peak == full.peak
@@ -336,9 +339,9 @@ def test_a_checkpointed_step_is_derived_with_checkpointing():
 
     model = _model("qwen3")
     options = TrainingOptions(batch=2, seq=64, grad_checkpointing="full")
-    derived = estimate_training(model, options)[1]
-    full = estimate_training(model, dataclasses.replace(options, trace="full"))[1]
-    plain = estimate_training(model, dataclasses.replace(options, grad_checkpointing="none"))[1]
+    derived = estimate_training(model, options)
+    full = estimate_training(model, dataclasses.replace(options, trace="full"))
+    plain = estimate_training(model, dataclasses.replace(options, grad_checkpointing="none"))
     assert derived.engine == plain.engine == "derived"
     assert derived.peak == full.peak < plain.peak
 
@@ -416,7 +419,7 @@ def test_a_context_a_short_cut_holds_once_is_checked_where_it_is_held_twice():
     model = build_class_on_meta(T.Exaone4ForCausalLM, config)
     assert choose_depths(layer_types(model.model.layers))[:2] == (9, 13)
     options = TrainingOptions(batch=2, seq=64)
-    answer = estimate_training(model, options)[1]
-    full = estimate_training(model, dataclasses.replace(options, trace="full"))[1]
+    answer = estimate_training(model, options)
+    full = estimate_training(model, dataclasses.replace(options, trace="full"))
     assert [(p.phase, p.bytes) for p in answer.training.phases[:2]] == \
         [(p.phase, p.bytes) for p in full.training.phases[:2]]

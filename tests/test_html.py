@@ -287,8 +287,9 @@ def test_memory_page_bars_are_each_phase_exactly(browser, tmp_path):
     from paramscope.render.html.cost import render_memory_html
     from paramscope.render.memory import memory_to_dict
 
-    report, serving = estimate_memory("gpt2", MemoryOptions(batch=2, seq=256))
-    _, training = estimate_training("gpt2", TrainingOptions(batch=1, seq=128))
+    serving = estimate_memory("gpt2", MemoryOptions(batch=2, seq=256))
+    report = serving.report
+    training = estimate_training("gpt2", TrainingOptions(batch=1, seq=128))
     for name, estimate in (("serving", serving), ("training", training)):
         path = tmp_path / f"{name}.html"
         path.write_text(render_memory_html(report, estimate), "utf-8")
@@ -324,7 +325,8 @@ def test_memory_page_states_every_setting_and_the_gpu_answer(tmp_path):
     from paramscope.render.html.cost import memory_page, render_memory_html
     from paramscope.render.memory import render_memory_text
 
-    report, estimate = estimate_memory("llama-3-8b", MemoryOptions(dtype="nf4", gpu="4090"))
+    estimate = estimate_memory("llama-3-8b", MemoryOptions(dtype="nf4", gpu="4090"))
+    report = estimate.report
     answer = ("On RTX 4090: fits, 15.48 GiB to spare; largest batch 9 at 8,192 tokens, largest context 8,192 at "
               "batch 1")
     assert answer in render_memory_text(report, estimate, 200)
@@ -345,7 +347,7 @@ def test_memory_page_states_every_setting_and_the_gpu_answer(tmp_path):
     out = tmp_path / "m.html"  # the command itself: its --gpu reaches the page
     assert main(["memory", "llama-3-8b", "--dtype", "nf4", "--gpu", "4090", "--html", str(out)]) == 0
     assert f"<b>{answer}</b>" in out.read_text("utf-8")
-    _, plain = estimate_memory("gpt2", MemoryOptions(seq=128))
+    plain = estimate_memory("gpt2", MemoryOptions(seq=128))
     assert 'id="budget"' not in render_memory_html(None, plain)  # neither --gpu nor --budget: no answer to give
 
 
@@ -355,9 +357,10 @@ def test_training_memory_page_states_every_setting_and_the_budget_answer():
     from paramscope.render.html.cost import render_memory_html
     from paramscope.render.memory import render_memory_text
 
-    report, estimate = estimate_training("gpt2", TrainingOptions(
+    estimate = estimate_training("gpt2", TrainingOptions(
         batch=2, seq=128, optimizer="sgd-momentum", precision="fp16-mixed", grad_checkpointing="full",
         freeze=("embeddings",), devices=4, zero="2", budget=24 * GiB, reserve=GiB // 2))
+    report = estimate.report
     page = render_memory_html(report, estimate)
     assert _settings_of(page) == {
         "engine": "analytic engine, allocator level (bytes of tensors)",
@@ -376,9 +379,9 @@ def test_training_memory_page_states_every_setting_and_the_budget_answer():
     assert answer.group(3) in render_memory_text(report, estimate, 200)
     assert answer.group(3) == ("On 24.00 GiB budget: fits, 22.60 GiB to spare; largest batch 296 at 128 tokens, "
                                "largest context 1,024 at batch 2")
-    # 24 GiB − (the per-device peak 969,947,648 B + the 512 MiB reserve)
-    assert (int(answer.group(1)), int(answer.group(2))) == (24_262_985_216, 296) == (
-        24 * GiB - 969_947_648 - GiB // 2, estimate.budget.largest_batch)
+    # 24 GiB − (the per-device peak 970,902,032 B + the 512 MiB reserve)
+    assert (int(answer.group(1)), int(answer.group(2))) == (24_262_030_832, 296) == (
+        24 * GiB - 970_902_032 - GiB // 2, estimate.budget.largest_batch)
     assert "analytic engine · fp16-mixed, sgd-momentum · batch 2 × 128 tokens · peak" in page
 
 
@@ -386,7 +389,8 @@ def test_flops_page_has_the_context_curve_from_the_analytic_count(browser, tmp_p
     from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
     from paramscope.render.html.cost import render_flops_html
 
-    report, estimate, compute = estimate_flops("llama-2-7b", FlopOptions(context_curve=True))
+    estimate = estimate_flops("llama-2-7b", FlopOptions(context_curve=True))
+    report, compute = estimate.report, estimate.compute
     assert estimate.forward == 29_261_612_187_648 and estimate.attention == 2_199_023_255_552
     points = dict((seq, (forward, attention)) for seq, forward, attention in estimate.by_context)
     assert points[2048] == (estimate.forward, estimate.attention)  # the curve passes through the answer
@@ -484,8 +488,8 @@ def test_memory_flops_and_plan_results_display_and_save_alone(tmp_path):
     from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
     from paramscope.plan import PlanOptions, make_plan
 
-    _, memory = estimate_memory("gpt2", MemoryOptions(seq=128))
-    _, flops, _ = estimate_flops("gpt2", FlopOptions(seq=128, context_curve=True))
+    memory = estimate_memory("gpt2", MemoryOptions(seq=128))
+    flops = estimate_flops("gpt2", FlopOptions(seq=128, context_curve=True))
     report, module = inspect_with_module("gpt2")
     plan = make_plan(report, module, PlanOptions(lora=4))
     for result, marker in ((memory, f'data-peak="{memory.peak}"'), (flops, f'data-forward="{flops.forward}"'),

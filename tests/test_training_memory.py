@@ -164,24 +164,41 @@ def _truncated(preset: str, layers: int = 2) -> dict:
     ("bf16-pure", "none", 2, 512),
     ("bf16-mixed", "full", 4, 512),
 ])
-def test_analytic_peak_within_3_percent_of_the_trace(preset, recipe, precision, checkpointing, batch, seq):
-    """The peak within 3% (the issue's bar); the saved activations, which the model states do not dilute, to
-    within 0.01% (they are exact but for a few index bytes; checkpointed MoE layers keep about a kilobyte more)."""
-    _, estimate = estimate_training(_truncated(preset), TrainingOptions(
+def test_each_phase_of_the_analytic_step_is_the_traced_one(preset, recipe, precision, checkpointing, batch, seq):
+    """Each phase's peak within 0.01% of the trace's (they differ by a few kilobytes: the labels' padding at batch
+    1, index tensors), forward and backward apart, so that a moment the step's peak hides is checked too; the saved
+    activations likewise. Recipes whose step can peak inside a layer (the MoE experts' backward, a head without
+    logits) are a check beside the derived or traced answer, never the answer."""
+    estimate = estimate_training(_truncated(preset), TrainingOptions(
         batch=batch, seq=seq, precision=precision, grad_checkpointing=checkpointing, trace=True))
     detail = estimate.training
     assert estimate.engine == "traced" and detail.analytic_peak is not None
-    assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
     saved = estimate.activations.bytes
     assert abs(detail.analytic_activations - saved) <= 0.0001 * saved
     assert any(note.startswith("check: the analytic peak") for note in estimate.notes)
-    _, analytic = estimate_training(_truncated(preset), TrainingOptions(
+    analytic = estimate_training(_truncated(preset), TrainingOptions(
         batch=batch, seq=seq, precision=precision, grad_checkpointing=checkpointing))
+    if recipe in PEAK_INSIDE_LAYERS:
+        assert analytic.engine != "analytic"
+        assert any(f"the analytic {recipe} recipe counts what the forward saves" in n for n in analytic.notes)
+        return
     assert analytic.engine == "analytic" and analytic.settings["activations_from"] == f"analytic: {recipe}"
+    _assert_phases_match(analytic, estimate, 0.0001)
+
+
+PEAK_INSIDE_LAYERS = ("Mixtral (sparse MoE)", "Qwen2-MoE", "DeBERTa-v2 (bare, trained on its output's sum)",
+                      "ELECTRA discriminator", "BART (bare, trained on its output's sum)", "DeepSeek-V3 (MLA, MoE)")
+
+
+def _assert_phases_match(analytic, traced, tolerance: float) -> None:
+    for phase in ("forward", "backward"):
+        measured = max(p.bytes for p in traced.training.phases if p.phase == phase)
+        counted = max(p.bytes for p in analytic.training.phases if p.phase == phase)
+        assert abs(counted - measured) <= tolerance * measured, (phase, counted, measured)
 
 
 def test_each_traced_layer_keeps_what_the_analytic_layer_term_says():
-    _, estimate = estimate_training(_truncated("llama-3-8b", layers=3), TrainingOptions(
+    estimate = estimate_training(_truncated("llama-3-8b", layers=3), TrainingOptions(
         batch=1, seq=256, precision="fp32", trace=True))
     layers = [value for path, value in estimate.training.traced.kept_by_module if path.startswith("model.layers.")
               and path.count(".") == 2]
@@ -190,7 +207,7 @@ def test_each_traced_layer_keeps_what_the_analytic_layer_term_says():
 
 
 def test_model_states_agree_with_the_trace_to_the_byte():
-    _, estimate = estimate_training(_truncated("qwen2.5-0.5b"), TrainingOptions(
+    estimate = estimate_training(_truncated("qwen2.5-0.5b"), TrainingOptions(
         batch=1, seq=64, precision="fp32", trace=True))
     states, traced = estimate.training.states, estimate.training.traced
     assert traced.resident["parameters"] == states.weights.bytes
@@ -207,28 +224,34 @@ def test_model_states_agree_with_the_trace_to_the_byte():
     ("bf16-pure", "none", 2, 256),
     ("bf16-mixed", "full", 4, 256),
 ])
-def test_gpt2_and_encoders_analytic_peak_within_3_percent(preset, precision, checkpointing, batch, seq):
-    """Models with attention dropout. Truncated to 2 layers the peak is the hardest case: ELECTRA's comes in the
-    last layer's backward (its S²-sized gradients beside the saved activations), which the analytic moments leave
-    out: −1.4% (bf16-mixed), −2.0% (bf16-pure)."""
+def test_gpt2_and_encoders_each_phase_is_the_traced_one(preset, precision, checkpointing, batch, seq):
+    """Models with attention dropout, truncated to 2 layers: each phase's peak within 0.01% of the trace's. ELECTRA's
+    discriminator has no vocabulary-wide logits: its step peaks in the last layer's backward (its S²-sized
+    gradients beside the saved activations), which no analytic moment holds, so its recipe is a check (−1.4% at
+    bf16-mixed, −2.0% at bf16-pure here) beside the traced answer."""
     config = _truncated(preset, layers=2)
-    _, estimate = estimate_training(config, TrainingOptions(
-        batch=batch, seq=seq, precision=precision, grad_checkpointing=checkpointing, trace=True))
+    options = TrainingOptions(batch=batch, seq=seq, precision=precision, grad_checkpointing=checkpointing)
+    estimate = estimate_training(config, dataclasses.replace(options, trace=True))
     detail = estimate.training
     assert detail.analytic_peak is not None
-    assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
     saved = estimate.activations.bytes
     assert abs(detail.analytic_activations - saved) <= 0.0001 * saved
     assert any("attention dropout 0.1" in note for note in estimate.notes)
+    analytic = estimate_training(config, options)
+    if preset == "electra-base-discriminator":
+        assert analytic.engine == "traced" and abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
+        return
+    assert analytic.engine == "analytic"
+    _assert_phases_match(analytic, estimate, 0.0001)
 
 
 def test_a_class_without_a_recipe_is_derived_and_equals_the_trace():
     options = TrainingOptions(batch=1, seq=128, precision="fp32")
-    _, estimate = estimate_training("deberta-v3-base", options, model_class="DebertaV2ForSequenceClassification")
+    estimate = estimate_training("deberta-v3-base", options, model_class="DebertaV2ForSequenceClassification")
     assert estimate.engine == "derived"
     assert any("checked against a trace of" in n and "equal to the byte" in n for n in estimate.notes)
-    _, traced = estimate_training("deberta-v3-base", dataclasses.replace(options, trace=True),
-                                  model_class="DebertaV2ForSequenceClassification")
+    traced = estimate_training("deberta-v3-base", dataclasses.replace(options, trace=True),
+                               model_class="DebertaV2ForSequenceClassification")
     assert traced.engine == "traced"
     assert any("no analytic activation recipe for DebertaV2ForSequenceClassification" in n for n in traced.notes)
     assert (estimate.peak, estimate.activations.bytes) == (traced.peak, traced.activations.bytes)
@@ -245,7 +268,7 @@ def test_deberta_v2_recipe_equals_the_trace(model_class, precision, checkpointin
     buckets here, so 2P = 512 is as long as the sequence: the S·2P and S² terms are told apart by varying S."""
     for seq in (128, 384):
         options = TrainingOptions(batch=2, seq=seq, precision=precision, grad_checkpointing=checkpointing)
-        _, estimate = estimate_training(_truncated("deberta-v3-base", layers=2), dataclasses.replace(
+        estimate = estimate_training(_truncated("deberta-v3-base", layers=2), dataclasses.replace(
             options, trace=True), model_class=model_class)
         assert estimate.training.analytic_activations == estimate.activations.bytes
         assert abs(estimate.training.analytic_peak - estimate.peak) <= 0.015 * estimate.peak
@@ -255,13 +278,13 @@ def test_deberta_v2_recipe_equals_the_trace(model_class, precision, checkpointin
 def test_albert_shared_layer_recipe_equals_the_trace(precision):
     """One shared layer run 12 times: each pass saves its own activations; autocast casts the shared weights once.
     (ALBERT does not support gradient checkpointing.)"""
-    _, estimate = estimate_training("albert-base-v2", TrainingOptions(batch=2, seq=256, precision=precision,
-                                                                      trace=True))
+    estimate = estimate_training("albert-base-v2", TrainingOptions(batch=2, seq=256, precision=precision,
+                                                                   trace=True))
     detail = estimate.training
     saved = estimate.activations.bytes
     assert abs(detail.analytic_activations - saved) <= 0.0001 * saved
     assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
-    _, analytic = estimate_training("albert-base-v2", TrainingOptions(batch=2, seq=256, precision=precision))
+    analytic = estimate_training("albert-base-v2", TrainingOptions(batch=2, seq=256, precision=precision))
     assert analytic.settings["activations_from"] == "analytic: ALBERT masked LM"
 
 
@@ -270,12 +293,12 @@ def test_albert_shared_layer_recipe_equals_the_trace(precision):
 def test_t5_encoder_decoder_recipe_equals_the_trace(preset, precision):
     """Encoder and decoder layers apart (a decoder layer adds its causal mask and cross-attention), both sides at
     --seq tokens. Checkpointed T5 layers keep more than their input: that case is traced."""
-    _, estimate = estimate_training(preset, TrainingOptions(batch=2, seq=128, precision=precision, trace=True))
+    estimate = estimate_training(preset, TrainingOptions(batch=2, seq=128, precision=precision, trace=True))
     detail = estimate.training
     saved = estimate.activations.bytes
     assert abs(detail.analytic_activations - saved) <= 0.0001 * saved
     assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
-    _, analytic = estimate_training(preset, TrainingOptions(batch=2, seq=128, precision=precision))
+    analytic = estimate_training(preset, TrainingOptions(batch=2, seq=128, precision=precision))
     assert analytic.settings["activations_from"] == "analytic: T5 (v1)"
     assert "6 encoder layers" in analytic.activations.arithmetic or "12 encoder layers" in analytic.activations.arithmetic
 
@@ -287,15 +310,15 @@ def test_checkpointed_encoder_decoders_equal_the_trace(preset, model_class, prec
     """Checkpointed T5 and BART layers keep their input; T5's position biases, which every layer is recomputed
     from, are kept once (fitted with bench/fit_activations.py --checkpointing)."""
     options = TrainingOptions(batch=2, seq=128, precision=precision, grad_checkpointing="full")
-    _, estimate = estimate_training(preset, dataclasses.replace(options, trace=True), model_class=model_class)
+    estimate = estimate_training(preset, dataclasses.replace(options, trace=True), model_class=model_class)
     assert estimate.training.analytic_activations == estimate.activations.bytes
     assert abs(estimate.training.analytic_peak - estimate.peak) <= 0.001 * estimate.peak
-    _, analytic = estimate_training(preset, options, model_class=model_class)
+    analytic = estimate_training(preset, options, model_class=model_class)
     assert analytic.engine == "analytic"
 
 
 def test_the_bare_bart_model_with_checkpointing_is_traced_and_says_why():
-    _, estimate = estimate_training("bart-base", TrainingOptions(batch=1, seq=64, grad_checkpointing="full"))
+    estimate = estimate_training("bart-base", TrainingOptions(batch=1, seq=64, grad_checkpointing="full"))
     assert estimate.engine == "traced"
     assert "the analytic BART (bare, trained on its output's sum) recipe was not fitted for gradient " \
            "checkpointing (its checkpointed layers keep more than their inputs): one step traced" in estimate.notes
@@ -308,12 +331,12 @@ def test_bart_recipe_equals_the_trace(model_class, recipe, precision):
     """bart-base as its preset declares it (the bare BartModel, trained on its output's sum) and with its LM head;
     encoder and decoder layers apart, each side at --seq tokens."""
     options = TrainingOptions(batch=2, seq=128, precision=precision)
-    _, estimate = estimate_training("bart-base", dataclasses.replace(options, trace=True), model_class=model_class)
+    estimate = estimate_training("bart-base", dataclasses.replace(options, trace=True), model_class=model_class)
     detail = estimate.training
     saved = estimate.activations.bytes
     assert abs(detail.analytic_activations - saved) <= 0.0001 * saved
     assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
-    _, analytic = estimate_training("bart-base", options, model_class=model_class)
+    analytic = estimate_training("bart-base", options, model_class=model_class)
     assert analytic.settings["activations_from"] == f"analytic: {recipe}"
     assert analytic.activations.arithmetic.startswith("6 encoder layers × (")
 
@@ -325,19 +348,19 @@ def test_deepseek_v3_recipe_equals_the_trace(precision, checkpointing):
     layers: fitted in the 16-bit precisions it is trained in."""
     config = dict(_truncated("deepseek-v3", layers=5), first_k_dense_replace=2)
     options = TrainingOptions(batch=1, seq=256, precision=precision, grad_checkpointing=checkpointing)
-    _, estimate = estimate_training(config, dataclasses.replace(options, trace=True))
+    estimate = estimate_training(config, dataclasses.replace(options, trace=True))
     saved = estimate.activations.bytes
     assert abs(estimate.training.analytic_activations - saved) <= (0.001 * saved if checkpointing == "full" else 16)
     assert abs(estimate.training.analytic_peak - estimate.peak) <= 0.001 * estimate.peak
-    _, analytic = estimate_training(config, options)
-    assert analytic.settings["activations_from"] == "analytic: DeepSeek-V3 (MLA, MoE)"
-    if checkpointing == "none":
-        assert analytic.activations.arithmetic.startswith("2 dense layers × (T × (")
+    # its attention backward (torch's math kernel) can hold the step's peak inside a layer: derived, the recipe beside
+    answer = estimate_training(config, options)
+    assert answer.engine != "analytic" and answer.training.analytic_peak is not None  # 5 layers: too short to cut
+    assert any("the analytic DeepSeek-V3 (MLA, MoE) recipe counts what the forward saves" in n for n in answer.notes)
 
 
 def test_deepseek_v3_in_fp32_is_traced_and_says_why():
     config = dict(_truncated("deepseek-v3", layers=2), first_k_dense_replace=1)
-    _, estimate = estimate_training(config, TrainingOptions(batch=1, seq=32, precision="fp32"))
+    estimate = estimate_training(config, TrainingOptions(batch=1, seq=32, precision="fp32"))
     assert estimate.engine == "traced"
     assert any(n.startswith("the analytic DeepSeek-V3 (MLA, MoE) recipe was not fitted for fp32") for n in estimate.notes)
 
@@ -356,11 +379,11 @@ def test_a_sliding_window_the_sequence_fills_is_in_the_recipe(preset, change, pr
     recomputed from (one, S², shared)."""
     config = dict(_truncated(preset, layers=3), **change)
     options = TrainingOptions(batch=2, seq=256, precision=precision, grad_checkpointing=checkpointing)
-    _, estimate = estimate_training(config, dataclasses.replace(options, trace=True))
+    estimate = estimate_training(config, dataclasses.replace(options, trace=True))
     saved = estimate.activations.bytes
     assert abs(estimate.training.analytic_activations - saved) <= 16
     assert abs(estimate.training.analytic_peak - estimate.peak) <= 0.001 * estimate.peak
-    _, analytic = estimate_training(config, options)
+    analytic = estimate_training(config, options)
     assert ("whose sliding window the sequence fills" if checkpointing == "none" else
             "the sliding-window mask and positions") in analytic.activations.arithmetic
 
@@ -368,7 +391,7 @@ def test_a_sliding_window_the_sequence_fills_is_in_the_recipe(preset, change, pr
 @pytest.mark.parametrize("seq, checkpointing", [(32, "none"), (63, "none"), (64, "none"), (40, "full"), (96, "full")])
 def test_modernbert_local_masks_exist_once_the_sequence_fills_the_window(seq, checkpointing):
     """ModernBERT-base's local layers attend ±64 tokens: a shorter sequence needs no mask."""
-    _, estimate = estimate_training(_truncated("modernbert-base", layers=4), TrainingOptions(
+    estimate = estimate_training(_truncated("modernbert-base", layers=4), TrainingOptions(
         batch=2, seq=seq, precision="bf16-mixed", grad_checkpointing=checkpointing, trace=True))
     assert abs(estimate.training.analytic_activations - estimate.activations.bytes) <= 16
 
@@ -378,17 +401,17 @@ def test_modernbert_local_masks_exist_once_the_sequence_fills_the_window(seq, ch
 def test_checkpointed_gemma2_keeps_its_inputs_and_the_masks(layers, batch, seq, precision):
     """Checkpointed Gemma-2 layers keep their input; the eager full and sliding masks they are recomputed from
     are kept once (an earlier recipe's 8·T·hd per layer matched only where 2·L·hd = L·S)."""
-    _, estimate = estimate_training(_truncated("gemma-2-2b", layers=layers), TrainingOptions(
+    estimate = estimate_training(_truncated("gemma-2-2b", layers=layers), TrainingOptions(
         batch=batch, seq=seq, precision=precision, grad_checkpointing="full", trace=True))
     assert abs(estimate.training.analytic_activations - estimate.activations.bytes) <= 16
 
 
 def test_a_recipe_answers_only_at_the_attention_it_was_fitted_at():
-    _, estimate = estimate_training(_truncated("gemma-2-2b"), TrainingOptions(batch=1, seq=64, attention="eager"))
+    estimate = estimate_training(_truncated("gemma-2-2b"), TrainingOptions(batch=1, seq=64, attention="eager"))
     assert estimate.engine == "analytic" and estimate.settings["activations_from"] == "analytic: Gemma-2 decoder"
     with pytest.raises(ParamscopeError, match="does not support `softcap`"):  # transformers' own refusal, one line
         estimate_training(_truncated("gemma-2-2b"), TrainingOptions(batch=1, seq=64, attention="sdpa"))
-    _, estimate = estimate_training(_truncated("llama-3-8b"), TrainingOptions(batch=1, seq=64, attention="eager"))
+    estimate = estimate_training(_truncated("llama-3-8b"), TrainingOptions(batch=1, seq=64, attention="eager"))
     assert estimate.engine == "traced"
     assert "the analytic recipe is for sdpa attention; attention eager is traced" in estimate.notes
 
@@ -406,11 +429,11 @@ def test_a_layout_the_recipe_was_not_fitted_for_is_traced():
              "no attention or hidden dropout (fitted with both)"),
             ("bart-base", {"activation_function": "relu"}, "the activation 'relu' (fitted: gelu)")):
         config = dict(_truncated(preset), **change)
-        _, estimate = estimate_training(config, TrainingOptions(batch=1, seq=64, precision="fp32"))
+        estimate = estimate_training(config, TrainingOptions(batch=1, seq=64, precision="fp32"))
         assert estimate.engine == "traced", change
         assert any(n.startswith("the analytic ") and n.endswith(f"recipe was not fitted for {why}: one step traced")
                    for n in estimate.notes), (change, estimate.notes)
-    _, estimate = estimate_training(dict(resolve("pythia-70m").config), TrainingOptions(batch=1, seq=64))
+    estimate = estimate_training(dict(resolve("pythia-70m").config), TrainingOptions(batch=1, seq=64))
     assert estimate.engine == "analytic" and estimate.settings["activations_from"] == "analytic: GPT-NeoX"
 
 
@@ -420,8 +443,9 @@ def test_a_sequence_beyond_learned_positions_is_refused():
 
 
 def test_freeze_by_role_and_glob():
-    report, estimate = estimate_training(_truncated("qwen2.5-0.5b"), TrainingOptions(
+    estimate = estimate_training(_truncated("qwen2.5-0.5b"), TrainingOptions(
         batch=1, seq=64, precision="fp32", freeze=("embedding", "model.layers.0.*")))
+    report = estimate.report
     states, frozen = estimate.training.states, estimate.training.frozen
     assert "model.embed_tokens.weight" in frozen and "model.layers.0.mlp.up_proj.weight" in frozen
     assert "model.layers.1.mlp.up_proj.weight" not in frozen
@@ -435,11 +459,11 @@ def test_freeze_by_role_and_glob():
 
 def test_zero_stages_shard_what_they_name():
     base = TrainingOptions(batch=1, seq=128, precision="bf16-mixed")
-    _, alone = estimate_training(_truncated("qwen2.5-0.5b"), base)
+    alone = estimate_training(_truncated("qwen2.5-0.5b"), base)
     states = alone.training.states
     for stage, sharded in (("1", {"optimizer"}), ("2", {"optimizer", "gradients"}),
                            ("full_shard", {"optimizer", "gradients", "weights"})):
-        _, estimate = estimate_training(_truncated("qwen2.5-0.5b"), TrainingOptions(
+        estimate = estimate_training(_truncated("qwen2.5-0.5b"), TrainingOptions(
             batch=1, seq=128, precision="bf16-mixed", devices=8, zero=stage))
         shares = estimate.training.per_device
         for key, total in (("weights", states.weights.bytes), ("gradients", states.gradients.bytes),
@@ -499,7 +523,8 @@ def test_a_live_module_is_traced_in_a_fake_copy():
     import transformers
 
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
-    report, estimate = estimate_training(model, TrainingOptions(batch=2, seq=64, precision="fp32", trace=True))
+    estimate = estimate_training(model, TrainingOptions(batch=2, seq=64, precision="fp32", trace=True))
+    report = estimate.report
     assert estimate.engine == "traced" and report.total == sum(p.numel() for p in model.parameters())
     assert abs(estimate.training.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
     assert all(not p.is_meta and p.grad is None for p in model.parameters())  # untouched
@@ -517,12 +542,12 @@ def test_a_live_module_is_traced_in_a_fake_copy():
 
 
 def test_traced_fits_answer_the_batch_at_the_traced_length_only():
-    _, estimate = estimate_training("gpt2", TrainingOptions(batch=8, seq=1024, precision="fp32", trace=True))
+    estimate = estimate_training("gpt2", TrainingOptions(batch=8, seq=1024, precision="fp32", trace=True))
     for fit in estimate.fits:
         assert fit.largest_context is None  # not extrapolated: attention dropout grows with S²
     h100 = next(f for f in estimate.fits if f.accelerator.name == "H100 80GB")
-    _, at_largest = estimate_training("gpt2", TrainingOptions(batch=h100.largest_batch, seq=1024, precision="fp32",
-                                                              trace=True))
+    at_largest = estimate_training("gpt2", TrainingOptions(batch=h100.largest_batch, seq=1024, precision="fp32",
+                                                           trace=True))
     assert at_largest.peak + estimate.reserve <= h100.accelerator.memory  # the batch it names does fit
 
 
@@ -566,20 +591,40 @@ def test_adafactor_step_equals_a_real_foreach_step():
         optimizer.step()
         snapshot = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
     peak = {getattr(key, "value", str(key)): value for key, value in snapshot.items()}["Total"]
-    _, estimate = estimate_training(dict(LLAMA, model_type="llama", architectures=["LlamaForCausalLM"]),
-                                    TrainingOptions(batch=2, seq=32, precision="fp32", optimizer="adafactor"))
+    estimate = estimate_training(dict(LLAMA, model_type="llama", architectures=["LlamaForCausalLM"]),
+                                 TrainingOptions(batch=2, seq=32, precision="fp32", optimizer="adafactor"))
     step = [p for p in estimate.training.phases if p.phase == "optimizer step"][0]
     assert estimate.engine == "analytic" and "foreach step" in step.arithmetic
     assert step.bytes == peak
 
 
-def test_an_analytic_peak_at_the_end_of_the_forward_names_what_it_leaves_out():
-    _, estimate = estimate_training("deberta-v3-base", TrainingOptions(batch=2, seq=512, precision="bf16-mixed"))
+def test_an_analytic_peak_at_the_end_of_the_forward_names_what_is_live_as_the_loss_is_taken():
+    """Llama-2-7B at 1 × 2,048 in bf16-mixed peaks in its forward: beside the saved activations, the model's output
+    still holds the last hidden state in fp32 and the training KV cache's fp32 keys (RoPE's dtype) as the loss is
+    taken, and the loss reads the labels padded by one."""
+    estimate = estimate_training("llama-2-7b", TrainingOptions(batch=1, seq=2048, precision="bf16-mixed"))
     assert estimate.engine == "analytic" and estimate.peak_phase == "forward"
-    assert any(note.startswith("the peak is the end of the forward") for note in estimate.notes)
-    _, estimate = estimate_training("deberta-v3-base", TrainingOptions(batch=1, seq=128, precision="bf16-mixed"))
+    assert any(note.startswith("the peak is the end of the forward, as the loss is taken") for note in estimate.notes)
+    forward = [p for p in estimate.training.phases if p.phase == "forward"][0]
+    tokens, h = 2048, 4096
+    assert f"the last hidden state in fp32, 4·T·h = {4 * tokens * h:,}" in forward.arithmetic
+    assert f"the training KV cache's fp32 keys, 32 layers × 4·T·kv = {32 * 4 * tokens * h:,}" in forward.arithmetic
+    assert f"the labels padded by one, 8·B·(S + 1) = {8 * 2049:,}" in forward.arithmetic
+    estimate = estimate_training("llama-2-7b", TrainingOptions(batch=1, seq=128, precision="bf16-mixed"))
     assert estimate.peak_phase == "backward"
     assert not any(note.startswith("the peak is the end of the forward") for note in estimate.notes)
+
+
+def test_heads_without_logits_peak_inside_the_last_layer_and_are_derived_with_the_recipe_beside():
+    """The bare DeBERTa (trained on its output's sum) has no vocabulary-wide logits, so its step peaks inside the
+    last layer, which the analytic moments do not hold: it is derived, and the recipe's figure is a check."""
+    estimate = estimate_training("deberta-v3-base", TrainingOptions(batch=2, seq=512, precision="bf16-mixed"))
+    assert estimate.engine == "derived"
+    assert any("DeBERTa-v2 (bare, trained on its output's sum) recipe counts what the forward saves" in note
+               for note in estimate.notes)
+    check = [note for note in estimate.notes if note.startswith("check: the analytic peak is")]
+    assert len(check) == 1 and check[0].endswith("from the derived one")
+    assert estimate.training.analytic_peak < estimate.peak
 
 
 @pytest.mark.parametrize("module_name, attribute", __import__(

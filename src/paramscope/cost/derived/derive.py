@@ -140,9 +140,12 @@ def cut_module(module: Any, path: str, depth: int) -> Any:
 def regime_of(config: Any, seq: int, limit: int | None) -> tuple[tuple[int, int], str]:
     """The range of S around `seq` in which no config threshold is crossed, and its name. S equal to a threshold is
     a regime of its own: whether a window "fills" at S = W or past it is the implementation's choice (transformers'
-    sdpa takes a mask once the keys reach the window), and the recipe does not guess it."""
+    sdpa takes a mask once the keys reach the window), and the recipe does not guess it. So is S = 1: a single
+    query runs attention without its causal mask."""
     text = text_config(config)
-    low, high, words = 1, limit or MAX_SEQ, []
+    if seq == 1:  # one query: transformers' sdpa drops is_causal, torch takes other kernels
+        return (1, 1), "S = 1 (a single query)"
+    low, high, words = 2, limit or MAX_SEQ, []
     for key in REGIME_KEYS:
         value = config_int(text, key)
         if not value:
@@ -242,7 +245,7 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
         if candidates != [recipe]:  # what grew was read from the check: a longer cut checks it
             if third_depth is None:
                 raise NotDerivable("allocations outside the layers grow with the depth, and no longer cut checks them")
-            third_at = (batch_range[0], seq_range[0]) if check_at != (batch_range[0], seq_range[0]) else at1
+            third_at = at1 if check_at != at1 else at2
             checks.append((third_depth, third_at, trace(third_depth, third_at)))
 
     def mismatch(candidate: DerivedRecipe) -> str | None:

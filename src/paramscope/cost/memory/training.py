@@ -18,7 +18,8 @@ from ...errors import OptionError
 from ...frozen import FrozenDict, freeze_fields
 from ...selection import match_all
 from .activations import (
-    TrainingActivations, embedding_gradient, recipe_attention, recipe_declines, recipe_for, training_activations,
+    TrainingActivations, embedding_gradient, recipe_attention, recipe_declines, recipe_for, recipe_peak_inside_layers,
+    training_activations,
 )
 from ..dims import attention_dropout, config_int, dim, text_config
 from ..hardware import Accelerator, find_accelerator
@@ -121,15 +122,15 @@ class TrainingDetail:
 
 
 def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), use_cache: bool = True,
-                      structure: str | None = None, **model_options: Any):
-    """(Report, MemoryEstimate) for one steady training step of `model`.
+                      structure: str | None = None, **model_options: Any) -> MemoryEstimate:
+    """The MemoryEstimate of one steady training step of `model`, with the model's Report as its `report`.
 
     With `use_cache` (and without --trace), a config whose template and cost facts are recorded, and whose layout
     an analytic activation recipe covers, is answered without torch (facts/store.py); otherwise the class is built
     on meta in the weights' dtype (and, without a recipe, one step is traced). `structure`: for a live module, the
     key its derived recipes are kept under (a plan's; default: a digest of the module's structure)."""
     report, estimate, _ = training_answer(model, options, use_cache, structure=structure, **model_options)
-    return report, estimate
+    return dataclasses.replace(estimate, report=report)
 
 
 def training_answer(model: Any, options: TrainingOptions = TrainingOptions(), use_cache: bool = True,
@@ -183,8 +184,9 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     checkpointing = options.grad_checkpointing == "full"
     resident = weights.bytes + weights.buffer_bytes + states.optimizer.bytes + states.master_weights.bytes
     gradients = states.gradients.bytes
-    cast, cast_head = _cast_weights(view) if precision.endswith("-mixed") else (0, 0)
-    shape = dict(precision=precision, checkpointing=checkpointing, cast_weights=cast, cast_head=cast_head)
+    cast, cast_head, cast_biases = _cast_weights(view) if precision.endswith("-mixed") else (0, 0, 0)
+    shape = dict(precision=precision, checkpointing=checkpointing, cast_weights=cast, cast_head=cast_head,
+                 cast_biases=cast_biases)
     attention = options.attention or str(getattr(view.config, "_attn_implementation", "") or "") or "sdpa"
     class_name = view.class_name
     # adapters add their own activations: never an analytic recipe's (a plan counted without a build is a PEFT
@@ -203,14 +205,25 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         why = recipe_declines(text, class_name, batch=options.batch, seq=seq, precision=precision,
                               checkpointing=checkpointing)
         notes.append(f"the analytic {recipe} recipe was not fitted for {why}: one step traced")
+    beside = None  # a recipe's figures shown as a check, not given as the answer
+    inside = recipe_peak_inside_layers(analytic.recipe) if analytic is not None else ""
+    if inside:
+        beside, analytic = analytic, None
+        notes.append(f"the analytic {beside.recipe} recipe counts what the forward saves, but {inside}, which the "
+                     "recipe's moments do not hold: the step is derived from traces (the recipe's figure is given "
+                     "beside, as a check)")
 
     tied = _tied_embedding_bytes(report, trainable)
     step_bytes, step_text = _step_temporaries(optimizer, gradients)
 
     def analytic_phases(act: TrainingActivations, batch: int, length: int) -> tuple[PhaseFigure, ...]:
-        end = gradients + embedding_gradient(text, batch=batch, seq=length, precision=precision) + 2 * tied
+        # a tied embedding's backward frees its output's gradient before its two gradients are summed
+        kept = not tied
+        output_gradient = embedding_gradient(text, batch=batch, seq=length, precision=precision) if kept else 8
+        end = gradients + output_gradient + 2 * tied
         figures = [PhaseFigure(m.phase, resident + m.bytes, m.where, m.arithmetic) for m in act.moments]
-        how = f"gradients {gradients:,} + {end - gradients:,}: the embedding output's gradient"
+        how = f"gradients {gradients:,} + {end - gradients:,}: " + (
+            "the embedding output's gradient" if kept else "8 B (the embedding output's gradient freed)")
         if tied:
             how += f" and 2 × the tied embedding's gradient {tied:,} (its own and their sum, beside the head's)"
         figures.append(PhaseFigure("backward", resident + end, "end of backward", how, gradients))
@@ -295,16 +308,17 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                      "only a log-sum-exp, so on a GPU the peak is lower by up to that much")
     top = max(phases, key=lambda p: p.bytes)
     analytic_peak = None
-    if (traced is not None or extended) and analytic is not None:
-        analytic_peak = max(p.bytes for p in analytic_phases(analytic, options.batch, seq))
+    checked = analytic if analytic is not None else beside
+    if (traced is not None or derived is not None) and checked is not None:
+        analytic_peak = max(p.bytes for p in analytic_phases(checked, options.batch, seq))
         diff = (analytic_peak - top.bytes) / top.bytes
         if traced is not None:
-            saved_diff = (analytic.saved - activations.bytes) / activations.bytes if activations.bytes else 0.0
-            saved_words = f"; its saved activations {analytic.saved:,} B, {100 * saved_diff:+.2f}%"
-        else:  # the extended trace's end of the forward holds more than what is saved: no like-for-like figure
+            saved_diff = (checked.saved - activations.bytes) / activations.bytes if activations.bytes else 0.0
+            saved_words = f"; its saved activations {checked.saved:,} B, {100 * saved_diff:+.2f}%"
+        else:  # the derived end of the forward holds more than what is saved: no like-for-like figure
             saved_words = ""
-        notes.append(f"check: the analytic peak is {analytic_peak:,} B, {100 * diff:+.2f}% from the traced one"
-                     f"{saved_words}")
+        notes.append(f"check: the analytic peak is {analytic_peak:,} B, {100 * diff:+.2f}% from the "
+                     f"{'traced' if traced is not None or extended else 'derived'} one{saved_words}")
     sharded = per_device(states, devices=options.devices, zero=zero) if options.devices > 1 and zero else None
     if options.devices > 1 and not zero:
         notes.append(f"data parallel over {options.devices:,} devices without ZeRO: each holds the full model "
@@ -325,9 +339,9 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     device_top = on_one_device(phases)
     peak = device_top.bytes
     if traced is None and derived is None and device_top.where == "end of forward":
-        notes.append("the peak is the end of the forward, counted as what the forward saves for backward; the working "
-                     "tensors of the layer running then are not (a traced peak was 0.0 to 1.4% higher on the "
-                     "presets in docs/benchmarks.md); --trace measures them")
+        notes.append("the peak is the end of the forward, as the loss is taken: what the forward saves for backward, "
+                     "the loss's buffers, and what the model's output still holds then (named in the phase's "
+                     "arithmetic)")
     if sharded is not None:
         sharded = dict(sharded, activations=activations.bytes, peak=peak, peak_phase=device_top.phase)
         if zero >= 3:
@@ -369,7 +383,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                      "; ".join(derived.declined[:3]) + ")")
     detail = TrainingDetail(states, tuple(sorted(frozen)), source_label, phases, sharded, traced, analytic_peak,
                             dict(traced.peak.by_category) if traced is not None else {},
-                            analytic.saved if traced is not None and analytic is not None else None,
+                            checked.saved if traced is not None and checked is not None else None,
                             settings_out["trace"])
     estimate = MemoryEstimate(
         mode="training",
@@ -412,6 +426,9 @@ def _why_traced(view: Any, options: TrainingOptions) -> str:
                           checkpointing=options.grad_checkpointing == "full")
     if why is not None:
         return f"the analytic {recipe} recipe was not fitted for {why}"
+    inside = recipe_peak_inside_layers(recipe)
+    if inside:
+        return f"the analytic {recipe} recipe's moments do not hold its step's peak ({inside})"
     return f"the analytic {recipe} recipe is not for --attention {options.attention}" if options.attention else \
         f"the analytic {recipe} recipe does not cover this config"
 
@@ -451,18 +468,24 @@ def _tied_embedding_bytes(report: Any, trainable: frozenset[str]) -> int:
     return 0
 
 
-def _cast_weights(view: Any) -> tuple[int, int]:
-    """Elements of the matmul weights autocast copies to 16 bits each step (each distinct tensor once), and of
-    those the ones outside the repeated layers (a ModuleList index in the name), which checkpointing keeps."""
+def _cast_weights(view: Any) -> tuple[int, int, int]:
+    """Elements of the matmul weights autocast copies to 16 bits each step (each distinct tensor once), of those
+    the ones outside the repeated layers (a ModuleList index in the name), which checkpointing keeps, and of the
+    matmuls' biases (cast too, and cached until the forward ends, but no backward reads them)."""
     import re
 
     seen: set[int] = set()
-    total = outside = 0
+    total = outside = biases = 0
     for name, sub in view.root.named_modules():
-        weight = sub._parameters.get("weight") if view.is_matmul(sub) else None
+        if not view.is_matmul(sub):
+            continue
+        weight, bias = sub._parameters.get("weight"), sub._parameters.get("bias")
         if weight is not None and id(weight) not in seen:
             seen.add(id(weight))
             total += weight.numel()
             if not re.search(r"\.\d+\.", f".{name}."):
                 outside += weight.numel()
-    return total, outside
+        if bias is not None and id(bias) not in seen:
+            seen.add(id(bias))
+            biases += bias.numel()
+    return total, outside, biases

@@ -3,7 +3,7 @@
 Closed forms in the config's fields for the layouts whose step was traced on fake tensors (traced/step.py) and fitted
 exactly over varied configs by bench/fit_activations.py (a layer's bytes: 3 layers minus 2);
 tests/test_training_memory.py holds these families' presets to the traced engine: the saved activations within
-0.01%, the peak within 3%. T = batch × seq tokens, h = hidden, q = heads × head_dim,
+0.01%, and each phase's peak within 0.1%. T = batch × seq tokens, h = hidden, q = heads × head_dim,
 kv = kv_heads × head_dim, i = intermediate, V = vocab, L = layers. The recipes, by module:
     decoders.py (Llama-style, Gemma, Gemma-2, Phi-3, Mixtral, Qwen2-MoE, sliding windows), deepseek.py
     (DeepSeek-V3), gpt.py (GPT-2, GPT-NeoX, GPT-J), encoders.py (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT,
@@ -19,8 +19,9 @@ GPU step for models with attention dropout by that term (the report says so).
 from ...dims import attention_dropout, hidden_dropout
 from .step import (
     Moment, TrainingActivations, embedding_gradient, recipe_attention, recipe_declines, recipe_for,
-    training_activations,
+    recipe_peak_inside_layers, training_activations,
 )
 
 __all__ = ["Moment", "TrainingActivations", "attention_dropout", "embedding_gradient", "hidden_dropout",
-           "recipe_attention", "recipe_declines", "recipe_for", "training_activations"]
+           "recipe_attention", "recipe_declines", "recipe_for", "recipe_peak_inside_layers",
+           "training_activations"]

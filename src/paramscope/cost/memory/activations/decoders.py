@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...dims import config_int, missing
-from .layout import Layout
+from .layout import Layout, causal_loss_working
 
 LLAMA_STYLE = ("llama", "mistral", "qwen2")
 
@@ -152,11 +152,17 @@ def llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "ll
         masked, masked_text = _masked_sdpa(kind, batch, seq, q, kv, kv_heads)
         layer_text = f"{layer_text}; the {window} layers whose sliding window the sequence fills add {masked_text}"
         stack = (layers * layer + window * masked, f"{layers} layers × {layer_text}")
+    # eager attention saves K and V repeated to the query heads: the training cache's own K and V are extra (fp32
+    # and bf16-pure: both; mixed: the values, the fp32 keys being counted as for sdpa)
+    eager_values = ((layers * {"fp32": 8, "bf16-pure": 4, "mixed": 2}[kind] * tokens * kv,
+                     f"the training cache's {'values' if kind == 'mixed' else 'keys and values'} (eager attention "
+                     f"saved them repeated), {layers} layers", False),) if tables.scores else ()
     outside_text = f"{th}·T·h + {tv}·T·V + {shd}·S·hd + {t}·T" + \
         (f" + {tables.outside_vector}h" if tables.outside_vector else "")
     return Layout(layer + (masked if window == layers else 0), layer_text, outside, f"{outside_text} = {outside:,} B",
                    h, vocab, layers, stack=stack, checkpointed_outside=(
-                       outside + kept, f"{outside_text} + {kept_text} = {outside + kept:,} B") if kept else None)
+                       outside + kept, f"{outside_text} + {kept_text} = {outside + kept:,} B") if kept else None,
+                   loss_working=causal_loss_working(kind, batch, seq, h, layers, kv) + eager_values)
 
 
 def _window_layers(config: Any, seq: int, layers: int) -> int:

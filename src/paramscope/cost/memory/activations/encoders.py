@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...dims import attention_dropout, config_dims, config_int, first_positive, hidden_dropout, missing
-from .layout import Layout
+from .layout import Layout, final_hidden_working
 
 BERT_STYLE = ("bert",)
 
@@ -71,7 +71,7 @@ def bert_style(config: Any, kind: str, batch: int, seq: int, variant: str = "ber
     return Layout(layer, f"({per_h}·T·h + {per_i}·T·i + {per_score}·B·heads·S² + {per_t}·T) = {layer:,} B each",
                    outside_bytes,
                    f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S + {one} = {outside_bytes:,} B", h, loss_vocab, layers,
-                   loss_tv)
+                   loss_tv, loss_working=final_hidden_working(kind, tokens, h))
 
 
 # ModernBERT (pre-LN without biases, GeGLU, RoPE, no dropout; a global layer every few, the others local), per
@@ -115,7 +115,7 @@ def modernbert_style(config: Any, kind: str, batch: int, seq: int) -> Layout | s
     kept_text = f"{th + more_th}·T·h + {tv}·T·V + {t + more_t}·T + {shd}·S·hd" + \
         (" + the mask the layers are recomputed from S²" if mask_kept else "") + f" = {kept:,} B"
     return Layout(layer, layer_text, outside, f"{th}·T·h + {tv}·T·V + {t}·T + {shd}·S·hd = {outside:,} B", h, vocab,
-                   layers, checkpointed_outside=(kept, kept_text),
+                   layers, checkpointed_outside=(kept, kept_text), loss_working=final_hidden_working(kind, tokens, h),
                    stack=(stack, f"{layers} layers × {layer_text}" + (
                        f"; the {local} local layers' sliding-window masks {mask}·B·S² each" if local else "")))
 
@@ -230,4 +230,5 @@ def deberta_style(config: Any, kind: str, batch: int, seq: int, variant: str = "
                  f" are recomputed from {kept_ph}·2P·h + 8·S² + 4·B·S² = {kept:,} B")
     loss_tv = (2, 4) if kind == "bf16-pure" and tv else (0, 0)  # bf16 logits go to the loss as they are (as BERT's)
     return Layout(layer, layer_text, outside, outside_text, h, vocab, layers, loss_tv,
-                  checkpointed_outside=(kept, kept_text))
+                  checkpointed_outside=(kept, kept_text),
+                  loss_working=final_hidden_working(kind, tokens, h) if tv else ())

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...dims import attention_dropout, config_dims, config_int, first_positive, hidden_dropout, missing
-from .layout import Layout
+from .layout import Layout, causal_loss_working
 
 GPT2_STYLE = ("gpt2",)
 
@@ -40,8 +40,14 @@ def gpt2_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
     layer = per_h * tokens * h + per_score * batch * heads * seq * seq + per_t * tokens
     th, tv, t, s = _GPT2_OUTSIDE[kind]
     outside = th * tokens * h + tv * tokens * vocab + t * tokens + s * seq
+    # as the loss is taken the training cache still holds 4·T·h a layer that attention did not save (its keys or
+    # values, fp32 even in bf16-pure, where the math kernel that runs dropout upcasts; under autocast two 16-bit
+    # copies); measured on the timeline (tests/test_training_memory.py)
+    working = causal_loss_working(kind, batch, seq, h, layers, 0) + (
+        (layers * 4 * tokens * h, f"what the training cache holds that attention did not save, {layers} layers × "
+                                  "4·T·h", False),)
     return Layout(layer, f"({per_h}·T·h + {per_score}·B·heads·S² + {per_t}·T) = {layer:,} B each", outside,
-                   f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S = {outside:,} B", h, vocab, layers)
+                   f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S = {outside:,} B", h, vocab, layers, loss_working=working)
 
 
 # GPT-NeoX (Pythia; parallel residual, LayerNorm, fused qkv, rotary on part of each head), (T·h, T·heads, T) bytes
@@ -83,7 +89,8 @@ def neox_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
     outside = th * tokens * h + tv * tokens * vocab + srd * seq * rotary + t * tokens
     return Layout(tokens * per_token, f"{tokens:,} tokens × {per_token:,} B ({per_h}h + {per_i}i + "
                    f"{per_heads}·heads + {per_t}) = {tokens * per_token:,} B each",
-                   outside, f"{th}·T·h + {tv}·T·V + {srd}·S·rd + {t}·T = {outside:,} B", h, vocab, layers)
+                   outside, f"{th}·T·h + {tv}·T·V + {srd}·S·rd + {t}·T = {outside:,} B", h, vocab, layers,
+                   loss_working=causal_loss_working(kind, batch, seq, h, layers, h))
 
 
 # GPT-J (gpt-j-6b: parallel attention and MLP from one LayerNorm, rotary on the first rd dimensions of each head,
@@ -114,4 +121,5 @@ def gptj_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
                           f"{per_srd}·S·rd) = {layer:,} B each",
                    outside, f"{th}·T·h + {tv}·T·V + {t}·T = {outside:,} B", h, vocab, layers,
                    checkpointed_outside=(kept, f"{th}·T·h + {tv}·T·V + {t}·T + the sin, cos and positions the layers "
-                                               f"are recomputed from {per_srd // 4}·S·rd + 8·S = {kept:,} B"))
+                                               f"are recomputed from {per_srd // 4}·S·rd + 8·S = {kept:,} B"),
+                   loss_working=causal_loss_working(kind, batch, seq, h, layers, h))

@@ -25,5 +25,33 @@ class Layout:
     checkpointed_outside: tuple[int, str] | None = None
     stack: tuple[int, str] | None = None  # (bytes, arithmetic) of all the layers when they differ (encoder-decoders)
     checkpointing: bool = True  # fitted with gradient checkpointing too
+    # what is live as the loss is taken, beyond the saved activations and the loss's ·T·V buffers: (bytes, words,
+    # whether checkpointed layers keep it too). The model's output holds it until the loss is computed: the last
+    # hidden state where the head saved a 16-bit copy, a training KV cache's keys where the attention saved others
+    loss_working: tuple[tuple[int, str, bool], ...] = ()
+
+
+def final_hidden_working(kind: str, tokens: int, hidden: int) -> tuple[tuple[int, str, bool], ...]:
+    """Under mixed precision the last hidden state stays fp32 (4·T·h) while the head computes on its 16-bit cast,
+    which is what backward saved: the model's output holds it until the loss is taken."""
+    return ((4 * tokens * hidden, "the last hidden state in fp32, 4·T·h", True),) if kind == "mixed" else ()
+
+
+def causal_loss_working(kind: str, batch: int, seq: int, hidden: int, layers: int,
+                        cached_keys: int) -> tuple[tuple[int, str, bool], ...]:
+    """What a causal LM (transformers' ForCausalLMLoss) holds beside its saved activations as its loss is taken:
+    - the labels padded by one position, int64 B·(S + 1);
+    - under mixed precision, the final norm's fp32 output 4·T·h (the head saved its 16-bit cast) and, without
+      checkpointing (which turns the cache off), the training KV cache's keys: RoPE leaves them fp32 (its cos and
+      sin take the fp32 residual stream's dtype) where sdpa saved their 16-bit cast, `cached_keys` elements a token
+      in each of the `layers` layers (0 where the cache holds only what attention saved)."""
+    tokens = batch * seq
+    parts = [(8 * batch * (seq + 1), "the labels padded by one, 8·B·(S + 1)", True),
+             *final_hidden_working(kind, tokens, hidden)]
+    if kind == "mixed":
+        if cached_keys:
+            parts.append((layers * 4 * tokens * cached_keys,
+                          f"the training KV cache's fp32 keys, {layers} layers × 4·T·kv", False))
+    return tuple(parts)
 
 

@@ -6,11 +6,14 @@ gradient checkpointing a layer saves only its input (T·h × size) and is recomp
 the checkpointed layers' weight copies are not kept.
 
 The peak is the largest of the step's moments, not the sum of its parts (R = weights + buffers + optimizer states):
-- end of forward: R + saved + the loss's log-softmax (4·T·V; 6·T·V when the logits are 16-bit and upcast);
+- end of forward, as the loss is taken: R + saved + the loss's log-softmax (4·T·V; 6·T·V when the logits are 16-bit
+  and upcast) + what the model's output still holds then (Layout.loss_working: under autocast the last hidden state
+  in fp32 and the training KV cache's fp32 keys; a causal LM's labels padded by one) + autocast's cached casts;
 - start of backward: R + saved + the logits' gradient and log-softmax (8·T·V; 4·T·V for BERT in bf16-pure, which
   takes the loss in bf16);
 - last layer recomputed (checkpointing): R + saved − the freed logits + one layer + its gradients;
-- end of backward: R + gradients + the embedding output's gradient (a tied embedding's gradient arrives twice);
+- end of backward: R + gradients + the embedding output's gradient, or, with a tied embedding, its two gradients
+  and their sum (the embedding's backward frees its output's gradient first);
 - optimizer step: R + gradients (fused AdamW and foreach SGD keep no step-sized temporaries).
 """
 
@@ -34,6 +37,15 @@ class _Recipe:
     heads: tuple[str, ...]  # the class must end with one: the head carries the loss the recipe counts
     layout: Any  # (config, kind, batch, seq) → Layout | None
     attention: str = "sdpa"  # the implementation it was fitted at (flash runs as sdpa here)
+    # why the step can peak inside a layer (its forward's or its backward's working tensors), which the moments
+    # below do not hold; then what the recipe counts is shown beside a derived or traced answer, never given as it
+    peak_inside_layers: str = ""
+
+
+_NO_LOGITS = "this head has no vocabulary-wide logits, so its step peaks inside the last layer"
+_EXPERTS_BACKWARD = ("its experts' grouped backward in the first layer holds their gate and up projections' output "
+                     "gradient (4·k·T·2·i_e in fp32) beside nearly every parameter's gradient, so with enough tokens "
+                     "the step peaks there")
 
 
 def _variant(function: Any, variant: str) -> Any:
@@ -45,9 +57,14 @@ _RECIPES = {
     "Gemma decoder": _Recipe(("gemma",), ("ForCausalLM",), _variant(llama_style, "gemma")),
     "Gemma-2 decoder": _Recipe(("gemma2",), ("ForCausalLM",), _variant(llama_style, "gemma2"), "eager"),
     "Phi-3 decoder": _Recipe(("phi3",), ("ForCausalLM",), _variant(llama_style, "phi3")),
-    "Mixtral (sparse MoE)": _Recipe(("mixtral",), ("ForCausalLM",), _variant(llama_style, "mixtral")),
-    "DeepSeek-V3 (MLA, MoE)": _Recipe(("deepseek_v3",), ("ForCausalLM",), deepseek_style),
-    "Qwen2-MoE": _Recipe(("qwen2_moe",), ("ForCausalLM",), _variant(llama_style, "qwen2_moe")),
+    "Mixtral (sparse MoE)": _Recipe(("mixtral",), ("ForCausalLM",), _variant(llama_style, "mixtral"),
+                                    peak_inside_layers=_EXPERTS_BACKWARD),
+    "DeepSeek-V3 (MLA, MoE)": _Recipe(("deepseek_v3",), ("ForCausalLM",), deepseek_style, peak_inside_layers=(
+        "its attention runs torch's math kernel (q and k wider than v), whose backward holds several fp32 "
+        "B·heads·S² tensors at once: from about a thousand tokens the step peaks inside the last layer's "
+        "attention backward")),
+    "Qwen2-MoE": _Recipe(("qwen2_moe",), ("ForCausalLM",), _variant(llama_style, "qwen2_moe"),
+                         peak_inside_layers=_EXPERTS_BACKWARD),
     "GPT-2": _Recipe(GPT2_STYLE, ("LMHeadModel",), gpt2_style),
     "GPT-NeoX": _Recipe(("gpt_neox",), ("ForCausalLM",), neox_style),
     "GPT-J": _Recipe(("gptj",), ("ForCausalLM",), gptj_style),
@@ -58,11 +75,13 @@ _RECIPES = {
     "ModernBERT masked LM": _Recipe(("modernbert",), ("ForMaskedLM",), modernbert_style),
     "ALBERT masked LM": _Recipe(("albert",), ("ForMaskedLM",), albert_style),
     "BART": _Recipe(("bart",), ("ForConditionalGeneration",), bart_style),
-    "BART (bare, trained on its output's sum)": _Recipe(("bart",), ("BartModel",), _variant(bart_style, "model")),
+    "BART (bare, trained on its output's sum)": _Recipe(("bart",), ("BartModel",), _variant(bart_style, "model"),
+                                                        peak_inside_layers=_NO_LOGITS),
     "DeBERTa-v2 (bare, trained on its output's sum)": _Recipe(("deberta-v2",), ("DebertaV2Model",), deberta_style,
-                                                       "eager"),
+                                                       "eager", peak_inside_layers=_NO_LOGITS),
     "DeBERTa-v2 masked LM": _Recipe(("deberta-v2",), ("ForMaskedLM",), _variant(deberta_style, "lm"), "eager"),
-    "ELECTRA discriminator": _Recipe(("electra",), ("ForPreTraining",), _variant(bert_style, "electra")),
+    "ELECTRA discriminator": _Recipe(("electra",), ("ForPreTraining",), _variant(bert_style, "electra"),
+                                     peak_inside_layers=_NO_LOGITS),
 }
 
 
@@ -97,6 +116,12 @@ def recipe_attention(recipe: str) -> str:
     return _RECIPES[recipe].attention
 
 
+def recipe_peak_inside_layers(recipe: str) -> str:
+    """Why the recipe's step can peak inside a layer, where its moments do not reach ("" when it cannot): then its
+    figures are a check beside the derived or traced answer."""
+    return _RECIPES[recipe].peak_inside_layers
+
+
 def recipe_declines(config: Any, class_name: str, *, batch: int, seq: int, precision: str,
                     checkpointing: bool) -> str | None:
     """What of this config (or step) its recipe was not fitted for, in words; None when the recipe answers or
@@ -123,7 +148,8 @@ def _layout(config: Any, class_name: str, batch: int, seq: int, precision: str,
 
 
 def training_activations(config: Any, class_name: str, *, batch: int, seq: int, precision: str,
-                         checkpointing: bool, cast_weights: int = 0, cast_head: int = 0) -> TrainingActivations | None:
+                         checkpointing: bool, cast_weights: int = 0, cast_head: int = 0,
+                         cast_biases: int = 0) -> TrainingActivations | None:
     """The analytic activations of one training step, or None when no recipe covers the config's layout.
 
     `cast_weights`: elements of the matmul weights autocast copies to 16 bits (mixed precision only), of which
@@ -155,14 +181,21 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
     forward_tv, backward_tv = layout.loss_tv if layout.loss_tv != (0, 0) else (4 if kind == "fp32" else 6, 8)
     forward_extra = forward_tv * tokens * vocab
     in_flight = 2 * (cast_weights - kept_casts) if kind == "mixed" else 0  # layer copies alive until the forward ends
+    working = [(n, words) for n, words, kept in layout.loss_working if kept or not checkpointing]
+    if cast_biases and kind == "mixed":  # cast beside the weights, cached until the forward ends; backward reads none
+        working.append((2 * cast_biases, f"autocast's 16-bit biases 2 × {cast_biases:,}"))
+    in_flight += sum(n for n, _ in working)
+    working_text = "".join(f" + {words} = {n:,}" for n, words in working)
     if not vocab:  # a bare model trains on its output's sum: no logits, no loss buffers (the sum's gradient is a view)
         moments = [Moment("forward", "end of forward", saved + in_flight, f"saved {saved:,}" + (
-            f" + the layers' 16-bit weight copies 2 × {cast_weights - kept_casts:,}" if in_flight else ""))]
+            f" + the layers' 16-bit weight copies 2 × {cast_weights - kept_casts:,}" if kept_casts != cast_weights
+            and kind == "mixed" else "") + working_text)]
         return TrainingActivations(recipe, saved, text, per_layer, layers, 0, tuple(moments))
     moments = [
         Moment("forward", "end of forward", saved + forward_extra + in_flight,
                f"saved {saved:,} + the loss's log-softmax {forward_extra // (tokens * vocab)}·T·V"
-               + (f" + the layers' 16-bit weight copies 2 × {cast_weights - kept_casts:,}" if in_flight else "")),
+               + (f" + the layers' 16-bit weight copies 2 × {cast_weights - kept_casts:,}" if kept_casts != cast_weights
+                  and kind == "mixed" else "") + working_text),
         Moment("backward", "start of backward", saved + backward_tv * tokens * vocab,
                f"saved {saved:,} + the logits' gradient and log-softmax {backward_tv}·T·V = "
                f"{backward_tv * tokens * vocab:,}"),
