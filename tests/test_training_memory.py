@@ -337,6 +337,9 @@ def test_bart_recipe_equals_the_trace(model_class, recipe, precision):
     assert abs(detail.analytic_activations - saved) <= 0.0001 * saved
     assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
     analytic = estimate_training("bart-base", options, model_class=model_class)
+    if recipe in PEAK_INSIDE_LAYERS:  # the bare model peaks inside its last layer; two stacks: traced, recipe beside
+        assert analytic.engine == "traced" and analytic.training.analytic_peak is not None
+        return
     assert analytic.settings["activations_from"] == f"analytic: {recipe}"
     assert analytic.activations.arithmetic.startswith("6 encoder layers × (")
 
