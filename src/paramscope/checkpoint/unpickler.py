@@ -17,8 +17,6 @@ runs (it rescans every object the pickle made, again and again, for nothing: non
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import io
 import math
 import pickle
@@ -29,7 +27,7 @@ from typing import Any, Mapping
 
 from ..errors import CheckpointError, SourceError
 from ..errors import short_repr as _q
-from ..safe_io import short_error
+from ..safe_io import gc_paused, short_error
 from .tensors import DTYPE_BITS, CheckpointTensor, bounded_prod
 
 # Bounds on a .bin's pickle, each far above a real state dict (about 133 bytes, 32 opcodes and one zip entry a
@@ -300,19 +298,6 @@ for _name in _REFUSED_OPCODES:
         _DISPATCH[_code[0]] = _refused_opcode(_name)
 
 
-@contextlib.contextmanager
-def _collector_paused():
-    """No cyclic garbage collection while the VM runs: every object it makes stays reachable until it returns, and
-    each collection would rescan them all (most of the time a large pickle takes, and nothing to free)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     """The pure-Python unpickler with every way out of the pickle VM closed, on an opcode budget.
 
@@ -420,7 +405,7 @@ def read_torch_zip(path: Path) -> tuple[list[CheckpointTensor], int]:
     archive_size = path.stat().st_size
     unpickler = _RestrictedUnpickler(raw, {i.filename: i for i in infos}, prefix, archive_size)
     try:
-        with _collector_paused():
+        with gc_paused():  # every object the VM makes stays reachable until it returns: nothing to collect
             root = unpickler.load()
     except _TooMuchWork:
         raise CheckpointError(
