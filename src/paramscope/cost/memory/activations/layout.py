@@ -48,10 +48,17 @@ def causal_loss_working(kind: str, batch: int, seq: int, hidden: int, layers: in
     tokens = batch * seq
     parts = [(8 * batch * (seq + 1), "the labels padded by one, 8·B·(S + 1)", True),
              *final_hidden_working(kind, tokens, hidden)]
-    if kind == "mixed":
-        if cached_keys:
-            parts.append((layers * 4 * tokens * cached_keys,
-                          f"the training KV cache's fp32 keys, {layers} layers × 4·T·kv", False))
+    if kind == "mixed" and cached_keys:
+        parts.append((layers * 4 * tokens * cached_keys,
+                      f"the training KV cache's fp32 keys, {layers} layers × 4·T·kv", False))
     return tuple(parts)
+
+
+def encoder_output_working(kind: str, tokens: int, hidden: int) -> tuple[tuple[int, str, bool], ...]:
+    """An encoder-decoder under mixed precision: the encoder's fp32 output (4·T·h), which cross-attention read as
+    16-bit casts, held by the model's output as the loss is taken; checkpointed decoder layers save it as their
+    input, so it is counted there instead."""
+    return ((4 * tokens * hidden, "the encoder's fp32 output 4·T·h, which cross-attention read as 16-bit casts",
+             False),) if kind == "mixed" else ()
 
 

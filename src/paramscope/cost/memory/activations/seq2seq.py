@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...dims import attention_dropout, config_int, first_positive, missing
-from .layout import Layout, final_hidden_working
+from .layout import Layout, encoder_output_working, final_hidden_working
 
 # T5 v1 (t5-small/base/large: ReLU MLP, dropout, the head tied), each side at --seq tokens; inner = heads × d_kv.
 # (T·h, T·inner, T·i, B·heads·S², T, S²) per encoder layer and per decoder layer (its causal mask, cross-attention)
@@ -64,15 +64,13 @@ def t5_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
     kept = th_c * tokens * h + tv_c * tokens * vocab + t_c * tokens + biases * heads * seq * seq + one_c
     # as the loss is taken: each decoder layer's training cache (self- and cross-attention keys and values, 8·T·inner
     # in every precision; the cache is off with checkpointing) and the decoder's output before the tied head's
-    # rescaling (fp32 4·T·h, bf16 2·T·h; under autocast both it and its rescaled copy, 8·T·h, and 4·T·h more
-    # beside the cache). Measured on the timeline (tests/test_training_memory.py)
+    # rescaling (fp32 4·T·h, bf16 2·T·h; under autocast both it and its rescaled copy, 8·T·h, and the encoder's
+    # fp32 output). Measured on the timeline (tests/test_training_memory.py)
     output = {"fp32": 4, "bf16-pure": 2, "mixed": 8}[kind]
     working = ((decoder_layers * 8 * tokens * inner, f"the training cache, {decoder_layers} decoder layers × "
                                                      "8·T·inner", False),
-               (output * tokens * h, f"the decoder's output before the head's rescaling, {output}·T·h", True))
-    if kind == "mixed":  # checkpointed decoder layers save it as their input
-        working += ((4 * tokens * h, "the encoder's fp32 output 4·T·h, which cross-attention read as 16-bit casts",
-                     False),)
+               (output * tokens * h, f"the decoder's output before the head's rescaling, {output}·T·h", True)) + \
+        encoder_output_working(kind, tokens, h)
     return Layout(decoder, decoder_text, outside, f"{th}·T·h + {tv}·T·V + {t}·T + {s2}·S² + {one} = {outside:,} B",
                    h, vocab, encoder_layers + decoder_layers, loss_tv, loss_working=working, checkpointed_outside=(
                        kept, f"{th_c}·T·h + {tv_c}·T·V + {t_c}·T + the position biases the layers are recomputed "
@@ -129,9 +127,7 @@ def bart_style(config: Any, kind: str, batch: int, seq: int, variant: str = "lm"
     loss_tv = (2, 4) if kind == "bf16-pure" else (4, 8) if kind == "mixed" else (0, 0)
     # as the loss is taken, under autocast: the decoder's fp32 output and the encoder's (which checkpointed decoder
     # layers save as their input), each 4·T·h, where the head and cross-attention saved 16-bit casts
-    working = final_hidden_working(kind, tokens, h) + (
-        ((4 * tokens * h, "the encoder's fp32 output 4·T·h, which cross-attention read as 16-bit casts", False),)
-        if kind == "mixed" else ())
+    working = final_hidden_working(kind, tokens, h) + encoder_output_working(kind, tokens, h)
     th_c = _BART_CHECKPOINTED_TH[kind]
     kept = outside + (th_c - th) * tokens * h
     return Layout(decoder, decoder_text, outside, f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S + {one} = {outside:,} B"

@@ -180,22 +180,23 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
     logits = 4 * tokens * vocab
     forward_tv, backward_tv = layout.loss_tv if layout.loss_tv != (0, 0) else (4 if kind == "fp32" else 6, 8)
     forward_extra = forward_tv * tokens * vocab
-    in_flight = 2 * (cast_weights - kept_casts) if kind == "mixed" else 0  # layer copies alive until the forward ends
-    working = [(n, words) for n, words, kept in layout.loss_working if kept or not checkpointing]
+    # live at the end of the forward beside what it saves, (bytes, words): autocast's cached copies and what the
+    # model's output holds as the loss is taken
+    working: list[tuple[int, str]] = []
+    if kind == "mixed" and cast_weights != kept_casts:  # the layers' copies, alive until the forward ends
+        working.append((2 * (cast_weights - kept_casts),
+                        f"the layers' 16-bit weight copies 2 × {cast_weights - kept_casts:,}"))
+    working += [(n, f"{words} = {n:,}") for n, words, kept in layout.loss_working if kept or not checkpointing]
     if cast_biases and kind == "mixed":  # cast beside the weights, cached until the forward ends; backward reads none
-        working.append((2 * cast_biases, f"autocast's 16-bit biases 2 × {cast_biases:,}"))
-    in_flight += sum(n for n, _ in working)
-    working_text = "".join(f" + {words} = {n:,}" for n, words in working)
+        working.append((2 * cast_biases, f"autocast's 16-bit biases 2 × {cast_biases:,} = {2 * cast_biases:,}"))
+    in_flight = sum(n for n, _ in working)
+    working_text = "".join(f" + {words}" for _, words in working)
     if not vocab:  # a bare model trains on its output's sum: no logits, no loss buffers (the sum's gradient is a view)
-        moments = [Moment("forward", "end of forward", saved + in_flight, f"saved {saved:,}" + (
-            f" + the layers' 16-bit weight copies 2 × {cast_weights - kept_casts:,}" if kept_casts != cast_weights
-            and kind == "mixed" else "") + working_text)]
+        moments = [Moment("forward", "end of forward", saved + in_flight, f"saved {saved:,}{working_text}")]
         return TrainingActivations(recipe, saved, text, per_layer, layers, 0, tuple(moments))
     moments = [
         Moment("forward", "end of forward", saved + forward_extra + in_flight,
-               f"saved {saved:,} + the loss's log-softmax {forward_extra // (tokens * vocab)}·T·V"
-               + (f" + the layers' 16-bit weight copies 2 × {cast_weights - kept_casts:,}" if kept_casts != cast_weights
-                  and kind == "mixed" else "") + working_text),
+               f"saved {saved:,} + the loss's log-softmax {forward_extra // (tokens * vocab)}·T·V{working_text}"),
         Moment("backward", "start of backward", saved + backward_tv * tokens * vocab,
                f"saved {saved:,} + the logits' gradient and log-softmax {backward_tv}·T·V = "
                f"{backward_tv * tokens * vocab:,}"),
