@@ -153,4 +153,12 @@ def flops_to_dict(estimate, compute, settings: dict[str, Any] | None = None) -> 
         "hfu": compute.hfu,
         "seconds": compute.seconds,
         "notes": [*estimate.notes, *compute.notes],
+        "check": None if estimate.check is None else check_to_dict(estimate.check),
     }
+
+
+def check_to_dict(check) -> dict[str, Any]:
+    """The analytic count's check against FlopCounterMode (docs/json-schema.md)."""
+    return {"status": check.status, "class": check.class_name, "cut_layers": check.layers,
+            "model_layers": check.of_layers, "points": [{"batch": b, "seq": s} for b, s in check.points],
+            "modes": list(check.modes), "differs": check.differs or None, "words": check.words()}

@@ -188,7 +188,8 @@ def _prime(n: int) -> bool:
     return n > 1 and all(n % p for p in range(2, int(n ** 0.5) + 1))
 
 
-def _config_integers(config: Any) -> set[int]:
+def config_integers(config: Any) -> set[int]:
+    """Every integer the config holds (four levels deep, 64 items a list): the values a sample length avoids."""
     found: set[int] = set()
 
     def walk(value: Any, depth: int) -> None:
@@ -227,7 +228,7 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
     # several cannot
     batch_range = batch_range_of(batch)
     regime = f"B = 1; {regime}" if batch == 1 else f"B ≥ 2; {regime}"
-    at1, at2 = sample_points(seq_range, _config_integers(module.config), batch_range)
+    at1, at2 = sample_points(seq_range, config_integers(module.config), batch_range)
 
     def trace(layers: int, at: tuple[int, int]) -> Any:
         cut = cut_module(module, path, layers)

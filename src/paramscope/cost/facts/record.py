@@ -46,6 +46,12 @@ def record_facts(source: Any, report: Any, module: Any, *, build_dtype: str | No
     version = facts.transformers_version
     target = facts_directory(class_directory(directory or cache_directory(version), facts.class_name))
     path = write_facts(facts, target)
+    from ..flops.check import record_check
+
+    try:
+        record_check(module, key, directory)  # the analytic FLOP count, checked once against FlopCounterMode
+    except (OSError, ValueError):  # a cache that cannot be written: `flops` checks on its next build
+        pass
     return facts, (f"cost facts recorded at {path}" if path else "cost facts checked but the cache cannot be written")
 
 

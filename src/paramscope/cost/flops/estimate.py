@@ -108,19 +108,58 @@ def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: boo
 
     options.check()
     accelerator = find_accelerator(options.gpu) if options.gpu else None
+    from ..facts.store import facts_key
+
     source = as_source(model, model_options.pop("revision", None))
+    key = facts_key(source.config, model_class=model_options.get("model_class"), task=model_options.get("task"),
+                    num_labels=model_options.get("num_labels"))
+    checked = _Checked(key, use_cache and not options.trace)
     report, view, estimate = answer_from_facts_or_build(
-        source, lambda report, view: _estimate(report, view, options),
-        why_none=lambda report, view: _no_analytic(report, view, options) + ": the traced engine needs the build",
-        use_cache=use_cache and not options.trace, **model_options)
+        source, lambda report, view: _estimate(report, view, options, checked),
+        why_none=lambda report, view: _no_analytic(report, view, options, checked) + ": the traced engine needs the "
+        "build", use_cache=use_cache and not options.trace, **model_options)
     if estimate is None or options.trace:
-        estimate = _with_trace(estimate, report, view, options)
+        estimate = _with_trace(estimate, report, view, options, checked)
     return report, estimate, _compute(estimate, report, options, accelerator,
                                       _active_parameters(report, text_config(view.config))), view
 
 
-def _estimate(report: Any, view: Any, options: FlopOptions) -> FlopEstimate | None:
-    """The analytic count (with its context curve when asked), or None where only the traced engine answers."""
+@dataclass
+class _Checked:
+    """The check of the analytic count (flops/check.py) for one config's facts key: read from the package or the
+    cache (`use_cache`), else made on the build and kept."""
+
+    key: str
+    use_cache: bool
+    found: Any = None
+
+    def of(self, view: Any) -> Any:
+        """The FlopCheck for `view`'s class; FactsGap when none is kept and the view has no module to check."""
+        from ..model_view import FactsGap
+        from .check import check_flops, find_check, keep_check
+
+        if self.found is None and self.use_cache:
+            self.found = find_check(view.class_name, self.key)
+        if self.found is None:
+            if view.module is None:
+                raise FactsGap("the analytic FLOP count is checked against FlopCounterMode once per config, on the "
+                               "build")
+            self.found = check_flops(view.module)
+            keep_check(self.found, self.key)
+        return self.found
+
+    def kept(self, view: Any) -> Any:
+        """The check if one is already known (no trace made here), else None."""
+        from .check import find_check
+
+        if self.found is None and self.use_cache:
+            self.found = find_check(view.class_name, self.key)
+        return self.found
+
+
+def _estimate(report: Any, view: Any, options: FlopOptions, checked: _Checked) -> FlopEstimate | None:
+    """The analytic count (with its context curve when asked), once checked against FlopCounterMode for this config;
+    None where only the traced engine answers (no closed form, or the check found one term differing)."""
     text = text_config(view.config)
     seq, _, length_notes = step_length(report, text, options.seq, DEFAULT_SEQ)
     if options.causal == "half" and not view.class_name.endswith(("ForCausalLM", "LMHeadModel")):
@@ -136,33 +175,46 @@ def _estimate(report: Any, view: Any, options: FlopOptions) -> FlopEstimate | No
                               checkpointing=checkpointing, causal=options.causal, frozen=frozen)
     if estimate is None:
         return None
-    estimate = dataclasses.replace(estimate, notes=tuple(length_notes) + estimate.notes)
+    check = None
+    if not options.trace:
+        check = checked.of(view)
+        if check.status == "differs":
+            return None
+    estimate = dataclasses.replace(estimate, notes=tuple(length_notes) + estimate.notes +
+                                   ((check.words(),) if check else ()), check=check)
     if options.context_curve and not options.trace:
         estimate = dataclasses.replace(estimate, by_context=_by_context(
             view, report, options, estimate, max_context(text), checkpointing, frozen))
     return estimate
 
 
-def _no_analytic(report: Any, view: Any, options: FlopOptions) -> str:
+def _no_analytic(report: Any, view: Any, options: FlopOptions, checked: _Checked) -> str:
     """Why the analytic engine gave no count, in words."""
+    check = checked.kept(view)
+    if check is not None and check.status == "differs":
+        return check.words()
     frozen = frozenset(match_all(report.params, options.freeze))
     why = skipped_input_gradients(report.params, frozen, text_config(view.config)) if options.training and frozen \
         else None
     return f"no analytic FLOP count here ({why})" if why else f"no analytic FLOP formula for {view.class_name}"
 
 
-def _with_trace(estimate: FlopEstimate | None, report: Any, view: Any, options: FlopOptions) -> FlopEstimate:
+def _with_trace(estimate: FlopEstimate | None, report: Any, view: Any, options: FlopOptions,
+                checked: _Checked) -> FlopEstimate:
     """The traced count, beside the analytic one (--trace) or in its place (a class it does not cover)."""
     text = text_config(view.config)
     seq, _, length_notes = step_length(report, text, options.seq, DEFAULT_SEQ)
     frozen = frozenset(match_all(report.params, options.freeze))
     traced = _traced(view.module, report, options, seq, frozen, options.grad_checkpointing == "full")
+    check = None
     if estimate is None:
-        notes = length_notes + [_no_analytic(report, view, options) + ": counted by FlopCounterMode on fake "
-                                "tensors"]
+        check = checked.kept(view)
+        check = check if check is not None and check.status == "differs" else None
+        notes = length_notes + [_no_analytic(report, view, options, checked) + ": counted by FlopCounterMode on "
+                                "fake tensors"]
     else:
         notes = list(estimate.notes) + [_agreement(estimate, traced)]
-    return dataclasses.replace(traced, notes=tuple(notes) + traced.notes)
+    return dataclasses.replace(traced, notes=tuple(notes) + traced.notes, check=check)
 
 
 CURVE_POINTS = 16

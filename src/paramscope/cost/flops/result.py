@@ -30,6 +30,10 @@ class FlopEstimate(HtmlDisplay):
     # The forward at other context lengths, same batch: (seq, forward, attention) from the same analytic count
     # (FlopOptions.context_curve); empty when not asked or when the traced engine answered.
     by_context: tuple[tuple[int, int, int], ...] = field(default=())
+    # the analytic count held against FlopCounterMode on a cut of the class, once per config (flops/check.py's
+    # FlopCheck): why the analytic engine answered, or why the traced one did; None with --trace (the whole trace
+    # is beside) or where no analytic count exists
+    check: Any = field(default=None)
     # what `estimate_flops` answers with beside the count (`result.report`, `result.compute`): the model's Report
     # and the step's compute (estimate.Compute: per token, over D tokens, MFU, time); the page shows them as the
     # CLI's does. None for a count made without them. Not in == or hash: the count is the figures above.

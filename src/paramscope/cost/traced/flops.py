@@ -193,9 +193,9 @@ def by_role(own: dict[str, int], roles: dict[str, str]) -> dict[str, int]:
         role = roles.get(path)
         if role is not None and role.startswith("embeddings"):  # lookups cost nothing: a tied head's matmul
             role = "head.lm"
-        if role is None:
-            last = path.rsplit(".", 1)[-1]
-            role = "attention.scores" if re.search(r"attn|attention", last, re.IGNORECASE) else "other"
+        if role is None:  # a module without weights inside an attention block runs its kernels (BERT's
+            # attention.self, Llama's self_attn)
+            role = "attention.scores" if re.search(r"attn|attention", path, re.IGNORECASE) else "other"
         result[role] = result.get(role, 0) + value
     return result
 

@@ -1,0 +1,167 @@
+"""Check before trusting (issue 31 §1): the analytic FLOP count is held against FlopCounterMode on a cut of the real
+class once per config; the outcome is kept with the cost facts and decides which engine answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from paramscope.cost.flops import check as flop_check
+from paramscope.cost.flops.check import FlopCheck, find_check
+from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
+from paramscope.cost.facts.store import facts_key
+from paramscope.presets import all_presets
+from paramscope.sources import resolve
+
+from test_template import needs_shipped
+
+CONFIGS = Path(__file__).parent / "configs"
+BENCH = Path(__file__).parent.parent / "bench" / "configs"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def checks(monkeypatch):
+    """Every check made (not read) in the test."""
+    made = []
+    real = flop_check.check_flops
+
+    def counting(module):
+        made.append(type(module).__name__)
+        return real(module)
+
+    monkeypatch.setattr(flop_check, "check_flops", counting)
+    return made
+
+
+def _small(name: str, **changes) -> dict:
+    config = json.loads((BENCH / name).read_text()) | changes
+    return config
+
+
+@needs_shipped
+@pytest.mark.parametrize("preset", [p.name for p in all_presets()])
+def test_every_preset_ships_a_check_and_each_agrees(preset):
+    """The package holds each preset's check, so `flops` answers every preset analytically without a build."""
+    source = resolve(preset)
+    from paramscope.template import lookup_template
+
+    found = lookup_template(source.config, model_class=None, task=None, num_labels=None)
+    check = find_check(found.template.class_name, facts_key(source.config, model_class=None, task=None,
+                                                            num_labels=None))
+    assert check is not None, "no shipped FLOP check: run python -m paramscope.template_record"
+    assert check.status == "equal", check.words()
+    assert len(check.points) in (2, 3) and check.points[0][0] == 3 and check.points[1][0] == 2
+    assert check.layers < check.of_layers or preset.startswith("albert")
+
+
+def test_an_unfitted_class_is_checked_once_then_answered_from_the_kept_check(cache, checks):
+    """Qwen3 (no preset): the first answer checks on a 2-layer cut and is analytic; the next reads the check."""
+    config = _small("Qwen--Qwen3-0.6B.json")
+    first = estimate_flops(config, FlopOptions(seq=256, training=True))
+    assert checks == ["Qwen3ForCausalLM"]
+    assert first.engine == "analytic" and first.check.status == "equal"
+    assert (first.check.layers, first.check.of_layers) == (2, 28)
+    assert first.check.modes == ("forward", "training step", "checkpointed step")
+    assert first.notes[-1].startswith("checked once for this config: the analytic count equals FlopCounterMode's "
+                                      "on fake tensors on a 2-of-28-layer cut of Qwen3ForCausalLM at B=3 S=")
+    again = estimate_flops(config, FlopOptions(seq=512))
+    assert checks == ["Qwen3ForCausalLM"] and again.engine == "analytic" and again.check == first.check
+    # the analytic answer the check let through is the whole model's exact count
+    traced = estimate_flops(config, FlopOptions(seq=256, training=True, trace=True))
+    assert (traced.forward, traced.backward, traced.recompute) == (first.forward, first.backward, first.recompute)
+    kept = list(cache.rglob("*.flops-check.json"))
+    assert len(kept) == 1 and kept[0].parent.name == "costs" and kept[0].parent.parent.name == "Qwen3ForCausalLM"
+
+
+def test_a_class_the_analytic_engine_miscounts_is_traced_and_the_term_named(cache, checks):
+    """LFM2's short convolutions are matmuls the analytic engine does not see: the check finds the forward short
+    by exactly their FLOPs, and FlopCounterMode counts the whole model instead."""
+    config = json.loads((CONFIGS / "families" / "LiquidAI--LFM2-1.2B.json").read_text())
+    estimate = estimate_flops(config, FlopOptions(seq=128, training=True))
+    assert estimate.engine == "traced" and estimate.check.status == "differs"
+    b, s = estimate.check.points[0]
+    hidden, kernel = config["hidden_size"], config["conv_L_cache"]
+    convolutions = estimate.check.layers - len([i for i in config["full_attn_idxs"] if i < estimate.check.layers])
+    assert estimate.check.differs.startswith(f"at B={b}, S={s}, the forward ")
+    # a depthwise Conv1d padded by kernel − 1 on both sides: 2 × its S + kernel − 1 outputs × kernel taps a channel
+    assert estimate.check.differs.endswith(
+        f": other 0 analytic vs {2 * b * (s + kernel - 1) * hidden * kernel * convolutions:,} traced")
+    assert any(note.startswith("the analytic count differs from FlopCounterMode's on ") and
+               note.endswith(": counted by FlopCounterMode on fake tensors") for note in estimate.notes)
+    traced = estimate_flops(config, FlopOptions(seq=128, training=True, trace=True))
+    assert (estimate.forward, estimate.backward) == (traced.forward, traced.backward)
+    # the next question reads the kept check, and still traces
+    again = estimate_flops(config, FlopOptions(seq=64))
+    assert checks == ["Lfm2ForCausalLM"] and again.engine == "traced"
+
+
+def test_a_class_the_trace_cannot_run_is_answered_unchecked_and_says_so(cache):
+    """Whisper's forward takes audio features, not token ids: the trace cannot run it, and the answer says the
+    analytic count is unchecked."""
+    config = json.loads((CONFIGS / "families" / "openai--whisper-small.json").read_text())
+    estimate = estimate_flops(config, FlopOptions(seq=64))
+    assert estimate.engine == "analytic" and estimate.check.status == "unchecked"
+    assert estimate.notes[-1] == (
+        "unchecked: FlopCounterMode cannot count WhisperForConditionalGeneration here (the traced step feeds token "
+        "ids; WhisperForConditionalGeneration.forward takes no input_ids), so the analytic count is given without "
+        "a check")
+
+
+def test_an_encoder_decoder_is_cut_in_both_stacks():
+    """T5's encoder and decoder are each cut to their first two layers (the first holds the position bias), the
+    config's counts with them."""
+    from paramscope.api import inspect_with_module
+    from paramscope.cost.flops.check import _cut
+
+    _, module = inspect_with_module("t5-small")
+    cut, layers, total = _cut(module)
+    assert (layers, total) == (4, 12)
+    assert len(cut.encoder.block) == len(cut.decoder.block) == 2
+    assert (cut.config.num_layers, cut.config.num_decoder_layers) == (2, 2)
+    assert len(module.encoder.block) == 6  # the model itself is untouched
+
+
+@pytest.mark.parametrize("change", [
+    {"status": "maybe"}, {"differs": "x"}, {"layers": 99}, {"points": [[0, 17]]}, {"points": []},
+    {"modes": ["sideways"]}, {"class": "BertModel"}, {"differs": "a\x1b[2Jb"}, {"extra": 1},
+])
+def test_a_malformed_or_foreign_check_is_never_read(cache, change):
+    """A kept check is validated field by field and bound to its class, key and versions; anything else is checked
+    again."""
+    config = _small("Qwen--Qwen3-0.6B.json", num_hidden_layers=3)
+    first = estimate_flops(config, FlopOptions(seq=64))
+    [path] = cache.rglob("*.flops-check.json")
+    entry = json.loads(path.read_text())
+    key = entry["key"]
+    assert find_check("Qwen3ForCausalLM", key) == first.check
+    entry["check"] |= change
+    path.write_text(json.dumps(entry))
+    assert find_check("Qwen3ForCausalLM", key) is None
+    for broken in ({**entry, "versions": ["0"]}, {**entry, "format": 2}, {**entry, "key": "0" * 32}, [1, 2]):
+        path.write_text(json.dumps(broken))
+        assert find_check("Qwen3ForCausalLM", key) is None
+
+
+def test_check_round_trips_and_words():
+    check = FlopCheck("X", "differs", 2, 8, ((3, 17), (2, 19)), ("forward", "training step"), "at B=3, S=17, …")
+    assert FlopCheck.from_json(json.loads(json.dumps(check.to_json()))) == check
+    assert check.words() == ("the analytic count differs from FlopCounterMode's on a 2-of-8-layer cut of X at "
+                             "B=3 S=17, B=2 S=19 (forward, training step): at B=3, S=17, …")
+
+
+def test_the_cli_json_names_the_check(capsys):
+    from paramscope.cli import main
+
+    assert main(["flops", "llama-3-8b", "--json"]) == 0
+    check = json.loads(capsys.readouterr().out)["flops"]["check"]
+    assert check["status"] == "equal" and check["class"] == "LlamaForCausalLM"
+    assert (check["cut_layers"], check["model_layers"]) == (2, 32)
+    assert check["points"][2] == {"batch": 1, "seq": 8192} and check["differs"] is None
