@@ -39,7 +39,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
-    from paramscope.cost.memory.serving import MemoryOptions, estimate_memory
+    from paramscope.cost.memory.serving import MemoryOptions
+    from paramscope.cost.memory.serving_answer import estimate_memory
     from paramscope.presets import all_presets
 
     names = args.presets or [p.name for p in all_presets() if not any(big in p.name for big in LARGE)]

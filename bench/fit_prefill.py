@@ -218,7 +218,8 @@ def workspace(family: Family, dims: dict, layers: int = 2) -> tuple[int, int, st
     peak (from the same prefill on real CPU tensors, digits as *)."""
     import transformers
 
-    from paramscope.cost.memory.serving import MemoryOptions, estimate_memory
+    from paramscope.cost.memory.serving import MemoryOptions
+    from paramscope.cost.memory.serving_answer import estimate_memory
     from paramscope.cost.traced.cache_probe import traced_prefill_peak
 
     kwargs = dict(family.config(dims))

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from paramscope.cost.facts.store import FactsConfig, config_snapshot, facts_key, find_facts, read_facts
 from paramscope.cost.facts.record import record_facts
-from paramscope.cost.memory.serving import MemoryOptions, memory_answer
+from paramscope.cost.memory.serving import MemoryOptions
+from paramscope.cost.memory.serving_answer import memory_answer
 from paramscope.cost.flops.estimate import FlopOptions, flop_answer
 from paramscope.cost.memory.training import TrainingOptions, training_answer
 from paramscope.cost.model_view import FactsGap
@@ -42,9 +43,15 @@ def _flops_document(report, estimate, compute) -> dict:
 def test_every_preset_costs_from_facts_exactly_as_built(preset):
     """The shipped facts answer `memory` and `flops` for every preset, document for document as the build does."""
     report, memory, view = memory_answer(preset, MemoryOptions(seq=512, batch=2))
-    assert report.model.engine == "template" and view.module is None, report.model.engine_detail
+    if memory.check.status == "differs":  # the analytic peak's check found it off: the build traces two cuts
+        assert report.model.engine == "build" and report.model.engine_detail == (
+            "the analytic serving peak differs from a traced prefill for this config (checked once): the build "
+            "traces two cuts")
+    else:
+        assert report.model.engine == "template" and view.module is None, report.model.engine_detail
     built_report, built_memory, built_view = memory_answer(preset, MemoryOptions(seq=512, batch=2), use_cache=False)
     assert built_report.model.engine == "build" and built_view.module is not None
+    assert built_memory.check == memory.check  # made afresh without the cache: the shipped one
     difference = first_difference(_memory_document(built_report, built_memory), _memory_document(report, memory))
     assert difference is None, difference
     options = FlopOptions(seq=256, training=True, tokens=10**9)

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from paramscope.cost.engine_check import EngineCheck, check_cut
 from paramscope.cost.flops import check as flop_check
-from paramscope.cost.flops.check import FlopCheck, find_check
+from paramscope.cost.flops.check import find_flop_check as find_check
 from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
 from paramscope.cost.facts.store import facts_key
 from paramscope.presets import all_presets
@@ -110,19 +111,16 @@ def test_a_class_the_trace_cannot_run_is_answered_unchecked_and_says_so(cache):
     estimate = estimate_flops(config, FlopOptions(seq=64))
     assert estimate.engine == "analytic" and estimate.check.status == "unchecked"
     assert estimate.notes[-1] == (
-        "unchecked: FlopCounterMode cannot count WhisperForConditionalGeneration here (the traced step feeds token "
-        "ids; WhisperForConditionalGeneration.forward takes no input_ids), so the analytic count is given without "
-        "a check")
+        "unchecked: the trace cannot run WhisperForConditionalGeneration: the traced step feeds token ids; "
+        "WhisperForConditionalGeneration.forward takes no input_ids; so the analytic count is given without a check")
 
 
 def test_an_encoder_decoder_is_cut_in_both_stacks():
     """T5's encoder and decoder are each cut to their first two layers (the first holds the position bias), the
     config's counts with them."""
     from paramscope.api import inspect_with_module
-    from paramscope.cost.flops.check import _cut
-
     _, module = inspect_with_module("t5-small")
-    cut, layers, total = _cut(module)
+    cut, layers, total = check_cut(module)
     assert (layers, total) == (4, 12)
     assert len(cut.encoder.block) == len(cut.decoder.block) == 2
     assert (cut.config.num_layers, cut.config.num_decoder_layers) == (2, 2)
@@ -131,7 +129,8 @@ def test_an_encoder_decoder_is_cut_in_both_stacks():
 
 @pytest.mark.parametrize("change", [
     {"status": "maybe"}, {"differs": "x"}, {"layers": 99}, {"points": [[0, 17]]}, {"points": []},
-    {"modes": ["sideways"]}, {"class": "BertModel"}, {"differs": "a\x1b[2Jb"}, {"extra": 1},
+    {"modes": ["sideways"]}, {"modes": ["bfloat16"]}, {"quantity": "serving"}, {"quantity": "x"},
+    {"class": "BertModel"}, {"differs": "a\x1b[2Jb"}, {"extra": 1},
 ])
 def test_a_malformed_or_foreign_check_is_never_read(cache, change):
     """A kept check is validated field by field and bound to its class, key and versions; anything else is checked
@@ -151,10 +150,11 @@ def test_a_malformed_or_foreign_check_is_never_read(cache, change):
 
 
 def test_check_round_trips_and_words():
-    check = FlopCheck("X", "differs", 2, 8, ((3, 17), (2, 19)), ("forward", "training step"), "at B=3, S=17, …")
-    assert FlopCheck.from_json(json.loads(json.dumps(check.to_json()))) == check
-    assert check.words() == ("the analytic count differs from FlopCounterMode's on a 2-of-8-layer cut of X at "
-                             "B=3 S=17, B=2 S=19 (forward, training step): at B=3, S=17, …")
+    check = EngineCheck("flops", "X", "differs", 2, 8, ((3, 17), (2, 19)), ("forward", "training step"),
+                        "at B=3, S=17, …")
+    assert EngineCheck.from_json(json.loads(json.dumps(check.to_json()))) == check
+    assert check.words() == ("the analytic count differs from FlopCounterMode's on fake tensors on a 2-of-8-layer "
+                             "cut of X at B=3 S=17, B=2 S=19 (forward, training step): at B=3, S=17, …")
 
 
 def test_the_cli_json_names_the_check(capsys):

@@ -282,7 +282,8 @@ def test_compare_page_small_multiples_and_bars(browser, tmp_path):
 # --- memory, FLOPs and plans ------------------------------------------------------------------------------------
 
 def test_memory_page_bars_are_each_phase_exactly(browser, tmp_path):
-    from paramscope.cost.memory.serving import MemoryOptions, estimate_memory
+    from paramscope.cost.memory.serving import MemoryOptions
+    from paramscope.cost.memory.serving_answer import estimate_memory
     from paramscope.cost.memory.training import TrainingOptions, estimate_training
     from paramscope.render.html.cost import render_memory_html
     from paramscope.render.memory import memory_to_dict
@@ -321,7 +322,8 @@ def test_memory_page_states_every_setting_and_the_gpu_answer(tmp_path):
     """Issue 27: `memory llama-3-8b --dtype nf4 --gpu 4090 --html` said neither nf4 nor batch × seq, and left the
     --gpu answer out. The page lists every setting and says the text's bold line, word for word."""
     from paramscope.cli import main
-    from paramscope.cost.memory.serving import MemoryOptions, estimate_memory
+    from paramscope.cost.memory.serving import MemoryOptions
+    from paramscope.cost.memory.serving_answer import estimate_memory
     from paramscope.render.html.cost import memory_page, render_memory_html
     from paramscope.render.memory import render_memory_text
 
@@ -484,7 +486,8 @@ def test_two_notebook_outputs_on_one_page_each_draw_their_own_figures(browser, t
 
 def test_memory_flops_and_plan_results_display_and_save_alone(tmp_path):
     from paramscope.api import inspect_with_module
-    from paramscope.cost.memory.serving import MemoryOptions, estimate_memory
+    from paramscope.cost.memory.serving import MemoryOptions
+    from paramscope.cost.memory.serving_answer import estimate_memory
     from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
     from paramscope.plan import PlanOptions, make_plan
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from paramscope.cost.memory.serving import MemoryOptions, estimate_memory
+from paramscope.cost.memory.serving import MemoryOptions
+from paramscope.cost.memory.serving_answer import estimate_memory
 from paramscope.cost.hardware import find_accelerator
 from paramscope.cost.memory.kv import kv_cache
 from paramscope.cost.memory.fits import fit_on
@@ -181,7 +182,7 @@ def test_falcon_40b_cache_holds_every_query_head_and_grouped_keeps_the_kv_heads(
     (new_decoder_architecture): each layer holds [B, 128, T, 64], 16× what a server with grouped-query kernels
     keeps."""
     from paramscope.cost.memory.kv import CONVENTION, LAYOUT_CONVENTIONS
-    from paramscope.cost.memory.serving import memory_answer
+    from paramscope.cost.memory.serving_answer import memory_answer
     from paramscope.cost.traced.cache_probe import probe_cache
 
     _, hf, view = memory_answer(FALCON_40B, MemoryOptions(seq=2048))
@@ -288,7 +289,7 @@ def test_every_preset_kv_cache_equals_its_recorded_real_cache():
     """The sweep, without torch: every preset's cost facts hold its real cache's bytes after a 2-token prefill on meta,
     in each build dtype; under transformers' convention (--kv-layout hf) the figure is exactly that, with no note of a
     disagreement. Every class with a shipped template is a preset's class, so each is swept."""
-    from paramscope.cost.memory.serving import memory_answer
+    from paramscope.cost.memory.serving_answer import memory_answer
     from paramscope.template import shipped_directory
     from paramscope.formula_cache import installed_transformers_version
 
@@ -325,7 +326,7 @@ def _one_preset_per_class() -> list[str]:
 def test_kv_formula_equals_the_real_cache_for_each_preset_class(preset):
     """The sweep on the real cache: one preset per class built on meta, prefills of several lengths (past a
     sliding window too) against the figure --kv-layout hf gives."""
-    from paramscope.cost.memory.serving import memory_answer
+    from paramscope.cost.memory.serving_answer import memory_answer
     from paramscope.cost.traced.cache_probe import probe_cache
 
     report, memory, view = memory_answer(preset, MemoryOptions(seq=5, batch=2), use_cache=False)

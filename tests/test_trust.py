@@ -115,7 +115,8 @@ def test_cost_facts_in_the_cache_never_override_the_package(cache):
     """GPT-2's facts copied into the cache with every tensor made float64 (a JSON-valid, schema-valid edit that
     doubles its weights): the package's facts answer."""
     from paramscope.cost.facts.store import CostFacts, facts_directory, facts_key, find_facts
-    from paramscope.cost.memory.serving import MemoryOptions, memory_answer
+    from paramscope.cost.memory.serving import MemoryOptions
+    from paramscope.cost.memory.serving_answer import memory_answer
     from paramscope.render.memory import memory_to_dict
 
     expected = memory_to_dict(memory_answer("gpt2", MemoryOptions(seq=64))[1])
@@ -398,7 +399,8 @@ def test_transformers_keep_in_fp32_names_become_globs_that_match_as_its_loader_d
 def test_names_kept_in_fp32_from_facts_equal_the_build(preset, dtype):
     """T5 keeps `wo` in fp32 in an fp16 load, DeepSeek-V3 its router's weight and bias in bf16: the facts' globs give
     the build's answer, document for document."""
-    from paramscope.cost.memory.serving import MemoryOptions, memory_answer
+    from paramscope.cost.memory.serving import MemoryOptions
+    from paramscope.cost.memory.serving_answer import memory_answer
     from paramscope.render.memory import memory_to_dict
 
     options = MemoryOptions(dtype=dtype, seq=32)

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from .count import BufferInfo, Counts, ModuleNode, ParameterInfo, TiedGroup
     from .formula import Formula, derive_formula
     from .report import SCHEMA_VERSION, Component, ModelInfo, Report
-    from .cost.memory.serving import MemoryOptions, estimate_memory
+    from .cost.memory.serving import MemoryOptions
+    from .cost.memory.serving_answer import estimate_memory
     from .cost.memory.result import MemoryEstimate
     from .cost.memory.training import TrainingOptions, estimate_training
     from .cost.flops.estimate import FlopOptions, estimate_flops
@@ -49,7 +50,7 @@ _LAZY = {
     "BufferInfo": "count", "Counts": "count", "ModuleNode": "count", "ParameterInfo": "count", "TiedGroup": "count",
     "Formula": "formula", "derive_formula": "formula",
     "SCHEMA_VERSION": "report", "Component": "report", "ModelInfo": "report", "Report": "report",
-    "estimate_memory": "cost.memory.serving", "MemoryOptions": "cost.memory.serving",
+    "estimate_memory": "cost.memory.serving_answer", "MemoryOptions": "cost.memory.serving",
     "MemoryEstimate": "cost.memory.result",
     "estimate_training": "cost.memory.training", "TrainingOptions": "cost.memory.training",
     "estimate_flops": "cost.flops.estimate", "FlopOptions": "cost.flops.estimate", "FlopEstimate": "cost.flops.result",

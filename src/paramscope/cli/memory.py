@@ -78,7 +78,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cost.memory.serving import MemoryOptions, memory_answer
+    from ..cost.memory.serving import MemoryOptions
+    from ..cost.memory.serving_answer import memory_answer
     from ..errors import OptionError
     from ..sources import resolve
 

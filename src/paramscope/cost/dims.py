@@ -65,6 +65,16 @@ def is_mla(config: Any) -> bool:
     return config_int(config, "kv_lora_rank") is not None
 
 
+def same_head_sizes(config: Any) -> bool:
+    """Whether queries and values have one head size (False for MLA with a rope part, DeepSeek-V3's 192 and 128):
+    torch's CPU sdpa fuses only then, so a fake-tensor trace of unequal sizes runs the math kernel, which keeps the
+    S² scores a GPU's fused kernel does not."""
+    if not is_mla(config):
+        return True
+    d_qk = (config_int(config, "qk_nope_head_dim") or 0) + (config_int(config, "qk_rope_head_dim") or 0)
+    return d_qk == (config_int(config, "v_head_dim") or d_qk)
+
+
 def config_dims(config: Any, **fields: str | tuple[str, ...]) -> tuple[int, ...] | str:
     """The config's positive integers for `fields` (name → its key, or keys tried in order), in that order; or,
     when any is unset, the words naming the first key of each missing one."""
@@ -96,3 +106,13 @@ def first_positive(config: Any, keys: tuple[str, ...]) -> float:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             return float(value)
     return 0.0
+
+
+MAX_SEQ = 1 << 24  # the longest sequence any command takes
+
+
+def max_context(config: Any) -> int | None:
+    """The model's longest context from its config (max_position_embeddings and its other names), or None."""
+    value = config_int(config, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                       "max_target_positions")
+    return value if value is not None and value <= MAX_SEQ else None

@@ -14,6 +14,7 @@ from rich.text import Text
 from ..explain import exact
 from ..frozen import thaw
 from ._console import indented, model_source_line, to_text
+from .check import check_to_dict
 
 CONVENTION = {
     "matmul": "a matmul of m×k by k×n costs 2mnk",
@@ -153,12 +154,5 @@ def flops_to_dict(estimate, compute, settings: dict[str, Any] | None = None) -> 
         "hfu": compute.hfu,
         "seconds": compute.seconds,
         "notes": [*estimate.notes, *compute.notes],
-        "check": None if estimate.check is None else check_to_dict(estimate.check),
+        "check": check_to_dict(estimate.check),
     }
-
-
-def check_to_dict(check) -> dict[str, Any]:
-    """The analytic count's check against FlopCounterMode (docs/json-schema.md)."""
-    return {"status": check.status, "class": check.class_name, "cut_layers": check.layers,
-            "model_layers": check.of_layers, "points": [{"batch": b, "seq": s} for b, s in check.points],
-            "modes": list(check.modes), "differs": check.differs or None, "words": check.words()}

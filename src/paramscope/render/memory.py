@@ -15,6 +15,7 @@ from rich.text import Text
 from ..explain import exact
 from ..frozen import thaw
 from ._console import indented, model_source_line, to_text
+from .check import check_to_dict
 
 # One accelerator per memory size for the text table; the JSON lists them all.
 _SHOWN = ("RTX 3060", "T4", "RTX 4090", "RTX 5090", "A100 40GB", "L40S", "H100 80GB", "H200", "B200", "MI300X",
@@ -439,6 +440,7 @@ def memory_to_dict(estimate) -> dict[str, Any]:
                  for f in estimate.fits],
         "budget": None if estimate.budget is None else _fit_to_dict(estimate.budget),
         "notes": list(estimate.notes),
+        "check": check_to_dict(estimate.check),
     }
 
 

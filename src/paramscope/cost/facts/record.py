@@ -48,9 +48,13 @@ def record_facts(source: Any, report: Any, module: Any, *, build_dtype: str | No
     path = write_facts(facts, target)
     from ..flops.check import record_check
 
-    try:
-        record_check(module, key, directory)  # the analytic FLOP count, checked once against FlopCounterMode
-    except (OSError, ValueError):  # a cache that cannot be written: `flops` checks on its next build
+    from ..engine_check import kept_or_made
+    from ..memory.serving_check import check_serving
+
+    try:  # the analytic FLOP count and serving peak, each checked once against the traced engine
+        record_check(module, key, directory)
+        kept_or_made("serving", module, f"{key}-{dtype}", lambda built: check_serving(built, dtype), directory)
+    except (OSError, ValueError):  # a cache that cannot be written: the next build checks
         pass
     return facts, (f"cost facts recorded at {path}" if path else "cost facts checked but the cache cannot be written")
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..dims import attention_dropout, config_int, dim, hidden_dropout, text_config
+from ..dims import attention_dropout, config_int, dim, hidden_dropout, same_head_sizes, text_config
 from ..memory.kv import layer_kinds
 from .result import FlopEstimate, FlopTerm
 
@@ -147,7 +147,7 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
         implementation = getattr(view.config, "_attn_implementation", "sdpa") or "sdpa"
         # eager attention keeps its scores; so does sdpa where torch's CPU kernels cannot fuse (attention dropout,
         # or MLA's query and value head sizes differing)
-        fused = implementation == "sdpa" and not attention_dropout(config) and _same_head_sizes(config)
+        fused = implementation == "sdpa" and not attention_dropout(config) and same_head_sizes(config)
         recompute = attention // 2 if fused else 0
         if checkpointing:
             # non-reentrant checkpointing reruns a layer only until backward has what it saved. A layer's last
@@ -303,13 +303,6 @@ def _runs(uses: dict[str, int], path: str) -> int:
         if path == prefix or path.startswith(prefix + "."):
             return count
     return 1
-
-
-def _same_head_sizes(config: Any) -> bool:
-    if config_int(config, "kv_lora_rank") is None:
-        return True
-    d_qk = (config_int(config, "qk_nope_head_dim") or 0) + (config_int(config, "qk_rope_head_dim") or 0)
-    return d_qk == (config_int(config, "v_head_dim") or d_qk)
 
 
 def _add(by_role: dict[str, list[int]], role: str, flops: int, numel: int) -> None:

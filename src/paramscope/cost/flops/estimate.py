@@ -14,9 +14,9 @@ from typing import Any
 
 from ...errors import OptionError
 from ...selection import match_all
-from ..dims import text_config
+from ..dims import max_context, text_config
 from ..hardware import Accelerator, find_accelerator, peak_flops
-from ..memory.serving import max_context, step_length
+from ..memory.serving import step_length
 from ..traced.flops import by_role, count_flops, module_roles
 from ..traced.step import StepSettings
 from .analytic import analytic_flops, skipped_input_gradients
@@ -113,7 +113,10 @@ def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: boo
     source = as_source(model, model_options.pop("revision", None))
     key = facts_key(source.config, model_class=model_options.get("model_class"), task=model_options.get("task"),
                     num_labels=model_options.get("num_labels"))
-    checked = _Checked(key, use_cache and not options.trace)
+    from ..engine_check import CheckFor
+    from .check import check_flops
+
+    checked = CheckFor("flops", key, use_cache and not options.trace, check_flops)
     report, view, estimate = answer_from_facts_or_build(
         source, lambda report, view: _estimate(report, view, options, checked),
         why_none=lambda report, view: _no_analytic(report, view, options, checked) + ": the traced engine needs the "
@@ -124,40 +127,7 @@ def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: boo
                                       _active_parameters(report, text_config(view.config))), view
 
 
-@dataclass
-class _Checked:
-    """The check of the analytic count (flops/check.py) for one config's facts key: read from the package or the
-    cache (`use_cache`), else made on the build and kept."""
-
-    key: str
-    use_cache: bool
-    found: Any = None
-
-    def of(self, view: Any) -> Any:
-        """The FlopCheck for `view`'s class; FactsGap when none is kept and the view has no module to check."""
-        from ..model_view import FactsGap
-        from .check import check_flops, find_check, keep_check
-
-        if self.found is None and self.use_cache:
-            self.found = find_check(view.class_name, self.key)
-        if self.found is None:
-            if view.module is None:
-                raise FactsGap("the analytic FLOP count is checked against FlopCounterMode once per config, on the "
-                               "build")
-            self.found = check_flops(view.module)
-            keep_check(self.found, self.key)
-        return self.found
-
-    def kept(self, view: Any) -> Any:
-        """The check if one is already known (no trace made here), else None."""
-        from .check import find_check
-
-        if self.found is None and self.use_cache:
-            self.found = find_check(view.class_name, self.key)
-        return self.found
-
-
-def _estimate(report: Any, view: Any, options: FlopOptions, checked: _Checked) -> FlopEstimate | None:
+def _estimate(report: Any, view: Any, options: FlopOptions, checked: Any) -> FlopEstimate | None:
     """The analytic count (with its context curve when asked), once checked against FlopCounterMode for this config;
     None where only the traced engine answers (no closed form, or the check found one term differing)."""
     text = text_config(view.config)
@@ -188,7 +158,7 @@ def _estimate(report: Any, view: Any, options: FlopOptions, checked: _Checked) -
     return estimate
 
 
-def _no_analytic(report: Any, view: Any, options: FlopOptions, checked: _Checked) -> str:
+def _no_analytic(report: Any, view: Any, options: FlopOptions, checked: Any) -> str:
     """Why the analytic engine gave no count, in words."""
     check = checked.kept(view)
     if check is not None and check.status == "differs":
@@ -200,7 +170,7 @@ def _no_analytic(report: Any, view: Any, options: FlopOptions, checked: _Checked
 
 
 def _with_trace(estimate: FlopEstimate | None, report: Any, view: Any, options: FlopOptions,
-                checked: _Checked) -> FlopEstimate:
+                checked: Any) -> FlopEstimate:
     """The traced count, beside the analytic one (--trace) or in its place (a class it does not cover)."""
     text = text_config(view.config)
     seq, _, length_notes = step_length(report, text, options.seq, DEFAULT_SEQ)

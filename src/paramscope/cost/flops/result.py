@@ -30,8 +30,8 @@ class FlopEstimate(HtmlDisplay):
     # The forward at other context lengths, same batch: (seq, forward, attention) from the same analytic count
     # (FlopOptions.context_curve); empty when not asked or when the traced engine answered.
     by_context: tuple[tuple[int, int, int], ...] = field(default=())
-    # the analytic count held against FlopCounterMode on a cut of the class, once per config (flops/check.py's
-    # FlopCheck): why the analytic engine answered, or why the traced one did; None with --trace (the whole trace
+    # the analytic count held against FlopCounterMode on a cut of the class, once per config (engine_check.py's
+    # EngineCheck): why the analytic engine answered, or why the traced one did; None with --trace (the whole trace
     # is beside) or where no analytic count exists
     check: Any = field(default=None)
     # what `estimate_flops` answers with beside the count (`result.report`, `result.compute`): the model's Report

@@ -7,14 +7,13 @@ checked against the real cache on meta) → prefill workspace → peak → fits.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from ...errors import OptionError, ParamscopeError
-from ..dims import config_int, dim, is_mla, text_config
+from ..dims import MAX_SEQ, config_int, dim, is_mla, max_context, text_config
 from ..dtypes import itemsize, torch_name
-from ..hardware import Accelerator, find_accelerator
+from ..hardware import Accelerator
 from .fits import fit_on, fit_table
 from .kv import LAYOUT_CONVENTIONS, KVCache, attention_shape, kv_cache
 from .prefill import family_workspace, prefill_workspace
@@ -24,7 +23,6 @@ from .weights import quantized_names, weight_memory
 
 KV_LAYOUTS = ("hf", "grouped", "latent", "expanded")
 MAX_BATCH = 1 << 20
-MAX_SEQ = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -63,48 +61,6 @@ def check_batch_and_seq(batch: int, seq: int | None, seq_option: str = "seq") ->
         raise OptionError("{0} must be between 1 and {limit:,}, got {seq}", seq_option, limit=MAX_SEQ, seq=seq)
 
 
-def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), use_cache: bool = True,
-                    **model_options: Any) -> MemoryEstimate:
-    """The MemoryEstimate for serving `model`, analytic engine, with the model's Report as its `report`.
-
-    With `use_cache` (and without --trace), a config whose template and cost facts are recorded is answered
-    without torch (facts/store.py); otherwise the class is built on meta in the storage's compute dtype."""
-    report, estimate, _ = memory_answer(model, options, use_cache, **model_options)
-    return dataclasses.replace(estimate, report=report)
-
-
-def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cache: bool = True,
-                  **model_options: Any):
-    """`estimate_memory`, and the ModelView it read (the CLI records cost facts from a built one)."""
-    from ...api import as_source
-    from ..facts.store import answer_from_facts_or_build
-
-    from ...api import is_module, inspect_module
-    from ..model_view import from_module
-
-    options.check()
-    accelerator = find_accelerator(options.gpu) if options.gpu else None
-    if options.kv_dtype is not None:
-        torch_name(options.kv_dtype)  # a bad name fails before the build
-    if is_module(model):  # a user's module, counted as it is; a transformers one brings its config
-        if any(v for k, v in model_options.items() if k != "trust_remote_code"):
-            raise OptionError("{0}, {1} and {2} apply to configs, not to a live module", "model_class", "task",
-                              "num_labels")
-        config = getattr(model, "config", None)
-        fmt, origin, not_convert = storage_format(config.to_dict() if hasattr(config, "to_dict") else {}, options)
-        report, view = inspect_module(model), from_module(model)
-        return report, serving_estimate(report, view, options, fmt, origin, not_convert, accelerator), view
-    source = as_source(model, model_options.pop("revision", None))
-    from ...build import validate_config_dict
-
-    validate_config_dict(source.config)  # the fields the storage format reads too, before they are read
-    fmt, origin, not_convert = storage_format(source.config, options)
-    report, view, estimate = answer_from_facts_or_build(
-        source, lambda report, view: serving_estimate(report, view, options, fmt, origin, not_convert, accelerator),
-        dtype=fmt.compute_dtype, use_cache=use_cache and not options.trace, **model_options)
-    return report, estimate, view
-
-
 def storage_format(config: dict[str, Any], options: MemoryOptions):
     """(WeightFormat, where it came from, the config's modules_to_not_convert): --dtype, else the declared one."""
     if options.dtype is None:
@@ -114,9 +70,15 @@ def storage_format(config: dict[str, Any], options: MemoryOptions):
 
 
 def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, origin: str,
-                     not_convert: Any, accelerator: Accelerator | None = None) -> MemoryEstimate:
+                     not_convert: Any, accelerator: Accelerator | None = None, *,
+                     checked: Any = None, correct: Any = None) -> MemoryEstimate:
     """The serving answer from the report and the model's view (model_view.ModelView), built in `fmt`'s compute
-    dtype: the same arithmetic whether the view is the meta build or facts recorded from it."""
+    dtype: the same arithmetic whether the view is the meta build or facts recorded from it.
+
+    `checked` (engine_check.CheckFor): the analytic peak's check against a traced prefill for this config, made
+    once; where it found them differing, `correct(module, dtype, batch, seq, encoder_seq)` (serving_check's
+    extended_difference: the difference at the asked point on two cuts) corrects the analytic answer, or the whole
+    model is traced. None: the analytic arithmetic alone (a live module, a check's own cut)."""
     quantized = quantized_names(view, report.params, fmt, not_convert)
     fp32 = view.kept_in_fp32(fmt.compute_dtype, [p.name for p in report.params] + [b.name for b in report.buffers])
     weights = weight_memory(report.params, report.buffers, fmt, quantized=quantized, fp32=fp32,
@@ -163,8 +125,33 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
 
     peak = peak_at(options.batch, seq)
     peak_phase, engine = "prefill", "analytic"
-    if options.trace:
-        traced_peak, peak_phase, traced_notes = _traced_serving(view.module, options, seq, weights)
+    check = checked.of(view) if checked is not None and not options.trace else None
+    trace = options.trace
+    if check is not None and check.status == "differs":
+        from ..model_view import FactsGap
+
+        if view.module is None:
+            raise FactsGap("the analytic serving peak differs from a traced prefill for this config (checked once): "
+                           "the build traces two cuts")
+        difference, words = correct(view.module, fmt.compute_dtype, options.batch, seq, options.encoder_seq)
+        notes.append(check.words())
+        if difference is None:
+            notes.append(f"{words}: it grows with depth, so the whole model is traced")
+            trace = True
+        else:
+            notes.append(f"{words}: the answer is the analytic one less {difference:,} B (KV cache and weights as "
+                         "computed above); the fits below move the analytic curve by the same (exact at the asked "
+                         "point only)")
+            analytic_curve = peak_at
+
+            def peak_at(batch: int, length: int) -> int:  # noqa: F811 - the corrected curve
+                return analytic_curve(batch, length) - difference
+
+            peak, engine = peak - difference, "traced"
+    elif check is not None:
+        notes.append(check.words())
+    if trace:
+        traced_peak, peak_phase, traced_notes = traced_serving(view.module, options, seq, weights)
         notes.extend(note for note in traced_notes if note not in notes)
         difference = peak - traced_peak
         notes.append(f"check: the analytic peak is {peak:,} B, {100 * difference / traced_peak:+.2f}% from the traced "
@@ -196,10 +183,10 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         mode="inference", engine=engine, settings=settings, weights=weights, kv_cache=cache,
         activations=workspace, peak=peak, peak_phase=peak_phase, reserve=options.reserve,
         fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=longest),
-        budget=budget, notes=tuple(notes))
+        budget=budget, notes=tuple(notes), check=check)
 
 
-def _traced_serving(module: Any, options: MemoryOptions, seq: int,
+def traced_serving(module: Any, options: MemoryOptions, seq: int,
                     weights: Any) -> tuple[int, str, tuple[str, ...]]:
     """generate()'s prefill of `seq` tokens and one decode step on fake tensors: (peak, phase, the trace's notes).
 
@@ -220,13 +207,6 @@ def declared_compute_dtype(config: dict[str, Any] | None) -> str:
         return declared_format(config)[0].compute_dtype
     except ParamscopeError:
         return "bfloat16"
-
-
-def max_context(config: Any) -> int | None:
-    """The model's longest context from its config (max_position_embeddings and its other names), or None."""
-    value = config_int(config, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
-                       "max_target_positions")
-    return value if value is not None and value <= MAX_SEQ else None
 
 
 def step_length(report: Any, config: Any, seq: int | None, default: int = 2048) -> tuple[int, int | None, list[str]]:

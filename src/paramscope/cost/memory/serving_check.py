@@ -1,0 +1,90 @@
+"""The analytic serving peak checked against the traced one on a cut of the real class, once per config and compute
+dtype (engine_check.py holds the cut, the points and the store), and what answers where they differ.
+
+    check:   a cut of the build → at each point, serving_estimate on the cut's view against generate()'s prefill
+             and one decode step traced on the cut (MemTracker on fake tensors) → equal to the byte, or where not
+    differs: the difference at the asked point on the cut and on a cut twice as long → the same (what the analytic
+             engine misses does not grow with depth: a layer's working tensors) → the analytic answer less it, the
+             KV cache and weights still the analytic ones; else one trace of the whole model
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..engine_check import EngineCheck, check_cut, check_points, printable
+
+_FORMATS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+UNEQUAL_HEADS = ("{0}'s queries and values have unequal head sizes (MLA), so torch's CPU sdpa runs the math kernel "
+                 "and keeps the S² scores, which a GPU's fused kernel (as the analytic engine assumes) does not")
+
+
+def check_serving(module: Any, dtype: str) -> EngineCheck:
+    """Hold the analytic serving peak against the traced one on a cut of `module` (built on meta in `dtype`, the
+    compute dtype)."""
+    from ... import progress
+    from ...errors import UnsupportedError
+
+    from ..dims import same_head_sizes, text_config
+
+    cut, depth, count = check_cut(module)
+    points = check_points(module)
+    status, differs = "differs", ""
+    if not same_head_sizes(text_config(module.config)):
+        return EngineCheck("serving", type(module).__name__, "unchecked", depth, count, tuple(points), (dtype,),
+                           UNEQUAL_HEADS.format(type(module).__name__))
+    with progress.status(f"checking the analytic serving memory against a traced prefill on {depth} layers of "
+                         f"{type(module).__name__}"):
+        try:
+            for batch, seq in points:
+                analytic, traced, phase = _both(cut, dtype, batch, seq)
+                if analytic != traced:
+                    differs = (f"at B={batch}, S={seq:,}, the peak {analytic:,} B analytic vs {traced:,} B traced "
+                               f"({phase}), {analytic - traced:+,} B")
+                    break
+        except UnsupportedError as err:  # the traced step cannot feed the class
+            status, differs = "unchecked", f"the trace cannot run {type(module).__name__}: {err}"
+        except Exception as err:  # broad on purpose: a class the fake-tensor trace cannot run is answered unchecked
+            status, differs = "unchecked", f"the trace of {type(module).__name__} failed: {type(err).__name__}: {err}"
+    if not differs:
+        status = "equal"
+    return EngineCheck("serving", type(module).__name__, status, depth, count, tuple(points), (dtype,),
+                       printable(differs))
+
+
+def _both(cut: Any, dtype: str, batch: int, seq: int, encoder_seq: int | None = None) -> tuple[int, int, str]:
+    """(the analytic peak, the traced peak, the traced peak's phase) of `cut` at B × S, the KV cache as transformers
+    keeps it in the compute dtype (what the trace holds)."""
+    from ...api import inspect_module
+    from ..model_view import from_module
+    from .quantization import weight_format
+    from .serving import MemoryOptions, serving_estimate, traced_serving
+
+    options = MemoryOptions(batch=batch, seq=seq, encoder_seq=encoder_seq)
+    analytic = serving_estimate(inspect_module(cut), from_module(cut), options, weight_format(_FORMATS[dtype]),
+                                "--dtype", ())
+    traced, phase, _ = traced_serving(cut, options, seq, analytic.weights)
+    return analytic.peak, traced, phase
+
+
+def extended_difference(module: Any, dtype: str, batch: int, seq: int,
+                        encoder_seq: int | None = None) -> tuple[int | None, str]:
+    """(analytic − traced at B × S, the same on the check's cut and on one twice as long; None where it grows with
+    depth), and the words."""
+    from ... import progress
+
+    with progress.status(f"tracing cuts of {type(module).__name__} at B={batch}, S={seq:,}"):
+        cut, short, count = check_cut(module)
+        analytic, traced, _ = _both(cut, dtype, batch, seq, encoder_seq)
+        first = analytic - traced
+        if short == count:  # the cut is the whole model: its difference is the answer's
+            return first, f"at B={batch}, S={seq:,} the analytic peak is {first:+,} B from the whole model's trace"
+        cut, long, _ = check_cut(module, longer=True)
+        analytic, traced, _ = _both(cut, dtype, batch, seq, encoder_seq)
+        second = analytic - traced
+    words = (f"at B={batch}, S={seq:,} the analytic peak is {first:+,} B from the traced one on {short} layers and "
+             f"{second:+,} B on {long}")
+    return (first if first == second else None), words
+
+
+__all__ = ["check_serving", "extended_difference"]
