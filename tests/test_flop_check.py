@@ -165,3 +165,15 @@ def test_the_cli_json_names_the_check(capsys):
     assert check["status"] == "equal" and check["class"] == "LlamaForCausalLM"
     assert (check["cut_layers"], check["model_layers"]) == (2, 32)
     assert check["points"][2] == {"batch": 1, "seq": 8192} and check["differs"] is None
+
+
+def test_a_vision_tower_a_text_forward_never_runs_is_caught_and_named(cache):
+    """Qwen2.5-VL: the analytic engine counts every matmul, the vision tower's too; a text forward runs none of
+    them. The check says so, and FlopCounterMode answers with the text forward alone."""
+    config = json.loads((CONFIGS / "families" / "Qwen--Qwen2.5-VL-7B-Instruct.json").read_text())
+    estimate = estimate_flops(config, FlopOptions(seq=128))
+    assert estimate.engine == "traced" and estimate.check.status == "differs"
+    assert "projector " in estimate.check.differs and " analytic vs 0 traced" in estimate.check.differs
+    assert estimate.check.differs.endswith(
+        # five matmuls a vision block (qkv, proj, gate, up, down) and the merger's two
+        f"; the forward never ran the matmuls of model.visual ({config['vision_config']['depth'] * 5 + 2})")

@@ -62,8 +62,10 @@ def _first_difference(cut: Any, points: list[tuple[int, int]], checkpointing: bo
             terms = {t.role: t.flops for t in analytic.terms}
             differing = [f"{role} {terms.get(role, 0):,} analytic vs {by_term.get(role, 0):,} traced"
                          for role in sorted(set(terms) | set(by_term)) if terms.get(role, 0) != by_term.get(role, 0)]
+            idle = _idle(cut, forward.forward_by_module)
             return (f"{at}, the forward {analytic.forward:,} analytic vs {forward.forward:,} traced"
-                    + (": " + "; ".join(differing) if differing else ""))
+                    + (": " + "; ".join(differing) if differing else "")
+                    + (f"; the forward never ran the matmuls of {idle}" if idle else ""))
         step = count_flops(cut, settings, training=True)
         for name, a, t in (("the step's forward", analytic.forward, step.forward),
                            ("the backward", analytic.backward, step.model_backward),
@@ -77,6 +79,19 @@ def _first_difference(cut: Any, points: list[tuple[int, int]], checkpointing: bo
                 return (f"{at}, the checkpointed step's recomputation {checked.recompute:,} analytic vs "
                         f"{rerun.recompute:,} traced")
     return ""
+
+
+def _idle(cut: Any, traced: Any) -> str:
+    """The parts (a module path's first two names) whose matmuls the traced forward never ran, in words: a vision
+    tower and its projector under a text input."""
+    from ..model_view import is_matmul_module
+
+    idle: dict[str, int] = {}
+    for path, sub in cut.named_modules():
+        if path and is_matmul_module(sub) and not traced.get(path):
+            part = ".".join(path.split(".")[:2])
+            idle[part] = idle.get(part, 0) + 1
+    return ", ".join(f"{part} ({count:,})" for part, count in sorted(idle.items(), key=lambda kv: -kv[1])[:6])
 
 
 def record_check(module: Any, key: str, directory: Path | None = None) -> EngineCheck:
