@@ -26,6 +26,7 @@ The traced engine (traced/flops.py) is the check: on every preset family the two
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..dims import attention_dropout, config_int, dim, hidden_dropout, same_head_sizes, text_config
@@ -50,6 +51,7 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
     uses = _shared_uses(view.root, config)
     if uses is None:
         return None
+    idle = towers_not_run(view)
     tokens = batch * seq
     roles = module_roles(params)
     top_k, experts = routing(config)
@@ -68,6 +70,8 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
     unused_pooler = False
     unused_flops = 0
     for path, sub in view.root.named_modules():
+        if any(path == tower or path.startswith(tower + ".") for tower in idle):
+            continue
         runs = _runs(uses, path)
         if view.is_matmul(sub):
             numel = sub._parameters["weight"].numel() * runs
@@ -140,6 +144,10 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
     forward = sum(t.flops for t in terms)
     backward = recompute = None
     notes = []
+    if idle:
+        held = sum(p.numel for p in params if any(p.name.startswith(tower + ".") for tower in idle))
+        notes.append(f"a text input runs the language model only: {', '.join(idle)} ({held:,} parameters) do not "
+                     "run and are not counted (an image's or audio's FLOPs are not modelled here yet)")
     if training:
         backward = 2 * (forward - unused_flops) - frozen_flops  # a frozen weight's gradient is not computed
         # a fused (flash) attention backward recomputes q·kᵀ; with attention dropout, torch's CPU kernels cannot
@@ -168,6 +176,26 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
             notes.append(f"frozen matmuls skip their weight gradients: backward is 2 × forward − {frozen_flops:,}")
     return FlopEstimate("analytic", batch, seq, causal, forward, attention, tuple(terms), backward, recompute,
                         tuple(notes))
+
+
+# a multimodal model's towers and the projectors feeding the language model from them, by module name
+_TOWER = re.compile(r"vision|visual|image|audio|speech|projector|merger|connector|resampler", re.IGNORECASE)
+
+
+def towers_not_run(view: Any) -> tuple[str, ...]:
+    """The module paths of the towers a text input does not run: in a multimodal model (its config has a vision or
+    audio config), each top-level part (or part of the `model` wrapper) named as a vision or audio tower or as the
+    projector from one. A wrong guess shows in the check against FlopCounterMode (flops/check.py)."""
+    config = view.config
+    if all(getattr(config, key, None) is None for key in ("vision_config", "audio_config")):
+        return ()
+    found: list[str] = []
+    for path, _ in view.root.named_modules():
+        depth = path.count(".")
+        if path and (depth == 0 or depth == 1 and path.startswith("model.")) and \
+                _TOWER.search(path.rsplit(".", 1)[-1]) and not any(path.startswith(f + ".") for f in found):
+            found.append(path)
+    return tuple(found)
 
 
 def skipped_input_gradients(params: Any, frozen: Any, config: Any) -> str | None:
