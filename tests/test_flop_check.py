@@ -59,6 +59,12 @@ def test_every_preset_ships_a_check_and_each_agrees(preset):
                                                             num_labels=None))
     assert check is not None, "no shipped FLOP check: run python -m paramscope.template_record"
     assert check.status == "equal", check.words()
+    from paramscope.cost.engine_check import find_check as find_any
+
+    generation = find_any("generation", found.template.class_name,
+                          facts_key(source.config, model_class=None, task=None, num_labels=None))
+    generates = found.template.class_name.endswith(("ForCausalLM", "LMHeadModel"))
+    assert (generation is not None and generation.status == "equal") == generates, generation
     assert len(check.points) in (2, 3) and check.points[0][0] == 3 and check.points[1][0] == 2
     assert check.layers < check.of_layers or preset.startswith("albert")
 

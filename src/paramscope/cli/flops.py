@@ -24,6 +24,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--seq", type=int, metavar="S",
                         help="tokens per sequence (default 2,048, or the model's maximum when shorter)")
     parser.add_argument("--training", action="store_true", help="forward, backward and the recomputation")
+    parser.add_argument("--generate", type=int, metavar="N",
+                        help="generate() of N new tokens after a --seq prompt: the prefill (logits for the last token "
+                             "only) and N − 1 decode steps over the growing cache")
     parser.add_argument("--grad-checkpointing", default="none", choices=("none", "full"),
                         help="full: each layer's forward is rerun in backward (hardware FLOPs)")
     parser.add_argument("--freeze", action="append", default=[], metavar="ROLE_OR_GLOB",
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                           grad_checkpointing=args.grad_checkpointing, causal=args.causal, freeze=tuple(args.freeze),
                           tokens=tokens, gpu=args.gpu, peak_dtype=args.peak_dtype, peak_tflops=args.peak_tflops,
                           tokens_per_second=args.tokens_per_second, mfu=args.mfu, devices=args.devices,
-                          trace=args.trace, context_curve=args.html is not None)
+                          trace=args.trace, context_curve=args.html is not None, generate=args.generate)
     options.check()
     from ..selection import check_pattern
 
@@ -99,7 +102,8 @@ def _show(args: argparse.Namespace, report: Any, estimate: Any, compute: Any, wi
         write_report_json(report, flops=flops_to_dict(estimate, compute, {
             "training": args.training, "grad_checkpointing": args.grad_checkpointing, "freeze": list(args.freeze),
             "tokens": tokens, "gpu": args.gpu, "peak_dtype": args.peak_dtype, "peak_tflops": args.peak_tflops,
-            "tokens_per_second": args.tokens_per_second, "mfu_assumed": args.mfu, "devices": args.devices}))
+            "tokens_per_second": args.tokens_per_second, "mfu_assumed": args.mfu, "devices": args.devices,
+            "generate": args.generate}))
         return
     if args.html is not None:  # the page replaces the text
         return

@@ -33,6 +33,7 @@ STACK_KEYS = ("encoder_layers", "decoder_layers", "num_decoder_layers")
 QUANTITIES = {
     "flops": ("the analytic count", "FlopCounterMode's on fake tensors",
               ("forward", "training step", "checkpointed step")),
+    "generation": ("the analytic generate() count", "FlopCounterMode's on fake tensors", ("prefill", "decode steps")),
     "serving": ("the analytic serving peak", "the traced one (generate()'s prefill and a decode step, MemTracker on "
                 "fake tensors, to the byte)", ("float32", "bfloat16", "float16")),
 }

@@ -41,6 +41,8 @@ def flops_parts(report, estimate, compute) -> list:
     lines = [title, *filter(None, [model_source_line(report.model)]),
              indented(f"batch {estimate.batch:,} × {estimate.seq:,} tokens = {estimate.tokens:,} tokens"),
              Text(""), _terms_table(estimate), Text(""), _totals_table(estimate, compute)]
+    if estimate.generation is not None:
+        lines += [Text(""), _generation_table(estimate)]
     if compute.tokens is not None or compute.mfu is not None or compute.seconds is not None:
         lines += [Text(""), _compute_lines(estimate, compute)]
     for note in (*estimate.notes, *compute.notes):
@@ -91,6 +93,36 @@ def _totals_table(estimate, compute) -> Table:
         table.add_row("step per token", exact(compute.per_token_training), sci(compute.per_token_training),
                       f"{compute.per_token_training / max(compute.parameters, 1):.3f} × parameters "
                       f"({exact(compute.parameters)}), against 6 in 6ND")
+    return table
+
+
+def _generation_table(estimate) -> Table:
+    generation = estimate.generation
+    steps = generation.new_tokens - 1
+    table = Table(title=f"generate(): {generation.new_tokens:,} new tokens after the {estimate.seq:,}-token prompt "
+                        f"({generation.engine} engine)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("FLOPs", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    table.add_column("how", overflow="fold", ratio=1)
+    skipped = "" if generation.head_skipped is None else \
+        f"; {exact(generation.head_skipped)} less than the forward above: the head on the other prompt tokens"
+    table.add_row("prefill", exact(generation.prefill), sci(generation.prefill),
+                  f"the prompt's forward, the lm head on its last token only (logits_to_keep=1){skipped}")
+    if steps:
+        table.add_row("first decode step", exact(generation.first_step), sci(generation.first_step),
+                      f"one token a sequence over {estimate.seq + 1:,} keys")
+        table.add_row("last decode step", exact(generation.last_step), sci(generation.last_step),
+                      f"over {estimate.seq + steps:,} keys")
+    table.add_row(f"decode ({steps:,} steps)", exact(generation.decode), sci(generation.decode),
+                  "the prefill's logits give the first new token; each step after gives one more")
+    table.add_row("generate()", exact(generation.total), sci(generation.total), "prefill + decode", style="bold")
+    per = generation.total // (estimate.batch * generation.new_tokens)
+    table.add_row("per new token", exact(per), sci(per), f"÷ ({estimate.batch:,} × {generation.new_tokens:,}) new "
+                  "tokens, rounded down")
+    table.add_row("how", "", "", generation.arithmetic)
+    if generation.check is not None:
+        table.add_row("check", "", "", generation.check.words())
     return table
 
 
@@ -155,4 +187,14 @@ def flops_to_dict(estimate, compute, settings: dict[str, Any] | None = None) -> 
         "seconds": compute.seconds,
         "notes": [*estimate.notes, *compute.notes],
         "check": check_to_dict(estimate.check),
+        "generation": _generation_to_dict(estimate.generation),
     }
+
+
+def _generation_to_dict(generation) -> dict[str, Any] | None:
+    if generation is None:
+        return None
+    return {"new_tokens": generation.new_tokens, "engine": generation.engine, "prefill": generation.prefill,
+            "head_skipped": generation.head_skipped, "decode": generation.decode,
+            "first_step": generation.first_step, "last_step": generation.last_step, "total": generation.total,
+            "arithmetic": generation.arithmetic, "check": check_to_dict(generation.check)}

@@ -53,6 +53,10 @@ def record_facts(source: Any, report: Any, module: Any, *, build_dtype: str | No
 
     try:  # the analytic FLOP count and serving peak, each checked once against the traced engine
         record_check(module, key, directory)
+        if facts.can_generate and not getattr(module.config, "is_encoder_decoder", False):
+            from ..flops.check import check_generation
+
+            kept_or_made("generation", module, key, check_generation, directory)
         kept_or_made("serving", module, f"{key}-{dtype}", lambda built: check_serving(built, dtype), directory)
     except (OSError, ValueError):  # a cache that cannot be written: the next build checks
         pass

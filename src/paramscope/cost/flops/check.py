@@ -94,6 +94,47 @@ def _idle(cut: Any, traced: Any) -> str:
     return ", ".join(f"{part} ({count:,})" for part, count in sorted(idle.items(), key=lambda kv: -kv[1])[:6])
 
 
+def check_generation(module: Any) -> EngineCheck:
+    """Hold the analytic generate() count (flops/generation.py) against FlopCounterMode's on a cut of `module`: a
+    prefill and two decode steps at each check point, the long one ending at the model's context."""
+    from ... import progress
+    from ...api import inspect_module
+    from ...errors import UnsupportedError
+    from ..model_view import from_module
+    from ..traced.flops import count_generation
+    from .generation import analytic_generation
+
+    cut, depth, count = check_cut(module)
+    points = [(b, s) for b, s in check_points(module)]
+    points[-1] = (points[-1][0], max(points[-1][1] - 2, 2)) if len(points) > 2 else points[-1]
+    status, differs = "differs", ""
+    with progress.status(f"checking the analytic generate() count against FlopCounterMode on {depth} layers of "
+                         f"{type(module).__name__}"):
+        try:
+            params, view = inspect_module(cut).params, from_module(cut)
+            for batch, seq in points:
+                analytic = analytic_generation(view, params, batch=batch, seq=seq, new_tokens=3)
+                if analytic is None:
+                    differs = f"at B={batch}, S={seq:,}: the analytic engine gives no generate() count"
+                    break
+                traced = count_generation(cut, batch, seq, 2)
+                pairs = [("the prefill", analytic.prefill, traced.prefill),
+                         ("decode step 1", analytic.first_step, traced.steps[0]),
+                         ("decode step 2", analytic.last_step, traced.steps[1])]
+                found = [f"{name} {a:,} analytic vs {t:,} traced" for name, a, t in pairs if a != t]
+                if found:
+                    differs = f"at B={batch}, S={seq:,}: " + "; ".join(found)
+                    break
+        except UnsupportedError as err:
+            status, differs = "unchecked", f"the trace cannot run {type(module).__name__}: {err}"
+        except Exception as err:  # broad on purpose, as check_flops
+            status, differs = "unchecked", f"the trace of {type(module).__name__} failed: {type(err).__name__}: {err}"
+    if not differs:
+        status = "equal"
+    return EngineCheck("generation", type(module).__name__, status, depth, count, tuple(points),
+                       ("prefill", "decode steps"), printable(differs))
+
+
 def record_check(module: Any, key: str, directory: Path | None = None) -> EngineCheck:
     """The FLOP check kept for `key` (in `directory`, a templates root; None: the package's, else the user
     cache's), or one made on `module` and kept: recorded with a config's cost facts (facts/record.py)."""
@@ -104,4 +145,4 @@ def find_flop_check(class_name: str, key: str) -> EngineCheck | None:
     return find_check("flops", class_name, key)
 
 
-__all__ = ["check_flops", "find_flop_check", "record_check"]
+__all__ = ["check_flops", "check_generation", "find_flop_check", "record_check"]

@@ -43,6 +43,7 @@ class FlopOptions:
     devices: int = 1
     trace: bool = False
     context_curve: bool = False  # also count the forward at powers of two up to the model's context (HTML plot)
+    generate: int | None = None  # new tokens: generate()'s FLOPs (the prefill, its last token's logits, and decode)
 
     def check(self) -> None:
         from ..memory.serving import check_batch_and_seq
@@ -66,6 +67,17 @@ class FlopOptions:
         if not 1 <= self.devices <= 1 << 20:
             raise OptionError("{0} must be between 1 and {limit:,}, got {devices}", "devices", limit=1 << 20,
                               devices=self.devices)
+        if self.generate is not None:
+            from .generation import MAX_NEW_TOKENS
+
+            if not 1 <= self.generate <= MAX_NEW_TOKENS:
+                raise OptionError("{0} must be between 1 and {limit:,} new tokens, got {value}", "generate",
+                                  limit=MAX_NEW_TOKENS, value=self.generate)
+            if self.training:
+                raise OptionError("{0} counts generation, which does not train: drop {1}", "generate", "training")
+            if self.causal == "half":
+                raise OptionError("{0} half halves a forward's masked scores; generate()'s decode steps mask none, "
+                                  "so {1} counts in full", "causal", "generate")
         if self.tokens_per_second is not None and self.mfu is not None:
             raise OptionError("give {0} (to get the MFU) or {1} (to get the time), not both", "tokens_per_second", "mfu")
 
@@ -114,15 +126,27 @@ def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: boo
     key = facts_key(source.config, model_class=model_options.get("model_class"), task=model_options.get("task"),
                     num_labels=model_options.get("num_labels"))
     from ..engine_check import CheckFor
-    from .check import check_flops
+    from .check import check_flops, check_generation
 
     checked = CheckFor("flops", key, use_cache and not options.trace, check_flops)
+    generation_checked = CheckFor("generation", key, use_cache and not options.trace, check_generation)
+
+    def answer(report: Any, view: Any) -> FlopEstimate | None:
+        estimate = _estimate(report, view, options, checked)
+        if estimate is not None and options.generate:
+            estimate = dataclasses.replace(estimate, generation=_generation(report, view, options, estimate.seq,
+                                                                            generation_checked))
+        return estimate
+
     report, view, estimate = answer_from_facts_or_build(
-        source, lambda report, view: _estimate(report, view, options, checked),
+        source, answer,
         why_none=lambda report, view: _no_analytic(report, view, options, checked) + ": the traced engine needs the "
         "build", use_cache=use_cache and not options.trace, **model_options)
     if estimate is None or options.trace:
         estimate = _with_trace(estimate, report, view, options, checked)
+        if options.generate:
+            estimate = dataclasses.replace(estimate, generation=_generation(report, view, options, estimate.seq,
+                                                                            generation_checked, traced=True))
     return report, estimate, _compute(estimate, report, options, accelerator,
                                       _active_parameters(report, text_config(view.config))), view
 
@@ -131,7 +155,7 @@ def _estimate(report: Any, view: Any, options: FlopOptions, checked: Any) -> Flo
     """The analytic count (with its context curve when asked), once checked against FlopCounterMode for this config;
     None where only the traced engine answers (no closed form, or the check found one term differing)."""
     text = text_config(view.config)
-    seq, _, length_notes = step_length(report, text, options.seq, DEFAULT_SEQ)
+    seq, length_notes = _length(report, text, options)
     if options.causal == "half" and not view.class_name.endswith(("ForCausalLM", "LMHeadModel")):
         raise OptionError("{0} half halves a causal decoder's attention; {name}'s attention is bidirectional (or, for "
                           "an encoder-decoder, partly so)", "causal", name=view.class_name)
@@ -158,6 +182,51 @@ def _estimate(report: Any, view: Any, options: FlopOptions, checked: Any) -> Flo
     return estimate
 
 
+def _length(report: Any, text: Any, options: FlopOptions) -> tuple[int, list[str]]:
+    """(tokens per sequence, notes): step_length's; with --generate N and no --seq, a prompt short enough that it
+    and the new tokens fit the model's context; a --seq that does not, beyond learned positions, refused."""
+    seq, limit, notes = step_length(report, text, options.seq, DEFAULT_SEQ)
+    new = options.generate
+    if new is None or limit is None or seq + new - 1 <= limit:
+        return seq, notes
+    if options.seq is None and limit >= new:
+        seq = limit - new + 1
+        return seq, notes + [f"the prompt is {seq:,} tokens, so that it and the {new:,} new tokens fit the model's "
+                             f"{limit:,} positions"]
+    if any(p.role == "embeddings.position" for p in report.params):
+        raise OptionError("{0} {new:,} after a {seq:,}-token prompt reaches position {end:,}, beyond the model's "
+                          "{limit:,} learned positions", "generate", new=new, seq=seq, end=seq + new - 1, limit=limit)
+    return seq, notes + [f"the prompt and the new tokens reach position {seq + new - 1:,}, beyond "
+                         f"max_position_embeddings ({limit:,})"]
+
+
+def _generation(report: Any, view: Any, options: FlopOptions, seq: int, checked: Any,
+                traced: bool = False) -> Any:
+    """generate()'s FLOPs (flops/generation.py) and the check that chose the engine: analytic once checked equal
+    for this config, else FlopCounterMode's on the build (FactsGap from facts)."""
+    from ...errors import UnsupportedError
+    from ..model_view import FactsGap
+    from .generation import analytic_generation, traced_generation
+
+    config = text_config(view.config)
+    if not view.can_generate:
+        raise UnsupportedError("{name} does not generate: {0} is for causal language models", "generate",
+                               name=view.class_name)
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedError("{0} counts decoder-only models here; {name} is an encoder-decoder", "generate",
+                               name=view.class_name)
+    check = None if traced else checked.of(view)
+    if check is not None and check.status != "differs":
+        found = analytic_generation(view, report.params, batch=options.batch, seq=seq, new_tokens=options.generate)
+        if found is not None:
+            return dataclasses.replace(found, check=check)
+    if view.module is None:
+        raise FactsGap("the analytic generate() count differs from FlopCounterMode's for this config: the build "
+                       "traces it")
+    return dataclasses.replace(traced_generation(view.module, batch=options.batch, seq=seq,
+                                                 new_tokens=options.generate), check=check)
+
+
 def _no_analytic(report: Any, view: Any, options: FlopOptions, checked: Any) -> str:
     """Why the analytic engine gave no count, in words."""
     check = checked.kept(view)
@@ -173,7 +242,7 @@ def _with_trace(estimate: FlopEstimate | None, report: Any, view: Any, options: 
                 checked: Any) -> FlopEstimate:
     """The traced count, beside the analytic one (--trace) or in its place (a class it does not cover)."""
     text = text_config(view.config)
-    seq, _, length_notes = step_length(report, text, options.seq, DEFAULT_SEQ)
+    seq, length_notes = _length(report, text, options)
     frozen = frozenset(match_all(report.params, options.freeze))
     traced = _traced(view.module, report, options, seq, frozen, options.grad_checkpointing == "full")
     check = None

@@ -34,6 +34,8 @@ class FlopEstimate(HtmlDisplay):
     # EngineCheck): why the analytic engine answered, or why the traced one did; None with --trace (the whole trace
     # is beside) or where no analytic count exists
     check: Any = field(default=None)
+    # --generate N: generation.GenerationFlops (the prefill with its last token's logits, the decode steps)
+    generation: Any = field(default=None)
     # what `estimate_flops` answers with beside the count (`result.report`, `result.compute`): the model's Report
     # and the step's compute (estimate.Compute: per token, over D tokens, MFU, time); the page shows them as the
     # CLI's does. None for a count made without them. Not in == or hash: the count is the figures above.

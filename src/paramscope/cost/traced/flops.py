@@ -116,6 +116,50 @@ def _count(module: Any, settings: StepSettings, *, training: bool) -> TracedFlop
                        forward_own, backward_own, fused_forward, fused_backward)
 
 
+@dataclass(frozen=True)
+class TracedGeneration:
+    """generate()'s FLOPs as FlopCounterMode counts them: the prefill (logits for the last token only, as generate
+    asks) and each decode step after it, one token a sequence with the cache."""
+
+    prefill: int
+    steps: tuple[int, ...]  # decode step j (1-based) attends over seq + j keys
+
+
+def count_generation(module: Any, batch: int, seq: int, steps: int) -> TracedGeneration:
+    """Count generate()'s prefill of `seq` tokens and `steps` decode steps of `module` on fake tensors."""
+    with progress.status(f"counting {type(module).__name__}'s generation FLOPs on fake tensors (FlopCounterMode)"):
+        return _count_generation(module, batch, seq, steps)
+
+
+def _count_generation(module: Any, batch: int, seq: int, steps: int) -> TracedGeneration:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ...errors import UnsupportedError
+    from .step import generation_inputs
+
+    with fake_mode(True) as mode, assumed_values(True):
+        model = working_copy(module, mode, None)
+        model.eval()
+        kwargs, step_ids = generation_inputs(model, batch, seq)
+        if kwargs is None:
+            raise UnsupportedError(f"{type(model).__name__} does not generate")
+        counts = []
+        with running(model), torch.no_grad():
+            counter = FlopCounterMode(display=False, depth=None, custom_mapping=_missing_formulas())
+            with counter:
+                output = model(**kwargs)
+            counts.append(counter.get_total_flops())
+            cache = output.past_key_values
+            for _ in range(steps):
+                counter = FlopCounterMode(display=False, depth=None, custom_mapping=_missing_formulas())
+                with counter:
+                    output = model(input_ids=step_ids, past_key_values=cache, use_cache=True)
+                counts.append(counter.get_total_flops())
+                cache = output.past_key_values
+    return TracedGeneration(counts[0], tuple(counts[1:]))
+
+
 def _fused_attention(ops: dict[Any, int]) -> int:
     return sum(v for op, v in ops.items() if "scaled_dot_product" in str(op))
 

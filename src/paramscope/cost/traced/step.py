@@ -470,6 +470,18 @@ def _attention_notes(attention: str) -> tuple[str, ...]:
 
 # --- inputs, loss, optimizer -------------------------------------------------------------------------------------
 
+def generation_inputs(model: Any, batch: int, seq: int) -> tuple[dict[str, Any] | None, Any]:
+    """(the prefill's keyword arguments as generate() passes them: the cache on, logits for the last token only;
+    a decode step's token ids), or (None, None) for a model that does not generate (or an encoder-decoder)."""
+    generating = _accepts(model, "use_cache") and bool(getattr(model, "can_generate", lambda: False)())
+    if not generating or getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return None, None
+    kwargs: dict[str, Any] = {"input_ids": _ids(model, batch, seq), "use_cache": True}
+    if _accepts(model, "logits_to_keep"):
+        kwargs["logits_to_keep"] = 1
+    return kwargs, _ids(model, batch, 1)
+
+
 def _ids(model: Any, batch: int, seq: int) -> Any:
     import torch
 
