@@ -208,3 +208,19 @@ def test_the_check_names_parts_whose_matmuls_the_trace_never_ran():
     ran = {path: 1 for path, _ in module.named_modules() if not path.startswith("model.visual")}
     # five matmuls a vision block (qkv, proj, gate, up, down) and the merger's two
     assert _idle(module, ran) == f"model.visual ({config['vision_config']['depth'] * 5 + 2})"
+
+
+def test_training_a_multimodal_model_on_text_keeps_no_state_for_its_towers(cache):
+    """Memory follows the input too: on a text input the vision tower and projector get no gradient, so AdamW keeps
+    no state for them; their weights stay resident."""
+    from paramscope.cost.memory.training import TrainingOptions, estimate_training
+
+    config = json.loads((CONFIGS / "families" / "defaults--llava.json").read_text())
+    config["text_config"]["num_hidden_layers"] = config["vision_config"]["num_hidden_layers"] = 2
+    estimate = estimate_training(config, TrainingOptions(seq=64))
+    towers = sum(p.numel for p in estimate.report.params if p.name.startswith(("vision_tower.", "multi_modal_projector.")))
+    states = estimate.training.states
+    assert states.frozen == towers and states.trainable == estimate.report.total - towers
+    assert states.gradients.bytes == 4 * states.trainable  # bf16-mixed: fp32 gradients of what trains
+    assert any(note.startswith("a text input runs the language model only: vision_tower, multi_modal_projector ("
+                               f"{towers:,} parameters) get no gradient") for note in estimate.notes)

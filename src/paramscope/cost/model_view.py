@@ -16,6 +16,7 @@ facts do not hold raises `FactsGap`, and the caller builds instead.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -186,3 +187,24 @@ def _probe(module: Any) -> int | None:
 
     probed = probe_cache(module, batch=1, seq=2)
     return None if probed is None else probed.bytes
+
+
+# a multimodal model's towers and the projectors feeding the language model from them, by module name
+_TOWER = re.compile(r"vision|visual|image|audio|speech|projector|merger|connector|resampler", re.IGNORECASE)
+
+
+def towers_not_run(view: Any) -> tuple[str, ...]:
+    """The module paths of the towers a text input does not run: in a multimodal model (its config has a vision or
+    audio config), each top-level part (or part of the `model` wrapper) named as a vision or audio tower or as the
+    projector from one. A wrong guess shows in the check against FlopCounterMode (flops/check.py); memory
+    --training keeps no gradient or optimizer state for them."""
+    config = view.config
+    if all(getattr(config, key, None) is None for key in ("vision_config", "audio_config")):
+        return ()
+    found: list[str] = []
+    for path, _ in view.root.named_modules():
+        depth = path.count(".")
+        if path and (depth == 0 or depth == 1 and path.startswith("model.")) and \
+                _TOWER.search(path.rsplit(".", 1)[-1]) and not any(path.startswith(f + ".") for f in found):
+            found.append(path)
+    return tuple(found)

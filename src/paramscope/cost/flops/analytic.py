@@ -30,6 +30,7 @@ import re
 from typing import Any
 
 from ..dims import attention_dropout, config_int, dim, hidden_dropout, same_head_sizes, text_config
+from ..model_view import towers_not_run
 from ..memory.kv import layer_kinds
 from .result import FlopEstimate, FlopTerm
 
@@ -176,26 +177,6 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
             notes.append(f"frozen matmuls skip their weight gradients: backward is 2 × forward − {frozen_flops:,}")
     return FlopEstimate("analytic", batch, seq, causal, forward, attention, tuple(terms), backward, recompute,
                         tuple(notes))
-
-
-# a multimodal model's towers and the projectors feeding the language model from them, by module name
-_TOWER = re.compile(r"vision|visual|image|audio|speech|projector|merger|connector|resampler", re.IGNORECASE)
-
-
-def towers_not_run(view: Any) -> tuple[str, ...]:
-    """The module paths of the towers a text input does not run: in a multimodal model (its config has a vision or
-    audio config), each top-level part (or part of the `model` wrapper) named as a vision or audio tower or as the
-    projector from one. A wrong guess shows in the check against FlopCounterMode (flops/check.py)."""
-    config = view.config
-    if all(getattr(config, key, None) is None for key in ("vision_config", "audio_config")):
-        return ()
-    found: list[str] = []
-    for path, _ in view.root.named_modules():
-        depth = path.count(".")
-        if path and (depth == 0 or depth == 1 and path.startswith("model.")) and \
-                _TOWER.search(path.rsplit(".", 1)[-1]) and not any(path.startswith(f + ".") for f in found):
-            found.append(path)
-    return tuple(found)
 
 
 def skipped_input_gradients(params: Any, frozen: Any, config: Any) -> str | None:

@@ -23,6 +23,7 @@ from .activations import (
 )
 from ..dims import attention_dropout, config_int, dim, text_config
 from ..hardware import Accelerator, find_accelerator
+from ..model_view import towers_not_run
 from ..traced.step import ATTENTION, StepSettings, TORCH_OPTIMIZERS, TracedStep, trace_training
 from .fits import fit_on, fit_table
 from .quantization import weight_format
@@ -172,6 +173,10 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     frozen = match_all(report.params, options.freeze)
     if live:  # a user's module (a PEFT model, a half-frozen one) trains what its requires_grad flags say
         frozen = sorted(set(frozen) | {p.name for p in report.params if not p.trainable})
+    idle = towers_not_run(view)
+    unused = [p.name for p in report.params if any(p.name.startswith(tower + ".") for tower in idle)]
+    if unused:  # a text input runs no vision or audio tower: their parameters' .grad stays None
+        frozen = sorted(set(frozen) | set(unused))
     trainable = frozenset(p.name for p in report.params) - frozenset(frozen)
     own = options.own_dtype if live else frozenset()
     states = model_states(report.params, precision=precision, optimizer=optimizer, trainable=trainable, own=own)
@@ -181,6 +186,11 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                             components=[c.name for c in report.components])
     text = text_config(view.config)
     seq, limit, notes = step_length(report, text, options.seq, DEFAULT_TRAINING_SEQ)
+    if unused:
+        held = sum(p.numel for p in report.params if p.name in set(unused))
+        notes.append(f"a text input runs the language model only: {', '.join(idle)} ({held:,} parameters) get no "
+                     "gradient, so no gradient, optimizer state or master copy is kept for them (PyTorch's optimizers "
+                     "skip a parameter whose .grad is None); their weights stay resident")
     checkpointing = options.grad_checkpointing == "full"
     resident = weights.bytes + weights.buffer_bytes + states.optimizer.bytes + states.master_weights.bytes
     gradients = states.gradients.bytes
