@@ -97,6 +97,13 @@ def minilm_dir() -> Path:
 
 
 @pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    """A cache of the test's own (PARAMSCOPE_CACHE_DIR): what the test keeps there, and only that, is found."""
+    monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
 def write_config(tmp_path):
     """Write a config (dict, or raw text) to tmp_path/config.json and return its path."""
 

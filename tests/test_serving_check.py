@@ -23,12 +23,6 @@ BENCH = Path(__file__).parent.parent / "bench" / "configs"
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-@pytest.fixture
 def checks(monkeypatch):
     """Every serving check made (not read) in the test."""
     made = []

@@ -29,13 +29,6 @@ from test_template import needs_shipped
 OWN = "the checkpoint's own class (config architectures[0])"
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    """A user cache of the test's own (tests must not leave entries for other tests)."""
-    monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def _other_version(monkeypatch) -> None:
     """From here on this process is another paramscope version."""
     monkeypatch.setattr(disk_cache, "__version__", "0.0.1-other")
