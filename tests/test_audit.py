@@ -246,10 +246,13 @@ def test_hub_id_from_the_local_cache(tmp_path, monkeypatch):
     assert located.checkpoint == repo / "snapshots" / commit
     assert audit("someone/tiny-bert").audit.complete
     assert locate_checkpoint(repo).checkpoint == repo / "snapshots" / commit  # the cache folder itself
-    monkeypatch.setattr("paramscope.sources.hub_online", lambda: False)
-    with pytest.raises(SourceError, match="someone/absent: the Hugging Face Hub cannot be reached, and no "
-                                          "checkpoint of it is in the local cache"):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("paramscope.sources._hub_reachable", lambda timeout=3.0: False)
+    with pytest.raises(SourceError) as refused:
         locate_checkpoint("someone/absent")
+    assert str(refused.value) == ("hub id someone/absent: the Hugging Face Hub cannot be reached (no answer from "
+                                  "huggingface.co:443 within 3 s), and no checkpoint of it is in the local cache "
+                                  f"({tmp_path}); download it first or give a path")
 
 
 def test_missing_path_is_one_line(capsys):

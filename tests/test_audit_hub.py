@@ -140,7 +140,8 @@ def test_not_a_safetensors_repo_is_one_line(monkeypatch, tmp_path, capsys):
         raise NotASafetensorsRepoError(f"{repo_id} is not a safetensors repo")
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
-    monkeypatch.setattr("paramscope.sources.hub_online", lambda: True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("paramscope.sources._hub_reachable", lambda timeout=3.0: True)
     monkeypatch.setattr(huggingface_hub, "get_safetensors_metadata", no_safetensors)
     assert main(["audit", "someone/pickles-only"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -152,11 +153,13 @@ def test_offline_hub_id_with_no_checkpoint_cached_says_which(monkeypatch, tmp_pa
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
-    monkeypatch.setattr("paramscope.sources.hub_online", lambda: False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("paramscope.sources._hub_reachable", lambda timeout=3.0: False)
     assert main(["audit", "someone/absent"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "someone/absent: the Hugging Face Hub cannot be reached, and no checkpoint of it is in the local cache" \
-        in err
+    assert err == ("paramscope: error: hub id someone/absent: the Hugging Face Hub cannot be reached (no answer from "
+                   "huggingface.co:443 within 3 s), and no checkpoint of it is in the local cache "
+                   f"({tmp_path}); download it first or give a path")
 
 
 @pytest.mark.checkpoint

@@ -691,6 +691,24 @@ def test_gptq_qweight_is_packed_and_scales_are_not_parameters(tmp_path: Path) ->
     assert audit.missing == () and audit.unexpected == () and audit.mismatched == ()
 
 
+def test_gptq_with_a_partial_last_group_reconciles(tmp_path: Path) -> None:
+    # in=144, out=32, 4-bit, group size 32 (does not divide 144): GPTQ stores ⌈144/32⌉ = 5 groups, the last of 16.
+    ckpt = ckpt_of(
+        tmp_path,
+        [
+            ("l.down_proj.qweight", "I32", [18, 32]),
+            ("l.down_proj.qzeros", "I32", [5, 4]),
+            ("l.down_proj.scales", "F16", [5, 32]),
+            ("l.down_proj.g_idx", "I32", [144]),
+        ],
+    )
+    qweight = ckpt.tensor("l.down_proj.qweight")
+    assert (qweight.role, qweight.packing, qweight.logical_numel) == ("packed", "gptq", 144 * 32)
+    audit = reconcile(ckpt, {"l.down_proj.weight": (32, 144)})
+    assert audit.matched == ("l.down_proj.weight",) and audit.parameters == 4608
+    assert audit.missing == () and audit.unexpected == () and audit.mismatched == ()
+
+
 def test_bnb_4bit_weight_and_state(tmp_path: Path) -> None:
     ckpt = ckpt_of(
         tmp_path,

@@ -70,16 +70,22 @@ BAD = {
     "awq 3 bits": (quantised(quant_method="awq", bits=3, group_size=32),
                    "config field 'quantization_config.bits' must be one of 4 for AWQ, got 3"),
     "gptq group 0": (quantised(quant_method="gptq", bits=4, group_size=0),
-                     "config field 'quantization_config.group_size' must be a positive group size, or -1 for one "
-                     "group per row; got 0"),
-    "gptq group -7": (quantised(quant_method="gptq", bits=4, group_size=-7), "got -7"),
-    "gptq group 7": (quantised(quant_method="gptq", bits=4, group_size=7),
-                     "config field 'quantization_config.group_size' is 7, which does not divide hidden_size 64"),
-    "gptq group 32, intermediate 144": (quantised(quant_method="gptq", bits=4, group_size=32)
-                                        | {"intermediate_size": 144},
-                      "is 32, which does not divide intermediate_size 144"),
-    "awq group 7": (quantised(quant_method="awq", bits=4, q_group_size=7),
-                    "config field 'quantization_config.q_group_size' is 7, which does not divide hidden_size 64"),
+                     "config field 'quantization_config.group_size' must be a positive group size up to 1,048,576, "
+                     "or -1 for one group per row; got 0"),
+    "gptq group -7": (quantised(quant_method="gptq", bits=4, group_size=-7),
+                      "config field 'quantization_config.group_size' must be a positive group size up to 1,048,576, "
+                      "or -1 for one group per row; got -7"),
+    "gptq group absurd": (quantised(quant_method="gptq", bits=4, group_size=2**31 - 1),
+                          "config field 'quantization_config.group_size' must be a positive group size up to "
+                          "1,048,576, or -1 for one group per row; got 2147483647"),
+    "gptq group fractional": (quantised(quant_method="gptq", bits=4, group_size=64.0),
+                              "config field 'quantization_config.group_size' must be a positive group size up to "
+                              "1,048,576, or -1 for one group per row; got 64.0"),
+    "gptq group true": (quantised(quant_method="gptq", bits=4, group_size=True),
+                        "or -1 for one group per row; got True"),
+    "awq group -2": (quantised(quant_method="awq", bits=4, q_group_size=-2),
+                     "config field 'quantization_config.q_group_size' must be a positive group size up to 1,048,576, "
+                     "or -1 for one group per row; got -2"),
     "fp8 block 0": (quantised(quant_method="fp8", weight_block_size=[0, 128]),
                     "config field 'quantization_config.weight_block_size' must be two positive integers (rows, "
                     "columns) or null, got [0, 128]"),
@@ -165,6 +171,9 @@ def test_what_transformers_builds_is_accepted_and_named(case, tmp_path, capsys, 
     quantised(quant_method="bitsandbytes", load_in_4bit=True, bnb_4bit_quant_type="nf4", bits=4),
     quantised(quant_method="bitsandbytes", _load_in_8bit=True, load_in_4bit=False),
     quantised(quant_method="gptq", bits=4, group_size=32), quantised(quant_method="gptq", bits=4, group_size=-1),
+    # a group that does not divide a width: transformers builds it (the last group is partial; memory names it)
+    quantised(quant_method="gptq", bits=4, group_size=7), quantised(quant_method="awq", bits=4, q_group_size=7),
+    quantised(quant_method="gptq", bits=4, group_size=1 << 20),
     quantised(quant_method="awq", bits=4, q_group_size=64), quantised(quant_method="fp8", weight_block_size=[128, 128]),
     quantised(quant_method="fp8"), LLAMA | {"torch_dtype": "torch.float16"}, LLAMA | {"torch_dtype": "half"},
     LLAMA | {"torch_dtype": "float64"}, BERT | {"id2label": {"0": "neg", "1": "pos"}, "label2id": {"neg": 0}},

@@ -1,6 +1,7 @@
 """A .bin's pickle is refused within bounded work, the bound named (issue 30 §6): at most MAX_PICKLE_BYTES of
 data.pkl, MAX_PICKLE_OPS opcodes, no set-, bytearray- or buffer-building opcode, at most MAX_ZIP_ENTRIES files in the
-zip. A file built to exhaust them is refused within 2 s and 300 MB (measured in a fresh process)."""
+zip. A file built to exhaust them is refused within 2 s and 300 MB (measured in a fresh process). They cap a .bin at
+about 50,000 tensors, where safetensors headers take 1,000,000: each refusal says so, and why."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from paramscope.errors import CheckpointError
 from test_checkpoint_hostile import tensor_pickle, write_torch_zip
 
 PROTO2 = b"\x80\x02"
+WHY = ("a .bin's pickle is read without running it, by a VM that costs about 35 µs a tensor, and the bound keeps any .bin "
+       "within about 2 s and 300 MB; as safetensors a checkpoint audits up to 1,000,000 tensors")
 
 
 def write_pickle(path: Path, pickle_bytes: bytes) -> Path:
@@ -41,8 +44,8 @@ def test_the_opcode_budget_is_named_when_it_runs_out(tmp_path, monkeypatch):
     monkeypatch.setattr(unpickler, "MAX_PICKLE_OPS", 1_000)
     path = write_pickle(tmp_path / "churn.bin", PROTO2 + b"N0" * 1_000 + b"}.")
     assert refusal(path).endswith("refusing to load: data.pkl runs more than 1,000 pickle opcodes, the most "
-                                  "paramscope runs for one file (a state dict needs 32 a tensor: about 31 tensors); "
-                                  "nothing was executed")
+                                  "paramscope runs for one file (a state dict needs 30 a tensor: about 33 tensors); "
+                                  f"nothing was executed: {WHY}")
     assert gc.isenabled()  # the collector paused for the VM is running again
     ok = write_torch_zip(tmp_path / "ok.bin", tensor_pickle())
     assert [t.name for t in read_checkpoint(ok).tensors] == ["w"]
@@ -61,7 +64,37 @@ def test_a_zip_listing_too_many_files_is_refused_from_its_end_record(tmp_path, m
     storages = {"0": b"\0" * 24} | {f"x{i}": b"" for i in range(12)}
     path = write_torch_zip(tmp_path / "many.bin", tensor_pickle(), storages)
     assert refusal(path).endswith("the zip lists 15 files, more than the 10 paramscope reads (a PyTorch checkpoint "
-                                  "holds one per storage)")
+                                  f"holds one per storage, so about as many tensors): {WHY}")
+
+
+def test_a_real_state_dict_past_the_opcode_bound_is_refused_naming_it(tmp_path, monkeypatch):
+    """torch.save's own pickle, 30 opcodes a tensor: 100 tensors run 3,000-odd, past a bound of 2,000."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(unpickler, "MAX_PICKLE_OPS", 2_000)
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({f"layer.{i}.weight": torch.zeros(2) for i in range(100)}, path)
+    assert refusal(path) == (f"{path}: refusing to load: data.pkl runs more than 2,000 pickle opcodes, the most "
+                             "paramscope runs for one file (a state dict needs 30 a tensor: about 66 tensors); nothing "
+                             f"was executed: {WHY}")
+    torch.save({f"layer.{i}.weight": torch.zeros(2) for i in range(60)}, path)
+    assert len(read_checkpoint(path).tensors) == 60
+
+
+@pytest.mark.slow
+def test_a_state_dict_of_49_000_tensors_reads_and_one_of_60_000_is_refused_at_once(tmp_path):
+    """The bound as a .bin meets it: torch.save of 49,000 tiny tensors (1,470,131 opcodes, 49,006 zip entries) reads
+    exactly; of 60,000, the zip's end record lists 60,006 files and the file is refused before its pickle is read."""
+    torch = pytest.importorskip("torch")
+    names = [f"model.layers.{i // 10}.block.{i % 10}.weight" for i in range(60_000)]
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({name: torch.zeros(2, dtype=torch.float16) for name in names[:49_000]}, path)
+    checkpoint = read_checkpoint(path)
+    assert checkpoint.format == "pytorch-bin" and {t.name for t in checkpoint.tensors} == set(names[:49_000])
+    assert {(t.dtype, t.shape, t.nbytes) for t in checkpoint.tensors} == {("F16", (2,), 4)}
+    assert checkpoint.nbytes == 196_000
+    torch.save({name: torch.zeros(2, dtype=torch.float16) for name in names}, path)
+    assert refusal(path) == (f"{path}: the zip lists 60,006 files, more than the 50,000 paramscope reads (a PyTorch "
+                             f"checkpoint holds one per storage, so about as many tensors): {WHY}")
 
 
 def test_a_data_pkl_over_the_byte_bound_is_not_read(tmp_path, monkeypatch):

@@ -89,11 +89,43 @@ def test_hub_unreachable_falls_back_to_cache(tmp_path, monkeypatch):
     cache = tmp_path / "hub"
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: False)
-    with pytest.raises(SourceError, match="cannot be reached, and its config.json is not in the local cache"):
+    connects = []
+    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: connects.append(timeout) or False)
+    with pytest.raises(SourceError) as refused:
         resolve(REPO)
+    # one line naming the bound that applied: the one quick connect, HUB_CONNECT_TIMEOUT (3 s), made once
+    assert str(refused.value) == (f"hub id {REPO}: the Hugging Face Hub cannot be reached (no answer from "
+                                  f"huggingface.co:443 within 3 s), and its config.json is not in the local cache "
+                                  f"({cache})")
+    assert connects == [3.0] and sources.HUB_CONNECT_TIMEOUT == 3.0
     make_hf_cache(cache)
     assert resolve(REPO).kind == "hub-cache"
+
+
+def test_a_hub_that_answers_the_connect_but_not_the_request_names_huggingface_hubs_bound(tmp_path, monkeypatch):
+    """The quick connect succeeds, but huggingface_hub's request finds nothing (it gives up after its own
+    HF_HUB_ETAG_TIMEOUT and looks in the cache): one line naming that bound, not a bare "cannot be reached"."""
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    import paramscope.sources as sources
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 10)
+    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: True)
+
+    def unanswered(*args, **kwargs):
+        raise LocalEntryNotFoundError("connection timed out (test)")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", unanswered)
+    with pytest.raises(SourceError) as refused:
+        resolve(REPO)
+    assert str(refused.value) == (f"hub id {REPO}: the Hugging Face Hub did not answer ({constants.ENDPOINT}, within "
+                                  "huggingface_hub's HF_HUB_ETAG_TIMEOUT of 10 s), and its config.json is not in the "
+                                  f"local cache ({cache})")
 
 
 def test_hub_cache_report_end_to_end(offline_cache):

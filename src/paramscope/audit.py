@@ -112,11 +112,11 @@ def locate_checkpoint(spec: str | os.PathLike[str], *, revision: str | None = No
         if snapshot is not None and not _has_checkpoint(snapshot):
             snapshot = None  # a cache that holds only config.json (paramscope inspect put it there)
         if snapshot is None:
-            from .sources import hub_online
+            from .sources import hub_offline_reason
 
-            if hub_online():
+            why = hub_offline_reason()  # HF_HUB_OFFLINE, or the quick connect's bound, named
+            if why is None:
                 return Located(Path(text), None, f"hub id {text}: safetensors headers read from the Hub", hub_id=text)
-            why = "HF_HUB_OFFLINE is set" if constants.is_offline_mode() else "the Hugging Face Hub cannot be reached"
             raise SourceError(
                 f"hub id {text}: {why}, and no checkpoint of it is in the local cache ({cache}); download it "
                 "first or give a path"

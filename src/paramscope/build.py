@@ -327,7 +327,7 @@ def _check_cost_fields(config: dict[str, Any], name) -> None:
     if quant is not None and not isinstance(quant, dict):
         raise ConfigError(f"config field {name('quantization_config')!r} must be a mapping, got {short_repr(quant)}")
     if isinstance(quant, dict):
-        _check_quantization(quant, name, config)
+        _check_quantization(quant, name)
 
 
 def _window_flag_off(config: dict[str, Any]) -> bool:
@@ -360,13 +360,9 @@ def _check_label_ids(id2label: Any, name) -> None:
 
 # Bits each packed format stores (transformers' GPTQ and AWQ integrations)
 _QUANT_BITS = {"gptq": (2, 3, 4, 8), "awq": (4,)}
-# The widths a GPTQ/AWQ group runs along: the input dimension of the linears they quantise (the hidden size for
-# attention and the MLP's up and gate projections, the intermediate sizes for its down projections)
-_GROUPED_DIMENSIONS = ("hidden_size", "d_model", "n_embd", "intermediate_size", "moe_intermediate_size",
-                       "shared_expert_intermediate_size", "ffn_dim", "n_inner", "d_ff")
 
 
-def _check_quantization(quant: dict[str, Any], name, config: dict[str, Any] | None = None) -> None:
+def _check_quantization(quant: dict[str, Any], name) -> None:
     def field(key: str) -> str:
         return repr(name("quantization_config." + key))
 
@@ -409,27 +405,15 @@ def _check_quantization(quant: dict[str, Any], name, config: dict[str, Any] | No
                                   f"{short_repr(bits)}")
     for key in ("group_size", "q_group_size"):
         if key in quant:
-            group = quant[key]
-            if type(group) is not int or not (group == -1 or 1 <= group <= MAX_DIMENSION):
-                raise ConfigError(f"config field {field(key)} must be a positive group size, or -1 for one group "
-                                  f"per row; got {short_repr(group)}")
-            if group > 0 and config is not None:
-                for width in _GROUPED_DIMENSIONS:
-                    value = _grouped_width(config, width)
-                    if value is not None and value % group:
-                        raise ConfigError(f"config field {field(key)} is {group}, which does not divide {width} "
-                                          f"{value:,}: {method.upper()} quantises each linear's input in whole "
-                                          "groups")
+            # A size that does not divide an input width is built by transformers (GPTQ's and AWQ's QuantLinear
+            # store ⌈in / group⌉ groups, the last one partial: DeepSeek-V2-Lite's 10,944 in groups of 128), so it
+            # is accepted; memory names each width it leaves a partial group in (quantization.partial_group_notes).
+            from .cost.memory.quantization import group_size_problem
+
+            problem = group_size_problem(quant[key])
+            if problem:
+                raise ConfigError(f"config field {field(key)} {problem}")
             break  # the first key set is the one read
-
-
-def _grouped_width(config: dict[str, Any], key: str) -> int | None:
-    """A width field of the config, or of its text_config when the config has none (a multimodal checkpoint's
-    quantization_config sits at the top, its language model's sizes below)."""
-    for level in (config, config.get("text_config")):
-        if isinstance(level, dict) and type(level.get(key)) is int and level[key] > 0:
-            return level[key]
-    return None
 
 
 def _size_items(value: Any) -> list[int] | None:
@@ -619,7 +603,7 @@ def remote_class(reference: str, code_location: str | None):
     if code_location is None:
         raise RemoteCodeError("remote code can only be loaded from a model directory, a config file's folder or a "
                               "hub id")
-    # Offline first, as a hub id's config is read (sources.hub_online): code on the Hub (a "repo--module.Class"
+    # Offline first, as a hub id's config is read (sources.hub_offline_reason): code on the Hub (a "repo--module.Class"
     # reference, or a hub id's own files) is fetched only when HF_HUB_OFFLINE is unset and the Hub answers one quick
     # connect; otherwise only the local cache is read, and a miss is one line at once (huggingface_hub would retry a
     # dead connection five times, about 25 s, printing each).

@@ -207,9 +207,21 @@ def _hub_reachable(timeout: float = HUB_CONNECT_TIMEOUT) -> bool:
         return False
 
 
+def hub_unanswered() -> str:
+    """Why a request the Hub was asked found nothing, in words for an error line: HF_HUB_OFFLINE is set, or the Hub
+    answered the quick connect but not huggingface_hub's request within its own bound (HF_HUB_ETAG_TIMEOUT)."""
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        return "HF_HUB_OFFLINE is set"
+    return (f"the Hugging Face Hub did not answer ({constants.ENDPOINT}, within huggingface_hub's "
+            f"HF_HUB_ETAG_TIMEOUT of {constants.HF_HUB_ETAG_TIMEOUT:g} s)")
+
+
 @contextlib.contextmanager
-def hub_errors(repo_id: str, revision: str | None, what: str = "config.json"):
-    """Turn huggingface_hub's exceptions about `repo_id` into one-line SourceErrors (`what`: the file asked for)."""
+def hub_errors(repo_id: str, revision: str | None, what: str = "config.json", offline_because: str | None = None):
+    """Turn huggingface_hub's exceptions about `repo_id` into one-line SourceErrors (`what`: the file asked for;
+    `offline_because`: hub_offline_reason's words when the Hub was not asked, the bound that applied)."""
     from huggingface_hub import constants
     from huggingface_hub.errors import (
         EntryNotFoundError,
@@ -222,7 +234,7 @@ def hub_errors(repo_id: str, revision: str | None, what: str = "config.json"):
     try:
         yield
     except LocalEntryNotFoundError:
-        why = "HF_HUB_OFFLINE is set" if constants.is_offline_mode() else "the Hugging Face Hub cannot be reached"
+        why = offline_because or hub_unanswered()
         raise SourceError(
             f"hub id {repo_id}: {why}, and its {what} is not in the local cache ({constants.HF_HUB_CACHE})"
         ) from None
@@ -241,10 +253,11 @@ def hub_errors(repo_id: str, revision: str | None, what: str = "config.json"):
 def _from_hub(repo_id: str, revision: str | None) -> Source:
     from huggingface_hub import hf_hub_download
 
-    online = hub_online()
+    offline_because = hub_offline_reason()  # one quick connect, its bound named if the Hub does not answer it
+    online = offline_because is None
     try:
-        with hub_errors(repo_id, revision), progress.status(f"fetching {repo_id}'s config.json"), \
-                hub_offline(not online):
+        with hub_errors(repo_id, revision, offline_because=offline_because), \
+                progress.status(f"fetching {repo_id}'s config.json"), hub_offline(not online):
             path = hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=not online)
     except SourceError as err:  # a misspelled preset's hub id ("google-bert/bert-base-uncasd") is no hub problem
         hint = did_you_mean(close_preset_names(repo_id))

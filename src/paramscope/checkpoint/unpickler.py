@@ -8,11 +8,19 @@ record, no record accepts state, and `persistent_load` accepts only torch storag
 bookkeeping proves. Nothing here imports torch.
 
 A pickle is also a program that may run long or allocate much: the work is bounded before the result is looked at.
-data.pkl is at most MAX_PICKLE_BYTES, the VM runs at most MAX_PICKLE_OPS opcodes (a state dict needs 32 per tensor),
+data.pkl is at most MAX_PICKLE_BYTES, the VM runs at most MAX_PICKLE_OPS opcodes (a state dict needs 30 per tensor),
 none of the opcodes that build sets, byte arrays or out-of-band buffers (a state dict has none, and each costs
 hundreds of bytes per byte of pickle) runs, and the zip lists at most MAX_ZIP_ENTRIES files. So a hostile file is
 refused within about a second and 300 MB, naming the bound; the cyclic garbage collector is paused while the VM
 runs (it rescans every object the pickle made, again and again, for nothing: none of them is garbage).
+
+The bounds are what cap a .bin at about 50,000 tensors, where a safetensors header may list 1,000,000
+(read.MAX_TENSORS). They cannot be raised far without giving up the refusal's bound: the VM that reads a pickle
+without running it costs about a microsecond an opcode, about 35 µs and 2 KB a tensor (torch.save of 60,000 tiny
+tensors: 1,800,131 opcodes, 2 s; of 1,000,000: 50 s and 2.1 GB, on a 2-core machine), and a hostile file that looks
+like a state dict until its last opcode costs as much as the state dict it imitates. Letting each storage the zip
+proves buy a tensor's opcodes keeps a pickle without storages at the bound above, but a file padded with empty
+storages (about 120 bytes of zip each) then buys that work: at 2,000,000 opcodes in all, 2.1 s on a loaded machine.
 """
 
 from __future__ import annotations
@@ -30,13 +38,17 @@ from ..errors import short_repr as _q
 from ..safe_io import gc_paused, short_error
 from .tensors import DTYPE_BITS, CheckpointTensor, bounded_prod
 
-# Bounds on a .bin's pickle, each far above a real state dict (about 133 bytes, 32 opcodes and one zip entry a
-# tensor) and low enough that a file built to exhaust them is refused within about a second and 300 MB (the pure-Python
-# VM runs about a million opcodes a second on a 2-core machine, and no opcode allowed makes more than about 150 bytes).
+# Bounds on a .bin's pickle, each above a real state dict of about 50,000 tensors (about 133 bytes, 30 opcodes and
+# one zip entry a tensor) and low enough that a file built to exhaust them is refused within about a second and
+# 300 MB (the pure-Python VM runs about a million opcodes a second on a 2-core machine, and no opcode allowed makes
+# more than about 150 bytes).
 MAX_PICKLE_BYTES = 32 * 1024 * 1024
-MAX_PICKLE_OPS = 1_500_000  # a state dict of about 46,000 tensors; transformers' .bin shards hold a few thousand
+MAX_PICKLE_OPS = 1_500_000  # a state dict of about 50,000 tensors; transformers' .bin shards hold a few thousand
 MAX_ZIP_ENTRIES = 50_000  # one data file per storage, and a handful more
-_OPS_PER_TENSOR = 32
+_OPS_PER_TENSOR = 30  # torch.save of 60,000 tensors runs 1,800,131
+# Why a .bin holds fewer tensors than a safetensors file may, for the refusals that name those bounds
+_WHY_BOUNDED = ("a .bin's pickle is read without running it, by a VM that costs about 35 µs a tensor, and the bound "
+                "keeps any .bin within about 2 s and 300 MB; as safetensors a checkpoint audits up to 1,000,000 tensors")
 
 # torch's legacy storage classes: the dtype of the storage a tensor lives in.
 _TORCH_STORAGE_DTYPES = {
@@ -367,7 +379,8 @@ def _check_entry_count(path: Path) -> None:
         return  # unreadable or another Python: zipfile reports it, or reads it, as before
     if end and end[4] > MAX_ZIP_ENTRIES:  # _ECD_ENTRIES_TOTAL
         raise CheckpointError(f"{path}: the zip lists {end[4]:,} files, more than the {MAX_ZIP_ENTRIES:,} paramscope "
-                              "reads (a PyTorch checkpoint holds one per storage)")
+                              f"reads (a PyTorch checkpoint holds one per storage, so about as many tensors): "
+                              f"{_WHY_BOUNDED}")
 
 
 def read_torch_zip(path: Path) -> tuple[list[CheckpointTensor], int]:
@@ -411,7 +424,7 @@ def read_torch_zip(path: Path) -> tuple[list[CheckpointTensor], int]:
         raise CheckpointError(
             f"{path}: refusing to load: data.pkl runs more than {MAX_PICKLE_OPS:,} pickle opcodes, the most "
             f"paramscope runs for one file (a state dict needs {_OPS_PER_TENSOR} a tensor: about "
-            f"{MAX_PICKLE_OPS // _OPS_PER_TENSOR:,} tensors); nothing was executed"
+            f"{MAX_PICKLE_OPS // _OPS_PER_TENSOR:,} tensors); nothing was executed: {_WHY_BOUNDED}"
         ) from None
     except _Refused as err:
         raise CheckpointError(

@@ -9,8 +9,10 @@ absmax, per-group metadata), with the arithmetic. Which tensors a format quantis
   absmax per 256 of those blocks, a fp32 offset and the nested 256-entry map (1,024 B): 8/64 + 32/(64·256) =
   0.127 bits of scales per weight instead of 0.5, as the QLoRA paper gives.
 - bitsandbytes LLM.int8 (`Int8Params`): one byte per weight and one fp32 scale per output row (SCB).
-- GPTQ (`QuantLinear`): qweight int32 [in·b/32, out], qzeros int32 [in/g, out·b/32], scales fp16 [in/g, out],
-  g_idx int32 [in]. AWQ (GEMM): qweight int32 [in, out·b/32], qzeros likewise, scales fp16 [in/g, out].
+- GPTQ (`QuantLinear`): qweight int32 [in·b/32, out], qzeros int32 [⌈in/g⌉, out·b/32], scales fp16 [⌈in/g⌉, out],
+  g_idx int32 [in]. AWQ (GEMM): qweight int32 [in, out·b/32], qzeros likewise, scales fp16 [⌈in/g⌉, out]. A group
+  size that does not divide `in` leaves a partial last group, stored whole (DeepSeek-V2-Lite's 10,944 in groups
+  of 128: 86 groups, the last of 64).
 - fp8: one byte per weight and a fp32 scale per tensor, or per block (DeepSeek-V3 declares 128×128 blocks,
   stored as `weight_scale_inv`).
 - MXFP4: two weights per byte and one 8-bit (E8M0) scale per block of 32.
@@ -22,10 +24,11 @@ absmax, per-group metadata), with the arithmetic. Which tensors a format quantis
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ...errors import OptionError, ParamscopeError, UnsupportedError
+from ...errors import OptionError, ParamscopeError, UnsupportedError, short_repr
 from ..dtypes import DTYPE_NAMES, itemsize, short_name
 
 # ggml block types: (weights per block, bytes per block, what a block holds)
@@ -111,9 +114,55 @@ def _int8(fmt: WeightFormat, shape, numel, rows, cols) -> TensorBytes:
 
 
 def _groups(fmt: WeightFormat, cols: int) -> int:
+    """GPTQ/AWQ groups along an input of `cols`: ⌈cols / group⌉, as their QuantLinear allocates scales and zero
+    points (a group that does not divide the input leaves a partial last group, which is stored whole)."""
     if fmt.group_size is None or fmt.group_size <= 0:
         return 1
     return -(-cols // fmt.group_size)
+
+
+# The widest GPTQ/AWQ group a config or --group-size may give: wider than any linear's input (a larger number is a
+# typo, not a group). -1 is one group per row (per channel); 0 and other negatives mean nothing.
+MAX_GROUP_SIZE = 1 << 20
+
+
+def group_size_problem(value: Any) -> str | None:
+    """Why `value` is no GPTQ/AWQ group size, in words that follow "<field or option> ", or None if it is one."""
+    if type(value) is int and (value == -1 or 1 <= value <= MAX_GROUP_SIZE):
+        return None
+    return (f"must be a positive group size up to {MAX_GROUP_SIZE:,}, or -1 for one group per row; got "
+            f"{short_repr(value)}")
+
+
+def partial_group_notes(fmt: WeightFormat, tensors: Iterable[tuple[str, tuple[int, ...]]]) -> tuple[str, ...]:
+    """One line per input width that `fmt`'s GPTQ/AWQ group size does not divide, naming the roles whose inputs
+    have it: transformers builds them (GPTQ's and AWQ's QuantLinear store ⌈in / group⌉ groups of scales and zero
+    points, the last one partial), so paramscope counts them so and says so. `tensors`: (role, shape) of the
+    quantised tensors, torch order (the input last)."""
+    group = fmt.group_size
+    if fmt.kind not in ("gptq", "awq") or group is None or group <= 0:
+        return ()
+    roles: dict[int, list[str]] = {}
+    for role, shape in tensors:
+        cols = shape[-1] if shape else 1
+        if cols % group:
+            seen = roles.setdefault(cols, [])
+            if role not in seen:
+                seen.append(role)
+    method = fmt.kind.upper()
+    notes = []
+    for cols, names in sorted(roles.items()):
+        whose = f"{names[0]}'s input" if len(names) == 1 else \
+            f"the inputs of {', '.join(names[:-1])} and {names[-1]}"
+        groups = -(-cols // group)
+        if cols < group:
+            notes.append(f"group size {group:,} is wider than {cols:,} ({whose}): one group per row, holding "
+                         f"{cols:,}, as {method} stores it")
+        else:
+            notes.append(f"group size {group:,} does not divide {cols:,} ({whose}): its last group holds "
+                         f"{cols % group:,}, as {method} stores it (⌈{cols:,}/{group:,}⌉ = {groups:,} groups of "
+                         "scales and zero points)")
+    return tuple(notes)
 
 
 def _gptq(fmt: WeightFormat, shape, numel, rows, cols) -> TensorBytes:

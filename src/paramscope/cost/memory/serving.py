@@ -17,9 +17,9 @@ from ..hardware import Accelerator
 from .fits import fit_on, fit_table
 from .kv import LAYOUT_CONVENTIONS, KVCache, attention_shape, kv_cache
 from .prefill import family_workspace, prefill_workspace
-from .quantization import declared_format, weight_format
+from .quantization import declared_format, group_size_problem, weight_format
 from .result import DEFAULT_RESERVE, MemoryEstimate
-from .weights import quantized_names, weight_memory
+from .weights import input_first_weights, quantized_names, weight_memory
 
 KV_LAYOUTS = ("hf", "grouped", "latent", "expanded")
 MAX_BATCH = 1 << 20
@@ -48,9 +48,12 @@ class MemoryOptions:
                               value=self.kv_layout)
         if self.reserve < 0:
             raise OptionError("{0} must be 0 or more, got {reserve}", "reserve", reserve=self.reserve)
-        if self.group_size is not None and not (self.group_size == -1 or 1 <= self.group_size <= 1 << 20):
-            raise OptionError("{0} must be -1 (per channel) or a positive size, got {group_size}", "group_size",
-                              group_size=self.group_size)
+        if self.group_size is not None:  # as a config's quantization_config.group_size is checked (build.py)
+            if group_size_problem(self.group_size):
+                raise OptionError("{0} {problem}", "group_size", problem=group_size_problem(self.group_size))
+            if self.dtype is None or weight_format(self.dtype).kind not in ("gptq", "awq"):
+                raise OptionError("{0} is for a {1} of gptq-int2, gptq-int3, gptq-int4, gptq-int8 or awq-int4; "
+                                  "a checkpoint's own group size is its quantization_config's", "group_size", "dtype")
 
 
 def check_batch_and_seq(batch: int, seq: int | None, seq_option: str = "seq") -> None:
@@ -82,11 +85,12 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     quantized = quantized_names(view, report.params, fmt, not_convert)
     fp32 = view.kept_in_fp32(fmt.compute_dtype, [p.name for p in report.params] + [b.name for b in report.buffers])
     weights = weight_memory(report.params, report.buffers, fmt, quantized=quantized, fp32=fp32,
-                            components=[c.name for c in report.components])
+                            components=[c.name for c in report.components],
+                            inputs_first=input_first_weights(view, quantized))
     config = view.config
     text = text_config(config)
     seq = options.seq or max_context(text) or 2048
-    notes: list[str] = []
+    notes: list[str] = list(weights.notes)
     if fmt.quantized and not weights.quantized:
         notes.append(f"{fmt.key} quantises none of {view.class_name}'s tensors (it targets "
                      f"{'MoE experts' if fmt.kind == 'mxfp4' else 'none of these layers'}); every weight keeps its "

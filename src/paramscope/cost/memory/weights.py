@@ -16,7 +16,7 @@ from typing import Any
 from ...count import BufferInfo, ParameterInfo
 from ...frozen import FrozenDict, freeze_fields
 from ..dtypes import itemsize, short_name
-from .quantization import WeightFormat
+from .quantization import WeightFormat, partial_group_notes
 
 # Roles every format keeps in higher precision: routers decide which experts run, and llama.cpp, bitsandbytes
 # and the fp8 checkpoints all leave them unquantised.
@@ -37,6 +37,7 @@ class WeightMemory:
     quantized_tensors: tuple[str, ...]  # their names
     kept: tuple[tuple[str, int, str], ...]  # (what, parameters, storage) left out of the quantisation
     lines: tuple[tuple[str, int, str], ...]  # (label, bytes, arithmetic): how the total adds up
+    notes: tuple[str, ...] = ()  # what the format's arithmetic decided, in words (a GPTQ group's partial last group)
 
     def __post_init__(self) -> None:
         freeze_fields(self, "by_dtype", "buffers_by_dtype", "by_role", "by_component")
@@ -44,11 +45,13 @@ class WeightMemory:
 
 def weight_memory(params: Iterable[ParameterInfo], buffers: Iterable[BufferInfo], fmt: WeightFormat, *,
                   quantized: frozenset[str] = frozenset(), fp32: frozenset[str] = frozenset(),
-                  components: Iterable[str] = ()) -> WeightMemory:
+                  components: Iterable[str] = (), inputs_first: frozenset[str] = frozenset()) -> WeightMemory:
     """Bytes of `params` and `buffers` stored as `fmt`.
 
     `quantized` names the parameters the format quantises; the rest keep the dtype they were built in (the
     compute dtype), except `fp32`, the parameters transformers keeps in float32 (`_keep_in_fp32_modules`).
+    `inputs_first` names the weights stored [in, out] (GPT-2's Conv1D, `input_first_weights`): the quantisers
+    read their input from the first dimension, so their groups and rows are counted on the shape turned round.
     """
     params, buffers = tuple(params), tuple(buffers)
     component_names = sorted((c for c in components if c), key=len, reverse=True)
@@ -60,7 +63,7 @@ def weight_memory(params: Iterable[ParameterInfo], buffers: Iterable[BufferInfo]
     groups: dict[str, list[int]] = {}  # storage → [numel, data bytes, overhead bytes]
     for param in params:
         if param.name in quantized:
-            cost = fmt.tensor_bytes(param.shape)
+            cost = fmt.tensor_bytes(_input_last(param, inputs_first))
             quantized_numel += param.numel
             overhead += cost.overhead
         else:
@@ -107,7 +110,30 @@ def weight_memory(params: Iterable[ParameterInfo], buffers: Iterable[BufferInfo]
         quantized_tensors=tuple(p.name for p in params if p.name in quantized),
         kept=tuple((why, numel, storage) for (why, storage), numel in kept.items()),
         lines=tuple(lines),
+        notes=partial_group_notes(fmt, ((p.role, _input_last(p, inputs_first)) for p in params
+                                        if p.name in quantized)),
     )
+
+
+def _input_last(param: ParameterInfo, inputs_first: frozenset[str]) -> tuple[int, ...]:
+    """The parameter's shape as the quantisers read it, the input dimension last (nn.Linear's [out, in])."""
+    shape = tuple(param.shape)
+    return shape[::-1] if param.name in inputs_first and len(shape) == 2 else shape
+
+
+def input_first_weights(view: Any, names: Iterable[str]) -> frozenset[str]:
+    """Of the weight names `names`, those of transformers' Conv1D (GPT-2's attention and MLP), stored [in, out].
+    transformers' GPTQ and bitsandbytes integrations build their layers with in_features = weight.shape[0] for
+    these, so a group runs along the first dimension and a per-row scale is one per output (the second)."""
+    names = frozenset(names)
+    if not names:
+        return frozenset()
+    found = set()
+    for path, sub in view.root.named_modules():
+        weight = f"{path}.weight" if path else "weight"
+        if weight in names and type(sub).__name__ == "Conv1D":
+            found.add(weight)
+    return frozenset(found)
 
 
 def _why_kept(param: ParameterInfo) -> str:
