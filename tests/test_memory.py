@@ -208,11 +208,15 @@ def test_falcon_40b_cache_holds_every_query_head_and_grouped_keeps_the_kv_heads(
     assert [g.arithmetic for g in grouped.kv_cache.groups] == ["2 × 8 kv heads × 64 × 2 B"]
     assert ("--kv-layout grouped: 122,880 B per token, where transformers' FalconForCausalLM cache holds 1,966,080 B "
             "per token (--kv-layout hf)") in grouped.notes
-    # The fits follow the layout: served by transformers, 15 sequences of 2,048 tokens fit an H200 (and 1,025 tokens
-    # an H100); with a grouped cache, 103 (and 3 sequences of 2,048).
+    # The fits follow the layout: served by transformers, 15 sequences of 2,048 tokens fit an H200 (and 1,008 tokens
+    # an H100); with a grouped cache, 103 (and 3 sequences of 2,048). The analytic peak's check against a traced
+    # prefill finds it 37,748,736 B low at 2,048 tokens (issue 31 §1), so the answer and its fits carry that.
+    assert hf.check.status == "differs" and any(note.endswith(
+        "the answer is the analytic one plus 37,748,736 B (KV cache and weights as computed above); the fits below "
+        "move the analytic curve by the same (exact at the asked point only)") for note in hf.notes)
     fits = {layout: {f.accelerator.name: (f.largest_batch, f.largest_context) for f in m.fits}
             for layout, m in (("hf", hf), ("grouped", grouped))}
-    assert fits["hf"]["H200"] == (15, 2048) and fits["hf"]["H100 80GB"] == (None, 1025)
+    assert fits["hf"]["H200"] == (15, 2048) and fits["hf"]["H100 80GB"] == (None, 1008)
     assert fits["grouped"]["H200"] == (103, 2048) and fits["grouped"]["H100 80GB"] == (3, 2048)
 
 
@@ -297,7 +301,8 @@ def test_every_preset_kv_cache_equals_its_recorded_real_cache():
     for preset in all_presets():
         for dtype in ("fp32", "bf16", "fp16"):
             report, memory, view = memory_answer(preset.name, MemoryOptions(dtype=dtype, seq=2))
-            assert view.module is None, report.model.engine_detail
+            # where the serving check found the analytic peak off (issue 31 §1), the build corrects it
+            assert view.module is None or memory.check.status == "differs", report.model.engine_detail
             classes.add(view.class_name)
             if memory.kv_cache is None:
                 continue

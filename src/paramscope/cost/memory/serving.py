@@ -143,9 +143,9 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
             notes.append(f"{words}: it grows with depth, so the whole model is traced")
             trace = True
         else:
-            notes.append(f"{words}: the answer is the analytic one less {difference:,} B (KV cache and weights as "
-                         "computed above); the fits below move the analytic curve by the same (exact at the asked "
-                         "point only)")
+            change = f"less {difference:,} B" if difference >= 0 else f"plus {-difference:,} B"
+            notes.append(f"{words}: the answer is the analytic one {change} (KV cache and weights as computed "
+                         "above); the fits below move the analytic curve by the same (exact at the asked point only)")
             analytic_curve = peak_at
 
             def peak_at(batch: int, length: int) -> int:  # noqa: F811 - the corrected curve
