@@ -111,3 +111,16 @@ def test_the_cli_shows_and_writes_generation(tmp_path):
     assert generation["new_tokens"] == 64 and generation["engine"] == "analytic"
     assert generation["total"] == generation["prefill"] + generation["decode"]
     assert generation["check"]["status"] == "equal" and document["flops"]["settings"]["generate"] == 64
+
+
+def test_the_text_gives_each_generation_figure_exactly():
+    from paramscope.render.flops import render_flops_text
+
+    estimate = estimate_flops("llama-3-8b", FlopOptions(seq=1024, generate=256))
+    text = render_flops_text(estimate.report, estimate, estimate.compute, width=140)
+    rows = {line.split()[0] + (" " + line.split()[1] if line.split()[0] in ("per", "first", "last") else ""):
+            line.split() for line in text.splitlines() if line.strip()}
+    assert rows["prefill"][1] == "14,844,457,648,128"
+    assert rows["first decode"][3] == "15,546,712,064" and rows["last decode"][3] == "15,679,881,216"
+    assert rows["generate()"][1] == "18,825,848,291,328"
+    assert rows["per new"][3] == f"{18_825_848_291_328 // 256:,}" == "73,538,469,888"

@@ -104,6 +104,29 @@ def printable(words: str) -> str:
     return "".join(c if c.isprintable() else " " for c in words)[:MAX_WORDS]
 
 
+def run_check(quantity: str, module: Any, compare: Any, *, doing: str, depth: int, count: int,
+              points: list[tuple[int, int]], modes: tuple[str, ...]) -> EngineCheck:
+    """The check of `quantity` for `module`: `compare()` says where the instant answer first differs from the trace
+    ("" where it never does), under a progress line naming `doing`; a trace that cannot run the class makes the
+    check "unchecked", with why."""
+    from .. import progress
+    from ..errors import UnsupportedError
+
+    name = type(module).__name__
+    status = "differs"
+    with progress.status(f"checking {doing} on {depth} layers of {name}"):
+        try:
+            differs = compare()
+        except UnsupportedError as err:  # the traced step cannot feed the class (an audio or image model)
+            status, differs = "unchecked", f"the trace cannot run {name}: {err}"
+        except Exception as err:  # broad on purpose: a class the fake-tensor trace cannot run is answered unchecked,
+            # and says why, rather than not at all
+            status, differs = "unchecked", f"the trace of {name} failed: {type(err).__name__}: {err}"
+    if not differs:
+        status = "equal"
+    return EngineCheck(quantity, name, status, depth, count, tuple(points), tuple(modes), printable(differs))
+
+
 # ------------------------------------------------------------------------------------------ the cut and points
 
 
@@ -254,4 +277,4 @@ class CheckFor:
 
 
 __all__ = ["CheckFor", "EngineCheck", "check_cut", "check_points", "find_check", "keep_check", "kept_or_made",
-           "printable", "read_check"]
+           "printable", "read_check", "run_check"]

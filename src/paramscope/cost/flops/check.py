@@ -9,33 +9,19 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..engine_check import EngineCheck, check_cut, check_points, find_check, kept_or_made, printable
+from ..engine_check import EngineCheck, check_cut, check_points, find_check, kept_or_made, run_check
 
 MODES = ("forward", "training step", "checkpointed step")
 
 
 def check_flops(module: Any) -> EngineCheck:
     """Hold the analytic count against FlopCounterMode's on a cut of `module` (built on meta)."""
-    from ... import progress
-    from ...errors import UnsupportedError
-
     cut, depth, count = check_cut(module)
     points = check_points(module)
     checkpointing = bool(getattr(module, "supports_gradient_checkpointing", False))
-    modes = MODES if checkpointing else MODES[:2]
-    status = "differs"
-    with progress.status(f"checking the analytic FLOP count against FlopCounterMode on {depth} layers of "
-                         f"{type(module).__name__}"):
-        try:
-            differs = _first_difference(cut, points, checkpointing)
-        except UnsupportedError as err:  # the traced step cannot feed the class (an audio or image model)
-            status, differs = "unchecked", f"the trace cannot run {type(module).__name__}: {err}"
-        except Exception as err:  # broad on purpose: a class the fake-tensor trace cannot run is answered unchecked,
-            # and says why, rather than not at all
-            status, differs = "unchecked", f"the trace of {type(module).__name__} failed: {type(err).__name__}: {err}"
-    if not differs:
-        status = "equal"
-    return EngineCheck("flops", type(module).__name__, status, depth, count, tuple(points), modes, printable(differs))
+    return run_check("flops", module, lambda: _first_difference(cut, points, checkpointing),
+                     doing="the analytic FLOP count against FlopCounterMode", depth=depth, count=count, points=points,
+                     modes=MODES if checkpointing else MODES[:2])
 
 
 def _first_difference(cut: Any, points: list[tuple[int, int]], checkpointing: bool) -> str:
@@ -97,42 +83,35 @@ def _idle(cut: Any, traced: Any) -> str:
 def check_generation(module: Any) -> EngineCheck:
     """Hold the analytic generate() count (flops/generation.py) against FlopCounterMode's on a cut of `module`: a
     prefill and two decode steps at each check point, the long one ending at the model's context."""
-    from ... import progress
+    cut, depth, count = check_cut(module)
+    points = check_points(module)
+    if len(points) > 2:  # two decode steps past the long prompt stay inside the context
+        points[-1] = (points[-1][0], max(points[-1][1] - 2, 2))
+    return run_check("generation", module, lambda: _generation_difference(cut, points),
+                     doing="the analytic generate() count against FlopCounterMode", depth=depth, count=count,
+                     points=points, modes=("prefill", "decode steps"))
+
+
+def _generation_difference(cut: Any, points: list[tuple[int, int]]) -> str:
+    """Where the analytic generate() count of `cut` first differs from FlopCounterMode's, in words; "" never."""
     from ...api import inspect_module
-    from ...errors import UnsupportedError
     from ..model_view import from_module
     from ..traced.flops import count_generation
     from .generation import analytic_generation
 
-    cut, depth, count = check_cut(module)
-    points = [(b, s) for b, s in check_points(module)]
-    points[-1] = (points[-1][0], max(points[-1][1] - 2, 2)) if len(points) > 2 else points[-1]
-    status, differs = "differs", ""
-    with progress.status(f"checking the analytic generate() count against FlopCounterMode on {depth} layers of "
-                         f"{type(module).__name__}"):
-        try:
-            params, view = inspect_module(cut).params, from_module(cut)
-            for batch, seq in points:
-                analytic = analytic_generation(view, params, batch=batch, seq=seq, new_tokens=3)
-                if analytic is None:
-                    differs = f"at B={batch}, S={seq:,}: the analytic engine gives no generate() count"
-                    break
-                traced = count_generation(cut, batch, seq, 2)
-                pairs = [("the prefill", analytic.prefill, traced.prefill),
-                         ("decode step 1", analytic.first_step, traced.steps[0]),
-                         ("decode step 2", analytic.last_step, traced.steps[1])]
-                found = [f"{name} {a:,} analytic vs {t:,} traced" for name, a, t in pairs if a != t]
-                if found:
-                    differs = f"at B={batch}, S={seq:,}: " + "; ".join(found)
-                    break
-        except UnsupportedError as err:
-            status, differs = "unchecked", f"the trace cannot run {type(module).__name__}: {err}"
-        except Exception as err:  # broad on purpose, as check_flops
-            status, differs = "unchecked", f"the trace of {type(module).__name__} failed: {type(err).__name__}: {err}"
-    if not differs:
-        status = "equal"
-    return EngineCheck("generation", type(module).__name__, status, depth, count, tuple(points),
-                       ("prefill", "decode steps"), printable(differs))
+    params, view = inspect_module(cut).params, from_module(cut)
+    for batch, seq in points:
+        analytic = analytic_generation(view, params, batch=batch, seq=seq, new_tokens=3)
+        if analytic is None:
+            return f"at B={batch}, S={seq:,}: the analytic engine gives no generate() count"
+        traced = count_generation(cut, batch, seq, 2)
+        pairs = [("the prefill", analytic.prefill, traced.prefill),
+                 ("decode step 1", analytic.first_step, traced.steps[0]),
+                 ("decode step 2", analytic.last_step, traced.steps[1])]
+        found = [f"{name} {a:,} analytic vs {t:,} traced" for name, a, t in pairs if a != t]
+        if found:
+            return f"at B={batch}, S={seq:,}: " + "; ".join(found)
+    return ""
 
 
 def record_check(module: Any, key: str, directory: Path | None = None) -> EngineCheck:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine_check import EngineCheck, check_cut, check_points, printable
+from ..engine_check import EngineCheck, check_cut, check_points, run_check
 
 _FORMATS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 UNEQUAL_HEADS = ("{0}'s queries and values have unequal head sizes (MLA), so torch's CPU sdpa runs the math kernel "
@@ -22,34 +22,24 @@ UNEQUAL_HEADS = ("{0}'s queries and values have unequal head sizes (MLA), so tor
 def check_serving(module: Any, dtype: str) -> EngineCheck:
     """Hold the analytic serving peak against the traced one on a cut of `module` (built on meta in `dtype`, the
     compute dtype)."""
-    from ... import progress
-    from ...errors import UnsupportedError
-
     from ..dims import same_head_sizes, text_config
 
     cut, depth, count = check_cut(module)
     points = check_points(module)
-    status, differs = "differs", ""
     if not same_head_sizes(text_config(module.config)):
         return EngineCheck("serving", type(module).__name__, "unchecked", depth, count, tuple(points), (dtype,),
                            UNEQUAL_HEADS.format(type(module).__name__))
-    with progress.status(f"checking the analytic serving memory against a traced prefill on {depth} layers of "
-                         f"{type(module).__name__}"):
-        try:
-            for batch, seq in points:
-                analytic, traced, phase = _both(cut, dtype, batch, seq)
-                if analytic != traced:
-                    differs = (f"at B={batch}, S={seq:,}, the peak {analytic:,} B analytic vs {traced:,} B traced "
-                               f"({phase}), {analytic - traced:+,} B")
-                    break
-        except UnsupportedError as err:  # the traced step cannot feed the class
-            status, differs = "unchecked", f"the trace cannot run {type(module).__name__}: {err}"
-        except Exception as err:  # broad on purpose: a class the fake-tensor trace cannot run is answered unchecked
-            status, differs = "unchecked", f"the trace of {type(module).__name__} failed: {type(err).__name__}: {err}"
-    if not differs:
-        status = "equal"
-    return EngineCheck("serving", type(module).__name__, status, depth, count, tuple(points), (dtype,),
-                       printable(differs))
+
+    def compare() -> str:
+        for batch, seq in points:
+            analytic, traced, phase = _both(cut, dtype, batch, seq)
+            if analytic != traced:
+                return (f"at B={batch}, S={seq:,}, the peak {analytic:,} B analytic vs {traced:,} B traced ({phase}), "
+                        f"{analytic - traced:+,} B")
+        return ""
+
+    return run_check("serving", module, compare, doing="the analytic serving memory against a traced prefill",
+                     depth=depth, count=count, points=points, modes=(dtype,))
 
 
 def _both(cut: Any, dtype: str, batch: int, seq: int, encoder_seq: int | None = None) -> tuple[int, int, str]:
