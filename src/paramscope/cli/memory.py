@@ -60,9 +60,22 @@ def add_parser(subparsers: Any) -> None:
     training.add_argument("--freeze", action="append", default=[], metavar="ROLE_OR_GLOB",
                           help="parameters that do not train: a role (embeddings, attention, mlp, norm, head) or a name glob "
                                "(model.layers.0.*); repeatable")
-    training.add_argument("--devices", type=int, default=1, metavar="N", help="data-parallel devices (default 1)")
+    training.add_argument("--devices", type=int, default=1, metavar="N",
+                          help="devices in all (default 1); alone, data-parallel devices; with --tp (or --dp), "
+                               "dp = N / tp")
     training.add_argument("--zero", default="0", metavar="STAGE",
-                          help="ZeRO stage 0-3, or an FSDP strategy: no_shard, shard_grad_op, full_shard")
+                          help="what data-parallel ranks shard: ZeRO stage 0-3 (DeepSpeed's flat shares), fsdp "
+                               "(FSDP2's fully_shard, per parameter), hybrid_shard (FSDP2 within --shard-group "
+                               "ranks), or FSDP1's no_shard, shard_grad_op, full_shard")
+    layout = parser.add_argument_group("multi-GPU layout (--training; the figures are one device's)")
+    layout.add_argument("--dp", type=int, metavar="N", help="data-parallel degree (default: --devices / tp)")
+    layout.add_argument("--tp", type=int, default=1, metavar="T",
+                        help="tensor parallel degree: q/k/v/gate/up column-wise, o/down row-wise, embeddings and "
+                             "head vocabulary-parallel, norms and routers replicated (Megatron's and torch's plans)")
+    layout.add_argument("--ep", type=int, default=1, metavar="E",
+                        help="expert parallel degree: routed experts split over E of the data-parallel ranks")
+    layout.add_argument("--shard-group", type=int, metavar="G",
+                        help="--zero hybrid_shard: ranks a shard group holds (default 8, one node)")
     parser.add_argument("--trace", nargs="?", const="extended", choices=("extended", "full"), metavar="full",
                         help="measure one step of the real class on fake tensors, beside the analytic answer: a "
                              "training step traced at a few layers of each type at this batch and length and "
@@ -106,10 +119,12 @@ def run(args: argparse.Namespace) -> int:
         if args.dtype or args.kv_dtype or args.group_size or args.encoder_seq or args.kv_layout != "hf":
             raise OptionError("--dtype, --kv-dtype, --kv-layout, --group-size and --encoder-seq are for "
                                   "serving; training takes --precision")
+        layout = _layout(args)
         training = TrainingOptions(batch=args.batch, seq=args.seq, optimizer=args.optimizer,
                                    precision=args.precision, grad_checkpointing=args.grad_checkpointing,
-                                   attention=args.attention, freeze=tuple(args.freeze), devices=args.devices,
-                                   zero=args.zero, trace=args.trace, gpu=args.gpu, budget=options.budget,
+                                   attention=args.attention, freeze=tuple(args.freeze),
+                                   devices=1 if layout else args.devices, zero="0" if layout else args.zero,
+                                   layout=layout, trace=args.trace, gpu=args.gpu, budget=options.budget,
                                    reserve=reserve)
         training.check()
         from ..selection import check_pattern
@@ -123,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
                                      ("--precision", args.precision, "bf16-mixed"),
                                      ("--grad-checkpointing", args.grad_checkpointing, "none"),
                                      ("--devices", args.devices, 1), ("--zero", args.zero, "0"),
-                                     ("--attention", args.attention, None)):
+                                     ("--attention", args.attention, None), ("--dp", args.dp, None),
+                                     ("--tp", args.tp, 1), ("--ep", args.ep, 1),
+                                     ("--shard-group", args.shard_group, None)):
             if value != default:
                 raise OptionError(f"{flag} is for --training")
         if args.freeze:
@@ -136,6 +153,19 @@ def run(args: argparse.Namespace) -> int:
                            module=view.module, build_dtype=estimate.settings.get("compute_dtype")
                            or estimate.settings["weights_dtype"], debug=args.debug)
     return 0
+
+
+def _layout(args: argparse.Namespace) -> Any:
+    """The multi-GPU layout the flags describe, or None where only --devices and --zero 0-3 are given (DeepSpeed's
+    flat ZeRO shares over data-parallel devices, as before layouts)."""
+    from ..cost.parallel.layout import layout_for, shard_mode
+
+    flat = shard_mode(args.zero) in ("none", "zero1", "zero2", "zero3") and str(args.zero).strip().lower() not in (
+        "full_shard",)
+    if args.dp is None and args.tp == 1 and args.ep == 1 and args.shard_group is None and flat:
+        return None
+    return layout_for(devices=args.devices, dp=args.dp, zero=args.zero, shard_group=args.shard_group, tp=args.tp,
+                      ep=args.ep, batch=args.batch)
 
 
 def _show(args: argparse.Namespace, report: Any, estimate: Any, width: int | None) -> None:

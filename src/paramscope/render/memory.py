@@ -266,6 +266,8 @@ def training_parts(report, estimate) -> list:
         lines += [Text(""), _kept_table(detail.traced)]
     if detail.per_device is not None:
         lines.append(_per_device_table(estimate))
+    if detail.device is not None:
+        lines += [_device_table(estimate), _rules_table(detail.device)]
     lines.append(_fits_table(estimate))
     if estimate.budget is not None:
         lines.append(_budget_line(estimate))
@@ -304,7 +306,7 @@ def _training_totals(estimate) -> Table:
     where = "" if top.where == "measured" else f"{top.where}: "
     table.add_row(f"peak ({top.phase})", exact(top.bytes), binary(top.bytes),
                   f"{where}the largest moment of the step, not the sum of the rows", style="bold")
-    if detail.per_device is not None:
+    if detail.per_device is not None or detail.device is not None:
         table.add_row(f"peak per device ({estimate.peak_phase})", exact(estimate.peak), binary(estimate.peak),
                       "each moment with the device's shares of the model states, below", style="bold")
     table.add_row("+ reserve", exact(estimate.reserve), binary(estimate.reserve),
@@ -387,6 +389,54 @@ def _per_device_table(estimate) -> Table:
     return table
 
 
+def _device_table(estimate) -> Table:
+    device = estimate.training.device
+    table = Table(title=f"One device (rank 0, the largest share): {device.layout.words()}", title_justify="left",
+                  caption=f"each data-parallel replica runs a batch of {estimate.settings['batch']:,}; "
+                          f"{device.states_arithmetic}", caption_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    table.add_column("how", overflow="fold", ratio=1)
+    for label, value in (("weights", device.weights), ("gradients", device.gradients),
+                         ("optimizer states", device.optimizer), ("master weights", device.master_weights),
+                         ("buffers", device.buffers)):
+        table.add_row(label, exact(value), binary(value), "")
+    table.add_row("activations saved", exact(device.activations), binary(device.activations),
+                  device.activations_from)
+    for buffer in device.comm:
+        table.add_row(buffer.name, exact(buffer.bytes), binary(buffer.bytes),
+                      f"{buffer.arithmetic}; held at the {' and '.join(buffer.moments)} moments")
+    top = device.peak_figure
+    table.add_row(f"peak ({top.phase})", exact(top.bytes), binary(top.bytes), f"{top.where}: {top.arithmetic}",
+                  style="bold")
+    return table
+
+
+def _rules_table(device) -> Table:
+    table = Table(title="How each role is cut (rules read from the model's roles; transformers' tp plans agree)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("role", no_wrap=True)
+    table.add_column("rule", overflow="fold", ratio=1)
+    for role, rule in device.rules.items():
+        table.add_row(role, rule)
+    return table
+
+
+def _device_to_dict(device) -> dict[str, Any]:
+    top = device.peak_figure
+    return {"weights": device.weights, "gradients": device.gradients, "optimizer": device.optimizer,
+            "master_weights": device.master_weights, "buffers": device.buffers, "activations": device.activations,
+            "activations_from": device.activations_from, "states_arithmetic": device.states_arithmetic,
+            "communication": [{"name": b.name, "bytes": b.bytes, "arithmetic": b.arithmetic,
+                               "moments": list(b.moments)} for b in device.comm],
+            "phases": [{"phase": p.phase, "moment": p.where, "bytes": p.bytes, "gradients": p.gradients,
+                        "arithmetic": p.arithmetic} for p in device.phases],
+            "peak": {"bytes": top.bytes, "phase": top.phase, "moment": top.where},
+            "rules": dict(device.rules)}
+
+
 # --- JSON ----------------------------------------------------------------------------------------------------------
 
 def _term(term) -> dict[str, Any]:
@@ -435,6 +485,8 @@ def memory_to_dict(estimate) -> dict[str, Any]:
         "frozen_parameters": training.states.frozen if training else None,
         "reserve": estimate.reserve,
         "per_device": dict(training.per_device) if training and training.per_device else None,
+        "layout": None if not training or training.device is None else {
+            **{k: v for k, v in estimate.settings["layout"].items()}, "device": _device_to_dict(training.device)},
         "fits": [{"accelerator": f.accelerator.name, "memory": f.accelerator.memory, "fits": f.fits,
                   "free": f.free, "largest_batch": f.largest_batch, "largest_context": f.largest_context}
                  for f in estimate.fits],

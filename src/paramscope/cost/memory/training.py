@@ -14,11 +14,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import OptionError
+from ...errors import OptionError, UnsupportedError
 from ...frozen import FrozenDict, freeze_fields
 from ...selection import match_all
 from .activations import (
-    TrainingActivations, embedding_gradient, recipe_attention, recipe_declines, recipe_for, recipe_peak_inside_layers,
+    TrainingActivations, recipe_attention, recipe_declines, recipe_for, recipe_peak_inside_layers,
     training_activations,
 )
 from ..dims import attention_dropout, config_int, dim, text_config
@@ -26,11 +26,13 @@ from ..hardware import Accelerator, find_accelerator
 from ..model_view import towers_not_run
 from ..traced.step import ATTENTION, StepSettings, TORCH_OPTIMIZERS, TracedStep, trace_training
 from .fits import fit_on, fit_table
+from .phases import PhaseFigure, moment_phases
 from .quantization import weight_format
 from .result import DEFAULT_RESERVE, MemoryEstimate, Workspace
 from .serving import step_length
 from .states import (
-    ModelStates, as_trained, check_optimizer, check_precision, model_states, per_device, weight_dtype, zero_stage,
+    ModelStates, as_trained, check_optimizer, check_precision, model_states, per_device, trained_dtype, weight_dtype,
+    zero_stage,
 )
 from .weights import weight_memory
 
@@ -51,6 +53,9 @@ class TrainingOptions:
     own_dtype: frozenset[str] = frozenset()
     devices: int = 1
     zero: str = "0"
+    # a multi-GPU layout (parallel/layout.py: dp with ZeRO or FSDP2, tp, ep); None: --devices/--zero as DeepSpeed's
+    # flat ZeRO shares over data-parallel devices
+    layout: Any = None
     # the traced engine: False; "extended" (a few layers of each type traced at the asked point and extended to the
     # model's depth exactly, checked by a longer cut; --trace); "full" or True (every layer traced; --trace full)
     trace: bool | str = False
@@ -77,6 +82,10 @@ class TrainingOptions:
         if self.reserve < 0:
             raise OptionError("{0} must be 0 or more, got {reserve}", "reserve", reserve=self.reserve)
         trace_depth(self.trace)
+        if self.layout is not None:
+            self.layout.check()
+            if self.devices != 1 or str(self.zero) != "0":
+                raise OptionError("give the layout or {0} and {1}, not both", "devices", "zero")
 
 
 TRACE_DEPTHS = ("extended", "full")
@@ -94,16 +103,6 @@ def trace_depth(trace: bool | str) -> str | None:
 
 
 @dataclass(frozen=True)
-class PhaseFigure:
-    phase: str  # "forward" | "backward" | "optimizer step"
-    bytes: int
-    where: str  # the moment ("start of backward") or "measured"
-    arithmetic: str
-    gradients: int = 0  # bytes of gradients live at this moment (ZeRO-2 shards them)
-    variable: int = 0  # traced: activations, temporaries and other bytes, the part that grows with the batch
-
-
-@dataclass(frozen=True)
 class TrainingDetail:
     """What a training estimate adds to MemoryEstimate: model states, the phases, the check between engines."""
 
@@ -117,6 +116,7 @@ class TrainingDetail:
     by_category: FrozenDict[str, int] = field(default_factory=FrozenDict)  # the traced peak's MemTracker breakdown
     analytic_activations: int | None = None  # beside a traced answer: the recipe's saved activations
     trace_depth: str | None = None  # the traced engine's: "extended" (cuts extended to the depth) | "full"
+    device: Any = None  # parallel.estimate.DeviceMemory: one device's figures under a layout
 
     def __post_init__(self) -> None:
         freeze_fields(self, "per_device", "by_category")
@@ -227,19 +227,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     step_bytes, step_text = _step_temporaries(optimizer, gradients)
 
     def analytic_phases(act: TrainingActivations, batch: int, length: int) -> tuple[PhaseFigure, ...]:
-        # a tied embedding's backward frees its output's gradient before its two gradients are summed
-        kept = not tied
-        output_gradient = embedding_gradient(text, batch=batch, seq=length, precision=precision) if kept else 8
-        end = gradients + output_gradient + 2 * tied
-        figures = [PhaseFigure(m.phase, resident + m.bytes, m.where, m.arithmetic) for m in act.moments]
-        how = f"gradients {gradients:,} + {end - gradients:,}: " + (
-            "the embedding output's gradient" if kept else "8 B (the embedding output's gradient freed)")
-        if tied:
-            how += f" and 2 × the tied embedding's gradient {tied:,} (its own and their sum, beside the head's)"
-        figures.append(PhaseFigure("backward", resident + end, "end of backward", how, gradients))
-        figures.append(PhaseFigure("optimizer step", resident + gradients + step_bytes, "optimizer step",
-                                   f"gradients {gradients:,}; {step_text}", gradients))
-        return tuple(figures)
+        return moment_phases(act, resident=resident, gradients=gradients, tied=tied, text=text, batch=batch,
+                             length=length, precision=precision, step=(step_bytes, step_text))
 
     traced = None
     derived = None
@@ -336,8 +325,21 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     elif zero and options.devices == 1:
         notes.append(f"ZeRO stage {zero} over one device shards nothing; give --devices N")
 
-    def on_one_device(figures: tuple[PhaseFigure, ...]) -> PhaseFigure:
+    device, layout_at = None, None
+    if options.layout is not None and not options.layout.trivial:
+        device, layout_at = _layout_device(report, view, options, states=states, weights=weights, phases=phases,
+                                           activations=activations.bytes, analytic=analytic,
+                                           derived_or_traced=derived is not None or traced is not None,
+                                           source_label=source_label, precision=precision, optimizer=optimizer,
+                                           trainable=trainable, own=own, text=text, seq=seq, shape=shape,
+                                           step=(step_bytes, step_text))
+        notes.extend(device.notes)
+
+    def on_one_device(figures: tuple[PhaseFigure, ...], batch: int = options.batch,
+                      length: int = seq) -> PhaseFigure:
         """The largest moment on one device, each moment's model states replaced by the device's shares."""
+        if layout_at is not None:
+            return layout_at(figures, batch, length)
         if sharded is None:
             return max(figures, key=lambda p: p.bytes)
         fixed = (states.weights.bytes - sharded["weights"]) + (states.optimizer.bytes - sharded["optimizer"]) + \
@@ -365,10 +367,11 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
             return on_one_device((
                 PhaseFigure("forward", resident + figures.forward, "", ""),
                 PhaseFigure("backward", resident + figures.backward, "", "", figures.gradients_at_backward_peak),
-                PhaseFigure("optimizer step", resident + gradients + step_bytes, "", "", gradients))).bytes
+                PhaseFigure("optimizer step", resident + gradients + step_bytes, "", "", gradients)),
+                batch, length).bytes
         if analytic is not None and traced is None:
             act = training_activations(text, class_name, batch=batch, seq=length, **shape)
-            return on_one_device(analytic_phases(act, batch, length)).bytes
+            return on_one_device(analytic_phases(act, batch, length), batch, length).bytes
         # traced: each moment's activations and temporaries scale with the batch (at the traced length only)
         scaled = tuple(dataclasses.replace(p, bytes=p.bytes + p.variable * (batch - options.batch) // options.batch)
                        for p in phases)
@@ -391,10 +394,15 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     if derived is not None and derived.declined:
         notes.append("largest batch and context: a regime whose derivation declined counts as not fitting (" +
                      "; ".join(derived.declined[:3]) + ")")
+    if device is not None:
+        from ..parallel.estimate import layout_settings
+
+        settings_out["layout"] = layout_settings(options.layout)
+        settings_out["devices"] = options.layout.devices
     detail = TrainingDetail(states, tuple(sorted(frozen)), source_label, phases, sharded, traced, analytic_peak,
                             dict(traced.peak.by_category) if traced is not None else {},
                             checked.saved if traced is not None and checked is not None else None,
-                            settings_out["trace"])
+                            settings_out["trace"], device)
     estimate = MemoryEstimate(
         mode="training",
         engine="traced" if traced is not None or extended else "derived" if derived is not None else "analytic",
@@ -404,6 +412,95 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit, contexts=contexts),
         budget=budget, notes=tuple(notes), training=detail)
     return estimate
+
+
+def _layout_device(report: Any, view: Any, options: TrainingOptions, *, states: ModelStates, weights: Any,
+                   phases: tuple[PhaseFigure, ...], activations: int, analytic: Any, derived_or_traced: bool,
+                   source_label: str, precision: str, optimizer: str, trainable: frozenset[str],
+                   own: frozenset[str], text: Any, seq: int, shape: dict[str, Any], step: tuple[int, str]):
+    """(rank 0's DeviceMemory under the options' layout, the function that puts any step's moments on that device).
+
+    Data parallel alone: each rank runs one device's step on its own batch, so the moments are the one-device ones
+    with the device's model states. Under tensor parallelism the activations are the rank's own: the family's
+    recipe on its shard (parallel/activations.py)."""
+    from ..parallel.activations import local_recipe, tp_activations
+    from ..parallel.estimate import device_memory, placements_for
+
+    layout = options.layout
+    placements = placements_for(report, view, layout)
+    full_resident = states.weights.bytes + states.optimizer.bytes + states.master_weights.bytes
+    tied_name = next((g.canonical for g in report.tied), None)
+    by_name = {p.name: p for p in placements}
+
+    def resident_of(dev) -> int:
+        return dev.weights + dev.optimizer + dev.master_weights
+
+    def shifted(figures: tuple[PhaseFigure, ...], dev) -> tuple[PhaseFigure, ...]:
+        """The one-device moments with the device's model states: its resident states, and its share of the
+        gradients live at each moment."""
+        out = []
+        for p in figures:
+            grads = -(-p.gradients * dev.gradients // states.gradients.bytes) if states.gradients.bytes else 0
+            out.append(dataclasses.replace(p, bytes=p.bytes - full_resident + resident_of(dev) - p.gradients + grads,
+                                           gradients=grads))
+        return tuple(out)
+
+    if layout.tp == 1:
+        holder: dict[str, Any] = {}
+
+        def phases_for(dev) -> tuple[PhaseFigure, ...]:
+            holder["dev"] = dev
+            return shifted(phases, dev)
+
+        device = device_memory(report, view, layout, precision=precision, optimizer=optimizer, trainable=trainable,
+                               own=own, buffer_bytes=weights.buffer_bytes, phases_for=phases_for,
+                               activations=activations, activations_from=f"{source_label}: each rank runs its own "
+                               "batch, as one device does", placements=placements)
+        extra = device.peak - max(shifted(phases, holder["dev"]), key=lambda p: p.bytes).bytes
+
+        def on_device(figures: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
+            top = max(shifted(figures, holder["dev"]), key=lambda p: p.bytes)
+            return dataclasses.replace(top, bytes=top.bytes + extra)
+        return device, on_device
+    recipe = local_recipe(text, view.class_name)
+    if recipe is None or analytic is None or derived_or_traced:
+        raise UnsupportedError("tensor parallelism for {cls} needs the step traced on a fake process group, which "
+                               "this version does not do yet: its analytic recipe covers the Llama-style family",
+                               cls=view.class_name)
+    tied = 0
+    if tied_name is not None and tied_name in trainable and tied_name in by_name:
+        from ..dtypes import itemsize
+
+        local = by_name[tied_name]
+        if local.role.startswith("embedding"):
+            tied = local.local_numel * itemsize(trained_dtype(local, precision, own))  # type: ignore[arg-type]
+    cast = _cast_weights(view, {p.name: p.local_numel for p in placements}) if precision.endswith("-mixed") \
+        else (0, 0, 0)
+    local_shape = dict(shape, cast_weights=cast[0], cast_head=cast[1], cast_biases=cast[2])
+
+    def local_phases(dev, batch: int, length: int) -> tuple[PhaseFigure, ...]:
+        act = tp_activations(text, view.class_name, tp=layout.tp, batch=batch, seq=length, **local_shape)
+        return moment_phases(act, resident=resident_of(dev) + weights.buffer_bytes, gradients=dev.gradients,
+                             tied=tied, text=text, batch=batch, length=length, precision=precision, step=step)
+
+    holder = {}
+
+    def phases_for(dev) -> tuple[PhaseFigure, ...]:
+        holder["dev"] = dev
+        return local_phases(dev, options.batch, seq)
+
+    act = tp_activations(text, view.class_name, tp=layout.tp, batch=options.batch, seq=seq, **local_shape)
+    device = device_memory(report, view, layout, precision=precision, optimizer=optimizer, trainable=trainable,
+                           own=own, buffer_bytes=weights.buffer_bytes, phases_for=phases_for, activations=act.saved,
+                           activations_from=f"analytic: {recipe} on the rank's shard (heads, KV heads and widths / "
+                           f"{layout.tp}, the hidden size whole)", placements=placements)
+    extra = device.peak - max(local_phases(holder["dev"], options.batch, seq), key=lambda p: p.bytes).bytes
+
+    def on_device(figures: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
+        # the one-device figures at (batch, length) are recomputed on the rank's shard
+        top = max(local_phases(holder["dev"], batch, length), key=lambda p: p.bytes)
+        return dataclasses.replace(top, bytes=top.bytes + extra)
+    return device, on_device
 
 
 def _derive(view: Any, options: TrainingOptions, seq: int, limit: int | None, frozen: list[str],
@@ -478,11 +575,16 @@ def _tied_embedding_bytes(report: Any, trainable: frozenset[str]) -> int:
     return 0
 
 
-def _cast_weights(view: Any) -> tuple[int, int, int]:
+def _cast_weights(view: Any, local: dict[str, int] | None = None) -> tuple[int, int, int]:
     """Elements of the matmul weights autocast copies to 16 bits each step (each distinct tensor once), of those
     the ones outside the repeated layers (a ModuleList index in the name), which checkpointing keeps, and of the
-    matmuls' biases (cast too, and cached until the forward ends, but no backward reads them)."""
+    matmuls' biases (cast too, and cached until the forward ends, but no backward reads them). `local`: parameter
+    name → the elements one device holds of it (a tensor-parallel shard)."""
     import re
+
+    def size(path: str, attr: str, tensor: Any) -> int:
+        name = f"{path}.{attr}" if path else attr
+        return local.get(name, tensor.numel()) if local is not None else tensor.numel()
 
     seen: set[int] = set()
     total = outside = biases = 0
@@ -492,10 +594,11 @@ def _cast_weights(view: Any) -> tuple[int, int, int]:
         weight, bias = sub._parameters.get("weight"), sub._parameters.get("bias")
         if weight is not None and id(weight) not in seen:
             seen.add(id(weight))
-            total += weight.numel()
+            n = size(name, "weight", weight)
+            total += n
             if not re.search(r"\.\d+\.", f".{name}."):
-                outside += weight.numel()
+                outside += n
         if bias is not None and id(bias) not in seen:
             seen.add(id(bias))
-            biases += bias.numel()
+            biases += size(name, "bias", bias)
     return total, outside, biases

@@ -1,0 +1,44 @@
+"""A training step's moments as figures: each phase's bytes at a moment, with its arithmetic.
+
+The analytic recipes give the forward's and backward's moments over the resident bytes; moment_phases adds the end
+of backward and the optimizer step. The one-device answer (training.py) and each device of a layout (parallel/)
+compose them alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .activations import TrainingActivations, embedding_gradient
+
+
+@dataclass(frozen=True)
+class PhaseFigure:
+    phase: str  # "forward" | "backward" | "optimizer step"
+    bytes: int
+    where: str  # the moment ("start of backward") or "measured"
+    arithmetic: str
+    gradients: int = 0  # bytes of gradients live at this moment (ZeRO-2 shards them)
+    variable: int = 0  # traced: activations, temporaries and other bytes, the part that grows with the batch
+
+
+
+def moment_phases(act: TrainingActivations, *, resident: int, gradients: int, tied: int, text: Any, batch: int,
+                  length: int, precision: str, step: tuple[int, str]) -> tuple[PhaseFigure, ...]:
+    """The step's moments from an analytic recipe's activations: its forward and backward moments over the
+    resident bytes, the end of backward (every gradient, and the embedding output's), and the optimizer step."""
+    # a tied embedding's backward frees its output's gradient before its two gradients are summed
+    kept = not tied
+    output_gradient = embedding_gradient(text, batch=batch, seq=length, precision=precision) if kept else 8
+    end = gradients + output_gradient + 2 * tied
+    figures = [PhaseFigure(m.phase, resident + m.bytes, m.where, m.arithmetic) for m in act.moments]
+    how = f"gradients {gradients:,} + {end - gradients:,}: " + (
+        "the embedding output's gradient" if kept else "8 B (the embedding output's gradient freed)")
+    if tied:
+        how += f" and 2 × the tied embedding's gradient {tied:,} (its own and their sum, beside the head's)"
+    figures.append(PhaseFigure("backward", resident + end, "end of backward", how, gradients))
+    step_bytes, step_text = step
+    figures.append(PhaseFigure("optimizer step", resident + gradients + step_bytes, "optimizer step",
+                               f"gradients {gradients:,}; {step_text}", gradients))
+    return tuple(figures)

@@ -1,0 +1,168 @@
+"""A multi-GPU layout: how many devices, and how a training step is split across them.
+
+    devices = dp × tp × pp × cp        (ep borrows its ranks from dp × cp, as torchtitan and Megatron do)
+
+- dp: data parallel. `shard` says what the data-parallel ranks share out: nothing (DDP), DeepSpeed ZeRO 1/2/3 (each
+  rank keeps 1/dp of one flat, padded buffer of the optimizer states; 2 adds the gradients, 3 the weights) or FSDP2
+  (`fully_shard`: every parameter cut along its first dimension, each rank ⌈dim0/dp⌉ rows; full, or hybrid with
+  shards inside a group of `shard_group` ranks and replicas across groups).
+- tp (+ sp): tensor parallel as Megatron and torch's `parallelize_module` plans cut a layer; with sequence parallel
+  the norms and the residual stream hold 1/tp of the sequence.
+- pp: pipeline stages, `micro_batches` microbatches per step, a schedule (gpipe, 1f1b, interleaved with
+  `virtual_stages` chunks per device).
+- ep: routed experts split over ep ranks (shared experts and routers replicated).
+- cp: context parallel: each rank holds 1/cp of the sequence (ring attention).
+
+The figures are one device's: the batch is each data-parallel replica's (`--batch` per replica, as `--devices`
+always meant), cut into `micro_batches` microbatches under a pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import OptionError
+
+MAX_DEGREE = 1 << 16
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SHARDS = ("none", "zero1", "zero2", "zero3", "fsdp", "hsdp")
+# --zero's spellings (DeepSpeed's stages, FSDP1's strategy names, FSDP2's) → a shard mode
+SHARD_ALIASES = {"0": "none", "ddp": "none", "no_shard": "none", "none": "none",
+                 "1": "zero1", "zero1": "zero1", "2": "zero2", "zero2": "zero2", "shard_grad_op": "zero2",
+                 "3": "zero3", "zero3": "zero3", "full_shard": "fsdp", "fsdp": "fsdp", "fsdp2": "fsdp",
+                 "hybrid_shard": "hsdp", "hsdp": "hsdp"}
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    dp: int = 1
+    shard: str = "none"  # one of SHARDS
+    shard_group: int | None = None  # hsdp: ranks a shard group holds (default: 8, one node)
+    tp: int = 1
+    sp: bool = False
+    pp: int = 1
+    micro_batches: int = 1
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    ep: int = 1
+    cp: int = 1
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def trivial(self) -> bool:
+        """One device holding everything: no layout to apply."""
+        return self.devices == 1 and self.ep == 1
+
+    @property
+    def shard_degree(self) -> int:
+        """Over how many ranks the sharded model states are cut: dp × cp (FSDP shards over both, as torchtitan
+        does), within a group under hybrid sharding."""
+        ranks = self.dp * self.cp
+        if self.shard == "hsdp":
+            return min(ranks, self.shard_group or 8)
+        return ranks if self.shard != "none" else 1
+
+    @property
+    def zero_stage(self) -> int:
+        """What is sharded, as a ZeRO stage: 1 optimizer states (and master weights), 2 also gradients, 3 also
+        weights."""
+        return {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "hsdp": 3}[self.shard]
+
+    def check(self) -> None:
+        for name in ("dp", "tp", "pp", "micro_batches", "virtual_stages", "ep", "cp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEGREE:
+                raise OptionError("{0} must be a whole number from 1 to {limit:,}, got {value!r}", name,
+                                  limit=MAX_DEGREE, value=str(value)[:40])
+        if self.devices > MAX_DEGREE:
+            raise OptionError("the layout needs {devices:,} devices (dp × tp × pp × cp); at most {limit:,}",
+                              devices=self.devices, limit=MAX_DEGREE)
+        if self.shard not in SHARDS:
+            raise OptionError("{0} must be one of {choices}, got {value!r}", "zero", choices=", ".join(SHARDS),
+                              value=str(self.shard)[:40])
+        if self.schedule not in SCHEDULES:
+            raise OptionError("{0} must be one of {choices}, got {value!r}", "schedule",
+                              choices=", ".join(SCHEDULES), value=str(self.schedule)[:40])
+        if self.sp and self.tp == 1:
+            raise OptionError("{0} (sequence parallel) needs tensor parallelism: give tp > 1", "sp")
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise OptionError("{0} > 1 needs the interleaved schedule", "virtual_stages")
+        if self.schedule == "interleaved" and self.pp == 1:
+            raise OptionError("the interleaved schedule needs pipeline stages: give pp > 1", "schedule")
+        if self.micro_batches > 1 and self.pp == 1:
+            raise OptionError("{0} split a batch across pipeline stages: give pp > 1", "micro_batches")
+        if (self.dp * self.cp) % self.ep:
+            raise OptionError("{0} {ep} must divide dp × cp = {ranks}: expert-parallel ranks are drawn from the "
+                              "data-parallel (and context-parallel) ones", "ep", ep=self.ep, ranks=self.dp * self.cp)
+        if self.shard_group is not None:
+            if self.shard != "hsdp":
+                raise OptionError("{0} is for hybrid sharding (hybrid_shard)", "shard_group")
+            if not isinstance(self.shard_group, int) or isinstance(self.shard_group, bool) or \
+                    not 1 <= self.shard_group <= MAX_DEGREE or (self.dp * self.cp) % self.shard_group:
+                raise OptionError("{0} must divide dp × cp = {ranks}, got {value!r}", "shard_group",
+                                  ranks=self.dp * self.cp, value=str(self.shard_group)[:40])
+
+    def words(self) -> str:
+        """"dp 4 (FSDP2) × tp 2 (sequence parallel) × pp 2 (1F1B, 8 microbatches) = 16 devices"."""
+        parts = [f"dp {self.dp}" + (f" ({shard_words(self)})" if self.shard != "none" else "")]
+        if self.tp > 1:
+            parts.append(f"tp {self.tp}" + (" (sequence parallel)" if self.sp else ""))
+        if self.pp > 1:
+            schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": f"interleaved, {self.virtual_stages} "
+                        "chunks a device"}[self.schedule]
+            parts.append(f"pp {self.pp} ({schedule}, {self.micro_batches} microbatches)")
+        if self.cp > 1:
+            parts.append(f"cp {self.cp}")
+        text = " × ".join(parts) + f" = {self.devices:,} device{'s' if self.devices > 1 else ''}"
+        if self.ep > 1:
+            text += f"; ep {self.ep} over the data-parallel ranks"
+        return text
+
+
+def shard_words(layout: ParallelLayout) -> str:
+    return {"none": "no sharding", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp": "FSDP2",
+            "hsdp": f"FSDP2 hybrid, shards over {layout.shard_degree}"}[layout.shard]
+
+
+def shard_mode(value: str | int) -> str:
+    key = str(value).strip().lower().replace("-", "_")
+    if key not in SHARD_ALIASES:
+        raise OptionError("unknown {0} {value!r}; use 0, 1, 2, 3 (DeepSpeed ZeRO), fsdp (FSDP2 full sharding), "
+                          "hybrid_shard, or FSDP1's no_shard, shard_grad_op, full_shard", "zero",
+                          value=str(value)[:40])
+    return SHARD_ALIASES[key]
+
+
+def layout_for(*, devices: int = 1, dp: int | None = None, zero: str | int = "0", shard_group: int | None = None,
+               tp: int = 1, sp: bool = False, pp: int = 1, micro_batches: int | None = None,
+               schedule: str | None = None, virtual_stages: int = 1, ep: int = 1, cp: int = 1,
+               batch: int = 1) -> ParallelLayout:
+    """The layout the options describe. `devices` is the total; dp, when not given, is what tp × pp × cp leave of
+    it (so `--devices 8 --zero 3` is dp 8, as it always was, and `--devices 8 --tp 2` is dp 4). `batch`: the
+    sequences each data-parallel replica takes a step; under a pipeline they are cut into `micro_batches`
+    microbatches (default: one sequence each, Megatron's usual micro-batch size)."""
+    for name, value in (("devices", devices), ("tp", tp), ("pp", pp), ("cp", cp)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEGREE:
+            raise OptionError("{0} must be a whole number from 1 to {limit:,}, got {value!r}", name,
+                              limit=MAX_DEGREE, value=str(value)[:40])
+    model = tp * pp * cp
+    if dp is None:
+        if devices % model:
+            raise OptionError("{0} {devices} is not a multiple of tp × pp × cp = {model}", "devices",
+                              devices=devices, model=model)
+        dp = devices // model
+    elif devices not in (1, dp * model):
+        raise OptionError("{0} {devices} is not dp × tp × pp × cp = {total}", "devices", devices=devices,
+                          total=dp * model)
+    chosen = schedule or ("interleaved" if virtual_stages > 1 else "1f1b")
+    layout = ParallelLayout(dp=dp, shard=shard_mode(zero), shard_group=shard_group, tp=tp, sp=sp, pp=pp,
+                            micro_batches=micro_batches if micro_batches is not None else (batch if pp > 1 else 1),
+                            schedule=chosen, virtual_stages=virtual_stages, ep=ep, cp=cp)
+    layout.check()
+    if batch % layout.micro_batches:
+        raise OptionError("{0} {micro} must divide the batch, {batch} sequences a replica", "micro_batches",
+                          micro=layout.micro_batches, batch=batch)
+    return layout

@@ -1,0 +1,76 @@
+"""One device's model states under a layout: the tensor- and expert-parallel shards, then the data-parallel share.
+
+    placements (rules.py) → each parameter as the device holds it → model_states() on those (exact, per dtype)
+    → the data-parallel share:
+        ZeRO (DeepSpeed): one flat, padded buffer per state, ⌈bytes / d⌉ a rank (stage 1 the optimizer states and
+            master weights, 2 also the gradients, 3 also the weights);
+        FSDP2: every parameter cut along its first dimension, ⌈dim0 / d⌉ rows a rank (padded, as fully_shard
+            allocates them), its gradient and optimizer states alike; each tensor keeps its own step scalar.
+    Routed experts under expert parallelism are sharded over d / ep ranks (the data-parallel ranks their experts
+    leave), the rest over d, as torchtitan's FSDP does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..memory.states import ModelStates, model_states
+from .layout import ParallelLayout
+from .rules import Placement
+
+
+@dataclass(frozen=True)
+class DeviceStates:
+    """The model states one device holds, by kind, with how each was reached."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    master_weights: int
+    unsharded: ModelStates  # the device's tensor/expert-parallel shards before any data-parallel share
+    arithmetic: str  # how the data-parallel share was taken
+
+    @property
+    def bytes(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.master_weights
+
+
+def device_states(params: Iterable, placements: Iterable[Placement], layout: ParallelLayout, *, precision: str,
+                  optimizer: str, trainable: frozenset[str], own: frozenset[str] = frozenset()) -> DeviceStates:
+    """Rank 0's model states (the largest share wherever a cut is uneven)."""
+    by_name = {p.name: p for p in placements}
+    local = [dataclasses.replace(p, shape=by_name[p.name].local_shape, numel=by_name[p.name].local_numel)
+             for p in params]
+    whole = model_states(local, precision=precision, optimizer=optimizer, trainable=trainable, own=own)
+    stage = layout.zero_stage
+    degree = layout.shard_degree
+    if stage == 0 or degree == 1:
+        return DeviceStates(whole.weights.bytes, whole.gradients.bytes, whole.optimizer.bytes,
+                            whole.master_weights.bytes, whole, "no data-parallel sharding: every rank holds these")
+    experts = [p for p in local if by_name[p.name].experts_split]
+    expert_degree = max(1, degree // layout.ep) if experts else degree
+    if layout.shard in ("fsdp", "hsdp"):
+        def shards(group: list, d: int) -> list:
+            return [dataclasses.replace(p, shape=(-(-p.shape[0] // d), *p.shape[1:]),
+                                        numel=(-(-p.shape[0] // d)) * (p.numel // p.shape[0] if p.shape[0] else 0))
+                    if p.shape else p for p in group]
+        names = {p.name for p in experts}
+        sharded = shards([p for p in local if p.name not in names], degree) + shards(experts, expert_degree)
+        part = model_states(sharded, precision=precision, optimizer=optimizer, trainable=trainable, own=own)
+        how = (f"FSDP2 over {degree} ranks: every parameter cut along its first dimension, ⌈dim0 / {degree}⌉ rows "
+               "a rank (padded), its gradient and optimizer states alike")
+        if experts and expert_degree != degree:
+            how += f"; routed experts over {expert_degree} ranks ({degree} / ep {layout.ep})"
+        return DeviceStates(part.weights.bytes, part.gradients.bytes, part.optimizer.bytes, part.master_weights.bytes,
+                            whole, how)
+
+    def share(bytes_: int, sharded: bool) -> int:
+        return -(-bytes_ // degree) if sharded else bytes_
+
+    how = (f"ZeRO-{stage} over {degree} ranks: ⌈bytes / {degree}⌉ of each flat buffer of "
+           + {1: "optimizer states and master weights", 2: "optimizer states, master weights and gradients",
+              3: "optimizer states, master weights, gradients and weights"}[stage])
+    return DeviceStates(share(whole.weights.bytes, stage >= 3), share(whole.gradients.bytes, stage >= 2),
+                        share(whole.optimizer.bytes, True), share(whole.master_weights.bytes, True), whole, how)

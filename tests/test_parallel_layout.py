@@ -1,0 +1,173 @@
+"""Multi-GPU layouts (issue 28): the sharding rules, one device's model states exactly, the options and the CLI.
+
+The rules come from each parameter's role; transformers' own `base_model_tp_plan` must agree with them on every
+module it names. One device's states are written out by hand here (nanoGPT-style arithmetic) and must be equal to
+the byte. The analytic per-device step against torch's FSDP2 and DTensor on a fake process group is in
+tests/test_parallel_trace.py and tests/test_parallel_check.py.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+
+import pytest
+
+from paramscope import inspect
+from paramscope.cli import main
+from paramscope.cost.memory.training import TrainingOptions, estimate_training
+from paramscope.cost.parallel.layout import ParallelLayout, layout_for
+from paramscope.cost.parallel.rules import model_shape, place
+from paramscope.errors import ParamscopeError
+
+PLAN_RULE = {"colwise": "column", "packed_colwise": "column", "colwise_gather_output": "column",
+             "rowwise": "row", "rowwise_split_input": "row", "embedding_rowwise": "vocabulary"}
+
+
+@pytest.mark.parametrize("preset", ["llama-3-8b", "mistral-7b", "qwen2.5-7b", "gemma-2-9b", "phi-3-mini",
+                                    "mixtral-8x7b", "qwen1.5-moe-a2.7b", "deepseek-v3", "pythia-160m"])
+def test_rules_agree_with_transformers_tp_plan(preset):
+    """Every module transformers' plan names is cut as the plan says (column, row, vocabulary)."""
+    import transformers
+
+    report = inspect(preset)
+    config_class = getattr(transformers, report.model.class_name.replace("ForCausalLM", "Config"))
+    plan = config_class.base_model_tp_plan
+    prefix = report.model.class_name and next(p.name for p in report.params).split(".")[0] + "."
+    shape = model_shape(_text(preset), set())
+    placements = {p.name: p for p in place(report.params, shape, tp=2, ep=1)}
+    checked = 0
+    for pattern, style in plan.items():
+        rule = PLAN_RULE.get(style)
+        if rule is None:  # "moe_tp_experts", "replicated_with_grad_allreduce": the module itself, not a cut
+            continue
+        for name, placement in placements.items():
+            module = name.rsplit(".", 1)[0]
+            if fnmatch.fnmatchcase(module, prefix + pattern) and name.endswith("weight") or \
+                    fnmatch.fnmatchcase(name, prefix + pattern):
+                if placement.tp == "kv-replicated":
+                    continue
+                assert placement.tp == rule, (name, style, placement.tp)
+                checked += 1
+    assert checked > 0
+
+
+def _text(preset):
+    from paramscope.api import as_source
+    from paramscope.cost.dims import text_config
+    from transformers import AutoConfig
+
+    source = as_source(preset)
+    return text_config(AutoConfig.for_model(**dict(source.config)))
+
+
+def test_llama_3_8b_one_device_states_by_hand():
+    """tp 8: q/k/v/gate/up cut by rows, o/down by columns, embeddings and head by vocabulary rows, norms whole."""
+    h, i, kv, V, L = 4096, 14336, 1024, 128256, 32
+    per_layer = (h * h + 2 * kv * h + h * h) // 8 + 3 * i * h // 8 + 2 * h
+    params = L * per_layer + 2 * (V // 8) * h + h
+    estimate = estimate_training("llama-3-8b", TrainingOptions(layout=layout_for(devices=8, tp=8)))
+    device = estimate.training.device
+    assert device.weights == 4 * params == 4_016_062_464
+    assert device.gradients == 4 * params
+    tensors = L * 9 + 3
+    assert device.optimizer == 2 * 4 * params + 4 * tensors == 8_032_126_092
+    assert estimate.peak == device.peak == estimate.training.device.peak_figure.bytes
+    assert device.rules["attention.key"] == "column-parallel (output features / 8)"
+    assert device.rules["embeddings.word"] == "vocabulary-parallel (⌈V / 8⌉ rows)"
+
+
+def test_kv_heads_replicated_past_tp():
+    """Llama-3-8B has 8 KV heads: at tp 16 each rank keeps the one KV head its queries read."""
+    estimate = estimate_training("llama-3-8b", TrainingOptions(layout=layout_for(devices=16, tp=16)))
+    device = estimate.training.device
+    assert device.rules["attention.key"] == "KV heads replicated: one KV head a rank"
+    h, i, V, L, hd = 4096, 14336, 128256, 32, 128
+    per_layer = 2 * h * h // 16 + 2 * hd * h + 3 * i * h // 16 + 2 * h
+    assert device.weights == 4 * (L * per_layer + 2 * (V // 16) * h + h)
+
+
+def test_fsdp2_shards_each_parameter_along_its_first_dimension():
+    """dp 3 does not divide 4,096: each rank allocates ⌈dim0 / 3⌉ rows of every parameter (FSDP2's padding);
+    DeepSpeed's ZeRO-3 takes ⌈bytes / 3⌉ of one flat buffer."""
+    report = inspect("llama-3-8b")
+    rows = sum(-(-p.shape[0] // 3) * (p.numel // p.shape[0]) for p in report.params)
+    fsdp = estimate_training("llama-3-8b", TrainingOptions(layout=layout_for(devices=3, zero="fsdp"))).training.device
+    assert fsdp.weights == 4 * rows
+    assert fsdp.optimizer == 2 * 4 * rows + 4 * len(report.params)
+    zero3 = estimate_training("llama-3-8b", TrainingOptions(layout=layout_for(devices=3, zero="3"))).training.device
+    total = report.total
+    assert zero3.weights == -(-4 * total // 3)
+    assert fsdp.weights > zero3.weights
+
+
+def test_expert_parallel_splits_routed_experts_only():
+    """Mixtral over ep 8 (dp 8): each rank keeps one of the 8 experts of each layer; attention, routers, norms and
+    embeddings are whole."""
+    report = inspect("mixtral-8x7b")
+    experts = sum(p.numel for p in report.params if p.role == "moe.experts")
+    device = estimate_training("mixtral-8x7b", TrainingOptions(layout=layout_for(devices=8, ep=8))).training.device
+    assert device.weights == 4 * (report.total - experts + experts // 8)
+    assert device.rules["moe.experts"].endswith("experts / ep 8")
+    assert device.rules["moe.router"] == "whole"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(devices=6, tp=3), "--tp 3 would split attention heads: 32 heads are not a multiple of it"),
+    (dict(devices=64, tp=64), "--tp 64 would split attention heads"),
+    (dict(devices=6, tp=4), "--devices 6 is not a multiple of tp × pp × cp = 4"),
+    (dict(devices=4, ep=3), "--ep 3 must divide dp × cp = 4"),
+])
+def test_layouts_refused_with_the_reason(kwargs, message, capsys):
+    argv = ["memory", "llama-3-8b", "--training"]
+    for key, value in kwargs.items():
+        argv += [f"--{key}", str(value)]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_layout_options_are_for_training(capsys):
+    assert main(["memory", "llama-3-8b", "--tp", "2"]) == 2
+    assert "--tp is for --training" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "70000"])
+def test_degrees_bounded(bad, capsys):
+    assert main(["memory", "llama-3-8b", "--training", "--tp", bad]) == 2
+    err = capsys.readouterr().err
+    assert "--tp must be a whole number from 1 to 65,536" in err and "Traceback" not in err
+
+
+def test_layout_words_and_checks():
+    layout = layout_for(devices=16, tp=2, zero="fsdp")
+    assert layout == ParallelLayout(dp=8, shard="fsdp", tp=2)
+    assert layout.words() == "dp 8 (FSDP2) × tp 2 = 16 devices"
+    hybrid = layout_for(devices=32, zero="hybrid_shard", shard_group=8)
+    assert hybrid.shard_degree == 8 and hybrid.words() == "dp 32 (FSDP2 hybrid, shards over 8) = 32 devices"
+    with pytest.raises(ParamscopeError, match="shard_group must divide dp × cp = 32"):
+        layout_for(devices=32, zero="hybrid_shard", shard_group=5)
+    with pytest.raises(ParamscopeError, match="shard_group is for hybrid sharding"):
+        layout_for(devices=32, zero="fsdp", shard_group=8)
+
+
+def test_cli_text_and_json(capsys):
+    assert main(["memory", "llama-3-8b", "--training", "--devices", "8", "--tp", "2", "--zero", "fsdp",
+                 "--width", "120"]) == 0
+    out = capsys.readouterr().out
+    assert "One device (rank 0, the largest share): dp 4 (FSDP2) × tp 2 = 8 devices" in out
+    assert "FSDP2's root unit, all-gathered" in out
+    assert main(["memory", "llama-3-8b", "--training", "--devices", "8", "--tp", "2", "--zero", "fsdp",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["memory"]
+    layout = data["layout"]
+    assert (layout["dp"], layout["tp"], layout["shard"], layout["devices"]) == (4, 2, "fsdp", 8)
+    device = layout["device"]
+    assert device["peak"]["bytes"] == data["peak"]["bytes"] == max(p["bytes"] for p in device["phases"])
+    assert device["weights"] == 4_015_263_744
+    assert device["rules"]["mlp.down"] == "row-parallel (input features / 2)"
+
+
+def test_devices_and_zero_alone_keep_their_meaning():
+    """--devices 8 --zero 3 is still DeepSpeed's flat ZeRO-3 over 8 data-parallel devices (no layout object)."""
+    estimate = estimate_training("llama-3-8b", TrainingOptions(devices=8, zero="3"))
+    assert estimate.training.device is None and estimate.training.per_device["weights"] == 4_015_130_624
