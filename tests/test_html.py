@@ -460,6 +460,129 @@ def test_diff_page_shows_both_models_with_what_changes_in_full_colour(browser, t
     page.page.close()
 
 
+# --- what the figures show, by geometry (issue 27 §8) -------------------------------------------------------------
+
+_SLICE_AREAS = """id => Object.fromEntries(Array.from(document.getElementById(id).querySelectorAll('g.slice'))
+    .filter(s => s.__data__ && s.__data__.data).map(s => { const r = s.querySelector('path').getBoundingClientRect();
+        return [s.__data__.data.id, [Math.round(r.width), Math.round(r.height)]]; }))"""
+
+
+def _screenshot(page, selector: str, path) -> None:
+    """The part of the page the test is about, as a PNG beside the test's files (look at it when a test fails)."""
+    page.locator(selector).first.screenshot(path=str(path))
+    assert path.stat().st_size > 1_000
+
+
+def test_diff_page_draws_what_differs_at_its_own_scale(browser, tmp_path):
+    """BertModel → BertForMaskedLM: at the models' one scale the pooler is a 390×0 px sliver in a's 520 px treemap
+    and b's head is not drawn at all; the view of what differs alone draws each at hundreds of pixels a side, with the
+    exact figures beside it."""
+    from paramscope.diff import diff_reports
+    from paramscope.render.html.diff import differs_treemap, render_diff_html
+
+    a, b = inspect("bert-base-uncased", model_class="BertModel"), inspect("bert-base-uncased")
+    diff = diff_reports(a, b, a_label="a", b_label="b")
+    treemap = differs_treemap(diff)
+    assert treemap.total == _leaf_sum(treemap) == 590_592 + 622_650
+    _consistent(treemap)
+    path = tmp_path / "diff.html"
+    path.write_text(render_diff_html(diff, a, b), "utf-8")
+    page = _Page(browser, path)
+    assert page.errors == [] and page.requests == [page.url]
+    at_one_scale = {**page.page.evaluate(_SLICE_AREAS, "treemap-a"), **page.page.evaluate(_SLICE_AREAS, "treemap-b")}
+    pooler = at_one_scale["BertModel/pooler.dense"]
+    assert pooler[0] * pooler[1] < 100  # the defect this view answers: 390 × 0 px in Chromium
+    assert all(w * h < 100 for key, (w, h) in at_one_scale.items() if "cls.predictions" in key)
+    alone = page.page.evaluate(_SLICE_AREAS, "treemap-differs")
+    for key in ("what differs/a/pooler.dense", "what differs/b/cls.predictions.transform.dense"):
+        width, height = alone[key]
+        assert width >= 300 and height >= 300, (key, alone[key])  # 561 × 372 px at a 1280 px viewport
+    assert page.leaf_sum("treemap-differs") == 1_213_242
+    assert int(page.page.get_attribute("#differs", "data-total")) == 1_213_242
+    rows = page.page.evaluate("""() => Array.from(document.querySelectorAll('#differs-table tr[data-side]'))
+        .map(r => [r.dataset.side, r.dataset.module, Number(r.dataset.value), r.cells[3].textContent,
+                   r.cells[4].textContent])""")
+    assert rows == [["a", "pooler.dense", 590_592, "0.54%", "weight 768×768, bias 768"],
+                    ["b", "cls.predictions.transform.dense", 590_592, "0.54%", "weight 768×768, bias 768"],
+                    ["b", "cls.predictions", 30_522, "0.03%", "bias 30522"],
+                    ["b", "cls.predictions.transform.LayerNorm", 1_536, "<0.01%", "weight 768, bias 768"]]
+    _screenshot(page.page, "details.section:nth-of-type(3)", tmp_path / "diff-differs.png")
+    page.page.close()
+
+
+def test_differs_view_folds_layers_and_says_when_nothing_differs():
+    from paramscope.diff import diff_reports
+    from paramscope.render.html.diff import differs_treemap, render_diff_html
+
+    gpt2, distil = inspect("gpt2"), inspect("distilgpt2")
+    treemap = differs_treemap(diff_reports(gpt2, distil, a_label="a", b_label="b"))
+    modules = {box.label: box.value for box in treemap.boxes if box.parent == "what differs/a"}
+    assert modules == {"transformer.h.6–11.mlp.c_fc × 6": 6 * (768 * 3072 + 3072),
+                       "transformer.h.6–11.mlp.c_proj × 6": 6 * (3072 * 768 + 768),
+                       "transformer.h.6–11.attn.c_attn × 6": 6 * (768 * 2304 + 2304),
+                       "transformer.h.6–11.attn.c_proj × 6": 6 * (768 * 768 + 768),
+                       "transformer.h.6–11.ln_1 × 6": 6 * 1536, "transformer.h.6–11.ln_2 × 6": 6 * 1536}
+    assert treemap.total == sum(modules.values()) == 42_527_232 == gpt2.total - distil.total
+    hover = next(box.hover for box in treemap.boxes if box.label == "transformer.h.6–11.attn.c_attn × 6")
+    assert "768×2304 + 2304 = 1,771,776 per module × 6 = 10,630,656" in hover
+    t5, t5_lm = inspect("t5-small", model_class="T5Model"), inspect("t5-small")  # only ties change
+    diff = diff_reports(t5, t5_lm, a_label="a", b_label="b")
+    assert differs_treemap(diff) is None
+    page = render_diff_html(diff, t5, t5_lm)
+    assert '<p id="differs" data-total="0">No parameter differs' in page and "treemap-differs" not in page
+
+
+def _covered_labels(page, div_id: str) -> list:
+    """Hover a small multiple, then every visible plotly toolbar in it against its title and the treemap's labels:
+    the (toolbar, text) pairs that overlap."""
+    plot = page.locator(f"#{div_id} svg.main-svg").first  # the plot, not its div (as wide as its title)
+    plot.scroll_into_view_if_needed()
+    box = plot.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_selector(f"#{div_id} .hoverlayer .hovertext")  # the mouse is over it: plotly shows its hover
+    page.wait_for_timeout(400)  # and fades its toolbar in
+    return page.evaluate("""id => { const fig = document.getElementById(id), cell = fig.closest('.multiple');
+        const rect = el => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+        const shown = el => { const r = el.getBoundingClientRect(), s = getComputedStyle(el);
+            let opacity = 1; for (let e = el; e instanceof Element; e = e.parentElement)
+                opacity *= Number(getComputedStyle(e).opacity);
+            return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && opacity > 0; };
+        const bars = Array.from(cell.querySelectorAll('.modebar-group')).filter(shown).map(rect);
+        const texts = [cell.querySelector('.multiple-title'),
+                       ...fig.querySelectorAll('text.slicetext, .pathbar text')].filter(shown)
+            .map(el => [el.textContent, rect(el)]);
+        const over = (a, b) => a[0] < b[2] && b[0] < a[2] && a[1] < b[3] && b[1] < a[3];
+        return bars.flatMap(bar => texts.filter(([_, r]) => over(bar, r)).map(([t, r]) => [bar, t, r])); }""",
+                         div_id)
+
+
+def test_small_multiples_toolbar_covers_no_title(browser, tmp_path):
+    """compare's small treemaps: plotly's toolbar, shown on hover at the top right, covered the root box's label
+    ("BertForMaskedLM" under a 56 × 25 px toolbar in a 116 px treemap). Each treemap hovered, no toolbar overlaps
+    its title or any of its labels; the same on the diff page's pair. The big treemaps keep theirs."""
+    names = ["bert-base-uncased", "gpt2", "mixtral-8x7b", "deepseek-v3"]
+    reports = [inspect(n) for n in names]
+    path = tmp_path / "compare.html"
+    path.write_text(render_compare_html(compare_reports(reports, names), reports), "utf-8")
+    page = _Page(browser, path)
+    for index in range(len(names)):
+        assert _covered_labels(page.page, f"treemap-{index}") == [], names[index]
+    _screenshot(page.page, ".multiples", tmp_path / "compare-multiples.png")
+    page.page.close()
+    from paramscope.diff import diff_reports
+    from paramscope.render.html.diff import render_diff_html
+
+    a, b = inspect("bert-base-uncased", model_class="BertModel"), inspect("bert-base-uncased")
+    path = tmp_path / "diff.html"
+    path.write_text(render_diff_html(diff_reports(a, b, a_label="a", b_label="b"), a, b), "utf-8")
+    page = _Page(browser, path)
+    assert _covered_labels(page.page, "treemap-a") == [] and _covered_labels(page.page, "treemap-b") == []
+    page.page.close()
+    quiet = '"sendDataToCloud"], "displayModeBar": false})'  # the config a figure is drawn with, without toolbar
+    assert render_compare_html(compare_reports(reports, names), reports).count(quiet) == 4
+    assert render_report_html(reports[1]).count(quiet) == 0  # inspect's keep theirs, in the strip of their buttons
+
+
 def test_diff_cli_writes_html(tmp_path):
     out = tmp_path / "diff.html"
     result = _cli("diff", "bert-base-uncased:BertModel", "bert-base-uncased:BertForMaskedLM", "--html", str(out))
@@ -515,17 +638,102 @@ def test_layers_that_train_stay_apart_from_frozen_ones(tmp_path):
 
 
 def test_plan_compare_page(browser, tmp_path):
+    """Issue 27 §1: `plan --compare --gpu A100-80GB --html` left out the --gpu answer and every setting. The page
+    answers for each plan as the text and the JSON do, and states every setting (one cell where the plans agree)."""
+    import json
+
     out = tmp_path / "plans.html"
-    result = _cli("plan", "gpt2", "--compare", "full,freeze,lora", "--seq", "64", "--html", str(out))
-    assert result.returncode == 0 and result.stdout == "", result.stderr
+    result = _cli("plan", "gpt2", "--compare", "full,freeze,lora", "--seq", "64", "--gpu", "A100-80GB",
+                  "--html", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    plans = json.loads(result.stdout)["plans"]
     page = _Page(browser, out)
     assert page.errors == [] and page.requests == [page.url]
     totals = [124_439_808, 124_439_808, 124_734_720]  # LoRA's adapters add 294,912
     assert [page.leaf_sum(f"treemap-{i}") for i in range(3)] == totals
-    trainable = page.page.evaluate("""() => Array.from(document.querySelectorAll('#plans tr[data-plan]'))
-        .map(row => Number(row.querySelector('td').dataset.value))""")
-    assert trainable == [124_439_808, 14_175_744, 294_912]
+    table = page.page.evaluate("""() => Array.from(document.querySelectorAll('#plans tr[data-plan]')).map(row =>
+        [Number(row.cells[1].dataset.value), Number(row.cells[6].dataset.value),
+         Number(row.cells[7].dataset.largestBatch), row.cells[7].textContent])""")
+    assert table == [[124_439_808, 748_270_080, 949, "fits, largest batch 949"],
+                     [14_175_744, 384_027_648, 959, "fits, largest batch 959"],
+                     [294_912, 499_424_256, 1_052, "fits, largest batch 1,052"]]
+    assert [p["memory"]["budget"]["largest_batch"] for p in plans] == [949, 959, 1_052]  # the JSON's, the text's
+    assert [p["flops"]["step"] // 64 for p in plans] == [748_270_080, 384_027_648, 499_424_256]
+    answers = page.page.evaluate("Array.from(document.querySelectorAll('#budget li')).map(li => li.textContent)")
+    assert answers == [
+        "full: On A100 80GB: fits, 76.86 GiB to spare; largest batch 949 at 64 tokens, largest context 1,024 at "
+        "batch 1",
+        "freeze: On A100 80GB: fits, 78.12 GiB to spare; largest batch 959 at 64 tokens, largest context 1,024 at "
+        "batch 1",
+        "lora: On A100 80GB: fits, 78.23 GiB to spare; largest batch 1,052 at 64 tokens, largest context 1,024 at "
+        "batch 1"]
+    settings = dict(page.page.evaluate("""() => Array.from(document.querySelectorAll('#settings tr[data-setting]'))
+        .map(row => [row.dataset.setting, Array.from(row.querySelectorAll('td')).map(td => td.textContent)])"""))
+    assert settings == {
+        "plan": ["full", "freeze", "lora"],
+        "rules": ["—", "train last 2 blocks (transformer.h.10–11) → 24 tensors, 14,175,744 parameters", "—"],
+        "adapters on": ["—", "—", "c_attn (as PEFT resolved them)"],
+        "adapter dtype": ["—", "—", "stored in --precision's weights dtype (fp32 under mixed precision, as PEFT "
+                                    "makes them)"],
+        "base dtype": ["—", "—", "fp32 (the config names no dtype, and transformers 5 loads such a checkpoint in "
+                                 "float32)"],
+        "counts": ["counts from the meta build", "counts from the meta build",
+                   "counts from the meta build, adapters applied by PEFT"],
+        "engine": ["analytic engine, allocator level (bytes of tensors)"] * 2
+                  + ["derived engine, allocator level (bytes of tensors)"],
+        "precision": ["bf16-mixed: fp32 weights (the master copy), bf16 autocast"],  # one cell: the plans agree
+        "weights dtype": ["fp32"],
+        "optimizer": ["adamw (fused)"],
+        "batch × sequence": ["1 × 64 tokens"],
+        "attention": ["sdpa"],
+        "gradient checkpointing": ["none"],
+        "activations": ["analytic: GPT-2", "analytic: GPT-2", "derived"],
+        "frozen": ["nothing; 124,439,808 parameters train",
+                   "110,264,064 parameters, by the plan (no gradient, no optimizer state); 14,175,744 train",
+                   "124,439,808 parameters, by the plan (no gradient, no optimizer state); 294,912 train"],
+        "devices": ["1, no sharding (ZeRO-0)"],
+        "reserve": ["1.00 GiB (--reserve): CUDA context and allocator fragmentation, added to the peak before "
+                    "comparing with a device"]}
+    assert "bf16-mixed, adamw · batch 1 × 64 tokens · on A100 80GB" in page.page.text_content("body")
     page.page.close()
+
+
+def test_plan_page_states_every_setting_the_gpu_answer_and_the_flops(tmp_path):
+    """Issue 27 §1: `plan MODEL --lora 8 --gpu … --html` ignored --gpu and named no setting: the page now says the
+    text's --gpu answer, every setting and the step's traced FLOPs."""
+    import json
+
+    out = tmp_path / "plan.html"
+    result = _cli("plan", "gpt2", "--lora", "8", "--seq", "64", "--gpu", "A100-80GB", "--html", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)["plan"]
+    page = out.read_text("utf-8")
+    assert _settings_of(page) == {
+        "plan": "lora",
+        "adapters on": "c_attn (as PEFT resolved them)",
+        "adapter dtype": "stored in --precision's weights dtype (fp32 under mixed precision, as PEFT makes them)",
+        "base dtype": "fp32 (the config names no dtype, and transformers 5 loads such a checkpoint in float32)",
+        "counts": "counts from the meta build, adapters applied by PEFT",
+        "engine": "derived engine, allocator level (bytes of tensors)",
+        "precision": "bf16-mixed: fp32 weights (the master copy), bf16 autocast",
+        "weights dtype": "fp32",
+        "optimizer": "adamw (fused)",
+        "batch × sequence": "1 × 64 tokens",
+        "attention": "sdpa",
+        "gradient checkpointing": "none",
+        "activations": "derived",
+        "frozen": "124,439,808 parameters, by the plan (no gradient, no optimizer state); 294,912 train",
+        "devices": "1, no sharding (ZeRO-0)",
+        "reserve": "1.00 GiB (--reserve): CUDA context and allocator fragmentation, added to the peak before "
+                   "comparing with a device"}
+    budget = re.search(r'<p id="budget" ([^>]*)><b>(.*?)</b></p>', page)
+    assert budget.group(2) == ("On A100 80GB: fits, 78.23 GiB to spare; largest batch 1,052 at 64 tokens, largest "
+                               "context 1,024 at batch 1")
+    assert plan["memory"]["budget"]["largest_batch"] == 1_052  # the text's "largest batch 1052"
+    assert 'data-largest-batch="1052"' in budget.group(1)
+    assert f'data-step="{plan["flops"]["step"]}"' in page and plan["flops"]["step"] == 31_963_152_384
+    assert "derived engine · bf16-mixed, adamw · batch 1 × 64 tokens · peak 787.08 MiB in backward" in page
+    assert "the base is fp32 and autocast computes in bf16" in page  # the notes, as the text says them
 
 
 def test_hovers_name_what_full_colour_means():

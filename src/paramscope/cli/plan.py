@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     if args.html is not None:
         from ..render.html.cost import render_plan_html
 
-        write_html_page(render_plan_html(report, plan, inspect_module(counted_module(plan)), estimate), args.html)
+        write_html_page(render_plan_html(report, plan, inspect_module(counted_module(plan)), estimate, flops),
+                        args.html)
         if not args.json:  # the page replaces the text
             return 0
     planned = None if args.no_tree or args.json else inspect_module(counted_module(plan))

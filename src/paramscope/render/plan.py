@@ -92,6 +92,35 @@ def adapter_dtype_words(plan) -> str:
     return f"stored in {short_name(plan.adapter_dtype)} under any --precision ({why})"
 
 
+def plan_settings_rows(plan, memory: dict[str, Any] | None, estimate=None) -> list[tuple[str, str]]:
+    """Every setting a plan's figures depend on, as (setting, words) for its page: the plan itself (method, rules,
+    adapters and their dtype, the base's storage and dtype, what counted it), then the training memory's settings
+    (render.memory.settings_rows, the memory page's), the frozen row in the plan's terms. `memory` None (counts
+    only, --no-memory): the plan's rows alone."""
+    from .memory import settings_rows
+
+    rows = [("plan", plan.method + (f" ({plan.storage})" if plan.storage else ""))]
+    if plan.rules:
+        rows.append(("rules", "; ".join(f"{r.action} {r.pattern} → {r.tensors:,} "
+                                        f"{'tensor' if r.tensors == 1 else 'tensors'}, {exact(r.parameters)} parameters"
+                                        for r in plan.rules)))
+    if plan.targets:
+        rows += [("adapters on", f"{', '.join(plan.targets)} (as PEFT resolved them)"),
+                 ("adapter dtype", adapter_dtype_words(plan))]
+    if plan.storage:
+        rows.append(("base storage", storage_line(plan)))
+    if memory is not None and memory["settings"].get("base_dtype"):  # LoRA/DoRA: the frozen base's, and why
+        dtype = memory["settings"]["base_dtype"]
+        source = (memory["settings"].get("base_dtype_from") or "").removeprefix(dtype + ": ")
+        rows.append(("base dtype", short_name(dtype) + (f" ({source})" if source else "")))
+    rows.append(("counts", engine_words(plan, estimate)))
+    if memory is None:
+        return rows
+    frozen = (f"{exact(plan.frozen)} parameters, by the plan (no gradient, no optimizer state); "
+              f"{exact(plan.trainable)} train" if plan.frozen else f"nothing; {exact(plan.trainable)} parameters train")
+    return rows + [(name, frozen if name == "frozen" else value) for name, value in settings_rows(memory)]
+
+
 def render_plan_compare_text(report, rows, width: int = 100, *, color: bool = False) -> str:
     """Plans side by side: [(name, Plan, MemoryEstimate, FLOPs)]."""
     first = rows[0][2]

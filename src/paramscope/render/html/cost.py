@@ -84,17 +84,27 @@ def render_flops_html(report: Report | None, estimate, compute=None, *, fragment
     return html_page(_titled(report, "FLOPs"), _subtitled(report, settings), sections, fragment)
 
 
-def render_plan_html(report: Report | None, plan, planned: Report | None, estimate=None, *,
+def render_plan_html(report: Report | None, plan, planned: Report | None, estimate=None, flops=None, *,
                      fragment: bool = False) -> str:
-    """plan: what trains, as the treemap of the model with the plan applied (frozen parts pale); `planned` None (a
-    plan counted without a build) leaves the treemap out, and says so."""
+    """plan: the counts, what trains as the treemap of the model with the plan applied (frozen parts pale), and,
+    given the estimate, the training step's memory with the --gpu/--budget answer, its FLOPs (traced, given) and
+    every setting the figures depend on (render.plan.plan_settings_rows). `planned` None (a plan counted without a
+    build) leaves the treemap out, and says so."""
+    from ..plan import plan_settings_rows
+
     rows = [("trainable", plan.trainable, "requires_grad, adapters included"),
             ("frozen", plan.frozen, "no gradient, no optimizer state"),
             ("adapters add", plan.adapter, "parameters of the LoRA/DoRA matrices"),
             ("total", plan.total, "base + adapters, as PEFT counts")]
     share = plan.trainable / plan.total * 100 if plan.total else 0.0
+    memory = None
+    if estimate is not None:
+        from ..memory import memory_to_dict
+
+        memory = memory_to_dict(estimate)
     sections = [Section("Plan", totals_table(rows, "plan", {"trainable": plan.trainable}, human)
-                        + f"<p>{share:.4f}% of the parameters train.</p>")]
+                        + f"<p>{share:.4f}% of the parameters train.</p>"),
+                Section("Settings", _rows_table(plan_settings_rows(plan, memory, estimate)))]
     if planned is not None:
         treemap = module_treemap(planned, TRAINABLE)
         sections.append(Section("What trains", figure(treemap_figure(treemap), "treemap-plan") + color_key(treemap)))
@@ -102,15 +112,50 @@ def render_plan_html(report: Report | None, plan, planned: Report | None, estima
         sections.append(Section("What trains", "<p>Counted from the template and PEFT's arithmetic, without a build: "
                                                "no planned module to draw (make the plan from a built model for "
                                                "its treemap).</p>"))
-    if estimate is not None:
-        from ..memory import memory_to_dict
-
-        memory = memory_to_dict(estimate)
-        sections += [Section("Memory of a training step", _memory_totals(memory)
+    if memory is not None:
+        sections += [Section("Memory of a training step", _memory_totals(memory) + _budget_answer(memory)
                              + figure(_phase_bars(memory), "bars-phases")),
                      Section("Fits on", _fits_table(memory), open=False)]
+    if flops is not None and memory is not None:
+        sections.append(Section("FLOPs of a training step", _step_flops(flops, memory["settings"])))
+    if estimate is not None and estimate.notes:
+        sections.append(notes_section(estimate.notes))
     method = plan.method + (f" ({plan.storage})" if plan.storage else "")
-    return html_page(_titled(report, f"fine-tuning plan, {method}"), _subtitled(report, ""), sections, fragment)
+    return html_page(_titled(report, f"fine-tuning plan, {method}"), _subtitled(report, _step_words(memory)),
+                     sections, fragment)
+
+
+def _rows_table(rows, table_id: str = "settings") -> str:
+    """(setting, words) rows as the settings table the memory pages have."""
+    body = "".join(f"<tr><th>{escape(name)}</th><td>{escape(value)}</td></tr>" for name, value in rows)
+    return f'<table class="totals" id="{table_id}">{body}</table>'
+
+
+def _step_words(memory: dict | None) -> str:
+    """The subtitle's settings: engine, precision and optimizer, batch × sequence, the peak (as the memory page's
+    subtitle says them); '' without a memory estimate."""
+    if memory is None:
+        return ""
+    settings = memory["settings"]
+    return (f"{memory['engine']} engine · {settings['precision']}, {settings['optimizer']} · batch "
+            f"{settings['batch']:,} × {settings['seq']:,} tokens · peak {bytes_text(memory['peak']['bytes'])} in "
+            f"{memory['peak']['phase']}")
+
+
+def _step_flops(flops, settings: dict) -> str:
+    """A plan's traced training step, as the text's FLOPs line: forward, backward, the step and per token."""
+    tokens = settings["batch"] * settings["seq"]
+    step = flops.forward + flops.model_backward
+    rows = [("forward", flops.forward, "model FLOPs: 2 per multiply-add, traced (FlopCounterMode)"),
+            ("backward", flops.model_backward, f"model FLOPs, {flops.model_backward / flops.forward:.3f} × forward"),
+            ("training step", step, "forward + backward"),
+            ("per token", step // tokens, f"the step over batch × sequence = {tokens:,} tokens")]
+    if flops.recompute:
+        rows.append(("recompute", flops.recompute, "hardware FLOPs beyond the model's (checkpointing)"))
+    body = "".join(f'<tr><th>{escape(label)}</th><td class="num" data-value="{value}">{exact(value)}</td>'
+                   f'<td class="num dim">{value:.3e}</td><td class="dim">{escape(note)}</td></tr>'
+                   for label, value, note in rows)
+    return f'<table class="totals" id="step-flops" data-step="{step}">{body}</table>'
 
 
 def _titled(report: Report | None, what: str) -> str:
@@ -256,21 +301,46 @@ def _flop_curve(estimate) -> dict:
 
 
 def render_plans_html(report: Report, rows, planned: list[Report], *, fragment: bool = False) -> str:
-    """plan --compare: each plan's counts and training memory side by side, and each model-with-plan's treemap at
-    one scale with its frozen parts pale. `rows` are (name, Plan, MemoryEstimate, FLOPs) as the CLI makes them."""
-    from ..memory import memory_to_dict
+    """plan --compare: each plan's counts, training memory, step FLOPs and --gpu/--budget answer side by side, every
+    setting the figures depend on (one cell where the plans agree), and each model-with-plan's treemap at one scale
+    with its frozen parts pale. `rows` are (name, Plan, MemoryEstimate, FLOPs) as the CLI makes them."""
+    from ..memory import budget_sentence, memory_to_dict
+    from ..plan import plan_settings_rows
 
     memories = [memory_to_dict(estimate) for _, _, estimate, _ in rows]
-    head = "<tr><th>plan</th><th>trainable</th><th>total</th><th>share</th><th>peak</th><th>fits on</th></tr>"
+    budgets = [memory.get("budget") for memory in memories]
+    on = next((b for b in budgets if b is not None), None)
+    where = None if on is None else (f"{bytes_text(on['memory'])} budget" if on["accelerator"] == "budget"
+                                     else on["accelerator"])
+    head = ("<tr><th>plan</th><th>trainable</th><th>total</th><th>share</th><th>peak</th><th>memory engine</th>"
+            "<th>FLOPs per token</th>" + (f"<th>on {escape(where)}</th>" if where else "")
+            + "<th>fits on</th></tr>")
     body = ""
-    for (name, plan, estimate, _), memory in zip(rows, memories):
+    for (name, plan, estimate, flops), memory, budget in zip(rows, memories, budgets):
         fits = sum(1 for fit in memory.get("fits") or [] if fit["fits"])
+        tokens = memory["settings"]["batch"] * memory["settings"]["seq"]
+        per_token = None if flops is None else (flops.forward + flops.model_backward) // tokens
+        answer = ""
+        if where:
+            answer = ("<td>—</td>" if budget is None else
+                      f'<td data-fits="{str(budget["fits"]).lower()}" '
+                      f'data-largest-batch="{"" if budget["largest_batch"] is None else budget["largest_batch"]}">'
+                      + ("fits, largest batch " + ("—" if budget["largest_batch"] is None else
+                                                    exact(budget["largest_batch"]))
+                         if budget["fits"] else f"does not fit (short by {bytes_text(-budget['free'])})")
+                      + "</td>")
         body += (f'<tr data-plan="{escape(name)}"><th>{escape(name)}</th>'
                  f'<td class="num" data-value="{plan.trainable}">{exact(plan.trainable)}</td>'
                  f'<td class="num">{exact(plan.total)}</td>'
                  f'<td class="num">{plan.trainable / plan.total * 100 if plan.total else 0:.4f}%</td>'
                  f'<td class="num" data-value="{estimate.peak}">{bytes_text(estimate.peak)}</td>'
-                 f'<td class="num">{fits} of {len(memory.get("fits") or [])} accelerators</td></tr>')
+                 f'<td>{escape(estimate.engine)}</td>'
+                 + ('<td class="num">—</td>' if per_token is None else
+                    f'<td class="num" data-value="{per_token}">{exact(per_token)}</td>')
+                 + answer + f'<td class="num">{fits} of {len(memory.get("fits") or [])} accelerators</td></tr>')
+    answers = "".join(f'<li data-plan="{escape(name)}"><b>{escape(name)}</b>: '
+                      f'{escape(budget_sentence(budget, memory["settings"]))}</li>'
+                      for (name, *_), memory, budget in zip(rows, memories, budgets) if budget is not None)
     names = [name for name, *_ in rows]
     traces = [_bar(label, names, [_held(memory, key) for memory in memories], [""] * len(rows))
               for key, label in (("weights", "weights"), ("gradients", "gradients"),
@@ -282,13 +352,50 @@ def render_plans_html(report: Report, rows, planned: list[Report], *, fragment: 
     cells = [small_multiple(name, "", module_treemap(model, TRAINABLE), f"treemap-{index}", total=model.total,
                             largest=largest, side=420, least=160, depth=4)
              for index, ((name, *_), model) in enumerate(zip(rows, planned))]
+    settings = [plan_settings_rows(plan, memory, estimate) for (_, plan, estimate, _), memory in zip(rows, memories)]
     sections = [
-        Section("Plans", f'<div class="scroll"><table class="compare" id="plans">{head}{body}</table></div>'),
+        Section("Plans", f'<div class="scroll"><table class="compare" id="plans">{head}{body}</table></div>'
+                         + (f'<ul id="budget">{answers}</ul>' if answers else "")
+                         + '<p class="dim">FLOPs per token: the training step, forward + backward (model FLOPs, '
+                           "traced), over batch × sequence tokens.</p>"),
+        Section("Settings", _settings_by_plan(names, settings)),
         Section("Training memory by part", figure({"data": traces, "layout": layout}, "bars-plans")),
         Section("What trains in each", '<p class="dim">Frozen parts pale; area ∝ parameters.</p>'
                                        f'<div class="multiples">{"".join(cells)}</div>'),
     ]
-    return html_page(_titled(report, "fine-tuning plans compared"), _subtitled(report, ""), sections, fragment)
+    notes: dict[str, list[str]] = {}  # a note the plans share is said once, naming them
+    for name, _, estimate, _ in rows:
+        for note in estimate.notes:
+            notes.setdefault(note, []).append(name)
+    if notes:
+        sections.append(notes_section([note if len(who) == len(rows) else f"{', '.join(who)}: {note}"
+                                       for note, who in notes.items()]))
+    first = memories[0]["settings"]
+    shared = (f"{first['precision']}, {first['optimizer']} · batch {first['batch']:,} × {first['seq']:,} tokens"
+              + (f" · on {where}" if where else ""))
+    return html_page(_titled(report, "fine-tuning plans compared"), _subtitled(report, shared), sections, fragment)
+
+
+def _settings_by_plan(names: list[str], settings: list[list[tuple[str, str]]]) -> str:
+    """One row per setting, a column per plan; where every plan has the same words, one cell across them."""
+    order: list[str] = []  # every plan's rows in its order; a row the plans before lacked goes before its next one
+    by_plan = [dict(rows) for rows in settings]
+    for rows in settings:
+        names_here = [name for name, _ in rows]
+        for index, name in enumerate(names_here):
+            if name not in order:
+                after = next((n for n in names_here[index + 1:] if n in order), None)
+                order.insert(len(order) if after is None else order.index(after), name)
+    head = "<tr><th>setting</th>" + "".join(f"<th>{escape(n)}</th>" for n in names) + "</tr>"
+    body = ""
+    for setting in order:
+        values = [plan.get(setting, "—") for plan in by_plan]
+        if len(set(values)) == 1:
+            cells = f'<td colspan="{len(names)}">{escape(values[0])}</td>'
+        else:
+            cells = "".join(f"<td>{escape(value)}</td>" for value in values)
+        body += f'<tr data-setting="{escape(setting)}"><th>{escape(setting)}</th>{cells}</tr>'
+    return f'<div class="scroll"><table class="compare" id="settings">{head}{body}</table></div>'
 
 
 # Results displayed alone (a notebook, `.to_html()`), by type name (display.PAGES): with the report (and the

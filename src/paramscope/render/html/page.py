@@ -34,6 +34,9 @@ _SPARE_COLORS = ("#d4a6c8", "#fabfd2", "#f1ce63", "#ffbe7d", "#9d7660", "#d7b5a6
 
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendDataToCloud"]}
+# Small multiples draw no toolbar: over a treemap of 120–560 px, plotly's modebar (shown on hover, at the top right)
+# covers the root box's label, and a treemap's toolbar holds only "download as PNG".
+QUIET_CONFIG = {**PLOTLY_CONFIG, "displayModeBar": False}
 FONT = {"family": "system-ui, sans-serif", "size": 12}
 LEGEND_ABOVE = {"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"}
 
@@ -141,7 +144,7 @@ def small_multiple(title: str, note: str, treemap: Treemap, div_id: str, *, tota
     drawn = treemap_figure(treemap, depth=depth, side=px, toggle=False)
     subtitle_line = f'<br><span class="dim">{escape(note)}</span>' if note else ""
     return (f'<div class="multiple"><div class="multiple-title">{escape(title)}{subtitle_line}</div>'
-            f"{figure(drawn, div_id)}</div>")
+            f"{figure(drawn, div_id, modebar=False)}</div>")
 
 
 def totals_table(rows, table_id: str, data: dict[str, int], human_text) -> str:
@@ -158,8 +161,9 @@ def notes_section(notes) -> Section:
     return Section("Notes", "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>", open=False)
 
 
-def figure(spec: dict, div_id: str) -> str:
-    """A <div> and the script that draws `spec` in it (plotly.js is in the page's head, or the fragment's).
+def figure(spec: dict, div_id: str, *, modebar: bool = True) -> str:
+    """A <div> and the script that draws `spec` in it (plotly.js is in the page's head, or the fragment's);
+    `modebar` False: without plotly's toolbar (small multiples).
 
     The script draws into the element just before it, not the one found by id: a notebook shows several
     fragments on one page, whose ids repeat. The id is for tests and links."""
@@ -167,7 +171,8 @@ def figure(spec: dict, div_id: str) -> str:
     return (f'<div class="figure" id="{div_id}"></div><script>(function(){{var f={data};'
             "var target=document.currentScript.previousElementSibling;"
             "(window.paramscopeFigures=window.paramscopeFigures||[]).push("
-            f"Plotly.newPlot(target,f.data,f.layout,{json.dumps(PLOTLY_CONFIG)}));}})();</script>")
+            f"Plotly.newPlot(target,f.data,f.layout,{json.dumps(PLOTLY_CONFIG if modebar else QUIET_CONFIG)}));}})();"
+            "</script>")
 
 
 _STYLE = """
