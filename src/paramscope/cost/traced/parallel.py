@@ -1,0 +1,571 @@
+"""The traced engine for multi-GPU layouts: one rank's training step under FSDP2 and DTensor tensor parallelism.
+
+    module (meta) → step.py's fake working copy → tensor parallel (torch's parallelize_module on the "tp" submesh,
+    the rules read from transformers) → FSDP2 (fully_shard on each layer, then the root, on the "dp" submesh)
+    → step.py's measured step (warm-up, then MemTracker phase by phase) → the TracedStep of `rank`
+
+The GPUs are stood in for by torch's `fake` process group (torch.testing's FakeStore): a collective returns at
+once and moves no data, but its outputs are allocated as on a GPU, so every tensor the rank holds, gathers, reduces
+or saves has its real shape and lifetime, and MemTracker sorts its bytes into the same categories as a one-device
+step. The mesh is (dp, tp) named ("dp", "tp") and built outside FakeTensorMode; tensor parallelism goes first, then
+FSDP2, as torchtitan applies them. `settings.batch` is each data-parallel rank's micro-batch (the tp ranks of one
+replica share it).
+
+Tensor parallel rules. transformers' own plan is read from the model (`tp_plan`: the class's `_tp_plan`, e.g.
+LlamaForCausalLM's lm_head `colwise_gather_output`, the config's `base_model_tp_plan` prefixed with the base model's
+path, and transformers' vocab-parallel `embed_tokens`), and each style becomes torch's: colwise → ColwiseParallel,
+rowwise → RowwiseParallel, colwise_gather_output → ColwiseParallel with a Replicate output, embedding_rowwise →
+RowwiseParallel with a Replicate input. What the plan leaves out follows Megatron/torchtitan: an input embedding
+vocab-parallel, an output head colwise with its output gathered, norms replicated (SequenceParallel under `sp`).
+A class without a plan (BERT) gets a Megatron-style one from its layers' module names. Styles of transformers' own
+with no torch counterpart (the MoE experts' packed_colwise, moe_tp_experts) are refused: such a model traces under
+FSDP2 only.
+
+Sequence parallel: transformers builds the causal mask and the rotary tables from the embedding output's length,
+so the embedding's output stays whole (replicated); the residual stream is split on the sequence going into the
+first layer (PrepareModuleInput Replicate → Shard(1)), every norm in a layer and the final norm run
+SequenceParallel, attention and MLP inputs are gathered (PrepareModuleInput Shard(1) → Replicate), rowwise outputs
+are reduce-scattered (Shard(1)), and the head gathers its input (Shard(1)). How each block is called (hidden states
+by position or by keyword) is read from one probe forward of the copy on `tp` tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from ... import progress
+from ...errors import OptionError, UnsupportedError
+from ..dims import dim, text_config
+from .step import (StepSettings, TracedStep, _trace_training, assumed_values, check_attention, fake_mode, running,
+                   training_copy)
+
+SHARDS = ("none", "fsdp")
+MAX_RANKS = 65_536
+
+# transformers' style names this engine maps onto torch's ParallelStyles (what each becomes: _torch_style), and
+# those that keep the parameter whole on every rank (a per-head norm whose gradient transformers all-reduces in place)
+TORCH_STYLES = ("colwise", "rowwise", "colwise_gather_output", "colwise_rep", "rowwise_split_input", "rowwise_rep",
+                "embedding_rowwise")
+REPLICATED_STYLES = ("replicate", "replicated_with_grad_allreduce")
+# Megatron's names for the layers of a class without a plan (BERT): suffix of the module's name → style
+MEGATRON_NAMES = ((".attention.self.query", "colwise"), (".attention.self.key", "colwise"),
+                  (".attention.self.value", "colwise"), (".intermediate.dense", "colwise"),
+                  (".attention.output.dense", "rowwise"), (".output.dense", "rowwise"))
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int = 1
+    shard: str = "none"  # "none": DDP-like replication | "fsdp": FSDP2 over the dp ranks
+    tp: int = 1
+    sp: bool = False
+    rank: int = 0
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp
+
+    def describe(self) -> str:
+        parts = [f"dp {self.dp}" + (" (FSDP2)" if self.shard == "fsdp" else "")]
+        if self.tp > 1:
+            parts.append(f"tp {self.tp}" + (" with sequence parallel" if self.sp else ""))
+        return " × ".join(parts)
+
+
+def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1, shard: str = "none", tp: int = 1,
+                            sp: bool = False, rank: int = 0) -> TracedStep:
+    """One steady training step of `rank` in a (dp × tp) layout, measured as trace_training measures one device.
+
+    `module` is a meta-built transformers model; it is not modified. `settings.batch` is each data-parallel rank's
+    micro-batch. Rank r sits at (r // tp, r % tp) of the ("dp", "tp") mesh; ranks differ only where a width does
+    not divide (a vocabulary over tp, dim 0 over dp: the last ranks hold fewer rows, FSDP2 pads them alike)."""
+    layout = check_layout(dp, shard, tp, sp, rank)
+    with progress.status(f"tracing one training step of {type(module).__name__} on rank {rank} of "
+                         f"{layout.describe()} (fake process group, MemTracker)"):
+        with parallel_copy(module, settings, layout) as (model, notes, assumed):
+            step = _trace_training(model, dataclasses.replace(settings, grad_checkpointing=False), fake=False)
+            notes.extend(assumed.notes())
+    return dataclasses.replace(step, notes=tuple(notes) + step.notes)
+
+
+def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any) -> Layout:
+    """The layout, or one line naming the value that does not fit."""
+    for name, value in (("dp", dp), ("tp", tp)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RANKS:
+            raise OptionError("{0} must be an integer between 1 and {most:,}, got {value!r}", name, most=MAX_RANKS,
+                              value=value)
+    if shard not in SHARDS:
+        raise OptionError("unknown {0} {value!r}; use one of {choices}", "shard", value=str(shard)[:40],
+                          choices=", ".join(SHARDS))
+    if not isinstance(sp, bool):
+        raise OptionError("{0} must be True or False, got {value!r}", "sp", value=sp)
+    if sp and tp == 1:
+        raise OptionError("{0} splits the sequence over the tensor-parallel ranks: it needs tp > 1, got tp 1", "sp")
+    if dp * tp > MAX_RANKS:
+        raise OptionError("dp × tp must be at most {most:,}, got {value:,}", most=MAX_RANKS, value=dp * tp)
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp * tp:
+        raise OptionError("{0} must be an integer between 0 and {last} (dp × tp - 1), got {value!r}", "rank",
+                          last=dp * tp - 1, value=rank)
+    return Layout(dp, shard, tp, sp, rank)
+
+
+@contextmanager
+def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterator[tuple[Any, list[str], Any]]:
+    """(the fake working copy with the layout applied, the notes naming what was applied, the assumed-values
+    counter), inside a fake process group of the layout's ranks and FakeTensorMode; the group is destroyed after."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    check_attention(settings.attention)
+    if dist.is_initialized():
+        raise UnsupportedError("a torch process group is already initialised in this process; the parallel trace "
+                               "runs on a fake one of its own")
+    if layout.sp and settings.seq % layout.tp:
+        raise OptionError("sequence parallel splits the sequence over the tp ranks: tp {tp} does not divide {0} "
+                          "{seq:,}", "seq", tp=layout.tp, seq=settings.seq)
+    if layout.shard == "fsdp" and (settings.frozen or any(not p.requires_grad for p in module.parameters())):
+        raise UnsupportedError("frozen parameters under FSDP2 are not traced: MemTracker hooks the gradient of "
+                               "every parameter FSDP2 gathers for a forward, and torch refuses a hook on a frozen one")
+    dist.init_process_group("fake", rank=layout.rank, world_size=layout.world, store=FakeStore())
+    try:
+        with _mesh_tables_real():
+            # the mesh and its submeshes are made outside FakeTensorMode (their rank tables are real tensors)
+            mesh = init_device_mesh("cpu", (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
+            dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
+            with fake_mode(True) as mode, assumed_values(True) as assumed:
+                model = training_copy(module, mode, settings)
+                notes = [f"rank {layout.rank} of {layout.world} ({layout.describe()}) on a fake process group: "
+                         "collectives move no data but allocate their outputs, so every tensor the rank holds is "
+                         f"counted; batch {settings.batch} is each data-parallel rank's micro-batch"]
+                with running(model):
+                    if layout.tp > 1:
+                        notes += apply_tensor_parallel(model, tp_mesh, layout.tp, layout.sp,
+                                                       fsdp=layout.shard == "fsdp")
+                    if layout.shard == "fsdp":
+                        notes += apply_fsdp(model, dp_mesh, settings)
+                    elif layout.dp > 1:
+                        notes.append(_replication_note(model, layout.dp))
+                yield model, notes, assumed
+    finally:
+        dist.destroy_process_group()
+
+
+@contextmanager
+def _mesh_tables_real() -> Iterator[None]:
+    """A device mesh keeps its rank table in a real tensor and computes on it when made or asked for it (FSDP2
+    joins the dp and tp meshes inside its init): let those computations out of FakeTensorMode and the other
+    dispatch modes (assumed_values would answer its nonzero)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torch.distributed.device_mesh import DeviceMesh
+
+    original_init, original_mesh = DeviceMesh.__init__, DeviceMesh.__dict__["mesh"]
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        with _disable_current_modes():
+            original_init(self, *args, **kwargs)
+
+    def mesh(self: Any) -> Any:
+        with _disable_current_modes():
+            return original_mesh.fget(self)
+
+    DeviceMesh.__init__, DeviceMesh.mesh = init, property(mesh)
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__, DeviceMesh.mesh = original_init, original_mesh
+
+
+# --- FSDP2 ------------------------------------------------------------------------------------------------------
+
+def layer_lists(model: Any) -> tuple[list[tuple[str, Any]], str]:
+    """The ModuleLists of the model's layers and how they were found: those whose blocks are all of a class in
+    transformers' `_no_split_modules`, else the longest ModuleList of blocks of one class."""
+    import torch
+
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    keep = set(getattr(model, "_no_split_modules", None) or ())
+    found = [(name, m) for name, m in lists if all(type(block).__name__ in keep for block in m)]
+    if found:
+        return found, f"{type(model).__name__}._no_split_modules"
+    uniform = [(name, m) for name, m in lists if len({type(block) for block in m}) == 1]
+    if not uniform:
+        raise UnsupportedError(f"{type(model).__name__} has no list of layers to shard (no ModuleList of blocks of "
+                               "one class)")
+    longest = max(uniform, key=lambda item: len(item[1]))
+    return [longest], "the longest ModuleList of blocks of one class"
+
+
+def apply_fsdp(model: Any, mesh: Any, settings: StepSettings) -> list[str]:
+    """FSDP2 as torchtitan and accelerate apply it: fully_shard on each layer, then on the root, with the default
+    reshard_after_forward (a layer frees its gathered parameters after its forward; the root keeps its own)."""
+    from torch.distributed.fsdp import fully_shard
+
+    lists, how = layer_lists(model)
+    for _, blocks in lists:
+        for block in blocks:
+            fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    where = ", ".join(f"{len(blocks)} {type(blocks[0]).__name__} of {name}" for name, blocks in lists)
+    return [f"FSDP2 over {mesh.size()} rank{'s' if mesh.size() > 1 else ''}: fully_shard on each of the {where} "
+            f"(found by {how}), then on the root (what is left: embeddings, final norm, head), reshard_after_forward "
+            "as torch defaults it (layers free their gathered parameters after the forward, the root keeps its "
+            "own); each parameter's dim 0 is split in ceil(dim0 / dp) rows, padded"
+            + ("; mixed precision is torch.autocast over the parameters' own dtype, as on one device (no "
+               "MixedPrecisionPolicy)" if settings.precision.endswith("-mixed") else "")]
+
+
+def _replication_note(model: Any, dp: int) -> str:
+    grads = sum(_local(p).numel() * _local(p).element_size() for p in model.parameters() if p.requires_grad)
+    return (f"shard 'none': each of the {dp} data-parallel ranks holds the whole model states, as DDP does; the step "
+            "traced is one rank's without DDP's wrapper, whose reducer (C++) does not run on fake tensors: it also "
+            f"keeps gradient buckets, one more copy of the trainable gradients ({grads:,} B), unless "
+            "gradient_as_bucket_view=True")
+
+
+def _local(tensor: Any) -> Any:
+    return getattr(tensor, "_local_tensor", tensor)
+
+
+# --- tensor parallel ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rule:
+    module: str  # the module's name in the model
+    style: str  # transformers' style name (TORCH_STYLES)
+    source: str  # where the rule came from
+
+
+def tensor_parallel_rules(model: Any) -> tuple[list[Rule], list[str]]:
+    """Every module's rule, concrete (no wildcards), and notes on where the rules came from."""
+    import torch
+
+    modules = dict(model.named_modules())
+    plan = dict(getattr(model, "tp_plan", None) or {})
+    notes: list[str] = []
+    rules: dict[str, Rule] = {}
+    name = type(model).__name__
+    if plan:
+        unmapped = sorted({s for s in plan.values() if s not in TORCH_STYLES + REPLICATED_STYLES})
+        if unmapped:
+            experts = any("moe" in s or "packed" in s for s in unmapped)
+            raise UnsupportedError(f"tensor parallel over {name}: transformers' plan uses {', '.join(unmapped)}, "
+                                   "styles of its own with no torch ParallelStyle"
+                                   + (" (the MoE experts' packed weights)" if experts else "")
+                                   + "; trace it with shard='fsdp' and tp=1")
+        class_plan = dict(getattr(type(model), "_tp_plan", None) or {})
+        config = getattr(model, "config", None)
+        configs = [config, text_config(config)] if config is not None else []
+        config_plans = [(type(c).__name__, dict(getattr(c, "base_model_tp_plan", None) or {}))
+                        for i, c in enumerate(configs) if c is not None and c not in configs[:i]]
+        for pattern, style in plan.items():
+            if pattern in class_plan:
+                source = f"{name}._tp_plan"
+            else:
+                source = next((f"{owner}.base_model_tp_plan" for owner, entries in config_plans
+                               if any(pattern == key or pattern.endswith("." + key) for key in entries)),
+                              "transformers' default (init_parallel_plans)")
+            regex = re.compile(re.escape(pattern).replace(r"\*", r"\d+"))
+            for module_name in modules:
+                if regex.fullmatch(module_name):
+                    rules[module_name] = Rule(module_name, style, source)
+    else:
+        lists, _ = layer_lists(model)
+        source = f"Megatron's names ({type(getattr(model, 'config', None)).__name__} has no base_model_tp_plan)"
+        for list_name, _ in lists:
+            for module_name, module in modules.items():
+                if module_name.startswith(list_name + ".") and isinstance(module, torch.nn.Linear):
+                    style = next((s for suffix, s in MEGATRON_NAMES if module_name.endswith(suffix)), None)
+                    if style:
+                        rules[module_name] = Rule(module_name, style, source)
+        if not rules:
+            raise UnsupportedError(f"tensor parallel over {name}: it has no base_model_tp_plan and none of its "
+                                   "layers' modules has a Megatron name (query, key, value, dense)")
+        notes.append(f"{name} has no tensor-parallel plan in transformers: a Megatron-style one from module names "
+                     "(query, key, value and intermediate.dense colwise; attention.output.dense and output.dense "
+                     "rowwise)")
+    names = {module: n for n, module in modules.items()}
+    embedding = _named(model, "get_input_embeddings", names)
+    if embedding and embedding not in rules and isinstance(modules[embedding], torch.nn.Embedding):
+        rules[embedding] = Rule(embedding, "embedding_rowwise", "Megatron's vocab-parallel input embedding")
+    head = _named(model, "get_output_embeddings", names)
+    if head and head not in rules and isinstance(modules[head], torch.nn.Linear):
+        rules[head] = Rule(head, "colwise_gather_output",
+                           "Megatron's vocab-parallel head, its output gathered as transformers' colwise_gather_output")
+    return list(rules.values()), notes
+
+
+def _named(model: Any, getter: str, names: dict[Any, str]) -> str | None:
+    try:
+        module = getattr(model, getter)()
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
+    return names.get(module)
+
+
+def apply_tensor_parallel(model: Any, mesh: Any, tp: int, sp: bool, *, fsdp: bool = False) -> list[str]:
+    """Shard the copy over the tp ranks with torch's parallelize_module; the notes name every rule and its source."""
+    import torch
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    rules, notes = tensor_parallel_rules(model)
+    modules = dict(model.named_modules())
+    notes += _check_divisible(model, rules, modules, tp)
+    notes += _replicate_kv_heads(model, rules, modules, tp)
+    ties = _ties(model)
+    plan = {rule.module: _torch_style(rule.style, sp) for rule in rules if rule.style not in REPLICATED_STYLES}
+    if sp:
+        plan.update(_sequence_parallel_plan(model, rules, modules, tp))
+    parallelize_module(model, mesh, plan)
+    for group in ties:  # parallelize_module replaces each parameter it shards: tie the others to the sharded one
+        owners = [(modules[m], attribute) for m, attribute in group]
+        sharded = next((getattr(o, a) for o, a in owners if _is_dtensor(getattr(o, a))), None)
+        if sharded is not None:
+            for owner, attribute in owners:
+                if getattr(owner, attribute) is not sharded:
+                    setattr(owner, attribute, sharded if isinstance(sharded, torch.nn.Parameter)
+                            else torch.nn.Parameter(sharded))
+    replicated = _replicate_rest(model, mesh)
+    by_source: dict[str, list[str]] = {}
+    for rule in rules:
+        by_source.setdefault(rule.source, []).append(f"{_generic(rule.module)} {rule.style}")
+    for source, entries in by_source.items():
+        notes.append(f"tensor parallel over {tp} ranks, from {source}: " + ", ".join(dict.fromkeys(entries)))
+    if sp:
+        notes.append("sequence parallel: the embedding's output kept whole (transformers builds the mask and the "
+                     "rotary tables from its length), the residual stream split on the sequence into the first "
+                     "layer, norms SequenceParallel, attention and MLP inputs gathered, rowwise outputs Shard(1), "
+                     "the head's input gathered")
+    embeddings = [rule.module for rule in rules if rule.style == "embedding_rowwise"]
+    if embeddings and not fsdp:
+        weight = modules[embeddings[0]].weight
+        notes.append(f"torch's DTensor gives the vocab-parallel embedding's gradient Replicate: the whole "
+                     f"{' × '.join(map(str, weight.shape))} gradient on each tp rank "
+                     f"({weight.numel() * weight.element_size():,} B) until the optimizer step takes its shard")
+    if replicated:
+        notes.append(f"{', '.join(dict.fromkeys(map(_generic, replicated)))} not sharded: replicated on every "
+                     "tp rank, as DTensor Replicate (torch's distribute_module: same tensors, no copy) so that one "
+                     "optimizer steps them beside the sharded ones")
+    return notes
+
+
+def _replicate_rest(model: Any, mesh: Any) -> list[str]:
+    """Make the parameters no rule sharded Replicate DTensors on the tp mesh, their modules taking and giving plain
+    tensors (from_local and to_local: views, no copy); the names of the modules that hold them."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+    from torch.utils._pytree import tree_map
+
+    def replicated(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and not isinstance(x, DTensor):
+            return DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+        return x
+
+    def local(x: Any) -> Any:
+        return x.to_local() if isinstance(x, DTensor) else x
+
+    held = [(name, module) for name, module in model.named_modules()
+            if any(not isinstance(p, DTensor) for p in module.parameters(recurse=False))]
+    for _, module in held:
+        def partition(_name: str, sub: Any, _mesh: Any, owner: Any = module) -> None:
+            if sub is owner:
+                for key, param in list(sub._parameters.items()):
+                    if param is not None and not isinstance(param, DTensor):
+                        sub.register_parameter(key, torch.nn.Parameter(replicated(param.data),
+                                                                       requires_grad=param.requires_grad))
+
+        distribute_module(module, mesh, partition, input_fn=lambda _m, inputs, _mesh: tree_map(replicated, inputs),
+                          output_fn=lambda _m, outputs, _mesh: tree_map(local, outputs))
+    return [name for name, _ in held]
+
+
+def _generic(name: str) -> str:
+    return re.sub(r"\.\d+\.", ".*.", name)
+
+
+def _is_dtensor(tensor: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def _torch_style(style: str, sp: bool) -> Any:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if style == "colwise":
+        return ColwiseParallel()
+    if style == "rowwise":
+        return RowwiseParallel(output_layouts=Shard(1)) if sp else RowwiseParallel()
+    if style in ("colwise_gather_output", "colwise_rep"):
+        return ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Replicate())
+    if style in ("rowwise_split_input", "rowwise_rep"):  # a whole input, split on the rank
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1) if sp else Replicate())
+    if style == "embedding_rowwise":
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    raise AssertionError(style)  # tensor_parallel_rules refuses every other style
+
+
+def _ties(model: Any) -> list[list[tuple[str, str]]]:
+    """The parameters held by more than one module, as [(module name, attribute)] groups."""
+    holders: dict[int, list[tuple[str, str]]] = {}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        for attribute, param in module.named_parameters(recurse=False):
+            holders.setdefault(id(param), []).append((module_name, attribute))
+    return [list(dict.fromkeys(group)) for group in holders.values() if len(set(group)) > 1]
+
+
+def _check_divisible(model: Any, rules: list[Rule], modules: dict[str, Any], tp: int) -> list[str]:
+    """One line for a tp that does not divide the heads, the intermediate size, the KV heads (where they are not
+    replicated) or a sharded width; a note for a vocabulary it does not divide (uneven shards, as DTensor keeps)."""
+    config = text_config(getattr(model, "config", None))
+    name = type(model).__name__
+    heads, kv_heads, intermediate = dim(config, "heads"), dim(config, "kv_heads"), dim(config, "intermediate")
+    if heads and heads % tp:
+        raise OptionError("tp {tp} does not divide the {heads} attention heads of {name}", tp=tp, heads=heads,
+                          name=name)
+    if intermediate and intermediate % tp:
+        raise OptionError("tp {tp} does not divide the intermediate size {size:,} of {name}", tp=tp,
+                          size=intermediate, name=name)
+    if kv_heads and kv_heads % tp and tp % kv_heads:
+        raise OptionError("tp {tp} does not divide the {kv} KV heads of {name}, nor do they divide it (to "
+                          "replicate them)", tp=tp, kv=kv_heads, name=name)
+    notes = []
+    for rule in rules:
+        weight = getattr(modules[rule.module], "weight", None)
+        if weight is None or rule.style in REPLICATED_STYLES:
+            continue
+        axis = 1 if rule.style.startswith("rowwise") else 0
+        width = weight.shape[axis]
+        if width % tp == 0:
+            continue
+        if rule.style in ("embedding_rowwise", "colwise_gather_output"):
+            notes.append(f"tp {tp} does not divide {rule.module}'s {width:,} rows: DTensor's uneven shards "
+                         f"(ceil(rows / tp), the last rank's fewer); Megatron pads the vocabulary instead")
+        elif not (rule.module.rsplit(".", 1)[-1] in ("k_proj", "v_proj") and kv_heads and tp % kv_heads == 0):
+            raise OptionError("tp {tp} does not divide {module}'s {width:,} {what}", tp=tp, module=rule.module,
+                              width=width, what="input features" if axis else "output features")
+    return notes
+
+
+def _replicate_kv_heads(model: Any, rules: list[Rule], modules: dict[str, Any], tp: int) -> list[str]:
+    """With more tp ranks than KV heads, widen each k/v projection to tp heads (one per rank) before colwise
+    sharding, so each rank holds the one KV head its query heads use, as Megatron replicates them."""
+    import torch
+
+    config = text_config(getattr(model, "config", None))
+    heads, kv_heads = dim(config, "heads"), dim(config, "kv_heads")
+    if not heads or not kv_heads or tp <= kv_heads:
+        return []
+    widened = []
+    for rule in rules:
+        if rule.style != "colwise" or rule.module.rsplit(".", 1)[-1] not in ("k_proj", "v_proj"):
+            continue
+        linear = modules[rule.module]
+        head_dim = linear.weight.shape[0] // kv_heads
+        for attribute in ("weight", "bias"):
+            param = getattr(linear, attribute, None)
+            if param is None:
+                continue
+            shape = (tp * head_dim, *param.shape[1:])
+            setattr(linear, attribute, torch.nn.Parameter(param.new_empty(shape), requires_grad=param.requires_grad))
+        linear.out_features = tp * head_dim
+        attention = modules[rule.module.rpartition(".")[0]]
+        if hasattr(attention, "num_key_value_groups"):
+            attention.num_key_value_groups = heads // tp
+        widened.append(rule.module)
+    if not widened:
+        return []
+    return [f"tp {tp} is more than the {kv_heads} KV heads: each KV head replicated {tp // kv_heads}× (the k and v "
+            f"projections widened to {tp} heads before colwise sharding), so each rank holds the one KV head its "
+            f"{heads // tp} query heads use, as Megatron does"]
+
+
+def _sequence_parallel_plan(model: Any, rules: list[Rule], modules: dict[str, Any], tp: int) -> dict[str, Any]:
+    """The sequence-parallel styles beside the rules: the first layer's input split, norms SequenceParallel, the
+    attention and MLP blocks' inputs gathered, the final norms SequenceParallel."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
+
+    name = type(model).__name__
+    if not getattr(model, "tp_plan", None):
+        raise UnsupportedError(f"sequence parallel is traced for decoders with transformers' tensor-parallel plan; "
+                               f"{name} has none")
+    lists, _ = layer_lists(model)
+    if len(lists) != 1:
+        raise UnsupportedError(f"sequence parallel over {name}: it has {len(lists)} lists of layers; one is traced")
+    list_name, blocks = lists[0]
+    layer_names = [f"{list_name}.{i}" for i in range(len(blocks))]
+    blocks_in = {}  # the attention and MLP blocks: the direct children of a layer that hold a rule's module
+    for rule in rules:
+        for layer in layer_names:
+            if rule.module.startswith(layer + "."):
+                child = layer + "." + rule.module[len(layer) + 1:].split(".", 1)[0]
+                if child != rule.module:
+                    blocks_in[child] = modules[child]
+    calls = _calls(model, [layer_names[0], *blocks_in], modules, tp)
+    plan: dict[str, Any] = {}
+    plan[layer_names[0]] = _prepare(calls[layer_names[0]], Replicate(), Shard(1))
+    for block in blocks_in:
+        plan[block] = _prepare(calls[block], Shard(1), Replicate())
+    for layer in layer_names:
+        for child, module in modules[layer].named_children():
+            if _is_norm(module):
+                plan[f"{layer}.{child}"] = SequenceParallel(use_local_output=True)
+    parent = list_name.rpartition(".")[0]
+    for child, module in (modules[parent] if parent else model).named_children():
+        if _is_norm(module):
+            plan[f"{parent}.{child}" if parent else child] = SequenceParallel(use_local_output=True)
+    return plan
+
+
+def _is_norm(module: Any) -> bool:
+    return "norm" in type(module).__name__.lower()
+
+
+def _prepare(call: tuple[int, str | None], given: Any, wanted: Any) -> Any:
+    """PrepareModuleInput for a block called with its hidden states first by position, or by keyword `name`."""
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    positional, keyword = call
+    if keyword is not None:
+        return PrepareModuleInput(input_kwarg_layouts={keyword: given}, desired_input_kwarg_layouts={keyword: wanted},
+                                  use_local_output=True)
+    rest = (None,) * (positional - 1)
+    return PrepareModuleInput(input_layouts=(given, *rest), desired_input_layouts=(wanted, *rest),
+                              use_local_output=True)
+
+
+def _calls(model: Any, names: list[str], modules: dict[str, Any], tp: int) -> dict[str, tuple[int, str | None]]:
+    """How each named module is called, from one probe forward on `tp` tokens: (positional arguments, the keyword
+    of its first parameter when the hidden states come by keyword, else None)."""
+    import inspect
+
+    import torch
+
+    seen: dict[str, tuple[int, str | None]] = {}
+    handles = []
+    for name in names:
+        module = modules[name]
+        first = next(iter(inspect.signature(module.forward).parameters), None)
+
+        def record(_module, args, kwargs, name=name, first=first):  # noqa: ANN001 - torch's hook signature
+            if name not in seen:
+                seen[name] = (len(args), first if not args and first in kwargs else None)
+
+        handles.append(module.register_forward_pre_hook(record, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros((1, tp), dtype=torch.long))
+    finally:
+        for handle in handles:
+            handle.remove()
+    missing = [name for name in names if name not in seen or (seen[name][0] == 0 and seen[name][1] is None)]
+    if missing:
+        raise UnsupportedError(f"sequence parallel over {type(model).__name__}: cannot tell how "
+                               f"{', '.join(missing)} receive their hidden states")
+    return seen
