@@ -109,7 +109,7 @@ def test_expert_parallel_splits_routed_experts_only():
     device = estimate_training("mixtral-8x7b", TrainingOptions(layout=layout_for(devices=8, ep=8))).training.device
     assert device.weights == 4 * (report.total - experts + experts // 8)
     assert device.rules["moe.experts"].endswith("experts / ep 8")
-    assert device.rules["moe.router"] == "whole"
+    assert device.rules["moe.router"] == "whole (no tensor parallelism)"
 
 
 @pytest.mark.parametrize("kwargs, message", [

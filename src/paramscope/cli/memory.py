@@ -60,7 +60,7 @@ def add_parser(subparsers: Any) -> None:
     training.add_argument("--freeze", action="append", default=[], metavar="ROLE_OR_GLOB",
                           help="parameters that do not train: a role (embeddings, attention, mlp, norm, head) or a name glob "
                                "(model.layers.0.*); repeatable")
-    training.add_argument("--devices", type=int, default=1, metavar="N",
+    training.add_argument("--devices", type=int, metavar="N",
                           help="devices in all (default 1); alone, data-parallel devices; with --tp (or --dp), "
                                "dp = N / tp")
     training.add_argument("--zero", default="0", metavar="STAGE",
@@ -72,6 +72,18 @@ def add_parser(subparsers: Any) -> None:
     layout.add_argument("--tp", type=int, default=1, metavar="T",
                         help="tensor parallel degree: q/k/v/gate/up column-wise, o/down row-wise, embeddings and "
                              "head vocabulary-parallel, norms and routers replicated (Megatron's and torch's plans)")
+    layout.add_argument("--sp", action="store_true",
+                        help="sequence parallel with --tp: norms and the residual stream hold S / tp tokens")
+    layout.add_argument("--pp", type=int, default=1, metavar="P",
+                        help="pipeline stages: layers split in order, embeddings on the first, head on the last")
+    layout.add_argument("--micro-batches", type=int, metavar="M",
+                        help="microbatches a step under --pp (default: the batch, one sequence each)")
+    layout.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"),
+                        help="pipeline schedule (default 1f1b; interleaved with --virtual-stages)")
+    layout.add_argument("--virtual-stages", type=int, default=1, metavar="V",
+                        help="interleaved schedule: layer chunks a device holds (default 1)")
+    layout.add_argument("--cp", type=int, default=1, metavar="C",
+                        help="context parallel degree: each rank holds S / C tokens (ring attention)")
     layout.add_argument("--ep", type=int, default=1, metavar="E",
                         help="expert parallel degree: routed experts split over E of the data-parallel ranks")
     layout.add_argument("--shard-group", type=int, metavar="G",
@@ -123,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
         training = TrainingOptions(batch=args.batch, seq=args.seq, optimizer=args.optimizer,
                                    precision=args.precision, grad_checkpointing=args.grad_checkpointing,
                                    attention=args.attention, freeze=tuple(args.freeze),
-                                   devices=1 if layout else args.devices, zero="0" if layout else args.zero,
+                                   devices=1 if layout or args.devices is None else args.devices,
+                                   zero="0" if layout else args.zero,
                                    layout=layout, trace=args.trace, gpu=args.gpu, budget=options.budget,
                                    reserve=reserve)
         training.check()
@@ -137,10 +150,12 @@ def run(args: argparse.Namespace) -> int:
         for flag, value, default in (("--optimizer", args.optimizer, "adamw"),
                                      ("--precision", args.precision, "bf16-mixed"),
                                      ("--grad-checkpointing", args.grad_checkpointing, "none"),
-                                     ("--devices", args.devices, 1), ("--zero", args.zero, "0"),
+                                     ("--devices", args.devices, None), ("--zero", args.zero, "0"),
                                      ("--attention", args.attention, None), ("--dp", args.dp, None),
-                                     ("--tp", args.tp, 1), ("--ep", args.ep, 1),
-                                     ("--shard-group", args.shard_group, None)):
+                                     ("--tp", args.tp, 1), ("--ep", args.ep, 1), ("--sp", args.sp, False),
+                                     ("--pp", args.pp, 1), ("--micro-batches", args.micro_batches, None),
+                                     ("--schedule", args.schedule, None), ("--virtual-stages", args.virtual_stages, 1),
+                                     ("--cp", args.cp, 1), ("--shard-group", args.shard_group, None)):
             if value != default:
                 raise OptionError(f"{flag} is for --training")
         if args.freeze:
@@ -162,10 +177,13 @@ def _layout(args: argparse.Namespace) -> Any:
 
     flat = shard_mode(args.zero) in ("none", "zero1", "zero2", "zero3") and str(args.zero).strip().lower() not in (
         "full_shard",)
-    if args.dp is None and args.tp == 1 and args.ep == 1 and args.shard_group is None and flat:
+    given = (args.dp, args.shard_group, args.micro_batches, args.schedule)
+    if all(v is None for v in given) and (args.tp, args.ep, args.pp, args.cp, args.virtual_stages, args.sp) == \
+            (1, 1, 1, 1, 1, False) and flat:
         return None
     return layout_for(devices=args.devices, dp=args.dp, zero=args.zero, shard_group=args.shard_group, tp=args.tp,
-                      ep=args.ep, batch=args.batch)
+                      sp=args.sp, pp=args.pp, micro_batches=args.micro_batches, schedule=args.schedule,
+                      virtual_stages=args.virtual_stages, ep=args.ep, cp=args.cp, batch=args.batch)
 
 
 def _show(args: argparse.Namespace, report: Any, estimate: Any, width: int | None) -> None:

@@ -267,7 +267,10 @@ def training_parts(report, estimate) -> list:
     if detail.per_device is not None:
         lines.append(_per_device_table(estimate))
     if detail.device is not None:
-        lines += [_device_table(estimate), _rules_table(detail.device)]
+        lines += [_device_table(estimate)]
+        if detail.device.stages:
+            lines.append(_stages_table(detail.device))
+        lines.append(_rules_table(detail.device))
     lines.append(_fits_table(estimate))
     if estimate.budget is not None:
         lines.append(_budget_line(estimate))
@@ -414,8 +417,25 @@ def _device_table(estimate) -> Table:
     return table
 
 
+def _stages_table(device) -> Table:
+    table = Table(title=f"Pipeline stages: {device.pipeline}; bubble {100 * device.bubble:.1f}% of the step "
+                        "((pp − 1) / (v·m + pp − 1))", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("stage", "layers", "in flight", "weights", "gradients", "optimizer", "activations", "peak"):
+        table.add_column(name, justify="left" if name == "layers" else "right", no_wrap=True)
+    for stage in device.stages:
+        layers = f"{stage.layers[0]}–{stage.layers[1]}" if stage.layers else "—"
+        if stage.first:
+            layers += " + embeddings"
+        if stage.last:
+            layers += " + head"
+        table.add_row(str(stage.rank), layers, str(stage.in_flight), binary(stage.weights), binary(stage.gradients),
+                      binary(stage.optimizer), binary(stage.activations), binary(stage.peak),
+                      style="bold" if stage.peak == device.peak else None)
+    return table
+
+
 def _rules_table(device) -> Table:
-    table = Table(title="How each role is cut (rules read from the model's roles; transformers' tp plans agree)",
+    table = Table(title="How each role is cut (from its role; transformers' tp plans agree)",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("role", no_wrap=True)
     table.add_column("rule", overflow="fold", ratio=1)
@@ -434,7 +454,13 @@ def _device_to_dict(device) -> dict[str, Any]:
             "phases": [{"phase": p.phase, "moment": p.where, "bytes": p.bytes, "gradients": p.gradients,
                         "arithmetic": p.arithmetic} for p in device.phases],
             "peak": {"bytes": top.bytes, "phase": top.phase, "moment": top.where},
-            "rules": dict(device.rules)}
+            "rules": dict(device.rules),
+            "pipeline": device.pipeline or None, "bubble": device.bubble,
+            "stages": [{"stage": st.rank, "layers": list(st.layers) if st.layers else None,
+                        "layer_count": st.layer_count, "in_flight": st.in_flight, "first": st.first, "last": st.last,
+                        "weights": st.weights, "gradients": st.gradients, "optimizer": st.optimizer,
+                        "master_weights": st.master_weights, "activations": st.activations, "peak": st.peak,
+                        "peak_phase": st.peak_phase} for st in device.stages]}
 
 
 # --- JSON ----------------------------------------------------------------------------------------------------------

@@ -42,3 +42,32 @@ def moment_phases(act: TrainingActivations, *, resident: int, gradients: int, ti
     figures.append(PhaseFigure("optimizer step", resident + gradients + step_bytes, "optimizer step",
                                f"gradients {gradients:,}; {step_text}", gradients))
     return tuple(figures)
+
+
+def cast_weights(view: Any, local: dict[str, int] | None = None) -> tuple[int, int, int]:
+    """Elements of the matmul weights autocast copies to 16 bits each step (each distinct tensor once), of those
+    the ones outside the repeated layers (a ModuleList index in the name), which checkpointing keeps, and of the
+    matmuls' biases (cast too, and cached until the forward ends, but no backward reads them). `local`: parameter
+    name → the elements one device holds of it (a tensor-parallel shard)."""
+    import re
+
+    def size(path: str, attr: str, tensor: Any) -> int:
+        name = f"{path}.{attr}" if path else attr
+        return local.get(name, tensor.numel()) if local is not None else tensor.numel()
+
+    seen: set[int] = set()
+    total = outside = biases = 0
+    for name, sub in view.root.named_modules():
+        if not view.is_matmul(sub):
+            continue
+        weight, bias = sub._parameters.get("weight"), sub._parameters.get("bias")
+        if weight is not None and id(weight) not in seen:
+            seen.add(id(weight))
+            n = size(name, "weight", weight)
+            total += n
+            if not re.search(r"\.\d+\.", f".{name}."):
+                outside += n
+        if bias is not None and id(bias) not in seen:
+            seen.add(id(bias))
+            biases += size(name, "bias", bias)
+    return total, outside, biases

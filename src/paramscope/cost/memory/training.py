@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import OptionError, UnsupportedError
+from ...errors import OptionError
 from ...frozen import FrozenDict, freeze_fields
 from ...selection import match_all
 from .activations import (
@@ -26,13 +26,12 @@ from ..hardware import Accelerator, find_accelerator
 from ..model_view import towers_not_run
 from ..traced.step import ATTENTION, StepSettings, TORCH_OPTIMIZERS, TracedStep, trace_training
 from .fits import fit_on, fit_table
-from .phases import PhaseFigure, moment_phases
+from .phases import PhaseFigure, cast_weights, moment_phases
 from .quantization import weight_format
 from .result import DEFAULT_RESERVE, MemoryEstimate, Workspace
 from .serving import step_length
 from .states import (
-    ModelStates, as_trained, check_optimizer, check_precision, model_states, per_device, trained_dtype, weight_dtype,
-    zero_stage,
+    ModelStates, as_trained, check_optimizer, check_precision, model_states, per_device, weight_dtype, zero_stage,
 )
 from .weights import weight_memory
 
@@ -194,7 +193,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     checkpointing = options.grad_checkpointing == "full"
     resident = weights.bytes + weights.buffer_bytes + states.optimizer.bytes + states.master_weights.bytes
     gradients = states.gradients.bytes
-    cast, cast_head, cast_biases = _cast_weights(view) if precision.endswith("-mixed") else (0, 0, 0)
+    cast, cast_head, cast_biases = cast_weights(view) if precision.endswith("-mixed") else (0, 0, 0)
     shape = dict(precision=precision, checkpointing=checkpointing, cast_weights=cast, cast_head=cast_head,
                  cast_biases=cast_biases)
     attention = options.attention or str(getattr(view.config, "_attn_implementation", "") or "") or "sdpa"
@@ -327,12 +326,14 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
 
     device, layout_at = None, None
     if options.layout is not None and not options.layout.trivial:
-        device, layout_at = _layout_device(report, view, options, states=states, weights=weights, phases=phases,
-                                           activations=activations.bytes, analytic=analytic,
-                                           derived_or_traced=derived is not None or traced is not None,
-                                           source_label=source_label, precision=precision, optimizer=optimizer,
-                                           trainable=trainable, own=own, text=text, seq=seq, shape=shape,
-                                           step=(step_bytes, step_text))
+        from ..parallel.estimate import StepContext, layout_device
+
+        device, layout_at = layout_device(StepContext(
+            report=report, view=view, layout=options.layout, states=states, buffer_bytes=weights.buffer_bytes,
+            phases=phases, activations=activations.bytes, analytic=analytic,
+            derived_or_traced=derived is not None or traced is not None, source_label=source_label,
+            precision=precision, optimizer=optimizer, trainable=trainable, own=own, text=text, batch=options.batch,
+            seq=seq, shape=shape, step=(step_bytes, step_text)))
         notes.extend(device.notes)
 
     def on_one_device(figures: tuple[PhaseFigure, ...], batch: int = options.batch,
@@ -414,95 +415,6 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     return estimate
 
 
-def _layout_device(report: Any, view: Any, options: TrainingOptions, *, states: ModelStates, weights: Any,
-                   phases: tuple[PhaseFigure, ...], activations: int, analytic: Any, derived_or_traced: bool,
-                   source_label: str, precision: str, optimizer: str, trainable: frozenset[str],
-                   own: frozenset[str], text: Any, seq: int, shape: dict[str, Any], step: tuple[int, str]):
-    """(rank 0's DeviceMemory under the options' layout, the function that puts any step's moments on that device).
-
-    Data parallel alone: each rank runs one device's step on its own batch, so the moments are the one-device ones
-    with the device's model states. Under tensor parallelism the activations are the rank's own: the family's
-    recipe on its shard (parallel/activations.py)."""
-    from ..parallel.activations import local_recipe, tp_activations
-    from ..parallel.estimate import device_memory, placements_for
-
-    layout = options.layout
-    placements = placements_for(report, view, layout)
-    full_resident = states.weights.bytes + states.optimizer.bytes + states.master_weights.bytes
-    tied_name = next((g.canonical for g in report.tied), None)
-    by_name = {p.name: p for p in placements}
-
-    def resident_of(dev) -> int:
-        return dev.weights + dev.optimizer + dev.master_weights
-
-    def shifted(figures: tuple[PhaseFigure, ...], dev) -> tuple[PhaseFigure, ...]:
-        """The one-device moments with the device's model states: its resident states, and its share of the
-        gradients live at each moment."""
-        out = []
-        for p in figures:
-            grads = -(-p.gradients * dev.gradients // states.gradients.bytes) if states.gradients.bytes else 0
-            out.append(dataclasses.replace(p, bytes=p.bytes - full_resident + resident_of(dev) - p.gradients + grads,
-                                           gradients=grads))
-        return tuple(out)
-
-    if layout.tp == 1:
-        holder: dict[str, Any] = {}
-
-        def phases_for(dev) -> tuple[PhaseFigure, ...]:
-            holder["dev"] = dev
-            return shifted(phases, dev)
-
-        device = device_memory(report, view, layout, precision=precision, optimizer=optimizer, trainable=trainable,
-                               own=own, buffer_bytes=weights.buffer_bytes, phases_for=phases_for,
-                               activations=activations, activations_from=f"{source_label}: each rank runs its own "
-                               "batch, as one device does", placements=placements)
-        extra = device.peak - max(shifted(phases, holder["dev"]), key=lambda p: p.bytes).bytes
-
-        def on_device(figures: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
-            top = max(shifted(figures, holder["dev"]), key=lambda p: p.bytes)
-            return dataclasses.replace(top, bytes=top.bytes + extra)
-        return device, on_device
-    recipe = local_recipe(text, view.class_name)
-    if recipe is None or analytic is None or derived_or_traced:
-        raise UnsupportedError("tensor parallelism for {cls} needs the step traced on a fake process group, which "
-                               "this version does not do yet: its analytic recipe covers the Llama-style family",
-                               cls=view.class_name)
-    tied = 0
-    if tied_name is not None and tied_name in trainable and tied_name in by_name:
-        from ..dtypes import itemsize
-
-        local = by_name[tied_name]
-        if local.role.startswith("embedding"):
-            tied = local.local_numel * itemsize(trained_dtype(local, precision, own))  # type: ignore[arg-type]
-    cast = _cast_weights(view, {p.name: p.local_numel for p in placements}) if precision.endswith("-mixed") \
-        else (0, 0, 0)
-    local_shape = dict(shape, cast_weights=cast[0], cast_head=cast[1], cast_biases=cast[2])
-
-    def local_phases(dev, batch: int, length: int) -> tuple[PhaseFigure, ...]:
-        act = tp_activations(text, view.class_name, tp=layout.tp, batch=batch, seq=length, **local_shape)
-        return moment_phases(act, resident=resident_of(dev) + weights.buffer_bytes, gradients=dev.gradients,
-                             tied=tied, text=text, batch=batch, length=length, precision=precision, step=step)
-
-    holder = {}
-
-    def phases_for(dev) -> tuple[PhaseFigure, ...]:
-        holder["dev"] = dev
-        return local_phases(dev, options.batch, seq)
-
-    act = tp_activations(text, view.class_name, tp=layout.tp, batch=options.batch, seq=seq, **local_shape)
-    device = device_memory(report, view, layout, precision=precision, optimizer=optimizer, trainable=trainable,
-                           own=own, buffer_bytes=weights.buffer_bytes, phases_for=phases_for, activations=act.saved,
-                           activations_from=f"analytic: {recipe} on the rank's shard (heads, KV heads and widths / "
-                           f"{layout.tp}, the hidden size whole)", placements=placements)
-    extra = device.peak - max(local_phases(holder["dev"], options.batch, seq), key=lambda p: p.bytes).bytes
-
-    def on_device(figures: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
-        # the one-device figures at (batch, length) are recomputed on the rank's shard
-        top = max(local_phases(holder["dev"], batch, length), key=lambda p: p.bytes)
-        return dataclasses.replace(top, bytes=top.bytes + extra)
-    return device, on_device
-
-
 def _derive(view: Any, options: TrainingOptions, seq: int, limit: int | None, frozen: list[str],
             weights_dtype: str | None, own: frozenset[str], *, live: bool, fresh: bool = False,
             structure: str | None = None) -> tuple[Any, str]:
@@ -573,32 +485,3 @@ def _tied_embedding_bytes(report: Any, trainable: frozenset[str]) -> int:
 
             return param.numel * itemsize(param.dtype)
     return 0
-
-
-def _cast_weights(view: Any, local: dict[str, int] | None = None) -> tuple[int, int, int]:
-    """Elements of the matmul weights autocast copies to 16 bits each step (each distinct tensor once), of those
-    the ones outside the repeated layers (a ModuleList index in the name), which checkpointing keeps, and of the
-    matmuls' biases (cast too, and cached until the forward ends, but no backward reads them). `local`: parameter
-    name → the elements one device holds of it (a tensor-parallel shard)."""
-    import re
-
-    def size(path: str, attr: str, tensor: Any) -> int:
-        name = f"{path}.{attr}" if path else attr
-        return local.get(name, tensor.numel()) if local is not None else tensor.numel()
-
-    seen: set[int] = set()
-    total = outside = biases = 0
-    for name, sub in view.root.named_modules():
-        if not view.is_matmul(sub):
-            continue
-        weight, bias = sub._parameters.get("weight"), sub._parameters.get("bias")
-        if weight is not None and id(weight) not in seen:
-            seen.add(id(weight))
-            n = size(name, "weight", weight)
-            total += n
-            if not re.search(r"\.\d+\.", f".{name}."):
-                outside += n
-        if bias is not None and id(bias) not in seen:
-            seen.add(id(bias))
-            biases += size(name, "bias", bias)
-    return total, outside, biases

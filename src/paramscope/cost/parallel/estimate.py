@@ -1,23 +1,27 @@
 """One device's training step under a layout: its model states, activations, communication buffers and peak.
 
     Report + view → placements (rules.py: each parameter's tensor/expert-parallel cut, from its role)
-    → the device's model states (states.py: the shards, then ZeRO's or FSDP2's data-parallel share)
+    → pipeline stages (pipeline.py: the layers, embeddings and head each device holds; microbatches in flight)
+    → each device's model states (states.py: its shards, then ZeRO's or FSDP2's data-parallel share)
     → its activations: data parallel alone leaves a rank's step as one device's (its own batch); under tensor
-      parallelism the family's recipe on the rank's shard (activations.py), or the step traced on torch's fake
-      process group (traced/parallel.py)
-    → the communication buffers that matter (FSDP2's all-gathered units)
-    → each moment with the device's figures, and the largest: the device's peak.
+      parallelism the family's recipe on the rank's shard (activations.py); under context parallelism the recipe at
+      the rank's S / cp tokens; under a pipeline each stage's layers × the microbatches it holds
+    → the communication buffers that matter (FSDP2's all-gathered units, context parallel's rotating K and V)
+    → each moment with the device's figures; the device's peak, and the largest over the stages.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ...errors import UnsupportedError
 from ...frozen import FrozenDict, freeze_fields
-from ..memory.phases import PhaseFigure
+from ..memory.phases import PhaseFigure, cast_weights, moment_phases
 from .layout import ParallelLayout, shard_words
+from .pipeline import Stage, bubble, layer_of, layer_stack_of, split_words, stages
 from .rules import Placement, model_shape, place, tp_rule_words
 from .states import DeviceStates, device_states
 
@@ -35,8 +39,28 @@ class Buffer:
 
 
 @dataclass(frozen=True)
+class StageMemory:
+    """One pipeline stage's device (rank 0 of its tensor and data-parallel groups)."""
+
+    rank: int
+    layers: tuple[int, int] | None  # (first, last) layer index held; None: none
+    layer_count: int
+    in_flight: int
+    first: bool
+    last: bool
+    weights: int
+    gradients: int
+    optimizer: int
+    master_weights: int
+    activations: int
+    peak: int
+    peak_phase: str
+
+
+@dataclass(frozen=True)
 class DeviceMemory:
-    """One device's share of a training step under `layout` (rank 0: the largest share wherever a cut is uneven)."""
+    """One device's share of a training step under `layout`: rank 0 of each group (the largest share wherever a cut
+    is uneven), on the pipeline stage whose peak is the largest."""
 
     layout: ParallelLayout
     weights: int
@@ -44,12 +68,15 @@ class DeviceMemory:
     optimizer: int
     master_weights: int
     buffers: int  # the model's own buffers (rotary tables), replicated
-    activations: int  # what this device's forward saves for backward
+    activations: int  # what this device's forward saves for backward (every microbatch it holds)
     activations_from: str
     states_arithmetic: str
     comm: tuple[Buffer, ...]
     phases: tuple[PhaseFigure, ...]
     rules: FrozenDict[str, str]  # role → its tensor/expert-parallel rule in words
+    stages: tuple[StageMemory, ...] = ()  # every pipeline stage (pp > 1)
+    pipeline: str = ""  # the split and schedule in words
+    bubble: float = 0.0
     notes: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -64,6 +91,31 @@ class DeviceMemory:
         return self.peak_figure.bytes
 
 
+@dataclass(frozen=True)
+class StepContext:
+    """What the one-device training answer (memory/training.py) knows that a device's answer reads."""
+
+    report: Any
+    view: Any
+    layout: ParallelLayout
+    states: Any  # the one-device ModelStates
+    buffer_bytes: int
+    phases: tuple[PhaseFigure, ...]  # the one-device moments
+    activations: int
+    analytic: Any  # the one-device analytic TrainingActivations, or None
+    derived_or_traced: bool
+    source_label: str
+    precision: str
+    optimizer: str
+    trainable: frozenset[str]
+    own: frozenset[str]
+    text: Any
+    batch: int
+    seq: int
+    shape: dict  # the analytic recipe's keywords (precision, checkpointing, casts)
+    step: tuple[int, str]  # the optimizer step's temporaries, (bytes, words)
+
+
 def placements_for(report: Any, view: Any, layout: ParallelLayout) -> tuple[Placement, ...]:
     from ..dims import text_config
 
@@ -76,7 +128,7 @@ def rules_in_words(placements: tuple[Placement, ...], layout: ParallelLayout) ->
     for p in placements:
         if p.role in words:
             continue
-        rule = tp_rule_words(p.tp, layout.tp) if layout.tp > 1 else "whole"
+        rule = tp_rule_words(p.tp, layout.tp) if layout.tp > 1 else "whole (no tensor parallelism)"
         if p.experts_split:
             rule += f"; experts / ep {layout.ep}"
         words[p.role] = rule
@@ -98,47 +150,332 @@ def fsdp_units(placements: tuple[Placement, ...], weight_bytes: Callable[[Placem
     return root, max(layers.values(), default=0)
 
 
-def device_memory(report: Any, view: Any, layout: ParallelLayout, *, precision: str, optimizer: str,
-                  trainable: frozenset[str], own: frozenset[str], buffer_bytes: int,
-                  phases_for: Callable[[DeviceStates], tuple[PhaseFigure, ...]], activations: int,
-                  activations_from: str, placements: tuple[Placement, ...] | None = None) -> DeviceMemory:
-    """Rank 0's figures. `phases_for(states)`: the step's moments with the device's model states (resident weights,
-    buffers, optimizer states and master weights, and its gradients) and its activations."""
+def _resident(dev: DeviceStates, buffers: int) -> int:
+    return dev.weights + dev.optimizer + dev.master_weights + buffers
+
+
+def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[PhaseFigure, ...], int, int], PhaseFigure]]:
+    """(the device's figures, the function that gives the device's largest moment at another batch and length from
+    the one-device moments there: the fits table's question)."""
+    layout = ctx.layout
+    placements = placements_for(ctx.report, ctx.view, layout)
+    rules = rules_in_words(placements, layout)
+    if layout.pp > 1:
+        return _pipeline_device(ctx, placements, rules)
+    if layout.tp == 1 and layout.cp == 1:
+        return _data_parallel_device(ctx, placements, rules)
+    return _sharded_activations_device(ctx, placements, rules)
+
+
+def _states(ctx: StepContext, placements: tuple[Placement, ...], params: Any = None,
+            extra: tuple[Any, ...] = ()) -> DeviceStates:
+    params = list(params if params is not None else ctx.report.params) + list(extra)
+    names = {p.name for p in params}
+    chosen = tuple(p for p in placements if p.name in names) + tuple(
+        Placement(p.name, p.role, p.shape, p.local_shape, p.tp, p.tp_dim, p.experts_split, p.dtype)
+        for p in extra if isinstance(p, Placement))
+    return device_states([p for p in params if not isinstance(p, Placement)] + [
+        _as_param(p) for p in extra if isinstance(p, Placement)], chosen, ctx.layout, precision=ctx.precision,
+        optimizer=ctx.optimizer, trainable=ctx.trainable | {p.name for p in extra}, own=ctx.own)
+
+
+def _as_param(placement: Placement) -> Any:
+    from ...count import ParameterInfo
+
+    numel = 1
+    for size in placement.shape:
+        numel *= size
+    return ParameterInfo(placement.name, placement.shape, numel, True, placement.role, placement.dtype)
+
+
+def _fsdp_buffers(ctx: StepContext, placements: tuple[Placement, ...]) -> list[Buffer]:
     from ..dtypes import itemsize
     from ..memory.states import trained_dtype
 
-    placements = placements or placements_for(report, view, layout)
-    states = device_states(report.params, placements, layout, precision=precision, optimizer=optimizer,
-                           trainable=trainable, own=own)
-    comm: list[Buffer] = []
-    notes: list[str] = []
-    if layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1:
-        def unsharded(p: Placement) -> int:
-            return p.local_numel * itemsize(trained_dtype(p, precision, own))  # type: ignore[arg-type]
-        root, layer = fsdp_units(placements, unsharded)
-        comm.append(Buffer("FSDP2's root unit, all-gathered", root,
-                           f"the parameters outside the layers (embeddings, final norm, head) unsharded, {root:,} B: "
-                           "the root unit is not resharded after the forward", ("forward", "backward")))
-        comm.append(Buffer("FSDP2's layer unit, all-gathered", layer,
-                           f"one layer's parameters unsharded while it runs, {layer:,} B", ("backward",)))
-    phases = phases_for(states)
-    if comm:
-        phases = tuple(_with_buffers(p, comm) for p in phases)
-    return DeviceMemory(layout, states.weights, states.gradients, states.optimizer, states.master_weights,
-                        buffer_bytes, activations, activations_from, states.arithmetic, tuple(comm), phases,
-                        rules_in_words(placements, layout), tuple(notes))
+    layout = ctx.layout
+    if layout.shard not in ("fsdp", "hsdp") or layout.shard_degree == 1:
+        return []
+
+    def unsharded(p: Placement) -> int:
+        return p.local_numel * itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
+    root, layer = fsdp_units(placements, unsharded)
+    return [Buffer("FSDP2's root unit, all-gathered", root,
+                   f"the parameters outside the layers (embeddings, final norm, head) unsharded, {root:,} B: the "
+                   "root unit is not resharded after the forward", ("forward", "backward")),
+            Buffer("FSDP2's layer unit, all-gathered", layer,
+                   f"one layer's parameters unsharded while it runs, {layer:,} B (the last layer's as the loss is "
+                   "taken and backward starts)", ("forward", "backward"))]
 
 
 def _with_buffers(phase: PhaseFigure, comm: list[Buffer]) -> PhaseFigure:
-    import dataclasses
-
     held = [b for b in comm if phase.phase in b.moments and phase.where not in ("optimizer step", "end of backward")]
     if not held:
         return phase
     extra = sum(b.bytes for b in held)
-    return dataclasses.replace(phase, bytes=phase.bytes + extra,
-                               arithmetic=phase.arithmetic + "; + " + " + ".join(
-                                   f"{b.name} {b.bytes:,}" for b in held))
+    return dataclasses.replace(phase, bytes=phase.bytes + extra, arithmetic=phase.arithmetic + "; + " + " + ".join(
+        f"{b.name} {b.bytes:,}" for b in held))
+
+
+def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
+    """Data (and expert) parallel alone: each rank runs one device's step on its own batch; the moments are the
+    one-device ones with the device's model states, and FSDP2's gathered units."""
+    states = ctx.states
+    full_resident = states.weights.bytes + states.optimizer.bytes + states.master_weights.bytes
+    dev = _states(ctx, placements)
+    comm = _fsdp_buffers(ctx, placements)
+
+    def shifted(figures: tuple[PhaseFigure, ...]) -> tuple[PhaseFigure, ...]:
+        out = []
+        for p in figures:
+            grads = -(-p.gradients * dev.gradients // states.gradients.bytes) if states.gradients.bytes else 0
+            moved = dataclasses.replace(p, bytes=p.bytes - full_resident + dev.weights + dev.optimizer +
+                                        dev.master_weights - p.gradients + grads, gradients=grads)
+            out.append(_with_buffers(moved, comm))
+        return tuple(out)
+
+    phases = shifted(ctx.phases)
+    device = DeviceMemory(ctx.layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights,
+                          ctx.buffer_bytes, ctx.activations,
+                          f"{ctx.source_label}: each rank runs its own batch, as one device does", dev.arithmetic,
+                          tuple(comm), phases, rules)
+
+    def at(figures: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
+        return max(shifted(figures), key=lambda p: p.bytes)
+    return device, at
+
+
+def _local_shape(ctx: StepContext, placements: tuple[Placement, ...]) -> dict:
+    if not ctx.precision.endswith("-mixed"):
+        return dict(ctx.shape, cast_weights=0, cast_head=0, cast_biases=0)
+    cast, head, biases = cast_weights(ctx.view, {p.name: p.local_numel for p in placements})
+    return dict(ctx.shape, cast_weights=cast, cast_head=head, cast_biases=biases)
+
+
+def _tied_bytes(ctx: StepContext, placements: tuple[Placement, ...]) -> int:
+    """A trainable input embedding tied to the head, as the device holds it: its gradient arrives twice."""
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+
+    by_name = {p.name: p for p in placements}
+    for group in ctx.report.tied:
+        local = by_name.get(group.canonical)
+        if local is not None and local.role.startswith("embedding") and local.name in ctx.trainable:
+            return local.local_numel * itemsize(trained_dtype(local, ctx.precision, ctx.own))  # type: ignore
+    return 0
+
+
+def _local_activations(ctx: StepContext, shape: dict, batch: int, length: int) -> Any:
+    """The analytic activations of the device's shard: the recipe on the rank's heads and widths (tp), at its
+    S / cp tokens (cp)."""
+    from .activations import tp_activations
+
+    return tp_activations(ctx.text, ctx.view.class_name, tp=ctx.layout.tp, batch=batch,
+                          seq=-(-length // ctx.layout.cp), **shape)
+
+
+def _check_analytic(ctx: StepContext, what: str) -> str:
+    from .activations import local_recipe
+
+    recipe = local_recipe(ctx.text, ctx.view.class_name)
+    if recipe is None or ctx.analytic is None or ctx.derived_or_traced:
+        raise UnsupportedError("{what} for {cls} needs its activations on each device, which paramscope derives "
+                               "analytically for the Llama-style family (its closed form keeps heads, widths and "
+                               "tokens apart); {cls} is answered by a traced step here, which this version does not "
+                               "lay out", what=what, cls=ctx.view.class_name)
+    if ctx.layout.cp > 1:
+        from ..dims import attention_dropout
+
+        if attention_dropout(ctx.text):
+            raise UnsupportedError("context parallelism with attention dropout (S² terms) is not modelled")
+        if ctx.seq % ctx.layout.cp:
+            raise UnsupportedError("context parallelism splits the sequence: cp {cp} does not divide {seq:,}",
+                                   cp=ctx.layout.cp, seq=ctx.seq)
+    return recipe
+
+
+def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
+    """Tensor and context parallel: the device's activations are the recipe's on its own shard."""
+    layout = ctx.layout
+    recipe = _check_analytic(ctx, "tensor parallelism" if layout.tp > 1 else "context parallelism")
+    dev = _states(ctx, placements)
+    shape = _local_shape(ctx, placements)
+    tied = _tied_bytes(ctx, placements)
+    comm = _fsdp_buffers(ctx, placements)
+    if layout.cp > 1:
+        comm.append(_ring_buffer(ctx, ctx.batch, ctx.seq))
+
+    def phases_at(batch: int, length: int) -> tuple[PhaseFigure, ...]:
+        act = _local_activations(ctx, shape, batch, length)
+        figures = moment_phases(act, resident=_resident(dev, ctx.buffer_bytes), gradients=dev.gradients, tied=tied,
+                                text=ctx.text, batch=batch, length=-(-length // layout.cp), precision=ctx.precision,
+                                step=ctx.step)
+        return tuple(_with_buffers(p, comm) for p in figures)
+
+    act = _local_activations(ctx, shape, ctx.batch, ctx.seq)
+    parts = []
+    if layout.tp > 1:
+        parts.append(f"heads, KV heads and widths / {layout.tp}, the hidden size whole")
+    if layout.cp > 1:
+        parts.append(f"{ctx.seq // layout.cp:,} of the {ctx.seq:,} tokens (S / {layout.cp})")
+    device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
+                          act.saved, f"analytic: {recipe} on the rank's shard ({'; '.join(parts)})",
+                          dev.arithmetic, tuple(comm), phases_at(ctx.batch, ctx.seq), rules)
+
+    def at(figures: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
+        return max(phases_at(batch, length), key=lambda p: p.bytes)
+    return device, at
+
+
+def _ring_buffer(ctx: StepContext, batch: int, seq: int) -> Buffer:
+    """Ring attention: the key and value chunk arriving from the next rank while the held one is used."""
+    from ..dims import config_int
+
+    heads = config_int(ctx.text, "num_attention_heads") or 1
+    kv = (config_int(ctx.text, "num_key_value_heads") or heads) // ctx.layout.tp or 1
+    hidden = config_int(ctx.text, "hidden_size") or 0
+    head_dim = config_int(ctx.text, "head_dim") or hidden // heads
+    size = 4 if ctx.precision == "fp32" else 2
+    local = seq // ctx.layout.cp
+    n = 2 * batch * local * kv * head_dim * size
+    return Buffer("context parallel's rotating K and V", n,
+                  f"the next rank's K and V chunk received while the held one is used, 2·B·(S / {ctx.layout.cp})·"
+                  f"kv_heads·head_dim × {size} B = {n:,} B (the held chunk is counted with the activations)",
+                  ("forward", "backward"))
+
+
+def _pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
+    """Pipeline stages: each device's layers, embeddings or head, and the microbatches it holds at once."""
+    layout = ctx.layout
+    recipe = _check_analytic(ctx, "pipeline parallelism")
+    names = [p.name for p in ctx.report.params]
+    stack, count = layer_stack_of(names)
+    plan = stages(layout, count)
+    micro = ctx.batch // layout.micro_batches
+    shape_all = _local_shape(ctx, placements)
+    by_name = {p.name: p for p in placements}
+    tied_name = next((g.canonical for g in ctx.report.tied), None)
+    residual = 2 if ctx.precision == "bf16-pure" else 4
+    from ..dims import config_int
+
+    h = config_int(ctx.text, "hidden_size") or 0
+    figures_by_stage: list[tuple[Stage, DeviceStates, tuple[PhaseFigure, ...], int]] = []
+
+    params_of: dict[int, list] = {}
+    matmuls = _matmul_names(ctx) if ctx.precision.endswith("-mixed") else frozenset()
+    casts_of: dict[int, int] = {}
+
+    def stage_params(stage: Stage) -> list:
+        if stage.rank in params_of:
+            return params_of[stage.rank]
+        held = set(stage.layers)
+        out = []
+        for p in ctx.report.params:
+            index = layer_of(p.name, stack)
+            if index is not None:
+                if index in held:
+                    out.append(p)
+            elif p.role.startswith("embeddings"):
+                if stage.first:
+                    out.append(p)
+            elif stage.last:
+                out.append(p)
+        params_of[stage.rank] = out
+        casts_of[stage.rank] = 2 * sum(by_name[p.name].local_numel for p in out if p.name in matmuls)
+        return out
+
+    def stage_figures(stage: Stage, dev: DeviceStates, batch: int, length: int) -> tuple[tuple[PhaseFigure, ...], int]:
+        act = _local_activations(ctx, shape_all, batch, length)
+        local_len = -(-length // layout.cp)
+        chunk = max(stage.chunk_layers)
+        kept = stage.in_flight * chunk * act.per_layer if layout.virtual_stages > 1 else \
+            stage.in_flight * len(stage.layers) * act.per_layer
+        stage_params(stage)
+        own_casts = casts_of[stage.rank]
+        all_casts = 2 * shape_all["cast_weights"] if ctx.precision.endswith("-mixed") else 0
+        resident = _resident(dev, ctx.buffer_bytes)
+        if stage.last:
+            tied_copy = _tied_bytes(ctx, placements) if tied_name and layout.pp > 1 else 0
+            others = (act.layers - len(stage.layers)) * act.per_layer
+            extra_mb = (stage.in_flight - 1) * len(stage.layers) * act.per_layer
+            moments = tuple(dataclasses.replace(
+                m, bytes=m.bytes - others - (all_casts - own_casts) + extra_mb,
+                arithmetic=(f"{m.arithmetic}; this stage's {len(stage.layers)} layers of {act.layers}"
+                            + (f", {stage.in_flight} microbatches in flight" if stage.in_flight > 1 else "")))
+                for m in act.moments)
+            figures = moment_phases(dataclasses.replace(act, moments=moments), resident=resident,
+                                    gradients=dev.gradients, tied=tied_copy, text=ctx.text, batch=batch,
+                                    length=local_len, precision=ctx.precision, step=ctx.step)
+            # the first moments hold the stage's gradients too once a microbatch has gone back (1F1B's steady
+            # state): the largest of the two
+            if stage.in_flight > 1 or layout.micro_batches > 1:
+                figures = tuple(dataclasses.replace(f, bytes=f.bytes + dev.gradients, gradients=dev.gradients,
+                                                    arithmetic=f.arithmetic + f"; gradients {dev.gradients:,} "
+                                                    "(accumulated over the microbatches already gone back)")
+                                if f.where in ("end of forward", "start of backward") else f for f in figures)
+            return figures, kept + (act.saved - act.layers * act.per_layer - all_casts) + own_casts
+        embedding = stage.in_flight * residual * batch * local_len * h if stage.first else 0
+        incoming = residual * batch * local_len * h
+        held = kept + embedding + own_casts
+        words = (f"{stage.in_flight} microbatch{'es' if stage.in_flight > 1 else ''} in flight × "
+                 + (f"{chunk} layers a chunk" if layout.virtual_stages > 1 else f"{len(stage.layers)} layers")
+                 + f" × {act.per_layer:,} B a layer" + (f" + the embedding output {residual}·b·S·h each, "
+                                                         f"{embedding:,}" if embedding else "")
+                 + (f" + the stage's 16-bit weight copies {own_casts:,}" if own_casts else "")
+                 + f" + the gradient arriving from the next stage {incoming:,} + gradients {dev.gradients:,}")
+        steady = PhaseFigure("backward", resident + held + incoming + dev.gradients, "1F1B steady state" if
+                             layout.schedule != "gpipe" else "first backward", words, dev.gradients)
+        step_bytes, step_text = ctx.step
+        step = PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
+                           f"gradients {dev.gradients:,}; {step_text}", dev.gradients)
+        return (steady, step), held
+
+    for stage in plan:
+        extra = ()
+        if stage.last and layout.pp > 1 and tied_name is not None and tied_name in by_name and \
+                by_name[tied_name].role.startswith("embedding"):
+            copy = by_name[tied_name]
+            extra = (dataclasses.replace(copy, name=copy.name + " (the last stage's copy)"),)
+        dev = _states(ctx, placements, stage_params(stage), extra)
+        figures, held = stage_figures(stage, dev, micro, ctx.seq)
+        figures_by_stage.append((stage, dev, figures, held))
+    worst = max(figures_by_stage, key=lambda item: max(p.bytes for p in item[2]))
+    stage, dev, figures, held = worst
+    comm = _fsdp_buffers(ctx, tuple(p for p in placements if p.name in {q.name for q in stage_params(stage)}))
+    figures = tuple(_with_buffers(p, comm) for p in figures)
+    rows = []
+    for s, d, f, h_ in figures_by_stage:
+        top = max(f, key=lambda p: p.bytes)
+        rows.append(StageMemory(s.rank, (s.layers[0], s.layers[-1]) if s.layers else None, len(s.layers),
+                                s.in_flight, s.first, s.last, d.weights, d.gradients, d.optimizer, d.master_weights,
+                                h_, top.bytes, top.phase))
+    tied_words = " and a copy of the tied embedding for the head (Megatron's rule)" if tied_name else ""
+    words = (f"{split_words(layout, count)}; the embeddings on stage 0, the final norm and head on stage "
+             f"{layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
+    notes = (f"pipeline: each stage holds its layers' saved activations for every microbatch in flight "
+             f"({layout.schedule}); the last stage's figure is the recipe's moments for its layers, whose outside "
+             "terms include the embedding output the first stage holds (a bound); a stage's own backward working "
+             "memory beyond what its layers saved is not counted, nor the point-to-point send and receive buffers "
+             "(b·S·h each)",)
+    device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
+                          held, f"analytic: {recipe}, stage {stage.rank}'s layers × microbatches in flight",
+                          dev.arithmetic, tuple(comm), figures, rules, tuple(rows), words, bubble(layout), notes)
+
+    def at(one_device: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
+        best = None
+        size = max(1, batch // layout.micro_batches)
+        for s, d, _, _ in figures_by_stage:
+            top = max(stage_figures(s, d, size, length)[0], key=lambda p: p.bytes)
+            best = top if best is None or top.bytes > best.bytes else best
+        return best
+    return device, at
+
+
+def _matmul_names(ctx: StepContext) -> frozenset[str]:
+    names = set()
+    for path, sub in ctx.view.root.named_modules():
+        if ctx.view.is_matmul(sub) and sub._parameters.get("weight") is not None:
+            names.add(f"{path}.weight" if path else "weight")
+    return frozenset(names)
 
 
 def layout_settings(layout: ParallelLayout) -> dict[str, Any]:

@@ -136,25 +136,27 @@ def shard_mode(value: str | int) -> str:
     return SHARD_ALIASES[key]
 
 
-def layout_for(*, devices: int = 1, dp: int | None = None, zero: str | int = "0", shard_group: int | None = None,
+def layout_for(*, devices: int | None = None, dp: int | None = None, zero: str | int = "0", shard_group: int | None = None,
                tp: int = 1, sp: bool = False, pp: int = 1, micro_batches: int | None = None,
                schedule: str | None = None, virtual_stages: int = 1, ep: int = 1, cp: int = 1,
                batch: int = 1) -> ParallelLayout:
     """The layout the options describe. `devices` is the total; dp, when not given, is what tp × pp × cp leave of
-    it (so `--devices 8 --zero 3` is dp 8, as it always was, and `--devices 8 --tp 2` is dp 4). `batch`: the
+    it (so `--devices 8 --zero 3` is dp 8, as it always was, and `--devices 8 --tp 2` is dp 4); neither given: dp 1. `batch`: the
     sequences each data-parallel replica takes a step; under a pipeline they are cut into `micro_batches`
     microbatches (default: one sequence each, Megatron's usual micro-batch size)."""
-    for name, value in (("devices", devices), ("tp", tp), ("pp", pp), ("cp", cp)):
+    for name, value in (("devices", 1 if devices is None else devices), ("tp", tp), ("pp", pp), ("cp", cp)):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEGREE:
             raise OptionError("{0} must be a whole number from 1 to {limit:,}, got {value!r}", name,
                               limit=MAX_DEGREE, value=str(value)[:40])
     model = tp * pp * cp
-    if dp is None:
+    if dp is None and devices is None:
+        dp = 1
+    elif dp is None:
         if devices % model:
             raise OptionError("{0} {devices} is not a multiple of tp × pp × cp = {model}", "devices",
                               devices=devices, model=model)
         dp = devices // model
-    elif devices not in (1, dp * model):
+    elif devices is not None and devices != dp * model:
         raise OptionError("{0} {devices} is not dp × tp × pp × cp = {total}", "devices", devices=devices,
                           total=dp * model)
     chosen = schedule or ("interleaved" if virtual_stages > 1 else "1f1b")

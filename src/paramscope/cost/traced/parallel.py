@@ -40,7 +40,7 @@ from typing import Any, Iterator
 from ... import progress
 from ...errors import OptionError, UnsupportedError
 from ..dims import dim, text_config
-from .step import (StepSettings, TracedStep, _trace_training, assumed_values, check_attention, fake_mode, running,
+from .step import (StepSettings, TracedStep, assumed_values, check_attention, fake_mode, measure_training, running,
                    training_copy)
 
 SHARDS = ("none", "fsdp")
@@ -87,7 +87,7 @@ def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1,
     with progress.status(f"tracing one training step of {type(module).__name__} on rank {rank} of "
                          f"{layout.describe()} (fake process group, MemTracker)"):
         with parallel_copy(module, settings, layout) as (model, notes, assumed):
-            step = _trace_training(model, dataclasses.replace(settings, grad_checkpointing=False), fake=False)
+            step = measure_training(model, dataclasses.replace(settings, grad_checkpointing=False), fake=False)
             notes.extend(assumed.notes())
     return dataclasses.replace(step, notes=tuple(notes) + step.notes)
 

@@ -92,10 +92,12 @@ class StepSettings:
 def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) -> TracedStep:
     """Measure one steady training step of `module` (a meta-built, fake or live model; it is not modified)."""
     with progress.status(f"tracing one training step of {type(module).__name__} on fake tensors (MemTracker)"):
-        return _trace_training(module, settings, fake=fake)
+        return measure_training(module, settings, fake=fake)
 
 
-def _trace_training(module: Any, settings: StepSettings, *, fake: bool) -> TracedStep:
+def measure_training(module: Any, settings: StepSettings, *, fake: bool) -> TracedStep:
+    """trace_training's step without its status line: `module` is copied to fake tensors (fake=True) or measured as it
+    is (fake=False: a live module, or one a caller already laid out on fake tensors, as traced/parallel.py does)."""
     check_attention(settings.attention)
     notes = list(_attention_notes(settings.attention))
     with fake_mode(fake) as mode, assumed_values(fake) as assumed:

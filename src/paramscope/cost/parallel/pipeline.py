@@ -1,0 +1,98 @@
+"""Pipeline stages: which layers each device holds, and how many microbatches' activations it keeps at once.
+
+Layers are split into pp × v chunks in order (v = virtual stages a device, the interleaved schedule's), chunk c on
+device c mod pp; an uneven split gives the first chunks one layer more, and the report names it. The embeddings go
+with the first device, the final norm and the head with the last; a head tied to the input embedding costs the
+last device a copy of it, with its gradient and optimizer states (Megatron's word_embeddings_for_head).
+
+Microbatches in flight on device r, at the most (each one's activations kept until its backward):
+    GPipe        m                            every forward before any backward
+    1F1B         min(m, pp − r)               torch's Schedule1F1B and Megatron's warm-up
+    interleaved  min(m·v, 2(pp − r − 1) + (v − 1)·pp + 1) chunks of a microbatch (Megatron's warm-up, and torch's
+                 ScheduleInterleaved1F1B: tests/test_parallel_pipeline.py counts its own order of actions)
+The pipeline bubble, idle time over the step: (pp − 1) / (v·m + pp − 1) for 1F1B and interleaved, the same for
+GPipe (Narayanan et al. 2021).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ...errors import OptionError, UnsupportedError
+from .layout import ParallelLayout
+
+_INDEX = re.compile(r"^(.*?)\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Stage:
+    rank: int
+    layers: tuple[int, ...]  # indices in the layer stack
+    chunk_layers: tuple[int, ...]  # layers in each of the device's chunks
+    first: bool  # holds the embeddings
+    last: bool  # holds the final norm and head
+    in_flight: int  # microbatches (interleaved: chunk-microbatches) whose activations it holds at once
+
+
+def layer_of(name: str, stack: str) -> int | None:
+    match = _INDEX.match(name)
+    return int(match.group(2)) if match and match.group(1) == stack else None
+
+
+def layer_stack_of(names: list[str]) -> tuple[str, int]:
+    """(the layer stack's path, its layers) from parameter names; one stack only."""
+    stacks: dict[str, set[int]] = {}
+    for name in names:
+        match = _INDEX.match(name)
+        if match:
+            stacks.setdefault(match.group(1), set()).add(int(match.group(2)))
+    big = {path: len(indices) for path, indices in stacks.items() if len(indices) > 1}
+    if len(big) != 1:
+        raise UnsupportedError("pipeline stages over {count} layer stacks ({stacks}) are not modelled: one stack of "
+                               "layers (a decoder or an encoder) is", count=len(big), stacks=", ".join(big) or "none")
+    (path, count), = big.items()
+    return path, count
+
+
+def in_flight(layout: ParallelLayout, rank: int) -> int:
+    p, m, v = layout.pp, layout.micro_batches, layout.virtual_stages
+    if layout.schedule == "gpipe":
+        return m
+    if layout.schedule == "1f1b":
+        return min(m, p - rank)
+    return min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
+
+
+def bubble(layout: ParallelLayout) -> float:
+    """The pipeline's idle fraction of a step: (pp − 1) / (v·m + pp − 1)."""
+    p, m, v = layout.pp, layout.micro_batches, layout.virtual_stages
+    return (p - 1) / (v * m + p - 1) if p > 1 else 0.0
+
+
+def stages(layout: ParallelLayout, layers: int) -> tuple[Stage, ...]:
+    p, v = layout.pp, layout.virtual_stages
+    chunks = p * v
+    if layers < chunks:
+        raise OptionError("{0} × virtual stages = {chunks} chunks is more than the model's {layers} layers", "pp",
+                          chunks=chunks, layers=layers)
+    sizes = [layers // chunks + (1 if c < layers % chunks else 0) for c in range(chunks)]
+    starts = [sum(sizes[:c]) for c in range(chunks)]
+    out = []
+    for rank in range(p):
+        mine = [c for c in range(chunks) if c % p == rank]
+        held = tuple(i for c in mine for i in range(starts[c], starts[c] + sizes[c]))
+        out.append(Stage(rank, held, tuple(sizes[c] for c in mine), rank == 0, rank == p - 1,
+                         in_flight(layout, rank)))
+    return tuple(out)
+
+
+def split_words(layout: ParallelLayout, layers: int) -> str:
+    """How the layers are split, in words: "32 layers, 8 a stage" or the uneven split named."""
+    chunks = layout.pp * layout.virtual_stages
+    what = "chunk" if layout.virtual_stages > 1 else "stage"
+    if layers % chunks == 0:
+        return f"{layers} layers, {layers // chunks} a {what}"
+    more = layers % chunks
+    return (f"{layers} layers over {chunks} {what}s, uneven: the first {more} hold {layers // chunks + 1}, the "
+            f"rest {layers // chunks}")
