@@ -17,14 +17,28 @@ if TYPE_CHECKING:
 def render_memory_html(report: Report | None, estimate, *, fragment: bool = False) -> str:
     """memory: the totals with the --gpu/--budget answer, every setting the figures depend on, the bytes of each
     phase as stacked bars, the "fits on" table, and (given the report) the model's treemap. An estimate without a
-    report (a plan's step, one made by hand) leaves the model's parts out."""
+    report (a plan's step, one made by hand) leaves the model's parts out. A training step under a multi-GPU layout
+    adds the layout to the settings, one device's peak by part beside the one-device step's, each pipeline stage's
+    peak by part (the worst marked) with the bubble, and the rules each role is cut by; the fits table says it reads
+    per device."""
     from ..memory import memory_to_dict
 
     memory = memory_to_dict(estimate)
+    layout = training_layout(memory)
     sections = [
         Section("Memory", _memory_totals(memory) + _budget_answer(memory)),
         Section("Settings", _settings_table(memory)),
-        Section("By phase", figure(_phase_bars(memory), "bars-phases")),
+    ]
+    if layout is not None:
+        sections.append(Section("Per device", figure(_device_bars(memory), "bars-device") + _device_table(memory)))
+        if layout["device"]["stages"]:
+            sections.append(Section("Pipeline stages", _stages_words(layout) + figure(_stage_bars(memory),
+                                                                                      "bars-stages")
+                                    + _stages_table(memory)))
+        sections.append(Section("How each role is cut", _rules_table(layout["device"])))
+    sections += [
+        Section("By phase" + (", one device (no layout)" if layout is not None else ""),
+                figure(_phase_bars(memory), "bars-phases")),
         Section("Fits on", _fits_table(memory)),
     ]
     if report is not None:
@@ -40,8 +54,11 @@ def render_memory_html(report: Report | None, estimate, *, fragment: bool = Fals
     settings = memory["settings"]
     asked = (f"{settings['precision']}, {settings['optimizer']}" if memory["mode"] == "training"
              else f"{memory['weights']['format']} weights")  # the rest in the settings table
+    if layout is not None:
+        asked += f" · {layout['words']}"
+    per = " per device" if layout is not None or memory.get("per_device") else ""
     peak = (f"{memory['engine']} engine · {asked} · batch {settings['batch']:,} × {settings['seq']:,} tokens · "
-            f"peak {bytes_text(memory['peak']['bytes'])} in {memory['peak']['phase']}")
+            f"peak{per} {bytes_text(memory['peak']['bytes'])} in {memory['peak']['phase']}")
     return html_page(_titled(report, f"memory to {verb}"), _subtitled(report, peak), sections, fragment)
 
 
@@ -49,8 +66,56 @@ def _settings_table(memory: dict) -> str:
     """What the figures depend on, in the text report's words (render/memory.settings_rows)."""
     from ..memory import settings_rows
 
-    body = "".join(f"<tr><th>{escape(name)}</th><td>{escape(value)}</td></tr>" for name, value in settings_rows(memory))
+    rows = settings_rows(memory)
+    if training_layout(memory) is not None:  # the layout's rows in place of --devices/--zero's, which it replaces
+        at = next((i for i, (name, _) in enumerate(rows) if name == "devices"), len(rows))
+        rows = rows[:at] + layout_rows(memory) + [row for row in rows[at:] if row[0] != "devices"]
+    body = "".join(f"<tr><th>{escape(name)}</th><td>{escape(value)}</td></tr>" for name, value in rows)
     return f'<table class="totals" id="settings">{body}</table>'
+
+
+def training_layout(memory: dict) -> dict | None:
+    """The JSON "memory" object's layout of a training step (its device's figures within), or None: none given, or
+    the step is serving's."""
+    layout = memory.get("layout")
+    return layout if memory["mode"] == "training" and layout is not None and "device" in layout else None
+
+
+def layout_rows(memory: dict) -> list[tuple[str, str]]:
+    """A multi-GPU layout as settings rows (from the JSON "memory" object's layout): its words, each degree and the
+    shard mode, as the figures depend on them."""
+    layout, settings = memory["layout"], memory["settings"]
+    batch, seq = settings["batch"], settings["seq"]
+    shard = (layout["shard_words"] if layout["shard"] == "none" else
+             f"{layout['shard_words']} over {layout['shard_degree']:,} rank{'s' if layout['shard_degree'] > 1 else ''}")
+    shard += {"none": ": every data-parallel rank holds the model states whole",
+              "zero1": ": the optimizer states sharded", "zero2": ": optimizer states and gradients sharded",
+              "zero3": ": optimizer states, gradients and weights sharded",
+              "fsdp": ": each parameter, its gradient and optimizer states cut along dim 0 (all-gathered to run)",
+              "hsdp": ": sharded within each group, replicated across groups"}.get(layout["shard"], "")
+    tp = (f"tp {layout['tp']}: heads and widths cut {layout['tp']} ways" + ("; sequence parallel (--sp)"
+                                                                            if layout["sp"] else "")
+          if layout["tp"] > 1 else "tp 1: none")
+    if layout["pp"] > 1:
+        micro = batch // layout["micro_batches"]
+        schedule = {"gpipe": "GPipe", "1f1b": "1F1B",
+                    "interleaved": f"interleaved, {layout['virtual_stages']} chunks a device"}[layout["schedule"]]
+        pp = (f"pp {layout['pp']} stages: {schedule}; {layout['micro_batches']:,} microbatch"
+              f"{'es' if layout['micro_batches'] > 1 else ''} of {micro:,} sequence{'s' if micro > 1 else ''} each")
+    else:
+        pp = "pp 1: none"
+    cp = (f"cp {layout['cp']}: each rank holds {-(-seq // layout['cp']):,} of the {seq:,} tokens (ring attention)"
+          if layout["cp"] > 1 else "cp 1: none")
+    ep = f"ep {layout['ep']}: routed experts split over the data-parallel ranks" if layout["ep"] > 1 else "ep 1: none"
+    return [("layout", layout["words"]),
+            ("devices", f"{layout['devices']:,} = dp {layout['dp']} × tp {layout['tp']} × pp {layout['pp']} × cp "
+                        f"{layout['cp']}; each data-parallel replica takes a batch of {batch:,} a step"),
+            ("data parallel", f"dp {layout['dp']}"),
+            ("shard mode", shard),
+            ("tensor parallel", tp),
+            ("pipeline parallel", pp),
+            ("context parallel", cp),
+            ("expert parallel", ep)]
 
 
 def _budget_answer(memory: dict) -> str:
@@ -219,6 +284,260 @@ def _bar(label: str, names: list[str], values: list[int], notes: list[str]) -> d
             "hovertemplate": f"<b>{escape(label)}</b><br>%{{customdata}}<extra>%{{x}}</extra>"}
 
 
+# --- a multi-GPU layout: one device's peak by part, each pipeline stage's, the rules -------------------------------
+
+_NOT_HELD = ("end of backward", "optimizer step")  # moments after the backward has freed what the forward saved
+_STATE_PARTS = (("weights", "weights"), ("optimizer", "optimizer state"), ("master_weights", "master weights"),
+                ("buffers", "buffers"))
+_SAVED = "activations saved"
+_REST = "the rest of the moment"
+_PART_COLORS.update({_SAVED: "#59a14f", _REST: "#8cd17d", "gradients and the rest of the moment": "#ff9d9a"})
+_COMM_COLORS = ("#76b7b2", "#9c755f", "#d37295", "#a0cbe8", "#499894")
+
+
+def _peak_parts(peak: int, resident: list[tuple[str, int, str]], gradients: int, comm: list[tuple[str, int, str]],
+                saved: int, saved_how: str, moment: str, rest_how: str, *, grads_known: bool = True
+                ) -> list[tuple[str, int, str]]:
+    """A peak as (part, bytes, arithmetic) parts that add up to it exactly: the resident states, the gradients the
+    moment holds, the communication buffers it holds, what the forward saved (when the moment still holds it: not
+    at the end of backward or the optimizer step, and no more than is left), and the rest of the moment's figure
+    (the loss's and logits' temporaries, the gradient arriving from the next stage). `grads_known` False: whether
+    the moment holds the gradients is not recorded; they go with the rest, named so."""
+    held = sum(value for _, value, _ in resident) + sum(value for _, value, _ in comm)
+    grads = gradients if grads_known else 0
+    left = peak - held - grads
+    saved_here = saved if moment not in _NOT_HELD and 0 <= saved <= left else 0
+    parts = list(resident) + [("gradients", grads, "the gradients held at this moment")] + list(comm)
+    parts.append((_SAVED, saved_here, saved_how if saved_here else
+                  f"none held at this moment ({moment}): the backward has freed them"))
+    rest = left - saved_here
+    parts.append((_REST if grads_known else "gradients and the rest of the moment", rest, rest_how))
+    assert sum(value for _, value, _ in parts) == peak
+    return parts
+
+
+def _one_device_parts(memory: dict) -> tuple[dict, list[tuple[str, int, str]]]:
+    """The one-device step's largest moment, by part (as the phase bars cut it)."""
+    top = max(memory["phases"], key=lambda p: p["bytes"])
+    resident = [(label, _held(memory, key), (memory.get(key) or {}).get("arithmetic", "")) for key, label in
+                _STATE_PARTS]
+    act = memory.get("activations") or {}
+    return top, _peak_parts(int(top["bytes"]), resident, int(top.get("gradients") or 0), [],
+                            int(act.get("bytes") or 0), act.get("arithmetic", ""), top["moment"],
+                            f"{top['moment']}: {top.get('arithmetic', '')}")
+
+
+def device_parts(memory: dict) -> list[tuple[str, int, str]]:
+    """One device's peak under the layout, by part; the parts add up to the device's peak exactly. A communication
+    buffer is a part where the peak moment holds it (its figure names it)."""
+    device = memory["layout"]["device"]
+    top = next(p for p in device["phases"] if p["bytes"] == device["peak"]["bytes"]
+               and p["moment"] == device["peak"]["moment"])
+    how = device["states_arithmetic"]
+    resident = [(label, int(device[key]), how if key != "buffers" else "the model's own buffers, whole on "
+                 "every device") for key, label in _STATE_PARTS]
+    comm = [(b["name"], int(b["bytes"]), b["arithmetic"]) for b in device["communication"]
+            if top["phase"] in b["moments"] and f"{b['name']} {b['bytes']:,}" in top["arithmetic"]]
+    return _peak_parts(int(top["bytes"]), resident, int(top["gradients"]), comm, int(device["activations"]),
+                       device["activations_from"], top["moment"], f"{top['moment']}: {top['arithmetic']}")
+
+
+def stage_parts(memory: dict, stage: dict) -> list[tuple[str, int, str]]:
+    """A pipeline stage's peak by part; the parts add up to the stage's peak exactly. A stage records its peak's
+    phase, not its moment: every moment of a stage holds its gradients but the last stage's forward and start of
+    backward with a single microbatch; there, a backward peak is read from the device's own moments where the stage
+    is the device's, and otherwise its gradients go with the rest, named so."""
+    layout, device = memory["layout"], memory["layout"]["device"]
+    buffers = int(device["buffers"])
+    resident = [(label, int(stage[key]) if key != "buffers" else buffers, "") for key, label in _STATE_PARTS]
+    phase = stage["peak_phase"]
+    moment, gradients = phase, int(stage["gradients"])
+    known = not (stage["last"] and layout["micro_batches"] == 1 and phase == "backward")
+    if stage["last"] and layout["micro_batches"] == 1 and phase == "forward":
+        gradients = 0  # a single microbatch: no gradient exists before its backward
+    if not known:  # the device's stage: its own moments are the device's, less the buffers they hold
+        for figure_ in device["phases"]:
+            held = sum(b["bytes"] for b in device["communication"] if f"{b['name']} {b['bytes']:,}"
+                       in figure_["arithmetic"])
+            if figure_["phase"] == phase and figure_["bytes"] - held == stage["peak"]:
+                moment, gradients, known = figure_["moment"], int(figure_["gradients"]), True
+                break
+    return _peak_parts(int(stage["peak"]), resident, gradients, [], int(stage["activations"]),
+                       f"{stage['in_flight']} microbatch{'es' if stage['in_flight'] > 1 else ''} in flight × the "
+                       "stage's layers" + (" + the embedding output" if stage["first"] else ""), moment,
+                       f"the rest of the stage's peak ({phase})" + (": the gradient arriving from the next stage"
+                                                                    if not stage["last"] else
+                                                                    ": the loss's and logits' temporaries"),
+                       grads_known=known)
+
+
+def _wrapped(text: str, width: int = 110) -> str:
+    """Hover text: escaped, broken into lines of about `width` characters."""
+    import textwrap
+
+    return "<br>".join(escape(line) for line in textwrap.wrap(text, width)) if text else ""
+
+
+def _part_traces(names: list[str], stacks: list[list[tuple[str, int, str]]], orientation: str) -> list[dict]:
+    """One stacked trace per part over the bars (a part a bar lacks is 0 there); hover: exact bytes, arithmetic."""
+    order: list[str] = []
+    for parts in sorted(stacks, key=len, reverse=True):  # the fullest stack's order (every stack's is the same)
+        for label, _, _ in parts:
+            if label not in order:
+                order.append(label)
+    comm = iter(_COMM_COLORS)
+    traces = []
+    for label in order:
+        found = [next(((v, h) for name, v, h in parts if name == label), (0, "")) for parts in stacks]
+        if not any(v for v, _ in found):
+            continue
+        values = [v for v, _ in found]
+        color = _PART_COLORS.get(label) or next(comm, "#79706e")
+        axis = {"y": names, "x": values} if orientation == "h" else {"x": names, "y": values}
+        traces.append({"type": "bar", "orientation": orientation, "name": label, **axis,
+                       "marker": {"color": color, "line": {"width": 0}},
+                       "customdata": [f"{exact(v)} B ({bytes_text(v)})" + (f"<br>{_wrapped(h)}" if h and v else "")
+                                      for v, h in found],
+                       "hovertemplate": f"<b>{escape(label)}</b><br>%{{customdata}}<extra>%{{"
+                                        f"{'y' if orientation == 'h' else 'x'}}}</extra>"})
+    return traces
+
+
+def binary_axis(largest: int, title: str) -> dict:
+    """A bytes axis ticked in binary units (20 GiB, 40 GiB, …), as the figures beside it are written, from 0 to a
+    little past `largest`."""
+    top = max(1, largest) * 1.12
+    for power, unit in enumerate(("B", "KiB", "MiB", "GiB", "TiB")):
+        size = 1024 ** power
+        for nice in (1, 2, 5, 10, 20, 50, 100, 200, 500):
+            if top / (nice * size) <= 6 or (unit == "TiB" and nice == 500):
+                break
+        else:
+            continue
+        break
+    step = nice * size
+    ticks = list(range(0, int(top) + 1, step))
+    return {"title": {"text": title}, "range": [0, top], "tickvals": ticks,
+            "ticktext": ["0" if t == 0 else f"{t // size:,} {unit}" for t in ticks], "automargin": True}
+
+
+def _device_bars(memory: dict) -> dict:
+    """One device's peak under the layout by part, beside the one-device step's at one scale (the saving shows);
+    below, the device's bar again at its own scale (its parts show)."""
+    layout = memory["layout"]
+    top, alone = _one_device_parts(memory)
+    device = device_parts(memory)
+    peak, one = layout["device"]["peak"], int(top["bytes"])
+    names = [f"one device, no layout ({top['moment']})", f"each of {layout['devices']:,} devices ({peak['moment']})"]
+    own = f"each device, at its own scale ({peak['moment']})"
+    traces = _part_traces(names, [alone, device], "h")
+    for trace in traces:
+        trace["legendgroup"] = trace["name"]
+    for trace in _part_traces([own], [device], "h"):
+        trace.update(xaxis="x2", yaxis="y2", legendgroup=trace["name"], showlegend=False)
+        traces.append(trace)
+    notes = [(names[0], one, f"{bytes_text(one)}: the step on one device", "y"),
+             (names[1], peak["bytes"], f"{bytes_text(peak['bytes'])} per device: "
+                                       f"{peak['bytes'] / one * 100:.1f}% of one device's", "y"),
+             (own, peak["bytes"], bytes_text(peak["bytes"]), "y2")]
+    annotations = [{"x": value, "y": name, "xref": "x" if axis == "y" else "x2", "yref": axis, "text": text,
+                    "showarrow": False, "xanchor": "left", "xshift": 6, "font": FONT}
+                   for name, value, text, axis in notes]
+    layout_spec = {"barmode": "stack", "height": 420, "margin": {"t": 60, "l": 10, "r": 10, "b": 50},
+                   "xaxis": {**binary_axis(max(one, peak["bytes"]) * 1.25, ""), "anchor": "y"},
+                   "yaxis": {"automargin": True, "autorange": "reversed", "domain": [0.42, 1]},
+                   "xaxis2": {**binary_axis(peak["bytes"] * 1.1, "bytes at the step's largest moment"),
+                              "anchor": "y2"},
+                   "yaxis2": {"automargin": True, "domain": [0, 0.2]}, "bargap": 0.3,
+                   "annotations": annotations, "font": FONT, "legend": {**LEGEND_ABOVE, "traceorder": "normal"}}
+    return {"data": traces, "layout": layout_spec}
+
+
+def _stage_label(stage: dict) -> str:
+    layers = f"layers {stage['layers'][0]}–{stage['layers'][1]}" if stage["layers"] else "no layers"
+    extra = " + embeddings" if stage["first"] else ""
+    extra += " + head" if stage["last"] else ""
+    return f"stage {stage['stage']}<br>{layers}{extra}"
+
+
+def _stage_bars(memory: dict) -> dict:
+    """Each pipeline stage's peak by part; the worst stage marked."""
+    stages = memory["layout"]["device"]["stages"]
+    names = [_stage_label(s) for s in stages]
+    traces = _part_traces(names, [stage_parts(memory, s) for s in stages], "v")
+    worst = max(stages, key=lambda s: s["peak"])
+    annotations = [{"x": name, "y": s["peak"], "yanchor": "bottom", "showarrow": False, "yshift": 2,
+                    "text": (f"<b>worst: {bytes_text(s['peak'])}</b>" if s is worst else bytes_text(s["peak"])),
+                    "font": FONT} for name, s in zip(names, stages)]
+    layout_spec = {"barmode": "stack", "height": 420, "margin": {"t": 60, "l": 10, "r": 10, "b": 60},
+                   "yaxis": binary_axis(worst["peak"], "bytes at the stage's largest moment"),
+                   "xaxis": {"automargin": True}, "annotations": annotations, "font": FONT,
+                   "legend": {**LEGEND_ABOVE, "traceorder": "normal"}}
+    return {"data": traces, "layout": layout_spec}
+
+
+def _stages_words(layout: dict) -> str:
+    device = layout["device"]
+    v, m, pp = layout["virtual_stages"], layout["micro_batches"], layout["pp"]
+    return (f'<p id="pipeline" data-bubble="{device["bubble"]!r}">{escape(device["pipeline"])}. Bubble '
+            f"<b>{100 * device['bubble']:.1f}%</b> of the step: (pp − 1) / (v·m + pp − 1) = {pp - 1} / "
+            f"({v}·{m} + {pp - 1}) = {pp - 1} / {v * m + pp - 1}.</p>")
+
+
+def _stages_table(memory: dict) -> str:
+    device = memory["layout"]["device"]
+    stages = device["stages"]
+    worst = max(stages, key=lambda s: s["peak"])
+    columns = ("weights", "gradients", "optimizer", "master_weights", "activations", "peak")
+    head = ("<tr><th>stage</th><th>layers</th><th>count</th><th>in flight</th>"
+            + "".join(f"<th>{c.replace('_', ' ')}</th>" for c in columns) + "<th>peak in</th></tr>")
+    body = ""
+    for s in stages:
+        layers = _stage_label(s).split("<br>")[1]
+        cells = "".join(f'<td class="num" data-value="{s[c]}" title="{exact(s[c])} B">{bytes_text(s[c])}</td>'
+                        for c in columns)
+        mark = ' class="worst" style="font-weight:600"' if s is worst else ""
+        body += (f'<tr data-stage="{s["stage"]}"{mark}><td class="num">{s["stage"]}</td><td>{escape(layers)}</td>'
+                 f'<td class="num">{s["layer_count"]}</td><td class="num">{s["in_flight"]}</td>{cells}'
+                 f'<td>{escape(s["peak_phase"])}</td></tr>')
+    note = ""
+    if worst["peak"] != device["peak"]["bytes"]:
+        note = (f'<p class="dim">The worst stage\'s figure, {exact(worst["peak"])} B, leaves out the communication '
+                f"buffers the device's figure, {exact(device['peak']['bytes'])} B, adds at its peak moment.</p>")
+    return (f'<div class="scroll"><table class="compare" id="stages"><caption class="dim">Each stage\'s device '
+            "(rank 0 of its tensor and data-parallel groups); the worst in bold. Exact bytes in each cell's "
+            f"tooltip.</caption>{head}{body}</table></div>{note}")
+
+
+def _device_table(memory: dict) -> str:
+    """One device's figures as the text's table: each part exact, with its arithmetic; the peak and its moment."""
+    layout = memory["layout"]
+    device = layout["device"]
+    rows = [("weights", device["weights"], ""), ("gradients", device["gradients"], ""),
+            ("optimizer state", device["optimizer"], ""), ("master weights", device["master_weights"], ""),
+            ("buffers", device["buffers"], ""),
+            (_SAVED, device["activations"], device["activations_from"])]
+    rows += [(b["name"], b["bytes"], f"{b['arithmetic']}; held at the {' and '.join(b['moments'])} moments")
+             for b in device["communication"]]
+    peak = device["peak"]
+    top = next(p for p in device["phases"] if p["bytes"] == peak["bytes"] and p["moment"] == peak["moment"])
+    rows.append((f"peak ({peak['phase']})", peak["bytes"], f"{peak['moment']}: {top['arithmetic']}"))
+    body = "".join(f'<tr><th>{escape(label)}</th><td class="num" data-value="{value}">{exact(value)} B</td>'
+                   f'<td class="num dim">{bytes_text(value)}</td><td class="dim">{escape(how)}</td></tr>'
+                   for label, value, how in rows)
+    return (f'<table class="totals" id="device" data-peak="{peak["bytes"]}"><caption class="dim">One device (rank '
+            f"0, the largest share): {escape(layout['words'])}; {escape(device['states_arithmetic'])}</caption>"
+            f"{body}</table>")
+
+
+def _rules_table(device: dict) -> str:
+    body = "".join(f'<tr data-role="{escape(role)}"><th>{escape(role)}</th><td>{escape(rule)}</td></tr>'
+                   for role, rule in device["rules"].items())
+    return (f'<table class="totals" id="rules"><caption class="dim">Each role\'s tensor- and expert-parallel cut, '
+            "read from its role (transformers' tp plans agree)</caption><tr><th>role</th><th>rule</th></tr>"
+            f"{body}</table>")
+
+
 def _memory_totals(memory: dict) -> str:
     rows = [(label, _held(memory, key)) for key, label in (("weights", "weights"), ("buffers", "buffers"),
                                                             ("gradients", "gradients"),
@@ -227,14 +546,31 @@ def _memory_totals(memory: dict) -> str:
                                                             ("kv_cache", "KV cache"),
                                                             ("activations", "activations"))]
     rows = [(label, value) for label, value in rows if value]
-    rows.append(("peak", int(memory["peak"]["bytes"])))
-    rows.append(("peak + reserve", int(memory["peak"]["bytes"]) + int(memory.get("reserve") or 0)))
+    if training_layout(memory) is not None or memory.get("per_device"):
+        # the rows above are the step on one device; the peak the fits table and the answer read is one device's
+        # share (the text's "peak per device")
+        rows.append(("peak, one device alone", max(int(p["bytes"]) for p in memory["phases"])))
+        rows.append(("peak per device", int(memory["peak"]["bytes"])))
+        rows.append(("peak per device + reserve", int(memory["peak"]["bytes"]) + int(memory.get("reserve") or 0)))
+    else:
+        rows.append(("peak", int(memory["peak"]["bytes"])))
+        rows.append(("peak + reserve", int(memory["peak"]["bytes"]) + int(memory.get("reserve") or 0)))
     body = "".join(f'<tr><th>{escape(label)}</th><td class="num" data-value="{value}">{exact(value)} B</td>'
                    f'<td class="num dim">{bytes_text(value)}</td></tr>' for label, value in rows)
     return f'<table class="totals" id="memory" data-peak="{memory["peak"]["bytes"]}">{body}</table>'
 
 
 def _fits_table(memory: dict) -> str:
+    caption = ""
+    if training_layout(memory) is not None or memory.get("per_device"):
+        settings = memory["settings"]
+        what = (memory["layout"]["words"] if training_layout(memory) is not None else
+                f"ZeRO-{settings['zero']} over {settings['devices']:,} devices")
+        caption = (f'<caption class="dim" id="fits-caption">Per device ({escape(what)}): each row compares one '
+                   f"device's peak, {bytes_text(memory['peak']['bytes'])}, plus the reserve with the accelerator's "
+                   f"memory; the largest batch is each data-parallel replica's (sequences a step, at "
+                   f"{settings['seq']:,} tokens), the largest context at its batch of {settings['batch']:,}."
+                   "</caption>")
     head = "<tr><th>accelerator</th><th>memory</th><th>fits</th><th>free</th><th>largest batch</th>" \
            "<th>largest context</th></tr>"
     rows = "".join(
@@ -243,7 +579,7 @@ def _fits_table(memory: dict) -> str:
         f'<td class="num">{"—" if f["largest_batch"] is None else exact(f["largest_batch"])}</td>'
         f'<td class="num">{"—" if f.get("largest_context") is None else exact(f["largest_context"])}</td></tr>'
         for f in memory.get("fits") or [])
-    return f'<div class="scroll"><table class="fits">{head}{rows}</table></div>' if rows else \
+    return f'<div class="scroll"><table class="fits">{caption}{head}{rows}</table></div>' if rows else \
         '<p class="dim">No accelerator table for these settings.</p>'
 
 

@@ -185,6 +185,7 @@ _STYLE = """
 .paramscope table{border-collapse:collapse}
 .paramscope th,.paramscope td{padding:2px 10px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
 .paramscope .scroll{overflow-x:auto}
+.paramscope caption{text-align:left;padding:2px 10px;caption-side:top}
 .paramscope .swatch{display:inline-block;width:0.9em;height:0.9em;margin:0 4px 0 10px;vertical-align:-0.1em}
 .paramscope .multiples{display:flex;flex-wrap:wrap;align-items:flex-end;gap:16px}
 .paramscope .multiple-title{font-weight:600;font-size:0.9em}
