@@ -42,7 +42,33 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--tokens-per-second", type=float, metavar="T",
                         help="measured throughput over all devices: gives the MFU")
     parser.add_argument("--mfu", type=float, metavar="X", help="an assumed MFU (0.4): gives the time for --tokens")
-    parser.add_argument("--devices", type=int, default=1, metavar="N", help="devices (default 1)")
+    parser.add_argument("--devices", type=int, metavar="N",
+                        help="devices (default 1): alone, what --tokens-per-second and --mfu divide the peak over; "
+                             "with a layout, its total (dp = N / (tp × pp × cp) when --dp is not given)")
+    parser.add_argument("--step-seconds", type=float, metavar="S",
+                        help="a measured training step's time: the MFU (and, under a layout, each device's)")
+    layout = parser.add_argument_group("multi-GPU layout: one device's FLOPs per step (--batch is each "
+                                       "data-parallel replica's)")
+    layout.add_argument("--dp", type=int, metavar="N", help="data-parallel replicas (default: --devices / (tp × pp × cp))")
+    layout.add_argument("--tp", type=int, default=1, metavar="T",
+                        help="tensor parallel: column/row-cut matmuls and attention heads / T, the vocabulary-parallel "
+                             "head ⌈V / T⌉ rows, norms and routers whole on every rank")
+    layout.add_argument("--sp", action="store_true",
+                        help="sequence parallel with --tp (norms on S / T tokens: no FLOP changes, norms are not counted)")
+    layout.add_argument("--pp", type=int, default=1, metavar="P",
+                        help="pipeline stages: layers in order, embeddings on the first, head on the last; the busiest "
+                             "stage is shown, the bubble named")
+    layout.add_argument("--micro-batches", type=int, metavar="M",
+                        help="microbatches a step under --pp (default: the batch, one sequence each)")
+    layout.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"),
+                        help="pipeline schedule (default 1f1b; interleaved with --virtual-stages): sets the bubble")
+    layout.add_argument("--virtual-stages", type=int, default=1, metavar="V",
+                        help="interleaved schedule: layer chunks a device holds (default 1)")
+    layout.add_argument("--cp", type=int, default=1, metavar="C",
+                        help="context parallel: S / C query tokens a rank against all S keys (causal: the "
+                             "load-balanced split)")
+    layout.add_argument("--ep", type=int, default=1, metavar="E",
+                        help="expert parallel over the data-parallel ranks (balanced routing: expert FLOPs unchanged)")
     parser.add_argument("--trace", action="store_true",
                         help="also count with torch's FlopCounterMode on fake tensors and show the agreement")
     parser.add_argument("--json", action="store_true",
@@ -65,11 +91,14 @@ def run(args: argparse.Namespace) -> int:
         if not 1 <= args.tokens <= 1e17:  # also refuses nan
             raise OptionError(f"--tokens must be a count between 1 and 1e17, got {args.tokens:g}")
         tokens = int(args.tokens)
+    layout = _layout(args)
+    devices = args.devices if args.devices is not None else (layout.devices if layout is not None else 1)
     options = FlopOptions(batch=args.batch, seq=args.seq, training=args.training,
                           grad_checkpointing=args.grad_checkpointing, causal=args.causal, freeze=tuple(args.freeze),
                           tokens=tokens, gpu=args.gpu, peak_dtype=args.peak_dtype, peak_tflops=args.peak_tflops,
-                          tokens_per_second=args.tokens_per_second, mfu=args.mfu, devices=args.devices,
-                          trace=args.trace, context_curve=args.html is not None, generate=args.generate)
+                          tokens_per_second=args.tokens_per_second, mfu=args.mfu, devices=devices,
+                          trace=args.trace, context_curve=args.html is not None,
+                          generate=args.generate, layout=layout, step_seconds=args.step_seconds)
     options.check()
     from ..selection import check_pattern
 
@@ -90,6 +119,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _layout(args: argparse.Namespace) -> Any:
+    """The multi-GPU layout the flags describe, or None where none is given (--devices alone keeps its meaning:
+    the devices a throughput or an assumed MFU divides the peak over)."""
+    from ..cost.parallel.layout import layout_for
+
+    given = (args.dp, args.micro_batches, args.schedule)
+    if all(v is None for v in given) and (args.tp, args.ep, args.pp, args.cp, args.virtual_stages, args.sp) == \
+            (1, 1, 1, 1, 1, False):
+        return None
+    return layout_for(devices=args.devices, dp=args.dp, tp=args.tp, sp=args.sp, pp=args.pp,
+                      micro_batches=args.micro_batches, schedule=args.schedule, virtual_stages=args.virtual_stages,
+                      ep=args.ep, cp=args.cp, batch=args.batch)
+
+
+def compute_devices(args: argparse.Namespace, estimate: Any) -> int:
+    if estimate.device is not None:
+        return estimate.device.layout.devices
+    return args.devices if args.devices is not None else 1
+
+
 def _show(args: argparse.Namespace, report: Any, estimate: Any, compute: Any, width: int | None,
           tokens: int | None) -> None:
     if args.html is not None:
@@ -102,8 +151,9 @@ def _show(args: argparse.Namespace, report: Any, estimate: Any, compute: Any, wi
         write_report_json(report, flops=flops_to_dict(estimate, compute, {
             "training": args.training, "grad_checkpointing": args.grad_checkpointing, "freeze": list(args.freeze),
             "tokens": tokens, "gpu": args.gpu, "peak_dtype": args.peak_dtype, "peak_tflops": args.peak_tflops,
-            "tokens_per_second": args.tokens_per_second, "mfu_assumed": args.mfu, "devices": args.devices,
-            "generate": args.generate}))
+            "tokens_per_second": args.tokens_per_second, "mfu_assumed": args.mfu,
+            "devices": compute_devices(args, estimate), "generate": args.generate,
+            "step_seconds": args.step_seconds}))
         return
     if args.html is not None:  # the page replaces the text
         return

@@ -43,6 +43,8 @@ def flops_parts(report, estimate, compute) -> list:
              Text(""), _terms_table(estimate), Text(""), _totals_table(estimate, compute)]
     if estimate.generation is not None:
         lines += [Text(""), _generation_table(estimate)]
+    if estimate.device is not None:
+        lines += [Text(""), *_device_parts(estimate.device, compute)]
     if compute.tokens is not None or compute.mfu is not None or compute.seconds is not None:
         lines += [Text(""), _compute_lines(estimate, compute)]
     for note in (*estimate.notes, *compute.notes):
@@ -144,12 +146,120 @@ def _compute_lines(estimate, compute) -> Table:
     if compute.peak is not None:
         table.add_row("peak", f"{compute.peak / 1e12:,.1f} TFLOP/s", compute.peak_from or "")
     if compute.mfu is not None:
-        table.add_row("MFU", f"{100 * compute.mfu:.2f}%", "model FLOPs per token × tokens/s ÷ (peak × devices)")
+        how = ("model FLOPs per token × tokens/s ÷ (peak × devices)" if compute.step_from != "--step-seconds" else
+               "the step's model FLOPs (every replica's) ÷ (step time × peak × devices)")
+        table.add_row("MFU", f"{100 * compute.mfu:.2f}%", how)
     if compute.hfu is not None:
         table.add_row("HFU", f"{100 * compute.hfu:.2f}%", "with the recomputation")
+    if compute.step_seconds is not None:
+        table.add_row("step time", f"{compute.step_seconds:,.3f} s", compute.step_from or "")
+    if compute.device_mfu is not None:
+        table.add_row("MFU per device", f"{100 * compute.device_mfu:.2f}%",
+                      "the busiest device's model FLOPs a step ÷ (step time × peak); recompute excluded (PaLM's "
+                      "convention)")
+    if compute.device_hfu is not None:
+        table.add_row("HFU per device", f"{100 * compute.device_hfu:.2f}%", "its hardware FLOPs (with the recompute) "
+                      "÷ (step time × peak)")
     if compute.seconds is not None:
         table.add_row("time", _duration(compute.seconds), f"{sci(compute.total)} ÷ (MFU × peak × devices)")
     return table
+
+
+def _device_parts(device, compute) -> list:
+    """One device's FLOPs under the layout: its terms by role, its totals, the stages, the sum over devices."""
+    layout = device.layout
+    stage = device.stages[device.stage]
+    where = []
+    if layout.pp > 1:
+        held = f"layers {stage.layers[0]}–{stage.layers[1]}" if stage.layers else "no layers"
+        extra = [w for w, on in (("the embeddings", stage.first), ("the head", stage.last)) if on]
+        where.append(f"stage {stage.rank} ({held}{', ' + ' and '.join(extra) if extra else ''}: the busiest)")
+    if layout.tp > 1:
+        where.append("tp rank 0 (the most vocabulary rows)")
+    title = f"One device: {layout.words()}" + (f"; {', '.join(where)}" if where else "")
+    tokens = f"{device.batch:,} × {device.seq:,} tokens a replica" + (
+        f", {device.tokens:,} query tokens on each of {layout.cp} cp ranks" if layout.cp > 1 else "")
+    table = Table(title=f"{title}\n{tokens}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("role", no_wrap=True)
+    table.add_column("FLOPs", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    table.add_column("of the model's", justify="right", no_wrap=True)
+    table.add_column("how", overflow="fold", ratio=1)
+    for term in device.terms:
+        if not term.flops:  # a role the device holds none of (DeepSeek's dense MLPs on a later stage)
+            continue
+        share = f"{100 * term.flops / term.whole:.2f}%" if term.whole else "—"
+        table.add_row(term.role, exact(term.flops), sci(term.flops), share, term.rule)
+    table.add_row("forward", exact(device.forward), sci(device.forward), "", "the device's, a step", style="bold")
+    out = [table]
+    totals = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    totals.add_column("", no_wrap=True)
+    totals.add_column("FLOPs", justify="right", no_wrap=True)
+    totals.add_column("", justify="right", no_wrap=True)
+    totals.add_column("how", overflow="fold", ratio=1)
+    if device.backward is not None:
+        totals.add_row("backward", exact(device.backward), sci(device.backward), "2 × forward")
+        totals.add_row("model FLOPs a step", exact(device.step), sci(device.step),
+                       "forward + backward: what MFU counts", style="bold")
+        totals.add_row("recompute", exact(device.recompute or 0), sci(device.recompute or 0),
+                       "flash attention's scores and checkpointed layers rerun (hardware FLOPs)")
+        totals.add_row("hardware FLOPs a step", exact(device.hardware), sci(device.hardware),
+                       "model FLOPs + recompute: what HFU counts")
+    if layout.micro_batches > 1:
+        totals.add_row("per microbatch", exact(device.per_microbatch), sci(device.per_microbatch),
+                       f"÷ {layout.micro_batches} microbatches of {device.batch // layout.micro_batches:,} "
+                       f"sequence{'s' if device.batch // layout.micro_batches > 1 else ''}")
+    replicas = f"{layout.tp * layout.pp * layout.cp:,} devices of a replica (tp × pp × cp)"
+    totals.add_row("Σ over a replica", exact(device.devices_sum), sci(device.devices_sum),
+                   f"over the {replicas}: the model's {exact(device.replica)}" +
+                   (f" + {exact(device.duplicated)} duplicated (matmuls kept whole on every tp rank, counted once "
+                    "a rank)" if device.duplicated else ", exactly"))
+    out.append(totals)
+    if layout.pp > 1:
+        stages = Table(title=f"Pipeline stages ({device.split}); bubble {100 * device.bubble:.1f}% of the step "
+                             f"idle: (pp − 1) / (v·m + pp − 1) = {layout.pp - 1} / "
+                             f"({layout.virtual_stages}·{layout.micro_batches} + {layout.pp - 1}), time not FLOPs",
+                       title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for name in ("stage", "layers", "forward", "model FLOPs a step", "recompute"):
+            stages.add_column(name, justify="left" if name in ("stage", "layers") else "right", no_wrap=True)
+        for s in device.stages:
+            held = f"{s.layers[0]}–{s.layers[1]}" if s.layers else "—"
+            extra = "".join(w for w, on in ((" + embeddings", s.first), (" + head", s.last)) if on)
+            stages.add_row(str(s.rank), f"{held} ({s.layer_count}){extra}", sci(s.forward), sci(s.step),
+                           sci(s.recompute or 0) if s.recompute is not None else "—",
+                           style="bold" if s.rank == device.stage else None)
+        out += [Text(""), stages]
+    for convention in device.conventions:
+        out.append(indented(f"convention: {convention}"))
+    return out
+
+
+def _device_to_dict(device, compute) -> dict[str, Any] | None:
+    if device is None:
+        return None
+    layout = device.layout
+    return {
+        "layout": {"dp": layout.dp, "tp": layout.tp, "sp": layout.sp, "pp": layout.pp,
+                   "micro_batches": layout.micro_batches, "schedule": layout.schedule,
+                   "virtual_stages": layout.virtual_stages, "cp": layout.cp, "ep": layout.ep,
+                   "devices": layout.devices, "words": layout.words()},
+        "batch": device.batch, "seq": device.seq, "tokens": device.tokens,
+        "stage": device.stage, "tp_rank": 0,
+        "forward": device.forward, "backward": device.backward, "step": device.step,
+        "recompute": device.recompute, "hardware": device.hardware,
+        "per_microbatch": device.per_microbatch,
+        "by_role": {t.role: t.flops for t in device.terms},
+        "terms": [{"role": t.role, "flops": t.flops, "whole": t.whole, "rule": t.rule, "copies": t.copies}
+                  for t in device.terms],
+        "stages": [{"rank": s.rank, "layers": list(s.layers) if s.layers else None, "layer_count": s.layer_count,
+                    "first": s.first, "last": s.last, "forward": s.forward, "backward": s.backward,
+                    "step": s.step, "recompute": s.recompute} for s in device.stages],
+        "replica": device.replica, "devices_sum": device.devices_sum, "duplicated": device.duplicated,
+        "recompute_sum": device.recompute_sum,
+        "bubble": device.bubble, "split": device.split or None,
+        "mfu": compute.device_mfu, "hfu": compute.device_hfu,
+        "conventions": list(device.conventions),
+    }
 
 
 def _duration(seconds: float) -> str:
@@ -188,6 +298,9 @@ def flops_to_dict(estimate, compute, settings: dict[str, Any] | None = None) -> 
         "notes": [*estimate.notes, *compute.notes],
         "check": check_to_dict(estimate.check),
         "generation": _generation_to_dict(estimate.generation),
+        "step_seconds": compute.step_seconds,
+        "step_from": compute.step_from,
+        "device": _device_to_dict(estimate.device, compute),
     }
 
 

@@ -27,6 +27,7 @@ The traced engine (traced/flops.py) is the check: on every preset family the two
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..dims import attention_dropout, config_int, dim, hidden_dropout, same_head_sizes, text_config
@@ -40,10 +41,25 @@ _NO_ATTENTION = ("none", "linear_attention", "mamba", "conv", "recurrent", "shar
 _NOT_ANALYTIC = ("deberta",)
 
 
+@dataclass
+class Parts:
+    """What `analytic_flops` counted, weight by weight, when asked (`parts=`): what a per-device split
+    (cost/parallel/flops.py) cuts. The same FLOPs as the terms, not a second table: each matmul's forward FLOPs as
+    counted there, under the weight's name."""
+
+    # (weight name, role as counted, forward FLOPs, inside a layer, runs on one token of each sequence)
+    matmuls: list[tuple[str, str, int, bool, bool]] = field(default_factory=list)
+    not_rerun: set[str] = field(default_factory=set)  # weights full checkpointing does not rerun (a layer's last)
+    fused_attention: bool = False  # the backward recomputes the scores (½ × the attention forward)
+    unsplit: str | None = None  # why these parts do not split per device (shared layers, relative positions, …)
+
+
 def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bool, checkpointing: bool = False,
-                   causal: str = "full", frozen: frozenset[str] = frozenset()) -> FlopEstimate | None:
+                   causal: str = "full", frozen: frozenset[str] = frozenset(),
+                   parts: Parts | None = None) -> FlopEstimate | None:
     """The analytic FLOPs of the model `view` shows (model_view.ModelView: the meta build, or facts recorded from
-    it), or None where its attention has no closed form here."""
+    it), or None where its attention has no closed form here. `parts`, when given, is filled with the count weight by
+    weight (Parts)."""
     from ..traced.flops import module_roles
 
     config = text_config(view.config)
@@ -59,7 +75,7 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
     by_role: dict[str, list[int]] = {}  # role → [flops, numel met per token]
     frozen_flops = 0
     layer_flops = 0
-    last_in_layer: dict[str, tuple[int, str]] = {}  # layer → (FLOPs, role) of its last matmul in registration order
+    last_in_layer: dict[str, tuple[int, str, str]] = {}  # layer → (FLOPs, role, weight) of its last matmul
     seen_frozen: set[str] = set(frozen)
     for param in params:  # a frozen tensor is frozen under every name it has (a tied lm_head)
         if param.name in frozen:
@@ -67,6 +83,11 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
     if training and frozen and skipped_input_gradients(params, seen_frozen, config):
         return None
     positions = _relative_positions(config)  # DeBERTa-v2: (2 × span rows, shared projections, c2p/p2c)
+    if parts is not None:
+        parts.unsplit = ("ALBERT's layers share weights across passes" if uses else
+                         "DeBERTa's relative-position projections run outside the token count" if positions else
+                         "an encoder-decoder runs two stacks" if getattr(config, "is_encoder_decoder", False)
+                         else None)
     once: dict[str, str] = {}  # role → why its matmuls run on one token of each sequence (the pooler, …)
     unused_pooler = False
     unused_flops = 0
@@ -98,6 +119,8 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
                 rows = batch
                 once[role] = why_once
             _add(by_role, role, 2 * rows * numel, numel)
+            if parts is not None:
+                parts.matmuls.append((f"{path}.weight", role, 2 * rows * numel, _in_layer(path), bool(why_once)))
             if f"{path}.weight" in seen_frozen:
                 frozen_flops += 2 * rows * numel
             elif why_once and role.startswith("pooler") and "For" not in view.class_name:
@@ -108,7 +131,8 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
             if _in_layer(path):
                 layer_flops += 2 * tokens * numel
                 down = role.startswith("moe.shared") and path.endswith(("down_proj", "w2"))
-                last_in_layer[_layer_of(path)] = (2 * tokens * numel, "moe.shared_experts.down" if down else role)
+                last_in_layer[_layer_of(path)] = (2 * tokens * numel, "moe.shared_experts.down" if down else role,
+                                                  f"{path}.weight")
             continue
         for name, param in sub._parameters.items():
             if param is None:
@@ -117,17 +141,21 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
             role = roles.get(path, "other")
             if name == "weight" and len(param.shape) == 2 and role.startswith("moe.router"):  # a router's F.linear
                 _add(by_role, role, 2 * tokens * param.numel(), param.numel())  # (routers are never shared)
+                if parts is not None:
+                    parts.matmuls.append((full, role, 2 * tokens * param.numel(), _in_layer(path), False))
                 if full in seen_frozen:
                     frozen_flops += 2 * tokens * param.numel()
                 layer_flops += 2 * tokens * param.numel()
-                last_in_layer[_layer_of(path)] = (2 * tokens * param.numel(), role)
+                last_in_layer[_layer_of(path)] = (2 * tokens * param.numel(), role, full)
             elif len(param.shape) == 3 and role.startswith("moe.experts"):  # fused experts: E × in × out
                 numel = param.numel() * top_k // max(param.shape[0], 1)
                 _add(by_role, role, 2 * tokens * numel, numel)
+                if parts is not None:
+                    parts.matmuls.append((full, role, 2 * tokens * numel, _in_layer(path), False))
                 if full in seen_frozen:
                     frozen_flops += 2 * tokens * numel
                 layer_flops += 2 * tokens * numel
-                last_in_layer[_layer_of(path)] = (2 * tokens * numel, role)
+                last_in_layer[_layer_of(path)] = (2 * tokens * numel, role, full)
     if getattr(config, "is_encoder_decoder", False):
         attention, text = _encoder_decoder_attention(config, batch, seq)
     else:
@@ -158,6 +186,8 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
         # or MLA's query and value head sizes differing)
         fused = implementation == "sdpa" and not attention_dropout(config) and same_head_sizes(config)
         recompute = attention // 2 if fused else 0
+        if parts is not None:
+            parts.fused_attention = fused
         if checkpointing:
             # non-reentrant checkpointing reruns a layer only until backward has what it saved. A layer's last
             # matmul is not rerun when nothing after it saves its output: not so when a dropout follows (its
@@ -167,8 +197,11 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
             dropout = hidden_dropout(config) > 0
             # (or a gate whose sigmoid saves its output, as Qwen2-MoE's shared-expert gate): only a down projection
             # ending the layer is skipped
-            skipped = sum(flops for flops, role in last_in_layer.values()
-                          if not (dropout or post_norm) and role in ("mlp.down", "moe.shared_experts.down"))
+            not_rerun = [(flops, name) for flops, role, name in last_in_layer.values()
+                         if not (dropout or post_norm) and role in ("mlp.down", "moe.shared_experts.down")]
+            skipped = sum(flops for flops, _ in not_rerun)
+            if parts is not None:
+                parts.not_rerun.update(name for _, name in not_rerun)
             recompute += layer_flops - skipped + attention
         if unused_pooler:
             notes.append("a bare model trains on the sum of its last hidden state: the pooler runs in the forward, "

@@ -44,6 +44,10 @@ class FlopOptions:
     trace: bool = False
     context_curve: bool = False  # also count the forward at powers of two up to the model's context (HTML plot)
     generate: int | None = None  # new tokens: generate()'s FLOPs (the prefill, its last token's logits, and decode)
+    # a multi-GPU layout (parallel/layout.py's ParallelLayout): one device's FLOPs (parallel/flops.py); `batch` is
+    # then each data-parallel replica's, and `devices` the layout's
+    layout: Any = None
+    step_seconds: float | None = None  # a measured step's time: the MFU (per device under a layout)
 
     def check(self) -> None:
         from ..memory.serving import check_batch_and_seq
@@ -78,6 +82,27 @@ class FlopOptions:
             if self.causal == "half":
                 raise OptionError("{0} half halves a forward's masked scores; generate()'s decode steps mask none, "
                                   "so {1} counts in full", "causal", "generate")
+        if self.step_seconds is not None and not 0 < self.step_seconds < 1e9:
+            raise OptionError("{0} must be a positive number of seconds, got {value}", "step_seconds",
+                              value=self.step_seconds)
+        if self.step_seconds is not None and self.tokens_per_second is not None:
+            raise OptionError("give {0} or {1} (the MFU from either), not both", "step_seconds", "tokens_per_second")
+        if self.step_seconds is not None and self.layout is None and self.devices > 1:
+            raise OptionError("{0} is one step's time: give the layout it ran on ({1}, {2}, …), or use {3}",
+                              "step_seconds", "dp", "tp", "tokens_per_second")
+        if self.layout is not None:
+            if self.generate is not None:
+                raise OptionError("{0} counts one device's step under a layout; {1} is not split per device",
+                                  "tp", "generate")
+            if self.freeze:
+                raise OptionError("{0} under a layout is not split per device (frozen weights skip gradients "
+                                  "unevenly)", "freeze")
+            if self.trace:
+                raise OptionError("{0} traces the whole model; under a layout the per-device count is the analytic "
+                                  "one (its check against a traced tensor-parallel rank is in the tests)", "trace")
+            if self.devices != self.layout.devices:
+                raise OptionError("{0} {devices} is not the layout's {total} devices", "devices",
+                                  devices=self.devices, total=self.layout.devices)
         if self.tokens_per_second is not None and self.mfu is not None:
             raise OptionError("give {0} (to get the MFU) or {1} (to get the time), not both", "tokens_per_second", "mfu")
 
@@ -99,6 +124,12 @@ class Compute:
     hfu: float | None
     seconds: float | None  # for D tokens at --mfu on --devices
     notes: tuple[str, ...] = field(default=())
+    # a step's time (--step-time, or a layout's tokens a step ÷ --tokens-per-second) and, under a layout, one
+    # device's MFU and HFU at it: the busiest device's model FLOPs (hardware FLOPs for HFU) ÷ (time × peak)
+    step_seconds: float | None = None
+    step_from: str | None = None
+    device_mfu: float | None = None
+    device_hfu: float | None = None
 
 
 def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), use_cache: bool = True,
@@ -165,8 +196,11 @@ def _estimate(report: Any, view: Any, options: FlopOptions, checked: Any) -> Flo
     checkpointing = options.grad_checkpointing == "full"
     if checkpointing and options.training:
         view.check_checkpointing()
+    from .analytic import Parts
+
+    parts = Parts()
     estimate = analytic_flops(view, report.params, batch=options.batch, seq=seq, training=options.training,
-                              checkpointing=checkpointing, causal=options.causal, frozen=frozen)
+                              checkpointing=checkpointing, causal=options.causal, frozen=frozen, parts=parts)
     if estimate is None:
         return None
     check = None
@@ -179,6 +213,12 @@ def _estimate(report: Any, view: Any, options: FlopOptions, checked: Any) -> Flo
     if options.context_curve and not options.trace:
         estimate = dataclasses.replace(estimate, by_context=_by_context(
             view, report, options, estimate, max_context(text), checkpointing, frozen))
+    if options.layout is not None:
+        from ..parallel.flops import device_flops
+
+        estimate = dataclasses.replace(estimate, device=device_flops(
+            estimate, parts, report, view, options.layout, checkpointing=checkpointing and options.training,
+            causal_model=view.class_name.endswith(("ForCausalLM", "LMHeadModel"))))
     return estimate
 
 
@@ -241,6 +281,11 @@ def _no_analytic(report: Any, view: Any, options: FlopOptions, checked: Any) -> 
 def _with_trace(estimate: FlopEstimate | None, report: Any, view: Any, options: FlopOptions,
                 checked: Any) -> FlopEstimate:
     """The traced count, beside the analytic one (--trace) or in its place (a class it does not cover)."""
+    if options.layout is not None:
+        from ...errors import UnsupportedError
+
+        raise UnsupportedError("one device's FLOPs under a layout are split from the analytic count, and there is "
+                               "none here: {why}", why=_no_analytic(report, view, options, checked))
     text = text_config(view.config)
     seq, length_notes = _length(report, text, options)
     frozen = frozenset(match_all(report.params, options.freeze))
@@ -336,6 +381,7 @@ def _compute(estimate: FlopEstimate, report: Any, options: FlopOptions, accelera
         if options.training:
             six_nd = 6 * parameters * options.tokens
     peak = peak_from = None
+    mfu = hfu = seconds = None
     if options.peak_tflops is not None:
         peak, peak_from = options.peak_tflops * 1e12, "--peak-tflops"
         if accelerator is not None:
@@ -345,8 +391,31 @@ def _compute(estimate: FlopEstimate, report: Any, options: FlopOptions, accelera
         peak_from = f"{accelerator.name} dense {options.peak_dtype} (vendor datasheet)" if peak else None
         if peak is None:
             notes.append(f"no {options.peak_dtype} peak for {accelerator.name} in the table; give --peak-tflops")
-    mfu = hfu = seconds = None
     per_model = per_training if per_training is not None else per_forward
+    step_seconds = step_from = device_mfu = device_hfu = None
+    device = estimate.device
+    if options.step_seconds is not None or (device is not None and options.tokens_per_second is not None):
+        if peak is None:
+            raise OptionError("{0} needs {1} NAME (with a peak in the table) or {2}",
+                              "step_seconds" if options.step_seconds is not None else "tokens_per_second", "gpu",
+                              "peak_tflops")
+        replicas = device.layout.dp if device is not None else 1
+        step_tokens = replicas * tokens
+        if options.step_seconds is not None:
+            step_seconds, step_from = options.step_seconds, "--step-seconds"
+        else:
+            step_seconds = step_tokens / options.tokens_per_second
+            step_from = (f"{step_tokens:,} tokens a step (dp {replicas} × batch {estimate.batch:,} × "
+                         f"{estimate.seq:,}) ÷ {options.tokens_per_second:g} tokens/s")
+        if device is not None:
+            device_mfu = device.step / (step_seconds * peak)
+            if device.backward is not None:
+                device_hfu = device.hardware / (step_seconds * peak)
+        if options.step_seconds is not None:  # the whole step's MFU, as --tokens-per-second gives it
+            model = estimate.step if estimate.step is not None else estimate.forward
+            mfu = replicas * model / (step_seconds * peak * options.devices)
+            if estimate.step is not None:
+                hfu = replicas * (estimate.step + (estimate.recompute or 0)) / (step_seconds * peak * options.devices)
     if options.tokens_per_second is not None:
         if peak is None:
             raise OptionError("{0} needs {1} NAME (with a peak in the table) or {2}", "tokens_per_second", "gpu",
@@ -359,4 +428,5 @@ def _compute(estimate: FlopEstimate, report: Any, options: FlopOptions, accelera
             raise OptionError("{0} needs {1} D and {2} NAME (or {3}) to give a time", "mfu", "tokens", "gpu", "peak_tflops")
         seconds = total / (options.mfu * peak * options.devices)
     return Compute(per_forward, per_training, options.tokens, total, six_nd, parameters,
-                   accelerator.name if accelerator else None, peak, peak_from, mfu, hfu, seconds, tuple(notes))
+                   accelerator.name if accelerator else None, peak, peak_from, mfu, hfu, seconds, tuple(notes),
+                   step_seconds, step_from, device_mfu, device_hfu)

@@ -39,6 +39,8 @@ class FlopEstimate(HtmlDisplay):
     # what `estimate_flops` answers with beside the count (`result.report`, `result.compute`): the model's Report
     # and the step's compute (estimate.Compute: per token, over D tokens, MFU, time); the page shows them as the
     # CLI's does. None for a count made without them. Not in == or hash: the count is the figures above.
+    # under a multi-GPU layout (FlopOptions.layout): one device's FLOPs per step (parallel/flops.py's DeviceFlops)
+    device: Any = field(default=None)
     report: Any = field(default=None, repr=False, compare=False)
     compute: Any = field(default=None, repr=False, compare=False)
 

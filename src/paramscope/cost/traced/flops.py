@@ -215,6 +215,12 @@ def _missing_formulas() -> dict[Any, Any]:
     return mapping
 
 
+def missing_formulas() -> dict[Any, Any]:
+    """The formulas FlopCounterMode lacks (CPU flash sdpa and its backward, the MoE grouped matmuls), for another
+    counter to build on (parallel_flops.py reads them at a rank's local shapes)."""
+    return _missing_formulas()
+
+
 def _grouped_mm_flops(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     """2 × rows × k × n for the shapes a grouped matmul takes (the groups split rows or the contraction)."""
     if len(a) == 2 and len(b) == 3:  # tokens (M, K) by experts (E, K, N): each row meets one expert
