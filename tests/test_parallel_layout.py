@@ -127,8 +127,9 @@ def test_layouts_refused_with_the_reason(kwargs, message, capsys):
 
 
 def test_layout_options_are_for_training(capsys):
-    assert main(["memory", "llama-3-8b", "--tp", "2"]) == 2
-    assert "--tp is for --training" in capsys.readouterr().err
+    """--tp and --pp serve across GPUs without --training (tests/test_parallel_serving.py); the rest train."""
+    assert main(["memory", "llama-3-8b", "--dp", "2"]) == 2
+    assert "--dp is for --training" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad", ["0", "-2", "70000"])

@@ -67,15 +67,19 @@ def add_parser(subparsers: Any) -> None:
                           help="what data-parallel ranks shard: ZeRO stage 0-3 (DeepSpeed's flat shares), fsdp "
                                "(FSDP2's fully_shard, per parameter), hybrid_shard (FSDP2 within --shard-group "
                                "ranks), or FSDP1's no_shard, shard_grad_op, full_shard")
-    layout = parser.add_argument_group("multi-GPU layout (--training; the figures are one device's)")
+    layout = parser.add_argument_group("multi-GPU layout (the figures are one device's; serving takes --tp and --pp "
+                                       "alone, the rest are for --training)")
     layout.add_argument("--dp", type=int, metavar="N", help="data-parallel degree (default: --devices / tp)")
     layout.add_argument("--tp", type=int, default=1, metavar="T",
                         help="tensor parallel degree: q/k/v/gate/up column-wise, o/down row-wise, embeddings and "
-                             "head vocabulary-parallel, norms and routers replicated (Megatron's and torch's plans)")
+                             "head vocabulary-parallel, norms and routers replicated (Megatron's and torch's plans); "
+                             "serving: each GPU's weights, KV cache (KV heads / T, replicated past them; MLA's "
+                             "latent whole) and prefill workspace")
     layout.add_argument("--sp", action="store_true",
                         help="sequence parallel with --tp: norms and the residual stream hold S / tp tokens")
     layout.add_argument("--pp", type=int, default=1, metavar="P",
-                        help="pipeline stages: layers split in order, embeddings on the first, head on the last")
+                        help="pipeline stages: layers split in order, embeddings on the first, head on the last "
+                             "(serving: each stage's own layers' KV cache)")
     layout.add_argument("--micro-batches", type=int, metavar="M",
                         help="microbatches a step under --pp (default: the batch, one sequence each)")
     layout.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"),
@@ -116,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     options = MemoryOptions(dtype=args.dtype, kv_dtype=args.kv_dtype, batch=args.batch, seq=args.seq,
                             kv_layout=args.kv_layout, group_size=args.group_size, encoder_seq=args.encoder_seq,
                             gpu=args.gpu, budget=checked_size("--budget", args.budget), reserve=reserve,
-                            trace=bool(args.trace))
+                            trace=bool(args.trace), **({} if args.training else {"tp": args.tp, "pp": args.pp}))
     options.check()
     if args.dtype is not None:
         from ..cost.memory.quantization import weight_format
@@ -152,12 +156,13 @@ def run(args: argparse.Namespace) -> int:
                                      ("--grad-checkpointing", args.grad_checkpointing, "none"),
                                      ("--devices", args.devices, None), ("--zero", args.zero, "0"),
                                      ("--attention", args.attention, None), ("--dp", args.dp, None),
-                                     ("--tp", args.tp, 1), ("--ep", args.ep, 1), ("--sp", args.sp, False),
-                                     ("--pp", args.pp, 1), ("--micro-batches", args.micro_batches, None),
+                                     ("--ep", args.ep, 1), ("--sp", args.sp, False),
+                                     ("--micro-batches", args.micro_batches, None),
                                      ("--schedule", args.schedule, None), ("--virtual-stages", args.virtual_stages, 1),
                                      ("--cp", args.cp, 1), ("--shard-group", args.shard_group, None)):
             if value != default:
-                raise OptionError(f"{flag} is for --training")
+                raise OptionError(f"{flag} is for --training" + ("; serving across GPUs takes --tp and --pp" if
+                                                                  flag in _LAYOUT_FLAGS else ""))
         if args.freeze:
             raise OptionError("--freeze is for --training")
         source = resolve(args.model, revision=args.revision)
@@ -168,6 +173,10 @@ def run(args: argparse.Namespace) -> int:
                            module=view.module, build_dtype=estimate.settings.get("compute_dtype")
                            or estimate.settings["weights_dtype"], debug=args.debug)
     return 0
+
+
+_LAYOUT_FLAGS = ("--devices", "--zero", "--dp", "--ep", "--sp", "--micro-batches", "--schedule", "--virtual-stages",
+                 "--cp", "--shard-group")
 
 
 def _layout(args: argparse.Namespace) -> Any:

@@ -50,18 +50,29 @@ def memory_parts(report, estimate) -> list:
         indented(f"storage: {weights.format.label}, from {settings['dtype_from']}"),
         indented(f"batch {settings['batch']:,} × {settings['seq']:,} tokens{seq_from}"
                  + (f"; KV cache in {_short(settings['kv_dtype'])}" if estimate.kv_cache else "")),
-        Text(""),
-        _totals(estimate),
     ]
+    parallel = estimate.parallel
+    layout = parallel.layout if parallel is not None else None
+    if layout is not None:
+        lines.append(indented(f"across GPUs: {layout.words()}; the model's figures first, then one GPU's"))
+    lines += [Text(""), _totals(estimate)]
     if weights.format.quantized and weights.kept:
         lines.append(indented("left unquantised: " + "; ".join(
             f"{why} ({exact(numel)} parameters, {storage})" for why, numel, storage in weights.kept)))
     if estimate.kv_cache is not None:
         lines.append(_cache_table(estimate.kv_cache))
     lines.append(_roles_table(weights))
+    if layout is not None:
+        lines.append(_gpu_table(estimate, layout))
+        if layout.pp > 1:
+            lines.append(_serving_stages_table(layout))
+        if layout.tp > 1:
+            lines.append(_serving_rules_table(layout))
     lines.append(_fits_table(estimate))
     if estimate.budget is not None:
         lines.append(_budget_line(estimate))
+    if parallel is not None and parallel.smallest is not None:
+        lines.append(Text(smallest_tp_sentence(_smallest_to_dict(parallel.smallest)), style="bold"))
     for note in estimate.notes:
         lines.append(indented(f"note: {note}"))
     if estimate.kv_cache is not None:
@@ -96,6 +107,15 @@ def _totals(estimate) -> Table:
     if estimate.activations is not None:
         table.add_row("prefill workspace", exact(estimate.activations.bytes), binary(estimate.activations.bytes),
                       estimate.activations.arithmetic)
+    if estimate.parallel is not None and estimate.parallel.layout is not None:
+        table.add_row("peak on one device (prefill)", exact(sum_one_device(estimate)),
+                      binary(sum_one_device(estimate)), "the sum above, were the model on one device", style="bold")
+        layout = estimate.parallel.layout
+        table.add_row(f"peak per GPU ({estimate.peak_phase})", exact(estimate.peak), binary(estimate.peak),
+                      f"{layout.words()}: the largest GPU's, below", style="bold")
+        table.add_row("+ reserve", exact(estimate.reserve), binary(estimate.reserve),
+                      "CUDA context and allocator fragmentation (--reserve), on each GPU")
+        return table
     if estimate.engine == "traced":
         how = ("measured: generate()'s prefill and a decode step on fake tensors (MemTracker), with the stored weights"
                if cache is not None else "measured: one forward on fake tensors (MemTracker), with the stored weights")
@@ -106,6 +126,99 @@ def _totals(estimate) -> Table:
     table.add_row("+ reserve", exact(estimate.reserve), binary(estimate.reserve),
                   "CUDA context and allocator fragmentation (--reserve)")
     return table
+
+
+def sum_one_device(estimate) -> int:
+    """Weights, buffers, KV cache and prefill workspace added up: the one-device peak (analytic)."""
+    weights, cache, work = estimate.weights, estimate.kv_cache, estimate.activations
+    return weights.bytes + weights.buffer_bytes + (cache.bytes if cache else 0) + (work.bytes if work else 0)
+
+
+def _gpu_table(estimate, layout) -> Table:
+    device = layout.device
+    where = f"stage {device.rank}'s tensor-parallel rank 0" if layout.pp > 1 else "tensor-parallel rank 0"
+    table = Table(title=f"One GPU ({where}, the largest peak): {layout.words()}", title_justify="left",
+                  caption=f"KV cache: {layout.kv_heads}; prefill workspace: {layout.workspace_from}",
+                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    table.add_column("how", overflow="fold", ratio=1)
+    weights = device.weights
+    for label, value, how in weights.lines:
+        table.add_row(f"weights: {label.removeprefix('parameters in ')}", exact(value), binary(value), how)
+    if len(weights.lines) > 1:
+        table.add_row("weights", exact(weights.bytes), binary(weights.bytes), "", style="bold")
+    if weights.buffer_bytes:
+        parts = ", ".join(f"{exact(v)} B {k}" for k, v in weights.buffers_by_dtype.items())
+        table.add_row("buffers", exact(weights.buffer_bytes), binary(weights.buffer_bytes), parts)
+    cache = device.kv_cache
+    if cache is not None:
+        for group in cache.groups:
+            tokens = "a fixed state" if group.kind in ("recurrent state", "cross-attention") else \
+                f"{exact(group.tokens)} tokens"
+            how = f"{group.layers} layers × batch {cache.batch:,} × {tokens} × ({group.arithmetic})"
+            table.add_row(f"KV cache: {group.kind}", exact(group.bytes), binary(group.bytes), how)
+        if len(cache.groups) != 1:
+            table.add_row("KV cache", exact(cache.bytes), binary(cache.bytes),
+                          f"{exact(cache.bytes_per_token)} B per token")
+    if device.workspace is not None:
+        table.add_row("prefill workspace", exact(device.workspace.bytes), binary(device.workspace.bytes),
+                      device.workspace.arithmetic)
+    table.add_row(f"peak ({estimate.peak_phase})", exact(device.peak), binary(device.peak),
+                  "the sum above: this GPU's weights stay resident, its cache is full at the end of the prefill",
+                  style="bold")
+    return table
+
+
+def _serving_stages_table(layout) -> Table:
+    table = Table(title=f"Pipeline stages: {layout.pipeline}", title_justify="left",
+                  caption="each GPU of a stage's tensor-parallel group alike (rank 0's shares)",
+                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("stage", "layers", "weights", "KV cache", "workspace", "peak"):
+        table.add_column(name, justify="left" if name == "layers" else "right", no_wrap=True)
+    top = layout.device
+    for stage in layout.stages:
+        layers = f"{stage.layers[0]}–{stage.layers[1]}" if stage.layers else "—"
+        if stage.first:
+            layers += " + embeddings"
+        if stage.last:
+            layers += " + head"
+        table.add_row(str(stage.rank), layers, binary(stage.weight_bytes),
+                      binary(stage.kv_cache.bytes) if stage.kv_cache is not None else "—",
+                      binary(stage.workspace.bytes) if stage.workspace is not None else "—", binary(stage.peak),
+                      style="bold" if stage is top else None)
+    return table
+
+
+def _serving_rules_table(layout) -> Table:
+    table = Table(title=f"How each role is cut over tp {layout.tp}", title_justify="left",
+                  caption="from each parameter's role, the rules training layouts use (transformers' tp plans agree)",
+                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("role", no_wrap=True)
+    table.add_column("rule", overflow="fold", ratio=1)
+    for role, rule in layout.rules.items():
+        table.add_row(role, rule)
+    return table
+
+
+def smallest_tp_sentence(smallest: dict[str, Any]) -> str:
+    """The smallest tensor-parallel degree that fits, in one sentence, from its JSON form."""
+    name = f"a {binary(smallest['memory'])} budget" if smallest["accelerator"] == "budget" else \
+        smallest["accelerator"]
+    pp = f" with pp {smallest['pp']}" if smallest["pp"] > 1 else ""
+    at = f"at batch {smallest['batch']:,} × {smallest['seq']:,} tokens{pp}"
+    fitted = [t for t in smallest["tried"] if t["peak"] is not None]
+    refused = [t["tp"] for t in smallest["tried"] if t["peak"] is None]
+    skipped = f"; tp {', '.join(map(str, refused))} refused (uneven heads or widths)" if refused else ""
+    if smallest["tp"] is None:
+        last = fitted[-1] if fitted else None
+        widest = f": tp {last['tp']} still needs {binary(last['peak'])} a GPU" if last else ""
+        return f"No tensor-parallel degree fits {name} {at}{widest}{skipped}"
+    smaller = [t for t in fitted if t["tp"] < smallest["tp"]]
+    before = f" (tp {smaller[-1]['tp']} needs {binary(smaller[-1]['peak'])} a GPU)" if smaller else ""
+    return (f"Smallest tensor-parallel degree that fits {name} {at}: tp {smallest['tp']}, "
+            f"{binary(smallest['peak'])} a GPU{before}{skipped}")
 
 
 def _cache_table(cache) -> Table:
@@ -148,7 +261,9 @@ def _share(value: int, total: int) -> str:
 def _fits_table(estimate) -> Table:
     settings = estimate.settings
     limit = settings.get("max_context")
-    table = Table(title="Fits on: peak + reserve within the accelerator's memory", title_justify="left",
+    layout = settings.get("layout") if estimate.mode == "inference" else None
+    each = f", each GPU of {layout['words']}" if layout else ""
+    table = Table(title=f"Fits on: peak + reserve within the accelerator's memory{each}", title_justify="left",
                   caption=f"largest batch at {settings['seq']:,} tokens; largest context at batch {settings['batch']:,}"
                           + ((f", up to the model's {limit:,}" if limit >= settings["seq"] else
                               f", up to --seq {settings['seq']:,} (beyond the model's {limit:,})") if limit else ""),
@@ -180,6 +295,9 @@ def budget_sentence(budget: dict[str, Any], settings) -> str:
     """The answer for --gpu or --budget in one sentence, from the JSON form of the fit (the text and the page say
     the same words). A --budget is the accelerator named "budget" (cost/memory: Accelerator("budget", …))."""
     name = f"{binary(budget['memory'])} budget" if budget["accelerator"] == "budget" else budget["accelerator"]
+    layout = settings.get("layout")
+    if layout and "dp" not in layout:  # serving across GPUs: the figures are each GPU's
+        name += f", each GPU of {layout['words']}"
     if budget["fits"]:
         head = f"On {name}: fits, {binary(budget['free'])} to spare"
     else:
@@ -511,8 +629,10 @@ def memory_to_dict(estimate) -> dict[str, Any]:
         "frozen_parameters": training.states.frozen if training else None,
         "reserve": estimate.reserve,
         "per_device": dict(training.per_device) if training and training.per_device else None,
-        "layout": None if not training or training.device is None else {
+        "layout": _serving_layout_to_dict(estimate) if not training else None if training.device is None else {
             **{k: v for k, v in estimate.settings["layout"].items()}, "device": _device_to_dict(training.device)},
+        "smallest_tp": None if training or estimate.parallel is None or estimate.parallel.smallest is None else
+        _smallest_to_dict(estimate.parallel.smallest),
         "fits": [{"accelerator": f.accelerator.name, "memory": f.accelerator.memory, "fits": f.fits,
                   "free": f.free, "largest_batch": f.largest_batch, "largest_context": f.largest_context}
                  for f in estimate.fits],
@@ -520,6 +640,40 @@ def memory_to_dict(estimate) -> dict[str, Any]:
         "notes": list(estimate.notes),
         "check": check_to_dict(estimate.check),
     }
+
+
+def _serving_layout_to_dict(estimate) -> dict[str, Any] | None:
+    """Serving across GPUs: the layout, then each stage's GPU (rank 0 of its tensor-parallel group)."""
+    layout = estimate.parallel.layout if estimate.parallel is not None else None
+    if layout is None:
+        return None
+
+    def stage(s) -> dict[str, Any]:
+        w, cache = s.weights, s.kv_cache
+        return {"stage": s.rank, "layers": list(s.layers) if s.layers else None, "layer_count": s.layer_count,
+                "first": s.first, "last": s.last,
+                "weights": {"bytes": w.bytes, "overhead_bytes": w.overhead, "quantized_parameters": w.quantized,
+                            "by_dtype": dict(w.by_dtype), "by_role": dict(w.by_role)},
+                "buffers": w.buffer_bytes,
+                "kv_cache": None if cache is None else {
+                    "bytes": cache.bytes, "bytes_per_token": cache.bytes_per_token,
+                    "groups": [{"kind": g.kind, "layers": g.layers, "tokens": g.tokens, "bytes_per_token": g.per_token,
+                                "fixed_bytes_per_sequence": g.fixed, "bytes": g.bytes, "arithmetic": g.arithmetic}
+                               for g in cache.groups]},
+                "workspace": None if s.workspace is None else {"bytes": s.workspace.bytes,
+                                                               "arithmetic": s.workspace.arithmetic},
+                "peak": s.peak}
+
+    return {"devices": layout.devices, "tp": layout.tp, "pp": layout.pp, "words": layout.words(),
+            "kv_heads": layout.kv_heads, "workspace_from": layout.workspace_from, "pipeline": layout.pipeline or None,
+            "rules": dict(layout.rules), "device": stage(layout.device),
+            "stages": [stage(s) for s in layout.stages]}
+
+
+def _smallest_to_dict(smallest) -> dict[str, Any]:
+    return {"accelerator": smallest.accelerator.name, "memory": smallest.accelerator.memory, "pp": smallest.pp,
+            "batch": smallest.batch, "seq": smallest.seq, "tp": smallest.tp, "peak": smallest.peak,
+            "tried": [{"tp": t, "peak": peak, "refused": why or None} for t, peak, why in smallest.tried]}
 
 
 def _fit_to_dict(fit) -> dict[str, Any]:

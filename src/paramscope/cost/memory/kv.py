@@ -21,6 +21,13 @@ Layouts: "kv" is transformers' (K and V per head, as the class caches them); "gr
 key/value head as the config declares them, whatever the class does (what servers with grouped-query kernels,
 vLLM's paged cache among them, keep); "latent" and "expanded" are MLA's two. Each figure carries the convention
 it follows (`KVCache.convention`).
+
+Across GPUs (`tp`, `layers`: one rank of a tensor-parallel group, one pipeline stage's layers), as vLLM keeps it:
+K and V heads split over the tp ranks, and once tp exceeds them each rank keeps the one head its query heads read
+(replicated tp / kv_heads times); MLA's latent is one "head" that every rank keeps whole (replicated); MLA
+expanded splits its heads; a recurrent state splits its channels and heads (Mamba's inner channels, Mamba-2's heads
+with its groups, replicated where fewer than tp, linear attention's key and value heads); a stage holds its own
+layers' cache only.
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ class KVCache:
     groups: tuple[CacheGroup, ...]
     convention: str = CONVENTION
     notes: tuple[str, ...] = ()
+    heads: int | None = None  # "kv": the K and V heads per layer measured on the real cache, where not the formula's
+    tp: int = 1  # one rank's share under tensor parallelism of this degree (1: the whole cache)
 
     def at(self, batch: int, seq: int) -> int:
         """Bytes at another batch and context length (windows and fixed states included)."""
@@ -156,25 +165,31 @@ def cached_heads(config: Any) -> tuple[int, str]:
 
 
 def kv_cache(config: Any, *, batch: int, seq: int, dtype: str, layout: str = "kv",
-             encoder_seq: int | None = None, heads: int | None = None, convention: str | None = None) -> KVCache:
+             encoder_seq: int | None = None, heads: int | None = None, convention: str | None = None,
+             tp: int = 1, layers: Any = None) -> KVCache:
     """The cache after a prefill of `seq` tokens for `batch` sequences (decoding further grows it the same way).
 
     `layout`: "kv" (as transformers caches it: `cached_heads`) or "grouped" (the config's key/value heads) without
     MLA; "latent" (kv_lora_rank + rope per token) or "expanded" (per-head K and V) with MLA. `heads` replaces the
     K and V heads per layer of "kv" (a count measured on the real cache); `convention` replaces the layout's.
+    `tp`: one tensor-parallel rank's share (the module docstring says how each kind splits); `layers`: the decoder
+    layer indices held (a pipeline stage's), every layer when None.
     """
     config = text_config(config)
     size = itemsize(dtype)
     kinds = layer_kinds(config)
+    held_layers = frozenset(layers) if layers is not None else None
+    if held_layers is not None:
+        kinds = [kind for index, kind in enumerate(kinds) if index in held_layers]
     mla = is_mla(config)
     if mla and layout not in ("latent", "expanded"):
         layout = "latent"
     if not mla and layout != "grouped":
         layout = "kv"
-    per_layer, arithmetic = _attention_bytes_per_token(config, size, layout, heads)
+    per_layer, arithmetic = _attention_bytes_per_token(config, size, layout, heads, tp)
     groups: dict[str, list[Any]] = {}
     notes: list[str] = []
-    recurrent = _recurrent_state(config, size)
+    recurrent = _recurrent_state(config, size, tp)
     for kind, window in kinds:
         if kind in ("full_attention", "indexed_attention", "hybrid"):
             key = "MLA latent" if layout == "latent" else "MLA expanded" if layout == "expanded" else "full attention"
@@ -207,7 +222,7 @@ def kv_cache(config: Any, *, batch: int, seq: int, dtype: str, layout: str = "kv
         result.append(CacheGroup(key, layers, held, per_token, fixed,
                                  batch * (fixed + per_token * held) + constant, group.arithmetic, constant))
     if getattr(config, "is_encoder_decoder", False):
-        cross = _cross_attention(config, size, encoder_seq or seq)
+        cross = _cross_attention(config, size, encoder_seq or seq, tp, held_layers)
         if cross is not None:
             result.append(CacheGroup("cross-attention", cross[0], encoder_seq or seq, 0, cross[1],
                                      batch * cross[1], cross[2]))
@@ -215,21 +230,37 @@ def kv_cache(config: Any, *, batch: int, seq: int, dtype: str, layout: str = "kv
     bytes_per_token = sum(g.per_token for g in result)
     return KVCache(total, bytes_per_token, layout, short_name(dtype), batch, seq, tuple(result),
                    convention=convention or (LAYOUT_CONVENTIONS["grouped"] if layout == "grouped" else CONVENTION),
-                   notes=tuple(dict.fromkeys(notes)))
+                   notes=tuple(dict.fromkeys(notes)), heads=heads if layout == "kv" else None, tp=tp)
 
 
-def _attention_bytes_per_token(config: Any, size: int, layout: str, heads: int | None = None) -> tuple[int, str]:
-    """Bytes per token of one attention layer, and the arithmetic."""
+def rank_heads(heads: int, tp: int) -> int:
+    """K and V heads one tensor-parallel rank keeps of `heads`: heads / tp, or the one head its query heads read
+    once tp exceeds them (vLLM's and Megatron's replication; rules.place refuses a tp that splits them unevenly)."""
+    return max(1, -(-heads // tp))
+
+
+def _heads_words(heads: int, label: str, tp: int) -> str:
+    if tp == 1:
+        return label
+    if tp <= heads:
+        return f"{label} / tp {tp} = {rank_heads(heads, tp)} a rank"
+    return f"1 head a rank ({label}, replicated past them over tp {tp})"
+
+
+def _attention_bytes_per_token(config: Any, size: int, layout: str, heads: int | None = None,
+                               tp: int = 1) -> tuple[int, str]:
+    """Bytes per token of one attention layer (one tensor-parallel rank's share of it), and the arithmetic."""
     if layout == "latent":
         rank = config_int(config, "kv_lora_rank") or 0
         rope = config_int(config, "qk_rope_head_dim") or 0
-        return (rank + rope) * size, f"(kv_lora_rank {rank} + qk_rope_head_dim {rope}) × {size} B"
+        whole = f", whole on every rank (replicated over tp {tp})" if tp > 1 else ""
+        return (rank + rope) * size, f"(kv_lora_rank {rank} + qk_rope_head_dim {rope}) × {size} B{whole}"
     if layout == "expanded":
         heads = config_int(config, "num_key_value_heads", "num_attention_heads") or 1
         k_dim = (config_int(config, "qk_nope_head_dim") or 0) + (config_int(config, "qk_rope_head_dim") or 0)
         v_dim = config_int(config, "v_head_dim") or k_dim
-        return (heads * (k_dim + v_dim) * size,
-                f"{heads} heads × (K {k_dim} + V {v_dim}) × {size} B")
+        return (rank_heads(heads, tp) * (k_dim + v_dim) * size,
+                f"{_heads_words(heads, f'{heads} heads', tp)} × (K {k_dim} + V {v_dim}) × {size} B")
     kv_heads, k_dim, v_dim, how = attention_shape(config)
     label = f"{kv_heads} kv heads"
     if layout == "kv" and heads is not None:
@@ -238,54 +269,72 @@ def _attention_bytes_per_token(config: Any, size: int, layout: str, heads: int |
         kv_heads = heads
     elif layout == "kv":
         kv_heads, label = cached_heads(config)
+    label = _heads_words(kv_heads, label, tp)
+    kv_heads = rank_heads(kv_heads, tp)
     if k_dim == v_dim:
         return 2 * kv_heads * k_dim * size, f"2 × {label} × {k_dim} × {size} B"
     return kv_heads * (k_dim + v_dim) * size, f"{label} × (K {k_dim} + V {v_dim}) × {size} B"
 
 
-def _recurrent_state(config: Any, size: int) -> tuple[int, str] | None:
-    """(bytes per sequence, arithmetic) of one recurrent layer's state, for the families with a formula.
+def _recurrent_state(config: Any, size: int, tp: int = 1) -> tuple[int, str] | None:
+    """(bytes per sequence, arithmetic) of one recurrent layer's state, for the families with a formula; under `tp`
+    one rank's share (channels and heads / tp, as vLLM shards the state; Mamba-2's groups replicated where there
+    are fewer than tp, as vLLM pads them).
 
     The convolution state is in the compute dtype; the SSM and linear-attention states are float32 in
     transformers (measured on meta: traced/cache_probe.py)."""
     model_type = str(getattr(config, "model_type", ""))
+    per = f" / tp {tp}" if tp > 1 else ""
+
+    def split(n: int) -> int:
+        return rank_heads(n, tp) if n else 0
     if model_type in ("mamba", "jamba"):
         hidden = config_int(config, "hidden_size") or 0
         inner = config_int(config, "intermediate_size") if model_type == "mamba" else (
             (config_int(config, "mamba_expand") or 2) * hidden)
         conv = config_int(config, "conv_kernel", "mamba_d_conv") or 4
         state = config_int(config, "state_size", "mamba_d_state") or 16
-        return (inner * conv * size + inner * state * 4,
-                f"conv {inner:,} × {conv} × {size} B + ssm {inner:,} × {state} × 4 B")
+        local = split(inner)
+        return (local * conv * size + local * state * 4,
+                f"conv {inner:,}{per} × {conv} × {size} B + ssm {inner:,}{per} × {state} × 4 B")
     if model_type in ("mamba2", "falcon_h1", "bamba", "nemotron_h", "granitemoehybrid"):
         heads = config_int(config, "mamba_n_heads", "num_heads") or 0
         head_dim = config_int(config, "mamba_d_head", "head_dim") or 0
         state = config_int(config, "mamba_d_state", "state_size") or 0
         groups = config_int(config, "mamba_n_groups", "n_groups") or 1
         conv = config_int(config, "mamba_d_conv", "conv_kernel") or 4
-        conv_dim = heads * head_dim + 2 * groups * state
-        return (conv_dim * conv * size + heads * head_dim * state * 4,
+        local_heads = split(heads)
+        local_groups = groups // tp if groups % tp == 0 else 1
+        conv_dim = local_heads * head_dim + 2 * local_groups * state
+        return (conv_dim * conv * size + local_heads * head_dim * state * 4,
+                f"conv ({heads}{per} heads × {head_dim} + 2 × {groups}{per if groups % tp == 0 else ''} groups × "
+                f"{state}) × {conv} × {size} B + ssm {heads}{per} heads × {head_dim} × {state} × 4 B"
+                if tp > 1 else
                 f"conv {conv_dim:,} × {conv} × {size} B + ssm {heads} heads × {head_dim} × {state} × 4 B")
     if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
-        k_heads = config_int(config, "linear_num_key_heads") or 0
-        v_heads = config_int(config, "linear_num_value_heads") or 0
+        k_heads = split(config_int(config, "linear_num_key_heads") or 0)
+        v_heads = split(config_int(config, "linear_num_value_heads") or 0)
         k_dim = config_int(config, "linear_key_head_dim") or 0
         v_dim = config_int(config, "linear_value_head_dim") or 0
         conv = config_int(config, "linear_conv_kernel_dim") or 4
         conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
         return (conv_dim * conv * size + v_heads * k_dim * v_dim * 4,
-                f"conv {conv_dim:,} × {conv} × {size} B + state {v_heads} heads × {k_dim} × {v_dim} × 4 B")
+                f"conv {conv_dim:,} × {conv} × {size} B + state {v_heads} heads × {k_dim} × {v_dim} × 4 B"
+                + (f" (key and value heads{per})" if tp > 1 else ""))
     if model_type == "lfm2":
         hidden = config_int(config, "hidden_size") or 0
         kernel = config_int(config, "conv_L_cache") or 3
-        return hidden * kernel * size, f"conv {hidden:,} × {kernel} × {size} B"
+        return split(hidden) * kernel * size, f"conv {hidden:,}{per} × {kernel} × {size} B"
     return None
 
 
-def _cross_attention(config: Any, size: int, encoder_seq: int) -> tuple[int, int, str] | None:
-    layers = decoder_layers(config)
+def _cross_attention(config: Any, size: int, encoder_seq: int, tp: int = 1,
+                     held: Any = None) -> tuple[int, int, str] | None:
+    layers = decoder_layers(config) if held is None else len(held)
     kv_heads, k_dim, v_dim, _ = attention_shape(config)
+    label = _heads_words(kv_heads, f"{kv_heads} heads", tp)
+    kv_heads = rank_heads(kv_heads, tp)
     per_layer = kv_heads * (k_dim + v_dim) * size * encoder_seq
     if not layers or not per_layer:
         return None
-    return layers, layers * per_layer, f"{kv_heads} heads × (K {k_dim} + V {v_dim}) × {size} B × {encoder_seq:,} encoder tokens"
+    return layers, layers * per_layer, f"{label} × (K {k_dim} + V {v_dim}) × {size} B × {encoder_seq:,} encoder tokens"

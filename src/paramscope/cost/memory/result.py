@@ -56,6 +56,9 @@ class MemoryEstimate(HtmlDisplay):
     # serving: the analytic peak's check against a traced prefill on a cut of the class, once per config
     # (engine_check.EngineCheck); None with --trace, for a live module, or in training
     check: Any = None
+    # serving across GPUs (parallel/serving.ServingParallel): each GPU's figures under --tp/--pp, and the smallest
+    # tensor-parallel degree that fits --gpu/--budget; None otherwise (then `peak` and `fits` are one device's)
+    parallel: Any = None
     # the model's Report, as `estimate_memory` and `estimate_training` answer (`result.report`): the page draws its
     # treemap and names the model, as the CLI's does; None for an estimate made without one. Not in == or hash:
     # the same figures are equal whichever engine counted the model.

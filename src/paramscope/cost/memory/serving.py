@@ -2,7 +2,9 @@
 
 input → storage format (declared or --dtype) → meta build in the compute dtype → Report → which tensors are
 quantised and kept in fp32 (from the module, as transformers decides) → weights → KV cache (config formula,
-checked against the real cache on meta) → prefill workspace → peak → fits.
+checked against the real cache on meta) → prefill workspace → peak → fits. With --tp/--pp each GPU's weights, KV
+cache and workspace (parallel/serving.py), whose worst GPU's peak the fits answer; with --gpu/--budget also the
+smallest tensor-parallel degree that fits.
 """
 
 from __future__ import annotations
@@ -39,9 +41,17 @@ class MemoryOptions:
     budget: int | None = None
     reserve: int = DEFAULT_RESERVE
     trace: bool = False  # also measure generate()'s prefill and one decode step on fake tensors
+    tp: int = 1  # serving across GPUs (parallel/serving.py): tensor-parallel degree
+    pp: int = 1  # pipeline stages
 
     def check(self) -> None:
+        from ..parallel.serving import check_degrees
+
         check_batch_and_seq(self.batch, self.seq)
+        check_degrees(self.tp, self.pp)
+        if self.trace and self.tp * self.pp > 1:
+            raise OptionError("{0} measures one device; with {1} or {2} each GPU's figures are the analytic "
+                              "engine's", "trace", "tp", "pp")
         check_batch_and_seq(1, self.encoder_seq, "encoder_seq")
         if self.kv_layout not in KV_LAYOUTS:
             raise OptionError("{0} must be one of {choices}, got {value!r}", "kv_layout", choices=", ".join(KV_LAYOUTS),
@@ -84,9 +94,9 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     model is traced. None: the analytic arithmetic alone (a live module, a check's own cut)."""
     quantized = quantized_names(view, report.params, fmt, not_convert)
     fp32 = view.kept_in_fp32(fmt.compute_dtype, [p.name for p in report.params] + [b.name for b in report.buffers])
+    inputs_first = input_first_weights(view, quantized)
     weights = weight_memory(report.params, report.buffers, fmt, quantized=quantized, fp32=fp32,
-                            components=[c.name for c in report.components],
-                            inputs_first=input_first_weights(view, quantized))
+                            components=[c.name for c in report.components], inputs_first=inputs_first)
     config = view.config
     text = text_config(config)
     seq = options.seq or max_context(text) or 2048
@@ -175,6 +185,26 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         settings["group_size"] = fmt.group_size
     if accelerator is None and options.budget is not None:
         accelerator = Accelerator("budget", options.budget, "", "budget")
+    parallel = None
+    if options.tp * options.pp > 1 or accelerator is not None:
+        from ..parallel.serving import ServingInputs, ServingParallel, serving_layout, smallest_tp
+
+        inputs = ServingInputs(report, view, fmt, quantized, fp32, inputs_first, cache, kv_dtype,
+                               options.encoder_seq, shape)
+        one_device = peak
+        layout = None
+        if options.tp * options.pp > 1:
+            layout, peak_at = serving_layout(inputs, options.tp, options.pp, options.batch, seq)
+            if engine == "traced":
+                notes.append(f"the one-device peak above is the traced engine's ({one_device:,} B); each GPU's "
+                             "figures are the analytic engine's, uncorrected")
+            peak, engine = layout.peak, "analytic"
+            notes.extend(layout.notes)
+            settings["layout"] = {"devices": layout.devices, "tp": layout.tp, "pp": layout.pp,
+                                  "words": layout.words()}
+        smallest = smallest_tp(inputs, accelerator, options.reserve, pp=options.pp, batch=options.batch, seq=seq,
+                               one_device_peak=one_device) if accelerator is not None else None
+        parallel = ServingParallel(layout, smallest)
     longest = max_context(text)
     settings["max_context"] = longest
     if longest is not None and seq > longest:
@@ -187,7 +217,7 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         mode="inference", engine=engine, settings=settings, weights=weights, kv_cache=cache,
         activations=workspace, peak=peak, peak_phase=peak_phase, reserve=options.reserve,
         fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=longest),
-        budget=budget, notes=tuple(notes), check=check)
+        budget=budget, notes=tuple(notes), check=check, parallel=parallel)
 
 
 def traced_serving(module: Any, options: MemoryOptions, seq: int,

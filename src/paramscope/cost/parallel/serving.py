@@ -1,0 +1,375 @@
+"""Serving across GPUs: each GPU's weights, KV cache and prefill workspace under tensor and pipeline parallelism.
+
+    Report + view → placements (rules.py, the training layouts' own rules: each parameter's cut from its role, at
+    tp, no expert parallelism) → pipeline stages (pipeline.py: layers in order, embeddings on the first stage,
+    final norm and head on the last, a tied head's copy of the embedding there)
+    → each stage's GPU (rank 0 of its tensor-parallel group, which holds the largest share where a cut is uneven):
+      weights  the rank's shards in the storage format (memory/weights.py on the local shapes: a quantised weight's
+               shard is the format applied to the rank's slice, its packed values and its own scales, as vLLM
+               loads each rank's slice; buffers whole on every stage that runs them)
+      KV cache memory/kv.py at tp and the stage's layers: K and V heads / tp, one head a rank once tp exceeds them,
+               MLA's latent whole on every rank
+      prefill  the one-device workspace's formula on the rank's shard: the MLP's and attention's widths and heads
+               / tp, the hidden size whole (the residual stream and norms are replicated), the last token's logits
+               gathered (vocabulary whole) on the last stage only
+    → the worst stage's peak is the answer; the fits table asks it at other batches and contexts.
+
+The smallest tensor-parallel degree that fits a GPU tries each T that `rules.place` accepts (dividing the heads,
+and the KV heads or a multiple of them), in order, at the asked pipeline degree, batch and context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ...errors import OptionError, ParamscopeError, UnsupportedError
+from ...frozen import FrozenDict, freeze_fields
+from .layout import ParallelLayout, layout_for
+from .pipeline import layer_of, layer_stack_of, split_words, stages
+
+_COPY = " (the last stage's copy for the tied head)"
+MAX_SEARCHED = 64  # the widest tensor-parallel group the smallest-T search tries (heads unknown: powers of two)
+
+
+@dataclass(frozen=True)
+class ServingStage:
+    """One pipeline stage's GPU (rank 0 of its tensor-parallel group)."""
+
+    rank: int
+    layers: tuple[int, int] | None  # (first, last) layer index held; None: none
+    layer_count: int
+    first: bool  # holds the embeddings
+    last: bool  # holds the final norm and head
+    weights: Any  # memory/weights.WeightMemory of the rank's shards
+    kv_cache: Any  # memory/kv.KVCache of the rank's share of the stage's layers, or None
+    workspace: Any  # memory/result.Workspace, or None
+    peak: int
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.weights.bytes + self.weights.buffer_bytes
+
+
+@dataclass(frozen=True)
+class ServingLayout:
+    """Each GPU's share of serving under tp × pp; `device` is the stage whose peak is the largest."""
+
+    tp: int
+    pp: int
+    stages: tuple[ServingStage, ...]
+    rules: FrozenDict[str, str]  # role → its tensor-parallel cut in words
+    kv_heads: str  # the KV cache's heads on a rank, in words
+    pipeline: str  # the layer split in words ("" without pp)
+    workspace_from: str
+    notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        freeze_fields(self, "rules")
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def device(self) -> ServingStage:
+        return max(self.stages, key=lambda s: s.peak)
+
+    @property
+    def peak(self) -> int:
+        return self.device.peak
+
+    def words(self) -> str:
+        parts = [f"tp {self.tp}"] + ([f"pp {self.pp}"] if self.pp > 1 else [])
+        return " × ".join(parts) + f" = {self.devices:,} GPU{'s' if self.devices > 1 else ''}"
+
+
+@dataclass(frozen=True)
+class TensorParallelSearch:
+    """The smallest tensor-parallel degree whose GPUs each fit `accelerator` at the asked batch and context."""
+
+    accelerator: Any  # hardware.Accelerator (a --budget is the one named "budget")
+    pp: int
+    batch: int
+    seq: int
+    tp: int | None  # None: no degree tried fits
+    peak: int | None  # the per-GPU peak at that degree
+    tried: tuple[tuple[int, int | None, str], ...]  # (tp, per-GPU peak or None, why refused or "")
+
+
+@dataclass(frozen=True)
+class ServingParallel:
+    """What `memory MODEL --tp T --pp P` (or --gpu) adds to the serving answer."""
+
+    layout: ServingLayout | None  # None: no --tp/--pp (one GPU)
+    smallest: TensorParallelSearch | None  # with --gpu or --budget
+
+
+@dataclass(frozen=True)
+class ServingInputs:
+    """What the one-device serving answer (memory/serving.py) computed that each GPU's answer reuses."""
+
+    report: Any
+    view: Any
+    fmt: Any  # quantization.WeightFormat
+    quantized: frozenset[str]
+    fp32: frozenset[str]
+    inputs_first: frozenset[str]
+    cache: Any  # the one-device KVCache (its layout, measured heads and convention), or None
+    kv_dtype: str
+    encoder_seq: int | None
+    shape: dict  # prefill_workspace's keywords (dtype_size, vocab, layers, gated, every_token_logits, class_name)
+
+
+def check_degrees(tp: int, pp: int) -> ParallelLayout:
+    """The layout --tp and --pp describe (bounds and types checked, one line naming the flag)."""
+    return layout_for(tp=tp, pp=pp)
+
+
+def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int,
+                   seq: int) -> tuple[ServingLayout, Callable[[int, int], int]]:
+    """(each GPU's figures at `batch` × `seq`, the per-GPU peak at another batch and context)."""
+    from ...count import ParameterInfo
+    from ..dims import text_config
+    from ..memory.weights import weight_memory
+    from .estimate import placements_for, rules_in_words
+
+    layout = check_degrees(tp, pp)
+    report, view = inputs.report, inputs.view
+    placements = placements_for(report, view, layout)
+    by_name = {p.name: p for p in placements}
+    text = text_config(view.config)
+    local = [ParameterInfo(p.name, by_name[p.name].local_shape, by_name[p.name].local_numel, p.trainable, p.role,
+                           p.dtype) for p in report.params]
+    notes: list[str] = []
+    if pp > 1:
+        stack, count = layer_stack_of([p.name for p in report.params])
+        if pp > count:
+            raise OptionError("{0} {pp} is more than the model's {layers} layers: each stage holds one or more", "pp",
+                              pp=pp, layers=count)
+        plan = stages(layout, count)
+        kinds = _cache_layers(text, inputs.cache)
+        if kinds is not None and kinds != count:
+            raise UnsupportedError("pipeline stages split {count} layers of {stack}, but the config's cache has "
+                                   "{kinds}: the cache's layers cannot be assigned to stages", count=count,
+                                   stack=stack, kinds=kinds)
+    else:
+        stack, count, plan = None, report.num_layers or 0, None
+    tied = next((g.canonical for g in report.tied), None)
+    components = [c.name for c in report.components]
+    stage_rows: list[tuple[Any, Any, Any]] = []  # (stage or None, weights, layers held or None)
+    for stage in (plan or (None,)):
+        if stage is None:
+            params, buffers, held = local, list(report.buffers), None
+        else:
+            held = stage.layers
+            params = [p for p in local if _on_stage(p.name, p.role, stage, stack)]
+            buffers = [b for b in report.buffers if _on_stage(b.name, "", stage, stack, buffer=True)]
+            if stage.last and not stage.first and tied is not None and by_name[tied].role.startswith("embeddings"):
+                copy = next(p for p in local if p.name == tied)
+                params.append(dataclasses.replace(copy, name=copy.name + _COPY, role="head.lm"))
+        copies = {p.name for p in params if p.name.endswith(_COPY)}
+        quantized = inputs.quantized | (copies if tied in inputs.quantized else frozenset())
+        weights = weight_memory(params, buffers, inputs.fmt, quantized=quantized, fp32=inputs.fp32,
+                                components=components, inputs_first=inputs.inputs_first)
+        stage_rows.append((stage, weights, held))
+
+    def cache_of(held: Any, b: int, s: int) -> Any:
+        if inputs.cache is None:
+            return None
+        from ..memory.kv import kv_cache
+
+        c = inputs.cache
+        return kv_cache(view.config, batch=b, seq=s, dtype=inputs.kv_dtype, layout=c.layout, heads=c.heads,
+                        convention=c.convention, encoder_seq=inputs.encoder_seq, tp=tp, layers=held)
+
+    caches = [cache_of(held, batch, seq) for _, _, held in stage_rows]
+
+    def workspace_of(stage: Any, cache: Any, b: int, s: int) -> Any:
+        last = stage is None or stage.last
+        return rank_workspace(view.config, tp=tp, batch=b, seq=s, last=last,
+                              cache_bytes=cache.at(b, s) if cache is not None else 0,
+                              window_extra=cache.prefill_extra(b, s) if cache is not None else 0, **inputs.shape)
+
+    rows = []
+    for (stage, weights, held), cache in zip(stage_rows, caches):
+        work = workspace_of(stage, cache, batch, seq)
+        peak = weights.bytes + weights.buffer_bytes + (cache.bytes if cache is not None else 0) + work.bytes
+        rows.append(ServingStage(stage.rank if stage else 0, (held[0], held[-1]) if held else None,
+                                 len(held) if held is not None else count, stage is None or stage.first,
+                                 stage is None or stage.last, weights, cache, work, peak))
+
+    def peak_at(b: int, s: int) -> int:
+        best = 0
+        for (stage, weights, _), cache in zip(stage_rows, caches):
+            kv = cache.at(b, s) if cache is not None else 0
+            best = max(best, weights.bytes + weights.buffer_bytes + kv + workspace_of(stage, cache, b, s).bytes)
+        return best
+
+    if tp > 1:
+        notes.append(f"tensor parallel {tp}: each GPU holds rank 0's shards (the largest where a cut is uneven); "
+                     "routed experts are cut by their widths as their dense twins (vLLM's default, without expert "
+                     "parallelism)" if any(p.role == "moe.experts" for p in placements) else
+                     f"tensor parallel {tp}: each GPU holds rank 0's shards (the largest where a cut is uneven)")
+        if inputs.fmt.quantized:
+            notes.append(f"{inputs.fmt.key}: a quantised weight's shard is the format applied to the rank's slice "
+                         "(its packed values and its own scales and zero points, counted on the local shape), as "
+                         "vLLM loads each rank's slice")
+    if pp > 1:
+        notes.append("pipeline stages: each stage holds its own layers' KV cache; buffers outside the layers (rotary "
+                     "tables) are on every stage; the activations sent between stages (b·S·h) are not counted")
+    layout_words = _kv_heads_words(text, inputs.cache, tp)
+    result = ServingLayout(tp, pp, tuple(rows), rules_in_words(placements, layout), layout_words,
+                           split_words(layout, count) if pp > 1 else "", _workspace_words(text, tp),
+                           tuple(notes))
+    return result, peak_at
+
+
+def smallest_tp(inputs: ServingInputs, accelerator: Any, reserve: int, *, pp: int, batch: int, seq: int,
+                one_device_peak: int | None = None) -> TensorParallelSearch:
+    """The smallest tensor-parallel degree whose GPUs each fit `accelerator` (peak + reserve within its memory) at
+    `batch` × `seq`, under `pp` pipeline stages; the degrees tried, each with its peak or why it was refused.
+    `one_device_peak`: the one-device answer (tp 1, pp 1), which may be the traced engine's."""
+    from ..dims import dim, text_config
+
+    heads = dim(text_config(inputs.view.config), "heads")
+    candidates = [t for t in range(1, (heads or MAX_SEARCHED) + 1)
+                  if (heads % t == 0 if heads else t & (t - 1) == 0)]
+    capacity = accelerator.memory - reserve
+    tried = []
+    for t in candidates:
+        if t * pp > 1 << 16:
+            break
+        try:
+            if t == 1 and pp == 1 and one_device_peak is not None:
+                peak = one_device_peak
+            else:
+                peak = serving_layout(inputs, t, pp, batch, seq)[0].peak
+        except ParamscopeError as error:
+            tried.append((t, None, str(error)))
+            continue
+        tried.append((t, peak, ""))
+        if peak <= capacity:
+            return TensorParallelSearch(accelerator, pp, batch, seq, t, peak, tuple(tried))
+    return TensorParallelSearch(accelerator, pp, batch, seq, None, None, tuple(tried))
+
+
+def _on_stage(name: str, role: str, stage: Any, stack: str, buffer: bool = False) -> bool:
+    index = layer_of(name, stack)
+    if index is not None:
+        return index in set(stage.layers)
+    if buffer:
+        return True  # rotary tables and the like: every stage runs layers that read them
+    if role.startswith("embeddings"):
+        return stage.first
+    return stage.last
+
+
+def _cache_layers(text: Any, cache: Any) -> int | None:
+    if cache is None:
+        return None
+    from ..memory.kv import layer_kinds
+
+    return len(layer_kinds(text))
+
+
+def _kv_heads_words(text: Any, cache: Any, tp: int) -> str:
+    from ..dims import is_mla
+    from ..memory.kv import attention_shape, cached_heads, rank_heads
+
+    if cache is None:
+        return "no KV cache (the model does not generate)"
+    if cache.layout == "latent" or is_mla(text) and cache.layout != "expanded":
+        return (f"MLA's latent, whole on each of the {tp} ranks (replicated)" if tp > 1 else "MLA's latent")
+    if cache.layout == "grouped":
+        heads = attention_shape(text)[0]
+    elif cache.layout == "expanded":
+        from ..dims import config_int
+
+        heads = config_int(text, "num_key_value_heads", "num_attention_heads") or 1
+    else:
+        heads = cache.heads or cached_heads(text)[0]
+    if tp == 1:
+        return f"{heads} K and V heads a layer"
+    if tp <= heads:
+        return f"{heads} K and V heads / tp {tp} = {rank_heads(heads, tp)} a rank"
+    return (f"1 K and V head a rank: tp {tp} exceeds the {heads} KV heads, each replicated {tp // heads} times "
+            "(each rank keeps the head its query heads read, as vLLM does)")
+
+
+def _workspace_words(text: Any, tp: int) -> str:
+    if tp == 1:
+        return "the one-device prefill workspace's formula"
+    return (f"the one-device formula on the rank's shard: the MLP's and attention's widths and heads / {tp}, the "
+            "hidden size whole (residual stream and norms replicated), the last token's logits gathered (the whole "
+            "vocabulary) on the last stage")
+
+
+# --- the prefill's workspace on one rank ---------------------------------------------------------------------------
+
+_SPLIT = ("i", "heads", "inner", "kv", "q")  # the family moments' widths and heads a rank holds 1/tp of
+
+
+def rank_workspace(config: Any, *, tp: int, batch: int, seq: int, dtype_size: int, vocab: int | None,
+                   gated: bool = True, layers: int = 2, every_token_logits: bool = False, class_name: str = "",
+                   cache_bytes: int = 0, window_extra: int = 0, last: bool = True) -> Any:
+    """memory/prefill.py's workspace on one tensor-parallel rank: the same moments with the widths and heads / tp
+    (the hidden size whole) and the logits gathered, which the last stage alone computes. At tp 1 on the last stage
+    it equals `prefill_workspace` to the byte (tests hold it)."""
+    from ..dims import config_int, dim, text_config
+    from ..memory.prefill import evaluate, prefill_moments
+    from ..memory.result import Workspace
+
+    text = text_config(config)
+    beyond = (f" + the sliding layers' prompt K and V beyond their windows, kept until the first decode step "
+              f"{window_extra:,} B" if window_extra else "")
+    span = seq if every_token_logits else 1
+    logits = batch * (vocab or 0) * dtype_size * span if last else 0
+    found = prefill_moments(text, class_name, seq) if class_name else None
+    if isinstance(found, tuple) and dtype_size in found[2]:
+        family, dims, tables = found
+        dims = dict(dims, B=batch, S=seq)
+        for key in _SPLIT:
+            if key in dims and dims[key]:
+                dims[key] = -(-dims[key] // tp)
+        best: tuple[int, str] | None = None
+        for moment in tables[dtype_size]:
+            if not last and "logits" in moment.where:
+                continue
+            value = evaluate(moment.formula, dims) - (0 if moment.cached else cache_bytes)
+            split = f" (widths and heads / tp {tp})" if tp > 1 else ""
+            words = (f"{family}, {moment.where}{split}: {moment.formula} = {evaluate(moment.formula, dims):,} B"
+                     + ("" if moment.cached else f", before the cache's {cache_bytes:,} B"))
+            if best is None or value > best[0]:
+                best = (value, words)
+        assert best is not None
+        return Workspace(max(best[0], logits) + window_extra, best[1] + beyond, logits)
+    hidden = dim(text, "hidden") or 0
+    inner = dim(text, "intermediate") or 4 * hidden
+    local = -(-inner // tp)
+    held = 2 if layers > 1 else 1
+    mlp = 3 if gated else 2
+    per_token = ((held + 2) * hidden + mlp * local) * dtype_size
+    heads = dim(text, "heads") or 1
+    head_dim = config_int(text, "head_dim") or (hidden // heads if heads else 0)
+    rotary = getattr(text, "rope_parameters", None) is not None or getattr(text, "rope_theta", None) is not None
+    rope = 2 * seq * head_dim * dtype_size if rotary else 0
+    positions = seq * 8
+    mask = seq * seq if window_extra else 0
+    layer_peak = batch * seq * per_token + rope + positions + mask
+    width = f"intermediate {inner:,} / tp {tp}" if tp > 1 else f"intermediate {inner:,}"
+    words = (f"{batch} × {seq:,} tokens × ({held + 2} × hidden {hidden:,} + {mlp} × {width}) × {dtype_size} B"
+             + (f" + RoPE cos/sin 2 × {seq:,} × {head_dim} × {dtype_size} B" if rope else "")
+             + f" + position ids {seq:,} × 8 B" + (f" + the sliding window's mask {seq:,}² × 1 B" if mask else ""))
+    if every_token_logits and vocab and last:
+        head_peak = batch * seq * (vocab + 2 * hidden) * dtype_size
+        if head_peak > layer_peak:
+            return Workspace(head_peak, f"the head: {batch} × {seq:,} tokens × (vocab {vocab:,} + 2 × hidden "
+                                        f"{hidden:,}) × {dtype_size} B, every token's logits (gathered)", logits)
+        return Workspace(layer_peak, words, logits)
+    return Workspace(max(layer_peak, logits) + window_extra, words + beyond, logits)
+
+
+def not_for_serving(flag: str) -> OptionError:
+    return OptionError(f"{flag} is for --training; serving across GPUs takes --tp and --pp")
