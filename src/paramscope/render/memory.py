@@ -179,7 +179,7 @@ def _serving_stages_table(layout) -> Table:
         table.add_column(name, justify="left" if name == "layers" else "right", no_wrap=True)
     top = layout.device
     for stage in layout.stages:
-        layers = f"{stage.layers[0]}–{stage.layers[1]}" if stage.layers else "—"
+        layers = ", ".join(f"{a}–{b}" for a, b in stage.chunks) if stage.chunks else "—"
         if stage.first:
             layers += " + embeddings"
         if stage.last:
@@ -541,7 +541,7 @@ def _stages_table(device) -> Table:
     for name in ("stage", "layers", "in flight", "weights", "gradients", "optimizer", "activations", "peak"):
         table.add_column(name, justify="left" if name == "layers" else "right", no_wrap=True)
     for stage in device.stages:
-        layers = f"{stage.layers[0]}–{stage.layers[1]}" if stage.layers else "—"
+        layers = ", ".join(f"{a}–{b}" for a, b in stage.chunks) if stage.chunks else "—"
         if stage.first:
             layers += " + embeddings"
         if stage.last:
@@ -575,6 +575,7 @@ def _device_to_dict(device) -> dict[str, Any]:
             "rules": dict(device.rules),
             "pipeline": device.pipeline or None, "bubble": device.bubble,
             "stages": [{"stage": st.rank, "layers": list(st.layers) if st.layers else None,
+                        "chunks": [list(c) for c in st.chunks],
                         "layer_count": st.layer_count, "in_flight": st.in_flight, "first": st.first, "last": st.last,
                         "weights": st.weights, "gradients": st.gradients, "optimizer": st.optimizer,
                         "master_weights": st.master_weights, "activations": st.activations, "peak": st.peak,

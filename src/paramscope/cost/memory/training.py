@@ -231,7 +231,9 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
 
     traced = None
     derived = None
-    depth = trace_depth(options.trace)
+    # under a layout --trace traces one rank's step on torch's fake process group, beside the analytic answer
+    layout_active = options.layout is not None and not options.layout.trivial
+    depth = None if layout_active else trace_depth(options.trace)
     if depth == "extended" or (analytic is None and depth is None):
         derived, why_not = _derive(view, options, seq, limit, frozen, dtype if live else None, own, live=live,
                                    fresh=depth == "extended", structure=structure)
@@ -333,7 +335,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
             phases=phases, activations=activations.bytes, analytic=analytic,
             derived_or_traced=derived is not None or traced is not None, source_label=source_label,
             precision=precision, optimizer=optimizer, trainable=trainable, own=own, text=text, batch=options.batch,
-            seq=seq, shape=shape, step=(step_bytes, step_text)))
+            seq=seq, shape=shape, step=(step_bytes, step_text), trace=bool(options.trace),
+            attention=options.attention, frozen=frozenset(frozen), weights_dtype=dtype if live else None))
         notes.extend(device.notes)
 
     def on_one_device(figures: tuple[PhaseFigure, ...], batch: int = options.batch,

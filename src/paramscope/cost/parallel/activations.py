@@ -9,6 +9,14 @@ vocabulary. The trace on torch's fake process group (traced/parallel.py) checks 
 
 Recipes whose closed forms keep the attention and MLP widths apart from the hidden size (the Llama-style family)
 take the local view; the others are traced.
+
+Sequence parallel runs every norm of the residual stream on S / t tokens (torch's SequenceParallel, as torchtitan
+and Megatron place it): what a norm saves for backward, its input and its fp32 result with one fp32 statistic a
+token, (8h + 4)·T bytes (fp32 and mixed precision; 6h + 4 in bf16, whose Llama-style norm saves its input in bf16;
+Gemma's norms, which scale in fp32, save 8h + 4 there too), is then held for 1/t of the tokens. The gathered sequence the attention and MLP read stays whole: torch saves it for the
+column-parallel weights' gradients (Megatron gathers it again in backward instead, Korthikanti et al.'s 34/t).
+The per-norm figure was read off traces of one rank on torch's fake process group (tests/test_parallel_check.py
+holds the result equal to them).
 """
 
 from __future__ import annotations
@@ -60,6 +68,42 @@ def local_recipe(config: Any, class_name: str) -> str | None:
     """The recipe that answers a tensor-parallel rank analytically, or None (traced)."""
     recipe = recipe_for(config, class_name)
     return recipe if recipe in LOCAL_VIEW_RECIPES else None
+
+
+# bytes a hidden-size norm saves per token, (·h, constant), by the recipe's precision kind; Gemma's norms upcast to
+# fp32 and scale there (Llama's scale the input's dtype), so in bf16 they save as in fp32
+NORM_SAVED = {"fp32": (8, 4), "mixed": (8, 4), "bf16-pure": (6, 4)}
+FP32_NORMS = ("Gemma decoder", "Gemma-2 decoder")
+
+
+def norm_kind(precision: str, recipe: str | None = None) -> str:
+    if precision == "bf16-pure" and recipe not in FP32_NORMS:
+        return "bf16-pure"
+    return "fp32" if precision == "fp32" else "mixed"
+
+
+def norm_saved(precision: str, hidden: int, recipe: str | None = None) -> int:
+    per_h, constant = NORM_SAVED[norm_kind(precision, recipe)]
+    return per_h * hidden + constant
+
+
+def sequence_parallel(act: TrainingActivations, *, tp: int, tokens: int, hidden: int, precision: str,
+                      layer_norms: int) -> TrainingActivations:
+    """`act` (a tensor-parallel rank's) with every norm of the residual stream on 1/tp of the tokens: the layers'
+    `layer_norms` each and the final norm."""
+    import dataclasses
+
+    kind = norm_kind(precision, act.recipe)
+    per_norm = norm_saved(precision, hidden, act.recipe) * tokens
+    layer = layer_norms * per_norm - layer_norms * per_norm // tp
+    outside = per_norm - per_norm // tp
+    less = act.layers * layer + outside
+    words = (f"; sequence parallel: {act.layers} layers × {layer_norms} norms and the final norm on 1/{tp} of the "
+             f"tokens, − {less:,} (({NORM_SAVED[kind][0]}h + {NORM_SAVED[kind][1]})·T·(1 − 1/{tp}) a norm)")
+    return dataclasses.replace(
+        act, saved=act.saved - less, saved_arithmetic=act.saved_arithmetic + words, per_layer=act.per_layer - layer,
+        moments=tuple(dataclasses.replace(m, bytes=m.bytes - less, arithmetic=m.arithmetic + words)
+                      for m in act.moments))
 
 
 def tp_activations(config: Any, class_name: str, *, tp: int, batch: int, seq: int, precision: str,

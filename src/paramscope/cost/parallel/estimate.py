@@ -44,6 +44,7 @@ class StageMemory:
 
     rank: int
     layers: tuple[int, int] | None  # (first, last) layer index held; None: none
+    chunks: tuple[tuple[int, int], ...]  # the runs of layers held, (first, last) each: one, or v interleaved
     layer_count: int
     in_flight: int
     first: bool
@@ -78,6 +79,7 @@ class DeviceMemory:
     pipeline: str = ""  # the split and schedule in words
     bubble: float = 0.0
     notes: tuple[str, ...] = field(default=())
+    traced: Any = None  # with --trace: rank 0's step traced on torch's fake process group (a TracedStep)
 
     def __post_init__(self) -> None:
         freeze_fields(self, "rules")
@@ -114,6 +116,10 @@ class StepContext:
     seq: int
     shape: dict  # the analytic recipe's keywords (precision, checkpointing, casts)
     step: tuple[int, str]  # the optimizer step's temporaries, (bytes, words)
+    trace: bool = False  # --trace: one rank's step traced on torch's fake process group, as a check
+    attention: str | None = None
+    frozen: frozenset[str] = frozenset()
+    weights_dtype: str | None = None
 
 
 def placements_for(report: Any, view: Any, layout: ParallelLayout) -> tuple[Placement, ...]:
@@ -161,10 +167,44 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     placements = placements_for(ctx.report, ctx.view, layout)
     rules = rules_in_words(placements, layout)
     if layout.pp > 1:
-        return _pipeline_device(ctx, placements, rules)
-    if layout.tp == 1 and layout.cp == 1:
-        return _data_parallel_device(ctx, placements, rules)
-    return _sharded_activations_device(ctx, placements, rules)
+        device, at = _pipeline_device(ctx, placements, rules)
+    elif layout.tp == 1 and layout.cp == 1:
+        device, at = _data_parallel_device(ctx, placements, rules)
+    else:
+        device, at = _sharded_activations_device(ctx, placements, rules)
+    if ctx.trace:
+        device = _traced_check(ctx, device)
+    return device, at
+
+
+def _traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
+    """--trace: rank 0's step of the real class traced on torch's fake process group (FSDP2 and DTensor as
+    traced/parallel.py applies them), its peak beside the analytic one."""
+    from ..traced.parallel import trace_parallel_training
+    from ..traced.step import StepSettings
+
+    layout = ctx.layout
+    why = None
+    if ctx.view.module is None:
+        why = "the model was not built"
+    elif layout.pp > 1 or layout.cp > 1 or layout.ep > 1:
+        why = "pipeline, context and expert parallelism have no traced engine here (their figures are checked " \
+              "against torch's schedules and the expert shards in tests)"
+    elif layout.shard in ("zero1", "zero2", "zero3"):
+        why = "DeepSpeed's ZeRO is not traced (no DeepSpeed here); --zero fsdp is"
+    if why:
+        return dataclasses.replace(device, notes=device.notes + (f"--trace: no rank traced: {why}",))
+    fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
+    settings = StepSettings(batch=ctx.batch, seq=ctx.seq, precision=ctx.precision, optimizer=ctx.optimizer,
+                            attention=ctx.attention, frozen=ctx.frozen, weights_dtype=ctx.weights_dtype,
+                            own_dtype=ctx.own)
+    traced = trace_parallel_training(ctx.view.module, settings, dp=layout.shard_degree if fsdp else 1,
+                                     shard="fsdp" if fsdp else "none", tp=layout.tp, sp=layout.sp)
+    top = traced.peak
+    diff = (device.peak - top.bytes) / top.bytes if top.bytes else 0.0
+    note = (f"check: rank 0's step traced on torch's fake process group (FSDP2 and DTensor, MemTracker): peak "
+            f"{top.bytes:,} B in {top.phase}; the analytic {device.peak:,} B is {100 * diff:+.3f}% from it")
+    return dataclasses.replace(device, traced=traced, notes=device.notes + (note,) + tuple(traced.notes))
 
 
 def _states(ctx: StepContext, placements: tuple[Placement, ...], params: Any = None,
@@ -247,7 +287,11 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
 def _local_shape(ctx: StepContext, placements: tuple[Placement, ...]) -> dict:
     if not ctx.precision.endswith("-mixed"):
         return dict(ctx.shape, cast_weights=0, cast_head=0, cast_biases=0)
-    cast, head, biases = cast_weights(ctx.view, {p.name: p.local_numel for p in placements})
+    local = {p.name: p.local_numel for p in placements}
+    for param in ctx.report.params:  # a tied head is its embedding's shard under any of its names
+        for alias in param.aliases:
+            local[alias] = local[param.name]
+    cast, head, biases = cast_weights(ctx.view, local)
     return dict(ctx.shape, cast_weights=cast, cast_head=head, cast_biases=biases)
 
 
@@ -267,10 +311,31 @@ def _tied_bytes(ctx: StepContext, placements: tuple[Placement, ...]) -> int:
 def _local_activations(ctx: StepContext, shape: dict, batch: int, length: int) -> Any:
     """The analytic activations of the device's shard: the recipe on the rank's heads and widths (tp), at its
     S / cp tokens (cp)."""
-    from .activations import tp_activations
+    from .activations import sequence_parallel, tp_activations
 
-    return tp_activations(ctx.text, ctx.view.class_name, tp=ctx.layout.tp, batch=batch,
-                          seq=-(-length // ctx.layout.cp), **shape)
+    seq = -(-length // ctx.layout.cp)
+    act = tp_activations(ctx.text, ctx.view.class_name, tp=ctx.layout.tp, batch=batch, seq=seq, **shape)
+    if ctx.layout.sp:
+        act = sequence_parallel(act, tp=ctx.layout.tp, tokens=batch * seq, hidden=_hidden(ctx),
+                                precision=ctx.precision, layer_norms=_layer_norms(ctx))
+    return act
+
+
+def _hidden(ctx: StepContext) -> int:
+    from ..dims import config_int
+
+    return config_int(ctx.text, "hidden_size") or 0
+
+
+def _layer_norms(ctx: StepContext) -> int:
+    """The hidden-size norms of one layer (two in a Llama layer, four in Gemma-2's), from the report."""
+    hidden = _hidden(ctx)
+    names = [p for p in ctx.report.params if _LAYER.match(p.name) and p.role.endswith("norm") and
+             tuple(p.shape) == (hidden,) and not p.name.endswith("bias")]
+    if not names:
+        return 0
+    layer = _LAYER.match(names[0].name).group(0)
+    return sum(1 for p in names if p.name.startswith(layer))
 
 
 def _check_analytic(ctx: StepContext, what: str) -> str:
@@ -304,11 +369,15 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
     if layout.cp > 1:
         comm.append(_ring_buffer(ctx, ctx.batch, ctx.seq))
 
+    whole = _whole_embedding_gradient(ctx, placements)
+
     def phases_at(batch: int, length: int) -> tuple[PhaseFigure, ...]:
         act = _local_activations(ctx, shape, batch, length)
         figures = moment_phases(act, resident=_resident(dev, ctx.buffer_bytes), gradients=dev.gradients, tied=tied,
                                 text=ctx.text, batch=batch, length=-(-length // layout.cp), precision=ctx.precision,
                                 step=ctx.step)
+        if whole is not None:
+            figures = tuple(_with_whole_gradient(p, whole) for p in figures)
         return tuple(_with_buffers(p, comm) for p in figures)
 
     act = _local_activations(ctx, shape, ctx.batch, ctx.seq)
@@ -324,6 +393,39 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
     def at(figures: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
         return max(phases_at(batch, length), key=lambda p: p.bytes)
     return device, at
+
+
+def _whole_embedding_gradient(ctx: StepContext, placements: tuple[Placement, ...]) -> tuple[int, int] | None:
+    """(the whole embedding gradient's bytes, the rank's shard's) where torch gives a vocabulary-parallel embedding
+    its gradient whole: DTensor's embedding backward returns it Replicate, so each tensor-parallel rank holds all of
+    it from the end of backward, and the fused optimizer step reads a shard of it made afresh. None where the
+    embedding is not cut or does not train, or FSDP2 reduces it to a shard."""
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+
+    if ctx.layout.tp == 1 or ctx.layout.shard in ("fsdp", "hsdp") and ctx.layout.shard_degree > 1:
+        return None
+    for p in placements:
+        if p.role == "embeddings.word" and p.tp == "vocabulary" and p.name in ctx.trainable:
+            size = itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
+            full = 1
+            for n in p.shape:
+                full *= n
+            return full * size, p.local_numel * size
+    return None
+
+
+def _with_whole_gradient(phase: PhaseFigure, whole: tuple[int, int]) -> PhaseFigure:
+    full, local = whole
+    if phase.where == "end of backward":
+        extra, words = full - local, f"the embedding's gradient whole on every rank (torch's DTensor), + {full - local:,}"
+    elif phase.where == "optimizer step":
+        extra, words = full, (f"the embedding's gradient whole on every rank (torch's DTensor), + {full - local:,}, "
+                              f"and the shard the fused step makes of it, + {local:,}")
+    else:
+        return phase
+    return dataclasses.replace(phase, bytes=phase.bytes + extra, gradients=phase.gradients + full - local,
+                               arithmetic=f"{phase.arithmetic}; {words}")
 
 
 def _ring_buffer(ctx: StepContext, batch: int, seq: int) -> Buffer:
@@ -412,7 +514,8 @@ def _pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules:
                                                     arithmetic=f.arithmetic + f"; gradients {dev.gradients:,} "
                                                     "(accumulated over the microbatches already gone back)")
                                 if f.where in ("end of forward", "start of backward") else f for f in figures)
-            return figures, kept + (act.saved - act.layers * act.per_layer - all_casts) + own_casts
+            return tuple(_with_buffers(p, comm_of[stage.rank]) for p in figures), \
+                kept + (act.saved - act.layers * act.per_layer - all_casts) + own_casts
         embedding = stage.in_flight * residual * batch * local_len * h if stage.first else 0
         incoming = residual * batch * local_len * h
         held = kept + embedding + own_casts
@@ -427,8 +530,9 @@ def _pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules:
         step_bytes, step_text = ctx.step
         step = PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
                            f"gradients {dev.gradients:,}; {step_text}", dev.gradients)
-        return (steady, step), held
+        return (_with_buffers(steady, comm_of[stage.rank]), step), held
 
+    comm_of: dict[int, list[Buffer]] = {}
     for stage in plan:
         extra = ()
         if stage.last and layout.pp > 1 and tied_name is not None and tied_name in by_name and \
@@ -436,16 +540,18 @@ def _pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules:
             copy = by_name[tied_name]
             extra = (dataclasses.replace(copy, name=copy.name + " (the last stage's copy)"),)
         dev = _states(ctx, placements, stage_params(stage), extra)
+        comm_of[stage.rank] = _fsdp_buffers(ctx, tuple(p for p in placements
+                                                       if p.name in {q.name for q in stage_params(stage)}))
         figures, held = stage_figures(stage, dev, micro, ctx.seq)
         figures_by_stage.append((stage, dev, figures, held))
     worst = max(figures_by_stage, key=lambda item: max(p.bytes for p in item[2]))
     stage, dev, figures, held = worst
-    comm = _fsdp_buffers(ctx, tuple(p for p in placements if p.name in {q.name for q in stage_params(stage)}))
-    figures = tuple(_with_buffers(p, comm) for p in figures)
+    comm = comm_of[stage.rank]
     rows = []
     for s, d, f, h_ in figures_by_stage:
         top = max(f, key=lambda p: p.bytes)
-        rows.append(StageMemory(s.rank, (s.layers[0], s.layers[-1]) if s.layers else None, len(s.layers),
+        rows.append(StageMemory(s.rank, (s.layers[0], s.layers[-1]) if s.layers else None, _runs(s.layers),
+                                len(s.layers),
                                 s.in_flight, s.first, s.last, d.weights, d.gradients, d.optimizer, d.master_weights,
                                 h_, top.bytes, top.phase))
     tied_words = " and a copy of the tied embedding for the head (Megatron's rule)" if tied_name else ""
@@ -468,6 +574,16 @@ def _pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules:
             best = top if best is None or top.bytes > best.bytes else best
         return best
     return device, at
+
+
+def _runs(layers: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    runs: list[list[int]] = []
+    for index in layers:
+        if runs and runs[-1][1] == index - 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return tuple((a, b) for a, b in runs)
 
 
 def _matmul_names(ctx: StepContext) -> frozenset[str]:

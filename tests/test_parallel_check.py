@@ -1,0 +1,104 @@
+"""The analytic per-device step against one rank traced on torch's fake process group (issue 28 §3).
+
+Each case builds the real class, applies FSDP2 (`fully_shard`) and/or DTensor tensor parallelism as
+traced/parallel.py does (the rules read from transformers' tp plans), runs one steady step measured by MemTracker,
+and holds the analytic device peak (memory/training.py → parallel/estimate.py) to it. The issue asks for 1%; every
+case here agrees within 0.05% (most to 8 bytes), on Llama, Qwen2, Gemma-2 (tied, eager), Mixtral and Qwen2-MoE
+(MoE), and BERT (an encoder), in bf16-mixed, fp32 and bf16-pure.
+
+Known and named, not tested here: FSDP2's backward can peak inside a layer where the sequence is short against the
+vocabulary and the root unit (the root's gradients stay unsharded until its reduce-scatter at the end of backward);
+there the analytic figure is low (Llama-3-8B cut to 4 layers at 512 tokens: −12%; at 2,048 tokens, full depth, dp 8:
++16 KB of 51 GB). `--trace` gives the traced rank beside the answer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from paramscope.cli import main
+from paramscope.cost.memory.training import TrainingOptions, estimate_training, training_answer
+from paramscope.cost.parallel.layout import layout_for
+from paramscope.cost.traced.parallel import trace_parallel_training
+from paramscope.cost.traced.step import StepSettings
+
+
+def _decoder(model_type="llama", arch="LlamaForCausalLM", layers=2, vocab=8192, **extra):
+    config = dict(model_type=model_type, architectures=[arch], hidden_size=256, intermediate_size=512,
+                  num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4, vocab_size=vocab,
+                  max_position_embeddings=4096, tie_word_embeddings=False)
+    config.update(extra)
+    return config
+
+
+MIXTRAL = _decoder("mixtral", "MixtralForCausalLM", layers=4, num_local_experts=4, num_experts_per_tok=2)
+QWEN2_MOE = _decoder("qwen2_moe", "Qwen2MoeForCausalLM", layers=4, moe_intermediate_size=128,
+                     shared_expert_intermediate_size=256, num_experts=4, num_experts_per_tok=2)
+BERT = dict(model_type="bert", architectures=["BertForMaskedLM"], hidden_size=256, intermediate_size=1024,
+            num_hidden_layers=4, num_attention_heads=4, vocab_size=8192, max_position_embeddings=512)
+GEMMA2 = _decoder("gemma2", "Gemma2ForCausalLM", vocab=1024, head_dim=32, tie_word_embeddings=True)
+
+
+def _both(config, layout, *, batch=2, seq=64, precision="bf16-mixed", attention=None):
+    estimate = estimate_training(config, TrainingOptions(batch=batch, seq=seq, precision=precision,
+                                                         attention=attention, layout=layout), use_cache=False)
+    _, _, view = training_answer(config, TrainingOptions(batch=batch, seq=seq, precision=precision),
+                                 use_cache=False)
+    fsdp = layout.shard == "fsdp"
+    traced = trace_parallel_training(view.module, StepSettings(batch=batch, seq=seq, precision=precision,
+                                                               optimizer="adamw", attention=attention),
+                                     dp=layout.dp if fsdp else 1, shard="fsdp" if fsdp else "none", tp=layout.tp,
+                                     sp=layout.sp)
+    return estimate, traced
+
+
+CASES = [
+    ("llama fsdp dp4", _decoder(), dict(devices=4, zero="fsdp"), {}),
+    ("llama tp2", _decoder(), dict(devices=2, tp=2), {}),
+    ("llama tp2 sp", _decoder(), dict(devices=2, tp=2, sp=True), {}),
+    ("llama tp4 sp", _decoder(), dict(devices=4, tp=4, sp=True), {}),
+    ("llama tp8, KV heads replicated", _decoder(), dict(devices=8, tp=8), {}),
+    ("llama dp2 fsdp × tp2 sp", _decoder(), dict(devices=4, tp=2, sp=True, zero="fsdp"), dict(seq=256)),
+    ("llama tp2 sp fp32", _decoder(), dict(devices=2, tp=2, sp=True), dict(precision="fp32")),
+    ("llama tp2 sp bf16-pure", _decoder(), dict(devices=2, tp=2, sp=True), dict(precision="bf16-pure")),
+    ("qwen2 tp2 sp", _decoder("qwen2", "Qwen2ForCausalLM"), dict(devices=2, tp=2, sp=True), {}),
+    ("gemma-2 tp2 sp, tied, eager", GEMMA2, dict(devices=2, tp=2, sp=True), dict(attention="eager")),
+    ("gemma-2 tp2 sp bf16-pure", GEMMA2, dict(devices=2, tp=2, sp=True),
+     dict(attention="eager", precision="bf16-pure")),
+    ("mixtral fsdp dp4", MIXTRAL, dict(devices=4, zero="fsdp"), dict(seq=256)),
+    ("qwen2-moe fsdp dp4", QWEN2_MOE, dict(devices=4, zero="fsdp"), dict(seq=256)),
+    ("bert fsdp dp4", BERT, dict(devices=4, zero="fsdp"), dict(seq=256)),
+]
+
+
+@pytest.mark.parametrize("name, config, layout, point", CASES, ids=[c[0] for c in CASES])
+def test_analytic_device_peak_equals_the_traced_rank(name, config, layout, point):
+    estimate, traced = _both(config, layout_for(**layout), **point)
+    assert abs(estimate.peak - traced.peak.bytes) <= 5e-4 * traced.peak.bytes, (
+        name, estimate.peak, traced.peak.bytes, estimate.peak_phase, traced.peak.phase)
+
+
+def test_tensor_parallel_moments_equal_the_trace_phase_by_phase():
+    """tp 2 on Llama: the forward's and the backward's peaks, and the optimizer step with the embedding's whole
+    gradient (torch's DTensor gives a vocabulary-parallel embedding its gradient Replicate), each within 8 B (the
+    step within 1,024 B: a leftover h-sized fp32 tensor the traced step still holds)."""
+    estimate, traced = _both(_decoder(vocab=8192), layout_for(devices=2, tp=2))
+    analytic = {p.where: p.bytes for p in estimate.training.device.phases}
+    measured = {p.phase: p.bytes for p in traced.phases}
+    assert 0 <= measured["forward"] - analytic["end of forward"] <= 1032
+    assert 0 <= measured["backward"] - analytic["start of backward"] <= 1032
+    assert 0 <= measured["optimizer step"] - analytic["optimizer step"] <= 1032
+
+
+def test_trace_flag_checks_one_rank(tmp_path, capsys):
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_decoder()))
+    assert main(["memory", str(path), "--training", "--batch", "2", "--seq", "64", "--devices", "2", "--tp", "2",
+                 "--sp", "--trace", "--width", "200", "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "note: check: rank 0's step traced on torch's fake process group" in out
+    import re
+
+    assert re.search(r"the analytic [\d,]+ B is [+-]0\.0\d\d% from it", out), out[-2000:]
