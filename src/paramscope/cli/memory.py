@@ -63,10 +63,19 @@ def add_parser(subparsers: Any) -> None:
     training.add_argument("--devices", type=int, metavar="N",
                           help="devices in all (default 1); alone, data-parallel devices; with --tp (or --dp), "
                                "dp = N / tp")
-    training.add_argument("--zero", default="0", metavar="STAGE",
+    training.add_argument("--zero", default=None, metavar="STAGE",
                           help="what data-parallel ranks shard: ZeRO stage 0-3 (DeepSpeed's flat shares), fsdp "
                                "(FSDP2's fully_shard, per parameter), hybrid_shard (FSDP2 within --shard-group "
-                               "ranks), or FSDP1's no_shard, shard_grad_op, full_shard")
+                               "ranks), or FSDP1's no_shard, shard_grad_op, full_shard (default 0; --find-layout: "
+                               "fsdp)")
+    training.add_argument("--find-layout", action="store_true",
+                          help="with --gpu and --devices N: every dp × tp × pp × cp (× ep) layout of N devices, "
+                               "those that fit sorted by a bound on the step time at the GPU's peak, with each "
+                               "one's pipeline bubble and communication bytes a device, and the fewest devices "
+                               "that fit")
+    training.add_argument("--global-batch", type=int, metavar="G",
+                          help="--find-layout: sequences a step over all replicas (default: --batch × --devices); "
+                               "each layout's replicas take G / dp")
     layout = parser.add_argument_group("multi-GPU layout (the figures are one device's; serving takes --tp and --pp "
                                        "alone, the rest are for --training)")
     layout.add_argument("--dp", type=int, metavar="N", help="data-parallel degree (default: --devices / tp)")
@@ -112,6 +121,10 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import OptionError
     from ..sources import resolve
 
+    if args.find_layout or args.global_batch is not None:
+        return _find_layout(args)
+    if args.zero is None:
+        args.zero = "0"
     width = None if args.json else checked_width(args)  # bad options fail before any build
     checked_html_path(args)
     if args.gpu and args.budget:
@@ -172,6 +185,66 @@ def run(args: argparse.Namespace) -> int:
         record_after_build(report, source, model_class=args.model_class, task=args.task, num_labels=args.num_labels,
                            module=view.module, build_dtype=estimate.settings.get("compute_dtype")
                            or estimate.settings["weights_dtype"], debug=args.debug)
+    return 0
+
+
+def _find_layout(args: argparse.Namespace) -> int:
+    """--find-layout: the layouts of --devices N that fit --gpu, sorted by the step time's bound (parallel/search.py)."""
+    from ..cost.parallel.search import SearchOptions, find_layouts
+    from ..errors import OptionError
+    from ..sources import resolve
+
+    if not args.find_layout:
+        raise OptionError("--global-batch is for --find-layout (elsewhere --batch is each data-parallel replica's)")
+    if not args.training:
+        raise OptionError("--find-layout searches training layouts: give --training")
+    if args.gpu is None:
+        raise OptionError("--find-layout needs --gpu NAME: its memory and its peak FLOP/s"
+                          + (" (--budget has no peak)" if args.budget else ""))
+    if args.budget:
+        raise OptionError("--find-layout takes --gpu, not --budget: a budget has no peak FLOP/s to sort by")
+    if args.devices is None:
+        raise OptionError("--find-layout needs --devices N: the devices the layouts share")
+    searched = [flag for flag, value, default in (("--dp", args.dp, None), ("--tp", args.tp, 1),
+                                                 ("--pp", args.pp, 1), ("--cp", args.cp, 1), ("--ep", args.ep, 1),
+                                                 ("--sp", args.sp, False), ("--micro-batches", args.micro_batches,
+                                                                           None)) if value != default]
+    if searched:
+        raise OptionError(f"--find-layout searches dp, tp, pp, cp and ep (sequence parallel with tp, microbatches "
+                          f"of one sequence): drop {', '.join(searched)}")
+    for flag, given in (("--trace", args.trace), ("--html", args.html is not None), ("--freeze", args.freeze),
+                        ("--dtype", args.dtype), ("--kv-dtype", args.kv_dtype), ("--group-size", args.group_size),
+                        ("--encoder-seq", args.encoder_seq), ("--kv-layout", args.kv_layout != "hf")):
+        if given:
+            raise OptionError(f"--find-layout does not take {flag}")
+    if args.global_batch is not None and args.batch != 1:
+        raise OptionError("give --batch (sequences a device, as --devices N data-parallel replicas take them) or "
+                          "--global-batch, not both")
+    width = None if args.json else checked_width(args)
+    options = SearchOptions(devices=args.devices, gpu=args.gpu, global_batch=args.global_batch, batch=args.batch,
+                            seq=args.seq, precision=args.precision, optimizer=args.optimizer,
+                            grad_checkpointing=args.grad_checkpointing, attention=args.attention, zero=args.zero,
+                            shard_group=args.shard_group, schedule=args.schedule,
+                            virtual_stages=args.virtual_stages,
+                            reserve=checked_size("--reserve", args.reserve, zero=True))
+    options.check()
+    source = resolve(args.model, revision=args.revision)
+    report, search, view = find_layouts(source, options, not args.no_cache, model_class=args.model_class,
+                                        task=args.task, num_labels=args.num_labels,
+                                        trust_remote_code=args.trust_remote_code)
+    if args.json:
+        from ..render.memory import layout_search_to_dict
+
+        write_report_json(report, layout_search=layout_search_to_dict(search))
+    else:
+        from ..render.memory import render_layout_search_text
+
+        write(render_layout_search_text(report, search, width, color=use_color()))
+    if view.module is not None and not args.no_cache and not args.trust_remote_code:
+        from ..cost.memory.states import weight_dtype
+
+        record_after_build(report, source, model_class=args.model_class, task=args.task, num_labels=args.num_labels,
+                           module=view.module, build_dtype=weight_dtype(args.precision), debug=args.debug)
     return 0
 
 

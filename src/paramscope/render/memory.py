@@ -696,3 +696,167 @@ def _traced_to_dict(estimate) -> dict[str, Any] | None:
             "analytic_activations": training.analytic_activations,
             "activations_by_module": [{"module": path, "bytes": value}
                                       for path, value in (full.kept_by_module if full else ())]}
+
+
+# ---- memory --training --find-layout: the layouts that fit (cost/parallel/search.py's LayoutSearch)
+
+_KINDS = ("dp", "tp", "pp", "ep", "cp")
+
+
+def render_layout_search_text(report, search, width: int = 100, *, color: bool = False) -> str:
+    return to_text(layout_search_parts(report, search), width, color)
+
+
+def _degrees(layout) -> str:
+    """"dp 2 · tp 8 · pp 4": the degrees above 1 (dp always)."""
+    parts = [f"dp {layout.dp}"] + [f"{name} {getattr(layout, name)}" for name in ("tp", "pp", "cp", "ep")
+                                   if getattr(layout, name) > 1]
+    return " · ".join(parts)
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.3g} s" if value >= 0.01 else f"{value * 1e3:.3g} ms"
+
+
+def layout_search_parts(report, search) -> list:
+    title = Text(f"Layouts to train {report.model.label} ({report.model.class_name}) on {search.devices:,} × "
+                 f"{search.accelerator}", style="bold")
+    shard = {"none": "no data-parallel sharding (DDP)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
+             "fsdp": "FSDP2 (full sharding)", "hsdp": "FSDP2 hybrid sharding"}[search.shard]
+    pipeline = search.schedule if search.virtual_stages == 1 else f"{search.schedule}, {search.virtual_stages} chunks"
+    fitting, rest, skipped = search.fitting, search.not_fitting, search.skipped
+    total = len(fitting) + len(rest) + len(skipped)
+    lines = [
+        title,
+        *filter(None, [model_source_line(report.model)]),
+        indented(f"global batch {search.global_batch:,} sequences × {search.seq:,} tokens a step, each replica "
+                 f"global batch / dp; {search.precision}; {search.optimizer}; gradient checkpointing "
+                 f"{search.grad_checkpointing}"),
+        indented(f"every layout: {shard} over dp × cp; sequence parallel with tp; pipelines {pipeline} with "
+                 "microbatches of one sequence"),
+        indented(f"{total:,} layouts of {search.devices:,} devices: {len(fitting):,} fit (peak + "
+                 f"{binary(search.reserve)} reserve ≤ {binary(search.memory)}), {len(rest):,} do not"
+                 + (f", {len(skipped):,} not answered (below)" if skipped else "")),
+        Text(""),
+    ]
+    if fitting:
+        lines.append(_layouts_table(search, fitting[:SHOWN_LAYOUTS]))
+        if len(fitting) > SHOWN_LAYOUTS:
+            lines.append(indented(f"… {len(fitting) - SHOWN_LAYOUTS:,} more that fit (--json lists them all)"))
+        best = fitting[0]
+        lines += [Text(""), indented(f"the first, {best.layout.words()}: each device's communication a step"
+                                     + (f" (stage {best.comm_stage}'s, the most)" if best.layout.pp > 1 else "")),
+                  _comm_table(best)]
+    else:
+        lines.append(indented(f"no layout of {search.devices:,} devices fits on {search.accelerator}", style="bold"))
+    lines += [Text(""),
+              indented(f"step time: a bound at the GPU's peak, not a prediction: the busiest device's hardware FLOPs "
+                       f"a step (recompute included) ÷ {search.peak_flops / 1e12:,.1f} TFLOP/s ({search.peak_dtype} "
+                       "dense peak) ÷ (1 − bubble); communication is not in it"),
+              indented("bubble: (pp − 1) / (v·m + pp − 1) of the step idle (m microbatches, v chunks a device)"),
+              indented("communication: the bytes each device sends a step (as many received), a bound: ring "
+                       "collectives ((n − 1)/n of the buffer for an all-gather or a reduce-scatter, twice that for "
+                       "an all-reduce), balanced expert routing; parameters and gradients in the dtype they train "
+                       "in; kinds apart, since they cross different links (tp and ep within a node, dp and pp across)"),
+              Text(""), indented(minimum_sentence(search))]
+    if rest:
+        closest = ", ".join(f"{_degrees(c.layout)} {binary(c.peak)}" for c in rest[:3])
+        lines.append(indented(f"closest that do not fit, peak per device: {closest}"))
+    if skipped:
+        counts: dict[str, int] = {}
+        for entry in skipped:
+            counts[entry.reason] = counts.get(entry.reason, 0) + 1
+        for reason, count in sorted(counts.items(), key=lambda item: -item[1]):
+            lines.append(indented(f"not answered, {count:,} layout{'s' if count > 1 else ''}: {reason}"))
+    for note in search.notes:
+        lines.append(indented(f"note: {note}"))
+    return lines
+
+
+SHOWN_LAYOUTS = 10
+
+
+def _layouts_table(search, rows) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in (("#", "right"), ("layout", "left"), ("peak/device", "right"), ("step ≥", "right"),
+                          ("bubble", "right"), ("comm/device", "right"), ("by kind, GiB", "left")):
+        table.add_column(name, justify=justify, no_wrap=name != "by kind, GiB", overflow="fold")
+    for index, candidate in enumerate(rows, 1):
+        kinds = candidate.comm_by_kind()
+        table.add_row(str(index), _degrees(candidate.layout), binary(candidate.peak), _seconds(candidate.seconds),
+                      f"{100 * candidate.bubble:.1f}%", binary(candidate.comm_bytes),
+                      " ".join(f"{kind} {kinds[kind] / 2**30:.1f}" for kind in _KINDS if kind in kinds) or "none")
+    return table
+
+
+def _comm_table(candidate) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    table.add_column("what, formula = arithmetic", overflow="fold", ratio=1)
+    for term in candidate.comm:
+        table.add_row(term.kind, exact(term.bytes), binary(term.bytes),
+                      f"{term.what}: {term.formula} = {term.arithmetic}")
+    table.add_row("all", exact(candidate.comm_bytes), binary(candidate.comm_bytes), "a bound, not a prediction",
+                  style="bold")
+    return table
+
+
+def minimum_sentence(search) -> str:
+    minimum = search.minimum
+    tried = minimum.tried
+    passed = [t.devices for t in tried if t.outcome == "states exceed"]
+    before = ""
+    if passed:
+        before = (f"; {', '.join(str(n) for n in passed)}: the model states alone, spread evenly, exceed the GPU")
+    others = [t for t in tried if t.outcome in ("none fits", "no layout")]
+    if others:
+        before += "; " + "; ".join(f"{t.devices:,}: {t.words}" for t in others)
+    if minimum.devices is None:
+        return (f"fewest devices that fit: none up to {minimum.limit:,} (powers of two tried at the same global batch"
+                f"{before})")
+    layout = minimum.layout.layout
+    shown = "one device" if layout.devices == 1 else _degrees(layout)
+    return (f"fewest devices that fit: {minimum.devices:,} ({shown}, peak {binary(minimum.layout.peak)} a device; "
+            f"powers of two tried from 1 at the same global batch{before})")
+
+
+def _candidate_to_dict(candidate) -> dict[str, Any]:
+    from ..cost.parallel.search import candidate_settings
+
+    return {**candidate_settings(candidate), "replica_batch": candidate.replica_batch, "fits": candidate.fits,
+            "peak": candidate.peak, "peak_phase": candidate.peak_phase, "free": candidate.free,
+            "flops": candidate.flops, "model_flops": candidate.model_flops, "bubble": candidate.bubble,
+            "seconds": candidate.seconds, "comm_bytes": candidate.comm_bytes if candidate.fits else None,
+            "comm_stage": candidate.comm_stage,
+            "comm": [{"kind": t.kind, "what": t.what, "bytes": t.bytes, "formula": t.formula,
+                      "arithmetic": t.arithmetic} for t in candidate.comm]}
+
+
+def layout_search_to_dict(search) -> dict[str, Any]:
+    """The JSON "layout_search" object (docs/json-schema.md)."""
+    minimum = search.minimum
+    return {
+        "accelerator": search.accelerator, "memory": search.memory, "reserve": search.reserve,
+        "peak_flops": search.peak_flops, "peak_dtype": search.peak_dtype, "devices": search.devices,
+        "global_batch": search.global_batch, "seq": search.seq, "precision": search.precision,
+        "optimizer": search.optimizer, "grad_checkpointing": search.grad_checkpointing, "shard": search.shard,
+        "schedule": search.schedule, "virtual_stages": search.virtual_stages,
+        "seconds_are": "a bound at the GPU's peak, not a prediction: the busiest device's hardware FLOPs a step / "
+                       "peak FLOP/s / (1 - bubble); communication not included",
+        "comm_is": "bytes each device sends a step (as many received), a bound: ring collectives, balanced routing",
+        "layouts": [_candidate_to_dict(c) for c in search.fitting],
+        "not_fitting": [_candidate_to_dict(c) for c in search.not_fitting],
+        "skipped": [{"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "reason": s.reason}
+                    for s in search.skipped],
+        "minimum": {"devices": minimum.devices,
+                    "layout": _candidate_to_dict(minimum.layout) if minimum.layout is not None else None,
+                    "limit": minimum.limit,
+                    "tried": [{"devices": t.devices, "outcome": t.outcome, "layouts": t.layouts, "words": t.words}
+                              for t in minimum.tried]},
+        "evaluated": search.evaluated,
+        "notes": list(search.notes),
+    }

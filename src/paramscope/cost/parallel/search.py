@@ -1,0 +1,749 @@
+"""Which layouts fit: every dp × tp × pp × cp (× ep) layout of N devices, the ones whose busiest device fits a GPU,
+sorted by a bound on the step's time, with the pipeline bubble and the communication each device does a step.
+
+    enumerate  dp · tp · pp · cp = N: tp among the degrees the sharding rules accept (heads, KV heads, widths),
+               pp ≤ the layers (× virtual stages), cp dividing the sequence, ep dividing the routed experts and
+               dp × cp; the global batch G fixed, so dp must divide it (each replica G / dp sequences; under a
+               pipeline, microbatches of one sequence)
+    → memory   one device's peak (estimate.py through memory/training.py's step_estimate), + the reserve, against
+               the GPU's memory
+    → FLOPs    the busiest device's hardware FLOPs a step (flops.py: its stage and tp rank, recompute included)
+    → time     a bound at the GPU's peak: hardware FLOPs / peak FLOP/s / (1 − bubble). Not a prediction: no
+               kernel runs at its peak, and communication is not in it (it may overlap or not)
+    → bytes    each device's communication a step, by kind, each a bound (ring collectives, balanced routing)
+    → sorted   by the time bound, then by the bytes, then by the peak
+    and the fewest devices that fit: powers of two from 1, each tried until one of its layouts fits.
+
+What one device sends (and as much it receives) a step, ring algorithms over a group of n ranks, a buffer of X
+bytes: all-gather and reduce-scatter (n − 1)/n · X each, all-reduce 2(n − 1)/n · X; rounded up to a byte:
+
+    DP   P, G = the device's parameters and gradients before any data-parallel share, in the dtype they are trained
+         in (fp32 under mixed precision: FSDP2 without a MixedPrecisionPolicy, as the memory figures assume); routed
+         experts apart (Pe, Ge) over their own n_e = n / ep ranks, the rest (Pd, Gd) over n = dp × cp
+         DDP (no sharding)   all-reduce of the gradients                         2(n−1)/n · G
+         ZeRO-1, ZeRO-2      reduce-scatter of the gradients, all-gather of the updated parameters   (n−1)/n · (G + P)
+         ZeRO-3, FSDP2       all-gather of the parameters in forward and again in backward, reduce-scatter of the
+                             gradients                                           (n−1)/n · (2P + G)
+         FSDP2 hybrid        the same inside a shard group of g, then all-reduce of the gradient shard across the
+                             r = n / g groups                (g−1)/g · (2P + G) + 2(r−1)/r · G/g
+    TP   X = b·s·h × a (a microbatch's tokens on the rank: b = the microbatch, s = S / cp; a = 2 B under mixed or
+         bf16 precision, 4 B in fp32); per layer 2 all-reduces forward and 2 backward (Megatron; with sequence
+         parallel each is an all-gather and a reduce-scatter: the same bytes); the vocabulary-parallel embedding's
+         forward and the head's input gradient one more each on the first and last stage; full checkpointing reruns
+         the forward's 2 a layer:        c · 2(t−1)/t · X per microbatch, c = 4·L (+2·L recomputed) (+1 first) (+1 last)
+    PP   Y = b·s·h × r / t (the residual stream between stages: r = 4 B under mixed precision, sp's 1/t piece a rank):
+         each microbatch's activation sent forward and its gradient sent back, at every chunk boundary the device
+         holds;                          (v − [last]) + (v − [first]) sends of Y per microbatch
+         a tied embedding under pp: its gradient all-reduced between the first and last stage, E (the shard's bytes)
+    EP   the routed tokens' all-to-all, dispatch and combine, forward and backward (+2 recomputed), the share leaving
+         the rank under balanced routing: 4 · (e−1)/e · k·T·h × a a MoE layer and microbatch, T = b·s / t tokens
+    CP   ring attention: K and V of the rank's chunk passed cp − 1 times a layer forward, K, V and their gradients
+         backward (+1 recomputed): 3 · (cp−1) · 2·b·s·kv·hd × a a layer and microbatch (kv = the rank's KV heads)
+Left out: the loss's vocabulary-parallel max and sum (8 B a token), the optimizer's gradient-norm all-reduce, and
+MoE routers' load-balancing statistics: bytes per token or per step, well under 0.1%.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from math import gcd
+from typing import Any, Iterator
+
+from ...errors import OptionError, ParamscopeError, UnsupportedError
+from ..memory.result import DEFAULT_RESERVE
+from .layout import MAX_DEGREE, ParallelLayout, layout_for, shard_mode, shard_words
+from .pipeline import bubble, layer_of, layer_stack_of, stages
+
+MIN_BEYOND = 16  # the fewest devices are sought up to 16 × N
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    devices: int
+    gpu: str
+    global_batch: int | None = None  # None: batch × devices (what N data-parallel replicas of `batch` take)
+    batch: int = 1
+    seq: int | None = None
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    grad_checkpointing: str = "none"
+    attention: str | None = None
+    zero: str | None = None  # None: fsdp (FSDP2, full sharding)
+    shard_group: int | None = None
+    schedule: str | None = None  # pipeline layouts' schedule (default 1f1b)
+    virtual_stages: int = 1
+    context_parallel: bool = True  # search cp too
+    reserve: int = DEFAULT_RESERVE
+
+    @property
+    def total_batch(self) -> int:
+        return self.global_batch if self.global_batch is not None else self.batch * self.devices
+
+    def check(self) -> None:
+        from ..hardware import find_accelerator
+        from ..memory.training import TrainingOptions
+
+        for name, value in (("devices", self.devices), ("global_batch", self.total_batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEGREE:
+                raise OptionError("{0} must be a whole number from 1 to {limit:,}, got {value!r}", name,
+                                  limit=MAX_DEGREE, value=str(value)[:40])
+        TrainingOptions(batch=self.batch, seq=self.seq, optimizer=self.optimizer, precision=self.precision,
+                        grad_checkpointing=self.grad_checkpointing, attention=self.attention,
+                        reserve=self.reserve).check()
+        shard_mode(self.zero or "fsdp")
+        if self.schedule is not None or self.virtual_stages != 1:
+            ParallelLayout(pp=2, micro_batches=2, schedule=self.schedule or "interleaved",
+                           virtual_stages=self.virtual_stages).check()
+        if self.shard_group is not None and shard_mode(self.zero or "fsdp") != "hsdp":
+            raise OptionError("{0} is for hybrid sharding (hybrid_shard)", "shard_group")
+        accelerator = find_accelerator(self.gpu)
+        peak_for(accelerator, self.precision)
+
+
+def peak_for(accelerator: Any, precision: str) -> tuple[float, str]:
+    """(the GPU's dense peak FLOP/s, the dtype it is read in) for a precision's matmuls: bf16 for bf16-mixed and
+    bf16-pure, fp16 for fp16-mixed, tf32 for fp32 (torch's allow_tf32; a lower bound on the time where matmuls
+    run in full fp32)."""
+    from ..hardware import peak_flops
+
+    from ..hardware import PEAK_TFLOPS
+
+    dtype = {"bf16-mixed": "bf16", "bf16-pure": "bf16", "fp16-mixed": "fp16", "fp32": "tf32"}.get(precision, "bf16")
+    peak = peak_flops(accelerator, dtype)
+    if peak is None:
+        known = ", ".join(PEAK_TFLOPS.get(accelerator.name, {})) or "none"
+        raise OptionError("{0} sorts layouts by the GPU's peak FLOP/s, and the table has none for {gpu} in {dtype} "
+                          "(the {1} {precision}'s matmuls; it has: {known})", "find_layout", "precision",
+                          gpu=accelerator.name, dtype=dtype, precision=precision, known=known)
+    return peak, dtype
+
+
+@dataclass(frozen=True)
+class CommTerm:
+    """One kind of communication one device does a step: bytes sent (as many received), a bound."""
+
+    kind: str  # "dp" | "tp" | "pp" | "ep" | "cp"
+    what: str  # the collective, in words
+    bytes: int
+    formula: str  # in symbols
+    arithmetic: str  # with this layout's numbers
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout: its busiest device's peak, FLOPs, time bound and communication."""
+
+    layout: ParallelLayout
+    replica_batch: int  # sequences each data-parallel replica takes a step: G / dp
+    peak: int  # the worst device's peak, bytes (reserve not included)
+    peak_phase: str
+    fits: bool
+    free: int  # memory − reserve − peak (negative: short by that much)
+    # the rest is computed for a layout that fits only (None, and no terms, where it does not)
+    flops: int | None  # the busiest device's hardware FLOPs a step (model FLOPs + recompute)
+    model_flops: int | None
+    bubble: float
+    seconds: float | None  # flops / peak / (1 − bubble): a bound at the GPU's peak
+    comm: tuple[CommTerm, ...]
+    comm_stage: int | None  # the pipeline stage whose device communicates the most (the one shown)
+
+    @property
+    def comm_bytes(self) -> int:
+        return sum(term.bytes for term in self.comm)
+
+    def comm_by_kind(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for term in self.comm:
+            out[term.kind] = out.get(term.kind, 0) + term.bytes
+        return out
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A layout the search could not answer, and why."""
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeviceCount:
+    """One device count tried for the fewest that fit."""
+
+    devices: int
+    outcome: str  # "fits" | "none fits" | "states exceed" | "no layout"
+    layouts: int  # layouts evaluated
+    words: str
+
+
+@dataclass(frozen=True)
+class Minimum:
+    devices: int | None  # the fewest (a power of two) that fit; None: none up to `limit`
+    layout: Candidate | None  # the first layout found to fit there (the best there when it is N)
+    limit: int  # the largest count tried
+    tried: tuple[DeviceCount, ...]
+
+
+@dataclass(frozen=True)
+class LayoutSearch:
+    accelerator: str
+    memory: int
+    reserve: int
+    peak_flops: float  # FLOP/s
+    peak_dtype: str
+    devices: int
+    global_batch: int
+    seq: int
+    precision: str
+    optimizer: str
+    grad_checkpointing: str
+    shard: str  # the data-parallel shard mode every layout uses
+    schedule: str
+    virtual_stages: int
+    fitting: tuple[Candidate, ...]  # sorted: time bound, bytes, peak
+    not_fitting: tuple[Candidate, ...]  # sorted by peak
+    skipped: tuple[Skipped, ...]
+    minimum: Minimum
+    evaluated: int  # layouts whose memory and FLOPs were computed (here and in the minimum's search)
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.fitting[0] if self.fitting else None
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+@contextlib.contextmanager
+def _without_fits_table() -> Iterator[None]:
+    """step_estimate answers the fits table (every accelerator's largest batch and context, by bisection): 90% of
+    a layout's time, and nothing the search reads. Left out while the search runs (see the module's note)."""
+    from ..memory import training
+
+    kept = training.fit_table
+    training.fit_table = lambda *args, **kwargs: ()
+    try:
+        yield
+    finally:
+        training.fit_table = kept
+
+
+class _Search:
+    """The model's fixed facts, read once, and each layout's evaluation."""
+
+    def __init__(self, report: Any, view: Any, options: SearchOptions, seq: int, flops_check: Any = None) -> None:
+        from ..dims import config_int, text_config
+        from ..flops.analytic import routing
+        from ..hardware import find_accelerator
+
+        self.report, self.view, self.options, self.seq = report, view, options, seq
+        self.text = text_config(view.config)
+        self.accelerator = find_accelerator(options.gpu)
+        self.peak, self.peak_dtype = peak_for(self.accelerator, options.precision)
+        self.capacity = self.accelerator.memory - options.reserve
+        self.hidden = config_int(self.text, "hidden_size") or 0
+        heads = config_int(self.text, "num_attention_heads") or 1
+        self.kv_heads = config_int(self.text, "num_key_value_heads") or heads
+        self.head_dim = config_int(self.text, "head_dim") or (self.hidden // heads if heads else 0)
+        self.top_k, self.experts = routing(self.text)
+        self.shard = shard_mode(options.zero or "fsdp")
+        self.checkpointing = options.grad_checkpointing == "full"
+        self.act = 4 if options.precision == "fp32" else 2
+        self.residual = 2 if options.precision == "bf16-pure" else 4
+        try:
+            self.stack, self.layers = layer_stack_of([p.name for p in report.params])
+        except UnsupportedError as err:
+            self.stack, self.layers, self.no_pp = None, 1, str(err)
+        else:
+            self.no_pp = None
+        self.moe_layers = {layer_of(p.name, self.stack) for p in report.params
+                           if p.role == "moe.experts" and self.stack is not None} - {None}
+        self.tied = next((g.canonical for g in report.tied), None)
+        self.causal = view.class_name.endswith(("ForCausalLM", "LMHeadModel"))
+        self._placements: dict[tuple[int, int], Any] = {}
+        self._flops: dict[int, Any] = {}
+        self.evaluated = 0
+        self.needs_build = False
+        self._checked = False
+        self.flops_check = flops_check
+        self._model_parallel: dict[int, str | None] = {}
+        self._stage_bytes: dict[tuple[int, int, int, int], list] = {}
+
+    # ---- enumeration
+
+    def placements(self, tp: int, ep: int) -> Any:
+        """Every parameter's cut under (tp, ep), or the OptionError the rules refuse it with."""
+        key = (tp, ep)
+        if key not in self._placements:
+            from .estimate import placements_for
+
+            try:
+                self._placements[key] = placements_for(self.report, self.view, ParallelLayout(tp=tp, ep=ep))
+            except OptionError as err:
+                self._placements[key] = err
+        return self._placements[key]
+
+    def layouts(self, devices: int) -> tuple[list[tuple[ParallelLayout, int]], list[Skipped]]:
+        """((layout, replica batch) for every layout of `devices` the options allow, the ones refused)."""
+        options = self.options
+        batch = options.total_batch
+        out, skipped = [], []
+        virtual = options.virtual_stages
+        for tp in divisors(devices):
+            refused = self.placements(tp, 1)
+            if isinstance(refused, OptionError):
+                skipped.append(Skipped(devices // tp, tp, 1, 1, 1, _words(refused)))
+                continue
+            for pp in divisors(devices // tp):
+                if pp > 1 and self.no_pp:
+                    skipped.append(Skipped(devices // tp // pp, tp, pp, 1, 1, self.no_pp))
+                    continue
+                if pp > 1 and pp * virtual > self.layers:
+                    continue  # more stages than layers: not a layout
+                for cp in divisors(devices // tp // pp):
+                    if cp > 1 and not options.context_parallel:
+                        continue
+                    dp = devices // tp // pp // cp
+                    if cp > 1 and self.seq % cp:
+                        skipped.append(Skipped(dp, tp, pp, cp, 1, f"cp {cp} does not divide the sequence, "
+                                                                   f"{self.seq:,} tokens"))
+                        continue
+                    if batch % dp:
+                        skipped.append(Skipped(dp, tp, pp, cp, 1, f"dp {dp} does not divide the global batch, "
+                                                                   f"{batch:,} sequences"))
+                        continue
+                    replica = batch // dp
+                    for ep in divisors(gcd(self.experts, dp * cp)) if self.experts else [1]:
+                        if self.shard == "hsdp" and options.shard_group and (dp * cp) % options.shard_group:
+                            skipped.append(Skipped(dp, tp, pp, cp, ep, f"the shard group {options.shard_group} "
+                                                                       f"does not divide dp × cp = {dp * cp}"))
+                            continue
+                        layout = layout_for(
+                            dp=dp, zero=self.shard, tp=tp, sp=tp > 1, pp=pp, cp=cp, ep=ep, batch=replica,
+                            shard_group=options.shard_group if self.shard == "hsdp" else None,
+                            micro_batches=replica if pp > 1 else None,
+                            schedule=(options.schedule or ("interleaved" if virtual > 1 else "1f1b")) if pp > 1
+                            else None, virtual_stages=virtual if pp > 1 else 1)
+                        out.append((layout, replica))
+        return out, skipped
+
+    # ---- one layout
+
+    def evaluate(self, layout: ParallelLayout, replica: int, *, until_fit: bool = False) -> Candidate | Skipped | None:
+        """The layout's figures; Skipped where an engine refuses it (the reason); None where the memory answer
+        needs the built module. `until_fit`: a layout that does not fit is given its memory only (FLOPs, time and
+        bytes 0): the fewest devices' search reads only whether it fits."""
+        from ..memory.training import TrainingOptions, step_estimate
+        from .flops import device_flops
+
+        options = self.options
+        if layout.tp > 1 or layout.cp > 1 or layout.pp > 1:
+            why = self.model_parallel(replica)
+            if self.needs_build:
+                return None
+            if why:
+                return Skipped(layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, why)
+        self.evaluated += 1
+        try:
+            memory = step_estimate(self.report, self.view, TrainingOptions(
+                batch=replica, seq=self.seq, optimizer=options.optimizer, precision=options.precision,
+                grad_checkpointing=options.grad_checkpointing, attention=options.attention, layout=layout,
+                reserve=options.reserve), live=False)
+            if memory is None:
+                self.needs_build = True
+                return None
+            if until_fit and memory.peak > self.capacity:
+                return Candidate(layout, replica, memory.peak, memory.peak_phase, False, self.capacity - memory.peak,
+                                 None, None, bubble(layout), None, (), None)
+            estimate, parts = self.replica_flops(replica)
+            device = device_flops(estimate, parts, self.report, self.view, layout,
+                                  checkpointing=self.checkpointing, causal_model=self.causal)
+        except ParamscopeError as err:
+            return Skipped(layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, _words(err))
+        idle = bubble(layout)
+        seconds = device.hardware / self.peak / (1 - idle)
+        stage, comm = self.communication(layout, replica)
+        return Candidate(layout, replica, memory.peak, memory.peak_phase, memory.peak <= self.capacity,
+                         self.capacity - memory.peak, device.hardware, device.step, idle, seconds, comm, stage)
+
+    def model_parallel(self, replica: int) -> str | None:
+        """Why tensor, context and pipeline layouts are not answered at this replica batch, or None: the per-device
+        engine lays out the analytic recipe's activations only (estimate.py), so the one-device step must be the
+        analytic engine's (a derived or traced step is not split per device)."""
+        if replica not in self._model_parallel:
+            from ..memory.training import TrainingOptions, step_estimate
+            from .activations import local_recipe
+
+            options = self.options
+            why = None
+            if local_recipe(self.text, self.view.class_name) is None:
+                why = (f"tensor, context and pipeline parallelism need each device's activations, which paramscope "
+                       f"lays out from the analytic recipe of the Llama-style family; {self.view.class_name} has "
+                       f"none")
+            else:
+                one = step_estimate(self.report, self.view, TrainingOptions(
+                    batch=replica, seq=self.seq, optimizer=options.optimizer, precision=options.precision,
+                    grad_checkpointing=options.grad_checkpointing, attention=options.attention,
+                    reserve=options.reserve), live=False)
+                if one is None:
+                    self.needs_build = True
+                elif one.engine != "analytic":
+                    why = (f"tensor, context and pipeline parallelism need each device's activations from the "
+                           f"analytic recipe; {self.view.class_name}'s step at {replica:,} × {self.seq:,} is "
+                           f"answered by the {one.engine} engine (its notes say why), which is not split per device")
+            self._model_parallel[replica] = why
+        return self._model_parallel[replica]
+
+    def replica_flops(self, replica: int) -> tuple[Any, Any]:
+        """The analytic count at a replica's batch, and its weight-by-weight parts (one per batch)."""
+        if replica not in self._flops:
+            from ..flops.analytic import Parts, analytic_flops
+
+            if not self._checked:
+                self._check_flops()
+            parts = Parts()
+            estimate = analytic_flops(self.view, self.report.params, batch=replica, seq=self.seq, training=True,
+                                      checkpointing=self.checkpointing, parts=parts)
+            if estimate is None:
+                raise UnsupportedError("{cls} has no analytic FLOP count here, which the search sorts by",
+                                       cls=self.view.class_name)
+            self._flops[replica] = (estimate, parts)
+        return self._flops[replica]
+
+    def _check_flops(self) -> None:
+        """The analytic FLOPs are trusted once checked against FlopCounterMode for this config, as `flops` does:
+        kept with the cost facts, else made on the build (its FactsGap makes the caller build)."""
+        if self.flops_check is not None:
+            check = self.flops_check.of(self.view)
+            if check.status == "differs":
+                raise UnsupportedError("the analytic FLOPs of {cls} differ from FlopCounterMode's for this config "
+                                       "({why}); the search sorts by them", cls=self.view.class_name,
+                                       why=check.words())
+        self._checked = True
+
+    # ---- communication
+
+    def stage_bytes(self, layout: ParallelLayout) -> list[tuple[Any, int, int, int]]:
+        """For each pipeline stage: (the stage, its dense parameters' bytes, its routed experts' bytes, a tied
+        embedding copy's bytes), rank 0's tensor/expert-parallel shards in the dtype they train in."""
+        key = (layout.tp, layout.ep, layout.pp, layout.virtual_stages)
+        if key in self._stage_bytes:
+            return self._stage_bytes[key]
+        from ..dtypes import itemsize
+        from ..memory.states import trained_dtype
+        from .pipeline import Stage
+
+        placements = self.placements(layout.tp, layout.ep)
+        by_name = {p.name: p for p in placements}
+
+        def size(p: Any) -> int:
+            return p.local_numel * itemsize(trained_dtype(p, self.options.precision))  # type: ignore[arg-type]
+
+        if layout.pp > 1:
+            plan = stages(layout, self.layers)
+        else:
+            plan = (Stage(0, tuple(range(self.layers)), (self.layers,), True, True, 1),)
+        out = []
+        for stage in plan:
+            held = set(stage.layers)
+            dense = experts = 0
+            for param in self.report.params:
+                index = layer_of(param.name, self.stack) if self.stack is not None else None
+                mine = (index in held) if index is not None else (
+                    stage.first if param.role.startswith("embeddings") else stage.last)
+                if layout.pp == 1:
+                    mine = True
+                if not mine:
+                    continue
+                placement = by_name[param.name]
+                if placement.experts_split:
+                    experts += size(placement)
+                else:
+                    dense += size(placement)
+            tied = 0
+            if layout.pp > 1 and self.tied in by_name and by_name[self.tied].role.startswith("embedding"):
+                tied = size(by_name[self.tied])
+                if stage.last:
+                    dense += tied
+            out.append((stage, dense, experts, tied if (stage.first or stage.last) else 0))
+        self._stage_bytes[key] = out
+        return out
+
+    def communication(self, layout: ParallelLayout, replica: int) -> tuple[int, tuple[CommTerm, ...]]:
+        """(the stage whose device moves the most, its terms)."""
+        best: tuple[int, tuple[CommTerm, ...]] | None = None
+        for stage, dense, experts, tied in self.stage_bytes(layout):
+            terms = tuple(t for t in (*self._dp_terms(layout, dense, experts), self._tp_term(layout, replica, stage),
+                                      *self._pp_terms(layout, replica, stage, tied),
+                                      self._ep_term(layout, replica, stage), self._cp_term(layout, replica, stage))
+                          if t is not None)
+            if best is None or sum(t.bytes for t in terms) > sum(t.bytes for t in best[1]):
+                best = (stage.rank, terms)
+        assert best is not None
+        return best
+
+    def _dp_terms(self, layout: ParallelLayout, dense: int, experts: int) -> list[CommTerm]:
+        """The data-parallel collectives: the dense parameters over the dp × cp ranks holding them, the routed
+        experts over the dp × cp / ep ranks holding the same experts."""
+        ranks = layout.dp * layout.cp
+        out = []
+        for label, params, split in (("", dense, 1), (" (routed experts)", experts, layout.ep)):
+            same = ranks // split  # ranks holding the same parameters
+            if not params or same == 1:
+                continue
+            p = g = params
+            group = "dp × cp" + (" / ep" if split > 1 else "")
+            given = f"{'Pe = Ge' if split > 1 else 'P = G'} = {params:,} B"
+            if layout.zero_stage == 0:
+                n = same
+                out.append(CommTerm("dp", f"DDP: all-reduce of the gradients{label}", _ceil(2 * (n - 1) * g, n),
+                                    f"2(n−1)/n · G, n = {group} = {n}", f"2·{n - 1}/{n} × {g:,} ({given})"))
+                continue
+            n = max(1, layout.shard_degree // split)  # ranks a shard is cut over
+            replicas = same // n
+            if layout.zero_stage in (1, 2):
+                out.append(CommTerm("dp", f"{shard_words(layout)}: reduce-scatter of the gradients, all-gather of "
+                                          f"the updated parameters{label}", _ceil((n - 1) * (g + p), n),
+                                    f"(n−1)/n · (G + P), n = {group} = {n}", f"{n - 1}/{n} × ({g:,} + {p:,}) "
+                                                                             f"({given})"))
+            elif replicas > 1:
+                inside = _ceil((n - 1) * (2 * p + g), n)
+                across = _ceil(2 * (replicas - 1) * _ceil(g, n), replicas)
+                out.append(CommTerm("dp", f"{shard_words(layout)}: all-gather of the parameters (forward and "
+                                          f"backward) and reduce-scatter of the gradients inside a shard group of "
+                                          f"g = {n}, all-reduce of the gradient shard across r = {replicas} "
+                                          f"groups{label}", inside + across, "(g−1)/g · (2P + G) + 2(r−1)/r · G/g",
+                                    f"{n - 1}/{n} × (2 × {p:,} + {g:,}) + 2·{replicas - 1}/{replicas} × "
+                                    f"{_ceil(g, n):,} ({given})"))
+            else:
+                out.append(CommTerm("dp", f"{shard_words(layout)}: all-gather of the parameters (forward and "
+                                          f"backward), reduce-scatter of the gradients{label}",
+                                    _ceil((n - 1) * (2 * p + g), n), f"(n−1)/n · (2P + G), n = {group} = {n}",
+                                    f"{n - 1}/{n} × (2 × {p:,} + {g:,}) ({given})"))
+        return out
+
+    def _tokens(self, layout: ParallelLayout, replica: int) -> tuple[int, int, int]:
+        """(microbatches, sequences a microbatch, tokens of a sequence on the rank)."""
+        micro = layout.micro_batches if layout.pp > 1 else 1
+        return micro, replica // micro, self.seq // layout.cp
+
+    def _tp_term(self, layout: ParallelLayout, replica: int, stage: Any) -> CommTerm | None:
+        t = layout.tp
+        if t == 1:
+            return None
+        m, b, s = self._tokens(layout, replica)
+        x = b * s * self.hidden * self.act
+        layers = len(stage.layers)
+        count = 4 * layers + (2 * layers if self.checkpointing else 0) + (1 if stage.first else 0) + \
+            (1 if stage.last else 0)
+        value = m * count * _ceil(2 * (t - 1) * x, t)
+        what = "all-gather + reduce-scatter (sequence parallel)" if layout.sp else "all-reduce"
+        return CommTerm("tp", f"tensor parallel: the activations' {what}, 4 a layer (forward and backward)"
+                              + (" + 2 recomputed" if self.checkpointing else "") + " + the embedding's and head's",
+                        value, "m · c · 2(t−1)/t · b·s·h·a",
+                        f"{m} microbatch{'es' if m > 1 else ''} × {count} × 2·{t - 1}/{t} × {b}·{s:,}·{self.hidden:,}"
+                        f"·{self.act} B (c = 4 × {layers} layers" + (f" + 2 × {layers} recomputed" if
+                                                                     self.checkpointing else "")
+                        + (" + 1 embedding" if stage.first else "") + (" + 1 head" if stage.last else "") + ")")
+
+    def _pp_terms(self, layout: ParallelLayout, replica: int, stage: Any, tied: int) -> list[CommTerm]:
+        if layout.pp == 1:
+            return []
+        m, b, s = self._tokens(layout, replica)
+        v = layout.virtual_stages
+        piece = layout.tp if layout.sp else 1
+        y = _ceil(b * s * self.hidden * self.residual, piece)
+        sends = (v - (1 if stage.last else 0)) + (v - (1 if stage.first else 0))
+        out = [CommTerm("pp", "pipeline: each microbatch's activation sent to the next stage and its gradient to "
+                              "the previous, at every boundary the device holds", m * sends * y,
+                        "m · sends · b·s·h·r" + (" / t" if piece > 1 else ""),
+                        f"{m} × {sends} × {b}·{s:,}·{self.hidden:,}·{self.residual} B"
+                        + (f" / {piece}" if piece > 1 else ""))]
+        if tied:
+            out.append(CommTerm("pp", "pipeline: the tied embedding's gradient all-reduced between the first and "
+                                      "last stage (Megatron's embedding group)", tied, "2·(2−1)/2 · E",
+                                f"{tied:,} B"))
+        return out
+
+    def _ep_term(self, layout: ParallelLayout, replica: int, stage: Any) -> CommTerm | None:
+        e = layout.ep
+        if e == 1:
+            return None
+        m, b, s = self._tokens(layout, replica)
+        layers = sum(1 for index in stage.layers if index in self.moe_layers)
+        if not layers:
+            return None
+        tokens = _ceil(b * s, layout.tp if layout.sp else 1)
+        count = 4 + (2 if self.checkpointing else 0)
+        value = m * layers * count * _ceil((e - 1) * self.top_k * tokens * self.hidden * self.act, e)
+        return CommTerm("ep", "expert parallel: the routed tokens' all-to-all, dispatch and combine, forward and "
+                              "backward" + (" + recomputed" if self.checkpointing else "") + ", balanced routing",
+                        value, f"m · L_moe · {count} · (e−1)/e · k·T·h·a",
+                        f"{m} × {layers} MoE layers × {count} × {e - 1}/{e} × {self.top_k}·{tokens:,}·"
+                        f"{self.hidden:,}·{self.act} B")
+
+    def _cp_term(self, layout: ParallelLayout, replica: int, stage: Any) -> CommTerm | None:
+        c = layout.cp
+        if c == 1:
+            return None
+        m, b, s = self._tokens(layout, replica)
+        kv = max(1, self.kv_heads // layout.tp)
+        z = 2 * b * s * kv * self.head_dim * self.act
+        layers = len(stage.layers)
+        count = 3 + (1 if self.checkpointing else 0)
+        value = m * layers * count * (c - 1) * z
+        return CommTerm("cp", "context parallel: ring attention's K and V passed round the ring, forward; K, V and "
+                              "their gradients, backward", value, f"m · L · {count} · (cp−1) · 2·b·s·kv·hd·a",
+                        f"{m} × {layers} layers × {count} × {c - 1} × 2·{b}·{s:,}·{kv}·{self.head_dim}·{self.act} B")
+
+
+def _ceil(numerator: int, denominator: int) -> int:
+    return -(-numerator // denominator)
+
+
+def _words(err: Exception) -> str:
+    return str(err).split("\n")[0][:300]
+
+
+def _sorted(candidates: list[Candidate]) -> tuple[tuple[Candidate, ...], tuple[Candidate, ...]]:
+    fitting = sorted((c for c in candidates if c.fits),
+                     key=lambda c: (c.seconds, c.comm_bytes, c.peak, c.layout.tp, c.layout.pp, c.layout.cp,
+                                    c.layout.ep))
+    rest = sorted((c for c in candidates if not c.fits), key=lambda c: (c.peak, c.layout.tp,
+                                                                        c.layout.pp, c.layout.cp, c.layout.ep))
+    return tuple(fitting), tuple(rest)
+
+
+def search(report: Any, view: Any, options: SearchOptions, flops_check: Any = None) -> LayoutSearch | None:
+    """The search on a model's report and view; None where a layout's memory needs the built module (the caller
+    builds and asks again). `flops_check`: the FLOPs' engine check (engine_check.CheckFor), as `flops` reads it."""
+    from ..dims import text_config
+    from ..memory.serving import step_length
+    from ..memory.states import check_optimizer, check_precision, model_states
+    from ..memory.training import DEFAULT_TRAINING_SEQ
+
+    seq, _, notes = step_length(report, text_config(view.config), options.seq, DEFAULT_TRAINING_SEQ)
+    state = _Search(report, view, options, seq, flops_check)
+    candidates: list[Candidate] = []
+    skipped: list[Skipped] = []
+    with _without_fits_table():
+        layouts, refused = state.layouts(options.devices)
+        skipped.extend(refused)
+        for layout, replica in layouts:
+            result = state.evaluate(layout, replica, until_fit=True)
+            if result is None:
+                return None
+            (candidates if isinstance(result, Candidate) else skipped).append(result)
+        fitting, not_fitting = _sorted(candidates)
+        states = model_states(report.params, precision=check_precision(options.precision),
+                              optimizer=check_optimizer(options.optimizer),
+                              trainable=frozenset(p.name for p in report.params))
+        minimum = _minimum(state, options, states.bytes, fitting, len(layouts))
+        if minimum is None:
+            return None
+    if state.no_pp:
+        notes.append(f"no pipeline layouts: {state.no_pp}")
+    if any(state._model_parallel.values()):
+        notes.append("tensor, context and pipeline parallelism have analytic per-device memory for the Llama-style "
+                     "family (Llama, Mistral, Qwen2, Gemma, Gemma-2, Phi-3, Mixtral, Qwen2-MoE); for this class the "
+                     "search keeps the data-parallel layouts and names the rest as skipped")
+    return LayoutSearch(state.accelerator.name, state.accelerator.memory, options.reserve, state.peak,
+                        state.peak_dtype, options.devices, options.total_batch, seq, options.precision,
+                        options.optimizer, options.grad_checkpointing, state.shard,
+                        options.schedule or ("interleaved" if options.virtual_stages > 1 else "1f1b"),
+                        options.virtual_stages, fitting, not_fitting, tuple(skipped), minimum, state.evaluated,
+                        tuple(notes))
+
+
+def _minimum(state: _Search, options: SearchOptions, states_bytes: int, fitting: tuple[Candidate, ...],
+             at_n: int) -> Minimum | None:
+    """The fewest devices, powers of two from 1, whose layouts (at the same global batch) fit: each count's layouts
+    tried until one fits; a count whose model states alone, spread evenly over all its devices, exceed the GPU is
+    passed over without a layout tried (no layout can do better than the even spread)."""
+    limit = min(MAX_DEGREE, MIN_BEYOND * options.devices)
+    tried: list[DeviceCount] = []
+    count = 1
+    while count <= limit:
+        if count == options.devices:
+            if fitting:
+                tried.append(DeviceCount(count, "fits", at_n, f"{len(fitting)} of its layouts fit"))
+                return Minimum(count, fitting[0], limit, tuple(tried))
+            tried.append(DeviceCount(count, "none fits", at_n, f"none of its {at_n} layouts fits"))
+        elif -(-states_bytes // count) > state.capacity:
+            tried.append(DeviceCount(count, "states exceed", 0, f"the model states, {states_bytes:,} B, over "
+                                     f"{count:,} devices are {-(-states_bytes // count):,} B a device, more than "
+                                     f"the {state.capacity:,} B the GPU leaves"))
+        else:
+            layouts, _ = state.layouts(count)
+            found = None
+            done = 0
+            for layout, replica in _likely_first(layouts):
+                done += 1
+                result = state.evaluate(layout, replica, until_fit=True)
+                if result is None:
+                    return None
+                if isinstance(result, Candidate) and result.fits:
+                    found = result
+                    break
+            if found is not None:
+                tried.append(DeviceCount(count, "fits", done, f"{found.layout.words()} fits"))
+                return Minimum(count, found, limit, tuple(tried))
+            tried.append(DeviceCount(count, "none fits" if layouts else "no layout", done,
+                                     f"none of its {len(layouts)} layouts fits" if layouts else
+                                     "no layout divides the global batch"))
+        count *= 2
+    return Minimum(None, None, limit, tuple(tried))
+
+
+def _likely_first(layouts: list[tuple[ParallelLayout, int]]) -> list[tuple[ParallelLayout, int]]:
+    """The layouts in the order most likely to fit first: the most model parallelism (its memory is cut most), pp
+    before tp before cp at equal degree."""
+    return sorted(layouts, key=lambda item: (-(item[0].tp * item[0].pp * item[0].cp), -item[0].pp, -item[0].tp,
+                                             -item[0].ep))
+
+
+def find_layouts(model: Any, options: SearchOptions, use_cache: bool = True,
+                 **model_options: Any) -> tuple[Any, LayoutSearch, Any]:
+    """(the model's Report, the LayoutSearch, the ModelView it read): from the template and cost facts where they
+    answer, else from the meta build."""
+    from ...api import as_source
+    from ..engine_check import CheckFor
+    from ..facts.store import answer_from_facts_or_build, facts_key
+    from ..flops.check import check_flops
+    from ..memory.states import check_precision, weight_dtype
+
+    options.check()
+    dtype = weight_dtype(check_precision(options.precision))
+    source = as_source(model, model_options.pop("revision", None))
+    key = facts_key(source.config, model_class=model_options.get("model_class"), task=model_options.get("task"),
+                    num_labels=model_options.get("num_labels"))
+    checked = CheckFor("flops", key, use_cache, check_flops)
+    report, view, result = answer_from_facts_or_build(
+        source, lambda report, view: search(report, view, options, checked),
+        why_none=lambda report, view: "a layout's memory needs a traced step, which needs the build",
+        dtype=dtype, use_cache=use_cache, **model_options)
+    if result is None:
+        raise UnsupportedError("the layout search needs each layout's memory without a full trace; {cls} has none "
+                               "here", cls=view.class_name)
+    return report, result, view
+
+
+def candidate_settings(candidate: Candidate) -> dict[str, Any]:
+    layout = candidate.layout
+    return {"dp": layout.dp, "tp": layout.tp, "sp": layout.sp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep,
+            "micro_batches": layout.micro_batches, "schedule": layout.schedule if layout.pp > 1 else None,
+            "virtual_stages": layout.virtual_stages, "shard": layout.shard, "shard_degree": layout.shard_degree,
+            "words": layout.words()}
+
+
+__all__ = ["Candidate", "CommTerm", "DeviceCount", "LayoutSearch", "Minimum", "SearchOptions", "Skipped",
+           "candidate_settings", "divisors", "find_layouts", "peak_for", "search"]

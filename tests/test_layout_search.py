@@ -1,0 +1,148 @@
+"""Which layouts fit (issue 28 §5): `memory MODEL --training --gpu NAME --devices N --find-layout`.
+
+The layout list for a preset on a GPU and the fewest devices, exactly; each communication formula written out by
+hand from the parameters the sharding rules leave a device; bad input in one line.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paramscope.cli import main
+from paramscope.cost.parallel.search import SearchOptions, divisors, find_layouts
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    """qwen2.5-0.5b, 8 devices of 24 GiB, 1,024 tokens, DDP (no sharding): a small search, answered without a build."""
+    return find_layouts("qwen2.5-0.5b", SearchOptions(devices=8, gpu="rtx-4090", seq=1024, zero="0"))
+
+
+def test_qwen_layouts_and_fewest_devices(qwen):
+    report, search, _ = qwen
+    assert (search.global_batch, search.seq, search.shard) == (8, 1024, "none")
+    assert (len(search.fitting), len(search.not_fitting), len(search.skipped)) == (16, 0, 2)
+    # tp 4 and tp 8 split qwen2.5-0.5b's 14 heads: refused with the reason
+    assert {s.tp for s in search.skipped} == {4, 8}
+    assert all("would split attention heads" in s.reason for s in search.skipped)
+    seconds = [c.seconds for c in search.fitting]
+    assert seconds == sorted(seconds)
+    best = search.best
+    assert (best.layout.dp, best.layout.tp, best.layout.pp, best.layout.cp) == (4, 2, 1, 1)
+    assert best.layout.sp and best.replica_batch == 2 and best.peak == 9_055_217_544
+    # the fewest: one device cannot hold the global batch of 8 × 1,024; two in a pipeline can
+    minimum = search.minimum
+    assert minimum.devices == 2
+    assert (minimum.layout.layout.dp, minimum.layout.layout.pp, minimum.layout.layout.micro_batches) == (1, 2, 8)
+    assert [(t.devices, t.outcome) for t in minimum.tried] == [(1, "none fits"), (2, "fits")]
+
+
+def test_communication_formulas_by_hand(qwen):
+    """dp 4 × tp 2, DDP: the gradients' ring all-reduce over 4 replicas, 2·3/4 × G; tensor parallel's 4 collectives a
+    layer + the embedding's and the head's, 2·1/2 × b·s·h·2 B each."""
+    from paramscope.cost.parallel.estimate import placements_for
+    from paramscope.cost.parallel.layout import ParallelLayout
+
+    report, search, view = qwen
+    best = search.best
+    local = sum(p.local_numel for p in placements_for(report, view, ParallelLayout(tp=2)))
+    gradients = 4 * local  # fp32 gradients under bf16-mixed
+    terms = {t.kind: t for t in best.comm}
+    assert terms["dp"].bytes == 2 * 3 * gradients // 4 == 1_482_230_016
+    layers, hidden = 24, 896
+    assert terms["tp"].bytes == (4 * layers + 2) * (2 * 1 * (2 * 1024 * hidden * 2)) // 2 == 359_661_568
+    assert best.comm_bytes == terms["dp"].bytes + terms["tp"].bytes
+    # context parallel: K and V of the rank's chunk, 3 passes (forward; K, V and their gradients back) × (cp − 1)
+    cp = next(c for c in search.fitting if (c.layout.dp, c.layout.tp, c.layout.cp) == (1, 2, 4))
+    ring = {t.kind: t for t in cp.comm}["cp"]
+    kv_heads, head_dim = 2 // 2, 64
+    assert ring.bytes == layers * 3 * 3 * (2 * 8 * 256 * kv_heads * head_dim * 2) == 113_246_208
+
+
+def test_fsdp_bytes_by_hand():
+    """FSDP2 over 8 data-parallel ranks: the parameters all-gathered forward and backward, the gradients
+    reduce-scattered: 7/8 × (2P + G), P = G = the parameters in fp32."""
+    report, search, _ = find_layouts("qwen2.5-0.5b", SearchOptions(devices=8, gpu="h100", seq=512, context_parallel=False))
+    dp8 = next(c for c in search.fitting if c.layout.dp == 8)
+    params = 4 * sum(p.numel for p in report.params)
+    assert dp8.layout.shard == "fsdp" and [t.kind for t in dp8.comm] == ["dp"]
+    assert dp8.comm[0].bytes == -(-7 * 3 * params // 8)
+    assert all(c.layout.cp == 1 for c in search.fitting + search.not_fitting)
+
+
+def test_llama_3_70b_on_64_h100():
+    """The issue's question: which layouts of 64 H100s train Llama-3-70B (global batch 64 × 2,048, FSDP2)."""
+    _, search, _ = find_layouts("llama-3-70b", SearchOptions(devices=64, gpu="h100"))
+    assert (len(search.fitting), len(search.not_fitting), len(search.skipped)) == (40, 44, 0)
+    assert [(c.layout.dp, c.layout.tp, c.layout.pp, c.layout.cp) for c in search.fitting[:5]] == [
+        (1, 4, 2, 8), (1, 8, 2, 4), (1, 2, 2, 16), (2, 4, 2, 4), (2, 8, 2, 2)]
+    best = search.best
+    assert best.peak == 40_397_023_140 and best.flops == 905_430_645_604_352
+    assert best.bubble == 1 / 65 and best.seconds == best.flops / 989.4e12 / (1 - 1 / 65)
+    assert [(t.kind, t.bytes) for t in best.comm] == [("dp", 92_606_976_000), ("tp", 64_827_162_624),
+                                                      ("pp", 134_217_728), ("cp", 14_092_861_440)]
+    minimum = search.minimum
+    assert minimum.devices == 32 and minimum.layout.peak == 73_019_491_180
+    layout = minimum.layout.layout
+    assert (layout.dp, layout.tp, layout.pp, layout.cp) == (1, 4, 8, 1)
+    assert [(t.devices, t.outcome) for t in minimum.tried] == [
+        (1, "states exceed"), (2, "states exceed"), (4, "states exceed"), (8, "states exceed"), (16, "none fits"),
+        (32, "fits")]
+
+
+def test_a_class_without_per_device_activations_keeps_data_parallel(capsys):
+    """GPT-NeoX has no per-device recipe: its tensor, context and pipeline layouts are named, not answered."""
+    assert main(["memory", "pythia-160m", "--training", "--find-layout", "--gpu", "h100", "--devices", "4",
+                 "--seq", "512", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)["layout_search"]
+    assert [(row["dp"], row["tp"]) for row in found["layouts"]] == [(4, 1)]
+    assert len(found["skipped"]) == 9 and all("GPTNeoXForCausalLM has none" in s["reason"] for s in found["skipped"])
+    assert found["minimum"]["devices"] == 1
+
+
+def test_json_and_text(capsys):
+    argv = ["memory", "qwen2.5-0.5b", "--training", "--find-layout", "--gpu", "rtx-4090", "--devices", "8",
+            "--seq", "1024", "--zero", "0"]
+    assert main(argv + ["--json"]) == 0
+    found = json.loads(capsys.readouterr().out)["layout_search"]
+    assert found["devices"] == 8 and found["global_batch"] == 8 and found["minimum"]["devices"] == 2
+    for row in found["layouts"]:
+        assert row["fits"] and row["comm_bytes"] == sum(term["bytes"] for term in row["comm"])
+        assert row["peak"] + found["reserve"] <= found["memory"]
+    assert [row["seconds"] for row in found["layouts"]] == sorted(row["seconds"] for row in found["layouts"])
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "a bound at the GPU's peak, not a prediction" in text and "fewest devices that fit: 2" in text
+    assert "dp 4 · tp 2" in text
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--gpu", "h100"], "--find-layout needs --devices N"),
+    (["--devices", "8"], "--find-layout needs --gpu NAME"),
+    (["--devices", "8", "--budget", "80GiB"], "--find-layout needs --gpu NAME"),
+    (["--devices", "8", "--gpu", "h100", "--tp", "2"], "--find-layout searches dp, tp, pp, cp and ep"),
+    (["--devices", "8", "--gpu", "h100", "--trace"], "--find-layout does not take --trace"),
+    (["--devices", "8", "--gpu", "t4"], "the table has none for T4 in bf16"),
+    (["--devices", "8", "--gpu", "h100", "--global-batch", "4", "--batch", "2"], "not both"),
+    (["--devices", "0", "--gpu", "h100"], "--devices must be a whole number"),
+    (["--devices", "8", "--gpu", "h100", "--zero", "7"], "unknown --zero"),
+])
+def test_bad_input_in_one_line(extra, message, capsys):
+    assert main(["memory", "qwen2.5-0.5b", "--training", "--find-layout", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--find-layout", "--gpu", "h100", "--devices", "8"], "give --training"),
+    (["--training", "--global-batch", "8"], "--global-batch is for --find-layout"),
+])
+def test_flags_out_of_place(argv, message, capsys):
+    assert main(["memory", "qwen2.5-0.5b", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_divisors():
+    assert divisors(64) == [1, 2, 4, 8, 16, 32, 64] and divisors(12) == [1, 2, 3, 4, 6, 12] and divisors(1) == [1]
