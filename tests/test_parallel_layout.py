@@ -152,20 +152,33 @@ def test_layout_words_and_checks():
 
 
 def test_cli_text_and_json(capsys):
-    assert main(["memory", "llama-3-8b", "--training", "--devices", "8", "--tp", "2", "--zero", "fsdp",
+    """DeepSpeed's ZeRO-3 × tp 2: the closed form answers; the device table, the rules and the JSON agree."""
+    assert main(["memory", "llama-3-8b", "--training", "--devices", "8", "--tp", "2", "--zero", "3",
                  "--width", "120"]) == 0
     out = capsys.readouterr().out
-    assert "One device (rank 0, the largest share): dp 4 (FSDP2) × tp 2 = 8 devices" in out
-    assert "FSDP2's root unit, all-gathered" in out
-    assert main(["memory", "llama-3-8b", "--training", "--devices", "8", "--tp", "2", "--zero", "fsdp",
+    assert "One device (rank 0, the largest share): dp 4 (ZeRO-3) × tp 2 = 8 devices" in out
+    assert "ZeRO-3 over 4 ranks" in out
+    assert main(["memory", "llama-3-8b", "--training", "--devices", "8", "--tp", "2", "--zero", "3",
                  "--json"]) == 0
     data = json.loads(capsys.readouterr().out)["memory"]
     layout = data["layout"]
-    assert (layout["dp"], layout["tp"], layout["shard"], layout["devices"]) == (4, 2, "fsdp", 8)
+    assert (layout["dp"], layout["tp"], layout["shard"], layout["devices"]) == (4, 2, "zero3", 8)
     device = layout["device"]
     assert device["peak"]["bytes"] == data["peak"]["bytes"] == max(p["bytes"] for p in device["phases"])
-    assert device["weights"] == 4_015_263_744
+    assert device["weights"] == 4 * 4_015_263_744 // 4  # tp 2 shards, 4,015,263,744 parameters, ZeRO-3 over 4
     assert device["rules"]["mlp.down"] == "row-parallel (input features / 2)"
+
+
+def test_fsdp2_is_derived_from_traces_of_the_laid_out_class(capsys):
+    """FSDP2: one rank's step derived from short cuts traced with fully_shard applied (its in-backward buffers),
+    the closed form beside as a check; kept, so the same question again answers without a build."""
+    argv = ["memory", "llama-3-8b", "--training", "--devices", "8", "--zero", "fsdp", "--seq", "512", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)["memory"]
+    assert data["engine"] == "derived"
+    assert data["layout"]["device"]["activations_from"].startswith("derived: one rank's step traced")
+    assert any(n.startswith("check: the closed form gives") for n in data["notes"])
+    assert data["peak"]["bytes"] == 38_856_105_620  # = rank 0 of the whole model traced (docs/commands.md)
 
 
 def test_devices_and_zero_alone_keep_their_meaning():

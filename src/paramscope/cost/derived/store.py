@@ -30,7 +30,8 @@ def recipe_key(class_name: str, config: Any, settings: Any, batch: int, seq_rang
         "class": class_name, "config": snapshot_of(config),
         "settings": {"precision": settings.precision, "attention": settings.attention,
                      "frozen": sorted(settings.frozen), "weights_dtype": settings.weights_dtype,
-                     "own_dtype": sorted(settings.own_dtype), "checkpointing": bool(settings.grad_checkpointing)},
+                     "own_dtype": sorted(settings.own_dtype), "checkpointing": bool(settings.grad_checkpointing),
+                     **({"layout": list(settings.layout)} if getattr(settings, "layout", None) else {})},
         "batch": "1" if batch == 1 else "2+", "seq_range": list(seq_range), "structure": structure,
         "versions": versions(),
     }

@@ -58,6 +58,11 @@ class TrainingOptions:
     # the traced engine: False; "extended" (a few layers of each type traced at the asked point and extended to the
     # model's depth exactly, checked by a longer cut; --trace); "full" or True (every layer traced; --trace full)
     trace: bool | str = False
+    # under a layout: derive one device's step from traces of the real class with the layout applied where the
+    # closed form does not hold it (FSDP2's in-backward buffers; a class without a per-rank recipe); False: the
+    # closed form answers, with its gap said (the layout search, which must answer in seconds)
+    derive_layout: bool = True
+    fits: bool = True  # the fits table (every accelerator's largest batch and context); False: left out
     gpu: str | None = None
     budget: int | None = None
     reserve: int = DEFAULT_RESERVE
@@ -151,7 +156,7 @@ def training_answer(model: Any, options: TrainingOptions = TrainingOptions(), us
     source = as_source(model, model_options.pop("revision", None))
     report, view, estimate = answer_from_facts_or_build(
         source, lambda report, view: step_estimate(report, view, options, live=False),
-        why_none=lambda report, view: f"{_why_traced(view, options)}: the traced step needs the build",
+        why_none=lambda report, view: _why_built(view, options),
         dtype=dtype, use_cache=use_cache and not options.trace, **model_options)
     return report, estimate, view
 
@@ -330,13 +335,17 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     if options.layout is not None and not options.layout.trivial:
         from ..parallel.estimate import StepContext, layout_device
 
-        device, layout_at = layout_device(StepContext(
+        answer = layout_device(StepContext(
             report=report, view=view, layout=options.layout, states=states, buffer_bytes=weights.buffer_bytes,
             phases=phases, activations=activations.bytes, analytic=analytic,
             derived_or_traced=derived is not None or traced is not None, source_label=source_label,
             precision=precision, optimizer=optimizer, trainable=trainable, own=own, text=text, batch=options.batch,
             seq=seq, shape=shape, step=(step_bytes, step_text), trace=bool(options.trace),
-            attention=options.attention, frozen=frozenset(frozen), weights_dtype=dtype if live else None))
+            attention=options.attention, frozen=frozenset(frozen), weights_dtype=dtype if live else None,
+            limit=limit, live=live, structure=structure, derive=options.derive_layout))
+        if answer is None:  # its per-device recipe is neither kept nor derivable without the build
+            return None
+        device, layout_at = answer
         notes.extend(device.notes)
 
     def on_one_device(figures: tuple[PhaseFigure, ...], batch: int = options.batch,
@@ -407,13 +416,17 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                             dict(traced.peak.by_category) if traced is not None else {},
                             checked.saved if traced is not None and checked is not None else None,
                             settings_out["trace"], device)
+    engine = "traced" if traced is not None or extended else "derived" if derived is not None else "analytic"
+    if device is not None and device.activations_from.startswith("derived"):
+        engine = "derived"
     estimate = MemoryEstimate(
         mode="training",
-        engine="traced" if traced is not None or extended else "derived" if derived is not None else "analytic",
+        engine=engine,
         settings=settings_out,
         weights=weights, kv_cache=None, activations=activations, peak=peak, peak_phase=device_top.phase,
         reserve=options.reserve,
-        fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit, contexts=contexts),
+        fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit, contexts=contexts)
+        if options.fits else (),
         budget=budget, notes=tuple(notes), training=detail)
     return estimate
 
@@ -437,6 +450,13 @@ def _derive(view: Any, options: TrainingOptions, seq: int, limit: int | None, fr
     except NotDerivable as err:
         return None, str(err)
     return step, ""
+
+
+def _why_built(view: Any, options: TrainingOptions) -> str:
+    if options.layout is not None and not options.layout.trivial:
+        return ("one device's step under the layout is derived from traces of the real class on torch's fake process "
+                "group (kept afterwards): it needs the build")
+    return f"{_why_traced(view, options)}: the traced step needs the build"
 
 
 def _why_traced(view: Any, options: TrainingOptions) -> str:

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ...errors import UnsupportedError
+from ...errors import ParamscopeError, UnsupportedError
 from ...frozen import FrozenDict, freeze_fields
 from ..memory.phases import PhaseFigure, cast_weights, moment_phases
 from .layout import ParallelLayout, shard_words
@@ -120,6 +120,10 @@ class StepContext:
     attention: str | None = None
     frozen: frozenset[str] = frozenset()
     weights_dtype: str | None = None
+    limit: int | None = None  # the model's context
+    live: bool = False
+    structure: str | None = None
+    derive: bool = True  # TrainingOptions.derive_layout
 
 
 def placements_for(report: Any, view: Any, layout: ParallelLayout) -> tuple[Placement, ...]:
@@ -166,12 +170,30 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     layout = ctx.layout
     placements = placements_for(ctx.report, ctx.view, layout)
     rules = rules_in_words(placements, layout)
+    derivable = ctx.derive and layout.pp == 1 and layout.cp == 1 and layout.ep == 1 and not layout.sp and (
+        layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1 or
+        layout.tp > 1 and _local_recipe_missing(ctx))
+    declined = ""
+    if derivable:
+        derived = _derived_device(ctx, placements, rules)
+        if derived is _NEEDS_BUILD:
+            return None
+        if isinstance(derived, str):
+            declined = derived
+        else:
+            device, at = derived
+            closed = _closed_form_beside(ctx, placements, rules, device)
+            if closed:
+                device = dataclasses.replace(device, notes=device.notes + (closed,))
+            return (_traced_check(ctx, device), at) if ctx.trace else (device, at)
     if layout.pp > 1:
         device, at = _pipeline_device(ctx, placements, rules)
     elif layout.tp == 1 and layout.cp == 1:
         device, at = _data_parallel_device(ctx, placements, rules)
     else:
         device, at = _sharded_activations_device(ctx, placements, rules)
+    if declined:
+        device = dataclasses.replace(device, notes=device.notes + (declined,))
     if layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1:
         device = dataclasses.replace(device, notes=device.notes + (
             "FSDP2: the root unit (embeddings, final norm, head) stays gathered through the step and one layer's "
@@ -182,6 +204,91 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
             "equal to 16 KB); --trace measures one rank",))
     if ctx.trace:
         device = _traced_check(ctx, device)
+    return device, at
+
+
+_NEEDS_BUILD = object()
+
+
+def _closed_form_beside(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str],
+                        device: DeviceMemory) -> str:
+    """The closed form's device peak, where there is one, as a check beside a derived answer."""
+    try:
+        if ctx.layout.tp == 1 and ctx.layout.cp == 1:
+            closed, _ = _data_parallel_device(ctx, placements, rules)
+        else:
+            closed, _ = _sharded_activations_device(ctx, placements, rules)
+    except UnsupportedError:
+        return ""
+    diff = (closed.peak - device.peak) / device.peak if device.peak else 0.0
+    what = " (it does not count FSDP2's in-backward buffers: the root's unsharded gradients)" if \
+        ctx.layout.shard in ("fsdp", "hsdp") else ""
+    return f"check: the closed form gives {closed.peak:,} B, {100 * diff:+.3f}% from the derived peak{what}"
+
+
+def _local_recipe_missing(ctx: StepContext) -> bool:
+    from .activations import local_recipe
+
+    return local_recipe(ctx.text, ctx.view.class_name) is None or ctx.analytic is None or ctx.derived_or_traced
+
+
+def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
+    """One rank's step as closed forms in B and S derived from traces of short cuts of the real class with the
+    layout applied on torch's fake process group (derived/, as for one device: two points, checked by a longer
+    cut; kept in the cache under the layout), composed with the device's exact model states. Why not, in words,
+    where the derivation declines (the caller answers analytically and says so); _NEEDS_BUILD where it is not
+    cached and there is no module to trace."""
+    from ..derived.step import DerivedStep
+    from ..derived.symbols import NotDerivable
+    from ..traced.step import StepSettings
+
+    layout = ctx.layout
+    fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
+    settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
+                            grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
+                            frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own,
+                            layout=(layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, False))
+    try:
+        step = DerivedStep.first(ctx.view.module, ctx.view.class_name, ctx.view.config, settings, batch=ctx.batch,
+                                 seq=ctx.seq, limit=ctx.limit, live=ctx.live, structure=ctx.structure)
+    except (NotDerivable, ParamscopeError) as err:  # or the traced layout refuses (a class without a tp plan)
+        return f"the per-device step was not derived from traces ({err}): the closed form answers"
+    if step is None:
+        return _NEEDS_BUILD
+    dev = _states(ctx, placements)
+    resident = _resident(dev, ctx.buffer_bytes)
+    whole = _whole_embedding_gradient(ctx, placements)
+    step_bytes, step_text = ctx.step
+
+    def phases_at(figures: Any) -> tuple[PhaseFigure, ...]:
+        out = (PhaseFigure("forward", resident + figures.forward, "derived, one rank", "", 0, figures.forward),
+               PhaseFigure("backward", resident + figures.backward, "derived, one rank", "",
+                           figures.gradients_at_backward_peak, figures.backward - figures.gradients_at_backward_peak),
+               PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
+                           f"gradients {dev.gradients:,}; {step_text}", dev.gradients))
+        if whole is not None:
+            out = tuple(_with_whole_gradient(p, whole) for p in out)
+        return out
+
+    figures = step.recipe.peaks(ctx.batch, ctx.seq)
+    phases = phases_at(figures)
+    for index, phase in enumerate(phases[:2]):
+        where = "forward" if index == 0 else "backward"
+        phases = phases[:index] + (dataclasses.replace(phase, arithmetic=step.recipe.words(
+            where, ctx.batch, ctx.seq)),) + phases[index + 1:]
+    notes = [f"one rank's step derived from traces of the real class on torch's fake process group "
+             f"({'FSDP2' if fsdp else ''}{' and ' if fsdp and layout.tp > 1 else ''}"
+             f"{'DTensor tensor parallel' if layout.tp > 1 else ''}): {step.recipe.traced}; {step.recipe.check}"]
+    device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
+                          figures.end_of_forward, "derived: one rank's step traced on short cuts with the layout "
+                          "applied (torch's fake process group), laid out to the model's depth", dev.arithmetic,
+                          (), phases, rules, notes=tuple(notes))
+
+    def at(one_device: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
+        point = step.at(batch, length)
+        if point is None:
+            return PhaseFigure("backward", 1 << 62, "", "")
+        return max(phases_at(point), key=lambda p: p.bytes)
     return device, at
 
 
@@ -210,8 +317,9 @@ def _traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
                                      shard="fsdp" if fsdp else "none", tp=layout.tp, sp=layout.sp)
     top = traced.peak
     diff = (device.peak - top.bytes) / top.bytes if top.bytes else 0.0
+    engine = "derived" if device.activations_from.startswith("derived") else "analytic"
     note = (f"check: rank 0's step traced on torch's fake process group (FSDP2 and DTensor, MemTracker): peak "
-            f"{top.bytes:,} B in {top.phase}; the analytic {device.peak:,} B is {100 * diff:+.3f}% from it")
+            f"{top.bytes:,} B in {top.phase}; the {engine} {device.peak:,} B is {100 * diff:+.3f}% from it")
     return dataclasses.replace(device, traced=traced, notes=device.notes + (note,) + tuple(traced.notes))
 
 
@@ -548,8 +656,8 @@ def _pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules:
             copy = by_name[tied_name]
             extra = (dataclasses.replace(copy, name=copy.name + " (the last stage's copy)"),)
         dev = _states(ctx, placements, stage_params(stage), extra)
-        comm_of[stage.rank] = _fsdp_buffers(ctx, tuple(p for p in placements
-                                                       if p.name in {q.name for q in stage_params(stage)}))
+        held_names = {q.name for q in stage_params(stage)}
+        comm_of[stage.rank] = _fsdp_buffers(ctx, tuple(p for p in placements if p.name in held_names))
         figures, held = stage_figures(stage, dev, micro, ctx.seq)
         figures_by_stage.append((stage, dev, figures, held))
     worst = max(figures_by_stage, key=lambda item: max(p.bytes for p in item[2]))

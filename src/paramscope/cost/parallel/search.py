@@ -45,11 +45,9 @@ MoE routers' load-balancing statistics: bytes per token or per step, well under 
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 from dataclasses import dataclass, field
 from math import gcd
-from typing import Any, Iterator
+from typing import Any
 
 from ...errors import OptionError, ParamscopeError, UnsupportedError
 from ..memory.result import DEFAULT_RESERVE
@@ -223,20 +221,6 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-@contextlib.contextmanager
-def _without_fits_table() -> Iterator[None]:
-    """step_estimate answers the fits table (every accelerator's largest batch and context, by bisection): 90% of
-    a layout's time, and nothing the search reads. Left out while the search runs (see the module's note)."""
-    from ..memory import training
-
-    kept = training.fit_table
-    training.fit_table = lambda *args, **kwargs: ()
-    try:
-        yield
-    finally:
-        training.fit_table = kept
-
-
 class _Search:
     """The model's fixed facts, read once, and each layout's evaluation."""
 
@@ -357,7 +341,7 @@ class _Search:
             memory = step_estimate(self.report, self.view, TrainingOptions(
                 batch=replica, seq=self.seq, optimizer=options.optimizer, precision=options.precision,
                 grad_checkpointing=options.grad_checkpointing, attention=options.attention, layout=layout,
-                reserve=options.reserve), live=False)
+                reserve=options.reserve, fits=False, derive_layout=False), live=False)
             if memory is None:
                 self.needs_build = True
                 return None
@@ -393,7 +377,7 @@ class _Search:
                 one = step_estimate(self.report, self.view, TrainingOptions(
                     batch=replica, seq=self.seq, optimizer=options.optimizer, precision=options.precision,
                     grad_checkpointing=options.grad_checkpointing, attention=options.attention,
-                    reserve=options.reserve), live=False)
+                    reserve=options.reserve, fits=False), live=False)
                 if one is None:
                     self.needs_build = True
                 elif one.engine != "analytic":
@@ -635,21 +619,20 @@ def search(report: Any, view: Any, options: SearchOptions, flops_check: Any = No
     state = _Search(report, view, options, seq, flops_check)
     candidates: list[Candidate] = []
     skipped: list[Skipped] = []
-    with _without_fits_table():
-        layouts, refused = state.layouts(options.devices)
-        skipped.extend(refused)
-        for layout, replica in layouts:
-            result = state.evaluate(layout, replica, until_fit=True)
-            if result is None:
-                return None
-            (candidates if isinstance(result, Candidate) else skipped).append(result)
-        fitting, not_fitting = _sorted(candidates)
-        states = model_states(report.params, precision=check_precision(options.precision),
-                              optimizer=check_optimizer(options.optimizer),
-                              trainable=frozenset(p.name for p in report.params))
-        minimum = _minimum(state, options, states.bytes, fitting, len(layouts))
-        if minimum is None:
+    layouts, refused = state.layouts(options.devices)
+    skipped.extend(refused)
+    for layout, replica in layouts:
+        result = state.evaluate(layout, replica, until_fit=True)
+        if result is None:
             return None
+        (candidates if isinstance(result, Candidate) else skipped).append(result)
+    fitting, not_fitting = _sorted(candidates)
+    states = model_states(report.params, precision=check_precision(options.precision),
+                          optimizer=check_optimizer(options.optimizer),
+                          trainable=frozenset(p.name for p in report.params))
+    minimum = _minimum(state, options, states.bytes, fitting, len(layouts))
+    if minimum is None:
+        return None
     if state.no_pp:
         notes.append(f"no pipeline layouts: {state.no_pp}")
     if any(state._model_parallel.values()):

@@ -87,6 +87,8 @@ class StepSettings:
     encoder_seq: int | None = None
     weights_dtype: str | None = None  # floating parameters become this dtype in the copy; None: as they are
     own_dtype: frozenset[str] = frozenset()  # parameter names that keep their own dtype (a plan's bf16 adapters)
+    # one rank of a multi-GPU layout, (dp, shard, tp, sp) as traced/parallel.Layout takes them; None: one device
+    layout: tuple | None = None
 
 
 def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) -> TracedStep:

@@ -15,8 +15,9 @@ are not traced: they are the exact analytic figures (memory/states.py).
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from ... import progress
 
@@ -70,13 +71,10 @@ def _record(module: Any, settings: Any, layer_path: str, fake: bool) -> Timeline
     from torch.autograd.graph import register_multi_grad_hook
     from torch.utils._pytree import tree_leaves
 
-    from .step import (
-        assumed_values, autocast_for, check_attention, fake_mode, loss_of, running, training_copy, training_inputs,
-    )
+    from .step import autocast_for, check_attention, loss_of, running, training_inputs
 
     check_attention(settings.attention)
-    with fake_mode(fake) as mode, assumed_values(fake) as assumed:
-        model = training_copy(module, mode, settings)
+    with _working_model(module, settings, fake) as (model, assumed):
         inputs = training_inputs(model, settings)
         layers = model.get_submodule(layer_path)
         recorder = _recorder()
@@ -98,9 +96,12 @@ def _record(module: Any, settings: Any, layer_path: str, fake: bool) -> Timeline
                     register_multi_grad_hook(tensors, lambda _grads, index=index: recorder.mark(("bw", index)),
                                              mode="any")
 
-            handles += [layer.register_forward_pre_hook(before), layer.register_forward_hook(after)]
+            # first among the layer's hooks: a layout's own (FSDP2's all-gather before a layer runs, in forward and in
+            # backward) then falls inside the layer's segment, for every layer alike
+            handles += [layer.register_forward_pre_hook(before, prepend=True),
+                        layer.register_forward_hook(after, prepend=True)]
         try:
-            with running(model), recorder:
+            with running(model), recorder, _resizes_to(recorder):
                 with autocast_for(settings.precision):
                     loss = loss_of(model(**inputs))
                 recorder.mark(("end-fw",))
@@ -117,6 +118,44 @@ def _record(module: Any, settings: Any, layer_path: str, fake: bool) -> Timeline
             recorder.detach()
         return Timeline(_ordered_frees(recorder.events), tuple(recorder.allocations), len(layers),
                         tuple(assumed.notes()))
+
+
+@contextmanager
+def _resizes_to(recorder: Any) -> Iterator[None]:
+    """Storage resizes reported to the recorder while it records (FSDP2 frees and refills its gathered units by
+    resizing their storage, which no operator returns; torch's MemTracker follows them the same way)."""
+    import torch
+
+    original = torch.UntypedStorage.resize_
+
+    def resize_(storage: Any, size: int) -> Any:
+        before = storage.nbytes()
+        result = original(storage, size)
+        recorder.resized(storage, before, storage.nbytes())
+        return result
+
+    torch.UntypedStorage.resize_ = resize_
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = original
+
+
+@contextmanager
+def _working_model(module: Any, settings: Any, fake: bool) -> Iterator[tuple[Any, Any]]:
+    """(the fake copy the step runs, the assumed-values counter): one device's, or one rank's of a multi-GPU layout
+    (`settings.layout`: the copy laid out on torch's fake process group by traced/parallel.py)."""
+    from .step import assumed_values, fake_mode, training_copy
+
+    layout = getattr(settings, "layout", None)
+    if layout is not None and fake:
+        from .parallel import Layout, parallel_copy
+
+        with parallel_copy(module, settings, Layout(*layout)) as (model, _notes, assumed):
+            yield model, assumed
+        return
+    with fake_mode(fake) as mode, assumed_values(fake) as assumed:
+        yield training_copy(module, mode, settings), assumed
 
 
 def _ordered_frees(events: list[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
@@ -149,23 +188,51 @@ def _recorder() -> Any:
             super().__init__()
             self.events: list[tuple[str, Any]] = []
             self.allocations: list[Allocation] = []
-            self.index_of = WeakIdKeyDictionary()  # storage → its allocation's index
+            # storage → a cell holding its live allocation's index (-1: there before the step; None: its bytes
+            # freed by a resize to 0, as FSDP2 frees a gathered unit while keeping the storage object)
+            self.index_of = WeakIdKeyDictionary()
             self.finalizers: list[Any] = []
             self.in_backward = False
 
         def known(self, tensor: Any) -> None:
-            self.index_of[tensor.untyped_storage()] = -1
+            for inner in _plain(tensor):
+                self.index_of[inner.untyped_storage()] = [-1]
 
         def mark(self, marker: tuple) -> None:
             self.events.append((MARK, marker))
 
-        def _freed(self, index: int) -> None:
-            self.events.append((FREE, index))
+        def _freed(self, cell: list) -> None:
+            if cell[0] is not None and cell[0] >= 0:
+                self.events.append((FREE, cell[0]))
+            cell[0] = None
+
+        def _allocated(self, storage: Any, nbytes: int, shape: tuple[int, ...], itemsize: int) -> None:
+            index = len(self.allocations)
+            self.allocations.append(Allocation(nbytes, shape, itemsize))
+            self.events.append((ALLOC, index))
+            cell = self.index_of.get(storage)
+            if cell is None:
+                cell = [index]
+                self.index_of[storage] = cell
+                self.finalizers.append(weakref.finalize(storage, self._freed, cell))
+            else:
+                cell[0] = index
+
+        def resized(self, storage: Any, before: int, after: int) -> None:
+            """A storage's bytes freed (resized to 0) or made anew (resized up from 0): FSDP2's way with its
+            gathered parameters and its gradient buffers."""
+            cell = self.index_of.get(storage)
+            if after == 0 and before > 0 and cell is not None:
+                self._freed(cell)
+            elif after > 0 and before == 0:
+                self._allocated(storage, after, (after,), 1)
 
         def flag_gradient(self, tensor: Any) -> None:
-            index = self.index_of.get(tensor.untyped_storage())
-            if index is not None and index >= 0:
-                self.allocations[index] = dataclasses.replace(self.allocations[index], gradient=True)
+            for inner in _plain(tensor):
+                cell = self.index_of.get(inner.untyped_storage())
+                if cell is not None and cell[0] is not None and cell[0] >= 0:
+                    index = cell[0]
+                    self.allocations[index] = dataclasses.replace(self.allocations[index], gradient=True)
 
         def detach(self) -> None:
             for finalizer in self.finalizers:
@@ -173,17 +240,23 @@ def _recorder() -> Any:
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
             result = func(*args, **(kwargs or {}))
-            for tensor in tree_leaves(result):
-                if not isinstance(tensor, torch.Tensor):
-                    continue
+            for tensor in (inner for leaf in tree_leaves(result) for inner in _plain(leaf)):
                 storage = tensor.untyped_storage()
                 if storage in self.index_of:
                     continue
-                index = len(self.allocations)
-                self.index_of[storage] = index
-                self.allocations.append(Allocation(storage.nbytes(), tuple(tensor.shape), tensor.dtype.itemsize))
-                self.events.append((ALLOC, index))
-                self.finalizers.append(weakref.finalize(storage, self._freed, index))
+                self._allocated(storage, storage.nbytes(), tuple(tensor.shape), tensor.dtype.itemsize)
             return result
+
+    def _plain(tensor: Any) -> list:
+        """The plain tensors holding `tensor`'s bytes: itself, or a wrapper subclass's inner tensors (a DTensor's
+        local shard, a sharded gradient), as MemTracker unwraps them."""
+        if not isinstance(tensor, torch.Tensor):
+            return []
+        if is_traceable_wrapper_subclass(tensor):
+            names, _ = tensor.__tensor_flatten__()
+            return [t for name in names for t in _plain(getattr(tensor, name))]
+        return [tensor]
+
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     return Recorder()
