@@ -329,7 +329,9 @@ def apply_rules(model: Any, report: Any, rules: tuple[tuple[str, str], ...], *, 
     for kind, value in rules:
         if kind == "train-last":
             names, described = last_blocks(report.params, int(value))
-            action, pattern = "train", f"last {value} blocks ({described})"
+            count = int(value)
+            action, pattern = "train", (f"the last block ({described})" if count == 1 else
+                                        f"last {count} blocks ({described})")
         else:
             names = match_parameters(report.params, value, option=kind)
             action, pattern = kind, value

@@ -61,7 +61,7 @@ def match_all(params: Iterable[Any], patterns: Iterable[str], *, option: str = "
 
 def last_blocks(params: Iterable[Any], count: int) -> tuple[list[str], str]:
     """Names of the parameters in the last `count` blocks of the model's longest run of numbered blocks, and a
-    description ("model.layers.20–23")."""
+    description ("model.layers.20–23", or "model.layers.23" for one)."""
     params = list(params)
     prefixes: Counter[str] = Counter()
     indices: dict[str, set[int]] = {}
@@ -80,4 +80,5 @@ def last_blocks(params: Iterable[Any], count: int) -> tuple[list[str], str]:
     chosen = set(blocks[-count:])
     names = [p.name for p in params
              if (m := re.match(rf"^{re.escape(prefix)}\.(\d+)\.", p.name)) and int(m.group(1)) in chosen]
-    return names, f"{prefix}.{blocks[-count]}–{blocks[-1]}"
+    described = f"{prefix}.{blocks[-1]}" if count == 1 else f"{prefix}.{blocks[-count]}–{blocks[-1]}"
+    return names, described
