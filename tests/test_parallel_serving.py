@@ -15,7 +15,6 @@ from paramscope.cli import main
 from paramscope.cost.memory.prefill import prefill_workspace
 from paramscope.cost.memory.serving import MemoryOptions
 from paramscope.cost.memory.serving_answer import estimate_memory
-from paramscope.cost.parallel.serving import rank_workspace
 from paramscope.errors import ParamscopeError
 
 H, I, L, V = 8192, 28672, 80, 128256
@@ -102,7 +101,7 @@ def test_quantised_shard_is_the_format_on_the_slice():
 
 
 @pytest.mark.parametrize("preset, seq", [("llama-3-8b", 4096), ("gpt2", 1024), ("mixtral-8x7b", 2048)])
-def test_rank_workspace_at_tp_1_is_the_one_device_workspace(preset, seq):
+def test_a_ranks_workspace_is_the_one_device_formula_on_its_shard(preset, seq):
     estimate = _serve(preset, seq=seq)
     from paramscope.api import as_source
     from transformers import AutoConfig
@@ -112,9 +111,11 @@ def test_rank_workspace_at_tp_1_is_the_one_device_workspace(preset, seq):
                  gated=preset != "gpt2", class_name=estimate.report.model.class_name)
     cache = estimate.kv_cache.at(1, seq)
     one = prefill_workspace(config, batch=1, seq=seq, cache_bytes=cache, **shape)
-    assert rank_workspace(config, tp=1, batch=1, seq=seq, cache_bytes=cache, **shape) == one
     assert one.bytes == estimate.activations.bytes
-    assert rank_workspace(config, tp=2, batch=1, seq=seq, cache_bytes=cache, **shape).bytes < one.bytes
+    rank = prefill_workspace(config, tp=2, batch=1, seq=seq, cache_bytes=cache, **shape)
+    assert rank.bytes < one.bytes and "/ tp 2" in rank.arithmetic
+    # a pipeline's earlier stage computes no logits
+    assert prefill_workspace(config, tp=2, batch=1, seq=seq, cache_bytes=cache, last=False, **shape).logits == 0
 
 
 def test_fits_are_per_gpu_and_the_smallest_tp():

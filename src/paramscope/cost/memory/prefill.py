@@ -238,10 +238,15 @@ def prefill_moments(config: Any, class_name: str, seq: int) -> tuple[str, dict[s
     return None
 
 
+# the family moments' widths and heads a tensor-parallel rank holds 1/tp of (the hidden size stays whole)
+SPLIT_BY_TP = ("i", "heads", "inner", "kv", "q")
+
+
 def family_workspace(config: Any, class_name: str, *, batch: int, seq: int, dtype_size: int,
-                     cache_bytes: int) -> tuple[int, str] | str | None:
+                     cache_bytes: int, tp: int = 1, last: bool = True) -> tuple[int, str] | str | None:
     """(bytes beyond weights, buffers and the KV cache, arithmetic) at the family's largest moment; the words why
-    not (a config or dtype not fitted); None for a family without moments here."""
+    not (a config or dtype not fitted); None for a family without moments here. `tp`: on one tensor-parallel rank
+    (widths and heads / tp); `last`: the stage that computes the logits (a pipeline's other stages skip them)."""
     found = prefill_moments(config, class_name, seq)
     if not isinstance(found, tuple):
         return found
@@ -249,10 +254,16 @@ def family_workspace(config: Any, class_name: str, *, batch: int, seq: int, dtyp
     if dtype_size not in tables:
         return f"{family} computing in {dtype_size}-byte floats (fitted: 16-bit and fp32)"
     dims = dict(dims, B=batch, S=seq)
+    for key in SPLIT_BY_TP:
+        if tp > 1 and dims.get(key):
+            dims[key] = -(-dims[key] // tp)
+    split = f" (widths and heads / tp {tp})" if tp > 1 else ""
     best: tuple[int, str] | None = None
     for moment in tables[dtype_size]:
+        if not last and "logits" in moment.where:
+            continue
         value = evaluate(moment.formula, dims) - (0 if moment.cached else cache_bytes)
-        text = (f"{family}, {moment.where}: {moment.formula} = {evaluate(moment.formula, dims):,} B"
+        text = (f"{family}, {moment.where}{split}: {moment.formula} = {evaluate(moment.formula, dims):,} B"
                 + ("" if moment.cached else f", before the cache's {cache_bytes:,} B"))
         if best is None or value > best[0]:
             best = (value, text)
@@ -261,7 +272,7 @@ def family_workspace(config: Any, class_name: str, *, batch: int, seq: int, dtyp
 
 def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, vocab: int | None, gated: bool = True,
                       layers: int = 2, every_token_logits: bool = False, class_name: str = "",
-                      cache_bytes: int = 0, window_extra: int = 0) -> Workspace:
+                      cache_bytes: int = 0, window_extra: int = 0, tp: int = 1, last: bool = True) -> Workspace:
     """The prefill's working memory on top of weights, buffers and the KV cache, at its peak: the last layer.
 
     Live then, per token: the embedding output (the model keeps `inputs_embeds`) and the layer's input (h each,
@@ -276,20 +287,24 @@ def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, voc
     families this module has fitted (GPT-2, T5, the bare BART and DeBERTa-v2) take their own largest moment instead
     (`class_name`; `cache_bytes`, the full KV cache, for the moments before it is held); other layouts differ by
     their own temporaries (MoE routing, eager attention's scores), which the traced engine measures.
+
+    `tp`: one tensor-parallel rank's (serving across GPUs): the same moments with the MLP's and attention's widths
+    and heads / tp and the hidden size whole, the logits gathered (the whole vocabulary); `last`: the pipeline stage
+    that computes them (the others hold none).
     """
     from ..dims import config_int, text_config
 
     text = text_config(config)
     family = family_workspace(text, class_name, batch=batch, seq=seq, dtype_size=dtype_size,
-                              cache_bytes=cache_bytes) if class_name else None
+                              cache_bytes=cache_bytes, tp=tp, last=last) if class_name else None
     beyond = (f" + the sliding layers' prompt K and V beyond their windows, kept until the first decode step "
               f"{window_extra:,} B" if window_extra else "")
+    logits = batch * (vocab or 0) * dtype_size * (seq if every_token_logits else 1) if last else 0
     if isinstance(family, tuple):
         layer_peak, text_line = family
-        logits = batch * (vocab or 0) * dtype_size * (seq if every_token_logits else 1)
         return Workspace(max(layer_peak, logits) + window_extra, text_line + beyond, logits)
     hidden = dim(text, "hidden") or 0
-    inner = dim(text, "intermediate") or 4 * hidden
+    inner = -(-(dim(text, "intermediate") or 4 * hidden) // tp)
     held = 2 if layers > 1 else 1
     mlp = 3 if gated else 2
     per_token = ((held + 2) * hidden + mlp * inner) * dtype_size
@@ -302,15 +317,16 @@ def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, voc
     # mask, shared by the batch
     mask = seq * seq if window_extra else 0
     layer_peak = batch * seq * per_token + rope + positions + mask
-    text_line = (f"{batch} × {seq:,} tokens × ({held + 2} × hidden {hidden:,} + {mlp} × intermediate {inner:,}) × "
+    width = (f"intermediate {dim(text, 'intermediate') or 4 * hidden:,} / tp {tp}" if tp > 1 else
+             f"intermediate {inner:,}")
+    text_line = (f"{batch} × {seq:,} tokens × ({held + 2} × hidden {hidden:,} + {mlp} × {width}) × "
                  f"{dtype_size} B" + (f" + RoPE cos/sin 2 × {seq:,} × {head_dim} × {dtype_size} B" if rope else "")
                  + f" + position ids {seq:,} × 8 B" + (f" + the sliding window's mask {seq:,}² × 1 B" if mask else ""))
-    if every_token_logits and vocab:
-        logits = batch * seq * vocab * dtype_size
+    if every_token_logits and vocab and last:
         head_peak = batch * seq * (vocab + 2 * hidden) * dtype_size
         if head_peak > layer_peak:
+            gathered = " (gathered)" if tp > 1 else ""
             return Workspace(head_peak, f"the head: {batch} × {seq:,} tokens × (vocab {vocab:,} + 2 × hidden "
-                                        f"{hidden:,}) × {dtype_size} B, every token's logits", logits)
+                                        f"{hidden:,}) × {dtype_size} B, every token's logits{gathered}", logits)
         return Workspace(layer_peak, text_line, logits)
-    logits = batch * (vocab or 0) * dtype_size
     return Workspace(max(layer_peak, logits) + window_extra, text_line + beyond, logits)

@@ -132,6 +132,7 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int,
     """(each GPU's figures at `batch` × `seq`, the per-GPU peak at another batch and context)."""
     from ...count import ParameterInfo
     from ..dims import text_config
+    from ..memory.prefill import prefill_workspace
     from ..memory.weights import weight_memory
     from .estimate import placements_for, rules_in_words
 
@@ -188,9 +189,9 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int,
 
     def workspace_of(stage: Any, cache: Any, b: int, s: int) -> Any:
         last = stage is None or stage.last
-        return rank_workspace(view.config, tp=tp, batch=b, seq=s, last=last,
-                              cache_bytes=cache.at(b, s) if cache is not None else 0,
-                              window_extra=cache.prefill_extra(b, s) if cache is not None else 0, **inputs.shape)
+        return prefill_workspace(view.config, tp=tp, batch=b, seq=s, last=last,
+                                 cache_bytes=cache.at(b, s) if cache is not None else 0,
+                                 window_extra=cache.prefill_extra(b, s) if cache is not None else 0, **inputs.shape)
 
     rows = []
     for (stage, weights, held), cache in zip(stage_rows, caches):
@@ -304,71 +305,6 @@ def _workspace_words(text: Any, tp: int) -> str:
     return (f"the one-device formula on the rank's shard: the MLP's and attention's widths and heads / {tp}, the "
             "hidden size whole (residual stream and norms replicated), the last token's logits gathered (the whole "
             "vocabulary) on the last stage")
-
-
-# --- the prefill's workspace on one rank ---------------------------------------------------------------------------
-
-_SPLIT = ("i", "heads", "inner", "kv", "q")  # the family moments' widths and heads a rank holds 1/tp of
-
-
-def rank_workspace(config: Any, *, tp: int, batch: int, seq: int, dtype_size: int, vocab: int | None,
-                   gated: bool = True, layers: int = 2, every_token_logits: bool = False, class_name: str = "",
-                   cache_bytes: int = 0, window_extra: int = 0, last: bool = True) -> Any:
-    """memory/prefill.py's workspace on one tensor-parallel rank: the same moments with the widths and heads / tp
-    (the hidden size whole) and the logits gathered, which the last stage alone computes. At tp 1 on the last stage
-    it equals `prefill_workspace` to the byte (tests hold it)."""
-    from ..dims import config_int, dim, text_config
-    from ..memory.prefill import evaluate, prefill_moments
-    from ..memory.result import Workspace
-
-    text = text_config(config)
-    beyond = (f" + the sliding layers' prompt K and V beyond their windows, kept until the first decode step "
-              f"{window_extra:,} B" if window_extra else "")
-    span = seq if every_token_logits else 1
-    logits = batch * (vocab or 0) * dtype_size * span if last else 0
-    found = prefill_moments(text, class_name, seq) if class_name else None
-    if isinstance(found, tuple) and dtype_size in found[2]:
-        family, dims, tables = found
-        dims = dict(dims, B=batch, S=seq)
-        for key in _SPLIT:
-            if key in dims and dims[key]:
-                dims[key] = -(-dims[key] // tp)
-        best: tuple[int, str] | None = None
-        for moment in tables[dtype_size]:
-            if not last and "logits" in moment.where:
-                continue
-            value = evaluate(moment.formula, dims) - (0 if moment.cached else cache_bytes)
-            split = f" (widths and heads / tp {tp})" if tp > 1 else ""
-            words = (f"{family}, {moment.where}{split}: {moment.formula} = {evaluate(moment.formula, dims):,} B"
-                     + ("" if moment.cached else f", before the cache's {cache_bytes:,} B"))
-            if best is None or value > best[0]:
-                best = (value, words)
-        assert best is not None
-        return Workspace(max(best[0], logits) + window_extra, best[1] + beyond, logits)
-    hidden = dim(text, "hidden") or 0
-    inner = dim(text, "intermediate") or 4 * hidden
-    local = -(-inner // tp)
-    held = 2 if layers > 1 else 1
-    mlp = 3 if gated else 2
-    per_token = ((held + 2) * hidden + mlp * local) * dtype_size
-    heads = dim(text, "heads") or 1
-    head_dim = config_int(text, "head_dim") or (hidden // heads if heads else 0)
-    rotary = getattr(text, "rope_parameters", None) is not None or getattr(text, "rope_theta", None) is not None
-    rope = 2 * seq * head_dim * dtype_size if rotary else 0
-    positions = seq * 8
-    mask = seq * seq if window_extra else 0
-    layer_peak = batch * seq * per_token + rope + positions + mask
-    width = f"intermediate {inner:,} / tp {tp}" if tp > 1 else f"intermediate {inner:,}"
-    words = (f"{batch} × {seq:,} tokens × ({held + 2} × hidden {hidden:,} + {mlp} × {width}) × {dtype_size} B"
-             + (f" + RoPE cos/sin 2 × {seq:,} × {head_dim} × {dtype_size} B" if rope else "")
-             + f" + position ids {seq:,} × 8 B" + (f" + the sliding window's mask {seq:,}² × 1 B" if mask else ""))
-    if every_token_logits and vocab and last:
-        head_peak = batch * seq * (vocab + 2 * hidden) * dtype_size
-        if head_peak > layer_peak:
-            return Workspace(head_peak, f"the head: {batch} × {seq:,} tokens × (vocab {vocab:,} + 2 × hidden "
-                                        f"{hidden:,}) × {dtype_size} B, every token's logits (gathered)", logits)
-        return Workspace(layer_peak, words, logits)
-    return Workspace(max(layer_peak, logits) + window_extra, words + beyond, logits)
 
 
 def not_for_serving(flag: str) -> OptionError:
