@@ -93,13 +93,7 @@ def _totals(estimate) -> Table:
     table.add_column("bytes", justify="right", no_wrap=True)
     table.add_column("", justify="right", no_wrap=True)
     table.add_column("how", overflow="fold", ratio=1)
-    for label, value, how in weights.lines:
-        table.add_row(f"weights: {label.removeprefix('parameters in ')}", exact(value), binary(value), how)
-    if len(weights.lines) > 1:
-        table.add_row("weights", exact(weights.bytes), binary(weights.bytes), "", style="bold")
-    if weights.buffer_bytes:
-        parts = ", ".join(f"{exact(v)} B {k}" for k, v in weights.buffers_by_dtype.items())
-        table.add_row("buffers", exact(weights.buffer_bytes), binary(weights.buffer_bytes), parts)
+    _weight_rows(table, weights)
     cache = estimate.kv_cache
     if cache is not None:
         table.add_row("KV cache", exact(cache.bytes), binary(cache.bytes),
@@ -128,6 +122,17 @@ def _totals(estimate) -> Table:
     return table
 
 
+def _weight_rows(table: Table, weights) -> None:
+    """The weights by storage line (their total where several) and the buffers, as rows of a bytes table."""
+    for label, value, how in weights.lines:
+        table.add_row(f"weights: {label.removeprefix('parameters in ')}", exact(value), binary(value), how)
+    if len(weights.lines) > 1:
+        table.add_row("weights", exact(weights.bytes), binary(weights.bytes), "", style="bold")
+    if weights.buffer_bytes:
+        parts = ", ".join(f"{exact(v)} B {k}" for k, v in weights.buffers_by_dtype.items())
+        table.add_row("buffers", exact(weights.buffer_bytes), binary(weights.buffer_bytes), parts)
+
+
 def sum_one_device(estimate) -> int:
     """Weights, buffers, KV cache and prefill workspace added up: the one-device peak (analytic)."""
     weights, cache, work = estimate.weights, estimate.kv_cache, estimate.activations
@@ -144,14 +149,7 @@ def _gpu_table(estimate, layout) -> Table:
     table.add_column("bytes", justify="right", no_wrap=True)
     table.add_column("", justify="right", no_wrap=True)
     table.add_column("how", overflow="fold", ratio=1)
-    weights = device.weights
-    for label, value, how in weights.lines:
-        table.add_row(f"weights: {label.removeprefix('parameters in ')}", exact(value), binary(value), how)
-    if len(weights.lines) > 1:
-        table.add_row("weights", exact(weights.bytes), binary(weights.bytes), "", style="bold")
-    if weights.buffer_bytes:
-        parts = ", ".join(f"{exact(v)} B {k}" for k, v in weights.buffers_by_dtype.items())
-        table.add_row("buffers", exact(weights.buffer_bytes), binary(weights.buffer_bytes), parts)
+    _weight_rows(table, device.weights)
     cache = device.kv_cache
     if cache is not None:
         for group in cache.groups:
