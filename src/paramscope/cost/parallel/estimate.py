@@ -502,9 +502,18 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
         parts.append(f"heads, KV heads and widths / {layout.tp}, the hidden size whole")
     if layout.cp > 1:
         parts.append(f"{ctx.seq // layout.cp:,} of the {ctx.seq:,} tokens (S / {layout.cp})")
+    notes: tuple[str, ...] = ()
+    if layout.sp:
+        size = 2 if ctx.precision == "bf16-pure" else 4
+        gathered = ctx.batch * (-(-ctx.seq // layout.cp)) * _hidden(ctx) * size
+        notes = (f"sequence parallel: each attention and MLP block all-gathers the whole sequence of the norm's "
+                 f"output it reads, B·S·h × {size} B = {gathered:,} B a block while it runs, and torch keeps what "
+                 "the column-parallel matmuls read of it (autocast's 16-bit casts under mixed precision) for their "
+                 "weights' gradients: counted with the saved activations (Megatron gathers it again in backward "
+                 "instead)",)
     device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           act.saved, f"analytic: {recipe} on the rank's shard ({'; '.join(parts)})",
-                          dev.arithmetic, tuple(comm), phases_at(ctx.batch, ctx.seq), rules)
+                          dev.arithmetic, tuple(comm), phases_at(ctx.batch, ctx.seq), rules, notes=notes)
 
     def at(figures: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
         return max(phases_at(batch, length), key=lambda p: p.bytes)
