@@ -86,6 +86,10 @@ def _from_path(path: Path) -> Source:
             config=read_config_file(config_path),
             path=str(config_path),
         )
+    if path.name.lower().endswith(".gguf"):
+        raise SourceError(f"{path} is a GGUF checkpoint, not a config: `paramscope audit {path}` reports its tensors, "
+                          "ggml types, bytes, parameters and bits per weight from its header (building the model "
+                          "from GGUF metadata is not supported yet)")
     return Source(
         kind="config-file",
         label=str(path),

@@ -1,6 +1,6 @@
 """Auditing a real checkpoint by reading its headers only, then reconciling it with a model: the public names.
 
-Two jobs, both pure functions over frozen dataclasses, neither importing torch:
+Three jobs, all pure functions over frozen dataclasses, none importing torch:
 
 * `read_checkpoint(path)` (read.py) lists every tensor (name, dtype, shape, bytes) of a safetensors file, a sharded
   checkpoint, a folder or a zip-format PyTorch ``.bin``, without reading tensor data and without allocating
@@ -10,6 +10,8 @@ Two jobs, both pure functions over frozen dataclasses, neither importing torch:
   tensors, and those rebuild nothing but (dtype, shape) records. What the headers describe is tensors.py's data
   model; quantisation.py marks packed weights and quantisation bookkeeping by name and shape (bitsandbytes,
   GPTQ/AWQ, fp8 scales, compressed-tensors; counts that live in tensor data, such as bnb quant_state, are not read).
+* `read_gguf(path)` (gguf_read.py) reads a GGUF file, shard set or folder from its header alone, with the same
+  bounds: ggml types, exact bytes, metadata, unpacked counts and bits per weight by type and role.
 * `reconcile(checkpoint, expected_params, ...)` (loading.py) maps checkpoint keys onto a model's parameter names the
   way transformers 5 does when loading and says what would be missing, unused, mismatched, or not a parameter.
 
@@ -19,6 +21,7 @@ cannot be opened raises SourceError.
 
 from __future__ import annotations
 
+from .gguf_read import GGUFCheckpoint, GGUFTensor, read_gguf
 from .loading import Audit, Finding, Mismatch, reconcile
 from .read import checkpoint_from_hub_metadata, read_checkpoint, read_hub_checkpoint
 from .tensors import SAFETENSORS_DTYPE_BITS, Checkpoint, CheckpointTensor
@@ -28,10 +31,13 @@ __all__ = [
     "Checkpoint",
     "CheckpointTensor",
     "Finding",
+    "GGUFCheckpoint",
+    "GGUFTensor",
     "Mismatch",
     "SAFETENSORS_DTYPE_BITS",
     "checkpoint_from_hub_metadata",
     "read_checkpoint",
+    "read_gguf",
     "read_hub_checkpoint",
     "reconcile",
 ]

@@ -15,10 +15,13 @@ def add_parser(subparsers: Any) -> None:
         "audit", help="reconcile a real checkpoint with the architecture, reading headers only",
         description="Reconcile a checkpoint (safetensors, sharded safetensors, or a zip-format PyTorch .bin) "
                     "with the model its config describes: matched, missing, unexpected and non-parameter "
-                    "tensors, shape mismatches, dtypes and bytes. Only headers are read.")
+                    "tensors, shape mismatches, dtypes and bytes. A GGUF file, shard set or folder is reported "
+                    "from its header alone: ggml types, exact bytes, metadata, parameters and bits per weight by "
+                    "role. Only headers are read.")
     parser.add_argument("path", metavar="PATH_OR_ID",
-                        help="checkpoint file, model directory, Hugging Face cache folder, or hub id (read from the "
-                             "local cache, else its safetensors headers from the Hub)")
+                        help="checkpoint file (.safetensors, .bin, .gguf or any shard of a set), model directory, "
+                             "Hugging Face cache folder, or hub id (read from the local cache, else its safetensors "
+                             "headers from the Hub)")
     parser.add_argument("--config", metavar="MODEL",
                         help="the model to compare with (preset, config.json, directory, hub id); default: the "
                              "config.json next to the checkpoint")
@@ -35,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
     from ..render.audit import iter_audit_json, iter_audit_text
 
     width = None if args.json else checked_width(args)  # bad options fail before any build
+    gguf = _gguf_target(args)
+    if gguf is not None:
+        return _run_gguf(args, gguf, width)
     result = audit(args.path, config=args.config, model_class=args.model_class, task=args.task,
                    num_labels=args.num_labels, trust_remote_code=args.trust_remote_code, revision=args.revision,
                    use_cache=not args.no_cache)
@@ -49,4 +55,34 @@ def run(args: argparse.Namespace) -> int:
         # after a build, a template: the next audit (or inspect) of this class answers without torch
         record_after_build(result.report, result.source, model_class=args.model_class, task=args.task,
                            num_labels=args.num_labels, debug=args.debug)
+    return 0
+
+
+def _gguf_target(args: argparse.Namespace) -> Any:
+    """The GGUF file, shard or folder `args.path` names, or None when it is no GGUF checkpoint (nor a local path)."""
+    from pathlib import Path
+
+    from ..audit import locate_checkpoint
+    from ..checkpoint.gguf_read import is_gguf_path
+
+    path = Path(args.path.strip()).expanduser()
+    if not args.path.strip() or not (path.exists() or path.is_symlink()):
+        return None
+    target = locate_checkpoint(str(path), revision=args.revision).checkpoint if path.is_dir() else path
+    return target if is_gguf_path(target) else None
+
+
+def _run_gguf(args: argparse.Namespace, target: Any, width: int | None) -> int:
+    from ..checkpoint.gguf_read import read_gguf
+    from ..errors import OptionError
+    from ..render.gguf import render_gguf_json, render_gguf_text
+
+    if args.config is not None:
+        raise OptionError("{0}: reconciling a GGUF checkpoint with a model is not supported yet; "
+                          "`paramscope audit {path}` reports its header alone", "config", path=args.path)
+    checkpoint = read_gguf(target)
+    if args.json:
+        write(render_gguf_json(checkpoint))
+    else:
+        write(render_gguf_text(checkpoint, width or 100, all_tensors=args.all_rows))
     return 0

@@ -1,0 +1,83 @@
+"""`paramscope audit FILE.gguf`: a GGUF checkpoint's header as text (a pure function of the data and a width).
+
+The JSON document is `GGUFCheckpoint.to_dict` (checkpoint/gguf_read.py), printed as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+LIST_LIMIT = 20  # tensors listed unless every one is asked for
+
+
+def render_gguf_json(ck: Any, *, indent: int | None = 2) -> str:
+    return json.dumps({"checkpoint": ck.to_dict()}, indent=indent, ensure_ascii=False) + "\n"
+
+
+def _size(n: int) -> str:
+    if n < 2**20:
+        return f"{n / 2**10:.2f} KiB"
+    return f"{n / 2**20:.2f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+def _bpw(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]], width: int) -> list[str]:
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) if rows else len(header[i]) for i in range(len(header))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = "  ".join(c.rjust(w) for c, w in zip(cells[1:], widths[1:]))
+        text = f"  {first}  {rest}".rstrip()
+        return text if len(text) <= width else text[:max(width - 1, 1)] + "…"
+
+    return [title, line(header), *(line(r) for r in rows), ""]
+
+
+def _grouped(rows: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
+    return [(key, f"{r['tensors']:,}", f"{r['elements']:,}", f"{r['bytes']:,}", _size(r["bytes"]),
+             _bpw(r["bits_per_weight"])) for key, r in rows.items()]
+
+
+def render_gguf_text(ck: Any, width: int = 100, *, all_tensors: bool = False) -> str:
+    """Header, the model's shape from its metadata, bytes and bits per weight by ggml type and by role, and the
+    tensors (the first LIST_LIMIT unless `all_tensors`)."""
+    width = max(width, 20)
+    meta = ck.metadata
+    files = f" ({len(ck.files)} shards)" if len(ck.files) > 1 else ""
+    out = [f"GGUF checkpoint {ck.path}{files}: GGUF v{ck.version}, {len(ck.tensors):,} tensors, "
+           f"{ck.elements:,} parameters (unpacked), {ck.nbytes:,} bytes of tensor data ({_size(ck.nbytes)}), "
+           f"{_bpw(ck.bits_per_weight)} bits per weight", ""]
+    model = [("architecture", str(ck.architecture or "-"))]
+    for key in ("general.name", "general.file_type", "general.quantization_version"):
+        if key in meta and not isinstance(meta[key], (dict, tuple, list)) and not hasattr(meta[key], "keys"):
+            value = meta[key]
+            if key == "general.file_type":
+                value = _file_type(value)
+            model.append((key.removeprefix("general."), str(value)))
+    for key, value in ck.hparams().items():
+        model.append((key, ", ".join(map(str, value)) if isinstance(value, list) else str(value)))
+    pad = max(len(k) for k, _ in model)
+    out += ["Model (from the metadata)", *(f"  {k.ljust(pad)}  {v}"[:width] for k, v in model), ""]
+    header = ("", "tensors", "parameters", "bytes", "size", "bits/weight")
+    out += _table("By ggml type", ("type", *header[1:]), _grouped(ck.by_type()), width)
+    out += _table("By role", ("role", *header[1:]), _grouped(ck.by_role()), width)
+    shown = ck.tensors if all_tensors else ck.tensors[:LIST_LIMIT]
+    rows = [(t.name, t.ggml_type, "×".join(map(str, t.shape)) or "scalar", f"{t.elements:,}", f"{t.nbytes:,}",
+             t.role) for t in shown]
+    out += _table("Tensors", ("name", "type", "shape", "parameters", "bytes", "role"), rows, width)[:-1]
+    if len(shown) < len(ck.tensors):
+        out.append(f"  … and {len(ck.tensors) - len(shown):,} more (--all lists every tensor)")
+    return "\n".join(out) + "\n"
+
+
+def _file_type(value: Any) -> str:
+    try:
+        import gguf
+
+        return f"{gguf.LlamaFileType(value).name.removeprefix('MOSTLY_')} ({value})"
+    except (ImportError, ValueError, TypeError):
+        return str(value)
