@@ -167,6 +167,11 @@ def test_cli_text_and_json(capsys):
     assert device["peak"]["bytes"] == data["peak"]["bytes"] == max(p["bytes"] for p in device["phases"])
     assert device["weights"] == 4 * 4_015_263_744 // 4  # tp 2 shards, 4,015,263,744 parameters, ZeRO-3 over 4
     assert device["rules"]["mlp.down"] == "row-parallel (input features / 2)"
+    # DeepSpeed gathers a layer and the head as they run: named, in the weights' dtype, on the tp rank's shards
+    gathered = {b["name"]: b["bytes"] for b in device["communication"]}
+    layer = (4096 * 4096 * 2 + 1024 * 4096 * 2) // 2 + 3 * 14336 * 4096 // 2 + 2 * 4096
+    assert gathered == {"ZeRO-3's gathered layer (DeepSpeed)": 4 * layer,
+                        "ZeRO-3's gathered head (DeepSpeed)": 4 * 128256 // 2 * 4096}
 
 
 def test_fsdp2_is_derived_from_traces_of_the_laid_out_class(capsys):

@@ -349,11 +349,23 @@ def _fsdp_buffers(ctx: StepContext, placements: tuple[Placement, ...]) -> list[B
     from ..memory.states import trained_dtype
 
     layout = ctx.layout
-    if layout.shard not in ("fsdp", "hsdp") or layout.shard_degree == 1:
-        return []
 
     def unsharded(p: Placement) -> int:
         return p.local_numel * itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
+    if layout.shard == "zero3" and layout.shard_degree > 1:
+        # DeepSpeed gathers each module's parameters as it runs and frees them after (not traced here: no DeepSpeed);
+        # the head, which the loss's backward reads first, is the largest outside the layers
+        root, layer = fsdp_units(placements, unsharded)
+        head = max((unsharded(p) for p in placements if p.role.startswith("head")), default=0)
+        return [Buffer("ZeRO-3's gathered layer (DeepSpeed)", layer,
+                       f"one layer's parameters gathered while it runs, {layer:,} B (DeepSpeed's module-by-module "
+                       "all-gather; its prefetch bucket, stage3_prefetch_bucket_size, can hold part of the next)",
+                       ("forward", "backward")),
+                Buffer("ZeRO-3's gathered head (DeepSpeed)", head,
+                       f"the head's parameters gathered as the logits are made and their backward runs, {head:,} B",
+                       ("forward", "backward"))] if layer or head else []
+    if layout.shard not in ("fsdp", "hsdp") or layout.shard_degree == 1:
+        return []
     root, layer = fsdp_units(placements, unsharded)
     return [Buffer("FSDP2's root unit, all-gathered", root,
                    f"the parameters outside the layers (embeddings, final norm, head) unsharded, {root:,} B: the "
