@@ -186,12 +186,18 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
             if closed:
                 device = dataclasses.replace(device, notes=device.notes + (closed,))
             return (_traced_check(ctx, device), at) if ctx.trace else (device, at)
-    if layout.pp > 1:
-        device, at = _pipeline_device(ctx, placements, rules)
-    elif layout.tp == 1 and layout.cp == 1:
-        device, at = _data_parallel_device(ctx, placements, rules)
-    else:
-        device, at = _sharded_activations_device(ctx, placements, rules)
+    try:
+        if layout.pp > 1:
+            device, at = _pipeline_device(ctx, placements, rules)
+        elif layout.tp == 1 and layout.cp == 1:
+            device, at = _data_parallel_device(ctx, placements, rules)
+        else:
+            device, at = _sharded_activations_device(ctx, placements, rules)
+    except UnsupportedError as err:
+        if not declined:
+            raise
+        raise UnsupportedError("{why}; and {declined}", why=str(err),
+                               declined=declined.replace(": the closed form answers", "")) from err
     if declined:
         device = dataclasses.replace(device, notes=device.notes + (declined,))
     if layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1:
@@ -471,10 +477,11 @@ def _check_analytic(ctx: StepContext, what: str) -> str:
 
     recipe = local_recipe(ctx.text, ctx.view.class_name)
     if recipe is None or ctx.analytic is None or ctx.derived_or_traced:
-        raise UnsupportedError("{what} for {cls} needs its activations on each device, which paramscope derives "
-                               "analytically for the Llama-style family (its closed form keeps heads, widths and "
-                               "tokens apart); {cls} is answered by a traced step here, which this version does not "
-                               "lay out", what=what, cls=ctx.view.class_name)
+        raise UnsupportedError("{what} for {cls} needs its activations on each device: the closed form on a rank's "
+                               "shard covers the Llama-style family (its recipe keeps heads, widths and tokens "
+                               "apart), and a step derived from traces with the layout applied covers FSDP2 and "
+                               "tensor parallelism where transformers or Megatron's names give a plan",
+                               what=what, cls=ctx.view.class_name)
     if ctx.layout.cp > 1:
         from ..dims import attention_dropout
 
