@@ -177,11 +177,7 @@ def _serving_stages_table(layout) -> Table:
         table.add_column(name, justify="left" if name == "layers" else "right", no_wrap=True)
     top = layout.device
     for stage in layout.stages:
-        layers = ", ".join(f"{a}–{b}" for a, b in stage.chunks) if stage.chunks else "—"
-        if stage.first:
-            layers += " + embeddings"
-        if stage.last:
-            layers += " + head"
+        layers = _stage_layers(stage)
         table.add_row(str(stage.rank), layers, binary(stage.weight_bytes),
                       binary(stage.kv_cache.bytes) if stage.kv_cache is not None else "—",
                       binary(stage.workspace.bytes) if stage.workspace is not None else "—", binary(stage.peak),
@@ -533,17 +529,19 @@ def _device_table(estimate) -> Table:
     return table
 
 
+def _stage_layers(stage) -> str:
+    """"0–19 + embeddings": the runs of layers a pipeline stage holds, and the embeddings or head with them."""
+    layers = ", ".join(f"{a}–{b}" for a, b in stage.chunks) if stage.chunks else "—"
+    return layers + (" + embeddings" if stage.first else "") + (" + head" if stage.last else "")
+
+
 def _stages_table(device) -> Table:
     table = Table(title=f"Pipeline stages: {device.pipeline}; bubble {100 * device.bubble:.1f}% of the step "
                         "((pp − 1) / (v·m + pp − 1))", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("stage", "layers", "in flight", "weights", "gradients", "optimizer", "activations", "peak"):
         table.add_column(name, justify="left" if name == "layers" else "right", no_wrap=True)
     for stage in device.stages:
-        layers = ", ".join(f"{a}–{b}" for a, b in stage.chunks) if stage.chunks else "—"
-        if stage.first:
-            layers += " + embeddings"
-        if stage.last:
-            layers += " + head"
+        layers = _stage_layers(stage)
         table.add_row(str(stage.rank), layers, str(stage.in_flight), binary(stage.weights), binary(stage.gradients),
                       binary(stage.optimizer), binary(stage.activations), binary(stage.peak),
                       style="bold" if stage.peak == device.peak else None)

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -21,11 +20,10 @@ from ...errors import ParamscopeError, UnsupportedError
 from ...frozen import FrozenDict, freeze_fields
 from ..memory.phases import PhaseFigure, cast_weights, moment_phases
 from .layout import ParallelLayout, shard_words
-from .pipeline import Stage, bubble, layer_of, layer_stack_of, split_words, stages
+from .pipeline import LAYER_PREFIX, Stage, bubble, layer_of, layer_stack_of, split_words, stages
 from .rules import Placement, model_shape, place, tp_rule_words
 from .states import DeviceStates, device_states
 
-_LAYER = re.compile(r"^(.*?\.)(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -151,7 +149,7 @@ def fsdp_units(placements: tuple[Placement, ...], weight_bytes: Callable[[Placem
     layers: dict[str, int] = {}
     root = 0
     for p in placements:
-        match = _LAYER.match(p.name)
+        match = LAYER_PREFIX.match(p.name)
         if match:
             key = match.group(0)
             layers[key] = layers.get(key, 0) + weight_bytes(p)
@@ -330,24 +328,23 @@ def _traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
 
 
 def _states(ctx: StepContext, placements: tuple[Placement, ...], params: Any = None,
-            extra: tuple[Any, ...] = ()) -> DeviceStates:
-    params = list(params if params is not None else ctx.report.params) + list(extra)
+            copies: tuple[Placement, ...] = ()) -> DeviceStates:
+    """The device's model states for `params` (default: every parameter), and `copies`: placements of parameters it
+    holds a second time (a tied head's copy on the last stage), with their own gradient and optimizer states."""
+    params = list(params if params is not None else ctx.report.params)
     names = {p.name for p in params}
-    chosen = tuple(p for p in placements if p.name in names) + tuple(
-        Placement(p.name, p.role, p.shape, p.local_shape, p.tp, p.tp_dim, p.experts_split, p.dtype)
-        for p in extra if isinstance(p, Placement))
-    return device_states([p for p in params if not isinstance(p, Placement)] + [
-        _as_param(p) for p in extra if isinstance(p, Placement)], chosen, ctx.layout, precision=ctx.precision,
-        optimizer=ctx.optimizer, trainable=ctx.trainable | {p.name for p in extra}, own=ctx.own)
+    chosen = tuple(p for p in placements if p.name in names) + tuple(copies)
+    return device_states(params + [_as_param(c) for c in copies], chosen, ctx.layout, precision=ctx.precision,
+                         optimizer=ctx.optimizer, trainable=ctx.trainable | {c.name for c in copies}, own=ctx.own)
 
 
 def _as_param(placement: Placement) -> Any:
+    import math
+
     from ...count import ParameterInfo
 
-    numel = 1
-    for size in placement.shape:
-        numel *= size
-    return ParameterInfo(placement.name, placement.shape, numel, True, placement.role, placement.dtype)
+    return ParameterInfo(placement.name, placement.shape, math.prod(placement.shape), True, placement.role,
+                         placement.dtype)
 
 
 def _fsdp_buffers(ctx: StepContext, placements: tuple[Placement, ...]) -> list[Buffer]:
@@ -464,11 +461,11 @@ def _hidden(ctx: StepContext) -> int:
 def _layer_norms(ctx: StepContext) -> int:
     """The hidden-size norms of one layer (two in a Llama layer, four in Gemma-2's), from the report."""
     hidden = _hidden(ctx)
-    names = [p for p in ctx.report.params if _LAYER.match(p.name) and p.role.endswith("norm") and
+    names = [p for p in ctx.report.params if LAYER_PREFIX.match(p.name) and p.role.endswith("norm") and
              tuple(p.shape) == (hidden,) and not p.name.endswith("bias")]
     if not names:
         return 0
-    layer = _LAYER.match(names[0].name).group(0)
+    layer = LAYER_PREFIX.match(names[0].name).group(0)
     return sum(1 for p in names if p.name.startswith(layer))
 
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from ...errors import OptionError, UnsupportedError
 from .layout import ParallelLayout
 
-_INDEX = re.compile(r"^(.*?)\.(\d+)\.")
+# a name's layer stack and index: "model.layers.3.mlp.up_proj.weight" → ("model.layers", "3")
+LAYER_PREFIX = re.compile(r"^(.*?)\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Stage:
 
 
 def layer_of(name: str, stack: str) -> int | None:
-    match = _INDEX.match(name)
+    match = LAYER_PREFIX.match(name)
     return int(match.group(2)) if match and match.group(1) == stack else None
 
 
@@ -44,7 +45,7 @@ def layer_stack_of(names: list[str]) -> tuple[str, int]:
     """(the layer stack's path, its layers) from parameter names; one stack only."""
     stacks: dict[str, set[int]] = {}
     for name in names:
-        match = _INDEX.match(name)
+        match = LAYER_PREFIX.match(name)
         if match:
             stacks.setdefault(match.group(1), set()).add(int(match.group(2)))
     big = {path: len(indices) for path, indices in stacks.items() if len(indices) > 1}

@@ -19,7 +19,6 @@ A tensor parallel degree that would split an attention head or leave a width une
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -132,13 +131,7 @@ def _place(param: Any, shape: ModelShape, tp: int, ep: int, kv_replicated: bool)
                                   "tp", tp=tp, size=size, what="output" if rule == "column" else "input",
                                   name=param.name, role=role)
             local[cut] = size // tp
-    elif tp == 1:
-        rule = rule if cut is not None else "replicated"
-    return Placement(param.name, role, dims, tuple(local), rule if tp > 1 or cut is not None else "replicated",
-                     cut, split_experts, param.dtype)
-
-
-LAYER_INDEX = re.compile(r"\.(\d+)\.")
+    return Placement(param.name, role, dims, tuple(local), rule, cut, split_experts, param.dtype)
 
 
 def tp_rule_words(rule: str, tp: int) -> str:
