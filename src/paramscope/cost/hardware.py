@@ -89,6 +89,29 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 
+# Memory bandwidth in GB/s (10^9 B/s), the vendors' datasheet figures for each card's memory (HBM or GDDR), the
+# rate a roofline's memory side divides bytes by (`serve`). The SXM/OAM part where a name covers both forms, as
+# the peak table reads it: H100 80GB SXM 3,350 (PCIe 2,000), A100 80GB SXM 2,039 (PCIe 1,935). Sources: NVIDIA's
+# datasheets (H100, H200, H100 NVL, GH200, A100, L40S, L4, A10, T4, V100, RTX 6000 Ada, RTX A6000, RTX PRO 6000,
+# HGX B200/B300) and GeForce specification pages (RTX 3060/3090/4070/4080/4090/5090); AMD's Instinct MI250X,
+# MI300X, MI325X and MI355X pages; Google Cloud's TPU v5e/v5p/v6e system architecture pages; Intel's Gaudi 3
+# white paper.
+BANDWIDTH_GBPS: dict[str, float] = {
+    "RTX 3060": 360.0, "RTX 4070": 504.2, "RTX 4080": 716.8, "T4": 320.0, "V100 16GB": 900.0, "TPU v5e": 819.0,
+    "RTX 3090": 936.2, "RTX 4090": 1008.0, "A10G": 600.0, "L4": 300.0, "RTX 5090": 1792.0, "V100 32GB": 900.0,
+    "TPU v6e": 1640.0, "A100 40GB": 1555.0, "RTX A6000": 768.0, "RTX 6000 Ada": 960.0, "L40S": 864.0,
+    "A100 80GB": 2039.0, "H100 80GB": 3350.0, "H100 NVL": 3900.0, "TPU v5p": 2765.0, "RTX PRO 6000": 1792.0,
+    "GH200": 4000.0, "Gaudi 3": 3700.0, "MI250X": 3276.8, "H200": 4800.0, "B200": 8000.0, "MI300X": 5300.0,
+    "MI325X": 6000.0, "B300": 8000.0, "MI355X": 8000.0,
+}
+
+
+def bandwidth(accelerator: Accelerator) -> float | None:
+    """Memory bandwidth of `accelerator` in bytes per second (datasheet), or None when unknown."""
+    value = BANDWIDTH_GBPS.get(accelerator.name)
+    return None if value is None else value * 1e9
+
+
 def peak_flops(accelerator: Accelerator, dtype: str) -> float | None:
     """Dense peak FLOP/s of `accelerator` in `dtype` ("bf16", "fp16", "fp8", "tf32"), or None when unknown."""
     value = PEAK_TFLOPS.get(accelerator.name, {}).get(dtype)
