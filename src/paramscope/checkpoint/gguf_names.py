@@ -1,0 +1,85 @@
+"""GGUF tensor names ↔ a transformers class's parameter names, as llama.cpp's converter and transformers map them.
+
+`gguf.get_tensor_name_map(arch, blocks)` is the table convert_hf_to_gguf.py renames a checkpoint with (and
+transformers' `get_gguf_hf_weights_map` reads it backwards, as here): `model.layers.3.self_attn.q_proj` →
+`blk.3.attn_q`. On top of it, the few ways a GGUF tensor is not one parameter under another name:
+
+- fused experts: transformers 5 keeps a MoE layer's experts as one `experts.gate_up_proj` [E, 2·I, H], llama.cpp
+  as `ffn_gate_exps` and `ffn_up_exps` [E, I, H] each (transformers' Qwen2MoeTensorProcessor concatenates them, gate
+  first, along dim 1);
+- llama.cpp's rope permutation of `attn_q`/`attn_k` rows (convert_hf_to_gguf.py's LlamaModel.permute; reversed by
+  transformers' LlamaTensorProcessor): values move, the shape stays;
+- a weight stored the other way round (GPT-2's Conv1D [in, out] as ggml's [out, in]).
+
+The role of a GGUF name alone is `gguf_read.gguf_role`; `parameter_gguf_names` is the name-level map other modules
+(quantisation mixtures, memory) share.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ..errors import SourceError
+from ..errors import short_repr as _q
+
+# llama.cpp architectures whose converter permutes attn_q/attn_k rows for its rope (LlamaModel.permute), as
+# transformers' TENSOR_PROCESSORS reverse them ("llama": LlamaTensorProcessor).
+ROPE_PERMUTED = frozenset({"llama"})
+_FUSED = ".experts.gate_up_proj"
+
+
+def gguf_arch(architecture: str) -> Any:
+    """gguf's MODEL_ARCH member for llama.cpp's architecture name, or SourceError naming it."""
+    from gguf import MODEL_ARCH_NAMES
+
+    for member, name in MODEL_ARCH_NAMES.items():
+        if name == architecture:
+            return member
+    raise SourceError(f"architecture {_q(architecture)} is not one the installed gguf package knows")
+
+
+@functools.lru_cache(maxsize=8)
+def _name_map(architecture: str, blocks: int) -> Any:
+    from gguf import get_tensor_name_map
+
+    return get_tensor_name_map(gguf_arch(architecture), blocks)
+
+
+def parameter_gguf_names(architecture: str, blocks: int, name: str) -> tuple[str, ...]:
+    """The GGUF tensor names that hold the class's parameter `name` (one; two for a fused gate_up_proj, gate
+    first); () when llama.cpp's table has none. `blocks`: the model's layers (the table is built per block)."""
+    names = _name_map(architecture, blocks)
+    stem, suffix = name, ".weight"
+    if name.endswith((".weight", ".bias")):
+        stem, _, last = name.rpartition(".")
+        suffix = "." + last
+    mapped = names.get_name(stem)
+    if mapped is not None:
+        return (mapped + suffix,)
+    if stem.endswith(_FUSED):
+        base = stem[: -len("gate_up_proj")]
+        gate, up = names.get_name(base + "gate_proj"), names.get_name(base + "up_proj")
+        if gate is not None and up is not None:
+            return (gate + suffix, up + suffix)
+    return ()
+
+
+def how_stored(architecture: str, gguf_names: tuple[str, ...], gguf_shapes: tuple[tuple[int, ...], ...],
+               shape: tuple[int, ...]) -> str | None:
+    """How the GGUF tensors hold a parameter of `shape`, in words ("as is", "rows permuted for rope, shape kept",
+    "fused: ..."), or None when their shapes cannot be that parameter's."""
+    if len(gguf_names) == 2:
+        a, b = gguf_shapes
+        if len(a) == len(shape) == 3 and a == b and (a[0], 2 * a[1], a[2]) == tuple(shape):
+            return "fused: gate ‖ up along dim 1 (transformers' gate_up_proj)"
+        return None
+    (got,) = gguf_shapes
+    if tuple(got) == tuple(shape):
+        name = gguf_names[0]
+        if architecture in ROPE_PERMUTED and (".attn_q." in name or ".attn_k." in name) and len(shape) == 2:
+            return "rows permuted for rope (convert_hf_to_gguf.py), shape kept"
+        return "as is"
+    if len(shape) == 2 and tuple(got) == tuple(reversed(shape)):
+        return "transposed (ggml's [out, in]; the class holds [in, out])"
+    return None
