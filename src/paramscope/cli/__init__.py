@@ -17,14 +17,14 @@ from typing import Sequence
 from .._version import __version__
 from ..errors import ParamscopeError
 from ._common import flag_of
-from . import audit, compare, diff, flops, formula, inspect, memory, plan, presets
+from . import audit, compare, diff, flops, formula, inspect, memory, plan, presets, serve
 
 EXIT_INTERNAL = 1
 DEFAULT_COMMAND = "inspect"  # `paramscope bert-base-uncased` is `paramscope inspect bert-base-uncased`
 
 # In the order `paramscope --help` lists them.
 COMMANDS = {"inspect": inspect, "presets": presets, "formula": formula, "diff": diff, "compare": compare,
-            "audit": audit, "memory": memory, "flops": flops, "plan": plan}
+            "audit": audit, "memory": memory, "flops": flops, "serve": serve, "plan": plan}
 
 
 class _UsageError(Exception):

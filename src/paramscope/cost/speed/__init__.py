@@ -1,0 +1,1 @@
+"""How fast a model serves: roofline bounds (roofline.py) for a model (answer.py)."""

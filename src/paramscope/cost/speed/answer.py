@@ -1,0 +1,121 @@
+"""`paramscope serve MODEL --gpu NAME`: the roofline bounds (roofline.py) for a model, from the project's engines.
+
+input → storage format (declared or --dtype) → template and cost facts, or the meta build → weights in the format
+(memory/weights.py, as `memory` computes them) and the KV cache (memory/kv.py, checked against transformers' cache
+on meta) → generate()'s decode step and prefill FLOPs (flops/generation.py, checked once per config against
+FlopCounterMode) → bytes over bandwidth against FLOPs over peak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import UnsupportedError
+from ..dims import text_config
+from ..hardware import find_accelerator
+from .roofline import ServeSpeed, check_serve, peak_dtype_of, refuse_non_generating, roofline, serve_speed, \
+    weight_traffic
+
+DEFAULT_PROMPT = 2048
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    gpu: str
+    dtype: str | None = None  # --dtype: a storage format; None: the checkpoint's declared one
+    kv_dtype: str | None = None  # None: the compute dtype
+    kv_layout: str = "hf"
+    batch: int = 1
+    seq: int | None = None  # the prompt; None: 2,048, or the model's maximum when shorter
+    context: int | None = None  # the keys a decode step reads; None: the prompt's length
+    peak_dtype: str | None = None  # None: the format's (fp8 for fp8 checkpoints, else the compute dtype)
+    peak_tflops: float | None = None
+    group_size: int | None = None
+
+    def check(self) -> None:
+        check_serve(self.batch, self.context, self.seq)
+        if self.peak_tflops is not None and not 0 < self.peak_tflops <= 1e6:  # also refuses nan
+            from ...errors import OptionError
+
+            raise OptionError("{0} must be a rate above 0 and at most 1e6 TFLOP/s, got {value:g}", "peak_tflops",
+                              value=self.peak_tflops)
+
+
+def serve_answer(model: Any, options: ServeOptions, use_cache: bool = True, **model_options: Any):
+    """(report, ServeSpeed, the ModelView read): from the template and cost facts where they answer, else the build."""
+    from ...api import as_source
+    from ...build import validate_config_dict
+    from ..dtypes import torch_name
+    from ..engine_check import CheckFor
+    from ..facts.store import answer_from_facts_or_build, facts_key
+    from ..flops.check import check_generation
+    from ..memory.serving import MemoryOptions, storage_format
+
+    options.check()
+    accelerator = find_accelerator(options.gpu)
+    if options.kv_dtype is not None:
+        torch_name(options.kv_dtype)  # a bad name fails before the build
+    source = as_source(model, model_options.pop("revision", None))
+    validate_config_dict(source.config)
+    memory_options = MemoryOptions(dtype=options.dtype, kv_dtype=options.kv_dtype, batch=options.batch,
+                                   seq=options.context or options.seq, kv_layout=options.kv_layout,
+                                   group_size=options.group_size)
+    memory_options.check()
+    fmt, origin, not_convert = storage_format(source.config, memory_options)
+    roof = roofline(accelerator, options.peak_dtype or peak_dtype_of(fmt), options.peak_tflops)
+    key = facts_key(source.config, model_class=model_options.get("model_class"), task=model_options.get("task"),
+                    num_labels=model_options.get("num_labels"))
+    checked = CheckFor("generation", key, use_cache, check_generation)
+
+    def answer(report: Any, view: Any) -> ServeSpeed:
+        return _speed(report, view, options, memory_options, fmt, origin, not_convert, roof, checked)
+
+    report, view, speed = answer_from_facts_or_build(source, answer, dtype=fmt.compute_dtype, use_cache=use_cache,
+                                                     **model_options)
+    return report, speed, view
+
+
+def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, fmt: Any, origin: str,
+           not_convert: Any, roof: Any, checked: Any) -> ServeSpeed:
+    from ..flops.generation import analytic_generation
+    from ..memory.serving import serving_estimate, step_length
+
+    refuse_non_generating(view)
+    text = text_config(view.config)
+    prompt, limit, notes = step_length(report, text, options.seq, DEFAULT_PROMPT)
+    context = options.context or prompt
+    if options.context is not None and limit is not None and context > limit:
+        notes.append(f"--context {context:,} is beyond the model's max_position_embeddings ({limit:,})")
+    memory_options = dataclasses.replace(memory_options, seq=context)
+    memory = serving_estimate(report, view, memory_options, fmt, origin, not_convert)
+    cache = memory.kv_cache
+    check = checked.of(view)
+    if check.status == "differs":
+        from ..model_view import FactsGap
+
+        if view.module is None:
+            raise FactsGap("the analytic generate() count differs from FlopCounterMode's for this config")
+        raise UnsupportedError("serving speed needs the analytic generate() count, and for {name} it differs from "
+                               "FlopCounterMode's ({words}); `flops --generate N --trace` counts it traced",
+                               name=view.class_name, words=check.words())
+
+    def generation(batch: int, seq: int, new_tokens: int) -> Any:
+        found = analytic_generation(view, report.params, batch=batch, seq=seq, new_tokens=new_tokens)
+        if found is None:
+            raise UnsupportedError("no analytic generate() count for {name}: `flops --generate N --trace` counts it "
+                                   "traced", name=view.class_name)
+        return found
+
+    notes.extend(n for n in memory.notes if n not in notes)
+    notes.append(check.words())
+    return serve_speed(
+        traffic=weight_traffic(memory.weights, report.params, text), cache=cache, roof=roof,
+        step_flops=lambda b, c: generation(b, c - 1, 2).first_step,
+        prefill_flops=lambda b, s: generation(b, s, 1).prefill,
+        batch=options.batch, context=context, prompt=prompt, max_context=limit, dtype=fmt.key,
+        kv_dtype=memory.settings["kv_dtype"], notes=tuple(notes), compute_dtype=fmt.compute_dtype)
+
+
+__all__ = ["ServeOptions", "serve_answer", "DEFAULT_PROMPT"]

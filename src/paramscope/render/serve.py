@@ -1,0 +1,182 @@
+"""`paramscope serve`: a ServeSpeed → text (rich, at a width), → the JSON "serve" object, → the HTML page.
+
+Pure functions of their data. Bytes and FLOPs are exact integers; times and rates are bounds, and say so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ._console import indented, model_source_line, to_text
+
+
+def _time(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:,.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:,.3g} ms"
+    return f"{seconds * 1e6:,.3g} µs"
+
+
+def _bytes(value: int) -> str:
+    from .memory import binary
+
+    return binary(value)
+
+
+def render_serve_text(report: Any, speed: Any, width: int = 100, *, color: bool = False) -> str:
+    return to_text(serve_parts(report, speed), width, color)
+
+
+def serve_parts(report: Any, speed: Any) -> list:
+    roof = speed.roofline
+    parts: list = [Text(f"Serving speed of {report.model.label} ({report.model.class_name}) on {roof.gpu}: roofline "
+                        "bounds", style="bold")]
+    source = model_source_line(report.model)
+    if source is not None:
+        parts.append(source)
+    parts.append(indented(f"{roof.words()}; weights {speed.dtype}, KV cache {speed.kv_dtype} ({speed.kv_layout}); "
+                          f"no communication modelled"))
+    table = Table(box=box.SIMPLE_HEAD, title=f"Decode at context {speed.context:,} (bounds)", title_justify="left")
+    for column, justify in (("batch", "right"), ("bytes/step", "right"), ("FLOPs/step", "right"),
+                            ("memory", "right"), ("compute", "right"), ("tokens/s ≤", "right"),
+                            ("per seq. ≤", "right"), ("binds", "left")):
+        table.add_column(column, justify=justify, no_wrap=True)
+    for step in speed.decode:
+        table.add_row(f"{step.batch:,}", _bytes(step.bytes), f"{step.flops:.3e}".replace("e+", "e"),
+                      _time(step.memory_seconds),
+                      _time(step.compute_seconds), f"{step.tokens_per_second:,.1f}", f"{step.per_sequence:,.1f}",
+                      step.binds, style="bold" if step.batch == speed.batch else None)
+    parts.append(table)
+    prefill = speed.prefill
+    parts.append(indented(f"Prefill: time to first token ≥ {_time(prefill.seconds)} ({prefill.binds}-bound): a prefill of "
+                          f"{speed.batch} × {speed.prompt:,} tokens, {prefill.bytes:,} B ({_bytes(prefill.bytes)}) over "
+                          f"bandwidth = {_time(prefill.memory_seconds)}, {prefill.flops:,} FLOPs over peak = "
+                          f"{_time(prefill.compute_seconds)}"))
+    parts.append(indented("Crossover: " + crossover_words(speed)))
+    arithmetic = Table(box=None, show_header=False, pad_edge=False, title="How it adds up (batch "
+                       f"{speed.batch}, context {speed.context:,})", title_justify="left")
+    arithmetic.add_column(style="bold", no_wrap=True)
+    arithmetic.add_column()
+    for label, words in speed.arithmetic:
+        arithmetic.add_row(label, words)
+    parts.append(arithmetic)
+    parts.append(Text("Conventions", style="bold"))
+    parts.extend(indented("• " + words) for words in speed.conventions)
+    if speed.notes:
+        parts.append(Text("Notes", style="bold"))
+        parts.extend(indented("• " + words) for words in speed.notes)
+    return parts
+
+
+def crossover_words(speed: Any) -> str:
+    """Where decode turns compute-bound at the context, or why it does not."""
+    if speed.crossover is not None:
+        return (f"decode turns compute-bound at batch {speed.crossover:,} and above (context {speed.context:,}, "
+                f"{speed.roofline.peak_dtype} peak)")
+    step = speed.decode[-1]
+    return (f"decode stays memory-bound at context {speed.context:,} up to batch 2^20: each sequence's KV cache "
+            f"traffic ({_time(step.kv_bytes / step.batch / speed.roofline.bandwidth)} a step) outlasts its FLOPs "
+            f"({_time(step.flops / step.batch / speed.roofline.peak)}), so a larger batch never catches up")
+
+
+def _step_dict(step: Any) -> dict[str, Any]:
+    found = {"batch": step.batch, "tokens": step.tokens, "weight_bytes": step.weight_bytes,
+             "kv_bytes": step.kv_bytes, "bytes": step.bytes, "flops": step.flops,
+             "memory_seconds": step.memory_seconds, "compute_seconds": step.compute_seconds,
+             "seconds": step.seconds, "binds": step.binds}
+    if step.experts_touched is not None:
+        found["experts_touched"] = step.experts_touched
+    return found
+
+
+def serve_to_dict(speed: Any) -> dict[str, Any]:
+    """The JSON "serve" object (docs/json-schema.md)."""
+    roof = speed.roofline
+
+    def decode(step: Any) -> dict[str, Any]:
+        return {**_step_dict(step), "context": step.tokens, "tokens_per_second": step.tokens_per_second,
+                "per_sequence": step.per_sequence}
+
+    return {
+        "kind": "bound",
+        "gpu": {"name": roof.gpu, "bandwidth": roof.bandwidth, "peak_flops": roof.peak,
+                "peak_dtype": roof.peak_dtype, "peak_from": roof.peak_from},
+        "settings": {"dtype": speed.dtype, "kv_dtype": speed.kv_dtype, "kv_layout": speed.kv_layout,
+                     "batch": speed.batch, "context": speed.context, "prompt": speed.prompt},
+        "routing": None if speed.routing is None else {"top_k": speed.routing[0], "experts": speed.routing[1]},
+        "decode": [decode(step) for step in speed.decode],
+        "prefill": {**_step_dict(speed.prefill), "prompt": speed.prefill.tokens},
+        "crossover_batch": speed.crossover,
+        "by_batch": [decode(step) for step in speed.by_batch],
+        "by_context": [decode(step) for step in speed.by_context],
+        "arithmetic": [{"what": label, "how": words} for label, words in speed.arithmetic],
+        "conventions": list(speed.conventions),
+        "notes": list(speed.notes),
+    }
+
+
+def render_serve_html(report: Any, speed: Any, *, fragment: bool = False) -> str:
+    """The bounds, the decode table, and tokens/s against batch (at the context) and against context (at the
+    batch), each curve with its memory-bound and compute-bound limits."""
+    from .html.cost import _rows_table, _subtitled, _titled
+    from .html.page import Section, figure, html_page, notes_section
+
+    roof = speed.roofline
+    rows = [("GPU", roof.words()), ("weights", speed.dtype), ("KV cache", f"{speed.kv_dtype} ({speed.kv_layout})"),
+            ("decode", f"batch {speed.batch}, context {speed.context:,}: ≤ {speed.at_batch.tokens_per_second:,.1f} "
+                       f"tokens/s ({speed.at_batch.binds}-bound)"),
+            ("time to first token", f"≥ {_time(speed.prefill.seconds)} ({speed.prefill.binds}-bound), "
+                                    f"{speed.batch} × {speed.prompt:,} tokens"),
+            ("crossover", crossover_words(speed))]
+    rows += list(speed.arithmetic)
+    sections = [Section("Bounds", _rows_table(rows, "serve-bounds")),
+                Section("Against batch", figure(_curve(speed.by_batch, "batch", f"batch (sequences), context "
+                                                       f"{speed.context:,}", roof), "line-batch")),
+                Section("Against context", figure(_curve(speed.by_context, "context", f"context (keys a step reads), "
+                                                         f"batch {speed.batch}", roof), "line-context")),
+                Section("Conventions", "".join(f"<p>{_escape(words)}</p>" for words in speed.conventions))]
+    if speed.notes:
+        sections.append(notes_section(speed.notes))
+    return html_page(_titled(report, f"serving speed on {roof.gpu} (bounds)"),
+                     _subtitled(report, f"{speed.dtype} weights · KV {speed.kv_dtype} · roofline bounds"), sections,
+                     fragment)
+
+
+def _escape(text: str) -> str:
+    from .html.page import escape
+
+    return escape(text)
+
+
+def _curve(steps: Any, axis: str, title: str, roof: Any) -> dict:
+    """tokens/s ≤ against `axis`, with each side's own limit: the memory side's B / (bytes / bandwidth) and the
+    compute side's B / (FLOPs / peak); the bound is the lower of the two at every point."""
+    from .html.page import FONT, LEGEND_ABOVE
+
+    x = [step.batch if axis == "batch" else step.tokens for step in steps]
+
+    def line(name: str, values: list[float], color: str, dash: str = "solid") -> dict:
+        return {"type": "scatter", "mode": "lines+markers" if dash == "solid" else "lines", "name": name, "x": x,
+                "y": values, "line": {"color": color, "dash": dash},
+                "customdata": [[step.bytes, step.flops, step.binds] for step in steps],
+                "hovertemplate": f"{name}<br>{axis} %{{x:,}}: %{{y:,.1f}} tokens/s<br>%{{customdata[0]:,}} B, "
+                                 "%{customdata[1]:,} FLOPs a step (%{customdata[2]}-bound)<extra></extra>"}
+
+    traces = [line("tokens/s bound", [step.tokens_per_second for step in steps], "#4e79a7"),
+              line("memory side (bytes / bandwidth)", [step.batch / step.memory_seconds for step in steps],
+                   "#59a14f", "dot"),
+              line(f"compute side (FLOPs / {roof.peak_dtype} peak)",
+                   [step.batch / step.compute_seconds for step in steps], "#e15759", "dot")]
+    layout = {"height": 420, "margin": {"t": 40, "l": 10, "r": 10, "b": 50},
+              "xaxis": {"title": {"text": title}, "type": "log"},
+              "yaxis": {"title": {"text": "decode tokens/s (bound)"}, "type": "log", "automargin": True},
+              "legend": LEGEND_ABOVE, "font": FONT}
+    return {"data": traces, "layout": layout}
+
+
+__all__ = ["render_serve_text", "serve_to_dict", "render_serve_html", "crossover_words"]

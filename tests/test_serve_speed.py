@@ -1,0 +1,114 @@
+"""`paramscope serve`: roofline bounds on decode and prefill, their bytes and FLOPs derived by hand here."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pytest
+
+from paramscope.cli import main
+from paramscope.cost.speed.answer import ServeOptions, serve_answer
+from paramscope.cost.speed.roofline import experts_touched
+
+H100_BANDWIDTH = 3350e9  # B/s, H100 SXM datasheet
+H100_BF16 = 989.4e12  # FLOP/s, dense
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return serve_answer("llama-3-8b", ServeOptions(gpu="h100", batch=1, seq=1024, context=1024))[1]
+
+
+def test_llama_3_8b_decode_step_by_hand(llama):
+    h, layers, kv, head_dim, ffn, vocab = 4096, 32, 8, 128, 14336, 128_256
+    matmul_per_layer = 2 * h * h + 2 * h * kv * head_dim + 3 * h * ffn  # q, o; k, v; gate, up, down
+    # every weight read once in bf16, the untied embedding a gather of one row (batch 1)
+    weights = 2 * (layers * (matmul_per_layer + 2 * h) + h + vocab * h) + 2 * h
+    assert weights == 15_009_857_536
+    per_token = layers * 2 * kv * head_dim * 2  # K and V, 8 heads × 128, bf16
+    kv_bytes = per_token * (1024 + 1)  # 1,024 keys read, the new token's K and V written
+    assert kv_bytes == 134_348_800
+    # generate()'s step: 2 FLOPs a weight a token meets, and 2·heads·(d_k + d_v) per key and layer
+    flops = 2 * (layers * matmul_per_layer + vocab * h) + layers * 2 * 32 * (head_dim + head_dim) * 1024
+    assert flops == 15_546_187_776
+    step = llama.at_batch
+    assert (step.batch, step.tokens, step.weight_bytes, step.kv_bytes, step.flops) == (1, 1024, weights, kv_bytes,
+                                                                                       flops)
+    assert llama.roofline.bandwidth == H100_BANDWIDTH and llama.roofline.peak == H100_BF16
+    memory, compute = (weights + kv_bytes) / H100_BANDWIDTH, flops / H100_BF16
+    assert step.binds == "memory" and step.memory_seconds == memory and step.compute_seconds == compute
+    assert step.tokens_per_second == 1 / memory
+    assert round(step.tokens_per_second, 1) == 221.2
+    # at batch 8: eight rows gathered, eight sequences' KV, eight tokens' FLOPs
+    eight = next(s for s in llama.decode if s.batch == 8)
+    assert (eight.weight_bytes, eight.kv_bytes, eight.flops) == (weights + 7 * 2 * h, 8 * kv_bytes, 8 * flops)
+    assert [s.batch for s in llama.decode] == [1, 8, 32, 128]
+
+
+def test_llama_crossover_and_prefill(llama):
+    # each sequence's KV traffic (134 MB a step) outlasts its FLOPs at 1,024 keys: never compute-bound
+    assert llama.crossover is None
+    assert all(s.binds == "memory" for s in llama.by_batch)
+    prefill = llama.prefill
+    assert prefill.kv_bytes == 131_072 * 1024
+    assert prefill.binds == "compute" and prefill.seconds == prefill.flops / H100_BF16
+    short = serve_answer("llama-3-8b", ServeOptions(gpu="h100", batch=1, seq=128, context=128))[1]
+    crossover = short.crossover
+    assert crossover is not None
+    below = [s for s in short.by_batch if s.batch < crossover]
+    at = next(s for s in short.by_batch if s.batch == crossover)
+    assert at.binds == "compute" and below and all(s.binds == "memory" for s in below)
+    assert [s.tokens for s in short.by_context][:2] == [128, 256] and short.by_context[0].batch == 1
+
+
+def test_experts_touched_is_exact():
+    assert experts_touched(2, 8, 1) == 2
+    assert experts_touched(2, 8, 8) == 8 * (1 - Fraction(3, 4) ** 8) == Fraction(58975, 8192)
+    assert experts_touched(8, 256, 100_000) == 256  # (1 − 1/32)^100,000 is below any byte
+    assert experts_touched(8, 8, 3) == 8
+
+
+def test_mixtral_reads_the_expected_active_experts():
+    speed = serve_answer("mixtral-8x7b", ServeOptions(gpu="h100", batch=8, seq=512, context=512))[1]
+    h, layers, kv, ffn, vocab, experts = 4096, 32, 8, 14336, 32_000, 8
+    attention = 2 * h * h + 2 * h * kv * 128
+    whole = 2 * (layers * (attention + 2 * h + experts * h) + h + vocab * h)  # + routers, norms, head
+    routed = 2 * layers * experts * 3 * h * ffn
+    assert routed == 90_194_313_216
+    one = next(s for s in speed.decode if s.batch == 1)
+    assert one.weight_bytes == whole + 2 * h + routed * 2 // 8  # top-2 of 8: a quarter of the experts
+    assert one.experts_touched == 2
+    eight = speed.at_batch
+    share = Fraction(58975, 65536)  # 8·(1 − (3/4)^8) / 8
+    assert routed * share == int(routed * share)
+    assert eight.weight_bytes == whole + 8 * 2 * h + routed * share
+    assert eight.experts_touched == float(Fraction(58975, 8192))
+    assert speed.routing == (2, 8)
+    assert any("E·(1 − (1 − k/E)^T)" in words for words in speed.conventions)
+
+
+def test_deepseek_v3_reads_the_mla_latent():
+    speed = serve_answer("deepseek-v3", ServeOptions(gpu="h100", batch=1, seq=1024, context=1024))[1]
+    per_token = 61 * (512 + 64) * 2  # 61 layers × (kv_lora_rank + qk_rope_head_dim) in bf16
+    assert speed.kv_layout == "latent"
+    assert speed.at_batch.kv_bytes == per_token * 1025
+    assert speed.roofline.peak_dtype == "fp8"  # the checkpoint is fp8: W8A8 matmuls
+    one = speed.at_batch
+    assert one.experts_touched == 8  # top-8 of 256
+
+
+def test_cli_json_and_bad_input(capsys):
+    assert main(["serve", "llama-3-8b", "--gpu", "h100", "--seq", "1024", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    serve = document["serve"]
+    assert document["schema_version"] and serve["kind"] == "bound"
+    first = serve["decode"][0]
+    assert (first["batch"], first["context"], first["bytes"], first["flops"], first["binds"]) == \
+        (1, 1024, 15_144_206_336, 15_546_187_776, "memory")
+    assert serve["gpu"]["bandwidth"] == H100_BANDWIDTH and serve["crossover_batch"] is None
+    for argv, bad in ((["--batch", "0"], "--batch"), (["--gpu", "h900"], "h900"), (["--context", "1"], "--context")):
+        gpu = [] if "--gpu" in argv else ["--gpu", "h100"]
+        assert main(["serve", "llama-3-8b", *gpu, *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and bad in err and "Traceback" not in err
