@@ -1,0 +1,104 @@
+"""`paramscope memory MODEL --engine vllm`: vLLM's launch figures (cost/memory/vllm.py), its flags and their checks.
+
+Kept apart from cli/memory.py, which only adds these options and hands over when --engine is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ._common import checked_size, checked_width, use_color, write, write_report_json
+
+_FLAGS = (("--gpu-memory-utilization", "gpu_memory_utilization"), ("--max-model-len", "max_model_len"),
+          ("--max-num-seqs", "max_num_seqs"), ("--max-num-batched-tokens", "max_num_batched_tokens"),
+          ("--block-size", "block_size"))
+
+
+def add_vllm_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("vLLM pre-flight (--engine vllm, with --gpu or --budget)")
+    group.add_argument("--engine", choices=("vllm",),
+                       help="vllm: what vLLM computes at launch on one GPU (each GPU under --tp): the memory it "
+                            "budgets, KV blocks and tokens, the maximum concurrency at --max-model-len, the largest "
+                            "--max-model-len that fits, and the `vllm serve` flags that fit")
+    group.add_argument("--gpu-memory-utilization", type=float, metavar="U",
+                       help="the fraction of the GPU vLLM may use (default 0.9)")
+    group.add_argument("--max-model-len", type=int, metavar="N",
+                       help="context length vLLM reserves for (default: the model's max_position_embeddings)")
+    group.add_argument("--max-num-seqs", type=int, metavar="S",
+                       help="sequences a step (default: vllm serve's, 1024 on a GPU of 70 GiB or more that is not "
+                            "an A100, else 256)")
+    group.add_argument("--max-num-batched-tokens", type=int, metavar="T",
+                       help="tokens a step, the profile run's size (default: vllm serve's, 8192 or 2048 as above)")
+    group.add_argument("--block-size", type=int, metavar="B", help="tokens a KV block (default 16)")
+
+
+def wants_vllm(args: argparse.Namespace) -> bool:
+    """--engine vllm, or one of its flags without it (refused by run_vllm, naming the flag)."""
+    return args.engine is not None or any(getattr(args, name) is not None for _, name in _FLAGS)
+
+
+def run_vllm(args: argparse.Namespace) -> int:
+    from ..cost.hardware import Accelerator, find_accelerator
+    from ..cost.memory.serving import MemoryOptions
+    from ..cost.memory.serving_answer import memory_answer
+    from ..cost.memory.vllm import VllmOptions, vllm_preflight
+    from ..errors import OptionError
+    from ..sources import resolve
+
+    if args.engine is None:
+        flag = next(flag for flag, name in _FLAGS if getattr(args, name) is not None)
+        raise OptionError(f"{flag} is for --engine vllm")
+    given = [flag for flag, on in (("--training", args.training), ("--trace", args.trace),
+                                   ("--html", args.html is not None), ("--batch", args.batch != 1),
+                                   ("--seq", args.seq is not None), ("--pp", args.pp != 1),
+                                   ("--kv-layout", args.kv_layout != "hf"), ("--encoder-seq", args.encoder_seq),
+                                   ("--find-layout", args.find_layout), ("--devices", args.devices),
+                                   ("--zero", args.zero is not None), ("--dp", args.dp), ("--sp", args.sp),
+                                   ("--cp", args.cp != 1), ("--ep", args.ep != 1), ("--freeze", args.freeze))
+             if on]
+    if given:
+        raise OptionError(f"--engine vllm does not take {given[0]} (vLLM's own flags: --max-model-len, "
+                          "--max-num-seqs, --tp)")
+    if bool(args.gpu) == bool(args.budget):
+        raise OptionError("--engine vllm needs one of --gpu NAME or --budget SIZE: the memory vLLM's utilization "
+                          "multiplies")
+    width = None if args.json else checked_width(args)
+    options = VllmOptions(
+        gpu_memory_utilization=0.9 if args.gpu_memory_utilization is None else args.gpu_memory_utilization,
+        max_model_len=args.max_model_len, block_size=16 if args.block_size is None else args.block_size,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    options.check()
+    reserve = checked_size("--reserve", args.reserve, zero=True)
+    accelerator = find_accelerator(args.gpu) if args.gpu else Accelerator(
+        "budget", checked_size("--budget", args.budget), "", "budget")
+    from ..cost.dtypes import torch_name
+    from ..cost.memory.vllm import cache_dtype_flag, vllm_dtype
+
+    if args.kv_dtype is not None and torch_name(args.kv_dtype) == "float32":
+        raise OptionError("--kv-dtype fp32: vLLM's --kv-cache-dtype has no fp32 (auto, bfloat16, fp8)")
+    source = resolve(args.model, revision=args.revision)
+    dtype, dtype_flag, dtype_note = vllm_dtype(source.config, args.dtype)
+    memory = MemoryOptions(dtype=dtype, kv_dtype=args.kv_dtype, seq=args.max_model_len,
+                           group_size=args.group_size, reserve=reserve, tp=args.tp)
+    memory.check()
+    report, estimate, view = memory_answer(source, memory, not args.no_cache, model_class=args.model_class,
+                                           task=args.task, num_labels=args.num_labels,
+                                           trust_remote_code=args.trust_remote_code)
+    preflight = vllm_preflight(report, view, estimate, options, accelerator, reserve=reserve, tp=args.tp,
+                               model_id=report.model.label if report.model.source_kind in ("preset", "hub",
+                                                                                            "hub-cache")
+                               else args.model,
+                               kv_dtype_flag=cache_dtype_flag(estimate.settings["kv_dtype"],
+                                                              estimate.settings.get("compute_dtype")),
+                               dtype_flag=dtype_flag, extra_notes=(dtype_note,) if dtype_note else ())
+    if args.json:
+        from ..render.memory import memory_to_dict
+        from ..render.vllm import vllm_to_dict
+
+        write_report_json(report, memory={**memory_to_dict(estimate), "vllm": vllm_to_dict(preflight)})
+    else:
+        from ..render.vllm import render_vllm_text
+
+        write(render_vllm_text(report, preflight, width, color=use_color()))
+    return 0

@@ -1,0 +1,569 @@
+"""vLLM's launch arithmetic, before launching: KV blocks, tokens of KV, concurrency and the largest context that fit.
+
+What vLLM (V1 engine) computes at start-up, read from its source (commits named in docs/commands.md, "vLLM
+pre-flight"):
+
+    requested = total GPU memory (torch.cuda.mem_get_info) × gpu_memory_utilization       (gpu_worker.init_device)
+    non-KV    = weights + the profile run's torch peak increase + non-torch increase     (mem_utils.memory_profiling)
+    available = int(requested − non-KV)                                 (gpu_worker.determine_available_memory)
+    blocks    = available // (page bytes × layers per pool)                   (kv_cache_utils.get_num_blocks)
+
+A layer's page is one block of its KV cache (kv_cache_interface.py): block_size × num_kv_heads (a rank's) ×
+(head_size + head_size_v) × dtype bytes for attention, block_size × (kv_lora_rank + qk_rope_head_dim) × bytes for
+MLA (its latent and rope key, one "head", whole on every tensor-parallel rank). The bytes per token and layer are
+the project's KV engine's (memory/kv.py: "grouped" and "latent" layouts, a rank's share at `tp`), so the two
+never disagree; vLLM adds no padding to an attention page when every layer's page is equal.
+
+Layers are grouped by spec (kv_cache_utils.get_kv_cache_groups): one group when every layer is alike; for
+full + sliding-window models (Gemma-2, Gemma-3, gpt-oss) the layers of each kind form groups of `group size`
+layers (the smallest kind's count, or the largest's where it is under 1.5× the smallest), each pool shared by one
+layer of each group. A request at max_model_len needs, per group: full attention cdiv(len, block) blocks; a
+sliding window cdiv(min(window − 1 + max_num_batched_tokens, len), block) + 1 (the window may start mid-block and
+a chunked prefill's tokens are allocated before the window slides past them); chunked local attention
+cdiv(min(chunk + max_num_batched_tokens, len), block). The maximum concurrency vLLM logs is blocks ÷ the blocks
+one request needs (get_max_concurrency_for_kv_cache_config); the tokens of KV it logs are that × max_model_len.
+The largest max_model_len that fits is vLLM's own binary search (_estimate_max_model_len_from_groups).
+
+Which layers slide is vLLM's choice, not transformers': vLLM's model classes (llama.py and the classes built like
+it) give a layer a window only where the config's `layer_types` says "sliding_attention"; a config with a
+`sliding_window` but no `layer_types` (Mistral-7B-v0.1) runs full attention in vLLM.
+
+The non-KV reserve beyond the weights is measured by vLLM on the GPU; here each part is an estimate, named with its
+source: the profile run's activation peak (a dummy forward of max_num_batched_tokens tokens, then the sampler over
+max_num_seqs requests), the non-torch memory (an allowance), and the CUDA graphs, which vLLM (at the commit read)
+captures after the KV cache is allocated: they are not subtracted from the budget but must fit in the headroom
+total × (1 − utilization) with the CUDA context.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import OptionError, UnsupportedError
+from ..hardware import GiB
+
+MiB = 2**20
+DEFAULT_UTILIZATION = 0.9
+DEFAULT_BLOCK_SIZE = 16
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vLLM's CacheConfig.block_size choices (CUDA)
+# memory outside torch's allocator that grows between vLLM's first snapshot (taken after NCCL's initialisation) and
+# the end of the profile run: CUDA kernels' modules loaded on first use, library handles. An allowance, not a
+# measurement: vLLM logs its own as "non-torch forward increase memory".
+NON_TORCH_ALLOWANCE = 256 * MiB
+# the CUDA graphs' memory pool and kernel parameters, captured after the KV cache is allocated; vLLM logs it as
+# "Graph capturing finished in … secs, took … GiB". An allowance, not a measurement.
+CUDA_GRAPH_ALLOWANCE = 512 * MiB
+# vLLM's `vllm serve` defaults (EngineArgs.get_batch_defaults, OPENAI_API_SERVER): a GPU of 70 GiB or more that is
+# not an A100 gets the larger batch; its threshold compares the memory CUDA reports
+_LARGE_GPU = 70 * GiB
+_SERVE_DEFAULTS = {True: (8192, 1024), False: (2048, 256)}  # large GPU → (max_num_batched_tokens, max_num_seqs)
+_MAX_TOKENS = 1 << 24
+_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """`--engine vllm`'s settings, each as `vllm serve` spells it (None: vLLM's default for the GPU and model)."""
+
+    gpu_memory_utilization: float = DEFAULT_UTILIZATION
+    max_model_len: int | None = None  # None: the model's max_position_embeddings (vLLM's derived length)
+    block_size: int = DEFAULT_BLOCK_SIZE
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    def check(self) -> None:
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1 or math.isnan(u):
+            raise OptionError("{0} must be a fraction in (0, 1], got {value}", "gpu_memory_utilization", value=u)
+        if self.block_size not in BLOCK_SIZES:
+            raise OptionError("{0} must be one of {choices} (vLLM's choices), got {value}", "block_size",
+                              choices=", ".join(map(str, BLOCK_SIZES)), value=self.block_size)
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and not 1 <= value <= _MAX_TOKENS:
+                raise OptionError("{0} must be between 1 and {limit:,}, got {value}", name, limit=_MAX_TOKENS,
+                                  value=value)
+        if self.max_num_seqs is not None and self.max_num_batched_tokens is not None and \
+                self.max_num_seqs > self.max_num_batched_tokens:
+            raise OptionError("{0} ({seqs:,}) must not exceed {1} ({tokens:,}), as vLLM requires", "max_num_seqs",
+                              "max_num_batched_tokens", seqs=self.max_num_seqs, tokens=self.max_num_batched_tokens)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A part of the non-KV reserve that vLLM measures and paramscope estimates."""
+
+    bytes: int
+    arithmetic: str
+    source: str  # what vLLM measures, and where
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    """The layers of one KV cache spec, as vLLM groups them (kv_cache_interface.py)."""
+
+    kind: str  # "full attention" | "sliding window 4,096" | "chunked 8,192" | "MLA latent"
+    spec: str  # vLLM's class: FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MLAAttentionSpec
+    layers: int
+    groups: int  # vLLM's KV cache groups of this kind (layers ÷ group size, rounded up)
+    bytes_per_token: int  # one layer, one token (a rank's share)
+    token_arithmetic: str  # the project's KV engine's, e.g. "2 × 8 kv heads × 128 × 2 B"
+    page_bytes: int  # one block of one layer: block_size × bytes_per_token
+    window: int | None
+    blocks_per_request: int  # at max_model_len, one group of this kind
+    blocks_arithmetic: str
+
+
+@dataclass(frozen=True)
+class TensorParallelTry:
+    tp: int
+    weights: int | None  # a GPU's weights at this degree; None where the degree was refused
+    available: int | None
+    fits: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class VllmPreflight:
+    """What vLLM would compute at launch on one GPU (a tensor-parallel rank's GPU under --tp)."""
+
+    gpu: str
+    total: int  # the GPU's memory, as vLLM's utilization multiplies it
+    total_from: str
+    utilization: float
+    requested: int  # int(total × utilization)
+    tp: int
+    weights: int  # a GPU's weights and buffers: the project's serving weights (parallel/serving.py under tp)
+    weights_from: str
+    activation: Estimate
+    non_torch: Estimate
+    cuda_graphs: Estimate
+    non_kv: int  # weights + activation + non-torch (what vLLM subtracts)
+    available: int  # int(total × utilization − non-KV): vLLM's "Available KV cache memory"
+    block_size: int
+    kv_dtype: str
+    groups: tuple[KVGroup, ...]
+    group_size: int  # layers a KV cache pool serves: one layer of each group
+    page_bytes: int  # one block of one layer
+    bytes_per_block: int  # page × group size: what one block costs over all layers
+    blocks: int  # vLLM's num_gpu_blocks (0 when nothing is available)
+    max_model_len: int
+    max_model_len_from: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    defaults_from: str
+    blocks_per_request: int  # one sequence at max_model_len, every group
+    max_concurrency: float  # blocks ÷ blocks_per_request: "Maximum concurrency for N tokens per request: X"
+    kv_tokens: int  # int(max_concurrency × max_model_len): "GPU KV cache size: N tokens"
+    largest_max_model_len: int  # the largest that fits (0: not one token), up to the model's own length
+    model_max_len: int
+    fits: bool
+    why: str  # why it does not fit ("" when it does)
+    headroom: int  # total − requested: what the CUDA context and graphs take from
+    headroom_needs: int  # the reserve (CUDA context) + the CUDA graphs' allowance
+    smallest_tp: int | None  # where it does not fit at --tp: the smallest degree that fits at this length
+    tried: tuple[TensorParallelTry, ...]
+    command: str  # `vllm serve …` that fits (or the asked one, when it fits)
+    command_changes: str  # what the command changed from the asked settings, in words
+    notes: tuple[str, ...] = field(default=())
+
+
+def serve_defaults(total: int, gpu_name: str) -> tuple[int, int, str]:
+    """(max_num_batched_tokens, max_num_seqs, where from) as `vllm serve` defaults them on this GPU."""
+    large = total >= _LARGE_GPU and "a100" not in gpu_name.lower()
+    tokens, seqs = _SERVE_DEFAULTS[large]
+    why = ("70 GiB or more and not an A100" if large else
+           ("an A100" if "a100" in gpu_name.lower() else "under 70 GiB"))
+    return tokens, seqs, (f"vllm serve's defaults for a GPU of {why} (EngineArgs.get_batch_defaults, "
+                          "OPENAI_API_SERVER)")
+
+
+def vllm_dtype(config: dict[str, Any], dtype: str | None) -> tuple[str | None, str | None, str]:
+    """(the --dtype the serving answer takes, the `vllm serve` flag that says it, a note): a float32 checkpoint
+    without --dtype is served in bfloat16, as vLLM's `--dtype auto` resolves a float32 config to 16 bits
+    (bfloat16 on GPUs that support it); a plain --dtype is vLLM's --dtype, fp8 its --quantization fp8; other
+    formats are the checkpoint's own quantization_config to vLLM, with no flag."""
+    from .quantization import declared_format, weight_format
+
+    if dtype is None:
+        if declared_format(config)[0].key == "fp32":
+            return "bf16", "--dtype bfloat16", ("the config declares float32: vLLM's --dtype auto serves a float32 "
+                                                "checkpoint in 16 bits (bfloat16 on GPUs that have it), and the "
+                                                "weights are counted in bfloat16")
+        return None, None, ""
+    fmt = weight_format(dtype)
+    if fmt.kind == "plain":
+        return dtype, f"--dtype {_DTYPE_NAMES.get(fmt.key, fmt.key)}", ""
+    if fmt.key == "fp8":
+        return dtype, "--quantization fp8", ""
+    return dtype, None, (f"--dtype {fmt.key}: vLLM reads a quantised checkpoint's own quantization_config, so the "
+                         "command carries no flag for it")
+
+
+def cache_dtype_flag(kv_dtype: str, compute_dtype: str | None) -> str | None:
+    """`--kv-cache-dtype …` for a KV cache in `kv_dtype` (None: vLLM's auto, the model's dtype)."""
+    if kv_dtype == compute_dtype:
+        return None
+    name = {"float8_e4m3fn": "fp8", "float8_e5m2": "fp8_e5m2"}.get(kv_dtype, kv_dtype)
+    return f"--kv-cache-dtype {name}"
+
+
+def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, accelerator: Any, *,
+                   reserve: int, tp: int = 1, model_id: str = "", kv_dtype_flag: str | None = None,
+                   dtype_flag: str | None = None, extra_notes: tuple[str, ...] = ()) -> VllmPreflight:
+    """vLLM's launch figures for `report`/`view` served as `estimate` (memory/serving.py's answer at --tp) on
+    `accelerator` (hardware.Accelerator; a --budget is one named "budget")."""
+    from ..dims import max_context, text_config
+
+    options.check()
+    text = text_config(view.config)
+    model_max = max_context(text)
+    length = options.max_model_len or model_max
+    if length is None:
+        raise OptionError("{0} is needed: the config gives no max_position_embeddings", "max_model_len")
+    length_from = "--max-model-len" if options.max_model_len else "the model's max_position_embeddings"
+    if model_max is not None and length > model_max:
+        raise OptionError("{0} {value:,} is beyond the model's max_position_embeddings {limit:,}: vLLM refuses it "
+                          "(unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)", "max_model_len", value=length,
+                          limit=model_max)
+    if estimate.kv_cache is None:
+        raise UnsupportedError("{name} does not generate: vLLM's KV cache pre-flight is for generating models",
+                               name=view.class_name)
+    total = accelerator.memory
+    total_from = (f"--budget {total:,} B" if accelerator.name == "budget" else
+                  f"{accelerator.name}'s nominal {total / GiB:g} GiB; vLLM multiplies what CUDA reports "
+                  "(torch.cuda.mem_get_info), a little less (an H100 80GB reports 81,559 MiB): --budget SIZE gives "
+                  "the reported figure")
+    batched, seqs, defaults_from = serve_defaults(total, accelerator.name)
+    batched = options.max_num_batched_tokens or batched
+    seqs = options.max_num_seqs or min(seqs, batched)
+    if seqs > batched:
+        raise OptionError("{0} ({seqs:,}) must not exceed {1} ({tokens:,}), as vLLM requires", "max_num_seqs",
+                          "max_num_batched_tokens", seqs=seqs, tokens=batched)
+    kv_dtype = estimate.settings["kv_dtype"]
+    compute_dtype = estimate.settings.get("compute_dtype") or "bfloat16"
+    notes: list[str] = list(extra_notes)
+    groups_kinds, per_layer, arithmetic, kind_notes = _layer_specs(view.config, kv_dtype, tp)
+    notes.extend(kind_notes)
+    inputs = _serving_inputs(report, view, estimate)
+    weights_at = _weights_at(inputs, estimate.weights)
+    weights = weights_at(tp)
+    weights_from = ("the serving weights and buffers (memory/weights.py)" if tp == 1 else
+                    f"rank 0's shards at tp {tp} (parallel/serving.py), buffers whole")
+
+    def reserve_at(t: int) -> tuple[Estimate, Estimate]:
+        return _activation(text, report, compute_dtype, batched, seqs, t), Estimate(
+            NON_TORCH_ALLOWANCE, f"{NON_TORCH_ALLOWANCE:,} B (an allowance)",
+            "vLLM measures the growth of memory outside torch's allocator from its first snapshot (after NCCL's "
+            "initialisation) to the profile run's end: kernels' modules, library handles "
+            "(utils/mem_utils.memory_profiling, non_torch_increase)")
+
+    activation, non_torch = reserve_at(tp)
+    requested = int(total * options.gpu_memory_utilization)
+    non_kv = weights + activation.bytes + non_torch.bytes
+    available = int(total * options.gpu_memory_utilization - non_kv)
+    group_size, kinds = _grouping(groups_kinds)
+    page = options.block_size * per_layer
+    groups = tuple(_group(kind, window, layers, count, per_layer, arithmetic, page, options.block_size, length,
+                          batched) for kind, window, layers, count in kinds)
+    bytes_per_block = page * group_size
+    blocks = max(available // bytes_per_block, 0) if bytes_per_block else 0
+
+    def request_blocks(n: int) -> int:
+        return sum(g.groups * _blocks(g.kind, g.window, options.block_size, n, batched) for g in groups)
+
+    per_request = request_blocks(length)
+    concurrency = blocks / per_request if per_request else 0.0
+    search_to = model_max or length
+    largest = _largest_length(lambda n: request_blocks(n) * bytes_per_block <= available, search_to)
+    fits = available > 0 and per_request * bytes_per_block <= available
+    if available <= 0:
+        why = (f"no memory for the KV cache: the non-KV reserve {non_kv:,} B exceeds total × utilization "
+               f"{requested:,} B by {-available:,} B (vLLM: \"No available memory for the cache blocks\")")
+    elif not fits:
+        why = (f"one sequence of {length:,} tokens needs {per_request:,} blocks × {bytes_per_block:,} B = "
+               f"{per_request * bytes_per_block:,} B of KV cache, and {available:,} B are available (vLLM refuses "
+               f"to start: \"the model's max seq len ({length}) is larger than the maximum number of tokens that "
+               "can be stored in KV cache\")")
+    else:
+        why = ""
+    headroom = total - requested
+    graphs = Estimate(CUDA_GRAPH_ALLOWANCE, f"{CUDA_GRAPH_ALLOWANCE:,} B (an allowance)",
+                      "vLLM captures CUDA graphs after allocating the KV cache (gpu_worker.compile_or_warm_up_model), "
+                      "so it does not subtract them; they come from the headroom total × (1 − utilization), with "
+                      "the CUDA context")
+    needs = reserve + graphs.bytes
+    if headroom < needs:
+        notes.append(f"the headroom total × (1 − {options.gpu_memory_utilization:g}) = {headroom:,} B is less than "
+                     f"the CUDA context (--reserve {reserve:,} B) and the CUDA graphs' allowance ({graphs.bytes:,} "
+                     "B): capture may run out of memory (lower --gpu-memory-utilization, or --enforce-eager)")
+    smallest, tried = None, ()
+    if not fits:
+        smallest, tried = _smallest_tp(view, text, weights_at, reserve_at, options, groups_kinds, kv_dtype, tp,
+                                       total, length, batched)
+    if fits and concurrency < seqs:
+        notes.append(f"--max-num-seqs {seqs:,} exceeds the {concurrency:.2f} sequences of {length:,} tokens the "
+                     "blocks hold at once: vLLM starts, and preempts requests when their blocks run out (shorter "
+                     "requests share the blocks)")
+    command, changes = _command(model_id, options, tp, length, seqs, fits, largest, smallest,
+                                batched if options.max_num_batched_tokens else None, kv_dtype_flag, dtype_flag,
+                                model_max)
+    return VllmPreflight(
+        gpu=accelerator.name, total=total, total_from=total_from, utilization=options.gpu_memory_utilization,
+        requested=requested, tp=tp, weights=weights, weights_from=weights_from, activation=activation,
+        non_torch=non_torch, cuda_graphs=graphs, non_kv=non_kv, available=available,
+        block_size=options.block_size, kv_dtype=kv_dtype, groups=groups, group_size=group_size, page_bytes=page,
+        bytes_per_block=bytes_per_block, blocks=blocks, max_model_len=length, max_model_len_from=length_from,
+        max_num_seqs=seqs, max_num_batched_tokens=batched, defaults_from=defaults_from,
+        blocks_per_request=per_request, max_concurrency=concurrency, kv_tokens=int(concurrency * length),
+        largest_max_model_len=largest, model_max_len=search_to, fits=fits, why=why, headroom=headroom,
+        headroom_needs=needs, smallest_tp=smallest, tried=tried, command=command, command_changes=changes,
+        notes=tuple(notes))
+
+
+def _layer_specs(config: Any, kv_dtype: str, tp: int) -> tuple[list[tuple[str, int | None, int]], int, str,
+                                                                list[str]]:
+    """([(kind, window, layers)] in vLLM's reading, bytes per token of one layer (a rank's), its arithmetic, notes).
+
+    The bytes per token come from memory/kv.py at `tp` ("latent" for MLA, "grouped" otherwise: K and V once per
+    key/value head, as vLLM's paged cache keeps them)."""
+    from ..dims import is_mla, text_config
+    from .kv import kv_cache, layer_kinds
+
+    text = text_config(config)
+    mla = is_mla(text)
+    cache = kv_cache(config, batch=1, seq=1, dtype=kv_dtype, layout="latent" if mla else "grouped", tp=tp)
+    attention = [g for g in cache.groups if g.per_token and g.kind != "cross-attention"]
+    if not attention:
+        raise UnsupportedError("no attention layer holds a KV cache here: vLLM's paged KV pre-flight has nothing to "
+                               "allocate")
+    if any(g.kind == "recurrent state" for g in cache.groups):
+        raise UnsupportedError("hybrid attention and recurrent (Mamba, linear-attention) layers: vLLM pads the state "
+                               "page to the attention page and raises the attention block size to match; "
+                               "--engine vllm does not model that yet")
+    if getattr(text, "is_encoder_decoder", False):
+        raise UnsupportedError("encoder-decoder models: vLLM's cross-attention cache is not modelled by --engine vllm")
+    per_layer = attention[0].per_token // attention[0].layers
+    arithmetic = attention[0].arithmetic
+    has_types = isinstance(getattr(text, "layer_types", None), (list, tuple)) and bool(text.layer_types)
+    counts: dict[tuple[str, int | None], int] = {}
+    notes = []
+    slid_by_default = False
+    for kind, window in layer_kinds(text):
+        if kind in ("shared", "none"):
+            continue
+        if kind in ("sliding_attention", "hybrid_sliding") and window and has_types:
+            key = (f"sliding window {window:,}", window)
+        elif kind == "chunked_attention" and window:
+            key = (f"chunked {window:,}", window)
+        else:
+            slid_by_default |= kind in ("sliding_attention", "hybrid_sliding") and bool(window)
+            key = ("MLA latent" if mla else "full attention", None)
+        counts[key] = counts.get(key, 0) + 1
+    if slid_by_default:
+        notes.append("the config sets a sliding_window but no layer_types: vLLM's model classes (llama.py and "
+                     "those built like it) give a layer a window only where layer_types says so, so every layer "
+                     "is full attention here (transformers' cache slides them)")
+    return [(kind, window, layers) for (kind, window), layers in counts.items()], per_layer, arithmetic, notes
+
+
+def _grouping(kinds: list[tuple[str, int | None, int]]) -> tuple[int, list[tuple[str, int | None, int, int]]]:
+    """(layers per group, [(kind, window, layers, groups of that kind)]), as _get_kv_cache_groups_uniform_page_size
+    splits a hybrid model: the smallest kind's count, or the largest's where it is under 1.5× the smallest."""
+    if len(kinds) == 1:
+        kind, window, layers = kinds[0]
+        return layers, [(kind, window, layers, 1)]
+    smallest = min(layers for _, _, layers in kinds)
+    largest = max(layers for _, _, layers in kinds)
+    size = largest if largest < smallest * 1.5 else smallest
+    return size, [(kind, window, layers, -(-layers // size)) for kind, window, layers in kinds]
+
+
+def _blocks(kind: str, window: int | None, block: int, length: int, batched: int) -> int:
+    """Blocks one request of `length` tokens holds in one group of this kind (the spec's max_memory_usage_bytes ÷
+    its page)."""
+    if kind.startswith("sliding window"):
+        return -(-min(window - 1 + batched, length) // block) + 1
+    if kind.startswith("chunked"):
+        return -(-min(window + batched, length) // block)
+    return -(-length // block)
+
+
+def _group(kind: str, window: int | None, layers: int, count: int, per_layer: int, arithmetic: str, page: int,
+           block: int, length: int, batched: int) -> KVGroup:
+    blocks = _blocks(kind, window, block, length, batched)
+    if kind.startswith("sliding window"):
+        spec = "SlidingWindowSpec"
+        words = (f"cdiv(min(window {window:,} − 1 + max_num_batched_tokens {batched:,}, {length:,}), {block}) + 1 "
+                 f"= {blocks:,}")
+    elif kind.startswith("chunked"):
+        spec = "ChunkedLocalAttentionSpec"
+        words = f"cdiv(min(chunk {window:,} + max_num_batched_tokens {batched:,}, {length:,}), {block}) = {blocks:,}"
+    else:
+        spec = "MLAAttentionSpec" if kind == "MLA latent" else "FullAttentionSpec"
+        words = f"cdiv({length:,}, {block}) = {blocks:,}"
+    return KVGroup(kind, spec, layers, count, per_layer, arithmetic, page, window, blocks, words)
+
+
+def _largest_length(fits: Any, limit: int) -> int:
+    """The largest n in 1..limit with fits(n) (fits only grows harder with n), 0 when not even 1: vLLM's binary
+    search."""
+    if not fits(1):
+        return 0
+    low, high = 1, limit
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _activation(text: Any, report: Any, compute_dtype: str, batched: int, seqs: int, tp: int) -> Estimate:
+    """The profile run's torch peak beyond the weights, estimated: the larger of one decoder layer's live tensors at
+    max_num_batched_tokens tokens (vLLM's fused kernels: the residual and the normed input, then the MLP's gate_up
+    and activation outputs, or the attention's qkv and output, or the fused MoE's per-expert caches) and the
+    sampler's tensors over max_num_seqs requests (the hidden states, the logits in the compute dtype, their fp32
+    copy, the probabilities and the exponential noise the random sampler divides by)."""
+    from ..dims import config_int, dim
+    from ..dtypes import itemsize
+
+    size = itemsize(compute_dtype)
+    t = batched
+    hidden = dim(text, "hidden") or 0
+    heads = dim(text, "heads") or 1
+    kv_heads = dim(text, "kv_heads") or heads
+    head_dim = config_int(text, "head_dim") or (hidden // heads if heads else 0)
+    qk = (config_int(text, "qk_nope_head_dim") or 0) + (config_int(text, "qk_rope_head_dim") or 0)
+    if qk:  # MLA: q, the latent with its rope key, and the per-head K and V it expands to
+        v_dim = config_int(text, "v_head_dim") or qk
+        attention_width = (-(-heads // tp)) * (2 * qk + 2 * v_dim) + (config_int(text, "kv_lora_rank") or 0) + \
+            (config_int(text, "qk_rope_head_dim") or 0)
+    else:
+        attention_width = (-(-heads // tp)) * 2 * head_dim + 2 * (-(-kv_heads // tp)) * head_dim
+    inner = -(-(dim(text, "intermediate") or 4 * hidden) // tp)
+    moments = [(t * (2 * hidden + attention_width) * size,
+                f"attention: {t:,} tokens × (2 × hidden {hidden:,} + q, k, v and output {attention_width:,}) × "
+                f"{size} B"),
+               (t * (2 * hidden + 3 * inner) * size,
+                f"MLP: {t:,} tokens × (2 × hidden {hidden:,} + 3 × intermediate {inner:,}) × {size} B")]
+    topk = config_int(text, "num_experts_per_tok", "moe_topk", "top_k")
+    experts = config_int(text, "n_routed_experts", "num_local_experts", "num_experts")
+    if topk and experts:
+        expert = -(-(config_int(text, "moe_intermediate_size") or dim(text, "intermediate") or 0) // tp)
+        moments.append((t * (2 * hidden + topk * (3 * expert + hidden)) * size,
+                        f"fused MoE: {t:,} tokens × (2 × hidden {hidden:,} + top-{topk} × (3 × expert intermediate "
+                        f"{expert:,} + hidden {hidden:,})) × {size} B"))
+    vocab = config_int(text, "vocab_size") or 0
+    requests = min(seqs, batched)
+    moments.append((t * hidden * size + requests * vocab * (size + 12),
+                    f"sampler: hidden {t:,} × {hidden:,} × {size} B + {requests:,} requests × vocab {vocab:,} × "
+                    f"({size} + 3 × 4) B"))
+    value, words = max(moments, key=lambda m: m[0])
+    return Estimate(value, words,
+                    "vLLM measures torch's peak allocation over its profile run (gpu_model_runner.profile_run: a "
+                    f"dummy forward of max_num_batched_tokens = {batched:,} tokens, then the sampler over "
+                    f"{requests:,} requests; mem_utils.memory_profiling, torch_peak_increase); estimated here as "
+                    "the largest of these moments")
+
+
+def _serving_inputs(report: Any, view: Any, estimate: Any) -> Any:
+    """What parallel/serving.serving_layout needs to give a GPU's weights at another tensor-parallel degree, from
+    the one-device answer (its storage format and the tensors it quantised)."""
+    from ..dims import config_int, text_config
+    from ..dtypes import itemsize
+    from ..parallel.serving import ServingInputs
+    from .weights import input_first_weights
+
+    fmt = estimate.weights.format
+    quantized = frozenset(estimate.weights.quantized_tensors)
+    fp32 = view.kept_in_fp32(fmt.compute_dtype, [p.name for p in report.params] + [b.name for b in report.buffers])
+    inputs_first = input_first_weights(view, quantized)
+    shape = dict(dtype_size=itemsize(fmt.compute_dtype), vocab=config_int(text_config(view.config), "vocab_size"),
+                 layers=report.num_layers or 1, gated=True, every_token_logits=False, class_name=view.class_name)
+    return ServingInputs(report, view, fmt, quantized, fp32, inputs_first, None, estimate.settings["kv_dtype"],
+                         None, shape)
+
+
+def _weights_at(inputs: Any, one_device: Any) -> Any:
+    """tp → a GPU's weights and buffers: the one-device answer's at tp 1, else rank 0's shards as
+    parallel/serving.py places them; raises ParamscopeError where the rules refuse the degree."""
+    from ..parallel.serving import serving_layout
+
+    memo: dict[int, int] = {1: one_device.bytes + one_device.buffer_bytes}
+
+    def at(tp: int) -> int:
+        if tp not in memo:
+            memo[tp] = serving_layout(inputs, tp, 1, 1, 1)[0].device.weight_bytes
+        return memo[tp]
+    return at
+
+
+def _smallest_tp(view: Any, text: Any, weights_at: Any, reserve_at: Any, options: VllmOptions, kinds: Any,
+                 kv_dtype: str, tp: int, total: int, length: int,
+                 batched: int) -> tuple[int | None, tuple[TensorParallelTry, ...]]:
+    """The smallest tensor-parallel degree above `tp` at which one sequence of `length` tokens fits, trying the
+    degrees that divide the attention heads (as vLLM requires), up to 64."""
+    from ...errors import ParamscopeError
+    from ..dims import dim
+
+    heads = dim(text, "heads") or 0
+    tried = []
+    for t in range(tp + 1, 65):
+        if not heads or heads % t:
+            continue
+        try:
+            weights = weights_at(t)
+            activation, non_torch = reserve_at(t)
+            specs, per_layer, _, _ = _layer_specs(view.config, kv_dtype, t)
+        except ParamscopeError as error:
+            tried.append(TensorParallelTry(t, None, None, False, str(error)))
+            continue
+        available = int(total * options.gpu_memory_utilization - weights - activation.bytes - non_torch.bytes)
+        size, groups = _grouping(specs)
+        need = sum(count * _blocks(kind, window, options.block_size, length, batched)
+                   for kind, window, _, count in groups) * options.block_size * per_layer * size
+        fits = available > 0 and need <= available
+        tried.append(TensorParallelTry(t, weights, available, fits, "" if fits else
+                                       f"{need:,} B of KV for one sequence, {available:,} B available"))
+        if fits:
+            return t, tuple(tried)
+    return None, tuple(tried)
+
+
+def _command(model_id: str, options: VllmOptions, tp: int, length: int, seqs: int, fits: bool, largest: int,
+             smallest: int | None, batched: int | None, kv_flag: str | None, dtype_flag: str | None,
+             model_max: int | None) -> tuple[str, str]:
+    """The `vllm serve` line that fits (the asked settings where they fit; else the largest --max-model-len, or the
+    smallest --tensor-parallel-size at the asked length), and what it changed."""
+    use_tp, use_len, changes = tp, length, ""
+    if not fits:
+        if smallest is not None:
+            use_tp, changes = smallest, f"--tensor-parallel-size {tp} → {smallest} (at --max-model-len {length:,})"
+        elif largest > 0:
+            use_len, changes = largest, f"--max-model-len {length:,} → {largest:,} (the largest that fits)"
+        else:
+            return "", "nothing fits: the weights and the reserve leave no KV cache at any tensor-parallel degree tried"
+    parts = [f"vllm serve {model_id or 'MODEL'}"]
+    if use_tp > 1:
+        parts.append(f"--tensor-parallel-size {use_tp}")
+    if dtype_flag:
+        parts.append(dtype_flag)
+    parts.append(f"--gpu-memory-utilization {options.gpu_memory_utilization:g}")
+    if options.max_model_len is not None or use_len != model_max:
+        parts.append(f"--max-model-len {use_len}")
+    if kv_flag:
+        parts.append(kv_flag)
+    if options.block_size != DEFAULT_BLOCK_SIZE:
+        parts.append(f"--block-size {options.block_size}")
+    if options.max_num_seqs is not None:
+        parts.append(f"--max-num-seqs {seqs}")
+    if batched is not None:
+        parts.append(f"--max-num-batched-tokens {batched}")
+    return " ".join(parts), changes
+
+
+__all__ = ["VllmOptions", "VllmPreflight", "vllm_preflight", "serve_defaults"]

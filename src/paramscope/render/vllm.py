@@ -1,0 +1,143 @@
+"""`paramscope memory MODEL --engine vllm`: a VllmPreflight → text (rich, at a width) and → the JSON "vllm" object.
+
+Pure functions of their data. Bytes are exact integers; the binary units beside them are for reading only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ._console import indented, model_source_line, to_text
+from .memory import binary
+
+
+def render_vllm_text(report: Any, preflight: Any, width: int = 100, *, color: bool = False) -> str:
+    return to_text(vllm_parts(report, preflight), width, color)
+
+
+def vllm_parts(report: Any, p: Any) -> list:
+    gpu = f"a {binary(p.total)} budget" if p.gpu == "budget" else p.gpu
+    lines: list = [
+        Text(f"vLLM pre-flight for {report.model.label} ({report.model.class_name}) on {gpu}"
+             + (f", each GPU of tp {p.tp}" if p.tp > 1 else ""), style="bold"),
+        *filter(None, [model_source_line(report.model)]),
+        indented(f"max_model_len {p.max_model_len:,} ({p.max_model_len_from}); block size {p.block_size}; KV cache "
+                 f"in {p.kv_dtype}; max_num_seqs {p.max_num_seqs:,}, max_num_batched_tokens "
+                 f"{p.max_num_batched_tokens:,} ({p.defaults_from} unless given)"),
+        Text(""),
+        _budget_table(p),
+        _groups_table(p),
+        _answer(p),
+    ]
+    if p.tried:
+        lines.append(_tried_table(p))
+    if p.command:
+        lines.append(Text("vllm serve flags that fit" + (f" ({p.command_changes})" if p.command_changes else "")
+                          + ":", style="bold"))
+        lines.append(indented(p.command, 4))
+    else:
+        lines.append(Text(p.command_changes, style="bold"))
+    for note in p.notes:
+        lines.append(indented(f"note: {note}"))
+    for part in (p.activation, p.non_torch, p.cuda_graphs):
+        lines.append(indented(f"estimate: {part.source}"))
+    lines.append(indented(f"total: {p.total_from}"))
+    lines.append(indented("convention: vLLM's V1 engine as read in its source (gpu_worker.determine_available_memory, "
+                          "mem_utils.memory_profiling, kv_cache_utils, kv_cache_interface); the KV bytes per token "
+                          "and layer are paramscope's KV engine's (memory/kv.py), paged in blocks"))
+    return lines
+
+
+def _row(table: Table, label: str, value: int, how: str) -> None:
+    table.add_row(label, f"{value:,}", binary(value), how)
+
+
+def _budget_table(p: Any) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Memory vLLM budgets on one GPU", title_justify="left")
+    for name, justify in (("", "left"), ("bytes", "right"), ("", "right"), ("how", "left")):
+        table.add_column(name, justify=justify, overflow="fold")
+    _row(table, "total", p.total, "the GPU's memory")
+    _row(table, f"× utilization {p.utilization:g}", p.requested, f"int({p.total:,} × {p.utilization:g})")
+    _row(table, "− weights", p.weights, p.weights_from)
+    _row(table, "− activation peak", p.activation.bytes, f"estimate: {p.activation.arithmetic}")
+    _row(table, "− non-torch", p.non_torch.bytes, f"estimate: {p.non_torch.arithmetic}")
+    _row(table, "= KV cache available", p.available, "vLLM's \"Available KV cache memory\"")
+    _row(table, "headroom (1 − u)", p.headroom, f"CUDA context and graphs: needs about {p.headroom_needs:,} B "
+         f"(--reserve + the graphs' estimate {p.cuda_graphs.bytes:,} B, not subtracted by vLLM)")
+    return table
+
+
+def _groups_table(p: Any) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=f"KV cache specs ({p.group_size} layers a pool)",
+                  title_justify="left")
+    for name, justify in (("layers", "left"), ("spec", "left"), ("count", "right"), ("per token and layer", "left"),
+                          ("page (one block)", "right"), ("blocks a request", "left")):
+        table.add_column(name, justify=justify, overflow="fold", no_wrap=name in ("layers", "spec"))
+    for g in p.groups:
+        table.add_row(g.kind, g.spec, f"{g.layers:,}" + (f" ({g.groups} groups)" if g.groups > 1 else ""),
+                      f"{g.token_arithmetic} = {g.bytes_per_token:,} B",
+                      f"{p.block_size} × {g.bytes_per_token:,} = {g.page_bytes:,} B",
+                      g.blocks_arithmetic + (f" × {g.groups} groups" if g.groups > 1 else ""))
+    return table
+
+
+def _answer(p: Any) -> Text:
+    lines = [
+        f"bytes per block: page {p.page_bytes:,} B × {p.group_size} layers = {p.bytes_per_block:,} B",
+        f"KV blocks: {max(p.available, 0):,} // {p.bytes_per_block:,} = {p.blocks:,} "
+        f"({p.blocks * p.block_size:,} token slots a layer)",
+        f"one sequence of {p.max_model_len:,} tokens: {p.blocks_per_request:,} blocks",
+        f"Maximum concurrency for {p.max_model_len:,} tokens per request: {p.max_concurrency:.2f}x "
+        f"({int(p.max_concurrency):,} whole sequences); GPU KV cache size: {p.kv_tokens:,} tokens",
+        f"largest --max-model-len that fits: {p.largest_max_model_len:,}"
+        + (f" (of the model's {p.model_max_len:,})" if p.largest_max_model_len < p.model_max_len else
+           " (the model's own)") if p.largest_max_model_len else "largest --max-model-len that fits: none",
+    ]
+    verdict = "fits" if p.fits else f"does not fit: {p.why}"
+    return Text("\n".join(lines) + f"\nAt --max-model-len {p.max_model_len:,}: {verdict}", style="bold")
+
+
+def _tried_table(p: Any) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Larger tensor-parallel degrees at this length",
+                  title_justify="left")
+    for name, justify in (("tp", "right"), ("weights a GPU", "right"), ("KV available", "right"),
+                          ("fits", "left"), ("why not", "left")):
+        table.add_column(name, justify=justify, overflow="fold")
+    for t in p.tried:
+        table.add_row(str(t.tp), "—" if t.weights is None else f"{t.weights:,}",
+                      "—" if t.available is None else f"{t.available:,}", "yes" if t.fits else "no", t.why)
+    return table
+
+
+def vllm_to_dict(p: Any) -> dict[str, Any]:
+    def estimate(e: Any) -> dict[str, Any]:
+        return {"bytes": e.bytes, "arithmetic": e.arithmetic, "source": e.source, "estimate": True}
+
+    return {
+        "gpu": p.gpu, "total_bytes": p.total, "total_from": p.total_from,
+        "gpu_memory_utilization": p.utilization, "requested_bytes": p.requested, "tp": p.tp,
+        "weights_bytes": p.weights, "weights_from": p.weights_from,
+        "activation": estimate(p.activation), "non_torch": estimate(p.non_torch),
+        "cuda_graphs": estimate(p.cuda_graphs),
+        "non_kv_bytes": p.non_kv, "available_bytes": p.available,
+        "headroom_bytes": p.headroom, "headroom_needs_bytes": p.headroom_needs,
+        "block_size": p.block_size, "kv_dtype": p.kv_dtype,
+        "groups": [{"kind": g.kind, "spec": g.spec, "layers": g.layers, "groups": g.groups,
+                    "bytes_per_token": g.bytes_per_token, "arithmetic": g.token_arithmetic,
+                    "page_bytes": g.page_bytes, "window": g.window, "blocks_per_request": g.blocks_per_request,
+                    "blocks_arithmetic": g.blocks_arithmetic} for g in p.groups],
+        "group_size": p.group_size, "page_bytes": p.page_bytes, "bytes_per_block": p.bytes_per_block,
+        "blocks": p.blocks, "max_model_len": p.max_model_len, "max_model_len_from": p.max_model_len_from,
+        "max_num_seqs": p.max_num_seqs, "max_num_batched_tokens": p.max_num_batched_tokens,
+        "defaults_from": p.defaults_from, "blocks_per_request": p.blocks_per_request,
+        "max_concurrency": p.max_concurrency, "kv_tokens": p.kv_tokens,
+        "largest_max_model_len": p.largest_max_model_len, "model_max_len": p.model_max_len,
+        "fits": p.fits, "why": p.why or None, "smallest_tp": p.smallest_tp,
+        "tried": [{"tp": t.tp, "weights_bytes": t.weights, "available_bytes": t.available, "fits": t.fits,
+                   "why": t.why or None} for t in p.tried],
+        "command": p.command or None, "command_changes": p.command_changes or None, "notes": list(p.notes),
+    }
