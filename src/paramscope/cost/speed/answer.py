@@ -110,12 +110,28 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
 
     notes.extend(n for n in memory.notes if n not in notes)
     notes.append(check.words())
+    notes.extend(_mla_words(report, text, options.batch, context))
     return serve_speed(
         traffic=weight_traffic(memory.weights, report.params, text), cache=cache, roof=roof,
         step_flops=lambda b, c: generation(b, c - 1, 2).first_step,
         prefill_flops=lambda b, s: generation(b, s, 1).prefill,
         batch=options.batch, context=context, prompt=prompt, max_context=limit, dtype=fmt.key,
         kv_dtype=memory.settings["kv_dtype"], notes=tuple(notes), compute_dtype=fmt.compute_dtype)
+
+
+def _mla_words(report: Any, text: Any, batch: int, context: int) -> list[str]:
+    """MLA: generate() decompresses every cached latent each step (flops/generation.py's kv_up term), which
+    servers that absorb kv_up into the query and output projections do not."""
+    from ..dims import is_mla
+
+    kv_up = sum(p.numel for p in report.params if p.role == "attention.kv_up") if is_mla(text) else 0
+    if not kv_up:
+        return []
+    term = 2 * batch * (context - 1) * kv_up
+    return [f"MLA: generate() decompresses every cached latent each step, 2·B·(C − 1)·kv_up = 2 × {batch} × "
+            f"{context - 1:,} × {kv_up:,} = {term:,} of the decode step's FLOPs at batch {batch}; servers that "
+            "absorb kv_up into the query and output projections (vLLM's and SGLang's MLA) skip it, so their "
+            "compute side is lower"]
 
 
 __all__ = ["ServeOptions", "serve_answer", "DEFAULT_PROMPT"]
