@@ -71,9 +71,9 @@ def test_model_without_command_means_inspect(argv, expected):
     (["inpsect", "gpt2"], "unknown command 'inpsect'; did you mean 'inspect'?"),
     (["--debug", "flop", "gpt2", "--seq", "8"], "unknown command 'flop'; did you mean 'flops'?"),
     (["explode", "gpt2"], "unknown command 'explode'; the commands are inspect, presets, formula, diff, compare, "
-                          "audit, memory, flops, plan (see --help)"),
+                          "audit, memory, flops, serve, plan (see --help)"),
     (["explode", "--depth", "2", "gpt2"], "unknown command 'explode'; the commands are inspect, presets, formula, "
-                                          "diff, compare, audit, memory, flops, plan (see --help)"),
+                                          "diff, compare, audit, memory, flops, serve, plan (see --help)"),
     (["gpt2", "bert-base-uncased"], "inspect takes one model, got 'gpt2' and then 'bert-base-uncased' (several "
                                     "models: `paramscope compare A B …`)"),
 ])
