@@ -541,10 +541,11 @@ def _command(model_id: str, options: VllmOptions, tp: int, length: int, seqs: in
     smallest --tensor-parallel-size at the asked length), and what it changed."""
     use_tp, use_len, changes = tp, length, ""
     if not fits:
-        if smallest is not None:
+        wider = f"; or --tensor-parallel-size {smallest} at {length:,}" if smallest is not None else ""
+        if largest > 0:
+            use_len, changes = largest, f"--max-model-len {length:,} → {largest:,}, the largest that fits{wider}"
+        elif smallest is not None:
             use_tp, changes = smallest, f"--tensor-parallel-size {tp} → {smallest} (at --max-model-len {length:,})"
-        elif largest > 0:
-            use_len, changes = largest, f"--max-model-len {length:,} → {largest:,} (the largest that fits)"
         else:
             return "", "nothing fits: the weights and the reserve leave no KV cache at any tensor-parallel degree tried"
     parts = [f"vllm serve {model_id or 'MODEL'}"]

@@ -1,0 +1,160 @@
+"""vLLM pre-flight (issue 29 §6): `memory MODEL --engine vllm` gives what vLLM computes at launch.
+
+The arithmetic is written out by hand and must be equal to the byte: vLLM's budget (int(total × utilization) −
+weights − the named estimates), the page of one layer (block_size × bytes per token and layer, from the project's
+KV engine), blocks = available // (page × layers a pool), the blocks one request of max_model_len needs, the
+concurrency vLLM logs, the largest max_model_len that fits, and the `vllm serve` line.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from paramscope.cli import main
+from paramscope.cost.memory.vllm import NON_TORCH_ALLOWANCE, _grouping, _layer_specs
+
+GiB = 2**30
+
+
+def _vllm(capsys, *argv: str) -> dict:
+    assert main(["memory", *argv, "--engine", "vllm", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["memory"]["vllm"]
+
+
+def test_llama_3_8b_bf16_on_an_h100(capsys):
+    v = _vllm(capsys, "llama-3-8b", "--gpu", "h100", "--gpu-memory-utilization", "0.9", "--max-model-len", "8192")
+    # 8,030,261,248 parameters × 2 B, and transformers' rotary inv_freq (64 × fp32 = 256 B… twice: 512 B)
+    assert v["weights_bytes"] == 8_030_261_248 * 2 + 512 == 16_060_523_008
+    assert v["total_bytes"] == 80 * GiB and v["requested_bytes"] == int(80 * GiB * 0.9) == 77_309_411_328
+    # the profile run's estimate at vllm serve's H100 defaults (8,192 tokens, 1,024 requests): the sampler's moment
+    assert (v["max_num_batched_tokens"], v["max_num_seqs"]) == (8192, 1024)
+    assert v["activation"]["bytes"] == 8192 * 4096 * 2 + 1024 * 128_256 * (2 + 12) == 1_905_786_880
+    assert v["activation"]["estimate"] and v["non_torch"]["bytes"] == NON_TORCH_ALLOWANCE
+    available = int(80 * GiB * 0.9 - (16_060_523_008 + 1_905_786_880 + NON_TORCH_ALLOWANCE))
+    assert v["available_bytes"] == available == 59_074_665_984
+    # one block over all layers: 32 layers × 2 (K and V) × 8 KV heads × 128 × 2 B × 16 tokens
+    assert v["page_bytes"] == 2 * 8 * 128 * 2 * 16 == 65_536
+    assert v["bytes_per_block"] == 32 * 2 * 8 * 128 * 2 * 16 == 2_097_152
+    assert v["groups"] == [{"kind": "full attention", "spec": "FullAttentionSpec", "layers": 32, "groups": 1,
+                            "bytes_per_token": 4096, "arithmetic": "2 × 8 kv heads × 128 × 2 B", "page_bytes": 65_536,
+                            "window": None, "blocks_per_request": 512, "blocks_arithmetic": "cdiv(8,192, 16) = 512"}]
+    assert v["blocks"] == available // 2_097_152 == 28_168
+    assert v["blocks_per_request"] == 8192 // 16 == 512
+    assert v["max_concurrency"] == 28_168 / 512 == 55.015625
+    assert v["kv_tokens"] == 28_168 * 16 == 450_688
+    assert v["largest_max_model_len"] == 8192 and v["fits"] and v["why"] is None
+    assert v["command"] == ("vllm serve meta-llama/Meta-Llama-3-8B --gpu-memory-utilization 0.9 "
+                            "--max-model-len 8192")
+    assert v["headroom_bytes"] == 80 * GiB - 77_309_411_328
+
+
+def test_text_states_the_figures_and_the_estimates(capsys):
+    assert main(["memory", "llama-3-8b", "--engine", "vllm", "--gpu", "h100", "--max-model-len", "8192",
+                 "--width", "120"]) == 0
+    out = capsys.readouterr().out
+    assert "KV blocks: 59,074,665,984 // 2,097,152 = 28,168" in out
+    assert "Maximum concurrency for 8,192 tokens per request: 55.02x" in out
+    assert "estimate: vLLM measures torch's peak allocation over its profile run" in out
+    assert "vllm serve meta-llama/Meta-Llama-3-8B --gpu-memory-utilization 0.9 --max-model-len 8192" in out
+
+
+def test_gemma_2_sliding_and_full_layers_in_vllm_groups(capsys):
+    """Gemma-2-9B: 21 sliding (4,096) and 21 full layers alternate; vLLM's hybrid allocator keeps two groups of 21
+    sharing 21 pools. Its float32 config is served in bfloat16 (vLLM's --dtype auto)."""
+    v = _vllm(capsys, "gemma-2-9b", "--gpu", "h100", "--max-num-batched-tokens", "512", "--max-num-seqs", "256")
+    page = 16 * 2 * 8 * 256 * 2  # 16 tokens × K and V × 8 KV heads × 256 × bf16
+    assert v["page_bytes"] == page == 131_072 and v["group_size"] == 21
+    assert v["bytes_per_block"] == 21 * page
+    sliding, full = v["groups"]
+    assert (sliding["kind"], sliding["spec"], sliding["layers"], sliding["window"]) == (
+        "sliding window 4,096", "SlidingWindowSpec", 21, 4096)
+    # the window's last 4,095 tokens plus a chunk of 512 scheduled ones, one block more for a window mid-block
+    assert sliding["blocks_per_request"] == -(-(4095 + 512) // 16) + 1 == 289
+    assert (full["kind"], full["blocks_per_request"]) == ("full attention", 8192 // 16)
+    assert v["blocks_per_request"] == 289 + 512
+    assert v["blocks"] == v["available_bytes"] // (21 * page)
+    assert v["max_concurrency"] == v["blocks"] / 801
+    assert "--dtype bfloat16" in v["command"]
+    assert any("float32" in note for note in v["notes"])
+
+
+def test_a_sliding_window_without_layer_types_is_full_attention_in_vllm():
+    """Mistral-7B-v0.1's shape: sliding_window set, no layer_types. vLLM's llama.py gives a layer a window only
+    where layer_types says so: every layer is full attention (transformers' cache slides them)."""
+    config = SimpleNamespace(model_type="mistral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                             num_key_value_heads=8, head_dim=128, sliding_window=4096)  # MistralConfig's fields
+    kinds, per_layer, arithmetic, notes = _layer_specs(config, "bfloat16", 1)
+    assert kinds == [("full attention", None, 32)]
+    assert per_layer == 2 * 8 * 128 * 2 and arithmetic == "2 × 8 kv heads × 128 × 2 B"
+    assert any("no layer_types" in note for note in notes)
+    config.layer_types = ["sliding_attention", "full_attention"] * 16  # as Gemma-2 declares them
+    kinds, _, _, notes = _layer_specs(config, "float8_e4m3fn", 2)
+    assert kinds == [("sliding window 4,096", 4096, 16), ("full attention", None, 16)] and not notes
+
+
+def test_hybrid_grouping_follows_vllm():
+    """_get_kv_cache_groups_uniform_page_size: the smallest kind's count is the group size (Gemma-3's 5:1), unless
+    the largest is under 1.5× it (gpt-oss-20b + eagle: 12 and 13 → 13)."""
+    assert _grouping([("sliding window 1,024", 1024, 50), ("full attention", None, 10)]) == (
+        10, [("sliding window 1,024", 1024, 50, 5), ("full attention", None, 10, 1)])
+    assert _grouping([("sliding window 128", 128, 12), ("full attention", None, 13)]) == (
+        13, [("sliding window 128", 128, 12, 1), ("full attention", None, 13, 1)])
+
+
+def test_deepseek_v3_mla_on_tp_8(capsys):
+    """MLA keeps its latent and rope key, (512 + 64) × 2 B a token and layer, whole on every rank: 61 layers."""
+    v = _vllm(capsys, "deepseek-v3", "--gpu", "h200", "--tp", "8", "--max-model-len", "8192")
+    assert v["groups"][0]["spec"] == "MLAAttentionSpec" and v["groups"][0]["layers"] == 61
+    assert v["page_bytes"] == 16 * (512 + 64) * 2 == 18_432
+    assert v["bytes_per_block"] == 61 * 18_432 == 1_124_352
+    assert v["tp"] == 8 and v["fits"]
+    assert v["available_bytes"] == int(141 * GiB * 0.9 - (v["weights_bytes"] + v["activation"]["bytes"]
+                                                          + NON_TORCH_ALLOWANCE))
+    assert v["blocks"] == v["available_bytes"] // 1_124_352
+    assert v["blocks_per_request"] == 512 and v["max_concurrency"] == v["blocks"] / 512
+    assert "--tensor-parallel-size 8" in v["command"]
+
+
+def test_deepseek_v3_on_8_h100s_does_not_fit_and_says_the_smallest_tp(capsys):
+    v = _vllm(capsys, "deepseek-v3", "--gpu", "h100", "--tp", "8", "--max-model-len", "8192")
+    assert not v["fits"] and v["available_bytes"] < 0 and v["blocks"] == 0
+    assert v["why"].startswith("no memory for the KV cache: the non-KV reserve")
+    assert v["weights_bytes"] > int(80 * GiB * 0.9)  # the fp8 shards alone exceed the budget
+    assert v["smallest_tp"] == 16 and v["tried"][-1]["fits"]
+    assert "--tensor-parallel-size 16" in v["command"]
+    assert v["command_changes"] == "--tensor-parallel-size 8 → 16 (at --max-model-len 8,192)"
+
+
+def test_a_context_too_long_gives_the_largest_max_model_len(capsys):
+    """Llama-3.1-8B's 131,072 tokens on a 24 GiB card: the blocks hold fewer; the largest length is the one whose
+    blocks fit, as vLLM's binary search finds it."""
+    v = _vllm(capsys, "llama-3.1-8b", "--gpu", "4090")
+    assert (v["max_num_batched_tokens"], v["max_num_seqs"]) == (2048, 256)  # under 70 GiB: the smaller defaults
+    assert v["max_model_len"] == 131_072 and not v["fits"]
+    per_block = 2_097_152
+    assert v["why"].startswith(f"one sequence of 131,072 tokens needs 8,192 blocks × {per_block:,} B")
+    largest = v["largest_max_model_len"]
+    assert -(-largest // 16) * per_block <= v["available_bytes"] < -(-(largest + 1) // 16) * per_block
+    assert largest == v["available_bytes"] // per_block * 16
+    assert v["command"].endswith(f"--max-model-len {largest}")
+    assert v["smallest_tp"] == 2  # the other way: two GPUs hold the whole context
+    assert v["command_changes"] == f"--max-model-len 131,072 → {largest:,}, the largest that fits; or " \
+        "--tensor-parallel-size 2 at 131,072"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engine", "vllm", "--gpu", "h100", "--gpu-memory-utilization", "1.5"],
+     "--gpu-memory-utilization must be a fraction in (0, 1], got 1.5"),
+    (["--gpu", "h100", "--max-model-len", "4096"], "--max-model-len is for --engine vllm"),
+    (["--engine", "vllm"], "--engine vllm needs one of --gpu NAME or --budget SIZE"),
+    (["--engine", "vllm", "--gpu", "h100", "--block-size", "24"], "--block-size must be one of"),
+    (["--engine", "vllm", "--gpu", "h100", "--max-model-len", "100000"],
+     "--max-model-len 100,000 is beyond the model's max_position_embeddings 8,192"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    assert main(["memory", "llama-3-8b", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
