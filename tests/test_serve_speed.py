@@ -10,6 +10,7 @@ import pytest
 from paramscope.cli import main
 from paramscope.cost.speed.answer import ServeOptions, serve_answer
 from paramscope.cost.speed.roofline import experts_touched
+from test_html import _Page, browser  # noqa: F401  (browser: the module's Chromium, one launch)
 
 H100_BANDWIDTH = 3350e9  # B/s, H100 SXM datasheet
 H100_BF16 = 989.4e12  # FLOP/s, dense
@@ -112,3 +113,37 @@ def test_cli_json_and_bad_input(capsys):
         assert main(["serve", "llama-3-8b", *gpu, *argv]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and bad in err and "Traceback" not in err
+
+
+def test_tensor_parallel_is_one_gpus_share(llama):
+    """Llama-3-8B over tp 2: every matmul column- or row-cut and the 8 KV heads split 4 a rank, so one GPU's FLOPs
+    are exactly half; its weights are half less the norms, which every rank keeps whole."""
+    speed = serve_answer("llama-3-8b", ServeOptions(gpu="h100", batch=1, seq=1024, context=1024, tp=2))[1]
+    one, whole = speed.at_batch, llama.at_batch
+    assert speed.tp == 2 and one.flops * 2 == whole.flops == 15_546_187_776
+    norms = 2 * (32 * 2 * 4096 + 4096)  # bf16, replicated
+    assert one.weight_bytes == (whole.weight_bytes - 2 * 4096 - norms) // 2 + norms + 2 * 4096  # one embedding row
+    assert one.kv_bytes * 2 == whole.kv_bytes
+    assert any("no communication is modelled" in note for note in speed.notes)
+
+
+def test_html_curves_in_chromium(browser, tmp_path, llama):
+    """The page's two curves are the JSON's by_batch and by_context points, tokens/s against batch and context; it
+    loads with no error and no request beyond itself."""
+    from paramscope.api import inspect
+    from paramscope.render.serve import render_serve_html, serve_to_dict
+
+    path = tmp_path / "serve.html"
+    path.write_text(render_serve_html(inspect("llama-3-8b"), llama), "utf-8")
+    page = _Page(browser, path)
+    assert page.errors == [] and page.requests == [page.url]
+    document = serve_to_dict(llama)
+    for div, key, axis in (("line-batch", "by_batch", "batch"), ("line-context", "by_context", "context")):
+        traces = page.page.evaluate("id => document.getElementById(id).data.map(t => [t.name, t.x, t.y])", div)
+        name, x, y = traces[0]
+        assert name == "tokens/s bound"
+        assert x == [point[axis] for point in document[key]]
+        assert y == pytest.approx([point["tokens_per_second"] for point in document[key]], rel=1e-12)
+        assert [t[0] for t in traces[1:]] == ["memory side (bytes / bandwidth)", "compute side (FLOPs / bf16 peak)"]
+    assert "crossover" in page.page.inner_text("#serve-bounds")
+    page.page.close()

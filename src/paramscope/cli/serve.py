@@ -37,6 +37,9 @@ def add_parser(subparsers: Any) -> None:
                         help="the prompt's tokens (default 2,048, or the model's maximum when shorter)")
     parser.add_argument("--context", type=int, metavar="C",
                         help="keys a decode step reads: the tokens cached and its own (default: --seq)")
+    parser.add_argument("--tp", type=int, default=1, metavar="T",
+                        help="tensor parallel over T GPUs: one GPU's bytes (its shards, its KV heads) and FLOPs; no "
+                             "communication modelled")
     parser.add_argument("--peak-dtype", choices=("bf16", "fp16", "fp8", "tf32"),
                         help="which dense peak bounds the FLOPs (default: fp8 for fp8 checkpoints, else the "
                              "compute dtype)")
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     checked_html_path(args)
     options = ServeOptions(gpu=args.gpu, dtype=args.dtype, kv_dtype=args.kv_dtype, kv_layout=args.kv_layout,
                            batch=args.batch, seq=args.seq, context=args.context, peak_dtype=args.peak_dtype,
-                           peak_tflops=args.peak_tflops)
+                           peak_tflops=args.peak_tflops, tp=args.tp)
     options.check()
     find_accelerator(args.gpu)  # a bad name fails before the build
     if args.dtype is not None:

@@ -39,8 +39,9 @@ def serve_parts(report: Any, speed: Any) -> list:
     source = model_source_line(report.model)
     if source is not None:
         parts.append(source)
-    parts.append(indented(f"{roof.words()}; weights {speed.dtype}, KV cache {speed.kv_dtype} ({speed.kv_layout}); "
-                          f"no communication modelled"))
+    per_gpu = f"; tensor parallel over {speed.tp} GPUs: one GPU's bytes and FLOPs" if speed.tp > 1 else ""
+    parts.append(indented(f"{roof.words()}; weights {speed.dtype}, KV cache {speed.kv_dtype} ({speed.kv_layout})"
+                          f"{per_gpu}; no communication modelled"))
     table = Table(box=box.SIMPLE_HEAD, title=f"Decode at context {speed.context:,} (bounds)", title_justify="left")
     for column, justify in (("batch", "right"), ("bytes/step", "right"), ("FLOPs/step", "right"),
                             ("memory", "right"), ("compute", "right"), ("tokens/s ≤", "right"),
@@ -107,7 +108,7 @@ def serve_to_dict(speed: Any) -> dict[str, Any]:
         "gpu": {"name": roof.gpu, "bandwidth": roof.bandwidth, "peak_flops": roof.peak,
                 "peak_dtype": roof.peak_dtype, "peak_from": roof.peak_from},
         "settings": {"dtype": speed.dtype, "kv_dtype": speed.kv_dtype, "kv_layout": speed.kv_layout,
-                     "batch": speed.batch, "context": speed.context, "prompt": speed.prompt},
+                     "batch": speed.batch, "context": speed.context, "prompt": speed.prompt, "tp": speed.tp},
         "routing": None if speed.routing is None else {"top_k": speed.routing[0], "experts": speed.routing[1]},
         "decode": [decode(step) for step in speed.decode],
         "prefill": {**_step_dict(speed.prefill), "prompt": speed.prefill.tokens},

@@ -33,9 +33,13 @@ class ServeOptions:
     peak_dtype: str | None = None  # None: the format's (fp8 for fp8 checkpoints, else the compute dtype)
     peak_tflops: float | None = None
     group_size: int | None = None
+    tp: int = 1  # tensor parallel: one GPU's bytes and FLOPs (no communication modelled)
 
     def check(self) -> None:
+        from ..parallel.serving import check_degrees
+
         check_serve(self.batch, self.context, self.seq)
+        check_degrees(self.tp, 1)
         if self.peak_tflops is not None and not 0 < self.peak_tflops <= 1e6:  # also refuses nan
             from ...errors import OptionError
 
@@ -61,7 +65,7 @@ def serve_answer(model: Any, options: ServeOptions, use_cache: bool = True, **mo
     validate_config_dict(source.config)
     memory_options = MemoryOptions(dtype=options.dtype, kv_dtype=options.kv_dtype, batch=options.batch,
                                    seq=options.context or options.seq, kv_layout=options.kv_layout,
-                                   group_size=options.group_size)
+                                   group_size=options.group_size, tp=options.tp)
     memory_options.check()
     fmt, origin, not_convert = storage_format(source.config, memory_options)
     roof = roofline(accelerator, options.peak_dtype or peak_dtype_of(fmt), options.peak_tflops)
@@ -90,7 +94,11 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
         notes.append(f"--context {context:,} is beyond the model's max_position_embeddings ({limit:,})")
     memory_options = dataclasses.replace(memory_options, seq=context)
     memory = serving_estimate(report, view, memory_options, fmt, origin, not_convert)
-    cache = memory.kv_cache
+    weights, cache = memory.weights, memory.kv_cache
+    if options.tp > 1:  # tensor-parallel rank 0 (the most vocabulary rows where V does not divide)
+        gpu = memory.parallel.layout.stages[0]
+        weights, cache = gpu.weights, gpu.kv_cache
+        notes.extend(n for n in memory.parallel.layout.notes if n not in notes)
     check = checked.of(view)
     if check.status == "differs":
         from ..model_view import FactsGap
@@ -111,12 +119,65 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
     notes.extend(n for n in memory.notes if n not in notes)
     notes.append(check.words())
     notes.extend(_mla_words(report, text, options.batch, context))
+    if options.tp > 1:
+        rank = _RankFlops(report, view, options.tp, generation)
+        step_flops, prefill_flops = rank.step, rank.prefill
+        notes.append(f"tp {options.tp}: one GPU's bytes (its weight shards in the storage format, its share of the KV "
+                     "cache, as `memory --tp` places them) and FLOPs (the matmuls split by parallel/flops.py's "
+                     f"rules, attention on heads / {options.tp}); no communication is modelled: the all-reduces of "
+                     "each layer only add time")
+    else:
+        step_flops = lambda b, c: generation(b, c - 1, 2).first_step  # noqa: E731
+        prefill_flops = lambda b, s: generation(b, s, 1).prefill  # noqa: E731
     return serve_speed(
-        traffic=weight_traffic(memory.weights, report.params, text), cache=cache, roof=roof,
-        step_flops=lambda b, c: generation(b, c - 1, 2).first_step,
-        prefill_flops=lambda b, s: generation(b, s, 1).prefill,
+        traffic=weight_traffic(weights, report.params, text, whole=memory.weights), cache=cache, roof=roof,
+        step_flops=step_flops, prefill_flops=prefill_flops, tp=options.tp,
         batch=options.batch, context=context, prompt=prompt, max_context=limit, dtype=fmt.key,
         kv_dtype=memory.settings["kv_dtype"], notes=tuple(notes), compute_dtype=fmt.compute_dtype)
+
+
+class _RankFlops:
+    """One tensor-parallel rank's FLOPs: the matmuls as parallel/flops.py splits one token's forward weight by
+    weight (column/row cuts 1/tp, the vocabulary-parallel head ⌈V/tp⌉ rows, routers and other whole-kept weights
+    on every rank), and generate()'s attention (scores, MLA's kv_up decompression) on heads / tp."""
+
+    def __init__(self, report: Any, view: Any, tp: int, generation: Any):
+        self.report, self.view, self.tp, self.generation = report, view, tp, generation
+        self.matmul: dict[int, tuple[int, int]] = {}
+
+    def _device(self, batch: int, seq: int) -> Any:
+        from ..flops.analytic import Parts, analytic_flops
+        from ..parallel.flops import device_flops
+        from ..parallel.layout import layout_for
+
+        parts = Parts()
+        whole = analytic_flops(self.view, self.report.params, batch=batch, seq=seq, training=False, parts=parts)
+        if whole is None:
+            raise UnsupportedError("no analytic FLOP count for {name}: FLOPs per GPU under {0} are split from it",
+                                   "tp", name=self.view.class_name)
+        device = device_flops(whole, parts, self.report, self.view, layout_for(devices=self.tp, tp=self.tp,
+                                                                               batch=batch),
+                              checkpointing=False, causal_model=True)
+        return whole, device
+
+    def step(self, batch: int, context: int) -> int:
+        if batch not in self.matmul:
+            whole, device = self._device(batch, 1)
+            scores = sum(t.flops for t in device.terms if t.role == "attention.scores")
+            self.matmul[batch] = (device.forward - scores, whole.forward - whole.attention)
+        matmul_rank, matmul_whole = self.matmul[batch]
+        attention = self.generation(batch, context - 1, 2).first_step - matmul_whole  # scores and MLA's kv_up
+        share, left = divmod(attention, self.tp)
+        if left:
+            raise UnsupportedError("the attention FLOPs ({flops:,}) do not split evenly over {0} {tp}", "tp",
+                                   flops=attention, tp=self.tp)
+        return matmul_rank + share
+
+    def prefill(self, batch: int, seq: int) -> int:
+        """The rank's forward over the prompt with the head on the last token only (generate()'s prefill)."""
+        _, device = self._device(batch, seq)
+        head = sum(t.flops for t in device.terms if t.role == "head.lm")
+        return device.forward - head + head // seq
 
 
 def _mla_words(report: Any, text: Any, batch: int, context: int) -> list[str]:

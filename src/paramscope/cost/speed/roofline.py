@@ -110,6 +110,7 @@ class ServeSpeed:
     notes: tuple[str, ...] = ()
     routing: tuple[int, int] | None = None  # (top-k, experts) of a MoE model
     compute_dtype: str | None = None  # the dtype the model was built in (its unquantised tensors')
+    tp: int = 1  # tensor-parallel degree: the bytes and FLOPs are one GPU's
 
     @property
     def at_batch(self) -> StepBound:
@@ -183,17 +184,21 @@ class WeightTraffic:
         return " + ".join(parts) + f" = {self.at(tokens)[0]:,} B"
 
 
-def weight_traffic(weights: Any, params: Any, config: Any) -> WeightTraffic:
-    """Split the stored weights (memory/weights.WeightMemory) by how a step reads them."""
+def weight_traffic(weights: Any, params: Any, config: Any, whole: Any = None) -> WeightTraffic:
+    """Split the stored weights (memory/weights.WeightMemory) by how a step reads them. `whole`: the whole model's,
+    where `weights` are one tensor-parallel rank's shards (a vocabulary-parallel table's rows are then its share)."""
     from ..flops.analytic import routing
 
     by_role = dict(weights.by_role)
+    whole_by_role = dict((whole or weights).by_role)
     tied = "head.lm" not in by_role  # the head reads the word embedding whole
     gathered = []
     for role in _GATHERED:
         if role not in by_role or (role == "embeddings.word" and tied):
             continue
         rows = sum(p.shape[0] for p in params if p.role == role and len(p.shape) == 2)
+        if whole_by_role.get(role):
+            rows = -(-rows * by_role[role] // whole_by_role[role])  # the rank's rows
         if rows:
             gathered.append((role, by_role.pop(role), rows))
     top_k, experts = routing(config)
@@ -246,7 +251,7 @@ def _fraction(value: Fraction) -> str:
 def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flops: Callable[[int, int], int],
                 prefill_flops: Callable[[int, int], int], batch: int, context: int, prompt: int,
                 max_context: int | None, dtype: str, kv_dtype: str, notes: tuple[str, ...] = (),
-                compute_dtype: str | None = None) -> ServeSpeed:
+                compute_dtype: str | None = None, tp: int = 1) -> ServeSpeed:
     """The bounds from a model's weight traffic, its cache and its FLOPs: `step_flops(B, C)` a decode step's,
     `prefill_flops(B, S)` a prefill's."""
     flops_at: dict[tuple[int, int], int] = {}
@@ -277,7 +282,8 @@ def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flop
     arithmetic = (
         ("weights a decode step reads", traffic.words(batch)),
         ("KV cache a decode step moves", kv_words(cache, batch, context)),
-        ("decode FLOPs", f"generate()'s decode step at {context:,} keys, batch {batch}: {at.flops:,}"),
+        ("decode FLOPs", (f"one GPU's share (tp {tp}) of " if tp > 1 else "")
+         + f"generate()'s decode step at {context:,} keys, batch {batch}: {at.flops:,}"),
         ("decode memory time", f"{at.bytes:,} B / {roof.bandwidth / 1e9:,.0f} GB/s = {_ms(at.memory_seconds)}"),
         ("decode compute time", f"{at.flops:,} / {roof.peak / 1e12:,.1f} TFLOP/s = {_ms(at.compute_seconds)}"),
         ("decode bound", f"max = {_ms(at.seconds)} a step ({at.binds}-bound): ≤ {at.tokens_per_second:,.1f} tokens/s "
@@ -300,7 +306,7 @@ def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flop
         conventions.append(ROUTING_WORDS)
     return ServeSpeed(roof, dtype, kv_dtype, cache.layout, batch, context, prompt, decode, prefill, crossover,
                       by_batch, by_context, arithmetic, tuple(conventions), notes,
-                      traffic.routing if traffic.routed else None, compute_dtype)
+                      traffic.routing if traffic.routed else None, compute_dtype, tp)
 
 
 def _crossover(step: Callable[[int], StepBound]) -> int | None:
