@@ -43,8 +43,12 @@ GGUF_TYPES: dict[str, tuple[int, int, str]] = {
     "q4_k": (256, 144, "fp16 d + fp16 dmin + 12 scale bytes + 256×4-bit"),
     "q5_k": (256, 176, "fp16 d + fp16 dmin + 12 scale bytes + 32 high-bit bytes + 256×4-bit"),
     "q6_k": (256, 210, "fp16 d + 16 scale bytes + 256×6-bit"),
+    "iq4_nl": (32, 18, "fp16 scale + 32×4-bit non-linear codes"),
+    "iq4_xs": (256, 136, "fp16 d + 6 scale bytes + 256×4-bit non-linear codes"),
+    "iq3_s": (256, 110, "fp16 d + 64 grid-index bytes + 8 high bits + 32 sign bytes + 4 scale bytes"),
 }
-_GGUF_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+_GGUF_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "iq4_xs": "iq4_nl",
+                  "iq3_s": "iq4_nl"}
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class WeightFormat:
     block: tuple[int, int] | None = None  # fp8 block scales (rows, columns)
     double_quant: bool = False
     quant_type: str | None = None  # "nf4" | "fp4" for bitsandbytes 4-bit; the ggml type for GGUF
+    mixture: str | None = None  # a llama.cpp mixture ("Q4_K_M"): each tensor's type by llama_cpp_mixture.py
     declared: bool = False  # read from the checkpoint's config rather than chosen by the user
 
     @property
@@ -223,7 +228,7 @@ def _gguf(fmt: WeightFormat, shape, numel, rows, cols) -> TensorBytes:
     blocks = numel // per_block
     # A block's scales are part of its bytes; the share beyond the packed values is overhead.
     bits = {"q4_0": 4, "q4_1": 4, "q5_0": 5, "q5_1": 5, "q8_0": 8, "q2_k": 2, "q3_k": 3, "q4_k": 4,
-            "q5_k": 5, "q6_k": 6}[kind]
+            "q5_k": 5, "q6_k": 6, "iq4_nl": 4, "iq4_xs": 4, "iq3_s": 3}[kind]
     data = numel * bits // 8
     return TensorBytes(data, blocks * block_bytes - data, f"{kind}{note}",
                        f"{blocks:,} blocks of {per_block} × {block_bytes} B")
@@ -234,19 +239,38 @@ _LAYOUTS = {"plain": _plain, "bnb4": _bnb4, "int8": _int8, "gptq": _gptq, "awq":
 
 # --- the names users type --------------------------------------------------------------------------------------
 
+# llama.cpp's mixtures (llama_ftype) offered as --dtype, with their default ggml type; llama_cpp_mixture.py types each
+# tensor. A name that is both a mixture and a ggml type (q4_0, q8_0, q6_k, iq4_xs, ...) is the mixture, as
+# `llama-quantize … Q4_0` writes it; q3_k, q4_k and q5_k stay one type for every matrix (`llama-quantize --pure`).
+GGUF_MIXTURES: dict[str, str] = {
+    "q4_0": "q4_0", "q4_1": "q4_1", "q5_0": "q5_0", "q5_1": "q5_1", "q8_0": "q8_0", "q2_k": "q2_k",
+    "q3_k_s": "q3_k", "q3_k_m": "q3_k", "q3_k_l": "q3_k", "q4_k_s": "q4_k", "q4_k_m": "q4_k", "q5_k_s": "q5_k",
+    "q5_k_m": "q5_k", "q6_k": "q6_k", "iq4_nl": "iq4_nl", "iq4_xs": "iq4_xs", "iq3_s": "iq3_s", "iq3_m": "iq3_s",
+}
+
 FORMAT_CHOICES = ("fp32", "bf16", "fp16", "fp8", "fp8-block", "int8", "int4", "nf4", "nf4-dq", "fp4", "fp4-dq",
-                  "gptq-int2", "gptq-int3", "gptq-int4", "gptq-int8", "awq-int4", "mxfp4", *GGUF_TYPES)
+                  "gptq-int2", "gptq-int3", "gptq-int4", "gptq-int8", "awq-int4", "mxfp4",
+                  *dict.fromkeys([*GGUF_MIXTURES, *GGUF_TYPES]))
 
 
 def weight_format(name: str, *, compute_dtype: str = "bfloat16", group_size: int | None = None) -> WeightFormat:
     """The format the user named with --dtype. `compute_dtype` holds what a quantised format leaves unquantised."""
+    gguf_key = str(name).strip().lower().replace("-", "_")
+    if gguf_key in GGUF_MIXTURES:
+        kind = GGUF_MIXTURES[gguf_key]
+        per, size, _ = GGUF_TYPES[kind]
+        return WeightFormat(gguf_key, "gguf", f"llama.cpp {gguf_key.upper()} mixture (default type {kind.upper()}, "
+                            f"{size * 8 / per:g} bits per weight; each tensor's type by llama.cpp's "
+                            "llama_tensor_get_type), 1-D tensors, norms and routers F32", "float32", "matrices",
+                            quant_type=kind, mixture=gguf_key.upper())
     key = str(name).strip().lower().replace("_", "-") if str(name).lower() not in GGUF_TYPES else str(name).lower()
     key = {"int4": "nf4", "llm.int8": "int8", "llm-int8": "int8", "fp8-block128": "fp8-block"}.get(key, key)
     if key.replace("-", "_") in GGUF_TYPES:
         kind = key.replace("-", "_")
         per, size, holds = GGUF_TYPES[kind]
-        return WeightFormat(kind, "gguf", f"GGUF {kind.upper()} ({size} B per {per} weights: {holds}; "
-                            f"{size * 8 / per:g} bits per weight), 1-D tensors and routers F32",
+        return WeightFormat(kind, "gguf", f"GGUF {kind.upper()} in every matrix, as llama-quantize --pure ({size} B "
+                            f"per {per} weights: {holds}; {size * 8 / per:g} bits per weight), 1-D tensors and "
+                            "routers F32",
                             "float32", "matrices", quant_type=kind)
     if key in ("fp32", "bf16", "fp16") or key in DTYPE_NAMES and DTYPE_NAMES[key] in ("float32", "bfloat16",
                                                                                        "float16", "float64"):

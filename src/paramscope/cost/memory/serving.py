@@ -92,6 +92,10 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     once; where it found them differing, `correct(module, dtype, batch, seq, encoder_seq)` (serving_check's
     extended_difference: the difference at the asked point on two cuts) corrects the analytic answer, or the whole
     model is traced. None: the analytic arithmetic alone (a live module, a check's own cut)."""
+    if getattr(fmt, "mixture", None):  # llama.cpp types each tensor of the file on its own: predict the file
+        from .llama_cpp_mixture import with_prediction
+
+        fmt = with_prediction(fmt, report.params, view.config, report.num_layers or 0)
     quantized = quantized_names(view, report.params, fmt, not_convert)
     fp32 = view.kept_in_fp32(fmt.compute_dtype, [p.name for p in report.params] + [b.name for b in report.buffers])
     inputs_first = input_first_weights(view, quantized)
@@ -101,6 +105,8 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     text = text_config(config)
     seq = options.seq or max_context(text) or 2048
     notes: list[str] = list(weights.notes)
+    if getattr(fmt, "prediction", None) is not None:
+        notes.extend(fmt.prediction.summary())
     if fmt.quantized and not weights.quantized:
         notes.append(f"{fmt.key} quantises none of {view.class_name}'s tensors (it targets "
                      f"{'MoE experts' if fmt.kind == 'mxfp4' else 'none of these layers'}); every weight keeps its "
@@ -183,6 +189,8 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     }
     if fmt.group_size is not None:
         settings["group_size"] = fmt.group_size
+    if getattr(fmt, "prediction", None) is not None:
+        settings["gguf_file"] = fmt.prediction.to_dict()
     if accelerator is None and options.budget is not None:
         accelerator = Accelerator("budget", options.budget, "", "budget")
     parallel = None
