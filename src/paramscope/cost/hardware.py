@@ -79,9 +79,13 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "GH200": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
     "H200": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7},
     "B200": {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},
+    # HGX B300 datasheet: 8 GPUs give 36 PF bf16 and 72 PF fp8 with sparsity, the same per GPU as B200 (B300's
+    # gain is fp4); dense is half
+    "B300": {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},
     "MI250X": {"bf16": 383.0, "fp16": 383.0},
     "MI300X": {"bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9},
     "MI325X": {"bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9},
+    "MI355X": {"bf16": 2516.6, "fp16": 2516.6, "fp8": 5033.2},  # AMD Instinct MI355X page, dense
     "TPU v5e": {"bf16": 197.0},
     "TPU v5p": {"bf16": 459.0},
     "TPU v6e": {"bf16": 918.0},

@@ -120,10 +120,13 @@ class ServeSpeed:
 # --- the parts -------------------------------------------------------------------------------------------------
 
 def peak_dtype_of(fmt: Any) -> str:
-    """The dense peak a format computes at: fp8 checkpoints run fp8 matmuls (W8A8); the others dequantise to their
-    compute dtype (weight-only int4/int8, GGUF, bitsandbytes)."""
+    """The dense peak a format computes at: fp8 checkpoints run fp8 matmuls (W8A8); GGUF's types run on llama.cpp's
+    CUDA path in fp16 (dequantised for cuBLAS) or int8 (MMQ), so fp16's peak; the others dequantise to their compute
+    dtype (weight-only int4/int8, bitsandbytes, MXFP4 on cards without fp4 units)."""
     if fmt.kind == "fp8":
         return "fp8"
+    if fmt.kind == "gguf":
+        return "fp16"
     return {"bfloat16": "bf16", "float16": "fp16", "float32": "tf32"}.get(fmt.compute_dtype, "bf16")
 
 
