@@ -38,6 +38,7 @@ class AuditResult:
     counts: Any  # paramscope.reconcile_counts.CountsExplanation
     located: Located
     source: Any = None  # the sources.Source the model's config came from (the CLI records a template from it)
+    packed: Any = None  # checkpoint.packed.PackedAudit of a quantised checkpoint (or config), else None
 
     def checkpoint_dict(self) -> dict[str, Any]:
         """The `"checkpoint"` object of `audit --json`."""
@@ -76,6 +77,8 @@ class AuditResult:
         out["complete"] = bool(audit.complete)
         out["packed"] = []
         out["counts"] = self.counts.to_dict()
+        if self.packed is not None:
+            out["quantization"] = self.packed.to_dict()
         out.update(lists)  # each key is in place already: the order of the keys stays
         return out
 
@@ -157,17 +160,25 @@ def audit(path_or_id: str | os.PathLike[str], *, config: Any = None, model_class
             config = str(located.config_dir)
         with progress.status(f"reading the checkpoint's headers ({located.checkpoint})"):
             checkpoint = read_checkpoint(located.checkpoint)
+    from .checkpoint.packed import read_shape_records, with_shape_records
+
+    records = read_shape_records(checkpoint)  # compressed-tensors' weight_shape: 16 bytes each, local files only
+    checkpoint = with_shape_records(checkpoint, records)
     config_revision = None if located.config_dir else revision
     # A template answers without torch, with stand-in modules enough for the conventions the audit reports: a
     # 100 MB header is then audited without building the model (3.5 s of its budget).
     source = as_source(config, config_revision)
     report, counted = inspect_source(source, model_class=model_class, task=task, num_labels=num_labels,
                                      trust_remote_code=trust_remote_code, use_cache=use_cache)
-    return replace(audit_report(report, checkpoint, module=counted, located=located), source=source)
+    quantization = source.config.get("quantization_config") if isinstance(source.config, dict) else None
+    return replace(audit_report(report, checkpoint, module=counted, located=located, quantization_config=quantization,
+                                shape_records=records), source=source)
 
 
-def audit_report(report: Report, checkpoint: Any, *, module: Any = None, located: Located | None = None) -> AuditResult:
-    """Pure glue: reconcile `checkpoint` with the parameters, ties and buffers of `report`."""
+def audit_report(report: Report, checkpoint: Any, *, module: Any = None, located: Located | None = None,
+                 quantization_config: Any = None, shape_records: Any = None) -> AuditResult:
+    """Pure glue: reconcile `checkpoint` with the parameters, ties and buffers of `report`; a quantised one (or one
+    whose config declares quantisation) is also reconciled per role and checked against `quantization_config`."""
     from . import progress
     from .checkpoint import reconcile
     from .reconcile_counts import reconcile_counts
@@ -190,7 +201,24 @@ def audit_report(report: Report, checkpoint: Any, *, module: Any = None, located
     if located is None:
         path = Path(checkpoint.path)
         located = Located(path, None, f"file {path}")
-    return AuditResult(report, checkpoint, result, counts, located)
+    return AuditResult(report, checkpoint, result, counts, located,
+                       packed=_packed(report, checkpoint, result, quantization_config, shape_records or {}))
+
+
+def _packed(report: Report, checkpoint: Any, result: Any, quantization_config: Any, records: Any) -> Any:
+    from .checkpoint.packed import analyse, is_quantised
+
+    if not is_quantised(checkpoint, quantization_config):
+        return None
+    parameter_of = dict(result.renamed)
+    loaded = set(parameter_of.values())
+    parameter_of.update((name, name) for name in result.matched if name not in loaded)
+    roles = {p.name: p.role for p in report.params}
+    shapes = {p.name: p.shape for p in report.params}
+    canonical = {alias: p.name for p in report.params for alias in p.aliases}
+    parameter_of = {key: canonical.get(name, name) for key, name in parameter_of.items()}  # a tied copy: its owner
+    return analyse(checkpoint, parameter_of=parameter_of, roles=roles, shapes=shapes,
+                   quantization_config=quantization_config, shape_records=records)
 
 
 def _prefix(report: Report) -> str:

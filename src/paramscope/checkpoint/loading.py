@@ -278,8 +278,12 @@ def _key_mapper(model_keys: set[str], prefix: str) -> Callable[[str], str]:
 
 
 def _packed_target(key: str, map_key: Callable[[str], str], model_keys: set[str]) -> str | None:
-    # A GPTQ `X.qweight` or compressed-tensors `X.weight_packed` stands for the model's `X.weight`.
+    # A GPTQ `X.qweight` or compressed-tensors `X.weight_packed` stands for the model's `X.weight`, gpt-oss's MXFP4
+    # `X.gate_up_proj_blocks` for `X.gate_up_proj` (transformers' Mxfp4 conversion joins it with its `_scales`).
     stem, _, last = key.rpartition(".")
+    if last.endswith("_blocks"):
+        target = map_key(key[:-len("_blocks")])
+        return target if target in model_keys else None
     if last not in ("qweight", "weight_packed"):
         return None
     target = map_key(f"{stem}.weight" if stem else "weight")
@@ -295,9 +299,11 @@ def _fits(t: CheckpointTensor, model_shape: tuple[int, ...]) -> bool:
     if t.packing == "bnb-4bit":
         # ceil(n / 2) bytes hold n values.
         return (wanted + 1) // 2 == t.numel
-    if t.packing == "compressed-tensors":
-        # int32 words holding 4, 8 or 16 values (8-, 4- or 2-bit), last word possibly partial.
-        return any(-(-wanted // per_word) == t.numel for per_word in (4, 8, 16))
+    if t.packing == "compressed-tensors" and model_shape:
+        # compressed-tensors packs each row's n values of b bits (1 to 8) into ⌈n·b/32⌉ int32 words
+        # (pack_quantized/helpers.py, pack_to_int32): the rows are the model's, the last dimension is packed.
+        return t.shape[:-1] == model_shape[:-1] and any(
+            -(-model_shape[-1] * bits // 32) == t.shape[-1] for bits in range(1, 9))
     return False
 
 

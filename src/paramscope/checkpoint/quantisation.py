@@ -24,6 +24,7 @@ _AUX_SUFFIXES = {
     "weight_global_scale": ("compressed-tensors", "quantisation scale"),
     "input_global_scale": ("compressed-tensors", "activation quantisation scale"),
     "weight_shape": ("compressed-tensors", "record of a packed weight's shape"),
+    "weight_g_idx": ("compressed-tensors", "activation-order group index"),
 }
 _BNB4_STATE = re.compile(
     r"^(?P<weight>.+\.weight)\.(absmax|quant_map|nested_absmax|nested_quant_map|quant_state\..+)$"
@@ -31,6 +32,9 @@ _BNB4_STATE = re.compile(
 _GPTQ_PARTS = ("qzeros", "scales", "g_idx")
 # Every last name component that classify_quantisation marks (besides bitsandbytes 4-bit state, under ".weight.").
 _MARKED_LAST = frozenset(_AUX_SUFFIXES) | {"SCB", "weight_format", "qweight", "weight_packed", *_GPTQ_PARTS}
+# gpt-oss's MXFP4 experts (transformers' integrations/mxfp4.py): `X_blocks` U8 [..., n/32, 16], 32 fp4 values in
+# each 16-byte block, beside `X_scales` U8 [..., n/32], one e8m0 exponent a block.
+_MXFP4_ENDINGS = ("_blocks", "_scales")
 _name = attrgetter("name")
 
 
@@ -39,11 +43,13 @@ def classify_quantisation(tensors: list[CheckpointTensor]) -> list[CheckpointTen
 
     Recognised: bitsandbytes 4-bit (``X.weight`` U8 with ``X.weight.absmax``/``.quant_state.*``),
     bitsandbytes 8-bit (``X.SCB``), GPTQ/AWQ (``X.qweight`` with ``X.qzeros``/``X.scales``),
-    compressed-tensors (``X.weight_packed``) and fp8 scales (``X.weight_scale[_inv]``, ``X.input_scale``).
+    compressed-tensors (``X.weight_packed``: int32 words of 1-8-bit integers, or uint8 of two fp4 values),
+    MXFP4 (``X_blocks`` with ``X_scales``) and fp8 scales (``X.weight_scale[_inv]``, ``X.input_scale``).
     """
     # Only names ending in one of these, or holding ".weight.", can be marked: most checkpoints hold none of them, and
     # a 100 MB header lists a million names.
-    candidates = [i for i, t in enumerate(tensors) if t.name.rpartition(".")[2] in _MARKED_LAST or ".weight." in t.name]
+    candidates = [i for i, t in enumerate(tensors) if t.name.rpartition(".")[2] in _MARKED_LAST or ".weight." in t.name
+                  or t.name.endswith(_MXFP4_ENDINGS)]
     if not candidates:
         return tensors
     index = dict(zip(map(_name, tensors), range(len(tensors))))  # name → position, built by C loops
@@ -83,9 +89,18 @@ def classify_quantisation(tensors: list[CheckpointTensor]) -> list[CheckpointTen
             mark(i, role="packed", packing="gptq",
                  logical_numel=_gptq_logical(t, named(f"{prefix}scales"), named(f"{prefix}qzeros")),
                  note="GPTQ/AWQ int32-packed weight")
-        if last == "weight_packed":
+        if last == "weight_packed" and t.dtype == "U8":  # nvfp4/mxfp4-pack-quantized: in % 16 == 0, no padding
+            mark(i, role="packed", packing="compressed-tensors", logical_numel=2 * t.numel,
+                 note="compressed-tensors fp4 weight, 2 values per byte")
+        elif last == "weight_packed":
             mark(i, role="packed", packing="compressed-tensors", logical_numel=None,
                  note="compressed-tensors packed weight; the unpacked shape is in weight_shape data")
+        if last.endswith("_blocks") and f"{prefix}{last[:-7]}_scales" in index:
+            if t.dtype == "U8" and len(t.shape) >= 2 and t.shape[-1] == 16:
+                mark(i, role="packed", packing="mxfp4", logical_numel=2 * t.numel,
+                     note="MXFP4, 32 fp4 values in each 16-byte block")
+        if last.endswith("_scales") and last != "_scales" and f"{prefix}{last[:-7]}_blocks" in index:
+            mark(i, role="quant_aux", packing="mxfp4", note="MXFP4 block scale (e8m0)")
     return out if marked else tensors
 
 

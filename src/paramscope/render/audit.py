@@ -34,7 +34,8 @@ def render_audit_text(result, width: int = 100, *, color: bool = False, all_keys
 def iter_audit_text(result, width: int = 100, *, color: bool = False, all_keys: bool = False) -> Iterator[str]:
     """`render_audit_text` in pieces, the same text: `--all` on a checkpoint of a million keys is written as it is
     laid out."""
-    parts = [_header(result, width), _dtypes(result.checkpoint), *_reconciliation(result, all_keys)]
+    parts = [_header(result, width), _dtypes(result.checkpoint), *_quantisation(result),
+             *_reconciliation(result, all_keys)]
     loading = _loading(result)
     if loading is not None:
         parts.append(loading)
@@ -206,7 +207,10 @@ def _header(result, width: int = 100) -> Group:
     if report.model.source.split(" ", 1)[-1] != result.located.description.split(" ", 1)[-1]:
         grid.add_row("  config", paths(report.model.source))
     grid.add_row("  class", Text(f"{report.model.class_name}: {report.model.class_reason}"))
-    grid.add_row("  read", "headers only: no tensor data was read")
+    records = getattr(result.packed, "shape_records", 0)
+    grid.add_row("  read", "headers only: no tensor data was read" if not records else
+                 f"headers, and the {records:,} weight_shape records of compressed-tensors (at most 32 bytes each, "
+                 "the packed weights' unpacked shapes); no other tensor data")
     return Group(title, grid, Text(""))
 
 
@@ -226,6 +230,49 @@ def _dtypes(ck) -> Table:
         logical = "unknown from headers" if t.logical_numel is None else exact(t.logical_numel)
         table.add_row(Text(f"  packed {t.name}"), "", f"{exact(t.numel)} stored", f"logical {logical} ({t.packing})")
     return table
+
+
+def _quantisation(result) -> list:
+    """A quantised checkpoint per role (logical parameters, stored bytes, the bookkeeping's bytes) and its
+    quantization_config checked against the headers; nothing for a checkpoint with neither."""
+    packed = result.packed
+    if packed is None:
+        return []
+    table = Table(title="Quantised storage by role (parameters unpacked; bytes as stored)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("role", overflow="fold", max_width=22)
+    table.add_column("weights", justify="right")
+    table.add_column("parameters", justify="right")
+    table.add_column("stored bytes", justify="right")
+    table.add_column("scales", justify="right")
+    table.add_column("zeros", justify="right")
+    table.add_column("index", justify="right")
+    table.add_column("bits/param", justify="right")
+    table.add_column("stored as", overflow="fold", ratio=1)
+    for r in packed.roles:
+        table.add_row(r.role, exact(r.tensors), exact(r.parameters), exact(r.stored_bytes), exact(r.scale_bytes),
+                      exact(r.zero_bytes), exact(r.index_bytes), _bits(r.bits_per_parameter),
+                      Text("; ".join(r.schemes)))
+    table.add_section()
+    stored, over, params = packed.stored_bytes, packed.overhead_bytes, packed.parameters
+    table.add_row("total", exact(sum(r.tensors for r in packed.roles)), exact(params), exact(stored),
+                  exact(sum(r.scale_bytes for r in packed.roles)), exact(sum(r.zero_bytes for r in packed.roles)),
+                  exact(sum(r.index_bytes for r in packed.roles)),
+                  _bits((stored + over) * 8 / params if params else None), "", style="bold")
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row("  config", Text(f"quantization_config: {packed.declared}" if packed.declared else
+                                  "no quantization_config"))
+    if not packed.mismatches:
+        grid.add_row("  headers", "agree with it" if packed.declared else "hold no quantised weight")
+    for i, m in enumerate(packed.mismatches):
+        grid.add_row("  mismatch" if i == 0 else "", Text(m.line))
+    return [table, Text("bits/param: (stored + scales + zeros + index bytes) × 8 / parameters"), grid, Text("")]
+
+
+def _bits(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
 
 
 def _reconciliation(result, all_keys: bool) -> list:
