@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from paramscope.cli import main
-from paramscope.cost.memory.vllm import NON_TORCH_ALLOWANCE, _grouping, _layer_specs
+from paramscope.cost.memory.vllm import NON_TORCH_ALLOWANCE, vllm_grouping, vllm_layer_kinds
 
 GiB = 2**30
 
@@ -39,8 +39,9 @@ def test_llama_3_8b_bf16_on_an_h100(capsys):
     assert v["page_bytes"] == 2 * 8 * 128 * 2 * 16 == 65_536
     assert v["bytes_per_block"] == 32 * 2 * 8 * 128 * 2 * 16 == 2_097_152
     assert v["groups"] == [{"kind": "full attention", "spec": "FullAttentionSpec", "layers": 32, "groups": 1,
-                            "bytes_per_token": 4096, "arithmetic": "2 × 8 kv heads × 128 × 2 B", "page_bytes": 65_536,
-                            "window": None, "blocks_per_request": 512, "blocks_arithmetic": "cdiv(8,192, 16) = 512"}]
+                            "bytes_per_token": 4096, "arithmetic": "2 × 8 kv heads × 128 × 2 B",
+                            "page_bytes": 65_536, "window": None, "blocks_per_request": 512,
+                            "blocks_arithmetic": "cdiv(8,192, 16) = 512"}]
     assert v["blocks"] == available // 2_097_152 == 28_168
     assert v["blocks_per_request"] == 8192 // 16 == 512
     assert v["max_concurrency"] == 28_168 / 512 == 55.015625
@@ -86,21 +87,21 @@ def test_a_sliding_window_without_layer_types_is_full_attention_in_vllm():
     where layer_types says so: every layer is full attention (transformers' cache slides them)."""
     config = SimpleNamespace(model_type="mistral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                              num_key_value_heads=8, head_dim=128, sliding_window=4096)  # MistralConfig's fields
-    kinds, per_layer, arithmetic, notes = _layer_specs(config, "bfloat16", 1)
+    kinds, per_layer, arithmetic, notes = vllm_layer_kinds(config, "bfloat16", 1)
     assert kinds == [("full attention", None, 32)]
     assert per_layer == 2 * 8 * 128 * 2 and arithmetic == "2 × 8 kv heads × 128 × 2 B"
     assert any("no layer_types" in note for note in notes)
     config.layer_types = ["sliding_attention", "full_attention"] * 16  # as Gemma-2 declares them
-    kinds, _, _, notes = _layer_specs(config, "float8_e4m3fn", 2)
+    kinds, _, _, notes = vllm_layer_kinds(config, "float8_e4m3fn", 2)
     assert kinds == [("sliding window 4,096", 4096, 16), ("full attention", None, 16)] and not notes
 
 
 def test_hybrid_grouping_follows_vllm():
     """_get_kv_cache_groups_uniform_page_size: the smallest kind's count is the group size (Gemma-3's 5:1), unless
     the largest is under 1.5× it (gpt-oss-20b + eagle: 12 and 13 → 13)."""
-    assert _grouping([("sliding window 1,024", 1024, 50), ("full attention", None, 10)]) == (
+    assert vllm_grouping([("sliding window 1,024", 1024, 50), ("full attention", None, 10)]) == (
         10, [("sliding window 1,024", 1024, 50, 5), ("full attention", None, 10, 1)])
-    assert _grouping([("sliding window 128", 128, 12), ("full attention", None, 13)]) == (
+    assert vllm_grouping([("sliding window 128", 128, 12), ("full attention", None, 13)]) == (
         13, [("sliding window 128", 128, 12, 1), ("full attention", None, 13, 1)])
 
 

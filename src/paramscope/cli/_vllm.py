@@ -6,7 +6,6 @@ Kept apart from cli/memory.py, which only adds these options and hands over when
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from ._common import checked_size, checked_width, use_color, write, write_report_json
 

@@ -245,7 +245,7 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
     kv_dtype = estimate.settings["kv_dtype"]
     compute_dtype = estimate.settings.get("compute_dtype") or "bfloat16"
     notes: list[str] = list(extra_notes)
-    groups_kinds, per_layer, arithmetic, kind_notes = _layer_specs(view.config, kv_dtype, tp)
+    groups_kinds, per_layer, arithmetic, kind_notes = vllm_layer_kinds(view.config, kv_dtype, tp)
     notes.extend(kind_notes)
     inputs = _serving_inputs(report, view, estimate)
     weights_at = _weights_at(inputs, estimate.weights)
@@ -264,7 +264,7 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
     requested = int(total * options.gpu_memory_utilization)
     non_kv = weights + activation.bytes + non_torch.bytes
     available = int(total * options.gpu_memory_utilization - non_kv)
-    group_size, kinds = _grouping(groups_kinds)
+    group_size, kinds = vllm_grouping(groups_kinds)
     page = options.block_size * per_layer
     groups = tuple(_group(kind, window, layers, count, per_layer, arithmetic, page, options.block_size, length,
                           batched) for kind, window, layers, count in kinds)
@@ -301,8 +301,8 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
                      "B): capture may run out of memory (lower --gpu-memory-utilization, or --enforce-eager)")
     smallest, tried = None, ()
     if not fits:
-        smallest, tried = _smallest_tp(view, text, weights_at, reserve_at, options, groups_kinds, kv_dtype, tp,
-                                       total, length, batched)
+        smallest, tried = _smallest_tp(view, text, weights_at, reserve_at, options, kv_dtype, tp, total, length,
+                                       batched)
     if fits and concurrency < seqs:
         notes.append(f"--max-num-seqs {seqs:,} exceeds the {concurrency:.2f} sequences of {length:,} tokens the "
                      "blocks hold at once: vLLM starts, and preempts requests when their blocks run out (shorter "
@@ -323,8 +323,8 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
         notes=tuple(notes))
 
 
-def _layer_specs(config: Any, kv_dtype: str, tp: int) -> tuple[list[tuple[str, int | None, int]], int, str,
-                                                                list[str]]:
+def vllm_layer_kinds(config: Any, kv_dtype: str,
+                     tp: int) -> tuple[list[tuple[str, int | None, int]], int, str, list[str]]:
     """([(kind, window, layers)] in vLLM's reading, bytes per token of one layer (a rank's), its arithmetic, notes).
 
     The bytes per token come from memory/kv.py at `tp` ("latent" for MLA, "grouped" otherwise: K and V once per
@@ -369,7 +369,7 @@ def _layer_specs(config: Any, kv_dtype: str, tp: int) -> tuple[list[tuple[str, i
     return [(kind, window, layers) for (kind, window), layers in counts.items()], per_layer, arithmetic, notes
 
 
-def _grouping(kinds: list[tuple[str, int | None, int]]) -> tuple[int, list[tuple[str, int | None, int, int]]]:
+def vllm_grouping(kinds: list[tuple[str, int | None, int]]) -> tuple[int, list[tuple[str, int | None, int, int]]]:
     """(layers per group, [(kind, window, layers, groups of that kind)]), as _get_kv_cache_groups_uniform_page_size
     splits a hybrid model: the smallest kind's count, or the largest's where it is under 1.5× the smallest."""
     if len(kinds) == 1:
@@ -502,8 +502,8 @@ def _weights_at(inputs: Any, one_device: Any) -> Any:
     return at
 
 
-def _smallest_tp(view: Any, text: Any, weights_at: Any, reserve_at: Any, options: VllmOptions, kinds: Any,
-                 kv_dtype: str, tp: int, total: int, length: int,
+def _smallest_tp(view: Any, text: Any, weights_at: Any, reserve_at: Any, options: VllmOptions, kv_dtype: str,
+                 tp: int, total: int, length: int,
                  batched: int) -> tuple[int | None, tuple[TensorParallelTry, ...]]:
     """The smallest tensor-parallel degree above `tp` at which one sequence of `length` tokens fits, trying the
     degrees that divide the attention heads (as vLLM requires), up to 64."""
@@ -518,12 +518,12 @@ def _smallest_tp(view: Any, text: Any, weights_at: Any, reserve_at: Any, options
         try:
             weights = weights_at(t)
             activation, non_torch = reserve_at(t)
-            specs, per_layer, _, _ = _layer_specs(view.config, kv_dtype, t)
+            specs, per_layer, _, _ = vllm_layer_kinds(view.config, kv_dtype, t)
         except ParamscopeError as error:
             tried.append(TensorParallelTry(t, None, None, False, str(error)))
             continue
         available = int(total * options.gpu_memory_utilization - weights - activation.bytes - non_torch.bytes)
-        size, groups = _grouping(specs)
+        size, groups = vllm_grouping(specs)
         need = sum(count * _blocks(kind, window, options.block_size, length, batched)
                    for kind, window, _, count in groups) * options.block_size * per_layer * size
         fits = available > 0 and need <= available
@@ -567,4 +567,5 @@ def _command(model_id: str, options: VllmOptions, tp: int, length: int, seqs: in
     return " ".join(parts), changes
 
 
-__all__ = ["VllmOptions", "VllmPreflight", "vllm_preflight", "serve_defaults"]
+__all__ = ["VllmOptions", "VllmPreflight", "cache_dtype_flag", "serve_defaults", "vllm_dtype", "vllm_grouping",
+           "vllm_layer_kinds", "vllm_preflight"]
