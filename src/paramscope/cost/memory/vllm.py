@@ -252,6 +252,7 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
     weights = weights_at(tp)
     weights_from = ("the serving weights and buffers (memory/weights.py)" if tp == 1 else
                     f"rank 0's shards at tp {tp} (parallel/serving.py), buffers whole")
+    notes.extend(_weight_notes(text, compute_dtype))
 
     def reserve_at(t: int) -> tuple[Estimate, Estimate]:
         return _activation(text, report, compute_dtype, batched, seqs, t), Estimate(
@@ -321,6 +322,31 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
         largest_max_model_len=largest, model_max_len=search_to, fits=fits, why=why, headroom=headroom,
         headroom_needs=needs, smallest_tp=smallest, tried=tried, command=command, command_changes=changes,
         notes=tuple(notes))
+
+
+def _weight_notes(text: Any, compute_dtype: str) -> list[str]:
+    """What vLLM's loaded model holds beyond the serving weights counted here, named, not added: its vocabulary
+    padding (VocabParallelEmbedding pads the rows to a multiple of 64) and its rotary cos/sin cache (one buffer of
+    max_position × rotary_dim, where transformers keeps inv_freq)."""
+    from ..dims import config_int, dim, max_context
+    from ..dtypes import itemsize
+
+    notes = []
+    vocab = config_int(text, "vocab_size")
+    if vocab and vocab % 64:
+        notes.append(f"vLLM pads the vocabulary's {vocab:,} rows to {-(-vocab // 64) * 64:,} (a multiple of 64, "
+                     "VocabParallelEmbedding) in the embedding and the head: those rows are not counted here")
+    heads = dim(text, "heads") or 0
+    rotary = config_int(text, "qk_rope_head_dim") or config_int(text, "head_dim") or (
+        (dim(text, "hidden") or 0) // heads if heads else 0)
+    positions = max_context(text)
+    if rotary and positions and (getattr(text, "rope_theta", None) is not None or
+                                 getattr(text, "rope_parameters", None) is not None):
+        cache = positions * rotary * itemsize(compute_dtype)
+        notes.append(f"estimate, not counted: vLLM keeps a rotary cos/sin cache of max_position {positions:,} × "
+                     f"rotary_dim {rotary} × {itemsize(compute_dtype)} B = {cache:,} B (RotaryEmbedding's "
+                     "cos_sin_cache, for the default rope; scaled ropes differ) where transformers keeps inv_freq")
+    return notes
 
 
 def vllm_layer_kinds(config: Any, kv_dtype: str,
