@@ -340,3 +340,66 @@ def test_hostile_weight_shape_records(tmp_path: Path, capsys, record) -> None:
     tensors["model.layers.0.mlp.down_proj.weight_shape"] = record
     err = _refused(write(tmp_path, LLAMA, tensors), capsys)
     assert "model.layers.0.mlp.down_proj.weight_shape" in err and "weight_shape" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# full size, from headers alone: openai/gpt-oss-20b
+# ---------------------------------------------------------------------------------------------
+
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True, "head_dim": 64,
+    "hidden_act": "silu", "hidden_size": 2880, "intermediate_size": 2880, "max_position_embeddings": 131072,
+    "layer_types": ["sliding_attention", "full_attention"] * 12, "num_attention_heads": 64,
+    "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32,
+    "rms_norm_eps": 1e-05, "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                     "rope_type": "yarn", "truncate": False},
+    "tie_word_embeddings": False, "vocab_size": 201088, "torch_dtype": "bfloat16",
+    "quantization_config": GPT_OSS["quantization_config"]}
+
+
+def gpt_oss_20b_headers():
+    """The 459 tensors of gpt-oss-20b's model.safetensors.index.json, with their dtypes and shapes, and no data."""
+    from paramscope.checkpoint import Checkpoint
+    from paramscope.checkpoint.quantisation import classify_quantisation
+    from paramscope.checkpoint.tensors import SAFETENSORS_DTYPE_BITS, CheckpointTensor
+
+    e, h, v = 32, 2880, 201088
+    shapes = {"model.embed_tokens.weight": ("BF16", (v, h)), "lm_head.weight": ("BF16", (v, h)),
+              "model.norm.weight": ("BF16", (h,))}
+    for n in range(24):
+        p = f"model.layers.{n}."
+        shapes |= {p + "input_layernorm.weight": ("BF16", (h,)), p + "post_attention_layernorm.weight": ("BF16", (h,)),
+                   p + "self_attn.sinks": ("BF16", (64,)), p + "mlp.router.weight": ("BF16", (e, h)),
+                   p + "mlp.router.bias": ("BF16", (e,)),
+                   p + "mlp.experts.gate_up_proj_bias": ("BF16", (e, 2 * h)),
+                   p + "mlp.experts.gate_up_proj_blocks": ("U8", (e, 2 * h, 90, 16)),
+                   p + "mlp.experts.gate_up_proj_scales": ("U8", (e, 2 * h, 90)),
+                   p + "mlp.experts.down_proj_bias": ("BF16", (e, h)),
+                   p + "mlp.experts.down_proj_blocks": ("U8", (e, h, 90, 16)),
+                   p + "mlp.experts.down_proj_scales": ("U8", (e, h, 90))}
+        for proj, out, cols in (("q_proj", 4096, h), ("k_proj", 512, h), ("v_proj", 512, h), ("o_proj", h, 4096)):
+            shapes |= {p + f"self_attn.{proj}.weight": ("BF16", (out, cols)), p + f"self_attn.{proj}.bias": ("BF16", (out,))}
+    tensors = [CheckpointTensor(name, dtype, shape, math.prod(shape), math.prod(shape) * SAFETENSORS_DTYPE_BITS[dtype] // 8,
+                                "model.safetensors") for name, (dtype, shape) in sorted(shapes.items())]
+    return Checkpoint("gpt-oss-20b", "safetensors-sharded", tuple(classify_quantisation(tensors)))
+
+
+def test_gpt_oss_20b_from_its_headers() -> None:
+    from paramscope import inspect
+    from paramscope.audit import audit_report
+
+    checkpoint = gpt_oss_20b_headers()
+    # the index's own figures: 459 tensors, total_size 13,761,264,768 bytes
+    assert (len(checkpoint.tensors), checkpoint.nbytes) == (459, 13_761_264_768)
+    report = inspect(GPT_OSS_20B, use_cache=False)
+    result = audit_report(report, checkpoint, quantization_config=GPT_OSS_20B["quantization_config"])
+    assert result.audit.complete and result.audit.unexpected == ()
+    assert result.audit.parameters == result.packed.parameters == report.total == 20_914_757_184
+    experts = next(r for r in result.packed.roles if r.role == "moe.experts")
+    values = 24 * 32 * 2880 * (5760 + 2880)  # 19,110,297,600 fp4 values in 24 × 32 × (5,760 + 2,880) × 90 blocks
+    assert (experts.tensors, experts.parameters) == (96, values + 24 * 32 * (5760 + 2880))
+    assert (experts.stored_bytes, experts.scale_bytes) == (values // 2 + 24 * 32 * 8640 * 2, values // 32)
+    assert experts.scale_bytes == 597_196_800 and experts.bits_per_parameter == pytest.approx(4.2541, abs=5e-5)
+    assert result.packed.stored_bytes + result.packed.overhead_bytes == 13_761_264_768
+    assert result.packed.mismatches == ()
