@@ -27,6 +27,17 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--generate", type=int, metavar="N",
                         help="generate() of N new tokens after a --seq prompt: the prefill (logits for the last token "
                              "only) and N − 1 decode steps over the growing cache")
+    media = parser.add_argument_group("images or audio beside the text (multimodal models; a text input runs the "
+                                      "language model only)")
+    media.add_argument("--image-tokens", type=int, metavar="N",
+                       help="image tokens a sequence, as the projector hands them to the language model (Gemma-3: "
+                            "256 an image; LLaVA: its patches; Qwen2.5-VL: merged 2×2 patches): the vision tower and "
+                            "projector in lines of their own, the language model over the text + N tokens")
+    media.add_argument("--images", type=int, metavar="K",
+                       help="images a sequence at the vision config's own image size (Gemma-3, LLaVA)")
+    media.add_argument("--audio-seconds", type=float, metavar="T",
+                       help="seconds of audio a sequence (Whisper: its encoder over 30 s windows of 3,000 mel "
+                            "frames, the decoder over --seq tokens a window)")
     parser.add_argument("--grad-checkpointing", default="none", choices=("none", "full"),
                         help="full: each layer's forward is rerun in backward (hardware FLOPs)")
     parser.add_argument("--freeze", action="append", default=[], metavar="ROLE_OR_GLOB",
@@ -98,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
                           tokens=tokens, gpu=args.gpu, peak_dtype=args.peak_dtype, peak_tflops=args.peak_tflops,
                           tokens_per_second=args.tokens_per_second, mfu=args.mfu, devices=devices,
                           trace=args.trace, context_curve=args.html is not None,
-                          generate=args.generate, layout=layout, step_seconds=args.step_seconds)
+                          generate=args.generate, layout=layout, step_seconds=args.step_seconds,
+                          media=_media(args))
     options.check()
     from ..selection import check_pattern
 
@@ -117,6 +129,15 @@ def run(args: argparse.Namespace) -> int:
         record_after_build(report, source, model_class=args.model_class, task=args.task,
                            num_labels=args.num_labels, module=view.module, build_dtype=None, debug=args.debug)
     return 0
+
+
+def _media(args: argparse.Namespace) -> Any:
+    """The images or audio each sequence holds, or None for a text input."""
+    if args.image_tokens is None and args.images is None and args.audio_seconds is None:
+        return None
+    from ..cost.towers import MediaInput
+
+    return MediaInput(image_tokens=args.image_tokens, images=args.images, audio_seconds=args.audio_seconds)
 
 
 def _layout(args: argparse.Namespace) -> Any:
@@ -153,7 +174,8 @@ def _show(args: argparse.Namespace, report: Any, estimate: Any, compute: Any, wi
             "tokens": tokens, "gpu": args.gpu, "peak_dtype": args.peak_dtype, "peak_tflops": args.peak_tflops,
             "tokens_per_second": args.tokens_per_second, "mfu_assumed": args.mfu,
             "devices": compute_devices(args, estimate), "generate": args.generate,
-            "step_seconds": args.step_seconds}))
+            "step_seconds": args.step_seconds, "image_tokens": args.image_tokens, "images": args.images,
+            "audio_seconds": args.audio_seconds}))
         return
     if args.html is not None:  # the page replaces the text
         return

@@ -301,7 +301,18 @@ def flops_to_dict(estimate, compute, settings: dict[str, Any] | None = None) -> 
         "step_seconds": compute.step_seconds,
         "step_from": compute.step_from,
         "device": _device_to_dict(estimate.device, compute),
+        "media": _media_to_dict(estimate.media),
     }
+
+
+def _media_to_dict(media) -> dict[str, Any] | None:
+    if media is None:
+        return None
+    return {"kind": media.kind, "input": media.input_words, "per_sequence": media.per_sequence,
+            "tokens": media.tokens, "tokens_from": media.tokens_words, "engine": media.engine,
+            "forward": media.forward, "backward": media.backward,
+            "parts": [{"part": line.part, "module": line.path, "class": line.class_name, "forward": line.forward,
+                       "backward": line.backward} for line in media.lines]}
 
 
 def _generation_to_dict(generation) -> dict[str, Any] | None:

@@ -48,6 +48,9 @@ class FlopOptions:
     # then each data-parallel replica's, and `devices` the layout's
     layout: Any = None
     step_seconds: float | None = None  # a measured step's time: the MFU (per device under a layout)
+    # images or audio beside the text (towers.MediaInput): the tower and projector traced on that input, the
+    # language model over the text and the tokens the projector adds; None: a text input
+    media: Any = None
 
     def check(self) -> None:
         from ..memory.serving import check_batch_and_seq
@@ -105,6 +108,16 @@ class FlopOptions:
                                   devices=self.devices, total=self.layout.devices)
         if self.tokens_per_second is not None and self.mfu is not None:
             raise OptionError("give {0} (to get the MFU) or {1} (to get the time), not both", "tokens_per_second", "mfu")
+        if self.media is not None:
+            self.media.check()
+            media_flag = next(name for name in ("image_tokens", "images", "audio_seconds")
+                              if getattr(self.media, name) is not None)
+            for option, given in (("layout", self.layout is not None), ("generate", self.generate is not None),
+                                  ("freeze", bool(self.freeze)), ("grad_checkpointing", self.grad_checkpointing != "none"),
+                                  ("causal", self.causal != "full")):
+                if given:
+                    raise OptionError("{0} with {1} is not counted here yet: the tower is traced for a forward or a "
+                                      "plain training step", media_flag, "tp" if option == "layout" else option)
 
 
 @dataclass(frozen=True)
@@ -162,8 +175,13 @@ def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: boo
     checked = CheckFor("flops", key, use_cache and not options.trace, check_flops)
     generation_checked = CheckFor("generation", key, use_cache and not options.trace, check_generation)
 
+    media_of = _media_once(options)
+
     def answer(report: Any, view: Any) -> FlopEstimate | None:
-        estimate = _estimate(report, view, options, checked)
+        media = media_of(report, view)
+        if media is not None and media.decoder_by_module:  # Whisper: the decoder is read off the same trace
+            return _decoder_estimate(report, media, options, _length(report, text_config(view.config), options)[0])
+        estimate = _estimate(report, view, options, checked, media)
         if estimate is not None and options.generate:
             estimate = dataclasses.replace(estimate, generation=_generation(report, view, options, estimate.seq,
                                                                             generation_checked))
@@ -173,8 +191,8 @@ def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: boo
         source, answer,
         why_none=lambda report, view: _no_analytic(report, view, options, checked) + ": the traced engine needs the "
         "build", use_cache=use_cache and not options.trace, **model_options)
-    if estimate is None or options.trace:
-        estimate = _with_trace(estimate, report, view, options, checked)
+    if estimate is None or options.trace and estimate.engine != "traced":  # Whisper on audio: traced already
+        estimate = _with_trace(estimate, report, view, options, checked, media_of(report, view))
         if options.generate:
             estimate = dataclasses.replace(estimate, generation=_generation(report, view, options, estimate.seq,
                                                                             generation_checked, traced=True))
@@ -182,11 +200,76 @@ def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: boo
                                       _active_parameters(report, text_config(view.config))), view
 
 
-def _estimate(report: Any, view: Any, options: FlopOptions, checked: Any) -> FlopEstimate | None:
+def _media_once(options: FlopOptions) -> Any:
+    """(report, view) → the towers' MediaFlops for --image-tokens/--images/--audio-seconds, traced once on the built
+    module (FactsGap from facts: the build answers); None for a text input."""
+    made: dict[int, Any] = {}
+
+    def media_of(report: Any, view: Any) -> Any:
+        if options.media is None or not options.media.given:
+            return None
+        if view.module is None:
+            from ..model_view import FactsGap
+
+            raise FactsGap("an image or audio input traces the tower on the built module")
+        if id(view.module) not in made:
+            from ..towers import media_flops
+
+            seq, _ = _length(report, text_config(view.config), options)
+            made[id(view.module)] = media_flops(view.module, options.media, batch=options.batch, seq=seq,
+                                                training=options.training)
+        return made[id(view.module)]
+
+    return media_of
+
+
+def _with_media(estimate: FlopEstimate, media: Any) -> FlopEstimate:
+    """The language model's count with the towers' lines added: each part a term of its own, FlopCounterMode's."""
+    if media is None:
+        return estimate
+    kind = "audio" if media.kind == "audio" else "vision"
+    terms = tuple(FlopTerm(f"{kind}.{'projector' if line.part == 'projector' else 'tower'}", line.forward,
+                           f"FlopCounterMode on {line.path} ({line.class_name}) alone, batch "
+                           f"{estimate.batch // (media.per_sequence if media.kind == 'audio' else 1):,} × "
+                           f"{media.input_words}") for line in media.lines)
+    backward = estimate.backward
+    if backward is not None:
+        backward += media.backward or 0
+    notes = [f"{media.kind} input: each sequence holds {media.input_words}; the tower and projector are counted by "
+             f"FlopCounterMode on them alone, on fake tensors of that size (traced engine), in lines of their own"]
+    if media.tokens:
+        notes.append(f"the language model runs over {estimate.seq - media.tokens:,} text tokens + {media.tokens:,} "
+                     f"image tokens = {estimate.seq:,} a sequence ({media.tokens_words})")
+    if backward is not None:
+        notes.append("training: the tower and projector train too (their backward as FlopCounterMode counts it, eager "
+                     "attention)")
+    # the analytic engine's word on a text input (the towers do not run) is not this input's
+    kept = tuple(n for n in estimate.notes if not n.startswith("a text input runs the language model only"))
+    return dataclasses.replace(estimate, terms=estimate.terms + terms, forward=estimate.forward + media.forward,
+                               backward=backward, notes=kept + tuple(notes) + media.notes, media=media)
+
+
+def _decoder_estimate(report: Any, media: Any, options: FlopOptions, seq: int) -> FlopEstimate:
+    """Whisper on audio: its encoder (the tower's line) and its decoder over `seq` text tokens, cross-attending to
+    the encoder's states, both from one FlopCounterMode trace of the real class."""
+    roles = by_role(dict(media.decoder_by_module), module_roles(report.params))
+    batch = options.batch * media.per_sequence
+    terms = tuple(FlopTerm(role, value, "FlopCounterMode") for role, value in
+                  sorted(roles.items(), key=lambda kv: -kv[1]) if value)
+    decoder = FlopEstimate("traced", batch, seq, options.causal, sum(t.flops for t in terms),
+                           roles.get("attention.scores", 0), terms, None, None,
+                           (f"the decoder over {seq:,} tokens a window, from the same FlopCounterMode trace as the "
+                            "encoder (the encoder-decoder's analytic count reads the encoder at the text's length)",))
+    return _with_media(decoder, media)
+
+
+def _estimate(report: Any, view: Any, options: FlopOptions, checked: Any, media: Any = None) -> FlopEstimate | None:
     """The analytic count (with its context curve when asked), once checked against FlopCounterMode for this config;
-    None where only the traced engine answers (no closed form, or the check found one term differing)."""
+    None where only the traced engine answers (no closed form, or the check found one term differing). With `media`,
+    the language model runs over the text and the image tokens, and the towers' lines are added."""
     text = text_config(view.config)
     seq, length_notes = _length(report, text, options)
+    seq += media.tokens if media is not None else 0
     if options.causal == "half" and not view.class_name.endswith(("ForCausalLM", "LMHeadModel")):
         raise OptionError("{0} half halves a causal decoder's attention; {name}'s attention is bidirectional (or, for "
                           "an encoder-decoder, partly so)", "causal", name=view.class_name)
@@ -210,7 +293,8 @@ def _estimate(report: Any, view: Any, options: FlopOptions, checked: Any) -> Flo
             return None
     estimate = dataclasses.replace(estimate, notes=tuple(length_notes) + estimate.notes +
                                    ((check.words(),) if check else ()), check=check)
-    if options.context_curve and not options.trace:
+    estimate = _with_media(estimate, media)
+    if options.context_curve and not options.trace and media is None:
         estimate = dataclasses.replace(estimate, by_context=_by_context(
             view, report, options, estimate, max_context(text), checkpointing, frozen))
     if options.layout is not None:
@@ -279,7 +363,7 @@ def _no_analytic(report: Any, view: Any, options: FlopOptions, checked: Any) -> 
 
 
 def _with_trace(estimate: FlopEstimate | None, report: Any, view: Any, options: FlopOptions,
-                checked: Any) -> FlopEstimate:
+                checked: Any, media: Any = None) -> FlopEstimate:
     """The traced count, beside the analytic one (--trace) or in its place (a class it does not cover)."""
     if options.layout is not None:
         from ...errors import UnsupportedError
@@ -288,17 +372,19 @@ def _with_trace(estimate: FlopEstimate | None, report: Any, view: Any, options: 
                                "none here: {why}", why=_no_analytic(report, view, options, checked))
     text = text_config(view.config)
     seq, length_notes = _length(report, text, options)
+    seq += media.tokens if media is not None else 0
     frozen = frozenset(match_all(report.params, options.freeze))
     traced = _traced(view.module, report, options, seq, frozen, options.grad_checkpointing == "full")
     check = None
+    counted = _with_media(traced, media)
     if estimate is None:
         check = checked.kept(view)
         check = check if check is not None and check.status == "differs" else None
         notes = length_notes + [_no_analytic(report, view, options, checked) + ": counted by FlopCounterMode on "
-                                "fake tensors"]
-    else:
-        notes = list(estimate.notes) + [_agreement(estimate, traced)]
-    return dataclasses.replace(traced, notes=tuple(notes) + traced.notes, check=check)
+                                "fake tensors"] + list(counted.notes)
+    else:  # the analytic answer's notes (the towers' among them) and the agreement, the towers in both
+        notes = list(estimate.notes) + [_agreement(estimate, counted)] + list(traced.notes)
+    return dataclasses.replace(counted, notes=tuple(notes), check=check)
 
 
 CURVE_POINTS = 16

@@ -41,6 +41,8 @@ class FlopEstimate(HtmlDisplay):
     # CLI's does. None for a count made without them. Not in == or hash: the count is the figures above.
     # under a multi-GPU layout (FlopOptions.layout): one device's FLOPs per step (parallel/flops.py's DeviceFlops)
     device: Any = field(default=None)
+    # an image or audio input (FlopOptions.media): towers.MediaFlops, whose tower and projector lines are also terms
+    media: Any = field(default=None)
     report: Any = field(default=None, repr=False, compare=False)
     compute: Any = field(default=None, repr=False, compare=False)
 

@@ -1,0 +1,445 @@
+"""FLOPs of a multimodal model's vision or audio tower on an image or audio input, traced on the tower alone.
+
+A text input runs a multimodal model's language model only (model_view.towers_not_run). An input with images or
+audio also runs the tower that reads them and the projector that turns its output into the language model's tokens.
+Here those run as the real class runs them (the model's own `get_image_features`, or Whisper's encoder), on fake
+tensors of the input's size under FlopCounterMode: the tower is small beside the language model, and its patch
+convolutions, pooling and windowed attention have no closed form here. The count is the tower's and the projector's,
+each in a line of its own, and how many tokens the projector hands the language model, read off the traced output.
+
+    MediaInput (--image-tokens N | --images K | --audio-seconds T) → the class's own input of that size →
+    FlopCounterMode over the tower and projector → MediaFlops (lines, tokens a sequence)
+
+Families: Gemma-3 (SigLIP at the vision config's image size, pooled to mm_tokens_per_image), LLaVA (CLIP's patches,
+the CLS token dropped or kept by vision_feature_select_strategy), Qwen2.5-VL (any image size: N tokens are N merged
+2×2 blocks of patches, a grid picked as square as N allows; windowed attention laid out by transformers' own
+helpers on the real grid), Whisper (its encoder over 30 s windows of 3,000 mel frames).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import OptionError, UnsupportedError
+
+MAX_IMAGES = 1024  # images a sequence
+MAX_IMAGE_TOKENS = 1 << 20  # image tokens a sequence
+MAX_AUDIO_SECONDS = 24 * 3600.0
+WHISPER_FRAMES_PER_SECOND = 100  # WhisperFeatureExtractor: a hop of 160 samples at 16 kHz
+
+
+@dataclass(frozen=True)
+class MediaInput:
+    """What each sequence holds beside its text: image tokens (the projector's output), images at the vision
+    config's own size, or seconds of audio."""
+
+    image_tokens: int | None = None
+    images: int | None = None
+    audio_seconds: float | None = None
+
+    def check(self) -> None:
+        given = [name for name, value in (("image_tokens", self.image_tokens), ("images", self.images),
+                                          ("audio_seconds", self.audio_seconds)) if value is not None]
+        if len(given) > 1:
+            raise OptionError("give one of {0} and {1}, not both", given[0], given[1])
+        if self.image_tokens is not None and not 1 <= self.image_tokens <= MAX_IMAGE_TOKENS:
+            raise OptionError("{0} must be between 1 and {limit:,}, got {value}", "image_tokens",
+                              limit=MAX_IMAGE_TOKENS, value=self.image_tokens)
+        if self.images is not None and not 1 <= self.images <= MAX_IMAGES:
+            raise OptionError("{0} must be between 1 and {limit:,} images a sequence, got {value}", "images",
+                              limit=MAX_IMAGES, value=self.images)
+        if self.audio_seconds is not None and not 0 < self.audio_seconds <= MAX_AUDIO_SECONDS:  # also refuses nan
+            raise OptionError("{0} must be a positive number of seconds up to {limit:,.0f}, got {value}",
+                              "audio_seconds", limit=MAX_AUDIO_SECONDS, value=self.audio_seconds)
+
+    @property
+    def given(self) -> bool:
+        return any(value is not None for value in (self.image_tokens, self.images, self.audio_seconds))
+
+
+@dataclass(frozen=True)
+class TowerLine:
+    """One part an image or audio input runs: its module path, class, and FLOPs as FlopCounterMode counts them."""
+
+    part: str  # "vision tower" | "projector" | "audio encoder"
+    path: str
+    class_name: str
+    forward: int
+    backward: int | None  # training: the part's backward (its weights train)
+
+
+@dataclass(frozen=True)
+class MediaFlops:
+    """The towers' FLOPs for one step's images or audio (batch × what each sequence holds), and the tokens the
+    language model then reads."""
+
+    kind: str  # "image" | "audio"
+    input_words: str  # what a sequence holds, in the tower's own terms
+    per_sequence: int  # images (audio: 30 s windows) a sequence
+    tokens: int  # tokens the projector adds to each sequence's language-model input (0: read by cross-attention)
+    tokens_words: str  # how that count follows from the class and config
+    lines: tuple[TowerLine, ...]
+    engine: str = "traced"  # FlopCounterMode on the tower alone, fake tensors
+    notes: tuple[str, ...] = field(default=())
+    # Whisper: the decoder's forward FLOPs by module path (the rest of the same trace), which the estimate reads by
+    # role in place of the encoder-decoder's analytic count; empty for a tower feeding a decoder-only model
+    decoder_by_module: tuple[tuple[str, int], ...] = field(default=())
+
+    @property
+    def forward(self) -> int:
+        return sum(line.forward for line in self.lines)
+
+    @property
+    def backward(self) -> int | None:
+        if any(line.backward is None for line in self.lines):
+            return None
+        return sum(line.backward for line in self.lines)
+
+
+def media_family(config: Any) -> str | None:
+    """The family whose tower input paramscope lays out, from the config's model_type; None for any other."""
+    kind = getattr(config, "model_type", None)
+    return kind if kind in _FAMILIES else None
+
+
+def media_flops(module: Any, media: MediaInput, *, batch: int, seq: int, training: bool) -> MediaFlops:
+    """Trace the tower (and projector) of `module` (built on meta) on `batch` sequences' images or audio."""
+    media.check()
+    config = getattr(module, "config", None)
+    family = media_family(config)
+    if family is None:
+        raise UnsupportedError("{name} ({kind}): image and audio inputs are counted for Gemma-3, LLaVA, Qwen2.5-VL and "
+                               "Whisper; a text input counts its language model only", name=type(module).__name__,
+                               kind=getattr(config, "model_type", None) or "no model_type")
+    layout = _FAMILIES[family]
+    if media.audio_seconds is not None and family != "whisper":
+        raise OptionError("{0} is for an audio tower (Whisper); {name} reads images: use {1} or {2}", "audio_seconds",
+                          "images", "image_tokens", name=type(module).__name__)
+    if media.audio_seconds is None and family == "whisper":
+        raise OptionError("{name} reads audio: give {0}", "audio_seconds", name=type(module).__name__)
+    from .. import progress
+
+    with progress.status(f"counting {type(module).__name__}'s {'audio' if family == 'whisper' else 'vision'} tower on "
+                         "fake tensors (FlopCounterMode)"):
+        return layout(module, media, batch, seq, training)
+
+
+# ---- the families' inputs ----------------------------------------------------------------------------------------
+
+def _per_image(media: MediaInput, tokens_each: int, words: str) -> int:
+    """Images a sequence: --images K, or --image-tokens N when N is a whole number of images."""
+    if media.images is not None:
+        return media.images
+    if media.image_tokens % tokens_each:
+        raise OptionError("{0} {value:,} is not a whole number of images: each image is {each:,} tokens ({words})",
+                          "image_tokens", value=media.image_tokens, each=tokens_each, words=words)
+    return media.image_tokens // tokens_each
+
+
+def _gemma3(module: Any, media: MediaInput, batch: int, seq: int, training: bool) -> MediaFlops:
+    import torch
+
+    config = module.config
+    vision = config.vision_config
+    size, patch = int(vision.image_size), int(vision.patch_size)
+    per_side = size // patch
+    tokens_each = int(config.mm_tokens_per_image)
+    pooled = math.isqrt(tokens_each)
+    words = (f"Gemma3MultiModalProjector average-pools the {per_side}×{per_side} patches to {pooled}×{pooled} = "
+             f"mm_tokens_per_image {tokens_each:,}")
+    images = _per_image(media, tokens_each, words)
+    owner = module.model if hasattr(module, "model") and hasattr(module.model, "vision_tower") else module
+    lines, out = _traced_parts(
+        module, lambda model: _image_features(model)(torch.zeros(batch * images, int(vision.num_channels), size, size)),
+        [("vision tower", _path(module, owner.vision_tower)), ("projector", _path(module, owner.multi_modal_projector))],
+        training)
+    tokens = out // batch
+    return MediaFlops("image", _image_words(images, size, per_side, patch), images, tokens, words, lines)
+
+
+def _llava(module: Any, media: MediaInput, batch: int, seq: int, training: bool) -> MediaFlops:
+    import torch
+
+    config = module.config
+    vision = config.vision_config
+    size, patch = int(vision.image_size), int(vision.patch_size)
+    per_side = size // patch
+    strategy = config.vision_feature_select_strategy
+    tokens_each = per_side * per_side + (0 if strategy == "default" else 1)
+    layer = config.vision_feature_layer
+    words = (f"{per_side}×{per_side} = {per_side * per_side:,} patches, "
+             + ("the CLS token dropped" if strategy == "default" else "the CLS token kept")
+             + f" (vision_feature_select_strategy {strategy!r}), from the tower's hidden states {layer}")
+    images = _per_image(media, tokens_each, words)
+    owner = module.model if hasattr(module, "model") and hasattr(module.model, "vision_tower") else module
+
+    def run(model: Any) -> Any:
+        return _image_features(model)(torch.zeros(batch * images, int(vision.num_channels), size, size),
+                                      vision_feature_layer=layer, vision_feature_select_strategy=strategy)
+
+    lines, out = _traced_parts(module, run, [("vision tower", _path(module, owner.vision_tower)),
+                                             ("projector", _path(module, owner.multi_modal_projector))], training)
+    tokens = out // batch
+    notes = ()
+    if layer not in (-1, None):
+        notes = (f"the tower runs all its layers although the projector reads hidden states {layer}: every layer "
+                 "is counted, as transformers runs them",)
+    return MediaFlops("image", _image_words(images, size, per_side, patch), images, tokens, words, lines, notes=notes)
+
+
+def _qwen2_5_vl(module: Any, media: MediaInput, batch: int, seq: int, training: bool) -> MediaFlops:
+    import torch
+
+    visual = module.model.visual if hasattr(module, "model") else module.visual
+    vision = visual.config
+    merge = int(visual.spatial_merge_size)
+    if media.image_tokens is None:
+        raise OptionError("{name} reads images at any size, so {0} has no size to count: give {1} N (N merged "
+                          "{merge}×{merge} blocks of patches)", "images", "image_tokens", name=type(module).__name__,
+                          merge=merge)
+    n = media.image_tokens
+    rows = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
+    grid = (1, rows * merge, n // rows * merge)  # (t, h, w) in patches: a still image is one temporal patch
+    patch = int(visual.patch_size)
+    words = (f"{merge}×{merge} patches merge into one token (spatial_merge_size {merge}): {grid[1]}×{grid[2]} "
+             f"patches → {n:,} tokens")
+    images = batch  # one image a sequence
+    grid_thw = torch.tensor([grid] * images)
+    from transformers import vision_utils
+
+    precomputed: dict[str, Any] = {}
+    precomputed["position_ids"] = vision_utils.get_vision_position_ids(grid_thw, merge)
+    precomputed["cu_seqlens"], _ = vision_utils.get_vision_attention_seqlens(grid_thw, vision)
+    precomputed["window_index"], precomputed["cu_window_seqlens"] = vision_utils.get_vision_window_index(
+        grid_thw, spatial_merge_size=merge, window_size=visual.window_size, patch_size=patch)
+    width = int(vision.in_channels) * int(vision.temporal_patch_size) * patch * patch
+    patches = images * grid[1] * grid[2]
+
+    def run(model: Any, constant: Any) -> Any:
+        given = {name: constant(value) for name, value in precomputed.items()}
+        return _image_features(model)(torch.zeros(patches, width), image_grid_thw=constant(grid_thw), **given)
+
+    lines, out = _traced_parts(module, run, [("vision tower", _path(module, visual)),
+                                             ("projector", _path(module, visual.merger))], training, constants=True)
+    tokens = out // batch
+    notes = (f"an image of {grid[1] * patch}×{grid[2] * patch} px ({grid[1]}×{grid[2]} patches of {patch} px, the "
+             f"grid as square as {n:,} tokens allow); windowed attention over {visual.window_size} px windows, full "
+             f"attention in blocks {tuple(visual.fullatt_block_indexes)}, laid out by transformers' own helpers",)
+    return MediaFlops("image", f"1 image of {n:,} tokens", 1, tokens, words, lines, notes=notes)
+
+
+def _whisper(module: Any, media: MediaInput, batch: int, seq: int, training: bool) -> MediaFlops:
+    import torch
+
+    if training:
+        raise UnsupportedError("{0} with {1}: a Whisper training step on audio is not counted here yet (the forward "
+                               "is)", "audio_seconds", "training")
+    model_part = module.model if hasattr(module, "model") else module
+    encoder = model_part.encoder
+    frames = int(encoder.config.max_source_positions) * encoder.conv1.stride[0] * encoder.conv2.stride[0]
+    window = frames / WHISPER_FRAMES_PER_SECOND
+    windows = max(1, math.ceil(media.audio_seconds / window - 1e-9))
+    mels = int(encoder.config.num_mel_bins)
+    sequences = batch * windows
+
+    def run(model: Any) -> Any:
+        inputs = {"input_features": torch.zeros(sequences, mels, frames),
+                  "decoder_input_ids": torch.zeros(sequences, seq, dtype=torch.long)}
+        return model(**inputs)
+
+    lines, _, own = _traced_parts(module, run, [("audio encoder", _path(module, encoder))], training,
+                                  with_own=True)
+    enc = _path(module, encoder)
+    decoder = tuple((path, flops) for path, flops in own.items() if not (path == enc or path.startswith(enc + ".")))
+    input_words = (f"{media.audio_seconds:g} s of audio: {windows:,} window{'s' if windows > 1 else ''} of "
+                   f"{window:g} s ({frames:,} mel frames at {WHISPER_FRAMES_PER_SECOND} a second, padded)")
+    notes = (f"Whisper's encoder reads {window:g} s windows ({frames:,} frames: max_source_positions × the two "
+             "convolutions' strides), shorter audio padded to one; longer audio is transcribed window by window, so "
+             f"each window is its own sequence here: {batch:,} × {windows:,} = {sequences:,} encoder windows and "
+             f"decoder passes of {seq:,} tokens, each decoder pass cross-attending to its window's "
+             f"{int(encoder.config.max_source_positions):,} encoder states",)
+    return MediaFlops("audio", input_words, windows, 0, "the decoder reads the audio by cross-attention, not as "
+                      "tokens", lines, notes=notes, decoder_by_module=decoder)
+
+
+_FAMILIES = {"gemma3": _gemma3, "llava": _llava, "qwen2_5_vl": _qwen2_5_vl, "whisper": _whisper}
+
+
+# ---- the trace ---------------------------------------------------------------------------------------------------
+
+def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], training: bool, constants: bool = False,
+                  with_own: bool = False) -> Any:
+    """Run `run` on a fake copy of `module` under FlopCounterMode (forward, and the backward of the output's sum when
+    training); each part's FLOPs by its module path (a part nested in an earlier one is taken out of it). Returns
+    (lines, the output's rows: the tokens get_image_features produced) and, `with_own`, every module's own forward FLOPs by path."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .traced.flops import missing_formulas
+    from .traced.step import assumed_values, fake_mode, running, working_copy
+
+    with fake_mode(True) as mode, assumed_values(True), _constants(constants):
+        # eager attention: its score matmuls count as sdpa's do, and its backward is the model's (2 × the forward),
+        # with no fused kernel's recomputed scores in it
+        model = working_copy(module, mode, "eager")
+        model.train(training)
+
+        def constant(value: Any) -> Any:  # a small integer layout the tower reads values of: kept real in the fake
+            if not isinstance(value, torch.Tensor):
+                return value
+            return mode.fake_tensor_converter.from_real_tensor(mode, value, make_constant=True)
+
+        with running(model):
+            # one counter for both passes: FlopCounterMode attributes the backward to modules through hooks it sets
+            # in the forward it saw
+            counter = FlopCounterMode(display=False, depth=None, custom_mapping=missing_formulas())
+            with counter:
+                with torch.set_grad_enabled(training):
+                    out = run(model, constant) if constants else run(model)
+                forward = _by_path(counter.get_flop_counts(), module, model)
+                backward = None
+                if training:
+                    _sum(out).backward()
+                    step = _by_path(counter.get_flop_counts(), module, model)
+                    backward = {path: total - forward.get(path, 0) for path, total in step.items()}
+            own = _own_by_path(forward) if with_own else None
+            rows = _rows(out)
+    lines = []
+    taken: set[str] = set()
+    for part, path in reversed(parts):  # nested parts first (Qwen's merger inside its visual)
+        lines.append(TowerLine(part, path, _class_at(module, path), _within(forward, path, taken),
+                               None if backward is None else _within(backward, path, taken)))
+        taken.add(path)
+    lines.reverse()
+    if with_own:
+        return tuple(lines), rows, own
+    return tuple(lines), rows
+
+
+def _within(counts: dict[str, int], path: str, taken: set[str]) -> int:
+    """FLOPs of the module at `path` and below, less those of the already-taken parts inside it."""
+    inside = [p for p in taken if p.startswith(path + ".")]
+    return counts.get(path, 0) - sum(counts.get(p, 0) for p in inside)
+
+
+def _by_path(counts: dict[str, dict[Any, int]], module: Any, model: Any) -> dict[str, int]:
+    """FlopCounterMode's totals (a module's FLOPs including its children's) keyed by the module's path in `module`.
+    The counter names a module by the first module it saw running and the attribute names below it; a call into a
+    method (get_image_features) starts at the tower, named by its class."""
+    roots = {}
+    for path, sub in model.named_modules():
+        roots.setdefault(type(sub).__name__, path)
+    result: dict[str, int] = {}
+    for name, ops in counts.items():
+        if name == "Global":
+            result[""] = sum(ops.values())
+            continue
+        head, _, rest = name.partition(".")
+        base = roots.get(head)
+        if base is None:
+            continue
+        if base == "" and head == type(model).__name__:
+            path = rest
+        else:
+            path = ".".join(p for p in (base, rest) if p)
+        result[path] = result.get(path, 0) + sum(ops.values())
+    return result
+
+
+def _own_by_path(totals: dict[str, int]) -> dict[str, int]:
+    """Each module's own FLOPs: its total less those of the modules counted under it nearest (a layer list the
+    counter never entered leaves its layers under the stack)."""
+    own: dict[str, int] = {}
+    paths = [p for p in totals if p]
+
+    def nearest(path: str) -> str:
+        parent = path
+        while "." in parent:
+            parent = parent.rsplit(".", 1)[0]
+            if parent in totals:
+                return parent
+        return ""
+
+    under: dict[str, int] = {}
+    for path in paths:
+        parent = nearest(path)
+        under[parent] = under.get(parent, 0) + totals[path]
+    for path in paths:
+        value = totals[path] - under.get(path, 0)
+        if value:
+            own[path] = value
+    rest = totals.get("", 0) - under.get("", 0)
+    if rest:
+        own["(outside any module)"] = rest
+    return own
+
+
+def _class_at(module: Any, path: str) -> str:
+    return type(module.get_submodule(path)).__name__
+
+
+def _path(module: Any, sub: Any) -> str:
+    for path, candidate in module.named_modules():
+        if candidate is sub:
+            return path
+    raise UnsupportedError("{name}'s tower is not among its modules", name=type(module).__name__)
+
+
+def _image_features(model: Any) -> Any:
+    features = getattr(model, "get_image_features", None)
+    if features is None:
+        raise UnsupportedError("{name} has no get_image_features", name=type(model).__name__)
+    return features
+
+
+def _rows(out: Any) -> int:
+    """Tokens the projector produced: the rows of get_image_features' pooled output (a tensor of images × tokens ×
+    width, or a list of tokens × width per image)."""
+    pooled = getattr(out, "pooler_output", out)
+    if isinstance(pooled, (list, tuple)):
+        return sum(int(t.shape[0]) for t in pooled)
+    if pooled is None or not hasattr(pooled, "shape"):
+        return 0
+    return int(math.prod(pooled.shape[:-1]))
+
+
+def _sum(out: Any) -> Any:
+    """A scalar the backward starts from: the sum of every floating tensor the tower returned."""
+    import torch
+
+    pooled = getattr(out, "pooler_output", None)
+    tensors = list(pooled) if isinstance(pooled, (list, tuple)) else [pooled]
+    if hasattr(out, "logits"):
+        tensors = [out.logits]
+    return sum(t.float().sum() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _image_words(images: int, size: int, per_side: int, patch: int) -> str:
+    return (f"{images:,} image{'s' if images > 1 else ''} of {size}×{size} px ({per_side}×{per_side} = "
+            f"{per_side * per_side:,} patches of {patch} px)")
+
+
+class _constants:
+    """While tracing a tower that reads values of its small integer layouts (Qwen2.5-VL's grid, windows and
+    position ids), fake tensors keep those values: torch's fake tensors propagate constants up to
+    CONSTANT_NUMEL_LIMIT elements (1 by default), raised here for the trace and put back after."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self.old = None
+
+    def __enter__(self) -> None:
+        if self.on:
+            import torch._subclasses.fake_tensor as fake_tensor
+
+            self.old = fake_tensor.CONSTANT_NUMEL_LIMIT
+            fake_tensor.CONSTANT_NUMEL_LIMIT = 1 << 24
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.on:
+            import torch._subclasses.fake_tensor as fake_tensor
+
+            fake_tensor.CONSTANT_NUMEL_LIMIT = self.old

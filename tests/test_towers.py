@@ -1,0 +1,152 @@
+"""Issue 31 §3, images and audio: --image-tokens / --images / --audio-seconds add the vision or audio tower's FLOPs
+(and its projector's) in lines of their own, traced on the tower alone, and the language model runs over the text
+plus the tokens the projector produces. Each tower's count is held here to the transformer arithmetic written out
+by hand (2mnk a matmul, 2·out·in·k a convolution, 4·T²·width for attention's scores and weighted sum), so the
+trace is checked by an independent count, on cut towers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from paramscope.api import inspect_with_module
+from paramscope.cost.towers import MediaInput, media_flops
+from paramscope.errors import OptionError, UnsupportedError
+
+FAMILIES = Path(__file__).parent / "configs" / "families"
+
+
+def _layer(tokens: int, width: int, inner: int, mlp_matmuls: int = 2) -> int:
+    """One pre-LN vision block: q, k, v, o, the MLP's matmuls, attention over all its tokens."""
+    return 4 * 2 * tokens * width * width + mlp_matmuls * 2 * tokens * width * inner + 4 * tokens * tokens * width
+
+
+def _vision(config: dict, **changes) -> dict:
+    config["vision_config"] = config["vision_config"] | changes
+    return config
+
+
+def test_llava_tower_and_projector_equal_the_arithmetic_cls_dropped():
+    """CLIP at 336 px, patches of 14: 576 patches + CLS through 2 layers; the projector reads the 576 patches
+    (vision_feature_select_strategy "default" drops CLS) and hands the language model 576 tokens an image."""
+    config = _vision(json.loads((FAMILIES / "defaults--llava.json").read_text()), num_hidden_layers=2)
+    config["text_config"] |= {"num_hidden_layers": 1}
+    _, module = inspect_with_module(config)
+    vision, text = config["vision_config"], config["text_config"]
+    h, inner, text_h = vision["hidden_size"], vision["intermediate_size"], text["hidden_size"]
+    patches = (336 // 14) ** 2
+    media = media_flops(module, MediaInput(images=2), batch=3, seq=16, training=False)
+    images = 6
+    tower = images * (2 * patches * 3 * 14 * 14 * h + 2 * _layer(patches + 1, h, inner))
+    projector = images * (2 * patches * h * text_h + 2 * patches * text_h * text_h)
+    assert [(line.part, line.path, line.class_name, line.forward) for line in media.lines] == [
+        ("vision tower", "vision_tower", "CLIPVisionModel", tower),
+        ("projector", "multi_modal_projector", "LlavaMultiModalProjector", projector)]
+    assert (media.tokens, media.per_sequence) == (2 * 576, 2)
+    assert (tower, projector) == (194_774_089_728, 144_955_146_240)
+
+
+def test_gemma3_tower_pools_to_mm_tokens_per_image():
+    """SigLIP at 896 px, patches of 14: 64×64 = 4,096 patches, no CLS; the projector average-pools them to 16×16 =
+    mm_tokens_per_image 256 and projects those (its one matmul, not an nn.Linear)."""
+    from transformers import Gemma3Config
+
+    config = Gemma3Config().to_dict() | {"architectures": ["Gemma3ForConditionalGeneration"]}
+    config["text_config"] |= {"num_hidden_layers": 2, "layer_types": config["text_config"]["layer_types"][:2]}
+    config = _vision(config, image_size=896, patch_size=14, hidden_size=1152, intermediate_size=4304,
+                     num_hidden_layers=2, num_attention_heads=16, vision_use_head=False)
+    _, module = inspect_with_module(config)
+    h, inner = 1152, 4304
+    patches = 64 * 64
+    media = media_flops(module, MediaInput(image_tokens=512), batch=1, seq=16, training=False)
+    tower = 2 * (2 * patches * 3 * 14 * 14 * h + 2 * _layer(patches, h, inner))
+    projector = 2 * (2 * 256 * h * config["text_config"]["hidden_size"])
+    assert [line.forward for line in media.lines] == [tower, projector]
+    assert (media.tokens, media.per_sequence) == (512, 2)
+    with pytest.raises(OptionError, match=r"image_tokens 300 is not a whole number of images: each image is 256 "):
+        media_flops(module, MediaInput(image_tokens=300), batch=1, seq=16, training=False)
+
+
+def test_qwen2_5_vl_windowed_tower_and_merger_equal_the_arithmetic():
+    """32 tokens: an 8×16-patch image (as square as 32 merged 2×2 blocks allow), windows of 112 px = 8 patches: two
+    windows of 64 patches in the windowed blocks, all 128 patches in the full-attention block; the merger reads
+    4 patches' features a token."""
+    config = json.loads((FAMILIES / "Qwen--Qwen2.5-VL-7B-Instruct.json").read_text())
+    config["num_hidden_layers"] = 2
+    config = _vision(config, depth=2, fullatt_block_indexes=[1])
+    _, module = inspect_with_module(config)
+    vision = config["vision_config"]
+    h, inner, out = vision["hidden_size"], vision["intermediate_size"], vision["out_hidden_size"]
+    media = media_flops(module, MediaInput(image_tokens=32), batch=1, seq=16, training=False)
+    patches = 8 * 16
+    embed = 2 * patches * 3 * 2 * 14 * 14 * h  # Conv3d over 2 frames × 14 × 14 pixels × 3 channels
+    matmuls = 4 * 2 * patches * h * h + 3 * 2 * patches * h * inner  # qkv, proj; gate, up, down
+    attention = 2 * 4 * 64 * 64 * h + 4 * patches * patches * h
+    merger = 2 * (patches // 4) * (4 * h) * (4 * h) + 2 * (patches // 4) * (4 * h) * out
+    assert [line.forward for line in media.lines] == [embed + 2 * matmuls + attention, merger]
+    assert media.tokens == 32
+    with pytest.raises(OptionError, match="reads images at any size, so images has no size to count"):
+        media_flops(module, MediaInput(images=1), batch=1, seq=16, training=False)
+
+
+def test_whisper_encoder_on_30_seconds_equals_the_arithmetic():
+    """30 s of audio: 3,000 mel frames through the two convolutions (kernel 3, the second of stride 2) and the
+    encoder's layers over 1,500 positions; 45 s is two windows."""
+    config = json.loads((FAMILIES / "openai--whisper-small.json").read_text()) | {"encoder_layers": 1,
+                                                                                  "decoder_layers": 1,
+                                                                                  "num_hidden_layers": 1}
+    _, module = inspect_with_module(config)
+    d, ffn, mels = config["d_model"], config["encoder_ffn_dim"], config["num_mel_bins"]
+    window = 2 * 3000 * mels * d * 3 + 2 * 1500 * d * d * 3 + _layer(1500, d, ffn)
+    media = media_flops(module, MediaInput(audio_seconds=30), batch=1, seq=8, training=False)
+    assert [(line.path, line.forward) for line in media.lines] == [("model.encoder", window)]
+    longer = media_flops(module, MediaInput(audio_seconds=45), batch=1, seq=8, training=False)
+    assert (longer.per_sequence, longer.lines[0].forward) == (2, 2 * window)
+    with pytest.raises(OptionError, match="reads audio: give audio_seconds"):
+        media_flops(module, MediaInput(images=1), batch=1, seq=8, training=False)
+
+
+def test_the_language_model_runs_over_text_and_image_tokens(cache):
+    """The step's forward is the language model's analytic count at text + image tokens (checked against
+    FlopCounterMode on a cut, as any), plus the tower's lines; training adds their backward (2 × their matmuls)."""
+    from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
+
+    config = _vision(json.loads((FAMILIES / "defaults--llava.json").read_text()), num_hidden_layers=2)
+    config["text_config"] |= {"num_hidden_layers": 2}
+    with_image = estimate_flops(config, FlopOptions(seq=64, training=True, media=MediaInput(images=1)))
+    text_only = estimate_flops(config, FlopOptions(seq=64 + 576, training=True))
+    media = with_image.media
+    assert with_image.seq == 640 and with_image.engine == "analytic" and with_image.check.status == "equal"
+    assert with_image.forward == text_only.forward + media.forward
+    assert with_image.by_role["vision.tower"] == media.lines[0].forward
+    assert with_image.backward == text_only.backward + media.backward
+    # the projector reads hidden states -2: the last layer runs forward, but no gradient reaches it; the first layer
+    # takes 2 × its forward (eager attention), the patch convolution its weight's gradient only (pixels need none)
+    vision = config["vision_config"]
+    h, inner = vision["hidden_size"], vision["intermediate_size"]
+    conv = 2 * 576 * 3 * 14 * 14 * h
+    assert media.lines[0].forward == conv + 2 * _layer(577, h, inner)
+    assert media.lines[0].backward == conv + 2 * _layer(577, h, inner)
+    assert media.lines[1].backward == 2 * media.lines[1].forward
+    assert not any(n.startswith("a text input runs the language model only") for n in with_image.notes)
+
+
+def test_the_cli_takes_the_flags_and_writes_json(cache, capsys):
+    from paramscope.cli import main
+
+    path = FAMILIES / "openai--whisper-small.json"
+    assert main(["flops", str(path), "--audio-seconds", "30", "--seq", "32", "--json"]) == 0
+    flops = json.loads(capsys.readouterr().out)["flops"]
+    assert flops["media"]["kind"] == "audio" and flops["engine"] == "traced"
+    assert [part["module"] for part in flops["media"]["parts"]] == ["model.encoder"]
+    assert flops["by_role"]["audio.tower"] == flops["media"]["forward"]
+    assert flops["settings"]["audio_seconds"] == 30
+    for bad, words in ((["--images", "0"], "--images must be between 1 and 1,024"),
+                       (["--images", "1", "--image-tokens", "5"], "give one of --image-tokens and --images"),
+                       (["--audio-seconds", "nan"], "--audio-seconds must be a positive number")):
+        assert main(["flops", str(path), *bad]) == 2
+        assert words in capsys.readouterr().err
+    assert main(["flops", "gpt2", "--images", "1"]) == 2
+    assert "image and audio inputs are counted for Gemma-3, LLaVA, Qwen2.5-VL and Whisper" in capsys.readouterr().err
