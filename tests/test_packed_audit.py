@@ -139,6 +139,25 @@ def test_fp8_block_scales(tmp_path: Path) -> None:
     assert result.packed.mismatches == ()
 
 
+def test_fp8_weight_scale_inv_with_a_config_block_it_contradicts(tmp_path: Path) -> None:
+    # quant_method fp8 (transformers' FineGrainedFP8, DeepSeek-V3's layout): weight_scale_inv [⌈out/b⌉, ⌈in/b⌉]; the
+    # headers hold 64×64 blocks where the config says 128×128
+    tensors: dict = {}
+    for module, out, cols, _ in LINEARS:
+        p = f"model.layers.0.{module}."
+        tensors[p + "weight"] = torch.zeros(out, cols, dtype=torch.float8_e4m3fn)
+        tensors[p + "weight_scale_inv"] = torch.zeros(out // 64, cols // 64, dtype=torch.float32)
+    config = {**LLAMA, "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                               "weight_block_size": [128, 128]}}
+    result = audit(write(tmp_path, config, plain(tensors)), use_cache=False)
+    assert_reconciled(result)
+    assert roles(result)["mlp.down"] == (1, 32_768, 32_768, 4 * 2 * 4, 0, 0)
+    [m] = result.packed.mismatches
+    assert (m.field, m.config, len(m.tensors)) == ("block", "[128, 128] (weight_block_size)", 7)
+    assert m.headers == "scales for blocks of 64×64"
+    assert result.packed.schemes == {"BF16 (unquantised)": 5, "float8 block 64×64 (fp8)": 7}
+
+
 def test_nvfp4(tmp_path: Path) -> None:
     # nvfp4-pack-quantized: weight_packed U8 [out, in/2], weight_scale F8_E4M3 [out, in/16], global scales F32 [1]
     weights = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16}

@@ -323,7 +323,8 @@ def _layout(weight: CheckpointTensor, aux: Mapping[str, CheckpointTensor], logic
     scale = aux.get("weight_scale", aux.get("weight_scale_inv"))
     if scale is not None and dtype in (*_FP8, "I8") and len(shape) == 2:
         kind, fmt = ("int", "int-quantized") if dtype == "I8" else ("float", "float-quantized")
-        method = "fp8" if "weight_scale_inv" in aux else "compressed-tensors"
+        method = "fp8" if "weight_scale_inv" in aux else "compressed-tensors"  # transformers' FineGrainedFP8 names
+        fmt = "fp8" if method == "fp8" else fmt
         rows, cols = shape
         fits_declared = declared_block is not None and len(scale.shape) == 2 and scale.shape == (
             -(-rows // declared_block[0]), -(-cols // declared_block[1]))
@@ -666,5 +667,5 @@ def _blocks_held(layout: _Layout) -> str:
     if layout.strategy != "block":
         return layout.scheme
     if layout.block:
-        return f"scales {list(layout.scale_shape)}, blocks of {layout.block[0]}×{layout.block[1]}"
+        return f"scales for blocks of {layout.block[0]}×{layout.block[1]}"
     return f"scales {list(layout.scale_shape)}, which fit no such block"
