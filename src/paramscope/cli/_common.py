@@ -127,6 +127,26 @@ def checked_size(flag: str, text: str | None, *, zero: bool = False) -> int | No
     return value
 
 
+def add_layout_options(parser: argparse.ArgumentParser, title: str, helps: dict[str, str]) -> Any:
+    """The multi-GPU layout flags memory and flops share (--dp --tp --sp --pp --micro-batches --schedule
+    --virtual-stages --cp --ep): one set of names, types, defaults and metavars; `helps` (by flag, without the
+    dashes) says what each degree does to the command's figures, the pipeline's microbatches and chunks said once
+    here. Returns the argument group (memory adds --shard-group to it)."""
+    helps = {"micro-batches": "microbatches a step under --pp (default: the batch, one sequence each)",
+             "virtual-stages": "interleaved schedule: layer chunks a device holds (default 1)", **helps}
+    group = parser.add_argument_group(title)
+    group.add_argument("--dp", type=int, metavar="N", help=helps["dp"])
+    group.add_argument("--tp", type=int, default=1, metavar="T", help=helps["tp"])
+    group.add_argument("--sp", action="store_true", help=helps["sp"])
+    group.add_argument("--pp", type=int, default=1, metavar="P", help=helps["pp"])
+    group.add_argument("--micro-batches", type=int, metavar="M", help=helps["micro-batches"])
+    group.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), help=helps["schedule"])
+    group.add_argument("--virtual-stages", type=int, default=1, metavar="V", help=helps["virtual-stages"])
+    group.add_argument("--cp", type=int, default=1, metavar="C", help=helps["cp"])
+    group.add_argument("--ep", type=int, default=1, metavar="E", help=helps["ep"])
+    return group
+
+
 def add_html_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE",
                         help="write a self-contained interactive HTML report to FILE ('-': stdout) instead of the "

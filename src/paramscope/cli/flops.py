@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import (add_cache_option, add_debug_option, add_html_option, add_model_options, add_width_option,
+from ._common import (add_cache_option, add_debug_option, add_html_option, add_layout_options, add_model_options,
+                      add_width_option,
                       checked_html_path, checked_width, use_color, write, write_html_page,
                       write_report_json)
 from ._recording import record_after_build
@@ -58,28 +59,17 @@ def add_parser(subparsers: Any) -> None:
                              "with a layout, its total (dp = N / (tp × pp × cp) when --dp is not given)")
     parser.add_argument("--step-seconds", type=float, metavar="S",
                         help="a measured training step's time: the MFU (and, under a layout, each device's)")
-    layout = parser.add_argument_group("multi-GPU layout: one device's FLOPs per step (--batch is each "
-                                       "data-parallel replica's)")
-    layout.add_argument("--dp", type=int, metavar="N", help="data-parallel replicas (default: --devices / (tp × pp × cp))")
-    layout.add_argument("--tp", type=int, default=1, metavar="T",
-                        help="tensor parallel: column/row-cut matmuls and attention heads / T, the vocabulary-parallel "
-                             "head ⌈V / T⌉ rows, norms and routers whole on every rank")
-    layout.add_argument("--sp", action="store_true",
-                        help="sequence parallel with --tp (norms on S / T tokens: no FLOP changes, norms are not counted)")
-    layout.add_argument("--pp", type=int, default=1, metavar="P",
-                        help="pipeline stages: layers in order, embeddings on the first, head on the last; the busiest "
-                             "stage is shown, the bubble named")
-    layout.add_argument("--micro-batches", type=int, metavar="M",
-                        help="microbatches a step under --pp (default: the batch, one sequence each)")
-    layout.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"),
-                        help="pipeline schedule (default 1f1b; interleaved with --virtual-stages): sets the bubble")
-    layout.add_argument("--virtual-stages", type=int, default=1, metavar="V",
-                        help="interleaved schedule: layer chunks a device holds (default 1)")
-    layout.add_argument("--cp", type=int, default=1, metavar="C",
-                        help="context parallel: S / C query tokens a rank against all S keys (causal: the "
-                             "load-balanced split)")
-    layout.add_argument("--ep", type=int, default=1, metavar="E",
-                        help="expert parallel over the data-parallel ranks (balanced routing: expert FLOPs unchanged)")
+    add_layout_options(parser, "multi-GPU layout: one device's FLOPs per step (--batch is each data-parallel "
+                               "replica's)", {
+        "dp": "data-parallel replicas (default: --devices / (tp × pp × cp))",
+        "tp": "tensor parallel: column/row-cut matmuls and attention heads / T, the vocabulary-parallel head ⌈V / T⌉ "
+              "rows, norms and routers whole on every rank",
+        "sp": "sequence parallel with --tp (norms on S / T tokens: no FLOP changes, norms are not counted)",
+        "pp": "pipeline stages: layers in order, embeddings on the first, head on the last; the busiest stage is "
+              "shown, the bubble named",
+        "schedule": "pipeline schedule (default 1f1b; interleaved with --virtual-stages): sets the bubble",
+        "cp": "context parallel: S / C query tokens a rank against all S keys (causal: the load-balanced split)",
+        "ep": "expert parallel over the data-parallel ranks (balanced routing: expert FLOPs unchanged)"})
     parser.add_argument("--trace", action="store_true",
                         help="also count with torch's FlopCounterMode on fake tensors and show the agreement")
     parser.add_argument("--json", action="store_true",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import (add_cache_option, add_debug_option, add_html_option, add_model_options, add_width_option,
+from ._common import (add_cache_option, add_debug_option, add_html_option, add_layout_options, add_model_options,
+                      add_width_option,
                       checked_html_path, checked_size, checked_width, use_color, write,
                       write_html_page, write_report_json)
 from ._recording import record_after_build
@@ -77,29 +78,18 @@ def add_parser(subparsers: Any) -> None:
     training.add_argument("--global-batch", type=int, metavar="G",
                           help="--find-layout: sequences a step over all replicas (default: --batch × --devices); "
                                "each layout's replicas take G / dp")
-    layout = parser.add_argument_group("multi-GPU layout (the figures are one device's; serving takes --tp and --pp "
-                                       "alone, the rest are for --training)")
-    layout.add_argument("--dp", type=int, metavar="N", help="data-parallel degree (default: --devices / tp)")
-    layout.add_argument("--tp", type=int, default=1, metavar="T",
-                        help="tensor parallel degree: q/k/v/gate/up column-wise, o/down row-wise, embeddings and "
-                             "head vocabulary-parallel, norms and routers replicated (Megatron's and torch's plans); "
-                             "serving: each GPU's weights, KV cache (KV heads / T, replicated past them; MLA's "
-                             "latent whole) and prefill workspace")
-    layout.add_argument("--sp", action="store_true",
-                        help="sequence parallel with --tp: norms and the residual stream hold S / tp tokens")
-    layout.add_argument("--pp", type=int, default=1, metavar="P",
-                        help="pipeline stages: layers split in order, embeddings on the first, head on the last "
-                             "(serving: each stage's own layers' KV cache)")
-    layout.add_argument("--micro-batches", type=int, metavar="M",
-                        help="microbatches a step under --pp (default: the batch, one sequence each)")
-    layout.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"),
-                        help="pipeline schedule (default 1f1b; interleaved with --virtual-stages)")
-    layout.add_argument("--virtual-stages", type=int, default=1, metavar="V",
-                        help="interleaved schedule: layer chunks a device holds (default 1)")
-    layout.add_argument("--cp", type=int, default=1, metavar="C",
-                        help="context parallel degree: each rank holds S / C tokens (ring attention)")
-    layout.add_argument("--ep", type=int, default=1, metavar="E",
-                        help="expert parallel degree: routed experts split over E of the data-parallel ranks")
+    layout = add_layout_options(parser, "multi-GPU layout (the figures are one device's; serving takes --tp and "
+                                        "--pp alone, the rest are for --training)", {
+        "dp": "data-parallel degree (default: --devices / tp)",
+        "tp": "tensor parallel degree: q/k/v/gate/up column-wise, o/down row-wise, embeddings and head "
+              "vocabulary-parallel, norms and routers replicated (Megatron's and torch's plans); serving: each GPU's "
+              "weights, KV cache (KV heads / T, replicated past them; MLA's latent whole) and prefill workspace",
+        "sp": "sequence parallel with --tp: norms and the residual stream hold S / tp tokens",
+        "pp": "pipeline stages: layers split in order, embeddings on the first, head on the last (serving: each "
+              "stage's own layers' KV cache)",
+        "schedule": "pipeline schedule (default 1f1b; interleaved with --virtual-stages)",
+        "cp": "context parallel degree: each rank holds S / C tokens (ring attention)",
+        "ep": "expert parallel degree: routed experts split over E of the data-parallel ranks"})
     layout.add_argument("--shard-group", type=int, metavar="G",
                         help="--zero hybrid_shard: ranks a shard group holds (default 8, one node)")
     parser.add_argument("--trace", nargs="?", const="extended", choices=("extended", "full"), metavar="full",
