@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from paramscope.cli import main
-from paramscope.cost.memory.vllm import NON_TORCH_ALLOWANCE, vllm_grouping, vllm_layer_kinds
+from paramscope.cost.memory.vllm import (NON_TORCH_ALLOWANCE, vllm_blocks, vllm_grouping, vllm_layer_kinds,
+                                          vllm_pages)
 
 GiB = 2**30
 
@@ -87,12 +88,12 @@ def test_a_sliding_window_without_layer_types_is_full_attention_in_vllm():
     where layer_types says so: every layer is full attention (transformers' cache slides them)."""
     config = SimpleNamespace(model_type="mistral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                              num_key_value_heads=8, head_dim=128, sliding_window=4096)  # MistralConfig's fields
-    kinds, per_layer, arithmetic, notes = vllm_layer_kinds(config, "bfloat16", 1)
+    kinds, per_layer, arithmetic, notes, mamba = vllm_layer_kinds(config, "bfloat16", 1)
     assert kinds == [("full attention", None, 32)]
     assert per_layer == 2 * 8 * 128 * 2 and arithmetic == "2 × 8 kv heads × 128 × 2 B"
-    assert any("no layer_types" in note for note in notes)
+    assert any("no layer_types" in note for note in notes) and mamba is None
     config.layer_types = ["sliding_attention", "full_attention"] * 16  # as Gemma-2 declares them
-    kinds, _, _, notes = vllm_layer_kinds(config, "float8_e4m3fn", 2)
+    kinds, _, _, notes, _ = vllm_layer_kinds(config, "float8_e4m3fn", 2)
     assert kinds == [("sliding window 4,096", 4096, 16), ("full attention", None, 16)] and not notes
 
 
@@ -103,6 +104,31 @@ def test_hybrid_grouping_follows_vllm():
         10, [("sliding window 1,024", 1024, 50, 5), ("full attention", None, 10, 1)])
     assert vllm_grouping([("sliding window 128", 128, 12), ("full attention", None, 13)]) == (
         13, [("sliding window 128", 128, 12, 1), ("full attention", None, 13, 1)])
+
+
+def test_qwen3_next_gated_delta_net_and_attention_share_vllm_pages():
+    """Qwen3-Next-80B-A3B's shape: 36 gated-delta-net layers and 12 full-attention layers (2 KV heads of 256).
+    vLLM's state: conv (2 × 16 × 128 + 32 × 128) × (4 − 1) columns + 32 heads × 128 × 128, in bf16; the
+    attention block rises to 16 × cdiv(state, 16 × 2,048 B) tokens so a page holds a state, which is padded to it."""
+    config = SimpleNamespace(
+        model_type="qwen3_next", hidden_size=2048, num_hidden_layers=48, num_attention_heads=16,
+        num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32,
+        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 12)
+    kinds, per_layer, _, _, mamba = vllm_layer_kinds(config, "bfloat16", 1, "bfloat16")
+    assert kinds == [("mamba state", None, 36), ("full attention", None, 12)]
+    state = (2 * 16 * 128 + 32 * 128) * 3 * 2 + 32 * 128 * 128 * 2
+    assert per_layer == 2 * 2 * 256 * 2 == 2048 and mamba[0] == state == 1_097_728
+    block, page, notes = vllm_pages(per_layer, mamba, 16, 262_144)
+    assert block == 16 * -(-state // (16 * 2048)) == 544 and page == 544 * 2048 == 1_114_112
+    assert any("attention block size to 544" in n for n in notes) and any("padded" in n for n in notes)
+    size, groups = vllm_grouping(kinds)
+    assert size == 12 and groups == [("mamba state", None, 36, 3), ("full attention", None, 12, 1)]
+    # one request of 262,144 tokens: a block for each Mamba group's state, and the attention's blocks
+    need = sum(n * vllm_blocks(k, w, block, 262_144, 8192) for k, w, _, n in groups)
+    assert need == 3 + -(-262_144 // 544)
+    _, _, _, _, at_tp4 = vllm_layer_kinds(config, "bfloat16", 4, "bfloat16")
+    assert at_tp4[0] == state // 4  # conv channels and value heads split over the ranks
 
 
 def test_deepseek_v3_mla_on_tp_8(capsys):

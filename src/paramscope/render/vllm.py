@@ -78,9 +78,12 @@ def _groups_table(p: Any) -> Table:
                           ("page (one block)", "right"), ("blocks a request", "left")):
         table.add_column(name, justify=justify, overflow="fold", no_wrap=name in ("layers", "spec"))
     for g in p.groups:
+        mamba = g.spec == "MambaSpec"
         table.add_row(g.kind, g.spec, f"{g.layers:,}" + (f" ({g.groups} groups)" if g.groups > 1 else ""),
-                      f"{g.token_arithmetic} = {g.bytes_per_token:,} B",
-                      f"{p.block_size} × {g.bytes_per_token:,} = {g.page_bytes:,} B",
+                      f"{g.token_arithmetic} = {g.bytes_per_token:,} B" + (" a sequence" if mamba else ""),
+                      (f"the state, padded to {g.page_bytes:,} B" if mamba and g.page_bytes != g.bytes_per_token
+                       else f"{g.page_bytes:,} B" if mamba else
+                       f"{p.block_size} × {g.bytes_per_token:,} = {g.page_bytes:,} B"),
                       g.blocks_arithmetic + (f" × {g.groups} groups" if g.groups > 1 else ""))
     return table
 

@@ -104,12 +104,13 @@ class Estimate:
 class KVGroup:
     """The layers of one KV cache spec, as vLLM groups them (kv_cache_interface.py)."""
 
-    kind: str  # "full attention" | "sliding window 4,096" | "chunked 8,192" | "MLA latent"
-    spec: str  # vLLM's class: FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MLAAttentionSpec
+    kind: str  # "full attention" | "sliding window 4,096" | "chunked 8,192" | "MLA latent" | "mamba state"
+    spec: str  # vLLM's class: FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MLAAttentionSpec,
+    # MambaSpec
     layers: int
     groups: int  # vLLM's KV cache groups of this kind (layers ÷ group size, rounded up)
-    bytes_per_token: int  # one layer, one token (a rank's share)
-    token_arithmetic: str  # the project's KV engine's, e.g. "2 × 8 kv heads × 128 × 2 B"
+    bytes_per_token: int  # one layer, one token (a rank's share); a Mamba layer: its state, a sequence
+    token_arithmetic: str  # the project's KV engine's, e.g. "2 × 8 kv heads × 128 × 2 B"; Mamba: vLLM's shapes
     page_bytes: int  # one block of one layer: block_size × bytes_per_token
     window: int | None
     blocks_per_request: int  # at max_model_len, one group of this kind
@@ -245,8 +246,11 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
     kv_dtype = estimate.settings["kv_dtype"]
     compute_dtype = estimate.settings.get("compute_dtype") or "bfloat16"
     notes: list[str] = list(extra_notes)
-    groups_kinds, per_layer, arithmetic, kind_notes = vllm_layer_kinds(view.config, kv_dtype, tp)
+    groups_kinds, per_layer, arithmetic, kind_notes, mamba = vllm_layer_kinds(view.config, kv_dtype, tp,
+                                                                              compute_dtype)
     notes.extend(kind_notes)
+    block, page, page_notes = vllm_pages(per_layer, mamba, options.block_size, length)
+    notes.extend(page_notes)
     inputs = _serving_inputs(report, view, estimate)
     weights_at = _weights_at(inputs, estimate.weights)
     weights = weights_at(tp)
@@ -266,14 +270,13 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
     non_kv = weights + activation.bytes + non_torch.bytes
     available = int(total * options.gpu_memory_utilization - non_kv)
     group_size, kinds = vllm_grouping(groups_kinds)
-    page = options.block_size * per_layer
-    groups = tuple(_group(kind, window, layers, count, per_layer, arithmetic, page, options.block_size, length,
+    groups = tuple(_group(kind, window, layers, count, per_layer, arithmetic, page, block, length, mamba,
                           batched) for kind, window, layers, count in kinds)
     bytes_per_block = page * group_size
     blocks = max(available // bytes_per_block, 0) if bytes_per_block else 0
 
     def request_blocks(n: int) -> int:
-        return sum(g.groups * _blocks(g.kind, g.window, options.block_size, n, batched) for g in groups)
+        return sum(g.groups * vllm_blocks(g.kind, g.window, block, n, batched) for g in groups)
 
     per_request = request_blocks(length)
     concurrency = blocks / per_request if per_request else 0.0
@@ -302,8 +305,8 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
                      "B): capture may run out of memory (lower --gpu-memory-utilization, or --enforce-eager)")
     smallest, tried = None, ()
     if not fits:
-        smallest, tried = _smallest_tp(view, text, weights_at, reserve_at, options, kv_dtype, tp, total, length,
-                                       batched)
+        smallest, tried = _smallest_tp(view, text, weights_at, reserve_at, options, kv_dtype, compute_dtype, tp,
+                                       total, length, batched)
     if fits and concurrency < seqs:
         notes.append(f"--max-num-seqs {seqs:,} exceeds the {concurrency:.2f} sequences of {length:,} tokens the "
                      "blocks hold at once: vLLM starts, and preempts requests when their blocks run out (shorter "
@@ -315,7 +318,7 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
         gpu=accelerator.name, total=total, total_from=total_from, utilization=options.gpu_memory_utilization,
         requested=requested, tp=tp, weights=weights, weights_from=weights_from, activation=activation,
         non_torch=non_torch, cuda_graphs=graphs, non_kv=non_kv, available=available,
-        block_size=options.block_size, kv_dtype=kv_dtype, groups=groups, group_size=group_size, page_bytes=page,
+        block_size=block, kv_dtype=kv_dtype, groups=groups, group_size=group_size, page_bytes=page,
         bytes_per_block=bytes_per_block, blocks=blocks, max_model_len=length, max_model_len_from=length_from,
         max_num_seqs=seqs, max_num_batched_tokens=batched, defaults_from=defaults_from,
         blocks_per_request=per_request, max_concurrency=concurrency, kv_tokens=int(concurrency * length),
@@ -349,50 +352,143 @@ def _weight_notes(text: Any, compute_dtype: str) -> list[str]:
     return notes
 
 
-def vllm_layer_kinds(config: Any, kv_dtype: str,
-                     tp: int) -> tuple[list[tuple[str, int | None, int]], int, str, list[str]]:
-    """([(kind, window, layers)] in vLLM's reading, bytes per token of one layer (a rank's), its arithmetic, notes).
+def vllm_layer_kinds(config: Any, kv_dtype: str, tp: int, compute_dtype: str = "bfloat16") -> tuple[
+        list[tuple[str, int | None, int]], int, str, list[str], tuple[int, str] | None]:
+    """([(kind, window, layers)] in vLLM's reading, bytes per token of one attention layer (a rank's; 0 without
+    attention), its arithmetic, notes, and a Mamba layer's state (bytes a sequence, arithmetic) or None).
 
     The bytes per token come from memory/kv.py at `tp` ("latent" for MLA, "grouped" otherwise: K and V once per
-    key/value head, as vLLM's paged cache keeps them)."""
+    key/value head, as vLLM's paged cache keeps them); a recurrent layer's state is vLLM's own shapes
+    (`vllm_mamba_state`), which differ from transformers' cache."""
     from ..dims import is_mla, text_config
     from .kv import kv_cache, layer_kinds
 
     text = text_config(config)
+    if getattr(text, "is_encoder_decoder", False):
+        raise UnsupportedError("encoder-decoder models: vLLM's cross-attention cache is not modelled by --engine vllm")
     mla = is_mla(text)
     cache = kv_cache(config, batch=1, seq=1, dtype=kv_dtype, layout="latent" if mla else "grouped", tp=tp)
     attention = [g for g in cache.groups if g.per_token and g.kind != "cross-attention"]
-    if not attention:
-        raise UnsupportedError("no attention layer holds a KV cache here: vLLM's paged KV pre-flight has nothing to "
-                               "allocate")
-    if any(g.kind == "recurrent state" for g in cache.groups):
-        raise UnsupportedError("hybrid attention and recurrent (Mamba, linear-attention) layers: vLLM pads the state "
-                               "page to the attention page and raises the attention block size to match; "
-                               "--engine vllm does not model that yet")
-    if getattr(text, "is_encoder_decoder", False):
-        raise UnsupportedError("encoder-decoder models: vLLM's cross-attention cache is not modelled by --engine vllm")
-    per_layer = attention[0].per_token // attention[0].layers
-    arithmetic = attention[0].arithmetic
+    per_layer = attention[0].per_token // attention[0].layers if attention else 0
+    arithmetic = attention[0].arithmetic if attention else ""
     has_types = isinstance(getattr(text, "layer_types", None), (list, tuple)) and bool(text.layer_types)
     counts: dict[tuple[str, int | None], int] = {}
     notes = []
     slid_by_default = False
     for kind, window in layer_kinds(text):
+        keys = []
         if kind in ("shared", "none"):
             continue
-        if kind in ("sliding_attention", "hybrid_sliding") and window and has_types:
-            key = (f"sliding window {window:,}", window)
+        if kind in _RECURRENT:
+            keys.append(("mamba state", None))
+        elif kind in ("sliding_attention", "hybrid_sliding") and window and has_types:
+            keys.append((f"sliding window {window:,}", window))
         elif kind == "chunked_attention" and window:
-            key = (f"chunked {window:,}", window)
+            keys.append((f"chunked {window:,}", window))
         else:
             slid_by_default |= kind in ("sliding_attention", "hybrid_sliding") and bool(window)
-            key = ("MLA latent" if mla else "full attention", None)
-        counts[key] = counts.get(key, 0) + 1
+            keys.append(("MLA latent" if mla else "full attention", None))
+        if kind in ("hybrid", "hybrid_sliding"):  # attention and a Mamba mixer in one layer (Falcon-H1): two specs
+            keys.append(("mamba state", None))
+        for key in keys:
+            counts[key] = counts.get(key, 0) + 1
+    mamba = None
+    if ("mamba state", None) in counts:
+        mamba = vllm_mamba_state(text, compute_dtype, tp)
+        if mamba is None:
+            raise UnsupportedError("{model_type}'s recurrent layers: --engine vllm knows vLLM's state shapes for "
+                                   "Mamba (Jamba), Mamba-2 (Bamba, Granite-4.0-H, Nemotron-H, Falcon-H1, Zamba2) "
+                                   "and gated delta nets (Qwen3-Next), not this one",
+                                   model_type=getattr(text, "model_type", "this model"))
+    if not per_layer and mamba is None:
+        raise UnsupportedError("no attention layer holds a KV cache here: vLLM's paged KV pre-flight has nothing to "
+                               "allocate")
     if slid_by_default:
         notes.append("the config sets a sliding_window but no layer_types: vLLM's model classes (llama.py and "
                      "those built like it) give a layer a window only where layer_types says so, so every layer "
                      "is full attention here (transformers' cache slides them)")
-    return [(kind, window, layers) for (kind, window), layers in counts.items()], per_layer, arithmetic, notes
+    return ([(kind, window, layers) for (kind, window), layers in counts.items()], per_layer, arithmetic, notes,
+            mamba)
+
+
+_RECURRENT = ("linear_attention", "conv", "mamba", "mamba2", "ssm", "recurrent", "attention_free")
+
+
+def vllm_mamba_state(text: Any, dtype: str, tp: int) -> tuple[int, str] | None:
+    """(bytes a sequence, arithmetic) of one recurrent layer's state on a tensor-parallel rank, in vLLM's shapes
+    (MambaStateShapeCalculator): the convolution keeps conv_kernel − 1 columns, and both states are in the model's
+    dtype (vLLM's --mamba-cache-dtype and --mamba-ssm-cache-dtype auto; a model whose vLLM config asks for a
+    float32 SSM state holds twice the SSM part); Mamba-2's groups are padded to tp where tp does not divide them
+    (extra_groups_for_head_shards). None for a family without a formula here."""
+    from ..dims import config_int
+    from ..dtypes import itemsize
+
+    size = itemsize(dtype)
+    kind = str(getattr(text, "model_type", ""))
+    per = f" / tp {tp}" if tp > 1 else ""
+
+    def split(n: int) -> int:
+        return n // tp if n % tp == 0 else -(-n // tp)
+    if kind in ("mamba", "jamba"):
+        hidden = config_int(text, "hidden_size") or 0
+        inner = config_int(text, "intermediate_size") if kind == "mamba" else (
+            (config_int(text, "mamba_expand") or 2) * hidden)
+        conv = config_int(text, "conv_kernel", "mamba_d_conv") or 4
+        state = config_int(text, "state_size", "mamba_d_state") or 16
+        local = split(inner or 0)
+        return (local * (conv - 1) * size + local * state * size,
+                f"conv {inner:,}{per} × (kernel {conv} − 1) × {size} B + ssm {inner:,}{per} × {state} × {size} B")
+    if kind in ("mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "zamba2"):
+        heads = config_int(text, "mamba_n_heads", "mamba_num_heads", "n_mamba_heads", "num_heads") or 0
+        head_dim = config_int(text, "mamba_d_head", "mamba_head_dim", "mamba_headdim", "head_dim") or 0
+        state = config_int(text, "mamba_d_state", "ssm_state_size", "state_size") or 0
+        groups = config_int(text, "mamba_n_groups", "n_groups", "mamba_ngroups") or 1
+        conv = config_int(text, "mamba_d_conv", "conv_kernel") or 4
+        if not heads or not head_dim or not state:
+            return None
+        padded = groups if groups % tp == 0 else groups + tp - groups  # vLLM pads the groups to tp
+        conv_dim = heads * head_dim + 2 * padded * state
+        return (split(conv_dim) * (conv - 1) * size + split(heads) * head_dim * state * size,
+                f"conv ({heads} heads × {head_dim} + 2 × {padded} groups × {state}){per} × (kernel {conv} − 1) "
+                f"× {size} B + ssm {heads} heads{per} × {head_dim} × {state} × {size} B")
+    if kind in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        k_heads = config_int(text, "linear_num_key_heads") or 0
+        v_heads = config_int(text, "linear_num_value_heads") or 0
+        k_dim = config_int(text, "linear_key_head_dim") or 0
+        v_dim = config_int(text, "linear_value_head_dim") or 0
+        conv = config_int(text, "linear_conv_kernel_dim") or 4
+        conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
+        return (split(conv_dim) * (conv - 1) * size + split(v_heads) * k_dim * v_dim * size,
+                f"conv (2 × {k_heads} × {k_dim} + {v_heads} × {v_dim}){per} × (kernel {conv} − 1) × {size} B + "
+                f"state {v_heads} heads{per} × {k_dim} × {v_dim} × {size} B")
+    return None
+
+
+def vllm_pages(per_layer: int, mamba: tuple[int, str] | None, block_size: int,
+               length: int) -> tuple[int, int, list[str]]:
+    """(block size, page bytes of one layer, notes) as vLLM settles them: attention alone, block × bytes per token;
+    with Mamba layers, HybridAttentionMambaModelConfig raises the attention block to a multiple of 16 (the
+    FlashAttention kernel's alignment) whose page holds a state, and pads the state's page to it; Mamba alone, one
+    page a state (its block size is max_model_len)."""
+    if mamba is None:
+        return block_size, block_size * per_layer, []
+    state, _ = mamba
+    if not per_layer:
+        return length, state, [f"Mamba layers alone: one page a sequence's state ({state:,} B), vLLM's Mamba block "
+                               f"size being max_model_len ({length:,})"]
+    aligned = 16 * -(-state // (16 * per_layer))
+    notes = []
+    block = block_size
+    if block < aligned:
+        block = aligned
+        notes.append(f"vLLM sets the attention block size to {aligned} tokens (16 × cdiv(state {state:,} B, 16 × "
+                     f"{per_layer:,} B a token)) so that an attention page holds a Mamba state "
+                     "(HybridAttentionMambaModelConfig.verify_and_update_config)")
+    page = block * per_layer
+    if page > state:
+        notes.append(f"the Mamba state's page is padded from {state:,} B to the attention page, {page:,} B "
+                     f"({100 * (page - state) / state:.2f}%), as vLLM pads it")
+    return block, page, notes
 
 
 def vllm_grouping(kinds: list[tuple[str, int | None, int]]) -> tuple[int, list[tuple[str, int | None, int, int]]]:
@@ -407,19 +503,24 @@ def vllm_grouping(kinds: list[tuple[str, int | None, int]]) -> tuple[int, list[t
     return size, [(kind, window, layers, -(-layers // size)) for kind, window, layers in kinds]
 
 
-def _blocks(kind: str, window: int | None, block: int, length: int, batched: int) -> int:
+def vllm_blocks(kind: str, window: int | None, block: int, length: int, batched: int) -> int:
     """Blocks one request of `length` tokens holds in one group of this kind (the spec's max_memory_usage_bytes ÷
     its page)."""
     if kind.startswith("sliding window"):
         return -(-min(window - 1 + batched, length) // block) + 1
     if kind.startswith("chunked"):
         return -(-min(window + batched, length) // block)
+    if kind == "mamba state":
+        return 1  # the running state (mamba_cache_mode "none": no per-block checkpoints for prefix caching)
     return -(-length // block)
 
 
 def _group(kind: str, window: int | None, layers: int, count: int, per_layer: int, arithmetic: str, page: int,
-           block: int, length: int, batched: int) -> KVGroup:
-    blocks = _blocks(kind, window, block, length, batched)
+           block: int, length: int, mamba: tuple[int, str] | None, batched: int) -> KVGroup:
+    blocks = vllm_blocks(kind, window, block, length, batched)
+    if kind == "mamba state":
+        return KVGroup(kind, "MambaSpec", layers, count, mamba[0], mamba[1], page, None, blocks,
+                       "1 (the sequence's state)")
     if kind.startswith("sliding window"):
         spec = "SlidingWindowSpec"
         words = (f"cdiv(min(window {window:,} − 1 + max_num_batched_tokens {batched:,}, {length:,}), {block}) + 1 "
@@ -529,7 +630,7 @@ def _weights_at(inputs: Any, one_device: Any) -> Any:
 
 
 def _smallest_tp(view: Any, text: Any, weights_at: Any, reserve_at: Any, options: VllmOptions, kv_dtype: str,
-                 tp: int, total: int, length: int,
+                 compute_dtype: str, tp: int, total: int, length: int,
                  batched: int) -> tuple[int | None, tuple[TensorParallelTry, ...]]:
     """The smallest tensor-parallel degree above `tp` at which one sequence of `length` tokens fits, trying the
     degrees that divide the attention heads (as vLLM requires), up to 64."""
@@ -544,14 +645,15 @@ def _smallest_tp(view: Any, text: Any, weights_at: Any, reserve_at: Any, options
         try:
             weights = weights_at(t)
             activation, non_torch = reserve_at(t)
-            specs, per_layer, _, _ = vllm_layer_kinds(view.config, kv_dtype, t)
+            specs, per_layer, _, _, mamba = vllm_layer_kinds(view.config, kv_dtype, t, compute_dtype)
+            block, page, _ = vllm_pages(per_layer, mamba, options.block_size, length)
         except ParamscopeError as error:
             tried.append(TensorParallelTry(t, None, None, False, str(error)))
             continue
         available = int(total * options.gpu_memory_utilization - weights - activation.bytes - non_torch.bytes)
         size, groups = vllm_grouping(specs)
-        need = sum(count * _blocks(kind, window, options.block_size, length, batched)
-                   for kind, window, _, count in groups) * options.block_size * per_layer * size
+        need = sum(count * vllm_blocks(kind, window, block, length, batched)
+                   for kind, window, _, count in groups) * page * size
         fits = available > 0 and need <= available
         tried.append(TensorParallelTry(t, weights, available, fits, "" if fits else
                                        f"{need:,} B of KV for one sequence, {available:,} B available"))
@@ -593,5 +695,5 @@ def _command(model_id: str, options: VllmOptions, tp: int, length: int, seqs: in
     return " ".join(parts), changes
 
 
-__all__ = ["VllmOptions", "VllmPreflight", "cache_dtype_flag", "serve_defaults", "vllm_dtype", "vllm_grouping",
-           "vllm_layer_kinds", "vllm_preflight"]
+__all__ = ["VllmOptions", "VllmPreflight", "cache_dtype_flag", "serve_defaults", "vllm_blocks", "vllm_dtype",
+           "vllm_grouping", "vllm_layer_kinds", "vllm_mamba_state", "vllm_pages", "vllm_preflight"]
