@@ -229,12 +229,6 @@ def test_the_cli_text_and_json(dense: Path, capsys: pytest.CaptureFixture[str]) 
     assert "not supported yet" in capsys.readouterr().err
 
 
-def test_inspect_of_a_gguf_points_to_audit(dense: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["inspect", str(dense)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "is a GGUF checkpoint, not a config: `paramscope audit" in err
-
-
 def test_importing_paramscope_and_its_cli_does_not_import_gguf() -> None:
     code = "import sys, paramscope, paramscope.cli, paramscope.checkpoint; print('gguf' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

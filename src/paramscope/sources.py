@@ -33,12 +33,14 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 class Source:
     """A config and a plain-language account of where it came from."""
 
-    kind: str  # preset | config-file | directory | hub | hub-cache
+    kind: str  # preset | config-file | directory | hub | hub-cache | gguf
     label: str  # what the user typed, or the preset's hub id
     description: str  # e.g. "embedded preset google-bert/bert-base-uncased"
     # the input as read, a plain dict (transformers is given it): not part of == or hash, unlike a result's fields
     config: dict[str, Any] = field(compare=False, repr=False)
     path: str | None = None  # the config.json read, when one was read from disk
+    # a GGUF source's header (checkpoint/gguf_read.GGUFCheckpoint): its ggml types price the weights in `memory`
+    checkpoint: Any = field(default=None, compare=False, repr=False)
 
 
 def resolve(spec: str, *, revision: str | None = None) -> Source:
@@ -77,6 +79,9 @@ def resolve(spec: str, *, revision: str | None = None) -> Source:
 
 
 def _from_path(path: Path) -> Source:
+    gguf = _gguf_checkpoint(path)
+    if gguf is not None:
+        return _from_gguf(path, gguf)
     if path.is_dir():
         config_path = _config_in_directory(path)
         return Source(
@@ -86,16 +91,60 @@ def _from_path(path: Path) -> Source:
             config=read_config_file(config_path),
             path=str(config_path),
         )
-    if path.name.lower().endswith(".gguf"):
-        raise SourceError(f"{path} is a GGUF checkpoint, not a config: `paramscope audit {path}` reports its tensors, "
-                          "ggml types, bytes, parameters and bits per weight from its header (building the model "
-                          "from GGUF metadata is not supported yet)")
     return Source(
         kind="config-file",
         label=str(path),
         description=f"config file {path}",
         config=read_config_file(path),
         path=str(path),
+    )
+
+
+def _gguf_checkpoint(path: Path) -> Path | None:
+    """The GGUF file, shard or folder `path` holds, when its checkpoint is GGUF: a .gguf file, or a folder (or the
+    snapshot a Hugging Face cache folder's refs/main names) with .gguf files and no config.json."""
+    from .checkpoint.gguf_read import is_gguf_path
+
+    if not path.is_dir():
+        return path if path.name.lower().endswith(".gguf") else None
+    if (path / "config.json").exists():
+        return None
+    ref = path / "refs" / "main"
+    if ref.exists() and (path / "snapshots").is_dir():
+        snapshot = path / "snapshots" / snapshot_name(ref)
+        if snapshot.is_dir() and not (snapshot / "config.json").exists():
+            check_inside(snapshot, path, what="cache folder")
+            return snapshot if is_gguf_path(snapshot) else None
+        return None
+    return path if is_gguf_path(path) else None
+
+
+def _from_gguf(given: Path, path: Path) -> Source:
+    """The config transformers builds from a GGUF header's metadata (checkpoint/gguf_config.py), its header kept."""
+    from .checkpoint.gguf_read import read_gguf
+
+    return gguf_source(read_gguf(path), str(given))
+
+
+def gguf_source(checkpoint: Any, label: str) -> Source:
+    """A GGUF header (checkpoint/gguf_read.GGUFCheckpoint) as a Source: the config transformers builds from its
+    metadata, refused in one line where the header's layers are not the blocks its tensors hold."""
+    from .checkpoint.gguf_config import gguf_config
+    from .checkpoint.gguf_reconcile import block_count_problem
+
+    built = gguf_config(checkpoint)
+    problem = block_count_problem(checkpoint, built.config.get("num_hidden_layers"))
+    if problem:
+        raise SourceError(f"{checkpoint.path}: cannot build a model from this GGUF: {problem}")
+    files = f" ({len(checkpoint.files)} shards)" if len(checkpoint.files) > 1 else ""
+    return Source(
+        kind="gguf",
+        label=label,
+        description=f"GGUF {checkpoint.files[0]}{files}: {built.class_name}'s config from its header's metadata "
+                    f"(architecture {built.architecture}, transformers' GGUF_CONFIG_MAPPING)",
+        config=built.config,
+        path=checkpoint.files[0],
+        checkpoint=checkpoint,
     )
 
 

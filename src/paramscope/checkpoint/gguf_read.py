@@ -261,7 +261,7 @@ def gguf_files(path: str | os.PathLike[str]) -> list[Path]:
             names = ", ".join(sorted(sets)[:8]) + (", ..." if len(sets) > 8 else "")
             raise SourceError(f"{p}: several GGUF models ({names}); name the file to audit")
         first = next(iter(sets.values()))[0]
-        check_inside(first, p, error=CheckpointError, what="checkpoint folder")
+        check_inside(first, _root(p), error=CheckpointError, what="checkpoint folder")
         return gguf_files(first)
     if not p.exists():
         raise SourceError(f"{p}: no such file or directory")
@@ -277,8 +277,15 @@ def gguf_files(path: str | os.PathLike[str]) -> list[Path]:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise CheckpointError(f"{p}: {len(missing)} of its {count} shards missing ({', '.join(missing[:3])}{more})")
     for f in files:
-        check_inside(f, p.parent, error=CheckpointError, what="GGUF shard set")
+        check_inside(f, _root(p.parent), error=CheckpointError, what="GGUF shard set")
     return files
+
+
+def _root(folder: Path) -> Path:
+    """The folder a checkpoint's files must stay inside: a Hugging Face cache snapshot's files link to its repo
+    folder's blobs/, so there the repo folder; elsewhere the folder itself."""
+    repo = folder.parent.parent
+    return repo if folder.parent.name == "snapshots" and (repo / "blobs").is_dir() else folder
 
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFCheckpoint:

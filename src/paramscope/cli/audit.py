@@ -78,11 +78,31 @@ def _run_gguf(args: argparse.Namespace, target: Any, width: int | None) -> int:
     from ..render.gguf import render_gguf_json, render_gguf_text
 
     if args.config is not None:
-        raise OptionError("{0}: reconciling a GGUF checkpoint with a model is not supported yet; "
-                          "`paramscope audit {path}` reports its header alone", "config", path=args.path)
+        raise OptionError("{0}: a GGUF checkpoint is reconciled with the class built from its own metadata; "
+                          "reconciling it with another model is not supported yet (`paramscope audit {path}`)",
+                          "config", path=args.path)
     checkpoint = read_gguf(target)
+    reconciliation = _reconcile_gguf(args, checkpoint)
     if args.json:
-        write(render_gguf_json(checkpoint))
+        write(render_gguf_json(checkpoint, reconciliation))
     else:
-        write(render_gguf_text(checkpoint, width or 100, all_tensors=args.all_rows))
+        write(render_gguf_text(checkpoint, width or 100, all_tensors=args.all_rows, reconciliation=reconciliation))
     return 0
+
+
+def _reconcile_gguf(args: argparse.Namespace, checkpoint: Any) -> Any:
+    """The file against the transformers class built from its metadata; "cannot reconcile: why" where no class is
+    built (an architecture transformers does not map, a header whose layers its tensors do not hold)."""
+    from ..api import inspect_source
+    from ..checkpoint.gguf_reconcile import cannot_reconcile, reconcile_gguf
+    from ..errors import ParamscopeError
+    from ..sources import gguf_source
+
+    try:
+        source = gguf_source(checkpoint, args.path)
+        report, _ = inspect_source(source, use_cache=not args.no_cache)
+    except ParamscopeError as err:
+        why = str(err).removeprefix(f"{checkpoint.path}: ").removeprefix("cannot build a model from this GGUF: ")
+        return cannot_reconcile(checkpoint, "-", why)
+    return reconcile_gguf(checkpoint, report.params, report.model.class_name,
+                          int(source.config["num_hidden_layers"]))

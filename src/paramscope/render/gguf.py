@@ -11,8 +11,45 @@ from typing import Any
 LIST_LIMIT = 20  # tensors listed unless every one is asked for
 
 
-def render_gguf_json(ck: Any, *, indent: int | None = 2) -> str:
-    return json.dumps({"checkpoint": ck.to_dict()}, indent=indent, ensure_ascii=False) + "\n"
+def render_gguf_json(ck: Any, reconciliation: Any = None, *, indent: int | None = 2) -> str:
+    document = ck.to_dict()
+    if reconciliation is not None:
+        document["reconcile"] = reconciliation.to_dict()
+    return json.dumps({"checkpoint": document}, indent=indent, ensure_ascii=False) + "\n"
+
+
+def reconcile_lines(rec: Any, width: int, *, all_rows: bool = False) -> list[str]:
+    """The file against the class built from its metadata: one verdict line, then the differences (every one) and
+    the roles that differ, or the matches' ways of storing that are not "as is" when all is equal."""
+    if rec.cannot is not None:
+        return [f"cannot reconcile: {rec.cannot}", ""]
+    extra = rec.explained_extra
+    if rec.equal:
+        tail = f" + {extra:,} in tensors no parameter holds (below)" if extra else ""
+        head = (f"reconciles with {rec.class_name}: equal — {rec.class_parameters:,} parameters, "
+                f"{len(rec.matches):,} parameters each matched to its GGUF tensor(s) at its shape and role{tail}")
+    else:
+        wrong = sum(1 for d in rec.differences if not d.explained)
+        head = (f"does not reconcile with {rec.class_name}: {wrong:,} difference{'s' * (wrong != 1)} — the file "
+                f"{rec.file_parameters:,} parameters, the class {rec.class_parameters:,}, "
+                f"{rec.matched_parameters:,} matched")
+    out = [head]
+    ways: dict[str, int] = {}
+    for m in rec.matches:
+        if m.how != "as is":
+            ways[m.how] = ways.get(m.how, 0) + 1
+    for how, n in ways.items():
+        out.append(f"  {n:,} stored {how}"[:width])
+    if rec.differences:
+        shown = rec.differences if all_rows else rec.differences[:LIST_LIMIT]
+        rows = [(d.name, d.kind, f"{d.elements:,}", ("explained: " if d.explained else "") + d.why) for d in shown]
+        out += [""] + _table("Differences", ("name", "kind", "parameters", "why"), rows, width)[:-1]
+        if len(shown) < len(rec.differences):
+            out.append(f"  … and {len(rec.differences) - len(shown):,} more (--all lists every one)")
+    unequal = [(role, f"{f:,}", f"{c:,}") for role, (f, c) in rec.roles.items() if f != c]
+    if unequal:
+        out += [""] + _table("Roles that differ", ("role", "file", "class"), unequal, width)[:-1]
+    return out + [""]
 
 
 def _size(n: int) -> str:
@@ -42,7 +79,7 @@ def _grouped(rows: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
              _bpw(r["bits_per_weight"])) for key, r in rows.items()]
 
 
-def render_gguf_text(ck: Any, width: int = 100, *, all_tensors: bool = False) -> str:
+def render_gguf_text(ck: Any, width: int = 100, *, all_tensors: bool = False, reconciliation: Any = None) -> str:
     """Header, the model's shape from its metadata, bytes and bits per weight by ggml type and by role, and the
     tensors (the first LIST_LIMIT unless `all_tensors`)."""
     width = max(width, 20)
@@ -62,6 +99,8 @@ def render_gguf_text(ck: Any, width: int = 100, *, all_tensors: bool = False) ->
         model.append((key, ", ".join(map(str, value)) if isinstance(value, list) else str(value)))
     pad = max(len(k) for k, _ in model)
     out += ["Model (from the metadata)", *(f"  {k.ljust(pad)}  {v}"[:width] for k, v in model), ""]
+    if reconciliation is not None:
+        out += reconcile_lines(reconciliation, width, all_rows=all_tensors)
     header = ("", "tensors", "parameters", "bytes", "size", "bits/weight")
     out += _table("By ggml type", ("type", *header[1:]), _grouped(ck.by_type()), width)
     out += _table("By role", ("role", *header[1:]), _grouped(ck.by_role()), width)

@@ -51,6 +51,11 @@ def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cach
 
     validate_config_dict(source.config)  # the fields the storage format reads too, before they are read
     fmt, origin, not_convert = storage_format(source.config, options)
+    if source.checkpoint is not None and options.dtype is None:  # a GGUF: priced at the file's own types
+        from ...checkpoint.gguf_memory import gguf_file_format
+
+        fmt = gguf_file_format(source.checkpoint, int(source.config["num_hidden_layers"]))
+        origin, not_convert = f"the GGUF file {source.checkpoint.files[0]}'s header", ()
     from ..engine_check import CheckFor
     from ..facts.store import facts_key
     from .serving_check import check_serving, extended_difference

@@ -61,8 +61,12 @@ def weight_memory(params: Iterable[ParameterInfo], buffers: Iterable[BufferInfo]
     kept: dict[tuple[str, str], int] = {}
     overhead = quantized_numel = 0
     groups: dict[str, list[int]] = {}  # storage → [numel, data bytes, overhead bytes]
+    stored = getattr(fmt, "stored_bytes", None)  # a file's own bytes per parameter (checkpoint/gguf_memory.py)
     for param in params:
-        if param.name in quantized:
+        if stored is not None:  # the file's types, tensor by tensor: its floats are no choice the format made
+            cost = stored(param)
+            quantized_numel += param.numel if param.name in quantized else 0
+        elif param.name in quantized:
             cost = fmt.tensor_bytes(_input_last(param, inputs_first))
             quantized_numel += param.numel
             overhead += cost.overhead
@@ -110,8 +114,8 @@ def weight_memory(params: Iterable[ParameterInfo], buffers: Iterable[BufferInfo]
         quantized_tensors=tuple(p.name for p in params if p.name in quantized),
         kept=tuple((why, numel, storage) for (why, storage), numel in kept.items()),
         lines=tuple(lines),
-        notes=partial_group_notes(fmt, ((p.role, _input_last(p, inputs_first)) for p in params
-                                        if p.name in quantized)),
+        notes=() if stored is not None else partial_group_notes(fmt, ((p.role, _input_last(p, inputs_first))
+                                                                      for p in params if p.name in quantized)),
     )
 
 
@@ -168,6 +172,8 @@ def quantized_names(view: Any, params: Iterable[ParameterInfo], fmt: WeightForma
     if not fmt.quantized:
         return frozenset()
     params = tuple(params)
+    if hasattr(fmt, "quantized_names"):  # a file's own types say it (checkpoint/gguf_memory.py)
+        return fmt.quantized_names(params)
     skip = _matcher(tuple(not_convert))
     if fmt.targets == "matrices":
         return frozenset(p.name for p in params if len(p.shape) >= 2 and p.role not in _KEPT_ROLES)

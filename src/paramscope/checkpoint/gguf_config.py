@@ -1,0 +1,142 @@
+"""A transformers config built from a GGUF header's metadata (never its tensors), as transformers builds it.
+
+transformers loads a GGUF with `from_pretrained(..., gguf_file=...)`: `modeling_gguf_pytorch_utils.load_gguf_checkpoint`
+renames the architecture (qwen2moe → qwen2_moe, gemma3 → gemma3_text, ...), maps `{arch}.{key}` metadata to config
+fields with `integrations.ggml.GGUF_CONFIG_MAPPING`, applies `GGUF_CONFIG_DEFAULTS_MAPPING`, ties the head when the
+file has no `output.weight`, and takes the vocabulary from `tokenizer.ggml.tokens` when no vocab_size is written. It
+reads the file with gguf.GGUFReader (a numpy array per field, 18 s on a 262k-token vocabulary), so it is not called:
+its tables are, over the metadata our bounded parser read (gguf_read.py), and its few steps are followed here.
+
+Where transformers' table leaves out a field llama.cpp's convert_hf_to_gguf.py writes and the class needs for its
+shapes (Qwen2-MoE's expert widths, a Mixtral written as `llama` with experts), a short supplement completes it; each
+supplemented field is named in `notes`, so the output says which figures did not come from transformers' table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SourceError
+from ..errors import short_repr as _q
+from ..frozen import thaw
+from .gguf_read import GGUFCheckpoint
+
+# load_gguf_checkpoint's renames: llama.cpp's architecture name → transformers' model_type.
+_RENAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2"}
+# After the mapping, transformers builds the text backbone alone for these (the file holds no vision tower).
+_TEXT_ONLY = {"gemma3": "gemma3_text", "gemma4": "gemma4_text"}
+# Fields transformers' GGUF_CONFIG_MAPPING leaves out that llama.cpp writes and the class's shapes need:
+# model_type → {metadata key after "{arch}.": config field}.
+SUPPLEMENT: dict[str, dict[str, str]] = {
+    "qwen2_moe": {"expert_feed_forward_length": "moe_intermediate_size",
+                  "expert_shared_feed_forward_length": "shared_expert_intermediate_size"},
+    "qwen3_moe": {"expert_feed_forward_length": "moe_intermediate_size"},
+    "mixtral": {"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok"},
+    "gemma2": {"attn_logit_softcapping": "attn_logit_softcapping",
+               "final_logit_softcapping": "final_logit_softcapping"},
+}
+# The largest figures a config built here may carry: past them the header is no model (a hostile file).
+MAX_LAYERS = 4096
+MAX_WIDTH = 1 << 20
+MAX_VOCAB = 1 << 24
+MAX_CONTEXT = 1 << 24
+
+
+@dataclass(frozen=True)
+class GGUFConfig:
+    """The config dict transformers would build from a GGUF's metadata, and how it was built."""
+
+    config: dict[str, Any]
+    architecture: str  # llama.cpp's, as the file names it
+    model_type: str
+    class_name: str  # the causal-LM class transformers' AutoModelForCausalLM picks for model_type
+    notes: tuple[str, ...]  # each step that is not a plain GGUF_CONFIG_MAPPING lookup, in words
+
+
+def gguf_model_type(ck: GGUFCheckpoint) -> tuple[str, str]:
+    """(llama.cpp's architecture, transformers' model_type) of a GGUF, as load_gguf_checkpoint renames it."""
+    arch = ck.architecture
+    if not arch:
+        raise SourceError(f"{ck.path}: cannot build a model from this GGUF: its metadata has no general.architecture")
+    name = ck.metadata.get("general.name")
+    if arch == "llama" and isinstance(name, str) and "mistral" in name.lower():
+        return arch, "mistral"
+    if arch == "llama" and _int(ck.metadata.get("llama.expert_count")):
+        return arch, "mixtral"  # convert_hf_to_gguf.py writes Mixtral as llama with experts
+    return arch, _RENAMES.get(arch, arch)
+
+
+def gguf_config(ck: GGUFCheckpoint) -> GGUFConfig:
+    """The config transformers builds from `ck`'s metadata, or SourceError naming why none can be built."""
+    from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    arch, model_type = gguf_model_type(ck)
+    table_key = "llama" if model_type == "mixtral" else model_type
+    mapping = GGUF_CONFIG_MAPPING.get(table_key)
+    if mapping is None:
+        known = ", ".join(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ("general", "tokenizer")))
+        raise SourceError(f"{ck.path}: cannot build a model from this GGUF: transformers has no config mapping for "
+                          f"architecture {_q(arch)} (its GGUF_CONFIG_MAPPING knows {known})")
+    config: dict[str, Any] = {"model_type": model_type}
+    notes: list[str] = []
+    for key, field in mapping.items():
+        value = ck.metadata.get(f"{arch}.{key}")
+        if field is not None and field != -1 and value is not None:
+            config[field] = _plain(thaw(value), f"{arch}.{key}", ck.path)
+    for key, field in SUPPLEMENT.get(model_type, {}).items():
+        value = ck.metadata.get(f"{arch}.{key}")
+        if value is not None and field not in config:
+            config[field] = _plain(thaw(value), f"{arch}.{key}", ck.path)
+            notes.append(f"{field} from {arch}.{key} (not in transformers' GGUF_CONFIG_MAPPING for {table_key})")
+    for key, value in GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, {}).items():
+        config.setdefault(key, value)
+    if model_type in _TEXT_ONLY:
+        config["model_type"] = model_type = _TEXT_ONLY[model_type]
+    if "vocab_size" not in config:
+        vocab = ck.hparams().get("vocab_size")
+        if isinstance(vocab, int):
+            config["vocab_size"] = vocab
+            notes.append(f"vocab_size {vocab:,} from the length of tokenizer.ggml.tokens (as transformers takes it)")
+    names = {t.name for t in ck.tensors}
+    config["tie_word_embeddings"] = "output.weight" not in names or arch in ("falcon", "bloom")
+    if config["tie_word_embeddings"] and arch not in ("falcon", "bloom"):
+        notes.append("tie_word_embeddings: the file has no output.weight (llama.cpp reads token_embd for the head)")
+    if model_type == "mixtral":
+        notes.append("model_type mixtral: llama.cpp writes Mixtral as architecture llama with llama.expert_count")
+    class_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if not isinstance(class_name, str):
+        raise SourceError(f"{ck.path}: cannot build a model from this GGUF: transformers has no causal-LM class for "
+                          f"model_type {_q(model_type)}")
+    config["architectures"] = [class_name]
+    _check_bounds(config, ck.path)
+    return GGUFConfig(config=config, architecture=arch, model_type=model_type, class_name=class_name,
+                      notes=tuple(notes))
+
+
+def _int(value: Any) -> int:
+    return value if type(value) is int else 0
+
+
+def _plain(value: Any, key: str, path: str) -> Any:
+    if isinstance(value, dict):  # a long array the parser summarised: no config field takes one
+        raise SourceError(f"{path}: metadata {key} is an array of {value.get('length', '?'):,} items, not a value a "
+                          "config takes")
+    return value
+
+
+def _check_bounds(config: dict[str, Any], path: str) -> None:
+    """A hostile header's 10^12 layers or widths would make the meta build itself the attack: refused in one line."""
+    for field, bound in (("num_hidden_layers", MAX_LAYERS), ("hidden_size", MAX_WIDTH),
+                         ("intermediate_size", MAX_WIDTH), ("num_attention_heads", MAX_WIDTH),
+                         ("vocab_size", MAX_VOCAB), ("max_position_embeddings", MAX_CONTEXT),
+                         ("num_experts", MAX_LAYERS), ("num_local_experts", MAX_LAYERS)):
+        value = config.get(field)
+        if value is None:
+            continue
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if type(v) is not int or not 0 <= v <= bound:
+                raise SourceError(f"{path}: cannot build a model from this GGUF: {field} = {_q(value)} from its "
+                                  f"metadata is no count between 0 and {bound:,}")
