@@ -24,6 +24,10 @@ cdiv(min(chunk + max_num_batched_tokens, len), block). The maximum concurrency v
 one request needs (get_max_concurrency_for_kv_cache_config); the tokens of KV it logs are that × max_model_len.
 The largest max_model_len that fits is vLLM's own binary search (_estimate_max_model_len_from_groups).
 
+Recurrent layers (Mamba, Mamba-2, gated delta nets) are MambaSpecs: one block holds a sequence's state, in vLLM's
+shapes (`vllm_mamba_state`); with attention beside them vLLM raises the attention block so a page holds a state
+and pads the state to the page (`vllm_pages`, HybridAttentionMambaModelConfig).
+
 Which layers slide is vLLM's choice, not transformers': vLLM's model classes (llama.py and the classes built like
 it) give a layer a window only where the config's `layer_types` says "sliding_attention"; a config with a
 `sliding_window` but no `layer_types` (Mistral-7B-v0.1) runs full attention in vLLM.
