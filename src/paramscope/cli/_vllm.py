@@ -74,8 +74,10 @@ def run_vllm(args: argparse.Namespace) -> int:
     from ..cost.dtypes import torch_name
     from ..cost.memory.vllm import cache_dtype_flag, vllm_dtype
 
-    if args.kv_dtype is not None and torch_name(args.kv_dtype) == "float32":
-        raise OptionError("--kv-dtype fp32: vLLM's --kv-cache-dtype has no fp32 (auto, bfloat16, fp8)")
+    if args.kv_dtype is not None and torch_name(args.kv_dtype) not in ("bfloat16", "float16", "float8_e4m3fn",
+                                                                       "float8_e5m2"):
+        raise OptionError(f"--kv-dtype {args.kv_dtype}: vLLM's --kv-cache-dtype takes auto (the model's dtype), "
+                          "bfloat16, fp8 or fp8_e5m2")
     source = resolve(args.model, revision=args.revision)
     dtype, dtype_flag, dtype_note = vllm_dtype(source.config, args.dtype)
     memory = MemoryOptions(dtype=dtype, kv_dtype=args.kv_dtype, seq=args.max_model_len,

@@ -203,6 +203,9 @@ def vllm_dtype(config: dict[str, Any], dtype: str | None) -> tuple[str | None, s
         return dtype, f"--dtype {_DTYPE_NAMES.get(fmt.key, fmt.key)}", ""
     if fmt.key == "fp8":
         return dtype, "--quantization fp8", ""
+    if fmt.kind == "gguf":
+        return dtype, None, (f"--dtype {fmt.key}: vLLM loads a GGUF file given as the model, so the command "
+                             "carries no flag for it")
     return dtype, None, (f"--dtype {fmt.key}: vLLM reads a quantised checkpoint's own quantization_config, so the "
                          "command carries no flag for it")
 
@@ -211,8 +214,11 @@ def cache_dtype_flag(kv_dtype: str, compute_dtype: str | None) -> str | None:
     """`--kv-cache-dtype …` for a KV cache in `kv_dtype` (None: vLLM's auto, the model's dtype)."""
     if kv_dtype == compute_dtype:
         return None
-    name = {"float8_e4m3fn": "fp8", "float8_e5m2": "fp8_e5m2"}.get(kv_dtype, kv_dtype)
-    return f"--kv-cache-dtype {name}"
+    names = {"float8_e4m3fn": "fp8", "float8_e5m2": "fp8_e5m2", "bfloat16": "bfloat16"}
+    if kv_dtype not in names:
+        raise OptionError("{0} {value} has no vLLM --kv-cache-dtype: it takes auto (the model's dtype, here "
+                          "{model}), bfloat16, fp8 or fp8_e5m2", "kv_dtype", value=kv_dtype, model=compute_dtype)
+    return f"--kv-cache-dtype {names[kv_dtype]}"
 
 
 def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, accelerator: Any, *,
