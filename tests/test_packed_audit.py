@@ -279,8 +279,8 @@ def test_ignore_list_against_the_headers(tmp_path: Path) -> None:
                        use_cache=False).packed.mismatches
     assert [(m.field, m.tensors) for m in mismatches] == [
         ("quantised", ("lm_head.weight",)), ("unquantised", ("model.layers.0.self_attn.q_proj.weight_packed",))]
-    assert mismatches[0].config == "group_0 targets it (Linear) and ignore does not list it"
-    assert mismatches[1].config == "ignore lists model.layers.0.self_attn.q_proj"
+    assert mismatches[0].config == "group_0 targets it (Linear) and ignore does not name it"
+    assert mismatches[1].config == "ignore names its module"
 
 
 def test_packed_weights_without_a_quantization_config(tmp_path: Path, capsys) -> None:

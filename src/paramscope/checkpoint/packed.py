@@ -31,6 +31,7 @@ import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Iterable, Mapping
 
 from ..errors import CheckpointError
@@ -53,6 +54,7 @@ _BNB4_STATE = re.compile(r"^(?P<weight>.+\.weight)\.(absmax|quant_map|nested_abs
 # At most this many weight_shape records are read (each 16 bytes of tensor data); a real checkpoint holds one per
 # quantised linear layer, a 256-expert MoE about 50,000.
 MAX_SHAPE_RECORDS = 200_000
+_NO_AUX: Mapping[str, CheckpointTensor] = {}
 _FP8 = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ")
 
 
@@ -224,7 +226,7 @@ class _Layout:
     columns: int = 0  # values in a row (the unpacked last dimension), for group strategies
     groups: int = 0  # scales in a row, for group strategies
 
-    @property
+    @cached_property  # a frozen dataclass without slots: cached in its __dict__
     def scheme(self) -> str:
         if not self.method:
             return f"{self.format} (unquantised)"
@@ -386,31 +388,43 @@ def analyse(checkpoint: Checkpoint, *, parameter_of: Mapping[str, str], roles: M
         return rows.setdefault(role, {"tensors": 0, "parameters": 0, "stored": 0, SCALE: 0, ZERO: 0, INDEX: 0,
                                       "schemes": {}})
 
+    # A checkpoint may hold a million tensors and most weights share a layout: each distinct (header, bookkeeping,
+    # unpacked shape, role, config verdict) is worked out once.
+    memo: dict[tuple, tuple[_Layout, str, tuple[tuple[str, str, str], ...]]] = {}
     for t in checkpoint.tensors:
         if t.role == "quant_aux":
             continue
         parameter = parameter_of.get(t.name)
         if parameter is None:
             continue
-        aux = owned.get(t.name, {})
+        aux = owned.get(t.name, _NO_AUX)
         module = _module_of(t.name)
-        record = shape_records.get(f"{module}.weight_shape")
-        layout = _layout(t, aux, record or shapes.get(parameter), expected.block_for(module),
-                         expected.group_for(module))
-        r = row(roles.get(parameter, "other"))
+        role = roles.get(parameter, "other")
+        shape = shape_records.get(f"{module}.weight_shape") if shape_records else None
+        group = expected.group(module)
+        key = (t.dtype, t.shape, t.packing, t.name.rpartition(".")[2], t.logical_numel, shape or shapes.get(parameter),
+               role, expected.listed(module), group[0] if group else None,
+               tuple((k, a.dtype, a.shape) for k, a in aux.items()) if aux else ())
+        known = memo.get(key)
+        if known is None:
+            layout = _layout(t, aux, key[5], expected.block_for(group), expected.group_size(group))
+            checks = tuple(expected.check(key[7], group, t, layout, role))
+            if config is None and layout.method:
+                checks += (("method", "nothing (the config has no quantization_config)", layout.scheme),)
+            known = memo[key] = (layout, layout.scheme, checks)
+        layout, scheme, checks = known
+        r = rows.get(role) or row(role)
         r["tensors"] += 1
         if parameter not in counted:  # a tied parameter stored twice counts once
             counted.add(parameter)
             r["parameters"] += math.prod(shapes[parameter])
         r["stored"] += t.nbytes
-        for key, a in aux.items():
-            r[_AUX_KIND.get(key, SCALE)] += a.nbytes
-        r["schemes"][layout.scheme] = None
-        schemes[layout.scheme] += 1
-        for fld, said, held in expected.check(module, t, layout, roles.get(parameter, "other")):
-            disagreements[(fld, said, held)].append(t.name)
-        if config is None and layout.method:
-            disagreements[("method", "nothing (the config has no quantization_config)", layout.scheme)].append(t.name)
+        for k, a in aux.items():
+            r[_AUX_KIND.get(k, SCALE)] += a.nbytes
+        r["schemes"][scheme] = None
+        schemes[scheme] += 1
+        for check in checks:
+            disagreements[check].append(t.name)
     for t in loose:
         r = row("quantisation state")
         r[_AUX_KIND.get(_aux_key(t.name), SCALE)] += t.nbytes
@@ -465,29 +479,31 @@ def _module_of(key: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _listed(module: str, patterns: Iterable[Any], how: str) -> bool:
+def _matcher(patterns: Iterable[Any], how: str) -> Any:
+    """One compiled pattern that fullmatches a module name when any of `patterns` names it, as the library reads
+    its list: compressed-tensors' "re:" regexes (re.match) or exact names; transformers' modules_to_not_convert and
+    llm_int8_skip_modules (quantizers_utils.should_convert_module: a regex from the start up to a name boundary, or
+    a literal suffix). None when no pattern is usable; a regex that does not compile is read as a literal only."""
+    parts: list[str] = []
     for p in patterns:
-        if not isinstance(p, str):
+        if not isinstance(p, str) or not p:
             continue
-        if how == "compressed-tensors":  # compressed-tensors' match_name: "re:" regexes, else the exact name
+        try:
+            re.compile(p[3:] if how == "compressed-tensors" and p.startswith("re:") else p)
+            valid = True
+        except re.error:
+            valid = False
+        if how == "compressed-tensors":
             if p.startswith("re:"):
-                try:
-                    if re.match(p[3:], module):
-                        return True
-                except re.error:
-                    continue
-            elif p == module:
-                return True
-        elif how == "glob":  # transformers' modules_to_not_convert for mxfp4 and fp8: "*" patterns or a name's part
-            if "*" in p:
-                if re.fullmatch(re.escape(p).replace(r"\*", r"[^.]*"), module) or re.fullmatch(
-                        re.escape(p).replace(r"\*", r".*"), module):
-                    return True
-            elif p == module or (f".{p}." in f".{module}."):
-                return True
-        elif p in module:  # bitsandbytes: transformers skips a module whose name contains the entry
-            return True
-    return False
+                if valid:
+                    parts.append(f"(?:{p[3:]}).*")
+            else:
+                parts.append(re.escape(p))
+        else:
+            if valid:
+                parts.append(rf"(?:{p})(?:(?<=\.)|(?=\.|$)).*")
+            parts.append(f".*{re.escape(p)}")
+    return re.compile("|".join(f"(?:{part})" for part in parts), re.DOTALL) if parts else None
 
 
 class _Expected:
@@ -504,6 +520,26 @@ class _Expected:
             groups = self.config.get("config_groups")
             if isinstance(groups, dict):
                 self.groups = [(str(k), v) for k, v in groups.items() if isinstance(v, dict)]
+
+        def targets(g: dict[str, Any]) -> list[str]:
+            found = g.get("targets")
+            return [t for t in found if isinstance(t, str)] if isinstance(found, list) else []
+
+        # targets that name modules ("re:" regexes, dotted names), per group; the first group that targets a class
+        # (Linear) covers every other linear layer
+        self._named_targets = [(n, g, named) for n, g in self.groups
+                               if (named := [t for t in targets(g) if t.startswith("re:") or "." in t])]
+        self._class_group = next(((n, g) for n, g in self.groups
+                                  if any(not t.startswith("re:") and "." not in t for t in targets(g))), None)
+        skip_key, self._how = {"compressed-tensors": ("ignore", "compressed-tensors"),
+                               "fp8": ("modules_to_not_convert", "transformers"),
+                               "mxfp4": ("modules_to_not_convert", "transformers"),
+                               "bitsandbytes_8bit": ("llm_int8_skip_modules", "transformers"),
+                               "bitsandbytes_4bit": ("llm_int8_skip_modules", "transformers")}.get(
+            self.method, ("", ""))
+        skip = self.config.get(skip_key) if skip_key else None
+        self._skip = _matcher(skip if isinstance(skip, list) else [], self._how)
+        self._named_matchers = [(n, g, _matcher(named, "compressed-tensors")) for n, g, named in self._named_targets]
 
     def describe(self) -> str | None:
         if not self.config:
@@ -532,43 +568,45 @@ class _Expected:
                     + (f", skipped: {', '.join(map(str, skip))}" if skip else ""))
         return self.method or "a quantization_config without quant_method"
 
-    def _group(self, module: str) -> tuple[str, dict[str, Any]] | None:
+    def group(self, module: str) -> tuple[str, dict[str, Any]] | None:
         """compressed-tensors: the config group whose targets name `module` (a "re:" regex or the exact name),
         else the first whose targets are class names (Linear), which cover every linear layer."""
-        for name, g in self.groups:
-            targets = g.get("targets") or []
-            if _listed(module, [t for t in targets if isinstance(t, str) and (t.startswith("re:") or "." in t)],
-                       "compressed-tensors"):
+        if not self.groups:
+            return None
+        for name, g, matcher in self._named_matchers:
+            if matcher is not None and matcher.fullmatch(module):
                 return name, g
-        for name, g in self.groups:
-            if any(isinstance(t, str) and not t.startswith("re:") and "." not in t for t in g.get("targets") or []):
-                return name, g
-        return None
+        return self._class_group
 
-    def group_for(self, module: str) -> int | None:
+    def listed(self, module: str) -> bool:
+        """Whether the config's list of modules kept unquantised names `module` (compressed-tensors' ignore,
+        modules_to_not_convert, llm_int8_skip_modules)."""
+        return self._skip is not None and self._skip.fullmatch(module) is not None
+
+    def group_size(self, group: tuple[str, dict[str, Any]] | None) -> int | None:
         size: Any = None
         if self.method in ("gptq", "awq"):
             size = self.config.get("group_size", self.config.get("q_group_size"))
-        elif self.method == "compressed-tensors":
-            g = self._group(module)
-            w = g[1].get("weights") if g else None
+        elif group is not None:
+            w = group[1].get("weights")
             size = w.get("group_size") if isinstance(w, dict) else None
         return size if type(size) is int and size > 0 else None
 
-    def block_for(self, module: str) -> tuple[int, int] | None:
+    def block_for(self, group: tuple[str, dict[str, Any]] | None) -> tuple[int, int] | None:
         block = None
         if self.method == "fp8":
             block = self.config.get("weight_block_size")
-        elif self.method == "compressed-tensors":
-            g = self._group(module)
-            w = g[1].get("weights") if g else None
+        elif group is not None:
+            w = group[1].get("weights")
             block = w.get("block_structure") if isinstance(w, dict) else None
         if isinstance(block, list) and len(block) == 2 and all(type(v) is int and v > 0 for v in block):
             return block[0], block[1]
         return None
 
-    def check(self, module: str, weight: CheckpointTensor, layout: _Layout, role: str) -> list[tuple[str, str, str]]:
-        """(field, what the config says, what the headers hold) for each disagreement about this weight."""
+    def check(self, listed: bool, group: tuple[str, dict[str, Any]] | None, weight: CheckpointTensor,
+              layout: _Layout, role: str) -> list[tuple[str, str, str]]:
+        """(field, what the config says, what the headers hold) for each disagreement about this weight, whose
+        module the config's unquantised list names (`listed`) or not, in config `group` (compressed-tensors)."""
         if not self.config:
             return []
         out: list[tuple[str, str, str]] = []
@@ -577,15 +615,12 @@ class _Expected:
             and "norm" not in role
         held = layout.scheme
         if self.method == "compressed-tensors":
-            ignore = self.config.get("ignore") or []
-            ignored = _listed(module, ignore, "compressed-tensors")
-            group = self._group(module)
-            if ignored and quantised:
-                out.append(("unquantised", f"ignore lists {module}", held))
+            if listed and quantised:
+                out.append(("unquantised", "ignore names its module", held))
             if not quantised:
-                if not ignored and group is not None and linear:
+                if not listed and group is not None and linear:
                     out.append(("quantised", f"{group[0]} targets it ({', '.join(map(str, group[1].get('targets')))})"
-                                f" and ignore does not list it", held))
+                                f" and ignore does not name it", held))
                 return out
             if group is None:
                 return out
@@ -600,56 +635,53 @@ class _Expected:
             elif w.get("type") and w["type"] != layout.type:
                 out.append(("type", f"{w['type']} ({gname}.weights.type)", layout.type))
             strategy = w.get("strategy")
-            size = self.group_for(module)
+            size, block = self.group_size(group), self.block_for(group)
             if strategy in ("group", "tensor_group") and size and layout.groups and \
                     -(-layout.columns // size) != layout.groups:
                 out.append(("group_size", f"{size} ({gname}.weights.group_size)", _groups_held(layout)))
             elif isinstance(strategy, str) and strategy != layout.strategy:
                 out.append(("strategy", f"{strategy} ({gname}.weights.strategy)", f"{layout.strategy}: {held}"))
-            elif strategy == "block" and self.block_for(module) and layout.block != self.block_for(module):
-                out.append(("block", f"{list(self.block_for(module))} ({gname}.weights.block_structure)",
-                            _blocks_held(layout)))
+            elif strategy == "block" and block and layout.block != block:
+                out.append(("block", f"{list(block)} ({gname}.weights.block_structure)", _blocks_held(layout)))
             return out
         if self.method in ("gptq", "awq"):
             if quantised and layout.method in ("gptq", "awq"):
                 bits = self.config.get("bits", self.config.get("w_bit"))
                 if isinstance(bits, int) and bits != layout.bits:
                     out.append(("bits", f"int{bits} (bits)", f"int{layout.bits}"))
-                size = self.group_for(module)
+                size = self.group_size(None)
                 if size and layout.groups and -(-layout.columns // size) != layout.groups:
                     out.append(("group_size", f"{size} (group_size)", _groups_held(layout)))
             elif quantised:
                 out.append(("method", f"{self.method}", held))
             return out
         if self.method == "fp8":
-            skip = self.config.get("modules_to_not_convert") or []
+            block = self.block_for(None)
             if quantised and layout.method not in ("fp8", "compressed-tensors"):
                 out.append(("method", "fp8", held))
-            elif quantised and _listed(module, skip, "glob"):
-                out.append(("unquantised", f"modules_to_not_convert lists {module}", held))
-            elif quantised and self.block_for(module) and layout.block != self.block_for(module):
-                out.append(("block", f"{list(self.block_for(module))} (weight_block_size)", _blocks_held(layout)))
-            elif not quantised and linear and role != "head.lm" and not _listed(module, skip, "glob"):
+            elif quantised and listed:
+                out.append(("unquantised", "modules_to_not_convert names its module", held))
+            elif quantised and block and layout.block != block:
+                out.append(("block", f"{list(block)} (weight_block_size)", _blocks_held(layout)))
+            elif not quantised and linear and role != "head.lm" and not listed:
                 out.append(("quantised", "fp8 for every linear layer not in modules_to_not_convert", held))
             return out
         if self.method == "mxfp4":
-            skip = self.config.get("modules_to_not_convert") or []
             if quantised and layout.method != "mxfp4":
                 out.append(("method", "mxfp4", held))
-            elif quantised and _listed(module, skip, "glob"):
-                out.append(("unquantised", f"modules_to_not_convert lists {module}", held))
+            elif quantised and listed:
+                out.append(("unquantised", "modules_to_not_convert names its module", held))
             elif not quantised and role == "moe.experts" and len(weight.shape) == 3:
                 out.append(("quantised", "mxfp4 for the experts' gate_up_proj and down_proj", held))
             return out
         if self.method.startswith("bitsandbytes"):
             want = "bitsandbytes 8-bit" if self.method.endswith("8bit") else "bitsandbytes 4-bit"
             flag = "load_in_8bit" if self.method.endswith("8bit") else "load_in_4bit"
-            skip = self.config.get("llm_int8_skip_modules") or []
             if quantised and layout.format != want:
                 out.append(("method", f"{want} ({flag})", held))
-            elif quantised and _listed(module, skip, "bitsandbytes"):
-                out.append(("unquantised", f"llm_int8_skip_modules lists {module}", held))
-            elif not quantised and linear and role != "head.lm" and not _listed(module, skip, "bitsandbytes"):
+            elif quantised and listed:
+                out.append(("unquantised", "llm_int8_skip_modules names its module", held))
+            elif not quantised and linear and role != "head.lm" and not listed:
                 # transformers keeps the output head in full precision whatever the list says
                 out.append(("quantised", f"{want} ({flag}) for every linear layer but the head", held))
             return out
