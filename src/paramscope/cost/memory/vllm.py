@@ -269,7 +269,7 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
     notes.extend(_weight_notes(text, compute_dtype))
 
     def reserve_at(t: int) -> tuple[Estimate, Estimate]:
-        return _activation(text, report, compute_dtype, batched, seqs, t), Estimate(
+        return _activation(text, compute_dtype, batched, seqs, t), Estimate(
             NON_TORCH_ALLOWANCE, f"{NON_TORCH_ALLOWANCE:,} B (an allowance)",
             "vLLM measures the growth of memory outside torch's allocator from its first snapshot (after NCCL's "
             "initialisation) to the profile run's end: kernels' modules, library handles "
@@ -559,7 +559,7 @@ def _largest_length(fits: Any, limit: int) -> int:
     return low
 
 
-def _activation(text: Any, report: Any, compute_dtype: str, batched: int, seqs: int, tp: int) -> Estimate:
+def _activation(text: Any, compute_dtype: str, batched: int, seqs: int, tp: int) -> Estimate:
     """The profile run's torch peak beyond the weights, estimated: the larger of one decoder layer's live tensors at
     max_num_batched_tokens tokens (vLLM's fused kernels: the residual and the normed input, then the MLP's gate_up
     and activation outputs, or the attention's qkv and output, or the fused MoE's per-expert caches) and the
