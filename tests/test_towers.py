@@ -28,11 +28,19 @@ def _vision(config: dict, **changes) -> dict:
     return config
 
 
+def _small_llava(vision_layers: int) -> dict:
+    """LLaVA's CLIP-L/14 at 336 px cut to `vision_layers`, beside a small 2-layer language model."""
+    config = _vision(json.loads((FAMILIES / "defaults--llava.json").read_text()), num_hidden_layers=vision_layers)
+    config["text_config"] |= {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512,
+                              "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1024,
+                              "max_position_embeddings": 2048}
+    return config
+
+
 def test_llava_tower_and_projector_equal_the_arithmetic_cls_dropped():
     """CLIP at 336 px, patches of 14: 576 patches + CLS through 2 layers; the projector reads the 576 patches
     (vision_feature_select_strategy "default" drops CLS) and hands the language model 576 tokens an image."""
-    config = _vision(json.loads((FAMILIES / "defaults--llava.json").read_text()), num_hidden_layers=2)
-    config["text_config"] |= {"num_hidden_layers": 1}
+    config = _small_llava(2)
     _, module = inspect_with_module(config)
     vision, text = config["vision_config"], config["text_config"]
     h, inner, text_h = vision["hidden_size"], vision["intermediate_size"], text["hidden_size"]
@@ -45,7 +53,7 @@ def test_llava_tower_and_projector_equal_the_arithmetic_cls_dropped():
         ("vision tower", "vision_tower", "CLIPVisionModel", tower),
         ("projector", "multi_modal_projector", "LlavaMultiModalProjector", projector)]
     assert (media.tokens, media.per_sequence) == (2 * 576, 2)
-    assert (tower, projector) == (194_774_089_728, 144_955_146_240)
+    assert (tower, projector) == (194_774_089_728, 2_264_924_160)
 
 
 def test_gemma3_tower_pools_to_mm_tokens_per_image():
@@ -109,19 +117,20 @@ def test_whisper_encoder_on_30_seconds_equals_the_arithmetic():
 
 
 def test_the_language_model_runs_over_text_and_image_tokens(cache):
-    """The step's forward is the language model's analytic count at text + image tokens (checked against
-    FlopCounterMode on a cut, as any), plus the tower's lines; training adds their backward (2 × their matmuls)."""
+    """The step is the language model's count at text + image tokens plus the towers' lines; with --trace the
+    analytic count (tower lines included) equals FlopCounterMode's on the language model at 64 + 576 tokens plus
+    the same lines, forward and backward. Training adds the towers' backward."""
     from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
 
-    config = _vision(json.loads((FAMILIES / "defaults--llava.json").read_text()), num_hidden_layers=2)
-    config["text_config"] |= {"num_hidden_layers": 2}
-    with_image = estimate_flops(config, FlopOptions(seq=64, training=True, media=MediaInput(images=1)))
-    text_only = estimate_flops(config, FlopOptions(seq=64 + 576, training=True))
+    config = _small_llava(2)
+    with_image = estimate_flops(config, FlopOptions(seq=64, training=True, trace=True, media=MediaInput(images=1)))
     media = with_image.media
-    assert with_image.seq == 640 and with_image.engine == "analytic" and with_image.check.status == "equal"
-    assert with_image.forward == text_only.forward + media.forward
+    assert with_image.seq == 640 and with_image.engine == "traced"
+    assert "check: the analytic count equals FlopCounterMode's on fake tensors, term for term" in with_image.notes
+    lm = {role: flops for role, flops in with_image.by_role.items() if not role.startswith("vision.")}
+    assert with_image.forward == sum(lm.values()) + media.forward
     assert with_image.by_role["vision.tower"] == media.lines[0].forward
-    assert with_image.backward == text_only.backward + media.backward
+    assert with_image.backward == 2 * sum(lm.values()) + media.backward  # the language model's: 2 × its forward
     # the projector reads hidden states -2: the last layer runs forward, but no gradient reaches it; the first layer
     # takes 2 × its forward (eager attention), the patch convolution its weight's gradient only (pixels need none)
     vision = config["vision_config"]
@@ -150,3 +159,27 @@ def test_the_cli_takes_the_flags_and_writes_json(cache, capsys):
         assert words in capsys.readouterr().err
     assert main(["flops", "gpt2", "--images", "1"]) == 2
     assert "image and audio inputs are counted for Gemma-3, LLaVA, Qwen2.5-VL and Whisper" in capsys.readouterr().err
+
+
+def test_the_tower_trace_is_kept_and_read_back_without_a_build(cache, monkeypatch):
+    """The second ask of the same config and input reads the kept trace (and the language model's cost facts):
+    no build, no trace; a tampered entry is never read."""
+    from paramscope.cost import towers
+    from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
+
+    config = json.loads((FAMILIES / "openai--whisper-small.json").read_text()) | {
+        "encoder_layers": 1, "decoder_layers": 1, "num_hidden_layers": 1}
+    first = estimate_flops(config, FlopOptions(seq=16, media=MediaInput(audio_seconds=10)))
+    [entry] = cache.rglob("*.towers.json")
+
+    def no_trace(*args, **kwargs):
+        raise AssertionError("traced again")
+
+    monkeypatch.setattr(towers, "media_flops", no_trace)
+    again = estimate_flops(config, FlopOptions(seq=16, media=MediaInput(audio_seconds=10)))
+    assert (again.forward, again.by_role) == (first.forward, first.by_role)
+    assert again.notes[-1] == "the tower's count is kept from an earlier FlopCounterMode trace of this config and input"
+    data = json.loads(entry.read_text())
+    for broken in ({"lines": [["vision tower", "x", "X", -1, None]]}, {"kind": "smell"}, {"notes": ["\x1b[2J"]}):
+        entry.write_text(json.dumps(data | {"media": data["media"] | broken}))
+        assert towers.find_media("WhisperForConditionalGeneration", data["key"]) is None

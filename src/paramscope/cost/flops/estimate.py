@@ -175,7 +175,7 @@ def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: boo
     checked = CheckFor("flops", key, use_cache and not options.trace, check_flops)
     generation_checked = CheckFor("generation", key, use_cache and not options.trace, check_generation)
 
-    media_of = _media_once(options)
+    media_of = _media_once(options, key, use_cache and not options.trace)
 
     def answer(report: Any, view: Any) -> FlopEstimate | None:
         media = media_of(report, view)
@@ -200,25 +200,35 @@ def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: boo
                                       _active_parameters(report, text_config(view.config))), view
 
 
-def _media_once(options: FlopOptions) -> Any:
-    """(report, view) → the towers' MediaFlops for --image-tokens/--images/--audio-seconds, traced once on the built
-    module (FactsGap from facts: the build answers); None for a text input."""
-    made: dict[int, Any] = {}
+def _media_once(options: FlopOptions, key: str, use_cache: bool) -> Any:
+    """(report, view) → the towers' MediaFlops for --image-tokens/--images/--audio-seconds: kept from an earlier
+    trace of this config and input (`use_cache`), else traced once on the built module and kept (FactsGap from facts:
+    the build answers); None for a text input."""
+    made: dict[str, Any] = {}
 
     def media_of(report: Any, view: Any) -> Any:
         if options.media is None or not options.media.given:
             return None
+        from .. import towers
+
+        seq, _ = _length(report, text_config(view.config), options)
+        trace_key = towers.media_key(key, options.media, batch=options.batch, seq=seq, training=options.training)
+        if trace_key in made:
+            return made[trace_key]
+        kept = towers.find_media(view.class_name, trace_key) if use_cache else None
+        if kept is not None:
+            made[trace_key] = dataclasses.replace(kept, notes=kept.notes + (
+                "the tower's count is kept from an earlier FlopCounterMode trace of this config and input",))
+            return made[trace_key]
         if view.module is None:
             from ..model_view import FactsGap
 
-            raise FactsGap("an image or audio input traces the tower on the built module")
-        if id(view.module) not in made:
-            from ..towers import media_flops
-
-            seq, _ = _length(report, text_config(view.config), options)
-            made[id(view.module)] = media_flops(view.module, options.media, batch=options.batch, seq=seq,
-                                                training=options.training)
-        return made[id(view.module)]
+            raise FactsGap("an image or audio input traces the tower once on the built module")
+        made[trace_key] = towers.media_flops(view.module, options.media, batch=options.batch, seq=seq,
+                                             training=options.training)
+        if use_cache:
+            towers.keep_media(made[trace_key], view.class_name, trace_key)
+        return made[trace_key]
 
     return media_of
 
