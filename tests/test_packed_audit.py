@@ -289,8 +289,10 @@ def test_packed_weights_without_a_quantization_config(tmp_path: Path, capsys) ->
     out = capsys.readouterr().out
     assert "Quantised storage by role (parameters unpacked; bytes as stored)" in out
     assert "no quantization_config" in out
-    assert ("mismatch  method: quantization_config says nothing (the config has no quantization_config); the headers "
-            "hold int4 group 128 (pack-quantized)") in out
+    assert ("  mismatch   method: quantization_config says nothing (the config has no quantization_config); the "
+            "headers hold int4 group 128 (pack-quantized)") in out
+    assert ("  stored as  int4 group 128 (pack-quantized): 7 weights (mlp.down, mlp.gate, mlp.up, attention.output, "
+            "attention.query, attention.key, attention.value)") in out
     assert "headers, and the 7 weight_shape records of compressed-tensors" in out
 
 

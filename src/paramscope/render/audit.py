@@ -248,20 +248,22 @@ def _quantisation(result) -> list:
     table.add_column("zeros", justify="right")
     table.add_column("index", justify="right")
     table.add_column("bits/param", justify="right")
-    table.add_column("stored as", overflow="fold", ratio=1)
     for r in packed.roles:
         table.add_row(r.role, exact(r.tensors), exact(r.parameters), exact(r.stored_bytes), exact(r.scale_bytes),
-                      exact(r.zero_bytes), exact(r.index_bytes), _bits(r.bits_per_parameter),
-                      Text("; ".join(r.schemes)))
+                      exact(r.zero_bytes), exact(r.index_bytes), _bits(r.bits_per_parameter))
     table.add_section()
     stored, over, params = packed.stored_bytes, packed.overhead_bytes, packed.parameters
     table.add_row("total", exact(sum(r.tensors for r in packed.roles)), exact(params), exact(stored),
                   exact(sum(r.scale_bytes for r in packed.roles)), exact(sum(r.zero_bytes for r in packed.roles)),
                   exact(sum(r.index_bytes for r in packed.roles)),
-                  _bits((stored + over) * 8 / params if params else None), "", style="bold")
+                  _bits((stored + over) * 8 / params if params else None), style="bold")
     grid = Table.grid(padding=(0, 2))
     grid.add_column(no_wrap=True)
     grid.add_column(overflow="fold")
+    for i, (scheme, weights) in enumerate(packed.schemes.items()):
+        held = ", ".join(r.role for r in packed.roles if scheme in r.schemes)
+        grid.add_row("  stored as" if i == 0 else "", Text(f"{scheme}: {exact(weights)} weight"
+                                                           f"{'s' if weights != 1 else ''} ({held})"))
     grid.add_row("  config", Text(f"quantization_config: {packed.declared}" if packed.declared else
                                   "no quantization_config"))
     if not packed.mismatches:
