@@ -1,7 +1,8 @@
 """The memory --training page under a multi-GPU layout (issue 28 §7): the layout among the settings, one device's peak
 by part beside the one-device step's, each pipeline stage's peak by part (the worst marked) and the bubble, the rules
 and stages tables, the fits table said to be per device. The page's data equals the JSON's to the byte; in Chromium
-each bar is drawn to scale and labelled.
+each bar is drawn to scale and labelled. Serving across GPUs (memory --tp T --pp P) draws the same bars by serving's
+parts: weights, buffers, KV cache and prefill workspace per GPU and per stage.
 
 Browser tests drive the system's Chromium through playwright, as tests/test_html.py does (they skip without one,
 unless PARAMSCOPE_REQUIRE_BROWSER=1).
@@ -14,9 +15,12 @@ import re
 
 import pytest
 
+from paramscope.cost.memory.serving import MemoryOptions
+from paramscope.cost.memory.serving_answer import estimate_memory
 from paramscope.cost.memory.training import TrainingOptions, estimate_training
 from paramscope.cost.parallel.layout import layout_for
 from paramscope.render.html.cost import device_parts, render_memory_html, stage_parts
+from paramscope.render.html.gpus import gpu_parts, one_gpu_parts
 from paramscope.render.memory import memory_to_dict
 from test_html import _Page, _screenshot, browser  # noqa: F401  (browser: the module's Chromium, one launch)
 
@@ -45,6 +49,14 @@ def _estimate(key: str):
                                                             derive_layout=False))
         _CACHE[key] = estimate, memory_to_dict(estimate)
     return _CACHE[key]
+
+
+def _serving():
+    """llama-3-8b served at 8,192 tokens on tp 2 × pp 2 (4 GPUs), with --gpu rtx-4090 (the smallest tp)."""
+    if "serving" not in _CACHE:
+        estimate = estimate_memory("llama-3-8b", MemoryOptions(tp=2, pp=2, gpu="rtx-4090"))
+        _CACHE["serving"] = estimate, memory_to_dict(estimate)
+    return _CACHE["serving"]
 
 
 def _table(page: str, table_id: str) -> str:
@@ -151,6 +163,45 @@ def test_without_a_layout_the_page_is_unchanged():
     assert "bars-device" not in page and "fits-caption" not in page and "layout" not in _settings_of(page)
 
 
+def test_serving_per_gpu_parts_and_page():
+    """Each GPU's stack is its weights, buffers, KV cache and prefill workspace, adding up to its peak exactly; the
+    model on one GPU is the whole model's parts (the text's "peak on one device"); the page states the layout, draws
+    no phase bar (its one bar, the whole model against a GPU's peak, is the per-GPU figure's first), and its tables
+    are the JSON's."""
+    from paramscope.render.memory import sum_one_device
+
+    estimate, memory = _serving()
+    layout = memory["layout"]
+    assert [(n, v) for n, v, _ in gpu_parts(memory, layout["device"])] == [
+        ("weights", 4_015_267_840), ("buffers", 512), ("KV cache", 268_435_456), ("prefill workspace", 625_016_832)]
+    assert layout["device"]["peak"] == 4_908_720_640 == memory["peak"]["bytes"] and layout["device"]["stage"] == 1
+    assert [sum(v for _, v, _ in gpu_parts(memory, s)) for s in layout["stages"]] == [4_908_712_448, 4_908_720_640]
+    assert sum(v for _, v, _ in one_gpu_parts(memory)) == sum_one_device(estimate) == 18_111_603_200
+    page = render_memory_html(estimate.report, estimate)
+    settings = _settings_of(page)
+    assert settings["layout"] == "tp 2 × pp 2 = 4 GPUs"
+    assert settings["tensor parallel"] == ("tp 2: heads and widths cut 2 ways; KV cache: 8 K and V heads / tp 2 = 4 "
+                                           "a rank")
+    assert settings["pipeline parallel"] == "pp 2 stages: 32 layers, 16 a stage"
+    assert 'id="bars-phases"' not in page and 'id="bars-gpu"' in page and 'id="bars-stages"' in page
+    totals = html.unescape(_table(page, "memory"))
+    assert "peak, the model on one GPU (the sum above)" in totals and 'data-value="18111603200"' in totals
+    assert "peak per GPU + reserve" in totals and "peak per GPU 4.57 GiB in prefill" in html.unescape(page)
+    gpu = _table(page, "gpu")
+    assert [int(v) for v in re.findall(r'data-value="(\d+)"', gpu)] == [
+        4_015_267_840, 512, 268_435_456, 625_016_832, 4_908_720_640]
+    stages = re.findall(r'<tr data-stage="(\d+)"( class="worst"[^>]*)?>(.*?)</tr>', _table(page, "stages"))
+    assert [bool(w) for _, w, _ in stages] == [False, True]
+    for (_, _, row), stage in zip(stages, layout["stages"]):
+        assert [int(v) for v in re.findall(r'data-value="(\d+)"', row)] == [
+            stage["weights"]["bytes"], stage["kv_cache"]["bytes"], stage["workspace"]["bytes"], stage["peak"]]
+    rules = dict(re.findall(r'<tr data-role="[^"]*"><th>(.*?)</th><td>(.*?)</td></tr>', _table(page, "rules")))
+    assert {k: html.unescape(v) for k, v in rules.items()} == layout["rules"]
+    caption = html.unescape(re.search(r'<caption class="dim" id="fits-caption">(.*?)</caption>', page).group(1))
+    assert caption.startswith("Per GPU (tp 2 × pp 2 = 4 GPUs): each row compares one GPU's peak, 4.57 GiB")
+    assert "Smallest tensor-parallel degree that fits RTX 4090" in html.unescape(page)
+
+
 # --- in Chromium --------------------------------------------------------------------------------------------------
 
 _STACKS = """([id, axis]) => { const d = document.getElementById(id).data, sums = {};
@@ -249,4 +300,35 @@ def test_fsdp_buffers_are_drawn_as_their_own_parts(browser, tmp_path):
     # each stage's figure holds its own FSDP2 buffers: the worst stage's is the device's
     assert max(s["peak"] for s in device["stages"]) == device["peak"]["bytes"]
     assert "leaves out the communication buffers" not in page.page.inner_text("details.section:nth-of-type(4)")
+    page.page.close()
+
+
+def test_serving_gpu_and_stage_bars_in_chromium(browser, tmp_path):
+    """Serving on tp 2 × pp 2: one page load. The GPU's stacked parts add up to its peak and the one-GPU bar to the
+    whole model's parts, on one axis (the GPU's bar ∝ its share, to a pixel), and at its own scale; each stage's
+    bar to its peak; every bar labelled."""
+    estimate, memory = _serving()
+    path = tmp_path / "serving.html"
+    path.write_text(render_memory_html(estimate.report, estimate), "utf-8")
+    page = _Page(browser, path)
+    assert page.errors == [] and page.requests == [page.url]
+    device, one = memory["layout"]["device"], sum(v for _, v, _ in one_gpu_parts(memory))
+    assert sorted(page.page.evaluate(_STACKS, ["bars-gpu", "x"]).values()) == [device["peak"], one]
+    assert list(page.page.evaluate(_STACKS, ["bars-gpu", "x2"]).values()) == [device["peak"]]
+    parts = page.page.evaluate("""() => Object.fromEntries(document.getElementById('bars-gpu').data
+        .filter(t => t.xaxis === 'x2').map(t => [t.name, t.x[0]]))""")
+    assert parts == {name: value for name, value, _ in gpu_parts(memory, device)}
+    extents = page.page.evaluate(_EXTENTS, ["bars-gpu", True])
+    assert sorted(extents) == ["x2|0", "x|0", "x|1"] and all(e["hi"] - e["lo"] >= 20 for e in extents.values())
+    lengths = sorted(e["hi"] - e["lo"] for k, e in extents.items() if k.startswith("x|"))
+    assert lengths[0] / lengths[1] == pytest.approx(device["peak"] / one, abs=1.5 / lengths[1])
+    texts = [t for t, *_ in page.page.evaluate(_LABELS, "bars-gpu")]
+    assert "16.87 GiB: the model on one GPU" in texts and "4.57 GiB per GPU: 27.1% of one GPU's" in texts
+    assert list(page.page.evaluate(_STACKS, ["bars-stages", "x"]).values()) == [
+        s["peak"] for s in memory["layout"]["stages"]]
+    drawn = page.page.evaluate(_EXTENTS, ["bars-stages", False])
+    assert len(drawn) == 2 and all(e["hi"] - e["lo"] >= 100 for e in drawn.values())
+    labels = [t for t, *_ in page.page.evaluate(_LABELS, "bars-stages")]
+    assert labels.count("worst: 4.57 GiB") == 1 and "stage 1layers 16–31 + head" in labels
+    _screenshot(page.page, "#bars-gpu", tmp_path / "serving-gpu.png")
     page.page.close()

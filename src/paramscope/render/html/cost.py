@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 from ...explain import exact, human
 from ..memory import binary as bytes_text
 from ..treemap import TRAINABLE, active_share, module_treemap
+from .gpus import serving_layout, serving_layout_rows, serving_sections
+from .layout_parts import PART_COLORS, rules_table, stage_bars, stages_table, versus_bars
 from .page import (FONT, GROUP_COLORS, LEGEND_ABOVE, Section, color_key, escape, figure, html_page, notes_section,
                    small_multiple, subtitle, totals_table, treemap_figure)
 
@@ -36,11 +38,13 @@ def render_memory_html(report: Report | None, estimate, *, fragment: bool = Fals
                                                                                       "bars-stages")
                                     + _stages_table(memory)))
         sections.append(Section("How each role is cut", _rules_table(layout["device"])))
-    sections += [
-        Section("By phase" + (", one device (no layout)" if layout is not None else ""),
-                figure(_phase_bars(memory), "bars-phases")),
-        Section("Fits on", _fits_table(memory)),
-    ]
+    gpus = serving_layout(memory)
+    if gpus is not None:  # its one phase's bar is the per-GPU figure's first: the model on one GPU
+        sections += serving_sections(memory)
+    else:
+        sections.append(Section("By phase" + (", one device (no layout)" if layout is not None else ""),
+                                figure(_phase_bars(memory), "bars-phases")))
+    sections.append(Section("Fits on", _fits_table(memory)))
     if report is not None:
         treemap = module_treemap(report, active_share(report))
         sections.append(Section("Parameters by module", figure(treemap_figure(treemap), "treemap-module"),
@@ -56,7 +60,7 @@ def render_memory_html(report: Report | None, estimate, *, fragment: bool = Fals
              else f"{memory['weights']['format']} weights")  # the rest in the settings table
     if layout is not None:
         asked += f" · {layout['words']}"
-    per = " per device" if layout is not None or memory.get("per_device") else ""
+    per = " per device" if layout is not None or memory.get("per_device") else " per GPU" if gpus is not None else ""
     peak = (f"{memory['engine']} engine · {asked} · batch {settings['batch']:,} × {settings['seq']:,} tokens · "
             f"peak{per} {bytes_text(memory['peak']['bytes'])} in {memory['peak']['phase']}")
     return html_page(_titled(report, f"memory to {verb}"), _subtitled(report, peak), sections, fragment)
@@ -70,6 +74,9 @@ def _settings_table(memory: dict) -> str:
     if training_layout(memory) is not None:  # the layout's rows in place of --devices/--zero's, which it replaces
         at = next((i for i, (name, _) in enumerate(rows) if name == "devices"), len(rows))
         rows = rows[:at] + layout_rows(memory) + [row for row in rows[at:] if row[0] != "devices"]
+    elif serving_layout(memory) is not None:  # before the reserve, which each GPU sets aside
+        at = next((i for i, (name, _) in enumerate(rows) if name == "reserve"), len(rows))
+        rows = rows[:at] + serving_layout_rows(memory) + rows[at:]
     body = "".join(f"<tr><th>{escape(name)}</th><td>{escape(value)}</td></tr>" for name, value in rows)
     return f'<table class="totals" id="settings">{body}</table>'
 
@@ -236,12 +243,6 @@ _PHASE_PARTS = (("weights", "weights"), ("buffers", "buffers"), ("optimizer", "o
                 ("master_weights", "master weights"), ("kv_cache", "KV cache"))
 
 
-_PART_COLORS = {"weights": "#4e79a7", "buffers": "#bab0ac", "optimizer state": "#f28e2b",
-                "master weights": "#edc948", "KV cache": "#b07aa1", "gradients": "#e15759",
-                "activations and temporaries": "#59a14f", "activations": "#59a14f",
-                "activations and workspace": "#59a14f"}
-
-
 def _held(memory: dict, key: str) -> int:
     part = memory.get(key)
     return int(part["bytes"]) if isinstance(part, dict) and part.get("bytes") else 0
@@ -278,7 +279,7 @@ def _phase_bars(memory: dict) -> dict:
 
 
 def _bar(label: str, names: list[str], values: list[int], notes: list[str]) -> dict:
-    return {"type": "bar", "name": label, "x": names, "y": values, "marker": {"color": _PART_COLORS.get(label)},
+    return {"type": "bar", "name": label, "x": names, "y": values, "marker": {"color": PART_COLORS.get(label)},
             "customdata": [f"{exact(v)} B ({bytes_text(v)})" + (f"<br>{escape(n)}" if n else "") for v, n in
                            zip(values, notes)],
             "hovertemplate": f"<b>{escape(label)}</b><br>%{{customdata}}<extra>%{{x}}</extra>"}
@@ -291,8 +292,6 @@ _STATE_PARTS = (("weights", "weights"), ("optimizer", "optimizer state"), ("mast
                 ("buffers", "buffers"))
 _SAVED = "activations saved"
 _REST = "the rest of the moment"
-_PART_COLORS.update({_SAVED: "#59a14f", _REST: "#8cd17d", "gradients and the rest of the moment": "#ff9d9a"})
-_COMM_COLORS = ("#76b7b2", "#9c755f", "#d37295", "#a0cbe8", "#499894")
 
 
 def _peak_parts(peak: int, resident: list[tuple[str, int, str]], gradients: int, comm: list[tuple[str, int, str]],
@@ -371,109 +370,23 @@ def stage_parts(memory: dict, stage: dict) -> list[tuple[str, int, str]]:
                        grads_known=known)
 
 
-def _wrapped(text: str, width: int = 110) -> str:
-    """Hover text: escaped, broken into lines of about `width` characters."""
-    import textwrap
-
-    return "<br>".join(escape(line) for line in textwrap.wrap(text, width)) if text else ""
-
-
-def _part_traces(names: list[str], stacks: list[list[tuple[str, int, str]]], orientation: str) -> list[dict]:
-    """One stacked trace per part over the bars (a part a bar lacks is 0 there); hover: exact bytes, arithmetic."""
-    order: list[str] = []
-    for parts in sorted(stacks, key=len, reverse=True):  # the fullest stack's order (every stack's is the same)
-        for label, _, _ in parts:
-            if label not in order:
-                order.append(label)
-    comm = iter(_COMM_COLORS)
-    traces = []
-    for label in order:
-        found = [next(((v, h) for name, v, h in parts if name == label), (0, "")) for parts in stacks]
-        if not any(v for v, _ in found):
-            continue
-        values = [v for v, _ in found]
-        color = _PART_COLORS.get(label) or next(comm, "#79706e")
-        axis = {"y": names, "x": values} if orientation == "h" else {"x": names, "y": values}
-        traces.append({"type": "bar", "orientation": orientation, "name": label, **axis,
-                       "marker": {"color": color, "line": {"width": 0}},
-                       "customdata": [f"{exact(v)} B ({bytes_text(v)})" + (f"<br>{_wrapped(h)}" if h and v else "")
-                                      for v, h in found],
-                       "hovertemplate": f"<b>{escape(label)}</b><br>%{{customdata}}<extra>%{{"
-                                        f"{'y' if orientation == 'h' else 'x'}}}</extra>"})
-    return traces
-
-
-def binary_axis(largest: int, title: str) -> dict:
-    """A bytes axis ticked in binary units (20 GiB, 40 GiB, …), as the figures beside it are written, from 0 to a
-    little past `largest`."""
-    top = max(1, largest) * 1.12
-    for power, unit in enumerate(("B", "KiB", "MiB", "GiB", "TiB")):
-        size = 1024 ** power
-        for nice in (1, 2, 5, 10, 20, 50, 100, 200, 500):
-            if top / (nice * size) <= 6 or (unit == "TiB" and nice == 500):
-                break
-        else:
-            continue
-        break
-    step = nice * size
-    ticks = list(range(0, int(top) + 1, step))
-    return {"title": {"text": title}, "range": [0, top], "tickvals": ticks,
-            "ticktext": ["0" if t == 0 else f"{t // size:,} {unit}" for t in ticks], "automargin": True}
-
-
 def _device_bars(memory: dict) -> dict:
     """One device's peak under the layout by part, beside the one-device step's at one scale (the saving shows);
     below, the device's bar again at its own scale (its parts show)."""
     layout = memory["layout"]
     top, alone = _one_device_parts(memory)
-    device = device_parts(memory)
     peak, one = layout["device"]["peak"], int(top["bytes"])
-    names = [f"one device, no layout ({top['moment']})", f"each of {layout['devices']:,} devices ({peak['moment']})"]
-    own = f"each device, at its own scale ({peak['moment']})"
-    traces = _part_traces(names, [alone, device], "h")
-    for trace in traces:
-        trace["legendgroup"] = trace["name"]
-    for trace in _part_traces([own], [device], "h"):
-        trace.update(xaxis="x2", yaxis="y2", legendgroup=trace["name"], showlegend=False)
-        traces.append(trace)
-    notes = [(names[0], one, f"{bytes_text(one)}: the step on one device", "y"),
-             (names[1], peak["bytes"], f"{bytes_text(peak['bytes'])} per device: "
-                                       f"{peak['bytes'] / one * 100:.1f}% of one device's", "y"),
-             (own, peak["bytes"], bytes_text(peak["bytes"]), "y2")]
-    annotations = [{"x": value, "y": name, "xref": "x" if axis == "y" else "x2", "yref": axis, "text": text,
-                    "showarrow": False, "xanchor": "left", "xshift": 6, "font": FONT}
-                   for name, value, text, axis in notes]
-    layout_spec = {"barmode": "stack", "height": 420, "margin": {"t": 60, "l": 10, "r": 10, "b": 50},
-                   "xaxis": {**binary_axis(max(one, peak["bytes"]) * 1.25, ""), "anchor": "y"},
-                   "yaxis": {"automargin": True, "autorange": "reversed", "domain": [0.42, 1]},
-                   "xaxis2": {**binary_axis(peak["bytes"] * 1.1, "bytes at the step's largest moment"),
-                              "anchor": "y2"},
-                   "yaxis2": {"automargin": True, "domain": [0, 0.2]}, "bargap": 0.3,
-                   "annotations": annotations, "font": FONT, "legend": {**LEGEND_ABOVE, "traceorder": "normal"}}
-    return {"data": traces, "layout": layout_spec}
-
-
-def _stage_label(stage: dict) -> str:
-    layers = f"layers {stage['layers'][0]}–{stage['layers'][1]}" if stage["layers"] else "no layers"
-    extra = " + embeddings" if stage["first"] else ""
-    extra += " + head" if stage["last"] else ""
-    return f"stage {stage['stage']}<br>{layers}{extra}"
+    return versus_bars(
+        (f"one device, no layout ({top['moment']})", alone, f"{bytes_text(one)}: the step on one device"),
+        (f"each of {layout['devices']:,} devices ({peak['moment']})", device_parts(memory),
+         f"{bytes_text(peak['bytes'])} per device: {peak['bytes'] / one * 100:.1f}% of one device's"),
+        f"each device, at its own scale ({peak['moment']})", "bytes at the step's largest moment")
 
 
 def _stage_bars(memory: dict) -> dict:
     """Each pipeline stage's peak by part; the worst stage marked."""
     stages = memory["layout"]["device"]["stages"]
-    names = [_stage_label(s) for s in stages]
-    traces = _part_traces(names, [stage_parts(memory, s) for s in stages], "v")
-    worst = max(stages, key=lambda s: s["peak"])
-    annotations = [{"x": name, "y": s["peak"], "yanchor": "bottom", "showarrow": False, "yshift": 2,
-                    "text": (f"<b>worst: {bytes_text(s['peak'])}</b>" if s is worst else bytes_text(s["peak"])),
-                    "font": FONT} for name, s in zip(names, stages)]
-    layout_spec = {"barmode": "stack", "height": 420, "margin": {"t": 60, "l": 10, "r": 10, "b": 60},
-                   "yaxis": binary_axis(worst["peak"], "bytes at the stage's largest moment"),
-                   "xaxis": {"automargin": True}, "annotations": annotations, "font": FONT,
-                   "legend": {**LEGEND_ABOVE, "traceorder": "normal"}}
-    return {"data": traces, "layout": layout_spec}
+    return stage_bars(stages, [stage_parts(memory, s) for s in stages], "bytes at the stage's largest moment")
 
 
 def _stages_words(layout: dict) -> str:
@@ -488,25 +401,16 @@ def _stages_table(memory: dict) -> str:
     device = memory["layout"]["device"]
     stages = device["stages"]
     worst = max(stages, key=lambda s: s["peak"])
-    columns = ("weights", "gradients", "optimizer", "master_weights", "activations", "peak")
-    head = ("<tr><th>stage</th><th>layers</th><th>count</th><th>in flight</th>"
-            + "".join(f"<th>{c.replace('_', ' ')}</th>" for c in columns) + "<th>peak in</th></tr>")
-    body = ""
-    for s in stages:
-        layers = _stage_label(s).split("<br>")[1]
-        cells = "".join(f'<td class="num" data-value="{s[c]}" title="{exact(s[c])} B">{bytes_text(s[c])}</td>'
-                        for c in columns)
-        mark = ' class="worst" style="font-weight:600"' if s is worst else ""
-        body += (f'<tr data-stage="{s["stage"]}"{mark}><td class="num">{s["stage"]}</td><td>{escape(layers)}</td>'
-                 f'<td class="num">{s["layer_count"]}</td><td class="num">{s["in_flight"]}</td>{cells}'
-                 f'<td>{escape(s["peak_phase"])}</td></tr>')
     note = ""
     if worst["peak"] != device["peak"]["bytes"]:
         note = (f'<p class="dim">The worst stage\'s figure, {exact(worst["peak"])} B, leaves out the communication '
                 f"buffers the device's figure, {exact(device['peak']['bytes'])} B, adds at its peak moment.</p>")
-    return (f'<div class="scroll"><table class="compare" id="stages"><caption class="dim">Each stage\'s device '
-            "(rank 0 of its tensor and data-parallel groups); the worst in bold. Exact bytes in each cell's "
-            f"tooltip.</caption>{head}{body}</table></div>{note}")
+    columns = tuple((c.replace("_", " "), c) for c in ("weights", "gradients", "optimizer", "master_weights",
+                                                         "activations", "peak"))
+    return stages_table(stages, (("count", "layer_count"), ("in flight", "in_flight")), columns,
+                        (("peak in", "peak_phase"),),
+                        "Each stage's device (rank 0 of its tensor and data-parallel groups); the worst in bold. "
+                        "Exact bytes in each cell's tooltip.") + note
 
 
 def _device_table(memory: dict) -> str:
@@ -531,11 +435,8 @@ def _device_table(memory: dict) -> str:
 
 
 def _rules_table(device: dict) -> str:
-    body = "".join(f'<tr data-role="{escape(role)}"><th>{escape(role)}</th><td>{escape(rule)}</td></tr>'
-                   for role, rule in device["rules"].items())
-    return (f'<table class="totals" id="rules"><caption class="dim">Each role\'s tensor- and expert-parallel cut, '
-            "read from its role (transformers' tp plans agree)</caption><tr><th>role</th><th>rule</th></tr>"
-            f"{body}</table>")
+    return rules_table(device["rules"], "Each role's tensor- and expert-parallel cut, read from its role "
+                                        "(transformers' tp plans agree)")
 
 
 def _memory_totals(memory: dict) -> str:
@@ -546,7 +447,11 @@ def _memory_totals(memory: dict) -> str:
                                                             ("kv_cache", "KV cache"),
                                                             ("activations", "activations"))]
     rows = [(label, value) for label, value in rows if value]
-    if training_layout(memory) is not None or memory.get("per_device"):
+    if serving_layout(memory) is not None:  # the rows above are the whole model's; the peak is one GPU's
+        rows.append(("peak, the model on one GPU (the sum above)", sum(value for _, value in rows)))
+        rows.append(("peak per GPU", int(memory["peak"]["bytes"])))
+        rows.append(("peak per GPU + reserve", int(memory["peak"]["bytes"]) + int(memory.get("reserve") or 0)))
+    elif training_layout(memory) is not None or memory.get("per_device"):
         # the rows above are the step on one device; the peak the fits table and the answer read is one device's
         # share (the text's "peak per device")
         rows.append(("peak, one device alone", max(int(p["bytes"]) for p in memory["phases"])))
@@ -562,7 +467,13 @@ def _memory_totals(memory: dict) -> str:
 
 def _fits_table(memory: dict) -> str:
     caption = ""
-    if training_layout(memory) is not None or memory.get("per_device"):
+    if serving_layout(memory) is not None:
+        settings = memory["settings"]
+        caption = (f'<caption class="dim" id="fits-caption">Per GPU ({escape(memory["layout"]["words"])}): each row '
+                   f"compares one GPU's peak, {bytes_text(memory['peak']['bytes'])}, plus the reserve with the "
+                   f"accelerator's memory; the largest batch (at {settings['seq']:,} tokens) and the largest context "
+                   f"(at a batch of {settings['batch']:,}) are those every GPU of the layout holds.</caption>")
+    elif training_layout(memory) is not None or memory.get("per_device"):
         settings = memory["settings"]
         what = (memory["layout"]["words"] if training_layout(memory) is not None else
                 f"ZeRO-{settings['zero']} over {settings['devices']:,} devices")
