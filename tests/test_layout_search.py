@@ -36,7 +36,7 @@ def test_qwen_layouts_and_fewest_devices(qwen):
     minimum = search.minimum
     assert minimum.devices == 2
     assert (minimum.layout.layout.dp, minimum.layout.layout.pp, minimum.layout.layout.micro_batches) == (1, 2, 8)
-    assert [(t.devices, t.outcome) for t in minimum.tried] == [(1, "none fits"), (2, "fits")]
+    assert [(t.devices, t.outcome) for t in minimum.tried] == [(1, "none fits"), (2, "fits")] and minimum.floor == 1
 
 
 def test_communication_formulas_by_hand(qwen):
@@ -83,13 +83,50 @@ def test_llama_3_70b_on_64_h100():
     assert best.bubble == 1 / 65 and best.seconds == best.flops / 989.4e12 / (1 - 1 / 65)
     assert [(t.kind, t.bytes) for t in best.comm] == [("dp", 92_606_976_000), ("tp", 64_827_162_624),
                                                       ("pp", 134_217_728), ("cp", 14_092_861_440)]
-    minimum = search.minimum
-    assert minimum.devices == 32 and minimum.layout.peak == 73_019_491_180
+    minimum = search.minimum  # every count from the states' floor up: 24 fits, no power of two below 32 does
+    assert (minimum.devices, minimum.floor, minimum.untried) == (24, 14, None)
+    assert minimum.layout.peak == 76_190_551_504
     layout = minimum.layout.layout
-    assert (layout.dp, layout.tp, layout.pp, layout.cp) == (1, 4, 8, 1)
-    assert [(t.devices, t.outcome) for t in minimum.tried] == [
-        (1, "states exceed"), (2, "states exceed"), (4, "states exceed"), (8, "states exceed"), (16, "none fits"),
-        (32, "fits")]
+    assert (layout.dp, layout.tp, layout.pp, layout.cp) == (1, 8, 3, 1)
+    assert [(t.devices, t.outcome, t.layouts) for t in minimum.tried] == [
+        (14, "none fits", 4), (15, "none fits", 1), (16, "none fits", 35), (17, "none fits", 1), (18, "none fits", 4),
+        (19, "none fits", 1), (20, "none fits", 10), (21, "none fits", 1), (22, "none fits", 4), (23, "none fits", 1),
+        (24, "fits", 7)]
+    assert search.evaluated == 84 + 35 + 4 + 34  # N's own; the powers of two 16 and 32; the other counts to 24
+
+
+def test_every_degree_that_divides(capsys):
+    """6 devices: layouts of 3 and 6 (dp, pp; tp 3 and 6 split Llama-3-8B's 32 heads, cp 3 and 6 its 2,048 tokens:
+    named); the fewest devices is 3, not a power of two (1: the model states alone exceed an H100)."""
+    _, search, _ = find_layouts("llama-3-8b", SearchOptions(devices=6, gpu="h100"))
+    assert sorted((c.layout.dp, c.layout.tp, c.layout.pp, c.layout.cp) for c in search.fitting) == [
+        (1, 1, 3, 2), (1, 1, 6, 1), (1, 2, 3, 1), (2, 1, 3, 1), (3, 1, 1, 2), (3, 1, 2, 1), (3, 2, 1, 1), (6, 1, 1, 1)]
+    assert search.best.peak == 51_047_147_668 and search.not_fitting == ()
+    assert sorted((s.dp, s.tp, s.pp, s.cp) for s in search.skipped) == [
+        (1, 1, 1, 6), (1, 1, 2, 3), (1, 2, 1, 3), (1, 6, 1, 1), (2, 1, 1, 3), (2, 3, 1, 1)]
+    assert next(s.reason for s in search.skipped if s.tp == 3) == (
+        "tp 3 would split attention heads: 32 heads are not a multiple of it")
+    minimum = search.minimum
+    assert (minimum.devices, minimum.floor, minimum.layout.peak) == (3, 2, 68_067_410_832)
+    assert (minimum.layout.layout.pp, minimum.layout.layout.micro_batches) == (3, 6)
+    assert [(t.devices, t.outcome, t.layouts) for t in minimum.tried] == [(2, "none fits", 4), (3, "fits", 1)]
+    assert search.evaluated == 8 + 4 + 1 + 1  # N's; 2's four; 4, the power of two that bounds it; 3
+
+
+def test_the_fewest_devices_search_is_bounded(monkeypatch, capsys):
+    """Below the first power of two that fits, the search stops after MIN_BUDGET layouts: the power of two is the
+    answer, the counts left are named (here a budget of none leaves 3)."""
+    from paramscope.cost.parallel import search as module
+
+    monkeypatch.setattr(module, "MIN_BUDGET", 0)
+    assert main(["memory", "llama-3-8b", "--training", "--find-layout", "--gpu", "h100", "--devices", "6",
+                 "--json"]) == 0
+    minimum = json.loads(capsys.readouterr().out)["layout_search"]["minimum"]
+    assert (minimum["devices"], minimum["floor"], minimum["untried"], minimum["budget"]) == (4, 2, [3, 3], 0)
+    assert main(["memory", "llama-3-8b", "--training", "--find-layout", "--gpu", "h100", "--devices", "6"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "fewest devices found to fit: 4 (dp 1 · pp 4" in text and "1: the model states alone" in text
+    assert "2: none of its 4 layouts tried fits; 3 not tried (the search below the first power of two" in text
 
 
 def test_a_class_without_per_device_activations_keeps_data_parallel(capsys):
@@ -115,6 +152,7 @@ def test_json_and_text(capsys):
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "a bound at the GPU's peak, not a prediction" in text and "fewest devices that fit: 2" in text
+    assert "layouts evaluated in" in text and found["search_seconds"] >= 0
     assert "dp 4 · tp 2" in text
 
 

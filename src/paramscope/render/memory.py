@@ -803,21 +803,41 @@ def _comm_table(candidate) -> Table:
 
 def minimum_sentence(search) -> str:
     minimum = search.minimum
-    tried = minimum.tried
-    passed = [t.devices for t in tried if t.outcome == "states exceed"]
     before = ""
-    if passed:
-        before = (f"; {', '.join(str(n) for n in passed)}: the model states alone, spread evenly, exceed the GPU")
-    others = [t for t in tried if t.outcome in ("none fits", "no layout")]
+    if minimum.floor > 1:
+        below = "1" if minimum.floor == 2 else f"1–{minimum.floor - 1:,}"
+        before = f"; {below}: the model states alone, spread evenly, exceed the GPU"
+    others = [t for t in minimum.tried if t.outcome in ("none fits", "no layout")]
     if others:
-        before += "; " + "; ".join(f"{t.devices:,}: {t.words}" for t in others)
+        runs = _runs([t.devices for t in others])
+        before += (f"; {runs}: none of {'its' if len(others) == 1 else 'their'} {sum(t.layouts for t in others):,} "
+                   "layouts tried fits")
+    if minimum.untried is not None:
+        first, last = minimum.untried
+        before += (f"; {first:,}{'' if first == last else f'–{last:,}'} not tried (the search below the first power "
+                   f"of two that fits stops after {minimum.budget:,} layouts)")
+    done = f"; {search.evaluated:,} layouts evaluated in {search.seconds:.1f} s"
     if minimum.devices is None:
-        return (f"fewest devices that fit: none up to {minimum.limit:,} (powers of two tried at the same global batch"
-                f"{before})")
+        return (f"fewest devices that fit: none up to {minimum.limit:,} (counts tried upward from 1 at the same "
+                f"global batch{before}{done})")
     layout = minimum.layout.layout
     shown = "one device" if layout.devices == 1 else _degrees(layout)
-    return (f"fewest devices that fit: {minimum.devices:,} ({shown}, peak {binary(minimum.layout.peak)} a device; "
-            f"powers of two tried from 1 at the same global batch{before})")
+    found = "fewest devices found to fit" if minimum.untried is not None else "fewest devices that fit"
+    return (f"{found}: {minimum.devices:,} ({shown}, peak {binary(minimum.layout.peak)} a device; counts tried "
+            f"upward from 1 at the same global batch{before}{done})")
+
+
+def _runs(counts: list[int]) -> str:
+    """Ascending counts as runs: 14–17, 19, 22–23."""
+    out: list[str] = []
+    start = prev = counts[0]
+    for count in counts[1:] + [0]:
+        if count == prev + 1:
+            prev = count
+            continue
+        out.append(f"{start:,}" if start == prev else f"{start:,}–{prev:,}")
+        start = prev = count
+    return ", ".join(out)
 
 
 def _candidate_to_dict(candidate) -> dict[str, Any]:
@@ -850,9 +870,11 @@ def layout_search_to_dict(search) -> dict[str, Any]:
                     for s in search.skipped],
         "minimum": {"devices": minimum.devices,
                     "layout": _candidate_to_dict(minimum.layout) if minimum.layout is not None else None,
-                    "limit": minimum.limit,
+                    "limit": minimum.limit, "floor": minimum.floor,
+                    "untried": list(minimum.untried) if minimum.untried is not None else None,
+                    "budget": minimum.budget,
                     "tried": [{"devices": t.devices, "outcome": t.outcome, "layouts": t.layouts, "words": t.words}
                               for t in minimum.tried]},
-        "evaluated": search.evaluated,
+        "evaluated": search.evaluated, "search_seconds": round(search.seconds, 3),
         "notes": list(search.notes),
     }

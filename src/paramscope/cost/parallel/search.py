@@ -12,7 +12,9 @@ sorted by a bound on the step's time, with the pipeline bubble and the communica
                kernel runs at its peak, and communication is not in it (it may overlap or not)
     → bytes    each device's communication a step, by kind, each a bound (ring collectives, balanced routing)
     → sorted   by the time bound, then by the bytes, then by the peak
-    and the fewest devices that fit: powers of two from 1, each tried until one of its layouts fits.
+    and the fewest devices that fit: every count from 1 (those whose model states alone exceed the GPU passed
+    over), powers of two first (the first that fits bounds it), then every count below that bound, upward, each
+    tried until one of its layouts fits; at most MIN_BUDGET layouts in that second pass.
 
 What one device sends (and as much it receives) a step, ring algorithms over a group of n ranks, a buffer of X
 bytes: all-gather and reduce-scatter (n − 1)/n · X each, all-reduce 2(n − 1)/n · X; rounded up to a byte:
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import gcd
+from time import perf_counter
 from typing import Any
 
 from ...errors import OptionError, ParamscopeError, UnsupportedError
@@ -55,6 +58,7 @@ from .layout import MAX_DEGREE, ParallelLayout, layout_for, shard_mode, shard_wo
 from .pipeline import bubble, layer_of, layer_stack_of, stages
 
 MIN_BEYOND = 16  # the fewest devices are sought up to 16 × N
+MIN_BUDGET = 128  # layouts the fewest devices' search evaluates below the first power of two that fits, at most
 
 
 @dataclass(frozen=True)
@@ -182,10 +186,13 @@ class DeviceCount:
 
 @dataclass(frozen=True)
 class Minimum:
-    devices: int | None  # the fewest (a power of two) that fit; None: none up to `limit`
+    devices: int | None  # the fewest that fit (every count tried below it, unless `untried`); None: none up to `limit`
     layout: Candidate | None  # the first layout found to fit there (the best there when it is N)
     limit: int  # the largest count tried
-    tried: tuple[DeviceCount, ...]
+    tried: tuple[DeviceCount, ...]  # each count looked at, from `floor` up, ascending
+    floor: int = 1  # below it the model states alone, spread evenly, exceed the GPU (no count there is tried)
+    untried: tuple[int, int] | None = None  # (first, last) counts below `devices` left when the budget ran out
+    budget: int = 0  # the most layouts tried below the first power of two that fits (MIN_BUDGET)
 
 
 @dataclass(frozen=True)
@@ -210,6 +217,7 @@ class LayoutSearch:
     minimum: Minimum
     evaluated: int  # layouts whose memory and FLOPs were computed (here and in the minimum's search)
     notes: tuple[str, ...] = field(default=())
+    seconds: float = 0.0  # the search's wall time (a measurement, not a figure of the model)
 
     @property
     def best(self) -> Candidate | None:
@@ -615,6 +623,7 @@ def search(report: Any, view: Any, options: SearchOptions, flops_check: Any = No
     from ..memory.states import check_optimizer, check_precision, model_states
     from ..memory.training import DEFAULT_TRAINING_SEQ
 
+    began = perf_counter()
     seq, _, notes = step_length(report, text_config(view.config), options.seq, DEFAULT_TRAINING_SEQ)
     state = _Search(report, view, options, seq, flops_check)
     candidates: list[Candidate] = []
@@ -644,47 +653,83 @@ def search(report: Any, view: Any, options: SearchOptions, flops_check: Any = No
                         options.optimizer, options.grad_checkpointing, state.shard,
                         options.schedule or ("interleaved" if options.virtual_stages > 1 else "1f1b"),
                         options.virtual_stages, fitting, not_fitting, tuple(skipped), minimum, state.evaluated,
-                        tuple(notes))
+                        tuple(notes), perf_counter() - began)
 
 
 def _minimum(state: _Search, options: SearchOptions, states_bytes: int, fitting: tuple[Candidate, ...],
              at_n: int) -> Minimum | None:
-    """The fewest devices, powers of two from 1, whose layouts (at the same global batch) fit: each count's layouts
-    tried until one fits; a count whose model states alone, spread evenly over all its devices, exceed the GPU is
-    passed over without a layout tried (no layout can do better than the even spread)."""
+    """The fewest devices whose layouts (at the same global batch) fit, every count from 1 up to `limit`.
+
+    A count whose model states alone, spread evenly over all its devices, exceed the GPU is passed over without a
+    layout tried (no layout can beat the even spread): the counts below `floor`. The others' layouts are tried, most
+    model-parallel first, until one fits. Powers of two first (and N, already answered): the first that fits bounds
+    the answer from above, as cheaply as before; then every count below it, upward from the floor, until one fits.
+    A count that does not fit costs all its layouts, so this second pass stops once it has evaluated MIN_BUDGET
+    layouts: the answer is then the power of two, and the counts left are named."""
     limit = min(MAX_DEGREE, MIN_BEYOND * options.devices)
-    tried: list[DeviceCount] = []
-    count = 1
-    while count <= limit:
+    floor = max(1, -(-states_bytes // state.capacity)) if state.capacity > 0 else limit + 1
+    tried: dict[int, DeviceCount] = {}
+    found: dict[int, Candidate] = {}
+
+    def look(count: int, budget: int | None) -> bool | None:
+        """Try one count; False where the budget ran out inside it, None where the build is needed."""
         if count == options.devices:
             if fitting:
-                tried.append(DeviceCount(count, "fits", at_n, f"{len(fitting)} of its layouts fit"))
-                return Minimum(count, fitting[0], limit, tuple(tried))
-            tried.append(DeviceCount(count, "none fits", at_n, f"none of its {at_n} layouts fits"))
-        elif -(-states_bytes // count) > state.capacity:
-            tried.append(DeviceCount(count, "states exceed", 0, f"the model states, {states_bytes:,} B, over "
-                                     f"{count:,} devices are {-(-states_bytes // count):,} B a device, more than "
-                                     f"the {state.capacity:,} B the GPU leaves"))
-        else:
-            layouts, _ = state.layouts(count)
-            found = None
-            done = 0
-            for layout, replica in _likely_first(layouts):
-                done += 1
-                result = state.evaluate(layout, replica, until_fit=True)
-                if result is None:
-                    return None
-                if isinstance(result, Candidate) and result.fits:
-                    found = result
-                    break
-            if found is not None:
-                tried.append(DeviceCount(count, "fits", done, f"{found.layout.words()} fits"))
-                return Minimum(count, found, limit, tuple(tried))
-            tried.append(DeviceCount(count, "none fits" if layouts else "no layout", done,
-                                     f"none of its {len(layouts)} layouts fits" if layouts else
-                                     "no layout divides the global batch"))
-        count *= 2
-    return Minimum(None, None, limit, tuple(tried))
+                tried[count] = DeviceCount(count, "fits", at_n, f"{len(fitting)} of its layouts fit")
+                found[count] = fitting[0]
+            else:
+                tried[count] = DeviceCount(count, "none fits", at_n, f"none of its {at_n} layouts fits")
+            return True
+        layouts, _ = state.layouts(count)
+        done = 0
+        for layout, replica in _likely_first(layouts):
+            if budget is not None and done >= budget:
+                return False
+            done += 1
+            result = state.evaluate(layout, replica, until_fit=True)
+            if result is None:
+                return None
+            if isinstance(result, Candidate) and result.fits:
+                tried[count] = DeviceCount(count, "fits", done, f"{result.layout.words()} fits")
+                found[count] = result
+                return True
+        tried[count] = DeviceCount(count, "none fits" if layouts else "no layout", done,
+                                   f"none of its {len(layouts)} layouts fits" if layouts else
+                                   "no layout divides the global batch")
+        return True
+
+    probes = sorted({1 << k for k in range(limit.bit_length()) if floor <= 1 << k <= limit}
+                    | ({options.devices} if floor <= options.devices <= limit else set()))
+    bound = None
+    for count in probes:
+        if look(count, None) is None:
+            return None
+        if count in found:
+            bound = count
+            break
+    top = bound if bound is not None else limit + 1
+    budget = MIN_BUDGET
+    untried = None
+    for count in range(floor, top):
+        if count in tried:
+            continue
+        before = state.evaluated
+        outcome = look(count, budget)
+        if outcome is None:
+            return None
+        if outcome is False:  # the budget ran out inside this count
+            untried = (count, top - 1)
+            break
+        if count in found:
+            break
+        budget -= state.evaluated - before
+        if budget <= 0 and count + 1 < top:
+            untried = (count + 1, top - 1)
+            break
+    devices = min(found) if found else None
+    return Minimum(devices, found.get(devices) if devices is not None else None, limit,
+                   tuple(tried[c] for c in sorted(tried) if devices is None or c <= devices), min(floor, limit + 1),
+                   untried, MIN_BUDGET)
 
 
 def _likely_first(layouts: list[tuple[ParallelLayout, int]]) -> list[tuple[ParallelLayout, int]]:
