@@ -105,6 +105,26 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     moe_kv = {k: v for k, v in llama_kv().items() if k != "rope.dimension_count"} | {
         "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32,
         "expert_shared_feed_forward_length": 96}
+    # Mixtral as convert_hf_to_gguf.py writes it: architecture llama with llama.expert_count, experts as 3-D tensors
+    mixtral = {k: v for k, v in llama_tensors().items()
+               if not any(f".{n}." in k for n in ("ffn_gate", "ffn_up", "ffn_down"))}
+    for i in range(2):
+        mixtral |= {f"blk.{i}.ffn_gate_inp.weight": ((4, H), Q.F32),
+                    f"blk.{i}.ffn_gate_exps.weight": ((4, I, H), Q.Q4_0),
+                    f"blk.{i}.ffn_up_exps.weight": ((4, I, H), Q.Q4_0),
+                    f"blk.{i}.ffn_down_exps.weight": ((4, H, I), Q.Q8_0)}
+    # Gemma 2: head_dim 32 ≠ 64 / 4 (attention.key_length), four norms a layer, tied head, soft-capping
+    gemma2 = {"token_embd.weight": ((VOCAB, H), Q.Q8_0), "output_norm.weight": ((H,), Q.F32)}
+    for i in range(2):
+        gemma2 |= {f"blk.{i}.attn_norm.weight": ((H,), Q.F32), f"blk.{i}.attn_q.weight": ((128, H), Q.Q8_0),
+                   f"blk.{i}.attn_k.weight": ((64, H), Q.Q8_0), f"blk.{i}.attn_v.weight": ((64, H), Q.Q8_0),
+                   f"blk.{i}.attn_output.weight": ((H, 128), Q.Q8_0),
+                   f"blk.{i}.post_attention_norm.weight": ((H,), Q.F32), f"blk.{i}.ffn_norm.weight": ((H,), Q.F32),
+                   f"blk.{i}.ffn_gate.weight": ((I, H), Q.Q8_0), f"blk.{i}.ffn_up.weight": ((I, H), Q.Q8_0),
+                   f"blk.{i}.ffn_down.weight": ((H, I), Q.Q8_0), f"blk.{i}.post_ffw_norm.weight": ((H,), Q.F32)}
+    gemma2_kv = {k: v for k, v in llama_kv().items() if k != "rope.dimension_count"} | {
+        "attention.key_length": 32, "attention.value_length": 32, "attention.sliding_window": 512,
+        "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
     shards = root / "shards"
     shards.mkdir()
     write(shards / "model.gguf", "llama", llama_kv(), llama_tensors(), split_max_tensors=8)
@@ -114,6 +134,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "tied": write(root / "tied.gguf", "llama", llama_kv(), tied),
         "qwen2moe": write(root / "qwen2moe.gguf", "qwen2moe", moe_kv, moe),
         "shards": shards,
+        "mixtral": write(root / "mixtral.gguf", "llama", llama_kv() | {"expert_count": 4, "expert_used_count": 2},
+                         mixtral),
+        "gemma2": write(root / "gemma2.gguf", "gemma2", gemma2_kv, gemma2),
         "hostile_layers": write(root / "layers.gguf", "llama", llama_kv(layers=32), llama_tensors(layers=2)),
         "unknown": write(root / "unknown.gguf", "nosucharch", llama_kv(), llama_tensors()),
         "shape": write(root / "shape.gguf", "llama", llama_kv(), wide),
@@ -229,6 +252,30 @@ def test_a_qwen2_moe_with_fused_experts_and_a_shared_expert(files: dict[str, Pat
     assert fused["gguf"] == ["blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight"]
     assert (fused["shape"], fused["gguf_shapes"]) == ([4, 64, H], [[4, 32, H], [4, 32, H]])
     assert fused["bytes"] == 2 * 4 * 32 * H // 32 * 18 and fused["how"].startswith("fused: gate ‖ up")
+
+
+@pytest.mark.parametrize(("key", "cls", "params", "how"), [
+    # 2 layers × (norms 128 + q 4,096 + k, v 2 × 2,048 + o 4,096 + router 256 + 3 × 4 × 128 × 64 experts)
+    # + token_embd, output 2 × 6,400 + output_norm 64
+    ("mixtral", "MixtralForCausalLM", 2 * (128 + 4_096 + 2 * 2_048 + 4_096 + 256 + 3 * 4 * I * H) + 2 * 6_400 + 64,
+     {"as is": 15, "rows permuted for rope (convert_hf_to_gguf.py), shape kept": 4,
+      "fused: gate ‖ up along dim 1 (transformers' gate_up_proj)": 2}),
+    # 2 layers × (4 norms 256 + q, o 2 × 8,192 + k, v 2 × 4,096 + gate, up, down 3 × 8,192) + token_embd 6,400 + 64
+    ("gemma2", "Gemma2ForCausalLM", 2 * (256 + 2 * 8_192 + 2 * 4_096 + 3 * 8_192) + 6_400 + 64, {"as is": 24}),
+])
+def test_mixtral_written_as_llama_and_gemma_2_reconcile(files: dict[str, Path], capsys: pytest.CaptureFixture[str],
+                                                        key: str, cls: str, params: int, how: dict) -> None:
+    rec = run_json(capsys, "audit", str(files[key]))["checkpoint"]["reconcile"]
+    assert (rec["class"], rec["equal"]) == (cls, True), rec["differences"]
+    assert rec["file_parameters"] == rec["class_parameters"] == read_gguf(files[key]).elements == params
+    ways: dict[str, int] = {}
+    for m in rec["matches"]:
+        ways[m["how"]] = ways.get(m["how"], 0) + 1
+    assert ways == how
+    if key == "gemma2":
+        config = gguf_config(read_gguf(files[key])).config
+        assert (config["head_dim"], config["sliding_window"], config["attn_logit_softcapping"],
+                config["final_logit_softcapping"], config["tie_word_embeddings"]) == (32, 512, 50.0, 30.0, True)
 
 
 def test_a_file_that_differs_from_its_class_names_each_difference(files: dict[str, Path],

@@ -80,6 +80,7 @@ _ROLE_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), r) 
     (r"^attn_(q_a|kv_a)_norm\.", "attention.latent_norm"),
     (r"^attn_sinks\.", "attention.sinks"),
     (r"^attn_\w*norm\w*\.", "attention.norm"),
+    (r"^post_attention_norm\.", "attention.norm"),  # Gemma 2/3's norm after attention
     (r"^ffn_gate_inp_shexp\.", "moe.shared_experts"),
     (r"^ffn_gate_inp\.", "moe.router"),
     (r"^exp_probs_b\.", "moe.router"),

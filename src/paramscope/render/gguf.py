@@ -42,8 +42,9 @@ def reconcile_lines(rec: Any, width: int, *, all_rows: bool = False) -> list[str
         out.append(f"  {n:,} stored {how}"[:width])
     if rec.differences:
         shown = rec.differences if all_rows else rec.differences[:LIST_LIMIT]
-        rows = [(d.name, d.kind, f"{d.elements:,}", ("explained: " if d.explained else "") + d.why) for d in shown]
-        out += [""] + _table("Differences", ("name", "kind", "parameters", "why"), rows, width)[:-1]
+        out += ["", "Differences"]  # one a line, the reason whole: it is what the reader came for
+        out += [f"  {d.name} ({d.kind}, {d.elements:,} parameters): {'explained: ' if d.explained else ''}{d.why}"
+                for d in shown]
         if len(shown) < len(rec.differences):
             out.append(f"  … and {len(rec.differences) - len(shown):,} more (--all lists every one)")
     unequal = [(role, f"{f:,}", f"{c:,}") for role, (f, c) in rec.roles.items() if f != c]
