@@ -291,8 +291,10 @@ def test_packed_weights_without_a_quantization_config(tmp_path: Path, capsys) ->
     assert "no quantization_config" in out
     assert ("  mismatch   method: quantization_config says nothing (the config has no quantization_config); the "
             "headers hold int4 group 128 (pack-quantized)") in out
-    assert ("  stored as  int4 group 128 (pack-quantized): 7 weights (mlp.down, mlp.gate, mlp.up, attention.output, "
-            "attention.query, attention.key, attention.value)") in out
+    # without a config, one scale a row of 128 reads as per channel; down_proj's 2 a row of 256, as groups of 128
+    assert ("  stored as  int4 per channel (pack-quantized): 6 weights (mlp.gate, mlp.up, attention.output, "
+            "attention.query, attention.key, attention.value)\n") in out
+    assert "             int4 group 128 (pack-quantized): 1 weight (mlp.down)\n" in out
     assert "headers, and the 7 weight_shape records of compressed-tensors" in out
 
 
