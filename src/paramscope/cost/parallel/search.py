@@ -58,7 +58,7 @@ from .layout import MAX_DEGREE, ParallelLayout, layout_for, shard_mode, shard_wo
 from .pipeline import bubble, layer_of, layer_stack_of, stages
 
 MIN_BEYOND = 16  # the fewest devices are sought up to 16 × N
-MIN_BUDGET = 128  # layouts the fewest devices' search evaluates below the first power of two that fits, at most
+MIN_BUDGET = 64  # layouts the fewest devices' search evaluates below the first power of two that fits, at most
 
 
 @dataclass(frozen=True)
