@@ -126,7 +126,7 @@ def test_the_fewest_devices_search_is_bounded(monkeypatch, capsys):
     assert main(["memory", "llama-3-8b", "--training", "--find-layout", "--gpu", "h100", "--devices", "6"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "fewest devices found to fit: 4 (dp 1 · pp 4" in text and "1: the model states alone" in text
-    assert "2: none of its 4 layouts tried fits; 3 not tried (the search below the first power of two" in text
+    assert "2: none of its 4 layouts tried fits; 3: not tried (the search below the first power of two" in text
 
 
 def test_a_class_without_per_device_activations_keeps_data_parallel(capsys):

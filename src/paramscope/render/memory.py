@@ -814,8 +814,9 @@ def minimum_sentence(search) -> str:
                    "layouts tried fits")
     if minimum.untried is not None:
         first, last = minimum.untried
-        before += (f"; {first:,}{'' if first == last else f'–{last:,}'} not tried (the search below the first power "
-                   f"of two that fits stops after {minimum.budget:,} layouts)")
+        span = f"{first:,}" if first == last else f"{first:,}–{last:,}"
+        before += (f"; {span}: {'not' if first == last else 'the counts not listed were not'} tried (the search "
+                   f"below the first power of two that fits stops after {minimum.budget:,} layouts)")
     done = f"; {search.evaluated:,} layouts evaluated in {search.seconds:.1f} s"
     if minimum.devices is None:
         return (f"fewest devices that fit: none up to {minimum.limit:,} (counts tried upward from 1 at the same "

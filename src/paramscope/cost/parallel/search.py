@@ -191,7 +191,8 @@ class Minimum:
     limit: int  # the largest count tried
     tried: tuple[DeviceCount, ...]  # each count looked at, from `floor` up, ascending
     floor: int = 1  # below it the model states alone, spread evenly, exceed the GPU (no count there is tried)
-    untried: tuple[int, int] | None = None  # (first, last) counts below `devices` left when the budget ran out
+    untried: tuple[int, int] | None = None  # (first, last): from first to last, the counts `tried` does not list were
+    # left when the budget ran out (the powers of two among them were tried first)
     budget: int = 0  # the most layouts tried below the first power of two that fits (MIN_BUDGET)
 
 
@@ -670,9 +671,10 @@ def _minimum(state: _Search, options: SearchOptions, states_bytes: int, fitting:
     floor = max(1, -(-states_bytes // state.capacity)) if state.capacity > 0 else limit + 1
     tried: dict[int, DeviceCount] = {}
     found: dict[int, Candidate] = {}
+    spent = [0]  # layouts the second pass has tried
 
-    def look(count: int, budget: int | None) -> bool | None:
-        """Try one count; False where the budget ran out inside it, None where the build is needed."""
+    def look(count: int, bounded: bool) -> bool | None:
+        """Try one count; False where the second pass's budget ran out inside it, None where the build is needed."""
         if count == options.devices:
             if fitting:
                 tried[count] = DeviceCount(count, "fits", at_n, f"{len(fitting)} of its layouts fit")
@@ -683,8 +685,10 @@ def _minimum(state: _Search, options: SearchOptions, states_bytes: int, fitting:
         layouts, _ = state.layouts(count)
         done = 0
         for layout, replica in _likely_first(layouts):
-            if budget is not None and done >= budget:
-                return False
+            if bounded:
+                if spent[0] >= MIN_BUDGET:
+                    return False
+                spent[0] += 1
             done += 1
             result = state.evaluate(layout, replica, until_fit=True)
             if result is None:
@@ -702,29 +706,23 @@ def _minimum(state: _Search, options: SearchOptions, states_bytes: int, fitting:
                     | ({options.devices} if floor <= options.devices <= limit else set()))
     bound = None
     for count in probes:
-        if look(count, None) is None:
+        if look(count, False) is None:
             return None
         if count in found:
             bound = count
             break
     top = bound if bound is not None else limit + 1
-    budget = MIN_BUDGET
     untried = None
     for count in range(floor, top):
         if count in tried:
             continue
-        before = state.evaluated
-        outcome = look(count, budget)
+        outcome = look(count, True)
         if outcome is None:
             return None
-        if outcome is False:  # the budget ran out inside this count
+        if outcome is False:  # the budget ran out inside this count: it and the rest below the bound are open
             untried = (count, top - 1)
             break
         if count in found:
-            break
-        budget -= state.evaluated - before
-        if budget <= 0 and count + 1 < top:
-            untried = (count + 1, top - 1)
             break
     devices = min(found) if found else None
     return Minimum(devices, found.get(devices) if devices is not None else None, limit,
