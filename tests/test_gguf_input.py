@@ -139,6 +139,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gemma2": write(root / "gemma2.gguf", "gemma2", gemma2_kv, gemma2),
         "hostile_layers": write(root / "layers.gguf", "llama", llama_kv(layers=32), llama_tensors(layers=2)),
         "unknown": write(root / "unknown.gguf", "nosucharch", llama_kv(), llama_tensors()),
+        "huge": write(root / "huge.gguf", "llama", llama_kv() | {"embedding_length": 2**31}, llama_tensors()),
         "shape": write(root / "shape.gguf", "llama", llama_kv(), wide),
     }
 
@@ -293,6 +294,7 @@ def test_a_file_that_differs_from_its_class_names_each_difference(files: dict[st
     ("hostile_layers", "the metadata says 32 layers (llama.block_count), the file holds tensors for blk.0–blk.1, "
                        "2 blocks"),
     ("unknown", "transformers has no config mapping for architecture 'nosucharch'"),
+    ("huge", "hidden_size = 2147483648 from its metadata is no count between 0 and 1,048,576"),
 ])
 def test_a_file_no_class_can_be_built_from(files: dict[str, Path], capsys: pytest.CaptureFixture[str], key: str,
                                            why: str) -> None:

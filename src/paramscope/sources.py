@@ -141,7 +141,8 @@ def gguf_source(checkpoint: Any, label: str) -> Source:
         kind="gguf",
         label=label,
         description=f"GGUF {checkpoint.files[0]}{files}: {built.class_name}'s config from its header's metadata "
-                    f"(architecture {built.architecture}, transformers' GGUF_CONFIG_MAPPING)",
+                    f"(architecture {built.architecture}, transformers' GGUF_CONFIG_MAPPING"
+                    + "".join(f"; {note}" for note in built.notes) + ")",
         config=built.config,
         path=checkpoint.files[0],
         checkpoint=checkpoint,

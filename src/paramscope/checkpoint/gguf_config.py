@@ -94,12 +94,16 @@ def gguf_config(ck: GGUFCheckpoint) -> GGUFConfig:
         config.setdefault(key, value)
     if model_type in _TEXT_ONLY:
         config["model_type"] = model_type = _TEXT_ONLY[model_type]
+    names = {t.name: t for t in ck.tensors}
     if "vocab_size" not in config:
         vocab = ck.hparams().get("vocab_size")
         if isinstance(vocab, int):
             config["vocab_size"] = vocab
             notes.append(f"vocab_size {vocab:,} from the length of tokenizer.ggml.tokens (as transformers takes it)")
-    names = {t.name for t in ck.tensors}
+        elif "token_embd.weight" in names and len(names["token_embd.weight"].shape) == 2:
+            # transformers would fall back to the class's default vocabulary; the embedding's rows are the file's
+            config["vocab_size"] = vocab = names["token_embd.weight"].shape[0]
+            notes.append(f"vocab_size {vocab:,} from token_embd.weight's rows (the file has no tokenizer.ggml.tokens)")
     config["tie_word_embeddings"] = "output.weight" not in names or arch in ("falcon", "bloom")
     if config["tie_word_embeddings"] and arch not in ("falcon", "bloom"):
         notes.append("tie_word_embeddings: the file has no output.weight (llama.cpp reads token_embd for the head)")
