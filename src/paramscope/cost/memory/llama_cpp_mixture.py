@@ -62,6 +62,8 @@ _NOT_QUANTISED = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weigh
 # convert_hf_to_gguf.py: always F32 (besides 1-D tensors, norms and biases)
 _CONVERTER_F32 = ("ffn_gate_inp.", "position_embd.", "token_types.", "ssm_conv1d.")
 _LAYER = re.compile(r"^blk\.(\d+)\.")
+# ggml's float types under the names paramscope's weights tables use for them
+_STORAGE = {"F32": "fp32", "F16": "fp16", "BF16": "bf16"}
 
 # --- the converter's tensors ------------------------------------------------------------------------------------
 
@@ -120,15 +122,19 @@ def _base_of_role() -> dict[str, str]:
     return out
 
 
-def converter_tensors(params: Iterable[Any], config: dict[str, Any], n_layers: int) -> tuple[GGUFName, ...]:
+def converter_tensors(params: Iterable[Any], config: dict[str, Any], n_layers: int,
+                      transposed: frozenset[str] = frozenset()) -> tuple[GGUFName, ...]:
     """Each parameter (name, shape, role, numel) as the tensor(s) convert_hf_to_gguf.py writes: named by gguf's
     table for the architecture (checkpoint/gguf_names.parameter_gguf_names: a fused gate_up_proj of experts is two
-    tensors), per-expert linears stacked, else named by the parameter's role, else unmapped."""
+    tensors), per-expert linears stacked, else named by the parameter's role, else unmapped. `transposed`: weights
+    the class stores [in, out] (GPT-2's Conv1D), which the converter writes as ggml's [out, in]."""
     arch = gguf_arch_of(config)
     out: list[GGUFName] = []
     stacked: dict[tuple[str, str], list[Any]] = {}
     for p in params:
         shape = tuple(int(d) for d in p.shape)
+        if p.name in transposed and len(shape) == 2:
+            shape = shape[::-1]
         m = _PER_EXPERT.match(p.name)
         if m and m["proj"] in _STACKED:
             stacked.setdefault((m["module"], m["proj"]), []).append(p)
@@ -452,7 +458,8 @@ def _model(config: dict[str, Any], n_layers: int, tied: bool) -> _Model:
     return _Model(arch, n_layer, max(n_head // max(n_kv, 1), 1), n_expert, is_70b, tied)
 
 
-def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *, n_layers: int = 0) -> GGUFPrediction:
+def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *, n_layers: int = 0,
+                 transposed: frozenset[str] = frozenset()) -> GGUFPrediction:
     """The GGUF file `llama-quantize` writes for the model of `params` (ParameterInfo: name, shape, role, aliases)
     in `mixture` ("Q4_K_M"): every tensor's ggml type and exact bytes, and each parameter's bytes.
 
@@ -464,7 +471,7 @@ def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *,
     if ftype is None:
         raise ValueError(f"no llama.cpp mixture {mixture!r}")
     default = MIXTURES[ftype]
-    names = converter_tensors(params, config, n_layers)
+    names = converter_tensors(params, config, n_layers, transposed)
     tied = not any(t.name == "output.weight" for t in names)
     model = _model(config, n_layers, tied)
     qs = _State(n_attention_wv=sum(_category(t.name) in ("attn_v", "attn_qkv", "attn_kv_b") for t in names))
@@ -490,7 +497,7 @@ def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *,
             shares.setdefault(source, []).append((t.name, t.ggml_type, part))
     param_bytes: dict[str, TensorBytes] = {}
     for name, rows in shares.items():
-        kinds = sorted({kind.lower() for _, kind, _ in rows})
+        kinds = sorted({_STORAGE.get(kind, kind.lower()) for _, kind, _ in rows})
         param_bytes[name] = TensorBytes(sum(b for *_, b in rows), 0, "+".join(kinds),
                                         " + ".join(f"{gname} {kind} {b:,} B" for gname, kind, b in rows))
     notes = [f"{ftype}: each tensor's type as {SOURCE} picks it, without an importance matrix"]
@@ -504,6 +511,9 @@ def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *,
     if unmapped:
         notes.append(f"{len(unmapped)} parameter(s) with no GGUF name (typed by llama.cpp's rules as 'other'), "
                      f"e.g. {unmapped[0]}")
+    if any(t.name.endswith("attn_kv_b.weight") for t in predicted):
+        notes.append("MLA: attn_kv_b is predicted whole, as the table names it; converters that also write its "
+                     "attn_k_b/attn_v_b halves give a file these figures do not hold")
     extra = [t for t in predicted if not t.sources]
     if extra:
         notes.append("the file also holds " + ", ".join(f"{t.name} ({t.nbytes:,} B {t.ggml_type})" for t in extra)
@@ -528,11 +538,12 @@ class MixtureFormat(WeightFormat):
     def quantized_names(self, params: Iterable[Any]) -> frozenset[str]:
         costs = self.prediction.param_bytes if self.prediction else {}
         return frozenset(p.name for p in params if p.name in costs
-                         and not set(costs[p.name].storage.split("+")) <= {"f32", "f16"})
+                         and not set(costs[p.name].storage.split("+")) <= {"fp32", "fp16"})
 
 
-def with_prediction(fmt: WeightFormat, params: Iterable[Any], config: dict[str, Any], n_layers: int) -> MixtureFormat:
+def with_prediction(fmt: WeightFormat, params: Iterable[Any], config: dict[str, Any], n_layers: int,
+                    transposed: frozenset[str] = frozenset()) -> MixtureFormat:
     """`fmt` (a mixture --dtype) with the file llama-quantize would write for these parameters."""
     values = {f.name: getattr(fmt, f.name) for f in fmt.__dataclass_fields__.values() if f.init}
-    prediction = predict_gguf(params, config, fmt.mixture or "", n_layers=n_layers)
+    prediction = predict_gguf(params, config, fmt.mixture or "", n_layers=n_layers, transposed=transposed)
     return MixtureFormat(**values, prediction=prediction)
