@@ -426,3 +426,35 @@ def test_gpt_oss_20b_from_its_headers() -> None:
     assert experts.scale_bytes == 597_196_800 and experts.bits_per_parameter == pytest.approx(4.2541, abs=5e-5)
     assert result.packed.stored_bytes + result.packed.overhead_bytes == 13_761_264_768
     assert result.packed.mismatches == ()
+
+
+def test_gptq_against_its_config_and_bnb_skip_list(tmp_path: Path) -> None:
+    # GPTQ 4-bit, group 64: qweight I32 [in·4/32, out], qzeros I32 [in/64, out·4/32], scales F16 [in/64, out]; the
+    # config says 8 bits and groups of 128
+    tensors: dict = {}
+    for module, out, cols, _ in LINEARS:
+        p = f"model.layers.0.{module}."
+        tensors[p + "qweight"] = torch.zeros(cols // 8, out, dtype=torch.int32)
+        tensors[p + "qzeros"] = torch.zeros(cols // 64, out // 8, dtype=torch.int32)
+        tensors[p + "scales"] = torch.zeros(cols // 64, out, dtype=torch.float16)
+        tensors[p + "g_idx"] = torch.zeros(cols, dtype=torch.int32)
+    config = {**LLAMA, "quantization_config": {"quant_method": "gptq", "bits": 8, "group_size": 128}}
+    result = audit(write(tmp_path / "gptq", config, plain(tensors)), use_cache=False)
+    assert_reconciled(result)
+    assert roles(result)["mlp.down"] == (1, 32_768, 16_384, 4 * 128 * 2, 4 * 16 * 4, 256 * 4)
+    assert [(m.field, m.config, m.headers, len(m.tensors)) for m in result.packed.mismatches] == [
+        ("bits", "int8 (bits)", "int4", 7),
+        ("group_size", "128 (group_size)", "2 scales a row of 128 values (int4 group 64 (gptq))", 6),
+        ("group_size", "128 (group_size)", "4 scales a row of 256 values (int4 group 64 (gptq))", 1)]
+    # LLM.int8 with llm_int8_skip_modules naming down_proj, whose weight the headers hold in int8
+    tensors = {}
+    for module, out, cols, _ in LINEARS:
+        p = f"model.layers.0.{module}."
+        tensors[p + "weight"] = torch.zeros(out, cols, dtype=torch.int8)
+        tensors[p + "SCB"] = torch.zeros(out, dtype=torch.float32)
+    config = {**LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_8bit": True,
+                                               "llm_int8_skip_modules": ["down_proj"]}}
+    [m] = audit(write(tmp_path / "bnb", config, plain(tensors)), use_cache=False).packed.mismatches
+    assert (m.field, m.config, m.headers, m.tensors) == (
+        "unquantised", "llm_int8_skip_modules names its module", "int8 per channel (bitsandbytes 8-bit)",
+        ("model.layers.0.mlp.down_proj.weight",))

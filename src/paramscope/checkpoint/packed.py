@@ -271,6 +271,8 @@ def _layout(weight: CheckpointTensor, aux: Mapping[str, CheckpointTensor], logic
         if groups == 1:
             return _Layout(method, fmt, kind, bits, "channel", None, None, (), cols, groups)
         size = -(-cols // groups)
+        if -(-cols // size) != groups and method in ("gptq", "awq"):  # as before: counted, its groups not named
+            return _Layout(method, fmt, kind, bits, "group", None, None, (), cols, groups)
         if -(-cols // size) != groups:
             raise bad(f"scale {_q(scale.name)} {list(scale.shape)}: {groups} groups fit no group size of a "
                       f"{cols}-value row")
@@ -284,8 +286,10 @@ def _layout(weight: CheckpointTensor, aux: Mapping[str, CheckpointTensor], logic
         return _Layout("mxfp4", "mxfp4", "float", 4, "group", 32, None)
     if weight.packing == "gptq":
         scales, qzeros = aux.get("scales"), aux.get("qzeros")
-        if scales is None or qzeros is None or weight.logical_numel is None or len(shape) != 2:
-            raise bad("GPTQ/AWQ weight without scales and qzeros that give its unpacked size")
+        if scales is None or qzeros is None or weight.logical_numel is None or len(shape) != 2 or \
+                len(scales.shape) != 2 or len(qzeros.shape) != 2 or not scales.shape[1]:
+            # a layout quantisation.py does not unpack (the reconciliation names it): counted, not described
+            return _Layout("gptq", "gptq (layout not read)", "int", None, "", None, None)
         bits = 32 * qzeros.shape[1] // scales.shape[1] if scales.shape[1] else 0
         out = scales.shape[1]
         cols = weight.logical_numel // out if out else 0
