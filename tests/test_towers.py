@@ -158,7 +158,8 @@ def test_the_cli_takes_the_flags_and_writes_json(cache, capsys):
         assert main(["flops", str(path), *bad]) == 2
         assert words in capsys.readouterr().err
     assert main(["flops", "gpt2", "--images", "1"]) == 2
-    assert "image and audio inputs are counted for Gemma-3, LLaVA, Qwen2.5-VL and Whisper" in capsys.readouterr().err
+    assert ("image and audio inputs are counted for Gemma-3, LLaVA, Qwen2.5-VL, Llama-3.2-Vision and Whisper"
+            in capsys.readouterr().err)
 
 
 def test_the_tower_trace_is_kept_and_read_back_without_a_build(cache, monkeypatch):
@@ -183,3 +184,28 @@ def test_the_tower_trace_is_kept_and_read_back_without_a_build(cache, monkeypatc
     for broken in ({"lines": [["vision tower", "x", "X", -1, None]]}, {"kind": "smell"}, {"notes": ["\x1b[2J"]}):
         entry.write_text(json.dumps(data | {"media": data["media"] | broken}))
         assert towers.find_media("WhisperForConditionalGeneration", data["key"]) is None
+
+
+def test_llama_3_2_vision_reads_its_tiles_by_cross_attention():
+    """Llama-3.2-Vision: an image is 4 tiles of 448 px, 32×32 patches + CLS = 1,025 states a tile; the
+    vision model, the projector and the language model (whose cross-attention layers now run) from one trace. The
+    projector is one nn.Linear from the 5 concatenated hidden states; the language model's cross-attention layer
+    projects the 4 × 1,025 states to keys and values (the tower runs each tile padded to 1,032, and drops the pad)."""
+    from transformers import MllamaConfig
+
+    config = MllamaConfig().to_dict() | {"architectures": ["MllamaForConditionalGeneration"]}
+    config["text_config"] |= {"num_hidden_layers": 2, "cross_attention_layers": [1]}
+    config["vision_config"] |= {"num_hidden_layers": 2, "num_global_layers": 1,
+                                "intermediate_layers_indices": [0, 0, 1, 1, 1]}
+    _, module = inspect_with_module(config)
+    media = media_flops(module, MediaInput(images=1), batch=1, seq=16, training=False)
+    text = config["text_config"]
+    hidden = text["hidden_size"]
+    kv = text["num_key_value_heads"] * hidden // text["num_attention_heads"]
+    states = 4 * 1025
+    assert media.lines[1].forward == 2 * states * 7680 * hidden
+    own = dict(media.decoder_by_module)
+    assert own["model.language_model.layers.1.cross_attn.k_proj"] == 2 * states * hidden * kv
+    assert own["lm_head"] == 2 * 16 * hidden * text["vocab_size"]
+    with pytest.raises(OptionError, match=r"each image is 4,100 tokens"):
+        media_flops(module, MediaInput(image_tokens=5), batch=1, seq=16, training=False)

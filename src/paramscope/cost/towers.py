@@ -84,8 +84,9 @@ class MediaFlops:
     lines: tuple[TowerLine, ...]
     engine: str = "traced"  # FlopCounterMode on the tower alone, fake tensors
     notes: tuple[str, ...] = field(default=())
-    # Whisper: the decoder's forward FLOPs by module path (the rest of the same trace), which the estimate reads by
-    # role in place of the encoder-decoder's analytic count; empty for a tower feeding a decoder-only model
+    # the language model's forward FLOPs by module path, the rest of the same trace, where it reads the tower by
+    # cross-attention (Whisper's decoder, Llama-3.2-Vision's text model): the estimate reads them by role in place of
+    # the analytic count; empty where the projector hands the language model tokens
     decoder_by_module: tuple[tuple[str, int], ...] = field(default=())
 
     @property
@@ -111,8 +112,8 @@ def media_flops(module: Any, media: MediaInput, *, batch: int, seq: int, trainin
     config = getattr(module, "config", None)
     family = media_family(config)
     if family is None:
-        raise UnsupportedError("{name} ({kind}): image and audio inputs are counted for Gemma-3, LLaVA, Qwen2.5-VL and "
-                               "Whisper; a text input counts its language model only", name=type(module).__name__,
+        raise UnsupportedError("{name} ({kind}): image and audio inputs are counted for Gemma-3, LLaVA, Qwen2.5-VL, "
+                               "Llama-3.2-Vision and Whisper; a text input counts its language model only", name=type(module).__name__,
                                kind=getattr(config, "model_type", None) or "no model_type")
     layout = _FAMILIES[family]
     if media.audio_seconds is not None and family != "whisper":
@@ -265,7 +266,49 @@ def _whisper(module: Any, media: MediaInput, batch: int, seq: int, training: boo
                       "tokens", lines, notes=notes, decoder_by_module=decoder)
 
 
-_FAMILIES = {"gemma3": _gemma3, "llava": _llava, "qwen2_5_vl": _qwen2_5_vl, "whisper": _whisper}
+def _mllama(module: Any, media: MediaInput, batch: int, seq: int, training: bool) -> MediaFlops:
+    """Llama-3.2-Vision: each image as max_num_tiles tiles of image_size px (the most its processor cuts one into);
+    the language model reads the projected tiles by cross-attention (its cross-attention layers, which a text
+    input skips), so the whole forward is traced and split: the vision model and projector, and the rest."""
+    import torch
+
+    if training:
+        raise UnsupportedError("{0} with {1}: a Llama-3.2-Vision training step on images is not counted here yet (the "
+                               "forward is)", "images", "training")
+    config = module.config
+    vision = config.vision_config
+    size, patch, tiles = int(vision.image_size), int(vision.patch_size), int(vision.max_num_tiles)
+    per_side = size // patch
+    positions = per_side * per_side + 1  # and the class token
+    padded = positions + (8 - positions % 8) % 8  # MllamaVisionModel pads each tile's patches to a multiple of 8
+    states = tiles * positions  # … and slices the padding off again before the projector
+    words = (f"cross-attention, not tokens: each image is {tiles} tiles × ({per_side}×{per_side} patches + CLS) = "
+             f"{states:,} vision states the cross-attention layers read (the tower runs on each tile's {padded:,}, "
+             "padded to a multiple of 8)")
+    images = _per_image(media, states, words)
+    owner = module.model
+
+    def run(model: Any) -> Any:
+        shape = (batch, images, tiles)
+        return model(input_ids=torch.zeros(batch, seq, dtype=torch.long),
+                     pixel_values=torch.zeros(*shape, int(vision.num_channels), size, size),
+                     aspect_ratio_ids=torch.ones(batch, images, dtype=torch.long),
+                     aspect_ratio_mask=torch.ones(*shape, dtype=torch.long),
+                     cross_attention_mask=torch.ones(batch, seq, images, tiles, dtype=torch.long))
+
+    parts = [("vision tower", _path(module, owner.vision_model)),
+             ("projector", _path(module, owner.multi_modal_projector))]
+    lines, _, own = _traced_parts(module, run, parts, training, with_own=True)
+    language = tuple((path, flops) for path, flops in own.items()
+                     if not any(path == p or path.startswith(p + ".") for _, p in parts))
+    input_words = (f"{images:,} image{'s' if images > 1 else ''} of {tiles} tiles of {size}×{size} px "
+                   f"({per_side}×{per_side} = {per_side * per_side:,} patches of {patch} px a tile)")
+    notes = (f"each image at {tiles} tiles, the most the processor cuts one into (max_num_tiles): a bound for "
+             "smaller images",)
+    return MediaFlops("image", input_words, images, 0, words, lines, notes=notes, decoder_by_module=language)
+
+
+_FAMILIES = {"gemma3": _gemma3, "llava": _llava, "qwen2_5_vl": _qwen2_5_vl, "whisper": _whisper, "mllama": _mllama}
 
 
 # ---- the trace ---------------------------------------------------------------------------------------------------

@@ -177,7 +177,7 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
         held = sum(p.numel for p in params if any(p.name.startswith(tower + ".") for tower in idle))
         notes.append(f"a text input runs the language model only: {', '.join(idle)} ({held:,} parameters) do not "
                      "run and are not counted (--image-tokens N, --images K or --audio-seconds T adds them, for Gemma-3, "
-                     "LLaVA, Qwen2.5-VL and Whisper)")
+                     "LLaVA, Qwen2.5-VL, Llama-3.2-Vision and Whisper)")
     if training:
         backward = 2 * (forward - unused_flops) - frozen_flops  # a frozen weight's gradient is not computed
         # a fused (flash) attention backward recomputes q·kᵀ; with attention dropout, torch's CPU kernels cannot

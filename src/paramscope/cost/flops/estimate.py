@@ -179,7 +179,7 @@ def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: boo
 
     def answer(report: Any, view: Any) -> FlopEstimate | None:
         media = media_of(report, view)
-        if media is not None and media.decoder_by_module:  # Whisper: the decoder is read off the same trace
+        if media is not None and media.decoder_by_module:  # cross-attention: the language model is read off the trace
             return _decoder_estimate(report, media, options, _length(report, text_config(view.config), options)[0])
         estimate = _estimate(report, view, options, checked, media)
         if estimate is not None and options.generate:
@@ -238,15 +238,19 @@ def _with_media(estimate: FlopEstimate, media: Any) -> FlopEstimate:
     if media is None:
         return estimate
     kind = "audio" if media.kind == "audio" else "vision"
+    whole = bool(media.decoder_by_module)  # one trace of the whole forward, the tower's modules read off it
+    how = "FlopCounterMode on {path} ({name}) in the traced forward" if whole else \
+        "FlopCounterMode on {path} ({name}) alone"
+    sequences = estimate.batch // (media.per_sequence if media.kind == "audio" else 1)
     terms = tuple(FlopTerm(f"{kind}.{'projector' if line.part == 'projector' else 'tower'}", line.forward,
-                           f"FlopCounterMode on {line.path} ({line.class_name}) alone, batch "
-                           f"{estimate.batch // (media.per_sequence if media.kind == 'audio' else 1):,} × "
+                           how.format(path=line.path, name=line.class_name) + f", batch {sequences:,} × "
                            f"{media.input_words}") for line in media.lines)
     backward = estimate.backward
     if backward is not None:
         backward += media.backward or 0
     notes = [f"{media.kind} input: each sequence holds {media.input_words}; the tower and projector are counted by "
-             f"FlopCounterMode on them alone, on fake tensors of that size (traced engine), in lines of their own"]
+             f"FlopCounterMode {'in the whole forward' if whole else 'on them alone'}, on fake tensors of that size "
+             "(traced engine), in lines of their own"]
     if media.tokens:
         notes.append(f"the language model runs over {estimate.seq - media.tokens:,} text tokens + {media.tokens:,} "
                      f"image tokens = {estimate.seq:,} a sequence ({media.tokens_words})")
@@ -260,16 +264,17 @@ def _with_media(estimate: FlopEstimate, media: Any) -> FlopEstimate:
 
 
 def _decoder_estimate(report: Any, media: Any, options: FlopOptions, seq: int) -> FlopEstimate:
-    """Whisper on audio: its encoder (the tower's line) and its decoder over `seq` text tokens, cross-attending to
-    the encoder's states, both from one FlopCounterMode trace of the real class."""
+    """A language model reading its tower by cross-attention (Whisper's decoder, Llama-3.2-Vision's text model): the
+    tower's lines and the language model over `seq` text tokens, both from one FlopCounterMode trace of the real
+    class."""
     roles = by_role(dict(media.decoder_by_module), module_roles(report.params))
     batch = options.batch * media.per_sequence
     terms = tuple(FlopTerm(role, value, "FlopCounterMode") for role, value in
                   sorted(roles.items(), key=lambda kv: -kv[1]) if value)
     decoder = FlopEstimate("traced", batch, seq, options.causal, sum(t.flops for t in terms),
                            roles.get("attention.scores", 0), terms, None, None,
-                           (f"the decoder over {seq:,} tokens a window, from the same FlopCounterMode trace as the "
-                            "encoder (the encoder-decoder's analytic count reads the encoder at the text's length)",))
+                           (f"the language model over {seq:,} text tokens a sequence, cross-attending to the tower's "
+                            "states, from the same FlopCounterMode trace as the tower (traced engine)",))
     return _with_media(decoder, media)
 
 
