@@ -124,8 +124,7 @@ def serve_to_dict(speed: Any) -> dict[str, Any]:
 def render_serve_html(report: Any, speed: Any, *, fragment: bool = False) -> str:
     """The bounds, the decode table, and tokens/s against batch (at the context) and against context (at the
     batch), each curve with its memory-bound and compute-bound limits."""
-    from .html.cost import _rows_table, _subtitled, _titled
-    from .html.page import Section, figure, html_page, notes_section
+    from .html.page import Section, escape, figure, html_page, notes_section, subtitle
 
     roof = speed.roofline
     rows = [("GPU", roof.words()), ("weights", speed.dtype), ("KV cache", f"{speed.kv_dtype} ({speed.kv_layout})"),
@@ -135,23 +134,19 @@ def render_serve_html(report: Any, speed: Any, *, fragment: bool = False) -> str
                                     f"{speed.batch} × {speed.prompt:,} tokens"),
             ("crossover", crossover_words(speed))]
     rows += list(speed.arithmetic)
-    sections = [Section("Bounds", _rows_table(rows, "serve-bounds")),
+    table = "".join(f"<tr><th>{escape(name)}</th><td>{escape(value)}</td></tr>" for name, value in rows)
+    sections = [Section("Bounds", f'<table class="totals" id="serve-bounds">{table}</table>'),
                 Section("Against batch", figure(_curve(speed.by_batch, "batch", f"batch (sequences), context "
                                                        f"{speed.context:,}", roof), "line-batch")),
                 Section("Against context", figure(_curve(speed.by_context, "context", f"context (keys a step reads), "
                                                          f"batch {speed.batch}", roof), "line-context")),
-                Section("Conventions", "".join(f"<p>{_escape(words)}</p>" for words in speed.conventions))]
+                Section("Conventions", "".join(f"<p>{escape(words)}</p>" for words in speed.conventions))]
     if speed.notes:
         sections.append(notes_section(speed.notes))
-    return html_page(_titled(report, f"serving speed on {roof.gpu} (bounds)"),
-                     _subtitled(report, f"{speed.dtype} weights · KV {speed.kv_dtype} · roofline bounds"), sections,
-                     fragment)
-
-
-def _escape(text: str) -> str:
-    from .html.page import escape
-
-    return escape(text)
+    settings = f"{speed.dtype} weights · KV {speed.kv_dtype} · roofline bounds" + (
+        f" · one GPU of tp {speed.tp}" if speed.tp > 1 else "")
+    return html_page(f"{report.model.label}: serving speed on {roof.gpu} (bounds)",
+                     f"{subtitle(report)} · {settings}", sections, fragment)
 
 
 def _curve(steps: Any, axis: str, title: str, roof: Any) -> dict:
