@@ -223,3 +223,20 @@ def test_memory_names_the_mixture_and_its_file():
     assert memory.weights.bytes == file["bytes"]
     assert memory.weights.by_dtype["q6_k"] == file["by_type"]["Q6_K"]["bytes"]
     assert any("predicted Q4_K_M GGUF file" in n for n in memory.notes)
+
+
+def test_a_tensor_parallel_slice_holds_its_share_in_whole_blocks():
+    from dataclasses import replace
+
+    from paramscope.cost.memory.llama_cpp_mixture import with_prediction
+    from paramscope.errors import ParamscopeError
+
+    config = _llama(256, 512)
+    report, params = _params(config)
+    fmt = with_prediction(weight_format("q4_k_m"), params, config.to_dict(), 2)
+    down = next(p for p in params if p.name == "model.layers.1.mlp.down_proj.weight")  # Q6_K, [256, 512]
+    assert fmt.stored_bytes(down).total == 256 * 512 // 256 * 210
+    row_half = replace(down, shape=(256, 256), numel=256 * 256)  # the input split in two: rows of 256, whole blocks
+    assert fmt.stored_bytes(row_half).total == 256 * 256 // 256 * 210
+    with pytest.raises(ParamscopeError, match="no whole number of Q6_K blocks"):
+        fmt.stored_bytes(replace(down, shape=(256, 128), numel=256 * 128))  # rows of 128: no 256-block fits

@@ -36,6 +36,7 @@ from typing import Any
 
 from ...checkpoint.gguf_names import parameter_gguf_names
 from ...checkpoint.gguf_read import gguf_role
+from ...errors import UnsupportedError
 from ...frozen import FrozenDict, freeze_fields
 from ...roles import OTHER
 from .quantization import GGUF_TYPES, TensorBytes, WeightFormat
@@ -531,9 +532,37 @@ class MixtureFormat(WeightFormat):
 
     prediction: GGUFPrediction | None = field(default=None, compare=False)
 
+    def __post_init__(self) -> None:
+        parts: dict[str, list[PredictedTensor]] = {}
+        for t in self.prediction.tensors if self.prediction else ():
+            for source in t.sources:
+                parts.setdefault(source, []).append(t)
+        object.__setattr__(self, "_parts", parts)  # looked up per parameter
+
     def stored_bytes(self, param: Any) -> TensorBytes:
+        """The parameter's bytes in the predicted file; a tensor-parallel rank's slice (parallel/serving.py) holds
+        its share of each of its tensors, in whole blocks of the tensor's type."""
         given = self.prediction.param_bytes.get(param.name) if self.prediction else None
-        return given if given is not None else self.plain_bytes(param.numel, "float32")
+        if given is None:
+            return self.plain_bytes(param.numel, "float32")
+        tensors = self._parts[param.name]
+        whole = sum(t.elements // len(t.sources) for t in tensors)
+        if param.numel == whole:
+            return given
+        total, parts = 0, []
+        for t in tensors:
+            kind = t.ggml_type.lower()
+            block = GGUF_TYPES[kind][0] if kind in GGUF_TYPES else 1
+            share, rest = divmod(t.elements // len(t.sources) * param.numel, whole)
+            last = param.shape[-1] if param.shape else 1
+            if rest or share % block or (len(param.shape) > 1 and last % block):
+                raise UnsupportedError(f"{param.name}: a slice of {param.numel:,} of its {whole:,} values is no "
+                                       f"whole number of {t.ggml_type} blocks of {block}; give {{0}} to price the "
+                                       "slices in one type", "dtype")
+            part = type_bytes(kind, share)
+            total += part
+            parts.append(f"{t.ggml_type} {share:,} values {part:,} B")
+        return TensorBytes(total, 0, given.storage, " + ".join(parts))
 
     def quantized_names(self, params: Iterable[Any]) -> frozenset[str]:
         costs = self.prediction.param_bytes if self.prediction else {}
