@@ -306,3 +306,58 @@ def test_a_file_no_class_can_be_built_from(files: dict[str, Path], capsys: pytes
         assert main([command, str(files[key]), "--no-cache"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and why in err and "Traceback" not in err
+
+
+def test_a_full_size_llama_3_8b_header_reconciles_to_the_parameter(tmp_path: Path) -> None:
+    """Meta-Llama-3-8B's 291 tensors in a Q4_K_M-like mixture (attn_v and ffn_down Q6_K in llama.cpp's use_more_bits
+    layers, output Q6_K), header only: the data section is a sparse hole, so the file costs no disk."""
+    from paramscope.checkpoint.gguf_reconcile import reconcile_gguf
+
+    hidden, inter, layers, vocab = 4096, 14336, 32, 128256
+    path = tmp_path / "Meta-Llama-3-8B-Q4_K_M.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in {"context_length": 8192, "embedding_length": hidden, "block_count": layers,
+                       "feed_forward_length": inter, "attention.head_count": 32, "attention.head_count_kv": 8,
+                       "rope.dimension_count": 128}.items():
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.rope.freq_base", 500000.0)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+
+    def info(name: str, shape: tuple[int, ...], qtype: Q) -> None:
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        nbytes = int(np.prod(shape)) // block * size
+        if qtype == Q.F32:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes, raw_dtype=qtype)
+        else:  # the writer takes a quantised tensor's shape in bytes per row
+            w.add_tensor_info(name, (*shape[:-1], shape[-1] // block * size), np.dtype(np.uint8), nbytes,
+                              raw_dtype=qtype)
+
+    info("token_embd.weight", (vocab, hidden), Q.Q4_K)
+    info("output_norm.weight", (hidden,), Q.F32)
+    info("output.weight", (vocab, hidden), Q.Q6_K)
+    for i in range(layers):
+        more = i < 4 or i >= 28 or (i - 4) % 3 == 2  # llama.cpp's use_more_bits over 32 layers
+        for name, shape, qtype in (("attn_norm", (hidden,), Q.F32), ("attn_q", (hidden, hidden), Q.Q4_K),
+                                   ("attn_k", (1024, hidden), Q.Q4_K),
+                                   ("attn_v", (1024, hidden), Q.Q6_K if more else Q.Q4_K),
+                                   ("attn_output", (hidden, hidden), Q.Q4_K), ("ffn_norm", (hidden,), Q.F32),
+                                   ("ffn_gate", (inter, hidden), Q.Q4_K), ("ffn_up", (inter, hidden), Q.Q4_K),
+                                   ("ffn_down", (hidden, inter), Q.Q6_K if more else Q.Q4_K)):
+            info(f"blk.{i}.{name}.weight", shape, qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    data = sum(-(-ti.nbytes // 32) * 32 for ti in w.tensors[0].values())
+    with open(path, "r+b") as f:
+        f.truncate(-(-path.stat().st_size // 32) * 32 + data)
+    if path.stat().st_blocks * 512 > 64 * 2**20:
+        pytest.skip("this filesystem writes sparse files out")
+    ck = read_gguf(path)
+    assert (len(ck.tensors), ck.nbytes) == (291, 4_912_898_048)  # 4.58 GiB, 4.89 bits per weight, as llama.cpp says
+    source = resolve(str(path))
+    assert source.config["vocab_size"] == vocab  # from token_embd's rows: this header has no tokenizer
+    report, _ = inspect_source(source, use_cache=False)
+    rec = reconcile_gguf(ck, report.params, report.model.class_name, layers)
+    assert rec.equal and rec.file_parameters == rec.class_parameters == 8_030_261_248
+    assert sum(1 for m in rec.matches if m.how != "as is") == 64  # q and k of every layer, rope-permuted
