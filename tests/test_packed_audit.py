@@ -458,3 +458,36 @@ def test_gptq_against_its_config_and_bnb_skip_list(tmp_path: Path) -> None:
     assert (m.field, m.config, m.headers, m.tensors) == (
         "unquantised", "llm_int8_skip_modules names its module", "int8 per channel (bitsandbytes 8-bit)",
         ("model.layers.0.mlp.down_proj.weight",))
+
+
+def test_sharded_records_and_hub_headers(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from paramscope import inspect
+    from paramscope.audit import audit_report
+    from paramscope.checkpoint import read_checkpoint
+    from paramscope.checkpoint.packed import read_shape_records
+
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128}
+    config = {**LLAMA, "quantization_config": ct_config("pack-quantized", weights)}
+    tensors = int_packed(4, 128, zero_points=False)
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    for shard, held in shards.items():
+        save_file({n: tensors[n] for n in held}, str(folder / shard))
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: shard for shard, held in shards.items() for n in held}}))
+    result = audit(folder, use_cache=False)
+    assert_reconciled(result)
+    assert result.packed.shape_records == 7 and result.packed.mismatches == ()
+    # From the Hub only headers are read: no record, and the unpacked shape is the model's, which the packed
+    # shape holds at 4 bits
+    hub = replace(read_checkpoint(folder), path="hub:org/model")
+    assert read_shape_records(hub) == {}
+    from_hub = audit_report(inspect(config, use_cache=False), hub, quantization_config=config["quantization_config"])
+    assert from_hub.audit.complete and from_hub.packed.shape_records == 0
+    assert roles(from_hub) == roles(result) and from_hub.packed.mismatches == ()
