@@ -240,3 +240,15 @@ def test_a_tensor_parallel_slice_holds_its_share_in_whole_blocks():
     assert fmt.stored_bytes(row_half).total == 256 * 256 // 256 * 210
     with pytest.raises(ParamscopeError, match="no whole number of Q6_K blocks"):
         fmt.stored_bytes(replace(down, shape=(256, 128), numel=256 * 128))  # rows of 128: no 256-block fits
+
+
+def test_qwen2_5_0_5b_q4_k_m_falls_back_as_the_published_file():
+    """Qwen2.5-0.5B's width of 896 fits no 256-block: Q4_K → Q5_0, Q6_K → Q8_0, the tied token_embd Q8_0. llama.cpp's
+    loader lists a Q4_K_M of it (ollama/ollama issue #9031) as f32 121, q5_0 132, q8_0 13, q4_K 12, q6_K 12."""
+    from paramscope.api import inspect
+
+    predicted = predict_gguf(inspect("Qwen/Qwen2.5-0.5B").params, _preset_config("Qwen/Qwen2.5-0.5B"), "Q4_K_M",
+                             n_layers=24)
+    assert {k: r["tensors"] for k, r in predicted.by_type().items()} == \
+        {"F32": 121, "Q5_0": 132, "Q8_0": 13, "Q4_K": 12, "Q6_K": 12}
+    assert predicted.tied_embeddings and predicted.nbytes == 391_859_712
