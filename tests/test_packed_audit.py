@@ -491,3 +491,21 @@ def test_sharded_records_and_hub_headers(tmp_path: Path) -> None:
     from_hub = audit_report(inspect(config, use_cache=False), hub, quantization_config=config["quantization_config"])
     assert from_hub.audit.complete and from_hub.packed.shape_records == 0
     assert roles(from_hub) == roles(result) and from_hub.packed.mismatches == ()
+
+
+def test_bitsandbytes_nf4(tmp_path: Path) -> None:
+    # Params4bit: weight U8 [out·in/2, 1], absmax F32 a 64-value block, quant_map F32 [16], the state's JSON as U8
+    tensors: dict = {}
+    for module, out, cols, _ in LINEARS:
+        p = f"model.layers.0.{module}.weight"
+        tensors[p] = torch.zeros(out * cols // 2, 1, dtype=torch.uint8)
+        tensors[p + ".absmax"] = torch.zeros(out * cols // 64, dtype=torch.float32)
+        tensors[p + ".quant_map"] = torch.zeros(16, dtype=torch.float32)
+        tensors[p + ".quant_state.bitsandbytes__nf4"] = torch.zeros(90, dtype=torch.uint8)
+    config = {**LLAMA, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True,
+                                               "bnb_4bit_quant_type": "nf4"}}
+    result = audit(write(tmp_path, config, plain(tensors)), use_cache=False)
+    assert_reconciled(result)
+    assert roles(result) == {**{role: (1, out * cols, out * cols // 2, out * cols // 16 + 64, 0, 90)
+                                for _, out, cols, role in LINEARS}, **plain_roles()}
+    assert result.packed.schemes["nf4 group (bitsandbytes 4-bit)"] == 7 and result.packed.mismatches == ()

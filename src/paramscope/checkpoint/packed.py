@@ -48,6 +48,7 @@ _AUX_KIND = {
     "nested_quant_map": SCALE,
     "weight_zero_point": ZERO, "qzeros": ZERO,
     "g_idx": INDEX, "weight_g_idx": INDEX, "weight_shape": INDEX, "weight_format": INDEX,
+    "quant_state": INDEX,  # bitsandbytes 4-bit's serialised state (`X.weight.quant_state.bitsandbytes__nf4`)
 }
 _WEIGHT_NAMES = ("weight_packed", "qweight", "weight")  # what a module's bookkeeping belongs to, tried in order
 _BNB4_STATE = re.compile(r"^(?P<weight>.+\.weight)\.(absmax|quant_map|nested_absmax|nested_quant_map|quant_state\..+)$")
@@ -296,7 +297,10 @@ def _layout(weight: CheckpointTensor, aux: Mapping[str, CheckpointTensor], logic
         method = "gptq" if shape[1] == out else "awq"  # GPTQ packs along in ([in·b/32, out]), AWQ along out
         return _grouped(method, method, "int", bits, cols, max(scales.shape[0], 1), scales)
     if weight.packing == "bnb-4bit":
-        return _Layout("bitsandbytes", "bitsandbytes 4-bit", "float", 4, "group", None, None)
+        # the quant type is in the state's name: `X.weight.quant_state.bitsandbytes__nf4` (or __fp4)
+        state = aux.get("quant_state")
+        kind = state.name.rpartition("__")[2] if state is not None and "__" in state.name else "nf4/fp4"
+        return _Layout("bitsandbytes", "bitsandbytes 4-bit", kind, None, "group", None, None)
     if last == "weight_packed" and dtype == "U8":
         scale = aux.get("weight_scale")
         rows, cols = (shape[0], 2 * shape[1]) if len(shape) == 2 else (0, 0)
@@ -451,9 +455,6 @@ def _aux_key(name: str) -> str:
         state = name[len(m["weight"]) + 1:]
         return "quant_state" if state.startswith("quant_state.") else state
     return name.rpartition(".")[2]
-
-
-_AUX_KIND["quant_state"] = INDEX
 
 
 def _owner(name: str, names: Mapping[str, CheckpointTensor]) -> str | None:
