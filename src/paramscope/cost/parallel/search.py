@@ -179,7 +179,7 @@ class DeviceCount:
     """One device count tried for the fewest that fit."""
 
     devices: int
-    outcome: str  # "fits" | "none fits" | "states exceed" | "no layout"
+    outcome: str  # "fits" | "none fits" | "no layout" (counts whose model states alone exceed are below the floor)
     layouts: int  # layouts evaluated
     words: str
 
