@@ -147,3 +147,12 @@ def test_html_curves_in_chromium(browser, tmp_path, llama):
         assert [t[0] for t in traces[1:]] == ["memory side (bytes / bandwidth)", "compute side (FLOPs / bf16 peak)"]
     assert "crossover" in page.page.inner_text("#serve-bounds")
     page.page.close()
+
+
+def test_gemma_2_sliding_layers_read_their_window():
+    """Gemma-2-9B alternates 21 sliding (4,096) and 21 full layers; its config is float32, so K and V are 4 B."""
+    speed = serve_answer("gemma-2-9b", ServeOptions(gpu="h100", batch=2, seq=1024, context=8192))[1]
+    per_token = 21 * 2 * 8 * 256 * 4  # 21 layers of a kind × K and V × 8 kv heads × 256 × fp32
+    step = speed.at_batch
+    assert step.kv_bytes == 2 * per_token * ((4096 + 1) + (8192 + 1)) == 8_457_093_120
+    assert speed.roofline.peak_dtype == "tf32"

@@ -54,8 +54,9 @@ def serve_parts(report: Any, speed: Any) -> list:
                       step.binds, style="bold" if step.batch == speed.batch else None)
     parts.append(table)
     prefill = speed.prefill
-    parts.append(indented(f"Prefill: time to first token ≥ {_time(prefill.seconds)} ({prefill.binds}-bound): a prefill of "
-                          f"{speed.batch} × {speed.prompt:,} tokens, {prefill.bytes:,} B ({_bytes(prefill.bytes)}) over "
+    parts.append(indented(f"Prefill: time to first token ≥ {_time(prefill.seconds)} ({prefill.binds}-bound): a "
+                          f"prefill of {speed.batch} × {speed.prompt:,} tokens, {prefill.bytes:,} B "
+                          f"({_bytes(prefill.bytes)}) over "
                           f"bandwidth = {_time(prefill.memory_seconds)}, {prefill.flops:,} FLOPs over peak = "
                           f"{_time(prefill.compute_seconds)}"))
     parts.append(indented("Crossover: " + crossover_words(speed)))

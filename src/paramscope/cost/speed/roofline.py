@@ -39,8 +39,8 @@ _NOT_HELD = ("cross-attention",)
 
 BOUND_WORDS = ("bound: time ≥ max(bytes / bandwidth, FLOPs / peak); kernel launches, activations' traffic, "
                "attention's re-reads of K and V tiles and imperfect overlap only make it slower")
-ROUTING_WORDS = ("MoE: expected distinct experts a step's T tokens touch per layer, E·(1 − (1 − k/E)^T) of E, under "
-                 "uniform routing (each token picks k of E at random); their bytes rounded to the byte")
+ROUTING_WORDS = ("MoE: expected distinct experts a step's T tokens touch per layer, E·(1 − (1 − k/E)^T) of E, "
+                 "under uniform routing (each token picks k of E at random); their bytes rounded to the byte")
 
 
 @dataclass(frozen=True)
@@ -230,7 +230,7 @@ def kv_words(cache: Any, batch: int, context: int) -> str:
             continue
         window = _window(group.kind)
         keys = context if window is None else min(window, context)
-        keys_words = f"{context:,}" if window is None else f"min({window:,}, {context:,})"
+        keys_words = f"{context:,}" if window is None else f"min({window:,}, {context:,}) = {keys:,}"
         if group.per_token:
             parts.append(f"{group.kind}: {batch} × {group.per_token:,} B × ({keys_words} keys read + 1 written)"
                          + (f" + 2 × {group.fixed:,} B" if group.fixed else ""))
@@ -259,14 +259,16 @@ def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flop
     `prefill_flops(B, S)` a prefill's."""
     flops_at: dict[tuple[int, int], int] = {}
 
+    def bound(b: int, c: int, flops: int) -> StepBound:
+        weight_bytes, touched = traffic.at(b)
+        kv_bytes = kv_traffic(cache, b, c)
+        return StepBound(b, c, weight_bytes, kv_bytes, flops, (weight_bytes + kv_bytes) / roof.bandwidth,
+                         flops / roof.peak, None if touched is None else float(touched))
+
     def step(b: int, c: int) -> StepBound:
         if (b, c) not in flops_at:
             flops_at[(b, c)] = step_flops(b, c)
-        weight_bytes, touched = traffic.at(b)
-        kv_bytes = kv_traffic(cache, b, c)
-        flops = flops_at[(b, c)]
-        return StepBound(b, c, weight_bytes, kv_bytes, flops, (weight_bytes + kv_bytes) / roof.bandwidth,
-                         flops / roof.peak, None if touched is None else float(touched))
+        return bound(b, c, flops_at[(b, c)])
 
     decode = tuple(step(b, context) for b in sorted({*TABLE_BATCHES, batch}))
     weight_bytes, touched = traffic.at(batch * prompt)
@@ -274,7 +276,11 @@ def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flop
     flops = prefill_flops(batch, prompt)
     prefill = StepBound(batch, prompt, weight_bytes, prefill_kv, flops, (weight_bytes + prefill_kv) / roof.bandwidth,
                         flops / roof.peak, None if touched is None else float(touched))
-    crossover = _crossover(lambda b: step(b, context))
+    # the crossover's search reads B × the batch-1 step's FLOPs (each sequence decodes its own token) where that
+    # equals the exact count at the table's batches; the batch it finds is confirmed on the exact count
+    one = step(1, context).flops
+    linear = all(step(b, context).flops == b * one for b in TABLE_BATCHES)
+    crossover = _crossover(lambda b: step(b, context), (lambda b: bound(b, context, b * one)) if linear else None)
     top_batch = max(256, batch, crossover or 0)
     by_batch = tuple(step(b, context) for b in sorted({*(1 << k for k in range(21) if 1 << k <= top_batch),
                                                        batch, *([crossover] if crossover else [])}))
@@ -298,8 +304,8 @@ def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flop
                           f"token ({prefill.binds}-bound)"),
     )
     conventions = [BOUND_WORDS,
-                   f"context {context:,}: the decode step's attention reads {context:,} keys ({context - 1:,} cached and "
-                   "the new token's); a sliding or chunked layer reads min(window, context); a recurrent state is "
+                   f"context {context:,}: the decode step's attention reads {context:,} keys ({context - 1:,} cached "
+                   "and the new token's); a sliding or chunked layer reads min(window, context); a recurrent state is "
                    "read and written whole",
                    "the token embedding is a gather: one row a token is read, not the table (a tied one is read "
                    "whole by the head)",
@@ -312,10 +318,15 @@ def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flop
                       traffic.routing if traffic.routed else None, compute_dtype, tp)
 
 
-def _crossover(step: Callable[[int], StepBound]) -> int | None:
+def _crossover(step: Callable[[int], StepBound], quick: Callable[[int], StepBound] | None = None) -> int | None:
     """The smallest batch whose step is compute-bound. Compute time less memory time grows with the batch at a
     rate that never falls (FLOPs grow linearly; bytes linearly, or, for MoE, less and less once most experts
-    are touched), so once compute-bound a step stays so: doubling finds a bracket, bisection the batch."""
+    are touched), so once compute-bound a step stays so: doubling finds a bracket, bisection the batch.
+    `quick`, where given, answers the search; the exact `step` confirms its answer, or searches again."""
+    if quick is not None:
+        found = _crossover(quick)
+        if found is None or (step(found).binds == "compute" and (found == 1 or step(found - 1).binds == "memory")):
+            return found
     if step(1).binds == "compute":
         return 1
     low, high = 1, 2
