@@ -252,3 +252,17 @@ def test_qwen2_5_0_5b_q4_k_m_falls_back_as_the_published_file():
     assert {k: r["tensors"] for k, r in predicted.by_type().items()} == \
         {"F32": 121, "Q5_0": 132, "Q8_0": 13, "Q4_K": 12, "Q6_K": 12}
     assert predicted.tied_embeddings and predicted.nbytes == 391_859_712
+
+
+def test_mla_kv_b_is_written_as_k_b_and_v_b():
+    """DeepSeek-V3: the converter splits kv_b_proj [128·(128 + 128), 512] into attn_k_b [128, 512, 128] (rows of
+    qk_nope 128: Q4_K falls back to Q5_0) and attn_v_b [128, 128, 512] (Q4_K); llama.cpp's rules name neither."""
+    from paramscope.api import inspect
+
+    predicted = predict_gguf(inspect("deepseek-ai/DeepSeek-V3").params, _preset_config("deepseek-ai/DeepSeek-V3"),
+                             "Q4_K_M", n_layers=61)
+    layer0 = {t.name: (t.ggml_type, t.shape, t.nbytes) for t in predicted.tensors
+              if t.name in ("blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight")}
+    assert layer0 == {"blk.0.attn_k_b.weight": ("Q5_0", (128, 512, 128), 128 * 512 * 128 // 32 * 22),
+                      "blk.0.attn_v_b.weight": ("Q4_K", (128, 128, 512), 128 * 128 * 512 // 256 * 144)}
+    assert not any(t.name.endswith("attn_kv_b.weight") for t in predicted.tensors)

@@ -145,6 +145,9 @@ def converter_tensors(params: Iterable[Any], config: dict[str, Any], n_layers: i
             half = (shape[0], shape[1] // 2, shape[2])
             out.extend(GGUFName(n, half, gguf_role(n), (p.name,), "converter") for n in names)
             continue
+        if len(names) == 1 and names[0].endswith(".attn_kv_b.weight") and _mla_split(config):
+            out.extend(_k_b_v_b(names[0], p.name, _mla_split(config)))
+            continue
         if len(names) == 1:
             out.append(GGUFName(names[0], shape, gguf_role(names[0]), (p.name,), "converter"))
             continue
@@ -169,6 +172,27 @@ def converter_tensors(params: Iterable[Any], config: dict[str, Any], n_layers: i
         shape = (len(group), *tuple(int(d) for d in group[0].shape))
         out.append(GGUFName(name, shape, gguf_role(name), tuple(p.name for p in group), "experts"))
     return tuple(out)
+
+
+def _mla_split(config: dict[str, Any]) -> tuple[int, int, int, int] | None:
+    """(heads, qk_nope_head_dim, v_head_dim, kv_lora_rank) where the converter splits MLA's kv_b_proj into
+    attn_k_b and attn_v_b (convert_hf_to_gguf.py's DeepseekV2Model: "MLA with the absorption optimization")."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    keys = ("num_attention_heads", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank")
+    if gguf_arch_of(config) != "deepseek2" or not all(isinstance(text.get(k), int) for k in keys):
+        return None
+    return tuple(text[k] for k in keys)  # type: ignore[return-value]
+
+
+def _k_b_v_b(kv_b: str, source: str, split: tuple[int, int, int, int]) -> list[GGUFName]:
+    """kv_b_proj [heads·(nope + v), rank] as the converter writes it: attn_k_b [heads, rank, nope] (transposed) and
+    attn_v_b [heads, v, rank]; no attn_kv_b."""
+    heads, nope, v, rank = split
+    stem = kv_b.removesuffix("attn_kv_b.weight")
+    return [GGUFName(f"{stem}attn_k_b.weight", (heads, rank, nope), gguf_role(f"{stem}attn_k_b.weight"), (source,),
+                     "converter"),
+            GGUFName(f"{stem}attn_v_b.weight", (heads, v, rank), gguf_role(f"{stem}attn_v_b.weight"), (source,),
+                     "converter")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,16 +529,17 @@ def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *,
     counts = Counter((t.role, t.ggml_type) for t in predicted if t.ggml_type not in ("F32", "F16"))
     promoted = sorted({f"{role} {kind}" for (role, kind) in counts if kind.lower() != default})
     if promoted:
-        notes.append(f"promoted from {default.upper()}: " + ", ".join(promoted))
+        notes.append(f"typed other than {default.upper()} (promoted, or a row that fits no {default.upper()} "
+                     "block falling back): " + ", ".join(promoted))
     if tied:
         notes.append("tied embeddings: the file holds token_embd only, typed as the output tensor")
     unmapped = [t.sources[0] for t in names if t.mapped_by == "unmapped"]
     if unmapped:
         notes.append(f"{len(unmapped)} parameter(s) with no GGUF name (typed by llama.cpp's rules as 'other'), "
                      f"e.g. {unmapped[0]}")
-    if any(t.name.endswith("attn_kv_b.weight") for t in predicted):
-        notes.append("MLA: attn_kv_b is predicted whole, as the table names it; converters that also write its "
-                     "attn_k_b/attn_v_b halves give a file these figures do not hold")
+    if any(t.name.endswith("attn_k_b.weight") for t in predicted):
+        notes.append("MLA: kv_b_proj is written as attn_k_b and attn_v_b, as the converter splits it (llama.cpp's "
+                     "rules know neither name: default type)")
     extra = [t for t in predicted if not t.sources]
     if extra:
         notes.append("the file also holds " + ", ".join(f"{t.name} ({t.nbytes:,} B {t.ggml_type})" for t in extra)
