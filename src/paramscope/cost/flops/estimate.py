@@ -284,7 +284,12 @@ def _estimate(report: Any, view: Any, options: FlopOptions, checked: Any, media:
     the language model runs over the text and the image tokens, and the towers' lines are added."""
     text = text_config(view.config)
     seq, length_notes = _length(report, text, options)
-    seq += media.tokens if media is not None else 0
+    if media is not None and media.tokens:
+        seq += media.tokens
+        limit = max_context(text)
+        if limit is not None and seq > limit:
+            length_notes = length_notes + [f"the text and image tokens ({seq:,}) reach beyond the model's {limit:,} "
+                                           "positions"]
     if options.causal == "half" and not view.class_name.endswith(("ForCausalLM", "LMHeadModel")):
         raise OptionError("{0} half halves a causal decoder's attention; {name}'s attention is bidirectional (or, for "
                           "an encoder-decoder, partly so)", "causal", name=view.class_name)
