@@ -241,6 +241,13 @@ def test_a_tied_head_and_llama_cpps_rope_factors_are_named(files: dict[str, Path
     assert rec["file_parameters"] == 86_848 - VOCAB * H + 8 and rec["class_parameters"] == 86_848 - VOCAB * H
     assert [(d["kind"], d["name"], d["elements"], d["explained"]) for d in rec["differences"]] == [
         ("tied", "lm_head.weight", 0, True), ("file only", "rope_freqs.weight", 8, True)]
+    # memory: the tied head costs nothing more, and the file's rope factors (8 × 4 B) are no parameter
+    ck = read_gguf(files["tied"])
+    report, _ = inspect_source(resolve(str(files["tied"])), use_cache=False)
+    fmt = gguf_file_format(ck, 2)
+    weights = weight_memory(report.params, report.buffers, fmt, quantized=fmt.quantized_names(report.params))
+    assert weights.bytes == ck.nbytes - 32 == 59_792
+    assert fmt.label.endswith("its rope_freqs (32 B) is the class's rotary buffer here")
 
 
 def test_a_qwen2_moe_with_fused_experts_and_a_shared_expert(files: dict[str, Path],

@@ -76,8 +76,11 @@ def gguf_file_format(ck: GGUFCheckpoint, layers: int) -> GGUFFileFormat:
     other GGUF formats here compute (the KV cache f16, llama.cpp's default --cache-type-k/v)."""
     types = ", ".join(f"{k} {v['bits_per_weight']:.2f}" for k, v in ck.by_type().items())
     bpw = ck.bits_per_weight
+    rope = next((t for t in ck.tensors if t.name == "rope_freqs.weight"), None)
+    # llama.cpp's rope factors are no parameter of the class: its rotary buffer (counted with the buffers) holds them
+    extra = f"; its rope_freqs ({rope.nbytes:,} B) is the class's rotary buffer here" if rope is not None else ""
     return GGUFFileFormat(
         key="gguf-file", kind="gguf",
         label=f"the GGUF file's own ggml types, tensor by tensor ({bpw:.2f} bits per weight overall; {types} bits "
-              "per weight), exact bytes from its header",
+              f"per weight), exact bytes from its header{extra}",
         compute_dtype="float32", targets="matrices", checkpoint=ck, layers=layers)
