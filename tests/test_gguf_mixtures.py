@@ -259,10 +259,17 @@ def test_mla_kv_b_is_written_as_k_b_and_v_b():
     qk_nope 128: Q4_K falls back to Q5_0) and attn_v_b [128, 128, 512] (Q4_K); llama.cpp's rules name neither."""
     from paramscope.api import inspect
 
-    predicted = predict_gguf(inspect("deepseek-ai/DeepSeek-V3").params, _preset_config("deepseek-ai/DeepSeek-V3"),
-                             "Q4_K_M", n_layers=61)
+    report = inspect("deepseek-ai/DeepSeek-V3")
+    predicted = predict_gguf(report.params, _preset_config("deepseek-ai/DeepSeek-V3"), "Q4_K_M", n_layers=61,
+                             buffers=report.buffers)
     layer0 = {t.name: (t.ggml_type, t.shape, t.nbytes) for t in predicted.tensors
               if t.name in ("blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight")}
     assert layer0 == {"blk.0.attn_k_b.weight": ("Q5_0", (128, 512, 128), 128 * 512 * 128 // 32 * 22),
                       "blk.0.attn_v_b.weight": ("Q4_K", (128, 128, 512), 128 * 128 * 512 // 256 * 144)}
     assert not any(t.name.endswith("attn_kv_b.weight") for t in predicted.tensors)
+    # the router's score-correction bias (a buffer) is written too: blk.3-60.exp_probs_b.bias, F32. The whole file:
+    # 1,086 tensors, as llama.cpp's loader counts the split-kv_b DeepSeek-V3 GGUFs; the types as it lists a
+    # Q4_K_M made before the split (f32 361, q4_K 606, q6_K 58), with attn_k_b's 61 now Q5_0 and attn_v_b's Q4_K.
+    assert len(predicted.tensors) == 1086
+    assert {k: r["tensors"] for k, r in predicted.by_type().items()} == {"F32": 361, "Q4_K": 606, "Q5_0": 61,
+                                                                          "Q6_K": 58}

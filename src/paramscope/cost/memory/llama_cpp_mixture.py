@@ -124,11 +124,13 @@ def _base_of_role() -> dict[str, str]:
 
 
 def converter_tensors(params: Iterable[Any], config: dict[str, Any], n_layers: int,
-                      transposed: frozenset[str] = frozenset()) -> tuple[GGUFName, ...]:
+                      transposed: frozenset[str] = frozenset(), buffers: Iterable[Any] = ()) -> tuple[GGUFName, ...]:
     """Each parameter (name, shape, role, numel) as the tensor(s) convert_hf_to_gguf.py writes: named by gguf's
     table for the architecture (checkpoint/gguf_names.parameter_gguf_names: a fused gate_up_proj of experts is two
     tensors), per-expert linears stacked, else named by the parameter's role, else unmapped. `transposed`: weights
-    the class stores [in, out] (GPT-2's Conv1D), which the converter writes as ggml's [out, in]."""
+    the class stores [in, out] (GPT-2's Conv1D), which the converter writes as ggml's [out, in]. `buffers` that
+    hold learned values (count.BufferInfo with a role: DeepSeek's router score-correction bias) are written too,
+    F32, where the table names them."""
     arch = gguf_arch_of(config)
     out: list[GGUFName] = []
     stacked: dict[tuple[str, str], list[Any]] = {}
@@ -159,6 +161,12 @@ def converter_tensors(params: Iterable[Any], config: dict[str, Any], n_layers: i
             out.append(GGUFName(name, shape, gguf_role(name), (p.name,), "role"))
         else:
             out.append(GGUFName(p.name, shape, p.role, (p.name,), "unmapped"))
+    for b in buffers:
+        if getattr(b, "role", None) and arch:
+            # the converter renames e_score_correction_bias to e_score_correction.bias before its table
+            names = parameter_gguf_names(arch, max(n_layers, 1), re.sub(r"_bias$", ".bias", b.name))
+            if len(names) == 1:
+                out.append(GGUFName(names[0], tuple(int(d) for d in b.shape), gguf_role(names[0]), (), "converter"))
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     scaling = text.get("rope_scaling") if isinstance(text.get("rope_scaling"), dict) else {}
     if arch == "llama" and (scaling.get("rope_type") or scaling.get("type")) == "llama3":
@@ -484,7 +492,7 @@ def _model(config: dict[str, Any], n_layers: int, tied: bool) -> _Model:
 
 
 def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *, n_layers: int = 0,
-                 transposed: frozenset[str] = frozenset()) -> GGUFPrediction:
+                 transposed: frozenset[str] = frozenset(), buffers: Iterable[Any] = ()) -> GGUFPrediction:
     """The GGUF file `llama-quantize` writes for the model of `params` (ParameterInfo: name, shape, role, aliases)
     in `mixture` ("Q4_K_M"): every tensor's ggml type and exact bytes, and each parameter's bytes.
 
@@ -496,7 +504,7 @@ def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *,
     if ftype is None:
         raise ValueError(f"no llama.cpp mixture {mixture!r}")
     default = MIXTURES[ftype]
-    names = converter_tensors(params, config, n_layers, transposed)
+    names = converter_tensors(params, config, n_layers, transposed, buffers)
     tied = not any(t.name == "output.weight" for t in names)
     model = _model(config, n_layers, tied)
     qs = _State(n_attention_wv=sum(_category(t.name) in ("attn_v", "attn_qkv", "attn_kv_b") for t in names))
@@ -542,8 +550,11 @@ def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *,
                      "rules know neither name: default type)")
     extra = [t for t in predicted if not t.sources]
     if extra:
-        notes.append("the file also holds " + ", ".join(f"{t.name} ({t.nbytes:,} B {t.ggml_type})" for t in extra)
-                     + ", written by the converter, no parameter of the class")
+        shown = ", ".join(f"{t.name} ({t.nbytes:,} B {t.ggml_type})" for t in extra[:3])
+        more = f" and {len(extra) - 3:,} more" if len(extra) > 3 else ""
+        notes.append(f"the file also holds {shown}{more}, {sum(t.nbytes for t in extra):,} B in all: written by the "
+                     "converter from no parameter of the class (the rope frequency factors, a learned buffer), so "
+                     "not in the weights above")
     if any(len(t.sources) > 1 for t in names):
         notes.append("per-expert linears are stacked into one tensor per layer and projection, as the converter "
                      "writes them")
@@ -596,8 +607,9 @@ class MixtureFormat(WeightFormat):
 
 
 def with_prediction(fmt: WeightFormat, params: Iterable[Any], config: dict[str, Any], n_layers: int,
-                    transposed: frozenset[str] = frozenset()) -> MixtureFormat:
+                    transposed: frozenset[str] = frozenset(), buffers: Iterable[Any] = ()) -> MixtureFormat:
     """`fmt` (a mixture --dtype) with the file llama-quantize would write for these parameters."""
     values = {f.name: getattr(fmt, f.name) for f in fmt.__dataclass_fields__.values() if f.init}
-    prediction = predict_gguf(params, config, fmt.mixture or "", n_layers=n_layers, transposed=transposed)
+    prediction = predict_gguf(params, config, fmt.mixture or "", n_layers=n_layers, transposed=transposed,
+                              buffers=buffers)
     return MixtureFormat(**values, prediction=prediction)

@@ -96,7 +96,7 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         from .llama_cpp_mixture import with_prediction
 
         fmt = with_prediction(fmt, report.params, view.config, report.num_layers or 0, input_first_weights(
-            view, [p.name for p in report.params if len(p.shape) == 2]))
+            view, [p.name for p in report.params if len(p.shape) == 2]), report.buffers)
     quantized = quantized_names(view, report.params, fmt, not_convert)
     fp32 = view.kept_in_fp32(fmt.compute_dtype, [p.name for p in report.params] + [b.name for b in report.buffers])
     inputs_first = input_first_weights(view, quantized)
