@@ -217,9 +217,16 @@ def test_fallbacks_and_the_dtype_names():
 def test_memory_names_the_mixture_and_its_file():
     from paramscope.cost.memory.serving_answer import estimate_memory
 
-    memory = estimate_memory(_llama(256, 512), MemoryOptions(dtype="q4_k_m", seq=16))
+    import transformers
+
+    config = transformers.MixtralConfig(hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=128,
+                                        num_local_experts=8, num_experts_per_tok=2)
+    memory = estimate_memory(config, MemoryOptions(dtype="q4_k_m", seq=16))
     file = memory.settings["gguf_file"]
     assert file["mixture"] == "Q4_K_M" and "llama_tensor_get_type" in file["source"]
+    # the config reaches the rules as the memory command holds it (an object): 8 experts, attn_k/attn_v Q8_0
+    assert file["arch"] == "llama" and file["by_type"]["Q8_0"]["tensors"] == 4
     assert memory.weights.bytes == file["bytes"]
     assert memory.weights.by_dtype["q6_k"] == file["by_type"]["Q6_K"]["bytes"]
     assert any("predicted Q4_K_M GGUF file" in n for n in memory.notes)

@@ -95,6 +95,26 @@ class GGUFName:
         return math.prod(self.shape)
 
 
+# The config fields the converter's names and llama.cpp's rules read.
+_CONFIG_KEYS = ("model_type", "num_attention_heads", "n_head", "num_key_value_heads", "num_local_experts",
+                "num_experts", "n_routed_experts", "moe_num_experts", "num_hidden_layers", "hidden_size", "head_dim",
+                "rope_scaling", "rope_parameters", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank")
+
+
+def config_fields(config: Any) -> dict[str, Any]:
+    """The fields of a config dict or object (transformers' config, or the recorded facts' stand-in for it) that
+    the prediction reads, as a dict; its text_config likewise."""
+    if isinstance(config, dict):
+        return config
+    if config is None:
+        return {}
+    out = {key: value for key in _CONFIG_KEYS if (value := getattr(config, key, None)) is not None}
+    text = getattr(config, "text_config", None)
+    if text is not None and text is not config:
+        out["text_config"] = config_fields(text)
+    return out
+
+
 def gguf_arch_of(config: dict[str, Any]) -> str | None:
     """llama.cpp's architecture for a transformers config (or its text_config), when the gguf package has it."""
     import gguf
@@ -168,7 +188,7 @@ def converter_tensors(params: Iterable[Any], config: dict[str, Any], n_layers: i
             if len(names) == 1:
                 out.append(GGUFName(names[0], tuple(int(d) for d in b.shape), gguf_role(names[0]), (), "converter"))
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    scaling = text.get("rope_scaling") if isinstance(text.get("rope_scaling"), dict) else {}
+    scaling = next((v for v in (text.get("rope_scaling"), text.get("rope_parameters")) if isinstance(v, dict)), {})
     if arch == "llama" and (scaling.get("rope_type") or scaling.get("type")) == "llama3":
         # convert_hf_to_gguf.py's LlamaModel writes Llama 3.1's rope frequency factors, one per rotary pair
         head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
@@ -499,7 +519,7 @@ def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *,
     A tied output head (transformers' lm_head.weight is embed_tokens.weight) is one parameter, so the file holds no
     output.weight, as the converter writes it; llama.cpp then types token_embd as the output tensor."""
     params = tuple(params)
-    config = config if isinstance(config, dict) else {}
+    config = config_fields(config)
     ftype = mixture_name(mixture)
     if ftype is None:
         raise ValueError(f"no llama.cpp mixture {mixture!r}")
