@@ -188,6 +188,12 @@ def test_llama_70b_attn_v_takes_q5_k_outside_use_more_bits():
     attn_v = [t.ggml_type for t in predicted.tensors if t.name.endswith("attn_v.weight")]
     # use_more_bits over 80 layers: 10 first, 10 last, and (i - 10) % 3 == 2 between: 20 → 40 Q6_K
     assert (attn_v.count("Q6_K"), attn_v.count("Q5_K")) == (40, 40)
+    # qwen2 of 80 layers is llama.cpp's 70B too (Qwen2.5-72B); Llama-2-13B's 40 layers are not
+    qwen = predict_gguf(inspect("Qwen/Qwen2.5-72B").params, _preset_config("Qwen/Qwen2.5-72B"), "Q4_K_M", n_layers=80)
+    assert sum(t.ggml_type == "Q5_K" for t in qwen.tensors if t.name.endswith("attn_v.weight")) == 40
+    llama2 = predict_gguf(inspect("meta-llama/Llama-2-13b-hf").params, _preset_config("meta-llama/Llama-2-13b-hf"),
+                          "Q4_K_M", n_layers=40)
+    assert not any(t.ggml_type == "Q5_K" for t in llama2.tensors)
 
 
 def _preset_config(name):

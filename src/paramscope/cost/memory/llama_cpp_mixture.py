@@ -506,8 +506,9 @@ def _model(config: dict[str, Any], n_layers: int, tied: bool) -> _Model:
             break
     arch = gguf_arch_of(config)
     n_layer = int(text.get("num_hidden_layers") or n_layers or 1)
-    # llama-model.cpp gives LLM_TYPE_70B to a llama-architecture model of 80 layers with grouped KV heads
-    is_70b = arch == "llama" and n_layer == 80 and n_head != n_kv
+    # llama-model.cpp's LLM_TYPE_70B: 80 layers for qwen2, deci and olmoe, and for llama with grouped KV heads (80
+    # layers without them are its 65B)
+    is_70b = n_layer == 80 and (arch in ("qwen2", "deci", "olmoe") or (arch == "llama" and n_head != n_kv))
     return _Model(arch, n_layer, max(n_head // max(n_kv, 1), 1), n_expert, is_70b, tied)
 
 
