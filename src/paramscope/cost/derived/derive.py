@@ -167,18 +167,21 @@ def batch_range_of(batch: int) -> tuple[int, int]:
     return (1, 1) if batch == 1 else (2, MAX_BATCH)
 
 
-def sample_points(seq_range: tuple[int, int], avoid: set[int], batch_range: tuple[int, int]
+def sample_points(seq_range: tuple[int, int], avoid: set[int], batch_range: tuple[int, int], unit: int = 1
                   ) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Two (B, S) inside the ranges whose values no config integer shares, so that no two forms of a dimension
-    agree on both."""
-    low, high = seq_range
+    """Two (B, S') inside the ranges whose values no config integer shares, so that no two forms of a dimension
+    agree on both; S' = S / unit (S itself where unit is 1), with S' and S both clear of the config's integers."""
+    low, high = -(-seq_range[0] // unit), seq_range[1] // unit
     picked: list[int] = []
     s = max(low, 17)
     while len(picked) < 2 and s <= high:
-        if _prime(s) and not {s - 2, s - 1, s, s + 1, s + 2} & avoid:
+        near = {s - 2, s - 1, s, s + 1, s + 2} | {unit * s + d for d in range(-2, 3)}
+        if _prime(s) and not near & avoid:
             picked.append(s)
         s += 1
     if len(picked) < 2:  # a narrow range: any two lengths in it (or the one)
+        if low > high:
+            raise NotDerivable(f"no length in {seq_range[0]:,}–{seq_range[1]:,} is a multiple of {unit}")
         picked = [low, min(high, low + 1)]
     batches = (1, 1) if batch_range == (1, 1) else (3, 2)
     return (batches[0], picked[0]), (batches[1], picked[1])
@@ -212,6 +215,13 @@ def config_integers(config: Any) -> set[int]:
     return found
 
 
+def seq_unit_of(settings: Any) -> int:
+    """The sequence's unit under the settings' layout: the tensor-parallel degree under sequence parallelism (a rank
+    holds S / t of the tokens between its blocks), else 1."""
+    layout = getattr(settings, "layout", None)
+    return int(layout[2]) if layout and len(layout) > 3 and layout[3] and layout[2] > 1 else 1
+
+
 def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
                     max_context: int | None = None) -> DerivedRecipe:
     """The recipe for `module`'s training step under `settings` (traced/step.StepSettings; its batch and seq are
@@ -228,18 +238,25 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
     # several cannot
     batch_range = batch_range_of(batch)
     regime = f"B = 1; {regime}" if batch == 1 else f"B ≥ 2; {regime}"
-    at1, at2 = sample_points(seq_range, config_integers(module.config), batch_range)
+    unit = seq_unit_of(settings)
+    if seq % unit:
+        raise NotDerivable(f"sequence parallelism over {unit} ranks splits the sequence: {unit} does not divide "
+                           f"{seq:,}")
+    # the sample points are in S' = S / unit; each is traced at S = unit · S'
+    at1, at2 = sample_points(seq_range, config_integers(module.config), batch_range, unit)
 
     def trace(layers: int, at: tuple[int, int]) -> Any:
         cut = cut_module(module, path, layers)
-        return record_training_step(cut, dataclasses.replace(settings, batch=at[0], seq=at[1]), path)
+        return record_training_step(cut, dataclasses.replace(settings, batch=at[0], seq=at[1] * unit), path)
 
     with progress.status(f"deriving {type(module).__name__}'s training memory from traces of {depth} and "
                          f"{check_depth} layers"):
         first, second = trace(depth, at1), trace(depth, at2)
         recipe = build_recipe(first, second, at1, at2, cut_types=types[:depth - 1] + types[-1:], model_types=types,
                               seq_range=seq_range, batch_range=batch_range, regime=regime)
-        check_at = (batch, seq) if recipe.covers(batch, seq) else (batch_range[0], seq_range[0])
+        recipe = dataclasses.replace(recipe, seq_unit=unit)
+        check_at = (batch, seq // unit) if recipe.covers(batch, seq) else \
+            (batch_range[0], -(-seq_range[0] // unit))
         check = trace(check_depth, check_at)
         candidates = grow_boundaries(recipe, check, types[:check_depth - 1] + types[-1:], check_at)
         checks = [(check_depth, check_at, check)]
@@ -250,7 +267,8 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
             checks.append((third_depth, third_at, trace(third_depth, third_at)))
 
     def mismatch(candidate: DerivedRecipe) -> str | None:
-        for layers, at, timeline in checks:
+        for layers, (b, s), timeline in checks:
+            at = (b, s * unit)
             predicted = candidate.peaks(*at, layer_types=types[:layers - 1] + types[-1:])
             measured = DerivedPeaks(*timeline.peaks(), predicted.gradients_at_backward_peak)
             if predicted != measured:
@@ -263,13 +281,15 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
     if all(failures):
         raise NotDerivable(failures[0])
     recipe = candidates[failures.index(None)]
-    words = "; ".join(f"{layers} layers at B={at[0]}, S={at[1]}: forward peak {t.peaks()[0]:,} B, backward peak "
-                      f"{t.peaks()[2]:,} B" for layers, at, t in checks)
+    words = "; ".join(f"{layers} layers at B={at[0]}, S={at[1] * unit}: forward peak {t.peaks()[0]:,} B, backward "
+                      f"peak {t.peaks()[2]:,} B" for layers, at, t in checks)
     grew = " (what the step builds per layer outside the layers, such as a cache layer's tensors, read from the " \
         "first check)" if len(checks) > 1 else ""
     assumed = "".join(f"; {note}" for note in first.notes)
     return dataclasses.replace(
         recipe,
-        traced=(f"traced at {depth} layers, B={at1[0]}, S={at1[1]} and B={at2[0]}, S={at2[1]} (fake tensors, "
-                f"every allocation and free){grew}{assumed}"),
+        traced=(f"traced at {depth} layers, B={at1[0]}, S={at1[1] * unit} and B={at2[0]}, S={at2[1] * unit} (fake "
+                f"tensors, every allocation and free){grew}{assumed}"
+                + (f"; sizes in S' = S / {unit}, the tokens a rank holds under sequence parallelism" if unit > 1
+                   else "")),
         check=f"checked against a trace of {words}, equal to the byte")

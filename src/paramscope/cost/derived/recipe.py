@@ -74,12 +74,16 @@ class DerivedRecipe:
     regime: str  # the regime in words
     traced: str  # how it was derived, in words
     check: str  # the check before use, in words
+    # the sizes are polynomials in S / seq_unit: under sequence parallelism a rank holds S / t of the tokens, a
+    # dimension no integer form of S gives, so the recipe is derived in S' = S / t from traces at multiples of t
+    seq_unit: int = 1
 
     def __post_init__(self) -> None:
         freeze_fields(self, "middle_forward", "middle_backward")
 
     def covers(self, batch: int, seq: int) -> bool:
-        return self.seq_range[0] <= seq <= self.seq_range[1] and self.batch_range[0] <= batch <= self.batch_range[1]
+        return self.seq_range[0] <= seq <= self.seq_range[1] and self.batch_range[0] <= batch <= self.batch_range[1] \
+            and seq % self.seq_unit == 0
 
     def peaks(self, batch: int, seq: int, layer_types: Sequence[str] | None = None) -> DerivedPeaks:
         """The step's figures at `batch` × `seq` for the model's layers (or `layer_types`, a cut's)."""
@@ -109,7 +113,11 @@ class DerivedRecipe:
         from .symbols import words
 
         moment = "at the end of the forward" if phase == "end of forward" else f"at the {phase} peak"
-        return f"live {moment}: {words(self.moment(batch, seq, phase))} B ({self.regime})"
+        unit = f"; S' = S / {self.seq_unit} = {seq // self.seq_unit:,}" if self.seq_unit > 1 else ""
+        text = words(self.moment(batch, seq, phase))
+        if self.seq_unit > 1:
+            text = text.replace("S", "S′")
+        return f"live {moment}: {text} B ({self.regime}{unit})"
 
     def moment(self, batch: int, seq: int, phase: str) -> Poly:
         """What is live at `phase`'s peak ("forward", "end of forward", "backward") at `batch` × `seq`, as a
@@ -154,6 +162,7 @@ class DerivedRecipe:
         Python integers where int64 could overflow."""
         import numpy as np
 
+        seq //= self.seq_unit
         memo = self._memo()
         matrix = memo.get("values")
         if matrix is None:
@@ -232,7 +241,7 @@ def recipe_to_json(recipe: DerivedRecipe) -> dict[str, Any]:
         "middle_backward": {k: [list(e) for e in v] for k, v in recipe.middle_backward.items()},
         "layer_types": list(recipe.layer_types), "cut_types": list(recipe.cut_types),
         "seq_range": list(recipe.seq_range), "batch_range": list(recipe.batch_range),
-        "regime": recipe.regime, "traced": recipe.traced, "check": recipe.check,
+        "regime": recipe.regime, "traced": recipe.traced, "check": recipe.check, "seq_unit": recipe.seq_unit,
     }
     for name in _SEGMENTS:
         data[name] = [list(e) for e in getattr(recipe, name)]
@@ -289,6 +298,8 @@ def recipe_from_json(data: Any) -> DerivedRecipe:
         value = data.get(name)
         expect(isinstance(value, str) and len(value) <= 2000, f"{name}: text")
         words[name] = value
+    unit = data.get("seq_unit", 1)
+    expect(is_int(unit) and 1 <= unit <= 1 << 10, "seq_unit: a whole number from 1 to 1,024")
     return DerivedRecipe(sizes=tuple(polys), gradient=tuple(bool(g) for g in gradient),
                          **{name: entries(data.get(name), name) for name in _SEGMENTS},
-                         **middle, layer_types=tuple(types), cut_types=tuple(cut), **ranges, **words)
+                         **middle, layer_types=tuple(types), cut_types=tuple(cut), **ranges, **words, seq_unit=unit)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .derive import batch_range_of, derive_training, regime_of
+from .derive import batch_range_of, derive_training, regime_of, seq_unit_of
 from .recipe import DerivedPeaks, DerivedRecipe
 from .symbols import NotDerivable
 
@@ -65,6 +65,8 @@ class DerivedStep:
         for recipe in self.recipes:
             if recipe.covers(batch, seq):
                 return recipe.peaks(batch, seq)
+        if seq % seq_unit_of(self.settings):  # sequence parallelism: a length the ranks cannot split evenly
+            return None
         regime = (batch_range_of(batch), regime_of(self.config, seq, self.limit)[0])
         if regime in self.declined_regimes:  # tried once: not again
             return None

@@ -19,7 +19,9 @@ from .recipe import DerivedRecipe, recipe_from_json, recipe_to_json
 
 # 2: a layer's type includes its parameters' trainability (v1 recipes of plans that froze layers beyond the cut
 # extended the cut's trainable layers over them: never read again)
-FORMAT = 2
+# 3: a fake wait_tensor's output is the tensor it waited on (v2 counted a tensor-parallel all-reduce's output twice);
+# recipes carry their sequence unit (sequence parallel: sizes in S / tp)
+FORMAT = 3
 
 
 def recipe_key(class_name: str, config: Any, settings: Any, batch: int, seq_range: tuple[int, int],

@@ -168,7 +168,7 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     layout = ctx.layout
     placements = placements_for(ctx.report, ctx.view, layout)
     rules = rules_in_words(placements, layout)
-    derivable = ctx.derive and layout.pp == 1 and layout.cp == 1 and layout.ep == 1 and not layout.sp and (
+    derivable = ctx.derive and layout.pp == 1 and layout.cp == 1 and layout.ep == 1 and (
         layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1 or
         layout.tp > 1 and _local_recipe_missing(ctx))
     declined = ""
@@ -251,7 +251,8 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
                             grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
                             frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own,
-                            layout=(layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, False))
+                            layout=(layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp,
+                                    layout.sp))
     try:
         step = DerivedStep.first(ctx.view.module, ctx.view.class_name, ctx.view.config, settings, batch=ctx.batch,
                                  seq=ctx.seq, limit=ctx.limit, live=ctx.live, structure=ctx.structure)
@@ -282,7 +283,8 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
             where, ctx.batch, ctx.seq)),) + phases[index + 1:]
     notes = [f"one rank's step derived from traces of the real class on torch's fake process group "
              f"({'FSDP2' if fsdp else ''}{' and ' if fsdp and layout.tp > 1 else ''}"
-             f"{'DTensor tensor parallel' if layout.tp > 1 else ''}): {step.recipe.traced}; {step.recipe.check}"]
+             f"{'DTensor tensor parallel' if layout.tp > 1 else ''}{' with sequence parallel' if layout.sp else ''}"
+             f"): {step.recipe.traced}; {step.recipe.check}"]
     device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           figures.end_of_forward, "derived: one rank's step traced on short cuts with the layout "
                           "applied (torch's fake process group), laid out to the model's depth", dev.arithmetic,

@@ -179,6 +179,8 @@ def _recorder() -> Any:
     import dataclasses
 
     import torch
+    from torch._guards import active_fake_mode
+    from torch._subclasses.fake_tensor import is_fake
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
     from torch.utils.weak import WeakIdKeyDictionary
@@ -239,6 +241,12 @@ def _recorder() -> Any:
                 finalizer.detach()
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
+            if func is torch.ops._c10d_functional.wait_tensor.default and (active_fake_mode() is not None or
+                                                                           is_fake(args[0])):
+                # eager wait_tensor returns the tensor it waited on; the fake (meta) kernel returns a new one, which
+                # would count a collective's output twice (tensor parallel's all-reduce under sequence parallel:
+                # B·S·h·4 B). MemTracker overrides it the same way.
+                return args[0]
             result = func(*args, **(kwargs or {}))
             for tensor in (inner for leaf in tree_leaves(result) for inner in _plain(leaf)):
                 storage = tensor.untyped_storage()
