@@ -286,3 +286,23 @@ def test_mla_kv_b_is_written_as_k_b_and_v_b():
     assert len(predicted.tensors) == 1086
     assert {k: r["tensors"] for k, r in predicted.by_type().items()} == {"F32": 361, "Q4_K": 606, "Q5_0": 61,
                                                                           "Q6_K": 58}
+
+
+def test_an_importance_matrix_changes_iq4_xs_and_q4_0_first_ffn_down_layers():
+    from paramscope.api import inspect
+    from paramscope.errors import ParamscopeError
+
+    params, config = inspect("meta-llama/Meta-Llama-3-8B").params, _preset_config("meta-llama/Meta-Llama-3-8B")
+
+    def counts(mixture, imatrix):
+        predicted = predict_gguf(params, config, mixture, n_layers=32, imatrix=imatrix)
+        return {k: r["tensors"] for k, r in predicted.by_type().items()}
+
+    # IQ4_XS: attn_v Q5_K (GQA 32/8 = 4); without an importance matrix also ffn_down of layers 0-3 (< 32/8)
+    assert counts("IQ4_XS", False) == {"F32": 65, "IQ4_XS": 189, "Q5_K": 36, "Q6_K": 1}
+    assert counts("IQ4_XS", True) == {"F32": 65, "IQ4_XS": 193, "Q5_K": 32, "Q6_K": 1}
+    # Q4_0 with one: ffn_down of layers 0-3 Q4_1; Q4_K_M reads no importance matrix
+    assert counts("Q4_0", True) == {"F32": 65, "Q4_0": 221, "Q4_1": 4, "Q6_K": 1}
+    assert counts("Q4_K_M", True) == counts("Q4_K_M", False)
+    with pytest.raises(ParamscopeError, match="imatrix"):
+        MemoryOptions(dtype="q4_k", imatrix=True).check()  # a single type, not a mixture

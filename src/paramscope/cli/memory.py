@@ -30,6 +30,9 @@ def add_parser(subparsers: Any) -> None:
                              + ", ".join(FORMAT_CHOICES))
     parser.add_argument("--group-size", type=int, metavar="G",
                         help="GPTQ/AWQ group size along the input dimension (default 128; -1: per channel)")
+    parser.add_argument("--imatrix", action="store_true",
+                        help="with a llama.cpp mixture (--dtype q4_k_m, iq4_xs, ...): the file llama-quantize writes "
+                             "with an importance matrix, as most published GGUFs are made")
     parser.add_argument("--kv-dtype", metavar="DTYPE", help="KV cache dtype: fp32, bf16, fp16, fp8 "
                         "(default: the compute dtype)")
     parser.add_argument("--kv-layout", default="hf", choices=("hf", "grouped", "latent", "expanded"),
@@ -127,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     options = MemoryOptions(dtype=args.dtype, kv_dtype=args.kv_dtype, batch=args.batch, seq=args.seq,
                             kv_layout=args.kv_layout, group_size=args.group_size, encoder_seq=args.encoder_seq,
                             gpu=args.gpu, budget=checked_size("--budget", args.budget), reserve=reserve,
-                            trace=bool(args.trace), **({} if args.training else {"tp": args.tp, "pp": args.pp}))
+                            trace=bool(args.trace), imatrix=bool(args.imatrix),
+                            **({} if args.training else {"tp": args.tp, "pp": args.pp}))
     options.check()
     if args.dtype is not None:
         from ..cost.memory.quantization import weight_format

@@ -19,9 +19,9 @@ A mixture (llama.cpp's `llama_ftype`) is not one type: `llama-quantize` picks ea
 - the fallback when a row (ne[0]) is no multiple of the chosen type's block (`tensor_type_fallback`): Q4_K → Q5_0,
   Q5_K → Q5_1, Q6_K → Q8_0, Q2_K/Q3_K → Q4_0, IQ4_XS/IQ3_S → IQ4_NL, then F16.
 
-Assumed, as `llama-quantize MODEL-F16.gguf OUT.gguf TYPE` does by default: no importance matrix (it changes
-IQ4_XS/IQ4_NL's first ffn_down layers and Q4_0/Q5_0's), no --pure, no per-tensor overrides, and the output tensor
-quantised. Mixtures that need an importance matrix (IQ1/IQ2/IQ3_XXS/IQ3_XS, Q2_K_S) are not offered.
+Assumed, as `llama-quantize MODEL-F16.gguf OUT.gguf TYPE` does by default: no --pure, no per-tensor overrides, the
+output tensor quantised, and no importance matrix unless asked (`imatrix`: it keeps IQ4_XS/IQ4_NL's first ffn_down
+layers and promotes Q4_0/Q5_0's to Q4_1/Q5_1; the K mixtures do not read it). Mixtures that need an importance matrix (IQ1/IQ2/IQ3_XXS/IQ3_XS, Q2_K_S) are not offered.
 """
 
 from __future__ import annotations
@@ -253,6 +253,7 @@ class GGUFPrediction:
     tied_embeddings: bool
     notes: tuple[str, ...] = ()
     param_bytes: FrozenDict[str, TensorBytes] = field(default_factory=FrozenDict, compare=False)
+    imatrix: bool = False
 
     def __post_init__(self) -> None:
         freeze_fields(self, "param_bytes")
@@ -295,7 +296,8 @@ class GGUFPrediction:
                 "chat template: a few MB) and alignment padding", f"by ggml type: {types}"]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mixture": self.mixture, "source": SOURCE, "arch": self.arch, "tied_embeddings": self.tied_embeddings,
+        return {"mixture": self.mixture, "source": SOURCE, "imatrix": self.imatrix, "arch": self.arch,
+                "tied_embeddings": self.tied_embeddings,
                 "tensors": len(self.tensors), "elements": self.elements, "bytes": self.nbytes,
                 "bits_per_weight": self.bits_per_weight, "by_type": self.by_type(), "by_role": self.by_role(),
                 "notes": list(self.notes)}
@@ -386,6 +388,7 @@ class _Model:
     n_expert: int
     is_70b: bool
     tied: bool
+    imatrix: bool = False  # qs.has_imatrix
 
 
 def _choose(qs: _State, m: _Model, ftype: str, default: str, t: GGUFName, cat: str) -> tuple[str, str]:
@@ -451,12 +454,15 @@ def _choose(qs: _State, m: _Model, ftype: str, default: str, t: GGUFName, cat: s
                 why = f"ffn_down: {new.upper()} (Falcon, layer {i} of {n})"
             elif _use_more_bits(i, n):
                 new, why = "q6_k", f"ffn_down: Q6_K (use_more_bits({i}, {n}))"
-        elif i < n // 8 and ftype in ("IQ4_NL", "IQ4_XS"):
+        elif i < n // 8 and ftype in ("IQ4_NL", "IQ4_XS") and not m.imatrix:
             new, why = "q5_k", f"ffn_down: Q5_K (layer {i} < {n}/8, no importance matrix)"
         elif ftype == "Q5_K_M" and _use_more_bits(i, n):
             new, why = "q6_k", f"ffn_down: Q6_K (use_more_bits({i}, {n}))"
         elif ftype == "Q4_K_S" and not falcon and i < n // 8:
             new, why = "q5_k", f"ffn_down: Q5_K (layer {i} < {n}/8)"
+        elif ftype in ("Q4_0", "Q5_0") and m.imatrix and i < n // 8:
+            new = "q4_1" if ftype == "Q4_0" else "q5_1"
+            why = f"ffn_down: {new.upper()} (layer {i} < {n}/8, with an importance matrix)"
         qs.i_ffn_down += 1
         return new, why
     if cat == "attn_output":
@@ -487,15 +493,16 @@ def _fallback(kind: str, nx: int) -> tuple[str, str]:
     per_block = GGUF_TYPES[kind][0]
     if nx % per_block == 0:
         return kind, ""
-    if kind not in _FALLBACK:
-        raise ValueError(f"llama.cpp defines no fallback for {kind.upper()}")
+    if kind not in _FALLBACK:  # llama-quantize stops here too ("no tensor type fallback is defined")
+        raise UnsupportedError(f"rows of {nx:,} values are no whole number of {kind.upper()} blocks of {per_block}, "
+                               "and llama.cpp defines no fallback for that type")
     back = _FALLBACK[kind]
     if nx % GGUF_TYPES[back][0]:
         return "f16", f"; rows of {nx:,} fit no {kind.upper()} or {back.upper()} block: F16"
     return back, f"; rows of {nx:,} are no multiple of {per_block}: {back.upper()} (llama.cpp's fallback)"
 
 
-def _model(config: dict[str, Any], n_layers: int, tied: bool) -> _Model:
+def _model(config: dict[str, Any], n_layers: int, tied: bool, imatrix: bool = False) -> _Model:
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     n_head = int(text.get("num_attention_heads") or text.get("n_head") or 1)
     n_kv = int(text.get("num_key_value_heads") or n_head)
@@ -509,13 +516,15 @@ def _model(config: dict[str, Any], n_layers: int, tied: bool) -> _Model:
     # llama-model.cpp's LLM_TYPE_70B: 80 layers for qwen2, deci and olmoe, and for llama with grouped KV heads (80
     # layers without them are its 65B)
     is_70b = n_layer == 80 and (arch in ("qwen2", "deci", "olmoe") or (arch == "llama" and n_head != n_kv))
-    return _Model(arch, n_layer, max(n_head // max(n_kv, 1), 1), n_expert, is_70b, tied)
+    return _Model(arch, n_layer, max(n_head // max(n_kv, 1), 1), n_expert, is_70b, tied, imatrix)
 
 
 def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *, n_layers: int = 0,
-                 transposed: frozenset[str] = frozenset(), buffers: Iterable[Any] = ()) -> GGUFPrediction:
+                 transposed: frozenset[str] = frozenset(), buffers: Iterable[Any] = (),
+                 imatrix: bool = False) -> GGUFPrediction:
     """The GGUF file `llama-quantize` writes for the model of `params` (ParameterInfo: name, shape, role, aliases)
-    in `mixture` ("Q4_K_M"): every tensor's ggml type and exact bytes, and each parameter's bytes.
+    in `mixture` ("Q4_K_M"): every tensor's ggml type and exact bytes, and each parameter's bytes. `imatrix`:
+    quantised with an importance matrix (llama-quantize --imatrix), which a few rules read.
 
     A tied output head (transformers' lm_head.weight is embed_tokens.weight) is one parameter, so the file holds no
     output.weight, as the converter writes it; llama.cpp then types token_embd as the output tensor."""
@@ -527,7 +536,7 @@ def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *,
     default = MIXTURES[ftype]
     names = converter_tensors(params, config, n_layers, transposed, buffers)
     tied = not any(t.name == "output.weight" for t in names)
-    model = _model(config, n_layers, tied)
+    model = _model(config, n_layers, tied, imatrix)
     qs = _State(n_attention_wv=sum(_category(t.name) in ("attn_v", "attn_qkv", "attn_kv_b") for t in names))
     order = sorted(names, key=lambda t: (int(m.group(1)) if (m := _LAYER.match(t.name)) else -1, t.name))
     predicted: list[PredictedTensor] = []
@@ -554,7 +563,9 @@ def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *,
         kinds = sorted({_STORAGE.get(kind, kind.lower()) for _, kind, _ in rows})
         param_bytes[name] = TensorBytes(sum(b for *_, b in rows), 0, "+".join(kinds),
                                         " + ".join(f"{gname} {kind} {b:,} B" for gname, kind, b in rows))
-    notes = [f"{ftype}: each tensor's type as {SOURCE} picks it, without an importance matrix"]
+    with_imatrix = "with an importance matrix (--imatrix)" if imatrix else \
+        "without an importance matrix (--imatrix: with one, as most published GGUFs are made)"
+    notes = [f"{ftype}: each tensor's type as {SOURCE} picks it, {with_imatrix}"]
     counts = Counter((t.role, t.ggml_type) for t in predicted if t.ggml_type not in ("F32", "F16"))
     promoted = sorted({f"{role} {kind}" for (role, kind) in counts if kind.lower() != default})
     if promoted:
@@ -579,7 +590,7 @@ def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *,
     if any(len(t.sources) > 1 for t in names):
         notes.append("per-expert linears are stacked into one tensor per layer and projection, as the converter "
                      "writes them")
-    return GGUFPrediction(ftype, model.arch, tuple(predicted), tied, tuple(notes), param_bytes)
+    return GGUFPrediction(ftype, model.arch, tuple(predicted), tied, tuple(notes), param_bytes, imatrix)
 
 
 @dataclass(frozen=True)
@@ -628,9 +639,10 @@ class MixtureFormat(WeightFormat):
 
 
 def with_prediction(fmt: WeightFormat, params: Iterable[Any], config: dict[str, Any], n_layers: int,
-                    transposed: frozenset[str] = frozenset(), buffers: Iterable[Any] = ()) -> MixtureFormat:
+                    transposed: frozenset[str] = frozenset(), buffers: Iterable[Any] = (), *,
+                    imatrix: bool = False) -> MixtureFormat:
     """`fmt` (a mixture --dtype) with the file llama-quantize would write for these parameters."""
     values = {f.name: getattr(fmt, f.name) for f in fmt.__dataclass_fields__.values() if f.init}
     prediction = predict_gguf(params, config, fmt.mixture or "", n_layers=n_layers, transposed=transposed,
-                              buffers=buffers)
+                              buffers=buffers, imatrix=imatrix)
     return MixtureFormat(**values, prediction=prediction)

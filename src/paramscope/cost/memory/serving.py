@@ -43,6 +43,7 @@ class MemoryOptions:
     trace: bool = False  # also measure generate()'s prefill and one decode step on fake tensors
     tp: int = 1  # serving across GPUs (parallel/serving.py): tensor-parallel degree
     pp: int = 1  # pipeline stages
+    imatrix: bool = False  # a llama.cpp mixture quantised with an importance matrix (llama_cpp_mixture.py)
 
     def check(self) -> None:
         from ..parallel.serving import check_degrees
@@ -53,6 +54,9 @@ class MemoryOptions:
             raise OptionError("{0} measures one device; with {1} or {2} each GPU's figures are the analytic "
                               "engine's", "trace", "tp", "pp")
         check_batch_and_seq(1, self.encoder_seq, "encoder_seq")
+        if self.imatrix and (self.dtype is None or weight_format(self.dtype).mixture is None):
+            raise OptionError("{0} is for a llama.cpp mixture given with {1} (q4_k_m, iq4_xs, q4_0, ...)", "imatrix",
+                              "dtype")
         if self.kv_layout not in KV_LAYOUTS:
             raise OptionError("{0} must be one of {choices}, got {value!r}", "kv_layout", choices=", ".join(KV_LAYOUTS),
                               value=self.kv_layout)
@@ -96,7 +100,7 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         from .llama_cpp_mixture import with_prediction
 
         fmt = with_prediction(fmt, report.params, view.config, report.num_layers or 0, input_first_weights(
-            view, [p.name for p in report.params if len(p.shape) == 2]), report.buffers)
+            view, [p.name for p in report.params if len(p.shape) == 2]), report.buffers, imatrix=options.imatrix)
     quantized = quantized_names(view, report.params, fmt, not_convert)
     fp32 = view.kept_in_fp32(fmt.compute_dtype, [p.name for p in report.params] + [b.name for b in report.buffers])
     inputs_first = input_first_weights(view, quantized)
