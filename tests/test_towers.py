@@ -209,3 +209,40 @@ def test_llama_3_2_vision_reads_its_tiles_by_cross_attention():
     assert own["lm_head"] == 2 * 16 * hidden * text["vocab_size"]
     with pytest.raises(OptionError, match=r"each image is 4,100 tokens"):
         media_flops(module, MediaInput(image_tokens=5), batch=1, seq=16, training=False)
+
+
+def test_training_memory_on_an_image_holds_the_towers_and_their_saved_activations(cache):
+    """memory --training --images 1: the towers train (gradients and AdamW state for them), the language model's
+    activations are over text + image tokens, and what the towers' forward saves is held through the forward and
+    the language model's backward. The forward moment is the text-only one at the same length plus exactly the
+    towers' optimizer state and their saved activations."""
+    from paramscope.cost.memory.training import TrainingOptions, estimate_training
+
+    config = _small_llava(2)
+    image = estimate_training(config, TrainingOptions(seq=64, media=MediaInput(images=1), fits=False))
+    text = estimate_training(config, TrainingOptions(seq=640, fits=False))
+    held = [p for p in image.report.params if p.name.startswith(("vision_tower.", "multi_modal_projector."))]
+    towers = sum(p.numel for p in held)
+    assert image.training.states.trainable == image.report.total
+    assert image.settings["seq"] == 640
+    [saved] = [n for n in image.notes if n.startswith("image input: ")]
+    tower_saved = int(saved.split("what their forward saves for backward, ")[1].split(" B")[0].replace(",", ""))
+    phases = {p.phase: p.bytes for p in image.training.phases}
+    text_phases = {p.phase: p.bytes for p in text.training.phases}
+    # AdamW's two fp32 moments and a 4-byte step count a tensor
+    assert phases["forward"] == text_phases["forward"] + 2 * 4 * towers + 4 * len(held) + tower_saved
+    assert phases["optimizer step"] == text_phases["optimizer step"] + 3 * 4 * towers + 4 * len(held)
+    assert image.activations.bytes == text.activations.bytes + tower_saved
+
+
+def test_what_the_tower_saves_grows_by_a_layer_and_less_for_a_layer_nothing_reads():
+    """What the towers' forward saves and still holds at its end: each layer adds the same bytes; LLaVA reading
+    hidden states -2 holds less than reading -1 (the last layer's output feeds nothing the backward needs)."""
+    measured = {}
+    for layers, read in ((1, -1), (2, -1), (3, -1), (2, -2)):
+        config = _small_llava(layers) | {"vision_feature_layer": read}
+        _, module = inspect_with_module(config)
+        media = media_flops(module, MediaInput(images=1), batch=1, seq=16, training=True, precision="fp32")
+        measured[layers, read] = media.saved_bytes
+    assert measured[2, -1] - measured[1, -1] == measured[3, -1] - measured[2, -1] > 0
+    assert measured[1, -1] < measured[2, -2] < measured[2, -1]

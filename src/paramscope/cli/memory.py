@@ -58,6 +58,11 @@ def add_parser(subparsers: Any) -> None:
                           help="adamw (default, fused), adam, sgd, sgd-momentum, adafactor, adamw-8bit, lion")
     training.add_argument("--precision", default="bf16-mixed", metavar="P",
                           help="bf16-mixed (default; fp32 weights, bf16 autocast), fp16-mixed, fp32, bf16-pure")
+    training.add_argument("--image-tokens", type=int, metavar="N",
+                          help="image tokens a sequence (multimodal models, as flops takes it): the towers train and "
+                               "their saved activations are held; the language model's over the text + N tokens")
+    training.add_argument("--images", type=int, metavar="K",
+                          help="images a sequence at the vision config's own size (Gemma-3, LLaVA), as --image-tokens")
     training.add_argument("--grad-checkpointing", default="none", choices=("none", "full"),
                           help="full: each layer keeps only its input and is recomputed in backward")
     training.add_argument("--attention", choices=("sdpa", "eager", "flash"),
@@ -110,6 +115,15 @@ def add_parser(subparsers: Any) -> None:
     add_debug_option(parser)
 
 
+def _media(args: argparse.Namespace) -> Any:
+    """The images each sequence holds beside its text (--image-tokens, --images), or None."""
+    if args.image_tokens is None and args.images is None:
+        return None
+    from ..cost.towers import MediaInput
+
+    return MediaInput(image_tokens=args.image_tokens, images=args.images)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..cost.memory.serving import MemoryOptions
     from ..cost.memory.serving_answer import memory_answer
@@ -153,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
                                    devices=1 if layout or args.devices is None else args.devices,
                                    zero="0" if layout else args.zero,
                                    layout=layout, trace=args.trace, gpu=args.gpu, budget=options.budget,
-                                   reserve=reserve)
+                                   reserve=reserve, media=_media(args))
         training.check()
         from ..selection import check_pattern
 
@@ -176,6 +190,9 @@ def run(args: argparse.Namespace) -> int:
                                                                   flag in _LAYOUT_FLAGS else ""))
         if args.freeze:
             raise OptionError("--freeze is for --training")
+        if args.image_tokens is not None or args.images is not None:
+            raise OptionError("--image-tokens and --images are for --training here (serving memory on an image input "
+                              "is not counted yet)")
         source = resolve(args.model, revision=args.revision)
         report, estimate, view = memory_answer(source, options, not args.no_cache, **model_options)
     _show(args, report, estimate, width)

@@ -19,6 +19,7 @@ helpers on the real grid), Whisper (its encoder over 30 s windows of 3,000 mel f
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +89,10 @@ class MediaFlops:
     # cross-attention (Whisper's decoder, Llama-3.2-Vision's text model): the estimate reads them by role in place of
     # the analytic count; empty where the projector hands the language model tokens
     decoder_by_module: tuple[tuple[str, int], ...] = field(default=())
+    # training in a precision (media_flops' `precision`): the bytes the tower's and projector's forward saves for the
+    # backward and still holds when it ends (activations and autocast's weight copies, each storage once; the
+    # weights not), alive until the backward reaches them
+    saved_bytes: int | None = None
 
     @property
     def forward(self) -> int:
@@ -106,8 +111,11 @@ def media_family(config: Any) -> str | None:
     return kind if kind in _FAMILIES else None
 
 
-def media_flops(module: Any, media: MediaInput, *, batch: int, seq: int, training: bool) -> MediaFlops:
-    """Trace the tower (and projector) of `module` (built on meta) on `batch` sequences' images or audio."""
+def media_flops(module: Any, media: MediaInput, *, batch: int, seq: int, training: bool,
+                precision: str | None = None) -> MediaFlops:
+    """Trace the tower (and projector) of `module` (built on meta) on `batch` sequences' images or audio. With a
+    training `precision` ("bf16-mixed", …) the trace runs as that step runs it (the weights' dtype, autocast) and
+    also measures what the towers save for backward (MediaFlops.saved_bytes)."""
     media.check()
     config = getattr(module, "config", None)
     family = media_family(config)
@@ -125,7 +133,17 @@ def media_flops(module: Any, media: MediaInput, *, batch: int, seq: int, trainin
 
     with progress.status(f"counting {type(module).__name__}'s {'audio' if family == 'whisper' else 'vision'} tower on "
                          "fake tensors (FlopCounterMode)"):
-        return layout(module, media, batch, seq, training)
+        _PRECISION[0] = precision if training else None
+        try:
+            counted = layout(module, media, batch, seq, training)
+        finally:
+            _PRECISION[0] = None
+    return counted if not training or precision is None else dataclasses.replace(counted, saved_bytes=_SAVED[0])
+
+
+# the training precision the families' traces run in (media_flops sets it for the call): the families' signatures
+# stay those of a FLOP count
+_PRECISION: list[str | None] = [None]
 
 
 # ---- the families' inputs ----------------------------------------------------------------------------------------
@@ -321,14 +339,26 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], training:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .traced.flops import missing_formulas
-    from .traced.step import assumed_values, fake_mode, running, working_copy
+    import gc
+    import weakref
 
+    from .traced.flops import missing_formulas
+    from .traced.step import assumed_values, autocast_for, fake_mode, running, working_copy
+
+    precision = _PRECISION[0]
+    packed: list[tuple[Any, int, int]] = []  # (a weak reference to a saved tensor, its storage, the storage's bytes)
     with fake_mode(True) as mode, assumed_values(True), _constants(constants):
         # eager attention: its score matmuls count as sdpa's do, and its backward is the model's (2 × the forward),
         # with no fused kernel's recomputed scores in it
-        model = working_copy(module, mode, "eager")
+        model = working_copy(module, mode, "eager", weights_dtype="bfloat16" if precision == "bf16-pure" else None)
         model.train(training)
+        weights = {_storage(p) for p in itertools.chain(model.parameters(), model.buffers())}
+
+        def pack(tensor: Any) -> Any:
+            key = _storage(tensor)
+            if key not in weights:
+                packed.append((weakref.ref(tensor), key, tensor.untyped_storage().nbytes()))
+            return tensor
 
         def constant(value: Any) -> Any:  # a small integer layout the tower reads values of: kept real in the fake
             if not isinstance(value, torch.Tensor):
@@ -340,16 +370,32 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], training:
             # in the forward it saw
             counter = FlopCounterMode(display=False, depth=None, custom_mapping=missing_formulas())
             with counter:
-                with torch.set_grad_enabled(training):
+                with torch.set_grad_enabled(training), autocast_for(precision or "fp32"):
                     out = run(model, constant) if constants else run(model)
+                    loss = _sum(out) if training else None
                 forward = _by_path(counter.get_flop_counts(), module, model)
+                own = _own_by_path(forward) if with_own else None
+                rows = _rows(out)
+                del out
                 backward = None
                 if training:
-                    _sum(out).backward()
+                    loss.backward()
                     step = _by_path(counter.get_flop_counts(), module, model)
                     backward = {path: total - forward.get(path, 0) for path, total in step.items()}
-            own = _own_by_path(forward) if with_own else None
-            rows = _rows(out)
+            del loss
+            saved = None
+            if training and precision is not None:
+                # again without the counter, whose module hooks hold every output: what the backward still needs
+                # once the forward is done, the tower's other outputs (every hidden state, a layer whose output
+                # nothing reads) dropped as the model drops them
+                with torch.set_grad_enabled(True), autocast_for(precision), \
+                        torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                    out = run(model, constant) if constants else run(model)
+                    loss = _sum(out)
+                del out
+                gc.collect()
+                saved = sum({key: size for ref, key, size in packed if ref() is not None}.values())
+                del loss
     lines = []
     taken: set[str] = set()
     for part, path in reversed(parts):  # nested parts first (Qwen's merger inside its visual)
@@ -357,9 +403,18 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], training:
                                None if backward is None else _within(backward, path, taken)))
         taken.add(path)
     lines.reverse()
+    _SAVED[0] = saved
     if with_own:
         return tuple(lines), rows, own
     return tuple(lines), rows
+
+
+_SAVED: list[int | None] = [None]  # the last trace's saved bytes, which the family's MediaFlops takes
+
+
+def _storage(tensor: Any) -> int:
+    """The identity of a tensor's storage (views and a parameter's uses share it)."""
+    return tensor.untyped_storage()._cdata
 
 
 def _within(counts: dict[str, int], path: str, taken: set[str]) -> int:

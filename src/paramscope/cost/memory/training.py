@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import OptionError
+from ...errors import OptionError, UnsupportedError
 from ...frozen import FrozenDict, freeze_fields
 from ...selection import match_all
 from .activations import (
@@ -66,6 +66,9 @@ class TrainingOptions:
     gpu: str | None = None
     budget: int | None = None
     reserve: int = DEFAULT_RESERVE
+    # images beside the text (towers.MediaInput): the towers train, and what their forward saves is held with the
+    # language model's activations over the text and image tokens; None: a text input
+    media: Any = None
 
     def check(self) -> None:
         from .serving import check_batch_and_seq
@@ -86,6 +89,13 @@ class TrainingOptions:
         if self.reserve < 0:
             raise OptionError("{0} must be 0 or more, got {reserve}", "reserve", reserve=self.reserve)
         trace_depth(self.trace)
+        if self.media is not None:
+            self.media.check()
+            refused = "trace" if self.trace else "grad_checkpointing" if self.grad_checkpointing != "none" else \
+                "devices" if self.layout is not None or self.devices != 1 else None
+            if refused:
+                raise OptionError("an image input's training memory is counted on one device, without {0}, here",
+                                  refused)
         if self.layout is not None:
             self.layout.check()
             if self.devices != 1 or str(self.zero) != "0":
@@ -177,7 +187,18 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     frozen = match_all(report.params, options.freeze)
     if live:  # a user's module (a PEFT model, a half-frozen one) trains what its requires_grad flags say
         frozen = sorted(set(frozen) | {p.name for p in report.params if not p.trainable})
-    idle = towers_not_run(view)
+    media = None
+    if options.media is not None and options.media.given:  # the towers run on the image input, and train
+        if module is None:
+            return None
+        from ..towers import media_flops
+
+        media = media_flops(module, options.media, batch=options.batch, seq=options.seq or DEFAULT_TRAINING_SEQ,
+                            training=True, precision=precision)
+        if media.decoder_by_module:
+            raise UnsupportedError("{name} reads its tower by cross-attention: its training memory on that input is "
+                                   "not counted here yet", name=view.class_name)
+    idle = () if media is not None else towers_not_run(view)
     unused = [p.name for p in report.params if any(p.name.startswith(tower + ".") for tower in idle)]
     if unused:  # a text input runs no vision or audio tower: their parameters' .grad stays None
         frozen = sorted(set(frozen) | set(unused))
@@ -190,6 +211,16 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                             components=[c.name for c in report.components])
     text = text_config(view.config)
     seq, limit, notes = step_length(report, text, options.seq, DEFAULT_TRAINING_SEQ)
+    tower_saved = 0
+    if media is not None:
+        seq += media.tokens
+        tower_saved = media.saved_bytes or 0
+        notes.append(f"image input: each sequence holds {media.input_words}; the language model's activations are "
+                     f"over {seq - media.tokens:,} text + {media.tokens:,} image tokens = {seq:,}; the towers train, and "
+                     f"what their forward saves for backward, {tower_saved:,} B (what the tower's and projector's forward "
+                     "saves and still holds at its end, each storage once, weights not: measured on fake tensors), is "
+                     "held from the forward through the language model's backward, added to those moments (linear in "
+                     "the batch)")
     if unused:
         held = sum(p.numel for p in report.params if p.name in set(unused))
         notes.append(f"a text input runs the language model only: {', '.join(idle)} ({held:,} parameters) get no "
@@ -290,6 +321,18 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
             phases = phases + (PhaseFigure("optimizer step", resident + gradients + step_bytes,
                                            "optimizer step (analytic)", f"gradients {gradients:,}; {step_text}",
                                            gradients),)
+        if media is not None:  # the trace runs text only: its optimizer holds no state for the towers, which train
+            towers = towers_not_run(view)
+            held = model_states([p for p in report.params if any(p.name.startswith(t + ".") for t in towers)],
+                                precision=precision, optimizer=optimizer, own=own,
+                                trainable=frozenset(p.name for p in report.params
+                                                    if any(p.name.startswith(t + ".") for t in towers)))
+            kept = held.optimizer.bytes + held.master_weights.bytes
+            phases = tuple(dataclasses.replace(p, bytes=p.bytes + kept + (held.gradients.bytes if p.phase ==
+                                                                           "optimizer step" else 0)) for p in phases)
+            notes.append(f"the traced step runs the text: the towers' optimizer state and master copy ({kept:,} B) "
+                         f"are added to each moment, their gradients ({held.gradients.bytes:,} B) to the optimizer "
+                         "step's")
         saved = traced.saved_activations
         activations = Workspace(saved, "measured at the end of the forward (MemTracker, fake tensors)",
                                 4 * options.batch * seq * (config_int(text, "vocab_size") or 0))
@@ -302,6 +345,10 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         phases = analytic_phases(analytic, options.batch, seq)
         activations = Workspace(analytic.saved, analytic.saved_arithmetic, analytic.logits)
         source_label = f"analytic: {analytic.recipe}"
+    if tower_saved:
+        phases = tuple(dataclasses.replace(p, bytes=p.bytes + tower_saved, variable=p.variable + tower_saved)
+                       if p.phase != "optimizer step" else p for p in phases)
+        activations = dataclasses.replace(activations, bytes=activations.bytes + tower_saved)
     dropout = attention_dropout(text)
     if dropout and fused:
         layers = dim(text, "layers") or 0
@@ -373,6 +420,9 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
             notes.append("ZeRO-3 gathers each layer's full weights while it runs; that transient is not counted")
 
     def peak_at(batch: int, length: int) -> int:
+        return language_peak_at(batch, length) + tower_saved * batch // options.batch
+
+    def language_peak_at(batch: int, length: int) -> int:
         if derived is not None:
             figures = derived.at(batch, length)
             if figures is None:  # that regime's derivation declined: counted as not fitting, and said
