@@ -30,7 +30,7 @@ from ..errors import short_repr as _q
 from ..frozen import FrozenDict, freeze_fields, thaw
 from ..roles import OTHER
 from ..safe_io import check_inside, open_regular
-from .read import MAX_TENSORS
+from .tensors import MAX_TENSORS
 
 # At most this many metadata keys in one file (a real file holds a few dozen).
 MAX_KV = 65_536

@@ -21,7 +21,7 @@ from ..errors import short_repr as _q
 from ..safe_io import (check_inside, decode_utf8, gc_paused, open_regular, parse_json, read_json, reject_duplicates,
                        short_error)
 from .quantisation import classify_quantisation
-from .tensors import SAFETENSORS_DTYPE_BITS, Checkpoint, CheckpointTensor, bounded_prod, make_tensor
+from .tensors import MAX_TENSORS, SAFETENSORS_DTYPE_BITS, Checkpoint, CheckpointTensor, bounded_prod, make_tensor
 from .unpickler import read_torch_zip
 
 # The safetensors library refuses headers above this size; so do we, before reading one.
@@ -34,12 +34,6 @@ _LIBRARY_CHECK_MAX_TENSORS = 100_000
 _LIBRARY_CHECK_MAX_SHARDED = 300_000
 # An index.json this large is not a real checkpoint's (a 100k-tensor model needs a few MB).
 _MAX_INDEX_BYTES = 64 * 1024 * 1024
-# At most this many tensors in one checkpoint, every shard together. The largest real checkpoints hold a few hundred
-# thousand (DeepSeek-V3's fp8 experts and their scales: about 92,000; a 384-expert MoE in bitsandbytes 4-bit, with
-# its state tensors: about 400,000). A header under the 100 MB cap can list 1.9 million zero-size tensors, and
-# shards multiply that; past the bound a checkpoint is refused while its header is parsed, so that every audit
-# answers within seconds and a GiB.
-MAX_TENSORS = 1_000_000
 
 # In a directory, the first of these that exists is the checkpoint (transformers' own preference).
 _DIRECTORY_CANDIDATES = (

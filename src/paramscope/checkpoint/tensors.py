@@ -13,6 +13,14 @@ from typing import Any, Iterable, Mapping
 
 from ..frozen import FrozenDict, freeze, freeze_fields, thaw
 
+# At most this many tensors in one checkpoint, every shard together. The largest real checkpoints hold a few hundred
+# thousand (DeepSeek-V3's fp8 experts and their scales: about 92,000; a 384-expert MoE in bitsandbytes 4-bit, with
+# its state tensors: about 400,000). A header under the 100 MB cap can list 1.9 million zero-size tensors, and
+# shards multiply that; past the bound a checkpoint is refused while its header is parsed, so that every audit
+# answers within seconds and a GiB.
+# (here, beside the tensors, so that every reader — safetensors, torch, GGUF — takes it without importing another)
+MAX_TENSORS = 1_000_000
+
 # Bits per element of every dtype the safetensors format defines (safetensors 0.8 knows these 22).
 # Sub-byte types (F4, F6_*) are why sizes are computed in bits: a tensor must still fill whole bytes.
 SAFETENSORS_DTYPE_BITS: Mapping[str, int] = MappingProxyType({

@@ -15,7 +15,7 @@ refused within about a second and 300 MB, naming the bound; the cyclic garbage c
 runs (it rescans every object the pickle made, again and again, for nothing: none of them is garbage).
 
 The bounds are what cap a .bin at about 50,000 tensors, where a safetensors header may list 1,000,000
-(read.MAX_TENSORS). They cannot be raised far without giving up the refusal's bound: the VM that reads a pickle
+(tensors.MAX_TENSORS). They cannot be raised far without giving up the refusal's bound: the VM that reads a pickle
 without running it costs about a microsecond an opcode, about 35 µs and 2 KB a tensor (torch.save of 60,000 tiny
 tensors: 1,800,131 opcodes, 2 s; of 1,000,000: 50 s and 2.1 GB, on a 2-core machine), and a hostile file that looks
 like a state dict until its last opcode costs as much as the state dict it imitates. Letting each storage the zip
