@@ -233,6 +233,9 @@ def test_memory_names_the_mixture_and_its_file():
     assert file["mixture"] == "Q4_K_M" and "llama_tensor_get_type" in file["source"]
     # the config reaches the rules as the memory command holds it (an object): 8 experts, attn_k/attn_v Q8_0
     assert file["arch"] == "llama" and file["by_type"]["Q8_0"]["tensors"] == 4
+    listed = {t["name"]: t for t in file["tensor_list"]}
+    assert len(listed) == file["tensors"] and sum(t["bytes"] for t in listed.values()) == file["bytes"]
+    assert listed["blk.0.attn_v.weight"]["type"] == "Q8_0" and "8 experts" in listed["blk.0.attn_v.weight"]["why"]
     assert memory.weights.bytes == file["bytes"]
     assert memory.weights.by_dtype["q6_k"] == file["by_type"]["Q6_K"]["bytes"]
     assert any("predicted Q4_K_M GGUF file" in n for n in memory.notes)
@@ -306,3 +309,19 @@ def test_an_importance_matrix_changes_iq4_xs_and_q4_0_first_ffn_down_layers():
     assert counts("Q4_K_M", True) == counts("Q4_K_M", False)
     with pytest.raises(ParamscopeError, match="imatrix"):
         MemoryOptions(dtype="q4_k", imatrix=True).check()  # a single type, not a mixture
+
+
+@pytest.mark.parametrize("name", ["openai-community/gpt2", "mistralai/Mixtral-8x7B-v0.1", "google/gemma-2-2b",
+                                  "google-t5/t5-small", "facebook/bart-base", "microsoft/Phi-3-mini-4k-instruct"])
+def test_every_parameter_is_in_exactly_one_uniquely_named_tensor(name):
+    """Whatever the architecture (one llama.cpp knows, or BART, which it does not: role names of its encoder and
+    decoder would meet), the predicted tensors hold every parameter's values once, under names of their own."""
+    from paramscope.api import inspect
+
+    report = inspect(name)
+    predicted = predict_gguf(report.params, _preset_config(name), "Q4_K_M", n_layers=report.num_layers or 0,
+                             buffers=report.buffers)
+    assert len({t.name for t in predicted.tensors}) == len(predicted.tensors)
+    assert sum(t.elements for t in predicted.tensors if t.sources) == sum(p.numel for p in report.params)
+    assert sum(c.total for c in predicted.param_bytes.values()) == sum(t.nbytes for t in predicted.tensors
+                                                                         if t.sources)

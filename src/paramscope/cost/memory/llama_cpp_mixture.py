@@ -78,6 +78,9 @@ _PER_EXPERT = re.compile(r"^(?P<module>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>\
 _STACKED = {"w1": "ffn_gate_exps", "gate_proj": "ffn_gate_exps", "w3": "ffn_up_exps", "up_proj": "ffn_up_exps",
             "w2": "ffn_down_exps", "down_proj": "ffn_down_exps"}
 _INDEX = re.compile(r"\.(\d+)\.")
+# A fused expert tensor (`….experts.gate_up_proj` [E, 2I, H]) → the GGUF tensors it is written as
+_FUSED_EXPERTS = {"gate_up_proj": ("ffn_gate_exps", "ffn_up_exps"), "gate_proj": ("ffn_gate_exps",),
+                  "up_proj": ("ffn_up_exps",), "down_proj": ("ffn_down_exps",)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +166,13 @@ def converter_tensors(params: Iterable[Any], config: dict[str, Any], n_layers: i
             stacked.setdefault((m["module"], m["proj"]), []).append(p)
             continue
         names = parameter_gguf_names(arch, max(n_layers, 1), p.name) if arch else ()
+        if not names and arch and not p.name.startswith("model."):  # a base model's names (no task head)
+            names = parameter_gguf_names(arch, max(n_layers, 1), "model." + p.name)
+        module, _, last = p.name.rpartition(".")
+        if not names and len(shape) == 3 and (module == "experts" or module.endswith(".experts")) \
+                and last in _FUSED_EXPERTS:  # the converter's names for a layer's fused experts
+            index = _INDEX.search(p.name)
+            names = tuple(f"blk.{int(index.group(1)) if index else 0}.{base}.weight" for base in _FUSED_EXPERTS[last])
         if len(names) == 2 and len(shape) == 3:  # gate ‖ up along dim 1
             half = (shape[0], shape[1] // 2, shape[2])
             out.extend(GGUFName(n, half, gguf_role(n), (p.name,), "converter") for n in names)
@@ -199,7 +209,11 @@ def converter_tensors(params: Iterable[Any], config: dict[str, Any], n_layers: i
         name = f"blk.{int(index.group(1)) if index else 0}.{_STACKED[proj]}.weight"
         shape = (len(group), *tuple(int(d) for d in group[0].shape))
         out.append(GGUFName(name, shape, gguf_role(name), tuple(p.name for p in group), "experts"))
-    return tuple(out)
+    # Names taken from roles can meet (an encoder's and a decoder's blk.0 in a model llama.cpp has no architecture
+    # for): those keep their own names, as unmapped, so that every tensor stays one of its own.
+    taken = Counter(t.name for t in out)
+    return tuple(GGUFName(t.sources[0], t.shape, t.role, t.sources, "unmapped")
+                 if t.mapped_by == "role" and taken[t.name] > 1 else t for t in out)
 
 
 def _mla_split(config: dict[str, Any]) -> tuple[int, int, int, int] | None:
@@ -300,7 +314,7 @@ class GGUFPrediction:
                 "tied_embeddings": self.tied_embeddings,
                 "tensors": len(self.tensors), "elements": self.elements, "bytes": self.nbytes,
                 "bits_per_weight": self.bits_per_weight, "by_type": self.by_type(), "by_role": self.by_role(),
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "tensor_list": [t.to_dict() for t in self.tensors]}
 
 
 def mixture_name(key: str) -> str | None:
@@ -573,6 +587,11 @@ def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *,
                      "block falling back): " + ", ".join(promoted))
     if tied:
         notes.append("tied embeddings: the file holds token_embd only, typed as the output tensor")
+    if model.arch is None:
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        notes.append(f"llama.cpp has no architecture for model_type {str(text.get('model_type') or '?')!r} (the gguf "
+                     "package names none): convert_hf_to_gguf.py would not convert it; its tensors are named by their "
+                     "roles and typed by llama.cpp's rules as if it did")
     unmapped = [t.sources[0] for t in names if t.mapped_by == "unmapped"]
     if unmapped:
         notes.append(f"{len(unmapped)} parameter(s) with no GGUF name (typed by llama.cpp's rules as 'other'), "
