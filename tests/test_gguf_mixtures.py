@@ -259,8 +259,9 @@ def test_a_tensor_parallel_slice_holds_its_share_in_whole_blocks():
 
 
 def test_qwen2_5_0_5b_q4_k_m_falls_back_as_the_published_file():
-    """Qwen2.5-0.5B's width of 896 fits no 256-block: Q4_K → Q5_0, Q6_K → Q8_0, the tied token_embd Q8_0. llama.cpp's
-    loader lists a Q4_K_M of it (ollama/ollama issue #9031) as f32 121, q5_0 132, q8_0 13, q4_K 12, q6_K 12."""
+    """Qwen2.5-0.5B's width of 896 fits no 256-block: Q4_K → Q5_0, Q6_K → Q8_0, the tied token_embd Q8_0.
+    llama.cpp's loader lists a Q4_K_M of it (ollama/ollama issue #9031) as f32 121, q5_0 132, q8_0 13, q4_K 12,
+    q6_K 12."""
     from paramscope.api import inspect
 
     predicted = predict_gguf(inspect("Qwen/Qwen2.5-0.5B").params, _preset_config("Qwen/Qwen2.5-0.5B"), "Q4_K_M",

@@ -21,7 +21,8 @@ A mixture (llama.cpp's `llama_ftype`) is not one type: `llama-quantize` picks ea
 
 Assumed, as `llama-quantize MODEL-F16.gguf OUT.gguf TYPE` does by default: no --pure, no per-tensor overrides, the
 output tensor quantised, and no importance matrix unless asked (`imatrix`: it keeps IQ4_XS/IQ4_NL's first ffn_down
-layers and promotes Q4_0/Q5_0's to Q4_1/Q5_1; the K mixtures do not read it). Mixtures that need an importance matrix (IQ1/IQ2/IQ3_XXS/IQ3_XS, Q2_K_S) are not offered.
+layers and promotes Q4_0/Q5_0's to Q4_1/Q5_1; the K mixtures do not read it). Mixtures that need an importance
+matrix for their own types (IQ1/IQ2/IQ3_XXS/IQ3_XS, Q2_K_S) are not offered.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ MIXTURES: dict[str, str] = {
 }
 
 # tensor_type_fallback: a row no multiple of the type's block takes this type, then F16
+# (of the types the mixtures offered here produce; llama.cpp's IQ1/IQ2/IQ3_XXS fall back to IQ4_NL too)
 _FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0",
-             "iq4_xs": "iq4_nl", "iq3_s": "iq4_nl", "iq3_xxs": "iq4_nl", "iq2_s": "iq4_nl"}
+             "iq4_xs": "iq4_nl", "iq3_s": "iq4_nl"}
 
 # tensor_allows_quantization: name parts that keep a tensor unquantised
 _NOT_QUANTISED = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel",
