@@ -112,10 +112,11 @@ def media_family(config: Any) -> str | None:
 
 
 def media_flops(module: Any, media: MediaInput, *, batch: int, seq: int, training: bool,
-                precision: str | None = None) -> MediaFlops:
+                precision: str | None = None, attention: str | None = None) -> MediaFlops:
     """Trace the tower (and projector) of `module` (built on meta) on `batch` sequences' images or audio. With a
     training `precision` ("bf16-mixed", …) the trace runs as that step runs it (the weights' dtype, autocast) and
-    also measures what the towers save for backward (MediaFlops.saved_bytes)."""
+    also measures what the towers save for backward (MediaFlops.saved_bytes), with the step's `attention` (None: the
+    model's own)."""
     media.check()
     config = getattr(module, "config", None)
     family = media_family(config)
@@ -134,16 +135,18 @@ def media_flops(module: Any, media: MediaInput, *, batch: int, seq: int, trainin
     with progress.status(f"counting {type(module).__name__}'s {'audio' if family == 'whisper' else 'vision'} tower on "
                          "fake tensors (FlopCounterMode)"):
         _PRECISION[0] = precision if training else None
+        _ATTENTION[0] = attention
         try:
             counted = layout(module, media, batch, seq, training)
         finally:
-            _PRECISION[0] = None
+            _PRECISION[0] = _ATTENTION[0] = None
     return counted if not training or precision is None else dataclasses.replace(counted, saved_bytes=_SAVED[0])
 
 
 # the training precision the families' traces run in (media_flops sets it for the call): the families' signatures
 # stay those of a FLOP count
 _PRECISION: list[str | None] = [None]
+_ATTENTION: list[str | None] = [None]  # … and the attention its saved bytes are measured with
 
 
 # ---- the families' inputs ----------------------------------------------------------------------------------------
@@ -388,6 +391,11 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], training:
                 # again without the counter, whose module hooks hold every output: what the backward still needs
                 # once the forward is done, the tower's other outputs (every hidden state, a layer whose output
                 # nothing reads) dropped as the model drops them
+                # with the step's attention (the FLOPs' eager attention keeps scores that sdpa does not)
+                model = working_copy(module, mode, _ATTENTION[0],
+                                     weights_dtype="bfloat16" if precision == "bf16-pure" else None)
+                model.train(True)
+                weights = {_storage(p) for p in itertools.chain(model.parameters(), model.buffers())}
                 with torch.set_grad_enabled(True), autocast_for(precision), \
                         torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
                     out = run(model, constant) if constants else run(model)

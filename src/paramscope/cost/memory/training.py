@@ -189,15 +189,15 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         frozen = sorted(set(frozen) | {p.name for p in report.params if not p.trainable})
     media = None
     if options.media is not None and options.media.given:  # the towers run on the image input, and train
+        from ..towers import media_family, media_flops
+
+        if media_family(view.config) in ("whisper", "mllama"):
+            raise UnsupportedError("{name} reads its tower by cross-attention: its training memory on an image or "
+                                   "audio input is not counted here yet", name=view.class_name)
         if module is None:
             return None
-        from ..towers import media_flops
-
         media = media_flops(module, options.media, batch=options.batch, seq=options.seq or DEFAULT_TRAINING_SEQ,
-                            training=True, precision=precision)
-        if media.decoder_by_module:
-            raise UnsupportedError("{name} reads its tower by cross-attention: its training memory on that input is "
-                                   "not counted here yet", name=view.class_name)
+                            training=True, precision=precision, attention=options.attention)
     idle = () if media is not None else towers_not_run(view)
     unused = [p.name for p in report.params if any(p.name.startswith(tower + ".") for tower in idle)]
     if unused:  # a text input runs no vision or audio tower: their parameters' .grad stays None
