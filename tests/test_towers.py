@@ -13,7 +13,7 @@ import pytest
 
 from paramscope.api import inspect_with_module
 from paramscope.cost.towers import MediaInput, media_flops
-from paramscope.errors import OptionError, UnsupportedError
+from paramscope.errors import OptionError
 
 FAMILIES = Path(__file__).parent / "configs" / "families"
 

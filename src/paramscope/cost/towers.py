@@ -18,7 +18,6 @@ helpers on the real grid), Whisper (its encoder over 30 s windows of 3,000 mel f
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -134,19 +133,28 @@ def media_flops(module: Any, media: MediaInput, *, batch: int, seq: int, trainin
 
     with progress.status(f"counting {type(module).__name__}'s {'audio' if family == 'whisper' else 'vision'} tower on "
                          "fake tensors (FlopCounterMode)"):
-        _PRECISION[0] = precision if training else None
-        _ATTENTION[0] = attention
-        try:
-            counted = layout(module, media, batch, seq, training)
-        finally:
-            _PRECISION[0] = _ATTENTION[0] = None
-    return counted if not training or precision is None else dataclasses.replace(counted, saved_bytes=_SAVED[0])
+        return layout(module, media, batch, seq, TraceStep(training, precision if training else None, attention))
 
 
-# the training precision the families' traces run in (media_flops sets it for the call): the families' signatures
-# stay those of a FLOP count
-_PRECISION: list[str | None] = [None]
-_ATTENTION: list[str | None] = [None]  # … and the attention its saved bytes are measured with
+@dataclass(frozen=True)
+class TraceStep:
+    """How a family's trace runs: the FLOPs of a forward, or of a training step (its backward too); with a training
+    `precision`, also what the towers save for backward, measured with the step's `attention` (None: the model's)."""
+
+    training: bool
+    precision: str | None = None
+    attention: str | None = None
+
+
+@dataclass(frozen=True)
+class Traced:
+    """What `_traced_parts` read off a trace: each part's line, the rows the projector produced, every module's own
+    forward FLOPs by path (when asked), and the bytes the forward saves for backward (TraceStep.precision)."""
+
+    lines: tuple[TowerLine, ...]
+    rows: int
+    own: dict[str, int] | None
+    saved: int | None
 
 
 # ---- the families' inputs ----------------------------------------------------------------------------------------
@@ -161,7 +169,7 @@ def _per_image(media: MediaInput, tokens_each: int, words: str) -> int:
     return media.image_tokens // tokens_each
 
 
-def _gemma3(module: Any, media: MediaInput, batch: int, seq: int, training: bool) -> MediaFlops:
+def _gemma3(module: Any, media: MediaInput, batch: int, seq: int, step: TraceStep) -> MediaFlops:
     import torch
 
     config = module.config
@@ -174,15 +182,15 @@ def _gemma3(module: Any, media: MediaInput, batch: int, seq: int, training: bool
              f"mm_tokens_per_image {tokens_each:,}")
     images = _per_image(media, tokens_each, words)
     owner = module.model if hasattr(module, "model") and hasattr(module.model, "vision_tower") else module
-    lines, out = _traced_parts(
+    traced = _traced_parts(
         module, lambda model: _image_features(model)(torch.zeros(batch * images, int(vision.num_channels), size, size)),
         [("vision tower", _path(module, owner.vision_tower)), ("projector", _path(module, owner.multi_modal_projector))],
-        training)
-    tokens = out // batch
-    return MediaFlops("image", _image_words(images, size, per_side, patch), images, tokens, words, lines)
+        step)
+    return MediaFlops("image", _image_words(images, size, per_side, patch), images, traced.rows // batch, words,
+                      traced.lines, saved_bytes=traced.saved)
 
 
-def _llava(module: Any, media: MediaInput, batch: int, seq: int, training: bool) -> MediaFlops:
+def _llava(module: Any, media: MediaInput, batch: int, seq: int, step: TraceStep) -> MediaFlops:
     import torch
 
     config = module.config
@@ -202,17 +210,17 @@ def _llava(module: Any, media: MediaInput, batch: int, seq: int, training: bool)
         return _image_features(model)(torch.zeros(batch * images, int(vision.num_channels), size, size),
                                       vision_feature_layer=layer, vision_feature_select_strategy=strategy)
 
-    lines, out = _traced_parts(module, run, [("vision tower", _path(module, owner.vision_tower)),
-                                             ("projector", _path(module, owner.multi_modal_projector))], training)
-    tokens = out // batch
+    traced = _traced_parts(module, run, [("vision tower", _path(module, owner.vision_tower)),
+                                         ("projector", _path(module, owner.multi_modal_projector))], step)
     notes = ()
     if layer not in (-1, None):
         notes = (f"the tower runs all its layers although the projector reads hidden states {layer}: every layer "
                  "is counted, as transformers runs them",)
-    return MediaFlops("image", _image_words(images, size, per_side, patch), images, tokens, words, lines, notes=notes)
+    return MediaFlops("image", _image_words(images, size, per_side, patch), images, traced.rows // batch, words,
+                      traced.lines, notes=notes, saved_bytes=traced.saved)
 
 
-def _qwen2_5_vl(module: Any, media: MediaInput, batch: int, seq: int, training: bool) -> MediaFlops:
+def _qwen2_5_vl(module: Any, media: MediaInput, batch: int, seq: int, step: TraceStep) -> MediaFlops:
     import torch
 
     visual = module.model.visual if hasattr(module, "model") else module.visual
@@ -244,19 +252,19 @@ def _qwen2_5_vl(module: Any, media: MediaInput, batch: int, seq: int, training: 
         given = {name: constant(value) for name, value in precomputed.items()}
         return _image_features(model)(torch.zeros(patches, width), image_grid_thw=constant(grid_thw), **given)
 
-    lines, out = _traced_parts(module, run, [("vision tower", _path(module, visual)),
-                                             ("projector", _path(module, visual.merger))], training, constants=True)
-    tokens = out // batch
+    traced = _traced_parts(module, run, [("vision tower", _path(module, visual)),
+                                         ("projector", _path(module, visual.merger))], step, constants=True)
     notes = (f"an image of {grid[1] * patch}×{grid[2] * patch} px ({grid[1]}×{grid[2]} patches of {patch} px, the "
              f"grid as square as {n:,} tokens allow); windowed attention over {visual.window_size} px windows, full "
              f"attention in blocks {tuple(visual.fullatt_block_indexes)}, laid out by transformers' own helpers",)
-    return MediaFlops("image", f"1 image of {n:,} tokens", 1, tokens, words, lines, notes=notes)
+    return MediaFlops("image", f"1 image of {n:,} tokens", 1, traced.rows // batch, words, traced.lines, notes=notes,
+                      saved_bytes=traced.saved)
 
 
-def _whisper(module: Any, media: MediaInput, batch: int, seq: int, training: bool) -> MediaFlops:
+def _whisper(module: Any, media: MediaInput, batch: int, seq: int, step: TraceStep) -> MediaFlops:
     import torch
 
-    if training:
+    if step.training:
         raise UnsupportedError("{0} with {1}: a Whisper training step on audio is not counted here yet (the forward "
                                "is)", "audio_seconds", "training")
     model_part = module.model if hasattr(module, "model") else module
@@ -272,8 +280,8 @@ def _whisper(module: Any, media: MediaInput, batch: int, seq: int, training: boo
                   "decoder_input_ids": torch.zeros(sequences, seq, dtype=torch.long)}
         return model(**inputs)
 
-    lines, _, own = _traced_parts(module, run, [("audio encoder", _path(module, encoder))], training,
-                                  with_own=True)
+    traced = _traced_parts(module, run, [("audio encoder", _path(module, encoder))], step, with_own=True)
+    lines, own = traced.lines, traced.own
     enc = _path(module, encoder)
     decoder = tuple((path, flops) for path, flops in own.items() if not (path == enc or path.startswith(enc + ".")))
     input_words = (f"{media.audio_seconds:g} s of audio: {windows:,} window{'s' if windows > 1 else ''} of "
@@ -287,13 +295,13 @@ def _whisper(module: Any, media: MediaInput, batch: int, seq: int, training: boo
                       "tokens", lines, notes=notes, decoder_by_module=decoder)
 
 
-def _mllama(module: Any, media: MediaInput, batch: int, seq: int, training: bool) -> MediaFlops:
+def _mllama(module: Any, media: MediaInput, batch: int, seq: int, step: TraceStep) -> MediaFlops:
     """Llama-3.2-Vision: each image as max_num_tiles tiles of image_size px (the most its processor cuts one into);
     the language model reads the projected tiles by cross-attention (its cross-attention layers, which a text
     input skips), so the whole forward is traced and split: the vision model and projector, and the rest."""
     import torch
 
-    if training:
+    if step.training:
         raise UnsupportedError("{0} with {1}: a Llama-3.2-Vision training step on images is not counted here yet (the "
                                "forward is)", "images", "training")
     config = module.config
@@ -319,7 +327,8 @@ def _mllama(module: Any, media: MediaInput, batch: int, seq: int, training: bool
 
     parts = [("vision tower", _path(module, owner.vision_model)),
              ("projector", _path(module, owner.multi_modal_projector))]
-    lines, _, own = _traced_parts(module, run, parts, training, with_own=True)
+    traced = _traced_parts(module, run, parts, step, with_own=True)
+    lines, own = traced.lines, traced.own
     language = tuple((path, flops) for path, flops in own.items()
                      if not any(path == p or path.startswith(p + ".") for _, p in parts))
     input_words = (f"{images:,} image{'s' if images > 1 else ''} of {tiles} tiles of {size}×{size} px "
@@ -334,11 +343,12 @@ _FAMILIES = {"gemma3": _gemma3, "llava": _llava, "qwen2_5_vl": _qwen2_5_vl, "whi
 
 # ---- the trace ---------------------------------------------------------------------------------------------------
 
-def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], training: bool, constants: bool = False,
-                  with_own: bool = False) -> Any:
+def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], step: TraceStep, constants: bool = False,
+                  with_own: bool = False) -> Traced:
     """Run `run` on a fake copy of `module` under FlopCounterMode (forward, and the backward of the output's sum when
-    training); each part's FLOPs by its module path (a part nested in an earlier one is taken out of it). Returns
-    (lines, the output's rows: the tokens get_image_features produced) and, `with_own`, every module's own forward FLOPs by path."""
+    training); each part's FLOPs by its module path (a part nested in an earlier one is taken out of it), the rows
+    of the output (the tokens get_image_features produced), every module's own forward FLOPs by path (`with_own`),
+    and, with the step's precision, what the forward saves for backward (a second forward, without the counter)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -348,7 +358,7 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], training:
     from .traced.flops import missing_formulas
     from .traced.step import assumed_values, autocast_for, fake_mode, running, working_copy
 
-    precision = _PRECISION[0]
+    training, precision = step.training, step.precision
     packed: list[tuple[Any, int, int]] = []  # (a weak reference to a saved tensor, its storage, the storage's bytes)
     with fake_mode(True) as mode, assumed_values(True), _constants(constants):
         # eager attention: its score matmuls count as sdpa's do, and its backward is the model's (2 × the forward),
@@ -383,8 +393,8 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], training:
                 backward = None
                 if training:
                     loss.backward()
-                    step = _by_path(counter.get_flop_counts(), module, model)
-                    backward = {path: total - forward.get(path, 0) for path, total in step.items()}
+                    both = _by_path(counter.get_flop_counts(), module, model)
+                    backward = {path: total - forward.get(path, 0) for path, total in both.items()}
             del loss
             saved = None
             if training and precision is not None:
@@ -392,18 +402,18 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], training:
                 # once the forward is done, the tower's other outputs (every hidden state, a layer whose output
                 # nothing reads) dropped as the model drops them
                 # with the step's attention (the FLOPs' eager attention keeps scores that sdpa does not)
-                model = working_copy(module, mode, _ATTENTION[0],
+                model = working_copy(module, mode, step.attention,
                                      weights_dtype="bfloat16" if precision == "bf16-pure" else None)
                 model.train(True)
                 weights = {_storage(p) for p in itertools.chain(model.parameters(), model.buffers())}
                 with torch.set_grad_enabled(True), autocast_for(precision), \
                         torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
                     out = run(model, constant) if constants else run(model)
-                    loss = _sum(out)
+                    graph = [_sum(out)]  # the loss, whose graph holds what the backward needs while the rest goes
                 del out
                 gc.collect()
                 saved = sum({key: size for ref, key, size in packed if ref() is not None}.values())
-                del loss
+                graph.clear()
     lines = []
     taken: set[str] = set()
     for part, path in reversed(parts):  # nested parts first (Qwen's merger inside its visual)
@@ -411,13 +421,7 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], training:
                                None if backward is None else _within(backward, path, taken)))
         taken.add(path)
     lines.reverse()
-    _SAVED[0] = saved
-    if with_own:
-        return tuple(lines), rows, own
-    return tuple(lines), rows
-
-
-_SAVED: list[int | None] = [None]  # the last trace's saved bytes, which the family's MediaFlops takes
+    return Traced(tuple(lines), rows, own, saved)
 
 
 def _storage(tensor: Any) -> int:
