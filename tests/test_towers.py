@@ -246,3 +246,18 @@ def test_what_the_tower_saves_grows_by_a_layer_and_less_for_a_layer_nothing_read
         measured[layers, read] = media.saved_bytes
     assert measured[2, -1] - measured[1, -1] == measured[3, -1] - measured[2, -1] > 0
     assert measured[1, -1] < measured[2, -2] < measured[2, -1]
+
+
+def test_a_frozen_tower_takes_no_backward_and_its_projector_no_input_gradient(cache):
+    """--freeze 'vision_tower.*' (LLaVA's recipe): the tower runs forward only; the projector's first matmul takes
+    its weight's gradient alone (nothing before it trains), its second both."""
+    from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
+
+    config = _small_llava(1)
+    counted = estimate_flops(config, FlopOptions(seq=32, training=True, freeze=("vision_tower.*",),
+                                                 media=MediaInput(images=1), trace=True))
+    tower, projector = counted.media.lines
+    vision, text = config["vision_config"], config["text_config"]
+    first, second = 2 * 576 * vision["hidden_size"] * text["hidden_size"], 2 * 576 * text["hidden_size"] ** 2
+    assert projector.forward == first + second
+    assert (tower.backward, projector.backward) == (0, first + 2 * second)

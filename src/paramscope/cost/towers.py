@@ -111,11 +111,13 @@ def media_family(config: Any) -> str | None:
 
 
 def media_flops(module: Any, media: MediaInput, *, batch: int, seq: int, training: bool,
-                precision: str | None = None, attention: str | None = None) -> MediaFlops:
+                precision: str | None = None, attention: str | None = None,
+                frozen: frozenset[str] = frozenset()) -> MediaFlops:
     """Trace the tower (and projector) of `module` (built on meta) on `batch` sequences' images or audio. With a
     training `precision` ("bf16-mixed", …) the trace runs as that step runs it (the weights' dtype, autocast) and
     also measures what the towers save for backward (MediaFlops.saved_bytes), with the step's `attention` (None: the
-    model's own)."""
+    model's own). `frozen`: parameter names that do not train (--freeze): no weight gradient, and no input gradient
+    where nothing before them trains."""
     media.check()
     config = getattr(module, "config", None)
     family = media_family(config)
@@ -133,7 +135,8 @@ def media_flops(module: Any, media: MediaInput, *, batch: int, seq: int, trainin
 
     with progress.status(f"counting {type(module).__name__}'s {'audio' if family == 'whisper' else 'vision'} tower on "
                          "fake tensors (FlopCounterMode)"):
-        return layout(module, media, batch, seq, TraceStep(training, precision if training else None, attention))
+        return layout(module, media, batch, seq, TraceStep(training, precision if training else None, attention,
+                                                           frozenset(frozen) if training else frozenset()))
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ class TraceStep:
     training: bool
     precision: str | None = None
     attention: str | None = None
+    frozen: frozenset[str] = frozenset()  # parameter names that do not train
 
 
 @dataclass(frozen=True)
@@ -365,6 +369,7 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], step: Tra
         # with no fused kernel's recomputed scores in it
         model = working_copy(module, mode, "eager", weights_dtype="bfloat16" if precision == "bf16-pure" else None)
         model.train(training)
+        _freeze(model, step.frozen)
         weights = {_storage(p) for p in itertools.chain(model.parameters(), model.buffers())}
 
         def pack(tensor: Any) -> Any:
@@ -391,7 +396,7 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], step: Tra
                 rows = _rows(out)
                 del out
                 backward = None
-                if training:
+                if training and loss.requires_grad:  # (a frozen tower and projector: no backward at all)
                     loss.backward()
                     both = _by_path(counter.get_flop_counts(), module, model)
                     backward = {path: total - forward.get(path, 0) for path, total in both.items()}
@@ -405,6 +410,7 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], step: Tra
                 model = working_copy(module, mode, step.attention,
                                      weights_dtype="bfloat16" if precision == "bf16-pure" else None)
                 model.train(True)
+                _freeze(model, step.frozen)
                 weights = {_storage(p) for p in itertools.chain(model.parameters(), model.buffers())}
                 with torch.set_grad_enabled(True), autocast_for(precision), \
                         torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
@@ -422,6 +428,12 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], step: Tra
         taken.add(path)
     lines.reverse()
     return Traced(tuple(lines), rows, own, saved)
+
+
+def _freeze(model: Any, frozen: frozenset[str]) -> None:
+    for name, param in model.named_parameters():
+        if name in frozen:
+            param.requires_grad_(False)
 
 
 def _storage(tensor: Any) -> int:
@@ -564,7 +576,8 @@ MAX_MODULES = 100_000
 MAX_WORDS = 2_000
 
 
-def media_key(facts_key: str, media: MediaInput, *, batch: int, seq: int, training: bool) -> str:
+def media_key(facts_key: str, media: MediaInput, *, batch: int, seq: int, training: bool,
+              frozen: frozenset[str] = frozenset()) -> str:
     """The trace's key: the config's facts key and everything the trace depends on (the decoder's length only for
     Whisper, whose decoder is read off the same trace)."""
     import hashlib
@@ -572,7 +585,7 @@ def media_key(facts_key: str, media: MediaInput, *, batch: int, seq: int, traini
     audio = media.audio_seconds is not None
     spec = json_dumps({"config": facts_key, "image_tokens": media.image_tokens, "images": media.images,
                        "audio_seconds": media.audio_seconds, "batch": batch, "seq": seq if audio else None,
-                       "training": training})
+                       "training": training, "frozen": sorted(frozen) if training else []})
     return hashlib.sha256(spec.encode()).hexdigest()[:32]
 
 

@@ -113,7 +113,7 @@ class FlopOptions:
             media_flag = next(name for name in ("image_tokens", "images", "audio_seconds")
                               if getattr(self.media, name) is not None)
             for option, given in (("layout", self.layout is not None), ("generate", self.generate is not None),
-                                  ("freeze", bool(self.freeze)), ("grad_checkpointing", self.grad_checkpointing != "none"),
+                                  ("grad_checkpointing", self.grad_checkpointing != "none"),
                                   ("causal", self.causal != "full")):
                 if given:
                     raise OptionError("{0} with {1} is not counted here yet: the tower is traced for a forward or a "
@@ -212,7 +212,9 @@ def _media_once(options: FlopOptions, key: str, use_cache: bool) -> Any:
         from .. import towers
 
         seq, _ = _length(report, text_config(view.config), options)
-        trace_key = towers.media_key(key, options.media, batch=options.batch, seq=seq, training=options.training)
+        frozen = frozenset(match_all(report.params, options.freeze))
+        trace_key = towers.media_key(key, options.media, batch=options.batch, seq=seq, training=options.training,
+                                     frozen=frozen)
         if trace_key in made:
             return made[trace_key]
         kept = towers.find_media(view.class_name, trace_key) if use_cache else None
@@ -225,7 +227,7 @@ def _media_once(options: FlopOptions, key: str, use_cache: bool) -> Any:
 
             raise FactsGap("an image or audio input traces the tower once on the built module")
         made[trace_key] = towers.media_flops(view.module, options.media, batch=options.batch, seq=seq,
-                                             training=options.training)
+                                             training=options.training, frozen=frozen)
         if use_cache:
             towers.keep_media(made[trace_key], view.class_name, trace_key)
         return made[trace_key]
@@ -255,8 +257,8 @@ def _with_media(estimate: FlopEstimate, media: Any) -> FlopEstimate:
         notes.append(f"the language model runs over {estimate.seq - media.tokens:,} text tokens + {media.tokens:,} "
                      f"image tokens = {estimate.seq:,} a sequence ({media.tokens_words})")
     if backward is not None:
-        notes.append("training: the tower and projector train too (their backward as FlopCounterMode counts it, eager "
-                     "attention)")
+        notes.append("training: the tower and projector train, but for what --freeze names (their backward as "
+                     "FlopCounterMode counts it, eager attention)")
     # the analytic engine's word on a text input (the towers do not run) is not this input's
     kept = tuple(n for n in estimate.notes if not n.startswith("a text input runs the language model only"))
     return dataclasses.replace(estimate, terms=estimate.terms + terms, forward=estimate.forward + media.forward,
