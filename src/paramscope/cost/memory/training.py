@@ -197,7 +197,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         if module is None:
             return None
         media = media_flops(module, options.media, batch=options.batch, seq=options.seq or DEFAULT_TRAINING_SEQ,
-                            training=True, precision=precision, attention=options.attention)
+                            training=True, precision=precision, attention=options.attention,
+                            frozen=frozenset(frozen))
     idle = () if media is not None else towers_not_run(view)
     unused = [p.name for p in report.params if any(p.name.startswith(tower + ".") for tower in idle)]
     if unused:  # a text input runs no vision or audio tower: their parameters' .grad stays None
@@ -216,7 +217,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         seq += media.tokens
         tower_saved = media.saved_bytes or 0
         notes.append(f"image input: each sequence holds {media.input_words}; the language model's activations are "
-                     f"over {seq - media.tokens:,} text + {media.tokens:,} image tokens = {seq:,}; the towers train, and "
+                     f"over {seq - media.tokens:,} text + {media.tokens:,} image tokens = {seq:,}; the towers train (but "
+                     "for what --freeze names), and "
                      f"what their forward saves for backward, {tower_saved:,} B (what the tower's and projector's forward "
                      "saves and still holds at its end, each storage once, weights not: measured on fake tensors), is "
                      "held from the forward through the language model's backward, added to those moments (linear in "
@@ -325,8 +327,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
             towers = towers_not_run(view)
             held = model_states([p for p in report.params if any(p.name.startswith(t + ".") for t in towers)],
                                 precision=precision, optimizer=optimizer, own=own,
-                                trainable=frozenset(p.name for p in report.params
-                                                    if any(p.name.startswith(t + ".") for t in towers)))
+                                trainable=frozenset(p.name for p in report.params if p.name not in set(frozen)
+                                                    and any(p.name.startswith(t + ".") for t in towers)))
             kept = held.optimizer.bytes + held.master_weights.bytes
             phases = tuple(dataclasses.replace(p, bytes=p.bytes + kept + (held.gradients.bytes if p.phase ==
                                                                            "optimizer step" else 0)) for p in phases)
