@@ -16,8 +16,10 @@ _FLAGS = (("--gpu-memory-utilization", "gpu_memory_utilization"), ("--max-model-
 
 def add_vllm_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("vLLM pre-flight (--engine vllm, with --gpu or --budget)")
-    group.add_argument("--engine", choices=("vllm",),
-                       help="vllm: what vLLM computes at launch on one GPU (each GPU under --tp): the memory it "
+    group.add_argument("--engine", choices=("vllm", "llama.cpp"),
+                       help="llama.cpp: memory per device (GPU and CPU) as llama.cpp places it, and the "
+                            "llama-server flags that fit (a .gguf file, or a config with a mixture --dtype); "
+                            "vllm: what vLLM computes at launch on one GPU (each GPU under --tp): the memory it "
                             "budgets, KV blocks and tokens, the maximum concurrency at --max-model-len, the largest "
                             "--max-model-len that fits, and the `vllm serve` flags that fit")
     group.add_argument("--gpu-memory-utilization", type=float, metavar="U",

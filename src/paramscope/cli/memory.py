@@ -9,6 +9,7 @@ from ._common import (add_cache_option, add_debug_option, add_html_option, add_l
                       add_width_option,
                       checked_html_path, checked_size, checked_width, use_color, write,
                       write_html_page, write_report_json)
+from ._llama_cpp import add_llama_cpp_options, run_llama_cpp, wants_llama_cpp
 from ._recording import record_after_build
 from ._vllm import add_vllm_options, run_vllm, wants_vllm
 
@@ -107,6 +108,7 @@ def add_parser(subparsers: Any) -> None:
                              "traces every layer with torch's MemTracker. Serving traces generate()'s prefill and "
                              "a decode step, every layer")
     add_vllm_options(parser)
+    add_llama_cpp_options(parser)
     parser.add_argument("--json", action="store_true",
                         help="print the JSON report with its \"memory\" object (docs/json-schema.md)")
     add_cache_option(parser, costs=True)
@@ -130,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import OptionError
     from ..sources import resolve
 
+    if wants_llama_cpp(args):
+        return run_llama_cpp(args)
     if wants_vllm(args):
         return run_vllm(args)
     if args.find_layout or args.global_batch is not None:

@@ -1,0 +1,141 @@
+"""`paramscope memory MODEL|FILE.gguf --engine llama.cpp`: memory per device as llama.cpp places it
+(cost/memory/llama_cpp.py), its flags and their checks.
+
+Kept apart from cli/memory.py, which only adds these options and hands over when --engine llama.cpp (or one of its
+flags) is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ._common import checked_size, checked_width, use_color, write, write_report_json
+
+_FLAGS = (("--n-gpu-layers", "n_gpu_layers"), ("--n-cpu-moe", "n_cpu_moe"), ("--ctx-size", "ctx_size"),
+          ("--cache-type-k", "cache_type_k"), ("--cache-type-v", "cache_type_v"), ("--parallel", "parallel"),
+          ("--batch-size", "batch_size"), ("--ubatch-size", "ubatch_size"))
+_SWITCHES = (("--flash-attn", "flash_attn"), ("--swa-full", "swa_full"), ("--kv-unified", "kv_unified"),
+             ("--no-kv-offload", "no_kv_offload"))
+
+
+def _layers(text: str) -> str | int:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: give a number of layers, -1 (all) or auto")
+
+
+def add_llama_cpp_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("llama.cpp serving memory (--engine llama.cpp; a .gguf file, or a config with "
+                                      "a mixture --dtype such as q4_k_m)")
+    group.add_argument("--n-gpu-layers", "-ngl", type=_layers, metavar="N",
+                       help="layers offloaded to the GPU: the last N repeating layers, the output layer with N > "
+                            "layers; -1 all; auto (default with --gpu/--budget): the most that fit")
+    group.add_argument("--n-cpu-moe", type=int, metavar="N",
+                       help="keep the expert tensors of the first N layers on the CPU (default 0; with auto, the "
+                            "fewest that fit)")
+    group.add_argument("--ctx-size", "-c", type=int, metavar="C",
+                       help="context size (default 0: the model's training context), padded to 256 as llama.cpp does")
+    group.add_argument("--cache-type-k", "-ctk", metavar="TYPE",
+                       help="K cache type: f16 (default), f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1")
+    group.add_argument("--cache-type-v", "-ctv", metavar="TYPE",
+                       help="V cache type, as --cache-type-k (quantised types need --flash-attn)")
+    group.add_argument("--parallel", "-np", type=int, metavar="P", help="sequences served at once (default 1)")
+    group.add_argument("--batch-size", type=int, metavar="B", help="logical batch (default 2048)")
+    group.add_argument("--ubatch-size", type=int, metavar="U", help="physical batch (default 512)")
+    group.add_argument("--flash-attn", "-fa", action="store_true", help="flash attention (-fa on): no attention scores "
+                       "in the compute buffer, V cache not transposed")
+    group.add_argument("--swa-full", action="store_true", help="full-size cache for sliding-window layers")
+    group.add_argument("--kv-unified", action="store_true", help="one KV stream shared by the --parallel sequences")
+    group.add_argument("--no-kv-offload", action="store_true", help="keep the KV cache on the CPU")
+
+
+def wants_llama_cpp(args: argparse.Namespace) -> bool:
+    """--engine llama.cpp, or one of its flags (refused by run_llama_cpp without it, naming the flag)."""
+    return args.engine == "llama.cpp" or any(getattr(args, name) is not None for _, name in _FLAGS) or any(
+        getattr(args, name) for _, name in _SWITCHES)
+
+
+def run_llama_cpp(args: argparse.Namespace) -> int:
+    from ..cost.hardware import Accelerator, find_accelerator
+    from ..cost.memory.llama_cpp import LlamaCppOptions, Tensor, llama_cpp_plan, model_facts
+    from ..cost.memory.serving import MemoryOptions
+    from ..cost.memory.serving_answer import memory_answer
+    from ..errors import OptionError
+    from ..sources import resolve
+
+    if args.engine != "llama.cpp":
+        flag = next([flag for flag, name in _FLAGS if getattr(args, name) is not None]
+                    + [flag for flag, name in _SWITCHES if getattr(args, name)])
+        raise OptionError(f"{flag} is for --engine llama.cpp")
+    given = [flag for flag, on in (("--training", args.training), ("--trace", args.trace),
+                                   ("--html", args.html is not None), ("--batch", args.batch != 1),
+                                   ("--seq", args.seq is not None), ("--pp", args.pp != 1), ("--tp", args.tp != 1),
+                                   ("--kv-dtype", args.kv_dtype is not None),
+                                   ("--kv-layout", args.kv_layout != "hf"), ("--encoder-seq", args.encoder_seq),
+                                   ("--find-layout", args.find_layout), ("--devices", args.devices),
+                                   ("--max-model-len", args.max_model_len is not None),
+                                   ("--gpu-memory-utilization", args.gpu_memory_utilization is not None))
+             if on]
+    if given:
+        raise OptionError(f"--engine llama.cpp does not take {given[0]} (llama.cpp's own flags: --ctx-size, "
+                          "--parallel, --cache-type-k/-v, --n-gpu-layers)")
+    if args.gpu and args.budget:
+        raise OptionError("give --gpu or --budget, not both")
+    ngl = args.n_gpu_layers
+    if ngl == "auto" and not (args.gpu or args.budget):
+        raise OptionError("--n-gpu-layers auto needs --gpu NAME or --budget SIZE: the memory to fit")
+    options = LlamaCppOptions(
+        n_gpu_layers=None if ngl == "auto" else ngl, n_cpu_moe=args.n_cpu_moe, ctx_size=args.ctx_size,
+        cache_type_k=(args.cache_type_k or "f16").lower(), cache_type_v=(args.cache_type_v or "f16").lower(),
+        parallel=1 if args.parallel is None else args.parallel,
+        batch_size=2048 if args.batch_size is None else args.batch_size,
+        ubatch_size=512 if args.ubatch_size is None else args.ubatch_size, flash_attn=args.flash_attn,
+        swa_full=args.swa_full, kv_unified=args.kv_unified, kv_offload=not args.no_kv_offload)
+    options.check()
+    width = None if args.json else checked_width(args)
+    reserve = checked_size("--reserve", args.reserve, zero=True) or 0
+    accelerator = find_accelerator(args.gpu) if args.gpu else (
+        Accelerator("budget", checked_size("--budget", args.budget), "", "budget") if args.budget else None)
+    source = resolve(args.model, revision=args.revision)
+    if source.checkpoint is None:
+        from ..cost.memory.llama_cpp_mixture import mixture_name
+
+        if args.dtype is None or mixture_name(args.dtype) is None:
+            raise OptionError("--engine llama.cpp needs a .gguf file, or a config with a llama.cpp mixture --dtype "
+                              f"(q4_k_m, q8_0, iq4_xs, ...){'' if args.dtype is None else f', got {args.dtype}'}")
+    elif args.dtype is not None:
+        raise OptionError("--dtype with a .gguf file: llama.cpp serves the file's own types")
+    memory = MemoryOptions(dtype=args.dtype, imatrix=bool(args.imatrix))
+    memory.check()
+    report, estimate, view = memory_answer(source, memory, not args.no_cache, model_class=args.model_class,
+                                           task=args.task, num_labels=args.num_labels,
+                                           trust_remote_code=args.trust_remote_code)
+    if source.checkpoint is not None:
+        ck = source.checkpoint
+        tensors = tuple(Tensor(t.name, t.nbytes) for t in ck.tensors)
+        weights_from = f"the GGUF file {ck.files[0]}'s header: each tensor's exact bytes"
+        model_arg = args.model
+    else:
+        predicted = estimate.settings["gguf_file"]
+        tensors = tuple(Tensor(t["name"], t["bytes"]) for t in predicted["tensor_list"])
+        weights_from = (f"the predicted {predicted['mixture']} file ({predicted['source']}): each tensor's bytes as "
+                        "llama-quantize writes it")
+        model_arg = f"{report.model.label.rsplit('/', 1)[-1]}-{predicted['mixture']}.gguf"
+    facts = model_facts(view.config)
+    budget = None if accelerator is None else accelerator.memory - reserve
+    plan = llama_cpp_plan(tensors, facts, options, model=report.model.label, weights_from=weights_from,
+                          budget=budget, model_arg=model_arg)
+    if args.json:
+        from ..render.llama_cpp import llama_cpp_to_dict
+        from ..render.memory import memory_to_dict
+
+        write_report_json(report, memory={**memory_to_dict(estimate),
+                                          "llama_cpp": llama_cpp_to_dict(plan, accelerator, reserve)})
+    else:
+        from ..render.llama_cpp import render_llama_cpp_text
+
+        write(render_llama_cpp_text(report, plan, accelerator, reserve, width, color=use_color()))
+    return 0

@@ -1,0 +1,547 @@
+"""Serving memory under llama.cpp: weights, KV cache and compute buffer per device (GPU and CPU/host), as llama.cpp
+places them, and the flags that fit a budget.
+
+What llama.cpp does, read from its source (ggml-org/llama.cpp; commits in `SOURCES`):
+
+- weights (src/llama-model.cpp, `load_tensors`): with `-ngl N`, `i_gpu_start = max(n_layer − N, 0)` and
+  `act_gpu_layers = min(N, n_layer + 1)`: repeating layer il goes to the GPU when il ≥ i_gpu_start (the last N
+  layers), and the output layer (index n_layer: output, output_norm) when N ≥ n_layer + 1. The input layer
+  (token_embd) always stays on the CPU ("very little benefit to offloading the input layer"). A tied output head is
+  `token_embd` created again with TENSOR_DUPLICATED in the output layer's buffer: a second copy on the GPU when the
+  output layer is there. `rope_freqs` is created in each layer's buffer as a duplicate: one copy per device that
+  holds a layer. `--n-cpu-moe N` adds buffer overrides `blk\\.i\\.ffn_(up|down|gate|gate_up)_(ch|)exps` → CPU for
+  i < N (common/common.h `LLM_FFN_EXPS_REGEX`, `llm_ffn_exps_block_regex`). Each tensor costs its bytes in the
+  file (a GGUF's header) or in the predicted mixture's file.
+- context (src/llama-context.cpp): `n_ctx = GGML_PAD(n_ctx, 256)`; with a unified KV cache one stream of n_ctx
+  cells, else `n_ctx_seq = GGML_PAD(n_ctx / n_seq_max, 256)` cells in each of n_seq_max streams;
+  `n_batch = min(n_ctx, n_batch)`, `n_ubatch = min(n_batch, n_ubatch)`.
+- KV cache (src/llama-kv-cache.cpp): per layer K = ggml_new_tensor_3d(type_k, n_embd_k_gqa, kv_size, n_stream), V
+  alike with n_embd_v_gqa, or without flash attention (V transposed) the largest n_embd_v_gqa of any layer; bytes =
+  ggml_row_size(type, width) × cells × streams, a row being width / block × type size for block-quantised types.
+  Each layer's cache is on its layer's device (offload_kqv, llama.cpp's default; `--no-kv-offload`: CPU).
+- sliding-window layers (src/llama-kv-cache-iswa.cpp): their own cache of
+  `GGML_PAD(min(kv_size, n_swa × (unified ? n_seq_max : 1) + n_ubatch), 256)` cells, or kv_size with --swa-full.
+- recurrent layers (src/llama-memory-recurrent.cpp, hparams n_embd_r / n_embd_s): F32 states of
+  max(1, n_seq_max) rows: conv (d_conv − 1) × (d_inner + 2 × n_group × d_state), ssm d_state × d_inner.
+
+The compute buffer is measured by llama.cpp when it reserves a graph of n_ubatch tokens; here it is an estimate,
+named so, from the largest intermediate tensors (`compute_estimate`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import OptionError, UnsupportedError
+from ..dims import config_int, decoder_layers, dim, is_mla, max_context, text_config
+from .kv import attention_shape, layer_kinds
+
+SOURCES = {
+    "load_tensors": "src/llama-model.cpp load_tensors at 00342301d01a",
+    "context": "src/llama-context.cpp at 02c28f533ebb",
+    "kv": "src/llama-kv-cache.cpp and src/llama-kv-cache-iswa.cpp at 02c28f533ebb",
+    "recurrent": "src/llama-hparams.cpp n_embd_r/n_embd_s at 01b77b579398",
+    "n_cpu_moe": "common/common.h LLM_FFN_EXPS_REGEX",
+}
+PAD = 256  # GGML_PAD(n_ctx, 256) and the SWA cache's padding
+# common/arg.cpp's kv_cache_types: the types --cache-type-k/-v take
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+_EXPS = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+_INPUT = ("token_embd.", "position_embd.", "token_types.")
+_MAX_CTX = 1 << 24
+_MAX_PARALLEL = 256  # LLAMA_MAX_SEQ
+
+
+def pad(n: int, to: int = PAD) -> int:
+    return (n + to - 1) // to * to
+
+
+def type_size(kind: str) -> tuple[int, int]:
+    """(block, bytes a block) of a ggml type, from the gguf package (llama.cpp's own table)."""
+    import gguf
+
+    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind.upper()]]
+
+
+def row_size(kind: str, width: int, flag: str = "") -> int:
+    """ggml_row_size: bytes of one row of `width` values in `kind` (whole blocks, as ggml asserts)."""
+    block, size = type_size(kind)
+    if width % block:
+        raise OptionError(f"{flag or kind}: rows of {width:,} values are no whole number of {kind} blocks of "
+                          f"{block} (llama.cpp refuses this cache type for this model)")
+    return width // block * size
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    """llama-server's flags, as it spells them (None: its default)."""
+
+    n_gpu_layers: int | None = None  # None: "auto" (fit the budget) with a budget, else -1 (all layers)
+    n_cpu_moe: int | None = None  # None: 0, or the smallest that fits when the layers are fitted
+    ctx_size: int | None = None  # None: the model's training context (llama.cpp's -c 0)
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    parallel: int = 1
+    batch_size: int = 2048
+    ubatch_size: int = 512
+    flash_attn: bool = False
+    swa_full: bool = False
+    kv_unified: bool = False
+    kv_offload: bool = True
+
+    def check(self) -> None:
+        if self.n_gpu_layers is not None and self.n_gpu_layers < -1:
+            raise OptionError(f"--n-gpu-layers must be -1 (all), auto or 0 or more, got {self.n_gpu_layers}")
+        if self.n_cpu_moe is not None and self.n_cpu_moe < 0:
+            raise OptionError(f"--n-cpu-moe must be 0 or more, got {self.n_cpu_moe}")
+        if self.ctx_size is not None and not 0 <= self.ctx_size <= _MAX_CTX:
+            raise OptionError(f"--ctx-size must be between 0 (the model's) and {_MAX_CTX:,}, got {self.ctx_size}")
+        for flag, kind in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v)):
+            if kind not in CACHE_TYPES:
+                raise OptionError(f"{flag} {kind!r}: llama.cpp takes {', '.join(CACHE_TYPES)}")
+        if self.cache_type_v not in ("f32", "f16", "bf16") and not self.flash_attn:
+            raise OptionError(f"--cache-type-v {self.cache_type_v} needs --flash-attn: llama.cpp quantises the V "
+                              "cache only with flash attention")
+        if not 1 <= self.parallel <= _MAX_PARALLEL:
+            raise OptionError(f"--parallel must be between 1 and {_MAX_PARALLEL}, got {self.parallel}")
+        for flag, value in (("--batch-size", self.batch_size), ("--ubatch-size", self.ubatch_size)):
+            if not 1 <= value <= _MAX_CTX:
+                raise OptionError(f"{flag} must be between 1 and {_MAX_CTX:,}, got {value}")
+
+
+@dataclass(frozen=True)
+class LayerState:
+    """What one layer keeps between tokens, as llama.cpp sizes it."""
+
+    kind: str  # "full" | "swa" | "recurrent" | "none"
+    k_width: int = 0  # n_embd_k_gqa: K values per cell
+    v_width: int = 0  # n_embd_v_gqa
+    conv: int = 0  # recurrent: n_embd_r, values per sequence
+    ssm: int = 0  # recurrent: n_embd_s
+
+
+@dataclass(frozen=True)
+class LlamaCppModel:
+    """The hparams llama.cpp's memory reads, from the model's config (a GGUF's own metadata, converted)."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_vocab: int
+    n_ctx_train: int | None
+    n_swa: int
+    n_ff: int  # the largest FFN intermediate a token computes (dense n_ff, or experts used × n_ff_exp)
+    layers: tuple[LayerState, ...]
+    how: str  # where the shapes came from, in words
+
+
+def model_facts(config: Any) -> LlamaCppModel:
+    """llama.cpp's hparams for the KV cache and compute buffer, from a transformers config object. Layers slide
+    where the config's `layer_types` says "sliding_attention" (as llama.cpp's SWA patterns for Gemma-2/3, Cohere2,
+    gpt-oss place them); a `sliding_window` without `layer_types` (Mistral-7B-v0.1) is full attention, as llama.cpp's
+    llama architecture runs it. MLA and recurrent families other than Mamba are refused, in one line."""
+    text = text_config(config)
+    model_type = str(getattr(text, "model_type", ""))
+    if is_mla(text):
+        raise UnsupportedError(f"--engine llama.cpp: {model_type}'s MLA cache (llama.cpp keeps the latent as K and no "
+                               "V) is not modelled yet")
+    n_layer = decoder_layers(text)
+    n_embd = dim(text, "hidden") or 0
+    heads = dim(text, "heads") or 1
+    kv_heads, k_dim, v_dim, how = attention_shape(text)
+    types = getattr(text, "layer_types", None)
+    explicit = isinstance(types, (list, tuple)) and len(types) == n_layer
+    kinds = layer_kinds(text) if explicit else [("full_attention", None)] * n_layer
+    recurrent = _recurrent(text, model_type)
+    n_swa = 0
+    layers = []
+    for kind, window in kinds:
+        if recurrent is not None and (model_type in ("mamba", "mamba2", "falcon_mamba") or kind == "mamba"):
+            layers.append(LayerState("recurrent", conv=recurrent[0], ssm=recurrent[1]))
+        elif kind in ("full_attention", "sliding_attention"):
+            slide = kind == "sliding_attention" and window is not None
+            n_swa = max(n_swa, window or 0) if slide else n_swa
+            layers.append(LayerState("swa" if slide else "full", kv_heads * k_dim, kv_heads * v_dim))
+        elif kind == "none":
+            layers.append(LayerState("none"))
+        else:
+            raise UnsupportedError(f"--engine llama.cpp: {model_type}'s {kind} layers are not modelled yet")
+    experts_used = config_int(text, "num_experts_per_tok", "moe_topk", "num_experts_per_token") or 0
+    n_ff_exp = config_int(text, "moe_intermediate_size", "expert_intermediate_size") or 0
+    n_ff = max(config_int(text, "intermediate_size", "ffn_dim", "n_inner") or 4 * n_embd,
+               experts_used * (n_ff_exp or config_int(text, "intermediate_size") or 0))
+    return LlamaCppModel(n_layer, n_embd, heads, config_int(text, "vocab_size") or 0, max_context(text), n_swa,
+                         n_ff, tuple(layers), how)
+
+
+def _recurrent(text: Any, model_type: str) -> tuple[int, int] | None:
+    """(n_embd_r, n_embd_s) of a Mamba layer, as llama-hparams.cpp sizes them; None for other families."""
+    if model_type in ("mamba", "falcon_mamba"):
+        inner = config_int(text, "intermediate_size") or 0
+        conv, state, groups = config_int(text, "conv_kernel") or 4, config_int(text, "state_size") or 16, 0
+    elif model_type == "mamba2":
+        inner = (config_int(text, "num_heads") or 0) * (config_int(text, "head_dim") or 0)
+        conv, state = config_int(text, "conv_kernel") or 4, config_int(text, "state_size") or 128
+        groups = config_int(text, "n_groups") or 1
+    else:
+        return None
+    return (conv - 1) * (inner + 2 * groups * state), state * inner
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which device holds each part: layers il ≥ first_gpu_layer on the GPU, the output layer when output_on_gpu,
+    the experts of layers below cpu_moe on the CPU."""
+
+    n_gpu_layers: int  # as given to llama.cpp (-1 resolved to n_layer + 1)
+    first_gpu_layer: int
+    output_on_gpu: bool
+    cpu_moe: int
+
+    def layer_on_gpu(self, il: int) -> bool:
+        return il >= self.first_gpu_layer
+
+
+def placement(n_layer: int, n_gpu_layers: int, cpu_moe: int) -> Placement:
+    """llama-model.cpp's get_layer_buft_list with one GPU: i_gpu_start = max(n_layer − N, 0), act_gpu_layers =
+    min(N, n_layer + 1); layer il (il = n_layer: the output layer) on the GPU when i_gpu_start ≤ il and
+    il − i_gpu_start < act_gpu_layers."""
+    ngl = n_layer + 1 if n_gpu_layers < 0 else n_gpu_layers
+    start = max(n_layer - ngl, 0)
+    act = min(ngl, n_layer + 1)
+    first = next((il for il in range(n_layer + 1) if start <= il and il - start < act), n_layer + 1)
+    return Placement(ngl, first, start <= n_layer and n_layer - start < act, min(cpu_moe, n_layer))
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    device: str  # "GPU" | "CPU"
+    weights: int
+    kv: int  # attention K and V
+    recurrent: int  # recurrent states
+    compute: int  # the compute buffer: an estimate
+    output: int  # the logits' output buffer (host): an estimate
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.recurrent + self.compute + self.output
+
+
+@dataclass(frozen=True)
+class CachePart:
+    """One of llama.cpp's caches: the layers of one kind and the cells each keeps."""
+
+    kind: str  # "full attention" | "sliding window 4,096" | "recurrent state"
+    layers: int
+    gpu_layers: int
+    cells: int  # per stream; recurrent: rows (sequences)
+    streams: int
+    bytes: int  # all its layers
+    gpu_bytes: int
+    arithmetic: str  # one layer, in words
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The llama.cpp flags that fit `budget` bytes of GPU memory."""
+
+    budget: int
+    fits: bool  # the asked placement and context fit
+    n_gpu_layers: int | None  # the largest that fits at the context (None: not even 0)
+    n_cpu_moe: int | None  # MoE: the fewest expert layers on the CPU with every layer offloaded
+    ctx_size: int | None  # the largest context (a multiple of 256, up to the model's) at that placement
+    command: str
+    why: str
+
+
+@dataclass(frozen=True)
+class LlamaCppPlan:
+    model: str
+    weights_from: str
+    n_layer: int
+    placement: Placement
+    n_ctx: int
+    n_ctx_from: str
+    n_ctx_seq: int
+    streams: int
+    n_batch: int
+    n_ubatch: int
+    options: LlamaCppOptions
+    devices: tuple[DeviceMemory, ...]
+    caches: tuple[CachePart, ...]
+    compute_arithmetic: str
+    compute_source: str
+    moe: bool
+    fit: Fit | None
+    notes: tuple[str, ...] = field(default=())
+
+    def device(self, name: str) -> DeviceMemory:
+        return next(d for d in self.devices if d.device == name)
+
+
+def _context(opts: LlamaCppOptions, facts: LlamaCppModel) -> tuple[int, str, int, int, int, int]:
+    """(n_ctx, from, n_ctx_seq, streams, n_batch, n_ubatch) as llama_context's constructor sets them."""
+    asked = opts.ctx_size or facts.n_ctx_train or 4096
+    source = "--ctx-size" if opts.ctx_size else ("the model's training context" if facts.n_ctx_train else
+                                                 "4,096 (the model gives no training context)")
+    n_ctx = pad(asked)
+    if opts.kv_unified:
+        n_ctx_seq, streams = n_ctx, 1
+    else:
+        n_ctx_seq, streams = pad(n_ctx // opts.parallel), opts.parallel
+        n_ctx = n_ctx_seq * streams
+    n_batch = min(n_ctx, opts.batch_size)
+    return n_ctx, source, n_ctx_seq, streams, n_batch, min(n_batch, opts.ubatch_size)
+
+
+def _caches(facts: LlamaCppModel, opts: LlamaCppOptions, where: Placement, n_ctx_seq: int, streams: int,
+            n_ubatch: int) -> list[CachePart]:
+    k_type, v_type = opts.cache_type_k, opts.cache_type_v
+    v_max = max((layer.v_width for layer in facts.layers), default=0)
+    rows = max(1, opts.parallel)
+    swa_cells = n_ctx_seq if opts.swa_full else pad(min(n_ctx_seq, facts.n_swa * (opts.parallel if opts.kv_unified
+                                                                                 else 1) + n_ubatch))
+    groups: dict[tuple, list[int]] = {}
+    for il, layer in enumerate(facts.layers):
+        groups.setdefault((layer.kind, layer.k_width, layer.v_width, layer.conv, layer.ssm), []).append(il)
+    parts = []
+    for (kind, k_width, v_width, conv, ssm), ils in groups.items():
+        on_gpu = sum(1 for il in ils if opts.kv_offload and where.layer_on_gpu(il))
+        if kind == "recurrent":
+            one = (conv + ssm) * 4 * rows
+            parts.append(CachePart("recurrent state", len(ils), on_gpu, rows, 1, one * len(ils), one * on_gpu,
+                                   f"(conv {conv:,} + ssm {ssm:,}) × 4 B (F32) × {rows} sequence"
+                                   f"{'s' if rows > 1 else ''}"))
+            continue
+        if kind == "none":
+            continue
+        cells = swa_cells if kind == "swa" else n_ctx_seq
+        v_cols = v_width if opts.flash_attn else v_max
+        k_row, v_row = row_size(k_type, k_width, "--cache-type-k " + k_type), row_size(v_type, v_cols,
+                                                                                       "--cache-type-v " + v_type)
+        one = (k_row + v_row) * cells * streams
+        label = "full attention" if kind == "full" else f"sliding window {facts.n_swa:,}"
+        parts.append(CachePart(label, len(ils), on_gpu, cells, streams, one * len(ils), one * on_gpu,
+                               f"(K {_row_words(k_type, k_width, k_row)} + V {_row_words(v_type, v_cols, v_row)}) × "
+                               f"{cells:,} cells" + (f" × {streams} streams" if streams > 1 else "")))
+    return parts
+
+
+def _row_words(kind: str, width: int, nbytes: int) -> str:
+    block, size = type_size(kind)
+    if block == 1:
+        return f"{width:,} × {size} B"
+    return f"{width:,} {kind} = {width // block:,} blocks of {block} × {size} B = {nbytes:,} B"
+
+
+def _weights(tensors: tuple[Tensor, ...], where: Placement, n_layer: int) -> tuple[int, int, int]:
+    """(GPU bytes, CPU bytes, expert bytes kept on the CPU by --n-cpu-moe)."""
+    gpu = cpu = cpu_moe = 0
+    names = {t.name for t in tensors}
+    tied = "output.weight" not in names
+    for t in tensors:
+        block = _BLOCK.match(t.name)
+        if block:
+            il = int(block.group(1))
+            if il < where.cpu_moe and _EXPS.search(t.name):
+                cpu += t.nbytes
+                cpu_moe += t.nbytes
+            elif where.layer_on_gpu(il):
+                gpu += t.nbytes
+            else:
+                cpu += t.nbytes
+        elif t.name.startswith("rope_freqs."):
+            continue  # TENSOR_DUPLICATED into each layer's buffer: one copy per device holding a layer (below)
+        elif t.name.startswith(_INPUT):
+            cpu += t.nbytes
+            if t.name == "token_embd.weight" and tied and where.output_on_gpu:
+                gpu += t.nbytes  # the output's TENSOR_DUPLICATED copy in the output layer's buffer
+        elif where.output_on_gpu:
+            gpu += t.nbytes
+        else:
+            cpu += t.nbytes
+    rope = sum(t.nbytes for t in tensors if t.name.startswith("rope_freqs."))
+    if where.first_gpu_layer > 0:  # a layer on the CPU
+        cpu += rope
+    if where.first_gpu_layer < n_layer:  # a layer on the GPU
+        gpu += rope
+    return gpu, cpu, cpu_moe
+
+
+def compute_estimate(facts: LlamaCppModel, opts: LlamaCppOptions, n_ctx_seq: int, n_ubatch: int,
+                     where: Placement) -> tuple[int, int, int, str]:
+    """(GPU, CPU compute buffer, host output buffer, arithmetic): an estimate.
+
+    llama.cpp measures its compute buffer by reserving the graph of one n_ubatch step (ggml-alloc reuses memory
+    between tensors whose lives do not overlap). Estimated here, f32 at n_ubatch tokens, on each device, as the
+    larger of one layer's intermediates (where it computes a layer) and the logits (on the output layer's device):
+    a layer's are the attention scores n_kv × n_ubatch × n_head without flash attention (n_kv: the full cache's cells;
+    flash attention keeps none), the FFN's two intermediates 2 × n_ff × n_ubatch and 4 × n_embd × n_ubatch (the
+    residual, the norm, the attention's input and output); the logits are n_vocab × n_ubatch; the CPU adds the input
+    embeddings n_embd × n_ubatch. The output buffer (host) holds the logits of
+    n_seq_max outputs (llama_context's output_reserve)."""
+    u = n_ubatch
+    scores = 0 if opts.flash_attn else n_ctx_seq * u * facts.n_head * 4
+    layer = scores + 2 * facts.n_ff * u * 4 + 4 * facts.n_embd * u * 4
+    logits = facts.n_vocab * u * 4
+    gpu_layers = where.first_gpu_layer < facts.n_layer
+    cpu_layers = where.first_gpu_layer > 0
+    # the logits come after the last layer, whose intermediates ggml-alloc has freed: the larger of the two
+    gpu = max(layer if gpu_layers else 0, logits if where.output_on_gpu else 0)
+    cpu = facts.n_embd * u * 4 + max(layer if cpu_layers else 0, 0 if where.output_on_gpu else logits)
+    output = facts.n_vocab * opts.parallel * 4
+    words = (f"f32 at n_ubatch {u:,} tokens, on each device the larger of a layer's intermediates (where it computes "
+             "a layer): "
+             + ("" if opts.flash_attn else f"attention scores {n_ctx_seq:,} × {u:,} × {facts.n_head} heads × 4 B + ")
+             + f"FFN 2 × {facts.n_ff:,} × {u:,} × 4 B + hidden 4 × {facts.n_embd:,} × {u:,} × 4 B"
+             + f", and the logits {facts.n_vocab:,} × {u:,} × 4 B (on the output layer's device); input embeddings "
+               f"{facts.n_embd:,} × {u:,} × 4 B on the CPU; output buffer {facts.n_vocab:,} × {opts.parallel} "
+               f"sequence{'s' if opts.parallel > 1 else ''} × 4 B (host)")
+    return gpu, cpu, output, words
+
+
+COMPUTE_SOURCE = ("estimate, source: llama.cpp reserves a graph of n_ubatch tokens (llama_context's graph_reserve) "
+                  "and measures its buffers; here the larger of one layer's largest f32 intermediates and the "
+                  "logits. "
+                  "Leaves out ggml-alloc's alignment and what it cannot reuse, MoE routing and expert-gather "
+                  "buffers, backend scratch (cuBLAS workspace, flash-attention tiles) and the CUDA context (the "
+                  "--reserve allowance covers it)")
+
+
+def plan_memory(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: LlamaCppOptions, where: Placement
+                ) -> tuple[tuple[DeviceMemory, ...], tuple[CachePart, ...], str, tuple[int, ...]]:
+    """Per device memory at one placement and context; also (n_ctx, n_ctx_seq, streams, n_batch, n_ubatch)."""
+    n_ctx, _, n_ctx_seq, streams, n_batch, n_ubatch = _context(opts, facts)
+    caches = _caches(facts, opts, where, n_ctx_seq, streams, n_ubatch)
+    w_gpu, w_cpu, _ = _weights(tensors, where, facts.n_layer)
+    gpu_kv = sum(c.gpu_bytes for c in caches if c.kind != "recurrent state")
+    cpu_kv = sum(c.bytes - c.gpu_bytes for c in caches if c.kind != "recurrent state")
+    gpu_rs = sum(c.gpu_bytes for c in caches if c.kind == "recurrent state")
+    cpu_rs = sum(c.bytes - c.gpu_bytes for c in caches if c.kind == "recurrent state")
+    c_gpu, c_cpu, output, words = compute_estimate(facts, opts, n_ctx_seq, n_ubatch, where)
+    devices = (DeviceMemory("GPU", w_gpu, gpu_kv, gpu_rs, c_gpu, 0),
+               DeviceMemory("CPU", w_cpu, cpu_kv, cpu_rs, c_cpu, output))
+    return devices, tuple(caches), words, (n_ctx, n_ctx_seq, streams, n_batch, n_ubatch)
+
+
+def _replace(opts: LlamaCppOptions, **changes: Any) -> LlamaCppOptions:
+    from dataclasses import replace
+
+    return replace(opts, **changes)
+
+
+def fit_flags(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: LlamaCppOptions, budget: int,
+              moe: bool) -> tuple[int | None, int | None, int | None, str]:
+    """(n_gpu_layers, n_cpu_moe, ctx_size, why): the most offload that fits `budget` bytes of GPU at the context,
+    then the largest context at that placement. GPU memory falls as layers leave it and as the context shrinks, so
+    each is the edge of a monotone search."""
+    n_layer = facts.n_layer
+
+    def gpu(ngl: int, moe_layers: int, o: LlamaCppOptions = opts) -> int:
+        return plan_memory(tensors, facts, o, placement(n_layer, ngl, moe_layers))[0][0].total
+
+    base_moe = opts.n_cpu_moe or 0
+    ngl, moe_layers, why = None, None, ""
+    if gpu(n_layer + 1, base_moe) <= budget:
+        ngl, moe_layers, why = n_layer + 1, base_moe, "every layer and the output on the GPU"
+    elif moe and gpu(n_layer + 1, n_layer) <= budget:
+        lo, hi = base_moe, n_layer  # the fewest expert layers on the CPU that fit
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if gpu(n_layer + 1, mid) <= budget else (mid + 1, hi)
+        ngl, moe_layers, why = n_layer + 1, lo, f"every layer on the GPU, the experts of the first {lo} on the CPU"
+    elif gpu(0, base_moe) <= budget:
+        lo, hi = 0, n_layer
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if gpu(mid, base_moe) <= budget else (lo, mid - 1)
+        ngl, moe_layers, why = lo, base_moe, f"the last {lo} of {n_layer} layers on the GPU"
+    else:
+        return None, None, None, "not even the compute buffer with no layer offloaded fits"
+    limit = max(facts.n_ctx_train or 0, opts.ctx_size or 0, PAD)
+    lo, hi = 0, limit // PAD
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if gpu(ngl, moe_layers, _replace(opts, ctx_size=mid * PAD)) <= budget else (lo, mid - 1)
+    return ngl, moe_layers, lo * PAD or None, why
+
+
+def llama_cpp_plan(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: LlamaCppOptions, *, model: str,
+                   weights_from: str, budget: int | None, model_arg: str, notes: tuple[str, ...] = ()) -> LlamaCppPlan:
+    opts.check()
+    moe = any(_EXPS.search(t.name) for t in tensors)
+    if opts.n_cpu_moe and not moe:
+        raise OptionError(f"--n-cpu-moe {opts.n_cpu_moe}: {model} has no expert tensors (ffn_*_exps)")
+    n_layer = facts.n_layer
+    fit = None
+
+    def command(ngl: int, moe_layers: int, ctx: int) -> str:
+        parts = [f"llama-server -m {model_arg}", f"-ngl {ngl}"]
+        if moe_layers:
+            parts.append(f"--n-cpu-moe {moe_layers}")
+        parts.append(f"-c {ctx}")
+        if opts.cache_type_k != "f16":
+            parts.append(f"-ctk {opts.cache_type_k}")
+        if opts.cache_type_v != "f16":
+            parts.append(f"-ctv {opts.cache_type_v}")
+        parts.append("-fa " + ("on" if opts.flash_attn else "off"))
+        if opts.parallel > 1:
+            parts.append(f"-np {opts.parallel}")
+        if opts.kv_unified:
+            parts.append("--kv-unified")
+        if opts.swa_full:
+            parts.append("--swa-full")
+        if opts.batch_size != 2048:
+            parts.append(f"-b {opts.batch_size}")
+        if opts.ubatch_size != 512:
+            parts.append(f"-ub {opts.ubatch_size}")
+        if not opts.kv_offload:
+            parts.append("--no-kv-offload")
+        return " ".join(parts)
+
+    asked_ngl = opts.n_gpu_layers
+    if budget is not None:
+        ngl, moe_layers, ctx, why = fit_flags(tensors, facts, opts, budget, moe)
+        if asked_ngl is None:  # auto: answer at the fitted placement
+            use_ngl = ngl if ngl is not None else 0
+            use_moe = moe_layers if moe_layers is not None else (opts.n_cpu_moe or 0)
+        else:
+            use_ngl, use_moe = asked_ngl, opts.n_cpu_moe or 0
+        where = placement(n_layer, use_ngl, use_moe)
+        devices, caches, words, ctxs = plan_memory(tensors, facts, opts, where)
+        at_ctx = ctxs[0]
+        line = command(ngl, moe_layers or 0, min(at_ctx, ctx)) if ngl is not None and ctx else ""
+        fit = Fit(budget, devices[0].total <= budget, ngl, moe_layers if moe else None, ctx, line,
+                  why + (f"; the largest context at that placement {ctx:,}" if ctx else ""))
+    else:
+        where = placement(n_layer, -1 if asked_ngl is None else asked_ngl, opts.n_cpu_moe or 0)
+        devices, caches, words, ctxs = plan_memory(tensors, facts, opts, where)
+    n_ctx, n_ctx_from = ctxs[0], _context(opts, facts)[1]
+    extra = list(notes)
+    if facts.n_ctx_train and n_ctx > pad(facts.n_ctx_train):
+        extra.append(f"--ctx-size {n_ctx:,} is beyond the model's training context {facts.n_ctx_train:,}")
+    extra.append(f"placement: {SOURCES['load_tensors']}: -ngl N offloads the last N repeating layers and the output "
+                 "layer when N > n_layer; token_embd stays on the CPU (a tied output is copied to the output "
+                 "layer's device); newer llama.cpp builds count the output layer among the N (i_gpu_start = "
+                 "n_layer + 1 − N)")
+    extra.append(f"KV cache: {SOURCES['context']} (n_ctx padded to 256) and {SOURCES['kv']}")
+    if any(c.kind == "recurrent state" for c in caches):
+        extra.append(f"recurrent states: {SOURCES['recurrent']}, F32, max(1, --parallel) rows")
+    if any(d.device == "CPU" and d.weights for d in devices):
+        extra.append("CPU weights are memory-mapped from the file by default (--no-mmap reads them into RAM): "
+                     "host memory either way")
+    return LlamaCppPlan(model, weights_from, n_layer, where, n_ctx, n_ctx_from, ctxs[1], ctxs[2], ctxs[3], ctxs[4],
+                        opts, devices, caches, words, COMPUTE_SOURCE, moe, fit, tuple(extra))
+
+
+__all__ = ["CACHE_TYPES", "LlamaCppOptions", "LlamaCppPlan", "Tensor", "llama_cpp_plan", "model_facts",
+           "placement", "row_size"]

@@ -1,0 +1,115 @@
+"""`paramscope memory MODEL --engine llama.cpp`: a LlamaCppPlan → text (rich, at a width) and → the JSON "llama_cpp"
+object.
+
+Pure functions of their data. Bytes are exact integers; the binary units beside them are for reading only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ._console import indented, model_source_line, to_text
+from .memory import binary
+
+
+def render_llama_cpp_text(report: Any, plan: Any, accelerator: Any, reserve: int, width: int = 100, *,
+                          color: bool = False) -> str:
+    return to_text(llama_cpp_parts(report, plan, accelerator, reserve), width, color)
+
+
+def _where(plan: Any) -> str:
+    p = plan.placement
+    gpu_layers = max(plan.n_layer - p.first_gpu_layer, 0)
+    words = (f"-ngl {p.n_gpu_layers}: {gpu_layers} of {plan.n_layer} layers on the GPU"
+             + (f" (layers {p.first_gpu_layer}–{plan.n_layer - 1})" if 0 < gpu_layers < plan.n_layer else "")
+             + (", the output layer too" if p.output_on_gpu else ", the output layer on the CPU"))
+    if p.cpu_moe:
+        words += f"; --n-cpu-moe {p.cpu_moe}: the experts of layers 0–{p.cpu_moe - 1} on the CPU"
+    return words
+
+
+def llama_cpp_parts(report: Any, plan: Any, accelerator: Any, reserve: int) -> list:
+    o = plan.options
+    on = "" if accelerator is None else (f" on a {binary(accelerator.memory)} budget" if accelerator.name == "budget"
+                                         else f" on {accelerator.name}")
+    lines: list = [
+        Text(f"llama.cpp serving memory for {report.model.label} ({report.model.class_name}){on}", style="bold"),
+        *filter(None, [model_source_line(report.model)]),
+        indented(f"weights: {plan.weights_from}"),
+        indented(_where(plan)),
+        indented(f"n_ctx {plan.n_ctx:,} ({plan.n_ctx_from}, padded to 256)"
+                 + (f", {plan.streams} streams of {plan.n_ctx_seq:,} cells" if plan.streams > 1 else "")
+                 + f"; n_batch {plan.n_batch:,}, n_ubatch {plan.n_ubatch:,}; cache K {o.cache_type_k}, V "
+                   f"{o.cache_type_v}; flash attention {'on' if o.flash_attn else 'off'}; --parallel {o.parallel}"),
+        Text(""),
+        _devices_table(plan),
+        _caches_table(plan),
+    ]
+    if plan.fit is not None:
+        f = plan.fit
+        lines.append(Text(f"GPU budget {f.budget:,} B ({binary(f.budget)}"
+                          + (f": {binary(accelerator.memory)} less --reserve {binary(reserve)}" if reserve else "")
+                          + f"): the answer above {'fits' if f.fits else 'does NOT fit'} "
+                            f"(GPU {plan.device('GPU').total:,} B)", style="bold"))
+        if f.command:
+            lines.append(Text(f"llama.cpp flags that fit ({f.why}):", style="bold"))
+            lines.append(indented(f.command, 4))
+        else:
+            lines.append(indented(f"nothing fits: {f.why}"))
+    for note in plan.notes:
+        lines.append(indented(f"note: {note}"))
+    lines.append(indented(f"compute buffer: {plan.compute_source}; {plan.compute_arithmetic}"))
+    return lines
+
+
+def _devices_table(plan: Any) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Memory per device", title_justify="left")
+    for name in ("", "weights", "KV cache", "recurrent", "compute (estimate)", "output (estimate)", "total"):
+        table.add_column(name, justify="left" if not name else "right")
+    for d in plan.devices:
+        cells = [d.weights, d.kv, d.recurrent, d.compute, d.output, d.total]
+        table.add_row("GPU" if d.device == "GPU" else "CPU (host)", *(f"{v:,}" for v in cells))
+        table.add_row("", *(binary(v) for v in cells))
+    return table
+
+
+def _caches_table(plan: Any) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Caches (exact)", title_justify="left")
+    for name in ("kind", "layers", "on GPU", "cells", "bytes", "one layer"):
+        table.add_column(name, justify="right" if name in ("layers", "on GPU", "cells", "bytes") else "left")
+    for c in plan.caches:
+        table.add_row(c.kind, str(c.layers), str(c.gpu_layers), f"{c.cells:,}", f"{c.bytes:,}", c.arithmetic)
+    return table
+
+
+def llama_cpp_to_dict(plan: Any, accelerator: Any, reserve: int) -> dict[str, Any]:
+    o, p = plan.options, plan.placement
+    out: dict[str, Any] = {
+        "weights_from": plan.weights_from,
+        "settings": {"n_gpu_layers": p.n_gpu_layers, "n_cpu_moe": p.cpu_moe, "n_ctx": plan.n_ctx,
+                     "n_ctx_from": plan.n_ctx_from, "n_ctx_seq": plan.n_ctx_seq, "streams": plan.streams,
+                     "n_batch": plan.n_batch, "n_ubatch": plan.n_ubatch, "cache_type_k": o.cache_type_k,
+                     "cache_type_v": o.cache_type_v, "flash_attn": o.flash_attn, "parallel": o.parallel,
+                     "swa_full": o.swa_full, "kv_unified": o.kv_unified, "kv_offload": o.kv_offload},
+        "placement": {"n_layer": plan.n_layer, "first_gpu_layer": p.first_gpu_layer,
+                      "gpu_layers": max(plan.n_layer - p.first_gpu_layer, 0), "output_on_gpu": p.output_on_gpu,
+                      "cpu_moe_layers": p.cpu_moe, "moe": plan.moe},
+        "devices": [{"device": d.device, "weights": d.weights, "kv": d.kv, "recurrent": d.recurrent,
+                     "compute_estimate": d.compute, "output_estimate": d.output, "total": d.total}
+                    for d in plan.devices],
+        "caches": [{"kind": c.kind, "layers": c.layers, "gpu_layers": c.gpu_layers, "cells": c.cells,
+                    "streams": c.streams, "bytes": c.bytes, "gpu_bytes": c.gpu_bytes, "arithmetic": c.arithmetic}
+                   for c in plan.caches],
+        "compute": {"convention": plan.compute_source, "arithmetic": plan.compute_arithmetic},
+        "notes": list(plan.notes),
+    }
+    if plan.fit is not None:
+        f = plan.fit
+        out["fit"] = {"gpu": None if accelerator is None else accelerator.name, "reserve": reserve,
+                      "budget": f.budget, "fits": f.fits, "n_gpu_layers": f.n_gpu_layers, "n_cpu_moe": f.n_cpu_moe,
+                      "ctx_size": f.ctx_size, "command": f.command or None, "why": f.why}
+    return out

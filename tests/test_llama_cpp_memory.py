@@ -1,0 +1,214 @@
+"""Serving memory under llama.cpp (issue 29 §3): `memory MODEL|FILE.gguf --engine llama.cpp` gives the bytes per
+device as llama.cpp places them. Weights follow -ngl (the last N layers, the output layer when N > n_layer,
+token_embd on the CPU) and --n-cpu-moe (the first N layers' experts on the CPU), at the file's own bytes; the KV
+cache is ggml_row_size × cells per layer on its layer's device, sliding-window layers keeping n_swa + n_ubatch cells
+padded to 256. Expected bytes are written out here from the tensors each test writes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from paramscope.cli import main  # noqa: E402
+
+Q = gguf.GGMLQuantizationType
+H, I, HEADS, KV, VOCAB = 64, 128, 4, 2, 100  # noqa: E741 - width, intermediate, heads, KV heads, vocabulary
+KV_WIDTH = KV * H // HEADS  # n_embd_k_gqa: 2 KV heads × 16
+
+
+def nbytes(shape: tuple[int, ...], qtype: Q) -> int:
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    return int(np.prod(shape)) // block * size
+
+
+def write(path: Path, arch: str, kv: dict, tensors: dict[str, tuple[tuple[int, ...], Q]]) -> Path:
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in kv.items():
+        (w.add_float32 if isinstance(value, float) else w.add_uint32)(f"{arch}.{key}", value)
+    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+    for name, (shape, qtype) in tensors.items():
+        data = np.full(shape, 0.5, dtype=np.float32)
+        if qtype == Q.Q8_0:
+            packed = gguf.quants.quantize(data, qtype)
+            w.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=qtype)
+        else:
+            w.add_tensor(name, data.astype(np.float16) if qtype == Q.F16 else data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def base_kv(layers: int) -> dict:
+    return {"context_length": 4096, "embedding_length": H, "block_count": layers, "feed_forward_length": I,
+            "attention.head_count": HEADS, "attention.head_count_kv": KV, "rope.freq_base": 10000.0,
+            "attention.layer_norm_rms_epsilon": 1e-5}
+
+
+def llama(layers: int, *, head: bool = True) -> dict:
+    out = {"token_embd.weight": ((VOCAB, H), Q.Q8_0), "output_norm.weight": ((H,), Q.F32)}
+    if head:
+        out["output.weight"] = ((VOCAB, H), Q.F16)
+    for i in range(layers):
+        out |= {f"blk.{i}.attn_norm.weight": ((H,), Q.F32), f"blk.{i}.attn_q.weight": ((H, H), Q.Q8_0),
+                f"blk.{i}.attn_k.weight": ((KV_WIDTH, H), Q.Q8_0), f"blk.{i}.attn_v.weight": ((KV_WIDTH, H), Q.F16),
+                f"blk.{i}.attn_output.weight": ((H, H), Q.Q8_0), f"blk.{i}.ffn_norm.weight": ((H,), Q.F32),
+                f"blk.{i}.ffn_gate.weight": ((I, H), Q.Q8_0), f"blk.{i}.ffn_up.weight": ((I, H), Q.Q8_0),
+                f"blk.{i}.ffn_down.weight": ((H, I), Q.F16)}
+    return out
+
+
+def qwen2moe(layers: int) -> dict:
+    out = {"token_embd.weight": ((VOCAB, H), Q.Q8_0), "output_norm.weight": ((H,), Q.F32),
+           "output.weight": ((VOCAB, H), Q.Q8_0)}
+    for i in range(layers):
+        out |= {f"blk.{i}.attn_norm.weight": ((H,), Q.F32), f"blk.{i}.attn_q.weight": ((H, H), Q.Q8_0),
+                f"blk.{i}.attn_q.bias": ((H,), Q.F32), f"blk.{i}.attn_k.weight": ((32, H), Q.Q8_0),
+                f"blk.{i}.attn_k.bias": ((32,), Q.F32), f"blk.{i}.attn_v.weight": ((32, H), Q.Q8_0),
+                f"blk.{i}.attn_v.bias": ((32,), Q.F32), f"blk.{i}.attn_output.weight": ((H, H), Q.Q8_0),
+                f"blk.{i}.ffn_norm.weight": ((H,), Q.F32), f"blk.{i}.ffn_gate_inp.weight": ((4, H), Q.F32),
+                f"blk.{i}.ffn_gate_exps.weight": ((4, 32, H), Q.Q8_0),
+                f"blk.{i}.ffn_up_exps.weight": ((4, 32, H), Q.Q8_0),
+                f"blk.{i}.ffn_down_exps.weight": ((4, H, 32), Q.Q8_0),
+                f"blk.{i}.ffn_gate_inp_shexp.weight": ((1, H), Q.F32),
+                f"blk.{i}.ffn_gate_shexp.weight": ((96, H), Q.Q8_0), f"blk.{i}.ffn_up_shexp.weight": ((96, H), Q.Q8_0),
+                f"blk.{i}.ffn_down_shexp.weight": ((H, 96), Q.Q8_0)}
+    return out
+
+
+def gemma2(layers: int) -> dict:
+    out = {"token_embd.weight": ((VOCAB, H), Q.Q8_0), "output_norm.weight": ((H,), Q.F32)}
+    for i in range(layers):
+        out |= {f"blk.{i}.attn_norm.weight": ((H,), Q.F32), f"blk.{i}.attn_q.weight": ((128, H), Q.Q8_0),
+                f"blk.{i}.attn_k.weight": ((64, H), Q.Q8_0), f"blk.{i}.attn_v.weight": ((64, H), Q.Q8_0),
+                f"blk.{i}.attn_output.weight": ((H, 128), Q.Q8_0),
+                f"blk.{i}.post_attention_norm.weight": ((H,), Q.F32), f"blk.{i}.ffn_norm.weight": ((H,), Q.F32),
+                f"blk.{i}.ffn_gate.weight": ((I, H), Q.Q8_0), f"blk.{i}.ffn_up.weight": ((I, H), Q.Q8_0),
+                f"blk.{i}.ffn_down.weight": ((H, I), Q.Q8_0), f"blk.{i}.post_ffw_norm.weight": ((H,), Q.F32)}
+    return out
+
+
+def total(tensors: dict, keep=lambda name: True) -> int:
+    return sum(nbytes(shape, qtype) for name, (shape, qtype) in tensors.items() if keep(name))
+
+
+def layer_of(name: str) -> int | None:
+    return int(name.split(".")[1]) if name.startswith("blk.") else None
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(["memory", *argv, "--engine", "llama.cpp", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["memory"]["llama_cpp"]
+
+
+def devices(doc: dict) -> dict[str, dict]:
+    return {d["device"]: d for d in doc["devices"]}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("llama_cpp")
+    moe_kv = base_kv(3) | {"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32,
+                           "expert_shared_feed_forward_length": 96}
+    gemma_kv = base_kv(2) | {"attention.key_length": 32, "attention.value_length": 32,
+                             "attention.sliding_window": 512, "attn_logit_softcapping": 50.0,
+                             "final_logit_softcapping": 30.0}
+    return {"llama": write(root / "llama.gguf", "llama", base_kv(4) | {"rope.dimension_count": 16}, llama(4)),
+            "tied": write(root / "tied.gguf", "llama", base_kv(2) | {"rope.dimension_count": 16},
+                          llama(2, head=False)),
+            "moe": write(root / "moe.gguf", "qwen2moe", moe_kv, qwen2moe(3)),
+            "gemma2": write(root / "gemma2.gguf", "gemma2", gemma_kv, gemma2(2))}
+
+
+def test_n_gpu_layers_places_the_last_layers_and_their_kv_on_the_gpu(files: dict[str, Path],
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """-ngl 2 of 4 layers: layers 2 and 3 on the GPU, the output layer (N ≤ n_layer) and token_embd on the CPU;
+    --ctx-size 300 is padded to 512 cells, f16 K and V rows of 32 values; q8_0 K rows are 34 B a block of 32."""
+    tensors = llama(4)
+    doc = run_json(capsys, str(files["llama"]), "--n-gpu-layers", "2", "--ctx-size", "300")
+    on_gpu = total(tensors, lambda n: layer_of(n) in (2, 3))
+    gpu, cpu = devices(doc)["GPU"], devices(doc)["CPU"]
+    assert (gpu["weights"], cpu["weights"]) == (on_gpu, total(tensors) - on_gpu)
+    assert doc["settings"]["n_ctx"] == 512 and doc["placement"]["output_on_gpu"] is False
+    per_layer = (KV_WIDTH * 2 + KV_WIDTH * 2) * 512  # K and V, f16
+    assert (gpu["kv"], cpu["kv"]) == (2 * per_layer, 2 * per_layer)
+    # -ngl 5 = n_layer + 1: the output layer too; q8_0 K with flash attention: 32 / 32 blocks × 34 B a row
+    doc = run_json(capsys, str(files["llama"]), "-ngl", "5", "-c", "512", "-ctk", "q8_0", "-ctv", "q8_0",
+                   "--flash-attn")
+    gpu, cpu = devices(doc)["GPU"], devices(doc)["CPU"]
+    assert cpu["weights"] == nbytes((VOCAB, H), Q.Q8_0) and gpu["weights"] == total(tensors) - cpu["weights"]
+    assert (gpu["kv"], cpu["kv"]) == (4 * (34 + 34) * 512, 0)
+    # a tied head: token_embd stays on the CPU and is copied to the GPU as the output (TENSOR_DUPLICATED)
+    doc = run_json(capsys, str(files["tied"]), "-ngl", "-1", "-c", "256")
+    embd = nbytes((VOCAB, H), Q.Q8_0)
+    assert devices(doc)["CPU"]["weights"] == embd
+    assert devices(doc)["GPU"]["weights"] == total(llama(2, head=False)) - embd + embd
+
+
+def test_n_cpu_moe_keeps_the_first_layers_experts_on_the_cpu(files: dict[str, Path],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    tensors = qwen2moe(3)
+    doc = run_json(capsys, str(files["moe"]), "-ngl", "-1", "--n-cpu-moe", "2", "-c", "256")
+    kept = total(tensors, lambda n: layer_of(n) in (0, 1) and "_exps." in n)
+    cpu = nbytes((VOCAB, H), Q.Q8_0) + kept
+    assert kept == 2 * 3 * nbytes((4, 32, H), Q.Q8_0)  # gate, up and down experts of layers 0 and 1
+    assert (devices(doc)["CPU"]["weights"], devices(doc)["GPU"]["weights"]) == (cpu, total(tensors) - cpu)
+    assert doc["placement"]["cpu_moe_layers"] == 2 and doc["placement"]["moe"] is True
+
+
+def test_sliding_window_layers_keep_n_swa_plus_ubatch_cells(files: dict[str, Path],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Gemma 2: layer 0 slides (window 512), layer 1 is full. At -c 4096 the SWA cache keeps GGML_PAD(512 + 512,
+    256) = 1,024 cells; --swa-full keeps 4,096. Without flash attention V rows are n_embd_v_gqa (2 heads × 32)."""
+    doc = run_json(capsys, str(files["gemma2"]), "-c", "4096")
+    caches = {c["kind"]: c for c in doc["caches"]}
+    row = 2 * 32 * 2  # 2 KV heads × 32 × f16
+    assert caches["sliding window 512"]["cells"] == 1024
+    assert caches["sliding window 512"]["bytes"] == 2 * row * 1024
+    assert caches["full attention"]["bytes"] == 2 * row * 4096
+    assert devices(doc)["GPU"]["kv"] == 2 * row * (1024 + 4096)
+    doc = run_json(capsys, str(files["gemma2"]), "-c", "4096", "--swa-full", "--ubatch-size", "256")
+    assert devices(doc)["GPU"]["kv"] == 2 * row * 4096 * 2
+
+
+def test_llama_3_8b_q4_k_m_on_a_24_gb_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    """The predicted Q4_K_M file at 8,192 tokens: f16 KV 32 layers × 8,192 × 1,024 × 2 B × 2; q8_0 KV rows of
+    1,024 values in 32 blocks of 34 B. token_embd (Q4_K) stays on the CPU; everything fits a 24 GB GPU."""
+    doc = run_json(capsys, "llama-3-8b", "--dtype", "q4_k_m", "-c", "8192", "--gpu", "4090")
+    gpu, cpu = devices(doc)["GPU"], devices(doc)["CPU"]
+    assert gpu["kv"] == 32 * 8192 * 1024 * 2 * 2 == 1_073_741_824
+    assert cpu["weights"] == 128256 * 4096 // 256 * 144  # token_embd in Q4_K
+    assert doc["fit"]["fits"] and doc["fit"]["n_gpu_layers"] == 33 and doc["fit"]["ctx_size"] == 8192
+    assert doc["fit"]["command"].startswith("llama-server -m Meta-Llama-3-8B-Q4_K_M.gguf -ngl 33 -c 8192")
+    doc = run_json(capsys, "llama-3-8b", "--dtype", "q4_k_m", "-c", "8192", "-ctk", "q8_0", "-ctv", "q8_0", "-fa")
+    assert devices(doc)["GPU"]["kv"] == 32 * 8192 * (1024 // 32 * 34) * 2 == 570_425_344
+
+
+def test_a_budget_gets_the_most_layers_that_fit(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """auto: the largest -ngl whose GPU total fits; one layer more does not."""
+    full = run_json(capsys, str(files["llama"]), "-ngl", "-1", "-c", "256", "--budget", "1GiB", "--reserve", "0")
+    budget = full["devices"][0]["total"] - 1  # one byte short of everything on the GPU
+    doc = run_json(capsys, str(files["llama"]), "-c", "256", "--budget", f"{budget}B", "--reserve", "0")
+    ngl = doc["fit"]["n_gpu_layers"]
+    assert 0 < ngl < 5 and doc["fit"]["fits"] and doc["settings"]["n_gpu_layers"] == ngl
+    more = run_json(capsys, str(files["llama"]), "-ngl", str(ngl + 1), "-c", "256")
+    assert devices(doc)["GPU"]["total"] <= budget < devices(more)["GPU"]["total"]
+
+
+@pytest.mark.parametrize("argv, why", [
+    (("-ngl", "-2"), "--n-gpu-layers must be -1"),
+    (("--cache-type-k", "q3_k"), "--cache-type-k 'q3_k'"),
+    (("-ctv", "q4_0"), "needs --flash-attn"),
+])
+def test_bad_flags_are_one_line(files: dict[str, Path], capsys: pytest.CaptureFixture[str], argv: tuple,
+                                why: str) -> None:
+    assert main(["memory", str(files["tied"]), "--engine", "llama.cpp", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and why in err and "Traceback" not in err
