@@ -212,3 +212,20 @@ def test_bad_flags_are_one_line(files: dict[str, Path], capsys: pytest.CaptureFi
     assert main(["memory", str(files["tied"]), "--engine", "llama.cpp", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and why in err and "Traceback" not in err
+
+
+def test_mamba_states_are_f32_rows_per_sequence() -> None:
+    """llama_memory_recurrent: per layer (d_conv − 1) × d_inner conv values and d_state × d_inner SSM values
+    (Mamba-1: no groups), F32, max(1, --parallel) rows, on the layer's device (-ngl 1: the last layer)."""
+    from transformers import MambaConfig
+
+    from paramscope.cost.memory.llama_cpp import LlamaCppOptions, Tensor, llama_cpp_plan, model_facts
+
+    facts = model_facts(MambaConfig(hidden_size=64, num_hidden_layers=2, intermediate_size=128, state_size=16,
+                                    conv_kernel=4, vocab_size=VOCAB))
+    tensors = (Tensor("token_embd.weight", 100), Tensor("blk.0.ssm_in.weight", 10), Tensor("blk.1.ssm_in.weight", 10))
+    plan = llama_cpp_plan(tensors, facts, LlamaCppOptions(n_gpu_layers=1, parallel=3, ctx_size=256), model="mamba",
+                          weights_from="test", budget=None, model_arg="m.gguf")
+    one = (3 * 128 + 16 * 128) * 4 * 3
+    assert (plan.device("GPU").recurrent, plan.device("CPU").recurrent) == (one, one)
+    assert (plan.device("GPU").kv, plan.device("GPU").weights, plan.device("CPU").weights) == (0, 10, 110)
