@@ -156,6 +156,10 @@ def model_facts(config: Any) -> LlamaCppModel:
     explicit = isinstance(types, (list, tuple)) and len(types) == n_layer
     kinds = layer_kinds(text) if explicit else [("full_attention", None)] * n_layer
     recurrent = _recurrent(text, model_type)
+    if recurrent is None and not explicit and any(
+            getattr(text, key, None) is not None for key in ("state_size", "ssm_state_size", "mamba_d_state",
+                                                              "attention_hidden_size", "linear_num_key_heads")):
+        raise UnsupportedError(f"--engine llama.cpp: {model_type}'s recurrent state is not modelled yet")
     n_swa = 0
     layers = []
     for kind, window in kinds:
@@ -293,7 +297,7 @@ def _context(opts: LlamaCppOptions, facts: LlamaCppModel) -> tuple[int, str, int
     asked = opts.ctx_size or facts.n_ctx_train or 4096
     source = "--ctx-size" if opts.ctx_size else ("the model's training context" if facts.n_ctx_train else
                                                  "4,096 (the model gives no training context)")
-    n_ctx = pad(asked)
+    n_ctx = pad(asked)  # ≥ 256 ≥ --parallel (at most LLAMA_MAX_SEQ = 256): every stream has cells
     if opts.kv_unified:
         n_ctx_seq, streams = n_ctx, 1
     else:
