@@ -161,6 +161,11 @@ def test_n_cpu_moe_keeps_the_first_layers_experts_on_the_cpu(files: dict[str, Pa
     assert kept == 2 * 3 * nbytes((4, 32, H), Q.Q8_0)  # gate, up and down experts of layers 0 and 1
     assert (devices(doc)["CPU"]["weights"], devices(doc)["GPU"]["weights"]) == (cpu, total(tensors) - cpu)
     assert doc["placement"]["cpu_moe_layers"] == 2 and doc["placement"]["moe"] is True
+    # a budget of exactly that GPU total: every layer offloaded, the fewest expert layers on the CPU is 2
+    budget = devices(doc)["GPU"]["total"]
+    doc = run_json(capsys, str(files["moe"]), "-c", "256", "--budget", f"{budget}B", "--reserve", "0")
+    assert (doc["fit"]["n_gpu_layers"], doc["fit"]["n_cpu_moe"]) == (4, 2)
+    assert "-ngl 4 --n-cpu-moe 2 -c 256" in doc["fit"]["command"]
 
 
 def test_sliding_window_layers_keep_n_swa_plus_ubatch_cells(files: dict[str, Path],
