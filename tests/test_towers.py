@@ -261,3 +261,67 @@ def test_a_frozen_tower_takes_no_backward_and_its_projector_no_input_gradient(ca
     first, second = 2 * 576 * vision["hidden_size"] * text["hidden_size"], 2 * 576 * text["hidden_size"] ** 2
     assert projector.forward == first + second
     assert (tower.backward, projector.backward) == (0, first + 2 * second)
+
+
+def _tower_peak_by_memtracker(module, images: int) -> int:
+    """torch's MemTracker on the same fake input: LLaVA's get_image_features on `images` zero images at 336 px, the
+    weights in bf16, no grad; the peak's bytes less the parameters' and buffers'."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from paramscope.cost.traced.step import fake_mode, working_copy
+
+    with fake_mode(True) as mode:
+        model = working_copy(module, mode, None, weights_dtype="bfloat16")
+        model.eval()
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with tracker, torch.no_grad():
+            out = model.get_image_features(torch.zeros(images, 3, 336, 336), vision_feature_layer=-2,
+                                           vision_feature_select_strategy="default")
+            del out
+        [peak] = tracker.get_tracker_snapshot("peak").values()
+    return peak["Total"] - sum(v for k, v in peak.items() if getattr(k, "value", None) in ("Parameter", "Buffer"))
+
+
+def test_serving_memory_on_an_image_takes_the_larger_of_the_tower_and_the_prefill():
+    """memory --images 1 (serving): the KV cache and the prefill over S + 576 image tokens, exactly the text-only
+    answer at that length; the tower's moment is the weights, the input embeddings over S + 576 tokens and the
+    tower's forward peak, which equals MemTracker's on the same fake input; the peak is the larger moment (here the
+    tower's: a small language model beside CLIP-L)."""
+    from paramscope.cost.memory.serving import MemoryOptions
+    from paramscope.cost.memory.serving_answer import estimate_memory
+
+    config = _small_llava(2) | {"architectures": ["LlavaForConditionalGeneration"]}
+    text = config["text_config"]
+    _, module = inspect_with_module(config)
+    image = estimate_memory(config, MemoryOptions(dtype="bf16", batch=2, seq=64, media=MediaInput(images=1)), False)
+    plain = estimate_memory(config, MemoryOptions(dtype="bf16", batch=2, seq=64 + 576), False)
+    media = image.settings["media"]
+    assert image.settings["seq"] == 640 and (media["text_seq"], media["image_tokens"]) == (64, 576)
+    kv = 2 * text["num_hidden_layers"] * text["num_key_value_heads"] * text["head_dim"] * 2 * 640 * 2  # K, V · B 2 · bf16
+    assert image.kv_cache.bytes == plain.kv_cache.bytes == kv
+    assert media["prefill_moment"] == plain.peak
+    assert media["tower_forward_peak"] == _tower_peak_by_memtracker(module, 2) == 2 * _tower_peak_by_memtracker(
+        module, 1)
+    embeddings = 2 * 640 * text["hidden_size"] * 2
+    resident = image.weights.bytes + image.weights.buffer_bytes
+    assert media["tower_moment"] == resident + embeddings + media["tower_forward_peak"]
+    assert (image.peak, image.peak_phase) == (media["tower_moment"], "vision tower") and image.peak > plain.peak
+
+
+def test_memory_cli_takes_images_for_serving_and_refuses_what_it_does_not_count(cache, capsys, tmp_path):
+    from paramscope.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_small_llava(1) | {"architectures": ["LlavaForConditionalGeneration"]}))
+    assert main(["memory", str(path), "--images", "1", "--seq", "32", "--dtype", "bf16", "--json"]) == 0
+    memory = json.loads(capsys.readouterr().out)["memory"]
+    media = memory["settings"]["media"]
+    assert memory["settings"]["seq"] == 32 + 576 and memory["peak"]["phase"] == media["binds"] == "vision tower"
+    assert memory["peak"]["bytes"] == max(media["tower_moment"], media["prefill_moment"])
+    assert [part[0] for part in media["parts"]] == ["vision tower", "projector"]
+    assert main(["memory", str(path), "--images", "1", "--trace"]) == 2
+    assert "an image input's serving memory is counted on one device, without --trace" in capsys.readouterr().err
+    assert main(["memory", str(path), "--image-tokens", "100"]) == 2
+    assert "--image-tokens 100 is not a whole number of images" in capsys.readouterr().err

@@ -60,8 +60,10 @@ def add_parser(subparsers: Any) -> None:
     training.add_argument("--precision", default="bf16-mixed", metavar="P",
                           help="bf16-mixed (default; fp32 weights, bf16 autocast), fp16-mixed, fp32, bf16-pure")
     training.add_argument("--image-tokens", type=int, metavar="N",
-                          help="image tokens a sequence (multimodal models, as flops takes it): the towers train and "
-                               "their saved activations are held; the language model's over the text + N tokens")
+                          help="image tokens a sequence (multimodal models, as flops takes it): the KV cache and "
+                               "prefill (training: the language model's activations) over the text + N tokens, and "
+                               "the vision tower's forward peak (training: the towers train, their saved activations "
+                               "held)")
     training.add_argument("--images", type=int, metavar="K",
                           help="images a sequence at the vision config's own size (Gemma-3, LLaVA), as --image-tokens")
     training.add_argument("--grad-checkpointing", default="none", choices=("none", "full"),
@@ -132,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import OptionError
     from ..sources import resolve
 
+    if (args.image_tokens is not None or args.images is not None) and (wants_llama_cpp(args) or wants_vllm(args)):
+        raise OptionError("--image-tokens and --images are counted for transformers' serving and training here, not "
+                          "for another --engine")
     if wants_llama_cpp(args):
         return run_llama_cpp(args)
     if wants_vllm(args):
@@ -149,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                             kv_layout=args.kv_layout, group_size=args.group_size, encoder_seq=args.encoder_seq,
                             gpu=args.gpu, budget=checked_size("--budget", args.budget), reserve=reserve,
                             trace=bool(args.trace), imatrix=bool(args.imatrix),
-                            **({} if args.training else {"tp": args.tp, "pp": args.pp}))
+                            **({} if args.training else {"tp": args.tp, "pp": args.pp, "media": _media(args)}))
     options.check()
     if args.dtype is not None:
         from ..cost.memory.quantization import weight_format
@@ -194,9 +199,6 @@ def run(args: argparse.Namespace) -> int:
                                                                   flag in _LAYOUT_FLAGS else ""))
         if args.freeze:
             raise OptionError("--freeze is for --training")
-        if args.image_tokens is not None or args.images is not None:
-            raise OptionError("--image-tokens and --images are for --training here (serving memory on an image input "
-                              "is not counted yet)")
         source = resolve(args.model, revision=args.revision)
         report, estimate, view = memory_answer(source, options, not args.no_cache, **model_options)
     _show(args, report, estimate, width)

@@ -92,6 +92,10 @@ class MediaFlops:
     # backward and still holds when it ends (activations and autocast's weight copies, each storage once; the
     # weights not), alive until the backward reaches them
     saved_bytes: int | None = None
+    # serving in a dtype (media_flops' `serving_dtype`): the largest bytes live at once during the tower's and
+    # projector's forward (no grad), the image input and every intermediate, weights not: what the tower adds to
+    # the resident weights while it runs, before the language model's prefill
+    forward_peak: int | None = None
 
     @property
     def forward(self) -> int:
@@ -112,12 +116,13 @@ def media_family(config: Any) -> str | None:
 
 def media_flops(module: Any, media: MediaInput, *, batch: int, seq: int, training: bool,
                 precision: str | None = None, attention: str | None = None,
-                frozen: frozenset[str] = frozenset()) -> MediaFlops:
+                frozen: frozenset[str] = frozenset(), serving_dtype: str | None = None) -> MediaFlops:
     """Trace the tower (and projector) of `module` (built on meta) on `batch` sequences' images or audio. With a
     training `precision` ("bf16-mixed", …) the trace runs as that step runs it (the weights' dtype, autocast) and
     also measures what the towers save for backward (MediaFlops.saved_bytes), with the step's `attention` (None: the
     model's own). `frozen`: parameter names that do not train (--freeze): no weight gradient, and no input gradient
-    where nothing before them trains."""
+    where nothing before them trains. With `serving_dtype` (a forward, "bfloat16", …) the trace also measures the
+    forward's peak in that dtype (MediaFlops.forward_peak), with the model's own attention."""
     media.check()
     config = getattr(module, "config", None)
     family = media_family(config)
@@ -136,7 +141,8 @@ def media_flops(module: Any, media: MediaInput, *, batch: int, seq: int, trainin
     with progress.status(f"counting {type(module).__name__}'s {'audio' if family == 'whisper' else 'vision'} tower on "
                          "fake tensors (FlopCounterMode)"):
         return layout(module, media, batch, seq, TraceStep(training, precision if training else None, attention,
-                                                           frozenset(frozen) if training else frozenset()))
+                                                           frozenset(frozen) if training else frozenset(),
+                                                           None if training else serving_dtype))
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,7 @@ class TraceStep:
     precision: str | None = None
     attention: str | None = None
     frozen: frozenset[str] = frozenset()  # parameter names that do not train
+    serving_dtype: str | None = None  # a forward's: also measure its peak live bytes with the weights in this dtype
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,7 @@ class Traced:
     rows: int
     own: dict[str, int] | None
     saved: int | None
+    peak: int | None = None  # TraceStep.serving_dtype: the forward's largest live bytes, weights not
 
 
 # ---- the families' inputs ----------------------------------------------------------------------------------------
@@ -191,7 +199,7 @@ def _gemma3(module: Any, media: MediaInput, batch: int, seq: int, step: TraceSte
         [("vision tower", _path(module, owner.vision_tower)), ("projector", _path(module, owner.multi_modal_projector))],
         step)
     return MediaFlops("image", _image_words(images, size, per_side, patch), images, traced.rows // batch, words,
-                      traced.lines, saved_bytes=traced.saved)
+                      traced.lines, saved_bytes=traced.saved, forward_peak=traced.peak)
 
 
 def _llava(module: Any, media: MediaInput, batch: int, seq: int, step: TraceStep) -> MediaFlops:
@@ -221,7 +229,7 @@ def _llava(module: Any, media: MediaInput, batch: int, seq: int, step: TraceStep
         notes = (f"the tower runs all its layers although the projector reads hidden states {layer}: every layer "
                  "is counted, as transformers runs them",)
     return MediaFlops("image", _image_words(images, size, per_side, patch), images, traced.rows // batch, words,
-                      traced.lines, notes=notes, saved_bytes=traced.saved)
+                      traced.lines, notes=notes, saved_bytes=traced.saved, forward_peak=traced.peak)
 
 
 def _qwen2_5_vl(module: Any, media: MediaInput, batch: int, seq: int, step: TraceStep) -> MediaFlops:
@@ -262,7 +270,7 @@ def _qwen2_5_vl(module: Any, media: MediaInput, batch: int, seq: int, step: Trac
              f"grid as square as {n:,} tokens allow); windowed attention over {visual.window_size} px windows, full "
              f"attention in blocks {tuple(visual.fullatt_block_indexes)}, laid out by transformers' own helpers",)
     return MediaFlops("image", f"1 image of {n:,} tokens", 1, traced.rows // batch, words, traced.lines, notes=notes,
-                      saved_bytes=traced.saved)
+                      saved_bytes=traced.saved, forward_peak=traced.peak)
 
 
 def _whisper(module: Any, media: MediaInput, batch: int, seq: int, step: TraceStep) -> MediaFlops:
@@ -420,6 +428,10 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], step: Tra
                 gc.collect()
                 saved = sum({key: size for ref, key, size in packed if ref() is not None}.values())
                 graph.clear()
+        peak = None
+        if step.serving_dtype is not None:
+            peak = _forward_peak(module, mode, step.serving_dtype,
+                                 (lambda model: run(model, constant)) if constants else run)
     lines = []
     taken: set[str] = set()
     for part, path in reversed(parts):  # nested parts first (Qwen's merger inside its visual)
@@ -427,7 +439,38 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], step: Tra
                                None if backward is None else _within(backward, path, taken)))
         taken.add(path)
     lines.reverse()
-    return Traced(tuple(lines), rows, own, saved)
+    return Traced(tuple(lines), rows, own, saved, peak)
+
+
+def _forward_peak(module: Any, mode: Any, dtype: str, run: Any) -> int:
+    """The largest bytes live at once while `run` runs a fake copy of `module` with its floating weights in `dtype`
+    (no grad, the model's own attention): every storage an operator returns, from when it is made to when it is
+    freed, the weights not, after each operator as torch's MemTracker takes its peak (traced/timeline.py's
+    recorder, which tests/test_derived_memory.py holds equal to MemTracker's)."""
+    import torch
+
+    from .traced.step import running, working_copy
+    from .traced.timeline import ALLOC, FREE, _recorder
+
+    model = working_copy(module, mode, None, weights_dtype=dtype)
+    model.eval()
+    recorder = _recorder()
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        recorder.known(tensor)
+    try:
+        with running(model), recorder, torch.no_grad():
+            out = run(model)
+            del out
+    finally:
+        recorder.detach()
+    live = peak = 0
+    for kind, what in recorder.events:
+        if kind == ALLOC:
+            live += recorder.allocations[what].nbytes
+            peak = max(peak, live)
+        elif kind == FREE:
+            live -= recorder.allocations[what].nbytes
+    return peak
 
 
 def _freeze(model: Any, frozen: frozenset[str]) -> None:

@@ -44,6 +44,10 @@ def memory_parts(report, estimate) -> list:
     title = Text(f"Memory to serve {report.model.label} ({report.model.class_name}): {estimate.engine} engine, "
                  "allocator level", style="bold")
     seq_from = "" if settings["seq_from"] == "--seq" else f" ({settings['seq_from']})"
+    if settings.get("media") is not None:
+        media = settings["media"]
+        seq_from += (f": {media['text_seq']:,} text + {media['image_tokens']:,} image tokens ({media['input']}); the "
+                     "vision tower runs before the prefill")
     lines = [
         title,
         *filter(None, [model_source_line(report.model)]),
@@ -109,6 +113,19 @@ def _totals(estimate) -> Table:
                       f"{layout.words()}: the largest GPU's, below", style="bold")
         table.add_row("+ reserve", exact(estimate.reserve), binary(estimate.reserve),
                       "CUDA context and allocator fragmentation (--reserve), on each GPU")
+        return table
+    media = estimate.settings.get("media")
+    if media is not None:  # the tower runs before the prefill, with the weights resident
+        table.add_row("vision tower (forward)", exact(media["tower_forward_peak"]), binary(media["tower_forward_peak"]),
+                      "measured: the largest bytes live during the tower's and projector's forward on fake tensors "
+                      "of the images (weights not)")
+        table.add_row("input embeddings", exact(media["embeddings"]), binary(media["embeddings"]),
+                      f"batch × {estimate.settings['seq']:,} tokens × hidden, made before the tower runs")
+        table.add_row(f"peak ({estimate.peak_phase})", exact(estimate.peak), binary(estimate.peak),
+                      f"the larger moment: the tower's (weights + the two above) {exact(media['tower_moment'])}, "
+                      f"the prefill's (weights + KV cache + workspace) {exact(media['prefill_moment'])}", style="bold")
+        table.add_row("+ reserve", exact(estimate.reserve), binary(estimate.reserve),
+                      "CUDA context and allocator fragmentation (--reserve)")
         return table
     if estimate.engine == "traced":
         how = ("measured: generate()'s prefill and a decode step on fake tensors (MemTracker), with the stored weights"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import OptionError, ParamscopeError
+from ...errors import OptionError, ParamscopeError, UnsupportedError
 from ..dims import MAX_SEQ, config_int, dim, is_mla, max_context, text_config
 from ..dtypes import itemsize, torch_name
 from ..hardware import Accelerator
@@ -44,6 +44,9 @@ class MemoryOptions:
     tp: int = 1  # serving across GPUs (parallel/serving.py): tensor-parallel degree
     pp: int = 1  # pipeline stages
     imatrix: bool = False  # a llama.cpp mixture quantised with an importance matrix (llama_cpp_mixture.py)
+    # images beside the text (towers.MediaInput): the language model's KV cache and prefill over the text and image
+    # tokens, and the vision tower's own forward peak before the prefill; None: a text input
+    media: Any = None
 
     def check(self) -> None:
         from ..parallel.serving import check_degrees
@@ -54,6 +57,11 @@ class MemoryOptions:
             raise OptionError("{0} measures one device; with {1} or {2} each GPU's figures are the analytic "
                               "engine's", "trace", "tp", "pp")
         check_batch_and_seq(1, self.encoder_seq, "encoder_seq")
+        if self.media is not None:
+            self.media.check()
+            if self.trace or self.tp * self.pp > 1:
+                raise OptionError("an image input's serving memory is counted on one device, without {0}, here",
+                                  "trace" if self.trace else "tp" if self.tp > 1 else "pp")
         if self.imatrix and (self.dtype is None or weight_format(self.dtype).mixture is None):
             raise OptionError("{0} is for a llama.cpp mixture given with {1} (q4_k_m, iq4_xs, q4_0, ...)", "imatrix",
                               "dtype")
@@ -109,6 +117,11 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     config = view.config
     text = text_config(config)
     seq = options.seq or max_context(text) or 2048
+    media = None
+    if options.media is not None and options.media.given:
+        if view.module is None:
+            return None  # the tower runs on fake tensors of the input: the build answers
+        media, seq = _image_input(view, options, seq, fmt.compute_dtype)
     notes: list[str] = list(weights.notes)
     if getattr(fmt, "prediction", None) is not None:
         notes.extend(fmt.prediction.summary())
@@ -187,6 +200,12 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
             return analytic_at(batch, length) - difference
 
         peak, engine = traced_peak, "traced"
+    media_settings = None
+    if media is not None:  # the tower runs before the prefill: the peak is the larger of the two moments
+        peak_at, media_settings, note = _with_tower(media, peak_at, weights, text, options, seq, fmt.compute_dtype)
+        notes.append(note)
+        peak = peak_at(options.batch, seq)
+        peak_phase = media_settings["binds"]
     settings = {
         "dtype": fmt.key, "dtype_from": origin, "compute_dtype": fmt.compute_dtype, "kv_dtype": kv_dtype,
         "batch": options.batch, "seq": seq, "seq_from": "--seq" if options.seq else "max_position_embeddings",
@@ -194,6 +213,8 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     }
     if fmt.group_size is not None:
         settings["group_size"] = fmt.group_size
+    if media_settings is not None:
+        settings["media"] = media_settings
     if getattr(fmt, "prediction", None) is not None:
         settings["gguf_file"] = fmt.prediction.to_dict()
     if accelerator is None and options.budget is not None:
@@ -231,6 +252,61 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         activations=workspace, peak=peak, peak_phase=peak_phase, reserve=options.reserve,
         fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=longest),
         budget=budget, notes=tuple(notes), check=check, parallel=parallel)
+
+
+def _image_input(view: Any, options: MemoryOptions, seq: int, dtype: str) -> tuple[Any, int]:
+    """(the tower's trace, the context length): --seq S text tokens and the N image tokens the projector hands the
+    language model make a context of S + N; without --seq the context is the model's maximum, N of it images."""
+    from ..towers import media_family, media_flops
+
+    family = media_family(getattr(view.module, "config", None))
+    if family in ("whisper", "mllama"):  # before any trace
+        raise UnsupportedError("{name} reads its {kind} by cross-attention: its serving memory on that input is not "
+                               "counted here yet (flops counts it)", name=view.class_name,
+                               kind="audio" if family == "whisper" else "images")
+    media = media_flops(view.module, options.media, batch=options.batch, seq=options.seq or seq, training=False,
+                        serving_dtype=dtype)
+    if options.seq is not None:
+        return media, options.seq + media.tokens
+    if media.tokens >= seq:
+        raise OptionError("{tokens:,} image tokens fill the model's {seq:,}-token context: give {0} for the text",
+                          "seq", tokens=media.tokens, seq=seq)
+    return media, seq
+
+
+def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: MemoryOptions, seq: int,
+                dtype: str) -> tuple[Any, dict[str, Any], str]:
+    """(the peak curve with the tower's moment in it, settings["media"], the note). The tower's moment: the weights,
+    the language model's input embeddings over the whole context (transformers' forward makes them before it runs
+    the tower) and the tower's and projector's measured forward peak, linear in the batch (each image runs the
+    same layers); the prefill's: weights, KV cache and workspace over text + image tokens, as for text."""
+    hidden = dim(text, "hidden") or 0
+    size = itemsize(dtype)
+    resident = weights.bytes + weights.buffer_bytes
+
+    def tower_at(batch: int, length: int) -> int:
+        return resident + batch * length * hidden * size + media.forward_peak * batch // options.batch
+
+    def peak_at(batch: int, length: int) -> int:
+        return max(prefill_at(batch, length), tower_at(batch, length))
+
+    tower, prefill = tower_at(options.batch, seq), prefill_at(options.batch, seq)
+    binds = "vision tower" if tower > prefill else "prefill"
+    embeddings = options.batch * seq * hidden * size
+    settings = {"kind": media.kind, "input": media.input_words, "per_sequence": media.per_sequence,
+                "image_tokens": media.tokens, "text_seq": seq - media.tokens, "tokens_from": media.tokens_words,
+                "tower_forward_peak": media.forward_peak, "embeddings": embeddings, "tower_moment": tower,
+                "prefill_moment": prefill, "binds": binds,
+                "parts": [[line.part, line.path, line.class_name] for line in media.lines]}
+    parts = " and ".join(f"{line.part} {line.path} ({line.class_name})" for line in media.lines)
+    note = (f"image input: each sequence holds {media.input_words}, {media.tokens:,} image tokens ({media.tokens_words})"
+            f": the KV cache and prefill workspace are over {seq - media.tokens:,} text + {media.tokens:,} image tokens "
+            f"= {seq:,}. The {parts} run first: their forward peak, {media.forward_peak:,} B (the largest bytes live at "
+            f"once in {dtype}, image input and intermediates, weights not: measured on fake tensors), with the weights "
+            f"and the language model's input embeddings over the {seq:,} tokens ({embeddings:,} B, made before the "
+            f"tower runs) is the tower's moment, {tower:,} B; the prefill's is {prefill:,} B; the peak is the larger, "
+            f"the {binds}'s (fits: the tower's peak linear in the batch)")
+    return peak_at, settings, note
 
 
 def traced_serving(module: Any, options: MemoryOptions, seq: int,
