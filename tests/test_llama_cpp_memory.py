@@ -179,6 +179,12 @@ def test_sliding_window_layers_keep_n_swa_plus_ubatch_cells(files: dict[str, Pat
     assert caches["sliding window 512"]["bytes"] == 2 * row * 1024
     assert caches["full attention"]["bytes"] == 2 * row * 4096
     assert devices(doc)["GPU"]["kv"] == 2 * row * (1024 + 4096)
+    # the compute buffer (an estimate): both caches' f32 masks + the larger of a layer's peak (the scores of 4 heads
+    # over 4,096 cells and 6 hidden rows) and the head's (logits and their input), at n_ubatch 512 (checked against
+    # llama.cpp's own log in docs/commands.md)
+    u = 512
+    assert devices(doc)["GPU"]["compute_estimate"] == (1024 + 4096) * u * 4 + max(
+        4096 * u * HEADS * 4 + 6 * H * u * 4, VOCAB * u * 4 + H * u * 4)
     doc = run_json(capsys, str(files["gemma2"]), "-c", "4096", "--swa-full", "--ubatch-size", "256")
     assert devices(doc)["GPU"]["kv"] == 2 * row * 4096 * 2
 

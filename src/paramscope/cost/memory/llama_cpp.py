@@ -381,44 +381,62 @@ def _weights(tensors: tuple[Tensor, ...], where: Placement, n_layer: int) -> tup
     return gpu, cpu, cpu_moe
 
 
-def compute_estimate(facts: LlamaCppModel, opts: LlamaCppOptions, n_ctx_seq: int, n_ubatch: int,
+def compute_estimate(facts: LlamaCppModel, opts: LlamaCppOptions, caches: list[CachePart], n_ubatch: int,
                      where: Placement) -> tuple[int, int, int, str]:
     """(GPU, CPU compute buffer, host output buffer, arithmetic): an estimate.
 
     llama.cpp measures its compute buffer by reserving the graph of one n_ubatch step (ggml-alloc reuses memory
-    between tensors whose lives do not overlap). Estimated here, f32 at n_ubatch tokens, on each device, as the
-    larger of one layer's intermediates (where it computes a layer) and the logits (on the output layer's device):
-    a layer's are the attention scores n_kv × n_ubatch × n_head without flash attention (n_kv: the full cache's cells;
-    flash attention keeps none), the FFN's two intermediates 2 × n_ff × n_ubatch and 4 × n_embd × n_ubatch (the
-    residual, the norm, the attention's input and output); the logits are n_vocab × n_ubatch; the CPU adds the input
-    embeddings n_embd × n_ubatch. The output buffer (host) holds the logits of
-    n_seq_max outputs (llama_context's output_reserve)."""
+    between tensors whose lives do not overlap). Estimated here for a device that computes layers, at n_ubatch
+    tokens: the attention masks, inputs alive through the whole graph (n_kv × n_ubatch for each cache, full and
+    sliding, f32, or f16 with flash attention), plus the larger of a layer's peak and the head's: a layer's is the
+    larger of the attention scores (n_kv × n_ubatch × n_head f32, none with flash attention) and the FFN's two
+    intermediates (2 × n_ff × n_ubatch f32), plus 6 × n_embd × n_ubatch f32 (the residual, the norm, q, k, v and
+    the attention's output); the head's, on the output layer's device, the logits n_vocab × n_ubatch f32 and its
+    input n_embd × n_ubatch. The logits reuse the layers' memory, so only the larger counts. A CPU that computes
+    nothing holds the input embeddings (n_embd × n_ubatch f32). The output buffer (host) holds the logits of
+    n_seq_max outputs (llama_context's output_reserve).
+
+    Checked against llama.cpp's own log on CPU (docs/commands.md): within 1.2% without flash attention, 6% over
+    with it, on small models."""
     u = n_ubatch
-    scores = 0 if opts.flash_attn else n_ctx_seq * u * facts.n_head * 4
-    layer = scores + 2 * facts.n_ff * u * 4 + 4 * facts.n_embd * u * 4
-    logits = facts.n_vocab * u * 4
+    mask_size = 2 if opts.flash_attn else 4
+    attention = [c for c in caches if c.kind != "recurrent state"]
+    n_kv = max((c.cells for c in attention), default=0)
+    masks = sum(c.cells for c in attention) * u * mask_size
+    scores = 0 if opts.flash_attn else n_kv * u * facts.n_head * 4
+    ffn = 2 * facts.n_ff * u * 4
+    layer = max(scores, ffn) + 6 * facts.n_embd * u * 4
+    head = facts.n_vocab * u * 4 + facts.n_embd * u * 4
     gpu_layers = where.first_gpu_layer < facts.n_layer
     cpu_layers = where.first_gpu_layer > 0
-    # the logits come after the last layer, whose intermediates ggml-alloc has freed: the larger of the two
-    gpu = max(layer if gpu_layers else 0, logits if where.output_on_gpu else 0)
-    cpu = facts.n_embd * u * 4 + max(layer if cpu_layers else 0, 0 if where.output_on_gpu else logits)
+
+    def device(layers: bool, output: bool) -> int:
+        if not layers and not output:
+            return 0
+        return (masks if layers else 0) + max(layer if layers else 0, head if output else 0)
+
+    gpu = device(gpu_layers, where.output_on_gpu)
+    cpu = device(cpu_layers, not where.output_on_gpu) or facts.n_embd * u * 4
     output = facts.n_vocab * opts.parallel * 4
-    words = (f"f32 at n_ubatch {u:,} tokens, on each device the larger of a layer's intermediates (where it computes "
-             "a layer): "
-             + ("" if opts.flash_attn else f"attention scores {n_ctx_seq:,} × {u:,} × {facts.n_head} heads × 4 B + ")
-             + f"FFN 2 × {facts.n_ff:,} × {u:,} × 4 B + hidden 4 × {facts.n_embd:,} × {u:,} × 4 B"
-             + f", and the logits {facts.n_vocab:,} × {u:,} × 4 B (on the output layer's device); input embeddings "
-               f"{facts.n_embd:,} × {u:,} × 4 B on the CPU; output buffer {facts.n_vocab:,} × {opts.parallel} "
+    mask_words = " + ".join(f"{c.cells:,}" for c in attention) or "0"
+    words = (f"at n_ubatch {u:,} tokens, on a device computing layers: masks ({mask_words}) × {u:,} × {mask_size} B"
+             " + the larger of a layer's peak, " + ("" if opts.flash_attn else
+                                                    f"max(attention scores {n_kv:,} × {u:,} × {facts.n_head} heads "
+                                                    "× 4 B, ")
+             + f"FFN 2 × {facts.n_ff:,} × {u:,} × 4 B" + ("" if opts.flash_attn else ")")
+             + f" + 6 × {facts.n_embd:,} × {u:,} × 4 B, and the head's on the output layer's device, logits "
+               f"{facts.n_vocab:,} × {u:,} × 4 B + {facts.n_embd:,} × {u:,} × 4 B; a CPU computing nothing: input "
+               f"embeddings {facts.n_embd:,} × {u:,} × 4 B; output buffer {facts.n_vocab:,} × {opts.parallel} "
                f"sequence{'s' if opts.parallel > 1 else ''} × 4 B (host)")
     return gpu, cpu, output, words
 
 
 COMPUTE_SOURCE = ("estimate, source: llama.cpp reserves a graph of n_ubatch tokens (llama_context's graph_reserve) "
-                  "and measures its buffers; here the larger of one layer's largest f32 intermediates and the "
-                  "logits. "
-                  "Leaves out ggml-alloc's alignment and what it cannot reuse, MoE routing and expert-gather "
-                  "buffers, backend scratch (cuBLAS workspace, flash-attention tiles) and the CUDA context (the "
-                  "--reserve allowance covers it)")
+                  "and measures its buffers; here the attention masks plus the larger of one layer's peak (its "
+                  "attention scores or FFN intermediates, and hidden states) and the logits'. Leaves out "
+                  "ggml-alloc's alignment and what it cannot reuse, MoE routing and expert-gather buffers, backend "
+                  "scratch (cuBLAS workspace, flash-attention tiles) and the CUDA context (the --reserve allowance "
+                  "covers it)")
 
 
 def plan_memory(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: LlamaCppOptions, where: Placement
@@ -431,7 +449,7 @@ def plan_memory(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: LlamaCp
     cpu_kv = sum(c.bytes - c.gpu_bytes for c in caches if c.kind != "recurrent state")
     gpu_rs = sum(c.gpu_bytes for c in caches if c.kind == "recurrent state")
     cpu_rs = sum(c.bytes - c.gpu_bytes for c in caches if c.kind == "recurrent state")
-    c_gpu, c_cpu, output, words = compute_estimate(facts, opts, n_ctx_seq, n_ubatch, where)
+    c_gpu, c_cpu, output, words = compute_estimate(facts, opts, caches, n_ubatch, where)
     devices = (DeviceMemory("GPU", w_gpu, gpu_kv, gpu_rs, c_gpu, 0),
                DeviceMemory("CPU", w_cpu, cpu_kv, cpu_rs, c_cpu, output))
     return devices, tuple(caches), words, (n_ctx, n_ctx_seq, streams, n_batch, n_ubatch)
