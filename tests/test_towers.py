@@ -325,3 +325,39 @@ def test_memory_cli_takes_images_for_serving_and_refuses_what_it_does_not_count(
     assert "an image input's serving memory is counted on one device, without --trace" in capsys.readouterr().err
     assert main(["memory", str(path), "--image-tokens", "100"]) == 2
     assert "--image-tokens 100 is not a whole number of images" in capsys.readouterr().err
+
+
+def test_whisper_and_llama_3_2_vision_train_on_their_input(cache):
+    """A training step on audio or images for the cross-attention families: every matmul's backward is 2 × its
+    forward but the first convolution's (the mel frames or pixels take no gradient: its weight's alone) and
+    Llama-3.2-Vision's tile mask (no gradient at all), and the language model's backward (the whole trace's less the tower's, traced alone) is 2 × its forward."""
+    from transformers import MllamaConfig
+
+    from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
+
+    config = json.loads((FAMILIES / "openai--whisper-small.json").read_text()) | {"encoder_layers": 1,
+                                                                                  "decoder_layers": 1,
+                                                                                  "num_hidden_layers": 1}
+    counted = estimate_flops(config, FlopOptions(seq=8, training=True, media=MediaInput(audio_seconds=30)))
+    media = counted.media
+    [encoder] = media.lines
+    conv1 = 2 * 3000 * config["num_mel_bins"] * config["d_model"] * 3
+    decoder = dict(media.decoder_by_module)
+    assert "(outside any module)" not in decoder  # the whole model's own count is Global's, not a module's
+    assert encoder.backward == 2 * encoder.forward - conv1
+    assert media.decoder_backward == 2 * sum(decoder.values())
+    assert (counted.forward, counted.backward) == (encoder.forward + sum(decoder.values()),
+                                                   encoder.backward + media.decoder_backward)
+    config = MllamaConfig().to_dict() | {"architectures": ["MllamaForConditionalGeneration"]}
+    config["text_config"] |= {"num_hidden_layers": 1, "cross_attention_layers": [0]}
+    config["vision_config"] |= {"num_hidden_layers": 1, "num_global_layers": 1,
+                                "intermediate_layers_indices": [0, 0, 0, 0, 0]}
+    _, module = inspect_with_module(config)
+    media = media_flops(module, MediaInput(images=1), batch=1, seq=16, training=True)
+    tower, projector = media.lines
+    vision = config["vision_config"]
+    patches = 4 * (vision["image_size"] // vision["patch_size"]) ** 2  # 4 tiles
+    conv = 2 * patches * 3 * vision["patch_size"] ** 2 * vision["hidden_size"]
+    mask = 2 * (4 * 1032) ** 2  # the tiles' attention mask, an outer product (a matmul) of 4 × 1,032 padded states
+    assert (tower.backward, projector.backward) == (2 * tower.forward - conv - 2 * mask, 2 * projector.forward)
+    assert media.decoder_backward == 2 * sum(dict(media.decoder_by_module).values())

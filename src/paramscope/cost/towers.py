@@ -18,8 +18,10 @@ helpers on the real grid), Whisper (its encoder over 30 s windows of 3,000 mel f
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +90,9 @@ class MediaFlops:
     # cross-attention (Whisper's decoder, Llama-3.2-Vision's text model): the estimate reads them by role in place of
     # the analytic count; empty where the projector hands the language model tokens
     decoder_by_module: tuple[tuple[str, int], ...] = field(default=())
+    # training, where decoder_by_module is read: the language model's backward in the same trace (the whole
+    # backward less the tower's and projector's lines); None for a forward
+    decoder_backward: int | None = None
     # training in a precision (media_flops' `precision`): the bytes the tower's and projector's forward saves for the
     # backward and still holds when it ends (activations and autocast's weight copies, each storage once; the
     # weights not), alive until the backward reaches them
@@ -167,6 +172,7 @@ class Traced:
     own: dict[str, int] | None
     saved: int | None
     peak: int | None = None  # TraceStep.serving_dtype: the forward's largest live bytes, weights not
+    backward_total: int | None = None  # training: the whole trace's backward (every module, and outside any)
 
 
 # ---- the families' inputs ----------------------------------------------------------------------------------------
@@ -276,9 +282,6 @@ def _qwen2_5_vl(module: Any, media: MediaInput, batch: int, seq: int, step: Trac
 def _whisper(module: Any, media: MediaInput, batch: int, seq: int, step: TraceStep) -> MediaFlops:
     import torch
 
-    if step.training:
-        raise UnsupportedError("{0} with {1}: a Whisper training step on audio is not counted here yet (the forward "
-                               "is)", "audio_seconds", "training")
     model_part = module.model if hasattr(module, "model") else module
     encoder = model_part.encoder
     frames = int(encoder.config.max_source_positions) * encoder.conv1.stride[0] * encoder.conv2.stride[0]
@@ -292,8 +295,16 @@ def _whisper(module: Any, media: MediaInput, batch: int, seq: int, step: TraceSt
                   "decoder_input_ids": torch.zeros(sequences, seq, dtype=torch.long)}
         return model(**inputs)
 
-    traced = _traced_parts(module, run, [("audio encoder", _path(module, encoder))], step, with_own=True)
+    def run_tower(model: Any) -> Any:
+        owner = model.model if hasattr(model, "model") else model
+        out = owner.encoder(input_features=torch.zeros(sequences, mels, frames))
+        return types.SimpleNamespace(pooler_output=out.last_hidden_state)
+
+    parts = [("audio encoder", _path(module, encoder))]
+    traced = _traced_parts(module, run, parts, step, with_own=True)
     lines, own = traced.lines, traced.own
+    if step.training:
+        traced, lines = _with_tower_backward(module, run_tower, parts, step, traced)
     enc = _path(module, encoder)
     decoder = tuple((path, flops) for path, flops in own.items() if not (path == enc or path.startswith(enc + ".")))
     input_words = (f"{media.audio_seconds:g} s of audio: {windows:,} window{'s' if windows > 1 else ''} of "
@@ -304,7 +315,8 @@ def _whisper(module: Any, media: MediaInput, batch: int, seq: int, step: TraceSt
              f"decoder passes of {seq:,} tokens, each decoder pass cross-attending to its window's "
              f"{int(encoder.config.max_source_positions):,} encoder states",)
     return MediaFlops("audio", input_words, windows, 0, "the decoder reads the audio by cross-attention, not as "
-                      "tokens", lines, notes=notes, decoder_by_module=decoder)
+                      "tokens", lines, notes=notes, decoder_by_module=decoder,
+                      decoder_backward=_rest_of_backward(traced, step))
 
 
 def _mllama(module: Any, media: MediaInput, batch: int, seq: int, step: TraceStep) -> MediaFlops:
@@ -313,9 +325,6 @@ def _mllama(module: Any, media: MediaInput, batch: int, seq: int, step: TraceSte
     input skips), so the whole forward is traced and split: the vision model and projector, and the rest."""
     import torch
 
-    if step.training:
-        raise UnsupportedError("{0} with {1}: a Llama-3.2-Vision training step on images is not counted here yet (the "
-                               "forward is)", "images", "training")
     config = module.config
     vision = config.vision_config
     size, patch, tiles = int(vision.image_size), int(vision.patch_size), int(vision.max_num_tiles)
@@ -339,15 +348,51 @@ def _mllama(module: Any, media: MediaInput, batch: int, seq: int, step: TraceSte
 
     parts = [("vision tower", _path(module, owner.vision_model)),
              ("projector", _path(module, owner.multi_modal_projector))]
+    def run_tower(model: Any) -> Any:
+        states = model.model.vision_model(pixel_values=torch.zeros(batch, images, tiles, int(vision.num_channels),
+                                                                   size, size),
+                                          aspect_ratio_ids=torch.ones(batch, images, dtype=torch.long),
+                                          aspect_ratio_mask=torch.ones(batch, images, tiles, dtype=torch.long))
+        projected = model.model.multi_modal_projector(states.last_hidden_state)
+        return types.SimpleNamespace(pooler_output=projected.reshape(-1, projected.shape[-2], projected.shape[-1]))
+
     traced = _traced_parts(module, run, parts, step, with_own=True)
     lines, own = traced.lines, traced.own
+    if step.training:
+        traced, lines = _with_tower_backward(module, run_tower, parts, step, traced)
     language = tuple((path, flops) for path, flops in own.items()
                      if not any(path == p or path.startswith(p + ".") for _, p in parts))
     input_words = (f"{images:,} image{'s' if images > 1 else ''} of {tiles} tiles of {size}×{size} px "
                    f"({per_side}×{per_side} = {per_side * per_side:,} patches of {patch} px a tile)")
     notes = (f"each image at {tiles} tiles, the most the processor cuts one into (max_num_tiles): a bound for "
              "smaller images",)
-    return MediaFlops("image", input_words, images, 0, words, lines, notes=notes, decoder_by_module=language)
+    return MediaFlops("image", input_words, images, 0, words, lines, notes=notes, decoder_by_module=language,
+                      decoder_backward=_rest_of_backward(traced, step))
+
+
+def _with_tower_backward(module: Any, run_tower: Any, parts: list[tuple[str, str]], step: TraceStep,
+                         whole: Traced) -> tuple[Traced, tuple[TowerLine, ...]]:
+    """A whole forward's training trace (cross-attention) with each part's backward from a trace of the tower and
+    projector alone (the sum of their output as the loss): in the whole trace FlopCounterMode's module tracker loses
+    its place in the backward once a module whose inputs need no gradient (the token embedding) starts its own, and
+    files what follows under it; the whole backward (its Global count) is right, and the tower's backward is the same
+    alone (the same weights train, the same input needs no gradient), so the language model's is the difference."""
+    alone = _traced_parts(module, run_tower, parts, step)
+    # the last part (the projector, a bare nn.Linear the counter cannot place when called alone) takes what the
+    # alone trace's whole backward leaves after the parts before it
+    backward = [line.backward or 0 for line in alone.lines[:-1]]
+    backward.append((alone.backward_total or 0) - sum(backward))
+    lines = tuple(dataclasses.replace(line, backward=value) for line, value in zip(whole.lines, backward))
+    return dataclasses.replace(whole, lines=lines), lines
+
+
+def _rest_of_backward(traced: Traced, step: TraceStep) -> int | None:
+    """Training a whole-forward trace (cross-attention): the language model's backward, the trace's whole backward
+    less the tower's and projector's lines (the loss is the sum of the logits, so every trained weight and every
+    activation a trained weight needs takes its gradient, as a cross-entropy loss gives them)."""
+    if not step.training:
+        return None
+    return (traced.backward_total or 0) - sum(line.backward or 0 for line in traced.lines)
 
 
 _FAMILIES = {"gemma3": _gemma3, "llava": _llava, "qwen2_5_vl": _qwen2_5_vl, "whisper": _whisper, "mllama": _mllama}
@@ -439,7 +484,7 @@ def _traced_parts(module: Any, run: Any, parts: list[tuple[str, str]], step: Tra
                                None if backward is None else _within(backward, path, taken)))
         taken.add(path)
     lines.reverse()
-    return Traced(tuple(lines), rows, own, saved, peak)
+    return Traced(tuple(lines), rows, own, saved, peak, None if backward is None else backward.get("", 0))
 
 
 def _forward_peak(module: Any, mode: Any, dtype: str, run: Any) -> int:
@@ -507,6 +552,8 @@ def _by_path(counts: dict[str, dict[Any, int]], module: Any, model: Any) -> dict
         if base is None:
             continue
         if base == "" and head == type(model).__name__:
+            if not rest:  # the whole model, run as a whole (Whisper, Llama-3.2-Vision): "" is Global's, which has it
+                continue
             path = rest
         else:
             path = ".".join(p for p in (base, rest) if p)
@@ -612,7 +659,7 @@ class _constants:
 
 # ---- kept with the config's cost facts ----------------------------------------------------------------------------
 
-FORMAT = 1
+FORMAT = 2  # 2: decoder_backward (training a cross-attention family)
 _PARTS = ("vision tower", "projector", "audio encoder")
 MAX_LINES = 8
 MAX_MODULES = 100_000
@@ -642,7 +689,8 @@ def to_json(media: MediaFlops) -> dict[str, Any]:
     return {"kind": media.kind, "input": media.input_words, "per_sequence": media.per_sequence, "tokens": media.tokens,
             "tokens_from": media.tokens_words, "engine": media.engine, "notes": list(media.notes),
             "lines": [[line.part, line.path, line.class_name, line.forward, line.backward] for line in media.lines],
-            "decoder": [[path, flops] for path, flops in media.decoder_by_module]}
+            "decoder": [[path, flops] for path, flops in media.decoder_by_module],
+            "decoder_backward": media.decoder_backward}
 
 
 def from_json(data: Any) -> MediaFlops:
@@ -651,7 +699,8 @@ def from_json(data: Any) -> MediaFlops:
     from .engine_check import printable
 
     expect(isinstance(data, dict) and set(data) == {"kind", "input", "per_sequence", "tokens", "tokens_from",
-                                                    "engine", "notes", "lines", "decoder"}, "not a tower trace")
+                                                    "engine", "notes", "lines", "decoder", "decoder_backward"},
+           "not a tower trace")
     expect(data["kind"] in ("image", "audio") and data["engine"] == "traced", "unknown kind or engine")
     for name in ("per_sequence", "tokens"):
         expect(is_int(data[name]) and 0 <= data[name] <= MAX_IMAGE_TOKENS * MAX_IMAGES, f"bad {name}")
@@ -673,8 +722,10 @@ def from_json(data: Any) -> MediaFlops:
         expect(isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and len(item[0]) <= MAX_WORDS
                and is_int(item[1]) and item[1] >= 0, "bad decoder module")
         decoder.append((item[0], item[1]))
+    rest = data["decoder_backward"]
+    expect(rest is None or is_int(rest) and rest >= 0, "bad decoder backward")
     return MediaFlops(data["kind"], data["input"], data["per_sequence"], data["tokens"], data["tokens_from"],
-                      tuple(lines), notes=tuple(data["notes"]), decoder_by_module=tuple(decoder))
+                      tuple(lines), notes=tuple(data["notes"]), decoder_by_module=tuple(decoder), decoder_backward=rest)
 
 
 def _entry(class_name: str, key: str) -> Any:

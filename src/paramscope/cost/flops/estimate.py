@@ -273,10 +273,14 @@ def _decoder_estimate(report: Any, media: Any, options: FlopOptions, seq: int) -
     batch = options.batch * media.per_sequence
     terms = tuple(FlopTerm(role, value, "FlopCounterMode") for role, value in
                   sorted(roles.items(), key=lambda kv: -kv[1]) if value)
+    training = media.decoder_backward is not None  # the same trace's backward, less the tower's lines
     decoder = FlopEstimate("traced", batch, seq, options.causal, sum(t.flops for t in terms),
-                           roles.get("attention.scores", 0), terms, None, None,
+                           roles.get("attention.scores", 0), terms, media.decoder_backward, 0 if training else None,
                            (f"the language model over {seq:,} text tokens a sequence, cross-attending to the tower's "
-                            "states, from the same FlopCounterMode trace as the tower (traced engine)",))
+                            "states, from the same FlopCounterMode trace as the tower (traced engine)",)
+                           + (("training: the language model's backward is that trace's whole backward less the "
+                               "tower's and projector's, counted by FlopCounterMode on them alone",) if training
+                              else ()))
     return _with_media(decoder, media)
 
 
