@@ -129,17 +129,18 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_n_gpu_layers_places_the_last_layers_and_their_kv_on_the_gpu(files: dict[str, Path],
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    """-ngl 2 of 4 layers: layers 2 and 3 on the GPU, the output layer (N ≤ n_layer) and token_embd on the CPU;
-    --ctx-size 300 is padded to 512 cells, f16 K and V rows of 32 values; q8_0 K rows are 34 B a block of 32."""
+    """-ngl 3 of 4 layers: the output layer (the first to go in current llama.cpp) and layers 2 and 3 on the GPU,
+    token_embd and layers 0 and 1 on the CPU; --ctx-size 300 is padded to 512 cells, f16 K and V rows of 32 values;
+    q8_0 K rows are 34 B a block of 32."""
     tensors = llama(4)
-    doc = run_json(capsys, str(files["llama"]), "--n-gpu-layers", "2", "--ctx-size", "300")
-    on_gpu = total(tensors, lambda n: layer_of(n) in (2, 3))
+    doc = run_json(capsys, str(files["llama"]), "--n-gpu-layers", "3", "--ctx-size", "300")
+    on_gpu = total(tensors, lambda n: layer_of(n) in (2, 3) or n.startswith("output"))
     gpu, cpu = devices(doc)["GPU"], devices(doc)["CPU"]
     assert (gpu["weights"], cpu["weights"]) == (on_gpu, total(tensors) - on_gpu)
-    assert doc["settings"]["n_ctx"] == 512 and doc["placement"]["output_on_gpu"] is False
+    assert doc["settings"]["n_ctx"] == 512 and doc["placement"]["output_on_gpu"] is True
     per_layer = (KV_WIDTH * 2 + KV_WIDTH * 2) * 512  # K and V, f16
     assert (gpu["kv"], cpu["kv"]) == (2 * per_layer, 2 * per_layer)
-    # -ngl 5 = n_layer + 1: the output layer too; q8_0 K with flash attention: 32 / 32 blocks × 34 B a row
+    # -ngl 5 = n_layer + 1: every layer; q8_0 K with flash attention: 32 / 32 blocks × 34 B a row
     doc = run_json(capsys, str(files["llama"]), "-ngl", "5", "-c", "512", "-ctk", "q8_0", "-ctv", "q8_0",
                    "--flash-attn")
     gpu, cpu = devices(doc)["GPU"], devices(doc)["CPU"]
@@ -227,7 +228,8 @@ def test_bad_flags_are_one_line(files: dict[str, Path], capsys: pytest.CaptureFi
 
 def test_mamba_states_are_f32_rows_per_sequence() -> None:
     """llama_memory_recurrent: per layer (d_conv − 1) × d_inner conv values and d_state × d_inner SSM values
-    (Mamba-1: no groups), F32, max(1, --parallel) rows, on the layer's device (-ngl 1: the last layer)."""
+    (Mamba-1: no groups), F32, max(1, --parallel) rows, on the layer's device (-ngl 2: the output layer and the
+    last layer)."""
     from transformers import MambaConfig
 
     from paramscope.cost.memory.llama_cpp import LlamaCppOptions, Tensor, llama_cpp_plan, model_facts
@@ -235,8 +237,9 @@ def test_mamba_states_are_f32_rows_per_sequence() -> None:
     facts = model_facts(MambaConfig(hidden_size=64, num_hidden_layers=2, intermediate_size=128, state_size=16,
                                     conv_kernel=4, vocab_size=VOCAB))
     tensors = (Tensor("token_embd.weight", 100), Tensor("blk.0.ssm_in.weight", 10), Tensor("blk.1.ssm_in.weight", 10))
-    plan = llama_cpp_plan(tensors, facts, LlamaCppOptions(n_gpu_layers=1, parallel=3, ctx_size=256), model="mamba",
+    plan = llama_cpp_plan(tensors, facts, LlamaCppOptions(n_gpu_layers=2, parallel=3, ctx_size=256), model="mamba",
                           weights_from="test", budget=None, model_arg="m.gguf")
     one = (3 * 128 + 16 * 128) * 4 * 3
     assert (plan.device("GPU").recurrent, plan.device("CPU").recurrent) == (one, one)
-    assert (plan.device("GPU").kv, plan.device("GPU").weights, plan.device("CPU").weights) == (0, 10, 110)
+    # the GPU: layer 1 and the tied output's copy of token_embd; the CPU: layer 0 and token_embd
+    assert (plan.device("GPU").kv, plan.device("GPU").weights, plan.device("CPU").weights) == (0, 10 + 100, 110)

@@ -21,18 +21,20 @@ _SWITCHES = (("--flash-attn", "flash_attn"), ("--swa-full", "swa_full"), ("--kv-
 def _layers(text: str) -> str | int:
     if text == "auto":
         return text
+    if text == "all":
+        return -1
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: give a number of layers, -1 (all) or auto")
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: give a number of layers, -1 or all, or auto")
 
 
 def add_llama_cpp_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("llama.cpp serving memory (--engine llama.cpp; a .gguf file, or a config with "
                                       "a mixture --dtype such as q4_k_m)")
     group.add_argument("--n-gpu-layers", "-ngl", type=_layers, metavar="N",
-                       help="layers offloaded to the GPU: the last N repeating layers, the output layer with N > "
-                            "layers; -1 all; auto (default with --gpu/--budget): the most that fit")
+                       help="layers offloaded to the GPU: the output layer and the last N - 1 repeating layers; -1 "
+                            "or all: every layer; auto (default with --gpu/--budget): the most that fit")
     group.add_argument("--n-cpu-moe", type=int, metavar="N",
                        help="keep the expert tensors of the first N layers on the CPU (default 0; with auto, the "
                             "fewest that fit)")

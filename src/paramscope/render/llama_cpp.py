@@ -24,9 +24,9 @@ def render_llama_cpp_text(report: Any, plan: Any, accelerator: Any, reserve: int
 def _where(plan: Any) -> str:
     p = plan.placement
     gpu_layers = max(plan.n_layer - p.first_gpu_layer, 0)
-    words = (f"-ngl {p.n_gpu_layers}: {gpu_layers} of {plan.n_layer} layers on the GPU"
+    words = (f"-ngl {p.n_gpu_layers}: {gpu_layers} of {plan.n_layer} repeating layers on the GPU"
              + (f" (layers {p.first_gpu_layer}–{plan.n_layer - 1})" if 0 < gpu_layers < plan.n_layer else "")
-             + (", the output layer too" if p.output_on_gpu else ", the output layer on the CPU"))
+             + (", and the output layer" if p.output_on_gpu else ", the output layer on the CPU"))
     if p.cpu_moe:
         words += f"; --n-cpu-moe {p.cpu_moe}: the experts of layers 0–{p.cpu_moe - 1} on the CPU"
     return words

@@ -3,9 +3,11 @@ places them, and the flags that fit a budget.
 
 What llama.cpp does, read from its source (ggml-org/llama.cpp; commits in `SOURCES`):
 
-- weights (src/llama-model.cpp, `load_tensors`): with `-ngl N`, `i_gpu_start = max(n_layer − N, 0)` and
-  `act_gpu_layers = min(N, n_layer + 1)`: repeating layer il goes to the GPU when il ≥ i_gpu_start (the last N
-  layers), and the output layer (index n_layer: output, output_norm) when N ≥ n_layer + 1. The input layer
+- weights (src/llama-model.cpp, `load_tensors`): with `-ngl N`, `i_gpu_start = max(n_layer + 1 − N, 0)` and
+  `act_gpu_layers = min(N, n_layer + 1)`: layer il goes to the GPU when il ≥ i_gpu_start, il = n_layer being the
+  output layer (output, output_norm): N = 1 offloads the output layer, N the output and the last N − 1 repeating
+  layers, n_layer + 1 (or a negative N) everything. (Older builds, ggml-org 00342301, had i_gpu_start = max(n_layer
+  − N, 0): the last N repeating layers, the output only with N > n_layer.) The input layer
   (token_embd) always stays on the CPU ("very little benefit to offloading the input layer"). A tied output head is
   `token_embd` created again with TENSOR_DUPLICATED in the output layer's buffer: a second copy on the GPU when the
   output layer is there. `rope_freqs` is created in each layer's buffer as a duplicate: one copy per device that
@@ -39,7 +41,8 @@ from ..dims import config_int, decoder_layers, dim, is_mla, max_context, text_co
 from .kv import attention_shape, layer_kinds
 
 SOURCES = {
-    "load_tensors": "src/llama-model.cpp load_tensors at 00342301d01a",
+    "load_tensors": "src/llama-model.cpp load_tensors and llama_model::n_gpu_layers() of the llama.cpp in "
+                    "llama-cpp-python 0.3.36 (the build whose KV and compute buffers were checked)",
     "context": "src/llama-context.cpp at 02c28f533ebb",
     "kv": "src/llama-kv-cache.cpp and src/llama-kv-cache-iswa.cpp at 02c28f533ebb",
     "recurrent": "src/llama-hparams.cpp n_embd_r/n_embd_s at 01b77b579398",
@@ -216,14 +219,16 @@ class Placement:
 
 
 def placement(n_layer: int, n_gpu_layers: int, cpu_moe: int) -> Placement:
-    """llama-model.cpp's get_layer_buft_list with one GPU: i_gpu_start = max(n_layer − N, 0), act_gpu_layers =
-    min(N, n_layer + 1); layer il (il = n_layer: the output layer) on the GPU when i_gpu_start ≤ il and
-    il − i_gpu_start < act_gpu_layers."""
+    """llama-model.cpp's get_layer_buft_list with one GPU, as current llama.cpp has it: N = n_gpu_layers (negative:
+    n_layer + 1, llama_model::n_gpu_layers()), i_gpu_start = max(n_layer + 1 − N, 0), act_gpu_layers = min(N,
+    n_layer + 1); layer il (il = n_layer: the output layer) on the GPU when i_gpu_start ≤ il and il − i_gpu_start <
+    act_gpu_layers. The output layer is the first to go: -ngl N holds it and the last N − 1 repeating layers."""
     ngl = n_layer + 1 if n_gpu_layers < 0 else n_gpu_layers
-    start = max(n_layer - ngl, 0)
+    start = max(n_layer + 1 - ngl, 0)
     act = min(ngl, n_layer + 1)
-    first = next((il for il in range(n_layer + 1) if start <= il and il - start < act), n_layer + 1)
-    return Placement(ngl, first, start <= n_layer and n_layer - start < act, min(cpu_moe, n_layer))
+    on = [start <= il and il - start < act for il in range(n_layer + 1)]
+    first = next((il for il in range(n_layer) if on[il]), n_layer + 1)
+    return Placement(ngl, first, on[n_layer], min(cpu_moe, n_layer))
 
 
 @dataclass(frozen=True)
@@ -486,7 +491,8 @@ def fit_flags(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: LlamaCppO
         while lo < hi:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if gpu(mid, base_moe) <= budget else (lo, mid - 1)
-        ngl, moe_layers, why = lo, base_moe, f"the last {lo} of {n_layer} layers on the GPU"
+        ngl, moe_layers, why = lo, base_moe, ("nothing on the GPU but the compute buffer" if lo == 0 else
+                                              f"the output layer and the last {lo - 1} of {n_layer} layers on the GPU")
     else:
         return None, None, None, "not even the compute buffer with no layer offloaded fits"
     limit = max(facts.n_ctx_train or 0, opts.ctx_size or 0, PAD)
@@ -551,10 +557,10 @@ def llama_cpp_plan(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: Llam
     extra = list(notes)
     if facts.n_ctx_train and n_ctx > pad(facts.n_ctx_train):
         extra.append(f"--ctx-size {n_ctx:,} is beyond the model's training context {facts.n_ctx_train:,}")
-    extra.append(f"placement: {SOURCES['load_tensors']}: -ngl N offloads the last N repeating layers and the output "
-                 "layer when N > n_layer; token_embd stays on the CPU (a tied output is copied to the output "
-                 "layer's device); newer llama.cpp builds count the output layer among the N (i_gpu_start = "
-                 "n_layer + 1 − N)")
+    extra.append(f"placement: {SOURCES['load_tensors']}: -ngl N offloads the output layer and the last N − 1 "
+                 "repeating layers (n_layer + 1 or -1: all); token_embd stays on the CPU (a tied output is copied to "
+                 "the output layer's device); builds before the output layer was counted (ggml-org 00342301) "
+                 "offloaded the last N repeating layers and the output only with N > n_layer")
     extra.append(f"KV cache: {SOURCES['context']} (n_ctx padded to 256) and {SOURCES['kv']}")
     if any(c.kind == "recurrent state" for c in caches):
         extra.append(f"recurrent states: {SOURCES['recurrent']}, F32, max(1, --parallel) rows")
