@@ -1,7 +1,8 @@
 """Serving memory under llama.cpp: weights, KV cache and compute buffer per device (GPU and CPU/host), as llama.cpp
 places them, and the flags that fit a budget.
 
-What llama.cpp does, read from its source (ggml-org/llama.cpp; commits in `SOURCES`):
+What llama.cpp does, read from its source (ggml-org/llama.cpp, and the copy llama-cpp-python 0.3.36 ships; the
+files and commits in `SOURCES`):
 
 - weights (src/llama-model.cpp, `load_tensors`): with `-ngl N`, `i_gpu_start = max(n_layer + 1 − N, 0)` and
   `act_gpu_layers = min(N, n_layer + 1)`: layer il goes to the GPU when il ≥ i_gpu_start, il = n_layer being the
@@ -352,9 +353,9 @@ def _row_words(kind: str, width: int, nbytes: int) -> str:
     return f"{width:,} {kind} = {width // block:,} blocks of {block} × {size} B = {nbytes:,} B"
 
 
-def _weights(tensors: tuple[Tensor, ...], where: Placement, n_layer: int) -> tuple[int, int, int]:
-    """(GPU bytes, CPU bytes, expert bytes kept on the CPU by --n-cpu-moe)."""
-    gpu = cpu = cpu_moe = 0
+def _weights(tensors: tuple[Tensor, ...], where: Placement, n_layer: int) -> tuple[int, int]:
+    """(GPU bytes, CPU bytes) of the weights at a placement."""
+    gpu = cpu = 0
     names = {t.name for t in tensors}
     tied = "output.weight" not in names
     for t in tensors:
@@ -363,7 +364,6 @@ def _weights(tensors: tuple[Tensor, ...], where: Placement, n_layer: int) -> tup
             il = int(block.group(1))
             if il < where.cpu_moe and _EXPS.search(t.name):
                 cpu += t.nbytes
-                cpu_moe += t.nbytes
             elif where.layer_on_gpu(il):
                 gpu += t.nbytes
             else:
@@ -383,7 +383,7 @@ def _weights(tensors: tuple[Tensor, ...], where: Placement, n_layer: int) -> tup
         cpu += rope
     if where.first_gpu_layer < n_layer:  # a layer on the GPU
         gpu += rope
-    return gpu, cpu, cpu_moe
+    return gpu, cpu
 
 
 def compute_estimate(facts: LlamaCppModel, opts: LlamaCppOptions, caches: list[CachePart], n_ubatch: int,
@@ -449,7 +449,7 @@ def plan_memory(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: LlamaCp
     """Per device memory at one placement and context; also (n_ctx, n_ctx_seq, streams, n_batch, n_ubatch)."""
     n_ctx, _, n_ctx_seq, streams, n_batch, n_ubatch = _context(opts, facts)
     caches = _caches(facts, opts, where, n_ctx_seq, streams, n_ubatch)
-    w_gpu, w_cpu, _ = _weights(tensors, where, facts.n_layer)
+    w_gpu, w_cpu = _weights(tensors, where, facts.n_layer)
     gpu_kv = sum(c.gpu_bytes for c in caches if c.kind != "recurrent state")
     cpu_kv = sum(c.bytes - c.gpu_bytes for c in caches if c.kind != "recurrent state")
     gpu_rs = sum(c.gpu_bytes for c in caches if c.kind == "recurrent state")
