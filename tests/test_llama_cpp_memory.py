@@ -198,7 +198,7 @@ def test_llama_3_8b_q4_k_m_on_a_24_gb_gpu(capsys: pytest.CaptureFixture[str]) ->
     assert gpu["kv"] == 32 * 8192 * 1024 * 2 * 2 == 1_073_741_824
     assert cpu["weights"] == 128256 * 4096 // 256 * 144  # token_embd in Q4_K
     assert doc["fit"]["fits"] and doc["fit"]["n_gpu_layers"] == 33 and doc["fit"]["ctx_size"] == 8192
-    assert doc["fit"]["command"].startswith("llama-server -m Meta-Llama-3-8B-Q4_K_M.gguf -ngl 33 -c 8192")
+    assert doc["fit"]["command"] == "llama-server -m Meta-Llama-3-8B-Q4_K_M.gguf -ngl 33 -c 8192 -fa off -np 1"
     doc = run_json(capsys, "llama-3-8b", "--dtype", "q4_k_m", "-c", "8192", "-ctk", "q8_0", "-ctv", "q8_0", "-fa")
     assert devices(doc)["GPU"]["kv"] == 32 * 8192 * (1024 // 32 * 34) * 2 == 570_425_344
 

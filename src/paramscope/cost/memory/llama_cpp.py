@@ -522,8 +522,7 @@ def llama_cpp_plan(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: Llam
         if opts.cache_type_v != "f16":
             parts.append(f"-ctv {opts.cache_type_v}")
         parts.append("-fa " + ("on" if opts.flash_attn else "off"))
-        if opts.parallel > 1:
-            parts.append(f"-np {opts.parallel}")
+        parts.append(f"-np {opts.parallel}")  # llama-server's own default is auto: 4 unified slots
         if opts.kv_unified:
             parts.append("--kv-unified")
         if opts.swa_full:
