@@ -218,10 +218,12 @@ def test_a_budget_gets_the_most_layers_that_fit(files: dict[str, Path], capsys: 
     (("-ngl", "-2"), "--n-gpu-layers must be -1"),
     (("--cache-type-k", "q3_k"), "--cache-type-k 'q3_k'"),
     (("-ctv", "q4_0"), "needs --flash-attn"),
+    (("--engine", "vllm", "--swa-full"), "--swa-full is for --engine llama.cpp"),
 ])
 def test_bad_flags_are_one_line(files: dict[str, Path], capsys: pytest.CaptureFixture[str], argv: tuple,
                                 why: str) -> None:
-    assert main(["memory", str(files["tied"]), "--engine", "llama.cpp", *argv]) == 2
+    assert main(["memory", str(files["tied"]), *(() if "--engine" in argv else ("--engine", "llama.cpp")),
+                 *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and why in err and "Traceback" not in err
 

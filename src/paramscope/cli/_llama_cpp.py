@@ -69,8 +69,8 @@ def run_llama_cpp(args: argparse.Namespace) -> int:
     from ..sources import resolve
 
     if args.engine != "llama.cpp":
-        flag = next([flag for flag, name in _FLAGS if getattr(args, name) is not None]
-                    + [flag for flag, name in _SWITCHES if getattr(args, name)])
+        flag = ([flag for flag, name in _FLAGS if getattr(args, name) is not None]
+                + [flag for flag, name in _SWITCHES if getattr(args, name)])[0]
         raise OptionError(f"{flag} is for --engine llama.cpp")
     given = [flag for flag, on in (("--training", args.training), ("--trace", args.trace),
                                    ("--html", args.html is not None), ("--batch", args.batch != 1),
