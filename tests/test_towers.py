@@ -361,3 +361,46 @@ def test_whisper_and_llama_3_2_vision_train_on_their_input(cache):
     mask = 2 * (4 * 1032) ** 2  # the tiles' attention mask, an outer product (a matmul) of 4 × 1,032 padded states
     assert (tower.backward, projector.backward) == (2 * tower.forward - conv - 2 * mask, 2 * projector.forward)
     assert media.decoder_backward == 2 * sum(dict(media.decoder_by_module).values())
+
+
+def _encoder_peak_by_memtracker(module, windows: int) -> int:
+    """torch's MemTracker on Whisper's encoder alone over `windows` zero windows of 3,000 bf16 mel frames."""
+    import torch
+
+    from paramscope.cost.traced.step import _tracker, fake_mode, working_copy
+
+    with fake_mode(True) as mode:
+        model = working_copy(module, mode, None, weights_dtype="bfloat16")
+        model.eval()
+        tracker = _tracker(model, None)  # MemTracker, told that the frozen positions take no gradient hook
+        with tracker, torch.no_grad():
+            out = model.model.encoder(input_features=torch.zeros(windows, 80, 3000, dtype=torch.bfloat16))
+            del out
+        [peak] = tracker.get_tracker_snapshot("peak").values()
+    return peak["Total"] - sum(v for k, v in peak.items() if getattr(k, "value", None) in ("Parameter", "Buffer"))
+
+
+def test_serving_whisper_on_audio_holds_the_encoder_output_and_the_cross_attention_cache():
+    """memory --audio-seconds 45 (serving Whisper): two 30 s windows, each a sequence; the encoder's forward peak
+    equals MemTracker's on the same fake input, its output (2 × 1,500 × d_model) is held through the prefill beside
+    the cache, whose cross-attention K and V hold the 1,500 encoder states a sequence."""
+    from paramscope.cost.memory.serving import MemoryOptions
+    from paramscope.cost.memory.serving_answer import estimate_memory
+
+    config = json.loads((FAMILIES / "openai--whisper-small.json").read_text()) | {"encoder_layers": 1,
+                                                                                  "decoder_layers": 1,
+                                                                                  "num_hidden_layers": 1}
+    _, module = inspect_with_module(config)
+    audio = estimate_memory(config, MemoryOptions(dtype="bf16", seq=32, media=MediaInput(audio_seconds=45)), False)
+    media, d = audio.settings["media"], config["d_model"]
+    assert audio.settings["batch"] == 2 and media["per_sequence"] == 2
+    self_kv = 2 * d * 2 * 32 * 2  # K and V, all heads = d_model, bf16, 32 tokens, 2 sequences; one layer
+    cross_kv = 2 * d * 2 * 1500 * 2
+    assert audio.kv_cache.bytes == self_kv + cross_kv
+    assert media["encoder_output"] == 2 * 1500 * d * 2
+    assert media["tower_forward_peak"] == _encoder_peak_by_memtracker(module, 2)
+    resident = audio.weights.bytes + audio.weights.buffer_bytes
+    assert media["tower_moment"] == resident + media["tower_forward_peak"]
+    assert media["prefill_moment"] == resident + audio.kv_cache.bytes + audio.activations.bytes + 2 * 1500 * d * 2
+    assert audio.peak == max(media["tower_moment"], media["prefill_moment"])
+    assert audio.peak_phase == media["binds"]

@@ -66,6 +66,9 @@ def add_parser(subparsers: Any) -> None:
                                "held)")
     training.add_argument("--images", type=int, metavar="K",
                           help="images a sequence at the vision config's own size (Gemma-3, LLaVA), as --image-tokens")
+    training.add_argument("--audio-seconds", type=float, metavar="T",
+                          help="serving Whisper on T seconds of audio: the encoder's forward peak, its output and the "
+                               "cross-attention cache, one 30 s window a sequence")
     training.add_argument("--grad-checkpointing", default="none", choices=("none", "full"),
                           help="full: each layer keeps only its input and is recomputed in backward")
     training.add_argument("--attention", choices=("sdpa", "eager", "flash"),
@@ -121,11 +124,11 @@ def add_parser(subparsers: Any) -> None:
 
 def _media(args: argparse.Namespace) -> Any:
     """The images each sequence holds beside its text (--image-tokens, --images), or None."""
-    if args.image_tokens is None and args.images is None:
+    if args.image_tokens is None and args.images is None and args.audio_seconds is None:
         return None
     from ..cost.towers import MediaInput
 
-    return MediaInput(image_tokens=args.image_tokens, images=args.images)
+    return MediaInput(image_tokens=args.image_tokens, images=args.images, audio_seconds=args.audio_seconds)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,9 +137,11 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import OptionError
     from ..sources import resolve
 
-    if (args.image_tokens is not None or args.images is not None) and (wants_llama_cpp(args) or wants_vllm(args)):
-        raise OptionError("--image-tokens and --images are counted for transformers' serving and training here, not "
-                          "for another --engine")
+    if _media(args) is not None and (wants_llama_cpp(args) or wants_vllm(args)):
+        raise OptionError("--image-tokens, --images and --audio-seconds are counted for transformers' serving and "
+                          "training here, not for another --engine")
+    if args.audio_seconds is not None and args.training:
+        raise OptionError("--audio-seconds is for serving here (Whisper's training memory is not counted yet)")
     if wants_llama_cpp(args):
         return run_llama_cpp(args)
     if wants_vllm(args):

@@ -291,20 +291,25 @@ def _whisper(module: Any, media: MediaInput, batch: int, seq: int, step: TraceSt
     sequences = batch * windows
 
     def run(model: Any) -> Any:
-        inputs = {"input_features": torch.zeros(sequences, mels, frames),
+        owner = model.model if hasattr(model, "model") else model
+        inputs = {"input_features": torch.zeros(sequences, mels, frames, dtype=owner.encoder.conv1.weight.dtype),
                   "decoder_input_ids": torch.zeros(sequences, seq, dtype=torch.long)}
         return model(**inputs)
 
     def run_tower(model: Any) -> Any:
         owner = model.model if hasattr(model, "model") else model
-        out = owner.encoder(input_features=torch.zeros(sequences, mels, frames))
-        return types.SimpleNamespace(pooler_output=out.last_hidden_state)
+        # the mel frames as the feature extractor's output is cast to the weights' dtype before generate()
+        features = torch.zeros(sequences, mels, frames, dtype=owner.encoder.conv1.weight.dtype)
+        return types.SimpleNamespace(pooler_output=owner.encoder(input_features=features).last_hidden_state)
 
     parts = [("audio encoder", _path(module, encoder))]
-    traced = _traced_parts(module, run, parts, step, with_own=True)
+    traced = _traced_parts(module, run, parts, dataclasses.replace(step, serving_dtype=None), with_own=True)
     lines, own = traced.lines, traced.own
     if step.training:
         traced, lines = _with_tower_backward(module, run_tower, parts, step, traced)
+    peak = None
+    if step.serving_dtype is not None:  # generate() runs the encoder alone first: its peak is its own
+        peak = _traced_parts(module, run_tower, parts, step).peak
     enc = _path(module, encoder)
     decoder = tuple((path, flops) for path, flops in own.items() if not (path == enc or path.startswith(enc + ".")))
     input_words = (f"{media.audio_seconds:g} s of audio: {windows:,} window{'s' if windows > 1 else ''} of "
@@ -316,7 +321,7 @@ def _whisper(module: Any, media: MediaInput, batch: int, seq: int, step: TraceSt
              f"{int(encoder.config.max_source_positions):,} encoder states",)
     return MediaFlops("audio", input_words, windows, 0, "the decoder reads the audio by cross-attention, not as "
                       "tokens", lines, notes=notes, decoder_by_module=decoder,
-                      decoder_backward=_rest_of_backward(traced, step))
+                      decoder_backward=_rest_of_backward(traced, step), forward_peak=peak)
 
 
 def _mllama(module: Any, media: MediaInput, batch: int, seq: int, step: TraceStep) -> MediaFlops:

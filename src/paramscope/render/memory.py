@@ -44,7 +44,11 @@ def memory_parts(report, estimate) -> list:
     title = Text(f"Memory to serve {report.model.label} ({report.model.class_name}): {estimate.engine} engine, "
                  "allocator level", style="bold")
     seq_from = "" if settings["seq_from"] == "--seq" else f" ({settings['seq_from']})"
-    if settings.get("media") is not None:
+    if settings.get("media") is not None and settings["media"]["kind"] == "audio":
+        media = settings["media"]
+        seq_from += (f" of the decoder a sequence, one audio window a sequence ({media['input']}); the audio "
+                     "encoder runs before the prefill")
+    elif settings.get("media") is not None:
         media = settings["media"]
         seq_from += (f": {media['text_seq']:,} text + {media['image_tokens']:,} image tokens ({media['input']}); the "
                      "vision tower runs before the prefill")
@@ -116,14 +120,23 @@ def _totals(estimate) -> Table:
         return table
     media = estimate.settings.get("media")
     if media is not None:  # the tower runs before the prefill, with the weights resident
-        table.add_row("vision tower (forward)", exact(media["tower_forward_peak"]), binary(media["tower_forward_peak"]),
-                      "measured: the largest bytes live during the tower's and projector's forward on fake tensors "
-                      "of the images (weights not)")
-        table.add_row("input embeddings", exact(media["embeddings"]), binary(media["embeddings"]),
-                      f"batch × {estimate.settings['seq']:,} tokens × hidden, made before the tower runs")
+        audio = media["kind"] == "audio"
+        table.add_row("audio encoder (forward)" if audio else "vision tower (forward)",
+                      exact(media["tower_forward_peak"]), binary(media["tower_forward_peak"]),
+                      "measured: the largest bytes live during the "
+                      + ("encoder's forward on fake tensors of the mel frames" if audio else
+                         "tower's and projector's forward on fake tensors of the images") + " (weights not)")
+        if audio:
+            table.add_row("encoder output", exact(media["encoder_output"]), binary(media["encoder_output"]),
+                          "sequences × encoder states × d_model, read by the decoder through generation")
+        else:
+            table.add_row("input embeddings", exact(media["embeddings"]), binary(media["embeddings"]),
+                          f"batch × {estimate.settings['seq']:,} tokens × hidden, made before the tower runs")
         table.add_row(f"peak ({estimate.peak_phase})", exact(estimate.peak), binary(estimate.peak),
-                      f"the larger moment: the tower's (weights + the two above) {exact(media['tower_moment'])}, "
-                      f"the prefill's (weights + KV cache + workspace) {exact(media['prefill_moment'])}", style="bold")
+                      f"the larger moment: the {'encoder' if audio else 'tower'}'s (weights + "
+                      f"{'its peak' if audio else 'the two above'}) {exact(media['tower_moment'])}, the prefill's "
+                      f"(weights + KV cache + workspace{' + encoder output' if audio else ''}) "
+                      f"{exact(media['prefill_moment'])}", style="bold")
         table.add_row("+ reserve", exact(estimate.reserve), binary(estimate.reserve),
                       "CUDA context and allocator fragmentation (--reserve)")
         return table

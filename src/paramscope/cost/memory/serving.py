@@ -9,6 +9,7 @@ smallest tensor-parallel degree that fits.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,7 +122,7 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     if options.media is not None and options.media.given:
         if view.module is None:
             return None  # the tower runs on fake tensors of the input: the build answers
-        media, seq = _image_input(view, options, seq, fmt.compute_dtype)
+        media, seq, options = _media_input(view, options, seq, fmt.compute_dtype)
     notes: list[str] = list(weights.notes)
     if getattr(fmt, "prediction", None) is not None:
         notes.extend(fmt.prediction.summary())
@@ -254,58 +255,81 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         budget=budget, notes=tuple(notes), check=check, parallel=parallel)
 
 
-def _image_input(view: Any, options: MemoryOptions, seq: int, dtype: str) -> tuple[Any, int]:
-    """(the tower's trace, the context length): --seq S text tokens and the N image tokens the projector hands the
-    language model make a context of S + N; without --seq the context is the model's maximum, N of it images."""
+def _media_input(view: Any, options: MemoryOptions, seq: int, dtype: str) -> tuple[Any, int, MemoryOptions]:
+    """(the tower's trace, the context length, the options the cache and prefill take). Images: --seq S text tokens
+    and the N image tokens the projector hands the language model make a context of S + N; without --seq the
+    context is the model's maximum, N of it images. Audio (Whisper): each 30 s window is a sequence of its own,
+    its decoder cross-attending to the window's encoder states, so the batch is B × windows and the cross-attention
+    cache holds max_source_positions states a sequence."""
     from ..towers import media_family, media_flops
 
-    family = media_family(getattr(view.module, "config", None))
-    if family in ("whisper", "mllama"):  # before any trace
-        raise UnsupportedError("{name} reads its {kind} by cross-attention: its serving memory on that input is not "
-                               "counted here yet (flops counts it)", name=view.class_name,
-                               kind="audio" if family == "whisper" else "images")
+    config = getattr(view.module, "config", None)
+    if media_family(config) == "mllama":  # before any trace
+        raise UnsupportedError("{name} reads its images by cross-attention: its serving memory on that input is not "
+                               "counted here yet (flops counts it)", name=view.class_name)
     media = media_flops(view.module, options.media, batch=options.batch, seq=options.seq or seq, training=False,
                         serving_dtype=dtype)
+    if media.kind == "audio":
+        if options.encoder_seq is not None:
+            raise OptionError("{0} is the audio's: each window's {states:,} encoder states", "encoder_seq",
+                              states=int(config.max_source_positions))
+        return media, seq, dataclasses.replace(options, batch=options.batch * media.per_sequence,
+                                               encoder_seq=int(config.max_source_positions))
     if options.seq is not None:
-        return media, options.seq + media.tokens
+        return media, options.seq + media.tokens, options
     if media.tokens >= seq:
         raise OptionError("{tokens:,} image tokens fill the model's {seq:,}-token context: give {0} for the text",
                           "seq", tokens=media.tokens, seq=seq)
-    return media, seq
+    return media, seq, options
 
 
 def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: MemoryOptions, seq: int,
                 dtype: str) -> tuple[Any, dict[str, Any], str]:
-    """(the peak curve with the tower's moment in it, settings["media"], the note). The tower's moment: the weights,
-    the language model's input embeddings over the whole context (transformers' forward makes them before it runs
-    the tower) and the tower's and projector's measured forward peak, linear in the batch (each image runs the
-    same layers); the prefill's: weights, KV cache and workspace over text + image tokens, as for text."""
-    hidden = dim(text, "hidden") or 0
+    """(the peak curve with the tower's moment in it, settings["media"], the note). The tower runs before the
+    prefill, with the weights resident; its moment is the weights and the tower's and projector's measured forward
+    peak, linear in the batch (each image or window runs the same layers), and for images the language model's input
+    embeddings over the whole context (transformers' forward makes them before it runs the tower). The prefill's:
+    weights, KV cache and workspace over text + image tokens, as for text; for audio also the encoder's output, which
+    the decoder reads through generation (its cross-attention K and V are in the cache besides)."""
     size = itemsize(dtype)
+    audio = media.kind == "audio"
+    per_token = 0 if audio else (dim(text, "hidden") or 0) * size  # the input embeddings, a token
+    states = config_int(text, "max_source_positions") or 0
+    held_each = states * (config_int(text, "d_model") or 0) * size if audio else 0  # the encoder's output, a sequence
     resident = weights.bytes + weights.buffer_bytes
 
     def tower_at(batch: int, length: int) -> int:
-        return resident + batch * length * hidden * size + media.forward_peak * batch // options.batch
+        return resident + batch * length * per_token + media.forward_peak * batch // options.batch
 
     def peak_at(batch: int, length: int) -> int:
-        return max(prefill_at(batch, length), tower_at(batch, length))
+        return max(prefill_at(batch, length) + batch * held_each, tower_at(batch, length))
 
-    tower, prefill = tower_at(options.batch, seq), prefill_at(options.batch, seq)
-    binds = "vision tower" if tower > prefill else "prefill"
-    embeddings = options.batch * seq * hidden * size
+    tower, prefill = tower_at(options.batch, seq), prefill_at(options.batch, seq) + options.batch * held_each
+    part = "audio encoder" if audio else "vision tower"
+    binds = part if tower > prefill else "prefill"
+    embeddings, held = options.batch * seq * per_token, options.batch * held_each
     settings = {"kind": media.kind, "input": media.input_words, "per_sequence": media.per_sequence,
                 "image_tokens": media.tokens, "text_seq": seq - media.tokens, "tokens_from": media.tokens_words,
-                "tower_forward_peak": media.forward_peak, "embeddings": embeddings, "tower_moment": tower,
-                "prefill_moment": prefill, "binds": binds,
+                "tower_forward_peak": media.forward_peak, "embeddings": embeddings, "encoder_output": held,
+                "tower_moment": tower, "prefill_moment": prefill, "binds": binds,
                 "parts": [[line.part, line.path, line.class_name] for line in media.lines]}
     parts = " and ".join(f"{line.part} {line.path} ({line.class_name})" for line in media.lines)
-    note = (f"image input: each sequence holds {media.input_words}, {media.tokens:,} image tokens ({media.tokens_words})"
-            f": the KV cache and prefill workspace are over {seq - media.tokens:,} text + {media.tokens:,} image tokens "
-            f"= {seq:,}. The {parts} run first: their forward peak, {media.forward_peak:,} B (the largest bytes live at "
-            f"once in {dtype}, image input and intermediates, weights not: measured on fake tensors), with the weights "
-            f"and the language model's input embeddings over the {seq:,} tokens ({embeddings:,} B, made before the "
-            f"tower runs) is the tower's moment, {tower:,} B; the prefill's is {prefill:,} B; the peak is the larger, "
-            f"the {binds}'s (fits: the tower's peak linear in the batch)")
+    measured = (f"the forward peak, {media.forward_peak:,} B (the largest bytes live at once in {dtype}, the "
+                "input and every intermediate, weights not: measured on fake tensors)")
+    if audio:
+        note = (f"audio input: each sequence holds {media.input_words}; each window is a sequence of its own, "
+                f"{options.batch:,} in all, its decoder over {seq:,} tokens cross-attending to the window's "
+                f"{states:,} encoder states (the cross-attention KV cache). The {parts} runs first: "
+                f"{measured}, with the weights, is its moment, {tower:,} B; the prefill's, {prefill:,} B, holds the "
+                f"encoder's output ({held:,} B) beside the KV cache and workspace; the peak is the larger, the "
+                f"{binds}'s (fits: both linear in the batch)")
+    else:
+        note = (f"image input: each sequence holds {media.input_words}, {media.tokens:,} image tokens "
+                f"({media.tokens_words}): the KV cache and prefill workspace are over {seq - media.tokens:,} text + "
+                f"{media.tokens:,} image tokens = {seq:,}. The {parts} run first: {measured}, with the weights and "
+                f"the language model's input embeddings over the {seq:,} tokens ({embeddings:,} B, made before the "
+                f"tower runs) is the tower's moment, {tower:,} B; the prefill's is {prefill:,} B; the peak is the "
+                f"larger, the {binds}'s (fits: the tower's peak linear in the batch)")
     return peak_at, settings, note
 
 
