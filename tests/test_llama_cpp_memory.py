@@ -245,3 +245,52 @@ def test_mamba_states_are_f32_rows_per_sequence() -> None:
     assert (plan.device("GPU").recurrent, plan.device("CPU").recurrent) == (one, one)
     # the GPU: layer 1 and the tied output's copy of token_embd; the CPU: layer 0 and token_embd
     assert (plan.device("GPU").kv, plan.device("GPU").weights, plan.device("CPU").weights) == (0, 10 + 100, 110)
+
+
+def test_deepseek_v3_mla_caches_the_latent_as_k_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """llama.cpp's deepseek2: one KV head of kv_lora_rank 512 + qk_rope_head_dim 64 values, V a view of K (no V
+    cache): 61 layers × (512 + 64) × 2 B (f16) a token, at -c 4096 (a multiple of 256: no padding)."""
+    doc = run_json(capsys, "deepseek-v3", "--dtype", "q4_k_m", "-c", "4096")
+    per_token = 61 * (512 + 64) * 2
+    assert per_token == 70_272
+    assert devices(doc)["GPU"]["kv"] + devices(doc)["CPU"]["kv"] == per_token * 4096 == 287_834_112
+    (cache,) = doc["caches"]
+    assert cache["layers"] == 61 and "no V" in cache["arithmetic"]
+    assert any("has_v = !is_mla" in note for note in doc["notes"])
+
+
+def test_hybrid_attention_kv_beside_recurrent_states() -> None:
+    """llama_memory_hybrid: Jamba's attention layers (1 and 3 of 4) in the KV cache, its Mamba layers (0 and 2) as
+    F32 states per sequence: conv (d_conv 4 − 1) × d_inner (expand 2 × 64), ssm d_state 16 × d_inner; Falcon-H1's
+    layers hold both; LFM2's short convolution n_embd × (L_cache − 1); Qwen3-Next's gated delta net conv (4 − 1) ×
+    (value 2 × 16 + 2 × key 2 × 8), state key dim 8 × value 2 × 16."""
+    from transformers import FalconH1Config, JambaConfig, Lfm2Config, Qwen3NextConfig
+
+    from paramscope.cost.memory.llama_cpp import LlamaCppOptions, Tensor, llama_cpp_plan, model_facts
+
+    def plan(config):
+        return llama_cpp_plan((Tensor("token_embd.weight", 100),), model_facts(config),
+                              LlamaCppOptions(ctx_size=512, parallel=2, kv_unified=True), model="m",
+                              weights_from="test", budget=None, model_arg="m.gguf")
+
+    jamba = plan(JambaConfig(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, hidden_size=64,
+                             num_attention_heads=4, num_key_value_heads=2, mamba_d_state=16, mamba_d_conv=4,
+                             mamba_expand=2, vocab_size=VOCAB))
+    kv = 2 * (2 * 16 * 2 + 2 * 16 * 2) * 512  # 2 layers × (K + V: 2 KV heads × 16 × f16) × 512 cells
+    states = 2 * (3 * 128 + 16 * 128) * 4 * 2  # 2 layers × (conv + ssm) × F32 × 2 sequences
+    assert (jamba.device("GPU").kv, jamba.device("GPU").recurrent) == (kv, states) == (131_072, 38_912)
+    falcon = plan(FalconH1Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                 head_dim=16, mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
+                                 mamba_d_state=16, mamba_d_conv=4, vocab_size=VOCAB))
+    assert (falcon.device("GPU").kv, falcon.device("GPU").recurrent) == (
+        2 * (2 * 16 * 2) * 2 * 512, 2 * (3 * (128 + 2 * 16) + 16 * 128) * 4 * 2)
+    lfm2 = plan(Lfm2Config(num_hidden_layers=3, full_attn_idxs=[1], hidden_size=64, num_attention_heads=4,
+                           num_key_value_heads=2, conv_L_cache=3, vocab_size=VOCAB))
+    assert (lfm2.device("GPU").kv, lfm2.device("GPU").recurrent) == (
+        (2 * 16 * 2) * 2 * 512, 2 * (64 * 2) * 4 * 2)
+    qwen = plan(Qwen3NextConfig(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=8,
+                                linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=2,
+                                vocab_size=VOCAB))
+    assert (qwen.device("GPU").kv, qwen.device("GPU").recurrent) == (
+        (2 * 16 * 2) * 2 * 512, 3 * (3 * (2 * 16 + 2 * 2 * 8) + 8 * 2 * 16) * 4 * 2)

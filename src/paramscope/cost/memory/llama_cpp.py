@@ -25,7 +25,15 @@ files and commits in `SOURCES`):
 - sliding-window layers (src/llama-kv-cache-iswa.cpp): their own cache of
   `GGML_PAD(min(kv_size, n_swa × (unified ? n_seq_max : 1) + n_ubatch), 256)` cells, or kv_size with --swa-full.
 - recurrent layers (src/llama-memory-recurrent.cpp, hparams n_embd_r / n_embd_s): F32 states of
-  max(1, n_seq_max) rows: conv (d_conv − 1) × (d_inner + 2 × n_group × d_state), ssm d_state × d_inner.
+  max(1, n_seq_max) rows: conv (d_conv − 1) × (d_inner + 2 × n_group × d_state) (LFM2's short convolution: n_embd ×
+  (L_cache − 1)), ssm d_state × d_inner (Qwen3-Next's gated delta net: d_state the key head dim, d_inner the value
+  heads × their dim, n_group the key heads). Hybrid families (llama_memory_hybrid: Jamba, Falcon-H1, LFM2,
+  Qwen3-Next) keep their attention layers in a KV cache and their recurrent layers' states per sequence; Falcon-H1's
+  layers hold both.
+- MLA (deepseek2: DeepSeek-V2/V3, Kimi-K2): the converter writes one KV head of key_length kv_lora_rank + n_rot
+  (the latent and the rope part) and value_length kv_lora_rank; current llama-kv-cache.cpp allocates K only
+  (`has_v = !is_mla`, V a view of K), so a cell is kv_lora_rank + n_rot values a layer. (Builds before that change,
+  e.g. ggml-org 3514e9f6, also allocated a V of kv_lora_rank values.)
 
 The compute buffer is measured by llama.cpp when it reserves a graph of n_ubatch tokens; here it is an estimate,
 named so, from the largest intermediate tensors (`compute_estimate`).
@@ -46,7 +54,10 @@ SOURCES = {
                     "llama-cpp-python 0.3.36 (the build whose KV and compute buffers were checked)",
     "context": "src/llama-context.cpp at 02c28f533ebb",
     "kv": "src/llama-kv-cache.cpp and src/llama-kv-cache-iswa.cpp at 02c28f533ebb",
-    "recurrent": "src/llama-hparams.cpp n_embd_r/n_embd_s at 01b77b579398",
+    "recurrent": "src/llama-hparams.cpp n_embd_r/n_embd_s at 01b77b579398 and 8b1d44b90c2a",
+    "mla": "src/llama-kv-cache.cpp's llama_kv_cache constructor, has_v = !is_mla (current master; ggml-org "
+           "3514e9f6 still allocated a V of kv_lora_rank values), and convert_hf_to_gguf.py's DeepseekV2Model "
+           "(key_length kv_lora_rank + qk_rope_head_dim, value_length kv_lora_rank, one KV head)",
     "n_cpu_moe": "common/common.h LLM_FFN_EXPS_REGEX",
 }
 PAD = 256  # GGML_PAD(n_ctx, 256) and the SWA cache's padding
@@ -146,18 +157,25 @@ def model_facts(config: Any) -> LlamaCppModel:
     """llama.cpp's hparams for the KV cache and compute buffer, from a transformers config object. Layers slide
     where the config's `layer_types` says "sliding_attention" (as llama.cpp's SWA patterns for Gemma-2/3, Cohere2,
     gpt-oss place them); a `sliding_window` without `layer_types` (Mistral-7B-v0.1) is full attention, as llama.cpp's
-    llama architecture runs it. MLA and recurrent families other than Mamba are refused, in one line."""
+    llama architecture runs it. MLA (deepseek2) caches the latent as K and no V; hybrid families keep their
+    attention layers in a KV cache and their recurrent layers' states per sequence (llama_memory_hybrid)."""
     text = text_config(config)
     model_type = str(getattr(text, "model_type", ""))
-    if is_mla(text):
-        raise UnsupportedError(f"--engine llama.cpp: {model_type}'s MLA cache (llama.cpp keeps the latent as K and no "
-                               "V) is not modelled yet")
     n_layer = decoder_layers(text)
     n_embd = dim(text, "hidden") or 0
     heads = dim(text, "heads") or 1
-    kv_heads, k_dim, v_dim, how = attention_shape(text)
+    if is_mla(text):
+        # convert_hf_to_gguf.py's DeepseekV2Model writes key_length = kv_lora_rank + qk_rope_head_dim, value_length
+        # = kv_lora_rank and one KV head; current llama-kv-cache.cpp allocates no V for MLA (has_v = !is_mla: V is
+        # a view of K's first kv_lora_rank values)
+        rank, rope = config_int(text, "kv_lora_rank") or 0, config_int(text, "qk_rope_head_dim") or 0
+        k_dim, v_dim, kv_heads = rank + rope, 0, 1
+        how = (f"MLA (llama.cpp's deepseek2): K = the latent kv_lora_rank {rank:,} + qk_rope_head_dim {rope:,} "
+               f"= {rank + rope:,} values a cell, V a view of K (no V cache)")
+    else:
+        kv_heads, k_dim, v_dim, how = attention_shape(text)
     types = getattr(text, "layer_types", None)
-    explicit = isinstance(types, (list, tuple)) and len(types) == n_layer
+    explicit = isinstance(types, (list, tuple)) and len(types) == n_layer and not is_mla(text)
     kinds = layer_kinds(text) if explicit else [("full_attention", None)] * n_layer
     recurrent = _recurrent(text, model_type)
     if recurrent is None and not explicit and any(
@@ -167,8 +185,10 @@ def model_facts(config: Any) -> LlamaCppModel:
     n_swa = 0
     layers = []
     for kind, window in kinds:
-        if recurrent is not None and (model_type in ("mamba", "mamba2", "falcon_mamba") or kind == "mamba"):
+        if recurrent is not None and (model_type in _ALL_RECURRENT or kind in _RECURRENT_KINDS):
             layers.append(LayerState("recurrent", conv=recurrent[0], ssm=recurrent[1]))
+        elif recurrent is not None and kind == "hybrid":  # Falcon-H1: attention and SSM side by side in each layer
+            layers.append(LayerState("hybrid", kv_heads * k_dim, kv_heads * v_dim, recurrent[0], recurrent[1]))
         elif kind in ("full_attention", "sliding_attention"):
             slide = kind == "sliding_attention" and window is not None
             n_swa = max(n_swa, window or 0) if slide else n_swa
@@ -181,22 +201,49 @@ def model_facts(config: Any) -> LlamaCppModel:
     n_ff_exp = config_int(text, "moe_intermediate_size", "expert_intermediate_size") or 0
     n_ff = max(config_int(text, "intermediate_size", "ffn_dim", "n_inner") or 4 * n_embd,
                experts_used * (n_ff_exp or config_int(text, "intermediate_size") or 0))
+    if recurrent is not None:
+        how += f"; recurrent layers: {recurrent[2]}"
     return LlamaCppModel(n_layer, n_embd, heads, config_int(text, "vocab_size") or 0, max_context(text), n_swa,
                          n_ff, tuple(layers), how)
 
 
-def _recurrent(text: Any, model_type: str) -> tuple[int, int] | None:
-    """(n_embd_r, n_embd_s) of a Mamba layer, as llama-hparams.cpp sizes them; None for other families."""
+_ALL_RECURRENT = ("mamba", "mamba2", "falcon_mamba")
+# the config's layer_types for a recurrent layer: Jamba's Mamba ("linear_attention" in transformers' layer_types,
+# "mamba" in layers_block_type), Qwen3-Next's gated delta net, LFM2's short convolution
+_RECURRENT_KINDS = ("mamba", "linear_attention", "conv")
+
+
+def _recurrent(text: Any, model_type: str) -> tuple[int, int, str] | None:
+    """(n_embd_r, n_embd_s, in words) of a recurrent layer, as llama-hparams.cpp sizes them from the hparams
+    convert_hf_to_gguf.py writes: n_embd_r = (d_conv − 1) × (d_inner + 2 × n_group × d_state), or n_embd ×
+    (L_cache − 1) for LFM2's short convolution; n_embd_s = d_state × d_inner. None for other families."""
+    hidden = dim(text, "hidden") or 0
     if model_type in ("mamba", "falcon_mamba"):
         inner = config_int(text, "intermediate_size") or 0
         conv, state, groups = config_int(text, "conv_kernel") or 4, config_int(text, "state_size") or 16, 0
+        name = "Mamba"
     elif model_type == "mamba2":
         inner = (config_int(text, "num_heads") or 0) * (config_int(text, "head_dim") or 0)
         conv, state = config_int(text, "conv_kernel") or 4, config_int(text, "state_size") or 128
-        groups = config_int(text, "n_groups") or 1
+        groups, name = config_int(text, "n_groups") or 1, "Mamba-2"
+    elif model_type == "jamba":  # Mamba-1 layers: d_inner = mamba_expand × hidden, no groups
+        inner = (config_int(text, "mamba_expand") or 2) * hidden
+        conv, state, groups = config_int(text, "mamba_d_conv") or 4, config_int(text, "mamba_d_state") or 16, 0
+        name = "Jamba's Mamba"
+    elif model_type == "falcon_h1":  # Mamba-2 beside attention in every layer; ssm.inner_size = mamba_d_ssm
+        inner = config_int(text, "mamba_d_ssm") or (config_int(text, "mamba_expand") or 2) * hidden
+        conv, state = config_int(text, "mamba_d_conv") or 4, config_int(text, "mamba_d_state") or 256
+        groups, name = config_int(text, "mamba_n_groups") or 1, "Falcon-H1's Mamba-2 (beside attention)"
+    elif model_type == "qwen3_next":  # gated delta net: d_state = key head dim, n_group = key heads,
+        # d_inner = value heads × value head dim (convert_hf_to_gguf.py's Qwen3NextModel)
+        inner = (config_int(text, "linear_num_value_heads") or 0) * (config_int(text, "linear_value_head_dim") or 0)
+        conv, state = config_int(text, "linear_conv_kernel_dim") or 4, config_int(text, "linear_key_head_dim") or 0
+        groups, name = config_int(text, "linear_num_key_heads") or 0, "Qwen3-Next's gated delta net"
+    elif model_type == "lfm2":  # short convolution: n_embd × (L_cache − 1) conv values, no SSM state
+        return hidden * ((config_int(text, "conv_L_cache") or 3) - 1), 0, "LFM2's short convolution"
     else:
         return None
-    return (conv - 1) * (inner + 2 * groups * state), state * inner
+    return (conv - 1) * (inner + 2 * groups * state), state * inner, name
 
 
 @dataclass(frozen=True)
@@ -326,23 +373,22 @@ def _caches(facts: LlamaCppModel, opts: LlamaCppOptions, where: Placement, n_ctx
     parts = []
     for (kind, k_width, v_width, conv, ssm), ils in groups.items():
         on_gpu = sum(1 for il in ils if opts.kv_offload and where.layer_on_gpu(il))
-        if kind == "recurrent":
+        if kind in ("full", "swa", "hybrid"):  # a hybrid layer (Falcon-H1) has both caches
+            cells = swa_cells if kind == "swa" else n_ctx_seq
+            v_cols = v_width if opts.flash_attn else v_max
+            k_row, v_row = row_size(k_type, k_width, "--cache-type-k " + k_type), row_size(v_type, v_cols,
+                                                                                           "--cache-type-v " + v_type)
+            one = (k_row + v_row) * cells * streams
+            label = f"sliding window {facts.n_swa:,}" if kind == "swa" else "full attention"
+            row = (f"(K {_row_words(k_type, k_width, k_row)} + V {_row_words(v_type, v_cols, v_row)})" if v_cols
+                   else f"K {_row_words(k_type, k_width, k_row)} (no V: MLA's V is a view of K)")
+            parts.append(CachePart(label, len(ils), on_gpu, cells, streams, one * len(ils), one * on_gpu,
+                                   f"{row} × {cells:,} cells" + (f" × {streams} streams" if streams > 1 else "")))
+        if kind in ("recurrent", "hybrid"):
             one = (conv + ssm) * 4 * rows
             parts.append(CachePart("recurrent state", len(ils), on_gpu, rows, 1, one * len(ils), one * on_gpu,
                                    f"(conv {conv:,} + ssm {ssm:,}) × 4 B (F32) × {rows} sequence"
                                    f"{'s' if rows > 1 else ''}"))
-            continue
-        if kind == "none":
-            continue
-        cells = swa_cells if kind == "swa" else n_ctx_seq
-        v_cols = v_width if opts.flash_attn else v_max
-        k_row, v_row = row_size(k_type, k_width, "--cache-type-k " + k_type), row_size(v_type, v_cols,
-                                                                                       "--cache-type-v " + v_type)
-        one = (k_row + v_row) * cells * streams
-        label = "full attention" if kind == "full" else f"sliding window {facts.n_swa:,}"
-        parts.append(CachePart(label, len(ils), on_gpu, cells, streams, one * len(ils), one * on_gpu,
-                               f"(K {_row_words(k_type, k_width, k_row)} + V {_row_words(v_type, v_cols, v_row)}) × "
-                               f"{cells:,} cells" + (f" × {streams} streams" if streams > 1 else "")))
     return parts
 
 
@@ -562,7 +608,11 @@ def llama_cpp_plan(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: Llam
                  "offloaded the last N repeating layers and the output only with N > n_layer")
     extra.append(f"KV cache: {SOURCES['context']} (n_ctx padded to 256) and {SOURCES['kv']}")
     if any(c.kind == "recurrent state" for c in caches):
-        extra.append(f"recurrent states: {SOURCES['recurrent']}, F32, max(1, --parallel) rows")
+        extra.append(f"recurrent states: {SOURCES['recurrent']}, F32, max(1, --parallel) rows; the model's "
+                     f"shapes: {facts.how}")
+    if any(layer.k_width and not layer.v_width for layer in facts.layers):
+        extra.append(f"MLA cache: {SOURCES['mla']}: K only, kv_lora_rank + qk_rope_head_dim values a cell; older "
+                     "builds add a V of kv_lora_rank values a cell")
     if any(d.device == "CPU" and d.weights for d in devices):
         extra.append("CPU weights are memory-mapped from the file by default (--no-mmap reads them into RAM): "
                      "host memory either way")
