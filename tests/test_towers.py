@@ -299,7 +299,8 @@ def test_serving_memory_on_an_image_takes_the_larger_of_the_tower_and_the_prefil
     plain = estimate_memory(config, MemoryOptions(dtype="bf16", batch=2, seq=64 + 576), False)
     media = image.settings["media"]
     assert image.settings["seq"] == 640 and (media["text_seq"], media["image_tokens"]) == (64, 576)
-    kv = 2 * text["num_hidden_layers"] * text["num_key_value_heads"] * text["head_dim"] * 2 * 640 * 2  # K, V · B 2 · bf16
+    # K and V, a layer, a key/value head: head_dim × 640 tokens × batch 2 × 2 B (bf16)
+    kv = 2 * text["num_hidden_layers"] * text["num_key_value_heads"] * text["head_dim"] * 640 * 2 * 2
     assert image.kv_cache.bytes == plain.kv_cache.bytes == kv
     assert media["prefill_moment"] == plain.peak
     assert media["tower_forward_peak"] == _tower_peak_by_memtracker(module, 2) == 2 * _tower_peak_by_memtracker(
@@ -330,7 +331,8 @@ def test_memory_cli_takes_images_for_serving_and_refuses_what_it_does_not_count(
 def test_whisper_and_llama_3_2_vision_train_on_their_input(cache):
     """A training step on audio or images for the cross-attention families: every matmul's backward is 2 × its
     forward but the first convolution's (the mel frames or pixels take no gradient: its weight's alone) and
-    Llama-3.2-Vision's tile mask (no gradient at all), and the language model's backward (the whole trace's less the tower's, traced alone) is 2 × its forward."""
+    Llama-3.2-Vision's tile mask (no gradient at all), and the language model's backward (the whole trace's less
+    the tower's, traced alone) is 2 × its forward."""
     from transformers import MllamaConfig
 
     from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
