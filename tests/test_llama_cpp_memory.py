@@ -294,3 +294,36 @@ def test_hybrid_attention_kv_beside_recurrent_states() -> None:
                                 vocab_size=VOCAB))
     assert (qwen.device("GPU").kv, qwen.device("GPU").recurrent) == (
         (2 * 16 * 2) * 2 * 512, 3 * (3 * (2 * 16 + 2 * 2 * 8) + 8 * 2 * 16) * 4 * 2)
+
+
+def mamba(layers: int, inner: int = 128, state: int = 16, conv: int = 4, rank: int = 4) -> dict:
+    """A Mamba GGUF's tensors as convert_hf_to_gguf.py writes them: ssm_a (−exp(A_log)) and ssm_d bare, with no
+    .weight suffix; conv1d squeezed to [d_inner, d_conv]; the head tied (no output.weight)."""
+    out = {"token_embd.weight": ((VOCAB, H), Q.Q8_0), "output_norm.weight": ((H,), Q.F32)}
+    for i in range(layers):
+        out |= {f"blk.{i}.attn_norm.weight": ((H,), Q.F32), f"blk.{i}.ssm_in.weight": ((2 * inner, H), Q.Q8_0),
+                f"blk.{i}.ssm_conv1d.weight": ((inner, conv), Q.F32), f"blk.{i}.ssm_conv1d.bias": ((inner,), Q.F32),
+                f"blk.{i}.ssm_x.weight": ((rank + 2 * state, inner), Q.Q8_0),
+                f"blk.{i}.ssm_dt.weight": ((inner, rank), Q.F32), f"blk.{i}.ssm_dt.bias": ((inner,), Q.F32),
+                f"blk.{i}.ssm_a": ((inner, state), Q.F32), f"blk.{i}.ssm_d": ((inner,), Q.F32),
+                f"blk.{i}.ssm_out.weight": ((H, inner), Q.F16)}
+    return out
+
+
+def test_a_mamba_gguf_prices_to_its_own_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`memory FILE.gguf` on a Mamba file: every parameter of the class (A_log and D included) is the file's tensor,
+    so the weights are the sum of the header's tensor bytes (112,592 B: per layer 256 + 17,408 + 2,048 + 512 +
+    4,896 + 2,048 + 512 + 8,192 + 512 + 16,384, plus token_embd 6,800 and output_norm 256); under llama.cpp each
+    layer keeps (conv 3 × 128 + ssm 16 × 128) F32 values a sequence."""
+    kv = {"context_length": 256, "embedding_length": H, "block_count": 2, "ssm.conv_kernel": 4,
+          "ssm.inner_size": 128, "ssm.state_size": 16, "ssm.time_step_rank": 4,
+          "attention.layer_norm_rms_epsilon": 1e-5}
+    path = write(tmp_path / "mamba.gguf", "mamba", kv, mamba(2))
+    on_disk = sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors)
+    assert on_disk == total(mamba(2)) == 112_592
+    assert main(["memory", str(path), "--seq", "8", "--json"]) == 0
+    weights = json.loads(capsys.readouterr().out)["memory"]["weights"]
+    assert weights["bytes"] == on_disk and weights["by_role"]["ssm.state"] == 2 * (128 * 16 * 4 + 128 * 4)
+    doc = run_json(capsys, str(path), "-c", "256", "-np", "2")
+    assert devices(doc)["GPU"]["recurrent"] == 2 * (3 * 128 + 16 * 128) * 4 * 2
+    assert devices(doc)["GPU"]["weights"] + devices(doc)["CPU"]["weights"] == on_disk + nbytes((VOCAB, H), Q.Q8_0)

@@ -9,7 +9,12 @@ transformers' `get_gguf_hf_weights_map` reads it backwards, as here): `model.lay
   first, along dim 1);
 - llama.cpp's rope permutation of `attn_q`/`attn_k` rows (convert_hf_to_gguf.py's LlamaModel.permute; reversed by
   transformers' LlamaTensorProcessor): values move, the shape stays;
-- a weight stored the other way round (GPT-2's Conv1D [in, out] as ggml's [out, in]).
+- a weight stored the other way round (GPT-2's Conv1D [in, out] as ggml's [out, in]);
+- the recurrent (SSM) tensors: `A_log` and `D` have no `.weight` suffix in the checkpoint, and the converter's
+  `map_tensor_name` keeps that, writing bare `blk.N.ssm_a` (holding −exp(A_log), same shape) and `blk.N.ssm_d`, as
+  llama-model.cpp creates them (`tn(LLM_TENSOR_SSM_A, i)`, no suffix); Mamba-2's `dt_bias` is renamed
+  `dt_proj.bias` first (Mamba2Model.modify_tensors): `blk.N.ssm_dt.bias`; `conv1d.weight` loses its unit dim
+  ([d_inner, 1, d_conv] → [d_inner, d_conv]) and Mamba-2's A, D and norm are reshaped, values and count kept.
 
 The role of a GGUF name alone is `gguf_read.gguf_role`; `parameter_gguf_names` is the name-level map other modules
 (quantisation mixtures, memory) share.
@@ -27,6 +32,8 @@ from ..errors import short_repr as _q
 # transformers' TENSOR_PROCESSORS reverse them ("llama": LlamaTensorProcessor).
 ROPE_PERMUTED = frozenset({"llama"})
 _FUSED = ".experts.gate_up_proj"
+# llama.cpp tensors written and loaded without a suffix (a checkpoint parameter with none: A_log, D)
+_BARE = ("ssm_a", "ssm_d")
 
 
 def gguf_arch(architecture: str) -> Any:
@@ -54,9 +61,12 @@ def parameter_gguf_names(architecture: str, blocks: int, name: str) -> tuple[str
     if name.endswith((".weight", ".bias")):
         stem, _, last = name.rpartition(".")
         suffix = "." + last
+    if stem.endswith(".dt_bias"):  # Mamba-2: renamed dt_proj.bias before mapping (Mamba2Model.modify_tensors)
+        stem, suffix = stem[: -len("dt_bias")] + "dt_proj", ".bias"
     mapped = names.get_name(stem)
     if mapped is not None:
-        return (mapped + suffix,)
+        bare = stem == name and mapped.rpartition(".")[2] in _BARE
+        return (mapped if bare else mapped + suffix,)
     if stem.endswith(_FUSED):
         base = stem[: -len("gate_up_proj")]
         gate, up = names.get_name(base + "gate_proj"), names.get_name(base + "up_proj")
@@ -79,7 +89,18 @@ def how_stored(architecture: str, gguf_names: tuple[str, ...], gguf_shapes: tupl
         name = gguf_names[0]
         if architecture in ROPE_PERMUTED and (".attn_q." in name or ".attn_k." in name) and len(shape) == 2:
             return "rows permuted for rope (convert_hf_to_gguf.py), shape kept"
+        if name.endswith(".ssm_a"):
+            return "holds −exp(A_log) (convert_hf_to_gguf.py), shape kept"
         return "as is"
     if len(shape) == 2 and tuple(got) == tuple(reversed(shape)):
         return "transposed (ggml's [out, in]; the class holds [in, out])"
+    if ".ssm_" in gguf_names[0] and _count(got) == _count(shape):
+        return f"reshaped {list(shape)} → {list(got)} (convert_hf_to_gguf.py's SSM layout), values kept"
     return None
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    total = 1
+    for size in shape:
+        total *= int(size)
+    return total
