@@ -175,8 +175,11 @@ def model_facts(config: Any) -> LlamaCppModel:
     else:
         kv_heads, k_dim, v_dim, how = attention_shape(text)
     types = getattr(text, "layer_types", None)
-    explicit = isinstance(types, (list, tuple)) and len(types) == n_layer and not is_mla(text)
+    explicit = isinstance(types, (list, tuple)) and len(types) == n_layer
     kinds = layer_kinds(text) if explicit else [("full_attention", None)] * n_layer
+    if is_mla(text) and any(kind != "full_attention" for kind, _ in kinds):
+        raise UnsupportedError(f"--engine llama.cpp: {model_type}'s MLA beside other layer kinds "
+                               f"({', '.join(sorted({kind for kind, _ in kinds}))}) is not modelled yet")
     recurrent = _recurrent(text, model_type)
     if recurrent is None and not explicit and any(
             getattr(text, key, None) is not None for key in ("state_size", "ssm_state_size", "mamba_d_state",
