@@ -302,13 +302,64 @@ def test_serving_memory_on_an_image_takes_the_larger_of_the_tower_and_the_prefil
     # K and V, a layer, a key/value head: head_dim × 640 tokens × batch 2 × 2 B (bf16)
     kv = 2 * text["num_hidden_layers"] * text["num_key_value_heads"] * text["head_dim"] * 640 * 2 * 2
     assert image.kv_cache.bytes == plain.kv_cache.bytes == kv
-    assert media["prefill_moment"] == plain.peak
+    assert media["prefill_moment"] == plain.peak + media["image_features_held"]
     assert media["tower_forward_peak"] == _tower_peak_by_memtracker(module, 2) == 2 * _tower_peak_by_memtracker(
         module, 1)
     embeddings = 2 * 640 * text["hidden_size"] * 2
     resident = image.weights.bytes + image.weights.buffer_bytes
     assert media["tower_moment"] == resident + embeddings + media["tower_forward_peak"]
     assert (image.peak, image.peak_phase) == (media["tower_moment"], "vision tower") and image.peak > plain.peak
+
+
+def _forward_peak_by_memtracker(module, images: bool) -> int:
+    """torch's MemTracker over the whole class's forward (a prefill: the tower, the merge and the language model)
+    on fake tensors, the weights in bf16, no grad, the inputs made under it (the pixel values are on the device
+    through the prefill): the peak's bytes less the parameters' and buffers'. 2 sequences of 2,048 tokens, the
+    first 576 of each the image token (with `images`: an image each, at 336 px, in bf16)."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from paramscope.cost.towers import _MatchingTokens
+    from paramscope.cost.traced.step import fake_mode, working_copy
+
+    with fake_mode(True) as mode, _MatchingTokens():  # the forward's check that image tokens and features match
+        model = working_copy(module, mode, "eager", weights_dtype="bfloat16")
+        model.eval()
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with tracker, torch.no_grad():
+            ids = torch.zeros(2, 2048, dtype=torch.long)
+            ids[:, :576] = module.config.image_token_id
+            pixels = {"pixel_values": torch.zeros(2, 3, 336, 336, dtype=torch.bfloat16)} if images else {}
+            out = model(input_ids=ids, **pixels, use_cache=False)
+            del out
+        [peak] = tracker.get_tracker_snapshot("peak").values()
+    return peak["Total"] - sum(v for k, v in peak.items() if getattr(k, "value", None) in ("Parameter", "Buffer"))
+
+
+def test_the_prefill_holds_what_the_forward_keeps_of_the_images():
+    """memory --images 1 --seq 1472 (serving, batch 2): LLaVA's forward keeps through its language model's prefill
+    the pixel values, get_image_features' whole output (the cut tower's last hidden state and hidden_states[-2], the
+    embeddings' here, which the projector reads), the projected features and their torch.cat copy, and the
+    image-token mask. MemTracker's
+    peak over the real class's prefill (the language model's: eager scores over 2,048 tokens) with the images is the
+    same forward's without them (the same tokens) plus exactly that."""
+    from paramscope.cost.memory.serving import MemoryOptions
+    from paramscope.cost.memory.serving_answer import estimate_memory
+
+    config = _small_llava(1) | {"architectures": ["LlavaForConditionalGeneration"]}
+    _, module = inspect_with_module(config)
+    image = estimate_memory(config, MemoryOptions(dtype="bf16", batch=2, seq=1472, media=MediaInput(images=1)), False)
+    plain = estimate_memory(config, MemoryOptions(dtype="bf16", batch=2, seq=1472 + 576), False)
+    media = image.settings["media"]
+    pixels = 2 * 3 * 336 * 336 * 2
+    hidden_states = 2 * (2 * 577 * 1024 * 2)
+    projected = 2 * (2 * 576 * config["text_config"]["hidden_size"] * 2)
+    mask = 2 * 2048
+    assert media["image_features_held"] == pixels + hidden_states + projected + mask == 7_265_280
+    assert media["prefill_moment"] == plain.peak + media["image_features_held"]
+    with_images, text = _forward_peak_by_memtracker(module, True), _forward_peak_by_memtracker(module, False)
+    assert with_images - text == media["image_features_held"]
 
 
 def test_memory_cli_takes_images_for_serving_and_refuses_what_it_does_not_count(cache, capsys, tmp_path):

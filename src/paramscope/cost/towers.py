@@ -101,6 +101,9 @@ class MediaFlops:
     # projector's forward (no grad), the image input and every intermediate, weights not: what the tower adds to
     # the resident weights while it runs, before the language model's prefill
     forward_peak: int | None = None
+    # serving images (held_into_prefill's, set by the serving estimate): the bytes the forward keeps of the images
+    # through the language model's prefill, beyond a text input's
+    held_through_prefill: int | None = None
 
     @property
     def forward(self) -> int:
@@ -242,28 +245,18 @@ def _qwen2_5_vl(module: Any, media: MediaInput, batch: int, seq: int, step: Trac
     import torch
 
     visual = module.model.visual if hasattr(module, "model") else module.visual
-    vision = visual.config
     merge = int(visual.spatial_merge_size)
     if media.image_tokens is None:
         raise OptionError("{name} reads images at any size, so {0} has no size to count: give {1} N (N merged "
                           "{merge}×{merge} blocks of patches)", "images", "image_tokens", name=type(module).__name__,
                           merge=merge)
     n = media.image_tokens
-    rows = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
-    grid = (1, rows * merge, n // rows * merge)  # (t, h, w) in patches: a still image is one temporal patch
+    grid_thw, precomputed, width = _qwen_layout(visual, n, batch)
+    grid = tuple(int(x) for x in grid_thw[0])
     patch = int(visual.patch_size)
     words = (f"{merge}×{merge} patches merge into one token (spatial_merge_size {merge}): {grid[1]}×{grid[2]} "
              f"patches → {n:,} tokens")
     images = batch  # one image a sequence
-    grid_thw = torch.tensor([grid] * images)
-    from transformers import vision_utils
-
-    precomputed: dict[str, Any] = {}
-    precomputed["position_ids"] = vision_utils.get_vision_position_ids(grid_thw, merge)
-    precomputed["cu_seqlens"], _ = vision_utils.get_vision_attention_seqlens(grid_thw, vision)
-    precomputed["window_index"], precomputed["cu_window_seqlens"] = vision_utils.get_vision_window_index(
-        grid_thw, spatial_merge_size=merge, window_size=visual.window_size, patch_size=patch)
-    width = int(vision.in_channels) * int(vision.temporal_patch_size) * patch * patch
     patches = images * grid[1] * grid[2]
 
     def run(model: Any, constant: Any) -> Any:
@@ -277,6 +270,23 @@ def _qwen2_5_vl(module: Any, media: MediaInput, batch: int, seq: int, step: Trac
              f"attention in blocks {tuple(visual.fullatt_block_indexes)}, laid out by transformers' own helpers",)
     return MediaFlops("image", f"1 image of {n:,} tokens", 1, traced.rows // batch, words, traced.lines, notes=notes,
                       saved_bytes=traced.saved, forward_peak=traced.peak)
+
+
+def _qwen_layout(visual: Any, tokens: int, images: int) -> tuple[Any, dict[str, Any], int]:
+    """(grid_thw, the layouts the tower would compute from it, a patch's width): `images` images of `tokens` merged
+    blocks each, the grid (t, h, w) in patches as square as the count allows (a still image one temporal patch),
+    the windows and positions by transformers' own helpers."""
+    import torch
+    from transformers import vision_utils
+
+    vision, merge, patch = visual.config, int(visual.spatial_merge_size), int(visual.patch_size)
+    rows = max(d for d in range(1, math.isqrt(tokens) + 1) if tokens % d == 0)
+    grid_thw = torch.tensor([(1, rows * merge, tokens // rows * merge)] * images)
+    precomputed: dict[str, Any] = {"position_ids": vision_utils.get_vision_position_ids(grid_thw, merge)}
+    precomputed["cu_seqlens"], _ = vision_utils.get_vision_attention_seqlens(grid_thw, vision)
+    precomputed["window_index"], precomputed["cu_window_seqlens"] = vision_utils.get_vision_window_index(
+        grid_thw, spatial_merge_size=merge, window_size=visual.window_size, patch_size=patch)
+    return grid_thw, precomputed, int(vision.in_channels) * int(vision.temporal_patch_size) * patch * patch
 
 
 def _whisper(module: Any, media: MediaInput, batch: int, seq: int, step: TraceStep) -> MediaFlops:
@@ -521,6 +531,157 @@ def _forward_peak(module: Any, mode: Any, dtype: str, run: Any) -> int:
         elif kind == FREE:
             live -= recorder.allocations[what].nbytes
     return peak
+
+
+def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: int, dtype: str) -> int:
+    """The bytes an image input holds through the language model's prefill beyond a text prefill of the same
+    `context` tokens, measured: the class's own forward runs on fake tensors (weights in `dtype`, no grad) up to the
+    moment its language model is called, once on `batch` sequences with their images (the pixel values in `dtype`,
+    the image tokens first in each sequence) and once on the same tokens without them; the bytes live then (weights
+    not) differ by what the forward keeps in locals through the prefill: the pixel values, the tower's returned output
+    (transformers keeps get_image_features' whole output, every hidden state it returned), the projected features and
+    any copy of them (LLaVA's and Qwen2.5-VL's torch.cat), and the image-token mask."""
+    import torch
+
+    media.check()
+    family = media_family(getattr(module, "config", None))
+    if family not in _PREFILL_INPUTS:
+        raise UnsupportedError("{name}: what an image input holds through the prefill is measured for Gemma-3, "
+                               "LLaVA and Qwen2.5-VL", name=type(module).__name__)
+    from .traced.step import assumed_values, fake_mode, running, working_copy
+    from .traced.timeline import ALLOC, FREE, _recorder
+
+    make = _PREFILL_INPUTS[family](module, media, batch, context, getattr(torch, dtype))
+    live = []
+    for images in (True, False):
+        with fake_mode(True) as mode, assumed_values(True), _MatchingTokens(), _constants(family == "qwen2_5_vl"):
+
+            def constant(value: Any) -> Any:  # a small integer layout the tower reads values of (Qwen's grid)
+                return mode.fake_tensor_converter.from_real_tensor(mode, value, make_constant=True)
+
+            model = working_copy(module, mode, None, weights_dtype=dtype)
+            model.eval()
+            owner = model.model if hasattr(model, "model") and hasattr(model.model, "language_model") else model
+            recorder = _recorder()
+            for tensor in itertools.chain(model.parameters(), model.buffers()):
+                recorder.known(tensor)
+            reached: list[int] = []
+
+            def stop(*_: Any) -> None:  # the language model is called: count what is live, run no further
+                reached.append(len(recorder.events))
+                raise _Reached
+
+            hook = owner.language_model.register_forward_pre_hook(stop)
+            try:
+                with running(model), recorder, torch.no_grad():
+                    try:
+                        model(**make(images, constant))
+                    except _Reached:
+                        pass
+            finally:
+                hook.remove()
+                recorder.detach()
+            if not reached:
+                raise UnsupportedError("{name}'s forward did not call its language model", name=type(module).__name__)
+            bytes_live = 0
+            for kind, what in recorder.events[:reached[0]]:
+                if kind == ALLOC:
+                    bytes_live += recorder.allocations[what].nbytes
+                elif kind == FREE:
+                    bytes_live -= recorder.allocations[what].nbytes
+            live.append(bytes_live)
+    return live[0] - live[1]
+
+
+class _Reached(Exception):
+    """Raised where the language model is called: the measurement has what it came for."""
+
+
+class _MatchingTokens:
+    """A model's forward checks that its image tokens match the projected features' rows (a count it reads off the
+    tokens, which fake tensors do not hold); the inputs are laid out so they match, so the check's truth is True."""
+
+    def __enter__(self) -> None:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Assume(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
+                if func is torch.ops.aten._local_scalar_dense.default and args[0].dtype == torch.bool \
+                        and args[0].dim() == 0:
+                    return True
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Assume()
+        self.mode.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.mode.__exit__(*exc)
+
+
+def _image_ids(config: Any, batch: int, context: int, tokens: int, images: bool) -> Any:
+    """Token ids: each sequence's first `tokens` the image token (with images), the rest a text token."""
+    import torch
+
+    ids = torch.zeros(batch, context, dtype=torch.long)
+    if images:
+        ids[:, :tokens] = int(config.image_token_id)
+    return ids
+
+
+def _square_images(module: Any, media: MediaInput, batch: int, context: int, dtype: Any, tokens_each: int) -> Any:
+    """Gemma-3's and LLaVA's inputs: K images a sequence at the vision config's size, their tokens first."""
+    import torch
+
+    config, vision = module.config, module.config.vision_config
+    per = _per_image(media, tokens_each, "")
+    size = int(vision.image_size)
+
+    def make(images: bool, constant: Any) -> dict[str, Any]:
+        inputs = {"input_ids": _image_ids(config, batch, context, per * tokens_each, images)}
+        if images:
+            inputs["pixel_values"] = torch.zeros(batch * per, int(vision.num_channels), size, size, dtype=dtype)
+        return inputs
+
+    return make
+
+
+def _gemma3_prefill(module: Any, media: MediaInput, batch: int, context: int, dtype: Any) -> Any:
+    return _square_images(module, media, batch, context, dtype, int(module.config.mm_tokens_per_image))
+
+
+def _llava_prefill(module: Any, media: MediaInput, batch: int, context: int, dtype: Any) -> Any:
+    config = module.config
+    per_side = int(config.vision_config.image_size) // int(config.vision_config.patch_size)
+    each = per_side * per_side + (0 if config.vision_feature_select_strategy == "default" else 1)
+    return _square_images(module, media, batch, context, dtype, each)
+
+
+def _qwen2_5_vl_prefill(module: Any, media: MediaInput, batch: int, context: int, dtype: Any) -> Any:
+    """One image a sequence, its grid as the tower's trace lays it out; the 3-D rope positions given (the same
+    size with or without the image, so no part of the difference; computing them reads token values)."""
+    import torch
+
+    if media.image_tokens is None:
+        raise OptionError("{name} reads images at any size: give {0} N", "image_tokens", name=type(module).__name__)
+    visual = module.model.visual if hasattr(module, "model") else module.visual
+    grid, precomputed, width = _qwen_layout(visual, media.image_tokens, batch)
+    patches = int(grid[:, 1:].prod(-1).sum())
+
+    def make(images: bool, constant: Any) -> dict[str, Any]:
+        inputs = {"input_ids": _image_ids(module.config, batch, context, media.image_tokens, images),
+                  "position_ids": torch.zeros(3, batch, context, dtype=torch.long)}
+        if images:
+            inputs |= {"pixel_values": torch.zeros(patches, width, dtype=dtype), "image_grid_thw": constant(grid)}
+            # the tower's own layouts (the forward hands its kwargs to get_image_features); its position ids
+            # it makes from the grid, the forward's `position_ids` being the language model's
+            inputs |= {name: constant(value) for name, value in precomputed.items() if name != "position_ids"}
+        return inputs
+
+    return make
+
+
+_PREFILL_INPUTS = {"gemma3": _gemma3_prefill, "llava": _llava_prefill, "qwen2_5_vl": _qwen2_5_vl_prefill}
 
 
 def _freeze(model: Any, frozen: frozenset[str]) -> None:

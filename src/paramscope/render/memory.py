@@ -132,10 +132,14 @@ def _totals(estimate) -> Table:
         else:
             table.add_row("input embeddings", exact(media["embeddings"]), binary(media["embeddings"]),
                           f"batch × {estimate.settings['seq']:,} tokens × hidden, made before the tower runs")
+            held = media.get("image_features_held", 0)
+            table.add_row("images held", exact(held), binary(held),
+                          "measured: what the forward keeps of the images through the prefill (pixel values, the "
+                          "tower's output, the projected features)")
         table.add_row(f"peak ({estimate.peak_phase})", exact(estimate.peak), binary(estimate.peak),
                       f"the larger moment: the {'encoder' if audio else 'tower'}'s (weights + "
-                      f"{'its peak' if audio else 'the two above'}) {exact(media['tower_moment'])}, the prefill's "
-                      f"(weights + KV cache + workspace{' + encoder output' if audio else ''}) "
+                      f"{'its peak' if audio else 'its peak + input embeddings'}) {exact(media['tower_moment'])}, the "
+                      f"prefill's (weights + KV cache + workspace + {'encoder output' if audio else 'images held'}) "
                       f"{exact(media['prefill_moment'])}", style="bold")
         table.add_row("+ reserve", exact(estimate.reserve), binary(estimate.reserve),
                       "CUDA context and allocator fragmentation (--reserve)")

@@ -261,7 +261,7 @@ def _media_input(view: Any, options: MemoryOptions, seq: int, dtype: str) -> tup
     context is the model's maximum, N of it images. Audio (Whisper): each 30 s window is a sequence of its own,
     its decoder cross-attending to the window's encoder states, so the batch is B × windows and the cross-attention
     cache holds max_source_positions states a sequence."""
-    from ..towers import media_family, media_flops
+    from ..towers import held_into_prefill, media_family, media_flops
 
     config = getattr(view.module, "config", None)
     if media_family(config) == "mllama":  # before any trace
@@ -276,11 +276,12 @@ def _media_input(view: Any, options: MemoryOptions, seq: int, dtype: str) -> tup
         return media, seq, dataclasses.replace(options, batch=options.batch * media.per_sequence,
                                                encoder_seq=int(config.max_source_positions))
     if options.seq is not None:
-        return media, options.seq + media.tokens, options
-    if media.tokens >= seq:
+        seq = options.seq + media.tokens
+    elif media.tokens >= seq:
         raise OptionError("{tokens:,} image tokens fill the model's {seq:,}-token context: give {0} for the text",
                           "seq", tokens=media.tokens, seq=seq)
-    return media, seq, options
+    held = held_into_prefill(view.module, options.media, batch=options.batch, context=seq, dtype=dtype)
+    return dataclasses.replace(media, held_through_prefill=held), seq, options
 
 
 def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: MemoryOptions, seq: int,
@@ -289,28 +290,35 @@ def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: M
     prefill, with the weights resident; its moment is the weights and the tower's and projector's measured forward
     peak, linear in the batch (each image or window runs the same layers), and for images the language model's input
     embeddings over the whole context (transformers' forward makes them before it runs the tower). The prefill's:
-    weights, KV cache and workspace over text + image tokens, as for text; for audio also the encoder's output, which
-    the decoder reads through generation (its cross-attention K and V are in the cache besides)."""
+    weights, KV cache and workspace over text + image tokens, as for text, and what the forward keeps of the images
+    through it (media.held_through_prefill, measured); for audio the encoder's output, which the decoder reads
+    through generation (its cross-attention K and V are in the cache besides)."""
     size = itemsize(dtype)
     audio = media.kind == "audio"
     per_token = 0 if audio else (dim(text, "hidden") or 0) * size  # the input embeddings, a token
     states = config_int(text, "max_source_positions") or 0
-    held_each = states * (config_int(text, "d_model") or 0) * size if audio else 0  # the encoder's output, a sequence
+    # what the input holds through the prefill, a sequence: Whisper's encoder output; the images' pixel values, the
+    # tower's returned output and the projected features (measured: towers.held_into_prefill)
+    held_each = states * (config_int(text, "d_model") or 0) * size if audio else 0
     resident = weights.bytes + weights.buffer_bytes
 
     def tower_at(batch: int, length: int) -> int:
         return resident + batch * length * per_token + media.forward_peak * batch // options.batch
 
-    def peak_at(batch: int, length: int) -> int:
-        return max(prefill_at(batch, length) + batch * held_each, tower_at(batch, length))
+    def held_at(batch: int) -> int:  # linear in the batch (the image-token mask, a byte a token, at the asked S)
+        return batch * held_each if audio else media.held_through_prefill * batch // options.batch
 
-    tower, prefill = tower_at(options.batch, seq), prefill_at(options.batch, seq) + options.batch * held_each
+    def peak_at(batch: int, length: int) -> int:
+        return max(prefill_at(batch, length) + held_at(batch), tower_at(batch, length))
+
+    tower, prefill = tower_at(options.batch, seq), prefill_at(options.batch, seq) + held_at(options.batch)
     part = "audio encoder" if audio else "vision tower"
     binds = part if tower > prefill else "prefill"
-    embeddings, held = options.batch * seq * per_token, options.batch * held_each
+    embeddings, held = options.batch * seq * per_token, held_at(options.batch)
     settings = {"kind": media.kind, "input": media.input_words, "per_sequence": media.per_sequence,
                 "image_tokens": media.tokens, "text_seq": seq - media.tokens, "tokens_from": media.tokens_words,
-                "tower_forward_peak": media.forward_peak, "embeddings": embeddings, "encoder_output": held,
+                "tower_forward_peak": media.forward_peak, "embeddings": embeddings,
+                "encoder_output": held if audio else 0, "image_features_held": 0 if audio else held,
                 "tower_moment": tower, "prefill_moment": prefill, "binds": binds,
                 "parts": [[line.part, line.path, line.class_name] for line in media.lines]}
     parts = " and ".join(f"{line.part} {line.path} ({line.class_name})" for line in media.lines)
@@ -328,7 +336,10 @@ def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: M
                 f"({media.tokens_words}): the KV cache and prefill workspace are over {seq - media.tokens:,} text + "
                 f"{media.tokens:,} image tokens = {seq:,}. The {parts} run first: {measured}, with the weights and "
                 f"the language model's input embeddings over the {seq:,} tokens ({embeddings:,} B, made before the "
-                f"tower runs) is the tower's moment, {tower:,} B; the prefill's is {prefill:,} B; the peak is the "
+                f"tower runs) is the tower's moment, {tower:,} B; the prefill's, {prefill:,} B, holds what the "
+                f"forward keeps of the images through it, {held:,} B (the pixel values, the tower's returned output "
+                "and the projected features, measured at the language model's call on fake tensors against a text "
+                "input of the same length) beside the KV cache and workspace; the peak is the "
                 f"larger, the {binds}'s (fits: the tower's peak linear in the batch)")
     return peak_at, settings, note
 
