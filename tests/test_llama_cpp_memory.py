@@ -315,15 +315,18 @@ def test_a_mamba_gguf_prices_to_its_own_bytes(tmp_path: Path, capsys: pytest.Cap
     so the weights are the sum of the header's tensor bytes (112,592 B: per layer 256 + 17,408 + 2,048 + 512 +
     4,896 + 2,048 + 512 + 8,192 + 512 + 16,384, plus token_embd 6,800 and output_norm 256); under llama.cpp each
     layer keeps (conv 3 × 128 + ssm 16 × 128) F32 values a sequence."""
-    kv = {"context_length": 256, "embedding_length": H, "block_count": 2, "ssm.conv_kernel": 4,
+    # a 32-token training context: the memory report traces Mamba's sequential scan over it, a token a step
+    kv = {"context_length": 32, "embedding_length": H, "block_count": 2, "ssm.conv_kernel": 4,
           "ssm.inner_size": 128, "ssm.state_size": 16, "ssm.time_step_rank": 4,
           "attention.layer_norm_rms_epsilon": 1e-5}
     path = write(tmp_path / "mamba.gguf", "mamba", kv, mamba(2))
     on_disk = sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors)
     assert on_disk == total(mamba(2)) == 112_592
-    assert main(["memory", str(path), "--seq", "8", "--json"]) == 0
-    weights = json.loads(capsys.readouterr().out)["memory"]["weights"]
-    assert weights["bytes"] == on_disk and weights["by_role"]["ssm.state"] == 2 * (128 * 16 * 4 + 128 * 4)
-    doc = run_json(capsys, str(path), "-c", "256", "-np", "2")
+    # one run prices both: the memory report's weights (the file format, parameter by parameter) and llama.cpp's
+    assert main(["memory", str(path), "--engine", "llama.cpp", "-c", "256", "-np", "2", "--json"]) == 0
+    memory = json.loads(capsys.readouterr().out)["memory"]
+    weights, doc = memory["weights"], memory["llama_cpp"]
+    assert weights["format"] == "gguf-file" and weights["bytes"] == on_disk
+    assert weights["by_role"]["ssm.state"] == 2 * (128 * 16 * 4 + 128 * 4)  # A_log as ssm_a, D as ssm_d
     assert devices(doc)["GPU"]["recurrent"] == 2 * (3 * 128 + 16 * 128) * 4 * 2
     assert devices(doc)["GPU"]["weights"] + devices(doc)["CPU"]["weights"] == on_disk + nbytes((VOCAB, H), Q.Q8_0)
