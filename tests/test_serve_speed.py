@@ -156,3 +156,82 @@ def test_gemma_2_sliding_layers_read_their_window():
     step = speed.at_batch
     assert step.kv_bytes == 2 * per_token * ((4096 + 1) + (8192 + 1)) == 8_457_093_120
     assert speed.roofline.peak_dtype == "tf32"
+
+
+# --- recurrent and hybrid models: Mamba mixers (flops/recurrent_decode.py) -------------------------------------
+
+_TINY_MAMBA = dict(model_type="mamba", architectures=["MambaForCausalLM"], vocab_size=100, hidden_size=64,
+                   state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4, time_step_rank=8)
+_TINY_JAMBA = dict(model_type="jamba", architectures=["JambaForCausalLM"], vocab_size=100, hidden_size=64,
+                   intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   mamba_d_state=8, mamba_d_conv=3, mamba_expand=2, mamba_dt_rank=8, attn_layer_period=2,
+                   attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=4,
+                   num_experts_per_tok=2)
+
+
+def _meta_build(config: dict):
+    import torch
+    import transformers
+
+    made = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(made)
+
+
+@pytest.mark.parametrize("config, batch, seq, counts", [
+    # tiny Mamba (I 128, K 4, N 8, 2 layers, tied head 100 × 64): a step is 2·B·(linears 57,344 + head 6,400)
+    # + 2 × 2·B·I·(K·(2K − 1) + N) = 127,488·B + 18,432·B, whatever the context
+    (_TINY_MAMBA, 1, 5, (623_104, 145_920, 145_920)),
+    (_TINY_MAMBA, 2, 9, (2_212_864, 291_840, 291_840)),
+    # tiny Jamba (a Mamba layer with K 3 and a dense MLP, then an attention layer with top-2-of-4 experts): a step
+    # is 2·B·(mamba 28,672 + MLP 18,432 + attention 12,288 + router 256 + experts 73,728 × 2/4 + head 6,400)
+    # = 205,824·B, + the attention's 2·B·4·(16 + 16) = 256·B a key,
+    # + the Mamba layer's 2·B·128·(3·2 + 8) = 3,584·B
+    (_TINY_JAMBA, 1, 5, (999_936, 205_824 + 256 * 6 + 3_584, 205_824 + 256 * 7 + 3_584)),
+    (_TINY_JAMBA, 2, 9, (3_595_264, 423_936, 424_448)),
+], ids=["mamba-B1", "mamba-B2", "jamba-B1", "jamba-B2"])
+def test_mamba_decode_flops_equal_flopcountermode(config, batch, seq, counts):
+    """generate()'s prefill and two decode steps of a tiny real class, FlopCounterMode's count (matmuls and
+    convolutions) against the analytic one."""
+    from paramscope.api import inspect_module
+    from paramscope.cost.flops.generation import analytic_generation
+    from paramscope.cost.model_view import from_module
+    from paramscope.cost.traced.flops import count_generation
+
+    module = _meta_build(config)
+    traced = count_generation(module, batch, seq, 2)
+    analytic = analytic_generation(from_module(module), inspect_module(module).params, batch=batch, seq=seq,
+                                   new_tokens=3)
+    assert (traced.prefill, *traced.steps) == (analytic.prefill, analytic.first_step, analytic.last_step) == counts
+
+
+def test_mamba_130m_serves_by_hand():
+    """state-spaces/mamba-130m at full size, bf16: hidden 768, I 1,536, N 16, K 4, dt rank 48, 24 layers, vocabulary
+    50,280 tied. A decode step reads every weight and each layer's state; its FLOPs do not grow with the context."""
+    h, inner, state, kernel, rank, layers, vocab = 768, 1536, 16, 4, 48, 24, 50_280
+    config = dict(model_type="mamba", architectures=["MambaForCausalLM"], vocab_size=vocab, hidden_size=h,
+                  state_size=state, num_hidden_layers=layers, expand=2, conv_kernel=kernel, tie_word_embeddings=True)
+    speed = serve_answer(config, ServeOptions(gpu="h100", batch=4, seq=2048, context=2048, dtype="bf16"))[1]
+    linears = h * 2 * inner + inner * (rank + 2 * state) + rank * inner + inner * h  # in, x, dt, out projections
+    per_layer = linears + inner * kernel + inner + inner + inner * state + inner + h  # conv w/b, dt b, A_log, D, norm
+    weights = 2 * (layers * per_layer + vocab * h + h)
+    assert weights == 258_270_720
+    states = layers * (inner * kernel * 2 + inner * state * 4)  # conv state bf16, ssm state fp32
+    flops = 2 * (layers * linears + vocab * h) + layers * 2 * inner * (kernel * (2 * kernel - 1) + state)
+    assert (states, flops) == (2_654_208, 259_780_608)
+    step = speed.at_batch
+    assert (step.weight_bytes, step.kv_bytes, step.flops) == (weights, 4 * 2 * states, 4 * flops)
+    assert [s.flops for s in speed.by_context] == [4 * flops] * len(speed.by_context)  # the same at any context
+    assert step.binds == "memory" and speed.crossover is None
+    assert any("recurrent layers" in note and "FlopCounterMode's convention" in note for note in speed.notes)
+
+
+def test_unformulated_recurrent_layers_are_refused_in_one_line(capsys, tmp_path):
+    config = dict(model_type="lfm2", architectures=["Lfm2ForCausalLM"], vocab_size=100, hidden_size=64,
+                  intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  layer_types=["conv", "full_attention"])
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), "utf-8")
+    assert main(["serve", str(path), "--gpu", "h100", "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Lfm2ForCausalLM" in err and "lfm2" in err and "Traceback" not in err

@@ -8,6 +8,8 @@
                step(c) = 2·B·(matmul weights a token meets) + 2·B·heads·(d_qk + d_v) per key and attention layer
                + MLA: 2·B·(c − 1)·kv_up (transformers caches the latent and decompresses every cached token each
                step)
+               + Mamba mixers: their conv and scan, the same at every c (recurrent_decode.py; they add theirs to
+               the prefill too); an attention-free model's linears are read from its modules
 
 Checked once per config against FlopCounterMode on a cut (a prefill and two decode steps at each check point, the
 long one past any window), as the forward is (engine_check.py); where they differ, FlopCounterMode counts the
@@ -49,20 +51,38 @@ def analytic_generation(view: Any, params: Any, *, batch: int, seq: int, new_tok
     """generate()'s FLOPs from the analytic forward at S and at one token; None where the forward has no closed
     form or the attention layers' kinds are not known here."""
     from .analytic import analytic_flops
+    from .recurrent_decode import NoRecurrentFormula, attention_free_linears, recurrent_flops
 
     config = text_config(view.config)
-    prompt = analytic_flops(view, params, batch=batch, seq=seq, training=False, causal=causal)
-    token = analytic_flops(view, params, batch=batch, seq=1, training=False)
-    if prompt is None or token is None or getattr(config, "is_encoder_decoder", False):
+    if getattr(config, "is_encoder_decoder", False):
         return None
-    head = prompt.by_role.get("head.lm", 0)
-    kept = head // seq
-    prefill = prompt.forward - head + kept
+    try:  # Mamba mixers: their conv and scan, a fixed count a step (recurrent_decode.py)
+        recurrent = recurrent_flops(view, config)
+    except NoRecurrentFormula:
+        return None
     windows = [window for kind, window in layer_kinds(config) if kind not in _NO_ATTENTION]
-    if not windows or token.attention % len(windows):
-        return None
-    per_key = token.attention // len(windows)  # 2·B·heads·(d_qk + d_v): one layer, one key
-    matmul = token.forward - token.attention
+    if recurrent is not None and not windows:  # attention-free: no analytic forward, only its linears
+        linears = attention_free_linears(view, params, config)
+        if linears is None:
+            return None
+        weights, head_weights = linears
+        head, kept, per_key = 2 * batch * seq * head_weights, 2 * batch * head_weights, 0
+        forward = 2 * batch * seq * weights
+        prefill = forward - head + kept
+        matmul = 2 * batch * weights
+    else:
+        prompt = analytic_flops(view, params, batch=batch, seq=seq, training=False, causal=causal)
+        token = analytic_flops(view, params, batch=batch, seq=1, training=False)
+        if prompt is None or token is None or not windows or token.attention % len(windows):
+            return None
+        forward, head = prompt.forward, prompt.by_role.get("head.lm", 0)
+        kept = head // seq
+        prefill = forward - head + kept
+        per_key = token.attention // len(windows)  # 2·B·heads·(d_qk + d_v): one layer, one key
+        matmul = token.forward - token.attention
+    if recurrent is not None:
+        prefill += recurrent.prefill(batch, seq)
+        matmul += recurrent.step(batch)
     kv_up = sum(p.numel for p in params if p.role == "attention.kv_up") if is_mla(config) else 0
 
     def step(keys: int) -> int:
@@ -74,12 +94,14 @@ def analytic_generation(view: Any, params: Any, *, batch: int, seq: int, new_tok
         + 2 * batch * kv_up * (_keys_sum(seq + 1, seq + steps, None) - steps)
     full = sum(1 for w in windows if not w)
     sliding = sorted({w for w in windows if w})
-    words = (f"prefill: forward {prompt.forward:,} − the head on every prompt token {head:,} + on the last "
+    words = (f"prefill: forward {forward:,} − the head on every prompt token {head:,} + on the last "
              f"{kept:,}; decode: {steps:,} steps × (2·B·{matmul // (2 * batch):,} weights = {matmul:,}) + "
              f"{per_key:,} per key and attention layer × keys ({full} full layers read S + j"
              + (f", {len(windows) - full} windowed read min({'/'.join(f'{w:,}' for w in sliding)}, S + j)"
                 if sliding else "") + ")"
-             + (f" + MLA's kv_up 2·B·{kv_up:,} per cached token" if kv_up else ""))
+             + (f" + MLA's kv_up 2·B·{kv_up:,} per cached token" if kv_up else "")
+             + (f"; the recurrent layers' conv and scan (in the step's fixed count): {recurrent.words()}"
+                if recurrent is not None else ""))
     return GenerationFlops(new_tokens, prefill, head - kept, decode, first, last, words, "analytic")
 
 

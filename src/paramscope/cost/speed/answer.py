@@ -99,6 +99,7 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
         gpu = memory.parallel.layout.stages[0]
         weights, cache = gpu.weights, gpu.kv_cache
         notes.extend(n for n in memory.parallel.layout.notes if n not in notes)
+    _refuse_unformulated(view, text)
     check = checked.of(view)
     if check.status == "differs":
         from ..model_view import FactsGap
@@ -119,6 +120,7 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
     notes.extend(n for n in memory.notes if n not in notes)
     notes.append(check.words())
     notes.extend(_mla_words(report, text, options.batch, context))
+    notes.extend(_recurrent_words(view, text, options.batch))
     if options.tp > 1:
         rank = _RankFlops(report, view, options.tp, generation)
         step_flops, prefill_flops = rank.step, rank.prefill
@@ -178,6 +180,32 @@ class _RankFlops:
         _, device = self._device(batch, seq)
         head = sum(t.flops for t in device.terms if t.role == "head.lm")
         return device.forward - head + head // seq
+
+
+def _refuse_unformulated(view: Any, text: Any) -> None:
+    """A recurrent layer whose decode FLOPs have no formula (flops/recurrent_decode.py): one line, before any trace."""
+    from ..flops.recurrent_decode import NoRecurrentFormula, recurrent_flops
+
+    try:
+        recurrent_flops(view, text)
+    except NoRecurrentFormula as error:
+        raise UnsupportedError("serving speed has no decode FLOP formula for the recurrent layers of {name} "
+                               "({kind}; Mamba mixers have one: Mamba, Falcon-Mamba, Jamba); `flops --generate N "
+                               "--trace` counts its generate() traced", name=view.class_name, kind=str(error)) from None
+
+
+def _recurrent_words(view: Any, text: Any, batch: int) -> list[str]:
+    """Mamba mixers: a decode step's FLOPs beyond their projections, the same at any context."""
+    from ..flops.recurrent_decode import recurrent_flops
+
+    recurrent = recurrent_flops(view, text)  # a layer with no formula refused before, with the generate() count
+    if recurrent is None:
+        return []
+    return [f"recurrent layers: a decode step reads and writes each layer's state whole and costs the same FLOPs at "
+            f"any context: its projections (2·B·weights, with the others) + {recurrent.words()}; "
+            f"{recurrent.step(batch):,} FLOPs at batch {batch} (flops/recurrent_decode.py, FlopCounterMode's "
+            "convention: matmuls and convolutions; the scan's elementwise discretisation, gate and D skip are not "
+            "counted)"]
 
 
 def _mla_words(report: Any, text: Any, batch: int, context: int) -> list[str]:

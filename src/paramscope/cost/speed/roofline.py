@@ -239,6 +239,10 @@ def kv_words(cache: Any, batch: int, context: int) -> str:
     return "; ".join(parts) + f" = {kv_traffic(cache, batch, context):,} B"
 
 
+def _has_state(cache: Any) -> bool:
+    return any(group.fixed and not group.per_token for group in cache.groups if group.kind not in _NOT_HELD)
+
+
 def _window(kind: str) -> int | None:
     if kind.startswith(("sliding window ", "chunked ")):
         return int(kind.rsplit(" ", 1)[1].replace(",", ""))
@@ -298,7 +302,8 @@ def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flop
         ("decode bound", f"max = {_ms(at.seconds)} a step ({at.binds}-bound): ≤ {at.tokens_per_second:,.1f} tokens/s "
                          f"over {batch} sequence{'s' if batch > 1 else ''}, ≤ {at.per_sequence:,.1f} a sequence"),
         ("weights the prefill reads", traffic.words(batch * prompt)),
-        ("KV cache the prefill writes", f"{prefill_kv:,} B ({batch} × {prompt:,} tokens)"),
+        ("KV cache the prefill writes", f"{prefill_kv:,} B ({batch} × {prompt:,} tokens"
+         + ("; each recurrent state once, whatever the prompt" if _has_state(cache) else "") + ")"),
         ("prefill bound", f"max({prefill.bytes:,} B / bandwidth = {_ms(prefill.memory_seconds)}, {prefill.flops:,} "
                           f"FLOPs / peak = {_ms(prefill.compute_seconds)}) = {_ms(prefill.seconds)} to the first "
                           f"token ({prefill.binds}-bound)"),
