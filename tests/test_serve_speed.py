@@ -168,6 +168,11 @@ _TINY_JAMBA = dict(model_type="jamba", architectures=["JambaForCausalLM"], vocab
                    attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=4,
                    num_experts_per_tok=2)
 
+_TINY_FALCON_H1 = dict(model_type="falcon_h1", architectures=["FalconH1ForCausalLM"], vocab_size=100, hidden_size=64,
+                       intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2,
+                       mamba_d_state=4, mamba_d_conv=3, mamba_chunk_size=8)
+
 
 def _meta_build(config: dict):
     import torch
@@ -189,12 +194,17 @@ def _meta_build(config: dict):
     # + the Mamba layer's 2·B·128·(3·2 + 8) = 3,584·B
     (_TINY_JAMBA, 1, 5, (999_936, 205_824 + 256 * 6 + 3_584, 205_824 + 256 * 7 + 3_584)),
     (_TINY_JAMBA, 2, 9, (3_595_264, 423_936, 424_448)),
-], ids=["mamba-B1", "mamba-B2", "jamba-B1", "jamba-B2"])
+    # tiny Falcon-H1 (two layers, attention beside a Mamba-2 mixer: H 8, P 16, N 4, G 2, conv 144 × K 3, Q 8): each
+    # mixer adds 2·B·(144·3·2 + 8·16·4) = 2,752·B a step; its prefill at S 9 (2 chunks) 2·B·144·3·11 +
+    # B·(2·2·8²·8·20 + 4·2·8·8·4·16 + 2·8·3²·16·4)
+    (_TINY_FALCON_H1, 2, 9, (4_570_240, 501_504, 502_528)),
+], ids=["mamba-B1", "mamba-B2", "jamba-B1", "jamba-B2", "falcon-h1-B2"])
 def test_mamba_decode_flops_equal_flopcountermode(config, batch, seq, counts):
     """generate()'s prefill and two decode steps of a tiny real class, FlopCounterMode's count (matmuls and
     convolutions) against the analytic one."""
     from paramscope.api import inspect_module
     from paramscope.cost.flops.generation import analytic_generation
+    from paramscope.cost.flops.recurrent_decode import recurrent_flops
     from paramscope.cost.model_view import from_module
     from paramscope.cost.traced.flops import count_generation
 
@@ -203,6 +213,9 @@ def test_mamba_decode_flops_equal_flopcountermode(config, batch, seq, counts):
     analytic = analytic_generation(from_module(module), inspect_module(module).params, batch=batch, seq=seq,
                                    new_tokens=3)
     assert (traced.prefill, *traced.steps) == (analytic.prefill, analytic.first_step, analytic.last_step) == counts
+    mixers = recurrent_flops(from_module(module), module.config)
+    per_sequence = {"mamba": 2 * 9_216, "jamba": 3_584, "falcon_h1": 2 * 2_752}[config["model_type"]]
+    assert mixers.step(batch) == per_sequence * batch
 
 
 def test_mamba_130m_serves_by_hand():

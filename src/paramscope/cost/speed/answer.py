@@ -190,8 +190,9 @@ def _refuse_unformulated(view: Any, text: Any) -> None:
         recurrent_flops(view, text)
     except NoRecurrentFormula as error:
         raise UnsupportedError("serving speed has no decode FLOP formula for the recurrent layers of {name} "
-                               "({kind}; Mamba mixers have one: Mamba, Falcon-Mamba, Jamba); `flops --generate N "
-                               "--trace` counts its generate() traced", name=view.class_name, kind=str(error)) from None
+                               "({kind}; Mamba mixers have one: Mamba, Falcon-Mamba, Jamba, Falcon-H1); "
+                               "`flops --generate N --trace` counts its generate() traced", name=view.class_name,
+                               kind=str(error)) from None
 
 
 def _recurrent_words(view: Any, text: Any, batch: int) -> list[str]:
