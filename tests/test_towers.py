@@ -362,6 +362,57 @@ def test_the_prefill_holds_what_the_forward_keeps_of_the_images():
     assert with_images - text == media["image_features_held"]
 
 
+def _tiny_mllama():
+    """Llama-3.2-Vision cut: 5 text layers, 2 of them (1, 3) cross-attention; tiles of 56 px in patches of 14."""
+    import torch
+    from transformers import MllamaConfig, MllamaForConditionalGeneration
+
+    config = MllamaConfig()
+    for name, value in dict(num_hidden_layers=5, cross_attention_layers=[1, 3], hidden_size=64, intermediate_size=128,
+                            num_attention_heads=4, num_key_value_heads=2, vocab_size=500, pad_token_id=0).items():
+        setattr(config.text_config, name, value)
+    for name, value in dict(num_hidden_layers=1, num_global_layers=1, hidden_size=32, intermediate_size=64,
+                            attention_heads=2, image_size=56, patch_size=14, max_num_tiles=2,
+                            intermediate_layers_indices=[0], vision_output_dim=64).items():
+        setattr(config.vision_config, name, value)
+    torch.manual_seed(0)
+    return config, MllamaForConditionalGeneration(config).eval()
+
+
+def _cache_bytes(out) -> int:
+    import torch
+
+    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    return sum(t.numel() * t.element_size() for layer in cache.layers
+               for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor))
+
+
+def test_llama_3_2_vision_cross_attention_layers_cache_the_tiles_not_the_text():
+    """A text input skips Llama-3.2-Vision's cross-attention layers (no cache entry): the KV cache is the 3
+    self-attention layers' over the text. With an image each cross-attention layer caches K and V of its tiles:
+    2 tiles × (16 patches + the class token) = 34 vision tokens (the vision model's padding to a multiple of 8 sliced
+    off). Both equal transformers' DynamicCache after a real forward of the cut."""
+    import torch
+
+    from paramscope.cost.memory.kv import kv_cache
+
+    config, model = _tiny_mllama()
+    ids = torch.full((2, 17), 5)
+    with torch.no_grad():
+        text = _cache_bytes(model(input_ids=ids, use_cache=True))
+        image = _cache_bytes(model(input_ids=ids, pixel_values=torch.zeros(2, 1, 2, 3, 56, 56),
+                                   aspect_ratio_ids=torch.ones(2, 1, dtype=torch.long),
+                                   aspect_ratio_mask=torch.ones(2, 1, 2, dtype=torch.long),
+                                   cross_attention_mask=torch.ones(2, 17, 1, 2, dtype=torch.long), use_cache=True))
+    per_token = 2 * 2 * 16 * 4  # K and V × 2 kv heads × head_dim 16 × fp32, a layer
+    plain = kv_cache(config, batch=2, seq=17, dtype="float32")
+    assert plain.bytes == text == 3 * per_token * 17 * 2
+    assert "the 2 cross-attention layers read the image tiles, not the text" in plain.notes[0]
+    tiles = kv_cache(config, batch=2, seq=17, dtype="float32", encoder_seq=2 * (4 * 4 + 1))
+    assert tiles.bytes == image == 3 * per_token * 17 * 2 + 2 * per_token * 34 * 2
+    assert [(g.kind, g.layers, g.tokens) for g in tiles.groups] == [("full attention", 3, 17), ("cross-attention", 2, 34)]
+
+
 def test_memory_cli_takes_images_for_serving_and_refuses_what_it_does_not_count(cache, capsys, tmp_path):
     from paramscope.cli import main
 

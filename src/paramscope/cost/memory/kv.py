@@ -178,6 +178,10 @@ def kv_cache(config: Any, *, batch: int, seq: int, dtype: str, layout: str = "kv
     config = text_config(config)
     size = itemsize(dtype)
     kinds = layer_kinds(config)
+    # Llama-3.2-Vision's cross-attention layers attend to the image tiles, not the text: on a text input transformers
+    # skips them (no cache entry); with images each caches the K and V of the projected tiles (`encoder_seq` of them)
+    vision_cross = frozenset(int(i) for i in getattr(config, "cross_attention_layers", None) or ())
+    kinds = [("vision cross-attention", None) if index in vision_cross else kind for index, kind in enumerate(kinds)]
     held_layers = frozenset(layers) if layers is not None else None
     if held_layers is not None:
         kinds = [kind for index, kind in enumerate(kinds) if index in held_layers]
@@ -190,12 +194,16 @@ def kv_cache(config: Any, *, batch: int, seq: int, dtype: str, layout: str = "kv
     groups: dict[str, list[Any]] = {}
     notes: list[str] = []
     recurrent = _recurrent_state(config, size, tp)
+    cross_layers = 0
     for kind, window in kinds:
         if kind in ("full_attention", "indexed_attention", "hybrid"):
             key = "MLA latent" if layout == "latent" else "MLA expanded" if layout == "expanded" else "full attention"
         elif kind in ("sliding_attention", "chunked_attention", "hybrid_sliding") and window:
             key = f"{'chunked' if kind == 'chunked_attention' else 'sliding window'} {window:,}"
         elif kind in ("shared", "none"):
+            continue
+        elif kind == "vision cross-attention":
+            cross_layers += 1
             continue
         elif kind in ("linear_attention", "conv", "mamba", "mamba2", "ssm", "recurrent", "attention_free"):
             key = "recurrent state"
@@ -221,6 +229,13 @@ def kv_cache(config: Any, *, batch: int, seq: int, dtype: str, layout: str = "kv
         constant = 8 * layers if _window_of(key) is not None else 0
         result.append(CacheGroup(key, layers, held, per_token, fixed,
                                  batch * (fixed + per_token * held) + constant, group.arithmetic, constant))
+    if cross_layers and encoder_seq is None:
+        notes.append(f"the {cross_layers} cross-attention layers read the image tiles, not the text: a text input "
+                     "skips them, so they cache nothing")
+    elif cross_layers:  # their K and V heads and dims are the self-attention's; they hold the vision tokens
+        fixed = cross_layers * per_layer * encoder_seq
+        result.append(CacheGroup("cross-attention", cross_layers, encoder_seq, 0, fixed, batch * fixed,
+                                 f"{arithmetic} × {encoder_seq:,} vision tokens"))
     if getattr(config, "is_encoder_decoder", False):
         cross = _cross_attention(config, size, encoder_seq or seq, tp, held_layers)
         if cross is not None:
