@@ -168,7 +168,8 @@ class _RankFlops:
             scores = sum(t.flops for t in device.terms if t.role == "attention.scores")
             self.matmul[batch] = (device.forward - scores, whole.forward - whole.attention)
         matmul_rank, matmul_whole = self.matmul[batch]
-        attention = self.generation(batch, context - 1, 2).first_step - matmul_whole  # scores and MLA's kv_up
+        # scores, MLA's kv_up, and Mamba mixers' conv and scan (their channels split over tp, as vLLM shards them)
+        attention = self.generation(batch, context - 1, 2).first_step - matmul_whole
         share, left = divmod(attention, self.tp)
         if left:
             raise UnsupportedError("the attention FLOPs ({flops:,}) do not split evenly over {0} {tp}", "tp",
