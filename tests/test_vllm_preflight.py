@@ -179,7 +179,7 @@ def test_a_context_too_long_gives_the_largest_max_model_len(capsys):
     (["--engine", "vllm"], "--engine vllm needs one of --gpu NAME or --budget SIZE"),
     (["--engine", "vllm", "--gpu", "h100", "--block-size", "24"], "--block-size must be one of"),
     (["--engine", "vllm", "--gpu", "h100", "--kv-dtype", "int8"], "--kv-dtype int8: vLLM's --kv-cache-dtype takes"),
-    (["--engine", "vllm", "--gpu", "h100", "--kv-dtype", "fp16"], "--kv-dtype float16 has no vLLM --kv-cache-dtype"),
+    (["--engine", "vllm", "--gpu", "h100", "--kv-dtype", "fp16"], "--kv-dtype float16 is no KV cache dtype of vLLM's"),
     (["--engine", "vllm", "--gpu", "h100", "--max-model-len", "100000"],
      "--max-model-len 100,000 is beyond the model's max_position_embeddings 8,192"),
 ])

@@ -510,11 +510,11 @@ def _forward_peak(module: Any, mode: Any, dtype: str, run: Any) -> int:
     import torch
 
     from .traced.step import running, working_copy
-    from .traced.timeline import ALLOC, FREE, _recorder
+    from .traced.timeline import ALLOC, FREE, allocation_recorder
 
     model = working_copy(module, mode, None, weights_dtype=dtype)
     model.eval()
-    recorder = _recorder()
+    recorder = allocation_recorder()
     for tensor in itertools.chain(model.parameters(), model.buffers()):
         recorder.known(tensor)
     try:
@@ -549,7 +549,7 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
         raise UnsupportedError("{name}: what an image input holds through the prefill is measured for Gemma-3, "
                                "LLaVA and Qwen2.5-VL", name=type(module).__name__)
     from .traced.step import assumed_values, fake_mode, running, working_copy
-    from .traced.timeline import ALLOC, FREE, _recorder
+    from .traced.timeline import ALLOC, FREE, allocation_recorder
 
     make = _PREFILL_INPUTS[family](module, media, batch, context, getattr(torch, dtype))
     live = []
@@ -562,7 +562,7 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
             model = working_copy(module, mode, None, weights_dtype=dtype)
             model.eval()
             owner = model.model if hasattr(model, "model") and hasattr(model.model, "language_model") else model
-            recorder = _recorder()
+            recorder = allocation_recorder()
             for tensor in itertools.chain(model.parameters(), model.buffers()):
                 recorder.known(tensor)
             reached: list[int] = []

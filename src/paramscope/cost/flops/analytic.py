@@ -26,7 +26,6 @@ The traced engine (traced/flops.py) is the check: on every preset family the two
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 

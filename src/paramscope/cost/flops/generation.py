@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..dims import config_int, is_mla, text_config
+from ..dims import is_mla, text_config
 from ..memory.kv import layer_kinds
 
 _NO_ATTENTION = ("none", "linear_attention", "mamba", "conv", "recurrent", "shared")

@@ -109,22 +109,27 @@ class LlamaCppOptions:
 
     def check(self) -> None:
         if self.n_gpu_layers is not None and self.n_gpu_layers < -1:
-            raise OptionError(f"--n-gpu-layers must be -1 (all), auto or 0 or more, got {self.n_gpu_layers}")
+            raise OptionError("{0} must be -1 (all), auto or 0 or more, got {value}", "n_gpu_layers",
+                              value=self.n_gpu_layers)
         if self.n_cpu_moe is not None and self.n_cpu_moe < 0:
-            raise OptionError(f"--n-cpu-moe must be 0 or more, got {self.n_cpu_moe}")
+            raise OptionError("{0} must be 0 or more, got {value}", "n_cpu_moe", value=self.n_cpu_moe)
         if self.ctx_size is not None and not 0 <= self.ctx_size <= _MAX_CTX:
-            raise OptionError(f"--ctx-size must be between 0 (the model's) and {_MAX_CTX:,}, got {self.ctx_size}")
-        for flag, kind in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v)):
+            raise OptionError("{0} must be between 0 (the model's) and {limit:,}, got {value}", "ctx_size",
+                              limit=_MAX_CTX, value=self.ctx_size)
+        for option, kind in (("cache_type_k", self.cache_type_k), ("cache_type_v", self.cache_type_v)):
             if kind not in CACHE_TYPES:
-                raise OptionError(f"{flag} {kind!r}: llama.cpp takes {', '.join(CACHE_TYPES)}")
+                raise OptionError("{0} {kind!r}: llama.cpp takes {types}", option, kind=kind,
+                                  types=", ".join(CACHE_TYPES))
         if self.cache_type_v not in ("f32", "f16", "bf16") and not self.flash_attn:
-            raise OptionError(f"--cache-type-v {self.cache_type_v} needs --flash-attn: llama.cpp quantises the V "
-                              "cache only with flash attention")
+            raise OptionError("{0} {kind} needs {1}: llama.cpp quantises the V cache only with flash attention",
+                              "cache_type_v", "flash_attn", kind=self.cache_type_v)
         if not 1 <= self.parallel <= _MAX_PARALLEL:
-            raise OptionError(f"--parallel must be between 1 and {_MAX_PARALLEL}, got {self.parallel}")
-        for flag, value in (("--batch-size", self.batch_size), ("--ubatch-size", self.ubatch_size)):
+            raise OptionError("{0} must be between 1 and {limit}, got {value}", "parallel", limit=_MAX_PARALLEL,
+                              value=self.parallel)
+        for option, value in (("batch_size", self.batch_size), ("ubatch_size", self.ubatch_size)):
             if not 1 <= value <= _MAX_CTX:
-                raise OptionError(f"{flag} must be between 1 and {_MAX_CTX:,}, got {value}")
+                raise OptionError("{0} must be between 1 and {limit:,}, got {value}", option, limit=_MAX_CTX,
+                                  value=value)
 
 
 @dataclass(frozen=True)
@@ -178,13 +183,15 @@ def model_facts(config: Any) -> LlamaCppModel:
     explicit = isinstance(types, (list, tuple)) and len(types) == n_layer
     kinds = layer_kinds(text) if explicit else [("full_attention", None)] * n_layer
     if is_mla(text) and any(kind != "full_attention" for kind, _ in kinds):
-        raise UnsupportedError(f"--engine llama.cpp: {model_type}'s MLA beside other layer kinds "
-                               f"({', '.join(sorted({kind for kind, _ in kinds}))}) is not modelled yet")
+        raise UnsupportedError("{0} llama.cpp: {model_type}'s MLA beside other layer kinds ({kinds}) is not "
+                               "modelled yet", "engine", model_type=model_type,
+                               kinds=", ".join(sorted({kind for kind, _ in kinds})))
     recurrent = _recurrent(text, model_type)
     if recurrent is None and not explicit and any(
             getattr(text, key, None) is not None for key in ("state_size", "ssm_state_size", "mamba_d_state",
                                                               "attention_hidden_size", "linear_num_key_heads")):
-        raise UnsupportedError(f"--engine llama.cpp: {model_type}'s recurrent state is not modelled yet")
+        raise UnsupportedError("{0} llama.cpp: {model_type}'s recurrent state is not modelled yet", "engine",
+                               model_type=model_type)
     n_swa = 0
     layers = []
     for kind, window in kinds:
@@ -199,7 +206,8 @@ def model_facts(config: Any) -> LlamaCppModel:
         elif kind == "none":
             layers.append(LayerState("none"))
         else:
-            raise UnsupportedError(f"--engine llama.cpp: {model_type}'s {kind} layers are not modelled yet")
+            raise UnsupportedError("{0} llama.cpp: {model_type}'s {kind} layers are not modelled yet", "engine",
+                                   model_type=model_type, kind=kind)
     experts_used = config_int(text, "num_experts_per_tok", "moe_topk", "num_experts_per_token") or 0
     n_ff_exp = config_int(text, "moe_intermediate_size", "expert_intermediate_size") or 0
     n_ff = max(config_int(text, "intermediate_size", "ffn_dim", "n_inner") or 4 * n_embd,
@@ -557,7 +565,8 @@ def llama_cpp_plan(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: Llam
     opts.check()
     moe = any(_EXPS.search(t.name) for t in tensors)
     if opts.n_cpu_moe and not moe:
-        raise OptionError(f"--n-cpu-moe {opts.n_cpu_moe}: {model} has no expert tensors (ffn_*_exps)")
+        raise OptionError("{0} {value}: {model} has no expert tensors (ffn_*_exps)", "n_cpu_moe",
+                          value=opts.n_cpu_moe, model=model)
     n_layer = facts.n_layer
     fit = None
 

@@ -216,7 +216,7 @@ def cache_dtype_flag(kv_dtype: str, compute_dtype: str | None) -> str | None:
         return None
     names = {"float8_e4m3fn": "fp8", "float8_e5m2": "fp8_e5m2", "bfloat16": "bfloat16"}
     if kv_dtype not in names:
-        raise OptionError("{0} {value} has no vLLM --kv-cache-dtype: it takes auto (the model's dtype, here "
+        raise OptionError("{0} {value} is no KV cache dtype of vLLM's: it takes auto (the model's dtype, here "
                           "{model}), bfloat16, fp8 or fp8_e5m2", "kv_dtype", value=kv_dtype, model=compute_dtype)
     return f"--kv-cache-dtype {names[kv_dtype]}"
 
@@ -375,7 +375,8 @@ def vllm_layer_kinds(config: Any, kv_dtype: str, tp: int, compute_dtype: str = "
 
     text = text_config(config)
     if getattr(text, "is_encoder_decoder", False):
-        raise UnsupportedError("encoder-decoder models: vLLM's cross-attention cache is not modelled by --engine vllm")
+        raise UnsupportedError("encoder-decoder models: vLLM's cross-attention cache is not modelled by {0} vllm",
+                               "engine")
     mla = is_mla(text)
     cache = kv_cache(config, batch=1, seq=1, dtype=kv_dtype, layout="latent" if mla else "grouped", tp=tp)
     attention = [g for g in cache.groups if g.per_token and g.kind != "cross-attention"]
@@ -406,9 +407,9 @@ def vllm_layer_kinds(config: Any, kv_dtype: str, tp: int, compute_dtype: str = "
     if ("mamba state", None) in counts:
         mamba = vllm_mamba_state(text, compute_dtype, tp)
         if mamba is None:
-            raise UnsupportedError("{model_type}'s recurrent layers: --engine vllm knows vLLM's state shapes for "
+            raise UnsupportedError("{model_type}'s recurrent layers: {0} vllm knows vLLM's state shapes for "
                                    "Mamba (Jamba), Mamba-2 (Bamba, Granite-4.0-H, Nemotron-H, Falcon-H1, Zamba2) "
-                                   "and gated delta nets (Qwen3-Next), not this one",
+                                   "and gated delta nets (Qwen3-Next), not this one", "engine",
                                    model_type=getattr(text, "model_type", "this model"))
     if not per_layer and mamba is None:
         raise UnsupportedError("no attention layer holds a KV cache here: vLLM's paged KV pre-flight has nothing to "

@@ -107,14 +107,14 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
         if view.module is None:
             raise FactsGap("the analytic generate() count differs from FlopCounterMode's for this config")
         raise UnsupportedError("serving speed needs the analytic generate() count, and for {name} it differs from "
-                               "FlopCounterMode's ({words}); `flops --generate N --trace` counts it traced",
-                               name=view.class_name, words=check.words())
+                               "FlopCounterMode's ({words}); `flops {0} N {1}` counts it traced",
+                               "generate", "trace", name=view.class_name, words=check.words())
 
     def generation(batch: int, seq: int, new_tokens: int) -> Any:
         found = analytic_generation(view, report.params, batch=batch, seq=seq, new_tokens=new_tokens)
         if found is None:
-            raise UnsupportedError("no analytic generate() count for {name}: `flops --generate N --trace` counts it "
-                                   "traced", name=view.class_name)
+            raise UnsupportedError("no analytic generate() count for {name}: `flops {0} N {1}` counts it traced",
+                                   "generate", "trace", name=view.class_name)
         return found
 
     notes.extend(n for n in memory.notes if n not in notes)
@@ -192,7 +192,8 @@ def _refuse_unformulated(view: Any, text: Any) -> None:
     except NoRecurrentFormula as error:
         raise UnsupportedError("serving speed has no decode FLOP formula for the recurrent layers of {name} "
                                "({kind}; Mamba mixers have one: Mamba, Falcon-Mamba, Jamba, Falcon-H1); "
-                               "`flops --generate N --trace` counts its generate() traced", name=view.class_name,
+                               "`flops {0} N {1}` counts its generate() traced", "generate", "trace",
+                               name=view.class_name,
                                kind=str(error)) from None
 
 

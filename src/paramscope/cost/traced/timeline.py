@@ -77,7 +77,7 @@ def _record(module: Any, settings: Any, layer_path: str, fake: bool) -> Timeline
     with _working_model(module, settings, fake) as (model, assumed):
         inputs = training_inputs(model, settings)
         layers = model.get_submodule(layer_path)
-        recorder = _recorder()
+        recorder = allocation_recorder()
         # the weights exist before the step: a view of one that an operator returns is no allocation (the inputs'
         # ids are counted once an operator returns a view of them, as MemTracker counts them)
         for tensor in [*model.parameters(), *model.buffers()]:
@@ -174,7 +174,7 @@ def _ordered_frees(events: list[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]
     return tuple(ordered)
 
 
-def _recorder() -> Any:
+def allocation_recorder() -> Any:
     """A dispatch mode that notes each new storage an operator returns, and (by weakref) when it is freed."""
     import dataclasses
 
