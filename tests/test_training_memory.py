@@ -288,8 +288,10 @@ def test_albert_shared_layer_recipe_equals_the_trace(precision):
     assert analytic.settings["activations_from"] == "analytic: ALBERT masked LM"
 
 
+# t5-small only: t5-base is the same class with other widths and depths, which the recipe takes as symbols (t5-base's
+# traces cost CI about a minute and a half and checked nothing t5-small does not)
 @pytest.mark.parametrize("preset, precision", [("t5-small", "fp32"), ("t5-small", "bf16-mixed"),
-                                               ("t5-small", "bf16-pure"), ("t5-base", "bf16-mixed")])
+                                               ("t5-small", "bf16-pure")])
 def test_t5_encoder_decoder_recipe_equals_the_trace(preset, precision):
     """Encoder and decoder layers apart (a decoder layer adds its causal mask and cross-attention), both sides at
     --seq tokens. Checkpointed T5 layers keep more than their input: that case is traced."""
@@ -300,11 +302,10 @@ def test_t5_encoder_decoder_recipe_equals_the_trace(preset, precision):
     assert abs(detail.analytic_peak - estimate.peak) <= 0.03 * estimate.peak
     analytic = estimate_training(preset, TrainingOptions(batch=2, seq=128, precision=precision))
     assert analytic.settings["activations_from"] == "analytic: T5 (v1)"
-    assert "6 encoder layers" in analytic.activations.arithmetic or "12 encoder layers" in analytic.activations.arithmetic
+    assert "6 encoder layers" in analytic.activations.arithmetic
 
 
-@pytest.mark.parametrize("preset, model_class", [("t5-small", None), ("t5-base", None),
-                                                 ("bart-base", "BartForConditionalGeneration")])
+@pytest.mark.parametrize("preset, model_class", [("t5-small", None), ("bart-base", "BartForConditionalGeneration")])
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16-pure"])
 def test_checkpointed_encoder_decoders_equal_the_trace(preset, model_class, precision):
     """Checkpointed T5 and BART layers keep their input; T5's position biases, which every layer is recomputed
