@@ -24,6 +24,8 @@ gguf = pytest.importorskip("gguf")
 
 from paramscope.checkpoint.gguf_read import gguf_role, read_gguf  # noqa: E402
 from paramscope.cli import main  # noqa: E402
+
+from gguf_files import add_tensors_and_close  # noqa: E402
 from paramscope.errors import CheckpointError, ParamscopeError  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
@@ -47,19 +49,7 @@ def write_gguf(path: Path, tensors: dict[str, tuple[tuple[int, ...], Q]], *, arc
         w.add_expert_used_count(meta["expert_used_count"])
     w.add_token_list([f"tok{i}" for i in range(100)])
     rng = np.random.default_rng(0)
-    for name, (shape, qtype) in tensors.items():
-        data = rng.standard_normal(shape).astype(np.float32)
-        if qtype in (Q.Q8_0, Q.Q4_0):
-            packed = gguf.quants.quantize(data, qtype)
-            w.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=qtype)
-        elif qtype == Q.F16:
-            w.add_tensor(name, data.astype(np.float16))
-        else:
-            w.add_tensor(name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    add_tensors_and_close(w, tensors, lambda shape: rng.standard_normal(shape).astype(np.float32))
     return path
 
 

@@ -22,6 +22,8 @@ from paramscope.checkpoint.gguf_config import gguf_config  # noqa: E402
 from paramscope.checkpoint.gguf_memory import gguf_file_format  # noqa: E402
 from paramscope.checkpoint.gguf_read import read_gguf  # noqa: E402
 from paramscope.cli import main  # noqa: E402
+
+from gguf_files import add_tensors_and_close  # noqa: E402
 from paramscope.cost.memory.weights import weight_memory  # noqa: E402
 from paramscope.sources import resolve  # noqa: E402
 
@@ -40,19 +42,7 @@ def write(path: Path, arch: str, kv: dict, tensors: dict[str, tuple[tuple[int, .
         else:
             w.add_uint32(f"{arch}.{key}", value)
     w.add_token_list([f"t{i}" for i in range(VOCAB)])
-    for name, (shape, qtype) in tensors.items():
-        data = np.full(shape, 0.5, dtype=np.float32)
-        if qtype in (Q.Q8_0, Q.Q4_0):
-            packed = gguf.quants.quantize(data, qtype)
-            w.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=qtype)
-        elif qtype == Q.F16:
-            w.add_tensor(name, data.astype(np.float16))
-        else:
-            w.add_tensor(name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    add_tensors_and_close(w, tensors, lambda shape: np.full(shape, 0.5, dtype=np.float32))
     return path
 
 

@@ -510,7 +510,7 @@ def _forward_peak(module: Any, mode: Any, dtype: str, run: Any) -> int:
     import torch
 
     from .traced.step import running, working_copy
-    from .traced.timeline import ALLOC, FREE, allocation_recorder
+    from .traced.timeline import allocation_recorder, live_bytes
 
     model = working_copy(module, mode, None, weights_dtype=dtype)
     model.eval()
@@ -523,14 +523,7 @@ def _forward_peak(module: Any, mode: Any, dtype: str, run: Any) -> int:
             del out
     finally:
         recorder.detach()
-    live = peak = 0
-    for kind, what in recorder.events:
-        if kind == ALLOC:
-            live += recorder.allocations[what].nbytes
-            peak = max(peak, live)
-        elif kind == FREE:
-            live -= recorder.allocations[what].nbytes
-    return peak
+    return live_bytes(recorder.events, recorder.allocations)[1]
 
 
 def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: int, dtype: str) -> int:
@@ -549,7 +542,7 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
         raise UnsupportedError("{name}: what an image input holds through the prefill is measured for Gemma-3, "
                                "LLaVA and Qwen2.5-VL", name=type(module).__name__)
     from .traced.step import assumed_values, fake_mode, running, working_copy
-    from .traced.timeline import ALLOC, FREE, allocation_recorder
+    from .traced.timeline import allocation_recorder, live_bytes
 
     make = _PREFILL_INPUTS[family](module, media, batch, context, getattr(torch, dtype))
     live = []
@@ -583,13 +576,7 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
                 recorder.detach()
             if not reached:
                 raise UnsupportedError("{name}'s forward did not call its language model", name=type(module).__name__)
-            bytes_live = 0
-            for kind, what in recorder.events[:reached[0]]:
-                if kind == ALLOC:
-                    bytes_live += recorder.allocations[what].nbytes
-                elif kind == FREE:
-                    bytes_live -= recorder.allocations[what].nbytes
-            live.append(bytes_live)
+            live.append(live_bytes(recorder.events[:reached[0]], recorder.allocations)[0])
     return live[0] - live[1]
 
 

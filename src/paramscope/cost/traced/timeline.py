@@ -58,6 +58,19 @@ class Timeline:
         return forward_peak, end_of_forward, peak
 
 
+def live_bytes(events: Any, allocations: Any) -> tuple[int, int]:
+    """(bytes live after the events, the largest bytes live at any moment among them): the allocations and frees
+    replayed in order, markers skipped."""
+    live = peak = 0
+    for kind, what in events:
+        if kind == ALLOC:
+            live += allocations[what].nbytes
+            peak = max(peak, live)
+        elif kind == FREE:
+            live -= allocations[what].nbytes
+    return live, peak
+
+
 def record_training_step(module: Any, settings: Any, layer_path: str, *, fake: bool = True) -> Timeline:
     """Record one training step (forward, loss, backward) of `module` on fake tensors, with `settings` as
     step.StepSettings gives them; `layer_path` names the ModuleList of repeated layers ("model.layers").
