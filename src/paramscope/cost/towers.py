@@ -371,10 +371,13 @@ def _mllama(module: Any, media: MediaInput, batch: int, seq: int, step: TraceSte
         projected = model.model.multi_modal_projector(states.last_hidden_state)
         return types.SimpleNamespace(pooler_output=projected.reshape(-1, projected.shape[-2], projected.shape[-1]))
 
-    traced = _traced_parts(module, run, parts, step, with_own=True)
+    traced = _traced_parts(module, run, parts, dataclasses.replace(step, serving_dtype=None), with_own=True)
     lines, own = traced.lines, traced.own
     if step.training:
         traced, lines = _with_tower_backward(module, run_tower, parts, step, traced)
+    peak = None
+    if step.serving_dtype is not None:  # the vision model and projector run first in the forward: their own peak
+        peak = _traced_parts(module, run_tower, parts, step).peak
     language = tuple((path, flops) for path, flops in own.items()
                      if not any(path == p or path.startswith(p + ".") for _, p in parts))
     input_words = (f"{images:,} image{'s' if images > 1 else ''} of {tiles} tiles of {size}×{size} px "
@@ -382,7 +385,7 @@ def _mllama(module: Any, media: MediaInput, batch: int, seq: int, step: TraceSte
     notes = (f"each image at {tiles} tiles, the most the processor cuts one into (max_num_tiles): a bound for "
              "smaller images",)
     return MediaFlops("image", input_words, images, 0, words, lines, notes=notes, decoder_by_module=language,
-                      decoder_backward=_rest_of_backward(traced, step))
+                      decoder_backward=_rest_of_backward(traced, step), forward_peak=peak)
 
 
 def _with_tower_backward(module: Any, run_tower: Any, parts: list[tuple[str, str]], step: TraceStep,
