@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from paramscope.cli import main
-from paramscope.cost.memory.vllm import (NON_TORCH_ALLOWANCE, vllm_blocks, vllm_grouping, vllm_layer_kinds,
-                                          vllm_pages)
+from paramscope.cost.memory.vllm import (NON_TORCH_ALLOWANCE, _activation, _encoder_shape, _worker_group_size,
+                                          vllm_blocks, vllm_grouping, vllm_layer_kinds, vllm_pages, vllm_pp_partition)
 
 GiB = 2**30
 
@@ -42,7 +42,7 @@ def test_llama_3_8b_bf16_on_an_h100(capsys):
     assert v["groups"] == [{"kind": "full attention", "spec": "FullAttentionSpec", "layers": 32, "groups": 1,
                             "bytes_per_token": 4096, "arithmetic": "2 × 8 kv heads × 128 × 2 B",
                             "page_bytes": 65_536, "window": None, "blocks_per_request": 512,
-                            "blocks_arithmetic": "cdiv(8,192, 16) = 512"}]
+                            "blocks_arithmetic": "cdiv(8,192, 16) = 512", "encoder_tokens": None}]
     assert v["blocks"] == available // 2_097_152 == 28_168
     assert v["blocks_per_request"] == 8192 // 16 == 512
     assert v["max_concurrency"] == 28_168 / 512 == 55.015625
@@ -185,5 +185,108 @@ def test_a_context_too_long_gives_the_largest_max_model_len(capsys):
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     assert main(["memory", "llama-3-8b", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+
+def test_llama_3_70b_on_h100s_at_tp_4_pp_2(capsys):
+    """Two stages of 40 layers (get_pp_indices), four GPUs each. Each worker budgets its own memory; vLLM gives every
+    worker the smallest block count: stage 1's, which holds the head and runs the sampler."""
+    v = _vllm(capsys, "llama-3-70b", "--gpu", "h100", "--tp", "4", "--pp", "2", "--gpu-memory-utilization", "0.9",
+              "--max-model-len", "8192")
+    # a layer's shards at tp 4: (q, o 8,192² + k, v 8,192 × 1,024 + gate, up, down 8,192 × 28,672) / 4 + two norms
+    layer = (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28_672) // 4 + 2 * 8192
+    vocab_shard = 128_256 * 8192 // 4  # the embedding on stage 0, the untied head on stage 1
+    first, last = v["stages"]
+    assert (first["first_layer"], first["last_layer"], last["first_layer"], last["last_layer"]) == (0, 39, 40, 79)
+    assert first["weights_bytes"] == (40 * layer + vocab_shard) * 2 + 512 == 17_639_408_128  # + rotary buffers
+    assert last["weights_bytes"] == (40 * layer + vocab_shard + 8192) * 2 + 512 == 17_639_424_512  # + final norm
+    # stage 0 runs no sampler: the MLP's moment; stage 1 the sampler, plus the intermediate tensors it receives
+    assert first["activation"]["bytes"] == 8192 * (2 * 8192 + 3 * 28_672 // 4) * 2 == 620_756_992
+    assert last["activation"]["bytes"] == 8192 * 8192 * 2 + 1024 * 128_256 * 14 + 2 * 8192 * 8192 * 2
+    per_block = 16 * 2 * (8 // 4) * 128 * 2 * 40  # a worker's 40 layers, 2 KV heads a rank
+    for stage in (first, last):
+        assert stage["available_bytes"] == int(80 * GiB * 0.9 - stage["weights_bytes"]
+                                               - stage["activation"]["bytes"] - NON_TORCH_ALLOWANCE)
+        assert stage["pool_layers"] == 40 and stage["bytes_per_block"] == per_block == 655_360
+        assert stage["blocks"] == stage["available_bytes"] // per_block
+    assert (first["blocks"], last["blocks"]) == (89_692, 87_219)
+    assert v["blocks"] == 87_219 and v["limiting_stage"] == 1 and v["pp"] == 2
+    assert v["available_bytes"] == last["available_bytes"] == 57_160_220_160
+    assert v["blocks_per_request"] == 512 and v["max_concurrency"] == 87_219 / 512 == 170.349609375
+    assert v["kv_tokens"] == 87_219 * 16 and v["largest_max_model_len"] == 8192 and v["fits"]
+    assert v["command"] == ("vllm serve meta-llama/Meta-Llama-3-70B --tensor-parallel-size 4 "
+                            "--pipeline-parallel-size 2 --gpu-memory-utilization 0.9 --max-model-len 8192")
+
+
+def test_vllm_pp_partition_gives_the_remainder_to_the_stages_before_the_last():
+    assert vllm_pp_partition(80, 2) == (40, 40)
+    assert vllm_pp_partition(80, 3) == (27, 27, 26)
+    assert vllm_pp_partition(61, 4) == (15, 15, 16, 15)
+    assert vllm_pp_partition(32, 5) == (6, 6, 7, 7, 6)
+    assert vllm_pp_partition(32, 2, (20, 12)) == (20, 12)
+
+
+def test_a_stage_pools_its_largest_share_of_a_global_group():
+    """Gemma-3's 5 sliding : 1 full over 48 layers, group size 8: five sliding groups of layers[i::5] and one full
+    group. On the first of two stages each group keeps 4 of its 8 layers: 4 layers a pool."""
+    keys = [[("sliding window 1,024", 1024)] if i % 6 != 5 else [("full attention", None)] for i in range(48)]
+    assert vllm_grouping([("sliding window 1,024", 1024, 40), ("full attention", None, 8)])[0] == 8
+    assert _worker_group_size(keys, 8, 0, 24) == _worker_group_size(keys, 8, 24, 48) == 4
+    # Gemma-2's alternation, 42 layers over two stages of 21: 11 sliding and 10 full on the first, 11 a pool
+    keys = [[("sliding window 4,096", 4096)] if i % 2 == 0 else [("full attention", None)] for i in range(42)]
+    assert _worker_group_size(keys, 21, 0, 21) == 11 and _worker_group_size(keys, 21, 21, 42) == 11
+    assert _worker_group_size(keys, 21, 0, 42) == 21
+
+
+def test_a_layer_partition_is_vllms_environment_variable(capsys):
+    v = _vllm(capsys, "llama-3-8b", "--budget", "40GiB", "--pp", "2", "--pp-layer-partition", "20,12",
+              "--max-model-len", "8192")
+    assert [(s["first_layer"], s["last_layer"], s["pool_layers"]) for s in v["stages"]] == [(0, 19, 20), (20, 31, 12)]
+    assert v["limiting_stage"] == 0 and v["blocks"] == v["stages"][0]["available_bytes"] // (20 * 65_536)
+    assert v["command"].startswith("VLLM_PP_LAYER_PARTITION=20,12 vllm serve meta-llama/Meta-Llama-3-8B "
+                                   "--pipeline-parallel-size 2")
+
+
+def test_whisper_cross_attention_holds_the_encoder_length():
+    """whisper-large-v3's shapes: each decoder layer a self-attention FullAttentionSpec and a CrossAttentionSpec of
+    the same page (20 KV heads of 64 in fp16); two groups of 32 share 32 pools; a request holds cdiv(448, 16)
+    self-attention blocks at max_model_len and cdiv(1,500, 16) cross-attention blocks, whatever its length."""
+    config = SimpleNamespace(  # WhisperConfig's fields (transformers' import is seconds; its attributes are these)
+        model_type="whisper", is_encoder_decoder=True, d_model=1280, hidden_size=1280, encoder_layers=32,
+        decoder_layers=32, num_hidden_layers=32, encoder_attention_heads=20, decoder_attention_heads=20,
+        num_attention_heads=20, encoder_ffn_dim=5120, decoder_ffn_dim=5120, vocab_size=51866,
+        max_source_positions=1500, max_target_positions=448)
+    kinds, per_layer, arithmetic, _, mamba = vllm_layer_kinds(config, "float16", 1, "float16")
+    assert kinds == [("full attention", None, 32), ("cross-attention", 1500, 32)] and mamba is None
+    assert per_layer == 2 * 20 * 64 * 2 == 5120
+    block, page, _ = vllm_pages(per_layer, None, 16, 448)
+    assert page == 16 * 5120 == 81_920
+    size, groups = vllm_grouping(kinds)
+    assert size == 32 and groups == [("full attention", None, 32, 1), ("cross-attention", 1500, 32, 1)]
+    need = [vllm_blocks(kind, window, block, 448, 8192) for kind, window, _, _ in groups]
+    assert need == [448 // 16, -(-1500 // 16)] == [28, 94]
+    assert vllm_blocks("cross-attention", 1500, 16, 1, 8192) == 94  # whatever the request's length
+    # at tp 4 each rank keeps 5 heads of both
+    assert vllm_layer_kinds(config, "float16", 4, "float16")[1] == 5120 // 4
+    # the profile run's encoder moment: one item of 1,500 tokens (the encoder budget is the encoder length)
+    encoder = _encoder_shape(config)
+    assert encoder[0] == 1500
+    moment = _activation(config, "float16", 512, 1, 1, encoder=encoder)
+    assert moment.bytes == 1500 * (3 * 1280 + 2 * 5120) * 2 == 42_240_000 and moment.arithmetic.startswith("encoder")
+
+
+@pytest.mark.parametrize("model, argv, message", [
+    ("t5-small", ["--gpu", "h100"], "t5 is an encoder-decoder vLLM's V1 engine does not serve"),
+    ("llama-3-8b", ["--gpu", "h100", "--pp", "2", "--pp-layer-partition", "20,11"],
+     "--pp-layer-partition 20,11 must give 2 stages' layers summing to the model's 32"),
+    ("llama-3-8b", ["--gpu", "h100", "--pp-layer-partition", "16,16"], "--pp-layer-partition is for --pp"),
+    ("llama-3-8b", ["--gpu", "h100", "--pp", "2", "--pp-layer-partition", "a,b"],
+     "--pp-layer-partition must be layer counts"),
+    ("llama-3-8b", ["--gpu", "h100", "--pp", "33"], "--pp 33 is more than the model's 32 layers"),
+])
+def test_pp_and_encoder_decoder_refusals_are_one_line(capsys, model, argv, message):
+    assert main(["memory", model, "--engine", "vllm", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err

@@ -11,7 +11,7 @@ from ._common import checked_size, checked_width, use_color, write, write_report
 
 _FLAGS = (("--gpu-memory-utilization", "gpu_memory_utilization"), ("--max-model-len", "max_model_len"),
           ("--max-num-seqs", "max_num_seqs"), ("--max-num-batched-tokens", "max_num_batched_tokens"),
-          ("--block-size", "block_size"))
+          ("--block-size", "block_size"), ("--pp-layer-partition", "pp_layer_partition"))
 
 
 def add_vllm_options(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +32,9 @@ def add_vllm_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-num-batched-tokens", type=int, metavar="T",
                        help="tokens a step, the profile run's size (default: vllm serve's, 8192 or 2048 as above)")
     group.add_argument("--block-size", type=int, metavar="B", help="tokens a KV block (default 16)")
+    group.add_argument("--pp-layer-partition", metavar="N,N,…",
+                       help="with --pp: each stage's layers, as vLLM's VLLM_PP_LAYER_PARTITION gives them (default: "
+                            "vLLM's rule, the remainder to the stages before the last)")
 
 
 def wants_vllm(args: argparse.Namespace) -> bool:
@@ -52,7 +55,7 @@ def run_vllm(args: argparse.Namespace) -> int:
         raise OptionError(f"{flag} is for --engine vllm")
     given = [flag for flag, on in (("--training", args.training), ("--trace", args.trace),
                                    ("--html", args.html is not None), ("--batch", args.batch != 1),
-                                   ("--seq", args.seq is not None), ("--pp", args.pp != 1),
+                                   ("--seq", args.seq is not None),
                                    ("--kv-layout", args.kv_layout != "hf"), ("--encoder-seq", args.encoder_seq),
                                    ("--find-layout", args.find_layout), ("--devices", args.devices),
                                    ("--zero", args.zero is not None), ("--dp", args.dp), ("--sp", args.sp),
@@ -60,7 +63,8 @@ def run_vllm(args: argparse.Namespace) -> int:
              if on]
     if given:
         raise OptionError(f"--engine vllm does not take {given[0]} (vLLM's own flags: --max-model-len, "
-                          "--max-num-seqs, --tp)")
+                          "--max-num-seqs, --tp, --pp)")
+    partition = _partition(args.pp_layer_partition, args.pp)
     if bool(args.gpu) == bool(args.budget):
         raise OptionError("--engine vllm needs one of --gpu NAME or --budget SIZE: the memory vLLM's utilization "
                           "multiplies")
@@ -68,7 +72,8 @@ def run_vllm(args: argparse.Namespace) -> int:
     options = VllmOptions(
         gpu_memory_utilization=0.9 if args.gpu_memory_utilization is None else args.gpu_memory_utilization,
         max_model_len=args.max_model_len, block_size=16 if args.block_size is None else args.block_size,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        pp_layer_partition=partition)
     options.check()
     reserve = checked_size("--reserve", args.reserve, zero=True)
     accelerator = find_accelerator(args.gpu) if args.gpu else Accelerator(
@@ -88,7 +93,7 @@ def run_vllm(args: argparse.Namespace) -> int:
     report, estimate, view = memory_answer(source, memory, not args.no_cache, model_class=args.model_class,
                                            task=args.task, num_labels=args.num_labels,
                                            trust_remote_code=args.trust_remote_code)
-    preflight = vllm_preflight(report, view, estimate, options, accelerator, reserve=reserve, tp=args.tp,
+    preflight = vllm_preflight(report, view, estimate, options, accelerator, reserve=reserve, tp=args.tp, pp=args.pp,
                                model_id=report.model.label if report.model.source_kind in ("preset", "hub",
                                                                                             "hub-cache")
                                else args.model,
@@ -105,3 +110,21 @@ def run_vllm(args: argparse.Namespace) -> int:
 
         write(render_vllm_text(report, preflight, width, color=use_color()))
     return 0
+
+
+def _partition(text: str | None, pp: int) -> tuple[int, ...] | None:
+    """--pp-layer-partition "41,39" → (41, 39); one line naming the flag where it is not counts, or without --pp."""
+    from ..errors import OptionError
+
+    if text is None:
+        return None
+    if pp == 1:
+        raise OptionError("--pp-layer-partition is for --pp: each pipeline stage's layers")
+    try:
+        counts = tuple(int(part) for part in text.split(",", 64))
+    except ValueError:
+        counts = ()
+    if not counts or any(n < 1 for n in counts):
+        raise OptionError(f"--pp-layer-partition must be layer counts of one or more separated by commas, got "
+                          f"{text[:80]!r}")
+    return counts

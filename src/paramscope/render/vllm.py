@@ -23,13 +23,15 @@ def vllm_parts(report: Any, p: Any) -> list:
     gpu = f"a {binary(p.total)} budget" if p.gpu == "budget" else p.gpu
     lines: list = [
         Text(f"vLLM pre-flight for {report.model.label} ({report.model.class_name}) on {gpu}"
-             + (f", each GPU of tp {p.tp}" if p.tp > 1 else ""), style="bold"),
+             + (f", each GPU of tp {p.tp}" if p.tp > 1 and p.pp == 1 else "")
+             + (f", tp {p.tp} × pp {p.pp} = {p.tp * p.pp} GPUs" if p.pp > 1 else ""), style="bold"),
         *filter(None, [model_source_line(report.model)]),
         indented(f"max_model_len {p.max_model_len:,} ({p.max_model_len_from}); block size {p.block_size}; KV cache "
                  f"in {p.kv_dtype}; max_num_seqs {p.max_num_seqs:,}, max_num_batched_tokens "
                  f"{p.max_num_batched_tokens:,} ({p.defaults_from} unless given)"),
         Text(""),
         _budget_table(p),
+        *([_stages_table(p)] if p.stages else []),
         _groups_table(p),
         _answer(p),
     ]
@@ -57,7 +59,9 @@ def _row(table: Table, label: str, value: int, how: str) -> None:
 
 
 def _budget_table(p: Any) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Memory vLLM budgets on one GPU", title_justify="left")
+    title = ("Memory vLLM budgets on one GPU" if p.pp == 1 else
+             f"Memory vLLM budgets on one GPU of stage {p.limiting_stage}, the stage with the fewest blocks")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=title, title_justify="left")
     for name, justify in (("", "left"), ("bytes", "right"), ("", "right"), ("how", "left")):
         table.add_column(name, justify=justify, overflow="fold")
     _row(table, "total", p.total, "the GPU's memory")
@@ -68,6 +72,19 @@ def _budget_table(p: Any) -> Table:
     _row(table, "= KV cache available", p.available, "vLLM's \"Available KV cache memory\"")
     _row(table, "headroom (1 − u)", p.headroom, f"CUDA context and graphs: needs about {p.headroom_needs:,} B "
          f"(--reserve + the graphs' estimate {p.cuda_graphs.bytes:,} B, not subtracted by vLLM)")
+    return table
+
+
+def _stages_table(p: Any) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Each pipeline stage's GPU (rank 0 of its tensor-parallel "
+                  "group); vLLM gives every worker the fewest blocks", title_justify="left")
+    for name in ("stage", "layers", "weights", "activation (estimate)", "KV available", "layers a pool",
+                 "bytes a block", "blocks its memory holds"):
+        table.add_column(name, justify="left" if name == "layers" else "right", overflow="fold")
+    for st in p.stages:
+        table.add_row(str(st.rank), f"{st.first_layer}–{st.last_layer} ({st.layers})", f"{st.weights:,}",
+                      f"{st.activation.bytes:,}", f"{st.available:,}", str(st.pool_layers), f"{st.bytes_per_block:,}",
+                      f"{st.blocks:,}" + (" ← the fewest" if st.rank == p.limiting_stage else ""))
     return table
 
 
@@ -132,7 +149,8 @@ def vllm_to_dict(p: Any) -> dict[str, Any]:
         "groups": [{"kind": g.kind, "spec": g.spec, "layers": g.layers, "groups": g.groups,
                     "bytes_per_token": g.bytes_per_token, "arithmetic": g.token_arithmetic,
                     "page_bytes": g.page_bytes, "window": g.window, "blocks_per_request": g.blocks_per_request,
-                    "blocks_arithmetic": g.blocks_arithmetic} for g in p.groups],
+                    "blocks_arithmetic": g.blocks_arithmetic, "encoder_tokens": g.encoder_tokens}
+                   for g in p.groups],
         "group_size": p.group_size, "page_bytes": p.page_bytes, "bytes_per_block": p.bytes_per_block,
         "blocks": p.blocks, "max_model_len": p.max_model_len, "max_model_len_from": p.max_model_len_from,
         "max_num_seqs": p.max_num_seqs, "max_num_batched_tokens": p.max_num_batched_tokens,
@@ -143,4 +161,10 @@ def vllm_to_dict(p: Any) -> dict[str, Any]:
         "tried": [{"tp": t.tp, "weights_bytes": t.weights, "available_bytes": t.available, "fits": t.fits,
                    "why": t.why or None} for t in p.tried],
         "command": p.command or None, "command_changes": p.command_changes or None, "notes": list(p.notes),
+        "pp": p.pp, "limiting_stage": p.limiting_stage,
+        "stages": [{"rank": st.rank, "first_layer": st.first_layer, "last_layer": st.last_layer, "layers": st.layers,
+                    "weights_bytes": st.weights, "activation": estimate(st.activation),
+                    "available_bytes": st.available, "pool_layers": st.pool_layers,
+                    "bytes_per_block": st.bytes_per_block, "blocks": st.blocks, "fits": st.fits,
+                    "largest_max_model_len": st.largest} for st in p.stages],
     }

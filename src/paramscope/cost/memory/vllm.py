@@ -21,8 +21,23 @@ layer of each group. A request at max_model_len needs, per group: full attention
 sliding window cdiv(min(window − 1 + max_num_batched_tokens, len), block) + 1 (the window may start mid-block and
 a chunked prefill's tokens are allocated before the window slides past them); chunked local attention
 cdiv(min(chunk + max_num_batched_tokens, len), block). The maximum concurrency vLLM logs is blocks ÷ the blocks
-one request needs (get_max_concurrency_for_kv_cache_config); the tokens of KV it logs are that × max_model_len.
-The largest max_model_len that fits is vLLM's own binary search (_estimate_max_model_len_from_groups).
+one request needs (get_max_concurrency_for_kv_cache_config); the tokens of KV it logs are blocks // groups × block
+size (_report_kv_cache_config). The largest max_model_len that fits is vLLM's own binary search
+(_estimate_max_model_len_from_groups).
+
+Pipeline parallelism (--pp): vLLM places layers by get_pp_indices (distributed/utils.py: layers // pp a stage, the
+remainder one a stage to the stages before the last; VLLM_PP_LAYER_PARTITION replaces it). Each worker (a stage's
+tensor-parallel rank) measures its own available memory: its layers' weights, the embeddings on the first stage,
+the norm and head on the last (a tied head's copy there), its own profile run (the sampler on the last stage only,
+the received intermediate tensors on the others). get_kv_cache_configs groups the whole model's layers (group i of
+a kind takes that kind's layers[i::groups]), projects the groups onto each worker, computes each worker's blocks
+as its available // (page × its largest projected group), then gives every worker the smallest count; each
+worker's memory check and largest max_model_len use its own projection.
+
+Encoder-decoders: vLLM's V1 engine serves Whisper alone (BART, T5 and the rest went with V0). Each decoder layer
+has a self-attention FullAttentionSpec and a cross-attention CrossAttentionSpec of the same page; the two kinds
+form two groups (the hybrid allocator), and a request's cross-attention holds cdiv(encoder length, block) blocks,
+the encoder length being max_source_positions (1,500 for Whisper: max_num_encoder_input_tokens).
 
 Recurrent layers (Mamba, Mamba-2, gated delta nets) are MambaSpecs: one block holds a sequence's state, in vLLM's
 shapes (`vllm_mamba_state`); with attention beside them vLLM raises the attention block so a page holds a state
@@ -76,6 +91,7 @@ class VllmOptions:
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    pp_layer_partition: tuple[int, ...] | None = None  # VLLM_PP_LAYER_PARTITION: stages' layers (None: vLLM's rule)
 
     def check(self) -> None:
         u = self.gpu_memory_utilization
@@ -93,6 +109,10 @@ class VllmOptions:
                 self.max_num_seqs > self.max_num_batched_tokens:
             raise OptionError("{0} ({seqs:,}) must not exceed {1} ({tokens:,}), as vLLM requires", "max_num_seqs",
                               "max_num_batched_tokens", seqs=self.max_num_seqs, tokens=self.max_num_batched_tokens)
+        if self.pp_layer_partition is not None and (not self.pp_layer_partition or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.pp_layer_partition)):
+            raise OptionError("{0} must be layer counts of one or more, one a stage, got {value}", "pp_layer_partition",
+                              value=",".join(map(str, self.pp_layer_partition)))
 
 
 @dataclass(frozen=True)
@@ -119,6 +139,25 @@ class KVGroup:
     window: int | None
     blocks_per_request: int  # at max_model_len, one group of this kind
     blocks_arithmetic: str
+    encoder_tokens: int | None = None  # cross-attention: the encoder length every request holds (CrossAttentionSpec)
+
+
+@dataclass(frozen=True)
+class VllmStage:
+    """One pipeline stage's worker (rank 0 of its tensor-parallel group), as vLLM budgets it."""
+
+    rank: int
+    first_layer: int
+    last_layer: int
+    layers: int  # vLLM's partition (get_pp_indices, or VLLM_PP_LAYER_PARTITION)
+    weights: int  # its layers' shards, the embeddings on stage 0, the norm and head on the last
+    activation: Estimate  # its profile run's peak (the sampler on the last stage only; intermediate tensors after 0)
+    available: int  # int(total × utilization − its non-KV)
+    pool_layers: int  # layers a KV pool serves on this worker: its largest share of one KV cache group
+    bytes_per_block: int  # page × pool_layers
+    blocks: int  # what its own memory holds (vLLM then gives every worker the smallest)
+    fits: bool  # one sequence of max_model_len fits its memory
+    largest: int  # the largest max_model_len its memory holds
 
 
 @dataclass(frozen=True)
@@ -161,7 +200,7 @@ class VllmPreflight:
     defaults_from: str
     blocks_per_request: int  # one sequence at max_model_len, every group
     max_concurrency: float  # blocks ÷ blocks_per_request: "Maximum concurrency for N tokens per request: X"
-    kv_tokens: int  # int(max_concurrency × max_model_len): "GPU KV cache size: N tokens"
+    kv_tokens: int  # blocks // KV cache groups × block size: "GPU KV cache size: N tokens" (_report_kv_cache_config)
     largest_max_model_len: int  # the largest that fits (0: not one token), up to the model's own length
     model_max_len: int
     fits: bool
@@ -173,6 +212,9 @@ class VllmPreflight:
     command: str  # `vllm serve …` that fits (or the asked one, when it fits)
     command_changes: str  # what the command changed from the asked settings, in words
     notes: tuple[str, ...] = field(default=())
+    pp: int = 1
+    stages: tuple[VllmStage, ...] = ()  # each pipeline stage's worker (under --pp; empty without)
+    limiting_stage: int = 0  # the stage with the fewest blocks, whose budget the figures above are
 
 
 def serve_defaults(total: int, gpu_name: str) -> tuple[int, int, str]:
@@ -222,13 +264,17 @@ def cache_dtype_flag(kv_dtype: str, compute_dtype: str | None) -> str | None:
 
 
 def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, accelerator: Any, *,
-                   reserve: int, tp: int = 1, model_id: str = "", kv_dtype_flag: str | None = None,
+                   reserve: int, tp: int = 1, pp: int = 1, model_id: str = "", kv_dtype_flag: str | None = None,
                    dtype_flag: str | None = None, extra_notes: tuple[str, ...] = ()) -> VllmPreflight:
     """vLLM's launch figures for `report`/`view` served as `estimate` (memory/serving.py's answer at --tp) on
-    `accelerator` (hardware.Accelerator; a --budget is one named "budget")."""
+    `accelerator` (hardware.Accelerator; a --budget is one named "budget"), over `tp` × `pp` GPUs."""
     from ..dims import max_context, text_config
 
     options.check()
+    if isinstance(pp, bool) or not isinstance(pp, int) or not 1 <= pp <= 1024:
+        raise OptionError("{0} must be between 1 and 1,024 pipeline stages, got {value}", "pp", value=pp)
+    if options.pp_layer_partition is not None and pp == 1:
+        raise OptionError("{0} is for {1}: each pipeline stage's layers", "pp_layer_partition", "pp")
     text = text_config(view.config)
     model_max = max_context(text)
     length = options.max_model_len or model_max
@@ -261,48 +307,91 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
     notes.extend(kind_notes)
     block, page, page_notes = vllm_pages(per_layer, mamba, options.block_size, length)
     notes.extend(page_notes)
+    encoder = _encoder_shape(text)
+    if pp > 1 and encoder is not None:
+        raise UnsupportedError("{0} {pp} with {model_type}: vLLM's encoder-decoder (WhisperForConditionalGeneration) "
+                               "does not implement pipeline parallelism (SupportsPP)", "pp", pp=pp,
+                               model_type=getattr(text, "model_type", "an encoder-decoder"))
+    keys = _layer_keys(view.config)[0]
+    split = vllm_pp_partition(len(keys), pp, options.pp_layer_partition) if pp > 1 else (len(keys),)
+    if pp > 1:
+        notes.append(_partition_words(split, options.pp_layer_partition))
+    if encoder is not None:
+        notes.append(f"encoder-decoder: every request holds its cross-attention blocks for the encoder length "
+                     f"{encoder[0]:,} ({encoder[1]}) from its first step, whatever its audio's length; vLLM disables "
+                     "chunked prefill and prefix caching for encoder-decoders; the encoder's own attention keeps no "
+                     "cache (MMEncoderAttention)")
     inputs = _serving_inputs(report, view, estimate)
-    weights_at = _weights_at(inputs, estimate.weights)
-    weights = weights_at(tp)
-    weights_from = ("the serving weights and buffers (memory/weights.py)" if tp == 1 else
-                    f"rank 0's shards at tp {tp} (parallel/serving.py), buffers whole")
+    weights_at = _weights_at(inputs, estimate.weights, pp, split if pp > 1 else None)
     notes.extend(_weight_notes(text, compute_dtype))
-
-    def reserve_at(t: int) -> tuple[Estimate, Estimate]:
-        return _activation(text, compute_dtype, batched, seqs, t), Estimate(
-            NON_TORCH_ALLOWANCE, f"{NON_TORCH_ALLOWANCE:,} B (an allowance)",
-            "vLLM measures the growth of memory outside torch's allocator from its first snapshot (after NCCL's "
-            "initialisation) to the profile run's end: kernels' modules, library handles "
-            "(utils/mem_utils.memory_profiling, non_torch_increase)")
-
-    activation, non_torch = reserve_at(tp)
+    non_torch = Estimate(
+        NON_TORCH_ALLOWANCE, f"{NON_TORCH_ALLOWANCE:,} B (an allowance)",
+        "vLLM measures the growth of memory outside torch's allocator from its first snapshot (after NCCL's "
+        "initialisation) to the profile run's end: kernels' modules, library handles "
+        "(utils/mem_utils.memory_profiling, non_torch_increase)")
     requested = int(total * options.gpu_memory_utilization)
-    non_kv = weights + activation.bytes + non_torch.bytes
-    available = int(total * options.gpu_memory_utilization - non_kv)
     group_size, kinds = vllm_grouping(groups_kinds)
     groups = tuple(_group(kind, window, layers, count, per_layer, arithmetic, page, block, length, mamba,
                           batched) for kind, window, layers, count in kinds)
-    bytes_per_block = page * group_size
-    blocks = max(available // bytes_per_block, 0) if bytes_per_block else 0
 
     def request_blocks(n: int) -> int:
-        return sum(g.groups * vllm_blocks(g.kind, g.window, block, n, batched) for g in groups)
+        return sum(g.groups * vllm_blocks(g.kind, g.window if g.encoder_tokens is None else g.encoder_tokens,
+                                          block, n, batched) for g in groups)
 
     per_request = request_blocks(length)
-    concurrency = blocks / per_request if per_request else 0.0
     search_to = model_max or length
-    largest = _largest_length(lambda n: request_blocks(n) * bytes_per_block <= available, search_to)
-    fits = available > 0 and per_request * bytes_per_block <= available
-    if available <= 0:
-        why = (f"no memory for the KV cache: the non-KV reserve {non_kv:,} B exceeds total × utilization "
-               f"{requested:,} B by {-available:,} B (vLLM: \"No available memory for the cache blocks\")")
+    starts = [sum(split[:r]) for r in range(len(split))]
+    stage_pools = [group_size if pp == 1 else _worker_group_size(keys, group_size, starts[r], starts[r] + n)
+                   for r, n in enumerate(split)]
+
+    def stages_at(t: int, t_page: int, t_request: int, search: bool) -> list[VllmStage]:
+        """Each pipeline stage's worker (rank 0 of its tensor-parallel group) at tensor-parallel degree t."""
+        out = []
+        for r, (weights, n) in enumerate(zip(weights_at(t), split)):
+            activation = _activation(text, compute_dtype, batched, seqs, t, first=r == 0, last=r == len(split) - 1,
+                                     encoder=encoder)
+            available = int(total * options.gpu_memory_utilization - weights - activation.bytes - non_torch.bytes)
+            per_block = t_page * stage_pools[r]
+            blocks = max(available // per_block, 0) if per_block else 0
+            largest = _largest_length(lambda m: request_blocks(m) * per_block <= available, search_to) \
+                if search else 0
+            out.append(VllmStage(r, starts[r], starts[r] + n - 1, n, weights, activation, available, stage_pools[r],
+                                 per_block, blocks, available > 0 and t_request * per_block <= available, largest))
+        return out
+
+    stages = stages_at(tp, page, per_request, True)
+    limiting = min(stages, key=lambda st: (st.blocks, st.available))
+    blocks = limiting.blocks
+    weights, activation, available = limiting.weights, limiting.activation, limiting.available
+    non_kv = weights + activation.bytes + non_torch.bytes
+    bytes_per_block = limiting.bytes_per_block
+    weights_from = ("the serving weights and buffers (memory/weights.py)" if tp == 1 and pp == 1 else
+                    f"rank 0's shards at tp {tp} (parallel/serving.py), buffers whole" if pp == 1 else
+                    f"stage {limiting.rank}'s rank 0 at tp {tp}, pp {pp}: its layers' shards (parallel/serving.py at "
+                    "vLLM's partition), the embeddings on stage 0, the norm and head (a tied head's copy) on the last")
+    concurrency = blocks / per_request if per_request else 0.0
+    largest = min(st.largest for st in stages)
+    fits = all(st.fits for st in stages)
+    where = "" if pp == 1 else f"stage {limiting.rank} (layers {limiting.first_layer}–{limiting.last_layer}): "
+    short = next((st for st in stages if not st.fits), limiting)
+    if short.available <= 0:
+        at = "" if pp == 1 else f"stage {short.rank} (layers {short.first_layer}–{short.last_layer}): "
+        short_non_kv = short.weights + short.activation.bytes + non_torch.bytes
+        why = (f"{at}no memory for the KV cache: the non-KV reserve {short_non_kv:,} B exceeds total × utilization "
+               f"{requested:,} B by {-short.available:,} B (vLLM: \"No available memory for the cache blocks\")")
     elif not fits:
-        why = (f"one sequence of {length:,} tokens needs {per_request:,} blocks × {bytes_per_block:,} B = "
-               f"{per_request * bytes_per_block:,} B of KV cache, and {available:,} B are available (vLLM refuses "
-               f"to start: \"the model's max seq len ({length}) is larger than the maximum number of tokens that "
-               "can be stored in KV cache\")")
+        at = "" if pp == 1 else f"stage {short.rank} (layers {short.first_layer}–{short.last_layer}): "
+        why = (f"{at}one sequence of {length:,} tokens needs {per_request:,} blocks × {short.bytes_per_block:,} B = "
+               f"{per_request * short.bytes_per_block:,} B of KV cache, and {short.available:,} B are available "
+               f"(vLLM refuses to start: \"the model's max seq len ({length}) is larger than the maximum number of "
+               "tokens that can be stored in KV cache\")")
     else:
         why = ""
+    if pp > 1:
+        notes.append(f"vLLM gives every worker the smallest block count of all ({blocks:,}, {where.rstrip(': ')}) "
+                     "and shrinks the others' tensors to it (kv_cache_utils.get_kv_cache_configs): "
+                     + "; ".join(f"stage {st.rank} leaves {st.available - blocks * st.bytes_per_block:,} B unused"
+                                 for st in stages if st.rank != limiting.rank))
     headroom = total - requested
     graphs = Estimate(CUDA_GRAPH_ALLOWANCE, f"{CUDA_GRAPH_ALLOWANCE:,} B (an allowance)",
                       "vLLM captures CUDA graphs after allocating the KV cache (gpu_worker.compile_or_warm_up_model), "
@@ -315,26 +404,37 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
                      "B): capture may run out of memory (lower --gpu-memory-utilization, or --enforce-eager)")
     smallest, tried = None, ()
     if not fits:
-        smallest, tried = _smallest_tp(view, text, weights_at, reserve_at, options, kv_dtype, compute_dtype, tp,
-                                       total, length, batched)
+
+        def try_at(t: int) -> tuple[int, int, bool, str]:
+            specs, t_per_layer, _, _, t_mamba = vllm_layer_kinds(view.config, kv_dtype, t, compute_dtype)
+            t_block, t_page, _ = vllm_pages(t_per_layer, t_mamba, options.block_size, length)
+            size, t_groups = vllm_grouping(specs)
+            need = sum(count * vllm_blocks(kind, window, t_block, length, batched)
+                       for kind, window, _, count in t_groups)
+            worst = min(stages_at(t, t_page, need, False), key=lambda st: (st.fits, st.available))
+            return (worst.weights, worst.available, worst.fits, "" if worst.fits else
+                    f"{need * worst.bytes_per_block:,} B of KV for one sequence, {worst.available:,} B available"
+                    + (f" (stage {worst.rank})" if pp > 1 else ""))
+        smallest, tried = _smallest_tp(text, try_at, tp)
     if fits and concurrency < seqs:
         notes.append(f"--max-num-seqs {seqs:,} exceeds the {concurrency:.2f} sequences of {length:,} tokens the "
                      "blocks hold at once: vLLM starts, and preempts requests when their blocks run out (shorter "
                      "requests share the blocks)")
     command, changes = _command(model_id, options, tp, length, seqs, fits, largest, smallest,
                                 batched if options.max_num_batched_tokens else None, kv_dtype_flag, dtype_flag,
-                                model_max)
+                                model_max, pp)
     return VllmPreflight(
         gpu=accelerator.name, total=total, total_from=total_from, utilization=options.gpu_memory_utilization,
         requested=requested, tp=tp, weights=weights, weights_from=weights_from, activation=activation,
         non_torch=non_torch, cuda_graphs=graphs, non_kv=non_kv, available=available,
-        block_size=block, kv_dtype=kv_dtype, groups=groups, group_size=group_size, page_bytes=page,
+        block_size=block, kv_dtype=kv_dtype, groups=groups, group_size=limiting.pool_layers, page_bytes=page,
         bytes_per_block=bytes_per_block, blocks=blocks, max_model_len=length, max_model_len_from=length_from,
         max_num_seqs=seqs, max_num_batched_tokens=batched, defaults_from=defaults_from,
-        blocks_per_request=per_request, max_concurrency=concurrency, kv_tokens=int(concurrency * length),
+        blocks_per_request=per_request, max_concurrency=concurrency,
+        kv_tokens=blocks // sum(g.groups for g in groups) * block,
         largest_max_model_len=largest, model_max_len=search_to, fits=fits, why=why, headroom=headroom,
         headroom_needs=needs, smallest_tp=smallest, tried=tried, command=command, command_changes=changes,
-        notes=tuple(notes))
+        notes=tuple(notes), pp=pp, stages=tuple(stages) if pp > 1 else (), limiting_stage=limiting.rank)
 
 
 def _weight_notes(text: Any, compute_dtype: str) -> list[str]:
@@ -371,36 +471,24 @@ def vllm_layer_kinds(config: Any, kv_dtype: str, tp: int, compute_dtype: str = "
     key/value head, as vLLM's paged cache keeps them); a recurrent layer's state is vLLM's own shapes
     (`vllm_mamba_state`), which differ from transformers' cache."""
     from ..dims import is_mla, text_config
-    from .kv import kv_cache, layer_kinds
+    from .kv import kv_cache
 
     text = text_config(config)
-    if getattr(text, "is_encoder_decoder", False):
-        raise UnsupportedError("encoder-decoder models: vLLM's cross-attention cache is not modelled by {0} vllm",
-                               "engine")
+    encoder = _encoder_shape(text)
     mla = is_mla(text)
-    cache = kv_cache(config, batch=1, seq=1, dtype=kv_dtype, layout="latent" if mla else "grouped", tp=tp)
+    cache = kv_cache(config, batch=1, seq=1, dtype=kv_dtype, layout="latent" if mla else "grouped", tp=tp,
+                     encoder_seq=encoder[0] if encoder else None)
     attention = [g for g in cache.groups if g.per_token and g.kind != "cross-attention"]
     per_layer = attention[0].per_token // attention[0].layers if attention else 0
     arithmetic = attention[0].arithmetic if attention else ""
-    has_types = isinstance(getattr(text, "layer_types", None), (list, tuple)) and bool(text.layer_types)
+    cross = [g for g in cache.groups if g.kind == "cross-attention" and g.fixed]
+    if cross and cross[0].fixed != cross[0].layers * cross[0].tokens * per_layer:
+        raise UnsupportedError("{model_type}'s cross-attention page differs from its self-attention page: vLLM "
+                               "cannot unify them", model_type=getattr(text, "model_type", "this model"))
+    per_layer_keys, slid_by_default = _layer_keys(config)
     counts: dict[tuple[str, int | None], int] = {}
     notes = []
-    slid_by_default = False
-    for kind, window in layer_kinds(text):
-        keys = []
-        if kind in ("shared", "none"):
-            continue
-        if kind in _RECURRENT:
-            keys.append(("mamba state", None))
-        elif kind in ("sliding_attention", "hybrid_sliding") and window and has_types:
-            keys.append((f"sliding window {window:,}", window))
-        elif kind == "chunked_attention" and window:
-            keys.append((f"chunked {window:,}", window))
-        else:
-            slid_by_default |= kind in ("sliding_attention", "hybrid_sliding") and bool(window)
-            keys.append(("MLA latent" if mla else "full attention", None))
-        if kind in ("hybrid", "hybrid_sliding"):  # attention and a Mamba mixer in one layer (Falcon-H1): two specs
-            keys.append(("mamba state", None))
+    for keys in per_layer_keys:
         for key in keys:
             counts[key] = counts.get(key, 0) + 1
     mamba = None
@@ -423,6 +511,112 @@ def vllm_layer_kinds(config: Any, kv_dtype: str, tp: int, compute_dtype: str = "
 
 
 _RECURRENT = ("linear_attention", "conv", "mamba", "mamba2", "ssm", "recurrent", "attention_free")
+# the encoder-decoders vLLM's V1 engine serves (model_executor/models/registry.py): Whisper alone; BART, T5, mBART,
+# Florence-2 and the rest went with the V0 engine
+_VLLM_ENCODER_DECODERS = ("whisper",)
+
+
+def _encoder_shape(text: Any) -> tuple[int, str] | None:
+    """(the encoder length every request's cross-attention holds, where from) for an encoder-decoder vLLM serves;
+    None for a decoder-only model; UnsupportedError for an encoder-decoder vLLM V1 does not serve."""
+    from ..dims import config_int
+
+    if not getattr(text, "is_encoder_decoder", False):
+        return None
+    model_type = str(getattr(text, "model_type", "") or "")
+    if model_type not in _VLLM_ENCODER_DECODERS:
+        raise UnsupportedError("{model_type} is an encoder-decoder vLLM's V1 engine does not serve (it serves Whisper; "
+                               "BART, T5 and the other encoder-decoders went with the V0 engine)",
+                               model_type=model_type or "this model")
+    length = config_int(text, "max_source_positions")
+    if not length:
+        raise UnsupportedError("{model_type}'s config gives no max_source_positions: the encoder length vLLM's "
+                               "cross-attention cache holds", model_type=model_type)
+    return length, ("max_source_positions (vLLM's max_num_encoder_input_tokens for an encoder-decoder: "
+                    "MULTIMODAL_REGISTRY.get_encdec_max_encoder_len, Whisper's audio padded to 30 s)")
+
+
+def _layer_keys(config: Any) -> tuple[list[list[tuple[str, int | None]]], bool]:
+    """(each decoder layer's KV cache specs in vLLM's reading, in layer order, as (kind, window) keys; whether a
+    config's sliding window goes unused because it gives no layer_types). A cross-attention key's second item is
+    the encoder length."""
+    from ..dims import is_mla, text_config
+    from .kv import layer_kinds
+
+    text = text_config(config)
+    encoder = _encoder_shape(text)
+    mla = is_mla(text)
+    has_types = isinstance(getattr(text, "layer_types", None), (list, tuple)) and bool(text.layer_types)
+    out: list[list[tuple[str, int | None]]] = []
+    slid_by_default = False
+    for kind, window in layer_kinds(text):
+        keys: list[tuple[str, int | None]] = []
+        if kind in ("shared", "none"):
+            out.append(keys)
+            continue
+        if kind in _RECURRENT:
+            keys.append(("mamba state", None))
+        elif kind in ("sliding_attention", "hybrid_sliding") and window and has_types:
+            keys.append((f"sliding window {window:,}", window))
+        elif kind == "chunked_attention" and window:
+            keys.append((f"chunked {window:,}", window))
+        else:
+            slid_by_default |= kind in ("sliding_attention", "hybrid_sliding") and bool(window)
+            keys.append(("MLA latent" if mla else "full attention", None))
+        if kind in ("hybrid", "hybrid_sliding"):  # attention and a Mamba mixer in one layer (Falcon-H1): two specs
+            keys.append(("mamba state", None))
+        if encoder is not None:  # a decoder layer's cross-attention: a CrossAttentionSpec beside its self-attention
+            keys.append(("cross-attention", encoder[0]))
+        out.append(keys)
+    return out, slid_by_default
+
+
+def vllm_pp_partition(layers: int, pp: int, partition: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """Each pipeline stage's layer count as vLLM's get_pp_indices (distributed/utils.py) gives it: layers // pp
+    each, the remainder one a stage to the stages before the last, from the one before the last backwards (the
+    last holds the final norm and head); VLLM_PP_LAYER_PARTITION (`partition`) replaces the rule, and must give
+    pp counts summing to the layers."""
+    if pp > layers:
+        raise OptionError("{0} {pp} is more than the model's {layers} layers: each stage holds one or more", "pp",
+                          pp=pp, layers=layers)
+    if partition is not None:
+        if len(partition) != pp or sum(partition) != layers:
+            raise OptionError("{0} {value} must give {pp} stages' layers summing to the model's {layers} (vLLM "
+                              "checks both)", "pp_layer_partition", value=",".join(map(str, partition)), pp=pp,
+                              layers=layers)
+        return tuple(partition)
+    sizes = [layers // pp] * pp
+    for i in range(2, layers % pp + 2):
+        sizes[-i] += 1
+    return tuple(sizes)
+
+
+def _partition_words(split: tuple[int, ...], partition: tuple[int, ...] | None) -> str:
+    layers = sum(split)
+    if partition is not None:
+        return (f"pipeline stages: VLLM_PP_LAYER_PARTITION={','.join(map(str, split))} places the {layers} layers "
+                "(get_pp_indices)")
+    if len(set(split)) == 1:
+        return f"pipeline stages: {layers} layers, {split[0]} a stage (vLLM's get_pp_indices)"
+    return (f"pipeline stages: {layers} layers split unevenly as vLLM does, [{','.join(map(str, split))}]: the "
+            "remainder goes to the stages before the last (get_pp_indices; VLLM_PP_LAYER_PARTITION, "
+            "--pp-layer-partition here, replaces it)")
+
+
+def _worker_group_size(keys: list[list[tuple[str, int | None]]], size: int, start: int, end: int) -> int:
+    """Layers a KV pool serves on the worker holding layers start..end − 1: vLLM groups the whole model's layers
+    (group i of a kind takes that kind's layers[i::groups], _get_kv_cache_groups_uniform_page_size), projects each
+    group onto the worker's layers (_project_kv_cache_groups_to_worker), and a worker's pools are its largest
+    projected group (get_kv_cache_config_from_groups)."""
+    by_kind: dict[tuple[str, int | None], list[int]] = {}
+    for index, layer_keys in enumerate(keys):
+        for key in layer_keys:
+            by_kind.setdefault(key, []).append(index)
+    shares = []
+    for indices in by_kind.values():
+        count = -(-len(indices) // size)
+        shares.extend(sum(start <= i < end for i in indices[g::count]) for g in range(count))
+    return max(shares) if shares else 0
 
 
 def vllm_mamba_state(text: Any, dtype: str, tp: int) -> tuple[int, str] | None:
@@ -516,13 +710,15 @@ def vllm_grouping(kinds: list[tuple[str, int | None, int]]) -> tuple[int, list[t
 
 def vllm_blocks(kind: str, window: int | None, block: int, length: int, batched: int) -> int:
     """Blocks one request of `length` tokens holds in one group of this kind (the spec's max_memory_usage_bytes ÷
-    its page)."""
+    its page). `window`: the sliding window, the attention chunk, or (cross-attention) the encoder length."""
     if kind.startswith("sliding window"):
         return -(-min(window - 1 + batched, length) // block) + 1
     if kind.startswith("chunked"):
         return -(-min(window + batched, length) // block)
     if kind == "mamba state":
         return 1  # the running state (mamba_cache_mode "none": no per-block checkpoints for prefix caching)
+    if kind == "cross-attention":  # `window` is the encoder length: CrossAttentionSpec.max_memory_usage_bytes
+        return -(-window // block)
     return -(-length // block)
 
 
@@ -532,6 +728,9 @@ def _group(kind: str, window: int | None, layers: int, count: int, per_layer: in
     if kind == "mamba state":
         return KVGroup(kind, "MambaSpec", layers, count, mamba[0], mamba[1], page, None, blocks,
                        "1 (the sequence's state)")
+    if kind == "cross-attention":
+        return KVGroup(kind, "CrossAttentionSpec", layers, count, per_layer, arithmetic, page, None, blocks,
+                       f"cdiv(encoder length {window:,}, {block}) = {blocks:,}, whatever max_model_len", window)
     if kind.startswith("sliding window"):
         spec = "SlidingWindowSpec"
         words = (f"cdiv(min(window {window:,} − 1 + max_num_batched_tokens {batched:,}, {length:,}), {block}) + 1 "
@@ -560,12 +759,17 @@ def _largest_length(fits: Any, limit: int) -> int:
     return low
 
 
-def _activation(text: Any, compute_dtype: str, batched: int, seqs: int, tp: int) -> Estimate:
+def _activation(text: Any, compute_dtype: str, batched: int, seqs: int, tp: int, *, first: bool = True,
+                last: bool = True, encoder: tuple[int, str] | None = None) -> Estimate:
     """The profile run's torch peak beyond the weights, estimated: the larger of one decoder layer's live tensors at
     max_num_batched_tokens tokens (vLLM's fused kernels: the residual and the normed input, then the MLP's gate_up
     and activation outputs, or the attention's qkv and output, or the fused MoE's per-expert caches) and the
     sampler's tensors over max_num_seqs requests (the hidden states, the logits in the compute dtype, their fp32
-    copy, the probabilities and the exponential noise the random sampler divides by)."""
+    copy, the probabilities and the exponential noise the random sampler divides by). Under pipeline parallelism
+    only the last stage runs the sampler, and every stage after the first holds the intermediate tensors it
+    receives (hidden states and residual, max_num_batched_tokens × hidden each) through the run. An encoder-decoder
+    (Whisper) adds the encoder's moment on one item of the encoder length (vLLM sets the encoder budget to it), its
+    output kept for the decoder's cross-attention; its MLP is not gated (fc1, its activation)."""
     from ..dims import config_int, dim
     from ..dtypes import itemsize
 
@@ -583,11 +787,18 @@ def _activation(text: Any, compute_dtype: str, batched: int, seqs: int, tp: int)
     else:
         attention_width = (-(-heads // tp)) * 2 * head_dim + 2 * (-(-kv_heads // tp)) * head_dim
     inner = -(-(dim(text, "intermediate") or 4 * hidden) // tp)
+    widths = 2 if encoder is not None else 3  # gate_up and its activation (gated), or fc1 and its activation
     moments = [(t * (2 * hidden + attention_width) * size,
                 f"attention: {t:,} tokens × (2 × hidden {hidden:,} + q, k, v and output {attention_width:,}) × "
                 f"{size} B"),
-               (t * (2 * hidden + 3 * inner) * size,
-                f"MLP: {t:,} tokens × (2 × hidden {hidden:,} + 3 × intermediate {inner:,}) × {size} B")]
+               (t * (2 * hidden + widths * inner) * size,
+                f"MLP: {t:,} tokens × (2 × hidden {hidden:,} + {widths} × intermediate {inner:,}) × {size} B")]
+    if encoder is not None:
+        length = encoder[0]
+        ffn = -(-(config_int(text, "encoder_ffn_dim") or 4 * hidden) // tp)
+        moments.append((length * (3 * hidden + 2 * ffn) * size,
+                        f"encoder: 1 item × {length:,} tokens × (3 × hidden {hidden:,} + 2 × encoder ffn "
+                        f"{ffn:,}) × {size} B"))
     topk = config_int(text, "num_experts_per_tok", "moe_topk", "top_k")
     experts = config_int(text, "n_routed_experts", "num_local_experts", "num_experts")
     if topk and experts:
@@ -597,15 +808,20 @@ def _activation(text: Any, compute_dtype: str, batched: int, seqs: int, tp: int)
                         f"{expert:,} + hidden {hidden:,})) × {size} B"))
     vocab = config_int(text, "vocab_size") or 0
     requests = min(seqs, batched)
-    moments.append((t * hidden * size + requests * vocab * (size + 12),
-                    f"sampler: hidden {t:,} × {hidden:,} × {size} B + {requests:,} requests × vocab {vocab:,} × "
-                    f"({size} + 3 × 4) B"))
+    if last:
+        moments.append((t * hidden * size + requests * vocab * (size + 12),
+                        f"sampler: hidden {t:,} × {hidden:,} × {size} B + {requests:,} requests × vocab "
+                        f"{vocab:,} × ({size} + 3 × 4) B"))
     value, words = max(moments, key=lambda m: m[0])
+    if not first:
+        received = 2 * t * hidden * size
+        value, words = value + received, (f"{words} + intermediate tensors received: 2 × {t:,} tokens × hidden "
+                                          f"{hidden:,} × {size} B")
     return Estimate(value, words,
                     "vLLM measures torch's peak allocation over its profile run (gpu_model_runner.profile_run: a "
                     f"dummy forward of max_num_batched_tokens = {batched:,} tokens, then the sampler over "
-                    f"{requests:,} requests; mem_utils.memory_profiling, torch_peak_increase); estimated here as "
-                    "the largest of these moments")
+                    f"{requests:,} requests on the last pipeline stage; mem_utils.memory_profiling, "
+                    "torch_peak_increase); estimated here as the largest of these moments")
 
 
 def _serving_inputs(report: Any, view: Any, estimate: Any) -> Any:
@@ -626,25 +842,26 @@ def _serving_inputs(report: Any, view: Any, estimate: Any) -> Any:
                          None, shape)
 
 
-def _weights_at(inputs: Any, one_device: Any) -> Any:
-    """tp → a GPU's weights and buffers: the one-device answer's at tp 1, else rank 0's shards as
-    parallel/serving.py places them; raises ParamscopeError where the rules refuse the degree."""
+def _weights_at(inputs: Any, one_device: Any, pp: int = 1, split: tuple[int, ...] | None = None) -> Any:
+    """tp → each pipeline stage's GPU weights and buffers, in stage order: the one-device answer's at tp 1 without
+    pp, else rank 0's shards as parallel/serving.py places them (at `split`, vLLM's partition, under pp); raises
+    ParamscopeError where the rules refuse the degree."""
     from ..parallel.serving import serving_layout
 
-    memo: dict[int, int] = {1: one_device.bytes + one_device.buffer_bytes}
+    memo: dict[int, list[int]] = {1: [one_device.bytes + one_device.buffer_bytes]} if pp == 1 else {}
 
-    def at(tp: int) -> int:
+    def at(tp: int) -> list[int]:
         if tp not in memo:
-            memo[tp] = serving_layout(inputs, tp, 1, 1, 1)[0].device.weight_bytes
+            layout = serving_layout(inputs, tp, pp, 1, 1, split)[0]
+            memo[tp] = [stage.weight_bytes for stage in layout.stages]
         return memo[tp]
     return at
 
 
-def _smallest_tp(view: Any, text: Any, weights_at: Any, reserve_at: Any, options: VllmOptions, kv_dtype: str,
-                 compute_dtype: str, tp: int, total: int, length: int,
-                 batched: int) -> tuple[int | None, tuple[TensorParallelTry, ...]]:
-    """The smallest tensor-parallel degree above `tp` at which one sequence of `length` tokens fits, trying the
-    degrees that divide the attention heads (as vLLM requires), up to 64."""
+def _smallest_tp(text: Any, try_at: Any, tp: int) -> tuple[int | None, tuple[TensorParallelTry, ...]]:
+    """The smallest tensor-parallel degree above `tp` at which one sequence of the asked length fits every worker
+    (`try_at(t)` → (weights, available, fits, why) of the tightest worker), trying the degrees that divide the
+    attention heads (as vLLM requires), up to 64."""
     from ...errors import ParamscopeError
     from ..dims import dim
 
@@ -654,20 +871,11 @@ def _smallest_tp(view: Any, text: Any, weights_at: Any, reserve_at: Any, options
         if not heads or heads % t:
             continue
         try:
-            weights = weights_at(t)
-            activation, non_torch = reserve_at(t)
-            specs, per_layer, _, _, mamba = vllm_layer_kinds(view.config, kv_dtype, t, compute_dtype)
-            block, page, _ = vllm_pages(per_layer, mamba, options.block_size, length)
+            weights, available, fits, why = try_at(t)
         except ParamscopeError as error:
             tried.append(TensorParallelTry(t, None, None, False, str(error)))
             continue
-        available = int(total * options.gpu_memory_utilization - weights - activation.bytes - non_torch.bytes)
-        size, groups = vllm_grouping(specs)
-        need = sum(count * vllm_blocks(kind, window, block, length, batched)
-                   for kind, window, _, count in groups) * page * size
-        fits = available > 0 and need <= available
-        tried.append(TensorParallelTry(t, weights, available, fits, "" if fits else
-                                       f"{need:,} B of KV for one sequence, {available:,} B available"))
+        tried.append(TensorParallelTry(t, weights, available, fits, why))
         if fits:
             return t, tuple(tried)
     return None, tuple(tried)
@@ -675,7 +883,7 @@ def _smallest_tp(view: Any, text: Any, weights_at: Any, reserve_at: Any, options
 
 def _command(model_id: str, options: VllmOptions, tp: int, length: int, seqs: int, fits: bool, largest: int,
              smallest: int | None, batched: int | None, kv_flag: str | None, dtype_flag: str | None,
-             model_max: int | None) -> tuple[str, str]:
+             model_max: int | None, pp: int = 1) -> tuple[str, str]:
     """The `vllm serve` line that fits (the asked settings where they fit; else the largest --max-model-len, or the
     smallest --tensor-parallel-size at the asked length), and what it changed."""
     use_tp, use_len, changes = tp, length, ""
@@ -687,9 +895,12 @@ def _command(model_id: str, options: VllmOptions, tp: int, length: int, seqs: in
             use_tp, changes = smallest, f"--tensor-parallel-size {tp} → {smallest} (at --max-model-len {length:,})"
         else:
             return "", "nothing fits: the weights and the reserve leave no KV cache at any tensor-parallel degree tried"
-    parts = [f"vllm serve {model_id or 'MODEL'}"]
+    parts = ([f"VLLM_PP_LAYER_PARTITION={','.join(map(str, options.pp_layer_partition))}"]
+             if options.pp_layer_partition is not None and pp > 1 else []) + [f"vllm serve {model_id or 'MODEL'}"]
     if use_tp > 1:
         parts.append(f"--tensor-parallel-size {use_tp}")
+    if pp > 1:
+        parts.append(f"--pipeline-parallel-size {pp}")
     if dtype_flag:
         parts.append(dtype_flag)
     parts.append(f"--gpu-memory-utilization {options.gpu_memory_utilization:g}")
@@ -706,5 +917,6 @@ def _command(model_id: str, options: VllmOptions, tp: int, length: int, seqs: in
     return " ".join(parts), changes
 
 
-__all__ = ["VllmOptions", "VllmPreflight", "cache_dtype_flag", "serve_defaults", "vllm_blocks", "vllm_dtype",
-           "vllm_grouping", "vllm_layer_kinds", "vllm_mamba_state", "vllm_pages", "vllm_preflight"]
+__all__ = ["VllmOptions", "VllmPreflight", "VllmStage", "cache_dtype_flag", "serve_defaults", "vllm_blocks",
+           "vllm_dtype", "vllm_grouping", "vllm_layer_kinds", "vllm_mamba_state", "vllm_pages", "vllm_pp_partition",
+           "vllm_preflight"]

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from ...errors import OptionError, ParamscopeError, UnsupportedError
 from ...frozen import FrozenDict, freeze_fields
 from .layout import ParallelLayout, layout_for
-from .pipeline import layer_of, layer_stack_of, split_words, stages
+from .pipeline import Stage, layer_of, layer_stack_of, split_words, stages
 
 _COPY = " (the last stage's copy for the tied head)"
 MAX_SEARCHED = 64  # the widest tensor-parallel group the smallest-T search tries (heads unknown: powers of two)
@@ -127,9 +127,11 @@ def check_degrees(tp: int, pp: int) -> ParallelLayout:
     return layout_for(tp=tp, pp=pp)
 
 
-def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int,
-                   seq: int) -> tuple[ServingLayout, Callable[[int, int], int]]:
-    """(each GPU's figures at `batch` × `seq`, the per-GPU peak at another batch and context)."""
+def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int,
+                   split: tuple[int, ...] | None = None) -> tuple[ServingLayout, Callable[[int, int], int]]:
+    """(each GPU's figures at `batch` × `seq`, the per-GPU peak at another batch and context). `split`: each
+    stage's layer count, in order, where a server's own rule places them (vLLM's get_pp_indices); None: the
+    training layouts' split (pipeline.stages)."""
     from ...count import ParameterInfo
     from ..dims import text_config
     from ..memory.prefill import prefill_workspace
@@ -149,7 +151,7 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int,
         if pp > count:
             raise OptionError("{0} {pp} is more than the model's {layers} layers: each stage holds one or more", "pp",
                               pp=pp, layers=count)
-        plan = stages(layout, count)
+        plan = stages(layout, count) if split is None else _stages_of(split, count)
         kinds = _cache_layers(text, inputs.cache)
         if kinds is not None and kinds != count:
             raise UnsupportedError("pipeline stages split {count} layers of {stack}, but the config's cache has "
@@ -254,6 +256,16 @@ def smallest_tp(inputs: ServingInputs, accelerator: Any, reserve: int, *, pp: in
         if peak <= capacity:
             return TensorParallelSearch(accelerator, pp, batch, seq, t, peak, tuple(tried))
     return TensorParallelSearch(accelerator, pp, batch, seq, None, None, tuple(tried))
+
+
+def _stages_of(split: tuple[int, ...], count: int) -> tuple[Stage, ...]:
+    """Stages holding `split` layers each, in order (a server's partition of the `count` layers)."""
+    if sum(split) != count or min(split) < 1:
+        raise OptionError("{0} {split} must give each stage one or more layers, {count} in all", "pp_layer_partition",
+                          split=",".join(map(str, split)), count=count)
+    starts = [sum(split[:r]) for r in range(len(split))]
+    return tuple(Stage(r, tuple(range(starts[r], starts[r] + n)), (n,), r == 0, r == len(split) - 1, 1)
+                 for r, n in enumerate(split))
 
 
 def _on_stage(name: str, role: str, stage: Any, stack: str, buffer: bool = False) -> bool:
