@@ -65,10 +65,12 @@ def add_parser(subparsers: Any) -> None:
                                "the vision tower's forward peak (training: the towers train, their saved activations "
                                "held)")
     training.add_argument("--images", type=int, metavar="K",
-                          help="images a sequence at the vision config's own size (Gemma-3, LLaVA), as --image-tokens")
+                          help="images a sequence at the vision config's own size (Gemma-3, LLaVA), as --image-tokens; "
+                               "Llama-3.2-Vision: each image as max_num_tiles tiles, read by cross-attention")
     training.add_argument("--audio-seconds", type=float, metavar="T",
-                          help="serving Whisper on T seconds of audio: the encoder's forward peak, its output and the "
-                               "cross-attention cache, one 30 s window a sequence")
+                          help="Whisper on T seconds of audio, one 30 s window a sequence: serving, the encoder's "
+                               "forward peak, its output and the cross-attention cache; training (default 30), the "
+                               "step traced on the mel frames and the text")
     training.add_argument("--grad-checkpointing", default="none", choices=("none", "full"),
                           help="full: each layer keeps only its input and is recomputed in backward")
     training.add_argument("--attention", choices=("sdpa", "eager", "flash"),
@@ -140,8 +142,6 @@ def run(args: argparse.Namespace) -> int:
     if _media(args) is not None and (wants_llama_cpp(args) or wants_vllm(args)):
         raise OptionError("--image-tokens, --images and --audio-seconds are counted for transformers' serving and "
                           "training here, not for another --engine")
-    if args.audio_seconds is not None and args.training:
-        raise OptionError("--audio-seconds is for serving here (Whisper's training memory is not counted yet)")
     if wants_llama_cpp(args):
         return run_llama_cpp(args)
     if wants_vllm(args):

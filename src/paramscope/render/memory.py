@@ -405,8 +405,9 @@ def training_parts(report, estimate) -> list:
     lines = [title, *filter(None, [model_source_line(report.model)]), indented(step), indented(shape)]
     if detail.frozen:
         tensors = "tensor" if len(detail.frozen) == 1 else "tensors"
+        named = ", ".join(settings["freeze"]) or "requires_grad False in the class"
         lines.append(indented(f"frozen: {exact(states.frozen)} parameters in {len(detail.frozen)} {tensors} "
-                              f"({', '.join(settings['freeze'])}); {exact(states.trainable)} train"))
+                              f"({named}); {exact(states.trainable)} train"))
     lines += [Text(""), _training_totals(estimate), Text(""), _phases_table(estimate)]
     if detail.traced is not None and detail.traced.kept_by_module:
         lines += [Text(""), _kept_table(detail.traced)]
@@ -451,6 +452,10 @@ def _training_totals(estimate) -> Table:
     act = estimate.activations
     table.add_row("activations saved", exact(act.bytes), binary(act.bytes),
                   f"{detail.activation_source}: {act.arithmetic}")
+    for part, path, value in detail.towers:  # a cross-attention family's tower, traced in the same step
+        table.add_row(f"  of which {part}", exact(value), binary(value),
+                      f"{path}: what its forward leaves allocated as it returns (its output and what it saves for "
+                      "backward), traced in the same step")
     top = max(detail.phases, key=lambda p: p.bytes)
     where = "" if top.where == "measured" else f"{top.where}: "
     table.add_row(f"peak ({top.phase})", exact(top.bytes), binary(top.bytes),
@@ -651,7 +656,9 @@ def memory_to_dict(estimate) -> dict[str, Any]:
         "activations": None if estimate.activations is None else {
             "bytes": estimate.activations.bytes, "arithmetic": estimate.activations.arithmetic,
             "what": "saved for backward" if training else "prefill workspace",
-            **({"source": training.activation_source} if training else {})},
+            **({"source": training.activation_source,
+                "towers": [{"part": part, "module": path, "bytes": value} for part, path, value in training.towers]}
+               if training else {})},
         "peak": {"bytes": estimate.peak, "phase": estimate.peak_phase},
         "phases": [{"phase": p.phase, "moment": p.where, "bytes": p.bytes, "gradients": p.gradients,
                     "arithmetic": p.arithmetic} for p in training.phases] if training else None,

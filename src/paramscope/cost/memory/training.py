@@ -24,6 +24,7 @@ from .activations import (
 from ..dims import attention_dropout, config_int, dim, text_config
 from ..hardware import Accelerator, find_accelerator
 from ..model_view import towers_not_run
+from ..traced.media_step import FAMILIES as CROSS_ATTENTION_FAMILIES
 from ..traced.step import ATTENTION, StepSettings, TORCH_OPTIMIZERS, TracedStep, trace_training
 from .fits import fit_on, fit_table
 from .phases import PhaseFigure, cast_weights, moment_phases
@@ -131,6 +132,9 @@ class TrainingDetail:
     analytic_activations: int | None = None  # beside a traced answer: the recipe's saved activations
     trace_depth: str | None = None  # the traced engine's: "extended" (cuts extended to the depth) | "full"
     device: Any = None  # parallel.estimate.DeviceMemory: one device's figures under a layout
+    # a cross-attention family's step on audio or images: (part, module path, the activation bytes its forward
+    # leaves allocated as it returns, MemTracker's) for the tower and its projector, part of the activations
+    towers: tuple[tuple[str, str, int], ...] = ()
 
     def __post_init__(self) -> None:
         freeze_fields(self, "per_device", "by_category")
@@ -188,18 +192,38 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     if live:  # a user's module (a PEFT model, a half-frozen one) trains what its requires_grad flags say
         frozen = sorted(set(frozen) | {p.name for p in report.params if not p.trainable})
     media = None
-    if options.media is not None and options.media.given:  # the towers run on the image input, and train
+    cross = None  # a cross-attention family's audio or images (traced/media_step.StepMedia), fed to a traced step
+    media_notes: list[str] = []
+    asked = options.media if options.media is not None and options.media.given else None
+    if asked is None and getattr(view.config, "model_type", None) == "whisper":
+        from ..towers import MediaInput
+
+        asked = MediaInput(audio_seconds=30.0)  # Whisper's forward needs its mel frames: it pads any audio to 30 s
+        dataclasses.replace(options, media=asked).check()  # what an audio input's step is counted without
+        media_notes.append("Whisper trains on audio and its transcript: 30 s of audio a sequence assumed (the window "
+                           "its feature extractor pads every clip to; --audio-seconds T)")
+    if asked is not None:  # the towers run on the image or audio input, and train
         from ..towers import media_family, media_flops
 
-        if media_family(view.config) in ("whisper", "mllama"):
-            raise UnsupportedError("{name} reads its tower by cross-attention: its training memory on an image or "
-                                   "audio input is not counted here yet", name=view.class_name)
         if module is None:
             return None
-        media = media_flops(module, options.media, batch=options.batch, seq=options.seq or DEFAULT_TRAINING_SEQ,
-                            training=True, precision=precision, attention=options.attention,
-                            frozen=frozenset(frozen))
-    idle = () if media is not None else towers_not_run(view)
+        if media_family(view.config) in CROSS_ATTENTION_FAMILIES:
+            from ..traced.media_step import step_media
+
+            asked.check()
+            cross = step_media(module, asked, options.batch)
+            fixed = [p for p in report.params if not p.trainable and p.name not in set(frozen)]
+            if fixed:  # the step runs the class as built: what it sets requires_grad False on takes no gradient
+                frozen = sorted(set(frozen) | {p.name for p in fixed})
+                media_notes.append(f"{', '.join(p.name for p in fixed[:4])}{' …' if len(fixed) > 4 else ''} "
+                                   f"({sum(p.numel for p in fixed):,} parameters) do not train: {view.class_name} sets "
+                                   "requires_grad False on them (Whisper's sinusoidal encoder positions), so no "
+                                   "gradient or optimizer state is kept for them")
+        else:
+            media = media_flops(module, asked, batch=options.batch, seq=options.seq or DEFAULT_TRAINING_SEQ,
+                                training=True, precision=precision, attention=options.attention,
+                                frozen=frozenset(frozen))
+    idle = () if media is not None or cross is not None else towers_not_run(view)
     unused = [p.name for p in report.params if any(p.name.startswith(tower + ".") for tower in idle)]
     if unused:  # a text input runs no vision or audio tower: their parameters' .grad stays None
         frozen = sorted(set(frozen) | set(unused))
@@ -212,6 +236,14 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                             components=[c.name for c in report.components])
     text = text_config(view.config)
     seq, limit, notes = step_length(report, text, options.seq, DEFAULT_TRAINING_SEQ)
+    notes.extend(media_notes)
+    if cross is not None:
+        notes.append(f"{'audio' if cross.family == 'whisper' else 'image'} input: each sequence holds {cross.words}; "
+                     f"the text is {seq:,} tokens; " + "; ".join(cross.notes))
+        notes.append(f"{view.class_name} reads its {'encoder' if cross.family == 'whisper' else 'vision tower'} by "
+                     "cross-attention: the step is traced on the real input, every layer of the tower and the "
+                     "language model, forward, backward and optimizer step (MemTracker on fake tensors); the "
+                     "analytic and derived engines take no such input, so the answer is the trace's")
     tower_saved = 0
     if media is not None:
         seq += media.tokens
@@ -245,8 +277,10 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     fitted = recipe_attention(recipe) if recipe else None
     at_fitted = fitted == ("sdpa" if fused else attention)
     analytic = training_activations(text, class_name, batch=options.batch, seq=seq, **shape) \
-        if at_fitted and not adapters else None
-    if recipe is not None and not at_fitted:
+        if at_fitted and not adapters and cross is None else None
+    if cross is not None:
+        pass  # the trace answers (said above)
+    elif recipe is not None and not at_fitted:
         notes.append(f"the analytic recipe is for {fitted} attention; attention {attention} is traced")
     elif recipe is not None and analytic is None and not adapters:
         why = recipe_declines(text, class_name, batch=options.batch, seq=seq, precision=precision,
@@ -272,7 +306,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     # under a layout --trace traces one rank's step on torch's fake process group, beside the analytic answer
     layout_active = options.layout is not None and not options.layout.trivial
     depth = None if layout_active else trace_depth(options.trace)
-    if depth == "extended" or (analytic is None and depth is None):
+    if cross is None and (depth == "extended" or (analytic is None and depth is None)):
         derived, why_not = _derive(view, options, seq, limit, frozen, dtype if live else None, own, live=live,
                                    fresh=depth == "extended", structure=structure)
         if derived is None and why_not and depth == "extended":
@@ -309,7 +343,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
             return None
         settings = StepSettings(batch=options.batch, seq=seq, precision=precision, optimizer=optimizer,
                                 grad_checkpointing=checkpointing, attention=options.attention, frozen=frozenset(frozen),
-                                weights_dtype=dtype if live else None, own_dtype=own)
+                                weights_dtype=dtype if live else None, own_dtype=own, media=cross)
         traced = trace_training(module, settings)
         notes.extend(traced.notes)
         extra = 0 if optimizer in TORCH_OPTIMIZERS[:4] else states.optimizer.bytes  # states the trace lacks
@@ -336,9 +370,10 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                          f"are added to each moment, their gradients ({held.gradients.bytes:,} B) to the optimizer "
                          "step's")
         saved = traced.saved_activations
+        rows = cross.sequences if cross is not None else options.batch
         activations = Workspace(saved, "measured at the end of the forward (MemTracker, fake tensors)",
-                                4 * options.batch * seq * (config_int(text, "vocab_size") or 0))
-        if recipe is None or adapters:
+                                4 * rows * seq * (config_int(text, "vocab_size") or 0))
+        if (recipe is None or adapters) and cross is None:
             notes.append(f"no analytic activation recipe for {class_name}: one step traced on fake "
                          "tensors; the largest batch scales the measured activations (linear in the batch), the "
                          "largest context is left to a trace at that length (--seq)")
@@ -467,7 +502,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     detail = TrainingDetail(states, tuple(sorted(frozen)), source_label, phases, sharded, traced, analytic_peak,
                             dict(traced.peak.by_category) if traced is not None else {},
                             checked.saved if traced is not None and checked is not None else None,
-                            settings_out["trace"], device)
+                            settings_out["trace"], device, _tower_activations(traced, cross))
     engine = "traced" if traced is not None or extended else "derived" if derived is not None else "analytic"
     if device is not None and device.activations_from.startswith("derived"):
         engine = "derived"
@@ -525,6 +560,16 @@ def _why_traced(view: Any, options: TrainingOptions) -> str:
         return f"the analytic {recipe} recipe's moments do not hold its step's peak ({inside})"
     return f"the analytic {recipe} recipe is not for --attention {options.attention}" if options.attention else \
         f"the analytic {recipe} recipe does not cover this config"
+
+
+def _tower_activations(traced: TracedStep | None, cross: Any) -> tuple[tuple[str, str, int], ...]:
+    """The tower's and projector's lines of a cross-attention family's traced step: what each one's forward leaves
+    allocated as it returns (its output, what it saved for backward, autocast's 16-bit weight copies), read off the
+    same MemTracker trace; the backward frees them."""
+    if traced is None or cross is None:
+        return ()
+    kept = dict(traced.kept_by_module)
+    return tuple((part, path, kept[path]) for part, path in cross.parts if path in kept)
 
 
 def _own_dtypes(report: Any, own: frozenset[str]) -> dict[str, int]:

@@ -89,6 +89,8 @@ class StepSettings:
     own_dtype: frozenset[str] = frozenset()  # parameter names that keep their own dtype (a plan's bf16 adapters)
     # one rank of a multi-GPU layout, (dp, shard, tp, sp) as traced/parallel.Layout takes them; None: one device
     layout: tuple | None = None
+    # a cross-attention family's audio or images (traced/media_step.StepMedia): the step feeds them with the text
+    media: Any = None
 
 
 def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) -> TracedStep:
@@ -514,6 +516,10 @@ def enable_checkpointing(model: Any) -> None:
 def training_inputs(model: Any, settings: StepSettings) -> dict[str, Any]:
     import torch
 
+    if settings.media is not None:
+        from .media_step import media_inputs
+
+        return media_inputs(model, settings.media, settings.seq)
     # A PeftModel with no task type forwards *args, **kwargs to the model it wraps: that model's signature counts.
     wrapped = model.get_base_model() if hasattr(model, "get_base_model") else model
     try:
