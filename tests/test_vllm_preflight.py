@@ -249,6 +249,15 @@ def test_a_layer_partition_is_vllms_environment_variable(capsys):
                                    "--pipeline-parallel-size 2")
 
 
+def test_text_names_each_stage_and_the_fewest_blocks(capsys):
+    assert main(["memory", "llama-3-8b", "--engine", "vllm", "--budget", "40GiB", "--pp", "2", "--max-model-len",
+                 "8192", "--width", "140"]) == 0
+    out = capsys.readouterr().out
+    assert "Memory vLLM budgets on one GPU of stage 1, the stage with the fewest blocks" in out
+    assert "0–15 (16)" in out and "16–31 (16)" in out and "← the fewest" in out
+    assert "pipeline stages: 32 layers, 16 a stage (vLLM's get_pp_indices)" in out
+
+
 def test_whisper_cross_attention_holds_the_encoder_length():
     """whisper-large-v3's shapes: each decoder layer a self-attention FullAttentionSpec and a CrossAttentionSpec of
     the same page (20 KV heads of 64 in fp16); two groups of 32 share 32 pools; a request holds cdiv(448, 16)

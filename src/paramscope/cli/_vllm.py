@@ -86,6 +86,9 @@ def run_vllm(args: argparse.Namespace) -> int:
         raise OptionError(f"--kv-dtype {args.kv_dtype}: vLLM's --kv-cache-dtype takes auto (the model's dtype), "
                           "bfloat16, fp8 or fp8_e5m2")
     source = resolve(args.model, revision=args.revision)
+    from ..cost.memory.vllm import refuse_unserved_encoder_decoder
+
+    refuse_unserved_encoder_decoder(source.config)
     dtype, dtype_flag, dtype_note = vllm_dtype(source.config, args.dtype)
     memory = MemoryOptions(dtype=dtype, kv_dtype=args.kv_dtype, seq=args.max_model_len,
                            group_size=args.group_size, reserve=reserve, tp=args.tp)

@@ -536,6 +536,16 @@ def _encoder_shape(text: Any) -> tuple[int, str] | None:
                     "MULTIMODAL_REGISTRY.get_encdec_max_encoder_len, Whisper's audio padded to 30 s)")
 
 
+def refuse_unserved_encoder_decoder(config: Any) -> None:
+    """Before any build, from the config file's own fields: one line for an encoder-decoder that vLLM's V1 engine
+    does not serve (a config that does not declare is_encoder_decoder is caught after the build)."""
+    from types import SimpleNamespace
+
+    if isinstance(config, dict) and config.get("is_encoder_decoder") is True:
+        _encoder_shape(SimpleNamespace(is_encoder_decoder=True, model_type=str(config.get("model_type", "")),
+                                       max_source_positions=config.get("max_source_positions")))
+
+
 def _layer_keys(config: Any) -> tuple[list[list[tuple[str, int | None]]], bool]:
     """(each decoder layer's KV cache specs in vLLM's reading, in layer order, as (kind, window) keys; whether a
     config's sliding window goes unused because it gives no layer_types). A cross-attention key's second item is
@@ -917,6 +927,6 @@ def _command(model_id: str, options: VllmOptions, tp: int, length: int, seqs: in
     return " ".join(parts), changes
 
 
-__all__ = ["VllmOptions", "VllmPreflight", "VllmStage", "cache_dtype_flag", "serve_defaults", "vllm_blocks",
-           "vllm_dtype", "vllm_grouping", "vllm_layer_kinds", "vllm_mamba_state", "vllm_pages", "vllm_pp_partition",
-           "vllm_preflight"]
+__all__ = ["VllmOptions", "VllmPreflight", "VllmStage", "cache_dtype_flag", "refuse_unserved_encoder_decoder",
+           "serve_defaults", "vllm_blocks", "vllm_dtype", "vllm_grouping", "vllm_layer_kinds", "vllm_mamba_state",
+           "vllm_pages", "vllm_pp_partition", "vllm_preflight"]
