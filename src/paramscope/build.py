@@ -812,7 +812,8 @@ def build_class_on_meta(cls, config, *, dtype: str | None = None):
 
     class_name = cls.__name__
     try:
-        with quiet_transformers(), _module_budget(MAX_MODULES), torch.device("meta"), _default_dtype(dtype):
+        with quiet_transformers(), _module_budget(MAX_MODULES), torch.device("meta"), _default_dtype(dtype), \
+                _config_dtypes(config, dtype):
             return cls(config)
     except (ModelClassError, RemoteCodeError):
         raise
@@ -836,6 +837,45 @@ def _default_dtype(dtype: str | None):
         yield
     finally:
         torch.set_default_dtype(previous)
+
+
+@contextlib.contextmanager
+def _config_dtypes(config, dtype: str | None):
+    """Every (sub-)config's dtype set to `dtype` for the build, restored after. transformers builds a composite
+    model's parts through `_from_config`, each in its own sub-config's dtype, whatever the default dtype: a
+    Qwen2.5-VL config declaring bfloat16 would build its language model in bf16 and its vision tower in fp32 when
+    fp32 was asked."""
+    if dtype is None:
+        yield
+        return
+    import torch
+
+    wanted = getattr(torch, dtype)
+    saved: list[tuple[Any, Any]] = []
+    pending, seen = [config], set()
+    while pending:
+        node = pending.pop()
+        if id(node) in seen or len(seen) > 64:  # sub-configs nest a few levels at most; the bound is for hostile ones
+            continue
+        seen.add(id(node))
+        if hasattr(node, "dtype"):
+            saved.append((node, node.__dict__.get("dtype", _UNSET)))
+            node.dtype = wanted
+        for key in getattr(node, "sub_configs", {}) or {}:
+            child = getattr(node, key, None)
+            if child is not None and hasattr(child, "sub_configs"):
+                pending.append(child)
+    try:
+        yield
+    finally:
+        for node, value in saved:
+            if value is _UNSET:
+                node.__dict__.pop("dtype", None)
+            else:
+                node.dtype = value
+
+
+_UNSET = object()
 
 
 class _TooManyModules(Exception):
