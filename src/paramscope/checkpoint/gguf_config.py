@@ -92,6 +92,8 @@ def gguf_config(ck: GGUFCheckpoint) -> GGUFConfig:
             notes.append(f"{field} from {arch}.{key} (not in transformers' GGUF_CONFIG_MAPPING for {table_key})")
     for key, value in GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, {}).items():
         config.setdefault(key, value)
+    if model_type == "lfm2":
+        notes.append(_lfm2_layers(config, arch, ck.path))
     if model_type in _TEXT_ONLY:
         config["model_type"] = model_type = _TEXT_ONLY[model_type]
     names = {t.name: t for t in ck.tensors}
@@ -117,6 +119,24 @@ def gguf_config(ck: GGUFCheckpoint) -> GGUFConfig:
     _check_bounds(config, ck.path)
     return GGUFConfig(config=config, architecture=arch, model_type=model_type, class_name=class_name,
                       notes=tuple(notes))
+
+
+def _lfm2_layers(config: dict[str, Any], arch: str, path: str) -> str:
+    """load_gguf_checkpoint's LFM2 step: llama.cpp writes one KV-head count a layer (0 on a short-convolution layer);
+    the class takes the layers with heads as full_attn_idxs, the largest count as num_key_value_heads, and the
+    file's feed_forward_length as already adjusted (block_auto_adjust_ff_dim off)."""
+    heads = config.get("num_key_value_heads")
+    if isinstance(heads, (list, tuple)):
+        counts = list(heads)
+        if not counts or any(type(n) is not int or not 0 <= n <= MAX_WIDTH for n in counts):
+            raise SourceError(f"{path}: cannot build a model from this GGUF: {arch}.attention.head_count_kv = "
+                              f"{_q(heads)} is no list of head counts")
+        config["num_key_value_heads"] = max(counts)
+        config["full_attn_idxs"] = [i for i, n in enumerate(counts) if n > 0]
+    config["block_auto_adjust_ff_dim"] = False
+    layers = (f"full_attn_idxs {config['full_attn_idxs']} (the layers with KV heads in {arch}.attention."
+              "head_count_kv), num_key_value_heads the largest count, " if "full_attn_idxs" in config else "")
+    return f"{layers}block_auto_adjust_ff_dim off (feed_forward_length is the adjusted width): transformers' LFM2 step"
 
 
 def _int(value: Any) -> int:

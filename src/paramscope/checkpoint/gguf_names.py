@@ -14,7 +14,8 @@ transformers' `get_gguf_hf_weights_map` reads it backwards, as here): `model.lay
   `map_tensor_name` keeps that, writing bare `blk.N.ssm_a` (holding −exp(A_log), same shape) and `blk.N.ssm_d`, as
   llama-model.cpp creates them (`tn(LLM_TENSOR_SSM_A, i)`, no suffix); Mamba-2's `dt_bias` is renamed
   `dt_proj.bias` first (Mamba2Model.modify_tensors): `blk.N.ssm_dt.bias`; `conv1d.weight` loses its unit dim
-  ([d_inner, 1, d_conv] → [d_inner, d_conv]) and Mamba-2's A, D and norm are reshaped, values and count kept.
+  ([d_inner, 1, d_conv] → [d_inner, d_conv]) and Mamba-2's A, D and norm are reshaped, values and count kept;
+- LFM2's short convolution `conv.conv.weight` [H, 1, L] is written squeezed, `blk.N.shortconv.conv.weight` [H, L].
 
 The role of a GGUF name alone is `gguf_read.gguf_role`; `parameter_gguf_names` is the name-level map other modules
 (quantisation mixtures, memory) share.
@@ -96,6 +97,8 @@ def how_stored(architecture: str, gguf_names: tuple[str, ...], gguf_shapes: tupl
         return "transposed (ggml's [out, in]; the class holds [in, out])"
     if ".ssm_" in gguf_names[0] and _count(got) == _count(shape):
         return f"reshaped {list(shape)} → {list(got)} (convert_hf_to_gguf.py's SSM layout), values kept"
+    if ".shortconv.conv." in gguf_names[0] and tuple(got) == tuple(d for d in shape if d != 1):
+        return f"squeezed {list(shape)} → {list(got)} (convert_hf_to_gguf.py's LFM2 conv), values kept"
     return None
 
 

@@ -4,7 +4,8 @@ A `.gguf` file, a sharded set (`name-00001-of-00003.gguf`, as gguf-split writes 
 them is read into a `GGUFCheckpoint`: every tensor with its ggml type, its shape and its exact bytes (ggml's block
 sizes, `gguf.GGML_QUANT_SIZES`: elements / block size × type size), the model's metadata, logical parameter counts
 (unpacked elements), bits per weight overall, by type and by role, and each tensor's paramscope role
-(`blk.N.attn_q.weight` → attention.query, `token_embd.weight` → embeddings.word, ...).
+(`blk.N.attn_q.weight` → attention.query, `token_embd.weight` → embeddings.word, ...), which follows the
+architecture and the layer's kind where the name alone cannot tell (a Mamba layer's `attn_norm` is its SSM's norm).
 
 The header is parsed here, not by `gguf.GGUFReader`: the reader memory-maps the whole file and builds numpy views
 for every field and tensor with no bound on the counts a header claims. This parser follows the same format and
@@ -21,7 +22,7 @@ import os
 import re
 import struct
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -95,19 +96,73 @@ _ROLE_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), r) 
     (r"^ssm_x\.", "ssm.x_proj"),
     (r"^ssm_dt\.", "ssm.dt_proj"),
     (r"^ssm_(a|d)\b", "ssm.state"),
-    (r"^ssm_norm\.", "ssm.norm"),
+    (r"^ssm_(dt_|b_|c_)?norm\.", "ssm.norm"),  # Jamba's dt, B and C norms too
     (r"^ssm_out\.", "ssm.output"),
+    (r"^shortconv\.", "mixer.conv"),  # LFM2's short convolution: in_proj, conv, out_proj
 ))
-_BLOCK = re.compile(r"^blk\.\d+\.")
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+# What a name alone cannot tell: llama.cpp names a layer's pre-mixer norm `attn_norm` whatever the mixer is, and
+# some architectures reuse names for another part. The class's roles (roles.py) follow the layer kind instead:
+# Architectures whose one decoder-layer class holds either mixer (transformers' Lfm2DecoderLayer,
+# Qwen3NextDecoderLayer, ...: roles.py's _HYBRID_LAYERS): the pre-mixer norm is the mixer's in every layer.
+_MIXER_NORM_ARCHS = frozenset({"lfm2", "lfm2moe", "qwen3next", "qwen35", "qwen35moe"})
+# Architectures whose ssm_* tensors are a Gated DeltaNet linear attention (convert_hf_to_gguf.py maps linear_attn.*
+# to SSM names), not a state-space block: role by llama.cpp's name after `blk.N.`.
+_LINEAR_ATTENTION_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+_LINEAR_ATTENTION_ROLES: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), r) for p, r in (
+    (r"^ssm_(in|ba|alpha|beta)\.", "linear_attention.in_proj"),
+    (r"^ssm_conv1d\.", "linear_attention.conv"),
+    (r"^ssm_(a\b|dt\.)", "linear_attention.decay"),  # A_log, dt_bias
+    (r"^ssm_norm\.", "linear_attention.norm"),
+    (r"^ssm_out\.", "linear_attention.output"),
+))
+# llama.cpp's token_embd_norm that is the model's final norm: LFM2's embedding_norm, applied after the last layer.
+_FINAL_EMBEDDING_NORM_ARCHS = frozenset({"lfm2", "lfm2moe"})
 
 
-def gguf_role(name: str) -> str:
-    """The paramscope role of a GGUF tensor name; `other` when no rule knows it (rope_freqs, a vision tower...)."""
+def gguf_role(name: str, architecture: str | None = None, kind: str | None = None) -> str:
+    """The paramscope role of a GGUF tensor name; `other` when no rule knows it (rope_freqs, a vision tower...).
+
+    `architecture` (llama.cpp's) and `kind` (the layer's: "ssm", "conv" or "attention", `block_kinds`) settle what
+    the name alone cannot: a Mamba layer's `attn_norm` is the SSM's norm, an LFM2 layer's the mixer's."""
     short = _BLOCK.sub("", name, count=1)
+    if architecture in _LINEAR_ATTENTION_ARCHS:
+        for pattern, role in _LINEAR_ATTENTION_ROLES:
+            if pattern.search(short):
+                return role
     for pattern, role in _ROLE_RULES:
         if pattern.search(short):
-            return role
-    return OTHER
+            break
+    else:
+        return OTHER
+    if short.startswith("attn_norm.") and short != name:
+        if architecture in _MIXER_NORM_ARCHS or kind == "conv":
+            return "mixer.norm"
+        if kind == "ssm":
+            return "ssm.norm"
+    if role == "embeddings.norm" and architecture in _FINAL_EMBEDDING_NORM_ARCHS:
+        return "norm.final"
+    return role
+
+
+def block_kinds(names: Any) -> dict[int, str]:
+    """Each block's layer kind from the tensors it holds: "ssm" (a Mamba mixer's ssm_in/ssm_x/ssm_conv1d),
+    "conv" (LFM2's shortconv), else "attention". A hybrid file (Jamba) holds both kinds, block by block."""
+    kinds: dict[int, str] = {}
+    for name in names:
+        m = _BLOCK.match(name)
+        if not m:
+            continue
+        short = name[m.end():]
+        block = int(m[1])
+        if short.startswith("ssm_"):
+            kinds[block] = "ssm"
+        elif short.startswith("shortconv."):
+            kinds[block] = "conv"
+        else:
+            kinds.setdefault(block, "attention")
+    return kinds
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,9 +372,20 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFCheckpoint:
     claimed = metadata.get("split.tensors.count")
     if len(files) > 1 and claimed is not None and claimed != len(tensors):
         raise CheckpointError(f"{p}: the shards say split.tensors.count = {claimed}, they list {len(tensors)}")
+    arch = metadata.get("general.architecture")
+    arch = arch if isinstance(arch, str) else None
+    kinds = block_kinds(t.name for t in tensors)
+    tensors = [_with_role(t, arch, kinds) for t in tensors]
     tensors.sort(key=lambda t: t.name)
     return GGUFCheckpoint(path=str(p), files=tuple(str(f) for f in files), version=version, tensors=tuple(tensors),
                           metadata=metadata)
+
+
+def _with_role(t: GGUFTensor, architecture: str | None, kinds: dict[int, str]) -> GGUFTensor:
+    """`t` with its role in its architecture and layer kind (the header's pass gave the name's alone)."""
+    m = _BLOCK.match(t.name)
+    role = gguf_role(t.name, architecture, kinds.get(int(m[1])) if m else None)
+    return t if role == t.role else replace(t, role=role)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,11 +32,11 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...checkpoint.gguf_names import parameter_gguf_names
-from ...checkpoint.gguf_read import gguf_role
+from ...checkpoint.gguf_read import block_kinds, gguf_role
 from ...errors import UnsupportedError
 from ...frozen import FrozenDict, freeze_fields
 from ...roles import OTHER
@@ -214,8 +214,16 @@ def converter_tensors(params: Iterable[Any], config: dict[str, Any], n_layers: i
     # Names taken from roles can meet (an encoder's and a decoder's blk.0 in a model llama.cpp has no architecture
     # for): those keep their own names, as unmapped, so that every tensor stays one of its own.
     taken = Counter(t.name for t in out)
+    # a name's role in its architecture and layer kind (a Mamba layer's attn_norm is the SSM's norm), as a file's
+    kinds = block_kinds(t.name for t in out if t.mapped_by != "unmapped")
     return tuple(GGUFName(t.sources[0], t.shape, t.role, t.sources, "unmapped")
-                 if t.mapped_by == "role" and taken[t.name] > 1 else t for t in out)
+                 if t.mapped_by == "role" and taken[t.name] > 1 else
+                 replace(t, role=_role_in(t.name, arch, kinds)) if t.mapped_by == "converter" else t for t in out)
+
+
+def _role_in(name: str, arch: str | None, kinds: dict[int, str]) -> str:
+    m = _LAYER.match(name)
+    return gguf_role(name, arch, kinds.get(int(m[1])) if m else None)
 
 
 def _mla_split(config: dict[str, Any]) -> tuple[int, int, int, int] | None:
