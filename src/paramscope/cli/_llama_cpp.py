@@ -13,7 +13,7 @@ from ._common import checked_size, checked_width, use_color, write, write_report
 
 _FLAGS = (("--n-gpu-layers", "n_gpu_layers"), ("--n-cpu-moe", "n_cpu_moe"), ("--ctx-size", "ctx_size"),
           ("--cache-type-k", "cache_type_k"), ("--cache-type-v", "cache_type_v"), ("--parallel", "parallel"),
-          ("--batch-size", "batch_size"), ("--ubatch-size", "ubatch_size"))
+          ("--batch-size", "batch_size"), ("--ubatch-size", "ubatch_size"), ("--tensor-split", "tensor_split"))
 _SWITCHES = (("--flash-attn", "flash_attn"), ("--swa-full", "swa_full"), ("--kv-unified", "kv_unified"),
              ("--no-kv-offload", "no_kv_offload"))
 
@@ -27,6 +27,18 @@ def _layers(text: str) -> str | int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: give a number of layers, -1 or all, or auto")
+
+
+def _shares(text: str) -> tuple[float, ...]:
+    """--tensor-split as llama.cpp's common/arg.cpp reads it: shares separated by , or / (std::stof each)."""
+    parts = [p for p in text.replace("/", ",").split(",")]
+    try:
+        shares = tuple(float(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: give shares such as 3,1 or 1,1,2")
+    if not shares or any(not 0 <= v < float("inf") for v in shares):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: each share must be a number, 0 or more")
+    return shares
 
 
 def add_llama_cpp_options(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +64,11 @@ def add_llama_cpp_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--swa-full", action="store_true", help="full-size cache for sliding-window layers")
     group.add_argument("--kv-unified", action="store_true", help="one KV stream shared by the --parallel sequences")
     group.add_argument("--no-kv-offload", action="store_true", help="keep the KV cache on the CPU")
+    group.add_argument("--tensor-split", "-ts", type=_shares, metavar="A,B,...",
+                       help="each GPU's share of the offloaded layers (3,1: three quarters on the first), as "
+                            "llama.cpp splits them by layer; as many GPUs as shares, or --devices N (missing shares "
+                            "0); --gpu names their kind. Without it, --devices N splits evenly (llama.cpp: by free "
+                            "memory)")
 
 
 def wants_llama_cpp(args: argparse.Namespace) -> bool:
@@ -77,7 +94,7 @@ def run_llama_cpp(args: argparse.Namespace) -> int:
                                    ("--seq", args.seq is not None), ("--pp", args.pp != 1), ("--tp", args.tp != 1),
                                    ("--kv-dtype", args.kv_dtype is not None),
                                    ("--kv-layout", args.kv_layout != "hf"), ("--encoder-seq", args.encoder_seq),
-                                   ("--find-layout", args.find_layout), ("--devices", args.devices),
+                                   ("--find-layout", args.find_layout),
                                    ("--max-model-len", args.max_model_len is not None),
                                    ("--gpu-memory-utilization", args.gpu_memory_utilization is not None))
              if on]
@@ -95,7 +112,8 @@ def run_llama_cpp(args: argparse.Namespace) -> int:
         parallel=1 if args.parallel is None else args.parallel,
         batch_size=2048 if args.batch_size is None else args.batch_size,
         ubatch_size=512 if args.ubatch_size is None else args.ubatch_size, flash_attn=args.flash_attn,
-        swa_full=args.swa_full, kv_unified=args.kv_unified, kv_offload=not args.no_kv_offload)
+        swa_full=args.swa_full, kv_unified=args.kv_unified, kv_offload=not args.no_kv_offload,
+        gpus=args.devices or (len(args.tensor_split) if args.tensor_split else 1), tensor_split=args.tensor_split)
     options.check()
     width = None if args.json else checked_width(args)
     reserve = checked_size("--reserve", args.reserve, zero=True) or 0

@@ -21,12 +21,23 @@ def render_llama_cpp_text(report: Any, plan: Any, accelerator: Any, reserve: int
     return to_text(llama_cpp_parts(report, plan, accelerator, reserve), width, color)
 
 
+def _span(layers: list[int]) -> str:
+    return "" if not layers else (f"layer {layers[0]}" if len(layers) == 1 else f"layers {layers[0]}–{layers[-1]}")
+
+
 def _where(plan: Any) -> str:
     p = plan.placement
     gpu_layers = max(plan.n_layer - p.first_gpu_layer, 0)
-    words = (f"-ngl {p.n_gpu_layers}: {gpu_layers} of {plan.n_layer} repeating layers on the GPU"
-             + (f" (layers {p.first_gpu_layer}–{plan.n_layer - 1})" if 0 < gpu_layers < plan.n_layer else "")
-             + (", and the output layer" if p.output_on_gpu else ", the output layer on the CPU"))
+    if p.gpus > 1:
+        names = [d.device for d in plan.gpu_devices]
+        each = "; ".join(f"{names[g]} {_span(p.layers_on(g, plan.n_layer)) or 'no layer'}"
+                         + (" and the output layer" if p.output_device == g else "") for g in range(p.gpus))
+        words = (f"-ngl {p.n_gpu_layers}: {gpu_layers} of {plan.n_layer} repeating layers on {p.gpus} GPUs ({each})"
+                 + ("" if p.output_on_gpu else ", the output layer on the CPU"))
+    else:
+        words = (f"-ngl {p.n_gpu_layers}: {gpu_layers} of {plan.n_layer} repeating layers on the GPU"
+                 + (f" (layers {p.first_gpu_layer}–{plan.n_layer - 1})" if 0 < gpu_layers < plan.n_layer else "")
+                 + (", and the output layer" if p.output_on_gpu else ", the output layer on the CPU"))
     if p.cpu_moe:
         words += f"; --n-cpu-moe {p.cpu_moe}: the experts of layers 0–{p.cpu_moe - 1} on the CPU"
     return words
@@ -51,10 +62,11 @@ def llama_cpp_parts(report: Any, plan: Any, accelerator: Any, reserve: int) -> l
     ]
     if plan.fit is not None:
         f = plan.fit
-        lines.append(Text(f"GPU budget {f.budget:,} B ({binary(f.budget)}"
+        several = plan.placement.gpus > 1
+        lines.append(Text(f"GPU budget {f.budget:,} B{' each' if several else ''} ({binary(f.budget)}"
                           + (f": {binary(accelerator.memory)} less --reserve {binary(reserve)}" if reserve else "")
                           + f"): the answer above {'fits' if f.fits else 'does NOT fit'} "
-                            f"(GPU {plan.device('GPU').total:,} B)", style="bold"))
+                            f"({'the fullest GPU' if several else 'GPU'} {plan.gpu_total:,} B)", style="bold"))
         if f.command:
             lines.append(Text(f"llama.cpp flags that fit ({f.why}):", style="bold"))
             lines.append(indented(f.command, 4))
@@ -72,7 +84,7 @@ def _devices_table(plan: Any) -> Table:
         table.add_column(name, justify="left" if not name else "right")
     for d in plan.devices:
         cells = [d.weights, d.kv, d.recurrent, d.compute, d.output, d.total]
-        table.add_row("GPU" if d.device == "GPU" else "CPU (host)", *(f"{v:,}" for v in cells))
+        table.add_row("CPU (host)" if d.device == "CPU" else d.device, *(f"{v:,}" for v in cells))
         table.add_row("", *(binary(v) for v in cells))
     return table
 
@@ -97,12 +109,17 @@ def llama_cpp_to_dict(plan: Any, accelerator: Any, reserve: int) -> dict[str, An
                      "swa_full": o.swa_full, "kv_unified": o.kv_unified, "kv_offload": o.kv_offload},
         "placement": {"n_layer": plan.n_layer, "first_gpu_layer": p.first_gpu_layer,
                       "gpu_layers": max(plan.n_layer - p.first_gpu_layer, 0), "output_on_gpu": p.output_on_gpu,
-                      "cpu_moe_layers": p.cpu_moe, "moe": plan.moe},
+                      "cpu_moe_layers": p.cpu_moe, "moe": plan.moe, "gpus": p.gpus,
+                      "tensor_split": None if p.tensor_split is None else list(p.tensor_split),
+                      "split_points": list(p.splits),
+                      "layers_per_gpu": [len(p.layers_on(g, plan.n_layer)) for g in range(p.gpus)],
+                      "output_device": None if p.output_device is None else plan.gpu_devices[p.output_device].device},
         "devices": [{"device": d.device, "weights": d.weights, "kv": d.kv, "recurrent": d.recurrent,
                      "compute_estimate": d.compute, "output_estimate": d.output, "total": d.total}
                     for d in plan.devices],
         "caches": [{"kind": c.kind, "layers": c.layers, "gpu_layers": c.gpu_layers, "cells": c.cells,
-                    "streams": c.streams, "bytes": c.bytes, "gpu_bytes": c.gpu_bytes, "arithmetic": c.arithmetic}
+                    "streams": c.streams, "bytes": c.bytes, "gpu_bytes": c.gpu_bytes,
+                    "gpu_bytes_per_gpu": list(c.per_gpu), "arithmetic": c.arithmetic}
                    for c in plan.caches],
         "compute": {"convention": plan.compute_source, "arithmetic": plan.compute_arithmetic},
         "notes": list(plan.notes),

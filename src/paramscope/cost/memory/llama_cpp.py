@@ -28,8 +28,16 @@ files and commits in `SOURCES`):
   max(1, n_seq_max) rows: conv (d_conv − 1) × (d_inner + 2 × n_group × d_state) (LFM2's short convolution: n_embd ×
   (L_cache − 1)), ssm d_state × d_inner (Qwen3-Next's gated delta net: d_state the key head dim, d_inner the value
   heads × their dim, n_group the key heads). Hybrid families (llama_memory_hybrid: Jamba, Falcon-H1, LFM2,
-  Qwen3-Next) keep their attention layers in a KV cache and their recurrent layers' states per sequence; Falcon-H1's
-  layers hold both.
+  Qwen3-Next, and the Mamba-2 hybrids granitehybrid (Granite-4, Bamba) and nemotron_h) keep their attention layers
+  in a KV cache and their recurrent layers' states per sequence; Falcon-H1's layers hold both. A layer is recurrent
+  where the file's per-layer head_count_kv is 0 (granitehybrid, LFM2; nemotron_h: and feed_forward_length 0, its
+  MLP layers keeping nothing); d_inner is what convert_hf_to_gguf.py writes (GraniteHybridModel: mamba_expand ×
+  hidden_size; NemotronHModel: mamba_num_heads × mamba_head_dim). RWKV-6/7 (n_embd_r = token_shift_count ×
+  n_embd, n_embd_s = n_embd × wkv head size) have no transformers class to build from; RWKV-4, transformers' only
+  one, is no llama.cpp architecture.
+- several GPUs (load_tensors, split mode layer): cumulative --tensor-split shares (or each device's free memory)
+  divided by their sum, in float32; layer il (n_layer: the output layer) on a GPU goes to
+  std::upper_bound(splits, float(il − i_gpu_start) / act_gpu_layers); its weights, KV cache and states there.
 - MLA (deepseek2: DeepSeek-V2/V3, Kimi-K2): the converter writes one KV head of key_length kv_lora_rank + n_rot
   (the latent and the rope part) and value_length kv_lora_rank; current llama-kv-cache.cpp allocates K only
   (`has_v = !is_mla`, V a view of K), so a cell is kv_lora_rank + n_rot values a layer. (Builds before that change,
@@ -59,6 +67,10 @@ SOURCES = {
            "3514e9f6 still allocated a V of kv_lora_rank values), and convert_hf_to_gguf.py's DeepseekV2Model "
            "(key_length kv_lora_rank + qk_rope_head_dim, value_length kv_lora_rank, one KV head)",
     "n_cpu_moe": "common/common.h LLM_FFN_EXPS_REGEX",
+    "hybrids": "src/llama-model.cpp load_hparams (granitehybrid: recurrent_layer_arr[i] = n_head_kv(i) == 0; "
+               "nemotron_h: and n_ff(i) == 0) and create_memory's layer filters, convert_hf_to_gguf.py's "
+               "GraniteHybridModel and NemotronHModel (ssm.inner_size, ssm.group_count, ssm.state_size)",
+    "tensor_split": "src/llama-model.cpp load_tensors: the split points and get_layer_buft_list's upper_bound",
 }
 PAD = 256  # GGML_PAD(n_ctx, 256) and the SWA cache's padding
 # common/arg.cpp's kv_cache_types: the types --cache-type-k/-v take
@@ -68,6 +80,7 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _INPUT = ("token_embd.", "position_embd.", "token_types.")
 _MAX_CTX = 1 << 24
 _MAX_PARALLEL = 256  # LLAMA_MAX_SEQ
+_MAX_DEVICES = 16  # LLAMA_MAX_DEVICES
 
 
 def pad(n: int, to: int = PAD) -> int:
@@ -106,8 +119,20 @@ class LlamaCppOptions:
     swa_full: bool = False
     kv_unified: bool = False
     kv_offload: bool = True
+    gpus: int = 1  # GPUs llama.cpp splits the layers over (split mode layer)
+    tensor_split: tuple[float, ...] | None = None  # --tensor-split: each GPU's share (None: by free memory)
 
     def check(self) -> None:
+        if not 1 <= self.gpus <= _MAX_DEVICES:
+            raise OptionError("{0} must be between 1 and {limit} (LLAMA_MAX_DEVICES), got {value}", "devices",
+                              limit=_MAX_DEVICES, value=self.gpus)
+        if self.tensor_split is not None:
+            if len(self.tensor_split) > self.gpus:
+                raise OptionError("{0} has {count} shares for {gpus} GPU{s}", "tensor_split",
+                                  count=len(self.tensor_split), gpus=self.gpus, s="s" if self.gpus > 1 else "")
+            if any(not 0 <= v < float("inf") for v in self.tensor_split):
+                raise OptionError("{0} shares must be 0 or more, got {value}", "tensor_split",
+                                  value=",".join(f"{v:g}" for v in self.tensor_split))
         if self.n_gpu_layers is not None and self.n_gpu_layers < -1:
             raise OptionError("{0} must be -1 (all), auto or 0 or more, got {value}", "n_gpu_layers",
                               value=self.n_gpu_layers)
@@ -186,6 +211,10 @@ def model_facts(config: Any) -> LlamaCppModel:
         raise UnsupportedError("{0} llama.cpp: {model_type}'s MLA beside other layer kinds ({kinds}) is not "
                                "modelled yet", "engine", model_type=model_type,
                                kinds=", ".join(sorted({kind for kind, _ in kinds})))
+    if model_type == "rwkv":
+        raise UnsupportedError("{0} llama.cpp: {model_type} is RWKV-4 (transformers' only RWKV class); llama.cpp "
+                               "runs RWKV-6 and RWKV-7 (rwkv6, rwkv6qwen2, rwkv7, arwkv7) and no RWKV-4", "engine",
+                               model_type=model_type)
     recurrent = _recurrent(text, model_type)
     if recurrent is None and not explicit and any(
             getattr(text, key, None) is not None for key in ("state_size", "ssm_state_size", "mamba_d_state",
@@ -209,12 +238,22 @@ def model_facts(config: Any) -> LlamaCppModel:
             raise UnsupportedError("{0} llama.cpp: {model_type}'s {kind} layers are not modelled yet", "engine",
                                    model_type=model_type, kind=kind)
     experts_used = config_int(text, "num_experts_per_tok", "moe_topk", "num_experts_per_token") or 0
+    if model_type == "nemotron_h" and "moe" not in [str(t) for t in types or ()]:
+        experts_used = 0  # NemotronHConfig carries MoE defaults; only its "moe" layers route tokens to experts
     n_ff_exp = config_int(text, "moe_intermediate_size", "expert_intermediate_size") or 0
     n_ff = max(config_int(text, "intermediate_size", "ffn_dim", "n_inner") or 4 * n_embd,
                experts_used * (n_ff_exp or config_int(text, "intermediate_size") or 0))
     if recurrent is not None:
         how += f"; recurrent layers: {recurrent[2]}"
-    return LlamaCppModel(n_layer, n_embd, heads, config_int(text, "vocab_size") or 0, max_context(text), n_swa,
+    if model_type in ("granitemoehybrid", "bamba", "nemotron_h"):
+        how += f"; which layers keep what, and d_inner: {SOURCES['hybrids']}"
+    n_ctx_train = max_context(text)
+    if model_type == "granitemoehybrid" and any(layer.kind == "recurrent" for layer in layers):
+        # convert_hf_to_gguf.py's GraniteHybridModel: a hybrid that is not Bamba runs without RoPE, and the converter
+        # writes context_length 2**20 for it: llama.cpp's -c 0 takes that
+        n_ctx_train = 1 << 20
+        how += "; training context 1,048,576 (2**20, as convert_hf_to_gguf.py writes it for a Granite-4 hybrid)"
+    return LlamaCppModel(n_layer, n_embd, heads, config_int(text, "vocab_size") or 0, n_ctx_train, n_swa,
                          n_ff, tuple(layers), how)
 
 
@@ -252,6 +291,20 @@ def _recurrent(text: Any, model_type: str) -> tuple[int, int, str] | None:
         groups, name = config_int(text, "linear_num_key_heads") or 0, "Qwen3-Next's gated delta net"
     elif model_type == "lfm2":  # short convolution: n_embd × (L_cache − 1) conv values, no SSM state
         return hidden * ((config_int(text, "conv_L_cache") or 3) - 1), 0, "LFM2's short convolution"
+    elif model_type in ("granitemoehybrid", "bamba"):
+        # convert_hf_to_gguf.py's GraniteHybridModel (GraniteMoeHybridForCausalLM and BambaForCausalLM, llama.cpp's
+        # granitehybrid): d_inner = mamba_expand × d_model, d_model being hidden_size (its first key,
+        # "mamba_head_dim", is no field of these configs); n_group mamba_n_groups, d_state mamba_d_state
+        inner = (config_int(text, "mamba_expand") or 2) * hidden
+        conv, state = config_int(text, "mamba_d_conv") or 4, config_int(text, "mamba_d_state") or 0
+        groups = config_int(text, "mamba_n_groups") or 1
+        name = ("Bamba's" if model_type == "bamba" else "Granite-4's") + " Mamba-2 (llama.cpp's granitehybrid)"
+    elif model_type == "nemotron_h":
+        # convert_hf_to_gguf.py's NemotronHModel: d_inner = mamba_num_heads × mamba_head_dim ("don't use expand"),
+        # n_group n_groups, d_state ssm_state_size, d_conv conv_kernel
+        inner = (config_int(text, "mamba_num_heads") or 0) * (config_int(text, "mamba_head_dim") or 0)
+        conv, state = config_int(text, "conv_kernel") or 4, config_int(text, "ssm_state_size") or 0
+        groups, name = config_int(text, "n_groups") or 1, "Nemotron-H's Mamba-2"
     else:
         return None
     return (conv - 1) * (inner + 2 * groups * state), state * inner, name
@@ -265,29 +318,81 @@ class Tensor:
 
 @dataclass(frozen=True)
 class Placement:
-    """Which device holds each part: layers il ≥ first_gpu_layer on the GPU, the output layer when output_on_gpu,
-    the experts of layers below cpu_moe on the CPU."""
+    """Which device holds each part: `layer_devices[il]` the GPU index of layer il (il = n_layer: the output layer),
+    None for the CPU; the experts of layers below cpu_moe on the CPU."""
 
     n_gpu_layers: int  # as given to llama.cpp (-1 resolved to n_layer + 1)
     first_gpu_layer: int
     output_on_gpu: bool
     cpu_moe: int
+    layer_devices: tuple[int | None, ...] = ()  # n_layer + 1 entries
+    splits: tuple[float, ...] = (1.0,)  # the cumulative fractions llama.cpp compares against, one a GPU
+    tensor_split: tuple[float, ...] | None = None  # --tensor-split as given (None: by free memory)
+
+    @property
+    def gpus(self) -> int:
+        return len(self.splits)
 
     def layer_on_gpu(self, il: int) -> bool:
+        if self.layer_devices:
+            return self.layer_devices[il] is not None
         return il >= self.first_gpu_layer
 
+    def layer_device(self, il: int) -> int | None:
+        if self.layer_devices:
+            return self.layer_devices[il]
+        return 0 if il >= self.first_gpu_layer else None
 
-def placement(n_layer: int, n_gpu_layers: int, cpu_moe: int) -> Placement:
-    """llama-model.cpp's get_layer_buft_list with one GPU, as current llama.cpp has it: N = n_gpu_layers (negative:
-    n_layer + 1, llama_model::n_gpu_layers()), i_gpu_start = max(n_layer + 1 − N, 0), act_gpu_layers = min(N,
-    n_layer + 1); layer il (il = n_layer: the output layer) on the GPU when i_gpu_start ≤ il and il − i_gpu_start <
-    act_gpu_layers. The output layer is the first to go: -ngl N holds it and the last N − 1 repeating layers."""
+    @property
+    def output_device(self) -> int | None:
+        return self.layer_devices[-1] if self.layer_devices else (0 if self.output_on_gpu else None)
+
+    def layers_on(self, gpu: int, n_layer: int) -> list[int]:
+        return [il for il in range(n_layer) if self.layer_device(il) == gpu]
+
+
+def split_points(tensor_split: tuple[float, ...] | None, gpus: int) -> tuple[float, ...]:
+    """load_tensors' split points in float32, as llama.cpp computes them: --tensor-split's values (missing ones 0;
+    all zero or none given: each device's free memory, here taken as equal), summed cumulatively and divided by the
+    sum."""
+    import numpy as np
+
+    given = [float(v) for v in (tensor_split or ())] + [0.0] * gpus
+    values = [np.float32(v) for v in given[:gpus]]
+    if not any(values):
+        values = [np.float32(1.0)] * gpus
+    total = np.float32(0.0)
+    cumulative = []
+    for v in values:
+        total = np.float32(total + v)
+        cumulative.append(total)
+    return tuple(float(np.float32(c / total)) for c in cumulative)
+
+
+def placement(n_layer: int, n_gpu_layers: int, cpu_moe: int, tensor_split: tuple[float, ...] | None = None,
+              gpus: int = 1) -> Placement:
+    """llama-model.cpp's get_layer_buft_list, as current llama.cpp has it: N = n_gpu_layers (negative: n_layer + 1,
+    llama_model::n_gpu_layers()), i_gpu_start = max(n_layer + 1 − N, 0), act_gpu_layers = min(N, n_layer + 1);
+    layer il (il = n_layer: the output layer) on a GPU when i_gpu_start ≤ il and il − i_gpu_start < act_gpu_layers,
+    the output layer first to go: -ngl N holds it and the last N − 1 repeating layers. With several GPUs (split mode
+    layer, llama.cpp's default) the GPU is std::upper_bound(splits, float(il − i_gpu_start) / act_gpu_layers): the
+    first whose cumulative fraction exceeds the layer's, in float32."""
+    import numpy as np
+
     ngl = n_layer + 1 if n_gpu_layers < 0 else n_gpu_layers
     start = max(n_layer + 1 - ngl, 0)
     act = min(ngl, n_layer + 1)
-    on = [start <= il and il - start < act for il in range(n_layer + 1)]
-    first = next((il for il in range(n_layer) if on[il]), n_layer + 1)
-    return Placement(ngl, first, on[n_layer], min(cpu_moe, n_layer))
+    splits = split_points(tensor_split, gpus)
+    devices: list[int | None] = []
+    for il in range(n_layer + 1):
+        if il < start or il - start >= act:
+            devices.append(None)
+            continue
+        at = np.float32(np.float32(il - start) / np.float32(act))
+        devices.append(next((g for g, point in enumerate(splits) if np.float32(point) > at), len(splits) - 1))
+    first = next((il for il in range(n_layer) if devices[il] is not None), n_layer + 1)
+    return Placement(ngl, first, devices[n_layer] is not None, min(cpu_moe, n_layer), tuple(devices), splits,
+                     tuple(tensor_split) if tensor_split else None)
 
 
 @dataclass(frozen=True)
@@ -316,6 +421,7 @@ class CachePart:
     bytes: int  # all its layers
     gpu_bytes: int
     arithmetic: str  # one layer, in words
+    per_gpu: tuple[int, ...] = ()  # bytes on each GPU (gpu_bytes their sum)
 
 
 @dataclass(frozen=True)
@@ -355,6 +461,15 @@ class LlamaCppPlan:
     def device(self, name: str) -> DeviceMemory:
         return next(d for d in self.devices if d.device == name)
 
+    @property
+    def gpu_devices(self) -> tuple[DeviceMemory, ...]:
+        return tuple(d for d in self.devices if d.device != "CPU")
+
+    @property
+    def gpu_total(self) -> int:
+        """The fullest GPU's total: what each GPU's budget must hold."""
+        return max((d.total for d in self.gpu_devices), default=0)
+
 
 def _context(opts: LlamaCppOptions, facts: LlamaCppModel) -> tuple[int, str, int, int, int, int]:
     """(n_ctx, from, n_ctx_seq, streams, n_batch, n_ubatch) as llama_context's constructor sets them."""
@@ -383,7 +498,9 @@ def _caches(facts: LlamaCppModel, opts: LlamaCppOptions, where: Placement, n_ctx
         groups.setdefault((layer.kind, layer.k_width, layer.v_width, layer.conv, layer.ssm), []).append(il)
     parts = []
     for (kind, k_width, v_width, conv, ssm), ils in groups.items():
-        on_gpu = sum(1 for il in ils if opts.kv_offload and where.layer_on_gpu(il))
+        on = [where.layer_device(il) if opts.kv_offload else None for il in ils]
+        on_gpu = sum(1 for g in on if g is not None)
+        counts = tuple(on.count(g) for g in range(where.gpus))
         if kind in ("full", "swa", "hybrid"):  # a hybrid layer (Falcon-H1) has both caches
             cells = swa_cells if kind == "swa" else n_ctx_seq
             v_cols = v_width if opts.flash_attn else v_max
@@ -394,12 +511,13 @@ def _caches(facts: LlamaCppModel, opts: LlamaCppOptions, where: Placement, n_ctx
             row = (f"(K {_row_words(k_type, k_width, k_row)} + V {_row_words(v_type, v_cols, v_row)})" if v_cols
                    else f"K {_row_words(k_type, k_width, k_row)} (no V: MLA's V is a view of K)")
             parts.append(CachePart(label, len(ils), on_gpu, cells, streams, one * len(ils), one * on_gpu,
-                                   f"{row} × {cells:,} cells" + (f" × {streams} streams" if streams > 1 else "")))
+                                   f"{row} × {cells:,} cells" + (f" × {streams} streams" if streams > 1 else ""),
+                                   tuple(one * n for n in counts)))
         if kind in ("recurrent", "hybrid"):
             one = (conv + ssm) * 4 * rows
             parts.append(CachePart("recurrent state", len(ils), on_gpu, rows, 1, one * len(ils), one * on_gpu,
                                    f"(conv {conv:,} + ssm {ssm:,}) × 4 B (F32) × {rows} sequence"
-                                   f"{'s' if rows > 1 else ''}"))
+                                   f"{'s' if rows > 1 else ''}", tuple(one * n for n in counts)))
     return parts
 
 
@@ -410,42 +528,42 @@ def _row_words(kind: str, width: int, nbytes: int) -> str:
     return f"{width:,} {kind} = {width // block:,} blocks of {block} × {size} B = {nbytes:,} B"
 
 
-def _weights(tensors: tuple[Tensor, ...], where: Placement, n_layer: int) -> tuple[int, int]:
-    """(GPU bytes, CPU bytes) of the weights at a placement."""
-    gpu = cpu = 0
+def _weights(tensors: tuple[Tensor, ...], where: Placement, n_layer: int) -> tuple[list[int], int]:
+    """(bytes on each GPU, CPU bytes) of the weights at a placement."""
+    gpu = [0] * where.gpus
+    cpu = 0
     names = {t.name for t in tensors}
     tied = "output.weight" not in names
+    out = where.output_device
     for t in tensors:
         block = _BLOCK.match(t.name)
         if block:
             il = int(block.group(1))
-            if il < where.cpu_moe and _EXPS.search(t.name):
-                cpu += t.nbytes
-            elif where.layer_on_gpu(il):
-                gpu += t.nbytes
-            else:
-                cpu += t.nbytes
+            on = None if il < where.cpu_moe and _EXPS.search(t.name) else where.layer_device(min(il, n_layer - 1))
         elif t.name.startswith("rope_freqs."):
             continue  # TENSOR_DUPLICATED into each layer's buffer: one copy per device holding a layer (below)
         elif t.name.startswith(_INPUT):
-            cpu += t.nbytes
-            if t.name == "token_embd.weight" and tied and where.output_on_gpu:
-                gpu += t.nbytes  # the output's TENSOR_DUPLICATED copy in the output layer's buffer
-        elif where.output_on_gpu:
-            gpu += t.nbytes
+            on = None
+            if t.name == "token_embd.weight" and tied and out is not None:
+                gpu[out] += t.nbytes  # the output's TENSOR_DUPLICATED copy in the output layer's buffer
         else:
+            on = out
+        if on is None:
             cpu += t.nbytes
+        else:
+            gpu[on] += t.nbytes
     rope = sum(t.nbytes for t in tensors if t.name.startswith("rope_freqs."))
-    if where.first_gpu_layer > 0:  # a layer on the CPU
-        cpu += rope
-    if where.first_gpu_layer < n_layer:  # a layer on the GPU
-        gpu += rope
+    for on in {where.layer_device(il) for il in range(n_layer)}:
+        if on is None:
+            cpu += rope
+        else:
+            gpu[on] += rope
     return gpu, cpu
 
 
 def compute_estimate(facts: LlamaCppModel, opts: LlamaCppOptions, caches: list[CachePart], n_ubatch: int,
-                     where: Placement) -> tuple[int, int, int, str]:
-    """(GPU, CPU compute buffer, host output buffer, arithmetic): an estimate.
+                     where: Placement) -> tuple[list[int], int, int, str]:
+    """(each GPU's, the CPU's compute buffer, host output buffer, arithmetic): an estimate.
 
     llama.cpp measures its compute buffer by reserving the graph of one n_ubatch step (ggml-alloc reuses memory
     between tensors whose lives do not overlap). Estimated here for a device that computes layers, at n_ubatch
@@ -469,16 +587,16 @@ def compute_estimate(facts: LlamaCppModel, opts: LlamaCppOptions, caches: list[C
     ffn = 2 * facts.n_ff * u * 4
     layer = max(scores, ffn) + 6 * facts.n_embd * u * 4
     head = facts.n_vocab * u * 4 + facts.n_embd * u * 4
-    gpu_layers = where.first_gpu_layer < facts.n_layer
-    cpu_layers = where.first_gpu_layer > 0
+    computing = {where.layer_device(il) for il in range(facts.n_layer)}
+    out = where.output_device
 
     def device(layers: bool, output: bool) -> int:
         if not layers and not output:
             return 0
         return (masks if layers else 0) + max(layer if layers else 0, head if output else 0)
 
-    gpu = device(gpu_layers, where.output_on_gpu)
-    cpu = device(cpu_layers, not where.output_on_gpu) or facts.n_embd * u * 4
+    gpu = [device(g in computing, out == g) for g in range(where.gpus)]
+    cpu = device(None in computing, out is None) or facts.n_embd * u * 4
     output = facts.n_vocab * opts.parallel * 4
     mask_words = " + ".join(f"{c.cells:,}" for c in attention) or "0"
     words = (f"at n_ubatch {u:,} tokens, on a device computing layers: masks ({mask_words}) × {u:,} × {mask_size} B"
@@ -501,19 +619,26 @@ COMPUTE_SOURCE = ("estimate, source: llama.cpp reserves a graph of n_ubatch toke
                   "covers it)")
 
 
+def gpu_name(index: int, gpus: int) -> str:
+    """"GPU" alone, "GPU0", "GPU1", ... with several (llama.cpp's CUDA0, CUDA1, ...)."""
+    return "GPU" if gpus == 1 else f"GPU{index}"
+
+
 def plan_memory(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: LlamaCppOptions, where: Placement
                 ) -> tuple[tuple[DeviceMemory, ...], tuple[CachePart, ...], str, tuple[int, ...]]:
     """Per device memory at one placement and context; also (n_ctx, n_ctx_seq, streams, n_batch, n_ubatch)."""
     n_ctx, _, n_ctx_seq, streams, n_batch, n_ubatch = _context(opts, facts)
     caches = _caches(facts, opts, where, n_ctx_seq, streams, n_ubatch)
     w_gpu, w_cpu = _weights(tensors, where, facts.n_layer)
-    gpu_kv = sum(c.gpu_bytes for c in caches if c.kind != "recurrent state")
     cpu_kv = sum(c.bytes - c.gpu_bytes for c in caches if c.kind != "recurrent state")
-    gpu_rs = sum(c.gpu_bytes for c in caches if c.kind == "recurrent state")
     cpu_rs = sum(c.bytes - c.gpu_bytes for c in caches if c.kind == "recurrent state")
     c_gpu, c_cpu, output, words = compute_estimate(facts, opts, caches, n_ubatch, where)
-    devices = (DeviceMemory("GPU", w_gpu, gpu_kv, gpu_rs, c_gpu, 0),
-               DeviceMemory("CPU", w_cpu, cpu_kv, cpu_rs, c_cpu, output))
+    gpus = []
+    for g in range(where.gpus):
+        kv = sum(c.per_gpu[g] for c in caches if c.kind != "recurrent state")
+        rs = sum(c.per_gpu[g] for c in caches if c.kind == "recurrent state")
+        gpus.append(DeviceMemory(gpu_name(g, where.gpus), w_gpu[g], kv, rs, c_gpu[g], 0))
+    devices = (*gpus, DeviceMemory("CPU", w_cpu, cpu_kv, cpu_rs, c_cpu, output))
     return devices, tuple(caches), words, (n_ctx, n_ctx_seq, streams, n_batch, n_ubatch)
 
 
@@ -523,33 +648,42 @@ def _replace(opts: LlamaCppOptions, **changes: Any) -> LlamaCppOptions:
     return replace(opts, **changes)
 
 
+def at(n_layer: int, ngl: int, cpu_moe: int, opts: LlamaCppOptions) -> Placement:
+    """The placement of -ngl `ngl` and --n-cpu-moe `cpu_moe` over the options' GPUs."""
+    return placement(n_layer, ngl, cpu_moe, opts.tensor_split, opts.gpus)
+
+
 def fit_flags(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: LlamaCppOptions, budget: int,
               moe: bool) -> tuple[int | None, int | None, int | None, str]:
-    """(n_gpu_layers, n_cpu_moe, ctx_size, why): the most offload that fits `budget` bytes of GPU at the context,
-    then the largest context at that placement. GPU memory falls as layers leave it and as the context shrinks, so
-    each is the edge of a monotone search."""
+    """(n_gpu_layers, n_cpu_moe, ctx_size, why): the most offload that fits `budget` bytes on each GPU (the fullest
+    one's total) at the context, then the largest context at that placement. GPU memory falls as layers leave it and
+    as the context shrinks, so each is the edge of a monotone search (over several GPUs the fullest one's share can
+    step by a layer either way as -ngl moves the split points: the search's edge is then within a layer)."""
     n_layer = facts.n_layer
 
     def gpu(ngl: int, moe_layers: int, o: LlamaCppOptions = opts) -> int:
-        return plan_memory(tensors, facts, o, placement(n_layer, ngl, moe_layers))[0][0].total
+        devices = plan_memory(tensors, facts, o, at(n_layer, ngl, moe_layers, opts))[0]
+        return max(d.total for d in devices if d.device != "CPU")
 
     base_moe = opts.n_cpu_moe or 0
     ngl, moe_layers, why = None, None, ""
+    the_gpu = "the GPU" if opts.gpus == 1 else f"the {opts.gpus} GPUs"
     if gpu(n_layer + 1, base_moe) <= budget:
-        ngl, moe_layers, why = n_layer + 1, base_moe, "every layer and the output on the GPU"
+        ngl, moe_layers, why = n_layer + 1, base_moe, f"every layer and the output on {the_gpu}"
     elif moe and gpu(n_layer + 1, n_layer) <= budget:
         lo, hi = base_moe, n_layer  # the fewest expert layers on the CPU that fit
         while lo < hi:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if gpu(n_layer + 1, mid) <= budget else (mid + 1, hi)
-        ngl, moe_layers, why = n_layer + 1, lo, f"every layer on the GPU, the experts of the first {lo} on the CPU"
+        ngl, moe_layers, why = n_layer + 1, lo, f"every layer on {the_gpu}, the experts of the first {lo} on the CPU"
     elif gpu(0, base_moe) <= budget:
         lo, hi = 0, n_layer
         while lo < hi:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if gpu(mid, base_moe) <= budget else (lo, mid - 1)
-        ngl, moe_layers, why = lo, base_moe, ("nothing on the GPU but the compute buffer" if lo == 0 else
-                                              f"the output layer and the last {lo - 1} of {n_layer} layers on the GPU")
+        ngl, moe_layers, why = lo, base_moe, (f"nothing on {the_gpu} but the compute buffer" if lo == 0 else
+                                              f"the output layer and the last {lo - 1} of {n_layer} layers on "
+                                              f"{the_gpu}")
     else:
         return None, None, None, "not even the compute buffer with no layer offloaded fits"
     limit = max(facts.n_ctx_train or 0, opts.ctx_size or 0, PAD)
@@ -591,6 +725,8 @@ def llama_cpp_plan(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: Llam
             parts.append(f"-ub {opts.ubatch_size}")
         if not opts.kv_offload:
             parts.append("--no-kv-offload")
+        if opts.tensor_split:
+            parts.append("-ts " + ",".join(f"{v:g}" for v in opts.tensor_split))
         return " ".join(parts)
 
     asked_ngl = opts.n_gpu_layers
@@ -601,14 +737,14 @@ def llama_cpp_plan(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: Llam
             use_moe = moe_layers if moe_layers is not None else (opts.n_cpu_moe or 0)
         else:
             use_ngl, use_moe = asked_ngl, opts.n_cpu_moe or 0
-        where = placement(n_layer, use_ngl, use_moe)
+        where = at(n_layer, use_ngl, use_moe, opts)
         devices, caches, words, ctxs = plan_memory(tensors, facts, opts, where)
         at_ctx = ctxs[0]
         line = command(ngl, moe_layers or 0, min(at_ctx, ctx)) if ngl is not None and ctx else ""
-        fit = Fit(budget, devices[0].total <= budget, ngl, moe_layers if moe else None, ctx, line,
+        fit = Fit(budget, max(d.total for d in devices if d.device != "CPU") <= budget, ngl, moe_layers if moe else None, ctx, line,
                   why + (f"; the largest context at that placement {ctx:,}" if ctx else ""))
     else:
-        where = placement(n_layer, -1 if asked_ngl is None else asked_ngl, opts.n_cpu_moe or 0)
+        where = at(n_layer, -1 if asked_ngl is None else asked_ngl, opts.n_cpu_moe or 0, opts)
         devices, caches, words, ctxs = plan_memory(tensors, facts, opts, where)
     n_ctx, n_ctx_from = ctxs[0], _context(opts, facts)[1]
     extra = list(notes)
@@ -619,6 +755,18 @@ def llama_cpp_plan(tensors: tuple[Tensor, ...], facts: LlamaCppModel, opts: Llam
                  "the output layer's device); builds before the output layer was counted (ggml-org 00342301) "
                  "offloaded the last N repeating layers and the output only with N > n_layer")
     extra.append(f"KV cache: {SOURCES['context']} (n_ctx padded to 256) and {SOURCES['kv']}")
+    if opts.gpus > 1:
+        share = ("--tensor-split " + ",".join(f"{v:g}" for v in opts.tensor_split) if opts.tensor_split else
+                 "no --tensor-split: llama.cpp splits by each device's free memory, here taken as equal")
+        extra.append(f"{opts.gpus} GPUs, split mode layer (llama.cpp's default), {share}: layer il goes to the first "
+                     "GPU whose cumulative share (float32) exceeds (il − i_gpu_start) / act_gpu_layers, the output "
+                     f"layer counted as layer n_layer ({SOURCES['tensor_split']}); each GPU holds its layers' "
+                     "weights and KV cache and computes them")
+        if where.n_gpu_layers > n_layer and opts.kv_offload and not where.cpu_moe:
+            extra.append("pipeline parallelism is on (several GPUs, every layer offloaded, split mode layer, KV "
+                         "offloaded, no tensor overrides: llama_context's condition): ggml's scheduler keeps "
+                         "GGML_SCHED_MAX_COPIES = 4 copies of each split's inputs, which the compute estimate "
+                         "leaves out")
     if any(c.kind == "recurrent state" for c in caches):
         extra.append(f"recurrent states: {SOURCES['recurrent']}, F32, max(1, --parallel) rows; the model's "
                      f"shapes: {facts.how}")

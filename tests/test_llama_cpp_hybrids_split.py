@@ -1,0 +1,159 @@
+"""llama.cpp serving memory (issue 29 §3): the Mamba-2 hybrids llama.cpp runs as granitehybrid (Granite-4, Bamba)
+and nemotron_h, their attention layers in the KV cache and their Mamba-2 layers as F32 states of (d_conv − 1) ×
+(d_inner + 2 × n_group × d_state) conv and d_state × d_inner SSM values, d_inner as convert_hf_to_gguf.py writes it;
+and --tensor-split: layers over several GPUs by llama.cpp's float32 split points. Expected bytes are written out here
+from the tensors and shapes each test sets.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paramscope.cli import main
+from paramscope.cost.memory.llama_cpp import LlamaCppOptions, Tensor, llama_cpp_plan, model_facts, placement
+from paramscope.errors import UnsupportedError
+
+H, VOCAB = 64, 100
+
+
+def plan(config, tensors=(Tensor("token_embd.weight", 100),), **options):
+    return llama_cpp_plan(tuple(tensors), model_facts(config), LlamaCppOptions(**options), model="m",
+                          weights_from="test", budget=None, model_arg="m.gguf")
+
+
+def test_granite_4_bamba_and_nemotron_h_keep_attention_kv_and_mamba_2_states() -> None:
+    """Granite-4 (layers 1 and 3 attention) and Bamba (attn_layer_indices [2]): d_inner = mamba_expand 2 × hidden 64
+    = 128, as GraniteHybridModel converts it; conv 3 × (128 + 2 × n_group × 16), ssm 16 × 128. Nemotron-H (M - * M
+    E): d_inner = mamba_num_heads 4 × mamba_head_dim 16 = 64, n_groups 2, ssm_state_size 8; its MLP and MoE layers
+    keep nothing (llama.cpp's filters: attention when not recurrent and n_ff 0). -ngl 3: the output layer and the
+    last two layers on the GPU, the rest on the CPU; 2 sequences of F32 states, 512 cells of f16 K and V."""
+    from transformers import BambaConfig, GraniteMoeHybridConfig, NemotronHConfig
+
+    mamba = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2)
+    options = dict(n_gpu_layers=3, ctx_size=512, parallel=2, kv_unified=True)
+    granite = plan(GraniteMoeHybridConfig(hidden_size=H, intermediate_size=128, num_hidden_layers=4,
+                                          num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                          layer_types=["mamba", "attention", "mamba", "attention"],
+                                          mamba_n_groups=1, vocab_size=VOCAB, **mamba), **options)
+    kv = (2 * 16 * 2) * 2 * 512  # (K + V: 2 KV heads × 16 × f16) × 512 cells, one layer
+    state = (3 * (128 + 2 * 1 * 16) + 16 * 128) * 4 * 2  # (conv + ssm) × F32 × 2 sequences, one layer
+    assert (kv, state) == (65_536, 20_224)
+    # GPU: layers 2 (Mamba) and 3 (attention); CPU: layers 0 (Mamba) and 1 (attention)
+    assert [(d.device, d.kv, d.recurrent) for d in granite.devices] == [("GPU", kv, state), ("CPU", kv, state)]
+    assert granite.n_ctx_from == "--ctx-size" and model_facts(
+        GraniteMoeHybridConfig(layer_types=["mamba", "attention"], num_hidden_layers=2)).n_ctx_train == 1 << 20
+
+    bamba = plan(BambaConfig(hidden_size=H, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                             num_key_value_heads=2, attn_layer_indices=[2], mamba_n_groups=2, vocab_size=VOCAB,
+                             **mamba), **options)
+    state = (3 * (128 + 2 * 2 * 16) + 16 * 128) * 4 * 2
+    assert state == 20_992
+    assert [(d.kv, d.recurrent) for d in bamba.devices] == [(kv, state), (0, 2 * state)]
+
+    nemotron = plan(NemotronHConfig(hidden_size=H, intermediate_size=128, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=16,
+                                    layers_block_type=["mamba", "mlp", "attention", "mamba", "moe"],
+                                    mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=2,
+                                    conv_kernel=4, n_routed_experts=4, moe_intermediate_size=32,
+                                    moe_shared_expert_intermediate_size=32, num_experts_per_tok=2,
+                                    vocab_size=VOCAB), **options)
+    state = (3 * (64 + 2 * 2 * 8) + 8 * 64) * 4 * 2
+    assert state == 6_400
+    # -ngl 3 of 5 layers: layers 3 (Mamba) and 4 (MoE) on the GPU; 0 (Mamba), 1 (MLP) and 2 (attention) on the CPU
+    assert [(d.kv, d.recurrent) for d in nemotron.devices] == [(0, state), (kv, state)]
+    assert {c.kind: c.layers for c in nemotron.caches} == {"recurrent state": 2, "full attention": 1}
+
+
+def test_rwkv_4_is_refused_with_the_reason() -> None:
+    from transformers import RwkvConfig
+
+    with pytest.raises(UnsupportedError, match="RWKV-4.*llama.cpp runs RWKV-6 and RWKV-7"):
+        model_facts(RwkvConfig(hidden_size=H, num_hidden_layers=2, vocab_size=VOCAB))
+
+
+def test_tensor_split_places_layers_by_float32_split_points() -> None:
+    """load_tensors: layer il (the output layer il = n_layer) on the first GPU whose cumulative share exceeds
+    float(il − i_gpu_start) / act_gpu_layers. 4 layers, every one offloaded (act 5: 0, .2, .4, .6, .8): -ts 1,1
+    puts layers 0–2 on GPU0, layer 3 and the output on GPU1; three even GPUs (no -ts) 0–1, 2–3 and the output.
+    -ngl 3 (start 2, act 3): -ts 3,1 leaves GPU1 empty; -ts 1,2 sends layer 3 (1/3, not above the split 1/3) to
+    GPU1. -ts 0.1,0.6 over 6 layers: layer 1 goes to GPU1 because 0.1f / 0.7f = 0.142857134 < 1/7 = 0.142857149 in
+    float32 (float64 would keep it on GPU0)."""
+    assert placement(4, -1, 0, (1, 1), 2).layer_devices == (0, 0, 0, 1, 1)
+    assert placement(4, -1, 0, None, 3).layer_devices == (0, 0, 1, 1, 2)
+    assert placement(4, 3, 0, (3, 1), 2).layer_devices == (None, None, 0, 0, 0)
+    assert placement(4, 3, 0, (1, 2), 2).layer_devices == (None, None, 0, 1, 1)
+    assert placement(6, -1, 0, (0.1, 0.6), 2).layer_devices == (0, 1, 1, 1, 1, 1, 1)
+    assert placement(4, -1, 0, (0, 0), 2).layer_devices == (0, 0, 0, 1, 1)  # all zero: by free memory (even)
+
+
+def test_tensor_split_gives_each_gpu_its_weights_kv_and_compute() -> None:
+    """-ts 1,1 over 4 Llama layers: GPU0 holds layers 0–2's weights and KV, GPU1 layer 3's and the output layer's
+    (output.weight and output_norm); token_embd stays on the CPU. The compute estimate: each GPU computing layers
+    has the f32 mask (256 cells × 256 tokens) and a layer's peak (4 heads' scores 256 × 256 × 4 B + 6 × 64 × 256 ×
+    4 B); the head's (logits 100 × 256 × 4 B + 64 × 256 × 4 B) is smaller, so both GPUs are equal."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=H, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=VOCAB)
+    tensors = [Tensor("token_embd.weight", 1000), Tensor("output.weight", 700), Tensor("output_norm.weight", 3)]
+    tensors += [Tensor(f"blk.{i}.attn_q.weight", 10 * (i + 1)) for i in range(4)]
+    split = plan(config, tensors, ctx_size=256, gpus=2, tensor_split=(1.0, 1.0))
+    kv = (2 * 16 * 2) * 2 * 256  # one layer: (K + V: 2 KV heads × 16 × f16) × 256 cells
+    compute = 256 * 256 * 4 + 256 * 256 * 4 * 4 + 6 * H * 256 * 4
+    assert compute == 1_703_936
+    assert [(d.device, d.weights, d.kv, d.compute) for d in split.devices] == [
+        ("GPU0", 10 + 20 + 30, 3 * kv, compute), ("GPU1", 40 + 700 + 3, kv, compute), ("CPU", 1000, 0, H * 256 * 4)]
+    assert split.gpu_total == 60 + 3 * kv + compute and split.caches[0].per_gpu == (3 * kv, kv)
+    assert any("pipeline parallelism is on" in note for note in split.notes)
+
+
+@pytest.mark.parametrize("argv, why", [
+    (("--tensor-split", "1,x"), "--tensor-split/-ts: invalid value '1,x'"),
+    (("-ts", "1,1,1", "--devices", "2"), "--tensor-split has 3 shares for 2 GPUs"),
+    (("--devices", "17"), "--devices must be between 1 and 16"),
+    (("--tensor-split", "1,1"), "--tensor-split is for --engine llama.cpp"),
+])
+def test_bad_tensor_splits_are_one_line(capsys: pytest.CaptureFixture[str], argv: tuple, why: str) -> None:
+    engine = () if argv == ("--tensor-split", "1,1") else ("--engine", "llama.cpp")
+    assert main(["memory", "gpt2", "--dtype", "q8_0", *engine, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and why in err and "Traceback" not in err
+
+
+def test_tensor_split_in_the_json_and_the_command(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 6-layer Llama GGUF over two GPUs, -ts 1,1: 6 layers and the output (act 7), layers 0–3 below the split 0.5
+    (3/7 = 0.43) on GPU0, layers 4 and 5 and the output on GPU1; f16 K and V rows of 2 KV heads × 16 over 256 cells;
+    the flags that fit repeat the split."""
+    import gguf
+    import numpy as np
+
+    from gguf_files import Q, add_tensors_and_close
+
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    for key, value in {"context_length": 4096, "embedding_length": H, "block_count": 6, "feed_forward_length": 128,
+                       "attention.head_count": 4, "attention.head_count_kv": 2, "rope.dimension_count": 16}.items():
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_token_list([f"t{i}" for i in range(VOCAB)])
+    tensors = {"token_embd.weight": ((VOCAB, H), Q.F32), "output_norm.weight": ((H,), Q.F32),
+               "output.weight": ((VOCAB, H), Q.F16)}
+    for i in range(6):
+        tensors |= {f"blk.{i}.attn_norm.weight": ((H,), Q.F32), f"blk.{i}.attn_q.weight": ((H, H), Q.F16),
+                    f"blk.{i}.attn_k.weight": ((32, H), Q.F16), f"blk.{i}.attn_v.weight": ((32, H), Q.F16),
+                    f"blk.{i}.attn_output.weight": ((H, H), Q.F16), f"blk.{i}.ffn_norm.weight": ((H,), Q.F32),
+                    f"blk.{i}.ffn_gate.weight": ((128, H), Q.F16), f"blk.{i}.ffn_up.weight": ((128, H), Q.F16),
+                    f"blk.{i}.ffn_down.weight": ((H, 128), Q.F16)}
+    add_tensors_and_close(writer, tensors, lambda shape: np.full(shape, 0.5, dtype=np.float32))
+    assert main(["memory", str(tmp_path / "m.gguf"), "--engine", "llama.cpp", "-ts", "1,1", "-c", "256",
+                 "--budget", "1GiB", "--reserve", "0", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)["memory"]["llama_cpp"]
+    where = doc["placement"]
+    assert (where["gpus"], where["layers_per_gpu"], where["output_device"]) == (2, [4, 2], "GPU1")
+    layer = 2 * H * 4 + (H * H * 2 + 2 * 32 * H + 3 * 128 * H) * 2  # two norms F32, the matrices F16
+    head = H * 4 + VOCAB * H * 2  # output_norm F32, output F16
+    assert [(d["device"], d["weights"]) for d in doc["devices"]] == [
+        ("GPU0", 4 * layer), ("GPU1", 2 * layer + head), ("CPU", VOCAB * H * 4)]
+    assert doc["caches"][0]["gpu_bytes_per_gpu"] == [4 * 32_768, 2 * 32_768]
+    assert doc["fit"]["command"].endswith("-ts 1,1") and "-ngl 7" in doc["fit"]["command"]
