@@ -48,6 +48,10 @@ def memory_parts(report, estimate) -> list:
         media = settings["media"]
         seq_from += (f" of the decoder a sequence, one audio window a sequence ({media['input']}); the audio "
                      "encoder runs before the prefill")
+    elif settings.get("media") is not None and settings["media"].get("vision_tokens"):  # read by cross-attention
+        media = settings["media"]
+        seq_from += (f" of text, and {media['input']} read by cross-attention ({media['vision_tokens']:,} vision "
+                     "tokens a sequence); the vision tower runs before the prefill")
     elif settings.get("media") is not None:
         media = settings["media"]
         seq_from += (f": {media['text_seq']:,} text + {media['image_tokens']:,} image tokens ({media['input']}); the "
@@ -129,6 +133,14 @@ def _totals(estimate) -> Table:
         if audio:
             table.add_row("encoder output", exact(media["encoder_output"]), binary(media["encoder_output"]),
                           "sequences × encoder states × d_model, read by the decoder through generation")
+        elif media.get("vision_tokens"):  # read by cross-attention (Llama-3.2-Vision): no image tokens
+            table.add_row("token ids and mask", exact(media["text_inputs"]), binary(media["text_inputs"]),
+                          f"batch × {estimate.settings['seq']:,} tokens × 8 B × (1 + tiles): the token ids and the "
+                          "cross-attention mask given, live while the tower runs")
+            held = media.get("image_features_held", 0)
+            table.add_row("images held", exact(held), binary(held),
+                          "measured: what the forward keeps of the images through the prefill (pixel values, the "
+                          "vision model's output, the projected tiles, the cross-attention masks)")
         else:
             table.add_row("input embeddings", exact(media["embeddings"]), binary(media["embeddings"]),
                           f"batch × {estimate.settings['seq']:,} tokens × hidden, made before the tower runs")
@@ -136,11 +148,15 @@ def _totals(estimate) -> Table:
             table.add_row("images held", exact(held), binary(held),
                           "measured: what the forward keeps of the images through the prefill (pixel values, the "
                           "tower's output, the projected features)")
+        beside = "its peak" if audio else "its peak + token ids and mask" if media.get("vision_tokens") else \
+            "its peak + input embeddings"
         table.add_row(f"peak ({estimate.peak_phase})", exact(estimate.peak), binary(estimate.peak),
-                      f"the larger moment: the {'encoder' if audio else 'tower'}'s (weights + "
-                      f"{'its peak' if audio else 'its peak + input embeddings'}) {exact(media['tower_moment'])}, the "
+                      f"the {'largest' if media.get('mask_moment') else 'larger'} moment: the "
+                      f"{'encoder' if audio else 'tower'}'s (weights + {beside}) {exact(media['tower_moment'])}, the "
                       f"prefill's (weights + KV cache + workspace + {'encoder output' if audio else 'images held'}) "
-                      f"{exact(media['prefill_moment'])}", style="bold")
+                      f"{exact(media['prefill_moment'])}"
+                      + (f", the cross-attention mask's build (weights + what is live then, measured) "
+                         f"{exact(media['mask_moment'])}" if media.get("mask_moment") else ""), style="bold")
         table.add_row("+ reserve", exact(estimate.reserve), binary(estimate.reserve),
                       "CUDA context and allocator fragmentation (--reserve)")
         return table

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import OptionError, ParamscopeError, UnsupportedError
+from ...errors import OptionError, ParamscopeError
 from ..dims import MAX_SEQ, config_int, dim, is_mla, max_context, text_config
 from ..dtypes import itemsize, torch_name
 from ..hardware import Accelerator
@@ -118,11 +118,11 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     config = view.config
     text = text_config(config)
     seq = options.seq or max_context(text) or 2048
-    media = None
+    media = measured = None
     if options.media is not None and options.media.given:
         if view.module is None:
             return None  # the tower runs on fake tensors of the input: the build answers
-        media, seq, options = _media_input(view, options, seq, fmt.compute_dtype)
+        media, seq, options, measured = _media_input(view, options, seq, fmt.compute_dtype)
     notes: list[str] = list(weights.notes)
     if getattr(fmt, "prediction", None) is not None:
         notes.extend(fmt.prediction.summary())
@@ -164,7 +164,8 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
 
     peak = peak_at(options.batch, seq)
     peak_phase, engine = "prefill", "analytic"
-    check = checked.of(view) if checked is not None and not options.trace else None
+    # (a prefill measured on images is the answer itself: no check of the analytic one against a text trace)
+    check = checked.of(view) if checked is not None and not options.trace and measured is None else None
     trace = options.trace
     if check is not None and check.status == "differs":
         from ..model_view import FactsGap
@@ -201,9 +202,14 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
             return analytic_at(batch, length) - difference
 
         peak, engine = traced_peak, "traced"
+    if measured is not None:  # Llama-3.2-Vision on images: the prefill measured, the analytic curve moved onto it
+        peak_at, workspace, note = _measured_prefill(measured, peak_at, workspace, weights, cache, options, seq)
+        notes.append(note)
+        engine = "traced"
     media_settings = None
     if media is not None:  # the tower runs before the prefill: the peak is the larger of the two moments
-        peak_at, media_settings, note = _with_tower(media, peak_at, weights, text, options, seq, fmt.compute_dtype)
+        peak_at, media_settings, note = _with_tower(media, peak_at, weights, text, options, seq, fmt.compute_dtype,
+                                                    measured)
         notes.append(note)
         peak = peak_at(options.batch, seq)
         peak_phase = media_settings["binds"]
@@ -255,71 +261,143 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         budget=budget, notes=tuple(notes), check=check, parallel=parallel)
 
 
-def _media_input(view: Any, options: MemoryOptions, seq: int, dtype: str) -> tuple[Any, int, MemoryOptions]:
-    """(the tower's trace, the context length, the options the cache and prefill take). Images: --seq S text tokens
-    and the N image tokens the projector hands the language model make a context of S + N; without --seq the
-    context is the model's maximum, N of it images. Audio (Whisper): each 30 s window is a sequence of its own,
-    its decoder cross-attending to the window's encoder states, so the batch is B × windows and the cross-attention
-    cache holds max_source_positions states a sequence."""
+def _media_input(view: Any, options: MemoryOptions, seq: int,
+                 dtype: str) -> tuple[Any, int, MemoryOptions, Any]:
+    """(the tower's trace, the context length, the options the cache and prefill take, the prefill measured on the
+    images where no formula holds it, else None). Images: --seq S text tokens and the N image tokens the projector
+    hands the language model make a context of S + N; without --seq the context is the model's maximum, N of it
+    images. Images read by cross-attention (Llama-3.2-Vision): the context is the text's, the cross-attention layers
+    cache each sequence's vision tokens (images × tiles × (patches + 1)), and the prefill is measured
+    (image_prefill.py). Audio (Whisper): each 30 s window is a sequence of its own, its decoder cross-attending to
+    the window's encoder states, so the batch is B × windows and the cross-attention cache holds
+    max_source_positions states a sequence."""
     from ..towers import held_into_prefill, media_family, media_flops
 
     config = getattr(view.module, "config", None)
-    if media_family(config) == "mllama":  # before any trace
-        raise UnsupportedError("{name} reads its images by cross-attention: its serving memory on that input is not "
-                               "counted here yet (flops counts it)", name=view.class_name)
+    cross = media_family(config) == "mllama"
+    if cross and options.encoder_seq is not None:  # before any trace
+        raise OptionError("{0} is the images': each sequence's images × tiles × (patches + 1) vision tokens",
+                          "encoder_seq")
     media = media_flops(view.module, options.media, batch=options.batch, seq=options.seq or seq, training=False,
                         serving_dtype=dtype)
+    if cross:
+        from .image_prefill import measure_prefill
+
+        measured = measure_prefill(view.module, images=media.per_sequence, batch=options.batch, context=seq,
+                                   dtype=dtype)
+        return (dataclasses.replace(media, held_through_prefill=measured.held), seq,
+                dataclasses.replace(options, encoder_seq=measured.vision_tokens), measured)
     if media.kind == "audio":
         if options.encoder_seq is not None:
             raise OptionError("{0} is the audio's: each window's {states:,} encoder states", "encoder_seq",
                               states=int(config.max_source_positions))
         return media, seq, dataclasses.replace(options, batch=options.batch * media.per_sequence,
-                                               encoder_seq=int(config.max_source_positions))
+                                               encoder_seq=int(config.max_source_positions)), None
     if options.seq is not None:
         seq = options.seq + media.tokens
     elif media.tokens >= seq:
         raise OptionError("{tokens:,} image tokens fill the model's {seq:,}-token context: give {0} for the text",
                           "seq", tokens=media.tokens, seq=seq)
     held = held_into_prefill(view.module, options.media, batch=options.batch, context=seq, dtype=dtype)
-    return dataclasses.replace(media, held_through_prefill=held), seq, options
+    return dataclasses.replace(media, held_through_prefill=held), seq, options, None
+
+
+def _measured_prefill(measured: Any, analytic_at: Any, analytic: Any, weights: Any, cache: Any,
+                      options: MemoryOptions, seq: int) -> tuple[Any, Any, str]:
+    """(the prefill's curve without what the images hold, which _with_tower adds; the workspace; the note) where the
+    prefill on images is measured (image_prefill.ImagePrefill): at the asked point the prefill's moment is the
+    weights and the measured peak, which holds the KV cache (self-attention over the text, cross-attention over the
+    vision tokens), what the images hold and the working tensors; the workspace is the measured peak less the
+    other two. Elsewhere (the fits) the analytic curve moved by the same bytes, exact at the asked point only."""
+    from .result import Workspace
+
+    kv = cache.at(options.batch, seq) if cache is not None else 0
+    moment = weights.bytes + weights.buffer_bytes + measured.peak
+    difference = analytic_at(options.batch, seq) + measured.held - moment
+    rest = measured.peak - kv - measured.held
+    workspace = Workspace(rest, (f"measured: the prefill's largest live bytes {measured.peak:,} less the KV cache "
+                                 f"{kv:,} and the images held {measured.held:,} (the token ids, a layer's working "
+                                 "tensors, the last token's logits)"), analytic.logits)
+
+    def prefill_at(batch: int, length: int) -> int:
+        return analytic_at(batch, length) - difference
+
+    change = f"{difference:,} B over" if difference >= 0 else f"{-difference:,} B short of"
+    note = (f"prefill on images: measured, the class's own forward on fake tensors (weights in the compute dtype, no "
+            f"grad, a DynamicCache, the last token's logits as generate()'s prefill, the model's own attention as "
+            f"torch runs it on CPU tensors), from the language model's call to the end: {measured.peak:,} B beyond the "
+            f"weights; the analytic prefill (a Llama-style workspace over the text, without the cross-attention "
+            f"layers' tensors) is {change} it; the fits below move the analytic curve by the same (exact at "
+            f"the asked point only)")
+    return prefill_at, workspace, note
 
 
 def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: MemoryOptions, seq: int,
-                dtype: str) -> tuple[Any, dict[str, Any], str]:
+                dtype: str, image_prefill: Any = None) -> tuple[Any, dict[str, Any], str]:
     """(the peak curve with the tower's moment in it, settings["media"], the note). The tower runs before the
     prefill, with the weights resident; its moment is the weights and the tower's and projector's measured forward
     peak, linear in the batch (each image or window runs the same layers), and for images the language model's input
     embeddings over the whole context (transformers' forward makes them before it runs the tower). The prefill's:
     weights, KV cache and workspace over text + image tokens, as for text, and what the forward keeps of the images
     through it (media.held_through_prefill, measured); for audio the encoder's output, which the decoder reads
-    through generation (its cross-attention K and V are in the cache besides)."""
+    through generation (its cross-attention K and V are in the cache besides). Images read by cross-attention
+    (`image_prefill`, Llama-3.2-Vision's measured prefill): the tower runs before the language model embeds the
+    text, beside the inputs given for it, the token ids and the int64 cross-attention mask (8 B a token, and 8 B a
+    token a tile)."""
     size = itemsize(dtype)
     audio = media.kind == "audio"
+    # images read by cross-attention (Llama-3.2-Vision): the forward runs the tower before the language model
+    # embeds the text, and the cross-attention layers cache the vision tokens (options.encoder_seq a sequence)
+    cross = image_prefill is not None
     per_token = 0 if audio else (dim(text, "hidden") or 0) * size  # the input embeddings, a token
+    if cross:  # the token ids and the cross-attention mask given (text tokens × images × tiles), int64
+        per_token = 8 * (1 + image_prefill.images * image_prefill.tiles)
     states = config_int(text, "max_source_positions") or 0
     # what the input holds through the prefill, a sequence: Whisper's encoder output; the images' pixel values, the
     # tower's returned output and the projected features (measured: towers.held_into_prefill)
     held_each = states * (config_int(text, "d_model") or 0) * size if audio else 0
     resident = weights.bytes + weights.buffer_bytes
 
-    def tower_at(batch: int, length: int) -> int:
-        return resident + batch * length * per_token + media.forward_peak * batch // options.batch
+    # cross-attention's tower moment is measured in the whole forward (image_prefill.tower): any bytes beyond the
+    # inputs given and the tower's own peak move the curve (none on the classes tested)
+    shift = image_prefill.tower - options.batch * seq * per_token - media.forward_peak if cross else 0
 
-    def held_at(batch: int) -> int:  # linear in the batch (the image-token mask, a byte a token, at the asked S)
+    def tower_at(batch: int, length: int) -> int:
+        return resident + batch * length * per_token + media.forward_peak * batch // options.batch + shift
+
+    def held_at(batch: int, length: int) -> int:  # linear in the batch (the image-token mask, a byte a token, at
+        # the asked S); cross-attention's: the images' own part linear in the batch, the masks' in batch × length
+        if cross:
+            return (image_prefill.held_fixed * batch // options.batch
+                    + batch * length * image_prefill.held_per_token)
         return batch * held_each if audio else media.held_through_prefill * batch // options.batch
 
-    def peak_at(batch: int, length: int) -> int:
-        return max(prefill_at(batch, length) + held_at(batch), tower_at(batch, length))
+    def mask_at(batch: int, length: int) -> int:
+        """Cross-attention's: building the mask over text × vision tokens, after the tower and before the prefill,
+        beside the images' own part (linear in the batch) and the mask's temporaries (in batch × length)."""
+        if not cross:
+            return 0
+        fixed = image_prefill.held_fixed
+        grows = image_prefill.mask - fixed
+        return resident + fixed * batch // options.batch + grows * batch * length // (options.batch * seq)
 
-    tower, prefill = tower_at(options.batch, seq), prefill_at(options.batch, seq) + held_at(options.batch)
+    def peak_at(batch: int, length: int) -> int:
+        return max(prefill_at(batch, length) + held_at(batch, length), tower_at(batch, length),
+                   mask_at(batch, length))
+
+    tower, prefill = tower_at(options.batch, seq), prefill_at(options.batch, seq) + held_at(options.batch, seq)
+    mask = mask_at(options.batch, seq)
     part = "audio encoder" if audio else "vision tower"
-    binds = part if tower > prefill else "prefill"
-    embeddings, held = options.batch * seq * per_token, held_at(options.batch)
+    # the first of equal moments binds: the prefill's
+    binds = max([(prefill, "prefill"), (tower, part), (mask, "cross-attention mask")], key=lambda m: m[0])[1]
+    embeddings, held = options.batch * seq * per_token, held_at(options.batch, seq)
     settings = {"kind": media.kind, "input": media.input_words, "per_sequence": media.per_sequence,
                 "image_tokens": media.tokens, "text_seq": seq - media.tokens, "tokens_from": media.tokens_words,
-                "tower_forward_peak": media.forward_peak, "embeddings": embeddings,
+                "tower_forward_peak": media.forward_peak, "embeddings": 0 if cross else embeddings,
                 "encoder_output": held if audio else 0, "image_features_held": 0 if audio else held,
                 "tower_moment": tower, "prefill_moment": prefill, "binds": binds,
+                "vision_tokens": options.encoder_seq if cross else 0, "text_inputs": embeddings if cross else 0,
+                "mask_moment": mask if cross else None,
                 "parts": [[line.part, line.path, line.class_name] for line in media.lines]}
     parts = " and ".join(f"{line.part} {line.path} ({line.class_name})" for line in media.lines)
     measured = (f"the forward peak, {media.forward_peak:,} B (the largest bytes live at once in {dtype}, the "
@@ -331,6 +409,23 @@ def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: M
                 f"{measured}, with the weights, is its moment, {tower:,} B; the prefill's, {prefill:,} B, holds the "
                 f"encoder's output ({held:,} B) beside the KV cache and workspace; the peak is the larger, the "
                 f"{binds}'s (fits: both linear in the batch)")
+    elif cross:
+        note = (f"image input: each sequence holds {media.input_words}; {media.tokens_words}. The self-attention "
+                f"layers' KV cache and the prefill are over the "
+                f"{seq:,} text tokens, the cross-attention layers' cache over the {options.encoder_seq:,} vision "
+                f"tokens. The {parts} run first in the forward, before the language model embeds the text: "
+                f"{measured}, with the weights and the token ids and cross-attention mask given ({embeddings:,} B, "
+                f"8 B a token × (1 + {image_prefill.images * image_prefill.tiles} tiles)) is the tower's moment, "
+                f"{tower:,} B. Then the forward builds the cross-attention mask over text × vision tokens (int64, "
+                f"float32 and bool temporaries of {seq:,} × {options.encoder_seq:,} a sequence): the weights and the "
+                f"largest bytes live then, measured, are its moment, {mask:,} B. The prefill's, {prefill:,} B, is "
+                f"the weights and the measured prefill, which holds what the forward keeps of the images, {held:,} B "
+                "(the pixel values, the tile and cross-attention masks given, the vision model's output, which "
+                "transformers returns with the logits, the projected tiles and the float cross-attention mask it "
+                "builds over text × vision tokens: measured at the language model's call against a text input), "
+                f"the KV cache and the workspace; the peak is the largest, the {binds}'s (fits: the tower's peak "
+                "linear in the batch; the mask's and what the images hold, their own part linear in the batch and "
+                "the rest in batch × text tokens)")
     else:
         note = (f"image input: each sequence holds {media.input_words}, {media.tokens:,} image tokens "
                 f"({media.tokens_words}): the KV cache and prefill workspace are over {seq - media.tokens:,} text + "
