@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from .cost.memory.training import TrainingOptions, estimate_training
     from .cost.flops.estimate import FlopOptions, estimate_flops
     from .cost.flops.result import FlopEstimate
+    from .cost.speed.answer import ServeOptions, estimate_serving
+    from .cost.speed.roofline import ServeSpeed
     from .api import inspect_with_module
     from .plan import Plan, PlanOptions, make_plan, plan_flops, plan_memory
 
@@ -54,6 +56,7 @@ _LAZY = {
     "MemoryEstimate": "cost.memory.result",
     "estimate_training": "cost.memory.training", "TrainingOptions": "cost.memory.training",
     "estimate_flops": "cost.flops.estimate", "FlopOptions": "cost.flops.estimate", "FlopEstimate": "cost.flops.result",
+    "estimate_serving": "cost.speed.answer", "ServeOptions": "cost.speed.answer", "ServeSpeed": "cost.speed.roofline",
     "inspect_with_module": "api", "Plan": "plan", "PlanOptions": "plan", "make_plan": "plan",
     "plan_memory": "plan", "plan_flops": "plan",
 }
@@ -98,6 +101,8 @@ __all__ = [
     "PlanOptions",
     "RemoteCodeError",
     "Report",
+    "ServeOptions",
+    "ServeSpeed",
     "SourceError",
     "TemplateError",
     "TiedGroup",
@@ -107,6 +112,7 @@ __all__ = [
     "derive_formula",
     "estimate_flops",
     "estimate_memory",
+    "estimate_serving",
     "estimate_training",
     "inspect",
     "inspect_module",

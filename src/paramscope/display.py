@@ -16,6 +16,7 @@ PAGES = {
     "MemoryEstimate": "paramscope.render.html.cost:memory_page",
     "FlopEstimate": "paramscope.render.html.cost:flops_page",
     "Plan": "paramscope.render.html.cost:plan_page",
+    "ServeSpeed": "paramscope.render.serve:serve_page",
 }
 # type name → "module:function": function(result) → the text IPython shows for it (`_repr_pretty_`)
 TEXTS = {
@@ -32,8 +33,8 @@ def _function(registry: dict[str, str], result: Any):
 
 
 class HtmlDisplay:
-    """Mixed into Report, MemoryEstimate, FlopEstimate and Plan: the notebook shows the interactive page (offline,
-    no CDN) and `.to_html(path)` writes the self-contained page that the CLI's --html writes."""
+    """Mixed into Report, MemoryEstimate, FlopEstimate, ServeSpeed and Plan: the notebook shows the interactive page
+    (offline, no CDN) and `.to_html(path)` writes the self-contained page that the CLI's --html writes."""
 
     def _html(self, fragment: bool) -> str:
         page = _function(PAGES, self)

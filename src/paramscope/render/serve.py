@@ -150,6 +150,14 @@ def render_serve_html(report: Any, speed: Any, *, fragment: bool = False) -> str
                      f"{subtitle(report)} · {settings}", sections, fragment)
 
 
+def serve_page(speed: Any, fragment: bool) -> str:
+    """`ServeSpeed.to_html` and its notebook display (display.py): the page `serve --html` writes, from the bounds'
+    own report (`estimate_serving` attaches it)."""
+    if speed.report is None:
+        raise TypeError("these bounds carry no report to title their page: estimate_serving attaches one")
+    return render_serve_html(speed.report, speed, fragment=fragment)
+
+
 def _curve(steps: Any, axis: str, title: str, roof: Any) -> dict:
     """tokens/s ≤ against `axis`, with each side's own limit: the memory side's B / (bytes / bandwidth) and the
     compute side's B / (FLOPs / peak); the bound is the lower of the two at every point."""
@@ -176,4 +184,4 @@ def _curve(steps: Any, axis: str, title: str, roof: Any) -> dict:
     return {"data": traces, "layout": layout}
 
 
-__all__ = ["render_serve_text", "serve_to_dict", "render_serve_html", "crossover_words"]
+__all__ = ["render_serve_text", "serve_to_dict", "render_serve_html", "serve_page", "crossover_words"]

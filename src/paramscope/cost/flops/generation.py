@@ -8,8 +8,9 @@
                step(c) = 2·B·(matmul weights a token meets) + 2·B·heads·(d_qk + d_v) per key and attention layer
                + MLA: 2·B·(c − 1)·kv_up (transformers caches the latent and decompresses every cached token each
                step)
-               + Mamba mixers: their conv and scan, the same at every c (recurrent_decode.py; they add theirs to
-               the prefill too); an attention-free model's linears are read from its modules
+               + recurrent layers (Mamba and Mamba-2 mixers, short convolutions, gated DeltaNet): their conv and
+               scan, the same at every c (recurrent_decode.py; they add theirs to the prefill too); an
+               attention-free model's linears are read from its modules
 
 Checked once per config against FlopCounterMode on a cut (a prefill and two decode steps at each check point, the
 long one past any window), as the forward is (engine_check.py); where they differ, FlopCounterMode counts the
@@ -56,7 +57,7 @@ def analytic_generation(view: Any, params: Any, *, batch: int, seq: int, new_tok
     config = text_config(view.config)
     if getattr(config, "is_encoder_decoder", False):
         return None
-    try:  # Mamba mixers: their conv and scan, a fixed count a step (recurrent_decode.py)
+    try:  # recurrent layers: their conv and scan, a fixed count a step (recurrent_decode.py)
         recurrent = recurrent_flops(view, config)
     except NoRecurrentFormula:
         return None

@@ -313,9 +313,10 @@ def _recurrent_state(config: Any, size: int, tp: int = 1) -> tuple[int, str] | N
         return (local * conv * size + local * state * 4,
                 f"conv {inner:,}{per} × {conv} × {size} B + ssm {inner:,}{per} × {state} × 4 B")
     if model_type in ("mamba2", "falcon_h1", "bamba", "nemotron_h", "granitemoehybrid"):
-        heads = config_int(config, "mamba_n_heads", "num_heads") or 0
-        head_dim = config_int(config, "mamba_d_head", "head_dim") or 0
-        state = config_int(config, "mamba_d_state", "state_size") or 0
+        # Nemotron-H names them mamba_num_heads, mamba_head_dim and ssm_state_size (its head_dim is attention's)
+        heads = config_int(config, "mamba_n_heads", "mamba_num_heads", "num_heads") or 0
+        head_dim = config_int(config, "mamba_d_head", "mamba_head_dim", "head_dim") or 0
+        state = config_int(config, "mamba_d_state", "ssm_state_size", "state_size") or 0
         groups = config_int(config, "mamba_n_groups", "n_groups") or 1
         conv = config_int(config, "mamba_d_conv", "conv_kernel") or 4
         local_heads = split(heads)

@@ -47,6 +47,15 @@ class ServeOptions:
                               value=self.peak_tflops)
 
 
+def estimate_serving(model: Any, options: ServeOptions, use_cache: bool = True, **model_options: Any) -> ServeSpeed:
+    """The roofline bounds (`paramscope serve`), with the model's Report as their `report`.
+
+    With `use_cache`, a config whose template and cost facts are recorded is answered without torch
+    (facts/store.py); otherwise the class is built on meta in the storage's compute dtype."""
+    report, speed, _ = serve_answer(model, options, use_cache, **model_options)
+    return dataclasses.replace(speed, report=report)
+
+
 def serve_answer(model: Any, options: ServeOptions, use_cache: bool = True, **model_options: Any):
     """(report, ServeSpeed, the ModelView read): from the template and cost facts where they answer, else the build."""
     from ...api import as_source
@@ -191,24 +200,32 @@ def _refuse_unformulated(view: Any, text: Any) -> None:
         recurrent_flops(view, text)
     except NoRecurrentFormula as error:
         raise UnsupportedError("serving speed has no decode FLOP formula for the recurrent layers of {name} "
-                               "({kind}; Mamba mixers have one: Mamba, Falcon-Mamba, Jamba, Falcon-H1); "
+                               "({kind}; these have one: Mamba, Falcon-Mamba, Jamba, Mamba-2, Falcon-H1, Bamba, "
+                               "Nemotron-H, LFM2, Qwen3-Next); "
                                "`flops {0} N {1}` counts its generate() traced", "generate", "trace",
                                name=view.class_name,
                                kind=str(error)) from None
 
 
 def _recurrent_words(view: Any, text: Any, batch: int) -> list[str]:
-    """Mamba mixers: a decode step's FLOPs beyond their projections, the same at any context."""
+    """Recurrent layers: a decode step's FLOPs beyond their projections, the same at any context."""
     from ..flops.recurrent_decode import recurrent_flops
 
     recurrent = recurrent_flops(view, text)  # a layer with no formula refused before, with the generate() count
     if recurrent is None:
         return []
-    return [f"recurrent layers: a decode step reads and writes each layer's state whole and costs the same FLOPs at "
-            f"any context: its projections (2·B·weights, with the others) + {recurrent.words()}; "
-            f"{recurrent.step(batch):,} FLOPs at batch {batch} (flops/recurrent_decode.py, FlopCounterMode's "
-            "convention: matmuls and convolutions; the scan's elementwise discretisation, gate and D skip are not "
-            "counted)"]
+    words = [f"recurrent layers: a decode step reads and writes each layer's state whole and costs the same FLOPs at "
+             f"any context: its projections (2·B·weights, with the others) + {recurrent.words()}; "
+             f"{recurrent.step(batch):,} FLOPs at batch {batch} (flops/recurrent_decode.py, FlopCounterMode's "
+             "convention: matmuls and convolutions; the scan's elementwise discretisation, gate and D skip are not "
+             "counted)"]
+    elementwise = recurrent.elementwise(batch)
+    if elementwise:  # the compute side is then a bound from below on what a kernel spends, named with its size
+        words.append(f"gated DeltaNet: the delta rule's step (the state read by k and by q, its rank-1 update) runs "
+                     f"as elementwise products in transformers' torch path, so FlopCounterMode counts none of it; a "
+                     f"fused kernel (fla's fused_recurrent) spends 3 × 2·B·Hv·dk·dv a layer, {elementwise:,} FLOPs a "
+                     f"step at batch {batch}, not in the decode FLOPs here")
+    return words
 
 
 def _mla_words(report: Any, text: Any, batch: int, context: int) -> list[str]:
@@ -226,4 +243,4 @@ def _mla_words(report: Any, text: Any, batch: int, context: int) -> list[str]:
             "compute side is lower"]
 
 
-__all__ = ["ServeOptions", "serve_answer", "DEFAULT_PROMPT"]
+__all__ = ["ServeOptions", "estimate_serving", "serve_answer", "DEFAULT_PROMPT"]

@@ -24,10 +24,11 @@ V tiles, communication, imperfect overlap.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable
 
+from ...display import HtmlDisplay
 from ...errors import OptionError, UnsupportedError
 from ..hardware import Accelerator, bandwidth, peak_flops
 
@@ -92,7 +93,7 @@ class StepBound:
 
 
 @dataclass(frozen=True)
-class ServeSpeed:
+class ServeSpeed(HtmlDisplay):
     roofline: Roofline
     dtype: str  # the weights' storage format
     kv_dtype: str
@@ -111,10 +112,21 @@ class ServeSpeed:
     routing: tuple[int, int] | None = None  # (top-k, experts) of a MoE model
     compute_dtype: str | None = None  # the dtype the model was built in (its unquantised tensors')
     tp: int = 1  # tensor-parallel degree: the bytes and FLOPs are one GPU's
+    # the model's Report, as `estimate_serving` answers (`speed.report`); None for bounds made without one. Not in ==
+    # or hash: the same bounds are equal whichever engine counted the model
+    report: Any = field(default=None, repr=False, compare=False)
 
     @property
     def at_batch(self) -> StepBound:
         return next(step for step in self.decode if step.batch == self.batch)
+
+    def __repr__(self) -> str:
+        """One line: `<ServeSpeed of gpt2 (GPT2LMHeadModel) on H100 SXM: decode ≤ … tokens/s at batch 1 …>`."""
+        model = "" if self.report is None else f" of {self.report.model.label} ({self.report.model.class_name})"
+        step = self.at_batch
+        return (f"<ServeSpeed{model} on {self.roofline.gpu}: decode ≤ {step.tokens_per_second:,.1f} tokens/s at batch "
+                f"{self.batch:,}, context {self.context:,} ({step.binds}-bound) · prefill of {self.prompt:,} tokens ≥ "
+                f"{self.prefill.seconds * 1e3:,.4g} ms · {self.dtype} weights · bounds>")
 
 
 # --- the parts -------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ the experts', the lm_head's), and attention kernels run by an attention module a
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -150,11 +151,14 @@ def _count_generation(module: Any, batch: int, seq: int, steps: int) -> TracedGe
             with counter:
                 output = model(**kwargs)
             counts.append(counter.get_total_flops())
+            # transformers ≥ 5.x names the cache `cache` (generate() passes it so); a class that takes only that name
+            # drops a `past_key_values` into its **kwargs and would decode each step as a fresh one-token prefill
+            name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
             cache = output.past_key_values
             for _ in range(steps):
                 counter = FlopCounterMode(display=False, depth=None, custom_mapping=_missing_formulas())
                 with counter:
-                    output = model(input_ids=step_ids, past_key_values=cache, use_cache=True)
+                    output = model(input_ids=step_ids, use_cache=True, **{name: cache})
                 counts.append(counter.get_total_flops())
                 cache = output.past_key_values
     return TracedGeneration(counts[0], tuple(counts[1:]))
