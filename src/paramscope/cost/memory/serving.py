@@ -410,7 +410,10 @@ def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: M
                 f"encoder's output ({held:,} B) beside the KV cache and workspace; the peak is the larger, the "
                 f"{binds}'s (fits: both linear in the batch)")
     elif cross:
-        note = (f"image input: each sequence holds {media.input_words}; {media.tokens_words}. The self-attention "
+        note = (f"image input: each sequence holds {media.input_words}; {media.tokens_words}. Every image is "
+                f"{image_prefill.tiles} tiles (max_num_tiles) whatever its size: transformers' MllamaImageProcessor "
+                "pads each to max_image_tiles zero tiles (float32 pixel values), which the vision model runs and the "
+                "cross-attention layers cache, masked. The self-attention "
                 f"layers' KV cache and the prefill are over the "
                 f"{seq:,} text tokens, the cross-attention layers' cache over the {options.encoder_seq:,} vision "
                 f"tokens. The {parts} run first in the forward, before the language model embeds the text: "
