@@ -85,14 +85,16 @@ def test_llama_3_70b_on_64_h100():
                                                       ("pp", 134_217_728), ("cp", 14_092_861_440)]
     minimum = search.minimum  # every count from the states' floor up: 24 fits, no power of two below 32 does
     assert (minimum.devices, minimum.floor, minimum.untried) == (24, 14, None)
-    assert minimum.layout.peak == 76_190_551_504
-    layout = minimum.layout.layout
-    assert (layout.dp, layout.tp, layout.pp, layout.cp) == (1, 8, 3, 1)
+    assert minimum.layout.peak == 76_939_955_664
+    layout = minimum.layout.layout  # the layout of 24 with the lowest bound that fits
+    assert (layout.dp, layout.tp, layout.pp, layout.cp) == (1, 4, 3, 2)
+    # a layout whose lower bound (the first stage's states and in-flight activations) exceeds the GPU is passed over
     assert [(t.devices, t.outcome, t.layouts) for t in minimum.tried] == [
-        (14, "none fits", 4), (15, "none fits", 1), (16, "none fits", 35), (17, "none fits", 1), (18, "none fits", 4),
-        (19, "none fits", 1), (20, "none fits", 10), (21, "none fits", 1), (22, "none fits", 4), (23, "none fits", 1),
-        (24, "fits", 7)]
-    assert search.evaluated == 84 + 35 + 4 + 34  # N's own; the powers of two 16 and 32; the other counts to 24
+        (14, "none fits", 0), (15, "none fits", 0), (16, "none fits", 2), (17, "none fits", 0), (18, "none fits", 0),
+        (19, "none fits", 0), (20, "none fits", 2), (21, "none fits", 0), (22, "none fits", 0), (23, "none fits", 0),
+        (24, "fits", 3)]
+    assert minimum.bounded == 95
+    assert search.evaluated == 84 + 2 + 2 + 2 + 3  # N's own; 16, 32 (the power of two that bounds it), 20, 24
 
 
 def test_every_degree_that_divides(capsys):
@@ -109,8 +111,37 @@ def test_every_degree_that_divides(capsys):
     minimum = search.minimum
     assert (minimum.devices, minimum.floor, minimum.layout.peak) == (3, 2, 68_067_410_832)
     assert (minimum.layout.layout.pp, minimum.layout.layout.micro_batches) == (3, 6)
-    assert [(t.devices, t.outcome, t.layouts) for t in minimum.tried] == [(2, "none fits", 4), (3, "fits", 1)]
-    assert search.evaluated == 8 + 4 + 1 + 1  # N's; 2's four; 4, the power of two that bounds it; 3
+    assert [(t.devices, t.outcome, t.layouts) for t in minimum.tried] == [(2, "none fits", 1), (3, "fits", 1)]
+    assert search.evaluated == 8 + 1 + 1 + 1  # N's; 2's one under the GPU on its bound; 4, which bounds it; 3
+
+
+def test_the_bound_never_passes_over_a_layout_that_fits(monkeypatch):
+    """Every layout's lower bound is at most its evaluated peak, and the fewest devices are the same with the bound
+    switched off (every layout of every count evaluated)."""
+    from paramscope.cost.parallel import search as module
+
+    bounds, peaks = {}, {}
+    bound, evaluate = module._Search.bound, module._Search.evaluate
+
+    def recorded_bound(self, layout, replica):
+        bounds[layout] = bound(self, layout, replica)
+        return 0  # nothing passed over: every layout evaluated
+
+    def recorded_evaluate(self, layout, replica, **kwargs):
+        result = evaluate(self, layout, replica, **kwargs)
+        peaks[layout] = result.peak
+        return result
+
+    options = SearchOptions(devices=6, gpu="h100")
+    _, pruned, _ = find_layouts("llama-3-8b", options)
+    monkeypatch.setattr(module._Search, "bound", recorded_bound)
+    monkeypatch.setattr(module._Search, "evaluate", recorded_evaluate)
+    _, search, _ = find_layouts("llama-3-8b", options)
+    assert search.minimum.devices == pruned.minimum.devices == 3 and search.minimum.bounded == 0
+    checked = [layout for layout in peaks if layout in bounds]  # N's own list is evaluated whole, unbounded
+    for layout in checked:
+        assert 0 < bounds[layout] <= peaks[layout], (layout.words(), bounds[layout], peaks[layout])
+    assert len(checked) == 4 + 1 + 1  # 2's four; 4's first, which fits; 3's one
 
 
 def test_the_fewest_devices_search_is_bounded(monkeypatch, capsys):
@@ -125,8 +156,9 @@ def test_the_fewest_devices_search_is_bounded(monkeypatch, capsys):
     assert (minimum["devices"], minimum["floor"], minimum["untried"], minimum["budget"]) == (4, 2, [3, 3], 0)
     assert main(["memory", "llama-3-8b", "--training", "--find-layout", "--gpu", "h100", "--devices", "6"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "fewest devices found to fit: 4 (dp 1 · pp 4" in text and "1: the model states alone" in text
-    assert "2: none of its 4 layouts tried fits; 3: not tried (the search below the first power of two" in text
+    assert "fewest devices found to fit: 4 (dp 1 · pp 2 · cp 2" in text and "1: the model states alone" in text
+    assert "2: none of its 1 layouts tried fits (3 more passed over on a lower bound" in text
+    assert "3: not tried (the search below the first power of two" in text
 
 
 def test_a_class_without_per_device_activations_keeps_data_parallel(capsys):

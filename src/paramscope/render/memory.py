@@ -869,6 +869,9 @@ def minimum_sentence(search) -> str:
         runs = _runs([t.devices for t in others])
         before += (f"; {runs}: none of {'its' if len(others) == 1 else 'their'} {sum(t.layouts for t in others):,} "
                    "layouts tried fits")
+    if minimum.bounded:
+        before += (f" ({minimum.bounded:,} more passed over on a lower bound: the first stage's model states and its "
+                   "layers' activations for the microbatches in flight, terms of its peak, exceed the GPU)")
     if minimum.untried is not None:
         first, last = minimum.untried
         span = f"{first:,}" if first == last else f"{first:,}–{last:,}"
@@ -930,7 +933,7 @@ def layout_search_to_dict(search) -> dict[str, Any]:
                     "layout": _candidate_to_dict(minimum.layout) if minimum.layout is not None else None,
                     "limit": minimum.limit, "floor": minimum.floor,
                     "untried": list(minimum.untried) if minimum.untried is not None else None,
-                    "budget": minimum.budget,
+                    "budget": minimum.budget, "bounded": minimum.bounded,
                     "tried": [{"devices": t.devices, "outcome": t.outcome, "layouts": t.layouts, "words": t.words}
                               for t in minimum.tried]},
         "evaluated": search.evaluated, "search_seconds": round(search.seconds, 3),

@@ -14,7 +14,10 @@ sorted by a bound on the step's time, with the pipeline bubble and the communica
     → sorted   by the time bound, then by the bytes, then by the peak
     and the fewest devices that fit: every count from 1 (those whose model states alone exceed the GPU passed
     over), powers of two first (the first that fits bounds it), then every count below that bound, upward, each
-    tried until one of its layouts fits; at most MIN_BUDGET layouts in that second pass.
+    tried until one of its layouts fits: a layout whose lower bound (_Search.bound: terms of its first stage's
+    peak) exceeds the GPU is passed over unevaluated, the rest evaluated lowest bound first; at most MIN_BUDGET
+    evaluated layouts in that second pass (Llama-3.1-405B on H100s: 160 devices, 58 layouts evaluated and 637
+    passed over below it, where every layout of every count cost minutes).
 
 What one device sends (and as much it receives) a step, ring algorithms over a group of n ranks, a buffer of X
 bytes: all-gather and reduce-scatter (n − 1)/n · X each, all-reduce 2(n − 1)/n · X; rounded up to a byte:
@@ -58,7 +61,8 @@ from .layout import MAX_DEGREE, ParallelLayout, layout_for, shard_mode, shard_wo
 from .pipeline import bubble, layer_of, layer_stack_of, stages
 
 MIN_BEYOND = 16  # the fewest devices are sought up to 16 × N
-MIN_BUDGET = 64  # layouts the fewest devices' search evaluates below the first power of two that fits, at most
+MIN_BUDGET = 1024  # layouts the fewest devices' search evaluates below the first power of two that fits, at most
+# (those passed over on their lower bound cost nothing and are not counted)
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,7 @@ class Minimum:
     untried: tuple[int, int] | None = None  # (first, last): from first to last, the counts `tried` does not list were
     # left when the budget ran out (the powers of two among them were tried first)
     budget: int = 0  # the most layouts tried below the first power of two that fits (MIN_BUDGET)
+    bounded: int = 0  # layouts passed over without an evaluation: their lower bound (_Search.bound) exceeds the GPU
 
 
 @dataclass(frozen=True)
@@ -270,6 +275,13 @@ class _Search:
         self.flops_check = flops_check
         self._model_parallel: dict[int, str | None] = {}
         self._stage_bytes: dict[tuple[int, int, int, int], list] = {}
+        self._stage_states: dict[tuple, tuple[Any, int, int]] = {}
+        self._per_layers: dict[tuple[int, int, bool, int], int | None] = {}
+        self._layers_of: dict[str, int | None] = {}
+        self.bounded = 0  # layouts the fewest devices' search passed over on their bound
+        norms = [p.name for p in report.params if p.role.endswith("norm") and tuple(p.shape) == (self.hidden,)
+                 and not p.name.endswith("bias") and self.stack is not None and layer_of(p.name, self.stack) == 0]
+        self.layer_norms = len(norms)  # the hidden-size norms of one layer (two in Llama's, four in Gemma-2's)
 
     # ---- enumeration
 
@@ -395,6 +407,69 @@ class _Search:
                            f"answered by the {one.engine} engine (its notes say why), which is not split per device")
             self._model_parallel[replica] = why
         return self._model_parallel[replica]
+
+    def bound(self, layout: ParallelLayout, replica: int) -> int:
+        """A lower bound on the layout's peak per device, cheap beside the evaluation: two of the terms the
+        per-device engine adds into one of the first stage's moments (the whole model's without a pipeline), on rank
+        0. With a pipeline, its 1F1B steady state (or GPipe's first backward) holds the stage's model states,
+        gradients included, and its layers' saved activations for every microbatch in flight; without one, the end
+        of the forward holds the states but the gradients, and every layer's saved activations; the optimizer step
+        holds all the states. The rest of those moments (the embedding output, 16-bit weight copies, FSDP2's gathered
+        units, the arriving gradient, the logits) only adds, so a layout whose bound exceeds the GPU does not fit.
+        0 (no bound) where tensor, context or pipeline parallelism is not answered analytically."""
+        from ..memory.states import check_optimizer, check_precision
+        from .states import device_states
+
+        placements = self.placements(layout.tp, layout.ep)
+        if isinstance(placements, OptionError):
+            return 0
+        key = (layout.tp, layout.ep, layout.pp, layout.virtual_stages, layout.shard, layout.shard_degree, layout.dp,
+               layout.cp)
+        if key not in self._stage_states:
+            plan = stages(layout, self.layers) if layout.pp > 1 else None
+            first = plan[0] if plan else None
+            held = set(first.layers) if first else None
+            params = [p for p in self.report.params
+                      if held is None or (self._layer(p.name) in held if self._layer(p.name) is not None
+                                          else p.role.startswith("embeddings") or first.last)]
+            dev = device_states(params, placements, layout, precision=check_precision(self.options.precision),
+                                optimizer=check_optimizer(self.options.optimizer),
+                                trainable=frozenset(p.name for p in self.report.params))
+            layers = (max(first.chunk_layers) if layout.virtual_stages > 1 else len(first.layers)) if first else \
+                self.layers
+            self._stage_states[key] = (dev, layers, first.in_flight if first else 1)
+        dev, layers, in_flight = self._stage_states[key]
+        micro = replica // layout.micro_batches if layout.pp > 1 and layout.micro_batches else replica
+        per_layer = self._per_layer(layout.tp, layout.cp, layout.sp, micro)
+        if per_layer is None:
+            return dev.bytes
+        kept = in_flight * layers * per_layer
+        return max(dev.bytes, dev.bytes + kept if layout.pp > 1 else dev.bytes - dev.gradients + kept)
+
+    def _layer(self, name: str) -> int | None:
+        if name not in self._layers_of:
+            self._layers_of[name] = layer_of(name, self.stack) if self.stack is not None else None
+        return self._layers_of[name]
+
+    def _per_layer(self, tp: int, cp: int, sp: bool, micro: int) -> int | None:
+        """One layer's saved activations on a rank (the analytic recipe on its shard, at S / cp tokens, norms on
+        S / tp under sequence parallel), or None where the class has no such recipe."""
+        key = (tp, cp, sp, micro)
+        if key not in self._per_layers:
+            from .activations import local_recipe, sequence_parallel, tp_activations
+
+            value = None
+            if local_recipe(self.text, self.view.class_name) is not None:
+                seq = -(-self.seq // cp)
+                act = tp_activations(self.text, self.view.class_name, tp=tp, batch=micro, seq=seq,
+                                     precision=self.options.precision, checkpointing=self.checkpointing,
+                                     cast_weights=0, cast_head=0, cast_biases=0)
+                if act is not None and sp and tp > 1:
+                    act = sequence_parallel(act, tp=tp, tokens=micro * seq, hidden=self.hidden,
+                                            precision=self.options.precision, layer_norms=self.layer_norms)
+                value = act.per_layer if act is not None else None
+            self._per_layers[key] = value
+        return self._per_layers[key]
 
     def replica_flops(self, replica: int) -> tuple[Any, Any]:
         """The analytic count at a replica's batch, and its weight-by-weight parts (one per batch)."""
@@ -662,11 +737,13 @@ def _minimum(state: _Search, options: SearchOptions, states_bytes: int, fitting:
     """The fewest devices whose layouts (at the same global batch) fit, every count from 1 up to `limit`.
 
     A count whose model states alone, spread evenly over all its devices, exceed the GPU is passed over without a
-    layout tried (no layout can beat the even spread): the counts below `floor`. The others' layouts are tried, most
-    model-parallel first, until one fits. Powers of two first (and N, already answered): the first that fits bounds
-    the answer from above, as cheaply as before; then every count below it, upward from the floor, until one fits.
-    A count that does not fit costs all its layouts, so this second pass stops once it has evaluated MIN_BUDGET
-    layouts: the answer is then the power of two, and the counts left are named."""
+    layout tried (no layout can beat the even spread): the counts below `floor`. The others' layouts are tried,
+    lowest lower bound first (ties: most model-parallel first), until one fits; those whose bound exceeds the GPU
+    are passed over unevaluated (they cannot fit: the bound is part of their peak). Powers of two first (and N,
+    already answered): the first that fits bounds the answer from above; then every count below it, upward from the
+    floor, until one fits. A count that does not fit costs all its layouts under the GPU on their bound, so this
+    second pass stops once it has evaluated MIN_BUDGET layouts: the answer is then the power of two, and the counts
+    left are named."""
     limit = min(MAX_DEGREE, MIN_BEYOND * options.devices)
     floor = max(1, -(-states_bytes // state.capacity)) if state.capacity > 0 else limit + 1
     tried: dict[int, DeviceCount] = {}
@@ -684,7 +761,11 @@ def _minimum(state: _Search, options: SearchOptions, states_bytes: int, fitting:
             return True
         layouts, _ = state.layouts(count)
         done = 0
-        for layout, replica in _likely_first(layouts):
+        ranked = [(state.bound(layout, replica), i, layout, replica)
+                  for i, (layout, replica) in enumerate(_likely_first(layouts))]
+        hopeless = sum(1 for b, *_ in ranked if b > state.capacity)
+        state.bounded += hopeless
+        for _, _, layout, replica in sorted(item for item in ranked if item[0] <= state.capacity):
             if bounded:
                 if spent[0] >= MIN_BUDGET:
                     return False
@@ -698,8 +779,9 @@ def _minimum(state: _Search, options: SearchOptions, states_bytes: int, fitting:
                 found[count] = result
                 return True
         tried[count] = DeviceCount(count, "none fits" if layouts else "no layout", done,
-                                   f"none of its {len(layouts)} layouts fits" if layouts else
-                                   "no layout divides the global batch")
+                                   f"none of its {len(layouts)} layouts fits" + (
+                                       f" ({hopeless} passed over on their bound)" if hopeless else "")
+                                   if layouts else "no layout divides the global batch")
         return True
 
     probes = sorted({1 << k for k in range(limit.bit_length()) if floor <= 1 << k <= limit}
@@ -727,7 +809,7 @@ def _minimum(state: _Search, options: SearchOptions, states_bytes: int, fitting:
     devices = min(found) if found else None
     return Minimum(devices, found.get(devices) if devices is not None else None, limit,
                    tuple(tried[c] for c in sorted(tried) if devices is None or c <= devices), min(floor, limit + 1),
-                   untried, MIN_BUDGET)
+                   untried, MIN_BUDGET, state.bounded)
 
 
 def _likely_first(layouts: list[tuple[ParallelLayout, int]]) -> list[tuple[ParallelLayout, int]]:
