@@ -157,3 +157,50 @@ def test_tensor_split_in_the_json_and_the_command(tmp_path, capsys: pytest.Captu
         ("GPU0", 4 * layer), ("GPU1", 2 * layer + head), ("CPU", VOCAB * H * 4)]
     assert doc["caches"][0]["gpu_bytes_per_gpu"] == [4 * 32_768, 2 * 32_768]
     assert doc["fit"]["command"].endswith("-ts 1,1") and "-ngl 7" in doc["fit"]["command"]
+
+
+def rwkv_gguf(path, arch: str = "rwkv7", **keys) -> str:
+    """An RWKV GGUF header as llama.cpp reads it (its tensors a few, only their bytes matter here)."""
+    import gguf
+    import numpy as np
+
+    from gguf_files import Q, add_tensors_and_close
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in ({"context_length": 1 << 20, "embedding_length": H, "block_count": 2,
+                        "feed_forward_length": 224, "wkv.head_size": 16} | keys).items():
+        if value is not None:
+            writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_token_list([f"t{i}" for i in range(VOCAB)])
+    tensors = {"token_embd.weight": ((VOCAB, H), Q.F16), "output.weight": ((VOCAB, H), Q.F32),
+               "blk.0.time_mix_key.weight": ((H, H), Q.F32), "blk.1.time_mix_key.weight": ((H, H), Q.F16)}
+    add_tensors_and_close(writer, tensors, lambda shape: np.full(shape, 0.5, dtype=np.float32))
+    return str(path)
+
+
+def test_an_rwkv_gguf_is_sized_from_its_header_alone(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """RWKV-7 has no transformers class, and llama.cpp's memory needs only the header: per layer and sequence
+    token_shift_count (default 2) × n_embd 64 + n_embd 64 × head size 16 F32 values (llama-hparams.cpp n_embd_r and
+    n_embd_s; checked against llama.cpp's RS buffer on an RWKV-6 file, docs/commands.md). -ngl 2: layer 1 and the
+    output on the GPU; 3 sequences."""
+    path = rwkv_gguf(tmp_path / "r.gguf")
+    assert main(["memory", path, "--engine", "llama.cpp", "-ngl", "2", "-np", "3", "-c", "256", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["model"]["class"] is None and doc["model"]["model_type"] == "rwkv7"
+    plan = doc["memory"]["llama_cpp"]
+    one = (2 * 64 + 64 * 16) * 4 * 3
+    assert one == 13_824
+    assert [(d["device"], d["weights"], d["kv"], d["recurrent"]) for d in plan["devices"]] == [
+        ("GPU", H * H * 2 + VOCAB * H * 4, 0, one), ("CPU", VOCAB * H * 2 + H * H * 4, 0, one)]
+    # token_shift_count 1 (RWKV6Qwen2 writes it) halves the shift state
+    path = rwkv_gguf(tmp_path / "q.gguf", "rwkv6qwen2", token_shift_count=1)
+    assert main(["memory", path, "--engine", "llama.cpp", "-c", "256", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["memory"]["llama_cpp"]
+    assert plan["devices"][0]["recurrent"] == 2 * (64 + 64 * 16) * 4
+
+
+def test_an_rwkv_header_without_its_head_size_is_one_line(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = rwkv_gguf(tmp_path / "r.gguf", **{"wkv.head_size": None})
+    assert main(["memory", path, "--engine", "llama.cpp"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "it has no rwkv7.wkv.head_size" in err

@@ -78,6 +78,16 @@ def resolve(spec: str, *, revision: str | None = None) -> Source:
     )
 
 
+def local_gguf(spec: str) -> Path | None:
+    """The GGUF file, shard or folder that `spec` names when it is a local path (as resolve reads it), else None:
+    for a caller that reads the header itself (an architecture transformers cannot build)."""
+    path = Path(str(spec).strip()).expanduser()
+    try:
+        return _gguf_checkpoint(path) if str(spec).strip() and path.exists() else None
+    except PermissionError:
+        return None
+
+
 def _from_path(path: Path) -> Source:
     gguf = _gguf_checkpoint(path)
     if gguf is not None:

@@ -119,7 +119,24 @@ def run_llama_cpp(args: argparse.Namespace) -> int:
     reserve = checked_size("--reserve", args.reserve, zero=True) or 0
     accelerator = find_accelerator(args.gpu) if args.gpu else (
         Accelerator("budget", checked_size("--budget", args.budget), "", "budget") if args.budget else None)
-    source = resolve(args.model, revision=args.revision)
+    from ..cost.memory.llama_cpp_header import HEADER_ONLY
+    from ..sources import gguf_source, local_gguf
+
+    budget = None if accelerator is None else accelerator.memory - reserve
+    at = local_gguf(args.model)
+    if at is not None:  # read the header once: an RWKV-6/7 file has no config to build
+        from pathlib import Path
+
+        from ..checkpoint.gguf_read import read_gguf
+
+        header = read_gguf(at)
+        if header.architecture in HEADER_ONLY:
+            if args.dtype is not None:
+                raise OptionError("--dtype with a .gguf file: llama.cpp serves the file's own types")
+            return _from_header(args, header, options, accelerator, reserve, budget, width)
+        source = gguf_source(header, str(Path(str(args.model).strip()).expanduser()))
+    else:
+        source = resolve(args.model, revision=args.revision)
     if source.checkpoint is None:
         from ..cost.memory.llama_cpp_mixture import mixture_name
 
@@ -145,7 +162,6 @@ def run_llama_cpp(args: argparse.Namespace) -> int:
                         "llama-quantize writes it")
         model_arg = f"{report.model.label.rsplit('/', 1)[-1]}-{predicted['mixture']}.gguf"
     facts = model_facts(view.config)
-    budget = None if accelerator is None else accelerator.memory - reserve
     plan = llama_cpp_plan(tensors, facts, options, model=report.model.label, weights_from=weights_from,
                           budget=budget, model_arg=model_arg)
     if args.json:
@@ -158,4 +174,31 @@ def run_llama_cpp(args: argparse.Namespace) -> int:
         from ..render.llama_cpp import render_llama_cpp_text
 
         write(render_llama_cpp_text(report, plan, accelerator, reserve, width, color=use_color()))
+    return 0
+
+
+def _from_header(args: argparse.Namespace, ck, options, accelerator, reserve: int, budget: int | None,
+                 width: int | None) -> int:
+    """An RWKV-6/7 GGUF: transformers has no class to build, and llama.cpp's memory needs only the header (its
+    tensors' bytes and hparams), so the answer is the llama.cpp plan alone, without the memory report."""
+    from ..cost.memory.llama_cpp import Tensor, llama_cpp_plan
+    from ..cost.memory.llama_cpp_header import header_facts
+
+    facts = header_facts(ck)
+    tensors = tuple(Tensor(t.name, t.nbytes) for t in ck.tensors)
+    plan = llama_cpp_plan(tensors, facts, options, model=args.model,
+                          weights_from=f"the GGUF file {ck.files[0]}'s header: each tensor's exact bytes",
+                          budget=budget, model_arg=args.model,
+                          notes=(f"{ck.architecture}: transformers has no class for it, so no memory report; "
+                                 "llama.cpp's memory from the header alone",))
+    if args.json:
+        import json
+
+        from ..render.llama_cpp import header_document
+
+        write(json.dumps(header_document(ck, plan, accelerator, reserve), indent=2, ensure_ascii=False) + "\n")
+    else:
+        from ..render.llama_cpp import render_llama_cpp_text
+
+        write(render_llama_cpp_text(None, plan, accelerator, reserve, width, color=use_color()))
     return 0

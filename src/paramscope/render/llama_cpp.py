@@ -44,12 +44,14 @@ def _where(plan: Any) -> str:
 
 
 def llama_cpp_parts(report: Any, plan: Any, accelerator: Any, reserve: int) -> list:
+    """`report` None: a model read from its GGUF header alone (no transformers class, no memory report)."""
     o = plan.options
     on = "" if accelerator is None else (f" on a {binary(accelerator.memory)} budget" if accelerator.name == "budget"
                                          else f" on {accelerator.name}")
+    title = plan.model if report is None else f"{report.model.label} ({report.model.class_name})"
     lines: list = [
-        Text(f"llama.cpp serving memory for {report.model.label} ({report.model.class_name}){on}", style="bold"),
-        *filter(None, [model_source_line(report.model)]),
+        Text(f"llama.cpp serving memory for {title}{on}", style="bold"),
+        *filter(None, [None if report is None else model_source_line(report.model)]),
         indented(f"weights: {plan.weights_from}"),
         indented(_where(plan)),
         indented(f"n_ctx {plan.n_ctx:,} ({plan.n_ctx_from}, padded to 256)"
@@ -130,3 +132,14 @@ def llama_cpp_to_dict(plan: Any, accelerator: Any, reserve: int) -> dict[str, An
                       "budget": f.budget, "fits": f.fits, "n_gpu_layers": f.n_gpu_layers, "n_cpu_moe": f.n_cpu_moe,
                       "ctx_size": f.ctx_size, "command": f.command or None, "why": f.why}
     return out
+
+
+def header_document(ck: Any, plan: Any, accelerator: Any, reserve: int) -> dict[str, Any]:
+    """The JSON document of a model read from its GGUF header alone (docs/json-schema.md): the model as the file
+    names it, no parameters or memory report (no transformers class), and "memory": {"llama_cpp": ...}."""
+    from .json import SCHEMA_VERSION
+
+    return {"schema_version": SCHEMA_VERSION,
+            "model": {"source": ck.path, "source_kind": ck.format, "label": plan.model, "class": None,
+                      "model_type": ck.architecture, "engine": {"name": "gguf-header", "detail": None}},
+            "memory": {"llama_cpp": llama_cpp_to_dict(plan, accelerator, reserve)}}

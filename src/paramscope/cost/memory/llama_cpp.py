@@ -33,8 +33,8 @@ files and commits in `SOURCES`):
   where the file's per-layer head_count_kv is 0 (granitehybrid, LFM2; nemotron_h: and feed_forward_length 0, its
   MLP layers keeping nothing); d_inner is what convert_hf_to_gguf.py writes (GraniteHybridModel: mamba_expand ×
   hidden_size; NemotronHModel: mamba_num_heads × mamba_head_dim). RWKV-6/7 (n_embd_r = token_shift_count ×
-  n_embd, n_embd_s = n_embd × wkv head size) have no transformers class to build from; RWKV-4, transformers' only
-  one, is no llama.cpp architecture.
+  n_embd, n_embd_s = n_embd × wkv head size) have no transformers class: their GGUFs are read from the header
+  alone (llama_cpp_header.py); RWKV-4, transformers' only RWKV, is no llama.cpp architecture.
 - several GPUs (load_tensors, split mode layer): cumulative --tensor-split shares (or each device's free memory)
   divided by their sum, in float32; layer il (n_layer: the output layer) on a GPU goes to
   std::upper_bound(splits, float(il − i_gpu_start) / act_gpu_layers); its weights, KV cache and states there.
