@@ -1,8 +1,9 @@
-"""GGUF files of recurrent and hybrid families (issue 29 §1): each written as llama.cpp's convert_hf_to_gguf.py
-writes it (its metadata keys and tensor shapes: MambaModel, LFM2Model), then held against the transformers class
-built from its metadata, tensor by tensor: same parameters, same roles. Roles follow the layer kind: llama.cpp names
-every layer's pre-mixer norm `attn_norm`, which is the SSM's norm in a Mamba layer and the mixer's in LFM2. Families
-transformers builds no class for from a GGUF (deepseek2, Jamba, Falcon-H1, Mamba-2, ...) are refused in one line.
+"""GGUF files of MLA, recurrent and hybrid families (issue 29 §1): each written as llama.cpp's convert_hf_to_gguf.py
+writes it (its metadata keys and tensor shapes: MambaModel, LFM2Model, DeepseekV2Model), then held against the
+transformers class built from its metadata, tensor by tensor: same parameters, same roles. Roles follow the layer
+kind: llama.cpp names every layer's pre-mixer norm `attn_norm`, which is the SSM's norm in a Mamba layer and the
+mixer's in LFM2. deepseek2, which transformers reads no GGUF of, is built from paramscope's own table; the families
+no class is built for from a GGUF (Jamba, Falcon-H1, Mamba-2, ...) are refused in one line.
 """
 
 from __future__ import annotations
@@ -174,8 +175,8 @@ def test_a_hybrid_files_blocks_take_their_own_kinds(tmp_path: Path) -> None:
         "blk.1.attn_norm.weight": "attention.norm"}
 
 
-@pytest.mark.parametrize("arch", ["deepseek2", "jamba", "falcon-h1", "mamba2", "granitehybrid", "nemotron_h",
-                                  "qwen3next", "lfm2moe"])
+@pytest.mark.parametrize("arch", ["jamba", "falcon-h1", "mamba2", "granitehybrid", "nemotron_h", "qwen3next",
+                                  "lfm2moe"])
 def test_families_transformers_builds_no_class_for_are_refused_in_one_line(tmp_path: Path, arch: str,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path / f"{arch}.gguf", arch, {"block_count": 1},
@@ -203,3 +204,93 @@ def test_a_predicted_mamba_file_names_its_norm_the_ssms() -> None:
     roles = {t.name: t.role for t in predicted.tensors}
     assert roles["blk.0.attn_norm.weight"] == roles["blk.1.attn_norm.weight"] == "ssm.norm"
     assert predicted.by_role()["ssm.norm"]["elements"] == 2 * H
+
+
+def deepseek2(v3: bool = True, layers: int = 2, heads: int = 4, rank: int = 32, rope: int = 8, nope: int = 16,
+              v: int = 16, q_rank: int = 64, experts: int = 4, moe: int = 32) -> tuple[dict, dict]:
+    """DeepseekV2Model's metadata and tensors. V3 (today's converter): MLA as MQA (one KV head, key_length the
+    latent + rope, value_length the latent, the heads' widths in key/value_length_mla), kv_b_proj split per head
+    into attn_k_b (transposed) and attn_v_b, the router's exp_probs_b. V2-Lite (an older file): no q_lora_rank
+    (attn_q), key/value_length the heads' widths, attn_kv_b whole. The first layer dense, the rest MoE."""
+    kv = {"context_length": 4096, "embedding_length": H, "block_count": layers, "feed_forward_length": 128,
+          "attention.head_count": heads, "attention.head_count_kv": 1 if v3 else heads, "rope.freq_base": 10000.0,
+          "attention.layer_norm_rms_epsilon": 1e-6, "leading_dense_block_count": 1, "vocab_size": VOCAB,
+          "attention.kv_lora_rank": rank, "expert_feed_forward_length": moe, "expert_count": experts,
+          "expert_shared_count": 1, "expert_used_count": 2, "rope.dimension_count": rope}
+    kv |= ({"attention.q_lora_rank": q_rank, "attention.key_length": rank + rope, "attention.value_length": rank,
+            "attention.key_length_mla": nope + rope, "attention.value_length_mla": v, "expert_weights_scale": 2.5,
+            "expert_weights_norm": True} if v3 else
+           {"attention.key_length": nope + rope, "attention.value_length": v})
+    tensors = {"token_embd.weight": ((VOCAB, H), Q.Q8_0), "output_norm.weight": ((H,), Q.F32),
+               "output.weight": ((VOCAB, H), Q.Q8_0)}
+    for i in range(layers):
+        b = f"blk.{i}."
+        tensors |= {b + "attn_norm.weight": ((H,), Q.F32), b + "ffn_norm.weight": ((H,), Q.F32),
+                    b + "attn_kv_a_mqa.weight": ((rank + rope, H), Q.Q8_0),
+                    b + "attn_kv_a_norm.weight": ((rank,), Q.F32),
+                    b + "attn_output.weight": ((H, heads * v), Q.Q8_0)}
+        if v3:
+            tensors |= {b + "attn_q_a.weight": ((q_rank, H), Q.Q8_0), b + "attn_q_a_norm.weight": ((q_rank,), Q.F32),
+                        b + "attn_q_b.weight": ((heads * (nope + rope), q_rank), Q.Q8_0),
+                        b + "attn_k_b.weight": ((heads, rank, nope), Q.F16),
+                        b + "attn_v_b.weight": ((heads, v, rank), Q.Q8_0)}
+        else:
+            tensors |= {b + "attn_q.weight": ((heads * (nope + rope), H), Q.Q8_0),
+                        b + "attn_kv_b.weight": ((heads * (nope + v), rank), Q.Q8_0)}
+        if i == 0:
+            tensors |= {b + "ffn_gate.weight": ((128, H), Q.Q8_0), b + "ffn_up.weight": ((128, H), Q.Q8_0),
+                        b + "ffn_down.weight": ((H, 128), Q.Q8_0)}
+        else:
+            tensors |= {b + "ffn_gate_inp.weight": ((experts, H), Q.F32),
+                        b + "ffn_gate_exps.weight": ((experts, moe, H), Q.Q8_0),
+                        b + "ffn_up_exps.weight": ((experts, moe, H), Q.Q8_0),
+                        b + "ffn_down_exps.weight": ((experts, H, moe), Q.Q8_0),
+                        b + "ffn_gate_shexp.weight": ((moe, H), Q.Q8_0), b + "ffn_up_shexp.weight": ((moe, H), Q.Q8_0),
+                        b + "ffn_down_shexp.weight": ((H, moe), Q.Q8_0)}
+            if v3:
+                tensors[b + "exp_probs_b.bias"] = ((experts,), Q.F32)
+    return kv, tensors
+
+
+@pytest.mark.parametrize(("v3", "cls"), [(True, "DeepseekV3ForCausalLM"), (False, "DeepseekV2ForCausalLM")])
+def test_a_deepseek2_file_builds_its_mla_class_and_reconciles(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              v3: bool, cls: str) -> None:
+    path = write(tmp_path / "deepseek2.gguf", "deepseek2", *deepseek2(v3))
+    built = gguf_config(read_gguf(path))
+    assert built.class_name == cls
+    assert {k: built.config[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank",
+                                         "q_lora_rank", "num_key_value_heads", "n_routed_experts",
+                                         "first_k_dense_replace", "moe_intermediate_size")} == {
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 32,
+        "q_lora_rank": 64 if v3 else None, "num_key_value_heads": 4, "n_routed_experts": 4,
+        "first_k_dense_replace": 1, "moe_intermediate_size": 32}
+    assert any(n.startswith("config from paramscope's table for deepseek2") for n in built.notes)
+    rec = reconcile(capsys, path)
+    assert (rec["class"], rec["equal"]) == (cls, True), rec["differences"]
+    # per layer: norms 128, kv_a 40 × 64 + 32, o 64 × 64, kv_b 4 × 32 × 32; V3 q_a 64 × 64 + 64, q_b 96 × 64;
+    # V2 q 96 × 64; layer 0 dense 3 × 128 × 64, layer 1 router 4 × 64, experts 3 × 4 × 32 × 64, shared
+    # 3 × 32 × 64; token_embd and output 2 × 104 × 64, output_norm 64
+    attention = 128 + 40 * 64 + 32 + 64 * 64 + 4 * 32 * 32 + (64 * 64 + 64 + 96 * 64 if v3 else 96 * 64)
+    params = 2 * attention + 3 * 128 * 64 + 4 * 64 + 3 * 4 * 32 * 64 + 3 * 32 * 64 + 2 * VOCAB * H + 64
+    assert rec["class_parameters"] == rec["matched_parameters"] == params == (111_360 if v3 else 103_040)
+    assert rec["file_parameters"] == params + (4 if v3 else 0)  # V3's router bias: a buffer of the class
+    assert rec["roles"]["attention.kv_up"] == {"file": 2 * 4096, "class": 2 * 4096}
+    if v3:
+        assert [(d["kind"], d["name"], d["explained"]) for d in rec["differences"]] == [
+            ("file only", "blk.1.exp_probs_b.bias", True)]
+        split = next(m for m in rec["matches"] if m["parameter"] == "model.layers.0.self_attn.kv_b_proj.weight")
+        assert (split["gguf"], split["gguf_shapes"], split["shape"]) == (
+            ["blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight"], [[4, 32, 16], [4, 16, 32]], [128, 32])
+        assert split["how"].startswith("split per head: attn_k_b (transposed)")
+    else:
+        assert rec["differences"] == []
+
+
+def test_a_deepseek2_file_without_its_head_widths_is_one_line(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    kv, tensors = deepseek2()
+    kv = {k: v for k, v in kv.items() if not k.startswith(("attention.key_length", "attention.value_length"))}
+    path = write(tmp_path / "deepseek2.gguf", "deepseek2", kv, tensors)
+    assert main(["inspect", str(path), "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "deepseek2.attention.key_length(_mla) = None is no head width" in err

@@ -10,6 +10,8 @@ its tables are, over the metadata our bounded parser read (gguf_read.py), and it
 Where transformers' table leaves out a field llama.cpp's convert_hf_to_gguf.py writes and the class needs for its
 shapes (Qwen2-MoE's expert widths, a Mixtral written as `llama` with experts), a short supplement completes it; each
 supplemented field is named in `notes`, so the output says which figures did not come from transformers' table.
+For deepseek2 (DeepSeek-V2/V3, Kimi-K2), which transformers reads no GGUF of, the whole table is paramscope's
+(OWN_MAPPINGS, from the converter's keys), and `notes` says so.
 """
 
 from __future__ import annotations
@@ -35,6 +37,22 @@ SUPPLEMENT: dict[str, dict[str, str]] = {
     "mixtral": {"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok"},
     "gemma2": {"attn_logit_softcapping": "attn_logit_softcapping",
                "final_logit_softcapping": "final_logit_softcapping"},
+}
+# Architectures transformers reads no GGUF of (no GGUF_CONFIG_MAPPING entry) whose config is built here, from the
+# keys convert_hf_to_gguf.py writes (DeepseekV2Model.set_gguf_parameters, for DeepSeek-V2/V3 and Kimi-K2) to the
+# transformers config's fields; said in `notes`.
+OWN_MAPPINGS: dict[str, dict[str, str]] = {
+    "deepseek2": {"context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+                  "block_count": "num_hidden_layers", "feed_forward_length": "intermediate_size",
+                  "attention.head_count": "num_attention_heads", "rope.freq_base": "rope_theta",
+                  "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size",
+                  "attention.q_lora_rank": "q_lora_rank", "attention.kv_lora_rank": "kv_lora_rank",
+                  "rope.dimension_count": "qk_rope_head_dim", "expert_count": "n_routed_experts",
+                  "expert_used_count": "num_experts_per_tok", "expert_shared_count": "n_shared_experts",
+                  "expert_feed_forward_length": "moe_intermediate_size",
+                  "leading_dense_block_count": "first_k_dense_replace", "expert_weights_scale": "routed_scaling_factor",
+                  "expert_weights_norm": "norm_topk_prob", "expert_group_count": "n_group",
+                  "expert_group_used_count": "topk_group"},
 }
 # The largest figures a config built here may carry: past them the header is no model (a hostile file).
 MAX_LAYERS = 4096
@@ -64,6 +82,8 @@ def gguf_model_type(ck: GGUFCheckpoint) -> tuple[str, str]:
         return arch, "mistral"
     if arch == "llama" and _int(ck.metadata.get("llama.expert_count")):
         return arch, "mixtral"  # convert_hf_to_gguf.py writes Mixtral as llama with experts
+    if arch == "deepseek2":  # DeepSeek-V2 and V3 alike; only V3's sigmoid router learns a score-correction bias
+        return arch, "deepseek_v3" if any(t.name.endswith(".exp_probs_b.bias") for t in ck.tensors) else "deepseek_v2"
     return arch, _RENAMES.get(arch, arch)
 
 
@@ -74,7 +94,7 @@ def gguf_config(ck: GGUFCheckpoint) -> GGUFConfig:
 
     arch, model_type = gguf_model_type(ck)
     table_key = "llama" if model_type == "mixtral" else model_type
-    mapping = GGUF_CONFIG_MAPPING.get(table_key)
+    mapping = GGUF_CONFIG_MAPPING.get(table_key) or OWN_MAPPINGS.get(arch)
     if mapping is None:
         known = ", ".join(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ("general", "tokenizer")))
         raise SourceError(f"{ck.path}: cannot build a model from this GGUF: transformers has no config mapping for "
@@ -94,6 +114,8 @@ def gguf_config(ck: GGUFCheckpoint) -> GGUFConfig:
         config.setdefault(key, value)
     if model_type == "lfm2":
         notes.append(_lfm2_layers(config, arch, ck.path))
+    if arch in OWN_MAPPINGS and table_key not in GGUF_CONFIG_MAPPING:
+        notes.append(_mla_fields(config, ck, arch))
     if model_type in _TEXT_ONLY:
         config["model_type"] = model_type = _TEXT_ONLY[model_type]
     names = {t.name: t for t in ck.tensors}
@@ -139,6 +161,32 @@ def _lfm2_layers(config: dict[str, Any], arch: str, path: str) -> str:
     return f"{layers}block_auto_adjust_ff_dim off (feed_forward_length is the adjusted width): transformers' LFM2 step"
 
 
+def _mla_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> str:
+    """MLA's head widths, which the converter writes in two layouts: today key_length_mla = qk_nope + qk_rope and
+    value_length_mla = v_head_dim (key_length and value_length then hold the latent's kv_lora_rank + rope and
+    kv_lora_rank); before those keys, key_length = qk_nope + qk_rope and value_length = v_head_dim. It writes one KV
+    head (MLA as MQA); the class takes as many as query heads. No q_lora_rank: the class's plain q_proj (V2-Lite)."""
+    meta = ck.metadata
+    key = meta.get(f"{arch}.attention.key_length_mla", meta.get(f"{arch}.attention.key_length"))
+    value = meta.get(f"{arch}.attention.value_length_mla", meta.get(f"{arch}.attention.value_length"))
+    rope = config.get("qk_rope_head_dim")
+    for field, v in (("attention.key_length(_mla)", key), ("attention.value_length(_mla)", value),
+                     ("rope.dimension_count", rope)):
+        if type(v) is not int or not 0 < v <= MAX_WIDTH:
+            raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.{field} = {_q(v)} is no "
+                              "head width")
+    if key <= rope:
+        raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.attention.key_length(_mla) = {key} "
+                          f"leaves no qk_nope_head_dim beside the rope's {rope}")
+    config["qk_nope_head_dim"], config["v_head_dim"] = key - rope, value
+    config.setdefault("q_lora_rank", None)
+    if "num_attention_heads" in config:
+        config["num_key_value_heads"] = config["num_attention_heads"]
+    return (f"config from paramscope's table for {arch} (transformers reads no {arch} GGUF): convert_hf_to_gguf.py's "
+            f"keys; qk_nope_head_dim {key - rope} and v_head_dim {value} from attention.key_length(_mla) and "
+            "value_length(_mla), num_key_value_heads = num_attention_heads (the file's one KV head is MLA as MQA)")
+
+
 def _int(value: Any) -> int:
     return value if type(value) is int else 0
 
@@ -155,7 +203,10 @@ def _check_bounds(config: dict[str, Any], path: str) -> None:
     for field, bound in (("num_hidden_layers", MAX_LAYERS), ("hidden_size", MAX_WIDTH),
                          ("intermediate_size", MAX_WIDTH), ("num_attention_heads", MAX_WIDTH),
                          ("vocab_size", MAX_VOCAB), ("max_position_embeddings", MAX_CONTEXT),
-                         ("num_experts", MAX_LAYERS), ("num_local_experts", MAX_LAYERS)):
+                         ("num_experts", MAX_LAYERS), ("num_local_experts", MAX_LAYERS),
+                         ("n_routed_experts", MAX_LAYERS), ("n_shared_experts", MAX_LAYERS),
+                         ("first_k_dense_replace", MAX_LAYERS), ("kv_lora_rank", MAX_WIDTH),
+                         ("q_lora_rank", MAX_WIDTH), ("moe_intermediate_size", MAX_WIDTH)):
         value = config.get(field)
         if value is None:
             continue

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..cost.memory.quantization import TensorBytes, WeightFormat
 from ..errors import CheckpointError, UnsupportedError
-from .gguf_names import parameter_gguf_names
+from .gguf_names import stored_gguf_names
 from .gguf_read import GGUFCheckpoint
 
 # ggml types that hold values as plain floats: a parameter stored so is not quantised.
@@ -34,9 +34,9 @@ class GGUFFileFormat(WeightFormat):
         ck = self.checkpoint
         by_name = self._by_name
         for candidate in (name, *aliases):
-            names = parameter_gguf_names(ck.architecture or "", self.layers, candidate)
-            if names and all(n in by_name for n in names):
-                return [by_name[n] for n in names]
+            for names in stored_gguf_names(ck.architecture or "", self.layers, candidate):
+                if all(n in by_name for n in names):
+                    return [by_name[n] for n in names]
         raise CheckpointError(f"{ck.path}: cannot price {name} at the file's types: the file holds no tensor for it "
                               f"(`paramscope audit {ck.path}` shows how the file and the class differ)")
 

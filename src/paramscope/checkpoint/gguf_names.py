@@ -15,7 +15,9 @@ transformers' `get_gguf_hf_weights_map` reads it backwards, as here): `model.lay
   llama-model.cpp creates them (`tn(LLM_TENSOR_SSM_A, i)`, no suffix); Mamba-2's `dt_bias` is renamed
   `dt_proj.bias` first (Mamba2Model.modify_tensors): `blk.N.ssm_dt.bias`; `conv1d.weight` loses its unit dim
   ([d_inner, 1, d_conv] → [d_inner, d_conv]) and Mamba-2's A, D and norm are reshaped, values and count kept;
-- LFM2's short convolution `conv.conv.weight` [H, 1, L] is written squeezed, `blk.N.shortconv.conv.weight` [H, L].
+- LFM2's short convolution `conv.conv.weight` [H, 1, L] is written squeezed, `blk.N.shortconv.conv.weight` [H, L];
+- MLA's `kv_b_proj` [heads·(nope + v), rank], split per head by today's converter into `attn_k_b` [heads, rank, nope]
+  (transposed) and `attn_v_b` [heads, v, rank] (`stored_gguf_names`).
 
 The role of a GGUF name alone is `gguf_read.gguf_role`; `parameter_gguf_names` is the name-level map other modules
 (quantisation mixtures, memory) share.
@@ -35,6 +37,7 @@ ROPE_PERMUTED = frozenset({"llama"})
 _FUSED = ".experts.gate_up_proj"
 # llama.cpp tensors written and loaded without a suffix (a checkpoint parameter with none: A_log, D)
 _BARE = ("ssm_a", "ssm_d")
+_KV_B = ".attn_kv_b.weight"
 
 
 def gguf_arch(architecture: str) -> Any:
@@ -76,10 +79,27 @@ def parameter_gguf_names(architecture: str, blocks: int, name: str) -> tuple[str
     return ()
 
 
+def stored_gguf_names(architecture: str, blocks: int, name: str) -> tuple[tuple[str, ...], ...]:
+    """Each set of GGUF tensor names a file may hold the class's parameter `name` under, the plain one first: MLA's
+    kv_b_proj is `attn_kv_b` in files converted before llama.cpp's absorption optimization and `attn_k_b` +
+    `attn_v_b` after it (convert_hf_to_gguf.py's DeepseekV2Model splits it per head, k_b transposed)."""
+    names = parameter_gguf_names(architecture, blocks, name)
+    if len(names) == 1 and names[0].endswith(_KV_B):
+        stem = names[0][: -len(_KV_B)]
+        return (names, (stem + ".attn_k_b.weight", stem + ".attn_v_b.weight"))
+    return (names,) if names else ()
+
+
 def how_stored(architecture: str, gguf_names: tuple[str, ...], gguf_shapes: tuple[tuple[int, ...], ...],
                shape: tuple[int, ...]) -> str | None:
     """How the GGUF tensors hold a parameter of `shape`, in words ("as is", "rows permuted for rope, shape kept",
     "fused: ..."), or None when their shapes cannot be that parameter's."""
+    if len(gguf_names) == 2 and gguf_names[0].endswith(".attn_k_b.weight"):
+        k, v = gguf_shapes  # [heads, rank, nope] and [heads, v, rank] for the class's [heads·(nope + v), rank]
+        if len(k) == len(v) == 3 and len(shape) == 2 and k[0] == v[0] and k[1] == v[2] == shape[1] \
+                and k[0] * (k[2] + v[1]) == shape[0]:
+            return "split per head: attn_k_b (transposed) ‖ attn_v_b (convert_hf_to_gguf.py's MLA absorption)"
+        return None
     if len(gguf_names) == 2:
         a, b = gguf_shapes
         if len(a) == len(shape) == 3 and a == b and (a[0], 2 * a[1], a[2]) == tuple(shape):

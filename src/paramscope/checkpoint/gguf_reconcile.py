@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..frozen import FrozenDict, freeze_fields
-from .gguf_names import how_stored, parameter_gguf_names
+from .gguf_names import how_stored, parameter_gguf_names, stored_gguf_names
 from .gguf_read import GGUFCheckpoint, GGUFTensor
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
@@ -21,6 +21,11 @@ EXPLAINED_EXTRAS = {
     "rope_freqs.weight": "llama.cpp's rope frequency factors (rope scaling, e.g. Llama 3.1's); transformers computes "
                          "them into its rotary embedding's inv_freq buffer, no parameter",
 }
+EXPLAINED_PATTERNS = (
+    (re.compile(r"^blk\.\d+\.exp_probs_b\.bias$"),
+     "the router's score-correction bias (DeepSeek-V3's e_score_correction_bias): learned, written by the converter, "
+     "and a buffer of the class, not a parameter"),
+)
 
 
 @dataclass(frozen=True)
@@ -122,9 +127,11 @@ def reconcile_gguf(ck: GGUFCheckpoint, params: Any, class_name: str, layers: int
         roles.setdefault(param.role, [0, 0])[1] += param.numel
         found = ()
         for name in (param.name, *param.aliases):
-            names = parameter_gguf_names(arch, layers, name)
-            if names and all(n in by_name for n in names):
-                found = names
+            for names in stored_gguf_names(arch, layers, name):
+                if all(n in by_name for n in names):
+                    found = names
+                    break
+            if found:
                 break
         if not found:
             wanted = parameter_gguf_names(arch, layers, param.name)
@@ -160,7 +167,7 @@ def reconcile_gguf(ck: GGUFCheckpoint, params: Any, class_name: str, layers: int
         if t.name in used:
             continue
         roles.setdefault(t.role, [0, 0])[0] += t.elements
-        why = EXPLAINED_EXTRAS.get(t.name)
+        why = EXPLAINED_EXTRAS.get(t.name) or next((w for p, w in EXPLAINED_PATTERNS if p.match(t.name)), None)
         differences.append(Difference("file only", t.name, t.elements, why or "no parameter of the class is stored "
                                       "under this name", explained=why is not None))
     return GGUFReconciliation(
