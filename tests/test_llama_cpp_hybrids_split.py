@@ -107,6 +107,12 @@ def test_tensor_split_gives_each_gpu_its_weights_kv_and_compute() -> None:
         ("GPU0", 10 + 20 + 30, 3 * kv, compute), ("GPU1", 40 + 700 + 3, kv, compute), ("CPU", 1000, 0, H * 256 * 4)]
     assert split.gpu_total == 60 + 3 * kv + compute and split.caches[0].per_gpu == (3 * kv, kv)
     assert any("pipeline parallelism is on" in note for note in split.notes)
+    from paramscope.render.llama_cpp import render_llama_cpp_text
+
+    text = render_llama_cpp_text(None, split, None, 0, 200)
+    assert "on 2 GPUs (GPU0 layers 0–2; GPU1 layer 3 and the output layer)" in text
+    lone = plan(config, tensors, ctx_size=256, n_gpu_layers=3, gpus=2, tensor_split=(3.0, 1.0))
+    assert "(GPU0 layers 2–3 and the output layer; GPU1 nothing)" in render_llama_cpp_text(None, lone, None, 0, 200)
 
 
 @pytest.mark.parametrize("argv, why", [

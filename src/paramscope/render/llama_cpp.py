@@ -30,8 +30,10 @@ def _where(plan: Any) -> str:
     gpu_layers = max(plan.n_layer - p.first_gpu_layer, 0)
     if p.gpus > 1:
         names = [d.device for d in plan.gpu_devices]
-        each = "; ".join(f"{names[g]} {_span(p.layers_on(g, plan.n_layer)) or 'no layer'}"
-                         + (" and the output layer" if p.output_device == g else "") for g in range(p.gpus))
+        held = [" and ".join(filter(None, [_span(p.layers_on(g, plan.n_layer)),
+                                           "the output layer" if p.output_device == g else ""])) or "nothing"
+                for g in range(p.gpus)]
+        each = "; ".join(f"{name} {what}" for name, what in zip(names, held))
         words = (f"-ngl {p.n_gpu_layers}: {gpu_layers} of {plan.n_layer} repeating layers on {p.gpus} GPUs ({each})"
                  + ("" if p.output_on_gpu else ", the output layer on the CPU"))
     else:
