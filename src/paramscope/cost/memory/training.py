@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import OptionError, UnsupportedError
+from ...errors import OptionError
 from ...frozen import FrozenDict, freeze_fields
 from ...selection import match_all
 from .activations import (
@@ -278,11 +278,9 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     at_fitted = fitted == ("sdpa" if fused else attention)
     analytic = training_activations(text, class_name, batch=options.batch, seq=seq, **shape) \
         if at_fitted and not adapters and cross is None else None
-    if cross is not None:
-        pass  # the trace answers (said above)
-    elif recipe is not None and not at_fitted:
+    if recipe is not None and cross is None and not at_fitted:  # (a cross-attention step: the trace's, said above)
         notes.append(f"the analytic recipe is for {fitted} attention; attention {attention} is traced")
-    elif recipe is not None and analytic is None and not adapters:
+    elif recipe is not None and cross is None and analytic is None and not adapters:
         why = recipe_declines(text, class_name, batch=options.batch, seq=seq, precision=precision,
                               checkpointing=checkpointing)
         notes.append(f"the analytic {recipe} recipe was not fitted for {why}: one step traced")
