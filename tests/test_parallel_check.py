@@ -114,6 +114,9 @@ DEEP = 6  # layers: the derived engine cuts a model of 4 or more
      dict(seq=128)),
     ("bert fsdp dp4", dict(BERT, num_hidden_layers=DEEP, vocab_size=1024), dict(devices=4, zero="fsdp"),
      dict(seq=128)),
+    # post-norm: the LayerNorms after the residual adds run SequenceParallel, attention.self and intermediate gather
+    ("bert tp2 sp (post-norm)", dict(BERT, hidden_size=128, intermediate_size=256, num_hidden_layers=DEEP,
+                                     vocab_size=1024), dict(devices=2, tp=2, sp=True), dict(batch=1, seq=64)),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_derived_device_step_equals_the_traced_rank(name, config, layout, point):
     """Where the closed form does not hold the step (FSDP2's in-backward buffers at short sequences; a class without

@@ -17,15 +17,20 @@ path, and transformers' vocab-parallel `embed_tokens`), and each style becomes t
 rowwise → RowwiseParallel, colwise_gather_output → ColwiseParallel with a Replicate output, embedding_rowwise →
 RowwiseParallel with a Replicate input. What the plan leaves out follows Megatron/torchtitan: an input embedding
 vocab-parallel, an output head colwise with its output gathered, norms replicated (SequenceParallel under `sp`).
-A class without a plan (BERT) gets a Megatron-style one from its layers' module names. Styles of transformers' own
+A class without a plan (BERT) gets a Megatron-style one from its layers' module names; GPT-2's Conv1D projections
+(q, k and v fused, weights [in, out]) are refused: torch's styles take nn.Linear and nn.Embedding only. Styles of transformers' own
 with no torch counterpart (the MoE experts' packed_colwise, moe_tp_experts) are refused: such a model traces under
 FSDP2 only.
 
 Sequence parallel: transformers builds the causal mask and the rotary tables from the embedding output's length,
 so the embedding's output stays whole (replicated); the residual stream is split on the sequence going into the
-first layer (PrepareModuleInput Replicate → Shard(1)), every norm in a layer and the final norm run
-SequenceParallel, attention and MLP inputs are gathered (PrepareModuleInput Shard(1) → Replicate), rowwise outputs
-are reduce-scattered (Shard(1)), and the head gathers its input (Shard(1)). How each block is called (hidden states
+first layer (PrepareModuleInput Replicate → Shard(1)), every norm of the residual stream in a layer (a pre-norm
+decoder's input and post-attention norms; post-norm BERT's attention.output.LayerNorm and output.LayerNorm, after
+the add of a Shard(1) rowwise output and the Shard(1) layer input) and the final norm run SequenceParallel, the
+parent of each column-parallel projection (self_attn and mlp; BERT's attention.self and intermediate) gathers its
+input (PrepareModuleInput Shard(1) → Replicate), as does a pooler (BERT's reads token 0), rowwise outputs are
+reduce-scattered (Shard(1)), and the head gathers its input (Shard(1)); the per-token layers in front of a head
+(BERT's prediction transform) run on the rank's tokens. How each block is called (hidden states
 by position or by keyword) is read from one probe forward of the copy on `tp` tokens.
 """
 
@@ -283,8 +288,12 @@ def tensor_parallel_rules(model: Any) -> tuple[list[Rule], list[str]]:
                     if style:
                         rules[module_name] = Rule(module_name, style, source)
         if not rules:
+            conv1d = any(type(m).__name__ == "Conv1D" for m in modules.values())
             raise UnsupportedError(f"tensor parallel over {name}: it has no base_model_tp_plan and none of its "
-                                   "layers' modules has a Megatron name (query, key, value, dense)")
+                                   "layers' modules has a Megatron name (query, key, value, dense)"
+                                   + ("; its projections are transformers' Conv1D (weights stored [in, out], q, k "
+                                      "and v fused in one), which torch's ColwiseParallel and RowwiseParallel do "
+                                      "not take (nn.Linear and nn.Embedding only)" if conv1d else ""))
         notes.append(f"{name} has no tensor-parallel plan in transformers: a Megatron-style one from module names "
                      "(query, key, value and intermediate.dense colwise; attention.output.dense and output.dense "
                      "rowwise)")
@@ -338,8 +347,9 @@ def apply_tensor_parallel(model: Any, mesh: Any, tp: int, sp: bool, *, fsdp: boo
     if sp:
         notes.append("sequence parallel: the embedding's output kept whole (transformers builds the mask and the "
                      "rotary tables from its length), the residual stream split on the sequence into the first "
-                     "layer, norms SequenceParallel, attention and MLP inputs gathered, rowwise outputs Shard(1), "
-                     "the head's input gathered")
+                     "layer, the residual stream's norms SequenceParallel (pre-norm or post-norm, where the module "
+                     "tree puts them), the input of each module holding column-parallel projections gathered "
+                     "(attention and MLP), rowwise outputs Shard(1), the head's (and a pooler's) input gathered")
     embeddings = [rule.module for rule in rules if rule.style == "embedding_rowwise"]
     if embeddings and not fsdp:
         weight = modules[embeddings[0]].weight
@@ -486,36 +496,43 @@ def _replicate_kv_heads(model: Any, rules: list[Rule], modules: dict[str, Any], 
 
 
 def _sequence_parallel_plan(model: Any, rules: list[Rule], modules: dict[str, Any], tp: int) -> dict[str, Any]:
-    """The sequence-parallel styles beside the rules: the first layer's input split, norms SequenceParallel, the
-    attention and MLP blocks' inputs gathered, the final norms SequenceParallel."""
+    """The sequence-parallel styles beside the rules: the first layer's input split, the residual stream's norms
+    SequenceParallel, each column-parallel projection's parent (the module that takes the residual stream in: a
+    pre-norm decoder's self_attn and mlp, BERT's attention.self and intermediate) gathering its input, a pooler
+    gathering its input, the final norms SequenceParallel.
+
+    Read from the module tree rather than from a decoder template: where the norms sit follows, so post-norm BERT
+    (its LayerNorms inside attention.output and output, after the residual add of the row-parallel output, Shard(1),
+    and the layer's input, also Shard(1)) gets the same treatment as a pre-norm Llama. Norms inside a gathering
+    module (Qwen3's per-head q_norm and k_norm) see whole sequences and stay replicated."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
+    from torch.distributed.tensor.parallel import SequenceParallel
 
     name = type(model).__name__
-    if not getattr(model, "tp_plan", None):
-        raise UnsupportedError(f"sequence parallel is traced for decoders with transformers' tensor-parallel plan; "
-                               f"{name} has none")
     lists, _ = layer_lists(model)
     if len(lists) != 1:
         raise UnsupportedError(f"sequence parallel over {name}: it has {len(lists)} lists of layers; one is traced")
     list_name, blocks = lists[0]
     layer_names = [f"{list_name}.{i}" for i in range(len(blocks))]
-    blocks_in = {}  # the attention and MLP blocks: the direct children of a layer that hold a rule's module
+    gathering = {}  # the parents of the column-parallel projections inside a layer: they take the residual in
     for rule in rules:
-        for layer in layer_names:
-            if rule.module.startswith(layer + "."):
-                child = layer + "." + rule.module[len(layer) + 1:].split(".", 1)[0]
-                if child != rule.module:
-                    blocks_in[child] = modules[child]
-    calls = _calls(model, [layer_names[0], *blocks_in], modules, tp)
+        if not rule.style.startswith("colwise"):
+            continue
+        parent = rule.module.rpartition(".")[0]
+        if any(parent.startswith(layer + ".") for layer in layer_names):
+            gathering[parent] = modules[parent]
+    poolers = [n for n, m in modules.items() if n.rpartition(".")[2] == "pooler" and m is not None and
+               not any(n.startswith(layer + ".") for layer in layer_names)]
+    calls = _calls(model, [layer_names[0], *gathering, *poolers], modules, tp)
     plan: dict[str, Any] = {}
     plan[layer_names[0]] = _prepare(calls[layer_names[0]], Replicate(), Shard(1))
-    for block in blocks_in:
+    for block in [*gathering, *poolers]:
         plan[block] = _prepare(calls[block], Shard(1), Replicate())
     for layer in layer_names:
-        for child, module in modules[layer].named_children():
-            if _is_norm(module):
-                plan[f"{layer}.{child}"] = SequenceParallel(use_local_output=True)
+        for child, module in modules[layer].named_modules():
+            where = f"{layer}.{child}"
+            if child and _is_norm(module) and not any(where.startswith(g + ".") for g in gathering):
+                plan[where] = SequenceParallel(use_local_output=True)
     parent = list_name.rpartition(".")[0]
     for child, module in (modules[parent] if parent else model).named_children():
         if _is_norm(module):
