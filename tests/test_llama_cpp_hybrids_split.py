@@ -128,58 +128,21 @@ def test_bad_tensor_splits_are_one_line(capsys: pytest.CaptureFixture[str], argv
     assert err.count("\n") == 1 and why in err and "Traceback" not in err
 
 
-def test_tensor_split_in_the_json_and_the_command(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A 6-layer Llama GGUF over two GPUs, -ts 1,1: 6 layers and the output (act 7), layers 0–3 below the split 0.5
-    (3/7 = 0.43) on GPU0, layers 4 and 5 and the output on GPU1; f16 K and V rows of 2 KV heads × 16 over 256 cells;
-    the flags that fit repeat the split."""
-    import gguf
-    import numpy as np
-
-    from gguf_files import Q, add_tensors_and_close
-
-    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
-    for key, value in {"context_length": 4096, "embedding_length": H, "block_count": 6, "feed_forward_length": 128,
-                       "attention.head_count": 4, "attention.head_count_kv": 2, "rope.dimension_count": 16}.items():
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_token_list([f"t{i}" for i in range(VOCAB)])
-    tensors = {"token_embd.weight": ((VOCAB, H), Q.F32), "output_norm.weight": ((H,), Q.F32),
-               "output.weight": ((VOCAB, H), Q.F16)}
-    for i in range(6):
-        tensors |= {f"blk.{i}.attn_norm.weight": ((H,), Q.F32), f"blk.{i}.attn_q.weight": ((H, H), Q.F16),
-                    f"blk.{i}.attn_k.weight": ((32, H), Q.F16), f"blk.{i}.attn_v.weight": ((32, H), Q.F16),
-                    f"blk.{i}.attn_output.weight": ((H, H), Q.F16), f"blk.{i}.ffn_norm.weight": ((H,), Q.F32),
-                    f"blk.{i}.ffn_gate.weight": ((128, H), Q.F16), f"blk.{i}.ffn_up.weight": ((128, H), Q.F16),
-                    f"blk.{i}.ffn_down.weight": ((H, 128), Q.F16)}
-    add_tensors_and_close(writer, tensors, lambda shape: np.full(shape, 0.5, dtype=np.float32))
-    assert main(["memory", str(tmp_path / "m.gguf"), "--engine", "llama.cpp", "-ts", "1,1", "-c", "256",
-                 "--budget", "1GiB", "--reserve", "0", "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)["memory"]["llama_cpp"]
-    where = doc["placement"]
-    assert (where["gpus"], where["layers_per_gpu"], where["output_device"]) == (2, [4, 2], "GPU1")
-    layer = 2 * H * 4 + (H * H * 2 + 2 * 32 * H + 3 * 128 * H) * 2  # two norms F32, the matrices F16
-    head = H * 4 + VOCAB * H * 2  # output_norm F32, output F16
-    assert [(d["device"], d["weights"]) for d in doc["devices"]] == [
-        ("GPU0", 4 * layer), ("GPU1", 2 * layer + head), ("CPU", VOCAB * H * 4)]
-    assert doc["caches"][0]["gpu_bytes_per_gpu"] == [4 * 32_768, 2 * 32_768]
-    assert doc["fit"]["command"].endswith("-ts 1,1") and "-ngl 7" in doc["fit"]["command"]
-
-
-def rwkv_gguf(path, arch: str = "rwkv7", **keys) -> str:
-    """An RWKV GGUF header as llama.cpp reads it (its tensors a few, only their bytes matter here)."""
+def rwkv_gguf(path, arch: str = "rwkv7", layers: int = 2, **keys) -> str:
+    """An RWKV GGUF header as llama.cpp reads it (a tensor a layer: only their bytes matter here)."""
     import gguf
     import numpy as np
 
     from gguf_files import Q, add_tensors_and_close
 
     writer = gguf.GGUFWriter(str(path), arch)
-    for key, value in ({"context_length": 1 << 20, "embedding_length": H, "block_count": 2,
+    for key, value in ({"context_length": 1 << 20, "embedding_length": H, "block_count": layers,
                         "feed_forward_length": 224, "wkv.head_size": 16} | keys).items():
         if value is not None:
             writer.add_uint32(f"{arch}.{key}", value)
     writer.add_token_list([f"t{i}" for i in range(VOCAB)])
-    tensors = {"token_embd.weight": ((VOCAB, H), Q.F16), "output.weight": ((VOCAB, H), Q.F32),
-               "blk.0.time_mix_key.weight": ((H, H), Q.F32), "blk.1.time_mix_key.weight": ((H, H), Q.F16)}
+    tensors = {"token_embd.weight": ((VOCAB, H), Q.F16), "output.weight": ((VOCAB, H), Q.F32)}
+    tensors |= {f"blk.{i}.time_mix_key.weight": ((H, H), Q.F32) for i in range(layers)}
     add_tensors_and_close(writer, tensors, lambda shape: np.full(shape, 0.5, dtype=np.float32))
     return str(path)
 
@@ -197,7 +160,7 @@ def test_an_rwkv_gguf_is_sized_from_its_header_alone(tmp_path, capsys: pytest.Ca
     one = (2 * 64 + 64 * 16) * 4 * 3
     assert one == 13_824
     assert [(d["device"], d["weights"], d["kv"], d["recurrent"]) for d in plan["devices"]] == [
-        ("GPU", H * H * 2 + VOCAB * H * 4, 0, one), ("CPU", VOCAB * H * 2 + H * H * 4, 0, one)]
+        ("GPU", H * H * 4 + VOCAB * H * 4, 0, one), ("CPU", VOCAB * H * 2 + H * H * 4, 0, one)]
     # token_shift_count 1 (RWKV6Qwen2 writes it) halves the shift state
     path = rwkv_gguf(tmp_path / "q.gguf", "rwkv6qwen2", token_shift_count=1)
     assert main(["memory", path, "--engine", "llama.cpp", "-c", "256", "--json"]) == 0
@@ -210,3 +173,19 @@ def test_an_rwkv_header_without_its_head_size_is_one_line(tmp_path, capsys: pyte
     assert main(["memory", path, "--engine", "llama.cpp"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "it has no rwkv7.wkv.head_size" in err
+
+
+def test_tensor_split_in_the_json_and_the_command(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 6-layer RWKV-7 GGUF over two GPUs, -ts 1,1: 6 layers and the output (act 7), layers 0–3 below the split 0.5
+    (3/7 = 0.43) on GPU0, layers 4 and 5 and the output on GPU1, each layer's state (2 × 64 + 64 × 16) × 4 B there;
+    the flags that fit repeat the split."""
+    path = rwkv_gguf(tmp_path / "r.gguf", layers=6)
+    assert main(["memory", path, "--engine", "llama.cpp", "-ts", "1,1", "-c", "256", "--budget", "1GiB",
+                 "--reserve", "0", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)["memory"]["llama_cpp"]
+    where = doc["placement"]
+    assert (where["gpus"], where["layers_per_gpu"], where["output_device"]) == (2, [4, 2], "GPU1")
+    assert [(d["device"], d["weights"]) for d in doc["devices"]] == [
+        ("GPU0", 4 * H * H * 4), ("GPU1", 2 * H * H * 4 + VOCAB * H * 4), ("CPU", VOCAB * H * 2)]
+    assert doc["caches"][0]["gpu_bytes_per_gpu"] == [4 * 4_608, 2 * 4_608]
+    assert doc["fit"]["command"].endswith("-ts 1,1") and "-ngl 7" in doc["fit"]["command"]
