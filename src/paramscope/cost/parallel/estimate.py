@@ -475,6 +475,10 @@ def _check_analytic(ctx: StepContext, what: str) -> str:
     from .activations import local_recipe
 
     recipe = local_recipe(ctx.text, ctx.view.class_name)
+    if recipe is None and not getattr(ctx.view, "can_generate", True):  # an encoder (BERT's kind)
+        why = _encoder_refusal(ctx)
+        if why:
+            raise UnsupportedError(why)
     if recipe is None or ctx.analytic is None or ctx.derived_or_traced:
         raise UnsupportedError("{what} for {cls} needs its activations on each device: the closed form on a rank's "
                                "shard covers the Llama-style family (its recipe keeps heads, widths and tokens "
@@ -490,6 +494,21 @@ def _check_analytic(ctx: StepContext, what: str) -> str:
             raise UnsupportedError("context parallelism splits the sequence: cp {cp} does not divide {seq:,}",
                                    cp=ctx.layout.cp, seq=ctx.seq)
     return recipe
+
+
+def _encoder_refusal(ctx: StepContext) -> str:
+    """Why context or pipeline parallelism over an encoder (a class that does not generate, BERT's kind: no per-rank
+    closed form) is not answered, in one line; "" for tensor parallelism, which the derived engine answers."""
+    cls = ctx.view.class_name
+    if ctx.layout.cp > 1:
+        return (f"context parallelism over {cls} is refused: its attention is bidirectional under the batch's "
+                "padding mask, and ring attention (torch's context_parallel) takes no mask (its efficient kernel "
+                "raises on attn_bias; load balancing needs is_causal), so there is no sharded step to count")
+    if ctx.layout.pp > 1:
+        return (f"pipeline parallelism over {cls} is refused: a stage holds its layers' activations for every "
+                "microbatch in flight, which needs a per-layer closed form (the Llama-style family's); this class's "
+                "step is derived from whole-model traces, not cut at stage boundaries")
+    return ""
 
 
 def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
