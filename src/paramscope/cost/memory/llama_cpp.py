@@ -325,7 +325,7 @@ class Placement:
     first_gpu_layer: int
     output_on_gpu: bool
     cpu_moe: int
-    layer_devices: tuple[int | None, ...] = ()  # n_layer + 1 entries
+    layer_devices: tuple[int | None, ...]  # n_layer + 1 entries, the last the output layer's
     splits: tuple[float, ...] = (1.0,)  # the cumulative fractions llama.cpp compares against, one a GPU
     tensor_split: tuple[float, ...] | None = None  # --tensor-split as given (None: by free memory)
 
@@ -333,19 +333,12 @@ class Placement:
     def gpus(self) -> int:
         return len(self.splits)
 
-    def layer_on_gpu(self, il: int) -> bool:
-        if self.layer_devices:
-            return self.layer_devices[il] is not None
-        return il >= self.first_gpu_layer
-
     def layer_device(self, il: int) -> int | None:
-        if self.layer_devices:
-            return self.layer_devices[il]
-        return 0 if il >= self.first_gpu_layer else None
+        return self.layer_devices[il]
 
     @property
     def output_device(self) -> int | None:
-        return self.layer_devices[-1] if self.layer_devices else (0 if self.output_on_gpu else None)
+        return self.layer_devices[-1]
 
     def layers_on(self, gpu: int, n_layer: int) -> list[int]:
         return [il for il in range(n_layer) if self.layer_device(il) == gpu]
