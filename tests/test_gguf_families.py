@@ -1,9 +1,9 @@
 """GGUF files of MLA, recurrent and hybrid families (issue 29 §1): each written as llama.cpp's convert_hf_to_gguf.py
-writes it (its metadata keys and tensor shapes: MambaModel, LFM2Model, DeepseekV2Model), then held against the
-transformers class built from its metadata, tensor by tensor: same parameters, same roles. Roles follow the layer
-kind: llama.cpp names every layer's pre-mixer norm `attn_norm`, which is the SSM's norm in a Mamba layer and the
-mixer's in LFM2. deepseek2, which transformers reads no GGUF of, is built from paramscope's own table; the families
-no class is built for from a GGUF (Jamba, Falcon-H1, Mamba-2, ...) are refused in one line.
+writes it (its metadata keys and tensor shapes: MambaModel, Mamba2Model, LFM2Model, DeepseekV2Model), then held
+against the transformers class built from its metadata, tensor by tensor: same parameters, same roles. Roles follow
+the layer kind: llama.cpp names every layer's pre-mixer norm `attn_norm`, which is the SSM's norm in a Mamba layer
+and the mixer's in LFM2. deepseek2 and mamba2, which transformers reads no GGUF of, are built from paramscope's own
+table; the families no class is built for from a GGUF (Jamba, Falcon-H1, ...) are refused in one line.
 """
 
 from __future__ import annotations
@@ -142,6 +142,9 @@ def test_an_lfm2_file_builds_its_layer_kinds_and_reconciles(tmp_path: Path,
 
 @pytest.mark.parametrize(("name", "arch", "kind", "role"), [
     ("blk.0.attn_norm.weight", "mamba", "ssm", "ssm.norm"),
+    ("blk.0.attn_norm.weight", "mamba2", "ssm2", "ssm.norm"),
+    ("blk.0.ssm_dt.bias", "mamba2", "ssm2", "ssm.state"),  # Mamba-2's dt_bias
+    ("blk.0.ssm_dt.bias", "mamba", "ssm", "ssm.dt_proj"),  # Mamba's dt_proj.bias
     ("blk.0.attn_norm.weight", "jamba", "ssm", "ssm.norm"),
     ("blk.1.attn_norm.weight", "jamba", "attention", "attention.norm"),
     ("blk.0.attn_norm.weight", "lfm2", "attention", "mixer.norm"),
@@ -166,7 +169,8 @@ def test_roles_follow_the_architecture_and_layer_kind(name: str, arch: str | Non
 def test_a_hybrid_files_blocks_take_their_own_kinds(tmp_path: Path) -> None:
     """Jamba as llama.cpp writes it: a Mamba block and an attention block, each with its `attn_norm`."""
     tensors = {"token_embd.weight": ((VOCAB, H), Q.F32), "blk.0.attn_norm.weight": ((H,), Q.F32),
-               "blk.0.ssm_in.weight": ((256, H), Q.F32), "blk.0.ssm_b_norm.weight": ((16,), Q.F32),
+               "blk.0.ssm_in.weight": ((256, H), Q.F32), "blk.0.ssm_x.weight": ((36, 128), Q.F32),
+               "blk.0.ssm_b_norm.weight": ((16,), Q.F32),
                "blk.1.attn_norm.weight": ((H,), Q.F32), "blk.1.attn_q.weight": ((H, H), Q.F32)}
     ck = read_gguf(write(tmp_path / "jamba.gguf", "jamba", {"block_count": 2}, tensors))
     assert block_kinds(t.name for t in ck.tensors) == {0: "ssm", 1: "attention"}
@@ -175,8 +179,7 @@ def test_a_hybrid_files_blocks_take_their_own_kinds(tmp_path: Path) -> None:
         "blk.1.attn_norm.weight": "attention.norm"}
 
 
-@pytest.mark.parametrize("arch", ["jamba", "falcon-h1", "mamba2", "granitehybrid", "nemotron_h", "qwen3next",
-                                  "lfm2moe"])
+@pytest.mark.parametrize("arch", ["jamba", "falcon-h1", "granitehybrid", "nemotron_h", "qwen3next", "lfm2moe"])
 def test_families_transformers_builds_no_class_for_are_refused_in_one_line(tmp_path: Path, arch: str,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path / f"{arch}.gguf", arch, {"block_count": 1},
@@ -294,3 +297,41 @@ def test_a_deepseek2_file_without_its_head_widths_is_one_line(tmp_path: Path,
     assert main(["inspect", str(path), "--no-cache"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "deepseek2.attention.key_length(_mla) = None is no head width" in err
+
+
+def mamba2(layers: int = 2, inner: int = 2 * H, state: int = 16, heads: int = 8, groups: int = 2,
+           conv: int = 4) -> tuple[dict, dict]:
+    """Mamba2Model's metadata (ssm.time_step_rank the number of heads, ssm.group_count) and tensors: dt_bias as
+    ssm_dt.bias, A (−exp(A_log)) and D unsqueezed to [heads, 1], the gated norm reshaped to [groups, inner / groups],
+    conv1d squeezed, an untied head (Mamba-Codestral's)."""
+    kv = {"context_length": 2**20, "embedding_length": H, "feed_forward_length": 0, "attention.head_count": 0,
+          "block_count": layers, "ssm.conv_kernel": conv, "ssm.inner_size": inner, "ssm.state_size": state,
+          "ssm.time_step_rank": heads, "ssm.group_count": groups, "attention.layer_norm_rms_epsilon": 1e-5}
+    channels = inner + 2 * groups * state  # the convolution runs over x, B and C
+    tensors = {"token_embd.weight": ((VOCAB, H), Q.Q8_0), "output_norm.weight": ((H,), Q.F32),
+               "output.weight": ((VOCAB, H), Q.Q8_0)}
+    for i in range(layers):
+        b = f"blk.{i}."
+        tensors |= {b + "attn_norm.weight": ((H,), Q.F32), b + "ssm_in.weight": ((inner + channels + heads, H), Q.F16),
+                    b + "ssm_conv1d.weight": ((channels, conv), Q.F32), b + "ssm_conv1d.bias": ((channels,), Q.F32),
+                    b + "ssm_dt.bias": ((heads,), Q.F32), b + "ssm_a": ((heads, 1), Q.F32),
+                    b + "ssm_d": ((heads, 1), Q.F32), b + "ssm_norm.weight": ((groups, inner // groups), Q.F32),
+                    b + "ssm_out.weight": ((H, inner), Q.Q8_0)}
+    return kv, tensors
+
+
+def test_a_mamba2_file_builds_its_heads_and_reconciles(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "mamba2.gguf", "mamba2", *mamba2())
+    built = gguf_config(read_gguf(path))
+    assert built.class_name == "Mamba2ForCausalLM"
+    assert {k: built.config[k] for k in ("num_heads", "head_dim", "expand", "n_groups", "state_size")} == {
+        "num_heads": 8, "head_dim": 16, "expand": 2, "n_groups": 2, "state_size": 16}
+    rec = reconcile(capsys, path)
+    assert (rec["class"], rec["equal"], rec["differences"]) == ("Mamba2ForCausalLM", True, [])
+    # per layer: norm 64, in 328 × 64, conv 192 × 4 + 192, dt_bias, A, D 3 × 8, gated norm 128, out 64 × 128;
+    # token_embd and output 2 × 104 × 64, norm_f 64
+    params = 2 * (64 + 328 * 64 + 192 * 4 + 192 + 3 * 8 + 128 + 64 * 128) + 2 * VOCAB * H + 64
+    assert rec["file_parameters"] == rec["class_parameters"] == params == 74_096
+    assert rec["roles"]["ssm.norm"] == {"file": 2 * (64 + 128), "class": 2 * (64 + 128)}
+    assert rec["roles"]["ssm.state"] == {"file": 2 * 3 * 8, "class": 2 * 3 * 8}  # dt_bias (ssm_dt.bias), A, D
+    assert ways(rec)["reshaped [128] → [2, 64] (convert_hf_to_gguf.py's SSM layout), values kept"] == 2

@@ -10,8 +10,8 @@ its tables are, over the metadata our bounded parser read (gguf_read.py), and it
 Where transformers' table leaves out a field llama.cpp's convert_hf_to_gguf.py writes and the class needs for its
 shapes (Qwen2-MoE's expert widths, a Mixtral written as `llama` with experts), a short supplement completes it; each
 supplemented field is named in `notes`, so the output says which figures did not come from transformers' table.
-For deepseek2 (DeepSeek-V2/V3, Kimi-K2), which transformers reads no GGUF of, the whole table is paramscope's
-(OWN_MAPPINGS, from the converter's keys), and `notes` says so.
+For deepseek2 (DeepSeek-V2/V3, Kimi-K2) and mamba2, which transformers reads no GGUF of, the whole table is
+paramscope's (OWN_MAPPINGS, from the converter's keys), and `notes` says so.
 """
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ OWN_MAPPINGS: dict[str, dict[str, str]] = {
                   "leading_dense_block_count": "first_k_dense_replace", "expert_weights_scale": "routed_scaling_factor",
                   "expert_weights_norm": "norm_topk_prob", "expert_group_count": "n_group",
                   "expert_group_used_count": "topk_group"},
+    # Mamba2Model.set_gguf_parameters (Mamba-Codestral, Mamba-2): the heads and widths are derived (_mamba2_fields)
+    "mamba2": {"embedding_length": "hidden_size", "block_count": "num_hidden_layers",
+               "ssm.conv_kernel": "conv_kernel", "ssm.state_size": "state_size", "ssm.group_count": "n_groups",
+               "attention.layer_norm_rms_epsilon": "layer_norm_epsilon", "vocab_size": "vocab_size"},
 }
 # The largest figures a config built here may carry: past them the header is no model (a hostile file).
 MAX_LAYERS = 4096
@@ -115,7 +119,7 @@ def gguf_config(ck: GGUFCheckpoint) -> GGUFConfig:
     if model_type == "lfm2":
         notes.append(_lfm2_layers(config, arch, ck.path))
     if arch in OWN_MAPPINGS and table_key not in GGUF_CONFIG_MAPPING:
-        notes.append(_mla_fields(config, ck, arch))
+        notes.append(_DERIVED[arch](config, ck, arch))
     if model_type in _TEXT_ONLY:
         config["model_type"] = model_type = _TEXT_ONLY[model_type]
     names = {t.name: t for t in ck.tensors}
@@ -185,6 +189,31 @@ def _mla_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> str:
     return (f"config from paramscope's table for {arch} (transformers reads no {arch} GGUF): convert_hf_to_gguf.py's "
             f"keys; qk_nope_head_dim {key - rope} and v_head_dim {value} from attention.key_length(_mla) and "
             "value_length(_mla), num_key_value_heads = num_attention_heads (the file's one KV head is MLA as MQA)")
+
+
+def _mamba2_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> str:
+    """Mamba-2's heads from what the converter writes: ssm.time_step_rank is d_inner // head_dim, the number of
+    heads (Mamba2Model.set_gguf_parameters), ssm.inner_size d_inner; the class takes num_heads, head_dim and
+    expand = d_inner / hidden_size (an int in transformers' Mamba2Config; Mamba2Mixer's intermediate_size is
+    expand · hidden_size)."""
+    meta = ck.metadata
+    heads, inner = meta.get(f"{arch}.ssm.time_step_rank"), meta.get(f"{arch}.ssm.inner_size")
+    hidden = config.get("hidden_size")
+    for field, v in (("ssm.time_step_rank", heads), ("ssm.inner_size", inner), ("embedding_length", hidden)):
+        if type(v) is not int or not 0 < v <= MAX_WIDTH:
+            raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.{field} = {_q(v)} is no width")
+    if inner % heads or inner % hidden:
+        raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.ssm.inner_size = {inner:,} is no "
+                          f"whole number of heads ({arch}.ssm.time_step_rank = {heads:,}) or of widths "
+                          f"({arch}.embedding_length = {hidden:,}): the class takes an integer expand")
+    config.update(num_heads=heads, head_dim=inner // heads, expand=inner // hidden)
+    return (f"config from paramscope's table for {arch} (transformers reads no {arch} GGUF): convert_hf_to_gguf.py's "
+            f"keys; num_heads {heads} from ssm.time_step_rank, head_dim {inner // heads} and expand {inner // hidden} "
+            "from ssm.inner_size")
+
+
+# How each architecture of OWN_MAPPINGS derives the fields its keys give no value of directly.
+_DERIVED = {"deepseek2": _mla_fields, "mamba2": _mamba2_fields}
 
 
 def _int(value: Any) -> int:

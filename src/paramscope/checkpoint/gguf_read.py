@@ -139,29 +139,34 @@ def gguf_role(name: str, architecture: str | None = None, kind: str | None = Non
     if short.startswith("attn_norm.") and short != name:
         if architecture in _MIXER_NORM_ARCHS or kind == "conv":
             return "mixer.norm"
-        if kind == "ssm":
+        if kind in ("ssm", "ssm2"):
             return "ssm.norm"
+    if kind == "ssm2" and short == "ssm_dt.bias":
+        return "ssm.state"  # Mamba-2's dt_bias, a per-head step bias (there is no dt projection)
     if role == "embeddings.norm" and architecture in _FINAL_EMBEDDING_NORM_ARCHS:
         return "norm.final"
     return role
 
 
 def block_kinds(names: Any) -> dict[int, str]:
-    """Each block's layer kind from the tensors it holds: "ssm" (a Mamba mixer's ssm_in/ssm_x/ssm_conv1d),
-    "conv" (LFM2's shortconv), else "attention". A hybrid file (Jamba) holds both kinds, block by block."""
-    kinds: dict[int, str] = {}
+    """Each block's layer kind from the tensors it holds: "ssm" (a Mamba mixer: ssm_in, ssm_x, ssm_dt.weight...),
+    "ssm2" (a Mamba-2 mixer: ssm_* with no ssm_x, its dt a bias alone), "conv" (LFM2's shortconv), else
+    "attention". A hybrid file (Jamba, Falcon-H1) holds several kinds, block by block."""
+    held: dict[int, set[str]] = {}
     for name in names:
         m = _BLOCK.match(name)
-        if not m:
-            continue
-        short = name[m.end():]
-        block = int(m[1])
-        if short.startswith("ssm_"):
+        if m:
+            held.setdefault(int(m[1]), set()).add(name[m.end():].partition(".")[0])
+    kinds: dict[int, str] = {}
+    for block, parts in held.items():
+        if "ssm_x" in parts:
             kinds[block] = "ssm"
-        elif short.startswith("shortconv."):
+        elif any(p.startswith("ssm_") for p in parts):
+            kinds[block] = "ssm2"
+        elif "shortconv" in parts:
             kinds[block] = "conv"
         else:
-            kinds.setdefault(block, "attention")
+            kinds[block] = "attention"
     return kinds
 
 
