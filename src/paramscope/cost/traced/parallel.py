@@ -519,6 +519,9 @@ def _sequence_parallel_plan(model: Any, rules: list[Rule], modules: dict[str, An
         if not rule.style.startswith("colwise"):
             continue
         parent = rule.module.rpartition(".")[0]
+        if parent in layer_names:  # a projection straight under the layer: its input is the layer's, already split
+            raise UnsupportedError(f"sequence parallel over {name}: {rule.module} sits straight under its layer, "
+                                   "so no module's input can be gathered for it")
         if any(parent.startswith(layer + ".") for layer in layer_names):
             gathering[parent] = modules[parent]
     poolers = [n for n, m in modules.items() if n.rpartition(".")[2] == "pooler" and m is not None and
