@@ -265,7 +265,8 @@ def test_a_frozen_tower_takes_no_backward_and_its_projector_no_input_gradient(ca
 
 def _tower_peak_by_memtracker(module, images: int) -> int:
     """torch's MemTracker on the same fake input: LLaVA's get_image_features on `images` zero images at 336 px, the
-    weights in bf16, no grad; the peak's bytes less the parameters' and buffers'."""
+    weights and the pixel values in bf16 (as the model cards cast the processor's output), no grad; the peak's bytes
+    less the parameters' and buffers'."""
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -277,8 +278,8 @@ def _tower_peak_by_memtracker(module, images: int) -> int:
         tracker = MemTracker()
         tracker.track_external(model)
         with tracker, torch.no_grad():
-            out = model.get_image_features(torch.zeros(images, 3, 336, 336), vision_feature_layer=-2,
-                                           vision_feature_select_strategy="default")
+            out = model.get_image_features(torch.zeros(images, 3, 336, 336, dtype=torch.bfloat16),
+                                           vision_feature_layer=-2, vision_feature_select_strategy="default")
             del out
         [peak] = tracker.get_tracker_snapshot("peak").values()
     return peak["Total"] - sum(v for k, v in peak.items() if getattr(k, "value", None) in ("Parameter", "Buffer"))
@@ -286,9 +287,9 @@ def _tower_peak_by_memtracker(module, images: int) -> int:
 
 def test_serving_memory_on_an_image_takes_the_larger_of_the_tower_and_the_prefill():
     """memory --images 1 (serving): the KV cache and the prefill over S + 576 image tokens, exactly the text-only
-    answer at that length; the tower's moment is the weights, the input embeddings over S + 576 tokens and the
-    tower's forward peak, which equals MemTracker's on the same fake input; the peak is the larger moment (here the
-    tower's: a small language model beside CLIP-L)."""
+    answer at that length; the tower's moment is the weights, the token ids and attention mask given and the input
+    embeddings over S + 576 tokens, and the tower's forward peak, which equals MemTracker's on the same fake input;
+    the peak is the larger moment (here the tower's: a small language model beside CLIP-L)."""
     from paramscope.cost.memory.serving import MemoryOptions
     from paramscope.cost.memory.serving_answer import estimate_memory
 
@@ -307,7 +308,8 @@ def test_serving_memory_on_an_image_takes_the_larger_of_the_tower_and_the_prefil
         module, 1)
     embeddings = 2 * 640 * text["hidden_size"] * 2
     resident = image.weights.bytes + image.weights.buffer_bytes
-    assert media["tower_moment"] == resident + embeddings + media["tower_forward_peak"]
+    assert media["text_inputs"] == 2 * 640 * 16 and media["tower_rest"] == 0
+    assert media["tower_moment"] == resident + media["text_inputs"] + embeddings + media["tower_forward_peak"]
     assert (image.peak, image.peak_phase) == (media["tower_moment"], "vision tower") and image.peak > plain.peak
 
 

@@ -180,6 +180,15 @@ class Traced:
 
 # ---- the families' inputs ----------------------------------------------------------------------------------------
 
+def _pixel_dtype(step: TraceStep) -> Any:
+    """The pixel values' dtype: serving, the weights' (transformers' model cards cast the processor's output to the
+    model's dtype, as held_into_prefill's forward takes them); else float32, the processor's (the tower casts them
+    to its weights' dtype, the same FLOPs)."""
+    import torch
+
+    return getattr(torch, step.serving_dtype) if step.serving_dtype is not None else torch.float32
+
+
 def _per_image(media: MediaInput, tokens_each: int, words: str) -> int:
     """Images a sequence: --images K, or --image-tokens N when N is a whole number of images."""
     if media.images is not None:
@@ -203,8 +212,10 @@ def _gemma3(module: Any, media: MediaInput, batch: int, seq: int, step: TraceSte
              f"mm_tokens_per_image {tokens_each:,}")
     images = _per_image(media, tokens_each, words)
     owner = module.model if hasattr(module, "model") and hasattr(module.model, "vision_tower") else module
+    pixels = _pixel_dtype(step)
     traced = _traced_parts(
-        module, lambda model: _image_features(model)(torch.zeros(batch * images, int(vision.num_channels), size, size)),
+        module, lambda model: _image_features(model)(torch.zeros(batch * images, int(vision.num_channels), size, size,
+                                                                 dtype=pixels)),
         [("vision tower", _path(module, owner.vision_tower)), ("projector", _path(module, owner.multi_modal_projector))],
         step)
     return MediaFlops("image", _image_words(images, size, per_side, patch), images, traced.rows // batch, words,
@@ -227,8 +238,10 @@ def _llava(module: Any, media: MediaInput, batch: int, seq: int, step: TraceStep
     images = _per_image(media, tokens_each, words)
     owner = module.model if hasattr(module, "model") and hasattr(module.model, "vision_tower") else module
 
+    pixels = _pixel_dtype(step)
+
     def run(model: Any) -> Any:
-        return _image_features(model)(torch.zeros(batch * images, int(vision.num_channels), size, size),
+        return _image_features(model)(torch.zeros(batch * images, int(vision.num_channels), size, size, dtype=pixels),
                                       vision_feature_layer=layer, vision_feature_select_strategy=strategy)
 
     traced = _traced_parts(module, run, [("vision tower", _path(module, owner.vision_tower)),
@@ -529,14 +542,30 @@ def _forward_peak(module: Any, mode: Any, dtype: str, run: Any) -> int:
     return live_bytes(recorder.events, recorder.allocations)[1]
 
 
-def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: int, dtype: str) -> int:
-    """The bytes an image input holds through the language model's prefill beyond a text prefill of the same
-    `context` tokens, measured: the class's own forward runs on fake tensors (weights in `dtype`, no grad) up to the
-    moment its language model is called, once on `batch` sequences with their images (the pixel values in `dtype`,
-    the image tokens first in each sequence) and once on the same tokens without them; the bytes live then (weights
-    not) differ by what the forward keeps in locals through the prefill: the pixel values, the tower's returned output
-    (transformers keeps get_image_features' whole output, every hidden state it returned), the projected features and
-    any copy of them (LLaVA's and Qwen2.5-VL's torch.cat), and the image-token mask."""
+@dataclass(frozen=True)
+class ImageForward:
+    """What the class's own forward on images has live before its language model runs (held_into_prefill's)."""
+
+    held: int  # at the language model's call, beyond a text input's of the same tokens: what the images hold
+    # through the prefill
+    before_prefill: int  # the largest bytes live from the forward's start to the language model's call, weights
+    # not: the inputs given, the input embeddings, the tower's and projector's run, the merge into the embeddings
+    # and the masks built for the language model
+    given_per_token: int  # of those, the integer inputs given, bytes a token a sequence (int64 token ids and
+    # attention mask; Gemma-3's token_type_ids, Qwen2.5-VL's 3-D rope positions)
+    given: tuple[str, ...]  # their names
+
+
+def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: int, dtype: str) -> ImageForward:
+    """What an image input costs before and through the language model's prefill, measured: the class's own forward
+    runs on fake tensors (weights in `dtype`, no grad) up to the moment its language model is called, once on
+    `batch` sequences with their images (the pixel values in `dtype`, the image tokens first in each sequence) and
+    once on the same tokens without them, both with the inputs generate() hands the forward (token ids, attention
+    mask, and each family's own). The largest bytes live before the call, with the images, are the forward's before
+    its prefill (the tower's moment); the bytes live at the call (weights not) differ by what the forward keeps in
+    locals through the prefill: the pixel values, the tower's returned output (transformers keeps
+    get_image_features' whole output, every hidden state it returned), the projected features and any copy of them
+    (LLaVA's and Qwen2.5-VL's torch.cat), and the image-token mask."""
     import torch
 
     media.check()
@@ -548,7 +577,7 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
     from .traced.timeline import allocation_recorder, live_bytes
 
     make = _PREFILL_INPUTS[family](module, media, batch, context, getattr(torch, dtype))
-    live = []
+    live, before, given = [], 0, {}
     for images in (True, False):
         with fake_mode(True) as mode, assumed_values(True), _MatchingTokens(), _constants(family == "qwen2_5_vl"):
 
@@ -570,17 +599,29 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
             hook = owner.language_model.register_forward_pre_hook(stop)
             try:
                 with running(model), recorder, torch.no_grad():
+                    inputs = make(images, constant)
+                    if images:  # the integer inputs of the text's length, each a token's bytes a sequence
+                        given = {name: value.element_size() * value.numel() // (batch * context)
+                                 for name, value in inputs.items() if name in _GIVEN_PER_TOKEN}
                     try:
-                        model(**make(images, constant))
+                        model(**inputs)
                     except _Reached:
                         pass
+                    del inputs
             finally:
                 hook.remove()
                 recorder.detach()
             if not reached:
                 raise UnsupportedError("{name}'s forward did not call its language model", name=type(module).__name__)
-            live.append(live_bytes(recorder.events[:reached[0]], recorder.allocations)[0])
-    return live[0] - live[1]
+            at, peak = live_bytes(recorder.events[:reached[0]], recorder.allocations)
+            live.append(at)
+            if images:
+                before = peak
+    return ImageForward(live[0] - live[1], before, sum(given.values()), tuple(given))
+
+
+# the forward's integer inputs a token long (a sequence's): live from the forward's start
+_GIVEN_PER_TOKEN = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 
 
 class _Reached(Exception):
@@ -620,7 +661,8 @@ def _image_ids(config: Any, batch: int, context: int, tokens: int, images: bool)
 
 
 def _square_images(module: Any, media: MediaInput, batch: int, context: int, dtype: Any, tokens_each: int) -> Any:
-    """Gemma-3's and LLaVA's inputs: K images a sequence at the vision config's size, their tokens first."""
+    """Gemma-3's and LLaVA's inputs: K images a sequence at the vision config's size, their tokens first, every
+    token attended (an int64 attention mask of ones, as the processor gives it); Gemma-3's token_type_ids too."""
     import torch
 
     config, vision = module.config, module.config.vision_config
@@ -628,7 +670,12 @@ def _square_images(module: Any, media: MediaInput, batch: int, context: int, dty
     size = int(vision.image_size)
 
     def make(images: bool, constant: Any) -> dict[str, Any]:
-        inputs = {"input_ids": _image_ids(config, batch, context, per * tokens_each, images)}
+        inputs = {"input_ids": _image_ids(config, batch, context, per * tokens_each, images),
+                  "attention_mask": torch.ones(batch, context, dtype=torch.long)}
+        if config.model_type == "gemma3":  # its processor's, which generate() hands the prefill: 1 at image tokens
+            inputs["token_type_ids"] = torch.zeros(batch, context, dtype=torch.long)
+            if images:
+                inputs["token_type_ids"][:, :per * tokens_each] = 1
         if images:
             inputs["pixel_values"] = torch.zeros(batch * per, int(vision.num_channels), size, size, dtype=dtype)
         return inputs
@@ -660,6 +707,7 @@ def _qwen2_5_vl_prefill(module: Any, media: MediaInput, batch: int, context: int
 
     def make(images: bool, constant: Any) -> dict[str, Any]:
         inputs = {"input_ids": _image_ids(module.config, batch, context, media.image_tokens, images),
+                  "attention_mask": torch.ones(batch, context, dtype=torch.long),
                   "position_ids": torch.zeros(3, batch, context, dtype=torch.long)}
         if images:
             inputs |= {"pixel_values": torch.zeros(patches, width, dtype=dtype), "image_grid_thw": constant(grid)}

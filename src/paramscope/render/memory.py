@@ -142,6 +142,10 @@ def _totals(estimate) -> Table:
                           "measured: what the forward keeps of the images through the prefill (pixel values, the "
                           "vision model's output, the projected tiles, the cross-attention masks)")
         else:
+            if media.get("text_inputs"):  # the integer inputs given, measured with the tower's moment
+                table.add_row("token ids and masks", exact(media["text_inputs"]), binary(media["text_inputs"]),
+                              f"batch × {estimate.settings['seq']:,} tokens × the int64 inputs given "
+                              f"({', '.join(media.get('text_inputs_given', ()))}), live while the tower runs")
             table.add_row("input embeddings", exact(media["embeddings"]), binary(media["embeddings"]),
                           f"batch × {estimate.settings['seq']:,} tokens × hidden, made before the tower runs")
             held = media.get("image_features_held", 0)
@@ -149,7 +153,8 @@ def _totals(estimate) -> Table:
                           "measured: what the forward keeps of the images through the prefill (pixel values, the "
                           "tower's output, the projected features)")
         beside = "its peak" if audio else "its peak + token ids and mask" if media.get("vision_tokens") else \
-            "its peak + input embeddings"
+            "the largest bytes live up to the language model's call, measured: its peak + token ids and masks + " \
+            "input embeddings" + (" + the merge and masks" if media.get("tower_rest") else "")
         table.add_row(f"peak ({estimate.peak_phase})", exact(estimate.peak), binary(estimate.peak),
                       f"the {'largest' if media.get('mask_moment') else 'larger'} moment: the "
                       f"{'encoder' if audio else 'tower'}'s (weights + {beside}) {exact(media['tower_moment'])}, the "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import OptionError, ParamscopeError
-from ..dims import MAX_SEQ, config_int, dim, is_mla, max_context, text_config
+from ..dims import MAX_SEQ, config_int, context_source, dim, is_mla, max_context, text_config
 from ..dtypes import itemsize, torch_name
 from ..hardware import Accelerator
 from .fits import fit_on, fit_table
@@ -118,11 +118,11 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     config = view.config
     text = text_config(config)
     seq = options.seq or max_context(text) or 2048
-    media = measured = None
+    media = measured = forward = None
     if options.media is not None and options.media.given:
         if view.module is None:
             return None  # the tower runs on fake tensors of the input: the build answers
-        media, seq, options, measured = _media_input(view, options, seq, fmt.compute_dtype)
+        media, seq, options, measured, forward = _media_input(view, options, seq, fmt.compute_dtype)
     notes: list[str] = list(weights.notes)
     if getattr(fmt, "prediction", None) is not None:
         notes.extend(fmt.prediction.summary())
@@ -209,13 +209,13 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     media_settings = None
     if media is not None:  # the tower runs before the prefill: the peak is the larger of the two moments
         peak_at, media_settings, note = _with_tower(media, peak_at, weights, text, options, seq, fmt.compute_dtype,
-                                                    measured)
+                                                    measured, forward)
         notes.append(note)
         peak = peak_at(options.batch, seq)
         peak_phase = media_settings["binds"]
     settings = {
         "dtype": fmt.key, "dtype_from": origin, "compute_dtype": fmt.compute_dtype, "kv_dtype": kv_dtype,
-        "batch": options.batch, "seq": seq, "seq_from": "--seq" if options.seq else "max_position_embeddings",
+        "batch": options.batch, "seq": seq, "seq_from": "--seq" if options.seq else context_source(text),
         "kv_layout": cache.layout if cache else None, "reserve": options.reserve,
     }
     if fmt.group_size is not None:
@@ -262,14 +262,15 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
 
 
 def _media_input(view: Any, options: MemoryOptions, seq: int,
-                 dtype: str) -> tuple[Any, int, MemoryOptions, Any]:
+                 dtype: str) -> tuple[Any, int, MemoryOptions, Any, Any]:
     """(the tower's trace, the context length, the options the cache and prefill take, the prefill measured on the
-    images where no formula holds it, else None). Images: --seq S text tokens and the N image tokens the projector
-    hands the language model make a context of S + N; without --seq the context is the model's maximum, N of it
-    images. Images read by cross-attention (Llama-3.2-Vision): the context is the text's, the cross-attention layers
-    cache each sequence's vision tokens (images × tiles × (patches + 1)), and the prefill is measured
-    (image_prefill.py). Audio (Whisper): each 30 s window is a sequence of its own, its decoder cross-attending to
-    the window's encoder states, so the batch is B × windows and the cross-attention cache holds
+    images where no formula holds it, else None, the forward up to the language model's call measured where the
+    images become tokens (towers.ImageForward), else None). Images: --seq S text tokens and the N image tokens the
+    projector hands the language model make a context of S + N; without --seq the context is the model's maximum,
+    N of it images. Images read by cross-attention (Llama-3.2-Vision): the context is the text's, the
+    cross-attention layers cache each sequence's vision tokens (images × tiles × (patches + 1)), and the prefill is
+    measured (image_prefill.py). Audio (Whisper): each 30 s window is a sequence of its own, its decoder
+    cross-attending to the window's encoder states, so the batch is B × windows and the cross-attention cache holds
     max_source_positions states a sequence."""
     from ..towers import held_into_prefill, media_family, media_flops
 
@@ -286,20 +287,20 @@ def _media_input(view: Any, options: MemoryOptions, seq: int,
         measured = measure_prefill(view.module, images=media.per_sequence, batch=options.batch, context=seq,
                                    dtype=dtype)
         return (dataclasses.replace(media, held_through_prefill=measured.held), seq,
-                dataclasses.replace(options, encoder_seq=measured.vision_tokens), measured)
+                dataclasses.replace(options, encoder_seq=measured.vision_tokens), measured, None)
     if media.kind == "audio":
         if options.encoder_seq is not None:
             raise OptionError("{0} is the audio's: each window's {states:,} encoder states", "encoder_seq",
                               states=int(config.max_source_positions))
         return media, seq, dataclasses.replace(options, batch=options.batch * media.per_sequence,
-                                               encoder_seq=int(config.max_source_positions)), None
+                                               encoder_seq=int(config.max_source_positions)), None, None
     if options.seq is not None:
         seq = options.seq + media.tokens
     elif media.tokens >= seq:
         raise OptionError("{tokens:,} image tokens fill the model's {seq:,}-token context: give {0} for the text",
                           "seq", tokens=media.tokens, seq=seq)
-    held = held_into_prefill(view.module, options.media, batch=options.batch, context=seq, dtype=dtype)
-    return dataclasses.replace(media, held_through_prefill=held), seq, options, None
+    forward = held_into_prefill(view.module, options.media, batch=options.batch, context=seq, dtype=dtype)
+    return dataclasses.replace(media, held_through_prefill=forward.held), seq, options, None, forward
 
 
 def _measured_prefill(measured: Any, analytic_at: Any, analytic: Any, weights: Any, cache: Any,
@@ -333,7 +334,7 @@ def _measured_prefill(measured: Any, analytic_at: Any, analytic: Any, weights: A
 
 
 def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: MemoryOptions, seq: int,
-                dtype: str, image_prefill: Any = None) -> tuple[Any, dict[str, Any], str]:
+                dtype: str, image_prefill: Any = None, forward: Any = None) -> tuple[Any, dict[str, Any], str]:
     """(the peak curve with the tower's moment in it, settings["media"], the note). The tower runs before the
     prefill, with the weights resident; its moment is the weights and the tower's and projector's measured forward
     peak, linear in the batch (each image or window runs the same layers), and for images the language model's input
@@ -343,7 +344,10 @@ def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: M
     through generation (its cross-attention K and V are in the cache besides). Images read by cross-attention
     (`image_prefill`, Llama-3.2-Vision's measured prefill): the tower runs before the language model embeds the
     text, beside the inputs given for it, the token ids and the int64 cross-attention mask (8 B a token, and 8 B a
-    token a tile)."""
+    token a tile). Images made tokens (`forward`, towers.ImageForward): the moment is measured over the forward
+    from its start to the language model's call, which holds the integer inputs given (token ids, attention mask,
+    each family's own) and the input embeddings beside the tower's run, and then merges the image features into a
+    new copy of the embeddings and builds the language model's masks."""
     size = itemsize(dtype)
     audio = media.kind == "audio"
     # images read by cross-attention (Llama-3.2-Vision): the forward runs the tower before the language model
@@ -352,18 +356,26 @@ def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: M
     per_token = 0 if audio else (dim(text, "hidden") or 0) * size  # the input embeddings, a token
     if cross:  # the token ids and the cross-attention mask given (text tokens × images × tiles), int64
         per_token = 8 * (1 + image_prefill.images * image_prefill.tiles)
+    given = forward.given_per_token if forward is not None else 0  # the integer inputs given, a token
     states = config_int(text, "max_source_positions") or 0
     # what the input holds through the prefill, a sequence: Whisper's encoder output; the images' pixel values, the
     # tower's returned output and the projected features (measured: towers.held_into_prefill)
     held_each = states * (config_int(text, "d_model") or 0) * size if audio else 0
     resident = weights.bytes + weights.buffer_bytes
 
-    # cross-attention's tower moment is measured in the whole forward (image_prefill.tower): any bytes beyond the
-    # inputs given and the tower's own peak move the curve (none on the classes tested)
-    shift = image_prefill.tower - options.batch * seq * per_token - media.forward_peak if cross else 0
+    # the tower's moment is measured in the whole forward (image_prefill.tower; forward.before_prefill up to the
+    # language model's call): any bytes beyond the inputs given, the embeddings and the tower's own peak (the merge's
+    # copy of the embeddings and the masks, where they bind) move the curve, exact at the asked point
+    shift = 0
+    if cross:
+        shift = image_prefill.tower - options.batch * seq * per_token - media.forward_peak
+    elif forward is not None:
+        shift = forward.before_prefill - options.batch * seq * (per_token + given) - media.forward_peak
 
-    def tower_at(batch: int, length: int) -> int:
-        return resident + batch * length * per_token + media.forward_peak * batch // options.batch + shift
+    def tower_at(batch: int, length: int) -> int:  # the rest measured before the call is each sequence's
+        rest = shift * batch // options.batch if forward is not None else shift
+        return (resident + batch * length * (per_token + given) + media.forward_peak * batch // options.batch
+                + rest)
 
     def held_at(batch: int, length: int) -> int:  # linear in the batch (the image-token mask, a byte a token, at
         # the asked S); cross-attention's: the images' own part linear in the batch, the masks' in batch × length
@@ -391,12 +403,17 @@ def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: M
     # the first of equal moments binds: the prefill's
     binds = max([(prefill, "prefill"), (tower, part), (mask, "cross-attention mask")], key=lambda m: m[0])[1]
     embeddings, held = options.batch * seq * per_token, held_at(options.batch, seq)
+    inputs = options.batch * seq * given  # the integer inputs given (images made tokens)
     settings = {"kind": media.kind, "input": media.input_words, "per_sequence": media.per_sequence,
                 "image_tokens": media.tokens, "text_seq": seq - media.tokens, "tokens_from": media.tokens_words,
                 "tower_forward_peak": media.forward_peak, "embeddings": 0 if cross else embeddings,
                 "encoder_output": held if audio else 0, "image_features_held": 0 if audio else held,
                 "tower_moment": tower, "prefill_moment": prefill, "binds": binds,
-                "vision_tokens": options.encoder_seq if cross else 0, "text_inputs": embeddings if cross else 0,
+                "vision_tokens": options.encoder_seq if cross else 0,
+                "text_inputs": embeddings if cross else inputs,
+                "text_inputs_given": list(forward.given) if forward is not None else
+                ["input_ids", "cross_attention_mask"] if cross else [],
+                "tower_rest": shift if forward is not None else 0,
                 "mask_moment": mask if cross else None,
                 "parts": [[line.part, line.path, line.class_name] for line in media.lines]}
     parts = " and ".join(f"{line.part} {line.path} ({line.class_name})" for line in media.lines)
@@ -432,13 +449,21 @@ def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: M
     else:
         note = (f"image input: each sequence holds {media.input_words}, {media.tokens:,} image tokens "
                 f"({media.tokens_words}): the KV cache and prefill workspace are over {seq - media.tokens:,} text + "
-                f"{media.tokens:,} image tokens = {seq:,}. The {parts} run first: {measured}, with the weights and "
-                f"the language model's input embeddings over the {seq:,} tokens ({embeddings:,} B, made before the "
-                f"tower runs) is the tower's moment, {tower:,} B; the prefill's, {prefill:,} B, holds what the "
+                f"{media.tokens:,} image tokens = {seq:,}. The {parts} run first: {measured}. The tower's moment, "
+                f"{tower:,} B, is the weights and the largest bytes live from the forward's start to the language "
+                f"model's call, measured on the class's own forward (fake tensors, pixel values in {dtype}): the "
+                f"integer inputs given ({', '.join(forward.given)}: {inputs:,} B, {given} B a token), the language "
+                f"model's input embeddings over the {seq:,} tokens ({embeddings:,} B, made before the tower runs), "
+                f"the tower's run and "
+                + (f"{shift:,} B more (the image features merged into a copy of the embeddings, and the language "
+                   "model's masks, where they bind)" if shift else "nothing more (the merge into the embeddings "
+                   "and the masks built after it stay below)")
+                + f"; the prefill's, {prefill:,} B, holds what the "
                 f"forward keeps of the images through it, {held:,} B (the pixel values, the tower's returned output "
                 "and the projected features, measured at the language model's call on fake tensors against a text "
                 "input of the same length) beside the KV cache and workspace; the peak is the "
-                f"larger, the {binds}'s (fits: the tower's peak linear in the batch)")
+                f"larger, the {binds}'s (fits: the tower's peak linear in the batch, the inputs and embeddings in "
+                f"batch × tokens, the rest linear in the batch at {seq:,} tokens: exact at the asked point)")
     return peak_at, settings, note
 
 

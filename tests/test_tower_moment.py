@@ -1,0 +1,146 @@
+"""Issue 31 §3, serving on images (`memory --images K`): the tower's moment of LLaVA, Gemma-3 and Qwen2.5-VL is the
+largest bytes live from the real forward's start to its language model's call, which holds beside the tower's run
+the integer inputs generate() hands the forward (token ids, attention mask; Gemma-3's token_type_ids, Qwen2.5-VL's
+3-D rope positions) and the input embeddings, then merges the image features into a copy of the embeddings. Held
+to torch's MemTracker over the real class's forward up to that call, on fake tensors of the same input, exact to the
+byte, on small cuts (weights in bf16, the pixel values too, as the model cards cast them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from paramscope.api import inspect_with_module
+from paramscope.cost.memory.serving import MemoryOptions
+from paramscope.cost.memory.serving_answer import estimate_memory
+from paramscope.cost.towers import MediaInput
+
+FAMILIES = Path(__file__).parent / "configs" / "families"
+
+
+class _Stop(Exception):
+    pass
+
+
+def _memtracker_until_language_model(module, inputs) -> int:
+    """torch's MemTracker over the class's forward up to its language model's call, on fake tensors, the weights
+    in bf16, no grad, the inputs (`inputs(constant)`, a dict) made under it: the peak less the weights."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from paramscope.cost.towers import _constants, _MatchingTokens
+    from paramscope.cost.traced.step import fake_mode, working_copy
+
+    with fake_mode(True) as mode, _MatchingTokens(), _constants(True):
+        def constant(value):  # Qwen2.5-VL's grid and windows, whose values its tower reads
+            return mode.fake_tensor_converter.from_real_tensor(mode, value, make_constant=True)
+
+        model = working_copy(module, mode, None, weights_dtype="bfloat16")
+        model.eval()
+
+        def stop(*_):
+            raise _Stop
+
+        model.model.language_model.register_forward_pre_hook(stop)
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with tracker, torch.no_grad():
+            given = inputs(constant)
+            try:
+                model(**given)
+            except _Stop:
+                pass
+            del given
+        [peak] = tracker.get_tracker_snapshot("peak").values()
+    return peak["Total"] - sum(v for k, v in peak.items() if getattr(k, "value", None) in ("Parameter", "Buffer"))
+
+
+def _ids(batch: int, seq: int, image: int, tokens: int):
+    ids = torch.zeros(batch, seq, dtype=torch.long)
+    ids[:, :tokens] = image
+    return ids
+
+
+def _served(config: dict, media: MediaInput, batch: int, text_seq: int):
+    served = estimate_memory(config, MemoryOptions(dtype="bf16", batch=batch, seq=text_seq, media=media), False)
+    media = served.settings["media"]
+    return served, media, media["tower_moment"] - served.weights.bytes - served.weights.buffer_bytes
+
+
+def test_llava_tower_moment_holds_the_token_ids_and_attention_mask():
+    """LLaVA (CLIP-L/14 at 336 px cut to 1 layer, a 2-layer language model of width 64), batch 2, one image (576
+    tokens) and 64 text tokens a sequence: the tower's run binds, beside the token ids and attention mask (2 × 640 ×
+    16 B) and the bf16 embeddings (2 × 640 × 64 × 2 B)."""
+    config = json.loads((FAMILIES / "defaults--llava.json").read_text()) | {
+        "architectures": ["LlavaForConditionalGeneration"]}
+    config["vision_config"] |= {"num_hidden_layers": 1}
+    config["text_config"] |= {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
+                              "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 640}
+    _, module = inspect_with_module(config)
+    served, media, moment = _served(config, MediaInput(images=1), 2, 64)
+    assert (media["text_inputs"], media["text_inputs_given"]) == (2 * 640 * 16, ("input_ids", "attention_mask"))
+    assert media["embeddings"] == 2 * 640 * 64 * 2
+    assert (media["tower_rest"], media["binds"]) == (0, "vision tower")
+    assert moment == media["text_inputs"] + media["embeddings"] + media["tower_forward_peak"] == 36_989_952
+    assert moment == _memtracker_until_language_model(module, lambda _: {
+        "input_ids": _ids(2, 640, module.config.image_token_id, 576),
+        "attention_mask": torch.ones(2, 640, dtype=torch.long),
+        "pixel_values": torch.zeros(2, 3, 336, 336, dtype=torch.bfloat16)})
+
+
+def test_gemma3_tower_moment_holds_its_token_type_ids():
+    """Gemma-3 (SigLIP at 224 px in patches of 14, one layer of width 32, pooled to 16 tokens; a 2-layer language
+    model of width 64), batch 2, one image and 24 text tokens a sequence: the token ids, attention mask and
+    token_type_ids given (2 × 40 × 24 B) beside the embeddings and the tower's run."""
+    from transformers import Gemma3Config
+
+    config = Gemma3Config().to_dict() | {"architectures": ["Gemma3ForConditionalGeneration"]}
+    config["text_config"] |= {"num_hidden_layers": 2, "layer_types": config["text_config"]["layer_types"][:2],
+                              "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+                              "num_key_value_heads": 1, "head_dim": 32, "sliding_window": 16}
+    config["vision_config"] |= {"image_size": 224, "patch_size": 14, "hidden_size": 32, "intermediate_size": 64,
+                                "num_hidden_layers": 1, "num_attention_heads": 2, "vision_use_head": False}
+    config["mm_tokens_per_image"] = 16
+    _, module = inspect_with_module(config)
+    served, media, moment = _served(config, MediaInput(images=1), 2, 24)
+    given = ("input_ids", "attention_mask", "token_type_ids")
+    assert (media["text_inputs"], media["text_inputs_given"]) == (2 * 40 * 24, given)
+    assert media["embeddings"] == 2 * 40 * 64 * 2
+    assert moment == media["text_inputs"] + media["embeddings"] + media["tower_forward_peak"] + media["tower_rest"]
+    assert moment == _memtracker_until_language_model(module, lambda _: {
+        "input_ids": _ids(2, 40, module.config.image_token_id, 16),
+        "attention_mask": torch.ones(2, 40, dtype=torch.long), "token_type_ids": _ids(2, 40, 1, 16),
+        "pixel_values": torch.zeros(2, 3, 224, 224, dtype=torch.bfloat16)})
+    assert moment == 843_648
+
+
+def test_qwen2_5_vl_tower_moment_holds_its_rope_positions():
+    """Qwen2.5-VL (its vision tower cut to 1 windowed and 1 full-attention block of width 64; a 1-layer language
+    model of width 64), batch 2, 32 image tokens (an 8×16-patch image) and 8 text tokens a sequence: the token ids,
+    attention mask and the 3-D rope positions given (2 × 40 × 40 B), the grid and the tower's layouts as the
+    forward takes them, beside the embeddings and the tower's run."""
+    from paramscope.cost.towers import _qwen_layout
+
+    config = json.loads((FAMILIES / "Qwen--Qwen2.5-VL-7B-Instruct.json").read_text())
+    config |= {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+               "num_key_value_heads": 1, "vocab_size": 151700}
+    config["vision_config"] |= {"depth": 2, "fullatt_block_indexes": [1], "hidden_size": 64, "intermediate_size": 128,
+                                "num_heads": 2, "out_hidden_size": 64}
+    _, module = inspect_with_module(config)
+    served, media, moment = _served(config, MediaInput(image_tokens=32), 2, 8)
+    given = ("input_ids", "attention_mask", "position_ids")
+    assert (media["text_inputs"], media["text_inputs_given"]) == (2 * 40 * 40, given)
+    assert media["embeddings"] == 2 * 40 * 64 * 2
+    assert moment == media["text_inputs"] + media["embeddings"] + media["tower_forward_peak"] + media["tower_rest"]
+    grid, layouts, width = _qwen_layout(module.model.visual, 32, 2)  # real tensors, made constants under fake
+
+    def inputs(constant):
+        return {"input_ids": _ids(2, 40, module.config.image_token_id, 32),
+                "attention_mask": torch.ones(2, 40, dtype=torch.long),
+                "position_ids": torch.zeros(3, 2, 40, dtype=torch.long),
+                "pixel_values": torch.zeros(2 * 8 * 16, width, dtype=torch.bfloat16), "image_grid_thw": constant(grid),
+                **{name: constant(value) for name, value in layouts.items() if name != "position_ids"}}
+
+    assert moment == _memtracker_until_language_model(module, inputs)
+    assert moment == 1_242_308
