@@ -111,8 +111,36 @@ def first_positive(config: Any, keys: tuple[str, ...]) -> float:
 MAX_SEQ = 1 << 24  # the longest sequence any command takes
 
 
+# Model types whose learned position table starts its positions past the padding id: RoBERTa and its kin number a
+# token's position padding_idx + 1 + its index (transformers' create_position_ids_from_input_ids), so a table of
+# max_position_embeddings rows holds max_position_embeddings - padding_idx - 1 tokens (RoBERTa's 514 rows: 512). A
+# real forward past that fails on the index; fake tensors do not check it. tests/test_dims.py holds each type's
+# built class to this (the table's padding_idx is the config's pad_token_id).
+PADDING_OFFSET_POSITIONS = frozenset({
+    "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "roberta-prelayernorm", "longformer",
+    "xmod", "mpnet", "markuplm"})
+
+
 def max_context(config: Any) -> int | None:
-    """The model's longest context from its config (max_position_embeddings and its other names), or None."""
+    """The model's longest context from its config (max_position_embeddings and its other names), or None; for a
+    type whose positions start past the padding id (PADDING_OFFSET_POSITIONS), the rows those offsets take are not
+    tokens."""
     value = config_int(config, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
                        "max_target_positions")
-    return value if value is not None and value <= MAX_SEQ else None
+    if value is None or value > MAX_SEQ:
+        return None
+    if getattr(config, "model_type", None) in PADDING_OFFSET_POSITIONS:
+        pad = getattr(config, "pad_token_id", None)
+        if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < value - 1:
+            return value - pad - 1
+    return value
+
+
+def context_source(config: Any) -> str:
+    """Where max_context's figure comes from, in words (an answer's `seq_from` when no length was asked)."""
+    longest = max_context(config)
+    rows = config_int(config, "max_position_embeddings")
+    if longest is not None and rows is not None and longest < rows:
+        return (f"max_position_embeddings {rows:,} less the {rows - longest} rows {config.model_type}'s positions "
+                "past the padding id take")
+    return "max_position_embeddings"
