@@ -9,7 +9,16 @@ from .result import Fit
 def fit_table(peak_at, reserve: int, *, batch: int, seq: int, max_context: int | None = None,
               accelerators: tuple[Accelerator, ...] = ACCELERATORS, contexts: bool = True) -> tuple[Fit, ...]:
     """For each accelerator: does the peak fit, and the largest batch (at `seq`) and context (at `batch`)."""
-    return tuple(fit_on(a, peak_at, reserve, batch=batch, seq=seq, max_context=max_context, contexts=contexts)
+    # the searches of every accelerator walk the same doubling points, and cards of one capacity the same bisection:
+    # each point is evaluated once (31 cards, 16 capacities: about a quarter of the evaluations)
+    known: dict[tuple[int, int], int] = {}
+
+    def once(b: int, s: int) -> int:
+        if (b, s) not in known:
+            known[b, s] = peak_at(b, s)
+        return known[b, s]
+
+    return tuple(fit_on(a, once, reserve, batch=batch, seq=seq, max_context=max_context, contexts=contexts)
                  for a in accelerators)
 
 
