@@ -13,8 +13,9 @@ what generate() does: a prefill over the prompt with use_cache and last-token lo
 MemTracker sorts every byte into parameters, buffers, gradients, activations (the forward's tensors, and the
 recomputation of checkpointed layers), temporaries (the backward's own tensors) and optimizer states. The peak of
 each phase is measured on its own (the tracker's running peak is restarted at the phase's start), so the report can
-say which phase the peak is in. `fake=False` runs the same step on real CPU tensors, which the tests use to check
-that the fake step equals reality to the byte on small models.
+say which phase the peak is in. The tracker's module hooks keep no gradient (tracker_hooks.py), so the step it
+measures frees what a step without it frees. `fake=False` runs the same step on real CPU tensors, which the tests
+use to check that the fake step equals reality to the byte on small models.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Iterator
 from ... import progress
 from ...errors import OptionError, ParamscopeError, UnsupportedError
 from ...frozen import FrozenDict, freeze_fields
+from .tracker_hooks import gradients_not_held
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer states", "activations", "temporaries", "other")
 _TRACKER_NAMES = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients",
@@ -129,7 +131,7 @@ def measure_training(module: Any, settings: StepSettings, *, fake: bool) -> Trac
         with running(model):
             step()  # warm-up: allocates the optimizer states, as in every step after the first
             tracker = _tracker(model, optimizer)
-            with tracker:
+            with gradients_not_held() as spared, tracker:
                 resident = _current(tracker)
                 _restart_peak(tracker)
                 loss = forward()
@@ -149,6 +151,8 @@ def measure_training(module: Any, settings: StepSettings, *, fake: bool) -> Trac
                 else:
                     model.zero_grad(set_to_none=True)
     notes.extend(assumed.notes())
+    if spared.note():
+        notes.append(spared.note())
     return TracedStep("training", resident, end_of_forward, tuple(phases), attention_of(model), tuple(notes), kept)
 
 

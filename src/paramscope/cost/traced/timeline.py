@@ -8,8 +8,10 @@ its output is ready (its backward starts), "end-fw" when the loss is computed, "
 that end up as a parameter's .grad are flagged, so ZeRO-2 can share them out moment by moment.
 
 Replaying the allocations and frees gives, to the byte, what torch's MemTracker reports for the same step (its peak is
-taken after each operator, as here; tests/test_derived_memory.py holds the two equal). The optimizer's states and step
-are not traced: they are the exact analytic figures (memory/states.py).
+taken after each operator, as here; tests/test_derived_memory.py holds the two equal), once MemTracker's module hooks
+hold no gradient (tracker_hooks.py: as torch ships it, a module of two inputs keeps the first one's gradient until
+the other's is ready). The optimizer's states and step are not traced: they are the exact analytic figures
+(memory/states.py).
 """
 
 from __future__ import annotations
