@@ -177,11 +177,12 @@ def test_two_dimensional_shards_are_fsdp_chunks_of_the_tp_shards(llama):
             assert list(param._local_tensor.shape) == [_chunk_rows(shape[0], dp, rank // tp), *shape[1:]], key
 
 
-def test_moe_experts_shard_under_fsdp_and_refuse_tensor_parallel(mixtral):
+def test_moe_experts_shard_under_fsdp_and_tensor_parallel(mixtral):
+    """FSDP2 alone, and FSDP2 over the packed experts' tensor-parallel shards (moe_parallel.py's style): 2-D."""
     step = trace_parallel_training(mixtral, SETTINGS, dp=4, shard="fsdp")
     assert any("fully_shard on each of the 2 FSDPMixtralDecoderLayer of model.layers" in n for n in step.notes)
-    with pytest.raises(UnsupportedError, match="moe_tp_experts, packed_colwise"):
-        trace_parallel_training(mixtral, SETTINGS, tp=2)
+    step = trace_parallel_training(mixtral, SETTINGS, dp=2, shard="fsdp", tp=2)
+    assert any("mlp.experts moe_tp_experts" in n for n in step.notes), step.notes
 
 
 # --- the measurement ------------------------------------------------------------------------------------------

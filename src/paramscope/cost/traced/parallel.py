@@ -19,8 +19,9 @@ RowwiseParallel with a Replicate input. What the plan leaves out follows Megatro
 vocab-parallel, an output head colwise with its output gathered, norms replicated (SequenceParallel under `sp`).
 A class without a plan (BERT) gets a Megatron-style one from its layers' module names; GPT-2's Conv1D projections
 (q, k and v fused, weights [in, out]) are refused: torch's styles take nn.Linear and nn.Embedding only. Styles of transformers' own
-with no torch counterpart (the MoE experts' packed_colwise, moe_tp_experts) are refused: such a model traces under
-FSDP2 only.
+with no torch counterpart are refused, except the packed MoE experts' group (`X.experts` moe_tp_experts with its
+gate_up_proj packed_colwise and down_proj rowwise), which moe_parallel.py's PackedExpertsParallel applies as Megatron
+cuts each expert; under `sp` the MoE block gathers its input and reduce-scatters the experts' partial sums.
 
 Sequence parallel: transformers builds the causal mask and the rotary tables from the embedding output's length,
 so the embedding's output stays whole (replicated); the residual stream is split on the sequence going into the
@@ -45,6 +46,8 @@ from typing import Any, Iterator
 from ... import progress
 from ...errors import OptionError, UnsupportedError
 from ..dims import dim, text_config
+from .moe_parallel import (EXPERTS_STYLE, PACKED_STYLES, check_packed_experts, packed_experts_style,
+                           sequence_parallel_block)
 from .step import (StepSettings, TracedStep, assumed_values, check_attention, fake_mode, measure_training, running,
                    training_copy)
 
@@ -255,7 +258,8 @@ def tensor_parallel_rules(model: Any) -> tuple[list[Rule], list[str]]:
     rules: dict[str, Rule] = {}
     name = type(model).__name__
     if plan:
-        unmapped = sorted({s for s in plan.values() if s not in TORCH_STYLES + REPLICATED_STYLES})
+        plan = _packed_experts(plan)
+        unmapped = sorted({s for s in plan.values() if s not in TORCH_STYLES + REPLICATED_STYLES + (EXPERTS_STYLE,)})
         if unmapped:
             experts = any("moe" in s or "packed" in s for s in unmapped)
             raise UnsupportedError(f"tensor parallel over {name}: transformers' plan uses {', '.join(unmapped)}, "
@@ -308,6 +312,21 @@ def tensor_parallel_rules(model: Any) -> tuple[list[Rule], list[str]]:
     return list(rules.values()), notes
 
 
+def _packed_experts(plan: dict[str, str]) -> dict[str, str]:
+    """transformers' plan with each packed-experts group folded into its module entry: `X.experts` moe_tp_experts
+    with exactly `X.experts.gate_up_proj` packed_colwise and `X.experts.down_proj` rowwise (parameters, not modules)
+    become the one module rule that PackedExpertsParallel applies; anything else packed stays, to be refused."""
+    out = dict(plan)
+    for pattern, style in plan.items():
+        if style != EXPERTS_STYLE:
+            continue
+        entries = {f"{pattern}.{key}": value for key, value in PACKED_STYLES.items()}
+        if all(plan.get(key) == value for key, value in entries.items()):
+            for key in entries:
+                del out[key]
+    return out
+
+
 def _named(model: Any, getter: str, names: dict[Any, str]) -> str | None:
     try:
         module = getattr(model, getter)()
@@ -326,6 +345,9 @@ def apply_tensor_parallel(model: Any, mesh: Any, tp: int, sp: bool, *, fsdp: boo
     notes += _check_divisible(model, rules, modules, tp)
     notes += _replicate_kv_heads(model, rules, modules, tp)
     ties = _ties(model)
+    for rule in rules:
+        if rule.style == EXPERTS_STYLE:
+            check_packed_experts(modules[rule.module], rule.module, tp)
     plan = {rule.module: _torch_style(rule.style, sp) for rule in rules if rule.style not in REPLICATED_STYLES}
     if sp:
         plan.update(_sequence_parallel_plan(model, rules, modules, tp))
@@ -350,6 +372,12 @@ def apply_tensor_parallel(model: Any, mesh: Any, tp: int, sp: bool, *, fsdp: boo
                      "layer, the residual stream's norms SequenceParallel (pre-norm or post-norm, where the module "
                      "tree puts them), the input of each module holding column-parallel projections gathered "
                      "(attention and MLP), rowwise outputs Shard(1), the head's (and a pooler's) input gathered")
+    if any(rule.style == EXPERTS_STYLE for rule in rules):
+        notes.append("packed MoE experts cut as Megatron cuts each expert (paramscope's PackedExpertsParallel): "
+                     f"gate_up_proj regrouped so each rank holds I/{tp} rows of every expert's gate and the same rows "
+                     "of its up (Shard(1)), down_proj row-wise (Shard(2)), the router replicated, the experts' input "
+                     "gradient all-reduced, their partial sums " + ("reduce-scattered on the sequence at the MoE "
+                                                                    "block's output" if sp else "all-reduced"))
     embeddings = [rule.module for rule in rules if rule.style == "embedding_rowwise"]
     if embeddings and not fsdp:
         weight = modules[embeddings[0]].weight
@@ -417,6 +445,8 @@ def _torch_style(style: str, sp: bool) -> Any:
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1) if sp else Replicate())
     if style == "embedding_rowwise":
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if style == EXPERTS_STYLE:
+        return packed_experts_style(sp)
     raise AssertionError(style)  # tensor_parallel_rules refuses every other style
 
 
@@ -516,7 +546,7 @@ def _sequence_parallel_plan(model: Any, rules: list[Rule], modules: dict[str, An
     layer_names = [f"{list_name}.{i}" for i in range(len(blocks))]
     gathering = {}  # the parents of the column-parallel projections inside a layer: they take the residual in
     for rule in rules:
-        if not rule.style.startswith("colwise"):
+        if not rule.style.startswith("colwise") and rule.style != EXPERTS_STYLE:
             continue
         parent = rule.module.rpartition(".")[0]
         if parent in layer_names:  # a projection straight under the layer: its input is the layer's, already split
@@ -529,8 +559,10 @@ def _sequence_parallel_plan(model: Any, rules: list[Rule], modules: dict[str, An
     calls = _calls(model, [layer_names[0], *gathering, *poolers], modules, tp)
     plan: dict[str, Any] = {}
     plan[layer_names[0]] = _prepare(calls[layer_names[0]], Replicate(), Shard(1))
+    experts_blocks = {rule.module.rpartition(".")[0] for rule in rules if rule.style == EXPERTS_STYLE}
     for block in [*gathering, *poolers]:
-        plan[block] = _prepare(calls[block], Shard(1), Replicate())
+        plan[block] = (sequence_parallel_block(calls[block]) if block in experts_blocks
+                       else _prepare(calls[block], Shard(1), Replicate()))
     for layer in layer_names:
         for child, module in modules[layer].named_modules():
             where = f"{layer}.{child}"

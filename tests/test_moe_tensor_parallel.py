@@ -1,0 +1,79 @@
+"""Tensor parallelism over transformers' packed MoE experts (traced/moe_parallel.py): Megatron's cut of each expert
+(gate and up column-wise on the intermediate dim, down row-wise, partial sums reduced) as a torch ParallelStyle, so
+Mixtral and Qwen3-MoE trace under DTensor tensor parallelism on torch's fake process group, and the analytic rules
+(parallel/rules.py) hold the same shard of every parameter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paramscope.cost.traced.moe_parallel import grouped_gate_up
+
+
+def test_each_rank_holds_its_gate_and_up_rows_and_the_partial_sums_add_up():
+    """Real tensors: rank r's Shard(1) of the regrouped packed weight is its gate rows then the same up rows, so the
+    class's own chunk(2) splits it, and the ranks' partial outputs through their down columns sum to the expert's
+    whole output (what the all-reduce or reduce-scatter completes)."""
+    torch.manual_seed(0)
+    experts, intermediate, hidden, tp = 3, 8, 5, 4
+    gate_up = torch.randn(experts, 2 * intermediate, hidden, dtype=torch.float64)
+    down = torch.randn(experts, hidden, intermediate, dtype=torch.float64)
+    x = torch.randn(7, hidden, dtype=torch.float64)
+    grouped = grouped_gate_up(gate_up, tp)
+    part = intermediate // tp
+    total = torch.zeros(experts, 7, hidden, dtype=torch.float64)
+    for rank in range(tp):
+        local = grouped.chunk(tp, dim=1)[rank]
+        gate, up = local.chunk(2, dim=1)
+        assert torch.equal(gate, gate_up[:, rank * part:(rank + 1) * part])
+        assert torch.equal(up, gate_up[:, intermediate + rank * part:intermediate + (rank + 1) * part])
+        for e in range(experts):
+            g, u = (x @ local[e].T).chunk(2, dim=-1)
+            total[e] += (torch.nn.functional.silu(g) * u) @ down[e].chunk(tp, dim=1)[rank].T
+    for e in range(experts):
+        g, u = (x @ gate_up[e].T).chunk(2, dim=-1)
+        assert torch.allclose(total[e], (torch.nn.functional.silu(g) * u) @ down[e].T)
+
+
+def _config(model_type, arch, **extra):
+    config = dict(model_type=model_type, architectures=[arch], hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                  max_position_embeddings=256, tie_word_embeddings=False)
+    config.update(extra)
+    return config
+
+
+MIXTRAL = _config("mixtral", "MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2)
+QWEN3_MOE = _config("qwen3_moe", "Qwen3MoeForCausalLM", head_dim=16, moe_intermediate_size=32, num_experts=4,
+                    num_experts_per_tok=2)
+
+
+@pytest.mark.parametrize("config, sp", [(MIXTRAL, False), (MIXTRAL, True), (QWEN3_MOE, True)],
+                         ids=["mixtral tp2", "mixtral tp2 sp", "qwen3-moe tp2 sp"])
+def test_traced_shards_equal_the_analytic_placements(config, sp):
+    """Every parameter's local shape on the traced rank (rank 0 of tp 2) equals parallel/rules.py's placement, the
+    packed experts included ([E, 2I/t, h] and [E, h, I/t], the router whole), and one step runs under it."""
+    from paramscope.api import inspect_with_module
+    from paramscope.cost.parallel.estimate import placements_for
+    from paramscope.cost.parallel.layout import layout_for
+    from paramscope.cost.traced.parallel import Layout, parallel_copy
+    from paramscope.cost.traced.step import StepSettings, measure_training
+
+    from paramscope.cost.model_view import from_module
+
+    report, module = inspect_with_module(config)
+    view = from_module(module)
+    placements = {p.name: p for p in placements_for(report, view, layout_for(devices=2, tp=2, sp=sp))}
+    settings = StepSettings(batch=1, seq=32, precision="bf16-mixed", optimizer="adamw")
+    with parallel_copy(module, settings, Layout(tp=2, sp=sp)) as (model, notes, _):
+        local = {name: tuple(getattr(p, "_local_tensor", p).shape) for name, p in model.named_parameters()}
+        step = measure_training(model, settings, fake=False)
+    assert local == {name: p.local_shape for name, p in placements.items()}
+    experts = model.model.layers[0].mlp.experts
+    assert [str(p.placements[0]) for p in (experts.gate_up_proj, experts.down_proj)] == ["S(1)", "S(2)"]
+    assert placements["model.layers.0.mlp.experts.gate_up_proj"].local_shape[1] == \
+        placements["model.layers.0.mlp.experts.gate_up_proj"].shape[1] // 2
+    assert placements["model.layers.0.mlp.gate.weight"].tp == "replicated"
+    assert any("mlp.experts moe_tp_experts" in note for note in notes), notes
+    assert step.resident["parameters"] == sum(p.local_numel for p in placements.values()) * 4
