@@ -105,14 +105,30 @@ def test_a_class_the_analytic_engine_miscounts_is_traced_and_the_term_named(cach
 
 
 def test_a_class_the_trace_cannot_run_is_answered_unchecked_and_says_so(cache):
-    """Whisper's forward takes audio features, not token ids: the trace cannot run it, and the answer says the
-    analytic count is unchecked."""
-    config = json.loads((CONFIGS / "families" / "openai--whisper-small.json").read_text())
+    """ViT's forward takes pixels, not token ids: the trace cannot run it, and the answer says the analytic count is
+    unchecked."""
+    config = json.loads((CONFIGS / "families" / "google--vit-base-patch16-224.json").read_text())
     estimate = estimate_flops(config, FlopOptions(seq=64))
     assert estimate.engine == "analytic" and estimate.check.status == "unchecked"
     assert estimate.notes[-1] == (
-        "unchecked: the trace cannot run WhisperForConditionalGeneration: the traced step feeds token ids; "
-        "WhisperForConditionalGeneration.forward takes no input_ids; so the analytic count is given without a check")
+        "unchecked: the trace cannot run ViTForImageClassification: the traced step feeds token ids; "
+        "ViTForImageClassification.forward takes no input_ids; so the analytic count is given without a check")
+
+
+def test_whisper_is_counted_on_its_audio_by_default(cache):
+    """Whisper has no text-only forward: its encoder always reads a 30 s window. With no input named, the count is
+    the one of 30 s of audio (FlopCounterMode over the real forward), and says so; the analytic count, which would
+    run the encoder over the decoder's length, is not given."""
+    from paramscope.cost.towers import MediaInput
+
+    config = json.loads((CONFIGS / "families" / "openai--whisper-small.json").read_text())
+    config.update(d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                  decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128)
+    default = estimate_flops(config, FlopOptions(seq=16))
+    asked = estimate_flops(config, FlopOptions(seq=16, media=MediaInput(audio_seconds=30.0)))
+    assert default.engine == asked.engine == "traced"
+    assert default.forward == asked.forward
+    assert "Whisper runs on audio and its transcript: 30 s of audio a sequence assumed" in " ".join(default.notes)
 
 
 def test_an_encoder_decoder_is_cut_in_both_stacks():
