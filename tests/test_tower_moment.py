@@ -62,8 +62,9 @@ def _ids(batch: int, seq: int, image: int, tokens: int):
     return ids
 
 
-def _served(config: dict, media: MediaInput, batch: int, text_seq: int):
-    served = estimate_memory(config, MemoryOptions(dtype="bf16", batch=batch, seq=text_seq, media=media), False)
+def _served(module, media: MediaInput, batch: int, text_seq: int):
+    """The serving estimate on the built module (no engine check of the prefill: the tower's moment is asked)."""
+    served = estimate_memory(module, MemoryOptions(dtype="bf16", batch=batch, seq=text_seq, media=media))
     media = served.settings["media"]
     return served, media, media["tower_moment"] - served.weights.bytes - served.weights.buffer_bytes
 
@@ -78,7 +79,7 @@ def test_llava_tower_moment_holds_the_token_ids_and_attention_mask():
     config["text_config"] |= {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
                               "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 640}
     _, module = inspect_with_module(config)
-    served, media, moment = _served(config, MediaInput(images=1), 2, 64)
+    served, media, moment = _served(module, MediaInput(images=1), 2, 64)
     assert (media["text_inputs"], media["text_inputs_given"]) == (2 * 640 * 16, ("input_ids", "attention_mask"))
     assert media["embeddings"] == 2 * 640 * 64 * 2
     assert (media["tower_rest"], media["binds"]) == (0, "vision tower")
@@ -103,7 +104,7 @@ def test_gemma3_tower_moment_holds_its_token_type_ids():
                                 "num_hidden_layers": 1, "num_attention_heads": 2, "vision_use_head": False}
     config["mm_tokens_per_image"] = 16
     _, module = inspect_with_module(config)
-    served, media, moment = _served(config, MediaInput(images=1), 2, 24)
+    served, media, moment = _served(module, MediaInput(images=1), 2, 24)
     given = ("input_ids", "attention_mask", "token_type_ids")
     assert (media["text_inputs"], media["text_inputs_given"]) == (2 * 40 * 24, given)
     assert media["embeddings"] == 2 * 40 * 64 * 2
@@ -128,7 +129,7 @@ def test_qwen2_5_vl_tower_moment_holds_its_rope_positions():
     config["vision_config"] |= {"depth": 2, "fullatt_block_indexes": [1], "hidden_size": 64, "intermediate_size": 128,
                                 "num_heads": 2, "out_hidden_size": 64}
     _, module = inspect_with_module(config)
-    served, media, moment = _served(config, MediaInput(image_tokens=32), 2, 8)
+    served, media, moment = _served(module, MediaInput(image_tokens=32), 2, 8)
     given = ("input_ids", "attention_mask", "position_ids")
     assert (media["text_inputs"], media["text_inputs_given"]) == (2 * 40 * 40, given)
     assert media["embeddings"] == 2 * 40 * 64 * 2
