@@ -202,26 +202,35 @@ def _trace_inference(module: Any, settings: StepSettings, *, fake: bool) -> Trac
                 output = model(**kwargs)
                 end_of_forward = _current(tracker)
                 phases = [_peak(tracker, "prefill")]
-                cache = getattr(output, "past_key_values", None) if generating else None
+                cache = _output_cache(output) if generating else None
+                # transformers ≥ 5.x names the cache `cache` (generate() passes it so); a class that takes only that
+                # name drops a `past_key_values` into its **kwargs and would decode as a fresh one-token prefill
+                cache_name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
                 if cache is not None and settings.decode_steps > 0:
                     _restart_peak(tracker)
                     step_ids = _ids(model, settings.batch, 1)
                     for _ in range(settings.decode_steps):
                         tracker.reset_mod_stats()  # the tracker's per-module stats allow one call per module
-                        step_kwargs = dict(kwargs, past_key_values=cache)
+                        step_kwargs = dict(kwargs, **{cache_name: cache})
                         step_kwargs["decoder_input_ids" if "decoder_input_ids" in kwargs else "input_ids"] = step_ids
                         if "decoder_input_ids" in kwargs:
                             step_kwargs["encoder_outputs"] = (output.encoder_last_hidden_state,)
                             step_kwargs.pop("input_ids")
                         del output
                         output = model(**step_kwargs)
-                        cache = output.past_key_values
+                        cache = _output_cache(output)
                     phases.append(_peak(tracker, "decode"))
                 del output, cache
         if not generating:
             notes.append(f"{type(model).__name__} does not generate: one forward over every token, no KV cache")
     notes.extend(assumed.notes())
     return TracedStep("inference", resident, end_of_forward, tuple(phases), attention_of(model), tuple(notes))
+
+
+def _output_cache(output: Any) -> Any:
+    """The cache a forward returns: `past_key_values`, or `cache` (Mamba's and Jamba's outputs in transformers 5)."""
+    found = getattr(output, "past_key_values", None)
+    return found if found is not None else getattr(output, "cache", None)
 
 
 # --- the model's copy -------------------------------------------------------------------------------------------
