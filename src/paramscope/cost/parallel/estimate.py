@@ -137,6 +137,10 @@ def rules_in_words(placements: tuple[Placement, ...], layout: ParallelLayout) ->
         if p.role in words:
             continue
         rule = tp_rule_words(p.tp, layout.tp) if layout.tp > 1 else "whole (no tensor parallelism)"
+        cuts = {q.tp for q in placements if q.role == p.role}
+        if layout.tp > 1 and p.role == "moe.experts" and cuts == {"column", "row"}:  # packed gate_up and down
+            rule = (f"gate and up column-parallel (intermediate / {layout.tp} of each expert), down row-parallel "
+                    f"(input features / {layout.tp})")
         if p.experts_split:
             rule += f"; experts / ep {layout.ep}"
         words[p.role] = rule
@@ -263,6 +267,7 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     dev = _states(ctx, placements)
     resident = _resident(dev, ctx.buffer_bytes)
     whole = _whole_embedding_gradient(ctx, placements)
+    norms = _sequence_parallel_norm_gradients(ctx)
     step_bytes, step_text = ctx.step
 
     def phases_at(figures: Any) -> tuple[PhaseFigure, ...]:
@@ -273,7 +278,7 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                            f"gradients {dev.gradients:,}; {step_text}", dev.gradients))
         if whole is not None:
             out = tuple(_with_whole_gradient(p, whole) for p in out)
-        return out
+        return tuple(_with_norm_gradients(p, norms) for p in out)
 
     figures = step.recipe.peaks(ctx.batch, ctx.seq)
     phases = phases_at(figures)
@@ -523,6 +528,7 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
         comm.append(_ring_buffer(ctx, ctx.batch, ctx.seq))
 
     whole = _whole_embedding_gradient(ctx, placements)
+    norms = _sequence_parallel_norm_gradients(ctx)
 
     def phases_at(batch: int, length: int) -> tuple[PhaseFigure, ...]:
         act = _local_activations(ctx, shape, batch, length)
@@ -531,7 +537,7 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
                                 step=ctx.step)
         if whole is not None:
             figures = tuple(_with_whole_gradient(p, whole) for p in figures)
-        return tuple(_with_buffers(p, comm) for p in figures)
+        return tuple(_with_buffers(_with_norm_gradients(p, norms), comm) for p in figures)
 
     act = _local_activations(ctx, shape, ctx.batch, ctx.seq)
     parts = []
@@ -575,6 +581,33 @@ def _whole_embedding_gradient(ctx: StepContext, placements: tuple[Placement, ...
                 full *= n
             return full * size, p.local_numel * size
     return None
+
+
+def _sequence_parallel_norm_gradients(ctx: StepContext) -> int:
+    """Bytes the optimizer step makes of the sequence-parallel norms' gradients: torch's SequenceParallel leaves each
+    residual-stream norm's weight gradient Partial over the tp ranks (each rank's from its own tokens), and the
+    step's all-reduce to the Replicate weight makes a new tensor of each (the layers' norms and the final norm, their
+    weights and any biases; read off traces of one rank: 13 norms × h × 4 B on a 6-layer Llama or Mixtral). 0 without sequence parallel or
+    under FSDP2, which reduces the gradients itself."""
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+
+    layout = ctx.layout
+    if not layout.sp or layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1:
+        return 0
+    hidden = _hidden(ctx)
+    return sum(p.numel * itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
+               for p in ctx.report.params
+               if (p.role == "norm.final" or p.role.endswith("norm") and LAYER_PREFIX.match(p.name))
+               and tuple(p.shape) == (hidden,) and p.name in ctx.trainable)
+
+
+def _with_norm_gradients(phase: PhaseFigure, extra: int) -> PhaseFigure:
+    if phase.where != "optimizer step" or not extra:
+        return phase
+    return dataclasses.replace(phase, bytes=phase.bytes + extra, arithmetic=(
+        f"{phase.arithmetic}; the sequence-parallel norms' gradients all-reduced for the step (torch's "
+        f"SequenceParallel leaves them Partial), + {extra:,}"))
 
 
 def _with_whole_gradient(phase: PhaseFigure, whole: tuple[int, int]) -> PhaseFigure:
