@@ -1,9 +1,10 @@
 """GGUF files of MLA, recurrent and hybrid families (issue 29 §1): each written as llama.cpp's convert_hf_to_gguf.py
-writes it (its metadata keys and tensor shapes: MambaModel, Mamba2Model, LFM2Model, DeepseekV2Model), then held
-against the transformers class built from its metadata, tensor by tensor: same parameters, same roles. Roles follow
-the layer kind: llama.cpp names every layer's pre-mixer norm `attn_norm`, which is the SSM's norm in a Mamba layer
-and the mixer's in LFM2. deepseek2 and mamba2, which transformers reads no GGUF of, are built from paramscope's own
-table; the families no class is built for from a GGUF (Jamba, Falcon-H1, ...) are refused in one line.
+writes it (its metadata keys and tensor shapes: MambaModel, Mamba2Model, LFM2Model, DeepseekV2Model, JambaModel,
+LFM2MoeModel), then held against the transformers class built from its metadata, tensor by tensor: same parameters,
+same roles. Roles follow the layer kind: llama.cpp names every layer's pre-mixer norm `attn_norm`, which is the SSM's
+norm in a Mamba layer and the mixer's in LFM2. deepseek2, mamba2, jamba and lfm2moe, which transformers reads no GGUF
+of, are built from paramscope's own table (and `memory --engine llama.cpp` answers on the hybrids); the families no
+class is built for from a GGUF yet (Falcon-H1, ...) are refused in one line.
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ def test_a_hybrid_files_blocks_take_their_own_kinds(tmp_path: Path) -> None:
         "blk.1.attn_norm.weight": "attention.norm"}
 
 
-@pytest.mark.parametrize("arch", ["jamba", "falcon-h1", "granitehybrid", "nemotron_h", "qwen3next", "lfm2moe"])
+@pytest.mark.parametrize("arch", ["falcon-h1", "granitehybrid", "nemotron_h", "qwen3next"])
 def test_families_transformers_builds_no_class_for_are_refused_in_one_line(tmp_path: Path, arch: str,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path / f"{arch}.gguf", arch, {"block_count": 1},
@@ -188,6 +189,135 @@ def test_families_transformers_builds_no_class_for_are_refused_in_one_line(tmp_p
     assert main(["inspect", str(path), "--no-cache"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and why in err and "Traceback" not in err
+
+
+def jamba(layers: int = 4, inner: int = 2 * H, state: int = 16, conv: int = 4, rank: int = 4, experts: int = 4,
+          ff: int = 128) -> tuple[dict, dict]:
+    """JambaModel's metadata (KV heads per layer, 0 on a Mamba layer: attention at 1 and 3; no vocab_size, no expert
+    period; a short training context, which memory's traced prefill check runs at) and tensors: Mamba layers as MambaModel's plus the dt/B/C norms, experts stacked (ffn_*_exps) on layers
+    1 and 3 (Jamba's every other layer), dense FFNs on 0 and 2, an untied head."""
+    kv = {"block_count": layers, "context_length": 32, "embedding_length": H, "feed_forward_length": ff,
+          "attention.head_count": 4, "attention.head_count_kv": [0, 2, 0, 2], "ssm.conv_kernel": conv,
+          "ssm.inner_size": inner, "ssm.state_size": state, "ssm.time_step_rank": rank,
+          "attention.layer_norm_rms_epsilon": 1e-6, "expert_count": experts, "expert_used_count": 2}
+    tensors = {"token_embd.weight": ((VOCAB, H), Q.Q8_0), "output_norm.weight": ((H,), Q.F32),
+               "output.weight": ((VOCAB, H), Q.Q8_0)}
+    for i in range(layers):
+        b = f"blk.{i}."
+        tensors |= {b + "attn_norm.weight": ((H,), Q.F32), b + "ffn_norm.weight": ((H,), Q.F32)}
+        if i % 2:
+            tensors |= {b + "attn_q.weight": ((H, H), Q.Q8_0), b + "attn_k.weight": ((32, H), Q.Q8_0),
+                        b + "attn_v.weight": ((32, H), Q.Q8_0), b + "attn_output.weight": ((H, H), Q.Q8_0)}
+        else:
+            tensors |= {b + "ssm_in.weight": ((2 * inner, H), Q.Q8_0), b + "ssm_conv1d.weight": ((inner, conv), Q.F32),
+                        b + "ssm_conv1d.bias": ((inner,), Q.F32),
+                        b + "ssm_x.weight": ((rank + 2 * state, inner), Q.Q8_0),
+                        b + "ssm_dt.weight": ((inner, rank), Q.F32), b + "ssm_dt.bias": ((inner,), Q.F32),
+                        b + "ssm_a": ((inner, state), Q.F32), b + "ssm_d": ((inner,), Q.F32),
+                        b + "ssm_out.weight": ((H, inner), Q.Q8_0), b + "ssm_dt_norm.weight": ((rank,), Q.F32),
+                        b + "ssm_b_norm.weight": ((state,), Q.F32), b + "ssm_c_norm.weight": ((state,), Q.F32)}
+        if i % 2:
+            tensors |= {b + "ffn_gate_inp.weight": ((experts, H), Q.F32),
+                        b + "ffn_gate_exps.weight": ((experts, ff, H), Q.Q8_0),
+                        b + "ffn_up_exps.weight": ((experts, ff, H), Q.Q8_0),
+                        b + "ffn_down_exps.weight": ((experts, H, ff), Q.Q8_0)}
+        else:
+            tensors |= {b + "ffn_gate.weight": ((ff, H), Q.Q8_0), b + "ffn_up.weight": ((ff, H), Q.Q8_0),
+                        b + "ffn_down.weight": ((H, ff), Q.Q8_0)}
+    return kv, tensors
+
+
+def test_a_jamba_file_builds_its_layer_pattern_and_reconciles(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "jamba.gguf", "jamba", *jamba())
+    built = gguf_config(read_gguf(path))
+    assert built.class_name == "JambaForCausalLM"
+    assert {k: built.config[k] for k in ("attn_layer_period", "attn_layer_offset", "expert_layer_period",
+                                         "expert_layer_offset", "num_key_value_heads", "mamba_expand",
+                                         "mamba_dt_rank", "mamba_conv_bias", "mamba_proj_bias", "vocab_size")} == {
+        "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+        "num_key_value_heads": 2, "mamba_expand": 2, "mamba_dt_rank": 4, "mamba_conv_bias": True,
+        "mamba_proj_bias": False, "vocab_size": VOCAB}
+    rec = reconcile(capsys, path)
+    assert (rec["class"], rec["equal"], rec["differences"]) == ("JambaForCausalLM", True, [])
+    # norms 4 × 128; Mamba layers 2 × (in 16,384 + conv 512 + 128 + x 4,608 + dt 512 + 128 + A 2,048 + D 128
+    # + out 8,192 + dt/B/C norms 36); attention layers 2 × (q, o 2 × 4,096 + k, v 2 × 2,048); dense FFNs
+    # 2 × 3 × 8,192; expert layers 2 × (router 256 + 3 × 4 × 8,192); token_embd, output 2 × 6,656, norm 64
+    params = (4 * 128 + 2 * (16_384 + 512 + 128 + 4_608 + 512 + 128 + 2_048 + 128 + 8_192 + 36)
+              + 2 * (2 * 4_096 + 2 * 2_048) + 2 * 3 * 8_192 + 2 * (256 + 3 * 4 * 8_192) + 2 * VOCAB * H + 64)
+    assert rec["file_parameters"] == rec["class_parameters"] == rec["matched_parameters"] == params == 350_088
+    assert rec["roles"]["ssm.norm"] == {"file": 2 * (64 + 36), "class": 2 * (64 + 36)}
+    assert rec["roles"]["attention.norm"] == {"file": 2 * 64, "class": 2 * 64}
+    assert all(r["file"] == r["class"] for r in rec["roles"].values())
+    assert ways(rec)["fused: gate ‖ up along dim 1 (transformers' gate_up_proj)"] == 2
+
+
+def test_a_jamba_file_whose_attention_layers_follow_no_period_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    kv, tensors = jamba()
+    kv["attention.head_count_kv"] = [2, 2, 0, 2]
+    assert main(["inspect", str(write(tmp_path / "jamba.gguf", "jamba", kv, tensors)), "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "its attention layers [0, 1, 3] follow no period JambaConfig can lay out" in err
+
+
+@pytest.mark.parametrize(("arch", "files", "states", "kv"), [
+    # Jamba: 2 Mamba layers × ((d_conv − 1) × d_inner 3 × 128 + d_state × d_inner 16 × 128) F32; 2 attention layers
+    ("jamba", jamba, 2 * (3 * 128 + 16 * 128) * 4, 2 * 256 * (32 + 32) * 2),
+    # LFM2-MoE: 2 short-convolution layers × n_embd 64 × (L_cache 3 − 1) F32; 1 attention layer
+    ("lfm2moe", lambda: lfm2moe(), 2 * 64 * 2 * 4, 1 * 256 * (32 + 32) * 2),
+])
+def test_memory_under_llama_cpp_answers_on_a_hybrid_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          arch: str, files, states: int, kv: int) -> None:
+    path = write(tmp_path / f"{arch}.gguf", arch, *files())
+    assert main(["memory", str(path), "--engine", "llama.cpp", "-c", "256", "--json", "--no-cache"]) == 0
+    plan = json.loads(capsys.readouterr().out)["memory"]["llama_cpp"]
+    gpu, cpu = plan["devices"]
+    assert (gpu["kv"], gpu["recurrent"]) == (kv, states) == ((65_536, 19_456) if arch == "jamba" else (32_768, 1_024))
+    # every tensor's exact bytes, token_embd (Q8_0: 104 × 64 / 32 blocks of 34 B) on the CPU; LFM2-MoE's head is
+    # tied, and the output layer's device takes its own copy of token_embd
+    copy = 7_072 if arch == "lfm2moe" else 0
+    assert cpu["weights"] == 7_072 and gpu["weights"] + cpu["weights"] == read_gguf(path).nbytes + copy
+
+
+def lfm2moe(layers: int = 3, ff: int = 128, moe: int = 32, experts: int = 4) -> tuple[dict, dict]:
+    """LFM2MoeModel's metadata (LFM2's, plus expert count and width, leading_dense_block_count 1) and tensors:
+    LFM2's, with layers 1 and 2 holding stacked experts (w1, w3, w2 → ffn_gate/up/down_exps), the router and its
+    expert_bias (written as exp_probs_b.bias)."""
+    kv, tensors = lfm2(layers=layers, ff=ff)
+    kv |= {"expert_count": experts, "expert_used_count": 2, "expert_feed_forward_length": moe,
+           "leading_dense_block_count": 1, "expert_gating_func": 2}
+    for i in range(1, layers):
+        b = f"blk.{i}."
+        for name in ("ffn_gate", "ffn_up", "ffn_down"):
+            del tensors[b + name + ".weight"]
+        tensors |= {b + "ffn_gate_inp.weight": ((experts, H), Q.F32), b + "exp_probs_b.bias": ((experts,), Q.F32),
+                    b + "ffn_gate_exps.weight": ((experts, moe, H), Q.Q8_0),
+                    b + "ffn_up_exps.weight": ((experts, moe, H), Q.Q8_0),
+                    b + "ffn_down_exps.weight": ((experts, H, moe), Q.Q8_0)}
+    return kv, tensors
+
+
+def test_an_lfm2moe_file_builds_its_layer_kinds_and_experts_and_reconciles(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "lfm2moe.gguf", "lfm2moe", *lfm2moe())
+    built = gguf_config(read_gguf(path))
+    assert built.class_name == "Lfm2MoeForCausalLM"
+    assert {k: built.config[k] for k in ("layer_types", "num_key_value_heads", "num_dense_layers", "num_experts",
+                                         "moe_intermediate_size", "use_expert_bias")} == {
+        "layer_types": ["conv", "full_attention", "conv"], "num_key_value_heads": 2, "num_dense_layers": 1,
+        "num_experts": 4, "moe_intermediate_size": 32, "use_expert_bias": True}
+    rec = reconcile(capsys, path)
+    assert (rec["class"], rec["equal"]) == ("Lfm2MoeForCausalLM", True), rec["differences"]
+    # LFM2's 126,304 less two dense FFNs (2 × 3 × 8,192), plus two expert layers (router 256 + 3 × 4 × 2,048);
+    # the file's expert_bias (2 × 4) is the class's buffer
+    params = 126_304 - 2 * 3 * 8_192 + 2 * (256 + 3 * 4 * 2_048)
+    assert rec["class_parameters"] == rec["matched_parameters"] == params == 126_816
+    assert rec["file_parameters"] == params + 2 * 4
+    assert [(d["kind"], d["name"], d["explained"]) for d in rec["differences"]] == [
+        ("tied", "lm_head.weight", True), ("file only", "blk.1.exp_probs_b.bias", True),
+        ("file only", "blk.2.exp_probs_b.bias", True)]
+    assert rec["roles"]["mixer.conv"] == {"file": 2 * (192 + 12_288 + 4_096), "class": 2 * (192 + 12_288 + 4_096)}
 
 
 def test_a_predicted_mamba_file_names_its_norm_the_ssms() -> None:

@@ -10,7 +10,7 @@ its tables are, over the metadata our bounded parser read (gguf_read.py), and it
 Where transformers' table leaves out a field llama.cpp's convert_hf_to_gguf.py writes and the class needs for its
 shapes (Qwen2-MoE's expert widths, a Mixtral written as `llama` with experts), a short supplement completes it; each
 supplemented field is named in `notes`, so the output says which figures did not come from transformers' table.
-For deepseek2 (DeepSeek-V2/V3, Kimi-K2) and mamba2, which transformers reads no GGUF of, the whole table is
+For deepseek2 (DeepSeek-V2/V3, Kimi-K2), mamba2, jamba and lfm2moe, which transformers reads no GGUF of, the whole table is
 paramscope's (OWN_MAPPINGS, from the converter's keys), and `notes` says so.
 """
 
@@ -25,7 +25,8 @@ from ..frozen import thaw
 from .gguf_read import GGUFCheckpoint
 
 # load_gguf_checkpoint's renames: llama.cpp's architecture name → transformers' model_type.
-_RENAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2"}
+_RENAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2",
+            "lfm2moe": "lfm2_moe"}
 # After the mapping, transformers builds the text backbone alone for these (the file holds no vision tower).
 _TEXT_ONLY = {"gemma3": "gemma3_text", "gemma4": "gemma4_text"}
 # Fields transformers' GGUF_CONFIG_MAPPING leaves out that llama.cpp writes and the class's shapes need:
@@ -57,6 +58,21 @@ OWN_MAPPINGS: dict[str, dict[str, str]] = {
     "mamba2": {"embedding_length": "hidden_size", "block_count": "num_hidden_layers",
                "ssm.conv_kernel": "conv_kernel", "ssm.state_size": "state_size", "ssm.group_count": "n_groups",
                "attention.layer_norm_rms_epsilon": "layer_norm_epsilon", "vocab_size": "vocab_size"},
+    # JambaModel.set_gguf_parameters: its layer pattern (attention and expert layers) is derived (_jamba_fields)
+    "jamba": {"context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+              "block_count": "num_hidden_layers", "feed_forward_length": "intermediate_size",
+              "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+              "ssm.conv_kernel": "mamba_d_conv", "ssm.state_size": "mamba_d_state",
+              "ssm.time_step_rank": "mamba_dt_rank", "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+              "expert_count": "num_experts", "expert_used_count": "num_experts_per_tok"},
+    # LFM2MoeModel.set_gguf_parameters (LFM2-8B-A1B): LFM2's keys and its experts'; layer kinds derived (_lfm2moe_fields)
+    "lfm2moe": {"context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+                "block_count": "num_hidden_layers", "feed_forward_length": "intermediate_size",
+                "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+                "rope.freq_base": "rope_theta", "attention.layer_norm_rms_epsilon": "norm_eps",
+                "vocab_size": "vocab_size", "shortconv.l_cache": "conv_L_cache", "expert_count": "num_experts",
+                "expert_used_count": "num_experts_per_tok", "expert_feed_forward_length": "moe_intermediate_size",
+                "leading_dense_block_count": "num_dense_layers"},
 }
 # The largest figures a config built here may carry: past them the header is no model (a hostile file).
 MAX_LAYERS = 4096
@@ -212,8 +228,96 @@ def _mamba2_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> str
             "from ssm.inner_size")
 
 
+def _heads_per_layer(config: dict[str, Any], arch: str, path: str) -> list[int]:
+    """The converter's per-layer KV-head counts (0 on a layer with no attention); the class takes the largest."""
+    heads = config.get("num_key_value_heads")
+    counts = list(heads) if isinstance(heads, (list, tuple)) else None
+    layers = config.get("num_hidden_layers")
+    if counts is None or len(counts) != layers or any(type(n) is not int or not 0 <= n <= MAX_WIDTH for n in counts):
+        raise SourceError(f"{path}: cannot build a model from this GGUF: {arch}.attention.head_count_kv = {_q(heads)} "
+                          f"is no list of {_q(layers)} per-layer head counts")
+    config["num_key_value_heads"] = max(counts)
+    return counts
+
+
+def _period(layers: list[int], n: int) -> tuple[int, int] | None:
+    """(period, offset) such that layer i is in `layers` exactly when i % period == offset (as JambaConfig lays its
+    attention and expert layers out), or None when no such pattern holds them."""
+    if not layers:
+        return n + 1, n
+    period = layers[1] - layers[0] if len(layers) > 1 else n
+    offset = layers[0] % period
+    return (period, offset) if [i for i in range(n) if i % period == offset] == layers else None
+
+
+def _blocks_holding(ck: GGUFCheckpoint, suffix: str) -> list[int]:
+    found = set()
+    for t in ck.tensors:
+        head, _, rest = t.name.partition(".")
+        index, _, name = rest.partition(".")
+        if head == "blk" and index.isdigit() and name == suffix:
+            found.add(int(index))
+    return sorted(found)
+
+
+def _jamba_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> str:
+    """Jamba's layer pattern, which JambaModel.set_gguf_parameters writes only as per-layer KV heads (attention
+    layers: heads > 0) and the tensors hold (expert layers: ffn_gate_exps): JambaConfig's attn_layer_period/offset and
+    expert_layer_period/offset, refused when no period fits; mamba_expand = ssm.inner_size / embedding_length (an
+    int in JambaConfig); the conv and in_proj biases as the file holds them."""
+    n = config.get("num_hidden_layers")
+    if type(n) is not int or not 0 < n <= MAX_LAYERS:
+        raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.block_count = {_q(n)} is no "
+                          "layer count")
+    counts = _heads_per_layer(config, arch, ck.path)
+    attention = [i for i, c in enumerate(counts) if c > 0]
+    experts = _blocks_holding(ck, "ffn_gate_exps.weight")
+    for what, layers, fields in (("attention", attention, ("attn_layer_period", "attn_layer_offset")),
+                                 ("expert", experts, ("expert_layer_period", "expert_layer_offset"))):
+        pattern = _period(layers, n)
+        if pattern is None:
+            raise SourceError(f"{ck.path}: cannot build a model from this GGUF: its {what} layers {layers} follow no "
+                              "period JambaConfig can lay out (layer i when i % period == offset)")
+        config[fields[0]], config[fields[1]] = pattern
+    inner, hidden = ck.metadata.get(f"{arch}.ssm.inner_size"), config.get("hidden_size")
+    for field, v in (("ssm.inner_size", inner), ("embedding_length", hidden)):
+        if type(v) is not int or not 0 < v <= MAX_WIDTH:
+            raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.{field} = {_q(v)} is no width")
+    if inner % hidden:
+        raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.ssm.inner_size = {inner:,} is no "
+                          f"whole number of widths ({arch}.embedding_length = {hidden:,}): JambaConfig takes an "
+                          "integer mamba_expand")
+    names = {t.name for t in ck.tensors}
+    mamba = [i for i in range(n) if i not in attention]
+    config.update(mamba_expand=inner // hidden, use_mamba_kernels=False,
+                  mamba_conv_bias=bool(mamba) and f"blk.{mamba[0]}.ssm_conv1d.bias" in names,
+                  mamba_proj_bias=bool(mamba) and f"blk.{mamba[0]}.ssm_in.bias" in names)
+    if not experts:
+        config["num_experts"] = 1  # every layer's FFN dense: JambaConfig's one-expert layers are plain MLPs
+    return (f"config from paramscope's table for {arch} (transformers reads no {arch} GGUF): convert_hf_to_gguf.py's "
+            f"keys; attention layers {attention} (KV heads > 0 in attention.head_count_kv) as attn_layer_period "
+            f"{config['attn_layer_period']}, offset {config['attn_layer_offset']}; expert layers {experts} (the blocks "
+            f"holding ffn_gate_exps) as expert_layer_period {config['expert_layer_period']}, offset "
+            f"{config['expert_layer_offset']}; mamba_expand {inner // hidden} from ssm.inner_size")
+
+
+def _lfm2moe_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> str:
+    """LFM2-MoE's layer kinds from the converter's per-layer KV heads (0 on a short-convolution layer) as
+    Lfm2MoeConfig's layer_types; the router's expert_bias (exp_probs_b) as the file holds it."""
+    counts = _heads_per_layer(config, arch, ck.path)
+    config["layer_types"] = ["full_attention" if c > 0 else "conv" for c in counts]
+    config["use_expert_bias"] = any(t.name.endswith(".exp_probs_b.bias") for t in ck.tensors)
+    if "rope_theta" in config:
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": config.pop("rope_theta")}
+    attention = [i for i, c in enumerate(counts) if c > 0]
+    return (f"config from paramscope's table for {arch} (transformers reads no {arch} GGUF): convert_hf_to_gguf.py's "
+            f"keys; layer_types: full_attention at {attention} (KV heads > 0 in attention.head_count_kv), conv "
+            f"elsewhere; use_expert_bias {config['use_expert_bias']} (exp_probs_b in the file)")
+
+
 # How each architecture of OWN_MAPPINGS derives the fields its keys give no value of directly.
-_DERIVED = {"deepseek2": _mla_fields, "mamba2": _mamba2_fields}
+_DERIVED = {"deepseek2": _mla_fields, "mamba2": _mamba2_fields, "jamba": _jamba_fields,
+            "lfm2moe": _lfm2moe_fields}
 
 
 def _int(value: Any) -> int:

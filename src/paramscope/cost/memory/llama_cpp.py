@@ -289,7 +289,8 @@ def _recurrent(text: Any, model_type: str) -> tuple[int, int, str] | None:
         inner = (config_int(text, "linear_num_value_heads") or 0) * (config_int(text, "linear_value_head_dim") or 0)
         conv, state = config_int(text, "linear_conv_kernel_dim") or 4, config_int(text, "linear_key_head_dim") or 0
         groups, name = config_int(text, "linear_num_key_heads") or 0, "Qwen3-Next's gated delta net"
-    elif model_type == "lfm2":  # short convolution: n_embd × (L_cache − 1) conv values, no SSM state
+    elif model_type in ("lfm2", "lfm2_moe"):  # short convolution: n_embd × (L_cache − 1) conv values, no SSM
+        # state (llama-hparams.cpp sizes it from shortconv.l_cache alone, LFM2-MoE's layers as LFM2's)
         return hidden * ((config_int(text, "conv_L_cache") or 3) - 1), 0, "LFM2's short convolution"
     elif model_type in ("granitemoehybrid", "bamba"):
         # convert_hf_to_gguf.py's GraniteHybridModel (GraniteMoeHybridForCausalLM and BambaForCausalLM, llama.cpp's
