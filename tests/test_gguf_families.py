@@ -339,6 +339,31 @@ def test_a_predicted_mamba_file_names_its_norm_the_ssms() -> None:
     assert predicted.by_role()["ssm.norm"]["elements"] == 2 * H
 
 
+def test_a_mixture_whose_type_has_no_fallback_stops_as_llama_quantize_does() -> None:
+    """Mamba's ssm_dt rows are the dt rank (4 here, 48 in mamba-130m): no Q8_0 block of 32 fits. llama-quantize's
+    tensor_type_fallback (src/llama-quant.cpp at 007dbbf3fd17) falls back only from the K and IQ types and throws for
+    Q8_0, writing no file: refused in one line naming the tensor; Q4_K_M takes Q4_K → Q5_0 → F16 for it."""
+    import torch
+    import transformers
+
+    from paramscope.api import inspect_module
+    from paramscope.cost.memory.llama_cpp_mixture import predict_gguf
+    from paramscope.errors import UnsupportedError
+
+    config = transformers.MambaConfig(hidden_size=H, num_hidden_layers=2, state_size=16, vocab_size=VOCAB,
+                                      intermediate_size=2 * H, time_step_rank=4)
+    with torch.device("meta"):
+        params = inspect_module(transformers.AutoModelForCausalLM.from_config(config)).params
+    with pytest.raises(UnsupportedError) as caught:
+        predict_gguf(params, config.to_dict(), "Q8_0", n_layers=2)
+    assert str(caught.value).count("\n") == 0 and str(caught.value).startswith(
+        "llama-quantize Q8_0 writes no file for this model: blk.0.ssm_dt.weight's rows of 4 values are no whole "
+        "number of Q8_0 blocks of 32") and 'throws "no tensor type fallback is defined for type q8_0"' in str(caught.value)
+    dt = next(t for t in predict_gguf(params, config.to_dict(), "Q4_K_M", n_layers=2).tensors
+              if t.name == "blk.0.ssm_dt.weight")
+    assert (dt.ggml_type, dt.nbytes) == ("F16", 128 * 4 * 2)
+
+
 def deepseek2(v3: bool = True, layers: int = 2, heads: int = 4, rank: int = 32, rope: int = 8, nope: int = 16,
               v: int = 16, q_rank: int = 64, experts: int = 4, moe: int = 32) -> tuple[dict, dict]:
     """DeepseekV2Model's metadata and tensors. V3 (today's converter): MLA as MQA (one KV head, key_length the

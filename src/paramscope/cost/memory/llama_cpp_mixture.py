@@ -512,14 +512,21 @@ def _choose(qs: _State, m: _Model, ftype: str, default: str, t: GGUFName, cat: s
     return new, why
 
 
-def _fallback(kind: str, nx: int) -> tuple[str, str]:
-    """tensor_type_fallback: (type, words) for rows of `nx` values."""
+def _fallback(kind: str, nx: int, name: str, ftype: str) -> tuple[str, str]:
+    """tensor_type_fallback: (type, words) for `name`'s rows of `nx` values. Only the K and IQ types (blocks of 256)
+    have a fallback; for any other (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL: blocks of 32) llama-quantize throws "no
+    tensor type fallback is defined for type ..." and writes no file, so the prediction is refused with the tensor
+    and a mixture that does fall back."""
     per_block = GGUF_TYPES[kind][0]
     if nx % per_block == 0:
         return kind, ""
-    if kind not in _FALLBACK:  # llama-quantize stops here too ("no tensor type fallback is defined")
-        raise UnsupportedError(f"rows of {nx:,} values are no whole number of {kind.upper()} blocks of {per_block}, "
-                               "and llama.cpp defines no fallback for that type")
+    if kind not in _FALLBACK:
+        raise UnsupportedError(
+            f"llama-quantize {ftype} writes no file for this model: {name}'s rows of {nx:,} values are no whole "
+            f"number of {kind.upper()} blocks of {per_block}, and its tensor_type_fallback (src/llama-quant.cpp at "
+            f"{LLAMA_CPP_COMMIT[:12]}) throws \"no tensor type fallback is defined for type {kind}\"; a K mixture "
+            "(--dtype q4_k_m, q5_k_m, q6_k, ...) falls back per tensor, and convert_hf_to_gguf.py --outtype q8_0 "
+            "writes such a tensor F16")
     back = _FALLBACK[kind]
     if nx % GGUF_TYPES[back][0]:
         return "f16", f"; rows of {nx:,} fit no {kind.upper()} or {back.upper()} block: F16"
@@ -570,7 +577,7 @@ def predict_gguf(params: Iterable[Any], config: dict[str, Any], mixture: str, *,
             why = "kept as converted: " + ("F32 (1-D, norm, bias or router)" if kind == "f32" else "F16")
         else:
             kind, why = _choose(qs, model, ftype, default, t, _category(t.name))
-            kind, more = _fallback(kind, t.shape[-1])
+            kind, more = _fallback(kind, t.shape[-1], t.name, ftype)
             why += more
         predicted.append(PredictedTensor(t.name, kind.upper(), t.shape, t.elements, type_bytes(kind, t.elements),
                                          t.role, t.sources, why))
