@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import pytest
 
 from paramscope.cli import main
-from paramscope.cost.memory.vllm import (NON_TORCH_ALLOWANCE, _activation, _encoder_shape, _worker_group_size,
-                                          vllm_blocks, vllm_grouping, vllm_layer_kinds, vllm_pages, vllm_pp_partition)
+from paramscope.cost.memory.vllm import (CUDA_GRAPH_ALLOWANCE, NON_TORCH_ALLOWANCE, _activation, _encoder_shape,
+                                          _worker_group_size, vllm_blocks, vllm_grouping, vllm_layer_kinds, vllm_pages,
+                                          vllm_pp_partition)
 
 GiB = 2**30
 
@@ -34,8 +35,10 @@ def test_llama_3_8b_bf16_on_an_h100(capsys):
     assert (v["max_num_batched_tokens"], v["max_num_seqs"]) == (8192, 1024)
     assert v["activation"]["bytes"] == 8192 * 4096 * 2 + 1024 * 128_256 * (2 + 12) == 1_905_786_880
     assert v["activation"]["estimate"] and v["non_torch"]["bytes"] == NON_TORCH_ALLOWANCE
-    available = int(80 * GiB * 0.9 - (16_060_523_008 + 1_905_786_880 + NON_TORCH_ALLOWANCE))
-    assert v["available_bytes"] == available == 59_074_665_984
+    # vLLM (v0.21.0 on) subtracts its CUDA-graph estimate from the budget too: an allowance here
+    assert v["cuda_graphs"]["bytes"] == CUDA_GRAPH_ALLOWANCE == 512 * 2**20
+    available = int(80 * GiB * 0.9 - (16_060_523_008 + 1_905_786_880 + NON_TORCH_ALLOWANCE) - CUDA_GRAPH_ALLOWANCE)
+    assert v["available_bytes"] == available == 58_537_795_072
     # one block over all layers: 32 layers × 2 (K and V) × 8 KV heads × 128 × 2 B × 16 tokens
     assert v["page_bytes"] == 2 * 8 * 128 * 2 * 16 == 65_536
     assert v["bytes_per_block"] == 32 * 2 * 8 * 128 * 2 * 16 == 2_097_152
@@ -43,24 +46,31 @@ def test_llama_3_8b_bf16_on_an_h100(capsys):
                             "bytes_per_token": 4096, "arithmetic": "2 × 8 kv heads × 128 × 2 B",
                             "page_bytes": 65_536, "window": None, "blocks_per_request": 512,
                             "blocks_arithmetic": "cdiv(8,192, 16) = 512", "encoder_tokens": None}]
-    assert v["blocks"] == available // 2_097_152 == 28_168
+    assert v["blocks"] == available // 2_097_152 == 27_912
     assert v["blocks_per_request"] == 8192 // 16 == 512
-    assert v["max_concurrency"] == 28_168 / 512 == 55.015625
-    assert v["kv_tokens"] == 28_168 * 16 == 450_688
+    assert v["max_concurrency"] == 27_912 / 512 == 54.515625
+    assert v["kv_tokens"] == 27_912 * 16 == 446_592
     assert v["largest_max_model_len"] == 8192 and v["fits"] and v["why"] is None
     assert v["command"] == ("vllm serve meta-llama/Meta-Llama-3-8B --gpu-memory-utilization 0.9 "
                             "--max-model-len 8192")
     assert v["headroom_bytes"] == 80 * GiB - 77_309_411_328
+    assert v["headroom_needs_bytes"] == GiB  # the CUDA context (--reserve): the graphs are inside the budget now
+    assert v["follows"].startswith("vLLM v0.27.1's defaults")
 
 
 def test_text_states_the_figures_and_the_estimates(capsys):
     assert main(["memory", "llama-3-8b", "--engine", "vllm", "--gpu", "h100", "--max-model-len", "8192",
                  "--width", "120"]) == 0
     out = capsys.readouterr().out
-    assert "KV blocks: 59,074,665,984 // 2,097,152 = 28,168" in out
-    assert "Maximum concurrency for 8,192 tokens per request: 55.02x" in out
+    # vLLM's default utilization 0.92: int(80 GiB × 0.92) − weights, activation, non-torch and CUDA graphs
+    assert int(80 * GiB * 0.92 - (16_060_523_008 + 1_905_786_880 + NON_TORCH_ALLOWANCE)
+               - CUDA_GRAPH_ALLOWANCE) == 60_255_781_990
+    assert "KV blocks: 60,255,781,990 // 2,097,152 = 28,732" in out
+    assert "Maximum concurrency for 8,192 tokens per request: 56.12x" in out
     assert "estimate: vLLM measures torch's peak allocation over its profile run" in out
-    assert "vllm serve meta-llama/Meta-Llama-3-8B --gpu-memory-utilization 0.9 --max-model-len 8192" in out
+    assert "not reproducible from the config, so an allowance" in out
+    assert "follows: vLLM v0.27.1's defaults" in out
+    assert "vllm serve meta-llama/Meta-Llama-3-8B --gpu-memory-utilization 0.92 --max-model-len 8192" in out
 
 
 def test_gemma_2_sliding_and_full_layers_in_vllm_groups(capsys):
@@ -138,8 +148,8 @@ def test_deepseek_v3_mla_on_tp_8(capsys):
     assert v["page_bytes"] == 16 * (512 + 64) * 2 == 18_432
     assert v["bytes_per_block"] == 61 * 18_432 == 1_124_352
     assert v["tp"] == 8 and v["fits"]
-    assert v["available_bytes"] == int(141 * GiB * 0.9 - (v["weights_bytes"] + v["activation"]["bytes"]
-                                                          + NON_TORCH_ALLOWANCE))
+    assert v["available_bytes"] == int(141 * GiB * 0.92 - (v["weights_bytes"] + v["activation"]["bytes"]
+                                                           + NON_TORCH_ALLOWANCE) - CUDA_GRAPH_ALLOWANCE)
     assert v["blocks"] == v["available_bytes"] // 1_124_352
     assert v["blocks_per_request"] == 512 and v["max_concurrency"] == v["blocks"] / 512
     assert "--tensor-parallel-size 8" in v["command"]
@@ -149,7 +159,7 @@ def test_deepseek_v3_on_8_h100s_does_not_fit_and_says_the_smallest_tp(capsys):
     v = _vllm(capsys, "deepseek-v3", "--gpu", "h100", "--tp", "8", "--max-model-len", "8192")
     assert not v["fits"] and v["available_bytes"] < 0 and v["blocks"] == 0
     assert v["why"].startswith("no memory for the KV cache: the non-KV reserve")
-    assert v["weights_bytes"] > int(80 * GiB * 0.9)  # the fp8 shards alone exceed the budget
+    assert v["weights_bytes"] > int(80 * GiB * 0.92)  # the fp8 shards alone exceed the budget
     assert v["smallest_tp"] == 16 and v["tried"][-1]["fits"]
     assert "--tensor-parallel-size 16" in v["command"]
     assert v["command_changes"] == "--tensor-parallel-size 8 → 16 (at --max-model-len 8,192)"
@@ -208,14 +218,15 @@ def test_llama_3_70b_on_h100s_at_tp_4_pp_2(capsys):
     per_block = 16 * 2 * (8 // 4) * 128 * 2 * 40  # a worker's 40 layers, 2 KV heads a rank
     for stage in (first, last):
         assert stage["available_bytes"] == int(80 * GiB * 0.9 - stage["weights_bytes"]
-                                               - stage["activation"]["bytes"] - NON_TORCH_ALLOWANCE)
+                                               - stage["activation"]["bytes"] - NON_TORCH_ALLOWANCE
+                                               - CUDA_GRAPH_ALLOWANCE)
         assert stage["pool_layers"] == 40 and stage["bytes_per_block"] == per_block == 655_360
         assert stage["blocks"] == stage["available_bytes"] // per_block
-    assert (first["blocks"], last["blocks"]) == (89_692, 87_219)
-    assert v["blocks"] == 87_219 and v["limiting_stage"] == 1 and v["pp"] == 2
-    assert v["available_bytes"] == last["available_bytes"] == 57_160_220_160
-    assert v["blocks_per_request"] == 512 and v["max_concurrency"] == 87_219 / 512 == 170.349609375
-    assert v["kv_tokens"] == 87_219 * 16 and v["largest_max_model_len"] == 8192 and v["fits"]
+    assert (first["blocks"], last["blocks"]) == (88_873, 86_400)
+    assert v["blocks"] == 86_400 and v["limiting_stage"] == 1 and v["pp"] == 2
+    assert v["available_bytes"] == last["available_bytes"] == 56_623_349_248
+    assert v["blocks_per_request"] == 512 and v["max_concurrency"] == 86_400 / 512 == 168.75
+    assert v["kv_tokens"] == 86_400 * 16 and v["largest_max_model_len"] == 8192 and v["fits"]
     assert v["command"] == ("vllm serve meta-llama/Meta-Llama-3-70B --tensor-parallel-size 4 "
                             "--pipeline-parallel-size 2 --gpu-memory-utilization 0.9 --max-model-len 8192")
 

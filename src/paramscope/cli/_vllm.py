@@ -23,7 +23,7 @@ def add_vllm_options(parser: argparse.ArgumentParser) -> None:
                             "budgets, KV blocks and tokens, the maximum concurrency at --max-model-len, the largest "
                             "--max-model-len that fits, and the `vllm serve` flags that fit")
     group.add_argument("--gpu-memory-utilization", type=float, metavar="U",
-                       help="the fraction of the GPU vLLM may use (default 0.9)")
+                       help="the fraction of the GPU vLLM may use (default 0.92, vLLM v0.27.1's)")
     group.add_argument("--max-model-len", type=int, metavar="N",
                        help="context length vLLM reserves for (default: the model's max_position_embeddings)")
     group.add_argument("--max-num-seqs", type=int, metavar="S",
@@ -46,7 +46,7 @@ def run_vllm(args: argparse.Namespace) -> int:
     from ..cost.hardware import Accelerator, find_accelerator
     from ..cost.memory.serving import MemoryOptions
     from ..cost.memory.serving_answer import memory_answer
-    from ..cost.memory.vllm import VllmOptions, vllm_preflight
+    from ..cost.memory.vllm import DEFAULT_UTILIZATION, VllmOptions, vllm_preflight
     from ..errors import OptionError
     from ..sources import resolve
 
@@ -70,7 +70,8 @@ def run_vllm(args: argparse.Namespace) -> int:
                           "multiplies")
     width = None if args.json else checked_width(args)
     options = VllmOptions(
-        gpu_memory_utilization=0.9 if args.gpu_memory_utilization is None else args.gpu_memory_utilization,
+        gpu_memory_utilization=(DEFAULT_UTILIZATION if args.gpu_memory_utilization is None else
+                                args.gpu_memory_utilization),
         max_model_len=args.max_model_len, block_size=16 if args.block_size is None else args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         pp_layer_partition=partition)

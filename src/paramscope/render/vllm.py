@@ -48,6 +48,7 @@ def vllm_parts(report: Any, p: Any) -> list:
     for part in (p.activation, p.non_torch, p.cuda_graphs):
         lines.append(indented(f"estimate: {part.source}"))
     lines.append(indented(f"total: {p.total_from}"))
+    lines.append(indented(f"follows: {p.follows}"))
     lines.append(indented("convention: vLLM's V1 engine as read in its source (gpu_worker.determine_available_memory, "
                           "mem_utils.memory_profiling, kv_cache_utils, kv_cache_interface); the KV bytes per token "
                           "and layer are paramscope's KV engine's (memory/kv.py), paged in blocks"))
@@ -69,9 +70,9 @@ def _budget_table(p: Any) -> Table:
     _row(table, "− weights", p.weights, p.weights_from)
     _row(table, "− activation peak", p.activation.bytes, f"estimate: {p.activation.arithmetic}")
     _row(table, "− non-torch", p.non_torch.bytes, f"estimate: {p.non_torch.arithmetic}")
+    _row(table, "− CUDA graphs", p.cuda_graphs.bytes, f"estimate: {p.cuda_graphs.arithmetic}")
     _row(table, "= KV cache available", p.available, "vLLM's \"Available KV cache memory\"")
-    _row(table, "headroom (1 − u)", p.headroom, f"CUDA context and graphs: needs about {p.headroom_needs:,} B "
-         f"(--reserve + the graphs' estimate {p.cuda_graphs.bytes:,} B, not subtracted by vLLM)")
+    _row(table, "headroom (1 − u)", p.headroom, f"CUDA context: needs about {p.headroom_needs:,} B (--reserve)")
     return table
 
 
@@ -161,7 +162,7 @@ def vllm_to_dict(p: Any) -> dict[str, Any]:
         "tried": [{"tp": t.tp, "weights_bytes": t.weights, "available_bytes": t.available, "fits": t.fits,
                    "why": t.why or None} for t in p.tried],
         "command": p.command or None, "command_changes": p.command_changes or None, "notes": list(p.notes),
-        "pp": p.pp, "limiting_stage": p.limiting_stage,
+        "pp": p.pp, "limiting_stage": p.limiting_stage, "follows": p.follows,
         "stages": [{"rank": st.rank, "first_layer": st.first_layer, "last_layer": st.last_layer, "layers": st.layers,
                     "weights_bytes": st.weights, "activation": estimate(st.activation),
                     "available_bytes": st.available, "pool_layers": st.pool_layers,

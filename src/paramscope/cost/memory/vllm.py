@@ -49,9 +49,15 @@ it) give a layer a window only where the config's `layer_types` says "sliding_at
 
 The non-KV reserve beyond the weights is measured by vLLM on the GPU; here each part is an estimate, named with its
 source: the profile run's activation peak (a dummy forward of max_num_batched_tokens tokens, then the sampler over
-max_num_seqs requests), the non-torch memory (an allowance), and the CUDA graphs, which vLLM (at the commit read)
-captures after the KV cache is allocated: they are not subtracted from the budget but must fit in the headroom
-total × (1 − utilization) with the CUDA context.
+max_num_seqs requests), the non-torch memory (an allowance), and the CUDA graphs. Since v0.21.0 vLLM subtracts a
+CUDA-graph estimate from the KV budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default):
+
+    available = int(requested − non-KV − cudagraph estimate)          (gpu_worker.determine_available_memory)
+
+and the estimate is a measurement, not a formula of the config: GPUModelRunner.profile_cudagraph_memory captures
+graphs against a minimal KV cache and reads torch.cuda.mem_get_info around the captures (the first two per mode,
+the second's delta extrapolated to the rest). Here it is an allowance, named as not modelled. The defaults are
+vLLM's as people run it today (VLLM_DEFAULTS_FROM).
 """
 
 from __future__ import annotations
@@ -64,15 +70,22 @@ from ...errors import OptionError, UnsupportedError
 from ..hardware import GiB
 
 MiB = 2**20
-DEFAULT_UTILIZATION = 0.9
+# the vLLM release whose defaults the pre-flight follows (named in the output and docs/commands.md); the budget
+# arithmetic is the source read at the commits docs/commands.md names
+VLLM_DEFAULTS_FROM = ("vLLM v0.27.1's defaults: --gpu-memory-utilization 0.92 (CacheConfig, as vLLM's serve "
+                      "reference gives it; 0.9 in earlier releases), the CUDA graphs' memory subtracted from the KV "
+                      "budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, \"default since v0.21.0\" as v0.27.1 logs "
+                      "it); the budget arithmetic as read at vllm-project/vllm 35d5cda1")
+DEFAULT_UTILIZATION = 0.92
 DEFAULT_BLOCK_SIZE = 16
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vLLM's CacheConfig.block_size choices (CUDA)
 # memory outside torch's allocator that grows between vLLM's first snapshot (taken after NCCL's initialisation) and
 # the end of the profile run: CUDA kernels' modules loaded on first use, library handles. An allowance, not a
 # measurement: vLLM logs its own as "non-torch forward increase memory".
 NON_TORCH_ALLOWANCE = 256 * MiB
-# the CUDA graphs' memory pool and kernel parameters, captured after the KV cache is allocated; vLLM logs it as
-# "Graph capturing finished in … secs, took … GiB". An allowance, not a measurement.
+# the CUDA graphs' memory: vLLM (v0.21.0 on) measures it by a dry capture before sizing the KV cache and subtracts
+# it, logging "Estimated CUDA graph memory: … GiB total". Its figure depends on the kernels a capture allocates on
+# the GPU, not on the config alone, so here it is an allowance, not a model of vLLM's measurement.
 CUDA_GRAPH_ALLOWANCE = 512 * MiB
 # vLLM's `vllm serve` defaults (EngineArgs.get_batch_defaults, OPENAI_API_SERVER): a GPU of 70 GiB or more that is
 # not an A100 gets the larger batch; its threshold compares the memory CUDA reports
@@ -152,7 +165,7 @@ class VllmStage:
     layers: int  # vLLM's partition (get_pp_indices, or VLLM_PP_LAYER_PARTITION)
     weights: int  # its layers' shards, the embeddings on stage 0, the norm and head on the last
     activation: Estimate  # its profile run's peak (the sampler on the last stage only; intermediate tensors after 0)
-    available: int  # int(total × utilization − its non-KV)
+    available: int  # int(total × utilization − its non-KV − the CUDA graphs)
     pool_layers: int  # layers a KV pool serves on this worker: its largest share of one KV cache group
     bytes_per_block: int  # page × pool_layers
     blocks: int  # what its own memory holds (vLLM then gives every worker the smallest)
@@ -184,8 +197,8 @@ class VllmPreflight:
     activation: Estimate
     non_torch: Estimate
     cuda_graphs: Estimate
-    non_kv: int  # weights + activation + non-torch (what vLLM subtracts)
-    available: int  # int(total × utilization − non-KV): vLLM's "Available KV cache memory"
+    non_kv: int  # weights + activation + non-torch: vLLM's non_kv_cache_memory (the CUDA graphs are subtracted apart)
+    available: int  # int(total × utilization − non-KV − CUDA graphs): vLLM's "Available KV cache memory"
     block_size: int
     kv_dtype: str
     groups: tuple[KVGroup, ...]
@@ -205,8 +218,8 @@ class VllmPreflight:
     model_max_len: int
     fits: bool
     why: str  # why it does not fit ("" when it does)
-    headroom: int  # total − requested: what the CUDA context and graphs take from
-    headroom_needs: int  # the reserve (CUDA context) + the CUDA graphs' allowance
+    headroom: int  # total − requested: what the CUDA context takes from
+    headroom_needs: int  # the reserve (CUDA context); the CUDA graphs come out of the budget (v0.21.0 on)
     smallest_tp: int | None  # where it does not fit at --tp: the smallest degree that fits at this length
     tried: tuple[TensorParallelTry, ...]
     command: str  # `vllm serve …` that fits (or the asked one, when it fits)
@@ -215,6 +228,7 @@ class VllmPreflight:
     pp: int = 1
     stages: tuple[VllmStage, ...] = ()  # each pipeline stage's worker (under --pp; empty without)
     limiting_stage: int = 0  # the stage with the fewest blocks, whose budget the figures above are
+    follows: str = VLLM_DEFAULTS_FROM  # the vLLM release whose defaults and budget rule these figures follow
 
 
 def serve_defaults(total: int, gpu_name: str) -> tuple[int, int, str]:
@@ -329,6 +343,14 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
         "vLLM measures the growth of memory outside torch's allocator from its first snapshot (after NCCL's "
         "initialisation) to the profile run's end: kernels' modules, library handles "
         "(utils/mem_utils.memory_profiling, non_torch_increase)")
+    graphs = Estimate(
+        CUDA_GRAPH_ALLOWANCE, f"{CUDA_GRAPH_ALLOWANCE:,} B (an allowance: vLLM's figure is not modelled)",
+        "vLLM subtracts a CUDA-graph estimate from the KV budget (gpu_worker.determine_available_memory, "
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default since v0.21.0) that it measures by capturing graphs "
+        "against a minimal KV cache (GPUModelRunner.profile_cudagraph_memory: torch.cuda.mem_get_info around the "
+        "captures, the second capture's delta extrapolated to the rest); not reproducible from the config, so an "
+        "allowance; vLLM logs its own as \"Estimated CUDA graph memory: … GiB total\" (0 with --enforce-eager or "
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)")
     requested = int(total * options.gpu_memory_utilization)
     group_size, kinds = vllm_grouping(groups_kinds)
     groups = tuple(_group(kind, window, layers, count, per_layer, arithmetic, page, block, length, mamba,
@@ -350,7 +372,8 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
         for r, (weights, n) in enumerate(zip(weights_at(t), split)):
             activation = _activation(text, compute_dtype, batched, seqs, t, first=r == 0, last=r == len(split) - 1,
                                      encoder=encoder)
-            available = int(total * options.gpu_memory_utilization - weights - activation.bytes - non_torch.bytes)
+            available = int(total * options.gpu_memory_utilization - weights - activation.bytes - non_torch.bytes
+                            - graphs.bytes)
             per_block = t_page * stage_pools[r]
             blocks = max(available // per_block, 0) if per_block else 0
             largest = _largest_length(lambda m: request_blocks(m) * per_block <= available, search_to) \
@@ -376,9 +399,10 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
     short = next((st for st in stages if not st.fits), limiting)
     if short.available <= 0:
         at = "" if pp == 1 else f"stage {short.rank} (layers {short.first_layer}–{short.last_layer}): "
-        short_non_kv = short.weights + short.activation.bytes + non_torch.bytes
-        why = (f"{at}no memory for the KV cache: the non-KV reserve {short_non_kv:,} B exceeds total × utilization "
-               f"{requested:,} B by {-short.available:,} B (vLLM: \"No available memory for the cache blocks\")")
+        short_non_kv = short.weights + short.activation.bytes + non_torch.bytes + graphs.bytes
+        why = (f"{at}no memory for the KV cache: the non-KV reserve with the CUDA graphs, {short_non_kv:,} B, exceeds "
+               f"total × utilization {requested:,} B by {-short.available:,} B (vLLM: \"No available memory for the "
+               "cache blocks\")")
     elif not fits:
         at = "" if pp == 1 else f"stage {short.rank} (layers {short.first_layer}–{short.last_layer}): "
         why = (f"{at}one sequence of {length:,} tokens needs {per_request:,} blocks × {short.bytes_per_block:,} B = "
@@ -393,15 +417,13 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
                      + "; ".join(f"stage {st.rank} leaves {st.available - blocks * st.bytes_per_block:,} B unused"
                                  for st in stages if st.rank != limiting.rank))
     headroom = total - requested
-    graphs = Estimate(CUDA_GRAPH_ALLOWANCE, f"{CUDA_GRAPH_ALLOWANCE:,} B (an allowance)",
-                      "vLLM captures CUDA graphs after allocating the KV cache (gpu_worker.compile_or_warm_up_model), "
-                      "so it does not subtract them; they come from the headroom total × (1 − utilization), with "
-                      "the CUDA context")
-    needs = reserve + graphs.bytes
+    # the CUDA graphs are inside the budget now (subtracted above); the headroom holds the CUDA context, which
+    # vLLM's first snapshot already finds outside torch
+    needs = reserve
     if headroom < needs:
         notes.append(f"the headroom total × (1 − {options.gpu_memory_utilization:g}) = {headroom:,} B is less than "
-                     f"the CUDA context (--reserve {reserve:,} B) and the CUDA graphs' allowance ({graphs.bytes:,} "
-                     "B): capture may run out of memory (lower --gpu-memory-utilization, or --enforce-eager)")
+                     f"the CUDA context (--reserve {reserve:,} B): vLLM refuses to start when the free memory at "
+                     "start-up is under total × utilization (lower --gpu-memory-utilization)")
     smallest, tried = None, ()
     if not fits:
 
