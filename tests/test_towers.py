@@ -427,7 +427,7 @@ def test_memory_cli_takes_images_for_serving_and_refuses_what_it_does_not_count(
     assert memory["peak"]["bytes"] == max(media["tower_moment"], media["prefill_moment"])
     assert [part[0] for part in media["parts"]] == ["vision tower", "projector"]
     assert main(["memory", str(path), "--images", "1", "--trace"]) == 2
-    assert "an image input's serving memory is counted on one device, without --trace" in capsys.readouterr().err
+    assert "an image or audio input's serving memory is counted on one device, without --trace" in capsys.readouterr().err
     assert main(["memory", str(path), "--image-tokens", "100"]) == 2
     assert "--image-tokens 100 is not a whole number of images" in capsys.readouterr().err
 

@@ -61,7 +61,7 @@ class MemoryOptions:
         if self.media is not None:
             self.media.check()
             if self.trace or self.tp * self.pp > 1:
-                raise OptionError("an image input's serving memory is counted on one device, without {0}, here",
+                raise OptionError("an image or audio input's serving memory is counted on one device, without {0}, here",
                                   "trace" if self.trace else "tp" if self.tp > 1 else "pp")
         if self.imatrix and (self.dtype is None or weight_format(self.dtype).mixture is None):
             raise OptionError("{0} is for a llama.cpp mixture given with {1} (q4_k_m, iq4_xs, q4_0, ...)", "imatrix",

@@ -95,7 +95,7 @@ class TrainingOptions:
             refused = "trace" if self.trace else "grad_checkpointing" if self.grad_checkpointing != "none" else \
                 "devices" if self.layout is not None or self.devices != 1 else None
             if refused:
-                raise OptionError("an image input's training memory is counted on one device, without {0}, here",
+                raise OptionError("an image or audio input's training memory is counted on one device, without {0}, here",
                                   refused)
         if self.layout is not None:
             self.layout.check()
