@@ -21,7 +21,9 @@ from .recipe import DerivedRecipe, recipe_from_json, recipe_to_json
 # extended the cut's trainable layers over them: never read again)
 # 3: a fake wait_tensor's output is the tensor it waited on (v2 counted a tensor-parallel all-reduce's output twice);
 # recipes carry their sequence unit (sequence parallel: sizes in S / tp)
-FORMAT = 3
+# 4: a composite model is built wholly in the asked dtype (v3 recipes of Qwen2.5-VL and other composite classes were
+# traced with the language model in its sub-config's dtype: bf16 weights under bf16-mixed, so no autocast copies)
+FORMAT = 4
 
 
 def recipe_key(class_name: str, config: Any, settings: Any, batch: int, seq_range: tuple[int, int],
