@@ -196,7 +196,7 @@ def jamba(layers: int = 4, inner: int = 2 * H, state: int = 16, conv: int = 4, r
     """JambaModel's metadata (KV heads per layer, 0 on a Mamba layer: attention at 1 and 3; no vocab_size, no expert
     period; a short training context, which memory's traced prefill check runs at) and tensors: Mamba layers as MambaModel's plus the dt/B/C norms, experts stacked (ffn_*_exps) on layers
     1 and 3 (Jamba's every other layer), dense FFNs on 0 and 2, an untied head."""
-    kv = {"block_count": layers, "context_length": 32, "embedding_length": H, "feed_forward_length": ff,
+    kv = {"block_count": layers, "context_length": 8, "embedding_length": H, "feed_forward_length": ff,
           "attention.head_count": 4, "attention.head_count_kv": [0, 2, 0, 2], "ssm.conv_kernel": conv,
           "ssm.inner_size": inner, "ssm.state_size": state, "ssm.time_step_rank": rank,
           "attention.layer_norm_rms_epsilon": 1e-6, "expert_count": experts, "expert_used_count": 2}
