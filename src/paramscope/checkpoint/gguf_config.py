@@ -118,7 +118,8 @@ def gguf_config(ck: GGUFCheckpoint) -> GGUFConfig:
     if mapping is None:
         known = ", ".join(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ("general", "tokenizer")))
         raise SourceError(f"{ck.path}: cannot build a model from this GGUF: transformers has no config mapping for "
-                          f"architecture {_q(arch)} (its GGUF_CONFIG_MAPPING knows {known})")
+                          f"architecture {_q(arch)} (its GGUF_CONFIG_MAPPING knows {known}), nor has paramscope a "
+                          f"table of its own for it yet (it has {', '.join(sorted(OWN_MAPPINGS))})")
     config: dict[str, Any] = {"model_type": model_type}
     notes: list[str] = []
     for key, field in mapping.items():
