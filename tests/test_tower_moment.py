@@ -90,10 +90,9 @@ def test_llava_tower_moment_holds_the_token_ids_and_attention_mask():
         "pixel_values": torch.zeros(2, 3, 336, 336, dtype=torch.bfloat16)})
 
 
-def test_gemma3_tower_moment_holds_its_token_type_ids():
-    """Gemma-3 (SigLIP at 224 px in patches of 14, one layer of width 32, pooled to 16 tokens; a 2-layer language
-    model of width 64), batch 2, one image and 24 text tokens a sequence: the token ids, attention mask and
-    token_type_ids given (2 × 40 × 24 B) beside the embeddings and the tower's run."""
+def _small_gemma3():
+    """Gemma-3 cut: SigLIP at 224 px in patches of 14, one layer of width 32, pooled to 16 tokens; a language model
+    of 2 layers (sliding, then sliding: the default pattern's first two) of width 64, a sliding window of 16."""
     from transformers import Gemma3Config
 
     config = Gemma3Config().to_dict() | {"architectures": ["Gemma3ForConditionalGeneration"]}
@@ -103,7 +102,53 @@ def test_gemma3_tower_moment_holds_its_token_type_ids():
     config["vision_config"] |= {"image_size": 224, "patch_size": 14, "hidden_size": 32, "intermediate_size": 64,
                                 "num_hidden_layers": 1, "num_attention_heads": 2, "vision_use_head": False}
     config["mm_tokens_per_image"] = 16
-    _, module = inspect_with_module(config)
+    return config
+
+
+def _memtracker_whole_forward(module, inputs) -> int:
+    """torch's MemTracker over the class's whole forward on fake tensors (generate()'s prefill: its own cache, the
+    last token's logits), the weights in bf16, no grad, the inputs made under it: the peak less the weights."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from paramscope.cost.towers import _MatchingTokens
+    from paramscope.cost.traced.step import fake_mode, working_copy
+
+    with fake_mode(True) as mode, _MatchingTokens():
+        model = working_copy(module, mode, None, weights_dtype="bfloat16")
+        model.eval()
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with tracker, torch.no_grad():
+            given = inputs()
+            out = model(**given, use_cache=True, logits_to_keep=1)
+            del out, given
+        [peak] = tracker.get_tracker_snapshot("peak").values()
+    return peak["Total"] - sum(v for k, v in peak.items() if getattr(k, "value", None) in ("Parameter", "Buffer"))
+
+
+def test_gemma3_prefill_on_images_holds_its_dense_attention_masks():
+    """Gemma-3, batch 2, one image (16 tokens) and 64 text tokens a sequence (S = 80): token_type_ids make the image
+    tokens attend both ways, so the forward builds a dense B×1×S×S bool mask for the full and one for the sliding
+    layers (2 × 2 × 80 × 80 B) and hands both to the language model, alive to the forward's end. The answer's
+    prefill moment, less the weights, is MemTracker's peak over the real class's whole forward, to the byte."""
+    _, module = inspect_with_module(_small_gemma3())
+    served, media, _ = _served(module, MediaInput(images=1), 2, 64)
+    resident = served.weights.bytes + served.weights.buffer_bytes
+    assert media["attention_masks"] == 2 * 2 * 80 * 80
+    assert (served.peak, served.peak_phase, served.engine) == (media["prefill_moment"], "prefill", "traced")
+    assert media["prefill_moment"] - resident == _memtracker_whole_forward(module, lambda: {
+        "input_ids": _ids(2, 80, module.config.image_token_id, 16),
+        "attention_mask": torch.ones(2, 80, dtype=torch.long), "token_type_ids": _ids(2, 80, 1, 16),
+        "pixel_values": torch.zeros(2, 3, 224, 224, dtype=torch.bfloat16)}) == 1_753_104
+    assert any("attention masks over text + image tokens, B×S×S bool each: 2 × 2 × 80 × 80 = 25,600 B" in note
+               for note in served.notes)
+
+
+def test_gemma3_tower_moment_holds_its_token_type_ids():
+    """Gemma-3 (SigLIP at 224 px in patches of 14, one layer of width 32, pooled to 16 tokens; a 2-layer language
+    model of width 64), batch 2, one image and 24 text tokens a sequence: the token ids, attention mask and
+    token_type_ids given (2 × 40 × 24 B) beside the embeddings and the tower's run."""
+    _, module = inspect_with_module(_small_gemma3())
     served, media, moment = _served(module, MediaInput(images=1), 2, 24)
     given = ("input_ids", "attention_mask", "token_type_ids")
     assert (media["text_inputs"], media["text_inputs_given"]) == (2 * 40 * 24, given)

@@ -554,6 +554,17 @@ class ImageForward:
     given_per_token: int  # of those, the integer inputs given, bytes a token a sequence (int64 token ids and
     # attention mask; Gemma-3's token_type_ids, Qwen2.5-VL's 3-D rope positions)
     given: tuple[str, ...]  # their names
+    # the largest bytes live from the language model's call to the forward's end, with the images, weights not (the
+    # prefill: a DynamicCache as it fills, the last token's logits as generate()'s prefill asks), measured
+    prefill_peak: int = 0
+    # the language model's attention masks the forward built and hands it (alive from the call to the forward's
+    # end), each distinct tensor's (shape, bytes an element): Gemma-3's token_type_ids make image tokens attend
+    # bidirectionally, so transformers materialises a dense B×1×S×S mask for the full and the sliding layers
+    masks: tuple[tuple[tuple[int, ...], int], ...] = ()
+
+    @property
+    def mask_bytes(self) -> int:
+        return sum(math.prod(shape) * size for shape, size in self.masks)
 
 
 def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: int, dtype: str) -> ImageForward:
@@ -565,7 +576,10 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
     its prefill (the tower's moment); the bytes live at the call (weights not) differ by what the forward keeps in
     locals through the prefill: the pixel values, the tower's returned output (transformers keeps
     get_image_features' whole output, every hidden state it returned), the projected features and any copy of them
-    (LLaVA's and Qwen2.5-VL's torch.cat), and the image-token mask."""
+    (LLaVA's and Qwen2.5-VL's torch.cat), and the image-token mask. Gemma-3's run with images goes on to the
+    forward's end (its own cache, the last token's logits, as generate()'s prefill): the largest bytes live from the
+    call on are its prefill (ImageForward.prefill_peak), which holds the dense attention masks built for the language
+    model (ImageForward.masks, read off the call's arguments)."""
     import torch
 
     media.check()
@@ -577,6 +591,10 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
     from .traced.timeline import allocation_recorder, live_bytes
 
     make = _PREFILL_INPUTS[family](module, media, batch, context, getattr(torch, dtype))
+    # Gemma-3's forward builds dense attention masks over the text and image tokens for its language model (its
+    # image tokens attend both ways), which no analytic prefill holds: its run on images goes on to the forward's
+    # end. LLaVA and Qwen2.5-VL hand the language model the 2-D mask given, and sdpa runs causal without a dense one
+    through = family == "gemma3"
     live, before, given = [], 0, {}
     for images in (True, False):
         with fake_mode(True) as mode, assumed_values(True), _MatchingTokens(), _constants(family == "qwen2_5_vl"):
@@ -592,19 +610,28 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
                 recorder.known(tensor)
             reached: list[int] = []
 
-            def stop(*_: Any) -> None:  # the language model is called: count what is live, run no further
+            def stop(_: Any, __: Any, kwargs: dict[str, Any]) -> None:  # the language model is called: count what
+                # is live; a text input runs no further, the images' run goes on to the forward's end (the prefill)
                 reached.append(len(recorder.events))
-                raise _Reached
+                if images and through:
+                    built = kwargs.get("attention_mask")
+                    tensors = built.values() if isinstance(built, dict) else [built]
+                    distinct = {id(t): t for t in tensors if isinstance(t, torch.Tensor) and t.dim() == 4}
+                    masks.extend((tuple(t.shape), t.element_size()) for t in distinct.values())
+                else:
+                    raise _Reached
 
-            hook = owner.language_model.register_forward_pre_hook(stop)
+            masks: list[tuple[tuple[int, ...], int]] = []
+            hook = owner.language_model.register_forward_pre_hook(stop, with_kwargs=True)
             try:
                 with running(model), recorder, torch.no_grad():
                     inputs = make(images, constant)
                     if images:  # the integer inputs of the text's length, each a token's bytes a sequence
                         given = {name: value.element_size() * value.numel() // (batch * context)
                                  for name, value in inputs.items() if name in _GIVEN_PER_TOKEN}
-                    try:
-                        model(**inputs)
+                    try:  # generate()'s prefill: a cache (the model's own), the last token's logits
+                        out = model(**inputs, use_cache=True, logits_to_keep=1)
+                        del out
                     except _Reached:
                         pass
                     del inputs
@@ -616,8 +643,9 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
             at, peak = live_bytes(recorder.events[:reached[0]], recorder.allocations)
             live.append(at)
             if images:
-                before = peak
-    return ImageForward(live[0] - live[1], before, sum(given.values()), tuple(given))
+                before, found = peak, tuple(masks)
+                prefill = at + live_bytes(recorder.events[reached[0]:], recorder.allocations)[1] if through else 0
+    return ImageForward(live[0] - live[1], before, sum(given.values()), tuple(given), prefill, found)
 
 
 # the forward's integer inputs a token long (a sequence's): live from the forward's start

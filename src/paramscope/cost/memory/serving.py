@@ -10,10 +10,11 @@ smallest tensor-parallel degree that fits.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import OptionError, ParamscopeError
+from ...errors import OptionError, ParamscopeError, UnsupportedError
 from ..dims import MAX_SEQ, config_int, context_source, dim, is_mla, max_context, text_config
 from ..dtypes import itemsize, torch_name
 from ..hardware import Accelerator
@@ -206,6 +207,13 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         peak_at, workspace, note = _measured_prefill(measured, peak_at, workspace, weights, cache, options, seq)
         notes.append(note)
         engine = "traced"
+    elif forward is not None and forward.prefill_peak:  # images made tokens, dense masks built (Gemma-3): the
+        # prefill measured on the images, the masks' S² in the fits
+        sdpa = getattr(getattr(view.module, "config", None), "_attn_implementation", None) == "sdpa"
+        peak_at, workspace, note = _measured_token_prefill(forward, peak_at, workspace, weights, cache, options, seq,
+                                                           itemsize(fmt.compute_dtype) if sdpa else 0)
+        notes.append(note)
+        engine = "traced"
     media_settings = None
     if media is not None:  # the tower runs before the prefill: the peak is the larger of the two moments
         peak_at, media_settings, note = _with_tower(media, peak_at, weights, text, options, seq, fmt.compute_dtype,
@@ -333,6 +341,71 @@ def _measured_prefill(measured: Any, analytic_at: Any, analytic: Any, weights: A
     return prefill_at, workspace, note
 
 
+def _measured_token_prefill(forward: Any, analytic_at: Any, analytic: Any, weights: Any, cache: Any,
+                            options: MemoryOptions, seq: int, additive: int) -> tuple[Any, Any, str]:
+    """(the prefill's curve without what the images hold, which _with_tower adds; the workspace; the note) where the
+    images become tokens (towers.ImageForward, the class's own forward on fake tensors through to its end): at the
+    asked point the prefill's moment is the weights and the measured peak from the language model's call to the
+    forward's end. That peak holds the attention masks the forward built for the language model, which the analytic
+    workspace has not: Gemma-3's token_type_ids make image tokens attend bidirectionally, so transformers builds a
+    dense B×1×S×S mask for its full and its sliding layers (bool under sdpa), alive until the forward ends. In the
+    fits the masks grow as batch × S² (their measured shapes scaled) and the rest is the analytic curve moved by
+    the same bytes as at the asked point (exact there only). `additive`: under sdpa, the compute dtype's bytes: torch's
+    scaled_dot_product_attention turns a bool mask into an additive one of that dtype (convert_boolean_attn_mask,
+    on CPU and CUDA alike), one B×1×S×S copy alive within each layer's attention, which the fits grow as S² too."""
+    from .result import Workspace
+
+    masks = forward.masks
+
+    def built_at(batch: int, length: int) -> int:
+        return sum(size * math.prod(shape[1:-2]) * batch * length * length for shape, size in masks)
+
+    bool_masks = [shape for shape, size in masks if size == 1]
+    copy_heads = max((math.prod(shape[1:-2]) for shape in bool_masks), default=0) if additive else 0
+
+    def masks_at(batch: int, length: int) -> int:  # the masks built, and sdpa's additive copy of one (a layer's)
+        return built_at(batch, length) + additive * copy_heads * batch * length * length
+
+    kv = cache.at(options.batch, seq) if cache is not None else 0
+    moment = weights.bytes + weights.buffer_bytes + forward.prefill_peak
+    built = forward.mask_bytes
+    if built != built_at(options.batch, seq):  # a mask not B×…×S×S: the fits cannot scale it
+        raise UnsupportedError("the language model's attention masks are not batch × S × S ({shapes})",
+                               shapes=", ".join("×".join(map(str, shape)) for shape, _ in masks))
+    difference = analytic_at(options.batch, seq) + masks_at(options.batch, seq) + forward.held - moment
+    rest = forward.prefill_peak - kv - forward.held
+    workspace = Workspace(rest, (f"measured: the prefill's largest live bytes {forward.prefill_peak:,} less the KV "
+                                 f"cache {kv:,} and the images held {forward.held:,} (the inputs given, the merged "
+                                 "embeddings, the attention masks built, a layer's working tensors, the last "
+                                 "token's logits)"), analytic.logits)
+
+    def prefill_at(batch: int, length: int) -> int:
+        return analytic_at(batch, length) + masks_at(batch, length) - difference
+
+    change = f"{difference:,} B over" if difference >= 0 else f"{-difference:,} B short of"
+    if masks:
+        kinds = {size: "bool" if size == 1 else f"{size} B an element" for _, size in masks}
+        each = " and ".join(kinds.values())
+        mask_words = (f"attention masks over text + image tokens, B×S×S {each} each: {len(masks)} × "
+                      f"{options.batch:,} × {seq:,} × {seq:,} = {built:,} B (transformers' masks for the full and "
+                      "the sliding-window layers: token_type_ids make each image's tokens attend to each other "
+                      "both ways, which no causal kernel does, so the masks are dense; built before the language "
+                      "model's call and alive to the forward's end; in the fits they grow as batch × S²)"
+                      + (f", and within each layer's attention sdpa's additive copy of one in the compute dtype "
+                         f"({copy_heads * options.batch * seq * seq * additive:,} B here: torch turns a bool mask "
+                         "into -inf/0 before its kernel, on GPU as on CPU; also B×S² in the fits)"
+                         if copy_heads else ""))
+    else:
+        mask_words = "no dense attention mask (the model's attention runs causal without one)"
+    note = (f"prefill on images: measured, the class's own forward on fake tensors (weights in the compute dtype, "
+            f"no grad, the model's own cache, the last token's logits as generate()'s prefill, the model's own "
+            f"attention as torch runs it on CPU tensors), from the language model's call to the end: "
+            f"{forward.prefill_peak:,} B beyond the weights, which holds {mask_words}; the analytic prefill with "
+            f"the masks and the images held is {change} it; the fits below move that curve by the same (exact at "
+            f"the asked point only)")
+    return prefill_at, workspace, note
+
+
 def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: MemoryOptions, seq: int,
                 dtype: str, image_prefill: Any = None, forward: Any = None) -> tuple[Any, dict[str, Any], str]:
     """(the peak curve with the tower's moment in it, settings["media"], the note). The tower runs before the
@@ -415,6 +488,8 @@ def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: M
                 ["input_ids", "cross_attention_mask"] if cross else [],
                 "tower_rest": shift if forward is not None else 0,
                 "mask_moment": mask if cross else None,
+                # the language model's dense attention masks, built before its call and alive through the prefill
+                "attention_masks": forward.mask_bytes if forward is not None else 0,
                 "parts": [[line.part, line.path, line.class_name] for line in media.lines]}
     parts = " and ".join(f"{line.part} {line.path} ({line.class_name})" for line in media.lines)
     measured = (f"the forward peak, {media.forward_peak:,} B (the largest bytes live at once in {dtype}, the "
