@@ -45,15 +45,18 @@ def _config(model_type, arch, **extra):
 
 
 MIXTRAL = _config("mixtral", "MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2)
+QWEN2_MOE = _config("qwen2_moe", "Qwen2MoeForCausalLM", moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                    num_experts=4, num_experts_per_tok=2)
 QWEN3_MOE = _config("qwen3_moe", "Qwen3MoeForCausalLM", head_dim=16, moe_intermediate_size=32, num_experts=4,
                     num_experts_per_tok=2)
 
 
-@pytest.mark.parametrize("config, sp", [(MIXTRAL, False), (MIXTRAL, True), (QWEN3_MOE, True)],
-                         ids=["mixtral tp2", "mixtral tp2 sp", "qwen3-moe tp2 sp"])
+@pytest.mark.parametrize("config, sp", [(MIXTRAL, False), (MIXTRAL, True), (QWEN3_MOE, True), (QWEN2_MOE, False)],
+                         ids=["mixtral tp2", "mixtral tp2 sp", "qwen3-moe tp2 sp", "qwen2-moe tp2, shared expert"])
 def test_traced_shards_equal_the_analytic_placements(config, sp):
     """Every parameter's local shape on the traced rank (rank 0 of tp 2) equals parallel/rules.py's placement, the
-    packed experts included ([E, 2I/t, h] and [E, h, I/t], the router whole), and one step runs under it."""
+    packed experts included ([E, 2I/t, h] and [E, h, I/t], the router whole; Qwen2-MoE's shared expert cut as
+    Megatron cuts an MLP, its one-output gate whole), and one step runs under it."""
     from paramscope.api import inspect_with_module
     from paramscope.cost.parallel.estimate import placements_for
     from paramscope.cost.parallel.layout import layout_for
@@ -101,3 +104,15 @@ def test_derived_device_step_equals_the_traced_rank():
     measured = {p.phase: p.bytes for p in traced.phases}
     assert derived["forward"] == measured["forward"] and derived["backward"] == measured["backward"]
     assert 0 <= measured["optimizer step"] - derived["optimizer step"] <= 608, (derived, measured)
+
+
+def test_a_gated_shared_expert_under_sequence_parallel_is_refused_in_one_line():
+    from paramscope.api import inspect_with_module
+    from paramscope.cost.traced.parallel import trace_parallel_training
+    from paramscope.cost.traced.step import StepSettings
+    from paramscope.errors import UnsupportedError
+
+    _, module = inspect_with_module(QWEN2_MOE)
+    with pytest.raises(UnsupportedError, match=r"sequence parallel over Qwen2MoeForCausalLM: its MoE block adds a "
+                                               r"gated shared expert \(model.layers.\*.mlp.shared_expert\)"):
+        trace_parallel_training(module, StepSettings(batch=1, seq=32), tp=2, sp=True)

@@ -10,7 +10,7 @@ and row sets equal to transformers' own `base_model_tp_plan` for every preset cl
 | attention.output, mlp.down | row: the input features / t; the bias replicated |
 | embeddings.word, head.lm, head.bias (vocabulary-wide) | vocabulary-parallel: ⌈V / t⌉ rows (torch's Shard(0): rank 0 holds the most) |
 | moe.experts | the experts' widths as their dense twins (gate/up column, down row); routed experts / ep under expert parallelism |
-| moe.shared_experts | column, or row for the projection back to the hidden size |
+| moe.shared_experts | column, or row for the projection back to the hidden size (its bias whole); which one is read from the projection's name (down_proj, w2...), from the shape only where the name does not say |
 | KV heads when t exceeds them | replicated: each rank keeps the one KV head its query heads read (Megatron) |
 | MLA's q_down, kv_down, their norms; norms, routers, position embeddings, the rest | replicated |
 
@@ -104,11 +104,15 @@ def _place(param: Any, shape: ModelShape, tp: int, ep: int, kv_replicated: bool)
             local[0] = dims[0] // ep
         # [E, out, in]: the projection back to the hidden size is cut along its input (row), the others along
         # their output (column), as their dense twins are
-        row = shape.hidden is not None and dims[1] == shape.hidden and dims[2] != shape.hidden
+        row = _back_to_hidden(param.name, shape.hidden is not None and dims[1] == shape.hidden and
+                              dims[2] != shape.hidden)
         rule, cut = ("row", 2) if row else ("column", 1)
     elif role == "moe.shared_experts" and dims and dims[0] > 1:  # a one-output gate (Qwen2-MoE's) stays whole
-        row = shape.hidden is not None and is_weight and dims[0] == shape.hidden
-        rule, cut = ("row", 1) if row else ("column", 0)
+        row = _back_to_hidden(param.name, shape.hidden is not None and is_weight and dims[0] == shape.hidden)
+        if row and not is_weight:  # a row-parallel projection's bias is added once, after the reduction: whole
+            rule, cut = "replicated", None
+        else:
+            rule, cut = ("row", 1) if row else ("column", 0)
     elif role in VOCABULARY:
         rule, cut = "vocabulary", 0
     elif role in COLUMN:
@@ -132,6 +136,22 @@ def _place(param: Any, shape: ModelShape, tp: int, ep: int, kv_replicated: bool)
                                   name=param.name, role=role)
             local[cut] = size // tp
     return Placement(param.name, role, dims, tuple(local), rule, cut, split_experts, param.dtype)
+
+
+# the names transformers gives an MLP's projection back to the hidden size (Llama-style, Mixtral v4's w2, GPT-style)
+DOWN_NAMES = ("down_proj", "w2", "c_proj", "fc2", "dense_4h_to_h", "wo")
+
+
+def _back_to_hidden(name: str, by_shape: bool) -> bool:
+    """Whether an expert's projection is the one back to the hidden size (cut row-wise): by its name where the
+    name says (an intermediate width equal to the hidden size makes the shapes alike), else by its shape."""
+    parts = name.split(".")
+    owner = parts[-2] if parts[-1] in ("weight", "bias") and len(parts) > 1 else parts[-1]
+    if owner in DOWN_NAMES:
+        return True
+    if owner in ("gate_proj", "up_proj", "gate_up_proj", "w1", "w3", "c_fc", "fc1", "dense_h_to_4h", "wi"):
+        return False
+    return by_shape
 
 
 def tp_rule_words(rule: str, tp: int) -> str:

@@ -21,7 +21,9 @@ A class without a plan (BERT) gets a Megatron-style one from its layers' module 
 (q, k and v fused, weights [in, out]) are refused: torch's styles take nn.Linear and nn.Embedding only. Styles of transformers' own
 with no torch counterpart are refused, except the packed MoE experts' group (`X.experts` moe_tp_experts with its
 gate_up_proj packed_colwise and down_proj rowwise), which moe_parallel.py's PackedExpertsParallel applies as Megatron
-cuts each expert; under `sp` the MoE block gathers its input and reduce-scatters the experts' partial sums.
+cuts each expert; under `sp` the MoE block gathers its input and reduce-scatters the experts' partial sums. A shared
+expert beside them (Qwen2-MoE's, which transformers' plan leaves whole) is cut as Megatron cuts an MLP; its gated sum
+with the experts' partial one is refused under `sp`.
 
 Sequence parallel: transformers builds the causal mask and the rotary tables from the embedding output's length,
 so the embedding's output stays whole (replicated); the residual stream is split on the sequence going into the
@@ -305,6 +307,7 @@ def tensor_parallel_rules(model: Any) -> tuple[list[Rule], list[str]]:
     embedding = _named(model, "get_input_embeddings", names)
     if embedding and embedding not in rules and isinstance(modules[embedding], torch.nn.Embedding):
         rules[embedding] = Rule(embedding, "embedding_rowwise", "Megatron's vocab-parallel input embedding")
+    rules.update(_shared_expert_rules(rules, modules))
     head = _named(model, "get_output_embeddings", names)
     if head and head not in rules and isinstance(modules[head], torch.nn.Linear):
         rules[head] = Rule(head, "colwise_gather_output",
@@ -324,6 +327,23 @@ def _packed_experts(plan: dict[str, str]) -> dict[str, str]:
         if all(plan.get(key) == value for key, value in entries.items()):
             for key in entries:
                 del out[key]
+    return out
+
+
+def _shared_expert_rules(rules: dict[str, Rule], modules: dict[str, Any]) -> dict[str, Rule]:
+    """Megatron's cut of a shared expert beside packed experts (Qwen2-MoE's mlp.shared_expert: gate_proj and up_proj
+    column-wise, down_proj row-wise), which transformers' plan leaves whole; its one-output gate stays replicated."""
+    import torch
+
+    out = {}
+    for rule in list(rules.values()):
+        if rule.style != EXPERTS_STYLE:
+            continue
+        block = rule.module.rpartition(".")[0]
+        for child, style in (("gate_proj", "colwise"), ("up_proj", "colwise"), ("down_proj", "rowwise")):
+            name = f"{block}.shared_expert.{child}"
+            if name not in rules and isinstance(modules.get(name), torch.nn.Linear):
+                out[name] = Rule(name, style, "Megatron's shared expert (transformers' plan leaves it whole)")
     return out
 
 
@@ -350,6 +370,11 @@ def apply_tensor_parallel(model: Any, mesh: Any, tp: int, sp: bool, *, fsdp: boo
             check_packed_experts(modules[rule.module], rule.module, tp)
     plan = {rule.module: _torch_style(rule.style, sp) for rule in rules if rule.style not in REPLICATED_STYLES}
     if sp:
+        shared = [rule.module for rule in rules if ".shared_expert." in rule.module]
+        if shared:
+            raise UnsupportedError(f"sequence parallel over {type(model).__name__}: its MoE block adds a gated "
+                                   f"shared expert ({_generic(shared[0]).rpartition('.')[0]}) to the experts' "
+                                   "partial sums before its output is reduce-scattered; traced with tp and no sp")
         plan.update(_sequence_parallel_plan(model, rules, modules, tp))
     parallelize_module(model, mesh, plan)
     for group in ties:  # parallelize_module replaces each parameter it shards: tie the others to the sharded one
