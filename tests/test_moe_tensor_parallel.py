@@ -116,3 +116,15 @@ def test_a_gated_shared_expert_under_sequence_parallel_is_refused_in_one_line():
     with pytest.raises(UnsupportedError, match=r"sequence parallel over Qwen2MoeForCausalLM: its MoE block adds a "
                                                r"gated shared expert \(model.layers.\*.mlp.shared_expert\)"):
         trace_parallel_training(module, StepSettings(batch=1, seq=32), tp=2, sp=True)
+
+
+def test_an_expert_width_tp_does_not_divide_is_refused_in_one_line():
+    from paramscope.api import inspect_with_module
+    from paramscope.cost.traced.parallel import trace_parallel_training
+    from paramscope.cost.traced.step import StepSettings
+    from paramscope.errors import OptionError
+
+    _, module = inspect_with_module(dict(QWEN3_MOE, moe_intermediate_size=30))
+    with pytest.raises(OptionError, match=r"tp 4 does not divide the experts' intermediate size 30 of "
+                                          r"model\.layers\.0\.mlp\.experts"):
+        trace_parallel_training(module, StepSettings(batch=1, seq=32), tp=4)
