@@ -18,7 +18,9 @@ rowwise → RowwiseParallel, colwise_gather_output → ColwiseParallel with a Re
 RowwiseParallel with a Replicate input. What the plan leaves out follows Megatron/torchtitan: an input embedding
 vocab-parallel, an output head colwise with its output gathered, norms replicated (SequenceParallel under `sp`).
 A class without a plan (BERT) gets a Megatron-style one from its layers' module names; GPT-2's Conv1D projections
-(q, k and v fused, weights [in, out]) are refused: torch's styles take nn.Linear and nn.Embedding only. Styles of transformers' own
+(weights [in, out], q, k and v fused in c_attn) take conv1d_parallel.py's styles, torch's with a Conv1D's partition
+(c_attn and mlp.c_fc column-parallel, the fused q | k | v regrouped per rank, the c_projs row-parallel, their bias
+added once). Styles of transformers' own
 with no torch counterpart are refused, except the packed MoE experts' group (`X.experts` moe_tp_experts with its
 gate_up_proj packed_colwise and down_proj rowwise), which moe_parallel.py's PackedExpertsParallel applies as Megatron
 cuts each expert; under `sp` the MoE block gathers its input and reduce-scatters the experts' partial sums. A shared
@@ -48,6 +50,8 @@ from typing import Any, Iterator
 from ... import progress
 from ...errors import OptionError, UnsupportedError
 from ..dims import dim, text_config
+from .conv1d_parallel import (COLWISE_QKV as CONV1D_QKV, STYLES as CONV1D_STYLES, check_fused_qkv, conv1d_rule,
+                              conv1d_style, localize_attention, sharded_axis)
 from .moe_parallel import (EXPERTS_STYLE, PACKED_STYLES, check_packed_experts, packed_experts_style,
                            sequence_parallel_block)
 from .step import (StepSettings, TracedStep, assumed_values, check_attention, fake_mode, measure_training, running,
@@ -289,20 +293,27 @@ def tensor_parallel_rules(model: Any) -> tuple[list[Rule], list[str]]:
         source = f"Megatron's names ({type(getattr(model, 'config', None)).__name__} has no base_model_tp_plan)"
         for list_name, _ in lists:
             for module_name, module in modules.items():
-                if module_name.startswith(list_name + ".") and isinstance(module, torch.nn.Linear):
+                if not module_name.startswith(list_name + "."):
+                    continue
+                if isinstance(module, torch.nn.Linear):
                     style = next((s for suffix, s in MEGATRON_NAMES if module_name.endswith(suffix)), None)
-                    if style:
-                        rules[module_name] = Rule(module_name, style, source)
+                else:
+                    style = conv1d_rule(module_name, module)
+                if style:
+                    rules[module_name] = Rule(module_name, style, source)
         if not rules:
-            conv1d = any(type(m).__name__ == "Conv1D" for m in modules.values())
             raise UnsupportedError(f"tensor parallel over {name}: it has no base_model_tp_plan and none of its "
-                                   "layers' modules has a Megatron name (query, key, value, dense)"
-                                   + ("; its projections are transformers' Conv1D (weights stored [in, out], q, k "
-                                      "and v fused in one), which torch's ColwiseParallel and RowwiseParallel do "
-                                      "not take (nn.Linear and nn.Embedding only)" if conv1d else ""))
-        notes.append(f"{name} has no tensor-parallel plan in transformers: a Megatron-style one from module names "
-                     "(query, key, value and intermediate.dense colwise; attention.output.dense and output.dense "
-                     "rowwise)")
+                                   "layers' modules has a Megatron name (query, key, value, dense; GPT-2's Conv1D "
+                                   "attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj)")
+        if any(rule.style in CONV1D_STYLES for rule in rules.values()):
+            notes.append(f"{name} has no tensor-parallel plan in transformers: Megatron's cut of its Conv1D "
+                         "projections (weights [in, out]) by module name: attn.c_attn column-parallel with the "
+                         "fused q | k | v regrouped so each rank holds its heads' q, k and v (and bias), mlp.c_fc "
+                         "column-parallel, attn.c_proj and mlp.c_proj row-parallel (bias replicated, added once)")
+        else:
+            notes.append(f"{name} has no tensor-parallel plan in transformers: a Megatron-style one from module "
+                         "names (query, key, value and intermediate.dense colwise; attention.output.dense and "
+                         "output.dense rowwise)")
     names = {module: n for n, module in modules.items()}
     embedding = _named(model, "get_input_embeddings", names)
     if embedding and embedding not in rules and isinstance(modules[embedding], torch.nn.Embedding):
@@ -368,7 +379,9 @@ def apply_tensor_parallel(model: Any, mesh: Any, tp: int, sp: bool, *, fsdp: boo
     for rule in rules:
         if rule.style == EXPERTS_STYLE:
             check_packed_experts(modules[rule.module], rule.module, tp)
-    plan = {rule.module: _torch_style(rule.style, sp) for rule in rules if rule.style not in REPLICATED_STYLES}
+        if rule.style == CONV1D_QKV:
+            check_fused_qkv(modules[rule.module], rule.module, modules[rule.module.rpartition(".")[0]], tp)
+    plan = {rule.module: _torch_style(rule.style, sp, tp) for rule in rules if rule.style not in REPLICATED_STYLES}
     if sp:
         shared = [rule.module for rule in rules if ".shared_expert." in rule.module]
         if shared:
@@ -377,6 +390,9 @@ def apply_tensor_parallel(model: Any, mesh: Any, tp: int, sp: bool, *, fsdp: boo
                                    "partial sums before its output is reduce-scattered; traced with tp and no sp")
         plan.update(_sequence_parallel_plan(model, rules, modules, tp))
     parallelize_module(model, mesh, plan)
+    for rule in rules:  # the attention's widths as the rank sees them (its fused output is h / t per q, k, v)
+        if rule.style == CONV1D_QKV:
+            localize_attention(modules[rule.module.rpartition(".")[0]], tp)
     for group in ties:  # parallelize_module replaces each parameter it shards: tie the others to the sharded one
         owners = [(modules[m], attribute) for m, attribute in group]
         sharded = next((getattr(o, a) for o, a in owners if _is_dtensor(getattr(o, a))), None)
@@ -456,7 +472,7 @@ def _is_dtensor(tensor: Any) -> bool:
     return isinstance(tensor, DTensor)
 
 
-def _torch_style(style: str, sp: bool) -> Any:
+def _torch_style(style: str, sp: bool, tp: int) -> Any:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -472,6 +488,8 @@ def _torch_style(style: str, sp: bool) -> Any:
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if style == EXPERTS_STYLE:
         return packed_experts_style(sp)
+    if style in CONV1D_STYLES:
+        return conv1d_style(style, sequence_parallel=sp, tp=tp)
     raise AssertionError(style)  # tensor_parallel_rules refuses every other style
 
 
@@ -504,7 +522,8 @@ def _check_divisible(model: Any, rules: list[Rule], modules: dict[str, Any], tp:
         weight = getattr(modules[rule.module], "weight", None)
         if weight is None or rule.style in REPLICATED_STYLES:
             continue
-        axis = 1 if rule.style.startswith("rowwise") else 0
+        axis = (sharded_axis(rule.style) if rule.style in CONV1D_STYLES
+                else 1 if rule.style.startswith("rowwise") else 0)
         width = weight.shape[axis]
         if width % tp == 0:
             continue
@@ -571,7 +590,7 @@ def _sequence_parallel_plan(model: Any, rules: list[Rule], modules: dict[str, An
     layer_names = [f"{list_name}.{i}" for i in range(len(blocks))]
     gathering = {}  # the parents of the column-parallel projections inside a layer: they take the residual in
     for rule in rules:
-        if not rule.style.startswith("colwise") and rule.style != EXPERTS_STYLE:
+        if not rule.style.startswith(("colwise", "conv1d_colwise")) and rule.style != EXPERTS_STYLE:
             continue
         parent = rule.module.rpartition(".")[0]
         if parent in layer_names:  # a projection straight under the layer: its input is the layer's, already split
@@ -594,9 +613,13 @@ def _sequence_parallel_plan(model: Any, rules: list[Rule], modules: dict[str, An
             if child and _is_norm(module) and not any(where.startswith(g + ".") for g in gathering):
                 plan[where] = SequenceParallel(use_local_output=True)
     parent = list_name.rpartition(".")[0]
+    # GPT-2's model views the final norm's output to the whole input shape (view(-1, seq, h)), which a rank's local
+    # half-sequence would silently refold into half the batch: there the output stays a Shard(1) DTensor (its shape
+    # the whole sequence) until the head's input gathers it
+    conv1d = any(rule.style in CONV1D_STYLES for rule in rules)
     for child, module in (modules[parent] if parent else model).named_children():
         if _is_norm(module):
-            plan[f"{parent}.{child}" if parent else child] = SequenceParallel(use_local_output=True)
+            plan[f"{parent}.{child}" if parent else child] = SequenceParallel(use_local_output=not conv1d)
     return plan
 
 
