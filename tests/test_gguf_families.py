@@ -180,7 +180,7 @@ def test_a_hybrid_files_blocks_take_their_own_kinds(tmp_path: Path) -> None:
         "blk.1.attn_norm.weight": "attention.norm"}
 
 
-@pytest.mark.parametrize("arch", ["falcon-h1", "granitehybrid", "nemotron_h", "qwen3next"])
+@pytest.mark.parametrize("arch", ["falcon-h1", "granitehybrid", "nemotron_h"])
 def test_families_transformers_builds_no_class_for_are_refused_in_one_line(tmp_path: Path, arch: str,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path / f"{arch}.gguf", arch, {"block_count": 1},
@@ -189,7 +189,7 @@ def test_families_transformers_builds_no_class_for_are_refused_in_one_line(tmp_p
     assert main(["inspect", str(path), "--no-cache"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and why in err and "Traceback" not in err
-    assert "nor has paramscope a table of its own for it yet (it has deepseek2, jamba, lfm2moe, mamba2)" in err
+    assert "nor has paramscope a table of its own for it yet (it has deepseek2, jamba, lfm2moe, mamba2, qwen3next)" in err
 
 
 def jamba(layers: int = 4, inner: int = 2 * H, state: int = 16, conv: int = 4, rank: int = 4, experts: int = 4,
@@ -267,6 +267,8 @@ def test_a_jamba_file_whose_attention_layers_follow_no_period_is_one_line(
     ("jamba", jamba, 2 * (3 * 128 + 16 * 128) * 4, 2 * 256 * (32 + 32) * 2),
     # LFM2-MoE: 2 short-convolution layers × n_embd 64 × (L_cache 3 − 1) F32; 1 attention layer
     ("lfm2moe", lambda: lfm2moe(), 2 * 64 * 2 * 4, 1 * 256 * (32 + 32) * 2),
+    # Qwen3-Next: 1 gated-delta-net layer × ((d_conv − 1) × (d_inner 64 + 2 × 2 key heads × 16) + 16 × 64) F32
+    ("qwen3next", lambda: qwen3next(), (3 * 128 + 16 * 64) * 4, 1 * 256 * (32 + 32) * 2),
 ])
 def test_memory_under_llama_cpp_answers_on_a_hybrid_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                           arch: str, files, states: int, kv: int) -> None:
@@ -274,11 +276,70 @@ def test_memory_under_llama_cpp_answers_on_a_hybrid_file(tmp_path: Path, capsys:
     assert main(["memory", str(path), "--engine", "llama.cpp", "-c", "256", "--json", "--no-cache"]) == 0
     plan = json.loads(capsys.readouterr().out)["memory"]["llama_cpp"]
     gpu, cpu = plan["devices"]
-    assert (gpu["kv"], gpu["recurrent"]) == (kv, states) == ((65_536, 19_456) if arch == "jamba" else (32_768, 1_024))
+    assert (gpu["kv"], gpu["recurrent"]) == (kv, states) == {"jamba": (65_536, 19_456), "lfm2moe": (32_768, 1_024),
+                                                             "qwen3next": (32_768, 5_632)}[arch]
     # every tensor's exact bytes, token_embd (Q8_0: 104 × 64 / 32 blocks of 34 B) on the CPU; LFM2-MoE's head is
     # tied, and the output layer's device takes its own copy of token_embd
     copy = 7_072 if arch == "lfm2moe" else 0
     assert cpu["weights"] == 7_072 and gpu["weights"] + cpu["weights"] == read_gguf(path).nbytes + copy
+
+
+def qwen3next() -> tuple[dict, dict]:
+    """Qwen3NextModel's metadata (Qwen2MoeModel's keys; the gated delta net's as ssm.*: conv kernel, key head width
+    as state_size, key heads as group_count, value heads as time_step_rank, value heads × width as inner_size) and
+    tensors: layer 0 the gated delta net (in_proj_qkvz split into attn_qkv and attn_gate, in_proj_ba as ssm_ba,
+    conv1d squeezed, A and dt_bias bare), layer 1 full attention (q with its gate, q/k norms), both MoE with experts
+    stacked apart (ffn_gate_exps, ffn_up_exps) and the shared expert's gate squeezed to [hidden]."""
+    kv = {"context_length": 8, "embedding_length": H, "block_count": 2, "feed_forward_length": 128,
+          "attention.head_count": 4, "attention.head_count_kv": 2, "attention.key_length": 16,
+          "attention.value_length": 16, "rope.freq_base": 1e7, "attention.layer_norm_rms_epsilon": 1e-6,
+          "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32,
+          "expert_shared_feed_forward_length": 32, "ssm.conv_kernel": 4, "ssm.state_size": 16,
+          "ssm.group_count": 2, "ssm.time_step_rank": 4, "ssm.inner_size": 64, "full_attention_interval": 2,
+          "rope.dimension_count": 4}
+    tensors = {"token_embd.weight": ((VOCAB, H), Q.Q8_0), "output_norm.weight": ((H,), Q.F32),
+               "output.weight": ((VOCAB, H), Q.Q8_0)}
+    for i in range(2):
+        b = f"blk.{i}."
+        tensors |= {b + "attn_norm.weight": ((H,), Q.F32), b + "post_attention_norm.weight": ((H,), Q.F32),
+                    b + "ffn_gate_inp.weight": ((4, H), Q.F32), b + "ffn_gate_exps.weight": ((4, 32, H), Q.Q8_0),
+                    b + "ffn_up_exps.weight": ((4, 32, H), Q.Q8_0), b + "ffn_down_exps.weight": ((4, H, 32), Q.Q8_0),
+                    b + "ffn_gate_shexp.weight": ((32, H), Q.Q8_0), b + "ffn_up_shexp.weight": ((32, H), Q.Q8_0),
+                    b + "ffn_down_shexp.weight": ((H, 32), Q.Q8_0), b + "ffn_gate_inp_shexp.weight": ((H,), Q.F32)}
+    tensors |= {"blk.0.attn_qkv.weight": ((128, H), Q.Q8_0), "blk.0.attn_gate.weight": ((64, H), Q.Q8_0),
+                "blk.0.ssm_ba.weight": ((8, H), Q.F32), "blk.0.ssm_conv1d.weight": ((128, 4), Q.F32),
+                "blk.0.ssm_dt.bias": ((4,), Q.F32), "blk.0.ssm_a": ((4,), Q.F32),
+                "blk.0.ssm_norm.weight": ((16,), Q.F32), "blk.0.ssm_out.weight": ((H, 64), Q.Q8_0),
+                "blk.1.attn_q.weight": ((128, H), Q.Q8_0), "blk.1.attn_k.weight": ((32, H), Q.Q8_0),
+                "blk.1.attn_v.weight": ((32, H), Q.Q8_0), "blk.1.attn_output.weight": ((H, 64), Q.Q8_0),
+                "blk.1.attn_q_norm.weight": ((16,), Q.F32), "blk.1.attn_k_norm.weight": ((16,), Q.F32)}
+    return kv, tensors
+
+
+def test_a_qwen3next_file_builds_its_gated_delta_net_and_reconciles(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "qwen3next.gguf", "qwen3next", *qwen3next())
+    built = gguf_config(read_gguf(path))
+    assert built.class_name == "Qwen3NextForCausalLM"
+    assert {k: built.config[k] for k in ("layer_types", "linear_num_key_heads", "linear_num_value_heads",
+                                         "linear_key_head_dim", "linear_value_head_dim", "head_dim",
+                                         "partial_rotary_factor")} == {
+        "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16, "head_dim": 16,
+        "partial_rotary_factor": 0.25}
+    rec = reconcile(capsys, path)
+    assert (rec["class"], rec["equal"], rec["differences"]) == ("Qwen3NextForCausalLM", True, [])
+    # per layer: norms 128, router 256, experts 3 × 4 × 2,048, shared 3 × 2,048 + its gate 64; layer 0: qkvz
+    # 192 × 64, ba 8 × 64, conv 128 × 4, dt_bias and A 8, norm 16, out 64 × 64; layer 1: q 128 × 64, k and v
+    # 2 × 32 × 64, o 64 × 64, q/k norms 32; token_embd and output 2 × 6,656, norm 64
+    params = (2 * (128 + 256 + 3 * 4 * 2_048 + 3 * 2_048 + 64) + 192 * 64 + 8 * 64 + 128 * 4 + 8 + 16 + 64 * 64
+              + 128 * 64 + 2 * 32 * 64 + 64 * 64 + 32 + 2 * VOCAB * H + 64)
+    assert rec["file_parameters"] == rec["class_parameters"] == rec["matched_parameters"] == params == 109_560
+    assert rec["roles"]["linear_attention.in_proj"] == {"file": 200 * 64, "class": 200 * 64}
+    assert rec["roles"]["mlp.norm"] == {"file": 2 * 64, "class": 2 * 64}  # post_attention_norm: the pre-MLP norm
+    assert ways(rec)["split by rows: attn_qkv (q ‖ k ‖ v) and attn_gate (z), heads regrouped "
+                     "(convert_hf_to_gguf.py's Qwen3-Next), values kept"] == 1
+    assert ways(rec)["fused: gate ‖ up along dim 1 (transformers' gate_up_proj)"] == 2
 
 
 def lfm2moe(layers: int = 3, ff: int = 128, moe: int = 32, experts: int = 4) -> tuple[dict, dict]:

@@ -26,7 +26,7 @@ from .gguf_read import GGUFCheckpoint
 
 # load_gguf_checkpoint's renames: llama.cpp's architecture name → transformers' model_type.
 _RENAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2",
-            "lfm2moe": "lfm2_moe"}
+            "lfm2moe": "lfm2_moe", "qwen3next": "qwen3_next"}
 # After the mapping, transformers builds the text backbone alone for these (the file holds no vision tower).
 _TEXT_ONLY = {"gemma3": "gemma3_text", "gemma4": "gemma4_text"}
 # Fields transformers' GGUF_CONFIG_MAPPING leaves out that llama.cpp writes and the class's shapes need:
@@ -73,6 +73,18 @@ OWN_MAPPINGS: dict[str, dict[str, str]] = {
                 "vocab_size": "vocab_size", "shortconv.l_cache": "conv_L_cache", "expert_count": "num_experts",
                 "expert_used_count": "num_experts_per_tok", "expert_feed_forward_length": "moe_intermediate_size",
                 "leading_dense_block_count": "num_dense_layers"},
+    # Qwen3NextModel.set_gguf_parameters (Qwen2MoeModel's keys and the gated delta net's as ssm.*); the value head
+    # width, layer kinds and rotary fraction are derived (_qwen3next_fields)
+    "qwen3next": {"context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+                  "block_count": "num_hidden_layers", "feed_forward_length": "intermediate_size",
+                  "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+                  "attention.key_length": "head_dim", "rope.freq_base": "rope_theta",
+                  "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size",
+                  "expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
+                  "expert_feed_forward_length": "moe_intermediate_size",
+                  "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
+                  "ssm.conv_kernel": "linear_conv_kernel_dim", "ssm.state_size": "linear_key_head_dim",
+                  "ssm.group_count": "linear_num_key_heads", "ssm.time_step_rank": "linear_num_value_heads"},
 }
 # The largest figures a config built here may carry: past them the header is no model (a hostile file).
 MAX_LAYERS = 4096
@@ -316,9 +328,36 @@ def _lfm2moe_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> st
             f"elsewhere; use_expert_bias {config['use_expert_bias']} (exp_probs_b in the file)")
 
 
+def _qwen3next_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> str:
+    """Qwen3-Next's value head width (ssm.inner_size / ssm.time_step_rank: the converter writes d_inner = value
+    heads × width), its layer kinds (full attention where a block holds attn_q, the gated delta net elsewhere) and
+    the rotary fraction (rope.dimension_count / head_dim)."""
+    meta = ck.metadata
+    inner, heads = meta.get(f"{arch}.ssm.inner_size"), config.get("linear_num_value_heads")
+    layers = config.get("num_hidden_layers")
+    for field, v in (("ssm.inner_size", inner), ("ssm.time_step_rank", heads), ("block_count", layers)):
+        if type(v) is not int or not 0 < v <= MAX_WIDTH:
+            raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.{field} = {_q(v)} is no width")
+    if inner % heads:
+        raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.ssm.inner_size = {inner:,} is no "
+                          f"whole number of value heads ({arch}.ssm.time_step_rank = {heads:,})")
+    config["linear_value_head_dim"] = inner // heads
+    full = set(_blocks_holding(ck, "attn_q.weight"))
+    config["layer_types"] = ["full_attention" if i in full else "linear_attention" for i in range(layers)]
+    rope, head_dim = meta.get(f"{arch}.rope.dimension_count"), config.get("head_dim")
+    if type(rope) is int and type(head_dim) is int and 0 < rope <= head_dim:
+        config["partial_rotary_factor"] = rope / head_dim
+    if "rope_theta" in config:
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": config.pop("rope_theta"),
+                                     "partial_rotary_factor": config.get("partial_rotary_factor", 0.25)}
+    return (f"config from paramscope's table for {arch} (transformers reads no {arch} GGUF): convert_hf_to_gguf.py's "
+            f"keys; linear_value_head_dim {inner // heads} from ssm.inner_size / ssm.time_step_rank; full attention "
+            f"at {sorted(full)} (the blocks holding attn_q), the gated delta net elsewhere")
+
+
 # How each architecture of OWN_MAPPINGS derives the fields its keys give no value of directly.
 _DERIVED = {"deepseek2": _mla_fields, "mamba2": _mamba2_fields, "jamba": _jamba_fields,
-            "lfm2moe": _lfm2moe_fields}
+            "lfm2moe": _lfm2moe_fields, "qwen3next": _qwen3next_fields}
 
 
 def _int(value: Any) -> int:

@@ -38,6 +38,8 @@ _FUSED = ".experts.gate_up_proj"
 # llama.cpp tensors written and loaded without a suffix (a checkpoint parameter with none: A_log, D)
 _BARE = ("ssm_a", "ssm_d")
 _KV_B = ".attn_kv_b.weight"
+_GATE_UP_EXPS = ".ffn_gate_up_exps.weight"
+_SSM_IN = ".ssm_in.weight"
 
 
 def gguf_arch(architecture: str) -> Any:
@@ -87,6 +89,15 @@ def stored_gguf_names(architecture: str, blocks: int, name: str) -> tuple[tuple[
     if len(names) == 1 and names[0].endswith(_KV_B):
         stem = names[0][: -len(_KV_B)]
         return (names, (stem + ".attn_k_b.weight", stem + ".attn_v_b.weight"))
+    if len(names) == 1 and names[0].endswith(_GATE_UP_EXPS):
+        # gguf's table names a fused gate_up_exps, which converters that stack gate and up apart (Qwen2MoeModel and
+        # its Qwen3NextModel) do not write
+        stem = names[0][: -len(_GATE_UP_EXPS)]
+        return (names, (stem + ".ffn_gate_exps.weight", stem + ".ffn_up_exps.weight"))
+    if len(names) == 1 and names[0].endswith(_SSM_IN) and name.endswith(".in_proj_qkvz.weight"):
+        # Qwen3NextModel.modify_tensors: in_proj_qkvz regrouped and split into attn_qkv (q‖k‖v) and attn_gate (z)
+        stem = names[0][: -len(_SSM_IN)]
+        return (names, (stem + ".attn_qkv.weight", stem + ".attn_gate.weight"))
     return (names,) if names else ()
 
 
@@ -99,6 +110,12 @@ def how_stored(architecture: str, gguf_names: tuple[str, ...], gguf_shapes: tupl
         if len(k) == len(v) == 3 and len(shape) == 2 and k[0] == v[0] and k[1] == v[2] == shape[1] \
                 and k[0] * (k[2] + v[1]) == shape[0]:
             return "split per head: attn_k_b (transposed) ‖ attn_v_b (convert_hf_to_gguf.py's MLA absorption)"
+        return None
+    if len(gguf_names) == 2 and gguf_names[0].endswith(".attn_qkv.weight"):
+        qkv, z = gguf_shapes  # [q + k + v rows, hidden] and [z rows, hidden] for the class's [q + k + v + z, hidden]
+        if len(qkv) == len(z) == len(shape) == 2 and qkv[1] == z[1] == shape[1] and qkv[0] + z[0] == shape[0]:
+            return ("split by rows: attn_qkv (q ‖ k ‖ v) and attn_gate (z), heads regrouped "
+                    "(convert_hf_to_gguf.py's Qwen3-Next), values kept")
         return None
     if len(gguf_names) == 2:
         a, b = gguf_shapes
@@ -119,6 +136,8 @@ def how_stored(architecture: str, gguf_names: tuple[str, ...], gguf_shapes: tupl
         return f"reshaped {list(shape)} → {list(got)} (convert_hf_to_gguf.py's SSM layout), values kept"
     if ".shortconv.conv." in gguf_names[0] and tuple(got) == tuple(d for d in shape if d != 1):
         return f"squeezed {list(shape)} → {list(got)} (convert_hf_to_gguf.py's LFM2 conv), values kept"
+    if tuple(got) == tuple(d for d in shape if d != 1):  # the converter squeezes the float tensors it writes
+        return f"squeezed {list(shape)} → {list(got)} (convert_hf_to_gguf.py), values kept"
     return None
 
 

@@ -131,6 +131,12 @@ def gguf_role(name: str, architecture: str | None = None, kind: str | None = Non
         for pattern, role in _LINEAR_ATTENTION_ROLES:
             if pattern.search(short):
                 return role
+        if kind in ("ssm", "ssm2") and short.startswith(("attn_qkv.", "attn_gate.")):
+            # Qwen3NextModel.modify_tensors splits a linear layer's in_proj_qkvz into attn_qkv (q‖k‖v) and
+            # attn_gate (z): the linear attention's input projection, not an attention's
+            return "linear_attention.in_proj"
+        if short.startswith("post_attention_norm."):
+            return "mlp.norm"  # its post_attention_layernorm is the pre-MLP norm (no Gemma-style post-norm)
     for pattern, role in _ROLE_RULES:
         if pattern.search(short):
             break
