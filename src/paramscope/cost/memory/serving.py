@@ -366,21 +366,30 @@ def _measured_token_prefill(forward: Any, analytic_at: Any, analytic: Any, weigh
     def masks_at(batch: int, length: int) -> int:  # the masks built, and sdpa's additive copy of one (a layer's)
         return built_at(batch, length) + additive * copy_heads * batch * length * length
 
+    def kv_at(batch: int, length: int) -> int:
+        return cache.at(batch, length) if cache is not None else 0
+
     kv = cache.at(options.batch, seq) if cache is not None else 0
     moment = weights.bytes + weights.buffer_bytes + forward.prefill_peak
     built = forward.mask_bytes
     if built != built_at(options.batch, seq):  # a mask not B×…×S×S: the fits cannot scale it
         raise UnsupportedError("the language model's attention masks are not batch × S × S ({shapes})",
                                shapes=", ".join("×".join(map(str, shape)) for shape, _ in masks))
+    # the analytic prefill (a Llama-style workspace with its own sliding-window mask where the prompt fills the
+    # window) with the masks and the images held, beside the measured: the note says by how much it differs
     difference = analytic_at(options.batch, seq) + masks_at(options.batch, seq) + forward.held - moment
     rest = forward.prefill_peak - kv - forward.held
+    # the fits: the KV cache as computed, the masks as batch × S², and the rest of the measured peak (a layer's
+    # working tensors, the sliding layers' prompt K and V, the logits) in batch × tokens
+    linear = rest - masks_at(options.batch, seq)
     workspace = Workspace(rest, (f"measured: the prefill's largest live bytes {forward.prefill_peak:,} less the KV "
                                  f"cache {kv:,} and the images held {forward.held:,} (the inputs given, the merged "
                                  "embeddings, the attention masks built, a layer's working tensors, the last "
                                  "token's logits)"), analytic.logits)
 
     def prefill_at(batch: int, length: int) -> int:
-        return analytic_at(batch, length) + masks_at(batch, length) - difference
+        return (weights.bytes + weights.buffer_bytes + kv_at(batch, length) + masks_at(batch, length)
+                + linear * batch * length // (options.batch * seq))
 
     change = f"{difference:,} B over" if difference >= 0 else f"{-difference:,} B short of"
     if masks:
@@ -401,8 +410,9 @@ def _measured_token_prefill(forward: Any, analytic_at: Any, analytic: Any, weigh
             f"no grad, the model's own cache, the last token's logits as generate()'s prefill, the model's own "
             f"attention as torch runs it on CPU tensors), from the language model's call to the end: "
             f"{forward.prefill_peak:,} B beyond the weights, which holds {mask_words}; the analytic prefill with "
-            f"the masks and the images held is {change} it; the fits below move that curve by the same (exact at "
-            f"the asked point only)")
+            f"the masks and the images held is {change} it. The fits below: the KV cache as computed, the masks "
+            f"as batch × S², the rest of the measured peak ({linear:,} B) in batch × tokens (exact at the asked "
+            f"point; elsewhere approximate: ask --seq at the length that matters)")
     return prefill_at, workspace, note
 
 
@@ -445,8 +455,14 @@ def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: M
     elif forward is not None:
         shift = forward.before_prefill - options.batch * seq * (per_token + given) - media.forward_peak
 
+    # Gemma-3 (dense masks built before the call): the rest is the masks' construction, their B×S×S temporaries,
+    # which grow as batch × S² (approximate away from the asked point)
+    square = forward is not None and bool(forward.masks)
+
     def tower_at(batch: int, length: int) -> int:  # the rest measured before the call is each sequence's
         rest = shift * batch // options.batch if forward is not None else shift
+        if square:
+            rest = shift * batch * length * length // (options.batch * seq * seq)
         return (resident + batch * length * (per_token + given) + media.forward_peak * batch // options.batch
                 + rest)
 
@@ -531,8 +547,10 @@ def _with_tower(media: Any, prefill_at: Any, weights: Any, text: Any, options: M
                 f"model's input embeddings over the {seq:,} tokens ({embeddings:,} B, made before the tower runs), "
                 f"the tower's run and "
                 + (f"{shift:,} B more (the image features merged into a copy of the embeddings, and the language "
-                   "model's masks, where they bind)" if shift else "nothing more (the merge into the embeddings "
-                   "and the masks built after it stay below)")
+                   "model's masks, where they bind" + ("; in the fits batch × S², the masks' construction, "
+                                                       "approximate" if square else "") + ")"
+                   if shift else "nothing more (the merge into the embeddings and the masks built after it stay "
+                   "below)")
                 + f"; the prefill's, {prefill:,} B, holds what the "
                 f"forward keeps of the images through it, {held:,} B (the pixel values, the tower's returned output "
                 "and the projected features, measured at the language model's call on fake tensors against a text "
