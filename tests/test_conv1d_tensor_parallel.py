@@ -52,7 +52,8 @@ def test_each_rank_holds_its_heads_q_k_and_v_and_the_partial_sums_add_up():
 def test_traced_shards_equal_the_analytic_placements(sp):
     """Every parameter's local shape on the traced rank (rank 0 of tp 2) equals parallel/rules.py's placement
     (Conv1D weights [in, out]: c_attn and c_fc cut on dim 1 with their biases, the c_projs on dim 0 with their biases
-    whole, wte vocab-parallel and tied to the head, wpe whole), and the attention's widths are the rank's."""
+    whole, wte vocab-parallel and tied to the head, wpe whole), the attention's widths are the rank's, and a forward
+    gives the whole logits."""
     from paramscope.api import inspect_with_module
     from paramscope.cost.model_view import from_module
     from paramscope.cost.parallel.estimate import placements_for
@@ -70,6 +71,10 @@ def test_traced_shards_equal_the_analytic_placements(sp):
                                                attn.c_proj.bias)] == ["S(1)", "S(0)", "S(0)", "R"]
         assert (attn.split_size, attn.num_heads) == (32, 2)
         assert model.lm_head.weight is model.transformer.wte.weight
+        # a batch of 2 keeps its shape through GPT2Model's view of the final norm's output to the whole sequence
+        # (a rank's local half-sequence would refold into half the batch)
+        logits = model(input_ids=torch.zeros((2, 16), dtype=torch.long)).logits
+        assert tuple(logits.shape) == (2, 16, 1024)
     assert local == {name: p.local_shape for name, p in placements.items()}
     assert local["transformer.h.0.attn.c_attn.weight"] == (64, 96) and local["transformer.wte.weight"] == (512, 64)
     assert placements["transformer.h.0.mlp.c_proj.weight"].tp == "row"
