@@ -131,7 +131,8 @@ def test_every_registered_display_names_a_page_that_exists():
             function = getattr(importlib.import_module(module), name)
             assert len(inspect.signature(function).parameters) == arity, (type_name, target)
     classes = {"Report": "paramscope.report", "MemoryEstimate": "paramscope.cost.memory.result",
-               "FlopEstimate": "paramscope.cost.flops.result", "Plan": "paramscope.plan"}
+               "FlopEstimate": "paramscope.cost.flops.result", "Plan": "paramscope.plan",
+               "ServeSpeed": "paramscope.cost.speed.roofline"}
     assert set(PAGES) == set(classes)
     for type_name, module in classes.items():
         assert hasattr(importlib.import_module(module), type_name)
