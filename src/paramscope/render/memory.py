@@ -426,7 +426,10 @@ def training_parts(report, estimate) -> list:
     lines = [title, *filter(None, [model_source_line(report.model)]), indented(step), indented(shape)]
     if detail.frozen:
         tensors = "tensor" if len(detail.frozen) == 1 else "tensors"
-        named = ", ".join(settings["freeze"]) or "requires_grad False in the class"
+        towers = settings.get("idle_towers") or []
+        named = "; ".join(filter(None, [", ".join(settings["freeze"]),
+                                        f"{', '.join(towers)}: not run by a text input" if towers else ""])) \
+            or "requires_grad False in the class"
         lines.append(indented(f"frozen: {exact(states.frozen)} parameters in {len(detail.frozen)} {tensors} "
                               f"({named}); {exact(states.trainable)} train"))
     lines += [Text(""), _training_totals(estimate), Text(""), _phases_table(estimate)]

@@ -480,7 +480,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         "batch": options.batch, "seq": seq,
         "seq_from": "--seq" if options.seq else "default for training (2,048, or the model's maximum)",
         "grad_checkpointing": options.grad_checkpointing, "attention": attention,
-        "freeze": list(options.freeze), "devices": options.devices, "zero": zero, "reserve": options.reserve,
+        "freeze": list(options.freeze), "idle_towers": list(idle) if unused else [], "devices": options.devices, "zero": zero, "reserve": options.reserve,
         "activations_from": source_label, "max_context": limit,
         "trace": "full" if traced is not None else "extended" if extended else None,
     }
