@@ -1,10 +1,11 @@
 """GGUF files of MLA, recurrent and hybrid families (issue 29 §1): each written as llama.cpp's convert_hf_to_gguf.py
 writes it (its metadata keys and tensor shapes: MambaModel, Mamba2Model, LFM2Model, DeepseekV2Model, JambaModel,
-LFM2MoeModel), then held against the transformers class built from its metadata, tensor by tensor: same parameters,
-same roles. Roles follow the layer kind: llama.cpp names every layer's pre-mixer norm `attn_norm`, which is the SSM's
-norm in a Mamba layer and the mixer's in LFM2. deepseek2, mamba2, jamba and lfm2moe, which transformers reads no GGUF
-of, are built from paramscope's own table (and `memory --engine llama.cpp` answers on the hybrids); the families no
-class is built for from a GGUF yet (Falcon-H1, ...) are refused in one line.
+LFM2MoeModel, Qwen3NextModel, GraniteHybridModel), then held against the transformers class built from its
+metadata, tensor by tensor: same parameters, same roles. Roles follow the layer kind: llama.cpp names every layer's
+pre-mixer norm `attn_norm`, which is the SSM's norm in a Mamba layer and the mixer's in LFM2 and Granite-4.0-H.
+deepseek2, mamba2, jamba, lfm2moe, qwen3next and granitehybrid, which transformers reads no GGUF of, are built from
+paramscope's own table (and `memory --engine llama.cpp` answers on the hybrids); the families no class is built for
+from a GGUF yet (Falcon-H1, Nemotron-H) are refused in one line.
 """
 
 from __future__ import annotations
@@ -180,7 +181,7 @@ def test_a_hybrid_files_blocks_take_their_own_kinds(tmp_path: Path) -> None:
         "blk.1.attn_norm.weight": "attention.norm"}
 
 
-@pytest.mark.parametrize("arch", ["falcon-h1", "granitehybrid", "nemotron_h"])
+@pytest.mark.parametrize("arch", ["falcon-h1", "nemotron_h"])
 def test_families_transformers_builds_no_class_for_are_refused_in_one_line(tmp_path: Path, arch: str,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path / f"{arch}.gguf", arch, {"block_count": 1},
@@ -189,7 +190,7 @@ def test_families_transformers_builds_no_class_for_are_refused_in_one_line(tmp_p
     assert main(["inspect", str(path), "--no-cache"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and why in err and "Traceback" not in err
-    assert "nor has paramscope a table of its own for it yet (it has deepseek2, jamba, lfm2moe, mamba2, qwen3next)" in err
+    assert "nor has paramscope a table of its own for it yet (it has deepseek2, granitehybrid, jamba, lfm2moe, mamba2, qwen3next)" in err
 
 
 def jamba(layers: int = 4, inner: int = 2 * H, state: int = 16, conv: int = 4, rank: int = 4, experts: int = 4,
@@ -269,6 +270,8 @@ def test_a_jamba_file_whose_attention_layers_follow_no_period_is_one_line(
     ("lfm2moe", lambda: lfm2moe(), 2 * 64 * 2 * 4, 1 * 256 * (32 + 32) * 2),
     # Qwen3-Next: 1 gated-delta-net layer × ((d_conv − 1) × (d_inner 64 + 2 × 2 key heads × 16) + 16 × 64) F32
     ("qwen3next", lambda: qwen3next(), (3 * 128 + 16 * 64) * 4, 1 * 256 * (32 + 32) * 2),
+    # Granite-4 hybrid: 1 Mamba-2 layer × ((d_conv − 1) × (d_inner 128 + 2 × 2 groups × 16) + 16 × 128) F32
+    ("granitehybrid", lambda: granitehybrid(), (3 * 192 + 16 * 128) * 4, 1 * 256 * (32 + 32) * 2),
 ])
 def test_memory_under_llama_cpp_answers_on_a_hybrid_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                           arch: str, files, states: int, kv: int) -> None:
@@ -277,10 +280,11 @@ def test_memory_under_llama_cpp_answers_on_a_hybrid_file(tmp_path: Path, capsys:
     plan = json.loads(capsys.readouterr().out)["memory"]["llama_cpp"]
     gpu, cpu = plan["devices"]
     assert (gpu["kv"], gpu["recurrent"]) == (kv, states) == {"jamba": (65_536, 19_456), "lfm2moe": (32_768, 1_024),
-                                                             "qwen3next": (32_768, 5_632)}[arch]
+                                                             "qwen3next": (32_768, 5_632),
+                                                             "granitehybrid": (32_768, 10_496)}[arch]
     # every tensor's exact bytes, token_embd (Q8_0: 104 × 64 / 32 blocks of 34 B) on the CPU; LFM2-MoE's head is
-    # tied, and the output layer's device takes its own copy of token_embd
-    copy = 7_072 if arch == "lfm2moe" else 0
+    # and Granite-4's heads are tied, and the output layer's device takes its own copy of token_embd
+    copy = 7_072 if arch in ("lfm2moe", "granitehybrid") else 0
     assert cpu["weights"] == 7_072 and gpu["weights"] + cpu["weights"] == read_gguf(path).nbytes + copy
 
 
@@ -552,3 +556,84 @@ def test_a_mamba2_file_builds_its_heads_and_reconciles(tmp_path: Path, capsys: p
     assert rec["roles"]["ssm.norm"] == {"file": 2 * (64 + 128), "class": 2 * (64 + 128)}
     assert rec["roles"]["ssm.state"] == {"file": 2 * 3 * 8, "class": 2 * 3 * 8}  # dt_bias (ssm_dt.bias), A, D
     assert ways(rec)["reshaped [128] → [2, 64] (convert_hf_to_gguf.py's SSM layout), values kept"] == 2
+
+
+def granitehybrid(experts: int = 4, moe: int = 32, shared: int = 64) -> tuple[dict, dict]:
+    """GraniteHybridModel's metadata (GraniteMoeModel's keys, the multipliers as *_scale; KV heads per layer, 0 on a
+    Mamba-2 layer; Mamba-2's ssm.*: time_step_rank the heads, inner_size expand × hidden; context_length 2**20 and
+    rope.scaling.finetuned false for a hybrid run without RoPE) and tensors: layer 0 Mamba-2 (as Mamba2Model writes
+    it: A and D [heads, 1], the gated norm [groups, inner / groups], conv1d squeezed, dt_bias as ssm_dt.bias), layer 1
+    attention; in each, the experts stacked apart (ffn_gate/up/down_exps) and the shared MLP's input_linear split by
+    rows into ffn_gate_shexp and ffn_up_shexp; with no experts (Granite-4.0-H-Micro) the shared MLP is written as
+    ffn_gate/up/down. The head is tied (no output.weight), as Granite-4.0-H's."""
+    inner, heads, groups, state, conv = 2 * H, 8, 2, 16, 4
+    kv = {"context_length": 2**20, "embedding_length": H, "block_count": 2, "feed_forward_length": moe,
+          "attention.head_count": 4, "attention.head_count_kv": [0, 2], "rope.freq_base": 10000.0,
+          "attention.layer_norm_rms_epsilon": 1e-5, "vocab_size": VOCAB, "rope.dimension_count": 16,
+          "attention.scale": 0.0078125, "embedding_scale": 12.0, "residual_scale": 0.22, "logit_scale": 8.0,
+          "ssm.conv_kernel": conv, "ssm.state_size": state, "ssm.group_count": groups, "ssm.inner_size": inner,
+          "ssm.time_step_rank": heads, "rope.scaling.finetuned": False, "expert_shared_feed_forward_length": shared}
+    if experts:
+        kv |= {"expert_count": experts, "expert_used_count": 2}
+    channels = inner + 2 * groups * state
+    tensors = {"token_embd.weight": ((VOCAB, H), Q.Q8_0), "output_norm.weight": ((H,), Q.F32),
+               "blk.0.ssm_in.weight": ((inner + channels + heads, H), Q.Q8_0),
+               "blk.0.ssm_conv1d.weight": ((channels, conv), Q.F32), "blk.0.ssm_conv1d.bias": ((channels,), Q.F32),
+               "blk.0.ssm_dt.bias": ((heads,), Q.F32), "blk.0.ssm_a": ((heads, 1), Q.F32),
+               "blk.0.ssm_d": ((heads, 1), Q.F32), "blk.0.ssm_norm.weight": ((groups, inner // groups), Q.F32),
+               "blk.0.ssm_out.weight": ((H, inner), Q.Q8_0),
+               "blk.1.attn_q.weight": ((H, H), Q.Q8_0), "blk.1.attn_k.weight": ((32, H), Q.Q8_0),
+               "blk.1.attn_v.weight": ((32, H), Q.Q8_0), "blk.1.attn_output.weight": ((H, H), Q.Q8_0)}
+    for i in range(2):
+        b = f"blk.{i}."
+        tensors |= {b + "attn_norm.weight": ((H,), Q.F32), b + "ffn_norm.weight": ((H,), Q.F32)}
+        if experts:
+            tensors |= {b + "ffn_gate_inp.weight": ((experts, H), Q.F32),
+                        b + "ffn_gate_exps.weight": ((experts, moe, H), Q.Q8_0),
+                        b + "ffn_up_exps.weight": ((experts, moe, H), Q.Q8_0),
+                        b + "ffn_down_exps.weight": ((experts, H, moe), Q.Q8_0),
+                        b + "ffn_gate_shexp.weight": ((shared, H), Q.Q8_0),
+                        b + "ffn_up_shexp.weight": ((shared, H), Q.Q8_0),
+                        b + "ffn_down_shexp.weight": ((H, shared), Q.Q8_0)}
+        else:
+            tensors |= {b + "ffn_gate.weight": ((shared, H), Q.Q8_0), b + "ffn_up.weight": ((shared, H), Q.Q8_0),
+                        b + "ffn_down.weight": ((H, shared), Q.Q8_0)}
+    return kv, tensors
+
+
+@pytest.mark.parametrize("experts", [4, 0])
+def test_a_granitehybrid_file_builds_its_layer_kinds_and_reconciles(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                    experts: int) -> None:
+    path = write(tmp_path / "granitehybrid.gguf", "granitehybrid", *granitehybrid(experts))
+    built = gguf_config(read_gguf(path))
+    assert built.class_name == "GraniteMoeHybridForCausalLM"
+    assert {k: built.config[k] for k in ("layer_types", "num_key_value_heads", "mamba_n_heads", "mamba_d_head",
+                                         "mamba_expand", "mamba_n_groups", "mamba_d_state", "mamba_conv_bias",
+                                         "mamba_proj_bias", "num_local_experts", "shared_intermediate_size",
+                                         "attention_multiplier", "embedding_multiplier", "logits_scaling")} == {
+        "layer_types": ["mamba", "attention"], "num_key_value_heads": 2, "mamba_n_heads": 8, "mamba_d_head": 16,
+        "mamba_expand": 2, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_conv_bias": True,
+        "mamba_proj_bias": False, "num_local_experts": experts, "shared_intermediate_size": 64,
+        "attention_multiplier": 0.0078125, "embedding_multiplier": 12.0, "logits_scaling": 8.0}
+    rec = reconcile(capsys, path)
+    assert (rec["class"], rec["equal"]) == ("GraniteMoeHybridForCausalLM", True), rec["differences"]
+    assert [(d["kind"], d["name"]) for d in rec["differences"]] == [("tied", "lm_head.weight")]
+    # norms 2 × 128; shared MLP 2 × 3 × 64 × 64; experts 2 × (router 256 + 3 × 4 × 32 × 64); Mamba-2 layer: in
+    # 328 × 64, conv 192 × 4 + 192, dt_bias, A, D 3 × 8, gated norm 128, out 64 × 128; attention layer: q, o
+    # 2 × 4,096, k, v 2 × 2,048; token_embd 104 × 64, output_norm 64
+    moe = 2 * (256 + 3 * 4 * 32 * 64) if experts else 0
+    params = (2 * 128 + 2 * 3 * 64 * 64 + moe + 328 * 64 + 192 * 4 + 192 + 3 * 8 + 128 + 64 * 128
+              + 2 * 4_096 + 2 * 2_048 + VOCAB * H + 64)
+    assert rec["file_parameters"] == rec["class_parameters"] == rec["matched_parameters"] == params
+    assert params == (123_800 if experts else 74_136)
+    assert all(r["file"] == r["class"] for r in rec["roles"].values()), rec["roles"]
+    # one decoder-layer class runs Mamba-2 or attention: each layer's input_layernorm (attn_norm) is the mixer's norm
+    assert rec["roles"]["mixer.norm"] == {"file": 2 * 64, "class": 2 * 64} and "attention.norm" not in rec["roles"]
+    assert rec["roles"]["ssm.norm"] == {"file": 128, "class": 128}  # the gated norm
+    split = next(m for m in rec["matches"] if m["parameter"] == "model.layers.0.shared_mlp.input_linear.weight")
+    assert (split["gguf"], split["shape"]) == (
+        ["blk.0.ffn_gate_shexp.weight", "blk.0.ffn_up_shexp.weight"] if experts else
+        ["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"], [128, 64])
+    assert split["how"].startswith("split by rows: gate ‖ up (convert_hf_to_gguf.py's GraniteMoeModel")
+    assert ways(rec)["rows permuted for rope (convert_hf_to_gguf.py), shape kept"] == 2
+    assert ways(rec).get("fused: gate ‖ up along dim 1 (transformers' gate_up_proj)", 0) == (2 if experts else 0)

@@ -84,6 +84,9 @@ def _scalar_exception(key: str, value: Any) -> bool:
 
 # Zero is meaningful here: head_dim 0 is "hidden size / heads" in some defaults, a rope dimension 0 is no rope part.
 _MAY_BE_ZERO = ("head_dim", "qk_rope_head_dim", "q_lora_rank")
+# model_type → size fields its class takes 0 for: GraniteMoeHybrid's 0 experts build the shared MLP alone
+# (Granite-4.0-H-Micro's config.json)
+_MAY_BE_ZERO_FOR = {"granitemoehybrid": ("num_local_experts",)}
 _NON_NEGATIVE_INT_FIELDS = ("type_vocab_size", "n_shared_experts", "first_k_dense_replace")
 # Fields that count blocks in a stack: each block is a dozen modules or more, so they are bounded first.
 _LAYER_FIELDS = (
@@ -202,7 +205,8 @@ def _check_level(config: dict[str, Any], prefix: str, depth: int) -> None:
                                      and abs(value) < 2**63 else ""))
     for key in _POSITIVE_INT_FIELDS:
         value = config.get(key)
-        if value is None or (value == 0 and key in _MAY_BE_ZERO):
+        if value is None or (value == 0 and (key in _MAY_BE_ZERO
+                                             or key in _MAY_BE_ZERO_FOR.get(config.get("model_type"), ()))):
             continue
         items = _size_items(value)
         if items is None:

@@ -10,7 +10,7 @@ its tables are, over the metadata our bounded parser read (gguf_read.py), and it
 Where transformers' table leaves out a field llama.cpp's convert_hf_to_gguf.py writes and the class needs for its
 shapes (Qwen2-MoE's expert widths, a Mixtral written as `llama` with experts), a short supplement completes it; each
 supplemented field is named in `notes`, so the output says which figures did not come from transformers' table.
-For deepseek2 (DeepSeek-V2/V3, Kimi-K2), mamba2, jamba and lfm2moe, which transformers reads no GGUF of, the whole table is
+For deepseek2 (DeepSeek-V2/V3, Kimi-K2), mamba2, jamba, lfm2moe, qwen3next and granitehybrid (Granite-4.0-H), which transformers reads no GGUF of, the whole table is
 paramscope's (OWN_MAPPINGS, from the converter's keys), and `notes` says so.
 """
 
@@ -26,7 +26,7 @@ from .gguf_read import GGUFCheckpoint
 
 # load_gguf_checkpoint's renames: llama.cpp's architecture name → transformers' model_type.
 _RENAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2",
-            "lfm2moe": "lfm2_moe", "qwen3next": "qwen3_next"}
+            "lfm2moe": "lfm2_moe", "qwen3next": "qwen3_next", "granitehybrid": "granitemoehybrid"}
 # After the mapping, transformers builds the text backbone alone for these (the file holds no vision tower).
 _TEXT_ONLY = {"gemma3": "gemma3_text", "gemma4": "gemma4_text"}
 # Fields transformers' GGUF_CONFIG_MAPPING leaves out that llama.cpp writes and the class's shapes need:
@@ -85,6 +85,20 @@ OWN_MAPPINGS: dict[str, dict[str, str]] = {
                   "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
                   "ssm.conv_kernel": "linear_conv_kernel_dim", "ssm.state_size": "linear_key_head_dim",
                   "ssm.group_count": "linear_num_key_heads", "ssm.time_step_rank": "linear_num_value_heads"},
+    # GraniteHybridModel.set_gguf_parameters (Granite-4.0-H, Bamba): GraniteMoeModel's keys (Granite's multipliers
+    # written as *_scale) and Mamba-2's as ssm.*; layer kinds, KV heads and the SSM widths derived
+    # (_granitehybrid_fields)
+    "granitehybrid": {"context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+                      "block_count": "num_hidden_layers", "feed_forward_length": "intermediate_size",
+                      "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+                      "rope.freq_base": "rope_theta", "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+                      "vocab_size": "vocab_size", "expert_count": "num_local_experts",
+                      "expert_used_count": "num_experts_per_tok",
+                      "expert_shared_feed_forward_length": "shared_intermediate_size",
+                      "attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
+                      "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling",
+                      "ssm.conv_kernel": "mamba_d_conv", "ssm.state_size": "mamba_d_state",
+                      "ssm.group_count": "mamba_n_groups", "ssm.time_step_rank": "mamba_n_heads"},
 }
 # The largest figures a config built here may carry: past them the header is no model (a hostile file).
 MAX_LAYERS = 4096
@@ -355,9 +369,49 @@ def _qwen3next_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> 
             f"at {sorted(full)} (the blocks holding attn_q), the gated delta net elsewhere")
 
 
+def _granitehybrid_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> str:
+    """Granite-4 hybrid's layer kinds from the converter's per-layer KV heads (0 on a Mamba-2 layer) as
+    GraniteMoeHybridConfig's layer_types; mamba_expand = ssm.inner_size / embedding_length (the converter writes
+    d_inner = expand × hidden) and mamba_d_head = ssm.inner_size / ssm.time_step_rank (the heads); no experts
+    (expert_count 0 or absent, Granite-4.0-H-Micro): the shared MLP alone, written as a dense FFN, whose width the
+    converter takes from shared_intermediate_size; the conv and in_proj biases as the file holds them."""
+    counts = _heads_per_layer(config, arch, ck.path)
+    meta = ck.metadata
+    inner, hidden, heads = meta.get(f"{arch}.ssm.inner_size"), config.get("hidden_size"), config.get("mamba_n_heads")
+    mamba = [i for i, c in enumerate(counts) if c == 0]
+    if mamba:
+        for field, v in (("ssm.inner_size", inner), ("embedding_length", hidden), ("ssm.time_step_rank", heads)):
+            if type(v) is not int or not 0 < v <= MAX_WIDTH:
+                raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.{field} = {_q(v)} is no "
+                                  "width")
+        if inner % hidden or inner % heads:
+            raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.ssm.inner_size = {inner:,} is "
+                              f"no whole number of widths ({arch}.embedding_length = {hidden:,}) and of heads "
+                              f"({arch}.ssm.time_step_rank = {heads:,}): GraniteMoeHybridConfig takes an integer "
+                              "mamba_expand and mamba_d_head")
+        config.update(mamba_expand=inner // hidden, mamba_d_head=inner // heads)
+    config["layer_types"] = ["attention" if c > 0 else "mamba" for c in counts]
+    config.setdefault("num_local_experts", 0)
+    if not config["num_local_experts"]:
+        config["shared_intermediate_size"] = config.get("shared_intermediate_size") or config.get("intermediate_size")
+    names = {t.name for t in ck.tensors}
+    config.update(mamba_conv_bias=bool(mamba) and f"blk.{mamba[0]}.ssm_conv1d.bias" in names,
+                  mamba_proj_bias=bool(mamba) and f"blk.{mamba[0]}.ssm_in.bias" in names)
+    if meta.get(f"{arch}.rope.scaling.finetuned") is True:
+        config["position_embedding_type"] = "rope"  # Bamba (or a hybrid with no Mamba layer): the converter's use_rope
+    if "rope_theta" in config:
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": config.pop("rope_theta")}
+    attention = [i for i, c in enumerate(counts) if c > 0]
+    return (f"config from paramscope's table for {arch} (transformers reads no {arch} GGUF): convert_hf_to_gguf.py's "
+            f"keys; layer_types: attention at {attention} (KV heads > 0 in attention.head_count_kv), mamba elsewhere"
+            + (f"; mamba_expand {config['mamba_expand']}, mamba_d_head {config['mamba_d_head']} from ssm.inner_size"
+               if mamba else "")
+            + ("" if config["num_local_experts"] else "; no experts: the shared MLP alone (ffn_gate/up/down)"))
+
+
 # How each architecture of OWN_MAPPINGS derives the fields its keys give no value of directly.
 _DERIVED = {"deepseek2": _mla_fields, "mamba2": _mamba2_fields, "jamba": _jamba_fields,
-            "lfm2moe": _lfm2moe_fields, "qwen3next": _qwen3next_fields}
+            "lfm2moe": _lfm2moe_fields, "qwen3next": _qwen3next_fields, "granitehybrid": _granitehybrid_fields}
 
 
 def _int(value: Any) -> int:

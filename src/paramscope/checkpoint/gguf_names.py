@@ -16,6 +16,10 @@ transformers' `get_gguf_hf_weights_map` reads it backwards, as here): `model.lay
   `dt_proj.bias` first (Mamba2Model.modify_tensors): `blk.N.ssm_dt.bias`; `conv1d.weight` loses its unit dim
   ([d_inner, 1, d_conv] → [d_inner, d_conv]) and Mamba-2's A, D and norm are reshaped, values and count kept;
 - LFM2's short convolution `conv.conv.weight` [H, 1, L] is written squeezed, `blk.N.shortconv.conv.weight` [H, L];
+- Granite-4 hybrid (granitehybrid): transformers 5's `block_sparse_moe.router` and `experts.gate_up_proj` /
+  `experts.down_proj`, and the shared MLP's fused `input_linear` [2·S, H], have no name in gguf's table:
+  GraniteMoeModel.modify_tensors splits input_linear by rows into `ffn_gate_shexp` and `ffn_up_shexp` (or
+  `ffn_gate` and `ffn_up` with no experts, its output_linear then `ffn_down`), the experts into `ffn_*_exps`;
 - MLA's `kv_b_proj` [heads·(nope + v), rank], split per head by today's converter into `attn_k_b` [heads, rank, nope]
   (transposed) and `attn_v_b` [heads, v, rank] (`stored_gguf_names`).
 
@@ -26,6 +30,7 @@ The role of a GGUF name alone is `gguf_read.gguf_role`; `parameter_gguf_names` i
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 from ..errors import SourceError
@@ -33,13 +38,25 @@ from ..errors import short_repr as _q
 
 # llama.cpp architectures whose converter permutes attn_q/attn_k rows for its rope (LlamaModel.permute), as
 # transformers' TENSOR_PROCESSORS reverse them ("llama": LlamaTensorProcessor).
-ROPE_PERMUTED = frozenset({"llama"})
+# GraniteHybridModel sets undo_permute and runs LlamaModel.modify_tensors on its attention layers.
+ROPE_PERMUTED = frozenset({"llama", "granitehybrid"})
 _FUSED = ".experts.gate_up_proj"
 # llama.cpp tensors written and loaded without a suffix (a checkpoint parameter with none: A_log, D)
 _BARE = ("ssm_a", "ssm_d")
 _KV_B = ".attn_kv_b.weight"
 _GATE_UP_EXPS = ".ffn_gate_up_exps.weight"
 _SSM_IN = ".ssm_in.weight"
+# GraniteMoeModel.modify_tensors (and its GraniteHybridModel): the class's stem after `layers.N.` → the
+# gguf.MODEL_TENSOR names it writes, the file's other layout (no experts: the shared MLP as a dense FFN) after
+_GRANITE_ARCHS = frozenset({"granitehybrid"})
+_GRANITE_STEMS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "block_sparse_moe.router": (("FFN_GATE_INP",),),
+    "block_sparse_moe.experts.gate_up_proj": (("FFN_GATE_EXP", "FFN_UP_EXP"),),
+    "block_sparse_moe.experts.down_proj": (("FFN_DOWN_EXP",),),
+    "shared_mlp.input_linear": (("FFN_GATE_SHEXP", "FFN_UP_SHEXP"), ("FFN_GATE", "FFN_UP")),
+    "shared_mlp.output_linear": (("FFN_DOWN_SHEXP",), ("FFN_DOWN",)),
+}
+_LAYER_STEM = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
 
 
 def gguf_arch(architecture: str) -> Any:
@@ -62,11 +79,14 @@ def _name_map(architecture: str, blocks: int) -> Any:
 def parameter_gguf_names(architecture: str, blocks: int, name: str) -> tuple[str, ...]:
     """The GGUF tensor names that hold the class's parameter `name` (one; two for a fused gate_up_proj, gate
     first); () when llama.cpp's table has none. `blocks`: the model's layers (the table is built per block)."""
-    names = _name_map(architecture, blocks)
     stem, suffix = name, ".weight"
     if name.endswith((".weight", ".bias")):
         stem, _, last = name.rpartition(".")
         suffix = "." + last
+    granite = _granite_names(architecture, stem, suffix)
+    if granite:
+        return granite[0]
+    names = _name_map(architecture, blocks)
     if stem.endswith(".dt_bias"):  # Mamba-2: renamed dt_proj.bias before mapping (Mamba2Model.modify_tensors)
         stem, suffix = stem[: -len("dt_bias")] + "dt_proj", ".bias"
     mapped = names.get_name(stem)
@@ -81,10 +101,28 @@ def parameter_gguf_names(architecture: str, blocks: int, name: str) -> tuple[str
     return ()
 
 
+def _granite_names(architecture: str, stem: str, suffix: str) -> tuple[tuple[str, ...], ...]:
+    """The GGUF name sets GraniteMoeModel.modify_tensors writes the class's `stem` under, in _GRANITE_STEMS' order;
+    () for another parameter or architecture."""
+    if architecture not in _GRANITE_ARCHS:
+        return ()
+    m = _LAYER_STEM.search(stem)
+    if m is None or m[2] not in _GRANITE_STEMS:
+        return ()
+    from gguf import MODEL_TENSOR, TENSOR_NAMES
+
+    return tuple(tuple(TENSOR_NAMES[MODEL_TENSOR[t]].format(bid=int(m[1])) + suffix for t in layout)
+                 for layout in _GRANITE_STEMS[m[2]])
+
+
 def stored_gguf_names(architecture: str, blocks: int, name: str) -> tuple[tuple[str, ...], ...]:
     """Each set of GGUF tensor names a file may hold the class's parameter `name` under, the plain one first: MLA's
     kv_b_proj is `attn_kv_b` in files converted before llama.cpp's absorption optimization and `attn_k_b` +
     `attn_v_b` after it (convert_hf_to_gguf.py's DeepseekV2Model splits it per head, k_b transposed)."""
+    stem = name.rpartition(".")[0] if name.endswith((".weight", ".bias")) else name
+    granite = _granite_names(architecture, stem, name[len(stem):] or ".weight")
+    if granite:
+        return granite
     names = parameter_gguf_names(architecture, blocks, name)
     if len(names) == 1 and names[0].endswith(_KV_B):
         stem = names[0][: -len(_KV_B)]
@@ -116,6 +154,13 @@ def how_stored(architecture: str, gguf_names: tuple[str, ...], gguf_shapes: tupl
         if len(qkv) == len(z) == len(shape) == 2 and qkv[1] == z[1] == shape[1] and qkv[0] + z[0] == shape[0]:
             return ("split by rows: attn_qkv (q ‖ k ‖ v) and attn_gate (z), heads regrouped "
                     "(convert_hf_to_gguf.py's Qwen3-Next), values kept")
+        return None
+    if len(gguf_names) == 2 and architecture in _GRANITE_ARCHS and ("_shexp." in gguf_names[0]
+                                                                   or ".ffn_gate." in gguf_names[0]):
+        a, b = gguf_shapes  # [S, hidden] each for the class's input_linear [2·S, hidden]
+        if len(a) == len(b) == len(shape) == 2 and a == b and (2 * a[0], a[1]) == tuple(shape):
+            return ("split by rows: gate ‖ up (convert_hf_to_gguf.py's GraniteMoeModel splits the shared MLP's "
+                    "input_linear), values kept")
         return None
     if len(gguf_names) == 2:
         a, b = gguf_shapes

@@ -106,7 +106,7 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.")
 # some architectures reuse names for another part. The class's roles (roles.py) follow the layer kind instead:
 # Architectures whose one decoder-layer class holds either mixer (transformers' Lfm2DecoderLayer,
 # Qwen3NextDecoderLayer, ...: roles.py's _HYBRID_LAYERS): the pre-mixer norm is the mixer's in every layer.
-_MIXER_NORM_ARCHS = frozenset({"lfm2", "lfm2moe", "qwen3next", "qwen35", "qwen35moe"})
+_MIXER_NORM_ARCHS = frozenset({"lfm2", "lfm2moe", "qwen3next", "qwen35", "qwen35moe", "granitehybrid"})
 # Architectures whose ssm_* tensors are a Gated DeltaNet linear attention (convert_hf_to_gguf.py maps linear_attn.*
 # to SSM names), not a state-space block: role by llama.cpp's name after `blk.N.`.
 _LINEAR_ATTENTION_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
@@ -137,6 +137,10 @@ def gguf_role(name: str, architecture: str | None = None, kind: str | None = Non
             return "linear_attention.in_proj"
         if short.startswith("post_attention_norm."):
             return "mlp.norm"  # its post_attention_layernorm is the pre-MLP norm (no Gemma-style post-norm)
+    if architecture == "granitehybrid" and short.startswith(("ffn_gate.", "ffn_up.", "ffn_down.")):
+        # GraniteMoeModel.modify_tensors writes the class's shared_mlp as a dense FFN when the model has no experts
+        # (Granite-4.0-H-Micro): the role follows the class's module, as for the _shexp tensors it writes otherwise
+        return "moe.shared_experts"
     for pattern, role in _ROLE_RULES:
         if pattern.search(short):
             break
