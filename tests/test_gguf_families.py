@@ -181,7 +181,7 @@ def test_a_hybrid_files_blocks_take_their_own_kinds(tmp_path: Path) -> None:
         "blk.1.attn_norm.weight": "attention.norm"}
 
 
-@pytest.mark.parametrize("arch", ["falcon-h1", "nemotron_h"])
+@pytest.mark.parametrize("arch", ["falcon-h1"])
 def test_families_transformers_builds_no_class_for_are_refused_in_one_line(tmp_path: Path, arch: str,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path / f"{arch}.gguf", arch, {"block_count": 1},
@@ -190,7 +190,7 @@ def test_families_transformers_builds_no_class_for_are_refused_in_one_line(tmp_p
     assert main(["inspect", str(path), "--no-cache"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and why in err and "Traceback" not in err
-    assert "nor has paramscope a table of its own for it yet (it has deepseek2, granitehybrid, jamba, lfm2moe, mamba2, qwen3next)" in err
+    assert "nor has paramscope a table of its own for it yet (it has deepseek2, granitehybrid, jamba, lfm2moe, mamba2, nemotron_h, qwen3next)" in err
 
 
 def jamba(layers: int = 4, inner: int = 2 * H, state: int = 16, conv: int = 4, rank: int = 4, experts: int = 4,
@@ -272,6 +272,8 @@ def test_a_jamba_file_whose_attention_layers_follow_no_period_is_one_line(
     ("qwen3next", lambda: qwen3next(), (3 * 128 + 16 * 64) * 4, 1 * 256 * (32 + 32) * 2),
     # Granite-4 hybrid: 1 Mamba-2 layer × ((d_conv − 1) × (d_inner 128 + 2 × 2 groups × 16) + 16 × 128) F32
     ("granitehybrid", lambda: granitehybrid(), (3 * 192 + 16 * 128) * 4, 1 * 256 * (32 + 32) * 2),
+    # Nemotron-H: its Mamba-2 layer as Granite-4's; 1 attention layer
+    ("nemotron_h", lambda: nemotron_h(), (3 * 192 + 16 * 128) * 4, 1 * 256 * (32 + 32) * 2),
 ])
 def test_memory_under_llama_cpp_answers_on_a_hybrid_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                           arch: str, files, states: int, kv: int) -> None:
@@ -281,7 +283,8 @@ def test_memory_under_llama_cpp_answers_on_a_hybrid_file(tmp_path: Path, capsys:
     gpu, cpu = plan["devices"]
     assert (gpu["kv"], gpu["recurrent"]) == (kv, states) == {"jamba": (65_536, 19_456), "lfm2moe": (32_768, 1_024),
                                                              "qwen3next": (32_768, 5_632),
-                                                             "granitehybrid": (32_768, 10_496)}[arch]
+                                                             "granitehybrid": (32_768, 10_496),
+                                                             "nemotron_h": (32_768, 10_496)}[arch]
     # every tensor's exact bytes, token_embd (Q8_0: 104 × 64 / 32 blocks of 34 B) on the CPU; LFM2-MoE's head is
     # and Granite-4's heads are tied, and the output layer's device takes its own copy of token_embd
     copy = 7_072 if arch in ("lfm2moe", "granitehybrid") else 0
@@ -637,3 +640,55 @@ def test_a_granitehybrid_file_builds_its_layer_kinds_and_reconciles(tmp_path: Pa
     assert split["how"].startswith("split by rows: gate ‖ up (convert_hf_to_gguf.py's GraniteMoeModel")
     assert ways(rec)["rows permuted for rope (convert_hf_to_gguf.py), shape kept"] == 2
     assert ways(rec).get("fused: gate ‖ up along dim 1 (transformers' gate_up_proj)", 0) == (2 if experts else 0)
+
+
+def nemotron_h() -> tuple[dict, dict]:
+    """NemotronHModel's metadata (GraniteHybridModel's keys; per-layer KV heads and FFN widths, 0 off their layers:
+    pattern "M*-"; the attention head width as key_length; ssm.inner_size = heads × head width) and tensors: layer 0
+    Mamba-2 (as Granite-4's), layer 1 attention, layer 2 the squared-ReLU MLP (up, down), each with its one norm as
+    attn_norm; an untied head."""
+    inner, heads, groups, state, conv = 2 * H, 8, 2, 16, 4
+    kv = {"context_length": 2**20, "embedding_length": H, "block_count": 3, "feed_forward_length": [0, 0, 128],
+          "attention.head_count": 4, "attention.head_count_kv": [0, 2, 0], "attention.key_length": 16,
+          "attention.value_length": 16, "attention.layer_norm_rms_epsilon": 1e-5, "vocab_size": VOCAB,
+          "ssm.conv_kernel": conv, "ssm.state_size": state, "ssm.group_count": groups, "ssm.inner_size": inner,
+          "ssm.time_step_rank": heads, "rope.scaling.finetuned": False}
+    channels = inner + 2 * groups * state
+    tensors = {"token_embd.weight": ((VOCAB, H), Q.Q8_0), "output_norm.weight": ((H,), Q.F32),
+               "output.weight": ((VOCAB, H), Q.Q8_0),
+               "blk.0.ssm_in.weight": ((inner + channels + heads, H), Q.Q8_0),
+               "blk.0.ssm_conv1d.weight": ((channels, conv), Q.F32), "blk.0.ssm_conv1d.bias": ((channels,), Q.F32),
+               "blk.0.ssm_dt.bias": ((heads,), Q.F32), "blk.0.ssm_a": ((heads, 1), Q.F32),
+               "blk.0.ssm_d": ((heads, 1), Q.F32), "blk.0.ssm_norm.weight": ((groups, inner // groups), Q.F32),
+               "blk.0.ssm_out.weight": ((H, inner), Q.Q8_0),
+               "blk.1.attn_q.weight": ((H, H), Q.Q8_0), "blk.1.attn_k.weight": ((32, H), Q.Q8_0),
+               "blk.1.attn_v.weight": ((32, H), Q.Q8_0), "blk.1.attn_output.weight": ((H, H), Q.Q8_0),
+               "blk.2.ffn_up.weight": ((128, H), Q.Q8_0), "blk.2.ffn_down.weight": ((H, 128), Q.Q8_0)}
+    tensors |= {f"blk.{i}.attn_norm.weight": ((H,), Q.F32) for i in range(3)}
+    return kv, tensors
+
+
+def test_a_nemotron_h_file_builds_its_layer_kinds_and_reconciles(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "nemotron_h.gguf", "nemotron_h", *nemotron_h())
+    built = gguf_config(read_gguf(path))
+    assert built.class_name == "NemotronHForCausalLM"
+    assert {k: built.config[k] for k in ("layers_block_type", "num_key_value_heads", "intermediate_size",
+                                         "head_dim", "mamba_num_heads", "mamba_head_dim", "n_groups",
+                                         "ssm_state_size", "use_conv_bias", "use_bias")} == {
+        "layers_block_type": ["mamba", "attention", "mlp"], "num_key_value_heads": 2, "intermediate_size": 128,
+        "head_dim": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16,
+        "use_conv_bias": True, "use_bias": False}
+    rec = reconcile(capsys, path)
+    assert (rec["class"], rec["equal"], rec["differences"]) == ("NemotronHForCausalLM", True, [])
+    # norms 3 × 64; Mamba-2 layer: in 328 × 64, conv 192 × 4 + 192, dt_bias, A, D 3 × 8, gated norm 128, out
+    # 64 × 128; attention: q, o 2 × 4,096, k, v 2 × 2,048; MLP: up, down 2 × 128 × 64; token_embd and output
+    # 2 × 104 × 64, norm_f 64
+    params = (3 * 64 + 328 * 64 + 192 * 4 + 192 + 3 * 8 + 128 + 64 * 128 + 2 * 4_096 + 2 * 2_048 + 2 * 128 * 64
+              + 2 * VOCAB * H + 64)
+    assert rec["file_parameters"] == rec["class_parameters"] == rec["matched_parameters"] == params == 72_536
+    assert all(r["file"] == r["class"] for r in rec["roles"].values()), rec["roles"]
+    assert ways(rec)["rows permuted for rope (convert_hf_to_gguf.py), shape kept"] == 2
+    # one block class runs Mamba-2, attention or the MLP behind its one norm (attn_norm): the mixer's norm
+    assert rec["roles"]["mixer.norm"] == {"file": 3 * 64, "class": 3 * 64} and "other" not in rec["roles"]
+    assert rec["roles"]["attention.query"] == {"file": 4_096, "class": 4_096}

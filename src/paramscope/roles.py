@@ -215,6 +215,13 @@ AUDIO_RULES: tuple[Rule, ...] = (
 # Token mixers of hybrid and recurrent models: short convolutions, Gated DeltaNet linear attention, Mamba.
 MIXER_RULES: tuple[Rule, ...] = (
     Rule(r"\.(input_layernorm|operator_norm)\.", "mixer.norm", parent=_HYBRID_LAYERS),
+    # Nemotron-H: one block class holds a Mamba-2, attention or MLP `mixer` behind its one `norm`; its attention's
+    # projections sit under `mixer.`, which no attention rule names
+    Rule(r"(^|\.)layers\.\d+\.norm\.", "mixer.norm", parent=r"^NemotronHBlock$"),
+    Rule(r"\.mixer\.q_proj\.", "attention.query", within=r"^NemotronHAttention$"),
+    Rule(r"\.mixer\.k_proj\.", "attention.key", within=r"^NemotronHAttention$"),
+    Rule(r"\.mixer\.v_proj\.", "attention.value", within=r"^NemotronHAttention$"),
+    Rule(r"\.mixer\.o_proj\.", "attention.output", within=r"^NemotronHAttention$"),
     Rule(r"\.conv\.(in_proj|conv|out_proj)\.", "mixer.conv", within=r"ShortConv$"),
     Rule(r"\.linear_attn\.in_proj\w*\.", "linear_attention.in_proj"),
     Rule(r"\.linear_attn\.conv1d\.", "linear_attention.conv"),

@@ -10,7 +10,7 @@ its tables are, over the metadata our bounded parser read (gguf_read.py), and it
 Where transformers' table leaves out a field llama.cpp's convert_hf_to_gguf.py writes and the class needs for its
 shapes (Qwen2-MoE's expert widths, a Mixtral written as `llama` with experts), a short supplement completes it; each
 supplemented field is named in `notes`, so the output says which figures did not come from transformers' table.
-For deepseek2 (DeepSeek-V2/V3, Kimi-K2), mamba2, jamba, lfm2moe, qwen3next and granitehybrid (Granite-4.0-H), which transformers reads no GGUF of, the whole table is
+For deepseek2 (DeepSeek-V2/V3, Kimi-K2), mamba2, jamba, lfm2moe, qwen3next, granitehybrid (Granite-4.0-H) and nemotron_h (Nemotron-H, dense), which transformers reads no GGUF of, the whole table is
 paramscope's (OWN_MAPPINGS, from the converter's keys), and `notes` says so.
 """
 
@@ -99,6 +99,15 @@ OWN_MAPPINGS: dict[str, dict[str, str]] = {
                       "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling",
                       "ssm.conv_kernel": "mamba_d_conv", "ssm.state_size": "mamba_d_state",
                       "ssm.group_count": "mamba_n_groups", "ssm.time_step_rank": "mamba_n_heads"},
+    # NemotronHModel.set_gguf_parameters (Nemotron-H, dense): GraniteHybridModel's keys with per-layer FFN widths
+    # (0 off an MLP layer) beside the per-layer KV heads, and the attention head width as key_length; layer kinds
+    # and the SSM head width derived (_nemotron_h_fields)
+    "nemotron_h": {"context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+                   "block_count": "num_hidden_layers", "feed_forward_length": "intermediate_size",
+                   "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+                   "attention.key_length": "head_dim", "attention.layer_norm_rms_epsilon": "layer_norm_epsilon",
+                   "vocab_size": "vocab_size", "ssm.conv_kernel": "conv_kernel", "ssm.state_size": "ssm_state_size",
+                   "ssm.group_count": "n_groups", "ssm.time_step_rank": "mamba_num_heads"},
 }
 # The largest figures a config built here may carry: past them the header is no model (a hostile file).
 MAX_LAYERS = 4096
@@ -409,9 +418,55 @@ def _granitehybrid_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str)
             + ("" if config["num_local_experts"] else "; no experts: the shared MLP alone (ffn_gate/up/down)"))
 
 
+def _nemotron_h_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> str:
+    """Nemotron-H's layer kinds from the converter's per-layer KV heads (attention where > 0) and FFN widths (an
+    MLP layer where > 0; Mamba-2 where both are 0) as NemotronHConfig's layers_block_type; the class takes the
+    largest of each; mamba_head_dim = ssm.inner_size / ssm.time_step_rank (the converter writes d_inner = heads ×
+    head width); the biases as the file holds them."""
+    counts = _heads_per_layer(config, arch, ck.path)
+    widths = config.get("intermediate_size")
+    widths = list(widths) if isinstance(widths, (list, tuple)) else widths
+    if not isinstance(widths, list) or len(widths) != len(counts) or any(
+            type(n) is not int or not 0 <= n <= MAX_WIDTH for n in widths):
+        raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.feed_forward_length = "
+                          f"{_q(widths)} is no list of {len(counts)} per-layer widths")
+    if any(c and w for c, w in zip(counts, widths)):
+        raise SourceError(f"{ck.path}: cannot build a model from this GGUF: a layer has both KV heads and an FFN "
+                          f"width in {arch}.attention.head_count_kv and feed_forward_length: Nemotron-H's layers hold "
+                          "one mixer each")
+    kinds = ["attention" if c else "mlp" if w else "mamba" for c, w in zip(counts, widths)]
+    config["layers_block_type"] = kinds
+    config["intermediate_size"] = max(widths)
+    mamba = [i for i, k in enumerate(kinds) if k == "mamba"]
+    if mamba:
+        inner, heads = ck.metadata.get(f"{arch}.ssm.inner_size"), config.get("mamba_num_heads")
+        for field, v in (("ssm.inner_size", inner), ("ssm.time_step_rank", heads)):
+            if type(v) is not int or not 0 < v <= MAX_WIDTH:
+                raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.{field} = {_q(v)} is no "
+                                  "width")
+        if inner % heads:
+            raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.ssm.inner_size = {inner:,} is "
+                              f"no whole number of heads ({arch}.ssm.time_step_rank = {heads:,})")
+        config["mamba_head_dim"] = inner // heads
+    names = {t.name for t in ck.tensors}
+
+    def first(kind: str, tensor: str) -> bool:
+        return any(f"blk.{i}.{tensor}" in names for i, k in enumerate(kinds) if k == kind)
+
+    config.update(use_conv_bias=first("mamba", "ssm_conv1d.bias"), use_bias=first("mamba", "ssm_in.bias"),
+                  mlp_bias=first("mlp", "ffn_up.bias"), attention_bias=first("attention", "attn_q.bias"),
+                  use_mamba_kernels=False)
+    where = {k: [i for i, x in enumerate(kinds) if x == k] for k in ("mamba", "attention", "mlp")}
+    return (f"config from paramscope's table for {arch} (transformers reads no {arch} GGUF): convert_hf_to_gguf.py's "
+            f"keys; layers_block_type: attention at {where['attention']} (KV heads > 0 in attention.head_count_kv), "
+            f"mlp at {where['mlp']} (feed_forward_length > 0), mamba at {where['mamba']}"
+            + (f"; mamba_head_dim {config['mamba_head_dim']} from ssm.inner_size / ssm.time_step_rank" if mamba else ""))
+
+
 # How each architecture of OWN_MAPPINGS derives the fields its keys give no value of directly.
 _DERIVED = {"deepseek2": _mla_fields, "mamba2": _mamba2_fields, "jamba": _jamba_fields,
-            "lfm2moe": _lfm2moe_fields, "qwen3next": _qwen3next_fields, "granitehybrid": _granitehybrid_fields}
+            "lfm2moe": _lfm2moe_fields, "qwen3next": _qwen3next_fields, "granitehybrid": _granitehybrid_fields,
+            "nemotron_h": _nemotron_h_fields}
 
 
 def _int(value: Any) -> int:

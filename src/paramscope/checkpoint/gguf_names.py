@@ -38,8 +38,9 @@ from ..errors import short_repr as _q
 
 # llama.cpp architectures whose converter permutes attn_q/attn_k rows for its rope (LlamaModel.permute), as
 # transformers' TENSOR_PROCESSORS reverse them ("llama": LlamaTensorProcessor).
-# GraniteHybridModel sets undo_permute and runs LlamaModel.modify_tensors on its attention layers.
-ROPE_PERMUTED = frozenset({"llama", "granitehybrid"})
+# GraniteHybridModel (and its NemotronHModel) sets undo_permute and runs LlamaModel.modify_tensors on its attention
+# layers.
+ROPE_PERMUTED = frozenset({"llama", "granitehybrid", "nemotron_h"})
 _FUSED = ".experts.gate_up_proj"
 # llama.cpp tensors written and loaded without a suffix (a checkpoint parameter with none: A_log, D)
 _BARE = ("ssm_a", "ssm_d")
@@ -49,6 +50,8 @@ _SSM_IN = ".ssm_in.weight"
 # GraniteMoeModel.modify_tensors (and its GraniteHybridModel): the class's stem after `layers.N.` → the
 # gguf.MODEL_TENSOR names it writes, the file's other layout (no experts: the shared MLP as a dense FFN) after
 _GRANITE_ARCHS = frozenset({"granitehybrid"})
+# Architectures whose checkpoints name the trunk `backbone.` where transformers 5's class says `model.` (Nemotron-H)
+_BACKBONE_ARCHS = frozenset({"nemotron_h"})
 _GRANITE_STEMS: dict[str, tuple[tuple[str, ...], ...]] = {
     "block_sparse_moe.router": (("FFN_GATE_INP",),),
     "block_sparse_moe.experts.gate_up_proj": (("FFN_GATE_EXP", "FFN_UP_EXP"),),
@@ -87,11 +90,14 @@ def parameter_gguf_names(architecture: str, blocks: int, name: str) -> tuple[str
     if granite:
         return granite[0]
     names = _name_map(architecture, blocks)
+    if architecture in _BACKBONE_ARCHS and stem.startswith("model."):
+        # transformers 5's NemotronH names its trunk `model.`; gguf's table knows the checkpoint's `backbone.`
+        stem = "backbone." + stem[len("model."):]
     if stem.endswith(".dt_bias"):  # Mamba-2: renamed dt_proj.bias before mapping (Mamba2Model.modify_tensors)
         stem, suffix = stem[: -len("dt_bias")] + "dt_proj", ".bias"
     mapped = names.get_name(stem)
     if mapped is not None:
-        bare = stem == name and mapped.rpartition(".")[2] in _BARE
+        bare = not name.endswith((".weight", ".bias")) and mapped.rpartition(".")[2] in _BARE
         return (mapped if bare else mapped + suffix,)
     if stem.endswith(_FUSED):
         base = stem[: -len("gate_up_proj")]
