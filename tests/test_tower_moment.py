@@ -18,6 +18,7 @@ from paramscope.cost.memory.serving_answer import estimate_memory
 from paramscope.cost.towers import MediaInput
 
 FAMILIES = Path(__file__).parent / "configs" / "families"
+PREFILL_LLAVA, PREFILL_QWEN = 7_067_136, 1_273_632
 
 
 class _Stop(Exception):
@@ -69,16 +70,36 @@ def _served(module, media: MediaInput, batch: int, text_seq: int):
     return served, media, media["tower_moment"] - served.weights.bytes - served.weights.buffer_bytes
 
 
-def test_llava_tower_moment_holds_the_token_ids_and_attention_mask():
-    """LLaVA (CLIP-L/14 at 336 px cut to 1 layer, a 2-layer language model of width 64), batch 2, one image (576
-    tokens) and 64 text tokens a sequence: the tower's run binds, beside the token ids and attention mask (2 × 640 ×
-    16 B) and the bf16 embeddings (2 × 640 × 64 × 2 B)."""
+def _small_llava():
+    """LLaVA cut: CLIP-L/14 at 336 px cut to 1 layer, a 1-layer language model of width 64."""
     config = json.loads((FAMILIES / "defaults--llava.json").read_text()) | {
         "architectures": ["LlavaForConditionalGeneration"]}
     config["vision_config"] |= {"num_hidden_layers": 1}
     config["text_config"] |= {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
                               "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 640}
-    _, module = inspect_with_module(config)
+    return config
+
+
+def _small_qwen2_5_vl():
+    """Qwen2.5-VL cut: its vision tower cut to 1 windowed and 1 full-attention block of width 64; a 1-layer
+    language model of width 64, 2 heads of 32, whose 3-D rope sections are [4, 6, 6] (the 7B's [16, 24, 24] halve
+    a head of 128, not of 32)."""
+    config = json.loads((FAMILIES / "Qwen--Qwen2.5-VL-7B-Instruct.json").read_text())
+    config |= {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+               "num_key_value_heads": 1, "vocab_size": 151700}
+    for rope in ("rope_scaling", "rope_parameters"):
+        if isinstance(config.get(rope), dict) and "mrope_section" in config[rope]:
+            config[rope] = config[rope] | {"mrope_section": [4, 6, 6]}
+    config["vision_config"] |= {"depth": 2, "fullatt_block_indexes": [1], "hidden_size": 64, "intermediate_size": 128,
+                                "num_heads": 2, "out_hidden_size": 64}
+    return config
+
+
+def test_llava_tower_moment_holds_the_token_ids_and_attention_mask():
+    """LLaVA (CLIP-L/14 at 336 px cut to 1 layer, a 2-layer language model of width 64), batch 2, one image (576
+    tokens) and 64 text tokens a sequence: the tower's run binds, beside the token ids and attention mask (2 × 640 ×
+    16 B) and the bf16 embeddings (2 × 640 × 64 × 2 B)."""
+    _, module = inspect_with_module(_small_llava())
     served, media, moment = _served(module, MediaInput(images=1), 2, 64)
     assert (media["text_inputs"], media["text_inputs_given"]) == (2 * 640 * 16, ("input_ids", "attention_mask"))
     assert media["embeddings"] == 2 * 640 * 64 * 2
@@ -110,16 +131,19 @@ def _memtracker_whole_forward(module, inputs) -> int:
     last token's logits), the weights in bf16, no grad, the inputs made under it: the peak less the weights."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from paramscope.cost.towers import _MatchingTokens
+    from paramscope.cost.towers import _constants, _MatchingTokens
     from paramscope.cost.traced.step import fake_mode, working_copy
 
-    with fake_mode(True) as mode, _MatchingTokens():
+    with fake_mode(True) as mode, _MatchingTokens(), _constants(True):
+        def constant(value):  # Qwen2.5-VL's grid and windows, whose values its tower reads
+            return mode.fake_tensor_converter.from_real_tensor(mode, value, make_constant=True)
+
         model = working_copy(module, mode, None, weights_dtype="bfloat16")
         model.eval()
         tracker = MemTracker()
         tracker.track_external(model)
         with tracker, torch.no_grad():
-            given = inputs()
+            given = inputs(constant)
             out = model(**given, use_cache=True, logits_to_keep=1)
             del out, given
         [peak] = tracker.get_tracker_snapshot("peak").values()
@@ -136,7 +160,7 @@ def test_gemma3_prefill_on_images_holds_its_dense_attention_masks():
     resident = served.weights.bytes + served.weights.buffer_bytes
     assert media["attention_masks"] == 2 * 2 * 80 * 80
     assert (served.peak, served.peak_phase, served.engine) == (media["prefill_moment"], "prefill", "traced")
-    assert media["prefill_moment"] - resident == _memtracker_whole_forward(module, lambda: {
+    assert media["prefill_moment"] - resident == _memtracker_whole_forward(module, lambda _: {
         "input_ids": _ids(2, 80, module.config.image_token_id, 16),
         "attention_mask": torch.ones(2, 80, dtype=torch.long), "token_type_ids": _ids(2, 80, 1, 16),
         "pixel_values": torch.zeros(2, 3, 224, 224, dtype=torch.bfloat16)}) == 1_753_104
@@ -168,12 +192,7 @@ def test_qwen2_5_vl_tower_moment_holds_its_rope_positions():
     forward takes them, beside the embeddings and the tower's run."""
     from paramscope.cost.towers import _qwen_layout
 
-    config = json.loads((FAMILIES / "Qwen--Qwen2.5-VL-7B-Instruct.json").read_text())
-    config |= {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
-               "num_key_value_heads": 1, "vocab_size": 151700}
-    config["vision_config"] |= {"depth": 2, "fullatt_block_indexes": [1], "hidden_size": 64, "intermediate_size": 128,
-                                "num_heads": 2, "out_hidden_size": 64}
-    _, module = inspect_with_module(config)
+    _, module = inspect_with_module(_small_qwen2_5_vl())
     served, media, moment = _served(module, MediaInput(image_tokens=32), 2, 8)
     given = ("input_ids", "attention_mask", "position_ids")
     assert (media["text_inputs"], media["text_inputs_given"]) == (2 * 40 * 40, given)
@@ -190,3 +209,43 @@ def test_qwen2_5_vl_tower_moment_holds_its_rope_positions():
 
     assert moment == _memtracker_until_language_model(module, inputs)
     assert moment == 1_242_308
+
+
+def test_llava_prefill_on_images_is_measured_through_the_forward():
+    """LLaVA cut, batch 2, one image (576 tokens) and 64 text tokens a sequence (S = 640): the answer's prefill
+    moment, less the weights, is MemTracker's peak over the real class's whole forward (its own cache, the last
+    token's logits), to the byte; the analytic prefill was 2,150,400 B short of it. No dense mask: sdpa runs causal."""
+    config = _small_llava()  # a tower of width 32, so that the prefill binds
+    config["vision_config"] |= {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2}
+    _, module = inspect_with_module(config)
+    served, media, _ = _served(module, MediaInput(images=1), 2, 64)
+    resident = served.weights.bytes + served.weights.buffer_bytes
+    assert (served.engine, media["attention_masks"], served.peak_phase) == ("traced", 0, "prefill")
+    assert media["prefill_moment"] - resident == _memtracker_whole_forward(module, lambda _: {
+        "input_ids": _ids(2, 640, module.config.image_token_id, 576),
+        "attention_mask": torch.ones(2, 640, dtype=torch.long),
+        "pixel_values": torch.zeros(2, 3, 336, 336, dtype=torch.bfloat16)}) == PREFILL_LLAVA
+    assert any("no dense attention mask" in note and "2,150,400 B short of it" in note for note in served.notes)
+
+
+def test_qwen2_5_vl_prefill_on_images_is_measured_through_the_forward():
+    """Qwen2.5-VL cut, batch 2, 32 image tokens and 8 text tokens a sequence (S = 40): the answer's prefill
+    moment, less the weights, is MemTracker's peak over the real class's whole forward, to the byte (the analytic
+    prefill was 5,088 B short); here the prefill binds."""
+    from paramscope.cost.towers import _qwen_layout
+
+    _, module = inspect_with_module(_small_qwen2_5_vl())
+    served, media, _ = _served(module, MediaInput(image_tokens=32), 2, 8)
+    resident = served.weights.bytes + served.weights.buffer_bytes
+    assert (served.engine, served.peak, served.peak_phase) == ("traced", media["prefill_moment"], "prefill")
+    grid, layouts, width = _qwen_layout(module.model.visual, 32, 2)
+
+    def inputs(constant):
+        return {"input_ids": _ids(2, 40, module.config.image_token_id, 32),
+                "attention_mask": torch.ones(2, 40, dtype=torch.long),
+                "position_ids": torch.zeros(3, 2, 40, dtype=torch.long),
+                "pixel_values": torch.zeros(2 * 8 * 16, width, dtype=torch.bfloat16), "image_grid_thw": constant(grid),
+                **{name: constant(value) for name, value in layouts.items() if name != "position_ids"}}
+
+    assert media["prefill_moment"] - resident == _memtracker_whole_forward(module, inputs) == PREFILL_QWEN
+    assert any("5,088 B short of it" in note for note in served.notes)

@@ -303,7 +303,8 @@ def test_serving_memory_on_an_image_takes_the_larger_of_the_tower_and_the_prefil
     # K and V, a layer, a key/value head: head_dim × 640 tokens × batch 2 × 2 B (bf16)
     kv = 2 * text["num_hidden_layers"] * text["num_key_value_heads"] * text["head_dim"] * 640 * 2 * 2
     assert image.kv_cache.bytes == plain.kv_cache.bytes == kv
-    assert media["prefill_moment"] == plain.peak + media["image_features_held"]
+    # measured through the real forward's end: the token ids and attention mask given stay live through it too
+    assert media["prefill_moment"] == plain.peak + media["image_features_held"] + media["text_inputs"]
     assert media["tower_forward_peak"] == _tower_peak_by_memtracker(module, 2) == 2 * _tower_peak_by_memtracker(
         module, 1)
     embeddings = 2 * 640 * text["hidden_size"] * 2
@@ -359,7 +360,8 @@ def test_the_prefill_holds_what_the_forward_keeps_of_the_images():
     projected = 2 * (2 * 576 * config["text_config"]["hidden_size"] * 2)
     mask = 2 * 2048
     assert media["image_features_held"] == pixels + hidden_states + projected + mask == 7_265_280
-    assert media["prefill_moment"] == plain.peak + media["image_features_held"]
+    # measured through the real forward's end: the token ids and attention mask given stay live through it too
+    assert media["prefill_moment"] == plain.peak + media["image_features_held"] + media["text_inputs"]
     with_images, text = _forward_peak_by_memtracker(module, True), _forward_peak_by_memtracker(module, False)
     assert with_images - text == media["image_features_held"]
 

@@ -576,7 +576,7 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
     its prefill (the tower's moment); the bytes live at the call (weights not) differ by what the forward keeps in
     locals through the prefill: the pixel values, the tower's returned output (transformers keeps
     get_image_features' whole output, every hidden state it returned), the projected features and any copy of them
-    (LLaVA's and Qwen2.5-VL's torch.cat), and the image-token mask. Gemma-3's run with images goes on to the
+    (LLaVA's and Qwen2.5-VL's torch.cat), and the image-token mask. The run with images goes on to the
     forward's end (its own cache, the last token's logits, as generate()'s prefill): the largest bytes live from the
     call on are its prefill (ImageForward.prefill_peak), which holds the dense attention masks built for the language
     model (ImageForward.masks, read off the call's arguments)."""
@@ -591,10 +591,10 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
     from .traced.timeline import allocation_recorder, live_bytes
 
     make = _PREFILL_INPUTS[family](module, media, batch, context, getattr(torch, dtype))
-    # Gemma-3's forward builds dense attention masks over the text and image tokens for its language model (its
-    # image tokens attend both ways), which no analytic prefill holds: its run on images goes on to the forward's
-    # end. LLaVA and Qwen2.5-VL hand the language model the 2-D mask given, and sdpa runs causal without a dense one
-    through = family == "gemma3"
+    # the run on images goes on to the forward's end, every family: Gemma-3's forward builds dense attention masks
+    # over the text and image tokens (its image tokens attend both ways), and LLaVA's and Qwen2.5-VL's prefills hold
+    # what no analytic term had (LLaVA's: 2,150,400 B more on a cut; Qwen2.5-VL's: 5,088 B), so the prefill's moment
+    # is measured, MemTracker's peak over the whole forward to the byte
     live, before, given = [], 0, {}
     for images in (True, False):
         with fake_mode(True) as mode, assumed_values(True), _MatchingTokens(), _constants(family == "qwen2_5_vl"):
@@ -613,7 +613,7 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
             def stop(_: Any, __: Any, kwargs: dict[str, Any]) -> None:  # the language model is called: count what
                 # is live; a text input runs no further, the images' run goes on to the forward's end (the prefill)
                 reached.append(len(recorder.events))
-                if images and through:
+                if images:
                     built = kwargs.get("attention_mask")
                     tensors = built.values() if isinstance(built, dict) else [built]
                     distinct = {id(t): t for t in tensors if isinstance(t, torch.Tensor) and t.dim() == 4}
@@ -644,7 +644,7 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
             live.append(at)
             if images:
                 before, found = peak, tuple(masks)
-                prefill = at + live_bytes(recorder.events[reached[0]:], recorder.allocations)[1] if through else 0
+                prefill = at + live_bytes(recorder.events[reached[0]:], recorder.allocations)[1]
     return ImageForward(live[0] - live[1], before, sum(given.values()), tuple(given), prefill, found)
 
 

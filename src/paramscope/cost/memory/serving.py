@@ -207,8 +207,8 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         peak_at, workspace, note = _measured_prefill(measured, peak_at, workspace, weights, cache, options, seq)
         notes.append(note)
         engine = "traced"
-    elif forward is not None and forward.prefill_peak:  # images made tokens, dense masks built (Gemma-3): the
-        # prefill measured on the images, the masks' S² in the fits
+    elif forward is not None and forward.prefill_peak:  # images made tokens (LLaVA, Gemma-3, Qwen2.5-VL): the
+        # prefill measured on the images through the forward's end, Gemma-3's dense masks' S² in the fits
         sdpa = getattr(getattr(view.module, "config", None), "_attn_implementation", None) == "sdpa"
         peak_at, workspace, note = _measured_token_prefill(forward, peak_at, workspace, weights, cache, options, seq,
                                                            itemsize(fmt.compute_dtype) if sdpa else 0)
