@@ -1,11 +1,12 @@
 """GGUF files of MLA, recurrent and hybrid families (issue 29 §1): each written as llama.cpp's convert_hf_to_gguf.py
 writes it (its metadata keys and tensor shapes: MambaModel, Mamba2Model, LFM2Model, DeepseekV2Model, JambaModel,
-LFM2MoeModel, Qwen3NextModel, GraniteHybridModel), then held against the transformers class built from its
-metadata, tensor by tensor: same parameters, same roles. Roles follow the layer kind: llama.cpp names every layer's
-pre-mixer norm `attn_norm`, which is the SSM's norm in a Mamba layer and the mixer's in LFM2 and Granite-4.0-H.
-deepseek2, mamba2, jamba, lfm2moe, qwen3next and granitehybrid, which transformers reads no GGUF of, are built from
-paramscope's own table (and `memory --engine llama.cpp` answers on the hybrids); the families no class is built for
-from a GGUF yet (Falcon-H1, Nemotron-H) are refused in one line.
+LFM2MoeModel, Qwen3NextModel, GraniteHybridModel, NemotronHModel, FalconH1Model), then held against the transformers
+class built from its metadata, tensor by tensor: same parameters, same roles. Roles follow the layer kind: llama.cpp
+names every layer's pre-mixer norm `attn_norm`, which is the SSM's norm in a Mamba layer and the mixer's in LFM2,
+Granite-4.0-H, Nemotron-H and Falcon-H1.
+deepseek2, mamba2, jamba, lfm2moe, qwen3next, granitehybrid, nemotron_h and falcon-h1, which transformers reads no
+GGUF of, are built from paramscope's own table (and `memory --engine llama.cpp` answers on the hybrids); the families
+no class is built for from a GGUF yet (nemotron_h_moe) are refused in one line.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def test_a_hybrid_files_blocks_take_their_own_kinds(tmp_path: Path) -> None:
         "blk.1.attn_norm.weight": "attention.norm"}
 
 
-@pytest.mark.parametrize("arch", ["falcon-h1"])
+@pytest.mark.parametrize("arch", ["nemotron_h_moe"])
 def test_families_transformers_builds_no_class_for_are_refused_in_one_line(tmp_path: Path, arch: str,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path / f"{arch}.gguf", arch, {"block_count": 1},
@@ -190,7 +191,8 @@ def test_families_transformers_builds_no_class_for_are_refused_in_one_line(tmp_p
     assert main(["inspect", str(path), "--no-cache"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and why in err and "Traceback" not in err
-    assert "nor has paramscope a table of its own for it yet (it has deepseek2, granitehybrid, jamba, lfm2moe, mamba2, nemotron_h, qwen3next)" in err
+    assert ("nor has paramscope a table of its own for it yet (it has deepseek2, falcon-h1, granitehybrid, jamba, "
+            "lfm2moe, mamba2, nemotron_h, qwen3next)") in err
 
 
 def jamba(layers: int = 4, inner: int = 2 * H, state: int = 16, conv: int = 4, rank: int = 4, experts: int = 4,
@@ -274,6 +276,8 @@ def test_a_jamba_file_whose_attention_layers_follow_no_period_is_one_line(
     ("granitehybrid", lambda: granitehybrid(), (3 * 192 + 16 * 128) * 4, 1 * 256 * (32 + 32) * 2),
     # Nemotron-H: its Mamba-2 layer as Granite-4's; 1 attention layer
     ("nemotron_h", lambda: nemotron_h(), (3 * 192 + 16 * 128) * 4, 1 * 256 * (32 + 32) * 2),
+    # Falcon-H1: 2 layers, each Mamba-2 (as Granite-4's) beside attention
+    ("falcon-h1", lambda: falcon_h1(), 2 * (3 * 192 + 16 * 128) * 4, 2 * 256 * (32 + 32) * 2),
 ])
 def test_memory_under_llama_cpp_answers_on_a_hybrid_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                           arch: str, files, states: int, kv: int) -> None:
@@ -284,7 +288,8 @@ def test_memory_under_llama_cpp_answers_on_a_hybrid_file(tmp_path: Path, capsys:
     assert (gpu["kv"], gpu["recurrent"]) == (kv, states) == {"jamba": (65_536, 19_456), "lfm2moe": (32_768, 1_024),
                                                              "qwen3next": (32_768, 5_632),
                                                              "granitehybrid": (32_768, 10_496),
-                                                             "nemotron_h": (32_768, 10_496)}[arch]
+                                                             "nemotron_h": (32_768, 10_496),
+                                                             "falcon-h1": (65_536, 20_992)}[arch]
     # every tensor's exact bytes, token_embd (Q8_0: 104 × 64 / 32 blocks of 34 B) on the CPU; LFM2-MoE's head is
     # and Granite-4's heads are tied, and the output layer's device takes its own copy of token_embd
     copy = 7_072 if arch in ("lfm2moe", "granitehybrid") else 0
@@ -692,3 +697,56 @@ def test_a_nemotron_h_file_builds_its_layer_kinds_and_reconciles(tmp_path: Path,
     # one block class runs Mamba-2, attention or the MLP behind its one norm (attn_norm): the mixer's norm
     assert rec["roles"]["mixer.norm"] == {"file": 3 * 64, "class": 3 * 64} and "other" not in rec["roles"]
     assert rec["roles"]["attention.query"] == {"file": 4_096, "class": 4_096}
+
+
+def falcon_h1() -> tuple[dict, dict]:
+    """FalconH1Model's metadata (Mamba2Model's keys: ssm.inner_size mamba_d_ssm, ssm.time_step_rank the heads; the
+    attention's heads, KV heads and head width; the FFN width; no multiplier key, the converter multiplies them into
+    the weights) and tensors: every layer attention, Mamba-2 (as Mamba2Model writes it, its gated norm reshaped) and
+    the FFN side by side, input_layernorm as attn_norm, pre_ff_layernorm as ffn_norm; an untied head."""
+    inner, heads, groups, state, conv = 2 * H, 8, 2, 16, 4
+    kv = {"context_length": 8, "embedding_length": H, "block_count": 2, "feed_forward_length": 128,
+          "attention.head_count": 4, "attention.head_count_kv": 2, "attention.key_length": 16,
+          "attention.value_length": 16, "rope.freq_base": 1e11, "attention.layer_norm_rms_epsilon": 1e-5,
+          "vocab_size": VOCAB, "ssm.conv_kernel": conv, "ssm.state_size": state, "ssm.group_count": groups,
+          "ssm.inner_size": inner, "ssm.time_step_rank": heads}
+    channels = inner + 2 * groups * state
+    tensors = {"token_embd.weight": ((VOCAB, H), Q.Q8_0), "output_norm.weight": ((H,), Q.F32),
+               "output.weight": ((VOCAB, H), Q.Q8_0)}
+    for i in range(2):
+        b = f"blk.{i}."
+        tensors |= {b + "attn_norm.weight": ((H,), Q.F32), b + "ffn_norm.weight": ((H,), Q.F32),
+                    b + "attn_q.weight": ((H, H), Q.Q8_0), b + "attn_k.weight": ((32, H), Q.Q8_0),
+                    b + "attn_v.weight": ((32, H), Q.Q8_0), b + "attn_output.weight": ((H, H), Q.Q8_0),
+                    b + "ssm_in.weight": ((inner + channels + heads, H), Q.Q8_0),
+                    b + "ssm_conv1d.weight": ((channels, conv), Q.F32), b + "ssm_conv1d.bias": ((channels,), Q.F32),
+                    b + "ssm_dt.bias": ((heads,), Q.F32), b + "ssm_a": ((heads, 1), Q.F32),
+                    b + "ssm_d": ((heads, 1), Q.F32), b + "ssm_norm.weight": ((groups, inner // groups), Q.F32),
+                    b + "ssm_out.weight": ((H, inner), Q.Q8_0), b + "ffn_gate.weight": ((128, H), Q.Q8_0),
+                    b + "ffn_up.weight": ((128, H), Q.Q8_0), b + "ffn_down.weight": ((H, 128), Q.Q8_0)}
+    return kv, tensors
+
+
+def test_a_falcon_h1_file_builds_its_parallel_layers_and_reconciles(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "falcon-h1.gguf", "falcon-h1", *falcon_h1())
+    built = gguf_config(read_gguf(path))
+    assert built.class_name == "FalconH1ForCausalLM"
+    assert {k: built.config[k] for k in ("mamba_d_ssm", "mamba_n_heads", "mamba_d_head", "mamba_n_groups",
+                                         "mamba_rms_norm", "head_dim", "num_key_value_heads",
+                                         "embedding_multiplier", "mlp_multipliers")} == {
+        "mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_rms_norm": True,
+        "head_dim": 16, "num_key_value_heads": 2, "embedding_multiplier": 1.0, "mlp_multipliers": [1.0, 1.0]}
+    assert any("every multiplier 1" in n for n in built.notes)
+    rec = reconcile(capsys, path)
+    assert (rec["class"], rec["equal"], rec["differences"]) == ("FalconH1ForCausalLM", True, [])
+    # per layer: norms 128; attention q, o 2 × 4,096, k, v 2 × 2,048; Mamba-2 in 328 × 64, conv 192 × 4 + 192,
+    # dt_bias, A, D 3 × 8, gated norm 128, out 64 × 128; FFN 3 × 128 × 64; token_embd and output 2 × 104 × 64,
+    # final norm 64
+    params = (2 * (128 + 2 * 4_096 + 2 * 2_048 + 328 * 64 + 192 * 4 + 192 + 3 * 8 + 128 + 64 * 128 + 3 * 128 * 64)
+              + 2 * VOCAB * H + 64)
+    assert rec["file_parameters"] == rec["class_parameters"] == rec["matched_parameters"] == params == 147_952
+    assert all(r["file"] == r["class"] for r in rec["roles"].values()), rec["roles"]
+    # the one input_layernorm feeds attention and Mamba-2 side by side: the mixer's norm; pre_ff_layernorm as ffn_norm
+    assert rec["roles"]["mixer.norm"] == {"file": 2 * 64, "class": 2 * 64} and "attention.norm" not in rec["roles"]
+    assert rec["roles"]["mlp.norm"] == {"file": 2 * 64, "class": 2 * 64}

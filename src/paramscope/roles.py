@@ -165,7 +165,8 @@ _SANDWICH_LAYERS = r"^(?:Gemma2|Gemma3|Gemma3n|T5Gemma|Olmo2|Olmo3|Cohere2|Exaon
 
 # Hybrid layers whose token mixer (attention, linear attention, short convolution) varies by layer under one
 # layer class: their pre-mixer norm cannot be told apart by type, so it is the mixer's norm, not attention's.
-_HYBRID_LAYERS = r"^(?:Qwen3Next|Qwen3_5|Qwen3_5Moe|Lfm2|Lfm2Moe|GraniteMoeHybrid)DecoderLayer$"
+# Falcon-H1's one norm feeds its attention and Mamba-2 side by side.
+_HYBRID_LAYERS = r"^(?:Qwen3Next|Qwen3_5|Qwen3_5Moe|Lfm2|Lfm2Moe|GraniteMoeHybrid|FalconH1)DecoderLayer$"
 # Speech encoders of the wav2vec2 line (HuBERT, WavLM, Data2Vec-audio, UniSpeech share its layout).
 _SPEECH = r"^(?:Wav2Vec2|Wav2Vec2Conformer|Hubert|WavLM|Data2VecAudio|UniSpeech|UniSpeechSat|SEW)"
 _CONV_MODULE = r"^\w*(?:Conv|ConvTranspose)[123]d$"  # torch's and subclasses (EfficientNetDepthwiseConv2d)

@@ -10,8 +10,9 @@ its tables are, over the metadata our bounded parser read (gguf_read.py), and it
 Where transformers' table leaves out a field llama.cpp's convert_hf_to_gguf.py writes and the class needs for its
 shapes (Qwen2-MoE's expert widths, a Mixtral written as `llama` with experts), a short supplement completes it; each
 supplemented field is named in `notes`, so the output says which figures did not come from transformers' table.
-For deepseek2 (DeepSeek-V2/V3, Kimi-K2), mamba2, jamba, lfm2moe, qwen3next, granitehybrid (Granite-4.0-H) and nemotron_h (Nemotron-H, dense), which transformers reads no GGUF of, the whole table is
-paramscope's (OWN_MAPPINGS, from the converter's keys), and `notes` says so.
+For deepseek2 (DeepSeek-V2/V3, Kimi-K2), mamba2, jamba, lfm2moe, qwen3next, granitehybrid (Granite-4.0-H),
+nemotron_h (Nemotron-H, dense) and falcon-h1, which transformers reads no GGUF of, the whole table is paramscope's
+(OWN_MAPPINGS, from the converter's keys), and `notes` says so.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from .gguf_read import GGUFCheckpoint
 
 # load_gguf_checkpoint's renames: llama.cpp's architecture name → transformers' model_type.
 _RENAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2",
-            "lfm2moe": "lfm2_moe", "qwen3next": "qwen3_next", "granitehybrid": "granitemoehybrid"}
+            "lfm2moe": "lfm2_moe", "qwen3next": "qwen3_next", "granitehybrid": "granitemoehybrid",
+            "falcon-h1": "falcon_h1"}
 # After the mapping, transformers builds the text backbone alone for these (the file holds no vision tower).
 _TEXT_ONLY = {"gemma3": "gemma3_text", "gemma4": "gemma4_text"}
 # Fields transformers' GGUF_CONFIG_MAPPING leaves out that llama.cpp writes and the class's shapes need:
@@ -108,6 +110,17 @@ OWN_MAPPINGS: dict[str, dict[str, str]] = {
                    "attention.key_length": "head_dim", "attention.layer_norm_rms_epsilon": "layer_norm_epsilon",
                    "vocab_size": "vocab_size", "ssm.conv_kernel": "conv_kernel", "ssm.state_size": "ssm_state_size",
                    "ssm.group_count": "n_groups", "ssm.time_step_rank": "mamba_num_heads"},
+    # FalconH1Model.set_gguf_parameters (Mamba2Model's keys, the attention's heads and head width, the FFN width):
+    # every layer runs attention and Mamba-2 side by side; the SSM head width derived, the multipliers 1
+    # (_falcon_h1_fields)
+    "falcon-h1": {"context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+                  "block_count": "num_hidden_layers", "feed_forward_length": "intermediate_size",
+                  "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+                  "attention.key_length": "head_dim", "rope.freq_base": "rope_theta",
+                  "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size",
+                  "ssm.conv_kernel": "mamba_d_conv", "ssm.state_size": "mamba_d_state",
+                  "ssm.group_count": "mamba_n_groups", "ssm.inner_size": "mamba_d_ssm",
+                  "ssm.time_step_rank": "mamba_n_heads"},
 }
 # The largest figures a config built here may carry: past them the header is no model (a hostile file).
 MAX_LAYERS = 4096
@@ -460,13 +473,41 @@ def _nemotron_h_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) ->
     return (f"config from paramscope's table for {arch} (transformers reads no {arch} GGUF): convert_hf_to_gguf.py's "
             f"keys; layers_block_type: attention at {where['attention']} (KV heads > 0 in attention.head_count_kv), "
             f"mlp at {where['mlp']} (feed_forward_length > 0), mamba at {where['mamba']}"
-            + (f"; mamba_head_dim {config['mamba_head_dim']} from ssm.inner_size / ssm.time_step_rank" if mamba else ""))
+            + (f"; mamba_head_dim {config['mamba_head_dim']} from ssm.inner_size / ssm.time_step_rank"
+               if mamba else ""))
+
+
+def _falcon_h1_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> str:
+    """Falcon-H1's SSM head width (ssm.inner_size / ssm.time_step_rank), its gated norm, biases and multipliers:
+    FalconH1Model.modify_tensors multiplies each multiplier into the weights it writes (embedding, lm_head,
+    attention in/out, key, SSM in/out and the five zxbcdt slices of in_proj, the MLP's gate and down) and writes no
+    key for any, so the class that computes what the file holds takes them all as 1."""
+    inner, heads = config.get("mamba_d_ssm"), config.get("mamba_n_heads")
+    for field, v in (("ssm.inner_size", inner), ("ssm.time_step_rank", heads)):
+        if type(v) is not int or not 0 < v <= MAX_WIDTH:
+            raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.{field} = {_q(v)} is no width")
+    if inner % heads:
+        raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.ssm.inner_size = {inner:,} is no "
+                          f"whole number of heads ({arch}.ssm.time_step_rank = {heads:,})")
+    names = {t.name for t in ck.tensors}
+    config.update(mamba_d_head=inner // heads, mamba_rms_norm="blk.0.ssm_norm.weight" in names,
+                  mamba_conv_bias="blk.0.ssm_conv1d.bias" in names, mamba_proj_bias="blk.0.ssm_in.bias" in names,
+                  attention_bias="blk.0.attn_q.bias" in names, projectors_bias="blk.0.ffn_up.bias" in names,
+                  embedding_multiplier=1.0, lm_head_multiplier=1.0, attention_in_multiplier=1.0,
+                  attention_out_multiplier=1.0, key_multiplier=1.0, ssm_in_multiplier=1.0, ssm_out_multiplier=1.0,
+                  mlp_multipliers=[1.0, 1.0], ssm_multipliers=[1.0] * 5)
+    if "rope_theta" in config:
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": config.pop("rope_theta")}
+    return (f"config from paramscope's table for {arch} (transformers reads no {arch} GGUF): convert_hf_to_gguf.py's "
+            f"keys; mamba_d_head {inner // heads} from ssm.inner_size / ssm.time_step_rank; mamba_rms_norm "
+            f"{config['mamba_rms_norm']} (ssm_norm in the file); every multiplier 1 (the converter multiplies them "
+            "into the weights and writes no key for them)")
 
 
 # How each architecture of OWN_MAPPINGS derives the fields its keys give no value of directly.
 _DERIVED = {"deepseek2": _mla_fields, "mamba2": _mamba2_fields, "jamba": _jamba_fields,
             "lfm2moe": _lfm2moe_fields, "qwen3next": _qwen3next_fields, "granitehybrid": _granitehybrid_fields,
-            "nemotron_h": _nemotron_h_fields}
+            "nemotron_h": _nemotron_h_fields, "falcon-h1": _falcon_h1_fields}
 
 
 def _int(value: Any) -> int:

@@ -90,6 +90,11 @@ def parameter_gguf_names(architecture: str, blocks: int, name: str) -> tuple[str
     if granite:
         return granite[0]
     names = _name_map(architecture, blocks)
+    m = _LAYER_STEM.search(stem)
+    if architecture == "falcon-h1" and m is not None and m[2] == "pre_ff_layernorm":
+        # llama.cpp's tensor_mapping.py maps Falcon-H1's pre_ff_layernorm to ffn_norm (FFN_PRE_NORM's and FFN_NORM's
+        # name); gguf 0.19's table has no entry for it
+        return (f"blk.{int(m[1])}.ffn_norm" + suffix,)
     if architecture in _BACKBONE_ARCHS and stem.startswith("model."):
         # transformers 5's NemotronH names its trunk `model.`; gguf's table knows the checkpoint's `backbone.`
         stem = "backbone." + stem[len("model."):]
