@@ -630,7 +630,11 @@ def held_into_prefill(module: Any, media: MediaInput, *, batch: int, context: in
                         given = {name: value.element_size() * value.numel() // (batch * context)
                                  for name, value in inputs.items() if name in _GIVEN_PER_TOKEN}
                     try:  # generate()'s prefill: a cache (the model's own), the last token's logits
-                        out = model(**inputs, use_cache=True, logits_to_keep=1)
+                        # a headless class (LlavaModel built from a config without architectures) generates
+                        # nothing: no cache, as the analytic answer holds none for it
+                        generation = ({"use_cache": True, "logits_to_keep": 1} if model.can_generate()
+                                      else {"use_cache": False})
+                        out = model(**inputs, **generation)
                         del out
                     except _Reached:
                         pass
