@@ -214,6 +214,16 @@ def test_a_budget_gets_the_most_layers_that_fit(files: dict[str, Path], capsys: 
     assert devices(doc)["GPU"]["total"] <= budget < devices(more)["GPU"]["total"]
 
 
+def test_the_server_line_names_the_file_when_given_its_folder(files: dict[str, Path],
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """llama-server -m takes a file: a folder holding one .gguf is answered with that file's path."""
+    folder = files["llama"].parent / "folder"
+    folder.mkdir(exist_ok=True)
+    (folder / files["llama"].name).write_bytes(files["llama"].read_bytes())
+    doc = run_json(capsys, str(folder), "-c", "256", "--budget", "1GiB", "--reserve", "0")
+    assert doc["fit"]["command"].startswith(f"llama-server -m {folder / files['llama'].name} ")
+
+
 @pytest.mark.parametrize("argv, why", [
     (("-ngl", "-2"), "--n-gpu-layers must be -1"),
     (("--cache-type-k", "q3_k"), "--cache-type-k 'q3_k'"),

@@ -154,7 +154,7 @@ def run_llama_cpp(args: argparse.Namespace) -> int:
         ck = source.checkpoint
         tensors = tuple(Tensor(t.name, t.nbytes) for t in ck.tensors)
         weights_from = f"the GGUF file {ck.files[0]}'s header: each tensor's exact bytes"
-        model_arg = args.model
+        model_arg = ck.files[0]  # llama-server -m takes the file (a split set's first shard), not its folder
     else:
         predicted = estimate.settings["gguf_file"]
         tensors = tuple(Tensor(t["name"], t["bytes"]) for t in predicted["tensor_list"])
@@ -188,7 +188,7 @@ def _from_header(args: argparse.Namespace, ck, options, accelerator, reserve: in
     tensors = tuple(Tensor(t.name, t.nbytes) for t in ck.tensors)
     plan = llama_cpp_plan(tensors, facts, options, model=args.model,
                           weights_from=f"the GGUF file {ck.files[0]}'s header: each tensor's exact bytes",
-                          budget=budget, model_arg=args.model,
+                          budget=budget, model_arg=ck.files[0],
                           notes=(f"{ck.architecture}: transformers has no class for it, so no memory report; "
                                  "llama.cpp's memory from the header alone",))
     if args.json:
