@@ -250,3 +250,15 @@ def test_unformulated_recurrent_layers_are_refused_in_one_line(capsys, tmp_path)
     assert main(["serve", str(path), "--gpu", "h100", "--no-cache"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Lfm2MoeForCausalLM" in err and "lfm2_moe" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command, offered", [
+    (["serve", "gpt2"], None),  # serve needs the card's bandwidth: no option stands in for it
+    (["flops", "gpt2"], "(or give --peak-tflops X, the peak in TFLOP/s)"),
+    (["memory", "gpt2"], "(or give --budget 24GiB)"),
+])
+def test_an_unknown_gpu_offers_only_an_option_the_command_takes(command, offered, capsys):
+    assert main([*command, "--gpu", "h999"]) == 2
+    error = capsys.readouterr().err
+    assert "unknown accelerator 'h999'" in error
+    assert (offered in error) if offered else "or give" not in error

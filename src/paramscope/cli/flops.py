@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if args.gpu:
         from ..cost.hardware import find_accelerator
 
-        find_accelerator(args.gpu)  # a bad name fails before the build
+        find_accelerator(args.gpu, instead="peak_tflops")  # a bad name fails before the build
     source = resolve(args.model, revision=args.revision)
     report, estimate, compute, view = flop_answer(source, options, not args.no_cache, model_class=args.model_class,
                                                   task=args.task, num_labels=args.num_labels,

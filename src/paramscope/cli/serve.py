@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                            batch=args.batch, seq=args.seq, context=args.context, peak_dtype=args.peak_dtype,
                            peak_tflops=args.peak_tflops, tp=args.tp)
     options.check()
-    find_accelerator(args.gpu)  # a bad name fails before the build
+    find_accelerator(args.gpu, instead=None)  # a bad name fails before the build
     if args.dtype is not None:
         from ..cost.memory.quantization import weight_format
 

@@ -138,9 +138,11 @@ def _spelling(accelerator: Accelerator) -> str:
     return accelerator.name.lower().replace(" ", "-")
 
 
-def find_accelerator(name: str) -> Accelerator:
+def find_accelerator(name: str, instead: str | None = "budget") -> Accelerator:
     """The accelerator called `name` ("h100", "RTX 4090", "a100-40gb"); raises naming it when unknown, and when it
-    names several cards ("a100": 40GB or 80GB), with their spellings, rather than choosing one silently."""
+    names several cards ("a100": 40GB or 80GB), with their spellings, rather than choosing one silently. `instead`:
+    the option the unknown-name message offers in its place ("budget", "peak_tflops"; None: the command needs the
+    card itself)."""
     from ..errors import short_repr
 
     shown = short_repr(str(name), 60)
@@ -161,5 +163,6 @@ def find_accelerator(name: str) -> Accelerator:
         _spelling(by_key[k]) for k in difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.7)] if key else []
     hint = f"did you mean {close[0]!r}? " if close else ""  # a unique prefix ("b20") is suggested, never taken
     known = ", ".join(a.name for a in ACCELERATORS)
-    raise OptionError("unknown accelerator {name}; {hint}known: {known} (or give {0} 24GiB)", "budget", name=shown,
-                      hint=hint, known=known)
+    offer = {"budget": " (or give {0} 24GiB)", "peak_tflops": " (or give {0} X, the peak in TFLOP/s)"}.get(instead, "")
+    raise OptionError("unknown accelerator {name}; {hint}known: {known}" + offer, *([instead] if offer else []),
+                      name=shown, hint=hint, known=known)

@@ -163,7 +163,7 @@ def flop_answer(model: Any, options: FlopOptions = FlopOptions(), use_cache: boo
     from ..facts.store import answer_from_facts_or_build
 
     options.check()
-    accelerator = find_accelerator(options.gpu) if options.gpu else None
+    accelerator = find_accelerator(options.gpu, instead="peak_tflops") if options.gpu else None
     from ..facts.store import facts_key
 
     source = as_source(model, model_options.pop("revision", None))

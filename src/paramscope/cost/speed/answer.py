@@ -67,7 +67,7 @@ def serve_answer(model: Any, options: ServeOptions, use_cache: bool = True, **mo
     from ..memory.serving import MemoryOptions, storage_format
 
     options.check()
-    accelerator = find_accelerator(options.gpu)
+    accelerator = find_accelerator(options.gpu, instead=None)
     if options.kv_dtype is not None:
         torch_name(options.kv_dtype)  # a bad name fails before the build
     source = as_source(model, model_options.pop("revision", None))
