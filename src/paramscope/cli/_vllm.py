@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import UnsupportedError
 from ._common import checked_size, checked_width, use_color, write, write_report_json
 
 _FLAGS = (("--gpu-memory-utilization", "gpu_memory_utilization"), ("--max-model-len", "max_model_len"),
@@ -87,6 +88,13 @@ def run_vllm(args: argparse.Namespace) -> int:
         raise OptionError(f"--kv-dtype {args.kv_dtype}: vLLM's --kv-cache-dtype takes auto (the model's dtype), "
                           "bfloat16, fp8 or fp8_e5m2")
     source = resolve(args.model, revision=args.revision)
+    from ..cost.memory.quantization import weight_format
+
+    if source.checkpoint is not None or (args.dtype is not None and weight_format(args.dtype).kind == "gguf"):
+        # vLLM keeps a GGUF's weights in their ggml types through its own (experimental) GGUF kernels: not modelled,
+        # and pricing them at the model's dtype would be several times high
+        raise UnsupportedError("--engine vllm on a GGUF model (a .gguf file or a llama.cpp mixture --dtype) is not "
+                               "modelled; --engine llama.cpp serves it")
     from ..cost.memory.vllm import refuse_unserved_encoder_decoder
 
     refuse_unserved_encoder_decoder(source.config)

@@ -259,9 +259,6 @@ def vllm_dtype(config: dict[str, Any], dtype: str | None) -> tuple[str | None, s
         return dtype, f"--dtype {_DTYPE_NAMES.get(fmt.key, fmt.key)}", ""
     if fmt.key == "fp8":
         return dtype, "--quantization fp8", ""
-    if fmt.kind == "gguf":
-        return dtype, None, (f"--dtype {fmt.key}: vLLM loads a GGUF file given as the model, so the command "
-                             "carries no flag for it")
     return dtype, None, (f"--dtype {fmt.key}: vLLM reads a quantised checkpoint's own quantization_config, so the "
                          "command carries no flag for it")
 
