@@ -224,6 +224,18 @@ def test_the_server_line_names_the_file_when_given_its_folder(files: dict[str, P
     assert doc["fit"]["command"].startswith(f"llama-server -m {folder / files['llama'].name} ")
 
 
+def test_serve_moves_a_gguf_files_own_bytes(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """`serve FILE.gguf` reads the weights in the file's ggml types, the KV cache in llama.cpp's f16, at the fp16
+    peak (it read them at the config's fp32, and a 4090 has no tf32 peak in the table)."""
+    assert main(["serve", str(files["llama"]), "--gpu", "4090", "--json", "--no-cache"]) == 0
+    serve = json.loads(capsys.readouterr().out)["serve"]
+    assert (serve["settings"]["dtype"], serve["settings"]["kv_dtype"], serve["gpu"]["peak_dtype"]) == (
+        "gguf-file", "float16", "fp16")
+    # at batch 128 every one of the 100 embedding rows is read: the step moves the whole file's tensors
+    stored = sum(int(t.n_bytes) for t in gguf.GGUFReader(str(files["llama"])).tensors)
+    assert serve["decode"][-1]["batch"] == 128 and serve["decode"][-1]["weight_bytes"] == stored == 216_976
+
+
 @pytest.mark.parametrize("argv, why", [
     (("-ngl", "-2"), "--n-gpu-layers must be -1"),
     (("--cache-type-k", "q3_k"), "--cache-type-k 'q3_k'"),

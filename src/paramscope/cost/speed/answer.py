@@ -77,6 +77,11 @@ def serve_answer(model: Any, options: ServeOptions, use_cache: bool = True, **mo
                                    group_size=options.group_size, tp=options.tp)
     memory_options.check()
     fmt, origin, not_convert = storage_format(source.config, memory_options)
+    if source.checkpoint is not None and options.dtype is None:  # a GGUF: its weights move in the file's own types
+        from ...checkpoint.gguf_memory import gguf_file_format
+
+        fmt = gguf_file_format(source.checkpoint, int(source.config["num_hidden_layers"]))
+        origin, not_convert = f"the GGUF file {source.checkpoint.files[0]}'s header", ()
     roof = roofline(accelerator, options.peak_dtype or peak_dtype_of(fmt), options.peak_tflops)
     key = facts_key(source.config, model_class=model_options.get("model_class"), task=model_options.get("task"),
                     num_labels=model_options.get("num_labels"))
