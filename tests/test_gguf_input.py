@@ -224,6 +224,13 @@ def test_audit_reconciles_a_llama_with_its_class(files: dict[str, Path], capsys:
     assert "4 stored rows permuted for rope" in text
 
 
+def test_audit_takes_the_class_asked(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """--class is honoured, not ignored: the bare LlamaModel holds no head, so the file's output.weight is its own."""
+    rec = run_json(capsys, "audit", str(files["llama"]), "--class", "LlamaModel")["checkpoint"]["reconcile"]
+    assert (rec["class"], rec["equal"]) == ("LlamaModel", False)
+    assert [d["name"] for d in rec["differences"]] == ["output.weight"]
+
+
 def test_a_tied_head_and_llama_cpps_rope_factors_are_named(files: dict[str, Path],
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     rec = run_json(capsys, "audit", str(files["tied"]))["checkpoint"]["reconcile"]

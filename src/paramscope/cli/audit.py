@@ -100,7 +100,8 @@ def _reconcile_gguf(args: argparse.Namespace, checkpoint: Any) -> Any:
 
     try:
         source = gguf_source(checkpoint, args.path)
-        report, _ = inspect_source(source, use_cache=not args.no_cache)
+        report, _ = inspect_source(source, model_class=args.model_class, task=args.task, num_labels=args.num_labels,
+                                   use_cache=not args.no_cache)
     except ParamscopeError as err:
         why = str(err).removeprefix(f"{checkpoint.path}: ").removeprefix("cannot build a model from this GGUF: ")
         return cannot_reconcile(checkpoint, "-", why)
