@@ -83,9 +83,12 @@ def llama_cpp_parts(report: Any, plan: Any, accelerator: Any, reserve: int) -> l
 
 
 def _devices_table(plan: Any) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Memory per device", title_justify="left")
-    for name in ("", "weights", "KV cache", "recurrent", "compute (estimate)", "output (estimate)", "total"):
-        table.add_column(name, justify="left" if not name else "right")
+    # short headers and unwrapped figures: exact bytes are never cut (the compute and output buffers' being
+    # estimates is said in the caption)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Memory per device", title_justify="left",
+                  caption="compute* and output*: estimates (their source below)", caption_justify="left")
+    for name in ("", "weights", "KV cache", "recurrent", "compute*", "output*", "total"):
+        table.add_column(name, justify="left" if not name else "right", no_wrap=True)
     for d in plan.devices:
         cells = [d.weights, d.kv, d.recurrent, d.compute, d.output, d.total]
         table.add_row("CPU (host)" if d.device == "CPU" else d.device, *(f"{v:,}" for v in cells))
