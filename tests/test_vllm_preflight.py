@@ -267,7 +267,7 @@ def test_text_names_each_stage_and_the_fewest_blocks(capsys):
                  "8192", "--width", "140"]) == 0
     out = capsys.readouterr().out
     assert "Memory vLLM budgets on one GPU of stage 1, the stage with the fewest blocks" in out
-    assert "0–15 (16)" in out and "16–31 (16)" in out and "← the fewest" in out
+    assert "0–15 (16)" in out and "16–31 (16)" in out and "← the fewest blocks, which every worker gets" in out
     assert "pipeline stages: 32 layers, 16 a stage (vLLM's get_pp_indices)" in out
 
 
@@ -312,3 +312,13 @@ def test_pp_and_encoder_decoder_refusals_are_one_line(capsys, model, argv, messa
     assert main(["memory", model, "--engine", "vllm", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
+
+
+def test_the_stages_table_and_the_command_stay_whole_at_the_default_width(capsys):
+    """No exact figure split across lines, and a long `vllm serve` line continued for the shell, not wrapped."""
+    assert main(["memory", "llama-3-70b", "--engine", "vllm", "--gpu", "h100", "--tp", "4", "--pp", "2",
+                 "--max-model-len", "8192", "--width", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "17,639,408,128" in out and "59,961,926,758" in out and "89,021 ←" in out
+    assert ("    vllm serve meta-llama/Meta-Llama-3-70B --tensor-parallel-size 4 --pipeline-parallel-size 2 \\\n"
+            "        --gpu-memory-utilization 0.92 --max-model-len 8192\n") in out

@@ -40,7 +40,7 @@ def vllm_parts(report: Any, p: Any) -> list:
     if p.command:
         lines.append(Text("vllm serve flags that fit" + (f" ({p.command_changes})" if p.command_changes else "")
                           + ":", style="bold"))
-        lines.append(indented(p.command, 4))
+        lines.append(indented(shell_lines(p.command), 4))
     else:
         lines.append(Text(p.command_changes, style="bold"))
     for note in p.notes:
@@ -53,6 +53,18 @@ def vllm_parts(report: Any, p: Any) -> list:
                           "mem_utils.memory_profiling, kv_cache_utils, kv_cache_interface); the KV bytes per token "
                           "and layer are paramscope's KV engine's (memory/kv.py), paged in blocks"))
     return lines
+
+
+def shell_lines(command: str, limit: int = 92) -> str:
+    """`command` broken at spaces into lines of at most `limit` characters, each but the last ending in a shell
+    continuation: a long command still copies and pastes as one (a line wrapped by the terminal does not)."""
+    lines: list[str] = []
+    for word in command.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= limit:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return " \\\n    ".join(lines)
 
 
 def _row(table: Table, label: str, value: int, how: str) -> None:
@@ -79,13 +91,16 @@ def _budget_table(p: Any) -> Table:
 def _stages_table(p: Any) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Each pipeline stage's GPU (rank 0 of its tensor-parallel "
                   "group); vLLM gives every worker the fewest blocks", title_justify="left")
-    for name in ("stage", "layers", "weights", "activation (estimate)", "KV available", "layers a pool",
-                 "bytes a block", "blocks its memory holds"):
-        table.add_column(name, justify="left" if name == "layers" else "right", overflow="fold")
+    # short headers and unwrapped figures, so that no exact figure is split across lines at the default width
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=table.title, title_justify="left",
+                  caption="activation*: an estimate; ← the fewest blocks, which every worker gets",
+                  caption_justify="left")
+    for name in ("stage", "layers", "weights", "activation*", "KV available", "pool", "block B", "blocks"):
+        table.add_column(name, justify="left" if name == "layers" else "right", no_wrap=True)
     for st in p.stages:
         table.add_row(str(st.rank), f"{st.first_layer}–{st.last_layer} ({st.layers})", f"{st.weights:,}",
                       f"{st.activation.bytes:,}", f"{st.available:,}", str(st.pool_layers), f"{st.bytes_per_block:,}",
-                      f"{st.blocks:,}" + (" ← the fewest" if st.rank == p.limiting_stage else ""))
+                      f"{st.blocks:,}" + (" ←" if st.rank == p.limiting_stage else ""))
     return table
 
 
