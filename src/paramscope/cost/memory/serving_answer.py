@@ -26,8 +26,10 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), use_ca
 
 
 def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cache: bool = True,
-                  **model_options: Any):
-    """`estimate_memory`, and the ModelView it read (the CLI records cost facts from a built one)."""
+                  check: bool = True, **model_options: Any):
+    """`estimate_memory`, and the ModelView it read (the CLI records cost facts from a built one). `check`: the
+    analytic peak is held against a traced prefill once per config (False for a caller that reads the report, the
+    view and the weights only: llama.cpp's memory is its own arithmetic)."""
     from ...api import as_source
     from ..facts.store import answer_from_facts_or_build
 
@@ -64,7 +66,7 @@ def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cach
                     num_labels=model_options.get("num_labels"))
     dtype = fmt.compute_dtype
     checked = CheckFor("serving", f"{key}-{dtype}", use_cache and not options.trace,
-                       lambda module: check_serving(module, dtype))
+                       lambda module: check_serving(module, dtype)) if check else None
     report, view, estimate = answer_from_facts_or_build(
         source, lambda report, view: serving_estimate(report, view, options, fmt, origin, not_convert, accelerator,
                                                       checked=checked, correct=extended_difference),
