@@ -103,6 +103,8 @@ def check_facts(facts: CostFacts, template: Any, source: Any, report: Any, modul
         if weight_dtype(precision) != dtype:
             continue
         for checkpointing in ("none", "full"):
+            if checkpointing == "full" and not facts.supports_checkpointing:
+                continue  # refused in one line by both, before any figure (ALBERT's class has no checkpointing)
             option = TrainingOptions(seq=256, precision=precision, grad_checkpointing=checkpointing)
             got = step_estimate(answered, recorded, option, live=False)
             if got is None:  # no analytic recipe: the traced step needs the build, facts or not
