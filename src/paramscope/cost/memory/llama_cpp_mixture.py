@@ -525,8 +525,8 @@ def _fallback(kind: str, nx: int, name: str, ftype: str) -> tuple[str, str]:
             f"llama-quantize {ftype} writes no file for this model: {name}'s rows of {nx:,} values are no whole "
             f"number of {kind.upper()} blocks of {per_block}, and its tensor_type_fallback (src/llama-quant.cpp at "
             f"{LLAMA_CPP_COMMIT[:12]}) throws \"no tensor type fallback is defined for type {kind}\"; a K mixture "
-            "(--dtype q4_k_m, q5_k_m, q6_k, ...) falls back per tensor, and convert_hf_to_gguf.py --outtype q8_0 keeps "
-            "such a tensor unquantised")
+            "({0} q4_k_m, q5_k_m, q6_k, ...) falls back per tensor, and convert_hf_to_gguf.py's q8_0 outtype keeps "
+            "such a tensor unquantised", "dtype")
     back = _FALLBACK[kind]
     if nx % GGUF_TYPES[back][0]:
         return "f16", f"; rows of {nx:,} fit no {kind.upper()} or {back.upper()} block: F16"
