@@ -16,7 +16,7 @@ import pytest
 
 from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
 from paramscope.cost.parallel.layout import layout_for
-from paramscope.errors import OptionError, ParamscopeError, UnsupportedError
+from paramscope.errors import ParamscopeError, UnsupportedError
 
 LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=256, intermediate_size=512,
              num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, vocab_size=1000)
