@@ -17,7 +17,6 @@ the experts', the lm_head's), and attention kernels run by an attention module a
 
 from __future__ import annotations
 
-import inspect
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -137,7 +136,7 @@ def _count_generation(module: Any, batch: int, seq: int, steps: int) -> TracedGe
     from torch.utils.flop_counter import FlopCounterMode
 
     from ...errors import UnsupportedError
-    from .step import generation_inputs
+    from .step import cache_argument, generation_inputs, output_cache
 
     with fake_mode(True) as mode, assumed_values(True):
         model = working_copy(module, mode, None)
@@ -151,16 +150,14 @@ def _count_generation(module: Any, batch: int, seq: int, steps: int) -> TracedGe
             with counter:
                 output = model(**kwargs)
             counts.append(counter.get_total_flops())
-            # transformers ≥ 5.x names the cache `cache` (generate() passes it so); a class that takes only that name
-            # drops a `past_key_values` into its **kwargs and would decode each step as a fresh one-token prefill
-            name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-            cache = output.past_key_values
+            name = cache_argument(model)
+            cache = output_cache(output)
             for _ in range(steps):
                 counter = FlopCounterMode(display=False, depth=None, custom_mapping=_missing_formulas())
                 with counter:
                     output = model(input_ids=step_ids, use_cache=True, **{name: cache})
                 counts.append(counter.get_total_flops())
-                cache = output.past_key_values
+                cache = output_cache(output)
     return TracedGeneration(counts[0], tuple(counts[1:]))
 
 

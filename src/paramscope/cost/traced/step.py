@@ -202,10 +202,8 @@ def _trace_inference(module: Any, settings: StepSettings, *, fake: bool) -> Trac
                 output = model(**kwargs)
                 end_of_forward = _current(tracker)
                 phases = [_peak(tracker, "prefill")]
-                cache = _output_cache(output) if generating else None
-                # transformers ≥ 5.x names the cache `cache` (generate() passes it so); a class that takes only that
-                # name drops a `past_key_values` into its **kwargs and would decode as a fresh one-token prefill
-                cache_name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+                cache = output_cache(output) if generating else None
+                cache_name = cache_argument(model)
                 if cache is not None and settings.decode_steps > 0:
                     _restart_peak(tracker)
                     step_ids = _ids(model, settings.batch, 1)
@@ -218,7 +216,7 @@ def _trace_inference(module: Any, settings: StepSettings, *, fake: bool) -> Trac
                             step_kwargs.pop("input_ids")
                         del output
                         output = model(**step_kwargs)
-                        cache = _output_cache(output)
+                        cache = output_cache(output)
                     phases.append(_peak(tracker, "decode"))
                 del output, cache
         if not generating:
@@ -227,7 +225,14 @@ def _trace_inference(module: Any, settings: StepSettings, *, fake: bool) -> Trac
     return TracedStep("inference", resident, end_of_forward, tuple(phases), attention_of(model), tuple(notes))
 
 
-def _output_cache(output: Any) -> Any:
+def cache_argument(model: Any) -> str:
+    """The name `model.forward` takes its cache by. transformers ≥ 5.x names it `cache` (generate() passes it so) in
+    Mamba's, Falcon-Mamba's, Mamba-2's and Jamba's classes: a `past_key_values` would fall into their **kwargs, and
+    each decode step would be a fresh one-token prefill."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def output_cache(output: Any) -> Any:
     """The cache a forward returns: `past_key_values`, or `cache` (Mamba's and Jamba's outputs in transformers 5)."""
     found = getattr(output, "past_key_values", None)
     return found if found is not None else getattr(output, "cache", None)
