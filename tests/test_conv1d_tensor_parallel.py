@@ -88,17 +88,11 @@ def test_derived_device_step_equals_the_traced_rank():
     optimizer step within the 512 B (two h-sized fp32 tensors) the traced step still holds; the tied wte's gradient
     is the head's Shard(0), never whole on a rank. (Without --sp the same cut agrees as exactly: 5,148,728 B at the
     backward peak; not repeated here for CI time.)"""
-    from paramscope.api import inspect_with_module
-    from paramscope.cost.memory.training import TrainingOptions, estimate_training
     from paramscope.cost.parallel.layout import layout_for
-    from paramscope.cost.traced.parallel import trace_parallel_training
-    from paramscope.cost.traced.step import StepSettings
 
-    layout = layout_for(devices=2, tp=2, sp=True)
-    estimate = estimate_training(GPT2, TrainingOptions(batch=1, seq=64, layout=layout), use_cache=False)
-    _, module = inspect_with_module(GPT2)
-    traced = trace_parallel_training(module, StepSettings(batch=1, seq=64, precision="bf16-mixed", optimizer="adamw"),
-                                     tp=2, sp=True)
+    from parallel_steps import derived_and_traced
+
+    estimate, traced = derived_and_traced(GPT2, layout_for(devices=2, tp=2, sp=True), batch=1)
     assert estimate.engine == "derived", estimate.notes
     derived = {p.phase: p.bytes for p in estimate.training.device.phases}
     measured = {p.phase: p.bytes for p in traced.phases}

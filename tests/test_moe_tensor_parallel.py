@@ -87,18 +87,12 @@ def test_derived_device_step_equals_the_traced_rank():
     the packed experts cut (parallel/estimate.py) equals the whole model's traced rank: forward and backward to the
     byte; the optimizer step within the 544 B the traced step still holds (an h-sized fp32 tensor and the router's
     32 B), the sequence-parallel norms' all-reduced gradients (13 × 128 × 4 B) counted."""
-    from paramscope.api import inspect_with_module
-    from paramscope.cost.memory.training import TrainingOptions, estimate_training
     from paramscope.cost.parallel.layout import layout_for
-    from paramscope.cost.traced.parallel import trace_parallel_training
-    from paramscope.cost.traced.step import StepSettings
+
+    from parallel_steps import derived_and_traced
 
     config = dict(MIXTRAL, hidden_size=128, intermediate_size=256, num_hidden_layers=6, vocab_size=1024)
-    estimate = estimate_training(config, TrainingOptions(batch=1, seq=64, layout=layout_for(devices=2, tp=2, sp=True)),
-                                 use_cache=False)
-    _, module = inspect_with_module(config)
-    traced = trace_parallel_training(module, StepSettings(batch=1, seq=64, precision="bf16-mixed", optimizer="adamw"),
-                                     tp=2, sp=True)
+    estimate, traced = derived_and_traced(config, layout_for(devices=2, tp=2, sp=True), batch=1)
     assert estimate.engine == "derived", estimate.notes
     derived = {p.phase: p.bytes for p in estimate.training.device.phases}
     measured = {p.phase: p.bytes for p in traced.phases}

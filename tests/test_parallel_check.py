@@ -17,10 +17,10 @@ from __future__ import annotations
 import pytest
 
 from paramscope.cli import main
-from paramscope.cost.memory.training import TrainingOptions, estimate_training, training_answer
+from paramscope.cost.memory.training import TrainingOptions, training_answer
 from paramscope.cost.parallel.layout import layout_for
-from paramscope.cost.traced.parallel import trace_parallel_training
-from paramscope.cost.traced.step import StepSettings
+
+from parallel_steps import derived_and_traced
 
 
 def _decoder(model_type="llama", arch="LlamaForCausalLM", layers=2, vocab=8192, **extra):
@@ -39,17 +39,7 @@ BERT = dict(model_type="bert", architectures=["BertForMaskedLM"], hidden_size=25
 GEMMA2 = _decoder("gemma2", "Gemma2ForCausalLM", vocab=1024, head_dim=32, tie_word_embeddings=True)
 
 
-def _both(config, layout, *, batch=2, seq=64, precision="bf16-mixed", attention=None):
-    estimate = estimate_training(config, TrainingOptions(batch=batch, seq=seq, precision=precision,
-                                                         attention=attention, layout=layout), use_cache=False)
-    _, _, view = training_answer(config, TrainingOptions(batch=batch, seq=seq, precision=precision),
-                                 use_cache=False)
-    fsdp = layout.shard == "fsdp"
-    traced = trace_parallel_training(view.module, StepSettings(batch=batch, seq=seq, precision=precision,
-                                                               optimizer="adamw", attention=attention),
-                                     dp=layout.dp if fsdp else 1, shard="fsdp" if fsdp else "none", tp=layout.tp,
-                                     sp=layout.sp)
-    return estimate, traced
+_both = derived_and_traced
 
 
 CASES = [
