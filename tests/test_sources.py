@@ -187,3 +187,23 @@ def test_a_misspelled_preset_gets_the_closest_names():
         presets_named(["mixtral-8x7"])
     with pytest.raises(SourceError, match=r"unknown model 'gpt-2': did you mean 'gpt2'\?"):
         resolve("gpt-2")
+
+
+def test_a_config_transformers_saved_with_an_infinite_field_reads_as_transformers_loads_it(tmp_path):
+    # transformers 5's save_pretrained writes float("inf") as {"__float__": "Infinity"} (Granite-4.0-H's
+    # time_step_limit): read raw, the class's own validation refuses the object
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("granitemoehybrid", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=128, intermediate_size=32, shared_intermediate_size=64,
+                         mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, num_local_experts=4,
+                         num_experts_per_tok=2, layer_types=["mamba", "attention"]).save_pretrained(tmp_path)
+    assert {"__float__": "Infinity"} in json.loads((tmp_path / "config.json").read_text())["time_step_limit"]
+    source = resolve(str(tmp_path))
+    assert source.config["time_step_limit"] == [0.0, float("inf")]
+    import torch
+    from transformers import AutoModel
+
+    with torch.device("meta"):
+        real = AutoModel.from_config(AutoConfig.from_pretrained(tmp_path))
+    assert report_of(str(tmp_path)).total == sum(p.numel() for p in real.parameters())

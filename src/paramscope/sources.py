@@ -192,7 +192,16 @@ def read_config_file(path: Path | str) -> dict[str, Any]:
     """A config.json's object: a regular file under MAX_CONFIG_BYTES, UTF-8, bounded JSON, valid Unicode."""
     data = read_json(path, MAX_CONFIG_BYTES, what="config file", max_depth=MAX_JSON_DEPTH,
                      max_int_digits=MAX_INT_DIGITS, text_only=True)
-    return _check_object(data, str(path))
+    return _decode_special_floats(_check_object(data, str(path)))
+
+
+def _decode_special_floats(config: dict[str, Any]) -> dict[str, Any]:
+    """transformers 5 writes an infinite or NaN field as {"__float__": "Infinity"} (`save_pretrained`); its own reader
+    turns it back into a float, so a config it saved (Granite-4.0-H's time_step_limit) reads as it would load."""
+    from transformers import PretrainedConfig
+
+    decode = getattr(PretrainedConfig, "_decode_special_floats", None)
+    return decode(config) if decode is not None else config
 
 
 def _check_object(data: Any, where: str) -> dict[str, Any]:
