@@ -108,7 +108,8 @@ def test_cli_json_and_bad_input(capsys):
     assert (first["batch"], first["context"], first["bytes"], first["flops"], first["binds"]) == \
         (1, 1024, 15_144_206_336, 15_546_187_776, "memory")
     assert serve["gpu"]["bandwidth"] == H100_BANDWIDTH and serve["crossover_batch"] is None
-    for argv, bad in ((["--batch", "0"], "--batch"), (["--gpu", "h900"], "h900"), (["--context", "1"], "--context")):
+    for argv, bad in ((["--batch", "0"], "--batch"), (["--gpu", "h900"], "h900"), (["--context", "1"], "--context"),
+                      (["--context", "512", "--seq", "1024"], "--context")):
         gpu = [] if "--gpu" in argv else ["--gpu", "h100"]
         assert main(["serve", "llama-3-8b", *gpu, *argv]) == 2
         err = capsys.readouterr().err
@@ -262,3 +263,10 @@ def test_an_unknown_gpu_offers_only_an_option_the_command_takes(command, offered
     error = capsys.readouterr().err
     assert "unknown accelerator 'h999'" in error
     assert (offered in error) if offered else "or give" not in error
+
+
+def test_a_shorter_context_shortens_the_default_prompt():
+    """A decode step at context C follows a prompt of at most C tokens: the prefill is no longer than C."""
+    speed = serve_answer("llama-3-8b", ServeOptions(gpu="h100", context=1024))[1]
+    assert (speed.prompt, speed.context, speed.prefill.tokens) == (1024, 1024, 1024)
+    assert serve_answer("llama-3-8b", ServeOptions(gpu="h100", context=4096))[1].prompt == 2048

@@ -34,7 +34,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--batch", type=int, default=1, metavar="B",
                         help="sequences decoded together (default 1); the table adds 1, 8, 32 and 128")
     parser.add_argument("--seq", type=int, metavar="S",
-                        help="the prompt's tokens (default 2,048, or the model's maximum when shorter)")
+                        help="the prompt's tokens (default 2,048, or the model's maximum or --context when shorter)")
     parser.add_argument("--context", type=int, metavar="C",
                         help="keys a decode step reads: the tokens cached and its own (default: --seq)")
     parser.add_argument("--tp", type=int, default=1, metavar="T",

@@ -28,7 +28,7 @@ class ServeOptions:
     kv_dtype: str | None = None  # None: the compute dtype
     kv_layout: str = "hf"
     batch: int = 1
-    seq: int | None = None  # the prompt; None: 2,048, or the model's maximum when shorter
+    seq: int | None = None  # the prompt; None: 2,048, or the model's maximum or `context` when shorter
     context: int | None = None  # the keys a decode step reads; None: the prompt's length
     peak_dtype: str | None = None  # None: the format's (fp8 for fp8 checkpoints, else the compute dtype)
     peak_tflops: float | None = None
@@ -102,7 +102,9 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
 
     refuse_non_generating(view)
     text = text_config(view.config)
-    prompt, limit, notes = step_length(report, text, options.seq, DEFAULT_PROMPT)
+    # a decode step at --context C follows a prompt of at most C tokens: the default prompt is no longer
+    default_prompt = DEFAULT_PROMPT if options.context is None else min(DEFAULT_PROMPT, options.context)
+    prompt, limit, notes = step_length(report, text, options.seq, default_prompt)
     context = options.context or prompt
     if options.context is not None and limit is not None and context > limit:
         notes.append(f"--context {context:,} is beyond the model's max_position_embeddings ({limit:,})")

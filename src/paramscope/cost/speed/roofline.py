@@ -374,6 +374,9 @@ def check_serve(batch: int, context: int | None, prompt: int | None) -> None:
         if context < 2:
             raise OptionError("{0} must be 2 or more (a decode step reads the prompt's keys and its own), got "
                               "{value}", "context", value=context)
+        if prompt is not None and prompt > context:
+            raise OptionError("{0} {value:,} is shorter than the prompt's {prompt:,} tokens: a decode step "
+                              "after the prompt reads at least its keys", "context", value=context, prompt=prompt)
 
 
 def refuse_non_generating(view: Any) -> None:
