@@ -292,7 +292,9 @@ def test_a_real_cache_the_formula_does_not_give_is_used_when_a_layout_gives_it_a
 def test_every_preset_kv_cache_equals_its_recorded_real_cache():
     """The sweep, without torch: every preset's cost facts hold its real cache's bytes after a 2-token prefill on meta,
     in each build dtype; under transformers' convention (--kv-layout hf) the figure is exactly that, with no note of a
-    disagreement. Every class with a shipped template is a preset's class, so each is swept."""
+    disagreement. Every class with a shipped template is a preset's class, so each is swept. The peak's serving check
+    is left out (check=False): where it differs the build would trace cuts, or the whole Qwen1.5-MoE, which is not the
+    cache this sweeps (test_cost_facts holds that routing for every preset), so every preset answers from its facts."""
     from paramscope.cost.memory.serving_answer import memory_answer
     from paramscope.template import shipped_directory
     from paramscope.formula_cache import installed_transformers_version
@@ -300,9 +302,8 @@ def test_every_preset_kv_cache_equals_its_recorded_real_cache():
     classes, unmeasured = set(), set()
     for preset in all_presets():
         for dtype in ("fp32", "bf16", "fp16"):
-            report, memory, view = memory_answer(preset.name, MemoryOptions(dtype=dtype, seq=2))
-            # where the serving check found the analytic peak off (issue 31 §1), the build corrects it
-            assert view.module is None or memory.check.status == "differs", report.model.engine_detail
+            report, memory, view = memory_answer(preset.name, MemoryOptions(dtype=dtype, seq=2), check=False)
+            assert view.module is None, report.model.engine_detail  # the recorded facts answer, without torch
             classes.add(view.class_name)
             if memory.kv_cache is None:
                 continue
