@@ -30,8 +30,17 @@ OWN = "the checkpoint's own class (config architectures[0])"
 
 
 def _other_version(monkeypatch) -> None:
-    """From here on this process is another paramscope version."""
+    """From here on this process is another paramscope version (or the same version with other source: an engine
+    fixed in a checkout, which `disk_cache.source_version` fingerprints)."""
     monkeypatch.setattr(disk_cache, "__version__", "0.0.1-other")
+    monkeypatch.setattr(disk_cache, "source_version", lambda: "0.1.0+src.000000000000")
+
+
+def test_derived_entries_are_bound_to_the_source_not_only_the_version():
+    import re
+
+    assert re.fullmatch(re.escape(disk_cache.__version__) + r"\+src\.[0-9a-f]{12}", disk_cache.source_version())
+    assert disk_cache.versions()[0] == disk_cache.source_version()
 
 
 # ------------------------------------------------------------------------------- the package's own data answers

@@ -137,11 +137,29 @@ def package_version(name: str) -> str:
 
 
 def versions(*extra: str) -> list[str | None]:
-    """What a derived entry depends on besides its own key: the versions of paramscope, torch and transformers
-    (then of each of `extra`, e.g. "peft"). Hashed into the keys of cost/derived/store.py and plan_store.py and
-    repeated in their entries, which are read only when it is equal."""
-    return [__version__, package_version("torch"), installed_transformers_version(),
+    """What a derived entry depends on besides its own key: the versions of paramscope (with its source's fingerprint,
+    `source_version`), torch and transformers (then of each of `extra`, e.g. "peft"). Hashed into the keys of
+    cost/derived/store.py and plan_store.py and repeated in their entries, which are read only when it is equal."""
+    return [source_version(), package_version("torch"), installed_transformers_version(),
             *(package_version(name) for name in extra)]
+
+
+@functools.lru_cache(maxsize=None)
+def source_version() -> str:
+    """paramscope's version and a fingerprint of its source ("0.1.0+src.1a2b3c4d5e6f"): what derived a cached recipe
+    or check is the code as much as the version, and a fix to an engine between releases (or in a checkout) must not
+    leave a user reading what the old code derived. Hashes every module's path and bytes (about 2 MB, 30 ms, once a
+    process, and only where a derived entry is read or written)."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    try:
+        for path in sorted(package.rglob("*.py")):
+            payload = path.read_bytes()
+            digest.update(f"{path.relative_to(package).as_posix()}\0{len(payload)}\0".encode())
+            digest.update(payload)
+    except OSError:  # a zipped or unreadable install: the version alone, as before
+        return __version__
+    return f"{__version__}+src.{digest.hexdigest()[:12]}"
 
 
 def roles_fingerprint() -> str:
