@@ -241,16 +241,16 @@ def test_mamba_130m_serves_by_hand():
 
 
 def test_unformulated_recurrent_layers_are_refused_in_one_line(capsys, tmp_path):
-    # LFM2-MoE: LFM2's short convolutions, not held against its own class's decode, so no formula is drawn for it
-    config = dict(model_type="lfm2_moe", architectures=["Lfm2MoeForCausalLM"], vocab_size=100, hidden_size=64,
-                  intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-                  num_dense_layers=1, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  layer_types=["conv", "full_attention"])
+    # MiniMax: lightning attention, held against no formula here, so no decode FLOPs are drawn for it
+    config = dict(model_type="minimax", architectures=["MiniMaxForCausalLM"], vocab_size=100, hidden_size=64,
+                  intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                  layer_types=["linear_attention", "full_attention"])
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config), "utf-8")
     assert main(["serve", str(path), "--gpu", "h100", "--no-cache"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Lfm2MoeForCausalLM" in err and "lfm2_moe" in err and "Traceback" not in err
+    assert err.count("\n") == 1 and "MiniMaxForCausalLM" in err and "minimax" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("command, offered", [

@@ -23,16 +23,17 @@ C = H·P + 2·G·N channels and chunks of Q (c = ⌈S/Q⌉ chunks, the prompt pa
                    product with x, each chunk's state and its read-out, the states passed chunk to chunk
     decode   conv  2·B·C·K·2 (causal_conv1d_update), scan 2·B·H·P·N
 
-The same Mamba-2 mixer in Mamba-2 itself, Bamba and Nemotron-H (transformers' recurrent form a step: the conv by
-causal_conv1d_update, L = 2, the state read out by C in a bmm).
+The same Mamba-2 mixer in Mamba-2 itself, Bamba, Nemotron-H and Granite-4.0-H (transformers' recurrent form a step:
+the conv by causal_conv1d_update, L = 2, the state read out by C in a bmm).
 
-A short convolution (LFM2's): a depthwise conv over D channels (the hidden size), kernel K, gated by elementwise
-products (not counted):
+A short convolution (LFM2's and LFM2-MoE's): a depthwise conv over D channels (the hidden size), kernel K, gated by
+elementwise products (not counted):
 
     prefill  conv  2·B·D·K·(S' + K − 1)        decode  conv  2·B·D·K·2
 
-A gated DeltaNet layer (Qwen3-Next's linear attention): a conv over C = 2·Hk·dk + Hv·dv channels, Hv value heads of
-dk × dv state, the prompt in chunks of Q = 64 (torch_chunk_gated_delta_rule's default; c = ⌈S/Q⌉):
+A gated DeltaNet layer (the linear attention of Qwen3-Next and of Qwen3.5's text models, dense and MoE): a conv over
+C = 2·Hk·dk + Hv·dv channels, Hv value heads of dk × dv state, the prompt in chunks of Q = 64
+(torch_chunk_gated_delta_rule's default; c = ⌈S/Q⌉):
 
     prefill  conv  2·B·C·K·(S' + K − 1)
              rule  B·Hv·c·(4·Q²·dk + 2·Q²·dv + 6·Q·dk·dv): within-chunk k_β·kᵀ and q·kᵀ, their product with the new
@@ -55,10 +56,11 @@ from ..dims import config_int
 
 # the model types whose recurrent layers each formula was held against (their own class's cached decode)
 _MAMBA1 = ("mamba", "falcon_mamba", "jamba")
-_MAMBA2 = ("falcon_h1", "mamba2", "bamba", "nemotron_h")
+_MAMBA2 = ("falcon_h1", "mamba2", "bamba", "nemotron_h", "granitemoehybrid")
 DECODE_CONV_OUTPUTS = 2  # L: causal_conv1d_update's outputs over the K cached columns and the new one
-_SHORT_CONV = ("lfm2",)  # model types whose "conv" layers are LFM2's gated short convolution
-_DELTA_NET = ("qwen3_next",)  # model types whose linear attention is a gated DeltaNet
+_SHORT_CONV = ("lfm2", "lfm2_moe")  # model types whose "conv" layers are LFM2's gated short convolution
+# model types whose linear attention is a gated DeltaNet (Qwen3.5's: its text config's, which serve reads)
+_DELTA_NET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 DELTA_NET_CHUNK = 64  # torch_chunk_gated_delta_rule's chunk_size (its callers leave the default)
 # layer kinds (memory/kv.py's layer_kinds) that hold a recurrent state; a hybrid layer holds attention beside it
 RECURRENT_KINDS = ("linear_attention", "mamba", "mamba2", "conv", "recurrent", "ssm", "attention_free", "hybrid",

@@ -327,7 +327,7 @@ def _recurrent_state(config: Any, size: int, tp: int = 1) -> tuple[int, str] | N
                 f"{state}) × {conv} × {size} B + ssm {heads}{per} heads × {head_dim} × {state} × 4 B"
                 if tp > 1 else
                 f"conv {conv_dim:,} × {conv} × {size} B + ssm {heads} heads × {head_dim} × {state} × 4 B")
-    if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+    if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"):
         k_heads = split(config_int(config, "linear_num_key_heads") or 0)
         v_heads = split(config_int(config, "linear_num_value_heads") or 0)
         k_dim = config_int(config, "linear_key_head_dim") or 0
@@ -337,7 +337,7 @@ def _recurrent_state(config: Any, size: int, tp: int = 1) -> tuple[int, str] | N
         return (conv_dim * conv * size + v_heads * k_dim * v_dim * 4,
                 f"conv {conv_dim:,} × {conv} × {size} B + state {v_heads} heads × {k_dim} × {v_dim} × 4 B"
                 + (f" (key and value heads{per})" if tp > 1 else ""))
-    if model_type == "lfm2":
+    if model_type in ("lfm2", "lfm2_moe"):
         hidden = config_int(config, "hidden_size") or 0
         kernel = config_int(config, "conv_L_cache") or 3
         return split(hidden) * kernel * size, f"conv {hidden:,}{per} × {kernel} × {size} B"

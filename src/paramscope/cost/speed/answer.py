@@ -208,7 +208,7 @@ def _refuse_unformulated(view: Any, text: Any) -> None:
     except NoRecurrentFormula as error:
         raise UnsupportedError("serving speed has no decode FLOP formula for the recurrent layers of {name} "
                                "({kind}; these have one: Mamba, Falcon-Mamba, Jamba, Mamba-2, Falcon-H1, Bamba, "
-                               "Nemotron-H, LFM2, Qwen3-Next); "
+                               "Nemotron-H, Granite-4.0-H, LFM2, LFM2-MoE, Qwen3-Next, Qwen3.5); "
                                "`flops {0} N {1}` counts its generate() traced", "generate", "trace",
                                name=view.class_name,
                                kind=str(error)) from None

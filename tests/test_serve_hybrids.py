@@ -1,0 +1,133 @@
+"""`paramscope serve` on the hybrids whose recurrent layers reuse a mixer flops/recurrent_decode.py already has:
+Granite-4.0-H (Mamba-2 mixers, routed and shared experts), Qwen3.5 and Qwen3.5-MoE (gated DeltaNet, a vision
+composite decoded through its text model), LFM2-MoE (LFM2's short convolutions, dense then routed MLPs). Each decode
+step's FLOPs are held against FlopCounterMode on the real class's cached one-token decode, each cache against the
+tensors transformers' real cache holds after a bf16 prefill on CPU (the states' dtypes as transformers keeps them)."""
+
+from __future__ import annotations
+
+import pytest
+
+# Granite-4.0-H cut to a Mamba-2 layer and an attention layer, both with top-2-of-4 experts and a shared MLP; the
+# mixer: H 8 heads of P 16, state N 4, G 2 groups, conv over 8·16 + 2·2·4 = 144 channels, kernel K 3, chunks of Q 8
+_GRANITE = dict(model_type="granitemoehybrid", architectures=["GraniteMoeHybridForCausalLM"], vocab_size=100,
+                hidden_size=64, intermediate_size=32, shared_intermediate_size=48, num_local_experts=4,
+                num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=4, mamba_d_conv=3,
+                mamba_expand=2, mamba_chunk_size=8, layer_types=["mamba", "attention"],
+                position_embedding_type="nope", tie_word_embeddings=True)
+# Qwen3.5's text model: gated DeltaNet with Hk 2 key heads of dk 8, Hv 4 value heads of dv 16 (conv over
+# 2·2·8 + 4·16 = 96 channels, K 3), then gated attention; a one-block vision tower beside it
+_TEXT = dict(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2,
+             linear_key_head_dim=8, linear_value_head_dim=16, linear_conv_kernel_dim=3,
+             layer_types=["linear_attention", "full_attention"])
+_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4, temporal_patch_size=2,
+               spatial_merge_size=2, out_hidden_size=64, num_position_embeddings=16)
+_QWEN3_5 = dict(model_type="qwen3_5", architectures=["Qwen3_5ForConditionalGeneration"],
+                text_config=dict(model_type="qwen3_5_text", **_TEXT), vision_config=_VISION)
+_QWEN3_5_MOE = dict(model_type="qwen3_5_moe", architectures=["Qwen3_5MoeForConditionalGeneration"],
+                    text_config=dict(model_type="qwen3_5_moe_text", **_TEXT, num_experts=4, num_experts_per_tok=2,
+                                     moe_intermediate_size=32, shared_expert_intermediate_size=32),
+                    vision_config=_VISION)
+# LFM2-MoE: short convs over the hidden 64 channels (kernel 3, conv_L_cache's default) around an attention layer; the
+# first layer's MLP dense, the others top-2 of 4 experts. layer_types given: Lfm2MoeConfig has no default for it
+_LFM2_MOE = dict(model_type="lfm2_moe", architectures=["Lfm2MoeForCausalLM"], vocab_size=100, hidden_size=64,
+                 intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                 num_dense_layers=1, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                 layer_types=["conv", "full_attention", "conv"])
+
+# an attention layer (4 heads, d 16): 2·B·4·(16 + 16) = 256·B FLOPs a key
+_PER_KEY = 2 * 4 * (16 + 16)
+_CASES = [
+    # (config, batch, prompt, (prefill, step 1, step 2) as FlopCounterMode counts them, a step's recurrent FLOPs / B)
+    # Granite: one Mamba-2 mixer, 2·B·(conv 144·K 3·2 outputs + scan H·P·N 8·16·4); a prompt of 9, 2 chunks of 8
+    (_GRANITE, 2, 9, (3_201_088, 363_904, 364_416), 2 * (144 * 3 * 2 + 8 * 16 * 4)),
+    # Qwen3.5 over two chunks of 64: the delta rule's step is elementwise in transformers' torch path, so only the
+    # conv counts, 2·B·96·3·2
+    (_QWEN3_5, 1, 70, (13_332_480, 168_320, 168_576), 2 * 96 * 3 * 2),
+    (_QWEN3_5_MOE, 1, 70, (13_422_080, 169_600, 169_856), 2 * 96 * 3 * 2),
+    # LFM2-MoE: two short convs, 2 × 2·B·64·3·2; a prompt shorter than the kernel (padded to K before the conv)
+    (_LFM2_MOE, 2, 2, (743_936, 384_512, 385_024), 2 * (2 * 64 * 3 * 2)),
+]
+_IDS = ["granite-4.0-h", "qwen3.5", "qwen3.5-moe", "lfm2-moe"]
+
+
+def _build(config: dict, meta: bool = True):
+    """The checkpoint's own class (a composite for Qwen3.5), on meta or with real CPU tensors."""
+    import torch
+    import transformers
+
+    made = transformers.AutoConfig.for_model(**config)
+    model_class = getattr(transformers, config["architectures"][0])
+    if not meta:
+        return model_class(made)
+    with torch.device("meta"):
+        return model_class(made)
+
+
+@pytest.mark.parametrize("config, batch, seq, counts, per_sequence", _CASES, ids=_IDS)
+def test_decode_flops_equal_flopcountermode(config, batch, seq, counts, per_sequence):
+    """generate()'s prefill and two cached decode steps of the tiny real class, FlopCounterMode's count against
+    the analytic one (flops/generation.py with recurrent_decode.py's mixers)."""
+    from paramscope.api import inspect_module
+    from paramscope.cost.dims import text_config
+    from paramscope.cost.flops.generation import analytic_generation
+    from paramscope.cost.flops.recurrent_decode import recurrent_flops
+    from paramscope.cost.model_view import from_module
+    from paramscope.cost.traced.flops import count_generation
+
+    module = _build(config)
+    traced = count_generation(module, batch, seq, 2)
+    view = from_module(module)
+    analytic = analytic_generation(view, inspect_module(module).params, batch=batch, seq=seq, new_tokens=3)
+    assert (traced.prefill, *traced.steps) == (analytic.prefill, analytic.first_step, analytic.last_step) == counts
+    assert counts[2] - counts[1] == batch * _PER_KEY  # one more key, in the attention layer only
+    assert recurrent_flops(view, text_config(module.config)).step(batch) == per_sequence * batch
+
+
+@pytest.mark.parametrize("config, state, per_token", [
+    # conv 144 × K 3 in bf16, the SSM's H·P·N in float32; attention's K and V, 2 kv heads × 16, bf16
+    (_GRANITE, 144 * 3 * 2 + 8 * 16 * 4 * 4, 2 * 2 * 16 * 2),
+    # conv 96 × K 3 in bf16, Hv 4 states of dk 8 × dv 16 in float32
+    (_QWEN3_5, 96 * 3 * 2 + 4 * 8 * 16 * 4, 2 * 2 * 16 * 2),
+    (_LFM2_MOE, 2 * 64 * 3 * 2, 2 * 2 * 16 * 2),  # two short convs of 64 channels × K 3, bf16
+], ids=["granite-4.0-h", "qwen3.5", "lfm2-moe"])
+def test_cache_formula_equals_the_real_bf16_cache(config, state, per_token):
+    """memory/kv.py's cache (what serve reads and writes a step) against the tensors transformers' real cache holds
+    after a bf16 prefill of 6 tokens for 2 sequences on CPU."""
+    import torch
+
+    from paramscope.cost.memory.kv import kv_cache
+
+    torch.manual_seed(0)
+    model = _build(config, meta=False).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        cache = model(input_ids=torch.zeros((2, 6), dtype=torch.long), use_cache=True).past_key_values
+    held = attention = 0
+    for layer in cache.layers:
+        for states in (getattr(layer, "conv_states", None), getattr(layer, "recurrent_states", None)):
+            for tensor in (states.values() if isinstance(states, dict) else [states]):
+                if isinstance(tensor, torch.Tensor):
+                    held += tensor.numel() * tensor.element_size()
+        attention += sum(t.numel() * t.element_size() for t in (getattr(layer, "keys", None),
+                                                                  getattr(layer, "values", None))
+                         if isinstance(t, torch.Tensor))
+    assert (held, attention) == (2 * state, 2 * 6 * per_token)
+    assert kv_cache(model.config, batch=2, seq=6, dtype="bfloat16").bytes == 2 * (state + 6 * per_token)
+
+
+def test_estimate_serving_decodes_qwen3_5_through_its_text_model():
+    """paramscope.estimate_serving on the Qwen3.5 composite at 16 keys, batch 2, fp32 (the tiny config names no
+    dtype): the text model's DeltaNet state read and written whole, its attention layer's 16 keys read and the new
+    token's K and V written; the FLOPs FlopCounterMode counted above at 71 keys less 55 keys' 256 each."""
+    import paramscope
+
+    speed = paramscope.estimate_serving(_QWEN3_5, paramscope.ServeOptions(gpu="h100", batch=2, seq=16, context=16))
+    state, per_token = 96 * 3 * 4 + 4 * 8 * 16 * 4, 2 * 2 * 16 * 4
+    one = 168_320 - (71 - 16) * _PER_KEY  # a sequence's step at 16 keys
+    step = speed.at_batch
+    assert (step.kv_bytes, step.flops) == (2 * (2 * state + per_token * 17), 2 * one)
+    assert [s.flops for s in speed.decode] == [b * one for b in (1, 2, 8, 32, 128)]
+    assert speed.report.model.class_name == "Qwen3_5ForConditionalGeneration"
+    assert any(f"{3 * 2 * 2 * 4 * 8 * 16:,} FLOPs a step at batch 2" in note for note in speed.notes)  # 3·2·B·Hv·dk·dv
