@@ -5,8 +5,9 @@ class built from its metadata, tensor by tensor: same parameters, same roles. Ro
 names every layer's pre-mixer norm `attn_norm`, which is the SSM's norm in a Mamba layer and the mixer's in LFM2,
 Granite-4.0-H, Nemotron-H and Falcon-H1.
 deepseek2, mamba2, jamba, lfm2moe, qwen3next, granitehybrid, nemotron_h and falcon-h1, which transformers reads no
-GGUF of, are built from paramscope's own table (and `memory --engine llama.cpp` answers on the hybrids); the families
-no class is built for from a GGUF yet (nemotron_h_moe) are refused in one line.
+GGUF of, are built from paramscope's own table (and `memory --engine llama.cpp` answers on the hybrids; nemotron_h_moe
+in test_gguf_nemotron_h_moe.py); the families no class is built for from a GGUF yet (exaone4) are refused in one
+line.
 """
 
 from __future__ import annotations
@@ -182,7 +183,7 @@ def test_a_hybrid_files_blocks_take_their_own_kinds(tmp_path: Path) -> None:
         "blk.1.attn_norm.weight": "attention.norm"}
 
 
-@pytest.mark.parametrize("arch", ["nemotron_h_moe"])
+@pytest.mark.parametrize("arch", ["exaone4"])
 def test_families_transformers_builds_no_class_for_are_refused_in_one_line(tmp_path: Path, arch: str,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path / f"{arch}.gguf", arch, {"block_count": 1},
@@ -192,7 +193,7 @@ def test_families_transformers_builds_no_class_for_are_refused_in_one_line(tmp_p
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and why in err and "Traceback" not in err
     assert ("nor has paramscope a table of its own for it yet (it has deepseek2, falcon-h1, granitehybrid, jamba, "
-            "lfm2moe, mamba2, nemotron_h, qwen3next)") in err
+            "lfm2moe, mamba2, nemotron_h, nemotron_h_moe, qwen3next)") in err
 
 
 def jamba(layers: int = 4, inner: int = 2 * H, state: int = 16, conv: int = 4, rank: int = 4, experts: int = 4,

@@ -11,7 +11,8 @@ Where transformers' table leaves out a field llama.cpp's convert_hf_to_gguf.py w
 shapes (Qwen2-MoE's expert widths, a Mixtral written as `llama` with experts), a short supplement completes it; each
 supplemented field is named in `notes`, so the output says which figures did not come from transformers' table.
 For deepseek2 (DeepSeek-V2/V3, Kimi-K2), mamba2, jamba, lfm2moe, qwen3next, granitehybrid (Granite-4.0-H),
-nemotron_h (Nemotron-H, dense) and falcon-h1, which transformers reads no GGUF of, the whole table is paramscope's
+nemotron_h (Nemotron-H, dense), nemotron_h_moe (Nemotron-3 Nano/Super: transformers' one NemotronH class, its "moe"
+layers) and falcon-h1, which transformers reads no GGUF of, the whole table is paramscope's
 (OWN_MAPPINGS, from the converter's keys), and `notes` says so.
 """
 
@@ -28,7 +29,7 @@ from .gguf_read import GGUFCheckpoint
 # load_gguf_checkpoint's renames: llama.cpp's architecture name → transformers' model_type.
 _RENAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2",
             "lfm2moe": "lfm2_moe", "qwen3next": "qwen3_next", "granitehybrid": "granitemoehybrid",
-            "falcon-h1": "falcon_h1"}
+            "falcon-h1": "falcon_h1", "nemotron_h_moe": "nemotron_h"}
 # After the mapping, transformers builds the text backbone alone for these (the file holds no vision tower).
 _TEXT_ONLY = {"gemma3": "gemma3_text", "gemma4": "gemma4_text"}
 # Fields transformers' GGUF_CONFIG_MAPPING leaves out that llama.cpp writes and the class's shapes need:
@@ -110,6 +111,22 @@ OWN_MAPPINGS: dict[str, dict[str, str]] = {
                    "attention.key_length": "head_dim", "attention.layer_norm_rms_epsilon": "layer_norm_epsilon",
                    "vocab_size": "vocab_size", "ssm.conv_kernel": "conv_kernel", "ssm.state_size": "ssm_state_size",
                    "ssm.group_count": "n_groups", "ssm.time_step_rank": "mamba_num_heads"},
+    # NemotronHModel.set_gguf_parameters with is_moe (Nemotron-3 Nano 30B-A3B, Super): the dense keys, the expert
+    # width per layer as feed_forward_length (0 off an MoE layer), the experts' keys and moe_latent_size; layer kinds
+    # and the SSM head width derived as for nemotron_h (_nemotron_h_fields)
+    "nemotron_h_moe": {"context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+                       "block_count": "num_hidden_layers", "feed_forward_length": "intermediate_size",
+                       "attention.head_count": "num_attention_heads",
+                       "attention.head_count_kv": "num_key_value_heads", "attention.key_length": "head_dim",
+                       "attention.layer_norm_rms_epsilon": "layer_norm_epsilon", "vocab_size": "vocab_size",
+                       "ssm.conv_kernel": "conv_kernel", "ssm.state_size": "ssm_state_size",
+                       "ssm.group_count": "n_groups", "ssm.time_step_rank": "mamba_num_heads",
+                       "expert_count": "n_routed_experts", "expert_used_count": "num_experts_per_tok",
+                       "expert_feed_forward_length": "moe_intermediate_size",
+                       "expert_shared_feed_forward_length": "moe_shared_expert_intermediate_size",
+                       "expert_shared_count": "n_shared_experts", "expert_weights_norm": "norm_topk_prob",
+                       "expert_weights_scale": "routed_scaling_factor", "expert_group_count": "n_group",
+                       "moe_latent_size": "moe_latent_size"},
     # FalconH1Model.set_gguf_parameters (Mamba2Model's keys, the attention's heads and head width, the FFN width):
     # every layer runs attention and Mamba-2 side by side; the SSM head width derived, the multipliers 1
     # (_falcon_h1_fields)
@@ -433,9 +450,11 @@ def _granitehybrid_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str)
 
 def _nemotron_h_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> str:
     """Nemotron-H's layer kinds from the converter's per-layer KV heads (attention where > 0) and FFN widths (an
-    MLP layer where > 0; Mamba-2 where both are 0) as NemotronHConfig's layers_block_type; the class takes the
-    largest of each; mamba_head_dim = ssm.inner_size / ssm.time_step_rank (the converter writes d_inner = heads ×
-    head width); the biases as the file holds them."""
+    MLP layer where > 0, an MoE layer in nemotron_h_moe; Mamba-2 where both are 0, as llama-model.cpp's
+    recurrent_layer_arr) as NemotronHConfig's layers_block_type; the class takes the largest of each (an MoE file's
+    widths are the experts' moe_intermediate_size, which the class's unused intermediate_size takes too);
+    mamba_head_dim = ssm.inner_size / ssm.time_step_rank (the converter writes d_inner = heads × head width); the
+    biases as the file holds them."""
     counts = _heads_per_layer(config, arch, ck.path)
     widths = config.get("intermediate_size")
     widths = list(widths) if isinstance(widths, (list, tuple)) else widths
@@ -444,12 +463,34 @@ def _nemotron_h_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) ->
         raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.feed_forward_length = "
                           f"{_q(widths)} is no list of {len(counts)} per-layer widths")
     if any(c and w for c, w in zip(counts, widths)):
+        mtp = ck.metadata.get(f"{arch}.nextn_predict_layers")
         raise SourceError(f"{ck.path}: cannot build a model from this GGUF: a layer has both KV heads and an FFN "
                           f"width in {arch}.attention.head_count_kv and feed_forward_length: Nemotron-H's layers hold "
-                          "one mixer each")
-    kinds = ["attention" if c else "mlp" if w else "mamba" for c, w in zip(counts, widths)]
+                          "one mixer each" + (f" (the file holds {_q(mtp)} multi-token-prediction block(s), "
+                                               f"{arch}.nextn_predict_layers, which transformers' class does not "
+                                               "build)" if mtp else ""))
+    moe = arch == "nemotron_h_moe"
+    ffn = "moe" if moe else "mlp"
+    kinds = ["attention" if c else ffn if w else "mamba" for c, w in zip(counts, widths)]
     config["layers_block_type"] = kinds
     config["intermediate_size"] = max(widths)
+    moe_note = ""
+    if moe:
+        used = sorted({w for w in widths if w})
+        expert = config.setdefault("moe_intermediate_size", used[0] if used else 0)
+        if any(w != expert for w in used):
+            raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.feed_forward_length's MoE "
+                              f"widths {used} are not one expert width ({arch}.expert_feed_forward_length = "
+                              f"{_q(expert)}): NemotronHConfig takes one moe_intermediate_size")
+        if not config.get("n_routed_experts"):
+            raise SourceError(f"{ck.path}: cannot build a model from this GGUF: {arch}.expert_count = "
+                              f"{_q(config.get('n_routed_experts'))}: an MoE layer needs experts")
+        # llama.cpp's build_moe_ffn groups experts only for DeepSeek-style configs; the converter writes
+        # expert_group_count and no group top-k: the class's topk_group follows n_group (all groups eligible)
+        config.setdefault("n_group", 1)
+        config["topk_group"] = config["n_group"]
+        moe_note = (f"; moe_intermediate_size {expert} (the MoE layers' feed_forward_length), topk_group = n_group "
+                    f"{config['n_group']} (the converter writes no group top-k)")
     mamba = [i for i, k in enumerate(kinds) if k == "mamba"]
     if mamba:
         inner, heads = ck.metadata.get(f"{arch}.ssm.inner_size"), config.get("mamba_num_heads")
@@ -467,14 +508,14 @@ def _nemotron_h_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) ->
         return any(f"blk.{i}.{tensor}" in names for i, k in enumerate(kinds) if k == kind)
 
     config.update(use_conv_bias=first("mamba", "ssm_conv1d.bias"), use_bias=first("mamba", "ssm_in.bias"),
-                  mlp_bias=first("mlp", "ffn_up.bias"), attention_bias=first("attention", "attn_q.bias"),
-                  use_mamba_kernels=False)
-    where = {k: [i for i, x in enumerate(kinds) if x == k] for k in ("mamba", "attention", "mlp")}
+                  mlp_bias=first(ffn, "ffn_up.bias" if ffn == "mlp" else "ffn_up_shexp.bias"),
+                  attention_bias=first("attention", "attn_q.bias"), use_mamba_kernels=False)
+    where = {k: [i for i, x in enumerate(kinds) if x == k] for k in ("mamba", "attention", ffn)}
     return (f"config from paramscope's table for {arch} (transformers reads no {arch} GGUF): convert_hf_to_gguf.py's "
             f"keys; layers_block_type: attention at {where['attention']} (KV heads > 0 in attention.head_count_kv), "
-            f"mlp at {where['mlp']} (feed_forward_length > 0), mamba at {where['mamba']}"
+            f"{ffn} at {where[ffn]} (feed_forward_length > 0), mamba at {where['mamba']}"
             + (f"; mamba_head_dim {config['mamba_head_dim']} from ssm.inner_size / ssm.time_step_rank"
-               if mamba else ""))
+               if mamba else "") + moe_note)
 
 
 def _falcon_h1_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> str:
@@ -507,7 +548,7 @@ def _falcon_h1_fields(config: dict[str, Any], ck: GGUFCheckpoint, arch: str) -> 
 # How each architecture of OWN_MAPPINGS derives the fields its keys give no value of directly.
 _DERIVED = {"deepseek2": _mla_fields, "mamba2": _mamba2_fields, "jamba": _jamba_fields,
             "lfm2moe": _lfm2moe_fields, "qwen3next": _qwen3next_fields, "granitehybrid": _granitehybrid_fields,
-            "nemotron_h": _nemotron_h_fields, "falcon-h1": _falcon_h1_fields}
+            "nemotron_h": _nemotron_h_fields, "nemotron_h_moe": _nemotron_h_fields, "falcon-h1": _falcon_h1_fields}
 
 
 def _int(value: Any) -> int:
@@ -529,7 +570,9 @@ def _check_bounds(config: dict[str, Any], path: str) -> None:
                          ("num_experts", MAX_LAYERS), ("num_local_experts", MAX_LAYERS),
                          ("n_routed_experts", MAX_LAYERS), ("n_shared_experts", MAX_LAYERS),
                          ("first_k_dense_replace", MAX_LAYERS), ("kv_lora_rank", MAX_WIDTH),
-                         ("q_lora_rank", MAX_WIDTH), ("moe_intermediate_size", MAX_WIDTH)):
+                         ("q_lora_rank", MAX_WIDTH), ("moe_intermediate_size", MAX_WIDTH),
+                         ("moe_shared_expert_intermediate_size", MAX_WIDTH),
+                         ("moe_latent_size", MAX_WIDTH)):
         value = config.get(field)
         if value is None:
             continue

@@ -40,7 +40,7 @@ from ..errors import short_repr as _q
 # transformers' TENSOR_PROCESSORS reverse them ("llama": LlamaTensorProcessor).
 # GraniteHybridModel (and its NemotronHModel) sets undo_permute and runs LlamaModel.modify_tensors on its attention
 # layers.
-ROPE_PERMUTED = frozenset({"llama", "granitehybrid", "nemotron_h"})
+ROPE_PERMUTED = frozenset({"llama", "granitehybrid", "nemotron_h", "nemotron_h_moe"})
 _FUSED = ".experts.gate_up_proj"
 # llama.cpp tensors written and loaded without a suffix (a checkpoint parameter with none: A_log, D)
 _BARE = ("ssm_a", "ssm_d")
@@ -51,7 +51,10 @@ _SSM_IN = ".ssm_in.weight"
 # gguf.MODEL_TENSOR names it writes, the file's other layout (no experts: the shared MLP as a dense FFN) after
 _GRANITE_ARCHS = frozenset({"granitehybrid"})
 # Architectures whose checkpoints name the trunk `backbone.` where transformers 5's class says `model.` (Nemotron-H)
-_BACKBONE_ARCHS = frozenset({"nemotron_h"})
+_BACKBONE_ARCHS = frozenset({"nemotron_h", "nemotron_h_moe"})
+# NemotronHModel.modify_tensors (is_moe) stacks the experts and renames them `model.layers.N.mlp.experts.{up,down}_proj`
+# before mapping; transformers 5's NemotronH holds them as `mixer.experts.{up,down}_proj` [E, out, in]
+_NEMOTRON_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mixer\.experts\.(up_proj|down_proj)$")
 _GRANITE_STEMS: dict[str, tuple[tuple[str, ...], ...]] = {
     "block_sparse_moe.router": (("FFN_GATE_INP",),),
     "block_sparse_moe.experts.gate_up_proj": (("FFN_GATE_EXP", "FFN_UP_EXP"),),
@@ -95,7 +98,10 @@ def parameter_gguf_names(architecture: str, blocks: int, name: str) -> tuple[str
         # llama.cpp's tensor_mapping.py maps Falcon-H1's pre_ff_layernorm to ffn_norm (FFN_PRE_NORM's and FFN_NORM's
         # name); gguf 0.19's table has no entry for it
         return (f"blk.{int(m[1])}.ffn_norm" + suffix,)
-    if architecture in _BACKBONE_ARCHS and stem.startswith("model."):
+    experts = _NEMOTRON_EXPERTS.match(stem) if architecture == "nemotron_h_moe" else None
+    if experts is not None:
+        stem = f"model.layers.{experts[1]}.mlp.experts.{experts[2]}"
+    elif architecture in _BACKBONE_ARCHS and stem.startswith("model."):
         # transformers 5's NemotronH names its trunk `model.`; gguf's table knows the checkpoint's `backbone.`
         stem = "backbone." + stem[len("model."):]
     if stem.endswith(".dt_bias"):  # Mamba-2: renamed dt_proj.bias before mapping (Mamba2Model.modify_tensors)

@@ -107,7 +107,7 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.")
 # Architectures whose one decoder-layer class holds either mixer (transformers' Lfm2DecoderLayer,
 # Qwen3NextDecoderLayer, ...: roles.py's _HYBRID_LAYERS): the pre-mixer norm is the mixer's in every layer.
 _MIXER_NORM_ARCHS = frozenset({"lfm2", "lfm2moe", "qwen3next", "qwen35", "qwen35moe", "granitehybrid", "nemotron_h",
-                               "falcon-h1"})
+                               "nemotron_h_moe", "falcon-h1"})
 # Architectures whose ssm_* tensors are a Gated DeltaNet linear attention (convert_hf_to_gguf.py maps linear_attn.*
 # to SSM names), not a state-space block: role by llama.cpp's name after `blk.N.`.
 _LINEAR_ATTENTION_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})

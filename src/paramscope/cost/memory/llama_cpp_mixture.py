@@ -103,7 +103,8 @@ class GGUFName:
 # The config fields the converter's names and llama.cpp's rules read.
 _CONFIG_KEYS = ("model_type", "num_attention_heads", "n_head", "num_key_value_heads", "num_local_experts",
                 "num_experts", "n_routed_experts", "moe_num_experts", "num_hidden_layers", "hidden_size", "head_dim",
-                "rope_scaling", "rope_parameters", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank")
+                "rope_scaling", "rope_parameters", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank",
+                "layers_block_type")
 
 
 def config_fields(config: Any) -> dict[str, Any]:
@@ -129,6 +130,10 @@ def gguf_arch_of(config: dict[str, Any]) -> str | None:
         if isinstance(cfg, dict):
             model_type = str(cfg.get("model_type") or "").lower()
             arch = _ARCH_OF_MODEL_TYPE.get(model_type, model_type)
+            if arch == "nemotron_h" and "moe" in [str(kind) for kind in cfg.get("layers_block_type") or ()]:
+                # convert_hf_to_gguf.py's NemotronHModel writes nemotron_h_moe for a config with experts
+                # (Nemotron-3 Nano/Super): the class's "moe" layers
+                arch = "nemotron_h_moe"
             if arch in known:
                 return arch
     return None
