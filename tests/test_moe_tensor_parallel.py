@@ -51,8 +51,10 @@ QWEN3_MOE = _config("qwen3_moe", "Qwen3MoeForCausalLM", head_dim=16, moe_interme
                     num_experts_per_tok=2)
 
 
-@pytest.mark.parametrize("config, sp", [(MIXTRAL, False), (MIXTRAL, True), (QWEN3_MOE, True), (QWEN2_MOE, False)],
-                         ids=["mixtral tp2", "mixtral tp2 sp", "qwen3-moe tp2 sp", "qwen2-moe tp2, shared expert"])
+@pytest.mark.parametrize("config, sp", [(MIXTRAL, False), (MIXTRAL, True), (QWEN3_MOE, True), (QWEN2_MOE, False),
+                                        (QWEN2_MOE, True)],
+                         ids=["mixtral tp2", "mixtral tp2 sp", "qwen3-moe tp2 sp", "qwen2-moe tp2, shared expert",
+                              "qwen2-moe tp2 sp, shared expert"])
 def test_traced_shards_equal_the_analytic_placements(config, sp):
     """Every parameter's local shape on the traced rank (rank 0 of tp 2) equals parallel/rules.py's placement, the
     packed experts included ([E, 2I/t, h] and [E, h, I/t], the router whole; Qwen2-MoE's shared expert cut as
@@ -100,16 +102,25 @@ def test_derived_device_step_equals_the_traced_rank():
     assert 0 <= measured["optimizer step"] - derived["optimizer step"] <= 608, (derived, measured)
 
 
-def test_a_gated_shared_expert_under_sequence_parallel_is_refused_in_one_line():
-    from paramscope.api import inspect_with_module
-    from paramscope.cost.traced.parallel import trace_parallel_training
-    from paramscope.cost.traced.step import StepSettings
-    from paramscope.errors import UnsupportedError
+def test_qwen2_moe_under_sequence_parallel_derived_equals_the_traced_rank():
+    """`memory --training --tp 2 --sp` on a 5-layer Qwen2-MoE cut: its shared expert cut as an MLP with its output
+    left Partial and its sigmoid gate whole (a Replicate DTensor on the gathered tokens), so the gated sum
+    reduce-scatters once with the experts' partial sums (torchtitan's treatment of a shared expert); the derived
+    per-device step equals the traced rank in forward and backward to the byte, the optimizer step within 592 B
+    (what the Mixtral cut above leaves too: an h-sized fp32 tensor and the router's few bytes)."""
+    from paramscope.cost.parallel.layout import layout_for
 
-    _, module = inspect_with_module(QWEN2_MOE)
-    with pytest.raises(UnsupportedError, match=r"sequence parallel over Qwen2MoeForCausalLM: its MoE block adds a "
-                                               r"gated shared expert \(model.layers.\*.mlp.shared_expert\)"):
-        trace_parallel_training(module, StepSettings(batch=1, seq=32), tp=2, sp=True)
+    from parallel_steps import derived_and_traced
+
+    estimate, traced = derived_and_traced(dict(QWEN2_MOE, num_hidden_layers=5), layout_for(devices=2, tp=2, sp=True),
+                                          batch=1)
+    assert estimate.engine == "derived", estimate.notes
+    derived = {p.phase: p.bytes for p in estimate.training.device.phases}
+    measured = {p.phase: p.bytes for p in traced.phases}
+    assert derived["forward"] == measured["forward"] == 3_607_276
+    assert derived["backward"] == measured["backward"] == 3_642_980
+    assert measured["optimizer step"] - derived["optimizer step"] == 592, (derived, measured)
+    assert any("shared_expert_gate replicated_dtensor_output" in note for note in traced.notes), traced.notes
 
 
 def test_an_expert_width_tp_does_not_divide_is_refused_in_one_line():

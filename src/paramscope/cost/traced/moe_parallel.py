@@ -30,6 +30,9 @@ from ...errors import OptionError, UnsupportedError
 
 PACKED_STYLES = {"gate_up_proj": "packed_colwise", "down_proj": "rowwise"}  # transformers' parameter-level entries
 EXPERTS_STYLE = "moe_tp_experts"  # transformers' module-level entry
+# paramscope's styles for a shared expert under sequence parallel (see shared_expert_styles)
+SHARED_DOWN_STYLE = "rowwise_partial_output"
+SHARED_GATE_STYLE = "replicated_dtensor_output"
 
 
 def _torch_parallel_style() -> type:
@@ -134,6 +137,42 @@ def _make_style_class() -> type:
             return partial.redistribute(mesh, [Replicate()]).to_local()
 
     return PackedExpertsParallel
+
+
+def shared_expert_styles(style: str) -> Any:
+    """A shared expert beside the packed ones under sequence parallel (Qwen2-MoE's mlp.shared_expert and its
+    one-output mlp.shared_expert_gate), cut as torchtitan cuts a shared expert under TP and SP: its input the MoE
+    block's gathered tokens, gate and up column-wise, down row-wise with its output left Partial (no all-reduce of
+    its own), so that the block adds it to the experts' Partial sums and its output reduce-scatters the one sum.
+    The gate (sigmoid(x·w), one number a token) stays whole and runs on every rank's whole token set, its output a
+    Replicate DTensor: the product of a Replicate scale and a Partial sum is Partial (linear), so the sum is the
+    same; its weight's gradient is Partial (each rank's from its partial sums) until the optimizer step all-reduces
+    it, as Megatron all-reduces the gate weight it marks sequence_parallel. Megatron applies the gate after its
+    reduce-scatter, on the rank's own tokens; transformers' block applies it before the add, so here it sees the
+    whole sequence."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_module
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    if style == SHARED_DOWN_STYLE:
+        return RowwiseParallel(output_layouts=Partial(), use_local_output=False)
+
+    class ReplicatedGate(_torch_parallel_style()):
+        def _apply(self, module: Any, device_mesh: Any) -> Any:
+            import torch
+
+            def partition(_name: str, sub: Any, mesh: Any) -> None:  # same tensors, no copy (as _replicate_rest)
+                for key, param in list(sub.named_parameters(recurse=False)):
+                    sub.register_parameter(key, torch.nn.Parameter(
+                        DTensor.from_local(param.data, mesh, [Replicate()], run_check=False),
+                        requires_grad=param.requires_grad))
+
+            def whole(_module: Any, inputs: tuple, mesh: Any) -> tuple:
+                return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+                             if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x for x in inputs)
+
+            return distribute_module(module, device_mesh, partition, input_fn=whole)
+
+    return ReplicatedGate()
 
 
 def sequence_parallel_block(call: tuple[int, str | None]) -> Any:

@@ -24,8 +24,9 @@ added once). Styles of transformers' own
 with no torch counterpart are refused, except the packed MoE experts' group (`X.experts` moe_tp_experts with its
 gate_up_proj packed_colwise and down_proj rowwise), which moe_parallel.py's PackedExpertsParallel applies as Megatron
 cuts each expert; under `sp` the MoE block gathers its input and reduce-scatters the experts' partial sums. A shared
-expert beside them (Qwen2-MoE's, which transformers' plan leaves whole) is cut as Megatron cuts an MLP; its gated sum
-with the experts' partial one is refused under `sp`.
+expert beside them (Qwen2-MoE's, which transformers' plan leaves whole) is cut as Megatron cuts an MLP; under `sp`
+its output stays Partial and its one-output gate whole (a Replicate DTensor), so the gated sum reduce-scatters once
+with the experts' partial sums, as torchtitan treats a shared expert (moe_parallel.shared_expert_styles).
 
 Sequence parallel: transformers builds the causal mask and the rotary tables from the embedding output's length,
 so the embedding's output stays whole (replicated); the residual stream is split on the sequence going into the
@@ -52,8 +53,8 @@ from ...errors import OptionError, UnsupportedError
 from ..dims import dim, text_config
 from .conv1d_parallel import (COLWISE_QKV as CONV1D_QKV, STYLES as CONV1D_STYLES, check_fused_qkv, conv1d_rule,
                               conv1d_style, localize_attention, sharded_axis)
-from .moe_parallel import (EXPERTS_STYLE, PACKED_STYLES, check_packed_experts, packed_experts_style,
-                           sequence_parallel_block)
+from .moe_parallel import (EXPERTS_STYLE, PACKED_STYLES, SHARED_DOWN_STYLE, SHARED_GATE_STYLE, check_packed_experts,
+                           packed_experts_style, sequence_parallel_block, shared_expert_styles)
 from .step import (StepSettings, TracedStep, assumed_values, check_attention, fake_mode, measure_training, running,
                    training_copy)
 
@@ -254,8 +255,9 @@ class Rule:
     source: str  # where the rule came from
 
 
-def tensor_parallel_rules(model: Any) -> tuple[list[Rule], list[str]]:
-    """Every module's rule, concrete (no wildcards), and notes on where the rules came from."""
+def tensor_parallel_rules(model: Any, sp: bool = False) -> tuple[list[Rule], list[str]]:
+    """Every module's rule, concrete (no wildcards), and notes on where the rules came from (`sp`: under sequence
+    parallel, where a shared expert's rules differ)."""
     import torch
 
     modules = dict(model.named_modules())
@@ -318,7 +320,7 @@ def tensor_parallel_rules(model: Any) -> tuple[list[Rule], list[str]]:
     embedding = _named(model, "get_input_embeddings", names)
     if embedding and embedding not in rules and isinstance(modules[embedding], torch.nn.Embedding):
         rules[embedding] = Rule(embedding, "embedding_rowwise", "Megatron's vocab-parallel input embedding")
-    rules.update(_shared_expert_rules(rules, modules))
+    rules.update(_shared_expert_rules(rules, modules, sp))
     head = _named(model, "get_output_embeddings", names)
     if head and head not in rules and isinstance(modules[head], torch.nn.Linear):
         rules[head] = Rule(head, "colwise_gather_output",
@@ -341,9 +343,11 @@ def _packed_experts(plan: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def _shared_expert_rules(rules: dict[str, Rule], modules: dict[str, Any]) -> dict[str, Rule]:
+def _shared_expert_rules(rules: dict[str, Rule], modules: dict[str, Any], sp: bool) -> dict[str, Rule]:
     """Megatron's cut of a shared expert beside packed experts (Qwen2-MoE's mlp.shared_expert: gate_proj and up_proj
-    column-wise, down_proj row-wise), which transformers' plan leaves whole; its one-output gate stays replicated."""
+    column-wise, down_proj row-wise), which transformers' plan leaves whole; its one-output gate stays replicated.
+    Under sequence parallel the down projection's output stays Partial and the gate's a Replicate DTensor, so the
+    block's gated sum reduce-scatters once with the experts' (moe_parallel.shared_expert_styles)."""
     import torch
 
     out = {}
@@ -351,10 +355,15 @@ def _shared_expert_rules(rules: dict[str, Rule], modules: dict[str, Any]) -> dic
         if rule.style != EXPERTS_STYLE:
             continue
         block = rule.module.rpartition(".")[0]
-        for child, style in (("gate_proj", "colwise"), ("up_proj", "colwise"), ("down_proj", "rowwise")):
+        down = SHARED_DOWN_STYLE if sp else "rowwise"
+        for child, style in (("gate_proj", "colwise"), ("up_proj", "colwise"), ("down_proj", down)):
             name = f"{block}.shared_expert.{child}"
             if name not in rules and isinstance(modules.get(name), torch.nn.Linear):
                 out[name] = Rule(name, style, "Megatron's shared expert (transformers' plan leaves it whole)")
+        gate = f"{block}.shared_expert_gate"
+        if sp and out and gate not in rules and isinstance(modules.get(gate), torch.nn.Linear):
+            out[gate] = Rule(gate, SHARED_GATE_STYLE, "torchtitan's shared expert under sequence parallel (its "
+                             "output Partial, summed with the experts'): the gate whole, its output Replicate")
     return out
 
 
@@ -371,7 +380,7 @@ def apply_tensor_parallel(model: Any, mesh: Any, tp: int, sp: bool, *, fsdp: boo
     import torch
     from torch.distributed.tensor.parallel import parallelize_module
 
-    rules, notes = tensor_parallel_rules(model)
+    rules, notes = tensor_parallel_rules(model, sp)
     modules = dict(model.named_modules())
     notes += _check_divisible(model, rules, modules, tp)
     notes += _replicate_kv_heads(model, rules, modules, tp)
@@ -383,11 +392,6 @@ def apply_tensor_parallel(model: Any, mesh: Any, tp: int, sp: bool, *, fsdp: boo
             check_fused_qkv(modules[rule.module], rule.module, modules[rule.module.rpartition(".")[0]], tp)
     plan = {rule.module: _torch_style(rule.style, sp, tp) for rule in rules if rule.style not in REPLICATED_STYLES}
     if sp:
-        shared = [rule.module for rule in rules if ".shared_expert." in rule.module]
-        if shared:
-            raise UnsupportedError(f"sequence parallel over {type(model).__name__}: its MoE block adds a gated "
-                                   f"shared expert ({_generic(shared[0]).rpartition('.')[0]}) to the experts' "
-                                   "partial sums before its output is reduce-scattered; traced with tp and no sp")
         plan.update(_sequence_parallel_plan(model, rules, modules, tp))
     parallelize_module(model, mesh, plan)
     for rule in rules:  # the attention's widths as the rank sees them (its fused output is h / t per q, k, v)
@@ -488,6 +492,8 @@ def _torch_style(style: str, sp: bool, tp: int) -> Any:
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if style == EXPERTS_STYLE:
         return packed_experts_style(sp)
+    if style in (SHARED_DOWN_STYLE, SHARED_GATE_STYLE):
+        return shared_expert_styles(style)
     if style in CONV1D_STYLES:
         return conv1d_style(style, sequence_parallel=sp, tp=tp)
     raise AssertionError(style)  # tensor_parallel_rules refuses every other style
@@ -520,7 +526,7 @@ def _check_divisible(model: Any, rules: list[Rule], modules: dict[str, Any], tp:
     notes = []
     for rule in rules:
         weight = getattr(modules[rule.module], "weight", None)
-        if weight is None or rule.style in REPLICATED_STYLES:
+        if weight is None or rule.style in REPLICATED_STYLES + (SHARED_GATE_STYLE,):
             continue
         axis = (sharded_axis(rule.style) if rule.style in CONV1D_STYLES
                 else 1 if rule.style.startswith("rowwise") else 0)
@@ -598,6 +604,8 @@ def _sequence_parallel_plan(model: Any, rules: list[Rule], modules: dict[str, An
                                    "so no module's input can be gathered for it")
         if any(parent.startswith(layer + ".") for layer in layer_names):
             gathering[parent] = modules[parent]
+    # a module inside one that gathers (Qwen2-MoE's mlp.shared_expert inside the MoE block) sees whole tokens already
+    gathering = {n: m for n, m in gathering.items() if not any(n.startswith(g + ".") for g in gathering)}
     poolers = [n for n, m in modules.items() if n.rpartition(".")[2] == "pooler" and m is not None and
                not any(n.startswith(layer + ".") for layer in layer_names)]
     calls = _calls(model, [layer_names[0], *gathering, *poolers], modules, tp)
