@@ -22,7 +22,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from paramscope.checkpoint.gguf_read import gguf_role, read_gguf  # noqa: E402
+from paramscope.checkpoint.gguf_read import gguf_role, is_gguf_path, read_gguf  # noqa: E402
 from paramscope.cli import main  # noqa: E402
 
 from gguf_files import add_tensors_and_close  # noqa: E402
@@ -197,11 +197,42 @@ def test_a_hugging_face_cache_folder_of_a_gguf_repo(tmp_path: Path, capsys: pyte
     assert doc["files"] == [str(snapshot / "Model-Q4_0.gguf")] and doc["tensors"] == len(DENSE)
 
 
-def test_a_folder_of_several_models_asks_for_one(tmp_path: Path) -> None:
+def test_a_folder_of_several_models_asks_for_one_in_one_line(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Two quantisations, a projector beside them and a shard set one folder down (one checkpoint, named by its
+    first shard), as GGUF repos lay them out: each listed once, the projector last."""
     write_gguf(tmp_path / "a-Q4_0.gguf", DENSE)
     write_gguf(tmp_path / "a-Q8_0.gguf", DENSE)
-    with pytest.raises(ParamscopeError, match="several GGUF models .*a-Q4_0.gguf, a-Q8_0.gguf.*name the file"):
-        read_gguf(tmp_path)
+    write_gguf(tmp_path / "mmproj-a-F16.gguf", DENSE)
+    (tmp_path / "BF16").mkdir()
+    write_gguf(tmp_path / "BF16" / "a-BF16.gguf", DENSE, split_max_tensors=8)  # a-BF16-0000{1,2,3}-of-00003.gguf
+    assert main(["inspect", str(tmp_path), "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"paramscope: error: {tmp_path}: holds 4 GGUF checkpoints, not one: BF16/a-BF16-00001-of-00003.gguf "
+                   "(3 shards), a-Q4_0.gguf, a-Q8_0.gguf, mmproj-a-F16.gguf (a multimodal projector); name the one "
+                   f"to read, e.g. {tmp_path / 'BF16' / 'a-BF16-00001-of-00003.gguf'}\n")
+    for f in (tmp_path / "a-Q8_0.gguf", tmp_path / "mmproj-a-F16.gguf", *(tmp_path / "BF16").iterdir()):
+        f.unlink()
+    assert read_gguf(tmp_path).files == (str(tmp_path / "a-Q4_0.gguf"),)  # one model left: the folder reads as it
+
+
+def test_a_cache_snapshot_keeping_its_quantisation_in_a_folder_reads_it(tmp_path: Path) -> None:
+    """GGUF repos keep large quantisations as shards in a folder; in the Hugging Face cache those are links into
+    the repo's blobs/, which they may reach."""
+    repo = tmp_path / "models--org--Model-GGUF"
+    snapshot = repo / "snapshots" / ("b" * 40)
+    (snapshot / "Q4_0").mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("b" * 40)
+    write_gguf(tmp_path / "Model-Q4_0.gguf", DENSE, split_max_tensors=8)
+    for i, shard in enumerate(sorted(tmp_path.glob("Model-Q4_0-*.gguf"))):
+        blob = shard.rename(repo / "blobs" / f"{i}{'c' * 63}")  # the cache names a blob by its hash
+        (snapshot / "Q4_0" / shard.name).symlink_to(Path("..", "..", "..", "blobs", blob.name))
+    assert is_gguf_path(snapshot) and not is_gguf_path(repo / "refs")  # the cache folder's snapshot is a GGUF one
+    ck = read_gguf(snapshot)
+    assert [Path(f).name for f in ck.files] == [f"Model-Q4_0-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert len(ck.tensors) == len(DENSE)
 
 
 def test_the_cli_text_and_json(dense: Path, capsys: pytest.CaptureFixture[str]) -> None:

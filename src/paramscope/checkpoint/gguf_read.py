@@ -308,30 +308,58 @@ class GGUFCheckpoint:
 
 
 def is_gguf_path(path: str | os.PathLike[str]) -> bool:
-    """Whether `path` is a .gguf file or a folder whose checkpoint is GGUF (it holds .gguf files, no safetensors)."""
+    """Whether `path` is a .gguf file or a folder whose checkpoint is GGUF: it holds .gguf files and no safetensors,
+    at its top or, as GGUF repos keep large quantisations (`Q4_K_M/…-00001-of-00002.gguf`), one folder down."""
     p = Path(os.fspath(path))
     if p.is_dir():
         if any(p.glob("*.safetensors")) or any(p.glob("*.bin")) or any(p.glob("*.safetensors.index.json")):
             return False
-        return any(p.glob("*.gguf"))
+        return any(p.glob("*.gguf")) or any(p.glob("*/*.gguf"))
     return p.name.lower().endswith(".gguf")
+
+
+# How many models the "several models" line names before it says how many more.
+_LISTED = 12
+
+
+def _models_in(folder: Path) -> dict[str, list[Path]]:
+    """The GGUF models a folder holds, at its top and one folder down: a shard set (`x-0000N-of-0000M.gguf`) is one
+    model, named by its first shard's path relative to the folder."""
+    found = sorted(folder.glob("*.gguf")) + sorted(folder.glob("*/*.gguf"))
+    sets: dict[str, list[Path]] = {}
+    for f in found:
+        m = SHARD.match(f.name)
+        key = (f.parent / f"{m['stem']}-00001-of-{m['count']}.gguf" if m else f).relative_to(folder).as_posix()
+        sets.setdefault(key, []).append(f)
+    return sets
+
+
+def _several_models(folder: Path, sets: dict[str, list[Path]]) -> str:
+    """One line: the models found (a set as its first shard and its count, llama.cpp's mmproj projector files
+    named so) and that one of them is to be named."""
+    def label(key: str) -> str:
+        count = SHARD.match(Path(key).name)
+        shards = f" ({int(count['count'])} shards)" if count else ""
+        projector = " (a multimodal projector)" if Path(key).name.lower().startswith("mmproj") else ""
+        return key + shards + projector
+
+    keys = sorted(sets, key=lambda k: (Path(k).name.lower().startswith("mmproj"), k))
+    listed = ", ".join(label(k) for k in keys[:_LISTED]) + (
+        f", and {len(keys) - _LISTED} more" if len(keys) > _LISTED else "")
+    return (f"{folder}: holds {len(keys)} GGUF checkpoints, not one: {listed}; name the one to read, e.g. "
+            f"{folder / keys[0]}")
 
 
 def gguf_files(path: str | os.PathLike[str]) -> list[Path]:
     """The files of the GGUF checkpoint at `path`: one file, every shard of a set (from any of them), or the one
-    file or set a folder holds."""
+    file or set a folder holds (at its top or one folder down)."""
     p = Path(os.fspath(path))
     if p.is_dir():
-        found = sorted(f for f in p.glob("*.gguf"))
-        sets: dict[str, list[Path]] = {}
-        for f in found:
-            m = SHARD.match(f.name)
-            sets.setdefault(f"{m['stem']}-*-of-{m['count']}.gguf" if m else f.name, []).append(f)
+        sets = _models_in(p)
         if not sets:
             raise SourceError(f"{p}: no .gguf file found")
         if len(sets) > 1:
-            names = ", ".join(sorted(sets)[:8]) + (", ..." if len(sets) > 8 else "")
-            raise SourceError(f"{p}: several GGUF models ({names}); name the file to audit")
+            raise SourceError(_several_models(p, sets))
         first = next(iter(sets.values()))[0]
         check_inside(first, _root(p), error=CheckpointError, what="checkpoint folder")
         return gguf_files(first)
@@ -355,9 +383,12 @@ def gguf_files(path: str | os.PathLike[str]) -> list[Path]:
 
 def _root(folder: Path) -> Path:
     """The folder a checkpoint's files must stay inside: a Hugging Face cache snapshot's files link to its repo
-    folder's blobs/, so there the repo folder; elsewhere the folder itself."""
-    repo = folder.parent.parent
-    return repo if folder.parent.name == "snapshots" and (repo / "blobs").is_dir() else folder
+    folder's blobs/, so there (for a snapshot or a folder in one) the repo folder; elsewhere the folder itself."""
+    for snapshot in (folder, folder.parent):
+        repo = snapshot.parent.parent
+        if snapshot.parent.name == "snapshots" and (repo / "blobs").is_dir():
+            return repo
+    return folder
 
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFCheckpoint:
