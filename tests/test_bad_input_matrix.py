@@ -2,7 +2,8 @@
 
 Each case runs `python -m paramscope …` in its own process, offline, and is measured: exit code, stderr is one
 line naming the problem, nothing on stdout, no traceback, at most MAX_SECONDS of wall time and MAX_RSS of peak
-resident memory (the child's own, from wait4). The cases run one at a time, as a user runs them, once per session.
+resident memory (the child's own, from wait4). Each case's test runs its own process, as a user runs it (not one
+fixture for all: under xdist every worker would run all of them).
 """
 
 from __future__ import annotations
@@ -412,20 +413,14 @@ def _run(case: Case, root: Path) -> Outcome:
                    seconds, usage.ru_maxrss * 1024)
 
 
-@pytest.fixture(scope="module")
-def outcomes(tmp_path_factory) -> dict[str, Outcome]:
-    root = tmp_path_factory.mktemp("bad-input")
-    return {case.id: _run(case, root) for case in CASES}
-
-
 def test_the_matrix_is_large_and_ids_unique():
     assert len(CASES) >= 80
     assert len({c.id for c in CASES}) == len(CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(case: Case, outcomes):
-    outcome = outcomes[case.id]
+def test_bad_input(case: Case, tmp_path):
+    outcome = _run(case, tmp_path)
     lines = outcome.err.strip().splitlines()
     assert outcome.code == 2, (outcome.code, outcome.err[-2000:])
     assert outcome.out == ""
