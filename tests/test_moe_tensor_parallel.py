@@ -123,6 +123,27 @@ def test_qwen2_moe_under_sequence_parallel_derived_equals_the_traced_rank():
     assert any("shared_expert_gate replicated_dtensor_output" in note for note in traced.notes), traced.notes
 
 
+def test_fsdp2_over_tensor_parallel_mixtral_derived_equals_the_traced_rank():
+    """`memory --training --devices 4 --tp 2 --zero fsdp` on a 5-layer Mixtral cut: FSDP2 over 2 data-parallel
+    ranks on top of the packed experts' tensor parallel cut (a 2-D mesh, fully_shard on each layer over DTensor
+    shards); the derived per-device step equals the traced rank in forward and backward to the byte, the optimizer
+    step within 592 B (as without FSDP2: an h-sized fp32 tensor and the router's few bytes)."""
+    from paramscope.cost.parallel.layout import layout_for
+
+    from parallel_steps import derived_and_traced
+
+    estimate, traced = derived_and_traced(dict(MIXTRAL, num_hidden_layers=5),
+                                          layout_for(devices=4, tp=2, zero="fsdp"), batch=1)
+    assert estimate.engine == "derived", estimate.notes
+    assert (estimate.training.device.layout.dp, estimate.training.device.layout.shard) == (2, "fsdp")
+    derived = {p.phase: p.bytes for p in estimate.training.device.phases}
+    measured = {p.phase: p.bytes for p in traced.phases}
+    assert derived["forward"] == measured["forward"] == 4_306_656
+    assert derived["backward"] == measured["backward"] == 4_334_808
+    assert measured["optimizer step"] - derived["optimizer step"] == 592, (derived, measured)
+    assert any(note.startswith("FSDP2 over 2 ranks") for note in traced.notes), traced.notes
+
+
 def test_an_expert_width_tp_does_not_divide_is_refused_in_one_line():
     from paramscope.api import inspect_with_module
     from paramscope.cost.traced.parallel import trace_parallel_training

@@ -313,9 +313,12 @@ def _traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     why = None
     if ctx.view.module is None:
         why = "the model was not built"
-    elif layout.pp > 1 or layout.cp > 1 or layout.ep > 1:
-        why = "pipeline, context and expert parallelism have no traced engine here (their figures are checked " \
-              "against torch's schedules and the expert shards in tests)"
+    elif layout.pp > 1 or layout.cp > 1:
+        why = "pipeline and context parallelism have no traced engine here (their figures are checked against " \
+              "torch's schedules in tests)"
+    elif layout.ep > 1 and (layout.tp > 1 or layout.shard_degree > 1 or layout.dp != layout.ep):
+        why = "expert parallelism is traced over every data-parallel rank, without sharding or tensor parallel " \
+              "(--ep equal to dp)"
     elif layout.shard in ("zero1", "zero2", "zero3"):
         why = "DeepSpeed's ZeRO is not traced (no DeepSpeed here); --zero fsdp is"
     if why:
@@ -324,8 +327,9 @@ def _traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     settings = StepSettings(batch=ctx.batch, seq=ctx.seq, precision=ctx.precision, optimizer=ctx.optimizer,
                             attention=ctx.attention, frozen=ctx.frozen, weights_dtype=ctx.weights_dtype,
                             own_dtype=ctx.own)
-    traced = trace_parallel_training(ctx.view.module, settings, dp=layout.shard_degree if fsdp else 1,
-                                     shard="fsdp" if fsdp else "none", tp=layout.tp, sp=layout.sp)
+    traced = trace_parallel_training(ctx.view.module, settings, dp=layout.ep if layout.ep > 1 else
+                                     layout.shard_degree if fsdp else 1, shard="fsdp" if fsdp else "none",
+                                     tp=layout.tp, sp=layout.sp, ep=layout.ep)
     top = traced.peak
     diff = (device.peak - top.bytes) / top.bytes if top.bytes else 0.0
     engine = "derived" if device.activations_from.startswith("derived") else "analytic"
@@ -402,24 +406,37 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
     dev = _states(ctx, placements)
     comm = _fsdp_buffers(ctx, placements)
 
-    def shifted(figures: tuple[PhaseFigure, ...]) -> tuple[PhaseFigure, ...]:
+    def shifted(figures: tuple[PhaseFigure, ...], batch: int = ctx.batch,
+                length: int = ctx.seq) -> tuple[PhaseFigure, ...]:
         out = []
         for p in figures:
             grads = -(-p.gradients * dev.gradients // states.gradients.bytes) if states.gradients.bytes else 0
             moved = dataclasses.replace(p, bytes=p.bytes - full_resident + dev.weights + dev.optimizer +
                                         dev.master_weights - p.gradients + grads, gradients=grads)
-            out.append(_with_buffers(moved, comm))
+            out.append(_with_buffers(moved, comm + _expert_dispatch(ctx, placements, batch, length)))
         return tuple(out)
 
     phases = shifted(ctx.phases)
     device = DeviceMemory(ctx.layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights,
                           ctx.buffer_bytes, ctx.activations,
                           f"{ctx.source_label}: each rank runs its own batch, as one device does", dev.arithmetic,
-                          tuple(comm), phases, rules)
+                          tuple(comm + _expert_dispatch(ctx, placements, ctx.batch, ctx.seq)), phases, rules)
 
     def at(figures: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
-        return max(shifted(figures), key=lambda p: p.bytes)
+        return max(shifted(figures, batch, length), key=lambda p: p.bytes)
     return device, at
+
+
+def _expert_dispatch(ctx: StepContext, placements: tuple[Placement, ...], batch: int, length: int) -> list[Buffer]:
+    """Under expert parallelism, the dispatch's permute indices a rank keeps for the backward (experts.py)."""
+    from ..dims import dim
+    from .experts import dispatch_index_bytes, moe_layers
+
+    layers, top_k = moe_layers(placements), dim(ctx.text, "top_k")
+    if ctx.layout.ep == 1 or not layers or not top_k:
+        return []
+    size, words = dispatch_index_bytes(layers, top_k, batch, length)
+    return [Buffer("expert parallel's permute index", size, words, ("forward", "backward"))]
 
 
 def _local_shape(ctx: StepContext, placements: tuple[Placement, ...]) -> dict:

@@ -53,6 +53,7 @@ from ...errors import OptionError, UnsupportedError
 from ..dims import dim, text_config
 from .conv1d_parallel import (COLWISE_QKV as CONV1D_QKV, STYLES as CONV1D_STYLES, check_fused_qkv, conv1d_rule,
                               conv1d_style, localize_attention, sharded_axis)
+from .expert_parallel import ROUTING, check_experts, expert_parallel_style
 from .moe_parallel import (EXPERTS_STYLE, PACKED_STYLES, SHARED_DOWN_STYLE, SHARED_GATE_STYLE, check_packed_experts,
                            packed_experts_style, sequence_parallel_block, shared_expert_styles)
 from .step import (StepSettings, TracedStep, assumed_values, check_attention, fake_mode, measure_training, running,
@@ -79,6 +80,7 @@ class Layout:
     tp: int = 1
     sp: bool = False
     rank: int = 0
+    ep: int = 1  # routed experts over the data-parallel ranks (expert_parallel.py); ep == dp when > 1
 
     @property
     def world(self) -> int:
@@ -88,17 +90,19 @@ class Layout:
         parts = [f"dp {self.dp}" + (" (FSDP2)" if self.shard == "fsdp" else "")]
         if self.tp > 1:
             parts.append(f"tp {self.tp}" + (" with sequence parallel" if self.sp else ""))
-        return " × ".join(parts)
+        return " × ".join(parts) + (f", ep {self.ep} over the dp ranks" if self.ep > 1 else "")
 
 
 def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1, shard: str = "none", tp: int = 1,
-                            sp: bool = False, rank: int = 0) -> TracedStep:
+                            sp: bool = False, rank: int = 0, ep: int = 1) -> TracedStep:
     """One steady training step of `rank` in a (dp × tp) layout, measured as trace_training measures one device.
 
     `module` is a meta-built transformers model; it is not modified. `settings.batch` is each data-parallel rank's
     micro-batch. Rank r sits at (r // tp, r % tp) of the ("dp", "tp") mesh; ranks differ only where a width does
-    not divide (a vocabulary over tp, dim 0 over dp: the last ranks hold fewer rows, FSDP2 pads them alike)."""
-    layout = check_layout(dp, shard, tp, sp, rank)
+    not divide (a vocabulary over tp, dim 0 over dp: the last ranks hold fewer rows, FSDP2 pads them alike). `ep`:
+    the routed experts split over the dp ranks as torchtitan's ExpertParallel splits them (expert_parallel.py,
+    balanced routing); it takes every dp rank (ep == dp) and no FSDP2."""
+    layout = check_layout(dp, shard, tp, sp, rank, ep)
     with progress.status(f"tracing one training step of {type(module).__name__} on rank {rank} of "
                          f"{layout.describe()} (fake process group, MemTracker)"):
         with parallel_copy(module, settings, layout) as (model, notes, assumed):
@@ -107,9 +111,9 @@ def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1,
     return dataclasses.replace(step, notes=tuple(notes) + step.notes)
 
 
-def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any) -> Layout:
+def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1) -> Layout:
     """The layout, or one line naming the value that does not fit."""
-    for name, value in (("dp", dp), ("tp", tp)):
+    for name, value in (("dp", dp), ("tp", tp), ("ep", ep)):
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RANKS:
             raise OptionError("{0} must be an integer between 1 and {most:,}, got {value!r}", name, most=MAX_RANKS,
                               value=value)
@@ -125,7 +129,11 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any) -> Layout:
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp * tp:
         raise OptionError("{0} must be an integer between 0 and {last} (dp × tp - 1), got {value!r}", "rank",
                           last=dp * tp - 1, value=rank)
-    return Layout(dp, shard, tp, sp, rank)
+    if ep > 1 and (ep != dp or shard != "none" or tp > 1):
+        raise UnsupportedError(f"expert parallel is traced over every data-parallel rank without FSDP2 or tensor "
+                               f"parallel (ep == dp, shard 'none', tp 1); got ep {ep}, dp {dp}, shard {shard!r}, "
+                               f"tp {tp}")
+    return Layout(dp, shard, tp, sp, rank, ep)
 
 
 @contextmanager
@@ -161,6 +169,8 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
                     if layout.tp > 1:
                         notes += apply_tensor_parallel(model, tp_mesh, layout.tp, layout.sp,
                                                        fsdp=layout.shard == "fsdp")
+                    if layout.ep > 1:
+                        notes += apply_expert_parallel(model, dp_mesh)
                     if layout.shard == "fsdp":
                         notes += apply_fsdp(model, dp_mesh, settings)
                     elif layout.dp > 1:
@@ -193,6 +203,32 @@ def _mesh_tables_real() -> Iterator[None]:
         yield
     finally:
         DeviceMesh.__init__, DeviceMesh.mesh = original_init, original_mesh
+
+
+# --- expert parallel -----------------------------------------------------------------------------------------------
+
+def apply_expert_parallel(model: Any, mesh: Any) -> list[str]:
+    """Each layer's packed experts split over the ep ranks with torchtitan's dispatch and combine (expert_parallel.py);
+    the router, a shared expert and everything else whole on every rank."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    ep = mesh.size()
+    found = [name for name, module in model.named_modules()
+             if name.rpartition(".")[2] == "experts" and {n for n, _ in module.named_parameters(recurse=False)} &
+             {"gate_up_proj", "down_proj"}]
+    if not found:
+        raise UnsupportedError(f"expert parallel over {type(model).__name__}: it has no packed experts module "
+                               "(X.experts with gate_up_proj and down_proj)")
+    modules = dict(model.named_modules())
+    for name in found:
+        check_experts(modules[name], name, ep)
+    experts = modules[found[0]].gate_up_proj.shape[0]
+    parallelize_module(model, mesh, {name: expert_parallel_style() for name in found})
+    _replicate_rest(model, mesh)  # one optimizer steps the experts' DTensor shards beside the rest (as under tp)
+    return [f"expert parallel over {ep} ranks, as torchtitan's ExpertParallel: {_generic(found[0])} gate_up_proj and "
+            f"down_proj Shard(0) ({experts // ep} of the {experts} experts a rank), the token-expert pairs sent to "
+            "their experts' rank and back by two all-to-alls, put in expert-major order there and back (permute, "
+            f"unpermute); the router and the rest whole on every rank; {ROUTING}"]
 
 
 # --- FSDP2 ------------------------------------------------------------------------------------------------------

@@ -1,0 +1,92 @@
+"""Expert parallelism traced (traced/expert_parallel.py): transformers' packed experts split over the ep ranks as
+torchtitan's ExpertParallel splits them (Shard(0), two all-to-alls), one rank's step measured on torch's fake process
+group under balanced routing, against the analytic `--ep` figure (parallel/estimate.py with parallel/experts.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_moe_tensor_parallel import MIXTRAL
+
+
+def test_balanced_dispatch_on_one_rank_is_transformers_grouped_forward():
+    """Real tensors on a one-rank gloo group: the dispatching forward (sort, all-to-all, expert-major permute,
+    grouped projections, unpermute, all-to-all back, routing weights) gives transformers' own grouped forward's
+    output and gradients, on a routing that is balanced (each expert 3 of the 12 token-expert pairs)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import MixtralConfig
+    from transformers.integrations.moe import grouped_mm_experts_forward
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+    from paramscope.cost.traced.expert_parallel import expert_parallel_style
+
+    torch.manual_seed(0)
+    config = MixtralConfig(hidden_size=8, intermediate_size=4, num_local_experts=4, num_experts_per_tok=2)
+    reference = MixtralExperts(config)
+    for param in reference.parameters():
+        torch.nn.init.normal_(param)
+    hidden = torch.randn(6, 8)
+    index = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2], [0, 2], [1, 3]])
+    weights = torch.rand(6, 2)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        sharded = expert_parallel_style()._apply(MixtralExperts(config), mesh)
+        for key in ("gate_up_proj", "down_proj"):
+            getattr(sharded, key).to_local().data.copy_(getattr(reference, key).data)
+        x1, x2 = hidden.clone().requires_grad_(), hidden.clone().requires_grad_()
+        out = sharded(x1, index, weights)
+        expected = grouped_mm_experts_forward(reference, x2, index, weights)
+        assert torch.allclose(out, expected, atol=1e-5)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        assert torch.allclose(x1.grad, x2.grad, atol=1e-4)
+        assert torch.allclose(sharded.gate_up_proj.grad.to_local(), reference.gate_up_proj.grad, atol=1e-4)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_analytic_ep_figure_equals_the_traced_rank():
+    """`memory --training --devices 2 --ep 2` on a 3-layer Mixtral cut at 1 × 64 tokens: rank 0 holds 2 of the 4
+    experts of each layer (Shard(0)), everything else whole; the analytic figure (one device's step, the rank's
+    model states, and the permute indices the dispatch keeps, 3 layers × 8 B × 128 pairs) is the traced rank's less
+    488 B at every phase: what the traced rank still holds through the step, not modelled (4·S − 8·layers B on
+    each cut measured: 496 B at 2 layers and 128 pairs, 232 B at 3 layers and 64)."""
+    from paramscope.cost.memory.training import TrainingOptions, training_answer
+    from paramscope.cost.parallel.layout import layout_for
+    from paramscope.cost.traced.parallel import trace_parallel_training
+    from paramscope.cost.traced.step import StepSettings
+
+    layout = layout_for(devices=2, ep=2)
+    report, estimate, view = training_answer(dict(MIXTRAL, num_hidden_layers=3),
+                                             TrainingOptions(batch=1, seq=64, precision="bf16-mixed", layout=layout),
+                                             use_cache=False)
+    traced = trace_parallel_training(view.module, StepSettings(batch=1, seq=64, precision="bf16-mixed"), dp=2, ep=2)
+    device = estimate.training.device
+    assert [(b.name, b.bytes) for b in device.comm] == [("expert parallel's permute index", 3 * 8 * 64 * 2)]
+    assert traced.resident["parameters"] == device.weights == 1_004_288
+    analytic = {p.phase: p.bytes for p in device.phases}
+    measured = {p.phase: p.bytes for p in traced.phases}
+    assert {phase: measured[phase] - analytic[phase] for phase in measured} == \
+        {"forward": 488, "backward": 488, "optimizer step": 488}, (analytic, measured)
+    assert any("balanced routing" in note and "Shard(0) (2 of the 4 experts a rank)" in note
+               for note in traced.notes), traced.notes
+
+
+@pytest.mark.parametrize("layout, why", [
+    (dict(dp=2, ep=1, tp=2), None),
+    (dict(dp=4, ep=2), "ep 2, dp 4"),
+    (dict(dp=2, ep=2, shard="fsdp"), "shard 'fsdp'"),
+])
+def test_a_layout_the_expert_parallel_trace_does_not_take_is_refused_in_one_line(layout, why):
+    from paramscope.cost.traced.parallel import check_layout
+    from paramscope.errors import UnsupportedError
+
+    args = dict(dp=1, shard="none", tp=1, sp=False, rank=0, ep=1) | layout
+    if why is None:
+        assert check_layout(**args).ep == 1
+        return
+    with pytest.raises(UnsupportedError, match=why):
+        check_layout(**args)
