@@ -130,12 +130,11 @@ def test_layouts_refused_with_the_reason(kwargs, message, capsys):
     (["--cp", "2"], "context parallelism over BertForMaskedLM is refused: its attention is bidirectional under the "
                     "batch's padding mask, and ring attention (torch's context_parallel) takes no mask"),
     (["--tp", "2", "--cp", "2"], "context parallelism over BertForMaskedLM is refused"),
-    (["--pp", "2"], "pipeline parallelism over BertForMaskedLM is refused: a stage holds its layers' activations "
-                    "for every microbatch in flight"),
 ])
-def test_an_encoder_s_context_and_pipeline_layouts_refused_in_one_line(flags, message, capsys):
-    """BERT's tensor parallel (with --sp) is derived from traces (tests/test_parallel_check.py); context and pipeline
-    parallel are refused before any trace, with the reason."""
+def test_an_encoder_s_context_layouts_refused_in_one_line(flags, message, capsys):
+    """BERT's tensor parallel (with --sp) is derived from traces (tests/test_parallel_check.py), its pipeline stages
+    replayed from its derived step (tests/test_pipeline_stages.py); context parallel is refused before any trace,
+    with the reason."""
     assert main(["memory", "bert-base-uncased", "--training", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err

@@ -190,7 +190,10 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
             return (_traced_check(ctx, device), at) if ctx.trace else (device, at)
     try:
         if layout.pp > 1:
-            device, at = _pipeline_device(ctx, placements, rules)
+            answer = _pipeline_device(ctx, placements, rules)
+            if answer is _NEEDS_BUILD:
+                return None
+            device, at = answer
         elif layout.tp == 1 and layout.cp == 1:
             device, at = _data_parallel_device(ctx, placements, rules)
         else:
@@ -519,17 +522,14 @@ def _check_analytic(ctx: StepContext, what: str) -> str:
 
 
 def _encoder_refusal(ctx: StepContext) -> str:
-    """Why context or pipeline parallelism over an encoder (a class that does not generate, BERT's kind: no per-rank
-    closed form) is not answered, in one line; "" for tensor parallelism, which the derived engine answers."""
+    """Why context parallelism over an encoder (a class that does not generate, BERT's kind: no per-rank closed form)
+    is not answered, in one line; "" for tensor parallelism, which the derived engine answers, and for pipeline
+    parallelism, whose stages are replayed from the derived step (_derived_pipeline_device)."""
     cls = ctx.view.class_name
     if ctx.layout.cp > 1:
         return (f"context parallelism over {cls} is refused: its attention is bidirectional under the batch's "
                 "padding mask, and ring attention (torch's context_parallel) takes no mask (its efficient kernel "
                 "raises on attn_bias; load balancing needs is_causal), so there is no sharded step to count")
-    if ctx.layout.pp > 1:
-        return (f"pipeline parallelism over {cls} is refused: a stage holds its layers' activations for every "
-                "microbatch in flight, which needs a per-layer closed form (the Llama-style family's); this class's "
-                "step is derived from whole-model traces, not cut at stage boundaries")
     return ""
 
 
@@ -663,6 +663,8 @@ def _ring_buffer(ctx: StepContext, batch: int, seq: int) -> Buffer:
 def _pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Pipeline stages: each device's layers, embeddings or head, and the microbatches it holds at once."""
     layout = ctx.layout
+    if _local_recipe_missing(ctx):  # no closed form on a stage's layers: the derived recipe's segments
+        return _derived_pipeline_device(ctx, placements, rules)
     recipe = _check_analytic(ctx, "pipeline parallelism")
     names = [p.name for p in ctx.report.params]
     stack, count = layer_stack_of(names)
@@ -788,6 +790,169 @@ def _pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules:
             top = max(stage_figures(s, d, size, length)[0], key=lambda p: p.bytes)
             best = top if best is None or top.bytes > best.bytes else best
         return best
+    return device, at
+
+
+
+def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
+    """Pipeline stages of a class whose step is derived from traces (derived/): each stage's activations and peak
+    replayed from the one-device recipe's segments for its layers (stage_recipe.py), with its microbatches in flight,
+    its point-to-point buffers and its model states. _NEEDS_BUILD where the recipe is neither cached nor derivable
+    without the build."""
+    from ..derived.step import DerivedStep
+    from ..derived.symbols import NotDerivable
+    from ..traced.step import StepSettings
+    from .stage_recipe import stage_activations
+
+    layout = ctx.layout
+    cls = ctx.view.class_name
+    if layout.tp > 1 or layout.cp > 1 or layout.ep > 1:
+        raise UnsupportedError("pipeline parallelism with tensor, context or expert parallelism for {cls} is not "
+                               "modelled: its stages are replayed from the one-device derived step, which holds no "
+                               "shard (pipeline with data parallelism is)", cls=cls)
+    if getattr(ctx.view.config, "is_encoder_decoder", False):
+        raise UnsupportedError("pipeline parallelism over {cls} is refused: an encoder-decoder has two layer stacks "
+                               "and the decoder's cross-attention reads the encoder's output on every decoder stage, "
+                               "which the one-stack stage rules do not place", cls=cls)
+    names = [p.name for p in ctx.report.params]
+    stack, count = layer_stack_of(names)
+    plan = stages(layout, count)
+    micro = ctx.batch // layout.micro_batches
+    settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
+                            grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
+                            frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own)
+    try:
+        step = DerivedStep.first(ctx.view.module, cls, ctx.view.config, settings, batch=micro, seq=ctx.seq,
+                                 limit=ctx.limit, live=ctx.live, structure=ctx.structure)
+    except NotDerivable as err:
+        raise UnsupportedError("pipeline parallelism for {cls} needs its step derived from traces, which declined: "
+                               "{why}", cls=cls, why=str(err)) from None
+    if step is None:
+        return _NEEDS_BUILD
+    if len(step.recipe.layer_types) != count:
+        raise UnsupportedError("pipeline parallelism for {cls}: the derived step's {derived} layers are not the "
+                               "{count} of its stack {stack}", cls=cls, derived=len(step.recipe.layer_types),
+                               count=count, stack=stack)
+    by_name = {p.name: p for p in placements}
+    tied_name = next((g.canonical for g in ctx.report.tied), None)
+    residual_size = 2 if ctx.precision == "bf16-pure" else 4
+    hidden = _hidden(ctx)
+    step_bytes, step_text = ctx.step
+
+    def recipe_at(batch: int, length: int) -> Any:
+        for recipe in step.recipes:
+            if recipe.covers(batch, length):
+                return recipe
+        step.at(batch, length)  # derives (or reads) that regime's recipe, once
+        return next((r for r in step.recipes if r.covers(batch, length)), None)
+
+    def stage_params(stage: Stage) -> list:
+        held = set(stage.layers)
+        out = []
+        for p in ctx.report.params:
+            index = layer_of(p.name, stack)
+            if index is not None and index in held or index is None and (
+                    stage.first and p.role.startswith("embeddings") or
+                    stage.last and not p.role.startswith("embeddings")):
+                out.append(p)
+        return out
+
+    def chunks_of(stage: Stage) -> list[tuple[int, int]]:
+        return [(a, b + 1) for a, b in _runs(stage.layers)]
+
+    def stage_figures(stage: Stage, dev: DeviceStates, comm: list[Buffer], batch: int, length: int
+                      ) -> tuple[tuple[PhaseFigure, ...], int, str]:
+        recipe = recipe_at(batch, length)
+        if recipe is None:
+            return (PhaseFigure("backward", 1 << 62, "", ""),), 0, ""
+        residual = batch * length * hidden * residual_size
+        # interleaved: the chunk whose microbatch keeps the most, for every chunk-microbatch in flight (a bound)
+        figures = max((stage_activations(recipe, batch, length, a, b, stage.in_flight, residual)
+                       for a, b in chunks_of(stage)), key=lambda f: (f.per_microbatch, f.peak))
+        resident = _resident(dev, ctx.buffer_bytes)
+        k = stage.in_flight
+        held_words = (f"{k} microbatch{'es' if k > 1 else ''} in flight × {figures.per_microbatch:,} B each"
+                      + (f" (the received hidden state B·S·h × {residual_size} B = {figures.received:,} included)"
+                         if figures.received else "")
+                      + (f", the largest chunk's (a bound over the {len(stage.chunk_layers)} chunks)"
+                         if layout.virtual_stages > 1 else ""))
+        phases = [
+            PhaseFigure("forward", resident + figures.forward_peak, "forwards in flight",
+                        f"{k - 1} microbatch{'es' if k != 2 else ''} held × {figures.per_microbatch:,} + the last "
+                        f"forward's peak: {figures.forward_peak:,} (derived, the stage's segments)", 0,
+                        figures.forward_peak),
+            PhaseFigure("backward", resident + figures.backward_peak, "first backward",
+                        f"{held_words} = {figures.held:,} + one microbatch's backward through the stage"
+                        + (f" from the received output gradient B·S·h × {residual_size} B = "
+                           f"{figures.output_gradient:,}" if figures.output_gradient else " from the loss")
+                        + f", its gradients made as it goes: {figures.backward_peak:,} (derived)",
+                        figures.gradients_at_backward_peak, figures.backward_peak - figures.gradients_at_backward_peak)]
+        if layout.micro_batches > 1:
+            # a later backward: every gradient held from the earlier microbatches, the in-flight microbatches fewer
+            # by one where all of them are in flight at the first backward
+            fewer = 1 if stage.in_flight >= layout.micro_batches * layout.virtual_stages else 0
+            working = figures.backward_peak - figures.gradients_at_backward_peak - fewer * figures.per_microbatch
+            phases.append(PhaseFigure(
+                "backward", resident + dev.gradients + working, "later backward (estimate)",
+                f"gradients {dev.gradients:,} held from the microbatches gone back + the first backward's moment less "
+                f"its own gradients{' and one microbatch' if fewer else ''}: {working:,} (estimate: the gradient "
+                "being accumulated at that moment is not counted)", dev.gradients, working))
+        phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
+                                  f"gradients {dev.gradients:,}; {step_text}", dev.gradients))
+        return tuple(_with_buffers(p, comm) for p in phases), figures.held, recipe.regime
+
+    rows_in: list[tuple[Stage, DeviceStates, tuple[PhaseFigure, ...], int, list[Buffer]]] = []
+    regime = ""
+    for stage in plan:
+        extra = ()
+        if stage.last and tied_name is not None and tied_name in by_name and \
+                by_name[tied_name].role.startswith("embedding"):
+            copy = by_name[tied_name]
+            extra = (dataclasses.replace(copy, name=copy.name + " (the last stage's copy)"),)
+        params = stage_params(stage)
+        dev = _states(ctx, placements, params, extra)
+        held_names = {q.name for q in params}
+        comm = _fsdp_buffers(ctx, tuple(p for p in placements if p.name in held_names))
+        figures, held, regime = stage_figures(stage, dev, comm, micro, ctx.seq)
+        rows_in.append((stage, dev, figures, held, comm))
+    stage, dev, figures, held, comm = max(rows_in, key=lambda item: max(p.bytes for p in item[2]))
+    residual = micro * ctx.seq * hidden * residual_size
+    p2p = [Buffer("pipeline's received hidden state", residual if not stage.first else 0,
+                  f"B·S·h × {residual_size} B = {residual:,} a microbatch, from the previous stage (counted with each "
+                  "microbatch in flight)", ("forward", "backward")),
+           Buffer("pipeline's received output gradient", residual if not stage.last else 0,
+                  f"B·S·h × {residual_size} B = {residual:,}, from the next stage, held through the microbatch's "
+                  "backward (counted in it)", ("backward",)),
+           Buffer("pipeline's input gradient to send", residual if not stage.first else 0,
+                  f"B·S·h × {residual_size} B = {residual:,}, made by the backward for the previous stage (counted "
+                  "in it)", ("backward",))]
+    rows = []
+    for s, d, f, h_, _ in rows_in:
+        top = max(f, key=lambda p: p.bytes)
+        rows.append(StageMemory(s.rank, (s.layers[0], s.layers[-1]) if s.layers else None, _runs(s.layers),
+                                len(s.layers), s.in_flight, s.first, s.last, d.weights, d.gradients, d.optimizer,
+                                d.master_weights, h_, top.bytes, top.phase))
+    tied_words = " and a copy of the tied embedding for the head (Megatron's rule)" if tied_name else ""
+    words = (f"{split_words(layout, count)}; the embeddings on stage 0, the final norm and head on stage "
+             f"{layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
+    notes = (f"pipeline: each stage's activations replayed from {cls}'s derived one-device step ({regime}), segment "
+             "by segment for its layers: the prefix (embeddings, position tables) on the first stage, the final norm, "
+             "head and loss on the last, the received hidden state on the others; k microbatches in flight keep k "
+             "times what one forward keeps, and the peak adds one microbatch's backward through the stage (equal to "
+             "MemTracker on the real class cut to each stage: tests/test_pipeline_stages.py)",
+             "pipeline convention: each microbatch's forward runs under its own autocast, so its 16-bit weight "
+             "copies are held with it (as one device's step); later stages take the position tables with their "
+             "input (torchtitan's stages hold them as buffers), not counted there",
+             *step.notes()[:1])
+    device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
+                          held, f"derived: stage {stage.rank}'s layers from the recipe's segments × microbatches in "
+                          "flight", dev.arithmetic, tuple(comm) + tuple(b for b in p2p if b.bytes), figures, rules,
+                          tuple(rows), words, bubble(layout), notes)
+
+    def at(one_device: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
+        size = max(1, batch // layout.micro_batches)
+        return max((max(stage_figures(s, d, c, size, length)[0], key=lambda p: p.bytes)
+                    for s, d, _, _, c in rows_in), key=lambda p: p.bytes)
     return device, at
 
 

@@ -1,0 +1,236 @@
+"""A pipeline stage's activations and peak from a derived recipe (derived/recipe.py): the recipe's own segments,
+replayed for the stage's layers only, so that any class whose step is derived gets its stages.
+
+A stage holding layers [a, b) with k microbatches in flight runs, per microbatch, a forward of
+
+    first stage    the prefix (embeddings, position tables, masks) and its layers' forward segments
+    later stages   the hidden state received from the previous stage (B×S×h in the residual stream's dtype: the
+                   point-to-point receive buffer, held with the microbatch for its backward) and its layers' segments
+    last stage     … and the last layer's segment, which holds the final norm, the head and the loss
+
+each allocation of those segments counted, each free counted where what it frees was made on the stage: a layer's
+own, the layer below's output where that layer is the stage's, the prefix's on the first stage; the frees the
+forward's end makes (autocast's weight copies, the training cache) once per layer of the stage. A microbatch's
+forward keeps H bytes; the stage holds k·H before its first backward, which replays the stage's backward segments
+from the received output gradient (B×S×h, held to the end with the microbatch's input and output) down to the input's
+gradient (kept, to be sent). Peak: max((k − 1)·H + the forward's peak, k·H + the backward's peak).
+
+Each microbatch's forward runs under its own autocast (as one device's step does): its 16-bit weight copies are held
+with it. tests/test_pipeline_stages.py holds these figures to MemTracker on the real class cut to each stage
+(traced/pipeline_stage.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..derived.recipe import DerivedRecipe, Entry, contexts, multipliers
+from ..derived.symbols import evaluate
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    """One stage's microbatches, from the recipe, in bytes above the stage's resident states."""
+
+    per_microbatch: int  # what one microbatch's forward keeps for its backward (its received input included)
+    in_flight: int
+    held: int  # in_flight × per_microbatch
+    forward_peak: int  # the largest moment of the forwards: (k − 1)·H + one forward's peak
+    backward_peak: int  # k·H + the first backward's largest moment (its gradients made as it goes)
+    gradients_at_backward_peak: int
+    received: int  # the hidden state received a microbatch (0 on the first stage)
+    output_gradient: int  # the output's gradient received for the backward (0 on the last stage)
+
+    @property
+    def peak(self) -> int:
+        return max(self.forward_peak, self.backward_peak)
+
+    @property
+    def peak_phase(self) -> str:
+        return "backward" if self.backward_peak >= self.forward_peak else "forward"
+
+
+def stage_activations(recipe: DerivedRecipe, batch: int, seq: int, start: int, stop: int, in_flight: int,
+                      residual: int) -> StageActivations:
+    """The stage holding layers [start, stop) of the recipe's model, at `batch` × `seq` a microbatch with
+    `in_flight` microbatches held; `residual`: the bytes of one hidden state B×S×h (what is sent and received)."""
+    replay = _Replay(recipe, batch, seq, start, stop)
+    received = 0 if replay.first else residual
+    events = replay.forward()
+    forward_live, forward_peak = replay.run(events, received)
+    # what the step never frees (an object the model keeps and replaces at its next call): held once, not once a
+    # microbatch
+    kept_once = sum(size for times, size, never in events if never and times > 0)
+    gradient = 0 if replay.last else residual
+    _, backward_peak, grads = replay.run_backward(replay.backward(), gradient)
+    each = forward_live - kept_once
+    held = in_flight * each + kept_once
+    return StageActivations(forward_live, in_flight, held, (in_flight - 1) * each + forward_peak,
+                            held + backward_peak, grads, received, gradient)
+
+
+class _Replay:
+    """The recipe's segments for one stage, each entry's bytes at (batch, seq) and whether it counts there."""
+
+    def __init__(self, recipe: DerivedRecipe, batch: int, seq: int, start: int, stop: int) -> None:
+        self.recipe = recipe
+        types = recipe.layer_types
+        self.count = len(types)
+        self.start, self.stop = start, stop
+        self.first, self.last = start == 0, stop == self.count
+        self.values = [evaluate(poly, batch, seq // recipe.seq_unit) for poly in recipe.sizes]
+        self.context = {i: c for i, c in zip(range(1, self.count - 1), contexts(types))}
+        self.model_counts = multipliers(types, recipe.cut_types)
+        # each allocation's segment: where it is made (+1); the representative middle layer's for a context
+        self.owner: dict[int, Any] = {}
+        segments: list[tuple[Any, tuple[Entry, ...]]] = [
+            ("prefix", recipe.prefix), ("fw0", recipe.first_forward), ("fwlast", recipe.last_forward),
+            ("head", recipe.head_backward), ("bwlast", recipe.last_backward), ("bw0", recipe.first_backward)]
+        segments += [(("fw", c), s) for c, s in recipe.middle_forward.items()]
+        segments += [(("bw", c), s) for c, s in recipe.middle_backward.items()]
+        forward_keys = {"prefix", "fw0", "fwlast"} | {("fw", c) for c in recipe.middle_forward}
+        self.last_forward_index = -1
+        self.freed = {index for _, entries in segments for sign, index, _ in entries if sign < 0}
+        for key, entries in segments:
+            for sign, index, _ in entries:
+                if sign > 0:
+                    self.owner.setdefault(index, key)
+                    if key in forward_keys:
+                        self.last_forward_index = max(self.last_forward_index, index)
+        # middle layers of each context the stage holds: the frees the forward's end makes count once for each
+        self.held_counts: dict[str, int] = {}
+        for i in range(max(start, 1), min(stop, self.count - 1)):
+            self.held_counts[self.context[i]] = self.held_counts.get(self.context[i], 0) + 1
+
+    # ----------------------------------------------------------------------------------------------- segments
+    def forward_key(self, layer: int) -> Any:
+        if layer == 0:
+            return "fw0"
+        if layer == self.count - 1:
+            return "fwlast"
+        return ("fw", self.context[layer])
+
+    def backward_key(self, layer: int) -> Any:
+        if layer == 0:
+            return "bw0"
+        if layer == self.count - 1:
+            return "bwlast"
+        return ("bw", self.context[layer])
+
+    def segment(self, key: Any) -> tuple[Entry, ...]:
+        recipe = self.recipe
+        if isinstance(key, tuple):
+            return (recipe.middle_forward if key[0] == "fw" else recipe.middle_backward)[key[1]]
+        return {"prefix": recipe.prefix, "fw0": recipe.first_forward, "fwlast": recipe.last_forward,
+                "head": recipe.head_backward, "bwlast": recipe.last_backward, "bw0": recipe.first_backward}[key]
+
+    def holds(self, layer: int) -> bool:
+        return self.start <= layer < self.stop
+
+    # ------------------------------------------------------------------------------------------------ forward
+    def forward(self) -> list[tuple[int, int, bool]]:
+        """(sign × times, bytes, never freed in the step) of one microbatch's forward on the stage, in order."""
+        out: list[tuple[int, int, bool]] = []
+        if self.first:
+            out += [(sign * self._times(mult), self.values[index], self.never_freed(index))
+                    for sign, index, mult in self.recipe.prefix]
+        for layer in range(self.start, self.stop):
+            key = self.forward_key(layer)
+            for sign, index, mult in self.segment(key):
+                if sign > 0:
+                    out.append((1, self.values[index], False))
+                    continue
+                times = self._forward_free(layer, key, index, mult)
+                if times:
+                    out.append((-times, self.values[index], False))
+        if not self.last:  # the frees the forward's end makes, for the stage's layers (the last segment holds them)
+            for sign, index, mult in self.recipe.last_forward:
+                if sign < 0 and self.owner.get(index) != "fwlast":
+                    times = self._end_free(index, mult)
+                    if times:
+                        out.append((-times, self.values[index], False))
+        return out
+
+    def never_freed(self, index: int) -> bool:
+        """A prefix allocation the step never frees (the layers' are told apart only up to their representative)."""
+        return index not in self.freed and not self.recipe.gradient[index]
+
+    def _times(self, mult: str | None) -> int:
+        return 1 if mult is None else self.model_counts.get(mult, 0)
+
+    def _forward_free(self, layer: int, key: Any, index: int, mult: str | None) -> int:
+        owner = self.owner.get(index)
+        if key == "fwlast" and owner != "fwlast":  # the forward's end: what the other layers made
+            return self._end_free(index, mult)
+        if mult is not None:
+            return self.model_counts.get(mult, 0) if self.first else 0
+        if owner == key:
+            return 1
+        if owner == "prefix":
+            return 1 if self.first else 0
+        return 1 if self.holds(layer - 1) else 0  # the layer below's: on the stage only if that layer is
+
+    def _end_free(self, index: int, mult: str | None) -> int:
+        owner = self.owner.get(index)
+        if mult is not None and not mult.startswith("+"):
+            return self.held_counts.get(mult, 0)
+        if mult is not None:
+            return self.model_counts.get(mult, 0) if self.first else 0
+        if owner == "prefix":
+            return 1 if self.first else 0
+        if owner == "fw0":
+            return 1 if self.first else 0
+        if isinstance(owner, tuple):  # a middle layer's, counted once: its context's one layer (its type's first)
+            return 1 if self.held_counts.get(owner[1]) else 0
+        # one made by a middle layer beside the last, not the context's representative: the layer below the last
+        return 1 if self.holds(self.count - 2) else 0
+
+    # ----------------------------------------------------------------------------------------------- backward
+    def backward(self) -> list[tuple[int, int, bool]]:
+        """(sign × times, bytes, a parameter's gradient) of one microbatch's backward on the stage, in order."""
+        out: list[tuple[int, int, bool]] = []
+        layers = list(range(self.stop - 1, self.start - 1, -1))
+        keys = (["head"] if self.last else []) + [self.backward_key(i) for i in layers]
+        for key, layer in zip(keys, [self.count - 1] * (keys[0] == "head") + layers):
+            own = {key, self.forward_key(layer)} | ({"fwlast", "head", "bwlast"} if layer == self.count - 1 else set())
+            for sign, index, mult in self.segment(key):
+                times = sign * self._times(mult)
+                if sign < 0:
+                    times = -self._backward_free(layer, own, index, mult)
+                if times:
+                    out.append((times, self.values[index], self.recipe.gradient[index]))
+        return out
+
+    def _backward_free(self, layer: int, own: set, index: int, mult: str | None) -> int:
+        owner = self.owner.get(index)
+        if mult is not None:
+            return self._times(mult) if self.first else 0
+        if owner in own:
+            return 1
+        if owner == "prefix":
+            return 1 if self.first else 0
+        if index > self.last_forward_index:  # made in the backward of the layer above: its output's gradient
+            return 1 if self.holds(layer + 1) or (layer == self.count - 1 and self.last) else 0
+        return 1 if self.holds(layer - 1) else 0  # the layer below's output (on the stage, or the received input)
+
+    # --------------------------------------------------------------------------------------------------- replay
+    @staticmethod
+    def run(events: list[tuple[int, int, bool]], before: int) -> tuple[int, int]:
+        live = peak = before
+        for times, size, _ in events:
+            live += times * size
+            peak = max(peak, live)
+        return live, peak
+
+    @staticmethod
+    def run_backward(events: list[tuple[int, int, bool]], before: int) -> tuple[int, int, int]:
+        live = peak = before
+        grads = grads_at_peak = 0
+        for times, size, gradient in events:
+            live += times * size
+            if gradient:
+                grads += times * size
+            if live > peak:
+                peak, grads_at_peak = live, grads
+        return live, peak, grads_at_peak

@@ -1,0 +1,184 @@
+"""One pipeline stage's step, traced: the real class cut to the stage's layers and run as torch.distributed.pipelining's
+PipelineStage runs a stage, on fake tensors, measured by torch's MemTracker (the check of parallel/stage_recipe.py).
+
+    module (meta) → fake copy (step.training_copy) → its layer stack cut to the stage's layers [a, b) →
+    k microbatch forwards, each kept (its input and output held for its backward, as PipelineStage's fwd_cache
+    holds them) → the first microbatch's backward (its output's gradient received: a fresh B×S×h tensor; its input's
+    gradient made, to be sent) → StageTrace
+
+The stages, as the class runs them:
+    first   the model's own forward (embeddings, position tables, masks) stopped as its last layer returns
+    middle  each layer called on the received hidden state, with the arguments the model's forward gives the layers
+            (rotary tables, mask, a fresh training cache each microbatch): the position tables are made once, before
+            the step, as a later stage takes them with its input (torchtitan's stages hold them as buffers)
+    last    as a middle stage, then the final norm, the head and the class's loss
+Each microbatch's forward runs under its own autocast (as one device's step does), its backward outside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import UnsupportedError
+
+FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "final_norm")
+
+
+@dataclass(frozen=True)
+class StageTrace:
+    """A stage's step above what it began with (its weights and buffers): MemTracker's figures, in bytes."""
+
+    first: int  # first layer held
+    stop: int  # one past the last
+    in_flight: int
+    held: int  # live after the k forwards: what the stage keeps for its microbatches' backward
+    forward_peak: int  # the largest moment of the k forwards
+    peak: int  # the largest moment of the step (the forwards and the first microbatch's backward)
+    gradients: int  # the parameters' gradients after the backward
+
+
+class _Stop(Exception):
+    def __init__(self, payload: Any) -> None:
+        super().__init__("stage boundary")
+        self.payload = payload
+
+
+def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: int, in_flight: int) -> StageTrace:
+    """Trace the stage holding layers [start, stop) of `module`'s stack at `layer_path` with `in_flight`
+    microbatches of `settings.batch` × `settings.seq` (step.StepSettings) kept before its first backward."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils._pytree import tree_leaves
+
+    from .step import (_by_category, _NoHook, assumed_values, autocast_for, fake_mode, running, training_copy,
+                       training_inputs)
+    from .tracker_hooks import gradients_not_held
+
+    with fake_mode(True) as mode, assumed_values(True):
+        model = training_copy(module, mode, settings)
+        layers = model.get_submodule(layer_path)
+        count = len(layers)
+        first, last = start == 0, stop == count
+        inputs = training_inputs(model, settings)
+        labels = inputs.pop("labels", None)
+        embedding = model.get_input_embeddings().weight
+        hidden = (settings.batch, settings.seq, embedding.shape[1])
+        autocast = autocast_for(settings.precision)
+        with running(model):
+            layer_args = None if first else _layer_arguments(model, layers, inputs, autocast)
+            parent_path, _, name = layer_path.rpartition(".")
+            parent = model.get_submodule(parent_path) if parent_path else model
+            held_layers = list(layers)[start:stop]
+            setattr(parent, name, torch.nn.ModuleList(held_layers))
+            final = _final_parts(model) if last else None
+
+            def forward(received: Any) -> Any:
+                with autocast:
+                    if first:
+                        return _first_stage(model, held_layers[-1], inputs)
+                    # a fresh training cache a microbatch, as the model's forward builds one
+                    args = [_fresh(value, model.config) for value in layer_args[0]]
+                    kwargs = {key: _fresh(value, model.config) for key, value in layer_args[1].items()}
+                    state = received
+                    for layer in held_layers:
+                        state = _hidden_of(layer(state, *args, **kwargs))
+                    if not last:
+                        return state
+                    # the training cache lives until the loss is taken, as the model's output holds it
+                    norm, head = final
+                    # the last hidden state and the logits held until the loss is taken, as the model's output
+                    # holds them
+                    normed = norm(state)
+                    logits = head(normed)
+                    loss = model.loss_function(logits=logits, labels=labels, vocab_size=logits.shape[-1])
+                    del normed, logits
+                    return loss
+
+            tracker = MemTracker()
+            for param in model.parameters():
+                if not param.requires_grad:
+                    tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
+            # the layers' arguments made before the step (position tables): in the resident baseline, not counted
+            # as made when a layer first reads them
+            made = [t for t in tree_leaves(layer_args) if isinstance(t, torch.Tensor)] if layer_args else []
+            tracker.track_external(model, *made)
+            dtype = embedding.dtype if settings.precision != "bf16-pure" else torch.bfloat16
+            with gradients_not_held(), tracker:
+                start_bytes = _total(_by_category(tracker.get_tracker_snapshot("current")))
+                cache: list[tuple[Any, Any]] = []
+                for _ in range(in_flight):
+                    tracker.reset_mod_stats()  # per-module statistics, one call each: the peak runs on
+                    received = None if first else torch.empty(hidden, dtype=dtype, requires_grad=True)
+                    cache.append((received, forward(received)))
+                    del received
+                held = _total(_by_category(tracker.get_tracker_snapshot("current"))) - start_bytes
+                forward_peak = _total(_by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
+                received, output = cache.pop(0)
+                if last:
+                    output.backward()
+                else:
+                    gradient = torch.empty(hidden, dtype=output.dtype)  # the output's gradient, received
+                    torch.autograd.backward(output, grad_tensors=gradient)
+                    del gradient
+                del received, output
+                peak = _total(_by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
+            gradients = sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
+    return StageTrace(start, stop, in_flight, held, forward_peak, peak, gradients)
+
+
+def _total(categories: dict[str, int]) -> int:
+    return sum(categories.values())
+
+
+def _fresh(value: Any, config: Any) -> Any:
+    return type(value)(config=config) if type(value).__name__.endswith("Cache") else value
+
+
+def _hidden_of(output: Any) -> Any:
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def _layer_arguments(model: Any, layers: Any, inputs: dict[str, Any], autocast: Any) -> tuple[tuple, dict]:
+    """The arguments the model's forward gives its layers (all but the hidden state), made once, without gradients."""
+    import torch
+
+    def stop(_module: Any, args: tuple, kwargs: dict) -> None:
+        raise _Stop((args[1:], {k: v for k, v in kwargs.items() if k != "hidden_states"}))
+
+    handle = layers[0].register_forward_pre_hook(stop, with_kwargs=True)
+    try:
+        with torch.no_grad(), autocast:
+            model(**inputs)
+    except _Stop as found:
+        return found.payload
+    finally:
+        handle.remove()
+    raise UnsupportedError(f"{type(model).__name__}'s forward never reached its first layer")
+
+
+def _first_stage(model: Any, last_layer: Any, inputs: dict[str, Any]) -> Any:
+    """The model's forward up to its stage's last layer's output (the rest of the forward is never run)."""
+
+    def stop(_module: Any, _args: Any, output: Any) -> None:
+        raise _Stop(_hidden_of(output))
+
+    handle = last_layer.register_forward_hook(stop)
+    try:
+        model(**inputs)
+    except _Stop as found:
+        return found.payload
+    finally:
+        handle.remove()
+    raise UnsupportedError(f"{type(model).__name__}'s forward never reached the stage's last layer")
+
+
+def _final_parts(model: Any) -> tuple[Any, Any]:
+    """(the final norm, the head) that the last stage runs after its layers."""
+    head = model.get_output_embeddings()
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    norm = next((getattr(base, n) for n in FINAL_NORMS if base is not None and hasattr(base, n)), None)
+    if head is None or norm is None:
+        raise UnsupportedError(f"{type(model).__name__}: no final norm and head found for the last stage")
+    return norm, head
+
