@@ -24,6 +24,7 @@
         step.py                       one training or generate() step measured by torch's MemTracker
         timeline.py                   the same training step's every allocation and free, in order (derived/)
         tracker_hooks.py              MemTracker's module hooks made to hold no gradient (as the step frees)
+        tracker.py                    MemTracker's per-operation peak update over a list, not a weak dict
         flops.py                      the same step under FlopCounterMode
         cache_probe.py                the real cache after a prefill on meta (the check on memory/kv.py)
         bnb4.py                       bitsandbytes' 4-bit Linear, as far as memory goes (QLoRA's base)

@@ -608,9 +608,9 @@ class _NoHook:
 
 
 def _tracker(model: Any, optimizer: Any) -> Any:
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from .tracker import ListedMemTracker
 
-    tracker = MemTracker()
+    tracker = ListedMemTracker()
     # MemTracker hooks every parameter's gradient, and torch refuses a hook on a frozen one: mark them hooked.
     for param in model.parameters():
         if not param.requires_grad:
