@@ -54,6 +54,7 @@ class StageMemory:
     activations: int
     peak: int
     peak_phase: str
+    replayed: Any = None  # a derived class's stage: its figures replayed from the recipe (stage_recipe.py)
 
 
 @dataclass(frozen=True)
@@ -861,10 +862,10 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
         return [(a, b + 1) for a, b in _runs(stage.layers)]
 
     def stage_figures(stage: Stage, dev: DeviceStates, comm: list[Buffer], batch: int, length: int
-                      ) -> tuple[tuple[PhaseFigure, ...], int, str]:
+                      ) -> tuple[tuple[PhaseFigure, ...], Any, str]:
         recipe = recipe_at(batch, length)
         if recipe is None:
-            return (PhaseFigure("backward", 1 << 62, "", ""),), 0, ""
+            return (PhaseFigure("backward", 1 << 62, "", ""),), None, ""
         residual = batch * length * hidden * residual_size
         # interleaved: the chunk whose microbatch keeps the most, for every chunk-microbatch in flight (a bound)
         figures = max((stage_activations(recipe, batch, length, a, b, stage.in_flight, residual)
@@ -899,9 +900,9 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
                 "being accumulated at that moment is not counted)", dev.gradients, working))
         phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
                                   f"gradients {dev.gradients:,}; {step_text}", dev.gradients))
-        return tuple(_with_buffers(p, comm) for p in phases), figures.held, recipe.regime
+        return tuple(_with_buffers(p, comm) for p in phases), figures, recipe.regime
 
-    rows_in: list[tuple[Stage, DeviceStates, tuple[PhaseFigure, ...], int, list[Buffer]]] = []
+    rows_in: list[tuple[Stage, DeviceStates, tuple[PhaseFigure, ...], Any, list[Buffer]]] = []
     regime = ""
     for stage in plan:
         extra = ()
@@ -913,9 +914,10 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
         dev = _states(ctx, placements, params, extra)
         held_names = {q.name for q in params}
         comm = _fsdp_buffers(ctx, tuple(p for p in placements if p.name in held_names))
-        figures, held, regime = stage_figures(stage, dev, comm, micro, ctx.seq)
-        rows_in.append((stage, dev, figures, held, comm))
-    stage, dev, figures, held, comm = max(rows_in, key=lambda item: max(p.bytes for p in item[2]))
+        figures, replayed, regime = stage_figures(stage, dev, comm, micro, ctx.seq)
+        rows_in.append((stage, dev, figures, replayed, comm))
+    stage, dev, figures, replayed, comm = max(rows_in, key=lambda item: max(p.bytes for p in item[2]))
+    held = replayed.held if replayed is not None else 0
     residual = micro * ctx.seq * hidden * residual_size
     p2p = [Buffer("pipeline's received hidden state", residual if not stage.first else 0,
                   f"B·S·h × {residual_size} B = {residual:,} a microbatch, from the previous stage (counted with each "
@@ -927,11 +929,11 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
                   f"B·S·h × {residual_size} B = {residual:,}, made by the backward for the previous stage (counted "
                   "in it)", ("backward",))]
     rows = []
-    for s, d, f, h_, _ in rows_in:
+    for s, d, f, r, _ in rows_in:
         top = max(f, key=lambda p: p.bytes)
         rows.append(StageMemory(s.rank, (s.layers[0], s.layers[-1]) if s.layers else None, _runs(s.layers),
                                 len(s.layers), s.in_flight, s.first, s.last, d.weights, d.gradients, d.optimizer,
-                                d.master_weights, h_, top.bytes, top.phase))
+                                d.master_weights, r.held if r is not None else 0, top.bytes, top.phase, r))
     tied_words = " and a copy of the tied embedding for the head (Megatron's rule)" if tied_name else ""
     words = (f"{split_words(layout, count)}; the embeddings on stage 0, the final norm and head on stage "
              f"{layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
