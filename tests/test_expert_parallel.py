@@ -52,8 +52,9 @@ def test_the_analytic_ep_figure_equals_the_traced_rank():
     """`memory --training --devices 2 --ep 2` on a 3-layer Mixtral cut at 1 × 64 tokens: rank 0 holds 2 of the 4
     experts of each layer (Shard(0)), everything else whole; the analytic figure (one device's step, the rank's
     model states, and the permute indices the dispatch keeps, 3 layers × 8 B × 128 pairs) is the traced rank's less
-    488 B at every phase: what the traced rank still holds through the step, not modelled (4·S − 8·layers B on
-    each cut measured: 496 B at 2 layers and 128 pairs, 232 B at 3 layers and 64)."""
+    488 B at every phase: what the traced rank still holds through the step beyond one device's, not modelled
+    (8·T − 8·layers B on each cut measured: 496 B at 2 layers and 64 tokens, 232 B at 3 layers and 32 tokens, the
+    same under top-1 routing: per token, not per routed pair)."""
     from paramscope.cost.memory.training import TrainingOptions, training_answer
     from paramscope.cost.parallel.layout import layout_for
     from paramscope.cost.traced.parallel import trace_parallel_training
