@@ -11,8 +11,6 @@ import json
 import pytest
 
 from paramscope.cost.parallel.layout import ParallelLayout
-from paramscope.cost.traced.pipeline_stage import trace_stage
-from paramscope.cost.traced.step import StepSettings
 
 MICRO, SEQ = 2, 64
 
@@ -34,18 +32,18 @@ def test_each_stage_replayed_from_the_recipe_equals_memtracker_on_the_stage(name
     from paramscope.render.html.cost import render_memory_html, stage_parts
     from paramscope.render.memory import memory_to_dict
 
-    config, path = _config(name)
+    config, _ = _config(name)
     layout = ParallelLayout(pp=3, micro_batches=4, schedule="1f1b")
     report, estimate, view = training_answer(config, TrainingOptions(
-        batch=4 * MICRO, seq=SEQ, precision="bf16-mixed", layout=layout, fits=False), use_cache=False)
+        batch=4 * MICRO, seq=SEQ, precision="bf16-mixed", layout=layout, fits=False, trace=True), use_cache=False)
     device = estimate.training.device
     rows = device.stages
     assert [(r.layers, r.in_flight) for r in rows] == [((0, 1), 3), ((2, 3), 2), ((4, 4), 1)]
     residual = MICRO * SEQ * 128 * 4  # the hidden state sent and received, fp32 under bf16-mixed
-    for row in rows:
+    assert len(device.traced) == len(rows)  # --trace: each stage traced (traced/pipeline_stage.py)
+    for row, traced in zip(rows, device.traced):
         derived = row.replayed
-        traced = trace_stage(view.module, StepSettings(batch=MICRO, seq=SEQ, precision="bf16-mixed"), path,
-                             row.layers[0], row.layers[1] + 1, row.in_flight)
+        assert (traced.first, traced.stop, traced.in_flight) == (row.layers[0], row.layers[1] + 1, row.in_flight)
         assert (derived.held, derived.forward_peak, derived.peak) == (traced.held, traced.forward_peak,
                                                                         traced.peak), (name, row.rank)
         assert row.activations == derived.held
@@ -64,6 +62,7 @@ def test_each_stage_replayed_from_the_recipe_equals_memtracker_on_the_stage(name
         stack = stage_parts(data, stage)
         assert sum(v for _, v, _ in stack) == stage["peak"] and all(v >= 0 for _, v, _ in stack), stack
     assert "Pipeline stages" in render_memory_html(report, estimate)
+    assert sum("(equal)" in note and note.startswith("check: stage") for note in estimate.notes) == len(rows)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -78,7 +78,8 @@ class DeviceMemory:
     pipeline: str = ""  # the split and schedule in words
     bubble: float = 0.0
     notes: tuple[str, ...] = field(default=())
-    traced: Any = None  # with --trace: rank 0's step traced on torch's fake process group (a TracedStep)
+    traced: Any = None  # with --trace: rank 0's step traced on torch's fake process group (a TracedStep); under a
+    # derived class's pipeline, each stage traced (traced/pipeline_stage.StageTrace, one a stage)
 
     def __post_init__(self) -> None:
         freeze_fields(self, "rules")
@@ -315,6 +316,9 @@ def _traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
 
     layout = ctx.layout
     why = None
+    if ctx.view.module is not None and layout.pp > 1 and device.stages and \
+            all(s.replayed is not None for s in device.stages):
+        return _traced_stages(ctx, device)
     if ctx.view.module is None:
         why = "the model was not built"
     elif layout.pp > 1 or layout.cp > 1:
@@ -340,6 +344,37 @@ def _traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     note = (f"check: rank 0's step traced on torch's fake process group (FSDP2 and DTensor, MemTracker): peak "
             f"{top.bytes:,} B in {top.phase}; the {engine} {device.peak:,} B is {100 * diff:+.3f}% from it")
     return dataclasses.replace(device, traced=traced, notes=device.notes + (note,) + tuple(traced.notes))
+
+
+
+def _traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
+    """--trace under a pipeline of a derived class: each stage of the real class cut to its layers and run as
+    PipelineStage runs it, its in-flight forwards then one backward, measured by MemTracker (traced/pipeline_stage.py),
+    beside the stage's replayed figures."""
+    from ..traced.pipeline_stage import trace_stage
+    from ..traced.step import StepSettings
+
+    layout = ctx.layout
+    if layout.virtual_stages > 1:
+        return dataclasses.replace(device, notes=device.notes + (
+            "--trace: no stage traced: an interleaved stage's chunks are bounded by the largest, not traced",))
+    stack, _ = layer_stack_of([p.name for p in ctx.report.params])
+    micro = ctx.batch // layout.micro_batches
+    settings = StepSettings(batch=micro, seq=ctx.seq, precision=ctx.precision, optimizer=ctx.optimizer,
+                            attention=ctx.attention, frozen=ctx.frozen, weights_dtype=ctx.weights_dtype,
+                            own_dtype=ctx.own)
+    notes, traces = [], []
+    for stage in device.stages:
+        start, stop = stage.layers[0], stage.layers[1] + 1
+        traced = trace_stage(ctx.view.module, settings, stack, start, stop, stage.in_flight)
+        traces.append(traced)
+        replayed = stage.replayed
+        notes.append(f"check: stage {stage.rank} traced (the real class cut to layers {start}–{stop - 1} and run as "
+                     f"PipelineStage runs it, {stage.in_flight} forward{'s' if stage.in_flight > 1 else ''} then a "
+                     f"backward; MemTracker): held {traced.held:,} B, peak {traced.peak:,} B above its states; "
+                     f"replayed {replayed.held:,} B and {replayed.peak:,} B "
+                     f"({'equal' if (traced.held, traced.peak) == (replayed.held, replayed.peak) else 'differs'})")
+    return dataclasses.replace(device, traced=tuple(traces), notes=device.notes + tuple(notes))
 
 
 def _states(ctx: StepContext, placements: tuple[Placement, ...], params: Any = None,
