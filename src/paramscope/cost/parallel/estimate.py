@@ -366,14 +366,22 @@ def _traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     notes, traces = [], []
     for stage in device.stages:
         start, stop = stage.layers[0], stage.layers[1] + 1
-        traced = trace_stage(ctx.view.module, settings, stack, start, stop, stage.in_flight)
-        traces.append(traced)
         replayed = stage.replayed
+        later = replayed.later_in_flight > 0
+        traced = trace_stage(ctx.view.module, settings, stack, start, stop, stage.in_flight, later=later)
+        traces.append(traced)
+        words = ""
+        if later:  # the later backward's rise above what the first left (the microbatches still held)
+            rise = traced.later_peak - traced.after_backward
+            derived = replayed.later_peak - (replayed.held - replayed.per_microbatch)
+            words = (f"; then one more forward and the next backward, gradients held: {rise:,} B above what the first "
+                     f"backward left, replayed {derived:,} B")
         notes.append(f"check: stage {stage.rank} traced (the real class cut to layers {start}–{stop - 1} and run as "
                      f"PipelineStage runs it, {stage.in_flight} forward{'s' if stage.in_flight > 1 else ''} then a "
                      f"backward; MemTracker): held {traced.held:,} B, peak {traced.peak:,} B above its states; "
                      f"replayed {replayed.held:,} B and {replayed.peak:,} B "
-                     f"({'equal' if (traced.held, traced.peak) == (replayed.held, replayed.peak) else 'differs'})")
+                     f"({'equal' if (traced.held, traced.peak) == (replayed.held, replayed.peak) else 'differs'})"
+                     + words)
     return dataclasses.replace(device, traced=tuple(traces), notes=device.notes + tuple(notes))
 
 
@@ -902,8 +910,13 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
         if recipe is None:
             return (PhaseFigure("backward", 1 << 62, "", ""),), None, ""
         residual = batch * length * hidden * residual_size
+        # a later backward (more than one microbatch): every gradient already held; as many microbatches in flight
+        # as at the first where another forward comes before it (1F1B, interleaved), one fewer where every forward
+        # came first (GPipe) or the stage's last microbatches drain
+        more = layout.schedule != "gpipe" and layout.micro_batches * layout.virtual_stages > stage.in_flight
+        later = 0 if layout.micro_batches * layout.virtual_stages == 1 else stage.in_flight - (0 if more else 1)
         # interleaved: the chunk whose microbatch keeps the most, for every chunk-microbatch in flight (a bound)
-        figures = max((stage_activations(recipe, batch, length, a, b, stage.in_flight, residual)
+        figures = max((stage_activations(recipe, batch, length, a, b, stage.in_flight, residual, later)
                        for a, b in chunks_of(stage)), key=lambda f: (f.per_microbatch, f.peak))
         resident = _resident(dev, ctx.buffer_bytes)
         k = stage.in_flight
@@ -923,16 +936,13 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
                            f"{figures.output_gradient:,}" if figures.output_gradient else " from the loss")
                         + f", its gradients made as it goes: {figures.backward_peak:,} (derived)",
                         figures.gradients_at_backward_peak, figures.backward_peak - figures.gradients_at_backward_peak)]
-        if layout.micro_batches > 1:
-            # a later backward: every gradient held from the earlier microbatches, the in-flight microbatches fewer
-            # by one where all of them are in flight at the first backward
-            fewer = 1 if stage.in_flight >= layout.micro_batches * layout.virtual_stages else 0
-            working = figures.backward_peak - figures.gradients_at_backward_peak - fewer * figures.per_microbatch
+        if later:
             phases.append(PhaseFigure(
-                "backward", resident + dev.gradients + working, "later backward (estimate)",
-                f"gradients {dev.gradients:,} held from the microbatches gone back + the first backward's moment less "
-                f"its own gradients{' and one microbatch' if fewer else ''}: {working:,} (estimate: the gradient "
-                "being accumulated at that moment is not counted)", dev.gradients, working))
+                "backward", resident + dev.gradients + figures.later_peak, "later backward",
+                f"gradients {dev.gradients:,} held from the microbatches gone back + {later} microbatch"
+                f"{'es' if later > 1 else ''} in flight and one's backward, each new gradient added into its .grad "
+                f"at once: {figures.later_peak:,} (derived; a head tied to the input embedding adds its gradients "
+                "otherwise, within 40 KB on a GPT-2 cut)", dev.gradients, figures.later_peak))
         phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
                                   f"gradients {dev.gradients:,}; {step_text}", dev.gradients))
         return tuple(_with_buffers(p, comm) for p in phases), figures, recipe.regime

@@ -41,6 +41,11 @@ class StageActivations:
     gradients_at_backward_peak: int
     received: int  # the hidden state received a microbatch (0 on the first stage)
     output_gradient: int  # the output's gradient received for the backward (0 on the last stage)
+    # a later backward (1F1B's steady state): `later_in_flight` microbatches held, every gradient already made, each
+    # new one accumulated into its .grad at once (autograd runs AccumulateGrad first), its largest moment above the
+    # stage's states and gradients
+    later_in_flight: int = 0
+    later_peak: int = 0
 
     @property
     def peak(self) -> int:
@@ -52,9 +57,10 @@ class StageActivations:
 
 
 def stage_activations(recipe: DerivedRecipe, batch: int, seq: int, start: int, stop: int, in_flight: int,
-                      residual: int) -> StageActivations:
+                      residual: int, later_in_flight: int = 0) -> StageActivations:
     """The stage holding layers [start, stop) of the recipe's model, at `batch` × `seq` a microbatch with
-    `in_flight` microbatches held; `residual`: the bytes of one hidden state B×S×h (what is sent and received)."""
+    `in_flight` microbatches held; `residual`: the bytes of one hidden state B×S×h (what is sent and received);
+    `later_in_flight`: the microbatches held at a later backward (0: none, a single microbatch)."""
     replay = _Replay(recipe, batch, seq, start, stop)
     received = 0 if replay.first else residual
     events = replay.forward()
@@ -63,11 +69,16 @@ def stage_activations(recipe: DerivedRecipe, batch: int, seq: int, start: int, s
     # microbatch
     kept_once = sum(size for times, size, never in events if never and times > 0)
     gradient = 0 if replay.last else residual
-    _, backward_peak, grads = replay.run_backward(replay.backward(), gradient)
+    backward = replay.backward()
+    _, backward_peak, grads = replay.run_backward(backward, gradient)
     each = forward_live - kept_once
     held = in_flight * each + kept_once
+    later = 0
+    if later_in_flight:
+        _, accumulated, _ = replay.run_backward(backward, gradient, accumulate=True)
+        later = later_in_flight * each + kept_once + accumulated
     return StageActivations(forward_live, in_flight, held, (in_flight - 1) * each + forward_peak,
-                            held + backward_peak, grads, received, gradient)
+                            held + backward_peak, grads, received, gradient, later_in_flight, later)
 
 
 class _Replay:
@@ -224,7 +235,10 @@ class _Replay:
         return live, peak
 
     @staticmethod
-    def run_backward(events: list[tuple[int, int, bool]], before: int) -> tuple[int, int, int]:
+    def run_backward(events: list[tuple[int, int, bool]], before: int, accumulate: bool = False
+                     ) -> tuple[int, int, int]:
+        """(live at the end, the peak, the gradients made by then); `accumulate`: each gradient added into one
+        already held and freed at once (it is counted at its moment, and not after)."""
         live = peak = before
         grads = grads_at_peak = 0
         for times, size, gradient in events:
@@ -233,4 +247,6 @@ class _Replay:
                 grads += times * size
             if live > peak:
                 peak, grads_at_peak = live, grads
+            if gradient and accumulate:
+                live -= times * size
         return live, peak, grads_at_peak

@@ -36,6 +36,8 @@ class StageTrace:
     forward_peak: int  # the largest moment of the k forwards
     peak: int  # the largest moment of the step (the forwards and the first microbatch's backward)
     gradients: int  # the parameters' gradients after the backward
+    later_peak: int = 0  # with `later`: the largest moment of one more forward and the next backward (gradients held)
+    after_backward: int = 0  # live after the first backward (the gradients, the microbatches still held)
 
 
 class _Stop(Exception):
@@ -44,15 +46,18 @@ class _Stop(Exception):
         self.payload = payload
 
 
-def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: int, in_flight: int) -> StageTrace:
+def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: int, in_flight: int,
+                later: bool = False) -> StageTrace:
     """Trace the stage holding layers [start, stop) of `module`'s stack at `layer_path` with `in_flight`
-    microbatches of `settings.batch` × `settings.seq` (step.StepSettings) kept before its first backward."""
+    microbatches of `settings.batch` × `settings.seq` (step.StepSettings) kept before its first backward; `later`:
+    then one more microbatch's forward and the next backward, with the gradients the first made (1F1B's steady
+    state)."""
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils._pytree import tree_leaves
 
-    from .step import (_by_category, _NoHook, assumed_values, autocast_for, fake_mode, running, training_copy,
-                       training_inputs)
+    from .step import (_by_category, _NoHook, _restart_peak, assumed_values, autocast_for, fake_mode, running,
+                       training_copy, training_inputs)
     from .tracker_hooks import gradients_not_held
 
     with fake_mode(True) as mode, assumed_values(True):
@@ -114,17 +119,34 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
                     del received
                 held = _total(_by_category(tracker.get_tracker_snapshot("current"))) - start_bytes
                 forward_peak = _total(_by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
-                received, output = cache.pop(0)
-                if last:
-                    output.backward()
-                else:
-                    gradient = torch.empty(hidden, dtype=output.dtype)  # the output's gradient, received
-                    torch.autograd.backward(output, grad_tensors=gradient)
-                    del gradient
-                del received, output
+                def backward() -> None:
+                    received, output = cache.pop(0)
+                    if last:
+                        output.backward()
+                    else:
+                        gradient = torch.empty(hidden, dtype=output.dtype)  # the output's gradient, received
+                        torch.autograd.backward(output, grad_tensors=gradient)
+                        del gradient
+                    if received is not None:  # its gradient sent: the stage keeps neither
+                        received.grad = None
+                    del received, output
+
+                backward()
                 peak = _total(_by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
+                # (MemTracker's module hooks keep a later stage's received leaf alive past its backward: a later
+                # phase is read above this moment)
+                after_backward = _total(_by_category(tracker.get_tracker_snapshot("current"))) - start_bytes
+                later_peak = 0
+                if later:
+                    _restart_peak(tracker)
+                    tracker.reset_mod_stats()
+                    received = None if first else torch.empty(hidden, dtype=dtype, requires_grad=True)
+                    cache.append((received, forward(received)))
+                    del received
+                    backward()
+                    later_peak = _total(_by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
             gradients = sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
-    return StageTrace(start, stop, in_flight, held, forward_peak, peak, gradients)
+    return StageTrace(start, stop, in_flight, held, forward_peak, peak, gradients, later_peak, after_backward)
 
 
 def _total(categories: dict[str, int]) -> int:
