@@ -91,3 +91,19 @@ def test_a_layout_the_expert_parallel_trace_does_not_take_is_refused_in_one_line
         return
     with pytest.raises(UnsupportedError, match=why):
         check_layout(**args)
+
+
+def test_a_second_trace_with_another_top_k_gets_its_own_shapes():
+    """DTensor's sharding-propagation caches key an op by its tensors' specs, not by topk's k: a trace after one of a
+    top-1 router took [T, 1] for the top-2 router's scores and failed in its backward; each parallel trace now starts
+    with the caches cleared."""
+    from paramscope.api import inspect_with_module
+    from paramscope.cost.traced.parallel import trace_parallel_training
+    from paramscope.cost.traced.step import StepSettings
+
+    settings = StepSettings(batch=1, seq=16, precision="bf16-mixed")
+    saved = []
+    for top_k in (1, 2):
+        _, module = inspect_with_module(dict(MIXTRAL, num_hidden_layers=1, num_experts_per_tok=top_k))
+        saved.append(trace_parallel_training(module, settings, dp=2, ep=2).saved_activations)
+    assert saved[0] < saved[1]

@@ -155,6 +155,7 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
         raise UnsupportedError("frozen parameters under FSDP2 are not traced: MemTracker hooks the gradient of "
                                "every parameter FSDP2 gathers for a forward, and torch refuses a hook on a frozen one")
     dist.init_process_group("fake", rank=layout.rank, world_size=layout.world, store=FakeStore())
+    _clear_sharding_caches()
     try:
         with _mesh_tables_real():
             # the mesh and its submeshes are made outside FakeTensorMode (their rank tables are real tensors)
@@ -178,6 +179,17 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
                 yield model, notes, assumed
     finally:
         dist.destroy_process_group()
+
+
+def _clear_sharding_caches() -> None:
+    """Forget what DTensor's sharding propagation cached for an earlier trace in this process: its caches key an op
+    by its tensors' specs and not by every other argument, so a second model whose router takes another top-k
+    (topk's k) was handed the first's output shape ([T, 1] for [T, 2]) and failed in its backward."""
+    try:
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    except ImportError:  # a torch without it has no such cache to clear
+        return
+    _clear_sharding_prop_cache()
 
 
 @contextmanager
