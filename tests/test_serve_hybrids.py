@@ -119,15 +119,38 @@ def test_cache_formula_equals_the_real_bf16_cache(config, state, per_token):
 
 def test_estimate_serving_decodes_qwen3_5_through_its_text_model():
     """paramscope.estimate_serving on the Qwen3.5 composite at 16 keys, batch 2, fp32 (the tiny config names no
-    dtype): the text model's DeltaNet state read and written whole, its attention layer's 16 keys read and the new
-    token's K and V written; the FLOPs FlopCounterMode counted above at 71 keys less 55 keys' 256 each."""
+    dtype): the text model's weights (the vision tower is not run on text, so not read), its DeltaNet state read and
+    written whole, its attention layer's 16 keys read and the new token's K and V written; the FLOPs FlopCounterMode
+    counted above at 71 keys less 55 keys' 256 each."""
     import paramscope
 
-    speed = paramscope.estimate_serving(_QWEN3_5, paramscope.ServeOptions(gpu="h100", batch=2, seq=16, context=16))
+    built = paramscope.estimate_serving(_QWEN3_5, paramscope.ServeOptions(gpu="h100", batch=2, seq=16, context=16))
+    model = _build(_QWEN3_5)
+    text = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("model.visual."))
+    tower = sum(p.numel() for p in model.model.visual.parameters())
     state, per_token = 96 * 3 * 4 + 4 * 8 * 16 * 4, 2 * 2 * 16 * 4
     one = 168_320 - (71 - 16) * _PER_KEY  # a sequence's step at 16 keys
-    step = speed.at_batch
+    step = built.at_batch
+    # fp32 weights, read whole but for the untied embedding's 100 rows, of which the batch's 2 tokens read 2
+    assert step.weight_bytes == 4 * (text - 100 * 64 + 2 * 64)
     assert (step.kv_bytes, step.flops) == (2 * (2 * state + per_token * 17), 2 * one)
-    assert [s.flops for s in speed.decode] == [b * one for b in (1, 2, 8, 32, 128)]
-    assert speed.report.model.class_name == "Qwen3_5ForConditionalGeneration"
-    assert any(f"{3 * 2 * 2 * 4 * 8 * 16:,} FLOPs a step at batch 2" in note for note in speed.notes)  # 3·2·B·Hv·dk·dv
+    assert [s.flops for s in built.decode] == [b * one for b in (1, 2, 8, 32, 128)]
+    assert built.report.model.class_name == "Qwen3_5ForConditionalGeneration"
+    assert any(f"{3 * 2 * 2 * 4 * 8 * 16:,} FLOPs a step at batch 2" in note for note in built.notes)  # 3·2·B·Hv·dk·dv
+    assert any(f"none of their {4 * tower:,} B of weights" in note for note in built.notes)
+
+
+def test_an_lfm2_moe_config_without_layer_types_is_refused_naming_the_field(capsys, tmp_path):
+    """Lfm2MoeConfig, unlike Lfm2Config, gives `layer_types` no default and its layers index it: transformers itself
+    cannot build such a config (published ones list a kind a layer), so serve says which field, in one line."""
+    import json
+
+    from paramscope.cli import main
+
+    config = {key: value for key, value in _LFM2_MOE.items() if key != "layer_types"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), "utf-8")
+    assert main(["serve", str(path), "--gpu", "h100", "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "could not build Lfm2MoeForCausalLM" in err and "config field 'layer_types' is unset" in err

@@ -825,7 +825,8 @@ def build_class_on_meta(cls, config, *, dtype: str | None = None):
         raise ConfigError(f"{class_name} from this config has more than {MAX_MODULES:,} modules; paramscope builds "
                           "no larger model (check the layer and expert counts)") from None
     except Exception as err:  # broad on purpose: the class's own __init__ rejects a config however it likes
-        raise ConfigError(f"could not build {class_name} from this config: {_first_line(err)}") from err
+        raise ConfigError(f"could not build {class_name} from this config: {_first_line(err)}"
+                          f"{_unset_field(config, err)}") from err
 
 
 @contextlib.contextmanager
@@ -904,6 +905,20 @@ def _module_budget(limit: int):
         yield
     finally:
         handle.remove()
+
+
+def _unset_field(config: Any, err: BaseException) -> str:
+    """Where the class indexed a config field left unset (LFM2-MoE's config has no default for `layer_types`, and
+    its layers read `config.layer_types[i]`), the words that name it; else nothing."""
+    import traceback
+
+    if not isinstance(err, TypeError) or err.__traceback__ is None:
+        return ""
+    line = traceback.extract_tb(err.__traceback__)[-1].line or ""
+    found = re.search(r"\bconfig\.([A-Za-z_][A-Za-z0-9_]*)\s*\[", line)
+    if found is None or getattr(config, found.group(1), 0) is not None:
+        return ""
+    return f" (config field {found.group(1)!r} is unset, and the class reads it entry by entry)"
 
 
 def _first_line(err: BaseException) -> str:

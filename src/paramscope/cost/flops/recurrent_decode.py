@@ -209,7 +209,8 @@ def recurrent_flops(view: Any, config: Any) -> RecurrentFlops | None:
         raise NoRecurrentFormula(model_type)
     mixers: list[Any] = []
     for path, sub in view.root.named_modules():
-        children = dict(sub.named_children()) if hasattr(sub, "named_children") else {}
+        # _modules: what a torch module and the template's stand-in for one (facts' view) both hold
+        children = dict(getattr(sub, "_modules", None) or {})
         a_log = sub._parameters.get("A_log") if hasattr(sub, "_parameters") else None
         if model_type in _SHORT_CONV and a_log is None and {"conv", "in_proj", "out_proj"} <= set(children):
             weight = children["conv"]._parameters["weight"]

@@ -17,6 +17,7 @@ from ..dims import text_config
 from ..hardware import find_accelerator
 from .roofline import ServeSpeed, check_serve, peak_dtype_of, refuse_non_generating, roofline, serve_speed, \
     weight_traffic
+from .text_path import text_path
 
 DEFAULT_PROMPT = 2048
 
@@ -110,7 +111,11 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
         notes.append(f"--context {context:,} is beyond the model's max_position_embeddings ({limit:,})")
     memory_options = dataclasses.replace(memory_options, seq=context)
     memory = serving_estimate(report, view, memory_options, fmt, origin, not_convert)
-    weights, cache = memory.weights, memory.kv_cache
+    weights, cache, params, whole = memory.weights, memory.kv_cache, report.params, memory.weights
+    path = text_path(report, view, fmt, not_convert, memory.weights) if options.tp == 1 else None
+    if path is not None:  # a multimodal model decoding text: its towers are not run, so not read
+        weights, params, whole = path.weights, path.params, None
+        notes.append(path.words())
     if options.tp > 1:  # tensor-parallel rank 0 (the most vocabulary rows where V does not divide)
         gpu = memory.parallel.layout.stages[0]
         weights, cache = gpu.weights, gpu.kv_cache
@@ -148,7 +153,7 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
         step_flops = lambda b, c: generation(b, c - 1, 2).first_step  # noqa: E731
         prefill_flops = lambda b, s: generation(b, s, 1).prefill  # noqa: E731
     return serve_speed(
-        traffic=weight_traffic(weights, report.params, text, whole=memory.weights), cache=cache, roof=roof,
+        traffic=weight_traffic(weights, params, text, whole=whole), cache=cache, roof=roof,
         step_flops=step_flops, prefill_flops=prefill_flops, tp=options.tp,
         batch=options.batch, context=context, prompt=prompt, max_context=limit, dtype=fmt.key,
         kv_dtype=memory.settings["kv_dtype"], notes=tuple(notes), compute_dtype=fmt.compute_dtype)
