@@ -52,9 +52,11 @@ def test_the_analytic_ep_figure_equals_the_traced_rank():
     """`memory --training --devices 2 --ep 2` on a 3-layer Mixtral cut at 1 × 64 tokens: rank 0 holds 2 of the 4
     experts of each layer (Shard(0)), everything else whole; the analytic figure (one device's step, the rank's
     model states, and the permute indices the dispatch keeps, 3 layers × 8 B × 128 pairs) is the traced rank's less
-    488 B at every phase: what the traced rank still holds through the step beyond one device's, not modelled
-    (8·T − 8·layers B on each cut measured: 496 B at 2 layers and 64 tokens, 232 B at 3 layers and 32 tokens, the
-    same under top-1 routing: per token, not per routed pair)."""
+    488 B at every phase, both named, neither modelled: the traced rank holds 8 B a token through the step beyond one
+    device's, as the traced tensor-parallel rank does (the size of the [B, T] int64 token ids, which both wrap as
+    DTensors), and its grouped projections keep an int32 offset per local expert a layer, E/ep of them against one
+    device's E: 8·B·T − 4·(E − E/ep)·layers, here 512 − 24 (the same form on every cut measured: 2 and 3 layers, 32
+    and 64 tokens, top-1, batch 2, 8 experts)."""
     from paramscope.cost.memory.training import TrainingOptions, training_answer
     from paramscope.cost.parallel.layout import layout_for
     from paramscope.cost.traced.parallel import trace_parallel_training
