@@ -208,12 +208,23 @@ def test_cli_no_memory_imports_no_torch():
     assert "trainable 39,976,960 of 6,778,392,576" in result.stdout.replace("\n  ", " ")
 
 
-def _plan_run(argv, cache):
-    """The CLI in a fresh process: (stdout, whether torch was imported)."""
+# Stops the process as torch is first imported (a build is starting): what a test that asks only whether the run
+# builds needs, without the build's seconds.
+_STOP_AT_TORCH = ("import os, sys\n"
+                  "class StopAtTorch:\n"
+                  "    def find_spec(self, name, path=None, target=None):\n"
+                  "        if name == 'torch':\n"
+                  "            sys.stdout.write('\\ntorch imported 0\\n'); sys.stdout.flush(); os._exit(0)\n"
+                  "sys.meta_path.insert(0, StopAtTorch())\n")
+
+
+def _plan_run(argv, cache, *, until_torch: bool = False):
+    """The CLI in a fresh process: (stdout, whether torch was imported). `until_torch`: the process stops as torch
+    is first imported (stdout up to then, True), else runs to its end."""
     import os
 
-    code = ("import sys; from paramscope.cli import main; "
-            f"rc = main({argv!r}); "
+    code = ((_STOP_AT_TORCH if until_torch else "import sys\n") + "from paramscope.cli import main\n"
+            f"rc = main({argv!r})\n"
             "print('torch imported' if 'torch' in sys.modules else 'no torch', rc)")
     env = dict(os.environ, PARAMSCOPE_CACHE_DIR=str(cache))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
@@ -241,7 +252,7 @@ def test_a_plan_asked_again_answers_from_what_the_first_run_kept_without_torch(t
     assert first == second
     text, _ = _plan_run(argv, tmp_path)
     assert "memory and FLOPs as an earlier run of this plan derived and traced them" in " ".join(text.split())
-    _, other_torch = _plan_run(argv[:3] + ["4"] + argv[4:] + ["--json"], tmp_path)
+    _, other_torch = _plan_run(argv[:3] + ["4"] + argv[4:] + ["--json"], tmp_path, until_torch=True)
     assert other_torch
 
 
