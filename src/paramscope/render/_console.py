@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.padding import Padding
 from rich.text import Text
 
+from ._fit import fitted
+
 
 def to_text(parts: Iterable, width: int, color: bool = False) -> str:
     buffer = io.StringIO()
@@ -22,8 +24,8 @@ def to_text(parts: Iterable, width: int, color: bool = False) -> str:
         highlight=False,
         emoji=False,
     )
-    for part in parts:
-        console.print(part)
+    for part in parts:  # each table laid out so that no figure is cut (_fit.py)
+        console.print(fitted(part, console, width))
     # Trailing blanks (rich pads table rows) only get in the way of diffs and golden files.
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
 
@@ -33,7 +35,7 @@ def to_html(parts: Iterable, width: int) -> str:
     console = Console(record=True, file=io.StringIO(), width=width, force_terminal=True, color_system="truecolor",
                       highlight=False, emoji=False)
     for part in parts:
-        console.print(part)
+        console.print(fitted(part, console, width))
     return console.export_html(inline_styles=True, code_format="<pre style=\"font-family:monospace\">{code}</pre>")
 
 

@@ -34,8 +34,8 @@ def render_audit_text(result, width: int = 100, *, color: bool = False, all_keys
 def iter_audit_text(result, width: int = 100, *, color: bool = False, all_keys: bool = False) -> Iterator[str]:
     """`render_audit_text` in pieces, the same text: `--all` on a checkpoint of a million keys is written as it is
     laid out."""
-    parts = [_header(result, width), _dtypes(result.checkpoint), *_quantisation(result),
-             *_reconciliation(result, all_keys)]
+    parts = [_header(result, width), _dtypes(result.checkpoint), *_packed_tensors(result.checkpoint),
+             *_quantisation(result), *_reconciliation(result, all_keys)]
     loading = _loading(result)
     if loading is not None:
         parts.append(loading)
@@ -225,11 +225,26 @@ def _dtypes(ck) -> Table:
     table.add_section()
     table.add_row("total", exact(len(ck.tensors)), exact(ck.elements), f"{exact(ck.nbytes)} ({_mib(ck.nbytes)})",
                   style="bold")
+    return table
+
+
+def _packed_tensors(ck) -> list[Table]:
+    """The packed weights, each with its stored elements and the parameters it holds unpacked: a table of its own,
+    so that a long tensor name widens no figure column of the dtype table (where it was cut at 100 columns)."""
     packed = [t for t in ck.tensors if t.role == "packed"]
+    if not packed:
+        return []
+    shown = f" (the first {LIST_LIMIT} of {exact(len(packed))})" if len(packed) > LIST_LIMIT else ""
+    table = Table(title=f"Packed tensors{shown}: elements stored, parameters unpacked", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("tensor", overflow="fold")
+    table.add_column("stored", justify="right")
+    table.add_column("unpacked", justify="right")
+    table.add_column("packing")
     for t in packed[:LIST_LIMIT]:
         logical = "unknown from headers" if t.logical_numel is None else exact(t.logical_numel)
-        table.add_row(Text(f"  packed {t.name}"), "", f"{exact(t.numel)} stored", f"logical {logical} ({t.packing})")
-    return table
+        table.add_row(Text(t.name), exact(t.numel), logical, t.packing)
+    return [table]
 
 
 def _quantisation(result) -> list:
