@@ -367,15 +367,16 @@ def _traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     for stage in device.stages:
         start, stop = stage.layers[0], stage.layers[1] + 1
         replayed = stage.replayed
-        later = replayed.later_in_flight > 0
+        later = replayed.later_in_flight
         traced = trace_stage(ctx.view.module, settings, stack, start, stop, stage.in_flight, later=later)
         traces.append(traced)
         words = ""
         if later:  # the later backward's rise above what the first left (the microbatches still held)
             rise = traced.later_peak - traced.after_backward
-            derived = replayed.later_peak - (replayed.held - replayed.per_microbatch)
-            words = (f"; then one more forward and the next backward, gradients held: {rise:,} B above what the first "
-                     f"backward left, replayed {derived:,} B")
+            derived = replayed.later_peak - replayed.after_first_backward
+            again = "one more forward and " if later == stage.in_flight else ""
+            words = (f"; then {again}the next backward, gradients held: {rise:,} B above what the first backward "
+                     f"left, replayed {derived:,} B")
         notes.append(f"check: stage {stage.rank} traced (the real class cut to layers {start}–{stop - 1} and run as "
                      f"PipelineStage runs it, {stage.in_flight} forward{'s' if stage.in_flight > 1 else ''} then a "
                      f"backward; MemTracker): held {traced.held:,} B, peak {traced.peak:,} B above its states; "

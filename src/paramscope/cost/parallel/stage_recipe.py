@@ -46,6 +46,12 @@ class StageActivations:
     # stage's states and gradients
     later_in_flight: int = 0
     later_peak: int = 0
+    kept_once: int = 0  # of per_microbatch, what the step never frees (held once a stage, not once a microbatch)
+
+    @property
+    def after_first_backward(self) -> int:
+        """Live after the first backward, less the gradients: the microbatches still in flight."""
+        return self.held - self.per_microbatch + self.kept_once
 
     @property
     def peak(self) -> int:
@@ -78,7 +84,7 @@ def stage_activations(recipe: DerivedRecipe, batch: int, seq: int, start: int, s
         _, accumulated, _ = replay.run_backward(backward, gradient, accumulate=True)
         later = later_in_flight * each + kept_once + accumulated
     return StageActivations(forward_live, in_flight, held, (in_flight - 1) * each + forward_peak,
-                            held + backward_peak, grads, received, gradient, later_in_flight, later)
+                            held + backward_peak, grads, received, gradient, later_in_flight, later, kept_once)
 
 
 class _Replay:

@@ -47,11 +47,11 @@ class _Stop(Exception):
 
 
 def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: int, in_flight: int,
-                later: bool = False) -> StageTrace:
+                later: int = 0) -> StageTrace:
     """Trace the stage holding layers [start, stop) of `module`'s stack at `layer_path` with `in_flight`
-    microbatches of `settings.batch` × `settings.seq` (step.StepSettings) kept before its first backward; `later`:
-    then one more microbatch's forward and the next backward, with the gradients the first made (1F1B's steady
-    state)."""
+    microbatches of `settings.batch` × `settings.seq` (step.StepSettings) kept before its first backward; `later`
+    (> 0): then the next backward, with the gradients the first made, `later` microbatches held: one more
+    microbatch's forward first where that is `in_flight` (1F1B's steady state), none where one fewer (the drain)."""
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils._pytree import tree_leaves
@@ -140,9 +140,10 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
                 if later:
                     _restart_peak(tracker)
                     tracker.reset_mod_stats()
-                    received = None if first else torch.empty(hidden, dtype=dtype, requires_grad=True)
-                    cache.append((received, forward(received)))
-                    del received
+                    if later == in_flight:
+                        received = None if first else torch.empty(hidden, dtype=dtype, requires_grad=True)
+                        cache.append((received, forward(received)))
+                        del received
                     backward()
                     later_peak = _total(_by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
             gradients = sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
