@@ -102,45 +102,28 @@ def test_derived_device_step_equals_the_traced_rank():
     assert 0 <= measured["optimizer step"] - derived["optimizer step"] <= 608, (derived, measured)
 
 
-def test_qwen2_moe_under_sequence_parallel_derived_equals_the_traced_rank():
-    """`memory --training --tp 2 --sp` on a 5-layer Qwen2-MoE cut: its shared expert cut as an MLP with its output
-    left Partial and its sigmoid gate whole (a Replicate DTensor on the gathered tokens), so the gated sum
-    reduce-scatters once with the experts' partial sums (torchtitan's treatment of a shared expert); the derived
-    per-device step equals the traced rank in forward and backward to the byte, the optimizer step within 592 B
-    (what the Mixtral cut above leaves too: an h-sized fp32 tensor and the router's few bytes)."""
+def test_qwen2_moe_under_fsdp2_and_sequence_parallel_derived_equals_the_traced_rank():
+    """`memory --training --devices 4 --tp 2 --sp --zero fsdp` on a 5-layer Qwen2-MoE cut: FSDP2 over 2 data-parallel
+    ranks on top of tensor parallel (a 2-D mesh, fully_shard on each layer over the DTensor shards), the packed
+    experts cut as Megatron cuts them, the shared expert cut as an MLP with its output left Partial and its sigmoid
+    gate whole (a Replicate DTensor on the gathered tokens), so the gated sum reduce-scatters once with the experts'
+    partial sums (torchtitan's treatment of a shared expert). The derived per-device step equals the traced rank in
+    forward and backward to the byte, the optimizer step within 592 B (what the Mixtral cut above leaves too)."""
     from paramscope.cost.parallel.layout import layout_for
 
     from parallel_steps import derived_and_traced
 
-    estimate, traced = derived_and_traced(dict(QWEN2_MOE, num_hidden_layers=5), layout_for(devices=2, tp=2, sp=True),
-                                          batch=1)
+    estimate, traced = derived_and_traced(dict(QWEN2_MOE, num_hidden_layers=5),
+                                          layout_for(devices=4, tp=2, sp=True, zero="fsdp"), batch=1)
     assert estimate.engine == "derived", estimate.notes
+    layout = estimate.training.device.layout
+    assert (layout.dp, layout.shard, layout.tp, layout.sp) == (2, "fsdp", 2, True)
     derived = {p.phase: p.bytes for p in estimate.training.device.phases}
     measured = {p.phase: p.bytes for p in traced.phases}
-    assert derived["forward"] == measured["forward"] == 3_607_276
-    assert derived["backward"] == measured["backward"] == 3_642_980
+    assert derived["forward"] == measured["forward"] == 2_891_500
+    assert derived["backward"] == measured["backward"] == 2_927_204
     assert measured["optimizer step"] - derived["optimizer step"] == 592, (derived, measured)
     assert any("shared_expert_gate replicated_dtensor_output" in note for note in traced.notes), traced.notes
-
-
-def test_fsdp2_over_tensor_parallel_mixtral_derived_equals_the_traced_rank():
-    """`memory --training --devices 4 --tp 2 --zero fsdp` on a 5-layer Mixtral cut: FSDP2 over 2 data-parallel
-    ranks on top of the packed experts' tensor parallel cut (a 2-D mesh, fully_shard on each layer over DTensor
-    shards); the derived per-device step equals the traced rank in forward and backward to the byte, the optimizer
-    step within 592 B (as without FSDP2: an h-sized fp32 tensor and the router's few bytes)."""
-    from paramscope.cost.parallel.layout import layout_for
-
-    from parallel_steps import derived_and_traced
-
-    estimate, traced = derived_and_traced(dict(MIXTRAL, num_hidden_layers=5),
-                                          layout_for(devices=4, tp=2, zero="fsdp"), batch=1)
-    assert estimate.engine == "derived", estimate.notes
-    assert (estimate.training.device.layout.dp, estimate.training.device.layout.shard) == (2, "fsdp")
-    derived = {p.phase: p.bytes for p in estimate.training.device.phases}
-    measured = {p.phase: p.bytes for p in traced.phases}
-    assert derived["forward"] == measured["forward"] == 4_306_656
-    assert derived["backward"] == measured["backward"] == 4_334_808
-    assert measured["optimizer step"] - derived["optimizer step"] == 592, (derived, measured)
     assert any(note.startswith("FSDP2 over 2 ranks") for note in traced.notes), traced.notes
 
 
