@@ -198,10 +198,20 @@ def read_config_file(path: Path | str) -> dict[str, Any]:
 def _decode_special_floats(config: dict[str, Any]) -> dict[str, Any]:
     """transformers 5 writes an infinite or NaN field as {"__float__": "Infinity"} (`save_pretrained`); its own reader
     turns it back into a float, so a config it saved (Granite-4.0-H's time_step_limit) reads as it would load."""
+    if not _holds_float_tag(config):  # the usual case: no transformers import (answers from templates need none)
+        return config
     from transformers import PretrainedConfig
 
     decode = getattr(PretrainedConfig, "_decode_special_floats", None)
     return decode(config) if decode is not None else config
+
+
+def _holds_float_tag(value: Any) -> bool:
+    if isinstance(value, dict):
+        return "__float__" in value or any(_holds_float_tag(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_float_tag(v) for v in value)
+    return False
 
 
 def _check_object(data: Any, where: str) -> dict[str, Any]:
