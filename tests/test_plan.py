@@ -79,6 +79,15 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "paramscope", *args], capture_output=True, text=True, timeout=300)
 
 
+def _cli_here(capsys, *args) -> str:
+    """The CLI in this process (where a test's other run already holds the CLI to a process of its own): stdout."""
+    from paramscope.cli import main
+
+    capsys.readouterr()
+    assert main(list(args)) == 0
+    return capsys.readouterr().out
+
+
 def test_cli_plan_json():
     result = _cli("plan", "bert-base-uncased", "--task", "sentiment", "--train", "head.classifier", "--seq", "128",
                   "--json")
@@ -230,7 +239,7 @@ def test_qlora_flops_are_loras():
     assert (qlora.forward, qlora.model_backward) == (lora.forward, lora.model_backward)
 
 
-def test_cli_plan_compare_sets_plans_side_by_side():
+def test_cli_plan_compare_sets_plans_side_by_side(capsys):
     result = _cli("plan", "gpt2", "--compare", "full,freeze,lora,qlora", "--seq", "64", "--budget", "4GiB",
                   "--width", "160")
     assert result.returncode == 0, result.stderr
@@ -241,8 +250,7 @@ def test_cli_plan_compare_sets_plans_side_by_side():
     assert "124,439,808" in rows["full"] and "100%" in rows["full"]
     assert "largest batch on budget" in result.stdout
     assert "train last 2 blocks" in result.stdout and "stored nf4 by bitsandbytes" in result.stdout
-    json_result = _cli("plan", "gpt2", "--compare", "full,qlora", "--seq", "64", "--json")
-    document = json.loads(json_result.stdout)
+    document = json.loads(_cli_here(capsys, "plan", "gpt2", "--compare", "full,qlora", "--seq", "64", "--json"))
     plans = {p["name"]: p for p in document["plans"]}
     assert plans["full"]["trainable"] == 124_439_808 and plans["qlora"]["method"] == "qlora"
     assert plans["qlora"]["memory"]["peak"]["bytes"] < plans["full"]["memory"]["peak"]["bytes"]
@@ -357,7 +365,7 @@ def test_cli_adapter_dtype_bad_options(args, named):
     assert named in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_cli_qlora_adapters_are_bf16_and_named():
+def test_cli_qlora_adapters_are_bf16_and_named(capsys):
     result = _cli("plan", "gpt2", "--lora", "8", "--qlora", "--seq", "32", "--json")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)["plan"]
@@ -367,8 +375,9 @@ def test_cli_qlora_adapters_are_bf16_and_named():
     assert memory["gradients"]["bytes"] == 2 * 294_912
     text = _cli("plan", "gpt2", "--lora", "8", "--qlora", "--no-memory", "--width", "200").stdout
     assert "stored in bf16 under any --precision (QLoRA's recipe)" in text
-    fp32 = _cli("plan", "gpt2", "--lora", "8", "--qlora", "--adapter-dtype", "fp32", "--seq", "32", "--json")
-    assert json.loads(fp32.stdout)["plan"]["memory"]["gradients"]["bytes"] == 4 * 294_912
+    fp32 = _cli_here(capsys, "plan", "gpt2", "--lora", "8", "--qlora", "--adapter-dtype", "fp32", "--seq", "32",
+                     "--json")
+    assert json.loads(fp32)["plan"]["memory"]["gradients"]["bytes"] == 4 * 294_912
 
 
 def test_cli_plan_tree_says_what_trains():
