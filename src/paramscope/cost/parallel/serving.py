@@ -51,6 +51,11 @@ class ServingStage:
     def weight_bytes(self) -> int:
         return self.weights.bytes + self.weights.buffer_bytes
 
+    @property
+    def chunks(self) -> tuple[tuple[int, int], ...]:
+        """The runs of layers held, as a training stage names them: one run, or none."""
+        return (self.layers,) if self.layers is not None else ()
+
 
 @dataclass(frozen=True)
 class ServingLayout:
