@@ -139,8 +139,8 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
                 later_peak = 0
                 if later:
                     _restart_peak(tracker)
-                    tracker.reset_mod_stats()
                     if later == in_flight:
+                        tracker.reset_mod_stats()  # before a module's next call, not before a pending backward
                         received = None if first else torch.empty(hidden, dtype=dtype, requires_grad=True)
                         cache.append((received, forward(received)))
                         del received
