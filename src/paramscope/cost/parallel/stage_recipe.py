@@ -207,9 +207,12 @@ class _Replay:
     def backward(self) -> list[tuple[int, int, bool]]:
         """(sign × times, bytes, a parameter's gradient) of one microbatch's backward on the stage, in order."""
         out: list[tuple[int, int, bool]] = []
-        layers = list(range(self.stop - 1, self.start - 1, -1))
-        keys = (["head"] if self.last else []) + [self.backward_key(i) for i in layers]
-        for key, layer in zip(keys, [self.count - 1] * (keys[0] == "head") + layers):
+        # (segment, its layer), last to first: the loss's and head's backward first on the last stage
+        order = [(self.backward_key(i), i) for i in range(self.stop - 1, self.start - 1, -1)]
+        if self.last:
+            order.insert(0, ("head", self.count - 1))
+        for key, layer in order:
+            # what the layer (and, for the last, the head beside it) made, in its forward or its backward
             own = {key, self.forward_key(layer)} | ({"fwlast", "head", "bwlast"} if layer == self.count - 1 else set())
             for sign, index, mult in self.segment(key):
                 times = sign * self._times(mult)
