@@ -154,3 +154,15 @@ def test_an_lfm2_moe_config_without_layer_types_is_refused_naming_the_field(caps
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert "could not build Lfm2MoeForCausalLM" in err and "config field 'layer_types' is unset" in err
+
+
+def test_a_granite_without_routed_experts_passes_the_config_checks():
+    """Granite-4.0-H-350M, -1B and -Micro publish num_local_experts 0 and num_experts_per_tok 0 (a dense shared MLP
+    in every layer): no expert picked of none is a model; a top-k above no experts is still refused."""
+    from paramscope.build import validate_config_dict
+    from paramscope.errors import ConfigError
+
+    dense = dict(_GRANITE, num_local_experts=0, num_experts_per_tok=0)
+    validate_config_dict(dense)
+    with pytest.raises(ConfigError, match="'num_experts_per_tok' must be a whole number of experts from 1 to the 0"):
+        validate_config_dict(dict(dense, num_experts_per_tok=1))

@@ -288,6 +288,8 @@ def _check_cost_fields(config: dict[str, Any], name) -> None:
             value = config.get(key)
             if value is None:
                 continue
+            if experts == 0 and value == 0:  # no routed experts (Granite-4.0-H-Micro's dense MLP): none picked
+                break
             if type(value) is not int or not 1 <= value <= experts:
                 raise ConfigError(f"config field {name(key)!r} must be a whole number of experts from 1 to the "
                                   f"{experts:,} of {name(experts_key)!r}, got {short_repr(value)}")
