@@ -475,12 +475,12 @@ def _encoder_peak_by_memtracker(module, windows: int) -> int:
     """torch's MemTracker on Whisper's encoder alone over `windows` zero windows of 3,000 bf16 mel frames."""
     import torch
 
-    from paramscope.cost.traced.step import _tracker, fake_mode, working_copy
+    from paramscope.cost.traced.step import fake_mode, make_tracker, working_copy
 
     with fake_mode(True) as mode:
         model = working_copy(module, mode, None, weights_dtype="bfloat16")
         model.eval()
-        tracker = _tracker(model, None)  # MemTracker, told that the frozen positions take no gradient hook
+        tracker = make_tracker(model, None)  # MemTracker, told that the frozen positions take no gradient hook
         with tracker, torch.no_grad():
             out = model.model.encoder(input_features=torch.zeros(windows, 80, 3000, dtype=torch.bfloat16))
             del out

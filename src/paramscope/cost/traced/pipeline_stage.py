@@ -53,10 +53,9 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
     (> 0): then the next backward, with the gradients the first made, `later` microbatches held: one more
     microbatch's forward first where that is `in_flight` (1F1B's steady state), none where one fewer (the drain)."""
     import torch
-    from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils._pytree import tree_leaves
 
-    from .step import (_by_category, _NoHook, _restart_peak, assumed_values, autocast_for, fake_mode, running,
+    from .step import (assumed_values, autocast_for, by_category, fake_mode, make_tracker, restart_peak, running,
                        training_copy, training_inputs)
     from .tracker_hooks import gradients_not_held
 
@@ -100,25 +99,21 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
                     del normed, logits
                     return loss
 
-            tracker = MemTracker()
-            for param in model.parameters():
-                if not param.requires_grad:
-                    tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
             # the layers' arguments made before the step (position tables): in the resident baseline, not counted
             # as made when a layer first reads them
             made = [t for t in tree_leaves(layer_args) if isinstance(t, torch.Tensor)] if layer_args else []
-            tracker.track_external(model, *made)
+            tracker = make_tracker(model, *made)
             dtype = embedding.dtype if settings.precision != "bf16-pure" else torch.bfloat16
             with gradients_not_held(), tracker:
-                start_bytes = _total(_by_category(tracker.get_tracker_snapshot("current")))
+                start_bytes = _total(by_category(tracker.get_tracker_snapshot("current")))
                 cache: list[tuple[Any, Any]] = []
                 for _ in range(in_flight):
                     tracker.reset_mod_stats()  # per-module statistics, one call each: the peak runs on
                     received = None if first else torch.empty(hidden, dtype=dtype, requires_grad=True)
                     cache.append((received, forward(received)))
                     del received
-                held = _total(_by_category(tracker.get_tracker_snapshot("current"))) - start_bytes
-                forward_peak = _total(_by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
+                held = _total(by_category(tracker.get_tracker_snapshot("current"))) - start_bytes
+                forward_peak = _total(by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
                 def backward() -> None:
                     received, output = cache.pop(0)
                     if last:
@@ -132,20 +127,20 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
                     del received, output
 
                 backward()
-                peak = _total(_by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
+                peak = _total(by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
                 # (MemTracker's module hooks keep a later stage's received leaf alive past its backward: a later
                 # phase is read above this moment)
-                after_backward = _total(_by_category(tracker.get_tracker_snapshot("current"))) - start_bytes
+                after_backward = _total(by_category(tracker.get_tracker_snapshot("current"))) - start_bytes
                 later_peak = 0
                 if later:
-                    _restart_peak(tracker)
+                    restart_peak(tracker)
                     if later == in_flight:
                         tracker.reset_mod_stats()  # before a module's next call, not before a pending backward
                         received = None if first else torch.empty(hidden, dtype=dtype, requires_grad=True)
                         cache.append((received, forward(received)))
                         del received
                     backward()
-                    later_peak = _total(_by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
+                    later_peak = _total(by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
             gradients = sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
     return StageTrace(start, stop, in_flight, held, forward_peak, peak, gradients, later_peak, after_backward)
 

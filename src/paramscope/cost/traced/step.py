@@ -130,21 +130,21 @@ def measure_training(module: Any, settings: StepSettings, *, fake: bool) -> Trac
 
         with running(model):
             step()  # warm-up: allocates the optimizer states, as in every step after the first
-            tracker = _tracker(model, optimizer)
+            tracker = make_tracker(model, optimizer)
             with gradients_not_held() as spared, tracker:
                 resident = _current(tracker)
-                _restart_peak(tracker)
+                restart_peak(tracker)
                 loss = forward()
                 end_of_forward = _current(tracker)
                 forward_peak = _peak(tracker, "forward")
                 kept = _kept_by_module(tracker, type(model).__name__)
-                _restart_peak(tracker)
+                restart_peak(tracker)
                 loss.backward()
                 del loss
                 backward_peak = _peak(tracker, "backward")
                 phases = [forward_peak, backward_peak]
                 if optimizer is not None:
-                    _restart_peak(tracker)
+                    restart_peak(tracker)
                     optimizer.step()
                     phases.append(_peak(tracker, "optimizer step"))
                     optimizer.zero_grad(set_to_none=True)
@@ -195,17 +195,17 @@ def _trace_inference(module: Any, settings: StepSettings, *, fake: bool) -> Trac
             kwargs["input_ids"] = _ids(model, settings.batch, settings.encoder_seq or settings.seq)
             kwargs["decoder_input_ids"] = inputs
         with running(model), torch.no_grad():
-            tracker = _tracker(model, None)
+            tracker = make_tracker(model, None)
             with tracker:
                 resident = _current(tracker)
-                _restart_peak(tracker)
+                restart_peak(tracker)
                 output = model(**kwargs)
                 end_of_forward = _current(tracker)
                 phases = [_peak(tracker, "prefill")]
                 cache = output_cache(output) if generating else None
                 cache_name = cache_argument(model)
                 if cache is not None and settings.decode_steps > 0:
-                    _restart_peak(tracker)
+                    restart_peak(tracker)
                     step_ids = _ids(model, settings.batch, 1)
                     for _ in range(settings.decode_steps):
                         tracker.reset_mod_stats()  # the tracker's per-module stats allow one call per module
@@ -607,7 +607,9 @@ class _NoHook:
         pass
 
 
-def _tracker(model: Any, optimizer: Any) -> Any:
+def make_tracker(model: Any, *external: Any) -> Any:
+    """The tracker every traced step runs under: MemTracker (ListedMemTracker), with `model` and `external` (an
+    optimizer, tensors made before the step) in its resident baseline."""
     from .tracker import ListedMemTracker
 
     tracker = ListedMemTracker()
@@ -615,7 +617,7 @@ def _tracker(model: Any, optimizer: Any) -> Any:
     for param in model.parameters():
         if not param.requires_grad:
             tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
-    tracker.track_external(model, optimizer)
+    tracker.track_external(model, *external)
     return tracker
 
 
@@ -650,14 +652,14 @@ def _activations(snapshots: dict[Any, list], state: str) -> int | None:
     return None
 
 
-def _restart_peak(tracker: Any) -> None:
+def restart_peak(tracker: Any) -> None:
     """Start the running peak afresh at the current total, so each phase's peak is its own."""
     current = tracker.get_tracker_snapshot("current")
     tracker._peak_mem_snap = current
     tracker._peak_mem = {device: snap["Total"] for device, snap in current.items()}
 
 
-def _by_category(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
+def by_category(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
     totals = dict.fromkeys(CATEGORIES, 0)
     for device_snap in snapshot.values():
         for key, value in device_snap.items():
@@ -668,10 +670,10 @@ def _by_category(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
 
 
 def _current(tracker: Any) -> dict[str, int]:
-    return _by_category(tracker.get_tracker_snapshot("current"))
+    return by_category(tracker.get_tracker_snapshot("current"))
 
 
 def _peak(tracker: Any, phase: str) -> PhasePeak:
     snapshot = tracker.get_tracker_snapshot("peak")
     total = sum(snap.get("Total", 0) for snap in snapshot.values())
-    return PhasePeak(phase, total, _by_category(snapshot))
+    return PhasePeak(phase, total, by_category(snapshot))
