@@ -161,16 +161,6 @@ def test_the_fewest_devices_search_is_bounded(monkeypatch, capsys):
     assert "3: not tried (the search below the first power of two" in text
 
 
-def test_a_class_without_per_device_activations_keeps_data_parallel(capsys):
-    """GPT-NeoX has no per-device recipe: its tensor, context and pipeline layouts are named, not answered."""
-    assert main(["memory", "pythia-160m", "--training", "--find-layout", "--gpu", "h100", "--devices", "4",
-                 "--seq", "512", "--json"]) == 0
-    found = json.loads(capsys.readouterr().out)["layout_search"]
-    assert [(row["dp"], row["tp"]) for row in found["layouts"]] == [(4, 1)]
-    assert len(found["skipped"]) == 9 and all("GPTNeoXForCausalLM has none" in s["reason"] for s in found["skipped"])
-    assert found["minimum"]["devices"] == 1
-
-
 def test_json_and_text(capsys):
     argv = ["memory", "qwen2.5-0.5b", "--training", "--find-layout", "--gpu", "rtx-4090", "--devices", "8",
             "--seq", "1024", "--zero", "0"]

@@ -810,6 +810,10 @@ def layout_search_parts(report, search) -> list:
         lines += [Text(""), indented(f"the first, {best.layout.words()}: each device's communication a step"
                                      + (f" (stage {best.comm_stage}'s, the most)" if best.layout.pp > 1 else "")),
                   _comm_table(best)]
+    elif skipped:  # only the answered ones were tried: one of the others may fit
+        lines.append(indented(f"none of the {len(rest):,} answered layouts of {search.devices:,} devices fits on "
+                              f"{search.accelerator}; the {len(skipped):,} not answered (below) were not tried",
+                              style="bold"))
     else:
         lines.append(indented(f"no layout of {search.devices:,} devices fits on {search.accelerator}", style="bold"))
     lines += [Text(""),
@@ -879,19 +883,25 @@ def minimum_sentence(search) -> str:
                    "layouts tried fits")
     if minimum.bounded:
         before += (f" ({minimum.bounded:,} more passed over on a lower bound: the first stage's model states and its "
-                   "layers' activations for the microbatches in flight, terms of its peak, exceed the GPU)")
+                   "layers' activations for the microbatches in flight (the states alone where the step is not the "
+                   "analytic recipe's), terms of its peak, exceed the GPU)")
     if minimum.untried is not None:
         first, last = minimum.untried
         span = f"{first:,}" if first == last else f"{first:,}–{last:,}"
         before += (f"; {span}: {'not' if first == last else 'the counts not listed were not'} tried (the search "
                    f"below the first power of two that fits stops after {minimum.budget:,} layouts)")
+    if minimum.unanswered:
+        before += (f"; {minimum.unanswered:,} layouts of those counts not answered, so not tried (the reasons below): "
+                   "one of them may fit")
     done = f"; {search.evaluated:,} layouts evaluated in {search.seconds:.1f} s"
+    among = " among the answered layouts" if minimum.unanswered else ""
     if minimum.devices is None:
-        return (f"fewest devices that fit: none up to {minimum.limit:,} (counts tried upward from 1 at the same "
-                f"global batch{before}{done})")
+        return (f"fewest devices that fit{among}: none up to {minimum.limit:,} (counts tried upward from 1 at the "
+                f"same global batch{before}{done})")
     layout = minimum.layout.layout
     shown = "one device" if layout.devices == 1 else _degrees(layout)
-    found = "fewest devices found to fit" if minimum.untried is not None else "fewest devices that fit"
+    found = ("fewest devices found to fit" if minimum.untried is not None or minimum.unanswered else
+             "fewest devices that fit") + among
     return (f"{found}: {minimum.devices:,} ({shown}, peak {binary(minimum.layout.peak)} a device; counts tried "
             f"upward from 1 at the same global batch{before}{done})")
 
@@ -941,9 +951,9 @@ def layout_search_to_dict(search) -> dict[str, Any]:
                     "layout": _candidate_to_dict(minimum.layout) if minimum.layout is not None else None,
                     "limit": minimum.limit, "floor": minimum.floor,
                     "untried": list(minimum.untried) if minimum.untried is not None else None,
-                    "budget": minimum.budget, "bounded": minimum.bounded,
-                    "tried": [{"devices": t.devices, "outcome": t.outcome, "layouts": t.layouts, "words": t.words}
-                              for t in minimum.tried]},
+                    "budget": minimum.budget, "bounded": minimum.bounded, "unanswered": minimum.unanswered,
+                    "tried": [{"devices": t.devices, "outcome": t.outcome, "layouts": t.layouts,
+                               "unanswered": t.unanswered, "words": t.words} for t in minimum.tried]},
         "evaluated": search.evaluated, "search_seconds": round(search.seconds, 3),
         "notes": list(search.notes),
     }

@@ -6,7 +6,10 @@ sorted by a bound on the step's time, with the pipeline bubble and the communica
                dp × cp; the global batch G fixed, so dp must divide it (each replica G / dp sequences; under a
                pipeline, microbatches of one sequence)
     → memory   one device's peak (estimate.py through memory/training.py's step_estimate), + the reserve, against
-               the GPU's memory
+               the GPU's memory. A class without the analytic per-device recipe (its step derived from traces):
+               dp × pp layouts each stage replayed from the one-device derived recipe (derived once, cached; a
+               replay is arithmetic), its tp, cp and pp × ep layouts named as not answered, and the summaries say
+               that only the answered layouts were tried
     → FLOPs    the busiest device's hardware FLOPs a step (flops.py: its stage and tp rank, recompute included)
     → time     a bound at the GPU's peak: hardware FLOPs / peak FLOP/s / (1 − bubble). Not a prediction: no
                kernel runs at its peak, and communication is not in it (it may overlap or not)
@@ -186,6 +189,7 @@ class DeviceCount:
     outcome: str  # "fits" | "none fits" | "no layout" (counts whose model states alone exceed are below the floor)
     layouts: int  # layouts evaluated
     words: str
+    unanswered: int = 0  # layouts tried that no engine answers here (Skipped: a class's tp or cp, say)
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,8 @@ class Minimum:
     # left when the budget ran out (the powers of two among them were tried first)
     budget: int = 0  # the most layouts tried below the first power of two that fits (MIN_BUDGET)
     bounded: int = 0  # layouts passed over without an evaluation: their lower bound (_Search.bound) exceeds the GPU
+    unanswered: int = 0  # layouts of the counts in `tried` that no engine answers here: the answer is among the
+    # answered layouts only (a count below it, or any where none is found, may fit by one of these)
 
 
 @dataclass(frozen=True)
@@ -274,6 +280,10 @@ class _Search:
         self._checked = False
         self.flops_check = flops_check
         self._model_parallel: dict[int, str | None] = {}
+        self._engines: dict[int, str] = {}
+        # a class's pipeline stages replayed from its derived step, refused at a microbatch size (the derivation
+        # declined, an encoder-decoder): the same for every pipeline of that size, so asked once
+        self._stages_refused: dict[int, str] = {}
         self._stage_bytes: dict[tuple[int, int, int, int], list] = {}
         self._stage_states: dict[tuple, tuple[Any, int, int]] = {}
         self._per_layers: dict[tuple[int, int, bool, int], int | None] = {}
@@ -352,7 +362,7 @@ class _Search:
 
         options = self.options
         if layout.tp > 1 or layout.cp > 1 or layout.pp > 1:
-            why = self.model_parallel(replica)
+            why = self.not_answered(layout, replica)
             if self.needs_build:
                 return None
             if why:
@@ -373,6 +383,8 @@ class _Search:
             device = device_flops(estimate, parts, self.report, self.view, layout,
                                   checkpointing=self.checkpointing, causal_model=self.causal)
         except ParamscopeError as err:
+            if layout.pp > 1 and self.model_parallel(replica):
+                self._stages_refused[replica // layout.micro_batches] = _words(err)
             return Skipped(layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, _words(err))
         idle = bubble(layout)
         seconds = device.hardware / self.peak / (1 - idle)
@@ -380,33 +392,70 @@ class _Search:
         return Candidate(layout, replica, memory.peak, memory.peak_phase, memory.peak <= self.capacity,
                          self.capacity - memory.peak, device.hardware, device.step, idle, seconds, comm, stage)
 
-    def model_parallel(self, replica: int) -> str | None:
-        """Why tensor, context and pipeline layouts are not answered at this replica batch, or None: the per-device
-        engine lays out the analytic recipe's activations only (estimate.py), so the one-device step must be the
-        analytic engine's (a derived or traced step is not split per device)."""
-        if replica not in self._model_parallel:
+    def engine(self, replica: int) -> str | None:
+        """The engine that answers one device's step at `replica` × seq ("analytic", "derived", "traced"); None
+        where that needs the built module (needs_build is set)."""
+        if replica not in self._engines:
             from ..memory.training import TrainingOptions, step_estimate
-            from .activations import local_recipe
 
             options = self.options
+            one = step_estimate(self.report, self.view, TrainingOptions(
+                batch=replica, seq=self.seq, optimizer=options.optimizer, precision=options.precision,
+                grad_checkpointing=options.grad_checkpointing, attention=options.attention,
+                reserve=options.reserve, fits=False), live=False)
+            if one is None:
+                self.needs_build = True
+                return None
+            self._engines[replica] = one.engine
+        return self._engines[replica]
+
+    def model_parallel(self, replica: int) -> str | None:
+        """Why tensor, context and pipeline layouts have no analytic per-device answer at this replica batch, or
+        None: the per-device engine lays out the analytic recipe's activations (estimate.py), so the one-device step
+        must be the analytic engine's. Where it is the derived engine's, not_answered says which layouts the
+        derived stages answer all the same."""
+        if replica not in self._model_parallel:
+            from .activations import local_recipe
+
             why = None
             if local_recipe(self.text, self.view.class_name) is None:
                 why = (f"tensor, context and pipeline parallelism need each device's activations, which paramscope "
                        f"lays out from the analytic recipe of the Llama-style family; {self.view.class_name} has "
                        f"none")
             else:
-                one = step_estimate(self.report, self.view, TrainingOptions(
-                    batch=replica, seq=self.seq, optimizer=options.optimizer, precision=options.precision,
-                    grad_checkpointing=options.grad_checkpointing, attention=options.attention,
-                    reserve=options.reserve, fits=False), live=False)
-                if one is None:
-                    self.needs_build = True
-                elif one.engine != "analytic":
+                engine = self.engine(replica)
+                if engine is None:
+                    return None
+                if engine != "analytic":
                     why = (f"tensor, context and pipeline parallelism need each device's activations from the "
                            f"analytic recipe; {self.view.class_name}'s step at {replica:,} × {self.seq:,} is "
-                           f"answered by the {one.engine} engine (its notes say why), which is not split per device")
+                           f"answered by the {engine} engine (its notes say why), which is not split per device")
             self._model_parallel[replica] = why
         return self._model_parallel[replica]
+
+    def not_answered(self, layout: ParallelLayout, replica: int) -> str | None:
+        """Why a tensor, context or pipeline layout is not answered, or None where it is: analytically (the
+        Llama-style family), or, without the analytic per-device recipe, data parallelism × a pipeline, each stage
+        replayed from the one-device step derived from traces (estimate.py's _derived_pipeline_device, as memory
+        --dp D --pp P answers: the recipe derived once and cached, each stage's replay arithmetic)."""
+        why = self.model_parallel(replica)
+        if why is None or self.needs_build:
+            return why
+        cls = self.view.class_name
+        if layout.tp > 1:
+            return (f"tensor parallelism for {cls}, without the analytic per-device recipe, needs one rank's step "
+                    f"derived from traces at each tp degree (DTensor on torch's fake process group, from the "
+                    f"build): the search derives none per layout (memory --tp T derives one)")
+        if layout.cp > 1:
+            return (f"context parallelism for {cls}, without the analytic per-device recipe, is not modelled: the "
+                    f"derived step is one device's, with no S / cp share of the sequence nor ring attention's "
+                    f"buffers")
+        if layout.ep > 1:
+            return (f"a pipeline with expert parallelism for {cls}, without the analytic per-device recipe, is not "
+                    f"modelled: its stages are replayed from the one-device derived step, which holds no expert "
+                    f"shard")
+        micro = replica // layout.micro_batches
+        return self._stages_refused.get(micro)
 
     def bound(self, layout: ParallelLayout, replica: int) -> int:
         """A lower bound on the layout's peak per device, cheap beside the evaluation: two of the terms the
@@ -416,7 +465,8 @@ class _Search:
         of the forward holds the states but the gradients, and every layer's saved activations; the optimizer step
         holds all the states. The rest of those moments (the embedding output, 16-bit weight copies, FSDP2's gathered
         units, the arriving gradient, the logits) only adds, so a layout whose bound exceeds the GPU does not fit.
-        0 (no bound) where tensor, context or pipeline parallelism is not answered analytically."""
+        The model states alone where the class has no analytic recipe or its step is another engine's (a derived
+        step's activations need not reach the recipe's)."""
         from ..memory.states import check_optimizer, check_precision
         from .states import device_states
 
@@ -441,7 +491,9 @@ class _Search:
         dev, layers, in_flight = self._stage_states[key]
         micro = replica // layout.micro_batches if layout.pp > 1 and layout.micro_batches else replica
         per_layer = self._per_layer(layout.tp, layout.cp, layout.sp, micro)
-        if per_layer is None:
+        if per_layer is None or self.model_parallel(replica):
+            # the step is not the analytic recipe's (derived or traced), whose activations need not exceed the
+            # recipe's: the model states alone, which the optimizer step holds
             return dev.bytes
         kept = in_flight * layers * per_layer
         return max(dev.bytes, dev.bytes + kept if layout.pp > 1 else dev.bytes - dev.gradients + kept)
@@ -706,24 +758,30 @@ def search(report: Any, view: Any, options: SearchOptions, flops_check: Any = No
     skipped: list[Skipped] = []
     layouts, refused = state.layouts(options.devices)
     skipped.extend(refused)
+    unanswered = 0
     for layout, replica in layouts:
         result = state.evaluate(layout, replica, until_fit=True)
         if result is None:
             return None
         (candidates if isinstance(result, Candidate) else skipped).append(result)
+        unanswered += isinstance(result, Skipped)
     fitting, not_fitting = _sorted(candidates)
     states = model_states(report.params, precision=check_precision(options.precision),
                           optimizer=check_optimizer(options.optimizer),
                           trainable=frozenset(p.name for p in report.params))
-    minimum = _minimum(state, options, states.bytes, fitting, len(layouts))
+    minimum = _minimum(state, options, states.bytes, fitting, len(layouts) - unanswered, unanswered)
     if minimum is None:
         return None
     if state.no_pp:
         notes.append(f"no pipeline layouts: {state.no_pp}")
     if any(state._model_parallel.values()):
+        derived = any(c.layout.pp > 1 for c in candidates)
         notes.append("tensor, context and pipeline parallelism have analytic per-device memory for the Llama-style "
                      "family (Llama, Mistral, Qwen2, Gemma, Gemma-2, Phi-3, Mixtral, Qwen2-MoE); for this class the "
-                     "search keeps the data-parallel layouts and names the rest as skipped")
+                     "search keeps the data-parallel layouts" + (
+                         " and the pipelines over them, each stage replayed from the derived one-device step's "
+                         "segments (as memory --dp D --pp P answers)" if derived else "")
+                     + " and names the rest as not answered")
     return LayoutSearch(state.accelerator.name, state.accelerator.memory, options.reserve, state.peak,
                         state.peak_dtype, options.devices, options.total_batch, seq, options.precision,
                         options.optimizer, options.grad_checkpointing, state.shard,
@@ -733,7 +791,7 @@ def search(report: Any, view: Any, options: SearchOptions, flops_check: Any = No
 
 
 def _minimum(state: _Search, options: SearchOptions, states_bytes: int, fitting: tuple[Candidate, ...],
-             at_n: int) -> Minimum | None:
+             at_n: int, unanswered_at_n: int = 0) -> Minimum | None:
     """The fewest devices whose layouts (at the same global batch) fit, every count from 1 up to `limit`.
 
     A count whose model states alone, spread evenly over all its devices, exceed the GPU is passed over without a
@@ -753,14 +811,16 @@ def _minimum(state: _Search, options: SearchOptions, states_bytes: int, fitting:
     def look(count: int, bounded: bool) -> bool | None:
         """Try one count; False where the second pass's budget ran out inside it, None where the build is needed."""
         if count == options.devices:
+            aside = f" ({unanswered_at_n:,} not answered)" if unanswered_at_n else ""
             if fitting:
-                tried[count] = DeviceCount(count, "fits", at_n, f"{len(fitting)} of its layouts fit")
+                tried[count] = DeviceCount(count, "fits", at_n, f"{len(fitting)} of its layouts fit", unanswered_at_n)
                 found[count] = fitting[0]
             else:
-                tried[count] = DeviceCount(count, "none fits", at_n, f"none of its {at_n} layouts fits")
+                tried[count] = DeviceCount(count, "none fits", at_n, f"none of its {at_n} answered layouts "
+                                                                     f"fits{aside}", unanswered_at_n)
             return True
         layouts, _ = state.layouts(count)
-        done = 0
+        done = skipped = 0
         ranked = [(state.bound(layout, replica), i, layout, replica)
                   for i, (layout, replica) in enumerate(_likely_first(layouts))]
         hopeless = sum(1 for b, *_ in ranked if b > state.capacity)
@@ -770,18 +830,22 @@ def _minimum(state: _Search, options: SearchOptions, states_bytes: int, fitting:
                 if spent[0] >= MIN_BUDGET:
                     return False
                 spent[0] += 1
-            done += 1
             result = state.evaluate(layout, replica, until_fit=True)
             if result is None:
                 return None
-            if isinstance(result, Candidate) and result.fits:
-                tried[count] = DeviceCount(count, "fits", done, f"{result.layout.words()} fits")
+            if isinstance(result, Skipped):
+                skipped += 1
+                continue
+            done += 1
+            if result.fits:
+                tried[count] = DeviceCount(count, "fits", done, f"{result.layout.words()} fits", skipped)
                 found[count] = result
                 return True
+        aside = ", ".join(part for part in (f"{hopeless} passed over on their bound" if hopeless else "",
+                                            f"{skipped} not answered" if skipped else "") if part)
         tried[count] = DeviceCount(count, "none fits" if layouts else "no layout", done,
-                                   f"none of its {len(layouts)} layouts fits" + (
-                                       f" ({hopeless} passed over on their bound)" if hopeless else "")
-                                   if layouts else "no layout divides the global batch")
+                                   f"none of its {len(layouts)} layouts fits" + (f" ({aside})" if aside else "")
+                                   if layouts else "no layout divides the global batch", skipped)
         return True
 
     probes = sorted({1 << k for k in range(limit.bit_length()) if floor <= 1 << k <= limit}
@@ -807,9 +871,10 @@ def _minimum(state: _Search, options: SearchOptions, states_bytes: int, fitting:
         if count in found:
             break
     devices = min(found) if found else None
-    return Minimum(devices, found.get(devices) if devices is not None else None, limit,
-                   tuple(tried[c] for c in sorted(tried) if devices is None or c <= devices), min(floor, limit + 1),
-                   untried, MIN_BUDGET, state.bounded)
+    listed = tuple(tried[c] for c in sorted(tried) if devices is None or c <= devices)
+    return Minimum(devices, found.get(devices) if devices is not None else None, limit, listed,
+                   min(floor, limit + 1), untried, MIN_BUDGET, state.bounded,
+                   sum(t.unanswered for t in listed if t.devices != devices))
 
 
 def _likely_first(layouts: list[tuple[ParallelLayout, int]]) -> list[tuple[ParallelLayout, int]]:
