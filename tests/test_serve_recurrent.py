@@ -9,6 +9,8 @@ import dataclasses
 
 import pytest
 
+from test_serve_hybrids import CASES as HYBRID_CASES, IDS as HYBRID_IDS
+
 
 # tiny cuts, two or three layers; the Mamba-2 mixers: H 8 heads of P 16, state N 4, G 2 groups, conv over
 # 8·16 + 2·2·4 = 144 channels, kernel K 3, chunks of Q 8
@@ -58,19 +60,23 @@ _IDS = ["mamba2", "bamba", "nemotron-h", "lfm2", "qwen3-next"]
 
 
 def _meta_build(config: dict):
+    """The checkpoint's own class (its `architectures`: a vision composite for Qwen3.5) on meta."""
     import torch
     import transformers
 
     made = transformers.AutoConfig.for_model(**config)
     with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(made)
+        return getattr(transformers, config["architectures"][0])(made)
 
 
-@pytest.mark.parametrize("config, batch, seq, counts, per_sequence", _CASES, ids=_IDS)
+@pytest.mark.parametrize("config, batch, seq, counts, per_sequence", _CASES + HYBRID_CASES,
+                         ids=_IDS + HYBRID_IDS)
 def test_decode_flops_equal_flopcountermode(config, batch, seq, counts, per_sequence):
     """generate()'s prefill and two cached decode steps of the tiny real class, FlopCounterMode's count against
-    the analytic one (flops/generation.py with recurrent_decode.py's mixers)."""
+    the analytic one (flops/generation.py with recurrent_decode.py's mixers); the later hybrids' cases are
+    test_serve_hybrids.py's."""
     from paramscope.api import inspect_module
+    from paramscope.cost.dims import text_config
     from paramscope.cost.flops.generation import analytic_generation
     from paramscope.cost.flops.recurrent_decode import recurrent_flops
     from paramscope.cost.model_view import from_module
@@ -82,7 +88,7 @@ def test_decode_flops_equal_flopcountermode(config, batch, seq, counts, per_sequ
     analytic = analytic_generation(view, inspect_module(module).params, batch=batch, seq=seq, new_tokens=3)
     assert (traced.prefill, *traced.steps) == (analytic.prefill, analytic.first_step, analytic.last_step) == counts
     assert counts[2] - counts[1] == (0 if config is _MAMBA2 else batch * _PER_KEY)  # one more key, attention only
-    assert recurrent_flops(view, module.config).step(batch) == per_sequence * batch
+    assert recurrent_flops(view, text_config(module.config)).step(batch) == per_sequence * batch
 
 
 def _real_cache(config: dict, batch: int, seq: int) -> tuple[int, int]:
