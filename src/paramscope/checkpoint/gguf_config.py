@@ -111,22 +111,6 @@ OWN_MAPPINGS: dict[str, dict[str, str]] = {
                    "attention.key_length": "head_dim", "attention.layer_norm_rms_epsilon": "layer_norm_epsilon",
                    "vocab_size": "vocab_size", "ssm.conv_kernel": "conv_kernel", "ssm.state_size": "ssm_state_size",
                    "ssm.group_count": "n_groups", "ssm.time_step_rank": "mamba_num_heads"},
-    # NemotronHModel.set_gguf_parameters with is_moe (Nemotron-3 Nano 30B-A3B, Super): the dense keys, the expert
-    # width per layer as feed_forward_length (0 off an MoE layer), the experts' keys and moe_latent_size; layer kinds
-    # and the SSM head width derived as for nemotron_h (_nemotron_h_fields)
-    "nemotron_h_moe": {"context_length": "max_position_embeddings", "embedding_length": "hidden_size",
-                       "block_count": "num_hidden_layers", "feed_forward_length": "intermediate_size",
-                       "attention.head_count": "num_attention_heads",
-                       "attention.head_count_kv": "num_key_value_heads", "attention.key_length": "head_dim",
-                       "attention.layer_norm_rms_epsilon": "layer_norm_epsilon", "vocab_size": "vocab_size",
-                       "ssm.conv_kernel": "conv_kernel", "ssm.state_size": "ssm_state_size",
-                       "ssm.group_count": "n_groups", "ssm.time_step_rank": "mamba_num_heads",
-                       "expert_count": "n_routed_experts", "expert_used_count": "num_experts_per_tok",
-                       "expert_feed_forward_length": "moe_intermediate_size",
-                       "expert_shared_feed_forward_length": "moe_shared_expert_intermediate_size",
-                       "expert_shared_count": "n_shared_experts", "expert_weights_norm": "norm_topk_prob",
-                       "expert_weights_scale": "routed_scaling_factor", "expert_group_count": "n_group",
-                       "moe_latent_size": "moe_latent_size"},
     # FalconH1Model.set_gguf_parameters (Mamba2Model's keys, the attention's heads and head width, the FFN width):
     # every layer runs attention and Mamba-2 side by side; the SSM head width derived, the multipliers 1
     # (_falcon_h1_fields)
@@ -139,6 +123,16 @@ OWN_MAPPINGS: dict[str, dict[str, str]] = {
                   "ssm.group_count": "mamba_n_groups", "ssm.inner_size": "mamba_d_ssm",
                   "ssm.time_step_rank": "mamba_n_heads"},
 }
+# NemotronHModel.set_gguf_parameters with is_moe (Nemotron-3 Nano 30B-A3B, Super): the dense keys, the expert width per
+# layer as feed_forward_length (0 off an MoE layer), the experts' keys and moe_latent_size; layer kinds and the SSM
+# head width derived as for nemotron_h (_nemotron_h_fields)
+OWN_MAPPINGS["nemotron_h_moe"] = {
+    **OWN_MAPPINGS["nemotron_h"], "expert_count": "n_routed_experts", "expert_used_count": "num_experts_per_tok",
+    "expert_feed_forward_length": "moe_intermediate_size",
+    "expert_shared_feed_forward_length": "moe_shared_expert_intermediate_size",
+    "expert_shared_count": "n_shared_experts", "expert_weights_norm": "norm_topk_prob",
+    "expert_weights_scale": "routed_scaling_factor", "expert_group_count": "n_group",
+    "moe_latent_size": "moe_latent_size"}
 # The largest figures a config built here may carry: past them the header is no model (a hostile file).
 MAX_LAYERS = 4096
 MAX_WIDTH = 1 << 20
