@@ -78,8 +78,6 @@ def test_each_stage_replayed_from_the_recipe_equals_memtracker_on_the_stage(name
 @pytest.mark.parametrize("argv, message", [
     (["t5-small", "--pp", "2"], "pipeline parallelism over T5ForConditionalGeneration is refused: an "
                                 "encoder-decoder has two layer stacks"),
-    (["gpt2", "--pp", "2", "--tp", "2"], "pipeline parallelism with tensor, context or expert parallelism for "
-                                         "GPT2LMHeadModel is not modelled"),
 ])
 def test_what_a_derived_class_s_stages_do_not_cover_is_refused_in_one_line(argv, message, capsys):
     from paramscope.cli import main

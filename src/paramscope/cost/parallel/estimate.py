@@ -316,11 +316,14 @@ def _traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
 
     layout = ctx.layout
     why = None
-    if ctx.view.module is not None and layout.pp > 1 and device.stages and \
+    if ctx.view.module is not None and layout.pp > 1 and layout.tp == 1 and device.stages and \
             all(s.replayed is not None for s in device.stages):
         return _traced_stages(ctx, device)
     if ctx.view.module is None:
         why = "the model was not built"
+    elif layout.pp > 1 and layout.tp > 1 and device.stages and all(s.replayed is not None for s in device.stages):
+        why = ("the stage runner (traced/pipeline_stage.py) does not apply tensor parallelism: each tp x pp stage is "
+               "replayed from the tp rank's derived recipe, not traced")
     elif layout.pp > 1 or layout.cp > 1:
         why = "pipeline and context parallelism have no traced engine here (their figures are checked against " \
               "torch's schedules in tests)"
@@ -648,12 +651,12 @@ def _whole_embedding_gradient(ctx: StepContext, placements: tuple[Placement, ...
     return None
 
 
-def _sequence_parallel_norm_gradients(ctx: StepContext) -> int:
+def _sequence_parallel_norm_gradients(ctx: StepContext, params: Any = None) -> int:
     """Bytes the optimizer step makes of the sequence-parallel norms' gradients: torch's SequenceParallel leaves each
     residual-stream norm's weight gradient Partial over the tp ranks (each rank's from its own tokens), and the
     step's all-reduce to the Replicate weight makes a new tensor of each (the layers' norms and the final norm, their
     weights and any biases; read off traces of one rank: 13 norms × h × 4 B on a 6-layer Llama or Mixtral). 0 without sequence parallel or
-    under FSDP2, which reduces the gradients itself."""
+    under FSDP2, which reduces the gradients itself. `params`: a pipeline stage's (default: the model's)."""
     from ..dtypes import itemsize
     from ..memory.states import trained_dtype
 
@@ -662,7 +665,7 @@ def _sequence_parallel_norm_gradients(ctx: StepContext) -> int:
         return 0
     hidden = _hidden(ctx)
     return sum(p.numel * itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
-               for p in ctx.report.params
+               for p in (ctx.report.params if params is None else params)
                if (p.role == "norm.final" or p.role.endswith("norm") and LAYER_PREFIX.match(p.name))
                and tuple(p.shape) == (hidden,) and p.name in ctx.trainable)
 
@@ -677,7 +680,7 @@ def _with_norm_gradients(phase: PhaseFigure, extra: int) -> PhaseFigure:
 
 def _with_whole_gradient(phase: PhaseFigure, whole: tuple[int, int]) -> PhaseFigure:
     full, local = whole
-    if phase.where == "end of backward":
+    if phase.where in ("end of backward", "later backward"):  # a pipeline's later backward: every gradient held
         extra, words = full - local, f"the embedding's gradient whole on every rank (torch's DTensor), + {full - local:,}"
     elif phase.where == "optimizer step":
         extra, words = full, (f"the embedding's gradient whole on every rank (torch's DTensor), + {full - local:,}, "
@@ -851,10 +854,16 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
 
     layout = ctx.layout
     cls = ctx.view.class_name
-    if layout.tp > 1 or layout.cp > 1 or layout.ep > 1:
-        raise UnsupportedError("pipeline parallelism with tensor, context or expert parallelism for {cls} is not "
-                               "modelled: its stages are replayed from the one-device derived step, which holds no "
-                               "shard (pipeline with data parallelism is)", cls=cls)
+    if layout.cp > 1:
+        raise UnsupportedError("pipeline parallelism with context parallelism for {cls} is not modelled: its stages "
+                               "are replayed from a derived step, and none is derived with the sequence cut over "
+                               "ranks (ring attention's chunks); pipeline with data and tensor parallelism is",
+                               cls=cls)
+    if layout.ep > 1:
+        raise UnsupportedError("pipeline parallelism with expert parallelism for {cls} is not modelled: its stages "
+                               "are replayed from a derived step, and none is derived with the experts cut over "
+                               "ranks beside a pipeline (the dispatch's buffers); pipeline with data and tensor "
+                               "parallelism is", cls=cls)
     if getattr(ctx.view.config, "is_encoder_decoder", False):
         raise UnsupportedError("pipeline parallelism over {cls} is refused: an encoder-decoder has two layer stacks "
                                "and the decoder's cross-attention reads the encoder's output on every decoder stage, "
@@ -865,7 +874,10 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
     micro = ctx.batch // layout.micro_batches
     settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
                             grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
-                            frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own)
+                            frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own,
+                            # tensor parallel: the rank's recipe, derived with the layout applied on torch's fake
+                            # process group (same segments: prefix, each layer's forward, head, each layer's backward)
+                            layout=(1, "none", layout.tp, layout.sp) if layout.tp > 1 else None)
     try:
         step = DerivedStep.first(ctx.view.module, cls, ctx.view.config, settings, batch=micro, seq=ctx.seq,
                                  limit=ctx.limit, live=ctx.live, structure=ctx.structure)
@@ -883,6 +895,11 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
     residual_size = 2 if ctx.precision == "bf16-pure" else 4
     hidden = _hidden(ctx)
     step_bytes, step_text = ctx.step
+    # the hidden state a rank sends and receives: under sequence parallel its sequence shard (torch's
+    # SequenceParallel leaves the residual stream Shard(1) between layers), else whole on every tp rank
+    shard = layout.tp if layout.sp else 1
+    s_words = f"B·(S / {shard})·h" if shard > 1 else "B·S·h"
+    whole = _whole_embedding_gradient(ctx, placements)
 
     def recipe_at(batch: int, length: int) -> Any:
         for recipe in step.recipes:
@@ -910,7 +927,7 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
         recipe = recipe_at(batch, length)
         if recipe is None:
             return (PhaseFigure("backward", 1 << 62, "", ""),), None, ""
-        residual = batch * length * hidden * residual_size
+        residual = batch * (length // shard) * hidden * residual_size
         # a later backward (more than one microbatch): every gradient already held; as many microbatches in flight
         # as at the first where another forward comes before it (1F1B, interleaved), one fewer where every forward
         # came first (GPipe) or the stage's last microbatches drain
@@ -933,7 +950,7 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
                         figures.forward_peak),
             PhaseFigure("backward", resident + figures.backward_peak, "first backward",
                         f"{held_words} = {figures.held:,} + one microbatch's backward through the stage"
-                        + (f" from the received output gradient B·S·h × {residual_size} B = "
+                        + (f" from the received output gradient {s_words} × {residual_size} B = "
                            f"{figures.output_gradient:,}" if figures.output_gradient else " from the loss")
                         + f", its gradients made as it goes: {figures.backward_peak:,} (derived)",
                         figures.gradients_at_backward_peak, figures.backward_peak - figures.gradients_at_backward_peak)]
@@ -946,7 +963,10 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
                 "otherwise, within 40 KB on a GPT-2 cut)", dev.gradients, figures.later_peak))
         phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
                                   f"gradients {dev.gradients:,}; {step_text}", dev.gradients))
-        return tuple(_with_buffers(p, comm) for p in phases), figures, recipe.regime
+        if stage.first and whole is not None:  # the stage holding the vocabulary-parallel embedding
+            phases = [_with_whole_gradient(p, whole) for p in phases]
+        norms = _sequence_parallel_norm_gradients(ctx, stage_params(stage))
+        return tuple(_with_buffers(_with_norm_gradients(p, norms), comm) for p in phases), figures, recipe.regime
 
     rows_in: list[tuple[Stage, DeviceStates, tuple[PhaseFigure, ...], Any, list[Buffer]]] = []
     regime = ""
@@ -964,16 +984,16 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
         rows_in.append((stage, dev, figures, replayed, comm))
     stage, dev, figures, replayed, comm = max(rows_in, key=lambda item: max(p.bytes for p in item[2]))
     held = replayed.held if replayed is not None else 0
-    residual = micro * ctx.seq * hidden * residual_size
+    residual = micro * (ctx.seq // shard) * hidden * residual_size
     p2p = [Buffer("pipeline's received hidden state", residual if not stage.first else 0,
-                  f"B·S·h × {residual_size} B = {residual:,} a microbatch, from the previous stage (counted with each "
-                  "microbatch in flight)", ("forward", "backward")),
+                  f"{s_words} × {residual_size} B = {residual:,} a microbatch, from the previous stage (counted with "
+                  "each microbatch in flight)", ("forward", "backward")),
            Buffer("pipeline's received output gradient", residual if not stage.last else 0,
-                  f"B·S·h × {residual_size} B = {residual:,}, from the next stage, held through the microbatch's "
+                  f"{s_words} × {residual_size} B = {residual:,}, from the next stage, held through the microbatch's "
                   "backward (counted in it)", ("backward",)),
            Buffer("pipeline's input gradient to send", residual if not stage.first else 0,
-                  f"B·S·h × {residual_size} B = {residual:,}, made by the backward for the previous stage (counted "
-                  "in it)", ("backward",))]
+                  f"{s_words} × {residual_size} B = {residual:,}, made by the backward for the previous stage "
+                  "(counted in it)", ("backward",))]
     rows = []
     for s, d, f, r, _ in rows_in:
         top = max(f, key=lambda p: p.bytes)
@@ -983,11 +1003,17 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
     tied_words = " and a copy of the tied embedding for the head (Megatron's rule)" if tied_name else ""
     words = (f"{split_words(layout, count)}; the embeddings on stage 0, the final norm and head on stage "
              f"{layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
-    notes = (f"pipeline: each stage's activations replayed from {cls}'s derived one-device step ({regime}), segment "
+    source = (f"tensor-parallel rank's derived step (tp {layout.tp}{' with sequence parallel' if layout.sp else ''}"
+              f", traced on torch's fake process group; {regime})" if layout.tp > 1 else
+              f"derived one-device step ({regime})")
+    check = ("replayed, not traced: no stage is traced under tensor parallelism; at pp 1 the replay is the tp rank's "
+             "derived answer to the byte, and without tp each replayed stage equals MemTracker on the real class cut "
+             "to it: tests/test_pipeline_stages.py" if layout.tp > 1 else
+             "equal to MemTracker on the real class cut to each stage: tests/test_pipeline_stages.py")
+    notes = (f"pipeline: each stage's activations replayed from {cls}'s {source}, segment "
              "by segment for its layers: the prefix (embeddings, position tables) on the first stage, the final norm, "
              "head and loss on the last, the received hidden state on the others; k microbatches in flight keep k "
-             "times what one forward keeps, and the peak adds one microbatch's backward through the stage (equal to "
-             "MemTracker on the real class cut to each stage: tests/test_pipeline_stages.py)",
+             f"times what one forward keeps, and the peak adds one microbatch's backward through the stage ({check})",
              "pipeline convention: each microbatch's forward runs under its own autocast, so its 16-bit weight "
              "copies are held with it (as one device's step); later stages take the position tables with their "
              "input (torchtitan's stages hold them as buffers), not counted there",

@@ -1,0 +1,87 @@
+"""Pipeline with tensor parallelism on a class whose step is derived from traces (Mixtral): each stage replayed
+(cost/parallel/stage_recipe.py) from the tensor-parallel rank's derived recipe, the one traced with the tp layout on
+torch's fake process group, whose segments (prefix, each layer's forward, head, each layer's backward) are the
+one-device recipe's. The stage runner (traced/pipeline_stage.py) applies no tensor parallelism, so the tp x pp stages
+are replayed, not traced; what holds them: at pp 1 the replay is the tp answer to the byte, each stage's figures are
+the rank's recipe's segments for its layers (not the one-device recipe's), the stages' model states add up to the tp
+rank's, and under sequence parallel the point-to-point buffers are the sequence shard."""
+
+from __future__ import annotations
+
+import pytest
+
+from paramscope.cost.parallel.layout import ParallelLayout
+
+MICRO, SEQ, HIDDEN, TP = 2, 32, 64, 2
+
+
+def _mixtral():
+    import transformers as T
+
+    return T.MixtralConfig(hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                           intermediate_size=128, vocab_size=256, num_hidden_layers=5, num_local_experts=4,
+                           num_experts_per_tok=2, architectures=["MixtralForCausalLM"])
+
+
+def _recipes(cache):
+    from paramscope.cost.derived.store import FORMAT, find_recipe
+
+    found = {}
+    for path in (cache / f"derived-v{FORMAT}").rglob("*.json"):
+        recipe = find_recipe("MixtralForCausalLM", path.stem)
+        if recipe is not None:
+            found[recipe.seq_unit] = recipe  # sequence parallel: the rank's sizes in S / tp
+    return found
+
+
+def test_tp_pp_stages_replay_the_tensor_parallel_rank_s_recipe(cache):
+    from paramscope.cost.memory.training import TrainingOptions, training_answer
+    from paramscope.cost.parallel.stage_recipe import stage_activations
+
+    config = _mixtral()
+    layout = ParallelLayout(tp=TP, sp=True, pp=3, micro_batches=3, schedule="1f1b")
+    _, estimate, _ = training_answer(config, TrainingOptions(
+        batch=3 * MICRO, seq=SEQ, precision="bf16-mixed", layout=layout, fits=False), use_cache=False)
+    device = estimate.training.device
+    rows = device.stages
+    assert [(r.layers, r.in_flight) for r in rows] == [((0, 1), 3), ((2, 3), 2), ((4, 4), 1)]
+    _, flat, _ = training_answer(config, TrainingOptions(
+        batch=MICRO, seq=SEQ, precision="bf16-mixed", layout=ParallelLayout(tp=TP, sp=True), fits=False),
+        use_cache=False)
+    one = flat.training.device  # the tp rank at pp 1: derived (traced on the fake process group)
+    recipes = _recipes(cache)
+    rank, single = recipes[TP], recipes[1]  # the tp rank's recipe and the one-device one
+    assert len(rank.layer_types) == len(single.layer_types) == 5
+
+    # pp 1: the whole model as one stage, one microbatch, replayed from the rank's recipe = the tp answer's moments
+    whole = stage_activations(rank, MICRO, SEQ, 0, 5, 1, 0)
+    resident = one.weights + one.optimizer + one.master_weights + one.buffers
+    moments = {p.phase: p.bytes for p in one.phases if p.phase != "optimizer step"}
+    assert (whole.per_microbatch, resident + whole.forward_peak, resident + whole.backward_peak) == (
+        one.activations, moments["forward"], moments["backward"])
+
+    residual = MICRO * (SEQ // TP) * HIDDEN * 4  # the sequence shard of the fp32 hidden state under bf16-mixed
+    for row in rows:
+        a, b = row.layers
+        later = row.in_flight - (row.rank == 0)
+        assert row.replayed == stage_activations(rank, MICRO, SEQ, a, b + 1, row.in_flight, residual, later)
+        assert row.replayed != stage_activations(single, MICRO, SEQ, a, b + 1, row.in_flight, residual, later)
+        assert row.replayed.received == (0 if row.first else residual)
+        assert row.replayed.output_gradient == (0 if row.last else residual)
+    # the stages' model states: the tp rank's shards, cut by layer (no tied head here: no copy)
+    assert sum(r.weights for r in rows) == one.weights and sum(r.gradients for r in rows) == one.gradients
+    assert sum(r.optimizer for r in rows) == one.optimizer
+    assert device.peak == max(r.peak for r in rows)
+    assert any("tensor-parallel rank's derived step" in n and "replayed, not traced" in n for n in estimate.notes)
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--cp", "pipeline parallelism with context parallelism for GPT2LMHeadModel is not modelled"),
+    ("--ep", "pipeline parallelism with expert parallelism for GPT2LMHeadModel is not modelled"),
+])
+def test_pp_with_cp_or_ep_on_a_derived_class_is_refused_in_one_line(flag, message, capsys):
+    from paramscope.cli import main
+
+    assert main(["memory", "gpt2", "--training", "--pp", "2", flag, "2", "--dp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
