@@ -17,6 +17,8 @@ Each microbatch's forward runs under its own autocast (as one device's step does
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,27 +49,28 @@ class _Stop(Exception):
 
 
 def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: int, in_flight: int,
-                later: int = 0) -> StageTrace:
+                later: int = 0, parallel: Any = None) -> StageTrace:
     """Trace the stage holding layers [start, stop) of `module`'s stack at `layer_path` with `in_flight`
     microbatches of `settings.batch` × `settings.seq` (step.StepSettings) kept before its first backward; `later`
     (> 0): then the next backward, with the gradients the first made, `later` microbatches held: one more
-    microbatch's forward first where that is `in_flight` (1F1B's steady state), none where one fewer (the drain)."""
+    microbatch's forward first where that is `in_flight` (1F1B's steady state), none where one fewer (the drain).
+    `parallel` (traced/parallel.Layout): the copy sharded so on torch's fake process group first (tensor parallel:
+    the stage's received hidden state and output gradient the rank's, the sequence shard under sequence parallel)."""
     import torch
     from torch.utils._pytree import tree_leaves
 
-    from .step import (assumed_values, autocast_for, by_category, fake_mode, make_tracker, restart_peak, running,
-                       training_copy, training_inputs)
+    from .step import autocast_for, by_category, make_tracker, restart_peak, running, training_inputs
     from .tracker_hooks import gradients_not_held
 
-    with fake_mode(True) as mode, assumed_values(True):
-        model = training_copy(module, mode, settings)
+    with _working_copy(module, settings, parallel) as model:
         layers = model.get_submodule(layer_path)
         count = len(layers)
         first, last = start == 0, stop == count
         inputs = training_inputs(model, settings)
         labels = inputs.pop("labels", None)
         embedding = model.get_input_embeddings().weight
-        hidden = (settings.batch, settings.seq, embedding.shape[1])
+        shard = parallel.tp if parallel is not None and parallel.sp else 1
+        hidden = (settings.batch, settings.seq // shard, embedding.shape[1])
         autocast = autocast_for(settings.precision)
         with running(model):
             layer_args = None if first else _layer_arguments(model, layers, inputs, autocast)
@@ -143,6 +146,21 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
                     later_peak = _total(by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
             gradients = sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
     return StageTrace(start, stop, in_flight, held, forward_peak, peak, gradients, later_peak, after_backward)
+
+
+@contextmanager
+def _working_copy(module: Any, settings: Any, parallel: Any) -> Iterator[Any]:
+    """The fake working copy: one device's, or under `parallel` one rank's on torch's fake process group."""
+    from .step import assumed_values, fake_mode, training_copy
+
+    if parallel is None:
+        with fake_mode(True) as mode, assumed_values(True):
+            yield training_copy(module, mode, settings)
+        return
+    from .parallel import parallel_copy
+
+    with parallel_copy(module, settings, parallel) as (model, _, _):
+        yield model
 
 
 def _total(categories: dict[str, int]) -> int:
