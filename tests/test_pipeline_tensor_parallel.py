@@ -6,7 +6,7 @@ the tp layout applied on the fake process group (traced/pipeline_stage.py, as --
 answer to the byte; each stage's figures are the rank's recipe's segments for its layers (not the one-device
 recipe's); the stages' model states add up to the tp rank's; under sequence parallel the point-to-point buffers are
 the sequence shard. A later backward (1F1B's steady state) is traced above the replay under tp (DTensor's gradient
-accumulation), which the answer says."""
+handling), which the answer says."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def test_tp_pp_stages_replay_the_tensor_parallel_rank_s_recipe(cache):
     assert sum(r.weights for r in rows) == one.weights and sum(r.gradients for r in rows) == one.gradients
     assert sum(r.optimizer for r in rows) == one.optimizer
     assert device.peak == max(r.peak for r in rows)
-    assert any("tensor-parallel rank's derived step" in n and "DTensor's gradient accumulation" in n
+    assert any("tensor-parallel rank's derived step" in n and "DTensor's gradient handling" in n
                for n in estimate.notes)
 
 

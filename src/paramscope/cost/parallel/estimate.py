@@ -1007,10 +1007,12 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
     source = (f"tensor-parallel rank's derived step (tp {layout.tp}{' with sequence parallel' if layout.sp else ''}"
               f", traced on torch's fake process group; {regime})" if layout.tp > 1 else
               f"derived one-device step ({regime})")
-    check = ("equal to MemTracker on the real class cut to each stage with the tp layout applied on the fake "
-             "process group, its forwards and first backward: tests/test_pipeline_tensor_parallel.py; a later "
-             "backward there is traced above the replay, by up to 374 KB on a Mixtral cut's stage whose peak is 1.3 "
-             "MB (DTensor's gradient accumulation, not modelled: --trace shows it)" if layout.tp > 1 else
+    check = ("checked against MemTracker on the real class cut to each stage with the tp layout applied on the fake "
+             "process group: on a Mixtral cut its forwards and first backward equal to the byte "
+             "(tests/test_pipeline_tensor_parallel.py); on a GPT-2 cut (Conv1D, tied head) the first backward traced "
+             "up to 262 KB above a stage's 2.6 MB replay (10%), and a later backward up to 459 KB above on both: "
+             "DTensor's gradient handling at a stage's edges, not modelled; --trace measures each stage"
+             if layout.tp > 1 else
              "equal to MemTracker on the real class cut to each stage: tests/test_pipeline_stages.py")
     notes = (f"pipeline: each stage's activations replayed from {cls}'s {source}, segment "
              "by segment for its layers: the prefix (embeddings, position tables) on the first stage, the final norm, "
