@@ -285,3 +285,20 @@ def test_a_window_of_zero_is_no_window_only_where_transformers_reads_it_so(write
     config = write_config({"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": 0})
     assert_one_line_error(capsys, ["inspect", str(config)], "config field 'sliding_window' is 0, a window of no "
                                                              "tokens")
+
+
+def test_an_estimate_given_an_option_beside_its_options_names_where_it_belongs():
+    """`estimate_memory("gpt2", dtype=...)` was a TypeError from deep in the engines: now one OptionError naming
+    the options class that takes it, before any work; an unknown keyword names what the function takes."""
+    import paramscope
+    from paramscope import OptionError
+
+    for function, options, keyword in ((paramscope.estimate_memory, "MemoryOptions", "dtype"),
+                                       (paramscope.estimate_training, "TrainingOptions", "batch"),
+                                       (paramscope.estimate_flops, "FlopOptions", "seq"),
+                                       (paramscope.estimate_serving, "ServeOptions", "gpu")):
+        args = (paramscope.ServeOptions(gpu="h100"),) if function is paramscope.estimate_serving else ()
+        with pytest.raises(OptionError, match=rf"takes {keyword} in its options: options={options}\({keyword}=\.\.\.\)"):
+            function("gpt2", *args, **{keyword: 1})
+        with pytest.raises(OptionError, match=r"has no argument 'bogus': .* model_class, task, num_labels"):
+            function("gpt2", *args, bogus=1)

@@ -153,6 +153,9 @@ def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), use_cache: 
     With `use_cache` (and without --trace), a config whose template and cost facts are recorded is counted
     without torch (facts/store.py); otherwise, or where only the traced engine answers, the class is built on
     meta."""
+    from ...api import check_model_options
+
+    check_model_options("estimate_flops", model_options, FlopOptions)
     report, estimate, compute, _ = flop_answer(model, options, use_cache, **model_options)
     return dataclasses.replace(estimate, report=report, compute=compute)
 

@@ -148,6 +148,9 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     an analytic activation recipe covers, is answered without torch (facts/store.py); otherwise the class is built
     on meta in the weights' dtype (and, without a recipe, one step is traced). `structure`: for a live module, the
     key its derived recipes are kept under (a plan's; default: a digest of the module's structure)."""
+    from ...api import check_model_options
+
+    check_model_options("estimate_training", model_options, TrainingOptions)
     report, estimate, _ = training_answer(model, options, use_cache, structure=structure, **model_options)
     return dataclasses.replace(estimate, report=report)
 

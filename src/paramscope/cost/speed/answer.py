@@ -53,6 +53,9 @@ def estimate_serving(model: Any, options: ServeOptions, use_cache: bool = True, 
 
     With `use_cache`, a config whose template and cost facts are recorded is answered without torch
     (facts/store.py); otherwise the class is built on meta in the storage's compute dtype."""
+    from ...api import check_model_options
+
+    check_model_options("estimate_serving", model_options, ServeOptions)
     report, speed, _ = serve_answer(model, options, use_cache, **model_options)
     return dataclasses.replace(speed, report=report)
 
@@ -116,9 +119,11 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
     if path is not None:  # a multimodal model decoding text: its towers are not run, so not read
         weights, params, whole = path.weights, path.params, None
         notes.append(path.words())
+    held = memory.weights.bytes  # what the GPU holds, a tower a text step does not read too
     if options.tp > 1:  # tensor-parallel rank 0 (the most vocabulary rows where V does not divide)
         gpu = memory.parallel.layout.stages[0]
         weights, cache = gpu.weights, gpu.kv_cache
+        held = weights.bytes
         notes.extend(n for n in memory.parallel.layout.notes if n not in notes)
     _refuse_unformulated(view, text)
     check = checked.of(view)
@@ -156,7 +161,7 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
         traffic=weight_traffic(weights, params, text, whole=whole), cache=cache, roof=roof,
         step_flops=step_flops, prefill_flops=prefill_flops, tp=options.tp,
         batch=options.batch, context=context, prompt=prompt, max_context=limit, dtype=fmt.key,
-        kv_dtype=memory.settings["kv_dtype"], notes=tuple(notes), compute_dtype=fmt.compute_dtype)
+        kv_dtype=memory.settings["kv_dtype"], notes=tuple(notes), compute_dtype=fmt.compute_dtype, held_weights=held)
 
 
 class _RankFlops:
