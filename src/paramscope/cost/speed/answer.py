@@ -119,11 +119,9 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
     if path is not None:  # a multimodal model decoding text: its towers are not run, so not read
         weights, params, whole = path.weights, path.params, None
         notes.append(path.words())
-    held = memory.weights.bytes  # what the GPU holds, a tower a text step does not read too
     if options.tp > 1:  # tensor-parallel rank 0 (the most vocabulary rows where V does not divide)
         gpu = memory.parallel.layout.stages[0]
         weights, cache = gpu.weights, gpu.kv_cache
-        held = weights.bytes
         notes.extend(n for n in memory.parallel.layout.notes if n not in notes)
     _refuse_unformulated(view, text)
     check = checked.of(view)
@@ -161,7 +159,7 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
         traffic=weight_traffic(weights, params, text, whole=whole), cache=cache, roof=roof,
         step_flops=step_flops, prefill_flops=prefill_flops, tp=options.tp,
         batch=options.batch, context=context, prompt=prompt, max_context=limit, dtype=fmt.key,
-        kv_dtype=memory.settings["kv_dtype"], notes=tuple(notes), compute_dtype=fmt.compute_dtype, held_weights=held)
+        kv_dtype=memory.settings["kv_dtype"], notes=tuple(notes), compute_dtype=fmt.compute_dtype)
 
 
 class _RankFlops:
