@@ -148,6 +148,8 @@ def _why_kept(param: ParameterInfo) -> str:
         return "norms, biases and other 1-D tensors"
     if role in _KEPT_ROLES:
         return "routers"
+    if _in_experts(param.name) and param.name.endswith("bias"):
+        return "the experts' biases"
     if _in_experts(param.name):
         return "fused experts (3-D tensors, not nn.Linear: transformers' integration of this format skips them)"
     return "other tensors the format does not quantise"
@@ -167,7 +169,9 @@ def quantized_names(view: Any, params: Iterable[ParameterInfo], fmt: WeightForma
     - "matrices" (GGUF): every tensor of two or more dimensions except routers.
     - "linear+experts" (fp8): the same, and the fused expert tensors of every `….experts` module, which
       transformers' fine-grained fp8 replaces with FP8Experts.
-    - "experts" (MXFP4): the fused expert tensors.
+    - "experts" (MXFP4): the fused expert matrices; their biases (gpt-oss's `gate_up_proj_bias`, `down_proj_bias`)
+      stay in the compute dtype, as the checkpoint stores them and `Mxfp4HfQuantizer.param_needs_quantization`
+      leaves them.
     """
     if not fmt.quantized:
         return frozenset()
@@ -179,8 +183,8 @@ def quantized_names(view: Any, params: Iterable[ParameterInfo], fmt: WeightForma
         return frozenset(p.name for p in params if len(p.shape) >= 2 and p.role not in _KEPT_ROLES)
     experts = frozenset(p.name for p in params if len(p.shape) >= 2 and _in_experts(p.name)
                         and not skip(p.name.rpartition(".")[0]))
-    if fmt.targets == "experts":
-        return experts
+    if fmt.targets == "experts":  # MXFP4: transformers' quantiser keeps the experts' biases unquantised
+        return frozenset(name for name in experts if not name.rpartition(".")[2].endswith("bias"))
     canonical = {p.name for p in params}
     default_skips = view.default_skips
     names = set()
