@@ -87,6 +87,14 @@ def test_mixtral_reads_the_expected_active_experts():
     assert eight.experts_touched == float(Fraction(58975, 8192))
     assert speed.routing == (2, 8)
     assert any("E·(1 − (1 − k/E)^T)" in words for words in speed.conventions)
+    # 93,405,585,408 B of bf16 weights exceed the H100's 80 GiB at every row: said, the bounds kept
+    held = 2 * 46_702_792_704
+    assert speed.roofline.memory == 80 * 2**30 == 85_899_345_920
+    assert [(s.held_bytes, s.fits) for s in speed.decode] == [(held + b * 131_072 * 512, False)
+                                                               for b in (1, 8, 32, 128)]
+    assert speed.notes[0].startswith(f"does not fit one H100 80GB: weights {held:,} B + KV cache 67,108,864 B "
+                                     "(batch 1 × 512 tokens) = 93,472,694,272 B > 85,899,345,920 B (decode at batch "
+                                     "1, 8, 32, 128, context 512; the prefill of 8 × 512 tokens;")
 
 
 def test_deepseek_v3_reads_the_mla_latent():
@@ -108,6 +116,9 @@ def test_cli_json_and_bad_input(capsys):
     assert (first["batch"], first["context"], first["bytes"], first["flops"], first["binds"]) == \
         (1, 1024, 15_144_206_336, 15_546_187_776, "memory")
     assert serve["gpu"]["bandwidth"] == H100_BANDWIDTH and serve["crossover_batch"] is None
+    # held: every weight (the whole embedding table) and the KV cache of 1,024 tokens, against 80 GiB
+    assert (first["held_bytes"], first["fits"], serve["gpu"]["memory"]) == (16_060_522_496 + 131_072 * 1024, True,
+                                                                          85_899_345_920)
     for argv, bad in ((["--batch", "0"], "--batch"), (["--gpu", "h900"], "h900"), (["--context", "1"], "--context"),
                       (["--context", "512", "--seq", "1024"], "--context")):
         gpu = [] if "--gpu" in argv else ["--gpu", "h100"]
@@ -270,3 +281,23 @@ def test_a_shorter_context_shortens_the_default_prompt():
     speed = serve_answer("llama-3-8b", ServeOptions(gpu="h100", context=1024))[1]
     assert (speed.prompt, speed.context, speed.prefill.tokens) == (1024, 1024, 1024)
     assert serve_answer("llama-3-8b", ServeOptions(gpu="h100", context=4096))[1].prompt == 2048
+
+
+def test_a_long_context_says_which_rows_do_not_fit(capsys):
+    """Llama-3-8B at 100,000 keys on an H100: batch 1 holds 16,060,522,496 B of weights + 13,107,200,000 B of KV
+    cache and fits; batch 8's 104,857,600,000 B of cache does not. The context beyond the model's maximum is named
+    as --context (serve's option), not as memory's --seq."""
+    assert main(["serve", "llama-3-8b", "--gpu", "h100", "--context", "100000", "--width", "200"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip().split(" ")[0] in ("1", "8", "32", "128")]
+    assert [(row[0], row[-1]) for row in rows] == [("1", "yes"), ("8", "NO"), ("32", "NO"), ("128", "NO")]
+    assert ("does not fit one H100 80GB: weights 16,060,522,496 B + KV cache 104,857,600,000 B (batch 8 × 100,000 "
+            "tokens) = 120,918,122,496 B > 85,899,345,920 B (decode at batch 8, 32, 128, context 100,000;") in out
+    assert "--context 100,000 is beyond the model's max_position_embeddings (8,192)" in out
+    assert "a rotary model extrapolates" in out and "--seq" not in out
+
+
+def test_a_missing_peak_offers_the_table_s_dtypes(capsys):
+    assert main(["serve", "gpt2", "--gpu", "4090"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "give --peak-tflops, or --peak-dtype bf16/fp16/fp8" in err

@@ -47,18 +47,28 @@ def serve_parts(report: Any, speed: Any) -> list:
                             ("memory", "right"), ("compute", "right"), ("tokens/s ≤", "right"),
                             ("per seq. ≤", "right"), ("binds", "left")):
         table.add_column(column, justify=justify, no_wrap=True)
+    checked = any(step.fits is not None for step in speed.decode)
+    if checked:  # weights + KV cache held at the row's batch × context against the GPU's memory
+        table.add_column("fits", no_wrap=True)
     for step in speed.decode:
-        table.add_row(f"{step.batch:,}", _bytes(step.bytes), f"{step.flops:.3e}".replace("e+", "e"),
-                      _time(step.memory_seconds),
-                      _time(step.compute_seconds), f"{step.tokens_per_second:,.1f}", f"{step.per_sequence:,.1f}",
-                      step.binds, style="bold" if step.batch == speed.batch else None)
+        cells = [f"{step.batch:,}", _bytes(step.bytes), f"{step.flops:.3e}".replace("e+", "e"),
+                 _time(step.memory_seconds), _time(step.compute_seconds), f"{step.tokens_per_second:,.1f}",
+                 f"{step.per_sequence:,.1f}", step.binds]
+        if checked:
+            cells.append("yes" if step.fits else "NO")
+        table.add_row(*cells, style="bold" if step.batch == speed.batch else None)
     parts.append(table)
+    if any(step.fits is False for step in speed.decode):
+        parts.append(indented(f"fits NO: the weights and the KV cache at that batch × context exceed one "
+                              f"{roof.gpu}'s {roof.memory:,} B; those rows' bounds are not achievable there "
+                              "(see Notes)"))
     prefill = speed.prefill
     parts.append(indented(f"Prefill: time to first token ≥ {_time(prefill.seconds)} ({prefill.binds}-bound): a "
                           f"prefill of {speed.batch} × {speed.prompt:,} tokens, {prefill.bytes:,} B "
                           f"({_bytes(prefill.bytes)}) over "
                           f"bandwidth = {_time(prefill.memory_seconds)}, {prefill.flops:,} FLOPs over peak = "
-                          f"{_time(prefill.compute_seconds)}"))
+                          f"{_time(prefill.compute_seconds)}"
+                          + ("; does not fit the GPU's memory (see Notes)" if prefill.fits is False else "")))
     parts.append(indented("Crossover: " + crossover_words(speed)))
     arithmetic = Table(box=None, show_header=False, pad_edge=False, title="How it adds up (batch "
                        f"{speed.batch}, context {speed.context:,})", title_justify="left")
@@ -93,6 +103,8 @@ def _step_dict(step: Any) -> dict[str, Any]:
              "seconds": step.seconds, "binds": step.binds}
     if step.experts_touched is not None:
         found["experts_touched"] = step.experts_touched
+    if step.fits is not None:
+        found["held_bytes"], found["fits"] = step.held_bytes, step.fits
     return found
 
 
@@ -107,7 +119,7 @@ def serve_to_dict(speed: Any) -> dict[str, Any]:
     return {
         "kind": "bound",
         "gpu": {"name": roof.gpu, "bandwidth": roof.bandwidth, "peak_flops": roof.peak,
-                "peak_dtype": roof.peak_dtype, "peak_from": roof.peak_from},
+                "peak_dtype": roof.peak_dtype, "peak_from": roof.peak_from, "memory": roof.memory},
         "settings": {"dtype": speed.dtype, "kv_dtype": speed.kv_dtype, "kv_layout": speed.kv_layout,
                      "batch": speed.batch, "context": speed.context, "prompt": speed.prompt, "tp": speed.tp},
         "routing": None if speed.routing is None else {"top_k": speed.routing[0], "experts": speed.routing[1]},

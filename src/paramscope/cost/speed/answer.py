@@ -111,7 +111,12 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
     prompt, limit, notes = step_length(report, text, options.seq, default_prompt)
     context = options.context or prompt
     if options.context is not None and limit is not None and context > limit:
-        notes.append(f"--context {context:,} is beyond the model's max_position_embeddings ({limit:,})")
+        learned = any(p.role == "embeddings.position" for p in report.params)
+        notes.append(f"--context {context:,} is beyond the model's max_position_embeddings ({limit:,}): a decode "
+                     f"step there reads {context:,} keys at positions the model was not trained on ("
+                     + ("its learned position table ends there: it cannot run so far" if learned else
+                        "a rotary model extrapolates; its quality there is untested")
+                     + "); the bound is computed anyway, for those keys")
     memory_options = dataclasses.replace(memory_options, seq=context)
     memory = serving_estimate(report, view, memory_options, fmt, origin, not_convert)
     weights, cache, params, whole = memory.weights, memory.kv_cache, report.params, memory.weights
@@ -119,9 +124,11 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
     if path is not None:  # a multimodal model decoding text: its towers are not run, so not read
         weights, params, whole = path.weights, path.params, None
         notes.append(path.words())
+    held = memory.weights.bytes  # what the GPU holds, a tower a text step does not read too
     if options.tp > 1:  # tensor-parallel rank 0 (the most vocabulary rows where V does not divide)
         gpu = memory.parallel.layout.stages[0]
         weights, cache = gpu.weights, gpu.kv_cache
+        held = weights.bytes
         notes.extend(n for n in memory.parallel.layout.notes if n not in notes)
     _refuse_unformulated(view, text)
     check = checked.of(view)
@@ -141,7 +148,8 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
                                    "generate", "trace", name=view.class_name)
         return found
 
-    notes.extend(n for n in memory.notes if n not in notes)
+    # memory's note on --seq beyond the maximum is about its fits' context search, which serve does not make
+    notes.extend(n for n in memory.notes if n not in notes and "the largest context is searched" not in n)
     notes.append(check.words())
     notes.extend(_mla_words(report, text, options.batch, context))
     notes.extend(_recurrent_words(view, text, options.batch))
@@ -159,7 +167,7 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
         traffic=weight_traffic(weights, params, text, whole=whole), cache=cache, roof=roof,
         step_flops=step_flops, prefill_flops=prefill_flops, tp=options.tp,
         batch=options.batch, context=context, prompt=prompt, max_context=limit, dtype=fmt.key,
-        kv_dtype=memory.settings["kv_dtype"], notes=tuple(notes), compute_dtype=fmt.compute_dtype)
+        kv_dtype=memory.settings["kv_dtype"], notes=tuple(notes), compute_dtype=fmt.compute_dtype, held_weights=held)
 
 
 class _RankFlops:

@@ -51,6 +51,7 @@ class Roofline:
     peak: float  # FLOP/s, dense
     peak_dtype: str
     peak_from: str  # "the GPU table" | "--peak-tflops"
+    memory: int | None = None  # the GPU's memory in bytes (the table's nominal figure), what the fits check uses
 
     def words(self) -> str:
         return (f"{self.gpu}: {self.bandwidth / 1e9:,.0f} GB/s memory bandwidth (datasheet), "
@@ -69,6 +70,11 @@ class StepBound:
     memory_seconds: float
     compute_seconds: float
     experts_touched: float | None = None  # expected distinct experts per MoE layer (the bytes used it exactly)
+    # the weights and the KV cache held at batch × tokens (as `memory` counts them for serving, before its
+    # workspace and reserve), and whether they fit the GPU's memory; a step that does not fit stays a valid bound
+    # but is not achievable on one GPU. None: bounds made without the GPU's memory
+    held_bytes: int | None = None
+    fits: bool | None = None
 
     @property
     def bytes(self) -> int:
@@ -150,12 +156,17 @@ def roofline(accelerator: Accelerator, dtype: str, peak_tflops: float | None = N
     if rate is None:
         raise OptionError("no memory bandwidth for {gpu} in the GPU table", gpu=accelerator.name)
     if peak_tflops is not None:
-        return Roofline(accelerator.name, rate, peak_tflops * 1e12, dtype, "--peak-tflops")
+        return Roofline(accelerator.name, rate, peak_tflops * 1e12, dtype, "--peak-tflops", accelerator.memory)
     peak = peak_flops(accelerator, dtype)
     if peak is None:
+        listed = [d for d in PEAK_DTYPES if peak_flops(accelerator, d) is not None]
+        if listed:  # another dtype's peak the table has: the user may mean it
+            raise OptionError("no dense {dtype} peak for {gpu} in the GPU table; give {0}, or {1} {listed} (the "
+                              "peaks the table has for it)", "peak_tflops", "peak_dtype", dtype=dtype,
+                              gpu=accelerator.name, listed="/".join(listed))
         raise OptionError("no dense {dtype} peak for {gpu} in the GPU table; give {0}", "peak_tflops", dtype=dtype,
                           gpu=accelerator.name)
-    return Roofline(accelerator.name, rate, peak, dtype, "the GPU table, datasheet")
+    return Roofline(accelerator.name, rate, peak, dtype, "the GPU table, datasheet", accelerator.memory)
 
 
 def experts_touched(top_k: int, experts: int, tokens: int) -> Fraction:
@@ -270,16 +281,25 @@ def _fraction(value: Fraction) -> str:
 def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flops: Callable[[int, int], int],
                 prefill_flops: Callable[[int, int], int], batch: int, context: int, prompt: int,
                 max_context: int | None, dtype: str, kv_dtype: str, notes: tuple[str, ...] = (),
-                compute_dtype: str | None = None, tp: int = 1) -> ServeSpeed:
+                compute_dtype: str | None = None, tp: int = 1, held_weights: int | None = None) -> ServeSpeed:
     """The bounds from a model's weight traffic, its cache and its FLOPs: `step_flops(B, C)` a decode step's,
-    `prefill_flops(B, S)` a prefill's."""
+    `prefill_flops(B, S)` a prefill's. `held_weights`: the stored weights one GPU holds (all of them, a tower a
+    text step does not read too), which with the cache at each step's batch × tokens is checked against the GPU's
+    memory (`roof.memory`)."""
     flops_at: dict[tuple[int, int], int] = {}
+    check = held_weights is not None and roof.memory is not None
+
+    def held(b: int, c: int) -> dict[str, Any]:
+        if not check:
+            return {}
+        total = held_weights + cache.at(b, c)
+        return {"held_bytes": total, "fits": total <= roof.memory}
 
     def bound(b: int, c: int, flops: int) -> StepBound:
         weight_bytes, touched = traffic.at(b)
         kv_bytes = kv_traffic(cache, b, c)
         return StepBound(b, c, weight_bytes, kv_bytes, flops, (weight_bytes + kv_bytes) / roof.bandwidth,
-                         flops / roof.peak, None if touched is None else float(touched))
+                         flops / roof.peak, None if touched is None else float(touched), **held(b, c))
 
     def step(b: int, c: int) -> StepBound:
         if (b, c) not in flops_at:
@@ -291,7 +311,7 @@ def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flop
     prefill_kv = cache.at(batch, prompt) - sum(g.constant for g in cache.groups)
     flops = prefill_flops(batch, prompt)
     prefill = StepBound(batch, prompt, weight_bytes, prefill_kv, flops, (weight_bytes + prefill_kv) / roof.bandwidth,
-                        flops / roof.peak, None if touched is None else float(touched))
+                        flops / roof.peak, None if touched is None else float(touched), **held(batch, prompt))
     # the crossover's search reads B × the batch-1 step's FLOPs (each sequence decodes its own token) where that
     # equals the exact count at the table's batches; the batch it finds is confirmed on the exact count
     one = step(1, context).flops
@@ -330,9 +350,33 @@ def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flop
                    "and no activations' traffic are counted"]
     if traffic.routing is not None and traffic.routed:
         conventions.append(ROUTING_WORDS)
+    if check:
+        fit = fit_words(decode, prefill, cache, held_weights, roof, tp)
+        notes = (fit, *notes) if fit else notes
     return ServeSpeed(roof, dtype, kv_dtype, cache.layout, batch, context, prompt, decode, prefill, crossover,
                       by_batch, by_context, arithmetic, tuple(conventions), notes,
                       traffic.routing if traffic.routed else None, compute_dtype, tp)
+
+
+def fit_words(decode: tuple[StepBound, ...], prefill: StepBound, cache: Any, held_weights: int, roof: Roofline,
+              tp: int) -> str | None:
+    """Where the weights and the KV cache one GPU holds exceed its memory: the first such row's sum, the rows that
+    do not fit, and how to split it; None where every row and the prefill fit."""
+    over = [step for step in (*decode, prefill) if step.fits is False]
+    if not over:
+        return None
+    first = over[0]
+    kv = first.held_bytes - held_weights
+    gpu = f"one {roof.gpu}" + (f" (one GPU of tp {tp})" if tp > 1 else "")
+    rows = ", ".join(f"{step.batch:,}" for step in decode if step.fits is False)
+    where = (f"decode at batch {rows}, context {first.tokens:,}" if rows else "") + (
+        ("; " if rows else "") + f"the prefill of {prefill.batch} × {prefill.tokens:,} tokens"
+        if prefill.fits is False else "")
+    return (f"does not fit {gpu}: weights {held_weights:,} B + KV cache {kv:,} B (batch {first.batch:,} × "
+            f"{first.tokens:,} tokens) = {first.held_bytes:,} B > {roof.memory:,} B ({where}; held weights and KV "
+            "cache only: `memory`'s workspace and reserve come on top). Those rows' bounds stay bounds but are not "
+            "achievable on one GPU: `--tp T` splits the weights and the cache; `paramscope memory MODEL --gpu "
+            f"{roof.gpu!r} --tp T` finds the smallest T that fits")
 
 
 def _crossover(step: Callable[[int], StepBound], quick: Callable[[int], StepBound] | None = None) -> int | None:
@@ -391,4 +435,5 @@ def refuse_non_generating(view: Any) -> None:
 
 
 __all__ = ["Roofline", "StepBound", "ServeSpeed", "WeightTraffic", "experts_touched", "weight_traffic",
-           "kv_traffic", "serve_speed", "roofline", "peak_dtype_of", "check_serve", "refuse_non_generating"]
+           "kv_traffic", "serve_speed", "fit_words", "roofline", "peak_dtype_of", "check_serve",
+           "refuse_non_generating"]
