@@ -89,8 +89,11 @@ def run_llama_cpp(args: argparse.Namespace) -> int:
         flag = ([flag for flag, name in _FLAGS if getattr(args, name) is not None]
                 + [flag for flag, name in _SWITCHES if getattr(args, name)])[0]
         raise OptionError(f"{flag} is for --engine llama.cpp")
+    if args.html is not None:  # paramscope's page, not a llama.cpp flag: no page renders a llama.cpp plan
+        raise OptionError("--html is not available with --engine llama.cpp (no page renders its plan); --json gives "
+                          "the whole answer")
     given = [flag for flag, on in (("--training", args.training), ("--trace", args.trace),
-                                   ("--html", args.html is not None), ("--batch", args.batch != 1),
+                                   ("--batch", args.batch != 1),
                                    ("--seq", args.seq is not None), ("--pp", args.pp != 1), ("--tp", args.tp != 1),
                                    ("--kv-dtype", args.kv_dtype is not None),
                                    ("--kv-layout", args.kv_layout != "hf"), ("--encoder-seq", args.encoder_seq),
@@ -119,6 +122,11 @@ def run_llama_cpp(args: argparse.Namespace) -> int:
     reserve = checked_size("--reserve", args.reserve, zero=True) or 0
     accelerator = find_accelerator(args.gpu) if args.gpu else (
         Accelerator("budget", checked_size("--budget", args.budget), "", "budget") if args.budget else None)
+    if accelerator is not None and accelerator.memory <= reserve:  # no GPU memory left to place anything in
+        what = f"--gpu {accelerator.name}'s {accelerator.memory:,} B" if args.gpu else \
+            f"--budget {args.budget} ({accelerator.memory:,} B)"
+        raise OptionError(f"{what} is not above --reserve {args.reserve} ({reserve:,} B): nothing is left on the GPU "
+                          "for llama.cpp's buffers; give a larger budget or a smaller --reserve")
     from ..cost.memory.llama_cpp_header import HEADER_ONLY
     from ..sources import gguf_source, local_gguf
 
