@@ -246,6 +246,12 @@ def test_the_cli_text_and_json(dense: Path, capsys: pytest.CaptureFixture[str]) 
     assert doc["by_type"]["Q4_0"]["bits_per_weight"] == 4.5
     assert doc["metadata"]["tokenizer.ggml.tokens"] == {"type": "array of string", "length": 100}
     assert len(doc["tensor_list"]) == 21
+    assert main(["audit", str(dense), "--width", "60"]) == 0  # narrow: rows stacked and lines wrapped, nothing cut
+    narrow = capsys.readouterr().out
+    assert "…" not in narrow.replace("… and 1 more", "")
+    assert all(len(line) <= 60 or len(line.split()) == 1 for line in narrow.splitlines())  # only the path is wider
+    first = doc["tensor_list"][0]  # the tensor list is stacked at 60: each row its name, then its pairs
+    assert f"  {first['name']}\n    type {first['type']}, shape " in narrow
     assert main(["audit", str(dense), "--config", "bert-base-uncased"]) == 2
     assert "not supported yet" in capsys.readouterr().err
 

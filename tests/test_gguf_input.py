@@ -221,7 +221,7 @@ def test_audit_reconciles_a_llama_with_its_class(files: dict[str, Path], capsys:
     assert main(["audit", str(files["llama"]), "--no-cache"]) == 0
     text = capsys.readouterr().out
     assert "reconciles with LlamaForCausalLM: equal — 86,848 parameters" in text
-    assert "4 stored rows permuted for rope" in text
+    assert "4 tensors: rows permuted for rope" in text
 
 
 def test_audit_takes_the_class_asked(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,6 +6,7 @@ The JSON document is `GGUFCheckpoint.to_dict` (checkpoint/gguf_read.py), printed
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any
 
 LIST_LIMIT = 20  # tensors listed unless every one is asked for
@@ -33,13 +34,13 @@ def reconcile_lines(rec: Any, width: int, *, all_rows: bool = False) -> list[str
         head = (f"does not reconcile with {rec.class_name}: {wrong:,} difference{'s' * (wrong != 1)} — the file "
                 f"{rec.file_parameters:,} parameters, the class {rec.class_parameters:,}, "
                 f"{rec.matched_parameters:,} matched")
-    out = [head]
+    out = _wrap(head, width)
     ways: dict[str, int] = {}
     for m in rec.matches:
         if m.how != "as is":
             ways[m.how] = ways.get(m.how, 0) + 1
     for how, n in ways.items():
-        out.append(f"  {n:,} stored {how}"[:width])
+        out += _wrap(f"{n:,} tensor{'s' * (n != 1)}: {how}", width, "  ")
     if rec.differences:
         shown = rec.differences if all_rows else rec.differences[:LIST_LIMIT]
         out += ["", "Differences"]  # one a line, the reason whole: it is what the reader came for
@@ -63,16 +64,33 @@ def _bpw(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _wrap(text: str, width: int, indent: str = "", more: str = "    ") -> list[str]:
+    """`text` over lines of `width`, broken between words only: a figure or a name is never cut."""
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + more, break_long_words=False,
+                         break_on_hyphens=False) or [indent]
+
+
 def _table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]], width: int) -> list[str]:
+    """Aligned columns where they fit `width`; else each row stacked, its first cell then `column value` pairs
+    wrapped between pairs (as render/_fit.py stacks a rich table): no figure is cut."""
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) if rows else len(header[i]) for i in range(len(header))]
 
     def line(cells: tuple[str, ...]) -> str:
         first = cells[0].ljust(widths[0])
         rest = "  ".join(c.rjust(w) for c, w in zip(cells[1:], widths[1:]))
-        text = f"  {first}  {rest}".rstrip()
-        return text if len(text) <= width else text[:max(width - 1, 1)] + "…"
+        return f"  {first}  {rest}".rstrip()
 
-    return [title, line(header), *(line(r) for r in rows), ""]
+    if len(line(header)) <= width and all(len(line(r)) <= width for r in rows):
+        return [title, line(header), *(line(r) for r in rows), ""]
+    stacked = [title]
+    for row in rows:
+        # each "column value" pair kept on one line (no break inside "72.00 KiB")
+        pairs = [f"{name} {value}".replace(" ", "\u00a0") for name, value in zip(header[1:], row[1:])]
+        stacked.append(f"  {row[0]}")
+        stacked += [line.replace("\u00a0", " ") for line in textwrap.wrap(
+            ", ".join(pairs), width, initial_indent="    ", subsequent_indent="    ", break_long_words=False,
+            break_on_hyphens=False)]
+    return stacked + [""]
 
 
 def _grouped(rows: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
@@ -86,9 +104,9 @@ def render_gguf_text(ck: Any, width: int = 100, *, all_tensors: bool = False, re
     width = max(width, 20)
     meta = ck.metadata
     files = f" ({len(ck.files)} shards)" if len(ck.files) > 1 else ""
-    out = [f"GGUF checkpoint {ck.path}{files}: GGUF v{ck.version}, {len(ck.tensors):,} tensors, "
-           f"{ck.elements:,} parameters (unpacked), {ck.nbytes:,} bytes of tensor data ({_size(ck.nbytes)}), "
-           f"{_bpw(ck.bits_per_weight)} bits per weight", ""]
+    out = [*_wrap(f"GGUF checkpoint {ck.path}{files}: GGUF v{ck.version}, {len(ck.tensors):,} tensors, "
+                  f"{ck.elements:,} parameters (unpacked), {ck.nbytes:,} bytes of tensor data ({_size(ck.nbytes)}), "
+                  f"{_bpw(ck.bits_per_weight)} bits per weight", width), ""]
     model = [("architecture", str(ck.architecture or "-"))]
     for key in ("general.name", "general.file_type", "general.quantization_version"):
         if key in meta and not isinstance(meta[key], (dict, tuple, list)) and not hasattr(meta[key], "keys"):
@@ -99,7 +117,11 @@ def render_gguf_text(ck: Any, width: int = 100, *, all_tensors: bool = False, re
     for key, value in ck.hparams().items():
         model.append((key, ", ".join(map(str, value)) if isinstance(value, list) else str(value)))
     pad = max(len(k) for k, _ in model)
-    out += ["Model (from the metadata)", *(f"  {k.ljust(pad)}  {v}"[:width] for k, v in model), ""]
+    out += ["Model (from the metadata)"]
+    for key, value in model:  # a long value (a list per layer) wraps under itself
+        out += textwrap.wrap(f"{key.ljust(pad)}  {value}", width, initial_indent="  ",
+                             subsequent_indent=" " * (pad + 4), break_long_words=False, break_on_hyphens=False)
+    out.append("")
     if reconciliation is not None:
         out += reconcile_lines(reconciliation, width, all_rows=all_tensors)
     header = ("", "tensors", "parameters", "bytes", "size", "bits/weight")
