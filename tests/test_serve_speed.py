@@ -95,6 +95,10 @@ def test_mixtral_reads_the_expected_active_experts():
     assert speed.notes[0].startswith(f"does not fit one H100 80GB: weights {held:,} B + KV cache 67,108,864 B "
                                      "(batch 1 × 512 tokens) = 93,472,694,272 B > 85,899,345,920 B (decode at batch "
                                      "1, 8, 32, 128, context 512; the prefill of 8 × 512 tokens;")
+    # where the asked batch does not fit, memory's smallest tensor-parallel degree at it (its own peak, + reserve)
+    assert speed.notes[0].endswith("`memory`'s smallest tensor-parallel degree that fits at batch 8 × 512 tokens (its "
+                                   "peak, a prefill of all 512 tokens included, + 1,073,741,824 B reserve): tp 2, "
+                                   "47,644,258,880 B a GPU")  # memory --gpu h100 --batch 8 --seq 512: tp 2, this peak
 
 
 def test_deepseek_v3_reads_the_mla_latent():

@@ -118,7 +118,9 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
                         "a rotary model extrapolates; its quality there is untested")
                      + "); the bound is computed anyway, for those keys")
     memory_options = dataclasses.replace(memory_options, seq=context)
-    memory = serving_estimate(report, view, memory_options, fmt, origin, not_convert)
+    # with the GPU, memory also finds the smallest tensor-parallel degree that fits the asked batch × context
+    memory = serving_estimate(report, view, memory_options, fmt, origin, not_convert,
+                              find_accelerator(options.gpu, instead=None))
     weights, cache, params, whole = memory.weights, memory.kv_cache, report.params, memory.weights
     path = text_path(report, view, fmt, not_convert, memory.weights) if options.tp == 1 else None
     if path is not None:  # a multimodal model decoding text: its towers are not run, so not read
@@ -167,7 +169,8 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
         traffic=weight_traffic(weights, params, text, whole=whole), cache=cache, roof=roof,
         step_flops=step_flops, prefill_flops=prefill_flops, tp=options.tp,
         batch=options.batch, context=context, prompt=prompt, max_context=limit, dtype=fmt.key,
-        kv_dtype=memory.settings["kv_dtype"], notes=tuple(notes), compute_dtype=fmt.compute_dtype, held_weights=held)
+        kv_dtype=memory.settings["kv_dtype"], notes=tuple(notes), compute_dtype=fmt.compute_dtype, held_weights=held,
+        smallest=(memory.parallel.smallest, memory_options.reserve))
 
 
 class _RankFlops:

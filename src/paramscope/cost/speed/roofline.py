@@ -281,11 +281,13 @@ def _fraction(value: Fraction) -> str:
 def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flops: Callable[[int, int], int],
                 prefill_flops: Callable[[int, int], int], batch: int, context: int, prompt: int,
                 max_context: int | None, dtype: str, kv_dtype: str, notes: tuple[str, ...] = (),
-                compute_dtype: str | None = None, tp: int = 1, held_weights: int | None = None) -> ServeSpeed:
+                compute_dtype: str | None = None, tp: int = 1, held_weights: int | None = None,
+                smallest: tuple[Any, int] | None = None) -> ServeSpeed:
     """The bounds from a model's weight traffic, its cache and its FLOPs: `step_flops(B, C)` a decode step's,
     `prefill_flops(B, S)` a prefill's. `held_weights`: the stored weights one GPU holds (all of them, a tower a
     text step does not read too), which with the cache at each step's batch × tokens is checked against the GPU's
-    memory (`roof.memory`)."""
+    memory (`roof.memory`). `smallest`: (parallel/serving.TensorParallelSearch at the asked batch × context,
+    memory's reserve), named where the asked batch does not fit."""
     flops_at: dict[tuple[int, int], int] = {}
     check = held_weights is not None and roof.memory is not None
 
@@ -351,17 +353,18 @@ def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flop
     if traffic.routing is not None and traffic.routed:
         conventions.append(ROUTING_WORDS)
     if check:
-        fit = fit_words(decode, prefill, cache, held_weights, roof, tp)
+        fit = fit_words(decode, prefill, held_weights, roof, tp, batch, smallest)
         notes = (fit, *notes) if fit else notes
     return ServeSpeed(roof, dtype, kv_dtype, cache.layout, batch, context, prompt, decode, prefill, crossover,
                       by_batch, by_context, arithmetic, tuple(conventions), notes,
                       traffic.routing if traffic.routed else None, compute_dtype, tp)
 
 
-def fit_words(decode: tuple[StepBound, ...], prefill: StepBound, cache: Any, held_weights: int, roof: Roofline,
-              tp: int) -> str | None:
+def fit_words(decode: tuple[StepBound, ...], prefill: StepBound, held_weights: int, roof: Roofline, tp: int,
+              batch: int, smallest: tuple[Any, int] | None = None) -> str | None:
     """Where the weights and the KV cache one GPU holds exceed its memory: the first such row's sum, the rows that
-    do not fit, and how to split it; None where every row and the prefill fit."""
+    do not fit, and how to split it (memory's smallest tensor-parallel degree where the asked batch does not fit
+    and `smallest` gives it); None where every row and the prefill fit."""
     over = [step for step in (*decode, prefill) if step.fits is False]
     if not over:
         return None
@@ -375,8 +378,25 @@ def fit_words(decode: tuple[StepBound, ...], prefill: StepBound, cache: Any, hel
     return (f"does not fit {gpu}: weights {held_weights:,} B + KV cache {kv:,} B (batch {first.batch:,} × "
             f"{first.tokens:,} tokens) = {first.held_bytes:,} B > {roof.memory:,} B ({where}; held weights and KV "
             "cache only: `memory`'s workspace and reserve come on top). Those rows' bounds stay bounds but are not "
-            "achievable on one GPU: `--tp T` splits the weights and the cache; `paramscope memory MODEL --gpu "
-            f"{roof.gpu!r} --tp T` finds the smallest T that fits")
+            "achievable on one GPU: `--tp T` splits the weights and the cache; " + _split_words(
+                roof, batch, decode, prefill, smallest))
+
+
+def _split_words(roof: Roofline, batch: int, decode: tuple[StepBound, ...], prefill: StepBound,
+                 smallest: tuple[Any, int] | None) -> str:
+    asked = next(step for step in decode if step.batch == batch)
+    pointer = f"`paramscope memory MODEL --gpu {roof.gpu!r} --tp T` finds the smallest T that fits"
+    if smallest is None or smallest[0] is None or (asked.fits and prefill.fits):
+        return pointer
+    search, reserve = smallest
+    at = f"at batch {search.batch:,} × {search.seq:,} tokens (its peak, a prefill of all {search.seq:,} tokens " \
+         f"included, + {reserve:,} B reserve)"
+    if search.tp is None:
+        widest = max(t for t, peak, _ in search.tried if peak is not None) if any(
+            peak is not None for _, peak, _ in search.tried) else None
+        return f"no tensor-parallel degree fits in `memory`'s search {at}" + (
+            f" (up to tp {widest})" if widest else "")
+    return f"`memory`'s smallest tensor-parallel degree that fits {at}: tp {search.tp}, {search.peak:,} B a GPU"
 
 
 def _crossover(step: Callable[[int], StepBound], quick: Callable[[int], StepBound] | None = None) -> int | None:
