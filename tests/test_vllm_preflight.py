@@ -1,6 +1,6 @@
 """vLLM pre-flight (issue 29 §6): `memory MODEL --engine vllm` gives what vLLM computes at launch.
 
-The arithmetic is written out by hand and must be equal to the byte: vLLM's budget (int(total × utilization) −
+The arithmetic is written out by hand and must be equal to the byte: vLLM's budget (⌈total × utilization⌉ −
 weights − the named estimates), the page of one layer (block_size × bytes per token and layer, from the project's
 KV engine), blocks = available // (page × layers a pool), the blocks one request of max_model_len needs, the
 concurrency vLLM logs, the largest max_model_len that fits, and the `vllm serve` line.
@@ -9,6 +9,7 @@ concurrency vLLM logs, the largest max_model_len that fits, and the `vllm serve`
 from __future__ import annotations
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -30,14 +31,14 @@ def test_llama_3_8b_bf16_on_an_h100(capsys):
     v = _vllm(capsys, "llama-3-8b", "--gpu", "h100", "--gpu-memory-utilization", "0.9", "--max-model-len", "8192")
     # 8,030,261,248 parameters × 2 B, and transformers' rotary inv_freq (64 × fp32 = 256 B… twice: 512 B)
     assert v["weights_bytes"] == 8_030_261_248 * 2 + 512 == 16_060_523_008
-    assert v["total_bytes"] == 80 * GiB and v["requested_bytes"] == int(80 * GiB * 0.9) == 77_309_411_328
+    assert v["total_bytes"] == 80 * GiB and v["requested_bytes"] == math.ceil(80 * GiB * 0.9) == 77_309_411_328
     # the profile run's estimate at vllm serve's H100 defaults (8,192 tokens, 1,024 requests): the sampler's moment
     assert (v["max_num_batched_tokens"], v["max_num_seqs"]) == (8192, 1024)
     assert v["activation"]["bytes"] == 8192 * 4096 * 2 + 1024 * 128_256 * (2 + 12) == 1_905_786_880
     assert v["activation"]["estimate"] and v["non_torch"]["bytes"] == NON_TORCH_ALLOWANCE
     # vLLM (v0.21.0 on) subtracts its CUDA-graph estimate from the budget too: an allowance here
     assert v["cuda_graphs"]["bytes"] == CUDA_GRAPH_ALLOWANCE == 512 * 2**20
-    available = int(80 * GiB * 0.9 - (16_060_523_008 + 1_905_786_880 + NON_TORCH_ALLOWANCE) - CUDA_GRAPH_ALLOWANCE)
+    available = math.ceil(80 * GiB * 0.9) - (16_060_523_008 + 1_905_786_880 + NON_TORCH_ALLOWANCE) - CUDA_GRAPH_ALLOWANCE
     assert v["available_bytes"] == available == 58_537_795_072
     # one block over all layers: 32 layers × 2 (K and V) × 8 KV heads × 128 × 2 B × 16 tokens
     assert v["page_bytes"] == 2 * 8 * 128 * 2 * 16 == 65_536
@@ -62,10 +63,10 @@ def test_text_states_the_figures_and_the_estimates(capsys):
     assert main(["memory", "llama-3-8b", "--engine", "vllm", "--gpu", "h100", "--max-model-len", "8192",
                  "--width", "120"]) == 0
     out = capsys.readouterr().out
-    # vLLM's default utilization 0.92: int(80 GiB × 0.92) − weights, activation, non-torch and CUDA graphs
-    assert int(80 * GiB * 0.92 - (16_060_523_008 + 1_905_786_880 + NON_TORCH_ALLOWANCE)
-               - CUDA_GRAPH_ALLOWANCE) == 60_255_781_990
-    assert "KV blocks: 60,255,781,990 // 2,097,152 = 28,732" in out
+    # vLLM's default utilization 0.92: ⌈80 GiB × 0.92⌉ (request_memory) − weights, activation, non-torch, CUDA graphs
+    assert math.ceil(80 * GiB * 0.92) - (16_060_523_008 + 1_905_786_880 + NON_TORCH_ALLOWANCE) \
+        - CUDA_GRAPH_ALLOWANCE == 60_255_781_991
+    assert "KV blocks: 60,255,781,991 // 2,097,152 = 28,732" in out
     assert "Maximum concurrency for 8,192 tokens per request: 56.12x" in out
     assert "estimate: vLLM measures torch's peak allocation over its profile run" in out
     assert "not reproducible from the config, so an allowance" in out
@@ -148,8 +149,8 @@ def test_deepseek_v3_mla_on_tp_8(capsys):
     assert v["page_bytes"] == 16 * (512 + 64) * 2 == 18_432
     assert v["bytes_per_block"] == 61 * 18_432 == 1_124_352
     assert v["tp"] == 8 and v["fits"]
-    assert v["available_bytes"] == int(141 * GiB * 0.92 - (v["weights_bytes"] + v["activation"]["bytes"]
-                                                           + NON_TORCH_ALLOWANCE) - CUDA_GRAPH_ALLOWANCE)
+    assert v["available_bytes"] == math.ceil(141 * GiB * 0.92) - (v["weights_bytes"] + v["activation"]["bytes"]
+                                                                  + NON_TORCH_ALLOWANCE) - CUDA_GRAPH_ALLOWANCE
     assert v["blocks"] == v["available_bytes"] // 1_124_352
     assert v["blocks_per_request"] == 512 and v["max_concurrency"] == v["blocks"] / 512
     assert "--tensor-parallel-size 8" in v["command"]
@@ -219,9 +220,8 @@ def test_llama_3_70b_on_h100s_at_tp_4_pp_2(capsys):
     assert last["activation"]["bytes"] == 8192 * 8192 * 2 + 1024 * 128_256 * 14 + 2 * 8192 * 8192 * 2
     per_block = 16 * 2 * (8 // 4) * 128 * 2 * 40  # a worker's 40 layers, 2 KV heads a rank
     for stage in (first, last):
-        assert stage["available_bytes"] == int(80 * GiB * 0.9 - stage["weights_bytes"]
-                                               - stage["activation"]["bytes"] - NON_TORCH_ALLOWANCE
-                                               - CUDA_GRAPH_ALLOWANCE)
+        assert stage["available_bytes"] == math.ceil(80 * GiB * 0.9) - stage["weights_bytes"] \
+            - stage["activation"]["bytes"] - NON_TORCH_ALLOWANCE - CUDA_GRAPH_ALLOWANCE
         assert stage["pool_layers"] == 40 and stage["bytes_per_block"] == per_block == 655_360
         assert stage["blocks"] == stage["available_bytes"] // per_block
     assert (first["blocks"], last["blocks"]) == (88_873, 86_400)
@@ -319,6 +319,17 @@ def test_the_stages_table_and_the_command_stay_whole_at_the_default_width(capsys
     assert main(["memory", "llama-3-70b", "--engine", "vllm", "--gpu", "h100", "--tp", "4", "--pp", "2",
                  "--max-model-len", "8192", "--width", "100"]) == 0
     out = capsys.readouterr().out
-    assert "17,639,408,128" in out and "59,961,926,758" in out and "89,021 ←" in out
+    assert "17,639,408,128" in out and "59,961,926,759" in out and "89,021 ←" in out
     assert ("    vllm serve meta-llama/Meta-Llama-3-70B --tensor-parallel-size 4 --pipeline-parallel-size 2 \\\n"
             "        --gpu-memory-utilization 0.92 --max-model-len 8192\n") in out
+
+
+def test_the_budget_rows_add_up_to_the_byte_when_short(capsys):
+    """vLLM's request_memory rounds ⌈total × utilization⌉ up, then subtracts integers: a negative KV budget is the
+    printed rows' exact difference (a float truncated by int() came out 1 B above it)."""
+    v = _vllm(capsys, "deepseek-v3", "--gpu", "h100", "--tp", "8", "--max-model-len", "16384")
+    assert v["requested_bytes"] == math.ceil(80 * GiB * 0.92) == 79_027_398_247
+    assert (v["weights_bytes"], v["activation"]["bytes"]) == (85_352_992_032, 1_970_798_592)
+    non_kv = v["weights_bytes"] + v["activation"]["bytes"] + NON_TORCH_ALLOWANCE + CUDA_GRAPH_ALLOWANCE
+    assert non_kv == 88_129_096_992
+    assert v["available_bytes"] == 79_027_398_247 - 88_129_096_992 == -9_101_698_745

@@ -78,7 +78,7 @@ def _budget_table(p: Any) -> Table:
     for name, justify in (("", "left"), ("bytes", "right"), ("", "right"), ("how", "left")):
         table.add_column(name, justify=justify, overflow="fold")
     _row(table, "total", p.total, "the GPU's memory")
-    _row(table, f"× utilization {p.utilization:g}", p.requested, f"int({p.total:,} × {p.utilization:g})")
+    _row(table, f"× utilization {p.utilization:g}", p.requested, f"⌈{p.total:,} × {p.utilization:g}⌉ (vLLM rounds up)")
     _row(table, "− weights", p.weights, p.weights_from)
     _row(table, "− activation peak", p.activation.bytes, f"estimate: {p.activation.arithmetic}")
     _row(table, "− non-torch", p.non_torch.bytes, f"estimate: {p.non_torch.arithmetic}")

@@ -3,9 +3,9 @@
 What vLLM (V1 engine) computes at start-up, read from its source (commits named in docs/commands.md, "vLLM
 pre-flight"):
 
-    requested = total GPU memory (torch.cuda.mem_get_info) × gpu_memory_utilization       (gpu_worker.init_device)
+    requested = ⌈total GPU memory (torch.cuda.mem_get_info) × gpu_memory_utilization⌉   (worker/utils.request_memory)
     non-KV    = weights + the profile run's torch peak increase + non-torch increase     (mem_utils.memory_profiling)
-    available = int(requested − non-KV)                                 (gpu_worker.determine_available_memory)
+    available = requested − non-KV, in integer bytes                  (gpu_worker.determine_available_memory)
     blocks    = available // (page bytes × layers per pool)                   (kv_cache_utils.get_num_blocks)
 
 A layer's page is one block of its KV cache (kv_cache_interface.py): block_size × num_kv_heads (a rank's) ×
@@ -52,7 +52,7 @@ source: the profile run's activation peak (a dummy forward of max_num_batched_to
 max_num_seqs requests), the non-torch memory (an allowance), and the CUDA graphs. Since v0.21.0 vLLM subtracts a
 CUDA-graph estimate from the KV budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default):
 
-    available = int(requested − non-KV − cudagraph estimate)          (gpu_worker.determine_available_memory)
+    available = requested − non-KV − cudagraph estimate                (gpu_worker.determine_available_memory)
 
 and the estimate is a measurement, not a formula of the config: GPUModelRunner.profile_cudagraph_memory captures
 graphs against a minimal KV cache and reads torch.cuda.mem_get_info around the captures (the first two per mode,
@@ -165,7 +165,7 @@ class VllmStage:
     layers: int  # vLLM's partition (get_pp_indices, or VLLM_PP_LAYER_PARTITION)
     weights: int  # its layers' shards, the embeddings on stage 0, the norm and head on the last
     activation: Estimate  # its profile run's peak (the sampler on the last stage only; intermediate tensors after 0)
-    available: int  # int(total × utilization − its non-KV − the CUDA graphs)
+    available: int  # ⌈total × utilization⌉ − its non-KV − the CUDA graphs, integer bytes (negative: short)
     pool_layers: int  # layers a KV pool serves on this worker: its largest share of one KV cache group
     bytes_per_block: int  # page × pool_layers
     blocks: int  # what its own memory holds (vLLM then gives every worker the smallest)
@@ -190,7 +190,7 @@ class VllmPreflight:
     total: int  # the GPU's memory, as vLLM's utilization multiplies it
     total_from: str
     utilization: float
-    requested: int  # int(total × utilization)
+    requested: int  # ⌈total × utilization⌉, as vLLM's request_memory rounds it
     tp: int
     weights: int  # a GPU's weights and buffers: the project's serving weights (parallel/serving.py under tp)
     weights_from: str
@@ -198,7 +198,7 @@ class VllmPreflight:
     non_torch: Estimate
     cuda_graphs: Estimate
     non_kv: int  # weights + activation + non-torch: vLLM's non_kv_cache_memory (the CUDA graphs are subtracted apart)
-    available: int  # int(total × utilization − non-KV − CUDA graphs): vLLM's "Available KV cache memory"
+    available: int  # requested − non-KV − CUDA graphs: vLLM's "Available KV cache memory"
     block_size: int
     kv_dtype: str
     groups: tuple[KVGroup, ...]
@@ -348,7 +348,9 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
         "captures, the second capture's delta extrapolated to the rest); not reproducible from the config, so an "
         "allowance; vLLM logs its own as \"Estimated CUDA graph memory: … GiB total\" (0 with --enforce-eager or "
         "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)")
-    requested = int(total * options.gpu_memory_utilization)
+    # vLLM's request_memory: math.ceil(total × utilization), an integer; every later step subtracts integers, so
+    # the rows printed add up to the byte (a float subtraction truncated by int() is 1 B off when negative)
+    requested = math.ceil(total * options.gpu_memory_utilization)
     group_size, kinds = vllm_grouping(groups_kinds)
     groups = tuple(_group(kind, window, layers, count, per_layer, arithmetic, page, block, length, mamba,
                           batched) for kind, window, layers, count in kinds)
@@ -369,8 +371,7 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
         for r, (weights, n) in enumerate(zip(weights_at(t), split)):
             activation = _activation(text, compute_dtype, batched, seqs, t, first=r == 0, last=r == len(split) - 1,
                                      encoder=encoder)
-            available = int(total * options.gpu_memory_utilization - weights - activation.bytes - non_torch.bytes
-                            - graphs.bytes)
+            available = requested - weights - activation.bytes - non_torch.bytes - graphs.bytes
             per_block = t_page * stage_pools[r]
             blocks = max(available // per_block, 0) if per_block else 0
             largest = _largest_length(lambda m: request_blocks(m) * per_block <= available, search_to) \
