@@ -20,7 +20,7 @@ from ...errors import ParamscopeError, UnsupportedError
 from ...frozen import FrozenDict, freeze_fields
 from ..memory.phases import PhaseFigure, cast_weights, moment_phases
 from .layout import ParallelLayout, shard_words
-from .pipeline import LAYER_PREFIX, Stage, bubble, layer_of, layer_stack_of, split_words, stages
+from .pipeline import LAYER_PREFIX, Stage, bubble, layer_stack_of, params_held, split_words, stages
 from .rules import Placement, model_shape, place, tp_rule_words
 from .states import DeviceStates, device_states
 
@@ -735,19 +735,7 @@ def _pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules:
     def stage_params(stage: Stage) -> list:
         if stage.rank in params_of:
             return params_of[stage.rank]
-        held = set(stage.layers)
-        out = []
-        for p in ctx.report.params:
-            index = layer_of(p.name, stack)
-            if index is not None:
-                if index in held:
-                    out.append(p)
-            elif p.role.startswith("embeddings"):
-                if stage.first:
-                    out.append(p)
-            elif stage.last:
-                out.append(p)
-        params_of[stage.rank] = out
+        out = params_of[stage.rank] = params_held(ctx.report.params, stack, stage)
         casts_of[stage.rank] = 2 * sum(by_name[p.name].local_numel for p in out if p.name in matmuls)
         return out
 
@@ -910,15 +898,7 @@ def _derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...]
         return next((r for r in step.recipes if r.covers(batch, length)), None)
 
     def stage_params(stage: Stage) -> list:
-        held = set(stage.layers)
-        out = []
-        for p in ctx.report.params:
-            index = layer_of(p.name, stack)
-            if index is not None and index in held or index is None and (
-                    stage.first and p.role.startswith("embeddings") or
-                    stage.last and not p.role.startswith("embeddings")):
-                out.append(p)
-        return out
+        return params_held(ctx.report.params, stack, stage)
 
     def chunks_of(stage: Stage) -> list[tuple[int, int]]:
         return [(a, b + 1) for a, b in _runs(stage.layers)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from ...errors import OptionError, UnsupportedError
 from .layout import ParallelLayout
@@ -39,6 +40,20 @@ class Stage:
 def layer_of(name: str, stack: str) -> int | None:
     match = LAYER_PREFIX.match(name)
     return int(match.group(2)) if match and match.group(1) == stack else None
+
+
+def params_held(params: Any, stack: str, stage: Stage) -> list:
+    """The parameters (report rows) stage `stage` holds: its layers' from the stack at `stack`, the embeddings on the
+    first stage, everything else outside the layers (the final norm, the head) on the last."""
+    held = set(stage.layers)
+    out = []
+    for p in params:
+        index = layer_of(p.name, stack)
+        if index is not None and index in held or index is None and (
+                stage.first and p.role.startswith("embeddings") or
+                stage.last and not p.role.startswith("embeddings")):
+            out.append(p)
+    return out
 
 
 def layer_stack_of(names: list[str]) -> tuple[str, int]:
