@@ -153,13 +153,14 @@ def audit(path_or_id: str | os.PathLike[str], *, config: Any = None, model_class
 
             config = resolve(located.hub_id, revision=revision)  # config.json only
     else:
+        # the checkpoint first: a folder that holds none (an empty `x.gguf/`) is named so, not sent for a config
+        with progress.status(f"reading the checkpoint's headers ({located.checkpoint})"):
+            checkpoint = read_checkpoint(located.checkpoint)
         if config is None:
             if located.config_dir is None:
                 raise SourceError("no config.json next to checkpoint {checkpoint}: name the model with {0}", "config",
                                   checkpoint=located.checkpoint)
             config = str(located.config_dir)
-        with progress.status(f"reading the checkpoint's headers ({located.checkpoint})"):
-            checkpoint = read_checkpoint(located.checkpoint)
     from .checkpoint.packed import read_shape_records, with_shape_records
 
     records = read_shape_records(checkpoint)  # compressed-tensors' weight_shape: 16 bytes each, local files only

@@ -91,6 +91,9 @@ def _read_directory(directory: Path) -> Checkpoint:
             names = ", ".join(f.name for f in found)
             raise SourceError(f"{directory}: several checkpoints ({names}); name the file to audit")
     wanted = ", ".join(_DIRECTORY_CANDIDATES)
+    if not any(directory.glob("*.gguf")):  # the folder holds nothing any command reads as a checkpoint
+        raise SourceError(f"{directory}: no checkpoint found: the folder holds no GGUF file and none of {wanted}, "
+                          "*.safetensors, *.safetensors.index.json or *.bin.index.json")
     raise SourceError(f"{directory}: no checkpoint found (looked for {wanted})")
 
 
