@@ -162,7 +162,54 @@ def test_html_curves_in_chromium(browser, tmp_path, llama):
         assert y == pytest.approx([point["tokens_per_second"] for point in document[key]], rel=1e-12)
         assert [t[0] for t in traces[1:]] == ["memory side (bytes / bandwidth)", "compute side (FLOPs / bf16 peak)"]
     assert "crossover" in page.page.inner_text("#serve-bounds")
+    fits = page.page.eval_on_selector_all("#serve-decode tr[data-batch]", "rows => rows.map(r => r.dataset.fits)")
+    assert fits == ["true"] * len(document["decode"]) and page.page.query_selector("#serve-fit-note") is None
     page.page.close()
+
+
+def test_html_marks_what_does_not_fit(browser, tmp_path):
+    """Mixtral-8x7B's 93,405,585,408 B of bf16 weights exceed an H100's 85,899,345,920 B: every decode row and every
+    point of both curves is marked, exactly the JSON's fits false points, and the legend names the mark."""
+    from paramscope.render.serve import render_serve_html, serve_to_dict
+
+    report, speed, _ = serve_answer("mixtral-8x7b", ServeOptions(gpu="h100"))
+    document = serve_to_dict(speed)
+    path = tmp_path / "serve.html"
+    path.write_text(render_serve_html(report, speed), "utf-8")
+    page = _Page(browser, path)
+    assert page.errors == [] and page.requests == [page.url]
+    rows = page.page.eval_on_selector_all("#serve-decode tr[data-batch]",
+                                          "rows => rows.map(r => [r.dataset.fits, r.lastElementChild.innerText])")
+    assert rows == [["true", "yes"] if point["fits"] else ["false", "NO"] for point in document["decode"]]
+    assert [point["fits"] for point in document["decode"]] == [False] * 4
+    assert page.page.inner_text("#serve-fit-note") == (
+        "fits NO: the weights and the KV cache at that batch × context exceed one H100 80GB's 85,899,345,920 B; those "
+        "rows' bounds are not achievable there (see Notes)")
+    for div, key, axis in (("line-batch", "by_batch", "batch"), ("line-context", "by_context", "context")):
+        marked = page.page.evaluate("id => document.getElementById(id).data.filter(t => t.name === "
+                                    "'does not fit one GPU').map(t => [t.x, t.customdata])", div)
+        legend = page.page.eval_on_selector_all(f"#{div} .legendtext", "items => items.map(i => i.textContent)")
+        points = [point for point in document[key] if point["fits"] is False]
+        assert len(points) == len(document[key]) == 9
+        assert marked == [[[point[axis] for point in points], [point["held_bytes"] for point in points]]]
+        assert "does not fit one GPU" in legend
+    bounds = page.page.inner_text("#serve-bounds")
+    assert "does not fit one GPU: 93,674,020,864 B held > 85,899,345,920 B" in bounds  # decode and prefill rows
+    page.page.close()
+
+
+def test_html_marks_only_the_points_that_do_not_fit():
+    """Llama-3-8B at 100,000 keys on an H100 fits at batch 1 only: the batch curve's points from 8 up are marked and
+    the context curve (batch 1) not at all; the decode table's rows 8, 32, 128 say NO."""
+    from paramscope.render.serve import render_serve_html
+
+    report, speed, _ = serve_answer("llama-3-8b", ServeOptions(gpu="h100", context=100_000))
+    page = render_serve_html(report, speed)
+    assert page.count('"name":"does not fit one GPU"') == 1
+    assert '"name":"does not fit one GPU","x":[8,16,32,64,128,256],' in page
+    assert [page.count(f'<tr data-batch="{batch}" data-fits="{fits}"') for batch, fits in
+            ((1, "true"), (8, "false"), (32, "false"), (128, "false"))] == [1, 1, 1, 1]
+    assert 'id="serve-fit-note"' in page
 
 
 def test_gemma_2_sliding_layers_read_their_window():

@@ -58,10 +58,8 @@ def serve_parts(report: Any, speed: Any) -> list:
             cells.append("yes" if step.fits else "NO")
         table.add_row(*cells, style="bold" if step.batch == speed.batch else None)
     parts.append(table)
-    if any(step.fits is False for step in speed.decode):
-        parts.append(indented(f"fits NO: the weights and the KV cache at that batch × context exceed one "
-                              f"{roof.gpu}'s {roof.memory:,} B; those rows' bounds are not achievable there "
-                              "(see Notes)"))
+    if fit_words(speed) is not None:
+        parts.append(indented(fit_words(speed)))
     prefill = speed.prefill
     parts.append(indented(f"Prefill: time to first token ≥ {_time(prefill.seconds)} ({prefill.binds}-bound): a "
                           f"prefill of {speed.batch} × {speed.prompt:,} tokens, {prefill.bytes:,} B "
@@ -83,6 +81,14 @@ def serve_parts(report: Any, speed: Any) -> list:
         parts.append(Text("Notes", style="bold"))
         parts.extend(indented("• " + words) for words in speed.notes)
     return parts
+
+
+def fit_words(speed: Any) -> str | None:
+    """The line under the decode table (text and HTML) where a row's weights + KV cache exceed the GPU's memory."""
+    if not any(step.fits is False for step in speed.decode):
+        return None
+    return (f"fits NO: the weights and the KV cache at that batch × context exceed one {speed.roofline.gpu}'s "
+            f"{speed.roofline.memory:,} B; those rows' bounds are not achievable there (see Notes)")
 
 
 def crossover_words(speed: Any) -> str:
@@ -142,13 +148,14 @@ def render_serve_html(report: Any, speed: Any, *, fragment: bool = False) -> str
     roof = speed.roofline
     rows = [("GPU", roof.words()), ("weights", speed.dtype), ("KV cache", f"{speed.kv_dtype} ({speed.kv_layout})"),
             ("decode", f"batch {speed.batch}, context {speed.context:,}: ≤ {speed.at_batch.tokens_per_second:,.1f} "
-                       f"tokens/s ({speed.at_batch.binds}-bound)"),
+                       f"tokens/s ({speed.at_batch.binds}-bound)" + _unfit(speed.at_batch, roof)),
             ("time to first token", f"≥ {_time(speed.prefill.seconds)} ({speed.prefill.binds}-bound), "
-                                    f"{speed.batch} × {speed.prompt:,} tokens"),
+                                    f"{speed.batch} × {speed.prompt:,} tokens" + _unfit(speed.prefill, roof)),
             ("crossover", crossover_words(speed))]
     rows += list(speed.arithmetic)
     table = "".join(f"<tr><th>{escape(name)}</th><td>{escape(value)}</td></tr>" for name, value in rows)
     sections = [Section("Bounds", f'<table class="totals" id="serve-bounds">{table}</table>'),
+                Section(f"Decode at context {speed.context:,}", _decode_table(speed, escape)),
                 Section("Against batch", figure(_curve(speed.by_batch, "batch", f"batch (sequences), context "
                                                        f"{speed.context:,}", roof), "line-batch")),
                 Section("Against context", figure(_curve(speed.by_context, "context", f"context (keys a step reads), "
@@ -170,6 +177,33 @@ def serve_page(speed: Any, fragment: bool) -> str:
     return render_serve_html(speed.report, speed, fragment=fragment)
 
 
+def _unfit(step: Any, roof: Any) -> str:
+    """The bounds row's words where its weights + KV cache exceed the GPU's memory (None: not checked)."""
+    return (f"; does not fit one GPU: {step.held_bytes:,} B held > {roof.memory:,} B (see Notes)"
+            if step.fits is False else "")
+
+
+def _decode_table(speed: Any, escape: Any) -> str:
+    """The text's decode table: each batch's bytes, FLOPs and bounds, and whether its weights + KV cache fit the
+    GPU (data-fits on the row; the column only where the memory was checked), then the text's line on the NOs."""
+    checked = any(step.fits is not None for step in speed.decode)
+    head = "".join(f"<th>{escape(name)}</th>" for name in ("batch", "bytes/step", "FLOPs/step", "tokens/s ≤",
+                                                            "per seq. ≤", "binds") + (("fits",) if checked else ()))
+    rows = []
+    for step in speed.decode:
+        cells = [f"{step.batch:,}", f"{step.bytes:,} B", f"{step.flops:.3e}".replace("e+", "e"),
+                 f"{step.tokens_per_second:,.1f}", f"{step.per_sequence:,.1f}"]
+        row = "".join(f'<td class="num">{cell}</td>' for cell in cells) + f"<td>{escape(step.binds)}</td>"
+        if checked:
+            row += f'<td class="fits">{"yes" if step.fits else "NO"}</td>'
+        fits = "" if step.fits is None else f' data-fits="{str(step.fits).lower()}"'
+        weight = ' style="font-weight:600"' if step.batch == speed.batch else ""
+        rows.append(f'<tr data-batch="{step.batch}"{fits}{weight}>{row}</tr>')
+    note = fit_words(speed)
+    note = f'<p class="dim" id="serve-fit-note">{escape(note)}</p>' if note is not None else ""
+    return f'<div class="scroll"><table id="serve-decode"><tr>{head}</tr>{"".join(rows)}</table></div>{note}'
+
+
 def _curve(steps: Any, axis: str, title: str, roof: Any) -> dict:
     """tokens/s ≤ against `axis`, with each side's own limit: the memory side's B / (bytes / bandwidth) and the
     compute side's B / (FLOPs / peak); the bound is the lower of the two at every point."""
@@ -189,6 +223,14 @@ def _curve(steps: Any, axis: str, title: str, roof: Any) -> dict:
                    "#59a14f", "dot"),
               line(f"compute side (FLOPs / {roof.peak_dtype} peak)",
                    [step.batch / step.compute_seconds for step in steps], "#e15759", "dot")]
+    unfit = [(point, step) for point, step in zip(x, steps) if step.fits is False]
+    if unfit:  # the bound's points whose weights + KV cache exceed the GPU's memory: bounds, not achievable there
+        traces.append({"type": "scatter", "mode": "markers", "name": "does not fit one GPU",
+                       "x": [point for point, _ in unfit], "y": [step.tokens_per_second for _, step in unfit],
+                       "marker": {"symbol": "x", "size": 11, "color": "#b07aa1"},
+                       "customdata": [step.held_bytes for _, step in unfit],
+                       "hovertemplate": f"does not fit one GPU<br>{axis} %{{x:,}}: weights + KV cache "
+                                        f"%{{customdata:,}} B > {roof.memory:,} B<extra></extra>"})
     layout = {"height": 420, "margin": {"t": 40, "l": 10, "r": 10, "b": 50},
               "xaxis": {"title": {"text": title}, "type": "log"},
               "yaxis": {"title": {"text": "decode tokens/s (bound)"}, "type": "log", "automargin": True},
@@ -196,4 +238,4 @@ def _curve(steps: Any, axis: str, title: str, roof: Any) -> dict:
     return {"data": traces, "layout": layout}
 
 
-__all__ = ["render_serve_text", "serve_to_dict", "render_serve_html", "serve_page", "crossover_words"]
+__all__ = ["render_serve_text", "serve_to_dict", "render_serve_html", "serve_page", "crossover_words", "fit_words"]
