@@ -363,4 +363,8 @@ def _declared_quantized(method: str, quant: dict[str, Any], compute: str) -> Wei
         return fmt
     if method == "mxfp4":
         return weight_format("mxfp4", compute_dtype=compute)
+    if method == "compressed-tensors":  # each linear as the checkpoint stores it, by the config's groups
+        from .compressed_tensors import compressed_tensors_format
+
+        return compressed_tensors_format(quant, compute)
     return None

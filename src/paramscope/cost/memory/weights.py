@@ -62,12 +62,15 @@ def weight_memory(params: Iterable[ParameterInfo], buffers: Iterable[BufferInfo]
     overhead = quantized_numel = 0
     groups: dict[str, list[int]] = {}  # storage → [numel, data bytes, overhead bytes]
     stored = getattr(fmt, "stored_bytes", None)  # a file's own bytes per parameter (checkpoint/gguf_memory.py)
+    named = getattr(fmt, "named_bytes", None)
     for param in params:
         if stored is not None:  # the file's types, tensor by tensor: its floats are no choice the format made
             cost = stored(param)
             quantized_numel += param.numel if param.name in quantized else 0
         elif param.name in quantized:
-            cost = fmt.tensor_bytes(_input_last(param, inputs_first))
+            # compressed-tensors: each weight in its own config group's scheme (memory/compressed_tensors.py)
+            cost = named(param.name, _input_last(param, inputs_first)) if named else \
+                fmt.tensor_bytes(_input_last(param, inputs_first))
             quantized_numel += param.numel
             overhead += cost.overhead
         else:
@@ -185,6 +188,8 @@ def quantized_names(view: Any, params: Iterable[ParameterInfo], fmt: WeightForma
                         and not skip(p.name.rpartition(".")[0]))
     if fmt.targets == "experts":  # MXFP4: transformers' quantiser keeps the experts' biases unquantised
         return frozenset(name for name in experts if not name.rpartition(".")[2].endswith("bias"))
+    if hasattr(fmt, "select"):  # compressed-tensors: the config's targets and ignore list, no default skips
+        return fmt.select(params, view.linear_modules())
     canonical = {p.name for p in params}
     default_skips = view.default_skips
     names = set()
