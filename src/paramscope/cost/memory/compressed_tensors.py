@@ -209,8 +209,9 @@ def compressed_tensors_format(quant: dict[str, Any], compute: str) -> Compressed
                                "storage with {0}", "dtype")
     def words(name: str, g: dict[str, Any]) -> str:
         w = g.get("weights") if isinstance(g.get("weights"), dict) else {}
-        return (f"{name}: {w.get('type', '?')}{w.get('num_bits', '?')} {w.get('strategy', '?')} "
-                f"({g.get('format') or quant.get('format')})")
+        how = w.get("group_size") if w.get("strategy") in ("group", "tensor_group") else w.get("block_structure")
+        return (f"{name}: {w.get('type', '?')}{w.get('num_bits', '?')} {w.get('strategy', '?')}"
+                f"{f' {how}' if how else ''} ({g.get('format') or quant.get('format')})")
 
     described = "; ".join(words(k, g) for k, g in groups.items() if isinstance(g, dict))
     return CompressedTensorsFormat("compressed-tensors", "compressed-tensors",
