@@ -3,6 +3,7 @@ them, equal to the byte to what `paramscope audit` reads from the same files (te
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,7 @@ LAYOUTS = {
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_memory_weights_equal_the_audits_stored_bytes(tmp_path: Path, layout: str) -> None:
+def test_memory_weights_equal_the_audits_stored_bytes(tmp_path: Path, layout: str, capsys) -> None:
     fmt, weights, extra, tensors, expected = LAYOUTS[layout]
     folder = write(tmp_path, {**LLAMA, "quantization_config": ct_config(fmt, weights, **extra)}, tensors())
     packed = audit(folder, use_cache=False).packed
@@ -65,6 +66,10 @@ def test_memory_weights_equal_the_audits_stored_bytes(tmp_path: Path, layout: st
     memory = estimate_memory(str(folder), MemoryOptions(seq=1))
     assert memory.weights.bytes == stored == expected
     assert len(memory.weights.quantized_tensors) == len(LINEARS)  # lm_head ignored, in bf16 as stored
+    if layout == "nvfp4":  # the vLLM pre-flight takes these serving weights and the buffers
+        assert main(["memory", str(folder), "--gpu", "h100", "--engine", "vllm", "--json"]) == 0
+        vllm = json.loads(capsys.readouterr().out)["memory"]["vllm"]
+        assert vllm["weights_bytes"] == stored + memory.weights.buffer_bytes == 116_536 + 128
 
 
 def test_a_scheme_memory_does_not_model_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
