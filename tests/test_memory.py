@@ -16,7 +16,8 @@ from paramscope.cost.memory.serving_answer import estimate_memory
 from paramscope.cost.hardware import find_accelerator
 from paramscope.cost.memory.kv import kv_cache
 from paramscope.cost.memory.fits import fit_on
-from paramscope.cost.memory.quantization import declared_format, weight_format
+from paramscope.cost.memory.declared import declared_format
+from paramscope.cost.memory.quantization import weight_format
 from paramscope.errors import ParamscopeError
 from paramscope.presets import all_presets
 

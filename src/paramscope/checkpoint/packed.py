@@ -375,7 +375,7 @@ def analyse(checkpoint: Checkpoint, *, parameter_of: Mapping[str, str], roles: M
     "quantisation state".
     """
     config = quantization_config if isinstance(quantization_config, dict) else None
-    expected = _Expected(config)
+    expected = DeclaredQuantization(config)
     names = {t.name: t for t in checkpoint.tensors}
     owned: dict[str, dict[str, CheckpointTensor]] = defaultdict(dict)  # weight key → last component → aux tensor
     loose: list[CheckpointTensor] = []
@@ -511,7 +511,7 @@ def _matcher(patterns: Iterable[Any], how: str) -> Any:
     return re.compile("|".join(f"(?:{part})" for part in parts), re.DOTALL) if parts else None
 
 
-class _Expected:
+class DeclaredQuantization:
     """What the quantization_config says of each module."""
 
     def __init__(self, config: dict[str, Any] | None) -> None:

@@ -7,6 +7,7 @@
 
     memory/        how many bytes (analytic closed forms, and the pipelines that answer)
         quantization.py, weights.py   storage formats → the weights' bytes by dtype, role and component
+        declared.py                   the storage a checkpoint's config declares (compressed_tensors.py's too)
         kv.py, prefill.py             the KV cache from the config; the prefill's workspace by family
         states.py, activations/       a training step's model states (ZeRO shares); saved activations per family
         result.py, fits.py            the frozen MemoryEstimate; what fits on which accelerator

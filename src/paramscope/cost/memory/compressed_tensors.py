@@ -1,7 +1,7 @@
 """A compressed-tensors quantization_config priced as the checkpoint stores it: the storage format memory uses.
 
 Which linear layers are quantised, and in which config group, is the audit's reading of the config
-(checkpoint/packed.py's `_Expected`: `config_groups` targets, "re:" regexes and exact names, then the first group
+(checkpoint/packed.py's `DeclaredQuantization`: `config_groups` targets, "re:" regexes and exact names, then the first group
 that targets a class; `ignore` as compressed-tensors matches it). Each quantised weight [out, in] costs the tensors
 compressed-tensors writes for it, the layouts packed.py reads back (its module docstring):
 
@@ -160,9 +160,9 @@ class CompressedTensorsFormat(WeightFormat):
     config: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        from ...checkpoint.packed import _Expected
+        from ...checkpoint.packed import DeclaredQuantization
 
-        expected = _Expected(self.config)
+        expected = DeclaredQuantization(self.config)
         schemes = {name: _scheme(self.config, name, g, self.compute_dtype) for name, g in expected.groups}
         object.__setattr__(self, "_expected", expected)
         object.__setattr__(self, "_schemes", schemes)

@@ -21,7 +21,8 @@ from ..hardware import Accelerator
 from .fits import fit_on, fit_table
 from .kv import LAYOUT_CONVENTIONS, KVCache, attention_shape, kv_cache
 from .prefill import family_workspace, prefill_workspace
-from .quantization import declared_format, group_size_problem, weight_format
+from .declared import declared_format
+from .quantization import group_size_problem, weight_format
 from .result import DEFAULT_RESERVE, MemoryEstimate
 from .weights import input_first_weights, quantized_names, weight_memory
 

@@ -246,7 +246,8 @@ def vllm_dtype(config: dict[str, Any], dtype: str | None) -> tuple[str | None, s
     without --dtype is served in bfloat16, as vLLM's `--dtype auto` resolves a float32 config to 16 bits
     (bfloat16 on GPUs that support it); a plain --dtype is vLLM's --dtype, fp8 its --quantization fp8; other
     formats are the checkpoint's own quantization_config to vLLM, with no flag."""
-    from .quantization import declared_format, weight_format
+    from .declared import declared_format
+    from .quantization import weight_format
 
     if dtype is None:
         if declared_format(config)[0].key == "fp32":
