@@ -55,6 +55,8 @@ def fitted_table(table: Table, console: Console, width: int) -> Table | Group:
     cells = _texts(table)
     if cells is None or not table.columns:  # a cell that is not text (a nested table): rich lays it out
         return table
+    if table.box is None and not table.show_header and any(c.overflow == "fold" for c in table.columns):
+        return table  # a label/value grid whose renderer lets its values fold (the audit's findings: long names)
     room = width - table._extra_width
     options = console.options.update_width(max(room, 1))
     needs = [_need(table, index, column, cells[index]) for index, column in enumerate(table.columns)]
