@@ -10,23 +10,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_packed_audit import LINEARS, LLAMA, ct_config, int_packed, plain, write  # noqa: E402
+from test_packed_audit import LINEARS, LLAMA, ct_config, int_packed, nvfp4_tensors, plain, write  # noqa: E402
 
 from paramscope.audit import audit  # noqa: E402
 from paramscope.cli import main  # noqa: E402
 from paramscope.cost.memory.serving import MemoryOptions  # noqa: E402
 from paramscope.cost.memory.serving_answer import estimate_memory  # noqa: E402
-
-
-def nvfp4_tensors() -> dict:
-    tensors: dict = {}
-    for module, out, cols, _ in LINEARS:
-        p = f"model.layers.0.{module}."
-        tensors[p + "weight_packed"] = torch.zeros(out, cols // 2, dtype=torch.uint8)
-        tensors[p + "weight_scale"] = torch.zeros(out, cols // 16, dtype=torch.float8_e4m3fn)
-        tensors[p + "weight_global_scale"] = torch.zeros(1, dtype=torch.float32)
-        tensors[p + "input_global_scale"] = torch.zeros(1, dtype=torch.float32)
-    return plain(tensors)
 
 
 def fp8_block_tensors(scale_dtype) -> dict:

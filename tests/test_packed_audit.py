@@ -158,9 +158,8 @@ def test_fp8_weight_scale_inv_with_a_config_block_it_contradicts(tmp_path: Path)
     assert result.packed.schemes == {"BF16 (unquantised)": 5, "float8 block 64×64 (fp8)": 7}
 
 
-def test_nvfp4(tmp_path: Path) -> None:
-    # nvfp4-pack-quantized: weight_packed U8 [out, in/2], weight_scale F8_E4M3 [out, in/16], global scales F32 [1]
-    weights = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16}
+def nvfp4_tensors() -> dict:
+    """The tiny Llama's linears in nvfp4-pack-quantized, the rest plain (test_compressed_tensors_memory too)."""
     tensors: dict = {}
     for module, out, cols, _ in LINEARS:
         p = f"model.layers.0.{module}."
@@ -168,9 +167,15 @@ def test_nvfp4(tmp_path: Path) -> None:
         tensors[p + "weight_scale"] = torch.zeros(out, cols // 16, dtype=torch.float8_e4m3fn)
         tensors[p + "weight_global_scale"] = torch.zeros(1, dtype=torch.float32)
         tensors[p + "input_global_scale"] = torch.zeros(1, dtype=torch.float32)
+    return plain(tensors)
+
+
+def test_nvfp4(tmp_path: Path) -> None:
+    # nvfp4-pack-quantized: weight_packed U8 [out, in/2], weight_scale F8_E4M3 [out, in/16], global scales F32 [1]
+    weights = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16}
     folder = write(tmp_path, {**LLAMA, "quantization_config": ct_config("nvfp4-pack-quantized", weights,
                                                                           input_activations=dict(weights))},
-                   plain(tensors))
+                   nvfp4_tensors())
     result = audit(folder, use_cache=False)
     assert_reconciled(result)
     assert roles(result) == {**{role: (1, out * cols, out * cols // 2, out * cols // 16 + 8, 0, 0)
