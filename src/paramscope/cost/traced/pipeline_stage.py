@@ -182,15 +182,9 @@ def _layer_arguments(model: Any, layers: Any, inputs: dict[str, Any], autocast: 
     def stop(_module: Any, args: tuple, kwargs: dict) -> None:
         raise _Stop((args[1:], {k: v for k, v in kwargs.items() if k != "hidden_states"}))
 
-    handle = layers[0].register_forward_pre_hook(stop, with_kwargs=True)
-    try:
-        with torch.no_grad(), autocast:
-            model(**inputs)
-    except _Stop as found:
-        return found.payload
-    finally:
-        handle.remove()
-    raise UnsupportedError(f"{type(model).__name__}'s forward never reached its first layer")
+    with torch.no_grad(), autocast:
+        return _run_to_stop(model, layers[0].register_forward_pre_hook(stop, with_kwargs=True), inputs,
+                            "its first layer")
 
 
 def _first_stage(model: Any, last_layer: Any, inputs: dict[str, Any]) -> Any:
@@ -199,14 +193,18 @@ def _first_stage(model: Any, last_layer: Any, inputs: dict[str, Any]) -> Any:
     def stop(_module: Any, _args: Any, output: Any) -> None:
         raise _Stop(_hidden_of(output))
 
-    handle = last_layer.register_forward_hook(stop)
+    return _run_to_stop(model, last_layer.register_forward_hook(stop), inputs, "the stage's last layer")
+
+
+def _run_to_stop(model: Any, handle: Any, inputs: dict[str, Any], where: str) -> Any:
+    """Run the model's forward until the hook behind `handle` stops it with what it found (then removed)."""
     try:
         model(**inputs)
     except _Stop as found:
         return found.payload
     finally:
         handle.remove()
-    raise UnsupportedError(f"{type(model).__name__}'s forward never reached the stage's last layer")
+    raise UnsupportedError(f"{type(model).__name__}'s forward never reached {where}")
 
 
 def _final_parts(model: Any) -> tuple[Any, Any]:
