@@ -436,7 +436,7 @@ class _Search:
     def not_answered(self, layout: ParallelLayout, replica: int) -> str | None:
         """Why a tensor, context or pipeline layout is not answered, or None where it is: analytically (the
         Llama-style family), or, without the analytic per-device recipe, data parallelism × a pipeline, each stage
-        replayed from the one-device step derived from traces (estimate.py's _derived_pipeline_device, as memory
+        replayed from the one-device step derived from traces (pipeline_device.py's derived_pipeline_device, as memory
         --dp D --pp P answers: the recipe derived once and cached, each stage's replay arithmetic)."""
         why = self.model_parallel(replica)
         if why is None or self.needs_build:

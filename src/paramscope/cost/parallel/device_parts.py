@@ -1,0 +1,302 @@
+"""The pieces each device's answer is composed of: its share of the model states, the communication buffers it holds
+(FSDP2's gathered units, ring attention's K and V, the expert dispatch's index), the shard's analytic activations
+and the gradients torch makes whole or all-reduces at the step's edges. estimate.py (one device's step under a
+layout) and pipeline_device.py (a pipeline's stages) compose them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from ...errors import UnsupportedError
+from ..memory.phases import PhaseFigure, cast_weights
+from .device import Buffer, StepContext
+from .pipeline import LAYER_PREFIX
+from .rules import Placement
+from .states import DeviceStates, device_states
+
+
+def fsdp_units(placements: tuple[Placement, ...], weight_bytes: Callable[[Placement], int]) -> tuple[int, int]:
+    """(the root unit's bytes, the largest layer unit's bytes) as FSDP2 all-gathers them on a rank: fully_shard on
+    each layer of the stack and on the root, which holds the rest (embeddings, final norm, head)."""
+    layers: dict[str, int] = {}
+    root = 0
+    for p in placements:
+        match = LAYER_PREFIX.match(p.name)
+        if match:
+            key = match.group(0)
+            layers[key] = layers.get(key, 0) + weight_bytes(p)
+        else:
+            root += weight_bytes(p)
+    return root, max(layers.values(), default=0)
+
+
+def resident_bytes(dev: DeviceStates, buffers: int) -> int:
+    return dev.weights + dev.optimizer + dev.master_weights + buffers
+
+
+def local_recipe_missing(ctx: StepContext) -> bool:
+    from .activations import local_recipe
+
+    return local_recipe(ctx.text, ctx.view.class_name) is None or ctx.analytic is None or ctx.derived_or_traced
+
+
+def device_states_of(ctx: StepContext, placements: tuple[Placement, ...], params: Any = None,
+            copies: tuple[Placement, ...] = ()) -> DeviceStates:
+    """The device's model states for `params` (default: every parameter), and `copies`: placements of parameters it
+    holds a second time (a tied head's copy on the last stage), with their own gradient and optimizer states."""
+    params = list(params if params is not None else ctx.report.params)
+    names = {p.name for p in params}
+    chosen = tuple(p for p in placements if p.name in names) + tuple(copies)
+    return device_states(params + [as_param(c) for c in copies], chosen, ctx.layout, precision=ctx.precision,
+                         optimizer=ctx.optimizer, trainable=ctx.trainable | {c.name for c in copies}, own=ctx.own)
+
+
+def as_param(placement: Placement) -> Any:
+    import math
+
+    from ...count import ParameterInfo
+
+    return ParameterInfo(placement.name, placement.shape, math.prod(placement.shape), True, placement.role,
+                         placement.dtype)
+
+
+def fsdp_buffers(ctx: StepContext, placements: tuple[Placement, ...]) -> list[Buffer]:
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+
+    layout = ctx.layout
+
+    def unsharded(p: Placement) -> int:
+        return p.local_numel * itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
+    if layout.shard == "zero3" and layout.shard_degree > 1:
+        # DeepSpeed gathers each module's parameters as it runs and frees them after (not traced here: no DeepSpeed);
+        # the head, which the loss's backward reads first, is the largest outside the layers
+        root, layer = fsdp_units(placements, unsharded)
+        head = max((unsharded(p) for p in placements if p.role.startswith("head")), default=0)
+        return [Buffer("ZeRO-3's gathered layer (DeepSpeed)", layer,
+                       f"one layer's parameters gathered while it runs, {layer:,} B (DeepSpeed's module-by-module "
+                       "all-gather; its prefetch bucket, stage3_prefetch_bucket_size, can hold part of the next)",
+                       ("forward", "backward")),
+                Buffer("ZeRO-3's gathered head (DeepSpeed)", head,
+                       f"the head's parameters gathered as the logits are made and their backward runs, {head:,} B",
+                       ("forward", "backward"))] if layer or head else []
+    if layout.shard not in ("fsdp", "hsdp") or layout.shard_degree == 1:
+        return []
+    root, layer = fsdp_units(placements, unsharded)
+    return [Buffer("FSDP2's root unit, all-gathered", root,
+                   f"the parameters outside the layers (embeddings, final norm, head) unsharded, {root:,} B: the "
+                   "root unit is not resharded after the forward", ("forward", "backward")),
+            Buffer("FSDP2's layer unit, all-gathered", layer,
+                   f"one layer's parameters unsharded while it runs, {layer:,} B (the last layer's as the loss is "
+                   "taken and backward starts)", ("forward", "backward"))]
+
+
+def with_buffers(phase: PhaseFigure, comm: list[Buffer]) -> PhaseFigure:
+    held = [b for b in comm if phase.phase in b.moments and phase.where not in ("optimizer step", "end of backward")]
+    if not held:
+        return phase
+    extra = sum(b.bytes for b in held)
+    return dataclasses.replace(phase, bytes=phase.bytes + extra, arithmetic=phase.arithmetic + "; + " + " + ".join(
+        f"{b.name} {b.bytes:,}" for b in held))
+
+
+def expert_dispatch(ctx: StepContext, placements: tuple[Placement, ...], batch: int, length: int) -> list[Buffer]:
+    """Under expert parallelism, the dispatch's permute indices a rank keeps for the backward (experts.py)."""
+    from ..dims import dim
+    from .experts import dispatch_index_bytes, moe_layers
+
+    layers, top_k = moe_layers(placements), dim(ctx.text, "top_k")
+    if ctx.layout.ep == 1 or not layers or not top_k:
+        return []
+    size, words = dispatch_index_bytes(layers, top_k, batch, length)
+    return [Buffer("expert parallel's permute index", size, words, ("forward", "backward"))]
+
+
+def local_shape(ctx: StepContext, placements: tuple[Placement, ...]) -> dict:
+    if not ctx.precision.endswith("-mixed"):
+        return dict(ctx.shape, cast_weights=0, cast_head=0, cast_biases=0)
+    local = {p.name: p.local_numel for p in placements}
+    for param in ctx.report.params:  # a tied head is its embedding's shard under any of its names
+        for alias in param.aliases:
+            local[alias] = local[param.name]
+    cast, head, biases = cast_weights(ctx.view, local)
+    return dict(ctx.shape, cast_weights=cast, cast_head=head, cast_biases=biases)
+
+
+def tied_bytes(ctx: StepContext, placements: tuple[Placement, ...]) -> int:
+    """A trainable input embedding tied to the head, as the device holds it: its gradient arrives twice."""
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+
+    by_name = {p.name: p for p in placements}
+    for group in ctx.report.tied:
+        local = by_name.get(group.canonical)
+        if local is not None and local.role.startswith("embedding") and local.name in ctx.trainable:
+            return local.local_numel * itemsize(trained_dtype(local, ctx.precision, ctx.own))  # type: ignore
+    return 0
+
+
+def local_activations(ctx: StepContext, shape: dict, batch: int, length: int) -> Any:
+    """The analytic activations of the device's shard: the recipe on the rank's heads and widths (tp), at its
+    S / cp tokens (cp)."""
+    from .activations import sequence_parallel, tp_activations
+
+    seq = -(-length // ctx.layout.cp)
+    act = tp_activations(ctx.text, ctx.view.class_name, tp=ctx.layout.tp, batch=batch, seq=seq, **shape)
+    if ctx.layout.sp:
+        act = sequence_parallel(act, tp=ctx.layout.tp, tokens=batch * seq, hidden=hidden_size(ctx),
+                                precision=ctx.precision, layer_norms=layer_norms(ctx))
+    return act
+
+
+def hidden_size(ctx: StepContext) -> int:
+    from ..dims import config_int
+
+    return config_int(ctx.text, "hidden_size") or 0
+
+
+def layer_norms(ctx: StepContext) -> int:
+    """The hidden-size norms of one layer (two in a Llama layer, four in Gemma-2's), from the report."""
+    hidden = hidden_size(ctx)
+    names = [p for p in ctx.report.params if LAYER_PREFIX.match(p.name) and p.role.endswith("norm") and
+             tuple(p.shape) == (hidden,) and not p.name.endswith("bias")]
+    if not names:
+        return 0
+    layer = LAYER_PREFIX.match(names[0].name).group(0)
+    return sum(1 for p in names if p.name.startswith(layer))
+
+
+def check_analytic(ctx: StepContext, what: str) -> str:
+    from .activations import local_recipe
+
+    recipe = local_recipe(ctx.text, ctx.view.class_name)
+    if recipe is None and not getattr(ctx.view, "can_generate", True):  # an encoder (BERT's kind)
+        why = encoder_refusal(ctx)
+        if why:
+            raise UnsupportedError(why)
+    if recipe is None or ctx.analytic is None or ctx.derived_or_traced:
+        raise UnsupportedError("{what} for {cls} needs its activations on each device: the closed form on a rank's "
+                               "shard covers the Llama-style family (its recipe keeps heads, widths and tokens "
+                               "apart), and a step derived from traces with the layout applied covers FSDP2 and "
+                               "tensor parallelism where transformers or Megatron's names give a plan",
+                               what=what, cls=ctx.view.class_name)
+    if ctx.layout.cp > 1:
+        from ..dims import attention_dropout
+
+        if attention_dropout(ctx.text):
+            raise UnsupportedError("context parallelism with attention dropout (S² terms) is not modelled")
+        if ctx.seq % ctx.layout.cp:
+            raise UnsupportedError("context parallelism splits the sequence: cp {cp} does not divide {seq:,}",
+                                   cp=ctx.layout.cp, seq=ctx.seq)
+    return recipe
+
+
+def encoder_refusal(ctx: StepContext) -> str:
+    """Why context parallelism over an encoder (a class that does not generate, BERT's kind: no per-rank closed form)
+    is not answered, in one line; "" for tensor parallelism, which the derived engine answers, and for pipeline
+    parallelism, whose stages are replayed from the derived step (pipeline_device.derived_pipeline_device)."""
+    cls = ctx.view.class_name
+    if ctx.layout.cp > 1:
+        return (f"context parallelism over {cls} is refused: its attention is bidirectional under the batch's "
+                "padding mask, and ring attention (torch's context_parallel) takes no mask (its efficient kernel "
+                "raises on attn_bias; load balancing needs is_causal), so there is no sharded step to count")
+    return ""
+
+
+def whole_embedding_gradient(ctx: StepContext, placements: tuple[Placement, ...]) -> tuple[int, int] | None:
+    """(the whole embedding gradient's bytes, the rank's shard's) where torch gives a vocabulary-parallel embedding
+    its gradient whole: DTensor's embedding backward returns it Replicate, so each tensor-parallel rank holds all of
+    it from the end of backward, and the fused optimizer step reads a shard of it made afresh. None where the
+    embedding is not cut or does not train, or FSDP2 reduces it to a shard, or it is tied to the head: there the
+    head's Shard(0) gradient and the embedding's Replicate one add up on the one parameter as Shard(0), so no rank
+    holds it whole (traced: GPT-2's wte and Gemma-2's embed_tokens, tp 2)."""
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+
+    if ctx.layout.tp == 1 or ctx.layout.shard in ("fsdp", "hsdp") and ctx.layout.shard_degree > 1:
+        return None
+    tied = {name for group in ctx.report.tied for name in (group.canonical, *group.aliases)}
+    for p in placements:
+        if p.role == "embeddings.word" and p.tp == "vocabulary" and p.name in ctx.trainable and p.name not in tied:
+            size = itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
+            full = 1
+            for n in p.shape:
+                full *= n
+            return full * size, p.local_numel * size
+    return None
+
+
+def sequence_parallel_norm_gradients(ctx: StepContext, params: Any = None) -> int:
+    """Bytes the optimizer step makes of the sequence-parallel norms' gradients: torch's SequenceParallel leaves each
+    residual-stream norm's weight gradient Partial over the tp ranks (each rank's from its own tokens), and the
+    step's all-reduce to the Replicate weight makes a new tensor of each (the layers' norms and the final norm, their
+    weights and any biases; read off traces of one rank: 13 norms × h × 4 B on a 6-layer Llama or Mixtral). 0 without sequence parallel or
+    under FSDP2, which reduces the gradients itself. `params`: a pipeline stage's (default: the model's)."""
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+
+    layout = ctx.layout
+    if not layout.sp or layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1:
+        return 0
+    hidden = hidden_size(ctx)
+    return sum(p.numel * itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
+               for p in (ctx.report.params if params is None else params)
+               if (p.role == "norm.final" or p.role.endswith("norm") and LAYER_PREFIX.match(p.name))
+               and tuple(p.shape) == (hidden,) and p.name in ctx.trainable)
+
+
+def with_norm_gradients(phase: PhaseFigure, extra: int) -> PhaseFigure:
+    if phase.where != "optimizer step" or not extra:
+        return phase
+    return dataclasses.replace(phase, bytes=phase.bytes + extra, arithmetic=(
+        f"{phase.arithmetic}; the sequence-parallel norms' gradients all-reduced for the step (torch's "
+        f"SequenceParallel leaves them Partial), + {extra:,}"))
+
+
+def with_whole_gradient(phase: PhaseFigure, whole: tuple[int, int]) -> PhaseFigure:
+    full, local = whole
+    if phase.where in ("end of backward", "later backward"):  # a pipeline's later backward: every gradient held
+        extra, words = full - local, f"the embedding's gradient whole on every rank (torch's DTensor), + {full - local:,}"
+    elif phase.where == "optimizer step":
+        extra, words = full, (f"the embedding's gradient whole on every rank (torch's DTensor), + {full - local:,}, "
+                              f"and the shard the fused step makes of it, + {local:,}")
+    else:
+        return phase
+    return dataclasses.replace(phase, bytes=phase.bytes + extra, gradients=phase.gradients + full - local,
+                               arithmetic=f"{phase.arithmetic}; {words}")
+
+
+def ring_buffer(ctx: StepContext, batch: int, seq: int) -> Buffer:
+    """Ring attention: the key and value chunk arriving from the next rank while the held one is used."""
+    from ..dims import config_int
+
+    heads = config_int(ctx.text, "num_attention_heads") or 1
+    kv = (config_int(ctx.text, "num_key_value_heads") or heads) // ctx.layout.tp or 1
+    hidden = config_int(ctx.text, "hidden_size") or 0
+    head_dim = config_int(ctx.text, "head_dim") or hidden // heads
+    size = 4 if ctx.precision == "fp32" else 2
+    local = seq // ctx.layout.cp
+    n = 2 * batch * local * kv * head_dim * size
+    return Buffer("context parallel's rotating K and V", n,
+                  f"the next rank's K and V chunk received while the held one is used, 2·B·(S / {ctx.layout.cp})·"
+                  f"kv_heads·head_dim × {size} B = {n:,} B (the held chunk is counted with the activations)",
+                  ("forward", "backward"))
+
+
+def layer_runs(layers: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    runs: list[list[int]] = []
+    for index in layers:
+        if runs and runs[-1][1] == index - 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return tuple((a, b) for a, b in runs)
+
+
+def matmul_names(ctx: StepContext) -> frozenset[str]:
+    names = set()
+    for path, sub in ctx.view.root.named_modules():
+        if ctx.view.is_matmul(sub) and sub._parameters.get("weight") is not None:
+            names.add(f"{path}.weight" if path else "weight")
+    return frozenset(names)

@@ -1,0 +1,90 @@
+"""--trace under a layout: rank 0's step of the real class traced on torch's fake process group, or each pipeline
+stage of a derived class cut and traced, beside the answer it checks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .device import DeviceMemory, StepContext
+from .pipeline import layer_stack_of
+
+
+def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
+    """--trace: rank 0's step of the real class traced on torch's fake process group (FSDP2 and DTensor as
+    traced/parallel.py applies them), its peak beside the analytic one."""
+    from ..traced.parallel import trace_parallel_training
+    from ..traced.step import StepSettings
+
+    layout = ctx.layout
+    why = None
+    if ctx.view.module is not None and layout.pp > 1 and device.stages and \
+            all(s.replayed is not None for s in device.stages):
+        return traced_stages(ctx, device)
+    if ctx.view.module is None:
+        why = "the model was not built"
+    elif layout.pp > 1 or layout.cp > 1:
+        why = "pipeline and context parallelism have no traced engine here (their figures are checked against " \
+              "torch's schedules in tests)"
+    elif layout.ep > 1 and (layout.tp > 1 or layout.shard_degree > 1 or layout.dp != layout.ep):
+        why = "expert parallelism is traced over every data-parallel rank, without sharding or tensor parallel " \
+              "(--ep equal to dp)"
+    elif layout.shard in ("zero1", "zero2", "zero3"):
+        why = "DeepSpeed's ZeRO is not traced (no DeepSpeed here); --zero fsdp is"
+    if why:
+        return dataclasses.replace(device, notes=device.notes + (f"--trace: no rank traced: {why}",))
+    fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
+    settings = StepSettings(batch=ctx.batch, seq=ctx.seq, precision=ctx.precision, optimizer=ctx.optimizer,
+                            attention=ctx.attention, frozen=ctx.frozen, weights_dtype=ctx.weights_dtype,
+                            own_dtype=ctx.own)
+    traced = trace_parallel_training(ctx.view.module, settings, dp=layout.ep if layout.ep > 1 else
+                                     layout.shard_degree if fsdp else 1, shard="fsdp" if fsdp else "none",
+                                     tp=layout.tp, sp=layout.sp, ep=layout.ep)
+    top = traced.peak
+    diff = (device.peak - top.bytes) / top.bytes if top.bytes else 0.0
+    engine = "derived" if device.activations_from.startswith("derived") else "analytic"
+    note = (f"check: rank 0's step traced on torch's fake process group (FSDP2 and DTensor, MemTracker): peak "
+            f"{top.bytes:,} B in {top.phase}; the {engine} {device.peak:,} B is {100 * diff:+.3f}% from it")
+    return dataclasses.replace(device, traced=traced, notes=device.notes + (note,) + tuple(traced.notes))
+
+
+def traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
+    """--trace under a pipeline of a derived class: each stage of the real class cut to its layers and run as
+    PipelineStage runs it, its in-flight forwards then one backward, measured by MemTracker (traced/pipeline_stage.py),
+    beside the stage's replayed figures."""
+    from ..traced.parallel import check_layout
+    from ..traced.pipeline_stage import trace_stage
+    from ..traced.step import StepSettings
+
+    layout = ctx.layout
+    # tensor parallel: rank 0's stage, the copy sharded on torch's fake process group
+    parallel = check_layout(1, "none", layout.tp, layout.sp, 0) if layout.tp > 1 else None
+    if layout.virtual_stages > 1:
+        return dataclasses.replace(device, notes=device.notes + (
+            "--trace: no stage traced: an interleaved stage's chunks are bounded by the largest, not traced",))
+    stack, _ = layer_stack_of([p.name for p in ctx.report.params])
+    micro = ctx.batch // layout.micro_batches
+    settings = StepSettings(batch=micro, seq=ctx.seq, precision=ctx.precision, optimizer=ctx.optimizer,
+                            attention=ctx.attention, frozen=ctx.frozen, weights_dtype=ctx.weights_dtype,
+                            own_dtype=ctx.own)
+    notes, traces = [], []
+    for stage in device.stages:
+        start, stop = stage.layers[0], stage.layers[1] + 1
+        replayed = stage.replayed
+        later = replayed.later_in_flight
+        traced = trace_stage(ctx.view.module, settings, stack, start, stop, stage.in_flight, later=later,
+                             parallel=parallel)
+        traces.append(traced)
+        words = ""
+        if later:  # the later backward's rise above what the first left (the microbatches still held)
+            rise = traced.later_peak - traced.after_backward
+            derived = replayed.later_peak - replayed.after_first_backward
+            again = "one more forward and " if later == stage.in_flight else ""
+            words = (f"; then {again}the next backward, gradients held: {rise:,} B above what the first backward "
+                     f"left, replayed {derived:,} B")
+        notes.append(f"check: stage {stage.rank} traced (the real class cut to layers {start}–{stop - 1} and run as "
+                     f"PipelineStage runs it, {stage.in_flight} forward{'s' if stage.in_flight > 1 else ''} then a "
+                     f"backward; MemTracker): held {traced.held:,} B, peak {traced.peak:,} B above its states; "
+                     f"replayed {replayed.held:,} B and {replayed.peak:,} B "
+                     f"({'equal' if (traced.held, traced.peak) == (replayed.held, replayed.peak) else 'differs'})"
+                     + words)
+    return dataclasses.replace(device, traced=tuple(traces), notes=device.notes + tuple(notes))

@@ -1,0 +1,326 @@
+"""A training step's devices under a pipeline: each stage's layers, embeddings or head, the microbatches it holds at
+once and its point-to-point buffers; the stage with the largest peak is the device's answer.
+
+    pipeline_device          the Llama-style family: the analytic recipe's layers × microbatches in flight
+    derived_pipeline_device  any other class: each stage replayed from the derived step's segments (stage_recipe.py)"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ...errors import UnsupportedError
+from ..memory.phases import PhaseFigure, moment_phases
+from .device import Buffer, StageMemory, DeviceMemory, StepContext, NEEDS_BUILD
+from .device_parts import (
+    check_analytic, device_states_of, fsdp_buffers, hidden_size, layer_runs, local_activations, local_recipe_missing,
+    local_shape, matmul_names, resident_bytes, sequence_parallel_norm_gradients, tied_bytes, whole_embedding_gradient,
+    with_buffers, with_norm_gradients, with_whole_gradient
+)
+from .pipeline import Stage, bubble, layer_stack_of, params_held, split_words, stages
+from .rules import Placement
+from .states import DeviceStates
+
+
+def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
+    """Pipeline stages: each device's layers, embeddings or head, and the microbatches it holds at once."""
+    layout = ctx.layout
+    if local_recipe_missing(ctx):  # no closed form on a stage's layers: the derived recipe's segments
+        return derived_pipeline_device(ctx, placements, rules)
+    recipe = check_analytic(ctx, "pipeline parallelism")
+    names = [p.name for p in ctx.report.params]
+    stack, count = layer_stack_of(names)
+    plan = stages(layout, count)
+    micro = ctx.batch // layout.micro_batches
+    shape_all = local_shape(ctx, placements)
+    by_name = {p.name: p for p in placements}
+    tied_name = next((g.canonical for g in ctx.report.tied), None)
+    residual = 2 if ctx.precision == "bf16-pure" else 4
+    from ..dims import config_int
+
+    h = config_int(ctx.text, "hidden_size") or 0
+    figures_by_stage: list[tuple[Stage, DeviceStates, tuple[PhaseFigure, ...], int]] = []
+
+    params_of: dict[int, list] = {}
+    matmuls = matmul_names(ctx) if ctx.precision.endswith("-mixed") else frozenset()
+    casts_of: dict[int, int] = {}
+
+    def stage_params(stage: Stage) -> list:
+        if stage.rank in params_of:
+            return params_of[stage.rank]
+        out = params_of[stage.rank] = params_held(ctx.report.params, stack, stage)
+        casts_of[stage.rank] = 2 * sum(by_name[p.name].local_numel for p in out if p.name in matmuls)
+        return out
+
+    def stage_figures(stage: Stage, dev: DeviceStates, batch: int, length: int) -> tuple[tuple[PhaseFigure, ...], int]:
+        act = local_activations(ctx, shape_all, batch, length)
+        local_len = -(-length // layout.cp)
+        chunk = max(stage.chunk_layers)
+        kept = stage.in_flight * chunk * act.per_layer if layout.virtual_stages > 1 else \
+            stage.in_flight * len(stage.layers) * act.per_layer
+        stage_params(stage)
+        own_casts = casts_of[stage.rank]
+        all_casts = 2 * shape_all["cast_weights"] if ctx.precision.endswith("-mixed") else 0
+        resident = resident_bytes(dev, ctx.buffer_bytes)
+        if stage.last:
+            tied_copy = tied_bytes(ctx, placements) if tied_name and layout.pp > 1 else 0
+            others = (act.layers - len(stage.layers)) * act.per_layer
+            extra_mb = (stage.in_flight - 1) * len(stage.layers) * act.per_layer
+            moments = tuple(dataclasses.replace(
+                m, bytes=m.bytes - others - (all_casts - own_casts) + extra_mb,
+                arithmetic=(f"{m.arithmetic}; this stage's {len(stage.layers)} layers of {act.layers}"
+                            + (f", {stage.in_flight} microbatches in flight" if stage.in_flight > 1 else "")))
+                for m in act.moments)
+            figures = moment_phases(dataclasses.replace(act, moments=moments), resident=resident,
+                                    gradients=dev.gradients, tied=tied_copy, text=ctx.text, batch=batch,
+                                    length=local_len, precision=ctx.precision, step=ctx.step)
+            # the first moments hold the stage's gradients too once a microbatch has gone back (1F1B's steady
+            # state): the largest of the two
+            if stage.in_flight > 1 or layout.micro_batches > 1:
+                figures = tuple(dataclasses.replace(f, bytes=f.bytes + dev.gradients, gradients=dev.gradients,
+                                                    arithmetic=f.arithmetic + f"; gradients {dev.gradients:,} "
+                                                    "(accumulated over the microbatches already gone back)")
+                                if f.where in ("end of forward", "start of backward") else f for f in figures)
+            return tuple(with_buffers(p, comm_of[stage.rank]) for p in figures), \
+                kept + (act.saved - act.layers * act.per_layer - all_casts) + own_casts
+        embedding = stage.in_flight * residual * batch * local_len * h if stage.first else 0
+        incoming = residual * batch * local_len * h
+        held = kept + embedding + own_casts
+        words = (f"{stage.in_flight} microbatch{'es' if stage.in_flight > 1 else ''} in flight × "
+                 + (f"{chunk} layers a chunk" if layout.virtual_stages > 1 else f"{len(stage.layers)} layers")
+                 + f" × {act.per_layer:,} B a layer" + (f" + the embedding output {residual}·b·S·h each, "
+                                                         f"{embedding:,}" if embedding else "")
+                 + (f" + the stage's 16-bit weight copies {own_casts:,}" if own_casts else "")
+                 + f" + the gradient arriving from the next stage {incoming:,} + gradients {dev.gradients:,}")
+        steady = PhaseFigure("backward", resident + held + incoming + dev.gradients, "1F1B steady state" if
+                             layout.schedule != "gpipe" else "first backward", words, dev.gradients)
+        step_bytes, step_text = ctx.step
+        step = PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
+                           f"gradients {dev.gradients:,}; {step_text}", dev.gradients)
+        return (with_buffers(steady, comm_of[stage.rank]), step), held
+
+    comm_of: dict[int, list[Buffer]] = {}
+    for stage in plan:
+        extra = ()
+        if stage.last and layout.pp > 1 and tied_name is not None and tied_name in by_name and \
+                by_name[tied_name].role.startswith("embedding"):
+            copy = by_name[tied_name]
+            extra = (dataclasses.replace(copy, name=copy.name + " (the last stage's copy)"),)
+        dev = device_states_of(ctx, placements, stage_params(stage), extra)
+        held_names = {q.name for q in stage_params(stage)}
+        comm_of[stage.rank] = fsdp_buffers(ctx, tuple(p for p in placements if p.name in held_names))
+        figures, held = stage_figures(stage, dev, micro, ctx.seq)
+        figures_by_stage.append((stage, dev, figures, held))
+    worst = max(figures_by_stage, key=lambda item: max(p.bytes for p in item[2]))
+    stage, dev, figures, held = worst
+    comm = comm_of[stage.rank]
+    rows = []
+    for s, d, f, h_ in figures_by_stage:
+        top = max(f, key=lambda p: p.bytes)
+        rows.append(StageMemory(s.rank, (s.layers[0], s.layers[-1]) if s.layers else None, layer_runs(s.layers),
+                                len(s.layers),
+                                s.in_flight, s.first, s.last, d.weights, d.gradients, d.optimizer, d.master_weights,
+                                h_, top.bytes, top.phase))
+    tied_words = " and a copy of the tied embedding for the head (Megatron's rule)" if tied_name else ""
+    words = (f"{split_words(layout, count)}; the embeddings on stage 0, the final norm and head on stage "
+             f"{layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
+    notes = (f"pipeline: each stage holds its layers' saved activations for every microbatch in flight "
+             f"({layout.schedule}); the last stage's figure is the recipe's moments for its layers, whose outside "
+             "terms include the embedding output the first stage holds (a bound); a stage's own backward working "
+             "memory beyond what its layers saved is not counted, nor the point-to-point send and receive buffers "
+             "(b·S·h each)",)
+    device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
+                          held, f"analytic: {recipe}, stage {stage.rank}'s layers × microbatches in flight",
+                          dev.arithmetic, tuple(comm), figures, rules, tuple(rows), words, bubble(layout), notes)
+
+    def at(one_device: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
+        best = None
+        size = max(1, batch // layout.micro_batches)
+        for s, d, _, _ in figures_by_stage:
+            top = max(stage_figures(s, d, size, length)[0], key=lambda p: p.bytes)
+            best = top if best is None or top.bytes > best.bytes else best
+        return best
+    return device, at
+
+
+def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
+    """Pipeline stages of a class whose step is derived from traces (derived/): each stage's activations and peak
+    replayed from the one-device recipe's segments for its layers (stage_recipe.py), with its microbatches in flight,
+    its point-to-point buffers and its model states. NEEDS_BUILD where the recipe is neither cached nor derivable
+    without the build."""
+    from ..derived.step import DerivedStep
+    from ..derived.symbols import NotDerivable
+    from ..traced.step import StepSettings
+    from .stage_recipe import stage_activations
+
+    layout = ctx.layout
+    cls = ctx.view.class_name
+    if layout.cp > 1:
+        raise UnsupportedError("pipeline parallelism with context parallelism for {cls} is not modelled: its stages "
+                               "are replayed from a derived step, and none is derived with the sequence cut over "
+                               "ranks (ring attention's chunks); pipeline with data and tensor parallelism is",
+                               cls=cls)
+    if layout.ep > 1:
+        raise UnsupportedError("pipeline parallelism with expert parallelism for {cls} is not modelled: its stages "
+                               "are replayed from a derived step, and none is derived with the experts cut over "
+                               "ranks beside a pipeline (the dispatch's buffers); pipeline with data and tensor "
+                               "parallelism is", cls=cls)
+    if getattr(ctx.view.config, "is_encoder_decoder", False):
+        raise UnsupportedError("pipeline parallelism over {cls} is refused: an encoder-decoder has two layer stacks "
+                               "and the decoder's cross-attention reads the encoder's output on every decoder stage, "
+                               "which the one-stack stage rules do not place", cls=cls)
+    names = [p.name for p in ctx.report.params]
+    stack, count = layer_stack_of(names)
+    plan = stages(layout, count)
+    micro = ctx.batch // layout.micro_batches
+    settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
+                            grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
+                            frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own,
+                            # tensor parallel: the rank's recipe, derived with the layout applied on torch's fake
+                            # process group (same segments: prefix, each layer's forward, head, each layer's backward)
+                            layout=(1, "none", layout.tp, layout.sp) if layout.tp > 1 else None)
+    try:
+        step = DerivedStep.first(ctx.view.module, cls, ctx.view.config, settings, batch=micro, seq=ctx.seq,
+                                 limit=ctx.limit, live=ctx.live, structure=ctx.structure)
+    except NotDerivable as err:
+        raise UnsupportedError("pipeline parallelism for {cls} needs its step derived from traces, which declined: "
+                               "{why}", cls=cls, why=str(err)) from None
+    if step is None:
+        return NEEDS_BUILD
+    if len(step.recipe.layer_types) != count:
+        raise UnsupportedError("pipeline parallelism for {cls}: the derived step's {derived} layers are not the "
+                               "{count} of its stack {stack}", cls=cls, derived=len(step.recipe.layer_types),
+                               count=count, stack=stack)
+    by_name = {p.name: p for p in placements}
+    tied_name = next((g.canonical for g in ctx.report.tied), None)
+    residual_size = 2 if ctx.precision == "bf16-pure" else 4
+    hidden = hidden_size(ctx)
+    step_bytes, step_text = ctx.step
+    # the hidden state a rank sends and receives: under sequence parallel its sequence shard (torch's
+    # SequenceParallel leaves the residual stream Shard(1) between layers), else whole on every tp rank
+    shard = layout.tp if layout.sp else 1
+    s_words = f"B·(S / {shard})·h" if shard > 1 else "B·S·h"
+    whole = whole_embedding_gradient(ctx, placements)
+
+    def recipe_at(batch: int, length: int) -> Any:
+        for recipe in step.recipes:
+            if recipe.covers(batch, length):
+                return recipe
+        step.at(batch, length)  # derives (or reads) that regime's recipe, once
+        return next((r for r in step.recipes if r.covers(batch, length)), None)
+
+    def stage_params(stage: Stage) -> list:
+        return params_held(ctx.report.params, stack, stage)
+
+    def chunks_of(stage: Stage) -> list[tuple[int, int]]:
+        return [(a, b + 1) for a, b in layer_runs(stage.layers)]
+
+    def stage_figures(stage: Stage, dev: DeviceStates, comm: list[Buffer], batch: int, length: int
+                      ) -> tuple[tuple[PhaseFigure, ...], Any, str]:
+        recipe = recipe_at(batch, length)
+        if recipe is None:
+            return (PhaseFigure("backward", 1 << 62, "", ""),), None, ""
+        residual = batch * (length // shard) * hidden * residual_size
+        # a later backward (more than one microbatch): every gradient already held; as many microbatches in flight
+        # as at the first where another forward comes before it (1F1B, interleaved), one fewer where every forward
+        # came first (GPipe) or the stage's last microbatches drain
+        more = layout.schedule != "gpipe" and layout.micro_batches * layout.virtual_stages > stage.in_flight
+        later = 0 if layout.micro_batches * layout.virtual_stages == 1 else stage.in_flight - (0 if more else 1)
+        # interleaved: the chunk whose microbatch keeps the most, for every chunk-microbatch in flight (a bound)
+        figures = max((stage_activations(recipe, batch, length, a, b, stage.in_flight, residual, later)
+                       for a, b in chunks_of(stage)), key=lambda f: (f.per_microbatch, f.peak))
+        resident = resident_bytes(dev, ctx.buffer_bytes)
+        k = stage.in_flight
+        held_words = (f"{k} microbatch{'es' if k > 1 else ''} in flight × {figures.per_microbatch:,} B each"
+                      + (f" (the received hidden state B·S·h × {residual_size} B = {figures.received:,} included)"
+                         if figures.received else "")
+                      + (f", the largest chunk's (a bound over the {len(stage.chunk_layers)} chunks)"
+                         if layout.virtual_stages > 1 else ""))
+        phases = [
+            PhaseFigure("forward", resident + figures.forward_peak, "forwards in flight",
+                        f"{k - 1} microbatch{'es' if k != 2 else ''} held × {figures.per_microbatch:,} + the last "
+                        f"forward's peak: {figures.forward_peak:,} (derived, the stage's segments)", 0,
+                        figures.forward_peak),
+            PhaseFigure("backward", resident + figures.backward_peak, "first backward",
+                        f"{held_words} = {figures.held:,} + one microbatch's backward through the stage"
+                        + (f" from the received output gradient {s_words} × {residual_size} B = "
+                           f"{figures.output_gradient:,}" if figures.output_gradient else " from the loss")
+                        + f", its gradients made as it goes: {figures.backward_peak:,} (derived)",
+                        figures.gradients_at_backward_peak, figures.backward_peak - figures.gradients_at_backward_peak)]
+        if later:
+            phases.append(PhaseFigure(
+                "backward", resident + dev.gradients + figures.later_peak, "later backward",
+                f"gradients {dev.gradients:,} held from the microbatches gone back + {later} microbatch"
+                f"{'es' if later > 1 else ''} in flight and one's backward, each new gradient added into its .grad "
+                f"at once: {figures.later_peak:,} (derived; a head tied to the input embedding adds its gradients "
+                "otherwise, within 40 KB on a GPT-2 cut)", dev.gradients, figures.later_peak))
+        phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
+                                  f"gradients {dev.gradients:,}; {step_text}", dev.gradients))
+        if stage.first and whole is not None:  # the stage holding the vocabulary-parallel embedding
+            phases = [with_whole_gradient(p, whole) for p in phases]
+        norms = sequence_parallel_norm_gradients(ctx, stage_params(stage))
+        return tuple(with_buffers(with_norm_gradients(p, norms), comm) for p in phases), figures, recipe.regime
+
+    rows_in: list[tuple[Stage, DeviceStates, tuple[PhaseFigure, ...], Any, list[Buffer]]] = []
+    regime = ""
+    for stage in plan:
+        extra = ()
+        if stage.last and tied_name is not None and tied_name in by_name and \
+                by_name[tied_name].role.startswith("embedding"):
+            copy = by_name[tied_name]
+            extra = (dataclasses.replace(copy, name=copy.name + " (the last stage's copy)"),)
+        params = stage_params(stage)
+        dev = device_states_of(ctx, placements, params, extra)
+        held_names = {q.name for q in params}
+        comm = fsdp_buffers(ctx, tuple(p for p in placements if p.name in held_names))
+        figures, replayed, regime = stage_figures(stage, dev, comm, micro, ctx.seq)
+        rows_in.append((stage, dev, figures, replayed, comm))
+    stage, dev, figures, replayed, comm = max(rows_in, key=lambda item: max(p.bytes for p in item[2]))
+    held = replayed.held if replayed is not None else 0
+    residual = micro * (ctx.seq // shard) * hidden * residual_size
+    p2p = [Buffer("pipeline's received hidden state", residual if not stage.first else 0,
+                  f"{s_words} × {residual_size} B = {residual:,} a microbatch, from the previous stage (counted with "
+                  "each microbatch in flight)", ("forward", "backward")),
+           Buffer("pipeline's received output gradient", residual if not stage.last else 0,
+                  f"{s_words} × {residual_size} B = {residual:,}, from the next stage, held through the microbatch's "
+                  "backward (counted in it)", ("backward",)),
+           Buffer("pipeline's input gradient to send", residual if not stage.first else 0,
+                  f"{s_words} × {residual_size} B = {residual:,}, made by the backward for the previous stage "
+                  "(counted in it)", ("backward",))]
+    rows = []
+    for s, d, f, r, _ in rows_in:
+        top = max(f, key=lambda p: p.bytes)
+        rows.append(StageMemory(s.rank, (s.layers[0], s.layers[-1]) if s.layers else None, layer_runs(s.layers),
+                                len(s.layers), s.in_flight, s.first, s.last, d.weights, d.gradients, d.optimizer,
+                                d.master_weights, r.held if r is not None else 0, top.bytes, top.phase, r))
+    tied_words = " and a copy of the tied embedding for the head (Megatron's rule)" if tied_name else ""
+    words = (f"{split_words(layout, count)}; the embeddings on stage 0, the final norm and head on stage "
+             f"{layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
+    source = (f"tensor-parallel rank's derived step (tp {layout.tp}{' with sequence parallel' if layout.sp else ''}"
+              f", traced on torch's fake process group; {regime})" if layout.tp > 1 else
+              f"derived one-device step ({regime})")
+    check = ("checked against MemTracker on the real class cut to each stage with the tp layout applied on the fake "
+             "process group: on a Mixtral cut its forwards and first backward equal to the byte "
+             "(tests/test_pipeline_tensor_parallel.py); on a GPT-2 cut (Conv1D, tied head) the first backward traced "
+             "up to 262 KB above a stage's 2.6 MB replay (10%), and a later backward up to 459 KB above on both: "
+             "DTensor's gradient handling at a stage's edges, not modelled; --trace measures each stage"
+             if layout.tp > 1 else
+             "equal to MemTracker on the real class cut to each stage: tests/test_pipeline_stages.py")
+    notes = (f"pipeline: each stage's activations replayed from {cls}'s {source}, segment "
+             "by segment for its layers: the prefix (embeddings, position tables) on the first stage, the final norm, "
+             "head and loss on the last, the received hidden state on the others; k microbatches in flight keep k "
+             f"times what one forward keeps, and the peak adds one microbatch's backward through the stage ({check})",
+             "pipeline convention: each microbatch's forward runs under its own autocast, so its 16-bit weight "
+             "copies are held with it (as one device's step); later stages take the position tables with their "
+             "input (torchtitan's stages hold them as buffers), not counted there",
+             *step.notes()[:1])
+    device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
+                          held, f"derived: stage {stage.rank}'s layers from the recipe's segments × microbatches in "
+                          "flight", dev.arithmetic, tuple(comm) + tuple(b for b in p2p if b.bytes), figures, rules,
+                          tuple(rows), words, bubble(layout), notes)
+
+    def at(one_device: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
+        size = max(1, batch // layout.micro_batches)
+        return max((max(stage_figures(s, d, c, size, length)[0], key=lambda p: p.bytes)
+                    for s, d, _, _, c in rows_in), key=lambda p: p.bytes)
+    return device, at
