@@ -42,6 +42,10 @@ if TYPE_CHECKING:
     from .cost.flops.result import FlopEstimate
     from .cost.speed.answer import ServeOptions, estimate_serving
     from .cost.speed.roofline import ServeSpeed
+    from .cost.memory.llama_cpp import LlamaCppOptions
+    from .cost.memory.llama_cpp_answer import LlamaCppEstimate, estimate_llama_cpp
+    from .cost.memory.vllm import VllmOptions
+    from .cost.memory.vllm_answer import VllmEstimate, estimate_vllm
     from .api import inspect_with_module
     from .plan import Plan, PlanOptions, make_plan, plan_flops, plan_memory
 
@@ -57,6 +61,10 @@ _LAZY = {
     "estimate_training": "cost.memory.training", "TrainingOptions": "cost.memory.training",
     "estimate_flops": "cost.flops.estimate", "FlopOptions": "cost.flops.estimate", "FlopEstimate": "cost.flops.result",
     "estimate_serving": "cost.speed.answer", "ServeOptions": "cost.speed.answer", "ServeSpeed": "cost.speed.roofline",
+    "estimate_llama_cpp": "cost.memory.llama_cpp_answer", "LlamaCppOptions": "cost.memory.llama_cpp",
+    "LlamaCppEstimate": "cost.memory.llama_cpp_answer",
+    "estimate_vllm": "cost.memory.vllm_answer", "VllmOptions": "cost.memory.vllm",
+    "VllmEstimate": "cost.memory.vllm_answer",
     "inspect_with_module": "api", "Plan": "plan", "PlanOptions": "plan", "make_plan": "plan",
     "plan_memory": "plan", "plan_flops": "plan",
 }
@@ -89,6 +97,8 @@ __all__ = [
     "Formula",
     "FormulaError",
     "FormulaMismatchError",
+    "LlamaCppEstimate",
+    "LlamaCppOptions",
     "MemoryEstimate",
     "MemoryOptions",
     "ModelClassError",
@@ -108,12 +118,16 @@ __all__ = [
     "TiedGroup",
     "TrainingOptions",
     "UnsupportedError",
+    "VllmEstimate",
+    "VllmOptions",
     "__version__",
     "derive_formula",
     "estimate_flops",
+    "estimate_llama_cpp",
     "estimate_memory",
     "estimate_serving",
     "estimate_training",
+    "estimate_vllm",
     "inspect",
     "inspect_module",
     "inspect_with_module",

@@ -1,5 +1,5 @@
 """`paramscope memory MODEL|FILE.gguf --engine llama.cpp`: memory per device as llama.cpp places it
-(cost/memory/llama_cpp.py), its flags and their checks.
+(cost/memory/llama_cpp_answer.py), its flags and their checks.
 
 Kept apart from cli/memory.py, which only adds these options and hands over when --engine llama.cpp (or one of its
 flags) is given.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import checked_size, checked_width, use_color, write, write_report_json
+from ._common import checked_size, checked_width, use_color, write
 
 _FLAGS = (("--n-gpu-layers", "n_gpu_layers"), ("--n-cpu-moe", "n_cpu_moe"), ("--ctx-size", "ctx_size"),
           ("--cache-type-k", "cache_type_k"), ("--cache-type-v", "cache_type_v"), ("--parallel", "parallel"),
@@ -79,11 +79,9 @@ def wants_llama_cpp(args: argparse.Namespace) -> bool:
 
 def run_llama_cpp(args: argparse.Namespace) -> int:
     from ..cost.hardware import Accelerator, find_accelerator
-    from ..cost.memory.llama_cpp import LlamaCppOptions, Tensor, llama_cpp_plan, model_facts
-    from ..cost.memory.serving import MemoryOptions
-    from ..cost.memory.serving_answer import memory_answer
+    from ..cost.memory.llama_cpp import LlamaCppOptions
+    from ..cost.memory.llama_cpp_answer import llama_cpp_answer
     from ..errors import OptionError
-    from ..sources import resolve
 
     if args.engine != "llama.cpp":
         flag = ([flag for flag, name in _FLAGS if getattr(args, name) is not None]
@@ -109,6 +107,8 @@ def run_llama_cpp(args: argparse.Namespace) -> int:
     ngl = args.n_gpu_layers
     if ngl == "auto" and not (args.gpu or args.budget):
         raise OptionError("--n-gpu-layers auto needs --gpu NAME or --budget SIZE: the memory to fit")
+    reserve = checked_size("--reserve", args.reserve, zero=True) or 0
+    budget = checked_size("--budget", args.budget) if args.budget else None
     options = LlamaCppOptions(
         n_gpu_layers=None if ngl == "auto" else ngl, n_cpu_moe=args.n_cpu_moe, ctx_size=args.ctx_size,
         cache_type_k=(args.cache_type_k or "f16").lower(), cache_type_v=(args.cache_type_v or "f16").lower(),
@@ -116,100 +116,30 @@ def run_llama_cpp(args: argparse.Namespace) -> int:
         batch_size=2048 if args.batch_size is None else args.batch_size,
         ubatch_size=512 if args.ubatch_size is None else args.ubatch_size, flash_attn=args.flash_attn,
         swa_full=args.swa_full, kv_unified=args.kv_unified, kv_offload=not args.no_kv_offload,
-        gpus=args.devices or (len(args.tensor_split) if args.tensor_split else 1), tensor_split=args.tensor_split)
+        gpus=args.devices or (len(args.tensor_split) if args.tensor_split else 1), tensor_split=args.tensor_split,
+        dtype=args.dtype, imatrix=bool(args.imatrix), gpu=args.gpu, budget=budget, reserve=reserve)
     options.check()
     width = None if args.json else checked_width(args)
-    reserve = checked_size("--reserve", args.reserve, zero=True) or 0
+    # found here, once, to word the refusal below with the sizes as given; the core takes it as found
     accelerator = find_accelerator(args.gpu) if args.gpu else (
-        Accelerator("budget", checked_size("--budget", args.budget), "", "budget") if args.budget else None)
+        Accelerator("budget", budget, "", "budget") if budget else None)
     if accelerator is not None and accelerator.memory <= reserve:  # no GPU memory left to place anything in
         what = f"--gpu {accelerator.name}'s {accelerator.memory:,} B" if args.gpu else \
             f"--budget {args.budget} ({accelerator.memory:,} B)"
         raise OptionError(f"{what} is not above --reserve {args.reserve} ({reserve:,} B): nothing is left on the GPU "
                           "for llama.cpp's buffers; give a larger budget or a smaller --reserve")
-    from ..cost.memory.llama_cpp_header import HEADER_ONLY
-    from ..sources import gguf_source, local_gguf
-
-    budget = None if accelerator is None else accelerator.memory - reserve
-    at = local_gguf(args.model)
-    if at is not None:  # read the header once: an RWKV-6/7 file has no config to build
-        from pathlib import Path
-
-        from ..checkpoint.gguf_read import read_gguf
-
-        header = read_gguf(at)
-        if header.architecture in HEADER_ONLY:
-            if args.dtype is not None:
-                raise OptionError("--dtype with a .gguf file: llama.cpp serves the file's own types")
-            return _from_header(args, header, options, accelerator, reserve, budget, width)
-        source = gguf_source(header, str(Path(str(args.model).strip()).expanduser()))
-    else:
-        source = resolve(args.model, revision=args.revision)
-    if source.checkpoint is None:
-        from ..cost.memory.llama_cpp_mixture import mixture_name
-
-        if args.dtype is None or mixture_name(args.dtype) is None:
-            raise OptionError("--engine llama.cpp needs a .gguf file, or a config with a llama.cpp mixture --dtype "
-                              f"(q4_k_m, q8_0, iq4_xs, ...){'' if args.dtype is None else f', got {args.dtype}'}")
-    elif args.dtype is not None:
-        raise OptionError("--dtype with a .gguf file: llama.cpp serves the file's own types")
-    memory = MemoryOptions(dtype=args.dtype, imatrix=bool(args.imatrix))
-    memory.check()
-    # the transformers serving peak's check against a traced prefill is not llama.cpp's memory: not made here (a
-    # hybrid's traced prefill runs transformers' CPU scan for minutes)
-    report, estimate, view = memory_answer(source, memory, not args.no_cache, check=False,
-                                           model_class=args.model_class,
-                                           task=args.task, num_labels=args.num_labels,
-                                           trust_remote_code=args.trust_remote_code)
-    if source.checkpoint is not None:
-        ck = source.checkpoint
-        tensors = tuple(Tensor(t.name, t.nbytes) for t in ck.tensors)
-        weights_from = f"the GGUF file {ck.files[0]}'s header: each tensor's exact bytes"
-        model_arg = ck.files[0]  # llama-server -m takes the file (a split set's first shard), not its folder
-    else:
-        predicted = estimate.settings["gguf_file"]
-        tensors = tuple(Tensor(t["name"], t["bytes"]) for t in predicted["tensor_list"])
-        weights_from = (f"the predicted {predicted['mixture']} file ({predicted['source']}): each tensor's bytes as "
-                        "llama-quantize writes it")
-        model_arg = f"{report.model.label.rsplit('/', 1)[-1]}-{predicted['mixture']}.gguf"
-    facts = model_facts(view.config)
-    plan = llama_cpp_plan(tensors, facts, options, model=report.model.label, weights_from=weights_from,
-                          budget=budget, model_arg=model_arg)
-    if args.json:
-        from ..render.llama_cpp import llama_cpp_to_dict
-        from ..render.memory import memory_to_dict
-
-        write_report_json(report, memory={**memory_to_dict(estimate),
-                                          "llama_cpp": llama_cpp_to_dict(plan, accelerator, reserve)})
-    else:
-        from ..render.llama_cpp import render_llama_cpp_text
-
-        write(render_llama_cpp_text(report, plan, accelerator, reserve, width, color=use_color()))
-    return 0
-
-
-def _from_header(args: argparse.Namespace, ck, options, accelerator, reserve: int, budget: int | None,
-                 width: int | None) -> int:
-    """An RWKV-6/7 GGUF: transformers has no class to build, and llama.cpp's memory needs only the header (its
-    tensors' bytes and hparams), so the answer is the llama.cpp plan alone, without the memory report."""
-    from ..cost.memory.llama_cpp import Tensor, llama_cpp_plan
-    from ..cost.memory.llama_cpp_header import header_facts
-
-    facts = header_facts(ck)
-    tensors = tuple(Tensor(t.name, t.nbytes) for t in ck.tensors)
-    plan = llama_cpp_plan(tensors, facts, options, model=args.model,
-                          weights_from=f"the GGUF file {ck.files[0]}'s header: each tensor's exact bytes",
-                          budget=budget, model_arg=ck.files[0],
-                          notes=(f"{ck.architecture}: transformers has no class for it, so no memory report; "
-                                 "llama.cpp's memory from the header alone",))
+    result = llama_cpp_answer(args.model, options, not args.no_cache, accelerator=accelerator,
+                              revision=args.revision, model_class=args.model_class, task=args.task,
+                              num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
     if args.json:
         import json
 
-        from ..render.llama_cpp import header_document
+        from ..render.llama_cpp import llama_cpp_document
 
-        write(json.dumps(header_document(ck, plan, accelerator, reserve), indent=2, ensure_ascii=False) + "\n")
+        write(json.dumps(llama_cpp_document(result), indent=2, ensure_ascii=False) + "\n")
     else:
         from ..render.llama_cpp import render_llama_cpp_text
 
-        write(render_llama_cpp_text(None, plan, accelerator, reserve, width, color=use_color()))
+        write(render_llama_cpp_text(result.report, result.plan, result.accelerator, result.reserve, width,
+                                    color=use_color()))
     return 0

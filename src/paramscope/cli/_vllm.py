@@ -1,4 +1,5 @@
-"""`paramscope memory MODEL --engine vllm`: vLLM's launch figures (cost/memory/vllm.py), its flags and their checks.
+"""`paramscope memory MODEL --engine vllm`: vLLM's launch figures (cost/memory/vllm_answer.py), its flags and their
+checks.
 
 Kept apart from cli/memory.py, which only adds these options and hands over when --engine is given.
 """
@@ -7,8 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import UnsupportedError
-from ._common import checked_size, checked_width, use_color, write, write_report_json
+from ._common import checked_size, checked_width, use_color, write
 
 _FLAGS = (("--gpu-memory-utilization", "gpu_memory_utilization"), ("--max-model-len", "max_model_len"),
           ("--max-num-seqs", "max_num_seqs"), ("--max-num-batched-tokens", "max_num_batched_tokens"),
@@ -44,12 +44,9 @@ def wants_vllm(args: argparse.Namespace) -> bool:
 
 
 def run_vllm(args: argparse.Namespace) -> int:
-    from ..cost.hardware import Accelerator, find_accelerator
-    from ..cost.memory.serving import MemoryOptions
-    from ..cost.memory.serving_answer import memory_answer
-    from ..cost.memory.vllm import DEFAULT_UTILIZATION, VllmOptions, vllm_preflight
+    from ..cost.memory.vllm import DEFAULT_UTILIZATION, VllmOptions
+    from ..cost.memory.vllm_answer import vllm_answer
     from ..errors import OptionError
-    from ..sources import resolve
 
     if args.engine is None:
         flag = next(flag for flag, name in _FLAGS if getattr(args, name) is not None)
@@ -65,7 +62,7 @@ def run_vllm(args: argparse.Namespace) -> int:
     if given:
         raise OptionError(f"--engine vllm does not take {given[0]} (vLLM's own flags: --max-model-len, "
                           "--max-num-seqs, --tp, --pp)")
-    partition = _partition(args.pp_layer_partition, args.pp)
+    partition = _partition(args.pp_layer_partition)
     if bool(args.gpu) == bool(args.budget):
         raise OptionError("--engine vllm needs one of --gpu NAME or --budget SIZE: the memory vLLM's utilization "
                           "multiplies")
@@ -75,63 +72,32 @@ def run_vllm(args: argparse.Namespace) -> int:
                                 args.gpu_memory_utilization),
         max_model_len=args.max_model_len, block_size=16 if args.block_size is None else args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        pp_layer_partition=partition)
-    options.check()
-    reserve = checked_size("--reserve", args.reserve, zero=True)
-    accelerator = find_accelerator(args.gpu) if args.gpu else Accelerator(
-        "budget", checked_size("--budget", args.budget), "", "budget")
-    from ..cost.dtypes import torch_name
-    from ..cost.memory.vllm import cache_dtype_flag, vllm_dtype
-
-    if args.kv_dtype is not None and torch_name(args.kv_dtype) not in ("bfloat16", "float16", "float8_e4m3fn",
-                                                                       "float8_e5m2"):
-        raise OptionError(f"--kv-dtype {args.kv_dtype}: vLLM's --kv-cache-dtype takes auto (the model's dtype), "
-                          "bfloat16, fp8 or fp8_e5m2")
-    source = resolve(args.model, revision=args.revision)
-    from ..cost.memory.quantization import weight_format
-
-    if source.checkpoint is not None or (args.dtype is not None and weight_format(args.dtype).kind == "gguf"):
-        # vLLM keeps a GGUF's weights in their ggml types through its own (experimental) GGUF kernels: not modelled,
-        # and pricing them at the model's dtype would be several times high
-        raise UnsupportedError("--engine vllm on a GGUF model (a .gguf file or a llama.cpp mixture --dtype) is not "
-                               "modelled; --engine llama.cpp serves it")
-    from ..cost.memory.vllm import refuse_unserved_encoder_decoder
-
-    refuse_unserved_encoder_decoder(source.config)
-    dtype, dtype_flag, dtype_note = vllm_dtype(source.config, args.dtype)
-    memory = MemoryOptions(dtype=dtype, kv_dtype=args.kv_dtype, seq=args.max_model_len,
-                           group_size=args.group_size, reserve=reserve, tp=args.tp)
-    memory.check()
-    report, estimate, view = memory_answer(source, memory, not args.no_cache, model_class=args.model_class,
-                                           task=args.task, num_labels=args.num_labels,
-                                           trust_remote_code=args.trust_remote_code)
-    preflight = vllm_preflight(report, view, estimate, options, accelerator, reserve=reserve, tp=args.tp, pp=args.pp,
-                               model_id=report.model.label if report.model.source_kind in ("preset", "hub",
-                                                                                            "hub-cache")
-                               else args.model,
-                               kv_dtype_flag=cache_dtype_flag(estimate.settings["kv_dtype"],
-                                                              estimate.settings.get("compute_dtype")),
-                               dtype_flag=dtype_flag, extra_notes=(dtype_note,) if dtype_note else ())
+        pp_layer_partition=partition, dtype=args.dtype, kv_dtype=args.kv_dtype, group_size=args.group_size,
+        tp=args.tp, pp=args.pp, gpu=args.gpu, budget=checked_size("--budget", args.budget) if args.budget else None,
+        reserve=checked_size("--reserve", args.reserve, zero=True))
+    result = vllm_answer(args.model, options, not args.no_cache, revision=args.revision,
+                         model_class=args.model_class, task=args.task, num_labels=args.num_labels,
+                         trust_remote_code=args.trust_remote_code)
     if args.json:
-        from ..render.memory import memory_to_dict
-        from ..render.vllm import vllm_to_dict
+        import json
 
-        write_report_json(report, memory={**memory_to_dict(estimate), "vllm": vllm_to_dict(preflight)})
+        from ..render.vllm import vllm_document
+
+        write(json.dumps(vllm_document(result), indent=2, ensure_ascii=False) + "\n")
     else:
         from ..render.vllm import render_vllm_text
 
-        write(render_vllm_text(report, preflight, width, color=use_color()))
+        write(render_vllm_text(result.report, result.preflight, width, color=use_color()))
     return 0
 
 
-def _partition(text: str | None, pp: int) -> tuple[int, ...] | None:
-    """--pp-layer-partition "41,39" → (41, 39); one line naming the flag where it is not counts, or without --pp."""
+def _partition(text: str | None) -> tuple[int, ...] | None:
+    """--pp-layer-partition "41,39" → (41, 39); one line naming the flag where it is not counts (without --pp, the
+    core's refusal)."""
     from ..errors import OptionError
 
     if text is None:
         return None
-    if pp == 1:
-        raise OptionError("--pp-layer-partition is for --pp: each pipeline stage's layers")
     try:
         counts = tuple(int(part) for part in text.split(",", 64))
     except ValueError:

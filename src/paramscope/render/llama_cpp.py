@@ -148,3 +148,18 @@ def header_document(ck: Any, plan: Any, accelerator: Any, reserve: int) -> dict[
             "model": {"source": ck.path, "source_kind": ck.format, "label": plan.model, "class": None,
                       "model_type": ck.architecture, "engine": {"name": "gguf-header", "detail": None}},
             "memory": {"llama_cpp": llama_cpp_to_dict(plan, accelerator, reserve)}}
+
+
+def llama_cpp_document(result: Any) -> dict[str, Any]:
+    """The JSON document `memory MODEL --engine llama.cpp --json` writes for an estimate_llama_cpp result
+    (cost/memory/llama_cpp_answer.LlamaCppEstimate): the inspect document, its "memory" object memory's serving
+    answer with "llama_cpp" added; a header-only file's, header_document."""
+    if result.memory is None:
+        return header_document(result.header, result.plan, result.accelerator, result.reserve)
+    from .json import report_to_dict
+    from .memory import memory_to_dict
+
+    document = report_to_dict(result.report)
+    document["memory"] = {**memory_to_dict(result.memory),
+                          "llama_cpp": llama_cpp_to_dict(result.plan, result.accelerator, result.reserve)}
+    return document

@@ -184,3 +184,15 @@ def vllm_to_dict(p: Any) -> dict[str, Any]:
                     "bytes_per_block": st.bytes_per_block, "blocks": st.blocks, "fits": st.fits,
                     "largest_max_model_len": st.largest} for st in p.stages],
     }
+
+
+def vllm_document(result: Any) -> dict[str, Any]:
+    """The JSON document `memory MODEL --engine vllm --json` writes for an estimate_vllm result
+    (cost/memory/vllm_answer.VllmEstimate): the inspect document, its "memory" object memory's serving answer with
+    "vllm" added."""
+    from .json import report_to_dict
+    from .memory import memory_to_dict
+
+    document = report_to_dict(result.report)
+    document["memory"] = {**memory_to_dict(result.memory), "vllm": vllm_to_dict(result.preflight)}
+    return document

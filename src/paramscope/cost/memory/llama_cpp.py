@@ -56,6 +56,7 @@ from typing import Any
 from ...errors import OptionError, UnsupportedError
 from ..dims import config_int, decoder_layers, dim, is_mla, max_context, text_config
 from .kv import attention_shape, layer_kinds
+from .result import DEFAULT_RESERVE
 
 SOURCES = {
     "load_tensors": "src/llama-model.cpp load_tensors and llama_model::n_gpu_layers() of the llama.cpp in "
@@ -105,7 +106,7 @@ def row_size(kind: str, width: int, flag: str = "") -> int:
 
 @dataclass(frozen=True)
 class LlamaCppOptions:
-    """llama-server's flags, as it spells them (None: its default)."""
+    """llama-server's flags, as it spells them (None: its default), and the memory paramscope fits them to."""
 
     n_gpu_layers: int | None = None  # None: "auto" (fit the budget) with a budget, else -1 (all layers)
     n_cpu_moe: int | None = None  # None: 0, or the smallest that fits when the layers are fitted
@@ -121,8 +122,22 @@ class LlamaCppOptions:
     kv_offload: bool = True
     gpus: int = 1  # GPUs llama.cpp splits the layers over (split mode layer)
     tensor_split: tuple[float, ...] | None = None  # --tensor-split: each GPU's share (None: by free memory)
+    # beside llama-server's flags, what paramscope reads (llama_cpp_answer.py): the file a config is quantised to,
+    # and the memory each GPU has for the plan's fit
+    dtype: str | None = None  # a llama.cpp mixture (q4_k_m, …) for a config; None for a .gguf file (its own types)
+    imatrix: bool = False  # the mixture quantised with an importance matrix (llama_cpp_mixture.py)
+    gpu: str | None = None  # the GPU whose memory the plan fits (hardware.py's table)
+    budget: int | None = None  # or a memory budget in bytes
+    reserve: int = DEFAULT_RESERVE  # kept free of llama.cpp's buffers (the CUDA context)
 
     def check(self) -> None:
+        if self.gpu and self.budget is not None:
+            raise OptionError("give {0} or {1}, not both", "gpu", "budget")
+        if self.budget is not None and (isinstance(self.budget, bool) or not isinstance(self.budget, int)
+                                        or self.budget < 1):
+            raise OptionError("{0} must be a number of bytes, 1 or more, got {value!r}", "budget", value=self.budget)
+        if isinstance(self.reserve, bool) or not isinstance(self.reserve, int) or self.reserve < 0:
+            raise OptionError("{0} must be a number of bytes, 0 or more, got {value!r}", "reserve", value=self.reserve)
         if not 1 <= self.gpus <= _MAX_DEVICES:
             raise OptionError("{0} must be between 1 and {limit} (LLAMA_MAX_DEVICES), got {value}", "devices",
                               limit=_MAX_DEVICES, value=self.gpus)

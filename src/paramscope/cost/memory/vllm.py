@@ -67,7 +67,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import OptionError, UnsupportedError
+from ..dtypes import torch_name
 from ..hardware import GiB
+from .result import DEFAULT_RESERVE
 
 MiB = 2**20
 # the vLLM release whose defaults the pre-flight follows (named in the output and docs/commands.md); the budget
@@ -93,6 +95,7 @@ _LARGE_GPU = 70 * GiB
 _SERVE_DEFAULTS = {True: (8192, 1024), False: (2048, 256)}  # large GPU → (max_num_batched_tokens, max_num_seqs)
 _MAX_TOKENS = 1 << 24
 _DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_KV_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")  # the cache dtypes vLLM's flag names
 
 
 @dataclass(frozen=True)
@@ -105,8 +108,28 @@ class VllmOptions:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     pp_layer_partition: tuple[int, ...] | None = None  # VLLM_PP_LAYER_PARTITION: stages' layers (None: vLLM's rule)
+    # beside vLLM's flags, what paramscope reads (vllm_answer.py): the weights' storage, the KV cache's dtype, the
+    # parallel degrees, and the GPU (or budget) whose memory vLLM's utilization multiplies
+    dtype: str | None = None  # a storage format (--dtype); None: the checkpoint's declared one
+    kv_dtype: str | None = None  # vLLM's --kv-cache-dtype; None: auto (the model's dtype)
+    group_size: int | None = None  # GPTQ/AWQ
+    tp: int = 1  # --tensor-parallel-size: each figure is one GPU's
+    pp: int = 1  # --pipeline-parallel-size
+    gpu: str | None = None
+    budget: int | None = None  # bytes
+    reserve: int = DEFAULT_RESERVE  # the CUDA context, outside vLLM's budget
 
     def check(self) -> None:
+        if self.gpu and self.budget is not None:
+            raise OptionError("give {0} or {1}, not both", "gpu", "budget")
+        if self.budget is not None and (isinstance(self.budget, bool) or not isinstance(self.budget, int)
+                                        or self.budget < 1):
+            raise OptionError("{0} must be a number of bytes, 1 or more, got {value!r}", "budget", value=self.budget)
+        if isinstance(self.reserve, bool) or not isinstance(self.reserve, int) or self.reserve < 0:
+            raise OptionError("{0} must be a number of bytes, 0 or more, got {value!r}", "reserve", value=self.reserve)
+        if self.kv_dtype is not None and torch_name(self.kv_dtype) not in _KV_DTYPES:
+            raise OptionError("{0} {value}: vLLM's --kv-cache-dtype takes auto (the model's dtype), bfloat16, fp8 or "
+                              "fp8_e5m2", "kv_dtype", value=self.kv_dtype)
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1 or math.isnan(u):
             raise OptionError("{0} must be a fraction in (0, 1], got {value}", "gpu_memory_utilization", value=u)
