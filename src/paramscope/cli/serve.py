@@ -63,14 +63,14 @@ def run(args: argparse.Namespace) -> int:
                            batch=args.batch, seq=args.seq, context=args.context, peak_dtype=args.peak_dtype,
                            peak_tflops=args.peak_tflops, tp=args.tp)
     options.check()
-    find_accelerator(args.gpu, instead=None)  # a bad name fails before the build
+    accelerator = find_accelerator(args.gpu, instead=None)  # a bad name fails before the build, found once
     if args.dtype is not None:
         from ..cost.memory.quantization import weight_format
 
         weight_format(args.dtype)  # a bad --dtype fails before the build
     source = resolve(args.model, revision=args.revision)
-    report, speed, view = serve_answer(source, options, not args.no_cache, model_class=args.model_class,
-                                       task=args.task, num_labels=args.num_labels,
+    report, speed, view = serve_answer(source, options, not args.no_cache, accelerator=accelerator,
+                                       model_class=args.model_class, task=args.task, num_labels=args.num_labels,
                                        trust_remote_code=args.trust_remote_code)
     _show(args, report, speed, width)
     if not args.no_cache and not args.trust_remote_code:

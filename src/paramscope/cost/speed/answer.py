@@ -14,7 +14,7 @@ from typing import Any
 
 from ...errors import UnsupportedError
 from ..dims import text_config
-from ..hardware import find_accelerator
+from ..hardware import Accelerator, find_accelerator
 from .roofline import ServeSpeed, check_serve, peak_dtype_of, refuse_non_generating, roofline, serve_speed, \
     weight_traffic
 from .text_path import text_path
@@ -60,8 +60,10 @@ def estimate_serving(model: Any, options: ServeOptions, use_cache: bool = True, 
     return dataclasses.replace(speed, report=report)
 
 
-def serve_answer(model: Any, options: ServeOptions, use_cache: bool = True, **model_options: Any):
-    """(report, ServeSpeed, the ModelView read): from the template and cost facts where they answer, else the build."""
+def serve_answer(model: Any, options: ServeOptions, use_cache: bool = True, *, accelerator: Accelerator | None = None,
+                 **model_options: Any):
+    """(report, ServeSpeed, the ModelView read): from the template and cost facts where they answer, else the build.
+    `accelerator`: options.gpu's, where the caller found it already (the CLI, before resolving the model)."""
     from ...api import as_source
     from ...build import validate_config_dict
     from ..dtypes import torch_name
@@ -71,7 +73,8 @@ def serve_answer(model: Any, options: ServeOptions, use_cache: bool = True, **mo
     from ..memory.serving import MemoryOptions, storage_format
 
     options.check()
-    accelerator = find_accelerator(options.gpu, instead=None)
+    if accelerator is None:
+        accelerator = find_accelerator(options.gpu, instead=None)
     if options.kv_dtype is not None:
         torch_name(options.kv_dtype)  # a bad name fails before the build
     source = as_source(model, model_options.pop("revision", None))
@@ -92,7 +95,7 @@ def serve_answer(model: Any, options: ServeOptions, use_cache: bool = True, **mo
     checked = CheckFor("generation", key, use_cache, check_generation)
 
     def answer(report: Any, view: Any) -> ServeSpeed:
-        return _speed(report, view, options, memory_options, fmt, origin, not_convert, roof, checked)
+        return _speed(report, view, options, memory_options, fmt, origin, not_convert, roof, accelerator, checked)
 
     report, view, speed = answer_from_facts_or_build(source, answer, dtype=fmt.compute_dtype, use_cache=use_cache,
                                                      **model_options)
@@ -100,7 +103,7 @@ def serve_answer(model: Any, options: ServeOptions, use_cache: bool = True, **mo
 
 
 def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, fmt: Any, origin: str,
-           not_convert: Any, roof: Any, checked: Any) -> ServeSpeed:
+           not_convert: Any, roof: Any, accelerator: Accelerator, checked: Any) -> ServeSpeed:
     from ..flops.generation import analytic_generation
     from ..memory.serving import serving_estimate, step_length
 
@@ -118,9 +121,15 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
                         "a rotary model extrapolates; its quality there is untested")
                      + "); the bound is computed anyway, for those keys")
     memory_options = dataclasses.replace(memory_options, seq=context)
-    # with the GPU, memory also finds the smallest tensor-parallel degree that fits the asked batch × context
-    memory = serving_estimate(report, view, memory_options, fmt, origin, not_convert,
-                              find_accelerator(options.gpu, instead=None))
+    # without the GPU: its fits and its smallest tensor-parallel search are not what a step's bounds read
+    memory = serving_estimate(report, view, memory_options, fmt, origin, not_convert)
+
+    def smallest() -> tuple[Any, int]:
+        """Memory's smallest tensor-parallel degree that fits the GPU at the asked batch × context: the same
+        answer on the GPU, made only where serve_speed finds the asked batch or its prefill does not fit one."""
+        on_gpu = serving_estimate(report, view, memory_options, fmt, origin, not_convert, accelerator)
+        return on_gpu.parallel.smallest, memory_options.reserve
+
     weights, cache, params, whole = memory.weights, memory.kv_cache, report.params, memory.weights
     path = text_path(report, view, fmt, not_convert, memory.weights) if options.tp == 1 else None
     if path is not None:  # a multimodal model decoding text: its towers are not run, so not read
@@ -170,7 +179,7 @@ def _speed(report: Any, view: Any, options: ServeOptions, memory_options: Any, f
         step_flops=step_flops, prefill_flops=prefill_flops, tp=options.tp,
         batch=options.batch, context=context, prompt=prompt, max_context=limit, dtype=fmt.key,
         kv_dtype=memory.settings["kv_dtype"], notes=tuple(notes), compute_dtype=fmt.compute_dtype, held_weights=held,
-        smallest=(memory.parallel.smallest, memory_options.reserve))
+        smallest=smallest)
 
 
 class _RankFlops:

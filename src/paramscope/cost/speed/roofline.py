@@ -282,12 +282,12 @@ def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flop
                 prefill_flops: Callable[[int, int], int], batch: int, context: int, prompt: int,
                 max_context: int | None, dtype: str, kv_dtype: str, notes: tuple[str, ...] = (),
                 compute_dtype: str | None = None, tp: int = 1, held_weights: int | None = None,
-                smallest: tuple[Any, int] | None = None) -> ServeSpeed:
+                smallest: Callable[[], tuple[Any, int]] | None = None) -> ServeSpeed:
     """The bounds from a model's weight traffic, its cache and its FLOPs: `step_flops(B, C)` a decode step's,
     `prefill_flops(B, S)` a prefill's. `held_weights`: the stored weights one GPU holds (all of them, a tower a
     text step does not read too), which with the cache at each step's batch × tokens is checked against the GPU's
-    memory (`roof.memory`). `smallest`: (parallel/serving.TensorParallelSearch at the asked batch × context,
-    memory's reserve), named where the asked batch does not fit."""
+    memory (`roof.memory`). `smallest()`: (parallel/serving.TensorParallelSearch at the asked batch × context,
+    memory's reserve), called (and the search made) only where the asked batch or its prefill does not fit."""
     flops_at: dict[tuple[int, int], int] = {}
     check = held_weights is not None and roof.memory is not None
 
@@ -361,7 +361,7 @@ def serve_speed(*, traffic: WeightTraffic, cache: Any, roof: Roofline, step_flop
 
 
 def fit_words(decode: tuple[StepBound, ...], prefill: StepBound, held_weights: int, roof: Roofline, tp: int,
-              batch: int, smallest: tuple[Any, int] | None = None) -> str | None:
+              batch: int, smallest: Callable[[], tuple[Any, int]] | None = None) -> str | None:
     """Where the weights and the KV cache one GPU holds exceed its memory: the first such row's sum, the rows that
     do not fit, and how to split it (memory's smallest tensor-parallel degree where the asked batch does not fit
     and `smallest` gives it); None where every row and the prefill fit."""
@@ -383,12 +383,14 @@ def fit_words(decode: tuple[StepBound, ...], prefill: StepBound, held_weights: i
 
 
 def _split_words(roof: Roofline, batch: int, decode: tuple[StepBound, ...], prefill: StepBound,
-                 smallest: tuple[Any, int] | None) -> str:
+                 smallest: Callable[[], tuple[Any, int]] | None) -> str:
     asked = next(step for step in decode if step.batch == batch)
     pointer = f"`paramscope memory MODEL --gpu {roof.gpu!r} --tp T` finds the smallest T that fits"
-    if smallest is None or smallest[0] is None or (asked.fits and prefill.fits):
+    if smallest is None or (asked.fits and prefill.fits):
         return pointer
-    search, reserve = smallest
+    search, reserve = smallest()
+    if search is None:
+        return pointer
     at = f"at batch {search.batch:,} × {search.seq:,} tokens (its peak, a prefill of all {search.seq:,} tokens " \
          f"included, + {reserve:,} B reserve)"
     if search.tp is None:
