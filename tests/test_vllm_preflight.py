@@ -194,7 +194,7 @@ def test_a_context_too_long_gives_the_largest_max_model_len(capsys):
     (["--engine", "vllm", "--gpu", "h100", "--max-model-len", "100000"],
      "--max-model-len 100,000 is beyond the model's max_position_embeddings 8,192"),
     (["--engine", "vllm", "--gpu", "h100", "--dtype", "q4_k_m"],  # it read as a --kv-dtype float16 of its own
-     "--engine vllm on a GGUF model (a .gguf file or a llama.cpp mixture --dtype) is not modelled"),
+     "vLLM's pre-flight on a GGUF model (a .gguf file or a llama.cpp mixture --dtype) is not modelled"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     assert main(["memory", "llama-3-8b", *argv]) == 2

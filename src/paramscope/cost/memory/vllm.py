@@ -128,8 +128,8 @@ class VllmOptions:
         if isinstance(self.reserve, bool) or not isinstance(self.reserve, int) or self.reserve < 0:
             raise OptionError("{0} must be a number of bytes, 0 or more, got {value!r}", "reserve", value=self.reserve)
         if self.kv_dtype is not None and torch_name(self.kv_dtype) not in _KV_DTYPES:
-            raise OptionError("{0} {value}: vLLM's --kv-cache-dtype takes auto (the model's dtype), bfloat16, fp8 or "
-                              "fp8_e5m2", "kv_dtype", value=self.kv_dtype)
+            raise OptionError("{0} {value}: vLLM's {flag} takes auto (the model's dtype), bfloat16, fp8 or fp8_e5m2",
+                              "kv_dtype", value=self.kv_dtype, flag="--kv-cache-dtype")  # vLLM's flag, not ours
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1 or math.isnan(u):
             raise OptionError("{0} must be a fraction in (0, 1], got {value}", "gpu_memory_utilization", value=u)

@@ -70,8 +70,8 @@ def vllm_answer(model: Any, options: VllmOptions, use_cache: bool = True, **mode
     if source.checkpoint is not None or (options.dtype is not None and weight_format(options.dtype).kind == "gguf"):
         # vLLM keeps a GGUF's weights in their ggml types through its own (experimental) GGUF kernels: not modelled,
         # and pricing them at the model's dtype would be several times high
-        raise UnsupportedError("--engine vllm on a GGUF model (a .gguf file or a llama.cpp mixture --dtype) is not "
-                               "modelled; --engine llama.cpp serves it")
+        raise UnsupportedError("vLLM's pre-flight on a GGUF model (a .gguf file or a llama.cpp mixture {0}) is not "
+                               "modelled; llama.cpp's memory serves it", "dtype")
     refuse_unserved_encoder_decoder(source.config)
     dtype, dtype_flag, dtype_note = vllm_dtype(source.config, options.dtype)
     memory = MemoryOptions(dtype=dtype, kv_dtype=options.kv_dtype, seq=options.max_model_len,
