@@ -160,11 +160,14 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                                "are replayed from a derived step, and none is derived with the sequence cut over "
                                "ranks (ring attention's chunks); pipeline with data and tensor parallelism is",
                                cls=cls)
-    if layout.ep > 1:
-        raise UnsupportedError("pipeline parallelism with expert parallelism for {cls} is not modelled: its stages "
-                               "are replayed from a derived step, and none is derived with the experts cut over "
-                               "ranks beside a pipeline (the dispatch's buffers); pipeline with data and tensor "
-                               "parallelism is", cls=cls)
+    # expert parallel: the stages replayed from the expert-parallel rank's derived step (a class without routed
+    # experts has nothing to cut: its step is one device's, as without a pipeline)
+    experts = layout.ep > 1 and any(p.experts_split for p in placements)
+    if experts and layout.tp > 1:
+        raise UnsupportedError("pipeline parallelism with expert and tensor parallelism for {cls} is not modelled: "
+                               "its stages are replayed from the expert-parallel rank's derived step, which is traced "
+                               "without tensor parallel; pipeline with expert parallelism, or with tensor "
+                               "parallelism, is", cls=cls)
     if getattr(ctx.view.config, "is_encoder_decoder", False):
         raise UnsupportedError("pipeline parallelism over {cls} is refused: an encoder-decoder has two layer stacks "
                                "and the decoder's cross-attention reads the encoder's output on every decoder stage, "
@@ -178,7 +181,11 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                             frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own,
                             # tensor parallel: the rank's recipe, derived with the layout applied on torch's fake
                             # process group (same segments: prefix, each layer's forward, head, each layer's backward)
-                            layout=(1, "none", layout.tp, layout.sp) if layout.tp > 1 else None)
+                            layout=(1, "none", layout.tp, layout.sp) if layout.tp > 1 else
+                            # expert parallel: the rank's recipe, derived with the experts cut over ep ranks as
+                            # torchtitan's ExpertParallel cuts them (traced/expert_parallel.py), dp == ep there: the
+                            # data-parallel ranks beyond ep run the same step
+                            (layout.ep, "none", 1, False, 0, layout.ep) if experts else None)
     try:
         step = DerivedStep.first(ctx.view.module, cls, ctx.view.config, settings, batch=micro, seq=ctx.seq,
                                  limit=ctx.limit, live=ctx.live, structure=ctx.structure)
@@ -287,6 +294,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
            Buffer("pipeline's input gradient to send", residual if not stage.first else 0,
                   f"{s_words} × {residual_size} B = {residual:,}, made by the backward for the previous stage "
                   "(counted in it)", ("backward",))]
+    if experts:
+        p2p.append(_stage_dispatch(ctx, placements, stage_params(stage), stage.in_flight, micro))
     rows = []
     for s, d, f, r, _ in rows_in:
         top = max(f, key=lambda p: p.bytes)
@@ -298,13 +307,15 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
              f"{layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
     source = (f"tensor-parallel rank's derived step (tp {layout.tp}{' with sequence parallel' if layout.sp else ''}"
               f", traced on torch's fake process group; {regime})" if layout.tp > 1 else
-              f"derived one-device step ({regime})")
+              f"expert-parallel rank's derived step (ep {layout.ep}: its routed experts / {layout.ep}, Shard(0), "
+              "with torchtitan's dispatch and combine, traced on torch's fake process group under balanced routing; "
+              f"{regime})" if experts else f"derived one-device step ({regime})")
     check = ("checked against MemTracker on the real class cut to each stage with the tp layout applied on the fake "
              "process group: on a Mixtral cut its forwards and first backward equal to the byte "
              "(tests/test_pipeline_tensor_parallel.py); on a GPT-2 cut (Conv1D, tied head) the first backward traced "
              "up to 262 KB above a stage's 2.6 MB replay (10%), and a later backward up to 459 KB above on both: "
              "DTensor's gradient handling at a stage's edges, not modelled; --trace measures each stage"
-             if layout.tp > 1 else
+             if layout.tp > 1 else EXPERT_CHECK if experts else
              "equal to MemTracker on the real class cut to each stage: tests/test_pipeline_stages.py")
     notes = (f"pipeline: each stage's activations replayed from {cls}'s {source}, segment "
              "by segment for its layers: the prefix (embeddings, position tables) on the first stage, the final norm, "
@@ -324,3 +335,29 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
         return max((max(stage_figures(s, d, c, size, length)[0], key=lambda p: p.bytes)
                     for s, d, _, _, c in rows_in), key=lambda p: p.bytes)
     return device, at
+
+
+# what the expert-parallel stages are checked against (tests/test_pipeline_expert_parallel.py)
+EXPERT_CHECK = ("checked against MemTracker on the real class cut to each stage with its experts sharded on the fake "
+                "process group (traced/expert_parallel.py): on a Mixtral cut (pp 3, ep 2, 1F1B) each stage's "
+                "forwards and first backward equal to the byte; a later backward (1F1B's steady state) traced above "
+                "the replay, 112 KB a stage of two layers (4% of its 2.9 MB), as under tensor parallel: the traced "
+                "rank's parameters are all DTensors, whose gradient handling in a later backward is not modelled; "
+                "--trace measures each stage")
+
+
+def _stage_dispatch(ctx: StepContext, placements: tuple[Placement, ...], params: list, in_flight: int,
+                    micro: int) -> Buffer:
+    """The expert dispatch's permute index the stage's MoE layers keep for their backward, a microbatch in flight
+    (experts.py's rule, as without a pipeline): in the replayed step already, named here."""
+    from ..dims import dim
+    from .experts import INDEX_BYTES, dispatch_index_bytes, moe_layers
+
+    held = {p.name for p in params}
+    layers, top_k = moe_layers(p for p in placements if p.name in held), dim(ctx.text, "top_k") or 0
+    size = in_flight * dispatch_index_bytes(layers, top_k, micro, ctx.seq)[0]
+    return Buffer("expert parallel's permute index", size,
+                  f"{in_flight} microbatch{'es' if in_flight > 1 else ''} in flight × the stage's {layers} MoE layers "
+                  f"× {INDEX_BYTES} B × S = {micro}·{ctx.seq}·{top_k} token-expert pairs = {size:,} B, int64, "
+                  "kept for the backward (torchtitan's _permute; balanced routing: a rank receives its own S pairs; "
+                  "counted with each microbatch in the replayed step)", ("forward", "backward"))
