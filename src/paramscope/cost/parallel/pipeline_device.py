@@ -21,6 +21,14 @@ from .pipeline import Stage, bubble, layer_stack_of, params_held, split_words, s
 from .rules import Placement
 from .states import DeviceStates
 
+# a bound where the replay is above the stage's trace (tests/test_pipeline_encoder_stages.py)
+LEAF_CASTS = ("pipeline: a later stage's received hidden state is a leaf (PipelineStage's receive buffer, requiring "
+              "grad), and autocast casts a leaf to 16 bits once for all the matmuls that read it (its cache keeps "
+              "leaves' casts); the replay, from one device's layers, whose input is the layer below's output, counts a "
+              "cast for each: where a layer's matmuls read its input directly (a post-norm encoder's q, k and v: "
+              "BERT) a later stage's replay is above its trace by 2·B·S·h × 2 B a microbatch in flight (a bound); a "
+              "pre-norm layer reads its input through its norm, and is equal")
+
 
 def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Pipeline stages: each device's layers, embeddings or head, and the microbatches it holds at once."""
@@ -316,7 +324,9 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
              "up to 262 KB above a stage's 2.6 MB replay (10%), and a later backward up to 459 KB above on both: "
              "DTensor's gradient handling at a stage's edges, not modelled; --trace measures each stage"
              if layout.tp > 1 else EXPERT_CHECK if experts else
-             "equal to MemTracker on the real class cut to each stage: tests/test_pipeline_stages.py")
+             "equal to MemTracker on the real class cut to each stage: tests/test_pipeline_stages.py, on GPT-2 and "
+             "Mixtral cuts; on a BERT cut, tests/test_pipeline_encoder_stages.py, but for the received leaf's casts "
+             "below")
     notes = (f"pipeline: each stage's activations replayed from {cls}'s {source}, segment "
              "by segment for its layers: the prefix (embeddings, position tables) on the first stage, the final norm, "
              "head and loss on the last, the received hidden state on the others; k microbatches in flight keep k "
@@ -324,6 +334,7 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
              "pipeline convention: each microbatch's forward runs under its own autocast, so its 16-bit weight "
              "copies are held with it (as one device's step); later stages take the position tables with their "
              "input (torchtitan's stages hold them as buffers), not counted there",
+             *((LEAF_CASTS,) if ctx.precision in ("bf16-mixed", "fp16-mixed") else ()),
              *step.notes()[:1])
     device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           held, f"derived: stage {stage.rank}'s layers from the recipe's segments × microbatches in "

@@ -36,7 +36,7 @@ class StageActivations:
     per_microbatch: int  # what one microbatch's forward keeps for its backward (its received input included)
     in_flight: int
     held: int  # in_flight × per_microbatch
-    forward_peak: int  # the largest moment of the forwards: (k − 1)·H + one forward's peak
+    forward_peak: int  # the largest moment of the forwards: (k − 1)·H + one forward's peak (the last with what is kept once)
     backward_peak: int  # k·H + the first backward's largest moment (its gradients made as it goes)
     gradients_at_backward_peak: int
     received: int  # the hidden state received a microbatch (0 on the first stage)
@@ -79,12 +79,14 @@ def stage_activations(recipe: DerivedRecipe, batch: int, seq: int, start: int, s
     _, backward_peak, grads = replay.run_backward(backward, gradient)
     each = forward_live - kept_once
     held = in_flight * each + kept_once
+    if in_flight > 1:  # a later forward finds what the step never frees held already, and does not make it again
+        _, again = replay.run([e for e in events if not (e[2] and e[0] > 0)], received)
+        forward_peak = max(forward_peak, (in_flight - 1) * each + kept_once + again)
     later = 0
     if later_in_flight:
         _, accumulated, _ = replay.run_backward(backward, gradient, accumulate=True)
         later = later_in_flight * each + kept_once + accumulated
-    return StageActivations(forward_live, in_flight, held, (in_flight - 1) * each + forward_peak,
-                            held + backward_peak, grads, received, gradient, later_in_flight, later, kept_once)
+    return StageActivations(forward_live, in_flight, held, forward_peak, held + backward_peak, grads, received, gradient, later_in_flight, later, kept_once)
 
 
 class _Replay:
@@ -156,21 +158,52 @@ class _Replay:
             key = self.forward_key(layer)
             for sign, index, mult in self.segment(key):
                 if sign > 0:
-                    out.append((1, self.values[index], False))
+                    # the last segment's are told apart (nothing after it goes unrecorded): the labels' storage, first
+                    # seen by the loss, is held once a stage, as the prefix's input ids are
+                    out.append((1, self.values[index], key == "fwlast" and self.never_freed(index)))
                     continue
                 times = self._forward_free(layer, key, index, mult)
                 if times:
                     out.append((-times, self.values[index], False))
         if not self.last:  # the frees the forward's end makes, for the stage's layers (the last segment holds them)
-            for sign, index, mult in self.recipe.last_forward:
-                if sign < 0 and self.owner.get(index) != "fwlast":
-                    times = self._end_free(index, mult)
-                    if times:
-                        out.append((-times, self.values[index], False))
+            returned = self._last_layer_entries()
+            for position, (sign, index, mult) in enumerate(self.recipe.last_forward):
+                owner = self.owner.get(index)
+                if sign > 0 or owner == "fwlast":
+                    continue
+                if position < returned and mult is None and owner != "prefix":
+                    # freed as the last layer returns: its input (a post-norm layer saves none of it), the layer
+                    # below's output: on this stage its last layer's output, kept with the microbatch and sent
+                    continue
+                times = self._end_free(index, mult)
+                if times:
+                    out.append((-times, self.values[index], False))
         return out
 
+    def _last_layer_entries(self) -> int:
+        """How many of the last segment's entries the last layer makes before the head's first allocation: as many
+        allocations as a layer of its type makes elsewhere (a middle or the first layer's segment), then the frees
+        its return makes. 0 where no other layer is of its type."""
+        recipe = self.recipe
+        kind = recipe.layer_types[-1]
+        template = next((entries for context, entries in recipe.middle_forward.items()
+                         if context.split("|")[1] == kind), None)
+        if template is None and recipe.layer_types[0] == kind:
+            template = recipe.first_forward
+        if template is None:
+            return 0
+        made = sum(1 for sign, _, _ in template if sign > 0)
+        for position, (sign, _, _) in enumerate(recipe.last_forward):
+            if sign > 0:
+                if made == 0:
+                    return position
+                made -= 1
+        return len(recipe.last_forward)
+
     def never_freed(self, index: int) -> bool:
-        """A prefix allocation the step never frees (the layers' are told apart only up to their representative)."""
+        """An allocation the step never frees: the inputs' storage, which MemTracker counts once, as an operator first
+        returns a view of it (a middle layer's are told apart only up to their representative: a layer's own are
+        freed by the next, unrecorded, layer)."""
         return index not in self.freed and not self.recipe.gradient[index]
 
     def _times(self, mult: str | None) -> int:

@@ -11,7 +11,10 @@ The stages, as the class runs them:
     middle  each layer called on the received hidden state, with the arguments the model's forward gives the layers
             (rotary tables, mask, a fresh training cache each microbatch): the position tables are made once, before
             the step, as a later stage takes them with its input (torchtitan's stages hold them as buffers)
-    last    as a middle stage, then the final norm, the head and the class's loss
+    last    as a middle stage, then the class's own forward from its base model's output: the base model's modules
+            after its layer stack (a decoder's final norm, an encoder's pooler) on the layers' output, then the
+            class's head and loss as its forward runs them (a tied head, the embedding's own weight here, makes its
+            gradient on this stage: the last stage's copy under Megatron's rule)
 Each microbatch's forward runs under its own autocast (as one device's step does), its backward outside it.
 """
 
@@ -67,7 +70,6 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
         count = len(layers)
         first, last = start == 0, stop == count
         inputs = training_inputs(model, settings)
-        labels = inputs.pop("labels", None)
         embedding = model.get_input_embeddings().weight
         shard = parallel.tp if parallel is not None and parallel.sp else 1
         hidden = (settings.batch, settings.seq // shard, embedding.shape[1])
@@ -78,7 +80,7 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
             parent = model.get_submodule(parent_path) if parent_path else model
             held_layers = list(layers)[start:stop]
             setattr(parent, name, torch.nn.ModuleList(held_layers))
-            final = _final_parts(model) if last else None
+            tail = _base_tail(model, parent) if last else None
 
             def forward(received: Any) -> Any:
                 with autocast:
@@ -93,14 +95,7 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
                     if not last:
                         return state
                     # the training cache lives until the loss is taken, as the model's output holds it
-                    norm, head = final
-                    # the last hidden state and the logits held until the loss is taken, as the model's output
-                    # holds them
-                    normed = norm(state)
-                    logits = head(normed)
-                    loss = model.loss_function(logits=logits, labels=labels, vocab_size=logits.shape[-1])
-                    del normed, logits
-                    return loss
+                    return _head_and_loss(model, tail, state, inputs)
 
             # the layers' arguments made before the step (position tables): in the resident baseline, not counted
             # as made when a layer first reads them
@@ -207,12 +202,51 @@ def _run_to_stop(model: Any, handle: Any, inputs: dict[str, Any], where: str) ->
     raise UnsupportedError(f"{type(model).__name__}'s forward never reached {where}")
 
 
-def _final_parts(model: Any) -> tuple[Any, Any]:
-    """(the final norm, the head) that the last stage runs after its layers."""
-    head = model.get_output_embeddings()
-    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
-    norm = next((getattr(base, n) for n in FINAL_NORMS if base is not None and hasattr(base, n)), None)
-    if head is None or norm is None:
-        raise UnsupportedError(f"{type(model).__name__}: no final norm and head found for the last stage")
-    return norm, head
+def _base_tail(model: Any, stack_parent: Any) -> tuple[Any, Any]:
+    """(the final norm, the pooler): the base model's modules that run on its layer stack's output, either absent
+    (None). A final norm sits beside the stack or on the base model under one of FINAL_NORMS; a pooler is the base
+    model's `pooler` (what a ...WithPooling output's pooler_output comes from)."""
+    base = model.base_model
+    norm = next((getattr(holder, name) for holder in (stack_parent, base) for name in FINAL_NORMS
+                 if getattr(holder, name, None) is not None), None)
+    return norm, getattr(base, "pooler", None)
 
+
+def _head_and_loss(model: Any, tail: tuple[Any, Any], state: Any, inputs: dict[str, Any]) -> Any:
+    """The loss of the class's own forward (its head, its loss) with its base model standing in: the base model's
+    forward returns `state`, the stage's last layer's output, through the base model's tail (_base_tail)."""
+    from .step import loss_of
+
+    norm, pooler = tail
+    last_hidden = norm(state) if norm is not None else state
+    output = _BaseOutput(last_hidden, pooler(last_hidden) if pooler is not None else None)
+    base = model.base_model
+    if base is model:  # a bare model: its output is the stage's
+        return loss_of(output)
+    base.forward = lambda *args, **kwargs: output  # the instance's forward: nn.Module calls it, hooks kept
+    try:
+        return loss_of(model(**inputs))
+    finally:
+        del base.forward
+
+
+class _BaseOutput(tuple):
+    """The base model's output on the last stage, as a ModelOutput reads: its set fields by index (the last hidden
+    state, the pooled output where there is a pooler), every field by name, those this stage does not make None
+    (the layers' caches, hidden states and attentions: a training step keeps none of them)."""
+
+    def __new__(cls, last_hidden_state: Any, pooler_output: Any) -> _BaseOutput:
+        return super().__new__(cls, (last_hidden_state,) + ((pooler_output,) if pooler_output is not None else ()))
+
+    @property
+    def last_hidden_state(self) -> Any:
+        return self[0]
+
+    @property
+    def pooler_output(self) -> Any:
+        return self[1] if len(self) > 1 else None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
