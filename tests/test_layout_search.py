@@ -138,10 +138,10 @@ def test_the_bound_never_passes_over_a_layout_that_fits(monkeypatch):
     monkeypatch.setattr(module._Search, "evaluate", recorded_evaluate)
     _, search, _ = find_layouts("llama-3-8b", options)
     assert search.minimum.devices == pruned.minimum.devices == 3 and search.minimum.bounded == 0
-    checked = [layout for layout in peaks if layout in bounds]  # N's own list is evaluated whole, unbounded
+    checked = [layout for layout in peaks if layout in bounds]  # N's own list is evaluated whole, in bound order
     for layout in checked:
         assert 0 < bounds[layout] <= peaks[layout], (layout.words(), bounds[layout], peaks[layout])
-    assert len(checked) == 4 + 1 + 1  # 2's four; 4's first, which fits; 3's one
+    assert len(checked) == 8 + 4 + 1 + 1  # N's eight; 2's four; 4's first, which fits; 3's one
 
 
 def test_the_fewest_devices_search_is_bounded(monkeypatch, capsys):

@@ -1,8 +1,10 @@
 """--find-layout on a class without the analytic per-device recipe (GPT-2 here; Mixtral, Qwen2-MoE, DeepSeek-V3 where
-their step is derived from traces): its data-parallel × pipeline layouts are answered by the stages replayed from the
-one-device derived recipe (estimate.py's _derived_pipeline_device), each with the very peak `memory --dp D --pp P`
-gives; its tensor and context parallel layouts are named, not answered, and the summary says that only the answered
-layouts were tried. One small cut: 5 layers, one derivation (microbatches of one sequence), kept in the test's cache."""
+their step is derived from traces): each layout answered as `memory --dp D --tp T --pp P --sp` answers it, to the byte:
+an FSDP or tensor-parallel rank's step derived from traces with the layout applied on torch's fake process group, a
+pipeline's stages replayed from the one-device (or tp rank's) derived recipe; at most MAX_DERIVED ranks' derivations a
+search (2 here, to keep the test short: the rest are named "not derived"), none for a layout whose lower bound exceeds
+the GPU; context parallel layouts named, not answered, and the summary says that only the answered layouts were tried.
+One small cut: 5 layers, kept in the test's cache."""
 
 from __future__ import annotations
 
@@ -34,46 +36,63 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpt2")
     path = root / "config.json"
     path.write_text(json.dumps(CONFIG))
+    from paramscope.cost.parallel import search
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PARAMSCOPE_CACHE_DIR", str(root / "cache"))
+        patch.setattr(search, "MAX_DERIVED", 2)
         found = json.loads(_run(["memory", str(path), *SEARCH, "--json"]))["layout_search"]
+        patch.setattr(search, "MAX_DERIVED", 0)  # the fewest devices' search up to 64 derives nothing more
         tight = json.loads(_run(["memory", str(path), *SEARCH, *TIGHT, "--json"]))["layout_search"]
         text = " ".join(_run(["memory", str(path), *SEARCH, *TIGHT, "--width", "200"]).split())
         yield found, tight, text, path
 
 
-def test_a_pipeline_layout_found_has_the_peak_memory_gives_it(runs):
+def test_every_layout_found_has_the_peak_memory_gives_it(runs):
     from paramscope.cost.memory.training import TrainingOptions, training_answer
     from paramscope.cost.parallel.layout import layout_for
 
     found, _, _, path = runs
-    rows = {(row["dp"], row["pp"]): row for row in found["layouts"]}
-    assert set(rows) == {(4, 1), (2, 2), (1, 4)}  # every data-parallel × pipeline layout of 4 answered (and fits)
-    for (dp, pp), row in rows.items():
-        if pp == 1:
-            continue
-        # memory --dp D --pp P --zero fsdp --batch (the replica's): the CLI's layout_for, microbatches of one sequence
-        layout = layout_for(dp=dp, zero="fsdp", pp=pp, batch=row["replica_batch"])
+    rows = {(row["dp"], row["tp"], row["pp"]): row for row in found["layouts"]}
+    # every data-parallel × tensor × pipeline layout of 4 answered and fitting: dp 4 (an FSDP rank derived) and
+    # dp 2 · tp 2 (a tp rank with FSDP derived) within the cap of 2, the pipelines replayed from the one-device recipe
+    assert set(rows) == {(4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 1, 4)}
+    for (dp, tp, pp), row in rows.items():
+        # memory --dp D --tp T --pp P [--sp] --zero fsdp --batch (the replica's): the CLI's layout_for, microbatches
+        # of one sequence
+        layout = layout_for(dp=dp, zero="fsdp", tp=tp, sp=tp > 1, pp=pp, batch=row["replica_batch"])
         _, estimate, _ = training_answer(str(path), TrainingOptions(batch=row["replica_batch"], seq=SEQ,
                                                                     layout=layout, fits=False))
         device = estimate.training.device
         assert (row["peak"], row["peak_phase"]) == (device.peak, device.peak_figure.phase), row["words"]
-        assert row["bubble"] == device.bubble > 0 and row["micro_batches"] == row["replica_batch"]
-        assert any(term["kind"] == "pp" for term in row["comm"])
-    assert (rows[(2, 2)]["peak"], rows[(1, 4)]["peak"]) == (15_289_496, 19_323_496)
-    reasons = sorted({s["reason"].split(",")[0] for s in found["skipped"]})
-    assert reasons == ["context parallelism for GPT2LMHeadModel", "tensor parallelism for GPT2LMHeadModel"]
-    assert all("derived from traces at each tp degree" in s["reason"] for s in found["skipped"] if s["tp"] > 1)
-    assert any("pipelines over them, each stage replayed" in note for note in found["notes"])
+        assert row["sp"] == (tp > 1) and (row["bubble"] == device.bubble > 0) == (pp > 1)
+        assert any(term["kind"] == "tp" for term in row["comm"]) == (tp > 1)
+    assert [rows[key]["peak"] for key in ((4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 1, 4))] == \
+        [16_355_208, 16_052_776, 15_289_496, 19_323_496]
+    assert sorted((s["dp"], s["tp"], s["pp"], s["cp"]) for s in found["skipped"] if "not derived" in s["reason"]) \
+        == [(1, 2, 2, 1), (1, 4, 1, 1)]  # the next two, by their lower bound
+    reasons = sorted({s["reason"].split(",")[0].split(":")[0] for s in found["skipped"]})
+    assert reasons == ["context parallelism for GPT2LMHeadModel", "not derived"]
+    assert not any(s["bounded"] for s in found["skipped"])
+    assert any("2 of at most 2 (" in note and "tp 2 with sequence parallel, FSDP2 over 2" in note
+               and "2 layouts (of 4 devices" in note for note in found["notes"])
 
 
 def test_the_summary_says_only_the_answered_layouts_were_tried(runs):
     _, tight, text, _ = runs
-    assert not tight["layouts"] and len(tight["not_fitting"]) == 3 and len(tight["skipped"]) == 7
+    assert not tight["layouts"] and len(tight["not_fitting"]) == 2 and len(tight["skipped"]) == 8
+    # the layouts that need a derivation and cannot fit on their bound are passed over, not derived, and not counted
+    # as not answered
+    assert sorted((s["dp"], s["tp"], s["pp"]) for s in tight["skipped"] if s["bounded"]) == \
+        [(1, 2, 2), (1, 4, 1), (2, 2, 1), (4, 1, 1)]
     minimum = tight["minimum"]
     assert (minimum["devices"], minimum["limit"], minimum["unanswered"]) == (None, 64, 112)
     assert minimum["unanswered"] == sum(t["unanswered"] for t in minimum["tried"])
-    assert "none of the 3 answered layouts of 4 devices fits on H100 80GB; the 7 not answered (below) were not " \
+    assert "none of the 2 answered layouts of 4 devices fits on H100 80GB; the 4 not answered (below) were not " \
            "tried" in text
+    assert "4 not answered (below), 4 passed over on a lower bound" in text
+    assert "passed over, 4 layouts: does not fit: its model states alone" in text
     assert "fewest devices that fit among the answered layouts: none up to 64 (" in text
     assert "112 layouts of those counts not answered, so not tried (the reasons below): one of them may fit" in text
+    assert "0 of at most 0; 17 layouts (of 4 devices and of the counts the fewest devices' search tried) needed " \
+           "another and were not derived" in text

@@ -789,6 +789,7 @@ def layout_search_parts(report, search) -> list:
     pipeline = search.schedule if search.virtual_stages == 1 else f"{search.schedule}, {search.virtual_stages} chunks"
     fitting, rest, skipped = search.fitting, search.not_fitting, search.skipped
     total = len(fitting) + len(rest) + len(skipped)
+    passed = [entry for entry in skipped if entry.bounded]  # they cannot fit: their bound exceeds the GPU
     lines = [
         title,
         *filter(None, [model_source_line(report.model)]),
@@ -799,7 +800,8 @@ def layout_search_parts(report, search) -> list:
                  "microbatches of one sequence"),
         indented(f"{total:,} layouts of {search.devices:,} devices: {len(fitting):,} fit (peak + "
                  f"{binary(search.reserve)} reserve ≤ {binary(search.memory)}), {len(rest):,} do not"
-                 + (f", {len(skipped):,} not answered (below)" if skipped else "")),
+                 + (f", {len(skipped) - len(passed):,} not answered (below)" if len(skipped) > len(passed) else "")
+                 + (f", {len(passed):,} passed over on a lower bound" if passed else "")),
         Text(""),
     ]
     if fitting:
@@ -810,9 +812,10 @@ def layout_search_parts(report, search) -> list:
         lines += [Text(""), indented(f"the first, {best.layout.words()}: each device's communication a step"
                                      + (f" (stage {best.comm_stage}'s, the most)" if best.layout.pp > 1 else "")),
                   _comm_table(best)]
-    elif skipped:  # only the answered ones were tried: one of the others may fit
+    elif len(skipped) > len(passed):  # only the answered ones were tried: one of the others may fit
         lines.append(indented(f"none of the {len(rest):,} answered layouts of {search.devices:,} devices fits on "
-                              f"{search.accelerator}; the {len(skipped):,} not answered (below) were not tried",
+                              f"{search.accelerator}; the {len(skipped) - len(passed):,} not answered (below) were "
+                              "not tried",
                               style="bold"))
     else:
         lines.append(indented(f"no layout of {search.devices:,} devices fits on {search.accelerator}", style="bold"))
@@ -833,8 +836,10 @@ def layout_search_parts(report, search) -> list:
         counts: dict[str, int] = {}
         for entry in skipped:
             counts[entry.reason] = counts.get(entry.reason, 0) + 1
+        bounded = {entry.reason for entry in skipped if entry.bounded}
         for reason, count in sorted(counts.items(), key=lambda item: -item[1]):
-            lines.append(indented(f"not answered, {count:,} layout{'s' if count > 1 else ''}: {reason}"))
+            lines.append(indented(f"{'passed over' if reason in bounded else 'not answered'}, {count:,} "
+                                  f"layout{'s' if count > 1 else ''}: {reason}"))
     for note in search.notes:
         lines.append(indented(f"note: {note}"))
     return lines
@@ -945,8 +950,8 @@ def layout_search_to_dict(search) -> dict[str, Any]:
         "comm_is": "bytes each device sends a step (as many received), a bound: ring collectives, balanced routing",
         "layouts": [_candidate_to_dict(c) for c in search.fitting],
         "not_fitting": [_candidate_to_dict(c) for c in search.not_fitting],
-        "skipped": [{"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "reason": s.reason}
-                    for s in search.skipped],
+        "skipped": [{"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "reason": s.reason,
+                     "bounded": s.bounded} for s in search.skipped],
         "minimum": {"devices": minimum.devices,
                     "layout": _candidate_to_dict(minimum.layout) if minimum.layout is not None else None,
                     "limit": minimum.limit, "floor": minimum.floor,

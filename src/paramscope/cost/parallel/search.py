@@ -53,6 +53,7 @@ MoE routers' load-balancing statistics: bytes per token or per step, well under 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from math import gcd
 from time import perf_counter
@@ -66,6 +67,9 @@ from .pipeline import bubble, layer_of, layer_stack_of, stages
 MIN_BEYOND = 16  # the fewest devices are sought up to 16 × N
 MIN_BUDGET = 1024  # layouts the fewest devices' search evaluates below the first power of two that fits, at most
 # (those passed over on their lower bound cost nothing and are not counted)
+MAX_DERIVED = 8  # ranks' steps a search derives from traces for a class without the analytic per-device recipe, at
+# most (each a few traces of short cuts on torch's fake process group: GPT-2 at 1,024 tokens 13-28 s cold on 2 busy
+# cores, under 2 s once cached); the layouts that would need another are named as not derived
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,7 @@ class Skipped:
     cp: int
     ep: int
     reason: str
+    bounded: bool = False  # it cannot fit: its lower bound (_Search.bound) exceeds the GPU, so it was not derived
 
 
 @dataclass(frozen=True)
@@ -288,6 +293,10 @@ class _Search:
         self._stage_states: dict[tuple, tuple[Any, int, int]] = {}
         self._per_layers: dict[tuple[int, int, bool, int], int | None] = {}
         self._layers_of: dict[str, int | None] = {}
+        # a class without the analytic per-device recipe: the ranks' steps this search derived from traces (or read
+        # from the cache), by derivation_key, in the order asked; at most MAX_DERIVED of them
+        self.derived: list[tuple] = []
+        self.not_derived = 0  # layouts passed over because the MAX_DERIVED derivations were spent
         self.bounded = 0  # layouts the fewest devices' search passed over on their bound
         norms = [p.name for p in report.params if p.role.endswith("norm") and tuple(p.shape) == (self.hidden,)
                  and not p.name.endswith("bias") and self.stack is not None and layer_of(p.name, self.stack) == 0]
@@ -356,23 +365,51 @@ class _Search:
     def evaluate(self, layout: ParallelLayout, replica: int, *, until_fit: bool = False) -> Candidate | Skipped | None:
         """The layout's figures; Skipped where an engine refuses it (the reason); None where the memory answer
         needs the built module. `until_fit`: a layout that does not fit is given its memory only (FLOPs, time and
-        bytes 0): the fewest devices' search reads only whether it fits."""
+        bytes 0): the fewest devices' search reads only whether it fits.
+
+        A class without the analytic per-device recipe is asked exactly what `memory --dp D --tp T --pp P --sp`
+        asks (derive_layout: one rank's step derived from traces with the layout applied, wherever memory derives
+        one), so each answered layout's peak is memory's to the byte; a derivation the search has not made yet is
+        made only while fewer than MAX_DERIVED were, and only for a layout whose lower bound fits the GPU."""
+        from ... import progress
         from ..memory.training import TrainingOptions, step_estimate
         from .flops import device_flops
 
         options = self.options
-        if layout.tp > 1 or layout.cp > 1 or layout.pp > 1:
+        key = self.derivation_key(layout, replica)
+        derive = False
+        if layout.tp > 1 or layout.cp > 1 or layout.pp > 1 or key is not None:
             why = self.not_answered(layout, replica)
             if self.needs_build:
                 return None
             if why:
                 return Skipped(layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, why)
+            derive = self._model_parallel.get(replica) is not None  # a class whose step is derived
+        new = derive and key is not None and key not in self.derived
+        if new and _one_device(key):  # the one-device recipe at a microbatch size, as dp × pp always derived it
+            self.derived.append(key)
+            new = False
+        if new:
+            if self.bound(layout, replica) > self.capacity:
+                return Skipped(layout.dp, layout.tp, layout.pp, layout.cp, layout.ep,
+                               f"does not fit: its model states alone, a lower bound on its peak, exceed the "
+                               f"{self.capacity:,} B the GPU leaves beside the reserve (no step derived)", bounded=True)
+            if self.spent >= MAX_DERIVED:
+                self.not_derived += 1
+                return Skipped(layout.dp, layout.tp, layout.pp, layout.cp, layout.ep,
+                               f"not derived: the search derives at most {MAX_DERIVED} ranks' steps from traces "
+                               f"(the lowest-bound layouts' first), and each {self.view.class_name} rank at another "
+                               "tp degree, FSDP degree or batch regime is one; memory --dp D --tp T --pp P --sp "
+                               "derives it")
+            self.derived.append(key)
         self.evaluated += 1
         try:
-            memory = step_estimate(self.report, self.view, TrainingOptions(
-                batch=replica, seq=self.seq, optimizer=options.optimizer, precision=options.precision,
-                grad_checkpointing=options.grad_checkpointing, attention=options.attention, layout=layout,
-                reserve=options.reserve, fits=False, derive_layout=False), live=False)
+            with progress.status(f"layout search: one rank's step for {layout.words()}, derived from traces "
+                                 f"({self.spent} of at most {MAX_DERIVED})") if new else nullcontext():
+                memory = step_estimate(self.report, self.view, TrainingOptions(
+                    batch=replica, seq=self.seq, optimizer=options.optimizer, precision=options.precision,
+                    grad_checkpointing=options.grad_checkpointing, attention=options.attention, layout=layout,
+                    reserve=options.reserve, fits=False, derive_layout=derive), live=False)
             if memory is None:
                 self.needs_build = True
                 return None
@@ -384,7 +421,7 @@ class _Search:
                                   checkpointing=self.checkpointing, causal_model=self.causal)
         except ParamscopeError as err:
             if layout.pp > 1 and self.model_parallel(replica):
-                self._stages_refused[replica // layout.micro_batches] = _words(err)
+                self._stages_refused[(replica // layout.micro_batches, layout.tp)] = _words(err)
             return Skipped(layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, _words(err))
         idle = bubble(layout)
         seconds = device.hardware / self.peak / (1 - idle)
@@ -435,27 +472,48 @@ class _Search:
 
     def not_answered(self, layout: ParallelLayout, replica: int) -> str | None:
         """Why a tensor, context or pipeline layout is not answered, or None where it is: analytically (the
-        Llama-style family), or, without the analytic per-device recipe, data parallelism × a pipeline, each stage
-        replayed from the one-device step derived from traces (pipeline_device.py's derived_pipeline_device, as memory
-        --dp D --pp P answers: the recipe derived once and cached, each stage's replay arithmetic)."""
+        Llama-style family), or, without the analytic per-device recipe, as memory --dp D --tp T --pp P --sp answers:
+        a tensor-parallel (or FSDP) rank's step derived from traces with the layout applied (estimate.py's
+        _derived_device), a pipeline's stages replayed from the one-device or tensor-parallel rank's derived recipe
+        (pipeline_device.py's derived_pipeline_device); each derivation once and cached."""
         why = self.model_parallel(replica)
         if why is None or self.needs_build:
             return why
         cls = self.view.class_name
-        if layout.tp > 1:
-            return (f"tensor parallelism for {cls}, without the analytic per-device recipe, needs one rank's step "
-                    f"derived from traces at each tp degree (DTensor on torch's fake process group, from the "
-                    f"build): the search derives none per layout (memory --tp T derives one)")
         if layout.cp > 1:
             return (f"context parallelism for {cls}, without the analytic per-device recipe, is not modelled: the "
                     f"derived step is one device's, with no S / cp share of the sequence nor ring attention's "
                     f"buffers")
-        if layout.ep > 1:
+        if layout.pp > 1 and layout.ep > 1:
             return (f"a pipeline with expert parallelism for {cls}, without the analytic per-device recipe, is not "
                     f"modelled: its stages are replayed from the one-device derived step, which holds no expert "
                     f"shard")
-        micro = replica // layout.micro_batches
-        return self._stages_refused.get(micro)
+        if layout.pp > 1:
+            return self._stages_refused.get((replica // layout.micro_batches, layout.tp))
+        return None
+
+    @property
+    def spent(self) -> int:
+        """The derivations counted against MAX_DERIVED: the ranks' (tensor-parallel or FSDP), not the one-device
+        steps (every answer of the class needs those; a pipeline's stages replay them)."""
+        return sum(1 for key in self.derived if not _one_device(key))
+
+    def derivation_key(self, layout: ParallelLayout, replica: int) -> tuple | None:
+        """The derived recipe a class without the analytic per-device recipe needs for the layout, as the cache
+        keys it (settings.layout = (FSDP degree, shard, tp, sp), and the batch regime: 1, or 2 and up; the sequence is
+        the search's): a pipeline's stages replay the tensor-parallel rank's recipe without FSDP at the microbatch,
+        a rank without a pipeline is derived with FSDP's degree at the replica's batch; None where memory derives
+        nothing beyond the one-device step (no tensor parallelism, no FSDP sharding, or cp or ep, which it does not
+        derive)."""
+        if layout.cp > 1 or layout.ep > 1:
+            return None
+        if layout.pp > 1:
+            return (1, "none", layout.tp, layout.sp if layout.tp > 1 else False,
+                    min(2, replica // layout.micro_batches))
+        fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
+        if not fsdp and layout.tp == 1:
+            return None
+        return (layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp, min(2, replica))
 
     def bound(self, layout: ParallelLayout, replica: int) -> int:
         """A lower bound on the layout's peak per device, cheap beside the evaluation: two of the terms the
@@ -726,6 +784,20 @@ class _Search:
                         f"{m} × {layers} layers × {count} × {c - 1} × 2·{b}·{s:,}·{kv}·{self.head_dim}·{self.act} B")
 
 
+def _one_device(key: tuple) -> bool:
+    return key[1] == "none" and key[2] == 1
+
+
+def derivation_words(key: tuple) -> str:
+    """A derivation_key in words: 'tp 2 with sequence parallel, FSDP2 over 4, batch 2 and up'."""
+    degree, shard, tp, sp, regime = key
+    parts = [f"tp {tp}" + (" with sequence parallel" if sp else "") if tp > 1 else "one device"]
+    if shard != "none":
+        parts.append(f"FSDP2 over {degree}")
+    parts.append("batch 1" if regime == 1 else "batch 2 and up")
+    return ", ".join(parts)
+
+
 def _ceil(numerator: int, denominator: int) -> int:
     return -(-numerator // denominator)
 
@@ -758,30 +830,43 @@ def search(report: Any, view: Any, options: SearchOptions, flops_check: Any = No
     skipped: list[Skipped] = []
     layouts, refused = state.layouts(options.devices)
     skipped.extend(refused)
-    unanswered = 0
-    for layout, replica in layouts:
+    unanswered = bounded = 0
+    # lowest lower bound first (as the fewest devices' search), so that where derivations are capped
+    # (MAX_DERIVED) they go to the layouts most likely to fit; the table is sorted afterwards
+    ranked = sorted((state.bound(layout, replica), i, layout, replica)
+                    for i, (layout, replica) in enumerate(_likely_first(layouts)))
+    for _, _, layout, replica in ranked:
         result = state.evaluate(layout, replica, until_fit=True)
         if result is None:
             return None
         (candidates if isinstance(result, Candidate) else skipped).append(result)
-        unanswered += isinstance(result, Skipped)
+        if isinstance(result, Skipped):
+            bounded += result.bounded
+            unanswered += not result.bounded
+    state.bounded += bounded
     fitting, not_fitting = _sorted(candidates)
     states = model_states(report.params, precision=check_precision(options.precision),
                           optimizer=check_optimizer(options.optimizer),
                           trainable=frozenset(p.name for p in report.params))
-    minimum = _minimum(state, options, states.bytes, fitting, len(layouts) - unanswered, unanswered)
+    minimum = _minimum(state, options, states.bytes, fitting, len(layouts) - unanswered - bounded, unanswered)
     if minimum is None:
         return None
     if state.no_pp:
         notes.append(f"no pipeline layouts: {state.no_pp}")
     if any(state._model_parallel.values()):
-        derived = any(c.layout.pp > 1 for c in candidates)
         notes.append("tensor, context and pipeline parallelism have analytic per-device memory for the Llama-style "
-                     "family (Llama, Mistral, Qwen2, Gemma, Gemma-2, Phi-3, Mixtral, Qwen2-MoE); for this class the "
-                     "search keeps the data-parallel layouts" + (
-                         " and the pipelines over them, each stage replayed from the derived one-device step's "
-                         "segments (as memory --dp D --pp P answers)" if derived else "")
-                     + " and names the rest as not answered")
+                     "family (Llama, Mistral, Qwen2, Gemma, Gemma-2, Phi-3, Mixtral, Qwen2-MoE); for this class each "
+                     "layout is answered as memory --dp D --tp T --pp P --sp answers it: a tensor-parallel or FSDP "
+                     "rank's step derived from traces of short cuts with the layout applied on torch's fake process "
+                     "group, a pipeline's stages replayed from the one-device or tensor-parallel rank's derived "
+                     "recipe; context parallelism and pipelines with expert parallelism are named as not answered")
+    if state.spent or state.not_derived:
+        made = [derivation_words(key) for key in state.derived if not _one_device(key)]
+        notes.append(f"ranks' steps derived from traces for this search (or read from the cache): {state.spent} of at "
+                     f"most {MAX_DERIVED}" + (f" ({'; '.join(made)})" if made else "")
+                     + (f"; {state.not_derived:,} layouts (of {options.devices:,} devices and of the counts the "
+                        f"fewest devices' search tried) needed another and were not derived"
+                        if state.not_derived else ""))
     return LayoutSearch(state.accelerator.name, state.accelerator.memory, options.reserve, state.peak,
                         state.peak_dtype, options.devices, options.total_batch, seq, options.precision,
                         options.optimizer, options.grad_checkpointing, state.shard,
