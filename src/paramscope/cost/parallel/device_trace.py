@@ -25,9 +25,10 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     elif layout.pp > 1 or layout.cp > 1:
         why = "pipeline and context parallelism have no traced engine here (their figures are checked against " \
               "torch's schedules in tests)"
-    elif layout.ep > 1 and (layout.tp > 1 or layout.shard_degree > 1 or layout.dp != layout.ep):
-        why = "expert parallelism is traced over every data-parallel rank, without sharding or tensor parallel " \
-              "(--ep equal to dp)"
+    elif layout.ep > 1 and (layout.tp > 1 or layout.dp != layout.ep or layout.shard_degree > 1 and
+                            layout.shard != "fsdp"):
+        why = "expert parallelism is traced over every data-parallel rank (--ep equal to dp), without tensor " \
+              "parallel, DeepSpeed's ZeRO or hybrid sharding (FSDP2's full sharding is traced)"
     elif layout.shard in ("zero1", "zero2", "zero3"):
         why = "DeepSpeed's ZeRO is not traced (no DeepSpeed here); --zero fsdp is"
     if why:

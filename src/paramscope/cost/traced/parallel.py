@@ -129,10 +129,9 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1) 
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp * tp:
         raise OptionError("{0} must be an integer between 0 and {last} (dp × tp - 1), got {value!r}", "rank",
                           last=dp * tp - 1, value=rank)
-    if ep > 1 and (ep != dp or shard != "none" or tp > 1):
-        raise UnsupportedError(f"expert parallel is traced over every data-parallel rank without FSDP2 or tensor "
-                               f"parallel (ep == dp, shard 'none', tp 1); got ep {ep}, dp {dp}, shard {shard!r}, "
-                               f"tp {tp}")
+    if ep > 1 and (ep != dp or tp > 1):
+        raise UnsupportedError(f"expert parallel is traced over every data-parallel rank without tensor parallel "
+                               f"(ep == dp, tp 1); got ep {ep}, dp {dp}, tp {tp}")
     return Layout(dp, shard, tp, sp, rank, ep)
 
 
@@ -159,8 +158,14 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
     try:
         with _mesh_tables_real():
             # the mesh and its submeshes are made outside FakeTensorMode (their rank tables are real tensors)
-            mesh = init_device_mesh("cpu", (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
-            dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
+            if layout.ep > 1 and layout.shard == "fsdp":
+                # expert parallel under FSDP2, laid out as torchtitan lays it out: the experts' own FSDP2 unit over
+                # the dp / ep ranks that hold the same experts (one here, ep == dp), a mesh dimension beside the ep one
+                mesh = init_device_mesh("cpu", (1, layout.dp), mesh_dim_names=("dp_mod_ep", "dp"))
+                dp_mesh, tp_mesh, experts_mesh = mesh["dp"], None, mesh["dp_mod_ep"]
+            else:
+                mesh = init_device_mesh("cpu", (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
+                dp_mesh, tp_mesh, experts_mesh = mesh["dp"], mesh["tp"], None
             with fake_mode(True) as mode, assumed_values(True) as assumed:
                 model = training_copy(module, mode, settings)
                 notes = [f"rank {layout.rank} of {layout.world} ({layout.describe()}) on a fake process group: "
@@ -171,9 +176,9 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
                         notes += apply_tensor_parallel(model, tp_mesh, layout.tp, layout.sp,
                                                        fsdp=layout.shard == "fsdp")
                     if layout.ep > 1:
-                        notes += apply_expert_parallel(model, dp_mesh)
+                        notes += apply_expert_parallel(model, dp_mesh, replicate_rest=experts_mesh is None)
                     if layout.shard == "fsdp":
-                        notes += apply_fsdp(model, dp_mesh, settings)
+                        notes += apply_fsdp(model, dp_mesh, settings, experts_mesh)
                     elif layout.dp > 1:
                         notes.append(_replication_note(model, layout.dp))
                 yield model, notes, assumed
@@ -219,15 +224,14 @@ def _mesh_tables_real() -> Iterator[None]:
 
 # --- expert parallel -----------------------------------------------------------------------------------------------
 
-def apply_expert_parallel(model: Any, mesh: Any) -> list[str]:
+def apply_expert_parallel(model: Any, mesh: Any, replicate_rest: bool = True) -> list[str]:
     """Each layer's packed experts split over the ep ranks with torchtitan's dispatch and combine (expert_parallel.py);
-    the router, a shared expert and everything else whole on every rank."""
+    the router, a shared expert and everything else whole on every rank (`replicate_rest`: as Replicate DTensors;
+    FSDP2 makes them its own DTensors instead)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     ep = mesh.size()
-    found = [name for name, module in model.named_modules()
-             if name.rpartition(".")[2] == "experts" and {n for n, _ in module.named_parameters(recurse=False)} &
-             {"gate_up_proj", "down_proj"}]
+    found = packed_experts_modules(model)
     if not found:
         raise UnsupportedError(f"expert parallel over {type(model).__name__}: it has no packed experts module "
                                "(X.experts with gate_up_proj and down_proj)")
@@ -236,7 +240,8 @@ def apply_expert_parallel(model: Any, mesh: Any) -> list[str]:
         check_experts(modules[name], name, ep)
     experts = modules[found[0]].gate_up_proj.shape[0]
     parallelize_module(model, mesh, {name: expert_parallel_style() for name in found})
-    _replicate_rest(model, mesh)  # one optimizer steps the experts' DTensor shards beside the rest (as under tp)
+    if replicate_rest:
+        _replicate_rest(model, mesh)  # one optimizer steps the experts' DTensor shards beside the rest (as under tp)
     return [f"expert parallel over {ep} ranks, as torchtitan's ExpertParallel: {_generic(found[0])} gate_up_proj and "
             f"down_proj Shard(0) ({experts // ep} of the {experts} experts a rank), the token-expert pairs sent to "
             "their experts' rank and back by two all-to-alls, put in expert-major order there and back (permute, "
@@ -263,11 +268,24 @@ def layer_lists(model: Any) -> tuple[list[tuple[str, Any]], str]:
     return [longest], "the longest ModuleList of blocks of one class"
 
 
-def apply_fsdp(model: Any, mesh: Any, settings: StepSettings) -> list[str]:
+def packed_experts_modules(model: Any) -> list[str]:
+    """The names of the model's packed experts modules (X.experts with gate_up_proj or down_proj)."""
+    return [name for name, module in model.named_modules()
+            if name.rpartition(".")[2] == "experts" and {n for n, _ in module.named_parameters(recurse=False)} &
+            {"gate_up_proj", "down_proj"}]
+
+
+def apply_fsdp(model: Any, mesh: Any, settings: StepSettings, experts_mesh: Any = None) -> list[str]:
     """FSDP2 as torchtitan and accelerate apply it: fully_shard on each layer, then on the root, with the default
-    reshard_after_forward (a layer frees its gathered parameters after its forward; the root keeps its own)."""
+    reshard_after_forward (a layer frees its gathered parameters after its forward; the root keeps its own).
+    `experts_mesh` (expert parallel): each layer's experts, already split over the ep ranks, first get a unit of
+    their own over that mesh, as torchtitan's apply_fsdp does (its dp_shard_mod_ep mesh)."""
     from torch.distributed.fsdp import fully_shard
 
+    experts = packed_experts_modules(model) if experts_mesh is not None else []
+    modules = dict(model.named_modules())
+    for name in experts:
+        fully_shard(modules[name], mesh=experts_mesh)
     lists, how = layer_lists(model)
     for _, blocks in lists:
         for block in blocks:
@@ -279,7 +297,10 @@ def apply_fsdp(model: Any, mesh: Any, settings: StepSettings) -> list[str]:
             "as torch defaults it (layers free their gathered parameters after the forward, the root keeps its "
             "own); each parameter's dim 0 is split in ceil(dim0 / dp) rows, padded"
             + ("; mixed precision is torch.autocast over the parameters' own dtype, as on one device (no "
-               "MixedPrecisionPolicy)" if settings.precision.endswith("-mixed") else "")]
+               "MixedPrecisionPolicy)" if settings.precision.endswith("-mixed") else "")
+            + (f"; each layer's experts (already split over the ep ranks) a unit of their own first, over the "
+               f"{experts_mesh.size()} rank{'s' if experts_mesh.size() > 1 else ''} holding the same experts "
+               "(torchtitan's dp_shard_mod_ep), gathered while their layer runs" if experts else "")]
 
 
 def _replication_note(model: Any, dp: int) -> str:
