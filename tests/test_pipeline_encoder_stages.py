@@ -48,6 +48,8 @@ def test_each_encoder_stage_replayed_from_the_recipe_equals_memtracker_but_the_r
         gap = 0 if row.first else row.in_flight * casts
         assert (derived.held - gap, derived.forward_peak - gap, derived.peak - gap) == (
             traced.held, traced.forward_peak, traced.peak), (cls, row.rank)
+        check = next(n for n in estimate.notes if n.startswith(f"check: stage {row.rank} traced"))
+        assert ("(equal)" in check) if not gap else (f"(the replay {gap:+,} B held, {gap:+,} B at the peak)" in check)
         # the stage's parameters' gradients, the tied decoder's (Megatron's copy on the last stage) among the last's
         assert row.gradients == traced.gradients, (cls, row.rank)
     if cls == "BertForMaskedLM":

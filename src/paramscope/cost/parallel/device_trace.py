@@ -88,7 +88,9 @@ def traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
         notes.append(f"check: stage {stage.rank} traced (the real class cut to layers {start}–{stop - 1} and run as "
                      f"PipelineStage runs it, {stage.in_flight} forward{'s' if stage.in_flight > 1 else ''} then a "
                      f"backward; MemTracker): held {traced.held:,} B, peak {traced.peak:,} B above its states; "
-                     f"replayed {replayed.held:,} B and {replayed.peak:,} B "
-                     f"({'equal' if (traced.held, traced.peak) == (replayed.held, replayed.peak) else 'differs'})"
-                     + words)
+                     f"replayed {replayed.held:,} B and {replayed.peak:,} B ("
+                     + ("equal" if (traced.held, traced.peak) == (replayed.held, replayed.peak) else
+                        f"the replay {replayed.held - traced.held:+,} B held, {replayed.peak - traced.peak:+,} B at "
+                        "the peak")
+                     + ")" + words)
     return dataclasses.replace(device, traced=tuple(traces), notes=device.notes + tuple(notes))
