@@ -288,7 +288,7 @@ class _Search:
         self._engines: dict[int, str] = {}
         # a class's pipeline stages replayed from its derived step, refused at a microbatch size (the derivation
         # declined, an encoder-decoder): the same for every pipeline of that size, so asked once
-        self._stages_refused: dict[int, str] = {}
+        self._stages_refused: dict[tuple[int, int, int, int], str] = {}  # (microbatch, tp, ep, cp)
         self._stage_bytes: dict[tuple[int, int, int, int], list] = {}
         self._stage_states: dict[tuple, tuple[Any, int, int]] = {}
         self._per_layers: dict[tuple[int, int, bool, int], int | None] = {}
@@ -386,7 +386,7 @@ class _Search:
                 return Skipped(layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, why)
             derive = self._model_parallel.get(replica) is not None  # a class whose step is derived
         new = derive and key is not None and key not in self.derived
-        if new and _one_device(key):  # the one-device recipe at a microbatch size, as dp × pp always derived it
+        if new and key[0] == "device":  # the one-device recipe at a microbatch size, as dp × pp always derived it
             self.derived.append(key)
             new = False
         if new:
@@ -421,7 +421,8 @@ class _Search:
                                   checkpointing=self.checkpointing, causal_model=self.causal)
         except ParamscopeError as err:
             if layout.pp > 1 and self.model_parallel(replica):
-                self._stages_refused[(replica // layout.micro_batches, layout.tp)] = _words(err)
+                self._stages_refused[(replica // layout.micro_batches, layout.tp, layout.ep, layout.cp)] = \
+                    _words(err)
             return Skipped(layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, _words(err))
         idle = bubble(layout)
         seconds = device.hardware / self.peak / (1 - idle)
@@ -471,49 +472,49 @@ class _Search:
         return self._model_parallel[replica]
 
     def not_answered(self, layout: ParallelLayout, replica: int) -> str | None:
-        """Why a tensor, context or pipeline layout is not answered, or None where it is: analytically (the
-        Llama-style family), or, without the analytic per-device recipe, as memory --dp D --tp T --pp P --sp answers:
-        a tensor-parallel (or FSDP) rank's step derived from traces with the layout applied (estimate.py's
-        _derived_device), a pipeline's stages replayed from the one-device or tensor-parallel rank's derived recipe
-        (pipeline_device.py's derived_pipeline_device); each derivation once and cached."""
+        """Why a tensor, context or pipeline layout is not answered, or None where it is asked: analytically (the
+        Llama-style family), or, without the analytic per-device recipe, as memory --dp D --tp T --pp P --cp C --ep E
+        --sp answers it, which refuses what it does not model in one line (the Skipped's reason): a rank's step
+        derived from traces with the layout applied (estimate.py's _derived_device), a pipeline's stages replayed from
+        the one-device, tensor- or expert-parallel rank's derived recipe (pipeline_device.py's
+        derived_pipeline_device); each derivation once and cached. A pipeline refused at a microbatch size is refused
+        for every pipeline of that size and those degrees, so asked once."""
         why = self.model_parallel(replica)
         if why is None or self.needs_build:
             return why
-        cls = self.view.class_name
-        if layout.cp > 1:
-            return (f"context parallelism for {cls}, without the analytic per-device recipe, is not modelled: the "
-                    f"derived step is one device's, with no S / cp share of the sequence nor ring attention's "
-                    f"buffers")
-        if layout.pp > 1 and layout.ep > 1:
-            return (f"a pipeline with expert parallelism for {cls}, without the analytic per-device recipe, is not "
-                    f"modelled: its stages are replayed from the one-device derived step, which holds no expert "
-                    f"shard")
         if layout.pp > 1:
-            return self._stages_refused.get((replica // layout.micro_batches, layout.tp))
+            return self._stages_refused.get((replica // layout.micro_batches, layout.tp, layout.ep, layout.cp))
         return None
 
     @property
     def spent(self) -> int:
-        """The derivations counted against MAX_DERIVED: the ranks' (tensor-parallel or FSDP), not the one-device
-        steps (every answer of the class needs those; a pipeline's stages replay them)."""
-        return sum(1 for key in self.derived if not _one_device(key))
+        """The derivations counted against MAX_DERIVED: the ranks' (tensor, expert, context parallel or FSDP), not
+        the one-device steps (every answer of the class needs those; a pipeline's stages replay them)."""
+        return sum(1 for key in self.derived if key[0] != "device")
 
     def derivation_key(self, layout: ParallelLayout, replica: int) -> tuple | None:
-        """The derived recipe a class without the analytic per-device recipe needs for the layout, as the cache
-        keys it (settings.layout = (FSDP degree, shard, tp, sp), and the batch regime: 1, or 2 and up; the sequence is
-        the search's): a pipeline's stages replay the tensor-parallel rank's recipe without FSDP at the microbatch,
-        a rank without a pipeline is derived with FSDP's degree at the replica's batch; None where memory derives
-        nothing beyond the one-device step (no tensor parallelism, no FSDP sharding, or cp or ep, which it does not
-        derive)."""
-        if layout.cp > 1 or layout.ep > 1:
-            return None
+        """The derived recipe a class without the analytic per-device recipe needs for the layout, as memory asks
+        the cache for it (the traced layout and the batch regime, 1 or 2 and up; the sequence is the search's): a
+        pipeline's stages replay the tensor- or expert-parallel rank's recipe (or one device's) at the microbatch,
+        without FSDP; a rank without a pipeline is derived at the replica's batch with FSDP's degree, or alone with
+        its context-parallel share. None where memory derives nothing more (data or expert parallel alone: the
+        one-device step) or refuses the layout first (cp with tp or FSDP, ep with tp, cp under a pipeline)."""
         if layout.pp > 1:
-            return (1, "none", layout.tp, layout.sp if layout.tp > 1 else False,
-                    min(2, replica // layout.micro_batches))
+            regime = min(2, replica // layout.micro_batches)
+            if layout.cp > 1:
+                return None
+            if layout.ep > 1 and self.experts:
+                return None if layout.tp > 1 else ("experts", layout.ep, regime)
+            return ("rank", 1, "none", layout.tp, layout.sp, regime) if layout.tp > 1 else ("device", regime)
+        regime = min(2, replica)
         fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
+        if layout.ep > 1:
+            return None
+        if layout.cp > 1:
+            return None if layout.tp > 1 or fsdp else ("context", layout.cp, regime)
         if not fsdp and layout.tp == 1:
             return None
-        return (layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp, min(2, replica))
+        return ("rank", layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp, regime)
 
     def bound(self, layout: ParallelLayout, replica: int) -> int:
         """A lower bound on the layout's peak per device, cheap beside the evaluation: two of the terms the
@@ -784,16 +785,20 @@ class _Search:
                         f"{m} × {layers} layers × {count} × {c - 1} × 2·{b}·{s:,}·{kv}·{self.head_dim}·{self.act} B")
 
 
-def _one_device(key: tuple) -> bool:
-    return key[1] == "none" and key[2] == 1
-
-
 def derivation_words(key: tuple) -> str:
     """A derivation_key in words: 'tp 2 with sequence parallel, FSDP2 over 4, batch 2 and up'."""
-    degree, shard, tp, sp, regime = key
-    parts = [f"tp {tp}" + (" with sequence parallel" if sp else "") if tp > 1 else "one device"]
-    if shard != "none":
-        parts.append(f"FSDP2 over {degree}")
+    kind, *rest, regime = key
+    if kind == "rank":
+        degree, shard, tp, sp = rest
+        parts = [f"tp {tp}" + (" with sequence parallel" if sp else "") if tp > 1 else "one rank"]
+        if shard != "none":
+            parts.append(f"FSDP2 over {degree}")
+    elif kind == "experts":
+        parts = [f"ep {rest[0]}"]
+    elif kind == "context":
+        parts = [f"cp {rest[0]}"]
+    else:
+        parts = ["one device"]
     parts.append("batch 1" if regime == 1 else "batch 2 and up")
     return ", ".join(parts)
 
@@ -856,12 +861,12 @@ def search(report: Any, view: Any, options: SearchOptions, flops_check: Any = No
     if any(state._model_parallel.values()):
         notes.append("tensor, context and pipeline parallelism have analytic per-device memory for the Llama-style "
                      "family (Llama, Mistral, Qwen2, Gemma, Gemma-2, Phi-3, Mixtral, Qwen2-MoE); for this class each "
-                     "layout is answered as memory --dp D --tp T --pp P --sp answers it: a tensor-parallel or FSDP "
-                     "rank's step derived from traces of short cuts with the layout applied on torch's fake process "
-                     "group, a pipeline's stages replayed from the one-device or tensor-parallel rank's derived "
-                     "recipe; context parallelism and pipelines with expert parallelism are named as not answered")
+                     "layout is answered as memory --dp D --tp T --pp P --cp C --ep E --sp answers it: a rank's step "
+                     "derived from traces of short cuts with the layout applied on torch's fake process group, a "
+                     "pipeline's stages replayed from the one-device (or tensor- or expert-parallel rank's) derived "
+                     "recipe; a layout memory refuses is named as not answered, with its reason")
     if state.spent or state.not_derived:
-        made = [derivation_words(key) for key in state.derived if not _one_device(key)]
+        made = [derivation_words(key) for key in state.derived if key[0] != "device"]
         notes.append(f"ranks' steps derived from traces for this search (or read from the cache): {state.spent} of at "
                      f"most {MAX_DERIVED}" + (f" ({'; '.join(made)})" if made else "")
                      + (f"; {state.not_derived:,} layouts (of {options.devices:,} devices and of the counts the "
