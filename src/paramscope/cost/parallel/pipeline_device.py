@@ -353,8 +353,12 @@ EXPERT_CHECK = ("checked against MemTracker on the real class cut to each stage 
                 "process group (traced/expert_parallel.py): on a Mixtral cut (pp 3, ep 2, 1F1B) each stage's "
                 "forwards and first backward equal to the byte; a later backward (1F1B's steady state) traced above "
                 "the replay, 112 KB a stage of two layers (4% of its 2.9 MB), as under tensor parallel: the traced "
-                "rank's parameters are all DTensors, whose gradient handling in a later backward is not modelled; "
-                "--trace measures each stage")
+                "rank's parameters are all DTensors, whose gradient handling in a later backward is not modelled. "
+                "Where the first stage peaks at its embedding's backward (a large vocabulary: mixtral-8x7b --dp 8 "
+                "--ep 8 --pp 2 --seq 1024, whose last stage is equal to the byte), it is traced B·S·h × 4 B + 8·B·T "
+                "B above the replay, 16,785,408 B of 14.5 GB there (the sizes of the embedding output's gradient "
+                "and of the int64 token ids; which tensors the traced stage holds there and the rank's whole-model "
+                "recipe does not, not isolated); --trace measures each stage")
 
 
 def _stage_dispatch(ctx: StepContext, placements: tuple[Placement, ...], params: list, in_flight: int,
