@@ -17,7 +17,7 @@ from .device_parts import (
     local_shape, matmul_names, resident_bytes, sequence_parallel_norm_gradients, tied_bytes, whole_embedding_gradient,
     with_buffers, with_norm_gradients, with_whole_gradient
 )
-from .pipeline import Stage, bubble, layer_stack_of, params_held, split_words, stages
+from .pipeline import Stage, bubble, layer_of, layer_stack_of, params_held, split_words, stages
 from .rules import Placement
 from .states import DeviceStates
 
@@ -28,6 +28,18 @@ LEAF_CASTS = ("pipeline: a later stage's received hidden state is a leaf (Pipeli
               "cast for each: where a layer's matmuls read its input directly (a post-norm encoder's q, k and v: "
               "BERT) a later stage's replay is above its trace by 2·B·S·h × 2 B a microbatch in flight (a bound); a "
               "pre-norm layer reads its input through its norm, and is equal")
+
+
+def after_layers(params: Any, stack: str) -> str:
+    """What the last stage runs after its layers, from the roles of the parameters outside the layer stack and the
+    embeddings: a decoder's 'the final norm and head', BERT's masked LM's 'the head', its classifier's 'the pooler and
+    head'."""
+    roles = {p.role for p in params if layer_of(p.name, stack) is None and not p.role.startswith("embeddings")}
+    parts = [name for name, found in (("final norm", "norm.final" in roles), ("pooler", "pooler" in roles),
+                                      ("head", any(r.startswith("head") for r in roles))) if found]
+    if not parts:
+        return "the final norm and head"
+    return "the " + (" and ".join(parts) if len(parts) < 3 else f"{parts[0]}, {parts[1]} and {parts[2]}")
 
 
 def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
@@ -130,8 +142,8 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                                 s.in_flight, s.first, s.last, d.weights, d.gradients, d.optimizer, d.master_weights,
                                 h_, top.bytes, top.phase))
     tied_words = " and a copy of the tied embedding for the head (Megatron's rule)" if tied_name else ""
-    words = (f"{split_words(layout, count)}; the embeddings on stage 0, the final norm and head on stage "
-             f"{layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
+    words = (f"{split_words(layout, count)}; the embeddings on stage 0, {after_layers(ctx.report.params, stack)} on "
+             f"stage {layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
     notes = (f"pipeline: each stage holds its layers' saved activations for every microbatch in flight "
              f"({layout.schedule}); the last stage's figure is the recipe's moments for its layers, whose outside "
              "terms include the embedding output the first stage holds (a bound); a stage's own backward working "
@@ -311,8 +323,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                                 len(s.layers), s.in_flight, s.first, s.last, d.weights, d.gradients, d.optimizer,
                                 d.master_weights, r.held if r is not None else 0, top.bytes, top.phase, r))
     tied_words = " and a copy of the tied embedding for the head (Megatron's rule)" if tied_name else ""
-    words = (f"{split_words(layout, count)}; the embeddings on stage 0, the final norm and head on stage "
-             f"{layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
+    words = (f"{split_words(layout, count)}; the embeddings on stage 0, {after_layers(ctx.report.params, stack)} on "
+             f"stage {layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
     source = (f"tensor-parallel rank's derived step (tp {layout.tp}{' with sequence parallel' if layout.sp else ''}"
               f", traced on torch's fake process group; {regime})" if layout.tp > 1 else
               f"expert-parallel rank's derived step (ep {layout.ep}: its routed experts / {layout.ep}, Shard(0), "
@@ -328,8 +340,9 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
              "Mixtral cuts; on a BERT cut, tests/test_pipeline_encoder_stages.py, but for the received leaf's casts "
              "below")
     notes = (f"pipeline: each stage's activations replayed from {cls}'s {source}, segment "
-             "by segment for its layers: the prefix (embeddings, position tables) on the first stage, the final norm, "
-             "head and loss on the last, the received hidden state on the others; k microbatches in flight keep k "
+             "by segment for its layers: the prefix (embeddings, position tables) on the first stage, "
+             f"{after_layers(ctx.report.params, stack)} and the loss on the last, the received hidden state on the "
+             "others; k microbatches in flight keep k "
              f"times what one forward keeps, and the peak adds one microbatch's backward through the stage ({check})",
              "pipeline convention: each microbatch's forward runs under its own autocast, so its 16-bit weight "
              "copies are held with it (as one device's step); later stages take the position tables with their "
