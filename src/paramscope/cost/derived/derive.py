@@ -217,9 +217,12 @@ def config_integers(config: Any) -> set[int]:
 
 def seq_unit_of(settings: Any) -> int:
     """The sequence's unit under the settings' layout: the tensor-parallel degree under sequence parallelism (a rank
-    holds S / t of the tokens between its blocks), else 1."""
+    holds S / t of the tokens between its blocks); 2·cp under context parallelism (a rank holds S / cp, and torch's
+    context_parallel balances the load, two chunks a rank, only where 2·cp divides S: the regime derived); else 1."""
     layout = getattr(settings, "layout", None)
-    return int(layout[2]) if layout and len(layout) > 3 and layout[3] and layout[2] > 1 else 1
+    unit = int(layout[2]) if layout and len(layout) > 3 and layout[3] and layout[2] > 1 else 1
+    cp = int(layout[6]) if layout and len(layout) > 6 else 1
+    return unit * 2 * cp if cp > 1 else unit
 
 
 def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
@@ -240,8 +243,8 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
     regime = f"B = 1; {regime}" if batch == 1 else f"B ≥ 2; {regime}"
     unit = seq_unit_of(settings)
     if seq % unit:
-        raise NotDerivable(f"sequence parallelism over {unit} ranks splits the sequence: {unit} does not divide "
-                           f"{seq:,}")
+        raise NotDerivable(f"the layout splits the sequence in units of {unit} tokens (sequence parallel's tp, "
+                           f"context parallel's 2·cp, where torch balances the load): {unit} does not divide {seq:,}")
     # the sample points are in S' = S / unit; each is traced at S = unit · S'
     at1, at2 = sample_points(seq_range, config_integers(module.config), batch_range, unit)
 
@@ -290,6 +293,8 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
         recipe,
         traced=(f"traced at {depth} layers, B={at1[0]}, S={at1[1] * unit} and B={at2[0]}, S={at2[1] * unit} (fake "
                 f"tensors, every allocation and free){grew}{assumed}"
-                + (f"; sizes in S' = S / {unit}, the tokens a rank holds under sequence parallelism" if unit > 1
-                   else "")),
+                + (f"; sizes in S' = S / {unit}" + (", the tokens a rank holds under sequence parallelism"
+                                                     if len(settings.layout) < 7 or settings.layout[6] == 1 else
+                                                     " = S / (2·cp): a context-parallel rank holds two chunks of S' tokens")
+                   if unit > 1 else "")),
         check=f"checked against a trace of {words}, equal to the byte")

@@ -22,9 +22,11 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
         return traced_stages(ctx, device)
     if ctx.view.module is None:
         why = "the model was not built"
-    elif layout.pp > 1 or layout.cp > 1:
-        why = "pipeline and context parallelism have no traced engine here (their figures are checked against " \
-              "torch's schedules in tests)"
+    elif layout.pp > 1:
+        why = "pipeline parallelism has no traced engine here (its figures are checked against torch's schedules " \
+              "in tests)"
+    elif layout.cp > 1 and (layout.tp > 1 or layout.ep > 1 or layout.shard in ("fsdp", "hsdp")):
+        why = "context parallelism is traced alone: no tensor, expert or FSDP sharding beside it"
     elif layout.ep > 1 and (layout.tp > 1 or layout.dp != layout.ep or layout.shard_degree > 1 and
                             layout.shard != "fsdp"):
         why = "expert parallelism is traced over every data-parallel rank (--ep equal to dp), without tensor " \
@@ -39,11 +41,12 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
                             own_dtype=ctx.own)
     traced = trace_parallel_training(ctx.view.module, settings, dp=layout.ep if layout.ep > 1 else
                                      layout.shard_degree if fsdp else 1, shard="fsdp" if fsdp else "none",
-                                     tp=layout.tp, sp=layout.sp, ep=layout.ep)
+                                     tp=layout.tp, sp=layout.sp, ep=layout.ep, cp=layout.cp)
     top = traced.peak
     diff = (device.peak - top.bytes) / top.bytes if top.bytes else 0.0
     engine = "derived" if device.activations_from.startswith("derived") else "analytic"
-    note = (f"check: rank 0's step traced on torch's fake process group (FSDP2 and DTensor, MemTracker): peak "
+    applied = "torch's ring attention" if layout.cp > 1 else "FSDP2 and DTensor"
+    note = (f"check: rank 0's step traced on torch's fake process group ({applied}, MemTracker): peak "
             f"{top.bytes:,} B in {top.phase}; the {engine} {device.peak:,} B is {100 * diff:+.3f}% from it")
     return dataclasses.replace(device, traced=traced, notes=device.notes + (note,) + tuple(traced.notes))
 

@@ -23,7 +23,7 @@ from ...errors import ParamscopeError, UnsupportedError
 from ..memory.phases import PhaseFigure, moment_phases
 from .device import DeviceMemory, StepContext, NEEDS_BUILD
 from .device_parts import (
-    check_analytic, device_states_of, expert_dispatch, fsdp_buffers, hidden_size, local_activations,
+    check_analytic, device_states_of, encoder_refusal, expert_dispatch, fsdp_buffers, hidden_size, local_activations,
     local_recipe_missing, local_shape, resident_bytes, ring_buffer, sequence_parallel_norm_gradients, tied_bytes,
     whole_embedding_gradient, with_buffers, with_norm_gradients, with_whole_gradient
 )
@@ -62,10 +62,13 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     layout = ctx.layout
     placements = placements_for(ctx.report, ctx.view, layout)
     rules = rules_in_words(placements, layout)
-    derivable = ctx.derive and layout.pp == 1 and layout.cp == 1 and layout.ep == 1 and (
-        layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1 or
-        layout.tp > 1 and local_recipe_missing(ctx))
+    fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
+    derivable = ctx.derive and layout.pp == 1 and layout.ep == 1 and (
+        layout.cp == 1 and (fsdp or layout.tp > 1 and local_recipe_missing(ctx)) or
+        layout.cp > 1 and layout.tp == 1 and not fsdp and local_recipe_missing(ctx))
     declined = ""
+    if derivable and layout.cp > 1:
+        check_context_parallel(ctx)
     if derivable:
         derived = _derived_device(ctx, placements, rules)
         if derived is NEEDS_BUILD:
@@ -136,11 +139,12 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
 
     layout = ctx.layout
     fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
+    # a context-parallel rank: (dp, shard, tp, sp, rank, ep, cp), traced alone on rank 0 (traced/parallel.py)
+    traced = ((1, "none", 1, False, 0, 1, layout.cp) if layout.cp > 1 else
+              (layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp))
     settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
                             grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
-                            frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own,
-                            layout=(layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp,
-                                    layout.sp))
+                            frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own, layout=traced)
     try:
         step = DerivedStep.first(ctx.view.module, ctx.view.class_name, ctx.view.config, settings, batch=ctx.batch,
                                  seq=ctx.seq, limit=ctx.limit, live=ctx.live, structure=ctx.structure)
@@ -170,10 +174,13 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         where = "forward" if index == 0 else "backward"
         phases = phases[:index] + (dataclasses.replace(phase, arithmetic=step.recipe.words(
             where, ctx.batch, ctx.seq)),) + phases[index + 1:]
-    notes = [f"one rank's step derived from traces of the real class on torch's fake process group "
-             f"({'FSDP2' if fsdp else ''}{' and ' if fsdp and layout.tp > 1 else ''}"
-             f"{'DTensor tensor parallel' if layout.tp > 1 else ''}{' with sequence parallel' if layout.sp else ''}"
-             f"): {step.recipe.traced}; {step.recipe.check}"]
+    applied = ("torch's context_parallel ring attention, rank 0" if layout.cp > 1 else
+               f"{'FSDP2' if fsdp else ''}{' and ' if fsdp and layout.tp > 1 else ''}"
+               f"{'DTensor tensor parallel' if layout.tp > 1 else ''}{' with sequence parallel' if layout.sp else ''}")
+    notes = [f"one rank's step derived from traces of the real class on torch's fake process group ({applied}): "
+             f"{step.recipe.traced}; {step.recipe.check}"]
+    if layout.cp > 1:
+        notes.append(ring_words(ctx))
     device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           figures.end_of_forward, "derived: one rank's step traced on short cuts with the layout "
                           "applied (torch's fake process group), laid out to the model's depth", dev.arithmetic,
@@ -185,6 +192,37 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
             return PhaseFigure("backward", 1 << 62, "", "")
         return max(phases_at(point), key=lambda p: p.bytes)
     return device, at
+
+
+def check_context_parallel(ctx: StepContext) -> None:
+    """The context-parallel layouts a derived rank does not answer, each in one line: an encoder, cp not dividing S,
+    S that 2·cp does not divide (torch's context_parallel then runs unbalanced: not derived), attention dropout."""
+    from ..dims import attention_dropout
+
+    why = encoder_refusal(ctx) if not getattr(ctx.view, "can_generate", True) else ""
+    if why:
+        raise UnsupportedError(why)
+    cp = ctx.layout.cp
+    if ctx.seq % cp:
+        raise UnsupportedError("context parallelism splits the sequence: cp {cp} does not divide {seq:,}", cp=cp,
+                               seq=ctx.seq)
+    if ctx.seq % (2 * cp):
+        raise UnsupportedError("context parallel {cp} at {seq:,} tokens: torch's context_parallel balances the load "
+                               "(two chunks a rank) only where 2·cp divides S, and the rank's step is derived in that "
+                               "regime; use a length that 2·cp = {two} divides", cp=cp, seq=ctx.seq, two=2 * cp)
+    if attention_dropout(ctx.text):
+        raise UnsupportedError("context parallelism with attention dropout (S² terms) is not modelled")
+
+
+def ring_words(ctx: StepContext) -> str:
+    """What torch's ring attention holds on the rank, named: counted in the traced (derived) figures, not added."""
+    ring = ring_buffer(ctx, ctx.batch, ctx.seq)
+    cp = ctx.layout.cp
+    return (f"context parallel's ring, as torch holds it (in the figures above, traced): each attention's K and V "
+            f"of all {cp} ranks all-gathered at once (torch's default rotate method), cp × {ring.bytes:,} = "
+            f"{cp * ring.bytes:,} B while it runs, in forward and again in backward, where the K and V gradients "
+            f"pass all-to-all in fp32; the blocks' outputs and log-sum-exps merged in fp32; the rank's "
+            f"{ctx.seq // cp:,} tokens in two chunks (head-tail load balancing)")
 
 
 def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):

@@ -81,39 +81,50 @@ class Layout:
     sp: bool = False
     rank: int = 0
     ep: int = 1  # routed experts over the data-parallel ranks (expert_parallel.py); ep == dp when > 1
+    cp: int = 1  # context parallel: the sequence over cp ranks, torch's ring attention (context_parallel.py)
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp
+        return self.dp * self.tp * self.cp
 
     def describe(self) -> str:
         parts = [f"dp {self.dp}" + (" (FSDP2)" if self.shard == "fsdp" else "")]
         if self.tp > 1:
             parts.append(f"tp {self.tp}" + (" with sequence parallel" if self.sp else ""))
+        if self.cp > 1:
+            parts.append(f"cp {self.cp}")
         return " × ".join(parts) + (f", ep {self.ep} over the dp ranks" if self.ep > 1 else "")
 
 
 def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1, shard: str = "none", tp: int = 1,
-                            sp: bool = False, rank: int = 0, ep: int = 1) -> TracedStep:
+                            sp: bool = False, rank: int = 0, ep: int = 1, cp: int = 1) -> TracedStep:
     """One steady training step of `rank` in a (dp × tp) layout, measured as trace_training measures one device.
 
     `module` is a meta-built transformers model; it is not modified. `settings.batch` is each data-parallel rank's
     micro-batch. Rank r sits at (r // tp, r % tp) of the ("dp", "tp") mesh; ranks differ only where a width does
     not divide (a vocabulary over tp, dim 0 over dp: the last ranks hold fewer rows, FSDP2 pads them alike). `ep`:
     the routed experts split over the dp ranks as torchtitan's ExpertParallel splits them (expert_parallel.py,
-    balanced routing); it takes every dp rank (ep == dp) and no FSDP2."""
-    layout = check_layout(dp, shard, tp, sp, rank, ep)
+    balanced routing); it takes every dp rank (ep == dp) and no FSDP2. `cp`: the sequence split over cp ranks by
+    torch's context_parallel (context_parallel.py; alone: dp, tp and ep 1), `settings.seq` the whole sequence, the
+    rank running its S / cp tokens."""
+    layout = check_layout(dp, shard, tp, sp, rank, ep, cp)
     with progress.status(f"tracing one training step of {type(module).__name__} on rank {rank} of "
                          f"{layout.describe()} (fake process group, MemTracker)"):
         with parallel_copy(module, settings, layout) as (model, notes, assumed):
-            step = measure_training(model, dataclasses.replace(settings, grad_checkpointing=False), fake=False)
+            step = measure_training(model, dataclasses.replace(rank_tokens(settings, layout), grad_checkpointing=False),
+                                    fake=False)
             notes.extend(assumed.notes())
     return dataclasses.replace(step, notes=tuple(notes) + step.notes)
 
 
-def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1) -> Layout:
+def rank_tokens(settings: StepSettings, layout: Layout) -> StepSettings:
+    """The settings the rank's step runs: under context parallelism its S / cp tokens, else the settings."""
+    return dataclasses.replace(settings, seq=settings.seq // layout.cp) if layout.cp > 1 else settings
+
+
+def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, cp: Any = 1) -> Layout:
     """The layout, or one line naming the value that does not fit."""
-    for name, value in (("dp", dp), ("tp", tp), ("ep", ep)):
+    for name, value in (("dp", dp), ("tp", tp), ("ep", ep), ("cp", cp)):
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RANKS:
             raise OptionError("{0} must be an integer between 1 and {most:,}, got {value!r}", name, most=MAX_RANKS,
                               value=value)
@@ -124,15 +135,18 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1) 
         raise OptionError("{0} must be True or False, got {value!r}", "sp", value=sp)
     if sp and tp == 1:
         raise OptionError("{0} splits the sequence over the tensor-parallel ranks: it needs tp > 1, got tp 1", "sp")
-    if dp * tp > MAX_RANKS:
-        raise OptionError("dp × tp must be at most {most:,}, got {value:,}", most=MAX_RANKS, value=dp * tp)
-    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp * tp:
-        raise OptionError("{0} must be an integer between 0 and {last} (dp × tp - 1), got {value!r}", "rank",
-                          last=dp * tp - 1, value=rank)
+    if dp * tp * cp > MAX_RANKS:
+        raise OptionError("dp × tp × cp must be at most {most:,}, got {value:,}", most=MAX_RANKS, value=dp * tp * cp)
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp * tp * cp:
+        raise OptionError("{0} must be an integer between 0 and {last} (dp × tp × cp - 1), got {value!r}", "rank",
+                          last=dp * tp * cp - 1, value=rank)
+    if cp > 1 and (dp > 1 or tp > 1 or ep > 1):
+        raise UnsupportedError(f"context parallel is traced alone (dp, tp and ep 1: the rank's step is the same on "
+                               f"each data-parallel replica without FSDP2); got cp {cp}, dp {dp}, tp {tp}, ep {ep}")
     if ep > 1 and (ep != dp or tp > 1):
         raise UnsupportedError(f"expert parallel is traced over every data-parallel rank without tensor parallel "
                                f"(ep == dp, tp 1); got ep {ep}, dp {dp}, tp {tp}")
-    return Layout(dp, shard, tp, sp, rank, ep)
+    return Layout(dp, shard, tp, sp, rank, ep, cp)
 
 
 @contextmanager
@@ -147,6 +161,9 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
     if dist.is_initialized():
         raise UnsupportedError("a torch process group is already initialised in this process; the parallel trace "
                                "runs on a fake one of its own")
+    if layout.cp > 1 and settings.seq % layout.cp:
+        raise OptionError("context parallel splits the sequence over the cp ranks: cp {cp} does not divide {0} "
+                          "{seq:,}", "seq", cp=layout.cp, seq=settings.seq)
     if layout.sp and settings.seq % layout.tp:
         raise OptionError("sequence parallel splits the sequence over the tp ranks: tp {tp} does not divide {0} "
                           "{seq:,}", "seq", tp=layout.tp, seq=settings.seq)
@@ -156,6 +173,10 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
     dist.init_process_group("fake", rank=layout.rank, world_size=layout.world, store=FakeStore())
     _clear_sharding_caches()
     try:
+        if layout.cp > 1:
+            with _context_parallel_copy(module, settings, layout) as made:
+                yield made
+            return
         with _mesh_tables_real():
             # the mesh and its submeshes are made outside FakeTensorMode (their rank tables are real tensors)
             if layout.ep > 1 and layout.shard == "fsdp":
@@ -184,6 +205,27 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
                 yield model, notes, assumed
     finally:
         dist.destroy_process_group()
+
+
+@contextmanager
+def _context_parallel_copy(module: Any, settings: StepSettings,
+                           layout: Layout) -> Iterator[tuple[Any, list[str], Any]]:
+    """The fake working copy whole on the rank (context parallelism shards no parameter), its attention routed to
+    torch's ring over a ("cp",) mesh while the caller runs the rank's S / cp tokens."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .context_parallel import ring_attention
+
+    with _mesh_tables_real():
+        mesh = init_device_mesh("cpu", (layout.cp,), mesh_dim_names=("cp",))
+        with fake_mode(True) as mode, assumed_values(True) as assumed:
+            model = training_copy(module, mode, settings)
+            with ring_attention(mesh, settings.seq) as ring:
+                notes = [f"rank {layout.rank} of {layout.world} ({layout.describe()}) on a fake process group: "
+                         "collectives move no data but allocate their outputs, so every tensor the rank holds is "
+                         f"counted; batch {settings.batch}, {settings.seq // layout.cp:,} of the {settings.seq:,} "
+                         "tokens on the rank", ring]
+                yield model, notes, assumed
 
 
 def _clear_sharding_caches() -> None:

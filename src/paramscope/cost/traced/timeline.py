@@ -90,7 +90,7 @@ def _record(module: Any, settings: Any, layer_path: str, fake: bool) -> Timeline
 
     check_attention(settings.attention)
     with _working_model(module, settings, fake) as (model, assumed):
-        inputs = training_inputs(model, settings)
+        inputs = training_inputs(model, _rank_settings(settings, fake))
         layers = model.get_submodule(layer_path)
         recorder = allocation_recorder()
         # the weights exist before the step: a view of one that an operator returns is no allocation (the inputs'
@@ -171,6 +171,16 @@ def _working_model(module: Any, settings: Any, fake: bool) -> Iterator[tuple[Any
         return
     with fake_mode(fake) as mode, assumed_values(fake) as assumed:
         yield training_copy(module, mode, settings), assumed
+
+
+def _rank_settings(settings: Any, fake: bool) -> Any:
+    """The settings the step's inputs are made from: a context-parallel rank's S / cp tokens, else as given."""
+    layout = getattr(settings, "layout", None)
+    if layout is None or not fake:
+        return settings
+    from .parallel import Layout, rank_tokens
+
+    return rank_tokens(settings, Layout(*layout))
 
 
 def _ordered_frees(events: list[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:

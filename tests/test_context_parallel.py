@@ -1,0 +1,72 @@
+"""Context parallelism for classes whose step is derived from traces (issue 28 §1, --cp): one rank's step under
+torch's ring attention (traced/context_parallel.py) traced on torch's fake process group, the derived recipe of that
+rank (derived/, cp in the layout key) held to it to the byte, and the layouts it does not answer refused in a line."""
+
+from __future__ import annotations
+
+import pytest
+
+from paramscope.cost.memory.training import TrainingOptions, training_answer
+from paramscope.cost.parallel.layout import layout_for
+from paramscope.cost.traced.parallel import trace_parallel_training
+from paramscope.cost.traced.step import StepSettings
+from paramscope.errors import ParamscopeError
+
+MIXTRAL = dict(model_type="mixtral", architectures=["MixtralForCausalLM"], hidden_size=64, intermediate_size=96,
+               num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+               max_position_embeddings=4096, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)
+# six layers: the rank's forward frees a few bytes per layer at its end (outside the layers), which the derivation
+# reads from a longer cut and checks on a third (derive.choose_depths)
+GPT2 = dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=64, n_layer=6, n_head=4, vocab_size=512,
+            n_positions=1024, attn_pdrop=0.0)
+
+
+def _derived_and_traced(config, cp, *, batch=2, seq=64):
+    report, estimate, view = training_answer(config, TrainingOptions(
+        batch=batch, seq=seq, precision="bf16-mixed", layout=layout_for(devices=cp, cp=cp), fits=False),
+        use_cache=False)
+    traced = trace_parallel_training(view.module, StepSettings(batch=batch, seq=seq, precision="bf16-mixed",
+                                                               optimizer="adamw"), cp=cp)
+    return estimate, traced
+
+
+def test_derived_cp_rank_equals_the_traced_rank():
+    estimate, traced = _derived_and_traced(GPT2, 2)
+    device = estimate.training.device
+    assert device.activations_from.startswith("derived")
+    assert estimate.peak == device.peak == traced.peak.bytes
+    notes = " ".join(device.notes)
+    assert "torch's context_parallel ring attention, rank 0" in notes and "equal to the byte" in notes
+    assert "all-gathered at once" in notes  # the ring's buffers named
+
+
+def test_the_ring_is_traced_where_the_tracker_sees_it():
+    """torch's ring runs where the dispatch modes see its buffers: the all-gathered K and V of both ranks, 2 × 2·B·
+    (S / 2)·kv·head_dim × 2 B (bf16 under autocast), among the rank's allocations; a Mixtral rank (GQA: 2 KV heads
+    for 4 query heads) traces too."""
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from paramscope.cost.traced.timeline import record_training_step
+
+    config = {k: v for k, v in MIXTRAL.items() if k not in ("model_type", "architectures")}
+    with torch.device("meta"):
+        model = MixtralForCausalLM(MixtralConfig(**config, attn_implementation="sdpa"))
+    settings = StepSettings(batch=2, seq=64, precision="bf16-mixed", optimizer="adamw",
+                            layout=(1, "none", 1, False, 0, 1, 2))
+    timeline = record_training_step(model, settings, "model.layers")
+    gathered = 2 * (2 * 2 * 32 * 2 * 16) * 2
+    assert gathered in {a.nbytes for a in timeline.allocations}
+
+
+@pytest.mark.parametrize("config, seq, words", [
+    (dict(GPT2, attn_pdrop=0.1), 64, "attention dropout"),
+    (dict(GPT2, attn_pdrop=0.1), 66, "2·cp = 4 divides"),
+    (dict(model_type="bert", architectures=["BertForMaskedLM"], hidden_size=64, intermediate_size=128,
+          num_hidden_layers=4, num_attention_heads=4, vocab_size=512, max_position_embeddings=512), 64,
+     "bidirectional"),
+], ids=["dropout", "unbalanced", "encoder"])
+def test_cp_refusals(config, seq, words):
+    with pytest.raises(ParamscopeError, match=words):
+        training_answer(config, TrainingOptions(batch=1, seq=seq, layout=layout_for(devices=2, cp=2)),
+                        use_cache=False)
