@@ -236,6 +236,10 @@ def test_the_text_says_where_the_model_was_read_from(capsys):
         capsys.readouterr().out
     assert main(["flops", "gpt2", "--width", "120", "--no-cache"]) == 0
     assert "model: built on the meta device" in capsys.readouterr().out
+    # llama.cpp's serving memory reads the config's rope fields, which GPT-2 has none of: absent, not a gap
+    assert main(["memory", "gpt2", "--engine", "llama.cpp", "--dtype", "q4_k_m", "--width", "120"]) == 0
+    assert "model: its structure template and recorded cost facts, no build (--no-cache builds)" in \
+        capsys.readouterr().out
 
 
 def test_facts_are_checked_before_they_are_kept(tmp_path):
@@ -278,6 +282,11 @@ def test_a_config_read_back_reads_as_the_real_one():
     with pytest.raises(FactsGap):
         getattr(config, "name_or_path", None)
     assert config.get_text_config() is config
+    # a property that raises AttributeError on the real object (GPT-2's rope_scaling reads a rope_parameters it has
+    # none of) is absent, as hasattr() says there, not a gap that sends every reader to a build
+    with pytest.raises(AttributeError):
+        GPT2Config().rope_scaling
+    assert "rope_scaling" not in snapshot["gaps"] and getattr(config, "rope_scaling", None) is None
     t5 = FactsConfig(json.loads(json.dumps(config_snapshot(T5Config(num_decoder_layers=4)))))
     assert t5.num_decoder_layers == 4 and t5.is_encoder_decoder is True
 

@@ -65,6 +65,8 @@ def config_snapshot(config: Any, depth: int = 0) -> dict[str, Any]:
                 continue
             try:
                 value = getattr(config, name)
+            except AttributeError:  # absent, as hasattr() says on the real object (GPT-2's rope_scaling property
+                continue  # reads a rope_parameters it has none of): the facts' config raises it too
             except Exception:  # broad on purpose: a property runs the config class's own code; unreadable is a gap
                 gaps.append(name)
                 continue
