@@ -7,9 +7,11 @@ sorted by a bound on the step's time, with the pipeline bubble and the communica
                pipeline, microbatches of one sequence)
     → memory   one device's peak (estimate.py through memory/training.py's step_estimate), + the reserve, against
                the GPU's memory. A class without the analytic per-device recipe (its step derived from traces):
-               dp × pp layouts each stage replayed from the one-device derived recipe (derived once, cached; a
-               replay is arithmetic), its tp, cp and pp × ep layouts named as not answered, and the summaries say
-               that only the answered layouts were tried
+               each layout asked as memory --dp D --tp T --pp P --sp asks it (the same peak to the byte): an FSDP or
+               tp rank derived from traces with the layout applied, a pipeline's stages replayed from the one-device
+               or tp (ep) rank's recipe; at most MAX_DERIVED rank derivations a search, lowest bound first, none
+               for a layout whose bound exceeds the GPU; what memory refuses, or the cap leaves underived, is named
+               as not answered, and the summaries say that only the answered layouts were tried
     → FLOPs    the busiest device's hardware FLOPs a step (flops.py: its stage and tp rank, recompute included)
     → time     a bound at the GPU's peak: hardware FLOPs / peak FLOP/s / (1 − bubble). Not a prediction: no
                kernel runs at its peak, and communication is not in it (it may overlap or not)
