@@ -56,7 +56,7 @@ from typing import Any
 from ...errors import OptionError, UnsupportedError
 from ..dims import config_int, decoder_layers, dim, is_mla, max_context, text_config
 from .kv import attention_shape, layer_kinds
-from .result import DEFAULT_RESERVE
+from .result import DEFAULT_RESERVE, check_memory_target
 
 SOURCES = {
     "load_tensors": "src/llama-model.cpp load_tensors and llama_model::n_gpu_layers() of the llama.cpp in "
@@ -131,13 +131,7 @@ class LlamaCppOptions:
     reserve: int = DEFAULT_RESERVE  # kept free of llama.cpp's buffers (the CUDA context)
 
     def check(self) -> None:
-        if self.gpu and self.budget is not None:
-            raise OptionError("give {0} or {1}, not both", "gpu", "budget")
-        if self.budget is not None and (isinstance(self.budget, bool) or not isinstance(self.budget, int)
-                                        or self.budget < 1):
-            raise OptionError("{0} must be a number of bytes, 1 or more, got {value!r}", "budget", value=self.budget)
-        if isinstance(self.reserve, bool) or not isinstance(self.reserve, int) or self.reserve < 0:
-            raise OptionError("{0} must be a number of bytes, 0 or more, got {value!r}", "reserve", value=self.reserve)
+        check_memory_target(self.gpu, self.budget, self.reserve)
         if not 1 <= self.gpus <= _MAX_DEVICES:
             raise OptionError("{0} must be between 1 and {limit} (LLAMA_MAX_DEVICES), got {value}", "devices",
                               limit=_MAX_DEVICES, value=self.gpus)

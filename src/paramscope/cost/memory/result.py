@@ -20,6 +20,19 @@ from .weights import WeightMemory
 DEFAULT_RESERVE = 1 * GiB  # CUDA context (~0.5 GiB with torch) and fragmentation; `--reserve` sets it
 
 
+def check_memory_target(gpu: str | None, budget: int | None, reserve: int) -> None:
+    """The GPU or byte budget a serving engine's plan fits, and the reserve kept outside it: one OptionError naming
+    the bad value (the llama.cpp and vLLM pre-flights' options share it)."""
+    from ...errors import OptionError
+
+    if gpu and budget is not None:
+        raise OptionError("give {0} or {1}, not both", "gpu", "budget")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise OptionError("{0} must be a number of bytes, 1 or more, got {value!r}", "budget", value=budget)
+    if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
+        raise OptionError("{0} must be a number of bytes, 0 or more, got {value!r}", "reserve", value=reserve)
+
+
 @dataclass(frozen=True)
 class Workspace:
     """Working memory of the prefill's forward beyond weights and cache: the largest layer's live tensors."""

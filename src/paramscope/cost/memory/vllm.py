@@ -69,7 +69,7 @@ from typing import Any
 from ...errors import OptionError, UnsupportedError
 from ..dtypes import torch_name
 from ..hardware import GiB
-from .result import DEFAULT_RESERVE
+from .result import DEFAULT_RESERVE, check_memory_target
 
 MiB = 2**20
 # the vLLM release whose defaults the pre-flight follows (named in the output and docs/commands.md); the budget
@@ -120,13 +120,7 @@ class VllmOptions:
     reserve: int = DEFAULT_RESERVE  # the CUDA context, outside vLLM's budget
 
     def check(self) -> None:
-        if self.gpu and self.budget is not None:
-            raise OptionError("give {0} or {1}, not both", "gpu", "budget")
-        if self.budget is not None and (isinstance(self.budget, bool) or not isinstance(self.budget, int)
-                                        or self.budget < 1):
-            raise OptionError("{0} must be a number of bytes, 1 or more, got {value!r}", "budget", value=self.budget)
-        if isinstance(self.reserve, bool) or not isinstance(self.reserve, int) or self.reserve < 0:
-            raise OptionError("{0} must be a number of bytes, 0 or more, got {value!r}", "reserve", value=self.reserve)
+        check_memory_target(self.gpu, self.budget, self.reserve)
         if self.kv_dtype is not None and torch_name(self.kv_dtype) not in _KV_DTYPES:
             raise OptionError("{0} {value}: vLLM's {flag} takes auto (the model's dtype), bfloat16, fp8 or fp8_e5m2",
                               "kv_dtype", value=self.kv_dtype, flag="--kv-cache-dtype")  # vLLM's flag, not ours
