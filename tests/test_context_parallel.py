@@ -59,14 +59,16 @@ def test_the_ring_is_traced_where_the_tracker_sees_it():
     assert gathered in {a.nbytes for a in timeline.allocations}
 
 
-@pytest.mark.parametrize("config, seq, words", [
-    (dict(GPT2, attn_pdrop=0.1), 64, "attention dropout"),
-    (dict(GPT2, attn_pdrop=0.1), 66, "2·cp = 4 divides"),
-    (dict(model_type="bert", architectures=["BertForMaskedLM"], hidden_size=64, intermediate_size=128,
-          num_hidden_layers=4, num_attention_heads=4, vocab_size=512, max_position_embeddings=512), 64,
-     "bidirectional"),
-], ids=["dropout", "unbalanced", "encoder"])
-def test_cp_refusals(config, seq, words):
+BERT = dict(model_type="bert", architectures=["BertForMaskedLM"], hidden_size=64, intermediate_size=128,
+            num_hidden_layers=4, num_attention_heads=4, vocab_size=512, max_position_embeddings=512)
+
+
+@pytest.mark.parametrize("config, seq, layout, words", [
+    (dict(GPT2, attn_pdrop=0.1), 64, dict(devices=2, cp=2), "attention dropout"),
+    (dict(GPT2, attn_pdrop=0.1), 66, dict(devices=2, cp=2), "2·cp = 4 divides"),
+    (BERT, 64, dict(devices=2, cp=2), "bidirectional"),
+    (dict(GPT2, attn_pdrop=0.1), 64, dict(devices=4, tp=2, cp=2), "context parallelism alone"),
+], ids=["dropout", "unbalanced", "encoder", "beside tp"])
+def test_cp_refusals(config, seq, layout, words):
     with pytest.raises(ParamscopeError, match=words):
-        training_answer(config, TrainingOptions(batch=1, seq=seq, layout=layout_for(devices=2, cp=2)),
-                        use_cache=False)
+        training_answer(config, TrainingOptions(batch=1, seq=seq, layout=layout_for(**layout)), use_cache=False)

@@ -178,8 +178,9 @@ def check_analytic(ctx: StepContext, what: str) -> str:
     if recipe is None or ctx.analytic is None or ctx.derived_or_traced:
         raise UnsupportedError("{what} for {cls} needs its activations on each device: the closed form on a rank's "
                                "shard covers the Llama-style family (its recipe keeps heads, widths and tokens "
-                               "apart), and a step derived from traces with the layout applied covers FSDP2 and "
-                               "tensor parallelism where transformers or Megatron's names give a plan",
+                               "apart), and a step derived from traces with the layout applied covers FSDP2, "
+                               "tensor parallelism where transformers or Megatron's names give a plan, and context "
+                               "parallelism alone (without tp, FSDP2 or ep beside it)",
                                what=what, cls=ctx.view.class_name)
     if ctx.layout.cp > 1:
         from ..dims import attention_dropout
