@@ -72,3 +72,15 @@ BERT = dict(model_type="bert", architectures=["BertForMaskedLM"], hidden_size=64
 def test_cp_refusals(config, seq, layout, words):
     with pytest.raises(ParamscopeError, match=words):
         training_answer(config, TrainingOptions(batch=1, seq=seq, layout=layout_for(**layout)), use_cache=False)
+
+
+def test_a_step_that_never_calls_sdpa_is_refused():
+    """Eager attention never reaches F.scaled_dot_product_attention: the rank would attend to its own tokens alone."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = {k: v for k, v in GPT2.items() if k not in ("model_type", "architectures")}
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config(**dict(config, n_layer=1), attn_implementation="eager"))
+    with pytest.raises(ParamscopeError, match="never called F.scaled_dot_product_attention"):
+        trace_parallel_training(model, StepSettings(batch=1, seq=32, attention="eager"), cp=2)

@@ -50,10 +50,16 @@ def ring_attention(mesh: Any, seq: int) -> Iterator[str]:
     balanced = options.enable_load_balance
     original = F.scaled_dot_product_attention
     group = mesh.get_group()
+    calls = []
 
     def ring_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
                   is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
         _check(attn_mask, dropout_p, is_causal)
+        if value.shape[-1] != query.shape[-1]:
+            raise UnsupportedError(f"context parallel attention whose values' head size ({value.shape[-1]}) is not "
+                                   f"its queries' ({query.shape[-1]}; MLA's): the flash kernel the ring's blocks run "
+                                   "takes them equal")
+        calls.append(1)
         return _ring().apply(query, key, value, group, scale)
 
     F.scaled_dot_product_attention = ring_sdpa
@@ -63,6 +69,9 @@ def ring_attention(mesh: Any, seq: int) -> Iterator[str]:
                f"K and V {rotate} over the cp ranks, their gradients all-to-all, blocks merged in fp32"
                + (", head-tail load balancing" if balanced else ", no load balancing (2·cp does not divide S)")
                + "), the CPU flash kernel as its per-block attention; the rank runs its S / cp tokens")
+        if not calls:  # eager attention, or another kernel: the rank would attend to its own tokens alone
+            raise UnsupportedError("context parallel: the step never called F.scaled_dot_product_attention (eager or "
+                                   "another attention), so torch's ring did not run; --attention sdpa runs it")
     finally:
         F.scaled_dot_product_attention = original
         options.enable_load_balance = before
