@@ -187,6 +187,9 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                           (), phases, rules, notes=tuple(notes))
 
     def at(one_device: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
+        if layout.cp > 1:  # a length 2·cp does not divide runs unbalanced (not derived): the next that it divides
+            # bounds it, so the fits table's largest context comes out a multiple of 2·cp
+            length = -(-length // (2 * layout.cp)) * 2 * layout.cp
         point = step.at(batch, length)
         if point is None:
             return PhaseFigure("backward", 1 << 62, "", "")
