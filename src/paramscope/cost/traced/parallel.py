@@ -135,11 +135,13 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, 
         raise OptionError("{0} must be True or False, got {value!r}", "sp", value=sp)
     if sp and tp == 1:
         raise OptionError("{0} splits the sequence over the tensor-parallel ranks: it needs tp > 1, got tp 1", "sp")
+    ranks = "dp × tp" + (" × cp" if cp > 1 else "")
     if dp * tp * cp > MAX_RANKS:
-        raise OptionError("dp × tp × cp must be at most {most:,}, got {value:,}", most=MAX_RANKS, value=dp * tp * cp)
+        raise OptionError("{ranks} must be at most {most:,}, got {value:,}", ranks=ranks, most=MAX_RANKS,
+                          value=dp * tp * cp)
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp * tp * cp:
-        raise OptionError("{0} must be an integer between 0 and {last} (dp × tp × cp - 1), got {value!r}", "rank",
-                          last=dp * tp * cp - 1, value=rank)
+        raise OptionError("{0} must be an integer between 0 and {last} ({ranks} - 1), got {value!r}", "rank",
+                          last=dp * tp * cp - 1, ranks=ranks, value=rank)
     if cp > 1 and (dp > 1 or tp > 1 or ep > 1):
         raise UnsupportedError(f"context parallel is traced alone (dp, tp and ep 1: the rank's step is the same on "
                                f"each data-parallel replica without FSDP2); got cp {cp}, dp {dp}, tp {tp}, ep {ep}")
