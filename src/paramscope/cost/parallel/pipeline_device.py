@@ -331,10 +331,11 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
               "with torchtitan's dispatch and combine, traced on torch's fake process group under balanced routing; "
               f"{regime})" if experts else f"derived one-device step ({regime})")
     check = ("checked against MemTracker on the real class cut to each stage with the tp layout applied on the fake "
-             "process group: on a Mixtral cut its forwards and first backward equal to the byte "
-             "(tests/test_pipeline_tensor_parallel.py); on a GPT-2 cut (Conv1D, tied head) the first backward traced "
-             "up to 262 KB above a stage's 2.6 MB replay (10%), and a later backward up to 459 KB above on both: "
-             "DTensor's gradient handling at a stage's edges, not modelled; --trace measures each stage"
+             "process group: on a Mixtral cut (tp 2 with sequence parallel, pp 3; "
+             "tests/test_pipeline_tensor_parallel.py) and a GPT-2 cut (Conv1D, tied head; tp 2, pp 3) its forwards "
+             "and first backward equal to the byte; a later backward (1F1B's steady state) traced above the replay "
+             "on some stages, 31,744 B on the Mixtral cut's first two, 2,560 B on the GPT-2 cut's middle one: "
+             "DTensor's gradient handling in its accumulation, not isolated; --trace measures each stage"
              if layout.tp > 1 else EXPERT_CHECK if experts else
              "equal to MemTracker on the real class cut to each stage: tests/test_pipeline_stages.py, on GPT-2 and "
              "Mixtral cuts; on a BERT cut, tests/test_pipeline_encoder_stages.py, but for the received leaf's casts "
@@ -364,14 +365,10 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
 # what the expert-parallel stages are checked against (tests/test_pipeline_expert_parallel.py)
 EXPERT_CHECK = ("checked against MemTracker on the real class cut to each stage with its experts sharded on the fake "
                 "process group (traced/expert_parallel.py): on a Mixtral cut (pp 3, ep 2, 1F1B) each stage's "
-                "forwards and first backward equal to the byte; a later backward (1F1B's steady state) traced above "
-                "the replay, 112 KB a stage of two layers (4% of its 2.9 MB), as under tensor parallel: the traced "
-                "rank's parameters are all DTensors, whose gradient handling in a later backward is not modelled. "
-                "Where the first stage peaks at its embedding's backward (a large vocabulary: mixtral-8x7b --dp 8 "
-                "--ep 8 --pp 2 --seq 1024, whose last stage is equal to the byte), it is traced B·S·h × 4 B + 8·B·T "
-                "B above the replay, 16,785,408 B of 14.5 GB there (the sizes of the embedding output's gradient "
-                "and of the int64 token ids; which tensors the traced stage holds there and the rank's whole-model "
-                "recipe does not, not isolated); --trace measures each stage")
+                "forwards and first backward equal to the byte, and a later backward (1F1B's steady state) on the "
+                "first and last stages; the middle stage's traced 69,640 B above its 2.2 MB replay: DTensor's "
+                "gradient handling in its accumulation (every parameter is one on the traced rank), not isolated, as "
+                "under tensor parallel; --trace measures each stage")
 
 
 def _stage_dispatch(ctx: StepContext, placements: tuple[Placement, ...], params: list, in_flight: int,

@@ -179,7 +179,7 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
             with _context_parallel_copy(module, settings, layout) as made:
                 yield made
             return
-        with _mesh_tables_real():
+        with _mesh_tables_real(), _propagation_unseen():
             # the mesh and its submeshes are made outside FakeTensorMode (their rank tables are real tensors)
             if layout.ep > 1 and layout.shard == "fsdp":
                 # expert parallel under FSDP2, laid out as torchtitan lays it out: the experts' own FSDP2 unit over
@@ -239,6 +239,32 @@ def _clear_sharding_caches() -> None:
     except ImportError:  # a torch without it has no such cache to clear
         return
     _clear_sharding_prop_cache()
+
+
+@contextmanager
+def _propagation_unseen() -> Iterator[None]:
+    """DTensor's sharding propagation, on an op with shardings it has not cached, runs the op on fake arguments of
+    the global shapes to read its output's shape and stride (ShardingPropagator._propagate_tensor_meta_non_cached:
+    "in fake tensor mode so that it avoids materializing memory"): nothing a device allocates. Inside the trace's
+    FakeTensorMode the dispatch modes above it (MemTracker, the allocation recorder) would count those arguments as
+    the rank's memory, at each op's first call with its shardings (a pipeline stage's first forward, a later
+    backward's first gradient accumulation: a stage of a Mixtral cut under ep 2 held the embedding's whole weight
+    for its lookup, 8,192,000 B at a 32,000 vocabulary): the propagation runs with those modes set aside, in a fake
+    mode of its own."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def unseen(self: Any, op_schema: Any) -> Any:
+        with _disable_current_modes():
+            return original(self, op_schema)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = unseen
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
 @contextmanager
