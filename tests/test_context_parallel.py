@@ -40,6 +40,22 @@ def test_derived_cp_rank_equals_the_traced_rank():
     assert "all-gathered at once" in notes  # the ring's buffers named
 
 
+# a Llama-family class has the closed form too: the derived rank answers (the closed form holds one rotating K and V
+# chunk where torch all-gathers them and merges in fp32), the closed form beside it as a check
+LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=96,
+             num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+             max_position_embeddings=4096, tie_word_embeddings=False)
+
+
+def test_a_llama_cp_rank_is_derived_and_checked_by_its_closed_form():
+    estimate, traced = _derived_and_traced(LLAMA, 2)
+    device = estimate.training.device
+    assert device.activations_from.startswith("derived")
+    assert estimate.peak == device.peak == traced.peak.bytes
+    closed = next(n for n in device.notes if n.startswith("check: the closed form gives"))
+    assert "% from the derived peak" in closed
+
+
 def test_the_ring_is_traced_where_the_tracker_sees_it():
     """torch's ring runs where the dispatch modes see its buffers: the all-gathered K and V of both ranks, 2 × 2·B·
     (S / 2)·kv·head_dim × 2 B (bf16 under autocast), among the rank's allocations; a Mixtral rank (GQA: 2 KV heads
