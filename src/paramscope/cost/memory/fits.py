@@ -30,17 +30,23 @@ def fit_on(accelerator: Accelerator, peak_at, reserve: int, *, batch: int, seq: 
     leaves it unanswered (None), for a peak known at one length only."""
     capacity = accelerator.memory - reserve
     peak = peak_at(batch, seq)
-    largest_batch = _largest(lambda b: peak_at(b, seq) <= capacity, 1 << 20)
-    largest_context = _largest(lambda s: peak_at(batch, s) <= capacity, max_context or 1 << 24) if contexts \
-        else None
-    return Fit(accelerator, peak <= capacity, capacity - peak, largest_batch, largest_context)
+    fits = peak <= capacity
+    largest_batch = _largest(lambda b: peak_at(b, seq) <= capacity, 1 << 20, batch if fits else None)
+    largest_context = _largest(lambda s: peak_at(batch, s) <= capacity, max_context or 1 << 24,
+                               seq if fits and seq <= (max_context or 1 << 24) else None) if contexts else None
+    return Fit(accelerator, fits, capacity - peak, largest_batch, largest_context)
 
 
-def _largest(ok, limit: int) -> int | None:
-    """The largest n in 1..limit with ok(n), for ok monotone decreasing; None when not even 1 fits."""
-    if not ok(1):
+def _largest(ok, limit: int, known: int | None = None) -> int | None:
+    """The largest n in 1..limit with ok(n), for ok monotone decreasing; None when not even 1 fits. `known`: a
+    point already known to fit (the asked batch or length), where the search starts: the points below it need not
+    be answered at all (a derived step may have no recipe for one token, which reads as not fitting)."""
+    if known is not None:
+        low, high = known, 2 * known
+    elif not ok(1):
         return None
-    low, high = 1, 2
+    else:
+        low, high = 1, 2
     while high <= limit and ok(high):
         low, high = high, high * 2
     high = min(high, limit + 1)

@@ -278,7 +278,9 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
 def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Tensor and context parallel: the device's activations are the recipe's on its own shard."""
     layout = ctx.layout
-    recipe = check_analytic(ctx, "tensor parallelism" if layout.tp > 1 else "context parallelism")
+    what = ("tensor parallelism beside context parallelism" if layout.tp > 1 and layout.cp > 1 else
+            "tensor parallelism" if layout.tp > 1 else "context parallelism")
+    recipe = check_analytic(ctx, what)
     dev = device_states_of(ctx, placements)
     shape = local_shape(ctx, placements)
     tied = tied_bytes(ctx, placements)

@@ -178,7 +178,7 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     if layout.cp > 1:
         raise UnsupportedError("pipeline parallelism with context parallelism for {cls} is not modelled: its stages "
                                "are replayed from a derived step, and none is derived with the sequence cut over "
-                               "ranks (ring attention's chunks); pipeline with data and tensor parallelism is",
+                               "ranks (ring attention's chunks); pipeline with data and tensor parallelism is answered",
                                cls=cls)
     # expert parallel: the stages replayed from the expert-parallel rank's derived step (a class without routed
     # experts has nothing to cut: its step is one device's, as without a pipeline)
@@ -187,7 +187,7 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
         raise UnsupportedError("pipeline parallelism with expert and tensor parallelism for {cls} is not modelled: "
                                "its stages are replayed from the expert-parallel rank's derived step, which is traced "
                                "without tensor parallel; pipeline with expert parallelism, or with tensor "
-                               "parallelism, is", cls=cls)
+                               "parallelism, is answered", cls=cls)
     if getattr(ctx.view.config, "is_encoder_decoder", False):
         raise UnsupportedError("pipeline parallelism over {cls} is refused: an encoder-decoder has two layer stacks "
                                "and the decoder's cross-attention reads the encoder's output on every decoder stage, "

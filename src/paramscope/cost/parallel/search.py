@@ -810,7 +810,8 @@ def _ceil(numerator: int, denominator: int) -> int:
 
 
 def _words(err: Exception) -> str:
-    return str(err).split("\n")[0][:300]
+    """An engine's refusal as the layout's reason: its first line, whole (a reason cut short reads as another)."""
+    return str(err).split("\n")[0]
 
 
 def _sorted(candidates: list[Candidate]) -> tuple[tuple[Candidate, ...], tuple[Candidate, ...]]:
