@@ -140,3 +140,66 @@ def test_inspect_keeps_figures_whole(model):
     wide = render_text(report, TextOptions(width=WIDE))
     for width in NARROW:
         assert_figures_whole(wide, render_text(report, TextOptions(width=width)), width)
+
+
+# The audit's findings: tensor names, each with its shape, in a label/value grid whose values are a column of names
+# (render/_fit.add_names_column). A name longer than the width folds; a shape or a count never does.
+LONG_NAME = "model.extra_projection_of_the_adapter_for_a_rather_long_named_module.weight"
+FIGURE_TOKEN = re.compile(r"[(\[]?\d[\d,×]*[)\]:,]*")  # "164,224", "0×4096:", "(30522×0": shapes and counts
+
+
+@pytest.fixture(scope="module")
+def findings(tmp_path_factory):
+    """An audit of a tiny Llama against a checkpoint that holds none of its 12 tensors (each missing, with its
+    shape) and two it does not have, one named longer than any narrow width."""
+    import json
+
+    from test_bounded_audit import header_file
+    from test_packed_audit import LLAMA
+
+    from paramscope.audit import audit
+
+    folder = tmp_path_factory.mktemp("findings")
+    header_file(folder / "model.safetensors", [
+        (LONG_NAME, '{"dtype":"F32","shape":[0,4096],"data_offsets":[0,0]}'),
+        ("model.extra.bias", '{"dtype":"F32","shape":[30522,0],"data_offsets":[0,0]}')])
+    (folder / "config.json").write_text(json.dumps(LLAMA))
+    return audit(str(folder), use_cache=False)
+
+
+def reconciliation(text: str) -> str:
+    return text[text.index("Reconciliation with"):text.index("What transformers")]
+
+
+def figure_tokens(text: str) -> Counter:
+    return Counter(word for word in text.split() if FIGURE_TOKEN.fullmatch(word))
+
+
+@pytest.mark.parametrize("width", [40, 60])
+def test_the_audits_findings_fold_names_and_never_a_figure(findings, width):
+    from paramscope.render.audit import render_audit_text
+
+    wide = reconciliation(render_audit_text(findings, WIDE))
+    assert "  unexpected      2 tensors, 0 elements\n" in wide and f"{LONG_NAME} 0×4096: " in wide
+    narrow = reconciliation(render_audit_text(findings, width))
+    assert max(len(line) for line in narrow.splitlines()) <= width
+    tokens = figure_tokens(wide)
+    assert tokens["164,224"] == 2 and tokens["128×128:"] == 2 and tokens["0×4096:"] == 1  # the data's figures
+    assert figure_tokens(narrow) == tokens  # each whole, as often as at full width
+    # a grid still (each label beside its value), not stacked; the long name folded over lines, its shape whole
+    assert "  unexpected      2 tensors, 0 elements\n" in narrow
+    assert LONG_NAME not in narrow and f"{LONG_NAME} 0×4096:" in "".join(line.strip() for line in narrow.splitlines())
+
+
+def test_past_the_rows_laid_out_by_hand_a_figure_wider_than_the_room_is_laid_out_by_rich(findings, monkeypatch):
+    """At 24 columns the texts have 6 (the labels take 18): "164,224" would fold, so the grid is stacked, and the
+    rows laid out by hand (past _FAST_ROWS) give way to rich; at 30 (12 columns) they are rich's layout."""
+    from paramscope.render import audit as render_audit
+
+    by_rich = {width: render_audit.render_audit_text(findings, width) for width in (24, 30)}
+    monkeypatch.setattr(render_audit, "_FAST_ROWS", 0)  # every grid past it: laid out by hand where it can be
+    for width, text in by_rich.items():
+        assert render_audit.render_audit_text(findings, width) == text
+        assert figure_tokens(reconciliation(text)) == figure_tokens(reconciliation(
+            render_audit.render_audit_text(findings, WIDE)))
+    assert "\n    unexpected\n" in by_rich[24] and "  unexpected      2 tensors, 0\n" in by_rich[30]

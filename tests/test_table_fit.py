@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from paramscope.render._console import to_text
-from paramscope.render._fit import fitted
+from paramscope.render._fit import add_names_column, figure_width, fitted, holds
 
 
 
@@ -89,3 +89,51 @@ def test_a_no_wrap_header_wraps_instead_of_being_cut():
     assert [line.split() for line in text.splitlines()][1:5] == [
         ["largest", "largest"], ["accelerator", "memory", "batch", "context"], ["─" * 43],
         ["RTX", "4090", "24.00", "GiB", "4", "8,192"]]
+
+
+def tensors(rows: int = 8) -> Table:
+    """A list of tensors: their names (a column of names) heading the rows, then their figures and a word."""
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    add_names_column(t, "tensor")
+    t.add_column("elements", justify="right")
+    t.add_column("shape", no_wrap=True)
+    for i in range(rows):
+        t.add_row(f"model.layers.{i}.self_attn.q_proj.weight_packed", f"{16_777_216 + i:,}", "4096×512")
+    return t
+
+
+def test_columns_say_what_they_hold_and_a_figure_among_names_is_found_whole():
+    assert [holds(c) for c in tensors().columns] == ["names", "figure", "figure"]
+    assert [holds(c) for c in table().columns] == ["prose", "figure", "figure", "prose"]
+    assert figure_width("model.layers.0.weight 4096×4096: 16,777,216 elements (1.608e10)") == 10
+    assert figure_width("model.layers.0.weight: no figure") == 0
+
+
+def test_names_heading_rows_are_whole_as_heads_where_the_width_allows_else_they_fold():
+    at50 = to_text([tensors()], 50).splitlines()  # names of 45 characters: stacked, each heads its rows whole
+    assert at50[:4] == ["  model.layers.0.self_attn.q_proj.weight_packed", "    elements: 16,777,216",
+                        "    shape:    4096×512", "  model.layers.1.self_attn.q_proj.weight_packed"]
+    at40 = [line.split() for line in to_text([tensors()], 40).splitlines()]  # no room for a whole name: folded
+    assert at40[1:5] == [["tensor", "elements", "shape"], ["─" * 38], ["model.layers.0", "16,777,216", "4096×512"],
+                         [".self_attn.q_p"]]
+    grid = Table.grid(padding=(0, 2))  # a label/value grid: its names fold, the grid stays
+    grid.add_column(no_wrap=True)
+    add_names_column(grid)
+    grid.add_row("  unexpected", "model.layers.0.self_attn.q_proj.weight_packed 4096×512: unused when loaded")
+    assert fitted(grid, console(40), 40) is grid
+    assert to_text([grid], 40).splitlines() == [
+        "  unexpected  model.layers.0.self_attn.q", "              _proj.weight_packed",
+        "              4096×512: unused when", "              loaded"]
+
+
+def test_stacked_values_too_narrow_beside_their_labels_go_under_them():
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("count")
+    t.add_column("exact", justify="right")
+    t.add_column("why it is what it is", overflow="fold", ratio=1)
+    for label in ("unique parameters", "with tied duplicates"):
+        t.add_row(label, "164,224", "every tensor once, by identity (of 164,224)")
+    lines = to_text([t], 26).splitlines()  # beside "    why it is what it is:", 0 columns would be left
+    assert lines[:7] == ["  unique parameters", "    exact:", "      164,224", "    why it is what it is:",
+                         "      every tensor once,", "      by identity (of", "      164,224)"]
+    assert max(map(len, lines)) <= 26

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json as _json
 import math
+import re
 import secrets
 from json.encoder import encode_basestring as _encode_str
 from operator import attrgetter
@@ -23,6 +24,7 @@ from rich.text import Text
 
 from ..explain import exact
 from ._console import indented, shape, to_text, wrap_words
+from ._fit import add_names_column, figure_width
 
 LIST_LIMIT = 20  # longer lists of keys are cut (with a count) unless every key is asked for
 
@@ -195,7 +197,7 @@ def _header(result, width: int = 100) -> Group:
                           f"{exact(report.total)} parameters")
     grid = Table.grid(padding=(0, 2))
     grid.add_column(no_wrap=True)
-    grid.add_column(overflow="fold")
+    add_names_column(grid)  # paths, the class and what it was chosen by
     room = width - len("  checkpoint") - 2  # the labels' column and the grid's padding
 
     def paths(text: str) -> Text:  # broken between words and after a '/', never inside a folder's name
@@ -237,7 +239,7 @@ def _packed_tensors(ck) -> list[Table]:
     shown = f" (the first {LIST_LIMIT} of {exact(len(packed))})" if len(packed) > LIST_LIMIT else ""
     table = Table(title=f"Packed tensors{shown}: elements stored, parameters unpacked", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("tensor", overflow="fold")
+    add_names_column(table, "tensor")
     table.add_column("stored", justify="right")
     table.add_column("unpacked", justify="right")
     table.add_column("packing")
@@ -274,7 +276,7 @@ def _quantisation(result) -> list:
                   _bits((stored + over) * 8 / params if params else None), style="bold")
     grid = Table.grid(padding=(0, 2))
     grid.add_column(no_wrap=True)
-    grid.add_column(overflow="fold")
+    add_names_column(grid)  # the schemes, the roles and tensors they hold, the mismatches' tensor names
     for i, (scheme, weights) in enumerate(packed.schemes.items()):
         held = ", ".join(r.role for r in packed.roles if scheme in r.schemes)
         grid.add_row("  stored as" if i == 0 else "", Text(f"{scheme}: {exact(weights)} weight"
@@ -369,7 +371,7 @@ class _Rows:
     def grid(self, rows, label_width: int | None = None, text_width: int | None = None) -> Table:
         grid = Table.grid(padding=(0, 2))
         grid.add_column(no_wrap=True, width=label_width)
-        grid.add_column(overflow="fold", width=text_width)
+        add_names_column(grid, width=text_width)  # tensor names folded where they must, their shapes whole
         for label, text in rows:
             grid.add_row(label, Text(text))  # Text: a name read from a file is never taken as markup
         return grid
@@ -381,7 +383,8 @@ class _Rows:
         labels = [label for label, _, _ in self.blocks]
         label_width = max(map(len, labels), default=0)
         room = width - label_width - 2
-        if self.count <= _FAST_ROWS or _divide_line is None or room < 1 or not all(map(_one_cell_each, labels)):
+        if (self.count <= _FAST_ROWS or _divide_line is None or room < 1 or not all(map(_one_cell_each, labels))
+                or self._figure_wider_than(room)):
             yield to_text([self.grid(self.rows())], width, color)
             return
         text_width = None  # worked out (one more pass) only for a row that rich lays out
@@ -412,6 +415,13 @@ class _Rows:
         yield "".join(lines)
         if others:
             yield to_text([self.grid(others, label_width, text_width or self._text_width(room))], width, color)
+
+    def _figure_wider_than(self, room: int) -> bool:
+        """Whether a figure in a text is wider than the texts' column can be: then the grid is not laid out as rich
+        lays it out (it would fold the figure) but stacked (render/_fit.py), by rich. Only a text with a word wider
+        than `room` is looked into."""
+        long_word = re.compile(r"\S{%d}" % (room + 1))
+        return any(long_word.search(text) and figure_width(text) > room for _, text in self.rows())
 
     def _text_width(self, room: int) -> int:
         """The width rich gives the texts' column of the whole grid: the widest text as rich measures it (a tab
@@ -490,7 +500,7 @@ def _findings(grid: _Rows, title: str, findings, empty: str, all_keys: bool) -> 
 def _loading(result) -> Group | None:
     audit, cls = result.audit, result.report.model.class_name
     grid = Table.grid(padding=(0, 2))
-    grid.add_column(overflow="fold")
+    add_names_column(grid)  # the lists of tensor names transformers would print
     # Findings are sorted by name, and their reasons are shared strings: a million of them cost C loops only.
     if audit.missing:
         grid.add_row(Text(f"  newly initialised in {cls} (not in the checkpoint): {_names(audit.missing)}"))

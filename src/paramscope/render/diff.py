@@ -13,6 +13,7 @@ from ..count import LAYER_INDEX
 from ..diff import Diff, Tensor
 from ..explain import exact
 from ._console import shape, to_html, to_text
+from ._fit import add_names_column
 
 ROW_LIMIT = 24  # longer lists are grouped by role unless every tensor is asked for
 
@@ -63,7 +64,7 @@ def _tensor_table(title: str, tensors: tuple[Tensor, ...], all_tensors: bool) ->
     if not tensors:
         return None
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("name", overflow="fold")
+    add_names_column(table, "name")
     table.add_column("shape")
     table.add_column("parameters", justify="right")
     table.add_column("role")
@@ -84,7 +85,7 @@ def _changed_table(diff: Diff, all_tensors: bool) -> Table | None:
     title = (f"Changed shape ({len(diff.changed)} tensors, "
              f"{exact(sum(c.from_numel for c in diff.changed))} → {exact(sum(c.to_numel for c in diff.changed))})")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("name", overflow="fold")
+    add_names_column(table, "name")
     table.add_column("from")
     table.add_column("to")
     table.add_column("change", justify="right")
@@ -105,7 +106,7 @@ def _ties(diff: Diff) -> Group | None:
         return None
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True)
-    grid.add_column(overflow="fold")
+    add_names_column(grid)  # the tied tensors' names, folded where they must be, their sizes whole
     for tie, where in [(t, "new in b:") for t in diff.tied_added] + [(t, "gone from a:") for t in diff.tied_removed]:
         size = f"{shape(tie.shape)} = {exact(tie.numel)}" if len(tie.shape) > 1 else exact(tie.numel)
         grid.add_row(f"  {where}", f"{', '.join(tie.aliases)} = {tie.canonical} ({size}): one tensor, counted once")
@@ -117,7 +118,7 @@ def _ties(diff: Diff) -> Group | None:
 def _heads(label: str, heads) -> Group:
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True)
-    grid.add_column(overflow="fold")
+    add_names_column(grid)  # arithmetic over the tensors it names: the names fold where they must, figures whole
     for part in heads.parts:
         grid.add_row(f"  {part.module}:", part.arithmetic)
     if heads.suggestion_note:
