@@ -48,6 +48,9 @@ if TYPE_CHECKING:
     from .cost.memory.vllm_answer import VllmEstimate, estimate_vllm
     from .api import inspect_with_module
     from .plan import Plan, PlanOptions, make_plan, plan_flops, plan_memory
+    from .cost.parallel.layout import ParallelLayout, layout_for
+    from .cost.parallel.search import LayoutSearch, SearchOptions
+    from .cost.parallel.search_answer import find_layout
 
 # The public names each load their module on first use (PEP 562), so that `paramscope formula` answering from
 # its cache, and `paramscope --version`, pay for nothing they do not use.
@@ -67,6 +70,9 @@ _LAZY = {
     "VllmEstimate": "cost.memory.vllm_answer",
     "inspect_with_module": "api", "Plan": "plan", "PlanOptions": "plan", "make_plan": "plan",
     "plan_memory": "plan", "plan_flops": "plan",
+    "ParallelLayout": "cost.parallel.layout", "layout_for": "cost.parallel.layout",
+    "LayoutSearch": "cost.parallel.search", "SearchOptions": "cost.parallel.search",
+    "find_layout": "cost.parallel.search_answer",
 }
 
 
@@ -97,6 +103,7 @@ __all__ = [
     "Formula",
     "FormulaError",
     "FormulaMismatchError",
+    "LayoutSearch",
     "LlamaCppEstimate",
     "LlamaCppOptions",
     "MemoryEstimate",
@@ -105,12 +112,14 @@ __all__ = [
     "ModelInfo",
     "ModuleNode",
     "OptionError",
+    "ParallelLayout",
     "ParameterInfo",
     "ParamscopeError",
     "Plan",
     "PlanOptions",
     "RemoteCodeError",
     "Report",
+    "SearchOptions",
     "ServeOptions",
     "ServeSpeed",
     "SourceError",
@@ -128,9 +137,11 @@ __all__ = [
     "estimate_serving",
     "estimate_training",
     "estimate_vllm",
+    "find_layout",
     "inspect",
     "inspect_module",
     "inspect_with_module",
+    "layout_for",
     "make_plan",
     "plan_flops",
     "plan_memory",

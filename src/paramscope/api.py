@@ -39,6 +39,20 @@ def check_model_options(function: str, model_options: dict[str, Any], options_ty
                           f"use_cache and {', '.join(MODEL_OPTIONS)}")
 
 
+def check_layout_option(layout: Any) -> None:
+    """Refuse, in one line, a `layout=` that is not a ParallelLayout (a dict, the flags' names): build one with
+    `paramscope.layout_for(...)`, which takes the CLI's layout flags as keywords. None is no layout."""
+    if layout is None:
+        return
+    from .cost.parallel.layout import ParallelLayout
+
+    if not isinstance(layout, ParallelLayout):
+        raise OptionError("{0} must be a ParallelLayout, got a {kind} ({value}): build it with "
+                          "paramscope.layout_for(devices=..., tp=..., pp=..., zero=...), the CLI's layout flags as "
+                          "keywords", "layout", kind=type(layout).__name__, value=repr(layout)[:60])
+    layout.check()
+
+
 def inspect(
     model: Any,
     *,

@@ -94,6 +94,9 @@ class FlopOptions:
             raise OptionError("{0} is one step's time: give the layout it ran on ({1}, {2}, …), or use {3}",
                               "step_seconds", "dp", "tp", "tokens_per_second")
         if self.layout is not None:
+            from ...api import check_layout_option
+
+            check_layout_option(self.layout)
             if self.generate is not None:
                 raise OptionError("{0} counts one device's step under a layout; {1} is not split per device",
                                   "tp", "generate")

@@ -77,7 +77,7 @@ class TrainingOptions:
         check_batch_and_seq(self.batch, self.seq)
         check_optimizer(self.optimizer)
         check_precision(self.precision)
-        zero_stage(self.zero)
+        _check_flat_zero(self.zero)
         if self.grad_checkpointing not in ("none", "full"):
             raise OptionError("{0} must be none or full, got {value!r}", "grad_checkpointing",
                               value=self.grad_checkpointing)
@@ -98,9 +98,27 @@ class TrainingOptions:
                 raise OptionError("an image or audio input's training memory is counted on one device, without {0}, here",
                                   refused)
         if self.layout is not None:
-            self.layout.check()
+            from ...api import check_layout_option
+
+            check_layout_option(self.layout)
             if self.devices != 1 or str(self.zero) != "0":
                 raise OptionError("give the layout or {0} and {1}, not both", "devices", "zero")
+
+
+def _check_flat_zero(zero: str | int) -> None:
+    """`zero` is DeepSpeed's flat ZeRO share over `devices` (0-3, FSDP1's names for them); FSDP2's per-parameter
+    sharding, which the CLI's --zero fsdp or hybrid_shard gives, is a layout's shard: one OptionError naming the
+    way."""
+    from ..parallel.layout import SHARD_ALIASES
+    from .states import ZERO_ALIASES
+
+    key = str(zero).strip().lower().replace("-", "_")
+    # hybrid_shard: shards within a group of ranks, which a flat share over every device is not
+    if SHARD_ALIASES.get(key) in ("fsdp", "hsdp") and (key not in ZERO_ALIASES or key == "hybrid_shard"):
+        raise OptionError("{0} {value!r} is FSDP2's per-parameter sharding, a layout's: give "
+                          "layout=paramscope.layout_for(devices=N, zero={value!r}) (devices and zero are DeepSpeed's "
+                          "flat ZeRO 0-3)", "zero", value=str(zero)[:40])
+    zero_stage(zero)
 
 
 TRACE_DEPTHS = ("extended", "full")

@@ -237,10 +237,24 @@ class LayoutSearch:
     evaluated: int  # layouts whose memory and FLOPs were computed (here and in the minimum's search)
     notes: tuple[str, ...] = field(default=())
     seconds: float = 0.0  # the search's wall time (a measurement, not a figure of the model)
+    # the model's Report, as `paramscope.find_layout` answers (the CLI renders it beside); no part of == or hash
+    report: Any = field(default=None, repr=False, compare=False)
 
     @property
     def best(self) -> Candidate | None:
         return self.fitting[0] if self.fitting else None
+
+    def __repr__(self) -> str:
+        """One line: `<LayoutSearch of … on 4 × H100 80GB: 10 of 10 layouts fit, best dp 1 (FSDP2) × tp 4 (sequence
+        parallel) = 4 devices, 0.0485 s a step (bound at the peak) · batch 4 × 1,024 tokens · fewest that fit: 2>`."""
+        model = "" if self.report is None else f" of {self.report.model.label}"
+        best = self.best
+        answer = (f"best {best.layout.words()}, {best.seconds:.3g} s a step (bound at the peak)"
+                  if best is not None and best.seconds is not None else "none fits")
+        fewest = self.minimum.devices
+        return (f"<LayoutSearch{model} on {self.devices:,} × {self.accelerator}: {len(self.fitting):,} of "
+                f"{len(self.fitting) + len(self.not_fitting):,} layouts fit, {answer} · batch {self.global_batch:,} "
+                f"× {self.seq:,} tokens · fewest that fit: {'none' if fewest is None else f'{fewest:,}'}>")
 
 
 def divisors(n: int) -> list[int]:
