@@ -238,7 +238,7 @@ def _find_layout(args: argparse.Namespace) -> int:
     if searched:
         raise OptionError(f"--find-layout searches dp, tp, pp, cp and ep (sequence parallel with tp, microbatches "
                           f"of one sequence): drop {', '.join(searched)}")
-    for flag, given in (("--trace", args.trace), ("--html", args.html is not None), ("--freeze", args.freeze),
+    for flag, given in (("--trace", args.trace), ("--freeze", args.freeze),
                         ("--dtype", args.dtype), ("--kv-dtype", args.kv_dtype), ("--group-size", args.group_size),
                         ("--encoder-seq", args.encoder_seq), ("--kv-layout", args.kv_layout != "hf")):
         if given:
@@ -247,6 +247,7 @@ def _find_layout(args: argparse.Namespace) -> int:
         raise OptionError("give --batch (sequences a device, as --devices N data-parallel replicas take them) or "
                           "--global-batch, not both")
     width = None if args.json else checked_width(args)
+    checked_html_path(args)
     options = SearchOptions(devices=args.devices, gpu=args.gpu, global_batch=args.global_batch, batch=args.batch,
                             seq=args.seq, precision=args.precision, optimizer=args.optimizer,
                             grad_checkpointing=args.grad_checkpointing, attention=args.attention, zero=args.zero,
@@ -258,11 +259,15 @@ def _find_layout(args: argparse.Namespace) -> int:
     report, search, view = find_layouts(source, options, not args.no_cache, model_class=args.model_class,
                                         task=args.task, num_labels=args.num_labels,
                                         trust_remote_code=args.trust_remote_code)
+    if args.html is not None:  # the page replaces the text (with --json, stdout still gets the JSON)
+        from ..render.html.layout_search import render_layout_search_html
+
+        write_html_page(render_layout_search_html(report, search), args.html)
     if args.json:
         from ..render.memory import layout_search_to_dict
 
         write_report_json(report, layout_search=layout_search_to_dict(search))
-    else:
+    elif args.html is None:
         from ..render.memory import render_layout_search_text
 
         write(render_layout_search_text(report, search, width, color=use_color()))

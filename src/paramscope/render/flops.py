@@ -165,8 +165,14 @@ def _compute_lines(estimate, compute) -> Table:
     return table
 
 
-def _device_parts(device, compute) -> list:
-    """One device's FLOPs under the layout: its terms by role, its totals, the stages, the sum over devices."""
+# the recompute, with or without checkpointing: flash attention reruns its scores in the backward even without it
+RERUN_WORDS = "flash attention's scores and checkpointed layers rerun"
+RECOMPUTE_WORDS = f"{RERUN_WORDS} (hardware FLOPs)"
+
+
+def device_title(device) -> str:
+    """"One device: dp 1 × tp 8 × pp 4 (…) = 32 devices; stage 3 (layers 60–79, the head: the busiest), tp rank 0
+    (the most vocabulary rows)": which device the figures are (the text's table title, the page's heading)."""
     layout = device.layout
     stage = device.stages[device.stage]
     where = []
@@ -176,7 +182,13 @@ def _device_parts(device, compute) -> list:
         where.append(f"stage {stage.rank} ({held}{', ' + ' and '.join(extra) if extra else ''}: the busiest)")
     if layout.tp > 1:
         where.append("tp rank 0 (the most vocabulary rows)")
-    title = f"One device: {layout.words()}" + (f"; {', '.join(where)}" if where else "")
+    return f"One device: {layout.words()}" + (f"; {', '.join(where)}" if where else "")
+
+
+def _device_parts(device, compute) -> list:
+    """One device's FLOPs under the layout: its terms by role, its totals, the stages, the sum over devices."""
+    layout = device.layout
+    title = device_title(device)
     tokens = f"{device.batch:,} × {device.seq:,} tokens a replica" + (
         f", {device.tokens:,} query tokens on each of {layout.cp} cp ranks" if layout.cp > 1 else "")
     table = Table(title=f"{title}\n{tokens}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -202,7 +214,7 @@ def _device_parts(device, compute) -> list:
         totals.add_row("model FLOPs a step", exact(device.step), sci(device.step),
                        "forward + backward: what MFU counts", style="bold")
         totals.add_row("recompute", exact(device.recompute or 0), sci(device.recompute or 0),
-                       "flash attention's scores and checkpointed layers rerun (hardware FLOPs)")
+                       RECOMPUTE_WORDS)
         totals.add_row("hardware FLOPs a step", exact(device.hardware), sci(device.hardware),
                        "model FLOPs + recompute: what HFU counts")
     if layout.micro_batches > 1:

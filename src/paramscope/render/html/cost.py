@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...explain import exact, human
+from ..flops import RERUN_WORDS
 from ..memory import binary as bytes_text
 from ..treemap import TRAINABLE, active_share, module_treemap
 from .gpus import serving_layout, serving_layout_rows, serving_sections
@@ -143,6 +144,10 @@ def render_flops_html(report: Report | None, estimate, compute=None, *, fragment
     """flops: the forward by role with the attention term apart, and the forward against context length."""
     sections = [Section("FLOPs", _flop_totals(estimate, compute)),
                 Section("Forward by role", figure(_flop_bars(estimate), "bars-flops"))]
+    if estimate.device is not None:  # under a layout: the busiest device, its stages (render/html/flops_layout.py)
+        from .flops_layout import device_sections
+
+        sections += device_sections(estimate.device, compute)
     if estimate.by_context:
         sections.append(Section("Against context length", figure(_flop_curve(estimate), "line-context")))
     else:
@@ -153,6 +158,8 @@ def render_flops_html(report: Report | None, estimate, compute=None, *, fragment
         sections.append(notes_section(estimate.notes))
     settings = (f"{estimate.engine} engine · batch {estimate.batch} × {estimate.seq:,} tokens · attention "
                 f"convention: {estimate.causal}")
+    if estimate.device is not None:
+        settings += f" · {estimate.device.layout.words()}"
     return html_page(_titled(report, "FLOPs"), _subtitled(report, settings), sections, fragment)
 
 
@@ -223,7 +230,7 @@ def _step_flops(flops, settings: dict) -> str:
             ("training step", step, "forward + backward"),
             ("per token", step // tokens, f"the step over batch × sequence = {tokens:,} tokens")]
     if flops.recompute:
-        rows.append(("recompute", flops.recompute, "hardware FLOPs beyond the model's (checkpointing)"))
+        rows.append(("recompute", flops.recompute, f"hardware FLOPs beyond the model's: {RERUN_WORDS}"))
     body = "".join(f'<tr><th>{escape(label)}</th><td class="num" data-value="{value}">{exact(value)}</td>'
                    f'<td class="num dim">{value:.3e}</td><td class="dim">{escape(note)}</td></tr>'
                    for label, value, note in rows)
@@ -501,7 +508,7 @@ def _flop_totals(estimate, compute) -> str:
         rows.append(("backward", estimate.backward, "model FLOPs, about 2 × forward"))
         rows.append(("training step", estimate.step, "forward + backward"))
     if estimate.recompute:
-        rows.append(("recompute", estimate.recompute, "hardware FLOPs beyond the model's (checkpointing)"))
+        rows.append(("recompute", estimate.recompute, f"hardware FLOPs beyond the model's: {RERUN_WORDS}"))
     if compute is not None:
         rows.append(("per token, forward", compute.per_token_forward, ""))
     if compute is not None and compute.total is not None:
