@@ -106,7 +106,7 @@ def _layouts_table(search, answered) -> str:
                 f"{bytes_text(c.comm_bytes)}</td>" if c.fits else '<td class="num">—</td>')
         body += (f'<tr data-layout="{escape(degrees(c.layout))}" data-fits="{str(c.fits).lower()}">'
                  f'<td class="num">{index if c.fits else "—"}</td>'
-                 f'<td title="{escape(c.layout.words())}">{escape(degrees(c.layout))}</td>'
+                 f'<td style="white-space:nowrap" title="{escape(c.layout.words())}">{escape(degrees(c.layout))}</td>'
                  f'<td class="num" data-value="{c.peak}" title="{exact(c.peak)} B">{bytes_text(c.peak)}</td>'
                  f"<td>{escape(c.peak_phase)}</td><td>{'yes' if c.fits else 'no'}</td>"
                  f'<td class="num" data-value="{c.free}" title="{exact(c.free)} B">{escape(spare)}</td>'
