@@ -59,5 +59,8 @@ def test_find_layout_equals_the_cli(capsys):
     assert repr(found).startswith("<LayoutSearch of meta-llama/Meta-Llama-3-8B on 4 × H100 80GB: 10 of 10 "
                                   "layouts fit, best dp 1 (FSDP2) × tp 4 (sequence parallel) = 4 devices")
     assert found.minimum.devices == 2 and "\n" not in repr(found)
+    # Jupyter shows the page the CLI's --html writes, and .to_html(path) saves it
+    page = found._repr_html_()
+    assert "layouts to train on 4 × H100 80GB" in page and 'id="minimum" data-devices="2"' in page
     with pytest.raises(paramscope.OptionError, match=r"find_layout\(\) takes gpu in its options"):
         paramscope.find_layout("llama-3-8b", paramscope.SearchOptions(devices=4, gpu="h100"), gpu="h100")

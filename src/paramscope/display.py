@@ -17,6 +17,7 @@ PAGES = {
     "FlopEstimate": "paramscope.render.html.cost:flops_page",
     "Plan": "paramscope.render.html.cost:plan_page",
     "ServeSpeed": "paramscope.render.serve:serve_page",
+    "LayoutSearch": "paramscope.render.html.layout_search:layout_search_page",
 }
 # type name → "module:function": function(result) → the text IPython shows for it (`_repr_pretty_`)
 TEXTS = {
@@ -33,7 +34,7 @@ def _function(registry: dict[str, str], result: Any):
 
 
 class HtmlDisplay:
-    """Mixed into Report, MemoryEstimate, FlopEstimate, ServeSpeed and Plan: the notebook shows the interactive page
+    """Mixed into Report, MemoryEstimate, FlopEstimate, ServeSpeed, Plan and LayoutSearch: the notebook shows the interactive page
     (offline, no CDN) and `.to_html(path)` writes the self-contained page that the CLI's --html writes."""
 
     def _html(self, fragment: bool) -> str:

@@ -768,14 +768,14 @@ def render_layout_search_text(report, search, width: int = 100, *, color: bool =
     return to_text(layout_search_parts(report, search), width, color)
 
 
-def _degrees(layout) -> str:
+def layout_degrees(layout) -> str:
     """"dp 2 · tp 8 · pp 4": the degrees above 1 (dp always)."""
     parts = [f"dp {layout.dp}"] + [f"{name} {getattr(layout, name)}" for name in ("tp", "pp", "cp", "ep")
                                    if getattr(layout, name) > 1]
     return " · ".join(parts)
 
 
-def _seconds(value: float | None) -> str:
+def seconds_words(value: float | None) -> str:
     if value is None:
         return "—"
     return f"{value:.3g} s" if value >= 0.01 else f"{value * 1e3:.3g} ms"
@@ -830,7 +830,7 @@ def layout_search_parts(report, search) -> list:
                        "in; kinds apart, since they cross different links (tp and ep within a node, dp and pp across)"),
               Text(""), indented(minimum_sentence(search))]
     if rest:
-        closest = ", ".join(f"{_degrees(c.layout)} {binary(c.peak)}" for c in rest[:3])
+        closest = ", ".join(f"{layout_degrees(c.layout)} {binary(c.peak)}" for c in rest[:3])
         lines.append(indented(f"closest that do not fit, peak per device: {closest}"))
     if skipped:
         counts: dict[str, int] = {}
@@ -855,8 +855,8 @@ def _layouts_table(search, rows) -> Table:
         table.add_column(name, justify=justify, no_wrap=name != "by kind, GiB", overflow="fold")
     for index, candidate in enumerate(rows, 1):
         kinds = candidate.comm_by_kind()
-        table.add_row(str(index), _degrees(candidate.layout), binary(candidate.peak), _seconds(candidate.seconds),
-                      f"{100 * candidate.bubble:.1f}%", binary(candidate.comm_bytes),
+        table.add_row(str(index), layout_degrees(candidate.layout), binary(candidate.peak),
+                      seconds_words(candidate.seconds), f"{100 * candidate.bubble:.1f}%", binary(candidate.comm_bytes),
                       " ".join(f"{kind} {kinds[kind] / 2**30:.1f}" for kind in _KINDS if kind in kinds) or "none")
     return table
 
@@ -904,7 +904,7 @@ def minimum_sentence(search) -> str:
         return (f"fewest devices that fit{among}: none up to {minimum.limit:,} (counts tried upward from 1 at the "
                 f"same global batch{before}{done})")
     layout = minimum.layout.layout
-    shown = "one device" if layout.devices == 1 else _degrees(layout)
+    shown = "one device" if layout.devices == 1 else layout_degrees(layout)
     found = ("fewest devices found to fit" if minimum.untried is not None or minimum.unanswered else
              "fewest devices that fit") + among
     return (f"{found}: {minimum.devices:,} ({shown}, peak {binary(minimum.layout.peak)} a device; counts tried "

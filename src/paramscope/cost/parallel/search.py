@@ -61,6 +61,7 @@ from math import gcd
 from time import perf_counter
 from typing import Any
 
+from ...display import HtmlDisplay
 from ...errors import OptionError, ParamscopeError, UnsupportedError
 from ..memory.result import DEFAULT_RESERVE
 from .layout import MAX_DEGREE, ParallelLayout, layout_for, shard_mode, shard_words
@@ -215,7 +216,7 @@ class Minimum:
 
 
 @dataclass(frozen=True)
-class LayoutSearch:
+class LayoutSearch(HtmlDisplay):
     accelerator: str
     memory: int
     reserve: int

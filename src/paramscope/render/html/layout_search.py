@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...explain import exact
-from ..memory import _degrees as degrees
-from ..memory import _seconds as seconds_text
 from ..memory import binary as bytes_text
+from ..memory import layout_degrees as degrees
 from ..memory import minimum_sentence
+from ..memory import seconds_words as seconds_text
 from .layout_parts import binary_axis
 from .page import FONT, Section, escape, figure, html_page, notes_section, subtitle
 
@@ -57,6 +57,11 @@ def render_layout_search_html(report: Report, search, *, fragment: bool = False)
              + (f"; the first: {best.layout.words()}" if best is not None else ""))
     title = f"{report.model.label}: layouts to train on {search.devices:,} × {search.accelerator}"
     return html_page(title, f"{subtitle(report)} · {found}", sections, fragment)
+
+
+def layout_search_page(search, fragment: bool) -> str:
+    """The page of a search paramscope.find_layout answered (display.py: Jupyter, .to_html)."""
+    return render_layout_search_html(search.report, search, fragment=fragment)
 
 
 def _settings_table(search) -> str:
