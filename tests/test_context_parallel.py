@@ -40,8 +40,8 @@ def test_derived_cp_rank_equals_the_traced_rank():
     assert "all-gathered at once" in notes  # the ring's buffers named
 
 
-# a Llama-family class has the closed form too: the derived rank answers (the closed form holds one rotating K and V
-# chunk where torch all-gathers them and merges in fp32), the closed form beside it as a check
+# a Llama-family class has the closed form too (the recipe at S / cp tokens and the ring's kept output copies): the
+# derived rank answers, the closed form beside it as a check
 LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=96,
              num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
              max_position_embeddings=4096, tie_word_embeddings=False)
@@ -100,3 +100,33 @@ def test_a_step_that_never_calls_sdpa_is_refused():
         model = GPT2LMHeadModel(GPT2Config(**dict(config, n_layer=1), attn_implementation="eager"))
     with pytest.raises(ParamscopeError, match="never called F.scaled_dot_product_attention"):
         trace_parallel_training(model, StepSettings(batch=1, seq=32, attention="eager"), cp=2)
+
+
+def test_the_llama_closed_form_equals_the_traced_cp_rank():
+    """The closed form on a cp rank (the recipe at S / cp tokens, plus ring attention's output copied for o_proj in
+    each layer) against torch's ring traced on rank 0, moment by moment: it is off by the one-device recipe's own
+    bytes at S / cp tokens alone, the same gaps as against a one-device trace of S / cp tokens (8 B under the traced
+    forward; 8·B·S/cp − 8 B over the traced backward), so every byte of the ring is counted (cp 4 and other lengths
+    and batches: the same, in the commit)."""
+    config = dict(LLAMA, num_hidden_layers=2)
+    _, estimate, view = training_answer(config, TrainingOptions(
+        batch=2, seq=64, precision="bf16-mixed", layout=layout_for(devices=2, cp=2), fits=False,
+        derive_layout=False), use_cache=False)
+    closed = {p.where: p.bytes for p in estimate.training.device.phases}
+    settings = StepSettings(batch=2, seq=64, precision="bf16-mixed", optimizer="adamw")
+    traced = {p.phase: p.bytes for p in trace_parallel_training(view.module, settings, cp=2).phases}
+    gap = (traced["forward"] - closed["end of forward"], traced["backward"] - closed["start of backward"])
+    assert gap == (8, -(8 * 2 * 32 - 8))
+    one_closed, one_traced = _one_device(view.module, config, batch=2, seq=32)
+    assert (one_traced["forward"] - one_closed["end of forward"],
+            one_traced["backward"] - one_closed["start of backward"]) == gap
+
+
+def _one_device(module, config, *, batch, seq):
+    from paramscope.cost.traced.step import trace_training
+
+    _, estimate, _ = training_answer(config, TrainingOptions(batch=batch, seq=seq, precision="bf16-mixed", fits=False),
+                                     use_cache=False)
+    closed = {p.where: p.bytes for p in estimate.training.phases}
+    settings = StepSettings(batch=batch, seq=seq, precision="bf16-mixed", optimizer="adamw")
+    return closed, {p.phase: p.bytes for p in trace_training(module, settings).phases}

@@ -268,21 +268,54 @@ def with_whole_gradient(phase: PhaseFigure, whole: tuple[int, int]) -> PhaseFigu
                                arithmetic=f"{phase.arithmetic}; {words}")
 
 
-def ring_buffer(ctx: StepContext, batch: int, seq: int) -> Buffer:
-    """Ring attention: the key and value chunk arriving from the next rank while the held one is used."""
+def ring_chunk_bytes(ctx: StepContext, batch: int, seq: int) -> int:
+    """The rank's own K and V of one attention: 2·B·(S / cp)·kv_heads·head_dim × the attention's element size
+    (16 bits under autocast or bf16-pure: autocast casts SDPA's arguments before the ring runs)."""
+    heads, kv, head_dim, size = _attention_dims(ctx)
+    return 2 * batch * (seq // ctx.layout.cp) * kv * head_dim * size
+
+
+def _attention_dims(ctx: StepContext) -> tuple[int, int, int, int]:
+    """(the rank's query heads, its KV heads, head_dim, the attention's element size)."""
     from ..dims import config_int
 
     heads = config_int(ctx.text, "num_attention_heads") or 1
     kv = (config_int(ctx.text, "num_key_value_heads") or heads) // ctx.layout.tp or 1
     hidden = config_int(ctx.text, "hidden_size") or 0
     head_dim = config_int(ctx.text, "head_dim") or hidden // heads
-    size = 4 if ctx.precision == "fp32" else 2
+    return heads // ctx.layout.tp or 1, kv, head_dim, 4 if ctx.precision == "fp32" else 2
+
+
+def ring_output_copies(ctx: StepContext, batch: int, seq: int) -> tuple[int, str]:
+    """(bytes, arithmetic in words) that torch's ring attention keeps for backward beyond the one-device step at
+    S / cp tokens: its merged output comes out (B, heads, S/cp, head_dim)-contiguous (_SDPAMerger's head-tail
+    partial updates torch.cat the halves, and the result's .to(dtype) keeps that layout), where the flash kernel's
+    is (B, S/cp, heads, head_dim)-strided; so the attention's transpose(1, 2).reshape before o_proj copies it, and
+    o_proj keeps the copy for its weight's gradient: B·(S / cp)·heads·head_dim × the element size, one a layer,
+    from the layer's forward to its o_proj's backward (held at the end of forward and the start of backward). What
+    the ring makes besides (the all-gathered K and V, the fp32 merge, the backward's fp32 dq/dk/dv and their
+    all-to-all) is freed inside the attention, under the logits' moments. The rest (q, k, v, the 16-bit output, the
+    fp32 log-sum-exp: (B, heads, S/cp, 1) for flash's (B, heads, S/cp), the same bytes) is the one-device step's.
+    Traced (torch's ring on the fake process group, cost/traced/context_parallel.py): a 2-layer Llama cut, cp 2 and
+    4, equal to the byte."""
+    from ..dims import config_int
+
+    heads, _, head_dim, size = _attention_dims(ctx)
+    layers = config_int(ctx.text, "num_hidden_layers") or 0
     local = seq // ctx.layout.cp
-    n = 2 * batch * local * kv * head_dim * size
-    return Buffer("context parallel's rotating K and V", n,
-                  f"the next rank's K and V chunk received while the held one is used, 2·B·(S / {ctx.layout.cp})·"
-                  f"kv_heads·head_dim × {size} B = {n:,} B (the held chunk is counted with the activations)",
-                  ("forward", "backward"))
+    one = batch * local * heads * head_dim * size
+    return layers * one, (f"ring attention's output copied for o_proj (torch's merge leaves it heads-major, so the "
+                          f"reshape copies it), {layers} layers × B·(S / {ctx.layout.cp})·heads·head_dim × {size} B = "
+                          f"{layers} × {one:,} = {layers * one:,}")
+
+
+def with_ring_outputs(phase: PhaseFigure, extra: tuple[int, str]) -> PhaseFigure:
+    """A closed-form moment with the ring's kept output copies where they are held (end of forward, start of
+    backward: before the layers' backward frees them)."""
+    n, words = extra
+    if not n or phase.where not in ("end of forward", "start of backward"):
+        return phase
+    return dataclasses.replace(phase, bytes=phase.bytes + n, arithmetic=f"{phase.arithmetic}; + {words}")
 
 
 def layer_runs(layers: tuple[int, ...]) -> tuple[tuple[int, int], ...]:

@@ -5,8 +5,9 @@
     → each device's model states (states.py: its shards, then ZeRO's or FSDP2's data-parallel share)
     → its activations: data parallel alone leaves a rank's step as one device's (its own batch); under tensor
       parallelism the family's recipe on the rank's shard (activations.py); under context parallelism the recipe at
-      the rank's S / cp tokens; under a pipeline each stage's layers × the microbatches it holds
-    → the communication buffers that matter (FSDP2's all-gathered units, context parallel's rotating K and V)
+      the rank's S / cp tokens and ring attention's kept output copies; under a pipeline each stage's layers × the
+      microbatches it holds
+    → the communication buffers that matter (FSDP2's all-gathered units)
     → each moment with the device's figures; the device's peak, and the largest over the stages.
 
 Here: the dispatch (layout_device), data parallel alone, the closed form on a tensor or context-parallel rank's shard,
@@ -24,8 +25,9 @@ from ..memory.phases import PhaseFigure, moment_phases
 from .device import DeviceMemory, StepContext, NEEDS_BUILD
 from .device_parts import (
     check_analytic, device_states_of, encoder_refusal, expert_dispatch, fsdp_buffers, hidden_size, local_activations,
-    local_recipe_missing, local_shape, resident_bytes, ring_buffer, sequence_parallel_norm_gradients, tied_bytes,
-    whole_embedding_gradient, with_buffers, with_norm_gradients, with_whole_gradient
+    local_recipe_missing, local_shape, resident_bytes, ring_chunk_bytes, ring_output_copies,
+    sequence_parallel_norm_gradients, tied_bytes, whole_embedding_gradient, with_buffers, with_norm_gradients,
+    with_ring_outputs, with_whole_gradient
 )
 from .device_trace import traced_check
 from .layout import ParallelLayout, shard_words
@@ -64,8 +66,8 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     rules = rules_in_words(placements, layout)
     fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
     # context parallel: the rank derived from torch's own ring, traced, for every class whose ring runs there (the
-    # Llama family's closed form holds one rotating K and V chunk, where torch all-gathers them and merges in fp32:
-    # 4.6% under the traced rank on a 2-layer Llama cut at 1,024 tokens); the closed form beside it as a check, and
+    # Llama family's closed form, the recipe at S / cp tokens and the ring's kept output copies, equals it on a Llama
+    # cut but for the one-device recipe's own bytes); the closed form beside it as a check, and
     # answering alone where the ring is not derived (2·cp not dividing S, say)
     derivable = ctx.derive and layout.pp == 1 and layout.ep == 1 and (
         layout.cp == 1 and (fsdp or layout.tp > 1 and local_recipe_missing(ctx)) or
@@ -237,11 +239,11 @@ def check_context_parallel(ctx: StepContext) -> None:
 
 def ring_words(ctx: StepContext) -> str:
     """What torch's ring attention holds on the rank, named: counted in the traced (derived) figures, not added."""
-    ring = ring_buffer(ctx, ctx.batch, ctx.seq)
+    ring = ring_chunk_bytes(ctx, ctx.batch, ctx.seq)
     cp = ctx.layout.cp
     return (f"context parallel's ring, as torch holds it (in the figures above, traced): each attention's K and V "
-            f"of all {cp} ranks all-gathered at once (torch's default rotate method), cp × {ring.bytes:,} = "
-            f"{cp * ring.bytes:,} B while it runs, in forward and again in backward, where the K and V gradients "
+            f"of all {cp} ranks all-gathered at once (torch's default rotate method), cp × {ring:,} = "
+            f"{cp * ring:,} B while it runs, in forward and again in backward, where the K and V gradients "
             f"pass all-to-all in fp32; the blocks' outputs and log-sum-exps merged in fp32; the rank's "
             f"{ctx.seq // cp:,} tokens in two chunks (head-tail load balancing)")
 
@@ -285,8 +287,10 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
     shape = local_shape(ctx, placements)
     tied = tied_bytes(ctx, placements)
     comm = fsdp_buffers(ctx, placements)
-    if layout.cp > 1:
-        comm.append(ring_buffer(ctx, ctx.batch, ctx.seq))
+    checkpointing = bool(ctx.shape.get("checkpointing"))
+
+    def ring_kept(batch: int, length: int) -> tuple[int, str]:  # recomputed layers keep none to the moments
+        return ring_output_copies(ctx, batch, length) if layout.cp > 1 and not checkpointing else (0, "")
 
     whole = whole_embedding_gradient(ctx, placements)
     norms = sequence_parallel_norm_gradients(ctx)
@@ -298,9 +302,11 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
                                 step=ctx.step)
         if whole is not None:
             figures = tuple(with_whole_gradient(p, whole) for p in figures)
-        return tuple(with_buffers(with_norm_gradients(p, norms), comm) for p in figures)
+        kept = ring_kept(batch, length)
+        return tuple(with_buffers(with_ring_outputs(with_norm_gradients(p, norms), kept), comm) for p in figures)
 
     act = local_activations(ctx, shape, ctx.batch, ctx.seq)
+    kept = ring_kept(ctx.batch, ctx.seq)
     parts = []
     if layout.tp > 1:
         parts.append(f"heads, KV heads and widths / {layout.tp}, the hidden size whole")
@@ -308,11 +314,16 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
         parts.append(f"{ctx.seq // layout.cp:,} of the {ctx.seq:,} tokens (S / {layout.cp})")
     notes: tuple[str, ...] = ()
     if layout.cp > 1:
-        notes += ("context parallel's closed form is an estimate: it holds one rotating K and V chunk, where torch's "
-                  "ring attention (traced: --trace, cost/traced/context_parallel.py) all-gathers every rank's K and "
-                  "V, merges the blocks' outputs in fp32 and accumulates their gradients in fp32 (an 8-layer Llama "
-                  "cut, cp 2, B 2, 4,096 tokens: the traced rank 7.4% above it; llama-3-8b at 8,192: 2.3%); --cp "
-                  "alone answers with the rank derived from that ring",)
+        notes += ("context parallel's closed form: the one-device recipe at S / cp tokens, and what torch's ring "
+                  "attention keeps beyond it, its merged output copied for o_proj in each layer (the merge leaves it "
+                  "heads-major); the ring's other buffers (every rank's K and V all-gathered, the fp32 merge, the "
+                  "backward's fp32 dq/dk/dv and their all-to-all) are freed inside each attention, under the logits' "
+                  "moments, and not counted. Held to the rank traced on torch's ring (cost/traced/context_parallel.py):"
+                  " an 8-layer Llama cut, cp 2 and 4, B 2 and 4, 2,048 and 4,096 tokens, 8 B under it, the "
+                  "one-device recipe's own 8 B at S / cp tokens (its start of backward is 8·B·S/cp − 8 B over, as at "
+                  "one device); beside --tp or --sp not traced (the traced ring runs alone); --cp alone answers with "
+                  "the rank derived from that ring" + (
+                      "; with checkpointing the recomputed layer's copy is not counted" if checkpointing else ""),)
     if layout.sp:
         size = 2 if ctx.precision == "bf16-pure" else 4
         gathered = ctx.batch * (-(-ctx.seq // layout.cp)) * hidden_size(ctx) * size
@@ -322,7 +333,7 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
                   "weights' gradients: counted with the saved activations (Megatron gathers it again in backward "
                   "instead)",)
     device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
-                          act.saved, f"analytic: {recipe} on the rank's shard ({'; '.join(parts)})",
+                          act.saved + kept[0], f"analytic: {recipe} on the rank's shard ({'; '.join(parts)})",
                           dev.arithmetic, tuple(comm), phases_at(ctx.batch, ctx.seq), rules, notes=notes)
 
     def at(figures: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:

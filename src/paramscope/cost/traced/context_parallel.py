@@ -60,6 +60,7 @@ def ring_attention(mesh: Any, seq: int) -> Iterator[str]:
                                    f"its queries' ({query.shape[-1]}; MLA's): the flash kernel the ring's blocks run "
                                    "takes them equal")
         calls.append(1)
+        query, key, value = _autocast(query, key, value)
         return _ring().apply(query, key, value, group, scale)
 
     F.scaled_dot_product_attention = ring_sdpa
@@ -75,6 +76,20 @@ def ring_attention(mesh: Any, seq: int) -> Iterator[str]:
     finally:
         F.scaled_dot_product_attention = original
         options.enable_load_balance = before
+
+
+def _autocast(*tensors: Any) -> tuple[Any, ...]:
+    """q, k and v as autocast hands them to the attention kernel: under torch.autocast, context_parallel's patched
+    F.scaled_dot_product_attention reaches aten's SDPA, whose autocast rule (a lower-precision op) casts its
+    floating-point arguments to the autocast dtype before DTensor's dispatch runs the ring; the autograd function
+    here sits above that rule, so it casts them itself (Llama's rotary output is fp32 where its cos/sin are)."""
+    import torch
+
+    device = tensors[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t for t in tensors)
 
 
 def _check(attn_mask: Any, dropout_p: float, is_causal: bool) -> None:
