@@ -41,5 +41,5 @@ def test_the_page_holds_the_device_its_stages_and_its_mfu():
     # the recompute here is flash attention's (checkpointing is off): named as the text names it
     assert "(checkpointing)" not in page
     assert html.escape(f"hardware FLOPs beyond the model's: {RERUN_WORDS}") in page
-    assert html.escape("One device: dp 1 × tp 8 × pp 4 (1F1B, 1 microbatches) = 32 devices; stage 3 (layers 60–79, "
+    assert html.escape("One device: dp 1 × tp 8 × pp 4 (1F1B, 1 microbatch) = 32 devices; stage 3 (layers 60–79, "
                        "the head: the busiest), tp rank 0 (the most vocabulary rows)") in page

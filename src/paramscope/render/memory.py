@@ -884,8 +884,10 @@ def minimum_sentence(search) -> str:
     others = [t for t in minimum.tried if t.outcome in ("none fits", "no layout")]
     if others:
         runs = _runs([t.devices for t in others])
-        before += (f"; {runs}: none of {'its' if len(others) == 1 else 'their'} {sum(t.layouts for t in others):,} "
-                   "layouts tried fits")
+        tried = sum(t.layouts for t in others)
+        before += (f"; {runs}: " + ("no layout answered" if not tried else
+                                    f"none of {'its' if len(others) == 1 else 'their'} {tried:,} layout"
+                                    f"{'s' if tried != 1 else ''} tried fits"))
     if minimum.bounded:
         before += (f" ({minimum.bounded:,} more passed over on a lower bound: the first stage's model states and its "
                    "layers' activations for the microbatches in flight (the states alone where the step is not the "

@@ -113,7 +113,8 @@ class ParallelLayout:
         if self.pp > 1:
             schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": f"interleaved, {self.virtual_stages} "
                         "chunks a device"}[self.schedule]
-            parts.append(f"pp {self.pp} ({schedule}, {self.micro_batches} microbatches)")
+            parts.append(f"pp {self.pp} ({schedule}, {self.micro_batches} microbatch"
+                         f"{'es' if self.micro_batches != 1 else ''})")
         if self.cp > 1:
             parts.append(f"cp {self.cp}")
         text = " × ".join(parts) + f" = {self.devices:,} device{'s' if self.devices > 1 else ''}"
