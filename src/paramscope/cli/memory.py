@@ -108,6 +108,9 @@ def add_parser(subparsers: Any) -> None:
         "ep": "expert parallel degree: routed experts split over E of the data-parallel ranks"})
     layout.add_argument("--shard-group", type=int, metavar="G",
                         help="--zero hybrid_shard: ranks a shard group holds (default 8, one node)")
+    layout.add_argument("--expert-load", type=float, metavar="F",
+                        help="with --ep: the busiest expert-parallel rank receives F × its balanced token-expert "
+                             "pairs (1 ≤ F ≤ E; default 1, balanced routing); its step is derived from traces")
     parser.add_argument("--trace", nargs="?", const="extended", choices=("extended", "full"), metavar="full",
                         help="measure one step of the real class on fake tensors, beside the analytic answer: a "
                              "training step traced at a few layers of each type at this batch and length and "
@@ -198,7 +201,8 @@ def run(args: argparse.Namespace) -> int:
                                      ("--ep", args.ep, 1), ("--sp", args.sp, False),
                                      ("--micro-batches", args.micro_batches, None),
                                      ("--schedule", args.schedule, None), ("--virtual-stages", args.virtual_stages, 1),
-                                     ("--cp", args.cp, 1), ("--shard-group", args.shard_group, None)):
+                                     ("--cp", args.cp, 1), ("--shard-group", args.shard_group, None),
+                                     ("--expert-load", args.expert_load, None)):
             if value != default:
                 raise OptionError(f"{flag} is for --training" + ("; serving across GPUs takes --tp and --pp" if
                                                                   flag in _LAYOUT_FLAGS else ""))
@@ -240,7 +244,8 @@ def _find_layout(args: argparse.Namespace) -> int:
                           f"of one sequence): drop {', '.join(searched)}")
     for flag, given in (("--trace", args.trace), ("--freeze", args.freeze),
                         ("--dtype", args.dtype), ("--kv-dtype", args.kv_dtype), ("--group-size", args.group_size),
-                        ("--encoder-seq", args.encoder_seq), ("--kv-layout", args.kv_layout != "hf")):
+                        ("--encoder-seq", args.encoder_seq), ("--kv-layout", args.kv_layout != "hf"),
+                        ("--expert-load", args.expert_load is not None)):
         if given:
             raise OptionError(f"--find-layout does not take {flag}")
     if args.global_batch is not None and args.batch != 1:
@@ -280,7 +285,7 @@ def _find_layout(args: argparse.Namespace) -> int:
 
 
 _LAYOUT_FLAGS = ("--devices", "--zero", "--dp", "--ep", "--sp", "--micro-batches", "--schedule", "--virtual-stages",
-                 "--cp", "--shard-group")
+                 "--cp", "--shard-group", "--expert-load")
 
 
 def _layout(args: argparse.Namespace) -> Any:
@@ -290,13 +295,14 @@ def _layout(args: argparse.Namespace) -> Any:
 
     flat = shard_mode(args.zero) in ("none", "zero1", "zero2", "zero3") and str(args.zero).strip().lower() not in (
         "full_shard",)
-    given = (args.dp, args.shard_group, args.micro_batches, args.schedule)
+    given = (args.dp, args.shard_group, args.micro_batches, args.schedule, args.expert_load)
     if all(v is None for v in given) and (args.tp, args.ep, args.pp, args.cp, args.virtual_stages, args.sp) == \
             (1, 1, 1, 1, 1, False) and flat:
         return None
     return layout_for(devices=args.devices, dp=args.dp, zero=args.zero, shard_group=args.shard_group, tp=args.tp,
                       sp=args.sp, pp=args.pp, micro_batches=args.micro_batches, schedule=args.schedule,
-                      virtual_stages=args.virtual_stages, ep=args.ep, cp=args.cp, batch=args.batch)
+                      virtual_stages=args.virtual_stages, ep=args.ep, cp=args.cp, batch=args.batch,
+                      expert_load=1.0 if args.expert_load is None else args.expert_load)
 
 
 def _show(args: argparse.Namespace, report: Any, estimate: Any, width: int | None) -> None:

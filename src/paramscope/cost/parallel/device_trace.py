@@ -41,7 +41,8 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
                             own_dtype=ctx.own)
     traced = trace_parallel_training(ctx.view.module, settings, dp=layout.ep if layout.ep > 1 else
                                      layout.shard_degree if fsdp else 1, shard="fsdp" if fsdp else "none",
-                                     tp=layout.tp, sp=layout.sp, ep=layout.ep, cp=layout.cp)
+                                     tp=layout.tp, sp=layout.sp, ep=layout.ep, cp=layout.cp,
+                                     load=layout.expert_load)
     top = traced.peak
     diff = (device.peak - top.bytes) / top.bytes if top.bytes else 0.0
     engine = "derived" if device.activations_from.startswith("derived") else "analytic"
@@ -64,7 +65,7 @@ def traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     # class has routed experts to cut: the rules say so): its experts sharded over ep ranks as the replayed step's
     experts = layout.ep > 1 and any("experts / ep" in words for words in device.rules.values())
     parallel = check_layout(1, "none", layout.tp, layout.sp, 0) if layout.tp > 1 else \
-        check_layout(layout.ep, "none", 1, False, 0, layout.ep) if experts else None
+        check_layout(layout.ep, "none", 1, False, 0, layout.ep, 1, layout.expert_load) if experts else None
     if layout.virtual_stages > 1:
         return dataclasses.replace(device, notes=device.notes + (
             "--trace: no stage traced: an interleaved stage's chunks are bounded by the largest, not traced",))

@@ -69,9 +69,12 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     # Llama family's closed form, the recipe at S / cp tokens and the ring's kept output copies, equals it on a Llama
     # cut but for the one-device recipe's own bytes); the closed form beside it as a check, and
     # answering alone where the ring is not derived (2·cp not dividing S, say)
-    derivable = ctx.derive and layout.pp == 1 and layout.ep == 1 and (
+    # an uneven expert load: the busiest ep rank's step derived from traces with its experts cut and that routing
+    # (the balanced closed form beside, as the comparison); a pipeline replays that rank's recipe (pipeline_device)
+    loaded = check_expert_load(ctx, placements)
+    derivable = ctx.derive and layout.pp == 1 and (loaded or layout.ep == 1 and (
         layout.cp == 1 and (fsdp or layout.tp > 1 and local_recipe_missing(ctx)) or
-        layout.cp > 1 and layout.tp == 1 and not fsdp and (local_recipe_missing(ctx) or _ring_derivable(ctx)))
+        layout.cp > 1 and layout.tp == 1 and not fsdp and (local_recipe_missing(ctx) or _ring_derivable(ctx))))
     declined = ""
     if derivable and layout.cp > 1:
         check_context_parallel(ctx)
@@ -79,11 +82,13 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
         derived = _derived_device(ctx, placements, rules)
         if derived is NEEDS_BUILD:
             return None
+        if isinstance(derived, str) and loaded:  # the balanced closed form is not the busiest rank's answer
+            raise UnsupportedError(derived.replace(": the closed form answers", ""))
         if isinstance(derived, str):
             declined = derived
         else:
             device, at = derived
-            closed = _closed_form_beside(ctx, placements, rules, device)
+            closed = (_balanced_beside if loaded else _closed_form_beside)(ctx, placements, rules, device)
             if closed:
                 device = dataclasses.replace(device, notes=device.notes + (closed,))
             return (traced_check(ctx, device), at) if ctx.trace else (device, at)
@@ -133,6 +138,35 @@ def _closed_form_beside(ctx: StepContext, placements: tuple[Placement, ...], rul
     return f"check: the closed form gives {closed.peak:,} B, {100 * diff:+.3f}% from the derived peak{what}"
 
 
+def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bool:
+    """Whether the layout asks an uneven expert load (--expert-load F > 1 under --ep), refusing in one line what the
+    busiest rank's derivation does not take: a class without routed experts, tensor or context parallel beside it,
+    a sharding that gathers the weights in the step (ZeRO-3, FSDP2), no derivation asked."""
+    layout = ctx.layout
+    if layout.expert_load == 1 or layout.ep == 1:
+        return False
+    load = f"{layout.expert_load:g}"
+    if not any(p.experts_split for p in placements):
+        raise UnsupportedError("expert load {load}: {cls} has no routed experts for the ep ranks to share",
+                               load=load, cls=ctx.view.class_name)
+    if layout.tp > 1 or layout.cp > 1 or layout.zero_stage == 3 or not ctx.derive:
+        raise UnsupportedError("expert load {load}: the busiest expert-parallel rank is derived from traces with "
+                               "expert parallel beside data parallel (ZeRO 0-2) and pipeline stages alone; got "
+                               "{layout}", load=load, layout=layout.words())
+    return True
+
+
+def _balanced_beside(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str],
+                     device: DeviceMemory) -> str:
+    """Balanced routing's answer (--expert-load 1: the closed form, one device's step and the permute index) beside
+    the busiest rank's derived peak: what the load adds."""
+    closed, _ = _data_parallel_device(ctx, placements, rules)
+    more = device.peak - closed.peak
+    return (f"balanced routing (--expert-load 1, the closed form: one device's step, the rank's states and the permute "
+            f"index) gives {closed.peak:,} B; the busiest rank's {ctx.layout.expert_load:g}× share adds {more:,} B "
+            f"({100 * more / closed.peak:+.3f}%)")
+
+
 def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """One rank's step as closed forms in B and S derived from traces of short cuts of the real class with the
     layout applied on torch's fake process group (derived/, as for one device: two points, checked by a longer
@@ -141,12 +175,18 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     cached and there is no module to trace."""
     from ..derived.step import DerivedStep
     from ..derived.symbols import NotDerivable
+    from ..dims import dim
     from ..traced.step import StepSettings
+    from .experts import load_words
 
     layout = ctx.layout
     fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
     # a context-parallel rank: (dp, shard, tp, sp, rank, ep, cp), traced alone on rank 0 (traced/parallel.py)
+    # an expert-parallel rank under an uneven load: (dp, shard, tp, sp, rank, ep, cp, load) with dp == ep, rank 0
+    # the busiest (traced/expert_parallel.py); the data-parallel ranks beyond ep run the same step
+    loaded = layout.ep > 1 and layout.expert_load != 1
     traced = ((1, "none", 1, False, 0, 1, layout.cp) if layout.cp > 1 else
+              (layout.ep, "none", 1, False, 0, layout.ep, 1, layout.expert_load) if loaded else
               (layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp))
     settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
                             grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
@@ -181,12 +221,15 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         phases = phases[:index] + (dataclasses.replace(phase, arithmetic=step.recipe.words(
             where, ctx.batch, ctx.seq)),) + phases[index + 1:]
     applied = ("torch's context_parallel ring attention, rank 0" if layout.cp > 1 else
+               f"torchtitan's ExpertParallel over ep {layout.ep}, rank 0 the busiest" if loaded else
                f"{'FSDP2' if fsdp else ''}{' and ' if fsdp and layout.tp > 1 else ''}"
                f"{'DTensor tensor parallel' if layout.tp > 1 else ''}{' with sequence parallel' if layout.sp else ''}")
     notes = [f"one rank's step derived from traces of the real class on torch's fake process group ({applied}): "
              f"{step.recipe.traced}; {step.recipe.check}"]
     if layout.cp > 1:
         notes.append(ring_words(ctx))
+    if loaded:
+        notes.append(load_words(layout.ep, layout.expert_load, ctx.batch * ctx.seq * dim(ctx.text, "top_k")))
     device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           figures.end_of_forward, "derived: one rank's step traced on short cuts with the layout "
                           "applied (torch's fake process group), laid out to the model's depth", dev.arithmetic,
@@ -315,14 +358,14 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
     notes: tuple[str, ...] = ()
     if layout.cp > 1:
         notes += ("context parallel's closed form: the one-device recipe at S / cp tokens, and what torch's ring "
-                  "attention keeps beyond it, its merged output copied for o_proj in each layer (where 2·cp divides "
-                  "S the balanced merge leaves it heads-major); the ring's other buffers (every rank's K and V "
-                  "all-gathered, the fp32 merge, the backward's fp32 dq/dk/dv and their all-to-all) are freed inside "
-                  "each attention, under the logits' moments, and not counted. Held to the rank traced on torch's "
-                  "ring (cost/traced/context_parallel.py): an 8-layer Llama cut, cp 2 and 4, B 2 and 4, 2,048 and "
-                  "4,096 tokens, 8 B under it, the one-device recipe's own 8 B at S / cp tokens (its start of "
-                  "backward is 8·B·S/cp − 8 B over, as at one device); beside --tp or --sp not traced (the traced "
-                  "ring runs alone); --cp alone answers with the rank derived from that ring" + (
+                  "attention keeps beyond it, its merged output copied for o_proj in each layer (the merge leaves it "
+                  "heads-major); the ring's other buffers (every rank's K and V all-gathered, the fp32 merge, the "
+                  "backward's fp32 dq/dk/dv and their all-to-all) are freed inside each attention, under the logits' "
+                  "moments, and not counted. Held to the rank traced on torch's ring (cost/traced/context_parallel.py):"
+                  " an 8-layer Llama cut, cp 2 and 4, B 2 and 4, 2,048 and 4,096 tokens, 8 B under it, the "
+                  "one-device recipe's own 8 B at S / cp tokens (its start of backward is 8·B·S/cp − 8 B over, as at "
+                  "one device); beside --tp or --sp not traced (the traced ring runs alone); --cp alone answers with "
+                  "the rank derived from that ring" + (
                       "; with checkpointing the recomputed layer's copy is not counted" if checkpointing else ""),)
     if layout.sp:
         size = 2 if ctx.precision == "bf16-pure" else 4
@@ -345,4 +388,5 @@ def layout_settings(layout: ParallelLayout) -> dict[str, Any]:
     return {"devices": layout.devices, "dp": layout.dp, "shard": layout.shard, "shard_words": shard_words(layout),
             "shard_degree": layout.shard_degree, "tp": layout.tp, "sp": layout.sp, "pp": layout.pp,
             "micro_batches": layout.micro_batches, "schedule": layout.schedule,
-            "virtual_stages": layout.virtual_stages, "ep": layout.ep, "cp": layout.cp, "words": layout.words()}
+            "virtual_stages": layout.virtual_stages, "ep": layout.ep, "cp": layout.cp,
+            "expert_load": layout.expert_load, "words": layout.words()}

@@ -39,3 +39,16 @@ def dispatch_index_bytes(layers: int, top_k: int, batch: int, seq: int) -> tuple
                    f"{batch}·{seq}·{top_k} = {total:,} B, counted whole at the forward and backward peaks (a bound in the "
                    f"backward, where the layers past their backward have freed theirs); {ROUTING}, so the S rows a "
                    "rank receives are one device's")
+
+
+def load_words(ep: int, load: float, pairs: int) -> str:
+    """The uneven expert load's convention, named (traced/expert_parallel.py routes it): `pairs`, S = B·T·k, a rank's
+    token-expert pairs a MoE layer (a microbatch's under a pipeline)."""
+    from ..traced.expert_parallel import busiest_pairs
+
+    most = busiest_pairs(pairs, ep, load)
+    return (f"expert load {load:g} (a convention, --expert-load): the busiest rank receives {load:g} × its balanced "
+            f"share, ⌈{load:g}·S⌉ = {most:,} of S = B·T·k = {pairs:,} token-expert pairs a MoE layer, every rank "
+            f"sending it an even part of them; the others are not the peak: each rank spreads the rest of its S pairs "
+            f"evenly over the other {ep - 1}, which receive ep·S − {most:,} = {ep * pairs - most:,} between them, "
+            "fewer than S each; the figures are the busiest rank's (rank 0's, traced with that routing)")

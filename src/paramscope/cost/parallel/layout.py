@@ -10,7 +10,8 @@
   the norms and the residual stream hold 1/tp of the sequence.
 - pp: pipeline stages, `micro_batches` microbatches per step, a schedule (gpipe, 1f1b, interleaved with
   `virtual_stages` chunks per device).
-- ep: routed experts split over ep ranks (shared experts and routers replicated).
+- ep: routed experts split over ep ranks (shared experts and routers replicated); `expert_load` F: the busiest ep
+  rank receives F × its balanced token-expert pairs (1 ≤ F ≤ ep; 1: balanced routing).
 - cp: context parallel: each rank holds 1/cp of the sequence (ring attention).
 
 The figures are one device's: the batch is each data-parallel replica's (`--batch` per replica, as `--devices`
@@ -46,6 +47,7 @@ class ParallelLayout:
     virtual_stages: int = 1
     ep: int = 1
     cp: int = 1
+    expert_load: float = 1.0  # the busiest ep rank's token-expert pairs over its balanced share (1: balanced)
 
     @property
     def devices(self) -> int:
@@ -94,6 +96,15 @@ class ParallelLayout:
             raise OptionError("the interleaved schedule needs pipeline stages: give pp > 1", "schedule")
         if self.micro_batches > 1 and self.pp == 1:
             raise OptionError("{0} split a batch across pipeline stages: give pp > 1", "micro_batches")
+        load = self.expert_load
+        if isinstance(load, bool) or not isinstance(load, (int, float)):
+            raise OptionError("{0} must be a number, got {value!r}", "expert_load", value=str(load)[:40])
+        if load != 1 and self.ep == 1:
+            raise OptionError("{0} {value} needs expert parallelism (the busiest of the ep ranks receives F × its "
+                              "share): give {1} E", "expert_load", "ep", value=f"{load:g}")
+        if not 1 <= load <= self.ep:
+            raise OptionError("{0} must be from 1 to ep {ep} (the busiest rank's pairs over its balanced share; ep: "
+                              "every pair of every rank), got {value}", "expert_load", ep=self.ep, value=f"{load:g}")
         if (self.dp * self.cp) % self.ep:
             raise OptionError("{0} {ep} must divide dp × cp = {ranks}: expert-parallel ranks are drawn from the "
                               "data-parallel (and context-parallel) ones", "ep", ep=self.ep, ranks=self.dp * self.cp)
@@ -120,6 +131,8 @@ class ParallelLayout:
         text = " × ".join(parts) + f" = {self.devices:,} device{'s' if self.devices > 1 else ''}"
         if self.ep > 1:
             text += f"; ep {self.ep} over the data-parallel ranks"
+            if self.expert_load != 1:
+                text += f", the busiest receiving {self.expert_load:g}× its balanced share"
         return text
 
 
@@ -140,7 +153,7 @@ def shard_mode(value: str | int) -> str:
 def layout_for(*, devices: int | None = None, dp: int | None = None, zero: str | int = "0", shard_group: int | None = None,
                tp: int = 1, sp: bool = False, pp: int = 1, micro_batches: int | None = None,
                schedule: str | None = None, virtual_stages: int = 1, ep: int = 1, cp: int = 1,
-               batch: int = 1) -> ParallelLayout:
+               batch: int = 1, expert_load: float = 1.0) -> ParallelLayout:
     """The layout the options describe. `devices` is the total; dp, when not given, is what tp × pp × cp leave of
     it (so `--devices 8 --zero 3` is dp 8, as it always was, and `--devices 8 --tp 2` is dp 4); neither given: dp 1. `batch`: the
     sequences each data-parallel replica takes a step; under a pipeline they are cut into `micro_batches`
@@ -163,7 +176,7 @@ def layout_for(*, devices: int | None = None, dp: int | None = None, zero: str |
     chosen = schedule or ("interleaved" if virtual_stages > 1 else "1f1b")
     layout = ParallelLayout(dp=dp, shard=shard_mode(zero), shard_group=shard_group, tp=tp, sp=sp, pp=pp,
                             micro_batches=micro_batches if micro_batches is not None else (batch if pp > 1 else 1),
-                            schedule=chosen, virtual_stages=virtual_stages, ep=ep, cp=cp)
+                            schedule=chosen, virtual_stages=virtual_stages, ep=ep, cp=cp, expert_load=expert_load)
     layout.check()
     if batch % layout.micro_batches:
         raise OptionError("{0} {micro} must divide the batch, {batch} sequences a replica", "micro_batches",

@@ -171,6 +171,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     from ..derived.step import DerivedStep
     from ..derived.symbols import NotDerivable
     from ..traced.step import StepSettings
+    from ..dims import dim
+    from .experts import load_words
     from .stage_recipe import stage_activations
 
     layout = ctx.layout
@@ -205,7 +207,9 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                             # expert parallel: the rank's recipe, derived with the experts cut over ep ranks as
                             # torchtitan's ExpertParallel cuts them (traced/expert_parallel.py), dp == ep there: the
                             # data-parallel ranks beyond ep run the same step
-                            (layout.ep, "none", 1, False, 0, layout.ep) if experts else None)
+                            # (an uneven load keys it by the load: the busiest rank's, rank 0's; balanced as before)
+                            (layout.ep, "none", 1, False, 0, layout.ep)
+                            + ((1, layout.expert_load) if layout.expert_load != 1 else ()) if experts else None)
     try:
         step = DerivedStep.first(ctx.view.module, cls, ctx.view.config, settings, batch=micro, seq=ctx.seq,
                                  limit=ctx.limit, live=ctx.live, structure=ctx.structure)
@@ -328,15 +332,17 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     source = (f"tensor-parallel rank's derived step (tp {layout.tp}{' with sequence parallel' if layout.sp else ''}"
               f", traced on torch's fake process group; {regime})" if layout.tp > 1 else
               f"expert-parallel rank's derived step (ep {layout.ep}: its routed experts / {layout.ep}, Shard(0), "
-              "with torchtitan's dispatch and combine, traced on torch's fake process group under balanced routing; "
-              f"{regime})" if experts else f"derived one-device step ({regime})")
+              "with torchtitan's dispatch and combine, traced on torch's fake process group under "
+              + ("balanced routing" if layout.expert_load == 1 else
+                 f"an uneven load, the busiest rank's: {layout.expert_load:g} × its balanced token-expert pairs")
+              + f"; {regime})" if experts else f"derived one-device step ({regime})")
     check = ("checked against MemTracker on the real class cut to each stage with the tp layout applied on the fake "
              "process group: on a Mixtral cut (tp 2 with sequence parallel, pp 3; "
              "tests/test_pipeline_tensor_parallel.py) and a GPT-2 cut (Conv1D, tied head; tp 2, pp 3) its forwards "
              "and first backward equal to the byte; a later backward (1F1B's steady state) traced above the replay "
              "on some stages, 31,744 B on the Mixtral cut's first two, 2,560 B on the GPT-2 cut's middle one: "
              "DTensor's gradient handling in its accumulation, not isolated; --trace measures each stage"
-             if layout.tp > 1 else EXPERT_CHECK if experts else
+             if layout.tp > 1 else EXPERT_CHECK + (LOADED_CHECK if layout.expert_load != 1 else "") if experts else
              "equal to MemTracker on the real class cut to each stage: tests/test_pipeline_stages.py, on GPT-2 and "
              "Mixtral cuts; on a BERT cut, tests/test_pipeline_encoder_stages.py, but for the received leaf's casts "
              "below")
@@ -349,7 +355,9 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
              "copies are held with it (as one device's step); later stages take the position tables with their "
              "input (torchtitan's stages hold them as buffers), not counted there",
              *((LEAF_CASTS,) if ctx.precision in ("bf16-mixed", "fp16-mixed") else ()),
-             *step.notes()[:1])
+             *step.notes()[:1],
+             *((load_words(layout.ep, layout.expert_load, micro * ctx.seq * (dim(ctx.text, "top_k") or 0)),)
+               if experts and layout.expert_load != 1 else ()))
     device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           held, f"derived: stage {stage.rank}'s layers from the recipe's segments × microbatches in "
                           "flight", dev.arithmetic, tuple(comm) + tuple(b for b in p2p if b.bytes), figures, rules,
@@ -371,6 +379,12 @@ EXPERT_CHECK = ("checked against MemTracker on the real class cut to each stage 
                 "under tensor parallel; --trace measures each stage")
 
 
+# and under an uneven expert load (tests/test_expert_load.py)
+LOADED_CHECK = ("; under an uneven load (--expert-load 1.5 on that cut) the busiest rank's stages equal to the byte "
+                "in their forwards and first backward; a later backward traced 70,152 B above on the middle stage, "
+                "3,328 B on the last (not isolated)")
+
+
 def _stage_dispatch(ctx: StepContext, placements: tuple[Placement, ...], params: list, in_flight: int,
                     micro: int) -> Buffer:
     """The expert dispatch's permute index the stage's MoE layers keep for their backward, a microbatch in flight
@@ -380,6 +394,17 @@ def _stage_dispatch(ctx: StepContext, placements: tuple[Placement, ...], params:
 
     held = {p.name for p in params}
     layers, top_k = moe_layers(p for p in placements if p.name in held), dim(ctx.text, "top_k") or 0
+    if ctx.layout.expert_load != 1:  # the busiest rank: its index is over the ⌈F·S⌉ pairs it receives
+        from ..traced.expert_parallel import busiest_pairs
+
+        pairs = busiest_pairs(micro * ctx.seq * top_k, ctx.layout.ep, ctx.layout.expert_load)
+        size = in_flight * layers * INDEX_BYTES * pairs
+        return Buffer("expert parallel's permute index", size,
+                      f"{in_flight} microbatch{'es' if in_flight > 1 else ''} in flight × the stage's {layers} MoE "
+                      f"layers × {INDEX_BYTES} B × the ⌈{ctx.layout.expert_load:g}·S⌉ = {pairs:,} token-expert pairs "
+                      f"the busiest rank receives (S = {micro}·{ctx.seq}·{top_k}) = {size:,} B, int64, kept for the "
+                      "backward (torchtitan's _permute; counted with each microbatch in the replayed step)",
+                      ("forward", "backward"))
     size = in_flight * dispatch_index_bytes(layers, top_k, micro, ctx.seq)[0]
     return Buffer("expert parallel's permute index", size,
                   f"{in_flight} microbatch{'es' if in_flight > 1 else ''} in flight × the stage's {layers} MoE layers "

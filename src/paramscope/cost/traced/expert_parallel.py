@@ -19,10 +19,19 @@ routing. Each rank's S = B·T·k token-expert pairs (B·T tokens a rank, top-k) 
 rank sends S/ep pairs to every rank (itself included) and receives S/ep from each: S pairs in all, ep·S/E for each of
 its E/ep experts, the same S rows as one device's grouped projections run over. Where ep does not divide S the first
 S mod ep ranks take one pair more (the splits still sum to S on every rank).
+
+An uneven load (`load` F > 1, memory's --expert-load): rank 0 is the busiest. It receives ⌈F·S⌉ pairs (capped at
+ep·S, every pair of every rank; F ≤ ep), each rank sending it an even share of them (`splits(⌈F·S⌉, ep)`, the first
+ranks one more where ep does not divide it); each rank spreads the rest of its S pairs evenly over the other ep - 1
+ranks, which so receive (ep·S - ⌈F·S⌉) / (ep - 1) each, fewer than S: not the peak. The traced rank is rank 0, so it
+holds what the busiest rank holds: ⌈F·S⌉ rows through its E/ep experts' grouped projections, the permute index and
+the all-to-alls' arrivals over them. A load of 1 is the balanced routing above, unchanged.
 """
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Any
 
 from ...errors import OptionError, UnsupportedError
@@ -30,6 +39,9 @@ from ...errors import OptionError, UnsupportedError
 ROUTING = ("balanced routing: each rank's B·T·k token-expert pairs spread evenly over the experts, so each rank "
            "sends S/ep of them to every expert-parallel rank and receives as many (S = B·T·k), ep·S/E for each of "
            "its E/ep experts")
+LOADED = ("an uneven load: the busiest rank (rank 0, the one traced) receives {load:g} × its balanced share, ⌈{load:g}·S⌉ "
+          "token-expert pairs (S = B·T·k), every rank sending it an even part of them; each rank spreads the rest of "
+          "its S pairs evenly over the other ep - 1 ranks, which receive fewer than S (not the peak)")
 
 
 def check_experts(module: Any, name: str, ep: int) -> None:
@@ -52,9 +64,29 @@ def splits(pairs: int, ep: int) -> list[int]:
     return [pairs // ep + (1 if r < pairs % ep else 0) for r in range(ep)]
 
 
-def expert_parallel_style() -> Any:
-    """An ExpertsParallel (built lazily: torch.distributed is imported only when a trace runs)."""
-    return _make_style_class()()
+def busiest_pairs(pairs: int, ep: int, load: float) -> int:
+    """The pairs the busiest rank receives: ⌈F·S⌉ of its balanced S, capped at every rank's, ep·S (F read as the
+    decimal it was written as, so 1.1 × 10 is 11, not 12)."""
+    return min(ep * pairs, math.ceil(Fraction(str(load)) * pairs))
+
+
+def routes(pairs: int, ep: int, load: float, rank: int) -> tuple[list[int], list[int]]:
+    """(what `rank` sends to each rank, what it receives from each): balanced where `load` is 1 (`splits`, sent and
+    received alike); else rank 0 the busiest (see the docstring), every rank holding `pairs` of its own."""
+    if load == 1:
+        even = splits(pairs, ep)
+        return even, even
+    to_busiest = splits(busiest_pairs(pairs, ep, load), ep)  # what each rank sends to rank 0
+
+    def row(source: int) -> list[int]:
+        return [to_busiest[source]] + splits(pairs - to_busiest[source], ep - 1)
+    return row(rank), [row(source)[rank] for source in range(ep)]
+
+
+def expert_parallel_style(load: float = 1) -> Any:
+    """An ExpertsParallel (built lazily: torch.distributed is imported only when a trace runs); `load`: the busiest
+    rank's share of the token-expert pairs over its balanced one (1: balanced routing)."""
+    return _make_style_class()(load)
 
 
 def _make_style_class() -> type:
@@ -69,6 +101,10 @@ def _make_style_class() -> type:
     class ExpertsParallel(ParallelStyle):
         """torchtitan's ExpertParallel on a transformers packed-experts module (see the module's docstring)."""
 
+        def __init__(self, load: float = 1) -> None:
+            super().__init__()
+            self.load = load
+
         def _apply(self, module: Any, device_mesh: Any) -> Any:
             for key in ("gate_up_proj", "down_proj"):
                 param = getattr(module, key)
@@ -76,13 +112,13 @@ def _make_style_class() -> type:
                     distribute_tensor(param.detach(), device_mesh, [Shard(0)], src_data_rank=self.src_data_rank),
                     requires_grad=param.requires_grad))
             module.forward = types.MethodType(
-                lambda mod, hidden, index, weights: _forward(mod, hidden, index, weights, device_mesh), module)
+                lambda mod, hidden, index, weights: _forward(mod, hidden, index, weights, device_mesh, self.load), module)
             return module
 
     def _local(param: Any) -> Any:
         return param.to_local() if isinstance(param, DTensor) else param
 
-    def _forward(module: Any, hidden: Any, top_k_index: Any, top_k_weights: Any, mesh: Any) -> Any:
+    def _forward(module: Any, hidden: Any, top_k_index: Any, top_k_weights: Any, mesh: Any, load: float) -> Any:
         # grouped_mm_experts_forward, step for step, with torchtitan's dispatch and combine where marked
         ep = mesh.size()
         group = mesh.get_group()
@@ -93,13 +129,13 @@ def _make_style_class() -> type:
         selected = hidden[perm // top_k]
         sample_weights_g = sample_weights[perm]
         # dispatch (torchtitan's _token_dispatch): the sorted pairs to the ranks holding their experts
-        sent = splits(selected.size(0), ep)
-        received = all_to_all_single_autograd(selected, sent, sent, group)
+        sent, arriving = routes(selected.size(0), ep, load, mesh.get_local_rank())
+        received = all_to_all_single_autograd(selected, arriving, sent, group)
         # torchtitan's _permute: the arrivals, rank by rank and each rank's sorted by expert, into expert-major
-        # order (balanced: row q of a rank's block of n is for local expert q·(E/ep) // n)
+        # order (each rank's block of n alike, balanced or not: row q of it is for local expert q·(E/ep) // n)
         local_experts = _local(module.gate_up_proj).shape[0]
         with torch.no_grad():
-            block = sent[0]
+            block = max(1, arriving[0])
             rows = torch.arange(received.size(0), device=received.device)
             permuted = torch.argsort((rows % block) * local_experts // block, stable=True)
             per_expert = torch.full((local_experts,), float(received.size(0) // local_experts),
@@ -112,7 +148,7 @@ def _make_style_class() -> type:
         # torchtitan's _unpermute, then the combine all-to-all back to the pairs' own rank
         unpermuted = proj.new_empty(proj.shape)
         unpermuted[permuted] = proj
-        combined = all_to_all_single_autograd(unpermuted, sent, sent, group)
+        combined = all_to_all_single_autograd(unpermuted, sent, arriving, group)
         weighted = combined * sample_weights_g.unsqueeze(-1)
         inv_perm = torch.empty_like(perm)
         inv_perm[perm] = torch.arange(perm.size(0), device=perm.device)

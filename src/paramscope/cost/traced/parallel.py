@@ -53,7 +53,7 @@ from ...errors import OptionError, UnsupportedError
 from ..dims import dim, text_config
 from .conv1d_parallel import (COLWISE_QKV as CONV1D_QKV, STYLES as CONV1D_STYLES, check_fused_qkv, conv1d_rule,
                               conv1d_style, localize_attention, sharded_axis)
-from .expert_parallel import ROUTING, check_experts, expert_parallel_style
+from .expert_parallel import LOADED, ROUTING, check_experts, expert_parallel_style
 from .moe_parallel import (EXPERTS_STYLE, PACKED_STYLES, SHARED_DOWN_STYLE, SHARED_GATE_STYLE, check_packed_experts,
                            packed_experts_style, sequence_parallel_block, shared_expert_styles)
 from .step import (StepSettings, TracedStep, assumed_values, check_attention, fake_mode, measure_training, running,
@@ -82,6 +82,7 @@ class Layout:
     rank: int = 0
     ep: int = 1  # routed experts over the data-parallel ranks (expert_parallel.py); ep == dp when > 1
     cp: int = 1  # context parallel: the sequence over cp ranks, torch's ring attention (context_parallel.py)
+    load: float = 1  # expert parallel's routing: rank 0, the busiest, receives load × its balanced pairs (1: balanced)
 
     @property
     def world(self) -> int:
@@ -93,11 +94,12 @@ class Layout:
             parts.append(f"tp {self.tp}" + (" with sequence parallel" if self.sp else ""))
         if self.cp > 1:
             parts.append(f"cp {self.cp}")
-        return " × ".join(parts) + (f", ep {self.ep} over the dp ranks" if self.ep > 1 else "")
+        return " × ".join(parts) + (f", ep {self.ep} over the dp ranks" if self.ep > 1 else "") + (
+            f", rank 0 receiving {self.load:g}× its balanced token-expert pairs" if self.load != 1 else "")
 
 
 def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1, shard: str = "none", tp: int = 1,
-                            sp: bool = False, rank: int = 0, ep: int = 1, cp: int = 1) -> TracedStep:
+                            sp: bool = False, rank: int = 0, ep: int = 1, cp: int = 1, load: float = 1) -> TracedStep:
     """One steady training step of `rank` in a (dp × tp) layout, measured as trace_training measures one device.
 
     `module` is a meta-built transformers model; it is not modified. `settings.batch` is each data-parallel rank's
@@ -106,8 +108,9 @@ def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1,
     the routed experts split over the dp ranks as torchtitan's ExpertParallel splits them (expert_parallel.py,
     balanced routing); it takes every dp rank (ep == dp) and no FSDP2. `cp`: the sequence split over cp ranks by
     torch's context_parallel (context_parallel.py; alone: dp, tp and ep 1), `settings.seq` the whole sequence, the
-    rank running its S / cp tokens."""
-    layout = check_layout(dp, shard, tp, sp, rank, ep, cp)
+    rank running its S / cp tokens. `load`: under ep, rank 0 the busiest, receiving load × its balanced pairs
+    (expert_parallel.py)."""
+    layout = check_layout(dp, shard, tp, sp, rank, ep, cp, load)
     with progress.status(f"tracing one training step of {type(module).__name__} on rank {rank} of "
                          f"{layout.describe()} (fake process group, MemTracker)"):
         with parallel_copy(module, settings, layout) as (model, notes, assumed):
@@ -122,7 +125,7 @@ def rank_tokens(settings: StepSettings, layout: Layout) -> StepSettings:
     return dataclasses.replace(settings, seq=settings.seq // layout.cp) if layout.cp > 1 else settings
 
 
-def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, cp: Any = 1) -> Layout:
+def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, cp: Any = 1, load: Any = 1) -> Layout:
     """The layout, or one line naming the value that does not fit."""
     for name, value in (("dp", dp), ("tp", tp), ("ep", ep), ("cp", cp)):
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RANKS:
@@ -148,7 +151,12 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, 
     if ep > 1 and (ep != dp or tp > 1):
         raise UnsupportedError(f"expert parallel is traced over every data-parallel rank without tensor parallel "
                                f"(ep == dp, tp 1); got ep {ep}, dp {dp}, tp {tp}")
-    return Layout(dp, shard, tp, sp, rank, ep, cp)
+    if isinstance(load, bool) or not isinstance(load, (int, float)) or not 1 <= load <= ep:
+        raise OptionError("{0} (the busiest expert-parallel rank's pairs over its balanced share) must be from 1 to "
+                          "ep {ep}, got {value!r}", "load", ep=ep, value=str(load)[:40])
+    if load != 1 and rank != 0:
+        raise UnsupportedError(f"an uneven expert load is traced on rank 0, the busiest; got rank {rank}")
+    return Layout(dp, shard, tp, sp, rank, ep, cp, load)
 
 
 @contextmanager
@@ -199,7 +207,8 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
                         notes += apply_tensor_parallel(model, tp_mesh, layout.tp, layout.sp,
                                                        fsdp=layout.shard == "fsdp")
                     if layout.ep > 1:
-                        notes += apply_expert_parallel(model, dp_mesh, replicate_rest=experts_mesh is None)
+                        notes += apply_expert_parallel(model, dp_mesh, replicate_rest=experts_mesh is None,
+                                                       load=layout.load)
                     if layout.shard == "fsdp":
                         notes += apply_fsdp(model, dp_mesh, settings, experts_mesh)
                     elif layout.dp > 1:
@@ -294,7 +303,7 @@ def _mesh_tables_real() -> Iterator[None]:
 
 # --- expert parallel -----------------------------------------------------------------------------------------------
 
-def apply_expert_parallel(model: Any, mesh: Any, replicate_rest: bool = True) -> list[str]:
+def apply_expert_parallel(model: Any, mesh: Any, replicate_rest: bool = True, load: float = 1) -> list[str]:
     """Each layer's packed experts split over the ep ranks with torchtitan's dispatch and combine (expert_parallel.py);
     the router, a shared expert and everything else whole on every rank (`replicate_rest`: as Replicate DTensors;
     FSDP2 makes them its own DTensors instead)."""
@@ -309,13 +318,14 @@ def apply_expert_parallel(model: Any, mesh: Any, replicate_rest: bool = True) ->
     for name in found:
         check_experts(modules[name], name, ep)
     experts = modules[found[0]].gate_up_proj.shape[0]
-    parallelize_module(model, mesh, {name: expert_parallel_style() for name in found})
+    parallelize_module(model, mesh, {name: expert_parallel_style(load) for name in found})
     if replicate_rest:
         _replicate_rest(model, mesh)  # one optimizer steps the experts' DTensor shards beside the rest (as under tp)
     return [f"expert parallel over {ep} ranks, as torchtitan's ExpertParallel: {_generic(found[0])} gate_up_proj and "
             f"down_proj Shard(0) ({experts // ep} of the {experts} experts a rank), the token-expert pairs sent to "
             "their experts' rank and back by two all-to-alls, put in expert-major order there and back (permute, "
-            f"unpermute); the router and the rest whole on every rank; {ROUTING}"]
+            f"unpermute); the router and the rest whole on every rank; "
+            + (ROUTING if load == 1 else LOADED.format(load=load))]
 
 
 # --- FSDP2 ------------------------------------------------------------------------------------------------------

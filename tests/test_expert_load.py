@@ -1,0 +1,117 @@
+"""--expert-load F under --ep E (traced/expert_parallel.py's routes): the busiest expert-parallel rank, rank 0, receives
+⌈F·S⌉ of its S = B·T·k balanced token-expert pairs, every rank sending it an even part; the rest of each rank's pairs
+spread evenly over the other ranks. memory answers from that rank's step derived from traces (derived/, keyed by the
+load; a load of 1 keeps the balanced key), and under --pp replays it stage by stage. On a 5-layer Mixtral cut the
+derived figures equal the traced rank's to the byte."""
+
+from __future__ import annotations
+
+import pytest
+
+from paramscope.cost.parallel.layout import ParallelLayout
+from paramscope.cost.traced.expert_parallel import busiest_pairs, routes, splits
+from paramscope.errors import OptionError, UnsupportedError
+
+MICRO, SEQ = 2, 32
+
+
+def _mixtral(layers: int = 5):
+    import transformers as T
+
+    return T.MixtralConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                           intermediate_size=128, vocab_size=256, num_hidden_layers=layers, num_local_experts=4,
+                           num_experts_per_tok=2, architectures=["MixtralForCausalLM"])
+
+
+def test_the_busiest_rank_receives_f_times_its_share_and_the_others_the_rest():
+    # balanced (F = 1): today's splits, sent and received alike
+    assert routes(10, 4, 1, 0) == (splits(10, 4), splits(10, 4)) == ([3, 3, 2, 2], [3, 3, 2, 2])
+    # F = 1.5 over 4 ranks of 128 pairs each: rank 0 receives 192, 48 from every rank, each of which spreads its
+    # other 80 over the 3 others (27, 27, 26): they receive 4·S − 192 = 320 between them, fewer than S each
+    sent, received = routes(128, 4, 1.5, 0)
+    assert (sent, received) == ([48, 27, 27, 26], [48, 48, 48, 48]) and sum(received) == busiest_pairs(128, 4, 1.5)
+    assert [sum(routes(128, 4, 1.5, r)[1]) for r in (1, 2, 3)] == [108, 108, 104]
+    # the decimal as written (1.1 × 10 = 11, not float's 11.000000000000002 → 12); capped at every pair, F = ep
+    assert busiest_pairs(10, 2, 1.1) == 11 and busiest_pairs(7, 2, 2) == 14 and routes(7, 2, 2, 0)[0] == [7, 0]
+    # a load of 1 is today's layout: the same words, and (estimate.check_expert_load) today's balanced answer
+    assert ParallelLayout(dp=2, ep=2, expert_load=1.0).words() == ParallelLayout(dp=2, ep=2).words() == \
+        "dp 2 = 2 devices; ep 2 over the data-parallel ranks"
+
+
+@pytest.mark.parametrize("load, forward, backward", [(1.5, 7_578_160, 7_581_744), (2, 8_367_664, 8_387_120)])
+def test_the_busiest_rank_derived_equals_its_trace(cache, load, forward, backward):
+    """`--dp 2 --ep 2 --expert-load F`, 2 × 32 tokens, bf16-mixed: derived (traced at 4 layers, checked at 5) and
+    traced (--trace: rank 0 of the real class with that routing) equal to the byte in forward and backward; the
+    balanced closed form named beside, below it."""
+    from paramscope.cost.memory.training import TrainingOptions, training_answer
+
+    _, estimate, _ = training_answer(_mixtral(), TrainingOptions(
+        batch=MICRO, seq=SEQ, precision="bf16-mixed", fits=False, trace=True,
+        layout=ParallelLayout(dp=2, ep=2, expert_load=load)), use_cache=False)
+    device = estimate.training.device
+    derived = {p.phase: p.bytes for p in device.phases}
+    traced = {p.phase: p.bytes for p in device.traced.phases}
+    assert device.activations_from.startswith("derived")
+    assert (derived["forward"], derived["backward"]) == (traced["forward"], traced["backward"]) == (forward, backward)
+    # the step's moment is the states' (not traced): the traced rank's 8 B a token of ids and int32 offsets of the
+    # experts it does not hold, as under balanced routing (test_expert_parallel.py)
+    assert traced["optimizer step"] - derived["optimizer step"] == 8 * MICRO * SEQ + 4 * 2 * 5
+    assert any(n.startswith(f"expert load {load:g} (a convention") and "the others are not the peak" in n
+               for n in device.notes)
+    assert any(n.startswith("balanced routing (--expert-load 1") for n in device.notes)
+
+
+def test_pipeline_stages_replay_the_busiest_rank(cache):
+    """`--dp 2 --ep 2 --pp 3 --expert-load 1.5`, 3 microbatches of 2 × 32, 1F1B: each stage replayed from the busiest
+    rank's derived recipe equals the stage traced with that routing (held, forward peak, first backward's peak);
+    balanced, the same stages hold 2,969,648 / 1,971,232 / 624,656 B (test_pipeline_expert_parallel.py)."""
+    from paramscope.cost.memory.training import TrainingOptions, training_answer
+
+    layout = ParallelLayout(dp=2, ep=2, pp=3, micro_batches=3, schedule="1f1b", expert_load=1.5)
+    _, estimate, _ = training_answer(_mixtral(), TrainingOptions(
+        batch=3 * MICRO, seq=SEQ, precision="bf16-mixed", layout=layout, fits=False, trace=True), use_cache=False)
+    device = estimate.training.device
+    gaps = []
+    for row, traced in zip(device.stages, device.traced):
+        replayed = row.replayed
+        assert (replayed.held, replayed.forward_peak, replayed.peak) == (traced.held, traced.forward_peak,
+                                                                          traced.peak), row.rank
+        gaps.append((traced.later_peak - traced.after_backward) -
+                    (replayed.later_peak - replayed.after_first_backward))
+    # a later backward (1F1B's steady state): traced above the replay on the middle stage (69,640 B balanced) and
+    # the last (0 balanced), named in the output; not isolated
+    assert gaps == [0, 70_152, 3_328]
+    assert [r.replayed.held for r in device.stages] == [3_857_456, 2_563_104, 772_624]
+    index = next(b for b in device.comm if b.name == "expert parallel's permute index")
+    assert index.bytes == 3 * 2 * 8 * 192  # 3 in flight × 2 MoE layers × int64 × ⌈1.5 · 2·32·2⌉
+    assert any("the busiest rank's: 1.5 × its balanced token-expert pairs" in n and "70,152 B above" in n
+               for n in estimate.notes)
+
+
+@pytest.mark.parametrize("layout, why", [
+    (dict(dp=2, ep=2, expert_load=2.5), "expert_load must be from 1 to ep 2"),
+    (dict(dp=2, ep=2, expert_load=0.5), "expert_load must be from 1 to ep 2"),
+    (dict(dp=2, expert_load=1.5), "expert_load 1.5 needs expert parallelism"),
+])
+def test_a_load_out_of_range_is_refused_in_one_line(layout, why):
+    with pytest.raises(OptionError, match=why) as err:
+        ParallelLayout(**layout).check()
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("layout, experts, why", [
+    (dict(dp=2, ep=2, tp=2, expert_load=1.5), True, "expert load 1.5: the busiest expert-parallel rank is derived"),
+    (dict(dp=2, ep=2, shard="fsdp", expert_load=1.5), True, "beside data parallel \\(ZeRO 0-2\\)"),
+    (dict(dp=2, ep=2, expert_load=2), False, "expert load 2: GPT2LMHeadModel has no routed experts"),
+])
+def test_a_load_the_derivation_does_not_take_is_refused_in_one_line(layout, experts, why):
+    from types import SimpleNamespace
+
+    from paramscope.cost.parallel.estimate import check_expert_load
+
+    ctx = SimpleNamespace(layout=ParallelLayout(**layout), derive=True,
+                          view=SimpleNamespace(class_name="MixtralForCausalLM" if experts else "GPT2LMHeadModel"))
+    with pytest.raises(UnsupportedError, match=why) as err:
+        check_expert_load(ctx, (SimpleNamespace(experts_split=experts),))
+    assert "\n" not in str(err.value)
+    assert check_expert_load(SimpleNamespace(layout=ParallelLayout(dp=2, ep=2)), ()) is False  # balanced: as today
