@@ -296,10 +296,14 @@ def ring_output_copies(ctx: StepContext, batch: int, seq: int) -> tuple[int, str
     the ring makes besides (the all-gathered K and V, the fp32 merge, the backward's fp32 dq/dk/dv and their
     all-to-all) is freed inside the attention, under the logits' moments. The rest (q, k, v, the 16-bit output, the
     fp32 log-sum-exp: (B, heads, S/cp, 1) for flash's (B, heads, S/cp), the same bytes) is the one-device step's.
-    Traced (torch's ring on the fake process group, cost/traced/context_parallel.py): a 2-layer Llama cut, cp 2 and
-    4, equal to the byte."""
+    Where 2·cp does not divide S torch does not balance the load: no partial update, no cat, the output keeps the
+    kernel's layout and the reshape is a view (rank 0 traced: no copy), so (0, ""). Traced (torch's ring on the fake
+    process group, cost/traced/context_parallel.py): a 2-layer Llama cut, cp 2 and 4, balanced and not, equal to
+    the byte."""
     from ..dims import config_int
 
+    if seq % (2 * ctx.layout.cp):
+        return 0, ""
     heads, _, head_dim, size = _attention_dims(ctx)
     layers = config_int(ctx.text, "num_hidden_layers") or 0
     local = seq // ctx.layout.cp

@@ -358,14 +358,14 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
     notes: tuple[str, ...] = ()
     if layout.cp > 1:
         notes += ("context parallel's closed form: the one-device recipe at S / cp tokens, and what torch's ring "
-                  "attention keeps beyond it, its merged output copied for o_proj in each layer (the merge leaves it "
-                  "heads-major); the ring's other buffers (every rank's K and V all-gathered, the fp32 merge, the "
-                  "backward's fp32 dq/dk/dv and their all-to-all) are freed inside each attention, under the logits' "
-                  "moments, and not counted. Held to the rank traced on torch's ring (cost/traced/context_parallel.py):"
-                  " an 8-layer Llama cut, cp 2 and 4, B 2 and 4, 2,048 and 4,096 tokens, 8 B under it, the "
-                  "one-device recipe's own 8 B at S / cp tokens (its start of backward is 8·B·S/cp − 8 B over, as at "
-                  "one device); beside --tp or --sp not traced (the traced ring runs alone); --cp alone answers with "
-                  "the rank derived from that ring" + (
+                  "attention keeps beyond it, its merged output copied for o_proj in each layer (where 2·cp divides "
+                  "S the balanced merge leaves it heads-major); the ring's other buffers (every rank's K and V "
+                  "all-gathered, the fp32 merge, the backward's fp32 dq/dk/dv and their all-to-all) are freed inside "
+                  "each attention, under the logits' moments, and not counted. Held to the rank traced on torch's "
+                  "ring (cost/traced/context_parallel.py): an 8-layer Llama cut, cp 2 and 4, B 2 and 4, 2,048 and "
+                  "4,096 tokens, 8 B under it, the one-device recipe's own 8 B at S / cp tokens (its start of "
+                  "backward is 8·B·S/cp − 8 B over, as at one device); beside --tp or --sp not traced (the traced "
+                  "ring runs alone); --cp alone answers with the rank derived from that ring" + (
                       "; with checkpointing the recomputed layer's copy is not counted" if checkpointing else ""),)
     if layout.sp:
         size = 2 if ctx.precision == "bf16-pure" else 4
