@@ -83,7 +83,9 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
         if derived is NEEDS_BUILD:
             return None
         if isinstance(derived, str) and loaded:  # the balanced closed form is not the busiest rank's answer
-            raise UnsupportedError(derived.replace(": the closed form answers", ""))
+            raise UnsupportedError("expert load {load:g}: the busiest rank is answered from its step derived from "
+                                   "traces of short cuts, and {why}", load=layout.expert_load,
+                                   why=derived.replace(": the closed form answers", ""))
         if isinstance(derived, str):
             declined = derived
         else:
