@@ -885,10 +885,10 @@ def search(report: Any, view: Any, options: SearchOptions, flops_check: Any = No
                      "recipe; a layout memory refuses is named as not answered, with its reason")
     elif fitting or not_fitting:
         notes.append("each layout's peak is the analytic per-device closed form (instant); memory --dp D --zero fsdp "
-                     "(no pipeline) and --cp C alone answer from a rank derived from traces instead, which also "
-                     "counts FSDP2's in-backward buffers (the root unit's unsharded gradients) and torch's ring "
-                     "attention's, so its figure can be higher (llama-3-8b, 8 × H100, 512 tokens: dp 8 34.37 GiB "
-                     "here, 36.19 GiB derived and traced); a layout near the GPU's limit is worth memory's answer")
+                     "(no pipeline) answers from a rank derived from traces instead, which also counts FSDP2's "
+                     "in-backward buffers (the root unit's unsharded gradients), so its figure can be higher "
+                     "(llama-3-8b, 8 × H100, 512 tokens: dp 8 34.37 GiB here, 36.19 GiB derived and traced); a "
+                     "layout near the GPU's limit is worth memory's answer")
     if state.spent or state.not_derived:
         made = [derivation_words(key) for key in state.derived if key[0] != "device"]
         notes.append(f"ranks' steps derived from traces for this search (or read from the cache): {state.spent} of at "
