@@ -132,7 +132,7 @@ def test_every_registered_display_names_a_page_that_exists():
             assert len(inspect.signature(function).parameters) == arity, (type_name, target)
     classes = {"Report": "paramscope.report", "MemoryEstimate": "paramscope.cost.memory.result",
                "FlopEstimate": "paramscope.cost.flops.result", "Plan": "paramscope.plan",
-               "ServeSpeed": "paramscope.cost.speed.roofline"}
+               "ServeSpeed": "paramscope.cost.speed.roofline", "LayoutSearch": "paramscope.cost.parallel.search"}
     assert set(PAGES) == set(classes)
     for type_name, module in classes.items():
         assert hasattr(importlib.import_module(module), type_name)
