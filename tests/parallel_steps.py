@@ -24,3 +24,13 @@ def derived_and_traced(config, layout, *, batch=2, seq=64, precision="bf16-mixed
                                      dp=layout.dp if fsdp else 1, shard="fsdp" if fsdp else "none", tp=layout.tp,
                                      sp=layout.sp)
     return estimate, traced
+
+
+def small_mixtral(layers: int = 5):
+    """The Mixtral cut the pipeline and expert-parallel tests trace: hidden 64, 4 heads (2 KV heads, head_dim 16),
+    4 experts of width 128, top-2, a 256-token vocabulary."""
+    import transformers as T
+
+    return T.MixtralConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                           intermediate_size=128, vocab_size=256, num_hidden_layers=layers, num_local_experts=4,
+                           num_experts_per_tok=2, architectures=["MixtralForCausalLM"])

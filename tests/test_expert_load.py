@@ -11,16 +11,9 @@ import pytest
 from paramscope.cost.parallel.layout import ParallelLayout
 from paramscope.cost.traced.expert_parallel import busiest_pairs, routes, splits
 from paramscope.errors import OptionError, UnsupportedError
+from parallel_steps import small_mixtral
 
 MICRO, SEQ = 2, 32
-
-
-def _mixtral(layers: int = 5):
-    import transformers as T
-
-    return T.MixtralConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                           intermediate_size=128, vocab_size=256, num_hidden_layers=layers, num_local_experts=4,
-                           num_experts_per_tok=2, architectures=["MixtralForCausalLM"])
 
 
 def test_the_busiest_rank_receives_f_times_its_share_and_the_others_the_rest():
@@ -45,7 +38,7 @@ def test_the_busiest_rank_derived_equals_its_trace(cache, load, forward, backwar
     balanced closed form named beside, below it."""
     from paramscope.cost.memory.training import TrainingOptions, training_answer
 
-    _, estimate, _ = training_answer(_mixtral(), TrainingOptions(
+    _, estimate, _ = training_answer(small_mixtral(), TrainingOptions(
         batch=MICRO, seq=SEQ, precision="bf16-mixed", fits=False, trace=True,
         layout=ParallelLayout(dp=2, ep=2, expert_load=load)), use_cache=False)
     device = estimate.training.device
@@ -68,7 +61,7 @@ def test_pipeline_stages_replay_the_busiest_rank(cache):
     from paramscope.cost.memory.training import TrainingOptions, training_answer
 
     layout = ParallelLayout(dp=2, ep=2, pp=3, micro_batches=3, schedule="1f1b", expert_load=1.5)
-    _, estimate, _ = training_answer(_mixtral(), TrainingOptions(
+    _, estimate, _ = training_answer(small_mixtral(), TrainingOptions(
         batch=3 * MICRO, seq=SEQ, precision="bf16-mixed", layout=layout, fits=False, trace=True), use_cache=False)
     device = estimate.training.device
     gaps = []

@@ -13,22 +13,15 @@ import pytest
 
 from paramscope.cost.parallel.layout import ParallelLayout
 from paramscope.errors import UnsupportedError
+from parallel_steps import small_mixtral
 
 MICRO, SEQ, HIDDEN, EP = 2, 32, 64, 2
-
-
-def _mixtral():
-    import transformers as T
-
-    return T.MixtralConfig(hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                           intermediate_size=128, vocab_size=256, num_hidden_layers=5, num_local_experts=4,
-                           num_experts_per_tok=2, architectures=["MixtralForCausalLM"])
 
 
 def test_pp_ep_stages_replay_the_expert_parallel_rank_and_equal_its_traced_stages(cache):
     from paramscope.cost.memory.training import TrainingOptions, training_answer
 
-    config = _mixtral()
+    config = small_mixtral()
     layout = ParallelLayout(dp=EP, ep=EP, pp=3, micro_batches=3, schedule="1f1b")
     _, estimate, _ = training_answer(config, TrainingOptions(
         batch=3 * MICRO, seq=SEQ, precision="bf16-mixed", layout=layout, fits=False, trace=True), use_cache=False)

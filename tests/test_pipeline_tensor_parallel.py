@@ -13,16 +13,9 @@ from __future__ import annotations
 import pytest
 
 from paramscope.cost.parallel.layout import ParallelLayout
+from parallel_steps import small_mixtral
 
 MICRO, SEQ, HIDDEN, TP = 2, 32, 64, 2
-
-
-def _mixtral():
-    import transformers as T
-
-    return T.MixtralConfig(hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                           intermediate_size=128, vocab_size=256, num_hidden_layers=5, num_local_experts=4,
-                           num_experts_per_tok=2, architectures=["MixtralForCausalLM"])
 
 
 def _recipes(cache):
@@ -43,7 +36,7 @@ def test_tp_pp_stages_replay_the_tensor_parallel_rank_s_recipe(cache):
     from paramscope.cost.traced.pipeline_stage import trace_stage
     from paramscope.cost.traced.step import StepSettings
 
-    config = _mixtral()
+    config = small_mixtral()
     layout = ParallelLayout(tp=TP, sp=True, pp=3, micro_batches=3, schedule="1f1b")
     _, estimate, view = training_answer(config, TrainingOptions(
         batch=3 * MICRO, seq=SEQ, precision="bf16-mixed", layout=layout, fits=False), use_cache=False)

@@ -10,7 +10,7 @@ from ..memory import binary as bytes_text
 from ..treemap import TRAINABLE, active_share, module_treemap
 from .gpus import serving_layout, serving_layout_rows, serving_sections
 from .layout_parts import PART_COLORS, rules_table, stage_bars, stages_table, versus_bars
-from .page import (FONT, GROUP_COLORS, LEGEND_ABOVE, Section, color_key, escape, figure, html_page, notes_section,
+from .page import (FONT, LEGEND_ABOVE, Section, color_key, escape, figure, html_page, notes_section, role_bars,
                    small_multiple, subtitle, totals_table, treemap_figure)
 
 if TYPE_CHECKING:
@@ -525,17 +525,8 @@ def _flop_totals(estimate, compute) -> str:
 
 def _flop_bars(estimate) -> dict:
     terms = sorted(estimate.terms, key=lambda t: t.flops)
-    colors = [GROUP_COLORS.get(t.role.split(".")[0], "#79706e") if t.role != "attention.scores" else "#e15759"
-              for t in terms]
-    trace = {"type": "bar", "orientation": "h", "y": [t.role for t in terms], "x": [t.flops for t in terms],
-             "marker": {"color": colors},
-             "customdata": [f"{exact(t.flops)} FLOPs ({t.flops / estimate.forward * 100:.2f}%)<br>"
-                            f"{escape(t.arithmetic)}" for t in terms],
-             "hovertemplate": "<b>%{y}</b><br>%{customdata}<extra></extra>"}
-    layout = {"height": 80 + 26 * len(terms), "margin": {"t": 10, "l": 10, "r": 10, "b": 40},
-              "xaxis": {"title": {"text": "forward FLOPs"}, "tickformat": ".3s"}, "yaxis": {"automargin": True},
-              "font": FONT}
-    return {"data": [trace], "layout": layout}
+    return role_bars(terms, [f"{exact(t.flops)} FLOPs ({t.flops / estimate.forward * 100:.2f}%)<br>"
+                             f"{escape(t.arithmetic)}" for t in terms], "forward FLOPs")
 
 
 def _flop_curve(estimate) -> dict:

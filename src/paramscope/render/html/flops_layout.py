@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ...explain import exact
 from ..flops import RECOMPUTE_WORDS, device_title
-from .page import FONT, GROUP_COLORS, LEGEND_ABOVE, Section, escape, figure
+from .page import FONT, LEGEND_ABOVE, Section, escape, figure, role_bars
 
 _STAGE_COLORS = {"forward": "#4e79a7", "backward": "#f28e2b", "recompute": "#bab0ac"}
 
@@ -98,17 +98,8 @@ def _totals_table(device, compute) -> str:
 
 def _role_bars(device) -> dict:
     terms = sorted((t for t in device.terms if t.flops), key=lambda t: t.flops)
-    colors = [GROUP_COLORS.get(t.role.split(".")[0], "#79706e") if t.role != "attention.scores" else "#e15759"
-              for t in terms]
-    trace = {"type": "bar", "orientation": "h", "y": [t.role for t in terms], "x": [t.flops for t in terms],
-             "marker": {"color": colors},
-             "customdata": [f"{exact(t.flops)} FLOPs ({100 * t.flops / device.forward:.2f}% of the device's forward)"
-                            f"<br>{escape(t.rule)}" for t in terms],
-             "hovertemplate": "<b>%{y}</b><br>%{customdata}<extra></extra>"}
-    layout = {"height": 80 + 26 * len(terms), "margin": {"t": 10, "l": 10, "r": 10, "b": 40},
-              "xaxis": {"title": {"text": "the device's forward FLOPs a step"}, "tickformat": ".3s"},
-              "yaxis": {"automargin": True}, "font": FONT}
-    return {"data": [trace], "layout": layout}
+    return role_bars(terms, [f"{exact(t.flops)} FLOPs ({100 * t.flops / device.forward:.2f}% of the device's "
+                             f"forward)<br>{escape(t.rule)}" for t in terms], "the device's forward FLOPs a step")
 
 
 def _stage_name(stage) -> str:

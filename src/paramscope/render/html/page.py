@@ -161,6 +161,20 @@ def notes_section(notes) -> Section:
     return Section("Notes", "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>", open=False)
 
 
+def role_bars(terms, hover: list[str], axis_title: str) -> dict:
+    """FLOPs by role as horizontal bars, smallest first, coloured by role group (the attention scores apart):
+    `terms` have .role and .flops, `hover` each one's second line (already escaped)."""
+    colors = [GROUP_COLORS.get(t.role.split(".")[0], "#79706e") if t.role != "attention.scores" else "#e15759"
+              for t in terms]
+    trace = {"type": "bar", "orientation": "h", "y": [t.role for t in terms], "x": [t.flops for t in terms],
+             "marker": {"color": colors}, "customdata": hover,
+             "hovertemplate": "<b>%{y}</b><br>%{customdata}<extra></extra>"}
+    layout = {"height": 80 + 26 * len(terms), "margin": {"t": 10, "l": 10, "r": 10, "b": 40},
+              "xaxis": {"title": {"text": axis_title}, "tickformat": ".3s"}, "yaxis": {"automargin": True},
+              "font": FONT}
+    return {"data": [trace], "layout": layout}
+
+
 def figure(spec: dict, div_id: str, *, modebar: bool = True) -> str:
     """A <div> and the script that draws `spec` in it (plotly.js is in the page's head, or the fragment's);
     `modebar` False: without plotly's toolbar (small multiples).
