@@ -157,7 +157,7 @@ def test_the_fewest_devices_search_is_bounded(monkeypatch, capsys):
     assert main(["memory", "llama-3-8b", "--training", "--find-layout", "--gpu", "h100", "--devices", "6"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "fewest devices found to fit: 4 (dp 1 · pp 2 · cp 2" in text and "1: the model states alone" in text
-    assert "2: none of its 1 layouts tried fits (3 more passed over on a lower bound" in text
+    assert "2: none of its 1 layout tried fits (3 more passed over on a lower bound" in text
     assert "3: not tried (the search below the first power of two" in text
 
 

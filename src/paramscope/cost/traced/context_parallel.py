@@ -72,7 +72,7 @@ def ring_attention(mesh: Any, seq: int) -> Iterator[str]:
                + "), the CPU flash kernel as its per-block attention; the rank runs its S / cp tokens")
         if not calls:  # eager attention, or another kernel: the rank would attend to its own tokens alone
             raise UnsupportedError("context parallel: the step never called F.scaled_dot_product_attention (eager or "
-                                   "another attention), so torch's ring did not run; --attention sdpa runs it")
+                                   "another attention), so torch's ring did not run; the sdpa attention runs it")
     finally:
         F.scaled_dot_product_attention = original
         options.enable_load_balance = before
