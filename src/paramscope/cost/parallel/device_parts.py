@@ -183,14 +183,23 @@ def check_analytic(ctx: StepContext, what: str) -> str:
                                "parallelism alone (without tp, FSDP2 or ep beside it)",
                                what=what, cls=ctx.view.class_name)
     if ctx.layout.cp > 1:
-        from ..dims import attention_dropout
-
-        if attention_dropout(ctx.text):
-            raise UnsupportedError("context parallelism with attention dropout (S² terms) is not modelled")
+        refuse_attention_dropout(ctx)
         if ctx.seq % ctx.layout.cp:
             raise UnsupportedError("context parallelism splits the sequence: cp {cp} does not divide {seq:,}",
                                    cp=ctx.layout.cp, seq=ctx.seq)
     return recipe
+
+
+def refuse_attention_dropout(ctx: StepContext) -> None:
+    """Context parallelism with attention dropout, refused in one line naming the rate: torch's ring attention runs
+    without dropout, and the dropout mask's S² terms have no per-rank form here."""
+    from ..dims import attention_dropout
+
+    rate = attention_dropout(ctx.text)
+    if rate:
+        raise UnsupportedError("context parallelism with attention dropout {rate:g} (S² terms) is not modelled: "
+                               "torch's ring attention runs without dropout; the same config with its attention "
+                               "dropout at 0 is answered", rate=rate)
 
 
 def encoder_refusal(ctx: StepContext) -> str:

@@ -25,7 +25,7 @@ from ..memory.phases import PhaseFigure, moment_phases
 from .device import DeviceMemory, StepContext, NEEDS_BUILD
 from .device_parts import (
     check_analytic, device_states_of, encoder_refusal, expert_dispatch, fsdp_buffers, hidden_size, local_activations,
-    local_recipe_missing, local_shape, resident_bytes, ring_chunk_bytes, ring_output_copies,
+    local_recipe_missing, local_shape, refuse_attention_dropout, resident_bytes, ring_chunk_bytes, ring_output_copies,
     sequence_parallel_norm_gradients, tied_bytes, whole_embedding_gradient, with_buffers, with_norm_gradients,
     with_ring_outputs, with_whole_gradient
 )
@@ -111,6 +111,10 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
                                declined=declined.replace(": the closed form answers", "")) from err
     if declined:
         device = dataclasses.replace(device, notes=device.notes + (declined,))
+    if layout.ep > 1 and not any(p.experts_split for p in placements):
+        device = dataclasses.replace(device, notes=device.notes + (
+            f"ep {layout.ep}: {ctx.view.class_name} has no routed experts, so expert parallelism cuts nothing: each "
+            "rank runs as a data-parallel one",))
     if layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1:
         device = dataclasses.replace(device, notes=device.notes + (
             "FSDP2: the root unit (embeddings, final norm, head) stays gathered through the step and one layer's "
@@ -259,7 +263,7 @@ def _ring_derivable(ctx: StepContext) -> bool:
 def check_context_parallel(ctx: StepContext) -> None:
     """The context-parallel layouts a derived rank does not answer, each in one line: an encoder, cp not dividing S,
     S that 2·cp does not divide (torch's context_parallel then runs unbalanced: not derived), attention dropout."""
-    from ..dims import attention_dropout, config_int
+    from ..dims import config_int
 
     why = encoder_refusal(ctx) if not getattr(ctx.view, "can_generate", True) else ""
     if why:
@@ -272,8 +276,7 @@ def check_context_parallel(ctx: StepContext) -> None:
         raise UnsupportedError("context parallel {cp} at {seq:,} tokens: torch's context_parallel balances the load "
                                "(two chunks a rank) only where 2·cp divides S, and the rank's step is derived in that "
                                "regime; use a length that 2·cp = {two} divides", cp=cp, seq=ctx.seq, two=2 * cp)
-    if attention_dropout(ctx.text):
-        raise UnsupportedError("context parallelism with attention dropout (S² terms) is not modelled")
+    refuse_attention_dropout(ctx)
     for key in ("sliding_window", "attention_chunk_size"):
         window = config_int(ctx.text, key)
         if window and ctx.seq > window:
