@@ -80,7 +80,7 @@ BERT = dict(model_type="bert", architectures=["BertForMaskedLM"], hidden_size=64
 
 
 @pytest.mark.parametrize("config, seq, layout, words", [
-    (dict(GPT2, attn_pdrop=0.1), 64, dict(devices=2, cp=2), "attention dropout 0.1 (S² terms)"),
+    (dict(GPT2, attn_pdrop=0.1), 64, dict(devices=2, cp=2), "attention dropout 0.1 "),
     (dict(GPT2, attn_pdrop=0.1), 66, dict(devices=2, cp=2), "2·cp = 4 divides"),
     (BERT, 64, dict(devices=2, cp=2), "bidirectional"),
     (dict(GPT2, attn_pdrop=0.1), 64, dict(devices=4, tp=2, cp=2), "context parallelism alone"),
