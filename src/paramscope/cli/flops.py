@@ -70,6 +70,9 @@ def add_parser(subparsers: Any) -> None:
         "schedule": "pipeline schedule (default 1f1b; interleaved with --virtual-stages): sets the bubble",
         "cp": "context parallel: S / C query tokens a rank against all S keys (causal: the load-balanced split)",
         "ep": "expert parallel over the data-parallel ranks (balanced routing: expert FLOPs unchanged)"})
+    parser.add_argument("--expert-load", type=float, metavar="F",
+                        help="with --ep: the busiest expert-parallel rank receives F × its balanced token-expert pairs "
+                             "(1 ≤ F ≤ E; default 1, balanced routing): its FLOPs, the layout's step time's")
     parser.add_argument("--trace", action="store_true",
                         help="also count with torch's FlopCounterMode on fake tensors and show the agreement")
     parser.add_argument("--json", action="store_true",
@@ -135,13 +138,14 @@ def _layout(args: argparse.Namespace) -> Any:
     the devices a throughput or an assumed MFU divides the peak over)."""
     from ..cost.parallel.layout import layout_for
 
-    given = (args.dp, args.micro_batches, args.schedule)
+    given = (args.dp, args.micro_batches, args.schedule, args.expert_load)
     if all(v is None for v in given) and (args.tp, args.ep, args.pp, args.cp, args.virtual_stages, args.sp) == \
             (1, 1, 1, 1, 1, False):
         return None
     return layout_for(devices=args.devices, dp=args.dp, tp=args.tp, sp=args.sp, pp=args.pp,
                       micro_batches=args.micro_batches, schedule=args.schedule, virtual_stages=args.virtual_stages,
-                      ep=args.ep, cp=args.cp, batch=args.batch)
+                      ep=args.ep, cp=args.cp, batch=args.batch,
+                      expert_load=1.0 if args.expert_load is None else args.expert_load)
 
 
 def compute_devices(args: argparse.Namespace, estimate: Any) -> int:

@@ -225,7 +225,9 @@ def _device_parts(device, compute) -> list:
     totals.add_row("Σ over a replica", exact(device.devices_sum), sci(device.devices_sum),
                    f"over the {replicas}: the model's {exact(device.replica)}" +
                    (f" + {exact(device.duplicated)} duplicated (matmuls kept whole on every tp rank, counted once "
-                    "a rank)" if device.duplicated else ", exactly"))
+                    "a rank)" if device.duplicated else ", exactly") +
+                   (f"; at balanced routing (the busiest rank's load moves pairs between ep ranks: its forward is "
+                    f"{exact(device.loaded)} above its balanced share)" if device.pairs else ""))
     out.append(totals)
     if layout.pp > 1:
         stages = Table(title=f"Pipeline stages ({device.split}); bubble {100 * device.bubble:.1f}% of the step "
@@ -254,7 +256,7 @@ def _device_to_dict(device, compute) -> dict[str, Any] | None:
         "layout": {"dp": layout.dp, "tp": layout.tp, "sp": layout.sp, "pp": layout.pp,
                    "micro_batches": layout.micro_batches, "schedule": layout.schedule,
                    "virtual_stages": layout.virtual_stages, "cp": layout.cp, "ep": layout.ep,
-                   "devices": layout.devices, "words": layout.words()},
+                   "expert_load": layout.expert_load, "devices": layout.devices, "words": layout.words()},
         "batch": device.batch, "seq": device.seq, "tokens": device.tokens,
         "stage": device.stage, "tp_rank": 0,
         "forward": device.forward, "backward": device.backward, "step": device.step,
@@ -268,6 +270,8 @@ def _device_to_dict(device, compute) -> dict[str, Any] | None:
                     "step": s.step, "recompute": s.recompute} for s in device.stages],
         "replica": device.replica, "devices_sum": device.devices_sum, "duplicated": device.duplicated,
         "recompute_sum": device.recompute_sum,
+        "loaded": device.loaded,
+        "pairs": {"busiest": device.pairs[0], "balanced": device.pairs[1]} if device.pairs else None,
         "bubble": device.bubble, "split": device.split or None,
         "mfu": compute.device_mfu, "hfu": compute.device_hfu,
         "conventions": list(device.conventions),

@@ -19,7 +19,11 @@ sequences, so m microbatches make the replica's batch), at its context-parallel 
   context_parallel), whose ranks do equal work: each 1/cp of the masked scores, under the full or half convention.
 - expert parallel (ep): balanced routing assumed: the tokens' top-k assignments spread evenly over the experts, so a
   rank's E/ep experts receive k/E of its group's tokens × ep: the same expert FLOPs as without ep (all-to-all moves
-  tokens, not FLOPs).
+  tokens, not FLOPs). Under an uneven load (`layout.expert_load` F > 1, traced/expert_parallel.py's routes) the
+  busiest rank's experts receive ⌈F·S⌉ of its balanced S = (batch / m)·S_tokens·k token-expert pairs a MoE layer and
+  microbatch, so each routed expert weight's FLOPs on it are its balanced ones × ⌈F·S⌉ / S (a grouped matmul costs
+  2 × rows × in × out, whatever the groups); the others receive fewer (not the busiest). A layout's step ends when
+  its busiest rank's does: its figures are the ones shown, and the MFU per device is its.
 - pipeline (pp): each stage its layers (embeddings on the first, final norm and head on the last); the bubble,
   (pp − 1) / (v·m + pp − 1) of the step, is idle time, in the step time and not in the FLOPs.
 - recompute: the backward's rerun of flash attention's scores (½ × the scores' forward) and, with full gradient
@@ -31,6 +35,8 @@ The invariant (tested exactly): over the tp × pp × cp devices of one data-para
     Σ device model FLOPs = the model's FLOPs at the replica's batch + Σ over whole-kept matmuls (copies − 1) × theirs
 
 where copies is tp for a replicated weight, tp / kv for a KV projection replicated past the kv heads, 1 for a cut.
+Under an uneven expert load the sum is at balanced routing (the ep ranks' pairs sum to the same; the busiest rank's
+own figures are above its balanced share by `loaded`).
 """
 
 from __future__ import annotations
@@ -88,7 +94,7 @@ class DeviceFlops:
     forward: int
     backward: int | None  # model FLOPs (training)
     recompute: int | None  # hardware FLOPs beyond the model's (training)
-    stages: tuple[StageFlops, ...]
+    stages: tuple[StageFlops, ...]  # each stage's busiest rank
     replica: int  # the model's FLOPs for the replica's batch: step (training) or forward
     devices_sum: int  # Σ over the replica's tp × pp × cp devices of their model FLOPs
     duplicated: int  # what the whole-kept matmuls add to that sum: Σ (copies − 1) × their FLOPs
@@ -97,6 +103,8 @@ class DeviceFlops:
     split: str  # the pipeline split in words ("" without one)
     conventions: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
+    loaded: int = 0  # under an uneven expert load: forward FLOPs the busiest rank runs beyond its balanced share
+    pairs: tuple[int, int] | None = None  # under an uneven expert load: (⌈F·S⌉, S) token-expert pairs a MoE layer
 
     @property
     def step(self) -> int:
@@ -130,6 +138,11 @@ def device_flops(estimate: Any, parts: Any, report: Any, view: Any, layout: Para
                                why="; ".join(estimate.notes[-1:]) or "frozen or unused weights")
     tp, cp, pp = layout.tp, layout.cp, layout.pp
     seq = estimate.seq
+    load = layout.expert_load if layout.ep > 1 else 1
+    if load != 1 and (tp > 1 or cp > 1):
+        raise UnsupportedError("expert load {load:g}: the busiest expert-parallel rank's FLOPs are counted (and "
+                               "checked against a traced rank with that routing) with expert parallel beside data "
+                               "parallel and pipeline stages; got {layout}", load=load, layout=layout.words())
     if cp > 1:
         chunks = 2 * cp if causal_model else cp
         if seq % chunks:
@@ -201,15 +214,28 @@ def device_flops(estimate: Any, parts: Any, report: Any, view: Any, layout: Para
 
     fused = parts.fused_attention
     multiplier = 3 if training else 1  # forward + backward (2 × forward) for what trains
+    pairs = None
+    if load != 1:
+        from ..dims import dim
+        from ..traced.expert_parallel import busiest_pairs
 
-    def on_device(stage: Stage, rank: int) -> tuple[dict[str, int], int, int]:
-        """(forward by role, forward, recompute) of tp rank `rank` of `stage`, for one cp rank."""
+        if not any(placement is not None and placement.experts_split for *_, placement in weights):
+            raise UnsupportedError("expert load {load:g}: {name} has no routed experts for the ep ranks to share",
+                                   load=load, name=view.class_name)
+        balanced = estimate.batch // layout.micro_batches * seq * (dim(config, "top_k") or 0)
+        pairs = (busiest_pairs(balanced, layout.ep, load), balanced)  # a MoE layer's, a microbatch
+
+    def on_device(stage: Stage, rank: int, routed: tuple[int, int] | None) -> tuple[dict[str, int], int, int]:
+        """(forward by role, forward, recompute) of tp rank `rank` of `stage`, for one cp rank; `routed`: (pairs
+        received, balanced pairs) of the busiest ep rank, or None for balanced routing."""
         roles: dict[str, int] = {}
         recompute = 0
         for role, flops, where, rerun, placement in weights:
             if where != stage.rank:
                 continue
             numerator, denominator, _ = cut(placement, rank)
+            if routed is not None and placement is not None and placement.experts_split:
+                numerator, denominator = numerator * routed[0], denominator * routed[1]
             share = exact(flops, numerator, denominator * cp)
             roles[role] = roles.get(role, 0) + share
             if checkpointing and rerun:
@@ -226,14 +252,16 @@ def device_flops(estimate: Any, parts: Any, report: Any, view: Any, layout: Para
     devices_sum = recompute_sum = 0
     for stage in plan:
         for rank in range(tp):
-            roles, forward, recompute = on_device(stage, rank)
+            roles, forward, recompute = on_device(stage, rank, None)
             devices_sum += cp * multiplier * forward
             recompute_sum += cp * recompute
             if rank == 0:
-                per_stage.append((stage, roles, forward, recompute))
+                per_stage.append((stage, roles, forward, recompute) if pairs is None else
+                                 (stage, *on_device(stage, rank, pairs), forward))
     duplicated = sum(multiplier * flops * (cut(placement, 0)[2] - 1) for _, flops, _, _, placement in weights)
     worst = max(per_stage, key=lambda entry: (entry[2], -entry[0].rank))
-    stage, roles, forward, recompute = worst
+    stage, roles, forward, recompute = worst[:4]
+    loaded = forward - worst[4] if pairs is not None else 0
 
     whole_by_role: dict[str, int] = {}
     rules_of: dict[str, dict[str, int]] = {}  # role → its weights' rules in words → copies
@@ -241,8 +269,10 @@ def device_flops(estimate: Any, parts: Any, report: Any, view: Any, layout: Para
         whole_by_role[role] = whole_by_role.get(role, 0) + flops
         rules_of.setdefault(role, {})[_rule_words(placement, tp)] = cut(placement, 0)[2]
     split_experts = {role for role, *_, placement in weights if placement is not None and placement.experts_split}
-    rule_by_role = {role: ("; ".join(rules) + (f"; experts / ep {layout.ep}, balanced routing: the same FLOPs"
-                                               if role in split_experts else ""), max(rules.values()))
+    routing = (f"; experts / ep {layout.ep}, the busiest rank: ⌈{load:g}·S⌉ = {pairs[0]:,} of its balanced "
+               f"S = {pairs[1]:,} token-expert pairs a layer" if pairs is not None else
+               f"; experts / ep {layout.ep}, balanced routing: the same FLOPs")
+    rule_by_role = {role: ("; ".join(rules) + (routing if role in split_experts else ""), max(rules.values()))
                     for role, rules in rules_of.items()}
     if estimate.attention:
         whole_by_role["attention.scores"] = estimate.attention
@@ -252,14 +282,14 @@ def device_flops(estimate: Any, parts: Any, report: Any, view: Any, layout: Para
 
     stage_figures = tuple(StageFlops(s.rank, (min(s.layers), max(s.layers)) if s.layers else None, len(s.layers),
                                      s.first, s.last, f, 2 * f if training else None, r if training else None)
-                          for s, _, f, r in per_stage)
+                          for s, _, f, r, *_ in per_stage)
     return DeviceFlops(layout, estimate.batch, seq, estimate.batch * seq // cp, stage.rank, terms, forward,
                        2 * forward if training else None, recompute if training else None, stage_figures,
                        estimate.step if training else estimate.forward, devices_sum, duplicated,
                        recompute_sum if training else None, bubble(layout),
                        split_words(layout, len(kinds)) if pp > 1 else "",
                        _conventions(layout, causal_model, estimate.causal, weights, tp,
-                                    [name for name, *_ in parts.matmuls]), ())
+                                    [name for name, *_ in parts.matmuls], pairs), (), loaded, pairs)
 
 
 def _rule_words(placement: Placement | None, tp: int) -> str:
@@ -273,7 +303,7 @@ def _rule_words(placement: Placement | None, tp: int) -> str:
 
 
 def _conventions(layout: ParallelLayout, causal_model: bool, causal: str, weights: list, tp: int,
-                 names: list[str]) -> tuple[str, ...]:
+                 names: list[str], pairs: tuple[int, int] | None) -> tuple[str, ...]:
     out = []
     if tp > 1:
         def kept(placement: Placement | None) -> bool:
@@ -302,7 +332,15 @@ def _conventions(layout: ParallelLayout, causal_model: bool, causal: str, weight
                      f"{2 * layout.cp}, Megatron's and torch's), whose ranks do equal work, so each does the "
                      f"average, 1 / {layout.cp} of the {'halved' if causal == 'half' else 'full'} scores")
         out.append(text)
-    if layout.ep > 1:
+    if pairs is not None:
+        load, ep = layout.expert_load, layout.ep
+        out.append(f"expert parallel, an uneven load (a convention, --expert-load {load:g}): the busiest rank's "
+                   f"experts (/ {ep}) receive {load:g} × its balanced share, ⌈{load:g}·S⌉ = {pairs[0]:,} of S = "
+                   f"B·T·k = {pairs[1]:,} token-expert pairs a MoE layer{' and microbatch' if layout.pp > 1 else ''}"
+                   f", so its expert FLOPs are × {pairs[0]:,} / {pairs[1]:,}; the other {ep - 1} ranks receive "
+                   f"{ep * pairs[1] - pairs[0]:,} between them, fewer than S each. A step ends when its busiest rank's "
+                   "does: the figures (and the MFU per device) are that rank's, and the step time of the layout is its")
+    elif layout.ep > 1:
         out.append(f"expert parallel: balanced routing assumed: each rank's routed experts (/ {layout.ep}) receive "
                    "an even share of its group's top-k assignments, so a device's expert FLOPs are its own "
                    "tokens' top-k share, as without ep (the all-to-all moves tokens, not FLOPs)")

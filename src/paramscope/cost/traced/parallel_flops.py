@@ -25,16 +25,17 @@ class RankFlops:
     backward: int | None  # as counted: model FLOPs plus the fused attention's recomputed scores
 
 
-def count_rank_flops(module: Any, settings: StepSettings, *, tp: int, sp: bool = False, rank: int = 0,
-                     training: bool = True) -> RankFlops:
+def count_rank_flops(module: Any, settings: StepSettings, *, tp: int = 1, sp: bool = False, rank: int = 0,
+                     training: bool = True, ep: int = 1, load: float = 1) -> RankFlops:
     """One forward (and backward) of tp rank `rank` of `module` (meta-built, not modified), at `settings.batch`
-    sequences of `settings.seq` tokens."""
+    sequences of `settings.seq` tokens; or, with `ep`, expert-parallel rank `rank` over ep data-parallel ranks
+    (torchtitan's ExpertParallel, traced/expert_parallel.py), rank 0 the busiest under a `load` above 1."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from .parallel import check_layout, parallel_copy
     from .step import loss_of, running, training_inputs
 
-    layout = check_layout(1, "none", tp, sp, rank)
+    layout = check_layout(ep, "none", tp, sp, rank, ep, 1, load)
     settings = dataclasses.replace(settings, grad_checkpointing=False)
     with parallel_copy(module, settings, layout) as (model, _notes, _assumed):
         model.train(training)
