@@ -133,7 +133,8 @@ def add_layout_options(parser: argparse.ArgumentParser, title: str, helps: dict[
     dashes) says what each degree does to the command's figures, the pipeline's microbatches and chunks said once
     here. Returns the argument group (memory adds --shard-group to it)."""
     helps = {"micro-batches": "microbatches a step under --pp (default: the batch, one sequence each)",
-             "virtual-stages": "interleaved schedule: layer chunks a device holds (default 1)", **helps}
+             "virtual-stages": "interleaved schedule: layer chunks a device holds (V ≥ 2; default 1, no interleaving)",
+             **helps}
     group = parser.add_argument_group(title)
     group.add_argument("--dp", type=int, metavar="N", help=helps["dp"])
     group.add_argument("--tp", type=int, default=1, metavar="T", help=helps["tp"])

@@ -55,8 +55,9 @@ def add_parser(subparsers: Any) -> None:
                         help="measured throughput over all devices: gives the MFU")
     parser.add_argument("--mfu", type=float, metavar="X", help="an assumed MFU (0.4): gives the time for --tokens")
     parser.add_argument("--devices", type=int, metavar="N",
-                        help="devices (default 1): alone, what --tokens-per-second and --mfu divide the peak over; "
-                             "with a layout, its total (dp = N / (tp × pp × cp) when --dp is not given)")
+                        help="devices (default 1): alone, what --tokens-per-second and --mfu divide the peak over "
+                             "(with --step-seconds, dp N, as memory reads it); with a layout, its total (dp = N / "
+                             "(tp × pp × cp) when --dp is not given)")
     parser.add_argument("--step-seconds", type=float, metavar="S",
                         help="a measured training step's time: the MFU (and, under a layout, each device's)")
     add_layout_options(parser, "multi-GPU layout: one device's FLOPs per step (--batch is each data-parallel "
@@ -96,6 +97,13 @@ def run(args: argparse.Namespace) -> int:
             raise OptionError(f"--tokens must be a count between 1 and 1e17, got {args.tokens:g}")
         tokens = int(args.tokens)
     layout = _layout(args)
+    # a step's time is one layout's: --devices N alone is then N data-parallel replicas, as memory reads it
+    # (elsewhere --devices alone is what a throughput or an assumed MFU divides the peak over, as it always was)
+    as_dp = layout is None and args.step_seconds is not None and (args.devices or 1) > 1
+    if as_dp:
+        from ..cost.parallel.layout import layout_for
+
+        layout = layout_for(devices=args.devices)
     devices = args.devices if args.devices is not None else (layout.devices if layout is not None else 1)
     options = FlopOptions(batch=args.batch, seq=args.seq, training=args.training,
                           grad_checkpointing=args.grad_checkpointing, causal=args.causal, freeze=tuple(args.freeze),
@@ -117,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     report, estimate, compute, view = flop_answer(source, options, not args.no_cache, model_class=args.model_class,
                                                   task=args.task, num_labels=args.num_labels,
                                                   trust_remote_code=args.trust_remote_code)
-    _show(args, report, estimate, compute, width, tokens)
+    _show(args, report, estimate, compute, width, tokens, as_dp)
     if not args.no_cache and not args.trust_remote_code:
         record_after_build(report, source, model_class=args.model_class, task=args.task,
                            num_labels=args.num_labels, module=view.module, build_dtype=None, debug=args.debug)
@@ -155,7 +163,7 @@ def compute_devices(args: argparse.Namespace, estimate: Any) -> int:
 
 
 def _show(args: argparse.Namespace, report: Any, estimate: Any, compute: Any, width: int | None,
-          tokens: int | None) -> None:
+          tokens: int | None, as_dp: bool) -> None:
     if args.html is not None:
         from ..render.html.cost import render_flops_html
 
@@ -175,4 +183,6 @@ def _show(args: argparse.Namespace, report: Any, estimate: Any, compute: Any, wi
         return
     from ..render.flops import render_flops_text
 
-    write(render_flops_text(report, estimate, compute, width, color=use_color()))
+    said = (f"--devices {args.devices:,} read as dp {args.devices:,} (data-parallel replicas), as memory reads it: "
+            "--step-seconds is one step of a layout",) if as_dp else ()
+    write(render_flops_text(report, estimate, compute, width, color=use_color(), notes=said))

@@ -30,11 +30,13 @@ def sci(value: float | int) -> str:
     return f"{value:.3e}".replace("e+", "e")
 
 
-def render_flops_text(report, estimate, compute, width: int = 100, *, color: bool = False) -> str:
-    return to_text(flops_parts(report, estimate, compute), width, color)
+def render_flops_text(report, estimate, compute, width: int = 100, *, color: bool = False,
+                      notes: tuple[str, ...] = ()) -> str:
+    """`notes`: what the command adds about how it read its flags (--devices N read as dp N), after the answer's."""
+    return to_text(flops_parts(report, estimate, compute, notes), width, color)
 
 
-def flops_parts(report, estimate, compute) -> list:
+def flops_parts(report, estimate, compute, notes: tuple[str, ...] = ()) -> list:
     training = estimate.backward is not None
     title = Text(f"FLOPs of {'a training step of ' if training else 'a forward pass of '}{report.model.label} "
                  f"({report.model.class_name}): {estimate.engine} engine", style="bold")
@@ -47,7 +49,7 @@ def flops_parts(report, estimate, compute) -> list:
         lines += [Text(""), *_device_parts(estimate.device, compute)]
     if compute.tokens is not None or compute.mfu is not None or compute.seconds is not None:
         lines += [Text(""), _compute_lines(estimate, compute)]
-    for note in (*estimate.notes, *compute.notes):
+    for note in (*estimate.notes, *compute.notes, *notes):
         lines.append(indented(f"note: {note}"))
     causal = ("attention scores and weighted sum counted in full (no causal halving; FlopCounterMode's and PaLM's "
               "convention)" if estimate.causal == "full" else

@@ -94,6 +94,11 @@ class ParallelLayout:
             raise OptionError("{0} > 1 needs the interleaved schedule", "virtual_stages")
         if self.schedule == "interleaved" and self.pp == 1:
             raise OptionError("the interleaved schedule needs pipeline stages: give pp > 1", "schedule")
+        # one chunk a device is 1F1B under another name; torchtitan refuses it for a multi-stage schedule and
+        # Megatron interleaves only when given its chunks, so V is asked for rather than taken silently
+        if self.schedule == "interleaved" and self.virtual_stages == 1:
+            raise OptionError("{0} interleaved needs {1} V ≥ 2, the layer chunks each device holds (with 1 it is "
+                              "1F1B; torchtitan takes 2 when not told)", "schedule", "virtual_stages")
         if self.micro_batches > 1 and self.pp == 1:
             raise OptionError("{0} split a batch across pipeline stages: give pp > 1", "micro_batches")
         load = self.expert_load
