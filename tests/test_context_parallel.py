@@ -83,7 +83,7 @@ BERT = dict(model_type="bert", architectures=["BertForMaskedLM"], hidden_size=64
     (dict(GPT2, attn_pdrop=0.1), 64, dict(devices=2, cp=2), "attention dropout 0.1 "),
     (dict(GPT2, attn_pdrop=0.1), 66, dict(devices=2, cp=2), "2·cp = 4 divides"),
     (BERT, 64, dict(devices=2, cp=2), "bidirectional"),
-    (dict(GPT2, attn_pdrop=0.1), 64, dict(devices=4, tp=2, cp=2), "context parallelism alone"),
+    (dict(GPT2, attn_pdrop=0.1), 64, dict(devices=4, tp=2, cp=2), "attention dropout 0.1 "),
 ], ids=["dropout", "unbalanced", "encoder", "beside tp"])
 def test_cp_refusals(config, seq, layout, words):
     with pytest.raises(ParamscopeError, match=words):

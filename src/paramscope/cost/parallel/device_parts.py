@@ -35,6 +35,11 @@ def resident_bytes(dev: DeviceStates, buffers: int) -> int:
     return dev.weights + dev.optimizer + dev.master_weights + buffers
 
 
+def fsdp_sharded(layout: Any) -> bool:
+    """Whether FSDP2 (full or hybrid) shards the layout's parameters over more than one rank."""
+    return layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
+
+
 def local_recipe_missing(ctx: StepContext) -> bool:
     from .activations import local_recipe
 
@@ -180,7 +185,7 @@ def check_analytic(ctx: StepContext, what: str) -> str:
                                "shard covers the Llama-style family (its recipe keeps heads, widths and tokens "
                                "apart), and a step derived from traces with the layout applied covers FSDP2, "
                                "tensor parallelism where transformers or Megatron's names give a plan, and context "
-                               "parallelism alone (without tp, FSDP2 or ep beside it)",
+                               "parallelism beside tp and FSDP2 (not beside ep or sequence parallelism)",
                                what=what, cls=ctx.view.class_name)
     if ctx.layout.cp > 1:
         refuse_attention_dropout(ctx)

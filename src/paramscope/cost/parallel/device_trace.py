@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from .device import DeviceMemory, StepContext
+from .device_parts import fsdp_sharded
 from .pipeline import layer_stack_of
 
 
@@ -25,8 +26,9 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     elif layout.pp > 1:
         why = "pipeline parallelism has no traced engine here (its figures are checked against torch's schedules " \
               "in tests)"
-    elif layout.cp > 1 and (layout.tp > 1 or layout.ep > 1 or layout.shard in ("fsdp", "hsdp")):
-        why = "context parallelism is traced alone: no tensor, expert or FSDP sharding beside it"
+    elif layout.cp > 1 and (layout.ep > 1 or layout.sp or fsdp_sharded(layout) and layout.shard_degree % layout.cp):
+        why = "context parallelism is traced beside tp and FSDP2 over dp × cp ranks, not beside ep or sequence " \
+              "parallelism"
     elif layout.ep > 1 and (layout.tp > 1 or layout.dp != layout.ep or layout.shard_degree > 1 and
                             layout.shard != "fsdp"):
         why = "expert parallelism is traced over every data-parallel rank (--ep equal to dp), without tensor " \
@@ -35,18 +37,18 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
         why = "DeepSpeed's ZeRO is not traced (no DeepSpeed here); --zero fsdp is"
     if why:
         return dataclasses.replace(device, notes=device.notes + (f"--trace: no rank traced: {why}",))
-    fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
+    fsdp = fsdp_sharded(layout)
     settings = StepSettings(batch=ctx.batch, seq=ctx.seq, precision=ctx.precision, optimizer=ctx.optimizer,
                             attention=ctx.attention, frozen=ctx.frozen, weights_dtype=ctx.weights_dtype,
                             own_dtype=ctx.own)
     traced = trace_parallel_training(ctx.view.module, settings, dp=layout.ep if layout.ep > 1 else
-                                     layout.shard_degree if fsdp else 1, shard="fsdp" if fsdp else "none",
+                                     layout.shard_degree // layout.cp if fsdp else 1, shard="fsdp" if fsdp else "none",
                                      tp=layout.tp, sp=layout.sp, ep=layout.ep, cp=layout.cp,
                                      load=layout.expert_load)
     top = traced.peak
     diff = (device.peak - top.bytes) / top.bytes if top.bytes else 0.0
     engine = "derived" if device.activations_from.startswith("derived") else "analytic"
-    applied = "torch's ring attention" if layout.cp > 1 else "FSDP2 and DTensor"
+    applied = "FSDP2, DTensor and torch's ring attention" if layout.cp > 1 else "FSDP2 and DTensor"
     note = (f"check: rank 0's step traced on torch's fake process group ({applied}, MemTracker): peak "
             f"{top.bytes:,} B in {top.phase}; the {engine} {device.peak:,} B is {100 * diff:+.3f}% from it")
     return dataclasses.replace(device, traced=traced, notes=device.notes + (note,) + tuple(traced.notes))

@@ -24,8 +24,9 @@ from ...errors import ParamscopeError, UnsupportedError
 from ..memory.phases import PhaseFigure, moment_phases
 from .device import DeviceMemory, StepContext, NEEDS_BUILD
 from .device_parts import (
-    check_analytic, device_states_of, encoder_refusal, expert_dispatch, fsdp_buffers, hidden_size, local_activations,
-    local_recipe_missing, local_shape, refuse_attention_dropout, resident_bytes, ring_chunk_bytes, ring_output_copies,
+    check_analytic, device_states_of, encoder_refusal, expert_dispatch, fsdp_buffers, fsdp_sharded, hidden_size,
+    local_activations, local_recipe_missing, local_shape, refuse_attention_dropout, resident_bytes, ring_chunk_bytes,
+    ring_output_copies,
     sequence_parallel_norm_gradients, tied_bytes, whole_embedding_gradient, with_buffers, with_norm_gradients,
     with_ring_outputs, with_whole_gradient
 )
@@ -64,20 +65,12 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     layout = ctx.layout
     placements = placements_for(ctx.report, ctx.view, layout)
     rules = rules_in_words(placements, layout)
-    fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
-    # context parallel: the rank derived from torch's own ring, traced, for every class whose ring runs there (the
-    # Llama family's closed form, the recipe at S / cp tokens and the ring's kept output copies, equals it on a Llama
-    # cut but for the one-device recipe's own bytes); the closed form beside it as a check, and
-    # answering alone where the ring is not derived (2·cp not dividing S, say)
     # an uneven expert load: the busiest ep rank's step derived from traces with its experts cut and that routing
     # (the balanced closed form beside, as the comparison); a pipeline replays that rank's recipe (pipeline_device)
     loaded = check_expert_load(ctx, placements)
     derivable = ctx.derive and layout.pp == 1 and (loaded or layout.ep == 1 and (
-        layout.cp == 1 and (fsdp or layout.tp > 1 and local_recipe_missing(ctx)) or
-        layout.cp > 1 and layout.tp == 1 and not fsdp and (local_recipe_missing(ctx) or _ring_derivable(ctx))))
+        _ring_rank_derived(ctx) if layout.cp > 1 else _sharded_rank_derived(ctx)))
     declined = ""
-    if derivable and layout.cp > 1:
-        check_context_parallel(ctx)
     if derivable:
         derived = _derived_device(ctx, placements, rules)
         if derived is NEEDS_BUILD:
@@ -186,12 +179,14 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     from .experts import load_words
 
     layout = ctx.layout
-    fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
-    # a context-parallel rank: (dp, shard, tp, sp, rank, ep, cp), traced alone on rank 0 (traced/parallel.py)
+    fsdp = fsdp_sharded(layout)
+    # a context-parallel rank: (dp, shard, tp, sp, rank, ep, cp) on rank 0 (traced/parallel.py), beside tp, and
+    # FSDP2 over the shard degree's dp × cp ranks (torchtitan's dp_shard_cp): dp = shard degree / cp in the trace
     # an expert-parallel rank under an uneven load: (dp, shard, tp, sp, rank, ep, cp, load) with dp == ep, rank 0
     # the busiest (traced/expert_parallel.py); the data-parallel ranks beyond ep run the same step
     loaded = layout.ep > 1 and layout.expert_load != 1
-    traced = ((1, "none", 1, False, 0, 1, layout.cp) if layout.cp > 1 else
+    traced = ((layout.shard_degree // layout.cp if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, False, 0, 1,
+               layout.cp) if layout.cp > 1 else
               (layout.ep, "none", 1, False, 0, layout.ep, 1, layout.expert_load) if loaded else
               (layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp))
     settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
@@ -226,10 +221,12 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         where = "forward" if index == 0 else "backward"
         phases = phases[:index] + (dataclasses.replace(phase, arithmetic=step.recipe.words(
             where, ctx.batch, ctx.seq)),) + phases[index + 1:]
-    applied = ("torch's context_parallel ring attention, rank 0" if layout.cp > 1 else
-               f"torchtitan's ExpertParallel over ep {layout.ep}, rank 0 the busiest" if loaded else
-               f"{'FSDP2' if fsdp else ''}{' and ' if fsdp and layout.tp > 1 else ''}"
-               f"{'DTensor tensor parallel' if layout.tp > 1 else ''}{' with sequence parallel' if layout.sp else ''}")
+    applied = (f"torchtitan's ExpertParallel over ep {layout.ep}, rank 0 the busiest" if loaded else " and ".join(
+        ([f"FSDP2{' over dp × cp = ' + str(layout.shard_degree) + ' ranks' if layout.cp > 1 else ''}"] if fsdp
+         else []) +
+        ([f"DTensor tensor parallel{' with sequence parallel' if layout.sp else ''}"] if layout.tp > 1 else []) +
+        (["torch's context_parallel ring attention" + (" on the tp rank's heads" if layout.tp > 1 else "")]
+         if layout.cp > 1 else [])) + (", rank 0" if layout.cp > 1 else ""))
     notes = [f"one rank's step derived from traces of the real class on torch's fake process group ({applied}): "
              f"{step.recipe.traced}; {step.recipe.check}"]
     if layout.cp > 1:
@@ -252,6 +249,27 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     return device, at
 
 
+def _sharded_rank_derived(ctx: StepContext) -> bool:
+    """No context parallel: FSDP2's rank is derived for every class (its in-backward buffers are in no closed form),
+    a tensor-parallel rank for the classes without the closed form on a rank's shard."""
+    return fsdp_sharded(ctx.layout) or ctx.layout.tp > 1 and local_recipe_missing(ctx)
+
+
+def _ring_rank_derived(ctx: StepContext) -> bool:
+    """Context parallel, alone or beside tp and FSDP2 (torchtitan's composition; traced/parallel.py): the rank is
+    derived from torch's own ring, traced, for every class whose ring runs there. A class without the closed form is
+    refused here in one line where the ring is not derived (check_context_parallel); the Llama family's closed form
+    (the recipe at S / cp tokens and the ring's kept output copies, equal to the ring on a Llama cut but for the
+    one-device recipe's own bytes) is the check beside it, and answers alone where the ring is not derived (2·cp
+    not dividing S, sequence parallel)."""
+    if ctx.layout.sp:  # the ring is not traced beside sequence parallel: the closed form, or its refusal
+        return False
+    if local_recipe_missing(ctx):
+        check_context_parallel(ctx)
+        return True
+    return _ring_derivable(ctx)
+
+
 def _ring_derivable(ctx: StepContext) -> bool:
     try:
         check_context_parallel(ctx)
@@ -269,6 +287,10 @@ def check_context_parallel(ctx: StepContext) -> None:
     if why:
         raise UnsupportedError(why)
     cp = ctx.layout.cp
+    if fsdp_sharded(ctx.layout) and ctx.layout.shard_degree % cp:
+        raise UnsupportedError("context parallel {cp} beside hybrid sharding over {ranks} ranks: torchtitan shards "
+                               "over dp_shard × cp ranks, which cp does not divide here", cp=cp,
+                               ranks=ctx.layout.shard_degree)
     if ctx.seq % cp:
         raise UnsupportedError("context parallelism splits the sequence: cp {cp} does not divide {seq:,}", cp=cp,
                                seq=ctx.seq)

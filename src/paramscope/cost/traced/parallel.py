@@ -51,6 +51,7 @@ from typing import Any, Iterator
 from ... import progress
 from ...errors import OptionError, UnsupportedError
 from ..dims import dim, text_config
+from .context_parallel import ring_attention
 from .conv1d_parallel import (COLWISE_QKV as CONV1D_QKV, STYLES as CONV1D_STYLES, check_fused_qkv, conv1d_rule,
                               conv1d_style, localize_attention, sharded_axis)
 from .expert_parallel import LOADED, ROUTING, check_experts, expert_parallel_style
@@ -107,9 +108,10 @@ def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1,
     not divide (a vocabulary over tp, dim 0 over dp: the last ranks hold fewer rows, FSDP2 pads them alike). `ep`:
     the routed experts split over the dp ranks as torchtitan's ExpertParallel splits them (expert_parallel.py,
     balanced routing); it takes every dp rank (ep == dp) and no FSDP2. `cp`: the sequence split over cp ranks by
-    torch's context_parallel (context_parallel.py; alone: dp, tp and ep 1), `settings.seq` the whole sequence, the
-    rank running its S / cp tokens. `load`: under ep, rank 0 the busiest, receiving load × its balanced pairs
-    (expert_parallel.py)."""
+    torch's context_parallel (context_parallel.py), `settings.seq` the whole sequence, the rank running its S / cp
+    tokens; beside tp and dp as torchtitan lays them out: a (dp, cp, tp) mesh, the ring over cp on the rank's local
+    heads, FSDP2 over the flattened (dp, cp) ranks (its dp_shard_cp); not beside ep or sp. `load`: under ep, rank 0
+    the busiest, receiving load × its balanced pairs (expert_parallel.py)."""
     layout = check_layout(dp, shard, tp, sp, rank, ep, cp, load)
     with progress.status(f"tracing one training step of {type(module).__name__} on rank {rank} of "
                          f"{layout.describe()} (fake process group, MemTracker)"):
@@ -145,9 +147,10 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, 
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp * tp * cp:
         raise OptionError("{0} must be an integer between 0 and {last} ({ranks} - 1), got {value!r}", "rank",
                           last=dp * tp * cp - 1, ranks=ranks, value=rank)
-    if cp > 1 and (dp > 1 or tp > 1 or ep > 1):
-        raise UnsupportedError(f"context parallel is traced alone (dp, tp and ep 1: the rank's step is the same on "
-                               f"each data-parallel replica without FSDP2); got cp {cp}, dp {dp}, tp {tp}, ep {ep}")
+    if cp > 1 and (ep > 1 or sp):
+        raise UnsupportedError(f"context parallel is traced beside data parallel (FSDP2 over dp × cp, as "
+                               f"torchtitan's dp_shard_cp) and tensor parallel without sequence parallel, not beside "
+                               f"ep or sp; got cp {cp}, ep {ep}, sp {sp}")
     if ep > 1 and (ep != dp or tp > 1):
         raise UnsupportedError(f"expert parallel is traced over every data-parallel rank without tensor parallel "
                                f"(ep == dp, tp 1); got ep {ep}, dp {dp}, tp {tp}")
@@ -183,13 +186,15 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
     dist.init_process_group("fake", rank=layout.rank, world_size=layout.world, store=FakeStore())
     _clear_sharding_caches()
     try:
-        if layout.cp > 1:
-            with _context_parallel_copy(module, settings, layout) as made:
-                yield made
-            return
         with _mesh_tables_real(), _propagation_unseen():
             # the mesh and its submeshes are made outside FakeTensorMode (their rank tables are real tensors)
-            if layout.ep > 1 and layout.shard == "fsdp":
+            ring_mesh = None
+            if layout.cp > 1:  # torchtitan's mesh: (dp, cp, tp); FSDP2 over the flattened (dp, cp), the ring over cp
+                mesh = init_device_mesh("cpu", (layout.dp, layout.cp, layout.tp), mesh_dim_names=("dp", "cp", "tp"))
+                dp_mesh, tp_mesh, experts_mesh, ring_mesh = (
+                    mesh["dp", "cp"]._flatten("dp_shard_cp") if layout.shard == "fsdp" else mesh["dp"], mesh["tp"],
+                    None, mesh["cp"])
+            elif layout.ep > 1 and layout.shard == "fsdp":
                 # expert parallel under FSDP2, laid out as torchtitan lays it out: the experts' own FSDP2 unit over
                 # the dp / ep ranks that hold the same experts (one here, ep == dp), a mesh dimension beside the ep one
                 mesh = init_device_mesh("cpu", (1, layout.dp), mesh_dim_names=("dp_mod_ep", "dp"))
@@ -213,30 +218,14 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
                         notes += apply_fsdp(model, dp_mesh, settings, experts_mesh)
                     elif layout.dp > 1:
                         notes.append(_replication_note(model, layout.dp))
-                yield model, notes, assumed
+                if ring_mesh is None:
+                    yield model, notes, assumed
+                    return
+                with ring_attention(ring_mesh, settings.seq) as ring:
+                    notes += [f"{settings.seq // layout.cp:,} of the {settings.seq:,} tokens on the rank", ring]
+                    yield model, notes, assumed
     finally:
         dist.destroy_process_group()
-
-
-@contextmanager
-def _context_parallel_copy(module: Any, settings: StepSettings,
-                           layout: Layout) -> Iterator[tuple[Any, list[str], Any]]:
-    """The fake working copy whole on the rank (context parallelism shards no parameter), its attention routed to
-    torch's ring over a ("cp",) mesh while the caller runs the rank's S / cp tokens."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from .context_parallel import ring_attention
-
-    with _mesh_tables_real():
-        mesh = init_device_mesh("cpu", (layout.cp,), mesh_dim_names=("cp",))
-        with fake_mode(True) as mode, assumed_values(True) as assumed:
-            model = training_copy(module, mode, settings)
-            with ring_attention(mesh, settings.seq) as ring:
-                notes = [f"rank {layout.rank} of {layout.world} ({layout.describe()}) on a fake process group: "
-                         "collectives move no data but allocate their outputs, so every tensor the rank holds is "
-                         f"counted; batch {settings.batch}, {settings.seq // layout.cp:,} of the {settings.seq:,} "
-                         "tokens on the rank", ring]
-                yield model, notes, assumed
 
 
 def _clear_sharding_caches() -> None:

@@ -1,0 +1,72 @@
+"""Context parallelism beside tensor parallelism and FSDP2 (issue 28, --cp with --tp / --zero fsdp), composed as
+torchtitan composes them: a (dp, cp, tp) device mesh, parallelize_module's plan on the tp submesh, torch's ring
+attention on the cp submesh over the rank's local heads, FSDP2 over the flattened (dp, cp) ranks (dp_shard_cp). One
+rank traced on torch's fake process group; the rank derived from such traces (derived/, keyed by the layout) equal to
+it to the byte; the Llama family's closed form beside it, the one-device recipe's own 8 B under it."""
+
+from __future__ import annotations
+
+import pytest
+
+from paramscope.cost.memory.training import TrainingOptions, training_answer
+from paramscope.cost.parallel.layout import layout_for
+from paramscope.cost.traced.parallel import trace_parallel_training
+from paramscope.cost.traced.step import StepSettings
+from paramscope.errors import ParamscopeError
+
+from test_context_parallel import GPT2, LLAMA
+
+
+def _answer(config, layout, **options):
+    return training_answer(config, TrainingOptions(batch=2, seq=64, precision="bf16-mixed", layout=layout_for(
+        **layout), fits=False, **options), use_cache=False)
+
+
+def _traced(view, **layout):
+    settings = StepSettings(batch=2, seq=64, precision="bf16-mixed", optimizer="adamw")
+    return trace_parallel_training(view.module, settings, **layout)
+
+
+@pytest.mark.parametrize("config, layout, traced, peak", [
+    (GPT2, dict(devices=4, cp=2, tp=2), dict(cp=2, tp=2), 4_627_256),
+    (GPT2, dict(devices=4, dp=2, cp=2, zero="fsdp"), dict(cp=2, dp=2, shard="fsdp"), 4_612_408),
+    (LLAMA, dict(devices=4, cp=2, tp=2), dict(cp=2, tp=2), 3_056_428),
+], ids=["gpt2 cp×tp", "gpt2 cp×fsdp", "llama cp×tp"])
+def test_the_derived_rank_equals_the_traced_rank(config, layout, traced, peak):
+    """FSDP2 shards over dp × cp = 4 ranks: the trace's dp is 2 (its flattened mesh), the derived layout's shard
+    degree 4."""
+    _, estimate, view = _answer(config, layout)
+    device = estimate.training.device
+    assert device.activations_from.startswith("derived")
+    step = _traced(view, **traced)
+    assert estimate.peak == device.peak == step.peak.bytes == peak
+    assert [p.bytes for p in device.phases[:2]] == [p.bytes for p in step.phases[:2]]
+    notes = " ".join(device.notes)
+    assert "torch's context_parallel ring attention" in notes and "equal to the byte" in notes
+    if "tp" in traced:
+        assert "on the tp rank's heads" in notes
+    else:
+        assert "FSDP2 over dp × cp = 4 ranks" in notes
+
+
+def test_the_llama_closed_form_beside_cp_and_tp():
+    """The closed form on the (cp, tp) rank's shard is the traced peak less the one-device recipe's own 8 B."""
+    _, closed, _ = _answer(LLAMA, dict(devices=4, cp=2, tp=2), derive_layout=False)
+    assert closed.training.device.activations_from.startswith("analytic")
+    assert closed.peak == 3_056_428 - 8
+
+
+def test_a_derived_class_beside_sequence_parallel_is_refused():
+    """The ring is not traced beside sequence parallelism, and GPT-2 has no closed form on a rank's shard."""
+    with pytest.raises(ParamscopeError, match="not beside ep or sequence parallelism"):
+        training_answer(GPT2, TrainingOptions(batch=1, seq=64, layout=layout_for(devices=4, cp=2, tp=2, sp=True)),
+                        use_cache=False)
+
+
+@pytest.mark.parametrize("layout", [dict(cp=2, tp=2, sp=True), dict(cp=2, dp=2, ep=2)], ids=["sp", "ep"])
+def test_the_trace_refuses_the_ring_beside_ep_or_sp(layout):
+    from paramscope.cost.traced.parallel import check_layout
+
+    with pytest.raises(ParamscopeError, match="not beside ep or sp"):
+        check_layout(layout.get("dp", 1), "none", layout.get("tp", 1), layout.get("sp", False), 0,
+                     layout.get("ep", 1), layout["cp"])
