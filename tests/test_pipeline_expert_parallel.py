@@ -9,10 +9,7 @@ layers keep, a microbatch in flight."""
 
 from __future__ import annotations
 
-import pytest
-
 from paramscope.cost.parallel.layout import ParallelLayout
-from paramscope.errors import UnsupportedError
 from parallel_steps import small_mixtral
 
 MICRO, SEQ, HIDDEN, EP = 2, 32, 64, 2
@@ -57,12 +54,4 @@ def test_pp_ep_stages_replay_the_expert_parallel_rank_and_equal_its_traced_stage
     assert index.bytes == worst.in_flight * worst.layer_count * 8 * MICRO * SEQ * 2
     assert any("expert-parallel rank's derived step (ep 2" in n for n in estimate.notes)
     assert any("check: stage 0 traced" in n and "(equal)" in n for n in device.notes)
-
-    # with tensor parallel too: the expert-parallel rank's step is traced without it, refused in one line (the
-    # one-device recipe read from this test's cache: no trace)
-    with pytest.raises(UnsupportedError, match="pipeline parallelism with expert and tensor parallelism for "
-                                               "MixtralForCausalLM is not modelled"):
-        training_answer(config, TrainingOptions(batch=3 * MICRO, seq=SEQ, precision="bf16-mixed", fits=False,
-                                                layout=ParallelLayout(dp=EP, ep=EP, tp=2, pp=3, micro_batches=3)),
-                        use_cache=False)
 

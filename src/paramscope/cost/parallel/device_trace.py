@@ -66,8 +66,8 @@ def traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     # tensor parallel: rank 0's stage, the copy sharded on torch's fake process group; expert parallel (where the
     # class has routed experts to cut: the rules say so): its experts sharded over ep ranks as the replayed step's
     experts = layout.ep > 1 and any("experts / ep" in words for words in device.rules.values())
-    parallel = check_layout(1, "none", layout.tp, layout.sp, 0) if layout.tp > 1 else \
-        check_layout(layout.ep, "none", 1, False, 0, layout.ep, 1, layout.expert_load) if experts else None
+    parallel = check_layout(layout.ep, "none", layout.tp, layout.sp, 0, layout.ep, 1, layout.expert_load) \
+        if experts else check_layout(1, "none", layout.tp, layout.sp, 0) if layout.tp > 1 else None
     if layout.virtual_stages > 1:
         return dataclasses.replace(device, notes=device.notes + (
             "--trace: no stage traced: an interleaved stage's chunks are bounded by the largest, not traced",))

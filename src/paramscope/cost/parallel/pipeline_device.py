@@ -185,11 +185,6 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     # expert parallel: the stages replayed from the expert-parallel rank's derived step (a class without routed
     # experts has nothing to cut: its step is one device's, as without a pipeline)
     experts = layout.ep > 1 and any(p.experts_split for p in placements)
-    if experts and layout.tp > 1:
-        raise UnsupportedError("pipeline parallelism with expert and tensor parallelism for {cls} is not modelled: "
-                               "its stages are replayed from the expert-parallel rank's derived step, which is traced "
-                               "without tensor parallel; pipeline with expert parallelism, or with tensor "
-                               "parallelism, is answered", cls=cls)
     if getattr(ctx.view.config, "is_encoder_decoder", False):
         raise UnsupportedError("pipeline parallelism over {cls} is refused: an encoder-decoder has two layer stacks "
                                "and the decoder's cross-attention reads the encoder's output on every decoder stage, "
@@ -203,12 +198,14 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                             frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own,
                             # tensor parallel: the rank's recipe, derived with the layout applied on torch's fake
                             # process group (same segments: prefix, each layer's forward, head, each layer's backward)
-                            layout=(1, "none", layout.tp, layout.sp) if layout.tp > 1 else
+                            layout=(1, "none", layout.tp, layout.sp) if layout.tp > 1 and not experts else
                             # expert parallel: the rank's recipe, derived with the experts cut over ep ranks as
                             # torchtitan's ExpertParallel cuts them (traced/expert_parallel.py), dp == ep there: the
                             # data-parallel ranks beyond ep run the same step
-                            # (an uneven load keys it by the load: the busiest rank's, rank 0's; balanced as before)
-                            (layout.ep, "none", 1, False, 0, layout.ep)
+                            # (an uneven load keys it by the load: the busiest rank's, rank 0's; balanced as before);
+                            # with tp beside: the tp layout applied too, each rank's E/ep experts also cut over tp on
+                            # the (ep, tp) mesh (torchtitan's ExpertTensorParallel)
+                            (layout.ep, "none", layout.tp, layout.sp, 0, layout.ep)
                             + ((1, layout.expert_load) if layout.expert_load != 1 else ()) if experts else None)
     try:
         step = DerivedStep.first(ctx.view.module, cls, ctx.view.config, settings, batch=micro, seq=ctx.seq,
@@ -329,10 +326,14 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     tied_words = " and a copy of the tied embedding for the head (Megatron's rule)" if tied_name else ""
     words = (f"{split_words(layout, count)}; the embeddings on stage 0, {after_layers(ctx.report.params, stack)} on "
              f"stage {layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
-    source = (f"tensor-parallel rank's derived step (tp {layout.tp}{' with sequence parallel' if layout.sp else ''}"
-              f", traced on torch's fake process group; {regime})" if layout.tp > 1 else
+    tp_words = f"tp {layout.tp}{' with sequence parallel' if layout.sp else ''}"
+    source = (f"tensor-parallel rank's derived step ({tp_words}, traced on torch's fake process group; {regime})"
+              if layout.tp > 1 and not experts else
               f"expert-parallel rank's derived step (ep {layout.ep}: its routed experts / {layout.ep}, Shard(0), "
-              "with torchtitan's dispatch and combine, traced on torch's fake process group under "
+              + (f"each also cut over {tp_words} as under tensor parallel, [Shard(0), Shard(1 or 2)] on the (ep, tp) "
+                 "mesh as torchtitan's ExpertTensorParallel places them, the rest of each layer cut as under tp; "
+                 if layout.tp > 1 else "")
+              + "with torchtitan's dispatch and combine, traced on torch's fake process group under "
               + ("balanced routing" if layout.expert_load == 1 else
                  f"an uneven load, the busiest rank's: {layout.expert_load:g} × its balanced token-expert pairs")
               + f"; {regime})" if experts else f"derived one-device step ({regime})")
@@ -342,7 +343,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
              "and first backward equal to the byte; a later backward (1F1B's steady state) traced above the replay "
              "on some stages, 31,744 B on the Mixtral cut's first two, 2,560 B on the GPT-2 cut's middle one: "
              "DTensor's gradient handling in its accumulation, not isolated; --trace measures each stage"
-             if layout.tp > 1 else EXPERT_CHECK + (LOADED_CHECK if layout.expert_load != 1 else "") if experts else
+             if layout.tp > 1 and not experts else EXPERT_TP_CHECK if experts and layout.tp > 1 else
+             EXPERT_CHECK + (LOADED_CHECK if layout.expert_load != 1 else "") if experts else
              "equal to MemTracker on the real class cut to each stage: tests/test_pipeline_stages.py, on GPT-2 and "
              "Mixtral cuts; on a BERT cut, tests/test_pipeline_encoder_stages.py, but for the received leaf's casts "
              "below")
@@ -377,6 +379,16 @@ EXPERT_CHECK = ("checked against MemTracker on the real class cut to each stage 
                 "first and last stages; the middle stage's traced 69,640 B above its 2.2 MB replay: DTensor's "
                 "gradient handling in its accumulation (every parameter is one on the traced rank), not isolated, as "
                 "under tensor parallel; --trace measures each stage")
+
+
+# and with tensor parallel beside (tests/test_pipeline_expert_tensor_parallel.py)
+EXPERT_TP_CHECK = ("checked against MemTracker on the real class cut to each stage with the tp layout applied and its "
+                   "experts sharded over ep and tp on the fake process group: on a Mixtral cut (pp 3, ep 2, tp 2, "
+                   "with and without sequence parallel, 1F1B) each stage's forwards and first backward equal to the "
+                   "byte, and a later backward (1F1B's steady state) on the first and last stages; the middle "
+                   "stage's traced above its replay, 117,768 B with sequence parallel, 93,192 B without: DTensor's "
+                   "gradient handling in its accumulation, as under ep or tp alone, not isolated; --trace measures "
+                   "each stage")
 
 
 # and under an uneven expert load (tests/test_expert_load.py)

@@ -108,12 +108,21 @@ def _make_style_class() -> type:
         def _apply(self, module: Any, device_mesh: Any) -> Any:
             for key in ("gate_up_proj", "down_proj"):
                 param = getattr(module, key)
-                module.register_parameter(key, torch.nn.Parameter(
-                    distribute_tensor(param.detach(), device_mesh, [Shard(0)], src_data_rank=self.src_data_rank),
-                    requires_grad=param.requires_grad))
+                value = _beside_tensor_parallel(param, device_mesh) if isinstance(param, DTensor) else \
+                    distribute_tensor(param.detach(), device_mesh, [Shard(0)], src_data_rank=self.src_data_rank)
+                module.register_parameter(key, torch.nn.Parameter(value, requires_grad=param.requires_grad))
             module.forward = types.MethodType(
                 lambda mod, hidden, index, weights: _forward(mod, hidden, index, weights, device_mesh, self.load), module)
             return module
+
+    def _beside_tensor_parallel(param: Any, ep_mesh: Any) -> Any:
+        # already cut over tp (moe_parallel's PackedExpertsParallel, on the tp submesh): the rank's E/ep experts of
+        # its tp shard, on the (ep, tp) mesh as torchtitan's ExpertTensorParallel places them ([Shard(0), tp's]);
+        # its forward hooks still give the experts their local shards and reduce their partial sums over tp
+        local = param.to_local().detach()
+        count = local.shape[0] // ep_mesh.size()
+        mine = local.narrow(0, ep_mesh.get_local_rank() * count, count).clone()  # its own storage, not a view
+        return DTensor.from_local(mine, ep_mesh._get_root_mesh(), [Shard(0), *param.placements], run_check=False)
 
     def _local(param: Any) -> Any:
         return param.to_local() if isinstance(param, DTensor) else param

@@ -107,7 +107,8 @@ def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1,
     micro-batch. Rank r sits at (r // tp, r % tp) of the ("dp", "tp") mesh; ranks differ only where a width does
     not divide (a vocabulary over tp, dim 0 over dp: the last ranks hold fewer rows, FSDP2 pads them alike). `ep`:
     the routed experts split over the dp ranks as torchtitan's ExpertParallel splits them (expert_parallel.py,
-    balanced routing); it takes every dp rank (ep == dp) and no FSDP2. `cp`: the sequence split over cp ranks by
+    balanced routing); it takes every dp rank (ep == dp) and no FSDP2; beside tp each rank's experts are
+    also cut over tp (the (ep, tp) mesh, torchtitan's ExpertTensorParallel). `cp`: the sequence split over cp ranks by
     torch's context_parallel (context_parallel.py), `settings.seq` the whole sequence, the rank running its S / cp
     tokens; beside tp and dp as torchtitan lays them out: a (dp, cp, tp) mesh, the ring over cp on the rank's local
     heads, FSDP2 over the flattened (dp, cp) ranks (its dp_shard_cp); not beside ep or sp. `load`: under ep, rank 0
@@ -151,9 +152,9 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, 
         raise UnsupportedError(f"context parallel is traced beside data parallel (FSDP2 over dp × cp, as "
                                f"torchtitan's dp_shard_cp) and tensor parallel without sequence parallel, not beside "
                                f"ep or sp; got cp {cp}, ep {ep}, sp {sp}")
-    if ep > 1 and (ep != dp or tp > 1):
-        raise UnsupportedError(f"expert parallel is traced over every data-parallel rank without tensor parallel "
-                               f"(ep == dp, tp 1); got ep {ep}, dp {dp}, tp {tp}")
+    if ep > 1 and (ep != dp or tp > 1 and shard == "fsdp"):
+        raise UnsupportedError(f"expert parallel is traced over every data-parallel rank (ep == dp), beside tensor "
+                               f"parallel without FSDP2; got ep {ep}, dp {dp}, tp {tp}, shard {shard}")
     if isinstance(load, bool) or not isinstance(load, (int, float)) or not 1 <= load <= ep:
         raise OptionError("{0} (the busiest expert-parallel rank's pairs over its balanced share) must be from 1 to "
                           "ep {ep}, got {value!r}", "load", ep=ep, value=str(load)[:40])
@@ -307,13 +308,18 @@ def apply_expert_parallel(model: Any, mesh: Any, replicate_rest: bool = True, lo
     for name in found:
         check_experts(modules[name], name, ep)
     experts = modules[found[0]].gate_up_proj.shape[0]
+    # already cut over tp (apply_tensor_parallel): each rank's E/ep experts of its tp shard, on the (ep, tp) mesh
+    beside_tp = type(modules[found[0]].gate_up_proj).__name__ == "DTensor"
     parallelize_module(model, mesh, {name: expert_parallel_style(load) for name in found})
     if replicate_rest:
         _replicate_rest(model, mesh)  # one optimizer steps the experts' DTensor shards beside the rest (as under tp)
     return [f"expert parallel over {ep} ranks, as torchtitan's ExpertParallel: {_generic(found[0])} gate_up_proj and "
             f"down_proj Shard(0) ({experts // ep} of the {experts} experts a rank), the token-expert pairs sent to "
             "their experts' rank and back by two all-to-alls, put in expert-major order there and back (permute, "
-            f"unpermute); the router and the rest whole on every rank; "
+            "unpermute); "
+            + ("each expert's tp shard kept (gate_up_proj [Shard(0), Shard(1)], down_proj [Shard(0), Shard(2)] on the "
+               "(ep, tp) mesh, torchtitan's ExpertTensorParallel), every tp rank dispatching the same pairs; the rest "
+               "as tensor parallel cuts it; " if beside_tp else "the router and the rest whole on every rank; ")
             + (ROUTING if load == 1 else LOADED.format(load=load))]
 
 
