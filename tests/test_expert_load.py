@@ -54,6 +54,28 @@ def test_the_busiest_rank_derived_equals_its_trace(cache, load, forward, backwar
     assert any(n.startswith("balanced routing (--expert-load 1") for n in device.notes)
 
 
+def test_under_fsdp2_the_busiest_rank_derived_equals_its_trace(cache):
+    """`--dp 2 --ep 2 --zero fsdp --expert-load 1.5` (torchtitan's composition: each layer's experts split over the
+    ep ranks, their own FSDP2 unit over the dp / ep = 1 ranks holding them, then each layer and the root over dp),
+    2 × 32 tokens, bf16-mixed: the rank derived from traces with FSDP2 and that routing equals rank 0 traced, in
+    forward and backward; balanced routing's closed form (which under FSDP2 is above its traced rank) beside."""
+    from paramscope.cost.memory.training import TrainingOptions, training_answer
+
+    _, estimate, _ = training_answer(small_mixtral(), TrainingOptions(
+        batch=MICRO, seq=SEQ, precision="bf16-mixed", fits=False, trace=True,
+        layout=ParallelLayout(dp=2, ep=2, shard="fsdp", expert_load=1.5)), use_cache=False)
+    device = estimate.training.device
+    derived = {p.phase: p.bytes for p in device.phases}
+    traced = {p.phase: p.bytes for p in device.traced.phases}
+    assert device.activations_from.startswith("derived")
+    assert (derived["forward"], derived["backward"]) == (traced["forward"], traced["backward"]) == \
+        (7_379_120, 7_433_392)
+    assert device.traced.resident["parameters"] == device.weights and device.weights == device.gradients
+    assert any("ExpertParallel over ep 2 under FSDP2, rank 0 the busiest" in n for n in device.notes)
+    assert any(n.startswith("balanced routing (--expert-load 1, the closed form") and "6,628,584 B" in n
+               and "FSDP2's gathered root and layer units" in n for n in device.notes)
+
+
 def test_pipeline_stages_replay_the_busiest_rank(cache):
     """`--dp 2 --ep 2 --pp 3 --expert-load 1.5`, 3 microbatches of 2 × 32, 1F1B: each stage replayed from the busiest
     rank's derived recipe equals the stage traced with that routing (held, forward peak, first backward's peak);
@@ -94,7 +116,10 @@ def test_a_load_out_of_range_is_refused_in_one_line(layout, why):
 
 @pytest.mark.parametrize("layout, experts, why", [
     (dict(dp=2, ep=2, tp=2, expert_load=1.5), True, "expert load 1.5: the busiest expert-parallel rank is derived"),
-    (dict(dp=2, ep=2, shard="fsdp", expert_load=1.5), True, "beside data parallel \\(ZeRO 0-2\\)"),
+    (dict(dp=2, ep=2, shard="zero3", expert_load=1.5), True, "beside data parallel \\(ZeRO 0-2, or FSDP2 over"),
+    (dict(dp=2, ep=2, shard="hsdp", shard_group=2, expert_load=1.5), True, "FSDP2 over the ep ranks"),
+    (dict(dp=4, ep=2, shard="fsdp", expert_load=1.5), True, "also shard each expert over the dp / ep = 2 ranks "
+                                                              "holding it, a mesh dimension not traced: give --dp 2"),
     (dict(dp=2, ep=2, expert_load=2), False, "expert load 2: GPT2LMHeadModel has no routed experts"),
 ])
 def test_a_load_the_derivation_does_not_take_is_refused_in_one_line(layout, experts, why):

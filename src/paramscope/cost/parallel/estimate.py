@@ -140,7 +140,10 @@ def _closed_form_beside(ctx: StepContext, placements: tuple[Placement, ...], rul
 def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bool:
     """Whether the layout asks an uneven expert load (--expert-load F > 1 under --ep), refusing in one line what the
     busiest rank's derivation does not take: a class without routed experts, tensor or context parallel beside it,
-    a sharding that gathers the weights in the step (ZeRO-3, FSDP2), no derivation asked."""
+    DeepSpeed's ZeRO-3 (not traced), FSDP2 other than over exactly the ep ranks (torchtitan's composition, traced
+    with ep == dp: the experts' own FSDP2 unit over the dp / ep = 1 ranks holding the same experts; more ranks
+    than ep would shard the experts further, over a mesh dimension the trace does not lay out), hybrid sharding,
+    no derivation asked."""
     layout = ctx.layout
     if layout.expert_load == 1 or layout.ep == 1:
         return False
@@ -148,10 +151,16 @@ def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bo
     if not any(p.experts_split for p in placements):
         raise UnsupportedError("expert load {load}: {cls} has no routed experts for the ep ranks to share",
                                load=load, cls=ctx.view.class_name)
-    if layout.tp > 1 or layout.cp > 1 or layout.zero_stage == 3 or not ctx.derive:
+    if layout.shard == "fsdp" and layout.dp != layout.ep and layout.tp == layout.cp == 1 and ctx.derive:
+        raise UnsupportedError("expert load {load} under FSDP2: the busiest rank is traced with FSDP2 over exactly "
+                               "the ep ranks (dp {ep}, torchtitan's composition with each expert held by one rank); "
+                               "over dp {dp} FSDP2 would also shard each expert over the dp / ep = {more} ranks "
+                               "holding it, a mesh dimension not traced: give --dp {ep}", load=load, ep=layout.ep,
+                               dp=layout.dp, more=layout.dp // layout.ep)
+    if layout.tp > 1 or layout.cp > 1 or layout.zero_stage == 3 and layout.shard != "fsdp" or not ctx.derive:
         raise UnsupportedError("expert load {load}: the busiest expert-parallel rank is derived from traces with "
-                               "expert parallel beside data parallel (ZeRO 0-2) and pipeline stages alone; got "
-                               "{layout}", load=load, layout=layout.words())
+                               "expert parallel beside data parallel (ZeRO 0-2, or FSDP2 over the ep ranks) and "
+                               "pipeline stages alone; got {layout}", load=load, layout=layout.words())
     return True
 
 
@@ -161,9 +170,12 @@ def _balanced_beside(ctx: StepContext, placements: tuple[Placement, ...], rules:
     the busiest rank's derived peak: what the load adds."""
     closed, _ = _data_parallel_device(ctx, placements, rules)
     more = device.peak - closed.peak
-    return (f"balanced routing (--expert-load 1, the closed form: one device's step, the rank's states and the permute "
-            f"index) gives {closed.peak:,} B; the busiest rank's {ctx.layout.expert_load:g}× share adds {more:,} B "
-            f"({100 * more / closed.peak:+.3f}%)")
+    fsdp = ctx.layout.shard == "fsdp"
+    return (f"balanced routing (--expert-load 1, the closed form: one device's step, the rank's states"
+            f"{', FSDP2' + chr(39) + 's gathered root and layer units' if fsdp else ''} and the permute index) gives "
+            f"{closed.peak:,} B; the busiest rank's {ctx.layout.expert_load:g}× share adds {more:,} B "
+            f"({100 * more / closed.peak:+.3f}%)" + (" (under FSDP2 the balanced closed form is above its traced "
+                                                     "rank: its FSDP2 timing, docs/commands.md)" if fsdp else ""))
 
 
 def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
@@ -187,7 +199,7 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     loaded = layout.ep > 1 and layout.expert_load != 1
     traced = ((layout.shard_degree // layout.cp if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, False, 0, 1,
                layout.cp) if layout.cp > 1 else
-              (layout.ep, "none", 1, False, 0, layout.ep, 1, layout.expert_load) if loaded else
+              (layout.ep, "fsdp" if fsdp else "none", 1, False, 0, layout.ep, 1, layout.expert_load) if loaded else
               (layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp))
     settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
                             grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
@@ -221,7 +233,7 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         where = "forward" if index == 0 else "backward"
         phases = phases[:index] + (dataclasses.replace(phase, arithmetic=step.recipe.words(
             where, ctx.batch, ctx.seq)),) + phases[index + 1:]
-    applied = (f"torchtitan's ExpertParallel over ep {layout.ep}, rank 0 the busiest" if loaded else " and ".join(
+    applied = (f"torchtitan's ExpertParallel over ep {layout.ep}{' under FSDP2' if fsdp else ''}, rank 0 the busiest" if loaded else " and ".join(
         ([f"FSDP2{' over dp × cp = ' + str(layout.shard_degree) + ' ranks' if layout.cp > 1 else ''}"] if fsdp
          else []) +
         ([f"DTensor tensor parallel{' with sequence parallel' if layout.sp else ''}"] if layout.tp > 1 else []) +
@@ -321,6 +333,8 @@ def ring_words(ctx: StepContext) -> str:
 def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Data (and expert) parallel alone: each rank runs one device's step on its own batch; the moments are the
     one-device ones with the device's model states, and FSDP2's gathered units."""
+    from .device_parts import fsdp_backward_moments
+
     states = ctx.states
     full_resident = states.weights.bytes + states.optimizer.bytes + states.master_weights.bytes
     dev = device_states_of(ctx, placements)
@@ -334,7 +348,7 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
             moved = dataclasses.replace(p, bytes=p.bytes - full_resident + dev.weights + dev.optimizer +
                                         dev.master_weights - p.gradients + grads, gradients=grads)
             out.append(with_buffers(moved, comm + expert_dispatch(ctx, placements, batch, length)))
-        return tuple(out)
+        return tuple(out) + fsdp_backward_moments(ctx, placements, batch, length)
 
     phases = shifted(ctx.phases)
     device = DeviceMemory(ctx.layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights,
@@ -349,6 +363,8 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
 
 def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Tensor and context parallel: the device's activations are the recipe's on its own shard."""
+    from .device_parts import fsdp_backward_moments
+
     layout = ctx.layout
     what = ("tensor parallelism beside context parallelism" if layout.tp > 1 and layout.cp > 1 else
             "tensor parallelism" if layout.tp > 1 else "context parallelism")
@@ -373,7 +389,8 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
         if whole is not None:
             figures = tuple(with_whole_gradient(p, whole) for p in figures)
         kept = ring_kept(batch, length)
-        return tuple(with_buffers(with_ring_outputs(with_norm_gradients(p, norms), kept), comm) for p in figures)
+        return tuple(with_buffers(with_ring_outputs(with_norm_gradients(p, norms), kept), comm) for p in figures) + \
+            fsdp_backward_moments(ctx, placements, batch, length)
 
     act = local_activations(ctx, shape, ctx.batch, ctx.seq)
     kept = ring_kept(ctx.batch, ctx.seq)
