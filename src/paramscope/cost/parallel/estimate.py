@@ -333,8 +333,6 @@ def ring_words(ctx: StepContext) -> str:
 def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Data (and expert) parallel alone: each rank runs one device's step on its own batch; the moments are the
     one-device ones with the device's model states, and FSDP2's gathered units."""
-    from .device_parts import fsdp_backward_moments
-
     states = ctx.states
     full_resident = states.weights.bytes + states.optimizer.bytes + states.master_weights.bytes
     dev = device_states_of(ctx, placements)
@@ -348,7 +346,7 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
             moved = dataclasses.replace(p, bytes=p.bytes - full_resident + dev.weights + dev.optimizer +
                                         dev.master_weights - p.gradients + grads, gradients=grads)
             out.append(with_buffers(moved, comm + expert_dispatch(ctx, placements, batch, length)))
-        return tuple(out) + fsdp_backward_moments(ctx, placements, batch, length)
+        return tuple(out)
 
     phases = shifted(ctx.phases)
     device = DeviceMemory(ctx.layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights,
@@ -363,8 +361,6 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
 
 def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Tensor and context parallel: the device's activations are the recipe's on its own shard."""
-    from .device_parts import fsdp_backward_moments
-
     layout = ctx.layout
     what = ("tensor parallelism beside context parallelism" if layout.tp > 1 and layout.cp > 1 else
             "tensor parallelism" if layout.tp > 1 else "context parallelism")
@@ -389,8 +385,7 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
         if whole is not None:
             figures = tuple(with_whole_gradient(p, whole) for p in figures)
         kept = ring_kept(batch, length)
-        return tuple(with_buffers(with_ring_outputs(with_norm_gradients(p, norms), kept), comm) for p in figures) + \
-            fsdp_backward_moments(ctx, placements, batch, length)
+        return tuple(with_buffers(with_ring_outputs(with_norm_gradients(p, norms), kept), comm) for p in figures)
 
     act = local_activations(ctx, shape, ctx.batch, ctx.seq)
     kept = ring_kept(ctx.batch, ctx.seq)
