@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from paramscope.cli import main
@@ -40,16 +38,77 @@ def test_interleaved_with_one_chunk_is_refused_in_the_library_too():
 # --- flops reads --devices N as memory does ----------------------------------------------------------------------
 
 def test_flops_step_seconds_with_devices_alone_is_dp_and_says_so(capsys):
-    base = ["flops", "llama-3-8b", "--training", "--seq", "1024", "--step-seconds", "2", "--gpu", "h100"]
-    code, text, _ = _cli(capsys, *base, "--devices", "8", "--width", "100")
-    assert code == 0
-    assert "One device: dp 8 = 8 devices" in text
-    assert "note: --devices 8 read as dp 8 (data-parallel replicas), as memory reads it" in text
-    code, as_devices, _ = _cli(capsys, *base, "--devices", "8", "--json")
-    code_dp, as_dp, _ = _cli(capsys, *base, "--dp", "8", "--json")
+    base = ["flops", "llama-3-8b", "--training", "--seq", "1024", "--step-seconds", "2", "--gpu", "h100",
+            "--width", "100"]
+    code, as_devices, _ = _cli(capsys, *base, "--devices", "8")
+    code_dp, as_dp, _ = _cli(capsys, *base, "--dp", "8")
     assert code == code_dp == 0
-    devices, dp = json.loads(as_devices)["flops"], json.loads(as_dp)["flops"]
-    assert devices["device"] == dp["device"] and devices["device"]["layout"]["dp"] == 8
-    assert devices["mfu"] == dp["mfu"] == pytest.approx(8 * devices["step"] / (2 * 989.4e12 * 8))
-    code, dp_text, _ = _cli(capsys, *base, "--dp", "8", "--width", "100")
-    assert "read as dp" not in dp_text  # the layout was given: nothing was read into --devices
+    said = ("  note: --devices 8 read as dp 8 (data-parallel replicas), as memory reads it: --step-seconds is one\n"
+            "  step of a layout\n")
+    assert said in as_devices and "One device: dp 8 = 8 devices" in as_devices
+    assert as_devices.replace(said, "") == as_dp  # the same answer, MFU per device included; only the note added
+
+
+# --- DeepSpeed's flat ZeRO-3 shares and the layout's answer name each other -------------------------------------
+
+def test_devices_zero3_and_dp_zero3_point_at_each_other_and_say_what_differs(capsys):
+    base = ["memory", "llama-3-8b", "--training", "--zero", "3", "--width", "100"]
+    code, flat, _ = _cli(capsys, *base, "--devices", "8")
+    assert code == 0 and " peak             46,139,341,458   42.97 GiB" in flat
+    assert "DeepSpeed's flat ZeRO-3 shares alone: --dp 8 --zero 3 adds the layer and the head ZeRO-3 gathers" in flat
+    code, layout, _ = _cli(capsys, *base, "--dp", "8")
+    assert code == 0 and " peak (backward)                       49,113,135,762" in layout
+    # the difference of the two peaks, to the byte: one layer's weights (872,448,000) and the head's (2,101,346,304)
+    assert 49_113_135_762 - 46_139_341_458 == 2_973_794_304 == 872_448_000 + 2_101_346_304
+    assert "--devices 8 --zero 3 gives these flat shares alone, without the gathered buffers above (2,973,794,304 B" \
+           in " ".join(layout.split())
+    code, zero1, _ = _cli(capsys, *base[:3], "--zero", "1", "--devices", "8", "--width", "100")
+    assert code == 0 and "flat" not in zero1  # ZeRO-1 and -2: both answers agree, nothing to point at
+
+
+# --- words: bytes past 1,000 of a unit, a throughput's thousands -------------------------------------------------
+
+def test_bytes_reach_the_next_unit_at_1000_of_their_own():
+    from paramscope.render.memory import binary
+
+    assert binary(999) == "999 B" and binary(1000) == "0.98 KiB"
+    assert binary(1_048_596_971) == "0.98 GiB"  # 1000.02 MiB
+    assert binary(1_048_569_708) == "999.99 MiB" and binary(1_048_571_805) == "0.98 GiB"  # not '1000.00 MiB'
+    assert binary(2**30) == "1.00 GiB" and binary(5 * 2**40) == "5.00 TiB"
+
+
+def test_a_throughput_is_written_with_its_thousands(capsys):
+    code, text, _ = _cli(capsys, "flops", "llama-3-8b", "--training", "--dp", "8", "--tokens-per-second", "3000",
+                         "--gpu", "h100", "--width", "100")
+    assert code == 0 and "÷ 3,000 tokens/s" in " ".join(text.split()) and "3000" not in text
+
+
+# --- --gpu: the nearest names ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("typed, offered", [("h1OO", "did you mean 'h100-80gb', 'h200' or 'h100-nvl'? known: "),
+                                            ("mi3OOx", "did you mean 'mi300x'? known: "),
+                                            ("b20", "did you mean 'b200'? known: ")])
+def test_a_mistyped_gpu_gets_the_nearest_names_in_one_line(capsys, typed, offered):
+    code, out, err = _cli(capsys, "memory", "gpt2", "--gpu", typed)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"paramscope: error: unknown accelerator {typed!r}; {offered}")
+
+
+def test_a_name_near_nothing_gets_no_guess():
+    from paramscope.cost.hardware import find_accelerator
+
+    with pytest.raises(OptionError) as caught:
+        find_accelerator("hundred")
+    assert "did you mean" not in str(caught.value)
+
+
+# --- the estimates' one line says whose peak it is under a layout ------------------------------------------------
+
+def test_the_serving_and_training_reprs_say_the_layout():
+    import paramscope
+
+    serving = paramscope.estimate_memory("gpt2", paramscope.MemoryOptions(tp=2, seq=128))
+    assert serving.peak == serving.parallel.layout.peak
+    assert "peak 260,793,344 B (0.24 GiB) on the fullest GPU of tp 2 = 2 GPUs in prefill" in repr(serving)
+    alone = paramscope.estimate_memory("gpt2", paramscope.MemoryOptions(seq=128))
+    assert " GPU of " not in repr(alone)

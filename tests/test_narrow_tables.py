@@ -121,7 +121,7 @@ def test_a_packed_audit_lists_each_packed_tensor_whole(tmp_path):
     assert "model.layers.0.mlp.down_proj.weight_packed       4,096     32,768   compressed-tensors" in at100
     dtypes = at100[at100.index("Stored tensors by dtype"):at100.index("Packed tensors")]
     assert [line.split() for line in dtypes.splitlines() if line.startswith(" total")] == [
-        ["total", "33", "36,510", "110,256", "(0.11", "MiB)"]]
+        ["total", "33", "36,510", "110,256", "(107.67", "KiB)"]]
     wide = render_audit_text(result, WIDE)
     for width in (60, 80, 100):
         text = render_audit_text(result, width)

@@ -159,10 +159,33 @@ def find_accelerator(name: str, instead: str | None = "budget") -> Accelerator:
     if 1 < len(variants) <= 4:
         cards = " or ".join(f"{a.name} ({_spelling(a)!r})" for a in variants)
         raise OptionError(f"accelerator {shown} names several cards; say which: {cards}")
-    close = [_spelling(a) for a in variants] or [
-        _spelling(by_key[k]) for k in difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.7)] if key else []
-    hint = f"did you mean {close[0]!r}? " if close else ""  # a unique prefix ("b20") is suggested, never taken
+    close = [_spelling(a) for a in variants] or _nearest(key, by_key) if key else []
+    # a unique prefix ("b20") or a near spelling ("h1OO") is suggested, never taken
+    hint = f"did you mean {_either(close)}? " if close else ""
     known = ", ".join(a.name for a in ACCELERATORS)
     offer = {"budget": " (or give {0} 24GiB)", "peak_tflops": " (or give {0} X, the peak in TFLOP/s)"}.get(instead, "")
     raise OptionError("unknown accelerator {name}; {hint}known: {known}" + offer, *([instead] if offer else []),
                       name=shown, hint=hint, known=known)
+
+
+def _nearest(key: str, by_key: dict[str, Accelerator], most: int = 3) -> list[str]:
+    """The spellings of up to `most` cards whose names are nearest `key` (difflib's ratio over the keys, aliases
+    included, best first), with the letter o read as a zero on both sides: "h1OO" is H100's name typed with O's."""
+    def fold(text: str) -> str:
+        return text.replace("o", "0")
+
+    folded: dict[str, Accelerator] = {}
+    for name, accelerator in by_key.items():
+        folded.setdefault(fold(name), accelerator)
+    spellings: list[str] = []
+    for match in difflib.get_close_matches(fold(key), list(folded), n=len(folded), cutoff=0.7):
+        spelling = _spelling(folded[match])
+        if spelling not in spellings:
+            spellings.append(spelling)
+    return spellings[:most]
+
+
+def _either(spellings: list[str]) -> str:
+    """'a', 'a' or 'b', 'a', 'b' or 'c'."""
+    quoted = [repr(s) for s in spellings]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + f" or {quoted[-1]}"

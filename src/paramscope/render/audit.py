@@ -25,6 +25,7 @@ from rich.text import Text
 from ..explain import exact
 from ._console import indented, shape, to_text, wrap_words
 from ._fit import add_names_column, figure_width
+from .memory import binary
 
 LIST_LIMIT = 20  # longer lists of keys are cut (with a count) unless every key is asked for
 
@@ -225,7 +226,7 @@ def _dtypes(ck) -> Table:
     for dtype, row in ck.by_dtype.items():
         table.add_row(dtype, exact(row["tensors"]), exact(row["elements"]), exact(row["bytes"]))
     table.add_section()
-    table.add_row("total", exact(len(ck.tensors)), exact(ck.elements), f"{exact(ck.nbytes)} ({_mib(ck.nbytes)})",
+    table.add_row("total", exact(len(ck.tensors)), exact(ck.elements), f"{exact(ck.nbytes)} ({binary(ck.nbytes)})",
                   style="bold")
     return table
 
@@ -532,5 +533,3 @@ def _more(grid: _Rows, items, all_keys: bool, limit: int = LIST_LIMIT) -> None:
 _shape, _reason = attrgetter("shape"), attrgetter("reason")
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"

@@ -9,6 +9,8 @@ import json
 import textwrap
 from typing import Any
 
+from .memory import binary
+
 LIST_LIMIT = 20  # tensors listed unless every one is asked for
 
 
@@ -54,10 +56,6 @@ def reconcile_lines(rec: Any, width: int, *, all_rows: bool = False) -> list[str
     return out + [""]
 
 
-def _size(n: int) -> str:
-    if n < 2**20:
-        return f"{n / 2**10:.2f} KiB"
-    return f"{n / 2**20:.2f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
 def _bpw(value: float | None) -> str:
@@ -94,7 +92,7 @@ def _table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]], wid
 
 
 def _grouped(rows: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
-    return [(key, f"{r['tensors']:,}", f"{r['elements']:,}", f"{r['bytes']:,}", _size(r["bytes"]),
+    return [(key, f"{r['tensors']:,}", f"{r['elements']:,}", f"{r['bytes']:,}", binary(r["bytes"]),
              _bpw(r["bits_per_weight"])) for key, r in rows.items()]
 
 
@@ -105,7 +103,7 @@ def render_gguf_text(ck: Any, width: int = 100, *, all_tensors: bool = False, re
     meta = ck.metadata
     files = f" ({len(ck.files)} shards)" if len(ck.files) > 1 else ""
     out = [*_wrap(f"GGUF checkpoint {ck.path}{files}: GGUF v{ck.version}, {len(ck.tensors):,} tensors, "
-                  f"{ck.elements:,} parameters (unpacked), {ck.nbytes:,} bytes of tensor data ({_size(ck.nbytes)}), "
+                  f"{ck.elements:,} parameters (unpacked), {ck.nbytes:,} bytes of tensor data ({binary(ck.nbytes)}), "
                   f"{_bpw(ck.bits_per_weight)} bits per weight", width), ""]
     model = [("architecture", str(ck.architecture or "-"))]
     for key in ("general.name", "general.file_type", "general.quantization_version"):

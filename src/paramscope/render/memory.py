@@ -23,10 +23,12 @@ _SHOWN = ("RTX 3060", "T4", "RTX 4090", "RTX 5090", "A100 40GB", "L40S", "H100 8
 
 
 def binary(n: int) -> str:
-    """1,073,741,824 → '1.00 GiB'; small values in B, KiB, MiB."""
+    """1,073,741,824 → '1.00 GiB'; small values in B, KiB, MiB. A value reaches the next unit at 1,000 of its own
+    (1,048,576,000 B → '0.98 GiB', not '1000.00 MiB'), so no figure is written with four digits before its point.
+    The one byte formatter of the text and pages."""
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
+        if round(abs(value), 2) < 1000 or unit == "TiB":  # as written: 999.996 would print as 1000.00
             return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1024
     return f"{n} B"
@@ -437,6 +439,10 @@ def training_parts(report, estimate) -> list:
         lines += [Text(""), _kept_table(detail.traced)]
     if detail.per_device is not None:
         lines.append(_per_device_table(estimate))
+        if settings["zero"] == 3:  # the one stage where the layout's answer differs: say where, and by what
+            lines.append(indented(f"DeepSpeed's flat ZeRO-3 shares alone: --dp {settings['devices']:,} --zero 3 "
+                                  "adds the layer and the head ZeRO-3 gathers while each runs (one device's layout "
+                                  "answer)"))
     if detail.device is not None:
         lines += [_device_table(estimate)]
         if detail.device.stages:
@@ -571,8 +577,8 @@ def _device_table(estimate) -> Table:
     device = estimate.training.device
     table = Table(title=f"One device (rank 0, the largest share): {device.layout.words()}", title_justify="left",
                   caption=f"each data-parallel replica runs a batch of {estimate.settings['batch']:,}; "
-                          f"{device.states_arithmetic}", caption_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
+                          f"{device.states_arithmetic}{_flat_zero3_words(device)}", caption_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("", no_wrap=True)
     table.add_column("bytes", justify="right", no_wrap=True)
     table.add_column("", justify="right", no_wrap=True)
@@ -590,6 +596,17 @@ def _device_table(estimate) -> Table:
     table.add_row(f"peak ({top.phase})", exact(top.bytes), binary(top.bytes), f"{top.where}: {top.arithmetic}",
                   style="bold")
     return table
+
+
+def _flat_zero3_words(device) -> str:
+    """Under ZeRO-3 over data parallel alone, where `--devices N --zero 3` answers the same layout with DeepSpeed's
+    flat shares and without the gathered buffers: what that answer leaves out, in bytes at this peak."""
+    layout = device.layout
+    if layout.shard != "zero3" or layout.devices != layout.dp or layout.ep != 1:
+        return ""
+    gathered = sum(b.bytes for b in device.comm if device.peak_figure.phase in b.moments)
+    return (f"; --devices {layout.dp:,} --zero 3 gives these flat shares alone, without the gathered buffers above "
+            f"({exact(gathered)} B at the peak)")
 
 
 def _stage_layers(stage) -> str:

@@ -532,7 +532,7 @@ def _compute(estimate: FlopEstimate, report: Any, options: FlopOptions, accelera
         else:
             step_seconds = step_tokens / options.tokens_per_second
             step_from = (f"{step_tokens:,} tokens a step (dp {replicas} × batch {estimate.batch:,} × "
-                         f"{estimate.seq:,}) ÷ {options.tokens_per_second:g} tokens/s")
+                         f"{estimate.seq:,}) ÷ {options.tokens_per_second:,.10g} tokens/s")
         if device is not None:
             device_mfu = device.step / (step_seconds * peak)
             if device.backward is not None:

@@ -95,8 +95,13 @@ class MemoryEstimate(HtmlDisplay):
         if self.budget is not None:
             fit = f" · {'fits' if self.budget.fits else 'does not fit'} on {self.budget.accelerator.name}"
         batch, seq = settings.get("batch", 1), settings.get("seq") or 0
+        # under a layout the peak is one device's, the one whose share and stage hold the most: say of which layout
+        device = self.training.device if training and self.training is not None else None
+        across = self.parallel.layout if self.parallel is not None else None
+        where = (f" on the fullest device of {device.layout.words()}" if device is not None else
+                 f" on the fullest GPU of {across.words()}" if across is not None else "")
         return (f"<MemoryEstimate to {'train' if training else 'serve'}{model}: peak {self.peak:,} B "
-                f"({self.peak / GiB:,.2f} GiB) in {self.peak_phase} · {asked} · batch {batch:,} × {seq:,} tokens · "
-                f"{self.engine} engine{fit}>")
+                f"({self.peak / GiB:,.2f} GiB){where} in {self.peak_phase} · {asked} · batch {batch:,} × {seq:,} "
+                f"tokens · {self.engine} engine{fit}>")
 
 
