@@ -112,3 +112,28 @@ def test_the_serving_and_training_reprs_say_the_layout():
     assert "peak 260,793,344 B (0.24 GiB) on the fullest GPU of tp 2 = 2 GPUs in prefill" in repr(serving)
     alone = paramscope.estimate_memory("gpt2", paramscope.MemoryOptions(seq=128))
     assert " GPU of " not in repr(alone)
+
+
+# --- the rules table says what a layout without tp does to each role ---------------------------------------------
+
+def test_the_rules_say_what_a_layout_without_tp_does_to_each_role():
+    import paramscope
+    from paramscope.cost.parallel.layout import layout_for
+    from paramscope.cost.parallel.rules import ModelShape, place, rules_in_words
+
+    report = paramscope.inspect("mixtral-8x7b")  # its template: the real module names and roles, no build
+    shape = ModelShape(hidden=4096, heads=32, kv_heads=8, conv1d=False)  # Mixtral-8x7B's config
+
+    def words(**degrees):
+        layout = layout_for(**degrees)
+        return rules_in_words(place(report.params, shape, tp=layout.tp, ep=layout.ep), layout)
+
+    ep = words(dp=8, ep=8)
+    assert ep["moe.experts"] == "whole; experts / ep 8"
+    assert ep["attention.query"] == ep["moe.router"] == "whole (ep 8 cuts only the routed experts)"
+    assert set(words(dp=2, cp=2).values()) == {"whole; the sequence split cp 2"}
+    assert set(words(dp=2, pp=2, batch=2).values()) == {"whole (no tensor parallelism)"}  # nothing cut: as before
+    every = words(dp=4, tp=2, cp=2, ep=2)
+    assert every["attention.query"] == "column-parallel (output features / 2); the sequence split cp 2"
+    assert every["moe.experts"] == ("gate and up column-parallel (intermediate / 2 of each expert), down row-parallel "
+                                    "(input features / 2); experts / ep 2; the sequence split cp 2")

@@ -159,3 +159,30 @@ def tp_rule_words(rule: str, tp: int) -> str:
             "vocabulary": f"vocabulary-parallel (⌈V / {tp}⌉ rows)",
             "kv-replicated": "KV heads replicated: one KV head a rank",
             "replicated": "replicated"}[rule]
+
+
+def rules_in_words(placements: tuple[Placement, ...], layout: Any) -> dict[str, str]:
+    """Each role's rule under `layout` (a ParallelLayout), in words, by role: tensor parallelism's cut, the experts
+    over ep, and the sequence over cp, so a layout without tp says what it does to each role ("whole; experts / ep
+    8", "whole; the sequence split cp 2") rather than only what it does not."""
+    words: dict[str, str] = {}
+    for p in placements:
+        if p.role in words:
+            continue
+        if layout.tp > 1:
+            rule = tp_rule_words(p.tp, layout.tp)
+            cuts = {q.tp for q in placements if q.role == p.role}
+            if p.role == "moe.experts" and cuts == {"column", "row"}:  # packed gate_up and down
+                rule = (f"gate and up column-parallel (intermediate / {layout.tp} of each expert), down "
+                        f"row-parallel (input features / {layout.tp})")
+        elif layout.ep == 1 and layout.cp == 1:
+            rule = "whole (no tensor parallelism)"
+        else:
+            rule = "whole" if p.experts_split or layout.ep == 1 else \
+                f"whole (ep {layout.ep} cuts only the routed experts)"
+        if p.experts_split:
+            rule += f"; experts / ep {layout.ep}"
+        if layout.cp > 1:
+            rule += f"; the sequence split cp {layout.cp}"
+        words[p.role] = rule
+    return dict(sorted(words.items()))
