@@ -98,8 +98,11 @@ class MemoryEstimate(HtmlDisplay):
         # under a layout the peak is one device's, the one whose share and stage hold the most: say of which layout
         device = self.training.device if training and self.training is not None else None
         across = self.parallel.layout if self.parallel is not None else None
+        flat = training and self.training is not None and self.training.per_device is not None
         where = (f" on the fullest device of {device.layout.words()}" if device is not None else
-                 f" on the fullest GPU of {across.words()}" if across is not None else "")
+                 f" on the fullest GPU of {across.words()}" if across is not None else
+                 f" on each of {settings.get('devices'):,} devices (ZeRO-{settings.get('zero')}'s flat shares)" if flat
+                 else "")
         return (f"<MemoryEstimate to {'train' if training else 'serve'}{model}: peak {self.peak:,} B "
                 f"({self.peak / GiB:,.2f} GiB){where} in {self.peak_phase} · {asked} · batch {batch:,} × {seq:,} "
                 f"tokens · {self.engine} engine{fit}>")
