@@ -63,11 +63,25 @@ def test_pipeline_stages_round_each_microbatch():
     assert loaded.forward == balanced.forward + loaded.loaded
 
 
-def test_tensor_or_context_parallel_beside_a_load_is_refused_in_one_line():
-    for layout in (dict(tp=2), dict(cp=2)):
-        with pytest.raises(UnsupportedError, match="expert load 1.5: the busiest expert-parallel rank's FLOPs") as e:
-            _device(1.5, **layout)
-        assert "\n" not in str(e.value)
+@pytest.mark.parametrize("sp", [False, True])
+def test_beside_tensor_parallel_each_tp_rank_runs_its_slice_of_the_pairs(mixtral_meta, sp):
+    """`--dp 2 --ep 2 --tp 2 --expert-load 1.5`: rank 0 of the (ep, tp) mesh (traced/expert_parallel.py: its E/ep
+    experts also cut over tp, as torchtitan's ExpertTensorParallel) runs 192 pairs through half of each expert's
+    width: 2 layers × 64 more pairs × PER_PAIR / 2 above its balanced 9,502,720."""
+    from paramscope.cost.traced.parallel_flops import count_rank_flops
+    from paramscope.cost.traced.step import StepSettings
+
+    counted = count_rank_flops(mixtral_meta, StepSettings(batch=BATCH, seq=SEQ, precision="fp32"), tp=2, sp=sp,
+                               ep=2, load=1.5)
+    device = _device(1.5, tp=2, sp=sp)
+    assert counted.forward == device.forward == 9_502_720 + 2 * 64 * PER_PAIR // 2
+    assert counted.backward == device.backward + device.recompute
+
+
+def test_context_parallel_beside_a_load_is_refused_in_one_line():
+    with pytest.raises(UnsupportedError, match="expert load 1.5: the busiest expert-parallel rank's FLOPs") as e:
+        _device(1.5, cp=2)
+    assert "\n" not in str(e.value) and "not context parallel" in str(e.value)
 
 
 def test_cli_mixtral_8x7b(capsys):

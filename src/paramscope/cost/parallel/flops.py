@@ -22,8 +22,9 @@ sequences, so m microbatches make the replica's batch), at its context-parallel 
   tokens, not FLOPs). Under an uneven load (`layout.expert_load` F > 1, traced/expert_parallel.py's routes) the
   busiest rank's experts receive ⌈F·S⌉ of its balanced S = (batch / m)·S_tokens·k token-expert pairs a MoE layer and
   microbatch, so each routed expert weight's FLOPs on it are its balanced ones × ⌈F·S⌉ / S (a grouped matmul costs
-  2 × rows × in × out, whatever the groups); the others receive fewer (not the busiest). A layout's step ends when
-  its busiest rank's does: its figures are the ones shown, and the MFU per device is its.
+  2 × rows × in × out, whatever the groups); the others receive fewer (not the busiest). Beside tp each tp rank of
+  the busiest ep rank runs its I / tp slice of those pairs (every tp rank holds the replica's tokens at the experts).
+  A layout's step ends when its busiest rank's does: its figures are the ones shown, and the MFU per device is its.
 - pipeline (pp): each stage its layers (embeddings on the first, final norm and head on the last); the bubble,
   (pp − 1) / (v·m + pp − 1) of the step, is idle time, in the step time and not in the FLOPs.
 - recompute: the backward's rerun of flash attention's scores (½ × the scores' forward) and, with full gradient
@@ -139,10 +140,12 @@ def device_flops(estimate: Any, parts: Any, report: Any, view: Any, layout: Para
     tp, cp, pp = layout.tp, layout.cp, layout.pp
     seq = estimate.seq
     load = layout.expert_load if layout.ep > 1 else 1
-    if load != 1 and (tp > 1 or cp > 1):
+    if load != 1 and cp > 1:
         raise UnsupportedError("expert load {load:g}: the busiest expert-parallel rank's FLOPs are counted (and "
-                               "checked against a traced rank with that routing) with expert parallel beside data "
-                               "parallel and pipeline stages; got {layout}", load=load, layout=layout.words())
+                               "checked against a traced rank with that routing) with expert parallel beside data, "
+                               "tensor parallel and pipeline stages, not context parallel (ep ranks drawn from the "
+                               "cp ranks, each with S / cp tokens, are not traced); got {layout}", load=load,
+                               layout=layout.words())
     if cp > 1:
         chunks = 2 * cp if causal_model else cp
         if seq % chunks:
