@@ -56,16 +56,16 @@ MoE routers' load-balancing statistics: bytes per token or per step, well under 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from math import gcd
 from time import perf_counter
 from typing import Any
 
-from ...display import HtmlDisplay
 from ...errors import OptionError, ParamscopeError, UnsupportedError
-from ..memory.result import DEFAULT_RESERVE
 from .layout import MAX_DEGREE, ParallelLayout, layout_for, shard_mode, shard_words
 from .pipeline import bubble, layer_of, layer_stack_of, stages
+from .search_options import SearchOptions, peak_for
+from .search_result import (Candidate, CommTerm, DeviceCount, LayoutSearch, Minimum, Skipped,
+                            candidate_settings)
 
 MIN_BEYOND = 16  # the fewest devices are sought up to 16 × N
 MIN_BUDGET = 1024  # layouts the fewest devices' search evaluates below the first power of two that fits, at most
@@ -73,189 +73,6 @@ MIN_BUDGET = 1024  # layouts the fewest devices' search evaluates below the firs
 MAX_DERIVED = 8  # ranks' steps a search derives from traces for a class without the analytic per-device recipe, at
 # most (each a few traces of short cuts on torch's fake process group: GPT-2 at 1,024 tokens 13-28 s cold on 2 busy
 # cores, under 2 s once cached); the layouts that would need another are named as not derived
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    devices: int
-    gpu: str
-    global_batch: int | None = None  # None: batch × devices (what N data-parallel replicas of `batch` take)
-    batch: int = 1
-    seq: int | None = None
-    precision: str = "bf16-mixed"
-    optimizer: str = "adamw"
-    grad_checkpointing: str = "none"
-    attention: str | None = None
-    zero: str | None = None  # None: fsdp (FSDP2, full sharding)
-    shard_group: int | None = None
-    schedule: str | None = None  # pipeline layouts' schedule (default 1f1b)
-    virtual_stages: int = 1
-    context_parallel: bool = True  # search cp too
-    reserve: int = DEFAULT_RESERVE
-
-    @property
-    def total_batch(self) -> int:
-        return self.global_batch if self.global_batch is not None else self.batch * self.devices
-
-    def check(self) -> None:
-        from ..hardware import find_accelerator
-        from ..memory.training import TrainingOptions
-
-        for name, value in (("devices", self.devices), ("global_batch", self.total_batch)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEGREE:
-                raise OptionError("{0} must be a whole number from 1 to {limit:,}, got {value!r}", name,
-                                  limit=MAX_DEGREE, value=str(value)[:40])
-        TrainingOptions(batch=self.batch, seq=self.seq, optimizer=self.optimizer, precision=self.precision,
-                        grad_checkpointing=self.grad_checkpointing, attention=self.attention,
-                        reserve=self.reserve).check()
-        shard_mode(self.zero or "fsdp")
-        if self.schedule is not None or self.virtual_stages != 1:
-            ParallelLayout(pp=2, micro_batches=2, schedule=self.schedule or "interleaved",
-                           virtual_stages=self.virtual_stages).check()
-        if self.shard_group is not None and shard_mode(self.zero or "fsdp") != "hsdp":
-            raise OptionError("{0} is for hybrid sharding (hybrid_shard)", "shard_group")
-        accelerator = find_accelerator(self.gpu)
-        peak_for(accelerator, self.precision)
-
-
-def peak_for(accelerator: Any, precision: str) -> tuple[float, str]:
-    """(the GPU's dense peak FLOP/s, the dtype it is read in) for a precision's matmuls: bf16 for bf16-mixed and
-    bf16-pure, fp16 for fp16-mixed, tf32 for fp32 (torch's allow_tf32; a lower bound on the time where matmuls
-    run in full fp32)."""
-    from ..hardware import peak_flops
-
-    from ..hardware import PEAK_TFLOPS
-
-    dtype = {"bf16-mixed": "bf16", "bf16-pure": "bf16", "fp16-mixed": "fp16", "fp32": "tf32"}.get(precision, "bf16")
-    peak = peak_flops(accelerator, dtype)
-    if peak is None:
-        known = ", ".join(PEAK_TFLOPS.get(accelerator.name, {})) or "none"
-        raise OptionError("{0} sorts layouts by the GPU's peak FLOP/s, and the table has none for {gpu} in {dtype} "
-                          "(the {1} {precision}'s matmuls; it has: {known})", "find_layout", "precision",
-                          gpu=accelerator.name, dtype=dtype, precision=precision, known=known)
-    return peak, dtype
-
-
-@dataclass(frozen=True)
-class CommTerm:
-    """One kind of communication one device does a step: bytes sent (as many received), a bound."""
-
-    kind: str  # "dp" | "tp" | "pp" | "ep" | "cp"
-    what: str  # the collective, in words
-    bytes: int
-    formula: str  # in symbols
-    arithmetic: str  # with this layout's numbers
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One layout: its busiest device's peak, FLOPs, time bound and communication."""
-
-    layout: ParallelLayout
-    replica_batch: int  # sequences each data-parallel replica takes a step: G / dp
-    peak: int  # the worst device's peak, bytes (reserve not included)
-    peak_phase: str
-    fits: bool
-    free: int  # memory − reserve − peak (negative: short by that much)
-    # the rest is computed for a layout that fits only (None, and no terms, where it does not)
-    flops: int | None  # the busiest device's hardware FLOPs a step (model FLOPs + recompute)
-    model_flops: int | None
-    bubble: float
-    seconds: float | None  # flops / peak / (1 − bubble): a bound at the GPU's peak
-    comm: tuple[CommTerm, ...]
-    comm_stage: int | None  # the pipeline stage whose device communicates the most (the one shown)
-
-    @property
-    def comm_bytes(self) -> int:
-        return sum(term.bytes for term in self.comm)
-
-    def comm_by_kind(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for term in self.comm:
-            out[term.kind] = out.get(term.kind, 0) + term.bytes
-        return out
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A layout the search could not answer, and why."""
-
-    dp: int
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    reason: str
-    bounded: bool = False  # it cannot fit: its lower bound (_Search.bound) exceeds the GPU, so it was not derived
-
-
-@dataclass(frozen=True)
-class DeviceCount:
-    """One device count tried for the fewest that fit."""
-
-    devices: int
-    outcome: str  # "fits" | "none fits" | "no layout" (counts whose model states alone exceed are below the floor)
-    layouts: int  # layouts evaluated
-    words: str
-    unanswered: int = 0  # layouts tried that no engine answers here (Skipped: a class's tp or cp, say)
-
-
-@dataclass(frozen=True)
-class Minimum:
-    devices: int | None  # the fewest that fit (every count tried below it, unless `untried`); None: none up to `limit`
-    layout: Candidate | None  # the first layout found to fit there (the best there when it is N)
-    limit: int  # the largest count tried
-    tried: tuple[DeviceCount, ...]  # each count looked at, from `floor` up, ascending
-    floor: int = 1  # below it the model states alone, spread evenly, exceed the GPU (no count there is tried)
-    untried: tuple[int, int] | None = None  # (first, last): from first to last, the counts `tried` does not list were
-    # left when the budget ran out (the powers of two among them were tried first)
-    budget: int = 0  # the most layouts tried below the first power of two that fits (MIN_BUDGET)
-    bounded: int = 0  # layouts passed over without an evaluation: their lower bound (_Search.bound) exceeds the GPU
-    unanswered: int = 0  # layouts of the counts in `tried` that no engine answers here: the answer is among the
-    # answered layouts only (a count below it, or any where none is found, may fit by one of these)
-
-
-@dataclass(frozen=True)
-class LayoutSearch(HtmlDisplay):
-    accelerator: str
-    memory: int
-    reserve: int
-    peak_flops: float  # FLOP/s
-    peak_dtype: str
-    devices: int
-    global_batch: int
-    seq: int
-    precision: str
-    optimizer: str
-    grad_checkpointing: str
-    shard: str  # the data-parallel shard mode every layout uses
-    schedule: str
-    virtual_stages: int
-    fitting: tuple[Candidate, ...]  # sorted: time bound, bytes, peak
-    not_fitting: tuple[Candidate, ...]  # sorted by peak
-    skipped: tuple[Skipped, ...]
-    minimum: Minimum
-    evaluated: int  # layouts whose memory and FLOPs were computed (here and in the minimum's search)
-    notes: tuple[str, ...] = field(default=())
-    seconds: float = 0.0  # the search's wall time (a measurement, not a figure of the model)
-    # the model's Report, as `paramscope.find_layout` answers (the CLI renders it beside); no part of == or hash
-    report: Any = field(default=None, repr=False, compare=False)
-
-    @property
-    def best(self) -> Candidate | None:
-        return self.fitting[0] if self.fitting else None
-
-    def __repr__(self) -> str:
-        """One line: `<LayoutSearch of … on 4 × H100 80GB: 10 of 10 layouts fit, best dp 1 (FSDP2) × tp 4 (sequence
-        parallel) = 4 devices, 0.0485 s a step (bound at the peak) · batch 4 × 1,024 tokens · fewest that fit: 2>`."""
-        model = "" if self.report is None else f" of {self.report.model.label}"
-        best = self.best
-        answer = (f"best {best.layout.words()}, {best.seconds:.3g} s a step (bound at the peak)"
-                  if best is not None and best.seconds is not None else "none fits")
-        fewest = self.minimum.devices
-        return (f"<LayoutSearch{model} on {self.devices:,} × {self.accelerator}: {len(self.fitting):,} of "
-                f"{len(self.fitting) + len(self.not_fitting):,} layouts fit, {answer} · batch {self.global_batch:,} "
-                f"× {self.seq:,} tokens · fewest that fit: {'none' if fewest is None else f'{fewest:,}'}>")
 
 
 def divisors(n: int) -> list[int]:
@@ -1022,14 +839,6 @@ def find_layouts(model: Any, options: SearchOptions, use_cache: bool = True,
         raise UnsupportedError("the layout search needs each layout's memory without a full trace; {cls} has none "
                                "here", cls=view.class_name)
     return report, result, view
-
-
-def candidate_settings(candidate: Candidate) -> dict[str, Any]:
-    layout = candidate.layout
-    return {"dp": layout.dp, "tp": layout.tp, "sp": layout.sp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep,
-            "micro_batches": layout.micro_batches, "schedule": layout.schedule if layout.pp > 1 else None,
-            "virtual_stages": layout.virtual_stages, "shard": layout.shard, "shard_degree": layout.shard_degree,
-            "words": layout.words()}
 
 
 __all__ = ["Candidate", "CommTerm", "DeviceCount", "LayoutSearch", "Minimum", "SearchOptions", "Skipped",

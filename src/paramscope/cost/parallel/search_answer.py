@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .search import LayoutSearch, SearchOptions
+from .search_options import SearchOptions
+from .search_result import LayoutSearch
 
 
 def find_layout(model: Any, options: SearchOptions, use_cache: bool = True, **model_options: Any) -> LayoutSearch:

@@ -1,0 +1,70 @@
+"""What `--find-layout` is asked (SearchOptions: the devices, the GPU, the global batch, the training settings every
+layout shares) and the GPU's peak FLOP/s the layouts are sorted by (peak_for)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import OptionError
+from ..memory.result import DEFAULT_RESERVE
+from .layout import MAX_DEGREE, ParallelLayout, shard_mode
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    devices: int
+    gpu: str
+    global_batch: int | None = None  # None: batch × devices (what N data-parallel replicas of `batch` take)
+    batch: int = 1
+    seq: int | None = None
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    grad_checkpointing: str = "none"
+    attention: str | None = None
+    zero: str | None = None  # None: fsdp (FSDP2, full sharding)
+    shard_group: int | None = None
+    schedule: str | None = None  # pipeline layouts' schedule (default 1f1b)
+    virtual_stages: int = 1
+    context_parallel: bool = True  # search cp too
+    reserve: int = DEFAULT_RESERVE
+
+    @property
+    def total_batch(self) -> int:
+        return self.global_batch if self.global_batch is not None else self.batch * self.devices
+
+    def check(self) -> None:
+        from ..hardware import find_accelerator
+        from ..memory.training import TrainingOptions
+
+        for name, value in (("devices", self.devices), ("global_batch", self.total_batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEGREE:
+                raise OptionError("{0} must be a whole number from 1 to {limit:,}, got {value!r}", name,
+                                  limit=MAX_DEGREE, value=str(value)[:40])
+        TrainingOptions(batch=self.batch, seq=self.seq, optimizer=self.optimizer, precision=self.precision,
+                        grad_checkpointing=self.grad_checkpointing, attention=self.attention,
+                        reserve=self.reserve).check()
+        shard_mode(self.zero or "fsdp")
+        if self.schedule is not None or self.virtual_stages != 1:
+            ParallelLayout(pp=2, micro_batches=2, schedule=self.schedule or "interleaved",
+                           virtual_stages=self.virtual_stages).check()
+        if self.shard_group is not None and shard_mode(self.zero or "fsdp") != "hsdp":
+            raise OptionError("{0} is for hybrid sharding (hybrid_shard)", "shard_group")
+        accelerator = find_accelerator(self.gpu)
+        peak_for(accelerator, self.precision)
+
+
+def peak_for(accelerator: Any, precision: str) -> tuple[float, str]:
+    """(the GPU's dense peak FLOP/s, the dtype it is read in) for a precision's matmuls: bf16 for bf16-mixed and
+    bf16-pure, fp16 for fp16-mixed, tf32 for fp32 (torch's allow_tf32; a lower bound on the time where matmuls
+    run in full fp32)."""
+    from ..hardware import PEAK_TFLOPS, peak_flops
+
+    dtype = {"bf16-mixed": "bf16", "bf16-pure": "bf16", "fp16-mixed": "fp16", "fp32": "tf32"}.get(precision, "bf16")
+    peak = peak_flops(accelerator, dtype)
+    if peak is None:
+        known = ", ".join(PEAK_TFLOPS.get(accelerator.name, {})) or "none"
+        raise OptionError("{0} sorts layouts by the GPU's peak FLOP/s, and the table has none for {gpu} in {dtype} "
+                          "(the {1} {precision}'s matmuls; it has: {known})", "find_layout", "precision",
+                          gpu=accelerator.name, dtype=dtype, precision=precision, known=known)
+    return peak, dtype

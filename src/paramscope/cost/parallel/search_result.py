@@ -1,0 +1,141 @@
+"""The layout search's answer as data: each layout's figures (Candidate, its communication as CommTerms), the
+layouts not answered and why (Skipped), the fewest devices that fit (Minimum, each count tried a DeviceCount), and
+the whole search (LayoutSearch, which a notebook shows as the layout page)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...display import HtmlDisplay
+from .layout import ParallelLayout
+
+
+@dataclass(frozen=True)
+class CommTerm:
+    """One kind of communication one device does a step: bytes sent (as many received), a bound."""
+
+    kind: str  # "dp" | "tp" | "pp" | "ep" | "cp"
+    what: str  # the collective, in words
+    bytes: int
+    formula: str  # in symbols
+    arithmetic: str  # with this layout's numbers
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout: its busiest device's peak, FLOPs, time bound and communication."""
+
+    layout: ParallelLayout
+    replica_batch: int  # sequences each data-parallel replica takes a step: G / dp
+    peak: int  # the worst device's peak, bytes (reserve not included)
+    peak_phase: str
+    fits: bool
+    free: int  # memory − reserve − peak (negative: short by that much)
+    # the rest is computed for a layout that fits only (None, and no terms, where it does not)
+    flops: int | None  # the busiest device's hardware FLOPs a step (model FLOPs + recompute)
+    model_flops: int | None
+    bubble: float
+    seconds: float | None  # flops / peak / (1 − bubble): a bound at the GPU's peak
+    comm: tuple[CommTerm, ...]
+    comm_stage: int | None  # the pipeline stage whose device communicates the most (the one shown)
+
+    @property
+    def comm_bytes(self) -> int:
+        return sum(term.bytes for term in self.comm)
+
+    def comm_by_kind(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for term in self.comm:
+            out[term.kind] = out.get(term.kind, 0) + term.bytes
+        return out
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A layout the search could not answer, and why."""
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    reason: str
+    bounded: bool = False  # it cannot fit: its lower bound (_Search.bound) exceeds the GPU, so it was not derived
+
+
+@dataclass(frozen=True)
+class DeviceCount:
+    """One device count tried for the fewest that fit."""
+
+    devices: int
+    outcome: str  # "fits" | "none fits" | "no layout" (counts whose model states alone exceed are below the floor)
+    layouts: int  # layouts evaluated
+    words: str
+    unanswered: int = 0  # layouts tried that no engine answers here (Skipped: a class's tp or cp, say)
+
+
+@dataclass(frozen=True)
+class Minimum:
+    devices: int | None  # the fewest that fit (every count tried below it, unless `untried`); None: none up to `limit`
+    layout: Candidate | None  # the first layout found to fit there (the best there when it is N)
+    limit: int  # the largest count tried
+    tried: tuple[DeviceCount, ...]  # each count looked at, from `floor` up, ascending
+    floor: int = 1  # below it the model states alone, spread evenly, exceed the GPU (no count there is tried)
+    untried: tuple[int, int] | None = None  # (first, last): from first to last, the counts `tried` does not list were
+    # left when the budget ran out (the powers of two among them were tried first)
+    budget: int = 0  # the most layouts tried below the first power of two that fits (MIN_BUDGET)
+    bounded: int = 0  # layouts passed over without an evaluation: their lower bound (_Search.bound) exceeds the GPU
+    unanswered: int = 0  # layouts of the counts in `tried` that no engine answers here: the answer is among the
+    # answered layouts only (a count below it, or any where none is found, may fit by one of these)
+
+
+@dataclass(frozen=True)
+class LayoutSearch(HtmlDisplay):
+    accelerator: str
+    memory: int
+    reserve: int
+    peak_flops: float  # FLOP/s
+    peak_dtype: str
+    devices: int
+    global_batch: int
+    seq: int
+    precision: str
+    optimizer: str
+    grad_checkpointing: str
+    shard: str  # the data-parallel shard mode every layout uses
+    schedule: str
+    virtual_stages: int
+    fitting: tuple[Candidate, ...]  # sorted: time bound, bytes, peak
+    not_fitting: tuple[Candidate, ...]  # sorted by peak
+    skipped: tuple[Skipped, ...]
+    minimum: Minimum
+    evaluated: int  # layouts whose memory and FLOPs were computed (here and in the minimum's search)
+    notes: tuple[str, ...] = field(default=())
+    seconds: float = 0.0  # the search's wall time (a measurement, not a figure of the model)
+    # the model's Report, as `paramscope.find_layout` answers (the CLI renders it beside); no part of == or hash
+    report: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.fitting[0] if self.fitting else None
+
+    def __repr__(self) -> str:
+        """One line: `<LayoutSearch of … on 4 × H100 80GB: 10 of 10 layouts fit, best dp 1 (FSDP2) × tp 4 (sequence
+        parallel) = 4 devices, 0.0485 s a step (bound at the peak) · batch 4 × 1,024 tokens · fewest that fit: 2>`."""
+        model = "" if self.report is None else f" of {self.report.model.label}"
+        best = self.best
+        answer = (f"best {best.layout.words()}, {best.seconds:.3g} s a step (bound at the peak)"
+                  if best is not None and best.seconds is not None else "none fits")
+        fewest = self.minimum.devices
+        return (f"<LayoutSearch{model} on {self.devices:,} × {self.accelerator}: {len(self.fitting):,} of "
+                f"{len(self.fitting) + len(self.not_fitting):,} layouts fit, {answer} · batch {self.global_batch:,} "
+                f"× {self.seq:,} tokens · fewest that fit: {'none' if fewest is None else f'{fewest:,}'}>")
+
+
+def candidate_settings(candidate: Candidate) -> dict[str, Any]:
+    layout = candidate.layout
+    return {"dp": layout.dp, "tp": layout.tp, "sp": layout.sp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep,
+            "micro_batches": layout.micro_batches, "schedule": layout.schedule if layout.pp > 1 else None,
+            "virtual_stages": layout.virtual_stages, "shard": layout.shard, "shard_degree": layout.shard_degree,
+            "words": layout.words()}
