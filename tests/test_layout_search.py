@@ -118,10 +118,10 @@ def test_every_degree_that_divides(capsys):
 def test_the_bound_never_passes_over_a_layout_that_fits(monkeypatch):
     """Every layout's lower bound is at most its evaluated peak, and the fewest devices are the same with the bound
     switched off (every layout of every count evaluated)."""
-    from paramscope.cost.parallel import search as module
+    from paramscope.cost.parallel.layout_evaluation import LayoutEvaluator
 
     bounds, peaks = {}, {}
-    bound, evaluate = module._Search.bound, module._Search.evaluate
+    bound, evaluate = LayoutEvaluator.bound, LayoutEvaluator.evaluate
 
     def recorded_bound(self, layout, replica):
         bounds[layout] = bound(self, layout, replica)
@@ -134,8 +134,8 @@ def test_the_bound_never_passes_over_a_layout_that_fits(monkeypatch):
 
     options = SearchOptions(devices=6, gpu="h100")
     _, pruned, _ = find_layouts("llama-3-8b", options)
-    monkeypatch.setattr(module._Search, "bound", recorded_bound)
-    monkeypatch.setattr(module._Search, "evaluate", recorded_evaluate)
+    monkeypatch.setattr(LayoutEvaluator, "bound", recorded_bound)
+    monkeypatch.setattr(LayoutEvaluator, "evaluate", recorded_evaluate)
     _, search, _ = find_layouts("llama-3-8b", options)
     assert search.minimum.devices == pruned.minimum.devices == 3 and search.minimum.bounded == 0
     checked = [layout for layout in peaks if layout in bounds]  # N's own list is evaluated whole, in bound order
@@ -147,9 +147,9 @@ def test_the_bound_never_passes_over_a_layout_that_fits(monkeypatch):
 def test_the_fewest_devices_search_is_bounded(monkeypatch, capsys):
     """Below the first power of two that fits, the search stops after MIN_BUDGET layouts: the power of two is the
     answer, the counts left are named (here a budget of none leaves 3)."""
-    from paramscope.cost.parallel import search as module
+    from paramscope.cost.parallel import layout_minimum
 
-    monkeypatch.setattr(module, "MIN_BUDGET", 0)
+    monkeypatch.setattr(layout_minimum, "MIN_BUDGET", 0)
     assert main(["memory", "llama-3-8b", "--training", "--find-layout", "--gpu", "h100", "--devices", "6",
                  "--json"]) == 0
     minimum = json.loads(capsys.readouterr().out)["layout_search"]["minimum"]

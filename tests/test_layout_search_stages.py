@@ -36,13 +36,13 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpt2")
     path = root / "config.json"
     path.write_text(json.dumps(CONFIG))
-    from paramscope.cost.parallel import search
+    from paramscope.cost.parallel import layout_derivation
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PARAMSCOPE_CACHE_DIR", str(root / "cache"))
-        patch.setattr(search, "MAX_DERIVED", 2)
+        patch.setattr(layout_derivation, "MAX_DERIVED", 2)
         found = json.loads(_run(["memory", str(path), *SEARCH, "--json"]))["layout_search"]
-        patch.setattr(search, "MAX_DERIVED", 0)  # the fewest devices' search up to 64 derives nothing more
+        patch.setattr(layout_derivation, "MAX_DERIVED", 0)  # the fewest devices' search up to 64 derives nothing more
         tight = json.loads(_run(["memory", str(path), *SEARCH, *TIGHT, "--json"]))["layout_search"]
         text = " ".join(_run(["memory", str(path), *SEARCH, *TIGHT, "--width", "200"]).split())
         yield found, tight, text, path

@@ -61,7 +61,7 @@ class Skipped:
     cp: int
     ep: int
     reason: str
-    bounded: bool = False  # it cannot fit: its lower bound (_Search.bound) exceeds the GPU, so it was not derived
+    bounded: bool = False  # it cannot fit: its lower bound (layout_bound.py) exceeds the GPU, so it was not derived
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class Minimum:
     untried: tuple[int, int] | None = None  # (first, last): from first to last, the counts `tried` does not list were
     # left when the budget ran out (the powers of two among them were tried first)
     budget: int = 0  # the most layouts tried below the first power of two that fits (MIN_BUDGET)
-    bounded: int = 0  # layouts passed over without an evaluation: their lower bound (_Search.bound) exceeds the GPU
+    bounded: int = 0  # layouts passed over without an evaluation: their lower bound (layout_bound.py) exceeds the GPU
     unanswered: int = 0  # layouts of the counts in `tried` that no engine answers here: the answer is among the
     # answered layouts only (a count below it, or any where none is found, may fit by one of these)
 

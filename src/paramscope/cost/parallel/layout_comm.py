@@ -1,0 +1,224 @@
+"""Each device's communication a step, by kind, each a bound: the layout search shows the stage whose device moves
+the most.
+
+What one device sends (and as much it receives) a step, ring algorithms over a group of n ranks, a buffer of X
+bytes: all-gather and reduce-scatter (n − 1)/n · X each, all-reduce 2(n − 1)/n · X; rounded up to a byte:
+
+    DP   P, G = the device's parameters and gradients before any data-parallel share, in the dtype they are trained
+         in (fp32 under mixed precision: FSDP2 without a MixedPrecisionPolicy, as the memory figures assume); routed
+         experts apart (Pe, Ge) over their own n_e = n / ep ranks, the rest (Pd, Gd) over n = dp × cp
+         DDP (no sharding)   all-reduce of the gradients                         2(n−1)/n · G
+         ZeRO-1, ZeRO-2      reduce-scatter of the gradients, all-gather of the updated parameters   (n−1)/n · (G + P)
+         ZeRO-3, FSDP2       all-gather of the parameters in forward and again in backward, reduce-scatter of the
+                             gradients                                           (n−1)/n · (2P + G)
+         FSDP2 hybrid        the same inside a shard group of g, then all-reduce of the gradient shard across the
+                             r = n / g groups                (g−1)/g · (2P + G) + 2(r−1)/r · G/g
+    TP   X = b·s·h × a (a microbatch's tokens on the rank: b = the microbatch, s = S / cp; a = 2 B under mixed or
+         bf16 precision, 4 B in fp32); per layer 2 all-reduces forward and 2 backward (Megatron; with sequence
+         parallel each is an all-gather and a reduce-scatter: the same bytes); the vocabulary-parallel embedding's
+         forward and the head's input gradient one more each on the first and last stage; full checkpointing reruns
+         the forward's 2 a layer:        c · 2(t−1)/t · X per microbatch, c = 4·L (+2·L recomputed) (+1 first) (+1 last)
+    PP   Y = b·s·h × r / t (the residual stream between stages: r = 4 B under mixed precision, sp's 1/t piece a rank):
+         each microbatch's activation sent forward and its gradient sent back, at every chunk boundary the device
+         holds;                          (v − [last]) + (v − [first]) sends of Y per microbatch
+         a tied embedding under pp: its gradient all-reduced between the first and last stage, E (the shard's bytes)
+    EP   the routed tokens' all-to-all, dispatch and combine, forward and backward (+2 recomputed), the share leaving
+         the rank under balanced routing: 4 · (e−1)/e · k·T·h × a a MoE layer and microbatch, T = b·s / t tokens
+    CP   ring attention: K and V of the rank's chunk passed cp − 1 times a layer forward, K, V and their gradients
+         backward (+1 recomputed): 3 · (cp−1) · 2·b·s·kv·hd × a a layer and microbatch (kv = the rank's KV heads)
+Left out: the loss's vocabulary-parallel max and sum (8 B a token), the optimizer's gradient-norm all-reduce, and
+MoE routers' load-balancing statistics: bytes per token or per step, well under 0.1%.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .layout import ParallelLayout, shard_words
+from .layout_facts import ModelFacts
+from .pipeline import Stage, params_held, stages
+from .search_result import CommTerm
+
+
+class StepCommunication:
+    """The communication of each layout's busiest device, with each pipeline's stage bytes computed once."""
+
+    def __init__(self, facts: ModelFacts) -> None:
+        self.facts = facts
+        self._stage_bytes: dict[tuple[int, int, int, int], list[tuple[Stage, int, int, int]]] = {}
+
+    def busiest(self, layout: ParallelLayout, replica: int) -> tuple[int, tuple[CommTerm, ...]]:
+        """(the stage whose device moves the most, its terms)."""
+        facts = self.facts
+        best: tuple[int, tuple[CommTerm, ...]] | None = None
+        for stage, dense, experts, tied in self.stage_bytes(layout):
+            terms = tuple(t for t in (*dp_terms(layout, dense, experts), tp_term(facts, layout, replica, stage),
+                                      *pp_terms(facts, layout, replica, stage, tied),
+                                      ep_term(facts, layout, replica, stage), cp_term(facts, layout, replica, stage))
+                          if t is not None)
+            if best is None or sum(t.bytes for t in terms) > sum(t.bytes for t in best[1]):
+                best = (stage.rank, terms)
+        assert best is not None
+        return best
+
+    def stage_bytes(self, layout: ParallelLayout) -> list[tuple[Stage, int, int, int]]:
+        """For each pipeline stage: (the stage, its dense parameters' bytes, its routed experts' bytes, a tied
+        embedding copy's bytes), rank 0's tensor/expert-parallel shards in the dtype they train in."""
+        key = (layout.tp, layout.ep, layout.pp, layout.virtual_stages)
+        if key in self._stage_bytes:
+            return self._stage_bytes[key]
+        from ..dtypes import itemsize
+        from ..memory.states import trained_dtype
+
+        facts = self.facts
+        by_name = {p.name: p for p in facts.placements(layout.tp, layout.ep)}
+
+        def size(p: Any) -> int:
+            return p.local_numel * itemsize(trained_dtype(p, facts.options.precision))  # type: ignore[arg-type]
+
+        if layout.pp > 1:
+            plan = stages(layout, facts.layers)
+        else:
+            plan = (Stage(0, tuple(range(facts.layers)), (facts.layers,), True, True, 1),)
+        out = []
+        for stage in plan:
+            held = params_held(facts.report.params, facts.stack, stage) if layout.pp > 1 else facts.report.params
+            dense = experts = 0
+            for param in held:
+                placement = by_name[param.name]
+                if placement.experts_split:
+                    experts += size(placement)
+                else:
+                    dense += size(placement)
+            tied = 0
+            if layout.pp > 1 and facts.tied in by_name and by_name[facts.tied].role.startswith("embedding"):
+                tied = size(by_name[facts.tied])
+                if stage.last:
+                    dense += tied
+            out.append((stage, dense, experts, tied if (stage.first or stage.last) else 0))
+        self._stage_bytes[key] = out
+        return out
+
+
+def dp_terms(layout: ParallelLayout, dense: int, experts: int) -> list[CommTerm]:
+    """The data-parallel collectives: the dense parameters over the dp × cp ranks holding them, the routed
+    experts over the dp × cp / ep ranks holding the same experts."""
+    ranks = layout.dp * layout.cp
+    out = []
+    for label, params, split in (("", dense, 1), (" (routed experts)", experts, layout.ep)):
+        same = ranks // split  # ranks holding the same parameters
+        if not params or same == 1:
+            continue
+        p = g = params
+        group = "dp × cp" + (" / ep" if split > 1 else "")
+        given = f"{'Pe = Ge' if split > 1 else 'P = G'} = {params:,} B"
+        if layout.zero_stage == 0:
+            n = same
+            out.append(CommTerm("dp", f"DDP: all-reduce of the gradients{label}", _ceil(2 * (n - 1) * g, n),
+                                f"2(n−1)/n · G, n = {group} = {n}", f"2·{n - 1}/{n} × {g:,} ({given})"))
+            continue
+        n = max(1, layout.shard_degree // split)  # ranks a shard is cut over
+        replicas = same // n
+        if layout.zero_stage in (1, 2):
+            out.append(CommTerm("dp", f"{shard_words(layout)}: reduce-scatter of the gradients, all-gather of "
+                                      f"the updated parameters{label}", _ceil((n - 1) * (g + p), n),
+                                f"(n−1)/n · (G + P), n = {group} = {n}", f"{n - 1}/{n} × ({g:,} + {p:,}) "
+                                                                         f"({given})"))
+        elif replicas > 1:
+            inside = _ceil((n - 1) * (2 * p + g), n)
+            across = _ceil(2 * (replicas - 1) * _ceil(g, n), replicas)
+            out.append(CommTerm("dp", f"{shard_words(layout)}: all-gather of the parameters (forward and "
+                                      f"backward) and reduce-scatter of the gradients inside a shard group of "
+                                      f"g = {n}, all-reduce of the gradient shard across r = {replicas} "
+                                      f"groups{label}", inside + across, "(g−1)/g · (2P + G) + 2(r−1)/r · G/g",
+                                f"{n - 1}/{n} × (2 × {p:,} + {g:,}) + 2·{replicas - 1}/{replicas} × "
+                                f"{_ceil(g, n):,} ({given})"))
+        else:
+            out.append(CommTerm("dp", f"{shard_words(layout)}: all-gather of the parameters (forward and "
+                                      f"backward), reduce-scatter of the gradients{label}",
+                                _ceil((n - 1) * (2 * p + g), n), f"(n−1)/n · (2P + G), n = {group} = {n}",
+                                f"{n - 1}/{n} × (2 × {p:,} + {g:,}) ({given})"))
+    return out
+
+
+def _tokens(facts: ModelFacts, layout: ParallelLayout, replica: int) -> tuple[int, int, int]:
+    """(microbatches, sequences a microbatch, tokens of a sequence on the rank)."""
+    micro = layout.micro_batches if layout.pp > 1 else 1
+    return micro, replica // micro, facts.seq // layout.cp
+
+
+def tp_term(facts: ModelFacts, layout: ParallelLayout, replica: int, stage: Any) -> CommTerm | None:
+    t = layout.tp
+    if t == 1:
+        return None
+    m, b, s = _tokens(facts, layout, replica)
+    x = b * s * facts.hidden * facts.act
+    layers = len(stage.layers)
+    count = 4 * layers + (2 * layers if facts.checkpointing else 0) + (1 if stage.first else 0) + \
+        (1 if stage.last else 0)
+    value = m * count * _ceil(2 * (t - 1) * x, t)
+    what = "all-gather + reduce-scatter (sequence parallel)" if layout.sp else "all-reduce"
+    return CommTerm("tp", f"tensor parallel: the activations' {what}, 4 a layer (forward and backward)"
+                          + (" + 2 recomputed" if facts.checkpointing else "") + " + the embedding's and head's",
+                    value, "m · c · 2(t−1)/t · b·s·h·a",
+                    f"{m} microbatch{'es' if m > 1 else ''} × {count} × 2·{t - 1}/{t} × {b}·{s:,}·{facts.hidden:,}"
+                    f"·{facts.act} B (c = 4 × {layers} layers" + (f" + 2 × {layers} recomputed" if
+                                                                 facts.checkpointing else "")
+                    + (" + 1 embedding" if stage.first else "") + (" + 1 head" if stage.last else "") + ")")
+
+
+def pp_terms(facts: ModelFacts, layout: ParallelLayout, replica: int, stage: Any, tied: int) -> list[CommTerm]:
+    if layout.pp == 1:
+        return []
+    m, b, s = _tokens(facts, layout, replica)
+    v = layout.virtual_stages
+    piece = layout.tp if layout.sp else 1
+    y = _ceil(b * s * facts.hidden * facts.residual, piece)
+    sends = (v - (1 if stage.last else 0)) + (v - (1 if stage.first else 0))
+    out = [CommTerm("pp", "pipeline: each microbatch's activation sent to the next stage and its gradient to "
+                          "the previous, at every boundary the device holds", m * sends * y,
+                    "m · sends · b·s·h·r" + (" / t" if piece > 1 else ""),
+                    f"{m} × {sends} × {b}·{s:,}·{facts.hidden:,}·{facts.residual} B"
+                    + (f" / {piece}" if piece > 1 else ""))]
+    if tied:
+        out.append(CommTerm("pp", "pipeline: the tied embedding's gradient all-reduced between the first and "
+                                  "last stage (Megatron's embedding group)", tied, "2·(2−1)/2 · E",
+                            f"{tied:,} B"))
+    return out
+
+
+def ep_term(facts: ModelFacts, layout: ParallelLayout, replica: int, stage: Any) -> CommTerm | None:
+    e = layout.ep
+    if e == 1:
+        return None
+    m, b, s = _tokens(facts, layout, replica)
+    layers = sum(1 for index in stage.layers if index in facts.moe_layers)
+    if not layers:
+        return None
+    tokens = _ceil(b * s, layout.tp if layout.sp else 1)
+    count = 4 + (2 if facts.checkpointing else 0)
+    value = m * layers * count * _ceil((e - 1) * facts.top_k * tokens * facts.hidden * facts.act, e)
+    return CommTerm("ep", "expert parallel: the routed tokens' all-to-all, dispatch and combine, forward and "
+                          "backward" + (" + recomputed" if facts.checkpointing else "") + ", balanced routing",
+                    value, f"m · L_moe · {count} · (e−1)/e · k·T·h·a",
+                    f"{m} × {layers} MoE layers × {count} × {e - 1}/{e} × {facts.top_k}·{tokens:,}·"
+                    f"{facts.hidden:,}·{facts.act} B")
+
+
+def cp_term(facts: ModelFacts, layout: ParallelLayout, replica: int, stage: Any) -> CommTerm | None:
+    c = layout.cp
+    if c == 1:
+        return None
+    m, b, s = _tokens(facts, layout, replica)
+    kv = max(1, facts.kv_heads // layout.tp)
+    z = 2 * b * s * kv * facts.head_dim * facts.act
+    layers = len(stage.layers)
+    count = 3 + (1 if facts.checkpointing else 0)
+    value = m * layers * count * (c - 1) * z
+    return CommTerm("cp", "context parallel: ring attention's K and V passed round the ring, forward; K, V and "
+                          "their gradients, backward", value, f"m · L · {count} · (cp−1) · 2·b·s·kv·hd·a",
+                    f"{m} × {layers} layers × {count} × {c - 1} × 2·{b}·{s:,}·{kv}·{facts.head_dim}·{facts.act} B")
+
+
+def _ceil(numerator: int, denominator: int) -> int:
+    return -(-numerator // denominator)

@@ -1,0 +1,85 @@
+"""The ranks' steps a search derives from traces for a class without the analytic per-device recipe, and their cap.
+
+FSDP's degree cannot be composed from one derivation (a rank's step moves by more than its states from one degree to
+the next), so each layout is asked exactly what memory asks: a derived recipe keyed as memory keys it
+(derivation_key). Each new one costs a few traces of short cuts, so a search makes at most MAX_DERIVED, lowest bound
+first; the layouts that would need another are named as not derived."""
+
+from __future__ import annotations
+
+from .layout import ParallelLayout
+
+MAX_DERIVED = 8  # ranks' steps a search derives from traces for a class without the analytic per-device recipe, at
+# most (each a few traces of short cuts on torch's fake process group: GPT-2 at 1,024 tokens 13-28 s cold on 2 busy
+# cores, under 2 s once cached); the layouts that would need another are named as not derived
+
+
+def derivation_key(layout: ParallelLayout, replica: int, experts: int) -> tuple | None:
+    """The derived recipe a class without the analytic per-device recipe needs for the layout, as memory asks the
+    cache for it (the traced layout and the batch regime, 1 or 2 and up; the sequence is the search's): a pipeline's
+    stages replay the tensor- or expert-parallel rank's recipe (or one device's) at the microbatch, without FSDP; a
+    rank without a pipeline is derived at the replica's batch with FSDP's degree, or alone with its context-parallel
+    share. None where memory derives nothing more (data or expert parallel alone: the one-device step) or refuses the
+    layout first (cp with tp or FSDP, ep with tp, cp under a pipeline). `experts`: the class's routed experts."""
+    if layout.pp > 1:
+        regime = min(2, replica // layout.micro_batches)
+        if layout.cp > 1:
+            return None
+        if layout.ep > 1 and experts:
+            return None if layout.tp > 1 else ("experts", layout.ep, regime)
+        return ("rank", 1, "none", layout.tp, layout.sp, regime) if layout.tp > 1 else ("device", regime)
+    regime = min(2, replica)
+    fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
+    if layout.ep > 1:
+        return None
+    if layout.cp > 1:
+        return None if layout.tp > 1 or fsdp else ("context", layout.cp, regime)
+    if not fsdp and layout.tp == 1:
+        return None
+    return ("rank", layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp, regime)
+
+
+def derivation_words(key: tuple) -> str:
+    """A derivation_key in words: 'tp 2 with sequence parallel, FSDP2 over 4, batch 2 and up'."""
+    kind, *rest, regime = key
+    if kind == "rank":
+        degree, shard, tp, sp = rest
+        parts = [f"tp {tp}" + (" with sequence parallel" if sp else "") if tp > 1 else "one rank"]
+        if shard != "none":
+            parts.append(f"FSDP2 over {degree}")
+    elif kind == "experts":
+        parts = [f"ep {rest[0]}"]
+    elif kind == "context":
+        parts = [f"cp {rest[0]}"]
+    else:
+        parts = ["one device"]
+    parts.append("batch 1" if regime == 1 else "batch 2 and up")
+    return ", ".join(parts)
+
+
+class Derivations:
+    """The derived recipes a search asked for, in the order asked, and the layouts the cap left underived."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple] = []  # derivation keys, one-device steps included
+        self.not_derived = 0  # layouts passed over because the MAX_DERIVED derivations were spent
+
+    @property
+    def spent(self) -> int:
+        """The derivations counted against MAX_DERIVED: the ranks' (tensor, expert, context parallel or FSDP), not
+        the one-device steps (every answer of the class needs those; a pipeline's stages replay them)."""
+        return sum(1 for key in self.made if key[0] != "device")
+
+    @property
+    def exhausted(self) -> bool:
+        return self.spent >= MAX_DERIVED
+
+    def note(self, devices: int) -> str | None:
+        """The search's note on what it derived and what the cap left; None where it derived no rank."""
+        if not (self.spent or self.not_derived):
+            return None
+        made = [derivation_words(key) for key in self.made if key[0] != "device"]
+        return (f"ranks' steps derived from traces for this search (or read from the cache): {self.spent} of at "
+                f"most {MAX_DERIVED}" + (f" ({'; '.join(made)})" if made else "")
+                + (f"; {self.not_derived:,} layouts (of {devices:,} devices and of the counts the fewest devices' "
+                   f"search tried) needed another and were not derived" if self.not_derived else ""))

@@ -1,0 +1,132 @@
+"""One layout's figures: its busiest device's peak against the GPU, and for a layout that fits its FLOPs, the time
+bound at the GPU's peak and its communication.
+
+    → memory   one device's peak (estimate.py through memory/training.py's step_estimate), + the reserve, against
+               the GPU's memory. A class without the analytic per-device recipe (its step derived from traces):
+               each layout asked as memory --dp D --tp T --pp P --sp asks it (the same peak to the byte), which
+               derives a rank's step (layout_derivation.py: at most MAX_DERIVED a search, lowest bound first, none
+               for a layout whose bound exceeds the GPU); what memory refuses, or the cap leaves underived, is a
+               Skipped with its reason
+    → FLOPs    the busiest device's hardware FLOPs a step (layout_flops.py: its stage and tp rank, recompute included)
+    → time     a bound at the GPU's peak: hardware FLOPs / peak FLOP/s / (1 − bubble). Not a prediction: no
+               kernel runs at its peak, and communication is not in it (it may overlap or not)
+    → bytes    each device's communication a step, by kind, each a bound (layout_comm.py)
+
+A layout that does not fit is given its memory only (no FLOPs, time or bytes): the search reads only that it does
+not fit."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+from ...errors import ParamscopeError
+from . import layout_derivation
+from .layout import ParallelLayout
+from .layout_bound import PeakLowerBound
+from .layout_candidates import refusal_words
+from .layout_comm import StepCommunication
+from .layout_derivation import Derivations, derivation_key
+from .layout_engines import StepEngines
+from .layout_facts import ModelFacts, read_facts
+from .layout_flops import LayoutFlops
+from .pipeline import bubble
+from .search_options import SearchOptions
+from .search_result import Candidate, Skipped
+
+
+class LayoutEvaluator:
+    """Each layout's Candidate (or Skipped), from the model's facts read once; counts the layouts evaluated."""
+
+    def __init__(self, report: Any, view: Any, options: SearchOptions, seq: int, flops_check: Any = None) -> None:
+        self.facts: ModelFacts = read_facts(report, view, options, seq)
+        self.engines = StepEngines(self.facts)
+        self.lower_bound = PeakLowerBound(self.facts, self.engines.derived)
+        self.derivations = Derivations()
+        self.flops = LayoutFlops(self.facts, flops_check)
+        self.communication = StepCommunication(self.facts)
+        self.evaluated = 0  # layouts whose memory was computed
+
+    def bound(self, layout: ParallelLayout, replica: int) -> int:
+        """A lower bound on the layout's peak per device (layout_bound.py)."""
+        return self.lower_bound.bound(layout, replica)
+
+    def evaluate(self, layout: ParallelLayout, replica: int) -> Candidate | Skipped | None:
+        """The layout's figures; Skipped where an engine refuses it (the reason); None where the memory answer
+        needs the built module.
+
+        A class without the analytic per-device recipe is asked exactly what `memory --dp D --tp T --pp P --sp`
+        asks (derive_layout: one rank's step derived from traces with the layout applied, wherever memory derives
+        one), so each answered layout's peak is memory's to the byte; a derivation the search has not made yet is
+        made only while fewer than MAX_DERIVED were, and only for a layout whose lower bound fits the GPU."""
+        facts = self.facts
+        key = derivation_key(layout, replica, facts.experts)
+        derive = False
+        if layout.tp > 1 or layout.cp > 1 or layout.pp > 1 or key is not None:
+            why = self.engines.not_answered(layout, replica)
+            if self.engines.needs_build:
+                return None
+            if why:
+                return _skipped(layout, why)
+            derive = bool(self.engines.derived(replica))
+        new = False  # a rank's step this search derives now
+        if derive and key is not None and key not in self.derivations.made:
+            if key[0] == "device":  # the one-device recipe at a microbatch size, as dp × pp always derived it
+                self.derivations.made.append(key)
+            else:
+                refused = self._derivation_refused(layout, replica)
+                if refused is not None:
+                    return refused
+                self.derivations.made.append(key)
+                new = True
+        self.evaluated += 1
+        try:
+            memory = self._memory(layout, replica, derive, new)
+            if memory is None:
+                return None
+            if memory.peak > facts.capacity:
+                return Candidate(layout, replica, memory.peak, memory.peak_phase, False, facts.capacity - memory.peak,
+                                 None, None, bubble(layout), None, (), None)
+            device = self.flops.device(layout, replica)
+        except ParamscopeError as err:
+            self.engines.refuse_stages(layout, replica, refusal_words(err))
+            return _skipped(layout, refusal_words(err))
+        idle = bubble(layout)
+        seconds = device.hardware / facts.peak / (1 - idle)
+        stage, comm = self.communication.busiest(layout, replica)
+        return Candidate(layout, replica, memory.peak, memory.peak_phase, True, facts.capacity - memory.peak,
+                         device.hardware, device.step, idle, seconds, comm, stage)
+
+    def _derivation_refused(self, layout: ParallelLayout, replica: int) -> Skipped | None:
+        """Why a layout that needs a new rank's derivation gets none: its bound exceeds the GPU, or the cap is
+        spent (counted as not derived); None where it is derived."""
+        capacity = self.facts.capacity
+        if self.bound(layout, replica) > capacity:
+            return _skipped(layout, f"does not fit: its model states alone, a lower bound on its peak, exceed the "
+                                    f"{capacity:,} B the GPU leaves beside the reserve (no step derived)",
+                            bounded=True)
+        if self.derivations.exhausted:
+            self.derivations.not_derived += 1
+            return _skipped(layout, f"not derived: the search derives at most {layout_derivation.MAX_DERIVED} ranks' "
+                                    "steps from traces (the lowest-bound layouts' first), and each "
+                                    f"{self.facts.view.class_name} rank at another tp degree, FSDP degree or batch "
+                                    "regime is one; memory --dp D --tp T --pp P --sp derives it")
+        return None
+
+    def _memory(self, layout: ParallelLayout, replica: int, derive: bool, new: bool) -> Any:
+        """One device's step under the layout as memory answers it (None: the build is needed); `new`: a rank's
+        step derived now, said on the progress line."""
+        from ... import progress
+        from ..memory.training import step_estimate
+
+        facts = self.facts
+        status = progress.status(f"layout search: one rank's step for {layout.words()}, derived from traces "
+                                 f"({self.derivations.spent} of at most {layout_derivation.MAX_DERIVED})") \
+            if new else nullcontext()
+        with status:
+            return step_estimate(facts.report, facts.view,
+                                 facts.training_options(replica, layout=layout, derive_layout=derive), live=False)
+
+
+def _skipped(layout: ParallelLayout, reason: str, bounded: bool = False) -> Skipped:
+    return Skipped(layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, reason, bounded)
