@@ -102,6 +102,10 @@ def test_cli_mixtral_8x7b(capsys):
         assert flops["mfu"] == pytest.approx(8 * 79_976_586_018_816 / (2 * 989.4e12 * 8))  # the layout's: unchanged
     assert forwards == {"1": 26_658_862_006_272, "1.5": 38_203_734_097_920, "2": 49_748_606_189_568}
     assert forwards["1.5"] - forwards["1"] == 23_089_744_183_296 // 2
+    # --zero as memory takes it (FSDP2, the layout memory answers under --expert-load too): named, no FLOP changes
+    assert main([*args, "--expert-load", "1.5", "--zero", "fsdp", "--json"]) == 0
+    device = json.loads(capsys.readouterr().out)["flops"]["device"]
+    assert device["forward"] == forwards["1.5"] and device["layout"]["words"].startswith("dp 8 (FSDP2) = 8 devices")
     assert main([*args, "--expert-load", "1.5", "--width", "200"]) == 0
     text = capsys.readouterr().out
     assert "⌈1.5·S⌉ = 3,072 of its balanced S = 2,048 token-expert pairs a layer" in text

@@ -71,6 +71,9 @@ def add_parser(subparsers: Any) -> None:
         "schedule": "pipeline schedule (default 1f1b; interleaved with --virtual-stages): sets the bubble",
         "cp": "context parallel: S / C query tokens a rank against all S keys (causal: the load-balanced split)",
         "ep": "expert parallel over the data-parallel ranks (balanced routing: expert FLOPs unchanged)"})
+    parser.add_argument("--zero", metavar="STAGE",
+                        help="what the data-parallel ranks shard, as memory takes it (0-3, fsdp, hybrid_shard, …): "
+                             "named in the layout; it changes communication and memory, not FLOPs")
     parser.add_argument("--expert-load", type=float, metavar="F",
                         help="with --ep: the busiest expert-parallel rank receives F × its balanced token-expert pairs "
                              "(1 ≤ F ≤ E; default 1, balanced routing): its FLOPs, the layout's step time's")
@@ -146,13 +149,13 @@ def _layout(args: argparse.Namespace) -> Any:
     the devices a throughput or an assumed MFU divides the peak over)."""
     from ..cost.parallel.layout import layout_for
 
-    given = (args.dp, args.micro_batches, args.schedule, args.expert_load)
+    given = (args.dp, args.micro_batches, args.schedule, args.expert_load, args.zero)
     if all(v is None for v in given) and (args.tp, args.ep, args.pp, args.cp, args.virtual_stages, args.sp) == \
             (1, 1, 1, 1, 1, False):
         return None
     return layout_for(devices=args.devices, dp=args.dp, tp=args.tp, sp=args.sp, pp=args.pp,
                       micro_batches=args.micro_batches, schedule=args.schedule, virtual_stages=args.virtual_stages,
-                      ep=args.ep, cp=args.cp, batch=args.batch,
+                      ep=args.ep, cp=args.cp, batch=args.batch, zero="0" if args.zero is None else args.zero,
                       expert_load=1.0 if args.expert_load is None else args.expert_load)
 
 
