@@ -109,4 +109,4 @@ def test_cli_mixtral_8x7b(capsys):
     assert main([*args, "--expert-load", "1.5", "--width", "200"]) == 0
     text = capsys.readouterr().out
     assert "⌈1.5·S⌉ = 3,072 of its balanced S = 2,048 token-expert pairs a layer" in text
-    assert "the step time of the layout is its" in text and "at balanced routing" in text
+    assert "and so is the layout's step time" in text and "at balanced routing" in text

@@ -342,7 +342,7 @@ def _conventions(layout: ParallelLayout, causal_model: bool, causal: str, weight
                    f"B·T·k = {pairs[1]:,} token-expert pairs a MoE layer{' and microbatch' if layout.pp > 1 else ''}"
                    f", so its expert FLOPs are × {pairs[0]:,} / {pairs[1]:,}; the other {ep - 1} ranks receive "
                    f"{ep * pairs[1] - pairs[0]:,} between them, fewer than S each. A step ends when its busiest rank's "
-                   "does: the figures (and the MFU per device) are that rank's, and the step time of the layout is its")
+                   "does: the figures (and the MFU per device) are that rank's, and so is the layout's step time")
     elif layout.ep > 1:
         out.append(f"expert parallel: balanced routing assumed: each rank's routed experts (/ {layout.ep}) receive "
                    "an even share of its group's top-k assignments, so a device's expert FLOPs are its own "
