@@ -31,10 +31,12 @@ def _traced(view, **layout):
     (GPT2, dict(devices=4, cp=2, tp=2), dict(cp=2, tp=2), 4_627_256),
     (GPT2, dict(devices=4, dp=2, cp=2, zero="fsdp"), dict(cp=2, dp=2, shard="fsdp"), 4_612_408),
     (LLAMA, dict(devices=4, cp=2, tp=2), dict(cp=2, tp=2), 3_056_428),
-], ids=["gpt2 cp×tp", "gpt2 cp×fsdp", "llama cp×tp"])
+    (GPT2, dict(devices=8, dp=2, cp=2, tp=2, sp=True, zero="fsdp"), dict(cp=2, tp=2, sp=True, dp=2, shard="fsdp"),
+     2_798_840),
+], ids=["gpt2 cp×tp", "gpt2 cp×fsdp", "llama cp×tp", "gpt2 fsdp×cp×tp×sp"])
 def test_the_derived_rank_equals_the_traced_rank(config, layout, traced, peak):
     """FSDP2 shards over dp × cp = 4 ranks: the trace's dp is 2 (its flattened mesh), the derived layout's shard
-    degree 4."""
+    degree 4; under sp the rank's S / cp tokens split again over tp between the blocks (the recipe in S / (2·cp·tp))."""
     _, estimate, view = _answer(config, layout)
     device = estimate.training.device
     assert device.activations_from.startswith("derived")
@@ -43,30 +45,27 @@ def test_the_derived_rank_equals_the_traced_rank(config, layout, traced, peak):
     assert [p.bytes for p in device.phases[:2]] == [p.bytes for p in step.phases[:2]]
     notes = " ".join(device.notes)
     assert "torch's context_parallel ring attention" in notes and "equal to the byte" in notes
-    if "tp" in traced:
-        assert "on the tp rank's heads" in notes
-    else:
-        assert "FSDP2 over dp × cp = 4 ranks" in notes
+    assert ("on the tp rank's heads" in notes) == ("tp" in traced)
+    assert ("FSDP2 over dp × cp = 4 ranks" in notes) == ("shard" in traced)
 
 
-def test_the_llama_closed_form_beside_cp_and_tp():
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp with sp"])
+def test_the_llama_closed_form_beside_cp_and_tp(sp):
     """The closed form on the (cp, tp) rank's shard is the traced peak less the one-device recipe's own 8 B."""
-    _, closed, _ = _answer(LLAMA, dict(devices=4, cp=2, tp=2), derive_layout=False)
+    _, closed, view = _answer(LLAMA, dict(devices=4, cp=2, tp=2, sp=sp), derive_layout=False)
     assert closed.training.device.activations_from.startswith("analytic")
-    assert closed.peak == 3_056_428 - 8
+    assert _traced(view, cp=2, tp=2, sp=sp).peak.bytes - closed.peak == 8
 
 
-def test_a_derived_class_beside_sequence_parallel_is_refused():
-    """The ring is not traced beside sequence parallelism, and GPT-2 has no closed form on a rank's shard."""
-    with pytest.raises(ParamscopeError, match="not beside ep or sequence parallelism"):
-        training_answer(GPT2, TrainingOptions(batch=1, seq=64, layout=layout_for(devices=4, cp=2, tp=2, sp=True)),
+def test_a_derived_class_beside_ep_is_refused():
+    """GPT-2 has no routed experts for --ep to cut, and its ring is not traced beside expert parallel."""
+    with pytest.raises(ParamscopeError, match="not beside ep"):
+        training_answer(GPT2, TrainingOptions(batch=1, seq=64, layout=layout_for(devices=2, cp=2, ep=2)),
                         use_cache=False)
 
 
-@pytest.mark.parametrize("layout", [dict(cp=2, tp=2, sp=True), dict(cp=2, dp=2, ep=2)], ids=["sp", "ep"])
-def test_the_trace_refuses_the_ring_beside_ep_or_sp(layout):
+def test_the_trace_refuses_the_ring_beside_ep():
     from paramscope.cost.traced.parallel import check_layout
 
-    with pytest.raises(ParamscopeError, match="not beside ep or sp"):
-        check_layout(layout.get("dp", 1), "none", layout.get("tp", 1), layout.get("sp", False), 0,
-                     layout.get("ep", 1), layout["cp"])
+    with pytest.raises(ParamscopeError, match="not beside ep"):
+        check_layout(2, "none", 1, False, 0, 2, 2)

@@ -185,7 +185,7 @@ def check_analytic(ctx: StepContext, what: str) -> str:
                                "shard covers the Llama-style family (its recipe keeps heads, widths and tokens "
                                "apart), and a step derived from traces with the layout applied covers FSDP2, "
                                "tensor parallelism where transformers or Megatron's names give a plan, and context "
-                               "parallelism beside tp and FSDP2 (not beside ep or sequence parallelism)",
+                               "parallelism beside tp, sp and FSDP2 (not beside ep)",
                                what=what, cls=ctx.view.class_name)
     if ctx.layout.cp > 1:
         refuse_attention_dropout(ctx)

@@ -26,9 +26,8 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     elif layout.pp > 1:
         why = "pipeline parallelism has no traced engine here (its figures are checked against torch's schedules " \
               "in tests)"
-    elif layout.cp > 1 and (layout.ep > 1 or layout.sp or fsdp_sharded(layout) and layout.shard_degree % layout.cp):
-        why = "context parallelism is traced beside tp and FSDP2 over dp × cp ranks, not beside ep or sequence " \
-              "parallelism"
+    elif layout.cp > 1 and (layout.ep > 1 or fsdp_sharded(layout) and layout.shard_degree % layout.cp):
+        why = "context parallelism is traced beside tp, sp and FSDP2 over dp × cp ranks, not beside ep"
     elif layout.ep > 1 and (layout.tp > 1 or layout.dp != layout.ep or layout.shard_degree > 1 and
                             layout.shard != "fsdp"):
         why = "expert parallelism is traced over every data-parallel rank (--ep equal to dp), without tensor " \
@@ -48,7 +47,8 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     top = traced.peak
     diff = (device.peak - top.bytes) / top.bytes if top.bytes else 0.0
     engine = "derived" if device.activations_from.startswith("derived") else "analytic"
-    applied = "FSDP2, DTensor and torch's ring attention" if layout.cp > 1 else "FSDP2 and DTensor"
+    applied = ", ".join(["FSDP2"] * fsdp + ["DTensor"] * (layout.tp > 1) + ["torch's ring attention"]) \
+        if layout.cp > 1 else "FSDP2 and DTensor"
     note = (f"check: rank 0's step traced on torch's fake process group ({applied}, MemTracker): peak "
             f"{top.bytes:,} B in {top.phase}; the {engine} {device.peak:,} B is {100 * diff:+.3f}% from it")
     return dataclasses.replace(device, traced=traced, notes=device.notes + (note,) + tuple(traced.notes))

@@ -197,8 +197,8 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     # an expert-parallel rank under an uneven load: (dp, shard, tp, sp, rank, ep, cp, load) with dp == ep, rank 0
     # the busiest (traced/expert_parallel.py); the data-parallel ranks beyond ep run the same step
     loaded = layout.ep > 1 and layout.expert_load != 1
-    traced = ((layout.shard_degree // layout.cp if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, False, 0, 1,
-               layout.cp) if layout.cp > 1 else
+    traced = ((layout.shard_degree // layout.cp if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0,
+               1, layout.cp) if layout.cp > 1 else
               (layout.ep, "fsdp" if fsdp else "none", 1, False, 0, layout.ep, 1, layout.expert_load) if loaded else
               (layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp))
     settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
@@ -268,14 +268,12 @@ def _sharded_rank_derived(ctx: StepContext) -> bool:
 
 
 def _ring_rank_derived(ctx: StepContext) -> bool:
-    """Context parallel, alone or beside tp and FSDP2 (torchtitan's composition; traced/parallel.py): the rank is
-    derived from torch's own ring, traced, for every class whose ring runs there. A class without the closed form is
-    refused here in one line where the ring is not derived (check_context_parallel); the Llama family's closed form
-    (the recipe at S / cp tokens and the ring's kept output copies, equal to the ring on a Llama cut but for the
-    one-device recipe's own bytes) is the check beside it, and answers alone where the ring is not derived (2·cp
-    not dividing S, sequence parallel)."""
-    if ctx.layout.sp:  # the ring is not traced beside sequence parallel: the closed form, or its refusal
-        return False
+    """Context parallel, alone or beside tp (with or without sp) and FSDP2 (torchtitan's composition;
+    traced/parallel.py): the rank is derived from torch's own ring, traced, for every class whose ring runs there. A
+    class without the closed form is refused here in one line where the ring is not derived (check_context_parallel);
+    the Llama family's closed form (the recipe at S / cp tokens and the ring's kept output copies, equal to the ring
+    on a Llama cut but for the one-device recipe's own bytes) is the check beside it, and answers alone where the
+    ring is not derived (2·cp not dividing S, say)."""
     if local_recipe_missing(ctx):
         check_context_parallel(ctx)
         return True

@@ -111,7 +111,7 @@ def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1,
     also cut over tp (the (ep, tp) mesh, torchtitan's ExpertTensorParallel). `cp`: the sequence split over cp ranks by
     torch's context_parallel (context_parallel.py), `settings.seq` the whole sequence, the rank running its S / cp
     tokens; beside tp and dp as torchtitan lays them out: a (dp, cp, tp) mesh, the ring over cp on the rank's local
-    heads, FSDP2 over the flattened (dp, cp) ranks (its dp_shard_cp); not beside ep or sp. `load`: under ep, rank 0
+    heads, FSDP2 over the flattened (dp, cp) ranks (its dp_shard_cp); not beside ep. `load`: under ep, rank 0
     the busiest, receiving load × its balanced pairs (expert_parallel.py)."""
     layout = check_layout(dp, shard, tp, sp, rank, ep, cp, load)
     with progress.status(f"tracing one training step of {type(module).__name__} on rank {rank} of "
@@ -148,10 +148,10 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, 
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp * tp * cp:
         raise OptionError("{0} must be an integer between 0 and {last} ({ranks} - 1), got {value!r}", "rank",
                           last=dp * tp * cp - 1, ranks=ranks, value=rank)
-    if cp > 1 and (ep > 1 or sp):
+    if cp > 1 and ep > 1:
         raise UnsupportedError(f"context parallel is traced beside data parallel (FSDP2 over dp × cp, as "
-                               f"torchtitan's dp_shard_cp) and tensor parallel without sequence parallel, not beside "
-                               f"ep or sp; got cp {cp}, ep {ep}, sp {sp}")
+                               f"torchtitan's dp_shard_cp) and tensor parallel (with or without sp), not beside ep; "
+                               f"got cp {cp}, ep {ep}")
     if ep > 1 and (ep != dp or tp > 1 and shard == "fsdp"):
         raise UnsupportedError(f"expert parallel is traced over every data-parallel rank (ep == dp), beside tensor "
                                f"parallel without FSDP2; got ep {ep}, dp {dp}, tp {tp}, shard {shard}")
@@ -178,9 +178,10 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
     if layout.cp > 1 and settings.seq % layout.cp:
         raise OptionError("context parallel splits the sequence over the cp ranks: cp {cp} does not divide {0} "
                           "{seq:,}", "seq", cp=layout.cp, seq=settings.seq)
-    if layout.sp and settings.seq % layout.tp:
+    if layout.sp and settings.seq // layout.cp % layout.tp:  # the rank's S / cp tokens under context parallel
         raise OptionError("sequence parallel splits the sequence over the tp ranks: tp {tp} does not divide {0} "
-                          "{seq:,}", "seq", tp=layout.tp, seq=settings.seq)
+                          "{seq:,}" + (" / cp {cp}" if layout.cp > 1 else ""), "seq", tp=layout.tp,
+                          seq=settings.seq, cp=layout.cp)
     if layout.shard == "fsdp" and (settings.frozen or any(not p.requires_grad for p in module.parameters())):
         raise UnsupportedError("frozen parameters under FSDP2 are not traced: MemTracker hooks the gradient of "
                                "every parameter FSDP2 gathers for a forward, and torch refuses a hook on a frozen one")
