@@ -3,7 +3,7 @@
 group (the tp layout as under tensor parallel; each rank's E/ep experts also cut over tp, [Shard(0), Shard(1 or 2)]
 on the (ep, tp) mesh, torchtitan's ExpertTensorParallel, with its dispatch and combine over the ep ranks). --trace
 cuts each stage of the real class with the same layout (traced/pipeline_stage.py): its forwards and first backward
-equal the replay to the byte, and so does a later backward but on the middle stage (named in the answer)."""
+equal the replay to the byte, and so does a later backward (1F1B's steady state) on every stage."""
 
 from __future__ import annotations
 
@@ -32,10 +32,11 @@ def test_pp_ep_tp_stages_replay_the_rank_with_both_applied_and_equal_their_trace
     # the rank's recipe, not the ep rank's (tp 1) nor the tp rank's (whole experts): the stages' figures
     assert [(r.replayed.held, r.replayed.forward_peak, r.replayed.peak) for r in rows] == [
         (1_809_968, 2_050_872, 2_050_872), (1_198_112, 1_422_376, 1_422_376), (402_576, 523_792, 533_136)]
-    # a later backward (1F1B's steady state): equal on the first and last stages, the middle one's traced above
-    # (DTensor's gradient accumulation; not isolated), as the output says
-    assert gaps == [0, 117_768, 0]
-    assert any("each also cut over tp 2 with sequence parallel" in n and "117,768 B" in n for n in estimate.notes)
+    # a later backward (1F1B's steady state): equal on every stage; on the middle one the forward that comes first
+    # (one microbatch held, every gradient made) peaks 117,768 B above the backward
+    assert gaps == [0, 0, 0]
+    assert any("each also cut over tp 2 with sequence parallel" in n and "equal to the byte" in n
+               for n in estimate.notes)
     # model states: the rank's shards (fp32 weights), 687,872 B as the traced copy's local parameters on rank 0 of
     # ep 2 × tp 2 (sp), cut by layer
     assert sum(r.weights for r in rows) == 687_872 == sum(r.gradients for r in rows)

@@ -280,7 +280,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                 "backward", resident + dev.gradients + figures.later_peak, "later backward",
                 f"gradients {dev.gradients:,} held from the microbatches gone back + {later} microbatch"
                 f"{'es' if later > 1 else ''} in flight and one's backward, each new gradient added into its .grad "
-                f"at once: {figures.later_peak:,} (derived; a head tied to the input embedding adds its gradients "
+                f"at once" + (", or the forward before it with one fewer held, where larger" if later == k else "")
+                + f": {figures.later_peak:,} (derived; a head tied to the input embedding adds its gradients "
                 "otherwise, within 40 KB on a GPT-2 cut)", dev.gradients, figures.later_peak))
         phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
                                   f"gradients {dev.gradients:,}; {step_text}", dev.gradients))
@@ -341,8 +342,9 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
              "process group: on a Mixtral cut (tp 2 with sequence parallel, pp 3; "
              "tests/test_pipeline_tensor_parallel.py) and a GPT-2 cut (Conv1D, tied head; tp 2, pp 3) its forwards "
              "and first backward equal to the byte; a later backward (1F1B's steady state) traced above the replay "
-             "on some stages, 31,744 B on the Mixtral cut's first two, 2,560 B on the GPT-2 cut's middle one: "
-             "DTensor's gradient handling in its accumulation, not isolated; --trace measures each stage"
+             "on some stages, 31,744 B on the Mixtral cut's first two (inside the backward: the trace's later backward "
+             "makes the first's allocations to its peak; the replay, freeing each new gradient at once, is below it "
+             "there), 2,560 B on the GPT-2 cut's middle one; not isolated further; --trace measures each stage"
              if layout.tp > 1 and not experts else EXPERT_TP_CHECK if experts and layout.tp > 1 else
              EXPERT_CHECK + (LOADED_CHECK if layout.expert_load != 1 else "") if experts else
              "equal to MemTracker on the real class cut to each stage: tests/test_pipeline_stages.py, on GPT-2 and "
@@ -375,26 +377,21 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
 # what the expert-parallel stages are checked against (tests/test_pipeline_expert_parallel.py)
 EXPERT_CHECK = ("checked against MemTracker on the real class cut to each stage with its experts sharded on the fake "
                 "process group (traced/expert_parallel.py): on a Mixtral cut (pp 3, ep 2, 1F1B) each stage's "
-                "forwards and first backward equal to the byte, and a later backward (1F1B's steady state) on the "
-                "first and last stages; the middle stage's traced 69,640 B above its 2.2 MB replay: DTensor's "
-                "gradient handling in its accumulation (every parameter is one on the traced rank), not isolated, as "
-                "under tensor parallel; --trace measures each stage")
+                "forwards, first backward and a later backward (1F1B's steady state: the forward that comes first, "
+                "every gradient held, peaks above the backward on the middle stage) equal to the byte; --trace "
+                "measures each stage")
 
 
 # and with tensor parallel beside (tests/test_pipeline_expert_tensor_parallel.py)
 EXPERT_TP_CHECK = ("checked against MemTracker on the real class cut to each stage with the tp layout applied and its "
                    "experts sharded over ep and tp on the fake process group: on a Mixtral cut (pp 3, ep 2, tp 2, "
-                   "with and without sequence parallel, 1F1B) each stage's forwards and first backward equal to the "
-                   "byte, and a later backward (1F1B's steady state) on the first and last stages; the middle "
-                   "stage's traced above its replay, 117,768 B with sequence parallel, 93,192 B without: DTensor's "
-                   "gradient handling in its accumulation, as under ep or tp alone, not isolated; --trace measures "
-                   "each stage")
+                   "with and without sequence parallel, 1F1B) each stage's forwards, first backward and a later "
+                   "backward (1F1B's steady state) equal to the byte; --trace measures each stage")
 
 
 # and under an uneven expert load (tests/test_expert_load.py)
 LOADED_CHECK = ("; under an uneven load (--expert-load 1.5 on that cut) the busiest rank's stages equal to the byte "
-                "in their forwards and first backward; a later backward traced 70,152 B above on the middle stage, "
-                "3,328 B on the last (not isolated)")
+                "too, forwards, first and later backward")
 
 
 def _stage_dispatch(ctx: StepContext, placements: tuple[Placement, ...], params: list, in_flight: int,

@@ -43,7 +43,8 @@ class StageActivations:
     output_gradient: int  # the output's gradient received for the backward (0 on the last stage)
     # a later backward (1F1B's steady state): `later_in_flight` microbatches held, every gradient already made, each
     # new one accumulated into its .grad at once (autograd runs AccumulateGrad first), its largest moment above the
-    # stage's states and gradients
+    # stage's states and gradients; where a forward comes first (`later_in_flight` = `in_flight`), that forward's
+    # peak with the k - 1 others held and every gradient made, if larger
     later_in_flight: int = 0
     later_peak: int = 0
     kept_once: int = 0  # of per_microbatch, what the step never frees (held once a stage, not once a microbatch)
@@ -79,13 +80,16 @@ def stage_activations(recipe: DerivedRecipe, batch: int, seq: int, start: int, s
     _, backward_peak, grads = replay.run_backward(backward, gradient)
     each = forward_live - kept_once
     held = in_flight * each + kept_once
-    if in_flight > 1:  # a later forward finds what the step never frees held already, and does not make it again
-        _, again = replay.run([e for e in events if not (e[2] and e[0] > 0)], received)
+    # a later forward finds what the step never frees held already, and does not make it again
+    _, again = replay.run([e for e in events if not (e[2] and e[0] > 0)], received)
+    if in_flight > 1:
         forward_peak = max(forward_peak, (in_flight - 1) * each + kept_once + again)
     later = 0
     if later_in_flight:
         _, accumulated, _ = replay.run_backward(backward, gradient, accumulate=True)
         later = later_in_flight * each + kept_once + accumulated
+        if later_in_flight == in_flight:  # 1F1B's steady state: one more forward first, the k - 1 others held
+            later = max(later, (in_flight - 1) * each + kept_once + again)
     return StageActivations(forward_live, in_flight, held, forward_peak, held + backward_peak, grads, received, gradient, later_in_flight, later, kept_once)
 
 
