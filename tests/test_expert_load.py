@@ -76,6 +76,35 @@ def test_under_fsdp2_the_busiest_rank_derived_equals_its_trace(cache):
                and "FSDP2's gathered root and layer units" in n for n in device.notes)
 
 
+def test_beside_tensor_parallel_the_busiest_rank_derived_equals_its_trace(cache):
+    """`--dp 2 --ep 2 --tp 2 --sp --expert-load 1.5`: rank 0 of the (ep, tp) mesh, its E/ep experts also cut over tp
+    (torchtitan's ExpertTensorParallel), derived from traces with that routing, equals the rank traced (forward and
+    backward, 2 × 32 tokens, bf16-mixed; the states the traced rank's)."""
+    import torch
+    import transformers
+
+    from paramscope.cost.memory.training import TrainingOptions, training_answer
+    from paramscope.cost.traced.parallel import trace_parallel_training
+    from paramscope.cost.traced.step import StepSettings
+
+    _, estimate, _ = training_answer(small_mixtral(), TrainingOptions(
+        batch=MICRO, seq=SEQ, precision="bf16-mixed", fits=False,
+        layout=ParallelLayout(dp=2, ep=2, tp=2, sp=True, expert_load=1.5)), use_cache=False)
+    device = estimate.training.device
+    with torch.device("meta"):
+        module = transformers.MixtralForCausalLM(small_mixtral())
+    traced = trace_parallel_training(module, StepSettings(batch=MICRO, seq=SEQ, precision="bf16-mixed"), dp=2, tp=2,
+                                     sp=True, ep=2, load=1.5)
+    derived = {p.phase: p.bytes for p in device.phases}
+    measured = {p.phase: p.bytes for p in traced.phases}
+    assert device.activations_from.startswith("derived")
+    assert (derived["forward"], derived["backward"]) == (measured["forward"], measured["backward"]) == \
+        (4_268_848, 4_195_504)
+    assert (traced.resident["parameters"], traced.resident["optimizer states"]) == (device.weights, device.optimizer)
+    assert any("ExpertParallel over ep 2 beside DTensor tensor parallel with sequence parallel, rank 0 the busiest"
+               in n for n in device.notes)
+
+
 def test_pipeline_stages_replay_the_busiest_rank(cache):
     """`--dp 2 --ep 2 --pp 3 --expert-load 1.5`, 3 microbatches of 2 × 32, 1F1B: each stage replayed from the busiest
     rank's derived recipe equals the stage traced with that routing (held, forward peak, first backward's peak);
@@ -115,7 +144,9 @@ def test_a_load_out_of_range_is_refused_in_one_line(layout, why):
 
 
 @pytest.mark.parametrize("layout, experts, why", [
-    (dict(dp=2, ep=2, tp=2, expert_load=1.5), True, "expert load 1.5: the busiest expert-parallel rank is derived"),
+    (dict(dp=2, ep=2, tp=2, shard="fsdp", expert_load=1.5), True, "expert load 1.5: the busiest expert-parallel "
+                                                                   "rank is derived"),
+    (dict(dp=2, ep=2, cp=2, expert_load=1.5), True, "FSDP2 over the ep ranks without tp\\), tensor parallel and"),
     (dict(dp=2, ep=2, shard="zero3", expert_load=1.5), True, "beside data parallel \\(ZeRO 0-2, or FSDP2 over"),
     (dict(dp=2, ep=2, shard="hsdp", shard_group=2, expert_load=1.5), True, "FSDP2 over the ep ranks"),
     (dict(dp=4, ep=2, shard="fsdp", expert_load=1.5), True, "also shard each expert over the dp / ep = 2 ranks "

@@ -139,8 +139,8 @@ def _closed_form_beside(ctx: StepContext, placements: tuple[Placement, ...], rul
 
 def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bool:
     """Whether the layout asks an uneven expert load (--expert-load F > 1 under --ep), refusing in one line what the
-    busiest rank's derivation does not take: a class without routed experts, tensor or context parallel beside it,
-    DeepSpeed's ZeRO-3 (not traced), FSDP2 other than over exactly the ep ranks (torchtitan's composition, traced
+    busiest rank's derivation does not take: a class without routed experts, context parallel beside it, tensor
+    parallel beside FSDP2 (ep beside tp is traced without FSDP2), DeepSpeed's ZeRO-3 (not traced), FSDP2 other than over exactly the ep ranks (torchtitan's composition, traced
     with ep == dp: the experts' own FSDP2 unit over the dp / ep = 1 ranks holding the same experts; more ranks
     than ep would shard the experts further, over a mesh dimension the trace does not lay out), hybrid sharding,
     no derivation asked."""
@@ -157,21 +157,30 @@ def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bo
                                "over dp {dp} FSDP2 would also shard each expert over the dp / ep = {more} ranks "
                                "holding it, a mesh dimension not traced: give --dp {ep}", load=load, ep=layout.ep,
                                dp=layout.dp, more=layout.dp // layout.ep)
-    if layout.tp > 1 or layout.cp > 1 or layout.zero_stage == 3 and layout.shard != "fsdp" or not ctx.derive:
+    if layout.tp > 1 and layout.shard == "fsdp" or layout.cp > 1 or layout.zero_stage == 3 and \
+            layout.shard != "fsdp" or not ctx.derive:
         raise UnsupportedError("expert load {load}: the busiest expert-parallel rank is derived from traces with "
-                               "expert parallel beside data parallel (ZeRO 0-2, or FSDP2 over the ep ranks) and "
-                               "pipeline stages alone; got {layout}", load=load, layout=layout.words())
+                               "expert parallel beside data parallel (ZeRO 0-2, or FSDP2 over the ep ranks without "
+                               "tp), tensor parallel and pipeline stages; got {layout}", load=load,
+                               layout=layout.words())
     return True
 
 
 def _balanced_beside(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str],
                      device: DeviceMemory) -> str:
-    """Balanced routing's answer (--expert-load 1: the closed form, one device's step and the permute index) beside
-    the busiest rank's derived peak: what the load adds."""
-    closed, _ = _data_parallel_device(ctx, placements, rules)
+    """Balanced routing's answer (--expert-load 1: the closed form, one device's step and the permute index; on a
+    tensor-parallel rank the family's recipe on its shard, where the class has one) beside the busiest rank's derived
+    peak: what the load adds."""
+    try:
+        closed, _ = (_data_parallel_device if ctx.layout.tp == 1 else _sharded_activations_device)(
+            ctx, placements, rules)
+    except UnsupportedError:  # no closed form on a tp rank's shard for this class: nothing beside
+        return ""
     more = device.peak - closed.peak
     fsdp = ctx.layout.shard == "fsdp"
-    return (f"balanced routing (--expert-load 1, the closed form: one device's step, the rank's states"
+    return (f"balanced routing (--expert-load 1, the closed form: "
+            f"{'the recipe on the rank' + chr(39) + 's shard' if ctx.layout.tp > 1 else 'one device' + chr(39) + 's step'}, "
+            f"the rank's states"
             f"{', FSDP2' + chr(39) + 's gathered root and layer units' if fsdp else ''} and the permute index) gives "
             f"{closed.peak:,} B; the busiest rank's {ctx.layout.expert_load:g}× share adds {more:,} B "
             f"({100 * more / closed.peak:+.3f}%)" + (" (under FSDP2 the balanced closed form is above its traced "
@@ -199,7 +208,8 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     loaded = layout.ep > 1 and layout.expert_load != 1
     traced = ((layout.shard_degree // layout.cp if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0,
                1, layout.cp) if layout.cp > 1 else
-              (layout.ep, "fsdp" if fsdp else "none", 1, False, 0, layout.ep, 1, layout.expert_load) if loaded else
+              (layout.ep, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0, layout.ep, 1, layout.expert_load)
+              if loaded else
               (layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp))
     settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
                             grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
@@ -233,7 +243,9 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         where = "forward" if index == 0 else "backward"
         phases = phases[:index] + (dataclasses.replace(phase, arithmetic=step.recipe.words(
             where, ctx.batch, ctx.seq)),) + phases[index + 1:]
-    applied = (f"torchtitan's ExpertParallel over ep {layout.ep}{' under FSDP2' if fsdp else ''}, rank 0 the busiest" if loaded else " and ".join(
+    applied = (f"torchtitan's ExpertParallel over ep {layout.ep}{' under FSDP2' if fsdp else ''}"
+               f"{' beside DTensor tensor parallel' if layout.tp > 1 else ''}"
+               f"{' with sequence parallel' if layout.sp else ''}, rank 0 the busiest" if loaded else " and ".join(
         ([f"FSDP2{' over dp × cp = ' + str(layout.shard_degree) + ' ranks' if layout.cp > 1 else ''}"] if fsdp
          else []) +
         ([f"DTensor tensor parallel{' with sequence parallel' if layout.sp else ''}"] if layout.tp > 1 else []) +
