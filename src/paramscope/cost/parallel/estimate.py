@@ -264,8 +264,10 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
 
     def at(one_device: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
         if layout.cp > 1:  # a length 2·cp does not divide runs unbalanced (not derived): the next that it divides
-            # bounds it, so the fits table's largest context comes out a multiple of 2·cp
-            length = -(-length // (2 * layout.cp)) * 2 * layout.cp
+            # bounds it, so the fits table's largest context comes out a multiple of 2·cp (of 2·cp·tp under sp,
+            # whose ranks split the rank's S / cp tokens again)
+            unit = 2 * layout.cp * (layout.tp if layout.sp else 1)
+            length = -(-length // unit) * unit
         point = step.at(batch, length)
         if point is None:
             return PhaseFigure("backward", 1 << 62, "", "")
