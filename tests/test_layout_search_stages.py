@@ -3,7 +3,8 @@ their step is derived from traces): each layout answered as `memory --dp D --tp 
 an FSDP or tensor-parallel rank's step derived from traces with the layout applied on torch's fake process group, a
 pipeline's stages replayed from the one-device (or tp rank's) derived recipe; at most MAX_DERIVED ranks' derivations a
 search (2 here, to keep the test short: the rest are named "not derived"), none for a layout whose lower bound exceeds
-the GPU; context parallel layouts named, not answered, and the summary says that only the answered layouts were tried.
+the GPU, nor spent on a layout memory refuses (GPT-2's attention dropout under cp); context parallel layouts
+named, not answered, and the summary says that only the answered layouts were tried.
 One small cut: 5 layers, kept in the test's cache."""
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def test_every_layout_found_has_the_peak_memory_gives_it(runs):
     refused = [s for s in found["skipped"] if "not derived" not in s["reason"]]
     assert sorted((s["dp"], s["tp"], s["pp"], s["cp"]) for s in refused) == \
         [(1, 1, 1, 4), (1, 1, 2, 2), (1, 2, 1, 2), (2, 1, 1, 2)]
-    for s in refused:  # context parallel over FSDP2 (dp × cp ranks), with tp, under a pipeline: memory refuses each
+    for s in refused:  # context parallel with GPT-2's attention dropout 0.1, and under a pipeline: memory refuses each
         layout = layout_for(dp=s["dp"], zero="fsdp", tp=s["tp"], sp=s["tp"] > 1, pp=s["pp"], cp=s["cp"],
                             batch=8 // s["dp"])
         with pytest.raises(ParamscopeError) as refusal:
@@ -91,16 +92,34 @@ def test_the_summary_says_only_the_answered_layouts_were_tried(runs):
     assert not tight["layouts"] and len(tight["not_fitting"]) == 2 and len(tight["skipped"]) == 8
     # the layouts that need a derivation and cannot fit on their bound are passed over, not derived, and not counted
     # as not answered
-    assert sorted((s["dp"], s["tp"], s["pp"]) for s in tight["skipped"] if s["bounded"]) == \
-        [(1, 2, 2), (1, 4, 1), (2, 2, 1), (4, 1, 1)]
+    # (context parallel ones too: their bound is read before memory would refuse GPT-2's attention dropout)
+    assert sorted((s["dp"], s["tp"], s["pp"], s["cp"]) for s in tight["skipped"] if s["bounded"]) == \
+        [(1, 1, 1, 4), (1, 2, 1, 2), (1, 2, 2, 1), (1, 4, 1, 1), (2, 1, 1, 2), (2, 2, 1, 1), (4, 1, 1, 1)]
     minimum = tight["minimum"]
     assert (minimum["devices"], minimum["limit"], minimum["unanswered"]) == (None, 64, 112)
     assert minimum["unanswered"] == sum(t["unanswered"] for t in minimum["tried"])
-    assert "none of the 2 answered layouts of 4 devices fits on H100 80GB; the 4 not answered (below) were not " \
+    assert "none of the 2 answered layouts of 4 devices fits on H100 80GB; the one not answered (below) was not " \
            "tried" in text
-    assert "4 not answered (below), 4 passed over on a lower bound" in text
-    assert "passed over, 4 layouts: does not fit: its model states alone" in text
+    assert "1 not answered (below), 7 passed over on a lower bound" in text
+    assert "passed over, 7 layouts: does not fit: its model states alone" in text
     assert "fewest devices that fit among the answered layouts: none up to 64 (" in text
     assert "112 layouts of those counts not answered, so not tried (the reasons below): one of them may fit" in text
-    assert "0 of at most 0; 17 layouts (of 4 devices and of the counts the fewest devices' search tried) needed " \
+    assert "0 of at most 0; 49 layouts (of 4 devices and of the counts the fewest devices' search tried) needed " \
            "another and were not derived" in text
+
+
+def test_each_context_parallel_rank_is_a_derivation_of_its_own():
+    """cp beside tp and FSDP2 (over dp × cp) is derived as memory derives it, so each (cp, tp, sp, FSDP degree) is one
+    derivation against the cap; cp under a pipeline is refused (no key), pp × ep × tp replays the (ep, tp) rank."""
+    from paramscope.cost.parallel.layout import layout_for
+    from paramscope.cost.parallel.layout_derivation import derivation_key, derivation_words
+
+    def key(**degrees):
+        return derivation_key(layout_for(zero="fsdp", batch=8 // degrees.get("dp", 1), **degrees), 8, 8)
+
+    keys = [key(dp=4, cp=2), key(dp=2, cp=2, tp=2, sp=True), key(dp=2, cp=2, tp=2), key(dp=8, cp=1)]
+    assert None not in keys and len(set(keys)) == 4
+    assert derivation_words(keys[1]) == "cp 2, tp 2 with sequence parallel, FSDP2 over dp × cp = 4, batch 2 and up"
+    assert key(dp=2, pp=2, cp=2) is None
+    assert derivation_words(key(dp=4, ep=4, tp=2, sp=True, pp=2)) == \
+        "ep 4, tp 2 with sequence parallel, batch 2 and up"

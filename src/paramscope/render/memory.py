@@ -831,8 +831,10 @@ def layout_search_parts(report, search) -> list:
                   _comm_table(best)]
     elif len(skipped) > len(passed):  # only the answered ones were tried: one of the others may fit
         lines.append(indented(f"none of the {len(rest):,} answered layouts of {search.devices:,} devices fits on "
-                              f"{search.accelerator}; the {len(skipped) - len(passed):,} not answered (below) were "
-                              "not tried",
+                              f"{search.accelerator}; " + ("the one not answered (below) was not tried"
+                                                          if len(skipped) - len(passed) == 1 else
+                                                          f"the {len(skipped) - len(passed):,} not answered (below) "
+                                                          "were not tried"),
                               style="bold"))
     else:
         lines.append(indented(f"no layout of {search.devices:,} devices fits on {search.accelerator}", style="bold"))

@@ -19,21 +19,22 @@ def derivation_key(layout: ParallelLayout, replica: int, experts: int) -> tuple 
     cache for it (the traced layout and the batch regime, 1 or 2 and up; the sequence is the search's): a pipeline's
     stages replay the tensor- or expert-parallel rank's recipe (or one device's) at the microbatch, without FSDP; a
     rank without a pipeline is derived at the replica's batch with FSDP's degree, or alone with its context-parallel
-    share. None where memory derives nothing more (data or expert parallel alone: the one-device step) or refuses the
-    layout first (cp with tp or FSDP, ep with tp, cp under a pipeline). `experts`: the class's routed experts."""
+    share (beside tp and FSDP2 over dp × cp, as torchtitan composes them). None where memory derives nothing more
+    (data or expert parallel alone: the one-device step) or refuses the layout first (cp under a pipeline).
+    `experts`: the class's routed experts."""
     if layout.pp > 1:
         regime = min(2, replica // layout.micro_batches)
         if layout.cp > 1:
             return None
-        if layout.ep > 1 and experts:
-            return None if layout.tp > 1 else ("experts", layout.ep, regime)
+        if layout.ep > 1 and experts:  # the expert-parallel rank's recipe, with tp beside it where asked
+            return ("experts", layout.ep, layout.tp, layout.sp, regime)
         return ("rank", 1, "none", layout.tp, layout.sp, regime) if layout.tp > 1 else ("device", regime)
     regime = min(2, replica)
     fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
     if layout.ep > 1:
         return None
     if layout.cp > 1:
-        return None if layout.tp > 1 or fsdp else ("context", layout.cp, regime)
+        return ("context", layout.cp, layout.shard_degree if fsdp else 1, layout.tp, layout.sp, regime)
     if not fsdp and layout.tp == 1:
         return None
     return ("rank", layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp, regime)
@@ -44,17 +45,24 @@ def derivation_words(key: tuple) -> str:
     kind, *rest, regime = key
     if kind == "rank":
         degree, shard, tp, sp = rest
-        parts = [f"tp {tp}" + (" with sequence parallel" if sp else "") if tp > 1 else "one rank"]
+        parts = [_tp_words(tp, sp) if tp > 1 else "one rank"]
         if shard != "none":
             parts.append(f"FSDP2 over {degree}")
     elif kind == "experts":
-        parts = [f"ep {rest[0]}"]
+        ep, tp, sp = rest
+        parts = [f"ep {ep}"] + ([_tp_words(tp, sp)] if tp > 1 else [])
     elif kind == "context":
-        parts = [f"cp {rest[0]}"]
+        cp, degree, tp, sp = rest
+        parts = [f"cp {cp}"] + ([_tp_words(tp, sp)] if tp > 1 else []) + \
+            ([f"FSDP2 over dp × cp = {degree}"] if degree > 1 else [])
     else:
         parts = ["one device"]
     parts.append("batch 1" if regime == 1 else "batch 2 and up")
     return ", ".join(parts)
+
+
+def _tp_words(tp: int, sp: bool) -> str:
+    return f"tp {tp}" + (" with sequence parallel" if sp else "")
 
 
 class Derivations:

@@ -89,6 +89,9 @@ class LayoutEvaluator:
                                  None, None, bubble(layout), None, (), None)
             device = self.flops.device(layout, replica)
         except ParamscopeError as err:
+            if new:  # memory refused the layout (GPT-2's attention dropout under cp, say): no rank was derived for
+                # it, so the cap is not spent on it
+                self.derivations.made.remove(key)
             self.engines.refuse_stages(layout, replica, refusal_words(err))
             return _skipped(layout, refusal_words(err))
         idle = bubble(layout)
@@ -109,8 +112,8 @@ class LayoutEvaluator:
             self.derivations.not_derived += 1
             return _skipped(layout, f"not derived: the search derives at most {layout_derivation.MAX_DERIVED} ranks' "
                                     "steps from traces (the lowest-bound layouts' first), and each "
-                                    f"{self.facts.view.class_name} rank at another tp degree, FSDP degree or batch "
-                                    "regime is one; memory --dp D --tp T --pp P --sp derives it")
+                                    f"{self.facts.view.class_name} rank at another tp, cp or FSDP degree or batch "
+                                    "regime is one; memory --dp D --tp T --pp P --cp C --sp derives it")
         return None
 
     def _memory(self, layout: ParallelLayout, replica: int, derive: bool, new: bool) -> Any:
