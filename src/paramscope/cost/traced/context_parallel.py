@@ -23,7 +23,10 @@ trace's stand-in for flash attention already (step.py): its output and fp32 log-
 takes fewer KV heads than query heads as they come (GQA).
 
 The rank runs its S / cp tokens (the shard context_parallel leaves of the batch's ids and labels); transformers
-numbers them 0..S/cp-1 (no position ids are fed), which changes no shape. A mask (padding, an encoder's bidirectional
+numbers them 0..S/cp-1 (no position ids are fed), which changes no shape. Beside tensor parallelism (parallel.py's
+(dp, cp, tp) mesh, as torchtitan composes them) the attention reaches F.scaled_dot_product_attention with the heads
+its tp rank holds, as plain local tensors (parallelize_module's outputs), so the ring runs on those heads over the cp
+group alone; FSDP2 has gathered the weights by then, so nothing of it reaches the ring. A mask (padding, an encoder's bidirectional
 attention), attention dropout and a non-causal call are refused: torch's ring takes no attn_bias, and its load
 balancing needs is_causal.
 """

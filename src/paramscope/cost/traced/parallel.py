@@ -9,7 +9,9 @@ once and moves no data, but its outputs are allocated as on a GPU, so every tens
 or saves has its real shape and lifetime, and MemTracker sorts its bytes into the same categories as a one-device
 step. The mesh is (dp, tp) named ("dp", "tp") and built outside FakeTensorMode; tensor parallelism goes first, then
 FSDP2, as torchtitan applies them. `settings.batch` is each data-parallel rank's micro-batch (the tp ranks of one
-replica share it).
+replica share it). Under context parallelism the mesh is torchtitan's (dp, cp, tp): FSDP2 over the flattened dp × cp
+ranks (its dp_shard_cp), torch's ring attention over the cp submesh (context_parallel.py) on the heads the tp rank
+holds, and the rank runs its S / cp tokens (split again over tp between the blocks under `sp`).
 
 Tensor parallel rules. transformers' own plan is read from the model (`tp_plan`: the class's `_tp_plan`, e.g.
 LlamaForCausalLM's lm_head `colwise_gather_output`, the config's `base_model_tp_plan` prefixed with the base model's
