@@ -225,7 +225,11 @@ def device_flops(estimate: Any, parts: Any, report: Any, view: Any, layout: Para
         if not any(placement is not None and placement.experts_split for *_, placement in weights):
             raise UnsupportedError("expert load {load:g}: {name} has no routed experts for the ep ranks to share",
                                    load=load, name=view.class_name)
-        balanced = estimate.batch // layout.micro_batches * seq * (dim(config, "top_k") or 0)
+        top_k = dim(config, "top_k")
+        if not top_k:
+            raise UnsupportedError("expert load {load:g}: {name}'s config names no top-k (experts a token is routed "
+                                   "to), so its token-expert pairs are not counted", load=load, name=view.class_name)
+        balanced = estimate.batch // layout.micro_batches * seq * top_k
         pairs = (busiest_pairs(balanced, layout.ep, load), balanced)  # a MoE layer's, a microbatch
 
     def on_device(stage: Stage, rank: int, routed: tuple[int, int] | None) -> tuple[dict[str, int], int, int]:
