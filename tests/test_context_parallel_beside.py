@@ -54,11 +54,17 @@ def test_the_derived_rank_equals_the_traced_rank(config, layout, traced, peak):
         assert step.peak.bytes - closed.peak == 8
 
 
-def test_a_derived_class_beside_ep_is_refused():
-    """GPT-2 has no routed experts for --ep to cut, and its ring is not traced beside expert parallel."""
-    with pytest.raises(ParamscopeError, match="not beside ep"):
-        training_answer(GPT2, TrainingOptions(batch=1, seq=64, layout=layout_for(devices=2, cp=2, ep=2)),
-                        use_cache=False)
+@pytest.mark.parametrize("seq, layout, words", [
+    (64, dict(devices=2, cp=2, ep=2), "not beside ep"),
+    (64, dict(devices=6, dp=3, cp=2, zero="hybrid_shard", shard_group=3), "hybrid sharding over 3 ranks"),
+    (68, dict(devices=4, cp=2, tp=2, sp=True), "2·cp·tp = 8 divides S"),
+], ids=["ep", "hsdp group", "sp length"])
+def test_what_a_derived_class_is_refused_in_one_line(seq, layout, words):
+    """GPT-2's ring beside ep (no routed experts to cut, and not traced there); hybrid sharding over a group cp does
+    not divide (torchtitan shards over dp_shard × cp); under sp a length 2·cp divides and 2·cp·tp does not."""
+    with pytest.raises(ParamscopeError, match=words) as refusal:
+        training_answer(GPT2, TrainingOptions(batch=1, seq=seq, layout=layout_for(**layout)), use_cache=False)
+    assert "\n" not in str(refusal.value)
 
 
 def test_the_trace_refuses_the_ring_beside_ep():

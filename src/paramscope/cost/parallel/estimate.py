@@ -304,8 +304,9 @@ def _ring_derivable(ctx: StepContext) -> bool:
 
 
 def check_context_parallel(ctx: StepContext) -> None:
-    """The context-parallel layouts a derived rank does not answer, each in one line: an encoder, cp not dividing S,
-    S that 2·cp does not divide (torch's context_parallel then runs unbalanced: not derived), attention dropout."""
+    """The context-parallel layouts a derived rank does not answer, each in one line: an encoder, hybrid sharding
+    over ranks cp does not divide, cp not dividing S, S that 2·cp does not divide (torch's context_parallel then runs
+    unbalanced: not derived), or under sp that 2·cp·tp does not divide, attention dropout, a window shorter than S."""
     from ..dims import config_int
 
     why = encoder_refusal(ctx) if not getattr(ctx.view, "can_generate", True) else ""
@@ -323,6 +324,12 @@ def check_context_parallel(ctx: StepContext) -> None:
         raise UnsupportedError("context parallel {cp} at {seq:,} tokens: torch's context_parallel balances the load "
                                "(two chunks a rank) only where 2·cp divides S, and the rank's step is derived in that "
                                "regime; use a length that 2·cp = {two} divides", cp=cp, seq=ctx.seq, two=2 * cp)
+    tp = ctx.layout.tp
+    if ctx.layout.sp and ctx.seq % (2 * cp * tp):
+        raise UnsupportedError("context parallel {cp} with sequence parallel over tp {tp} at {seq:,} tokens: the tp "
+                               "ranks split each of the rank's two chunks again, and the rank's step is derived where "
+                               "2·cp·tp = {unit} divides S; use such a length", cp=cp, tp=tp, seq=ctx.seq,
+                               unit=2 * cp * tp)
     refuse_attention_dropout(ctx)
     for key in ("sliding_window", "attention_chunk_size"):
         window = config_int(ctx.text, key)
