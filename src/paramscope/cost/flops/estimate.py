@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...entry_options import check_layout_option, check_model_options
 from ...errors import OptionError
 from ...selection import match_all
 from ..dims import max_context, text_config
@@ -94,8 +95,6 @@ class FlopOptions:
             raise OptionError("{0} is one step's time: give the layout it ran on ({1}, {2}, …), or use {3}",
                               "step_seconds", "dp", "tp", "tokens_per_second")
         if self.layout is not None:
-            from ...api import check_layout_option
-
             check_layout_option(self.layout)
             if self.generate is not None:
                 raise OptionError("{0} counts one device's step under a layout; {1} is not split per device",
@@ -156,8 +155,6 @@ def estimate_flops(model: Any, options: FlopOptions = FlopOptions(), use_cache: 
     With `use_cache` (and without --trace), a config whose template and cost facts are recorded is counted
     without torch (facts/store.py); otherwise, or where only the traced engine answers, the class is built on
     meta."""
-    from ...api import check_model_options
-
     check_model_options("estimate_flops", model_options, FlopOptions)
     report, estimate, compute, _ = flop_answer(model, options, use_cache, **model_options)
     return dataclasses.replace(estimate, report=report, compute=compute)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...entry_options import check_model_options
 from ...errors import OptionError
 from ..hardware import Accelerator, find_accelerator
 from .llama_cpp import LlamaCppOptions, LlamaCppPlan, Tensor, llama_cpp_plan, model_facts
@@ -54,8 +55,6 @@ def estimate_llama_cpp(model: Any, options: LlamaCppOptions = LlamaCppOptions(),
 
     With `options.gpu` or `options.budget`, `n_gpu_layers=None` offloads the most layers that fit, and the plan's
     `fit` gives the llama-server flags that fit."""
-    from ...api import check_model_options
-
     check_model_options("estimate_llama_cpp", model_options, LlamaCppOptions)
     return llama_cpp_answer(model, options, use_cache, **model_options)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ...entry_options import check_model_options
 from ...errors import OptionError
 from ..dtypes import torch_name
 from ..hardware import find_accelerator
@@ -21,8 +22,6 @@ def estimate_memory(model: Any, options: MemoryOptions = MemoryOptions(), use_ca
 
     With `use_cache` (and without --trace), a config whose template and cost facts are recorded is answered
     without torch (facts/store.py); otherwise the class is built on meta in the storage's compute dtype."""
-    from ...api import check_model_options
-
     check_model_options("estimate_memory", model_options, MemoryOptions)
     report, estimate, _ = memory_answer(model, options, use_cache, **model_options)
     return dataclasses.replace(estimate, report=report)

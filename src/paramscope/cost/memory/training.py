@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...entry_options import check_layout_option, check_model_options
 from ...errors import OptionError
 from ...frozen import FrozenDict, freeze_fields
 from ...selection import match_all
@@ -98,8 +99,6 @@ class TrainingOptions:
                 raise OptionError("an image or audio input's training memory is counted on one device, without {0}, here",
                                   refused)
         if self.layout is not None:
-            from ...api import check_layout_option
-
             check_layout_option(self.layout)
             if self.devices != 1 or str(self.zero) != "0":
                 raise OptionError("give the layout or {0} and {1}, not both", "devices", "zero")
@@ -166,8 +165,6 @@ def estimate_training(model: Any, options: TrainingOptions = TrainingOptions(), 
     an analytic activation recipe covers, is answered without torch (facts/store.py); otherwise the class is built
     on meta in the weights' dtype (and, without a recipe, one step is traced). `structure`: for a live module, the
     key its derived recipes are kept under (a plan's; default: a digest of the module's structure)."""
-    from ...api import check_model_options
-
     check_model_options("estimate_training", model_options, TrainingOptions)
     report, estimate, _ = training_answer(model, options, use_cache, structure=structure, **model_options)
     return dataclasses.replace(estimate, report=report)

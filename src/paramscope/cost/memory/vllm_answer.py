@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...entry_options import check_model_options
 from ...errors import OptionError, UnsupportedError
 from ..hardware import Accelerator, find_accelerator
 from .result import MemoryEstimate
@@ -44,8 +45,6 @@ def estimate_vllm(model: Any, options: VllmOptions = VllmOptions(), use_cache: b
     """vLLM's launch figures for `model` on `options.gpu` (or `options.budget` bytes), as `paramscope memory MODEL
     --engine vllm` answers: its memory budget, KV blocks and tokens, the maximum concurrency at max_model_len, the
     largest max_model_len that fits, and the `vllm serve` flags that fit."""
-    from ...api import check_model_options
-
     check_model_options("estimate_vllm", model_options, VllmOptions)
     return vllm_answer(model, options, use_cache, **model_options)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ...entry_options import check_model_options
 from .search_options import SearchOptions
 from .search_result import LayoutSearch
 
@@ -16,7 +17,6 @@ def find_layout(model: Any, options: SearchOptions, use_cache: bool = True, **mo
     """Every dp × tp × pp × cp (× ep) layout of `options.devices` devices: those that fit `options.gpu` sorted by a
     bound on the step time at the GPU's peak (`.fitting`, `.best`), those that do not (`.not_fitting`), and the
     fewest devices that fit (`.minimum`). `model` is what `estimate_training` takes, but a live module."""
-    from ...api import check_model_options
     from ...errors import OptionError
     from .search import find_layouts
 

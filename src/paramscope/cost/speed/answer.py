@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ...entry_options import check_model_options
 from ...errors import UnsupportedError
 from ..dims import text_config
 from ..hardware import Accelerator, find_accelerator
@@ -53,8 +54,6 @@ def estimate_serving(model: Any, options: ServeOptions, use_cache: bool = True, 
 
     With `use_cache`, a config whose template and cost facts are recorded is answered without torch
     (facts/store.py); otherwise the class is built on meta in the storage's compute dtype."""
-    from ...api import check_model_options
-
     check_model_options("estimate_serving", model_options, ServeOptions)
     report, speed, _ = serve_answer(model, options, use_cache, **model_options)
     return dataclasses.replace(speed, report=report)
