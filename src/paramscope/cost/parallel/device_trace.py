@@ -28,10 +28,11 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
               "in tests)"
     elif layout.cp > 1 and (layout.ep > 1 or fsdp_sharded(layout) and layout.shard_degree % layout.cp):
         why = "context parallelism is traced beside tp, sp and FSDP2 over dp × cp ranks, not beside ep"
-    elif layout.ep > 1 and (layout.tp > 1 or layout.dp != layout.ep or layout.shard_degree > 1 and
-                            layout.shard != "fsdp"):
-        why = "expert parallelism is traced over every data-parallel rank (--ep equal to dp), without tensor " \
-              "parallel, DeepSpeed's ZeRO or hybrid sharding (FSDP2's full sharding is traced)"
+    elif layout.ep > 1 and (layout.tp > 1 and fsdp_sharded(layout) or layout.dp != layout.ep or
+                            layout.shard_degree > 1 and layout.shard != "fsdp"):
+        why = "expert parallelism is traced over every data-parallel rank (--ep equal to dp), beside tensor " \
+              "parallel on the (ep, tp) mesh or FSDP2's full sharding, not both, nor DeepSpeed's ZeRO or hybrid " \
+              "sharding"
     elif layout.shard in ("zero1", "zero2", "zero3"):
         why = "DeepSpeed's ZeRO is not traced (no DeepSpeed here); --zero fsdp is"
     if why:
@@ -48,7 +49,8 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     diff = (device.peak - top.bytes) / top.bytes if top.bytes else 0.0
     engine = "derived" if device.activations_from.startswith("derived") else "analytic"
     applied = ", ".join(["FSDP2"] * fsdp + ["DTensor"] * (layout.tp > 1) + ["torch's ring attention"]) \
-        if layout.cp > 1 else "FSDP2 and DTensor"
+        if layout.cp > 1 else ", ".join(["FSDP2"] * fsdp + ["torchtitan's ExpertParallel"] + ["DTensor"] *
+                                        (layout.tp > 1)) if layout.ep > 1 else "FSDP2 and DTensor"
     note = (f"check: rank 0's step traced on torch's fake process group ({applied}, MemTracker): peak "
             f"{top.bytes:,} B in {top.phase}; the {engine} {device.peak:,} B is {100 * diff:+.3f}% from it")
     return dataclasses.replace(device, traced=traced, notes=device.notes + (note,) + tuple(traced.notes))

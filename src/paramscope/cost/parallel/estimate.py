@@ -68,8 +68,8 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     # an uneven expert load: the busiest ep rank's step derived from traces with its experts cut and that routing
     # (the balanced closed form beside, as the comparison); a pipeline replays that rank's recipe (pipeline_device)
     loaded = check_expert_load(ctx, placements)
-    derivable = ctx.derive and layout.pp == 1 and (loaded or layout.ep == 1 and (
-        _ring_rank_derived(ctx) if layout.cp > 1 else _sharded_rank_derived(ctx)))
+    derivable = ctx.derive and layout.pp == 1 and (loaded or (
+        layout.ep == 1 and _ring_rank_derived(ctx) if layout.cp > 1 else _sharded_rank_derived(ctx, placements)))
     declined = ""
     if derivable:
         derived = _derived_device(ctx, placements, rules)
@@ -206,11 +206,14 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     # FSDP2 over the shard degree's dp × cp ranks (torchtitan's dp_shard_cp): dp = shard degree / cp in the trace
     # an expert-parallel rank under an uneven load: (dp, shard, tp, sp, rank, ep, cp, load) with dp == ep, rank 0
     # the busiest (traced/expert_parallel.py); the data-parallel ranks beyond ep run the same step
+    # a balanced expert-parallel rank beside tp: (ep, "none", tp, sp, 0, ep), the key derived_pipeline_device's
+    # stages replay (a load of 1 keeps it)
     loaded = layout.ep > 1 and layout.expert_load != 1
     traced = ((layout.shard_degree // layout.cp if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0,
                1, layout.cp) if layout.cp > 1 else
               (layout.ep, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0, layout.ep, 1, layout.expert_load)
               if loaded else
+              (layout.ep, "none", layout.tp, layout.sp, 0, layout.ep) if layout.ep > 1 else
               (layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp))
     settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
                             grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
@@ -246,7 +249,8 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
             where, ctx.batch, ctx.seq)),) + phases[index + 1:]
     applied = (f"torchtitan's ExpertParallel over ep {layout.ep}{' under FSDP2' if fsdp else ''}"
                f"{' beside DTensor tensor parallel' if layout.tp > 1 else ''}"
-               f"{' with sequence parallel' if layout.sp else ''}, rank 0 the busiest" if loaded else " and ".join(
+               f"{' with sequence parallel' if layout.sp else ''}{', rank 0 the busiest' if loaded else ''}"
+               if layout.ep > 1 else " and ".join(
         ([f"FSDP2{' over dp × cp = ' + str(layout.shard_degree) + ' ranks' if layout.cp > 1 else ''}"] if fsdp
          else []) +
         ([f"DTensor tensor parallel{' with sequence parallel' if layout.sp else ''}"] if layout.tp > 1 else []) +
@@ -276,10 +280,17 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     return device, at
 
 
-def _sharded_rank_derived(ctx: StepContext) -> bool:
+def _sharded_rank_derived(ctx: StepContext, placements: tuple[Placement, ...]) -> bool:
     """No context parallel: FSDP2's rank is derived for every class (its in-backward buffers are in no closed form),
-    a tensor-parallel rank for the classes without the closed form on a rank's shard."""
-    return fsdp_sharded(ctx.layout) or ctx.layout.tp > 1 and local_recipe_missing(ctx)
+    a tensor-parallel rank for the classes without the closed form on a rank's shard. Under expert parallel (balanced
+    routing), the rank of the (ep, tp) mesh beside tp without FSDP2 (torchtitan's ExpertTensorParallel: each rank's
+    E/ep experts also cut over tp; the key the pipeline's stages and the loaded rank trace), where the class has
+    routed experts; ep beside data parallel alone stays one device's step and its dispatch (_data_parallel_device)."""
+    layout = ctx.layout
+    if layout.ep > 1:
+        return layout.tp > 1 and not fsdp_sharded(layout) and layout.zero_stage != 3 and \
+            any(p.experts_split for p in placements)
+    return fsdp_sharded(layout) or layout.tp > 1 and local_recipe_missing(ctx)
 
 
 def _ring_rank_derived(ctx: StepContext) -> bool:

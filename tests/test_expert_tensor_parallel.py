@@ -1,0 +1,32 @@
+"""Balanced expert parallel beside tensor parallel at pp 1 (`--dp 2 --ep 2 --tp 2`) on a MoE class without the closed
+form on a tp shard: the rank of the (ep, tp) mesh derived from traces with both applied (torchtitan's
+ExpertTensorParallel: each rank's E/ep experts also cut over tp), the key the pipeline's stages replay, equal to that
+rank traced (--trace) on the 5-layer Mixtral cut."""
+
+from __future__ import annotations
+
+from paramscope.cost.parallel.layout import ParallelLayout
+from parallel_steps import small_mixtral
+
+MICRO, SEQ = 2, 32
+
+
+def test_the_balanced_expert_tensor_rank_derived_equals_its_trace(cache):
+    """2 × 32 tokens, bf16-mixed, no sp: forward and backward derived = traced to the byte (the closed form refuses
+    Mixtral on a tp shard; it answered only under --expert-load or --pp)."""
+    from paramscope.cost.memory.training import TrainingOptions, training_answer
+
+    _, estimate, _ = training_answer(small_mixtral(), TrainingOptions(
+        batch=MICRO, seq=SEQ, precision="bf16-mixed", fits=False, trace=True,
+        layout=ParallelLayout(dp=2, ep=2, tp=2)), use_cache=False)
+    device = estimate.training.device
+    derived = {p.phase: p.bytes for p in device.phases}
+    traced = {p.phase: p.bytes for p in device.traced.phases}
+    assert device.activations_from.startswith("derived")
+    assert (derived["forward"], derived["backward"]) == (traced["forward"], traced["backward"]) == \
+        (3_970_112, 3_964_976)
+    assert (device.traced.resident["parameters"], device.traced.resident["optimizer states"]) == \
+        (device.weights, device.optimizer)
+    assert any("(torchtitan's ExpertParallel over ep 2 beside DTensor tensor parallel)" in n for n in device.notes)
+    assert any(n.startswith("check: rank 0's step traced on torch's fake process group (torchtitan's ExpertParallel, "
+                            "DTensor, MemTracker): peak 3,970,112 B in forward") for n in device.notes)
