@@ -109,7 +109,7 @@ def test_expert_parallel_splits_routed_experts_only():
     device = estimate_training("mixtral-8x7b", TrainingOptions(layout=layout_for(devices=8, ep=8))).training.device
     assert device.weights == 4 * (report.total - experts + experts // 8)
     assert device.rules["moe.experts"].endswith("experts / ep 8")
-    assert device.rules["moe.router"] == "whole (no tensor parallelism)"
+    assert device.rules["moe.router"] == "whole (ep 8 cuts only the routed experts)"
     # a class without routed experts: ep cuts nothing, and the answer says so (it was silent)
     dense = estimate_training("llama-3-8b", TrainingOptions(layout=layout_for(devices=2, ep=2))).training.device
     assert "ep 2: LlamaForCausalLM has no routed experts, so expert parallelism cuts nothing" in " ".join(dense.notes)

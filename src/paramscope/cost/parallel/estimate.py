@@ -33,7 +33,7 @@ from .device_parts import (
 from .device_trace import traced_check
 from .layout import ParallelLayout, shard_words
 from .pipeline_device import pipeline_device
-from .rules import Placement, model_shape, place, tp_rule_words
+from .rules import Placement, model_shape, place, rules_in_words
 
 
 def placements_for(report: Any, view: Any, layout: ParallelLayout) -> tuple[Placement, ...]:
@@ -41,22 +41,6 @@ def placements_for(report: Any, view: Any, layout: ParallelLayout) -> tuple[Plac
 
     classes = {sub.__class__.__name__ for _, sub in view.root.named_modules()} if view.root is not None else set()
     return place(report.params, model_shape(text_config(view.config), classes), tp=layout.tp, ep=layout.ep)
-
-
-def rules_in_words(placements: tuple[Placement, ...], layout: ParallelLayout) -> dict[str, str]:
-    words: dict[str, str] = {}
-    for p in placements:
-        if p.role in words:
-            continue
-        rule = tp_rule_words(p.tp, layout.tp) if layout.tp > 1 else "whole (no tensor parallelism)"
-        cuts = {q.tp for q in placements if q.role == p.role}
-        if layout.tp > 1 and p.role == "moe.experts" and cuts == {"column", "row"}:  # packed gate_up and down
-            rule = (f"gate and up column-parallel (intermediate / {layout.tp} of each expert), down row-parallel "
-                    f"(input features / {layout.tp})")
-        if p.experts_split:
-            rule += f"; experts / ep {layout.ep}"
-        words[p.role] = rule
-    return dict(sorted(words.items()))
 
 
 def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[PhaseFigure, ...], int, int], PhaseFigure]]:
@@ -155,7 +139,7 @@ def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bo
         raise UnsupportedError("expert load {load} under FSDP2: the busiest rank is traced with FSDP2 over exactly "
                                "the ep ranks (dp {ep}, torchtitan's composition with each expert held by one rank); "
                                "over dp {dp} FSDP2 would also shard each expert over the dp / ep = {more} ranks "
-                               "holding it, a mesh dimension not traced: give --dp {ep}", load=load, ep=layout.ep,
+                               "holding it, a mesh dimension not traced: take dp = ep = {ep}", load=load, ep=layout.ep,
                                dp=layout.dp, more=layout.dp // layout.ep)
     if layout.tp > 1 and layout.shard == "fsdp" or layout.cp > 1 or layout.zero_stage == 3 and \
             layout.shard != "fsdp" or not ctx.derive:
