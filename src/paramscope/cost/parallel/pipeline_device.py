@@ -229,6 +229,7 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     shard = layout.tp if layout.sp else 1
     s_words = f"B·(S / {shard})·h" if shard > 1 else "B·S·h"
     whole = whole_embedding_gradient(ctx, placements)
+    waiting = _waiting_gradients(ctx, placements)
 
     def recipe_at(batch: int, length: int) -> Any:
         for recipe in step.recipes:
@@ -255,7 +256,7 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
         more = layout.schedule != "gpipe" and layout.micro_batches * layout.virtual_stages > stage.in_flight
         later = 0 if layout.micro_batches * layout.virtual_stages == 1 else stage.in_flight - (0 if more else 1)
         # interleaved: the chunk whose microbatch keeps the most, for every chunk-microbatch in flight (a bound)
-        figures = max((stage_activations(recipe, batch, length, a, b, stage.in_flight, residual, later)
+        figures = max((stage_activations(recipe, batch, length, a, b, stage.in_flight, residual, later, waiting)
                        for a, b in chunks_of(stage)), key=lambda f: (f.per_microbatch, f.peak))
         resident = resident_bytes(dev, ctx.buffer_bytes)
         k = stage.in_flight
@@ -341,10 +342,10 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     check = ("checked against MemTracker on the real class cut to each stage with the tp layout applied on the fake "
              "process group: on a Mixtral cut (tp 2 with sequence parallel, pp 3; "
              "tests/test_pipeline_tensor_parallel.py) and a GPT-2 cut (Conv1D, tied head; tp 2, pp 3) its forwards "
-             "and first backward equal to the byte; a later backward (1F1B's steady state) traced above the replay "
-             "on some stages, 31,744 B on the Mixtral cut's first two (inside the backward: the trace's later backward "
-             "makes the first's allocations to its peak; the replay, freeing each new gradient at once, is below it "
-             "there), 2,560 B on the GPT-2 cut's middle one; not isolated further; --trace measures each stage"
+             "and first backward equal to the byte, and on the Mixtral cut a later backward (1F1B's steady state) "
+             "too, where the packed experts' down_proj gradient is held until gate_up_proj's is made (the experts "
+             "read their local shards once, as they are entered, so autograd adds both into their .grad only after "
+             "the experts' backward; the replay adds every other gradient at once); --trace measures each stage"
              if layout.tp > 1 and not experts else EXPERT_TP_CHECK if experts and layout.tp > 1 else
              EXPERT_CHECK + (LOADED_CHECK if layout.expert_load != 1 else "") if experts else
              "equal to MemTracker on the real class cut to each stage: tests/test_pipeline_stages.py, on GPT-2 and "
@@ -392,6 +393,21 @@ EXPERT_TP_CHECK = ("checked against MemTracker on the real class cut to each sta
 # and under an uneven expert load (tests/test_expert_load.py)
 LOADED_CHECK = ("; under an uneven load (--expert-load 1.5 on that cut) the busiest rank's stages equal to the byte "
                 "too, forwards, first and later backward")
+
+
+def _waiting_gradients(ctx: StepContext, placements: tuple[Placement, ...]) -> frozenset[int]:
+    """The bytes of the gradients a later backward holds until the next gradient is made: under tensor parallel
+    the packed experts' modules read their weights' local shards once, as they are entered (moe_parallel's
+    PackedExpertsParallel, as torchtitan's GroupedExperts does), so autograd runs the gradients' AccumulateGrad only
+    after the experts' whole backward (the to_local node is the first the experts' forward made): down_proj's,
+    made first (its row-parallel shard), is still held when gate_up_proj's grouped backward makes its own."""
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+
+    if ctx.layout.tp == 1:
+        return frozenset()
+    return frozenset(p.local_numel * itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
+                     for p in placements if p.role == "moe.experts" and len(p.shape) == 3 and p.tp == "row")
 
 
 def _stage_dispatch(ctx: StepContext, placements: tuple[Placement, ...], params: list, in_flight: int,

@@ -64,10 +64,13 @@ class StageActivations:
 
 
 def stage_activations(recipe: DerivedRecipe, batch: int, seq: int, start: int, stop: int, in_flight: int,
-                      residual: int, later_in_flight: int = 0) -> StageActivations:
+                      residual: int, later_in_flight: int = 0, waiting: frozenset[int] = frozenset()
+                      ) -> StageActivations:
     """The stage holding layers [start, stop) of the recipe's model, at `batch` × `seq` a microbatch with
     `in_flight` microbatches held; `residual`: the bytes of one hidden state B×S×h (what is sent and received);
-    `later_in_flight`: the microbatches held at a later backward (0: none, a single microbatch)."""
+    `later_in_flight`: the microbatches held at a later backward (0: none, a single microbatch); `waiting`: the
+    bytes of the gradients that reach their .grad only with the next gradient made, not at once (a later backward:
+    a module that reads its weights' local shards once, as it is entered, under tensor parallel)."""
     replay = _Replay(recipe, batch, seq, start, stop)
     received = 0 if replay.first else residual
     events = replay.forward()
@@ -86,7 +89,7 @@ def stage_activations(recipe: DerivedRecipe, batch: int, seq: int, start: int, s
         forward_peak = max(forward_peak, (in_flight - 1) * each + kept_once + again)
     later = 0
     if later_in_flight:
-        _, accumulated, _ = replay.run_backward(backward, gradient, accumulate=True)
+        _, accumulated, _ = replay.run_backward(backward, gradient, accumulate=True, waiting=waiting)
         later = later_in_flight * each + kept_once + accumulated
         if later_in_flight == in_flight:  # 1F1B's steady state: one more forward first, the k - 1 others held
             later = max(later, (in_flight - 1) * each + kept_once + again)
@@ -281,12 +284,14 @@ class _Replay:
         return live, peak
 
     @staticmethod
-    def run_backward(events: list[tuple[int, int, bool]], before: int, accumulate: bool = False
-                     ) -> tuple[int, int, int]:
+    def run_backward(events: list[tuple[int, int, bool]], before: int, accumulate: bool = False,
+                     waiting: frozenset[int] = frozenset()) -> tuple[int, int, int]:
         """(live at the end, the peak, the gradients made by then); `accumulate`: each gradient added into one
-        already held and freed at once (it is counted at its moment, and not after)."""
+        already held and freed at once (it is counted at its moment, and not after), but one of a size in
+        `waiting`, held until the next gradient is made and freed with it."""
         live = peak = before
         grads = grads_at_peak = 0
+        held = 0  # gradients made, waiting for their AccumulateGrad
         for times, size, gradient in events:
             live += times * size
             if gradient:
@@ -294,5 +299,9 @@ class _Replay:
             if live > peak:
                 peak, grads_at_peak = live, grads
             if gradient and accumulate:
-                live -= times * size
+                if size in waiting and times > 0:
+                    held += times * size
+                    continue
+                live -= times * size + held
+                held = 0
         return live, peak, grads_at_peak
