@@ -93,13 +93,17 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
             f"ep {layout.ep}: {ctx.view.class_name} has no routed experts, so expert parallelism cuts nothing: each "
             "rank runs as a data-parallel one",))
     if layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1:
+        modelled = any(p.where.startswith("FSDP2:") for p in device.phases)
         device = dataclasses.replace(device, notes=device.notes + (
-            "FSDP2: the root unit (embeddings, final norm, head) stays gathered through the step and one layer's "
-            "parameters are gathered while it runs, as counted; its backward also holds the root's gradients "
-            "unsharded until their reduce-scatter at the end, which the closed form does not count: where the "
-            "logits do not dominate (short sequences against a large vocabulary) the step can peak there instead, "
-            "above this figure (Llama-3-8B cut to 4 layers at 512 tokens: 12% above; full depth at 2,048 tokens: "
-            "equal to 16 KB); --trace measures one rank",))
+            "FSDP2 as torch's fully_shard runs it by default (on each layer, then the root; a layer resharded after "
+            "its forward, the root not; one unit prefetched in backward; one reduce-scatter input held): the root "
+            "unit stays gathered through the step and a layer's parameters while it runs, "
+            + ("and the moments named FSDP2 (a unit's all-gather in the forward, inside a layer's backward, the "
+               "embedding's backward) add the all-gather outputs, the root's unsharded gradients, the "
+               "reduce-scatter input and the shards held there" if modelled else
+               "counted; the moments inside its backward (the root's unsharded gradients, the reduce-scatter "
+               "input) are modelled for Llama in fp32 and mixed precision, without checkpointing, cp or ep, not "
+               "here: --trace measures one rank"),))
     if ctx.trace:
         device = traced_check(ctx, device)
     return device, at
@@ -116,9 +120,7 @@ def _closed_form_beside(ctx: StepContext, placements: tuple[Placement, ...], rul
     except UnsupportedError:
         return ""
     diff = (closed.peak - device.peak) / device.peak if device.peak else 0.0
-    what = " (it does not count FSDP2's in-backward buffers: the root's unsharded gradients)" if \
-        ctx.layout.shard in ("fsdp", "hsdp") else ""
-    return f"check: the closed form gives {closed.peak:,} B, {100 * diff:+.3f}% from the derived peak{what}"
+    return f"check: the closed form gives {closed.peak:,} B, {100 * diff:+.3f}% from the derived peak"
 
 
 def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bool:
@@ -348,6 +350,8 @@ def ring_words(ctx: StepContext) -> str:
 def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Data (and expert) parallel alone: each rank runs one device's step on its own batch; the moments are the
     one-device ones with the device's model states, and FSDP2's gathered units."""
+    from .device_parts import fsdp_backward_moments
+
     states = ctx.states
     full_resident = states.weights.bytes + states.optimizer.bytes + states.master_weights.bytes
     dev = device_states_of(ctx, placements)
@@ -361,7 +365,7 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
             moved = dataclasses.replace(p, bytes=p.bytes - full_resident + dev.weights + dev.optimizer +
                                         dev.master_weights - p.gradients + grads, gradients=grads)
             out.append(with_buffers(moved, comm + expert_dispatch(ctx, placements, batch, length)))
-        return tuple(out)
+        return tuple(out) + fsdp_backward_moments(ctx, placements, batch, length)
 
     phases = shifted(ctx.phases)
     device = DeviceMemory(ctx.layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights,
@@ -376,6 +380,8 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
 
 def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Tensor and context parallel: the device's activations are the recipe's on its own shard."""
+    from .device_parts import fsdp_backward_moments
+
     layout = ctx.layout
     what = ("tensor parallelism beside context parallelism" if layout.tp > 1 and layout.cp > 1 else
             "tensor parallelism" if layout.tp > 1 else "context parallelism")
@@ -400,7 +406,8 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
         if whole is not None:
             figures = tuple(with_whole_gradient(p, whole) for p in figures)
         kept = ring_kept(batch, length)
-        return tuple(with_buffers(with_ring_outputs(with_norm_gradients(p, norms), kept), comm) for p in figures)
+        return tuple(with_buffers(with_ring_outputs(with_norm_gradients(p, norms), kept), comm) for p in figures) + \
+            fsdp_backward_moments(ctx, placements, batch, length)
 
     act = local_activations(ctx, shape, ctx.batch, ctx.seq)
     kept = ring_kept(ctx.batch, ctx.seq)

@@ -1,0 +1,82 @@
+"""The Llama family's FSDP2 closed form (cost/parallel/device_parts.fsdp_backward_moments) against one rank traced by
+MemTracker on torch's fake process group: FSDP2's in-step moments (a unit's all-gather in the forward, inside a layer's
+backward, the embedding's backward, the root's post-backward under tp) are priced from torch's fully_shard, and the
+closed form's peak equals the traced rank's to the byte.
+
+The cut keeps Llama-3's proportions (the MLP 3.5 × the hidden size, the vocabulary 31 ×, four query heads a KV head) at
+a hidden size of 128 and a few dozen tokens, where the weights outweigh the logits as they do for llama-3-8b at 512
+tokens: each case peaks at a different FSDP2 moment, named.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from paramscope.cost.memory.training import TrainingOptions, training_answer
+from paramscope.cost.parallel.layout import ParallelLayout
+from paramscope.cost.traced.parallel import trace_parallel_training
+from paramscope.cost.traced.step import StepSettings
+
+CUT = dict(hidden_size=128, intermediate_size=448, num_attention_heads=4, num_key_value_heads=1, vocab_size=4008,
+           architectures=["LlamaForCausalLM"])
+
+
+@functools.lru_cache(maxsize=None)
+def _closed_and_traced(layers, dp, tp, seq, precision, batch=1):
+    import transformers as T
+
+    config = T.LlamaConfig(num_hidden_layers=layers, **CUT)
+    _, estimate, view = training_answer(config, TrainingOptions(
+        batch=batch, seq=seq, precision=precision, layout=ParallelLayout(dp=dp, shard="fsdp", tp=tp),
+        derive_layout=False), use_cache=False)
+    traced = trace_parallel_training(view.module, StepSettings(batch=batch, seq=seq, precision=precision,
+                                                               optimizer="adamw"), dp=dp, shard="fsdp", tp=tp)
+    return estimate.training.device, traced
+
+
+# (layers, dp, tp, seq, precision, batch): the moment the step peaks at, and its bytes (traced; torch 2.13)
+CASES = {
+    "mixed dp 2, 16 tokens": ((4, 2, 1, 16, "bf16-mixed", 1), "FSDP2: inside layer 2's backward (MLP)", 22_473_380),
+    "fp32 dp 4, 16 tokens": ((4, 4, 1, 16, "fp32", 1), "FSDP2: inside layer 1's backward (attention)", 15_879_268),
+    "fp32 dp 2, 16 tokens": ((4, 2, 1, 16, "fp32", 1), "FSDP2: the embedding's backward", 22_051_876),
+    "fp32 dp 2, 2 × 32 tokens": ((4, 2, 1, 32, "fp32", 2), "FSDP2: inside layer 2's backward (MLP's product)",
+                                 23_134_244),
+    "mixed dp 2 × tp 2, 16 tokens": ((4, 2, 2, 16, "bf16-mixed", 1), "FSDP2: the root's post-backward", 13_227_172),
+    "mixed dp 4, 2 layers": ((2, 4, 1, 16, "bf16-mixed", 2), "FSDP2: layer 0's all-gather in the forward",
+                             14_294_228),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_closed_form_peak_is_the_traced_rank(name):
+    point, moment, peak = CASES[name]
+    device, traced = _closed_and_traced(*point)
+    top = max(device.phases, key=lambda p: p.bytes)
+    assert (top.where, device.peak) == (moment, traced.peak.bytes), name
+    assert device.peak == peak
+
+
+def test_each_moment_names_its_terms():
+    device, _ = _closed_and_traced(*CASES["mixed dp 2, 16 tokens"][0])
+    words = {p.where: p.arithmetic for p in device.phases}
+    inside = words["FSDP2: inside layer 2's backward (MLP)"]
+    for term in ("layers below saved 2 ×", "gradients flowing T·(8h)", "its weight gradients so far",
+                 "autocast's 16-bit weight copies", "the root unit all-gathered", "the head's and final norm's "
+                 "gradients unsharded", "layer 2's parameters all-gathered", "layer 1's all-gather output, prefetched",
+                 "layer 3's reduce-scatter input", "the shards of the 1 layers above"):
+        assert term in inside, term
+    assert "the embedding output's gradient" in words["FSDP2: the embedding's backward"]
+    assert any("one unit prefetched in backward" in note for note in device.notes)
+
+
+def test_llama_3_8b_at_512_tokens_on_8_ranks_is_the_derived_rank():
+    """llama-3-8b, dp 8 FSDP2, 512 tokens, bf16-mixed: the closed form is memory's derived (and traced) rank to the
+    byte, 38,856,105,620 B (36.19 GiB), inside layer 30's MLP backward; it was 36,901,025,420 B before it priced
+    FSDP2's in-backward buffers."""
+    options = TrainingOptions(batch=1, seq=512, layout=ParallelLayout(dp=8, shard="fsdp"), derive_layout=False)
+    _, estimate, _ = training_answer("llama-3-8b", options)
+    device = estimate.training.device
+    assert device.peak == 38_856_105_620
+    assert max(device.phases, key=lambda p: p.bytes).where == "FSDP2: inside layer 30's backward (MLP)"
