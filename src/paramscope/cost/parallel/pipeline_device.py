@@ -341,8 +341,10 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
               + f"; {regime})" if experts else f"derived one-device step ({regime})")
     check = ("checked against MemTracker on the real class cut to each stage with the tp layout applied on the fake "
              "process group: on a Mixtral cut (tp 2 with sequence parallel, pp 3; "
-             "tests/test_pipeline_tensor_parallel.py) and a GPT-2 cut (Conv1D, tied head; tp 2, pp 3) its forwards "
-             "and first backward equal to the byte, and on the Mixtral cut a later backward (1F1B's steady state) "
+             "tests/test_pipeline_tensor_parallel.py) its forwards and first backward equal to the byte, and on a "
+             "GPT-2 cut (Conv1D, tied head; tp 2, pp 3) but the first stage's first backward, replayed above its "
+             "trace by V·h·2 − B·S·h·4 B on the cuts measured (95,232 B at h 128, V 500; not isolated); on the "
+             "Mixtral cut a later backward (1F1B's steady state) "
              "too, where the packed experts' down_proj gradient is held until gate_up_proj's is made (the experts "
              "read their local shards once, as they are entered, so autograd adds both into their .grad only after "
              "the experts' backward; the replay adds every other gradient at once); --trace measures each stage"
