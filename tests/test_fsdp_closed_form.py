@@ -3,9 +3,9 @@ MemTracker on torch's fake process group: FSDP2's in-step moments (a unit's all-
 backward, the embedding's backward, the root's post-backward under tp) are priced from torch's fully_shard, and the
 closed form's peak equals the traced rank's to the byte.
 
-The cut keeps Llama-3's proportions (the MLP 3.5 × the hidden size, the vocabulary 31 ×, four query heads a KV head) at
-a hidden size of 128 and a few dozen tokens, where the weights outweigh the logits as they do for llama-3-8b at 512
-tokens: each case peaks at a different FSDP2 moment, named.
+The cut keeps Llama-3's proportions (the MLP 3.5 × the hidden size, the vocabulary 31 ×, four query heads a KV
+head) at a hidden size of 128 and a few dozen tokens, where the weights outweigh the logits as they do for
+llama-3-8b at 512 tokens: each case peaks at a different FSDP2 moment, named.
 """
 
 from __future__ import annotations

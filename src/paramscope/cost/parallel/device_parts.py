@@ -453,7 +453,6 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
 
     def at_layer(k: int, moment: str) -> PhaseFigure:
         roles = {p.role: p.local_numel for p in by_layer[k]}
-        mlp = sum(roles.get(r, 0) for r in ("mlp.gate", "mlp.up", "mlp.down"))
         attn = sum(roles.get(r, 0) for r in ("attention.query", "attention.key", "attention.value",
                                              "attention.output"))
         freed, held, flowing, with_grads, cast = _FSDP_MOMENTS[kind][moment]
