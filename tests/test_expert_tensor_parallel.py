@@ -25,6 +25,11 @@ def test_the_balanced_expert_tensor_rank_derived_equals_its_trace(cache):
     assert device.activations_from.startswith("derived")
     assert (derived["forward"], derived["backward"]) == (traced["forward"], traced["backward"]) == \
         (3_970_112, 3_964_976)
+    # the optimizer step too: what the traced rank still holds there, the token ids (8·B·S = 512 B, aliased by its
+    # DTensor input) and each layer's offsets of the 2 experts it holds (5 × 2 × 4 B = 40 B), counted (held_at_step)
+    assert derived["optimizer step"] == traced["optimizer step"] == 2_817_832
+    step = next(p for p in device.phases if p.phase == "optimizer step")
+    assert "the token ids 8·B·S = 512 B" in step.arithmetic and "5 × 2 experts × 4 B = 40 B" in step.arithmetic
     assert (device.traced.resident["parameters"], device.traced.resident["optimizer states"]) == \
         (device.weights, device.optimizer)
     assert any("(torchtitan's ExpertParallel over ep 2 beside DTensor tensor parallel)" in n for n in device.notes)

@@ -217,18 +217,19 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     norms = sequence_parallel_norm_gradients(ctx)
     step_bytes, step_text = ctx.step
 
-    def phases_at(figures: Any) -> tuple[PhaseFigure, ...]:
+    def phases_at(figures: Any, batch: int, length: int) -> tuple[PhaseFigure, ...]:
+        held, held_text = held_at_step(ctx, placements, batch, length)
         out = (PhaseFigure("forward", resident + figures.forward, "derived, one rank", "", 0, figures.forward),
                PhaseFigure("backward", resident + figures.backward, "derived, one rank", "",
                            figures.gradients_at_backward_peak, figures.backward - figures.gradients_at_backward_peak),
-               PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
-                           f"gradients {dev.gradients:,}; {step_text}", dev.gradients))
+               PhaseFigure("optimizer step", resident + dev.gradients + step_bytes + held, "optimizer step",
+                           f"gradients {dev.gradients:,}; {step_text}{held_text}", dev.gradients))
         if whole is not None:
             out = tuple(with_whole_gradient(p, whole) for p in out)
         return tuple(with_norm_gradients(p, norms) for p in out)
 
     figures = step.recipe.peaks(ctx.batch, ctx.seq)
-    phases = phases_at(figures)
+    phases = phases_at(figures, ctx.batch, ctx.seq)
     for index, phase in enumerate(phases[:2]):
         where = "forward" if index == 0 else "backward"
         phases = phases[:index] + (dataclasses.replace(phase, arithmetic=step.recipe.words(
@@ -262,8 +263,37 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         point = step.at(batch, length)
         if point is None:
             return PhaseFigure("backward", 1 << 62, "", "")
-        return max(phases_at(point), key=lambda p: p.bytes)
+        return max(phases_at(point, batch, length), key=lambda p: p.bytes)
     return device, at
+
+
+def held_at_step(ctx: StepContext, placements: tuple[Placement, ...], batch: int, length: int) -> tuple[int, str]:
+    """(bytes, words) the traced rank still holds at its optimizer step beyond its states and gradients:
+    - the token ids, int64, 8·B·S/cp, where the rank's inputs enter a DTensor module (the tp plan's replicated input,
+      or under ep without FSDP2 the replicated rest): from_local aliases them, so MemTracker tracks them from the
+      embedding on, and the batch stays referenced to the step's end (one device's ids, made before the tracker,
+      are not seen; nor under FSDP2 or cp alone, where the embedding reads them as they are);
+    - each MoE layer's expert offsets, int32, one per expert the rank holds: transformers' grouped-mm fallback (the
+      experts' path for weights that are not bf16) keeps them as its autograd node's attribute (ctx.offs), not a
+      saved tensor, so the backward does not free them."""
+    layout = ctx.layout
+    parts = []
+    if layout.tp > 1 or layout.ep > 1 and not fsdp_sharded(layout):
+        ids = 8 * batch * (length // layout.cp)
+        parts.append((ids, f"the token ids 8·B·S{' / cp' if layout.cp > 1 else ''} = {ids:,} B (the rank's "
+                           "DTensor input aliases them)"))
+    if ctx.precision != "bf16-pure":
+        experts = {p.name.rsplit(".", 1)[0]: p.local_shape[0] for p in placements
+                   if p.role == "moe.experts" and len(p.local_shape) == 3}
+        if experts:
+            per_layer = set(experts.values())
+            offsets = 4 * sum(experts.values())
+            parts.append((offsets, f"each MoE layer's expert offsets, {len(experts)} × "
+                                   f"{'/'.join(str(n) for n in sorted(per_layer))} experts × 4 B = {offsets:,} B "
+                                   "(transformers' grouped-mm fallback keeps them on its autograd node)"))
+    if not parts:
+        return 0, ""
+    return sum(b for b, _ in parts), "; held from the step before: " + ", ".join(w for _, w in parts)
 
 
 def _sharded_rank_derived(ctx: StepContext, placements: tuple[Placement, ...]) -> bool:
