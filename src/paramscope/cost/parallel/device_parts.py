@@ -373,7 +373,9 @@ def matmul_names(ctx: StepContext) -> frozenset[str]:
 # MemTracker and named by the op it peaks in:
 #   "MLP" under autocast: the gate projection's weight gradient cast to fp32, the MLP's last (its activations, 8i,
 #     and the post-norm output's 16-bit copies they read, 4h, freed; the three MLP weight gradients held, the
-#     gate's 16-bit one beside its fp32 cast; the attention's 16-bit weight copies still held);
+#     gate's 16-bit one beside its fp32 cast; the attention's 16-bit weight copies still held); "MLP's up": the up
+#     projection's, one before (the gate's output, its input copy and 16-bit weight copy still held, 2h + 2i and
+#     the gate output's 16-bit gradient, 2i, flowing);
 #   "MLP" in fp32: the gate projection's weight-gradient matmul (its input, the post-norm output, still held, and
 #     the gate output's gradient, 4i, flowing); "MLP's product": the SiLU-and-product backward after down_proj's
 #     (its product's 4i freed, the gate, up and product gradients, 12i, flowing; down's weight gradient held);
@@ -386,13 +388,15 @@ def matmul_names(ctx: StepContext) -> frozenset[str]:
 _FSDP_MOMENTS = {
     # kind: {moment: (of the layer's own activations, freed before it, per token (·h, ·i), or held, (·h, constant);
     #                 the gradients flowing, per token (·h, ·i); the weights whose gradients it holds, in fp32 (and
-    #                 the one whose 16-bit gradient is being cast, under autocast))}
-    "mixed": {"MLP": ((4, 8), None, (8, 0), ("mlp.gate", "mlp.up", "mlp.down"), "mlp.gate")},
-    "fp32": {"MLP's product": ((0, 4), None, (4, 12), ("mlp.down",), ""),
-             "MLP": ((0, 16), None, (12, 4), ("mlp.gate", "mlp.up", "mlp.down"), ""),
+    #                 the one whose 16-bit gradient is being cast, under autocast); the layer's MLP weights whose
+    #                 16-bit copies it still holds)}
+    "mixed": {"MLP's up": ((2, 6), None, (8, 2), ("mlp.up", "mlp.down"), "mlp.up", ("mlp.gate",)),
+              "MLP": ((4, 8), None, (8, 0), ("mlp.gate", "mlp.up", "mlp.down"), "mlp.gate", ())},
+    "fp32": {"MLP's product": ((0, 4), None, (4, 12), ("mlp.down",), "", ()),
+             "MLP": ((0, 16), None, (12, 4), ("mlp.gate", "mlp.up", "mlp.down"), "", ()),
              "attention": (None, (12, 4), (16, 0), ("attention.query", "attention.key", "attention.value",
                                                      "attention.output", "mlp.gate", "mlp.up", "mlp.down",
-                                                     "mlp.norm"), "")},
+                                                     "mlp.norm"), "", ())},
 }
 
 
@@ -455,7 +459,7 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
         roles = {p.role: p.local_numel for p in by_layer[k]}
         attn = sum(roles.get(r, 0) for r in ("attention.query", "attention.key", "attention.value",
                                              "attention.output"))
-        freed, held, flowing, with_grads, cast = _FSDP_MOMENTS[kind][moment]
+        freed, held, flowing, with_grads, cast, copied = _FSDP_MOMENTS[kind][moment]
         if freed is not None:
             own = per_layer - tokens * (freed[0] * h + freed[1] * i)
             own_text = (f"all but its MLP's and the post-norm output's, per layer − T·({freed[0]}h + {freed[1]}i)"
@@ -468,7 +472,8 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
             (2 * roles.get(cast, 0) if cast else 0)
         below_casts = sum(n for kk in range(k) for p in by_layer[kk] for n in [p.local_numel]
                           if p.role.startswith(("mlp.", "attention.")) and not p.role.endswith("norm"))
-        copies = 2 * (below_casts + attn) if casts else 0  # the layer's attention copies: its MLP's moments
+        # the layer's attention copies (its MLP's moments) and the MLP's own still read
+        copies = 2 * (below_casts + attn + sum(roles.get(r, 0) for r in copied)) if casts else 0
         flow = tokens * (flowing[0] * h + flowing[1] * i)
         flow_text = f"T·({flowing[0]}h" + (f" + {flowing[1]}i)" if flowing[1] else ")")
         above = sum(shard[kk] for kk in range(k + 1, layers))
