@@ -1,7 +1,8 @@
 """The layouts the search tries on a number of devices, and the order it tries them in.
 
 dp · tp · pp · cp = N: tp among the degrees the sharding rules accept (heads, KV heads, widths), pp ≤ the layers
-(× virtual stages), cp dividing the sequence, ep dividing the routed experts and dp × cp; the global batch G fixed,
+(× virtual stages), cp dividing the sequence, ep dividing the routed experts and dp × cp (each ep > 1 layout with
+the options' expert load: its busiest rank); the global batch G fixed,
 so dp must divide it (each replica G / dp sequences; under a pipeline, microbatches of one sequence). A degree the
 rules or the batch refuse is a Skipped with the reason; more pipeline stages than layers is no layout at all."""
 
@@ -61,11 +62,16 @@ def candidate_layouts(facts: ModelFacts, devices: int) -> tuple[list[tuple[Paral
                         skipped.append(Skipped(dp, tp, pp, cp, ep, f"the shard group {options.shard_group} "
                                                                    f"does not divide dp × cp = {dp * cp}"))
                         continue
-                    layout = layout_for(
-                        dp=dp, zero=facts.shard, tp=tp, sp=tp > 1, pp=pp, cp=cp, ep=ep, batch=replica,
-                        shard_group=options.shard_group if facts.shard == "hsdp" else None,
-                        micro_batches=replica if pp > 1 else None, schedule=schedule if pp > 1 else None,
-                        virtual_stages=virtual if pp > 1 else 1)
+                    try:  # an expert load F above ep (every pair on the busiest rank) is no layout of that ep
+                        layout = layout_for(
+                            dp=dp, zero=facts.shard, tp=tp, sp=tp > 1, pp=pp, cp=cp, ep=ep, batch=replica,
+                            shard_group=options.shard_group if facts.shard == "hsdp" else None,
+                            micro_batches=replica if pp > 1 else None, schedule=schedule if pp > 1 else None,
+                            virtual_stages=virtual if pp > 1 else 1,
+                            expert_load=options.expert_load if ep > 1 else 1.0)
+                    except OptionError as err:
+                        skipped.append(Skipped(dp, tp, pp, cp, ep, refusal_words(err)))
+                        continue
                     out.append((layout, replica))
     return out, skipped
 

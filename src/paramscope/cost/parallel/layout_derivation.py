@@ -21,23 +21,44 @@ def derivation_key(layout: ParallelLayout, replica: int, experts: int) -> tuple 
     rank without a pipeline is derived at the replica's batch with FSDP's degree, or alone with its context-parallel
     share (beside tp and FSDP2 over dp × cp, as torchtitan composes them). None where memory derives nothing more
     (data or expert parallel alone: the one-device step) or refuses the layout first (cp under a pipeline).
-    `experts`: the class's routed experts."""
+    `experts`: the class's routed experts. Under an expert load the key holds the load: the busiest rank's recipe
+    is another derivation."""
+    load = layout.expert_load
     if layout.pp > 1:
         regime = min(2, replica // layout.micro_batches)
         if layout.cp > 1:
             return None
-        if layout.ep > 1 and experts:  # the expert-parallel rank's recipe, with tp beside it where asked
-            return ("experts", layout.ep, layout.tp, layout.sp, regime)
+        if layout.ep > 1 and experts:  # the expert-parallel rank's recipe (the busiest's under a load), with tp
+            # beside it where asked
+            return ("experts", layout.ep, layout.tp, layout.sp, "none", load, regime)
         return ("rank", 1, "none", layout.tp, layout.sp, regime) if layout.tp > 1 else ("device", regime)
     regime = min(2, replica)
     fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
     if layout.ep > 1:
-        return None
+        return _expert_rank_key(layout, experts, fsdp, regime)
     if layout.cp > 1:
         return ("context", layout.cp, layout.shard_degree if fsdp else 1, layout.tp, layout.sp, regime)
     if not fsdp and layout.tp == 1:
         return None
     return ("rank", layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp, regime)
+
+
+def _expert_rank_key(layout: ParallelLayout, experts: int, fsdp: bool, regime: int) -> tuple | None:
+    """An expert-parallel rank without a pipeline, as estimate.layout_device derives it: the busiest rank under a
+    load (beside tp, or under FSDP2 over exactly the ep ranks), the balanced (ep, tp) rank beside tp without FSDP2;
+    None where memory derives nothing more (ep beside data parallel alone, balanced: one device's step) or refuses
+    the layout first (check_expert_load: a load beside cp, FSDP2 beside tp or over more ranks than ep, DeepSpeed's
+    ZeRO-3, hybrid sharding), so the search names memory's reason rather than spending a derivation."""
+    if not experts:
+        return None
+    if layout.expert_load != 1:
+        if layout.cp > 1 or layout.zero_stage == 3 and layout.shard != "fsdp" or \
+                layout.shard == "fsdp" and (layout.tp > 1 or layout.dp != layout.ep):
+            return None
+        return ("experts", layout.ep, layout.tp, layout.sp, "fsdp" if fsdp else "none", layout.expert_load, regime)
+    if layout.tp > 1 and layout.cp == 1 and not fsdp and layout.zero_stage != 3:
+        return ("experts", layout.ep, layout.tp, layout.sp, "none", 1.0, regime)
+    return None
 
 
 def derivation_words(key: tuple) -> str:
@@ -49,8 +70,9 @@ def derivation_words(key: tuple) -> str:
         if shard != "none":
             parts.append(f"FSDP2 over {degree}")
     elif kind == "experts":
-        ep, tp, sp = rest
-        parts = [f"ep {ep}"] + ([_tp_words(tp, sp)] if tp > 1 else [])
+        ep, tp, sp, shard, load = rest
+        parts = [f"ep {ep}"] + ([_tp_words(tp, sp)] if tp > 1 else []) + (["FSDP2"] if shard != "none" else []) + \
+            ([f"the busiest rank at {load:g}× its share"] if load != 1 else [])
     elif kind == "context":
         cp, degree, tp, sp = rest
         parts = [f"cp {cp}"] + ([_tp_words(tp, sp)] if tp > 1 else []) + \

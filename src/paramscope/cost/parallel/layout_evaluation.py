@@ -62,7 +62,8 @@ class LayoutEvaluator:
         facts = self.facts
         key = derivation_key(layout, replica, facts.experts)
         derive = False
-        if layout.tp > 1 or layout.cp > 1 or layout.pp > 1 or key is not None:
+        # (an expert load is asked as memory asks it, derived, so that what memory refuses is named with its reason)
+        if layout.tp > 1 or layout.cp > 1 or layout.pp > 1 or key is not None or layout.expert_load != 1:
             why = self.engines.not_answered(layout, replica)
             if self.engines.needs_build:
                 return None

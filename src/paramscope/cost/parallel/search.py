@@ -39,6 +39,9 @@ def search(report: Any, view: Any, options: SearchOptions, flops_check: Any = No
     began = perf_counter()
     seq, _, notes = step_length(report, text_config(view.config), options.seq, DEFAULT_TRAINING_SEQ)
     evaluator = LayoutEvaluator(report, view, options, seq, flops_check)
+    if options.expert_load != 1 and not evaluator.facts.experts:
+        raise UnsupportedError("expert load {load:g}: {cls} has no routed experts for ep ranks to share",
+                               load=options.expert_load, cls=view.class_name)
     layouts, skipped = candidate_layouts(evaluator.facts, options.devices)
     candidates: list[Candidate] = []
     # lowest lower bound first (as the fewest devices' search), so that where derivations are capped
@@ -93,6 +96,11 @@ def _notes(evaluator: LayoutEvaluator, options: SearchOptions, any_answered: boo
                      "in-backward buffers (the root unit's unsharded gradients), so its figure can be higher "
                      "(llama-3-8b, 8 × H100, 512 tokens: dp 8 34.37 GiB here, 36.19 GiB derived and traced); a "
                      "layout near the GPU's limit is worth memory's answer")
+    if options.expert_load != 1:
+        notes.append(f"expert load {options.expert_load:g} (a convention: the busiest expert-parallel rank receives "
+                     f"{options.expert_load:g}× its balanced token-expert pairs): each ep > 1 layout's peak and step "
+                     "time are that rank's (memory --expert-load and flops --expert-load); ep 1 layouts route "
+                     "every pair on their own rank")
     derived = evaluator.derivations.note(options.devices)
     if derived:
         notes.append(derived)

@@ -27,6 +27,7 @@ class SearchOptions:
     schedule: str | None = None  # pipeline layouts' schedule (default 1f1b)
     virtual_stages: int = 1
     context_parallel: bool = True  # search cp too
+    expert_load: float = 1.0  # every ep > 1 layout's busiest rank's pairs over its balanced share (--expert-load)
     reserve: int = DEFAULT_RESERVE
 
     @property
@@ -48,6 +49,10 @@ class SearchOptions:
         if self.schedule is not None or self.virtual_stages != 1:
             ParallelLayout(pp=2, micro_batches=2, schedule=self.schedule or "interleaved",
                            virtual_stages=self.virtual_stages).check()
+        load = self.expert_load  # from 1; its bound ep is each layout's own (a layout's ep below F is Skipped)
+        if isinstance(load, bool) or not isinstance(load, (int, float)) or not load >= 1:
+            raise OptionError("{0} (the busiest expert-parallel rank's pairs over its balanced share) must be a "
+                              "number from 1, got {value!r}", "expert_load", value=str(load)[:40])
         if self.shard_group is not None and shard_mode(self.zero or "fsdp") != "hsdp":
             raise OptionError("{0} is for hybrid sharding (hybrid_shard)", "shard_group")
         accelerator = find_accelerator(self.gpu)
