@@ -99,8 +99,8 @@ def _notes(evaluator: LayoutEvaluator, options: SearchOptions, any_answered: boo
     if options.expert_load != 1:
         notes.append(f"expert load {options.expert_load:g} (a convention: the busiest expert-parallel rank receives "
                      f"{options.expert_load:g}× its balanced token-expert pairs): each ep > 1 layout's peak and step "
-                     "time are that rank's (memory --expert-load and flops --expert-load); ep 1 layouts route "
-                     "every pair on their own rank")
+                     "time are that rank's (memory --expert-load and flops --expert-load), its ep communication "
+                     "still balanced routing's; ep 1 layouts route every pair on their own rank")
     derived = evaluator.derivations.note(options.devices)
     if derived:
         notes.append(derived)
