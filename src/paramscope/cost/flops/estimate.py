@@ -18,6 +18,7 @@ from ...selection import match_all
 from ..dims import max_context, text_config
 from ..hardware import Accelerator, find_accelerator, peak_flops
 from ..memory.serving import step_length
+from ..parallel.layout import ParallelLayout, layout_at_batch
 from ..traced.flops import by_role, count_flops, module_roles
 from ..traced.step import StepSettings
 from .analytic import analytic_flops, skipped_input_gradients
@@ -41,7 +42,7 @@ class FlopOptions:
     peak_tflops: float | None = None  # overrides the table
     tokens_per_second: float | None = None  # measured throughput (all devices), for MFU
     mfu: float | None = None  # assumed MFU, for the time
-    devices: int = 1
+    devices: int | None = None  # None: the layout's devices, or 1 without a layout
     trace: bool = False
     context_curve: bool = False  # also count the forward at powers of two up to the model's context (HTML plot)
     generate: int | None = None  # new tokens: generate()'s FLOPs (the prefill, its last token's logits, and decode)
@@ -52,6 +53,13 @@ class FlopOptions:
     # images or audio beside the text (towers.MediaInput): the tower and projector traced on that input, the
     # language model over the text and the tokens the projector adds; None: a text input
     media: Any = None
+
+    def __post_init__(self) -> None:
+        # the options' batch is the one batch: a layout built without one takes it (check refuses another)
+        layout = layout_at_batch(self.layout, self.batch)
+        object.__setattr__(self, "layout", layout)
+        if self.devices is None:
+            object.__setattr__(self, "devices", layout.devices if isinstance(layout, ParallelLayout) else 1)
 
     def check(self) -> None:
         from ..memory.serving import check_batch_and_seq
@@ -96,6 +104,7 @@ class FlopOptions:
                               "step_seconds", "dp", "tp", "tokens_per_second")
         if self.layout is not None:
             check_layout_option(self.layout)
+            self.layout.check_batch(self.batch)
             if self.generate is not None:
                 raise OptionError("{0} counts one device's step under a layout; {1} is not split per device",
                                   "tp", "generate")

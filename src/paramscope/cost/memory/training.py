@@ -18,6 +18,7 @@ from ...entry_options import check_layout_option, check_model_options
 from ...errors import OptionError
 from ...frozen import FrozenDict, freeze_fields
 from ...selection import match_all
+from ..parallel.layout import layout_at_batch
 from .activations import (
     TrainingActivations, recipe_attention, recipe_declines, recipe_for, recipe_peak_inside_layers,
     training_activations,
@@ -72,6 +73,10 @@ class TrainingOptions:
     # language model's activations over the text and image tokens; None: a text input
     media: Any = None
 
+    def __post_init__(self) -> None:
+        # the options' batch is the one batch: a layout built without one takes it (check refuses another)
+        object.__setattr__(self, "layout", layout_at_batch(self.layout, self.batch))
+
     def check(self) -> None:
         from .serving import check_batch_and_seq
 
@@ -100,6 +105,7 @@ class TrainingOptions:
                                   refused)
         if self.layout is not None:
             check_layout_option(self.layout)
+            self.layout.check_batch(self.batch)
             if self.devices != 1 or str(self.zero) != "0":
                 raise OptionError("give the layout or {0} and {1}, not both", "devices", "zero")
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import OptionError, UnsupportedError
+from ...words import counted
 from .layout import ParallelLayout
 from .pipeline import Stage, bubble, layer_of, layer_stack_of, split_words, stages
 from .rules import Placement, model_shape, place
@@ -352,8 +353,9 @@ def _conventions(layout: ParallelLayout, causal_model: bool, causal: str, weight
                    "an even share of its group's top-k assignments, so a device's expert FLOPs are its own "
                    "tokens' top-k share, as without ep (the all-to-all moves tokens, not FLOPs)")
     if layout.pp > 1:
-        out.append(f"pipeline: each stage's layers over all {layout.micro_batches} microbatches of "
-                   "batch / m sequences; the bubble is idle time, counted in the step time, not in FLOPs")
+        out.append("pipeline: each stage's layers over " + "all " * (layout.micro_batches > 1)
+                   + counted(layout.micro_batches, "microbatch", "microbatches") + " of batch / m sequences; the "
+                   "bubble is idle time, counted in the step time, not in FLOPs")
     if layout.dp > 1 or layout.shard != "none":
         out.append(f"data parallel: each of {layout.dp} replicas does these FLOPs on its own batch; ZeRO and FSDP "
                    "change communication and memory, not FLOPs")

@@ -20,9 +20,11 @@ always meant), cut into `micro_batches` microbatches under a pipeline.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ...errors import OptionError
+from ...words import counted
 
 MAX_DEGREE = 1 << 16
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -48,6 +50,11 @@ class ParallelLayout:
     ep: int = 1
     cp: int = 1
     expert_load: float = 1.0  # the busiest ep rank's token-expert pairs over its balanced share (1: balanced)
+    # the sequences each data-parallel replica takes a step, where layout_for was told; None: the options' batch
+    # (TrainingOptions, FlopOptions) is taken (at_batch). Not compared: a layout is its cut of the devices
+    batch: int | None = field(default=None, compare=False)
+    # layout_for was not given micro_batches: under a pipeline, one sequence a microbatch once the batch is known
+    micro_batches_default: bool = field(default=False, compare=False, repr=False)
 
     @property
     def devices(self) -> int:
@@ -72,6 +79,21 @@ class ParallelLayout:
         """What is sharded, as a ZeRO stage: 1 optimizer states (and master weights), 2 also gradients, 3 also
         weights."""
         return {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "hsdp": 3}[self.shard]
+
+    def at_batch(self, batch: int) -> ParallelLayout:
+        """This layout at the options' batch where it was built without one (a pipeline's default microbatches:
+        one sequence each); unchanged where it names its own batch (check_batch refuses a different one)."""
+        if self.batch is not None or isinstance(batch, bool) or not isinstance(batch, int):
+            return self
+        micro = batch if self.micro_batches_default and self.pp > 1 else self.micro_batches
+        return replace(self, batch=batch, micro_batches=micro)
+
+    def check_batch(self, batch: int) -> None:
+        """The options' batch is the one batch: a layout built for another is refused, naming both."""
+        if self.batch is not None and self.batch != batch:
+            raise OptionError("the layout was built for {0} {layout_batch} (layout_for({0}=...)) but the options ask "
+                              "{0} {batch}: give the batch once, in the options", "batch",
+                              layout_batch=self.batch, batch=batch)
 
     def check(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batches", "virtual_stages", "ep", "cp"):
@@ -120,6 +142,9 @@ class ParallelLayout:
                     not 1 <= self.shard_group <= MAX_DEGREE or (self.dp * self.cp) % self.shard_group:
                 raise OptionError("{0} must divide dp × cp = {ranks}, got {value!r}", "shard_group",
                                   ranks=self.dp * self.cp, value=str(self.shard_group)[:40])
+        if self.batch is not None and self.batch % self.micro_batches:
+            raise OptionError("{0} {micro} must divide the batch, {sequences} a replica", "micro_batches",
+                              micro=self.micro_batches, sequences=counted(self.batch, "sequence"))
 
     def words(self) -> str:
         """"dp 4 (FSDP2) × tp 2 (sequence parallel) × pp 2 (1F1B, 8 microbatches) = 16 devices"."""
@@ -141,6 +166,12 @@ class ParallelLayout:
         return text
 
 
+def layout_at_batch(layout: Any, batch: int) -> Any:
+    """An options' layout at the options' batch (ParallelLayout.at_batch); anything else as given, for the options'
+    check to refuse in one line."""
+    return layout.at_batch(batch) if isinstance(layout, ParallelLayout) else layout
+
+
 def shard_words(layout: ParallelLayout) -> str:
     return {"none": "no sharding", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp": "FSDP2",
             "hsdp": f"FSDP2 hybrid, shards over {layout.shard_degree}"}[layout.shard]
@@ -158,11 +189,12 @@ def shard_mode(value: str | int) -> str:
 def layout_for(*, devices: int | None = None, dp: int | None = None, zero: str | int = "0", shard_group: int | None = None,
                tp: int = 1, sp: bool = False, pp: int = 1, micro_batches: int | None = None,
                schedule: str | None = None, virtual_stages: int = 1, ep: int = 1, cp: int = 1,
-               batch: int = 1, expert_load: float = 1.0) -> ParallelLayout:
+               batch: int | None = None, expert_load: float = 1.0) -> ParallelLayout:
     """The layout the options describe. `devices` is the total; dp, when not given, is what tp × pp × cp leave of
     it (so `--devices 8 --zero 3` is dp 8, as it always was, and `--devices 8 --tp 2` is dp 4); neither given: dp 1. `batch`: the
     sequences each data-parallel replica takes a step; under a pipeline they are cut into `micro_batches`
-    microbatches (default: one sequence each, Megatron's usual micro-batch size)."""
+    microbatches (default: one sequence each, Megatron's usual micro-batch size); not given, the options' batch
+    (TrainingOptions, FlopOptions) is taken, and one given must be theirs."""
     for name, value in (("devices", 1 if devices is None else devices), ("tp", tp), ("pp", pp), ("cp", cp)):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEGREE:
             raise OptionError("{0} must be a whole number from 1 to {limit:,}, got {value!r}", name,
@@ -179,11 +211,13 @@ def layout_for(*, devices: int | None = None, dp: int | None = None, zero: str |
         raise OptionError("{0} {devices} is not dp × tp × pp × cp = {total}", "devices", devices=devices,
                           total=dp * model)
     chosen = schedule or ("interleaved" if virtual_stages > 1 else "1f1b")
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        raise OptionError("{0} must be a whole number of sequences, 1 or more, got {value!r}", "batch",
+                          value=str(batch)[:40])
+    default_micro = micro_batches is None and pp > 1
+    micro = micro_batches if micro_batches is not None else (batch or 1) if pp > 1 else 1
     layout = ParallelLayout(dp=dp, shard=shard_mode(zero), shard_group=shard_group, tp=tp, sp=sp, pp=pp,
-                            micro_batches=micro_batches if micro_batches is not None else (batch if pp > 1 else 1),
-                            schedule=chosen, virtual_stages=virtual_stages, ep=ep, cp=cp, expert_load=expert_load)
+                            micro_batches=micro, schedule=chosen, virtual_stages=virtual_stages, ep=ep, cp=cp,
+                            expert_load=expert_load, batch=batch, micro_batches_default=default_micro)
     layout.check()
-    if batch % layout.micro_batches:
-        raise OptionError("{0} {micro} must divide the batch, {batch} sequences a replica", "micro_batches",
-                          micro=layout.micro_batches, batch=batch)
     return layout

@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterable
 
+from ...words import counted
 from ..memory.states import ModelStates, model_states
 from .layout import ParallelLayout
 from .rules import Placement
@@ -62,7 +63,7 @@ def device_states(params: Iterable, placements: Iterable[Placement], layout: Par
         how = (f"FSDP2 over {degree} ranks: every parameter cut along its first dimension, ⌈dim0 / {degree}⌉ rows "
                "a rank (padded), its gradient and optimizer states alike")
         if experts and expert_degree != degree:
-            how += f"; routed experts over {expert_degree} ranks ({degree} / ep {layout.ep})"
+            how += f"; routed experts over {counted(expert_degree, 'rank')} ({degree} / ep {layout.ep})"
         return DeviceStates(part.weights.bytes, part.gradients.bytes, part.optimizer.bytes, part.master_weights.bytes,
                             whole, how)
 

@@ -1,0 +1,86 @@
+"""A newcomer's trial of multi-device memory and FLOPs (issue 28): the options' batch is the one batch, a layout's
+devices are FlopOptions' devices, counts agree with their nouns, --trace is refused up front where it cannot trace,
+and the fits table's largest batch under a pipeline is one the pipeline takes."""
+
+from __future__ import annotations
+
+import pytest
+
+from paramscope.cli import main
+from paramscope.count import ParameterInfo
+from paramscope.cost.flops.estimate import FlopOptions
+from paramscope.cost.memory.training import TrainingOptions
+from paramscope.cost.parallel.layout import ParallelLayout, layout_for
+from paramscope.errors import OptionError
+
+
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# --- 1. the options' batch is the one batch ---------------------------------------------------------------------
+
+def test_a_layout_without_a_batch_takes_the_options_batch():
+    options = TrainingOptions(batch=4, layout=layout_for(tp=2, pp=2, micro_batches=4))
+    options.check()
+    assert (options.layout.batch, options.layout.micro_batches, options.layout.devices) == (4, 4, 4)
+    # the pipeline's default microbatches, one sequence each, are the options' batch
+    assert TrainingOptions(batch=6, layout=layout_for(pp=2)).layout.micro_batches == 6
+    assert FlopOptions(batch=8, layout=layout_for(pp=2)).layout.micro_batches == 8
+    # without a pipeline the microbatches stay 1; the layout compares equal to one built with the batch
+    assert TrainingOptions(batch=5, layout=layout_for(tp=2)).layout == layout_for(tp=2, batch=5)
+
+
+def test_a_layout_built_for_another_batch_is_refused_naming_both():
+    for make in (lambda: TrainingOptions(batch=8, layout=layout_for(pp=2, micro_batches=4, batch=4)),
+                 lambda: FlopOptions(batch=8, layout=layout_for(pp=2, micro_batches=4, batch=4))):
+        with pytest.raises(OptionError) as caught:
+            make().check()
+        assert str(caught.value) == ("the layout was built for batch 4 (layout_for(batch=...)) but the options ask "
+                                     "batch 8: give the batch once, in the options")
+
+
+def test_microbatches_that_do_not_divide_the_options_batch_are_refused():
+    with pytest.raises(OptionError, match=r"^micro_batches 4 must divide the batch, 6 sequences a replica$"):
+        TrainingOptions(batch=6, layout=layout_for(pp=2, micro_batches=4)).check()
+
+
+# --- 2. FlopOptions' devices default to the layout's ----------------------------------------------------------------
+
+def test_flop_options_devices_default_to_the_layouts():
+    options = FlopOptions(layout=layout_for(tp=2), batch=2)
+    options.check()
+    assert options.devices == 2
+    assert FlopOptions().devices == 1
+    with pytest.raises(OptionError, match=r"^devices 3 is not the layout's 2 devices$"):
+        FlopOptions(layout=layout_for(tp=2), devices=3).check()
+
+
+# --- 3. a count agrees with its noun ------------------------------------------------------------------------------
+
+def test_one_sequence_a_replica_is_singular():
+    with pytest.raises(OptionError, match=r"^micro_batches 2 must divide the batch, 1 sequence a replica$"):
+        layout_for(pp=2, micro_batches=2, batch=1)
+
+
+def test_routed_experts_over_one_rank_is_singular():
+    from paramscope.cost.parallel.rules import Placement
+    from paramscope.cost.parallel.states import device_states
+
+    params = [ParameterInfo("experts.w", (4, 8), 32, True, "mlp.experts", "float32"),
+              ParameterInfo("attn.w", (8, 8), 64, True, "attention.q", "float32")]
+    placements = [Placement("experts.w", "mlp.experts", (4, 8), (2, 8), "replicated", None, True, "float32"),
+                  Placement("attn.w", "attention.q", (8, 8), (8, 8), "replicated", None, False, "float32")]
+    states = device_states(params, placements, ParallelLayout(dp=2, shard="fsdp", ep=2), precision="fp32",
+                           optimizer="adamw", trainable=frozenset({"experts.w", "attn.w"}))
+    assert states.arithmetic.endswith("; routed experts over 1 rank (2 / ep 2)")
+
+
+def test_a_pipeline_of_one_microbatch_is_singular_in_the_flop_notes(capsys):
+    base = ["flops", "llama-3-8b", "--training", "--pp", "2", "--width", "200"]
+    code, one, _ = _cli(capsys, *base)  # batch 1: one microbatch of one sequence
+    assert code == 0 and "pipeline: each stage's layers over 1 microbatch of batch / m sequences;" in one
+    code, four, _ = _cli(capsys, *base, "--batch", "4")
+    assert code == 0 and "pipeline: each stage's layers over all 4 microbatches of batch / m sequences;" in four
