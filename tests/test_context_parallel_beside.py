@@ -55,7 +55,7 @@ def test_the_derived_rank_equals_the_traced_rank(config, layout, traced, peak):
 
 
 @pytest.mark.parametrize("seq, layout, words", [
-    (64, dict(devices=2, cp=2, ep=2), "not beside ep"),
+    (64, dict(devices=2, cp=2, ep=2), "beside expert parallelism \\(ep 2\\)"),
     (64, dict(devices=6, dp=3, cp=2, zero="hybrid_shard", shard_group=3), "hybrid sharding over 3 ranks"),
     (68, dict(devices=4, cp=2, tp=2, sp=True), "2·cp·tp = 8 divides S"),
 ], ids=["ep", "hsdp group", "sp length"])
