@@ -84,3 +84,45 @@ def test_a_pipeline_of_one_microbatch_is_singular_in_the_flop_notes(capsys):
     assert code == 0 and "pipeline: each stage's layers over 1 microbatch of batch / m sequences;" in one
     code, four, _ = _cli(capsys, *base, "--batch", "4")
     assert code == 0 and "pipeline: each stage's layers over all 4 microbatches of batch / m sequences;" in four
+
+
+# --- 4. --trace refused up front where it cannot trace the layout ----------------------------------------------
+
+def test_trace_under_a_pipeline_the_closed_form_answers_is_refused_before_the_build(capsys, monkeypatch):
+    import paramscope.cost.memory.training as training
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("built")
+
+    monkeypatch.setattr(training, "training_answer", no_build)
+    code, out, err = _cli(capsys, "memory", "llama-3-8b", "--training", "--pp", "2", "--seq", "512", "--trace")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("paramscope: error: --trace traces no stage here: pipeline parallelism over "
+                          "LlamaForCausalLM has no traced engine: its stages are answered by the closed form "
+                          "(Llama-style decoder recipe)")
+
+
+def test_trace_is_refused_only_where_device_trace_declines_whatever_the_class():
+    from paramscope.cost.parallel.trace_reach import untraced_by_layout
+
+    refused = {"zero3": layout_for(dp=2, zero=3), "interleaved": layout_for(pp=2, virtual_stages=2, batch=2),
+               "pp with cp": layout_for(pp=2, cp=2), "cp beside ep": layout_for(dp=2, cp=2, ep=2),
+               "ep below dp": layout_for(dp=4, ep=2)}
+    for name, layout in refused.items():
+        with pytest.raises(OptionError, match=r"^trace traces no rank under this layout: "):
+            TrainingOptions(trace="extended", layout=layout, batch=2).check()
+    traced = (layout_for(tp=2), layout_for(dp=2, zero="fsdp"), layout_for(dp=2, ep=2), layout_for(cp=2, tp=2),
+              layout_for(dp=2, cp=2, zero="fsdp"), layout_for(pp=2), layout_for(pp=2, dp=2, zero=3))
+    assert [untraced_by_layout(layout) for layout in traced] == [None] * len(traced)
+
+
+def test_a_pipeline_whose_stages_are_replayed_from_a_derived_step_is_left_to_trace():
+    from paramscope.cost.parallel.trace_reach import untraced_pipeline
+    from paramscope.sources import resolve
+
+    layout = layout_for(pp=2)
+    llama = resolve("llama-3-8b").config
+    assert untraced_pipeline(llama, TrainingOptions(layout=layout, seq=512)) is not None
+    # no closed form at eager attention, nor for GPT-2 at all: the stages are derived, and traced
+    assert untraced_pipeline(llama, TrainingOptions(layout=layout, seq=512, attention="eager")) is None
+    assert untraced_pipeline(resolve("gpt2").config, TrainingOptions(layout=layout, seq=512)) is None

@@ -191,6 +191,12 @@ def run(args: argparse.Namespace) -> int:
         for pattern in args.freeze:
             check_pattern(pattern, option="freeze")  # a regular expression or a megabyte fails before the build
         source = resolve(args.model, revision=args.revision)
+        if args.trace and layout is not None and layout.pp > 1:  # before the build: a stage is traced or not
+            from ..cost.parallel.trace_reach import untraced_pipeline
+
+            why = untraced_pipeline(source.config, training, model_class=args.model_class, task=args.task)
+            if why:
+                raise OptionError("{0} traces no stage here: {why}", "trace", why=why)
         report, estimate, view = training_answer(source, training, not args.no_cache, **model_options)
     else:
         for flag, value, default in (("--optimizer", args.optimizer, "adamw"),

@@ -19,6 +19,7 @@ from ...errors import OptionError
 from ...frozen import FrozenDict, freeze_fields
 from ...selection import match_all
 from ..parallel.layout import layout_at_batch
+from ..parallel.trace_reach import untraced_by_layout
 from .activations import (
     TrainingActivations, recipe_attention, recipe_declines, recipe_for, recipe_peak_inside_layers,
     training_activations,
@@ -108,6 +109,9 @@ class TrainingOptions:
             self.layout.check_batch(self.batch)
             if self.devices != 1 or str(self.zero) != "0":
                 raise OptionError("give the layout or {0} and {1}, not both", "devices", "zero")
+            why = untraced_by_layout(self.layout) if self.trace else None
+            if why:  # refused before the build that would end in "no rank traced"
+                raise OptionError("{0} traces no rank under this layout: {why}", "trace", why=why)
 
 
 def _check_flat_zero(zero: str | int) -> None:
