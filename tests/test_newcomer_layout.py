@@ -126,3 +126,30 @@ def test_a_pipeline_whose_stages_are_replayed_from_a_derived_step_is_left_to_tra
     # no closed form at eager attention, nor for GPT-2 at all: the stages are derived, and traced
     assert untraced_pipeline(llama, TrainingOptions(layout=layout, seq=512, attention="eager")) is None
     assert untraced_pipeline(resolve("gpt2").config, TrainingOptions(layout=layout, seq=512)) is None
+
+
+# --- 5. under a pipeline the largest batch is one its microbatches divide ----------------------------------------
+
+def test_the_largest_batch_is_searched_in_multiples_of_the_step():
+    from paramscope.cost.hardware import Accelerator
+    from paramscope.cost.memory.fits import fit_on
+
+    # the figures take B // 8 sequences a microbatch: flat between multiples of 8, as a pipeline's are
+    card = Accelerator("card", 1000, "", "test")
+    fit = fit_on(card, lambda b, s: 100 * (b // 8) + s, 0, batch=8, seq=10, batch_step=8, contexts=False)
+    assert fit.largest_batch == 72  # 100 · 9 + 10 ≤ 1,000; 80 is 1,010
+    assert fit_on(card, lambda b, s: 100 * (b // 8) + s, 0, batch=8, seq=10, contexts=False).largest_batch == 79
+
+
+def test_the_fits_answer_under_a_pipeline_is_a_batch_the_pipeline_takes(capsys):
+    base = ["memory", "llama-3-8b", "--training", "--pp", "4", "--micro-batches", "8", "--seq", "2048", "--gpu",
+            "h100", "--width", "250"]
+    code, out, _ = _cli(capsys, *base, "--batch", "8")
+    assert code == 0
+    assert ("On H100 80GB: fits, 27.01 GiB to spare; largest batch 16 at 2,048 tokens (a multiple of the "
+            "pipeline's 8 microbatches), largest context 5,756 at batch 8") in out
+    assert "largest batch at 2,048 tokens, a multiple of the pipeline's 8 microbatches;" in out
+    code, sixteen, _ = _cli(capsys, *base, "--batch", "16")
+    assert code == 0 and "On H100 80GB: fits, 12.09 GiB to spare; largest batch 16 " in sixteen
+    code, next_one, _ = _cli(capsys, *base, "--batch", "24")
+    assert code == 0 and "On H100 80GB: does not fit, short by 2.82 GiB; largest batch 16 " in next_one

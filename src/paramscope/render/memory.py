@@ -315,7 +315,8 @@ def _fits_table(estimate) -> Table:
     layout = settings.get("layout") if estimate.mode == "inference" else None
     each = f", each GPU of {layout['words']}" if layout else ""
     table = Table(title=f"Fits on: peak + reserve within the accelerator's memory{each}", title_justify="left",
-                  caption=f"largest batch at {settings['seq']:,} tokens; largest context at batch {settings['batch']:,}"
+                  caption=f"largest batch at {settings['seq']:,} tokens{_in_microbatches(settings)}; largest "
+                          f"context at batch {settings['batch']:,}"
                           + ((f", up to the model's {limit:,}" if limit >= settings["seq"] else
                               f", up to --seq {settings['seq']:,} (beyond the model's {limit:,})") if limit else ""),
                   caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -329,6 +330,14 @@ def _fits_table(estimate) -> Table:
         if fit.accelerator.name in _SHOWN:
             table.add_row(*_fit_row(fit))
     return table
+
+
+def _in_microbatches(settings) -> str:
+    """Under a pipeline the largest batch is one its m microbatches divide, as --batch must be: said beside it."""
+    layout = settings.get("layout") or {}
+    if layout.get("pp", 1) > 1 and layout.get("micro_batches", 1) > 1:
+        return f", a multiple of the pipeline's {layout['micro_batches']:,} microbatches"
+    return ""
 
 
 def _fit_row(fit) -> tuple[str, ...]:
@@ -356,7 +365,8 @@ def budget_sentence(budget: dict[str, Any], settings) -> str:
     batch = "no batch fits" if budget["largest_batch"] is None else f"largest batch {exact(budget['largest_batch'])}"
     context = ("no context fits" if budget["largest_context"] is None
                else f"largest context {exact(budget['largest_context'])}")
-    return f"{head}; {batch} at {settings['seq']:,} tokens, {context} at batch {settings['batch']:,}"
+    multiple = f" ({_in_microbatches(settings)[2:]})" if budget["largest_batch"] and _in_microbatches(settings) else ""
+    return f"{head}; {batch} at {settings['seq']:,} tokens{multiple}, {context} at batch {settings['batch']:,}"
 
 
 def settings_rows(memory: dict[str, Any]) -> list[tuple[str, str]]:

@@ -515,8 +515,10 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     if accelerator is None and options.budget is not None:
         accelerator = Accelerator("budget", options.budget, "", "budget")
     contexts = traced is None  # a full-depth traced peak is known at its own length only; a derived one at any
+    # under a pipeline the largest batch is one its microbatches divide (as the layout requires of --batch)
+    step = options.layout.micro_batches if options.layout is not None and options.layout.pp > 1 else 1
     budget = fit_on(accelerator, peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit,
-                    contexts=contexts) if accelerator else None
+                    contexts=contexts, batch_step=step) if accelerator else None
     if derived is not None and derived.declined:
         notes.append("largest batch and context: a regime whose derivation declined counts as not fitting (" +
                      "; ".join(derived.declined[:3]) + ")")
@@ -538,8 +540,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
         settings=settings_out,
         weights=weights, kv_cache=None, activations=activations, peak=peak, peak_phase=device_top.phase,
         reserve=options.reserve,
-        fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit, contexts=contexts)
-        if options.fits else (),
+        fits=fit_table(peak_at, options.reserve, batch=options.batch, seq=seq, max_context=limit, contexts=contexts,
+                       batch_step=step) if options.fits else (),
         budget=budget, notes=tuple(notes), training=detail)
     return estimate
 
