@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..explain import exact
+from ..cost.memory.phases import whole_sum
 from ..frozen import thaw
 from ._console import indented, model_source_line, to_text
 from .check import check_to_dict
@@ -585,7 +586,7 @@ def _per_device_table(estimate) -> Table:
 
 def _device_table(estimate) -> Table:
     device = estimate.training.device
-    table = Table(title=f"One device (rank 0, the largest share): {device.layout.words()}", title_justify="left",
+    table = Table(title=f"{_device_words(device)}: {device.layout.words()}", title_justify="left",
                   caption=f"each data-parallel replica runs a batch of {estimate.settings['batch']:,}; "
                           f"{device.states_arithmetic}{_flat_zero3_words(device)}", caption_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False)
@@ -603,9 +604,24 @@ def _device_table(estimate) -> Table:
         table.add_row(buffer.name, exact(buffer.bytes), binary(buffer.bytes),
                       f"{buffer.arithmetic}; held at the {' and '.join(buffer.moments)} moments")
     top = device.peak_figure
-    table.add_row(f"peak ({top.phase})", exact(top.bytes), binary(top.bytes), f"{top.where}: {top.arithmetic}",
-                  style="bold")
+    resident = (("weights", device.weights), ("optimizer states", device.optimizer),
+                ("master weights", device.master_weights), ("buffers", device.buffers))
+    table.add_row(f"peak ({top.phase})", exact(top.bytes), binary(top.bytes),
+                  f"{top.where}: {whole_sum(top, resident)}", style="bold")
     return table
+
+
+def _device_words(device) -> str:
+    """Which device the table shows, and why: under a pipeline the stage whose peak is the largest (its figures are
+    that stage's), named with its rank under torchtitan's mesh order (pp outermost: stage s's first rank is
+    s × devices / pp); else rank 0, whose share is the largest wherever a cut is uneven."""
+    if not device.stages:
+        return "One device (rank 0, the largest share)"
+    stage = max(device.stages, key=lambda s: s.peak)
+    layout = device.layout
+    rank = stage.rank * (layout.devices // layout.pp)
+    return (f"One device, pipeline stage {stage.rank} at rank {rank:,} (pp outermost, as torchtitan's mesh orders the "
+            f"ranks): its peak is the largest of the {layout.pp} stages'")
 
 
 def _flat_zero3_words(device) -> str:

@@ -71,3 +71,12 @@ def cast_weights(view: Any, local: dict[str, int] | None = None) -> tuple[int, i
             seen.add(id(bias))
             biases += size(name, "bias", bias)
     return total, outside, biases
+
+
+def whole_sum(figure: PhaseFigure, resident: tuple[tuple[str, int], ...]) -> str:
+    """A device's moment as the whole sum it is: the resident model states (`resident`: (name, bytes) each, which
+    the figure holds beside what its words name) + the moment's own terms = its bytes. The moment's words open each
+    term on its value or end it on one, with the parts in parentheses, so that the line reads as one sum."""
+    held = sum(value for _, value in resident)
+    parts = " + ".join(f"{name} {value:,}" for name, value in resident)
+    return f"resident {held:,} ({parts}) + {figure.arithmetic} = {figure.bytes:,}"

@@ -232,8 +232,8 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     phases = phases_at(figures, ctx.batch, ctx.seq)
     for index, phase in enumerate(phases[:2]):
         where = "forward" if index == 0 else "backward"
-        phases = phases[:index] + (dataclasses.replace(phase, arithmetic=step.recipe.words(
-            where, ctx.batch, ctx.seq)),) + phases[index + 1:]
+        phases = phases[:index] + (dataclasses.replace(phase, arithmetic=f"{phase.bytes - resident:,} ("  # its value
+            + step.recipe.words(where, ctx.batch, ctx.seq) + ")"),) + phases[index + 1:]
     applied = (f"torchtitan's ExpertParallel over ep {layout.ep}{' under FSDP2' if fsdp else ''}"
                f"{' beside DTensor tensor parallel' if layout.tp > 1 else ''}"
                f"{' with sequence parallel' if layout.sp else ''}{', rank 0 the busiest' if loaded else ''}"

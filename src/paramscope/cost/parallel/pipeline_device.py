@@ -42,6 +42,23 @@ def after_layers(params: Any, stack: str) -> str:
     return "the " + (" and ".join(parts) if len(parts) < 3 else f"{parts[0]}, {parts[1]} and {parts[2]}")
 
 
+def _stage_saved_words(arithmetic: str, act: Any, layers: int, in_flight: int, all_casts: int, own_casts: int
+                       ) -> str:
+    """A one-device moment's words for the last stage: the one device's "saved X" (every layer, one batch) replaced
+    by what this stage saves, with its terms, so that the words sum to the stage's figure."""
+    kept = in_flight * layers * act.per_layer
+    outside = act.saved - act.layers * act.per_layer - all_casts
+    saved = kept + outside + own_casts
+    words = (f"saved {saved:,} ({in_flight} microbatch{'es' if in_flight > 1 else ''} in flight × this stage's "
+             f"{layers} layers of {act.layers} × {act.per_layer:,} B a layer = {kept:,}; outside the layers "
+             f"{outside:,}" + (f"; the stage's 16-bit weight copies {own_casts:,}" if own_casts else "") + ")")
+    one_device = f"saved {act.saved:,}"
+    if arithmetic.startswith(one_device):
+        return words + arithmetic[len(one_device):]
+    # a moment whose words do not open on the one device's saved bytes: the stage's difference, added
+    return f"{arithmetic} + this stage's {words} − the one device's {one_device}"
+
+
 def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Pipeline stages: each device's layers, embeddings or head, and the microbatches it holds at once."""
     layout = ctx.layout
@@ -88,9 +105,8 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
             extra_mb = (stage.in_flight - 1) * len(stage.layers) * act.per_layer
             moments = tuple(dataclasses.replace(
                 m, bytes=m.bytes - others - (all_casts - own_casts) + extra_mb,
-                arithmetic=(f"{m.arithmetic}; this stage's {len(stage.layers)} layers of {act.layers}"
-                            + (f", {stage.in_flight} microbatches in flight" if stage.in_flight > 1 else "")))
-                for m in act.moments)
+                arithmetic=_stage_saved_words(m.arithmetic, act, len(stage.layers), stage.in_flight,
+                                              all_casts, own_casts)) for m in act.moments)
             figures = moment_phases(dataclasses.replace(act, moments=moments), resident=resident,
                                     gradients=dev.gradients, tied=tied_copy, text=ctx.text, batch=batch,
                                     length=local_len, precision=ctx.precision, step=ctx.step)
@@ -108,7 +124,7 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         held = kept + embedding + own_casts
         words = (f"{stage.in_flight} microbatch{'es' if stage.in_flight > 1 else ''} in flight × "
                  + (f"{chunk} layers a chunk" if layout.virtual_stages > 1 else f"{len(stage.layers)} layers")
-                 + f" × {act.per_layer:,} B a layer" + (f" + the embedding output {residual}·b·S·h each, "
+                 + f" × {act.per_layer:,} B a layer = {kept:,}" + (f" + the embedding output {residual}·b·S·h each, "
                                                          f"{embedding:,}" if embedding else "")
                  + (f" + the stage's 16-bit weight copies {own_casts:,}" if own_casts else "")
                  + f" + the gradient arriving from the next stage {incoming:,} + gradients {dev.gradients:,}")
@@ -266,24 +282,27 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                       + (f", the largest chunk's (a bound over the {len(stage.chunk_layers)} chunks)"
                          if layout.virtual_stages > 1 else ""))
         phases = [
+            # each figure's words open on its value and name its parts in parentheses: the line sums to the figure
             PhaseFigure("forward", resident + figures.forward_peak, "forwards in flight",
-                        f"{k - 1} microbatch{'es' if k != 2 else ''} held × {figures.per_microbatch:,} + the last "
-                        f"forward's peak: {figures.forward_peak:,} (derived, the stage's segments)", 0,
+                        f"the forwards {figures.forward_peak:,} ({k - 1} microbatch{'es' if k != 2 else ''} held × "
+                        f"{figures.per_microbatch:,} and the last forward's peak; derived, the stage's segments)", 0,
                         figures.forward_peak),
             PhaseFigure("backward", resident + figures.backward_peak, "first backward",
-                        f"{held_words} = {figures.held:,} + one microbatch's backward through the stage"
+                        f"the first backward {figures.backward_peak:,} ({held_words} = {figures.held:,}, and one "
+                        "microbatch's backward through the stage"
                         + (f" from the received output gradient {s_words} × {residual_size} B = "
                            f"{figures.output_gradient:,}" if figures.output_gradient else " from the loss")
-                        + f", its gradients made as it goes: {figures.backward_peak:,} (derived)",
+                        + ", its gradients made as it goes; derived)",
                         figures.gradients_at_backward_peak, figures.backward_peak - figures.gradients_at_backward_peak)]
         if later:
             phases.append(PhaseFigure(
                 "backward", resident + dev.gradients + figures.later_peak, "later backward",
-                f"gradients {dev.gradients:,} held from the microbatches gone back + {later} microbatch"
-                f"{'es' if later > 1 else ''} in flight and one's backward, each new gradient added into its .grad "
-                f"at once" + (", or the forward before it with one fewer held, where larger" if later == k else "")
-                + f": {figures.later_peak:,} (derived; a head tied to the input embedding adds its gradients "
-                "otherwise, within 40 KB on a GPT-2 cut)", dev.gradients, figures.later_peak))
+                f"gradients {dev.gradients:,} (held from the microbatches gone back) + a later backward "
+                f"{figures.later_peak:,} ({later} microbatch{'es' if later > 1 else ''} in flight and one's "
+                "backward, each new gradient added into its .grad at once"
+                + (", or the forward before it with one fewer held, where larger" if later == k else "")
+                + "; derived; a head tied to the input embedding adds its gradients otherwise, within 40 KB on a "
+                "GPT-2 cut)", dev.gradients, figures.later_peak))
         phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
                                   f"gradients {dev.gradients:,}; {step_text}", dev.gradients))
         if stage.first and whole is not None:  # the stage holding the vocabulary-parallel embedding

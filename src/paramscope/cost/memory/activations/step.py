@@ -196,7 +196,8 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
         return TrainingActivations(recipe, saved, text, per_layer, layers, 0, tuple(moments))
     moments = [
         Moment("forward", "end of forward", saved + forward_extra + in_flight,
-               f"saved {saved:,} + the loss's log-softmax {forward_extra // (tokens * vocab)}·T·V{working_text}"),
+               f"saved {saved:,} + the loss's log-softmax {forward_extra // (tokens * vocab)}·T·V = {forward_extra:,}"
+               f"{working_text}"),
         Moment("backward", "start of backward", saved + backward_tv * tokens * vocab,
                f"saved {saved:,} + the logits' gradient and log-softmax {backward_tv}·T·V = "
                f"{backward_tv * tokens * vocab:,}"),
@@ -204,8 +205,9 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
     if checkpointing:
         recompute = saved - 4 * tokens * vocab + layout.layer + 8 * tokens * h
         moments.append(Moment("backward", "last layer recomputed", recompute,
-                              f"saved {saved:,} − the freed fp32 logits 4·T·V + one layer's activations "
-                              f"{layout.layer:,} + its output and input gradients 8·T·h"))
+                              f"saved {saved:,} − the freed fp32 logits 4·T·V = {4 * tokens * vocab:,} + one "
+                              f"layer's activations {layout.layer:,} + its output and input gradients 8·T·h = "
+                              f"{8 * tokens * h:,}"))
     return TrainingActivations(recipe, saved, text, per_layer, layers, logits, tuple(moments))
 
 
