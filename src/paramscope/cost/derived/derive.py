@@ -264,6 +264,9 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
         candidates = grow_boundaries(recipe, check, types[:check_depth - 1] + types[-1:], check_at)
         checks = [(check_depth, check_at, check)]
         if candidates != [recipe]:  # what grew was read from the check: a longer cut checks it
+            if third_depth is None and check_depth == count:  # the check is the whole model: a second point at
+                # its depth checks what grew (a shallow model, GPT-2 cut to 4 layers: no longer cut exists)
+                third_depth = check_depth
             if third_depth is None:
                 raise NotDerivable("allocations outside the layers grow with the depth, and no longer cut checks them")
             third_at = at1 if check_at != at1 else at2
