@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any
 
 from ... import progress
-from ..dims import config_int, text_config
+from ..dims import config_int, dim, text_config
 from .layout import build_recipe, grow_boundaries
 from .recipe import DerivedPeaks, DerivedRecipe, contexts
 from .symbols import NotDerivable
@@ -215,14 +215,40 @@ def config_integers(config: Any) -> set[int]:
     return found
 
 
-def seq_unit_of(settings: Any) -> int:
+def seq_unit_of(settings: Any, config: Any = None) -> int:
     """The sequence's unit under the settings' layout: the tensor-parallel degree under sequence parallelism (a rank
     holds S / t of the tokens between its blocks); 2·cp under context parallelism (a rank holds S / cp, and torch's
-    context_parallel balances the load, two chunks a rank, only where 2·cp divides S: the regime derived); else 1."""
+    context_parallel balances the load, two chunks a rank, only where 2·cp divides S: the regime derived); times an
+    uneven expert load's unit (load_unit_of), where S' = S / unit keeps the busiest rank's pairs a whole number."""
     layout = getattr(settings, "layout", None)
     unit = int(layout[2]) if layout and len(layout) > 3 and layout[3] and layout[2] > 1 else 1
     cp = int(layout[6]) if layout and len(layout) > 6 else 1
-    return unit * 2 * cp if cp > 1 else unit
+    return (unit * 2 * cp if cp > 1 else unit) * load_unit_of(settings, config)
+
+
+# the loads derived: two decimals at most (F = p/q, q dividing 100), so the probes stay short
+LOAD_DENOMINATOR = 100
+
+
+def load_unit_of(settings: Any, config: Any = None) -> int:
+    """The length unit an uneven expert load F = p/q (the layout's 8th entry, traced/expert_parallel.py) asks: the
+    busiest rank receives ⌈F·B·S·k⌉ token-expert pairs, a ceiling no closed form in B and S follows (43 pairs at
+    S = 17, 48 at 19 for F 1.25, k 2); at lengths that are multiples of q / gcd(q, k) it is F·B·S·k exactly, linear,
+    and the recipe is derived and used only there (k, the config's top-k, 1 where unknown: a stricter unit).
+    NotDerivable for a load of more than two decimals (its unit would run to thousands of tokens)."""
+    import math
+    from fractions import Fraction
+
+    layout = getattr(settings, "layout", None)
+    if not layout or len(layout) < 8 or layout[7] == 1:
+        return 1
+    load = Fraction(str(layout[7]))
+    if LOAD_DENOMINATOR % load.denominator:
+        raise NotDerivable(f"expert load {layout[7]:g} = {load}: the busiest rank is derived for loads of at most "
+                           "two decimals (p/q, q dividing 100, so that lengths in multiples of q make its "
+                           "⌈F·B·S·k⌉ pairs exact): take two decimals")
+    top_k = dim(text_config(config), "top_k") if config is not None else None
+    return load.denominator // math.gcd(load.denominator, top_k or 1)
 
 
 def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
@@ -241,10 +267,17 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
     # several cannot
     batch_range = batch_range_of(batch)
     regime = f"B = 1; {regime}" if batch == 1 else f"B ≥ 2; {regime}"
-    unit = seq_unit_of(settings)
+    unit = seq_unit_of(settings, module.config)
+    loaded = load_unit_of(settings, module.config)
     if seq % unit:
-        raise NotDerivable(f"the layout splits the sequence in units of {unit} tokens (sequence parallel's tp, "
-                           f"context parallel's 2·cp, where torch balances the load): {unit} does not divide {seq:,}")
+        raise NotDerivable(
+            f"the layout splits the sequence in units of {unit} tokens"
+            + (f" (an expert load of {settings.layout[7]:g} makes the busiest rank's ⌈F·B·S·k⌉ pairs a closed form "
+               f"of B and S only at lengths in multiples of {loaded}"
+               f"{', times the layout' + chr(39) + 's own unit' if unit != loaded else ''}; take such a length)"
+               if loaded > 1 else
+               " (sequence parallel's tp, context parallel's 2·cp, where torch balances the load)")
+            + f": {unit} does not divide {seq:,}")
     # the sample points are in S' = S / unit; each is traced at S = unit · S'
     at1, at2 = sample_points(seq_range, config_integers(module.config), batch_range, unit)
 
@@ -296,8 +329,18 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
         recipe,
         traced=(f"traced at {depth} layers, B={at1[0]}, S={at1[1] * unit} and B={at2[0]}, S={at2[1] * unit} (fake "
                 f"tensors, every allocation and free){grew}{assumed}"
-                + (f"; sizes in S' = S / {unit}" + (", the tokens a rank holds under sequence parallelism"
-                                                     if len(settings.layout) < 7 or settings.layout[6] == 1 else
-                                                     " = S / (2·cp): a context-parallel rank holds two chunks of S' tokens")
-                   if unit > 1 else "")),
+                + (f"; sizes in S' = S / {unit}" + _unit_words(settings, unit, loaded) if unit > 1 else "")),
         check=f"checked against a trace of {words}, equal to the byte")
+
+
+def _unit_words(settings: Any, unit: int, loaded: int) -> str:
+    """Why the recipe's sizes are in S' = S / unit: the layout's tokens a rank (sequence or context parallel), an
+    expert load's length unit, or both."""
+    words: list[str] = []
+    if unit > loaded:
+        words.append("the tokens a rank holds under sequence parallelism" if len(settings.layout) < 7 or
+                     settings.layout[6] == 1 else "S / (2·cp): a context-parallel rank holds two chunks of S' tokens")
+    if loaded > 1:
+        words.append(f"lengths in multiples of {loaded}, where expert load {settings.layout[7]:g}'s busiest rank "
+                     "receives F·B·S·k token-expert pairs exactly (no rounding up)")
+    return ", " + "; ".join(words)

@@ -65,7 +65,8 @@ class DerivedStep:
         for recipe in self.recipes:
             if recipe.covers(batch, seq):
                 return recipe.peaks(batch, seq)
-        if seq % seq_unit_of(self.settings):  # sequence parallelism: a length the ranks cannot split evenly
+        if seq % seq_unit_of(self.settings, self.config):  # sequence parallelism (a length the ranks cannot split
+            # evenly) or an expert load's unit (a length where the busiest rank's pairs round up)
             return None
         regime = (batch_range_of(batch), regime_of(self.config, seq, self.limit)[0])
         if regime in self.declined_regimes:  # tried once: not again
