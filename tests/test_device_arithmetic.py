@@ -94,6 +94,18 @@ def test_the_pipeline_heading_names_the_stage_shown():
     assert "One device, pipeline stage 3 at rank 3 (pp outermost" in text
     assert "its peak is the largest of the 4 stages'" in text
     assert "rank 0, the largest share" not in text
+    # the JSON and the HTML page say the same: the device shown, and the peak as its whole sum
+    import html
+
+    from paramscope.render.html.cost import render_memory_html
+    from paramscope.render.memory import memory_to_dict
+
+    device = memory_to_dict(estimate)["layout"]["device"]
+    assert device["shown"].startswith("One device, pipeline stage 3 at rank 3")
+    assert device["peak"]["arithmetic"] in text
+    assert device["peak"]["arithmetic"].endswith(f" = {device['peak']['bytes']:,}")
+    page = render_memory_html(report, estimate)
+    assert html.escape(device["shown"]) in page and html.escape(device["peak"]["arithmetic"]) in page
 
 
 def test_a_derived_gpt2_cut_pipeline_peak_sums_to_its_figure():

@@ -134,7 +134,8 @@ def test_the_page_states_the_layout_the_rules_the_stages_and_reads_per_device():
             stage[k] for k in ("weights", "gradients", "optimizer", "master_weights", "activations", "peak")]
     assert 'data-bubble="0.15789473684210525"' in page and "3 / (1·16 + 3) = 3 / 19" in page
     device = _table(page, "device")
-    assert 'data-peak="81301603540"' in page and "1F1B steady state: 4 microbatches in flight" in device
+    assert 'data-peak="81301603540"' in page and "1F1B steady state: resident 27,249,083,604 (weights" in device \
+        and "+ 4 microbatches in flight" in device and "= 81,301,603,540</td>" in device
     caption = html.unescape(re.search(r'<caption class="dim" id="fits-caption">(.*?)</caption>', page).group(1))
     assert caption.startswith("Per device (dp 1 × tp 8 × pp 4 (1F1B, 16 microbatches) = 32 devices): each row "
                               "compares one device's peak, 75.72 GiB, plus the reserve")

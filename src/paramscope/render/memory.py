@@ -604,11 +604,16 @@ def _device_table(estimate) -> Table:
         table.add_row(buffer.name, exact(buffer.bytes), binary(buffer.bytes),
                       f"{buffer.arithmetic}; held at the {' and '.join(buffer.moments)} moments")
     top = device.peak_figure
+    table.add_row(f"peak ({top.phase})", exact(top.bytes), binary(top.bytes), f"{top.where}: {_peak_sum(device)}",
+                  style="bold")
+    return table
+
+
+def _peak_sum(device) -> str:
+    """The device's peak as the whole sum: its resident states + the moment's terms = the peak."""
     resident = (("weights", device.weights), ("optimizer states", device.optimizer),
                 ("master weights", device.master_weights), ("buffers", device.buffers))
-    table.add_row(f"peak ({top.phase})", exact(top.bytes), binary(top.bytes),
-                  f"{top.where}: {whole_sum(top, resident)}", style="bold")
-    return table
+    return whole_sum(device.peak_figure, resident)
 
 
 def _device_words(device) -> str:
@@ -673,7 +678,8 @@ def _device_to_dict(device) -> dict[str, Any]:
                                "moments": list(b.moments)} for b in device.comm],
             "phases": [{"phase": p.phase, "moment": p.where, "bytes": p.bytes, "gradients": p.gradients,
                         "arithmetic": p.arithmetic} for p in device.phases],
-            "peak": {"bytes": top.bytes, "phase": top.phase, "moment": top.where},
+            "peak": {"bytes": top.bytes, "phase": top.phase, "moment": top.where, "arithmetic": _peak_sum(device)},
+            "shown": _device_words(device),
             "rules": dict(device.rules),
             "pipeline": device.pipeline or None, "bubble": device.bubble,
             "stages": [{"stage": st.rank, "layers": list(st.layers) if st.layers else None,

@@ -431,13 +431,12 @@ def _device_table(memory: dict) -> str:
     rows += [(b["name"], b["bytes"], f"{b['arithmetic']}; held at the {' and '.join(b['moments'])} moments")
              for b in device["communication"]]
     peak = device["peak"]
-    top = next(p for p in device["phases"] if p["bytes"] == peak["bytes"] and p["moment"] == peak["moment"])
-    rows.append((f"peak ({peak['phase']})", peak["bytes"], f"{peak['moment']}: {top['arithmetic']}"))
+    rows.append((f"peak ({peak['phase']})", peak["bytes"], f"{peak['moment']}: {peak['arithmetic']}"))
     body = "".join(f'<tr><th>{escape(label)}</th><td class="num" data-value="{value}">{exact(value)} B</td>'
                    f'<td class="num dim">{bytes_text(value)}</td><td class="dim">{escape(how)}</td></tr>'
                    for label, value, how in rows)
-    return (f'<table class="totals" id="device" data-peak="{peak["bytes"]}"><caption class="dim">One device (rank '
-            f"0, the largest share): {escape(layout['words'])}; {escape(device['states_arithmetic'])}</caption>"
+    return (f'<table class="totals" id="device" data-peak="{peak["bytes"]}"><caption class="dim">'
+            f"{escape(device['shown'])}: {escape(layout['words'])}; {escape(device['states_arithmetic'])}</caption>"
             f"{body}</table>")
 
 
