@@ -3,15 +3,17 @@
 FSDP's degree cannot be composed from one derivation (a rank's step moves by more than its states from one degree to
 the next), so each layout is asked exactly what memory asks: a derived recipe keyed as memory keys it
 (derivation_key). Each new one costs a few traces of short cuts, so a search makes at most MAX_DERIVED, lowest bound
-first; the layouts that would need another are named as not derived."""
+first (context parallel layouts last); the layouts that would need another are named as not derived."""
 
 from __future__ import annotations
 
 from .layout import ParallelLayout
 
-MAX_DERIVED = 8  # ranks' steps a search derives from traces for a class without the analytic per-device recipe, at
-# most (each a few traces of short cuts on torch's fake process group: GPT-2 at 1,024 tokens 13-28 s cold on 2 busy
-# cores, under 2 s once cached); the layouts that would need another are named as not derived
+MAX_DERIVED = 12  # ranks' steps a search derives from traces for a class without the analytic per-device recipe,
+# at most (each a few traces of short cuts on torch's fake process group: GPT-2 at 1,024 tokens 13-28 s cold on 2
+# busy cores, under 2 s once cached); the layouts that would need another are named as not derived. 12: Mixtral-8x7B
+# on 16 H100s needs its tp 2, 4 and 8 ranks (pipeline and FSDP) beside its ep ranks to reach its fastest layout
+# (dp 1 · tp 8 · pp 2) and its fewest devices (12); at 8 they went to the ep ranks first
 
 
 def derivation_key(layout: ParallelLayout, replica: int, experts: int) -> tuple | None:

@@ -4,8 +4,9 @@ the fewest devices that fit. `memory --training --find-layout` and the Python AP
 
     enumerate  layout_candidates.py: every layout of N devices the sharding rules, the layers, the sequence, the
                routed experts and the global batch allow
-    → rank     lowest lower bound on its peak first (layout_bound.py), so that where a class's derivations are
-               capped (layout_derivation.py's MAX_DERIVED) they go to the layouts most likely to fit
+    → rank     lowest lower bound on its peak first (layout_bound.py), context parallel layouts after the others,
+               so that where a class's derivations are capped (layout_derivation.py's MAX_DERIVED) they go to the
+               layouts most likely to fit
     → evaluate layout_evaluation.py: one device's peak against the GPU (the analytic closed form, or derived as
                memory derives it), its FLOPs (layout_flops.py), a time bound at the GPU's peak, its communication a
                step (layout_comm.py)
@@ -44,12 +45,15 @@ def search(report: Any, view: Any, options: SearchOptions, flops_check: Any = No
                                load=options.expert_load, cls=view.class_name)
     layouts, skipped = candidate_layouts(evaluator.facts, options.devices)
     candidates: list[Candidate] = []
-    # lowest lower bound first (as the fewest devices' search), so that where derivations are capped
-    # (MAX_DERIVED) they go to the layouts most likely to fit; the table is sorted afterwards
-    ranked = sorted((evaluator.bound(layout, replica), i, layout, replica)
+    # lowest lower bound first (as the fewest devices' search), context parallel layouts after the others, so that
+    # where a class's derivations are capped (MAX_DERIVED) they go to the layouts most likely to fit: cp cuts only
+    # the activations, and each (cp, tp, FSDP degree) is a derivation of its own (ranked with the rest, they spent
+    # the cap and left Mixtral-8x7B's fastest on 16 H100s, dp 1 · tp 8 · pp 2, not derived); the table is sorted
+    # afterwards
+    ranked = sorted((layout.cp > 1, evaluator.bound(layout, replica), i, layout, replica)
                     for i, (layout, replica) in enumerate(likely_first(layouts)))
     bounded = unanswered = 0  # N's layouts passed over on their bound, and those not answered otherwise
-    for _, _, layout, replica in ranked:
+    for _, _, _, layout, replica in ranked:
         result = evaluator.evaluate(layout, replica)
         if result is None:
             return None
