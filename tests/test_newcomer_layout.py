@@ -117,7 +117,7 @@ def test_trace_is_refused_only_where_device_trace_declines_whatever_the_class():
 
 
 def test_a_pipeline_whose_stages_are_replayed_from_a_derived_step_is_left_to_trace():
-    from paramscope.cost.parallel.trace_reach import untraced_pipeline
+    from paramscope.cost.parallel.pipeline_trace_reach import untraced_pipeline
     from paramscope.sources import resolve
 
     layout = layout_for(pp=2)

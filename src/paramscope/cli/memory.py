@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
             check_pattern(pattern, option="freeze")  # a regular expression or a megabyte fails before the build
         source = resolve(args.model, revision=args.revision)
         if args.trace and layout is not None and layout.pp > 1:  # before the build: a stage is traced or not
-            from ..cost.parallel.trace_reach import untraced_pipeline
+            from ..cost.parallel.pipeline_trace_reach import untraced_pipeline
 
             why = untraced_pipeline(source.config, training, model_class=args.model_class, task=args.task)
             if why:
