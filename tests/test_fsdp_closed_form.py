@@ -1,4 +1,4 @@
-"""The Llama family's FSDP2 closed form (cost/parallel/device_parts.fsdp_backward_moments) against one rank traced by
+"""The Llama family's FSDP2 closed form (cost/parallel/fsdp_moments.fsdp_backward_moments) against one rank traced by
 MemTracker on torch's fake process group: FSDP2's in-step moments (a unit's all-gather in the forward, inside a layer's
 backward, the embedding's backward, the root's post-backward under tp) are priced from torch's fully_shard, and the
 closed form's peak equals the traced rank's to the byte.

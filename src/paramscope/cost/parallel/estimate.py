@@ -380,7 +380,7 @@ def ring_words(ctx: StepContext) -> str:
 def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Data (and expert) parallel alone: each rank runs one device's step on its own batch; the moments are the
     one-device ones with the device's model states, and FSDP2's gathered units."""
-    from .device_parts import fsdp_backward_moments
+    from .fsdp_moments import fsdp_backward_moments
 
     states = ctx.states
     full_resident = states.weights.bytes + states.optimizer.bytes + states.master_weights.bytes
@@ -410,7 +410,7 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
 
 def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Tensor and context parallel: the device's activations are the recipe's on its own shard."""
-    from .device_parts import fsdp_backward_moments
+    from .fsdp_moments import fsdp_backward_moments
 
     layout = ctx.layout
     what = ("tensor parallelism beside context parallelism" if layout.tp > 1 and layout.cp > 1 else

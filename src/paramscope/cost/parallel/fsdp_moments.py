@@ -1,0 +1,195 @@
+"""FSDP2's in-step moments for the Llama family's closed form: what a rank holds beyond its sharded states inside
+torch's fully_shard step (a unit's all-gather, the root's unsharded gradients, the reduce-scatter input, the backward
+prefetch, each layer's weight-gradient moments), each a PhaseFigure with its arithmetic. estimate.py adds them to
+the data-parallel and the shard's closed forms."""
+
+from __future__ import annotations
+
+from ..memory.phases import PhaseFigure
+from .device import StepContext
+from .device_parts import (device_states_of, local_activations, local_recipe_missing, local_shape, resident_bytes,
+                           whole_embedding_gradient)
+from .pipeline import LAYER_PREFIX
+from .rules import Placement
+
+
+# FSDP2's step (torch 2.13's fully_shard on each layer, then on the root, its defaults), what a rank holds beyond its
+# sharded states at the moments inside the step where it can peak once the weights outweigh the logits:
+#   the root unit (embeddings, final norm, head), all-gathered in the forward and never resharded before its
+#     post-backward (the root's reshard_after_forward is False), padded as FSDP2 allocates it, ⌈dim0 / d⌉·d rows;
+#   the root's gradients, unsharded until that post-backward reduce-scatters them: the head's and the final norm's
+#     from the head's backward on, the embedding's at the end;
+#   layer k's parameters all-gathered (padded), and layer k − 1's all-gather output, prefetched by layer k's
+#     pre-backward (FSDP2's default backward prefetch, the next unit in reverse forward order) and held through it;
+#   layer k + 1's reduce-scatter input (its gradients padded and chunk-catted; FSDP2's
+#     reduce_scatter_max_input_buffers = 1 keeps it until the next post-backward) and the reduce-scattered shards
+#     of the layers above k;
+#   the one-device step's activations there: layers 0 .. k − 1 as saved, what layer k still holds, the gradients
+#     flowing through it and its unsharded weight gradients made so far.
+# Inside layer k, per precision (per token on the rank's shard; q, kv, i its widths), each read off one rank traced by
+# MemTracker and named by the op it peaks in:
+#   "MLP" under autocast: the gate projection's weight gradient cast to fp32, the MLP's last (its activations, 8i,
+#     and the post-norm output's 16-bit copies they read, 4h, freed; the three MLP weight gradients held, the
+#     gate's 16-bit one beside its fp32 cast; the attention's 16-bit weight copies still held); "MLP's up": the up
+#     projection's, one before (the gate's output, its input copy and 16-bit weight copy still held, 2h + 2i and
+#     the gate output's 16-bit gradient, 2i, flowing);
+#   "MLP" in fp32: the gate projection's weight-gradient matmul (its input, the post-norm output, still held, and
+#     the gate output's gradient, 4i, flowing); "MLP's product": the SiLU-and-product backward after down_proj's
+#     (its product's 4i freed, the gate, up and product gradients, 12i, flowing; down's weight gradient held);
+#   "attention" in fp32: q_proj's weight gradient, the layer's last matmul (of the layer only the input norm's saved
+#     input, normalised input, output and reciprocal root held; every weight gradient but the input norm's).
+# Each is linear in k (a layer lower holds one layer's activations fewer and one shard more), so its largest is at
+# k = L − 2 or at k = 1, the lowest with a prefetch; the last layer (no reduce-scatter input yet) is its own case.
+# Then the embedding's backward (every root gradient, its output's gradient) and, under tp, the root's
+# post-backward; and in the forward each unit's all-gather (below, where it is made).
+_FSDP_MOMENTS = {
+    # kind: {moment: (of the layer's own activations, freed before it, per token (·h, ·i), or held, (·h, constant);
+    #                 the gradients flowing, per token (·h, ·i); the weights whose gradients it holds, in fp32 (and
+    #                 the one whose 16-bit gradient is being cast, under autocast); the layer's MLP weights whose
+    #                 16-bit copies it still holds)}
+    "mixed": {"MLP's up": ((2, 6), None, (8, 2), ("mlp.up", "mlp.down"), "mlp.up", ("mlp.gate",)),
+              "MLP": ((4, 8), None, (8, 0), ("mlp.gate", "mlp.up", "mlp.down"), "mlp.gate", ())},
+    "fp32": {"MLP's product": ((0, 4), None, (4, 12), ("mlp.down",), "", ()),
+             "MLP": ((0, 16), None, (12, 4), ("mlp.gate", "mlp.up", "mlp.down"), "", ()),
+             "attention": (None, (12, 4), (16, 0), ("attention.query", "attention.key", "attention.value",
+                                                     "attention.output", "mlp.gate", "mlp.up", "mlp.down",
+                                                     "mlp.norm"), "", ())},
+}
+
+
+def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], batch: int,
+                          length: int) -> tuple[PhaseFigure, ...]:
+    """FSDP2's in-step moments (above), each with its arithmetic; () where they are not modelled: without FSDP2, for
+    a class other than Llama, beside context or expert parallelism, with checkpointing, under bf16-pure, or with
+    fewer than two layers."""
+    import math
+
+    from ..dims import config_int
+    from ..dtypes import itemsize
+    from ..memory.activations import embedding_gradient
+    from ..memory.states import trained_dtype
+    from .activations import local_config
+
+    layout = ctx.layout
+    # traced here for Llama itself (no biases, no sliding window), one device's step a rank, no checkpointing
+    if layout.shard not in ("fsdp", "hsdp") or layout.shard_degree == 1 or local_recipe_missing(ctx) or \
+            getattr(ctx.text, "model_type", None) != "llama" or layout.cp > 1 or layout.ep > 1 or \
+            ctx.shape.get("checkpointing"):
+        return ()
+    kind = "fp32" if ctx.precision == "fp32" else "mixed" if ctx.precision.endswith("-mixed") else None
+    layers = config_int(ctx.text, "num_hidden_layers") or 0
+    d = layout.shard_degree
+
+    def size(p: Placement) -> int:
+        return itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
+
+    def rows(p: Placement) -> int:  # a rank's shard of dim 0, ⌈dim0 / d⌉ rows, in elements
+        shape = p.local_shape or (1,)
+        return -(-shape[0] // d) * math.prod(shape[1:])
+
+    by_layer: dict[int, list[Placement]] = {}
+    root: list[Placement] = []
+    for p in placements:
+        match = LAYER_PREFIX.match(p.name)
+        if match:
+            by_layer.setdefault(int(match.group(2)), []).append(p)
+        else:
+            root.append(p)
+    if kind is None or layers < 2 or sorted(by_layer) != list(range(layers)):
+        return ()
+    padded = {k: sum(rows(p) * d * size(p) for p in group) for k, group in by_layer.items()}  # all-gathered
+    shard = {k: sum(rows(p) * size(p) for p in group) for k, group in by_layer.items()}  # reduce-scattered
+    root_bytes = sum(rows(p) * d * size(p) for p in root)
+    head = sum(p.local_numel * size(p) for p in root if p.role.startswith("head") or p.role == "norm.final")
+    local = local_config(ctx.text, layout.tp) if layout.tp > 1 else ctx.text
+    h = config_int(ctx.text, "hidden_size") or 0
+    i = config_int(local, "intermediate_size") or 0
+    head_dim = config_int(local, "head_dim") or h // (config_int(ctx.text, "num_attention_heads") or 1)
+    seq = -(-length // layout.cp)
+    tokens = batch * seq
+    per_layer = local_activations(ctx, local_shape(ctx, placements), batch, length).per_layer
+    casts = kind == "mixed"
+    resident = resident_bytes(device_states_of(ctx, placements), ctx.buffer_bytes)
+    rope = 8 * seq * head_dim + 8
+
+    def at_layer(k: int, moment: str) -> PhaseFigure:
+        roles = {p.role: p.local_numel for p in by_layer[k]}
+        attn = sum(roles.get(r, 0) for r in ("attention.query", "attention.key", "attention.value",
+                                             "attention.output"))
+        freed, held, flowing, with_grads, cast, copied = _FSDP_MOMENTS[kind][moment]
+        if freed is not None:
+            own = per_layer - tokens * (freed[0] * h + freed[1] * i)
+            own_text = (f"all but its MLP's and the post-norm output's, per layer − T·({freed[0]}h + {freed[1]}i)"
+                        if freed[0] else f"all but its MLP's, per layer − {freed[1]}·T·i")
+        else:
+            own = tokens * (held[0] * h + held[1])
+            own_text = f"the input norm's saved input, normalised input and root, and q's input, T·({held[0]}h + " \
+                       f"{held[1]})"
+        grads = sum(p.local_numel * size(p) for p in by_layer[k] if p.role in with_grads) + \
+            (2 * roles.get(cast, 0) if cast else 0)
+        below_casts = sum(n for kk in range(k) for p in by_layer[kk] for n in [p.local_numel]
+                          if p.role.startswith(("mlp.", "attention.")) and not p.role.endswith("norm"))
+        # the layer's attention copies (its MLP's moments) and the MLP's own still read
+        copies = 2 * (below_casts + attn + sum(roles.get(r, 0) for r in copied)) if casts else 0
+        flow = tokens * (flowing[0] * h + flowing[1] * i)
+        flow_text = f"T·({flowing[0]}h" + (f" + {flowing[1]}i)" if flowing[1] else ")")
+        above = sum(shard[kk] for kk in range(k + 1, layers))
+        reduce_in = padded[k + 1] if k + 1 < layers else 0
+        prefetched = padded[k - 1] if k >= 1 else 0
+        fsdp = root_bytes + head + padded[k] + prefetched + reduce_in + above
+        total = resident + k * per_layer + own + flow + grads + copies + rope + fsdp
+        words = (f"layers below saved {k} × {per_layer:,} + layer {k}'s activations ({own_text}) {own:,} + "
+                 f"gradients flowing {flow_text} {flow:,} + its weight gradients so far {grads:,}"
+                 + (f" + autocast's 16-bit weight copies still held {copies:,}" if copies else "")
+                 + f" + the rotary tables and the loss's scalars, 8·S·hd + 8 = {rope:,}; FSDP2: the root unit "
+                 f"all-gathered {root_bytes:,} + the head's and final norm's gradients unsharded {head:,} + layer "
+                 f"{k}'s parameters all-gathered {padded[k]:,}"
+                 + (f" + layer {k - 1}'s all-gather output, prefetched {prefetched:,}" if prefetched else "")
+                 + (f" + layer {k + 1}'s reduce-scatter input {reduce_in:,}" if reduce_in else "")
+                 + (f" + the shards of the {layers - 1 - k} layers above {above:,}" if above else ""))
+        return PhaseFigure("backward", total, f"FSDP2: inside layer {k}'s backward ({moment})", words, above)
+
+    out = [at_layer(k, moment) for k in sorted({layers - 1, layers - 2, min(1, layers - 2)})
+           for moment in _FSDP_MOMENTS[kind]]
+    # the forward's all-gathers: a unit's copy-out allocates its parameters beside its all-gather output while the
+    # previous unit's output is still referenced (wait_for_unshard frees it from its comm state, but its local
+    # `prev_all_gather_state` holds it to the function's end): at layer 0 the root's, at the last layer layer L − 2's
+    hidden = embedding_gradient(ctx.text, batch=batch, seq=seq, precision=ctx.precision) - 8
+    positions = 8 * seq * head_dim + 8 * seq
+    for k in sorted({0, layers - 1}):
+        previous = root_bytes if k == 0 else padded[k - 1]
+        layer_casts = 2 * sum(p.local_numel for kk in range(k) for p in by_layer[kk]
+                              if p.role.startswith(("mlp.", "attention.")) and not p.role.endswith("norm")) \
+            if casts else 0
+        below = k * per_layer + layer_casts
+        total = resident + root_bytes + previous + 2 * padded[k] + below + hidden + positions
+        out.append(PhaseFigure("forward", total, f"FSDP2: layer {k}'s all-gather in the forward", (
+            f"the root unit all-gathered {root_bytes:,} + {'its' if k == 0 else f'layer {k - 1}'}'s all-gather "
+            f"output, still referenced {previous:,} + layer {k}'s all-gather output and its parameters copied out "
+            f"of it, 2 × {padded[k]:,}"
+            + (f" + layers below saved {k} × {per_layer:,}" if k else "")
+            + (f" + their autocast 16-bit weight copies {layer_casts:,}" if layer_casts else "")
+            + f" + the hidden state entering it {hidden:,} + the rotary tables and positions, 8·S·hd + 8·S = "
+            f"{positions:,}"), 0))
+    # the embedding's backward, the step's last, and the root's post-backward after it: every root gradient
+    # unsharded (the embedding's whole on every tp rank, where DTensor returns a vocabulary-parallel embedding's
+    # gradient Replicate), the root still gathered (it reshards only after collecting them), layer 0's
+    # reduce-scatter input and every layer's reduce-scattered shard; in the embedding's backward its output's
+    # gradient too, in the post-backward under tp the local chunk FSDP2 takes of the Replicate gradient
+    whole = whole_embedding_gradient(ctx, placements, under_fsdp=True)
+    root_grads = sum(p.local_numel * size(p) for p in root) + (whole[0] - whole[1] if whole is not None else 0)
+    shards = sum(shard.values())
+    held = root_bytes + root_grads + padded[0] + shards
+    held_text = (f"the root unit all-gathered {root_bytes:,} + its gradients unsharded {root_grads:,}"
+                 + (" (the embedding's whole on every tp rank: DTensor's Replicate)" if whole is not None else "")
+                 + f" + layer 0's reduce-scatter input {padded[0]:,} + every layer's reduce-scattered gradients "
+                 f"{shards:,}")
+    output = embedding_gradient(ctx.text, batch=batch, seq=seq, precision=ctx.precision)
+    out.append(PhaseFigure("backward", resident + held + output, "FSDP2: the embedding's backward", (
+        f"{held_text} + the embedding output's gradient and the loss's scalars {output:,}"), shards))
+    if whole is not None:
+        ids = 8 * tokens + 8
+        out.append(PhaseFigure("backward", resident + held + whole[1] + ids, "FSDP2: the root's post-backward", (
+            f"{held_text} + the local chunk FSDP2 takes of the embedding's gradient {whole[1]:,} + a (B, S) int64 "
+            f"of token ids and the loss's scalars, 8·T + 8 = {ids:,}"), shards))
+    return tuple(out)
