@@ -8,6 +8,7 @@ import dataclasses
 from .device import DeviceMemory, StepContext
 from .device_parts import fsdp_sharded
 from .pipeline import layer_stack_of
+from .trace_reach import untraced_by_layout
 
 
 def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
@@ -26,15 +27,8 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     elif layout.pp > 1:
         why = "pipeline parallelism has no traced engine here (its figures are checked against torch's schedules " \
               "in tests)"
-    elif layout.cp > 1 and (layout.ep > 1 or fsdp_sharded(layout) and layout.shard_degree % layout.cp):
-        why = "context parallelism is traced beside tp, sp and FSDP2 over dp × cp ranks, not beside ep"
-    elif layout.ep > 1 and (layout.tp > 1 and fsdp_sharded(layout) or layout.dp != layout.ep or
-                            layout.shard_degree > 1 and layout.shard != "fsdp"):
-        why = "expert parallelism is traced over every data-parallel rank (--ep equal to dp), beside tensor " \
-              "parallel on the (ep, tp) mesh or FSDP2's full sharding, not both, nor DeepSpeed's ZeRO or hybrid " \
-              "sharding"
-    elif layout.shard in ("zero1", "zero2", "zero3"):
-        why = "DeepSpeed's ZeRO is not traced (no DeepSpeed here); --zero fsdp is"
+    else:  # the layouts no trace takes whatever the class: one list, the one TrainingOptions refuses up front with
+        why = untraced_by_layout(layout)
     if why:
         return dataclasses.replace(device, notes=device.notes + (f"--trace: no rank traced: {why}",))
     fsdp = fsdp_sharded(layout)
@@ -70,9 +64,9 @@ def traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     experts = layout.ep > 1 and any("experts / ep" in words for words in device.rules.values())
     parallel = check_layout(layout.ep, "none", layout.tp, layout.sp, 0, layout.ep, 1, layout.expert_load) \
         if experts else check_layout(1, "none", layout.tp, layout.sp, 0) if layout.tp > 1 else None
-    if layout.virtual_stages > 1:
-        return dataclasses.replace(device, notes=device.notes + (
-            "--trace: no stage traced: an interleaved stage's chunks are bounded by the largest, not traced",))
+    why = untraced_by_layout(layout)
+    if why:
+        return dataclasses.replace(device, notes=device.notes + (f"--trace: no stage traced: {why}",))
     stack, _ = layer_stack_of([p.name for p in ctx.report.params])
     micro = ctx.batch // layout.micro_batches
     settings = StepSettings(batch=micro, seq=ctx.seq, precision=ctx.precision, optimizer=ctx.optimizer,
