@@ -26,6 +26,16 @@ def derived_and_traced(config, layout, *, batch=2, seq=64, precision="bf16-mixed
     return estimate, traced
 
 
+def small_mixtral_phases(layout, seq, *, batch=2):
+    """small_mixtral's device answered under `layout` with --trace (batch × seq tokens, bf16-mixed, no fits search):
+    (the device, its derived phases, its traced rank's phases), each phase list as {phase: bytes}."""
+    _, estimate, _ = training_answer(small_mixtral(), TrainingOptions(batch=batch, seq=seq, precision="bf16-mixed",
+                                                                      fits=False, trace=True, layout=layout),
+                                     use_cache=False)
+    device = estimate.training.device
+    return device, {p.phase: p.bytes for p in device.phases}, {p.phase: p.bytes for p in device.traced.phases}
+
+
 def small_mixtral(layers: int = 5):
     """The Mixtral cut the pipeline and expert-parallel tests trace: hidden 64, 4 heads (2 KV heads, head_dim 16),
     4 experts of width 128, top-2, a 256-token vocabulary."""

@@ -11,7 +11,7 @@ import pytest
 from paramscope.cost.parallel.layout import ParallelLayout
 from paramscope.cost.traced.expert_parallel import busiest_pairs, routes, splits
 from paramscope.errors import OptionError, UnsupportedError
-from parallel_steps import small_mixtral
+from parallel_steps import small_mixtral, small_mixtral_phases
 
 MICRO, SEQ = 2, 32
 
@@ -36,14 +36,7 @@ def test_the_busiest_rank_derived_equals_its_trace(cache, load, forward, backwar
     """`--dp 2 --ep 2 --expert-load F`, 2 × 32 tokens, bf16-mixed: derived (traced at 4 layers, checked at 5) and
     traced (--trace: rank 0 of the real class with that routing) equal to the byte in forward and backward; the
     balanced closed form named beside, below it."""
-    from paramscope.cost.memory.training import TrainingOptions, training_answer
-
-    _, estimate, _ = training_answer(small_mixtral(), TrainingOptions(
-        batch=MICRO, seq=SEQ, precision="bf16-mixed", fits=False, trace=True,
-        layout=ParallelLayout(dp=2, ep=2, expert_load=load)), use_cache=False)
-    device = estimate.training.device
-    derived = {p.phase: p.bytes for p in device.phases}
-    traced = {p.phase: p.bytes for p in device.traced.phases}
+    device, derived, traced = small_mixtral_phases(ParallelLayout(dp=2, ep=2, expert_load=load), SEQ, batch=MICRO)
     assert device.activations_from.startswith("derived")
     assert (derived["forward"], derived["backward"]) == (traced["forward"], traced["backward"]) == (forward, backward)
     # the step's moment: the states, and what the traced rank still holds there (estimate.held_at_step): 8 B a
@@ -59,14 +52,8 @@ def test_under_fsdp2_the_busiest_rank_derived_equals_its_trace(cache):
     ep ranks, their own FSDP2 unit over the dp / ep = 1 ranks holding them, then each layer and the root over dp),
     2 × 32 tokens, bf16-mixed: the rank derived from traces with FSDP2 and that routing equals rank 0 traced, in
     forward and backward; balanced routing's closed form (which under FSDP2 is above its traced rank) beside."""
-    from paramscope.cost.memory.training import TrainingOptions, training_answer
-
-    _, estimate, _ = training_answer(small_mixtral(), TrainingOptions(
-        batch=MICRO, seq=SEQ, precision="bf16-mixed", fits=False, trace=True,
-        layout=ParallelLayout(dp=2, ep=2, shard="fsdp", expert_load=1.5)), use_cache=False)
-    device = estimate.training.device
-    derived = {p.phase: p.bytes for p in device.phases}
-    traced = {p.phase: p.bytes for p in device.traced.phases}
+    device, derived, traced = small_mixtral_phases(ParallelLayout(dp=2, ep=2, shard="fsdp", expert_load=1.5), SEQ,
+                                                 batch=MICRO)
     assert device.activations_from.startswith("derived")
     assert (derived["forward"], derived["backward"]) == (traced["forward"], traced["backward"]) == \
         (7_379_120, 7_433_392)

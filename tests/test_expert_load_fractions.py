@@ -15,7 +15,7 @@ from paramscope.cost.derived.symbols import NotDerivable
 from paramscope.cost.parallel.layout import ParallelLayout
 from paramscope.cost.traced.expert_parallel import busiest_pairs
 from paramscope.errors import UnsupportedError
-from parallel_steps import small_mixtral
+from parallel_steps import small_mixtral, small_mixtral_phases
 
 MICRO = 2
 
@@ -45,14 +45,7 @@ def test_the_unit_makes_the_busiest_rank_pairs_whole():
 def test_a_fractional_load_derived_equals_its_trace(cache, load, seq, forward, backward):
     """`--dp 2 --ep 2 --expert-load F`, 2 × T tokens, bf16-mixed, T a multiple of the load's unit: derived (probes at
     such lengths) and traced rank 0 equal to the byte in forward, backward and the optimizer step."""
-    from paramscope.cost.memory.training import TrainingOptions, training_answer
-
-    _, estimate, _ = training_answer(small_mixtral(), TrainingOptions(
-        batch=MICRO, seq=seq, precision="bf16-mixed", fits=False, trace=True,
-        layout=ParallelLayout(dp=2, ep=2, expert_load=load)), use_cache=False)
-    device = estimate.training.device
-    derived = {p.phase: p.bytes for p in device.phases}
-    traced = {p.phase: p.bytes for p in device.traced.phases}
+    device, derived, traced = small_mixtral_phases(ParallelLayout(dp=2, ep=2, expert_load=load), seq, batch=MICRO)
     assert device.activations_from.startswith("derived")
     assert derived == traced and (derived["forward"], derived["backward"]) == (forward, backward)
     assert any("busiest rank receives F·B·S·k token-expert pairs exactly" in n for n in device.notes)

@@ -6,7 +6,7 @@ rank traced (--trace) on the 5-layer Mixtral cut."""
 from __future__ import annotations
 
 from paramscope.cost.parallel.layout import ParallelLayout
-from parallel_steps import small_mixtral
+from parallel_steps import small_mixtral_phases
 
 MICRO, SEQ = 2, 32
 
@@ -14,14 +14,7 @@ MICRO, SEQ = 2, 32
 def test_the_balanced_expert_tensor_rank_derived_equals_its_trace(cache):
     """2 × 32 tokens, bf16-mixed, no sp: forward and backward derived = traced to the byte (the closed form refuses
     Mixtral on a tp shard; it answered only under --expert-load or --pp)."""
-    from paramscope.cost.memory.training import TrainingOptions, training_answer
-
-    _, estimate, _ = training_answer(small_mixtral(), TrainingOptions(
-        batch=MICRO, seq=SEQ, precision="bf16-mixed", fits=False, trace=True,
-        layout=ParallelLayout(dp=2, ep=2, tp=2)), use_cache=False)
-    device = estimate.training.device
-    derived = {p.phase: p.bytes for p in device.phases}
-    traced = {p.phase: p.bytes for p in device.traced.phases}
+    device, derived, traced = small_mixtral_phases(ParallelLayout(dp=2, ep=2, tp=2), SEQ, batch=MICRO)
     assert device.activations_from.startswith("derived")
     assert (derived["forward"], derived["backward"]) == (traced["forward"], traced["backward"]) == \
         (3_970_112, 3_964_976)
