@@ -221,6 +221,10 @@ def _gpu_table(estimate, layout) -> Table:
     if device.workspace is not None:
         table.add_row("prefill workspace", exact(device.workspace.bytes), binary(device.workspace.bytes),
                       device.workspace.arithmetic)
+    if device.correction:
+        table.add_row("correction (a bound)", exact(device.correction), binary(device.correction),
+                      "what transformers' prefill keeps beyond the formula on one device (traced), carried whole: "
+                      "see the notes")
     table.add_row(f"peak ({estimate.peak_phase})", exact(device.peak), binary(device.peak),
                   "the sum above: this GPU's weights stay resident, its cache is full at the end of the prefill",
                   style="bold")
@@ -773,7 +777,7 @@ def _serving_layout_to_dict(estimate) -> dict[str, Any] | None:
                                for g in cache.groups]},
                 "workspace": None if s.workspace is None else {"bytes": s.workspace.bytes,
                                                                "arithmetic": s.workspace.arithmetic},
-                "peak": s.peak}
+                "correction": s.correction, "peak": s.peak}
 
     return {"devices": layout.devices, "tp": layout.tp, "pp": layout.pp, "words": layout.words(),
             "kv_heads": layout.kv_heads, "workspace_from": layout.workspace_from, "pipeline": layout.pipeline or None,

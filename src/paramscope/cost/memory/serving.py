@@ -104,9 +104,10 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     dtype: the same arithmetic whether the view is the meta build or facts recorded from it.
 
     `checked` (engine_check.CheckFor): the analytic peak's check against a traced prefill for this config, made
-    once; where it found them differing, `correct(module, dtype, batch, seq, encoder_seq)` (serving_check's
-    extended_difference: the difference at the asked point on two cuts) corrects the analytic answer, or the whole
-    model is traced. None: the analytic arithmetic alone (a live module, a check's own cut)."""
+    once; where it found them differing, `correct(view, dtype, batch, seq, encoder_seq)` (serving_correction's
+    CorrectionFor: the difference at the asked point on two cuts, kept on disk, else traced on the view's module)
+    corrects the analytic answer, or the whole model is traced. None: the analytic arithmetic alone (a live module,
+    a check's own cut)."""
     if getattr(fmt, "mixture", None):  # llama.cpp types each tensor of the file on its own: predict the file
         from .llama_cpp_mixture import with_prediction
 
@@ -164,7 +165,7 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         work = prefill_workspace(config, batch=batch, seq=length, **shape, cache_bytes=kv, window_extra=extra).bytes
         return weights.bytes + weights.buffer_bytes + kv + work
 
-    peak = peak_at(options.batch, seq)
+    peak = analytic_peak = peak_at(options.batch, seq)
     peak_phase, engine = "prefill", "analytic"
     # (a prefill measured on images is the answer itself: no check of the analytic one against a text trace)
     check = checked.of(view) if checked is not None and not options.trace and measured is None else None
@@ -172,11 +173,11 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     if check is not None and check.status == "differs":
         from ..model_view import FactsGap
 
-        if view.module is None:
-            raise FactsGap("the analytic serving peak differs from a traced prefill for this config (checked once): "
-                           "the build traces two cuts")
-        difference, words = correct(view.module, fmt.compute_dtype, options.batch, seq, options.encoder_seq)
+        difference, words = correct(view, fmt.compute_dtype, options.batch, seq, options.encoder_seq)
         notes.append(check.words())
+        if difference is None and view.module is None:
+            raise FactsGap("the analytic serving peak's difference from a traced prefill grows with depth for this "
+                           "config: the build traces the whole model")
         if difference is None:
             notes.append(f"{words}: it grows with depth, so the whole model is traced")
             trace = True
@@ -237,23 +238,23 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         accelerator = Accelerator("budget", options.budget, "", "budget")
     parallel = None
     if options.tp * options.pp > 1 or accelerator is not None:
-        from ..parallel.serving import ServingInputs, ServingParallel, serving_layout, smallest_tp
+        from ..parallel.serving import (ServingInputs, ServingParallel, per_gpu_correction, serving_layout,
+                                        smallest_tp)
 
         inputs = ServingInputs(report, view, fmt, quantized, fp32, inputs_first, cache, kv_dtype,
                                options.encoder_seq, shape)
         one_device = peak
         layout = None
+        missed = per_gpu_correction(one_device - analytic_peak if engine == "traced" else 0, options.batch, seq,
+                                    whole=trace)
         if options.tp * options.pp > 1:
-            layout, peak_at = serving_layout(inputs, options.tp, options.pp, options.batch, seq)
-            if engine == "traced":
-                notes.append(f"the one-device peak above is the traced engine's ({one_device:,} B); each GPU's "
-                             "figures are the analytic engine's, uncorrected")
+            layout, peak_at = serving_layout(inputs, options.tp, options.pp, options.batch, seq, missed=missed)
             peak, engine = layout.peak, "analytic"
             notes.extend(layout.notes)
             settings["layout"] = {"devices": layout.devices, "tp": layout.tp, "pp": layout.pp,
                                   "words": layout.words()}
         smallest = smallest_tp(inputs, accelerator, options.reserve, pp=options.pp, batch=options.batch, seq=seq,
-                               one_device_peak=one_device) if accelerator is not None else None
+                               one_device_peak=one_device, missed=missed) if accelerator is not None else None
         parallel = ServingParallel(layout, smallest)
     longest = max_context(text)
     settings["max_context"] = longest

@@ -63,15 +63,17 @@ def memory_answer(model: Any, options: MemoryOptions = MemoryOptions(), use_cach
     from ..engine_check import CheckFor
     from ..facts.store import facts_key
     from .serving_check import check_serving, extended_difference
+    from .serving_correction import CorrectionFor
 
     key = facts_key(source.config, model_class=model_options.get("model_class"), task=model_options.get("task"),
                     num_labels=model_options.get("num_labels"))
     dtype = fmt.compute_dtype
     checked = CheckFor("serving", f"{key}-{dtype}", use_cache and not options.trace,
                        lambda module: check_serving(module, dtype)) if check else None
+    correct = CorrectionFor(key, use_cache and not options.trace, extended_difference)
     report, view, estimate = answer_from_facts_or_build(
         source, lambda report, view: serving_estimate(report, view, options, fmt, origin, not_convert, accelerator,
-                                                      checked=checked, correct=extended_difference),
+                                                      checked=checked, correct=correct),
         dtype=fmt.compute_dtype, use_cache=use_cache and not options.trace, **model_options)
     return report, estimate, view
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine_check import EngineCheck, check_cut, check_points, run_check
+from .serving_correction import CutDifference
 
 _FORMATS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 UNEQUAL_HEADS = ("{0}'s queries and values have unequal head sizes (MLA), so torch's CPU sdpa runs the math kernel "
@@ -58,23 +59,20 @@ def _both(cut: Any, dtype: str, batch: int, seq: int, encoder_seq: int | None = 
 
 
 def extended_difference(module: Any, dtype: str, batch: int, seq: int,
-                        encoder_seq: int | None = None) -> tuple[int | None, str]:
-    """(analytic − traced at B × S, the same on the check's cut and on one twice as long; None where it grows with
-    depth), and the words."""
+                        encoder_seq: int | None = None) -> CutDifference:
+    """analytic − traced at B × S, on the check's cut and on one twice as long (CutDifference: the correction where
+    the two agree, None where it grows with depth, and the words)."""
     from ... import progress
 
     with progress.status(f"tracing cuts of {type(module).__name__} at B={batch}, S={seq:,}"):
         cut, short, count = check_cut(module)
         analytic, traced, _ = _both(cut, dtype, batch, seq, encoder_seq)
-        first = analytic - traced
         if short == count:  # the cut is the whole model: its difference is the answer's
-            return first, f"at B={batch}, S={seq:,} the analytic peak is {first:+,} B from the whole model's trace"
+            return CutDifference(batch, seq, short, analytic - traced, count)
+        first = analytic - traced
         cut, long, _ = check_cut(module, longer=True)
         analytic, traced, _ = _both(cut, dtype, batch, seq, encoder_seq)
-        second = analytic - traced
-    words = (f"at B={batch}, S={seq:,} the analytic peak is {first:+,} B from the traced one on {short} layers and "
-             f"{second:+,} B on {long}")
-    return (first if first == second else None), words
+    return CutDifference(batch, seq, short, first, count, long, analytic - traced)
 
 
 __all__ = ["check_serving", "extended_difference"]

@@ -45,7 +45,8 @@ class ServingStage:
     weights: Any  # memory/weights.WeightMemory of the rank's shards
     kv_cache: Any  # memory/kv.KVCache of the rank's share of the stage's layers, or None
     workspace: Any  # memory/result.Workspace, or None
-    peak: int
+    peak: int  # weights + buffers + KV cache + workspace + correction
+    correction: int = 0  # the one-device trace's correction carried to this GPU (PerGpuCorrection), bytes
 
     @property
     def weight_bytes(self) -> int:
@@ -69,6 +70,7 @@ class ServingLayout:
     pipeline: str  # the layer split in words ("" without pp)
     workspace_from: str
     notes: tuple[str, ...] = field(default=())
+    correction: "PerGpuCorrection | None" = None
 
     def __post_init__(self) -> None:
         freeze_fields(self, "rules")
@@ -88,6 +90,40 @@ class ServingLayout:
     def words(self) -> str:
         parts = [f"tp {self.tp}"] + ([f"pp {self.pp}"] if self.pp > 1 else [])
         return " × ".join(parts) + f" = {self.devices:,} GPU{'s' if self.devices > 1 else ''}"
+
+
+@dataclass(frozen=True)
+class PerGpuCorrection:
+    """What the one-device answer's check found the analytic serving peak missing (traced − analytic at the asked
+    point, memory/serving_check.py's two cuts), carried to each GPU: `bytes` is added to each GPU's peak."""
+
+    one_device: int  # traced − analytic on one device at batch × seq (negative: the analytic peak is above)
+    batch: int
+    seq: int
+    whole: bool = False  # measured by tracing the whole model (its difference on two cuts grew with depth)
+
+    @property
+    def bytes(self) -> int:
+        return max(self.one_device, 0)
+
+    def words(self) -> str:
+        at = f"B={self.batch}, S={self.seq:,}"
+        if self.one_device < 0:
+            return (f"each GPU's peak is the analytic engine's, not lowered: on one device the analytic peak is "
+                    f"{-self.one_device:,} B above the traced prefill at {at}, and how much of that a rank keeps was "
+                    "not traced under tp")
+        how = "the whole model traced" if self.whole else "traced on two cuts, the same on both"
+        return (f"each GPU's peak adds the one-device correction whole, {self.one_device:,} B, a bound: on one device "
+                f"transformers' prefill at {at} keeps {self.one_device:,} B of working tensors the analytic formula "
+                f"does not count ({how}); under tp each such tensor is cut or replicated, none larger on a rank "
+                "than on one device, and a pipeline stage runs the same layers, so no GPU keeps more than the one "
+                "device's (not traced under tp); the fits move each GPU's curve by the same (exact at the asked "
+                "point only)")
+
+
+def per_gpu_correction(one_device: int, batch: int, seq: int, whole: bool = False) -> PerGpuCorrection | None:
+    """The one-device answer's correction (traced − analytic peak at batch × seq; 0: none) as each GPU takes it."""
+    return PerGpuCorrection(one_device, batch, seq, whole) if one_device else None
 
 
 @dataclass(frozen=True)
@@ -133,10 +169,11 @@ def check_degrees(tp: int, pp: int) -> ParallelLayout:
 
 
 def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int,
-                   split: tuple[int, ...] | None = None) -> tuple[ServingLayout, Callable[[int, int], int]]:
+                   split: tuple[int, ...] | None = None, *,
+                   missed: PerGpuCorrection | None = None) -> tuple[ServingLayout, Callable[[int, int], int]]:
     """(each GPU's figures at `batch` × `seq`, the per-GPU peak at another batch and context). `split`: each
     stage's layer count, in order, where a server's own rule places them (vLLM's get_pp_indices); None: the
-    training layouts' split (pipeline.stages)."""
+    training layouts' split (pipeline.stages). `missed`: the one-device answer's correction, added to each GPU."""
     from ...count import ParameterInfo
     from ..dims import text_config
     from ..memory.prefill import prefill_workspace
@@ -201,20 +238,21 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
                                  cache_bytes=cache.at(b, s) if cache is not None else 0,
                                  window_extra=cache.prefill_extra(b, s) if cache is not None else 0, **inputs.shape)
 
+    extra = missed.bytes if missed is not None else 0
     rows = []
     for (stage, weights, held), cache in zip(stage_rows, caches):
         work = workspace_of(stage, cache, batch, seq)
-        peak = weights.bytes + weights.buffer_bytes + (cache.bytes if cache is not None else 0) + work.bytes
+        peak = weights.bytes + weights.buffer_bytes + (cache.bytes if cache is not None else 0) + work.bytes + extra
         rows.append(ServingStage(stage.rank if stage else 0, (held[0], held[-1]) if held else None,
                                  len(held) if held is not None else count, stage is None or stage.first,
-                                 stage is None or stage.last, weights, cache, work, peak))
+                                 stage is None or stage.last, weights, cache, work, peak, extra))
 
     def peak_at(b: int, s: int) -> int:
         best = 0
         for (stage, weights, _), cache in zip(stage_rows, caches):
             kv = cache.at(b, s) if cache is not None else 0
             best = max(best, weights.bytes + weights.buffer_bytes + kv + workspace_of(stage, cache, b, s).bytes)
-        return best
+        return best + extra
 
     if tp > 1:
         notes.append(f"tensor parallel {tp}: each GPU holds rank 0's shards (the largest where a cut is uneven); "
@@ -228,18 +266,21 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
     if pp > 1:
         notes.append("pipeline stages: each stage holds its own layers' KV cache; buffers outside the layers (rotary "
                      "tables) are on every stage; the activations sent between stages (b·S·h) are not counted")
+    if missed is not None:
+        notes.append(missed.words())
     layout_words = _kv_heads_words(text, inputs.cache, tp)
     result = ServingLayout(tp, pp, tuple(rows), rules_in_words(placements, layout), layout_words,
                            split_words(layout, count) if pp > 1 else "", _workspace_words(text, tp),
-                           tuple(notes))
+                           tuple(notes), missed)
     return result, peak_at
 
 
 def smallest_tp(inputs: ServingInputs, accelerator: Any, reserve: int, *, pp: int, batch: int, seq: int,
-                one_device_peak: int | None = None) -> TensorParallelSearch:
+                one_device_peak: int | None = None, missed: PerGpuCorrection | None = None) -> TensorParallelSearch:
     """The smallest tensor-parallel degree whose GPUs each fit `accelerator` (peak + reserve within its memory) at
     `batch` × `seq`, under `pp` pipeline stages; the degrees tried, each with its peak or why it was refused.
-    `one_device_peak`: the one-device answer (tp 1, pp 1), which may be the traced engine's."""
+    `one_device_peak`: the one-device answer (tp 1, pp 1), which may be the traced engine's, whose correction
+    (`missed`) each other degree's GPUs take."""
     from ..dims import dim, text_config
 
     heads = dim(text_config(inputs.view.config), "heads")
@@ -254,7 +295,7 @@ def smallest_tp(inputs: ServingInputs, accelerator: Any, reserve: int, *, pp: in
             if t == 1 and pp == 1 and one_device_peak is not None:
                 peak = one_device_peak
             else:
-                peak = serving_layout(inputs, t, pp, batch, seq)[0].peak
+                peak = serving_layout(inputs, t, pp, batch, seq, missed=missed)[0].peak
         except ParamscopeError as error:
             tried.append((t, None, str(error)))
             continue

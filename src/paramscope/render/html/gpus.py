@@ -49,6 +49,9 @@ def gpu_parts(memory: dict, stage: dict) -> list[Part]:
              ("KV cache", _bytes(stage.get("kv_cache")), _kv_how(stage.get("kv_cache"), memory["settings"])),
              ("prefill workspace", _bytes(stage.get("workspace")),
               (stage.get("workspace") or {}).get("arithmetic", ""))]
+    if stage.get("correction"):  # the one-device correction, on every GPU alike
+        parts.append(("correction (a bound)", int(stage["correction"]), "what transformers' prefill keeps beyond "
+                      "the formula on one device (traced), carried whole: see the notes"))
     assert sum(value for _, value, _ in parts) == stage["peak"]
     return parts
 
