@@ -55,20 +55,12 @@ def test_the_derived_rank_equals_the_traced_rank(config, layout, traced, peak):
 
 
 @pytest.mark.parametrize("seq, layout, words", [
-    (64, dict(devices=2, cp=2, ep=2), "beside expert parallelism \\(ep 2\\)"),
     (64, dict(devices=6, dp=3, cp=2, zero="hybrid_shard", shard_group=3), "hybrid sharding over 3 ranks"),
     (68, dict(devices=4, cp=2, tp=2, sp=True), "2·cp·tp = 8 divides S"),
-], ids=["ep", "hsdp group", "sp length"])
+], ids=["hsdp group", "sp length"])
 def test_what_a_derived_class_is_refused_in_one_line(seq, layout, words):
-    """GPT-2's ring beside ep (no routed experts to cut, and not traced there); hybrid sharding over a group cp does
-    not divide (torchtitan shards over dp_shard × cp); under sp a length 2·cp divides and 2·cp·tp does not."""
+    """Hybrid sharding over a group cp does not divide (torchtitan shards over dp_shard × cp); under sp a length 2·cp
+    divides and 2·cp·tp does not."""
     with pytest.raises(ParamscopeError, match=words) as refusal:
         training_answer(GPT2, TrainingOptions(batch=1, seq=seq, layout=layout_for(**layout)), use_cache=False)
     assert "\n" not in str(refusal.value)
-
-
-def test_the_trace_refuses_the_ring_beside_ep():
-    from paramscope.cost.traced.parallel import check_layout
-
-    with pytest.raises(ParamscopeError, match="not beside ep"):
-        check_layout(2, "none", 1, False, 0, 2, 2)

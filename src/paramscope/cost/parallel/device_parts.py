@@ -190,7 +190,7 @@ def check_analytic(ctx: StepContext, what: str) -> str:
                                "shard covers the Llama-style family (its recipe keeps heads, widths and tokens "
                                "apart), and a step derived from traces with the layout applied covers FSDP2, "
                                "tensor parallelism where transformers or Megatron's names give a plan, and context "
-                               "parallelism beside tp, sp and FSDP2 (not beside ep)",
+                               "parallelism beside tp, sp, FSDP2 and ep",
                                what=what, cls=ctx.view.class_name)
     if ctx.layout.cp > 1:
         refuse_attention_dropout(ctx)
@@ -205,13 +205,12 @@ _TRACED_COMBINATIONS = ("expert parallelism is traced beside data parallelism (Z
 
 
 def untraced_beside_experts(layout: Any) -> str:
-    """The expert-parallel combination no trace composes, in words ('' where there is none): context parallelism
-    beside ep (the ring's cp ranks and the experts' ep ranks drawn from the same dp ranks), tensor parallelism
-    beside ep under FSDP2 (each expert then sharded over a mesh dimension not traced)."""
+    """The expert-parallel combination no trace composes, in words ('' where there is none): tensor parallelism
+    beside ep under FSDP2 (each expert then sharded over a mesh dimension not traced). Context parallelism beside ep
+    is traced (ep = dp_shard_in_ep × cp, torchtitan's) and derived; estimate.check_ring_beside_experts refuses the
+    rest of it."""
     if layout.ep == 1:
         return ""
-    if layout.cp > 1:
-        return f"context parallelism (cp {layout.cp}) beside expert parallelism (ep {layout.ep})"
     if layout.tp > 1 and fsdp_sharded(layout):
         return f"tensor parallelism (tp {layout.tp}) beside expert parallelism (ep {layout.ep}) under FSDP2"
     return ""

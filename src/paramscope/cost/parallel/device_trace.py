@@ -35,14 +35,16 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     settings = StepSettings(batch=ctx.batch, seq=ctx.seq, precision=ctx.precision, optimizer=ctx.optimizer,
                             attention=ctx.attention, frozen=ctx.frozen, weights_dtype=ctx.weights_dtype,
                             own_dtype=ctx.own)
-    traced = trace_parallel_training(ctx.view.module, settings, dp=layout.ep if layout.ep > 1 else
+    # beside cp, the ep ranks are dp_shard_in_ep × cp (torchtitan's): the trace's dp is ep / cp
+    traced = trace_parallel_training(ctx.view.module, settings, dp=layout.ep // layout.cp if layout.ep > 1 else
                                      layout.shard_degree // layout.cp if fsdp else 1, shard="fsdp" if fsdp else "none",
                                      tp=layout.tp, sp=layout.sp, ep=layout.ep, cp=layout.cp,
                                      load=layout.expert_load)
     top = traced.peak
     diff = (device.peak - top.bytes) / top.bytes if top.bytes else 0.0
     engine = "derived" if device.activations_from.startswith("derived") else "analytic"
-    applied = ", ".join(["FSDP2"] * fsdp + ["DTensor"] * (layout.tp > 1) + ["torch's ring attention"]) \
+    applied = ", ".join(["FSDP2"] * fsdp + ["torchtitan's ExpertParallel"] * (layout.ep > 1) + ["DTensor"] *
+                        (layout.tp > 1) + ["torch's ring attention"]) \
         if layout.cp > 1 else ", ".join(["FSDP2"] * fsdp + ["torchtitan's ExpertParallel"] + ["DTensor"] *
                                         (layout.tp > 1)) if layout.ep > 1 else "FSDP2 and DTensor"
     note = (f"check: rank 0's step traced on torch's fake process group ({applied}, MemTracker): peak "

@@ -53,7 +53,7 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     # (the balanced closed form beside, as the comparison); a pipeline replays that rank's recipe (pipeline_device)
     loaded = check_expert_load(ctx, placements)
     derivable = ctx.derive and layout.pp == 1 and (loaded or (
-        layout.ep == 1 and _ring_rank_derived(ctx) if layout.cp > 1 else _sharded_rank_derived(ctx, placements)))
+        _ring_rank_derived(ctx, placements) if layout.cp > 1 else _sharded_rank_derived(ctx, placements)))
     declined = ""
     if derivable:
         derived = _derived_device(ctx, placements, rules)
@@ -70,6 +70,8 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
             closed = (_balanced_beside if loaded else _closed_form_beside)(ctx, placements, rules, device)
             if closed:
                 device = dataclasses.replace(device, notes=device.notes + (closed,))
+            if layout.ep > 1 and not any(p.experts_split for p in placements):  # the ring's rank alone (cp)
+                device = dataclasses.replace(device, notes=device.notes + (_no_experts_words(ctx),))
             return (traced_check(ctx, device), at) if ctx.trace else (device, at)
     try:
         if layout.pp > 1:
@@ -89,9 +91,7 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     if declined:
         device = dataclasses.replace(device, notes=device.notes + (declined,))
     if layout.ep > 1 and not any(p.experts_split for p in placements):
-        device = dataclasses.replace(device, notes=device.notes + (
-            f"ep {layout.ep}: {ctx.view.class_name} has no routed experts, so expert parallelism cuts nothing: each "
-            "rank runs as a data-parallel one",))
+        device = dataclasses.replace(device, notes=device.notes + (_no_experts_words(ctx),))
     if layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1:
         modelled = any(p.where.startswith("FSDP2:") for p in device.phases)
         device = dataclasses.replace(device, notes=device.notes + (
@@ -107,6 +107,11 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     if ctx.trace:
         device = traced_check(ctx, device)
     return device, at
+
+
+def _no_experts_words(ctx: StepContext) -> str:
+    return (f"ep {ctx.layout.ep}: {ctx.view.class_name} has no routed experts, so expert parallelism cuts nothing: "
+            "each rank runs as a data-parallel one")
 
 
 def _closed_form_beside(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str],
@@ -189,14 +194,17 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     layout = ctx.layout
     fsdp = fsdp_sharded(layout)
     # a context-parallel rank: (dp, shard, tp, sp, rank, ep, cp) on rank 0 (traced/parallel.py), beside tp, and
-    # FSDP2 over the shard degree's dp × cp ranks (torchtitan's dp_shard_cp): dp = shard degree / cp in the trace
+    # FSDP2 over the shard degree's dp × cp ranks (torchtitan's dp_shard_cp): dp = shard degree / cp in the trace;
+    # beside ep (routed experts to cut) the experts over ep = dp_shard_in_ep × cp ranks, torchtitan's: dp = ep / cp
+    # in the trace (under FSDP2 the shard degree is ep, check_context_parallel), the dp replicas beyond it alike
     # an expert-parallel rank under an uneven load: (dp, shard, tp, sp, rank, ep, cp, load) with dp == ep, rank 0
     # the busiest (traced/expert_parallel.py); the data-parallel ranks beyond ep run the same step
     # a balanced expert-parallel rank beside tp: (ep, "none", tp, sp, 0, ep), the key derived_pipeline_device's
     # stages replay (a load of 1 keeps it)
     loaded = layout.ep > 1 and layout.expert_load != 1
-    traced = ((layout.shard_degree // layout.cp if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0,
-               1, layout.cp) if layout.cp > 1 else
+    ring_ep = layout.ep if layout.cp > 1 and any(p.experts_split for p in placements) else 1
+    traced = ((layout.shard_degree // layout.cp if fsdp else max(1, ring_ep // layout.cp), "fsdp" if fsdp else "none",
+               layout.tp, layout.sp, 0, ring_ep, layout.cp) if layout.cp > 1 else
               (layout.ep, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0, layout.ep, 1, layout.expert_load)
               if loaded else
               (layout.ep, "none", layout.tp, layout.sp, 0, layout.ep) if layout.ep > 1 else
@@ -237,9 +245,10 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     applied = (f"torchtitan's ExpertParallel over ep {layout.ep}{' under FSDP2' if fsdp else ''}"
                f"{' beside DTensor tensor parallel' if layout.tp > 1 else ''}"
                f"{' with sequence parallel' if layout.sp else ''}{', rank 0 the busiest' if loaded else ''}"
-               if layout.ep > 1 else " and ".join(
+               if layout.ep > 1 and layout.cp == 1 else " and ".join(
         ([f"FSDP2{' over dp × cp = ' + str(layout.shard_degree) + ' ranks' if layout.cp > 1 else ''}"] if fsdp
          else []) +
+        ([f"torchtitan's ExpertParallel over ep {ring_ep} = dp × cp ranks"] if ring_ep > 1 else []) +
         ([f"DTensor tensor parallel{' with sequence parallel' if layout.sp else ''}"] if layout.tp > 1 else []) +
         (["torch's context_parallel ring attention" + (" on the tp rank's heads" if layout.tp > 1 else "")]
          if layout.cp > 1 else [])) + (", rank 0" if layout.cp > 1 else ""))
@@ -309,15 +318,17 @@ def _sharded_rank_derived(ctx: StepContext, placements: tuple[Placement, ...]) -
     return fsdp_sharded(layout) or layout.tp > 1 and local_recipe_missing(ctx)
 
 
-def _ring_rank_derived(ctx: StepContext) -> bool:
-    """Context parallel, alone or beside tp (with or without sp) and FSDP2 (torchtitan's composition;
+def _ring_rank_derived(ctx: StepContext, placements: tuple[Placement, ...]) -> bool:
+    """Context parallel, alone or beside tp (with or without sp), FSDP2 and ep (torchtitan's composition;
     traced/parallel.py): the rank is derived from torch's own ring, traced, for every class whose ring runs there. A
-    class without the closed form is refused here in one line where the ring is not derived (check_context_parallel);
+    class without the closed form, or with routed experts under ep (the closed form has no dispatch on a ring's rank),
+    is refused here in one line where the ring is not derived (check_context_parallel);
     the Llama family's closed form (the recipe at S / cp tokens and the ring's kept output copies, equal to the ring
     on a Llama cut but for the one-device recipe's own bytes) is the check beside it, and answers alone where the
     ring is not derived (2·cp not dividing S, say)."""
-    if local_recipe_missing(ctx):
-        check_context_parallel(ctx)
+    experts = ctx.layout.ep > 1 and any(p.experts_split for p in placements)
+    if local_recipe_missing(ctx) or experts:
+        check_context_parallel(ctx, experts)
         return True
     return _ring_derivable(ctx)
 
@@ -330,10 +341,11 @@ def _ring_derivable(ctx: StepContext) -> bool:
     return True
 
 
-def check_context_parallel(ctx: StepContext) -> None:
+def check_context_parallel(ctx: StepContext, experts: bool = False) -> None:
     """The context-parallel layouts a derived rank does not answer, each in one line: an encoder, hybrid sharding
     over ranks cp does not divide, cp not dividing S, S that 2·cp does not divide (torch's context_parallel then runs
-    unbalanced: not derived), or under sp that 2·cp·tp does not divide, attention dropout, a window shorter than S."""
+    unbalanced: not derived), or under sp that 2·cp·tp does not divide, attention dropout, a window shorter than S;
+    beside ep where it cuts routed experts (`experts`): what check_ring_beside_experts refuses."""
     from ..dims import config_int
 
     why = encoder_refusal(ctx) if not getattr(ctx.view, "can_generate", True) else ""
@@ -344,6 +356,8 @@ def check_context_parallel(ctx: StepContext) -> None:
         raise UnsupportedError("context parallel {cp} beside hybrid sharding over {ranks} ranks: torchtitan shards "
                                "over dp_shard × cp ranks, which cp does not divide here", cp=cp,
                                ranks=ctx.layout.shard_degree)
+    if experts:
+        check_ring_beside_experts(ctx.layout)
     if ctx.seq % cp:
         raise UnsupportedError("context parallelism splits the sequence: cp {cp} does not divide {seq:,}", cp=cp,
                                seq=ctx.seq)
@@ -364,6 +378,29 @@ def check_context_parallel(ctx: StepContext) -> None:
             raise UnsupportedError("context parallel at {seq:,} tokens past the {key} {window:,}: torch's ring "
                                    "attention takes no mask, and a window shorter than S needs one", seq=ctx.seq,
                                    key=key, window=window)
+
+
+def check_ring_beside_experts(layout: ParallelLayout) -> None:
+    """The ring beside ep as the trace lays it out (traced/parallel.py, torchtitan's mesh with ETP = tp): the ep ranks
+    take every cp rank and some dp ones (ep = dp_shard_in_ep × cp), FSDP2 shards over exactly the ep ranks (its
+    dp_shard_mod_ep 1: more would shard each expert again, over a mesh dimension not traced beside cp), no hybrid
+    sharding, no ZeRO-3 (not traced), no tp (each expert then cut over tp too: not traced beside cp). One line each."""
+    cp, ep = layout.cp, layout.ep
+    if ep % cp:
+        raise UnsupportedError("context parallel {cp} beside ep {ep}: the ep ranks take every cp rank and some dp "
+                               "ones (torchtitan's ep = dp_shard_in_ep × cp), so cp must divide ep", cp=cp, ep=ep)
+    if layout.tp > 1:
+        raise UnsupportedError("context parallel {cp} beside ep {ep} and tp {tp}: each expert also cut over tp "
+                               "(torchtitan's ETP) is not traced beside the ring; the ring beside ep is traced with "
+                               "data parallel and FSDP2", cp=cp, ep=ep, tp=layout.tp)
+    if layout.shard == "hsdp" and layout.shard_degree > 1 or layout.zero_stage == 3 and layout.shard != "fsdp":
+        raise UnsupportedError("context parallel {cp} beside ep {ep} under {shard}: traced under DDP's replication, "
+                               "ZeRO 1-2 and FSDP2's full sharding", cp=cp, ep=ep, shard=shard_words(layout))
+    if layout.shard == "fsdp" and layout.shard_degree > ep:
+        raise UnsupportedError("context parallel {cp} beside ep {ep} under FSDP2 over dp × cp = {ranks} ranks: FSDP2 "
+                               "would also shard each expert over the {more} ranks holding it (torchtitan's "
+                               "dp_shard_mod_ep), a mesh dimension not traced beside the ring; take dp × cp = ep",
+                               cp=cp, ep=ep, ranks=layout.shard_degree, more=layout.shard_degree // ep)
 
 
 def ring_words(ctx: StepContext) -> str:

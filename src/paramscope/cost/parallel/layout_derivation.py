@@ -36,10 +36,19 @@ def derivation_key(layout: ParallelLayout, replica: int, experts: int) -> tuple 
         return ("rank", 1, "none", layout.tp, layout.sp, regime) if layout.tp > 1 else ("device", regime)
     regime = min(2, replica)
     fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
-    if layout.ep > 1:
+    if layout.ep > 1 and (layout.cp == 1 or layout.expert_load != 1):
         return _expert_rank_key(layout, experts, fsdp, regime)
     if layout.cp > 1:
-        return ("context", layout.cp, layout.shard_degree if fsdp else 1, layout.tp, layout.sp, regime)
+        degree = layout.shard_degree if fsdp else 1
+        if layout.ep > 1 and experts:  # the ring's rank beside ep (ep = dp_shard_in_ep × cp), unless memory refuses it
+            from ...errors import UnsupportedError
+            from .estimate import check_ring_beside_experts
+            try:
+                check_ring_beside_experts(layout)
+            except UnsupportedError:
+                return None
+            return ("context", layout.cp, degree, layout.tp, layout.sp, layout.ep, regime)
+        return ("context", layout.cp, degree, layout.tp, layout.sp, regime)
     if not fsdp and layout.tp == 1:
         return None
     return ("rank", layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp, regime)
@@ -76,9 +85,9 @@ def derivation_words(key: tuple) -> str:
         parts = [f"ep {ep}"] + ([_tp_words(tp, sp)] if tp > 1 else []) + (["FSDP2"] if shard != "none" else []) + \
             ([f"the busiest rank at {load:g}× its share"] if load != 1 else [])
     elif kind == "context":
-        cp, degree, tp, sp = rest
+        cp, degree, tp, sp, *ep = rest
         parts = [f"cp {cp}"] + ([_tp_words(tp, sp)] if tp > 1 else []) + \
-            ([f"FSDP2 over dp × cp = {degree}"] if degree > 1 else [])
+            ([f"FSDP2 over dp × cp = {degree}"] if degree > 1 else []) + [f"ep {e} over dp × cp" for e in ep]
     else:
         parts = ["one device"]
     parts.append("batch 1" if regime == 1 else "batch 2 and up")

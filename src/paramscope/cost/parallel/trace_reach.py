@@ -25,9 +25,14 @@ def untraced_by_layout(layout: ParallelLayout) -> str | None:
             return "a pipeline beside context parallelism has no traced stage"
         return None  # the stages of a class replayed from its derived step are traced: the class decides
     fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
-    if layout.cp > 1 and (layout.ep > 1 or fsdp and layout.shard_degree % layout.cp):
-        return "context parallelism is traced beside tp, sp and FSDP2 over dp × cp ranks, not beside ep"
-    if layout.ep > 1 and (layout.tp > 1 and fsdp or layout.dp != layout.ep or
+    if layout.cp > 1 and fsdp and layout.shard_degree % layout.cp:
+        return "context parallelism is traced beside tp, sp and FSDP2 over dp × cp ranks"
+    if layout.cp > 1 and layout.ep > 1:  # torchtitan's ep = dp_shard_in_ep × cp (estimate.check_ring_beside_experts)
+        if layout.ep % layout.cp or layout.tp > 1 or layout.shard == "hsdp" or \
+                layout.shard == "fsdp" and layout.shard_degree != layout.ep:
+            return ("context parallelism beside ep is traced with ep = dp_shard_in_ep × cp ranks (torchtitan's), "
+                    "without tp, under DDP's replication or FSDP2 over exactly the ep ranks")
+    elif layout.ep > 1 and (layout.tp > 1 and fsdp or layout.dp != layout.ep or
                           layout.shard_degree > 1 and layout.shard != "fsdp"):
         return ("expert parallelism is traced over every data-parallel rank (ep equal to dp), beside tensor "
                 "parallel on the (ep, tp) mesh or FSDP2's full sharding, not both, nor DeepSpeed's ZeRO or hybrid "

@@ -11,7 +11,9 @@ step. The mesh is (dp, tp) named ("dp", "tp") and built outside FakeTensorMode; 
 FSDP2, as torchtitan applies them. `settings.batch` is each data-parallel rank's micro-batch (the tp ranks of one
 replica share it). Under context parallelism the mesh is torchtitan's (dp, cp, tp): FSDP2 over the flattened dp × cp
 ranks (its dp_shard_cp), torch's ring attention over the cp submesh (context_parallel.py) on the heads the tp rank
-holds, and the rank runs its S / cp tokens (split again over tp between the blocks under `sp`).
+holds, and the rank runs its S / cp tokens (split again over tp between the blocks under `sp`). Beside ep (ep ==
+dp × cp, without tp) the routed experts split over the same flattened ranks, torchtitan's ep = dp_shard_in_ep × cp;
+under FSDP2 the experts' own unit goes over a size-1 dp_shard_mod_ep dimension in front (its mesh (1, dp, cp, tp)).
 
 Tensor parallel rules. transformers' own plan is read from the model (`tp_plan`: the class's `_tp_plan`, e.g.
 LlamaForCausalLM's lm_head `colwise_gather_output`, the config's `base_model_tp_plan` prefixed with the base model's
@@ -113,8 +115,10 @@ def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1,
     also cut over tp (the (ep, tp) mesh, torchtitan's ExpertTensorParallel). `cp`: the sequence split over cp ranks by
     torch's context_parallel (context_parallel.py), `settings.seq` the whole sequence, the rank running its S / cp
     tokens; beside tp and dp as torchtitan lays them out: a (dp, cp, tp) mesh, the ring over cp on the rank's local
-    heads, FSDP2 over the flattened (dp, cp) ranks (its dp_shard_cp); not beside ep. `load`: under ep, rank 0
-    the busiest, receiving load × its balanced pairs (expert_parallel.py)."""
+    heads, FSDP2 over the flattened (dp, cp) ranks (its dp_shard_cp); beside ep (without tp) the experts split over
+    those same dp × cp ranks (ep == dp × cp: torchtitan's ep = dp_shard_in_ep × cp, its dp_shard_mod_ep 1, the
+    experts' own FSDP2 unit over it). `load`: under ep, rank 0 the busiest, receiving load × its balanced pairs
+    (expert_parallel.py)."""
     layout = check_layout(dp, shard, tp, sp, rank, ep, cp, load)
     with progress.status(f"tracing one training step of {type(module).__name__} on rank {rank} of "
                          f"{layout.describe()} (fake process group, MemTracker)"):
@@ -150,11 +154,12 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, 
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp * tp * cp:
         raise OptionError("{0} must be an integer between 0 and {last} ({ranks} - 1), got {value!r}", "rank",
                           last=dp * tp * cp - 1, ranks=ranks, value=rank)
-    if cp > 1 and ep > 1:
-        raise UnsupportedError(f"context parallel is traced beside data parallel (FSDP2 over dp × cp, as "
-                               f"torchtitan's dp_shard_cp) and tensor parallel (with or without sp), not beside ep; "
-                               f"got cp {cp}, ep {ep}")
-    if ep > 1 and (ep != dp or tp > 1 and shard == "fsdp"):
+    if cp > 1 and ep > 1:  # torchtitan's ep = dp_shard_in_ep × cp (ETP = tp), its dp_shard_mod_ep 1 here
+        if ep != dp * cp or tp > 1:
+            raise UnsupportedError(f"context parallel is traced beside ep over every dp × cp rank (ep == dp × cp: "
+                                   f"torchtitan's dp_shard_in_ep × cp), without tp; got cp {cp}, ep {ep}, dp {dp}, "
+                                   f"tp {tp}")
+    elif ep > 1 and (ep != dp or tp > 1 and shard == "fsdp"):
         raise UnsupportedError(f"expert parallel is traced over every data-parallel rank (ep == dp), beside tensor "
                                f"parallel without FSDP2; got ep {ep}, dp {dp}, tp {tp}, shard {shard}")
     if isinstance(load, bool) or not isinstance(load, (int, float)) or not 1 <= load <= ep:
@@ -194,10 +199,14 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
             # the mesh and its submeshes are made outside FakeTensorMode (their rank tables are real tensors)
             ring_mesh = None
             if layout.cp > 1:  # torchtitan's mesh: (dp, cp, tp); FSDP2 over the flattened (dp, cp), the ring over cp
-                mesh = init_device_mesh("cpu", (layout.dp, layout.cp, layout.tp), mesh_dim_names=("dp", "cp", "tp"))
+                # beside ep (ep == dp × cp: torchtitan's dp_shard_in_ep × cp, its dp_shard_mod_ep 1), the experts
+                # split over the same flattened ranks and, under FSDP2, their own unit over the size-1 dp_shard_mod_ep
+                experts_fsdp = layout.ep > 1 and layout.shard == "fsdp"
+                mesh = init_device_mesh("cpu", (1,) * experts_fsdp + (layout.dp, layout.cp, layout.tp),
+                                        mesh_dim_names=("dp_mod_ep",) * experts_fsdp + ("dp", "cp", "tp"))
                 dp_mesh, tp_mesh, experts_mesh, ring_mesh = (
-                    mesh["dp", "cp"]._flatten("dp_shard_cp") if layout.shard == "fsdp" else mesh["dp"], mesh["tp"],
-                    None, mesh["cp"])
+                    mesh["dp", "cp"]._flatten("dp_shard_cp") if layout.shard == "fsdp" or layout.ep > 1 else
+                    mesh["dp"], mesh["tp"], mesh["dp_mod_ep"] if experts_fsdp else None, mesh["cp"])
             elif layout.ep > 1 and layout.shard == "fsdp":
                 # expert parallel under FSDP2, laid out as torchtitan lays it out: the experts' own FSDP2 unit over
                 # the dp / ep ranks that hold the same experts (one here, ep == dp), a mesh dimension beside the ep one
