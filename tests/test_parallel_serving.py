@@ -172,7 +172,7 @@ def test_cli_text_and_json(capsys):
     (["--tp", "0"], "--tp must be a whole number from 1 to 65,536"),
     (["--pp", "100"], "--pp 100 is more than the model's 80 layers"),
     (["--dp", "2"], "--dp is for --training; serving across GPUs takes --tp and --pp"),
-    (["--ep", "2"], "--ep is for --training"),
+    (["--ep", "2"], "--ep 2: serving's expert-parallel size is vLLM's, TP × DP = --tp 1 here"),
     (["--tp", "2", "--trace"], "--trace measures one device; with --tp or --pp"),
 ])
 def test_bad_layouts_refused_in_one_line(argv, message, capsys):

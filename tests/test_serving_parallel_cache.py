@@ -108,3 +108,74 @@ def test_each_gpu_takes_the_one_device_correction(cache):
     tried = dict((t, peak) for t, peak, _ in estimate.parallel.smallest.tried)
     assert tried[1] == 30_565_208_576 + 455_279_072  # the one-device answer, corrected
     assert estimate.parallel.smallest.tp == 2 and tried[2] == estimate.parallel.smallest.peak
+
+
+# --------------------------------------------------------------------------- expert parallel (vLLM's --enable-expert-parallel)
+
+QWEN_MOE = {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "torch_dtype": "bfloat16",
+            "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+            "intermediate_size": 96, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
+            "num_experts": 6, "num_experts_per_tok": 2, "vocab_size": 128, "max_position_embeddings": 256,
+            "tie_word_embeddings": False}
+
+
+def test_vllm_linear_placement():
+    from paramscope.cost.parallel.serving_experts import expert_ranges
+
+    assert expert_ranges(6, 4) == ((0, 2), (2, 4), (4, 5), (5, 6))  # the first E mod ep ranks one more
+    assert expert_ranges(60, 8)[0] == (0, 8) and expert_ranges(60, 8)[-1] == (53, 60)
+    assert expert_ranges(8, 8) == tuple((r, r + 1) for r in range(8))
+
+
+def test_expert_parallel_weights_are_the_real_experts_sliced_as_placed():
+    """Qwen2-MoE, 6 experts over tp 4 with ep: rank 0 holds experts 0-1 whole; attention, the shared expert and
+    the vocabulary stay tensor parallel. Held against the module's own expert tensors, built on meta and sliced
+    rank by rank as vLLM's linear placement places them."""
+    from paramscope.cost.parallel.serving_experts import expert_ranges
+
+    _, estimate, view = memory_answer(QWEN_MOE, MemoryOptions(seq=64, tp=4, expert_parallel=True), use_cache=False,
+                                      check=False)
+    layout = estimate.parallel.layout
+    device = layout.device
+    module = view.module  # the class built on meta in bf16, as the answer read it
+    assert type(module).__name__ == "Qwen2MoeForCausalLM" and module.model.layers[0].mlp.experts.down_proj.is_meta
+    ranges = expert_ranges(6, 4)
+    sliced = [sum(2 * t[start:stop].numel() for layer in module.model.layers
+                  for t in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj)) for start, stop in ranges]
+    whole = sum(2 * p.numel() for n, p in module.named_parameters() if ".mlp.experts." in n)
+    assert sliced == [2 * 2 * (64 * 64 + 64 * 32) * 2] * 2 + [2 * 1 * (64 * 64 + 64 * 32) * 2] * 2 \
+        == [49_152, 49_152, 24_576, 24_576] and sum(sliced) == whole == 147_456
+    assert device.weights.by_role["moe.experts"] == sliced[0]
+    # the rest per the tensor-parallel rules: q and o / 4, k and v one 16-wide head (2 KV heads replicated past
+    # them), the shared expert / 4 (its one-output gate whole), router and norms whole, vocabulary / 4
+    layer = (64 * 64 // 4 + 64 // 4) + 2 * (16 * 64 + 16) + 64 * 64 // 4 + 3 * 48 // 4 * 64 + 64 + 6 * 64 + 2 * 64
+    rest = 2 * layer + 2 * (128 // 4) * 64 + 64
+    assert rest == 2 * 7_024 + 4_096 + 64 == 18_208
+    assert device.weights.bytes == sliced[0] + 2 * rest == 49_152 + 36_416 == 85_568
+    assert device.kv_cache.bytes == 2 * 64 * 2 * 1 * 16 * 2 == 8_192  # 2 layers × 64 tokens × K, V × 1 head × 16
+    assert layout.ep == 4 and layout.words() == "tp 4 with ep 4 = 4 GPUs"
+    assert layout.rules["moe.experts"] == ("expert parallel: whole experts, 6 / ep 4 = 2 on the first 2 ranks, 1 on "
+                                           "the rest (rank 0: 2) (vLLM's linear placement)")
+    assert any("rank 0 holds experts 0–1" in n for n in estimate.notes)
+    tp_only = memory_answer(QWEN_MOE, MemoryOptions(seq=64, tp=4), use_cache=False, check=False)[1]
+    assert tp_only.parallel.layout.device.weights.by_role["moe.experts"] == whole // 4 == 36_864  # widths / 4
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tp", "4", "--ep", "2"], "--ep 2: serving's expert-parallel size is vLLM's, TP × DP = --tp 4 here"),
+    (["--ep"], "--ep splits the routed experts over the tensor-parallel ranks"),
+    (["--training", "--ep"], "--ep takes a degree E with --training"),
+])
+def test_expert_parallel_flags_refused_in_one_line(argv, message, capsys):
+    from paramscope.cli import main
+
+    assert main(["memory", "qwen1.5-moe-a2.7b", *argv]) != 0
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_dense_model_has_no_experts_to_split():
+    from paramscope.errors import OptionError
+
+    with pytest.raises(OptionError, match="has none"):
+        memory_answer("llama-3-8b", MemoryOptions(seq=64, tp=2, expert_parallel=True), check=False)

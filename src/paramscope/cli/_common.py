@@ -144,7 +144,8 @@ def add_layout_options(parser: argparse.ArgumentParser, title: str, helps: dict[
     group.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), help=helps["schedule"])
     group.add_argument("--virtual-stages", type=int, default=1, metavar="V", help=helps["virtual-stages"])
     group.add_argument("--cp", type=int, default=1, metavar="C", help=helps["cp"])
-    group.add_argument("--ep", type=int, default=1, metavar="E", help=helps["ep"])
+    # a bare --ep (0) is serving's: vLLM's --enable-expert-parallel, its size the tensor-parallel group's
+    group.add_argument("--ep", type=int, nargs="?", const=0, default=1, metavar="E", help=helps["ep"])
     return group
 
 

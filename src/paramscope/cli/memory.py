@@ -105,7 +105,8 @@ def add_parser(subparsers: Any) -> None:
               "stage's own layers' KV cache)",
         "schedule": "pipeline schedule (default 1f1b; interleaved with --virtual-stages)",
         "cp": "context parallel degree: each rank holds S / C tokens (ring attention)",
-        "ep": "expert parallel degree: routed experts split over E of the data-parallel ranks"})
+        "ep": "expert parallel degree: routed experts split over E of the data-parallel ranks; serving: --tp T "
+              "--ep (E = T, vLLM's --enable-expert-parallel): whole experts split over the T ranks"})
     layout.add_argument("--shard-group", type=int, metavar="G",
                         help="--zero hybrid_shard: ranks a shard group holds (default 8, one node)")
     layout.add_argument("--expert-load", type=float, metavar="F",
@@ -162,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
                             kv_layout=args.kv_layout, group_size=args.group_size, encoder_seq=args.encoder_seq,
                             gpu=args.gpu, budget=checked_size("--budget", args.budget), reserve=reserve,
                             trace=bool(args.trace), imatrix=bool(args.imatrix),
-                            **({} if args.training else {"tp": args.tp, "pp": args.pp, "media": _media(args)}))
+                            **({} if args.training else {"tp": args.tp, "pp": args.pp, "media": _media(args),
+                                                         "expert_parallel": _serving_ep(args)}))
     options.check()
     if args.dtype is not None:
         from ..cost.memory.quantization import weight_format
@@ -177,6 +179,9 @@ def run(args: argparse.Namespace) -> int:
         if args.dtype or args.kv_dtype or args.group_size or args.encoder_seq or args.kv_layout != "hf":
             raise OptionError("--dtype, --kv-dtype, --kv-layout, --group-size and --encoder-seq are for "
                                   "serving; training takes --precision")
+        if args.ep == 0:
+            raise OptionError("--ep takes a degree E with --training (routed experts split over E data-parallel "
+                              "ranks); a bare --ep is serving's (vLLM's --enable-expert-parallel)")
         layout = _layout(args)
         training = TrainingOptions(batch=args.batch, seq=args.seq, optimizer=args.optimizer,
                                    precision=args.precision, grad_checkpointing=args.grad_checkpointing,
@@ -204,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
                                      ("--grad-checkpointing", args.grad_checkpointing, "none"),
                                      ("--devices", args.devices, None), ("--zero", args.zero, "0"),
                                      ("--attention", args.attention, None), ("--dp", args.dp, None),
-                                     ("--ep", args.ep, 1), ("--sp", args.sp, False),
+                                     ("--sp", args.sp, False),
                                      ("--micro-batches", args.micro_batches, None),
                                      ("--schedule", args.schedule, None), ("--virtual-stages", args.virtual_stages, 1),
                                      ("--cp", args.cp, 1), ("--shard-group", args.shard_group, None),
@@ -288,6 +293,17 @@ def _find_layout(args: argparse.Namespace) -> int:
         record_after_build(report, source, model_class=args.model_class, task=args.task, num_labels=args.num_labels,
                            module=view.module, build_dtype=weight_dtype(args.precision), debug=args.debug)
     return 0
+
+
+def _serving_ep(args: argparse.Namespace) -> bool:
+    """--ep when serving: vLLM's --enable-expert-parallel, whose size is TP × DP (one replica here: T); a bare --ep
+    or --ep T."""
+    from ..errors import OptionError
+
+    if args.ep not in (0, 1, args.tp):
+        raise OptionError(f"--ep {args.ep}: serving's expert-parallel size is vLLM's, TP × DP = --tp {args.tp} here "
+                          f"(one replica): give --ep alone or --ep {args.tp}")
+    return args.ep != 1
 
 
 _LAYOUT_FLAGS = ("--devices", "--zero", "--dp", "--ep", "--sp", "--micro-batches", "--schedule", "--virtual-stages",

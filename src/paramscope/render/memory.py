@@ -779,7 +779,7 @@ def _serving_layout_to_dict(estimate) -> dict[str, Any] | None:
                                                                "arithmetic": s.workspace.arithmetic},
                 "correction": s.correction, "peak": s.peak}
 
-    return {"devices": layout.devices, "tp": layout.tp, "pp": layout.pp, "words": layout.words(),
+    return {"devices": layout.devices, "tp": layout.tp, "pp": layout.pp, "ep": layout.ep, "words": layout.words(),
             "kv_heads": layout.kv_heads, "workspace_from": layout.workspace_from, "pipeline": layout.pipeline or None,
             "rules": dict(layout.rules), "device": stage(layout.device),
             "stages": [stage(s) for s in layout.stages]}

@@ -46,6 +46,7 @@ class MemoryOptions:
     trace: bool = False  # also measure generate()'s prefill and one decode step on fake tensors
     tp: int = 1  # serving across GPUs (parallel/serving.py): tensor-parallel degree
     pp: int = 1  # pipeline stages
+    expert_parallel: bool = False  # vLLM's --enable-expert-parallel: routed experts split whole over the tp ranks
     imatrix: bool = False  # a llama.cpp mixture quantised with an importance matrix (llama_cpp_mixture.py)
     # images beside the text (towers.MediaInput): the language model's KV cache and prefill over the text and image
     # tokens, and the vision tower's own forward peak before the prefill; None: a text input
@@ -56,6 +57,9 @@ class MemoryOptions:
 
         check_batch_and_seq(self.batch, self.seq)
         check_degrees(self.tp, self.pp)
+        if self.expert_parallel and self.tp < 2:
+            raise OptionError("{0} splits the routed experts over the tensor-parallel ranks (vLLM: EP size = TP × "
+                              "DP, one replica here): give {1} 2 or more", "ep", "tp")
         if self.trace and self.tp * self.pp > 1:
             raise OptionError("{0} measures one device; with {1} or {2} each GPU's figures are the analytic "
                               "engine's", "trace", "tp", "pp")
@@ -248,13 +252,15 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         missed = per_gpu_correction(one_device - analytic_peak if engine == "traced" else 0, options.batch, seq,
                                     whole=trace)
         if options.tp * options.pp > 1:
-            layout, peak_at = serving_layout(inputs, options.tp, options.pp, options.batch, seq, missed=missed)
+            layout, peak_at = serving_layout(inputs, options.tp, options.pp, options.batch, seq, missed=missed,
+                                             ep=options.tp if options.expert_parallel else 1)
             peak, engine = layout.peak, "analytic"
             notes.extend(layout.notes)
             settings["layout"] = {"devices": layout.devices, "tp": layout.tp, "pp": layout.pp,
-                                  "words": layout.words()}
+                                  "words": layout.words(), **({"ep": layout.ep} if layout.ep > 1 else {})}
         smallest = smallest_tp(inputs, accelerator, options.reserve, pp=options.pp, batch=options.batch, seq=seq,
-                               one_device_peak=one_device, missed=missed) if accelerator is not None else None
+                               one_device_peak=one_device, missed=missed,
+                               expert_parallel=options.expert_parallel) if accelerator is not None else None
         parallel = ServingParallel(layout, smallest)
     longest = max_context(text)
     settings["max_context"] = longest

@@ -71,6 +71,7 @@ class ServingLayout:
     workspace_from: str
     notes: tuple[str, ...] = field(default=())
     correction: "PerGpuCorrection | None" = None
+    ep: int = 1  # expert parallel (vLLM's --enable-expert-parallel): the routed experts split whole over ep = tp
 
     def __post_init__(self) -> None:
         freeze_fields(self, "rules")
@@ -88,7 +89,8 @@ class ServingLayout:
         return self.device.peak
 
     def words(self) -> str:
-        parts = [f"tp {self.tp}"] + ([f"pp {self.pp}"] if self.pp > 1 else [])
+        parts = [f"tp {self.tp}" + (f" with ep {self.ep}" if self.ep > 1 else "")] + \
+            ([f"pp {self.pp}"] if self.pp > 1 else [])
         return " × ".join(parts) + f" = {self.devices:,} GPU{'s' if self.devices > 1 else ''}"
 
 
@@ -169,11 +171,12 @@ def check_degrees(tp: int, pp: int) -> ParallelLayout:
 
 
 def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int,
-                   split: tuple[int, ...] | None = None, *,
-                   missed: PerGpuCorrection | None = None) -> tuple[ServingLayout, Callable[[int, int], int]]:
+                   split: tuple[int, ...] | None = None, *, missed: PerGpuCorrection | None = None,
+                   ep: int = 1) -> tuple[ServingLayout, Callable[[int, int], int]]:
     """(each GPU's figures at `batch` × `seq`, the per-GPU peak at another batch and context). `split`: each
     stage's layer count, in order, where a server's own rule places them (vLLM's get_pp_indices); None: the
-    training layouts' split (pipeline.stages). `missed`: the one-device answer's correction, added to each GPU."""
+    training layouts' split (pipeline.stages). `missed`: the one-device answer's correction, added to each GPU.
+    `ep`: 1, or tp (vLLM's expert parallelism: serving_experts.py)."""
     from ...count import ParameterInfo
     from ..dims import text_config
     from ..memory.prefill import prefill_workspace
@@ -184,11 +187,21 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
     layout = check_degrees(tp, pp)
     report, view = inputs.report, inputs.view
     placements = placements_for(report, view, layout)
+    experts_words = None
+    notes: list[str] = []
+    if ep > 1:
+        from .serving_experts import expert_parallel, notes as expert_notes, rule_words
+
+        if ep != tp:
+            raise OptionError("{0} {ep}: vLLM's expert-parallel size is TP × DP, here {tp} (one replica)", "ep",
+                              ep=ep, tp=tp)
+        placements, experts, held_experts = expert_parallel(placements, ep, view.class_name)
+        experts_words = rule_words(experts, ep)
+        notes.extend(expert_notes(experts, ep, tp, held_experts))
     by_name = {p.name: p for p in placements}
     text = text_config(view.config)
     local = [ParameterInfo(p.name, by_name[p.name].local_shape, by_name[p.name].local_numel, p.trainable, p.role,
-                           p.dtype) for p in report.params]
-    notes: list[str] = []
+                           p.dtype) for p in report.params if by_name[p.name].local_numel or not p.numel]
     if pp > 1:
         stack, count = layer_stack_of([p.name for p in report.params])
         if pp > count:
@@ -257,7 +270,7 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
     if tp > 1:
         notes.append(f"tensor parallel {tp}: each GPU holds rank 0's shards (the largest where a cut is uneven); "
                      "routed experts are cut by their widths as their dense twins (vLLM's default, without expert "
-                     "parallelism)" if any(p.role == "moe.experts" for p in placements) else
+                     "parallelism)" if ep == 1 and any(p.role == "moe.experts" for p in placements) else
                      f"tensor parallel {tp}: each GPU holds rank 0's shards (the largest where a cut is uneven)")
         if inputs.fmt.quantized:
             notes.append(f"{inputs.fmt.key}: a quantised weight's shard is the format applied to the rank's slice "
@@ -269,18 +282,23 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
     if missed is not None:
         notes.append(missed.words())
     layout_words = _kv_heads_words(text, inputs.cache, tp)
-    result = ServingLayout(tp, pp, tuple(rows), rules_in_words(placements, layout), layout_words,
+    rules = rules_in_words(placements, layout)
+    if experts_words is not None:
+        rules["moe.experts"] = experts_words
+    result = ServingLayout(tp, pp, tuple(rows), rules, layout_words,
                            split_words(layout, count) if pp > 1 else "", _workspace_words(text, tp),
-                           tuple(notes), missed)
+                           tuple(notes), missed, ep)
     return result, peak_at
 
 
 def smallest_tp(inputs: ServingInputs, accelerator: Any, reserve: int, *, pp: int, batch: int, seq: int,
-                one_device_peak: int | None = None, missed: PerGpuCorrection | None = None) -> TensorParallelSearch:
+                one_device_peak: int | None = None, missed: PerGpuCorrection | None = None,
+                expert_parallel: bool = False) -> TensorParallelSearch:
     """The smallest tensor-parallel degree whose GPUs each fit `accelerator` (peak + reserve within its memory) at
     `batch` × `seq`, under `pp` pipeline stages; the degrees tried, each with its peak or why it was refused.
     `one_device_peak`: the one-device answer (tp 1, pp 1), which may be the traced engine's, whose correction
-    (`missed`) each other degree's GPUs take."""
+    (`missed`) each other degree's GPUs take. `expert_parallel`: each degree T > 1 splits the routed experts over
+    its T ranks (vLLM's --enable-expert-parallel)."""
     from ..dims import dim, text_config
 
     heads = dim(text_config(inputs.view.config), "heads")
@@ -295,7 +313,8 @@ def smallest_tp(inputs: ServingInputs, accelerator: Any, reserve: int, *, pp: in
             if t == 1 and pp == 1 and one_device_peak is not None:
                 peak = one_device_peak
             else:
-                peak = serving_layout(inputs, t, pp, batch, seq, missed=missed)[0].peak
+                peak = serving_layout(inputs, t, pp, batch, seq, missed=missed,
+                                      ep=t if expert_parallel and t > 1 else 1)[0].peak
         except ParamscopeError as error:
             tried.append((t, None, str(error)))
             continue
