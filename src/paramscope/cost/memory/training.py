@@ -29,6 +29,7 @@ from ..hardware import Accelerator, find_accelerator
 from ..model_view import towers_not_run
 from ..traced.media_step import FAMILIES as CROSS_ATTENTION_FAMILIES
 from ..traced.step import ATTENTION, StepSettings, TORCH_OPTIMIZERS, TracedStep, trace_training
+from .expert_offsets import expert_offsets
 from .fits import fit_on, fit_table
 from .phases import PhaseFigure, cast_weights, moment_phases
 from .quantization import weight_format
@@ -343,14 +344,17 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     if derived is not None:
         figures = derived.recipe.peaks(options.batch, seq)
         how = "depth-extended trace" if extended else "derived"
-        step_end = resident + gradients + step_bytes
+        # what the traced step still holds at its optimizer step: the MoE layers' expert offsets
+        offsets, offsets_text = expert_offsets(report.params, precision, own, config=view.config)
+        step_end = resident + gradients + step_bytes + offsets
         phases = (
             PhaseFigure("forward", resident + figures.forward, how, derived.recipe.words("forward", options.batch, seq), 0,
                         figures.forward),
             PhaseFigure("backward", resident + figures.backward, how, derived.recipe.words("backward", options.batch, seq),
                         figures.gradients_at_backward_peak, figures.backward - figures.gradients_at_backward_peak),
-            PhaseFigure("optimizer step", step_end, "optimizer step", f"gradients {gradients:,}; {step_text}",
-                        gradients),
+            PhaseFigure("optimizer step", step_end, "optimizer step",
+                        f"gradients {gradients:,}; {step_text}" + (f"; held past the backward: {offsets_text}"
+                                                                  if offsets else ""), gradients),
         )
         activations = Workspace(figures.end_of_forward, derived.recipe.words("end of forward", options.batch, seq),
                                 4 * options.batch * seq * (config_int(text, "vocab_size") or 0))
@@ -358,9 +362,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
             layers = len(derived.recipe.layer_types)
             notes.append(f"traced, depth-extended: {derived.recipe.traced}; {derived.recipe.check}; extended to "
                          f"the model's {layers:,} layers exactly, allocation by allocation (--trace full traces "
-                         "every layer); the optimizer step's moment is counted (gradients and the step's "
-                         "temporaries), where a full trace also sees the few bytes a layer keeps referenced past "
-                         "the backward (a MoE layer's 4 B per expert)")
+                         "every layer); the optimizer step's moment is counted (gradients, the step's temporaries "
+                         "and what a layer keeps referenced past the backward: a MoE layer's 4 B per expert)")
         else:
             notes.extend(derived.notes())
         source_label = "traced (depth-extended)" if extended else "derived"

@@ -21,6 +21,7 @@ import dataclasses
 from typing import Any, Callable
 
 from ...errors import ParamscopeError, UnsupportedError
+from ..memory.expert_offsets import expert_offsets
 from ..memory.phases import PhaseFigure, moment_phases
 from .device import DeviceMemory, StepContext, NEEDS_BUILD
 from .device_parts import (
@@ -282,24 +283,17 @@ def held_at_step(ctx: StepContext, placements: tuple[Placement, ...], batch: int
       or under ep without FSDP2 the replicated rest): from_local aliases them, so MemTracker tracks them from the
       embedding on, and the batch stays referenced to the step's end (one device's ids, made before the tracker,
       are not seen; nor under FSDP2 or cp alone, where the embedding reads them as they are);
-    - each MoE layer's expert offsets, int32, one per expert the rank holds: transformers' grouped-mm fallback (the
-      experts' path for weights that are not bf16) keeps them as its autograd node's attribute (ctx.offs), not a
-      saved tensor, so the backward does not free them."""
+    - each MoE layer's expert offsets, int32, one per expert the rank holds (memory/expert_offsets.py, one device's
+      rule too)."""
     layout = ctx.layout
     parts = []
     if layout.tp > 1 or layout.ep > 1 and not fsdp_sharded(layout):
         ids = 8 * batch * (length // layout.cp)
         parts.append((ids, f"the token ids 8·B·S{' / cp' if layout.cp > 1 else ''} = {ids:,} B (the rank's "
                            "DTensor input aliases them)"))
-    if ctx.precision != "bf16-pure":
-        experts = {p.name.rsplit(".", 1)[0]: p.local_shape[0] for p in placements
-                   if p.role == "moe.experts" and len(p.local_shape) == 3}
-        if experts:
-            per_layer = set(experts.values())
-            offsets = 4 * sum(experts.values())
-            parts.append((offsets, f"each MoE layer's expert offsets, {len(experts)} × "
-                                   f"{'/'.join(str(n) for n in sorted(per_layer))} experts × 4 B = {offsets:,} B "
-                                   "(transformers' grouped-mm fallback keeps them on its autograd node)"))
+    offsets = expert_offsets(placements, ctx.precision, ctx.own, config=ctx.view.config, local=True)
+    if offsets[0]:
+        parts.append(offsets)
     if not parts:
         return 0, ""
     return sum(b for b, _ in parts), "; held from the step before: " + ", ".join(w for _, w in parts)
@@ -423,6 +417,11 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
     full_resident = states.weights.bytes + states.optimizer.bytes + states.master_weights.bytes
     dev = device_states_of(ctx, placements)
     comm = fsdp_buffers(ctx, placements)
+    # under ep the optimizer step holds the rank's own (held_at_step: its E / ep experts' offsets, and the token ids
+    # where its replicated rest is a DTensor module), not one device's offsets, which the derived and traced
+    # one-device steps count (memory/expert_offsets.py) and the analytic one does not
+    one_device = 0 if ctx.source_label.startswith("analytic") else \
+        expert_offsets(ctx.report.params, ctx.precision, ctx.own, config=ctx.view.config)[0]
 
     def shifted(figures: tuple[PhaseFigure, ...], batch: int = ctx.batch,
                 length: int = ctx.seq) -> tuple[PhaseFigure, ...]:
@@ -431,6 +430,10 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
             grads = -(-p.gradients * dev.gradients // states.gradients.bytes) if states.gradients.bytes else 0
             moved = dataclasses.replace(p, bytes=p.bytes - full_resident + dev.weights + dev.optimizer +
                                         dev.master_weights - p.gradients + grads, gradients=grads)
+            if ctx.layout.ep > 1 and p.phase == "optimizer step":
+                held, held_text = held_at_step(ctx, placements, batch, length)
+                moved = dataclasses.replace(moved, bytes=moved.bytes - one_device + held, arithmetic=(
+                    moved.arithmetic.split("; held past the backward: ")[0] + held_text))
             out.append(with_buffers(moved, comm + expert_dispatch(ctx, placements, batch, length)))
         return tuple(out) + fsdp_backward_moments(ctx, placements, batch, length)
 
