@@ -136,8 +136,6 @@ def test_a_load_out_of_range_is_refused_in_one_line(layout, why):
     (dict(dp=2, ep=2, cp=2, expert_load=1.5), True, "FSDP2 over the ep ranks without tp\\), tensor parallel and"),
     (dict(dp=2, ep=2, shard="zero3", expert_load=1.5), True, "beside data parallel \\(ZeRO 0-2, or FSDP2 over"),
     (dict(dp=2, ep=2, shard="hsdp", shard_group=2, expert_load=1.5), True, "FSDP2 over the ep ranks"),
-    (dict(dp=4, ep=2, shard="fsdp", expert_load=1.5), True, "also shard each expert over the dp / ep = 2 ranks "
-                                                              "holding it, a mesh dimension not traced: take dp = ep = 2"),
     (dict(dp=2, ep=2, expert_load=2), False, "expert load 2: GPT2LMHeadModel has no routed experts"),
 ])
 def test_a_load_the_derivation_does_not_take_is_refused_in_one_line(layout, experts, why):

@@ -1,6 +1,6 @@
 """--find-layout --expert-load F: every ep > 1 layout is its busiest rank's (ParallelLayout.expert_load), answered as
 `memory --expert-load F` answers it (its peak to the byte) and timed by the busiest rank's FLOPs; what memory refuses
-under a load (FSDP2 beside tp, FSDP2 over more ranks than ep, cp beside ep) named with memory's reason; the load is
+under a load (FSDP2 beside tp, cp beside ep) named with memory's reason; the load is
 in the derivation's key. One small cut (the 5-layer Mixtral), 4 devices, one derivation."""
 
 from __future__ import annotations
@@ -21,10 +21,13 @@ def test_the_load_is_in_the_derivation_key_and_refused_layouts_have_none():
         return derivation_key(layout_for(zero="fsdp", batch=4 // degrees["dp"], expert_load=load, **degrees), 4, 4)
 
     loaded, balanced = key(1.5, dp=4, ep=4), key(1, dp=4, ep=4)
-    assert loaded != key(2, dp=4, ep=4) and balanced is None  # balanced ep beside FSDP2 alone: one device's step
+    assert loaded != key(2, dp=4, ep=4) and loaded != balanced is not None  # FSDP2's rank is derived, balanced too
     assert derivation_words(loaded) == "ep 4, FSDP2, the busiest rank at 1.5× its share, batch 2 and up"
+    # FSDP2 over more ranks than ep (torchtitan's (dp / ep, ep) mesh): each degree a derivation of its own
+    assert derivation_words(key(1.5, dp=4, ep=2)) == \
+        "ep 2, FSDP2 over 4, the busiest rank at 1.5× its share, batch 2 and up"
     # memory refuses these under a load, so the search spends no derivation and names memory's reason
-    assert key(1.5, dp=4, ep=2) is key(1.5, dp=2, ep=2, tp=2) is key(1.5, dp=2, cp=2, ep=2) is None
+    assert key(1.5, dp=2, ep=2, tp=2) is key(1.5, dp=2, cp=2, ep=2) is None
     # the pipeline replays the busiest (ep, tp) rank's recipe: its own key beside the balanced one
     assert key(1.5, dp=2, ep=2, tp=2, pp=2) != key(1, dp=2, ep=2, tp=2, pp=2)
 
@@ -53,7 +56,7 @@ def test_the_search_answers_each_ep_layout_as_its_busiest_rank(cache, tmp_path, 
 
     assert row.flops == hardware(row.layout) > hardware(layout_for(dp=4, zero="fsdp", ep=4, batch=1))
     reasons = {(s.dp, s.tp, s.ep): s.reason for s in search.skipped if s.ep > 1}
-    for (dp, tp, ep), why in (((4, 1, 2), "take dp = ep = 2"), ((2, 2, 2), "got dp 2 (FSDP2) × tp 2")):
+    for (dp, tp, ep), why in (((2, 2, 2), "got dp 2 (FSDP2) × tp 2"),):
         layout = layout_for(dp=dp, zero="fsdp", tp=tp, sp=tp > 1, ep=ep, batch=4 // dp, expert_load=1.5)
         with pytest.raises(ParamscopeError) as refusal:
             training_answer(str(path), TrainingOptions(batch=4 // dp, seq=SEQ, layout=layout, fits=False))

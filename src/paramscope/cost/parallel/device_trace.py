@@ -36,8 +36,9 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
                             attention=ctx.attention, frozen=ctx.frozen, weights_dtype=ctx.weights_dtype,
                             own_dtype=ctx.own)
     # beside cp, the ep ranks are dp_shard_in_ep × cp (torchtitan's): the trace's dp is ep / cp
-    traced = trace_parallel_training(ctx.view.module, settings, dp=layout.ep // layout.cp if layout.ep > 1 else
-                                     layout.shard_degree // layout.cp if fsdp else 1, shard="fsdp" if fsdp else "none",
+    # under FSDP2 beside ep, torchtitan's (dp / ep, ep) mesh: the trace's dp is the shard degree (/ cp)
+    traced = trace_parallel_training(ctx.view.module, settings, dp=layout.shard_degree // layout.cp if fsdp else
+                                     layout.ep // layout.cp if layout.ep > 1 else 1, shard="fsdp" if fsdp else "none",
                                      tp=layout.tp, sp=layout.sp, ep=layout.ep, cp=layout.cp,
                                      load=layout.expert_load)
     top = traced.peak

@@ -132,10 +132,9 @@ def _closed_form_beside(ctx: StepContext, placements: tuple[Placement, ...], rul
 def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bool:
     """Whether the layout asks an uneven expert load (--expert-load F > 1 under --ep), refusing in one line what the
     busiest rank's derivation does not take: a class without routed experts, context parallel beside it, tensor
-    parallel beside FSDP2 (ep beside tp is traced without FSDP2), DeepSpeed's ZeRO-3 (not traced), FSDP2 other than over exactly the ep ranks (torchtitan's composition, traced
-    with ep == dp: the experts' own FSDP2 unit over the dp / ep = 1 ranks holding the same experts; more ranks
-    than ep would shard the experts further, over a mesh dimension the trace does not lay out), hybrid sharding,
-    no derivation asked."""
+    parallel beside FSDP2 (ep beside tp is traced without FSDP2), DeepSpeed's ZeRO-3 (not traced), hybrid sharding,
+    no derivation asked. FSDP2 over dp ranks is torchtitan's composition: the experts split over ep ranks, their own
+    FSDP2 unit over the dp / ep ranks holding the same experts (its dp_shard_mod_ep), the rest over dp."""
     layout = ctx.layout
     if layout.expert_load == 1 or layout.ep == 1:
         return False
@@ -143,12 +142,6 @@ def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bo
     if not any(p.experts_split for p in placements):
         raise UnsupportedError("expert load {load}: {cls} has no routed experts for the ep ranks to share",
                                load=load, cls=ctx.view.class_name)
-    if layout.shard == "fsdp" and layout.dp != layout.ep and layout.tp == layout.cp == 1 and ctx.derive:
-        raise UnsupportedError("expert load {load} under FSDP2: the busiest rank is traced with FSDP2 over exactly "
-                               "the ep ranks (dp {ep}, torchtitan's composition with each expert held by one rank); "
-                               "over dp {dp} FSDP2 would also shard each expert over the dp / ep = {more} ranks "
-                               "holding it, a mesh dimension not traced: take dp = ep = {ep}", load=load, ep=layout.ep,
-                               dp=layout.dp, more=layout.dp // layout.ep)
     if layout.tp > 1 and layout.shard == "fsdp" or layout.cp > 1 or layout.zero_stage == 3 and \
             layout.shard != "fsdp" or not ctx.derive:
         raise UnsupportedError("expert load {load}: the busiest expert-parallel rank is derived from traces with "
@@ -177,7 +170,7 @@ def _balanced_beside(ctx: StepContext, placements: tuple[Placement, ...], rules:
             f"{closed.peak:,} B; the busiest rank's {ctx.layout.expert_load:g}× share adds {more:,} B "
             f"({100 * more / closed.peak:+.3f}%)" + (" (under FSDP2 that balanced figure is the closed form, not a "
                                                      "trace: 0.56% under the traced balanced rank at Mixtral-8x7B's "
-                                                     "size, dp 8; --expert-load 1 --trace measures it)" if fsdp else ""))
+                                                     "size, dp 8; --expert-load 1 derives it)" if fsdp else ""))
 
 
 def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
@@ -199,16 +192,18 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     # beside ep (routed experts to cut) the experts over ep = dp_shard_in_ep × cp ranks, torchtitan's: dp = ep / cp
     # in the trace (under FSDP2 the shard degree is ep, check_context_parallel), the dp replicas beyond it alike
     # an expert-parallel rank under an uneven load: (dp, shard, tp, sp, rank, ep, cp, load) with dp == ep, rank 0
-    # the busiest (traced/expert_parallel.py); the data-parallel ranks beyond ep run the same step
+    # the busiest (traced/expert_parallel.py); the data-parallel ranks beyond ep run the same step; under FSDP2
+    # dp is the shard degree, torchtitan's (dp / ep, ep, tp) mesh: the experts' own unit over the dp / ep ranks
     # a balanced expert-parallel rank beside tp: (ep, "none", tp, sp, 0, ep), the key derived_pipeline_device's
-    # stages replay (a load of 1 keeps it)
+    # stages replay (a load of 1 keeps it); under FSDP2 (dp, "fsdp", tp, sp, 0, ep)
+    experts_dp = layout.shard_degree if fsdp else layout.ep
     loaded = layout.ep > 1 and layout.expert_load != 1
     ring_ep = layout.ep if layout.cp > 1 and any(p.experts_split for p in placements) else 1
     traced = ((layout.shard_degree // layout.cp if fsdp else max(1, ring_ep // layout.cp), "fsdp" if fsdp else "none",
                layout.tp, layout.sp, 0, ring_ep, layout.cp) if layout.cp > 1 else
-              (layout.ep, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0, layout.ep, 1, layout.expert_load)
+              (experts_dp, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0, layout.ep, 1, layout.expert_load)
               if loaded else
-              (layout.ep, "none", layout.tp, layout.sp, 0, layout.ep) if layout.ep > 1 else
+              (experts_dp, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0, layout.ep) if layout.ep > 1 else
               (layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp))
     settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
                             grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
@@ -244,7 +239,10 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         phases = phases[:index] + (dataclasses.replace(phase, arithmetic=f"{phase.bytes - resident:,} ("  # its value
             + step.recipe.words(where, ctx.batch, ctx.seq) + ")"),) + phases[index + 1:]
     applied = (f"torchtitan's ExpertParallel over ep {layout.ep}{' under FSDP2' if fsdp else ''}"
-               f"{' beside DTensor tensor parallel' if layout.tp > 1 else ''}"
+               + (f" over dp {layout.shard_degree} (the experts' own unit over the dp / ep = "
+                  f"{layout.shard_degree // layout.ep} ranks holding them)" if fsdp and layout.shard_degree > layout.ep
+                  else "")
+               + f"{' beside DTensor tensor parallel' if layout.tp > 1 else ''}"
                f"{' with sequence parallel' if layout.sp else ''}{', rank 0 the busiest' if loaded else ''}"
                if layout.ep > 1 and layout.cp == 1 else " and ".join(
         ([f"FSDP2{' over dp × cp = ' + str(layout.shard_degree) + ' ranks' if layout.cp > 1 else ''}"] if fsdp
@@ -302,13 +300,18 @@ def held_at_step(ctx: StepContext, placements: tuple[Placement, ...], batch: int
 def _sharded_rank_derived(ctx: StepContext, placements: tuple[Placement, ...]) -> bool:
     """No context parallel: FSDP2's rank is derived for every class (its in-backward buffers are in no closed form),
     a tensor-parallel rank for the classes without the closed form on a rank's shard. Under expert parallel (balanced
-    routing), the rank of the (ep, tp) mesh beside tp without FSDP2 (torchtitan's ExpertTensorParallel: each rank's
-    E/ep experts also cut over tp; the key the pipeline's stages and the loaded rank trace), where the class has
-    routed experts; ep beside data parallel alone stays one device's step and its dispatch (_data_parallel_device)."""
+    routing), where the class has routed experts: the rank of the (ep, tp) mesh beside tp without FSDP2
+    (torchtitan's ExpertTensorParallel: each rank's E/ep experts also cut over tp; the key the pipeline's stages and
+    the loaded rank trace), and FSDP2's rank over dp ranks ep divides (torchtitan's (dp / ep, ep) mesh, the experts'
+    own unit over dp / ep); ep beside DDP or ZeRO 1-2 alone stays one device's step and its dispatch
+    (_data_parallel_device)."""
     layout = ctx.layout
     if layout.ep > 1:
-        return layout.tp > 1 and not fsdp_sharded(layout) and layout.zero_stage != 3 and \
-            any(p.experts_split for p in placements)
+        if not any(p.experts_split for p in placements):
+            return False
+        if layout.shard == "fsdp" and fsdp_sharded(layout):
+            return layout.tp == 1
+        return layout.tp > 1 and not fsdp_sharded(layout) and layout.zero_stage != 3
     return fsdp_sharded(layout) or layout.tp > 1 and local_recipe_missing(ctx)
 
 

@@ -32,11 +32,11 @@ def untraced_by_layout(layout: ParallelLayout) -> str | None:
                 layout.shard == "fsdp" and layout.shard_degree != layout.ep:
             return ("context parallelism beside ep is traced with ep = dp_shard_in_ep × cp ranks (torchtitan's), "
                     "without tp, under DDP's replication or FSDP2 over exactly the ep ranks")
-    elif layout.ep > 1 and (layout.tp > 1 and fsdp or layout.dp != layout.ep or
-                          layout.shard_degree > 1 and layout.shard != "fsdp"):
-        return ("expert parallelism is traced over every data-parallel rank (ep equal to dp), beside tensor "
-                "parallel on the (ep, tp) mesh or FSDP2's full sharding, not both, nor DeepSpeed's ZeRO or hybrid "
-                "sharding")
+    elif layout.ep > 1 and (layout.tp > 1 and fsdp or layout.dp != layout.ep and layout.shard != "fsdp" or
+                            layout.shard_degree > 1 and layout.shard != "fsdp"):
+        return ("expert parallelism is traced over every data-parallel rank (ep equal to dp) or under FSDP2's full "
+                "sharding over dp ranks ep divides (torchtitan's (dp / ep, ep) mesh), beside tensor parallel on the "
+                "(ep, tp) mesh or FSDP2, not both, nor DeepSpeed's ZeRO or hybrid sharding")
     if layout.shard in ("zero1", "zero2", "zero3"):
         return "DeepSpeed's ZeRO is not traced (no DeepSpeed here); FSDP2 (zero fsdp) is"
     return None

@@ -99,7 +99,10 @@ class Layout:
             parts.append(f"tp {self.tp}" + (" with sequence parallel" if self.sp else ""))
         if self.cp > 1:
             parts.append(f"cp {self.cp}")
-        return " × ".join(parts) + (f", ep {self.ep} over the dp ranks" if self.ep > 1 else "") + (
+        experts = (f", ep {self.ep} over the dp ranks" if self.ep == self.dp * self.cp else
+                   f", ep {self.ep} over each {self.ep} dp ranks, the dp / ep = {self.dp // self.ep} holding the same "
+                   "experts sharding them (FSDP2)")
+        return " × ".join(parts) + (experts if self.ep > 1 else "") + (
             f", rank 0 receiving {self.load:g}× its balanced token-expert pairs" if self.load != 1 else "")
 
 
@@ -159,9 +162,10 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, 
             raise UnsupportedError(f"context parallel is traced beside ep over every dp × cp rank (ep == dp × cp: "
                                    f"torchtitan's dp_shard_in_ep × cp), without tp; got cp {cp}, ep {ep}, dp {dp}, "
                                    f"tp {tp}")
-    elif ep > 1 and (ep != dp or tp > 1 and shard == "fsdp"):
-        raise UnsupportedError(f"expert parallel is traced over every data-parallel rank (ep == dp), beside tensor "
-                               f"parallel without FSDP2; got ep {ep}, dp {dp}, tp {tp}, shard {shard}")
+    elif ep > 1 and (dp % ep or tp > 1 if shard == "fsdp" else ep != dp):
+        raise UnsupportedError(f"expert parallel is traced over every data-parallel rank (ep == dp), or under FSDP2 "
+                               f"over ep ranks dividing dp (torchtitan's dp_shard_in_ep, its dp_shard_mod_ep = dp / ep "
+                               f"sharding the experts further) without tp; got ep {ep}, dp {dp}, tp {tp}, shard {shard}")
     if isinstance(load, bool) or not isinstance(load, (int, float)) or not 1 <= load <= ep:
         raise OptionError("{0} (the busiest expert-parallel rank's pairs over its balanced share) must be from 1 to "
                           "ep {ep}, got {value!r}", "load", ep=ep, value=str(load)[:40])
@@ -198,6 +202,7 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
         with _mesh_tables_real(), _propagation_unseen():
             # the mesh and its submeshes are made outside FakeTensorMode (their rank tables are real tensors)
             ring_mesh = None
+            ep_mesh = None  # the experts' ranks where they are not the dp ranks (or dp × cp)
             if layout.cp > 1:  # torchtitan's mesh: (dp, cp, tp); FSDP2 over the flattened (dp, cp), the ring over cp
                 # beside ep (ep == dp × cp: torchtitan's dp_shard_in_ep × cp, its dp_shard_mod_ep 1), the experts
                 # split over the same flattened ranks and, under FSDP2, their own unit over the size-1 dp_shard_mod_ep
@@ -208,10 +213,13 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
                     mesh["dp", "cp"]._flatten("dp_shard_cp") if layout.shard == "fsdp" or layout.ep > 1 else
                     mesh["dp"], mesh["tp"], mesh["dp_mod_ep"] if experts_fsdp else None, mesh["cp"])
             elif layout.ep > 1 and layout.shard == "fsdp":
-                # expert parallel under FSDP2, laid out as torchtitan lays it out: the experts' own FSDP2 unit over
-                # the dp / ep ranks that hold the same experts (one here, ep == dp), a mesh dimension beside the ep one
-                mesh = init_device_mesh("cpu", (1, layout.dp), mesh_dim_names=("dp_mod_ep", "dp"))
-                dp_mesh, tp_mesh, experts_mesh = mesh["dp"], None, mesh["dp_mod_ep"]
+                # expert parallel under FSDP2, laid out as torchtitan lays it out (ETP = tp): the (dp / ep, ep, tp)
+                # mesh (its dp_shard_mod_ep, dp_shard_in_ep, tp), the experts split over the ep ranks of a row, then
+                # their own FSDP2 unit over the dp / ep ranks holding the same experts, the rest over all dp ranks
+                mesh = init_device_mesh("cpu", (layout.dp // layout.ep, layout.ep, layout.tp),
+                                        mesh_dim_names=("dp_mod_ep", "dp_in_ep", "tp"))
+                dp_mesh, tp_mesh, experts_mesh, ep_mesh = (mesh["dp_mod_ep", "dp_in_ep"]._flatten("dp"), mesh["tp"],
+                                                           mesh["dp_mod_ep"], mesh["dp_in_ep"])
             else:
                 mesh = init_device_mesh("cpu", (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
                 dp_mesh, tp_mesh, experts_mesh = mesh["dp"], mesh["tp"], None
@@ -225,8 +233,8 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
                         notes += apply_tensor_parallel(model, tp_mesh, layout.tp, layout.sp,
                                                        fsdp=layout.shard == "fsdp")
                     if layout.ep > 1:
-                        notes += apply_expert_parallel(model, dp_mesh, replicate_rest=experts_mesh is None,
-                                                       load=layout.load)
+                        notes += apply_expert_parallel(model, dp_mesh if ep_mesh is None else ep_mesh,
+                                                       replicate_rest=experts_mesh is None, load=layout.load)
                     if layout.shard == "fsdp":
                         notes += apply_fsdp(model, dp_mesh, settings, experts_mesh)
                     elif layout.dp > 1:

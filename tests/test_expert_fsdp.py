@@ -1,0 +1,44 @@
+"""Expert parallel under FSDP2 over more ranks than ep, laid out as torchtitan lays it out: the (dp / ep, ep) mesh
+(its dp_shard_mod_ep × dp_shard_in_ep), each layer's experts split over the ep ranks of a row and then their own
+FSDP2 unit over the dp / ep ranks holding the same experts, every layer and the root over all dp ranks. memory
+answers the rank from its step derived from traces with that mesh (balanced, or the busiest rank under
+--expert-load); on the 5-layer Mixtral cut it equals rank 0 traced (--trace) to the byte."""
+
+from __future__ import annotations
+
+import pytest
+
+from paramscope.cost.parallel.layout import ParallelLayout, layout_for
+from parallel_steps import small_mixtral_phases
+
+MICRO, SEQ = 2, 32
+
+
+def test_the_trace_takes_fsdp2_over_more_ranks_than_ep_and_ddp_still_needs_ep_equal_to_dp():
+    from paramscope.cost.parallel.trace_reach import untraced_by_layout
+    from paramscope.cost.traced.parallel import check_layout
+    from paramscope.errors import UnsupportedError
+
+    layout = check_layout(4, "fsdp", 1, False, 0, 2)
+    assert layout.describe() == ("dp 4 (FSDP2), ep 2 over each 2 dp ranks, the dp / ep = 2 holding the same experts "
+                                 "sharding them (FSDP2)")
+    assert untraced_by_layout(layout_for(dp=4, ep=2, zero="fsdp")) is None
+    with pytest.raises(UnsupportedError, match="got ep 2, dp 4, tp 1, shard none"):
+        check_layout(4, "none", 1, False, 0, 2)  # DDP's replicas beyond ep run the same step: traced at dp = ep
+    assert untraced_by_layout(layout_for(dp=4, ep=2)) is not None
+
+
+@pytest.mark.parametrize("load, forward, backward", [(1, 5_023_088, 4_864_880), (1.5, 5_812_592, 5_670_256)])
+def test_fsdp2_over_twice_the_ep_ranks_derived_equals_its_trace(cache, load, forward, backward):
+    """`--dp 4 --ep 2 --zero fsdp [--expert-load 1.5]`, 2 × 32 tokens, bf16-mixed: forward, backward and the
+    optimizer step derived (traced at 4 layers, checked at 5) equal rank 0 traced; its states are the analytic
+    ones (the experts / ep, then / (dp / ep) = 2; the rest / dp = 4)."""
+    device, derived, traced = small_mixtral_phases(ParallelLayout(dp=4, ep=2, shard="fsdp", expert_load=load), SEQ,
+                                                   batch=MICRO)
+    assert device.activations_from.startswith("derived")
+    assert derived == traced and (traced["forward"], traced["backward"]) == (forward, backward)
+    assert traced["optimizer step"] == 2_351_144
+    assert device.traced.resident["parameters"] == device.weights == 587_712
+    assert device.traced.resident["optimizer states"] == device.optimizer
+    assert any("ExpertParallel over ep 2 under FSDP2 over dp 4 (the experts' own unit over the dp / ep = 2 ranks "
+               "holding them)" in n for n in device.notes)
