@@ -54,3 +54,43 @@ def test_a_data_parallel_expert_rank_holds_its_own_offsets_and_ids_at_the_step()
     traced = next(p for p in device.traced.phases if p.phase == "optimizer step")
     assert step.bytes == traced.bytes == 5_472_040
     assert "the token ids 8·B·S = 512 B" in step.arithmetic and "5 × 2 experts × 4 B = 40 B" in step.arithmetic
+
+
+def test_a_forward_pipeline_has_per_stage_flops_and_no_schedule_or_bubble(capsys):
+    """`flops MODEL --pp 2` without --training: the stages run forwards only, so no 1F1B and no bubble (a serving
+    engine keeps a batch in flight on every stage); the default microbatches (training's, one a sequence) do not
+    apply, and microbatches or a schedule given are refused in one line."""
+    import json
+
+    import pytest
+
+    from paramscope.cli import main
+    from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
+    from paramscope.cost.parallel.layout import layout_for
+    from paramscope.errors import OptionError
+
+    estimate = estimate_flops("llama-3-8b", FlopOptions(batch=8, layout=layout_for(pp=2)))
+    device = estimate.device
+    assert device.forward_only and device.bubble == 0.0 and device.layout.micro_batches == 1
+    assert [s.forward for s in device.stages] == [123_145_302_310_912, 140_359_531_233_280]
+    assert sum(s.forward for s in device.stages) == estimate.forward == 263_504_833_544_192
+    assert device.step == device.forward == device.per_microbatch and device.backward is None
+    assert device.layout_words == "dp 1 × pp 2 (forward only) = 2 devices"
+    assert "idle" not in device.stages_words and "no schedule and no bubble counted" in device.stages_words
+    trained = estimate_flops("llama-3-8b", FlopOptions(batch=8, training=True, layout=layout_for(pp=2))).device
+    assert trained.bubble == 1 / 9 and "(1F1B, 8 microbatches)" in trained.layout_words
+    assert [s.forward for s in trained.stages] == [s.forward for s in device.stages]
+
+    assert main(["flops", "llama-3-8b", "--pp", "2", "--width", "200"]) == 0
+    text = capsys.readouterr().out
+    assert "One device: dp 1 × pp 2 (forward only) = 2 devices" in text
+    assert "1F1B" not in text and "bubble 50.0%" not in text and "no schedule and no bubble counted" in text
+    assert main(["flops", "llama-3-8b", "--pp", "2", "--json"]) == 0
+    flops = json.loads(capsys.readouterr().out)["flops"]["device"]
+    assert (flops["layout"]["schedule"], flops["bubble"], flops["backward"]) == (None, 0.0, None)
+    for flag in (["--schedule", "gpipe"], ["--micro-batches", "2", "--batch", "2"], ["--virtual-stages", "2"]):
+        assert main(["flops", "llama-3-8b", "--pp", "2", *flag]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag[0]} is for --training" in err and err.count("\n") == 1
+    with pytest.raises(OptionError, match="micro_batches"):
+        FlopOptions(batch=8, layout=layout_for(pp=2, micro_batches=4)).check()

@@ -99,6 +99,14 @@ def run(args: argparse.Namespace) -> int:
         if not 1 <= args.tokens <= 1e17:  # also refuses nan
             raise OptionError(f"--tokens must be a count between 1 and 1e17, got {args.tokens:g}")
         tokens = int(args.tokens)
+    scheduled = [flag for flag, given in (("--micro-batches", args.micro_batches is not None),
+                                          ("--schedule", args.schedule is not None),
+                                          ("--virtual-stages", args.virtual_stages != 1)) if given]
+    if scheduled and not args.training:
+        # a pipeline schedule orders forwards and backwards: a forward's FLOPs a stage take none (FlopOptions
+        # refuses what it can see; the default 1F1B given by name it cannot)
+        raise OptionError(f"{scheduled[0]} is for --training: a forward's pipeline runs no backward, so its stages' "
+                          "FLOPs take no schedule")
     layout = _layout(args)
     # a step's time is one layout's: --devices N alone is then N data-parallel replicas, as memory reads it
     # (elsewhere --devices alone is what a throughput or an assumed MFU divides the peak over, as it always was)

@@ -184,7 +184,7 @@ def device_title(device) -> str:
         where.append(f"stage {stage.rank} ({held}{', ' + ' and '.join(extra) if extra else ''}: the busiest)")
     if layout.tp > 1:
         where.append("tp rank 0 (the most vocabulary rows)")
-    return f"One device: {layout.words()}" + (f"; {', '.join(where)}" if where else "")
+    return f"One device: {device.layout_words}" + (f"; {', '.join(where)}" if where else "")
 
 
 def _device_parts(device, compute) -> list:
@@ -232,17 +232,18 @@ def _device_parts(device, compute) -> list:
                     f"{exact(device.loaded)} above its balanced share)" if device.pairs else ""))
     out.append(totals)
     if layout.pp > 1:
-        stages = Table(title=f"Pipeline stages ({device.split}); bubble {100 * device.bubble:.1f}% of the step "
-                             f"idle: (pp − 1) / (v·m + pp − 1) = {layout.pp - 1} / "
-                             f"({layout.virtual_stages}·{layout.micro_batches} + {layout.pp - 1}), time not FLOPs",
+        stages = Table(title=f"Pipeline stages ({device.stages_words})",
                        title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-        for name in ("stage", "layers", "forward", "model FLOPs a step", "recompute"):
+        # forward only: the forward is the stage's whole count (no step, no recompute)
+        columns = ("stage", "layers", "forward") + (() if device.forward_only else ("model FLOPs a step", "recompute"))
+        for name in columns:
             stages.add_column(name, justify="left" if name in ("stage", "layers") else "right", no_wrap=True)
         for s in device.stages:
             held = f"{s.layers[0]}–{s.layers[1]}" if s.layers else "—"
             extra = "".join(w for w, on in ((" + embeddings", s.first), (" + head", s.last)) if on)
-            stages.add_row(str(s.rank), f"{held} ({s.layer_count}){extra}", sci(s.forward), sci(s.step),
-                           sci(s.recompute or 0) if s.recompute is not None else "—",
+            trained = () if device.forward_only else (
+                sci(s.step), sci(s.recompute or 0) if s.recompute is not None else "—")
+            stages.add_row(str(s.rank), f"{held} ({s.layer_count}){extra}", sci(s.forward), *trained,
                            style="bold" if s.rank == device.stage else None)
         out += [Text(""), stages]
     for convention in device.conventions:
@@ -256,9 +257,11 @@ def _device_to_dict(device, compute) -> dict[str, Any] | None:
     layout = device.layout
     return {
         "layout": {"dp": layout.dp, "tp": layout.tp, "sp": layout.sp, "pp": layout.pp,
-                   "micro_batches": layout.micro_batches, "schedule": layout.schedule,
+                   "micro_batches": layout.micro_batches,
+                   # forward only (no --training): no backward, so no schedule
+                   "schedule": None if device.forward_only else layout.schedule,
                    "virtual_stages": layout.virtual_stages, "cp": layout.cp, "ep": layout.ep,
-                   "expert_load": layout.expert_load, "devices": layout.devices, "words": layout.words()},
+                   "expert_load": layout.expert_load, "devices": layout.devices, "words": device.layout_words},
         "batch": device.batch, "seq": device.seq, "tokens": device.tokens,
         "stage": device.stage, "tp_rank": 0,
         "forward": device.forward, "backward": device.backward, "step": device.step,

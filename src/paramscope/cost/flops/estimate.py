@@ -117,6 +117,13 @@ class FlopOptions:
             if self.devices != self.layout.devices:
                 raise OptionError("{0} {devices} is not the layout's {total} devices", "devices",
                                   devices=self.devices, total=self.layout.devices)
+            layout = self.layout
+            if not self.training and layout.pp > 1 and (layout.micro_batches > 1 and not layout.micro_batches_default
+                                                        or layout.virtual_stages > 1
+                                                        or layout.schedule == "interleaved"):
+                # a pipeline schedule orders forwards and backwards: a forward's FLOPs a stage take none
+                raise OptionError("{0} and the pipeline schedule are for {1}: a forward's pipeline runs no backward, "
+                                  "so its stages' FLOPs take no schedule", "micro_batches", "training")
         if self.tokens_per_second is not None and self.mfu is not None:
             raise OptionError("give {0} (to get the MFU) or {1} (to get the time), not both", "tokens_per_second", "mfu")
         if self.media is not None:

@@ -26,7 +26,10 @@ sequences, so m microbatches make the replica's batch), at its context-parallel 
   the busiest ep rank runs its I / tp slice of those pairs (every tp rank holds the replica's tokens at the experts).
   A layout's step ends when its busiest rank's does: its figures are the ones shown, and the MFU per device is its.
 - pipeline (pp): each stage its layers (embeddings on the first, final norm and head on the last); the bubble,
-  (pp − 1) / (v·m + pp − 1) of the step, is idle time, in the step time and not in the FLOPs.
+  (pp − 1) / (v·m + pp − 1) of the step, is idle time, in the step time and not in the FLOPs. Without training the
+  stages run forwards only: no backward, so no schedule (1F1B, GPipe, interleaved are training's) and no bubble
+  counted (a serving engine keeps a batch in flight on every stage, as vLLM's pipeline parallel does); microbatches
+  and a schedule are refused there (FlopOptions.check).
 - recompute: the backward's rerun of flash attention's scores (½ × the scores' forward) and, with full gradient
   checkpointing, each layer's forward once more (less the last matmul nothing after it saves), as the analytic
   engine counts them: hardware FLOPs, beside the model FLOPs (PaLM's convention: MFU excludes recompute; HFU has it).
@@ -42,6 +45,7 @@ own figures are above its balanced share by `loaded`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +113,27 @@ class DeviceFlops:
     pairs: tuple[int, int] | None = None  # under an uneven expert load: (⌈F·S⌉, S) token-expert pairs a MoE layer
 
     @property
+    def forward_only(self) -> bool:
+        """No training: the layout runs forwards (serving), with no backward schedule and no bubble."""
+        return self.backward is None
+
+    @property
+    def layout_words(self) -> str:
+        """The layout in words: its schedule under training, "pp 2 (forward only)" else."""
+        return self.layout.words(schedule=not self.forward_only)
+
+    @property
+    def stages_words(self) -> str:
+        """The pipeline's split and what it idles: the bubble under training; forward only, none counted."""
+        layout = self.layout
+        if self.forward_only:
+            return (f"{self.split}; forward only: no backward, so no schedule and no bubble counted (a serving "
+                    "engine keeps a batch in flight on every stage, as vLLM's pipeline parallel does)")
+        return (f"{self.split}; bubble {100 * self.bubble:.1f}% of the step idle: (pp − 1) / (v·m + pp − 1) = "
+                f"{layout.pp - 1} / ({layout.virtual_stages}·{layout.micro_batches} + {layout.pp - 1}), time not "
+                "FLOPs")
+
+    @property
     def step(self) -> int:
         """Model FLOPs a step: forward + backward (training), else the forward."""
         return self.forward + (self.backward or 0)
@@ -138,6 +163,10 @@ def device_flops(estimate: Any, parts: Any, report: Any, view: Any, layout: Para
         raise UnsupportedError("per-device FLOPs under a layout need a backward of 2 × forward; here it is "
                                "{backward:,} ({why})", backward=estimate.backward,
                                why="; ".join(estimate.notes[-1:]) or "frozen or unused weights")
+    if not training and layout.micro_batches_default and layout.micro_batches > 1:
+        # a forward's pipeline takes no microbatches (FlopOptions.check refuses them given): the default, one a
+        # sequence, is a training schedule's, and the stages run the replica's batch
+        layout = dataclasses.replace(layout, micro_batches=1)
     tp, cp, pp = layout.tp, layout.cp, layout.pp
     seq = estimate.seq
     load = layout.expert_load if layout.ep > 1 else 1
@@ -294,10 +323,10 @@ def device_flops(estimate: Any, parts: Any, report: Any, view: Any, layout: Para
     return DeviceFlops(layout, estimate.batch, seq, estimate.batch * seq // cp, stage.rank, terms, forward,
                        2 * forward if training else None, recompute if training else None, stage_figures,
                        estimate.step if training else estimate.forward, devices_sum, duplicated,
-                       recompute_sum if training else None, bubble(layout),
+                       recompute_sum if training else None, bubble(layout) if training else 0.0,
                        split_words(layout, len(kinds)) if pp > 1 else "",
                        _conventions(layout, causal_model, estimate.causal, weights, tp,
-                                    [name for name, *_ in parts.matmuls], pairs), (), loaded, pairs)
+                                    [name for name, *_ in parts.matmuls], pairs, training), (), loaded, pairs)
 
 
 def _rule_words(placement: Placement | None, tp: int) -> str:
@@ -311,7 +340,7 @@ def _rule_words(placement: Placement | None, tp: int) -> str:
 
 
 def _conventions(layout: ParallelLayout, causal_model: bool, causal: str, weights: list, tp: int,
-                 names: list[str], pairs: tuple[int, int] | None) -> tuple[str, ...]:
+                 names: list[str], pairs: tuple[int, int] | None, training: bool) -> tuple[str, ...]:
     out = []
     if tp > 1:
         def kept(placement: Placement | None) -> bool:
@@ -352,7 +381,10 @@ def _conventions(layout: ParallelLayout, causal_model: bool, causal: str, weight
         out.append(f"expert parallel: balanced routing assumed: each rank's routed experts (/ {layout.ep}) receive "
                    "an even share of its group's top-k assignments, so a device's expert FLOPs are its own "
                    "tokens' top-k share, as without ep (the all-to-all moves tokens, not FLOPs)")
-    if layout.pp > 1:
+    if layout.pp > 1 and not training:
+        out.append("pipeline, forward only: each stage runs its layers' forward over the replica's batch; no "
+                   "backward, so no schedule and no bubble counted")
+    elif layout.pp > 1:
         out.append("pipeline: each stage's layers over " + "all " * (layout.micro_batches > 1)
                    + counted(layout.micro_batches, "microbatch", "microbatches") + " of batch / m sequences; the "
                    "bubble is idle time, counted in the step time, not in FLOPs")

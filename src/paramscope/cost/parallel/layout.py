@@ -146,15 +146,18 @@ class ParallelLayout:
             raise OptionError("{0} {micro} must divide the batch, {sequences} a replica", "micro_batches",
                               micro=self.micro_batches, sequences=counted(self.batch, "sequence"))
 
-    def words(self) -> str:
-        """"dp 4 (FSDP2) × tp 2 (sequence parallel) × pp 2 (1F1B, 8 microbatches) = 16 devices"."""
+    def words(self, schedule: bool = True) -> str:
+        """"dp 4 (FSDP2) × tp 2 (sequence parallel) × pp 2 (1F1B, 8 microbatches) = 16 devices"; `schedule` False:
+        "pp 2 (forward only)", a pipeline that runs no backward (inference FLOPs) and so has no schedule."""
         parts = [f"dp {self.dp}" + (f" ({shard_words(self)})" if self.shard != "none" else "")]
         if self.tp > 1:
             parts.append(f"tp {self.tp}" + (" (sequence parallel)" if self.sp else ""))
-        if self.pp > 1:
-            schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": f"interleaved, {self.virtual_stages} "
-                        "chunks a device"}[self.schedule]
-            parts.append(f"pp {self.pp} ({schedule}, {self.micro_batches} microbatch"
+        if self.pp > 1 and not schedule:
+            parts.append(f"pp {self.pp} (forward only)")
+        elif self.pp > 1:
+            named = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": f"interleaved, {self.virtual_stages} "
+                     "chunks a device"}[self.schedule]
+            parts.append(f"pp {self.pp} ({named}, {self.micro_batches} microbatch"
                          f"{'es' if self.micro_batches != 1 else ''})")
         if self.cp > 1:
             parts.append(f"cp {self.cp}")

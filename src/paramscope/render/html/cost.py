@@ -159,7 +159,7 @@ def render_flops_html(report: Report | None, estimate, compute=None, *, fragment
     settings = (f"{estimate.engine} engine · batch {estimate.batch} × {estimate.seq:,} tokens · attention "
                 f"convention: {estimate.causal}")
     if estimate.device is not None:
-        settings += f" · {estimate.device.layout.words()}"
+        settings += f" · {estimate.device.layout_words}"
     return html_page(_titled(report, "FLOPs"), _subtitled(report, settings), sections, fragment)
 
 

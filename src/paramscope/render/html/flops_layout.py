@@ -25,9 +25,7 @@ def device_sections(device, compute) -> list[Section]:
             + figure(_role_bars(device), "bars-device-flops"))
     sections = [Section("Per device", body)]
     if layout.pp > 1:
-        words = (f"{device.split}; bubble {100 * device.bubble:.1f}% of the step idle: (pp − 1) / (v·m + pp − 1) = "
-                 f"{layout.pp - 1} / ({layout.virtual_stages}·{layout.micro_batches} + {layout.pp - 1}), time not "
-                 "FLOPs")
+        words = device.stages_words
         sections.append(Section("Pipeline stages", f'<p id="stages-words">{escape(words)}</p>'
                                 + figure(_stage_bars(device), "bars-stage-flops") + _stages_table(device)))
     if device.conventions:
