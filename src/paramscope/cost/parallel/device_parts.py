@@ -241,14 +241,15 @@ def encoder_refusal(ctx: StepContext) -> str:
 
 
 def whole_embedding_gradient(ctx: StepContext, placements: tuple[Placement, ...],
-                             under_fsdp: bool = False) -> tuple[int, int] | None:
+                             under_fsdp: bool = False, tied_apart: bool = False) -> tuple[int, int] | None:
     """(the whole embedding gradient's bytes, the rank's shard's) where torch gives a vocabulary-parallel embedding
     its gradient whole: DTensor's embedding backward returns it Replicate, so each tensor-parallel rank holds all of
     it from the end of backward, and the fused optimizer step reads a shard of it made afresh. None where the
     embedding is not cut or does not train, or FSDP2 reduces it to a shard (unless `under_fsdp`: FSDP2's backward
     holds it whole until the root's post-backward), or it is tied to the head: there the head's Shard(0) gradient
     and the embedding's Replicate one add up on the one parameter as Shard(0), so no rank holds it whole (traced:
-    GPT-2's wte and Gemma-2's embed_tokens, tp 2)."""
+    GPT-2's wte and Gemma-2's embed_tokens, tp 2). `tied_apart`: a tied head on another pipeline stage, the
+    embedding's gradient made on its stage alone, whole as an untied one's (traced: GPT-2's wte, tp 2 × pp 3)."""
     from ..dtypes import itemsize
     from ..memory.states import trained_dtype
 
@@ -256,7 +257,8 @@ def whole_embedding_gradient(ctx: StepContext, placements: tuple[Placement, ...]
         return None
     tied = {name for group in ctx.report.tied for name in (group.canonical, *group.aliases)}
     for p in placements:
-        if p.role == "embeddings.word" and p.tp == "vocabulary" and p.name in ctx.trainable and p.name not in tied:
+        if p.role == "embeddings.word" and p.tp == "vocabulary" and p.name in ctx.trainable and \
+                (p.name not in tied or tied_apart):
             size = itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
             full = 1
             for n in p.shape:

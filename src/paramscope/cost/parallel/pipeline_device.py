@@ -246,6 +246,10 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     s_words = f"B·(S / {shard})·h" if shard > 1 else "B·S·h"
     whole = whole_embedding_gradient(ctx, placements)
     waiting = _waiting_gradients(ctx, placements)
+    # a head tied to the embedding, on the last stage: the first stage's embedding makes the weight's gradient alone,
+    # and keeps it as the .grad (whole under a vocabulary-parallel cut, as DTensor's embedding backward returns it)
+    tied = _tied_apart(ctx, placements, tied_name)
+    tied_whole = whole_embedding_gradient(ctx, placements, tied_apart=True) if tied else None
 
     def recipe_at(batch: int, length: int) -> Any:
         for recipe in step.recipes:
@@ -272,7 +276,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
         more = layout.schedule != "gpipe" and layout.micro_batches * layout.virtual_stages > stage.in_flight
         later = 0 if layout.micro_batches * layout.virtual_stages == 1 else stage.in_flight - (0 if more else 1)
         # interleaved: the chunk whose microbatch keeps the most, for every chunk-microbatch in flight (a bound)
-        figures = max((stage_activations(recipe, batch, length, a, b, stage.in_flight, residual, later, waiting)
+        figures = max((stage_activations(recipe, batch, length, a, b, stage.in_flight, residual, later, waiting,
+                                         tied)
                        for a, b in chunks_of(stage)), key=lambda f: (f.per_microbatch, f.peak))
         resident = resident_bytes(dev, ctx.buffer_bytes)
         k = stage.in_flight
@@ -301,12 +306,13 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                 f"{figures.later_peak:,} ({later} microbatch{'es' if later > 1 else ''} in flight and one's "
                 "backward, each new gradient added into its .grad at once"
                 + (", or the forward before it with one fewer held, where larger" if later == k else "")
-                + "; derived; a head tied to the input embedding adds its gradients otherwise, within 40 KB on a "
-                "GPT-2 cut)", dev.gradients, figures.later_peak))
+                + "; derived)", dev.gradients, figures.later_peak))
         phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
                                   f"gradients {dev.gradients:,}; {step_text}", dev.gradients))
         if stage.first and whole is not None:  # the stage holding the vocabulary-parallel embedding
             phases = [with_whole_gradient(p, whole) for p in phases]
+        elif stage.first and tied_whole is not None:  # and one tied to the head on the last stage
+            phases = [with_whole_gradient(p, tied_whole) for p in phases]
         norms = sequence_parallel_norm_gradients(ctx, stage_params(stage))
         return tuple(with_buffers(with_norm_gradients(p, norms), comm) for p in phases), figures, recipe.regime
 
@@ -361,9 +367,9 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     check = ("checked against MemTracker on the real class cut to each stage with the tp layout applied on the fake "
              "process group: on a Mixtral cut (tp 2 with sequence parallel, pp 3; "
              "tests/test_pipeline_tensor_parallel.py) its forwards and first backward equal to the byte, and on a "
-             "GPT-2 cut (Conv1D, tied head; tp 2, pp 3) but the first stage's first backward, replayed above its "
-             "trace by V·h·2 − B·S·h·4 B on the cuts measured (95,232 B at h 128, V 500; not isolated); on the "
-             "Mixtral cut a later backward (1F1B's steady state) "
+             "GPT-2 cut (Conv1D, tied head; tp 2, pp 2; tests/test_pipeline_tied_stages.py) its forwards, first and "
+             "later backward, the first stage keeping its embedding's own whole gradient as wte's .grad (the tied "
+             "head's is on the last stage); on the Mixtral cut a later backward (1F1B's steady state) "
              "too, where the packed experts' down_proj gradient is held until gate_up_proj's is made (the experts "
              "read their local shards once, as they are entered, so autograd adds both into their .grad only after "
              "the experts' backward; the replay adds every other gradient at once); --trace measures each stage"
@@ -414,6 +420,26 @@ EXPERT_TP_CHECK = ("checked against MemTracker on the real class cut to each sta
 # and under an uneven expert load (tests/test_expert_load.py)
 LOADED_CHECK = ("; under an uneven load (--expert-load 1.5 on that cut) the busiest rank's stages equal to the byte "
                 "too, forwards, first and later backward")
+
+
+def _tied_apart(ctx: StepContext, placements: tuple[Placement, ...], tied_name: str | None
+                ) -> tuple[int, int] | None:
+    """(the bytes of the gradient the first stage's embedding backward makes, the bytes of the weight's .grad in the
+    rank's one-device step) where the embedding is tied to the head, which the last stage holds (with its copy):
+    under a vocabulary-parallel cut the first is the whole V × h (DTensor's embedding backward returns it Replicate),
+    the second the rank's shard (the head's Shard(0) gradient and the embedding's added as Shard(0)); else both the
+    weight's. None where nothing is tied or the embedding does not train (stage_recipe._Replay.tied_apart)."""
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+
+    p = next((q for q in placements if q.name == tied_name), None)
+    if ctx.layout.pp == 1 or p is None or not p.role.startswith("embedding") or p.name not in ctx.trainable:
+        return None
+    size = itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
+    whole = size
+    for n in p.shape:
+        whole *= n
+    return (whole if p.tp == "vocabulary" else p.local_numel * size), p.local_numel * size
 
 
 def _waiting_gradients(ctx: StepContext, placements: tuple[Placement, ...]) -> frozenset[int]:

@@ -64,14 +64,16 @@ class StageActivations:
 
 
 def stage_activations(recipe: DerivedRecipe, batch: int, seq: int, start: int, stop: int, in_flight: int,
-                      residual: int, later_in_flight: int = 0, waiting: frozenset[int] = frozenset()
-                      ) -> StageActivations:
+                      residual: int, later_in_flight: int = 0, waiting: frozenset[int] = frozenset(),
+                      tied: tuple[int, int] | None = None) -> StageActivations:
     """The stage holding layers [start, stop) of the recipe's model, at `batch` × `seq` a microbatch with
     `in_flight` microbatches held; `residual`: the bytes of one hidden state B×S×h (what is sent and received);
     `later_in_flight`: the microbatches held at a later backward (0: none, a single microbatch); `waiting`: the
     bytes of the gradients that reach their .grad only with the next gradient made, not at once (a later backward:
-    a module that reads its weights' local shards once, as it is entered, under tensor parallel)."""
-    replay = _Replay(recipe, batch, seq, start, stop)
+    a module that reads its weights' local shards once, as it is entered, under tensor parallel); `tied`: on a
+    first stage whose embedding is tied to a head on another stage, (the bytes of the gradient the embedding's
+    backward makes, the bytes of the weight's .grad in the recipe's one-device step): see _Replay.tied_apart."""
+    replay = _Replay(recipe, batch, seq, start, stop, tied)
     received = 0 if replay.first else residual
     events = replay.forward()
     forward_live, forward_peak = replay.run(events, received)
@@ -99,7 +101,8 @@ def stage_activations(recipe: DerivedRecipe, batch: int, seq: int, start: int, s
 class _Replay:
     """The recipe's segments for one stage, each entry's bytes at (batch, seq) and whether it counts there."""
 
-    def __init__(self, recipe: DerivedRecipe, batch: int, seq: int, start: int, stop: int) -> None:
+    def __init__(self, recipe: DerivedRecipe, batch: int, seq: int, start: int, stop: int,
+                 tied: tuple[int, int] | None = None) -> None:
         self.recipe = recipe
         types = recipe.layer_types
         self.count = len(types)
@@ -128,6 +131,8 @@ class _Replay:
         self.held_counts: dict[str, int] = {}
         for i in range(max(start, 1), min(stop, self.count - 1)):
             self.held_counts[self.context[i]] = self.held_counts.get(self.context[i], 0) + 1
+        self.kept_gradient, self.not_made = self.tied_apart(tied) if tied and self.first and not self.last \
+            else (None, None)
 
     # ----------------------------------------------------------------------------------------------- segments
     def forward_key(self, layer: int) -> Any:
@@ -255,12 +260,48 @@ class _Replay:
             # what the layer (and, for the last, the head beside it) made, in its forward or its backward
             own = {key, self.forward_key(layer)} | ({"fwlast", "head", "bwlast"} if layer == self.count - 1 else set())
             for sign, index, mult in self.segment(key):
+                if key == "bw0" and index in (self.kept_gradient, self.not_made):
+                    # the tied weight's gradient on a stage without its head: the embedding's own, kept as its .grad
+                    # (never freed), and no sum made
+                    if sign > 0 and index == self.kept_gradient:
+                        out.append((1, self.values[index], True))
+                    continue
                 times = sign * self._times(mult)
                 if sign < 0:
                     times = -self._backward_free(layer, own, index, mult)
                 if times:
                     out.append((times, self.values[index], self.recipe.gradient[index]))
         return out
+
+    def tied_apart(self, tied: tuple[int, int]) -> tuple[int | None, int | None]:
+        """(the embedding's gradient the stage keeps as the weight's .grad, the sum it does not make), as allocation
+        indices of the first layer's backward, either None where the recipe shows no such allocation.
+
+        In the one-device step a weight tied to the head has a .grad from the head's backward (the "head" segment)
+        when the embedding's backward makes its own gradient N (`tied[0]` bytes): autograd's AccumulateGrad adds N
+        into it, in place for a plain tensor (N then freed), out of place for a DTensor under tensor parallel (the
+        sum G, `tied[1]` bytes, made; the head's .grad and N freed). On the first stage, the head on another, the
+        weight has no .grad yet: AccumulateGrad takes N itself as the .grad (a DTensor's as the embedding's backward
+        returns it: Replicate, whole, under a vocabulary-parallel cut), so N is kept and counted a gradient, and G is
+        not made (traced: GPT-2's wte, tp 2 × pp 2 and 3, tests/test_pipeline_tied_stages.py)."""
+        made, kept = tied
+        entries = self.recipe.first_backward
+        freed_at = {index: position for position, (sign, index, _) in enumerate(entries) if sign < 0}
+        candidates = [position for position, (sign, index, mult) in enumerate(entries)
+                      if sign > 0 and mult is None and self.values[index] == made and not self.recipe.gradient[index]
+                      and freed_at.get(index, -1) > position]
+        if not candidates:
+            return None, None
+        position = candidates[-1]
+        own = entries[position][1]
+        # the sum: a gradient the size of the .grad, made while N is live, before the head's .grad (made on the
+        # last stage only) is freed
+        head_frees = [p for p, (sign, index, _) in enumerate(entries)
+                      if sign < 0 and self.owner.get(index) == "head" and self.values[index] == kept]
+        total = next((index for p, (sign, index, _) in enumerate(entries)
+                      if position < p < freed_at[own] and sign > 0 and self.recipe.gradient[index]
+                      and self.values[index] == kept and any(f > p for f in head_frees)), None)
+        return own, total
 
     def _backward_free(self, layer: int, own: set, index: int, mult: str | None) -> int:
         owner = self.owner.get(index)
@@ -270,6 +311,8 @@ class _Replay:
             return 1
         if owner == "prefix":
             return 1 if self.first else 0
+        if owner == "head":  # made by the loss's and head's backward (its scalar gradient, a tied head's .grad):
+            return 1 if self.last else 0  # on the last stage only
         if index > self.last_forward_index:  # made in the backward of the layer above: its output's gradient
             return 1 if self.holds(layer + 1) or (layer == self.count - 1 and self.last) else 0
         return 1 if self.holds(layer - 1) else 0  # the layer below's output (on the stage, or the received input)
