@@ -324,6 +324,7 @@ CASES = [
          ("--train", "can match no parameter name", "globs, not regular expressions")),
     Case("memory-freeze-regex", lambda tmp: ["memory", "gpt2", "--training", "--freeze", "h.(0|1).*"],
          ("--freeze 'h.(0|1).*'", "globs")),
+    Case("flops-bare-ep", lambda tmp: ["flops", "gpt2", "--ep"], ("--ep takes a degree E with flops",)),
     Case("flops-freeze-regex", lambda tmp: ["flops", "gpt2", "--training", "--freeze", "^wte$"],
          ("--freeze '^wte$'", "globs")),
     Case("plan-train-10000-chars", lambda tmp: ["plan", "gpt2", "--no-memory", "--train", "a*" * 5000],

@@ -156,7 +156,11 @@ def _layout(args: argparse.Namespace) -> Any:
     """The multi-GPU layout the flags describe, or None where none is given (--devices alone keeps its meaning:
     the devices a throughput or an assumed MFU divides the peak over)."""
     from ..cost.parallel.layout import layout_for
+    from ..errors import OptionError
 
+    if args.ep == 0:  # a bare --ep is memory's serving flag (vLLM's --enable-expert-parallel): flops needs E
+        raise OptionError("--ep takes a degree E with flops (routed experts split over E data-parallel ranks); a "
+                          "bare --ep is memory's serving flag (vLLM's --enable-expert-parallel)")
     given = (args.dp, args.micro_batches, args.schedule, args.expert_load, args.zero)
     if all(v is None for v in given) and (args.tp, args.ep, args.pp, args.cp, args.virtual_stages, args.sp) == \
             (1, 1, 1, 1, 1, False):
