@@ -19,15 +19,17 @@ from paramscope.cost.parallel.layout import ParallelLayout
 from paramscope.cost.traced.parallel import trace_parallel_training
 from paramscope.cost.traced.step import StepSettings
 
-CUT = dict(hidden_size=128, intermediate_size=448, num_attention_heads=4, num_key_value_heads=1, vocab_size=4008,
-           architectures=["LlamaForCausalLM"])
+CUT = dict(hidden_size=128, intermediate_size=448, num_attention_heads=4, num_key_value_heads=1, vocab_size=4008)
+# twice as wide, the recorded case where T ≳ h with a small vocabulary peaks inside the last layer
+WIDE = dict(CUT, hidden_size=256, intermediate_size=896, num_attention_heads=8, num_key_value_heads=2)
 
 
 @functools.lru_cache(maxsize=None)
-def _closed_and_traced(layers, dp, tp, seq, precision, batch=1, vocab=None):
+def _closed_and_traced(layers, dp, tp, seq, precision, batch=1, vocab=None, family="Llama", wide=False):
     import transformers as T
 
-    config = T.LlamaConfig(num_hidden_layers=layers, **dict(CUT, vocab_size=vocab or CUT["vocab_size"]))
+    config = getattr(T, f"{family}Config")(num_hidden_layers=layers, architectures=[f"{family}ForCausalLM"], **dict(
+        WIDE if wide else CUT, vocab_size=vocab or CUT["vocab_size"]))
     _, estimate, view = training_answer(config, TrainingOptions(
         batch=batch, seq=seq, precision=precision, layout=ParallelLayout(dp=dp, shard="fsdp", tp=tp),
         derive_layout=False), use_cache=False)
@@ -36,7 +38,8 @@ def _closed_and_traced(layers, dp, tp, seq, precision, batch=1, vocab=None):
     return estimate.training.device, traced
 
 
-# (layers, dp, tp, seq, precision, batch[, vocabulary]): the moment it peaks at, its bytes (traced; torch 2.13)
+# (layers, dp, tp, seq, precision, batch[, vocabulary, class, wide]): the moment it peaks at, its bytes (traced;
+# torch 2.13)
 CASES = {
     "mixed dp 2, 16 tokens": ((4, 2, 1, 16, "bf16-mixed", 1), "FSDP2: inside layer 2's backward (MLP)", 22_473_380),
     "fp32 dp 4, 16 tokens": ((4, 4, 1, 16, "fp32", 1), "FSDP2: inside layer 1's backward (attention)", 15_879_268),
@@ -48,6 +51,20 @@ CASES = {
                              14_294_228),
     "mixed dp 2, 2 × 32 tokens, a 512-token vocabulary": ((4, 2, 1, 32, "bf16-mixed", 2, 512),
                                                          "FSDP2: inside layer 2's backward (MLP's up)", 12_697_636),
+    # the last layer's down projection's backward under autocast (its weight gradient cast, the gate and up
+    # gradients made), beside tp the vocabulary-parallel embedding's masked token ids, 8·T: it was 0.84–1.07 % under
+    # (4 layers: 30,783,268 B traced, 329,728 B over the closed form)
+    "mixed dp 2 × tp 2, 2 × 128 tokens, 256 wide, a 512-token vocabulary": (
+        (2, 2, 2, 128, "bf16-mixed", 2, 512, "Llama", True), "FSDP2: inside layer 1's backward (MLP's product)",
+        18_378_460),
+    # Qwen2: q, k and v biases (their gradients with the weights', no 16-bit copy held); the post-attention norm's
+    # backward after the MLP's, tp's all-reduced input gradient added
+    "Qwen2 mixed dp 2 × tp 2, 2 × 32 tokens, a 512-token vocabulary": (
+        (4, 2, 2, 32, "bf16-mixed", 2, 512, "Qwen2"), "FSDP2: inside layer 2's backward (MLP's norm)", 6_926_420),
+    "Qwen2 fp32 dp 4, 16 tokens": ((4, 4, 1, 16, "fp32", 1, None, "Qwen2"),
+                                   "FSDP2: inside layer 1's backward (attention)", 15_885_076),
+    "Mistral mixed dp 2, 16 tokens": ((4, 2, 1, 16, "bf16-mixed", 1, None, "Mistral"),
+                                      "FSDP2: inside layer 2's backward (MLP)", 22_473_380),
 }
 
 

@@ -1,7 +1,7 @@
-"""FSDP2's in-step moments for the Llama family's closed form: what a rank holds beyond its sharded states inside
-torch's fully_shard step (a unit's all-gather, the root's unsharded gradients, the reduce-scatter input, the backward
-prefetch, each layer's weight-gradient moments), each a PhaseFigure with its arithmetic. estimate.py adds them to
-the data-parallel and the shard's closed forms."""
+"""FSDP2's in-step moments for the Llama family's closed form (Llama, Mistral, Qwen2): what a rank holds beyond its
+sharded states inside torch's fully_shard step (a unit's all-gather, the root's unsharded gradients, the
+reduce-scatter input, the backward prefetch, each layer's weight-gradient moments), each a PhaseFigure with its
+arithmetic. estimate.py adds them to the data-parallel and the shard's closed forms."""
 
 from __future__ import annotations
 
@@ -32,25 +32,42 @@ from .rules import Placement
 #     and the post-norm output's 16-bit copies they read, 4h, freed; the three MLP weight gradients held, the
 #     gate's 16-bit one beside its fp32 cast; the attention's 16-bit weight copies still held); "MLP's up": the up
 #     projection's, one before (the gate's output, its input copy and 16-bit weight copy still held, 2h + 2i and
-#     the gate output's 16-bit gradient, 2i, flowing);
+#     the gate output's 16-bit gradient, 2i, flowing); "MLP's product": the SiLU-and-product backward after
+#     down_proj's (down's input, its product, 2i, freed, and its 16-bit weight copy; the gradients flowing, the
+#     residual's fp32 4h, down's input gradient and the gate's and up's, 6i; down's weight gradient in fp32);
+#     "MLP's norm": the post-attention norm's backward after the MLP's (the MLP's activations and the norm's
+#     normalised output and reciprocal root, 8h + 8i + 4, freed; the norm's saved input held; the residual's and
+#     the norm's fp32 gradients, 24h, flowing, under tp the input gradient all-reduced; the MLP's and the norm's
+#     weight gradients held; the MLP's 16-bit copies freed);
 #   "MLP" in fp32: the gate projection's weight-gradient matmul (its input, the post-norm output, still held, and
 #     the gate output's gradient, 4i, flowing); "MLP's product": the SiLU-and-product backward after down_proj's
 #     (its product's 4i freed, the gate, up and product gradients, 12i, flowing; down's weight gradient held);
 #   "attention" in fp32: q_proj's weight gradient, the layer's last matmul (of the layer only the input norm's saved
 #     input, normalised input, output and reciprocal root held; every weight gradient but the input norm's).
+# Beside those, on every moment but the root's post-backward: under tp the vocabulary-parallel embedding's masked
+# token ids, a (B, S) int64 it saves for its backward. A projection's bias (Qwen2's q, k and v) has its gradient
+# with its weight's and no 16-bit copy held (the addition reads it; autocast's copy is freed in the forward).
 # Each is linear in k (a layer lower holds one layer's activations fewer and one shard more), so its largest is at
 # k = L − 2 or at k = 1, the lowest with a prefetch; the last layer (no reduce-scatter input yet) is its own case.
 # Then the embedding's backward (every root gradient, its output's gradient) and, under tp, the root's
 # post-backward; and in the forward each unit's all-gather (below, where it is made).
+
+# the classes whose ranks were traced against these moments: Llama's layer, Mistral's (the same; its sliding window
+# is the recipe's concern) and Qwen2's (q, k and v with biases)
+_TRACED_FAMILY = ("llama", "mistral", "qwen2")
+
 _FSDP_MOMENTS = {
-    # kind: {moment: (of the layer's own activations, freed before it, per token (·h, ·i), or held, (·h, constant);
+    # kind: {moment: (of the layer's own activations, freed before it, per token (·h, ·i, constant), or held, (·h,
+    #                 constant);
     #                 the gradients flowing, per token (·h, ·i); the weights whose gradients it holds, in fp32 (and
     #                 the one whose 16-bit gradient is being cast, under autocast); the layer's MLP weights whose
     #                 16-bit copies it still holds)}
-    "mixed": {"MLP's up": ((2, 6), None, (8, 2), ("mlp.up", "mlp.down"), "mlp.up", ("mlp.gate",)),
-              "MLP": ((4, 8), None, (8, 0), ("mlp.gate", "mlp.up", "mlp.down"), "mlp.gate", ())},
-    "fp32": {"MLP's product": ((0, 4), None, (4, 12), ("mlp.down",), "", ()),
-             "MLP": ((0, 16), None, (12, 4), ("mlp.gate", "mlp.up", "mlp.down"), "", ()),
+    "mixed": {"MLP's norm": ((8, 8, 4), None, (24, 0), ("mlp.gate", "mlp.up", "mlp.down", "mlp.norm"), "", ()),
+              "MLP's product": ((0, 2, 0), None, (4, 6), ("mlp.down",), "", ("mlp.gate", "mlp.up")),
+              "MLP's up": ((2, 6, 0), None, (8, 2), ("mlp.up", "mlp.down"), "mlp.up", ("mlp.gate",)),
+              "MLP": ((4, 8, 0), None, (8, 0), ("mlp.gate", "mlp.up", "mlp.down"), "mlp.gate", ())},
+    "fp32": {"MLP's product": ((0, 4, 0), None, (4, 12), ("mlp.down",), "", ()),
+             "MLP": ((0, 16, 0), None, (12, 4), ("mlp.gate", "mlp.up", "mlp.down"), "", ()),
              "attention": (None, (12, 4), (16, 0), ("attention.query", "attention.key", "attention.value",
                                                      "attention.output", "mlp.gate", "mlp.up", "mlp.down",
                                                      "mlp.norm"), "", ())},
@@ -60,8 +77,8 @@ _FSDP_MOMENTS = {
 def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], batch: int,
                           length: int) -> tuple[PhaseFigure, ...]:
     """FSDP2's in-step moments (above), each with its arithmetic; () where they are not modelled: without FSDP2, for
-    a class other than Llama, beside context or expert parallelism, with checkpointing, under bf16-pure, or with
-    fewer than two layers."""
+    a class other than Llama, Mistral and Qwen2, beside context or expert parallelism, with checkpointing, under
+    bf16-pure, or with fewer than two layers."""
     import math
 
     from ..dims import config_int
@@ -73,7 +90,7 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     layout = ctx.layout
     # traced here for Llama itself (no biases, no sliding window), one device's step a rank, no checkpointing
     if layout.shard not in ("fsdp", "hsdp") or layout.shard_degree == 1 or local_recipe_missing(ctx) or \
-            getattr(ctx.text, "model_type", None) != "llama" or layout.cp > 1 or layout.ep > 1 or \
+            getattr(ctx.text, "model_type", None) not in _TRACED_FAMILY or layout.cp > 1 or layout.ep > 1 or \
             ctx.shape.get("checkpointing"):
         return ()
     kind = "fp32" if ctx.precision == "fp32" else "mixed" if ctx.precision.endswith("-mixed") else None
@@ -111,24 +128,29 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     casts = kind == "mixed"
     resident = resident_bytes(device_states_of(ctx, placements), ctx.buffer_bytes)
     rope = 8 * seq * head_dim + 8
+    # a vocabulary-parallel embedding (tp) saves its masked token ids, a (B, S) int64, for its backward: held from
+    # the embedding's forward to its backward, the whole step's moments but the root's post-backward
+    masked = 8 * tokens if layout.tp > 1 and any(p.role == "embeddings.word" and p.tp == "vocabulary" and
+                                                 p.name in ctx.trainable for p in root) else 0
+    masked_text = f" + the embedding's masked token ids, 8·T = {masked:,}" if masked else ""
 
     def at_layer(k: int, moment: str) -> PhaseFigure:
-        roles = {p.role: p.local_numel for p in by_layer[k]}
+        roles = {p.role: p.local_numel for p in by_layer[k] if _copied(p)}  # the projections' weights
         attn = sum(roles.get(r, 0) for r in ("attention.query", "attention.key", "attention.value",
                                              "attention.output"))
         freed, held, flowing, with_grads, cast, copied = _FSDP_MOMENTS[kind][moment]
         if freed is not None:
-            own = per_layer - tokens * (freed[0] * h + freed[1] * i)
-            own_text = (f"all but its MLP's and the post-norm output's, per layer − T·({freed[0]}h + {freed[1]}i)"
-                        if freed[0] else f"all but its MLP's, per layer − {freed[1]}·T·i")
+            own = per_layer - tokens * (freed[0] * h + freed[1] * i + freed[2])
+            own_text = (f"all but its MLP's and the post-norm output's, per layer − T·({freed[0]}h + {freed[1]}i"
+                        + (f" + {freed[2]})" if freed[2] else ")") if freed[0] else
+                        f"all but its MLP's, per layer − {freed[1]}·T·i")
         else:
             own = tokens * (held[0] * h + held[1])
             own_text = f"the input norm's saved input, normalised input and root, and q's input, T·({held[0]}h + " \
                        f"{held[1]})"
         grads = sum(p.local_numel * size(p) for p in by_layer[k] if p.role in with_grads) + \
             (2 * roles.get(cast, 0) if cast else 0)
-        below_casts = sum(n for kk in range(k) for p in by_layer[kk] for n in [p.local_numel]
-                          if p.role.startswith(("mlp.", "attention.")) and not p.role.endswith("norm"))
+        below_casts = sum(p.local_numel for kk in range(k) for p in by_layer[kk] if _copied(p))
         # the layer's attention copies (its MLP's moments) and the MLP's own still read
         copies = 2 * (below_casts + attn + sum(roles.get(r, 0) for r in copied)) if casts else 0
         flow = tokens * (flowing[0] * h + flowing[1] * i)
@@ -137,11 +159,12 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
         reduce_in = padded[k + 1] if k + 1 < layers else 0
         prefetched = padded[k - 1] if k >= 1 else 0
         fsdp = root_bytes + head + padded[k] + prefetched + reduce_in + above
-        total = resident + k * per_layer + own + flow + grads + copies + rope + fsdp
+        total = resident + k * per_layer + own + flow + grads + copies + rope + masked + fsdp
         words = (f"layers below saved {k} × {per_layer:,} + layer {k}'s activations ({own_text}) {own:,} + "
                  f"gradients flowing {flow_text} {flow:,} + its weight gradients so far {grads:,}"
                  + (f" + autocast's 16-bit weight copies still held {copies:,}" if copies else "")
-                 + f" + the rotary tables and the loss's scalars, 8·S·hd + 8 = {rope:,}; FSDP2: the root unit "
+                 + f" + the rotary tables and the loss's scalars, 8·S·hd + 8 = {rope:,}{masked_text}; FSDP2: the "
+                 f"root unit "
                  f"all-gathered {root_bytes:,} + the head's and final norm's gradients unsharded {head:,} + layer "
                  f"{k}'s parameters all-gathered {padded[k]:,}"
                  + (f" + layer {k - 1}'s all-gather output, prefetched {prefetched:,}" if prefetched else "")
@@ -158,11 +181,9 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     positions = 8 * seq * head_dim + 8 * seq
     for k in sorted({0, layers - 1}):
         previous = root_bytes if k == 0 else padded[k - 1]
-        layer_casts = 2 * sum(p.local_numel for kk in range(k) for p in by_layer[kk]
-                              if p.role.startswith(("mlp.", "attention.")) and not p.role.endswith("norm")) \
-            if casts else 0
+        layer_casts = 2 * sum(p.local_numel for kk in range(k) for p in by_layer[kk] if _copied(p)) if casts else 0
         below = k * per_layer + layer_casts
-        total = resident + root_bytes + previous + 2 * padded[k] + below + hidden + positions
+        total = resident + root_bytes + previous + 2 * padded[k] + below + hidden + positions + masked
         out.append(PhaseFigure("forward", total, f"FSDP2: layer {k}'s all-gather in the forward", (
             f"the root unit all-gathered {root_bytes:,} + {'its' if k == 0 else f'layer {k - 1}'}'s all-gather "
             f"output, still referenced {previous:,} + layer {k}'s all-gather output and its parameters copied out "
@@ -170,7 +191,7 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
             + (f" + layers below saved {k} × {per_layer:,}" if k else "")
             + (f" + their autocast 16-bit weight copies {layer_casts:,}" if layer_casts else "")
             + f" + the hidden state entering it {hidden:,} + the rotary tables and positions, 8·S·hd + 8·S = "
-            f"{positions:,}"), 0))
+            f"{positions:,}{masked_text}"), 0))
     # the embedding's backward, the step's last, and the root's post-backward after it: every root gradient
     # unsharded (the embedding's whole on every tp rank, where DTensor returns a vocabulary-parallel embedding's
     # gradient Replicate), the root still gathered (it reshards only after collecting them), layer 0's
@@ -185,11 +206,18 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
                  + f" + layer 0's reduce-scatter input {padded[0]:,} + every layer's reduce-scattered gradients "
                  f"{shards:,}")
     output = embedding_gradient(ctx.text, batch=batch, seq=seq, precision=ctx.precision)
-    out.append(PhaseFigure("backward", resident + held + output, "FSDP2: the embedding's backward", (
-        f"{held_text} + the embedding output's gradient and the loss's scalars {output:,}"), shards))
+    out.append(PhaseFigure("backward", resident + held + output + masked, "FSDP2: the embedding's backward", (
+        f"{held_text} + the embedding output's gradient and the loss's scalars {output:,}{masked_text}"), shards))
     if whole is not None:
         ids = 8 * tokens + 8
         out.append(PhaseFigure("backward", resident + held + whole[1] + ids, "FSDP2: the root's post-backward", (
             f"{held_text} + the local chunk FSDP2 takes of the embedding's gradient {whole[1]:,} + a (B, S) int64 "
             f"of token ids and the loss's scalars, 8·T + 8 = {ids:,}"), shards))
     return tuple(out)
+
+
+def _copied(p: Placement) -> bool:
+    """A projection's weight, whose 16-bit copy autocast makes and its matmul saves for backward (held from the
+    layer's forward to its backward); a bias's copy (Qwen2's q, k and v) is read by the addition alone and freed."""
+    return p.role.startswith(("mlp.", "attention.")) and not p.role.endswith("norm") and \
+        not p.name.endswith(".bias")
