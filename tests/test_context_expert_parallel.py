@@ -18,11 +18,13 @@ from parallel_steps import small_mixtral_phases
 @pytest.mark.parametrize("layout, phases", [
     (ParallelLayout(cp=2, ep=2), (5_565_248, 5_605_296, 5_471_784)),
     (ParallelLayout(dp=2, cp=2, ep=4, shard="fsdp"), (3_469_144, 3_546_588, 2_351_124)),
-], ids=["cp2 ep2", "fsdp dp2 cp2 ep4"])
+    (ParallelLayout(cp=2, ep=2, tp=2, sp=True), (2_977_712, 2_974_064, 2_820_392)),
+], ids=["cp2 ep2", "fsdp dp2 cp2 ep4", "cp2 ep2 tp2 sp"])
 def test_the_ring_beside_ep_derived_equals_its_trace(cache, layout, phases):
     """2 × 32 tokens, bf16-mixed: forward, backward and the optimizer step's moment, derived (traced at 4 layers,
     checked at 5) and traced (--trace: rank 0 of the real class) equal to the byte. Under FSDP2 the rank holds a
-    quarter of the dense states and one whole expert of four in each layer."""
+    quarter of the dense states and one whole expert of four in each layer; beside tp (torchtitan's ETP = tp) its two
+    experts cut over tp too, on the (ep, tp) mesh, the ep dimension the flattened dp × cp one."""
     device, derived, traced = small_mixtral_phases(layout, 32)
     assert device.activations_from.startswith("derived")
     assert tuple(derived.values()) == tuple(traced.values()) == phases
@@ -40,12 +42,15 @@ def test_what_the_trace_and_the_derivation_take_and_refuse():
 
     assert check_layout(1, "none", 1, False, 0, 2, 2).world == 2
     assert check_layout(2, "fsdp", 1, False, 0, 4, 2).world == 4
-    for args in ((2, "none", 1, False, 0, 2, 2), (1, "none", 2, False, 0, 2, 2)):  # ep ≠ dp × cp; beside tp
+    assert check_layout(1, "none", 2, True, 0, 2, 2).world == 4
+    for args in ((2, "none", 1, False, 0, 2, 2), (1, "fsdp", 2, False, 0, 2, 2)):  # ep ≠ dp × cp; tp under FSDP2
         with pytest.raises(ParamscopeError, match="ep == dp × cp: torchtitan's dp_shard_in_ep × cp"):
             check_layout(*args)
-    traced = (layout_for(cp=2, ep=2), layout_for(dp=2, cp=2, ep=2), layout_for(dp=2, cp=2, ep=4, zero="fsdp"))
-    assert [untraced_by_layout(layout) for layout in traced] == [None] * 3
-    refused = {"cp must divide ep": layout_for(dp=2, cp=4, ep=2), "and tp 2": layout_for(cp=2, ep=2, tp=2),
+    traced = (layout_for(cp=2, ep=2), layout_for(dp=2, cp=2, ep=2), layout_for(dp=2, cp=2, ep=4, zero="fsdp"),
+              layout_for(cp=2, ep=2, tp=2, sp=True))
+    assert [untraced_by_layout(layout) for layout in traced] == [None] * 4
+    refused = {"cp must divide ep": layout_for(dp=2, cp=4, ep=2),
+               "and tp 2 under FSDP2": layout_for(dp=2, cp=2, ep=4, tp=2, zero="fsdp"),
                "also shard each expert over the 2 ranks": layout_for(dp=2, cp=2, ep=2, zero="fsdp"),
                "under FSDP2 hybrid": layout_for(dp=4, cp=2, ep=2, zero="hybrid_shard", shard_group=4)}
     for words, layout in refused.items():

@@ -106,7 +106,8 @@ def test_trace_is_refused_only_where_device_trace_declines_whatever_the_class():
     from paramscope.cost.parallel.trace_reach import untraced_by_layout
 
     refused = {"zero3": layout_for(dp=2, zero=3), "interleaved": layout_for(pp=2, virtual_stages=2, batch=2),
-               "pp with cp": layout_for(pp=2, cp=2), "cp beside ep and tp": layout_for(cp=2, ep=2, tp=2),
+               "pp with cp": layout_for(pp=2, cp=2),
+               "cp beside ep and tp under fsdp": layout_for(dp=2, cp=2, ep=4, tp=2, zero="fsdp"),
                "ep below dp": layout_for(dp=4, ep=2)}
     for name, layout in refused.items():
         with pytest.raises(OptionError, match=r"^trace traces no rank under this layout: "):

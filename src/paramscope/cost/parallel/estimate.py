@@ -381,15 +381,16 @@ def check_ring_beside_experts(layout: ParallelLayout) -> None:
     """The ring beside ep as the trace lays it out (traced/parallel.py, torchtitan's mesh with ETP = tp): the ep ranks
     take every cp rank and some dp ones (ep = dp_shard_in_ep × cp), FSDP2 shards over exactly the ep ranks (its
     dp_shard_mod_ep 1: more would shard each expert again, over a mesh dimension not traced beside cp), no hybrid
-    sharding, no ZeRO-3 (not traced), no tp (each expert then cut over tp too: not traced beside cp). One line each."""
+    sharding, no ZeRO-3 (not traced), tp (each expert then cut over tp too, on the (ep, tp) mesh: torchtitan's ETP)
+    without FSDP2. One line each."""
     cp, ep = layout.cp, layout.ep
     if ep % cp:
         raise UnsupportedError("context parallel {cp} beside ep {ep}: the ep ranks take every cp rank and some dp "
                                "ones (torchtitan's ep = dp_shard_in_ep × cp), so cp must divide ep", cp=cp, ep=ep)
-    if layout.tp > 1:
-        raise UnsupportedError("context parallel {cp} beside ep {ep} and tp {tp}: each expert also cut over tp "
-                               "(torchtitan's ETP) is not traced beside the ring; the ring beside ep is traced with "
-                               "data parallel and FSDP2", cp=cp, ep=ep, tp=layout.tp)
+    if layout.tp > 1 and fsdp_sharded(layout):
+        raise UnsupportedError("context parallel {cp} beside ep {ep} and tp {tp} under FSDP2: each expert cut over "
+                               "tp too (torchtitan's ETP) is traced beside the ring without FSDP2", cp=cp, ep=ep,
+                               tp=layout.tp)
     if layout.shard == "hsdp" and layout.shard_degree > 1 or layout.zero_stage == 3 and layout.shard != "fsdp":
         raise UnsupportedError("context parallel {cp} beside ep {ep} under {shard}: traced under DDP's replication, "
                                "ZeRO 1-2 and FSDP2's full sharding", cp=cp, ep=ep, shard=shard_words(layout))

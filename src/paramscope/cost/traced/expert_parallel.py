@@ -122,7 +122,10 @@ def _make_style_class() -> type:
         local = param.to_local().detach()
         count = local.shape[0] // ep_mesh.size()
         mine = local.narrow(0, ep_mesh.get_local_rank() * count, count).clone()  # its own storage, not a view
-        return DTensor.from_local(mine, ep_mesh._get_root_mesh(), [Shard(0), *param.placements], run_check=False)
+        # the (ep, tp) mesh sliced from the root by name (the ep dimension may be a flattened one: dp × cp beside
+        # context parallel, torchtitan's dp_shard_in_ep × cp)
+        mesh = ep_mesh._get_root_mesh()[(*ep_mesh.mesh_dim_names, *param.device_mesh.mesh_dim_names)]
+        return DTensor.from_local(mine, mesh, [Shard(0), *param.placements], run_check=False)
 
     def _local(param: Any) -> Any:
         return param.to_local() if isinstance(param, DTensor) else param

@@ -12,8 +12,9 @@ FSDP2, as torchtitan applies them. `settings.batch` is each data-parallel rank's
 replica share it). Under context parallelism the mesh is torchtitan's (dp, cp, tp): FSDP2 over the flattened dp × cp
 ranks (its dp_shard_cp), torch's ring attention over the cp submesh (context_parallel.py) on the heads the tp rank
 holds, and the rank runs its S / cp tokens (split again over tp between the blocks under `sp`). Beside ep (ep ==
-dp × cp, without tp) the routed experts split over the same flattened ranks, torchtitan's ep = dp_shard_in_ep × cp;
-under FSDP2 the experts' own unit goes over a size-1 dp_shard_mod_ep dimension in front (its mesh (1, dp, cp, tp)).
+dp × cp) the routed experts split over the same flattened ranks, torchtitan's ep = dp_shard_in_ep × cp, and beside tp
+(without FSDP2) each rank's experts also cut over tp on the (ep, tp) mesh (its ETP = tp); under FSDP2 (without tp)
+the experts' own unit goes over a size-1 dp_shard_mod_ep dimension in front (its mesh (1, dp, cp, tp)).
 
 Tensor parallel rules. transformers' own plan is read from the model (`tp_plan`: the class's `_tp_plan`, e.g.
 LlamaForCausalLM's lm_head `colwise_gather_output`, the config's `base_model_tp_plan` prefixed with the base model's
@@ -118,10 +119,10 @@ def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1,
     also cut over tp (the (ep, tp) mesh, torchtitan's ExpertTensorParallel). `cp`: the sequence split over cp ranks by
     torch's context_parallel (context_parallel.py), `settings.seq` the whole sequence, the rank running its S / cp
     tokens; beside tp and dp as torchtitan lays them out: a (dp, cp, tp) mesh, the ring over cp on the rank's local
-    heads, FSDP2 over the flattened (dp, cp) ranks (its dp_shard_cp); beside ep (without tp) the experts split over
-    those same dp × cp ranks (ep == dp × cp: torchtitan's ep = dp_shard_in_ep × cp, its dp_shard_mod_ep 1, the
-    experts' own FSDP2 unit over it). `load`: under ep, rank 0 the busiest, receiving load × its balanced pairs
-    (expert_parallel.py)."""
+    heads, FSDP2 over the flattened (dp, cp) ranks (its dp_shard_cp); beside ep the experts split over those same
+    dp × cp ranks (ep == dp × cp: torchtitan's ep = dp_shard_in_ep × cp, its dp_shard_mod_ep 1, the experts' own FSDP2
+    unit over it), beside tp without FSDP2 also cut over tp (the (ep, tp) mesh). `load`: under ep, rank 0 the
+    busiest, receiving load × its balanced pairs (expert_parallel.py)."""
     layout = check_layout(dp, shard, tp, sp, rank, ep, cp, load)
     with progress.status(f"tracing one training step of {type(module).__name__} on rank {rank} of "
                          f"{layout.describe()} (fake process group, MemTracker)"):
@@ -158,10 +159,10 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, 
         raise OptionError("{0} must be an integer between 0 and {last} ({ranks} - 1), got {value!r}", "rank",
                           last=dp * tp * cp - 1, ranks=ranks, value=rank)
     if cp > 1 and ep > 1:  # torchtitan's ep = dp_shard_in_ep × cp (ETP = tp), its dp_shard_mod_ep 1 here
-        if ep != dp * cp or tp > 1:
+        if ep != dp * cp or tp > 1 and shard == "fsdp":
             raise UnsupportedError(f"context parallel is traced beside ep over every dp × cp rank (ep == dp × cp: "
-                                   f"torchtitan's dp_shard_in_ep × cp), without tp; got cp {cp}, ep {ep}, dp {dp}, "
-                                   f"tp {tp}")
+                                   f"torchtitan's dp_shard_in_ep × cp), beside tp without FSDP2; got cp {cp}, ep {ep}, "
+                                   f"dp {dp}, tp {tp}, shard {shard}")
     elif ep > 1 and (dp % ep or tp > 1 if shard == "fsdp" else ep != dp):
         raise UnsupportedError(f"expert parallel is traced over every data-parallel rank (ep == dp), or under FSDP2 "
                                f"over ep ranks dividing dp (torchtitan's dp_shard_in_ep, its dp_shard_mod_ep = dp / ep "
