@@ -1,4 +1,4 @@
-"""A head tied to the embedding across pipeline stages, under tensor parallel (GPT-2: Conv1D, wte tied, tp 2 × pp 2):
+"""A head tied to the embedding across pipeline stages, under tensor parallel (GPT-2: Conv1D, wte tied, tp 2 × pp 3):
 each stage replayed from the tensor-parallel rank's derived recipe (cost/parallel/stage_recipe.py) equals MemTracker
 on the real class cut to the stage with the tp layout on torch's fake process group (traced/pipeline_stage.py, as
 --trace runs it): its forwards, its first and its later backward, to the byte."""
@@ -14,19 +14,19 @@ def test_gpt2_tp_pp_first_stage_keeps_its_tied_embedding_s_own_gradient_as_trace
     """The first stage holds wte but not the head: its embedding's backward makes the weight's first gradient, the
     whole V × h (DTensor returns it Replicate), which autograd keeps as the .grad. The replay took the one-device
     step's sum into the head's Shard(0) gradient, and was above the trace at the first backward by V·h·2 − B·S·h·4 B
-    (47,616 here; 95,232 at h 128)."""
+    (95,232 B here)."""
     import transformers as T
 
     from paramscope.cost.memory.training import TrainingOptions, training_answer
 
-    hidden, vocab = 64, 500
+    hidden, vocab = 128, 500
     config = T.GPT2Config(n_embd=hidden, n_head=4, n_layer=5, vocab_size=vocab, bos_token_id=0, eos_token_id=0,
                           architectures=["GPT2LMHeadModel"])
-    layout = ParallelLayout(tp=TP, pp=2, micro_batches=2, schedule="1f1b")
-    _, estimate, _ = training_answer(config, TrainingOptions(batch=2 * MICRO, seq=SEQ, precision="bf16-mixed",
+    layout = ParallelLayout(tp=TP, pp=3, micro_batches=3, schedule="1f1b")
+    _, estimate, _ = training_answer(config, TrainingOptions(batch=3 * MICRO, seq=SEQ, precision="bf16-mixed",
                                                              layout=layout, fits=False, trace=True), use_cache=False)
     device = estimate.training.device
-    assert [(r.layers, r.in_flight) for r in device.stages] == [((0, 2), 2), ((3, 4), 1)]
+    assert [(r.layers, r.in_flight) for r in device.stages] == [((0, 1), 3), ((2, 3), 2), ((4, 4), 1)]
     for row, traced in zip(device.stages, device.traced):
         derived = row.replayed
         assert (derived.held, derived.forward_peak, derived.peak, derived.later_peak - derived.after_first_backward) \
