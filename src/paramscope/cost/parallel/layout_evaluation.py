@@ -18,6 +18,7 @@ not fit."""
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ParamscopeError
@@ -110,11 +111,32 @@ class LayoutEvaluator:
                                     f"{capacity:,} B the GPU leaves beside the reserve (no step derived)",
                             bounded=True)
         if self.derivations.exhausted:
+            known = self._ring_refusal(layout)
+            if known is not None:  # memory refuses it before deriving anything: its reason, not the cap's
+                return known
             self.derivations.not_derived += 1
             return _skipped(layout, f"not derived: the search derives at most {layout_derivation.MAX_DERIVED} ranks' "
                                     "steps from traces (the lowest-bound layouts' first), and each "
                                     f"{self.facts.view.class_name} rank at another tp, cp or FSDP degree or batch "
                                     "regime is one; memory --dp D --tp T --pp P --cp C --sp derives it")
+        return None
+
+    def _ring_refusal(self, layout: ParallelLayout) -> Skipped | None:
+        """Memory's refusal of a context-parallel layout where it comes before any derivation (an encoder, attention
+        dropout, a window shorter than S, a length the ring cannot split, cp beside experts it does not trace):
+        estimate.check_context_parallel itself, on what it reads of a step's context. None where it passes (the
+        layout then needs its rank derived) or the layout has no cp."""
+        from ...errors import UnsupportedError
+        from .estimate import check_context_parallel
+
+        if layout.cp == 1:
+            return None
+        facts = self.facts
+        try:
+            check_context_parallel(_RingQuestion(facts.view, facts.text, layout, facts.seq),  # type: ignore[arg-type]
+                                   experts=layout.ep > 1 and facts.experts > 0)
+        except UnsupportedError as err:
+            return _skipped(layout, refusal_words(err))
         return None
 
     def _memory(self, layout: ParallelLayout, replica: int, derive: bool, new: bool) -> Any:
@@ -130,6 +152,17 @@ class LayoutEvaluator:
         with status:
             return step_estimate(facts.report, facts.view,
                                  facts.training_options(replica, layout=layout, derive_layout=derive), live=False)
+
+
+@dataclass(frozen=True)
+class _RingQuestion:
+    """What estimate.check_context_parallel reads of a step's context (StepContext): the model, its text config, the
+    layout and the sequence, all the search knows before a step is asked."""
+
+    view: Any
+    text: Any
+    layout: ParallelLayout
+    seq: int
 
 
 def _skipped(layout: ParallelLayout, reason: str, bounded: bool = False) -> Skipped:
