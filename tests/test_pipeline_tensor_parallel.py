@@ -10,8 +10,6 @@ for gate_up_proj's before either is added into its .grad (the experts read their
 
 from __future__ import annotations
 
-import pytest
-
 from paramscope.cost.parallel.layout import ParallelLayout
 from parallel_steps import small_mixtral
 
@@ -87,14 +85,3 @@ def test_tp_pp_stages_replay_the_tensor_parallel_rank_s_recipe(cache):
     assert device.peak == max(r.peak for r in rows)
     assert any("tensor-parallel rank's derived step" in n and "down_proj gradient is held until" in n
                for n in estimate.notes)
-
-
-@pytest.mark.parametrize("flag, message", [
-    ("--cp", "pipeline parallelism with context parallelism for GPT2LMHeadModel is not modelled"),
-])
-def test_pp_with_cp_on_a_derived_class_is_refused_in_one_line(flag, message, capsys):
-    from paramscope.cli import main
-
-    assert main(["memory", "gpt2", "--training", "--pp", "2", flag, "2", "--dp", "2"]) == 2
-    err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1, err

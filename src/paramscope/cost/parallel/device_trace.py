@@ -65,8 +65,10 @@ def traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     # tensor parallel: rank 0's stage, the copy sharded on torch's fake process group; expert parallel (where the
     # class has routed experts to cut: the rules say so): its experts sharded over ep ranks as the replayed step's
     experts = layout.ep > 1 and any("experts / ep" in words for words in device.rules.values())
+    # context parallel: rank 0 of the (dp, cp, tp) mesh, torch's ring over the cp ranks (the replayed rank)
     parallel = check_layout(layout.ep, "none", layout.tp, layout.sp, 0, layout.ep, 1, layout.expert_load) \
-        if experts else check_layout(1, "none", layout.tp, layout.sp, 0) if layout.tp > 1 else None
+        if experts else check_layout(1, "none", layout.tp, layout.sp, 0, 1, layout.cp) \
+        if layout.tp > 1 or layout.cp > 1 else None
     why = untraced_by_layout(layout)
     if why:
         return dataclasses.replace(device, notes=device.notes + (f"--trace: no stage traced: {why}",))

@@ -76,6 +76,8 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
             return (traced_check(ctx, device), at) if ctx.trace else (device, at)
     try:
         if layout.pp > 1:
+            if layout.cp > 1 and local_recipe_missing(ctx):  # the stages replay the cp rank's derived step
+                check_context_parallel(ctx)
             answer = pipeline_device(ctx, placements, rules)
             if answer is NEEDS_BUILD:
                 return None

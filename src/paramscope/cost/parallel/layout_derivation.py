@@ -22,14 +22,16 @@ def derivation_key(layout: ParallelLayout, replica: int, experts: int) -> tuple 
     stages replay the tensor- or expert-parallel rank's recipe (or one device's) at the microbatch, without FSDP; a
     rank without a pipeline is derived at the replica's batch with FSDP's degree, or alone with its context-parallel
     share (beside tp and FSDP2 over dp × cp, as torchtitan composes them). None where memory derives nothing more
-    (data or expert parallel alone: the one-device step) or refuses the layout first (cp under a pipeline).
+    (data or expert parallel alone: the one-device step) or refuses the layout first (cp beside routed experts
+    under a pipeline); a pipeline beside cp replays the cp rank's recipe at dp 1.
     `experts`: the class's routed experts. Under an expert load the key holds the load: the busiest rank's recipe
     is another derivation."""
     load = layout.expert_load
     if layout.pp > 1:
         regime = min(2, replica // layout.micro_batches)
-        if layout.cp > 1:
-            return None
+        if layout.cp > 1:  # the cp rank's recipe at dp 1 without FSDP2 (beside tp where asked); beside routed
+            # experts memory refuses the layout first
+            return None if layout.ep > 1 and experts else ("context", layout.cp, 1, layout.tp, layout.sp, regime)
         if layout.ep > 1 and experts:  # the expert-parallel rank's recipe (the busiest's under a load), with tp
             # beside it where asked
             return ("experts", layout.ep, layout.tp, layout.sp, "none", load, regime)

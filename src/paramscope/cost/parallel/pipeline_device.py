@@ -14,8 +14,8 @@ from ..memory.phases import PhaseFigure, moment_phases
 from .device import Buffer, StageMemory, DeviceMemory, StepContext, NEEDS_BUILD
 from .device_parts import (
     check_analytic, device_states_of, fsdp_buffers, hidden_size, layer_runs, local_activations, local_recipe_missing,
-    local_shape, matmul_names, resident_bytes, sequence_parallel_norm_gradients, tied_bytes, whole_embedding_gradient,
-    with_buffers, with_norm_gradients, with_whole_gradient
+    local_shape, matmul_names, resident_bytes, ring_output_copies, sequence_parallel_norm_gradients, tied_bytes,
+    whole_embedding_gradient, with_buffers, with_norm_gradients, with_ring_outputs, with_whole_gradient
 )
 from .pipeline import Stage, bubble, layer_of, layer_stack_of, params_held, split_words, stages
 from .rules import Placement
@@ -95,6 +95,10 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         chunk = max(stage.chunk_layers)
         kept = stage.in_flight * chunk * act.per_layer if layout.virtual_stages > 1 else \
             stage.in_flight * len(stage.layers) * act.per_layer
+        # context parallel: what torch's ring keeps beyond the recipe at S / cp tokens, its merged output copied for
+        # o_proj, one a layer (ring_output_copies, as without a pipeline), for each microbatch in flight
+        ring, ring_words = ring_kept(stage, batch, length)
+        kept += ring
         stage_params(stage)
         own_casts = casts_of[stage.rank]
         all_casts = 2 * shape_all["cast_weights"] if ctx.precision.endswith("-mixed") else 0
@@ -117,6 +121,7 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                                                     arithmetic=f.arithmetic + f"; gradients {dev.gradients:,} "
                                                     "(accumulated over the microbatches already gone back)")
                                 if f.where in ("end of forward", "start of backward") else f for f in figures)
+            figures = tuple(with_ring_outputs(f, (ring, ring_words)) for f in figures)
             return tuple(with_buffers(p, comm_of[stage.rank]) for p in figures), \
                 kept + (act.saved - act.layers * act.per_layer - all_casts) + own_casts
         embedding = stage.in_flight * residual * batch * local_len * h if stage.first else 0
@@ -124,8 +129,8 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         held = kept + embedding + own_casts
         words = (f"{stage.in_flight} microbatch{'es' if stage.in_flight > 1 else ''} in flight × "
                  + (f"{chunk} layers a chunk" if layout.virtual_stages > 1 else f"{len(stage.layers)} layers")
-                 + f" × {act.per_layer:,} B a layer = {kept:,}" + (f" + the embedding output {residual}·b·S·h each, "
-                                                         f"{embedding:,}" if embedding else "")
+                 + f" × {act.per_layer:,} B a layer" + (f" + {ring_words}" if ring else "") + f" = {kept:,}"
+                 + (f" + the embedding output {residual}·b·S·h each, {embedding:,}" if embedding else "")
                  + (f" + the stage's 16-bit weight copies {own_casts:,}" if own_casts else "")
                  + f" + the gradient arriving from the next stage {incoming:,} + gradients {dev.gradients:,}")
         steady = PhaseFigure("backward", resident + held + incoming + dev.gradients, "1F1B steady state" if
@@ -134,6 +139,19 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         step = PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
                            f"gradients {dev.gradients:,}; {step_text}", dev.gradients)
         return (with_buffers(steady, comm_of[stage.rank]), step), held
+
+    def ring_kept(stage: Stage, batch: int, length: int) -> tuple[int, str]:
+        if layout.cp == 1 or ctx.shape.get("checkpointing"):  # a recomputed layer keeps no copy to the moments
+            return 0, ""
+        layers = max(stage.chunk_layers) if layout.virtual_stages > 1 else len(stage.layers)
+        every, _ = ring_output_copies(ctx, batch, length)
+        one = every // count
+        size = 4 if ctx.precision == "fp32" else 2
+        return stage.in_flight * layers * one, (
+            f"ring attention's output copied for o_proj (torch's merge leaves it heads-major), {stage.in_flight} "
+            f"microbatch{'es' if stage.in_flight > 1 else ''} × {layers} layers × B·(S / {layout.cp})·heads·head_dim "
+            f"× {size} B = {stage.in_flight} × {layers} × {one:,} = {stage.in_flight * layers * one:,}"
+            if one else "")
 
     comm_of: dict[int, list[Buffer]] = {}
     for stage in plan:
@@ -165,6 +183,14 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
              "terms include the embedding output the first stage holds (a bound); a stage's own backward working "
              "memory beyond what its layers saved is not counted, nor the point-to-point send and receive buffers "
              "(b·S·h each)",)
+    if layout.cp > 1:
+        notes += (f"context parallel under the pipeline: stage s runs on the {layout.devices // layout.pp} ranks from "
+                  f"s × {layout.devices // layout.pp} on (pp outermost, then dp, cp, tp as torchtitan lays them out), "
+                  f"each cp rank's layers at its "
+                  f"S / {layout.cp} tokens (the recipe there, the hidden state sent and received B·(S / {layout.cp})·h)"
+                  " and, for each microbatch in flight, what torch's ring keeps beyond it: each layer's merged output "
+                  "copied for o_proj (the closed form of the cp rank without a pipeline, held to the traced ring "
+                  "there); the ring's other buffers are freed inside each attention",)
     device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           held, f"analytic: {recipe}, stage {stage.rank}'s layers × microbatches in flight",
                           dev.arithmetic, tuple(comm), figures, rules, tuple(rows), words, bubble(layout), notes)
@@ -193,14 +219,14 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
 
     layout = ctx.layout
     cls = ctx.view.class_name
-    if layout.cp > 1:
-        raise UnsupportedError("pipeline parallelism with context parallelism for {cls} is not modelled: its stages "
-                               "are replayed from a derived step, and none is derived with the sequence cut over "
-                               "ranks (ring attention's chunks); pipeline with data and tensor parallelism is answered",
-                               cls=cls)
     # expert parallel: the stages replayed from the expert-parallel rank's derived step (a class without routed
     # experts has nothing to cut: its step is one device's, as without a pipeline)
     experts = layout.ep > 1 and any(p.experts_split for p in placements)
+    if layout.cp > 1 and experts:  # no rank is traced with the ring beside the experts' dispatch (check_layout)
+        raise UnsupportedError("pipeline parallelism with context parallelism (cp {cp}) beside expert parallelism "
+                               "(ep {ep}) for {cls} is not modelled: its stages are replayed from a rank's derived "
+                               "step, and none is traced with torch's ring beside the experts' dispatch; pp × cp "
+                               "(with tp) and pp × ep are answered", cp=layout.cp, ep=layout.ep, cls=cls)
     if getattr(ctx.view.config, "is_encoder_decoder", False):
         raise UnsupportedError("pipeline parallelism over {cls} is refused: an encoder-decoder has two layer stacks "
                                "and the decoder's cross-attention reads the encoder's output on every decoder stage, "
@@ -214,7 +240,11 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                             frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own,
                             # tensor parallel: the rank's recipe, derived with the layout applied on torch's fake
                             # process group (same segments: prefix, each layer's forward, head, each layer's backward)
-                            layout=(1, "none", layout.tp, layout.sp) if layout.tp > 1 and not experts else
+                            # context parallel: the cp rank's recipe (rank 0 of torchtitan's (dp, cp, tp) mesh),
+                            # derived with torch's ring attention over the cp ranks and the tp layout beside, at its
+                            # S / cp tokens, without FSDP2 (the key the cp rank at dp 1 has: the same recipe)
+                            layout=(1, "none", layout.tp, layout.sp, 0, 1, layout.cp) if layout.cp > 1 else
+                            (1, "none", layout.tp, layout.sp) if layout.tp > 1 and not experts else
                             # expert parallel: the rank's recipe, derived with the experts cut over ep ranks as
                             # torchtitan's ExpertParallel cuts them (traced/expert_parallel.py), dp == ep there: the
                             # data-parallel ranks beyond ep run the same step
@@ -241,8 +271,9 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     hidden = hidden_size(ctx)
     step_bytes, step_text = ctx.step
     # the hidden state a rank sends and receives: under sequence parallel its sequence shard (torch's
-    # SequenceParallel leaves the residual stream Shard(1) between layers), else whole on every tp rank
-    shard = layout.tp if layout.sp else 1
+    # SequenceParallel leaves the residual stream Shard(1) between layers), else whole on every tp rank; under
+    # context parallel the rank's S / cp tokens (its two chunks), split again over tp under sp
+    shard = (layout.tp if layout.sp else 1) * layout.cp
     s_words = f"B·(S / {shard})·h" if shard > 1 else "B·S·h"
     whole = whole_embedding_gradient(ctx, placements)
     waiting = _waiting_gradients(ctx, placements)
@@ -354,7 +385,11 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     words = (f"{split_words(layout, count)}; the embeddings on stage 0, {after_layers(ctx.report.params, stack)} on "
              f"stage {layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
     tp_words = f"tp {layout.tp}{' with sequence parallel' if layout.sp else ''}"
-    source = (f"tensor-parallel rank's derived step ({tp_words}, traced on torch's fake process group; {regime})"
+    source = (f"context-parallel rank's derived step (cp {layout.cp}: rank 0 of torchtitan's (dp, cp, tp) mesh, its "
+              f"S / {layout.cp} tokens in two chunks, torch's ring attention over the cp ranks"
+              + (f", beside {tp_words}" if layout.tp > 1 else "") + f", traced on torch's fake process group; {regime})"
+              if layout.cp > 1 else
+              f"tensor-parallel rank's derived step ({tp_words}, traced on torch's fake process group; {regime})"
               if layout.tp > 1 and not experts else
               f"expert-parallel rank's derived step (ep {layout.ep}: its routed experts / {layout.ep}, Shard(0), "
               + (f"each also cut over {tp_words} as under tensor parallel, [Shard(0), Shard(1 or 2)] on the (ep, tp) "
@@ -364,7 +399,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
               + ("balanced routing" if layout.expert_load == 1 else
                  f"an uneven load, the busiest rank's: {layout.expert_load:g} × its balanced token-expert pairs")
               + f"; {regime})" if experts else f"derived one-device step ({regime})")
-    check = ("checked against MemTracker on the real class cut to each stage with the tp layout applied on the fake "
+    check = (CONTEXT_CHECK if layout.cp > 1 else
+             "checked against MemTracker on the real class cut to each stage with the tp layout applied on the fake "
              "process group: on a Mixtral cut (tp 2 with sequence parallel, pp 3; "
              "tests/test_pipeline_tensor_parallel.py) its forwards and first backward equal to the byte, and on a "
              "GPT-2 cut (Conv1D, tied head; tp 2, pp 2; tests/test_pipeline_tied_stages.py) its forwards, first and "
@@ -397,9 +433,21 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
 
     def at(one_device: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
         size = max(1, batch // layout.micro_batches)
+        if layout.cp > 1:  # the rank is derived where 2·cp (2·cp·tp under sp) divides S: the next such length
+            # bounds one it does not divide, as without a pipeline (estimate._derived_device)
+            unit = 2 * layout.cp * (layout.tp if layout.sp else 1)
+            length = -(-length // unit) * unit
         return max((max(stage_figures(s, d, c, size, length)[0], key=lambda p: p.bytes)
                     for s, d, _, _, c in rows_in), key=lambda p: p.bytes)
     return device, at
+
+
+# what the context-parallel stages are checked against (tests/test_pipeline_context_parallel.py)
+CONTEXT_CHECK = ("checked against MemTracker on the real class cut to each stage, run on rank 0 of the (dp, cp, tp) "
+                 "mesh with torch's ring attention over the cp ranks on the fake process group: on a Mixtral cut "
+                 "(pp 3, cp 2, 1F1B; alone and beside tp 2 with sequence parallel) each stage's forwards, first "
+                 "backward and a later backward (1F1B's steady state) equal to the byte, and so on a GPT-2 cut (tied "
+                 "head; pp 3, cp 2) and GPT-2 at full size (pp 2, cp 2, 4,096 tokens); --trace measures each stage")
 
 
 # what the expert-parallel stages are checked against (tests/test_pipeline_expert_parallel.py)

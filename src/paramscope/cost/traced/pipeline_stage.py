@@ -58,10 +58,13 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
     (> 0): then the next backward, with the gradients the first made, `later` microbatches held: one more
     microbatch's forward first where that is `in_flight` (1F1B's steady state), none where one fewer (the drain).
     `parallel` (traced/parallel.Layout): the copy sharded so on torch's fake process group first (tensor parallel:
-    the stage's received hidden state and output gradient the rank's, the sequence shard under sequence parallel)."""
+    the stage's received hidden state and output gradient the rank's, the sequence shard under sequence parallel;
+    context parallel: the rank's S / cp tokens, torch's ring attention over the cp ranks, `settings.seq` the whole
+    sequence)."""
     import torch
     from torch.utils._pytree import tree_leaves
 
+    from .parallel import rank_tokens
     from .step import autocast_for, by_category, make_tracker, restart_peak, running, training_inputs
     from .tracker_hooks import gradients_not_held
 
@@ -69,10 +72,12 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
         layers = model.get_submodule(layer_path)
         count = len(layers)
         first, last = start == 0, stop == count
-        inputs = training_inputs(model, settings)
+        # context parallel: the rank's S / cp tokens (the ring, set up for the whole sequence, runs on them)
+        run = rank_tokens(settings, parallel) if parallel is not None else settings
+        inputs = training_inputs(model, run)
         embedding = model.get_input_embeddings().weight
         shard = parallel.tp if parallel is not None and parallel.sp else 1
-        hidden = (settings.batch, settings.seq // shard, embedding.shape[1])
+        hidden = (settings.batch, run.seq // shard, embedding.shape[1])
         autocast = autocast_for(settings.precision)
         with running(model):
             layer_args = None if first else _layer_arguments(model, layers, inputs, autocast)
