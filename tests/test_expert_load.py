@@ -131,11 +131,9 @@ def test_a_load_out_of_range_is_refused_in_one_line(layout, why):
 
 
 @pytest.mark.parametrize("layout, experts, why", [
-    (dict(dp=2, ep=2, tp=2, shard="fsdp", expert_load=1.5), True, "expert load 1.5: the busiest expert-parallel "
-                                                                   "rank is derived"),
-    (dict(dp=2, ep=2, cp=2, expert_load=1.5), True, "FSDP2 over the ep ranks without tp\\), tensor parallel and"),
+    (dict(dp=2, ep=2, cp=2, expert_load=1.5), True, "FSDP2 over dp ranks ep divides\\), tensor parallel and"),
     (dict(dp=2, ep=2, shard="zero3", expert_load=1.5), True, "beside data parallel \\(ZeRO 0-2, or FSDP2 over"),
-    (dict(dp=2, ep=2, shard="hsdp", shard_group=2, expert_load=1.5), True, "FSDP2 over the ep ranks"),
+    (dict(dp=2, ep=2, shard="hsdp", shard_group=2, expert_load=1.5), True, "FSDP2 over dp ranks ep divides"),
     (dict(dp=2, ep=2, expert_load=2), False, "expert load 2: GPT2LMHeadModel has no routed experts"),
 ])
 def test_a_load_the_derivation_does_not_take_is_refused_in_one_line(layout, experts, why):

@@ -181,11 +181,6 @@ def check_analytic(ctx: StepContext, what: str) -> str:
         if why:
             raise UnsupportedError(why)
     if recipe is None or ctx.analytic is None or ctx.derived_or_traced:
-        untraced = untraced_beside_experts(ctx.layout)
-        if untraced:  # name the combination, not the general coverage (it read as tp or cp refused outright)
-            raise UnsupportedError("{untraced} for {cls} is not modelled: its step is derived from traces (no closed "
-                                   "form on a rank's shard), and none is traced with that combination; {covered}",
-                                   untraced=untraced, cls=ctx.view.class_name, covered=_TRACED_COMBINATIONS)
         raise UnsupportedError("{what} for {cls} needs its activations on each device: the closed form on a rank's "
                                "shard covers the Llama-style family (its recipe keeps heads, widths and tokens "
                                "apart), and a step derived from traces with the layout applied covers FSDP2, "
@@ -198,22 +193,6 @@ def check_analytic(ctx: StepContext, what: str) -> str:
             raise UnsupportedError("context parallelism splits the sequence: cp {cp} does not divide {seq:,}",
                                    cp=ctx.layout.cp, seq=ctx.seq)
     return recipe
-
-
-_TRACED_COMBINATIONS = ("expert parallelism is traced beside data parallelism (ZeRO 0-2, or FSDP2 over the ep ranks "
-                        "without tp), tensor parallelism without FSDP2, and pipeline stages")
-
-
-def untraced_beside_experts(layout: Any) -> str:
-    """The expert-parallel combination no trace composes, in words ('' where there is none): tensor parallelism
-    beside ep under FSDP2 (each expert then sharded over a mesh dimension not traced). Context parallelism beside ep
-    is traced (ep = dp_shard_in_ep × cp, torchtitan's) and derived; estimate.check_ring_beside_experts refuses the
-    rest of it."""
-    if layout.ep == 1:
-        return ""
-    if layout.tp > 1 and fsdp_sharded(layout):
-        return f"tensor parallelism (tp {layout.tp}) beside expert parallelism (ep {layout.ep}) under FSDP2"
-    return ""
 
 
 def refuse_attention_dropout(ctx: StepContext) -> None:

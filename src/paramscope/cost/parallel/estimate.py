@@ -133,10 +133,10 @@ def _closed_form_beside(ctx: StepContext, placements: tuple[Placement, ...], rul
 
 def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bool:
     """Whether the layout asks an uneven expert load (--expert-load F > 1 under --ep), refusing in one line what the
-    busiest rank's derivation does not take: a class without routed experts, context parallel beside it, tensor
-    parallel beside FSDP2 (ep beside tp is traced without FSDP2), DeepSpeed's ZeRO-3 (not traced), hybrid sharding,
-    no derivation asked. FSDP2 over dp ranks is torchtitan's composition: the experts split over ep ranks, their own
-    FSDP2 unit over the dp / ep ranks holding the same experts (its dp_shard_mod_ep), the rest over dp."""
+    busiest rank's derivation does not take: a class without routed experts, context parallel beside it,
+    DeepSpeed's ZeRO-3 (not traced), hybrid sharding, no derivation asked. FSDP2 over dp ranks is torchtitan's
+    composition: the experts split over ep ranks (beside tp also cut over tp, its ETP = tp), their own FSDP2 unit
+    over the dp / ep ranks holding the same experts (its dp_shard_mod_ep), the rest over dp."""
     layout = ctx.layout
     if layout.expert_load == 1 or layout.ep == 1:
         return False
@@ -144,11 +144,10 @@ def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bo
     if not any(p.experts_split for p in placements):
         raise UnsupportedError("expert load {load}: {cls} has no routed experts for the ep ranks to share",
                                load=load, cls=ctx.view.class_name)
-    if layout.tp > 1 and layout.shard == "fsdp" or layout.cp > 1 or layout.zero_stage == 3 and \
-            layout.shard != "fsdp" or not ctx.derive:
+    if layout.cp > 1 or layout.zero_stage == 3 and layout.shard != "fsdp" or not ctx.derive:
         raise UnsupportedError("expert load {load}: the busiest expert-parallel rank is derived from traces with "
-                               "expert parallel beside data parallel (ZeRO 0-2, or FSDP2 over the ep ranks without "
-                               "tp), tensor parallel and pipeline stages; got {layout}", load=load,
+                               "expert parallel beside data parallel (ZeRO 0-2, or FSDP2 over dp ranks ep divides), "
+                               "tensor parallel and pipeline stages; got {layout}", load=load,
                                layout=layout.words())
     return True
 
@@ -304,15 +303,15 @@ def _sharded_rank_derived(ctx: StepContext, placements: tuple[Placement, ...]) -
     a tensor-parallel rank for the classes without the closed form on a rank's shard. Under expert parallel (balanced
     routing), where the class has routed experts: the rank of the (ep, tp) mesh beside tp without FSDP2
     (torchtitan's ExpertTensorParallel: each rank's E/ep experts also cut over tp; the key the pipeline's stages and
-    the loaded rank trace), and FSDP2's rank over dp ranks ep divides (torchtitan's (dp / ep, ep) mesh, the experts'
-    own unit over dp / ep); ep beside DDP or ZeRO 1-2 alone stays one device's step and its dispatch
-    (_data_parallel_device)."""
+    the loaded rank trace), and FSDP2's rank over dp ranks ep divides, beside tp or not (torchtitan's
+    (dp / ep, ep, tp) mesh, the experts' own unit over dp / ep); ep beside DDP or ZeRO 1-2 alone stays one device's
+    step and its dispatch (_data_parallel_device)."""
     layout = ctx.layout
     if layout.ep > 1:
         if not any(p.experts_split for p in placements):
             return False
         if layout.shard == "fsdp" and fsdp_sharded(layout):
-            return layout.tp == 1
+            return True
         return layout.tp > 1 and not fsdp_sharded(layout) and layout.zero_stage != 3
     return fsdp_sharded(layout) or layout.tp > 1 and local_recipe_missing(ctx)
 

@@ -59,19 +59,18 @@ def derivation_key(layout: ParallelLayout, replica: int, experts: int) -> tuple 
 def _expert_rank_key(layout: ParallelLayout, experts: int, fsdp: bool, regime: int) -> tuple | None:
     """An expert-parallel rank without a pipeline, as estimate.layout_device derives it: the busiest rank under a
     load (beside tp, or under FSDP2), the balanced (ep, tp) rank beside tp without FSDP2, the balanced FSDP2 rank
-    (torchtitan's (dp / ep, ep) mesh: each FSDP2 degree a derivation of its own, "fsdp D" in the key); None where
-    memory derives nothing more (ep beside DDP or ZeRO 1-2 alone, balanced: one device's step) or refuses the layout
-    first (check_expert_load: a load beside cp, FSDP2 beside tp, DeepSpeed's ZeRO-3, hybrid sharding), so the search
-    names memory's reason rather than spending a derivation."""
+    beside tp or not (torchtitan's (dp / ep, ep, tp) mesh: each FSDP2 degree a derivation of its own, "fsdp D" in
+    the key); None where memory derives nothing more (ep beside DDP or ZeRO 1-2 alone, balanced: one device's step)
+    or refuses the layout first (check_expert_load: a load beside cp, DeepSpeed's ZeRO-3, hybrid sharding), so the
+    search names memory's reason rather than spending a derivation."""
     if not experts:
         return None
     shard = f"fsdp {layout.shard_degree}" if fsdp and layout.shard == "fsdp" else "none"
     if layout.expert_load != 1:
-        if layout.cp > 1 or layout.zero_stage == 3 and layout.shard != "fsdp" or \
-                layout.shard == "fsdp" and layout.tp > 1:
+        if layout.cp > 1 or layout.zero_stage == 3 and layout.shard != "fsdp":
             return None
         return ("experts", layout.ep, layout.tp, layout.sp, shard, layout.expert_load, regime)
-    if layout.cp == 1 and shard != "none" and layout.tp == 1:
+    if layout.cp == 1 and shard != "none":
         return ("experts", layout.ep, layout.tp, layout.sp, shard, 1.0, regime)
     if layout.tp > 1 and layout.cp == 1 and not fsdp and layout.zero_stage != 3:
         return ("experts", layout.ep, layout.tp, layout.sp, "none", 1.0, regime)

@@ -30,11 +30,11 @@ def untraced_by_layout(layout: ParallelLayout) -> str | None:
                 layout.shard == "fsdp" and (layout.shard_degree != layout.ep or layout.tp > 1):
             return ("context parallelism beside ep is traced with ep = dp_shard_in_ep × cp ranks (torchtitan's), "
                     "under DDP's replication (beside tp too) or FSDP2 over exactly the ep ranks (without tp)")
-    elif layout.ep > 1 and (layout.tp > 1 and fsdp or layout.dp != layout.ep and layout.shard != "fsdp" or
+    elif layout.ep > 1 and (layout.dp != layout.ep and layout.shard != "fsdp" or
                             layout.shard_degree > 1 and layout.shard != "fsdp"):
         return ("expert parallelism is traced over every data-parallel rank (ep equal to dp) or under FSDP2's full "
-                "sharding over dp ranks ep divides (torchtitan's (dp / ep, ep) mesh), beside tensor parallel on the "
-                "(ep, tp) mesh or FSDP2, not both, nor DeepSpeed's ZeRO or hybrid sharding")
+                "sharding over dp ranks ep divides (torchtitan's (dp / ep, ep, tp) mesh), beside tensor parallel on "
+                "the (ep, tp) mesh, not under DeepSpeed's ZeRO or hybrid sharding")
     if layout.shard in ("zero1", "zero2", "zero3"):
         return "DeepSpeed's ZeRO is not traced (no DeepSpeed here); FSDP2 (zero fsdp) is"
     return None

@@ -86,7 +86,7 @@ class Layout:
     tp: int = 1
     sp: bool = False
     rank: int = 0
-    ep: int = 1  # routed experts over the data-parallel ranks (expert_parallel.py); ep == dp when > 1
+    ep: int = 1  # routed experts over the data-parallel ranks (expert_parallel.py); ep == dp (under FSDP2 ep | dp)
     cp: int = 1  # context parallel: the sequence over cp ranks, torch's ring attention (context_parallel.py)
     load: float = 1  # expert parallel's routing: rank 0, the busiest, receives load × its balanced pairs (1: balanced)
 
@@ -115,7 +115,8 @@ def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1,
     micro-batch. Rank r sits at (r // tp, r % tp) of the ("dp", "tp") mesh; ranks differ only where a width does
     not divide (a vocabulary over tp, dim 0 over dp: the last ranks hold fewer rows, FSDP2 pads them alike). `ep`:
     the routed experts split over the dp ranks as torchtitan's ExpertParallel splits them (expert_parallel.py,
-    balanced routing); it takes every dp rank (ep == dp) and no FSDP2; beside tp each rank's experts are
+    balanced routing); it takes every dp rank (ep == dp), or under FSDP2 ep ranks dividing dp (torchtitan's
+    (dp / ep, ep, tp) mesh, the experts' own FSDP2 unit over dp / ep); beside tp each rank's experts are
     also cut over tp (the (ep, tp) mesh, torchtitan's ExpertTensorParallel). `cp`: the sequence split over cp ranks by
     torch's context_parallel (context_parallel.py), `settings.seq` the whole sequence, the rank running its S / cp
     tokens; beside tp and dp as torchtitan lays them out: a (dp, cp, tp) mesh, the ring over cp on the rank's local
@@ -163,10 +164,10 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, 
             raise UnsupportedError(f"context parallel is traced beside ep over every dp × cp rank (ep == dp × cp: "
                                    f"torchtitan's dp_shard_in_ep × cp), beside tp without FSDP2; got cp {cp}, ep {ep}, "
                                    f"dp {dp}, tp {tp}, shard {shard}")
-    elif ep > 1 and (dp % ep or tp > 1 if shard == "fsdp" else ep != dp):
+    elif ep > 1 and (dp % ep if shard == "fsdp" else ep != dp):
         raise UnsupportedError(f"expert parallel is traced over every data-parallel rank (ep == dp), or under FSDP2 "
                                f"over ep ranks dividing dp (torchtitan's dp_shard_in_ep, its dp_shard_mod_ep = dp / ep "
-                               f"sharding the experts further) without tp; got ep {ep}, dp {dp}, tp {tp}, shard {shard}")
+                               f"sharding the experts further); got ep {ep}, dp {dp}, tp {tp}, shard {shard}")
     if isinstance(load, bool) or not isinstance(load, (int, float)) or not 1 <= load <= ep:
         raise OptionError("{0} (the busiest expert-parallel rank's pairs over its balanced share) must be from 1 to "
                           "ep {ep}, got {value!r}", "load", ep=ep, value=str(load)[:40])
