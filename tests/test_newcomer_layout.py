@@ -105,7 +105,7 @@ def test_trace_under_a_pipeline_the_closed_form_answers_is_refused_before_the_bu
 def test_trace_is_refused_only_where_device_trace_declines_whatever_the_class():
     from paramscope.cost.parallel.trace_reach import untraced_by_layout
 
-    refused = {"zero3": layout_for(dp=2, zero=3), "interleaved": layout_for(pp=2, virtual_stages=2, batch=2),
+    refused = {"zero3": layout_for(dp=2, zero=3),
                "pp with cp": layout_for(pp=2, cp=2),
                "cp beside ep and tp under fsdp": layout_for(dp=2, cp=2, ep=4, tp=2, zero="fsdp"),
                "ep below dp": layout_for(dp=4, ep=2)}
@@ -113,7 +113,8 @@ def test_trace_is_refused_only_where_device_trace_declines_whatever_the_class():
         with pytest.raises(OptionError, match=r"^trace traces no rank under this layout: "):
             TrainingOptions(trace="extended", layout=layout, batch=2).check()
     traced = (layout_for(tp=2), layout_for(dp=2, zero="fsdp"), layout_for(dp=2, ep=2), layout_for(cp=2, tp=2),
-              layout_for(dp=2, cp=2, zero="fsdp"), layout_for(pp=2), layout_for(pp=2, dp=2, zero=3))
+              layout_for(dp=2, cp=2, zero="fsdp"), layout_for(pp=2), layout_for(pp=2, dp=2, zero=3),
+              layout_for(pp=2, virtual_stages=2, batch=2))
     assert [untraced_by_layout(layout) for layout in traced] == [None] * len(traced)
 
 

@@ -82,8 +82,16 @@ def traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
         start, stop = stage.layers[0], stage.layers[1] + 1
         replayed = stage.replayed
         later = replayed.later_in_flight
-        traced = trace_stage(ctx.view.module, settings, stack, start, stop, stage.in_flight, later=later,
-                             parallel=parallel)
+        if layout.virtual_stages > 1:  # the rank's chunks, run in torch's ScheduleInterleaved1F1B order
+            from ..traced.interleaved_stage import trace_interleaved_stage
+            from .pipeline import interleaved_order
+
+            traced = trace_interleaved_stage(ctx.view.module, settings, stack,
+                                             tuple((a, b + 1) for a, b in stage.chunks),
+                                             interleaved_order(layout, stage.rank), parallel=parallel)
+        else:
+            traced = trace_stage(ctx.view.module, settings, stack, start, stop, stage.in_flight, later=later,
+                                 parallel=parallel)
         traces.append(traced)
         words = ""
         if later:  # the later backward's rise above what the first left (the microbatches still held)
@@ -92,9 +100,18 @@ def traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
             again = "one more forward and " if later == stage.in_flight else ""
             words = (f"; then {again}the next backward, gradients held: {rise:,} B above what the first backward "
                      f"left, replayed {derived:,} B")
-        notes.append(f"check: stage {stage.rank} traced (the real class cut to layers {start}–{stop - 1} and run as "
-                     f"PipelineStage runs it, {stage.in_flight} forward{'s' if stage.in_flight > 1 else ''} then a "
-                     f"backward; MemTracker): held {traced.held:,} B, peak {traced.peak:,} B above its states; "
+            if replayed.gradients_made is not None:  # interleaved: the later moments hold the gradients made since
+                first, every = replayed.gradients_made
+                derived = replayed.later_peak + every - replayed.after_first_backward - first
+                words = (f"; then the rest of the order, the other chunks' gradients made as they go: {rise:,} B "
+                         f"above what the first backward left, replayed {derived:,} B")
+        run = (f"the real class cut to layers {start}–{stop - 1} and run as PipelineStage runs it, "
+               f"{stage.in_flight} forward{'s' if stage.in_flight > 1 else ''} then a backward") \
+            if layout.virtual_stages == 1 else \
+            (f"the real class cut to its chunks, layers {', '.join(f'{a}–{b}' for a, b in stage.chunks)}, each run "
+             "as PipelineStage runs it, in torch's ScheduleInterleaved1F1B order; held at its first backward")
+        notes.append(f"check: stage {stage.rank} traced ({run}; MemTracker): held {traced.held:,} B, peak "
+                     f"{traced.peak:,} B above its states; "
                      f"replayed {replayed.held:,} B and {replayed.peak:,} B ("
                      + ("equal" if (traced.held, traced.peak) == (replayed.held, replayed.peak) else
                         f"the replay {replayed.held - traced.held:+,} B held, {replayed.peak - traced.peak:+,} B at "

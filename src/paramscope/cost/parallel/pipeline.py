@@ -80,6 +80,25 @@ def in_flight(layout: ParallelLayout, rank: int) -> int:
     return min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
 
 
+def interleaved_order(layout: ParallelLayout, rank: int) -> tuple[tuple[str, int], ...]:
+    """Rank `rank`'s actions under the interleaved schedule, in order, each ("F" or "B", the rank's local chunk): torch's
+    ScheduleInterleaved1F1B (its _get_warmup_ops and _get_1f1b_rank_ops, idle slots left out): rounds of
+    m / max(1, m // pp) microbatches, (v − 1) rounds' forwards and 2 more for each rank before the last as warm-up,
+    then one forward and one backward a step, forwards chunk by chunk round by round, backwards from the last chunk
+    down; each chunk's microbatches in order (tests/test_interleaved_stages.py holds it to torch's own order)."""
+    p, m, v = layout.pp, layout.micro_batches, layout.virtual_stages
+    per_round = m // max(1, m // p)
+    total = m * v
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), total)
+    order: list[tuple[str, int]] = []
+    for step in range(total + warmup):
+        if step < total:
+            order.append(("F", (step // per_round) % v))
+        if step >= warmup:
+            order.append(("B", v - 1 - ((step - warmup) // per_round) % v))
+    return tuple(order)
+
+
 def bubble(layout: ParallelLayout) -> float:
     """The pipeline's idle fraction of a step: (pp − 1) / (v·m + pp − 1)."""
     p, m, v = layout.pp, layout.micro_batches, layout.virtual_stages

@@ -215,7 +215,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     from ..traced.step import StepSettings
     from ..dims import dim
     from .experts import load_words
-    from .stage_recipe import stage_activations
+    from .pipeline import interleaved_order
+    from .stage_recipe import interleaved_activations, stage_activations
 
     layout = ctx.layout
     cls = ctx.view.class_name
@@ -306,23 +307,32 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
         # came first (GPipe) or the stage's last microbatches drain
         more = layout.schedule != "gpipe" and layout.micro_batches * layout.virtual_stages > stage.in_flight
         later = 0 if layout.micro_batches * layout.virtual_stages == 1 else stage.in_flight - (0 if more else 1)
-        # interleaved: the chunk whose microbatch keeps the most, for every chunk-microbatch in flight (a bound)
-        figures = max((stage_activations(recipe, batch, length, a, b, stage.in_flight, residual, later, waiting,
-                                         tied)
-                       for a, b in chunks_of(stage)), key=lambda f: (f.per_microbatch, f.peak))
+        interleaved = layout.virtual_stages > 1
+        if interleaved:  # the rank's chunks walked along torch's ScheduleInterleaved1F1B order, each its own bytes
+            figures = interleaved_activations(recipe, batch, length, tuple(chunks_of(stage)),
+                                              interleaved_order(layout, stage.rank), residual, waiting, tied)
+            later = figures.later_in_flight
+        else:
+            figures = stage_activations(recipe, batch, length, stage.layers[0], stage.layers[-1] + 1,
+                                        stage.in_flight, residual, later, waiting, tied)
         resident = resident_bytes(dev, ctx.buffer_bytes)
         k = stage.in_flight
         held_words = (f"{k} microbatch{'es' if k > 1 else ''} in flight × {figures.per_microbatch:,} B each"
                       + (f" (the received hidden state B·S·h × {residual_size} B = {figures.received:,} included)"
-                         if figures.received else "")
-                      + (f", the largest chunk's (a bound over the {len(stage.chunk_layers)} chunks)"
-                         if layout.virtual_stages > 1 else ""))
+                         if figures.received else "")) if not interleaved else \
+            (f"the chunk-microbatches in flight at the rank's first backward along torch's interleaved order, each "
+             f"its chunk's bytes (of its {len(stage.chunk_layers)} chunks, the largest's {figures.per_microbatch:,}"
+             + (f", a received hidden state B·S·h × {residual_size} B = {residual:,} included" if figures.received
+                else "") + ")")
         phases = [
             # each figure's words open on its value and name its parts in parentheses: the line sums to the figure
             PhaseFigure("forward", resident + figures.forward_peak, "forwards in flight",
                         f"the forwards {figures.forward_peak:,} ({k - 1} microbatch{'es' if k != 2 else ''} held × "
-                        f"{figures.per_microbatch:,} and the last forward's peak; derived, the stage's segments)", 0,
-                        figures.forward_peak),
+                        f"{figures.per_microbatch:,} and the last forward's peak; derived, the stage's segments)"
+                        if not interleaved else
+                        f"the forwards {figures.forward_peak:,} (the largest forward before the rank's first "
+                        "backward along torch's interleaved order, with the chunk-microbatches then in flight; "
+                        "derived, each chunk's segments)", 0, figures.forward_peak),
             PhaseFigure("backward", resident + figures.backward_peak, "first backward",
                         f"the first backward {figures.backward_peak:,} ({held_words} = {figures.held:,}, and one "
                         "microbatch's backward through the stage"
@@ -337,7 +347,11 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                 f"{figures.later_peak:,} ({later} microbatch{'es' if later > 1 else ''} in flight and one's "
                 "backward, each new gradient added into its .grad at once"
                 + (", or the forward before it with one fewer held, where larger" if later == k else "")
-                + "; derived)", dev.gradients, figures.later_peak))
+                + "; derived)" if not interleaved else
+                f"gradients {dev.gradients:,} + the largest moment after the rank's first backward along torch's "
+                f"interleaved order, less every gradient the rank holds by the step's end, {figures.later_peak:,} "
+                "(each moment the chunk-microbatches then in flight, each chunk's gradients made at its first "
+                "backward and added into their .grad at once after; derived)", dev.gradients, figures.later_peak))
         phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
                                   f"gradients {dev.gradients:,}; {step_text}", dev.gradients))
         if stage.first and whole is not None:  # the stage holding the vocabulary-parallel embedding

@@ -48,10 +48,16 @@ class StageActivations:
     later_in_flight: int = 0
     later_peak: int = 0
     kept_once: int = 0  # of per_microbatch, what the step never frees (held once a stage, not once a microbatch)
+    after: int | None = None  # an interleaved rank's live bytes after its first backward (its chunks differ)
+    # an interleaved rank's gradients made by its first backward's end (its chunk's) and by the step's end (every
+    # chunk's): later_peak is above the second, and the moments between hold the first and what followed it
+    gradients_made: tuple[int, int] | None = None
 
     @property
     def after_first_backward(self) -> int:
         """Live after the first backward, less the gradients: the microbatches still in flight."""
+        if self.after is not None:
+            return self.after
         return self.held - self.per_microbatch + self.kept_once
 
     @property
@@ -348,3 +354,78 @@ class _Replay:
                 live -= times * size + held
                 held = 0
         return live, peak, grads_at_peak
+
+
+def interleaved_activations(recipe: DerivedRecipe, batch: int, seq: int, chunks: tuple[tuple[int, int], ...],
+                            order: tuple[tuple[str, int], ...], residual: int,
+                            waiting: frozenset[int] = frozenset(), tied: tuple[int, int] | None = None
+                            ) -> StageActivations:
+    """A rank of the interleaved schedule: its chunks (the layer runs [a, b) it holds) replayed each as a stage, and
+    walked along `order` (("F" or "B", chunk): torch's ScheduleInterleaved1F1B's, parallel/pipeline.py), each
+    moment the chunk-microbatches then in flight, each its own chunk's bytes, where the single-chunk stage holds k of
+    one kind. A forward of chunk c: what is held + c's forward peak; a backward: what is held (its microbatch's
+    included) + c's backward through the chunk, its gradients made as it goes at the chunk's first backward and
+    added into their .grad at once at a later one (stage_activations' rules). The figures: `held` and
+    `forward_peak` before the first backward, `backward_peak` through it, `later_peak` over every action after it,
+    above every gradient the rank holds by the step's end (so that states + gradients + later_peak is the moment);
+    `in_flight` the most chunk-microbatches held at once; `per_microbatch` the largest chunk's."""
+    parts = []
+    for a, b in chunks:
+        replay = _Replay(recipe, batch, seq, a, b, tied)
+        received = 0 if replay.first else residual
+        events = replay.forward()
+        forward_live, forward_peak = replay.run(events, received)
+        kept_once = sum(size for times, size, never in events if never and times > 0)
+        _, again = replay.run([e for e in events if not (e[2] and e[0] > 0)], received)
+        backward = replay.backward()
+        gradient = 0 if replay.last else residual
+        _, first_peak, made = replay.run_backward(backward, gradient)
+        _, later_peak, _ = replay.run_backward(backward, gradient, accumulate=True, waiting=waiting)
+        grads = sum(times * size for times, size, is_gradient in backward if is_gradient)
+        # (each microbatch's bytes, the first forward's peak, a later forward's, the first backward's peak above
+        # its start and the gradients by then, a later backward's, the chunk's gradients, held once)
+        parts.append((forward_live - kept_once, forward_peak, again, first_peak, made, later_peak, grads,
+                      kept_once))
+    counts = [0] * len(chunks)
+    done = [False] * len(chunks)
+    kept = [False] * len(chunks)
+    gradients = most = 0
+    held = forward_peak = backward_peak = at_peak = after = gradients_then = first_made = 0
+    later: int | None = None
+    for kind, chunk in order:
+        each, first_fw, again, first_bw, made, later_bw, grads, _ = parts[chunk]
+        holding = sum(n * parts[c][0] for c, n in enumerate(counts)) + \
+            sum(parts[c][7] for c in range(len(chunks)) if kept[c])
+        if kind == "F":
+            moment = holding + gradients + (again if kept[chunk] else first_fw)
+            counts[chunk] += 1
+            kept[chunk] = True
+            most = max(most, sum(counts))
+        elif not done[chunk]:
+            moment = holding + gradients + first_bw
+            gradients_then = gradients + made
+            counts[chunk] -= 1
+            gradients += grads
+            done[chunk] = True
+            if later is None:
+                first_made = grads
+        else:
+            moment = holding + gradients + later_bw
+            counts[chunk] -= 1
+        if later is None and kind == "B":  # the rank's first backward
+            held, backward_peak, at_peak = holding, moment, gradients_then
+            after = holding - each
+            later = 0
+        elif later is None:
+            forward_peak = max(forward_peak, moment)
+        else:
+            later = max(later, moment)
+    every = sum(part[6] for part in parts)
+    first, last = chunks[0][0] == 0, chunks[-1][1] == len(recipe.layer_types)
+    return StageActivations(
+        per_microbatch=max(part[0] for part in parts), in_flight=most, held=held, forward_peak=forward_peak,
+        backward_peak=backward_peak, gradients_at_backward_peak=at_peak,
+        received=residual if len(chunks) > 1 or not first else 0,
+        output_gradient=residual if len(chunks) > 1 or not last else 0,
+        later_in_flight=most if later else 0, later_peak=later - every if later else 0, after=after,
+        gradients_made=(first_made, every))

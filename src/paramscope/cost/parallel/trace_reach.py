@@ -19,8 +19,6 @@ def untraced_by_layout(layout: ParallelLayout) -> str | None:
     if layout.trivial:
         return None
     if layout.pp > 1:
-        if layout.virtual_stages > 1:
-            return "an interleaved stage's chunks are bounded by the largest, not traced"
         return None  # the stages of a class replayed from its derived step are traced: the class decides
     fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
     if layout.cp > 1 and fsdp and layout.shard_degree % layout.cp:

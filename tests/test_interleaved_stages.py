@@ -1,0 +1,60 @@
+"""The interleaved schedule's ranks (issue 28 §3): each rank's chunks replayed from the derived recipe and walked
+along torch's ScheduleInterleaved1F1B order (stage_recipe.interleaved_activations), each moment the
+chunk-microbatches then in flight, each chunk's own bytes, equal MemTracker on the real class cut to the rank's
+chunks and run in that order (traced/interleaved_stage.py, as --trace runs it); and the order is torch's own."""
+
+from __future__ import annotations
+
+import pytest
+
+from paramscope.cost.parallel.layout import ParallelLayout
+from paramscope.cost.parallel.pipeline import interleaved_order
+
+MICRO, SEQ = 2, 32
+
+
+def _torch_order(pp: int, micro: int, chunks: int, rank: int) -> tuple[tuple[str, int], ...]:
+    import torch.distributed.pipelining.schedules as schedules
+
+    schedule = object.__new__(schedules.ScheduleInterleaved1F1B)  # its order needs no stage objects
+    schedule.pp_group_size, schedule.n_local_stages, schedule.rank = pp, chunks, rank
+    schedule._n_microbatches = micro
+    schedule.number_of_rounds = max(1, micro // pp)
+    schedule.microbatches_per_round = micro // schedule.number_of_rounds
+    return tuple(("F" if a.computation_type == schedules.FORWARD else "B", a.stage_index // pp)
+                 for a in schedule._calculate_single_rank_operations(rank) if a is not None)
+
+
+@pytest.mark.parametrize("pp, micro, chunks", [(4, 8, 2), (4, 8, 4), (2, 4, 2), (4, 12, 3), (2, 2, 2), (2, 3, 2)])
+def test_interleaved_order_is_torchs(pp, micro, chunks):
+    layout = ParallelLayout(pp=pp, micro_batches=micro, schedule="interleaved", virtual_stages=chunks)
+    for rank in range(pp):
+        assert interleaved_order(layout, rank) == _torch_order(pp, micro, chunks, rank)
+
+
+def test_each_interleaved_rank_replayed_along_torchs_order_equals_its_trace():
+    """GPT-2 (5 layers, h 64), pp 2 × 2 virtual stages, 2 microbatches: rank 0 holds layers 0–1 and 3, rank 1
+    layers 2 and 4 with the head. Held at the first backward, the forwards' peak, the first backward's and the
+    later moments' rise: the replay's equal the trace's to the byte, where the single-chunk bound took every
+    chunk-microbatch in flight as the largest chunk's."""
+    import transformers as T
+
+    from paramscope.cost.memory.training import TrainingOptions, training_answer
+
+    config = T.GPT2Config(n_embd=64, n_head=4, n_layer=5, vocab_size=500, bos_token_id=0, eos_token_id=0,
+                          architectures=["GPT2LMHeadModel"])
+    layout = ParallelLayout(pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2)
+    _, estimate, _ = training_answer(config, TrainingOptions(batch=2 * MICRO, seq=SEQ, precision="bf16-mixed",
+                                                             layout=layout, fits=False, trace=True), use_cache=False)
+    device = estimate.training.device
+    assert [(r.chunks, r.in_flight) for r in device.stages] == [(((0, 1), (3, 3)), 4), (((2, 2), (4, 4)), 3)]
+    for row, traced in zip(device.stages, device.traced):
+        derived = row.replayed
+        assert derived.in_flight == traced.in_flight == row.in_flight  # the most chunk-microbatches held at once
+        assert (derived.held, derived.forward_peak, derived.peak) == (traced.held, traced.forward_peak,
+                                                                        traced.peak), row.rank
+        # the later moments above what the first backward left: the gradients made since (the other chunks')
+        # included
+        first, every = derived.gradients_made
+        assert traced.later_peak - traced.after_backward == \
+            derived.later_peak + every - (derived.after_first_backward + first), row.rank
