@@ -65,6 +65,13 @@ CASES = {
                                    "FSDP2: inside layer 1's backward (attention)", 15_885_076),
     "Mistral mixed dp 2, 16 tokens": ((4, 2, 1, 16, "bf16-mixed", 1, None, "Mistral"),
                                       "FSDP2: inside layer 2's backward (MLP)", 22_473_380),
+    # bf16-pure: each norm's backward (its fp32 input and temporaries), the product's, the rotary tables in 16 bits
+    "bf16 dp 4, 16 tokens": ((4, 4, 1, 16, "bf16-pure", 1), "FSDP2: inside layer 1's backward (attention's norm)",
+                             7_972_964),
+    "bf16 dp 2 × tp 2, 2 × 32 tokens, a 512-token vocabulary": (
+        (4, 2, 2, 32, "bf16-pure", 2, 512), "FSDP2: inside layer 2's backward (MLP's norm)", 3_524_004),
+    "bf16 dp 2, 2 × 64 tokens, a 512-token vocabulary": (
+        (4, 2, 1, 64, "bf16-pure", 2, 512), "FSDP2: inside layer 3's backward (MLP's product)", 7_808_164),
 }
 
 

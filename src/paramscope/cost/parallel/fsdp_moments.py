@@ -44,6 +44,14 @@ from .rules import Placement
 #     (its product's 4i freed, the gate, up and product gradients, 12i, flowing; down's weight gradient held);
 #   "attention" in fp32: q_proj's weight gradient, the layer's last matmul (of the layer only the input norm's saved
 #     input, normalised input, output and reciprocal root held; every weight gradient but the input norm's).
+#   bf16-pure (no autocast copies; each norm upcasts its input to fp32 and saves that copy): "MLP's norm" and
+#     "MLP's product" as above in 16 bits (the norm's backward's four fp32 temporaries, 16h, beside the fp32 product
+#     gradient, 4h, and the residual's 16-bit gradient, 2h); "attention's norm": the input norm's backward, the
+#     layer's last (of the layer only the norm's fp32 input held; every weight gradient). The gate's and q_proj's
+#     weight-gradient moments of fp32 lie under these in 16 bits (each layer's largest on the traced cuts is one of
+#     these three: q_proj's holds less than its norm's backward after it, the gate's less than the norm's after
+#     the MLP while the rank's MLP width is under about 6h) and are not priced.
+#   The rotary cos and sin are in the hidden state's dtype: 8·S·hd in fp32 and under autocast, 4·S·hd when pure.
 # Beside those, on every moment but the root's post-backward: under tp the vocabulary-parallel embedding's masked
 # token ids, a (B, S) int64 it saves for its backward. A projection's bias (Qwen2's q, k and v) has its gradient
 # with its weight's and no 16-bit copy held (the addition reads it; autocast's copy is freed in the forward).
@@ -71,14 +79,19 @@ _FSDP_MOMENTS = {
              "attention": (None, (12, 4), (16, 0), ("attention.query", "attention.key", "attention.value",
                                                      "attention.output", "mlp.gate", "mlp.up", "mlp.down",
                                                      "mlp.norm"), "", ())},
+    "bf16": {"MLP's norm": ((4, 8, 4), None, (22, 0), ("mlp.gate", "mlp.up", "mlp.down", "mlp.norm"), "", ()),
+             "MLP's product": ((0, 2, 0), None, (2, 6), ("mlp.down",), "", ()),
+             "attention's norm": (None, (4, 0), (22, 0), ("attention.query", "attention.key", "attention.value",
+                                                          "attention.output", "mlp.gate", "mlp.up", "mlp.down",
+                                                          "mlp.norm", "attention.norm"), "", ())},
 }
 
 
 def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], batch: int,
                           length: int) -> tuple[PhaseFigure, ...]:
     """FSDP2's in-step moments (above), each with its arithmetic; () where they are not modelled: without FSDP2, for
-    a class other than Llama, Mistral and Qwen2, beside context or expert parallelism, with checkpointing, under
-    bf16-pure, or with fewer than two layers."""
+    a class other than Llama, Mistral and Qwen2, beside context or expert parallelism, with checkpointing, or with
+    fewer than two layers."""
     import math
 
     from ..dims import config_int
@@ -93,7 +106,8 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
             getattr(ctx.text, "model_type", None) not in _TRACED_FAMILY or layout.cp > 1 or layout.ep > 1 or \
             ctx.shape.get("checkpointing"):
         return ()
-    kind = "fp32" if ctx.precision == "fp32" else "mixed" if ctx.precision.endswith("-mixed") else None
+    kind = "fp32" if ctx.precision == "fp32" else "bf16" if ctx.precision == "bf16-pure" else \
+        "mixed" if ctx.precision.endswith("-mixed") else None
     layers = config_int(ctx.text, "num_hidden_layers") or 0
     d = layout.shard_degree
 
@@ -127,7 +141,9 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     per_layer = local_activations(ctx, local_shape(ctx, placements), batch, length).per_layer
     casts = kind == "mixed"
     resident = resident_bytes(device_states_of(ctx, placements), ctx.buffer_bytes)
-    rope = 8 * seq * head_dim + 8
+    # the rotary cos and sin, (S, hd) each in the hidden state's dtype (fp32 under autocast, bf16 when pure)
+    rotary = 4 if kind == "bf16" else 8
+    rope = rotary * seq * head_dim + 8
     # a vocabulary-parallel embedding (tp) saves its masked token ids, a (B, S) int64, for its backward: held from
     # the embedding's forward to its backward, the whole step's moments but the root's post-backward
     masked = 8 * tokens if layout.tp > 1 and any(p.role == "embeddings.word" and p.tp == "vocabulary" and
@@ -146,8 +162,8 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
                         f"all but its MLP's, per layer − {freed[1]}·T·i")
         else:
             own = tokens * (held[0] * h + held[1])
-            own_text = f"the input norm's saved input, normalised input and root, and q's input, T·({held[0]}h + " \
-                       f"{held[1]})"
+            own_text = ("the input norm's saved input, normalised input and root, and q's input" if held[1] else
+                        "the input norm's saved fp32 input") + f", T·({held[0]}h + {held[1]})"
         grads = sum(p.local_numel * size(p) for p in by_layer[k] if p.role in with_grads) + \
             (2 * roles.get(cast, 0) if cast else 0)
         below_casts = sum(p.local_numel for kk in range(k) for p in by_layer[kk] if _copied(p))
@@ -163,10 +179,9 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
         words = (f"layers below saved {k} × {per_layer:,} + layer {k}'s activations ({own_text}) {own:,} + "
                  f"gradients flowing {flow_text} {flow:,} + its weight gradients so far {grads:,}"
                  + (f" + autocast's 16-bit weight copies still held {copies:,}" if copies else "")
-                 + f" + the rotary tables and the loss's scalars, 8·S·hd + 8 = {rope:,}{masked_text}; FSDP2: the "
-                 f"root unit "
-                 f"all-gathered {root_bytes:,} + the head's and final norm's gradients unsharded {head:,} + layer "
-                 f"{k}'s parameters all-gathered {padded[k]:,}"
+                 + f" + the rotary tables and the loss's scalars, {rotary}·S·hd + 8 = {rope:,}{masked_text}; "
+                 f"FSDP2: the root unit all-gathered {root_bytes:,} + the head's and final norm's gradients "
+                 f"unsharded {head:,} + layer {k}'s parameters all-gathered {padded[k]:,}"
                  + (f" + layer {k - 1}'s all-gather output, prefetched {prefetched:,}" if prefetched else "")
                  + (f" + layer {k + 1}'s reduce-scatter input {reduce_in:,}" if reduce_in else "")
                  + (f" + the shards of the {layers - 1 - k} layers above {above:,}" if above else ""))
@@ -178,7 +193,7 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     # previous unit's output is still referenced (wait_for_unshard frees it from its comm state, but its local
     # `prev_all_gather_state` holds it to the function's end): at layer 0 the root's, at the last layer layer L − 2's
     hidden = embedding_gradient(ctx.text, batch=batch, seq=seq, precision=ctx.precision) - 8
-    positions = 8 * seq * head_dim + 8 * seq
+    positions = rotary * seq * head_dim + 8 * seq
     for k in sorted({0, layers - 1}):
         previous = root_bytes if k == 0 else padded[k - 1]
         layer_casts = 2 * sum(p.local_numel for kk in range(k) for p in by_layer[kk] if _copied(p)) if casts else 0
@@ -190,7 +205,7 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
             f"of it, 2 × {padded[k]:,}"
             + (f" + layers below saved {k} × {per_layer:,}" if k else "")
             + (f" + their autocast 16-bit weight copies {layer_casts:,}" if layer_casts else "")
-            + f" + the hidden state entering it {hidden:,} + the rotary tables and positions, 8·S·hd + 8·S = "
+            + f" + the hidden state entering it {hidden:,} + the rotary tables and positions, {rotary}·S·hd + 8·S = "
             f"{positions:,}{masked_text}"), 0))
     # the embedding's backward, the step's last, and the root's post-backward after it: every root gradient
     # unsharded (the embedding's whole on every tp rank, where DTensor returns a vocabulary-parallel embedding's
