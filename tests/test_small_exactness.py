@@ -94,3 +94,30 @@ def test_a_forward_pipeline_has_per_stage_flops_and_no_schedule_or_bubble(capsys
         assert f"{flag[0]} is for --training" in err and err.count("\n") == 1
     with pytest.raises(OptionError, match="micro_batches"):
         FlopOptions(batch=8, layout=layout_for(pp=2, micro_batches=4)).check()
+
+
+def test_a_pipeline_trace_refusal_reads_the_recorded_config_without_transformers():
+    """`memory llama-3-8b --training --pp 2 --trace` is refused before the build (the closed form answers the
+    stages): from the recorded cost facts' config and class, the same words as from the config's dict, and without
+    importing transformers (its config and modeling modules cost seconds the answer itself, 0.4 CPU s, does not)."""
+    import subprocess
+    import sys
+
+    from paramscope.cost.facts.store import recorded_view
+    from paramscope.cost.memory.training import TrainingOptions
+    from paramscope.cost.parallel.layout import layout_for
+    from paramscope.cost.parallel.pipeline_trace_reach import untraced_pipeline
+    from paramscope.sources import resolve
+
+    source = resolve("llama-3-8b")
+    _, view = recorded_view(source)
+    for attention, refused in ((None, True), ("eager", False)):  # no closed form at eager attention: traced
+        options = TrainingOptions(layout=layout_for(pp=2), seq=512, attention=attention)
+        why = untraced_pipeline(view.config, options, class_name=view.class_name)
+        assert why == untraced_pipeline(source.config, options) and (why is not None) == refused
+    code = ("import sys; from paramscope.cli import main; "
+            "rc = main(['memory', 'llama-3-8b', '--training', '--pp', '2', '--trace']); "
+            "print(rc, 'transformers' in sys.modules, 'torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.stdout.split() == ["2", "False", "False"], run.stderr
+    assert "--trace traces no stage here: pipeline parallelism over LlamaForCausalLM" in run.stderr

@@ -197,9 +197,15 @@ def run(args: argparse.Namespace) -> int:
             check_pattern(pattern, option="freeze")  # a regular expression or a megabyte fails before the build
         source = resolve(args.model, revision=args.revision)
         if args.trace and layout is not None and layout.pp > 1:  # before the build: a stage is traced or not
+            from ..cost.facts.store import recorded_view
             from ..cost.parallel.pipeline_trace_reach import untraced_pipeline
 
-            why = untraced_pipeline(source.config, training, model_class=args.model_class, task=args.task)
+            # the recorded facts' config and class where the config has them (no transformers import: the answer
+            # it refuses costs less than that), else the config's dict
+            recorded = None if args.no_cache or args.trust_remote_code else recorded_view(
+                source, model_class=args.model_class, task=args.task, num_labels=args.num_labels)
+            why = untraced_pipeline(recorded[1].config, training, class_name=recorded[1].class_name) if recorded \
+                else untraced_pipeline(source.config, training, model_class=args.model_class, task=args.task)
             if why:
                 raise OptionError("{0} traces no stage here: {why}", "trace", why=why)
         report, estimate, view = training_answer(source, training, not args.no_cache, **model_options)

@@ -346,6 +346,14 @@ def cost_view(source: Any, *, dtype: str | None = None, use_cache: bool = True, 
     return report, from_module(module)
 
 
+def recorded_view(source: Any, *, model_class: str | None = None, task: str | None = None,
+                  num_labels: int | None = None) -> tuple[Any, ModelView] | None:
+    """(Report, ModelView) from the template and cost facts where both are recorded (no torch, no transformers
+    import); None elsewhere. For a check before the build (pipeline_trace_reach) that must not build: it reads the
+    config and class from here, and only where they are not recorded makes them from the config's dict."""
+    return _facts_answer(source, None, model_class=model_class, task=task, num_labels=num_labels)[0]
+
+
 def answer_from_facts_or_build(source: Any, answer: Any, *, dtype: str | None = None, use_cache: bool = True,
                                why_none: Any = None, **model_options: Any) -> tuple[Any, ModelView, Any]:
     """(report, view, answer(report, view)), from the template and cost facts where they answer, else from the

@@ -7,14 +7,37 @@ from __future__ import annotations
 from typing import Any
 
 
-def untraced_pipeline(config_dict: dict[str, Any], options: Any, *, model_class: str | None = None,
-                      task: str | None = None) -> str | None:
+def untraced_pipeline(config: Any, options: Any, *, model_class: str | None = None, task: str | None = None,
+                      class_name: str | None = None) -> str | None:
     """Why --trace traces no stage of this pipeline (TrainingOptions `options`, layout pp > 1), or None: a class
     whose stages the Llama-style closed form answers at this step (its recipe covers the class, the attention and
     the regime) has no traced engine under a pipeline; a class whose stages are replayed from a derived step has.
-    None wherever the config cannot say so surely without the build (the build then answers)."""
-    from ...build import choose_class, make_config
-    from ...errors import ParamscopeError
+    None wherever the config cannot say so surely without the build (the build then answers).
+    `config`: the config object of the class `class_name` (the recorded cost facts' view, which imports nothing:
+    the CLI's, facts.store.recorded_view), or without `class_name` the config's dict, made into a config and a class
+    here (transformers' config and modeling modules imported, seconds that only a build that follows shares)."""
+    from ..model_view import FactsGap
+
+    if options.media is not None or options.freeze or options.own_dtype:
+        return None
+    if class_name is None:
+        from ...build import choose_class, make_config  # transformers' modules (a few seconds)
+        from ...errors import ParamscopeError
+
+        try:
+            config_dict = config
+            config, _ = make_config(config_dict, model_class=model_class)
+            class_name = choose_class(config, config_dict, model_class=model_class, task=task).name
+        except ParamscopeError:
+            return None
+    try:
+        return _closed_form_stages(config, class_name, options)
+    except FactsGap:  # a field the recorded facts lack: the build answers
+        return None
+
+
+def _closed_form_stages(config: Any, class_name: str, options: Any) -> str | None:
+    """Why the closed form answers `class_name`'s stages at this step (its recipe, attention and regime), or None."""
     from ..dims import text_config
     from ..memory.activations import recipe_attention, recipe_declines, recipe_peak_inside_layers
     from ..memory.serving import max_context
@@ -22,13 +45,6 @@ def untraced_pipeline(config_dict: dict[str, Any], options: Any, *, model_class:
     from ..memory.training import DEFAULT_TRAINING_SEQ
     from .activations import local_recipe
 
-    if options.media is not None or options.freeze or options.own_dtype:
-        return None
-    try:
-        config, _ = make_config(config_dict, model_class=model_class)
-        class_name = choose_class(config, config_dict, model_class=model_class, task=task).name
-    except ParamscopeError:
-        return None
     text = text_config(config)
     recipe = local_recipe(text, class_name)
     if recipe is None or recipe_peak_inside_layers(recipe):
