@@ -59,3 +59,13 @@ def test_fsdp2_beside_expert_tensor_parallel_derived_equals_its_trace(cache):
     step = next(p for p in device.phases if p.phase == "optimizer step")
     assert "the token ids 8·B·S = 512 B" in step.arithmetic and "5 × 2 experts × 4 B = 40 B" in step.arithmetic
     assert any("ExpertParallel over ep 2 under FSDP2 beside DTensor tensor parallel)" in n for n in device.notes)
+
+
+def test_more_fsdp2_ranks_than_a_rank_holds_experts_cut_them_on_dim_1(cache):
+    """`--dp 8 --ep 2 --zero fsdp`: dp / ep = 4 ranks share each rank's 2 experts, more than it holds, so torchtitan
+    shards them on dim 1 (Shard(1): [2, ⌈2I / 4⌉, h], not dim 0's one expert and padding); the analytic states
+    (states.py) and the derived step equal rank 0 traced."""
+    device, derived, traced = small_mixtral_phases(ParallelLayout(dp=8, ep=2, shard="fsdp"), SEQ, batch=MICRO)
+    assert derived == traced == {"forward": 4_144_464, "backward": 4_165_968, "optimizer step": 1_178_280}
+    assert device.traced.resident["parameters"] == device.weights == 294_496
+    assert "cut along their second dimension" in device.states_arithmetic

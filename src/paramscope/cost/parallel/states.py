@@ -57,13 +57,22 @@ def device_states(params: Iterable, placements: Iterable[Placement], layout: Par
             return [dataclasses.replace(p, shape=(-(-p.shape[0] // d), *p.shape[1:]),
                                         numel=(-(-p.shape[0] // d)) * (p.numel // p.shape[0] if p.shape[0] else 0))
                     if p.shape else p for p in group]
+        def expert_shards(group: list, d: int) -> list:
+            # a rank's packed experts [E/ep, ·, ·] over more ranks than it holds experts: cut on dim 1, as
+            # torchtitan's apply_fsdp does (dim 0 would leave ranks holding padding)
+            return [dataclasses.replace(p, shape=(p.shape[0], -(-p.shape[1] // d), p.shape[2]),
+                                        numel=p.shape[0] * -(-p.shape[1] // d) * p.shape[2])
+                    if len(p.shape) == 3 and d > p.shape[0] else shards([p], d)[0] for p in group]
         names = {p.name for p in experts}
-        sharded = shards([p for p in local if p.name not in names], degree) + shards(experts, expert_degree)
+        sharded = shards([p for p in local if p.name not in names], degree) + expert_shards(experts, expert_degree)
         part = model_states(sharded, precision=precision, optimizer=optimizer, trainable=trainable, own=own)
         how = (f"FSDP2 over {degree} ranks: every parameter cut along its first dimension, ⌈dim0 / {degree}⌉ rows "
                "a rank (padded), its gradient and optimizer states alike")
         if experts and expert_degree != degree:
             how += f"; routed experts over {counted(expert_degree, 'rank')} ({degree} / ep {layout.ep})"
+            if any(len(p.shape) == 3 and expert_degree > p.shape[0] for p in experts):
+                how += (", cut along their second dimension (more ranks than a rank's experts: torchtitan's "
+                        "Shard(1)), ⌈dim1 / " + str(expert_degree) + "⌉ rows")
         return DeviceStates(part.weights.bytes, part.gradients.bytes, part.optimizer.bytes, part.master_weights.bytes,
                             whole, how)
 

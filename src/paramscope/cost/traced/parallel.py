@@ -376,13 +376,18 @@ def apply_fsdp(model: Any, mesh: Any, settings: StepSettings, experts_mesh: Any 
     """FSDP2 as torchtitan and accelerate apply it: fully_shard on each layer, then on the root, with the default
     reshard_after_forward (a layer frees its gathered parameters after its forward; the root keeps its own).
     `experts_mesh` (expert parallel): each layer's experts, already split over the ep ranks, first get a unit of
-    their own over that mesh, as torchtitan's apply_fsdp does (its dp_shard_mod_ep mesh)."""
+    their own over that mesh, as torchtitan's apply_fsdp does (its dp_shard_mod_ep mesh); where that mesh has more
+    ranks than a rank's experts (dp_shard_mod_ep × ep > E), on their dim 1 as torchtitan shards them (dim 0 would
+    leave ranks holding padding)."""
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
 
     experts = packed_experts_modules(model) if experts_mesh is not None else []
     modules = dict(model.named_modules())
+    on_dim_1 = False
     for name in experts:
-        fully_shard(modules[name], mesh=experts_mesh)
+        on_dim_1 = experts_mesh.size() > _local(modules[name].gate_up_proj).shape[0]
+        fully_shard(modules[name], mesh=experts_mesh, shard_placement_fn=(lambda _: Shard(1)) if on_dim_1 else None)
     lists, how = layer_lists(model)
     for _, blocks in lists:
         for block in blocks:
@@ -397,7 +402,9 @@ def apply_fsdp(model: Any, mesh: Any, settings: StepSettings, experts_mesh: Any 
                "MixedPrecisionPolicy)" if settings.precision.endswith("-mixed") else "")
             + (f"; each layer's experts (already split over the ep ranks) a unit of their own first, over the "
                f"{experts_mesh.size()} rank{'s' if experts_mesh.size() > 1 else ''} holding the same experts "
-               "(torchtitan's dp_shard_mod_ep), gathered while their layer runs" if experts else "")]
+               "(torchtitan's dp_shard_mod_ep), gathered while their layer runs"
+               + (", cut on dim 1 (more ranks than the rank's experts, as torchtitan cuts them)" if on_dim_1 else "")
+               if experts else "")]
 
 
 def _replication_note(model: Any, dp: int) -> str:
