@@ -58,3 +58,36 @@ def test_each_interleaved_rank_replayed_along_torchs_order_equals_its_trace():
         first, every = derived.gradients_made
         assert traced.later_peak - traced.after_backward == \
             derived.later_peak + every - (derived.after_first_backward + first), row.rank
+
+
+def test_the_closed_form_s_last_interleaved_stage_holds_what_torchs_order_holds():
+    """The Llama closed form's last stage under the interleaved schedule: its head's moments hold, of each chunk,
+    the microbatches in flight there along torch's own order (each its chunk's layers), as its held activations do;
+    they counted every chunk-microbatch in flight with all the stage's layers. Against 1F1B on the same 5 layers'
+    worth (one microbatch in flight, the same head and weight copies): the held and the peak differ by the
+    layer-microbatches counted along torch's order, times one layer's bytes."""
+    import transformers as T
+
+    from paramscope.cost.memory.training import TrainingOptions, training_answer
+
+    config = T.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                           num_hidden_layers=10, vocab_size=500, architectures=["LlamaForCausalLM"])
+    last = {}
+    for layout in (ParallelLayout(pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2),
+                   ParallelLayout(pp=2, micro_batches=4, schedule="1f1b")):
+        _, estimate, _ = training_answer(config, TrainingOptions(batch=8, seq=SEQ, precision="bf16-mixed",
+                                                                 layout=layout, fits=False), use_cache=False)
+        last[layout.schedule] = estimate.training.device.stages[-1]
+    interleaved, plain = last["interleaved"], last["1f1b"]
+    assert interleaved.chunks == ((3, 5), (8, 9)) and plain.chunks == ((5, 9),) and plain.in_flight == 1
+    assert interleaved.peak_phase == plain.peak_phase == "forward"  # the head's moment (end of forward)
+    counts, most, at_head = [0, 0], 0, 0
+    for kind, chunk in _torch_order(2, 4, 2, 1):  # torch's order for the last rank, chunks of 3 and 2 layers
+        counts[chunk] += kind == "F"
+        layers = 3 * counts[0] + 2 * counts[1]
+        most, at_head = max(most, layers), max(at_head, layers) if chunk == 1 else at_head
+        counts[chunk] -= kind == "B"
+    assert (most, at_head) == (9, 8)
+    per_layer, left = divmod(interleaved.activations - plain.activations, most - 5)
+    assert left == 0 and per_layer > 0
+    assert interleaved.peak - plain.peak == (at_head - 5) * per_layer

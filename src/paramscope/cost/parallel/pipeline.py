@@ -99,6 +99,29 @@ def interleaved_order(layout: ParallelLayout, rank: int) -> tuple[tuple[str, int
     return tuple(order)
 
 
+def layers_in_flight(layout: ParallelLayout, stage: Stage) -> tuple[int, int, int]:
+    """The layer-microbatches `stage` holds along its schedule, each microbatch in flight counting its chunk's layers:
+    (the most at once, the most at a moment of its last chunk's forward end or backward start, where the last
+    stage's head runs, the most microbatches of its first chunk at once, each holding the embedding output on the
+    first stage). GPipe and 1F1B: the stage's in-flight microbatches × its layers; interleaved: counted along
+    interleaved_order, a forward's microbatch held from its end, a backward's to its start."""
+    if layout.virtual_stages == 1:
+        held = stage.in_flight * len(stage.layers)
+        return held, held, stage.in_flight
+    counts = [0] * len(stage.chunk_layers)
+    most = head = first = 0
+    for kind, chunk in interleaved_order(layout, stage.rank):
+        if kind == "F":
+            counts[chunk] += 1
+        layers = sum(n * size for n, size in zip(counts, stage.chunk_layers))
+        most, first = max(most, layers), max(first, counts[0])
+        if chunk == len(counts) - 1:
+            head = max(head, layers)
+        if kind == "B":
+            counts[chunk] -= 1
+    return most, head, first
+
+
 def bubble(layout: ParallelLayout) -> float:
     """The pipeline's idle fraction of a step: (pp − 1) / (v·m + pp − 1)."""
     p, m, v = layout.pp, layout.micro_batches, layout.virtual_stages

@@ -17,7 +17,7 @@ from .device_parts import (
     local_shape, matmul_names, resident_bytes, ring_output_copies, sequence_parallel_norm_gradients, tied_bytes,
     whole_embedding_gradient, with_buffers, with_norm_gradients, with_ring_outputs, with_whole_gradient
 )
-from .pipeline import Stage, bubble, layer_of, layer_stack_of, params_held, split_words, stages
+from .pipeline import Stage, bubble, layer_of, layer_stack_of, layers_in_flight, params_held, split_words, stages
 from .rules import Placement
 from .states import DeviceStates
 
@@ -42,15 +42,19 @@ def after_layers(params: Any, stack: str) -> str:
     return "the " + (" and ".join(parts) if len(parts) < 3 else f"{parts[0]}, {parts[1]} and {parts[2]}")
 
 
-def _stage_saved_words(arithmetic: str, act: Any, layers: int, in_flight: int, all_casts: int, own_casts: int
-                       ) -> str:
+def _stage_saved_words(arithmetic: str, act: Any, layers: int, in_flight: int, all_casts: int, own_casts: int,
+                       at_head: int | None = None) -> str:
     """A one-device moment's words for the last stage: the one device's "saved X" (every layer, one batch) replaced
-    by what this stage saves, with its terms, so that the words sum to the stage's figure."""
-    kept = in_flight * layers * act.per_layer
+    by what this stage saves, with its terms, so that the words sum to the stage's figure. `at_head`: interleaved,
+    the layer-microbatches held at the head's moments (pipeline.layers_in_flight)."""
+    kept = (in_flight * layers if at_head is None else at_head) * act.per_layer
     outside = act.saved - act.layers * act.per_layer - all_casts
     saved = kept + outside + own_casts
-    words = (f"saved {saved:,} ({in_flight} microbatch{'es' if in_flight > 1 else ''} in flight × this stage's "
-             f"{layers} layers of {act.layers} × {act.per_layer:,} B a layer = {kept:,}; outside the layers "
+    held = (f"{in_flight} microbatch{'es' if in_flight > 1 else ''} in flight × this stage's {layers} layers of "
+            f"{act.layers}" if at_head is None else
+            f"{at_head} layer-microbatches in flight at the head's moments along torch's interleaved order (each "
+            f"microbatch its chunk's layers; the stage's {layers} of {act.layers})")
+    words = (f"saved {saved:,} ({held} × {act.per_layer:,} B a layer = {kept:,}; outside the layers "
              f"{outside:,}" + (f"; the stage's 16-bit weight copies {own_casts:,}" if own_casts else "") + ")")
     one_device = f"saved {act.saved:,}"
     if arithmetic.startswith(one_device):
@@ -92,9 +96,11 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     def stage_figures(stage: Stage, dev: DeviceStates, batch: int, length: int) -> tuple[tuple[PhaseFigure, ...], int]:
         act = local_activations(ctx, shape_all, batch, length)
         local_len = -(-length // layout.cp)
-        chunk = max(stage.chunk_layers)
-        kept = stage.in_flight * chunk * act.per_layer if layout.virtual_stages > 1 else \
-            stage.in_flight * len(stage.layers) * act.per_layer
+        # the layer-microbatches held: interleaved, each chunk-microbatch its own chunk's layers, counted along
+        # torch's order (the most at once; at the head's moments on the last stage)
+        most, at_head, first_chunk = layers_in_flight(layout, stage)
+        interleaved = layout.virtual_stages > 1
+        kept = most * act.per_layer
         # context parallel: what torch's ring keeps beyond the recipe at S / cp tokens, its merged output copied for
         # o_proj, one a layer (ring_output_copies, as without a pipeline), for each microbatch in flight
         ring, ring_words = ring_kept(stage, batch, length)
@@ -106,11 +112,12 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         if stage.last:
             tied_copy = tied_bytes(ctx, placements) if tied_name and layout.pp > 1 else 0
             others = (act.layers - len(stage.layers)) * act.per_layer
-            extra_mb = (stage.in_flight - 1) * len(stage.layers) * act.per_layer
+            extra_mb = (at_head - len(stage.layers)) * act.per_layer
             moments = tuple(dataclasses.replace(
                 m, bytes=m.bytes - others - (all_casts - own_casts) + extra_mb,
                 arithmetic=_stage_saved_words(m.arithmetic, act, len(stage.layers), stage.in_flight,
-                                              all_casts, own_casts)) for m in act.moments)
+                                              all_casts, own_casts, at_head if interleaved else None))
+                for m in act.moments)
             figures = moment_phases(dataclasses.replace(act, moments=moments), resident=resident,
                                     gradients=dev.gradients, tied=tied_copy, text=ctx.text, batch=batch,
                                     length=local_len, precision=ctx.precision, step=ctx.step)
@@ -124,13 +131,17 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
             figures = tuple(with_ring_outputs(f, (ring, ring_words)) for f in figures)
             return tuple(with_buffers(p, comm_of[stage.rank]) for p in figures), \
                 kept + (act.saved - act.layers * act.per_layer - all_casts) + own_casts
-        embedding = stage.in_flight * residual * batch * local_len * h if stage.first else 0
+        embedding = first_chunk * residual * batch * local_len * h if stage.first else 0
         incoming = residual * batch * local_len * h
         held = kept + embedding + own_casts
-        words = (f"{stage.in_flight} microbatch{'es' if stage.in_flight > 1 else ''} in flight × "
-                 + (f"{chunk} layers a chunk" if layout.virtual_stages > 1 else f"{len(stage.layers)} layers")
+        words = ((f"{stage.in_flight} microbatch{'es' if stage.in_flight > 1 else ''} in flight × "
+                  f"{len(stage.layers)} layers" if not interleaved else
+                  f"{most} layer-microbatches at most in flight along torch's interleaved order (of "
+                  f"{stage.in_flight} chunk-microbatches, each its chunk's layers)")
                  + f" × {act.per_layer:,} B a layer" + (f" + {ring_words}" if ring else "") + f" = {kept:,}"
-                 + (f" + the embedding output {residual}·b·S·h each, {embedding:,}" if embedding else "")
+                 + (f" + the embedding output {residual}·b·S·h each"
+                    + (f", {first_chunk} of the first chunk's microbatches" if interleaved else "")
+                    + f", {embedding:,}" if embedding else "")
                  + (f" + the stage's 16-bit weight copies {own_casts:,}" if own_casts else "")
                  + f" + the gradient arriving from the next stage {incoming:,} + gradients {dev.gradients:,}")
         steady = PhaseFigure("backward", resident + held + incoming + dev.gradients, "1F1B steady state" if
