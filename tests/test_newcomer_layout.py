@@ -106,7 +106,6 @@ def test_trace_is_refused_only_where_device_trace_declines_whatever_the_class():
     from paramscope.cost.parallel.trace_reach import untraced_by_layout
 
     refused = {"zero3": layout_for(dp=2, zero=3),
-               "pp with cp": layout_for(pp=2, cp=2),
                "cp beside ep and tp under fsdp": layout_for(dp=2, cp=2, ep=4, tp=2, zero="fsdp"),
                "ep below dp": layout_for(dp=4, ep=2)}
     for name, layout in refused.items():
@@ -114,6 +113,7 @@ def test_trace_is_refused_only_where_device_trace_declines_whatever_the_class():
             TrainingOptions(trace="extended", layout=layout, batch=2).check()
     traced = (layout_for(tp=2), layout_for(dp=2, zero="fsdp"), layout_for(dp=2, ep=2), layout_for(cp=2, tp=2),
               layout_for(dp=2, cp=2, zero="fsdp"), layout_for(pp=2), layout_for(pp=2, dp=2, zero=3),
+              layout_for(pp=2, cp=2),
               layout_for(pp=2, virtual_stages=2, batch=2))
     assert [untraced_by_layout(layout) for layout in traced] == [None] * len(traced)
 
