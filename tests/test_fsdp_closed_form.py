@@ -25,21 +25,23 @@ WIDE = dict(CUT, hidden_size=256, intermediate_size=896, num_attention_heads=8, 
 
 
 @functools.lru_cache(maxsize=None)
-def _closed_and_traced(layers, dp, tp, seq, precision, batch=1, vocab=None, family="Llama", wide=False):
+def _closed_and_traced(layers, dp, tp, seq, precision, batch=1, vocab=None, family="Llama", wide=False,
+                       checkpointing=False):
     import transformers as T
 
     config = getattr(T, f"{family}Config")(num_hidden_layers=layers, architectures=[f"{family}ForCausalLM"], **dict(
         WIDE if wide else CUT, vocab_size=vocab or CUT["vocab_size"]))
     _, estimate, view = training_answer(config, TrainingOptions(
         batch=batch, seq=seq, precision=precision, layout=ParallelLayout(dp=dp, shard="fsdp", tp=tp),
-        derive_layout=False), use_cache=False)
+        grad_checkpointing="full" if checkpointing else "none", derive_layout=False), use_cache=False)
     traced = trace_parallel_training(view.module, StepSettings(batch=batch, seq=seq, precision=precision,
-                                                               optimizer="adamw"), dp=dp, shard="fsdp", tp=tp)
+                                                               optimizer="adamw", grad_checkpointing=checkpointing),
+                                     dp=dp, shard="fsdp", tp=tp)
     return estimate.training.device, traced
 
 
-# (layers, dp, tp, seq, precision, batch[, vocabulary, class, wide]): the moment it peaks at, its bytes (traced;
-# torch 2.13)
+# (layers, dp, tp, seq, precision, batch[, vocabulary, class, wide, checkpointing]): the moment it peaks at, its
+# bytes (traced; torch 2.13)
 CASES = {
     "mixed dp 2, 16 tokens": ((4, 2, 1, 16, "bf16-mixed", 1), "FSDP2: inside layer 2's backward (MLP)", 22_473_380),
     "fp32 dp 4, 16 tokens": ((4, 4, 1, 16, "fp32", 1), "FSDP2: inside layer 1's backward (attention)", 15_879_268),
@@ -72,6 +74,15 @@ CASES = {
         (4, 2, 2, 32, "bf16-pure", 2, 512), "FSDP2: inside layer 2's backward (MLP's norm)", 3_524_004),
     "bf16 dp 2, 2 × 64 tokens, a 512-token vocabulary": (
         (4, 2, 1, 64, "bf16-pure", 2, 512), "FSDP2: inside layer 3's backward (MLP's product)", 7_808_164),
+    # full checkpointing: the layers below hold their checkpointed inputs, the layer its recomputed activations, the
+    # checkpoints the position ids (8·S); in bf16 the layer's own 16-bit input beside its norm's fp32 copy
+    "fp32 dp 4, 32 tokens, checkpointing": ((4, 4, 1, 32, "fp32", 1, None, "Llama", False, True),
+                                            "FSDP2: inside layer 1's backward (attention)", 15_772_708),
+    "mixed dp 2 × tp 2, 2 × 32 tokens, a 512-token vocabulary, checkpointing": (
+        (4, 2, 2, 32, "bf16-mixed", 2, 512, "Llama", False, True), "FSDP2: inside layer 1's backward (MLP's norm)",
+        6_027_300),
+    "bf16 dp 4, 16 tokens, checkpointing": ((4, 4, 1, 16, "bf16-pure", 1, None, "Llama", False, True),
+                                            "FSDP2: inside layer 1's backward (attention's norm)", 7_880_548),
 }
 
 

@@ -52,6 +52,10 @@ from .rules import Placement
 #     these three: q_proj's holds less than its norm's backward after it, the gate's less than the norm's after
 #     the MLP while the rank's MLP width is under about 6h) and are not priced.
 #   The rotary cos and sin are in the hidden state's dtype: 8·S·hd in fp32 and under autocast, 4·S·hd when pure.
+# Under full checkpointing (each layer's forward recomputed in its backward; FSDP2 neither gathers nor reshards
+# there) the same moments, the layers below holding their checkpointed inputs, layer k its recomputed activations
+# and no autocast copies of the layers below; the checkpoints keep the position ids, a (1, S) int64, and in bf16
+# layer k's own 16-bit input (the norm saves its fp32 copy; in fp32 and under autocast it saves that same tensor).
 # Beside those, on every moment but the root's post-backward: under tp the vocabulary-parallel embedding's masked
 # token ids, a (B, S) int64 it saves for its backward. A projection's bias (Qwen2's q, k and v) has its gradient
 # with its weight's and no 16-bit copy held (the addition reads it; autocast's copy is freed in the forward).
@@ -90,8 +94,8 @@ _FSDP_MOMENTS = {
 def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], batch: int,
                           length: int) -> tuple[PhaseFigure, ...]:
     """FSDP2's in-step moments (above), each with its arithmetic; () where they are not modelled: without FSDP2, for
-    a class other than Llama, Mistral and Qwen2, beside context or expert parallelism, with checkpointing, or with
-    fewer than two layers."""
+    a class other than Llama, Mistral and Qwen2, beside context or expert parallelism, or with fewer than two
+    layers."""
     import math
 
     from ..dims import config_int
@@ -101,10 +105,9 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     from .activations import local_config
 
     layout = ctx.layout
-    # traced here for Llama itself (no biases, no sliding window), one device's step a rank, no checkpointing
+    # traced here for Llama, Mistral and Qwen2, one device's step a rank, with and without full checkpointing
     if layout.shard not in ("fsdp", "hsdp") or layout.shard_degree == 1 or local_recipe_missing(ctx) or \
-            getattr(ctx.text, "model_type", None) not in _TRACED_FAMILY or layout.cp > 1 or layout.ep > 1 or \
-            ctx.shape.get("checkpointing"):
+            getattr(ctx.text, "model_type", None) not in _TRACED_FAMILY or layout.cp > 1 or layout.ep > 1:
         return ()
     kind = "fp32" if ctx.precision == "fp32" else "bf16" if ctx.precision == "bf16-pure" else \
         "mixed" if ctx.precision.endswith("-mixed") else None
@@ -138,12 +141,23 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     head_dim = config_int(local, "head_dim") or h // (config_int(ctx.text, "num_attention_heads") or 1)
     seq = -(-length // layout.cp)
     tokens = batch * seq
-    per_layer = local_activations(ctx, local_shape(ctx, placements), batch, length).per_layer
+    shape = local_shape(ctx, placements)
+    per_layer = local_activations(ctx, shape, batch, length).per_layer  # a layer below saves (its input, checkpointed)
+    checkpointing = bool(ctx.shape.get("checkpointing"))
+    # the layer in its backward: recomputed whole under checkpointing
+    whole_layer = local_activations(ctx, dict(shape, checkpointing=False), batch, length).per_layer \
+        if checkpointing else per_layer
     casts = kind == "mixed"
     resident = resident_bytes(device_states_of(ctx, placements), ctx.buffer_bytes)
     # the rotary cos and sin, (S, hd) each in the hidden state's dtype (fp32 under autocast, bf16 when pure)
     rotary = 4 if kind == "bf16" else 8
     rope = rotary * seq * head_dim + 8
+    # under checkpointing each layer's checkpoint keeps its inputs, the position ids a (1, S) int64 among them,
+    # through the backward until layer 0's
+    positions_kept = 8 * seq if checkpointing else 0
+    # and layer k's checkpointed input: in fp32 and under autocast the input norm saves that same fp32 tensor (counted
+    # in the recomputed layer); in bf16 the norm saves its fp32 copy, so the checkpoint's 16-bit input is its own
+    kept_input = per_layer if checkpointing and kind == "bf16" else 0
     # a vocabulary-parallel embedding (tp) saves its masked token ids, a (B, S) int64, for its backward: held from
     # the embedding's forward to its backward, the whole step's moments but the root's post-backward
     masked = 8 * tokens if layout.tp > 1 and any(p.role == "embeddings.word" and p.tp == "vocabulary" and
@@ -156,7 +170,7 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
                                              "attention.output"))
         freed, held, flowing, with_grads, cast, copied = _FSDP_MOMENTS[kind][moment]
         if freed is not None:
-            own = per_layer - tokens * (freed[0] * h + freed[1] * i + freed[2])
+            own = whole_layer - tokens * (freed[0] * h + freed[1] * i + freed[2])
             own_text = (f"all but its MLP's and the post-norm output's, per layer − T·({freed[0]}h + {freed[1]}i"
                         + (f" + {freed[2]})" if freed[2] else ")") if freed[0] else
                         f"all but its MLP's, per layer − {freed[1]}·T·i")
@@ -166,7 +180,8 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
                         "the input norm's saved fp32 input") + f", T·({held[0]}h + {held[1]})"
         grads = sum(p.local_numel * size(p) for p in by_layer[k] if p.role in with_grads) + \
             (2 * roles.get(cast, 0) if cast else 0)
-        below_casts = sum(p.local_numel for kk in range(k) for p in by_layer[kk] if _copied(p))
+        below_casts = 0 if checkpointing else sum(p.local_numel for kk in range(k) for p in by_layer[kk]
+                                                   if _copied(p))
         # the layer's attention copies (its MLP's moments) and the MLP's own still read
         copies = 2 * (below_casts + attn + sum(roles.get(r, 0) for r in copied)) if casts else 0
         flow = tokens * (flowing[0] * h + flowing[1] * i)
@@ -175,11 +190,18 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
         reduce_in = padded[k + 1] if k + 1 < layers else 0
         prefetched = padded[k - 1] if k >= 1 else 0
         fsdp = root_bytes + head + padded[k] + prefetched + reduce_in + above
-        total = resident + k * per_layer + own + flow + grads + copies + rope + masked + fsdp
-        words = (f"layers below saved {k} × {per_layer:,} + layer {k}'s activations ({own_text}) {own:,} + "
+        total = resident + (k + (1 if kept_input else 0)) * per_layer + own + flow + grads + copies + rope + \
+            positions_kept + masked + fsdp
+        below_words = (f"layers below saved {k} × {per_layer:,}" if not checkpointing else
+                       "the checkpointed inputs of the layers below" + (" and its own" if kept_input else "")
+                       + f" {k + (1 if kept_input else 0)} × {per_layer:,}")
+        recomputed = " recomputed" if checkpointing else ""
+        words = (f"{below_words} + layer {k}'s{recomputed} activations ({own_text}) {own:,} + "
                  f"gradients flowing {flow_text} {flow:,} + its weight gradients so far {grads:,}"
                  + (f" + autocast's 16-bit weight copies still held {copies:,}" if copies else "")
-                 + f" + the rotary tables and the loss's scalars, {rotary}·S·hd + 8 = {rope:,}{masked_text}; "
+                 + f" + the rotary tables and the loss's scalars, {rotary}·S·hd + 8 = {rope:,}"
+                 + (f" + the position ids the checkpoints keep, 8·S = {positions_kept:,}" if positions_kept else "")
+                 + f"{masked_text}; "
                  f"FSDP2: the root unit all-gathered {root_bytes:,} + the head's and final norm's gradients "
                  f"unsharded {head:,} + layer {k}'s parameters all-gathered {padded[k]:,}"
                  + (f" + layer {k - 1}'s all-gather output, prefetched {prefetched:,}" if prefetched else "")
@@ -196,7 +218,8 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     positions = rotary * seq * head_dim + 8 * seq
     for k in sorted({0, layers - 1}):
         previous = root_bytes if k == 0 else padded[k - 1]
-        layer_casts = 2 * sum(p.local_numel for kk in range(k) for p in by_layer[kk] if _copied(p)) if casts else 0
+        layer_casts = 2 * sum(p.local_numel for kk in range(k) for p in by_layer[kk] if _copied(p)) \
+            if casts and not checkpointing else 0
         below = k * per_layer + layer_casts
         total = resident + root_bytes + previous + 2 * padded[k] + below + hidden + positions + masked
         out.append(PhaseFigure("forward", total, f"FSDP2: layer {k}'s all-gather in the forward", (
