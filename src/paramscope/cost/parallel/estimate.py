@@ -105,8 +105,8 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
                "embedding's backward) add the all-gather outputs, the root's unsharded gradients, the "
                "reduce-scatter input and the shards held there" if modelled else
                "counted; the moments inside its backward (the root's unsharded gradients, the reduce-scatter "
-               "input) are modelled for Llama in fp32 and mixed precision, without checkpointing, cp or ep, not "
-               "here: --trace measures one rank"),))
+               "input) are modelled for Llama, Mistral and Qwen2 (fp32, mixed precision and bf16-pure, with or "
+               "without full checkpointing), without cp or ep, not here: --trace measures one rank"),))
     if ctx.trace:
         device = traced_check(ctx, device)
     return device, at

@@ -97,11 +97,11 @@ def _notes(evaluator: LayoutEvaluator, options: SearchOptions, any_answered: boo
     elif any_answered:
         notes.append("each layout's peak is the analytic per-device closed form (instant); under FSDP2 it prices "
                      "the moments fully_shard holds inside the step (a unit's all-gather, the root's unsharded "
-                     "gradients, the reduce-scatter input) for Llama in fp32 and mixed precision without "
-                     "checkpointing, equal to memory's derived rank (llama-3-8b, 8 × H100, 512 tokens: dp 8 "
-                     "36.19 GiB); for the other classes and settings memory --dp D --zero fsdp (no pipeline) derives "
-                     "a rank from traces that counts them, so its figure can be higher: a layout near the GPU's limit "
-                     "is worth memory's answer")
+                     "gradients, the reduce-scatter input) for Llama, Mistral and Qwen2 in fp32, mixed precision "
+                     "and bf16-pure, with or without full checkpointing, equal to memory's derived rank (llama-3-8b, "
+                     "8 × H100, 512 tokens: dp 8 36.19 GiB); for the other classes and settings memory --dp D "
+                     "--zero fsdp (no pipeline) derives a rank from traces that counts them, so its figure can be "
+                     "higher: a layout near the GPU's limit is worth memory's answer")
     if options.expert_load != 1:
         notes.append(f"expert load {options.expert_load:g} (a convention: the busiest expert-parallel rank receives "
                      f"{options.expert_load:g}× its balanced token-expert pairs): each ep > 1 layout's peak and step "
