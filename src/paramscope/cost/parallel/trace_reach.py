@@ -19,9 +19,6 @@ def untraced_by_layout(layout: ParallelLayout) -> str | None:
     if layout.trivial:
         return None
     if layout.pp > 1:
-        if layout.virtual_stages > 1 and layout.cp > 1:  # traced/interleaved_stage.py runs the whole sequence
-            return ("an interleaved stage beside context parallelism is not traced (the ring at the rank's S / cp "
-                    "tokens runs on 1F1B and GPipe stages)")
         return None  # the stages of a class replayed from its derived step are traced: the class decides
     fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
     if layout.cp > 1 and fsdp and layout.shard_degree % layout.cp:

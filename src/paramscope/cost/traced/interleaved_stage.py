@@ -25,16 +25,19 @@ def trace_interleaved_stage(module: Any, settings: Any, layer_path: str, chunks:
     import torch
     from torch.utils._pytree import tree_leaves
 
+    from .parallel import rank_tokens
     from .step import autocast_for, by_category, make_tracker, restart_peak, running, training_inputs
     from .tracker_hooks import gradients_not_held
 
     with _working_copy(module, settings, parallel) as model:
         layers = model.get_submodule(layer_path)
         count = len(layers)
-        inputs = training_inputs(model, settings)
+        # context parallel: the rank's S / cp tokens (the ring, set up for the whole sequence, runs on them)
+        run = rank_tokens(settings, parallel) if parallel is not None else settings
+        inputs = training_inputs(model, run)
         embedding = model.get_input_embeddings().weight
         shard = parallel.tp if parallel is not None and parallel.sp else 1
-        hidden = (settings.batch, settings.seq // shard, embedding.shape[1])
+        hidden = (settings.batch, run.seq // shard, embedding.shape[1])
         autocast = autocast_for(settings.precision)
         with running(model):
             layer_args = _layer_arguments(model, layers, inputs, autocast)
