@@ -5,7 +5,8 @@ closed form's peak equals the traced rank's to the byte.
 
 The cut keeps Llama-3's proportions (the MLP 3.5 × the hidden size, the vocabulary 31 ×, four query heads a KV
 head) at a hidden size of 128 and a few dozen tokens, where the weights outweigh the logits as they do for
-llama-3-8b at 512 tokens: each case peaks at a different FSDP2 moment, named.
+llama-3-8b at 512 tokens: each case peaks at a different FSDP2 moment, named. Llama, Mistral and Qwen2; fp32,
+mixed precision and bf16-pure; with and without full checkpointing.
 """
 
 from __future__ import annotations
