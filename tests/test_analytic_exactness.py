@@ -81,7 +81,9 @@ def _full_depth_peaks(preset: str, model_class: str | None, points, estimates) -
 @pytest.mark.parametrize("preset, model_class, points, recipe", FAMILIES,
                          ids=[f"{preset}-{model_class or 'preset'}" for preset, model_class, _, _ in FAMILIES])
 def test_the_default_answer_is_within_0_1_percent_of_the_full_depth_step(preset, model_class, points, recipe):
-    estimates = [estimate_training(preset, TrainingOptions(batch=batch, seq=seq), model_class=model_class)
+    # the peak at each point (no fits table: its searches would derive the five derived families again at batch 1,
+    # a regime of its own that no point here reaches)
+    estimates = [estimate_training(preset, TrainingOptions(batch=batch, seq=seq, fits=False), model_class=model_class)
                  for batch, seq in points]
     full = _full_depth_peaks(preset, model_class, points, estimates)
     for (batch, seq), estimate, peak in zip(points, estimates, full):
