@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .pipeline_stage import (StageTrace, _base_tail, _first_stage, _fresh, _head_and_loss, _hidden_of,
-                             _layer_arguments, _total, _working_copy)
+from .pipeline_stage import (StageTrace, base_tail, first_stage_forward, fresh_cache, head_and_loss, hidden_of,
+                             layer_arguments, categories_total, stage_working_copy)
 
 
 def trace_interleaved_stage(module: Any, settings: Any, layer_path: str, chunks: tuple[tuple[int, int], ...],
@@ -29,7 +29,7 @@ def trace_interleaved_stage(module: Any, settings: Any, layer_path: str, chunks:
     from .step import autocast_for, by_category, make_tracker, restart_peak, running, training_inputs
     from .tracker_hooks import gradients_not_held
 
-    with _working_copy(module, settings, parallel) as model:
+    with stage_working_copy(module, settings, parallel) as model:
         layers = model.get_submodule(layer_path)
         count = len(layers)
         # context parallel: the rank's S / cp tokens (the ring, set up for the whole sequence, runs on them)
@@ -40,37 +40,37 @@ def trace_interleaved_stage(module: Any, settings: Any, layer_path: str, chunks:
         hidden = (settings.batch, run.seq // shard, embedding.shape[1])
         autocast = autocast_for(settings.precision)
         with running(model):
-            layer_args = _layer_arguments(model, layers, inputs, autocast)
+            layer_args = layer_arguments(model, layers, inputs, autocast)
             parent_path, _, name = layer_path.rpartition(".")
             parent = model.get_submodule(parent_path) if parent_path else model
             held = [list(layers)[a:b] for a, b in chunks]
             # the stack holds the rank's layers only (the model's forward runs the first chunk's, stopped as its
             # last returns); the rest of the model's parameters stay, as a stage's do
             setattr(parent, name, torch.nn.ModuleList([layer for run in held for layer in run]))
-            tail = _base_tail(model, parent) if chunks[-1][1] == count else None
+            tail = base_tail(model, parent) if chunks[-1][1] == count else None
 
             def forward(chunk: int, received: Any) -> Any:
                 a, b = chunks[chunk]
                 with autocast:
                     if a == 0:
-                        return _first_stage(model, held[chunk][-1], inputs)
-                    args = [_fresh(value, model.config) for value in layer_args[0]]
-                    kwargs = {key: _fresh(value, model.config) for key, value in layer_args[1].items()}
+                        return first_stage_forward(model, held[chunk][-1], inputs)
+                    args = [fresh_cache(value, model.config) for value in layer_args[0]]
+                    kwargs = {key: fresh_cache(value, model.config) for key, value in layer_args[1].items()}
                     state = received
                     for layer in held[chunk]:
-                        state = _hidden_of(layer(state, *args, **kwargs))
+                        state = hidden_of(layer(state, *args, **kwargs))
                     if b < count:
                         return state
-                    return _head_and_loss(model, tail, state, inputs)
+                    return head_and_loss(model, tail, state, inputs)
 
             made = [t for t in tree_leaves(layer_args) if isinstance(t, torch.Tensor)]
             tracker = make_tracker(model, *made)
             dtype = embedding.dtype if settings.precision != "bf16-pure" else torch.bfloat16
             with gradients_not_held(), tracker:
-                start_bytes = _total(by_category(tracker.get_tracker_snapshot("current")))
+                start_bytes = categories_total(by_category(tracker.get_tracker_snapshot("current")))
 
                 def now(kind: str) -> int:
-                    return _total(by_category(tracker.get_tracker_snapshot(kind))) - start_bytes
+                    return categories_total(by_category(tracker.get_tracker_snapshot(kind))) - start_bytes
 
                 caches: list[list[tuple[Any, Any]]] = [[] for _ in chunks]
                 live = most = 0

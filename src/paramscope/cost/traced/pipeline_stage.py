@@ -68,7 +68,7 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
     from .step import autocast_for, by_category, make_tracker, restart_peak, running, training_inputs
     from .tracker_hooks import gradients_not_held
 
-    with _working_copy(module, settings, parallel) as model:
+    with stage_working_copy(module, settings, parallel) as model:
         layers = model.get_submodule(layer_path)
         count = len(layers)
         first, last = start == 0, stop == count
@@ -80,27 +80,27 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
         hidden = (settings.batch, run.seq // shard, embedding.shape[1])
         autocast = autocast_for(settings.precision)
         with running(model):
-            layer_args = None if first else _layer_arguments(model, layers, inputs, autocast)
+            layer_args = None if first else layer_arguments(model, layers, inputs, autocast)
             parent_path, _, name = layer_path.rpartition(".")
             parent = model.get_submodule(parent_path) if parent_path else model
             held_layers = list(layers)[start:stop]
             setattr(parent, name, torch.nn.ModuleList(held_layers))
-            tail = _base_tail(model, parent) if last else None
+            tail = base_tail(model, parent) if last else None
 
             def forward(received: Any) -> Any:
                 with autocast:
                     if first:
-                        return _first_stage(model, held_layers[-1], inputs)
+                        return first_stage_forward(model, held_layers[-1], inputs)
                     # a fresh training cache a microbatch, as the model's forward builds one
-                    args = [_fresh(value, model.config) for value in layer_args[0]]
-                    kwargs = {key: _fresh(value, model.config) for key, value in layer_args[1].items()}
+                    args = [fresh_cache(value, model.config) for value in layer_args[0]]
+                    kwargs = {key: fresh_cache(value, model.config) for key, value in layer_args[1].items()}
                     state = received
                     for layer in held_layers:
-                        state = _hidden_of(layer(state, *args, **kwargs))
+                        state = hidden_of(layer(state, *args, **kwargs))
                     if not last:
                         return state
                     # the training cache lives until the loss is taken, as the model's output holds it
-                    return _head_and_loss(model, tail, state, inputs)
+                    return head_and_loss(model, tail, state, inputs)
 
             # the layers' arguments made before the step (position tables): in the resident baseline, not counted
             # as made when a layer first reads them
@@ -108,15 +108,15 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
             tracker = make_tracker(model, *made)
             dtype = embedding.dtype if settings.precision != "bf16-pure" else torch.bfloat16
             with gradients_not_held(), tracker:
-                start_bytes = _total(by_category(tracker.get_tracker_snapshot("current")))
+                start_bytes = categories_total(by_category(tracker.get_tracker_snapshot("current")))
                 cache: list[tuple[Any, Any]] = []
                 for _ in range(in_flight):
                     tracker.reset_mod_stats()  # per-module statistics, one call each: the peak runs on
                     received = None if first else torch.empty(hidden, dtype=dtype, requires_grad=True)
                     cache.append((received, forward(received)))
                     del received
-                held = _total(by_category(tracker.get_tracker_snapshot("current"))) - start_bytes
-                forward_peak = _total(by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
+                held = categories_total(by_category(tracker.get_tracker_snapshot("current"))) - start_bytes
+                forward_peak = categories_total(by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
                 def backward() -> None:
                     received, output = cache.pop(0)
                     if last:
@@ -130,10 +130,10 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
                     del received, output
 
                 backward()
-                peak = _total(by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
+                peak = categories_total(by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
                 # (MemTracker's module hooks keep a later stage's received leaf alive past its backward: a later
                 # phase is read above this moment)
-                after_backward = _total(by_category(tracker.get_tracker_snapshot("current"))) - start_bytes
+                after_backward = categories_total(by_category(tracker.get_tracker_snapshot("current"))) - start_bytes
                 later_peak = 0
                 if later:
                     restart_peak(tracker)
@@ -143,13 +143,13 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
                         cache.append((received, forward(received)))
                         del received
                     backward()
-                    later_peak = _total(by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
+                    later_peak = categories_total(by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
             gradients = sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
     return StageTrace(start, stop, in_flight, held, forward_peak, peak, gradients, later_peak, after_backward)
 
 
 @contextmanager
-def _working_copy(module: Any, settings: Any, parallel: Any) -> Iterator[Any]:
+def stage_working_copy(module: Any, settings: Any, parallel: Any) -> Iterator[Any]:
     """The fake working copy: one device's, or under `parallel` one rank's on torch's fake process group."""
     from .step import assumed_values, fake_mode, training_copy
 
@@ -163,19 +163,19 @@ def _working_copy(module: Any, settings: Any, parallel: Any) -> Iterator[Any]:
         yield model
 
 
-def _total(categories: dict[str, int]) -> int:
+def categories_total(categories: dict[str, int]) -> int:
     return sum(categories.values())
 
 
-def _fresh(value: Any, config: Any) -> Any:
+def fresh_cache(value: Any, config: Any) -> Any:
     return type(value)(config=config) if type(value).__name__.endswith("Cache") else value
 
 
-def _hidden_of(output: Any) -> Any:
+def hidden_of(output: Any) -> Any:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def _layer_arguments(model: Any, layers: Any, inputs: dict[str, Any], autocast: Any) -> tuple[tuple, dict]:
+def layer_arguments(model: Any, layers: Any, inputs: dict[str, Any], autocast: Any) -> tuple[tuple, dict]:
     """The arguments the model's forward gives its layers (all but the hidden state), made once, without gradients."""
     import torch
 
@@ -187,11 +187,11 @@ def _layer_arguments(model: Any, layers: Any, inputs: dict[str, Any], autocast: 
                             "its first layer")
 
 
-def _first_stage(model: Any, last_layer: Any, inputs: dict[str, Any]) -> Any:
+def first_stage_forward(model: Any, last_layer: Any, inputs: dict[str, Any]) -> Any:
     """The model's forward up to its stage's last layer's output (the rest of the forward is never run)."""
 
     def stop(_module: Any, _args: Any, output: Any) -> None:
-        raise _Stop(_hidden_of(output))
+        raise _Stop(hidden_of(output))
 
     return _run_to_stop(model, last_layer.register_forward_hook(stop), inputs, "the stage's last layer")
 
@@ -207,7 +207,7 @@ def _run_to_stop(model: Any, handle: Any, inputs: dict[str, Any], where: str) ->
     raise UnsupportedError(f"{type(model).__name__}'s forward never reached {where}")
 
 
-def _base_tail(model: Any, stack_parent: Any) -> tuple[Any, Any]:
+def base_tail(model: Any, stack_parent: Any) -> tuple[Any, Any]:
     """(the final norm, the pooler): the base model's modules that run on its layer stack's output, either absent
     (None). A final norm sits beside the stack or on the base model under one of FINAL_NORMS; a pooler is the base
     model's `pooler` (what a ...WithPooling output's pooler_output comes from)."""
@@ -217,9 +217,9 @@ def _base_tail(model: Any, stack_parent: Any) -> tuple[Any, Any]:
     return norm, getattr(base, "pooler", None)
 
 
-def _head_and_loss(model: Any, tail: tuple[Any, Any], state: Any, inputs: dict[str, Any]) -> Any:
+def head_and_loss(model: Any, tail: tuple[Any, Any], state: Any, inputs: dict[str, Any]) -> Any:
     """The loss of the class's own forward (its head, its loss) with its base model standing in: the base model's
-    forward returns `state`, the stage's last layer's output, through the base model's tail (_base_tail)."""
+    forward returns `state`, the stage's last layer's output, through the base model's tail (base_tail)."""
     from .step import loss_of
 
     norm, pooler = tail
