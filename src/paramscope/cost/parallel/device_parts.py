@@ -356,3 +356,23 @@ def matmul_names(ctx: StepContext) -> frozenset[str]:
         if ctx.view.is_matmul(sub) and sub._parameters.get("weight") is not None:
             names.add(f"{path}.weight" if path else "weight")
     return frozenset(names)
+
+
+def masked_token_ids(ctx: StepContext, placements: tuple[Placement, ...], batch: int, length: int) -> int:
+    """Bytes of the token ids a vocabulary-parallel embedding (tp) masks and saves for its backward: a (B, S / cp)
+    int64, 8·T, held from the embedding's forward to its backward (0 where the embedding is not cut or does not
+    train). fsdp_moments.py counts them on FSDP2's moments."""
+    if ctx.layout.tp == 1 or not any(p.role == "embeddings.word" and p.tp == "vocabulary" and p.name in ctx.trainable
+                                     for p in placements):
+        return 0
+    return 8 * batch * -(-length // ctx.layout.cp)
+
+
+def with_masked_ids(phase: PhaseFigure, masked: int) -> PhaseFigure:
+    """The end of forward with the vocabulary-parallel embedding's masked token ids (masked_token_ids) beside the
+    recipe's moment. Only there: the recipe's start of backward already stands 8·T − 8 B over one device's trace,
+    and with them the tp rank's would stand over its trace (traced: 8 B under it without them)."""
+    if not masked or phase.where != "end of forward":
+        return phase
+    return dataclasses.replace(phase, bytes=phase.bytes + masked, arithmetic=(
+        f"{phase.arithmetic}; + the vocabulary-parallel embedding's masked token ids, 8·T = {masked:,}"))

@@ -29,7 +29,7 @@ from .device_parts import (
     local_activations, local_recipe_missing, local_shape, refuse_attention_dropout, resident_bytes, ring_chunk_bytes,
     ring_output_copies,
     sequence_parallel_norm_gradients, tied_bytes, whole_embedding_gradient, with_buffers, with_norm_gradients,
-    with_ring_outputs, with_whole_gradient
+    with_ring_outputs, with_whole_gradient, masked_token_ids, with_masked_ids
 )
 from .device_trace import traced_check
 from .layout import ParallelLayout, shard_words
@@ -481,8 +481,9 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
         if whole is not None:
             figures = tuple(with_whole_gradient(p, whole) for p in figures)
         kept = ring_kept(batch, length)
-        return tuple(with_buffers(with_ring_outputs(with_norm_gradients(p, norms), kept), comm) for p in figures) + \
-            fsdp_backward_moments(ctx, placements, batch, length)
+        masked = masked_token_ids(ctx, placements, batch, length)
+        return tuple(with_buffers(with_masked_ids(with_ring_outputs(with_norm_gradients(p, norms), kept), masked),
+                                  comm) for p in figures) + fsdp_backward_moments(ctx, placements, batch, length)
 
     act = local_activations(ctx, shape, ctx.batch, ctx.seq)
     kept = ring_kept(ctx.batch, ctx.seq)
@@ -499,7 +500,7 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
                   "all-gathered, the fp32 merge, the backward's fp32 dq/dk/dv and their all-to-all) are freed inside "
                   "each attention, under the logits' moments, and not counted. Held to the rank traced on torch's "
                   "ring (cost/traced/context_parallel.py): an 8-layer Llama cut, cp 2 and 4, B 2 and 4, 2,048 and "
-                  "4,096 tokens, 8 B under it, the one-device recipe's own 8 B at S / cp tokens (its start of "
+                  "4,096 tokens, equal to it (the one-device recipe's end of forward at S / cp tokens; its start of "
                   "backward is 8·B·S/cp − 8 B over, as at one device); beside --tp or --sp not traced (the traced "
                   "ring runs alone); --cp alone answers with the rank derived from that ring" + (
                       "; with checkpointing the recomputed layer's copy is not counted" if checkpointing else ""),)

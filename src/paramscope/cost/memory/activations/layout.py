@@ -41,12 +41,15 @@ def causal_loss_working(kind: str, batch: int, seq: int, hidden: int, layers: in
                         cached_keys: int) -> tuple[tuple[int, str, bool], ...]:
     """What a causal LM (transformers' ForCausalLMLoss) holds beside its saved activations as its loss is taken:
     - the labels padded by one position, int64 B·(S + 1);
+    - the loss and the total weight nll_loss saves for its backward, two fp32 scalars, 8 B (traced: the causal
+      recipes' end of forward was 8 B under one device's trace without them; BERT's masked LM counts its own);
     - under mixed precision, the final norm's fp32 output 4·T·h (the head saved its 16-bit cast) and, without
       checkpointing (which turns the cache off), the training KV cache's keys: RoPE leaves them fp32 (its cos and
       sin take the fp32 residual stream's dtype) where sdpa saved their 16-bit cast, `cached_keys` elements a token
       in each of the `layers` layers (0 where the cache holds only what attention saved)."""
     tokens = batch * seq
     parts = [(8 * batch * (seq + 1), "the labels padded by one, 8·B·(S + 1)", True),
+             (8, "the loss and nll_loss's total weight, two fp32 scalars", True),
              *final_hidden_working(kind, tokens, hidden)]
     if kind == "mixed" and cached_keys:
         parts.append((layers * 4 * tokens * cached_keys,

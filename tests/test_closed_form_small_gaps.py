@@ -1,0 +1,58 @@
+"""Two small gaps of the Llama family's closed form against one rank traced on torch's fake process group, each
+held to the byte here (torch 2.13):
+
+- a vocabulary-parallel embedding (tp) masks the token ids it reads and saves them for its backward, a (B, S) int64,
+  8·T, held from its forward to its backward: the tensor-parallel closed form's end of forward counts them
+  (device_parts.masked_token_ids), as FSDP2's moments do (fsdp_moments.py). A Llama cut at tp 2, 2 × 64 tokens, a
+  512-token vocabulary, was 1,032 B under the traced forward with and without FSDP2 (8·T = 1,024, and the 8 below);
+- the causal loss leaves two fp32 scalars live as the forward ends, the loss and the total weight nll_loss saves for
+  its backward: the one-device recipe's end of forward counts them (activations/layout.causal_loss_working). It was
+  8 B under every causal recipe's trace; llama-3-8b --dp 8 --zero fsdp --seq 512 --grad-checkpointing full, which
+  peaks there, 33,084,868,244 -> 33,084,868,252 B, the derived engine's figure.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from paramscope.cost.memory.training import TrainingOptions, training_answer
+from paramscope.cost.parallel.layout import ParallelLayout
+from paramscope.cost.traced.parallel import trace_parallel_training
+from paramscope.cost.traced.step import StepSettings
+
+CUT = dict(num_hidden_layers=2, hidden_size=128, intermediate_size=448, num_attention_heads=4, num_key_value_heads=1,
+           vocab_size=512, architectures=["LlamaForCausalLM"])
+
+
+@functools.lru_cache(maxsize=None)
+def _closed_and_traced(dp: int, tp: int, batch: int, seq: int, checkpointing: bool = False):
+    import transformers as T
+
+    shard = "fsdp" if dp > 1 else "none"
+    _, estimate, view = training_answer(T.LlamaConfig(**CUT), TrainingOptions(
+        batch=batch, seq=seq, precision="bf16-mixed", layout=ParallelLayout(dp=dp, shard=shard, tp=tp),
+        grad_checkpointing="full" if checkpointing else "none", derive_layout=False), use_cache=False)
+    traced = trace_parallel_training(view.module, StepSettings(
+        batch=batch, seq=seq, precision="bf16-mixed", optimizer="adamw", grad_checkpointing=checkpointing),
+        dp=dp, shard=shard, tp=tp)
+    phases = estimate.training.device.phases if estimate.training.device else estimate.training.phases
+    return {p.where: p for p in phases}, {p.phase: p.bytes for p in traced.phases}
+
+
+@pytest.mark.parametrize("dp, forward", [(1, 6_307_052), (2, 5_288_940)], ids=["tp 2", "FSDP2 dp 2 × tp 2"])
+def test_the_tp_end_of_forward_counts_the_embeddings_masked_ids(dp, forward):
+    closed, traced = _closed_and_traced(dp, 2, 2, 64)
+    end = closed["end of forward"]
+    assert "masked token ids, 8·T = 1,024" in end.arithmetic
+    assert end.bytes == traced["forward"] == forward
+
+
+def test_the_checkpointed_end_of_forward_counts_the_loss_scalars():
+    """One device, full checkpointing, 1 × 16 tokens: the forward peaks as the loss is taken, and the recipe's end of
+    forward is the trace's to the byte (8 B under it before)."""
+    closed, traced = _closed_and_traced(1, 1, 1, 16, checkpointing=True)
+    end = closed["end of forward"]
+    assert "the loss and nll_loss's total weight, two fp32 scalars = 8" in end.arithmetic
+    assert end.bytes == traced["forward"] == 7_807_012
