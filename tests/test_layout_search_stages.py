@@ -96,18 +96,19 @@ def test_the_summary_says_only_the_answered_layouts_were_tried(runs):
     # the layouts that need a derivation and cannot fit on their bound are passed over, not derived, and not counted
     # as not answered
     # (context parallel ones too, under a pipeline too: their bound is read before memory would refuse GPT-2's
-    # attention dropout)
+    # attention dropout); in the fewest devices' search up to 64, 11 more than the model states alone passed over
+    # (101 not answered, 112 before): their share of the one-device derived activations (layout_bound.py)
     assert sorted((s["dp"], s["tp"], s["pp"], s["cp"]) for s in tight["skipped"] if s["bounded"]) == \
         [(1, 1, 1, 4), (1, 1, 2, 2), (1, 2, 1, 2), (1, 2, 2, 1), (1, 4, 1, 1), (2, 1, 1, 2), (2, 2, 1, 1), (4, 1, 1, 1)]
     minimum = tight["minimum"]
-    assert (minimum["devices"], minimum["limit"], minimum["unanswered"]) == (None, 64, 112)
+    assert (minimum["devices"], minimum["limit"], minimum["unanswered"]) == (None, 64, 101)
     assert minimum["unanswered"] == sum(t["unanswered"] for t in minimum["tried"])
     assert "no layout of 4 devices fits on H100 80GB" in text
     assert "2 do not, 8 passed over on a lower bound" in text
     assert "passed over, 8 layouts: does not fit: its model states alone" in text
     assert "fewest devices that fit among the answered layouts: none up to 64 (" in text
-    assert "112 layouts of those counts not answered, so not tried (the reasons below): one of them may fit" in text
-    assert "0 of at most 0; 17 layouts (of 4 devices and of the counts the fewest devices' search tried) needed " \
+    assert "101 layouts of those counts not answered, so not tried (the reasons below): one of them may fit" in text
+    assert "0 of at most 0; 15 layouts (of 4 devices and of the counts the fewest devices' search tried) needed " \
            "another and were not derived" in text
 
 

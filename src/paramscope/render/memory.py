@@ -945,8 +945,9 @@ def minimum_sentence(search) -> str:
                                     f"{'s' if tried != 1 else ''} tried fits"))
     if minimum.bounded:
         before += (f" ({minimum.bounded:,} more passed over on a lower bound: the first stage's model states and its "
-                   "layers' activations for the microbatches in flight (the states alone where the step is not the "
-                   "analytic recipe's), terms of its peak, exceed the GPU)")
+                   "layers' activations for the microbatches in flight (where the step is not the analytic "
+                   "recipe's: without a pipeline its share of one device's derived activations, with one the states "
+                   "alone), terms of its peak, exceed the GPU)")
     if minimum.untried is not None:
         first, last = minimum.untried
         span = f"{first:,}" if first == last else f"{first:,}–{last:,}"

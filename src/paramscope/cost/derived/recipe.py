@@ -148,6 +148,19 @@ class DerivedRecipe:
                     terms[(i, j)] = terms.get((i, j), 0) + times * c
         return tuple(sorted((i, j, c) for (i, j), c in terms.items() if c))
 
+    def held_after_forward(self, batch: int, seq: int) -> tuple[tuple[Poly, int, int], ...]:
+        """What the forward makes and leaves live when it ends, for the model's layers: (an allocation's size as a
+        polynomial in B and S / seq_unit, its bytes at `batch` × `seq`, how many of it are live), each allocation
+        whose net count over the forward is above zero (one at or below zero is not the forward's: a free of what
+        the step started with)."""
+        laid = self._laid_out(None)
+        values = self._values(batch, seq)
+        net: dict[int, int] = {}
+        for sign, index in zip(laid.forward_sign.tolist(), laid.forward_index.tolist()):
+            net[index] = net.get(index, 0) + int(sign)
+        return tuple((self.sizes[index], int(values[index]), times) for index, times in sorted(net.items())
+                     if times > 0)
+
     def _memo(self) -> dict[Any, Any]:
         """This recipe's own cache (its layouts by layer types, its coefficient matrix): kept on the instance, out
         of the fields, so equality and the JSON never see it."""

@@ -570,6 +570,16 @@ def _derive(view: Any, options: TrainingOptions, seq: int, limit: int | None, fr
     return step, ""
 
 
+def one_device_derived(report: Any, view: Any, options: TrainingOptions) -> Any:
+    """The derived step (derived/step.py's DerivedStep) step_estimate answers one device's step of `options` from,
+    for the class as its config builds it: read from the cache, or derived where the view has the module; None where
+    neither, or where the derivation declines."""
+    seq, limit, _ = step_length(report, text_config(view.config), options.seq, DEFAULT_TRAINING_SEQ)
+    step, _ = _derive(view, options, seq, limit, match_all(report.params, options.freeze), None, frozenset(),
+                      live=False)
+    return step
+
+
 def _why_built(view: Any, options: TrainingOptions) -> str:
     if options.layout is not None and not options.layout.trivial:
         return ("one device's step under the layout is derived from traces of the real class on torch's fake process "

@@ -107,7 +107,9 @@ class LayoutEvaluator:
         spent (counted as not derived); None where it is derived."""
         capacity = self.facts.capacity
         if self.bound(layout, replica) > capacity:
-            return _skipped(layout, f"does not fit: its model states alone, a lower bound on its peak, exceed the "
+            what = "its model states alone" if self.lower_bound.states_bytes(layout) > capacity else \
+                "its model states and its share of one device's derived activations"
+            return _skipped(layout, f"does not fit: {what}, a lower bound on its peak, exceed the "
                                     f"{capacity:,} B the GPU leaves beside the reserve (no step derived)",
                             bounded=True)
         if self.derivations.exhausted:

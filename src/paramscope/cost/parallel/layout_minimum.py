@@ -81,12 +81,14 @@ class _Counts:
             return True
         evaluator, capacity = self.evaluator, self.evaluator.facts.capacity
         layouts, _ = candidate_layouts(evaluator.facts, count)
-        ranked = [(evaluator.bound(layout, replica), i, layout, replica)
+        # passed over on the bound, tried in the bound's order (a derived class's by its states: layout_bound.order)
+        ranked = [(evaluator.bound(layout, replica), evaluator.lower_bound.order(layout, replica), i, layout, replica)
                   for i, (layout, replica) in enumerate(likely_first(layouts))]
         hopeless = sum(1 for b, *_ in ranked if b > capacity)
         self.bounded += hopeless
         done = skipped = 0
-        for _, _, layout, replica in sorted(item for item in ranked if item[0] <= capacity):
+        for _, _, _, layout, replica in sorted((item for item in ranked if item[0] <= capacity),
+                                               key=lambda item: item[1:3]):
             if budgeted:
                 if self.spent >= MIN_BUDGET:
                     return False

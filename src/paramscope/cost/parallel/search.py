@@ -45,12 +45,13 @@ def search(report: Any, view: Any, options: SearchOptions, flops_check: Any = No
                                load=options.expert_load, cls=view.class_name)
     layouts, skipped = candidate_layouts(evaluator.facts, options.devices)
     candidates: list[Candidate] = []
-    # lowest lower bound first (as the fewest devices' search), context parallel layouts after the others, so that
+    # lowest lower bound first (as the fewest devices' search; a derived class's by its states: layout_bound.order),
+    # context parallel layouts after the others, so that
     # where a class's derivations are capped (MAX_DERIVED) they go to the layouts most likely to fit: cp cuts only
     # the activations, and each (cp, tp, FSDP degree) is a derivation of its own (ranked with the rest, they spent
     # the cap and left Mixtral-8x7B's fastest on 16 H100s, dp 1 · tp 8 · pp 2, not derived); the table is sorted
     # afterwards
-    ranked = sorted((layout.cp > 1, evaluator.bound(layout, replica), i, layout, replica)
+    ranked = sorted((layout.cp > 1, evaluator.lower_bound.order(layout, replica), i, layout, replica)
                     for i, (layout, replica) in enumerate(likely_first(layouts)))
     bounded = unanswered = 0  # N's layouts passed over on their bound, and those not answered otherwise
     for _, _, _, layout, replica in ranked:
