@@ -23,7 +23,7 @@ def test_layout_for_equals_the_cli(capsys):
     estimate = paramscope.estimate_training("llama-3-8b", paramscope.TrainingOptions(
         seq=2048, layout=paramscope.layout_for(tp=2, pp=2)))
     document = _cli_json(capsys, "memory", "llama-3-8b", "--training", "--tp", "2", "--pp", "2", "--seq", "2048")
-    assert estimate.peak == document["memory"]["peak"]["bytes"] == 41_385_460_804
+    assert estimate.peak == document["memory"]["peak"]["bytes"] == 41_387_557_956
     # --devices 8 --zero fsdp is this layout (cli/memory._layout passes its flags to layout_for as they are); its
     # step is derived from traces (seconds), so the figure is not asserted here
     assert paramscope.layout_for(devices=8, zero="fsdp") == paramscope.ParallelLayout(dp=8, shard="fsdp")

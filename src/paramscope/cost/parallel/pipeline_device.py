@@ -30,6 +30,11 @@ LEAF_CASTS = ("pipeline: a later stage's received hidden state is a leaf (Pipeli
               "pre-norm layer reads its input through its norm, and is equal")
 
 
+# the last stage's loss, kept in its cache until its backward, and the total weight cross-entropy saves for it: two
+# fp32 scalars a microbatch (measured on the stage's trace)
+LOSS_SCALARS = 8
+
+
 def after_layers(params: Any, stack: str) -> str:
     """What the last stage runs after its layers, from the roles of the parameters outside the layer stack and the
     embeddings: a decoder's 'the final norm and head', BERT's masked LM's 'the head', its classifier's 'the pooler and
@@ -42,20 +47,18 @@ def after_layers(params: Any, stack: str) -> str:
     return "the " + (" and ".join(parts) if len(parts) < 3 else f"{parts[0]}, {parts[1]} and {parts[2]}")
 
 
-def _stage_saved_words(arithmetic: str, act: Any, layers: int, in_flight: int, all_casts: int, own_casts: int,
-                       at_head: int | None = None) -> str:
+def _stage_saved_words(arithmetic: str, act: Any, layers: int, in_flight: int, kept: int, saved: int,
+                       outside_words: str, copy_words: str, at_head: int | None = None) -> str:
     """A one-device moment's words for the last stage: the one device's "saved X" (every layer, one batch) replaced
-    by what this stage saves, with its terms, so that the words sum to the stage's figure. `at_head`: interleaved,
-    the layer-microbatches held at the head's moments (pipeline.layers_in_flight)."""
-    kept = (in_flight * layers if at_head is None else at_head) * act.per_layer
-    outside = act.saved - act.layers * act.per_layer - all_casts
-    saved = kept + outside + own_casts
+    by what this stage saves (`saved`: its layers' `kept`, the terms outside them, its weight copies), with its
+    terms, so that the words sum to the stage's figure. `at_head`: interleaved, the layer-microbatches held at the
+    head's moments (pipeline.layers_in_flight)."""
     held = (f"{in_flight} microbatch{'es' if in_flight > 1 else ''} in flight × this stage's {layers} layers of "
             f"{act.layers}" if at_head is None else
             f"{at_head} layer-microbatches in flight at the head's moments along torch's interleaved order (each "
             f"microbatch its chunk's layers; the stage's {layers} of {act.layers})")
-    words = (f"saved {saved:,} ({held} × {act.per_layer:,} B a layer = {kept:,}; outside the layers "
-             f"{outside:,}" + (f"; the stage's 16-bit weight copies {own_casts:,}" if own_casts else "") + ")")
+    words = (f"saved {saved:,} ({held} × {act.per_layer:,} B a layer = {kept:,}; {outside_words}"
+             + (f"; {copy_words}" if copy_words else "") + ")")
     one_device = f"saved {act.saved:,}"
     if arithmetic.startswith(one_device):
         return words + arithmetic[len(one_device):]
@@ -80,6 +83,8 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     from ..dims import config_int
 
     h = config_int(ctx.text, "hidden_size") or 0
+    heads = config_int(ctx.text, "num_attention_heads") or 1
+    head_dim = config_int(ctx.text, "head_dim") or h // heads
     figures_by_stage: list[tuple[Stage, DeviceStates, tuple[PhaseFigure, ...], int]] = []
 
     params_of: dict[int, list] = {}
@@ -106,17 +111,51 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         ring, ring_words = ring_kept(stage, batch, length)
         kept += ring
         stage_params(stage)
-        own_casts = casts_of[stage.rank]
+        # the 16-bit weight copies: each microbatch's forward runs under its own autocast, whose copies of the
+        # matmul weights it reads (the layers' and the head's; not the embeddings' or norms', which autocast does not
+        # cast) are saved for that microbatch's backward, so each microbatch in flight holds its own. Interleaved:
+        # the stage's once, as before (its chunk-microbatches' copies, inputs and rotary tables not yet held to a
+        # trace there)
+        mixed = ctx.precision.endswith("-mixed")
+        copies = (casts_of[stage.rank] * (1 if interleaved else stage.in_flight)) if mixed else 0
+        copy_words = (f"the stage's 16-bit weight copies {copies:,}" if interleaved else
+                      f"the 16-bit weight copies each microbatch's autocast keeps, {stage.in_flight} × "
+                      f"{casts_of[stage.rank]:,} = {copies:,}")
         all_casts = 2 * shape_all["cast_weights"] if ctx.precision.endswith("-mixed") else 0
         resident = resident_bytes(dev, ctx.buffer_bytes)
+        # a hidden state a microbatch, the rank's tokens (its sequence shard under sequence parallel): the stage's
+        # cache holds each microbatch's input and output for its backward (PipelineStage's fwd_cache). In fp32 and
+        # mixed precision the received input is the very tensor its first layer's norm saves (the recipe's layer
+        # counts it); in bf16-pure the norm saves an fp32 copy, and the 16-bit input is held beside it
+        received = residual * batch * (local_len // (layout.tp if layout.sp else 1)) * h
+        input_kept = received if ctx.precision == "bf16-pure" and not stage.first else 0
+        # the first stage runs the model's forward, which makes the rotary tables (cos and sin, 1 × S × head_dim,
+        # fp32 but in bf16-pure) for each microbatch; a later stage takes them with its input (torchtitan's stages
+        # hold them as buffers), so its recipe's outside terms lose them
+        rotary = 2 * (2 if ctx.precision == "bf16-pure" else 4) * local_len * head_dim
         if stage.last:
             tied_copy = tied_bytes(ctx, placements) if tied_name and layout.pp > 1 else 0
-            others = (act.layers - len(stage.layers)) * act.per_layer
-            extra_mb = (at_head - len(stage.layers)) * act.per_layer
+            outside = act.saved - act.layers * act.per_layer - all_casts
+            outside_words = f"outside the layers {outside:,}"
+            if not interleaved and not stage.first:
+                # each microbatch's forward runs to its loss (the stage's cache keeps it, with cross-entropy's
+                # total weight: two fp32 scalars), all of it held until its backward
+                one = outside
+                outside = stage.in_flight * (one - rotary + LOSS_SCALARS + input_kept)
+                outside_words = (f"outside the layers {stage.in_flight} × ({one:,} − the rotary tables {rotary:,} + "
+                                 f"the loss and cross-entropy's total weight {LOSS_SCALARS}"
+                                 + (f" + the received 16-bit hidden state {input_kept:,}" if input_kept else "")
+                                 + f") = {outside:,}")
+            # the head's moments: its layer-microbatches there (interleaved: along torch's order), the ring's
+            # copies added apart (with_ring_outputs)
+            layer_bytes = (at_head if interleaved else most) * act.per_layer
+            saved = layer_bytes + outside + copies
             moments = tuple(dataclasses.replace(
-                m, bytes=m.bytes - others - (all_casts - own_casts) + extra_mb,
-                arithmetic=_stage_saved_words(m.arithmetic, act, len(stage.layers), stage.in_flight,
-                                              all_casts, own_casts, at_head if interleaved else None))
+                m, bytes=m.bytes - act.saved + saved,
+                arithmetic=_stage_saved_words(m.arithmetic, act, len(stage.layers), stage.in_flight, layer_bytes,
+                                              saved,
+                                              outside_words, copy_words if copies else "",
+                                              at_head if interleaved else None))
                 for m in act.moments)
             figures = moment_phases(dataclasses.replace(act, moments=moments), resident=resident,
                                     gradients=dev.gradients, tied=tied_copy, text=ctx.text, batch=batch,
@@ -129,11 +168,12 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                                                     "(accumulated over the microbatches already gone back)")
                                 if f.where in ("end of forward", "start of backward") else f for f in figures)
             figures = tuple(with_ring_outputs(f, (ring, ring_words)) for f in figures)
-            return tuple(with_buffers(p, comm_of[stage.rank]) for p in figures), \
-                kept + (act.saved - act.layers * act.per_layer - all_casts) + own_casts
+            return tuple(with_buffers(p, comm_of[stage.rank]) for p in figures), kept + outside + copies
         embedding = first_chunk * residual * batch * local_len * h if stage.first else 0
         incoming = residual * batch * local_len * h
-        held = kept + embedding + own_casts
+        tables = stage.in_flight * rotary if stage.first and not interleaved else 0
+        inputs = stage.in_flight * (received + input_kept) if not stage.first and not interleaved else 0
+        held = kept + embedding + tables + inputs + copies
         words = ((f"{stage.in_flight} microbatch{'es' if stage.in_flight > 1 else ''} in flight × "
                   f"{len(stage.layers)} layers" if not interleaved else
                   f"{most} layer-microbatches at most in flight along torch's interleaved order (of "
@@ -142,7 +182,12 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                  + (f" + the embedding output {residual}·b·S·h each"
                     + (f", {first_chunk} of the first chunk's microbatches" if interleaved else "")
                     + f", {embedding:,}" if embedding else "")
-                 + (f" + the stage's 16-bit weight copies {own_casts:,}" if own_casts else "")
+                 + (f" + the rotary tables each microbatch's forward makes, {stage.in_flight} × 2·S·head_dim × "
+                    f"{rotary // (2 * local_len * head_dim)} B = {tables:,}" if tables else "")
+                 + (" + the output each microbatch's cache holds" + (" and its received 16-bit input" if input_kept
+                                                                     else "")
+                    + f", {stage.in_flight} × {received + input_kept:,} = {inputs:,}" if inputs else "")
+                 + (f" + {copy_words}" if copies else "")
                  + f" + the gradient arriving from the next stage {incoming:,} + gradients {dev.gradients:,}")
         steady = PhaseFigure("backward", resident + held + incoming + dev.gradients, "1F1B steady state" if
                              layout.schedule != "gpipe" else "first backward", words, dev.gradients)
@@ -190,10 +235,13 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     words = (f"{split_words(layout, count)}; the embeddings on stage 0, {after_layers(ctx.report.params, stack)} on "
              f"stage {layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
     notes = (f"pipeline: each stage holds its layers' saved activations for every microbatch in flight "
-             f"({layout.schedule}); the last stage's figure is the recipe's moments for its layers, whose outside "
-             "terms include the embedding output the first stage holds (a bound); a stage's own backward working "
-             "memory beyond what its layers saved is not counted, nor the point-to-point send and receive buffers "
-             "(b·S·h each)",)
+             f"({layout.schedule}), and for each its own 16-bit weight copies (each microbatch's forward runs under "
+             "its own autocast), its output in the stage's cache (in bf16-pure its received 16-bit input too), on the "
+             "first stage its rotary tables, on the last its loss; what a stage holds before its first backward "
+             "equals the stage's trace on a Llama cut under GPipe and 1F1B, fp32, mixed and bf16-pure "
+             "(tests/test_pipeline_closed_form_copies.py; not yet interleaved stages, which count the stage's "
+             "copies once, below what their chunk-microbatches hold); the last stage's figure is the recipe's moments "
+             "for its layers; a stage's own backward working memory beyond what its layers saved is not counted",)
     if layout.cp > 1:
         notes += (f"context parallel under the pipeline: stage s runs on the {layout.devices // layout.pp} ranks from "
                   f"s × {layout.devices // layout.pp} on (pp outermost, then dp, cp, tp as torchtitan lays them out), "

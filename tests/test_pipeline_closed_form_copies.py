@@ -1,0 +1,52 @@
+"""The Llama family's closed form for pipeline stages (cost/parallel/pipeline_device.py) held to each stage's trace
+(traced/pipeline_stage.py: the real class cut to the stage, k microbatch forwards kept before the first backward).
+
+Each microbatch's forward runs under its own autocast, so each microbatch in flight holds its own 16-bit copies of the
+weights its matmuls read (the layers' q, k, v, o, gate, up and down; the head's on the last stage; never the
+embedding's or the norms'), as the derived classes' replays count them (stage_recipe.py). A stage's cache also holds
+each microbatch's output (and in bf16-pure its received 16-bit input, whose fp32 copy the first norm saves); the first
+stage makes the rotary tables each microbatch; the last stage keeps each microbatch's loss. What a stage holds before
+its first backward equals the trace to the byte, on every stage, under GPipe and 1F1B."""
+
+from __future__ import annotations
+
+from paramscope.cost.parallel.layout import ParallelLayout
+
+MICRO, SEQ, HIDDEN, INNER = 2, 32, 32, 48
+LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=HIDDEN, intermediate_size=INNER,
+             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+             max_position_embeddings=4096, tie_word_embeddings=False)
+# one layer's 16-bit copies: q and o (h × h), k and v (h × kv, kv = 2 heads × 8), gate, up, down (h × i), 2 B each
+LAYER_COPIES = (HIDDEN * HIDDEN * 2 + HIDDEN * 16 * 2 + HIDDEN * INNER * 3) * 2
+
+
+def _stages(precision: str, schedule: str) -> tuple[list, list, object]:
+    from paramscope.cost.memory.training import TrainingOptions, training_answer
+    from paramscope.cost.traced.pipeline_stage import trace_stage
+    from paramscope.cost.traced.step import StepSettings
+
+    layout = ParallelLayout(pp=3, micro_batches=3, schedule=schedule)
+    _, estimate, view = training_answer(LLAMA, TrainingOptions(
+        batch=3 * MICRO, seq=SEQ, precision=precision, layout=layout, fits=False), use_cache=False)
+    device = estimate.training.device
+    assert device.activations_from.startswith("analytic")
+    settings = StepSettings(batch=MICRO, seq=SEQ, precision=precision, optimizer="adamw", attention="sdpa")
+    traces = [trace_stage(view.module, settings, "model.layers", r.layers[0], r.layers[1] + 1, r.in_flight)
+              for r in device.stages]
+    return list(device.stages), traces, device
+
+
+def test_each_microbatch_in_flight_holds_its_own_16_bit_weight_copies_under_gpipe():
+    rows, traces, device = _stages("bf16-mixed", "gpipe")
+    assert [r.in_flight for r in rows] == [3, 3, 3]
+    assert [r.activations for r in rows] == [t.held for t in traces] == [351_744, 345_600, 507_672]
+    assert LAYER_COPIES == 15_360
+    words = " ".join(p.arithmetic for p in device.phases)  # the last stage's: its layer's and the head's, 3 times
+    assert f"the 16-bit weight copies each microbatch's autocast keeps, 3 × {LAYER_COPIES + HIDDEN * 128 * 2:,}" \
+        in words
+
+
+def test_bf16_pure_stages_hold_each_microbatch_s_received_input_beside_its_output_under_1f1b():
+    rows, traces, _ = _stages("bf16-pure", "1f1b")
+    assert [r.in_flight for r in rows] == [3, 2, 1]
+    assert [r.activations for r in rows] == [t.held for t in traces] == [228_864, 158_720, 125_192]
