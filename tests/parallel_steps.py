@@ -46,3 +46,17 @@ def small_mixtral(layers: int = 5):
     return T.MixtralConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                            intermediate_size=128, vocab_size=256, num_hidden_layers=layers, num_local_experts=4,
                            num_experts_per_tok=2, architectures=["MixtralForCausalLM"])
+
+
+def stage_gaps(rows, traces):
+    """Each pipeline stage's replayed held, forward peak and peak equal to its trace (asserted, naming the stage's
+    rank); returns each stage's later-backward gap: the traced rise above what its first backward left, less the
+    replayed one (0 where the replay is exact there too)."""
+    gaps = []
+    for row, traced in zip(rows, traces, strict=True):
+        replayed = row.replayed
+        assert (replayed.held, replayed.forward_peak, replayed.peak) == (traced.held, traced.forward_peak,
+                                                                          traced.peak), row.rank
+        gaps.append((traced.later_peak - traced.after_backward) -
+                    (replayed.later_peak - replayed.after_first_backward))
+    return gaps

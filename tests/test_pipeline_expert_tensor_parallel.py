@@ -8,7 +8,7 @@ equal the replay to the byte, and so does a later backward (1F1B's steady state)
 from __future__ import annotations
 
 from paramscope.cost.parallel.layout import ParallelLayout
-from parallel_steps import small_mixtral
+from parallel_steps import small_mixtral, stage_gaps
 
 MICRO, SEQ, EP, TP = 2, 32, 2, 2
 
@@ -23,12 +23,7 @@ def test_pp_ep_tp_stages_replay_the_rank_with_both_applied_and_equal_their_trace
     rows = device.stages
     assert [(r.layers, r.in_flight) for r in rows] == [((0, 1), 3), ((2, 3), 2), ((4, 4), 1)]
     assert len(device.traced) == 3  # --trace: each stage cut, tp applied and its experts sharded (rank 0 of ep × tp)
-    gaps = []
-    for row, traced in zip(rows, device.traced):
-        derived = row.replayed
-        assert (derived.held, derived.forward_peak, derived.peak) == (traced.held, traced.forward_peak,
-                                                                        traced.peak), row.rank
-        gaps.append((traced.later_peak - traced.after_backward) - (derived.later_peak - derived.after_first_backward))
+    gaps = stage_gaps(rows, device.traced)
     # the rank's recipe, not the ep rank's (tp 1) nor the tp rank's (whole experts): the stages' figures
     assert [(r.replayed.held, r.replayed.forward_peak, r.replayed.peak) for r in rows] == [
         (1_809_968, 2_050_872, 2_050_872), (1_198_112, 1_422_376, 1_422_376), (402_576, 523_792, 533_136)]

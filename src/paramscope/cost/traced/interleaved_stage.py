@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .pipeline_stage import (StageTrace, base_tail, first_stage_forward, fresh_cache, head_and_loss, hidden_of,
-                             layer_arguments, categories_total, stage_working_copy)
+                             layer_arguments, categories_total, rank_stage_inputs, stage_working_copy)
 
 
 def trace_interleaved_stage(module: Any, settings: Any, layer_path: str, chunks: tuple[tuple[int, int], ...],
@@ -25,20 +25,13 @@ def trace_interleaved_stage(module: Any, settings: Any, layer_path: str, chunks:
     import torch
     from torch.utils._pytree import tree_leaves
 
-    from .parallel import rank_tokens
-    from .step import autocast_for, by_category, make_tracker, restart_peak, running, training_inputs
+    from .step import by_category, make_tracker, restart_peak, running
     from .tracker_hooks import gradients_not_held
 
     with stage_working_copy(module, settings, parallel) as model:
         layers = model.get_submodule(layer_path)
         count = len(layers)
-        # context parallel: the rank's S / cp tokens (the ring, set up for the whole sequence, runs on them)
-        run = rank_tokens(settings, parallel) if parallel is not None else settings
-        inputs = training_inputs(model, run)
-        embedding = model.get_input_embeddings().weight
-        shard = parallel.tp if parallel is not None and parallel.sp else 1
-        hidden = (settings.batch, run.seq // shard, embedding.shape[1])
-        autocast = autocast_for(settings.precision)
+        inputs, hidden, dtype, autocast = rank_stage_inputs(model, settings, parallel)
         with running(model):
             layer_args = layer_arguments(model, layers, inputs, autocast)
             parent_path, _, name = layer_path.rpartition(".")
@@ -65,7 +58,6 @@ def trace_interleaved_stage(module: Any, settings: Any, layer_path: str, chunks:
 
             made = [t for t in tree_leaves(layer_args) if isinstance(t, torch.Tensor)]
             tracker = make_tracker(model, *made)
-            dtype = embedding.dtype if settings.precision != "bf16-pure" else torch.bfloat16
             with gradients_not_held(), tracker:
                 start_bytes = categories_total(by_category(tracker.get_tracker_snapshot("current")))
 

@@ -64,21 +64,14 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
     import torch
     from torch.utils._pytree import tree_leaves
 
-    from .parallel import rank_tokens
-    from .step import autocast_for, by_category, make_tracker, restart_peak, running, training_inputs
+    from .step import by_category, make_tracker, restart_peak, running
     from .tracker_hooks import gradients_not_held
 
     with stage_working_copy(module, settings, parallel) as model:
         layers = model.get_submodule(layer_path)
         count = len(layers)
         first, last = start == 0, stop == count
-        # context parallel: the rank's S / cp tokens (the ring, set up for the whole sequence, runs on them)
-        run = rank_tokens(settings, parallel) if parallel is not None else settings
-        inputs = training_inputs(model, run)
-        embedding = model.get_input_embeddings().weight
-        shard = parallel.tp if parallel is not None and parallel.sp else 1
-        hidden = (settings.batch, run.seq // shard, embedding.shape[1])
-        autocast = autocast_for(settings.precision)
+        inputs, hidden, dtype, autocast = rank_stage_inputs(model, settings, parallel)
         with running(model):
             layer_args = None if first else layer_arguments(model, layers, inputs, autocast)
             parent_path, _, name = layer_path.rpartition(".")
@@ -106,7 +99,6 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
             # as made when a layer first reads them
             made = [t for t in tree_leaves(layer_args) if isinstance(t, torch.Tensor)] if layer_args else []
             tracker = make_tracker(model, *made)
-            dtype = embedding.dtype if settings.precision != "bf16-pure" else torch.bfloat16
             with gradients_not_held(), tracker:
                 start_bytes = categories_total(by_category(tracker.get_tracker_snapshot("current")))
                 cache: list[tuple[Any, Any]] = []
@@ -146,6 +138,25 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
                     later_peak = categories_total(by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
             gradients = sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
     return StageTrace(start, stop, in_flight, held, forward_peak, peak, gradients, later_peak, after_backward)
+
+
+def rank_stage_inputs(model: Any, settings: Any, parallel: Any) -> tuple[dict[str, Any], tuple[int, ...], Any, Any]:
+    """(the rank's inputs, the received hidden state's shape and dtype, the autocast context) a stage's trace starts
+    from (trace_stage's and interleaved_stage's): under context parallel the rank's S / cp tokens (the ring, set up
+    for the whole sequence, runs on them); under sequence parallel the hidden state's sequence cut over tp; the
+    hidden state 16-bit under bf16-pure, else the embedding's dtype."""
+    import torch
+
+    from .parallel import rank_tokens
+    from .step import autocast_for, training_inputs
+
+    run = rank_tokens(settings, parallel) if parallel is not None else settings
+    inputs = training_inputs(model, run)
+    embedding = model.get_input_embeddings().weight
+    shard = parallel.tp if parallel is not None and parallel.sp else 1
+    hidden = (settings.batch, run.seq // shard, embedding.shape[1])
+    dtype = embedding.dtype if settings.precision != "bf16-pure" else torch.bfloat16
+    return inputs, hidden, dtype, autocast_for(settings.precision)
 
 
 @contextmanager
