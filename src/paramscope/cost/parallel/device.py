@@ -4,7 +4,7 @@ buffers, moments and pipeline stages (estimate.py composes them; render/ and the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ...frozen import FrozenDict, freeze_fields
 from ..memory.phases import PhaseFigure
@@ -76,6 +76,21 @@ class DeviceMemory:
     @property
     def peak(self) -> int:
         return self.peak_figure.bytes
+
+
+class RingQuestion(Protocol):
+    """What the context-parallel refusals read (estimate.check_context_parallel, device_parts.encoder_refusal and
+    refuse_attention_dropout): the model, its text config, the layout and the sequence. A StepContext is one; the
+    layout search asks with these four alone, before any step (layout_evaluation)."""
+
+    @property
+    def view(self) -> Any: ...
+    @property
+    def text(self) -> Any: ...
+    @property
+    def layout(self) -> ParallelLayout: ...
+    @property
+    def seq(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from ...errors import UnsupportedError
 from ..memory.phases import PhaseFigure, cast_weights
-from .device import Buffer, StepContext
+from .device import Buffer, RingQuestion, StepContext
 from .pipeline import LAYER_PREFIX
 from .rules import Placement
 from .states import DeviceStates, device_states
@@ -195,7 +195,7 @@ def check_analytic(ctx: StepContext, what: str) -> str:
     return recipe
 
 
-def refuse_attention_dropout(ctx: StepContext) -> None:
+def refuse_attention_dropout(ctx: RingQuestion) -> None:
     """Context parallelism with attention dropout, refused in one line naming the rate: torch's ring attention runs
     without dropout, and the dropout mask's S² terms have no per-rank form here."""
     from ..dims import attention_dropout
@@ -207,7 +207,7 @@ def refuse_attention_dropout(ctx: StepContext) -> None:
                                "dropout at 0 is answered", rate=rate)
 
 
-def encoder_refusal(ctx: StepContext) -> str:
+def encoder_refusal(ctx: RingQuestion) -> str:
     """Why context parallelism over an encoder (a class that does not generate, BERT's kind: no per-rank closed form)
     is not answered, in one line; "" for tensor parallelism, which the derived engine answers, and for pipeline
     parallelism, whose stages are replayed from the derived step (pipeline_device.derived_pipeline_device)."""

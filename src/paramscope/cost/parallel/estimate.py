@@ -23,7 +23,7 @@ from typing import Any, Callable
 from ...errors import ParamscopeError, UnsupportedError
 from ..memory.expert_offsets import expert_offsets
 from ..memory.phases import PhaseFigure, moment_phases
-from .device import DeviceMemory, StepContext, NEEDS_BUILD
+from .device import DeviceMemory, RingQuestion, StepContext, NEEDS_BUILD
 from .device_parts import (
     check_analytic, device_states_of, encoder_refusal, expert_dispatch, fsdp_buffers, fsdp_sharded, hidden_size,
     local_activations, local_recipe_missing, local_shape, refuse_attention_dropout, resident_bytes, ring_chunk_bytes,
@@ -339,7 +339,7 @@ def _ring_derivable(ctx: StepContext) -> bool:
     return True
 
 
-def check_context_parallel(ctx: StepContext, experts: bool = False) -> None:
+def check_context_parallel(ctx: RingQuestion, experts: bool = False) -> None:
     """The context-parallel layouts a derived rank does not answer, each in one line: an encoder, hybrid sharding
     over ranks cp does not divide, cp not dividing S, S that 2·cp does not divide (torch's context_parallel then runs
     unbalanced: not derived), or under sp that 2·cp·tp does not divide, attention dropout, a window shorter than S;

@@ -135,7 +135,7 @@ class LayoutEvaluator:
             return None
         facts = self.facts
         try:
-            check_context_parallel(_RingQuestion(facts.view, facts.text, layout, facts.seq),  # type: ignore[arg-type]
+            check_context_parallel(_RingQuestion(facts.view, facts.text, layout, facts.seq),
                                    experts=layout.ep > 1 and facts.experts > 0)
         except UnsupportedError as err:
             return _skipped(layout, refusal_words(err))
@@ -158,8 +158,8 @@ class LayoutEvaluator:
 
 @dataclass(frozen=True)
 class _RingQuestion:
-    """What estimate.check_context_parallel reads of a step's context (StepContext): the model, its text config, the
-    layout and the sequence, all the search knows before a step is asked."""
+    """device.RingQuestion, what estimate.check_context_parallel reads of a step's context: the model, its text
+    config, the layout and the sequence, all the search knows before a step is asked."""
 
     view: Any
     text: Any
