@@ -56,7 +56,7 @@ def test_traced_shards_equal_the_analytic_placements(sp):
     gives the whole logits."""
     from paramscope.api import inspect_with_module
     from paramscope.cost.model_view import from_module
-    from paramscope.cost.parallel.estimate import placements_for
+    from paramscope.cost.parallel.rules import placements_for
     from paramscope.cost.parallel.layout import layout_for
     from paramscope.cost.traced.parallel import Layout, parallel_copy
     from paramscope.cost.traced.step import StepSettings

@@ -42,7 +42,7 @@ def test_qwen_layouts_and_fewest_devices(qwen):
 def test_communication_formulas_by_hand(qwen):
     """dp 4 × tp 2, DDP: the gradients' ring all-reduce over 4 replicas, 2·3/4 × G; tensor parallel's 4 collectives a
     layer + the embedding's and the head's, 2·1/2 × b·s·h·2 B each."""
-    from paramscope.cost.parallel.estimate import placements_for
+    from paramscope.cost.parallel.rules import placements_for
     from paramscope.cost.parallel.layout import ParallelLayout
 
     report, search, view = qwen

@@ -60,7 +60,7 @@ def test_traced_shards_equal_the_analytic_placements(config, sp):
     packed experts included ([E, 2I/t, h] and [E, h, I/t], the router whole; Qwen2-MoE's shared expert cut as
     Megatron cuts an MLP, its one-output gate whole), and one step runs under it."""
     from paramscope.api import inspect_with_module
-    from paramscope.cost.parallel.estimate import placements_for
+    from paramscope.cost.parallel.rules import placements_for
     from paramscope.cost.parallel.layout import layout_for
     from paramscope.cost.traced.parallel import Layout, parallel_copy
     from paramscope.cost.traced.step import StepSettings, measure_training

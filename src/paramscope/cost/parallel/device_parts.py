@@ -210,7 +210,7 @@ def refuse_attention_dropout(ctx: RingQuestion) -> None:
 def encoder_refusal(ctx: RingQuestion) -> str:
     """Why context parallelism over an encoder (a class that does not generate, BERT's kind: no per-rank closed form)
     is not answered, in one line; "" for tensor parallelism, which the derived engine answers, and for pipeline
-    parallelism, whose stages are replayed from the derived step (pipeline_device.derived_pipeline_device)."""
+    parallelism, whose stages are replayed from the derived step (pipeline_replay.derived_pipeline_device)."""
     cls = ctx.view.class_name
     if ctx.layout.cp > 1:
         return (f"context parallelism over {cls} is refused: its attention is bidirectional under the batch's "

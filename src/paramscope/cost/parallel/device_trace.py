@@ -8,6 +8,7 @@ import dataclasses
 from .device import DeviceMemory, StepContext
 from .device_parts import fsdp_sharded
 from .pipeline import layer_stack_of
+from .rules import cuts_routed_experts, placements_for
 from .trace_reach import untraced_by_layout
 
 
@@ -63,8 +64,8 @@ def traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
 
     layout = ctx.layout
     # tensor parallel: rank 0's stage, the copy sharded on torch's fake process group; expert parallel (where the
-    # class has routed experts to cut: the rules say so): its experts sharded over ep ranks as the replayed step's
-    experts = layout.ep > 1 and any("experts / ep" in words for words in device.rules.values())
+    # class has routed experts to cut): its experts sharded over ep ranks as the replayed step's
+    experts = cuts_routed_experts(placements_for(ctx.report, ctx.view, layout))
     # context parallel: rank 0 of the (dp, cp, tp) mesh, torch's ring over the cp ranks (the replayed rank)
     parallel = check_layout(layout.ep, "none", layout.tp, layout.sp, 0, layout.ep, 1, layout.expert_load) \
         if experts else check_layout(1, "none", layout.tp, layout.sp, 0, 1, layout.cp) \

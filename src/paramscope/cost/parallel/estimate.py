@@ -12,7 +12,7 @@
 
 Here: the dispatch (layout_device), data parallel alone, the closed form on a tensor or context-parallel rank's shard,
 and a rank's step derived from traces with the layout applied. Beside it: device.py (the answer as data),
-device_parts.py (the pieces every answer adds up), pipeline_device.py (a pipeline's stages), device_trace.py (--trace).
+device_parts.py (the pieces every answer adds up), pipeline_device.py and pipeline_replay.py (a pipeline's stages: the closed form, the replay), device_trace.py (--trace).
 """
 
 from __future__ import annotations
@@ -34,14 +34,7 @@ from .device_parts import (
 from .device_trace import traced_check
 from .layout import ParallelLayout, shard_words
 from .pipeline_device import pipeline_device
-from .rules import Placement, model_shape, place, rules_in_words
-
-
-def placements_for(report: Any, view: Any, layout: ParallelLayout) -> tuple[Placement, ...]:
-    from ..dims import text_config
-
-    classes = {sub.__class__.__name__ for _, sub in view.root.named_modules()} if view.root is not None else set()
-    return place(report.params, model_shape(text_config(view.config), classes), tp=layout.tp, ep=layout.ep)
+from .rules import Placement, cuts_routed_experts, placements_for, rules_in_words
 
 
 def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[PhaseFigure, ...], int, int], PhaseFigure]]:
@@ -71,7 +64,7 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
             closed = (_balanced_beside if loaded else _closed_form_beside)(ctx, placements, rules, device)
             if closed:
                 device = dataclasses.replace(device, notes=device.notes + (closed,))
-            if layout.ep > 1 and not any(p.experts_split for p in placements):  # the ring's rank alone (cp)
+            if layout.ep > 1 and not cuts_routed_experts(placements):  # the ring's rank alone (cp)
                 device = dataclasses.replace(device, notes=device.notes + (_no_experts_words(ctx),))
             return (traced_check(ctx, device), at) if ctx.trace else (device, at)
     try:
@@ -93,7 +86,7 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
                                declined=declined.replace(": the closed form answers", "")) from err
     if declined:
         device = dataclasses.replace(device, notes=device.notes + (declined,))
-    if layout.ep > 1 and not any(p.experts_split for p in placements):
+    if layout.ep > 1 and not cuts_routed_experts(placements):
         device = dataclasses.replace(device, notes=device.notes + (_no_experts_words(ctx),))
     if layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1:
         modelled = any(p.where.startswith("FSDP2:") for p in device.phases)
@@ -141,7 +134,7 @@ def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bo
     if layout.expert_load == 1 or layout.ep == 1:
         return False
     load = f"{layout.expert_load:g}"
-    if not any(p.experts_split for p in placements):
+    if not cuts_routed_experts(placements):
         raise UnsupportedError("expert load {load}: {cls} has no routed experts for the ep ranks to share",
                                load=load, cls=ctx.view.class_name)
     if layout.cp > 1 or layout.zero_stage == 3 and layout.shard != "fsdp" or not ctx.derive:
@@ -199,7 +192,7 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     # stages replay (a load of 1 keeps it); under FSDP2 (dp, "fsdp", tp, sp, 0, ep)
     experts_dp = layout.shard_degree if fsdp else layout.ep
     loaded = layout.ep > 1 and layout.expert_load != 1
-    ring_ep = layout.ep if layout.cp > 1 and any(p.experts_split for p in placements) else 1
+    ring_ep = layout.ep if layout.cp > 1 and cuts_routed_experts(placements) else 1
     traced = ((layout.shard_degree // layout.cp if fsdp else max(1, ring_ep // layout.cp), "fsdp" if fsdp else "none",
                layout.tp, layout.sp, 0, ring_ep, layout.cp) if layout.cp > 1 else
               (experts_dp, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0, layout.ep, 1, layout.expert_load)
@@ -308,7 +301,7 @@ def _sharded_rank_derived(ctx: StepContext, placements: tuple[Placement, ...]) -
     step and its dispatch (_data_parallel_device)."""
     layout = ctx.layout
     if layout.ep > 1:
-        if not any(p.experts_split for p in placements):
+        if not cuts_routed_experts(placements):
             return False
         if layout.shard == "fsdp" and fsdp_sharded(layout):
             return True
@@ -324,7 +317,7 @@ def _ring_rank_derived(ctx: StepContext, placements: tuple[Placement, ...]) -> b
     the Llama family's closed form (the recipe at S / cp tokens and the ring's kept output copies, equal to the ring
     on a Llama cut but for the one-device recipe's own bytes) is the check beside it, and answers alone where the
     ring is not derived (2·cp not dividing S, say)."""
-    experts = ctx.layout.ep > 1 and any(p.experts_split for p in placements)
+    experts = cuts_routed_experts(placements)
     if local_recipe_missing(ctx) or experts:
         check_context_parallel(ctx, experts)
         return True

@@ -46,7 +46,7 @@ class ModelFacts:
         """Every parameter's cut under (tp, ep), or the OptionError the rules refuse it with."""
         key = (tp, ep)
         if key not in self._placements:
-            from .estimate import placements_for
+            from .rules import placements_for
 
             try:
                 self._placements[key] = placements_for(self.report, self.view, ParallelLayout(tp=tp, ep=ep))

@@ -154,3 +154,15 @@ def split_words(layout: ParallelLayout, layers: int) -> str:
     more = layers % chunks
     return (f"{layers} layers over {chunks} {what}s, uneven: the first {more} hold {layers // chunks + 1}, the "
             f"rest {layers // chunks}")
+
+def after_layers(params: Any, stack: str) -> str:
+    """What the last stage runs after its layers, from the roles of the parameters outside the layer stack and the
+    embeddings: a decoder's 'the final norm and head', BERT's masked LM's 'the head', its classifier's 'the pooler and
+    head'."""
+    roles = {p.role for p in params if layer_of(p.name, stack) is None and not p.role.startswith("embeddings")}
+    parts = [name for name, found in (("final norm", "norm.final" in roles), ("pooler", "pooler" in roles),
+                                      ("head", any(r.startswith("head") for r in roles))) if found]
+    if not parts:
+        return "the final norm and head"
+    return "the " + (" and ".join(parts) if len(parts) < 3 else f"{parts[0]}, {parts[1]} and {parts[2]}")
+

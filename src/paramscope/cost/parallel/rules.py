@@ -88,6 +88,21 @@ def place(params: Iterable[Any], shape: ModelShape, *, tp: int, ep: int) -> tupl
     return tuple(_place(p, shape, tp, ep, kv_replicated) for p in params)
 
 
+def placements_for(report: Any, view: Any, layout: Any) -> tuple[Placement, ...]:
+    """Each parameter's placement under `layout` (a ParallelLayout), read from the built class's parameters and the
+    module classes it holds (the MLA and expert rules depend on them)."""
+    from ..dims import text_config
+
+    classes = {sub.__class__.__name__ for _, sub in view.root.named_modules()} if view.root is not None else set()
+    return place(report.params, model_shape(text_config(view.config), classes), tp=layout.tp, ep=layout.ep)
+
+
+def cuts_routed_experts(placements: Iterable[Placement]) -> bool:
+    """Whether the layout these placements were made for cuts routed experts over its ep ranks: ep > 1 and the class
+    has routed experts (a dense class under --ep keeps every weight whole, and its step is one device's)."""
+    return any(p.experts_split for p in placements)
+
+
 def _place(param: Any, shape: ModelShape, tp: int, ep: int, kv_replicated: bool) -> Placement:
     dims = tuple(param.shape)
     role = param.role

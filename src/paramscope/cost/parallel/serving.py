@@ -181,7 +181,7 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
     from ..dims import text_config
     from ..memory.prefill import prefill_workspace
     from ..memory.weights import weight_memory
-    from .estimate import placements_for
+    from .rules import placements_for
     from .rules import rules_in_words
 
     layout = check_degrees(tp, pp)

@@ -1,0 +1,370 @@
+"""A training step's devices under a pipeline, for any class without the Llama family's closed form: each stage
+replayed from the derived step's segments (stage_recipe.py) of the one-device, tensor-, expert- or context-parallel
+rank, walking the schedule's microbatches (interleaved chunks in torch's order); the stage with the largest peak is the
+device's answer. The Llama family's closed form is pipeline_device.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ...errors import UnsupportedError
+from ..memory.phases import PhaseFigure
+from .device import Buffer, StageMemory, DeviceMemory, StepContext, NEEDS_BUILD
+from .device_parts import (
+    device_states_of, fsdp_buffers, hidden_size, layer_runs, resident_bytes, sequence_parallel_norm_gradients,
+    whole_embedding_gradient, with_buffers, with_norm_gradients, with_whole_gradient
+)
+from .pipeline import Stage, after_layers, bubble, layer_stack_of, params_held, split_words, stages
+from .rules import Placement, cuts_routed_experts
+from .states import DeviceStates
+
+
+# a bound where the replay is above the stage's trace (tests/test_pipeline_encoder_stages.py)
+LEAF_CASTS = ("pipeline: a later stage's received hidden state is a leaf (PipelineStage's receive buffer, requiring "
+              "grad), and autocast casts a leaf to 16 bits once for all the matmuls that read it (its cache keeps "
+              "leaves' casts); the replay, from one device's layers, whose input is the layer below's output, counts a "
+              "cast for each: where a layer's matmuls read its input directly (a post-norm encoder's q, k and v: "
+              "BERT) a later stage's replay is above its trace by 2·B·S·h × 2 B a microbatch in flight (a bound); a "
+              "pre-norm layer reads its input through its norm, and is equal")
+
+def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
+    """Pipeline stages of a class whose step is derived from traces (derived/): each stage's activations and peak
+    replayed from the one-device recipe's segments for its layers (stage_recipe.py), with its microbatches in flight,
+    its point-to-point buffers and its model states. NEEDS_BUILD where the recipe is neither cached nor derivable
+    without the build."""
+    from ..derived.step import DerivedStep
+    from ..derived.symbols import NotDerivable
+    from ..traced.step import StepSettings
+    from ..dims import dim
+    from .experts import load_words
+    from .pipeline import interleaved_order
+    from .stage_recipe import interleaved_activations, stage_activations
+
+    layout = ctx.layout
+    cls = ctx.view.class_name
+    # expert parallel: the stages replayed from the expert-parallel rank's derived step (a class without routed
+    # experts has nothing to cut: its step is one device's, as without a pipeline)
+    experts = cuts_routed_experts(placements)
+    if layout.cp > 1 and experts:  # no rank is traced with the ring beside the experts' dispatch (check_layout)
+        raise UnsupportedError("pipeline parallelism with context parallelism (cp {cp}) beside expert parallelism "
+                               "(ep {ep}) for {cls} is not modelled: its stages are replayed from a rank's derived "
+                               "step, and none is traced with torch's ring beside the experts' dispatch; pp × cp "
+                               "(with tp) and pp × ep are answered", cp=layout.cp, ep=layout.ep, cls=cls)
+    if getattr(ctx.view.config, "is_encoder_decoder", False):
+        raise UnsupportedError("pipeline parallelism over {cls} is refused: an encoder-decoder has two layer stacks "
+                               "and the decoder's cross-attention reads the encoder's output on every decoder stage, "
+                               "which the one-stack stage rules do not place", cls=cls)
+    names = [p.name for p in ctx.report.params]
+    stack, count = layer_stack_of(names)
+    plan = stages(layout, count)
+    micro = ctx.batch // layout.micro_batches
+    settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
+                            grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
+                            frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own,
+                            # tensor parallel: the rank's recipe, derived with the layout applied on torch's fake
+                            # process group (same segments: prefix, each layer's forward, head, each layer's backward)
+                            # context parallel: the cp rank's recipe (rank 0 of torchtitan's (dp, cp, tp) mesh),
+                            # derived with torch's ring attention over the cp ranks and the tp layout beside, at its
+                            # S / cp tokens, without FSDP2 (the key the cp rank at dp 1 has: the same recipe)
+                            layout=(1, "none", layout.tp, layout.sp, 0, 1, layout.cp) if layout.cp > 1 else
+                            (1, "none", layout.tp, layout.sp) if layout.tp > 1 and not experts else
+                            # expert parallel: the rank's recipe, derived with the experts cut over ep ranks as
+                            # torchtitan's ExpertParallel cuts them (traced/expert_parallel.py), dp == ep there: the
+                            # data-parallel ranks beyond ep run the same step
+                            # (an uneven load keys it by the load: the busiest rank's, rank 0's; balanced as before);
+                            # with tp beside: the tp layout applied too, each rank's E/ep experts also cut over tp on
+                            # the (ep, tp) mesh (torchtitan's ExpertTensorParallel)
+                            (layout.ep, "none", layout.tp, layout.sp, 0, layout.ep)
+                            + ((1, layout.expert_load) if layout.expert_load != 1 else ()) if experts else None)
+    try:
+        step = DerivedStep.first(ctx.view.module, cls, ctx.view.config, settings, batch=micro, seq=ctx.seq,
+                                 limit=ctx.limit, live=ctx.live, structure=ctx.structure)
+    except NotDerivable as err:
+        raise UnsupportedError("pipeline parallelism for {cls} needs its step derived from traces, which declined: "
+                               "{why}", cls=cls, why=str(err)) from None
+    if step is None:
+        return NEEDS_BUILD
+    if len(step.recipe.layer_types) != count:
+        raise UnsupportedError("pipeline parallelism for {cls}: the derived step's {derived} layers are not the "
+                               "{count} of its stack {stack}", cls=cls, derived=len(step.recipe.layer_types),
+                               count=count, stack=stack)
+    by_name = {p.name: p for p in placements}
+    tied_name = next((g.canonical for g in ctx.report.tied), None)
+    residual_size = 2 if ctx.precision == "bf16-pure" else 4
+    hidden = hidden_size(ctx)
+    step_bytes, step_text = ctx.step
+    # the hidden state a rank sends and receives: under sequence parallel its sequence shard (torch's
+    # SequenceParallel leaves the residual stream Shard(1) between layers), else whole on every tp rank; under
+    # context parallel the rank's S / cp tokens (its two chunks), split again over tp under sp
+    shard = (layout.tp if layout.sp else 1) * layout.cp
+    s_words = f"B·(S / {shard})·h" if shard > 1 else "B·S·h"
+    whole = whole_embedding_gradient(ctx, placements)
+    waiting = _waiting_gradients(ctx, placements)
+    # a head tied to the embedding, on the last stage: the first stage's embedding makes the weight's gradient alone,
+    # and keeps it as the .grad (whole under a vocabulary-parallel cut, as DTensor's embedding backward returns it)
+    tied = _tied_apart(ctx, placements, tied_name)
+    tied_whole = whole_embedding_gradient(ctx, placements, tied_apart=True) if tied else None
+
+    def recipe_at(batch: int, length: int) -> Any:
+        for recipe in step.recipes:
+            if recipe.covers(batch, length):
+                return recipe
+        step.at(batch, length)  # derives (or reads) that regime's recipe, once
+        return next((r for r in step.recipes if r.covers(batch, length)), None)
+
+    def stage_params(stage: Stage) -> list:
+        return params_held(ctx.report.params, stack, stage)
+
+    def chunks_of(stage: Stage) -> list[tuple[int, int]]:
+        return [(a, b + 1) for a, b in layer_runs(stage.layers)]
+
+    def stage_figures(stage: Stage, dev: DeviceStates, comm: list[Buffer], batch: int, length: int
+                      ) -> tuple[tuple[PhaseFigure, ...], Any, str]:
+        recipe = recipe_at(batch, length)
+        if recipe is None:
+            return (PhaseFigure("backward", 1 << 62, "", ""),), None, ""
+        residual = batch * (length // shard) * hidden * residual_size
+        # a later backward (more than one microbatch): every gradient already held; as many microbatches in flight
+        # as at the first where another forward comes before it (1F1B, interleaved), one fewer where every forward
+        # came first (GPipe) or the stage's last microbatches drain
+        more = layout.schedule != "gpipe" and layout.micro_batches * layout.virtual_stages > stage.in_flight
+        later = 0 if layout.micro_batches * layout.virtual_stages == 1 else stage.in_flight - (0 if more else 1)
+        interleaved = layout.virtual_stages > 1
+        if interleaved:  # the rank's chunks walked along torch's ScheduleInterleaved1F1B order, each its own bytes
+            figures = interleaved_activations(recipe, batch, length, tuple(chunks_of(stage)),
+                                              interleaved_order(layout, stage.rank), residual, waiting, tied)
+            later = figures.later_in_flight
+        else:
+            figures = stage_activations(recipe, batch, length, stage.layers[0], stage.layers[-1] + 1,
+                                        stage.in_flight, residual, later, waiting, tied)
+        resident = resident_bytes(dev, ctx.buffer_bytes)
+        k = stage.in_flight
+        held_words = (f"{k} microbatch{'es' if k > 1 else ''} in flight × {figures.per_microbatch:,} B each"
+                      + (f" (the received hidden state B·S·h × {residual_size} B = {figures.received:,} included)"
+                         if figures.received else "")) if not interleaved else \
+            (f"the chunk-microbatches in flight at the rank's first backward along torch's interleaved order, each "
+             f"its chunk's bytes (of its {len(stage.chunk_layers)} chunks, the largest's {figures.per_microbatch:,}"
+             + (f", a received hidden state B·S·h × {residual_size} B = {residual:,} included" if figures.received
+                else "") + ")")
+        phases = [
+            # each figure's words open on its value and name its parts in parentheses: the line sums to the figure
+            PhaseFigure("forward", resident + figures.forward_peak, "forwards in flight",
+                        f"the forwards {figures.forward_peak:,} ({k - 1} microbatch{'es' if k != 2 else ''} held × "
+                        f"{figures.per_microbatch:,} and the last forward's peak; derived, the stage's segments)"
+                        if not interleaved else
+                        f"the forwards {figures.forward_peak:,} (the largest forward before the rank's first "
+                        "backward along torch's interleaved order, with the chunk-microbatches then in flight; "
+                        "derived, each chunk's segments)", 0, figures.forward_peak),
+            PhaseFigure("backward", resident + figures.backward_peak, "first backward",
+                        f"the first backward {figures.backward_peak:,} ({held_words} = {figures.held:,}, and one "
+                        "microbatch's backward through the stage"
+                        + (f" from the received output gradient {s_words} × {residual_size} B = "
+                           f"{figures.output_gradient:,}" if figures.output_gradient else " from the loss")
+                        + ", its gradients made as it goes; derived)",
+                        figures.gradients_at_backward_peak, figures.backward_peak - figures.gradients_at_backward_peak)]
+        if later:
+            phases.append(PhaseFigure(
+                "backward", resident + dev.gradients + figures.later_peak, "later backward",
+                f"gradients {dev.gradients:,} (held from the microbatches gone back) + a later backward "
+                f"{figures.later_peak:,} ({later} microbatch{'es' if later > 1 else ''} in flight and one's "
+                "backward, each new gradient added into its .grad at once"
+                + (", or the forward before it with one fewer held, where larger" if later == k else "")
+                + "; derived)" if not interleaved else
+                f"gradients {dev.gradients:,} + the largest moment after the rank's first backward along torch's "
+                f"interleaved order, less every gradient the rank holds by the step's end, {figures.later_peak:,} "
+                "(each moment the chunk-microbatches then in flight, each chunk's gradients made at its first "
+                "backward and added into their .grad at once after; derived)", dev.gradients, figures.later_peak))
+        phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
+                                  f"gradients {dev.gradients:,}; {step_text}", dev.gradients))
+        if stage.first and whole is not None:  # the stage holding the vocabulary-parallel embedding
+            phases = [with_whole_gradient(p, whole) for p in phases]
+        elif stage.first and tied_whole is not None:  # and one tied to the head on the last stage
+            phases = [with_whole_gradient(p, tied_whole) for p in phases]
+        norms = sequence_parallel_norm_gradients(ctx, stage_params(stage))
+        return tuple(with_buffers(with_norm_gradients(p, norms), comm) for p in phases), figures, recipe.regime
+
+    rows_in: list[tuple[Stage, DeviceStates, tuple[PhaseFigure, ...], Any, list[Buffer]]] = []
+    regime = ""
+    for stage in plan:
+        extra = ()
+        if stage.last and tied_name is not None and tied_name in by_name and \
+                by_name[tied_name].role.startswith("embedding"):
+            copy = by_name[tied_name]
+            extra = (dataclasses.replace(copy, name=copy.name + " (the last stage's copy)"),)
+        params = stage_params(stage)
+        dev = device_states_of(ctx, placements, params, extra)
+        held_names = {q.name for q in params}
+        comm = fsdp_buffers(ctx, tuple(p for p in placements if p.name in held_names))
+        figures, replayed, regime = stage_figures(stage, dev, comm, micro, ctx.seq)
+        rows_in.append((stage, dev, figures, replayed, comm))
+    stage, dev, figures, replayed, comm = max(rows_in, key=lambda item: max(p.bytes for p in item[2]))
+    held = replayed.held if replayed is not None else 0
+    residual = micro * (ctx.seq // shard) * hidden * residual_size
+    p2p = [Buffer("pipeline's received hidden state", residual if not stage.first else 0,
+                  f"{s_words} × {residual_size} B = {residual:,} a microbatch, from the previous stage (counted with "
+                  "each microbatch in flight)", ("forward", "backward")),
+           Buffer("pipeline's received output gradient", residual if not stage.last else 0,
+                  f"{s_words} × {residual_size} B = {residual:,}, from the next stage, held through the microbatch's "
+                  "backward (counted in it)", ("backward",)),
+           Buffer("pipeline's input gradient to send", residual if not stage.first else 0,
+                  f"{s_words} × {residual_size} B = {residual:,}, made by the backward for the previous stage "
+                  "(counted in it)", ("backward",))]
+    if experts:
+        p2p.append(_stage_dispatch(ctx, placements, stage_params(stage), stage.in_flight, micro))
+    rows = []
+    for s, d, f, r, _ in rows_in:
+        top = max(f, key=lambda p: p.bytes)
+        rows.append(StageMemory(s.rank, (s.layers[0], s.layers[-1]) if s.layers else None, layer_runs(s.layers),
+                                len(s.layers), s.in_flight, s.first, s.last, d.weights, d.gradients, d.optimizer,
+                                d.master_weights, r.held if r is not None else 0, top.bytes, top.phase, r))
+    tied_words = " and a copy of the tied embedding for the head (Megatron's rule)" if tied_name else ""
+    words = (f"{split_words(layout, count)}; the embeddings on stage 0, {after_layers(ctx.report.params, stack)} on "
+             f"stage {layout.pp - 1}{tied_words}; microbatches of {micro:,} sequence{'s' if micro > 1 else ''}")
+    tp_words = f"tp {layout.tp}{' with sequence parallel' if layout.sp else ''}"
+    source = (f"context-parallel rank's derived step (cp {layout.cp}: rank 0 of torchtitan's (dp, cp, tp) mesh, its "
+              f"S / {layout.cp} tokens in two chunks, torch's ring attention over the cp ranks"
+              + (f", beside {tp_words}" if layout.tp > 1 else "") + f", traced on torch's fake process group; {regime})"
+              if layout.cp > 1 else
+              f"tensor-parallel rank's derived step ({tp_words}, traced on torch's fake process group; {regime})"
+              if layout.tp > 1 and not experts else
+              f"expert-parallel rank's derived step (ep {layout.ep}: its routed experts / {layout.ep}, Shard(0), "
+              + (f"each also cut over {tp_words} as under tensor parallel, [Shard(0), Shard(1 or 2)] on the (ep, tp) "
+                 "mesh as torchtitan's ExpertTensorParallel places them, the rest of each layer cut as under tp; "
+                 if layout.tp > 1 else "")
+              + "with torchtitan's dispatch and combine, traced on torch's fake process group under "
+              + ("balanced routing" if layout.expert_load == 1 else
+                 f"an uneven load, the busiest rank's: {layout.expert_load:g} × its balanced token-expert pairs")
+              + f"; {regime})" if experts else f"derived one-device step ({regime})")
+    check = (CONTEXT_CHECK if layout.cp > 1 else
+             "checked against MemTracker on the real class cut to each stage with the tp layout applied on the fake "
+             "process group: on a Mixtral cut (tp 2 with sequence parallel, pp 3; "
+             "tests/test_pipeline_tensor_parallel.py) its forwards and first backward equal to the byte, and on a "
+             "GPT-2 cut (Conv1D, tied head; tp 2, pp 2; tests/test_pipeline_tied_stages.py) its forwards, first and "
+             "later backward, the first stage keeping its embedding's own whole gradient as wte's .grad (the tied "
+             "head's is on the last stage); on the Mixtral cut a later backward (1F1B's steady state) "
+             "too, where the packed experts' down_proj gradient is held until gate_up_proj's is made (the experts "
+             "read their local shards once, as they are entered, so autograd adds both into their .grad only after "
+             "the experts' backward; the replay adds every other gradient at once); --trace measures each stage"
+             if layout.tp > 1 and not experts else EXPERT_TP_CHECK if experts and layout.tp > 1 else
+             EXPERT_CHECK + (LOADED_CHECK if layout.expert_load != 1 else "") if experts else
+             "equal to MemTracker on the real class cut to each stage: tests/test_pipeline_stages.py, on GPT-2 and "
+             "Mixtral cuts; on a BERT cut, tests/test_pipeline_encoder_stages.py, but for the received leaf's casts "
+             "below")
+    notes = (f"pipeline: each stage's activations replayed from {cls}'s {source}, segment "
+             "by segment for its layers: the prefix (embeddings, position tables) on the first stage, "
+             f"{after_layers(ctx.report.params, stack)} and the loss on the last, the received hidden state on the "
+             "others; k microbatches in flight keep k "
+             f"times what one forward keeps, and the peak adds one microbatch's backward through the stage ({check})",
+             "pipeline convention: each microbatch's forward runs under its own autocast, so its 16-bit weight "
+             "copies are held with it (as one device's step); later stages take the position tables with their "
+             "input (torchtitan's stages hold them as buffers), not counted there",
+             *((LEAF_CASTS,) if ctx.precision in ("bf16-mixed", "fp16-mixed") else ()),
+             *step.notes()[:1],
+             *((load_words(layout.ep, layout.expert_load, micro * ctx.seq * (dim(ctx.text, "top_k") or 0)),)
+               if experts and layout.expert_load != 1 else ()))
+    device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
+                          held, f"derived: stage {stage.rank}'s layers from the recipe's segments × microbatches in "
+                          "flight", dev.arithmetic, tuple(comm) + tuple(b for b in p2p if b.bytes), figures, rules,
+                          tuple(rows), words, bubble(layout), notes)
+
+    def at(one_device: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
+        size = max(1, batch // layout.micro_batches)
+        if layout.cp > 1:  # the rank is derived where 2·cp (2·cp·tp under sp) divides S: the next such length
+            # bounds one it does not divide, as without a pipeline (estimate._derived_device)
+            unit = 2 * layout.cp * (layout.tp if layout.sp else 1)
+            length = -(-length // unit) * unit
+        return max((max(stage_figures(s, d, c, size, length)[0], key=lambda p: p.bytes)
+                    for s, d, _, _, c in rows_in), key=lambda p: p.bytes)
+    return device, at
+
+
+# what the context-parallel stages are checked against (tests/test_pipeline_context_parallel.py)
+CONTEXT_CHECK = ("checked against MemTracker on the real class cut to each stage, run on rank 0 of the (dp, cp, tp) "
+                 "mesh with torch's ring attention over the cp ranks on the fake process group: on a Mixtral cut "
+                 "(pp 3, cp 2, 1F1B; alone and beside tp 2 with sequence parallel) each stage's forwards, first "
+                 "backward and a later backward (1F1B's steady state) equal to the byte, and so on a GPT-2 cut (tied "
+                 "head; pp 3, cp 2) and GPT-2 at full size (pp 2, cp 2, 4,096 tokens); --trace measures each stage")
+
+
+# what the expert-parallel stages are checked against (tests/test_pipeline_expert_parallel.py)
+EXPERT_CHECK = ("checked against MemTracker on the real class cut to each stage with its experts sharded on the fake "
+                "process group (traced/expert_parallel.py): on a Mixtral cut (pp 3, ep 2, 1F1B) each stage's "
+                "forwards, first backward and a later backward (1F1B's steady state: the forward that comes first, "
+                "every gradient held, peaks above the backward on the middle stage) equal to the byte; --trace "
+                "measures each stage")
+
+
+# and with tensor parallel beside (tests/test_pipeline_expert_tensor_parallel.py)
+EXPERT_TP_CHECK = ("checked against MemTracker on the real class cut to each stage with the tp layout applied and its "
+                   "experts sharded over ep and tp on the fake process group: on a Mixtral cut (pp 3, ep 2, tp 2, "
+                   "with and without sequence parallel, 1F1B) each stage's forwards, first backward and a later "
+                   "backward (1F1B's steady state) equal to the byte; --trace measures each stage")
+
+
+# and under an uneven expert load (tests/test_expert_load.py)
+LOADED_CHECK = ("; under an uneven load (--expert-load 1.5 on that cut) the busiest rank's stages equal to the byte "
+                "too, forwards, first and later backward")
+
+
+def _tied_apart(ctx: StepContext, placements: tuple[Placement, ...], tied_name: str | None
+                ) -> tuple[int, int] | None:
+    """(the bytes of the gradient the first stage's embedding backward makes, the bytes of the weight's .grad in the
+    rank's one-device step) where the embedding is tied to the head, which the last stage holds (with its copy):
+    under a vocabulary-parallel cut the first is the whole V × h (DTensor's embedding backward returns it Replicate),
+    the second the rank's shard (the head's Shard(0) gradient and the embedding's added as Shard(0)); else both the
+    weight's. None where nothing is tied or the embedding does not train (stage_recipe._Replay.tied_apart)."""
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+
+    p = next((q for q in placements if q.name == tied_name), None)
+    if ctx.layout.pp == 1 or p is None or not p.role.startswith("embedding") or p.name not in ctx.trainable:
+        return None
+    size = itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
+    whole = size
+    for n in p.shape:
+        whole *= n
+    return (whole if p.tp == "vocabulary" else p.local_numel * size), p.local_numel * size
+
+
+def _waiting_gradients(ctx: StepContext, placements: tuple[Placement, ...]) -> frozenset[int]:
+    """The bytes of the gradients a later backward holds until the next gradient is made: under tensor parallel
+    the packed experts' modules read their weights' local shards once, as they are entered (moe_parallel's
+    PackedExpertsParallel, as torchtitan's GroupedExperts does), so autograd runs the gradients' AccumulateGrad only
+    after the experts' whole backward (the to_local node is the first the experts' forward made): down_proj's,
+    made first (its row-parallel shard), is still held when gate_up_proj's grouped backward makes its own."""
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+
+    if ctx.layout.tp == 1:
+        return frozenset()
+    return frozenset(p.local_numel * itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
+                     for p in placements if p.role == "moe.experts" and len(p.shape) == 3 and p.tp == "row")
+
+
+def _stage_dispatch(ctx: StepContext, placements: tuple[Placement, ...], params: list, in_flight: int,
+                    micro: int) -> Buffer:
+    """The expert dispatch's permute index the stage's MoE layers keep for their backward, a microbatch in flight
+    (experts.py's rule, as without a pipeline): in the replayed step already, named here."""
+    from ..dims import dim
+    from .experts import INDEX_BYTES, dispatch_index_bytes, moe_layers
+
+    held = {p.name for p in params}
+    layers, top_k = moe_layers(p for p in placements if p.name in held), dim(ctx.text, "top_k") or 0
+    if ctx.layout.expert_load != 1:  # the busiest rank: its index is over the ⌈F·S⌉ pairs it receives
+        from ..traced.expert_parallel import busiest_pairs
+
+        pairs = busiest_pairs(micro * ctx.seq * top_k, ctx.layout.ep, ctx.layout.expert_load)
+        size = in_flight * layers * INDEX_BYTES * pairs
+        return Buffer("expert parallel's permute index", size,
+                      f"{in_flight} microbatch{'es' if in_flight > 1 else ''} in flight × the stage's {layers} MoE "
+                      f"layers × {INDEX_BYTES} B × the ⌈{ctx.layout.expert_load:g}·S⌉ = {pairs:,} token-expert pairs "
+                      f"the busiest rank receives (S = {micro}·{ctx.seq}·{top_k}) = {size:,} B, int64, kept for the "
+                      "backward (torchtitan's _permute; counted with each microbatch in the replayed step)",
+                      ("forward", "backward"))
+    size = in_flight * dispatch_index_bytes(layers, top_k, micro, ctx.seq)[0]
+    return Buffer("expert parallel's permute index", size,
+                  f"{in_flight} microbatch{'es' if in_flight > 1 else ''} in flight × the stage's {layers} MoE layers "
+                  f"× {INDEX_BYTES} B × S = {micro}·{ctx.seq}·{top_k} token-expert pairs = {size:,} B, int64, "
+                  "kept for the backward (torchtitan's _permute; balanced routing: a rank receives its own S pairs; "
+                  "counted with each microbatch in the replayed step)", ("forward", "backward"))
