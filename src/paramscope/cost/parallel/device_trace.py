@@ -41,14 +41,14 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     traced = trace_parallel_training(ctx.view.module, settings, dp=layout.shard_degree // layout.cp if fsdp else
                                      layout.ep // layout.cp if layout.ep > 1 else 1, shard="fsdp" if fsdp else "none",
                                      tp=layout.tp, sp=layout.sp, ep=layout.ep, cp=layout.cp,
-                                     load=layout.expert_load)
+                                     load=layout.expert_load,
+                                     mixed=layout.fsdp_mixed_precision if fsdp else "autocast")
     top = traced.peak
     diff = (device.peak - top.bytes) / top.bytes if top.bytes else 0.0
     engine = "derived" if device.activations_from.startswith("derived") else "analytic"
-    applied = ", ".join(["FSDP2"] * fsdp + ["torchtitan's ExpertParallel"] * (layout.ep > 1) + ["DTensor"] *
-                        (layout.tp > 1) + ["torch's ring attention"]) \
-        if layout.cp > 1 else ", ".join(["FSDP2"] * fsdp + ["torchtitan's ExpertParallel"] + ["DTensor"] *
-                                        (layout.tp > 1)) if layout.ep > 1 else "FSDP2 and DTensor"
+    applied = ", ".join(["FSDP2"] * fsdp + ["torchtitan's ExpertParallel"] * (layout.ep > 1) +
+                        ["DTensor"] * (layout.tp > 1) + ["torch's ring attention"] * (layout.cp > 1)) \
+        or "one data-parallel replica"
     note = (f"check: rank 0's step traced on torch's fake process group ({applied}, MemTracker): peak "
             f"{top.bytes:,} B in {top.phase}; the {engine} {device.peak:,} B is {100 * diff:+.3f}% from it")
     return dataclasses.replace(device, traced=traced, notes=device.notes + (note,) + tuple(traced.notes))
