@@ -109,6 +109,11 @@ def add_parser(subparsers: Any) -> None:
               "--ep (E = T, vLLM's --enable-expert-parallel): whole experts split over the T ranks"})
     layout.add_argument("--shard-group", type=int, metavar="G",
                         help="--zero hybrid_shard: ranks a shard group holds (default 8, one node)")
+    layout.add_argument("--fsdp-mixed-precision", choices=("autocast", "policy"),
+                        help="--zero fsdp or hybrid_shard with a mixed --precision: autocast (torch.autocast over the "
+                             "fp32 parameters, the default) or policy (FSDP2's MixedPrecisionPolicy, param_dtype "
+                             "16-bit and reduce_dtype fp32, no autocast: torchtitan's); policy's rank is derived "
+                             "from traces")
     layout.add_argument("--expert-load", type=float, metavar="F",
                         help="with --ep: the busiest expert-parallel rank receives F × its balanced token-expert "
                              "pairs (1 ≤ F ≤ E; default 1, balanced routing); its step is derived from traces")
@@ -219,7 +224,8 @@ def run(args: argparse.Namespace) -> int:
                                      ("--micro-batches", args.micro_batches, None),
                                      ("--schedule", args.schedule, None), ("--virtual-stages", args.virtual_stages, 1),
                                      ("--cp", args.cp, 1), ("--shard-group", args.shard_group, None),
-                                     ("--expert-load", args.expert_load, None)):
+                                     ("--expert-load", args.expert_load, None),
+                                     ("--fsdp-mixed-precision", args.fsdp_mixed_precision, None)):
             if value != default:
                 raise OptionError(f"{flag} is for --training" + ("; serving across GPUs takes --tp and --pp" if
                                                                   flag in _LAYOUT_FLAGS else ""))
@@ -261,7 +267,8 @@ def _find_layout(args: argparse.Namespace) -> int:
                           f"of one sequence): drop {', '.join(searched)}")
     for flag, given in (("--trace", args.trace), ("--freeze", args.freeze),
                         ("--dtype", args.dtype), ("--kv-dtype", args.kv_dtype), ("--group-size", args.group_size),
-                        ("--encoder-seq", args.encoder_seq), ("--kv-layout", args.kv_layout != "hf")):
+                        ("--encoder-seq", args.encoder_seq), ("--kv-layout", args.kv_layout != "hf"),
+                        ("--fsdp-mixed-precision", args.fsdp_mixed_precision)):
         if given:
             raise OptionError(f"--find-layout does not take {flag}")
     if args.global_batch is not None and args.batch != 1:
@@ -313,7 +320,7 @@ def _serving_ep(args: argparse.Namespace) -> bool:
 
 
 _LAYOUT_FLAGS = ("--devices", "--zero", "--dp", "--ep", "--sp", "--micro-batches", "--schedule", "--virtual-stages",
-                 "--cp", "--shard-group", "--expert-load")
+                 "--cp", "--shard-group", "--expert-load", "--fsdp-mixed-precision")
 
 
 def _layout(args: argparse.Namespace) -> Any:
@@ -323,14 +330,16 @@ def _layout(args: argparse.Namespace) -> Any:
 
     flat = shard_mode(args.zero) in ("none", "zero1", "zero2", "zero3") and str(args.zero).strip().lower() not in (
         "full_shard",)
-    given = (args.dp, args.shard_group, args.micro_batches, args.schedule, args.expert_load)
+    given = (args.dp, args.shard_group, args.micro_batches, args.schedule, args.expert_load,
+             args.fsdp_mixed_precision)
     if all(v is None for v in given) and (args.tp, args.ep, args.pp, args.cp, args.virtual_stages, args.sp) == \
             (1, 1, 1, 1, 1, False) and flat:
         return None
     return layout_for(devices=args.devices, dp=args.dp, zero=args.zero, shard_group=args.shard_group, tp=args.tp,
                       sp=args.sp, pp=args.pp, micro_batches=args.micro_batches, schedule=args.schedule,
                       virtual_stages=args.virtual_stages, ep=args.ep, cp=args.cp, batch=args.batch,
-                      expert_load=1.0 if args.expert_load is None else args.expert_load)
+                      expert_load=1.0 if args.expert_load is None else args.expert_load,
+                      fsdp_mixed_precision=args.fsdp_mixed_precision or "autocast")
 
 
 def _show(args: argparse.Namespace, report: Any, estimate: Any, width: int | None) -> None:

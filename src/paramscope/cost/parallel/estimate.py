@@ -46,6 +46,7 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     # an uneven expert load: the busiest ep rank's step derived from traces with its experts cut and that routing
     # (the balanced closed form beside, as the comparison); a pipeline replays that rank's recipe (pipeline_device)
     loaded = check_expert_load(ctx, placements)
+    policy = check_mixed_precision_policy(ctx)
     derivable = ctx.derive and layout.pp == 1 and (loaded or (
         _ring_rank_derived(ctx, placements) if layout.cp > 1 else _sharded_rank_derived(ctx, placements)))
     declined = ""
@@ -53,6 +54,9 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
         derived = _derived_device(ctx, placements, rules)
         if derived is NEEDS_BUILD:
             return None
+        if isinstance(derived, str) and policy:  # the closed form prices autocast's copies, not the policy's
+            raise UnsupportedError("--fsdp-mixed-precision policy is answered from the rank's step derived from "
+                                   "traces, and {why}", why=derived.replace(": the closed form answers", ""))
         if isinstance(derived, str) and loaded:  # the balanced closed form is not the busiest rank's answer
             raise UnsupportedError("expert load {load:g}: the busiest rank is answered from its step derived from "
                                    "traces of short cuts, and {why}", load=layout.expert_load,
@@ -61,7 +65,8 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
             declined = derived
         else:
             device, at = derived
-            closed = (_balanced_beside if loaded else _closed_form_beside)(ctx, placements, rules, device)
+            closed = "" if policy else (_balanced_beside if loaded else _closed_form_beside)(
+                ctx, placements, rules, device)
             if closed:
                 device = dataclasses.replace(device, notes=device.notes + (closed,))
             if layout.ep > 1 and not cuts_routed_experts(placements):  # the ring's rank alone (cp)
@@ -103,6 +108,35 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     if ctx.trace:
         device = traced_check(ctx, device)
     return device, at
+
+
+def check_mixed_precision_policy(ctx: StepContext) -> bool:
+    """Whether the layout asks FSDP2's MixedPrecisionPolicy (--fsdp-mixed-precision policy), refusing in one line
+    where it does not apply: not a mixed precision, or no derivation asked (the closed form, fsdp_moments.py, prices
+    autocast's cast copies and fp32 gathers; the policy's rank is derived from traces with the policy applied)."""
+    if ctx.layout.fsdp_mixed_precision != "policy":
+        return False
+    if not ctx.precision.endswith("-mixed"):
+        raise UnsupportedError("--fsdp-mixed-precision policy casts fp32 parameters to 16 bits as FSDP2 gathers them: "
+                               "it needs a mixed precision (bf16-mixed, fp16-mixed), got {precision}",
+                               precision=ctx.precision)
+    if not ctx.derive:
+        raise UnsupportedError("--fsdp-mixed-precision policy is answered from the rank's step derived from traces "
+                               "with the policy applied; the closed form models autocast only: do not turn the "
+                               "derivation off")
+    return True
+
+
+def mixed_precision_words(ctx: StepContext) -> str:
+    """The convention a mixed precision under FSDP2 was traced with, named (--fsdp-mixed-precision)."""
+    half = ctx.precision.split("-")[0]
+    if ctx.layout.fsdp_mixed_precision == "policy":
+        return (f"mixed precision: FSDP2's MixedPrecisionPolicy(param_dtype={half}, reduce_dtype=fp32), torchtitan's "
+                f"(--fsdp-mixed-precision policy): the fp32 shards gathered as {half} parameters, no autocast, the "
+                f"{half} gradients reduce-scattered in fp32; no closed form beside (fsdp_moments.py prices autocast)")
+    return (f"mixed precision: torch.autocast({half}) over the fp32 parameters FSDP2 gathers in fp32 "
+            "(--fsdp-mixed-precision autocast, the default); torchtitan runs FSDP2 with its MixedPrecisionPolicy "
+            "instead: --fsdp-mixed-precision policy")
 
 
 def _no_experts_words(ctx: StepContext) -> str:
@@ -176,6 +210,7 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     from ..derived.step import DerivedStep
     from ..derived.symbols import NotDerivable
     from ..dims import dim
+    from ..traced.parallel import with_mixed_precision
     from ..traced.step import StepSettings
     from .experts import load_words
 
@@ -199,6 +234,7 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
               if loaded else
               (experts_dp, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0, layout.ep) if layout.ep > 1 else
               (layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp))
+    traced = with_mixed_precision(traced, layout.fsdp_mixed_precision)  # the policy is part of the recipe's key
     settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
                             grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
                             frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own, layout=traced)
@@ -247,6 +283,8 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
          if layout.cp > 1 else [])) + (", rank 0" if layout.cp > 1 else ""))
     notes = [f"one rank's step derived from traces of the real class on torch's fake process group ({applied}): "
              f"{step.recipe.traced}; {step.recipe.check}"]
+    if fsdp and ctx.precision.endswith("-mixed"):
+        notes.append(mixed_precision_words(ctx))
     if layout.cp > 1:
         notes.append(ring_words(ctx))
     if loaded:
@@ -519,4 +557,5 @@ def layout_settings(layout: ParallelLayout) -> dict[str, Any]:
             "shard_degree": layout.shard_degree, "tp": layout.tp, "sp": layout.sp, "pp": layout.pp,
             "micro_batches": layout.micro_batches, "schedule": layout.schedule,
             "virtual_stages": layout.virtual_stages, "ep": layout.ep, "cp": layout.cp,
-            "expert_load": layout.expert_load, "words": layout.words()}
+            "expert_load": layout.expert_load, "fsdp_mixed_precision": layout.fsdp_mixed_precision,
+            "words": layout.words()}

@@ -29,6 +29,9 @@ from ...words import counted
 MAX_DEGREE = 1 << 16
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 SHARDS = ("none", "zero1", "zero2", "zero3", "fsdp", "hsdp")
+# how a mixed precision runs under FSDP2 (--fsdp-mixed-precision): torch.autocast over the fp32 parameters, as on one
+# device, or fully_shard's MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32) with no autocast (torchtitan's)
+FSDP_MIXED_PRECISIONS = ("autocast", "policy")
 # --zero's spellings (DeepSpeed's stages, FSDP1's strategy names, FSDP2's) → a shard mode
 SHARD_ALIASES = {"0": "none", "ddp": "none", "no_shard": "none", "none": "none",
                  "1": "zero1", "zero1": "zero1", "2": "zero2", "zero2": "zero2", "shard_grad_op": "zero2",
@@ -50,6 +53,7 @@ class ParallelLayout:
     ep: int = 1
     cp: int = 1
     expert_load: float = 1.0  # the busiest ep rank's token-expert pairs over its balanced share (1: balanced)
+    fsdp_mixed_precision: str = "autocast"  # one of FSDP_MIXED_PRECISIONS; "policy" under FSDP2 alone
     # the sequences each data-parallel replica takes a step, where layout_for was told; None: the options' batch
     # (TrainingOptions, FlopOptions) is taken (at_batch). Not compared: a layout is its cut of the devices
     batch: int | None = field(default=None, compare=False)
@@ -142,6 +146,15 @@ class ParallelLayout:
                     not 1 <= self.shard_group <= MAX_DEGREE or (self.dp * self.cp) % self.shard_group:
                 raise OptionError("{0} must divide dp × cp = {ranks}, got {value!r}", "shard_group",
                                   ranks=self.dp * self.cp, value=str(self.shard_group)[:40])
+        if self.fsdp_mixed_precision not in FSDP_MIXED_PRECISIONS:
+            raise OptionError("{0} must be one of {choices}, got {value!r}", "fsdp_mixed_precision",
+                              choices=", ".join(FSDP_MIXED_PRECISIONS), value=str(self.fsdp_mixed_precision)[:40])
+        if self.fsdp_mixed_precision == "policy" and self.shard not in ("fsdp", "hsdp"):
+            raise OptionError("{0} policy is FSDP2's MixedPrecisionPolicy: it needs --zero fsdp or hybrid_shard, "
+                              "got {shard}", "fsdp_mixed_precision", shard=shard_words(self))
+        if self.fsdp_mixed_precision == "policy" and self.pp > 1:
+            raise OptionError("{0} policy beside pipeline stages: the stages are replayed from traces under "
+                              "autocast only; give pp 1", "fsdp_mixed_precision")
         if self.batch is not None and self.batch % self.micro_batches:
             raise OptionError("{0} {micro} must divide the batch, {sequences} a replica", "micro_batches",
                               micro=self.micro_batches, sequences=counted(self.batch, "sequence"))
@@ -149,7 +162,8 @@ class ParallelLayout:
     def words(self, schedule: bool = True) -> str:
         """"dp 4 (FSDP2) × tp 2 (sequence parallel) × pp 2 (1F1B, 8 microbatches) = 16 devices"; `schedule` False:
         "pp 2 (forward only)", a pipeline that runs no backward (inference FLOPs) and so has no schedule."""
-        parts = [f"dp {self.dp}" + (f" ({shard_words(self)})" if self.shard != "none" else "")]
+        policy = ", its MixedPrecisionPolicy" if self.fsdp_mixed_precision == "policy" else ""
+        parts = [f"dp {self.dp}" + (f" ({shard_words(self)}{policy})" if self.shard != "none" else "")]
         if self.tp > 1:
             parts.append(f"tp {self.tp}" + (" (sequence parallel)" if self.sp else ""))
         if self.pp > 1 and not schedule:
@@ -192,12 +206,15 @@ def shard_mode(value: str | int) -> str:
 def layout_for(*, devices: int | None = None, dp: int | None = None, zero: str | int = "0", shard_group: int | None = None,
                tp: int = 1, sp: bool = False, pp: int = 1, micro_batches: int | None = None,
                schedule: str | None = None, virtual_stages: int = 1, ep: int = 1, cp: int = 1,
-               batch: int | None = None, expert_load: float = 1.0) -> ParallelLayout:
+               batch: int | None = None, expert_load: float = 1.0,
+               fsdp_mixed_precision: str = "autocast") -> ParallelLayout:
     """The layout the options describe. `devices` is the total; dp, when not given, is what tp × pp × cp leave of
     it (so `--devices 8 --zero 3` is dp 8, as it always was, and `--devices 8 --tp 2` is dp 4); neither given: dp 1. `batch`: the
     sequences each data-parallel replica takes a step; under a pipeline they are cut into `micro_batches`
     microbatches (default: one sequence each, Megatron's usual micro-batch size); not given, the options' batch
-    (TrainingOptions, FlopOptions) is taken, and one given must be theirs."""
+    (TrainingOptions, FlopOptions) is taken, and one given must be theirs. `fsdp_mixed_precision`: "autocast" (a
+    mixed precision as torch.autocast over fp32 parameters) or "policy" (FSDP2's MixedPrecisionPolicy, torchtitan's:
+    16-bit gathered parameters, fp32 gradient reduction, no autocast); policy needs zero fsdp or hybrid_shard."""
     for name, value in (("devices", 1 if devices is None else devices), ("tp", tp), ("pp", pp), ("cp", cp)):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEGREE:
             raise OptionError("{0} must be a whole number from 1 to {limit:,}, got {value!r}", name,
@@ -221,6 +238,7 @@ def layout_for(*, devices: int | None = None, dp: int | None = None, zero: str |
     micro = micro_batches if micro_batches is not None else (batch or 1) if pp > 1 else 1
     layout = ParallelLayout(dp=dp, shard=shard_mode(zero), shard_group=shard_group, tp=tp, sp=sp, pp=pp,
                             micro_batches=micro, schedule=chosen, virtual_stages=virtual_stages, ep=ep, cp=cp,
-                            expert_load=expert_load, batch=batch, micro_batches_default=default_micro)
+                            expert_load=expert_load, batch=batch, micro_batches_default=default_micro,
+                            fsdp_mixed_precision=fsdp_mixed_precision)
     layout.check()
     return layout

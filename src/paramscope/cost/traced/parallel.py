@@ -67,6 +67,9 @@ from .step import (StepSettings, TracedStep, assumed_values, check_attention, fa
 
 SHARDS = ("none", "fsdp")
 MAX_RANKS = 65_536
+# how a mixed precision runs under FSDP2: torch.autocast over the fp32 parameters, as on one device (the default), or
+# FSDP2's own MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32) with no autocast, as torchtitan runs it
+MIXED_PRECISIONS = ("autocast", "policy")
 
 # transformers' style names this engine maps onto torch's ParallelStyles (what each becomes: _torch_style), and
 # those that keep the parameter whole on every rank (a per-head norm whose gradient transformers all-reduces in place)
@@ -89,6 +92,7 @@ class Layout:
     ep: int = 1  # routed experts over the data-parallel ranks (expert_parallel.py); ep == dp (under FSDP2 ep | dp)
     cp: int = 1  # context parallel: the sequence over cp ranks, torch's ring attention (context_parallel.py)
     load: float = 1  # expert parallel's routing: rank 0, the busiest, receives load × its balanced pairs (1: balanced)
+    mixed: str = "autocast"  # under FSDP2 and a mixed precision: "autocast" or "policy" (MIXED_PRECISIONS)
 
     @property
     def world(self) -> int:
@@ -104,11 +108,23 @@ class Layout:
                    f", ep {self.ep} over each {self.ep} dp ranks, the dp / ep = {self.dp // self.ep} holding the same "
                    "experts sharding them (FSDP2)")
         return " × ".join(parts) + (experts if self.ep > 1 else "") + (
-            f", rank 0 receiving {self.load:g}× its balanced token-expert pairs" if self.load != 1 else "")
+            f", rank 0 receiving {self.load:g}× its balanced token-expert pairs" if self.load != 1 else "") + (
+            ", FSDP2's MixedPrecisionPolicy" if self.mixed == "policy" else "")
+
+
+def with_mixed_precision(layout: tuple, mixed: str) -> tuple:
+    """A layout tuple (dp, shard, tp, sp[, rank, ep, cp, load]) as StepSettings.layout holds it, with `mixed` in its
+    9th place where it is the policy (the entries between at Layout's defaults); autocast, the default, leaves it as
+    it was, so the keys of recipes traced before the policy existed stay what they were."""
+    if mixed == "autocast":
+        return layout
+    defaults = (1, "none", 1, False, 0, 1, 1, 1)
+    return tuple(layout) + defaults[len(layout):] + (mixed,)
 
 
 def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1, shard: str = "none", tp: int = 1,
-                            sp: bool = False, rank: int = 0, ep: int = 1, cp: int = 1, load: float = 1) -> TracedStep:
+                            sp: bool = False, rank: int = 0, ep: int = 1, cp: int = 1, load: float = 1,
+                            mixed: str = "autocast") -> TracedStep:
     """One steady training step of `rank` in a (dp × tp) layout, measured as trace_training measures one device.
 
     `module` is a meta-built transformers model; it is not modified. `settings.batch` is each data-parallel rank's
@@ -123,8 +139,10 @@ def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1,
     heads, FSDP2 over the flattened (dp, cp) ranks (its dp_shard_cp); beside ep the experts split over those same
     dp × cp ranks (ep == dp × cp: torchtitan's ep = dp_shard_in_ep × cp, its dp_shard_mod_ep 1, the experts' own FSDP2
     unit over it), beside tp without FSDP2 also cut over tp (the (ep, tp) mesh). `load`: under ep, rank 0 the
-    busiest, receiving load × its balanced pairs (expert_parallel.py)."""
-    layout = check_layout(dp, shard, tp, sp, rank, ep, cp, load)
+    busiest, receiving load × its balanced pairs (expert_parallel.py). `mixed` "policy": under FSDP2 and a mixed
+    precision, fully_shard's MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32) and no autocast
+    (torchtitan's); "autocast": torch.autocast over the fp32 parameters, as on one device."""
+    layout = check_layout(dp, shard, tp, sp, rank, ep, cp, load, mixed)
     with progress.status(f"tracing one training step of {type(module).__name__} on rank {rank} of "
                          f"{layout.describe()} (fake process group, MemTracker)"):
         with parallel_copy(module, settings, layout) as (model, notes, assumed):
@@ -139,7 +157,8 @@ def rank_tokens(settings: StepSettings, layout: Layout) -> StepSettings:
     return dataclasses.replace(settings, seq=settings.seq // layout.cp) if layout.cp > 1 else settings
 
 
-def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, cp: Any = 1, load: Any = 1) -> Layout:
+def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, cp: Any = 1, load: Any = 1,
+                 mixed: Any = "autocast") -> Layout:
     """The layout, or one line naming the value that does not fit."""
     for name, value in (("dp", dp), ("tp", tp), ("ep", ep), ("cp", cp)):
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RANKS:
@@ -173,7 +192,13 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, 
                           "ep {ep}, got {value!r}", "load", ep=ep, value=str(load)[:40])
     if load != 1 and rank != 0:
         raise UnsupportedError(f"an uneven expert load is traced on rank 0, the busiest; got rank {rank}")
-    return Layout(dp, shard, tp, sp, rank, ep, cp, load)
+    if mixed not in MIXED_PRECISIONS:
+        raise OptionError("unknown {0} {value!r}; use one of {choices}", "fsdp_mixed_precision",
+                          value=str(mixed)[:40], choices=", ".join(MIXED_PRECISIONS))
+    if mixed == "policy" and shard != "fsdp":
+        raise OptionError("{0} policy is FSDP2's MixedPrecisionPolicy: it needs shard 'fsdp', got {shard!r}",
+                          "fsdp_mixed_precision", shard=shard)
+    return Layout(dp, shard, tp, sp, rank, ep, cp, load, mixed)
 
 
 @contextmanager
@@ -198,6 +223,10 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
     if layout.shard == "fsdp" and (settings.frozen or any(not p.requires_grad for p in module.parameters())):
         raise UnsupportedError("frozen parameters under FSDP2 are not traced: MemTracker hooks the gradient of "
                                "every parameter FSDP2 gathers for a forward, and torch refuses a hook on a frozen one")
+    if layout.mixed == "policy" and not settings.precision.endswith("-mixed"):
+        raise OptionError("{0} policy casts fp32 parameters to 16 bits as FSDP2 gathers them: it needs a mixed "
+                          "precision (bf16-mixed, fp16-mixed), got {precision}", "fsdp_mixed_precision",
+                          precision=settings.precision)
     dist.init_process_group("fake", rank=layout.rank, world_size=layout.world, store=FakeStore())
     _clear_sharding_caches()
     try:
@@ -238,7 +267,7 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
                         notes += apply_expert_parallel(model, dp_mesh if ep_mesh is None else ep_mesh,
                                                        replicate_rest=experts_mesh is None, load=layout.load)
                     if layout.shard == "fsdp":
-                        notes += apply_fsdp(model, dp_mesh, settings, experts_mesh)
+                        notes += apply_fsdp(model, dp_mesh, settings, experts_mesh, mixed=layout.mixed)
                     elif layout.dp > 1:
                         notes.append(_replication_note(model, layout.dp))
                 if ring_mesh is None:
@@ -372,39 +401,79 @@ def packed_experts_modules(model: Any) -> list[str]:
             {"gate_up_proj", "down_proj"}]
 
 
-def apply_fsdp(model: Any, mesh: Any, settings: StepSettings, experts_mesh: Any = None) -> list[str]:
+def apply_fsdp(model: Any, mesh: Any, settings: StepSettings, experts_mesh: Any = None,
+               mixed: str = "autocast") -> list[str]:
     """FSDP2 as torchtitan and accelerate apply it: fully_shard on each layer, then on the root, with the default
     reshard_after_forward (a layer frees its gathered parameters after its forward; the root keeps its own).
     `experts_mesh` (expert parallel): each layer's experts, already split over the ep ranks, first get a unit of
     their own over that mesh, as torchtitan's apply_fsdp does (its dp_shard_mod_ep mesh); where that mesh has more
     ranks than a rank's experts (dp_shard_mod_ep × ep > E), on their dim 1 as torchtitan shards them (dim 0 would
-    leave ranks holding padding)."""
+    leave ranks holding padding). `mixed` "policy" (a mixed precision): every unit gets torchtitan's
+    MixedPrecisionPolicy (param_dtype the 16-bit type, reduce_dtype fp32) and the model's forward runs with autocast
+    off (policy_without_autocast)."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Shard
 
+    options = {"mp_policy": mixed_precision_policy(settings.precision)} if mixed == "policy" else {}
     experts = packed_experts_modules(model) if experts_mesh is not None else []
     modules = dict(model.named_modules())
     on_dim_1 = False
     for name in experts:
         on_dim_1 = experts_mesh.size() > _local(modules[name].gate_up_proj).shape[0]
-        fully_shard(modules[name], mesh=experts_mesh, shard_placement_fn=(lambda _: Shard(1)) if on_dim_1 else None)
+        fully_shard(modules[name], mesh=experts_mesh, shard_placement_fn=(lambda _: Shard(1)) if on_dim_1 else None,
+                    **options)
     lists, how = layer_lists(model)
     for _, blocks in lists:
         for block in blocks:
-            fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, **options)
+    fully_shard(model, mesh=mesh, **options)
+    if options:
+        policy_without_autocast(model)
     where = ", ".join(f"{len(blocks)} {type(blocks[0]).__name__} of {name}" for name, blocks in lists)
+    half = "bf16" if settings.precision.startswith("bf16") else "fp16"
     return [f"FSDP2 over {mesh.size()} rank{'s' if mesh.size() > 1 else ''}: fully_shard on each of the {where} "
             f"(found by {how}), then on the root (what is left: embeddings, final norm, head), reshard_after_forward "
             "as torch defaults it (layers free their gathered parameters after the forward, the root keeps its "
             "own); each parameter's dim 0 is split in ceil(dim0 / dp) rows, padded"
-            + ("; mixed precision is torch.autocast over the parameters' own dtype, as on one device (no "
-               "MixedPrecisionPolicy)" if settings.precision.endswith("-mixed") else "")
+            + ((f"; mixed precision is FSDP2's MixedPrecisionPolicy(param_dtype={half}, reduce_dtype=fp32), "
+                "torchtitan's: the fp32 shards gathered as " + half + " parameters, no autocast (no per-op cast "
+                "copies), the " + half + " gradients reduce-scattered in fp32 into fp32 sharded gradients"
+                if mixed == "policy" else "; mixed precision is torch.autocast over the parameters' own dtype, as "
+                "on one device (no MixedPrecisionPolicy)") if settings.precision.endswith("-mixed") else "")
             + (f"; each layer's experts (already split over the ep ranks) a unit of their own first, over the "
                f"{experts_mesh.size()} rank{'s' if experts_mesh.size() > 1 else ''} holding the same experts "
                "(torchtitan's dp_shard_mod_ep), gathered while their layer runs"
                + (", cut on dim 1 (more ranks than the rank's experts, as torchtitan cuts them)" if on_dim_1 else "")
                if experts else "")]
+
+
+def mixed_precision_policy(precision: str) -> Any:
+    """torchtitan's MixedPrecisionPolicy for a mixed precision: parameters gathered in its 16-bit type, gradients
+    reduced in fp32 (its defaults, mixed_precision_param bfloat16 and mixed_precision_reduce float32)."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    half = torch.bfloat16 if precision.startswith("bf16") else torch.float16
+    return MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+
+
+def policy_without_autocast(model: Any) -> None:
+    """The model's forward with torch.autocast off: the traced step (step.py, timeline.py) enters autocast around
+    the forward for a mixed precision; under FSDP2's policy torchtitan enters none (maybe_enable_amp: "Mixed precision
+    training is handled by fully_shard"), so the model's ops see the 16-bit parameters FSDP2 gathered and nothing
+    casts them again."""
+    import functools
+
+    import torch
+
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def without_autocast(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast("cpu", enabled=False):
+            return forward(*args, **kwargs)
+
+    model.forward = without_autocast
 
 
 def _replication_note(model: Any, dp: int) -> str:
