@@ -47,6 +47,8 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     # (the balanced closed form beside, as the comparison); a pipeline replays that rank's recipe (pipeline_device)
     loaded = check_expert_load(ctx, placements)
     policy = check_mixed_precision_policy(ctx)
+    if loaded and layout.cp > 1:  # the busiest rank's ring: what the ring beside ep refuses, refused first
+        check_context_parallel(ctx, True)
     derivable = ctx.derive and layout.pp == 1 and (loaded or (
         _ring_rank_derived(ctx, placements) if layout.cp > 1 else _sharded_rank_derived(ctx, placements)))
     declined = ""
@@ -160,10 +162,12 @@ def _closed_form_beside(ctx: StepContext, placements: tuple[Placement, ...], rul
 
 def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bool:
     """Whether the layout asks an uneven expert load (--expert-load F > 1 under --ep), refusing in one line what the
-    busiest rank's derivation does not take: a class without routed experts, context parallel beside it,
-    DeepSpeed's ZeRO-3 (not traced), hybrid sharding, no derivation asked. FSDP2 over dp ranks is torchtitan's
-    composition: the experts split over ep ranks (beside tp also cut over tp, its ETP = tp), their own FSDP2 unit
-    over the dp / ep ranks holding the same experts (its dp_shard_mod_ep), the rest over dp."""
+    busiest rank's derivation does not take: a class without routed experts, DeepSpeed's ZeRO-3 (not traced),
+    hybrid sharding, no derivation asked. FSDP2 over dp ranks is torchtitan's composition: the experts split over ep
+    ranks (beside tp also cut over tp, its ETP = tp), their own FSDP2 unit over the dp / ep ranks holding the same
+    experts (its dp_shard_mod_ep), the rest over dp. Beside context parallel the ep ranks are torchtitan's
+    dp_shard_in_ep × cp, rank 0 of them the busiest and running its S / cp tokens through torch's ring
+    (check_context_parallel refuses what that ring beside ep does not take)."""
     layout = ctx.layout
     if layout.expert_load == 1 or layout.ep == 1:
         return False
@@ -171,10 +175,10 @@ def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bo
     if not cuts_routed_experts(placements):
         raise UnsupportedError("expert load {load}: {cls} has no routed experts for the ep ranks to share",
                                load=load, cls=ctx.view.class_name)
-    if layout.cp > 1 or layout.zero_stage == 3 and layout.shard != "fsdp" or not ctx.derive:
+    if layout.zero_stage == 3 and layout.shard != "fsdp" or not ctx.derive:
         raise UnsupportedError("expert load {load}: the busiest expert-parallel rank is derived from traces with "
                                "expert parallel beside data parallel (ZeRO 0-2, or FSDP2 over dp ranks ep divides), "
-                               "tensor parallel and pipeline stages; got {layout}", load=load,
+                               "tensor parallel, context parallel and pipeline stages; got {layout}", load=load,
                                layout=layout.words())
     return True
 
@@ -183,7 +187,11 @@ def _balanced_beside(ctx: StepContext, placements: tuple[Placement, ...], rules:
                      device: DeviceMemory) -> str:
     """Balanced routing's answer (--expert-load 1: the closed form, one device's step and the permute index; on a
     tensor-parallel rank the family's recipe on its shard, where the class has one) beside the busiest rank's derived
-    peak: what the load adds."""
+    peak: what the load adds. On a ring's rank (cp) no closed form prices the experts' dispatch: nothing beside, the
+    balanced rank named as what --expert-load 1 derives."""
+    if ctx.layout.cp > 1:
+        return ("balanced routing on this ring's rank is derived from its own traces by --expert-load 1 (no closed "
+                "form prices the experts' dispatch beside context parallel)")
     try:
         closed, _ = (_data_parallel_device if ctx.layout.tp == 1 else _sharded_activations_device)(
             ctx, placements, rules)
@@ -219,7 +227,8 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     # a context-parallel rank: (dp, shard, tp, sp, rank, ep, cp) on rank 0 (traced/parallel.py), beside tp, and
     # FSDP2 over the shard degree's dp × cp ranks (torchtitan's dp_shard_cp): dp = shard degree / cp in the trace;
     # beside ep (routed experts to cut) the experts over ep = dp_shard_in_ep × cp ranks, torchtitan's: dp = ep / cp
-    # in the trace (under FSDP2 the shard degree is ep, check_context_parallel), the dp replicas beyond it alike
+    # in the trace (under FSDP2 the shard degree is ep, check_context_parallel), the dp replicas beyond it alike;
+    # under an uneven load the load appended (rank 0 of the flattened dp × cp ep ranks the busiest)
     # an expert-parallel rank under an uneven load: (dp, shard, tp, sp, rank, ep, cp, load) with dp == ep, rank 0
     # the busiest (traced/expert_parallel.py); the data-parallel ranks beyond ep run the same step; under FSDP2
     # dp is the shard degree, torchtitan's (dp / ep, ep, tp) mesh: the experts' own unit over the dp / ep ranks
@@ -229,7 +238,8 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     loaded = layout.ep > 1 and layout.expert_load != 1
     ring_ep = layout.ep if layout.cp > 1 and cuts_routed_experts(placements) else 1
     traced = ((layout.shard_degree // layout.cp if fsdp else max(1, ring_ep // layout.cp), "fsdp" if fsdp else "none",
-               layout.tp, layout.sp, 0, ring_ep, layout.cp) if layout.cp > 1 else
+               layout.tp, layout.sp, 0, ring_ep, layout.cp) + ((layout.expert_load,) if loaded else ())
+              if layout.cp > 1 else
               (experts_dp, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0, layout.ep, 1, layout.expert_load)
               if loaded else
               (experts_dp, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0, layout.ep) if layout.ep > 1 else
@@ -277,10 +287,13 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                if layout.ep > 1 and layout.cp == 1 else " and ".join(
         ([f"FSDP2{' over dp × cp = ' + str(layout.shard_degree) + ' ranks' if layout.cp > 1 else ''}"] if fsdp
          else []) +
-        ([f"torchtitan's ExpertParallel over ep {ring_ep} = dp × cp ranks"] if ring_ep > 1 else []) +
+        ([f"torchtitan's ExpertParallel over ep {ring_ep} = dp × cp ranks" if not fsdp or
+          layout.shard_degree == ring_ep else
+          f"torchtitan's ExpertParallel over ep {ring_ep} = dp_shard_in_ep × cp ranks (the experts' own FSDP2 unit "
+          f"over the dp × cp / ep = {layout.shard_degree // ring_ep} ranks holding them)"] if ring_ep > 1 else []) +
         ([f"DTensor tensor parallel{' with sequence parallel' if layout.sp else ''}"] if layout.tp > 1 else []) +
         (["torch's context_parallel ring attention" + (" on the tp rank's heads" if layout.tp > 1 else "")]
-         if layout.cp > 1 else [])) + (", rank 0" if layout.cp > 1 else ""))
+         if layout.cp > 1 else [])) + (", rank 0" + (", the busiest" if loaded else "") if layout.cp > 1 else ""))
     notes = [f"one rank's step derived from traces of the real class on torch's fake process group ({applied}): "
              f"{step.recipe.traced}; {step.recipe.check}"]
     if fsdp and ctx.precision.endswith("-mixed"):
@@ -288,7 +301,9 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     if layout.cp > 1:
         notes.append(ring_words(ctx))
     if loaded:
-        notes.append(load_words(layout.ep, layout.expert_load, ctx.batch * ctx.seq * dim(ctx.text, "top_k")))
+        # T: the rank's tokens, S / cp on a ring's rank
+        notes.append(load_words(layout.ep, layout.expert_load,
+                                ctx.batch * (ctx.seq // layout.cp) * dim(ctx.text, "top_k")))
     device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           figures.end_of_forward, "derived: one rank's step traced on short cuts with the layout "
                           "applied (torch's fake process group), laid out to the model's depth", dev.arithmetic,
@@ -411,10 +426,10 @@ def check_context_parallel(ctx: RingQuestion, experts: bool = False) -> None:
 
 def check_ring_beside_experts(layout: ParallelLayout) -> None:
     """The ring beside ep as the trace lays it out (traced/parallel.py, torchtitan's mesh with ETP = tp): the ep ranks
-    take every cp rank and some dp ones (ep = dp_shard_in_ep × cp), FSDP2 shards over exactly the ep ranks (its
-    dp_shard_mod_ep 1: more would shard each expert again, over a mesh dimension not traced beside cp), no hybrid
-    sharding, no ZeRO-3 (not traced), tp (each expert then cut over tp too, on the (ep, tp) mesh: torchtitan's ETP)
-    without FSDP2. One line each."""
+    take every cp rank and some dp ones (ep = dp_shard_in_ep × cp); FSDP2 shards the rest over all dp × cp ranks
+    and each rank's experts over the dp × cp / ep ranks holding them (its dp_shard_mod_ep); no hybrid sharding, no
+    ZeRO-3 (not traced), tp (each expert then cut over tp too, on the (ep, tp) mesh: torchtitan's ETP) without
+    FSDP2. One line each."""
     cp, ep = layout.cp, layout.ep
     if ep % cp:
         raise UnsupportedError("context parallel {cp} beside ep {ep}: the ep ranks take every cp rank and some dp "
@@ -426,11 +441,6 @@ def check_ring_beside_experts(layout: ParallelLayout) -> None:
     if layout.shard == "hsdp" and layout.shard_degree > 1 or layout.zero_stage == 3 and layout.shard != "fsdp":
         raise UnsupportedError("context parallel {cp} beside ep {ep} under {shard}: traced under DDP's replication, "
                                "ZeRO 1-2 and FSDP2's full sharding", cp=cp, ep=ep, shard=shard_words(layout))
-    if layout.shard == "fsdp" and layout.shard_degree > ep:
-        raise UnsupportedError("context parallel {cp} beside ep {ep} under FSDP2 over dp × cp = {ranks} ranks: FSDP2 "
-                               "would also shard each expert over the {more} ranks holding it (torchtitan's "
-                               "dp_shard_mod_ep), a mesh dimension not traced beside the ring; take dp × cp = ep",
-                               cp=cp, ep=ep, ranks=layout.shard_degree, more=layout.shard_degree // ep)
 
 
 def ring_words(ctx: StepContext) -> str:

@@ -24,10 +24,9 @@ def untraced_by_layout(layout: ParallelLayout) -> str | None:
     if layout.cp > 1 and fsdp and layout.shard_degree % layout.cp:
         return "context parallelism is traced beside tp, sp and FSDP2 over dp × cp ranks"
     if layout.cp > 1 and layout.ep > 1:  # torchtitan's ep = dp_shard_in_ep × cp (estimate.check_ring_beside_experts)
-        if layout.ep % layout.cp or layout.shard == "hsdp" or \
-                layout.shard == "fsdp" and (layout.shard_degree != layout.ep or layout.tp > 1):
+        if layout.ep % layout.cp or layout.shard == "hsdp" or layout.shard == "fsdp" and layout.tp > 1:
             return ("context parallelism beside ep is traced with ep = dp_shard_in_ep × cp ranks (torchtitan's), "
-                    "under DDP's replication (beside tp too) or FSDP2 over exactly the ep ranks (without tp)")
+                    "under DDP's replication (beside tp too) or FSDP2 over dp × cp ranks (without tp)")
     elif layout.ep > 1 and (layout.dp != layout.ep and layout.shard != "fsdp" or
                             layout.shard_degree > 1 and layout.shard != "fsdp"):
         return ("expert parallelism is traced over every data-parallel rank (ep equal to dp) or under FSDP2's full "

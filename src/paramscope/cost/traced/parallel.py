@@ -11,10 +11,11 @@ step. The mesh is (dp, tp) named ("dp", "tp") and built outside FakeTensorMode; 
 FSDP2, as torchtitan applies them. `settings.batch` is each data-parallel rank's micro-batch (the tp ranks of one
 replica share it). Under context parallelism the mesh is torchtitan's (dp, cp, tp): FSDP2 over the flattened dp × cp
 ranks (its dp_shard_cp), torch's ring attention over the cp submesh (context_parallel.py) on the heads the tp rank
-holds, and the rank runs its S / cp tokens (split again over tp between the blocks under `sp`). Beside ep (ep ==
-dp × cp) the routed experts split over the same flattened ranks, torchtitan's ep = dp_shard_in_ep × cp, and beside tp
-(without FSDP2) each rank's experts also cut over tp on the (ep, tp) mesh (its ETP = tp); under FSDP2 (without tp)
-the experts' own unit goes over a size-1 dp_shard_mod_ep dimension in front (its mesh (1, dp, cp, tp)).
+holds, and the rank runs its S / cp tokens (split again over tp between the blocks under `sp`). Beside ep the
+routed experts split over ep of the flattened dp × cp ranks, torchtitan's ep = dp_shard_in_ep × cp (without FSDP2
+ep == dp × cp), and beside tp (without FSDP2) each rank's experts also cut over tp on the (ep, tp) mesh (its
+ETP = tp); under FSDP2 (without tp) the mesh is torchtitan's (dp_shard_mod_ep, dp_shard_in_ep, cp, tp), the experts'
+own unit over its dp_shard_mod_ep = dp × cp / ep ranks, the rest over all three flattened (dp_shard_cp).
 
 Tensor parallel rules. transformers' own plan is read from the model (`tp_plan`: the class's `_tp_plan`, e.g.
 LlamaForCausalLM's lm_head `colwise_gather_output`, the config's `base_model_tp_plan` prefixed with the base model's
@@ -104,9 +105,10 @@ class Layout:
             parts.append(f"tp {self.tp}" + (" with sequence parallel" if self.sp else ""))
         if self.cp > 1:
             parts.append(f"cp {self.cp}")
-        experts = (f", ep {self.ep} over the dp ranks" if self.ep == self.dp * self.cp else
-                   f", ep {self.ep} over each {self.ep} dp ranks, the dp / ep = {self.dp // self.ep} holding the same "
-                   "experts sharding them (FSDP2)")
+        ranks = "dp × cp" if self.cp > 1 else "dp"
+        experts = (f", ep {self.ep} over the {ranks} ranks" if self.ep == self.dp * self.cp else
+                   f", ep {self.ep} over each {self.ep} {ranks} ranks, the {ranks} / ep = "
+                   f"{self.dp * self.cp // self.ep} holding the same experts sharding them (FSDP2)")
         return " × ".join(parts) + (experts if self.ep > 1 else "") + (
             f", rank 0 receiving {self.load:g}× its balanced token-expert pairs" if self.load != 1 else "") + (
             ", FSDP2's MixedPrecisionPolicy" if self.mixed == "policy" else "")
@@ -136,9 +138,10 @@ def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1,
     also cut over tp (the (ep, tp) mesh, torchtitan's ExpertTensorParallel). `cp`: the sequence split over cp ranks by
     torch's context_parallel (context_parallel.py), `settings.seq` the whole sequence, the rank running its S / cp
     tokens; beside tp and dp as torchtitan lays them out: a (dp, cp, tp) mesh, the ring over cp on the rank's local
-    heads, FSDP2 over the flattened (dp, cp) ranks (its dp_shard_cp); beside ep the experts split over those same
-    dp × cp ranks (ep == dp × cp: torchtitan's ep = dp_shard_in_ep × cp, its dp_shard_mod_ep 1, the experts' own FSDP2
-    unit over it), beside tp without FSDP2 also cut over tp (the (ep, tp) mesh). `load`: under ep, rank 0 the
+    heads, FSDP2 over the flattened (dp, cp) ranks (its dp_shard_cp); beside ep the experts split over ep of those
+    dp × cp ranks (torchtitan's ep = dp_shard_in_ep × cp: ep == dp × cp without FSDP2; under FSDP2 ep dividing
+    dp × cp, the experts' own FSDP2 unit over its dp_shard_mod_ep = dp × cp / ep ranks holding the same experts),
+    beside tp without FSDP2 also cut over tp (the (ep, tp) mesh). `load`: under ep, rank 0 the
     busiest, receiving load × its balanced pairs (expert_parallel.py). `mixed` "policy": under FSDP2 and a mixed
     precision, fully_shard's MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32) and no autocast
     (torchtitan's); "autocast": torch.autocast over the fp32 parameters, as on one device."""
@@ -178,11 +181,13 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, 
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp * tp * cp:
         raise OptionError("{0} must be an integer between 0 and {last} ({ranks} - 1), got {value!r}", "rank",
                           last=dp * tp * cp - 1, ranks=ranks, value=rank)
-    if cp > 1 and ep > 1:  # torchtitan's ep = dp_shard_in_ep × cp (ETP = tp), its dp_shard_mod_ep 1 here
-        if ep != dp * cp or tp > 1 and shard == "fsdp":
-            raise UnsupportedError(f"context parallel is traced beside ep over every dp × cp rank (ep == dp × cp: "
-                                   f"torchtitan's dp_shard_in_ep × cp), beside tp without FSDP2; got cp {cp}, ep {ep}, "
-                                   f"dp {dp}, tp {tp}, shard {shard}")
+    if cp > 1 and ep > 1:  # torchtitan's ep = dp_shard_in_ep × cp (ETP = tp); under FSDP2 its dp_shard_mod_ep
+        # = dp × cp / ep shards each rank's experts further (DDP's replicas beyond ep run the same step: dp = ep / cp)
+        if ep % cp or (dp * cp % ep if shard == "fsdp" else ep != dp * cp) or tp > 1 and shard == "fsdp":
+            raise UnsupportedError(f"context parallel is traced beside ep over dp × cp ranks (torchtitan's "
+                                   f"dp_shard_in_ep × cp: cp dividing ep, ep == dp × cp, or under FSDP2 ep dividing "
+                                   f"dp × cp), beside tp without FSDP2; got cp {cp}, ep {ep}, dp {dp}, tp {tp}, "
+                                   f"shard {shard}")
     elif ep > 1 and (dp % ep if shard == "fsdp" else ep != dp):
         raise UnsupportedError(f"expert parallel is traced over every data-parallel rank (ep == dp), or under FSDP2 "
                                f"over ep ranks dividing dp (torchtitan's dp_shard_in_ep, its dp_shard_mod_ep = dp / ep "
@@ -235,14 +240,24 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
             ring_mesh = None
             ep_mesh = None  # the experts' ranks where they are not the dp ranks (or dp × cp)
             if layout.cp > 1:  # torchtitan's mesh: (dp, cp, tp); FSDP2 over the flattened (dp, cp), the ring over cp
-                # beside ep (ep == dp × cp: torchtitan's dp_shard_in_ep × cp, its dp_shard_mod_ep 1), the experts
-                # split over the same flattened ranks and, under FSDP2, their own unit over the size-1 dp_shard_mod_ep
+                # beside ep, torchtitan's (dp_shard_mod_ep, dp_shard_in_ep, cp, tp) mesh (ETP = tp): the experts split
+                # over the flattened (dp_shard_in_ep, cp) ranks, ep = dp_shard_in_ep × cp; under FSDP2 their own unit
+                # over the dp_shard_mod_ep = dp × cp / ep ranks holding the same experts, the rest over all dp × cp
+                # (its dp_shard_cp, the three flattened); without FSDP2 ep == dp × cp, the flattened (dp, cp)
                 experts_fsdp = layout.ep > 1 and layout.shard == "fsdp"
-                mesh = init_device_mesh("cpu", (1,) * experts_fsdp + (layout.dp, layout.cp, layout.tp),
-                                        mesh_dim_names=("dp_mod_ep",) * experts_fsdp + ("dp", "cp", "tp"))
-                dp_mesh, tp_mesh, experts_mesh, ring_mesh = (
-                    mesh["dp", "cp"]._flatten("dp_shard_cp") if layout.shard == "fsdp" or layout.ep > 1 else
-                    mesh["dp"], mesh["tp"], mesh["dp_mod_ep"] if experts_fsdp else None, mesh["cp"])
+                if experts_fsdp:
+                    mesh = init_device_mesh("cpu", (layout.dp * layout.cp // layout.ep, layout.ep // layout.cp,
+                                                    layout.cp, layout.tp),
+                                            mesh_dim_names=("dp_mod_ep", "dp_in_ep", "cp", "tp"))
+                    dp_mesh, tp_mesh, experts_mesh, ring_mesh = (
+                        mesh["dp_mod_ep", "dp_in_ep", "cp"]._flatten("dp_shard_cp"), mesh["tp"], mesh["dp_mod_ep"],
+                        mesh["cp"])
+                    ep_mesh = mesh["dp_in_ep", "cp"]._flatten("ep")
+                else:
+                    mesh = init_device_mesh("cpu", (layout.dp, layout.cp, layout.tp), mesh_dim_names=("dp", "cp", "tp"))
+                    dp_mesh, tp_mesh, experts_mesh, ring_mesh = (
+                        mesh["dp", "cp"]._flatten("dp_shard_cp") if layout.shard == "fsdp" or layout.ep > 1 else
+                        mesh["dp"], mesh["tp"], None, mesh["cp"])
             elif layout.ep > 1 and layout.shard == "fsdp":
                 # expert parallel under FSDP2, laid out as torchtitan lays it out (ETP = tp): the (dp / ep, ep, tp)
                 # mesh (its dp_shard_mod_ep, dp_shard_in_ep, tp), the experts split over the ep ranks of a row, then
