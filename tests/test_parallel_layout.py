@@ -144,9 +144,10 @@ def test_an_encoder_s_context_layouts_refused_in_one_line(flags, message, capsys
 
 
 def test_layout_options_are_for_training(capsys):
-    """--tp and --pp serve across GPUs without --training (tests/test_parallel_serving.py); the rest train."""
-    assert main(["memory", "llama-3-8b", "--dp", "2"]) == 2
-    assert "--dp is for --training" in capsys.readouterr().err
+    """--tp, --pp, --dp and --ep serve across GPUs without --training (tests/test_parallel_serving.py,
+    tests/test_serving_data_parallel.py); the rest train."""
+    assert main(["memory", "llama-3-8b", "--cp", "2"]) == 2
+    assert "--cp is for --training" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad", ["0", "-2", "70000"])

@@ -171,9 +171,10 @@ def test_cli_text_and_json(capsys):
     (["--tp", "3"], "--tp 3 would split attention heads: 64 heads are not a multiple of it"),
     (["--tp", "0"], "--tp must be a whole number from 1 to 65,536"),
     (["--pp", "100"], "--pp 100 is more than the model's 80 layers"),
-    (["--dp", "2"], "--dp is for --training; serving across GPUs takes --tp and --pp"),
-    (["--ep", "2"], "--ep 2: serving's expert-parallel size is vLLM's, TP × DP = --tp 1 here"),
-    (["--tp", "2", "--trace"], "--trace measures one device; with --tp or --pp"),
+    (["--dp", "0"], "--dp must be a whole number from 1 to 65,536, got '0'"),
+    (["--zero", "3"], "--zero is for --training; serving across GPUs takes --tp, --pp, --dp and --ep"),
+    (["--ep", "2"], "--ep 2: serving's expert-parallel size is vLLM's, TP × DP = --tp 1 × --dp 1 = 1 here"),
+    (["--tp", "2", "--trace"], "--trace measures one device; with --tp, --pp or --dp"),
 ])
 def test_bad_layouts_refused_in_one_line(argv, message, capsys):
     assert main(["memory", "llama-3-70b", *argv]) == 2

@@ -32,11 +32,19 @@ def test_cut_difference_round_trip_and_what_it_gives():
     assert MEASURED.words() == ("at B=1, S=8,192 the analytic peak is -455,279,072 B from the traced one on 2 layers "
                                 "and -455,279,072 B on 4")
     assert CutDifference(1, 64, 2, -5, 24, 4, -7).difference is None  # grows with depth: the whole model is traced
+    grown = CutDifference(1, 64, 2, -5, 24, 4, -7, -31, "prefill", ("sdpa",))  # and was: its difference answers
+    assert grown.difference == -31 and grown.traced_whole and CutDifference.from_json(grown.to_json()) == grown
+    assert grown.words().endswith("so the whole model was traced (24 layers, its peak in the prefill): -31 B")
     assert CutDifference(1, 64, 2, 9, 2).difference == 9  # the cut was the whole model
 
 
 @pytest.mark.parametrize("change", [
     {"first": True}, {"short": 30}, {"long": 2}, {"second": None}, {"seq": 0}, {"first": 1 << 60}, {"extra": 1},
+    {"whole": 3}, {"phase": "prefill"}, {"notes": ["x"]},  # a whole-model trace where the cuts agree
+    {"second": 1, "whole": None, "phase": "prefill", "notes": []},  # they disagree: the whole trace is missing
+    {"second": 1, "whole": 3, "phase": "forward", "notes": []},  # not a serving trace's phase
+    {"second": 1, "whole": 3, "phase": "prefill", "notes": ["x\x1b[2J"]},  # a note that is not printable
+    {"second": 1, "whole": 3, "phase": "prefill", "notes": ["x"] * 33},
 ])
 def test_a_malformed_difference_is_refused(change):
     with pytest.raises(CacheEntryError):
@@ -52,26 +60,37 @@ def test_an_entry_is_read_back_only_where_it_matches(cache):
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "versions": ["0.0.1", "x", "y"]}))  # made by other versions
     assert find_difference("Qwen2MoeForCausalLM", key, 1, 8192) is None
+    # cuts that disagree without the whole model's trace: no answer, measured again
     path.write_text(json.dumps({**data, "difference": {**data["difference"], "second": -1}}))
-    assert find_difference("Qwen2MoeForCausalLM", key, 1, 8192).difference is None  # the words follow the figures
+    assert find_difference("Qwen2MoeForCausalLM", key, 1, 8192) is None
+    grown = {**data["difference"], "second": -1, "whole": -7, "phase": "decode", "notes": ["a trace's note"]}
+    path.write_text(json.dumps({**data, "difference": grown}))
+    assert find_difference("Qwen2MoeForCausalLM", key, 1, 8192).difference == -7  # the words follow the figures
     path.unlink()
     os.symlink("/dev/zero", path)  # not a regular file: one lstat, refused
     assert find_difference("Qwen2MoeForCausalLM", key, 1, 8192) is None
 
 
-def test_measured_once_then_read_without_the_module(cache):
+@pytest.mark.parametrize("grows", [False, True])
+def test_measured_once_then_read_without_the_module(cache, grows):
+    """The cuts' agreeing difference, and where they disagree the whole model's trace, are each measured once at a
+    point and answered from the cache the next time, without a module."""
     calls = []
 
     def measure(module, dtype, batch, seq, encoder_seq):
         calls.append((dtype, batch, seq, encoder_seq))
+        if grows:
+            return CutDifference(batch, seq, 2, -10, 8, 4, -12, -21, "prefill", ("a note of the trace",))
         return CutDifference(batch, seq, 2, -10, 8, 4, -10)
 
     correct = CorrectionFor("config", True, measure)
     built = SimpleNamespace(class_name="X", module=object())
-    assert correct(built, "bfloat16", 3, 64, None) == (-10, "at B=3, S=64 the analytic peak is -10 B from the traced "
-                                                            "one on 2 layers and -10 B on 4")
+    first = correct(built, "bfloat16", 3, 64, None)
+    assert (first.difference, first.traced_whole) == ((-21, True) if grows else (-10, False))
+    assert first.words().startswith("at B=3, S=64 the analytic peak is -10 B from the traced one on 2 layers and "
+                                    + ("-12 B on 4: it grows with depth" if grows else "-10 B on 4"))
     facts_only = SimpleNamespace(class_name="X", module=None)
-    assert correct(facts_only, "bfloat16", 3, 64, None)[0] == -10
+    assert correct(facts_only, "bfloat16", 3, 64, None) == first
     assert calls == [("bfloat16", 3, 64, None)]
     with pytest.raises(FactsGap):  # another point: nothing kept, no module to trace
         correct(facts_only, "bfloat16", 3, 65, None)
@@ -162,7 +181,7 @@ def test_expert_parallel_weights_are_the_real_experts_sliced_as_placed():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--tp", "4", "--ep", "2"], "--ep 2: serving's expert-parallel size is vLLM's, TP × DP = --tp 4 here"),
+    (["--tp", "4", "--ep", "2"], "--ep 2: serving's expert-parallel size is vLLM's, TP × DP = --tp 4 × --dp 1 = 4"),
     (["--ep"], "--ep splits the routed experts over the tensor-parallel ranks"),
     (["--training", "--ep"], "--ep takes a degree E with --training"),
 ])

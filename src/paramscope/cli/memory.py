@@ -94,9 +94,10 @@ def add_parser(subparsers: Any) -> None:
     training.add_argument("--global-batch", type=int, metavar="G",
                           help="--find-layout: sequences a step over all replicas (default: --batch × --devices); "
                                "each layout's replicas take G / dp")
-    layout = add_layout_options(parser, "multi-GPU layout (the figures are one device's; serving takes --tp and "
-                                        "--pp alone, the rest are for --training)", {
-        "dp": "data-parallel degree (default: --devices / tp)",
+    layout = add_layout_options(parser, "multi-GPU layout (the figures are one device's; serving takes --tp, --pp, "
+                                        "--dp and --ep alone, the rest are for --training)", {
+        "dp": "data-parallel degree (default: --devices / tp); serving: vLLM's --data-parallel-size, D replicas each "
+              "serving its own --batch (MoE layers span them: experts over tp × dp ranks)",
         "tp": "tensor parallel degree: q/k/v/gate/up column-wise, o/down row-wise, embeddings and head "
               "vocabulary-parallel, norms and routers replicated (Megatron's and torch's plans); serving: each GPU's "
               "weights, KV cache (KV heads / T, replicated past them; MLA's latent whole) and prefill workspace",
@@ -106,7 +107,7 @@ def add_parser(subparsers: Any) -> None:
         "schedule": "pipeline schedule (default 1f1b; interleaved with --virtual-stages)",
         "cp": "context parallel degree: each rank holds S / C tokens (ring attention)",
         "ep": "expert parallel degree: routed experts split over E of the data-parallel ranks; serving: --tp T "
-              "--ep (E = T, vLLM's --enable-expert-parallel): whole experts split over the T ranks"})
+              "--ep (E = T × D, vLLM's --enable-expert-parallel): whole experts split over the T × D ranks"})
     layout.add_argument("--shard-group", type=int, metavar="G",
                         help="--zero hybrid_shard: ranks a shard group holds (default 8, one node)")
     layout.add_argument("--fsdp-mixed-precision", choices=("autocast", "policy"),
@@ -169,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
                             gpu=args.gpu, budget=checked_size("--budget", args.budget), reserve=reserve,
                             trace=bool(args.trace), imatrix=bool(args.imatrix),
                             **({} if args.training else {"tp": args.tp, "pp": args.pp, "media": _media(args),
-                                                         "expert_parallel": _serving_ep(args)}))
+                                                         "expert_parallel": _serving_ep(args),
+                                                         "dp": 1 if args.dp is None else args.dp}))
     options.check()
     if args.dtype is not None:
         from ..cost.memory.quantization import weight_format
@@ -219,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
                                      ("--precision", args.precision, "bf16-mixed"),
                                      ("--grad-checkpointing", args.grad_checkpointing, "none"),
                                      ("--devices", args.devices, None), ("--zero", args.zero, "0"),
-                                     ("--attention", args.attention, None), ("--dp", args.dp, None),
+                                     ("--attention", args.attention, None),
                                      ("--sp", args.sp, False),
                                      ("--micro-batches", args.micro_batches, None),
                                      ("--schedule", args.schedule, None), ("--virtual-stages", args.virtual_stages, 1),
@@ -227,8 +229,8 @@ def run(args: argparse.Namespace) -> int:
                                      ("--expert-load", args.expert_load, None),
                                      ("--fsdp-mixed-precision", args.fsdp_mixed_precision, None)):
             if value != default:
-                raise OptionError(f"{flag} is for --training" + ("; serving across GPUs takes --tp and --pp" if
-                                                                  flag in _LAYOUT_FLAGS else ""))
+                raise OptionError(f"{flag} is for --training" + ("; serving across GPUs takes --tp, --pp, --dp and "
+                                                                  "--ep" if flag in _LAYOUT_FLAGS else ""))
         if args.freeze:
             raise OptionError("--freeze is for --training")
         source = resolve(args.model, revision=args.revision)
@@ -309,13 +311,13 @@ def _find_layout(args: argparse.Namespace) -> int:
 
 
 def _serving_ep(args: argparse.Namespace) -> bool:
-    """--ep when serving: vLLM's --enable-expert-parallel, whose size is TP × DP (one replica here: T); a bare --ep
-    or --ep T."""
+    """--ep when serving: vLLM's --enable-expert-parallel, whose size is TP × DP; a bare --ep or --ep T × D."""
     from ..errors import OptionError
 
-    if args.ep not in (0, 1, args.tp):
-        raise OptionError(f"--ep {args.ep}: serving's expert-parallel size is vLLM's, TP × DP = --tp {args.tp} here "
-                          f"(one replica): give --ep alone or --ep {args.tp}")
+    dp = 1 if args.dp is None else args.dp
+    if args.ep not in (0, 1, args.tp * dp):
+        raise OptionError(f"--ep {args.ep}: serving's expert-parallel size is vLLM's, TP × DP = --tp {args.tp} × "
+                          f"--dp {dp} = {args.tp * dp} here: give --ep alone or --ep {args.tp * dp}")
     return args.ep != 1
 
 

@@ -263,6 +263,8 @@ def smallest_tp_sentence(smallest: dict[str, Any]) -> str:
     name = f"a {binary(smallest['memory'])} budget" if smallest["accelerator"] == "budget" else \
         smallest["accelerator"]
     pp = f" with pp {smallest['pp']}" if smallest["pp"] > 1 else ""
+    if smallest.get("dp", 1) > 1:
+        pp += f"{' and' if pp else ' with'} dp {smallest['dp']}" + (" (ep = tp × dp)" if smallest["ep"] else "")
     at = f"at batch {smallest['batch']:,} × {smallest['seq']:,} tokens{pp}"
     fitted = [t for t in smallest["tried"] if t["peak"] is not None]
     refused = [t["tp"] for t in smallest["tried"] if t["peak"] is None]
@@ -361,7 +363,7 @@ def budget_sentence(budget: dict[str, Any], settings) -> str:
     the same words). A --budget is the accelerator named "budget" (cost/memory: Accelerator("budget", …))."""
     name = f"{binary(budget['memory'])} budget" if budget["accelerator"] == "budget" else budget["accelerator"]
     layout = settings.get("layout")
-    if layout and "dp" not in layout:  # serving across GPUs: the figures are each GPU's
+    if layout and "shard" not in layout:  # serving across GPUs (a training layout has a shard): each GPU's
         name += f", each GPU of {layout['words']}"
     if budget["fits"]:
         head = f"On {name}: fits, {binary(budget['free'])} to spare"
@@ -779,7 +781,8 @@ def _serving_layout_to_dict(estimate) -> dict[str, Any] | None:
                                                                "arithmetic": s.workspace.arithmetic},
                 "correction": s.correction, "peak": s.peak}
 
-    return {"devices": layout.devices, "tp": layout.tp, "pp": layout.pp, "ep": layout.ep, "words": layout.words(),
+    return {"devices": layout.devices, "tp": layout.tp, "pp": layout.pp, "ep": layout.ep, "dp": layout.dp,
+            "words": layout.words(),
             "kv_heads": layout.kv_heads, "workspace_from": layout.workspace_from, "pipeline": layout.pipeline or None,
             "rules": dict(layout.rules), "device": stage(layout.device),
             "stages": [stage(s) for s in layout.stages]}
@@ -788,6 +791,7 @@ def _serving_layout_to_dict(estimate) -> dict[str, Any] | None:
 def _smallest_to_dict(smallest) -> dict[str, Any]:
     return {"accelerator": smallest.accelerator.name, "memory": smallest.accelerator.memory, "pp": smallest.pp,
             "batch": smallest.batch, "seq": smallest.seq, "tp": smallest.tp, "peak": smallest.peak,
+            "dp": smallest.dp, "ep": smallest.expert_parallel,
             "tried": [{"tp": t, "peak": peak, "refused": why or None} for t, peak, why in smallest.tried]}
 
 

@@ -46,7 +46,8 @@ class MemoryOptions:
     trace: bool = False  # also measure generate()'s prefill and one decode step on fake tensors
     tp: int = 1  # serving across GPUs (parallel/serving.py): tensor-parallel degree
     pp: int = 1  # pipeline stages
-    expert_parallel: bool = False  # vLLM's --enable-expert-parallel: routed experts split whole over the tp ranks
+    expert_parallel: bool = False  # vLLM's --enable-expert-parallel: routed experts split whole over tp × dp ranks
+    dp: int = 1  # vLLM's --data-parallel-size: replicas, each serving --batch sequences of its own
     imatrix: bool = False  # a llama.cpp mixture quantised with an importance matrix (llama_cpp_mixture.py)
     # images beside the text (towers.MediaInput): the language model's KV cache and prefill over the text and image
     # tokens, and the vision tower's own forward peak before the prefill; None: a text input
@@ -56,19 +57,19 @@ class MemoryOptions:
         from ..parallel.serving import check_degrees
 
         check_batch_and_seq(self.batch, self.seq)
-        check_degrees(self.tp, self.pp)
-        if self.expert_parallel and self.tp < 2:
+        check_degrees(self.tp, self.pp, self.dp)
+        if self.expert_parallel and self.tp * self.dp < 2:
             raise OptionError("{0} splits the routed experts over the tensor-parallel ranks (vLLM: EP size = TP × "
-                              "DP, one replica here): give {1} 2 or more", "ep", "tp")
-        if self.trace and self.tp * self.pp > 1:
-            raise OptionError("{0} measures one device; with {1} or {2} each GPU's figures are the analytic "
-                              "engine's", "trace", "tp", "pp")
+                              "DP): give {1} or {2} 2 or more", "ep", "tp", "dp")
+        if self.trace and self.tp * self.pp * self.dp > 1:
+            raise OptionError("{0} measures one device; with {1}, {2} or {3} each GPU's figures are the analytic "
+                              "engine's", "trace", "tp", "pp", "dp")
         check_batch_and_seq(1, self.encoder_seq, "encoder_seq")
         if self.media is not None:
             self.media.check()
-            if self.trace or self.tp * self.pp > 1:
+            if self.trace or self.tp * self.pp * self.dp > 1:
                 raise OptionError("an image or audio input's serving memory is counted on one device, without {0}, here",
-                                  "trace" if self.trace else "tp" if self.tp > 1 else "pp")
+                                  "trace" if self.trace else "tp" if self.tp > 1 else "pp" if self.pp > 1 else "dp")
         if self.imatrix and (self.dtype is None or weight_format(self.dtype).mixture is None):
             raise OptionError("{0} is for a llama.cpp mixture given with {1} (q4_k_m, iq4_xs, q4_0, ...)", "imatrix",
                               "dtype")
@@ -109,9 +110,9 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
 
     `checked` (engine_check.CheckFor): the analytic peak's check against a traced prefill for this config, made
     once; where it found them differing, `correct(view, dtype, batch, seq, encoder_seq)` (serving_correction's
-    CorrectionFor: the difference at the asked point on two cuts, kept on disk, else traced on the view's module)
-    corrects the analytic answer, or the whole model is traced. None: the analytic arithmetic alone (a live module,
-    a check's own cut)."""
+    CorrectionFor: the difference at the asked point on two cuts, or where they disagree on the whole model, kept
+    on disk, else traced on the view's module) corrects the analytic answer. None: the analytic arithmetic alone (a
+    live module, a check's own cut)."""
     if getattr(fmt, "mixture", None):  # llama.cpp types each tensor of the file on its own: predict the file
         from .llama_cpp_mixture import with_prediction
 
@@ -174,10 +175,12 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     # (a prefill measured on images is the answer itself: no check of the analytic one against a text trace)
     check = checked.of(view) if checked is not None and not options.trace and measured is None else None
     trace = options.trace
+    whole_traced = False  # the answer is the whole model's kept trace (the correction's cuts disagreed)
     if check is not None and check.status == "differs":
         from ..model_view import FactsGap
 
-        difference, words = correct(view, fmt.compute_dtype, options.batch, seq, options.encoder_seq)
+        found = correct(view, fmt.compute_dtype, options.batch, seq, options.encoder_seq)
+        difference, words = found.difference, found.words()
         notes.append(check.words())
         if difference is None and view.module is None:
             raise FactsGap("the analytic serving peak's difference from a traced prefill grows with depth for this "
@@ -195,6 +198,9 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
                 return analytic_curve(batch, length) - difference
 
             peak, engine = peak - difference, "traced"
+            if found.traced_whole:  # the whole model's trace, kept: its phase and its notes are the answer's
+                peak_phase, whole_traced = found.phase, True
+                notes.extend(note for note in found.notes if note not in notes)
     elif check is not None:
         notes.append(check.words())
     if trace:
@@ -241,7 +247,7 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
     if accelerator is None and options.budget is not None:
         accelerator = Accelerator("budget", options.budget, "", "budget")
     parallel = None
-    if options.tp * options.pp > 1 or accelerator is not None:
+    if options.tp * options.pp * options.dp > 1 or accelerator is not None:
         from ..parallel.serving import (ServingInputs, ServingParallel, per_gpu_correction, serving_layout,
                                         smallest_tp)
 
@@ -250,16 +256,18 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         one_device = peak
         layout = None
         missed = per_gpu_correction(one_device - analytic_peak if engine == "traced" else 0, options.batch, seq,
-                                    whole=trace)
-        if options.tp * options.pp > 1:
+                                    whole=trace or whole_traced)
+        if options.tp * options.pp * options.dp > 1:
             layout, peak_at = serving_layout(inputs, options.tp, options.pp, options.batch, seq, missed=missed,
-                                             ep=options.tp if options.expert_parallel else 1)
+                                             ep=options.tp * options.dp if options.expert_parallel else 1,
+                                             dp=options.dp)
             peak, engine = layout.peak, "analytic"
             notes.extend(layout.notes)
             settings["layout"] = {"devices": layout.devices, "tp": layout.tp, "pp": layout.pp,
-                                  "words": layout.words(), **({"ep": layout.ep} if layout.ep > 1 else {})}
+                                  "words": layout.words(), **({"ep": layout.ep} if layout.ep > 1 else {}),
+                                  **({"dp": layout.dp} if layout.dp > 1 else {})}
         smallest = smallest_tp(inputs, accelerator, options.reserve, pp=options.pp, batch=options.batch, seq=seq,
-                               one_device_peak=one_device, missed=missed,
+                               one_device_peak=one_device, missed=missed, dp=options.dp,
                                expert_parallel=options.expert_parallel) if accelerator is not None else None
         parallel = ServingParallel(layout, smallest)
     longest = max_context(text)

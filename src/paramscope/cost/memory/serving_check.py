@@ -5,7 +5,8 @@ dtype (engine_check.py holds the cut, the points and the store), and what answer
              and one decode step traced on the cut (MemTracker on fake tensors) → equal to the byte, or where not
     differs: the difference at the asked point on the cut and on a cut twice as long → the same (what the analytic
              engine misses does not grow with depth: a layer's working tensors) → the analytic answer less it, the
-             KV cache and weights still the analytic ones; else one trace of the whole model
+             KV cache and weights still the analytic ones; else one trace of the whole model, its difference the
+             answer's (kept on disk beside the cuts' by serving_correction.py, so it too is traced once a point)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def check_serving(module: Any, dtype: str) -> EngineCheck:
 
     def compare() -> str:
         for batch, seq in points:
-            analytic, traced, phase = _both(cut, dtype, batch, seq)
+            analytic, traced, phase, _ = _both(cut, dtype, batch, seq)
             if analytic != traced:
                 return (f"at B={batch}, S={seq:,}, the peak {analytic:,} B analytic vs {traced:,} B traced ({phase}), "
                         f"{analytic - traced:+,} B")
@@ -43,9 +44,10 @@ def check_serving(module: Any, dtype: str) -> EngineCheck:
                      depth=depth, count=count, points=points, modes=(dtype,))
 
 
-def _both(cut: Any, dtype: str, batch: int, seq: int, encoder_seq: int | None = None) -> tuple[int, int, str]:
-    """(the analytic peak, the traced peak, the traced peak's phase) of `cut` at B × S, the KV cache as transformers
-    keeps it in the compute dtype (what the trace holds)."""
+def _both(cut: Any, dtype: str, batch: int, seq: int,
+          encoder_seq: int | None = None) -> tuple[int, int, str, tuple[str, ...]]:
+    """(the analytic peak, the traced peak, the traced peak's phase, the trace's notes) of `cut` at B × S, the KV
+    cache as transformers keeps it in the compute dtype (what the trace holds)."""
     from ...api import inspect_module
     from ..model_view import from_module
     from .quantization import weight_format
@@ -54,25 +56,30 @@ def _both(cut: Any, dtype: str, batch: int, seq: int, encoder_seq: int | None = 
     options = MemoryOptions(batch=batch, seq=seq, encoder_seq=encoder_seq)
     analytic = serving_estimate(inspect_module(cut), from_module(cut), options, weight_format(_FORMATS[dtype]),
                                 "--dtype", ())
-    traced, phase, _ = traced_serving(cut, options, seq, analytic.weights)
-    return analytic.peak, traced, phase
+    traced, phase, notes = traced_serving(cut, options, seq, analytic.weights)
+    return analytic.peak, traced, phase, tuple(notes)
 
 
 def extended_difference(module: Any, dtype: str, batch: int, seq: int,
                         encoder_seq: int | None = None) -> CutDifference:
-    """analytic − traced at B × S, on the check's cut and on one twice as long (CutDifference: the correction where
-    the two agree, None where it grows with depth, and the words)."""
+    """analytic − traced at B × S, on the check's cut and on one twice as long, and where those two disagree (it
+    grows with depth) on the whole model (CutDifference: the correction, its words, and what was traced)."""
     from ... import progress
 
     with progress.status(f"tracing cuts of {type(module).__name__} at B={batch}, S={seq:,}"):
         cut, short, count = check_cut(module)
-        analytic, traced, _ = _both(cut, dtype, batch, seq, encoder_seq)
+        analytic, traced, *_ = _both(cut, dtype, batch, seq, encoder_seq)
         if short == count:  # the cut is the whole model: its difference is the answer's
             return CutDifference(batch, seq, short, analytic - traced, count)
         first = analytic - traced
         cut, long, _ = check_cut(module, longer=True)
-        analytic, traced, _ = _both(cut, dtype, batch, seq, encoder_seq)
-    return CutDifference(batch, seq, short, first, count, long, analytic - traced)
+        analytic, traced, *_ = _both(cut, dtype, batch, seq, encoder_seq)
+    if first == analytic - traced:
+        return CutDifference(batch, seq, short, first, count, long, first)
+    second = analytic - traced
+    with progress.status(f"tracing the whole {type(module).__name__} at B={batch}, S={seq:,} (the cuts disagree)"):
+        analytic, traced, phase, notes = _both(module, dtype, batch, seq, encoder_seq)
+    return CutDifference(batch, seq, short, first, count, long, second, analytic - traced, phase, notes)
 
 
 __all__ = ["check_serving", "extended_difference"]

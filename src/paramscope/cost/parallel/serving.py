@@ -14,8 +14,16 @@
                gathered (vocabulary whole) on the last stage only
     → the worst stage's peak is the answer; the fits table asks it at other batches and contexts.
 
+Data parallel (`--dp D`, vLLM's --data-parallel-size): D replicas of the tp × pp layout, each its own engine with
+its own scheduler, serving its own requests (here each replica --batch B sequences of S tokens: the batch is a
+replica's, as --training's is); attention, dense MLPs, shared experts, embeddings and the head are replicated per
+replica (tp-sharded within), so a GPU's KV cache and workspace are its replica's. vLLM's MoE layers span every
+replica (FusedMoEParallelConfig.make: flatten_tp_across_dp): without expert parallelism the routed experts are cut
+by their widths over tp × dp ranks, with it (--ep) split whole over EP = tp × dp ranks (serving_experts.py).
+
 The smallest tensor-parallel degree that fits a GPU tries each T that `rules.place` accepts (dividing the heads,
-and the KV heads or a multiple of them), in order, at the asked pipeline degree, batch and context.
+and the KV heads or a multiple of them), in order, at the asked pipeline and data-parallel degrees, batch and
+context.
 """
 
 from __future__ import annotations
@@ -71,14 +79,15 @@ class ServingLayout:
     workspace_from: str
     notes: tuple[str, ...] = field(default=())
     correction: "PerGpuCorrection | None" = None
-    ep: int = 1  # expert parallel (vLLM's --enable-expert-parallel): the routed experts split whole over ep = tp
+    ep: int = 1  # expert parallel (vLLM's --enable-expert-parallel): the routed experts split whole over ep = tp × dp
+    dp: int = 1  # data-parallel replicas (vLLM's --data-parallel-size), each serving its own --batch
 
     def __post_init__(self) -> None:
         freeze_fields(self, "rules")
 
     @property
     def devices(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.pp * self.dp
 
     @property
     def device(self) -> ServingStage:
@@ -89,8 +98,8 @@ class ServingLayout:
         return self.device.peak
 
     def words(self) -> str:
-        parts = [f"tp {self.tp}" + (f" with ep {self.ep}" if self.ep > 1 else "")] + \
-            ([f"pp {self.pp}"] if self.pp > 1 else [])
+        parts = [f"tp {self.tp}" + (f" × dp {self.dp}" if self.dp > 1 else "")
+                 + (f" with ep {self.ep}" if self.ep > 1 else "")] + ([f"pp {self.pp}"] if self.pp > 1 else [])
         return " × ".join(parts) + f" = {self.devices:,} GPU{'s' if self.devices > 1 else ''}"
 
 
@@ -139,6 +148,8 @@ class TensorParallelSearch:
     tp: int | None  # None: no degree tried fits
     peak: int | None  # the per-GPU peak at that degree
     tried: tuple[tuple[int, int | None, str], ...]  # (tp, per-GPU peak or None, why refused or "")
+    dp: int = 1  # the data-parallel replicas asked (--dp), each degree tried beside them
+    expert_parallel: bool = False  # each degree T splits the experts over T × dp ranks
 
 
 @dataclass(frozen=True)
@@ -165,39 +176,72 @@ class ServingInputs:
     shape: dict  # prefill_workspace's keywords (dtype_size, vocab, layers, gated, every_token_logits, class_name)
 
 
-def check_degrees(tp: int, pp: int) -> ParallelLayout:
-    """The layout --tp and --pp describe (bounds and types checked, one line naming the flag)."""
-    return layout_for(tp=tp, pp=pp)
+def check_degrees(tp: int, pp: int, dp: int = 1) -> ParallelLayout:
+    """The layout --tp, --pp and --dp describe (bounds and types checked, one line naming the flag)."""
+    return layout_for(tp=tp, pp=pp, dp=dp)
+
+
+def serving_placements(report: Any, view: Any, tp: int, dp: int = 1, ep: int = 1) -> tuple[Any, ...]:
+    """Each parameter's placement on rank 0 as vLLM cuts it: every role but the routed experts by `rules.place` at
+    tp (attention, dense and shared MLPs, embeddings and head; the heads and widths checked there); the routed
+    experts as vLLM's MoE layers take them (FusedMoEParallelConfig.make): under expert parallelism (ep > 1) whole,
+    their own TP size 1, so no width of theirs need divide anything (`expert_parallel` then splits them over ep);
+    without it cut by their widths over tp × dp (flatten_tp_across_dp; FusedMoE asserts `intermediate_size %
+    self.tp_size == 0` at that size, which rules.place's width check is)."""
+    from ..dims import text_config
+    from .rules import model_shape, place
+
+    classes = {sub.__class__.__name__ for _, sub in view.root.named_modules()} if view.root is not None else set()
+    shape = model_shape(text_config(view.config), classes)
+    experts = [p for p in report.params if p.role == "moe.experts"]
+    placed = {p.name: p for p in place([p for p in report.params if p.role != "moe.experts"], shape, tp=tp, ep=1)}
+    # the heads are attention's: the experts' own cut checks only their widths
+    expert_shape = dataclasses.replace(shape, heads=None, kv_heads=None)
+    whole = place(experts, expert_shape, tp=1, ep=1)
+    if ep == 1 and dp > 1:  # the widths over tp × dp, named as such (rules.place would name a tp of that size)
+        for p in whole:
+            if p.tp_dim is not None and p.shape[p.tp_dim] % (tp * dp):
+                raise OptionError("{0} {dp} with {1} {tp}: without {2}, vLLM's MoE layers cut the routed experts' "
+                                  "widths over tp × dp = {ranks} ranks, which does not divide {size:,}, the {what} "
+                                  "features of {name}", "dp", "tp", "ep", dp=dp, tp=tp, ranks=tp * dp,
+                                  size=p.shape[p.tp_dim], what="output" if p.tp == "column" else "input",
+                                  name=p.name)
+    placed.update((p.name, p) for p in (whole if ep > 1 else place(experts, expert_shape, tp=tp * dp, ep=1)))
+    return tuple(placed[p.name] for p in report.params)
 
 
 def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int,
                    split: tuple[int, ...] | None = None, *, missed: PerGpuCorrection | None = None,
-                   ep: int = 1) -> tuple[ServingLayout, Callable[[int, int], int]]:
+                   ep: int = 1, dp: int = 1) -> tuple[ServingLayout, Callable[[int, int], int]]:
     """(each GPU's figures at `batch` × `seq`, the per-GPU peak at another batch and context). `split`: each
     stage's layer count, in order, where a server's own rule places them (vLLM's get_pp_indices); None: the
     training layouts' split (pipeline.stages). `missed`: the one-device answer's correction, added to each GPU.
-    `ep`: 1, or tp (vLLM's expert parallelism: serving_experts.py)."""
+    `ep`: 1, or tp × dp (vLLM's expert parallelism: serving_experts.py). `dp`: data-parallel replicas, each serving
+    `batch` sequences of its own."""
     from ...count import ParameterInfo
     from ..dims import text_config
     from ..memory.prefill import prefill_workspace
     from ..memory.weights import weight_memory
-    from .rules import placements_for
     from .rules import rules_in_words
 
-    layout = check_degrees(tp, pp)
+    layout = check_degrees(tp, pp, dp)
     report, view = inputs.report, inputs.view
-    placements = placements_for(report, view, layout)
+    if ep not in (1, tp * dp):
+        raise OptionError("{0} {ep}: vLLM's expert-parallel size is TP × DP = {tp} × {dp} = {size}", "ep", ep=ep,
+                          tp=tp, dp=dp, size=tp * dp)
+    placements = serving_placements(report, view, tp, dp, ep)
     experts_words = None
     notes: list[str] = []
     if ep > 1:
         from .serving_experts import expert_parallel, notes as expert_notes, rule_words
 
-        if ep != tp:
-            raise OptionError("{0} {ep}: vLLM's expert-parallel size is TP × DP, here {tp} (one replica)", "ep",
-                              ep=ep, tp=tp)
         placements, experts, held_experts = expert_parallel(placements, ep, view.class_name)
         experts_words = rule_words(experts, ep)
-        notes.extend(expert_notes(experts, ep, tp, held_experts))
+        notes.extend(expert_notes(experts, ep, tp, held_experts, dp))
+    elif dp > 1 and any(p.role == "moe.experts" for p in placements):
+        from .serving_experts import flattened_words
+
+        experts_words = flattened_words(tp, dp)
     by_name = {p.name: p for p in placements}
     text = text_config(view.config)
     local = [ParameterInfo(p.name, by_name[p.name].local_shape, by_name[p.name].local_numel, p.trainable, p.role,
@@ -267,11 +311,15 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
             best = max(best, weights.bytes + weights.buffer_bytes + kv + workspace_of(stage, cache, b, s).bytes)
         return best + extra
 
-    if tp > 1:
-        notes.append(f"tensor parallel {tp}: each GPU holds rank 0's shards (the largest where a cut is uneven); "
-                     "routed experts are cut by their widths as their dense twins (vLLM's default, without expert "
-                     "parallelism)" if ep == 1 and any(p.role == "moe.experts" for p in placements) else
-                     f"tensor parallel {tp}: each GPU holds rank 0's shards (the largest where a cut is uneven)")
+    cut_experts = ep == 1 and any(p.role == "moe.experts" for p in placements)
+    if tp * (dp if cut_experts else 1) > 1:
+        flat = f"tp × dp = {tp * dp} ranks (vLLM's flatten_tp_across_dp)" if dp > 1 else "the tp ranks"
+        head = f"tensor parallel {tp}: each GPU holds rank 0's shards (the largest where a cut is uneven)"
+        notes.append(f"{head}; routed experts are cut by their widths over {flat}, as their dense twins (vLLM's "
+                     "default, without expert parallelism)" if cut_experts else head)
+    if dp > 1:
+        notes.append(_data_parallel_words(text, dp, batch, seq, inputs.shape["dtype_size"],
+                                          any(p.role == "moe.experts" for p in placements)))
         if inputs.fmt.quantized:
             notes.append(f"{inputs.fmt.key}: a quantised weight's shard is the format applied to the rank's slice "
                          "(its packed values and its own scales and zero points, counted on the local shape), as "
@@ -287,18 +335,35 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
         rules["moe.experts"] = experts_words
     result = ServingLayout(tp, pp, tuple(rows), rules, layout_words,
                            split_words(layout, count) if pp > 1 else "", _workspace_words(text, tp),
-                           tuple(notes), missed, ep)
+                           tuple(notes), missed, ep, dp)
     return result, peak_at
+
+
+def _data_parallel_words(text: Any, dp: int, batch: int, seq: int, dtype_size: int, moe: bool) -> str:
+    from ..dims import dim
+
+    words = (f"data parallel {dp} (vLLM's --data-parallel-size): {dp} replicas, each its own engine and scheduler "
+             f"serving its own requests; the convention here: --batch is each replica's, so each serves {batch:,} "
+             f"× {seq:,} tokens ({dp * batch:,} sequences in all), and a GPU's KV cache and prefill workspace are "
+             "its replica's; attention, dense MLPs, embeddings and the head are replicated per replica")
+    hidden = dim(text, "hidden")
+    if moe and hidden:
+        gathered = dp * batch * seq * hidden * dtype_size
+        words += (f"; not counted: the MoE layers run every replica's tokens (vLLM's default all-gather dispatch "
+                  f"over the DP group), whose gathered input is {dp} × {batch:,} × {seq:,} tokens × hidden "
+                  f"{hidden:,} × {dtype_size} B = {gathered:,} B at the asked point when every replica prefills at "
+                  "once (a bound: vLLM's chunked prefill and its all-to-all backends hold less)")
+    return words
 
 
 def smallest_tp(inputs: ServingInputs, accelerator: Any, reserve: int, *, pp: int, batch: int, seq: int,
                 one_device_peak: int | None = None, missed: PerGpuCorrection | None = None,
-                expert_parallel: bool = False) -> TensorParallelSearch:
+                expert_parallel: bool = False, dp: int = 1) -> TensorParallelSearch:
     """The smallest tensor-parallel degree whose GPUs each fit `accelerator` (peak + reserve within its memory) at
     `batch` × `seq`, under `pp` pipeline stages; the degrees tried, each with its peak or why it was refused.
     `one_device_peak`: the one-device answer (tp 1, pp 1), which may be the traced engine's, whose correction
     (`missed`) each other degree's GPUs take. `expert_parallel`: each degree T > 1 splits the routed experts over
-    its T ranks (vLLM's --enable-expert-parallel)."""
+    its T × `dp` ranks (vLLM's --enable-expert-parallel; `dp` data-parallel replicas, as asked)."""
     from ..dims import dim, text_config
 
     heads = dim(text_config(inputs.view.config), "heads")
@@ -307,21 +372,21 @@ def smallest_tp(inputs: ServingInputs, accelerator: Any, reserve: int, *, pp: in
     capacity = accelerator.memory - reserve
     tried = []
     for t in candidates:
-        if t * pp > 1 << 16:
+        if t * pp * dp > 1 << 16:
             break
         try:
-            if t == 1 and pp == 1 and one_device_peak is not None:
+            if t == 1 and pp == 1 and dp == 1 and one_device_peak is not None:
                 peak = one_device_peak
             else:
-                peak = serving_layout(inputs, t, pp, batch, seq, missed=missed,
-                                      ep=t if expert_parallel and t > 1 else 1)[0].peak
+                peak = serving_layout(inputs, t, pp, batch, seq, missed=missed, dp=dp,
+                                      ep=t * dp if expert_parallel and t * dp > 1 else 1)[0].peak
         except ParamscopeError as error:
             tried.append((t, None, str(error)))
             continue
         tried.append((t, peak, ""))
         if peak <= capacity:
-            return TensorParallelSearch(accelerator, pp, batch, seq, t, peak, tuple(tried))
-    return TensorParallelSearch(accelerator, pp, batch, seq, None, None, tuple(tried))
+            return TensorParallelSearch(accelerator, pp, batch, seq, t, peak, tuple(tried), dp, expert_parallel)
+    return TensorParallelSearch(accelerator, pp, batch, seq, None, None, tuple(tried), dp, expert_parallel)
 
 
 def _stages_of(split: tuple[int, ...], count: int) -> tuple[Stage, ...]:
@@ -386,4 +451,4 @@ def _workspace_words(text: Any, tp: int) -> str:
 
 
 def not_for_serving(flag: str) -> OptionError:
-    return OptionError(f"{flag} is for --training; serving across GPUs takes --tp and --pp")
+    return OptionError(f"{flag} is for --training; serving across GPUs takes --tp, --pp, --dp and --ep")

@@ -1,11 +1,13 @@
 """Expert parallelism when serving (`memory MODEL --tp T --ep`): vLLM's `--enable-expert-parallel`.
 
 vLLM (model_executor/layers/fused_moe: FusedMoEParallelConfig.make, determine_expert_map): with expert parallelism
-the MoE layers' EP group is the tp × dp ranks (EP size = TP × DP; one replica here, so EP = TP) and the experts are
-not cut within (the MoE's own tensor-parallel size becomes 1): each rank holds whole experts, ⌊E / ep⌋ of them, the
-first E mod ep ranks one more ("linear" placement: rank r holds a contiguous run). Attention, shared experts,
-embeddings and the head stay tensor parallel (their layers are vLLM's ordinary parallel linears); the router is
-replicated. So on rank 0 (which holds the most experts where the split is uneven):
+the MoE layers' EP group is the tp × dp ranks (EP size = TP × DP: `--tp T --dp D --ep`, the ranks flattened as
+ep_rank = dp_rank × T + tp_rank, so EP rank 0 is replica 0's tp rank 0) and the experts are not cut within (the MoE's
+own tensor-parallel size becomes 1, so no expert width need divide T): each rank holds whole experts, ⌊E / ep⌋ of
+them, the first E mod ep ranks one more ("linear" placement: rank r holds a contiguous run; determine_expert_map
+asserts nothing of E against ep, so where E < ep the ranks past E hold none). Attention, shared experts, embeddings
+and the head stay tensor parallel within each replica (their layers are vLLM's ordinary parallel linears); the
+router is replicated. So on rank 0 (which holds the most experts where the split is uneven):
 
     packed experts [E, …] (transformers' fused tensors, a bias [E, out] included) → [n0, …], every other dim whole
     per-expert modules (experts.<i>.…)                                         → the rank's own, whole; the rest 0
@@ -52,9 +54,6 @@ def expert_parallel(placements: Any, ep: int, model: str) -> tuple[Any, int, tup
     experts = experts_of(placements)
     if experts == 0:
         raise OptionError("{0} splits routed experts over the ranks, and {model} has none", "ep", model=model)
-    if experts < ep:
-        raise OptionError("{0} over {ep} ranks leaves ranks without experts: {model} has {experts} routed experts",
-                          "ep", ep=ep, model=model, experts=experts)
     start, stop = expert_ranges(experts, ep)[0]
     placed = []
     for p in placements:
@@ -78,14 +77,25 @@ def rule_words(experts: int, ep: int) -> str:
     return f"expert parallel: whole experts, {experts} / ep {ep} = {share} (vLLM's linear placement)"
 
 
-def notes(experts: int, ep: int, tp: int, held: tuple[int, int]) -> tuple[str, ...]:
-    return (f"expert parallel (vLLM's --enable-expert-parallel): EP size = TP × DP = {tp} × 1 = {ep} (one replica, "
-            f"no data parallelism), so the MoE layers' {experts} routed experts are split whole over the {ep} "
-            f"tensor-parallel ranks (no tensor parallelism within an expert): rank 0 holds experts {held[0]}–"
-            f"{held[1] - 1}; attention, shared experts, embeddings and the head stay tensor parallel, routers "
-            "replicated",
+def notes(experts: int, ep: int, tp: int, held: tuple[int, int], dp: int = 1) -> tuple[str, ...]:
+    ranks = (f"{ep} tensor-parallel ranks" if dp == 1 else
+             f"{ep} ranks of the {dp} replicas, ep rank = dp rank × {tp} + tp rank,")
+    empty = (f"; {experts} experts over {ep} ranks: ranks {experts}–{ep - 1} hold none (vLLM's determine_expert_map "
+             "allows it)" if experts < ep else "")
+    return (f"expert parallel (vLLM's --enable-expert-parallel): EP size = TP × DP = {tp} × {dp} = {ep}"
+            + (" (one replica, no data parallelism)" if dp == 1 else "")
+            + f", so the MoE layers' {experts} routed experts are split whole over the {ranks} with no tensor "
+            f"parallelism within an expert (so no expert width need divide the tp degree): rank 0 holds experts "
+            f"{held[0]}–{held[1] - 1}{empty}; attention, shared experts, embeddings and the head stay tensor "
+            "parallel" + (" within each replica" if dp > 1 else "") + ", routers replicated",
             "expert parallel: the all-to-all (or all-gather and reduce-scatter) buffers that move tokens to their "
             "experts' ranks are not counted; the prefill workspace is the tensor-parallel formula's")
 
 
-__all__ = ["expert_parallel", "expert_ranges", "experts_of", "notes", "rule_words"]
+def flattened_words(tp: int, dp: int) -> str:
+    """The routed experts' rule under data parallelism without expert parallelism (vLLM's flatten_tp_across_dp)."""
+    return (f"gate and up column-parallel, down row-parallel over tp × dp = {tp * dp} ranks (vLLM's MoE layers "
+            "flatten TP across DP without expert parallelism)")
+
+
+__all__ = ["expert_parallel", "expert_ranges", "experts_of", "flattened_words", "notes", "rule_words"]
