@@ -50,3 +50,23 @@ def test_bf16_pure_stages_hold_each_microbatch_s_received_input_beside_its_outpu
     rows, traces, _ = _stages("bf16-pure", "1f1b")
     assert [r.in_flight for r in rows] == [3, 2, 1]
     assert [r.activations for r in rows] == [t.held for t in traces] == [228_864, 158_720, 125_192]
+
+
+def test_interleaved_chunk_microbatches_hold_their_own_copies_and_outputs_along_torchs_order():
+    """pp 2 × 2 virtual stages on a 4-layer cut, 2 microbatches: each chunk-microbatch in flight holds its chunk's
+    16-bit copies and its output (the first chunk its rotary tables, the last its head's copies and loss), as torch's
+    ScheduleInterleaved1F1B order leaves them at the rank's first backward (traced/interleaved_stage.py). They
+    counted the rank's copies once: 30,720 B copies, 16,384 B outputs and 4,096 B tables under on rank 0."""
+    from paramscope.cost.memory.training import TrainingOptions, training_answer
+    from paramscope.cost.parallel.pipeline import interleaved_order
+    from paramscope.cost.traced.interleaved_stage import trace_interleaved_stage
+    from paramscope.cost.traced.step import StepSettings
+
+    layout = ParallelLayout(pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2)
+    _, estimate, view = training_answer(dict(LLAMA, num_hidden_layers=4), TrainingOptions(
+        batch=2 * MICRO, seq=SEQ, precision="bf16-mixed", layout=layout, fits=False), use_cache=False)
+    rows = estimate.training.device.stages
+    settings = StepSettings(batch=MICRO, seq=SEQ, precision="bf16-mixed", optimizer="adamw", attention="sdpa")
+    traced = [trace_interleaved_stage(view.module, settings, "model.layers", tuple((a, b + 1) for a, b in r.chunks),
+                                      interleaved_order(layout, r.rank)).held for r in rows]
+    assert [r.activations for r in rows] == traced == [464_896, 399_624]

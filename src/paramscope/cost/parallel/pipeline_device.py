@@ -14,7 +14,10 @@ from .device_parts import (
     local_shape, matmul_names, resident_bytes, ring_output_copies, tied_bytes, with_buffers, with_ring_outputs
 )
 from .pipeline_replay import derived_pipeline_device
-from .pipeline import Stage, after_layers, bubble, layer_stack_of, layers_in_flight, params_held, split_words, stages
+from .pipeline import (
+    Stage, after_layers, bubble, interleaved_order, layer_of, layer_stack_of, layers_in_flight, params_held, split_words,
+    stages
+)
 from .rules import Placement
 from .states import DeviceStates
 
@@ -25,21 +28,27 @@ LOSS_SCALARS = 8
 
 
 def _stage_saved_words(arithmetic: str, act: Any, layers: int, in_flight: int, kept: int, saved: int,
-                       outside_words: str, copy_words: str, at_head: int | None = None) -> str:
+                       outside_words: str, copy_words: str) -> str:
     """A one-device moment's words for the last stage: the one device's "saved X" (every layer, one batch) replaced
     by what this stage saves (`saved`: its layers' `kept`, the terms outside them, its weight copies), with its
-    terms, so that the words sum to the stage's figure. `at_head`: interleaved, the layer-microbatches held at the
-    head's moments (pipeline.layers_in_flight)."""
-    held = (f"{in_flight} microbatch{'es' if in_flight > 1 else ''} in flight × this stage's {layers} layers of "
-            f"{act.layers}" if at_head is None else
-            f"{at_head} layer-microbatches in flight at the head's moments along torch's interleaved order (each "
-            f"microbatch its chunk's layers; the stage's {layers} of {act.layers})")
+    terms, so that the words sum to the stage's figure."""
+    held = f"{in_flight} microbatch{'es' if in_flight > 1 else ''} in flight × this stage's {layers} layers of {act.layers}"
     words = (f"saved {saved:,} ({held} × {act.per_layer:,} B a layer = {kept:,}; {outside_words}"
              + (f"; {copy_words}" if copy_words else "") + ")")
     one_device = f"saved {act.saved:,}"
     if arithmetic.startswith(one_device):
         return words + arithmetic[len(one_device):]
     # a moment whose words do not open on the one device's saved bytes: the stage's difference, added
+    return f"{arithmetic} + this stage's {words} − the one device's {one_device}"
+
+
+def _head_words(arithmetic: str, act: Any, saved: int, chunk_words: str) -> str:
+    """An interleaved last stage's moment: the one device's "saved X" replaced by what the rank holds at its head's
+    moments (`saved`: its chunk-microbatches along torch's order, `chunk_words` naming them)."""
+    one_device = f"saved {act.saved:,}"
+    words = f"saved {saved:,} (at the head's moments, the {chunk_words})"
+    if arithmetic.startswith(one_device):
+        return words + arithmetic[len(one_device):]
     return f"{arithmetic} + this stage's {words} − the one device's {one_device}"
 
 
@@ -67,20 +76,54 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     params_of: dict[int, list] = {}
     matmuls = matmul_names(ctx) if ctx.precision.endswith("-mixed") else frozenset()
     casts_of: dict[int, int] = {}
+    # the 16-bit copies of each layer's matmul weights (an interleaved rank's chunks hold their own layers')
+    layer_casts: dict[int, int] = {}
 
     def stage_params(stage: Stage) -> list:
         if stage.rank in params_of:
             return params_of[stage.rank]
         out = params_of[stage.rank] = params_held(ctx.report.params, stack, stage)
         casts_of[stage.rank] = 2 * sum(by_name[p.name].local_numel for p in out if p.name in matmuls)
+        for p in out:
+            index = layer_of(p.name, stack)
+            if index is not None and p.name in matmuls:
+                layer_casts[index] = layer_casts.get(index, 0) + 2 * by_name[p.name].local_numel
         return out
+
+    def chunk_runs(stage: Stage) -> list[tuple[int, ...]]:
+        runs, at = [], 0
+        for size in stage.chunk_layers:
+            runs.append(stage.layers[at:at + size])
+            at += size
+        return runs
+
+    def interleaved_held(stage: Stage, each: list[int]) -> tuple[int, int, str]:
+        """(the most bytes the rank holds at once along torch's ScheduleInterleaved1F1B order, the most at a moment of
+        its last chunk's forward end or backward start, the counts there in words): each chunk-microbatch in flight
+        holds its chunk's `each` bytes, a forward's from its end, a backward's to its start (pipeline.layers_in_flight's
+        walk, in bytes)."""
+        counts = [0] * len(each)
+        most = head = 0
+        words = ""
+        for kind, chunk in interleaved_order(layout, stage.rank):
+            if kind == "F":
+                counts[chunk] += 1
+            held_now = sum(n * size for n, size in zip(counts, each))
+            if held_now > most:
+                most = held_now
+                words = " + ".join(f"{n} × {size:,}" for n, size in zip(counts, each) if n)
+            if chunk == len(each) - 1:
+                head = max(head, held_now)
+            if kind == "B":
+                counts[chunk] -= 1
+        return most, head, words
 
     def stage_figures(stage: Stage, dev: DeviceStates, batch: int, length: int) -> tuple[tuple[PhaseFigure, ...], int]:
         act = local_activations(ctx, shape_all, batch, length)
         local_len = -(-length // layout.cp)
         # the layer-microbatches held: interleaved, each chunk-microbatch its own chunk's layers, counted along
         # torch's order (the most at once; at the head's moments on the last stage)
-        most, at_head, first_chunk = layers_in_flight(layout, stage)
+        most, _, first_chunk = layers_in_flight(layout, stage)
         interleaved = layout.virtual_stages > 1
         kept = most * act.per_layer
         # context parallel: what torch's ring keeps beyond the recipe at S / cp tokens, its merged output copied for
@@ -90,13 +133,11 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         stage_params(stage)
         # the 16-bit weight copies: each microbatch's forward runs under its own autocast, whose copies of the
         # matmul weights it reads (the layers' and the head's; not the embeddings' or norms', which autocast does not
-        # cast) are saved for that microbatch's backward, so each microbatch in flight holds its own. Interleaved:
-        # the stage's once, as before (its chunk-microbatches' copies, inputs and rotary tables not yet held to a
-        # trace there)
+        # cast) are saved for that microbatch's backward, so each microbatch in flight holds its own (interleaved:
+        # each chunk-microbatch its chunk's, counted below)
         mixed = ctx.precision.endswith("-mixed")
-        copies = (casts_of[stage.rank] * (1 if interleaved else stage.in_flight)) if mixed else 0
-        copy_words = (f"the stage's 16-bit weight copies {copies:,}" if interleaved else
-                      f"the 16-bit weight copies each microbatch's autocast keeps, {stage.in_flight} × "
+        copies = casts_of[stage.rank] * stage.in_flight if mixed and not interleaved else 0
+        copy_words = (f"the 16-bit weight copies each microbatch's autocast keeps, {stage.in_flight} × "
                       f"{casts_of[stage.rank]:,} = {copies:,}")
         all_casts = 2 * shape_all["cast_weights"] if ctx.precision.endswith("-mixed") else 0
         resident = resident_bytes(dev, ctx.buffer_bytes)
@@ -110,9 +151,37 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         # fp32 but in bf16-pure) for each microbatch; a later stage takes them with its input (torchtitan's stages
         # hold them as buffers), so its recipe's outside terms lose them
         rotary = 2 * (2 if ctx.precision == "bf16-pure" else 4) * local_len * head_dim
+        one_outside = act.saved - act.layers * act.per_layer - all_casts
+        chunk_words = ""
+        if interleaved:
+            # each chunk-microbatch in flight holds its chunk's layers' saved bytes and 16-bit copies (each forward of
+            # each chunk its own autocast region) and, as a stage of its own: the model's first chunk its output and
+            # the rotary tables its forward makes, a later chunk its output in the cache (in bf16-pure its received
+            # 16-bit input too), the model's last chunk the head's copies and what the head's forward keeps (its
+            # loss), walked along torch's order
+            each, parts = [], []
+            runs = chunk_runs(stage)
+            for c, run in enumerate(runs):
+                head_chunk = stage.last and c == len(runs) - 1
+                casts = sum(layer_casts.get(i, 0) for i in run) + \
+                    (casts_of[stage.rank] - sum(layer_casts.get(i, 0) for i in stage.layers) if head_chunk else 0)
+                # (a chunk that receives its input keeps it in bf16-pure, on the first rank too)
+                kept_input = received if ctx.precision == "bf16-pure" and run[0] != 0 else 0
+                extra = (one_outside - rotary + LOSS_SCALARS + kept_input if head_chunk else
+                         residual * batch * local_len * h + rotary if run[0] == 0 else received + kept_input)
+                each.append(len(run) * act.per_layer + (casts if mixed else 0) + extra)
+                parts.append(f"chunk {c} (layers {run[0]}–{run[-1]}): {len(run)} × {act.per_layer:,}"
+                             + (f" + its 16-bit copies {casts:,}" if mixed and casts else "")
+                             + (f" + the head's outside terms less the rotary tables, with the loss, {extra:,}"
+                                if head_chunk else f" + its output and the rotary tables {extra:,}" if run[0] == 0
+                                else f" + its output in the cache{' and received 16-bit input' if kept_input else ''}"
+                                f" {extra:,}") + f" = {each[-1]:,}")
+            held_most, held_head, counts = interleaved_held(stage, each)
+            chunk_words = (f"chunk-microbatches in flight along torch's interleaved order, each its chunk's bytes "
+                           f"({'; '.join(parts)}), the most at once {counts}")
         if stage.last:
             tied_copy = tied_bytes(ctx, placements) if tied_name and layout.pp > 1 else 0
-            outside = act.saved - act.layers * act.per_layer - all_casts
+            outside = one_outside
             outside_words = f"outside the layers {outside:,}"
             if not interleaved and not stage.first:
                 # each microbatch's forward runs to its loss (the stage's cache keeps it, with cross-entropy's
@@ -125,14 +194,14 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                                  + f") = {outside:,}")
             # the head's moments: its layer-microbatches there (interleaved: along torch's order), the ring's
             # copies added apart (with_ring_outputs)
-            layer_bytes = (at_head if interleaved else most) * act.per_layer
-            saved = layer_bytes + outside + copies
+            layer_bytes = most * act.per_layer
+            saved = layer_bytes + outside + copies if not interleaved else held_head
             moments = tuple(dataclasses.replace(
                 m, bytes=m.bytes - act.saved + saved,
                 arithmetic=_stage_saved_words(m.arithmetic, act, len(stage.layers), stage.in_flight, layer_bytes,
                                               saved,
-                                              outside_words, copy_words if copies else "",
-                                              at_head if interleaved else None))
+                                              outside_words, copy_words if copies else "")
+                if not interleaved else _head_words(m.arithmetic, act, saved, chunk_words))
                 for m in act.moments)
             figures = moment_phases(dataclasses.replace(act, moments=moments), resident=resident,
                                     gradients=dev.gradients, tied=tied_copy, text=ctx.text, batch=batch,
@@ -145,20 +214,19 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                                                     "(accumulated over the microbatches already gone back)")
                                 if f.where in ("end of forward", "start of backward") else f for f in figures)
             figures = tuple(with_ring_outputs(f, (ring, ring_words)) for f in figures)
-            return tuple(with_buffers(p, comm_of[stage.rank]) for p in figures), kept + outside + copies
-        embedding = first_chunk * residual * batch * local_len * h if stage.first else 0
+            return (tuple(with_buffers(p, comm_of[stage.rank]) for p in figures),
+                    kept + outside + copies if not interleaved else held_most + ring)
+        embedding = first_chunk * residual * batch * local_len * h if stage.first and not interleaved else 0
         incoming = residual * batch * local_len * h
         tables = stage.in_flight * rotary if stage.first and not interleaved else 0
         inputs = stage.in_flight * (received + input_kept) if not stage.first and not interleaved else 0
-        held = kept + embedding + tables + inputs + copies
-        words = ((f"{stage.in_flight} microbatch{'es' if stage.in_flight > 1 else ''} in flight × "
-                  f"{len(stage.layers)} layers" if not interleaved else
-                  f"{most} layer-microbatches at most in flight along torch's interleaved order (of "
-                  f"{stage.in_flight} chunk-microbatches, each its chunk's layers)")
-                 + f" × {act.per_layer:,} B a layer" + (f" + {ring_words}" if ring else "") + f" = {kept:,}"
-                 + (f" + the embedding output {residual}·b·S·h each"
-                    + (f", {first_chunk} of the first chunk's microbatches" if interleaved else "")
-                    + f", {embedding:,}" if embedding else "")
+        held = kept + embedding + tables + inputs + copies if not interleaved else held_most + ring
+        words = (f"{stage.in_flight} microbatch{'es' if stage.in_flight > 1 else ''} in flight × "
+                 f"{len(stage.layers)} layers × {act.per_layer:,} B a layer" + (f" + {ring_words}" if ring else "")
+                 + f" = {kept:,}" if not interleaved else
+                 f"{chunk_words} = {held_most:,}" + (f" + {ring_words}" if ring else ""))
+        words = (words
+                 + (f" + the embedding output {residual}·b·S·h each, {embedding:,}" if embedding else "")
                  + (f" + the rotary tables each microbatch's forward makes, {stage.in_flight} × 2·S·head_dim × "
                     f"{rotary // (2 * local_len * head_dim)} B = {tables:,}" if tables else "")
                  + (" + the output each microbatch's cache holds" + (" and its received 16-bit input" if input_kept
@@ -214,10 +282,10 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     notes = (f"pipeline: each stage holds its layers' saved activations for every microbatch in flight "
              f"({layout.schedule}), and for each its own 16-bit weight copies (each microbatch's forward runs under "
              "its own autocast), its output in the stage's cache (in bf16-pure its received 16-bit input too), on the "
-             "first stage its rotary tables, on the last its loss; what a stage holds before its first backward "
-             "equals the stage's trace on a Llama cut under GPipe and 1F1B, fp32, mixed and bf16-pure "
-             "(tests/test_pipeline_closed_form_copies.py; not yet interleaved stages, which count the stage's "
-             "copies once, below what their chunk-microbatches hold); the last stage's figure is the recipe's moments "
+             "first stage its rotary tables, on the last its loss (interleaved: each chunk-microbatch its chunk's, "
+             "along torch's order); what a stage holds before its first backward equals the stage's trace on a Llama "
+             "cut under GPipe, 1F1B and interleaved, fp32, mixed and bf16-pure "
+             "(tests/test_pipeline_closed_form_copies.py); the last stage's figure is the recipe's moments "
              "for its layers; a stage's own backward working memory beyond what its layers saved is not counted",)
     if layout.cp > 1:
         notes += (f"context parallel under the pipeline: stage s runs on the {layout.devices // layout.pp} ranks from "
