@@ -118,3 +118,54 @@ def test_the_cli_json_names_the_serving_check(capsys):
     check = json.loads(capsys.readouterr().out)["memory"]["check"]
     assert check["status"] == "equal" and check["modes"] == ["bfloat16"]
     assert (check["cut_layers"], check["model_layers"]) == (2, 32) and check["differs"] is None
+
+
+def test_where_the_cuts_disagree_the_whole_model_is_traced_once_and_kept(monkeypatch):
+    """extended_difference: two cuts whose differences disagree (it grows with depth) send the whole model to the
+    trace, whose difference, phase and notes the CutDifference keeps (serving_correction.py writes it to disk);
+    where they agree nothing more is traced. `_both` stands in for the traces (each 10-30 s on a real MoE) and
+    records what it was given."""
+    from paramscope.api import inspect_with_module
+
+    _, module = inspect_with_module(_config("Qwen--Qwen3-0.6B.json", num_hidden_layers=6))
+    given = []
+    differences = {2: (100, 90), 4: (100, 80), 6: (100, 60)}  # analytic, traced by depth: grows with it
+
+    def both(cut, dtype, batch, seq, encoder_seq=None):
+        depth = cut.config.num_hidden_layers
+        given.append((depth, cut is module))
+        return (*differences[depth], "decode" if depth == 6 else "prefill", (f"a note at {depth} layers",))
+
+    monkeypatch.setattr(serving_check, "_both", both)
+    found = serving_check.extended_difference(module, "bfloat16", 1, 64)
+    assert given == [(2, False), (4, False), (6, True)]
+    assert (found.first, found.second, found.whole, found.phase, found.notes) == (10, 20, 40, "decode",
+                                                                                 ("a note at 6 layers",))
+    assert found.difference == 40 and found.traced_whole
+    differences[4] = (100, 90)  # the cuts agree: their difference answers, the whole model is not traced
+    given.clear()
+    agreed = serving_check.extended_difference(module, "bfloat16", 1, 64)
+    assert given == [(2, False), (4, False)] and (agreed.difference, agreed.traced_whole) == (10, False)
+
+
+def test_a_kept_whole_trace_answers_without_the_build(cache):
+    """Qwen1.5-MoE's shipped check differs; with a whole-model trace kept at the asked point (its cuts disagreeing),
+    the answer is read from the cost facts and that entry: no build, the trace's phase and notes in the answer,
+    and each GPU under --tp takes the correction named as the whole model's."""
+    from paramscope.api import as_source
+    from paramscope.cost.memory.serving_answer import memory_answer
+    from paramscope.cost.memory.serving_correction import CutDifference, correction_key, keep_difference
+
+    key = facts_key(as_source("qwen1.5-moe-a2.7b").config, model_class=None, task=None, num_labels=None)
+    kept = CutDifference(1, 4096, 2, -1_000, 24, 4, -2_000, -12_000, "decode", ("the trace's own note",))
+    keep_difference("Qwen2MoeForCausalLM", correction_key("Qwen2MoeForCausalLM", key, "bfloat16", 1, 4096, None),
+                    kept)
+    _, one, view = memory_answer("qwen1.5-moe-a2.7b", MemoryOptions(seq=4096))
+    assert view.module is None and one.engine == "traced" and one.peak_phase == "decode"
+    analytic = one.weights.bytes + one.weights.buffer_bytes + one.kv_cache.bytes + one.activations.bytes
+    assert one.peak == analytic + 12_000 and "the trace's own note" in one.notes
+    assert any("it grows with depth, so the whole model was traced (24 layers, its peak in the decode): -12,000 B"
+               in n for n in one.notes)
+    _, split, view = memory_answer("qwen1.5-moe-a2.7b", MemoryOptions(seq=4096, tp=2))
+    assert view.module is None and split.parallel.layout.device.correction == 12_000
+    assert any("(the whole model traced)" in n for n in split.notes)
