@@ -56,3 +56,47 @@ def test_the_checkpointed_end_of_forward_counts_the_loss_scalars():
     end = closed["end of forward"]
     assert "the loss and nll_loss's total weight, two fp32 scalars = 8" in end.arithmetic
     assert end.bytes == traced["forward"] == 7_807_012
+
+
+def _start_of_backward(module, settings) -> int:
+    """The most bytes live (beyond the weights) from the loss to the last layer's backward on one device's timeline:
+    the recipe's start of backward."""
+    from paramscope.cost.derived.derive import layer_stack
+    from paramscope.cost.traced.timeline import ALLOC, MARK, record_training_step
+
+    timeline = record_training_step(module, settings, layer_stack(module)[0])
+    live = top = 0
+    inside = False
+    for kind, what in timeline.events:
+        if kind == MARK:
+            if what == ("end-fw",):
+                inside = True
+            elif inside:
+                return top
+            continue
+        live += timeline.allocations[what].nbytes if kind == ALLOC else -timeline.allocations[what].nbytes
+        top = max(top, live) if inside else top
+    raise AssertionError("no layer's backward on the timeline")
+
+
+@pytest.mark.parametrize("family, precision, batch, seq", [
+    ("gpt2", "fp32", 2, 32), ("llama", "fp32", 1, 128)])
+def test_the_causal_start_of_backward_frees_the_shifted_labels(family, precision, batch, seq):
+    """A causal LM's start of backward: nll_loss's backward frees the shifted labels it saved (8·T, counted in the
+    saved activations) before log-softmax's backward makes the logits' gradient, and the loss and its gradient are
+    held beside. The recipe's moment is the timeline's to the byte (8·T − 8 B over it before: 504 B here at 2 × 32,
+    1,016 B at 1 × 128; T above h, so that the head's weight gradient does not outgrow the moment)."""
+    import torch
+    import transformers as T
+
+    from paramscope.cost.memory.activations import training_activations
+
+    config = (T.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=256, n_positions=64) if family == "gpt2" else
+              T.LlamaConfig(**dict(CUT, hidden_size=64, intermediate_size=128)))
+    with torch.device("meta"):
+        module = (T.GPT2LMHeadModel if family == "gpt2" else T.LlamaForCausalLM)(config)
+    act = training_activations(config, type(module).__name__, batch=batch, seq=seq, precision=precision,
+                               checkpointing=False)
+    moment = next(m for m in act.moments if m.where == "start of backward")
+    assert "the shifted labels nll_loss's backward frees first, 8·T" in moment.arithmetic
+    assert moment.bytes == _start_of_backward(module, StepSettings(batch=batch, seq=seq, precision=precision))

@@ -369,10 +369,10 @@ def masked_token_ids(ctx: StepContext, placements: tuple[Placement, ...], batch:
 
 
 def with_masked_ids(phase: PhaseFigure, masked: int) -> PhaseFigure:
-    """The end of forward with the vocabulary-parallel embedding's masked token ids (masked_token_ids) beside the
-    recipe's moment. Only there: the recipe's start of backward already stands 8·T − 8 B over one device's trace,
-    and with them the tp rank's would stand over its trace (traced: 8 B under it without them)."""
-    if not masked or phase.where != "end of forward":
+    """The end of forward and the start of backward with the vocabulary-parallel embedding's masked token ids
+    (masked_token_ids) beside the recipe's moment: the embedding's backward, the step's last, frees them (traced on
+    the Llama cut, tp 2 with and without sp: both moments equal to the rank's trace)."""
+    if not masked or phase.where not in ("end of forward", "start of backward"):
         return phase
     return dataclasses.replace(phase, bytes=phase.bytes + masked, arithmetic=(
         f"{phase.arithmetic}; + the vocabulary-parallel embedding's masked token ids, 8·T = {masked:,}"))

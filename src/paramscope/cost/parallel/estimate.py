@@ -541,8 +541,8 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
                   "all-gathered, the fp32 merge, the backward's fp32 dq/dk/dv and their all-to-all) are freed inside "
                   "each attention, under the logits' moments, and not counted. Held to the rank traced on torch's "
                   "ring (cost/traced/context_parallel.py): an 8-layer Llama cut, cp 2 and 4, B 2 and 4, 2,048 and "
-                  "4,096 tokens, equal to it (the one-device recipe's end of forward at S / cp tokens; its start of "
-                  "backward is 8·B·S/cp − 8 B over, as at one device); beside --tp or --sp not traced (the traced "
+                  "4,096 tokens, equal to it at the end of forward and the start of backward); beside --tp or --sp "
+                  "not traced (the traced "
                   "ring runs alone); --cp alone answers with the rank derived from that ring" + (
                       "; with checkpointing the recomputed layer's copy is not counted" if checkpointing else ""),)
     if layout.sp:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...dims import config_int, missing
-from .layout import Layout, causal_loss_working
+from .layout import Layout, causal_backward_start, causal_loss_working
 
 LLAMA_STYLE = ("llama", "mistral", "qwen2")
 
@@ -162,7 +162,8 @@ def llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "ll
     return Layout(layer + (masked if window == layers else 0), layer_text, outside, f"{outside_text} = {outside:,} B",
                    h, vocab, layers, stack=stack, checkpointed_outside=(
                        outside + kept, f"{outside_text} + {kept_text} = {outside + kept:,} B") if kept else None,
-                   loss_working=causal_loss_working(kind, batch, seq, h, layers, kv) + eager_values)
+                   loss_working=causal_loss_working(kind, batch, seq, h, layers, kv) + eager_values,
+                   backward_start=causal_backward_start(batch, seq))
 
 
 def _window_layers(config: Any, seq: int, layers: int) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...dims import config_int, missing
-from .layout import Layout, causal_loss_working
+from .layout import Layout, causal_backward_start, causal_loss_working
 
 # DeepSeek-V3 (multi-head latent attention, the first k layers dense, the rest MoE with a shared expert and
 # group-limited sigmoid routing), fitted in bf16-mixed and bf16-pure. Per token, by kind:
@@ -65,4 +65,5 @@ def deepseek_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str
                    f"{th}·T·h + {tv}·T·V + {srope}·S·rope + {t}·T = {outside:,} B", h, vocab, layers,
                    stack=(stack, stack_text),
                    # the training cache keeps each layer's compressed keys and values and its rotary key in fp32
-                   loss_working=causal_loss_working(kind, batch, seq, h, layers, rkv + rope))
+                   loss_working=causal_loss_working(kind, batch, seq, h, layers, rkv + rope),
+                   backward_start=causal_backward_start(batch, seq))

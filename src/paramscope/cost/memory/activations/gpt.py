@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...dims import attention_dropout, config_dims, config_int, first_positive, hidden_dropout, missing
-from .layout import Layout, causal_loss_working
+from .layout import Layout, causal_backward_start, causal_loss_working
 
 GPT2_STYLE = ("gpt2",)
 
@@ -47,7 +47,8 @@ def gpt2_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
         (layers * 4 * tokens * h, f"what the training cache holds that attention did not save, {layers} layers × "
                                   "4·T·h", False),)
     return Layout(layer, f"({per_h}·T·h + {per_score}·B·heads·S² + {per_t}·T) = {layer:,} B each", outside,
-                   f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S = {outside:,} B", h, vocab, layers, loss_working=working)
+                   f"{th}·T·h + {tv}·T·V + {t}·T + {s}·S = {outside:,} B", h, vocab, layers, loss_working=working,
+                   backward_start=causal_backward_start(batch, seq))
 
 
 # GPT-NeoX (Pythia; parallel residual, LayerNorm, fused qkv, rotary on part of each head), (T·h, T·heads, T) bytes
@@ -90,7 +91,8 @@ def neox_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
     return Layout(tokens * per_token, f"{tokens:,} tokens × {per_token:,} B ({per_h}h + {per_i}i + "
                    f"{per_heads}·heads + {per_t}) = {tokens * per_token:,} B each",
                    outside, f"{th}·T·h + {tv}·T·V + {srd}·S·rd + {t}·T = {outside:,} B", h, vocab, layers,
-                   loss_working=causal_loss_working(kind, batch, seq, h, layers, h))
+                   loss_working=causal_loss_working(kind, batch, seq, h, layers, h),
+                   backward_start=causal_backward_start(batch, seq))
 
 
 # GPT-J (gpt-j-6b: parallel attention and MLP from one LayerNorm, rotary on the first rd dimensions of each head,
@@ -122,4 +124,5 @@ def gptj_style(config: Any, kind: str, batch: int, seq: int) -> Layout | str:
                    outside, f"{th}·T·h + {tv}·T·V + {t}·T = {outside:,} B", h, vocab, layers,
                    checkpointed_outside=(kept, f"{th}·T·h + {tv}·T·V + {t}·T + the sin, cos and positions the layers "
                                                f"are recomputed from {per_srd // 4}·S·rd + 8·S = {kept:,} B"),
-                   loss_working=causal_loss_working(kind, batch, seq, h, layers, h))
+                   loss_working=causal_loss_working(kind, batch, seq, h, layers, h),
+                   backward_start=causal_backward_start(batch, seq))

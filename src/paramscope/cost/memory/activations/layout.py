@@ -29,6 +29,9 @@ class Layout:
     # whether checkpointed layers keep it too). The model's output holds it until the loss is computed: the last
     # hidden state where the head saved a 16-bit copy, a training KV cache's keys where the attention saved others
     loss_working: tuple[tuple[int, str, bool], ...] = ()
+    # what the start of backward holds beyond the saved activations and the loss's ·T·V buffers: (bytes, words), the
+    # bytes negative where the loss's backward frees part of what the forward saved before its peak
+    backward_start: tuple[tuple[int, str], ...] = ()
 
 
 def final_hidden_working(kind: str, tokens: int, hidden: int) -> tuple[tuple[int, str, bool], ...]:
@@ -55,6 +58,18 @@ def causal_loss_working(kind: str, batch: int, seq: int, hidden: int, layers: in
         parts.append((layers * 4 * tokens * cached_keys,
                       f"the training KV cache's fp32 keys, {layers} layers × 4·T·kv", False))
     return tuple(parts)
+
+
+def causal_backward_start(batch: int, seq: int) -> tuple[tuple[int, str], ...]:
+    """A causal LM's start of backward beyond its saved activations and the loss's 8·T·V: nll_loss's backward makes
+    the log-softmax's gradient (4·T·V), then frees what it saved, the shifted labels (int64, 8·T; counted in the
+    saved activations) and the total weight, before log-softmax's backward makes the logits' gradient (4·T·V), the
+    moment's peak; the loss and the gradient backward starts from, two fp32 scalars, are held beside. Traced: the
+    recipe's start of backward was 8·T − 8 B over one device's timeline without these (Llama, Qwen2, Gemma, Gemma-2,
+    Phi-3, Mixtral, Qwen2-MoE, GPT-2, GPT-NeoX, GPT-J; fp32, bf16-mixed, bf16-pure, checkpointed or not)."""
+    labels = 8 * batch * seq
+    return ((-labels, f"the shifted labels nll_loss's backward frees first, 8·T = {labels:,}"),
+            (8, "the loss and its gradient, two fp32 scalars, 8"))
 
 
 def encoder_output_working(kind: str, tokens: int, hidden: int) -> tuple[tuple[int, str, bool], ...]:

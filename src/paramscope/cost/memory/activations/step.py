@@ -10,7 +10,8 @@ The peak is the largest of the step's moments, not the sum of its parts (R = wei
   and upcast) + what the model's output still holds then (Layout.loss_working: under autocast the last hidden state
   in fp32 and the training KV cache's fp32 keys; a causal LM's labels padded by one) + autocast's cached casts;
 - start of backward: R + saved + the logits' gradient and log-softmax (8·T·V; 4·T·V for BERT in bf16-pure, which
-  takes the loss in bf16);
+  takes the loss in bf16) + Layout.backward_start (a causal LM: − the shifted labels nll_loss's backward frees
+  first, + the loss and its gradient);
 - last layer recomputed (checkpointing): R + saved − the freed logits + one layer + its gradients;
 - end of backward: R + gradients + the embedding output's gradient, or, with a tied embedding, its two gradients
   and their sum (the embedding's backward frees its output's gradient first);
@@ -198,9 +199,11 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
         Moment("forward", "end of forward", saved + forward_extra + in_flight,
                f"saved {saved:,} + the loss's log-softmax {forward_extra // (tokens * vocab)}·T·V = {forward_extra:,}"
                f"{working_text}"),
-        Moment("backward", "start of backward", saved + backward_tv * tokens * vocab,
+        Moment("backward", "start of backward", saved + backward_tv * tokens * vocab +
+               sum(n for n, _ in layout.backward_start),
                f"saved {saved:,} + the logits' gradient and log-softmax {backward_tv}·T·V = "
-               f"{backward_tv * tokens * vocab:,}"),
+               f"{backward_tv * tokens * vocab:,}" + "".join(
+                   f" − {words}" if n < 0 else f" + {words}" for n, words in layout.backward_start)),
     ]
     if checkpointing:
         recompute = saved - 4 * tokens * vocab + layout.layer + 8 * tokens * h
