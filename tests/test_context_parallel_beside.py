@@ -48,10 +48,11 @@ def test_the_derived_rank_equals_the_traced_rank(config, layout, traced, peak):
     assert "torch's context_parallel ring attention" in notes and "equal to the byte" in notes
     assert ("on the tp rank's heads" in notes) == ("tp" in traced)
     assert ("FSDP2 over dp × cp = 4 ranks" in notes) == ("shard" in traced)
-    if config is LLAMA:  # the closed form on the (cp, tp) rank's shard: the one-device recipe's own 8 B under
+    if config is LLAMA:  # the closed form on the (cp, tp) rank's shard, equal (8 B under until the recipe's start of
+        # backward took the shifted labels nll_loss's backward frees first and the masked token ids held there)
         _, closed, _ = _answer(config, layout, derive_layout=False)
         assert closed.training.device.activations_from.startswith("analytic")
-        assert step.peak.bytes - closed.peak == 8
+        assert step.peak.bytes == closed.peak
 
 
 @pytest.mark.parametrize("seq, layout, words", [
