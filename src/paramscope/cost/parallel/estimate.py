@@ -138,7 +138,8 @@ def mixed_precision_words(ctx: StepContext) -> str:
                 f"{half} gradients reduce-scattered in fp32; no closed form beside (fsdp_moments.py prices autocast)")
     return (f"mixed precision: torch.autocast({half}) over the fp32 parameters FSDP2 gathers in fp32 "
             "(--fsdp-mixed-precision autocast, the default); torchtitan runs FSDP2 with its MixedPrecisionPolicy "
-            "instead: --fsdp-mixed-precision policy")
+            "and no autocast instead: --fsdp-mixed-precision policy (accelerate's FSDP2 path enters no autocast "
+            "either, its policy reducing in bf16)")
 
 
 def _no_experts_words(ctx: StepContext) -> str:
