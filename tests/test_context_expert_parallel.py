@@ -71,7 +71,8 @@ def test_what_the_trace_and_the_derivation_take_and_refuse():
     assert [untraced_by_layout(layout) for layout in traced] == [None] * 6
     refused = {"cp must divide ep": layout_for(dp=2, cp=4, ep=2),
                "and tp 2 under FSDP2": layout_for(dp=2, cp=2, ep=4, tp=2, zero="fsdp"),
-               "under FSDP2 hybrid": layout_for(dp=4, cp=2, ep=2, zero="hybrid_shard", shard_group=4)}
+               "under hybrid sharding over shard groups of 2": layout_for(dp=4, cp=2, ep=4, zero="hybrid_shard",
+                                                                          shard_group=2)}
     for words, layout in refused.items():
         with pytest.raises(ParamscopeError, match=words) as refusal:
             check_ring_beside_experts(layout)

@@ -125,9 +125,9 @@ def test_a_load_out_of_range_is_refused_in_one_line(layout, why):
 
 
 @pytest.mark.parametrize("layout, experts, why", [
-    (dict(dp=2, ep=2, cp=2, expert_load=1.5), True, "FSDP2 over dp ranks ep divides\\), tensor parallel and"),
-    (dict(dp=2, ep=2, shard="zero3", expert_load=1.5), True, "beside data parallel \\(ZeRO 0-2, or FSDP2 over"),
-    (dict(dp=2, ep=2, shard="hsdp", shard_group=2, expert_load=1.5), True, "FSDP2 over dp ranks ep divides"),
+    (dict(dp=2, ep=2, shard="zero3", expert_load=1.5), True,
+     "beside data parallel \\(ZeRO 0-2, or FSDP2, full or hybrid, over dp ranks ep divides\\), tensor parallel, "
+     "context parallel and"),
     (dict(dp=2, ep=2, expert_load=2), False, "expert load 2: GPT2LMHeadModel has no routed experts"),
 ])
 def test_a_load_the_derivation_does_not_take_is_refused_in_one_line(layout, experts, why):
@@ -141,3 +141,8 @@ def test_a_load_the_derivation_does_not_take_is_refused_in_one_line(layout, expe
         check_expert_load(ctx, (SimpleNamespace(experts_split=experts),))
     assert "\n" not in str(err.value)
     assert check_expert_load(SimpleNamespace(layout=ParallelLayout(dp=2, ep=2)), ()) is False  # balanced: as today
+    # beside cp and under hybrid sharding the busiest rank is derived (tests/test_context_expert_parallel.py,
+    # tests/test_expert_hybrid_shard.py)
+    for taken in (dict(ep=2, cp=2), dict(dp=2, ep=2, shard="hsdp", shard_group=2)):
+        assert check_expert_load(SimpleNamespace(layout=ParallelLayout(**taken, expert_load=1.5), derive=True,
+                                                 view=ctx.view), (SimpleNamespace(experts_split=True),)) is True

@@ -9,7 +9,7 @@ from .device import DeviceMemory, StepContext
 from .device_parts import fsdp_sharded
 from .pipeline import layer_stack_of
 from .rules import cuts_routed_experts, placements_for
-from .trace_reach import untraced_by_layout
+from .trace_reach import hybrid_replicas, untraced_by_layout
 
 
 def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
@@ -42,7 +42,9 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
                                      layout.ep // layout.cp if layout.ep > 1 else 1, shard="fsdp" if fsdp else "none",
                                      tp=layout.tp, sp=layout.sp, ep=layout.ep, cp=layout.cp,
                                      load=layout.expert_load,
-                                     mixed=layout.fsdp_mixed_precision if fsdp else "autocast")
+                                     mixed=layout.fsdp_mixed_precision if fsdp else "autocast",
+                                     replicate=hybrid_replicas(layout, layout.ep > 1 and cuts_routed_experts(
+                                         placements_for(ctx.report, ctx.view, layout))))
     top = traced.peak
     diff = (device.peak - top.bytes) / top.bytes if top.bytes else 0.0
     engine = "derived" if device.activations_from.startswith("derived") else "analytic"

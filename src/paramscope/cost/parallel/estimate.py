@@ -35,6 +35,7 @@ from .device_trace import traced_check
 from .layout import ParallelLayout, shard_words
 from .pipeline_device import pipeline_device
 from .rules import Placement, cuts_routed_experts, placements_for, rules_in_words
+from .trace_reach import hybrid_replicas
 
 
 def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[PhaseFigure, ...], int, int], PhaseFigure]]:
@@ -46,6 +47,7 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     # an uneven expert load: the busiest ep rank's step derived from traces with its experts cut and that routing
     # (the balanced closed form beside, as the comparison); a pipeline replays that rank's recipe (pipeline_device)
     loaded = check_expert_load(ctx, placements)
+    check_hybrid_experts(layout, cuts_routed_experts(placements))
     policy = check_mixed_precision_policy(ctx)
     if loaded and layout.cp > 1:  # the busiest rank's ring: what the ring beside ep refuses, refused first
         check_context_parallel(ctx, True)
@@ -161,12 +163,26 @@ def _closed_form_beside(ctx: StepContext, placements: tuple[Placement, ...], rul
     return f"check: the closed form gives {closed.peak:,} B, {100 * diff:+.3f}% from the derived peak"
 
 
+def check_hybrid_experts(layout: ParallelLayout, experts: bool) -> None:
+    """Expert parallel beside hybrid sharding (HSDP), as torchtitan lays it out: the ep ranks drawn from a shard group
+    (ep = dp_shard_in_ep × cp, the shard group's dp_shard × cp ranks; its ParallelDims asserts (dp_shard × cp) % ep
+    == 0), the experts' own FSDP2 unit over (dp_replicate, dp_shard_mod_ep), the rest over (dp_replicate,
+    dp_shard_cp). One line where ep does not divide the shard group (`experts`: the layout cuts routed experts)."""
+    if layout.shard != "hsdp" or layout.ep == 1 or not experts:
+        return
+    if layout.shard_degree % layout.ep:
+        raise UnsupportedError("ep {ep} beside hybrid sharding over shard groups of {group} ranks: torchtitan draws "
+                               "the ep ranks from a shard group (dp_shard × cp), which ep must divide", ep=layout.ep,
+                               group=layout.shard_degree)
+
+
 def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bool:
     """Whether the layout asks an uneven expert load (--expert-load F > 1 under --ep), refusing in one line what the
-    busiest rank's derivation does not take: a class without routed experts, DeepSpeed's ZeRO-3 (not traced),
-    hybrid sharding, no derivation asked. FSDP2 over dp ranks is torchtitan's composition: the experts split over ep
-    ranks (beside tp also cut over tp, its ETP = tp), their own FSDP2 unit over the dp / ep ranks holding the same
-    experts (its dp_shard_mod_ep), the rest over dp. Beside context parallel the ep ranks are torchtitan's
+    busiest rank's derivation does not take: a class without routed experts, DeepSpeed's ZeRO-3 (not traced), no
+    derivation asked. FSDP2 over dp ranks is torchtitan's composition: the experts split over ep ranks (beside tp
+    also cut over tp, its ETP = tp), their own FSDP2 unit over the dp / ep ranks holding the same experts (its
+    dp_shard_mod_ep), the rest over dp; under hybrid sharding the same within a shard group, replicated over the
+    groups (check_hybrid_experts). Beside context parallel the ep ranks are torchtitan's
     dp_shard_in_ep × cp, rank 0 of them the busiest and running its S / cp tokens through torch's ring
     (check_context_parallel refuses what that ring beside ep does not take)."""
     layout = ctx.layout
@@ -176,9 +192,10 @@ def check_expert_load(ctx: StepContext, placements: tuple[Placement, ...]) -> bo
     if not cuts_routed_experts(placements):
         raise UnsupportedError("expert load {load}: {cls} has no routed experts for the ep ranks to share",
                                load=load, cls=ctx.view.class_name)
-    if layout.zero_stage == 3 and layout.shard != "fsdp" or not ctx.derive:
+    if layout.shard == "zero3" or not ctx.derive:
         raise UnsupportedError("expert load {load}: the busiest expert-parallel rank is derived from traces with "
-                               "expert parallel beside data parallel (ZeRO 0-2, or FSDP2 over dp ranks ep divides), "
+                               "expert parallel beside data parallel (ZeRO 0-2, or FSDP2, full or hybrid, over dp "
+                               "ranks ep divides), "
                                "tensor parallel, context parallel and pipeline stages; got {layout}", load=load,
                                layout=layout.words())
     return True
@@ -219,7 +236,7 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     from ..derived.step import DerivedStep
     from ..derived.symbols import NotDerivable
     from ..dims import dim
-    from ..traced.parallel import with_mixed_precision
+    from ..traced.parallel import with_mixed_precision, with_replicas
     from ..traced.step import StepSettings
     from .experts import load_words
 
@@ -246,6 +263,12 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
               (experts_dp, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0, layout.ep) if layout.ep > 1 else
               (layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp))
     traced = with_mixed_precision(traced, layout.fsdp_mixed_precision)  # the policy is part of the recipe's key
+    # hybrid sharding beside routed experts: torchtitan's dp_replicate in front, each unit on (dp_replicate, its
+    # shard ranks); the replicas' count is in the key (the experts' unit goes on dim 1 where dp_replicate ×
+    # dp_shard_mod_ep outnumbers a rank's experts, torchtitan's rule); without experts HSDP's rank is traced as
+    # FSDP2 over its shard group (equal to the byte on a Mixtral cut)
+    replicas = hybrid_replicas(layout, cuts_routed_experts(placements))
+    traced = with_replicas(traced, replicas)
     settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
                             grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
                             frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own, layout=traced)
@@ -295,6 +318,10 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         ([f"DTensor tensor parallel{' with sequence parallel' if layout.sp else ''}"] if layout.tp > 1 else []) +
         (["torch's context_parallel ring attention" + (" on the tp rank's heads" if layout.tp > 1 else "")]
          if layout.cp > 1 else [])) + (", rank 0" + (", the busiest" if loaded else "") if layout.cp > 1 else ""))
+    if replicas > 1:
+        applied += (f"; hybrid sharding: the shard group's FSDP2 units replicated over {replicas} groups, each unit "
+                    "on a (dp_replicate, shard ranks) mesh as torchtitan's, the experts' on (dp_replicate, "
+                    "dp_shard_mod_ep)")
     notes = [f"one rank's step derived from traces of the real class on torch's fake process group ({applied}): "
              f"{step.recipe.traced}; {step.recipe.check}"]
     if fsdp and ctx.precision.endswith("-mixed"):
@@ -351,15 +378,16 @@ def _sharded_rank_derived(ctx: StepContext, placements: tuple[Placement, ...]) -
     routing), where the class has routed experts: the rank of the (ep, tp) mesh beside tp without FSDP2
     (torchtitan's ExpertTensorParallel: each rank's E/ep experts also cut over tp; the key the pipeline's stages and
     the loaded rank trace), and FSDP2's rank over dp ranks ep divides, beside tp or not (torchtitan's
-    (dp / ep, ep, tp) mesh, the experts' own unit over dp / ep); ep beside DDP or ZeRO 1-2 alone stays one device's
-    step and its dispatch (_data_parallel_device)."""
+    (dp / ep, ep, tp) mesh, the experts' own unit over dp / ep; under hybrid sharding the shard group's, with
+    dp_replicate in front); ep beside DDP or ZeRO 1-2 alone stays one device's step and its dispatch
+    (_data_parallel_device)."""
     layout = ctx.layout
     if layout.ep > 1:
         if not cuts_routed_experts(placements):
             return False
-        if layout.shard == "fsdp" and fsdp_sharded(layout):
+        if fsdp_sharded(layout):  # FSDP2, full or hybrid (torchtitan's dp_replicate in front)
             return True
-        return layout.tp > 1 and not fsdp_sharded(layout) and layout.zero_stage != 3
+        return layout.tp > 1 and layout.zero_stage != 3
     return fsdp_sharded(layout) or layout.tp > 1 and local_recipe_missing(ctx)
 
 
@@ -428,9 +456,9 @@ def check_context_parallel(ctx: RingQuestion, experts: bool = False) -> None:
 def check_ring_beside_experts(layout: ParallelLayout) -> None:
     """The ring beside ep as the trace lays it out (traced/parallel.py, torchtitan's mesh with ETP = tp): the ep ranks
     take every cp rank and some dp ones (ep = dp_shard_in_ep × cp); FSDP2 shards the rest over all dp × cp ranks
-    and each rank's experts over the dp × cp / ep ranks holding them (its dp_shard_mod_ep); no hybrid sharding, no
-    ZeRO-3 (not traced), tp (each expert then cut over tp too, on the (ep, tp) mesh: torchtitan's ETP) without
-    FSDP2. One line each."""
+    and each rank's experts over the dp × cp / ep ranks holding them (its dp_shard_mod_ep), under hybrid sharding
+    within a shard group that ep divides, dp_replicate in front; no ZeRO-3 (not traced), tp (each expert then cut
+    over tp too, on the (ep, tp) mesh: torchtitan's ETP) without FSDP2. One line each."""
     cp, ep = layout.cp, layout.ep
     if ep % cp:
         raise UnsupportedError("context parallel {cp} beside ep {ep}: the ep ranks take every cp rank and some dp "
@@ -439,9 +467,14 @@ def check_ring_beside_experts(layout: ParallelLayout) -> None:
         raise UnsupportedError("context parallel {cp} beside ep {ep} and tp {tp} under FSDP2: each expert cut over "
                                "tp too (torchtitan's ETP) is traced beside the ring without FSDP2", cp=cp, ep=ep,
                                tp=layout.tp)
-    if layout.shard == "hsdp" and layout.shard_degree > 1 or layout.zero_stage == 3 and layout.shard != "fsdp":
+    if layout.shard == "zero3":
         raise UnsupportedError("context parallel {cp} beside ep {ep} under {shard}: traced under DDP's replication, "
-                               "ZeRO 1-2 and FSDP2's full sharding", cp=cp, ep=ep, shard=shard_words(layout))
+                               "ZeRO 1-2 and FSDP2's full and hybrid sharding", cp=cp, ep=ep,
+                               shard=shard_words(layout))
+    if layout.shard == "hsdp" and layout.shard_degree % ep:
+        raise UnsupportedError("context parallel {cp} beside ep {ep} under hybrid sharding over shard groups of "
+                               "{group} ranks: torchtitan draws the ep ranks from a shard group (dp_shard × cp), "
+                               "which ep must divide", cp=cp, ep=ep, group=layout.shard_degree)
 
 
 def ring_words(ctx: StepContext) -> str:

@@ -24,14 +24,27 @@ def untraced_by_layout(layout: ParallelLayout) -> str | None:
     if layout.cp > 1 and fsdp and layout.shard_degree % layout.cp:
         return "context parallelism is traced beside tp, sp and FSDP2 over dp × cp ranks"
     if layout.cp > 1 and layout.ep > 1:  # torchtitan's ep = dp_shard_in_ep × cp (estimate.check_ring_beside_experts)
-        if layout.ep % layout.cp or layout.shard == "hsdp" or layout.shard == "fsdp" and layout.tp > 1:
+        if layout.ep % layout.cp or fsdp and (layout.tp > 1 or layout.shard_degree % layout.ep) or \
+                layout.shard == "hsdp" and not fsdp:
             return ("context parallelism beside ep is traced with ep = dp_shard_in_ep × cp ranks (torchtitan's), "
-                    "under DDP's replication (beside tp too) or FSDP2 over dp × cp ranks (without tp)")
-    elif layout.ep > 1 and (layout.dp != layout.ep and layout.shard != "fsdp" or
-                            layout.shard_degree > 1 and layout.shard != "fsdp"):
-        return ("expert parallelism is traced over every data-parallel rank (ep equal to dp) or under FSDP2's full "
-                "sharding over dp ranks ep divides (torchtitan's (dp / ep, ep, tp) mesh), beside tensor parallel on "
-                "the (ep, tp) mesh, not under DeepSpeed's ZeRO or hybrid sharding")
+                    "under DDP's replication (beside tp too) or FSDP2 over dp × cp ranks, full or hybrid within a "
+                    "shard group ep divides (without tp)")
+    elif layout.ep > 1 and (layout.shard_degree % layout.ep if fsdp else
+                            layout.dp != layout.ep or layout.shard_degree > 1):
+        return ("expert parallelism is traced over every data-parallel rank (ep equal to dp) or under FSDP2 over dp "
+                "ranks ep divides (torchtitan's (dp / ep, ep, tp) mesh; hybrid sharding within a shard group ep "
+                "divides, dp_replicate in front), beside tensor parallel on the (ep, tp) mesh, not under DeepSpeed's "
+                "ZeRO")
     if layout.shard in ("zero1", "zero2", "zero3"):
         return "DeepSpeed's ZeRO is not traced (no DeepSpeed here); FSDP2 (zero fsdp) is"
     return None
+
+
+def hybrid_replicas(layout: ParallelLayout, experts: bool) -> int:
+    """The shard groups hybrid sharding replicates (torchtitan's dp_replicate) where the trace lays them out: beside
+    ep cutting routed experts (`experts`), whose own FSDP2 unit goes on (dp_replicate, dp_shard_mod_ep); 1 elsewhere,
+    where HSDP's rank is traced as FSDP2 over its shard group (the same bytes: a Mixtral cut's dp 2 × 2 replicas,
+    without ep and with ep 2 and dp_shard_mod_ep 1, equal to the byte)."""
+    if layout.shard != "hsdp" or layout.ep == 1 or not experts or layout.shard_degree == 1:
+        return 1
+    return layout.dp * layout.cp // layout.shard_degree

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -94,13 +95,17 @@ class Layout:
     cp: int = 1  # context parallel: the sequence over cp ranks, torch's ring attention (context_parallel.py)
     load: float = 1  # expert parallel's routing: rank 0, the busiest, receives load × its balanced pairs (1: balanced)
     mixed: str = "autocast"  # under FSDP2 and a mixed precision: "autocast" or "policy" (MIXED_PRECISIONS)
+    # FSDP2's hybrid sharding (HSDP): the dp (× cp) shard group above replicated over this many groups, torchtitan's
+    # dp_replicate in front of its mesh (1: full sharding)
+    replicate: int = 1
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.cp
+        return self.replicate * self.dp * self.tp * self.cp
 
     def describe(self) -> str:
-        parts = [f"dp {self.dp}" + (" (FSDP2)" if self.shard == "fsdp" else "")]
+        parts = ([f"dp_replicate {self.replicate} (HSDP: FSDP2's shards replicated)"] if self.replicate > 1 else []) + \
+            [f"dp {self.dp}" + (" (FSDP2)" if self.shard == "fsdp" else "")]
         if self.tp > 1:
             parts.append(f"tp {self.tp}" + (" with sequence parallel" if self.sp else ""))
         if self.cp > 1:
@@ -124,9 +129,19 @@ def with_mixed_precision(layout: tuple, mixed: str) -> tuple:
     return tuple(layout) + defaults[len(layout):] + (mixed,)
 
 
+def with_replicas(layout: tuple, replicate: int) -> tuple:
+    """A layout tuple as StepSettings.layout holds it (with_mixed_precision's), with HSDP's `replicate` in its 10th
+    place where it is more than 1 (the entries between at Layout's defaults); 1 leaves it as it was, so the keys of
+    recipes traced before HSDP was traced stay what they were."""
+    if replicate == 1:
+        return layout
+    defaults = (1, "none", 1, False, 0, 1, 1, 1, "autocast")
+    return tuple(layout) + defaults[len(layout):] + (replicate,)
+
+
 def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1, shard: str = "none", tp: int = 1,
                             sp: bool = False, rank: int = 0, ep: int = 1, cp: int = 1, load: float = 1,
-                            mixed: str = "autocast") -> TracedStep:
+                            mixed: str = "autocast", replicate: int = 1) -> TracedStep:
     """One steady training step of `rank` in a (dp × tp) layout, measured as trace_training measures one device.
 
     `module` is a meta-built transformers model; it is not modified. `settings.batch` is each data-parallel rank's
@@ -144,8 +159,11 @@ def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1,
     beside tp without FSDP2 also cut over tp (the (ep, tp) mesh). `load`: under ep, rank 0 the
     busiest, receiving load × its balanced pairs (expert_parallel.py). `mixed` "policy": under FSDP2 and a mixed
     precision, fully_shard's MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32) and no autocast
-    (torchtitan's); "autocast": torch.autocast over the fp32 parameters, as on one device."""
-    layout = check_layout(dp, shard, tp, sp, rank, ep, cp, load, mixed)
+    (torchtitan's); "autocast": torch.autocast over the fp32 parameters, as on one device. `replicate` > 1 (under
+    FSDP2): hybrid sharding, torchtitan's dp_replicate in front of the mesh: every fully_shard unit on the
+    (dp_replicate, its shard ranks) mesh, the experts' on (dp_replicate, dp_shard_mod_ep); the rank is rank 0 of
+    the first shard group."""
+    layout = check_layout(dp, shard, tp, sp, rank, ep, cp, load, mixed, replicate)
     with progress.status(f"tracing one training step of {type(module).__name__} on rank {rank} of "
                          f"{layout.describe()} (fake process group, MemTracker)"):
         with parallel_copy(module, settings, layout) as (model, notes, assumed):
@@ -161,9 +179,9 @@ def rank_tokens(settings: StepSettings, layout: Layout) -> StepSettings:
 
 
 def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, cp: Any = 1, load: Any = 1,
-                 mixed: Any = "autocast") -> Layout:
+                 mixed: Any = "autocast", replicate: Any = 1) -> Layout:
     """The layout, or one line naming the value that does not fit."""
-    for name, value in (("dp", dp), ("tp", tp), ("ep", ep), ("cp", cp)):
+    for name, value in (("dp", dp), ("tp", tp), ("ep", ep), ("cp", cp), ("replicate", replicate)):
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RANKS:
             raise OptionError("{0} must be an integer between 1 and {most:,}, got {value!r}", name, most=MAX_RANKS,
                               value=value)
@@ -174,13 +192,17 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, 
         raise OptionError("{0} must be True or False, got {value!r}", "sp", value=sp)
     if sp and tp == 1:
         raise OptionError("{0} splits the sequence over the tensor-parallel ranks: it needs tp > 1, got tp 1", "sp")
-    ranks = "dp × tp" + (" × cp" if cp > 1 else "")
-    if dp * tp * cp > MAX_RANKS:
+    if replicate > 1 and shard != "fsdp":
+        raise OptionError("{0} {value} replicates FSDP2's shard groups (hybrid sharding): it needs shard 'fsdp', got "
+                          "{shard!r}", "replicate", value=replicate, shard=shard)
+    ranks = ("replicate × " if replicate > 1 else "") + "dp × tp" + (" × cp" if cp > 1 else "")
+    world = replicate * dp * tp * cp
+    if world > MAX_RANKS:
         raise OptionError("{ranks} must be at most {most:,}, got {value:,}", ranks=ranks, most=MAX_RANKS,
-                          value=dp * tp * cp)
-    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp * tp * cp:
+                          value=world)
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world:
         raise OptionError("{0} must be an integer between 0 and {last} ({ranks} - 1), got {value!r}", "rank",
-                          last=dp * tp * cp - 1, ranks=ranks, value=rank)
+                          last=world - 1, ranks=ranks, value=rank)
     if cp > 1 and ep > 1:  # torchtitan's ep = dp_shard_in_ep × cp (ETP = tp); under FSDP2 its dp_shard_mod_ep
         # = dp × cp / ep shards each rank's experts further (DDP's replicas beyond ep run the same step: dp = ep / cp)
         if ep % cp or (dp * cp % ep if shard == "fsdp" else ep != dp * cp) or tp > 1 and shard == "fsdp":
@@ -203,7 +225,7 @@ def check_layout(dp: Any, shard: Any, tp: Any, sp: Any, rank: Any, ep: Any = 1, 
     if mixed == "policy" and shard != "fsdp":
         raise OptionError("{0} policy is FSDP2's MixedPrecisionPolicy: it needs shard 'fsdp', got {shard!r}",
                           "fsdp_mixed_precision", shard=shard)
-    return Layout(dp, shard, tp, sp, rank, ep, cp, load, mixed)
+    return Layout(dp, shard, tp, sp, rank, ep, cp, load, mixed, replicate)
 
 
 @contextmanager
@@ -237,6 +259,12 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
     try:
         with _mesh_tables_real(), _propagation_unseen():
             # the mesh and its submeshes are made outside FakeTensorMode (their rank tables are real tensors)
+            def grid(dims: tuple[int, ...], names: tuple[str, ...]) -> Any:
+                # hybrid sharding: torchtitan's dp_replicate in front of every other dimension
+                replicas = layout.replicate > 1
+                return init_device_mesh("cpu", (layout.replicate,) * replicas + dims,
+                                        mesh_dim_names=("dp_replicate",) * replicas + names)
+
             ring_mesh = None
             ep_mesh = None  # the experts' ranks where they are not the dp ranks (or dp × cp)
             if layout.cp > 1:  # torchtitan's mesh: (dp, cp, tp); FSDP2 over the flattened (dp, cp), the ring over cp
@@ -246,15 +274,14 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
                 # (its dp_shard_cp, the three flattened); without FSDP2 ep == dp × cp, the flattened (dp, cp)
                 experts_fsdp = layout.ep > 1 and layout.shard == "fsdp"
                 if experts_fsdp:
-                    mesh = init_device_mesh("cpu", (layout.dp * layout.cp // layout.ep, layout.ep // layout.cp,
-                                                    layout.cp, layout.tp),
-                                            mesh_dim_names=("dp_mod_ep", "dp_in_ep", "cp", "tp"))
+                    mesh = grid((layout.dp * layout.cp // layout.ep, layout.ep // layout.cp, layout.cp, layout.tp),
+                                ("dp_mod_ep", "dp_in_ep", "cp", "tp"))
                     dp_mesh, tp_mesh, experts_mesh, ring_mesh = (
                         mesh["dp_mod_ep", "dp_in_ep", "cp"]._flatten("dp_shard_cp"), mesh["tp"], mesh["dp_mod_ep"],
                         mesh["cp"])
                     ep_mesh = mesh["dp_in_ep", "cp"]._flatten("ep")
                 else:
-                    mesh = init_device_mesh("cpu", (layout.dp, layout.cp, layout.tp), mesh_dim_names=("dp", "cp", "tp"))
+                    mesh = grid((layout.dp, layout.cp, layout.tp), ("dp", "cp", "tp"))
                     dp_mesh, tp_mesh, experts_mesh, ring_mesh = (
                         mesh["dp", "cp"]._flatten("dp_shard_cp") if layout.shard == "fsdp" or layout.ep > 1 else
                         mesh["dp"], mesh["tp"], None, mesh["cp"])
@@ -262,13 +289,21 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
                 # expert parallel under FSDP2, laid out as torchtitan lays it out (ETP = tp): the (dp / ep, ep, tp)
                 # mesh (its dp_shard_mod_ep, dp_shard_in_ep, tp), the experts split over the ep ranks of a row, then
                 # their own FSDP2 unit over the dp / ep ranks holding the same experts, the rest over all dp ranks
-                mesh = init_device_mesh("cpu", (layout.dp // layout.ep, layout.ep, layout.tp),
-                                        mesh_dim_names=("dp_mod_ep", "dp_in_ep", "tp"))
+                mesh = grid((layout.dp // layout.ep, layout.ep, layout.tp), ("dp_mod_ep", "dp_in_ep", "tp"))
                 dp_mesh, tp_mesh, experts_mesh, ep_mesh = (mesh["dp_mod_ep", "dp_in_ep"]._flatten("dp"), mesh["tp"],
                                                            mesh["dp_mod_ep"], mesh["dp_in_ep"])
             else:
-                mesh = init_device_mesh("cpu", (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
+                mesh = grid((layout.dp, layout.tp), ("dp", "tp"))
                 dp_mesh, tp_mesh, experts_mesh = mesh["dp"], mesh["tp"], None
+            if layout.replicate > 1:  # HSDP: each unit's mesh (dp_replicate, its shard ranks), as torchtitan's
+                # (dp_replicate, dp_shard_cp) and, for the experts, (dp_replicate, dp_shard_mod_ep); torch warns that
+                # slicing a flattened dimension from the root will change in a later release: torchtitan's slicing
+                # today, kept out of the user's output
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh")
+                    dp_mesh = mesh["dp_replicate", dp_mesh.mesh_dim_names[0]]
+                if experts_mesh is not None:
+                    experts_mesh = mesh["dp_replicate", "dp_mod_ep"]
             with fake_mode(True) as mode, assumed_values(True) as assumed:
                 model = training_copy(module, mode, settings)
                 notes = [f"rank {layout.rank} of {layout.world} ({layout.describe()}) on a fake process group: "
@@ -283,6 +318,8 @@ def parallel_copy(module: Any, settings: StepSettings, layout: Layout) -> Iterat
                                                        replicate_rest=experts_mesh is None, load=layout.load)
                     if layout.shard == "fsdp":
                         notes += apply_fsdp(model, dp_mesh, settings, experts_mesh, mixed=layout.mixed)
+                        if layout.replicate > 1:
+                            notes.append(_hybrid_note(layout))
                     elif layout.dp > 1:
                         notes.append(_replication_note(model, layout.dp))
                 if ring_mesh is None:
@@ -489,6 +526,16 @@ def policy_without_autocast(model: Any) -> None:
             return forward(*args, **kwargs)
 
     model.forward = without_autocast
+
+
+def _hybrid_note(layout: Layout) -> str:
+    group = layout.dp * layout.cp
+    return (f"hybrid sharding (HSDP, torchtitan's dp_replicate {layout.replicate} in front of its mesh): each FSDP2 "
+            f"unit on a 2-D (dp_replicate, shard) mesh, its parameters sharded over the {group} ranks of a shard "
+            f"group and replicated over the {layout.replicate} groups (the sizes above are the mesh's, both "
+            "dimensions); a unit's reduce-scattered gradient is all-reduced over dp_replicate in place"
+            + (f"; the experts' unit on (dp_replicate, dp_shard_mod_ep), sharded over {group // layout.ep}"
+               if layout.ep > 1 else ""))
 
 
 def _replication_note(model: Any, dp: int) -> str:
