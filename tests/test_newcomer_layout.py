@@ -148,10 +148,10 @@ def test_the_fits_answer_under_a_pipeline_is_a_batch_the_pipeline_takes(capsys):
             "h100", "--width", "250"]
     code, out, _ = _cli(capsys, *base, "--batch", "8")
     assert code == 0
-    assert ("On H100 80GB: fits, 17.25 GiB to spare; largest batch 16 at 2,048 tokens (a multiple of the "
-            "pipeline's 8 microbatches), largest context 4,415 at batch 8") in out
+    assert ("On H100 80GB: fits, 17.03 GiB to spare; largest batch 16 at 2,048 tokens (a multiple of the "
+            "pipeline's 8 microbatches), largest context 4,379 at batch 8") in out
     assert "largest batch at 2,048 tokens, a multiple of the pipeline's 8 microbatches;" in out
     code, sixteen, _ = _cli(capsys, *base, "--batch", "16")
-    assert code == 0 and "On H100 80GB: fits, 2.33 GiB to spare; largest batch 16 " in sixteen
+    assert code == 0 and "On H100 80GB: fits, 2.08 GiB to spare; largest batch 16 " in sixteen
     code, next_one, _ = _cli(capsys, *base, "--batch", "24")
-    assert code == 0 and "On H100 80GB: does not fit, short by 12.58 GiB; largest batch 16 " in next_one
+    assert code == 0 and "On H100 80GB: does not fit, short by 12.90 GiB; largest batch 16 " in next_one

@@ -70,3 +70,41 @@ def test_interleaved_chunk_microbatches_hold_their_own_copies_and_outputs_along_
     traced = [trace_interleaved_stage(view.module, settings, "model.layers", tuple((a, b + 1) for a, b in r.chunks),
                                       interleaved_order(layout, r.rank)).held for r in rows]
     assert [r.activations for r in rows] == traced == [464_896, 399_624]
+
+
+def _middle_stage_steady_state(precision: str) -> tuple[int, int]:
+    """(the middle stage's 1F1B steady state above its resident states, its trace's: one more forward then the next
+    backward with every gradient held, less any received leaf the tracker's books keep past the first backward:
+    what it left beyond its other microbatch and the gradients) on the 3-layer cut, pp 3, 3 microbatches (the
+    middle stage holds 2)."""
+    from paramscope.cost.memory.training import TrainingOptions, training_answer
+    from paramscope.cost.traced.pipeline_stage import trace_stage
+    from paramscope.cost.traced.step import StepSettings
+
+    layout = ParallelLayout(pp=3, micro_batches=3, schedule="1f1b")
+    _, estimate, view = training_answer(LLAMA, TrainingOptions(
+        batch=3 * MICRO, seq=SEQ, precision=precision, layout=layout, fits=False), use_cache=False)
+    device = estimate.training.device
+    row = device.stages[1]
+    assert (row.in_flight, row.peak_phase) == (2, "backward")
+    settings = StepSettings(batch=MICRO, seq=SEQ, precision=precision, optimizer="adamw", attention="sdpa")
+    traced = trace_stage(view.module, settings, "model.layers", 1, 2, 2, later=2)
+    leaf = traced.after_backward - (traced.held - traced.held // 2 + traced.gradients)
+    assert leaf in (0, (2 if precision == "bf16-pure" else 4) * MICRO * SEQ * HIDDEN)
+    return row.peak - (row.weights + row.optimizer + row.master_weights + device.buffers), traced.later_peak - leaf
+
+
+def test_the_1f1b_steady_state_holds_the_top_layer_s_mlp_backward_moment():
+    """1F1B's steady state on a middle stage: every gradient, its 2 microbatches, the gradient arriving (4·T·h) and
+    the top layer's MLP backward moment (mlp_backward_working), equal to the trace. The moment, T = 64 tokens, h 32,
+    i 48: fp32 the gated product's two gradients beside its own, its input freed, 8·T·i = 24,576 B; mixed the
+    output's gradient cast to 16 bits, down_proj's 16-bit weight and input gradients 2·T·h + 2·h·i + 2·T·i =
+    13,312 B; bf16-pure 4·T·i = 12,288 B. It was not counted: the stage 24,576, 13,312 and 12,288 B under."""
+    from paramscope.cost.parallel.pipeline_device import mlp_backward_working
+
+    tokens = MICRO * SEQ
+    assert [mlp_backward_working(p, tokens, HIDDEN, INNER)[0] for p in ("fp32", "bf16-mixed", "bf16-pure")] == \
+        [8 * tokens * INNER, 2 * tokens * HIDDEN + 2 * HIDDEN * INNER + 2 * tokens * INNER, 4 * tokens * INNER] == \
+        [24_576, 13_312, 12_288]
+    assert [_middle_stage_steady_state(p) for p in ("fp32", "bf16-mixed", "bf16-pure")] == \
+        [(328_960, 328_960), (282_880, 282_880), (190_592, 190_592)]

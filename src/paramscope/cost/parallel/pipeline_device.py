@@ -42,6 +42,33 @@ def _stage_saved_words(arithmetic: str, act: Any, layers: int, in_flight: int, k
     return f"{arithmetic} + this stage's {words} − the one device's {one_device}"
 
 
+def mlp_backward_working(precision: str, tokens: int, hidden: int, inner: int) -> tuple[int, str]:
+    """(bytes, words) a Llama layer's backward holds above what it began with (its output's gradient, every
+    microbatch's saved tensors, every gradient) at its MLP's largest moment, a later backward (each weight's
+    gradient added into its .grad at once, then freed): down_proj's backward makes its weight's gradient (h × i)
+    and its input's (T × i), then frees its saved input; the gated product's backward makes the gradients of its two
+    factors (T × i each) and frees theirs. Under autocast the output's gradient is first cast to 16 bits (2·T·h),
+    the weight's gradient is made in 16 bits and cast to fp32 for its .grad (4·h·i, after down_proj's 16-bit
+    weight copy and input are freed). Traced: torch's MemTracker on a Llama stage, the moment to the byte (the
+    full-size llama-3-8b middle stage at 4,096 tokens, and 1-layer cuts in fp32 and mixed precision; in bf16-pure
+    on a narrow MLP, i < 2h, the post-attention norm's fp32 backward rises above it)."""
+    t, h, i = tokens, hidden, inner
+    if precision == "fp32":
+        moments = ((4 * h * i + 4 * t * i, "down_proj's weight and input gradients 4·h·i + 4·T·i"),
+                   (8 * t * i, "the gated product's two gradients beside its own, its saved input freed, 8·T·i"))
+    elif precision == "bf16-pure":
+        moments = ((2 * h * i + 2 * t * i, "down_proj's weight and input gradients 2·h·i + 2·T·i"),
+                   (4 * t * i, "the gated product's two gradients beside its own, its saved input freed, 4·T·i"))
+    else:
+        moments = ((2 * t * h + 2 * h * i + 2 * t * i, "the output's gradient cast to 16 bits and down_proj's 16-bit "
+                    "weight and input gradients 2·T·h + 2·h·i + 2·T·i"),
+                   (4 * h * i, "down_proj's weight gradient cast to fp32, 4·h·i, its 16-bit copy and input freed"),
+                   (4 * t * i - 2 * h * i, "the gated product's two gradients beside its own, its saved input and "
+                    "down_proj's 16-bit weight copy freed, 4·T·i − 2·h·i"))
+    value, words = max(moments, key=lambda m: m[0])
+    return value, f"{words} = {value:,}"
+
+
 def _head_words(arithmetic: str, act: Any, saved: int, chunk_words: str) -> str:
     """An interleaved last stage's moment: the one device's "saved X" replaced by what the rank holds at its head's
     moments (`saved`: its chunk-microbatches along torch's order, `chunk_words` naming them)."""
@@ -234,7 +261,19 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                     + f", {stage.in_flight} × {received + input_kept:,} = {inputs:,}" if inputs else "")
                  + (f" + {copy_words}" if copies else "")
                  + f" + the gradient arriving from the next stage {incoming:,} + gradients {dev.gradients:,}")
-        steady = PhaseFigure("backward", resident + held + incoming + dev.gradients, "1F1B steady state" if
+        # 1F1B's steady state (more microbatches than the stage holds): a backward with every gradient already
+        # made, its microbatches in flight (the one going back included) and the top layer's MLP backward moment
+        # above them (mlp_backward_working, held to the stage's trace); elsewhere (GPipe, a stage that only drains,
+        # interleaved, tensor or context parallel beside, whose stages no trace has held it to) the figure takes
+        # every gradient beside every microbatch, an estimate
+        steady_state = layout.schedule == "1f1b" and layout.micro_batches > stage.in_flight and \
+            layout.tp == 1 and layout.cp == 1
+        working, working_words = mlp_backward_working(
+            ctx.precision, batch * local_len, h, config_int(ctx.text, "intermediate_size") or 0) \
+            if steady_state else (0, "")
+        if working:
+            words += f" + the top layer's MLP backward moment: {working_words}"
+        steady = PhaseFigure("backward", resident + held + incoming + dev.gradients + working, "1F1B steady state" if
                              layout.schedule != "gpipe" else "first backward", words, dev.gradients)
         step_bytes, step_text = ctx.step
         step = PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
@@ -285,8 +324,16 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
              "first stage its rotary tables, on the last its loss (interleaved: each chunk-microbatch its chunk's, "
              "along torch's order); what a stage holds before its first backward equals the stage's trace on a Llama "
              "cut under GPipe, 1F1B and interleaved, fp32, mixed and bf16-pure "
-             "(tests/test_pipeline_closed_form_copies.py); the last stage's figure is the recipe's moments "
-             "for its layers; a stage's own backward working memory beyond what its layers saved is not counted",)
+             "(tests/test_pipeline_closed_form_copies.py). Under 1F1B a stage before the last with more microbatches "
+             "than it holds peaks in its steady state: every gradient, its microbatches in flight, the gradient "
+             "arriving and the top layer's MLP backward moment, equal to the stage's trace (llama-3-8b, pp 4, 8 "
+             "microbatches of 4,096 tokens, bf16-mixed: stages 0-2 to the byte; a 3-layer cut's middle stage in fp32, "
+             "mixed and bf16-pure). Elsewhere a stage's figure is an estimate: before the last under GPipe, a stage "
+             "that only drains, interleaved, or beside tensor or context parallel, every gradient beside every "
+             "microbatch held, "
+             "without the backward's working memory (on a 3-layer cut, 1,728 B under to 32,000 B over its trace); "
+             "the last stage's, the recipe's moments for its layers with every gradient (on the cut a few bytes to "
+             "52,632 B over its trace)",)
     if layout.cp > 1:
         notes += (f"context parallel under the pipeline: stage s runs on the {layout.devices // layout.pp} ranks from "
                   f"s × {layout.devices // layout.pp} on (pp outermost, then dp, cp, tp as torchtitan lays them out), "
