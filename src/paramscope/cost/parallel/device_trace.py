@@ -69,9 +69,10 @@ def traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     # class has routed experts to cut): its experts sharded over ep ranks as the replayed step's
     experts = cuts_routed_experts(placements_for(ctx.report, ctx.view, layout))
     # context parallel: rank 0 of the (dp, cp, tp) mesh, torch's ring over the cp ranks (the replayed rank)
-    parallel = check_layout(layout.ep, "none", layout.tp, layout.sp, 0, layout.ep, 1, layout.expert_load) \
-        if experts else check_layout(1, "none", layout.tp, layout.sp, 0, 1, layout.cp) \
-        if layout.tp > 1 or layout.cp > 1 else None
+    # beside cp too: rank 0 of the (dp_shard_in_ep, cp, tp) mesh, the ep ranks dp_shard_in_ep × cp (the replayed rank)
+    parallel = check_layout(layout.ep // layout.cp, "none", layout.tp, layout.sp, 0, layout.ep, layout.cp,
+                            layout.expert_load) if experts else \
+        check_layout(1, "none", layout.tp, layout.sp, 0, 1, layout.cp) if layout.tp > 1 or layout.cp > 1 else None
     why = untraced_by_layout(layout)
     if why:
         return dataclasses.replace(device, notes=device.notes + (f"--trace: no stage traced: {why}",))

@@ -46,11 +46,13 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     # expert parallel: the stages replayed from the expert-parallel rank's derived step (a class without routed
     # experts has nothing to cut: its step is one device's, as without a pipeline)
     experts = cuts_routed_experts(placements)
-    if layout.cp > 1 and experts:  # no rank is traced with the ring beside the experts' dispatch (check_layout)
-        raise UnsupportedError("pipeline parallelism with context parallelism (cp {cp}) beside expert parallelism "
-                               "(ep {ep}) for {cls} is not modelled: its stages are replayed from a rank's derived "
-                               "step, and none is traced with torch's ring beside the experts' dispatch; pp × cp "
-                               "(with tp) and pp × ep are answered", cp=layout.cp, ep=layout.ep, cls=cls)
+    # context parallel beside it: the stages replay the ring's rank with its experts cut, rank 0 of torchtitan's
+    # (dp_shard_in_ep, cp, tp) mesh inside each stage (pp outermost), the ep ranks dp_shard_in_ep × cp (ETP = tp)
+    ring_experts = layout.cp > 1 and experts
+    if ring_experts and layout.ep % layout.cp:
+        raise UnsupportedError("pipeline parallelism with context parallel {cp} beside ep {ep}: the ep ranks take "
+                               "every cp rank and some dp ones (torchtitan's ep = dp_shard_in_ep × cp), so cp must "
+                               "divide ep", cp=layout.cp, ep=layout.ep)
     if getattr(ctx.view.config, "is_encoder_decoder", False):
         raise UnsupportedError("pipeline parallelism over {cls} is refused: an encoder-decoder has two layer stacks "
                                "and the decoder's cross-attention reads the encoder's output on every decoder stage, "
@@ -67,7 +69,12 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                             # context parallel: the cp rank's recipe (rank 0 of torchtitan's (dp, cp, tp) mesh),
                             # derived with torch's ring attention over the cp ranks and the tp layout beside, at its
                             # S / cp tokens, without FSDP2 (the key the cp rank at dp 1 has: the same recipe)
-                            layout=(1, "none", layout.tp, layout.sp, 0, 1, layout.cp) if layout.cp > 1 else
+                            # (beside routed experts: the ring's rank with them cut over ep = dp_shard_in_ep × cp,
+                            # dp = ep / cp in the trace, the busiest's under a load)
+                            layout=(layout.ep // layout.cp if ring_experts else 1, "none", layout.tp, layout.sp, 0,
+                                    layout.ep if ring_experts else 1, layout.cp)
+                            + ((layout.expert_load,) if ring_experts and layout.expert_load != 1 else ())
+                            if layout.cp > 1 else
                             (1, "none", layout.tp, layout.sp) if layout.tp > 1 and not experts else
                             # expert parallel: the rank's recipe, derived with the experts cut over ep ranks as
                             # torchtitan's ExpertParallel cuts them (traced/expert_parallel.py), dp == ep there: the
@@ -224,7 +231,11 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     tp_words = f"tp {layout.tp}{' with sequence parallel' if layout.sp else ''}"
     source = (f"context-parallel rank's derived step (cp {layout.cp}: rank 0 of torchtitan's (dp, cp, tp) mesh, its "
               f"S / {layout.cp} tokens in two chunks, torch's ring attention over the cp ranks"
-              + (f", beside {tp_words}" if layout.tp > 1 else "") + f", traced on torch's fake process group; {regime})"
+              + (f", beside {tp_words}" if layout.tp > 1 else "")
+              + (f", torchtitan's ExpertParallel over ep {layout.ep} = dp_shard_in_ep × cp ranks"
+                 + (f", the busiest rank's routing ({layout.expert_load:g}×)" if layout.expert_load != 1 else "")
+                 if ring_experts else "")
+              + f", traced on torch's fake process group; {regime})"
               if layout.cp > 1 else
               f"tensor-parallel rank's derived step ({tp_words}, traced on torch's fake process group; {regime})"
               if layout.tp > 1 and not experts else
@@ -236,7 +247,7 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
               + ("balanced routing" if layout.expert_load == 1 else
                  f"an uneven load, the busiest rank's: {layout.expert_load:g} × its balanced token-expert pairs")
               + f"; {regime})" if experts else f"derived one-device step ({regime})")
-    check = (CONTEXT_CHECK if layout.cp > 1 else
+    check = (RING_EXPERT_CHECK if ring_experts else CONTEXT_CHECK if layout.cp > 1 else
              "checked against MemTracker on the real class cut to each stage with the tp layout applied on the fake "
              "process group: on a Mixtral cut (tp 2 with sequence parallel, pp 3; "
              "tests/test_pipeline_tensor_parallel.py) its forwards and first backward equal to the byte, and on a "
@@ -261,7 +272,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
              "input (torchtitan's stages hold them as buffers), not counted there",
              *((LEAF_CASTS,) if ctx.precision in ("bf16-mixed", "fp16-mixed") else ()),
              *step.notes()[:1],
-             *((load_words(layout.ep, layout.expert_load, micro * ctx.seq * (dim(ctx.text, "top_k") or 0)),)
+             *((load_words(layout.ep, layout.expert_load,
+                           micro * (ctx.seq // layout.cp) * (dim(ctx.text, "top_k") or 0)),)
                if experts and layout.expert_load != 1 else ()))
     device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           held, f"derived: stage {stage.rank}'s layers from the recipe's segments × microbatches in "
@@ -280,6 +292,11 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
 
 
 # what the context-parallel stages are checked against (tests/test_pipeline_context_parallel.py)
+RING_EXPERT_CHECK = ("checked against MemTracker on the real class cut to each stage, run on rank 0 of torchtitan's "
+                     "(dp_shard_in_ep, cp) mesh with torch's ring attention over the cp ranks and the experts cut over "
+                     "ep = dp_shard_in_ep × cp on the fake process group: on a Mixtral cut (pp 3, cp 2, ep 2, 1F1B; "
+                     "tests/test_pipeline_context_expert_parallel.py) each stage's forwards, first and later backward "
+                     "equal to the byte; --trace measures each stage")
 CONTEXT_CHECK = ("checked against MemTracker on the real class cut to each stage, run on rank 0 of the (dp, cp, tp) "
                  "mesh with torch's ring attention over the cp ranks on the fake process group: on a Mixtral cut "
                  "(pp 3, cp 2, 1F1B; alone and beside tp 2 with sequence parallel) each stage's forwards, first "
@@ -351,20 +368,21 @@ def _stage_dispatch(ctx: StepContext, placements: tuple[Placement, ...], params:
 
     held = {p.name for p in params}
     layers, top_k = moe_layers(p for p in placements if p.name in held), dim(ctx.text, "top_k") or 0
+    tokens = ctx.seq // ctx.layout.cp  # the rank's tokens: S / cp on a ring's rank
     if ctx.layout.expert_load != 1:  # the busiest rank: its index is over the ⌈F·S⌉ pairs it receives
         from ..traced.expert_parallel import busiest_pairs
 
-        pairs = busiest_pairs(micro * ctx.seq * top_k, ctx.layout.ep, ctx.layout.expert_load)
+        pairs = busiest_pairs(micro * tokens * top_k, ctx.layout.ep, ctx.layout.expert_load)
         size = in_flight * layers * INDEX_BYTES * pairs
         return Buffer("expert parallel's permute index", size,
                       f"{in_flight} microbatch{'es' if in_flight > 1 else ''} in flight × the stage's {layers} MoE "
                       f"layers × {INDEX_BYTES} B × the ⌈{ctx.layout.expert_load:g}·S⌉ = {pairs:,} token-expert pairs "
-                      f"the busiest rank receives (S = {micro}·{ctx.seq}·{top_k}) = {size:,} B, int64, kept for the "
+                      f"the busiest rank receives (S = {micro}·{tokens}·{top_k}) = {size:,} B, int64, kept for the "
                       "backward (torchtitan's _permute; counted with each microbatch in the replayed step)",
                       ("forward", "backward"))
-    size = in_flight * dispatch_index_bytes(layers, top_k, micro, ctx.seq)[0]
+    size = in_flight * dispatch_index_bytes(layers, top_k, micro, tokens)[0]
     return Buffer("expert parallel's permute index", size,
                   f"{in_flight} microbatch{'es' if in_flight > 1 else ''} in flight × the stage's {layers} MoE layers "
-                  f"× {INDEX_BYTES} B × S = {micro}·{ctx.seq}·{top_k} token-expert pairs = {size:,} B, int64, "
+                  f"× {INDEX_BYTES} B × S = {micro}·{tokens}·{top_k} token-expert pairs = {size:,} B, int64, "
                   "kept for the backward (torchtitan's _permute; balanced routing: a rank receives its own S pairs; "
                   "counted with each microbatch in the replayed step)", ("forward", "backward"))
