@@ -126,8 +126,8 @@ def check_mixed_precision_policy(ctx: StepContext) -> bool:
                                precision=ctx.precision)
     if not ctx.derive:
         raise UnsupportedError("--fsdp-mixed-precision policy is answered from the rank's step derived from traces "
-                               "with the policy applied; the closed form models autocast only: do not turn the "
-                               "derivation off")
+                               "with the policy applied; the closed form models autocast only: leave "
+                               "derive_layout on")
     return True
 
 
