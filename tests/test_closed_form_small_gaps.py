@@ -50,12 +50,14 @@ def test_the_tp_end_of_forward_counts_the_embeddings_masked_ids(dp, forward):
 
 
 def test_the_checkpointed_end_of_forward_counts_the_loss_scalars():
-    """One device, full checkpointing, 1 × 16 tokens: the forward peaks as the loss is taken, and the recipe's end of
-    forward is the trace's to the byte (8 B under it before)."""
-    closed, traced = _closed_and_traced(1, 1, 1, 16, checkpointing=True)
+    """One device, full checkpointing, 2 × 16 tokens: the forward peaks as the loss is taken, and the recipe's end of
+    forward is the trace's to the byte: 8 B under it without the loss's scalars, and 8·S = 128 B under without the
+    position ids, a (1, S) int64, that the checkpoints keep among the layers' inputs (the Llama-style recipe's
+    checkpointed outside terms, as FSDP2's moments count them)."""
+    closed, traced = _closed_and_traced(1, 1, 2, 16, checkpointing=True)
     end = closed["end of forward"]
     assert "the loss and nll_loss's total weight, two fp32 scalars = 8" in end.arithmetic
-    assert end.bytes == traced["forward"] == 7_807_012
+    assert end.bytes == traced["forward"] == 7_934_444
 
 
 def _start_of_backward(module, settings) -> int:

@@ -148,6 +148,9 @@ def llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "ll
     elif window:
         kept = seq * seq + 8 * seq
         kept_text = "the sliding-window mask and positions the layers are recomputed from, S² + 8·S"
+    else:  # the position ids, a (1, S) int64, among the checkpoints' inputs until layer 0's backward
+        kept = 8 * seq
+        kept_text = "the position ids the layers are recomputed from, 8·S"
     if window:
         masked, masked_text = _masked_sdpa(kind, batch, seq, q, kv, kv_heads)
         layer_text = f"{layer_text}; the {window} layers whose sliding window the sequence fills add {masked_text}"
