@@ -58,7 +58,9 @@ def add_parser(subparsers: Any) -> None:
     training.add_argument("--optimizer", default="adamw", metavar="NAME",
                           help="adamw (default, fused), adam, sgd, sgd-momentum, adafactor, adamw-8bit, lion")
     training.add_argument("--precision", default="bf16-mixed", metavar="P",
-                          help="bf16-mixed (default; fp32 weights, bf16 autocast), fp16-mixed, fp32, bf16-pure")
+                          help="bf16-mixed (default; fp32 weights, bf16 autocast), fp16-mixed, fp32, bf16-pure, "
+                               "bf16-master (bf16 weights and gradients, fp32 master copy and optimizer states: "
+                               "DeepSpeed's bf16)")
     training.add_argument("--image-tokens", type=int, metavar="N",
                           help="image tokens a sequence (multimodal models, as flops takes it): the KV cache and "
                                "prefill (training: the language model's activations) over the text + N tokens, and "

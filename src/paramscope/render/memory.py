@@ -429,7 +429,9 @@ def settings_rows(memory: dict[str, Any]) -> list[tuple[str, str]]:
 _PRECISIONS = {"fp32": "fp32 weights, gradients and optimizer states",
                "bf16-mixed": "fp32 weights (the master copy), bf16 autocast",
                "fp16-mixed": "fp32 weights (the master copy), fp16 autocast",
-               "bf16-pure": "bf16 weights, gradients and optimizer states"}
+               "bf16-pure": "bf16 weights, gradients and optimizer states",
+               "bf16-master": "bf16 weights and gradients, fp32 master weights and optimizer states (DeepSpeed's "
+                              "bf16 / the ZeRO paper's mixed precision)"}
 
 
 def training_parts(report, estimate) -> list:

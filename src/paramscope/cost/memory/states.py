@@ -9,6 +9,13 @@ Precisions (Lightning's names):
 - `bf16-mixed` / `fp16-mixed`: autocast. The fp32 weights are the master copy, gradients are fp32; no separate
   master copy exists (`master_weights` is 0 and says so).
 - `bf16-pure`: everything in bf16, optimizer states too (torch creates them like the parameter).
+- `bf16-master`: bf16 weights and gradients, an fp32 master copy of every trained weight and the optimizer's states
+  on that copy (fp32): DeepSpeed's `"bf16": {"enabled": true}` and the ZeRO paper's mixed precision (2 + 2 + 12 B a
+  parameter under Adam). The forward and backward are bf16-pure's (no autocast: the module is bf16); at the optimizer
+  step each gradient is cast to fp32 into the master's gradient, the bf16 gradients are freed, the optimizer updates
+  the masters, the fp32 gradients are freed and the masters are copied back into the bf16 weights (DeepSpeed's
+  runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.step: `flat_grad_partition.to(fp32)`, then
+  `free_grad_in_param_list`, `_optimizer_step`, `.grad = None`, `bit16_partitions[...].copy_(fp32_partition)`).
 
 Optimizers (torch's, as the Trainer builds them; states take the parameter's dtype):
 - `adamw`, `adam`: exp_avg and exp_avg_sq, 2 × n, and a fp32 `step` scalar per tensor (fused, the Trainer's default
@@ -20,7 +27,8 @@ Optimizers (torch's, as the Trainer builds them; states take the parameter's dty
   elements or more, fp32 states for smaller ones.
 
 ZeRO (DeepSpeed) / FSDP: stage 1 shards optimizer states (and master weights), 2 also gradients, 3 also weights,
-each evenly over the devices, rounded up.
+each evenly over the devices, rounded up. Under bf16-master the step's fp32 gradient copy is of the master's
+partition (DeepSpeed casts only the partition it updates): sharded from stage 1 (master_gradient_copy).
 """
 
 from __future__ import annotations
@@ -35,7 +43,10 @@ from ...errors import OptionError
 from ..dtypes import itemsize
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit", "lion")
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-pure")
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-pure", "bf16-master")
+MASTER_PRECISION = "bf16-master"  # 16-bit weights with an fp32 master copy (DeepSpeed's bf16, the ZeRO paper's)
+# the optimizers the traced step runs on fp32 masters (torch's; traced/step.py)
+MASTER_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
 ZERO_ALIASES = {"0": 0, "1": 1, "2": 2, "3": 3, "ddp": 0, "no_shard": 0, "shard_grad_op": 2, "full_shard": 3,
                 "hybrid_shard": 3}
 
@@ -90,11 +101,33 @@ def zero_stage(value: str | int) -> int:
 
 
 def weight_dtype(precision: str) -> str:
-    return "bfloat16" if precision == "bf16-pure" else "float32"
+    return "bfloat16" if precision in ("bf16-pure", MASTER_PRECISION) else "float32"
 
 
 def compute_dtype(precision: str) -> str:
-    return {"fp32": "float32", "bf16-mixed": "bfloat16", "fp16-mixed": "float16", "bf16-pure": "bfloat16"}[precision]
+    return {"fp32": "float32", "bf16-mixed": "bfloat16", "fp16-mixed": "float16", "bf16-pure": "bfloat16",
+            MASTER_PRECISION: "bfloat16"}[precision]
+
+
+def step_precision(precision: str) -> str:
+    """The precision whose forward and backward the step runs: bf16-master's are bf16-pure's (a bf16 module, no
+    autocast); the master copy changes the model states and the optimizer step only."""
+    return "bf16-pure" if precision == MASTER_PRECISION else precision
+
+
+def check_master_optimizer(precision: str, optimizer: str) -> None:
+    """bf16-master runs torch's optimizers on the fp32 masters; the others are refused in one line."""
+    if precision == MASTER_PRECISION and optimizer not in MASTER_OPTIMIZERS:
+        raise OptionError("--precision {0} runs torch's optimizers on the fp32 master copy; {name!r} is not one: use "
+                          "{choices}", MASTER_PRECISION, name=optimizer, choices=", ".join(MASTER_OPTIMIZERS))
+
+
+def master_gradient_copy(states: ModelStates, *, devices: int = 1, zero: int = 0) -> int:
+    """Bytes of the fp32 gradients bf16-master's optimizer step holds beside the bf16 ones (one per master element;
+    the device's partition from ZeRO stage 1, as DeepSpeed casts only the partition it updates); 0 otherwise."""
+    if states.precision != MASTER_PRECISION:
+        return 0
+    return -(-states.master_weights.bytes // devices) if zero >= 1 else states.master_weights.bytes
 
 
 def trained_dtype(param: ParameterInfo, precision: str, own: frozenset[str] = frozenset()) -> str:
@@ -131,9 +164,17 @@ def model_states(params: Iterable[ParameterInfo], *, precision: str, optimizer: 
     weights = Term(_bytes(params), _sized(floating, "parameters") +
                    (f" + {n_packed:,} packed elements in {packed_bytes:,} B" if packed else ""))
     gradients = Term(_bytes(training), _sized(training, "trainable"))
-    states, text = _optimizer_bytes(training, optimizer)
     own_trained = sum(p.numel for p in training if p.name in own and _floating(p.dtype)
                       and p.dtype != weight_dtype(precision))
+    if precision == MASTER_PRECISION:  # the optimizer runs on an fp32 copy of each floating trained weight
+        copied = [dataclasses.replace(p, dtype="float32") for p in training if _floating(p.dtype)]
+        states, text = _optimizer_bytes(copied, optimizer)
+        n_copied = sum(p.numel for p in copied)
+        master_term = Term(4 * n_copied, f"{n_copied:,} trainable × 4 B: the fp32 master copy the optimizer updates "
+                                         "(DeepSpeed's bf16; states on it, fp32)")
+        return ModelStates(weights, gradients, Term(states, text), master_term, n_train, n_all - n_train, precision,
+                           optimizer)
+    states, text = _optimizer_bytes(training, optimizer)
     master = "none: the fp32 weights are the master copy" if precision.endswith("-mixed") else "none"
     if own_trained:
         master += f"; {own_trained:,} parameters train in their own dtype, without one"

@@ -36,7 +36,8 @@ from .quantization import weight_format
 from .result import DEFAULT_RESERVE, MemoryEstimate, Workspace
 from .serving import step_length
 from .states import (
-    ModelStates, as_trained, check_optimizer, check_precision, model_states, per_device, weight_dtype, zero_stage,
+    MASTER_PRECISION, ModelStates, as_trained, check_master_optimizer, check_optimizer, check_precision,
+    master_gradient_copy, model_states, per_device, step_precision, weight_dtype, zero_stage,
 )
 from .weights import weight_memory
 
@@ -83,9 +84,9 @@ class TrainingOptions:
         from .serving import check_batch_and_seq
 
         check_batch_and_seq(self.batch, self.seq)
-        check_optimizer(self.optimizer)
-        check_precision(self.precision)
+        check_master_optimizer(check_precision(self.precision), check_optimizer(self.optimizer))
         _check_flat_zero(self.zero)
+        _check_master_layout(check_precision(self.precision), self.layout)
         if self.grad_checkpointing not in ("none", "full"):
             raise OptionError("{0} must be none or full, got {value!r}", "grad_checkpointing",
                               value=self.grad_checkpointing)
@@ -211,6 +212,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     say what trains; `structure`: the key its derived recipes are kept under (plan.py's plan key)."""
     optimizer = check_optimizer(options.optimizer)
     precision = check_precision(options.precision)
+    run = step_precision(precision)  # the forward and backward's precision (bf16-master runs bf16-pure's)
     zero = zero_stage(options.zero)
     accelerator = find_accelerator(options.gpu) if options.gpu else None
     dtype = weight_dtype(precision)
@@ -250,7 +252,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                                    "gradient or optimizer state is kept for them")
         else:
             media = media_flops(module, asked, batch=options.batch, seq=options.seq or DEFAULT_TRAINING_SEQ,
-                                training=True, precision=precision, attention=options.attention,
+                                training=True, precision=run, attention=options.attention,
                                 frozen=frozenset(frozen))
     idle = () if media is not None or cross is not None else towers_not_run(view)
     unused = [p.name for p in report.params if any(p.name.startswith(tower + ".") for tower in idle)]
@@ -293,7 +295,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     resident = weights.bytes + weights.buffer_bytes + states.optimizer.bytes + states.master_weights.bytes
     gradients = states.gradients.bytes
     cast, cast_head, cast_biases = cast_weights(view) if precision.endswith("-mixed") else (0, 0, 0)
-    shape = dict(precision=precision, checkpointing=checkpointing, cast_weights=cast, cast_head=cast_head,
+    shape = dict(precision=run, checkpointing=checkpointing, cast_weights=cast, cast_head=cast_head,
                  cast_biases=cast_biases)
     attention = options.attention or str(getattr(view.config, "_attn_implementation", "") or "") or "sdpa"
     class_name = view.class_name
@@ -310,7 +312,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     if recipe is not None and cross is None and not at_fitted:  # (a cross-attention step: the trace's, said above)
         notes.append(f"the analytic recipe is for {fitted} attention; attention {attention} is traced")
     elif recipe is not None and cross is None and analytic is None and not adapters:
-        why = recipe_declines(text, class_name, batch=options.batch, seq=seq, precision=precision,
+        why = recipe_declines(text, class_name, batch=options.batch, seq=seq, precision=run,
                               checkpointing=checkpointing)
         notes.append(f"the analytic {recipe} recipe was not fitted for {why}: one step traced")
     beside = None  # a recipe's figures shown as a check, not given as the answer
@@ -323,10 +325,15 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
 
     tied = _tied_embedding_bytes(report, trainable)
     step_bytes, step_text = _step_temporaries(optimizer, gradients)
+    master_copy = master_gradient_copy(states)  # bf16-master: the step's fp32 gradients, beside the bf16 ones
+    optimizer_text = step_text
+    if master_copy:
+        step_bytes += master_copy
+        step_text = _with_master_copy(master_copy, optimizer_text)
 
     def analytic_phases(act: TrainingActivations, batch: int, length: int) -> tuple[PhaseFigure, ...]:
         return moment_phases(act, resident=resident, gradients=gradients, tied=tied, text=text, batch=batch,
-                             length=length, precision=precision, step=(step_bytes, step_text))
+                             length=length, precision=run, step=(step_bytes, step_text))
 
     traced = None
     derived = None
@@ -382,6 +389,9 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                                    p.by_category["activations"] + p.by_category["temporaries"] +
                                    p.by_category["other"])
                        for p in traced.phases)
+        if master_copy:  # MemTracker files the step's fp32 gradient copies under activations: they do not scale
+            phases = tuple(dataclasses.replace(p, variable=p.variable - master_copy) if p.phase == "optimizer step"
+                           else p for p in phases)
         if extra:
             phases = phases + (PhaseFigure("optimizer step", resident + gradients + step_bytes,
                                            "optimizer step (analytic)", f"gradients {gradients:,}; {step_text}",
@@ -448,12 +458,25 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     if options.layout is not None and not options.layout.trivial:
         from ..parallel.estimate import StepContext, layout_device
 
+        # bf16-master: a rank's step casts its partition of the gradients to fp32 (layouts of data parallelism alone)
+        rank_zero = zero_stage_of(options.layout)
+        rank_copy = master_gradient_copy(states, devices=options.layout.dp, zero=rank_zero)
+        rank_text = _with_master_copy(rank_copy, optimizer_text, f" (the rank's partition, ⌈{master_copy:,} / "
+                                      f"{options.layout.dp}⌉)" if rank_zero else "") if master_copy else step_text
+
+        def to_rank(figures: tuple[PhaseFigure, ...]) -> tuple[PhaseFigure, ...]:
+            return tuple(dataclasses.replace(p, bytes=p.bytes - master_copy + rank_copy,
+                                             arithmetic=p.arithmetic.replace(step_text, rank_text))
+                         if p.phase == "optimizer step" else p for p in figures)
+
+        rank_phases = to_rank(phases)
         answer = layout_device(StepContext(
             report=report, view=view, layout=options.layout, states=states, buffer_bytes=weights.buffer_bytes,
-            phases=phases, activations=activations.bytes, analytic=analytic,
+            phases=rank_phases, activations=activations.bytes, analytic=analytic,
             derived_or_traced=derived is not None or traced is not None, source_label=source_label,
-            precision=precision, optimizer=optimizer, trainable=trainable, own=own, text=text, batch=options.batch,
-            seq=seq, shape=shape, step=(step_bytes, step_text), trace=bool(options.trace),
+            precision=run, optimizer=optimizer, trainable=trainable, own=own, text=text, batch=options.batch,
+            seq=seq, shape=shape, step=(step_bytes - master_copy + rank_copy, rank_text),
+            trace=bool(options.trace),
             attention=options.attention, frozen=frozenset(frozen), weights_dtype=dtype if live else None,
             limit=limit, live=live, structure=structure, derive=options.derive_layout))
         if answer is None:  # its per-device recipe is neither kept nor derivable without the build
@@ -465,13 +488,16 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                       length: int = seq) -> PhaseFigure:
         """The largest moment on one device, each moment's model states replaced by the device's shares."""
         if layout_at is not None:
-            return layout_at(figures, batch, length)
+            return layout_at(to_rank(figures), batch, length)
         if sharded is None:
             return max(figures, key=lambda p: p.bytes)
         fixed = (states.weights.bytes - sharded["weights"]) + (states.optimizer.bytes - sharded["optimizer"]) + \
             (states.master_weights.bytes - sharded["master_weights"])
+        # bf16-master's step casts the device's partition of the gradients only (master_gradient_copy)
+        copy = master_copy - master_gradient_copy(states, devices=options.devices, zero=zero)
         return max((PhaseFigure(p.phase, p.bytes - fixed - (p.gradients - -(-p.gradients // options.devices)
-                                                              if zero >= 2 else 0), p.where, p.arithmetic)
+                                                              if zero >= 2 else 0)
+                                - (copy if p.phase == "optimizer step" else 0), p.where, p.arithmetic)
                     for p in figures), key=lambda p: p.bytes)
 
     device_top = on_one_device(phases)
@@ -559,7 +585,9 @@ def _derive(view: Any, options: TrainingOptions, seq: int, limit: int | None, fr
     from ..derived.step import DerivedStep
     from ..derived.symbols import NotDerivable
 
-    settings = StepSettings(precision=check_precision(options.precision), optimizer=check_optimizer(options.optimizer),
+    # the derived recipes are activations only: bf16-master's are bf16-pure's (the optimizer step is counted here)
+    settings = StepSettings(precision=step_precision(check_precision(options.precision)),
+                            optimizer=check_optimizer(options.optimizer),
                             grad_checkpointing=options.grad_checkpointing == "full", attention=options.attention,
                             frozen=frozenset(frozen), weights_dtype=weights_dtype, own_dtype=own)
     try:
@@ -592,7 +620,8 @@ def _why_traced(view: Any, options: TrainingOptions) -> str:
     if recipe is None:
         return f"no analytic activation recipe for {view.class_name}"
     why = recipe_declines(text_config(view.config), view.class_name, batch=options.batch,
-                          seq=options.seq or DEFAULT_TRAINING_SEQ, precision=check_precision(options.precision),
+                          seq=options.seq or DEFAULT_TRAINING_SEQ,
+                          precision=step_precision(check_precision(options.precision)),
                           checkpointing=options.grad_checkpointing == "full")
     if why is not None:
         return f"the analytic {recipe} recipe was not fitted for {why}"
@@ -620,6 +649,30 @@ def _own_dtypes(report: Any, own: frozenset[str]) -> dict[str, int]:
         if param.name in own:
             counts[param.dtype] = counts.get(param.dtype, 0) + param.numel
     return dict(sorted(counts.items()))
+
+
+def _with_master_copy(copy: int, words: str, share: str = "") -> str:
+    """The optimizer step's words under bf16-master: the fp32 gradient copy first."""
+    return (f"the fp32 gradients cast for the master copy, {copy:,} B{share} (held through the optimizer step; the bf16 "
+            f"gradients are freed once cast, as DeepSpeed's step does); {words}")
+
+
+def zero_stage_of(layout: Any) -> int:
+    """The ZeRO stage of a data-parallel layout's shard mode (FSDP2's full sharding is stage 3's)."""
+    return {"none": 0, "zero1": 1, "zero2": 2}.get(layout.shard, 3)
+
+
+def _check_master_layout(precision: str, layout: Any) -> None:
+    """bf16-master is DeepSpeed's ZeRO mixed precision: modelled over data parallelism with ZeRO 0-3; FSDP2 and the
+    other splits are refused in one line (FSDP2's own is --fsdp-mixed-precision policy)."""
+    if precision != MASTER_PRECISION or layout is None or layout.trivial:
+        return
+    if layout.shard not in ("none", "zero1", "zero2", "zero3") or (layout.tp, layout.pp, layout.cp, layout.ep) != \
+            (1, 1, 1, 1):
+        raise OptionError("--precision {0} is modelled over data parallelism with --zero 0, 1, 2 or 3 (DeepSpeed's "
+                          "ZeRO); not with {value}", MASTER_PRECISION,
+                          value="FSDP2 (use bf16-mixed with --fsdp-mixed-precision policy)"
+                          if layout.shard in ("fsdp", "hsdp") else "--tp, --pp, --cp or --ep")
 
 
 def _step_temporaries(optimizer: str, gradients: int) -> tuple[int, str]:

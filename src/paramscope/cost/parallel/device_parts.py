@@ -53,7 +53,7 @@ def device_states_of(ctx: StepContext, placements: tuple[Placement, ...], params
     params = list(params if params is not None else ctx.report.params)
     names = {p.name for p in params}
     chosen = tuple(p for p in placements if p.name in names) + tuple(copies)
-    return device_states(params + [as_param(c) for c in copies], chosen, ctx.layout, precision=ctx.precision,
+    return device_states(params + [as_param(c) for c in copies], chosen, ctx.layout, precision=ctx.states.precision,
                          optimizer=ctx.optimizer, trainable=ctx.trainable | {c.name for c in copies}, own=ctx.own)
 
 

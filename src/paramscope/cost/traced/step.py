@@ -80,7 +80,7 @@ class TracedStep:
 class StepSettings:
     batch: int = 1
     seq: int = 512
-    precision: str = "fp32"  # training: fp32 | bf16-mixed | fp16-mixed | bf16-pure
+    precision: str = "fp32"  # training: fp32 | bf16-mixed | fp16-mixed | bf16-pure | bf16-master
     optimizer: str = "adamw"
     grad_checkpointing: bool = False
     attention: str | None = None  # None: the model's own (transformers picks sdpa where the model supports it)
@@ -109,7 +109,7 @@ def measure_training(module: Any, settings: StepSettings, *, fake: bool) -> Trac
     with fake_mode(fake) as mode, assumed_values(fake) as assumed:
         model = training_copy(module, mode, settings)
         inputs = training_inputs(model, settings)
-        optimizer, note = _optimizer(model, settings.optimizer)
+        optimizer, note = _optimizer(model, settings.optimizer, settings.precision)
         if note:
             notes.append(note)
         autocast = autocast_for(settings.precision)
@@ -573,13 +573,22 @@ def loss_of(output: Any) -> Any:
     return first.float().sum()
 
 
-def _optimizer(model: Any, name: str) -> tuple[Any, str | None]:
-    """torch's optimizer as the Trainer builds it (fused AdamW, its default on GPUs); None for one torch lacks."""
+def _optimizer(model: Any, name: str, precision: str = "fp32") -> tuple[Any, str | None]:
+    """torch's optimizer as the Trainer builds it (fused AdamW, its default on GPUs); None for one torch lacks.
+    Under bf16-master, that optimizer on fp32 master copies of the bf16 weights (MasterCopyOptimizer)."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise OptionError("nothing trains: every parameter is frozen")
+    if precision == "bf16-master":
+        return MasterCopyOptimizer(params, name), None
+    return _torch_optimizer(params, name)
+
+
+def _torch_optimizer(params: list, name: str) -> tuple[Any, str | None]:
+    import torch
+
     if name in ("adamw", "adam"):
         cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
         return cls(params, lr=1e-4, fused=True), None
@@ -589,6 +598,50 @@ def _optimizer(model: Any, name: str) -> tuple[Any, str | None]:
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True), None
     return None, (f"{name} is not a torch optimizer: the forward and backward are traced, the optimizer's states "
                   "are the analytic figure (exact) and its step's temporaries are not counted")
+
+
+class MasterCopyOptimizer:
+    """bf16-master's step, DeepSpeed's (runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.step, on one rank's
+    partition; here every trained tensor): the optimizer's parameters are fp32 copies of the bf16 weights (its
+    single_partition_of_fp32_groups); at the step each bf16 gradient is cast to fp32 into its master's gradient
+    (`flat_grad_partition.to(fp32)`), the bf16 gradients are freed (free_grad_in_param_list), the optimizer updates the
+    masters, their fp32 gradients are freed (`.grad = None`) and the masters are copied into the bf16 weights
+    (`bit16_partitions[...].data.copy_(fp32_partition.data)`). DeepSpeed casts one flat buffer; here each tensor is
+    cast on its own, all before the first is freed: the same bytes held. A tensor that is not floating point keeps
+    no master (none trains)."""
+
+    def __init__(self, params: list, name: str) -> None:
+        import torch
+
+        self.params = [p for p in params if p.is_floating_point()]
+        self.masters = torch.nn.ParameterList([torch.nn.Parameter(p.detach().float()) for p in self.params])
+        inner, note = _torch_optimizer(list(self.masters), name)
+        if inner is None:
+            raise OptionError(f"--precision bf16-master runs torch's optimizers on the master copy: {note}")
+        self.inner = inner
+
+    def tracked(self) -> tuple[Any, ...]:
+        """What the tracker counts as resident: the masters (parameters of their own module) and the states."""
+        return self.masters, self.inner
+
+    def step(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for param, master in zip(self.params, self.masters):
+                master.grad = None if param.grad is None else param.grad.float()
+            for param in self.params:
+                param.grad = None
+            self.inner.step()
+            for master in self.masters:
+                master.grad = None
+            for param, master in zip(self.params, self.masters):
+                param.copy_(master)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for param in self.params:
+            param.grad = None
+        self.inner.zero_grad(set_to_none=set_to_none)
 
 
 def autocast_for(precision: str) -> Any:
@@ -617,7 +670,9 @@ def make_tracker(model: Any, *external: Any) -> Any:
     for param in model.parameters():
         if not param.requires_grad:
             tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
-    tracker.track_external(model, *external)
+    # an optimizer with parts of its own (bf16-master's fp32 masters and their optimizer) is tracked by those parts
+    parts = [part for obj in external for part in (obj.tracked() if hasattr(obj, "tracked") else (obj,))]
+    tracker.track_external(model, *parts)
     return tracker
 
 
