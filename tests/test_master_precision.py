@@ -75,3 +75,10 @@ def test_flat_zero_shares_and_the_step_copy_of_a_partition():
 def test_what_it_does_not_model_is_refused_in_one_line(options, words):
     with pytest.raises(OptionError, match=words):
         TrainingOptions(precision="bf16-master", **options).check()
+
+
+def test_the_layout_search_refuses_it_in_one_line():
+    from paramscope.cost.parallel.search_options import SearchOptions
+
+    with pytest.raises(OptionError, match="does not search --precision bf16-master"):
+        SearchOptions(devices=8, gpu="H100", precision="bf16-master").check()

@@ -45,6 +45,11 @@ class SearchOptions:
         TrainingOptions(batch=self.batch, seq=self.seq, optimizer=self.optimizer, precision=self.precision,
                         grad_checkpointing=self.grad_checkpointing, attention=self.attention,
                         reserve=self.reserve).check()
+        from ..memory.states import MASTER_PRECISION, check_precision
+
+        if check_precision(self.precision) == MASTER_PRECISION:  # modelled over dp with ZeRO alone (memory --dp N)
+            raise OptionError("{0} does not search --precision bf16-master yet (its layouts of tp, pp, cp and ep are "
+                              "not modelled); give memory --dp N --zero 0-3 --precision bf16-master", "find_layout")
         shard_mode(self.zero or "fsdp")
         if self.schedule is not None or self.virtual_stages != 1:
             ParallelLayout(pp=2, micro_batches=2, schedule=self.schedule or "interleaved",
