@@ -330,6 +330,7 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
     if master_copy:
         step_bytes += master_copy
         step_text = _with_master_copy(master_copy, optimizer_text)
+        notes.append(MASTER_CONVENTION)
 
     def analytic_phases(act: TrainingActivations, batch: int, length: int) -> tuple[PhaseFigure, ...]:
         return moment_phases(act, resident=resident, gradients=gradients, tied=tied, text=text, batch=batch,
@@ -649,6 +650,18 @@ def _own_dtypes(report: Any, own: frozenset[str]) -> dict[str, int]:
         if param.name in own:
             counts[param.dtype] = counts.get(param.dtype, 0) + param.numel
     return dict(sorted(counts.items()))
+
+
+# what bf16-master counts of DeepSpeed's bf16 step and what it leaves out (DeepSpeed's source, read: runtime/engine.py,
+# runtime/zero/stage_1_and_2.py, runtime/bf16_optimizer.py)
+MASTER_CONVENTION = (
+    "bf16-master is DeepSpeed's bf16 (its engine casts the module to bf16; DeepSpeedZeroOptimizer keeps "
+    "the fp32 partition it updates, single_partition_of_fp32_groups, and the optimizer's states on it); the states "
+    "are counted as torch's fused AdamW per tensor (a 4 B step each), where DeepSpeed's flat partition keeps one per "
+    "param group; not counted: DeepSpeed's gradient buckets (reduce_bucket_size, 5e8 elements by default), the flat "
+    "bf16 gradient partition its step makes before the fp32 cast, the flat buffer's padding to a multiple of 2 × dp "
+    "elements, and BF16_Optimizer's full fp32 gradient buffer (DeepSpeed uses it at ZeRO-1 only with data_types."
+    "grad_accum_dtype fp32; by default gradients accumulate in bf16)")
 
 
 def _with_master_copy(copy: int, words: str, share: str = "") -> str:
