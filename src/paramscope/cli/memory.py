@@ -93,6 +93,10 @@ def add_parser(subparsers: Any) -> None:
                                "those that fit sorted by a bound on the step time at the GPU's peak, with each "
                                "one's pipeline bubble and communication bytes a device, and the fewest devices "
                                "that fit")
+    training.add_argument("--grad-accum", type=int, default=1, metavar="N",
+                          help="gradient accumulation: --batch (a replica's) runs as N micro-steps of batch / N, "
+                               "the optimizer stepping after the last (default 1; not beside --pp, whose "
+                               "--micro-batches are this)")
     training.add_argument("--global-batch", type=int, metavar="G",
                           help="--find-layout: sequences a step over all replicas (default: --batch × --devices); "
                                "each layout's replicas take G / dp")
@@ -158,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         return run_llama_cpp(args)
     if wants_vllm(args):
         return run_vllm(args)
+    if args.grad_accum != 1 and (not args.training or args.find_layout):
+        raise OptionError("--grad-accum is for one --training step (--find-layout does not search it yet)")
     if args.find_layout or args.global_batch is not None:
         return _find_layout(args)
     if args.zero is None:
@@ -198,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
                                    devices=1 if layout or args.devices is None else args.devices,
                                    zero="0" if layout else args.zero,
                                    layout=layout, trace=args.trace, gpu=args.gpu, budget=options.budget,
+                                   grad_accum=args.grad_accum,
                                    reserve=reserve, media=_media(args))
         training.check()
         from ..selection import check_pattern

@@ -75,6 +75,10 @@ class TrainingOptions:
     # images beside the text (towers.MediaInput): the towers train, and what their forward saves is held with the
     # language model's activations over the text and image tokens; None: a text input
     media: Any = None
+    # gradient accumulation: the batch (each replica's) runs as this many micro-steps of batch / grad_accum sequences,
+    # the optimizer stepping after the last (torchtitan's global / local batch, HF Trainer's
+    # gradient_accumulation_steps); 1: the whole batch at once
+    grad_accum: int = 1
 
     def __post_init__(self) -> None:
         # the options' batch is the one batch: a layout built without one takes it (check refuses another)
@@ -99,6 +103,13 @@ class TrainingOptions:
         if self.reserve < 0:
             raise OptionError("{0} must be 0 or more, got {reserve}", "reserve", reserve=self.reserve)
         trace_depth(self.trace)
+        _check_grad_accum(self.grad_accum, self.batch, self.layout)
+        if self.grad_accum > 1 and self.trace and self.layout is not None and not self.layout.trivial:
+            raise OptionError("{0} under a layout is not traced yet (one rank's trace runs one micro-step): drop "
+                              "{1}", "grad_accum", "trace")
+        if self.grad_accum > 1 and (self.devices != 1 or self.media is not None):
+            raise OptionError("{0} is counted on one device or under a layout (layout_for), without an image or "
+                              "audio input, here", "grad_accum")
         if self.media is not None:
             self.media.check()
             refused = "trace" if self.trace else "grad_checkpointing" if self.grad_checkpointing != "none" else \
@@ -114,6 +125,19 @@ class TrainingOptions:
             why = untraced_by_layout(self.layout) if self.trace else None
             if why:  # refused before the build that would end in "no rank traced"
                 raise OptionError("{0} traces no rank under this layout: {why}", "trace", why=why)
+
+
+def _check_grad_accum(steps: Any, batch: int, layout: Any) -> None:
+    """Micro-steps a whole number dividing the batch; a pipeline's --micro-batches are already its accumulation."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise OptionError("{0} must be a whole number of micro-steps, 1 or more, got {value!r}", "grad_accum",
+                          value=str(steps)[:40])
+    if batch % steps:
+        raise OptionError("{0} {steps} must divide the batch, {batch} sequence{s} a replica", "grad_accum",
+                          steps=steps, batch=batch, s="" if batch == 1 else "s")
+    if steps > 1 and layout is not None and getattr(layout, "pp", 1) > 1:
+        raise OptionError("{0} beside a pipeline: its microbatches (--micro-batches) already are the accumulation",
+                          "grad_accum")
 
 
 def _check_flat_zero(zero: str | int) -> None:
@@ -209,7 +233,23 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
                   structure: str | None = None) -> MemoryEstimate | None:
     """The training answer from the report and view; None when it needs a traced step and the view has no module
     (the caller builds). `live`: the report is of a module as it is (a plan's, a user's), whose requires_grad flags
-    say what trains; `structure`: the key its derived recipes are kept under (plan.py's plan key)."""
+    say what trains; `structure`: the key its derived recipes are kept under (plan.py's plan key). Under gradient
+    accumulation: the micro-batch's step, its later micro-steps' moments added (grad_accum.py)."""
+    if options.grad_accum > 1:
+        from .grad_accum import accumulated, micro_options
+
+        micro = step_estimate_at(report, view, micro_options(options), live=live, structure=structure,
+                                 accumulating=True)
+        return None if micro is None else accumulated(micro, report, options)
+    return step_estimate_at(report, view, options, live=live, structure=structure)
+
+
+def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: bool,
+                     structure: str | None = None, accumulating: bool = False) -> MemoryEstimate | None:
+    """step_estimate's one step of options.batch; `accumulating`: a traced step runs two micro-steps (the second
+    over the gradients the first left) before its optimizer's."""
+    optimizer = check_optimizer(options.optimizer)
+    precision = check_precision(options.precision)
     optimizer = check_optimizer(options.optimizer)
     precision = check_precision(options.precision)
     run = step_precision(precision)  # the forward and backward's precision (bf16-master runs bf16-pure's)
@@ -380,7 +420,8 @@ def step_estimate(report: Any, view: Any, options: TrainingOptions, *, live: boo
             return None
         settings = StepSettings(batch=options.batch, seq=seq, precision=precision, optimizer=optimizer,
                                 grad_checkpointing=checkpointing, attention=options.attention, frozen=frozenset(frozen),
-                                weights_dtype=dtype if live else None, own_dtype=own, media=cross)
+                                weights_dtype=dtype if live else None, own_dtype=own, media=cross,
+                                grad_accum=2 if accumulating else 1)
         traced = trace_training(module, settings)
         notes.extend(traced.notes)
         extra = 0 if optimizer in TORCH_OPTIMIZERS[:4] else states.optimizer.bytes  # states the trace lacks

@@ -39,6 +39,11 @@ _TRACKER_NAMES = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "g
                   "Other": "other"}
 TORCH_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
 ATTENTION = ("sdpa", "eager", "flash")
+# the phases of a later micro-step under gradient accumulation: its forward and backward start with every gradient
+# the earlier micro-steps left (the step's first micro-step's phases are "forward" and "backward")
+HELD_FORWARD = "forward, gradients held"
+HELD_BACKWARD = "backward, gradients held"
+
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,10 @@ class StepSettings:
     layout: tuple | None = None
     # a cross-attention family's audio or images (traced/media_step.StepMedia): the step feeds them with the text
     media: Any = None
+    # gradient accumulation: the step runs this many micro-steps of `batch` sequences each (batch is the micro-batch)
+    # before the optimizer's; 2 are measured (the first, and a later one, which starts with the gradients held: every
+    # later micro-step is that one again)
+    grad_accum: int = 1
 
 
 def trace_training(module: Any, settings: StepSettings, *, fake: bool = True) -> TracedStep:
@@ -118,10 +127,13 @@ def measure_training(module: Any, settings: StepSettings, *, fake: bool) -> Trac
             with autocast:
                 return loss_of(model(**inputs))
 
+        micro_steps = min(settings.grad_accum, 2)
+
         def step():
-            loss = forward()
-            loss.backward()
-            del loss
+            for _ in range(micro_steps):
+                loss = forward()
+                loss.backward()
+                del loss
             if optimizer is not None:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -143,6 +155,15 @@ def measure_training(module: Any, settings: StepSettings, *, fake: bool) -> Trac
                 del loss
                 backward_peak = _peak(tracker, "backward")
                 phases = [forward_peak, backward_peak]
+                if micro_steps > 1:  # a later micro-step: its forward and backward over the gradients held
+                    tracker.reset_mod_stats()  # the tracker's per-module stats allow one call per module
+                    restart_peak(tracker)
+                    loss = forward()
+                    phases.append(_peak(tracker, HELD_FORWARD))
+                    restart_peak(tracker)
+                    loss.backward()
+                    del loss
+                    phases.append(_peak(tracker, HELD_BACKWARD))
                 if optimizer is not None:
                     restart_peak(tracker)
                     optimizer.step()

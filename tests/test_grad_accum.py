@@ -1,0 +1,93 @@
+"""--grad-accum (issue 28): a replica's batch as N micro-steps, the later ones over the gradients held.
+
+The traced engine runs two micro-steps before the optimizer's (every later micro-step is the second again): on
+fake tensors it equals the same run on real CPU tensors to the byte; a later micro-step's forward is the first's
+plus every gradient (the rank's shard under FSDP2, which reduce-scatters each micro-step). The analytic engine's
+later micro-step is a lower bound (its moments over the held gradients), its forward equal to the trace's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from paramscope.cost.memory.training import TrainingOptions, estimate_training
+from paramscope.cost.traced.step import HELD_BACKWARD, HELD_FORWARD, StepSettings, trace_training
+from paramscope.errors import OptionError
+
+LLAMA = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=500)
+
+
+def _llama(device: str):
+    import torch
+    import transformers
+
+    with torch.device(device):
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+
+
+def _phases(step):
+    return {p.phase: (p.bytes, dict(p.by_category)) for p in step.phases}
+
+
+def test_two_traced_micro_steps_equal_a_real_run_and_hold_every_gradient():
+    settings = StepSettings(batch=1, seq=32, precision="bf16-mixed", grad_accum=4)
+    traced = trace_training(_llama("meta"), settings)
+    assert _phases(traced) == _phases(trace_training(_llama("cpu"), settings, fake=False))
+    assert [p.phase for p in traced.phases] == ["forward", "backward", HELD_FORWARD, HELD_BACKWARD, "optimizer step"]
+    once = _phases(trace_training(_llama("meta"), dataclasses.replace(settings, grad_accum=1)))
+    phases = _phases(traced)
+    gradients = phases["optimizer step"][1]["gradients"]
+    assert gradients == 4 * 491_136  # every parameter's fp32 gradient: 491,136 parameters
+    assert phases["forward"] == once["forward"] and phases["optimizer step"] == once["optimizer step"]
+    assert phases[HELD_FORWARD][0] == once["forward"][0] + gradients
+    assert phases[HELD_BACKWARD][0] > once["backward"][0]
+
+
+def test_fsdp2_accumulates_each_rank_s_gradient_shard():
+    from paramscope.cost.traced.parallel import trace_parallel_training
+
+    settings = StepSettings(batch=1, seq=32, precision="fp32", grad_accum=2)
+    step = _phases(trace_parallel_training(_llama("meta"), settings, dp=2, shard="fsdp"))
+    shard = step["optimizer step"][1]["gradients"]
+    assert shard == 4 * 491_136 // 2  # every unit's dim 0 even over 2 ranks
+    assert step[HELD_FORWARD][0] == step["forward"][0] + shard
+
+
+def test_the_analytic_later_micro_step_is_a_lower_bound_with_the_trace_s_forward():
+    from paramscope.sources import resolve
+
+    config = dict(resolve("llama-3-8b").config, num_hidden_layers=2)
+    options = TrainingOptions(batch=2, seq=256, precision="fp32", fits=False, grad_accum=2)
+    analytic = estimate_training(config, options)
+    traced = estimate_training(config, dataclasses.replace(options, trace="full"))
+    assert analytic.engine == "analytic" and traced.engine == "traced"
+    assert analytic.settings["micro_batch"] == 1 and analytic.settings["grad_accum"] == 2
+    counted = {p.phase: max(q.bytes for q in analytic.training.phases if q.phase == p.phase)
+               for p in analytic.training.phases}
+    measured = {p.phase: p.bytes for p in traced.training.phases}
+    assert measured[HELD_FORWARD] == 24_254_750_308 and measured[HELD_BACKWARD] == 26_228_954_716
+    assert abs(counted[HELD_FORWARD] - measured[HELD_FORWARD]) <= 4096  # as the one-step recipe's forward
+    assert counted[HELD_BACKWARD] == 25_895_961_180 <= measured[HELD_BACKWARD]
+    assert analytic.peak == counted[HELD_BACKWARD] and traced.peak == measured[HELD_BACKWARD]
+    assert any("lower bound" in note for note in analytic.notes)
+
+
+@pytest.mark.parametrize("options, words", [
+    (TrainingOptions(batch=4, grad_accum=3), "grad_accum 3 must divide the batch, 4 sequences a replica"),
+    (TrainingOptions(batch=4, grad_accum=0), "grad_accum must be a whole number of micro-steps"),
+    (TrainingOptions(batch=4, devices=2, zero="2", grad_accum=2), "grad_accum is counted on one device"),
+])
+def test_refused_in_one_line(options, words):
+    with pytest.raises(OptionError, match=words):
+        options.check()
+
+
+def test_refused_beside_a_pipeline():
+    from paramscope.cost.parallel.layout import layout_for
+
+    with pytest.raises(OptionError, match="beside a pipeline"):
+        TrainingOptions(batch=4, grad_accum=2, layout=layout_for(pp=2, micro_batches=4)).check()
