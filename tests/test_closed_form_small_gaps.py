@@ -102,3 +102,20 @@ def test_the_causal_start_of_backward_frees_the_shifted_labels(family, precision
     moment = next(m for m in act.moments if m.where == "start of backward")
     assert "the shifted labels nll_loss's backward frees first, 8·T" in moment.arithmetic
     assert moment.bytes == _start_of_backward(module, StepSettings(batch=batch, seq=seq, precision=precision))
+
+
+@pytest.mark.parametrize("seq, checkpointing, forward", [(64, False, 9_121_252), (16, True, 7_807_012)],
+                         ids=["1 × 64", "1 × 16 checkpointed"])
+def test_at_batch_1_the_shifted_labels_are_a_view_of_the_padded_ones(seq, checkpointing, forward):
+    """One device at batch 1: transformers' causal loss pads the labels by one and takes labels[..., 1:].contiguous(),
+    which at batch 1 is the padded tensor itself (a (1, S) slice is contiguous whatever its leading stride), so
+    nll_loss saves the padded labels and no 8·T copy is made: the end of forward holds the saved activations' 8·T and
+    the pad's one element, not the whole padded labels beside them. The recipe's end of forward is the trace's to the
+    byte (8·S over it before: 512 B at 1 × 64; under checkpointing the 128 B had cancelled the missing position ids),
+    and its start of backward too."""
+    closed, traced = _closed_and_traced(1, 1, 1, seq, checkpointing=checkpointing)
+    end = closed["end of forward"]
+    assert "of which the shifted labels are a view at batch 1: its one element more = 8" in end.arithmetic
+    assert end.bytes == traced["forward"] == forward
+    if not checkpointing:
+        assert closed["start of backward"].bytes == traced["backward"]

@@ -43,7 +43,9 @@ def final_hidden_working(kind: str, tokens: int, hidden: int) -> tuple[tuple[int
 def causal_loss_working(kind: str, batch: int, seq: int, hidden: int, layers: int,
                         cached_keys: int) -> tuple[tuple[int, str, bool], ...]:
     """What a causal LM (transformers' ForCausalLMLoss) holds beside its saved activations as its loss is taken:
-    - the labels padded by one position, int64 B·(S + 1);
+    - the labels padded by one position, int64 B·(S + 1); at batch 1 the shifted labels nll_loss saves are a view of
+      them, so only their one element beyond the 8·T the saved activations count (traced: the end of forward was
+      8·S B over one device's trace at batch 1 with the whole padded labels);
     - the loss and the total weight nll_loss saves for its backward, two fp32 scalars, 8 B (traced: the causal
       recipes' end of forward was 8 B under one device's trace without them; BERT's masked LM counts its own);
     - under mixed precision, the final norm's fp32 output 4·T·h (the head saved its 16-bit cast) and, without
@@ -51,7 +53,11 @@ def causal_loss_working(kind: str, batch: int, seq: int, hidden: int, layers: in
       sin take the fp32 residual stream's dtype) where sdpa saved their 16-bit cast, `cached_keys` elements a token
       in each of the `layers` layers (0 where the cache holds only what attention saved)."""
     tokens = batch * seq
-    parts = [(8 * batch * (seq + 1), "the labels padded by one, 8·B·(S + 1)", True),
+    # at batch 1 the shifted labels are a view of the padded ones (contiguous() returns a (1, S) slice as it is,
+    # its leading stride being moot), so the pad adds only its one element to the 8·T the saved activations count
+    padded = (8 * batch * (seq + 1), "the labels padded by one, 8·B·(S + 1)", True) if batch > 1 else \
+        (8, "the labels padded by one, of which the shifted labels are a view at batch 1: its one element more", True)
+    parts = [padded,
              (8, "the loss and nll_loss's total weight, two fp32 scalars", True),
              *final_hidden_working(kind, tokens, hidden)]
     if kind == "mixed" and cached_keys:
