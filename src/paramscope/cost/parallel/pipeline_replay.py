@@ -182,8 +182,9 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                 f"interleaved order, less every gradient the rank holds by the step's end, {figures.later_peak:,} "
                 "(each moment the chunk-microbatches then in flight, each chunk's gradients made at its first "
                 "backward and added into their .grad at once after; derived)", dev.gradients, figures.later_peak))
-        phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
-                                  f"gradients {dev.gradients:,}; {step_text}", dev.gradients))
+        losses, losses_text = kept_losses(figures, layout.micro_batches)
+        phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes + losses, "optimizer step",
+                                  f"gradients {dev.gradients:,}; {step_text}{losses_text}", dev.gradients))
         if stage.first and whole is not None:  # the stage holding the vocabulary-parallel embedding
             phases = [with_whole_gradient(p, whole) for p in phases]
         elif stage.first and tied_whole is not None:  # and one tied to the head on the last stage
@@ -322,6 +323,28 @@ EXPERT_TP_CHECK = ("checked against MemTracker on the real class cut to each sta
 # and under an uneven expert load (tests/test_expert_load.py)
 LOADED_CHECK = ("; under an uneven load (--expert-load 1.5 on that cut) the busiest rank's stages equal to the byte "
                 "too, forwards, first and later backward")
+
+
+def kept_losses(figures: Any, micro_batches: int) -> tuple[int, str]:
+    """(bytes, words) the last stage holds at the optimizer step from its microbatches' losses. torch's schedule
+    keeps each microbatch's loss, graph and all, from its forward to the step's end (_PipelineSchedule
+    ._maybe_compute_loss appends it to _internal_losses; _update_losses hands the list back through
+    step(target=..., losses=losses)); torchtitan's forward_backward_step returns torch.mean(torch.stack(losses)),
+    not detached, which train_step holds in `loss` through clip_grad_norm_ and optimizers.step(): the M loss tensors
+    are freed with the list (stack's and mean's nodes keep no tensor), their graphs are not (the mean's reaches
+    each), nor what the graphs' nodes hold beyond their saved tensors (the expert offsets of transformers'
+    grouped-mm fallback). So: M × what a loss keeps (stage_recipe: `loss_kept`), less M − 1 loss scalars, the mean
+    in their place (the same fp32 scalar)."""
+    if figures is None or not figures.loss_kept:
+        return 0, ""
+    each, scalar = figures.loss_kept, figures.loss_scalar
+    held = micro_batches * each - (micro_batches - 1) * scalar
+    graphs = f", its graph's nodes {each - scalar:,} B" if each > scalar else ""
+    return held, (f"; the microbatches' losses kept {held:,} B ({micro_batches} × {each:,} B: the loss {scalar:,} B"
+                  f"{graphs}; less {micro_batches - 1} × {scalar:,} B, the M losses held as their mean: torch's "
+                  "schedule hands the losses back through step(losses=...), and torchtitan's train_step holds "
+                  "torch.mean(torch.stack(losses)), not detached, through the optimizer step; its graph keeps "
+                  "each loss's)")
 
 
 def _tied_apart(ctx: StepContext, placements: tuple[Placement, ...], tied_name: str | None

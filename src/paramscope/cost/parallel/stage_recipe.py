@@ -52,13 +52,19 @@ class StageActivations:
     # an interleaved rank's gradients made by its first backward's end (its chunk's) and by the step's end (every
     # chunk's): later_peak is above the second, and the moments between hold the first and what followed it
     gradients_made: tuple[int, int] | None = None
+    # on the last stage: what each microbatch's loss keeps once its backward is done (the loss, a scalar, and what
+    # its graph's nodes hold beyond their saved tensors), to the step's end: torch's schedule keeps every
+    # microbatch's loss (_internal_losses, handed back through step(losses=...)); at the optimizer step
+    # pipeline_replay.kept_losses (torchtitan holds their mean, whose graph reaches each)
+    loss_kept: int = 0
+    loss_scalar: int = 0  # of loss_kept, the loss itself
 
     @property
     def after_first_backward(self) -> int:
         """Live after the first backward, less the gradients: the microbatches still in flight."""
         if self.after is not None:
             return self.after
-        return self.held - self.per_microbatch + self.kept_once
+        return self.held - self.per_microbatch + self.kept_once + self.loss_kept
 
     @property
     def peak(self) -> int:
@@ -95,13 +101,16 @@ def stage_activations(recipe: DerivedRecipe, batch: int, seq: int, start: int, s
     _, again = replay.run([e for e in events if not (e[2] and e[0] > 0)], received)
     if in_flight > 1:
         forward_peak = max(forward_peak, (in_flight - 1) * each + kept_once + again)
+    # the first microbatch's loss, kept from its backward on (the last stage)
+    loss, scalar = replay.kept_with_loss()
     later = 0
     if later_in_flight:
         _, accumulated, _ = replay.run_backward(backward, gradient, accumulate=True, waiting=waiting)
-        later = later_in_flight * each + kept_once + accumulated
+        later = later_in_flight * each + kept_once + loss + accumulated
         if later_in_flight == in_flight:  # 1F1B's steady state: one more forward first, the k - 1 others held
-            later = max(later, (in_flight - 1) * each + kept_once + again)
-    return StageActivations(forward_live, in_flight, held, forward_peak, held + backward_peak, grads, received, gradient, later_in_flight, later, kept_once)
+            later = max(later, (in_flight - 1) * each + kept_once + loss + again)
+    return StageActivations(forward_live, in_flight, held, forward_peak, held + backward_peak, grads, received,
+                            gradient, later_in_flight, later, kept_once, loss_kept=loss, loss_scalar=scalar)
 
 
 class _Replay:
@@ -217,6 +226,35 @@ class _Replay:
                     return position
                 made -= 1
         return len(recipe.last_forward)
+
+    def kept_with_loss(self) -> tuple[int, int]:
+        """On the last stage: the bytes a microbatch's loss keeps past its backward, while the loss is kept (0
+        elsewhere). The one-device step frees them only as it lets its loss go, after the whole backward: the frees at
+        the end of the first layer's backward segment, after its last gradient, of what a forward segment made (the
+        loss itself, a scalar; what autograd nodes of the loss's graph hold as attributes, not saved tensors, which
+        the backward frees: transformers' grouped-mm fallback's expert offsets, memory/expert_offsets.py), counted
+        for the stage's layers; and of those the loss's own bytes: the last the last layer's segment made there (the
+        loss tensor goes after the graph it holds)."""
+        if not self.last:
+            return 0, 0
+        entries = self.recipe.first_backward
+        made = [p for p, (sign, index, _) in enumerate(entries) if sign > 0 and self.recipe.gradient[index]]
+        total = scalar = 0
+        for sign, index, mult in entries[(made[-1] + 1 if made else 0):]:
+            owner = self.owner.get(index)
+            if sign > 0 or owner in ("prefix", "head", "bwlast", "bw0") or \
+                    isinstance(owner, tuple) and owner[0] == "bw":
+                continue
+            if owner == "fw0":
+                times = 1 if self.first else 0
+            elif owner == "fwlast":
+                times, scalar = 1, self.values[index]
+            elif mult is not None:
+                times = 0 if mult.startswith("+") else self.held_counts.get(mult, 0)
+            else:  # a middle layer's, its context's representative
+                times = 1 if self.held_counts.get(owner[1]) else 0
+            total += times * self.values[index]
+        return total, scalar
 
     def never_freed(self, index: int) -> bool:
         """An allocation the step never frees: the inputs' storage, which MemTracker counts once, as an operator first
@@ -385,17 +423,18 @@ def interleaved_activations(recipe: DerivedRecipe, batch: int, seq: int, chunks:
         # (each microbatch's bytes, the first forward's peak, a later forward's, the first backward's peak above
         # its start and the gradients by then, a later backward's, the chunk's gradients, held once)
         parts.append((forward_live - kept_once, forward_peak, again, first_peak, made, later_peak, grads,
-                      kept_once))
+                      kept_once, *replay.kept_with_loss()))
     counts = [0] * len(chunks)
     done = [False] * len(chunks)
     kept = [False] * len(chunks)
     gradients = most = 0
     held = forward_peak = backward_peak = at_peak = after = gradients_then = first_made = 0
     later: int | None = None
+    losses = 0  # what the losses of the microbatches gone back keep (the last chunk's)
     for kind, chunk in order:
-        each, first_fw, again, first_bw, made, later_bw, grads, _ = parts[chunk]
+        each, first_fw, again, first_bw, made, later_bw, grads, _, loss, _ = parts[chunk]
         holding = sum(n * parts[c][0] for c, n in enumerate(counts)) + \
-            sum(parts[c][7] for c in range(len(chunks)) if kept[c])
+            sum(parts[c][7] for c in range(len(chunks)) if kept[c]) + losses
         if kind == "F":
             moment = holding + gradients + (again if kept[chunk] else first_fw)
             counts[chunk] += 1
@@ -412,9 +451,11 @@ def interleaved_activations(recipe: DerivedRecipe, batch: int, seq: int, chunks:
         else:
             moment = holding + gradients + later_bw
             counts[chunk] -= 1
+        if kind == "B":
+            losses += loss
         if later is None and kind == "B":  # the rank's first backward
             held, backward_peak, at_peak = holding, moment, gradients_then
-            after = holding - each
+            after = holding - each + loss
             later = 0
         elif later is None:
             forward_peak = max(forward_peak, moment)
@@ -428,4 +469,4 @@ def interleaved_activations(recipe: DerivedRecipe, batch: int, seq: int, chunks:
         received=residual if len(chunks) > 1 or not first else 0,
         output_gradient=residual if len(chunks) > 1 or not last else 0,
         later_in_flight=most if later else 0, later_peak=later - every if later else 0, after=after,
-        gradients_made=(first_made, every))
+        gradients_made=(first_made, every), loss_kept=parts[-1][8], loss_scalar=parts[-1][9])

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from .pipeline_stage import (StageTrace, base_tail, first_stage_forward, fresh_cache, head_and_loss, hidden_of,
-                             layer_arguments, categories_total, rank_stage_inputs, stage_working_copy)
+                             layer_arguments, categories_total, rank_stage_inputs, received_storage, settle_backward,
+                             stage_working_copy, young_objects_collected)
 
 
 def trace_interleaved_stage(module: Any, settings: Any, layer_path: str, chunks: tuple[tuple[int, int], ...],
@@ -58,13 +59,14 @@ def trace_interleaved_stage(module: Any, settings: Any, layer_path: str, chunks:
 
             made = [t for t in tree_leaves(layer_args) if isinstance(t, torch.Tensor)]
             tracker = make_tracker(model, *made)
-            with gradients_not_held(), tracker:
+            with gradients_not_held(), young_objects_collected(), tracker:
                 start_bytes = categories_total(by_category(tracker.get_tracker_snapshot("current")))
 
                 def now(kind: str) -> int:
                     return categories_total(by_category(tracker.get_tracker_snapshot(kind))) - start_bytes
 
                 caches: list[list[tuple[Any, Any]]] = [[] for _ in chunks]
+                losses: list[Any] = []
                 live = most = 0
                 held_bytes = forward_peak = peak = after_backward = 0
                 backwards = 0
@@ -91,13 +93,16 @@ def trace_interleaved_stage(module: Any, settings: Any, layer_path: str, chunks:
                     received, output = caches[chunk].pop(0)
                     if chunks[chunk][1] == count:
                         output.backward()
+                        losses.append(output)  # the schedule keeps each microbatch's loss to the step's end
                     else:
                         gradient = torch.empty(hidden, dtype=output.dtype)  # the output's gradient, received
                         torch.autograd.backward(output, grad_tensors=gradient)
                         del gradient
+                    storage = received_storage(received)
                     if received is not None:
                         received.grad = None
                     del received, output
+                    settle_backward(tracker, storage)
                     live -= 1
                     backwards += 1
                     if backwards == 1:

@@ -99,7 +99,7 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
             # as made when a layer first reads them
             made = [t for t in tree_leaves(layer_args) if isinstance(t, torch.Tensor)] if layer_args else []
             tracker = make_tracker(model, *made)
-            with gradients_not_held(), tracker:
+            with gradients_not_held(), young_objects_collected(), tracker:
                 start_bytes = categories_total(by_category(tracker.get_tracker_snapshot("current")))
                 cache: list[tuple[Any, Any]] = []
                 for _ in range(in_flight):
@@ -113,18 +113,21 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
                     received, output = cache.pop(0)
                     if last:
                         output.backward()
+                        losses.append(output)  # the schedule keeps each microbatch's loss to the step's end
                     else:
                         gradient = torch.empty(hidden, dtype=output.dtype)  # the output's gradient, received
                         torch.autograd.backward(output, grad_tensors=gradient)
                         del gradient
+                    storage = received_storage(received)
                     if received is not None:  # its gradient sent: the stage keeps neither
                         received.grad = None
                     del received, output
+                    settle_backward(tracker, storage)
+
+                losses: list[Any] = []
 
                 backward()
                 peak = categories_total(by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
-                # (MemTracker's module hooks keep a later stage's received leaf alive past its backward: a later
-                # phase is read above this moment)
                 after_backward = categories_total(by_category(tracker.get_tracker_snapshot("current"))) - start_bytes
                 later_peak = 0
                 if later:
@@ -138,6 +141,51 @@ def trace_stage(module: Any, settings: Any, layer_path: str, start: int, stop: i
                     later_peak = categories_total(by_category(tracker.get_tracker_snapshot("peak"))) - start_bytes
             gradients = sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
     return StageTrace(start, stop, in_flight, held, forward_peak, peak, gradients, later_peak, after_backward)
+
+
+def received_storage(received: Any) -> Any:
+    """A weak reference to the received hidden state's storage (None on the first stage), for settle_backward."""
+    import weakref
+
+    return None if received is None else weakref.ref(received.untyped_storage())
+
+
+def settle_backward(tracker: Any, received: Any) -> None:
+    """After a microbatch's backward on a stage, free in MemTracker's books what a step without the tracker has
+    freed by then. ModTracker hooks each module's inputs with torch's register_multi_grad_hook, whose hook closes
+    over the inputs' grad_fn nodes: each backward's graph is left in a reference cycle (the node holds the hook,
+    the hook the node), collected here, which would keep the nodes' attributes (transformers' grouped-mm fallback
+    keeps its offsets on its node: 4 B an expert, each MoE layer) until Python's collector ran. The received hidden
+    state, a leaf, is held by its AccumulateGrad node, which those hooks keep beyond the collector's reach: its
+    storage (`received`: received_storage's weak reference) is booked freed, as PipelineStage frees it once the
+    backward ends (it pops the microbatch's fwd_cache entry), unless a graph the step keeps (a kept loss's) holds it.
+    Without this, each backward of an interleaved rank's chunks read one more B·S·h leaf (and 16 B an MoE layer)
+    above the replay."""
+    import gc
+
+    gc.collect()
+    storage = received() if received is not None else None
+    if storage is None:
+        return
+    entry = tracker._WINFO.get(storage)
+    if entry is not None:
+        info, _ = entry
+        tracker._delete_callback(info, None)  # its bytes leave the tracker's current snapshot
+        del tracker._WINFO[storage]  # and its weak reference, whose callback would take them out again
+
+
+@contextmanager
+def young_objects_collected() -> Iterator[None]:
+    """While open, Python's collector passes over every object made before (gc.freeze): settle_backward's
+    collection after each backward then scans what the step made since, not the whole process (about 0.4 s a call
+    otherwise, transformers and torch loaded)."""
+    import gc
+
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def rank_stage_inputs(model: Any, settings: Any, parallel: Any) -> tuple[dict[str, Any], tuple[int, ...], Any, Any]:
