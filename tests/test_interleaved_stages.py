@@ -80,7 +80,9 @@ def test_the_closed_form_s_last_interleaved_stage_holds_what_torchs_order_holds(
         last[layout.schedule] = estimate.training.device.stages[-1]
     interleaved, plain = last["interleaved"], last["1f1b"]
     assert interleaved.chunks == ((3, 5), (8, 9)) and plain.chunks == ((5, 9),) and plain.in_flight == 1
-    assert interleaved.peak_phase == plain.peak_phase == "forward"  # the head's moment (end of forward)
+    # the head's moment: the start of backward (the end of forward holds the KV cache's keys of the stage's layers
+    # only, the head's chunk's under interleaving, not every layer's)
+    assert interleaved.peak_phase == plain.peak_phase == "backward"
     counts, most, at_head = [0, 0], 0, 0
     for kind, chunk in _torch_order(2, 4, 2, 1):  # torch's order for the last rank, chunks of 3 and 2 layers
         counts[chunk] += kind == "F"

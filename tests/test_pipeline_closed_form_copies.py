@@ -44,6 +44,16 @@ def test_each_microbatch_in_flight_holds_its_own_16_bit_weight_copies_under_gpip
     words = " ".join(p.arithmetic for p in device.phases)  # the last stage's: its layer's and the head's, 3 times
     assert f"the 16-bit weight copies each microbatch's autocast keeps, 3 × {LAYER_COPIES + HIDDEN * 128 * 2:,}" \
         in words
+    # GPipe's last stage: its first backward's moments hold no gradient yet (every forward runs first), a later
+    # backward's start every gradient and one microbatch fewer; its end of forward the KV cache's fp32 keys of its
+    # own layer only (the one device's moment had all 3 layers': 2 × 4·T·kv = 8,192 B over). Each moment the trace's
+    # + 8 B, the loss and its gradient the recipe's start of backward holds beside (c33582f)
+    last = rows[2]
+    resident = last.weights + last.optimizer + last.master_weights + device.buffers
+    at = {p.where: p.bytes - resident for p in device.phases}
+    assert (at["end of forward"], at["start of backward"], last.peak - resident) == \
+        (traces[2].forward_peak + 8, traces[2].peak + 8, traces[2].peak + 8) == (569_648, 572_704, 572_704)
+    assert at["later backward"] == at["start of backward"] + last.gradients - last.activations // 3
 
 
 def test_bf16_pure_stages_hold_each_microbatch_s_received_input_beside_its_output_under_1f1b():

@@ -69,6 +69,25 @@ def mlp_backward_working(precision: str, tokens: int, hidden: int, inner: int) -
     return value, f"{words} = {value:,}"
 
 
+def _without_other_stages_keys(moment: Any, ctx: StepContext, layers: int, here: int, tokens: int) -> Any:
+    """The end of forward on the last stage: under autocast the one device's moment holds the training KV cache's
+    fp32 keys of every layer as the loss is taken (layout.causal_loss_working); the stage's forward builds a cache
+    of its own layers only (the head's chunk's, interleaved), so the other layers' keys are taken out. Tensor and
+    context parallel keep the one device's words (no trace of those stages holds them)."""
+    from ..dims import config_int
+
+    if moment.where != "end of forward" or not ctx.precision.endswith("-mixed") or ctx.shape.get("checkpointing") \
+            or ctx.layout.tp > 1 or ctx.layout.cp > 1 or "KV cache's fp32 keys" not in moment.arithmetic:
+        return moment
+    heads = config_int(ctx.text, "num_attention_heads") or 1
+    head_dim = config_int(ctx.text, "head_dim") or (config_int(ctx.text, "hidden_size") or 0) // heads
+    kv = (config_int(ctx.text, "num_key_value_heads") or heads) * head_dim
+    other = (layers - here) * 4 * tokens * kv
+    return dataclasses.replace(moment, bytes=moment.bytes - other, arithmetic=moment.arithmetic + (
+        f" − the KV cache's keys of the {layers - here} layers on other stages, {layers - here} × 4·T·kv = {other:,}"
+        " (the stage's cache holds its own layers')"))
+
+
 def _head_words(arithmetic: str, act: Any, saved: int, chunk_words: str) -> str:
     """An interleaved last stage's moment: the one device's "saved X" replaced by what the rank holds at its head's
     moments (`saved`: its chunk-microbatches along torch's order, `chunk_words` naming them)."""
@@ -230,12 +249,22 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                                               outside_words, copy_words if copies else "")
                 if not interleaved else _head_words(m.arithmetic, act, saved, chunk_words))
                 for m in act.moments)
+            moments = tuple(_without_other_stages_keys(m, ctx, act.layers, stage.chunk_layers[-1] if interleaved
+                                                       else len(stage.layers), batch * local_len) for m in moments)
             figures = moment_phases(dataclasses.replace(act, moments=moments), resident=resident,
                                     gradients=dev.gradients, tied=tied_copy, text=ctx.text, batch=batch,
                                     length=local_len, precision=ctx.precision, step=ctx.step)
             # the first moments hold the stage's gradients too once a microbatch has gone back (1F1B's steady
-            # state): the largest of the two
-            if stage.in_flight > 1 or layout.micro_batches > 1:
+            # state): the largest of the two. GPipe runs every forward first: its first backward's moments hold no
+            # gradient yet, and a later backward's start every gradient beside one microbatch fewer
+            if layout.schedule == "gpipe" and layout.micro_batches > 1:
+                start = next(f for f in figures if f.where == "start of backward")
+                one = saved // stage.in_flight
+                figures += (dataclasses.replace(
+                    start, bytes=start.bytes + dev.gradients - one, where="later backward", gradients=dev.gradients,
+                    arithmetic=f"{start.arithmetic}; at a later backward's start, gradients {dev.gradients:,} "
+                    f"(made by the backwards before it) − the microbatch gone back {one:,}"),)
+            elif stage.in_flight > 1 or layout.micro_batches > 1:
                 figures = tuple(dataclasses.replace(f, bytes=f.bytes + dev.gradients, gradients=dev.gradients,
                                                     arithmetic=f.arithmetic + f"; gradients {dev.gradients:,} "
                                                     "(accumulated over the microbatches already gone back)")
@@ -331,9 +360,11 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
              "mixed and bf16-pure). Elsewhere a stage's figure is an estimate: before the last under GPipe, a stage "
              "that only drains, interleaved, or beside tensor or context parallel, every gradient beside every "
              "microbatch held, "
-             "without the backward's working memory (on a 3-layer cut, 1,728 B under to 32,000 B over its trace); "
-             "the last stage's, the recipe's moments for its layers with every gradient (on the cut a few bytes to "
-             "52,632 B over its trace)",)
+             "without the backward's working memory (on a 3-layer cut, 1,728 B under to 32,000 B over its trace). "
+             "The last stage's figure is the recipe's moments for its layers (its end of forward with its own layers' "
+             "KV cache keys), with every gradient once a microbatch has gone back (GPipe: its first backward without "
+             "them, a later one with one microbatch fewer): on the cut the trace's + 8 B (the loss and its gradient), "
+             "GPipe and 1F1B",)
     if layout.cp > 1:
         notes += (f"context parallel under the pipeline: stage s runs on the {layout.devices // layout.pp} ranks from "
                   f"s × {layout.devices // layout.pp} on (pp outermost, then dp, cp, tp as torchtitan lays them out), "
