@@ -514,6 +514,13 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
                 held, held_text = held_at_step(ctx, placements, batch, length)
                 moved = dataclasses.replace(moved, bytes=moved.bytes - one_device + held, arithmetic=(
                     moved.arithmetic.split("; held past the backward: ")[0] + held_text))
+            if grads != p.gradients or p.arithmetic.startswith("live at"):
+                # the one device's words hold its whole gradients (and a derived moment reads as a polynomial): the
+                # rank's moment opens on its own value, so the device's peak line sums to its figure
+                swap = (f"; with the rank's gradients {grads:,} in place of one device's {p.gradients:,}"
+                        if grads != p.gradients else "")
+                own = moved.bytes - resident_bytes(dev, ctx.buffer_bytes)
+                moved = dataclasses.replace(moved, arithmetic=f"{own:,} (one device's {moved.arithmetic}{swap})")
             out.append(with_buffers(moved, comm + expert_dispatch(ctx, placements, batch, length)))
         return tuple(out) + fsdp_backward_moments(ctx, placements, batch, length)
 
