@@ -476,6 +476,11 @@ def training_parts(report, estimate) -> list:
         lines.append(indented("convention: mixed precision is torch.autocast's: matmuls (and sdpa) in 16 bits with "
                               "16-bit weight copies cached for the step, norms, softmax and the loss in fp32; "
                               "traced with the CPU autocast rules, which cast the same matmuls as CUDA's"))
+        shard = (settings.get("layout") or {}).get("shard", "")
+        if settings.get("zero") or shard.startswith("zero"):  # a DeepSpeed layout priced with autocast's states
+            lines.append(indented("convention: ZeRO is priced over autocast's fp32 weights and gradients; DeepSpeed "
+                                  "with bf16 enabled keeps bf16 weights and gradients and an fp32 master copy "
+                                  "instead (the ZeRO paper's 2 + 2 + 12 B a parameter): --precision bf16-master"))
     lines.append(indented("convention: the steady step (optimizer states already allocated): loss = model(ids, "
                           "labels=ids).loss; loss.backward(); opt.step(); opt.zero_grad(set_to_none=True); outputs "
                           "are not kept past the loss"))
