@@ -25,6 +25,10 @@ from .states import DeviceStates
 # the last stage's loss, kept in its cache until its backward, and the total weight cross-entropy saves for it: two
 # fp32 scalars a microbatch (measured on the stage's trace)
 LOSS_SCALARS = 8
+# the loss once its microbatch's backward is done: torch's schedule keeps each to the step's end and hands them back
+# (step(losses=...)); torchtitan holds their mean through the optimizer step (pipeline_replay.kept_losses): one fp32
+# scalar each (a Llama's graph nodes hold nothing past their backward)
+LOSS_KEPT = 4
 
 
 def _stage_saved_words(arithmetic: str, act: Any, layers: int, in_flight: int, kept: int, saved: int,
@@ -269,6 +273,16 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                                                     arithmetic=f.arithmetic + f"; gradients {dev.gradients:,} "
                                                     "(accumulated over the microbatches already gone back)")
                                 if f.where in ("end of forward", "start of backward") else f for f in figures)
+            # and the losses of the microbatches gone back (M − 1 at the last forward, 1F1B; none before GPipe's
+            # backwards); at the optimizer step their mean
+            gone = (layout.micro_batches - 1) * LOSS_KEPT if layout.schedule != "gpipe" else 0
+            figures = tuple(dataclasses.replace(f, bytes=f.bytes + gone, arithmetic=f.arithmetic + f"; the losses of "
+                                                f"the microbatches gone back, kept by torch's schedule, "
+                                                f"{layout.micro_batches - 1} × {LOSS_KEPT} B = {gone:,}")
+                            if gone and f.where in ("end of forward", "start of backward") else
+                            dataclasses.replace(f, bytes=f.bytes + LOSS_KEPT, arithmetic=f.arithmetic + "; the "
+                                                f"losses' mean torchtitan holds, {LOSS_KEPT} B")
+                            if f.phase == "optimizer step" else f for f in figures)
             figures = tuple(with_ring_outputs(f, (ring, ring_words)) for f in figures)
             return (tuple(with_buffers(p, comm_of[stage.rank]) for p in figures),
                     kept + outside + copies if not interleaved else held_most + ring)
