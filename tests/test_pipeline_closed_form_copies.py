@@ -118,3 +118,28 @@ def test_the_1f1b_steady_state_holds_the_top_layer_s_mlp_backward_moment():
         [24_576, 13_312, 12_288]
     assert [_middle_stage_steady_state(p) for p in ("fp32", "bf16-mixed", "bf16-pure")] == \
         [(328_960, 328_960), (282_880, 282_880), (190_592, 190_592)]
+
+
+def test_trace_checks_each_stage_where_the_closed_form_is_held_to_it():
+    """--trace on a Llama pipeline, 1F1B with more microbatches (4) than stages (3): each stage traced, its forwards,
+    a backward, then one more forward and the next backward with every gradient held, beside the closed form; the
+    stages before the last equal at their steady state (the last within the loss's few bytes, named); GPipe, where
+    the closed form is an estimate, stays refused before the build."""
+    from paramscope.cost.memory.training import TrainingOptions, training_answer
+    from paramscope.cost.parallel.pipeline_trace_reach import closed_form_traced
+
+    layout = ParallelLayout(pp=3, micro_batches=4, schedule="1f1b")
+    _, estimate, _ = training_answer(LLAMA, TrainingOptions(batch=4 * MICRO, seq=SEQ, precision="bf16-mixed",
+                                                            layout=layout, fits=False, trace=True), use_cache=False)
+    checks = [n for n in estimate.training.device.notes if n.startswith("check: stage")]
+    assert len(checks) == 3 and len(estimate.training.device.traced) == 3
+    assert "held 351,744 B (the closed form 351,744), largest moment 420,608 B above its states; the closed form " \
+        "420,608 B (equal)" in checks[0]
+    assert "held 230,400 B (the closed form 230,400), largest moment 282,880 B above its states; the closed form " \
+        "282,880 B (equal)" in checks[1]
+    assert "held 169,224 B (the closed form 169,224)" in checks[2]
+    assert closed_form_traced(layout, checkpointing=False) is None
+    assert closed_form_traced(ParallelLayout(pp=3, micro_batches=4, schedule="gpipe"), checkpointing=False) == \
+        "outside 1F1B with more microbatches than stages"
+    assert closed_form_traced(ParallelLayout(pp=3, micro_batches=3, schedule="1f1b"), checkpointing=False) == \
+        "outside 1F1B with more microbatches than stages"

@@ -9,6 +9,7 @@ from .device import DeviceMemory, StepContext
 from .device_parts import fsdp_sharded
 from .pipeline import layer_stack_of
 from .rules import cuts_routed_experts, placements_for
+from .pipeline_trace_reach import closed_form_traced
 from .trace_reach import hybrid_replicas, untraced_by_layout
 
 
@@ -23,6 +24,10 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     if ctx.view.module is not None and layout.pp > 1 and device.stages and \
             all(s.replayed is not None for s in device.stages):
         return traced_stages(ctx, device)
+    if ctx.view.module is not None and layout.pp > 1 and device.stages and \
+            device.activations_from.startswith("analytic") and \
+            closed_form_traced(layout, checkpointing=bool(ctx.shape.get("checkpointing"))) is None:
+        return traced_closed_form_stages(ctx, device)
     if ctx.view.module is None:
         why = "the model was not built"
     elif layout.pp > 1:
@@ -121,4 +126,37 @@ def traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
                         f"the replay {replayed.held - traced.held:+,} B held, {replayed.peak - traced.peak:+,} B at "
                         "the peak")
                      + ")" + words)
+    return dataclasses.replace(device, traced=tuple(traces), notes=device.notes + tuple(notes))
+
+
+def traced_closed_form_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
+    """--trace under a pipeline the Llama closed form answers where it is held to its traces
+    (pipeline_trace_reach.closed_form_traced: 1F1B, more microbatches than stages): each stage of the real class cut
+    to its layers and run as PipelineStage runs it (traced/pipeline_stage.py), its in-flight forwards, a backward,
+    then one more forward and the next backward with every gradient held (its steady state), measured by MemTracker;
+    its largest moment beside the closed form's stage figure above the same resident states."""
+    from ..traced.pipeline_stage import trace_stage
+    from ..traced.step import StepSettings
+
+    layout = ctx.layout
+    stack, _ = layer_stack_of([p.name for p in ctx.report.params])
+    settings = StepSettings(batch=ctx.batch // layout.micro_batches, seq=ctx.seq, precision=ctx.precision,
+                            optimizer=ctx.optimizer, attention=ctx.attention, frozen=ctx.frozen,
+                            weights_dtype=ctx.weights_dtype, own_dtype=ctx.own)
+    notes, traces = [], []
+    for stage in device.stages:
+        start, stop = stage.layers[0], stage.layers[1] + 1
+        traced = trace_stage(ctx.view.module, settings, stack, start, stop, stage.in_flight, later=stage.in_flight)
+        traces.append(traced)
+        top = max(traced.forward_peak, traced.peak, traced.later_peak)
+        figure = stage.peak - (stage.weights + stage.optimizer + stage.master_weights + ctx.buffer_bytes)
+        compared = ("the closed form's stage peaks at its optimizer step, which the trace does not run"
+                    if stage.peak_phase == "optimizer step" else
+                    f"the closed form {figure:,} B ("
+                    + ("equal" if figure == top else f"{figure - top:+,} B from the trace") + ")")
+        notes.append(f"check: stage {stage.rank} traced (the real class cut to layers {start}–{stop - 1} and run as "
+                     f"PipelineStage runs it: {stage.in_flight} forward{'s' if stage.in_flight > 1 else ''}, a "
+                     "backward, then one more forward and the next backward with every gradient held; MemTracker): "
+                     f"held {traced.held:,} B (the closed form {stage.activations:,}), largest moment {top:,} B above "
+                     f"its states; {compared}")
     return dataclasses.replace(device, traced=tuple(traces), notes=device.notes + tuple(notes))
