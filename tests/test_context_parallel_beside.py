@@ -2,8 +2,9 @@
 torchtitan composes them: a (dp, cp, tp) device mesh, parallelize_module's plan on the tp submesh, torch's ring
 attention on the cp submesh over the rank's local heads, FSDP2 over the flattened (dp, cp) ranks (dp_shard_cp). One
 rank traced on torch's fake process group; the rank derived from such traces (derived/, keyed by the layout) equal to
-it to the byte; the Llama family's closed form beside it, the one-device recipe's own 8 B under it (with --sp too,
-on the same cut: 2,841,764 against 2,841,772 B; not pinned here, to keep the file short)."""
+it to the byte; the Llama family's closed form beside it, equal to it (8 B under until the one-device recipe's start
+of backward took the shifted labels nll_loss's backward frees first; with --sp too, on the same cut: 2,841,772 B,
+not pinned here, to keep the file short)."""
 
 from __future__ import annotations
 

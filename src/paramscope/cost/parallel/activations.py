@@ -100,10 +100,19 @@ def sequence_parallel(act: TrainingActivations, *, tp: int, tokens: int, hidden:
     less = act.layers * layer + outside
     words = (f"; sequence parallel: {act.layers} layers × {layer_norms} norms and the final norm on 1/{tp} of the "
              f"tokens, − {less:,} (({NORM_SAVED[kind][0]}h + {NORM_SAVED[kind][1]})·T·(1 − 1/{tp}) a norm)")
+    # under autocast the model's output holds the final norm's fp32 output as the loss is taken (4·T·h, the end of
+    # forward's loss_working): on the rank's S / t tokens under sp (traced, Llama tp 2 and tp 4 + sp: the end of
+    # forward was 4·T·h·(1 − 1/t) over without this)
+    final = 4 * tokens * hidden - 4 * tokens * hidden // tp if precision.endswith("-mixed") else 0
+    final_words = f"; the final norm's fp32 output the loss is taken beside, on 1/{tp} of the tokens, − {final:,}"
+
+    def moment(m: Any) -> Any:
+        shed = less + (final if m.where == "end of forward" else 0)
+        return dataclasses.replace(m, bytes=m.bytes - shed, arithmetic=m.arithmetic + words + (
+            final_words if shed != less else ""))
     return dataclasses.replace(
         act, saved=act.saved - less, saved_arithmetic=act.saved_arithmetic + words, per_layer=act.per_layer - layer,
-        moments=tuple(dataclasses.replace(m, bytes=m.bytes - less, arithmetic=m.arithmetic + words)
-                      for m in act.moments))
+        moments=tuple(moment(m) for m in act.moments))
 
 
 def tp_activations(config: Any, class_name: str, *, tp: int, batch: int, seq: int, precision: str,
