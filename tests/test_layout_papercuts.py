@@ -49,19 +49,18 @@ def test_flops_step_seconds_with_devices_alone_is_dp_and_says_so(capsys):
     assert as_devices.replace(said, "") == as_dp  # the same answer, MFU per device included; only the note added
 
 
-# --- DeepSpeed's flat ZeRO-3 shares and the layout's answer name each other -------------------------------------
+# --- --devices N --zero 3 is the layout --dp N --zero 3: one answer, the gathered buffers counted -----------------
 
-def test_devices_zero3_and_dp_zero3_point_at_each_other_and_say_what_differs(capsys):
+def test_devices_zero3_and_dp_zero3_give_one_answer_and_say_so(capsys):
     base = ["memory", "llama-3-8b", "--training", "--zero", "3", "--width", "100"]
     code, flat, _ = _cli(capsys, *base, "--devices", "8")
-    assert code == 0 and " peak             46,139,341,458   42.97 GiB" in flat
-    assert "DeepSpeed's flat ZeRO-3 shares alone: --dp 8 --zero 3 adds the layer and the head ZeRO-3 gathers" in flat
-    code, layout, _ = _cli(capsys, *base, "--dp", "8")
-    assert code == 0 and " peak (backward)                       49,113,135,762" in layout
-    # the difference of the two peaks, to the byte: one layer's weights (872,448,000) and the head's (2,101,346,304)
-    assert 49_113_135_762 - 46_139_341_458 == 2_973_794_304 == 872_448_000 + 2_101_346_304
-    assert "--devices 8 --zero 3 gives these flat shares alone, without the gathered buffers above (2,973,794,304 B" \
-           in " ".join(layout.split())
+    code_dp, layout, _ = _cli(capsys, *base, "--dp", "8")
+    assert code == code_dp == 0 and flat == layout
+    assert "One device (rank 0, the largest share): dp 8 (ZeRO-3) = 8 devices" in layout
+    # the gathered buffers, to the byte: one layer's weights (872,448,000) and the head's (2,101,346,304)
+    assert "--devices 8 --zero 3 is this layout and gives this answer, the gathered buffers above counted " \
+           "(2,973,794,304 B at the peak" in " ".join(layout.split())
+    assert 2_973_794_304 == 872_448_000 + 2_101_346_304
     code, zero1, _ = _cli(capsys, *base[:3], "--zero", "1", "--devices", "8", "--width", "100")
     assert code == 0 and "flat" not in zero1  # ZeRO-1 and -2: both answers agree, nothing to point at
 

@@ -28,3 +28,25 @@ def test_a_data_and_expert_parallel_rank_peak_sums_to_its_figure(layout, peak, o
     assert own in line
     if layout.ep > 1 or layout.shard == "zero2":
         assert "with the rank's gradients" in line and "in place of one device's 2,350,848" in line
+
+
+def _json(capsys, *argv):
+    import json
+
+    from paramscope.cli import main
+
+    assert main(["memory", "llama-3-8b", "--training", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["memory"]
+
+
+def test_devices_zero3_is_the_dp_layout_and_per_device_is_its_device(capsys):
+    """--devices 8 --zero 3 and --dp 8 --zero 3: one layout, one answer (ZeRO-3's gathered layer and head counted,
+    872,448,000 + 2,101,346,304 B); under a layout `per_device` is the device's, so `peak` is per device as the
+    schema says when `per_device` is set."""
+    spelled, layout = _json(capsys, "--devices", "8", "--zero", "3"), _json(capsys, "--dp", "8", "--zero", "3")
+    assert spelled == layout
+    device = layout["layout"]["device"]
+    assert sum(b["bytes"] for b in device["communication"]) == 2_973_794_304
+    shares = layout["per_device"]
+    assert shares["peak"] == layout["peak"]["bytes"] == device["peak"]["bytes"] and shares["peak_phase"] == "backward"
+    assert (shares["weights"], shares["gradients"], shares["master_weights"]) == (4_015_130_624, 4_015_130_624, 0)

@@ -335,12 +335,15 @@ _LAYOUT_FLAGS = ("--devices", "--zero", "--dp", "--ep", "--sp", "--micro-batches
 
 
 def _layout(args: argparse.Namespace) -> Any:
-    """The multi-GPU layout the flags describe, or None where only --devices and --zero 0-3 are given (DeepSpeed's
-    flat ZeRO shares over data-parallel devices, as before layouts)."""
+    """The multi-GPU layout the flags describe, or None where only --devices and --zero 0-2 are given (DeepSpeed's
+    flat ZeRO shares over data-parallel devices, as before layouts: the layout's answer is the same there). ZeRO-3
+    over --devices N is the layout --dp N --zero 3, the more exact answer (ZeRO-3's gathered layer and head
+    counted): two spellings of one layout, one answer."""
     from ..cost.parallel.layout import layout_for, shard_mode
 
+    stage3 = shard_mode(args.zero) == "zero3" and (args.devices or 1) > 1
     flat = shard_mode(args.zero) in ("none", "zero1", "zero2", "zero3") and str(args.zero).strip().lower() not in (
-        "full_shard",)
+        "full_shard",) and not stage3
     given = (args.dp, args.shard_group, args.micro_batches, args.schedule, args.expert_load,
              args.fsdp_mixed_precision)
     if all(v is None for v in given) and (args.tp, args.ep, args.pp, args.cp, args.virtual_stages, args.sp) == \

@@ -459,9 +459,10 @@ def training_parts(report, estimate) -> list:
     if detail.per_device is not None:
         lines.append(_per_device_table(estimate))
         if settings["zero"] == 3:  # the one stage where the layout's answer differs: say where, and by what
-            lines.append(indented(f"DeepSpeed's flat ZeRO-3 shares alone: --dp {settings['devices']:,} --zero 3 "
-                                  "adds the layer and the head ZeRO-3 gathers while each runs (one device's layout "
-                                  "answer)"))
+            lines.append(indented(f"DeepSpeed's flat ZeRO-3 shares alone (TrainingOptions(devices, zero)): the "
+                                  f"layout --dp {settings['devices']:,} --zero 3, which --devices "
+                                  f"{settings['devices']:,} --zero 3 answers on the command line, adds the layer and "
+                                  "the head ZeRO-3 gathers while each runs"))
     if detail.device is not None:
         lines += [_device_table(estimate)]
         if detail.device.stages:
@@ -643,14 +644,15 @@ def _device_words(device) -> str:
 
 
 def _flat_zero3_words(device) -> str:
-    """Under ZeRO-3 over data parallel alone, where `--devices N --zero 3` answers the same layout with DeepSpeed's
-    flat shares and without the gathered buffers: what that answer leaves out, in bytes at this peak."""
+    """Under ZeRO-3 over data parallel alone: `--devices N --zero 3` is this layout (cli/memory._layout), so the two
+    spellings give this one answer, the gathered buffers counted; said, with the bytes they add at this peak."""
     layout = device.layout
     if layout.shard != "zero3" or layout.devices != layout.dp or layout.ep != 1:
         return ""
     gathered = sum(b.bytes for b in device.comm if device.peak_figure.phase in b.moments)
-    return (f"; --devices {layout.dp:,} --zero 3 gives these flat shares alone, without the gathered buffers above "
-            f"({exact(gathered)} B at the peak)")
+    return (f"; --devices {layout.dp:,} --zero 3 is this layout and gives this answer, the gathered buffers above "
+            f"counted ({exact(gathered)} B at the peak; DeepSpeed's flat shares alone, the Python API's "
+            f"TrainingOptions(devices={layout.dp}, zero=\"3\"), leave them out)")
 
 
 def _stage_layers(stage) -> str:
@@ -752,7 +754,8 @@ def memory_to_dict(estimate) -> dict[str, Any]:
         "trainable_parameters": training.states.trainable if training else None,
         "frozen_parameters": training.states.frozen if training else None,
         "reserve": estimate.reserve,
-        "per_device": dict(training.per_device) if training and training.per_device else None,
+        "per_device": dict(training.per_device) if training and training.per_device else
+        _layout_per_device(training.device) if training and training.device is not None else None,
         "layout": _serving_layout_to_dict(estimate) if not training else None if training.device is None else {
             **{k: v for k, v in estimate.settings["layout"].items()}, "device": _device_to_dict(training.device)},
         "smallest_tp": None if training or estimate.parallel is None or estimate.parallel.smallest is None else
@@ -764,6 +767,15 @@ def memory_to_dict(estimate) -> dict[str, Any]:
         "notes": list(estimate.notes),
         "check": check_to_dict(estimate.check),
     }
+
+
+def _layout_per_device(device) -> dict[str, Any]:
+    """Under a layout, `per_device` as under --devices/--zero: the device's shares and its peak, which `peak` is, so
+    the schema's "peak is per device when per_device is set" holds (`layout.device` has the rest)."""
+    top = device.peak_figure
+    return {"weights": device.weights, "gradients": device.gradients, "optimizer": device.optimizer,
+            "master_weights": device.master_weights, "activations": device.activations, "peak": top.bytes,
+            "peak_phase": top.phase}
 
 
 def _serving_layout_to_dict(estimate) -> dict[str, Any] | None:
