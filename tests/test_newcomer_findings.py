@@ -50,3 +50,36 @@ def test_devices_zero3_is_the_dp_layout_and_per_device_is_its_device(capsys):
     shares = layout["per_device"]
     assert shares["peak"] == layout["peak"]["bytes"] == device["peak"]["bytes"] and shares["peak_phase"] == "backward"
     assert (shares["weights"], shares["gradients"], shares["master_weights"]) == (4_015_130_624, 4_015_130_624, 0)
+
+
+# --- refusals and the layout's words -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["memory", "flops"])
+def test_a_schedule_without_a_pipeline_is_refused_in_one_line(capsys, command):
+    from paramscope.cli import main
+
+    assert main([command, "llama-3-8b", "--training", "--schedule", "gpipe"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == \
+        "paramscope: error: --schedule 'gpipe' orders a pipeline's microbatches: give pp > 1\n"
+
+
+def test_virtual_stages_without_a_schedule_say_they_imply_interleaved():
+    from paramscope.cost.parallel.layout import layout_for
+
+    implied = layout_for(pp=2, virtual_stages=2, micro_batches=4)
+    assert implied.words() == ("dp 1 × pp 2 (interleaved (implied by --virtual-stages, no --schedule given), 2 chunks "
+                               "a device, 4 microbatches) = 2 devices")
+    assert implied == layout_for(pp=2, virtual_stages=2, micro_batches=4, schedule="interleaved")
+    assert layout_for(pp=2, virtual_stages=2, micro_batches=4, schedule="interleaved").words() == \
+        "dp 1 × pp 2 (interleaved, 2 chunks a device, 4 microbatches) = 2 devices"
+
+
+def test_ep_on_a_dense_class_says_it_cuts_nothing():
+    from paramscope import TrainingOptions, estimate_training, layout_for
+
+    rules = estimate_training("llama-3-8b", TrainingOptions(layout=layout_for(dp=2, ep=2), fits=False)
+                              ).training.device.rules
+    assert rules["attention.key"] == ("whole (ep 2: the class has no routed experts, so ep cuts nothing; each rank's "
+                                      "step is dp's alone)")
+    assert not any("cuts only the routed experts" in rule for rule in rules.values())

@@ -59,6 +59,8 @@ class ParallelLayout:
     batch: int | None = field(default=None, compare=False)
     # layout_for was not given micro_batches: under a pipeline, one sequence a microbatch once the batch is known
     micro_batches_default: bool = field(default=False, compare=False, repr=False)
+    # layout_for was given virtual_stages > 1 without a schedule: interleaved is implied, and the words say so
+    schedule_implied: bool = field(default=False, compare=False, repr=False)
 
     @property
     def devices(self) -> int:
@@ -169,7 +171,8 @@ class ParallelLayout:
         if self.pp > 1 and not schedule:
             parts.append(f"pp {self.pp} (forward only)")
         elif self.pp > 1:
-            named = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": f"interleaved, {self.virtual_stages} "
+            implied = " (implied by --virtual-stages, no --schedule given)" if self.schedule_implied else ""
+            named = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": f"interleaved{implied}, {self.virtual_stages} "
                      "chunks a device"}[self.schedule]
             parts.append(f"pp {self.pp} ({named}, {self.micro_batches} microbatch"
                          f"{'es' if self.micro_batches != 1 else ''})")
@@ -230,6 +233,9 @@ def layout_for(*, devices: int | None = None, dp: int | None = None, zero: str |
     elif devices is not None and devices != dp * model:
         raise OptionError("{0} {devices} is not dp × tp × pp × cp = {total}", "devices", devices=devices,
                           total=dp * model)
+    if schedule is not None and pp == 1:  # as --micro-batches: a schedule orders a pipeline's microbatches
+        raise OptionError("{0} {value!r} orders a pipeline's microbatches: give pp > 1", "schedule",
+                          value=str(schedule)[:40])
     chosen = schedule or ("interleaved" if virtual_stages > 1 else "1f1b")
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
         raise OptionError("{0} must be a whole number of sequences, 1 or more, got {value!r}", "batch",
@@ -239,6 +245,7 @@ def layout_for(*, devices: int | None = None, dp: int | None = None, zero: str |
     layout = ParallelLayout(dp=dp, shard=shard_mode(zero), shard_group=shard_group, tp=tp, sp=sp, pp=pp,
                             micro_batches=micro, schedule=chosen, virtual_stages=virtual_stages, ep=ep, cp=cp,
                             expert_load=expert_load, batch=batch, micro_batches_default=default_micro,
-                            fsdp_mixed_precision=fsdp_mixed_precision)
+                            fsdp_mixed_precision=fsdp_mixed_precision,
+                            schedule_implied=schedule is None and virtual_stages > 1)
     layout.check()
     return layout

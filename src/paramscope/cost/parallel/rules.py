@@ -181,6 +181,7 @@ def rules_in_words(placements: tuple[Placement, ...], layout: Any) -> dict[str, 
     over ep, and the sequence over cp, so a layout without tp says what it does to each role ("whole; experts / ep
     8", "whole; the sequence split cp 2") rather than only what it does not."""
     words: dict[str, str] = {}
+    routed = any(p.experts_split for p in placements)
     for p in placements:
         if p.role in words:
             continue
@@ -194,7 +195,9 @@ def rules_in_words(placements: tuple[Placement, ...], layout: Any) -> dict[str, 
             rule = "whole (no tensor parallelism)"
         else:
             rule = "whole" if p.experts_split or layout.ep == 1 else \
-                f"whole (ep {layout.ep} cuts only the routed experts)"
+                f"whole (ep {layout.ep} cuts only the routed experts)" if routed else \
+                f"whole (ep {layout.ep}: the class has no routed experts, so ep cuts nothing; each rank's step " \
+                "is dp's alone)"
         if p.experts_split:
             rule += f"; experts / ep {layout.ep}"
         if layout.cp > 1:
