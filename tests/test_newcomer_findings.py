@@ -83,3 +83,28 @@ def test_ep_on_a_dense_class_says_it_cuts_nothing():
     assert rules["attention.key"] == ("whole (ep 2: the class has no routed experts, so ep cuts nothing; each rank's "
                                       "step is dp's alone)")
     assert not any("cuts only the routed experts" in rule for rule in rules.values())
+
+
+# --- wording: the words follow the rule and the count ---------------------------------------------------------------
+
+@pytest.mark.parametrize("tp, shard", [
+    (16, "heads and widths / 16, the KV heads replicated (one a rank: fewer KV heads than tp 16), the hidden size "
+         "whole"),
+    (4, "heads, KV heads and widths / 4, the hidden size whole"),
+])
+def test_the_tp_shard_words_say_the_kv_heads_are_replicated_past_their_count(tp, shard):
+    from paramscope import TrainingOptions, estimate_training, layout_for
+
+    device = estimate_training("llama-3-8b", TrainingOptions(layout=layout_for(tp=tp), fits=False)).training.device
+    assert device.activations_from == f"analytic: Llama-style decoder on the rank's shard ({shard})"
+
+
+def test_the_replica_sum_counts_its_devices_in_the_singular_and_names_ep(capsys):
+    from paramscope.cli import main
+
+    assert main(["flops", "mixtral-8x7b", "--training", "--dp", "8", "--ep", "8", "--width", "400"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "over the 1 device of a replica (tp × pp × cp; the ep 8 ranks are data-parallel replicas, each computing " \
+           "as many token-expert pairs as its own tokens send, at balanced routing): the model's " \
+           "163,251,706,920,960, exactly" in text
+    assert "1 devices" not in text

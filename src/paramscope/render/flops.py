@@ -223,7 +223,10 @@ def _device_parts(device, compute) -> list:
         totals.add_row("per microbatch", exact(device.per_microbatch), sci(device.per_microbatch),
                        f"÷ {layout.micro_batches} microbatches of {device.batch // layout.micro_batches:,} "
                        f"sequence{'s' if device.batch // layout.micro_batches > 1 else ''}")
-    replicas = f"{layout.tp * layout.pp * layout.cp:,} devices of a replica (tp × pp × cp)"
+    count = layout.tp * layout.pp * layout.cp
+    replicas = (f"{count:,} device{'s' if count != 1 else ''} of a replica (tp × pp × cp"
+                + (f"; the ep {layout.ep} ranks are data-parallel replicas, each computing as many token-expert pairs "
+                   "as its own tokens send, at balanced routing" if layout.ep > 1 else "") + ")")
     totals.add_row("Σ over a replica", exact(device.devices_sum), sci(device.devices_sum),
                    f"over the {replicas}: the model's {exact(device.replica)}" +
                    (f" + {exact(device.duplicated)} duplicated (matmuls kept whole on every tp rank, counted once "

@@ -576,7 +576,10 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
     kept = ring_kept(ctx.batch, ctx.seq)
     parts = []
     if layout.tp > 1:
-        parts.append(f"heads, KV heads and widths / {layout.tp}, the hidden size whole")
+        # past as many ranks as KV heads each rank holds one KV head whole (rules.py's kv-replicated): say so
+        parts.append(f"heads and widths / {layout.tp}, the KV heads replicated (one a rank: fewer KV heads than "
+                     f"tp {layout.tp}), the hidden size whole" if any(p.tp == "kv-replicated" for p in placements)
+                     else f"heads, KV heads and widths / {layout.tp}, the hidden size whole")
     if layout.cp > 1:
         parts.append(f"{ctx.seq // layout.cp:,} of the {ctx.seq:,} tokens (S / {layout.cp})")
     notes: tuple[str, ...] = ()
