@@ -119,3 +119,25 @@ def test_at_batch_1_the_shifted_labels_are_a_view_of_the_padded_ones(seq, checkp
     assert end.bytes == traced["forward"] == forward
     if not checkpointing:
         assert closed["start of backward"].bytes == traced["backward"]
+
+
+def test_the_sliding_window_caches_hold_their_window_as_the_forward_runs():
+    """transformers' training forward makes a DynamicCache; each of its sliding-window layers
+    (DynamicSlidingWindowLayer) holds its window as an int64 scalar until the loss is taken. The Llama-style
+    recipe's end of forward is the timeline's forward peak to the byte on a 2-layer Mistral cut whose window the
+    sequence does not fill (16 B under before; Mistral-7B and Phi-3-mini at 1 × 2,048, 256 B)."""
+    import torch
+    import transformers as T
+
+    from paramscope.cost.memory.activations import training_activations
+    from paramscope.cost.traced.timeline import record_training_step
+
+    config = T.MistralConfig(**dict(CUT, hidden_size=64, intermediate_size=128, sliding_window=4096))
+    with torch.device("meta"):
+        module = T.MistralForCausalLM(config)
+    act = training_activations(config, "MistralForCausalLM", batch=2, seq=64, precision="fp32", checkpointing=False)
+    end = next(m for m in act.moments if m.where == "end of forward")
+    assert "the training cache's window sizes, an int64 in each of its 2 sliding-window layers = 16" in end.arithmetic
+    forward_peak, _, _ = record_training_step(module, StepSettings(batch=2, seq=64, precision="fp32"),
+                                              "model.layers").peaks()
+    assert end.bytes == forward_peak

@@ -157,15 +157,19 @@ def llama_style(config: Any, kind: str, batch: int, seq: int, variant: str = "ll
         stack = (layers * layer + window * masked, f"{layers} layers × {layer_text}")
     # eager attention saves K and V repeated to the query heads: the training cache's own K and V are extra (fp32
     # and bf16-pure: both; mixed: the values, the fp32 keys being counted as for sdpa)
-    eager_values = ((layers * {"fp32": 8, "bf16-pure": 4, "mixed": 2}[kind] * tokens * kv,
+    cache_held = ((layers * {"fp32": 8, "bf16-pure": 4, "mixed": 2}[kind] * tokens * kv,
                      f"the training cache's {'values' if kind == 'mixed' else 'keys and values'} (eager attention "
                      f"saved them repeated), {layers} layers", False),) if tables.scores else ()
     outside_text = f"{th}·T·h + {tv}·T·V + {shd}·S·hd + {t}·T" + \
         (f" + {tables.outside_vector}h" if tables.outside_vector else "")
+    sliding = _sliding_cache_layers(config, layers)
+    if sliding:  # held from the model's forward until its output (and cache) is dropped after the loss
+        cache_held += ((8 * sliding, f"the training cache's window sizes, an int64 in each of its {sliding} "
+                                       "sliding-window layers", False),)
     return Layout(layer + (masked if window == layers else 0), layer_text, outside, f"{outside_text} = {outside:,} B",
                    h, vocab, layers, stack=stack, checkpointed_outside=(
                        outside + kept, f"{outside_text} + {kept_text} = {outside + kept:,} B") if kept else None,
-                   loss_working=causal_loss_working(kind, batch, seq, h, layers, kv) + eager_values,
+                   loss_working=causal_loss_working(kind, batch, seq, h, layers, kv) + cache_held,
                    backward_start=causal_backward_start(batch, seq))
 
 
@@ -176,6 +180,19 @@ def _window_layers(config: Any, seq: int, layers: int) -> int:
         return 0
     types = getattr(config, "layer_types", None)
     return sum(kind == "sliding_attention" for kind in types) if isinstance(types, (list, tuple)) else layers
+
+
+def _sliding_cache_layers(config: Any, layers: int) -> int:
+    """The layers whose training cache is transformers' DynamicSlidingWindowLayer (sliding or chunked attention, by
+    the config's layer_types, else by its sliding_window or attention_chunk_size, as cache_utils reads them), each
+    holding its window as an int64 scalar, 8 B, from the forward's start to the loss (traced: Mistral-7B and
+    Phi-3-mini at 1 × 2,048, 32 layers, 256 B under; a 2-layer Gemma-2 cut, 8 B). Checkpointing turns the cache off."""
+    types = getattr(config, "layer_types", None)
+    if isinstance(types, (list, tuple)):
+        return sum(kind in ("sliding_attention", "chunked_attention") for kind in types[:layers])
+    if getattr(config, "sliding_window", None) is not None or getattr(config, "attention_chunk_size", None) is not None:
+        return layers
+    return 0
 
 
 def _masked_sdpa(kind: str, batch: int, seq: int, q: int, kv: int, kv_heads: int) -> tuple[int, str]:
