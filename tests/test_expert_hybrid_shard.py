@@ -1,11 +1,12 @@
 """Expert parallel beside FSDP2's hybrid sharding (issue 28, --ep with --zero hybrid_shard), laid out as torchtitan lays
 it out (parallel_dims.py: dp_replicate in front of (dp_shard_mod_ep, dp_shard_in_ep, cp, tp), ep = dp_shard_in_ep ×
 cp drawn from a shard group, its (dp_shard × cp) % ep == 0): every FSDP2 unit on a (dp_replicate, shard ranks)
-mesh, the experts' own unit on (dp_replicate, dp_shard_mod_ep), on dim 1 where that mesh outnumbers a rank's experts
-(torchtitan's apply_fsdp: dp_mod_ep_mesh.size() × ep > E, the replicas counted). One rank traced on torch's fake
-process group; the rank derived from such traces equal to it to the byte on the 5-layer Mixtral cut. At full size
-(not run here): mixtral-8x7b --dp 8 --ep 2 --zero hybrid_shard --shard-group 4 --seq 1024 --training --trace,
-derived and traced equal (docs/commands.md)."""
+mesh, the experts' own unit on (dp_replicate, dp_shard_mod_ep), on dim 1 where its shard dimension outnumbers a
+rank's experts (torchtitan's apply_fsdp: edp_mesh["efsdp"].size() × ep > E, the replicas not counted). The rank is
+derived as FSDP2's over its shard group (the replicas' all-reduce runs in place), and --trace runs the real HSDP
+meshes on torch's fake process group: equal to the byte on the 5-layer Mixtral cut. At full size (not run here):
+mixtral-8x7b --dp 8 --ep 2 --zero hybrid_shard --shard-group 4 --seq 1024 --training --trace, derived and traced
+equal (docs/commands.md)."""
 
 from __future__ import annotations
 
@@ -62,17 +63,19 @@ def test_hybrid_shard_replicas_trace_as_fsdp2_over_the_group_without_experts():
 
 
 @pytest.mark.parametrize("layout, phases", [
-    (ParallelLayout(dp=8, ep=2, shard="hsdp", shard_group=4), (5_023_088, 5_044_592, 2_351_144)),
-    (ParallelLayout(dp=4, cp=2, ep=2, shard="hsdp", shard_group=4), (3_764_080, 3_906_032, 2_351_144)),
+    (ParallelLayout(dp=8, ep=2, shard="hsdp", shard_group=4), (5_023_088, 4_864_880, 2_351_144)),
+    (ParallelLayout(dp=4, cp=2, ep=2, shard="hsdp", shard_group=4), (3_764_080, 3_709_424, 2_351_144)),
 ], ids=["dp8 hsdp4 ep2", "dp4 cp2 hsdp4 ep2"])
 def test_hybrid_shard_beside_ep_derived_equals_its_trace(cache, layout, phases):
-    """2 × 32 tokens, bf16-mixed: forward, backward and the optimizer step derived (traced at 4 layers, checked at 5)
-    equal rank 0 traced, 587,712 B of weights (the experts over ep 2, then over the group's 2 dp_shard_mod_ep ranks).
-    dp 8 in groups of 4: the experts' (dp_replicate 2, dp_shard_mod_ep 2) mesh outnumbers a rank's 2 experts, so
-    torchtitan cuts them on dim 1: the backward 179,712 B above FSDP2's over 4 ranks (4,864,880 B,
-    tests/test_expert_fsdp.py). Beside cp 2 the ep ranks are dp_shard_in_ep 1 × cp 2, the ring over cp."""
+    """2 × 32 tokens, bf16-mixed: forward, backward and the optimizer step derived (as FSDP2 over the group of 4,
+    traced at 4 layers, checked at 5) equal rank 0 traced on the (dp_replicate 2, ...) meshes, 587,712 B of weights
+    (the experts over ep 2, then over the group's 2 dp_shard_mod_ep ranks, on dim 0: 2 ranks, 2 experts). dp 8 in
+    groups of 4: --dp 4 --ep 2 --zero fsdp's figures (tests/test_expert_fsdp.py). Beside cp 2 the ep ranks are
+    dp_shard_in_ep 1 × cp 2, the ring over cp."""
     device, derived, traced = small_mixtral_phases(layout, 32)
     assert device.activations_from.startswith("derived")
     assert tuple(derived.values()) == tuple(traced.values()) == phases
     assert device.traced.resident["parameters"] == device.weights == 587_712
-    assert any("hybrid sharding: the shard group's FSDP2 units replicated over 2 groups" in n for n in device.notes)
+    assert any("hybrid sharding: traced as FSDP2 over the shard group of 4, which its 2 replicas run alike" in n
+               for n in device.notes)
+    assert any("hybrid sharding (HSDP, torchtitan's dp_replicate 2" in n for n in device.traced.notes)

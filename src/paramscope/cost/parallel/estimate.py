@@ -236,7 +236,7 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     from ..derived.step import DerivedStep
     from ..derived.symbols import NotDerivable
     from ..dims import dim
-    from ..traced.parallel import with_mixed_precision, with_replicas
+    from ..traced.parallel import with_mixed_precision
     from ..traced.step import StepSettings
     from .experts import load_words
 
@@ -263,12 +263,10 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
               (experts_dp, "fsdp" if fsdp else "none", layout.tp, layout.sp, 0, layout.ep) if layout.ep > 1 else
               (layout.shard_degree if fsdp else 1, "fsdp" if fsdp else "none", layout.tp, layout.sp))
     traced = with_mixed_precision(traced, layout.fsdp_mixed_precision)  # the policy is part of the recipe's key
-    # hybrid sharding beside routed experts: torchtitan's dp_replicate in front, each unit on (dp_replicate, its
-    # shard ranks); the replicas' count is in the key (the experts' unit goes on dim 1 where dp_replicate ×
-    # dp_shard_mod_ep outnumbers a rank's experts, torchtitan's rule); without experts HSDP's rank is traced as
-    # FSDP2 over its shard group (equal to the byte on a Mixtral cut)
+    # hybrid sharding: the rank derived as FSDP2's over its shard group (the replicas' all-reduce runs in place on the
+    # reduce-scattered gradient; the experts' unit cut as over the group, torchtitan's rule reading the shard
+    # dimension alone); beside routed experts --trace runs the real HSDP mesh, dp_replicate in front, as the check
     replicas = hybrid_replicas(layout, cuts_routed_experts(placements))
-    traced = with_replicas(traced, replicas)
     settings = StepSettings(precision=ctx.precision, optimizer=ctx.optimizer,
                             grad_checkpointing=bool(ctx.shape.get("checkpointing")), attention=ctx.attention,
                             frozen=ctx.frozen, weights_dtype=ctx.weights_dtype, own_dtype=ctx.own, layout=traced)
@@ -319,9 +317,9 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         (["torch's context_parallel ring attention" + (" on the tp rank's heads" if layout.tp > 1 else "")]
          if layout.cp > 1 else [])) + (", rank 0" + (", the busiest" if loaded else "") if layout.cp > 1 else ""))
     if replicas > 1:
-        applied += (f"; hybrid sharding: the shard group's FSDP2 units replicated over {replicas} groups, each unit "
-                    "on a (dp_replicate, shard ranks) mesh as torchtitan's, the experts' on (dp_replicate, "
-                    "dp_shard_mod_ep)")
+        applied += (f"; hybrid sharding: traced as FSDP2 over the shard group of {layout.shard_degree}, which its "
+                    f"{replicas} replicas run alike (--trace runs the (dp_replicate, shard ranks) meshes as "
+                    "torchtitan's, the experts' on (dp_replicate, dp_shard_mod_ep))")
     notes = [f"one rank's step derived from traces of the real class on torch's fake process group ({applied}): "
              f"{step.recipe.traced}; {step.recipe.check}"]
     if fsdp and ctx.precision.endswith("-mixed"):

@@ -41,10 +41,10 @@ def untraced_by_layout(layout: ParallelLayout) -> str | None:
 
 
 def hybrid_replicas(layout: ParallelLayout, experts: bool) -> int:
-    """The shard groups hybrid sharding replicates (torchtitan's dp_replicate) where the trace lays them out: beside
-    ep cutting routed experts (`experts`), whose own FSDP2 unit goes on (dp_replicate, dp_shard_mod_ep); 1 elsewhere,
-    where HSDP's rank is traced as FSDP2 over its shard group (the same bytes: a Mixtral cut's dp 2 × 2 replicas,
-    without ep and with ep 2 and dp_shard_mod_ep 1, equal to the byte)."""
+    """The shard groups hybrid sharding replicates (torchtitan's dp_replicate) where --trace lays them out: beside ep
+    cutting routed experts (`experts`), whose own FSDP2 unit goes on (dp_replicate, dp_shard_mod_ep); 1 elsewhere,
+    where HSDP's rank is traced as FSDP2 over its shard group. The derived rank is FSDP2's over the group in both
+    (the same bytes on a Mixtral cut, with and without ep: tests/test_expert_hybrid_shard.py)."""
     if layout.shard != "hsdp" or layout.ep == 1 or not experts or layout.shard_degree == 1:
         return 1
     return layout.dp * layout.cp // layout.shard_degree

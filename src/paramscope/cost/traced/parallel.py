@@ -129,16 +129,6 @@ def with_mixed_precision(layout: tuple, mixed: str) -> tuple:
     return tuple(layout) + defaults[len(layout):] + (mixed,)
 
 
-def with_replicas(layout: tuple, replicate: int) -> tuple:
-    """A layout tuple as StepSettings.layout holds it (with_mixed_precision's), with HSDP's `replicate` in its 10th
-    place where it is more than 1 (the entries between at Layout's defaults); 1 leaves it as it was, so the keys of
-    recipes traced before HSDP was traced stay what they were."""
-    if replicate == 1:
-        return layout
-    defaults = (1, "none", 1, False, 0, 1, 1, 1, "autocast")
-    return tuple(layout) + defaults[len(layout):] + (replicate,)
-
-
 def trace_parallel_training(module: Any, settings: StepSettings, *, dp: int = 1, shard: str = "none", tp: int = 1,
                             sp: bool = False, rank: int = 0, ep: int = 1, cp: int = 1, load: float = 1,
                             mixed: str = "autocast", replicate: int = 1) -> TracedStep:
@@ -459,8 +449,8 @@ def apply_fsdp(model: Any, mesh: Any, settings: StepSettings, experts_mesh: Any 
     reshard_after_forward (a layer frees its gathered parameters after its forward; the root keeps its own).
     `experts_mesh` (expert parallel): each layer's experts, already split over the ep ranks, first get a unit of
     their own over that mesh, as torchtitan's apply_fsdp does (its dp_shard_mod_ep mesh); where that mesh has more
-    ranks than a rank's experts (dp_shard_mod_ep × ep > E), on their dim 1 as torchtitan shards them (dim 0 would
-    leave ranks holding padding). `mixed` "policy" (a mixed precision): every unit gets torchtitan's
+    ranks than a rank's experts (dp_shard_mod_ep × ep > E; under HSDP its shard dimension, not the replicas), on
+    their dim 1 as torchtitan shards them (dim 0 would leave ranks holding padding). `mixed` "policy" (a mixed precision): every unit gets torchtitan's
     MixedPrecisionPolicy (param_dtype the 16-bit type, reduce_dtype fp32) and the model's forward runs with autocast
     off (policy_without_autocast)."""
     from torch.distributed.fsdp import fully_shard
@@ -471,7 +461,9 @@ def apply_fsdp(model: Any, mesh: Any, settings: StepSettings, experts_mesh: Any 
     modules = dict(model.named_modules())
     on_dim_1 = False
     for name in experts:
-        on_dim_1 = experts_mesh.size() > _local(modules[name].gate_up_proj).shape[0]
+        # the shard dimension's ranks alone (under HSDP not the replicas: torchtitan's apply_fsdp compares
+        # edp_mesh["efsdp"].size() × ep with the experts)
+        on_dim_1 = experts_mesh.size(experts_mesh.ndim - 1) > _local(modules[name].gate_up_proj).shape[0]
         fully_shard(modules[name], mesh=experts_mesh, shard_placement_fn=(lambda _: Shard(1)) if on_dim_1 else None,
                     **options)
     lists, how = layer_lists(model)
