@@ -108,3 +108,21 @@ def test_the_replica_sum_counts_its_devices_in_the_singular_and_names_ep(capsys)
            "as many token-expert pairs as its own tokens send, at balanced routing): the model's " \
            "163,251,706,920,960, exactly" in text
     assert "1 devices" not in text
+
+
+def test_the_recompute_says_why_it_is_below_the_layers_forward():
+    """llama-3-8b, 4 × 4,096, checkpointed: recompute 2.199e14 below the layers' forward (2.639e14): each layer's
+    down projection is not rerun (61,572,651,155,456), flash attention's scores are (½ × 35,184,372,088,832)."""
+    from paramscope import FlopOptions, estimate_flops
+
+    estimate = estimate_flops("llama-3-8b", FlopOptions(training=True, batch=4, seq=4096, grad_checkpointing="full"))
+    assert estimate.recompute == 219_902_325_555_200 == \
+        228_698_418_577_408 + 35_184_372_088_832 - 61_572_651_155_456 + 17_592_186_044_416
+    note = next(n for n in estimate.notes if n.startswith("recompute "))
+    assert note == (
+        "recompute 219,902,325,555,200 = the checkpointed layers' forward rerun in backward, their matmuls "
+        "228,698,418,577,408 + their attention scores 35,184,372,088,832, less each layer's last matmul (mlp.down: 32 "
+        "of them, 61,572,651,155,456), which is not rerun: torch's non-reentrant checkpoint stops a layer's rerun once "
+        "backward has every tensor the layer saved, and nothing after that matmul saves its output; + flash "
+        "attention's backward recomputing the scores, ½ × 35,184,372,088,832 = 17,592,186,044,416; the head and the "
+        "embeddings are outside the layers and not rerun")

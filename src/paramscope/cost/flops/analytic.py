@@ -203,6 +203,17 @@ def analytic_flops(view: Any, params: Any, *, batch: int, seq: int, training: bo
             if parts is not None:
                 parts.not_rerun.update(name for _, name in not_rerun)
             recompute += layer_flops - skipped + attention
+            roles = sorted({role for _, role, _ in last_in_layer.values() if not (dropout or post_norm)
+                            and role in ("mlp.down", "moe.shared_experts.down")})
+            notes.append(
+                f"recompute {recompute:,} = the checkpointed layers' forward rerun in backward, their matmuls "
+                f"{layer_flops:,} + their attention scores {attention:,}"
+                + (f", less each layer's last matmul ({', '.join(roles)}: {len(not_rerun)} of them, {skipped:,}), "
+                   "which is not rerun: torch's non-reentrant checkpoint stops a layer's rerun once backward has "
+                   "every tensor the layer saved, and nothing after that matmul saves its output" if skipped else "")
+                + (f"; + flash attention's backward recomputing the scores, ½ × {attention:,} = {attention // 2:,}"
+                   if fused else "")
+                + "; the head and the embeddings are outside the layers and not rerun")
         if unused_pooler:
             notes.append("a bare model trains on the sum of its last hidden state: the pooler runs in the forward, "
                          "but no gradient reaches it")
