@@ -132,6 +132,16 @@ def _cli(*args, cwd=None):
                           cwd=cwd, timeout=300)
 
 
+def _cli_here(capsys, *args) -> str:
+    """The CLI in this process, for the runs that build (a fresh process costs an import of torch, transformers and
+    PEFT, about 6 CPU s, more; the CLI's own process is held by the runs above and below): stdout."""
+    from paramscope.cli import main
+
+    capsys.readouterr()
+    assert main(list(args)) == 0
+    return capsys.readouterr().out
+
+
 def test_cli_html_writes_the_page_and_says_where(tmp_path):
     out = tmp_path / "bert.html"
     result = _cli("inspect", "bert-base-uncased", "--html", str(out))
@@ -637,16 +647,14 @@ def test_layers_that_train_stay_apart_from_frozen_ones(tmp_path):
     assert boxes["10–11 × 2"].value == 2 * 7_087_872 == plan.trainable
 
 
-def test_plan_compare_page(browser, tmp_path):
+def test_plan_compare_page(browser, tmp_path, capsys):
     """Issue 27 §1: `plan --compare --gpu A100-80GB --html` left out the --gpu answer and every setting. The page
     answers for each plan as the text and the JSON do, and states every setting (one cell where the plans agree)."""
     import json
 
     out = tmp_path / "plans.html"
-    result = _cli("plan", "gpt2", "--compare", "full,freeze,lora", "--seq", "64", "--gpu", "A100-80GB",
-                  "--html", str(out), "--json")
-    assert result.returncode == 0, result.stderr
-    plans = json.loads(result.stdout)["plans"]
+    plans = json.loads(_cli_here(capsys, "plan", "gpt2", "--compare", "full,freeze,lora", "--seq", "64", "--gpu",
+                                 "A100-80GB", "--html", str(out), "--json"))["plans"]
     page = _Page(browser, out)
     assert page.errors == [] and page.requests == [page.url]
     totals = [124_439_808, 124_439_808, 124_734_720]  # LoRA's adapters add 294,912
@@ -698,15 +706,14 @@ def test_plan_compare_page(browser, tmp_path):
     page.page.close()
 
 
-def test_plan_page_states_every_setting_the_gpu_answer_and_the_flops(tmp_path):
+def test_plan_page_states_every_setting_the_gpu_answer_and_the_flops(tmp_path, capsys):
     """Issue 27 §1: `plan MODEL --lora 8 --gpu … --html` ignored --gpu and named no setting: the page now says the
     text's --gpu answer, every setting and the step's traced FLOPs."""
     import json
 
     out = tmp_path / "plan.html"
-    result = _cli("plan", "gpt2", "--lora", "8", "--seq", "64", "--gpu", "A100-80GB", "--html", str(out), "--json")
-    assert result.returncode == 0, result.stderr
-    plan = json.loads(result.stdout)["plan"]
+    plan = json.loads(_cli_here(capsys, "plan", "gpt2", "--lora", "8", "--seq", "64", "--gpu", "A100-80GB", "--html",
+                                str(out), "--json"))["plan"]
     page = out.read_text("utf-8")
     assert _settings_of(page) == {
         "plan": "lora",
