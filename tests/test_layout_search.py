@@ -31,17 +31,21 @@ def test_qwen_layouts_and_fewest_devices(qwen):
     assert seconds == sorted(seconds)
     best = search.best
     assert (best.layout.dp, best.layout.tp, best.layout.pp, best.layout.cp) == (4, 2, 1, 1)
-    assert best.layout.sp and best.replica_batch == 2 and best.peak == 9_055_217_544
-    # the fewest: one device cannot hold the global batch of 8 × 1,024; two in a pipeline can
+    # its replica's 2 sequences as 2 micro-steps of one (gradient accumulation, the pipelines' microbatch): 9,055,217,544
+    # B at once
+    assert best.layout.sp and best.replica_batch == 2 and best.accumulation == 2 and best.peak == 7_245_235_600
+    # the fewest: one device holds the global batch of 8 × 1,024 as 8 micro-steps of one sequence (gradient
+    # accumulation; at once it did not, and two in a pipeline were the fewest)
     minimum = search.minimum
-    assert minimum.devices == 2
-    assert (minimum.layout.layout.dp, minimum.layout.layout.pp, minimum.layout.layout.micro_batches) == (1, 2, 8)
-    assert [(t.devices, t.outcome) for t in minimum.tried] == [(1, "none fits"), (2, "fits")] and minimum.floor == 1
+    assert minimum.devices == 1 and minimum.layout.accumulation == 8 and minimum.layout.peak == 12_400_201_104
+    assert (minimum.layout.layout.dp, minimum.layout.layout.pp, minimum.layout.layout.micro_batches) == (1, 1, 1)
+    assert [(t.devices, t.outcome) for t in minimum.tried] == [(1, "fits")] and minimum.floor == 1
 
 
 def test_communication_formulas_by_hand(qwen):
-    """dp 4 × tp 2, DDP: the gradients' ring all-reduce over 4 replicas, 2·3/4 × G; tensor parallel's 4 collectives a
-    layer + the embedding's and the head's, 2·1/2 × b·s·h·2 B each."""
+    """dp 4 × tp 2, DDP: the gradients' ring all-reduce over 4 replicas, 2·3/4 × G, in each of its 2 micro-steps
+    (gradient accumulation, no no_sync); tensor parallel's 4 collectives a layer + the embedding's and the head's,
+    2·1/2 × b·s·h·2 B each."""
     from paramscope.cost.parallel.rules import placements_for
     from paramscope.cost.parallel.layout import ParallelLayout
 
@@ -50,7 +54,7 @@ def test_communication_formulas_by_hand(qwen):
     local = sum(p.local_numel for p in placements_for(report, view, ParallelLayout(tp=2)))
     gradients = 4 * local  # fp32 gradients under bf16-mixed
     terms = {t.kind: t for t in best.comm}
-    assert terms["dp"].bytes == 2 * 3 * gradients // 4 == 1_482_230_016
+    assert terms["dp"].bytes == 2 * (2 * 3 * gradients // 4) == 2 * 1_482_230_016
     layers, hidden = 24, 896
     assert terms["tp"].bytes == (4 * layers + 2) * (2 * 1 * (2 * 1024 * hidden * 2)) // 2 == 359_661_568
     assert best.comm_bytes == terms["dp"].bytes + terms["tp"].bytes
@@ -76,15 +80,18 @@ def test_llama_3_70b_on_64_h100():
     """The issue's question: which layouts of 64 H100s train Llama-3-70B (global batch 64 × 2,048, FSDP2)."""
     _, search, _ = find_layouts("llama-3-70b", SearchOptions(devices=64, gpu="h100"))
     # a pipeline stage holds each in-flight microbatch's own 16-bit weight copies (its forward's autocast region;
-    # 018c487, traced on cuts): 40 layouts fitted and 24 devices sufficed when they were counted once
-    assert (len(search.fitting), len(search.not_fitting), len(search.skipped)) == (18, 66, 0)
-    assert [(c.layout.dp, c.layout.tp, c.layout.pp, c.layout.cp) for c in search.fitting[:5]] == [
-        (1, 4, 2, 8), (1, 8, 2, 4), (2, 4, 2, 4), (2, 8, 2, 2), (1, 16, 2, 2)]
+    # 018c487, traced on cuts): 40 layouts fitted and 24 devices sufficed when they were counted once. A layout
+    # without a pipeline accumulates gradients over micro-steps of one sequence, the pipelines' microbatch: 18 fitted
+    # when each replica ran its batch at once (the first dp 1 · tp 4 · pp 2 · cp 8, 57,594,193,828 B; dp 8 · tp 8
+    # 230,218,653,012 B, now 61,263,352,148 B)
+    assert (len(search.fitting), len(search.not_fitting), len(search.skipped)) == (32, 52, 0)
+    assert [(c.layout.dp, c.layout.tp, c.layout.pp, c.layout.cp, c.accumulation) for c in search.fitting[:5]] == [
+        (8, 8, 1, 1, 8), (4, 8, 1, 2, 16), (8, 4, 1, 2, 8), (2, 8, 1, 4, 32), (4, 4, 1, 4, 16)]
     best = search.best
-    assert best.peak == 57_594_193_828 and best.flops == 905_430_645_604_352
-    assert best.bubble == 1 / 65 and best.seconds == best.flops / 989.4e12 / (1 - 1 / 65)
-    assert [(t.kind, t.bytes) for t in best.comm] == [("dp", 92_606_976_000), ("tp", 64_827_162_624),
-                                                      ("pp", 134_217_728), ("cp", 14_092_861_440)]
+    assert best.peak == 61_263_352_148 and best.peak_phase == "backward, gradients held"
+    assert best.flops == 892_519_973_912_576 and best.bubble == 0 and best.seconds == best.flops / 989.4e12
+    # FSDP2 gathers and reduce-scatters in each of the 8 micro-steps
+    assert [(t.kind, t.bytes) for t in best.comm] == [("dp", 8 * 92_613_857_280), ("tp", 151_263_379_456)]
     minimum = search.minimum  # every count from the states' floor up: 32 is the first that fits
     assert (minimum.devices, minimum.floor, minimum.untried) == (32, 14, None)
     assert minimum.layout.peak == 79_056_488_356
@@ -92,12 +99,12 @@ def test_llama_3_70b_on_64_h100():
     assert (layout.dp, layout.tp, layout.pp, layout.cp) == (1, 4, 2, 4)
     # a layout whose lower bound (the first stage's states and in-flight activations) exceeds the GPU is passed over
     assert [(t.devices, t.outcome, t.layouts) for t in minimum.tried] == [
-        (14, "none fits", 0), (15, "none fits", 0), (16, "none fits", 2), (17, "none fits", 0), (18, "none fits", 0),
+        (14, "none fits", 0), (15, "none fits", 0), (16, "none fits", 14), (17, "none fits", 0), (18, "none fits", 0),
         (19, "none fits", 0), (20, "none fits", 2), (21, "none fits", 0), (22, "none fits", 0), (23, "none fits", 0),
         (24, "none fits", 10), (25, "none fits", 0), (26, "none fits", 0), (27, "none fits", 0), (28, "none fits", 3),
         (29, "none fits", 0), (30, "none fits", 0), (31, "none fits", 0), (32, "fits", 3)]
-    assert minimum.bounded == 114
-    assert search.evaluated == 84 + 2 + 2 + 10 + 3 + 3  # N's own; 16, 20, 24, 28, 32
+    assert minimum.bounded == 82
+    assert search.evaluated == 84 + 14 + 2 + 10 + 3 + 3  # N's own; 16, 20, 24, 28, 32
 
 
 def test_every_degree_that_divides(capsys):
@@ -106,16 +113,17 @@ def test_every_degree_that_divides(capsys):
     _, search, _ = find_layouts("llama-3-8b", SearchOptions(devices=6, gpu="h100"))
     assert sorted((c.layout.dp, c.layout.tp, c.layout.pp, c.layout.cp) for c in search.fitting) == [
         (1, 1, 3, 2), (1, 1, 6, 1), (1, 2, 3, 1), (2, 1, 3, 1), (3, 1, 1, 2), (3, 1, 2, 1), (3, 2, 1, 1), (6, 1, 1, 1)]
-    assert search.best.peak == 51_047_147_668 and search.not_fitting == ()
+    assert search.best.peak == 43_934_991_348 and search.not_fitting == ()  # dp 3 · tp 2, 2 micro-steps of one
     assert sorted((s.dp, s.tp, s.pp, s.cp) for s in search.skipped) == [
         (1, 1, 1, 6), (1, 1, 2, 3), (1, 2, 1, 3), (1, 6, 1, 1), (2, 1, 1, 3), (2, 3, 1, 1)]
     assert next(s.reason for s in search.skipped if s.tp == 3) == (
         "tp 3 would split attention heads: 32 heads are not a multiple of it")
     minimum = search.minimum
-    assert (minimum.devices, minimum.floor, minimum.layout.peak) == (3, 2, 77_670_269_840)
+    assert (minimum.devices, minimum.floor, minimum.layout.peak) == (3, 2, 77_905_150_864)
     assert (minimum.layout.layout.pp, minimum.layout.layout.micro_batches) == (3, 6)
-    assert [(t.devices, t.outcome, t.layouts) for t in minimum.tried] == [(2, "none fits", 1), (3, "fits", 1)]
-    assert search.evaluated == 8 + 1 + 1 + 1  # N's; 2's one under the GPU on its bound; 4, which bounds it; 3
+    # 2's four under the GPU on their bound (without a pipeline, its first micro-step's, at one sequence)
+    assert [(t.devices, t.outcome, t.layouts) for t in minimum.tried] == [(2, "none fits", 4), (3, "fits", 1)]
+    assert search.evaluated == 8 + 4 + 1 + 1  # N's; 2's four; 4, which bounds it; 3
 
 
 def test_the_bound_never_passes_over_a_layout_that_fits(monkeypatch):
@@ -162,7 +170,7 @@ def test_the_fewest_devices_search_is_bounded(monkeypatch, capsys):
     assert main(["memory", "llama-3-8b", "--training", "--find-layout", "--gpu", "h100", "--devices", "6"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "fewest devices found to fit: 4 (dp 1 · pp 2 · cp 2" in text and "1: the model states alone" in text
-    assert "2: none of its 1 layout tried fits (3 more passed over on a lower bound" in text
+    assert "2: none of its 4 layouts tried fits;" in text
     assert "3: not tried (the search below the first power of two" in text
 
 
@@ -171,16 +179,17 @@ def test_json_and_text(capsys):
             "--seq", "1024", "--zero", "0"]
     assert main(argv + ["--json"]) == 0
     found = json.loads(capsys.readouterr().out)["layout_search"]
-    assert found["devices"] == 8 and found["global_batch"] == 8 and found["minimum"]["devices"] == 2
+    assert found["devices"] == 8 and found["global_batch"] == 8 and found["minimum"]["devices"] == 1
     for row in found["layouts"]:
         assert row["fits"] and row["comm_bytes"] == sum(term["bytes"] for term in row["comm"])
         assert row["peak"] + found["reserve"] <= found["memory"]
     assert [row["seconds"] for row in found["layouts"]] == sorted(row["seconds"] for row in found["layouts"])
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "a bound at the GPU's peak, not a prediction" in text and "fewest devices that fit: 2" in text
+    assert "a bound at the GPU's peak, not a prediction" in text and "fewest devices that fit: 1" in text
     assert "layouts evaluated in" in text and found["search_seconds"] >= 0
-    assert "dp 4 · tp 2" in text
+    assert "dp 4 · tp 2 · accum 2" in text
+    assert all(row["grad_accum"] == (row["replica_batch"] if row["pp"] == 1 else 1) for row in found["layouts"])
 
 
 @pytest.mark.parametrize("extra, message", [

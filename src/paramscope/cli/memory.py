@@ -163,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
     if wants_vllm(args):
         return run_vllm(args)
     if args.grad_accum != 1 and (not args.training or args.find_layout):
-        raise OptionError("--grad-accum is for one --training step (--find-layout does not search it yet)")
+        raise OptionError("--grad-accum is for one --training step (--find-layout accumulates by itself, "
+                          "micro-steps of one sequence without a pipeline)")
     if args.find_layout or args.global_batch is not None:
         return _find_layout(args)
     if args.zero is None:

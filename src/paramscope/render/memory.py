@@ -873,7 +873,8 @@ def layout_search_parts(report, search) -> list:
                  f"global batch / dp; {search.precision}; {search.optimizer}; gradient checkpointing "
                  f"{search.grad_checkpointing}"),
         indented(f"every layout: {shard} over dp × cp; sequence parallel with tp; pipelines {pipeline} with "
-                 "microbatches of one sequence"),
+                 "microbatches of one sequence; without a pipeline, gradient accumulation over micro-steps of one "
+                 "sequence (accum N: N micro-steps a step)"),
         indented(f"{total:,} layouts of {search.devices:,} devices: {len(fitting):,} fit (peak + "
                  f"{binary(search.reserve)} reserve ≤ {binary(search.memory)}), {len(rest):,} do not"
                  + (f", {len(skipped) - len(passed):,} not answered (below)" if len(skipped) > len(passed) else "")
@@ -908,7 +909,7 @@ def layout_search_parts(report, search) -> list:
                        "in; kinds apart, since they cross different links (tp and ep within a node, dp and pp across)"),
               Text(""), indented(minimum_sentence(search))]
     if rest:
-        closest = ", ".join(f"{layout_degrees(c.layout)} {binary(c.peak)}" for c in rest[:3])
+        closest = ", ".join(f"{layout_degrees(c.layout)}{c.accumulation_words} {binary(c.peak)}" for c in rest[:3])
         lines.append(indented(f"closest that do not fit, peak per device: {closest}"))
     if skipped:
         counts: dict[str, int] = {}
@@ -933,7 +934,8 @@ def _layouts_table(search, rows) -> Table:
         table.add_column(name, justify=justify, no_wrap=name != "by kind, GiB", overflow="fold")
     for index, candidate in enumerate(rows, 1):
         kinds = candidate.comm_by_kind()
-        table.add_row(str(index), layout_degrees(candidate.layout), binary(candidate.peak),
+        table.add_row(str(index), layout_degrees(candidate.layout) + candidate.accumulation_words,
+                      binary(candidate.peak),
                       seconds_words(candidate.seconds), f"{100 * candidate.bubble:.1f}%", binary(candidate.comm_bytes),
                       " ".join(f"{kind} {kinds[kind] / 2**30:.1f}" for kind in _KINDS if kind in kinds) or "none")
     return table
@@ -985,7 +987,7 @@ def minimum_sentence(search) -> str:
         return (f"fewest devices that fit{among}: none up to {minimum.limit:,} (counts tried upward from 1 at the "
                 f"same global batch{before}{done})")
     layout = minimum.layout.layout
-    shown = "one device" if layout.devices == 1 else layout_degrees(layout)
+    shown = ("one device" if layout.devices == 1 else layout_degrees(layout)) + minimum.layout.accumulation_words
     found = ("fewest devices found to fit" if minimum.untried is not None or minimum.unanswered else
              "fewest devices that fit") + among
     return (f"{found}: {minimum.devices:,} ({shown}, peak {binary(minimum.layout.peak)} a device; counts tried "

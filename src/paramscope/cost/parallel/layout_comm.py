@@ -47,12 +47,13 @@ class StepCommunication:
         self.facts = facts
         self._stage_bytes: dict[tuple[int, int, int, int], list[tuple[Stage, int, int, int]]] = {}
 
-    def busiest(self, layout: ParallelLayout, replica: int) -> tuple[int, tuple[CommTerm, ...]]:
-        """(the stage whose device moves the most, its terms)."""
+    def busiest(self, layout: ParallelLayout, replica: int, steps: int = 1) -> tuple[int, tuple[CommTerm, ...]]:
+        """(the stage whose device moves the most, its terms); `steps`: the micro-steps of gradient accumulation
+        (the data-parallel collectives run in each)."""
         facts = self.facts
         best: tuple[int, tuple[CommTerm, ...]] | None = None
         for stage, dense, experts, tied in self.stage_bytes(layout):
-            terms = tuple(t for t in (*dp_terms(layout, dense, experts), tp_term(facts, layout, replica, stage),
+            terms = tuple(t for t in (*dp_terms(layout, dense, experts, steps), tp_term(facts, layout, replica, stage),
                                       *pp_terms(facts, layout, replica, stage, tied),
                                       ep_term(facts, layout, replica, stage), cp_term(facts, layout, replica, stage))
                           if t is not None)
@@ -100,9 +101,28 @@ class StepCommunication:
         return out
 
 
-def dp_terms(layout: ParallelLayout, dense: int, experts: int) -> list[CommTerm]:
+def dp_terms(layout: ParallelLayout, dense: int, experts: int, steps: int = 1) -> list[CommTerm]:
     """The data-parallel collectives: the dense parameters over the dp × cp ranks holding them, the routed
-    experts over the dp × cp / ep ranks holding the same experts."""
+    experts over the dp × cp / ep ranks holding the same experts. Under gradient accumulation (`steps`
+    micro-steps) the gradients are reduced every micro-step, and FSDP2 / ZeRO-3 gather the parameters every
+    micro-step (their defaults: no no_sync); ZeRO-1/2 gather the updated parameters once, after the step."""
+    out = _dp_terms(layout, dense, experts)
+    if steps == 1:
+        return out
+    if layout.zero_stage in (1, 2):  # the gradients' reduce-scatter each micro-step, the parameters' gather once
+        held = [(params, max(1, layout.shard_degree // split)) for params, split in ((dense, 1), (experts, layout.ep))
+                if params and layout.dp * layout.cp // split > 1]  # the terms _dp_terms gave, in its order
+        return [CommTerm(term.kind, f"{term.what}: the gradients' each of {steps} micro-steps",
+                         _ceil((n - 1) * (steps * params + params), n),
+                         term.formula.replace("(G + P)", f"({steps}·G + P)"),
+                         f"{n - 1}/{n} × ({steps} × {params:,} + {params:,})")
+                for term, (params, n) in zip(out, held)]
+    return [CommTerm(term.kind, f"{term.what}, each of {steps} micro-steps", steps * term.bytes,
+                     f"{steps} × ({term.formula})", f"{steps} × {term.bytes:,} ({term.arithmetic})")
+            for term in out]
+
+
+def _dp_terms(layout: ParallelLayout, dense: int, experts: int) -> list[CommTerm]:
     ranks = layout.dp * layout.cp
     out = []
     for label, params, split in (("", dense, 1), (" (routed experts)", experts, layout.ep)):

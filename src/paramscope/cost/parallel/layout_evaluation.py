@@ -49,8 +49,9 @@ class LayoutEvaluator:
         self.evaluated = 0  # layouts whose memory was computed
 
     def bound(self, layout: ParallelLayout, replica: int) -> int:
-        """A lower bound on the layout's peak per device (layout_bound.py)."""
-        return self.lower_bound.bound(layout, replica)
+        """A lower bound on the layout's peak per device (layout_bound.py): its first micro-step's, at the
+        microbatch, under gradient accumulation."""
+        return self.lower_bound.bound(layout, micro_batch(layout, replica))
 
     def evaluate(self, layout: ParallelLayout, replica: int) -> Candidate | Skipped | None:
         """The layout's figures; Skipped where an engine refuses it (the reason); None where the memory answer
@@ -61,16 +62,18 @@ class LayoutEvaluator:
         one), so each answered layout's peak is memory's to the byte; a derivation the search has not made yet is
         made only while fewer than MAX_DERIVED were, and only for a layout whose lower bound fits the GPU."""
         facts = self.facts
-        key = derivation_key(layout, replica, facts.experts)
+        steps = accumulation(layout, replica)
+        micro = replica // steps  # the batch one rank's step runs at: what is derived
+        key = derivation_key(layout, micro, facts.experts)
         derive = False
         # (an expert load is asked as memory asks it, derived, so that what memory refuses is named with its reason)
         if layout.tp > 1 or layout.cp > 1 or layout.pp > 1 or key is not None or layout.expert_load != 1:
-            why = self.engines.not_answered(layout, replica)
+            why = self.engines.not_answered(layout, micro)
             if self.engines.needs_build:
                 return None
             if why:
                 return _skipped(layout, why)
-            derive = bool(self.engines.derived(replica))
+            derive = bool(self.engines.derived(micro))
         new = False  # a rank's step this search derives now
         if derive and key is not None and key not in self.derivations.made:
             if key[0] == "device":  # the one-device recipe at a microbatch size, as dp × pp always derived it
@@ -83,12 +86,18 @@ class LayoutEvaluator:
                 new = True
         self.evaluated += 1
         try:
-            memory = self._memory(layout, replica, derive, new)
+            memory = self._memory(layout, replica, derive, new, steps)
             if memory is None:
                 return None
+            if steps > 1 and memory.peak > facts.capacity and not derive:
+                # the later micro-steps hold every gradient: where that does not fit but the whole replica batch at
+                # once does, a practitioner runs it at once (the closed form answers both in an instant)
+                at_once = self._memory(layout, replica, derive, False, 1)
+                if at_once is not None and at_once.peak <= facts.capacity:
+                    memory, steps = at_once, 1
             if memory.peak > facts.capacity:
                 return Candidate(layout, replica, memory.peak, memory.peak_phase, False, facts.capacity - memory.peak,
-                                 None, None, bubble(layout), None, (), None)
+                                 None, None, bubble(layout), None, (), None, steps)
             device = self.flops.device(layout, replica)
         except ParamscopeError as err:
             if new:  # memory refused the layout (GPT-2's attention dropout under cp, say): no rank was derived for
@@ -98,9 +107,9 @@ class LayoutEvaluator:
             return _skipped(layout, refusal_words(err))
         idle = bubble(layout)
         seconds = device.hardware / facts.peak / (1 - idle)
-        stage, comm = self.communication.busiest(layout, replica)
+        stage, comm = self.communication.busiest(layout, replica, steps)
         return Candidate(layout, replica, memory.peak, memory.peak_phase, True, facts.capacity - memory.peak,
-                         device.hardware, device.step, idle, seconds, comm, stage)
+                         device.hardware, device.step, idle, seconds, comm, stage, steps)
 
     def _derivation_refused(self, layout: ParallelLayout, replica: int) -> Skipped | None:
         """Why a layout that needs a new rank's derivation gets none: its bound exceeds the GPU, or the cap is
@@ -141,9 +150,9 @@ class LayoutEvaluator:
             return _skipped(layout, refusal_words(err))
         return None
 
-    def _memory(self, layout: ParallelLayout, replica: int, derive: bool, new: bool) -> Any:
+    def _memory(self, layout: ParallelLayout, replica: int, derive: bool, new: bool, steps: int) -> Any:
         """One device's step under the layout as memory answers it (None: the build is needed); `new`: a rank's
-        step derived now, said on the progress line."""
+        step derived now, said on the progress line; `steps`: its micro-steps (memory --grad-accum)."""
         from ... import progress
         from ..memory.training import step_estimate
 
@@ -153,7 +162,8 @@ class LayoutEvaluator:
             if new else nullcontext()
         with status:
             return step_estimate(facts.report, facts.view,
-                                 facts.training_options(replica, layout=layout, derive_layout=derive), live=False)
+                                 facts.training_options(replica, layout=layout, derive_layout=derive,
+                                                        grad_accum=steps), live=False)
 
 
 @dataclass(frozen=True)
@@ -165,6 +175,22 @@ class _RingQuestion:
     text: Any
     layout: ParallelLayout
     seq: int
+
+
+MICRO_BATCH = 1  # sequences a microbatch: a pipeline's default (layout_for), Megatron's usual micro-batch size
+
+
+def accumulation(layout: ParallelLayout, replica: int) -> int:
+    """Micro-steps a layout runs its replica batch as: without a pipeline, gradient accumulation over microbatches
+    of MICRO_BATCH sequences, the microbatch a pipeline runs (its --micro-batches), so that no layout is priced
+    at a larger batch at once than a pipeline's; 1 under a pipeline (its microbatches are its accumulation). Where the closed
+    form answers and the accumulated step does not fit but the batch at once does (the later micro-steps hold every
+    gradient), the layout runs it at once (LayoutEvaluator.evaluate)."""
+    return replica // MICRO_BATCH if layout.pp == 1 and replica % MICRO_BATCH == 0 else 1
+
+
+def micro_batch(layout: ParallelLayout, replica: int) -> int:
+    return replica // accumulation(layout, replica)
 
 
 def _skipped(layout: ParallelLayout, reason: str, bounded: bool = False) -> Skipped:

@@ -103,6 +103,17 @@ def _notes(evaluator: LayoutEvaluator, options: SearchOptions, any_answered: boo
                      "8 × H100, 512 tokens: dp 8 36.19 GiB); for the other classes and settings memory --dp D "
                      "--zero fsdp (no pipeline) derives a rank from traces that counts them, so its figure can be "
                      "higher: a layout near the GPU's limit is worth memory's answer")
+    if any_answered:
+        notes.append("gradient accumulation (memory --grad-accum): a layout without a pipeline runs its replica batch "
+                     "as micro-steps of one sequence (accum N), the microbatch each pipeline runs, the optimizer "
+                     "after the last; its peak is the larger of the first micro-step's and a later one's, which "
+                     "starts with the device's share of the gradients held (FSDP2's default: reduce-scatter every "
+                     "micro-step). The later micro-step is a lower bound where the closed form answers (the head's "
+                     "new gradient, added into the held one, is not among its moments: about the rank's head "
+                     "gradient, twice under mixed precision); FSDP2's gathers and reduce-scatters run every "
+                     "micro-step (its dp bytes × N), the step's FLOPs are unchanged. Where that does not fit but the "
+                     "replica batch at once does (the held gradients outweigh the activations saved), the closed "
+                     "form's layout runs it at once (no accum)")
     if options.expert_load != 1:
         notes.append(f"expert load {options.expert_load:g} (a convention: the busiest expert-parallel rank receives "
                      f"{options.expert_load:g}× its balanced token-expert pairs): each ep > 1 layout's peak and step "

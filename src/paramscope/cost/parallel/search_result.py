@@ -39,6 +39,14 @@ class Candidate:
     seconds: float | None  # flops / peak / (1 − bubble): a bound at the GPU's peak
     comm: tuple[CommTerm, ...]
     comm_stage: int | None  # the pipeline stage whose device communicates the most (the one shown)
+    # micro-steps a layout without a pipeline runs its replica batch as (gradient accumulation: the pipelines'
+    # microbatch of one sequence, so every layout runs the same per-device microbatch); 1 under a pipeline
+    accumulation: int = 1
+
+    @property
+    def accumulation_words(self) -> str:
+        """" · accum 8" beside the layout's degrees where it accumulates gradients over micro-steps; "" otherwise."""
+        return f" · accum {self.accumulation}" if self.accumulation > 1 else ""
 
     @property
     def comm_bytes(self) -> int:
@@ -138,4 +146,7 @@ def candidate_settings(candidate: Candidate) -> dict[str, Any]:
     return {"dp": layout.dp, "tp": layout.tp, "sp": layout.sp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep,
             "micro_batches": layout.micro_batches, "schedule": layout.schedule if layout.pp > 1 else None,
             "virtual_stages": layout.virtual_stages, "shard": layout.shard, "shard_degree": layout.shard_degree,
-            "words": layout.words()}
+            "words": layout.words() + (f", {candidate.accumulation} micro-steps of "
+                                       f"{candidate.replica_batch // candidate.accumulation} (gradient accumulation)"
+                                       if candidate.accumulation > 1 else ""),
+            "grad_accum": candidate.accumulation}

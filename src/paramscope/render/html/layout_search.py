@@ -78,6 +78,7 @@ def _settings_table(search) -> str:
             ("data parallel", f"{_SHARD[search.shard]} over dp × cp"),
             ("tensor parallel", "sequence parallel with tp"),
             ("pipeline", f"{pipeline}, microbatches of one sequence"),
+            ("gradient accumulation", "without a pipeline, micro-steps of one sequence (accum N: N a step)"),
             ("searched", f"{search.evaluated:,} layouts evaluated in {search.seconds:.1f} s (here and in the "
                          "fewest devices' search)")]
     body = "".join(f"<tr><th>{escape(name)}</th><td>{escape(value)}</td></tr>" for name, value in rows)
@@ -111,7 +112,8 @@ def _layouts_table(search, answered) -> str:
                 f"{bytes_text(c.comm_bytes)}</td>" if c.fits else '<td class="num">—</td>')
         body += (f'<tr data-layout="{escape(degrees(c.layout))}" data-fits="{str(c.fits).lower()}">'
                  f'<td class="num">{index if c.fits else "—"}</td>'
-                 f'<td style="white-space:nowrap" title="{escape(c.layout.words())}">{escape(degrees(c.layout))}</td>'
+                 f'<td style="white-space:nowrap" title="{escape(c.layout.words())}">'
+                 f'{escape(degrees(c.layout) + c.accumulation_words)}</td>'
                  f'<td class="num" data-value="{c.peak}" title="{exact(c.peak)} B">{bytes_text(c.peak)}</td>'
                  f"<td>{escape(c.peak_phase)}</td><td>{'yes' if c.fits else 'no'}</td>"
                  f'<td class="num" data-value="{c.free}" title="{exact(c.free)} B">{escape(spare)}</td>'
