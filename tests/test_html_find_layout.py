@@ -51,7 +51,7 @@ def test_the_cli_writes_the_page_with_every_layout_and_its_figures(tmp_path):
         assert values == [candidate.peak, candidate.free] + ([candidate.comm_bytes] if candidate.fits else [])
     best = search.fitting[0]
     assert rows[0][0] == "dp 1 · tp 2" and (best.peak, best.free, best.comm_bytes) == (
-        80_625_624_716, 4_199_979_380, 4_362_076_160)
+        80_625_624_724, 4_199_979_372, 4_362_076_160)
     assert f'data-devices="{search.minimum.devices}"' in page and search.minimum.devices == 2
     assert html.escape(minimum_sentence(search)).split("; ")[0] in page  # "fewest devices that fit: 2 (dp 2, …"
     assert "comm/device (bound)" in page and "step ≥ (bound)" in page and "short by" in page

@@ -48,7 +48,7 @@ def test_estimate_training_answers_one_result_with_its_report():
     training = paramscope.estimate_training("gpt2")
     assert type(training) is paramscope.MemoryEstimate and training.mode == "training"
     assert training.report.model.class_name == "GPT2LMHeadModel"
-    assert repr(training) == ("<MemoryEstimate to train openai-community/gpt2 (GPT2LMHeadModel): peak 4,838,536,272 B "
+    assert repr(training) == ("<MemoryEstimate to train openai-community/gpt2 (GPT2LMHeadModel): peak 4,838,528,088 B "
                               "(4.51 GiB) in backward · bf16-mixed, adamw · batch 1 × 1,024 tokens · analytic "
                               "engine>")
 
