@@ -91,3 +91,31 @@ def test_refused_beside_a_pipeline():
 
     with pytest.raises(OptionError, match="beside a pipeline"):
         TrainingOptions(batch=4, grad_accum=2, layout=layout_for(pp=2, micro_batches=4)).check()
+
+
+def test_fsdp2_closed_form_equals_the_trace_in_every_micro_step():
+    """llama-3-8b cut to 2 layers (full widths), dp 2 FSDP2, bf16-mixed, 2 × 256 in 2 micro-steps: the closed
+    form's moments (its FSDP2 moments included) over the held gradient shards equal rank 0's two traced micro-steps
+    to the byte; tp 2's later backward is the lower bound, the head's new gradient beside the held ones apart."""
+    import torch
+    import transformers
+
+    from paramscope.cost.parallel.layout import layout_for
+    from paramscope.cost.traced.parallel import trace_parallel_training
+    from paramscope.sources import resolve
+
+    config = dict(resolve("llama-3-8b").config, num_hidden_layers=2)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+    options = TrainingOptions(batch=2, seq=256, precision="bf16-mixed", fits=False, grad_accum=2)
+    settings = StepSettings(batch=1, seq=256, precision="bf16-mixed", grad_accum=2)
+    for traced_layout, layout in ((dict(dp=2, shard="fsdp"), dict(dp=2, zero="fsdp")), (dict(tp=2), dict(tp=2))):
+        traced = {p.phase: p.bytes for p in trace_parallel_training(model, settings, **traced_layout).phases}
+        device = estimate_training(config, dataclasses.replace(options, layout=layout_for(**layout))).training.device
+        counted = {p.phase: max(q.bytes for q in device.phases if q.phase == p.phase) for p in device.phases}
+        if "dp" in traced_layout:
+            assert counted == traced
+            assert traced[HELD_BACKWARD] == 21_385_253_468 and traced[HELD_FORWARD] == 22_049_983_060
+        else:
+            assert counted[HELD_FORWARD] == traced[HELD_FORWARD] == 14_341_088_868
+            assert traced[HELD_BACKWARD] - counted[HELD_BACKWARD] == 658_767_872
