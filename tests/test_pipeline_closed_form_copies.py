@@ -126,7 +126,7 @@ def test_trace_checks_each_stage_where_the_closed_form_is_held_to_it():
     stages before the last equal at their steady state (the last within the loss's few bytes, named); GPipe, where
     the closed form is an estimate, stays refused before the build."""
     from paramscope.cost.memory.training import TrainingOptions, training_answer
-    from paramscope.cost.parallel.pipeline_trace_reach import closed_form_traced
+    from paramscope.cost.parallel.trace_reach import closed_form_traced
 
     layout = ParallelLayout(pp=3, micro_batches=4, schedule="1f1b")
     _, estimate, _ = training_answer(LLAMA, TrainingOptions(batch=4 * MICRO, seq=SEQ, precision="bf16-mixed",

@@ -250,8 +250,6 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
     over the gradients the first left) before its optimizer's."""
     optimizer = check_optimizer(options.optimizer)
     precision = check_precision(options.precision)
-    optimizer = check_optimizer(options.optimizer)
-    precision = check_precision(options.precision)
     run = step_precision(precision)  # the forward and backward's precision (bf16-master runs bf16-pure's)
     zero = zero_stage(options.zero)
     accelerator = find_accelerator(options.gpu) if options.gpu else None

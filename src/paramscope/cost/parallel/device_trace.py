@@ -9,8 +9,7 @@ from .device import DeviceMemory, StepContext
 from .device_parts import fsdp_sharded
 from .pipeline import layer_stack_of
 from .rules import cuts_routed_experts, placements_for
-from .pipeline_trace_reach import closed_form_traced
-from .trace_reach import hybrid_replicas, untraced_by_layout
+from .trace_reach import closed_form_traced, hybrid_replicas, untraced_by_layout
 
 
 def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
@@ -131,7 +130,7 @@ def traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
 
 def traced_closed_form_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     """--trace under a pipeline the Llama closed form answers where it is held to its traces
-    (pipeline_trace_reach.closed_form_traced: 1F1B, more microbatches than stages): each stage of the real class cut
+    (trace_reach.closed_form_traced: 1F1B, more microbatches than stages): each stage of the real class cut
     to its layers and run as PipelineStage runs it (traced/pipeline_stage.py), its in-flight forwards, a backward,
     then one more forward and the next backward with every gradient held (its steady state), measured by MemTracker;
     its largest moment beside the closed form's stage figure above the same resident states."""

@@ -1,11 +1,13 @@
 """Whether --trace can trace a pipeline's stages, told from the config before the build: a class whose stages the
 Llama-style closed form answers is traced only where the closed form is held to its stages' traces
-(closed_form_traced; device_trace.traced_closed_form_stages) (trace_reach.py has the layouts no trace takes
+(trace_reach.closed_form_traced; device_trace.traced_closed_form_stages) (trace_reach.py has the layouts no trace takes
 whatever the model; this one reads the config, so it sits apart from what TrainingOptions imports)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from .trace_reach import CLOSED_FORM_TRACED, closed_form_traced
 
 
 def untraced_pipeline(config: Any, options: Any, *, model_class: str | None = None, task: str | None = None,
@@ -64,22 +66,3 @@ def _closed_form_stages(config: Any, class_name: str, options: Any) -> str | Non
             f"form ({recipe} recipe), checked against torch's schedules in tests; --trace traces them where the "
             f"closed form is held to each stage's trace ({CLOSED_FORM_TRACED}), and the stages of a class whose step "
             "is derived from traces")
-
-
-# where the Llama closed form's stages are held to their traces, so --trace traces them beside it
-CLOSED_FORM_TRACED = ("1F1B with more microbatches than stages, without tensor, context or expert parallelism, FSDP "
-                      "sharding, interleaving or checkpointing: every stage before the last peaks in its steady state")
-
-
-def closed_form_traced(layout: Any, *, checkpointing: bool) -> str | None:
-    """Why the Llama closed form's stages under `layout` are not held to their traces (its figures there are named
-    estimates), or None where they are: 1F1B with more microbatches than stages (every stage before the last in its
-    steady state, pipeline_device.mlp_backward_working), one rank a stage (no tp, cp, ep or FSDP sharding), no
-    virtual stages, no checkpointing."""
-    if layout.schedule != "1f1b" or layout.virtual_stages > 1 or layout.micro_batches <= layout.pp:
-        return "outside 1F1B with more microbatches than stages"
-    if layout.tp > 1 or layout.cp > 1 or layout.ep > 1 or layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1:
-        return "beside tensor, context or expert parallelism or FSDP sharding"
-    if checkpointing:
-        return "with gradient checkpointing"
-    return None

@@ -48,3 +48,22 @@ def hybrid_replicas(layout: ParallelLayout, experts: bool) -> int:
     if layout.shard != "hsdp" or layout.ep == 1 or not experts or layout.shard_degree == 1:
         return 1
     return layout.dp * layout.cp // layout.shard_degree
+
+
+# where the Llama closed form's stages are held to their traces, so --trace traces them beside it
+CLOSED_FORM_TRACED = ("1F1B with more microbatches than stages, without tensor, context or expert parallelism, FSDP "
+                      "sharding, interleaving or checkpointing: every stage before the last peaks in its steady state")
+
+
+def closed_form_traced(layout: ParallelLayout, *, checkpointing: bool) -> str | None:
+    """Why the Llama closed form's stages under `layout` are not held to their traces (its figures there are named
+    estimates), or None where they are: 1F1B with more microbatches than stages (every stage before the last in its
+    steady state, pipeline_device.mlp_backward_working), one rank a stage (no tp, cp, ep or FSDP sharding), no
+    virtual stages, no checkpointing."""
+    if layout.schedule != "1f1b" or layout.virtual_stages > 1 or layout.micro_batches <= layout.pp:
+        return "outside 1F1B with more microbatches than stages"
+    if layout.tp > 1 or layout.cp > 1 or layout.ep > 1 or layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1:
+        return "beside tensor, context or expert parallelism or FSDP sharding"
+    if checkpointing:
+        return "with gradient checkpointing"
+    return None

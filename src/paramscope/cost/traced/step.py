@@ -45,7 +45,6 @@ HELD_FORWARD = "forward, gradients held"
 HELD_BACKWARD = "backward, gradients held"
 
 
-
 @dataclass(frozen=True)
 class PhasePeak:
     phase: str  # "forward" | "backward" | "optimizer step" | "prefill" | "decode"
