@@ -608,7 +608,7 @@ def test_adafactor_step_equals_a_real_foreach_step():
 def test_an_analytic_peak_at_the_end_of_the_forward_names_what_is_live_as_the_loss_is_taken():
     """Llama-2-7B at 1 × 2,048 in bf16-mixed peaks in its forward: beside the saved activations, the model's output
     still holds the last hidden state in fp32 and the training KV cache's fp32 keys (RoPE's dtype) as the loss is
-    taken, and the loss reads the labels padded by one."""
+    taken, and the loss reads the labels padded by one (at batch 1 the shifted labels are a view of them)."""
     estimate = estimate_training("llama-2-7b", TrainingOptions(batch=1, seq=2048, precision="bf16-mixed"))
     assert estimate.engine == "analytic" and estimate.peak_phase == "forward"
     assert any(note.startswith("the peak is the end of the forward, as the loss is taken") for note in estimate.notes)
@@ -616,7 +616,9 @@ def test_an_analytic_peak_at_the_end_of_the_forward_names_what_is_live_as_the_lo
     tokens, h = 2048, 4096
     assert f"the last hidden state in fp32, 4·T·h = {4 * tokens * h:,}" in forward.arithmetic
     assert f"the training KV cache's fp32 keys, 32 layers × 4·T·kv = {32 * 4 * tokens * h:,}" in forward.arithmetic
-    assert f"the labels padded by one, 8·B·(S + 1) = {8 * 2049:,}" in forward.arithmetic
+    # at batch 1 the shifted labels nll_loss saves are a view of the padded ones: only its one element more is new
+    assert "the labels padded by one, of which the shifted labels are a view at batch 1: its one element more = 8" \
+        in forward.arithmetic
     estimate = estimate_training("llama-2-7b", TrainingOptions(batch=1, seq=128, precision="bf16-mixed"))
     assert estimate.peak_phase == "backward"
     assert not any(note.startswith("the peak is the end of the forward") for note in estimate.notes)
