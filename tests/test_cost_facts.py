@@ -46,7 +46,7 @@ def test_every_preset_costs_from_facts_exactly_as_built(preset):
     if memory.check.status == "differs":  # the analytic peak's check found it off: the build traces two cuts
         assert report.model.engine == "build" and report.model.engine_detail == (
             "the analytic serving peak differs from a traced prefill for this config (checked once): the build "
-            "traces two cuts")
+            "traces two cuts (and the whole model where they disagree)")
     else:
         assert report.model.engine == "template" and view.module is None, report.model.engine_detail
     built_report, built_memory, built_view = memory_answer(preset, MemoryOptions(seq=512, batch=2), use_cache=False)

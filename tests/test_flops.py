@@ -93,7 +93,10 @@ def test_analytic_equals_flopcountermode(preset):
         estimate = estimate_flops(config, FlopOptions(batch=2, seq=64, training=training,
                                                       grad_checkpointing=checkpointing, trace=True))
         assert estimate.engine == "traced"
-        assert estimate.notes[0] == "check: the analytic count equals FlopCounterMode's on fake tensors, term for term"
+        # the analytic answer's own notes come first (under checkpointing, why its recompute is what it is)
+        assert [n for n in estimate.notes if n.startswith("check:")] == \
+            ["check: the analytic count equals FlopCounterMode's on fake tensors, term for term"]
+        assert checkpointing == "full" or estimate.notes[0].startswith("check:")
 
 
 def test_a_class_without_a_formula_is_traced():

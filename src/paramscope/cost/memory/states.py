@@ -118,8 +118,9 @@ def step_precision(precision: str) -> str:
 def check_master_optimizer(precision: str, optimizer: str) -> None:
     """bf16-master runs torch's optimizers on the fp32 masters; the others are refused in one line."""
     if precision == MASTER_PRECISION and optimizer not in MASTER_OPTIMIZERS:
-        raise OptionError("--precision {0} runs torch's optimizers on the fp32 master copy; {name!r} is not one: use "
-                          "{choices}", MASTER_PRECISION, name=optimizer, choices=", ".join(MASTER_OPTIMIZERS))
+        raise OptionError("{0} {master} runs torch's optimizers on the fp32 master copy; {1} {name!r} is not one: "
+                          "use {choices}", "precision", "optimizer", master=MASTER_PRECISION, name=optimizer,
+                          choices=", ".join(MASTER_OPTIMIZERS))
 
 
 def master_gradient_copy(states: ModelStates, *, devices: int = 1, zero: int = 0) -> int:

@@ -136,8 +136,8 @@ def _check_grad_accum(steps: Any, batch: int, layout: Any) -> None:
         raise OptionError("{0} {steps} must divide the batch, {batch} sequence{s} a replica", "grad_accum",
                           steps=steps, batch=batch, s="" if batch == 1 else "s")
     if steps > 1 and layout is not None and getattr(layout, "pp", 1) > 1:
-        raise OptionError("{0} beside a pipeline: its microbatches (--micro-batches) already are the accumulation",
-                          "grad_accum")
+        raise OptionError("{0} beside a pipeline: its microbatches ({1}) already are the accumulation",
+                          "grad_accum", "micro_batches")
 
 
 def _check_flat_zero(zero: str | int) -> None:
@@ -721,10 +721,10 @@ def _check_master_layout(precision: str, layout: Any) -> None:
         return
     if layout.shard not in ("none", "zero1", "zero2", "zero3") or (layout.tp, layout.pp, layout.cp, layout.ep) != \
             (1, 1, 1, 1):
-        raise OptionError("--precision {0} is modelled over data parallelism with --zero 0, 1, 2 or 3 (DeepSpeed's "
-                          "ZeRO); not with {value}", MASTER_PRECISION,
-                          value="FSDP2 (use bf16-mixed with --fsdp-mixed-precision policy)"
-                          if layout.shard in ("fsdp", "hsdp") else "--tp, --pp, --cp or --ep")
+        raise OptionError("{0} {master} is modelled over data parallelism with {1} 0, 1, 2 or 3 (DeepSpeed's ZeRO); "
+                          "not with {value}", "precision", "zero", master=MASTER_PRECISION,
+                          value="FSDP2 (bf16-mixed under FSDP2's MixedPrecisionPolicy prices it)"
+                          if layout.shard in ("fsdp", "hsdp") else "tensor, pipeline, context or expert parallelism")
 
 
 def _step_temporaries(optimizer: str, gradients: int) -> tuple[int, str]:

@@ -59,8 +59,8 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
         if derived is NEEDS_BUILD:
             return None
         if isinstance(derived, str) and policy:  # the closed form prices autocast's copies, not the policy's
-            raise UnsupportedError("--fsdp-mixed-precision policy is answered from the rank's step derived from "
-                                   "traces, and {why}", why=derived.replace(": the closed form answers", ""))
+            raise UnsupportedError("{0} policy is answered from the rank's step derived from traces, and {why}",
+                                   "fsdp_mixed_precision", why=derived.replace(": the closed form answers", ""))
         if isinstance(derived, str) and loaded:  # the balanced closed form is not the busiest rank's answer
             raise UnsupportedError("expert load {load:g}: the busiest rank is answered from its step derived from "
                                    "traces of short cuts, and {why}", load=layout.expert_load,
@@ -121,13 +121,13 @@ def check_mixed_precision_policy(ctx: StepContext) -> bool:
     if ctx.layout.fsdp_mixed_precision != "policy":
         return False
     if not ctx.precision.endswith("-mixed"):
-        raise UnsupportedError("--fsdp-mixed-precision policy casts fp32 parameters to 16 bits as FSDP2 gathers them: "
-                               "it needs a mixed precision (bf16-mixed, fp16-mixed), got {precision}",
+        raise UnsupportedError("{0} policy casts fp32 parameters to 16 bits as FSDP2 gathers them: it needs a mixed "
+                               "precision (bf16-mixed, fp16-mixed), got {precision}", "fsdp_mixed_precision",
                                precision=ctx.precision)
     if not ctx.derive:
-        raise UnsupportedError("--fsdp-mixed-precision policy is answered from the rank's step derived from traces "
-                               "with the policy applied; the closed form models autocast only: leave "
-                               "derive_layout on")
+        raise UnsupportedError("{0} policy is answered from the rank's step derived from traces with the policy "
+                               "applied; the closed form models autocast only: leave derive_layout on",
+                               "fsdp_mixed_precision")
     return True
 
 

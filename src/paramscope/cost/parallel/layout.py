@@ -152,8 +152,8 @@ class ParallelLayout:
             raise OptionError("{0} must be one of {choices}, got {value!r}", "fsdp_mixed_precision",
                               choices=", ".join(FSDP_MIXED_PRECISIONS), value=str(self.fsdp_mixed_precision)[:40])
         if self.fsdp_mixed_precision == "policy" and self.shard not in ("fsdp", "hsdp"):
-            raise OptionError("{0} policy is FSDP2's MixedPrecisionPolicy: it needs --zero fsdp or hybrid_shard, "
-                              "got {shard}", "fsdp_mixed_precision", shard=shard_words(self))
+            raise OptionError("{0} policy is FSDP2's MixedPrecisionPolicy: it needs {1} fsdp or hybrid_shard, "
+                              "got {shard}", "fsdp_mixed_precision", "zero", shard=shard_words(self))
         if self.fsdp_mixed_precision == "policy" and self.pp > 1:
             raise OptionError("{0} policy beside pipeline stages: the stages are replayed from traces under "
                               "autocast only; give pp 1", "fsdp_mixed_precision")

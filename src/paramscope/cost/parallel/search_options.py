@@ -48,8 +48,9 @@ class SearchOptions:
         from ..memory.states import MASTER_PRECISION, check_precision
 
         if check_precision(self.precision) == MASTER_PRECISION:  # modelled over dp with ZeRO alone (memory --dp N)
-            raise OptionError("{0} does not search --precision bf16-master yet (its layouts of tp, pp, cp and ep are "
-                              "not modelled); give memory --dp N --zero 0-3 --precision bf16-master", "find_layout")
+            raise OptionError("{0} does not search {1} bf16-master yet (its layouts of tp, pp, cp and ep are not "
+                              "modelled); it is answered without the search, over {2} N with {3} 0-3", "find_layout",
+                              "precision", "dp", "zero")
         shard_mode(self.zero or "fsdp")
         if self.schedule is not None or self.virtual_stages != 1:
             ParallelLayout(pp=2, micro_batches=2, schedule=self.schedule or "interleaved",

@@ -596,8 +596,6 @@ def loss_of(output: Any) -> Any:
 def _optimizer(model: Any, name: str, precision: str = "fp32") -> tuple[Any, str | None]:
     """torch's optimizer as the Trainer builds it (fused AdamW, its default on GPUs); None for one torch lacks.
     Under bf16-master, that optimizer on fp32 master copies of the bf16 weights (MasterCopyOptimizer)."""
-    import torch
-
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise OptionError("nothing trains: every parameter is frozen")
@@ -637,7 +635,8 @@ class MasterCopyOptimizer:
         self.masters = torch.nn.ParameterList([torch.nn.Parameter(p.detach().float()) for p in self.params])
         inner, note = _torch_optimizer(list(self.masters), name)
         if inner is None:
-            raise OptionError(f"--precision bf16-master runs torch's optimizers on the master copy: {note}")
+            raise OptionError("{0} bf16-master runs torch's optimizers on the master copy: {note}", "precision",
+                              note=note)
         self.inner = inner
 
     def tracked(self) -> tuple[Any, ...]:
