@@ -170,9 +170,15 @@ def check_hybrid_experts(layout: ParallelLayout, experts: bool) -> None:
     dp_shard_cp). One line where ep does not divide the shard group (`experts`: the layout cuts routed experts)."""
     if layout.shard != "hsdp" or layout.ep == 1 or not experts:
         return
-    if layout.shard_degree % layout.ep:
-        raise UnsupportedError("ep {ep} beside hybrid sharding over shard groups of {group} ranks: torchtitan draws "
-                               "the ep ranks from a shard group (dp_shard × cp), which ep must divide", ep=layout.ep,
+    _check_ep_in_shard_group(layout, f"ep {layout.ep} beside")
+
+
+def _check_ep_in_shard_group(layout: ParallelLayout, head: str) -> None:
+    """Under hybrid sharding torchtitan draws the ep ranks from one shard group: one line where ep does not divide
+    it, `head` saying what asked (ep beside HSDP, or the ring beside ep under HSDP)."""
+    if layout.shard == "hsdp" and layout.shard_degree % layout.ep:
+        raise UnsupportedError("{head} hybrid sharding over shard groups of {group} ranks: torchtitan draws the ep "
+                               "ranks from a shard group (dp_shard × cp), which ep must divide", head=head,
                                group=layout.shard_degree)
 
 
@@ -300,22 +306,7 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         where = "forward" if index == 0 else "backward"
         phases = phases[:index] + (dataclasses.replace(phase, arithmetic=f"{phase.bytes - resident:,} ("  # its value
             + step.recipe.words(where, ctx.batch, ctx.seq) + ")"),) + phases[index + 1:]
-    applied = (f"torchtitan's ExpertParallel over ep {layout.ep}{' under FSDP2' if fsdp else ''}"
-               + (f" over dp {layout.shard_degree} (the experts' own unit over the dp / ep = "
-                  f"{layout.shard_degree // layout.ep} ranks holding them)" if fsdp and layout.shard_degree > layout.ep
-                  else "")
-               + f"{' beside DTensor tensor parallel' if layout.tp > 1 else ''}"
-               f"{' with sequence parallel' if layout.sp else ''}{', rank 0 the busiest' if loaded else ''}"
-               if layout.ep > 1 and layout.cp == 1 else " and ".join(
-        ([f"FSDP2{' over dp × cp = ' + str(layout.shard_degree) + ' ranks' if layout.cp > 1 else ''}"] if fsdp
-         else []) +
-        ([f"torchtitan's ExpertParallel over ep {ring_ep} = dp × cp ranks" if not fsdp or
-          layout.shard_degree == ring_ep else
-          f"torchtitan's ExpertParallel over ep {ring_ep} = dp_shard_in_ep × cp ranks (the experts' own FSDP2 unit "
-          f"over the dp × cp / ep = {layout.shard_degree // ring_ep} ranks holding them)"] if ring_ep > 1 else []) +
-        ([f"DTensor tensor parallel{' with sequence parallel' if layout.sp else ''}"] if layout.tp > 1 else []) +
-        (["torch's context_parallel ring attention" + (" on the tp rank's heads" if layout.tp > 1 else "")]
-         if layout.cp > 1 else [])) + (", rank 0" + (", the busiest" if loaded else "") if layout.cp > 1 else ""))
+    applied = _derived_applied_words(layout, fsdp, ring_ep, loaded)
     if replicas > 1:
         applied += (f"; hybrid sharding: traced as FSDP2 over the shard group of {layout.shard_degree}, which its "
                     f"{replicas} replicas run alike (--trace runs the (dp_replicate, shard ranks) meshes as "
@@ -347,6 +338,32 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         return max(phases_at(point, batch, length), key=lambda p: p.bytes)
     return device, at
 
+
+
+def _derived_applied_words(layout: ParallelLayout, fsdp: bool, ring_ep: int, loaded: bool) -> str:
+    """What the derived rank's traces applied, named: expert parallel alone (beside FSDP2, tp), or the parts beside
+    context parallel's ring joined, rank 0 of the ring (the busiest under an uneven load)."""
+    if layout.ep > 1 and layout.cp == 1:
+        words = f"torchtitan's ExpertParallel over ep {layout.ep}" + (" under FSDP2" if fsdp else "")
+        if fsdp and layout.shard_degree > layout.ep:
+            words += (f" over dp {layout.shard_degree} (the experts' own unit over the dp / ep = "
+                      f"{layout.shard_degree // layout.ep} ranks holding them)")
+        return (words + (" beside DTensor tensor parallel" if layout.tp > 1 else "")
+                + (" with sequence parallel" if layout.sp else "") + (", rank 0 the busiest" if loaded else ""))
+    parts = []
+    if fsdp:
+        parts.append("FSDP2" + (f" over dp × cp = {layout.shard_degree} ranks" if layout.cp > 1 else ""))
+    if ring_ep > 1:
+        parts.append(f"torchtitan's ExpertParallel over ep {ring_ep} = dp × cp ranks"
+                     if not fsdp or layout.shard_degree == ring_ep else
+                     f"torchtitan's ExpertParallel over ep {ring_ep} = dp_shard_in_ep × cp ranks (the experts' own "
+                     f"FSDP2 unit over the dp × cp / ep = {layout.shard_degree // ring_ep} ranks holding them)")
+    if layout.tp > 1:
+        parts.append("DTensor tensor parallel" + (" with sequence parallel" if layout.sp else ""))
+    if layout.cp > 1:
+        parts.append("torch's context_parallel ring attention" + (" on the tp rank's heads" if layout.tp > 1 else ""))
+    ring = ", rank 0" + (", the busiest" if loaded else "") if layout.cp > 1 else ""
+    return " and ".join(parts) + ring
 
 def held_at_step(ctx: StepContext, placements: tuple[Placement, ...], batch: int, length: int) -> tuple[int, str]:
     """(bytes, words) the traced rank still holds at its optimizer step beyond its states and gradients:
@@ -469,10 +486,7 @@ def check_ring_beside_experts(layout: ParallelLayout) -> None:
         raise UnsupportedError("context parallel {cp} beside ep {ep} under {shard}: traced under DDP's replication, "
                                "ZeRO 1-2 and FSDP2's full and hybrid sharding", cp=cp, ep=ep,
                                shard=shard_words(layout))
-    if layout.shard == "hsdp" and layout.shard_degree % ep:
-        raise UnsupportedError("context parallel {cp} beside ep {ep} under hybrid sharding over shard groups of "
-                               "{group} ranks: torchtitan draws the ep ranks from a shard group (dp_shard × cp), "
-                               "which ep must divide", cp=cp, ep=ep, group=layout.shard_degree)
+    _check_ep_in_shard_group(layout, f"context parallel {cp} beside ep {ep} under")
 
 
 def ring_words(ctx: StepContext) -> str:
