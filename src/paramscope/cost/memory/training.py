@@ -498,11 +498,12 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
     if options.layout is not None and not options.layout.trivial:
         from ..parallel.estimate import StepContext, layout_device
 
-        # bf16-master: a rank's step casts its partition of the gradients to fp32 (layouts of data parallelism alone)
-        rank_zero = zero_stage_of(options.layout)
-        rank_copy = master_gradient_copy(states, devices=options.layout.dp, zero=rank_zero)
-        rank_text = _with_master_copy(rank_copy, optimizer_text, f" (the rank's partition, ⌈{master_copy:,} / "
-                                      f"{options.layout.dp}⌉)" if rank_zero else "") if master_copy else step_text
+        # bf16-master: a rank's step casts its partition of the gradients to fp32
+        rank_copy, rank_text = _rank_master_copy(report, view, options.layout, master_copy, optimizer=optimizer,
+                                                 trainable=trainable, own=own, words=optimizer_text) \
+            if master_copy else (0, step_text)
+        if master_copy:
+            notes.append(master_layout_words(options.layout))
 
         def to_rank(figures: tuple[PhaseFigure, ...]) -> tuple[PhaseFigure, ...]:
             return tuple(dataclasses.replace(p, bytes=p.bytes - master_copy + rank_copy,
@@ -709,22 +710,50 @@ def _with_master_copy(copy: int, words: str, share: str = "") -> str:
             f"gradients are freed once cast, as DeepSpeed's step does); {words}")
 
 
+def _rank_master_copy(report: Any, view: Any, layout: Any, whole: int, *, optimizer: str, trainable: frozenset[str],
+                      own: frozenset[str], words: str) -> tuple[int, str]:
+    """(bytes, words) of the fp32 gradients bf16-master's step casts on one rank of `layout`: its master partition's
+    (parallel/states.rank_master_copy: its tp shard, ⌈/ d⌉ under ZeRO 1-3); `whole`: one device's copy."""
+    from ..parallel.rules import placements_for
+    from ..parallel.states import rank_master_copy
+
+    copy = rank_master_copy(report.params, placements_for(report, view, layout), layout, optimizer=optimizer,
+                            trainable=trainable, own=own)
+    zero, degree = zero_stage_of(layout), layout.shard_degree
+    parts = ["the rank's tensor/expert-parallel shard"] * (layout.tp > 1 or layout.ep > 1 or layout.pp > 1) + \
+        [f"ZeRO-{zero}'s partition over {degree} ranks"] * (zero > 0 and degree > 1)
+    return copy, _with_master_copy(copy, words, f" ({', '.join(parts)}; one device's {whole:,})" if parts else "")
+
+
+def master_layout_words(layout: Any) -> str:
+    """Which framework's rule bf16-master follows under `layout`, named."""
+    zero = zero_stage_of(layout)
+    over = f"ZeRO-{zero} partitioning them over the {layout.shard_degree} data-parallel ranks" \
+        if zero and layout.shard_degree > 1 else "each data-parallel rank holding them whole (no ZeRO partition)"
+    if layout.tp == 1:
+        return f"bf16-master over data parallelism: DeepSpeed's ZeRO, the fp32 masters and moments of the model, {over}"
+    return (f"bf16-master beside tensor parallelism: Megatron-DeepSpeed's composition, each of the {layout.tp} tp ranks "
+            f"holding its shard's bf16 weights and gradients and the fp32 masters and moments of that shard, {over}; "
+            "the tp itself as torch's DTensor runs it (traced beside: MasterCopyOptimizer on the rank's DTensor "
+            "shards; the embedding's gradient whole on every rank, as DTensor gives it)")
+
+
 def zero_stage_of(layout: Any) -> int:
     """The ZeRO stage of a data-parallel layout's shard mode (FSDP2's full sharding is stage 3's)."""
     return {"none": 0, "zero1": 1, "zero2": 2}.get(layout.shard, 3)
 
 
 def _check_master_layout(precision: str, layout: Any) -> None:
-    """bf16-master is DeepSpeed's ZeRO mixed precision: modelled over data parallelism with ZeRO 0-3; FSDP2 and the
-    other splits are refused in one line (FSDP2's own is --fsdp-mixed-precision policy)."""
+    """bf16-master is DeepSpeed's ZeRO mixed precision: modelled over data parallelism with ZeRO 0-3, beside tensor
+    parallelism (Megatron-DeepSpeed's); FSDP2 and the other splits are refused in one line (FSDP2's own is
+    --fsdp-mixed-precision policy)."""
     if precision != MASTER_PRECISION or layout is None or layout.trivial:
         return
-    if layout.shard not in ("none", "zero1", "zero2", "zero3") or (layout.tp, layout.pp, layout.cp, layout.ep) != \
-            (1, 1, 1, 1):
-        raise OptionError("{0} {master} is modelled over data parallelism with {1} 0, 1, 2 or 3 (DeepSpeed's ZeRO); "
-                          "not with {value}", "precision", "zero", master=MASTER_PRECISION,
+    if layout.shard not in ("none", "zero1", "zero2", "zero3") or (layout.pp, layout.cp, layout.ep) != (1, 1, 1):
+        raise OptionError("{0} {master} is modelled over data parallelism with {1} 0, 1, 2 or 3 (DeepSpeed's ZeRO), "
+                          "beside tensor parallelism; not with {value}", "precision", "zero", master=MASTER_PRECISION,
                           value="FSDP2 (bf16-mixed under FSDP2's MixedPrecisionPolicy prices it)"
-                          if layout.shard in ("fsdp", "hsdp") else "tensor, pipeline, context or expert parallelism")
+                          if layout.shard in ("fsdp", "hsdp") else "pipeline, context or expert parallelism")
 
 
 def _step_temporaries(optimizer: str, gradients: int) -> tuple[int, str]:

@@ -6,14 +6,14 @@ layout) and pipeline_device.py (a pipeline's stages) compose them."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from ...errors import UnsupportedError
 from ..memory.phases import PhaseFigure, cast_weights
 from .device import Buffer, RingQuestion, StepContext
 from .pipeline import LAYER_PREFIX
 from .rules import Placement
-from .states import DeviceStates, device_states
+from .states import DeviceStates, device_states, master_whole_gradient
 
 
 def fsdp_units(placements: tuple[Placement, ...], weight_bytes: Callable[[Placement], int]) -> tuple[int, int]:
@@ -219,8 +219,16 @@ def encoder_refusal(ctx: RingQuestion) -> str:
     return ""
 
 
+class WholeGradient(NamedTuple):
+    """A vocabulary-parallel embedding's gradient as DTensor holds it: whole on every rank (bytes), the rank's shard
+    (bytes), and how bf16-master's step casts it for the fp32 master copy ("whole", "partition"; "": no master)."""
+    full: int
+    local: int
+    master: str = ""
+
+
 def whole_embedding_gradient(ctx: StepContext, placements: tuple[Placement, ...],
-                             under_fsdp: bool = False, tied_apart: bool = False) -> tuple[int, int] | None:
+                             under_fsdp: bool = False, tied_apart: bool = False) -> WholeGradient | None:
     """(the whole embedding gradient's bytes, the rank's shard's) where torch gives a vocabulary-parallel embedding
     its gradient whole: DTensor's embedding backward returns it Replicate, so each tensor-parallel rank holds all of
     it from the end of backward, and the fused optimizer step reads a shard of it made afresh. None where the
@@ -230,10 +238,14 @@ def whole_embedding_gradient(ctx: StepContext, placements: tuple[Placement, ...]
     GPT-2's wte and Gemma-2's embed_tokens, tp 2). `tied_apart`: a tied head on another pipeline stage, the
     embedding's gradient made on its stage alone, whole as an untied one's (traced: GPT-2's wte, tp 2 × pp 3)."""
     from ..dtypes import itemsize
-    from ..memory.states import trained_dtype
+    from ..memory.states import MASTER_PRECISION, trained_dtype
 
     if ctx.layout.tp == 1 or not under_fsdp and ctx.layout.shard in ("fsdp", "hsdp") and ctx.layout.shard_degree > 1:
         return None
+    # bf16-master's step casts the gradient as it holds it: whole under replication, its ZeRO partition's share of
+    # the flat buffer under ZeRO 1-3 (states.master_whole_gradient)
+    master = ("partition" if ctx.layout.zero_stage and ctx.layout.shard_degree > 1 else "whole") \
+        if ctx.states.precision == MASTER_PRECISION else ""
     tied = {name for group in ctx.report.tied for name in (group.canonical, *group.aliases)}
     for p in placements:
         if p.role == "embeddings.word" and p.tp == "vocabulary" and p.name in ctx.trainable and \
@@ -242,7 +254,7 @@ def whole_embedding_gradient(ctx: StepContext, placements: tuple[Placement, ...]
             full = 1
             for n in p.shape:
                 full *= n
-            return full * size, p.local_numel * size
+            return WholeGradient(full * size, p.local_numel * size, master)
     return None
 
 
@@ -253,10 +265,12 @@ def sequence_parallel_norm_gradients(ctx: StepContext, params: Any = None) -> in
     weights and any biases; read off traces of one rank: 13 norms × h × 4 B on a 6-layer Llama or Mixtral). 0 without sequence parallel or
     under FSDP2, which reduces the gradients itself. `params`: a pipeline stage's (default: the model's)."""
     from ..dtypes import itemsize
-    from ..memory.states import trained_dtype
+    from ..memory.states import MASTER_PRECISION, trained_dtype
 
     layout = ctx.layout
     if not layout.sp or layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1:
+        return 0
+    if ctx.states.precision == MASTER_PRECISION:  # all-reduced after the bf16 gradients are freed (states.py)
         return 0
     hidden = hidden_size(ctx)
     return sum(p.numel * itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
@@ -274,7 +288,11 @@ def with_norm_gradients(phase: PhaseFigure, extra: int) -> PhaseFigure:
 
 
 def with_whole_gradient(phase: PhaseFigure, whole: tuple[int, int]) -> PhaseFigure:
-    full, local = whole
+    full, local = whole[0], whole[1]
+    if phase.where == "optimizer step" and isinstance(whole, WholeGradient) and whole.master:
+        extra, words = master_whole_gradient(full, local, whole.master)
+        return dataclasses.replace(phase, bytes=phase.bytes + extra, gradients=phase.gradients + full - local,
+                                   arithmetic=f"{phase.arithmetic}; {words}")
     if phase.where in ("end of backward", "later backward"):  # a pipeline's later backward: every gradient held
         extra, words = full - local, f"the embedding's gradient whole on every rank (torch's DTensor), + {full - local:,}"
     elif phase.where == "optimizer step":

@@ -37,7 +37,8 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     if why:
         return dataclasses.replace(device, notes=device.notes + (f"--trace: no rank traced: {why}",))
     fsdp = fsdp_sharded(layout)
-    settings = StepSettings(batch=ctx.batch, seq=ctx.seq, precision=ctx.precision, optimizer=ctx.optimizer,
+    # the states' precision: bf16-master's rank runs bf16-pure's forward and backward, its step on fp32 masters
+    settings = StepSettings(batch=ctx.batch, seq=ctx.seq, precision=ctx.states.precision, optimizer=ctx.optimizer,
                             attention=ctx.attention, frozen=ctx.frozen, weights_dtype=ctx.weights_dtype,
                             own_dtype=ctx.own)
     # beside cp, the ep ranks are dp_shard_in_ep × cp (torchtitan's): the trace's dp is ep / cp

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ...words import counted
-from ..memory.states import ModelStates, model_states
+from ..memory.states import MASTER_PRECISION, ModelStates, model_states
 from .layout import ParallelLayout
 from .rules import Placement
 
@@ -84,3 +84,29 @@ def device_states(params: Iterable, placements: Iterable[Placement], layout: Par
               3: "optimizer states, master weights, gradients and weights"}[stage])
     return DeviceStates(share(whole.weights.bytes, stage >= 3), share(whole.gradients.bytes, stage >= 2),
                         share(whole.optimizer.bytes, True), share(whole.master_weights.bytes, True), whole, how)
+
+
+def rank_master_copy(params: Iterable, placements: Iterable[Placement], layout: ParallelLayout, *, optimizer: str,
+                     trainable: frozenset[str], own: frozenset[str] = frozenset()) -> int:
+    """Bytes of the fp32 gradients bf16-master's optimizer step casts on one rank: one per element of the fp32 master
+    the rank updates, so its master weights' bytes (DeepSpeed casts only the partition it owns:
+    DeepSpeedZeroOptimizer.step's `flat_grad_partition.to(fp32)`): the rank's tensor/expert-parallel shard, and
+    ⌈/ d⌉ of it under ZeRO 1-3 (device_states' share)."""
+    return device_states(params, placements, layout, precision=MASTER_PRECISION, optimizer=optimizer,
+                         trainable=trainable, own=own).master_weights
+
+
+def master_whole_gradient(full: int, local: int, cast: str) -> tuple[int, str]:
+    """(bytes, words) bf16-master's optimizer step adds on a tensor-parallel rank where torch's DTensor gives the
+    vocabulary-parallel embedding its gradient whole (`full` bytes of bf16 on every rank, the rank's shard `local`).
+    `cast` "whole" (replicated data parallel, no ZeRO partition): the step casts each gradient as the rank holds it,
+    this one whole, 2·full fp32 bytes against the shard's 2·local in the rank's copy (traced: MasterCopyOptimizer on
+    the rank's DTensors); the fused step's shard of that fp32 gradient and the sequence-parallel norms' all-reduced
+    fp32 gradients are made after the bf16 gradients are freed, a lower moment (smaller than the rank's other bf16
+    gradients), so neither is counted. "partition" (ZeRO 1-3): DeepSpeed casts only the fp32 partition of its flat
+    buffer of the rank's shards, so nothing beyond the bf16 gradient held whole."""
+    more = full - local
+    words = f"the embedding's gradient whole on every rank (torch's DTensor), + {more:,}"
+    if cast == "partition":
+        return more, f"{words}; the step casts the rank's ZeRO partition of its shards only"
+    return 3 * more, f"{words}, and its fp32 cast for the master copy whole too, + {2 * more:,}"
