@@ -279,8 +279,7 @@ def _find_layout(args: argparse.Namespace) -> int:
                           f"of one sequence): drop {', '.join(searched)}")
     for flag, given in (("--trace", args.trace), ("--freeze", args.freeze),
                         ("--dtype", args.dtype), ("--kv-dtype", args.kv_dtype), ("--group-size", args.group_size),
-                        ("--encoder-seq", args.encoder_seq), ("--kv-layout", args.kv_layout != "hf"),
-                        ("--fsdp-mixed-precision", args.fsdp_mixed_precision)):
+                        ("--encoder-seq", args.encoder_seq), ("--kv-layout", args.kv_layout != "hf")):
         if given:
             raise OptionError(f"--find-layout does not take {flag}")
     if args.global_batch is not None and args.batch != 1:
@@ -294,6 +293,7 @@ def _find_layout(args: argparse.Namespace) -> int:
                             shard_group=args.shard_group, schedule=args.schedule,
                             virtual_stages=args.virtual_stages,
                             expert_load=1.0 if args.expert_load is None else args.expert_load,
+                            fsdp_mixed_precision=args.fsdp_mixed_precision or "autocast",
                             reserve=checked_size("--reserve", args.reserve, zero=True))
     options.check()
     source = resolve(args.model, revision=args.revision)
