@@ -28,6 +28,10 @@ class SearchOptions:
     virtual_stages: int = 1
     context_parallel: bool = True  # search cp too
     expert_load: float = 1.0  # every ep > 1 layout's busiest rank's pairs over its balanced share (--expert-load)
+    # how a mixed precision runs under FSDP2 (--fsdp-mixed-precision): torch.autocast over the fp32 parameters, or
+    # fully_shard's MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32), torchtitan's; every FSDP2 layout
+    # sharded over more than one rank takes it (torchtitan applies no fully_shard, so no policy, to one)
+    fsdp_mixed_precision: str = "autocast"
     reserve: int = DEFAULT_RESERVE
 
     @property
@@ -59,10 +63,28 @@ class SearchOptions:
         if isinstance(load, bool) or not isinstance(load, (int, float)) or not load >= 1:
             raise OptionError("{0} (the busiest expert-parallel rank's pairs over its balanced share) must be a "
                               "number from 1, got {value!r}", "expert_load", value=str(load)[:40])
+        self._check_mixed_precision()
         if self.shard_group is not None and shard_mode(self.zero or "fsdp") != "hsdp":
             raise OptionError("{0} is for hybrid sharding (hybrid_shard)", "shard_group")
         accelerator = find_accelerator(self.gpu)
         peak_for(accelerator, self.precision)
+
+    def _check_mixed_precision(self) -> None:
+        """--fsdp-mixed-precision policy: FSDP2's layouts (zero fsdp or hybrid_shard) in a mixed precision, one line
+        where not."""
+        from .layout import FSDP_MIXED_PRECISIONS
+
+        mixed = self.fsdp_mixed_precision
+        if mixed not in FSDP_MIXED_PRECISIONS:
+            raise OptionError("{0} must be one of {choices}, got {value!r}", "fsdp_mixed_precision",
+                              choices=", ".join(FSDP_MIXED_PRECISIONS), value=str(mixed)[:40])
+        if mixed == "policy" and shard_mode(self.zero or "fsdp") not in ("fsdp", "hsdp"):
+            raise OptionError("{0} policy is FSDP2's MixedPrecisionPolicy: the search's layouts need {1} fsdp or "
+                              "hybrid_shard, got {zero}", "fsdp_mixed_precision", "zero", zero=str(self.zero)[:40])
+        if mixed == "policy" and not self.precision.endswith("-mixed"):
+            raise OptionError("{0} policy casts fp32 parameters to 16 bits as FSDP2 gathers them: it needs a mixed "
+                              "precision (bf16-mixed, fp16-mixed), got {precision}", "fsdp_mixed_precision",
+                              precision=str(self.precision)[:40])
 
 
 def peak_for(accelerator: Any, precision: str) -> tuple[float, str]:
