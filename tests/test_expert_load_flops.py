@@ -12,7 +12,6 @@ import pytest
 
 from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
 from paramscope.cost.parallel.layout import layout_for
-from paramscope.errors import UnsupportedError
 from parallel_steps import small_mixtral
 
 BATCH, SEQ = 2, 32
@@ -20,8 +19,8 @@ BATCH, SEQ = 2, 32
 PER_PAIR = 2 * 3 * 64 * 128
 
 
-def _device(load, **layout):
-    lay = layout_for(batch=BATCH, dp=2, ep=2, expert_load=load, **layout)
+def _device(load, dp=2, **layout):
+    lay = layout_for(batch=BATCH, dp=dp, ep=2, expert_load=load, **layout)
     return estimate_flops(small_mixtral(2), FlopOptions(batch=BATCH, seq=SEQ, training=True, layout=lay,
                                                              devices=lay.devices)).device
 
@@ -78,10 +77,40 @@ def test_beside_tensor_parallel_each_tp_rank_runs_its_slice_of_the_pairs(mixtral
     assert counted.backward == device.backward + device.recompute
 
 
-def test_context_parallel_beside_a_load_is_refused_in_one_line():
-    with pytest.raises(UnsupportedError, match="expert load 1.5: the busiest expert-parallel rank's FLOPs") as e:
-        _device(1.5, cp=2)
-    assert "\n" not in str(e.value) and "not context parallel" in str(e.value)
+def test_beside_context_parallel_the_busiest_rank_routes_its_own_tokens(mixtral_meta):
+    """`--cp 2 --ep 2 --expert-load 1.5` (memory's composition: torchtitan's ep = dp_shard_in_ep × cp): rank 0 holds
+    S / cp = 16 tokens of each sequence, S = 2 × 16 × 2 = 64 pairs a layer, ⌈1.5·64⌉ = 96 at its experts. Traced on
+    rank 0 under torch's ring (FlopCounterMode over each op's local shapes): every matmul and the experts' grouped
+    matmuls equal the analytic device, forward and backward; the ring's attention blocks are counted apart (its
+    diagonal block whole: 3/4 of the cp convention's scores here, as for any cp layout)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from paramscope.cost.traced.parallel import check_layout, parallel_copy, rank_tokens
+    from paramscope.cost.traced.parallel_flops import local_formulas
+    from paramscope.cost.traced.step import StepSettings, loss_of, running, training_inputs
+
+    settings = StepSettings(batch=BATCH, seq=SEQ, precision="fp32", grad_checkpointing=False)
+    layout = check_layout(1, "none", 1, False, 0, 2, 2, 1.5)
+    with parallel_copy(mixtral_meta, settings, layout) as (model, _, _):
+        model.train(True)
+        inputs = training_inputs(model, rank_tokens(settings, layout))
+        with running(model):
+            forward = FlopCounterMode(display=False, depth=None, custom_mapping=local_formulas())
+            with forward:
+                loss = loss_of(model(**inputs))
+            backward = FlopCounterMode(display=False, depth=None, custom_mapping=local_formulas())
+            with backward:
+                loss.backward()
+    traced = [{str(op).split(".")[-1]: flops for op, flops in counter.get_flop_counts()["Global"].items()}
+              for counter in (forward, backward)]
+    device = _device(1.5, cp=2, dp=1)
+    roles = {t.role: t.flops for t in device.terms}
+    assert device.pairs == (96, 64) and device.loaded == 2 * (96 - 64) * PER_PAIR
+    assert traced[0]["grouped_mm_fallback"] == roles["moe.experts"] == 2 * 96 * PER_PAIR
+    assert traced[0]["mm"] == device.forward - roles["moe.experts"] - roles["attention.scores"] == 2_654_208
+    assert traced[1]["grouped_mm_fallback_backward"] == 2 * roles["moe.experts"] and traced[1]["mm"] == 2 * 2_654_208
+    assert traced[0]["_scaled_dot_product_flash_attention_for_cpu"] * 4 == roles["attention.scores"] * 3
+    assert any("T = S / 2: the rank's own tokens under context parallel" in c for c in device.conventions)
 
 
 def test_cli_mixtral_8x7b(capsys):

@@ -20,8 +20,8 @@ sequences, so m microbatches make the replica's batch), at its context-parallel 
 - expert parallel (ep): balanced routing assumed: the tokens' top-k assignments spread evenly over the experts, so a
   rank's E/ep experts receive k/E of its group's tokens × ep: the same expert FLOPs as without ep (all-to-all moves
   tokens, not FLOPs). Under an uneven load (`layout.expert_load` F > 1, traced/expert_parallel.py's routes) the
-  busiest rank's experts receive ⌈F·S⌉ of its balanced S = (batch / m)·S_tokens·k token-expert pairs a MoE layer and
-  microbatch, so each routed expert weight's FLOPs on it are its balanced ones × ⌈F·S⌉ / S (a grouped matmul costs
+  busiest rank's experts receive ⌈F·S⌉ of its balanced S = (batch / m)·(S_tokens / cp)·k token-expert pairs a MoE
+  layer and microbatch (under cp the ep ranks are drawn from the cp ranks, each routing the tokens it holds), so each routed expert weight's FLOPs on it are its balanced ones × ⌈F·S⌉ / S (a grouped matmul costs
   2 × rows × in × out, whatever the groups); the others receive fewer (not the busiest). Beside tp each tp rank of
   the busiest ep rank runs its I / tp slice of those pairs (every tp rank holds the replica's tokens at the experts).
   A layout's step ends when its busiest rank's does: its figures are the ones shown, and the MFU per device is its.
@@ -170,12 +170,6 @@ def device_flops(estimate: Any, parts: Any, report: Any, view: Any, layout: Para
     tp, cp, pp = layout.tp, layout.cp, layout.pp
     seq = estimate.seq
     load = layout.expert_load if layout.ep > 1 else 1
-    if load != 1 and cp > 1:
-        raise UnsupportedError("expert load {load:g}: the busiest expert-parallel rank's FLOPs are counted (and "
-                               "checked against a traced rank with that routing) with expert parallel beside data, "
-                               "tensor parallel and pipeline stages, not context parallel (ep ranks drawn from the "
-                               "cp ranks, each with S / cp tokens, are not traced); got {layout}", load=load,
-                               layout=layout.words())
     if cp > 1:
         chunks = 2 * cp if causal_model else cp
         if seq % chunks:
@@ -259,7 +253,9 @@ def device_flops(estimate: Any, parts: Any, report: Any, view: Any, layout: Para
         if not top_k:
             raise UnsupportedError("expert load {load:g}: {name}'s config names no top-k (experts a token is routed "
                                    "to), so its token-expert pairs are not counted", load=load, name=view.class_name)
-        balanced = estimate.batch // layout.micro_batches * seq * top_k
+        # the rank's own pairs: its microbatch's sequences at its S / cp tokens (the ep ranks are drawn from the cp
+        # ranks, torchtitan's dp_shard_in_ep × cp: each routes only the tokens it holds)
+        balanced = estimate.batch // layout.micro_batches * (seq // cp) * top_k
         pairs = (busiest_pairs(balanced, layout.ep, load), balanced)  # a MoE layer's, a microbatch
 
     def on_device(stage: Stage, rank: int, routed: tuple[int, int] | None) -> tuple[dict[str, int], int, int]:
@@ -374,7 +370,8 @@ def _conventions(layout: ParallelLayout, causal_model: bool, causal: str, weight
         out.append(f"expert parallel, an uneven load (a convention, --expert-load {load:g}): the busiest rank's "
                    f"experts (/ {ep}) receive {load:g} × its balanced share, ⌈{load:g}·S⌉ = {pairs[0]:,} of S = "
                    f"B·T·k = {pairs[1]:,} token-expert pairs a MoE layer{' and microbatch' if layout.pp > 1 else ''}"
-                   f", so its expert FLOPs are × {pairs[0]:,} / {pairs[1]:,}; the other {ep - 1} ranks receive "
+                   + (f" (T = S / {layout.cp}: the rank's own tokens under context parallel)" if layout.cp > 1 else "")
+                   + f", so its expert FLOPs are × {pairs[0]:,} / {pairs[1]:,}; the other {ep - 1} ranks receive "
                    f"{ep * pairs[1] - pairs[0]:,} between them, fewer than S each. A step ends when its busiest rank's "
                    "does: the figures (and the MFU per device) are that rank's, and so is the layout's step time")
     elif layout.ep > 1:
