@@ -159,8 +159,9 @@ def test_cli_text_and_json(capsys):
     assert layout["device"]["kv_cache"]["bytes_per_token"] == 40 * 512
     assert sum(layout["device"]["weights"]["by_role"].values()) == layout["device"]["weights"]["bytes"]
     assert main(["memory", "llama-3-70b", "--seq", "8192", "--tp", "8", "--pp", "2", "--width", "120"]) == 0
-    rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()]
-    assert ["0", "0–39"] in rows and ["1", "40–79"] in rows  # the text's stage table renders (it raised before)
+    rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()]
+    # the text's stage table renders (it raised before)
+    assert ["0", "embeddings,", "0–39"] in rows and ["1", "40–79,", "head"] in rows
     assert memory["smallest_tp"]["pp"] == 2 and memory["smallest_tp"]["tp"] == 1  # 66 GiB a stage at tp 1
     assert main(["memory", "llama-3-8b", "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)["memory"]

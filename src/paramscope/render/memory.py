@@ -6,7 +6,9 @@ reading only.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from rich import box
 from rich.table import Table
@@ -80,7 +82,7 @@ def memory_parts(report, estimate) -> list:
     if layout is not None:
         lines.append(_gpu_table(estimate, layout))
         if layout.pp > 1:
-            lines.append(_serving_stages_table(layout))
+            lines += [_serving_stages_table(layout), Text("")]
         if layout.tp > 1:
             lines.append(_serving_rules_table(layout))
     lines.append(_fits_table(estimate))
@@ -232,18 +234,22 @@ def _gpu_table(estimate, layout) -> Table:
 
 
 def _serving_stages_table(layout) -> Table:
+    """As training's stage table (_stages_table): a row a stage, the figures in the table's one unit."""
+    unit = table_unit([stage.peak for stage in layout.stages])
     table = Table(title=f"Pipeline stages: {layout.pipeline}", title_justify="left",
-                  caption="each GPU of a stage's tensor-parallel group alike (rank 0's shares)",
+                  caption=f"{_unit_words(unit)}, each GPU of a stage's tensor-parallel group alike (rank 0's shares); "
+                          "—: none on the stage; exact bytes in --json",
                   caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("stage", "layers", "weights", "KV cache", "workspace", "peak"):
-        table.add_column(name, justify="left" if name == "layers" else "right", no_wrap=True)
+    table.add_column("stage", justify="right", no_wrap=True)
+    table.add_column("layers", overflow="fold")
+    for name in ("weights", "KV cache", "workspace", "peak"):
+        table.add_column(f"{name}\n{unit[0]}", justify="right", no_wrap=True)
     top = layout.device
     for stage in layout.stages:
-        layers = _stage_layers(stage)
-        table.add_row(str(stage.rank), layers, binary(stage.weight_bytes),
-                      binary(stage.kv_cache.bytes) if stage.kv_cache is not None else "—",
-                      binary(stage.workspace.bytes) if stage.workspace is not None else "—", binary(stage.peak),
-                      style="bold" if stage is top else None)
+        table.add_row(str(stage.rank), _stage_layers(stage), in_unit(stage.weight_bytes, unit),
+                      in_unit(stage.kv_cache.bytes, unit) if stage.kv_cache is not None else "—",
+                      in_unit(stage.workspace.bytes, unit) if stage.workspace is not None else "—",
+                      in_unit(stage.peak, unit), style="bold" if stage is top else None)
     return table
 
 
@@ -466,7 +472,7 @@ def training_parts(report, estimate) -> list:
     if detail.device is not None:
         lines += [_device_table(estimate)]
         if detail.device.stages:
-            lines.append(_stages_table(detail.device))
+            lines += [Text(""), _stages_table(detail.device), Text("")]
         lines.append(_rules_table(detail.device))
     lines.append(_fits_table(estimate))
     if estimate.budget is not None:
@@ -656,22 +662,70 @@ def _flat_zero3_words(device) -> str:
 
 
 def _stage_layers(stage) -> str:
-    """"0–19 + embeddings": the runs of layers a pipeline stage holds, and the embeddings or head with them."""
-    layers = ", ".join(f"{a}–{b}" for a, b in stage.chunks) if stage.chunks else "—"
-    return layers + (" + embeddings" if stage.first else "") + (" + head" if stage.last else "")
+    """"embeddings, 0–19": what a pipeline stage holds in the model's order (the embeddings, its runs of layers, the
+    head), a comma between each, so that a narrow column wraps between them."""
+    parts = (["embeddings"] if stage.first else []) + [f"{a}–{b}" for a, b in stage.chunks] + (
+        ["head"] if stage.last else [])
+    return ", ".join(parts) or "—"
+
+
+def table_unit(values) -> tuple[str, int]:
+    """The binary unit a column of byte figures is written in (its name for the header, its size): the one binary()
+    writes the largest in, so that every figure of the column reads in one unit."""
+    largest = max((abs(v) for v in values), default=0)
+    for name, size in (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30)):
+        if round(largest / size, 2) < 1000:
+            return name, size
+    return "TiB", 2**40
+
+
+def in_unit(value: int, unit: tuple[str, int]) -> str:
+    """`value` bytes in `unit`, two decimals ("0" for none: a true zero, not a rounded one; bytes whole)."""
+    name, size = unit
+    if value == 0:
+        return "0"
+    return f"{value:,}" if size == 1 else f"{value / size:,.2f}"
+
+
+# The stage table's columns: (key, header, legend words); master weights only where some stage holds them.
+_STAGE_COLUMNS = (("weights", "weights", ""), ("gradients", "grads", "grads: gradients"),
+                  ("optimizer", "optim", "optim: optimizer states"),
+                  ("master_weights", "master", "master: the fp32 master weights"),
+                  ("activations", "acts", "acts: activations saved"),
+                  ("peak", "peak", ""))
 
 
 def _stages_table(device) -> Table:
+    """One shape at any width and under any layout: a row a stage, every figure in the table's one binary unit
+    (named in its header), the layers wrapping between runs; a column no stage has (master weights) left out."""
+    stages = device.stages
+    columns = [c for c in _STAGE_COLUMNS if c[0] != "master_weights" or any(s.master_weights for s in stages)]
+    unit = table_unit([s.peak for s in stages])
+    legend = "; ".join(filter(None, (words for _, _, words in columns)))
     table = Table(title=f"Pipeline stages: {device.pipeline}; bubble {100 * device.bubble:.1f}% of the step "
-                        "((pp − 1) / (v·m + pp − 1))", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("stage", "layers", "in flight", "weights", "gradients", "optimizer", "activations", "peak"):
-        table.add_column(name, justify="left" if name == "layers" else "right", no_wrap=True)
-    for stage in device.stages:
-        layers = _stage_layers(stage)
-        table.add_row(str(stage.rank), layers, str(stage.in_flight), binary(stage.weights), binary(stage.gradients),
-                      binary(stage.optimizer), binary(stage.activations), binary(stage.peak),
+                        "((pp − 1) / (v·m + pp − 1))", title_justify="left",
+                  caption=f"{_unit_words(unit)}, one device of each stage; in flight: microbatches; {legend}; peak: "
+                          "the stage's largest moment, not the columns' sum (bold: the largest); exact bytes in --json",
+                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("stage", justify="right", no_wrap=True)
+    table.add_column("layers", overflow="fold")
+    table.add_column("in\nflight", justify="right", no_wrap=True)
+    for _, header, _ in columns:
+        table.add_column(f"{header}\n{unit[0]}", justify="right", no_wrap=True)
+    for stage in stages:
+        table.add_row(str(stage.rank), _stage_layers(stage), str(stage.in_flight),
+                      *(in_unit(getattr(stage, key), unit) for key, _, _ in columns),
                       style="bold" if stage.peak == device.peak else None)
     return table
+
+
+def _unit_words(unit: tuple[str, int]) -> str:
+    """"in GiB (2³⁰ B)": a table's unit, said once in its legend."""
+    name = unit[0]
+    return "in bytes" if name == "B" else f"in {name} ({_POWERS[name]} B)"
+
+
+_POWERS = {"KiB": "2¹⁰", "MiB": "2²⁰", "GiB": "2³⁰", "TiB": "2⁴⁰"}
 
 
 def _rules_table(device) -> Table:
@@ -841,7 +895,7 @@ _KINDS = ("dp", "tp", "pp", "ep", "cp")
 
 
 def render_layout_search_text(report, search, width: int = 100, *, color: bool = False) -> str:
-    return to_text(layout_search_parts(report, search), width, color)
+    return to_text(layout_search_parts(report, search, width), width, color)
 
 
 def layout_degrees(layout) -> str:
@@ -857,7 +911,8 @@ def seconds_words(value: float | None) -> str:
     return f"{value:.3g} s" if value >= 0.01 else f"{value * 1e3:.3g} ms"
 
 
-def layout_search_parts(report, search) -> list:
+def layout_search_parts(report, search, width: int | None = None) -> list:
+    """The search's text parts; `width` (None: unbounded) is what the layouts table fits its last column to."""
     title = Text(f"Layouts to train {report.model.label} ({report.model.class_name}) on {search.devices:,} × "
                  f"{search.accelerator}", style="bold")
     shard = {"none": "no data-parallel sharding (DDP)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
@@ -882,9 +937,11 @@ def layout_search_parts(report, search) -> list:
         Text(""),
     ]
     if fitting:
-        lines.append(_layouts_table(search, fitting[:SHOWN_LAYOUTS]))
+        table, legend = _layouts_table(fitting[:SHOWN_LAYOUTS], width)
+        lines.append(table)
         if len(fitting) > SHOWN_LAYOUTS:
             lines.append(indented(f"… {len(fitting) - SHOWN_LAYOUTS:,} more that fit (--json lists them all)"))
+        lines.append(legend)
         best = fitting[0]
         lines += [Text(""), indented(f"the first, {best.layout.words()}: each device's communication a step"
                                      + (f" (stage {best.comm_stage}'s, the most)" if best.layout.pp > 1 else "")),
@@ -927,18 +984,138 @@ def layout_search_parts(report, search) -> list:
 SHOWN_LAYOUTS = 10
 
 
-def _layouts_table(search, rows) -> Table:
+@dataclass(frozen=True)
+class LayoutColumn:
+    """A figure column of the layouts table: its header (the unit on its second line), its cell for a layout, what
+    the legend says of it, and whether it may be left out where the width is short (in the order the columns are
+    listed, after the communication by kind)."""
+
+    header: str
+    cell: Callable[[Any], str]
+    legend: str = ""
+    optional: bool = False
+
+
+def _layout_columns(rows) -> list[LayoutColumn]:
+    """The layouts table's columns: a parallel degree each (those some row uses; dp always), the micro-steps where
+    a row accumulates, then the figures, each in its column's one unit."""
+    used = [kind for kind in ("tp", "pp", "cp", "ep") if any(getattr(c.layout, kind) > 1 for c in rows)]
+    peak, comm = table_unit([c.peak for c in rows]), _comm_unit(rows)
+    degrees = [LayoutColumn(kind, lambda c, kind=kind: str(getattr(c.layout, kind))) for kind in ("dp", *used)]
+    if any(c.accumulation > 1 for c in rows):
+        degrees.append(LayoutColumn("accum", lambda c: "—" if c.layout.pp > 1 else str(c.accumulation),
+                                    "accum: micro-steps a step (—: a pipeline's microbatches instead)"))
+    return degrees + [
+        LayoutColumn(f"peak\n{peak[0]}", lambda c: in_unit(c.peak, peak), "peak: the busiest device's"),
+        LayoutColumn("step ≥\ns", lambda c: _three_figures(c.seconds), "step ≥: the bound below"),
+        LayoutColumn("bubble\n%", lambda c: f"{100 * c.bubble:.1f}" if c.layout.pp > 1 else "—",
+                     "bubble —: no pipeline", optional=True),  # the step's bound has it already
+        LayoutColumn(f"comm\n{comm[0]}", lambda c: _three_figures(c.comm_bytes / comm[1]),
+                     "comm: the bytes it sends a step, a bound")]
+
+
+def _comm_unit(rows) -> tuple[str, int]:
+    """The unit of the communication columns: the one binary() writes the least total in (not the most, as the
+    other columns: the totals span a hundredfold and more, and a unit that writes the least as 0.0123 reads badly)."""
+    return table_unit([min((c.comm_bytes for c in rows if c.comm_bytes), default=0)])
+
+
+def _layouts_table(rows, width: int | None) -> tuple[Table, Any]:
+    """The layouts that fit, a row each, in one shape at any width (_layout_columns), and last each kind's
+    communication, packed a kind a piece into the width left. Where a row would need more than BY_KIND_LINES lines
+    for it, that column is left out, then the optional columns one by one while the table is wider than the width;
+    the legend line names what is left out and the width that shows it all. Returns the table and the legend."""
+    columns = _layout_columns(rows)
+    comm = _comm_unit(rows)
+    pieces = [[f"{kind} {_three_figures(value / comm[1])}" for kind, value in
+               sorted(c.comm_by_kind().items(), key=lambda item: _KINDS.index(item[0]))] or ["none"] for c in rows]
+    by_kind = f"by kind\n{comm[0]}"
+
+    def room(shown: list[LayoutColumn]) -> int:
+        """The by-kind column's room beside `shown`: the width less the rest of the table laid out with the column
+        at its header's width, so that its padding and separator count as rich lays them out."""
+        return width - _measured_width(_layouts_rows(rows, shown, by_kind, [""] * len(rows))) + len("by kind")
+
+    units = ", ".join(f"{u} = {_POWERS[u]} B" for u in dict.fromkeys(
+        (table_unit([c.peak for c in rows])[0], comm[0])) if u != "B")
+    legend = "; ".join(filter(None, [units, *(column.legend for column in columns)])) + "; exact bytes in --json"
+    if width is None or _packs(pieces, room(columns)):
+        packed = ["\n".join(_packed(row, None if width is None else room(columns))) for row in pieces]
+        return _layouts_rows(rows, columns, by_kind, packed), indented(legend)
+    everything = width - room(columns) + _narrowest_packing(pieces)
+    shown, left_out = list(columns), ["comm by kind"]
+    for column in [c for c in columns if c.optional]:
+        if _measured_width(_layouts_rows(rows, shown, by_kind, None)) <= width:
+            break
+        shown.remove(column)
+        left_out.append(column.header.split("\n")[0])
+    legend = "; ".join(filter(None, [units, *(column.legend for column in shown)]))
+    return _layouts_rows(rows, shown, by_kind, None), indented(
+        f"{legend}; exact bytes in --json; not shown at this width: {', '.join(left_out)} (at --width {everything} "
+        "or more; the first's below)")
+
+
+def _layouts_rows(rows, columns: list[LayoutColumn], by_kind: str, packed: list[str] | None) -> Table:
+    """The layouts table of `columns`, a numbered row a layout, with the column `by_kind` where `packed` gives its
+    cells."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for name, justify in (("#", "right"), ("layout", "left"), ("peak/device", "right"), ("step ≥", "right"),
-                          ("bubble", "right"), ("comm/device", "right"), ("by kind, GiB", "left")):
-        table.add_column(name, justify=justify, no_wrap=name != "by kind, GiB", overflow="fold")
+    table.add_column("#", justify="right", no_wrap=True)
+    for column in columns:
+        table.add_column(column.header, justify="right", no_wrap=True)
+    if packed is not None:
+        table.add_column(by_kind, no_wrap=True)
     for index, candidate in enumerate(rows, 1):
-        kinds = candidate.comm_by_kind()
-        table.add_row(str(index), layout_degrees(candidate.layout) + candidate.accumulation_words,
-                      binary(candidate.peak),
-                      seconds_words(candidate.seconds), f"{100 * candidate.bubble:.1f}%", binary(candidate.comm_bytes),
-                      " ".join(f"{kind} {kinds[kind] / 2**30:.1f}" for kind in _KINDS if kind in kinds) or "none")
+        table.add_row(str(index), *(column.cell(candidate) for column in columns),
+                      *([packed[index - 1]] if packed is not None else []))
     return table
+
+
+# The most lines a row's communication by kind takes: more, and a table of a few columns reads as a list of cards.
+BY_KIND_LINES = 2
+
+
+def _packs(pieces: list[list[str]], room: int) -> bool:
+    """Whether every row's pieces pack into BY_KIND_LINES lines of `room` characters (and the header fits)."""
+    return room >= len("by kind") and all(
+        len(lines) <= BY_KIND_LINES and max(map(len, lines)) <= room for lines in (_packed(r, room) for r in pieces))
+
+
+def _narrowest_packing(pieces: list[list[str]]) -> int:
+    """The narrowest room in which every row packs (_packs)."""
+    room = max(len(piece) for row in pieces for piece in row)
+    while not _packs(pieces, room):
+        room += 1
+    return room
+
+
+def _packed(pieces: list[str], room: int | None) -> list[str]:
+    """`pieces` joined by spaces into lines of at most `room` characters, a piece never split."""
+    lines: list[str] = []
+    for piece in pieces:
+        if lines and (room is None or len(lines[-1]) + 1 + len(piece) <= room):
+            lines[-1] += " " + piece
+        else:
+            lines.append(piece)
+    return lines
+
+
+def _measured_width(table: Table) -> int:
+    """The width `table` prints at, unconstrained (its columns' widest cells and headers, padding and edges)."""
+    import io
+
+    from rich.console import Console
+
+    return Console(file=io.StringIO(), width=10_000).measure(table).maximum
+
+
+def _three_figures(value: float | None) -> str:
+    """At least three significant figures, no exponent: 0.902, 60.4, 1.90, 831, 11,918, 0.00452; "—" for none."""
+    if value is None:
+        return "—"
+    if value == 0:
+        return "0"
+    decimals = max(0, 2 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{decimals}f}"
 
 
 def _comm_table(candidate) -> Table:
