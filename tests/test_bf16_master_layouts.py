@@ -65,3 +65,53 @@ def test_llama_3_8b_tp_2_dp_4_states_are_the_shard_partitioned_by_zero(zero, sta
     assert got == (2 * n // (4 if zero == "3" else 1), 2 * n // (4 if zero in "23" else 1),
                    -(-(8 * n + 4 * 291) // d), 4 * n // d)
     assert estimate.peak == peak
+
+
+def test_a_cp_rank_equals_its_trace_and_zero_partitions_over_dp_times_cp():
+    """cp 2 on the cut, 2 × 64 tokens: the closed form (the recipe at S / cp, the ring's kept copies) with the master
+    step equals the rank traced on torch's ring with MasterCopyOptimizer, phase by phase; beside dp 2 under ZeRO-1
+    the masters and moments are partitioned over the dp × cp = 4 ranks (7,590,912 / 4 B of masters)."""
+    import transformers as T
+
+    config = T.LlamaConfig(**{k: v for k, v in LLAMA.items() if k != "model_type"})
+    _, alone, view = training_answer(config, TrainingOptions(batch=2, seq=64, precision="bf16-master", fits=False,
+                                                             layout=layout_for(cp=2), derive_layout=False),
+                                     use_cache=False)
+    traced = trace_parallel_training(view.module, StepSettings(batch=2, seq=64, precision="bf16-master",
+                                                               optimizer="adamw"), cp=2)
+    phases = {p.where: p.bytes for p in alone.training.device.phases}
+    assert (phases["end of forward"], phases["end of backward"], phases["optimizer step"]) == \
+        tuple(p.bytes for p in traced.phases) == (28_808_172, 30_396_636, 37_954_772)
+    zero = estimate_training(LLAMA, TrainingOptions(batch=2, seq=64, precision="bf16-master", fits=False,
+                                                    layout=layout_for(dp=2, cp=2, zero="1"), derive_layout=False))
+    device = zero.training.device
+    assert (device.optimizer, device.master_weights) == (-(-(8 * 1_897_728 + 4 * 21) // 4), 1_897_728)
+    assert any("dp × cp ranks" in n and "sequence-data-parallel" in n for n in zero.notes)
+
+
+def test_ep_ranks_partition_their_experts_over_the_expert_data_parallel_group():
+    """DeepSpeed-MoE: a rank's routed experts' states over the ranks holding the same experts (dp / ep), the rest
+    over dp. A 2-layer Mixtral cut at dp 2 · ep 2: the rank's 98,304 expert parameters keep whole masters and moments
+    (a group of 1), its 58,176 others are halved; ZeRO-3 beside ep is refused (DeepSpeed-MoE runs ZeRO 0-2)."""
+    import paramscope
+    from paramscope.cost.dims import text_config
+    from paramscope.cost.parallel.layout import ParallelLayout
+    from paramscope.cost.parallel.rules import model_shape, place
+    from paramscope.cost.parallel.states import device_states
+    from paramscope.errors import OptionError
+    from parallel_steps import small_mixtral
+
+    config = small_mixtral(2)
+    report = paramscope.inspect(config)
+    placements = place(report.params, model_shape(text_config(config), set()), tp=1, ep=2)
+    trainable = frozenset(p.name for p in report.params)
+    experts, rest = 98_304, 58_176
+    for zero, gradients in (("zero1", 2 * (experts + rest)), ("zero2", 2 * experts + 2 * rest // 2)):
+        got = device_states(report.params, placements, ParallelLayout(dp=2, ep=2, shard=zero),
+                            precision="bf16-master", optimizer="adamw", trainable=trainable)
+        assert (got.weights, got.gradients, got.optimizer, got.master_weights) == (
+            2 * (experts + rest), gradients, 8 * experts + 4 * 4 + -(-(8 * rest + 4 * 17) // 2),
+            4 * experts + 4 * rest // 2) == (312_960, (312_960, 254_784)[zero == "zero2"], 1_019_186, 509_568)
+        assert "expert-data-parallel group of 1 rank" in got.arithmetic
+    with pytest.raises(OptionError, match="DeepSpeed-MoE's, which runs with ZeRO 0, 1 or 2"):
+        TrainingOptions(precision="bf16-master", layout=ParallelLayout(dp=2, ep=2, shard="zero3")).check()

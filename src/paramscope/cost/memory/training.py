@@ -728,14 +728,23 @@ def _rank_master_copy(report: Any, view: Any, layout: Any, whole: int, *, optimi
 def master_layout_words(layout: Any) -> str:
     """Which framework's rule bf16-master follows under `layout`, named."""
     zero = zero_stage_of(layout)
-    over = f"ZeRO-{zero} partitioning them over the {layout.shard_degree} data-parallel ranks" \
-        if zero and layout.shard_degree > 1 else "each data-parallel rank holding them whole (no ZeRO partition)"
-    if layout.tp == 1:
-        return f"bf16-master over data parallelism: DeepSpeed's ZeRO, the fp32 masters and moments of the model, {over}"
-    return (f"bf16-master beside tensor parallelism: Megatron-DeepSpeed's composition, each of the {layout.tp} tp ranks "
-            f"holding its shard's bf16 weights and gradients and the fp32 masters and moments of that shard, {over}; "
-            "the tp itself as torch's DTensor runs it (traced beside: MasterCopyOptimizer on the rank's DTensor "
-            "shards; the embedding's gradient whole on every rank, as DTensor gives it)")
+    ranks = "data-parallel" if layout.cp == 1 else "dp × cp"
+    over = f"ZeRO-{zero} partitioning them over the {layout.shard_degree} {ranks} ranks" \
+        if zero and layout.shard_degree > 1 else f"each {ranks} rank holding them whole (no ZeRO partition)"
+    words = [f"bf16-master: DeepSpeed's bf16 and ZeRO, the fp32 masters and Adam moments of what the rank holds, {over}"]
+    if layout.tp > 1:
+        words.append(f"beside tp {layout.tp} Megatron-DeepSpeed's composition: each tp rank holds its shard's bf16 "
+                     "weights and gradients and the masters and moments of that shard; the tp itself as torch's "
+                     "DTensor runs it (traced beside: MasterCopyOptimizer on the rank's DTensor shards, the "
+                     "embedding's gradient whole on every rank as DTensor gives it)")
+    if layout.cp > 1:
+        words.append(f"beside cp {layout.cp} the ZeRO group takes the cp ranks too (they hold the same weights: "
+                     "Megatron's data-parallel group with context parallel, DeepSpeed's sequence-data-parallel group)")
+    if layout.ep > 1:
+        words.append(f"beside ep {layout.ep} each rank's routed experts' states are its own experts', partitioned over "
+                     f"their expert-data-parallel group ({max(1, layout.shard_degree // layout.ep)} of the ranks: "
+                     "those holding the same experts), as DeepSpeed-MoE partitions an expert param group")
+    return "; ".join(words)
 
 
 def zero_stage_of(layout: Any) -> int:
@@ -744,16 +753,19 @@ def zero_stage_of(layout: Any) -> int:
 
 
 def _check_master_layout(precision: str, layout: Any) -> None:
-    """bf16-master is DeepSpeed's ZeRO mixed precision: modelled over data parallelism with ZeRO 0-3, beside tensor
-    parallelism (Megatron-DeepSpeed's); FSDP2 and the other splits are refused in one line (FSDP2's own is
-    --fsdp-mixed-precision policy)."""
+    """bf16-master is DeepSpeed's ZeRO mixed precision: modelled over data parallelism with ZeRO 0-3, beside tensor,
+    context and expert parallelism (Megatron-DeepSpeed's, DeepSpeed-MoE's with ZeRO 0-2); FSDP2 and pipelines are
+    refused in one line (FSDP2's own is --fsdp-mixed-precision policy)."""
     if precision != MASTER_PRECISION or layout is None or layout.trivial:
         return
-    if layout.shard not in ("none", "zero1", "zero2", "zero3") or (layout.pp, layout.cp, layout.ep) != (1, 1, 1):
+    if layout.shard == "zero3" and layout.ep > 1:  # DeepSpeed-MoE partitions expert groups under ZeRO 1-2 only
+        raise OptionError("{0} {master} beside ep is DeepSpeed-MoE's, which runs with ZeRO 0, 1 or 2 (not ZeRO-3)",
+                          "precision", master=MASTER_PRECISION)
+    if layout.shard not in ("none", "zero1", "zero2", "zero3") or layout.pp != 1:
         raise OptionError("{0} {master} is modelled over data parallelism with {1} 0, 1, 2 or 3 (DeepSpeed's ZeRO), "
-                          "beside tensor parallelism; not with {value}", "precision", "zero", master=MASTER_PRECISION,
-                          value="FSDP2 (bf16-mixed under FSDP2's MixedPrecisionPolicy prices it)"
-                          if layout.shard in ("fsdp", "hsdp") else "pipeline, context or expert parallelism")
+                          "beside tensor, context and expert parallelism; not with {value}", "precision", "zero",
+                          master=MASTER_PRECISION, value="FSDP2 (bf16-mixed under FSDP2's MixedPrecisionPolicy prices "
+                          "it)" if layout.shard in ("fsdp", "hsdp") else "pipeline parallelism")
 
 
 def _step_temporaries(optimizer: str, gradients: int) -> tuple[int, str]:

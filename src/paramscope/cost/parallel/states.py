@@ -76,14 +76,26 @@ def device_states(params: Iterable, placements: Iterable[Placement], layout: Par
         return DeviceStates(part.weights.bytes, part.gradients.bytes, part.optimizer.bytes, part.master_weights.bytes,
                             whole, how)
 
-    def share(bytes_: int, sharded: bool) -> int:
-        return -(-bytes_ // degree) if sharded else bytes_
+    # DeepSpeed-MoE: the expert parameters' own groups partitioned over the expert-data-parallel group (the d / ep
+    # ranks holding the same experts: stage_1_and_2.py's real_dp_process_group of a MoE param group), the rest over d
+    names = {p.name for p in experts}
+    groups = [(model_states([p for p in local if p.name not in names], precision=precision, optimizer=optimizer,
+                            trainable=trainable, own=own), degree)]
+    if experts:
+        groups.append((model_states(experts, precision=precision, optimizer=optimizer, trainable=trainable, own=own),
+                       expert_degree))
+
+    def share(kind: str, sharded: bool) -> int:
+        return sum(-(-getattr(part, kind).bytes // d) if sharded else getattr(part, kind).bytes for part, d in groups)
 
     how = (f"ZeRO-{stage} over {degree} ranks: ⌈bytes / {degree}⌉ of each flat buffer of "
            + {1: "optimizer states and master weights", 2: "optimizer states, master weights and gradients",
               3: "optimizer states, master weights, gradients and weights"}[stage])
-    return DeviceStates(share(whole.weights.bytes, stage >= 3), share(whole.gradients.bytes, stage >= 2),
-                        share(whole.optimizer.bytes, True), share(whole.master_weights.bytes, True), whole, how)
+    if experts:
+        how += (f"; the routed experts' over their expert-data-parallel group of {counted(expert_degree, 'rank')} "
+                f"({degree} / ep {layout.ep}: the ranks holding the same experts), as DeepSpeed-MoE partitions them")
+    return DeviceStates(share("weights", stage >= 3), share("gradients", stage >= 2), share("optimizer", True),
+                        share("master_weights", True), whole, how)
 
 
 def rank_master_copy(params: Iterable, placements: Iterable[Placement], layout: ParallelLayout, *, optimizer: str,
