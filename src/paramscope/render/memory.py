@@ -82,7 +82,7 @@ def memory_parts(report, estimate) -> list:
     if layout is not None:
         lines.append(_gpu_table(estimate, layout))
         if layout.pp > 1:
-            lines += [_serving_stages_table(layout), Text("")]
+            lines += [*_serving_stages_table(layout), Text("")]
         if layout.tp > 1:
             lines.append(_serving_rules_table(layout))
     lines.append(_fits_table(estimate))
@@ -233,13 +233,11 @@ def _gpu_table(estimate, layout) -> Table:
     return table
 
 
-def _serving_stages_table(layout) -> Table:
-    """As training's stage table (_stages_table): a row a stage, the figures in the table's one unit."""
+def _serving_stages_table(layout) -> list:
+    """As training's stage table (_stages_table): its title line, a row a stage with the figures in the table's one
+    unit, its legend line."""
     unit = table_unit([stage.peak for stage in layout.stages])
-    table = Table(title=f"Pipeline stages: {layout.pipeline}", title_justify="left",
-                  caption=f"{_unit_words(unit)}, each GPU of a stage's tensor-parallel group alike (rank 0's shares); "
-                          "—: none on the stage; exact bytes in --json",
-                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("stage", justify="right", no_wrap=True)
     table.add_column("layers", overflow="fold")
     for name in ("weights", "KV cache", "workspace", "peak"):
@@ -250,7 +248,9 @@ def _serving_stages_table(layout) -> Table:
                       in_unit(stage.kv_cache.bytes, unit) if stage.kv_cache is not None else "—",
                       in_unit(stage.workspace.bytes, unit) if stage.workspace is not None else "—",
                       in_unit(stage.peak, unit), style="bold" if stage is top else None)
-    return table
+    return [Text(f"Pipeline stages: {layout.pipeline}"), table,
+            indented(f"{_unit_words(unit)}, each GPU of a stage's tensor-parallel group alike (rank 0's shares); —: "
+                     "none on the stage; exact bytes in --json")]
 
 
 def _serving_rules_table(layout) -> Table:
@@ -472,7 +472,7 @@ def training_parts(report, estimate) -> list:
     if detail.device is not None:
         lines += [_device_table(estimate)]
         if detail.device.stages:
-            lines += [Text(""), _stages_table(detail.device), Text("")]
+            lines += [Text(""), *_stages_table(detail.device), Text("")]
         lines.append(_rules_table(detail.device))
     lines.append(_fits_table(estimate))
     if estimate.budget is not None:
@@ -695,18 +695,15 @@ _STAGE_COLUMNS = (("weights", "weights", ""), ("gradients", "grads", "grads: gra
                   ("peak", "peak", ""))
 
 
-def _stages_table(device) -> Table:
+def _stages_table(device) -> list:
     """One shape at any width and under any layout: a row a stage, every figure in the table's one binary unit
-    (named in its header), the layers wrapping between runs; a column no stage has (master weights) left out."""
+    (named in its header), the layers wrapping between runs; a column no stage has (master weights) left out. The
+    title line, the table and its legend line (the two lines wrap to the width, not to the table's)."""
     stages = device.stages
     columns = [c for c in _STAGE_COLUMNS if c[0] != "master_weights" or any(s.master_weights for s in stages)]
     unit = table_unit([s.peak for s in stages])
     legend = "; ".join(filter(None, (words for _, _, words in columns)))
-    table = Table(title=f"Pipeline stages: {device.pipeline}; bubble {100 * device.bubble:.1f}% of the step "
-                        "((pp − 1) / (v·m + pp − 1))", title_justify="left",
-                  caption=f"{_unit_words(unit)}, one device of each stage; in flight: microbatches; {legend}; peak: "
-                          "the stage's largest moment, not the columns' sum (bold: the largest); exact bytes in --json",
-                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("stage", justify="right", no_wrap=True)
     table.add_column("layers", overflow="fold")
     table.add_column("in\nflight", justify="right", no_wrap=True)
@@ -716,7 +713,10 @@ def _stages_table(device) -> Table:
         table.add_row(str(stage.rank), _stage_layers(stage), str(stage.in_flight),
                       *(in_unit(getattr(stage, key), unit) for key, _, _ in columns),
                       style="bold" if stage.peak == device.peak else None)
-    return table
+    return [Text(f"Pipeline stages: {device.pipeline}; bubble {100 * device.bubble:.1f}% of the step "
+                 "((pp − 1) / (v·m + pp − 1))"), table,
+            indented(f"{_unit_words(unit)}, one device of each stage; in flight: microbatches; {legend}; peak: the "
+                     "stage's largest moment, not the columns' sum (bold: the largest); exact bytes in --json")]
 
 
 def _unit_words(unit: tuple[str, int]) -> str:
