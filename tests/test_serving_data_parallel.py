@@ -60,12 +60,75 @@ def test_dp_with_ep_splits_the_experts_over_tp_times_dp():
     tp2 = _answer(tp=2)[1].parallel.layout.device  # one replica at tp 2, the experts cut by their widths
     assert device.kv_cache.bytes == tp2.kv_cache.bytes == 2 * 64 * 2 * 1 * 16 * 2 == 8_192
     assert device.workspace.bytes == tp2.workspace.bytes
-    assert device.peak == device.weights.bytes + device.weights.buffer_bytes + 8_192 + device.workspace.bytes
+    assert device.peak == device.weights.bytes + device.weights.buffer_bytes + 8_192 + device.workspace.bytes + \
+        device.gathered
     assert (layout.tp, layout.dp, layout.ep, layout.devices) == (2, 2, 4, 4)
     assert layout.words() == "tp 2 × dp 2 with ep 4 = 4 GPUs"
     assert estimate.settings["layout"]["dp"] == 2 and estimate.settings["layout"]["ep"] == 4
     assert any("EP size = TP × DP = 2 × 2 = 4" in n and "rank 0 holds experts 0–1" in n for n in estimate.notes)
     assert any("--batch is each replica's" in n for n in estimate.notes)
+
+
+def test_the_moe_dispatch_gathers_every_replicas_tokens():
+    """vLLM's default allgather_reducescatter dispatch: each GPU holds, at a MoE layer, every replica's tokens'
+    hidden states (compute dtype), top-k weights (fp32) and ids (int32), with --ep and without; one replica gathers
+    nothing. The widths and k are the module's own: its router's input width and the top-k it returns on them."""
+    import torch
+
+    _, estimate, view = _answer(tp=2, dp=2, expert_parallel=True)
+    router = view.module.model.layers[0].mlp.gate
+    hidden = torch.empty(2 * 1 * 64, router.weight.shape[1], dtype=view.module.dtype, device="meta")
+    ids = router(hidden)[-1]  # [D·B·S, k]: vLLM's fused_topk makes them int32, its weights fp32
+    expected = hidden.nbytes + ids.numel() * (4 + 4)
+    assert expected == 128 * (64 * 2 + 2 * 8) == 18_432
+    layout = estimate.parallel.layout
+    assert [s.gathered for s in layout.stages] == [18_432] and layout.dispatch.at(1, 64) == expected
+    without = _answer(tp=2, dp=2)[1].parallel.layout
+    assert without.device.gathered == 18_432
+    assert without.device.peak - without.device.gathered == \
+        sum(getattr(without.device, k) for k in ("weight_bytes", "correction")) + \
+        without.device.kv_cache.bytes + without.device.workspace.bytes
+    assert _answer(tp=2, expert_parallel=True)[1].parallel.layout.device.gathered == 0  # one replica
+    staged = _answer(tp=1, dp=2, pp=2)[1].parallel.layout  # each stage runs MoE layers: each gathers
+    assert [s.gathered for s in staged.stages] == [18_432, 18_432]
+    note = next(n for n in estimate.notes if n.startswith("the MoE layers' gathered tokens"))
+    assert "2 replicas × 1 × 64 tokens × (hidden 64 × 2 B + top-k 2 × (4 B fp32 weight + 4 B int32 id)) = " \
+           "18,432 B" in note and "allgather_reducescatter" in note
+
+
+def test_the_smallest_moe_layout_searches_tp_times_dp():
+    """A MoE model's smallest layout: T × D by GPUs, the fewer replicas first at equal GPUs (4 heads: T is 1, 2 or
+    4, so 8 GPUs are tp 4 × dp 2 alone); each try's peak is that layout's own answer. The budget holds tp 4 × dp
+    2's peak and none of 4 GPUs'."""
+    peak = _answer(tp=4, dp=2, expert_parallel=True)[1].peak
+    search = _answer(budget=peak + (1 << 30), reserve=1 << 30, expert_parallel=True)[1].parallel.smallest
+    layouts = [(t, d) for (t, _, _), d in zip(search.tried, search.tried_dp)]
+    assert search.dp_searched and layouts == [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (1, 4), (4, 2)]
+    assert (search.tp, search.dp, search.peak) == (4, 2, peak) and search.expert_parallel
+    assert search.tried[4][1] == _answer(tp=2, dp=2, expert_parallel=True)[1].peak
+    assert min(p for _, p, _ in search.tried[3:6]) > peak  # more replicas split the experts further
+
+
+def test_the_smallest_layout_sentence():
+    """One line from the JSON form: the order tried, the layout found, the least the next fewer GPUs need; the
+    JSON names each try's dp. Where none fits, the least any layout tried needs."""
+    from paramscope.render.memory import _smallest_to_dict, smallest_tp_sentence
+
+    peak = _answer(tp=4, dp=2, expert_parallel=True)[1].peak
+    search = _answer(budget=peak + (1 << 30), reserve=1 << 30, expert_parallel=True)[1].parallel.smallest
+    smallest = _smallest_to_dict(search)
+    assert smallest["dp_searched"] and (smallest["tp"], smallest["dp"], smallest["peak"]) == (4, 2, peak)
+    assert [(t["tp"], t["dp"]) for t in smallest["tried"]][-2:] == [(1, 4), (4, 2)]
+    least = min(t["peak"] for t in smallest["tried"][3:6])
+    line = smallest_tp_sentence(smallest)
+    assert line.startswith("Smallest layout that fits a 1.00 GiB budget at batch 1 (a replica's) × 64 tokens (MoE, "
+                           "tried tp × dp by GPUs, fewer replicas first at equal GPUs, dp in powers of two, ep = tp "
+                           "× dp): tp 4 × dp 2 = 8 GPUs, ")
+    best = next(t for t in smallest["tried"][3:6] if t["peak"] == least)
+    assert f"(at best tp {best['tp']} × dp {best['dp']} = 4 GPUs needs " in line and "\n" not in line
+    none = _smallest_to_dict(_answer(budget=1 << 30, reserve=1 << 30, expert_parallel=True)[1].parallel.smallest)
+    assert none["tp"] is None and len(none["tried"]) == 7 + 6 + 5  # 4 heads: T 1, 2, 4 × D 1 … 64, 64 GPUs at most
+    assert smallest_tp_sentence(none).startswith("No layout fits a 1.00 GiB budget")
 
 
 def test_dp_without_ep_cuts_the_experts_over_tp_times_dp():
@@ -120,6 +183,7 @@ def test_a_dense_model_is_replicated():
         (17_640_734_720, 335_544_320, 717_291_520, one.peak)
     assert estimate.parallel.layout.words() == "tp 8 × dp 2 = 16 GPUs"
     assert estimate.parallel.smallest.tp == 2 and estimate.parallel.smallest.tried[0] == (1, 145_742_184_960, "")
+    assert not estimate.parallel.smallest.dp_searched and estimate.parallel.smallest.tried_dp == ()  # T alone
 
 
 def test_full_size_per_gpu_figures(cache, capsys):
@@ -136,17 +200,20 @@ def test_full_size_per_gpu_figures(cache, capsys):
         assert (layout["tp"], layout["dp"], layout["ep"], layout["devices"]) == (2, 4, 8, 8)
         device = layout["device"]
         assert device["peak"] == memory["peak"]["bytes"] == device["weights"]["bytes"] + device["buffers"] + \
-            device["kv_cache"]["bytes"] + device["workspace"]["bytes"] + device["correction"]
+            device["kv_cache"]["bytes"] + device["workspace"]["bytes"] + device["correction"] + device["moe_gathered"]
         figures[model] = (device["weights"]["by_role"]["moe.experts"], device["weights"]["bytes"],
-                          device["kv_cache"]["bytes"], device["peak"])
+                          device["kv_cache"]["bytes"], device["moe_gathered"], device["peak"])
+    # the gathered tokens: 4 replicas × 8,192 × (hidden × 2 B + top-k × (4 + 4) B), Qwen's top-4, Mixtral's top-2
     assert figures["qwen1.5-moe-a2.7b"] == (8 * 24 * 3 * 2048 * 1408 * 2, 5_183_688_704,
-                                            24 * 8192 * 2 * 8 * 128 * 2, 6_675_026_912)
+                                            24 * 8192 * 2 * 8 * 128 * 2, 4 * 8192 * (2048 * 2 + 4 * 8),
+                                            6_675_026_912 + 135_266_304)
     assert figures["qwen1.5-moe-a2.7b"][:3] == (3_321_888_768, 5_183_688_704, 805_306_368)
     # Mixtral's rest on tp rank 0 of 2: per layer q and o / 2, k and v 4 heads of 128, router and norms whole;
     # embeddings and head / 2, the final norm
     rest = 32 * (2 * 4096 * 4096 // 2 + 2 * 512 * 4096 + 8 * 4096 + 2 * 4096) + 2 * 16000 * 4096 + 4096
     assert figures["mixtral-8x7b"] == (1 * 32 * 3 * 4096 * 14336 * 2, 11_274_289_152 + 2 * rest,
-                                       32 * 8192 * 2 * 4 * 128 * 2, 14_765_269_568)
+                                       32 * 8192 * 2 * 4 * 128 * 2, 4 * 8192 * (4096 * 2 + 2 * 8),
+                                       14_765_269_568 + 268_959_744)
     assert 2 * rest == 1_606_950_912
 
 

@@ -113,7 +113,8 @@ def add_parser(subparsers: Any) -> None:
         "schedule": "pipeline schedule (default 1f1b; interleaved with --virtual-stages)",
         "cp": "context parallel degree: each rank holds S / C tokens (ring attention)",
         "ep": "expert parallel degree: routed experts split over E of the data-parallel ranks; serving: --tp T "
-              "--ep (E = T × D, vLLM's --enable-expert-parallel): whole experts split over the T × D ranks"})
+              "--ep (E = T × D, vLLM's --enable-expert-parallel): whole experts split over the T × D ranks (with "
+              "--gpu, also in each tp × dp layout the smallest-layout search tries)"})
     layout.add_argument("--shard-group", type=int, metavar="G",
                         help="--zero hybrid_shard: ranks a shard group holds (default 8, one node)")
     layout.add_argument("--fsdp-mixed-precision", choices=("autocast", "policy"),

@@ -4,7 +4,7 @@ input → storage format (declared or --dtype) → meta build in the compute dty
 quantised and kept in fp32 (from the module, as transformers decides) → weights → KV cache (config formula,
 checked against the real cache on meta) → prefill workspace → peak → fits. With --tp/--pp each GPU's weights, KV
 cache and workspace (parallel/serving.py), whose worst GPU's peak the fits answer; with --gpu/--budget also the
-smallest tensor-parallel degree that fits.
+smallest layout that fits (tensor-parallel degree; a MoE model's tp × dp).
 """
 
 from __future__ import annotations
@@ -58,9 +58,11 @@ class MemoryOptions:
 
         check_batch_and_seq(self.batch, self.seq)
         check_degrees(self.tp, self.pp, self.dp)
-        if self.expert_parallel and self.tp * self.dp < 2:
+        if self.expert_parallel and self.tp * self.dp < 2 and self.gpu is None and self.budget is None:
+            # (with --gpu or --budget a bare --ep asks the smallest layout's search to split the experts whole)
             raise OptionError("{0} splits the routed experts over the tensor-parallel ranks (vLLM: EP size = TP × "
-                              "DP): give {1} or {2} 2 or more", "ep", "tp", "dp")
+                              "DP): give {1} or {2} 2 or more, or {3} for the smallest layout under it", "ep", "tp",
+                              "dp", "gpu")
         if self.trace and self.tp * self.pp * self.dp > 1:
             raise OptionError("{0} measures one device; with {1}, {2} or {3} each GPU's figures are the analytic "
                               "engine's", "trace", "tp", "pp", "dp")

@@ -21,9 +21,12 @@ replica (tp-sharded within), so a GPU's KV cache and workspace are its replica's
 replica (FusedMoEParallelConfig.make: flatten_tp_across_dp): without expert parallelism the routed experts are cut
 by their widths over tp × dp ranks, with it (--ep) split whole over EP = tp × dp ranks (serving_experts.py).
 
-The smallest tensor-parallel degree that fits a GPU tries each T that `rules.place` accepts (dividing the heads,
-and the KV heads or a multiple of them), in order, at the asked pipeline and data-parallel degrees, batch and
-context.
+The smallest layout that fits a GPU (`--gpu`/`--budget`), at the asked pipeline degree, batch and context:
+    dense model  each T that `rules.place` accepts (dividing the heads, and the KV heads or a multiple of them), in
+                 order, beside the asked replicas (which change no GPU's figures: each replica is a copy)
+    MoE model    each T × D, D the replicas in powers of two, in order of GPUs (T × D), the fewer replicas first at
+                 equal GPUs, up to max(64, the widest T) GPUs a stage: vLLM's MoE layers span the replicas, so more
+                 replicas split the experts further (over T × D ranks, whole under --ep), each replica its own batch
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from .pipeline import Stage, layer_of, layer_stack_of, split_words, stages
 
 _COPY = " (the last stage's copy for the tied head)"
 MAX_SEARCHED = 64  # the widest tensor-parallel group the smallest-T search tries (heads unknown: powers of two)
+# a MoE model's search: the replicas tried (powers of two) and the most GPUs a stage, unless a T alone is wider
+DP_SEARCHED = 64
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,9 @@ class ServingStage:
     weights: Any  # memory/weights.WeightMemory of the rank's shards
     kv_cache: Any  # memory/kv.KVCache of the rank's share of the stage's layers, or None
     workspace: Any  # memory/result.Workspace, or None
-    peak: int  # weights + buffers + KV cache + workspace + correction
+    peak: int  # weights + buffers + KV cache + workspace + correction + gathered
     correction: int = 0  # the one-device trace's correction carried to this GPU (PerGpuCorrection), bytes
+    gathered: int = 0  # under --dp, the MoE dispatch's tokens gathered from every replica (GatheredDispatch), bytes
 
     @property
     def weight_bytes(self) -> int:
@@ -81,6 +87,7 @@ class ServingLayout:
     correction: "PerGpuCorrection | None" = None
     ep: int = 1  # expert parallel (vLLM's --enable-expert-parallel): the routed experts split whole over ep = tp × dp
     dp: int = 1  # data-parallel replicas (vLLM's --data-parallel-size), each serving its own --batch
+    dispatch: Any = None  # serving_experts.GatheredDispatch under --dp for a MoE model, else None
 
     def __post_init__(self) -> None:
         freeze_fields(self, "rules")
@@ -148,8 +155,17 @@ class TensorParallelSearch:
     tp: int | None  # None: no degree tried fits
     peak: int | None  # the per-GPU peak at that degree
     tried: tuple[tuple[int, int | None, str], ...]  # (tp, per-GPU peak or None, why refused or "")
-    dp: int = 1  # the data-parallel replicas asked (--dp), each degree tried beside them
+    dp: int = 1  # the replicas: the asked --dp each degree was tried beside, or (dp_searched) the found layout's D
     expert_parallel: bool = False  # each degree T splits the experts over T × dp ranks
+    dp_searched: bool = False  # a MoE model: T × D searched, `tried_dp` each try's D
+    tried_dp: tuple[int, ...] = ()  # dp_searched: the replicas of each entry of `tried`, in order
+
+    def order_words(self) -> str:
+        """The order the search tried its layouts in, in words."""
+        if not self.dp_searched:
+            return "each tp dividing the heads, smallest first"
+        return ("tp × dp by GPUs, fewer replicas first at equal GPUs, dp in powers of two"
+                + (", ep = tp × dp" if self.expert_parallel else ", the experts cut over tp × dp"))
 
 
 @dataclass(frozen=True)
@@ -296,30 +312,44 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
                                  window_extra=cache.prefill_extra(b, s) if cache is not None else 0, **inputs.shape)
 
     extra = missed.bytes if missed is not None else 0
+    moe = any(p.role == "moe.experts" for p in placements)
+    dispatch = None
+    if moe:
+        from .serving_experts import gathered_dispatch
+
+        dispatch = gathered_dispatch(text, dp, inputs.shape["dtype_size"])
+
+    def gathered_of(weights: Any, b: int, s: int) -> int:  # on a stage that runs a MoE layer
+        return dispatch.at(b, s) if dispatch is not None and weights.by_role.get("moe.experts") else 0
+
     rows = []
     for (stage, weights, held), cache in zip(stage_rows, caches):
         work = workspace_of(stage, cache, batch, seq)
-        peak = weights.bytes + weights.buffer_bytes + (cache.bytes if cache is not None else 0) + work.bytes + extra
+        gathered = gathered_of(weights, batch, seq)
+        peak = (weights.bytes + weights.buffer_bytes + (cache.bytes if cache is not None else 0) + work.bytes + extra
+                + gathered)
         rows.append(ServingStage(stage.rank if stage else 0, (held[0], held[-1]) if held else None,
                                  len(held) if held is not None else count, stage is None or stage.first,
-                                 stage is None or stage.last, weights, cache, work, peak, extra))
+                                 stage is None or stage.last, weights, cache, work, peak, extra, gathered))
 
     def peak_at(b: int, s: int) -> int:
         best = 0
         for (stage, weights, _), cache in zip(stage_rows, caches):
             kv = cache.at(b, s) if cache is not None else 0
-            best = max(best, weights.bytes + weights.buffer_bytes + kv + workspace_of(stage, cache, b, s).bytes)
+            best = max(best, weights.bytes + weights.buffer_bytes + kv + workspace_of(stage, cache, b, s).bytes
+                       + gathered_of(weights, b, s))
         return best + extra
 
-    cut_experts = ep == 1 and any(p.role == "moe.experts" for p in placements)
+    cut_experts = ep == 1 and moe
     if tp * (dp if cut_experts else 1) > 1:
         flat = f"tp × dp = {tp * dp} ranks (vLLM's flatten_tp_across_dp)" if dp > 1 else "the tp ranks"
         head = f"tensor parallel {tp}: each GPU holds rank 0's shards (the largest where a cut is uneven)"
         notes.append(f"{head}; routed experts are cut by their widths over {flat}, as their dense twins (vLLM's "
                      "default, without expert parallelism)" if cut_experts else head)
     if dp > 1:
-        notes.append(_data_parallel_words(text, dp, batch, seq, inputs.shape["dtype_size"],
-                                          any(p.role == "moe.experts" for p in placements)))
+        notes.append(_data_parallel_words(dp, batch, seq))
+        if dispatch is not None:
+            notes.append(dispatch.words(batch, seq))
         if inputs.fmt.quantized:
             notes.append(f"{inputs.fmt.key}: a quantised weight's shard is the format applied to the rank's slice "
                          "(its packed values and its own scales and zero points, counted on the local shape), as "
@@ -335,58 +365,65 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
         rules["moe.experts"] = experts_words
     result = ServingLayout(tp, pp, tuple(rows), rules, layout_words,
                            split_words(layout, count) if pp > 1 else "", _workspace_words(text, tp),
-                           tuple(notes), missed, ep, dp)
+                           tuple(notes), missed, ep, dp, dispatch)
     return result, peak_at
 
 
-def _data_parallel_words(text: Any, dp: int, batch: int, seq: int, dtype_size: int, moe: bool) -> str:
-    from ..dims import dim
-
-    words = (f"data parallel {dp} (vLLM's --data-parallel-size): {dp} replicas, each its own engine and scheduler "
+def _data_parallel_words(dp: int, batch: int, seq: int) -> str:
+    return (f"data parallel {dp} (vLLM's --data-parallel-size): {dp} replicas, each its own engine and scheduler "
              f"serving its own requests; the convention here: --batch is each replica's, so each serves {batch:,} "
              f"× {seq:,} tokens ({dp * batch:,} sequences in all), and a GPU's KV cache and prefill workspace are "
              "its replica's; attention, dense MLPs, embeddings and the head are replicated per replica")
-    hidden = dim(text, "hidden")
-    if moe and hidden:
-        gathered = dp * batch * seq * hidden * dtype_size
-        words += (f"; not counted: the MoE layers run every replica's tokens (vLLM's default all-gather dispatch "
-                  f"over the DP group), whose gathered input is {dp} × {batch:,} × {seq:,} tokens × hidden "
-                  f"{hidden:,} × {dtype_size} B = {gathered:,} B at the asked point when every replica prefills at "
-                  "once (a bound: vLLM's chunked prefill and its all-to-all backends hold less)")
-    return words
 
 
 def smallest_tp(inputs: ServingInputs, accelerator: Any, reserve: int, *, pp: int, batch: int, seq: int,
                 one_device_peak: int | None = None, missed: PerGpuCorrection | None = None,
                 expert_parallel: bool = False, dp: int = 1) -> TensorParallelSearch:
-    """The smallest tensor-parallel degree whose GPUs each fit `accelerator` (peak + reserve within its memory) at
-    `batch` × `seq`, under `pp` pipeline stages; the degrees tried, each with its peak or why it was refused.
-    `one_device_peak`: the one-device answer (tp 1, pp 1), which may be the traced engine's, whose correction
-    (`missed`) each other degree's GPUs take. `expert_parallel`: each degree T > 1 splits the routed experts over
-    its T × `dp` ranks (vLLM's --enable-expert-parallel; `dp` data-parallel replicas, as asked)."""
+    """The smallest layout whose GPUs each fit `accelerator` (peak + reserve within its memory) at `batch` ×
+    `seq` (a replica's), under `pp` pipeline stages; the layouts tried, each with its peak or why it was refused.
+    A dense model: the smallest T beside the `dp` replicas asked. A MoE model: the smallest T × D (the module
+    docstring's order), the asked `dp` not held. `one_device_peak`: the one-device answer (tp 1, pp 1, dp 1), which
+    may be the traced engine's, whose correction (`missed`) each other layout's GPUs take. `expert_parallel`: each
+    layout of T × D > 1 GPUs splits the routed experts whole over its T × D ranks (vLLM's
+    --enable-expert-parallel)."""
     from ..dims import dim, text_config
 
     heads = dim(text_config(inputs.view.config), "heads")
-    candidates = [t for t in range(1, (heads or MAX_SEARCHED) + 1)
-                  if (heads % t == 0 if heads else t & (t - 1) == 0)]
+    degrees = [t for t in range(1, (heads or MAX_SEARCHED) + 1) if (heads % t == 0 if heads else t & (t - 1) == 0)]
+    moe = any(p.role == "moe.experts" for p in inputs.report.params)
+    if moe:
+        widest = max(MAX_SEARCHED, degrees[-1])
+        replicas = [1 << i for i in range(DP_SEARCHED.bit_length()) if 1 << i <= DP_SEARCHED]
+        layouts = sorted(((t, d) for t in degrees for d in replicas if t * d <= widest),
+                         key=lambda layout: (layout[0] * layout[1], layout[1]))
+    else:
+        layouts = [(t, dp) for t in degrees]
     capacity = accelerator.memory - reserve
-    tried = []
-    for t in candidates:
-        if t * pp * dp > 1 << 16:
+    tried: list[tuple[int, int | None, str]] = []
+    tried_dp: list[int] = []
+
+    def answer(found: tuple[int, int] | None, peak: int | None) -> TensorParallelSearch:
+        return TensorParallelSearch(accelerator, pp, batch, seq, found[0] if found else None, peak, tuple(tried),
+                                    found[1] if found and moe else dp, expert_parallel, moe,
+                                    tuple(tried_dp) if moe else ())
+
+    for t, d in layouts:
+        if t * pp * d > 1 << 16:
             break
+        tried_dp.append(d)
         try:
-            if t == 1 and pp == 1 and dp == 1 and one_device_peak is not None:
+            if t == 1 and pp == 1 and d == 1 and one_device_peak is not None:
                 peak = one_device_peak
             else:
-                peak = serving_layout(inputs, t, pp, batch, seq, missed=missed, dp=dp,
-                                      ep=t * dp if expert_parallel and t * dp > 1 else 1)[0].peak
+                peak = serving_layout(inputs, t, pp, batch, seq, missed=missed, dp=d,
+                                      ep=t * d if expert_parallel and t * d > 1 else 1)[0].peak
         except ParamscopeError as error:
             tried.append((t, None, str(error)))
             continue
         tried.append((t, peak, ""))
         if peak <= capacity:
-            return TensorParallelSearch(accelerator, pp, batch, seq, t, peak, tuple(tried), dp, expert_parallel)
-    return TensorParallelSearch(accelerator, pp, batch, seq, None, None, tuple(tried), dp, expert_parallel)
+            return answer((t, d), peak)
+    return answer(None, None)
 
 
 def _stages_of(split: tuple[int, ...], count: int) -> tuple[Stage, ...]:

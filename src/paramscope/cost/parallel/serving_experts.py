@@ -11,12 +11,20 @@ router is replicated. So on rank 0 (which holds the most experts where the split
 
     packed experts [E, …] (transformers' fused tensors, a bias [E, out] included) → [n0, …], every other dim whole
     per-expert modules (experts.<i>.…)                                         → the rank's own, whole; the rest 0
+
+Under data parallelism (`--dp D`, with or without --ep) each MoE layer runs every replica's tokens. vLLM's default
+all2all backend (ParallelConfig.all2all_backend = "allgather_reducescatter"; without --ep vLLM falls back to the same
+"AllGather+ReduceScatter dispatch/combine", all2all_utils.maybe_make_prepare_finalize) prepares each MoE layer with
+MoEPrepareAndFinalizeNaiveDPEPModular.prepare, whose AgRsAll2AllManager.dispatch all_gatherv's, over the DP group,
+three tensors of each replica's tokens (hidden states in the compute dtype, fused_topk's top-k weights in fp32 and
+ids in int32); they live from the dispatch to the combine's reduce-scatter, through the experts (GatheredDispatch).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import OptionError
@@ -88,8 +96,11 @@ def notes(experts: int, ep: int, tp: int, held: tuple[int, int], dp: int = 1) ->
             f"parallelism within an expert (so no expert width need divide the tp degree): rank 0 holds experts "
             f"{held[0]}–{held[1] - 1}{empty}; attention, shared experts, embeddings and the head stay tensor "
             "parallel" + (" within each replica" if dp > 1 else "") + ", routers replicated",
-            "expert parallel: the all-to-all (or all-gather and reduce-scatter) buffers that move tokens to their "
-            "experts' ranks are not counted; the prefill workspace is the tensor-parallel formula's")
+            ("expert parallel: the tokens each rank's experts read are the replicas' gathered ones (the "
+             "data-parallel dispatch, counted: see its note)" if dp > 1 else
+             "expert parallel with one replica: every tp rank already holds the replica's tokens, so nothing is "
+             "dispatched (vLLM's MoE layer runs its own experts on them and all-reduces the outputs over tp)")
+            + "; the prefill workspace is the tensor-parallel formula's")
 
 
 def flattened_words(tp: int, dp: int) -> str:
@@ -98,4 +109,53 @@ def flattened_words(tp: int, dp: int) -> str:
             "flatten TP across DP without expert parallelism)")
 
 
-__all__ = ["expert_parallel", "expert_ranges", "experts_of", "flattened_words", "notes", "rule_words"]
+@dataclass(frozen=True)
+class GatheredDispatch:
+    """What each GPU holds at a MoE layer under vLLM's data parallelism beside its replica's own tensors: the
+    dispatch's all-gathered hidden states [D·B·S, h] in the compute dtype, top-k weights [D·B·S, k] fp32 and top-k
+    ids [D·B·S, k] int32 (every replica prefilling B × S tokens at once; each tp rank of a replica gathers its
+    replica's whole batch, as models without vLLM's sequence-parallel MoE do)."""
+
+    dp: int
+    hidden: int
+    top_k: int
+    dtype_size: int
+
+    def at(self, batch: int, seq: int) -> int:
+        tokens = self.dp * batch * seq
+        return tokens * (self.hidden * self.dtype_size + self.top_k * (4 + 4))
+
+    def arithmetic(self, batch: int, seq: int) -> str:
+        return (f"{self.dp} replicas × {batch:,} × {seq:,} tokens × (hidden {self.hidden:,} × {self.dtype_size} B"
+                f" + top-k {self.top_k} × (4 B fp32 weight + 4 B int32 id))")
+
+    def words(self, batch: int, seq: int) -> str:
+        unknown = ("; the config names no top-k (num_experts_per_tok): its weights and ids are not counted"
+                   if not self.top_k else "")
+        return ("the MoE layers' gathered tokens are in each GPU's peak (vLLM's default all2all backend, "
+                "allgather_reducescatter, the same without --ep: AgRsAll2AllManager.dispatch all_gatherv's every "
+                "replica's hidden states, fused_topk's fp32 top-k weights and int32 top-k ids over the DP group, "
+                "held to the combine's reduce-scatter): "
+                f"{self.arithmetic(batch, seq)} = {self.at(batch, seq):,} B at the asked point, on every stage "
+                "holding a MoE layer, beside the workspace (whose moment is the MoE layer's: the Llama-style "
+                "formula's MLP, Mixtral's fitted experts' moments); the "
+                "convention: every replica prefills its batch at once (vLLM's chunked prefill caps a step at "
+                "max_num_batched_tokens and holds less); not counted: vLLM's fused experts' own workspaces over the "
+                "gathered tokens (the workspace is transformers' formula on the rank's shard); a model that takes "
+                "vLLM's sequence-parallel MoE (DeepSeek-V2/V3, Qwen3-MoE under --ep with tp > 1) gathers "
+                "⌈B·S / tp⌉ a tp rank, and an fp8 w8a8 checkpoint 1-byte activations with their scales: a bound "
+                "there" + unknown)
+
+
+def gathered_dispatch(text: Any, dp: int, dtype_size: int) -> GatheredDispatch | None:
+    """The dispatch's gathered tensors under `dp` replicas (None with one replica or without a hidden size)."""
+    from ..dims import dim
+
+    hidden = dim(text, "hidden")
+    if dp < 2 or not hidden:
+        return None
+    return GatheredDispatch(dp, hidden, dim(text, "top_k") or 0, dtype_size)
+
+
+__all__ = ["GatheredDispatch", "expert_parallel", "expert_ranges", "experts_of", "flattened_words", "gathered_dispatch",
+           "notes", "rule_words"]

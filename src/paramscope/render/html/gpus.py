@@ -52,6 +52,10 @@ def gpu_parts(memory: dict, stage: dict) -> list[Part]:
     if stage.get("correction"):  # the one-device correction, on every GPU alike
         parts.append(("correction (a bound)", int(stage["correction"]), "what transformers' prefill keeps beyond "
                       "the formula on one device (traced), carried whole: see the notes"))
+    if stage.get("moe_gathered"):  # under --dp, a MoE layer's tokens from every replica
+        how = (memory.get("layout") or {}).get("moe_dispatch") or ""
+        parts.append(("MoE dispatch, gathered", int(stage["moe_gathered"]),
+                      how + " (vLLM's allgather_reducescatter dispatch over the DP group: see the notes)"))
     assert sum(value for _, value, _ in parts) == stage["peak"]
     return parts
 
