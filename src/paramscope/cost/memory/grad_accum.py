@@ -13,6 +13,13 @@ then (MemTracker's "gradients": those already accumulated), plus the whole set; 
 embedding's new gradient, still being produced there, is that moment's new one. Every micro-step after the second
 is the second again, so two are traced and the rest follow.
 
+One moment a later micro-step has that the first's recipe does not name: the head's backward. In the first micro-step
+the head's new weight gradient becomes its .grad; in a later one it is made beside the held one and added into it,
+so the head's backward holds every gradient and a second head gradient at once (head_gradient_moments). Read off
+the allocation timeline of the traced second micro-step (llama-3-8b cut to 2 layers, 256 tokens): its backward
+peaks as the head's matmul backward makes the weight gradient (fp32, bf16-pure), or as autograd casts that bf16
+gradient to the fp32 weight's dtype (bf16-mixed, autocast's copy of the head freed with the matmul's backward).
+
 Sharded data parallelism (ZeRO-2/3, FSDP2) reduce-scatters each micro-step's gradients and accumulates the shard,
 FSDP2's default (set_requires_gradient_sync(True) on every micro-step; torchtitan and accelerate keep it): each
 device holds its shard of the gradients between micro-steps. Turning the sync off for all but the last micro-step
@@ -22,12 +29,13 @@ would hold the full unsharded gradients instead, trading memory for communicatio
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from ..dtypes import itemsize
 from ..traced.step import HELD_BACKWARD, HELD_FORWARD
 from .phases import PhaseFigure
-from .states import as_trained
+from .states import as_trained, step_precision
 
 CONVENTION = ("gradient accumulation as FSDP2 and DeepSpeed run it by default: each micro-step's gradients "
               "reduce-scattered (or all-reduced) and added into the held ones, so a device holds its share of the "
@@ -43,24 +51,99 @@ def micro_options(options: Any) -> Any:
     return dataclasses.replace(options, batch=micro, grad_accum=1, layout=layout)
 
 
-def held_phases(phases: tuple[PhaseFigure, ...], gradients: int, last_new: int) -> tuple[PhaseFigure, ...]:
+# the recipes whose later micro-step's head moment was read off a traced second micro-step (one device and tp)
+HEAD_MOMENT_RECIPES = ("Llama-style decoder",)
+
+
+@dataclass(frozen=True)
+class HeadBackward:
+    """What the head's backward works on in a micro-step: T tokens (the rank's), V the vocabulary, h the head's
+    input width, `head` the head weight's elements on the device (V·h, or its tp shard), `precision` the step's."""
+
+    tokens: int
+    vocab: int
+    hidden: int
+    head: int
+    precision: str
+
+
+def held_phases(phases: tuple[PhaseFigure, ...], gradients: int, last_new: int,
+                head: HeadBackward | None = None, exact: bool = False) -> tuple[PhaseFigure, ...]:
     """`phases` (one micro-step's moments and the optimizer step) with a later micro-step's moments added before
     the optimizer step: each forward and backward moment less the gradients it held, plus `gradients` (every one,
     the device's share), plus `last_new` at the end of the backward (the embedding's new gradient, added into the
-    held one there). Phases already measured over held gradients (a traced later micro-step) are kept as measured."""
+    held one there), and with `head` the head's backward over the held gradients (head_gradient_moments); without
+    it the later micro-step is a lower bound, named so. Phases already measured over held gradients (a traced later
+    micro-step) are kept as measured."""
     if measured(phases):
         return phases
     first = [p for p in phases if p.phase != "optimizer step"]
     rest = [p for p in phases if p.phase == "optimizer step"]
     later = []
+    bound = "" if head is not None or exact else " (lower bound)"
     for p in first:
         new = last_new if p.where.endswith("end of backward") else 0
         held = p.gradients - new
-        words = (f"{p.arithmetic}; a later micro-step (lower bound): − the gradients this moment held in the "
+        words = (f"{p.arithmetic}; a later micro-step{bound}: − the gradients this moment held in the "
                  f"first, {held:,}, + every gradient, held from the earlier micro-steps, {gradients:,}")
         later.append(PhaseFigure(HELD_FORWARD if p.phase == "forward" else HELD_BACKWARD,
                                  p.bytes - held + gradients, p.where, words, gradients, p.variable))
+    start = next((p for p in first if p.where.endswith("start of backward")), None)
+    if head is not None and start is not None:
+        later += head_gradient_moments(start, gradients, head)
     return tuple(first) + tuple(later) + tuple(rest)
+
+
+def head_gradient_moments(start: PhaseFigure, gradients: int, head: HeadBackward) -> list[PhaseFigure]:
+    """A later micro-step's moments in the head's backward, from the first micro-step's start of backward `start`
+    (its bytes hold the resident states and the saved activations, the fp32 logits 4·T·V among them, and the loss's
+    8·T·V: the logits' gradient and log-softmax): by then the loss's backward has freed those 12·T·V, and the head's
+    matmul backward holds its output's gradient (the logits', in the head's dtype e: e·T·V), its input's gradient
+    e·T·h and the weight's new gradient e·V·h beside every held one, before AccumulateGrad adds it into the held
+    .grad. Under autocast (bf16-mixed) the matmul ran on autocast's bf16 copy of the head, so its new gradient is
+    bf16 (2·V·h) and is cast to the fp32 weight's dtype (4·V·h) after the matmul's backward, which frees the
+    logits' gradient and the copy (2·V·h): two moments, the larger the peak. Each equals the traced second
+    micro-step's (llama-3-8b cut to 2 layers, 256 tokens, fp32, bf16-mixed and bf16-pure, with and without full
+    checkpointing; tp 2's rank alike)."""
+    t, v, h, n = head.tokens, head.vocab, head.hidden, head.head
+    base = start.bytes - start.gradients + gradients
+    loss = 12 * t * v
+    opening = (f"start of backward {start.bytes - start.gradients:,} + every gradient, held from the earlier "
+               f"micro-steps, {gradients:,} − the fp32 logits and the loss's logits' gradient and log-softmax, freed "
+               f"by the loss's backward, 12·T·V = {loss:,}")
+    if head.precision == "bf16-mixed":
+        made = base - loss + 2 * t * v + 2 * t * h + 2 * n
+        cast = base - loss + 2 * t * h - 2 * n + 2 * n + 4 * n
+        return [
+            PhaseFigure(HELD_BACKWARD, made, "the head's weight gradient",
+                        f"{opening} + the logits' bf16 gradient 2·T·V = {2 * t * v:,} + the head input's bf16 "
+                        f"gradient 2·T·h = {2 * t * h:,} + the head's new bf16 weight gradient 2·V·h = {2 * n:,}, "
+                        "beside the held one (autocast's bf16 copy of the head still saved)", gradients, made - gradients),
+            PhaseFigure(HELD_BACKWARD, cast, "the head's weight gradient cast to fp32",
+                        f"{opening} + the head input's bf16 gradient 2·T·h = {2 * t * h:,} − autocast's bf16 copy "
+                        f"of the head, freed with the matmul's backward, 2·V·h = {2 * n:,} + the head's new weight "
+                        f"gradient in bf16 2·V·h = {2 * n:,} and cast to fp32 4·V·h = {4 * n:,}, beside the held one "
+                        "until AccumulateGrad adds it in", gradients, cast - gradients),
+        ]
+    e = 2 if head.precision == "bf16-pure" else 4
+    made = base - loss + e * t * v + e * t * h + e * n
+    return [PhaseFigure(HELD_BACKWARD, made, "the head's weight gradient",
+                        f"{opening} + the logits' gradient {e}·T·V = {e * t * v:,} + the head input's gradient "
+                        f"{e}·T·h = {e * t * h:,} + the head's new weight gradient {e}·V·h = {e * n:,}, beside the "
+                        "held one until AccumulateGrad adds it in", gradients, made - gradients)]
+
+
+def tp_alone(layout: Any) -> bool:
+    """Whether `layout` is tensor parallelism alone (no data, context, sequence or expert parallelism beside it),
+    whose rank's later micro-step was traced moment by moment."""
+    return layout is not None and layout.tp > 1 and layout.dp == layout.cp == layout.ep == layout.pp == 1 and \
+        not layout.sp
+
+
+def fsdp2_alone(layout: Any) -> bool:
+    """Whether `layout` is FSDP2 over data parallelism alone, whose closed-form moments equal the traced rank's in
+    every micro-step (its head gradient is held in its reduce-scatter moments)."""
+    return layout is not None and layout.shard == "fsdp" and layout.tp == layout.cp == layout.ep == layout.pp == 1
 
 
 def held_between(phases: tuple[PhaseFigure, ...]) -> int:
@@ -81,6 +164,32 @@ def embedding_gradient_bytes(report: Any, trainable: frozenset[str], precision: 
     return max(sizes, default=0)
 
 
+def head_backward(micro: Any, report: Any, options: Any, trainable: frozenset[str],
+                  device: Any = None) -> HeadBackward | None:
+    """The head's backward of `micro` (the step at the micro-batch) where its later micro-step's head moment was
+    read off a trace (head_gradient_moments): an analytic HEAD_MOMENT_RECIPES answer, its vocabulary-wide head
+    trainable and untied; on one device, or a tensor-parallel rank (`device`, its DeviceMemory) whose layout is
+    tp alone (no data, context, sequence or expert parallelism beside it: their head backward was not traced) and
+    whose head is cut by vocabulary rows over tp. None elsewhere: the later micro-step is then a lower bound."""
+    source = device.activations_from if device is not None else micro.settings.get("activations_from", "")
+    if not any(source.startswith(f"analytic: {recipe}") for recipe in HEAD_MOMENT_RECIPES):
+        return None
+    heads = [p for p in report.params if p.role == "head.lm"]
+    if len(heads) != 1 or heads[0].aliases or heads[0].name not in trainable or len(heads[0].shape) != 2:
+        return None
+    vocab, hidden = heads[0].shape
+    elements = vocab * hidden
+    layout = options.layout
+    if device is not None:
+        if not tp_alone(layout) or vocab % layout.tp:
+            return None
+        elements //= layout.tp
+    elif layout is not None and not layout.trivial:
+        return None
+    return HeadBackward(micro.settings["batch"] * micro.settings["seq"], vocab, hidden, elements,
+                        step_precision(micro.settings["precision"]))
+
+
 def accumulated(micro: Any, report: Any, options: Any) -> Any:
     """The MemoryEstimate of `options` (grad_accum > 1) from `micro`, the estimate at its micro-batch."""
     detail = micro.training
@@ -89,10 +198,19 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
     own = options.own_dtype if options.own_dtype else frozenset()
     new = embedding_gradient_bytes(report, trainable, micro.settings["precision"], own)
     traced = measured(detail.phases)
-    phases = held_phases(detail.phases, held_between(detail.phases), new)
+    head = head_backward(micro, report, options, trainable)
+    phases = held_phases(detail.phases, held_between(detail.phases), new, head)
     device = detail.device
-    if device is not None:  # the device's held share; the embedding's new gradient there is left out (a bound)
-        device = dataclasses.replace(device, phases=held_phases(device.phases, held_between(device.phases), 0))
+    named = head is not None  # the head's backward moment named over the held gradients
+    exact = traced or named
+    if device is not None:  # the device's held share; the embedding's new gradient there is left out
+        rank_head = head_backward(micro, report, options, trainable, device)
+        named = rank_head is not None
+        exact = measured(device.phases) or named or fsdp2_alone(options.layout)
+        # a tp rank's embedding backward makes the whole embedding gradient, added into the whole one it holds
+        device_new = new if tp_alone(options.layout) else 0
+        device = dataclasses.replace(device, phases=held_phases(device.phases, held_between(device.phases),
+                                                                device_new, rank_head, exact))
         top = max(device.phases, key=lambda p: p.bytes)
     else:
         top = max(phases, key=lambda p: p.bytes)
@@ -106,10 +224,16 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
         f"({steps:,} × the micro-batch's). {CONVENTION}",
         ("the later micro-step is measured (the traced step runs two micro-steps before the optimizer's)"
          if traced else
+         "the later micro-step's moments are the first's over the held gradients, and the head's backward, where "
+         "its new weight gradient lives beside the held ones until added in ('the head's weight gradient': the "
+         "arithmetic read off the traced second micro-step's allocations)" if named else
+         "the later micro-step's moments are the first's over the held gradient shards (FSDP2's moments hold the "
+         "head's unsharded gradient until its reduce-scatter)" if exact else
          "the later micro-step's moments are a lower bound: the moments this engine names (the forward's end, the "
          "backward's start and end), each over the held gradients; a later micro-step also adds each new weight "
          "gradient into the held one, so the head's new gradient lives beside them all (about the head's gradient "
-         "above this, up to twice under mixed precision), a moment no recipe names yet: --trace full measures it"),
+         "above this, up to twice under mixed precision), a moment not yet named for this recipe or layout: "
+         "--trace full measures it on one device"),
         "the largest batch and context (--gpu, the fits table) are not searched under gradient accumulation: the "
         "peak above is this micro-batch's")
     return dataclasses.replace(micro, settings=settings, peak=top.bytes, peak_phase=top.phase, training=detail,

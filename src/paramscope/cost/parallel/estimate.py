@@ -577,10 +577,11 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
         kept = ring_kept(batch, length)
         masked = masked_token_ids(ctx, placements, batch, length)
         # what the traced rank still holds at its step (the token ids its DTensor input aliases; an MoE rank's
-        # expert offsets), as the derived rank counts it: the closed form's step was 8·T under the trace without it
+        # expert offsets), as the derived rank counts it: the closed form's step was 8·T under the trace without it,
+        # and so was its end of backward (the ids are referenced there too: a later micro-step's peak under tp)
         held, held_text = held_at_step(ctx, placements, batch, length)
         figures = tuple(dataclasses.replace(p, bytes=p.bytes + held, arithmetic=p.arithmetic + held_text)
-                        if p.where == "optimizer step" and held else p for p in figures)
+                        if p.where in ("end of backward", "optimizer step") and held else p for p in figures)
         return tuple(with_buffers(with_masked_ids(with_ring_outputs(with_norm_gradients(p, norms), kept), masked),
                                   comm) for p in figures) + fsdp_backward_moments(ctx, placements, batch, length)
 
