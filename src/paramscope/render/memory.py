@@ -227,6 +227,10 @@ def _gpu_table(estimate, layout) -> Table:
         table.add_row("correction (a bound)", exact(device.correction), binary(device.correction),
                       "what transformers' prefill keeps beyond the formula on one device (traced), carried whole: "
                       "see the notes")
+    if device.gathered:
+        table.add_row("MoE dispatch, gathered", exact(device.gathered), binary(device.gathered),
+                      layout.dispatch.arithmetic(estimate.settings["batch"], estimate.settings["seq"])
+                      + " (vLLM's allgather_reducescatter dispatch over the DP group: see the notes)")
     table.add_row(f"peak ({estimate.peak_phase})", exact(device.peak), binary(device.peak),
                   "the sum above: this GPU's weights stay resident, its cache is full at the end of the prefill",
                   style="bold")
@@ -265,9 +269,11 @@ def _serving_rules_table(layout) -> Table:
 
 
 def smallest_tp_sentence(smallest: dict[str, Any]) -> str:
-    """The smallest tensor-parallel degree that fits, in one sentence, from its JSON form."""
+    """The smallest tensor-parallel degree (a MoE model's: tp × dp) that fits, in one sentence, from its JSON form."""
     name = f"a {binary(smallest['memory'])} budget" if smallest["accelerator"] == "budget" else \
         smallest["accelerator"]
+    if smallest.get("dp_searched"):
+        return _smallest_layout_sentence(smallest, name)
     pp = f" with pp {smallest['pp']}" if smallest["pp"] > 1 else ""
     if smallest.get("dp", 1) > 1:
         pp += f"{' and' if pp else ' with'} dp {smallest['dp']}" + (" (ep = tp × dp)" if smallest["ep"] else "")
@@ -283,6 +289,32 @@ def smallest_tp_sentence(smallest: dict[str, Any]) -> str:
     before = f" (tp {smaller[-1]['tp']} needs {binary(smaller[-1]['peak'])} a GPU)" if smaller else ""
     return (f"Smallest tensor-parallel degree that fits {name} {at}: tp {smallest['tp']}, "
             f"{binary(smallest['peak'])} a GPU{before}{skipped}")
+
+
+def _smallest_layout_sentence(smallest: dict[str, Any], name: str) -> str:
+    """A MoE model's search over tp × dp (parallel/serving.smallest_tp), in one sentence."""
+    def layout(t: dict[str, Any]) -> str:
+        devices = t["tp"] * t["dp"] * smallest["pp"]
+        return (f"tp {t['tp']} × dp {t['dp']}" + (f" × pp {smallest['pp']}" if smallest["pp"] > 1 else "")
+                + f" = {devices:,} GPU{'s' if devices > 1 else ''}")
+
+    at = (f"at batch {smallest['batch']:,} (a replica's) × {smallest['seq']:,} tokens"
+          + (f" with pp {smallest['pp']}" if smallest["pp"] > 1 else "") + f" (MoE, tried {smallest['order']})")
+    fitted = [t for t in smallest["tried"] if t["peak"] is not None]
+    refused = [t for t in smallest["tried"] if t["peak"] is None]
+    skipped = (f"; {len(refused)} refused (uneven heads or widths), the first {layout(refused[0]).split(' =')[0]}"
+               if refused else "")
+    if smallest["tp"] is None:
+        least = min(fitted, key=lambda t: t["peak"], default=None)
+        widest = f": at best {layout(least)} still needs {binary(least['peak'])} a GPU" if least else ""
+        return f"No layout fits {name} {at}{widest}{skipped}"
+    found = next(t for t in fitted if t["tp"] == smallest["tp"] and t["dp"] == smallest["dp"])
+    fewer = [t for t in fitted[:fitted.index(found)] if t["tp"] * t["dp"] < found["tp"] * found["dp"]]
+    # the least any layout of the next fewer GPUs needs
+    most = max((t["tp"] * t["dp"] for t in fewer), default=None)
+    before = min((t for t in fewer if t["tp"] * t["dp"] == most), key=lambda t: t["peak"], default=None)
+    needs = f" (at best {layout(before)} needs {binary(before['peak'])} a GPU)" if before else ""
+    return f"Smallest layout that fits {name} {at}: {layout(found)}, {binary(found['peak'])} a GPU{needs}{skipped}"
 
 
 def _cache_table(cache) -> Table:
@@ -852,20 +884,24 @@ def _serving_layout_to_dict(estimate) -> dict[str, Any] | None:
                                for g in cache.groups]},
                 "workspace": None if s.workspace is None else {"bytes": s.workspace.bytes,
                                                                "arithmetic": s.workspace.arithmetic},
-                "correction": s.correction, "peak": s.peak}
+                "correction": s.correction, "moe_gathered": s.gathered, "peak": s.peak}
 
     return {"devices": layout.devices, "tp": layout.tp, "pp": layout.pp, "ep": layout.ep, "dp": layout.dp,
             "words": layout.words(),
             "kv_heads": layout.kv_heads, "workspace_from": layout.workspace_from, "pipeline": layout.pipeline or None,
             "rules": dict(layout.rules), "device": stage(layout.device),
+            "moe_dispatch": None if layout.dispatch is None else layout.dispatch.arithmetic(
+                estimate.settings["batch"], estimate.settings["seq"]),
             "stages": [stage(s) for s in layout.stages]}
 
 
 def _smallest_to_dict(smallest) -> dict[str, Any]:
     return {"accelerator": smallest.accelerator.name, "memory": smallest.accelerator.memory, "pp": smallest.pp,
             "batch": smallest.batch, "seq": smallest.seq, "tp": smallest.tp, "peak": smallest.peak,
-            "dp": smallest.dp, "ep": smallest.expert_parallel,
-            "tried": [{"tp": t, "peak": peak, "refused": why or None} for t, peak, why in smallest.tried]}
+            "dp": smallest.dp, "ep": smallest.expert_parallel, "dp_searched": smallest.dp_searched,
+            "order": smallest.order_words(),
+            "tried": [{"tp": t, "dp": d, "peak": peak, "refused": why or None} for (t, peak, why), d in
+                      zip(smallest.tried, smallest.tried_dp or [smallest.dp] * len(smallest.tried))]}
 
 
 def _fit_to_dict(fit) -> dict[str, Any]:
