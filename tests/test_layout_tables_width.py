@@ -184,3 +184,15 @@ def test_the_layouts_table_packs_by_kind_in_two_lines_or_leaves_it_out(search):
     at60 = " ".join(render_layout_search_text(search.report, search, 60).split())
     assert "not shown at this width: comm by kind, bubble (at --width 85 or more" in at60
     assert "bubble —: no pipeline" not in at60 and "# dp tp pp cp accum GiB s GiB" in at60
+
+
+def test_flops_names_an_interleaved_stages_runs(capsys):
+    """flops' stage table and its device's title name each run of an interleaved stage's layers (they read
+    "0–19 (8)" for 0–3 and 16–19, the first and last alone), in memory's shape: a row a stage at 80 columns."""
+    text = _out(capsys, ["flops", "llama-3-8b", "--training", "--pp", "4", "--virtual-stages", "2", "--micro-batches",
+                         "8", "--batch", "8", "--seq", "4096", "--width", "80"])
+    _fits(text, 80)
+    assert "stage 3 (layers 12–15, 28–31, the head: the busiest)" in " ".join(text.split())
+    assert [line.split()[:4] for line in text.splitlines() if line[:6].strip().isdigit()] == [
+        ["0", "embeddings,", "0–3,", "16–19"], ["1", "4–7,", "20–23", "1.319e14"], ["2", "8–11,", "24–27", "1.319e14"],
+        ["3", "12–15,", "28–31,", "head"]]

@@ -15,6 +15,7 @@ from ..explain import exact
 from ..frozen import thaw
 from ._console import indented, model_source_line, to_text
 from .check import check_to_dict
+from .memory import stage_layers_words
 
 CONVENTION = {
     "matmul": "a matmul of m×k by k×n costs 2mnk",
@@ -179,12 +180,31 @@ def device_title(device) -> str:
     stage = device.stages[device.stage]
     where = []
     if layout.pp > 1:
-        held = f"layers {stage.layers[0]}–{stage.layers[1]}" if stage.layers else "no layers"
+        runs = stage_runs(device)[stage.rank]
+        held = "layers " + ", ".join(f"{a}–{b}" if a != b else str(a) for a, b in runs) if runs else "no layers"
         extra = [w for w, on in (("the embeddings", stage.first), ("the head", stage.last)) if on]
         where.append(f"stage {stage.rank} ({held}{', ' + ' and '.join(extra) if extra else ''}: the busiest)")
     if layout.tp > 1:
         where.append("tp rank 0 (the most vocabulary rows)")
     return f"One device: {device.layout_words}" + (f"; {', '.join(where)}" if where else "")
+
+
+def stage_runs(device) -> dict[int, tuple[tuple[int, int], ...]]:
+    """Each stage's runs of layers, (first, last) each: one, or v under the interleaved schedule, from the
+    pipeline's own split (a stage's first and last layer alone would read 0–19 for 0–3 and 16–19)."""
+    from ..cost.parallel.pipeline import stages
+
+    total = sum(s.layer_count for s in device.stages)
+    out = {}
+    for stage in stages(device.layout, total):
+        runs: list[list[int]] = []
+        for index in stage.layers:
+            if runs and index == runs[-1][1] + 1:
+                runs[-1][1] = index
+            else:
+                runs.append([index, index])
+        out[stage.rank] = tuple((a, b) for a, b in runs)
+    return out
 
 
 def _device_parts(device, compute) -> list:
@@ -239,14 +259,14 @@ def _device_parts(device, compute) -> list:
                        title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
         # forward only: the forward is the stage's whole count (no step, no recompute)
         columns = ("stage", "layers", "forward") + (() if device.forward_only else ("model FLOPs a step", "recompute"))
-        for name in columns:
-            stages.add_column(name, justify="left" if name in ("stage", "layers") else "right", no_wrap=True)
+        for name in columns:  # the layers wrap between their runs (memory's stage table alike)
+            stages.add_column(name, justify="left" if name == "layers" else "right", no_wrap=name != "layers",
+                              overflow="fold")
+        runs = stage_runs(device)
         for s in device.stages:
-            held = f"{s.layers[0]}–{s.layers[1]}" if s.layers else "—"
-            extra = "".join(w for w, on in ((" + embeddings", s.first), (" + head", s.last)) if on)
             trained = () if device.forward_only else (
                 sci(s.step), sci(s.recompute or 0) if s.recompute is not None else "—")
-            stages.add_row(str(s.rank), f"{held} ({s.layer_count}){extra}", sci(s.forward), *trained,
+            stages.add_row(str(s.rank), stage_layers_words(s.first, runs[s.rank], s.last), sci(s.forward), *trained,
                            style="bold" if s.rank == device.stage else None)
         out += [Text(""), stages]
     for convention in device.conventions:

@@ -694,10 +694,14 @@ def _flat_zero3_words(device) -> str:
 
 
 def _stage_layers(stage) -> str:
-    """"embeddings, 0–19": what a pipeline stage holds in the model's order (the embeddings, its runs of layers, the
-    head), a comma between each, so that a narrow column wraps between them."""
-    parts = (["embeddings"] if stage.first else []) + [f"{a}–{b}" for a, b in stage.chunks] + (
-        ["head"] if stage.last else [])
+    return stage_layers_words(stage.first, stage.chunks, stage.last)
+
+
+def stage_layers_words(first: bool, runs, last: bool) -> str:
+    """"embeddings, 0–19": what a pipeline stage holds in the model's order (the embeddings, its runs of layers,
+    (first, last) each, the head), a comma between each, so that a narrow column wraps between them."""
+    parts = (["embeddings"] if first else []) + [f"{a}–{b}" if a != b else str(a) for a, b in runs] + (
+        ["head"] if last else [])
     return ", ".join(parts) or "—"
 
 
