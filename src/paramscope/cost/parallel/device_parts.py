@@ -40,6 +40,23 @@ def fsdp_sharded(layout: Any) -> bool:
     return layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
 
 
+def fsdp_policy(layout: Any) -> bool:
+    """Whether FSDP2 shards the layout's parameters under its MixedPrecisionPolicy (--fsdp-mixed-precision policy:
+    param_dtype 16-bit, reduce_dtype fp32, no autocast; the layout admits it under a mixed precision alone)."""
+    return layout.fsdp_mixed_precision == "policy" and fsdp_sharded(layout)
+
+
+def policy_context(ctx: StepContext) -> StepContext:
+    """The step as FSDP2's MixedPrecisionPolicy runs it, for the closed form: each unit gathered in 16 bits and no
+    autocast, so the forward and backward (the activations, the gathered units, the unsharded gradients) are
+    bf16-pure's, while the rank's states stay the mixed precision's fp32 shards (ctx.states, ctx.step: kept) and the
+    reduce-scatter runs in fp32 (fsdp_moments.py). `ctx` itself without the policy, or already so."""
+    if not fsdp_policy(ctx.layout) or not ctx.precision.endswith("-mixed"):
+        return ctx
+    return dataclasses.replace(ctx, precision="bf16-pure", shape=dict(ctx.shape, precision="bf16-pure",
+                                                                      cast_weights=0, cast_head=0, cast_biases=0))
+
+
 def local_recipe_missing(ctx: StepContext) -> bool:
     from .activations import local_recipe
 
@@ -71,9 +88,11 @@ def fsdp_buffers(ctx: StepContext, placements: tuple[Placement, ...]) -> list[Bu
     from ..memory.states import trained_dtype
 
     layout = ctx.layout
+    # under FSDP2's MixedPrecisionPolicy each unit is gathered in its 16-bit param_dtype (policy_context)
+    precision = policy_context(ctx).precision
 
     def unsharded(p: Placement) -> int:
-        return p.local_numel * itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
+        return p.local_numel * itemsize(trained_dtype(p, precision, ctx.own))  # type: ignore[arg-type]
     if layout.shard == "zero3" and layout.shard_degree > 1:
         # DeepSpeed gathers each module's parameters as it runs and frees them after (not traced here: no DeepSpeed);
         # the head, which the loss's backward reads first, is the largest outside the layers
@@ -89,12 +108,13 @@ def fsdp_buffers(ctx: StepContext, placements: tuple[Placement, ...]) -> list[Bu
     if layout.shard not in ("fsdp", "hsdp") or layout.shard_degree == 1:
         return []
     root, layer = fsdp_units(placements, unsharded)
+    gathered = " in 16 bits (its MixedPrecisionPolicy's param_dtype)" if fsdp_policy(layout) else ""
     return [Buffer("FSDP2's root unit, all-gathered", root,
-                   f"the parameters outside the layers (embeddings, final norm, head) unsharded, {root:,} B: the "
-                   "root unit is not resharded after the forward", ("forward", "backward")),
+                   f"the parameters outside the layers (embeddings, final norm, head) unsharded{gathered}, {root:,} B: "
+                   "the root unit is not resharded after the forward", ("forward", "backward")),
             Buffer("FSDP2's layer unit, all-gathered", layer,
-                   f"one layer's parameters unsharded while it runs, {layer:,} B (the last layer's as the loss is "
-                   "taken and backward starts)", ("forward", "backward"))]
+                   f"one layer's parameters unsharded{gathered} while it runs, {layer:,} B (the last layer's as the "
+                   "loss is taken and backward starts)", ("forward", "backward"))]
 
 
 def with_buffers(phase: PhaseFigure, comm: list[Buffer]) -> PhaseFigure:

@@ -25,13 +25,14 @@ from ..memory.expert_offsets import expert_offsets
 from ..memory.phases import PhaseFigure, moment_phases
 from .device import DeviceMemory, RingQuestion, StepContext, NEEDS_BUILD
 from .device_parts import (
-    check_analytic, device_states_of, encoder_refusal, expert_dispatch, fsdp_buffers, fsdp_sharded, hidden_size,
-    local_activations, local_recipe_missing, local_shape, refuse_attention_dropout, resident_bytes, ring_chunk_bytes,
-    ring_output_copies,
+    check_analytic, device_states_of, encoder_refusal, expert_dispatch, fsdp_buffers, fsdp_policy, fsdp_sharded,
+    hidden_size, local_activations, local_recipe_missing, local_shape, policy_context, refuse_attention_dropout,
+    resident_bytes, ring_chunk_bytes, ring_output_copies,
     sequence_parallel_norm_gradients, tied_bytes, whole_embedding_gradient, with_buffers, with_norm_gradients,
     with_ring_outputs, with_whole_gradient, masked_token_ids, with_masked_ids
 )
 from .device_trace import traced_check
+from .fsdp_moments import fsdp_moments_missing
 from .layout import ParallelLayout, shard_words
 from .pipeline_device import pipeline_device
 from .rules import Placement, cuts_routed_experts, placements_for, rules_in_words
@@ -48,7 +49,7 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     # (the balanced closed form beside, as the comparison); a pipeline replays that rank's recipe (pipeline_device)
     loaded = check_expert_load(ctx, placements)
     check_hybrid_experts(layout, cuts_routed_experts(placements))
-    policy = check_mixed_precision_policy(ctx)
+    policy = check_mixed_precision_policy(ctx, placements)
     if loaded and layout.cp > 1:  # the busiest rank's ring: what the ring beside ep refuses, refused first
         check_context_parallel(ctx, True)
     derivable = ctx.derive and layout.pp == 1 and (loaded or (
@@ -58,7 +59,8 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
         derived = _derived_device(ctx, placements, rules)
         if derived is NEEDS_BUILD:
             return None
-        if isinstance(derived, str) and policy:  # the closed form prices autocast's copies, not the policy's
+        # where the policy's closed form (fsdp_moments.py) does not reach, the derived rank alone answers it
+        if isinstance(derived, str) and policy and fsdp_moments_missing(ctx, placements):
             raise UnsupportedError("{0} policy is answered from the rank's step derived from traces, and {why}",
                                    "fsdp_mixed_precision", why=derived.replace(": the closed form answers", ""))
         if isinstance(derived, str) and loaded:  # the balanced closed form is not the busiest rank's answer
@@ -69,8 +71,8 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
             declined = derived
         else:
             device, at = derived
-            closed = "" if policy else (_balanced_beside if loaded else _closed_form_beside)(
-                ctx, placements, rules, device)
+            closed = "" if policy and fsdp_moments_missing(ctx, placements) else (
+                _balanced_beside if loaded else _closed_form_beside)(ctx, placements, rules, device)
             if closed:
                 device = dataclasses.replace(device, notes=device.notes + (closed,))
             if layout.ep > 1 and not cuts_routed_experts(placements):  # the ring's rank alone (cp)
@@ -114,20 +116,22 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
     return device, at
 
 
-def check_mixed_precision_policy(ctx: StepContext) -> bool:
+def check_mixed_precision_policy(ctx: StepContext, placements: tuple[Placement, ...]) -> bool:
     """Whether the layout asks FSDP2's MixedPrecisionPolicy (--fsdp-mixed-precision policy), refusing in one line
-    where it does not apply: not a mixed precision, or no derivation asked (the closed form, fsdp_moments.py, prices
-    autocast's cast copies and fp32 gathers; the policy's rank is derived from traces with the policy applied)."""
+    where it does not apply: not a mixed precision, or no derivation asked where the policy's closed form
+    (fsdp_moments.py: Llama, Mistral and Qwen2 without cp or ep) does not reach; elsewhere the rank is derived from
+    traces with the policy applied."""
     if ctx.layout.fsdp_mixed_precision != "policy":
         return False
     if not ctx.precision.endswith("-mixed"):
         raise UnsupportedError("{0} policy casts fp32 parameters to 16 bits as FSDP2 gathers them: it needs a mixed "
                                "precision (bf16-mixed, fp16-mixed), got {precision}", "fsdp_mixed_precision",
                                precision=ctx.precision)
-    if not ctx.derive:
+    why = "" if ctx.derive else fsdp_moments_missing(ctx, placements)
+    if why:
         raise UnsupportedError("{0} policy is answered from the rank's step derived from traces with the policy "
-                               "applied; the closed form models autocast only: leave derive_layout on",
-                               "fsdp_mixed_precision")
+                               "applied; its closed form covers Llama, Mistral and Qwen2 without cp or ep, and here "
+                               "{why}: leave derive_layout on", "fsdp_mixed_precision", why=why)
     return True
 
 
@@ -137,7 +141,9 @@ def mixed_precision_words(ctx: StepContext) -> str:
     if ctx.layout.fsdp_mixed_precision == "policy":
         return (f"mixed precision: FSDP2's MixedPrecisionPolicy(param_dtype={half}, reduce_dtype=fp32), torchtitan's "
                 f"(--fsdp-mixed-precision policy): the fp32 shards gathered as {half} parameters, no autocast, the "
-                f"{half} gradients reduce-scattered in fp32; no closed form beside (fsdp_moments.py prices autocast)")
+                f"{half} gradients reduce-scattered in fp32; its closed form (fsdp_moments.py, for Llama, Mistral and "
+                f"Qwen2 without cp or ep): {half}-pure's step over the fp32 shards, the reduce-scatter input and the "
+                "reduced shards in fp32")
     return (f"mixed precision: torch.autocast({half}) over the fp32 parameters FSDP2 gathers in fp32 "
             "(--fsdp-mixed-precision autocast, the default); torchtitan runs FSDP2 with its MixedPrecisionPolicy "
             "and no autocast instead: --fsdp-mixed-precision policy (accelerate's FSDP2 path enters no autocast "
@@ -502,8 +508,13 @@ def ring_words(ctx: StepContext) -> str:
 
 def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Data (and expert) parallel alone: each rank runs one device's step on its own batch; the moments are the
-    one-device ones with the device's model states, and FSDP2's gathered units."""
+    one-device ones with the device's model states, and FSDP2's gathered units. Under FSDP2's MixedPrecisionPolicy
+    the one-device moments are autocast's, not the policy's: the recipe's own (bf16-pure's step over the fp32 shards,
+    policy_context), as on a rank's shard."""
     from .fsdp_moments import fsdp_backward_moments
+
+    if fsdp_policy(ctx.layout):
+        return _sharded_activations_device(ctx, placements, rules)
 
     states = ctx.states
     full_resident = states.weights.bytes + states.optimizer.bytes + states.master_weights.bytes
@@ -552,9 +563,17 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
     from .fsdp_moments import fsdp_backward_moments
 
     layout = ctx.layout
+    policy = fsdp_policy(layout)
+    asked = ctx.precision
+    ctx = policy_context(ctx)  # under FSDP2's MixedPrecisionPolicy: bf16-pure's step over the fp32 shards
     what = ("tensor parallelism beside context parallelism" if layout.tp > 1 and layout.cp > 1 else
-            "tensor parallelism" if layout.tp > 1 else "context parallelism")
+            "tensor parallelism" if layout.tp > 1 else "context parallelism" if layout.cp > 1 else
+            "FSDP2's MixedPrecisionPolicy")
     recipe = check_analytic(ctx, what)
+    missing = fsdp_moments_missing(ctx, placements) if policy else ""
+    if missing:  # bf16-pure's step without FSDP2's moments would not be the policy's rank
+        raise UnsupportedError("{0} policy: its closed form covers Llama, Mistral and Qwen2 without cp or ep, and "
+                               "here {why}", "fsdp_mixed_precision", why=missing)
     dev = device_states_of(ctx, placements)
     shape = local_shape(ctx, placements)
     tied = tied_bytes(ctx, placements)
@@ -596,6 +615,11 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
     if layout.cp > 1:
         parts.append(f"{ctx.seq // layout.cp:,} of the {ctx.seq:,} tokens (S / {layout.cp})")
     notes: tuple[str, ...] = ()
+    if policy:
+        half = asked.split("-")[0]
+        parts.append(f"{half} throughout over its fp32 shards, as FSDP2's MixedPrecisionPolicy runs it: each unit "
+                     f"gathered in {half}, no autocast; bf16-pure's recipe")
+        notes += (mixed_precision_words(dataclasses.replace(ctx, precision=asked)),)
     if layout.cp > 1:
         notes += ("context parallel's closed form: the one-device recipe at S / cp tokens, and what torch's ring "
                   "attention keeps beyond it, its merged output copied for o_proj in each layer (where 2·cp divides "

@@ -5,10 +5,12 @@ arithmetic. estimate.py adds them to the data-parallel and the shard's closed fo
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..memory.phases import PhaseFigure
 from .device import StepContext
-from .device_parts import (device_states_of, local_activations, local_recipe_missing, local_shape, resident_bytes,
-                           whole_embedding_gradient)
+from .device_parts import (device_states_of, fsdp_policy, local_activations, local_recipe_missing, local_shape,
+                           policy_context, resident_bytes, whole_embedding_gradient)
 from .pipeline import LAYER_PREFIX
 from .rules import Placement
 
@@ -91,11 +93,51 @@ _FSDP_MOMENTS = {
 }
 
 
+def fsdp_moments_missing(ctx: StepContext, placements: tuple[Placement, ...]) -> str:
+    """Why FSDP2's in-step moments (fsdp_backward_moments) are not modelled for this rank, in words ("here ..."); ""
+    where they are: FSDP2 sharding over more than one rank, a class of Llama, Mistral or Qwen2 with its closed form
+    on a rank's shard, no context or expert parallelism, fp32, a mixed precision (autocast or FSDP2's
+    MixedPrecisionPolicy) or bf16-pure, and two layers or more."""
+    from ..dims import config_int
+
+    layout = ctx.layout
+    ctx = policy_context(ctx)
+    if layout.shard not in ("fsdp", "hsdp") or layout.shard_degree == 1:
+        return "FSDP2 shards nothing"
+    if local_recipe_missing(ctx) or getattr(ctx.text, "model_type", None) not in _TRACED_FAMILY:
+        return f"the class is {ctx.view.class_name}"
+    if layout.cp > 1 or layout.ep > 1:
+        return "context or expert parallelism is applied"
+    if _kind(ctx.precision) is None:
+        return f"the precision is {ctx.precision}"
+    layers = config_int(ctx.text, "num_hidden_layers") or 0
+    if layers < 2 or sorted(_split(placements)[0]) != list(range(layers)):
+        return "the model has fewer than two layers"
+    return ""
+
+
+def _kind(precision: str) -> str | None:
+    return "fp32" if precision == "fp32" else "bf16" if precision == "bf16-pure" else \
+        "mixed" if precision.endswith("-mixed") else None
+
+
+def _split(placements: tuple[Placement, ...]) -> tuple[dict[int, list[Placement]], list[Placement]]:
+    """(each layer's placements by its index, the root unit's: the rest), as FSDP2's units hold them."""
+    by_layer: dict[int, list[Placement]] = {}
+    root: list[Placement] = []
+    for p in placements:
+        match = LAYER_PREFIX.match(p.name)
+        if match:
+            by_layer.setdefault(int(match.group(2)), []).append(p)
+        else:
+            root.append(p)
+    return by_layer, root
+
+
 def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], batch: int,
                           length: int) -> tuple[PhaseFigure, ...]:
-    """FSDP2's in-step moments (above), each with its arithmetic; () where they are not modelled: without FSDP2, for
-    a class other than Llama, Mistral and Qwen2, beside context or expert parallelism, or with fewer than two
-    layers."""
+    """FSDP2's in-step moments (above), each with its arithmetic; () where they are not modelled
+    (fsdp_moments_missing says why)."""
     import math
 
     from ..dims import config_int
@@ -104,13 +146,15 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     from ..memory.states import trained_dtype
     from .activations import local_config
 
-    layout = ctx.layout
     # traced here for Llama, Mistral and Qwen2, one device's step a rank, with and without full checkpointing
-    if layout.shard not in ("fsdp", "hsdp") or layout.shard_degree == 1 or local_recipe_missing(ctx) or \
-            getattr(ctx.text, "model_type", None) not in _TRACED_FAMILY or layout.cp > 1 or layout.ep > 1:
+    if fsdp_moments_missing(ctx, placements):
         return ()
-    kind = "fp32" if ctx.precision == "fp32" else "bf16" if ctx.precision == "bf16-pure" else \
-        "mixed" if ctx.precision.endswith("-mixed") else None
+    layout = ctx.layout
+    # under FSDP2's MixedPrecisionPolicy: bf16-pure's step (16-bit units, activations and unsharded gradients) over
+    # the fp32 shards, reduce-scattered in fp32
+    policy = fsdp_policy(layout)
+    ctx = policy_context(ctx)
+    kind = _kind(ctx.precision)
     layers = config_int(ctx.text, "num_hidden_layers") or 0
     d = layout.shard_degree
 
@@ -121,18 +165,15 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
         shape = p.local_shape or (1,)
         return -(-shape[0] // d) * math.prod(shape[1:])
 
-    by_layer: dict[int, list[Placement]] = {}
-    root: list[Placement] = []
-    for p in placements:
-        match = LAYER_PREFIX.match(p.name)
-        if match:
-            by_layer.setdefault(int(match.group(2)), []).append(p)
-        else:
-            root.append(p)
-    if kind is None or layers < 2 or sorted(by_layer) != list(range(layers)):
-        return ()
+    by_layer, root = _split(placements)
+
+    def reduced(p: Placement) -> int:  # the reduce-scatter's element size: the policy's reduce_dtype, fp32
+        return 4 if policy else size(p)
+
     padded = {k: sum(rows(p) * d * size(p) for p in group) for k, group in by_layer.items()}  # all-gathered
-    shard = {k: sum(rows(p) * size(p) for p in group) for k, group in by_layer.items()}  # reduce-scattered
+    # the reduce-scatter input (the unsharded gradients padded and chunk-catted) and its output, the rank's shard
+    reduce_input = {k: sum(rows(p) * d * reduced(p) for p in group) for k, group in by_layer.items()}
+    shard = {k: sum(rows(p) * reduced(p) for p in group) for k, group in by_layer.items()}
     root_bytes = sum(rows(p) * d * size(p) for p in root)
     head = sum(p.local_numel * size(p) for p in root if p.role.startswith("head") or p.role == "norm.final")
     local = local_config(ctx.text, layout.tp) if layout.tp > 1 else ctx.text
@@ -187,7 +228,7 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
         flow = tokens * (flowing[0] * h + flowing[1] * i)
         flow_text = f"T·({flowing[0]}h" + (f" + {flowing[1]}i)" if flowing[1] else ")")
         above = sum(shard[kk] for kk in range(k + 1, layers))
-        reduce_in = padded[k + 1] if k + 1 < layers else 0
+        reduce_in = reduce_input[k + 1] if k + 1 < layers else 0
         prefetched = padded[k - 1] if k >= 1 else 0
         fsdp = root_bytes + head + padded[k] + prefetched + reduce_in + above
         total = resident + (k + (1 if kept_input else 0)) * per_layer + own + flow + grads + copies + rope + \
@@ -238,10 +279,10 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     whole = whole_embedding_gradient(ctx, placements, under_fsdp=True)
     root_grads = sum(p.local_numel * size(p) for p in root) + (whole[0] - whole[1] if whole is not None else 0)
     shards = sum(shard.values())
-    held = root_bytes + root_grads + padded[0] + shards
+    held = root_bytes + root_grads + reduce_input[0] + shards
     held_text = (f"the root unit all-gathered {root_bytes:,} + its gradients unsharded {root_grads:,}"
                  + (" (the embedding's whole on every tp rank: DTensor's Replicate)" if whole is not None else "")
-                 + f" + layer 0's reduce-scatter input {padded[0]:,} + every layer's reduce-scattered gradients "
+                 + f" + layer 0's reduce-scatter input {reduce_input[0]:,} + every layer's reduce-scattered gradients "
                  f"{shards:,}")
     output = embedding_gradient(ctx.text, batch=batch, seq=seq, precision=ctx.precision)
     out.append(PhaseFigure("backward", resident + held + output + masked, "FSDP2: the embedding's backward", (
@@ -251,7 +292,33 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
         out.append(PhaseFigure("backward", resident + held + whole[1] + ids, "FSDP2: the root's post-backward", (
             f"{held_text} + the local chunk FSDP2 takes of the embedding's gradient {whole[1]:,} + a (B, S) int64 "
             f"of token ids and the loss's scalars, 8·T + 8 = {ids:,}"), shards))
+    if policy:
+        out += _policy_root_reduce(root, rows, size, d, root_grads, shards, resident, 8 * tokens + 8 if whole else 8)
     return tuple(out)
+
+
+def _policy_root_reduce(root: list[Placement], rows: Any, size: Any, d: int, root_grads: int, shards: int,
+                        resident: int, scalars: int) -> tuple[PhaseFigure, ...]:
+    """Under FSDP2's MixedPrecisionPolicy the root's post-backward, after it reshards (the gathered root and layer 0's
+    reduce-scatter input freed): its reduce-scatter input in fp32 (the policy's reduce_dtype, twice its 16-bit
+    gradients' bytes, padded) beside those gradients; then its output, the root's fp32 shard, beside the input and
+    the last root parameter's 16-bit gradient (foreach_reduce's loop over the gradients leaves its variable on the
+    last one until it returns: the head's, or the final norm's where the head is tied)."""
+    reduce_in = sum(rows(p) * d * 4 for p in root)
+    output = sum(rows(p) * 4 for p in root)
+    last = root[-1].local_numel * size(root[-1]) if root else 0
+    scalar_words = "the token ids and the loss's scalars, 8·T + 8" if scalars > 8 else "the loss's scalars"
+    return (PhaseFigure("backward", resident + shards + root_grads + reduce_in + scalars,
+                        "FSDP2: the root's reduce-scatter input (policy)", (
+                            f"every layer's reduce-scattered gradients {shards:,} + the root's 16-bit gradients "
+                            f"unsharded {root_grads:,} + their reduce-scatter input in fp32, padded {reduce_in:,} + "
+                            f"{scalar_words} {scalars:,}"), shards),
+            PhaseFigure("backward", resident + shards + reduce_in + output + last + scalars,
+                        "FSDP2: the root's reduce-scatter output (policy)", (
+                            f"every layer's reduce-scattered gradients {shards:,} + the root's reduce-scatter input in "
+                            f"fp32 {reduce_in:,} + its output, the root's fp32 gradient shard {output:,} + the last "
+                            f"root parameter's ({root[-1].name if root else ''}) 16-bit gradient, still referenced "
+                            f"{last:,} + {scalar_words} {scalars:,}"), shards + output))
 
 
 def _copied(p: Placement) -> bool:
