@@ -51,7 +51,6 @@ def test_the_policy_keys_the_traced_layout_and_autocast_keeps_the_old_keys():
 @pytest.mark.parametrize("kwargs, words", [
     (dict(devices=8, zero="3"), "needs zero fsdp or hybrid_shard, got ZeRO-3"),
     (dict(devices=8, zero="0", tp=2), "needs zero fsdp or hybrid_shard, got no sharding"),
-    (dict(devices=8, zero="fsdp", pp=2), "beside pipeline stages"),
 ])
 def test_the_policy_is_refused_where_it_does_not_apply(kwargs, words):
     with pytest.raises(OptionError, match=words):

@@ -154,9 +154,6 @@ class ParallelLayout:
         if self.fsdp_mixed_precision == "policy" and self.shard not in ("fsdp", "hsdp"):
             raise OptionError("{0} policy is FSDP2's MixedPrecisionPolicy: it needs {1} fsdp or hybrid_shard, "
                               "got {shard}", "fsdp_mixed_precision", "zero", shard=shard_words(self))
-        if self.fsdp_mixed_precision == "policy" and self.pp > 1:
-            raise OptionError("{0} policy beside pipeline stages: the stages are replayed from traces under "
-                              "autocast only; give pp 1", "fsdp_mixed_precision")
         if self.batch is not None and self.batch % self.micro_batches:
             raise OptionError("{0} {micro} must divide the batch, {sequences} a replica", "micro_batches",
                               micro=self.micro_batches, sequences=counted(self.batch, "sequence"))

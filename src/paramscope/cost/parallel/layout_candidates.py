@@ -68,12 +68,21 @@ def candidate_layouts(facts: ModelFacts, devices: int) -> tuple[list[tuple[Paral
                             shard_group=options.shard_group if facts.shard == "hsdp" else None,
                             micro_batches=replica if pp > 1 else None, schedule=schedule if pp > 1 else None,
                             virtual_stages=virtual if pp > 1 else 1,
-                            expert_load=options.expert_load if ep > 1 else 1.0)
+                            expert_load=options.expert_load if ep > 1 else 1.0,
+                            # FSDP2's MixedPrecisionPolicy where fully_shard shards (none on one rank)
+                            fsdp_mixed_precision=options.fsdp_mixed_precision
+                            if facts.shard in ("fsdp", "hsdp") and _sharded(facts, dp * cp) else "autocast")
                     except OptionError as err:
                         skipped.append(Skipped(dp, tp, pp, cp, ep, refusal_words(err)))
                         continue
                     out.append((layout, replica))
     return out, skipped
+
+
+def _sharded(facts: ModelFacts, ranks: int) -> bool:
+    """FSDP2 shards over more than one of the dp × cp `ranks` (hybrid: within a shard group, default 8)."""
+    group = (facts.options.shard_group or 8) if facts.shard == "hsdp" else ranks
+    return min(ranks, group) > 1
 
 
 def likely_first(layouts: list[tuple[ParallelLayout, int]]) -> list[tuple[ParallelLayout, int]]:

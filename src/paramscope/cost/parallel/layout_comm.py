@@ -5,8 +5,12 @@ What one device sends (and as much it receives) a step, ring algorithms over a g
 bytes: all-gather and reduce-scatter (n − 1)/n · X each, all-reduce 2(n − 1)/n · X; rounded up to a byte:
 
     DP   P, G = the device's parameters and gradients before any data-parallel share, in the dtype they are trained
-         in (fp32 under mixed precision: FSDP2 without a MixedPrecisionPolicy, as the memory figures assume); routed
-         experts apart (Pe, Ge) over their own n_e = n / ep ranks, the rest (Pd, Gd) over n = dp × cp
+         in (fp32 under mixed precision); routed experts apart (Pe, Ge) over their own n_e = n / ep ranks, the rest
+         (Pd, Gd) over n = dp × cp. Under FSDP2 each parameter padded as fully_shard pads it, ⌈dim0 / n⌉·n rows
+         (a rank's packed experts over more ranks than it holds: ⌈dim1 / n_e⌉·n_e), and P is what it gathers:
+         under torch.autocast (--fsdp-mixed-precision autocast) the fp32 parameters, 4 B an element; under its
+         MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (policy, torchtitan's) the 16-bit ones, 2 B an
+         element; G is reduce-scattered in fp32 (4 B an element) under both
          DDP (no sharding)   all-reduce of the gradients                         2(n−1)/n · G
          ZeRO-1, ZeRO-2      reduce-scatter of the gradients, all-gather of the updated parameters   (n−1)/n · (G + P)
          ZeRO-3, FSDP2       all-gather of the parameters in forward and again in backward, reduce-scatter of the
@@ -18,7 +22,8 @@ bytes: all-gather and reduce-scatter (n − 1)/n · X each, all-reduce 2(n − 1
          parallel each is an all-gather and a reduce-scatter: the same bytes); the vocabulary-parallel embedding's
          forward and the head's input gradient one more each on the first and last stage; full checkpointing reruns
          the forward's 2 a layer:        c · 2(t−1)/t · X per microbatch, c = 4·L (+2·L recomputed) (+1 first) (+1 last)
-    PP   Y = b·s·h × r / t (the residual stream between stages: r = 4 B under mixed precision, sp's 1/t piece a rank):
+    PP   Y = b·s·h × r / t (the residual stream between stages: r = 4 B under mixed precision, 2 B under FSDP2's
+         MixedPrecisionPolicy, sp's 1/t piece a rank):
          each microbatch's activation sent forward and its gradient sent back, at every chunk boundary the device
          holds;                          (v − [last]) + (v − [first]) sends of Y per microbatch
          a tied embedding under pp: its gradient all-reduced between the first and last stage, E (the shard's bytes)
@@ -32,12 +37,20 @@ MoE routers' load-balancing statistics: bytes per token or per step, well under 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .layout import ParallelLayout, shard_words
 from .layout_facts import ModelFacts
 from .pipeline import Stage, params_held, stages
 from .search_result import CommTerm
+
+# a parameter group's bytes as FSDP2 moves them: (all-gathered, reduce-scattered); ints where no FSDP2 (the same bytes)
+Moved = tuple[int, int]
+
+
+def _fsdp(layout: ParallelLayout) -> bool:
+    return layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
 
 
 class StepCommunication:
@@ -46,14 +59,17 @@ class StepCommunication:
     def __init__(self, facts: ModelFacts) -> None:
         self.facts = facts
         self._stage_bytes: dict[tuple[int, int, int, int], list[tuple[Stage, int, int, int]]] = {}
+        self._fsdp_bytes: dict[tuple, list[tuple[Moved, Moved]]] = {}
 
     def busiest(self, layout: ParallelLayout, replica: int, steps: int = 1) -> tuple[int, tuple[CommTerm, ...]]:
         """(the stage whose device moves the most, its terms); `steps`: the micro-steps of gradient accumulation
         (the data-parallel collectives run in each)."""
         facts = self.facts
         best: tuple[int, tuple[CommTerm, ...]] | None = None
-        for stage, dense, experts, tied in self.stage_bytes(layout):
-            terms = tuple(t for t in (*dp_terms(layout, dense, experts, steps), tp_term(facts, layout, replica, stage),
+        gathered = self.fsdp_bytes(layout) if _fsdp(layout) else None
+        for index, (stage, dense, experts, tied) in enumerate(self.stage_bytes(layout)):
+            moved = (dense, experts) if gathered is None else gathered[index]
+            terms = tuple(t for t in (*dp_terms(layout, *moved, steps), tp_term(facts, layout, replica, stage),
                                       *pp_terms(facts, layout, replica, stage, tied),
                                       ep_term(facts, layout, replica, stage), cp_term(facts, layout, replica, stage))
                           if t is not None)
@@ -100,10 +116,58 @@ class StepCommunication:
         self._stage_bytes[key] = out
         return out
 
+    def fsdp_bytes(self, layout: ParallelLayout) -> list[tuple[Moved, Moved]]:
+        """For each pipeline stage under FSDP2: (its dense parameters, its routed experts) as fully_shard moves them,
+        each (the bytes all-gathered, the bytes reduce-scattered) before the ring's (n − 1)/n: every parameter
+        padded as fully_shard pads it (⌈dim0 / n⌉·n rows over the n = shard degree ranks; a rank's packed experts
+        over n_e = n / ep ranks, ⌈dim1 / n_e⌉·n_e where n_e exceeds its experts, torchtitan's Shard(1)), gathered
+        in the dtype the convention gathers (fp32 as trained under autocast, the policy's 16-bit param_dtype) and
+        reduced in fp32 (the trained dtype; the policy's reduce_dtype)."""
+        policy = layout.fsdp_mixed_precision == "policy"
+        n = layout.shard_degree
+        n_e = max(1, n // layout.ep)
+        key = (layout.tp, layout.ep, layout.pp, layout.virtual_stages, n, policy)
+        if key in self._fsdp_bytes:
+            return self._fsdp_bytes[key]
+        from ..dtypes import itemsize
+        from ..memory.states import trained_dtype
 
-def dp_terms(layout: ParallelLayout, dense: int, experts: int, steps: int = 1) -> list[CommTerm]:
+        facts = self.facts
+        by_name = {p.name: p for p in facts.placements(layout.tp, layout.ep)}
+        precision = facts.options.precision
+
+        def moved(p: Any) -> Moved:
+            shape = p.local_shape or (1,)
+            if p.experts_split and len(shape) == 3 and n_e > shape[0]:
+                elements = shape[0] * _ceil(shape[1], n_e) * n_e * shape[2]
+            else:
+                d = n_e if p.experts_split else n
+                elements = _ceil(shape[0], d) * d * math.prod(shape[1:])
+            trained = itemsize(trained_dtype(p, precision))  # type: ignore[arg-type]
+            return (elements * (2 if policy else trained), elements * trained)
+
+        out = []
+        for stage, _, _, _ in self.stage_bytes(layout):
+            held = params_held(facts.report.params, facts.stack, stage) if layout.pp > 1 else facts.report.params
+            names = [p.name for p in held]
+            if layout.pp > 1 and stage.last and facts.tied in by_name and \
+                    by_name[facts.tied].role.startswith("embedding"):
+                names.append(facts.tied)  # the last stage's copy of the tied embedding (Megatron's rule)
+            dense, experts = [0, 0], [0, 0]
+            for name in names:
+                gather, reduce = moved(by_name[name])
+                total = experts if by_name[name].experts_split else dense
+                total[0] += gather
+                total[1] += reduce
+            out.append(((dense[0], dense[1]), (experts[0], experts[1])))
+        self._fsdp_bytes[key] = out
+        return out
+
+
+def dp_terms(layout: ParallelLayout, dense: int | Moved, experts: int | Moved, steps: int = 1) -> list[CommTerm]:
     """The data-parallel collectives: the dense parameters over the dp × cp ranks holding them, the routed
-    experts over the dp × cp / ep ranks holding the same experts. Under gradient accumulation (`steps`
+    experts over the dp × cp / ep ranks holding the same experts (each the bytes of its parameters, or under FSDP2
+    (gathered, reduce-scattered): StepCommunication.fsdp_bytes). Under gradient accumulation (`steps`
     micro-steps) the gradients are reduced every micro-step, and FSDP2 / ZeRO-3 gather the parameters every
     micro-step (their defaults: no no_sync); ZeRO-1/2 gather the updated parameters once, after the step."""
     out = _dp_terms(layout, dense, experts)
@@ -122,16 +186,22 @@ def dp_terms(layout: ParallelLayout, dense: int, experts: int, steps: int = 1) -
             for term in out]
 
 
-def _dp_terms(layout: ParallelLayout, dense: int, experts: int) -> list[CommTerm]:
+def _dp_terms(layout: ParallelLayout, dense: int | Moved, experts: int | Moved) -> list[CommTerm]:
     ranks = layout.dp * layout.cp
     out = []
     for label, params, split in (("", dense, 1), (" (routed experts)", experts, layout.ep)):
         same = ranks // split  # ranks holding the same parameters
-        if not params or same == 1:
+        p, g = params if isinstance(params, tuple) else (params, params)
+        if not g or same == 1:
             continue
-        p = g = params
         group = "dp × cp" + (" / ep" if split > 1 else "")
-        given = f"{'Pe = Ge' if split > 1 else 'P = G'} = {params:,} B"
+        names = ("Pe", "Ge") if split > 1 else ("P", "G")
+        given = f"{names[0]} = {names[1]} = {g:,} B" if not isinstance(params, tuple) else (
+            f"{names[0]} = {p:,} B, the parameters padded as fully_shard pads them, gathered in "
+            + ("16 bits (its MixedPrecisionPolicy's param_dtype)" if layout.fsdp_mixed_precision == "policy" else
+               "the dtype they train in (torch.autocast casts after the gather)")
+            + f"; {names[1]} = {g:,} B, reduce-scattered in fp32"
+            + (" (reduce_dtype)" if layout.fsdp_mixed_precision == "policy" else ""))
         if layout.zero_stage == 0:
             n = same
             out.append(CommTerm("dp", f"DDP: all-reduce of the gradients{label}", _ceil(2 * (n - 1) * g, n),
@@ -193,12 +263,14 @@ def pp_terms(facts: ModelFacts, layout: ParallelLayout, replica: int, stage: Any
     m, b, s = _tokens(facts, layout, replica)
     v = layout.virtual_stages
     piece = layout.tp if layout.sp else 1
-    y = _ceil(b * s * facts.hidden * facts.residual, piece)
+    # the residual stream between stages: 16-bit under the policy (its layers run on 16-bit parameters)
+    residual = 2 if layout.fsdp_mixed_precision == "policy" and _fsdp(layout) else facts.residual
+    y = _ceil(b * s * facts.hidden * residual, piece)
     sends = (v - (1 if stage.last else 0)) + (v - (1 if stage.first else 0))
     out = [CommTerm("pp", "pipeline: each microbatch's activation sent to the next stage and its gradient to "
                           "the previous, at every boundary the device holds", m * sends * y,
                     "m · sends · b·s·h·r" + (" / t" if piece > 1 else ""),
-                    f"{m} × {sends} × {b}·{s:,}·{facts.hidden:,}·{facts.residual} B"
+                    f"{m} × {sends} × {b}·{s:,}·{facts.hidden:,}·{residual} B"
                     + (f" / {piece}" if piece > 1 else ""))]
     if tied:
         out.append(CommTerm("pp", "pipeline: the tied embedding's gradient all-reduced between the first and "

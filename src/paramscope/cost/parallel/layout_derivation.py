@@ -26,7 +26,23 @@ def derivation_key(layout: ParallelLayout, replica: int, experts: int) -> tuple 
     under a pipeline); a pipeline beside cp replays the cp rank's recipe at dp 1.
     `experts`: the class's routed experts. Under an expert load the key holds the load: the busiest rank's recipe
     is another derivation."""
+    key = _autocast_key(layout, replica, experts)
+    if key is None or layout.fsdp_mixed_precision != "policy" or key[0] == "device":
+        return key
+    # FSDP2's MixedPrecisionPolicy keys another recipe (the traced layout holds it: with_mixed_precision), so a
+    # policy rank and an autocast one are never the same derivation: "policy" before the regime
+    return key[:-1] + ("policy", key[-1])
+
+
+def _autocast_key(layout: ParallelLayout, replica: int, experts: int) -> tuple | None:
+    """derivation_key without the policy's mark: under the policy a pipeline's stages replay the policy's FSDP2 rank
+    (pipeline_replay.policy_rank_layout), none beside cp or routed experts (memory refuses those first)."""
     load = layout.expert_load
+    if layout.pp > 1 and layout.fsdp_mixed_precision == "policy" and layout.shard_degree > 1 and \
+            layout.shard in ("fsdp", "hsdp"):
+        if layout.cp > 1 or layout.ep > 1 and experts:
+            return None
+        return ("rank", layout.shard_degree, "fsdp", layout.tp, layout.sp, min(2, replica // layout.micro_batches))
     if layout.pp > 1:
         regime = min(2, replica // layout.micro_batches)
         if layout.cp > 1:  # the cp rank's recipe at dp 1 without FSDP2 (beside tp where asked); beside routed
@@ -78,8 +94,10 @@ def _expert_rank_key(layout: ParallelLayout, experts: int, fsdp: bool, regime: i
 
 
 def derivation_words(key: tuple) -> str:
-    """A derivation_key in words: 'tp 2 with sequence parallel, FSDP2 over 4, batch 2 and up'."""
-    kind, *rest, regime = key
+    """A derivation_key in words: 'tp 2 with sequence parallel, FSDP2 over 4, batch 2 and up'; a policy's key
+    'FSDP2 over 4 under its MixedPrecisionPolicy'."""
+    policy = "policy" in key[:-1]
+    kind, *rest, regime = tuple(k for k in key if k != "policy") if policy else key
     if kind == "rank":
         degree, shard, tp, sp = rest
         parts = [_tp_words(tp, sp) if tp > 1 else "one rank"]
@@ -97,6 +115,8 @@ def derivation_words(key: tuple) -> str:
             ([f"FSDP2 over dp × cp = {degree}"] if degree > 1 else []) + [f"ep {e} over dp × cp" for e in ep]
     else:
         parts = ["one device"]
+    if policy:
+        parts.append("under FSDP2's MixedPrecisionPolicy")
     parts.append("batch 1" if regime == 1 else "batch 2 and up")
     return ", ".join(parts)
 

@@ -50,7 +50,11 @@ class LayoutEvaluator:
 
     def bound(self, layout: ParallelLayout, replica: int) -> int:
         """A lower bound on the layout's peak per device (layout_bound.py): its first micro-step's, at the
-        microbatch, under gradient accumulation."""
+        microbatch, under gradient accumulation. Under FSDP2's MixedPrecisionPolicy its model states alone (the
+        same fp32 shards as autocast's): the bound's activations are autocast's, which the policy's 16-bit ones may
+        be below, so they bound nothing there."""
+        if policy_layout(layout):
+            return self.lower_bound.states_bytes(layout)
         return self.lower_bound.bound(layout, micro_batch(layout, replica))
 
     def evaluate(self, layout: ParallelLayout, replica: int) -> Candidate | Skipped | None:
@@ -73,7 +77,7 @@ class LayoutEvaluator:
                 return None
             if why:
                 return _skipped(layout, why)
-            derive = bool(self.engines.derived(micro))
+            derive = bool(self.engines.derived(micro)) or policy_derived(layout, facts.experts)
         new = False  # a rank's step this search derives now
         if derive and key is not None and key not in self.derivations.made:
             if key[0] == "device":  # the one-device recipe at a microbatch size, as dp × pp always derived it
@@ -175,6 +179,18 @@ class _RingQuestion:
     text: Any
     layout: ParallelLayout
     seq: int
+
+
+def policy_layout(layout: ParallelLayout) -> bool:
+    """FSDP2 shards the layout under its MixedPrecisionPolicy (--fsdp-mixed-precision policy)."""
+    return layout.fsdp_mixed_precision == "policy" and layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
+
+
+def policy_derived(layout: ParallelLayout, experts: int) -> bool:
+    """Under the policy, a layout memory answers from a derived step whatever the class: a pipeline (its stages
+    replay the policy's FSDP2 rank, pipeline_replay.py), context parallel or routed experts cut over ep (the policy's
+    closed form, fsdp_moments.py, reaches neither)."""
+    return policy_layout(layout) and (layout.pp > 1 or layout.cp > 1 or layout.ep > 1 and experts > 0)
 
 
 MICRO_BATCH = 1  # sequences a microbatch: a pipeline's default (layout_for), Megatron's usual micro-batch size

@@ -10,7 +10,7 @@ from typing import Any
 from ..memory.phases import PhaseFigure, moment_phases
 from .device import Buffer, StageMemory, DeviceMemory, StepContext
 from .device_parts import (
-    check_analytic, device_states_of, fsdp_buffers, layer_runs, local_activations, local_recipe_missing,
+    check_analytic, device_states_of, fsdp_buffers, fsdp_sharded, layer_runs, local_activations, local_recipe_missing,
     local_shape, matmul_names, resident_bytes, ring_output_copies, tied_bytes, with_buffers, with_ring_outputs
 )
 from .pipeline_replay import derived_pipeline_device
@@ -105,7 +105,9 @@ def _head_words(arithmetic: str, act: Any, saved: int, chunk_words: str) -> str:
 def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Pipeline stages: each device's layers, embeddings or head, and the microbatches it holds at once."""
     layout = ctx.layout
-    if local_recipe_missing(ctx):  # no closed form on a stage's layers: the derived recipe's segments
+    # no closed form on a stage's layers: the derived recipe's segments; and under FSDP2's MixedPrecisionPolicy,
+    # whose stages replay the policy's FSDP2 rank (this closed form prices autocast's per-microbatch copies)
+    if local_recipe_missing(ctx) or layout.fsdp_mixed_precision == "policy" and fsdp_sharded(layout):
         return derived_pipeline_device(ctx, placements, rules)
     recipe = check_analytic(ctx, "pipeline parallelism")
     names = [p.name for p in ctx.report.params]

@@ -28,6 +28,84 @@ LEAF_CASTS = ("pipeline: a later stage's received hidden state is a leaf (Pipeli
               "BERT) a later stage's replay is above its trace by 2·B·S·h × 2 B a microbatch in flight (a bound); a "
               "pre-norm layer reads its input through its norm, and is equal")
 
+# FSDP2's MixedPrecisionPolicy under a pipeline (--fsdp-mixed-precision policy beside --pp): the convention and what
+# the replay is held to (tests/test_policy_pipeline_search.py)
+POLICY_CONVENTION = (
+    "pipeline convention under FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), no autocast "
+    "(torchtitan's): each stage replays the FSDP2 rank's own traced step, so each of its layers is gathered in 16 bits "
+    "as it runs and resharded after, its 16-bit gradients reduce-scattered in fp32 as each layer's backward ends "
+    "(FSDP2's defaults, every microbatch), the rank keeping fp32 gradient shards; the root unit apart: each stage's "
+    "own (torchtitan's fully_shard on each stage's model part: the embeddings on the first, the final norm and head "
+    "on the last, none on the others) gathered in 16 bits through the step. An estimate, in two ways named here: "
+    "torch's PipelineStage runs FSDP2 without gradient sync until the last microbatch's backward "
+    "(set_requires_gradient_sync(False), set_reshard_after_backward(False)) and torchtitan keeps the units gathered "
+    "after the forward under a pipeline (reshard_after_forward False): a stage then holds its layers gathered in 16 "
+    "bits and their gradients unsharded in fp32 (the reduce_dtype accumulates them) until the step's last backward, "
+    "not counted here, nor in the autocast convention's pipeline answer (the extra is named below for the device's "
+    "stage); and the root unit's reduce-scatter at the end of the backward is the whole root's on the first stage "
+    "(the recipe's), none on the last")
+POLICY_CHECK = (
+    "the replay's mechanics held to the rank traced under the policy: the whole cut replayed as one stage equals the "
+    "derived rank, which equals --trace (a 4-layer Llama cut, dp 2, bf16-mixed: tests/test_policy_pipeline_search.py);"
+    " no stage is traced under FSDP2 (traced/pipeline_stage.py runs no fully_shard), so --trace is refused here")
+
+
+def policy_rank_layout(ctx: StepContext, experts: bool) -> tuple | None:
+    """The traced layout whose derived step a pipeline's stages replay under FSDP2's MixedPrecisionPolicy: the FSDP2
+    rank's as estimate._derived_device keys it without a pipeline ((shard degree, "fsdp", tp, sp) with the policy,
+    traced/parallel.py with_mixed_precision); None without the policy. One line where the policy beside a pipeline is
+    not answered: beside context parallel or routed experts cut over ep (their ranks' FSDP2 keys are not replayed)."""
+    from ..traced.parallel import with_mixed_precision
+    from .device_parts import fsdp_sharded
+
+    layout = ctx.layout
+    if layout.fsdp_mixed_precision != "policy" or not fsdp_sharded(layout):
+        return None
+    if layout.cp > 1 or experts:
+        raise UnsupportedError("{0} policy beside pipeline stages is answered with FSDP2 and tensor parallel (the "
+                               "policy's FSDP2 rank replayed per stage), not beside {what}", "fsdp_mixed_precision",
+                               what="context parallel" if layout.cp > 1 else "routed experts cut over ep")
+    return with_mixed_precision((layout.shard_degree, "fsdp", layout.tp, layout.sp), "policy")
+
+
+def root_apart(recipe: Any) -> Any:
+    """The FSDP2 rank's recipe without its root unit's gather: the prefix's allocations that depend on neither B nor
+    S (the root's all-gather input and output and its unsharded 16-bit parameters, made before the embeddings run;
+    held until the end of the backward, and counted once a microbatch by the replay), sized 0, so that each stage
+    holds its own root unit instead (policy_root)."""
+    sizes = list(recipe.sizes)
+    for sign, index, _ in recipe.prefix:
+        if sign > 0 and all(i == 0 and j == 0 for i, j, _ in sizes[index]):
+            sizes[index] = ()
+    return dataclasses.replace(recipe, sizes=tuple(sizes))
+
+
+def _unsynced_words(ctx: StepContext, placements: tuple[Placement, ...], params: list, rank: int) -> str:
+    """The size of what torch's PipelineStage would hold beyond the replay on a stage (POLICY_CONVENTION): its N
+    parameters gathered in 16 bits and their gradients unsharded in fp32, beside the fp32 shards counted."""
+    held = {p.name for p in params}
+    numel = sum(p.local_numel for p in placements if p.name in held)
+    d = ctx.layout.shard_degree
+    return (f"not counted (the convention above), on stage {rank}: its {numel:,} parameters gathered in 16 bits, "
+            f"2·N = {2 * numel:,} B, and their gradients unsharded in fp32, 4·N = {4 * numel:,} B, where the replay "
+            f"holds one layer gathered at a time and fp32 gradient shards of about 4·N / {d} = {4 * numel // d:,} B")
+
+
+def policy_root(ctx: StepContext, placements: tuple[Placement, ...]) -> list[Buffer]:
+    """The stage's own root unit under the policy, gathered in 16 bits (param_dtype) through the step: its
+    parameters outside the layers (the first stage's embeddings, the last stage's final norm and head, a tied head's
+    copy), unsharded; none on a stage holding layers alone."""
+    from .device_parts import fsdp_units
+
+    root, _ = fsdp_units(placements, lambda p: 2 * p.local_numel)
+    if not root:
+        return []
+    return [Buffer("FSDP2's root unit, all-gathered in 16 bits", root,
+                   f"the stage's parameters outside its layers unsharded in 16 bits (the MixedPrecisionPolicy's "
+                   f"param_dtype), {root:,} B: the stage's root unit, not resharded after the forward",
+                   ("forward", "backward"))]
+
+
 def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: dict[str, str]):
     """Pipeline stages of a class whose step is derived from traces (derived/): each stage's activations and peak
     replayed from the one-device recipe's segments for its layers (stage_recipe.py), with its microbatches in flight,
@@ -46,6 +124,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     # expert parallel: the stages replayed from the expert-parallel rank's derived step (a class without routed
     # experts has nothing to cut: its step is one device's, as without a pipeline)
     experts = cuts_routed_experts(placements)
+    # FSDP2's MixedPrecisionPolicy: the stages replay the policy's FSDP2 rank (policy_rank_layout)
+    policy = policy_rank_layout(ctx, experts)
     # context parallel beside it: the stages replay the ring's rank with its experts cut, rank 0 of torchtitan's
     # (dp_shard_in_ep, cp, tp) mesh inside each stage (pp outermost), the ep ranks dp_shard_in_ep × cp (ETP = tp)
     ring_experts = layout.cp > 1 and experts
@@ -71,7 +151,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                             # S / cp tokens, without FSDP2 (the key the cp rank at dp 1 has: the same recipe)
                             # (beside routed experts: the ring's rank with them cut over ep = dp_shard_in_ep × cp,
                             # dp = ep / cp in the trace, the busiest's under a load)
-                            layout=(layout.ep // layout.cp if ring_experts else 1, "none", layout.tp, layout.sp, 0,
+                            layout=policy if policy is not None else
+                            (layout.ep // layout.cp if ring_experts else 1, "none", layout.tp, layout.sp, 0,
                                     layout.ep if ring_experts else 1, layout.cp)
                             + ((layout.expert_load,) if ring_experts and layout.expert_load != 1 else ())
                             if layout.cp > 1 else
@@ -96,9 +177,13 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
         raise UnsupportedError("pipeline parallelism for {cls}: the derived step's {derived} layers are not the "
                                "{count} of its stack {stack}", cls=cls, derived=len(step.recipe.layer_types),
                                count=count, stack=stack)
+    # under the policy the root unit is the stage's own (root_apart: taken out of the recipe, held per stage)
+    root_apart_of = root_apart if policy is not None else (lambda recipe: recipe)
     by_name = {p.name: p for p in placements}
     tied_name = next((g.canonical for g in ctx.report.tied), None)
-    residual_size = 2 if ctx.precision == "bf16-pure" else 4
+    # the hidden state between stages: 16-bit under bf16-pure and under the policy (its layers run on 16-bit
+    # parameters, no autocast), else fp32
+    residual_size = 2 if ctx.precision == "bf16-pure" or policy is not None else 4
     hidden = hidden_size(ctx)
     step_bytes, step_text = ctx.step
     # the hidden state a rank sends and receives: under sequence parallel its sequence shard (torch's
@@ -116,9 +201,9 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     def recipe_at(batch: int, length: int) -> Any:
         for recipe in step.recipes:
             if recipe.covers(batch, length):
-                return recipe
+                return root_apart_of(recipe)
         step.at(batch, length)  # derives (or reads) that regime's recipe, once
-        return next((r for r in step.recipes if r.covers(batch, length)), None)
+        return next((root_apart_of(r) for r in step.recipes if r.covers(batch, length)), None)
 
     def stage_params(stage: Stage) -> list:
         return params_held(ctx.report.params, stack, stage)
@@ -203,7 +288,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
         params = stage_params(stage)
         dev = device_states_of(ctx, placements, params, extra)
         held_names = {q.name for q in params}
-        comm = fsdp_buffers(ctx, tuple(p for p in placements if p.name in held_names))
+        comm = fsdp_buffers(ctx, tuple(p for p in placements if p.name in held_names)) if policy is None else \
+            policy_root(ctx, tuple(p for p in placements if p.name in held_names) + extra)
         figures, replayed, regime = stage_figures(stage, dev, comm, micro, ctx.seq)
         rows_in.append((stage, dev, figures, replayed, comm))
     stage, dev, figures, replayed, comm = max(rows_in, key=lambda item: max(p.bytes for p in item[2]))
@@ -248,7 +334,12 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
               + ("balanced routing" if layout.expert_load == 1 else
                  f"an uneven load, the busiest rank's: {layout.expert_load:g} × its balanced token-expert pairs")
               + f"; {regime})" if experts else f"derived one-device step ({regime})")
-    check = (RING_EXPERT_CHECK if ring_experts else CONTEXT_CHECK if layout.cp > 1 else
+    if policy is not None:
+        source = (f"FSDP2 rank's derived step under its MixedPrecisionPolicy (FSDP2 over {layout.shard_degree}"
+                  + (f", beside {tp_words}" if layout.tp > 1 else "") + f", traced on torch's fake process group as "
+                  f"without a pipeline, estimate._derived_device's key; {regime})")
+    check = (POLICY_CHECK if policy is not None else
+             RING_EXPERT_CHECK if ring_experts else CONTEXT_CHECK if layout.cp > 1 else
              "checked against MemTracker on the real class cut to each stage with the tp layout applied on the fake "
              "process group: on a Mixtral cut (tp 2 with sequence parallel, pp 3; "
              "tests/test_pipeline_tensor_parallel.py) its forwards and first backward equal to the byte, and on a "
@@ -268,10 +359,12 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
              f"{after_layers(ctx.report.params, stack)} and the loss on the last, the received hidden state on the "
              "others; k microbatches in flight keep k "
              f"times what one forward keeps, and the peak adds one microbatch's backward through the stage ({check})",
+             POLICY_CONVENTION if policy is not None else
              "pipeline convention: each microbatch's forward runs under its own autocast, so its 16-bit weight "
              "copies are held with it (as one device's step); later stages take the position tables with their "
              "input (torchtitan's stages hold them as buffers), not counted there",
-             *((LEAF_CASTS,) if ctx.precision in ("bf16-mixed", "fp16-mixed") else ()),
+             *((LEAF_CASTS,) if ctx.precision in ("bf16-mixed", "fp16-mixed") and policy is None else ()),
+             *((_unsynced_words(ctx, placements, stage_params(stage), stage.rank),) if policy is not None else ()),
              *step.notes()[:1],
              *((load_words(layout.ep, layout.expert_load,
                            micro * (ctx.seq // layout.cp) * (dim(ctx.text, "top_k") or 0)),)

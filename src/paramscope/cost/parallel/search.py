@@ -114,6 +114,8 @@ def _notes(evaluator: LayoutEvaluator, options: SearchOptions, any_answered: boo
                      "micro-step (its dp bytes × N), the step's FLOPs are unchanged. Where that does not fit but the "
                      "replica batch at once does (the held gradients outweigh the activations saved), the closed "
                      "form's layout runs it at once (no accum)")
+    if any_answered and evaluator.facts.shard in ("fsdp", "hsdp") and options.precision.endswith("-mixed"):
+        notes.append(mixed_precision_note(options))
     if options.expert_load != 1:
         notes.append(f"expert load {options.expert_load:g} (a convention: the busiest expert-parallel rank receives "
                      f"{options.expert_load:g}× its balanced token-expert pairs): each ep > 1 layout's peak and step "
@@ -123,6 +125,21 @@ def _notes(evaluator: LayoutEvaluator, options: SearchOptions, any_answered: boo
     if derived:
         notes.append(derived)
     return notes
+
+
+def mixed_precision_note(options: SearchOptions) -> str:
+    """The convention the FSDP2 layouts' mixed precision is priced under (--fsdp-mixed-precision), named."""
+    half = options.precision.split("-")[0]
+    if options.fsdp_mixed_precision == "policy":
+        return (f"FSDP2's mixed precision: fully_shard's MixedPrecisionPolicy(param_dtype={half}, reduce_dtype=fp32) "
+                "and no autocast (--fsdp-mixed-precision policy, torchtitan's), on every layout FSDP2 shards over more "
+                "than one rank (named 'its MixedPrecisionPolicy'; one sharded over one rank has no fully_shard and "
+                "runs autocast): each peak as memory --fsdp-mixed-precision policy answers it (a pipeline's stages "
+                f"replay the policy's FSDP2 rank, an estimate named there), its dp bytes the {half} gathers (2 B an "
+                "element) and fp32 reduce-scatters (4 B), each parameter padded as fully_shard pads it")
+    return (f"FSDP2's mixed precision: torch.autocast({half}) over the fp32 parameters (--fsdp-mixed-precision "
+            "autocast, the default): fp32 gathers and reduce-scatters (4 B an element each, padded as fully_shard "
+            "pads); torchtitan runs FSDP2 with its MixedPrecisionPolicy instead: --fsdp-mixed-precision policy")
 
 
 def _sorted(candidates: list[Candidate]) -> tuple[tuple[Candidate, ...], tuple[Candidate, ...]]:

@@ -18,9 +18,12 @@ def untraced_by_layout(layout: ParallelLayout) -> str | None:
     traced_stages' refusals that read the layout alone)."""
     if layout.trivial:
         return None
+    fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
+    if layout.pp > 1 and fsdp and layout.fsdp_mixed_precision == "policy":
+        return ("FSDP2's MixedPrecisionPolicy beside pipeline stages is not traced (a stage's trace runs no "
+                "fully_shard; its stages replay the policy's traced FSDP2 rank)")
     if layout.pp > 1:
         return None  # the stages of a class replayed from its derived step are traced: the class decides
-    fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
     if layout.cp > 1 and fsdp and layout.shard_degree % layout.cp:
         return "context parallelism is traced beside tp, sp and FSDP2 over dp × cp ranks"
     if layout.cp > 1 and layout.ep > 1:  # torchtitan's ep = dp_shard_in_ep × cp (estimate.check_ring_beside_experts)
