@@ -85,13 +85,21 @@ def test_llama_3_70b_on_64_h100():
     # when each replica ran its batch at once (the first dp 1 · tp 4 · pp 2 · cp 8, 57,594,193,828 B; dp 8 · tp 8
     # 230,218,653,012 B, now 61,263,352,148 B)
     assert (len(search.fitting), len(search.not_fitting), len(search.skipped)) == (32, 52, 0)
+    # ranked by max(compute, communication) on 8-GPU NVLink nodes, a 400 Gb/s NIC a GPU across (layout_time.py):
+    # the pipelines first, their FSDP2 traffic once a step; ranked by compute alone the first five were dp 8 · tp 8
+    # · accum 8, dp 4 · tp 8 · cp 2 · accum 16, dp 8 · tp 4 · cp 2 · accum 8, dp 2 · tp 8 · cp 4 · accum 32 and
+    # dp 4 · tp 4 · cp 4 · accum 16
     assert [(c.layout.dp, c.layout.tp, c.layout.pp, c.layout.cp, c.accumulation) for c in search.fitting[:5]] == [
-        (8, 8, 1, 1, 8), (4, 8, 1, 2, 16), (8, 4, 1, 2, 8), (2, 8, 1, 4, 32), (4, 4, 1, 4, 16)]
-    best = search.best
+        (1, 8, 2, 4, 1), (2, 4, 2, 4, 1), (2, 8, 2, 2, 1), (1, 16, 2, 2, 1), (2, 16, 2, 1, 1)]
+    first = search.best  # compute-bound: 0.929 s at the peak, its network 45,865,705,472 B at 50 GB/s 0.917 s
+    assert first.step_bound == first.seconds == first.flops / 989.4e12 / (1 - first.bubble)
+    assert (first.comm_time.network_bytes, first.comm_time.nvlink_bytes) == (45_865_705_472, 151_263_379_456)
+    best = next(c for c in search.fitting if (c.layout.dp, c.layout.tp, c.accumulation) == (8, 8, 8))
     assert best.peak == 61_263_352_148 and best.peak_phase == "backward, gradients held"
     assert best.flops == 892_519_973_912_576 and best.bubble == 0 and best.seconds == best.flops / 989.4e12
-    # FSDP2 gathers and reduce-scatters in each of the 8 micro-steps
+    # FSDP2 gathers and reduce-scatters in each of the 8 micro-steps, every byte across nodes (a dp rank a node)
     assert [(t.kind, t.bytes) for t in best.comm] == [("dp", 8 * 92_613_857_280), ("tp", 151_263_379_456)]
+    assert best.step_bound == best.comm_time.network == 8 * 92_613_857_280 / 50e9  # 14.8 s
     minimum = search.minimum  # every count from the states' floor up: 32 is the first that fits
     assert (minimum.devices, minimum.floor, minimum.untried) == (32, 14, None)
     assert minimum.layout.peak == 79_056_488_356
@@ -113,7 +121,11 @@ def test_every_degree_that_divides(capsys):
     _, search, _ = find_layouts("llama-3-8b", SearchOptions(devices=6, gpu="h100"))
     assert sorted((c.layout.dp, c.layout.tp, c.layout.pp, c.layout.cp) for c in search.fitting) == [
         (1, 1, 3, 2), (1, 1, 6, 1), (1, 2, 3, 1), (2, 1, 3, 1), (3, 1, 1, 2), (3, 1, 2, 1), (3, 2, 1, 1), (6, 1, 1, 1)]
-    assert search.best.peak == 43_934_991_348 and search.not_fitting == ()  # dp 3 · tp 2, 2 micro-steps of one
+    # one node, all on NVLink: dp 1 · tp 2 · pp 3 first (0.144 s compute); dp 3 · tp 2, 2 micro-steps of one, computes
+    # in 0.101 s but its FSDP2 traffic, 68.6 GB at 450 GB/s, takes 0.152 s
+    assert search.best.peak == 40_290_231_184 and search.not_fitting == ()
+    dp3 = next(c for c in search.fitting if (c.layout.dp, c.layout.tp) == (3, 2))
+    assert dp3.peak == 43_934_991_348 and dp3.step_bound == dp3.comm_time.nvlink > dp3.seconds
     assert sorted((s.dp, s.tp, s.pp, s.cp) for s in search.skipped) == [
         (1, 1, 1, 6), (1, 1, 2, 3), (1, 2, 1, 3), (1, 6, 1, 1), (2, 1, 1, 3), (2, 3, 1, 1)]
     assert next(s.reason for s in search.skipped if s.tp == 3) == (

@@ -110,6 +110,52 @@ BANDWIDTH_GBPS: dict[str, float] = {
 }
 
 
+@dataclass(frozen=True)
+class Interconnect:
+    """How a GPU of an 8-GPU board talks to the others: its NVLink inside the node, its own network adapter across
+    (the rail-optimized cabling of NVIDIA's DGX/HGX clusters: one NIC a GPU). Rates are bytes per second in one
+    direction (the links are full duplex: a device sends and receives at once)."""
+
+    gpus_per_node: int
+    nvlink: float  # B/s a direction, a GPU, to the node's NVSwitches
+    nvlink_words: str  # "NVLink 4, 900 GB/s both directions"
+    network: float  # B/s a direction, a GPU, its own NIC to the inter-node fabric
+    network_words: str  # "InfiniBand NDR, 400 Gb/s"
+    source: str
+
+
+# The 8-GPU NVLink boards the peak table's SXM figures are read from. NVLink is given by NVIDIA as both directions
+# together (H100 "900 GB/s"), so a direction is half; a NIC's Gb/s is bits in one direction (400 Gb/s = 50 GB/s).
+# Sources: NVIDIA's A100, H100, H200 and Blackwell datasheets (NVLink per GPU) and the DGX A100 / H100 / H200 /
+# B200 / B300 user guides (8 GPUs; one single-port ConnectX adapter a GPU for the compute fabric: ConnectX-6 HDR
+# 200 Gb/s on A100, ConnectX-7 NDR 400 Gb/s on H100, H200 and B200, ConnectX-8 800 Gb/s on B300). Cards left out
+# (PCIe parts, H100 NVL's NVLink pairs, GH200's NVL32 racks, AMD, TPUs, Gaudi) have no figure: the layout search
+# then does not time communication and says so.
+GB = 10**9
+INTERCONNECTS: dict[str, Interconnect] = {
+    name: Interconnect(8, nvlink * GB / 2, words, nic * GB / 8, net, source)
+    for name, nvlink, words, nic, net, source in (
+        ("A100 40GB", 600, "NVLink 3, 600 GB/s both directions", 200, "InfiniBand HDR, 200 Gb/s",
+         "A100 datasheet; DGX A100 user guide (8 × ConnectX-6)"),
+        ("A100 80GB", 600, "NVLink 3, 600 GB/s both directions", 200, "InfiniBand HDR, 200 Gb/s",
+         "A100 datasheet; DGX A100 user guide (8 × ConnectX-6)"),
+        ("H100 80GB", 900, "NVLink 4, 900 GB/s both directions", 400, "InfiniBand NDR, 400 Gb/s",
+         "H100 datasheet (SXM); DGX H100 user guide (8 × ConnectX-7)"),
+        ("H200", 900, "NVLink 4, 900 GB/s both directions", 400, "InfiniBand NDR, 400 Gb/s",
+         "H200 datasheet (SXM); DGX H200 user guide (8 × ConnectX-7)"),
+        ("B200", 1800, "NVLink 5, 1.8 TB/s both directions", 400, "InfiniBand NDR, 400 Gb/s",
+         "HGX B200 datasheet; DGX B200 user guide (8 × ConnectX-7)"),
+        ("B300", 1800, "NVLink 5, 1.8 TB/s both directions", 800, "InfiniBand XDR, 800 Gb/s",
+         "HGX B300 datasheet; DGX B300 user guide (8 × ConnectX-8)"),
+    )
+}
+
+
+def interconnect(accelerator: Accelerator) -> Interconnect | None:
+    """The links of `accelerator` on its 8-GPU board (NVLink inside, a NIC a GPU across), or None when unknown."""
+    return INTERCONNECTS.get(accelerator.name)
+
+
 def bandwidth(accelerator: Accelerator) -> float | None:
     """Memory bandwidth of `accelerator` in bytes per second (datasheet), or None when unknown."""
     value = BANDWIDTH_GBPS.get(accelerator.name)

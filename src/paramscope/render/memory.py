@@ -985,7 +985,7 @@ def layout_search_parts(report, search, width: int | None = None) -> list:
         best = fitting[0]
         lines += [Text(""), indented(f"the first, {best.layout.words()}: each device's communication a step"
                                      + (f" (stage {best.comm_stage}'s, the most)" if best.layout.pp > 1 else "")),
-                  _comm_table(best)]
+                  _comm_table(best), *_link_lines(best)]
     elif len(skipped) > len(passed):  # only the answered ones were tried: one of the others may fit
         lines.append(indented(f"none of the {len(rest):,} answered layouts of {search.devices:,} devices fits on "
                               f"{search.accelerator}; " + ("the one not answered (below) was not tried"
@@ -996,14 +996,12 @@ def layout_search_parts(report, search, width: int | None = None) -> list:
     else:
         lines.append(indented(f"no layout of {search.devices:,} devices fits on {search.accelerator}", style="bold"))
     lines += [Text(""),
-              indented(f"step time: a bound at the GPU's peak, not a prediction: the busiest device's hardware FLOPs "
-                       f"a step (recompute included) ÷ {search.peak_flops / 1e12:,.1f} TFLOP/s ({search.peak_dtype} "
-                       "dense peak) ÷ (1 − bubble); communication is not in it"),
+              indented(step_time_words(search)),
               indented("bubble: (pp − 1) / (v·m + pp − 1) of the step idle (m microbatches, v chunks a device)"),
               indented("communication: the bytes each device sends a step (as many received), a bound: ring "
                        "collectives ((n − 1)/n of the buffer for an all-gather or a reduce-scatter, twice that for "
                        "an all-reduce), balanced expert routing; parameters and gradients in the dtype they train "
-                       "in; kinds apart, since they cross different links (tp and ep within a node, dp and pp across)"),
+                       "in; kinds apart, since they cross different links (the step time's line above says which)"),
               Text(""), indented(minimum_sentence(search))]
     if rest:
         closest = ", ".join(f"{layout_degrees(c.layout)}{c.accumulation_words} {binary(c.peak)}" for c in rest[:3])
@@ -1047,7 +1045,10 @@ def _layout_columns(rows) -> list[LayoutColumn]:
                                     "accum: micro-steps a step (—: a pipeline's microbatches instead)"))
     return degrees + [
         LayoutColumn(f"peak\n{peak[0]}", lambda c: in_unit(c.peak, peak), "peak: the busiest device's"),
-        LayoutColumn("step ≥\ns", lambda c: _three_figures(c.seconds), "step ≥: the bound below"),
+        LayoutColumn("step ≥\ns", lambda c: _three_figures(c.step_bound), "step ≥: the bound below"),
+        *([LayoutColumn("no overlap\ns", lambda c: _three_figures(c.no_overlap),
+                        "no overlap: compute, NVLink and the network one after another", optional=True)]
+          if any(c.comm_time is not None for c in rows) else []),
         LayoutColumn("bubble\n%", lambda c: f"{100 * c.bubble:.1f}" if c.layout.pp > 1 else "—",
                      "bubble —: no pipeline", optional=True),  # the step's bound has it already
         LayoutColumn(f"comm\n{comm[0]}", lambda c: _three_figures(c.comm_bytes / comm[1]),
@@ -1158,6 +1159,37 @@ def _three_figures(value: float | None) -> str:
     return f"{value:,.{decimals}f}"
 
 
+def step_time_words(search) -> str:
+    """What the step's bound is: compute, and communication over the links where the GPU has link figures."""
+    from ..cost.parallel.layout_time import describe
+
+    compute = (f"the busiest device's hardware FLOPs a step (recompute included) ÷ {search.peak_flops / 1e12:,.1f} "
+               f"TFLOP/s ({search.peak_dtype} dense peak) ÷ (1 − bubble)")
+    links = search.links
+    if links is None:
+        return (f"step time: a bound at the GPU's peak, not a prediction: {compute}; communication is not in it (no "
+                f"link figures for {search.accelerator} here)")
+    return (f"step time: a bound, not a prediction: max(compute, communication), the two perfectly overlapped; "
+            f"compute: {compute}; communication: each kind's bytes over the link its group crosses, NVLink inside a "
+            f"node, the network across (ranks laid out tp innermost, then cp, dp, pp outermost, as torchtitan's "
+            f"mesh; a group across nodes sends its hierarchical share), each link's kinds one after another, the "
+            f"two links at once; {describe(links)}; no overlap: compute + NVLink + network")
+
+
+def _link_lines(candidate) -> list:
+    """The first layout's communication on the links, and its step's bound and no-overlap sum."""
+    time = candidate.comm_time
+    if time is None:
+        return []
+    where = ", ".join(f"{candidate.comm[t.term].kind} {t.link}" + (f" {exact(t.bytes)} B" if t.link == "network"
+                                                                    and t.bytes != candidate.comm[t.term].bytes
+                                                                    else "") for t in time.terms)
+    return [indented(f"on the links ({where}): NVLink {exact(time.nvlink_bytes)} B in ≥ {seconds_words(time.nvlink)}, "
+                     f"the network {exact(time.network_bytes)} B in ≥ {seconds_words(time.network)}; step ≥ "
+                     f"max(compute {seconds_words(candidate.seconds)}, NVLink, network) = "
+                     f"{seconds_words(candidate.step_bound)}; no overlap {seconds_words(candidate.no_overlap)}")]
+
+
 def _comm_table(candidate) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("kind", no_wrap=True)
@@ -1233,7 +1265,26 @@ def _candidate_to_dict(candidate) -> dict[str, Any]:
             "seconds": candidate.seconds, "comm_bytes": candidate.comm_bytes if candidate.fits else None,
             "comm_stage": candidate.comm_stage,
             "comm": [{"kind": t.kind, "what": t.what, "bytes": t.bytes, "formula": t.formula,
-                      "arithmetic": t.arithmetic} for t in candidate.comm]}
+                      "arithmetic": t.arithmetic} for t in candidate.comm],
+            "step_bound": candidate.step_bound, "no_overlap_seconds": candidate.no_overlap,
+            "comm_time": _comm_time_to_dict(candidate.comm_time)}
+
+
+def _comm_time_to_dict(time) -> dict[str, Any] | None:
+    if time is None:
+        return None
+    return {"nvlink_bytes": time.nvlink_bytes, "network_bytes": time.network_bytes, "nvlink_seconds": time.nvlink,
+            "network_seconds": time.network, "seconds": time.seconds,
+            "terms": [{"kind": t.kind, "term": t.term, "link": t.link, "bytes": t.bytes, "seconds": t.seconds,
+                       "why": t.why} for t in time.terms]}
+
+
+def _links_to_dict(links) -> dict[str, Any] | None:
+    if links is None:
+        return None
+    return {"gpus_per_node": links.gpus_per_node, "nvlink": links.nvlink_words,
+            "nvlink_bytes_per_second": int(links.nvlink), "network": links.network_words,
+            "network_bytes_per_second": int(links.network), "source": links.source}
 
 
 def layout_search_to_dict(search) -> dict[str, Any]:
@@ -1248,6 +1299,12 @@ def layout_search_to_dict(search) -> dict[str, Any]:
         "seconds_are": "a bound at the GPU's peak, not a prediction: the busiest device's hardware FLOPs a step / "
                        "peak FLOP/s / (1 - bubble); communication not included",
         "comm_is": "bytes each device sends a step (as many received), a bound: ring collectives, balanced routing",
+        "links": _links_to_dict(search.links),
+        "step_bound_is": ("a lower bound, not a prediction: max(seconds, comm_time.seconds), compute and communication "
+                          "perfectly overlapped; comm_time: each kind's bytes over the link its group crosses (NVLink "
+                          "inside a node, the network across), the two links at once; no_overlap_seconds: seconds + "
+                          "comm_time's NVLink and network seconds one after another" if search.links is not None else
+                          "seconds: the GPU has no link figures here, so communication is not timed"),
         "layouts": [_candidate_to_dict(c) for c in search.fitting],
         "not_fitting": [_candidate_to_dict(c) for c in search.not_fitting],
         "skipped": [{"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "reason": s.reason,

@@ -21,8 +21,9 @@ sequences, so m microbatches make the replica's batch), at its context-parallel 
   rank's E/ep experts receive k/E of its group's tokens × ep: the same expert FLOPs as without ep (all-to-all moves
   tokens, not FLOPs). Under an uneven load (`layout.expert_load` F > 1, traced/expert_parallel.py's routes) the
   busiest rank's experts receive ⌈F·S⌉ of its balanced S = (batch / m)·(S_tokens / cp)·k token-expert pairs a MoE
-  layer and microbatch (under cp the ep ranks are drawn from the cp ranks, each routing the tokens it holds), so each routed expert weight's FLOPs on it are its balanced ones × ⌈F·S⌉ / S (a grouped matmul costs
-  2 × rows × in × out, whatever the groups); the others receive fewer (not the busiest). Beside tp each tp rank of
+  layer and microbatch (under cp the ep ranks are drawn from the cp ranks, each routing the tokens it holds), so
+  each routed expert weight's FLOPs on it are its balanced ones × ⌈F·S⌉ / S (a grouped matmul costs 2 × rows × in ×
+  out, whatever the groups); the others receive fewer (not the busiest). Beside tp each tp rank of
   the busiest ep rank runs its I / tp slice of those pairs (every tp rank holds the replica's tokens at the experts).
   A layout's step ends when its busiest rank's does: its figures are the ones shown, and the MFU per device is its.
 - pipeline (pp): each stage its layers (embeddings on the first, final norm and head on the last); the bubble,

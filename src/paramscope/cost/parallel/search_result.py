@@ -4,11 +4,15 @@ the whole search (LayoutSearch, which a notebook shows as the layout page)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from ...display import HtmlDisplay
 from .layout import ParallelLayout
+
+if TYPE_CHECKING:
+    from ..hardware import Interconnect
+    from .layout_time import CommTime
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,32 @@ class Candidate:
     # micro-steps a layout without a pipeline runs its replica batch as (gradient accumulation: the pipelines'
     # microbatch of one sequence, so every layout runs the same per-device microbatch); 1 under a pipeline
     accumulation: int = 1
+    # the communication's time at least, by link (layout_time.py): set by LayoutSearch from the GPU's interconnect;
+    # None where the layout does not fit or the GPU has no link figures
+    comm_time: CommTime | None = None
+
+    @property
+    def step_bound(self) -> float | None:
+        """The step-time bound the layouts are ranked by: max(compute, communication), the two perfectly
+        overlapped, so a lower bound; the compute bound alone where communication is not timed."""
+        if self.seconds is None or self.comm_time is None:
+            return self.seconds
+        return max(self.seconds, self.comm_time.seconds)
+
+    @property
+    def no_overlap(self) -> float | None:
+        """Compute, then NVLink, then the network, none overlapped: shown beside the bound."""
+        if self.seconds is None or self.comm_time is None:
+            return None
+        return self.seconds + self.comm_time.serial
+
+    def timed(self, links: Interconnect | None) -> Candidate:
+        """This layout with its communication timed on `links` (unchanged where it does not fit or no links)."""
+        if links is None or not self.fits:
+            return self
+        from .layout_time import comm_time
+
+        return replace(self, comm_time=comm_time(self.layout, self.comm, self.comm_stage, links))
 
     @property
     def accumulation_words(self) -> str:
@@ -114,7 +144,7 @@ class LayoutSearch(HtmlDisplay):
     shard: str  # the data-parallel shard mode every layout uses
     schedule: str
     virtual_stages: int
-    fitting: tuple[Candidate, ...]  # sorted: time bound, bytes, peak
+    fitting: tuple[Candidate, ...]  # sorted (time_order): the step-time bound, bytes, peak
     not_fitting: tuple[Candidate, ...]  # sorted by peak
     skipped: tuple[Skipped, ...]
     minimum: Minimum
@@ -123,6 +153,25 @@ class LayoutSearch(HtmlDisplay):
     seconds: float = 0.0  # the search's wall time (a measurement, not a figure of the model)
     # the model's Report, as `paramscope.find_layout` answers (the CLI renders it beside); no part of == or hash
     report: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        """Each layout that fits gets its communication timed on the GPU's interconnect, and `fitting` is held in
+        the order of the step-time bound (time_order), whatever order it was given in; the fewest devices' layout
+        is timed too (the first in that order where the fewest are N)."""
+        links = self.links
+        fitting = tuple(sorted((c.timed(links) for c in self.fitting), key=time_order))
+        object.__setattr__(self, "fitting", fitting)
+        minimum = self.minimum
+        if minimum.layout is not None:
+            first = fitting[0] if minimum.devices == self.devices and fitting else minimum.layout.timed(links)
+            object.__setattr__(self, "minimum", replace(minimum, layout=first))
+
+    @property
+    def links(self) -> Interconnect | None:
+        """The GPU's interconnect (hardware.INTERCONNECTS), or None: communication not timed."""
+        from ..hardware import INTERCONNECTS
+
+        return INTERCONNECTS.get(self.accelerator)
 
     @property
     def best(self) -> Candidate | None:
@@ -133,12 +182,19 @@ class LayoutSearch(HtmlDisplay):
         parallel) = 4 devices, 0.0485 s a step (bound at the peak) · batch 4 × 1,024 tokens · fewest that fit: 2>`."""
         model = "" if self.report is None else f" of {self.report.model.label}"
         best = self.best
-        answer = (f"best {best.layout.words()}, {best.seconds:.3g} s a step (bound at the peak)"
-                  if best is not None and best.seconds is not None else "none fits")
+        answer = (f"best {best.layout.words()}, {best.step_bound:.3g} s a step (a bound: "
+                  + ("max(compute, communication))" if best.comm_time is not None else "compute at the peak)")
+                  if best is not None and best.step_bound is not None else "none fits")
         fewest = self.minimum.devices
         return (f"<LayoutSearch{model} on {self.devices:,} × {self.accelerator}: {len(self.fitting):,} of "
                 f"{len(self.fitting) + len(self.not_fitting):,} layouts fit, {answer} · batch {self.global_batch:,} "
                 f"× {self.seq:,} tokens · fewest that fit: {'none' if fewest is None else f'{fewest:,}'}>")
+
+
+def time_order(candidate: Candidate) -> tuple:
+    """The layouts' order: the step-time bound, then the bytes, then the peak (then the degrees, for a fixed order)."""
+    layout = candidate.layout
+    return (candidate.step_bound, candidate.comm_bytes, candidate.peak, layout.tp, layout.pp, layout.cp, layout.ep)
 
 
 def candidate_settings(candidate: Candidate) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from ..memory import binary as bytes_text
 from ..memory import layout_degrees as degrees
 from ..memory import minimum_sentence
 from ..memory import seconds_words as seconds_text
+from ..memory import step_time_words
 from .layout_parts import binary_axis
 from .page import FONT, Section, escape, figure, html_page, notes_section, subtitle
 
@@ -33,14 +34,13 @@ def render_layout_search_html(report: Report, search, *, fragment: bool = False)
     answered = [*search.fitting, *search.not_fitting]
     sections = [Section("Settings", _settings_table(search)),
                 Section("Layouts", _summary(search) + _layouts_table(search, answered)
-                        + '<p class="dim">step ≥: a bound at the GPU\'s peak, not a prediction: the busiest device\'s '
-                          f"hardware FLOPs a step (recompute included) ÷ {search.peak_flops / 1e12:,.1f} TFLOP/s "
-                          f"({escape(search.peak_dtype)} dense peak) ÷ (1 − bubble); communication is not in it. "
+                        + f'<p class="dim">{escape(step_time_words(search))}. '
+                          "no overlap: compute, NVLink and the network one after another. "
                           "bubble: (pp − 1) / (v·m + pp − 1) of the step idle (m microbatches, v chunks a device). "
                           "comm/device: the bytes each device sends a step (as many received), a bound: ring "
                           "collectives, balanced expert routing; parameters and gradients in the dtype they train "
-                          "in; kinds apart, since they cross different links (tp and ep within a node, dp and pp "
-                          "across). Figures of a layout that does not fit stop at its peak (—).</p>")]
+                          "in; kinds apart, since they cross different links (the step time says which). Figures of "
+                          "a layout that does not fit stop at its peak (—).</p>")]
     if answered:
         sections.append(Section("Peak per device against the GPU",
                                 figure(_peak_bars(search, answered, capacity), "bars-layouts")))
@@ -101,7 +101,7 @@ def _summary(search) -> str:
 
 def _layouts_table(search, answered) -> str:
     head = ("<tr><th>#</th><th>layout</th><th>peak/device</th><th>at</th><th>fits</th><th>spare</th>"
-            "<th>step ≥ (bound)</th><th>bubble</th><th>comm/device (bound)</th><th>by kind</th>"
+            "<th>step ≥ (bound)</th><th>no overlap</th><th>bubble</th><th>comm/device (bound)</th><th>by kind</th>"
             "<th>replica batch</th></tr>")
     body = ""
     for index, c in enumerate(answered, 1):
@@ -117,7 +117,8 @@ def _layouts_table(search, answered) -> str:
                  f'<td class="num" data-value="{c.peak}" title="{exact(c.peak)} B">{bytes_text(c.peak)}</td>'
                  f"<td>{escape(c.peak_phase)}</td><td>{'yes' if c.fits else 'no'}</td>"
                  f'<td class="num" data-value="{c.free}" title="{exact(c.free)} B">{escape(spare)}</td>'
-                 f'<td class="num">{seconds_text(c.seconds)}</td>'
+                 f'<td class="num">{seconds_text(c.step_bound)}</td>'
+                 f'<td class="num">{seconds_text(c.no_overlap)}</td>'
                  f'<td class="num">{"—" if not c.fits else f"{100 * c.bubble:.1f}%"}</td>{comm}'
                  f"<td>{escape(by_kind) if c.fits else '—'}</td><td class=\"num\">{c.replica_batch:,}</td></tr>")
     if not body:
