@@ -169,3 +169,19 @@ def test_a_tp_rank_s_later_micro_step(precision, checkpointing, later_backward):
                               grad_checkpointing=checkpointing, layout=layout_for(tp=2))
     answer = estimate_training(_llama_3_8b_cut(), options)
     assert _most(answer.training.device.phases)[HELD_BACKWARD] == later_backward == answer.peak
+
+
+def test_the_fits_rows_are_the_micro_step_s_with_every_gradient_held():
+    """--gpu under --grad-accum: the largest batch is a micro-batch's, searched over the later micro-step (every
+    gradient held): 102 on an H100 for the fp32 cut (112 without accumulation, whose step holds none between)."""
+    config = _llama_3_8b_cut()
+    options = TrainingOptions(batch=2, seq=256, precision="fp32", grad_accum=2, gpu="H100")
+    answer = estimate_training(config, options)
+    capacity = answer.budget.accelerator.memory - answer.reserve
+    assert answer.budget.free == capacity - answer.peak and answer.budget.largest_batch == 102
+    assert any("each row's batch is a micro-batch" in note for note in answer.notes)
+    assert [f.largest_batch for f in answer.fits if f.accelerator.name == "H100 80GB"] == [102]
+    for micro, fits in ((102, True), (103, False)):
+        at = estimate_training(config, dataclasses.replace(options, batch=2 * micro, gpu=None, fits=False))
+        assert (at.peak <= capacity) is fits
+    assert estimate_training(config, dataclasses.replace(options, batch=1, grad_accum=1)).budget.largest_batch == 112

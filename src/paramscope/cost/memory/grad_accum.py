@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..dtypes import itemsize
 from ..traced.step import HELD_BACKWARD, HELD_FORWARD
@@ -164,20 +164,29 @@ def embedding_gradient_bytes(report: Any, trainable: frozenset[str], precision: 
     return max(sizes, default=0)
 
 
-def head_backward(micro: Any, report: Any, options: Any, trainable: frozenset[str],
-                  device: Any = None) -> HeadBackward | None:
-    """The head's backward of `micro` (the step at the micro-batch) where its later micro-step's head moment was
-    read off a trace (head_gradient_moments): an analytic HEAD_MOMENT_RECIPES answer, its vocabulary-wide head
-    trainable and untied; on one device, or a tensor-parallel rank (`device`, its DeviceMemory) whose layout is
-    tp alone (no data, context, sequence or expert parallelism beside it: their head backward was not traced) and
-    whose head is cut by vocabulary rows over tp. None elsewhere: the later micro-step is then a lower bound."""
-    source = device.activations_from if device is not None else micro.settings.get("activations_from", "")
+def head_shape(source: str, report: Any, trainable: frozenset[str]) -> tuple[int, int] | None:
+    """(V, h) of the vocabulary-wide head whose later micro-step's moment was read off a trace
+    (head_gradient_moments): an analytic HEAD_MOMENT_RECIPES answer (`source`, its activations' label), the head
+    trainable and untied; None elsewhere, where the later micro-step is a lower bound."""
     if not any(source.startswith(f"analytic: {recipe}") for recipe in HEAD_MOMENT_RECIPES):
         return None
     heads = [p for p in report.params if p.role == "head.lm"]
     if len(heads) != 1 or heads[0].aliases or heads[0].name not in trainable or len(heads[0].shape) != 2:
         return None
     vocab, hidden = heads[0].shape
+    return vocab, hidden
+
+
+def head_backward(micro: Any, report: Any, options: Any, trainable: frozenset[str],
+                  device: Any = None) -> HeadBackward | None:
+    """The head's backward of `micro` (the step at the micro-batch) where head_shape names it: on one device, or a
+    tensor-parallel rank (`device`, its DeviceMemory) whose layout is tp alone (no data, context, sequence or expert
+    parallelism beside it: their head backward was not traced) and whose head is cut by vocabulary rows over tp."""
+    source = device.activations_from if device is not None else micro.settings.get("activations_from", "")
+    shape = head_shape(source, report, trainable)
+    if shape is None:
+        return None
+    vocab, hidden = shape
     elements = vocab * hidden
     layout = options.layout
     if device is not None:
@@ -188,6 +197,20 @@ def head_backward(micro: Any, report: Any, options: Any, trainable: frozenset[st
         return None
     return HeadBackward(micro.settings["batch"] * micro.settings["seq"], vocab, hidden, elements,
                         step_precision(micro.settings["precision"]))
+
+
+def later_micro_step(report: Any, trainable: frozenset[str], precision: str, own: frozenset[str],
+                     source: str) -> Callable[[tuple[PhaseFigure, ...], int, int], tuple[PhaseFigure, ...]]:
+    """One device's phases at (micro-batch, length) → with a later micro-step's moments added, as `accumulated`
+    adds them: what the largest batch and context (the fits table, --gpu) are searched over under accumulation."""
+    new = embedding_gradient_bytes(report, trainable, precision, own)
+    shape = head_shape(source, report, trainable)
+
+    def later(phases: tuple[PhaseFigure, ...], batch: int, length: int) -> tuple[PhaseFigure, ...]:
+        head = None if shape is None else HeadBackward(batch * length, shape[0], shape[1], shape[0] * shape[1],
+                                                       step_precision(precision))
+        return held_phases(phases, held_between(phases), new, head)
+    return later
 
 
 def accumulated(micro: Any, report: Any, options: Any) -> Any:
@@ -234,7 +257,13 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
          "gradient into the held one, so the head's new gradient lives beside them all (about the head's gradient "
          "above this, up to twice under mixed precision), a moment not yet named for this recipe or layout: "
          "--trace full measures it on one device"),
-        "the largest batch and context (--gpu, the fits table) are not searched under gradient accumulation: the "
-        "peak above is this micro-batch's")
+        "the largest batch and context (--gpu, the fits table) are the micro-step's: each row's batch is a "
+        "micro-batch, its later micro-steps over every gradient held (a replica's batch is that × the micro-steps)"
+        if device is None else
+        "the largest batch and context (--gpu, the fits table) are not searched under gradient accumulation beside "
+        "a layout: the peak above is this micro-batch's")
+    if device is None:  # one device: step_estimate_at searched the micro-batch over the later micro-step's moments
+        return dataclasses.replace(micro, settings=settings, peak=top.bytes, peak_phase=top.phase, training=detail,
+                                   notes=notes)
     return dataclasses.replace(micro, settings=settings, peak=top.bytes, peak_phase=top.phase, training=detail,
                                notes=notes, fits=(), budget=None)

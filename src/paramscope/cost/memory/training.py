@@ -555,19 +555,21 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
     def peak_at(batch: int, length: int) -> int:
         return language_peak_at(batch, length) + tower_saved * batch // options.batch
 
+    later = accumulating_moments(report, trainable, precision, own, source_label, options, accumulating)
+
     def language_peak_at(batch: int, length: int) -> int:
         if derived is not None:
             figures = derived.at(batch, length)
             if figures is None:  # that regime's derivation declined: counted as not fitting, and said
                 return 1 << 62
-            return on_one_device((
+            return on_one_device(later((
                 PhaseFigure("forward", resident + figures.forward, "", ""),
                 PhaseFigure("backward", resident + figures.backward, "", "", figures.gradients_at_backward_peak),
-                PhaseFigure("optimizer step", resident + gradients + step_bytes, "", "", gradients)),
+                PhaseFigure("optimizer step", resident + gradients + step_bytes, "", "", gradients)), batch, length),
                 batch, length).bytes
         if analytic is not None and traced is None:
             act = training_activations(text, class_name, batch=batch, seq=length, **shape)
-            return on_one_device(analytic_phases(act, batch, length), batch, length).bytes
+            return on_one_device(later(analytic_phases(act, batch, length), batch, length), batch, length).bytes
         # traced: each moment's activations and temporaries scale with the batch (at the traced length only)
         scaled = tuple(dataclasses.replace(p, bytes=p.bytes + p.variable * (batch - options.batch) // options.batch)
                        for p in phases)
@@ -614,6 +616,18 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
                        batch_step=step) if options.fits else (),
         budget=budget, notes=tuple(notes), training=detail)
     return estimate
+
+
+def accumulating_moments(report: Any, trainable: frozenset[str], precision: str, own: frozenset[str], source: str,
+                         options: TrainingOptions, accumulating: bool) -> Any:
+    """(phases, batch, length) → the phases the largest batch and context are searched over: under gradient
+    accumulation on one device, a later micro-step's moments added (grad_accum.later_micro_step); else as given
+    (beside a layout accumulation searches nothing: grad_accum.accumulated says so)."""
+    if not accumulating or (options.layout is not None and not options.layout.trivial):
+        return lambda phases, batch, length: phases
+    from .grad_accum import later_micro_step
+
+    return later_micro_step(report, trainable, precision, own, source)
 
 
 def _derive(view: Any, options: TrainingOptions, seq: int, limit: int | None, frozen: list[str],
