@@ -115,3 +115,54 @@ def test_ep_ranks_partition_their_experts_over_the_expert_data_parallel_group():
         assert "expert-data-parallel group of 1 rank" in got.arithmetic
     with pytest.raises(OptionError, match="DeepSpeed-MoE's, which runs with ZeRO 0, 1 or 2"):
         TrainingOptions(precision="bf16-master", layout=ParallelLayout(dp=2, ep=2, shard="zero3")).check()
+
+
+def test_pipeline_stages_hold_their_own_parameters_states_and_step_copy():
+    """pp 2 on the cut (2 × 32, 2 microbatches): each stage's bf16 weights, masters and moments are its own
+    parameters' (948,736 on stage 0, 948,992 with the final norm and head on stage 1), and its step casts its own
+    gradients (stage 1: resident 13,286,060 + bf16 gradients 1,897,984 + fp32 copy 3,795,968 + the losses' mean 4);
+    ZeRO-1 over dp 2 halves the masters and moments; ZeRO-2 beside a pipeline is refused (DeepSpeed's
+    PipelineEngine asserts stage < 2)."""
+    from paramscope.errors import OptionError
+
+    def stages(**layout):
+        estimate = estimate_training(LLAMA, TrainingOptions(batch=2, seq=32, precision="bf16-master", fits=False,
+                                                            layout=layout_for(pp=2, micro_batches=2, **layout)))
+        return estimate, [(s.weights, s.gradients, s.optimizer, s.master_weights, s.peak, s.peak_phase)
+                          for s in estimate.training.device.stages]
+
+    estimate, got = stages()
+    assert got == [(1_897_472, 1_897_472, 8 * 948_736 + 4 * 10, 4 * 948_736, 18_974_888, "optimizer step"),
+                   (1_897_984, 1_897_984, 8 * 948_992 + 4 * 11, 4 * 948_992, 18_980_016, "optimizer step")]
+    assert 18_980_016 == 1_897_984 + 128 + 7_591_980 + 3_795_968 + 1_897_984 + 3_795_968 + 4
+    assert any("DeepSpeed's PipelineEngine" in n for n in estimate.notes)
+    _, zero1 = stages(dp=2, zero="1")
+    assert [row[2:5] for row in zero1] == [(3_794_964, 1_897_472, 11_384_980), (3_795_990, 1_897_984, 11_388_058)]
+    with pytest.raises(OptionError, match="PipelineEngine, which runs with ZeRO 0 or 1"):
+        TrainingOptions(precision="bf16-master", layout=layout_for(dp=2, pp=2, zero="2")).check()
+
+
+def test_find_layout_searches_it_over_zero_each_layout_equal_to_memory():
+    """llama-3-8b on 8 H100s at 4,096 tokens, ZeRO-2: every layout without a pipeline is answered (10 fit), each
+    equal to memory's answer for it to the byte; the pipelines are passed over, named (DeepSpeed's PipelineEngine
+    runs ZeRO 0-1); FSDP2, the search's default sharding, is refused in one line under bf16-master."""
+    from paramscope.cost.parallel.search_answer import find_layout
+    from paramscope.cost.parallel.search_options import SearchOptions
+    from paramscope.errors import OptionError
+
+    found = find_layout("llama-3-8b", SearchOptions(devices=8, gpu="H100", precision="bf16-master", zero="2",
+                                                    seq=4096))
+    assert len(found.fitting) == 10 and not found.not_fitting
+    assert all(row.layout.pp == 1 for row in found.fitting)
+    assert sum("PipelineEngine" in row.reason for row in found.skipped) == 10  # the 10 pipelines of 8
+    first = found.fitting[0]
+    assert first.layout.words() == "dp 4 (ZeRO-2) × tp 2 (sequence parallel) = 8 devices"
+    for row in (first, found.fitting[5]):
+        memory = estimate_training("llama-3-8b", TrainingOptions(
+            batch=row.replica_batch, seq=4096, precision="bf16-master", fits=False, layout=row.layout,
+            derive_layout=False, grad_accum=row.accumulation))
+        assert row.peak == memory.peak
+    assert first.peak == 43_235_343_147
+    assert any("DeepSpeed-MoE's" in n for n in found.notes)
+    with pytest.raises(OptionError, match="over DeepSpeed's ZeRO: give zero 0, 1, 2 or 3"):
+        SearchOptions(devices=8, gpu="H100", precision="bf16-master").check()

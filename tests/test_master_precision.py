@@ -70,15 +70,15 @@ def test_flat_zero_shares_and_the_step_copy_of_a_partition():
 @pytest.mark.parametrize("options, words", [
     (dict(optimizer="adamw-8bit"), "'adamw-8bit' is not one"),
     (dict(layout=layout_for(dp=4, zero="fsdp")), "not with FSDP2"),
-    (dict(layout=layout_for(dp=2, pp=2, zero="1")), "not with pipeline parallelism"),
+    (dict(layout=layout_for(dp=2, pp=2, zero="2")), "PipelineEngine, which runs with ZeRO 0 or 1"),
 ])
 def test_what_it_does_not_model_is_refused_in_one_line(options, words):
     with pytest.raises(OptionError, match=words):
         TrainingOptions(precision="bf16-master", **options).check()
 
 
-def test_the_layout_search_refuses_it_in_one_line():
+def test_the_layout_search_refuses_it_under_fsdp2_in_one_line():
     from paramscope.cost.parallel.search_options import SearchOptions
 
-    with pytest.raises(OptionError, match="does not search precision bf16-master"):
+    with pytest.raises(OptionError, match="searches precision bf16-master over DeepSpeed's ZeRO"):
         SearchOptions(devices=8, gpu="H100", precision="bf16-master").check()

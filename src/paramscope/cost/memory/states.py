@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 from ...count import ParameterInfo
 from ...errors import OptionError
@@ -121,6 +121,26 @@ def check_master_optimizer(precision: str, optimizer: str) -> None:
         raise OptionError("{0} {master} runs torch's optimizers on the fp32 master copy; {1} {name!r} is not one: "
                           "use {choices}", "precision", "optimizer", master=MASTER_PRECISION, name=optimizer,
                           choices=", ".join(MASTER_OPTIMIZERS))
+
+
+def check_master_layout(precision: str, layout: Any) -> None:
+    """bf16-master is DeepSpeed's ZeRO mixed precision: modelled over data parallelism with ZeRO 0-3, beside tensor,
+    context and expert parallelism (Megatron-DeepSpeed's, DeepSpeed-MoE's with ZeRO 0-2) and pipelines (DeepSpeed's
+    PipelineEngine, ZeRO 0-1); FSDP2 is refused in one line (its own is --fsdp-mixed-precision policy)."""
+    if precision != MASTER_PRECISION or layout is None or layout.trivial:
+        return
+    if layout.shard in ("zero2", "zero3") and layout.pp > 1:  # DeepSpeed's PipelineEngine asserts stage < 2
+        raise OptionError("{0} {master} beside a pipeline is DeepSpeed's PipelineEngine, which runs with ZeRO 0 or 1 "
+                          "(ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism, it says)", "precision",
+                          master=MASTER_PRECISION)
+    if layout.shard == "zero3" and layout.ep > 1:  # DeepSpeed-MoE partitions expert groups under ZeRO 1-2 only
+        raise OptionError("{0} {master} beside ep is DeepSpeed-MoE's, which runs with ZeRO 0, 1 or 2 (not ZeRO-3)",
+                          "precision", master=MASTER_PRECISION)
+    if layout.shard not in ("none", "zero1", "zero2", "zero3"):
+        raise OptionError("{0} {master} is modelled over data parallelism with {1} 0, 1, 2 or 3 (DeepSpeed's ZeRO), "
+                          "beside tensor, context, expert and pipeline parallelism; not with {value}", "precision",
+                          "zero", master=MASTER_PRECISION,
+                          value="FSDP2 (bf16-mixed under FSDP2's MixedPrecisionPolicy prices it)")
 
 
 def master_gradient_copy(states: ModelStates, *, devices: int = 1, zero: int = 0) -> int:

@@ -36,8 +36,8 @@ from .quantization import weight_format
 from .result import DEFAULT_RESERVE, MemoryEstimate, Workspace
 from .serving import step_length
 from .states import (
-    MASTER_PRECISION, ModelStates, as_trained, check_master_optimizer, check_optimizer, check_precision,
-    master_gradient_copy, model_states, per_device, step_precision, weight_dtype, zero_stage,
+    MASTER_PRECISION, ModelStates, as_trained, check_master_layout, check_master_optimizer, check_optimizer,
+    check_precision, master_gradient_copy, model_states, per_device, step_precision, weight_dtype, zero_stage,
 )
 from .weights import weight_memory
 
@@ -90,7 +90,7 @@ class TrainingOptions:
         check_batch_and_seq(self.batch, self.seq)
         check_master_optimizer(check_precision(self.precision), check_optimizer(self.optimizer))
         _check_flat_zero(self.zero)
-        _check_master_layout(check_precision(self.precision), self.layout)
+        check_master_layout(check_precision(self.precision), self.layout)
         if self.grad_checkpointing not in ("none", "full"):
             raise OptionError("{0} must be none or full, got {value!r}", "grad_checkpointing",
                               value=self.grad_checkpointing)
@@ -499,9 +499,10 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
         from ..parallel.estimate import StepContext, layout_device
 
         # bf16-master: a rank's step casts its partition of the gradients to fp32
-        rank_copy, rank_text = _rank_master_copy(report, view, options.layout, master_copy, optimizer=optimizer,
-                                                 trainable=trainable, own=own, words=optimizer_text) \
-            if master_copy else (0, step_text)
+        # (under a pipeline each stage's own: parallel/states.stage_step adds it)
+        rank_copy, rank_text = (0, optimizer_text) if master_copy and options.layout.pp > 1 else \
+            _rank_master_copy(report, view, options.layout, master_copy, optimizer=optimizer, trainable=trainable,
+                              own=own, words=optimizer_text) if master_copy else (0, step_text)
         if master_copy:
             notes.append(master_layout_words(options.layout))
 
@@ -754,6 +755,11 @@ def master_layout_words(layout: Any) -> str:
     if layout.cp > 1:
         words.append(f"beside cp {layout.cp} the ZeRO group takes the cp ranks too (they hold the same weights: "
                      "Megatron's data-parallel group with context parallel, DeepSpeed's sequence-data-parallel group)")
+    if layout.pp > 1:
+        words.append(f"beside pp {layout.pp} each stage's own parameters' (DeepSpeed's PipelineEngine, ZeRO 0-1); the "
+                     "step's fp32 gradients counted as the stage's cast at the step, where DeepSpeed's PipelineEngine "
+                     "runs BF16_Optimizer, which keeps an fp32 gradient buffer of the stage's parameters the whole "
+                     "step (4 B a parameter more, not counted)")
     if layout.ep > 1:
         words.append(f"beside ep {layout.ep} each rank's routed experts' states are its own experts', partitioned over "
                      f"their expert-data-parallel group ({max(1, layout.shard_degree // layout.ep)} of the ranks: "
@@ -764,22 +770,6 @@ def master_layout_words(layout: Any) -> str:
 def zero_stage_of(layout: Any) -> int:
     """The ZeRO stage of a data-parallel layout's shard mode (FSDP2's full sharding is stage 3's)."""
     return {"none": 0, "zero1": 1, "zero2": 2}.get(layout.shard, 3)
-
-
-def _check_master_layout(precision: str, layout: Any) -> None:
-    """bf16-master is DeepSpeed's ZeRO mixed precision: modelled over data parallelism with ZeRO 0-3, beside tensor,
-    context and expert parallelism (Megatron-DeepSpeed's, DeepSpeed-MoE's with ZeRO 0-2); FSDP2 and pipelines are
-    refused in one line (FSDP2's own is --fsdp-mixed-precision policy)."""
-    if precision != MASTER_PRECISION or layout is None or layout.trivial:
-        return
-    if layout.shard == "zero3" and layout.ep > 1:  # DeepSpeed-MoE partitions expert groups under ZeRO 1-2 only
-        raise OptionError("{0} {master} beside ep is DeepSpeed-MoE's, which runs with ZeRO 0, 1 or 2 (not ZeRO-3)",
-                          "precision", master=MASTER_PRECISION)
-    if layout.shard not in ("none", "zero1", "zero2", "zero3") or layout.pp != 1:
-        raise OptionError("{0} {master} is modelled over data parallelism with {1} 0, 1, 2 or 3 (DeepSpeed's ZeRO), "
-                          "beside tensor, context and expert parallelism; not with {value}", "precision", "zero",
-                          master=MASTER_PRECISION, value="FSDP2 (bf16-mixed under FSDP2's MixedPrecisionPolicy prices "
-                          "it)" if layout.shard in ("fsdp", "hsdp") else "pipeline parallelism")
 
 
 def _step_temporaries(optimizer: str, gradients: int) -> tuple[int, str]:

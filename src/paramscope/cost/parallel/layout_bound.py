@@ -159,18 +159,20 @@ class PeakLowerBound:
         S / tp under sequence parallel), or None where the class has no such recipe."""
         key = (tp, cp, sp, micro)
         if key not in self._per_layer:
+            from ..memory.states import step_precision
             from .activations import local_recipe, sequence_parallel, tp_activations
 
             facts = self.facts
+            precision = step_precision(facts.options.precision)  # bf16-master's activations are bf16-pure's
             value = None
             if local_recipe(facts.text, facts.view.class_name) is not None:
                 seq = -(-facts.seq // cp)
                 act = tp_activations(facts.text, facts.view.class_name, tp=tp, batch=micro, seq=seq,
-                                     precision=facts.options.precision, checkpointing=facts.checkpointing,
+                                     precision=precision, checkpointing=facts.checkpointing,
                                      cast_weights=0, cast_head=0, cast_biases=0)
                 if act is not None and sp and tp > 1:
                     act = sequence_parallel(act, tp=tp, tokens=micro * seq, hidden=facts.hidden,
-                                            precision=facts.options.precision, layer_norms=facts.layer_norms)
+                                            precision=precision, layer_norms=facts.layer_norms)
                 value = act.per_layer if act is not None else None
             self._per_layer[key] = value
         return self._per_layer[key]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from math import gcd
 
 from ...errors import OptionError
+from ..memory.states import check_master_layout, check_precision
 from .layout import ParallelLayout, layout_for
 from .layout_facts import ModelFacts
 from .search_result import Skipped
@@ -72,6 +73,8 @@ def candidate_layouts(facts: ModelFacts, devices: int) -> tuple[list[tuple[Paral
                             # FSDP2's MixedPrecisionPolicy where fully_shard shards (none on one rank)
                             fsdp_mixed_precision=options.fsdp_mixed_precision
                             if facts.shard in ("fsdp", "hsdp") and _sharded(facts, dp * cp) else "autocast")
+                        # bf16-master: DeepSpeed's own rules (its PipelineEngine runs ZeRO 0-1, DeepSpeed-MoE 0-2)
+                        check_master_layout(check_precision(options.precision), layout)
                     except OptionError as err:
                         skipped.append(Skipped(dp, tp, pp, cp, ep, refusal_words(err)))
                         continue

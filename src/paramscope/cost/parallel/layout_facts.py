@@ -68,6 +68,7 @@ class ModelFacts:
 def read_facts(report: Any, view: Any, options: SearchOptions, seq: int) -> ModelFacts:
     from ..dims import config_int, text_config
     from ..flops.analytic import routing
+    from ..memory.states import step_precision
     from ..hardware import find_accelerator
 
     text = text_config(view.config)
@@ -93,6 +94,6 @@ def read_facts(report: Any, view: Any, options: SearchOptions, seq: int) -> Mode
         head_dim=config_int(text, "head_dim") or (hidden // heads if heads else 0),
         top_k=top_k, experts=experts, shard=shard_mode(options.zero or "fsdp"),
         checkpointing=options.grad_checkpointing == "full", act=4 if options.precision == "fp32" else 2,
-        residual=2 if options.precision == "bf16-pure" else 4, stack=stack, layers=layers, no_pp=no_pp,
+        residual=2 if step_precision(options.precision) == "bf16-pure" else 4, stack=stack, layers=layers, no_pp=no_pp,
         moe_layers=moe_layers, tied=next((g.canonical for g in report.tied), None),
         causal=view.class_name.endswith(("ForCausalLM", "LMHeadModel")), layer_norms=len(norms))

@@ -19,7 +19,7 @@ from .pipeline import (
     stages
 )
 from .rules import Placement
-from .states import DeviceStates
+from .states import DeviceStates, stage_step
 
 
 # the last stage's loss, kept in its cache until its backward, and the total weight cross-entropy saves for it: two
@@ -259,7 +259,7 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                                                        else len(stage.layers), batch * local_len) for m in moments)
             figures = moment_phases(dataclasses.replace(act, moments=moments), resident=resident,
                                     gradients=dev.gradients, tied=tied_copy, text=ctx.text, batch=batch,
-                                    length=local_len, precision=ctx.precision, step=ctx.step)
+                                    length=local_len, precision=ctx.precision, step=stage_step(ctx, dev))
             # the first moments hold the stage's gradients too once a microbatch has gone back (1F1B's steady
             # state): the largest of the two. GPipe runs every forward first: its first backward's moments hold no
             # gradient yet, and a later backward's start every gradient beside one microbatch fewer
@@ -320,7 +320,7 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
             words += f" + the top layer's MLP backward moment: {working_words}"
         steady = PhaseFigure("backward", resident + held + incoming + dev.gradients + working, "1F1B steady state" if
                              layout.schedule != "gpipe" else "first backward", words, dev.gradients)
-        step_bytes, step_text = ctx.step
+        step_bytes, step_text = stage_step(ctx, dev)
         step = PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
                            f"gradients {dev.gradients:,}; {step_text}", dev.gradients)
         return (with_buffers(steady, comm_of[stage.rank]), step), held

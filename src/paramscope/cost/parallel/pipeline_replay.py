@@ -17,7 +17,7 @@ from .device_parts import (
 )
 from .pipeline import Stage, after_layers, bubble, layer_stack_of, params_held, split_words, stages
 from .rules import Placement, cuts_routed_experts
-from .states import DeviceStates
+from .states import DeviceStates, stage_step
 
 
 # a bound where the replay is above the stage's trace (tests/test_pipeline_encoder_stages.py)
@@ -185,7 +185,6 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     # parameters, no autocast), else fp32
     residual_size = 2 if ctx.precision == "bf16-pure" or policy is not None else 4
     hidden = hidden_size(ctx)
-    step_bytes, step_text = ctx.step
     # the hidden state a rank sends and receives: under sequence parallel its sequence shard (torch's
     # SequenceParallel leaves the residual stream Shard(1) between layers), else whole on every tp rank; under
     # context parallel the rank's S / cp tokens (its two chunks), split again over tp under sp
@@ -268,6 +267,7 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                 "(each moment the chunk-microbatches then in flight, each chunk's gradients made at its first "
                 "backward and added into their .grad at once after; derived)", dev.gradients, figures.later_peak))
         losses, losses_text = kept_losses(figures, layout.micro_batches)
+        step_bytes, step_text = stage_step(ctx, dev)  # bf16-master: the stage's own fp32 gradient copy
         phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes + losses, "optimizer step",
                                   f"gradients {dev.gradients:,}; {step_text}{losses_text}", dev.gradients))
         if stage.first and whole is not None:  # the stage holding the vocabulary-parallel embedding

@@ -114,6 +114,12 @@ def _notes(evaluator: LayoutEvaluator, options: SearchOptions, any_answered: boo
                      "micro-step (its dp bytes × N), the step's FLOPs are unchanged. Where that does not fit but the "
                      "replica batch at once does (the held gradients outweigh the activations saved), the closed "
                      "form's layout runs it at once (no accum)")
+    from ..memory.states import MASTER_PRECISION, check_precision
+
+    if any_answered and check_precision(options.precision) == MASTER_PRECISION:
+        from .states import master_search_words
+
+        notes.append(master_search_words())
     if any_answered and evaluator.facts.shard in ("fsdp", "hsdp") and options.precision.endswith("-mixed"):
         notes.append(mixed_precision_note(options))
     if options.expert_load != 1:

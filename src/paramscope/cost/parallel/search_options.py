@@ -51,10 +51,10 @@ class SearchOptions:
                         reserve=self.reserve).check()
         from ..memory.states import MASTER_PRECISION, check_precision
 
-        if check_precision(self.precision) == MASTER_PRECISION:  # modelled over dp with ZeRO alone (memory --dp N)
-            raise OptionError("{0} does not search {1} bf16-master yet (its layouts of tp, pp, cp and ep are not "
-                              "modelled); it is answered without the search, over {2} N with {3} 0-3", "find_layout",
-                              "precision", "dp", "zero")
+        if check_precision(self.precision) == MASTER_PRECISION and shard_mode(self.zero or "fsdp") not in \
+                ("none", "zero1", "zero2", "zero3"):  # DeepSpeed's ZeRO, not FSDP2 (the search's default)
+            raise OptionError("{0} searches {1} bf16-master over DeepSpeed's ZeRO: give {2} 0, 1, 2 or 3 (FSDP2's "
+                              "own is {3} policy)", "find_layout", "precision", "zero", "fsdp_mixed_precision")
         shard_mode(self.zero or "fsdp")
         if self.schedule is not None or self.virtual_stages != 1:
             ParallelLayout(pp=2, micro_batches=2, schedule=self.schedule or "interleaved",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 from ...words import counted
 from ..memory.states import MASTER_PRECISION, ModelStates, model_states
@@ -122,3 +122,28 @@ def master_whole_gradient(full: int, local: int, cast: str) -> tuple[int, str]:
     if cast == "partition":
         return more, f"{words}; the step casts the rank's ZeRO partition of its shards only"
     return 3 * more, f"{words}, and its fp32 cast for the master copy whole too, + {2 * more:,}"
+
+
+def stage_step(ctx: Any, dev: DeviceStates) -> tuple[int, str]:
+    """The optimizer step's (bytes, words) beside the gradients on a pipeline stage holding `dev`: the step of the
+    layout (ctx.step); under bf16-master with the stage's own fp32 gradient copy added, one per element of the
+    masters the stage updates (its parameters' tp shard, ⌈/ d⌉ under ZeRO 1-2: dev.master_weights), where ctx.step
+    holds none (memory/training.py leaves a pipeline's to its stages)."""
+    step_bytes, step_text = ctx.step
+    if ctx.states.precision != MASTER_PRECISION or ctx.layout.pp == 1:
+        return step_bytes, step_text
+    copy = dev.master_weights
+    return step_bytes + copy, (f"the fp32 gradients cast for the stage's master copy, {copy:,} B (one per element of "
+                               "the masters it updates; held through the optimizer step, the bf16 gradients freed "
+                               f"once cast, as DeepSpeed's step does); {step_text}")
+
+
+def master_search_words() -> str:
+    """What every layout of a bf16-master search follows, named (memory under each layout says it per layout)."""
+    return ("bf16-master (DeepSpeed's bf16): each device holds its shard's bf16 weights and gradients and the fp32 "
+            "masters and Adam moments of that shard, ZeRO partitioning them over dp × cp (Megatron-DeepSpeed's "
+            "composition beside tp; beside ep the routed experts' over their expert-data-parallel group, "
+            "DeepSpeed-MoE's; a pipeline stage its own parameters', DeepSpeed's PipelineEngine, so ZeRO-2 and -3 "
+            "layouts with a pipeline are passed over, as are ZeRO-3's with ep); the step holds the device's fp32 "
+            "gradient copy; DeepSpeed's ZeRO reduces the bf16 gradients (2 B an element) and under ZeRO-3 gathers "
+            "the bf16 weights, as the dp bytes count them")
