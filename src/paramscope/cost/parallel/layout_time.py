@@ -15,7 +15,10 @@ bound's choice where nodes hold the group unevenly):
 
     all-gather, reduce-scatter, all-reduce (dp)   (n − g) / (g · (n − 1)) of the ring's bytes: a hierarchical
          collective (inside the node first, then across in g parallel rings of n / g) sends that much across, and
-         no algorithm sends less (each node must receive what its members lack, once); g = 1: all of it
+         no algorithm reducing on the GPUs sends less (each node must receive what its members lack, once); g = 1:
+         all of it. Reductions in the switches (NVLink SHARP, InfiniBand SHARP) are not modelled: they can move
+         about half an all-reduce's bytes (DDP's gradients; FSDP2's and sequence parallel's gathers and
+         reduce-scatters gain less), so there the bound is a ring's, not the hardware's
     all-to-all (ep)   (n − g) / (n − 1) of it: the tokens bound for the other nodes' members
     ring attention (cp), pipeline sends (pp)   all of it on a device whose next rank is on another node
 
