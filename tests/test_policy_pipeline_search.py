@@ -29,9 +29,10 @@ def _config():
     return T.LlamaConfig(num_hidden_layers=4, architectures=["LlamaForCausalLM"], **CUT)
 
 
-def _device(layout, batch, trace=False):
+def _device(layout, batch, trace=False, derive=True):
     _, estimate, view = training_answer(_config(), TrainingOptions(batch=batch, seq=SEQ, precision="bf16-mixed",
-                                                                   fits=False, trace=trace, layout=layout))
+                                                                   fits=False, trace=trace, layout=layout,
+                                                                   derive_layout=derive))
     return estimate.training.device, view
 
 
@@ -85,6 +86,15 @@ def test_pipeline_stages_replay_the_policy_rank():
                for n in policy.notes)
     autocast, _ = _device(layout_for(dp=2, zero="fsdp", pp=2, micro_batches=2, batch=4), 4)
     assert autocast.activations_from.startswith("analytic") and autocast.peak == 20_561_124
+    # the derivation off (the layout search): the Llama closed form over bf16-pure's stages and the fp32 shards, the
+    # last stage 8 B over the replay, the first under it (the replay's FSDP2 reduce-scatter buffers, and the whole
+    # root's reduce-scatter the recipe makes there)
+    closed, _ = _device(layout_for(dp=2, zero="fsdp", pp=2, micro_batches=2, batch=4, fsdp_mixed_precision="policy"),
+                        4, derive=False)
+    assert closed.activations_from.startswith("analytic")
+    assert [r.peak for r in closed.stages] == [12_307_148, 16_902_628]
+    assert any(n.startswith("FSDP2's MixedPrecisionPolicy (--fsdp-mixed-precision policy) with the derivation off")
+               for n in closed.notes)
     with pytest.raises(OptionError, match="MixedPrecisionPolicy beside pipeline stages is not traced"):
         _device(layout_for(dp=2, zero="fsdp", pp=2, micro_batches=2, batch=4, fsdp_mixed_precision="policy"), 4,
                 trace=True)
@@ -137,6 +147,14 @@ def test_fsdp_bytes_under_the_policy_and_autocast_by_hand():
         (term,) = terms
         assert term.bytes == 2 * -(-2 * (2 * gathered * padded + 4 * padded) // 3)
         assert ("16 bits (its MixedPrecisionPolicy's param_dtype)" in term.arithmetic) == (mixed == "policy")
+    # the search's layouts: the policy wherever FSDP2 shards over more than one rank (none on one: no fully_shard)
+    from paramscope.cost.parallel.layout_candidates import candidate_layouts
+
+    options = SearchOptions(devices=4, gpu="h100", seq=SEQ, fsdp_mixed_precision="policy")
+    layouts, _ = candidate_layouts(read_facts(report, view, options, SEQ), 4)
+    assert {(layout.dp * layout.cp > 1, layout.fsdp_mixed_precision) for layout, _ in layouts} == \
+        {(True, "policy"), (False, "autocast")}
+    assert "dp 4 (FSDP2, its MixedPrecisionPolicy) = 4 devices" in [layout.words() for layout, _ in layouts]
 
 
 def test_the_search_options_take_the_policy_and_refuse_it_in_one_line(capsys):

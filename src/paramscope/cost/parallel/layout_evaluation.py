@@ -187,10 +187,11 @@ def policy_layout(layout: ParallelLayout) -> bool:
 
 
 def policy_derived(layout: ParallelLayout, experts: int) -> bool:
-    """Under the policy, a layout memory answers from a derived step whatever the class: a pipeline (its stages
-    replay the policy's FSDP2 rank, pipeline_replay.py), context parallel or routed experts cut over ep (the policy's
-    closed form, fsdp_moments.py, reaches neither)."""
-    return policy_layout(layout) and (layout.pp > 1 or layout.cp > 1 or layout.ep > 1 and experts > 0)
+    """Under the policy, a layout memory answers from a derived step whatever the class: context parallel or routed
+    experts cut over ep (the policy's closed form, fsdp_moments.py, reaches neither; beside a pipeline memory refuses
+    them, naming why). A Llama-family pipeline takes the closed form over bf16-pure's stages with the derivation off
+    (pipeline_device.py), as autocast's pipelines do; another class's stages replay the policy's FSDP2 rank."""
+    return policy_layout(layout) and (layout.cp > 1 or layout.ep > 1 and experts > 0)
 
 
 MICRO_BATCH = 1  # sequences a microbatch: a pipeline's default (layout_for), Megatron's usual micro-batch size

@@ -11,7 +11,7 @@ from ..memory.phases import PhaseFigure, moment_phases
 from .device import Buffer, StageMemory, DeviceMemory, StepContext
 from .device_parts import (
     check_analytic, device_states_of, fsdp_buffers, fsdp_sharded, layer_runs, local_activations, local_recipe_missing,
-    local_shape, matmul_names, resident_bytes, ring_output_copies, tied_bytes, with_buffers, with_ring_outputs
+    local_shape, matmul_names, policy_context, resident_bytes, ring_output_copies, tied_bytes, with_buffers, with_ring_outputs
 )
 from .pipeline_replay import derived_pipeline_device
 from .pipeline import (
@@ -21,6 +21,16 @@ from .pipeline import (
 from .rules import Placement
 from .states import DeviceStates, stage_step
 
+
+# FSDP2's MixedPrecisionPolicy with the derivation off (the layout search): the closed form over bf16-pure's stages
+POLICY_CLOSED_FORM = (
+    "FSDP2's MixedPrecisionPolicy (--fsdp-mixed-precision policy) with the derivation off (the layout search): each "
+    "stage as bf16-pure's closed form (no autocast: the layers run on 16-bit parameters, no weight copies) over the "
+    "rank's fp32 shards, its units gathered in 16 bits; an estimate: FSDP2's moments inside a layer's backward (its "
+    "fp32 reduce-scatter input) are not among a stage's, nor what torch's PipelineStage holds without gradient sync "
+    "until the last backward; memory derives the stages instead, replaying the policy's FSDP2 rank (on a 4-layer Llama "
+    "cut, dp 2 × pp 2, 2 × 64: the last stage 8 B over it, the first 3,937,536 B under it; "
+    "tests/test_policy_pipeline_search.py)")
 
 # the last stage's loss, kept in its cache until its backward, and the total weight cross-entropy saves for it: two
 # fp32 scalars a microbatch (measured on the stage's trace)
@@ -107,8 +117,11 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     layout = ctx.layout
     # no closed form on a stage's layers: the derived recipe's segments; and under FSDP2's MixedPrecisionPolicy,
     # whose stages replay the policy's FSDP2 rank (this closed form prices autocast's per-microbatch copies)
-    if local_recipe_missing(ctx) or layout.fsdp_mixed_precision == "policy" and fsdp_sharded(layout):
+    policy = layout.fsdp_mixed_precision == "policy" and fsdp_sharded(layout)
+    if local_recipe_missing(ctx) or policy and ctx.derive:
         return derived_pipeline_device(ctx, placements, rules)
+    if policy:  # the derivation off (the layout search): the closed form over bf16-pure's stages (policy_context)
+        ctx = policy_context(ctx)
     recipe = check_analytic(ctx, "pipeline parallelism")
     names = [p.name for p in ctx.report.params]
     stack, count = layer_stack_of(names)
@@ -389,6 +402,8 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                   " and, for each microbatch in flight, what torch's ring keeps beyond it: each layer's merged output "
                   "copied for o_proj (the closed form of the cp rank without a pipeline, held to the traced ring "
                   "there); the ring's other buffers are freed inside each attention",)
+    if policy:
+        notes += (POLICY_CLOSED_FORM,)
     device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           held, f"analytic: {recipe}, stage {stage.rank}'s layers × microbatches in flight",
                           dev.arithmetic, tuple(comm), figures, rules, tuple(rows), words, bubble(layout), notes)
