@@ -52,6 +52,9 @@ CASES = {
     # 16-bit gradient (over more ranks its shard is smaller and the input beside the 16-bit gradients peaks, as
     # llama-3-8b's does at 512 tokens, below)
     "dp 2, 16 tokens": ((4, 2, 1, 16, 1), "FSDP2: the root's reduce-scatter output (policy)", 20_164_388),
+    # under tp the root's post-backward as it collects its gradients (the embedding's Replicate one whole beside
+    # the local chunk FSDP2 takes), freed before the reduce-scatter input
+    "dp 4 × tp 2, 16 tokens": ((4, 4, 2, 16, 1), "FSDP2: the root's post-backward", 6_835_492),
     # inside a layer's backward, bf16-pure's moments beside the 16-bit units and the fp32 reduce-scatter input
     "Mistral dp 2, 2 × 64 tokens, a 512-token vocabulary": (
         (4, 2, 1, 64, 2, 512, "Mistral"), "FSDP2: inside layer 2's backward (MLP's product)", 11_234_340),
@@ -65,9 +68,13 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_policy_closed_form_peak_is_the_traced_rank(name):
+    """The peak, and the forward's and the optimizer step's largest moments too."""
     point, moment, peak = CASES[name]
     device, traced = _closed_and_traced(*point)
     assert (device.peak_figure.where, device.peak, traced.peak.bytes) == (moment, peak, peak), name
+    for phase in ("forward", "optimizer step"):
+        closed = max(p.bytes for p in device.phases if p.phase == phase)
+        assert closed == next(p.bytes for p in traced.phases if p.phase == phase), (name, phase)
 
 
 def test_the_policy_moments_name_their_terms_in_16_bits_and_fp32():
@@ -104,15 +111,18 @@ def test_the_closed_form_is_the_derived_rank_on_the_policy_test_cut():
                for n in fp16.notes)
 
 
-@pytest.mark.parametrize("seq, peak, moment", [
-    (4096, 47_347_842_708, "start of backward"),
-    (512, 21_839_249_044, "FSDP2: the root's reduce-scatter input (policy)"),
+@pytest.mark.parametrize("seq, layout, peak, moment", [
+    (4096, dict(dp=8), 47_347_842_708, "start of backward"),
+    (512, dict(dp=8), 21_839_249_044, "FSDP2: the root's reduce-scatter input (policy)"),
+    (512, dict(dp=4, tp=2), 19_123_996_308, "FSDP2: the root's post-backward"),
+    (4096, dict(dp=4, tp=2, sp=True), 33_940_649_620, "start of backward"),
 ])
-def test_llama_3_8b_on_8_ranks_is_the_derived_rank(seq, peak, moment):
-    """llama-3-8b, dp 8 FSDP2 under the policy: the closed form (derivation off) is memory's derived rank to the
-    byte (47,347,842,708 B at 4,096 tokens, 21,839,249,044 B at 512: stop 45's figures)."""
+def test_llama_3_8b_on_8_ranks_is_the_derived_rank(seq, layout, peak, moment):
+    """llama-3-8b on 8 devices, FSDP2 under the policy: the closed form (derivation off) is memory's derived rank to
+    the byte (dp 8: 47,347,842,708 B at 4,096 tokens, 21,839,249,044 B at 512, stop 45's figures; dp 4 × tp 2 and
+    with sp, derived here)."""
     options = TrainingOptions(batch=1, seq=seq, fits=False, derive_layout=False,
-                              layout=ParallelLayout(dp=8, shard="fsdp", fsdp_mixed_precision="policy"))
+                              layout=ParallelLayout(shard="fsdp", fsdp_mixed_precision="policy", **layout))
     device = training_answer("llama-3-8b", options)[1].training.device
     assert (device.peak, device.peak_figure.where) == (peak, moment)
 

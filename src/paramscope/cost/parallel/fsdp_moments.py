@@ -293,17 +293,20 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
             f"{held_text} + the local chunk FSDP2 takes of the embedding's gradient {whole[1]:,} + a (B, S) int64 "
             f"of token ids and the loss's scalars, 8·T + 8 = {ids:,}"), shards))
     if policy:
-        out += _policy_root_reduce(root, rows, size, d, root_grads, shards, resident, 8 * tokens + 8 if whole else 8)
+        # the embedding's Replicate gradient (tp) is freed once FSDP2 has taken its local chunk, before the reduce
+        out += _policy_root_reduce(root, rows, size, d, sum(p.local_numel * size(p) for p in root), shards, resident,
+                                   8 * tokens + 8 if whole else 8, whole is not None)
     return tuple(out)
 
 
 def _policy_root_reduce(root: list[Placement], rows: Any, size: Any, d: int, root_grads: int, shards: int,
-                        resident: int, scalars: int) -> tuple[PhaseFigure, ...]:
+                        resident: int, scalars: int, chunk: bool) -> tuple[PhaseFigure, ...]:
     """Under FSDP2's MixedPrecisionPolicy the root's post-backward, after it reshards (the gathered root and layer 0's
     reduce-scatter input freed): its reduce-scatter input in fp32 (the policy's reduce_dtype, twice its 16-bit
     gradients' bytes, padded) beside those gradients; then its output, the root's fp32 shard, beside the input and
     the last root parameter's 16-bit gradient (foreach_reduce's loop over the gradients leaves its variable on the
-    last one until it returns: the head's, or the final norm's where the head is tied)."""
+    last one until it returns: the head's, or the final norm's where the head is tied). `chunk`: under tp, the
+    embedding's gradient is the local chunk FSDP2 took of DTensor's Replicate one, which is freed by then."""
     reduce_in = sum(rows(p) * d * 4 for p in root)
     output = sum(rows(p) * 4 for p in root)
     last = root[-1].local_numel * size(root[-1]) if root else 0
@@ -311,7 +314,9 @@ def _policy_root_reduce(root: list[Placement], rows: Any, size: Any, d: int, roo
     return (PhaseFigure("backward", resident + shards + root_grads + reduce_in + scalars,
                         "FSDP2: the root's reduce-scatter input (policy)", (
                             f"every layer's reduce-scattered gradients {shards:,} + the root's 16-bit gradients "
-                            f"unsharded {root_grads:,} + their reduce-scatter input in fp32, padded {reduce_in:,} + "
+                            f"unsharded{' (the embedding' + chr(39) + 's, the local chunk FSDP2 took)' if chunk else ''}"
+                            f" {root_grads:,} + "
+                            f"their reduce-scatter input in fp32, padded {reduce_in:,} + "
                             f"{scalar_words} {scalars:,}"), shards),
             PhaseFigure("backward", resident + shards + reduce_in + output + last + scalars,
                         "FSDP2: the root's reduce-scatter output (policy)", (
