@@ -34,7 +34,7 @@ from math import gcd
 
 from ..hardware import Interconnect
 from .layout import ParallelLayout
-from .search_result import CommTerm
+from .comm_term import CommTerm
 
 NVLINK = "NVLink"
 NETWORK = "network"

@@ -8,22 +8,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ...display import HtmlDisplay
+from .comm_term import CommTerm
 from .layout import ParallelLayout
 
 if TYPE_CHECKING:
     from ..hardware import Interconnect
     from .layout_time import CommTime
-
-
-@dataclass(frozen=True)
-class CommTerm:
-    """One kind of communication one device does a step: bytes sent (as many received), a bound."""
-
-    kind: str  # "dp" | "tp" | "pp" | "ep" | "cp"
-    what: str  # the collective, in words
-    bytes: int
-    formula: str  # in symbols
-    arithmetic: str  # with this layout's numbers
 
 
 @dataclass(frozen=True)
