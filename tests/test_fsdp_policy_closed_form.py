@@ -138,3 +138,20 @@ def test_where_the_closed_form_does_not_reach_the_derivation_off_is_refused(fami
                                                f"covers Llama, Mistral and Qwen2 without cp or ep, and {why}: leave "
                                                "derive_layout on"):
         _closed(_config(2, family, **extra), layout.pop("dp"), 1, 64, 1, **layout)
+
+
+def test_under_gradient_accumulation_each_micro_step_is_the_traced_rank():
+    """dp 2, 2 sequences of 16 tokens in 2 micro-steps: the closed form's moments over the held gradient shards
+    equal rank 0's two traced micro-steps to the byte; the later one peaks at the root's reduce-scatter output,
+    made beside the root's held shard (22,216,740 B: the first's 20,164,388 + that 2,052,352 B shard)."""
+    config = _config(4)
+    options = TrainingOptions(batch=2, seq=16, precision="bf16-mixed", fits=False, grad_accum=2, derive_layout=False,
+                              layout=ParallelLayout(dp=2, shard="fsdp", fsdp_mixed_precision="policy"))
+    _, estimate, view = training_answer(config, options, use_cache=False)
+    closed: dict[str, int] = {}
+    for p in estimate.training.device.phases:
+        closed[p.phase] = max(closed.get(p.phase, 0), p.bytes)
+    traced = trace_parallel_training(view.module, StepSettings(batch=1, seq=16, precision="bf16-mixed", grad_accum=2),
+                                     dp=2, shard="fsdp", mixed="policy")
+    assert closed == {p.phase: p.bytes for p in traced.phases}
+    assert closed["backward, gradients held"] == 22_216_740

@@ -1,7 +1,8 @@
 """FSDP2's in-step moments for the Llama family's closed form (Llama, Mistral, Qwen2): what a rank holds beyond its
 sharded states inside torch's fully_shard step (a unit's all-gather, the root's unsharded gradients, the
 reduce-scatter input, the backward prefetch, each layer's weight-gradient moments), each a PhaseFigure with its
-arithmetic. estimate.py adds them to the data-parallel and the shard's closed forms."""
+arithmetic, under torch.autocast or FSDP2's MixedPrecisionPolicy. estimate.py adds them to the data-parallel and the
+shard's closed forms."""
 
 from __future__ import annotations
 
@@ -65,6 +66,19 @@ from .rules import Placement
 # k = L − 2 or at k = 1, the lowest with a prefetch; the last layer (no reduce-scatter input yet) is its own case.
 # Then the embedding's backward (every root gradient, its output's gradient) and, under tp, the root's
 # post-backward; and in the forward each unit's all-gather (below, where it is made).
+# Under FSDP2's MixedPrecisionPolicy (param_dtype 16-bit, reduce_dtype fp32, no autocast: torchtitan's apply_fsdp;
+# device_parts.policy_context) the rank runs bf16-pure's step over its fp32 shards: the units gathered in 16 bits
+# (2 B an element, padded as above), no autocast copies, the activations and the unsharded weight gradients
+# bf16-pure's; the reduce-scatter input is fp32 (foreach_reduce allocates it in reduce_dtype and chunk-cats the 16-bit
+# gradients into it, 4 B an element, padded), and so are its output and every reduce-scattered shard. The same
+# moments as bf16-pure, with those sizes, and two of the root's own, after its post-backward reshards (the gathered
+# root and layer 0's reduce-scatter input freed): "the root's reduce-scatter input", its fp32 input beside the root's
+# 16-bit gradients (under tp the embedding's local chunk: DTensor's Replicate gradient is freed once FSDP2 takes it),
+# and "the root's reduce-scatter output", its fp32 shard beside that input and the last root parameter's 16-bit
+# gradient, which foreach_reduce's loop variable still references (the head's). Under autocast these lie under
+# the embedding's backward (the input, in fp32 as the gradients are, replaces them); under the policy the fp32 input
+# is twice the 16-bit gradients, and one of them is the peak wherever the root outweighs the activations (llama-3-8b
+# on 8 ranks at 512 tokens). Read off one rank traced by MemTracker with the policy applied (traced/parallel.py).
 
 # the classes whose ranks were traced against these moments: Llama's layer, Mistral's (the same; its sliding window
 # is the recipe's concern) and Qwen2's (q, k and v with biases)
@@ -305,7 +319,9 @@ def _policy_root_reduce(root: list[Placement], rows: Any, size: Any, d: int, roo
     reduce-scatter input freed): its reduce-scatter input in fp32 (the policy's reduce_dtype, twice its 16-bit
     gradients' bytes, padded) beside those gradients; then its output, the root's fp32 shard, beside the input and
     the last root parameter's 16-bit gradient (foreach_reduce's loop over the gradients leaves its variable on the
-    last one until it returns: the head's, or the final norm's where the head is tied). `chunk`: under tp, the
+    last one until it returns: the head's, or the final norm's where the head is tied). The output is not counted
+    among the moment's gradients: in a later micro-step (gradient accumulation) it is made beside the root's held
+    shard, then added into it. `chunk`: under tp, the
     embedding's gradient is the local chunk FSDP2 took of DTensor's Replicate one, which is freed by then."""
     reduce_in = sum(rows(p) * d * 4 for p in root)
     output = sum(rows(p) * 4 for p in root)
@@ -323,7 +339,7 @@ def _policy_root_reduce(root: list[Placement], rows: Any, size: Any, d: int, roo
                             f"every layer's reduce-scattered gradients {shards:,} + the root's reduce-scatter input in "
                             f"fp32 {reduce_in:,} + its output, the root's fp32 gradient shard {output:,} + the last "
                             f"root parameter's ({root[-1].name if root else ''}) 16-bit gradient, still referenced "
-                            f"{last:,} + {scalar_words} {scalars:,}"), shards + output))
+                            f"{last:,} + {scalar_words} {scalars:,}"), shards))
 
 
 def _copied(p: Placement) -> bool:
