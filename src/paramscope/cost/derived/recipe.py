@@ -108,6 +108,25 @@ class DerivedRecipe:
         gradients = int(np.cumsum(np.where(laid.backward_gradient, backward, 0))[at])
         return DerivedPeaks(forward_peak, end, int(after[at]), gradients)
 
+    def later_backward(self, batch: int, seq: int) -> int:
+        """A later micro-step's backward peak under gradient accumulation, above its start and the gradients held
+        from the earlier micro-steps: the same replay, but each allocation that ends as a parameter's .grad is made
+        beside the held one and added into it by AccumulateGrad once its node returns, so it is live through the
+        allocations that follow it in that node (up to the next free: the node's saved tensors and inputs released),
+        not to the step's end."""
+        import numpy as np
+
+        laid = self._laid_out(None)
+        values = self._values(batch, seq).astype(object)
+        live = np.cumsum((laid.forward_sign * values[laid.forward_index]).astype(np.int64))
+        end = int(live[-1]) if live.size else 0
+        backward = (laid.backward_sign * values[laid.backward_index]).astype(np.int64)
+        made = np.where(laid.backward_gradient & (backward > 0), backward, 0)
+        after = end + np.cumsum(backward - made)
+        new = np.cumsum(made)  # the new gradients made so far, less those added in before the last free
+        in_flight = new - np.maximum.accumulate(np.where(backward < 0, new, 0)) if new.size else new
+        return max(end, int((after + in_flight).max(initial=end)))
+
     def words(self, phase: str, batch: int, seq: int) -> str:
         """The phase's peak moment as its closed form: "what is live: 24·B·S² + … B (L layers folded in)"."""
         from .symbols import words

@@ -199,6 +199,28 @@ def head_backward(micro: Any, report: Any, options: Any, trainable: frozenset[st
                         step_precision(micro.settings["precision"]))
 
 
+def derived_later(phases: tuple[PhaseFigure, ...], step: Any, batch: int, seq: int, resident: int,
+                  gradients: int) -> tuple[PhaseFigure, ...]:
+    """A derived answer's `phases` (forward, backward, optimizer step at `batch` × `seq`) with a later micro-step's
+    replayed from the recipe that covers them (`step`: the DerivedStep): its forward over every gradient held, and
+    its backward with each new gradient live beside the held ones until AccumulateGrad adds it in
+    (DerivedRecipe.later_backward). None of the recipe's allocations changes between micro-steps but these."""
+    recipe = next((r for r in step.recipes if r.covers(batch, seq)), None)
+    if recipe is None:
+        return phases
+    forward = next(p for p in phases if p.phase == "forward")
+    later = recipe.later_backward(batch, seq)
+    held = (PhaseFigure(HELD_FORWARD, forward.bytes + gradients, forward.where,
+                        f"{forward.arithmetic}; + every gradient, held from the earlier micro-steps, {gradients:,}",
+                        gradients, forward.variable),
+            PhaseFigure(HELD_BACKWARD, resident + gradients + later, "derived (the later micro-step replayed)",
+                        f"every gradient, held from the earlier micro-steps, {gradients:,} + live at the later "
+                        f"backward's peak {later:,} (the recipe's allocations replayed, each new weight gradient beside "
+                        "the held one until added in)", gradients, later))
+    return tuple(p for p in phases if p.phase != "optimizer step") + held + \
+        tuple(p for p in phases if p.phase == "optimizer step")
+
+
 def later_micro_step(report: Any, trainable: frozenset[str], precision: str, own: frozenset[str],
                      source: str) -> Callable[[tuple[PhaseFigure, ...], int, int], tuple[PhaseFigure, ...]]:
     """One device's phases at (micro-batch, length) → with a later micro-step's moments added, as `accumulated`
@@ -246,6 +268,9 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
         "later micro-step is the same, so the second stands for them all. FLOPs a step are unchanged "
         f"({steps:,} × the micro-batch's). {CONVENTION}",
         ("the later micro-step is measured (the traced step runs two micro-steps before the optimizer's)"
+         if traced and micro.engine == "traced" else
+         "the later micro-step is replayed from the derived recipe's allocations: every gradient held, and each new "
+         "weight gradient beside them until AccumulateGrad adds it in (equal to --trace full's second micro-step)"
          if traced else
          "the later micro-step's moments are the first's over the held gradients, and the head's backward, where "
          "its new weight gradient lives beside the held ones until added in ('the head's weight gradient': the "

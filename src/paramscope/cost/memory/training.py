@@ -402,6 +402,10 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
                         f"gradients {gradients:,}; {step_text}" + (f"; held past the backward: {offsets_text}"
                                                                   if offsets else ""), gradients),
         )
+        if accumulating:  # a later micro-step, replayed from the same recipe (grad_accum.derived_later)
+            from .grad_accum import derived_later
+
+            phases = derived_later(phases, derived, options.batch, seq, resident, gradients)
         activations = Workspace(figures.end_of_forward, derived.recipe.words("end of forward", options.batch, seq),
                                 4 * options.batch * seq * (config_int(text, "vocab_size") or 0))
         if extended:
@@ -563,11 +567,15 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
             figures = derived.at(batch, length)
             if figures is None:  # that regime's derivation declined: counted as not fitting, and said
                 return 1 << 62
-            return on_one_device(later((
+            figures = (
                 PhaseFigure("forward", resident + figures.forward, "", ""),
                 PhaseFigure("backward", resident + figures.backward, "", "", figures.gradients_at_backward_peak),
-                PhaseFigure("optimizer step", resident + gradients + step_bytes, "", "", gradients)), batch, length),
-                batch, length).bytes
+                PhaseFigure("optimizer step", resident + gradients + step_bytes, "", "", gradients))
+            if accumulating:
+                from .grad_accum import derived_later
+
+                figures = derived_later(figures, derived, batch, length, resident, gradients)
+            return on_one_device(later(figures, batch, length), batch, length).bytes
         if analytic is not None and traced is None:
             act = training_activations(text, class_name, batch=batch, seq=length, **shape)
             return on_one_device(later(analytic_phases(act, batch, length), batch, length), batch, length).bytes
