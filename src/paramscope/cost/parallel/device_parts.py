@@ -32,8 +32,7 @@ def fsdp_units(placements: tuple[Placement, ...], weight_bytes: Callable[[Placem
 
 
 def resident_bytes(dev: DeviceStates, buffers: int) -> int:
-    # bf16-main-grad's fp32 gradient buffer is held at every moment (parallel/states.main_grad_states)
-    return dev.weights + dev.optimizer + dev.master_weights + dev.grad_buffer + buffers
+    return dev.weights + dev.optimizer + dev.master_weights + buffers
 
 
 def fsdp_sharded(layout: Any) -> bool:
