@@ -331,14 +331,13 @@ def _policy_root_reduce(root: list[Placement], rows: Any, size: Any, d: int, roo
     reduce_in = sum(rows(p) * d * 4 for p in root)
     output = sum(rows(p) * 4 for p in root)
     last = root[-1].local_numel * size(root[-1]) if root else 0
-    scalar_words = "the token ids and the loss's scalars, 8·T + 8" if scalars > 8 else "the loss's scalars"
+    scalar_words = "the token ids and the loss's scalars, 8·T + 8" if chunk else "the loss's scalars"
+    chunk_words = " (the embedding's, the local chunk FSDP2 took)" if chunk else ""
     return (PhaseFigure("backward", resident + shards + root_grads + reduce_in + scalars,
                         "FSDP2: the root's reduce-scatter input (policy)", (
                             f"every layer's reduce-scattered gradients {shards:,} + the root's 16-bit gradients "
-                            f"unsharded{' (the embedding' + chr(39) + 's, the local chunk FSDP2 took)' if chunk else ''}"
-                            f" {root_grads:,} + "
-                            f"their reduce-scatter input in fp32, padded {reduce_in:,} + "
-                            f"{scalar_words} {scalars:,}"), shards),
+                            f"unsharded{chunk_words} {root_grads:,} + their reduce-scatter input in fp32, padded "
+                            f"{reduce_in:,} + {scalar_words} {scalars:,}"), shards),
             PhaseFigure("backward", resident + shards + reduce_in + output + last + scalars,
                         "FSDP2: the root's reduce-scatter output (policy)", (
                             f"every layer's reduce-scattered gradients {shards:,} + the root's reduce-scatter input in "
