@@ -360,8 +360,9 @@ def _fits_table(estimate) -> Table:
     layout = settings.get("layout") if estimate.mode == "inference" else None
     each = f", each GPU of {layout['words']}" if layout else ""
     table = Table(title=f"Fits on: peak + reserve within the accelerator's memory{each}", title_justify="left",
-                  caption=f"largest batch at {settings['seq']:,} tokens{_in_microbatches(settings)}; largest "
-                          f"context at batch {settings['batch']:,}"
+                  caption=f"largest {_fit_batch(settings)[0]} at {settings['seq']:,} tokens"
+                          f"{_in_microbatches(settings)}; largest context at {_fit_batch(settings)[0]} "
+                          f"{_fit_batch(settings)[1]:,}"
                           + ((f", up to the model's {limit:,}" if limit >= settings["seq"] else
                               f", up to --seq {settings['seq']:,} (beyond the model's {limit:,})") if limit else ""),
                   caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -375,6 +376,14 @@ def _fits_table(estimate) -> Table:
         if fit.accelerator.name in _SHOWN:
             table.add_row(*_fit_row(fit))
     return table
+
+
+def _fit_batch(settings) -> tuple[str, int]:
+    """(what the largest batch counts, the batch the largest context is at): under gradient accumulation the fits
+    are one micro-step's (grad_accum.py), so a micro-batch."""
+    if settings.get("grad_accum", 1) > 1:
+        return "micro-batch", settings["micro_batch"]
+    return "batch", settings["batch"]
 
 
 def _in_microbatches(settings) -> str:
@@ -407,11 +416,12 @@ def budget_sentence(budget: dict[str, Any], settings) -> str:
         head = f"On {name}: fits, {binary(budget['free'])} to spare"
     else:
         head = f"On {name}: does not fit, short by {binary(-budget['free'])}"
-    batch = "no batch fits" if budget["largest_batch"] is None else f"largest batch {exact(budget['largest_batch'])}"
+    word, at = _fit_batch(settings)
+    batch = f"no {word} fits" if budget["largest_batch"] is None else f"largest {word} {exact(budget['largest_batch'])}"
     context = ("no context fits" if budget["largest_context"] is None
                else f"largest context {exact(budget['largest_context'])}")
     multiple = f" ({_in_microbatches(settings)[2:]})" if budget["largest_batch"] and _in_microbatches(settings) else ""
-    return f"{head}; {batch} at {settings['seq']:,} tokens{multiple}, {context} at batch {settings['batch']:,}"
+    return f"{head}; {batch} at {settings['seq']:,} tokens{multiple}, {context} at {word} {at:,}"
 
 
 def settings_rows(memory: dict[str, Any]) -> list[tuple[str, str]]:
