@@ -155,6 +155,18 @@ def test_fsdp_bytes_under_the_policy_and_autocast_by_hand():
     assert {(layout.dp * layout.cp > 1, layout.fsdp_mixed_precision) for layout, _ in layouts} == \
         {(True, "policy"), (False, "autocast")}
     assert "dp 4 (FSDP2, its MixedPrecisionPolicy) = 4 devices" in [layout.words() for layout, _ in layouts]
+    # which are derived: cp (no closed form beside the ring), not dp or a pipeline of this Llama (the closed forms);
+    # a tied head's dp layout is (the policy's closed form does not price it)
+    from paramscope.cost.parallel.layout_evaluation import policy_derived
+
+    facts = read_facts(report, view, options, SEQ)
+    assert [policy_derived(layout_for(zero="fsdp", batch=2, fsdp_mixed_precision="policy", **degrees), facts)
+            for degrees in (dict(dp=4), dict(dp=2, pp=2), dict(dp=2, cp=2))] == [False, False, True]
+    tied = _config()
+    tied.tie_word_embeddings = True
+    report, _, view = training_answer(tied, TrainingOptions(batch=1, seq=SEQ, fits=False))
+    assert policy_derived(layout_for(dp=4, zero="fsdp", batch=2, fsdp_mixed_precision="policy"),
+                          read_facts(report, view, options, SEQ))
 
 
 def test_the_search_options_take_the_policy_and_refuse_it_in_one_line(capsys):

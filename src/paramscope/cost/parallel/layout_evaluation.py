@@ -77,7 +77,7 @@ class LayoutEvaluator:
                 return None
             if why:
                 return _skipped(layout, why)
-            derive = bool(self.engines.derived(micro)) or policy_derived(layout, facts.experts)
+            derive = bool(self.engines.derived(micro)) or policy_derived(layout, facts)
         new = False  # a rank's step this search derives now
         if derive and key is not None and key not in self.derivations.made:
             if key[0] == "device":  # the one-device recipe at a microbatch size, as dp × pp always derived it
@@ -186,12 +186,19 @@ def policy_layout(layout: ParallelLayout) -> bool:
     return layout.fsdp_mixed_precision == "policy" and layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
 
 
-def policy_derived(layout: ParallelLayout, experts: int) -> bool:
+def policy_derived(layout: ParallelLayout, facts: ModelFacts) -> bool:
     """Under the policy, a layout memory answers from a derived step whatever the class: context parallel or routed
     experts cut over ep (the policy's closed form, fsdp_moments.py, reaches neither; beside a pipeline memory refuses
-    them, naming why). A Llama-family pipeline takes the closed form over bf16-pure's stages with the derivation off
-    (pipeline_device.py), as autocast's pipelines do; another class's stages replay the policy's FSDP2 rank."""
-    return policy_layout(layout) and (layout.cp > 1 or layout.ep > 1 and experts > 0)
+    them, naming why), and without a pipeline a class the policy's closed form does not price (fsdp_moments
+    .fsdp_moments_missing: Llama, Mistral and Qwen2 with an untied head). A Llama-family pipeline takes the closed
+    form over bf16-pure's stages with the derivation off (pipeline_device.py), as autocast's pipelines do; another
+    class's stages replay the policy's FSDP2 rank."""
+    from .fsdp_moments import _TRACED_FAMILY  # the families the policy's closed form is held to
+
+    if not policy_layout(layout):
+        return False
+    priced = getattr(facts.text, "model_type", None) in _TRACED_FAMILY and facts.tied is None
+    return layout.cp > 1 or layout.ep > 1 and facts.experts > 0 or layout.pp == 1 and not priced
 
 
 MICRO_BATCH = 1  # sequences a microbatch: a pipeline's default (layout_for), Megatron's usual micro-batch size
