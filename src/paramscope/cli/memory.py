@@ -60,7 +60,9 @@ def add_parser(subparsers: Any) -> None:
     training.add_argument("--precision", default="bf16-mixed", metavar="P",
                           help="bf16-mixed (default; fp32 weights, bf16 autocast), fp16-mixed, fp32, bf16-pure, "
                                "bf16-master (bf16 weights and gradients, fp32 master copy and optimizer states: "
-                               "DeepSpeed's bf16)")
+                               "DeepSpeed's bf16), bf16-main-grad (bf16 weights, a resident fp32 gradient buffer, "
+                               "fp32 masters and optimizer states: Megatron-LM's; --zero 0 or 1, its distributed "
+                               "optimizer)")
     training.add_argument("--image-tokens", type=int, metavar="N",
                           help="image tokens a sequence (multimodal models, as flops takes it): the KV cache and "
                                "prefill (training: the language model's activations) over the text + N tokens, and "

@@ -479,7 +479,9 @@ _PRECISIONS = {"fp32": "fp32 weights, gradients and optimizer states",
                "fp16-mixed": "fp32 weights (the master copy), fp16 autocast",
                "bf16-pure": "bf16 weights, gradients and optimizer states",
                "bf16-master": "bf16 weights and gradients, fp32 master weights and optimizer states (DeepSpeed's "
-                              "bf16 / the ZeRO paper's mixed precision)"}
+                              "bf16 / the ZeRO paper's mixed precision)",
+               "bf16-main-grad": "bf16 weights, an fp32 main-gradient buffer, fp32 master weights and optimizer "
+                                 "states (Megatron-LM's bf16 training)"}
 
 
 def training_parts(report, estimate) -> list:
@@ -675,6 +677,8 @@ def _peak_sum(device) -> str:
     """The device's peak as the whole sum: its resident states + the moment's terms = the peak."""
     resident = (("weights", device.weights), ("optimizer states", device.optimizer),
                 ("master weights", device.master_weights), ("buffers", device.buffers))
+    if device.gradients_resident:  # bf16-main-grad's fp32 gradient buffer, held at every moment
+        resident = resident[:1] + (("fp32 gradient buffer", device.gradients),) + resident[1:]
     return whole_sum(device.peak_figure, resident)
 
 

@@ -16,6 +16,14 @@ Precisions (Lightning's names):
   the masters, the fp32 gradients are freed and the masters are copied back into the bf16 weights (DeepSpeed's
   runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.step: `flat_grad_partition.to(fp32)`, then
   `free_grad_in_param_list`, `_optimizer_step`, `.grad = None`, `bit16_partitions[...].copy_(fp32_partition)`).
+- `bf16-main-grad`: Megatron-LM's default bf16 training (Megatron-Core's DistributedDataParallel with
+  `accumulate_allreduce_grads_in_fp32`, its default under bf16): bf16 weights, an fp32 main-gradient buffer of every
+  trained weight (4 B, one contiguous buffer the DDP wrapper allocates before the first step and keeps: each bf16
+  gradient is added into `param.main_grad` by a hook and freed, so it is resident from the forward on), fp32 masters
+  and Adam moments (12 B): 18 B a parameter, 6 + 12/d under the distributed optimizer (ZeRO-1's share; the gradient
+  buffer is reduce-scattered in place but held whole), as megatron/training/theoretical_memory_usage.py counts them.
+  The step casts nothing: `main_param.grad = model_param.main_grad.float()` is the fp32 buffer itself
+  (distrib_optimizer.py's `shard_model_grad.float()`, a view of it), so it holds the masters' update beside the buffer.
 
 Optimizers (torch's, as the Trainer builds them; states take the parameter's dtype):
 - `adamw`, `adam`: exp_avg and exp_avg_sq, 2 × n, and a fp32 `step` scalar per tensor (fused, the Trainer's default
@@ -43,8 +51,12 @@ from ...errors import OptionError
 from ..dtypes import itemsize
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit", "lion")
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-pure", "bf16-master")
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-pure", "bf16-master", "bf16-main-grad")
 MASTER_PRECISION = "bf16-master"  # 16-bit weights with an fp32 master copy (DeepSpeed's bf16, the ZeRO paper's)
+# bf16 weights, a resident fp32 main-gradient buffer, fp32 masters and moments (Megatron-LM's default bf16 training)
+MAIN_GRAD_PRECISION = "bf16-main-grad"
+# the precisions whose optimizer runs on fp32 masters of bf16 weights
+MASTER_COPY_PRECISIONS = (MASTER_PRECISION, MAIN_GRAD_PRECISION)
 # the optimizers the traced step runs on fp32 masters (torch's; traced/step.py)
 MASTER_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
 ZERO_ALIASES = {"0": 0, "1": 1, "2": 2, "3": 3, "ddp": 0, "no_shard": 0, "shard_grad_op": 2, "full_shard": 3,
@@ -101,25 +113,26 @@ def zero_stage(value: str | int) -> int:
 
 
 def weight_dtype(precision: str) -> str:
-    return "bfloat16" if precision in ("bf16-pure", MASTER_PRECISION) else "float32"
+    return "bfloat16" if precision in ("bf16-pure", *MASTER_COPY_PRECISIONS) else "float32"
 
 
 def compute_dtype(precision: str) -> str:
     return {"fp32": "float32", "bf16-mixed": "bfloat16", "fp16-mixed": "float16", "bf16-pure": "bfloat16",
-            MASTER_PRECISION: "bfloat16"}[precision]
+            MASTER_PRECISION: "bfloat16", MAIN_GRAD_PRECISION: "bfloat16"}[precision]
 
 
 def step_precision(precision: str) -> str:
-    """The precision whose forward and backward the step runs: bf16-master's are bf16-pure's (a bf16 module, no
-    autocast); the master copy changes the model states and the optimizer step only."""
-    return "bf16-pure" if precision == MASTER_PRECISION else precision
+    """The precision whose forward and backward the step runs: bf16-master's and bf16-main-grad's are bf16-pure's (a
+    bf16 module, no autocast: DeepSpeed's engine and Megatron's Float16Module cast it); the master copy changes the
+    model states and the optimizer step only."""
+    return "bf16-pure" if precision in MASTER_COPY_PRECISIONS else precision
 
 
 def check_master_optimizer(precision: str, optimizer: str) -> None:
-    """bf16-master runs torch's optimizers on the fp32 masters; the others are refused in one line."""
-    if precision == MASTER_PRECISION and optimizer not in MASTER_OPTIMIZERS:
+    """bf16-master and bf16-main-grad run torch's optimizers on the fp32 masters; the others are refused in one line."""
+    if precision in MASTER_COPY_PRECISIONS and optimizer not in MASTER_OPTIMIZERS:
         raise OptionError("{0} {master} runs torch's optimizers on the fp32 master copy; {1} {name!r} is not one: "
-                          "use {choices}", "precision", "optimizer", master=MASTER_PRECISION, name=optimizer,
+                          "use {choices}", "precision", "optimizer", master=precision, name=optimizer,
                           choices=", ".join(MASTER_OPTIMIZERS))
 
 
@@ -141,6 +154,38 @@ def check_master_layout(precision: str, layout: Any) -> None:
                           "beside tensor, context, expert and pipeline parallelism; not with {value}", "precision",
                           "zero", master=MASTER_PRECISION,
                           value="FSDP2 (bf16-mixed under FSDP2's MixedPrecisionPolicy prices it)")
+
+
+def check_main_grad_layout(precision: str, layout: Any, *, zero: int = 0, devices: int = 1) -> None:
+    """bf16-main-grad is Megatron-LM's bf16 training: plain DDP (ZeRO-0) or its distributed optimizer (ZeRO-1), beside
+    its own tensor (and sequence) and pipeline parallelism. What Megatron does not run is refused in one line: FSDP2's
+    shards, ZeRO-2/3 (Megatron's DDP holds the whole fp32 gradient buffer on every rank, and its distributed optimizer
+    shards the masters and moments alone); context and expert parallelism are not modelled under it yet."""
+    if precision != MAIN_GRAD_PRECISION:
+        return
+    if devices > 1 and zero >= 2:
+        raise OptionError("{0} {main} is Megatron-LM's bf16 training, which runs plain DDP or its distributed "
+                          "optimizer ({1} 0 or 1; ZeRO-{zero} is not one: Megatron's DDP keeps the whole fp32 "
+                          "gradient buffer on every rank)", "precision", "zero", main=MAIN_GRAD_PRECISION, zero=zero)
+    if layout is None or layout.trivial:
+        return
+    if layout.shard not in ("none", "zero1"):
+        what = "FSDP2's shards (bf16-mixed under FSDP2's MixedPrecisionPolicy prices them)" \
+            if layout.shard in ("fsdp", "hsdp") else f"ZeRO-{layout.zero_stage}"
+        raise OptionError("{0} {main} is Megatron-LM's bf16 training, which runs plain DDP or its distributed "
+                          "optimizer ({1} 0 or 1, the whole fp32 gradient buffer on every rank); not {what}",
+                          "precision", "zero", main=MAIN_GRAD_PRECISION, what=what)
+    if layout.cp > 1 or layout.ep > 1:
+        raise OptionError("{0} {main} is modelled beside tensor (and sequence) and pipeline parallelism, Megatron's "
+                          "own layouts; not yet beside context or expert parallelism", "precision",
+                          main=MAIN_GRAD_PRECISION)
+
+
+def grad_buffer(states: ModelStates) -> int:
+    """Bytes of the fp32 main-gradient buffer bf16-main-grad holds from before the forward to past the step
+    (Megatron-Core's contiguous grad buffer: every moment holds it, where the other precisions' gradients are made
+    in backward); 0 under the other precisions."""
+    return states.gradients.bytes if states.precision == MAIN_GRAD_PRECISION else 0
 
 
 def master_gradient_copy(states: ModelStates, *, devices: int = 1, zero: int = 0) -> int:
@@ -187,12 +232,17 @@ def model_states(params: Iterable[ParameterInfo], *, precision: str, optimizer: 
     gradients = Term(_bytes(training), _sized(training, "trainable"))
     own_trained = sum(p.numel for p in training if p.name in own and _floating(p.dtype)
                       and p.dtype != weight_dtype(precision))
-    if precision == MASTER_PRECISION:  # the optimizer runs on an fp32 copy of each floating trained weight
+    if precision in MASTER_COPY_PRECISIONS:  # the optimizer runs on an fp32 copy of each floating trained weight
         copied = [dataclasses.replace(p, dtype="float32") for p in training if _floating(p.dtype)]
         states, text = _optimizer_bytes(copied, optimizer)
         n_copied = sum(p.numel for p in copied)
+        whose = "DeepSpeed's bf16" if precision == MASTER_PRECISION else "Megatron-LM's main params"
         master_term = Term(4 * n_copied, f"{n_copied:,} trainable × 4 B: the fp32 master copy the optimizer updates "
-                                         "(DeepSpeed's bf16; states on it, fp32)")
+                                         f"({whose}; states on it, fp32)")
+        if precision == MAIN_GRAD_PRECISION:  # Megatron-Core's DDP: one fp32 main_grad a trained weight, resident
+            gradients = Term(4 * n_copied,
+                             f"{n_copied:,} trainable × 4 B: the fp32 main-gradient buffer (Megatron-Core's DDP, "
+                             "accumulate_allreduce_grads_in_fp32), resident from before the forward")
         return ModelStates(weights, gradients, Term(states, text), master_term, n_train, n_all - n_train, precision,
                            optimizer)
     states, text = _optimizer_bytes(training, optimizer)

@@ -36,8 +36,9 @@ from .quantization import weight_format
 from .result import DEFAULT_RESERVE, MemoryEstimate, Workspace
 from .serving import step_length
 from .states import (
-    MASTER_PRECISION, ModelStates, as_trained, check_master_layout, check_master_optimizer, check_optimizer,
-    check_precision, master_gradient_copy, model_states, per_device, step_precision, weight_dtype, zero_stage,
+    MASTER_PRECISION, ModelStates, as_trained, check_main_grad_layout, check_master_layout,
+    check_master_optimizer, check_optimizer, check_precision, grad_buffer, master_gradient_copy, model_states,
+    per_device, step_precision, weight_dtype, zero_stage,
 )
 from .weights import weight_memory
 
@@ -91,6 +92,8 @@ class TrainingOptions:
         check_master_optimizer(check_precision(self.precision), check_optimizer(self.optimizer))
         _check_flat_zero(self.zero)
         check_master_layout(check_precision(self.precision), self.layout)
+        check_main_grad_layout(check_precision(self.precision), self.layout, zero=zero_stage(self.zero),
+                               devices=self.devices)
         if self.grad_checkpointing not in ("none", "full"):
             raise OptionError("{0} must be none or full, got {value!r}", "grad_checkpointing",
                               value=self.grad_checkpointing)
@@ -332,6 +335,9 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
     checkpointing = options.grad_checkpointing == "full"
     resident = weights.bytes + weights.buffer_bytes + states.optimizer.bytes + states.master_weights.bytes
     gradients = states.gradients.bytes
+    if grad_buffer(states):  # bf16-main-grad: the fp32 gradient buffer is resident, no .grad is held past its hook
+        resident, gradients = resident + gradients, 0
+        notes.append(MAIN_GRAD_CONVENTION)
     cast, cast_head, cast_biases = cast_weights(view) if precision.endswith("-mixed") else (0, 0, 0)
     shape = dict(precision=run, checkpointing=checkpointing, cast_weights=cast, cast_head=cast_head,
                  cast_biases=cast_biases)
@@ -369,6 +375,9 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
         step_bytes += master_copy
         step_text = _with_master_copy(master_copy, optimizer_text)
         notes.append(MASTER_CONVENTION)
+    if grad_buffer(states):  # Megatron's step reads the buffer itself as the masters' gradients
+        step_text = ("the fp32 main-gradient buffer (resident, among the states) is the masters' .grad: nothing cast; "
+                     f"{step_text}")
 
     def analytic_phases(act: TrainingActivations, batch: int, length: int) -> tuple[PhaseFigure, ...]:
         return moment_phases(act, resident=resident, gradients=gradients, tied=tied, text=text, batch=batch,
@@ -509,6 +518,10 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
                               own=own, words=optimizer_text) if master_copy else (0, step_text)
         if master_copy:
             notes.append(master_layout_words(options.layout))
+        if grad_buffer(states):
+            from ..parallel.states import main_grad_layout_words
+
+            notes.append(main_grad_layout_words(options.layout))
 
         def to_rank(figures: tuple[PhaseFigure, ...]) -> tuple[PhaseFigure, ...]:
             return tuple(dataclasses.replace(p, bytes=p.bytes - master_copy + rank_copy,
@@ -528,6 +541,8 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
         if answer is None:  # its per-device recipe is neither kept nor derivable without the build
             return None
         device, layout_at = answer
+        if grad_buffer(states):  # the device's gradients are its resident fp32 buffer (parallel/states.py)
+            device = dataclasses.replace(device, gradients_resident=True)
         notes.extend(device.notes)
 
     def on_one_device(figures: tuple[PhaseFigure, ...], batch: int = options.batch,
@@ -746,6 +761,21 @@ def _rank_master_copy(report: Any, view: Any, layout: Any, whole: int, *, optimi
     parts = ["the rank's tensor/expert-parallel shard"] * (layout.tp > 1 or layout.ep > 1 or layout.pp > 1) + \
         [f"ZeRO-{zero}'s partition over {degree} ranks"] * (zero > 0 and degree > 1)
     return copy, _with_master_copy(copy, words, f" ({', '.join(parts)}; one device's {whole:,})" if parts else "")
+
+
+# what bf16-main-grad counts of Megatron-LM's bf16 step (its source, read: megatron/core/distributed/
+# distributed_data_parallel.py, param_and_grad_buffer.py, megatron/core/optimizer/optimizer.py, distrib_optimizer.py)
+MAIN_GRAD_CONVENTION = (
+    "bf16-main-grad is Megatron-LM's bf16 training (Megatron-Core's DistributedDataParallel with "
+    "accumulate_allreduce_grads_in_fp32, its default under bf16): the module in bf16 (Float16Module: the forward and "
+    "backward are bf16-pure's), one contiguous fp32 main-gradient buffer allocated when the model is wrapped and held "
+    "at every moment (each bf16 gradient is added into param.main_grad by a hook and freed at once, so no .grad is "
+    "held), fp32 masters and Adam moments: 2 + 4 + 12 B a parameter, as theoretical_memory_usage.py counts them "
+    "(18 B; 6 + 12/d under --use-distributed-optimizer). The step casts nothing: main_param.grad = "
+    "main_grad.float() is the fp32 buffer itself; the optimizer updates the masters, which are copied into the bf16 "
+    "weights. Not counted: a hook's bf16 gradient for the moment before it is added and freed (none for the linear "
+    "layers under Megatron's gradient-accumulation fusion), and the buffer's alignment padding (each bucket to a "
+    "multiple of d, each parameter's start to 64 elements, under the distributed optimizer)")
 
 
 def master_layout_words(layout: Any) -> str:

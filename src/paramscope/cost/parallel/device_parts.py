@@ -32,7 +32,8 @@ def fsdp_units(placements: tuple[Placement, ...], weight_bytes: Callable[[Placem
 
 
 def resident_bytes(dev: DeviceStates, buffers: int) -> int:
-    return dev.weights + dev.optimizer + dev.master_weights + buffers
+    # bf16-main-grad's fp32 gradient buffer is held at every moment (parallel/states.main_grad_states)
+    return dev.weights + dev.optimizer + dev.master_weights + dev.grad_buffer + buffers
 
 
 def fsdp_sharded(layout: Any) -> bool:
@@ -258,14 +259,15 @@ def whole_embedding_gradient(ctx: StepContext, placements: tuple[Placement, ...]
     GPT-2's wte and Gemma-2's embed_tokens, tp 2). `tied_apart`: a tied head on another pipeline stage, the
     embedding's gradient made on its stage alone, whole as an untied one's (traced: GPT-2's wte, tp 2 × pp 3)."""
     from ..dtypes import itemsize
-    from ..memory.states import MASTER_PRECISION, trained_dtype
+    from ..memory.states import MAIN_GRAD_PRECISION, MASTER_PRECISION, trained_dtype
 
     if ctx.layout.tp == 1 or not under_fsdp and ctx.layout.shard in ("fsdp", "hsdp") and ctx.layout.shard_degree > 1:
         return None
     # bf16-master's step casts the gradient as it holds it: whole under replication, its ZeRO partition's share of
     # the flat buffer under ZeRO 1-3 (states.master_whole_gradient)
     master = ("partition" if ctx.layout.zero_stage and ctx.layout.shard_degree > 1 else "whole") \
-        if ctx.states.precision == MASTER_PRECISION else ""
+        if ctx.states.precision == MASTER_PRECISION else \
+        "buffer" if ctx.states.precision == MAIN_GRAD_PRECISION else ""
     tied = {name for group in ctx.report.tied for name in (group.canonical, *group.aliases)}
     for p in placements:
         if p.role == "embeddings.word" and p.tp == "vocabulary" and p.name in ctx.trainable and \
@@ -285,12 +287,14 @@ def sequence_parallel_norm_gradients(ctx: StepContext, params: Any = None) -> in
     weights and any biases; read off traces of one rank: 13 norms × h × 4 B on a 6-layer Llama or Mixtral). 0 without sequence parallel or
     under FSDP2, which reduces the gradients itself. `params`: a pipeline stage's (default: the model's)."""
     from ..dtypes import itemsize
-    from ..memory.states import MASTER_PRECISION, trained_dtype
+    from ..memory.states import MASTER_COPY_PRECISIONS, trained_dtype
 
     layout = ctx.layout
     if not layout.sp or layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1:
         return 0
-    if ctx.states.precision == MASTER_PRECISION:  # all-reduced after the bf16 gradients are freed (states.py)
+    # bf16-master: all-reduced after the bf16 gradients are freed (states.py); bf16-main-grad: added into the fp32
+    # buffer by their hooks and freed (traced: MainGradOptimizer on the rank's DTensors holds none at the step)
+    if ctx.states.precision in MASTER_COPY_PRECISIONS:
         return 0
     hidden = hidden_size(ctx)
     return sum(p.numel * itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
@@ -311,7 +315,8 @@ def with_whole_gradient(phase: PhaseFigure, whole: tuple[int, int]) -> PhaseFigu
     full, local = whole[0], whole[1]
     if phase.where == "optimizer step" and isinstance(whole, WholeGradient) and whole.master:
         extra, words = master_whole_gradient(full, local, whole.master)
-        return dataclasses.replace(phase, bytes=phase.bytes + extra, gradients=phase.gradients + full - local,
+        return dataclasses.replace(phase, bytes=phase.bytes + extra, gradients=phase.gradients + (full - local
+                                                                                                 if extra else 0),
                                    arithmetic=f"{phase.arithmetic}; {words}")
     if phase.where in ("end of backward", "later backward"):  # a pipeline's later backward: every gradient held
         extra, words = full - local, f"the embedding's gradient whole on every rank (torch's DTensor), + {full - local:,}"

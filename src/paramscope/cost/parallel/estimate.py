@@ -327,7 +327,8 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         # T: the rank's tokens, S / cp on a ring's rank
         notes.append(load_words(layout.ep, layout.expert_load,
                                 ctx.batch * (ctx.seq // layout.cp) * dim(ctx.text, "top_k")))
-    device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
+    device = DeviceMemory(layout, dev.weights, dev.gradients + dev.grad_buffer,
+                          dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           figures.end_of_forward, "derived: one rank's step traced on short cuts with the layout "
                           "applied (torch's fake process group), laid out to the model's depth", dev.arithmetic,
                           (), phases, rules, notes=tuple(notes))
@@ -548,7 +549,7 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
         return tuple(out) + fsdp_backward_moments(ctx, placements, batch, length)
 
     phases = shifted(ctx.phases)
-    device = DeviceMemory(ctx.layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights,
+    device = DeviceMemory(ctx.layout, dev.weights, dev.gradients + dev.grad_buffer, dev.optimizer, dev.master_weights,
                           ctx.buffer_bytes, ctx.activations,
                           f"{ctx.source_label}: each rank runs its own batch, as one device does", dev.arithmetic,
                           tuple(comm + expert_dispatch(ctx, placements, ctx.batch, ctx.seq)), phases, rules)
@@ -639,7 +640,8 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
                   "the column-parallel matmuls read of it (autocast's 16-bit casts under mixed precision) for their "
                   "weights' gradients: counted with the saved activations (Megatron gathers it again in backward "
                   "instead)",)
-    device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
+    device = DeviceMemory(layout, dev.weights, dev.gradients + dev.grad_buffer,
+                          dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           act.saved + kept[0], f"analytic: {recipe} on the rank's shard ({'; '.join(parts)})",
                           dev.arithmetic, tuple(comm), phases_at(ctx.batch, ctx.seq), rules, notes=notes)
 

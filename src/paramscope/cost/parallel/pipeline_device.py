@@ -371,7 +371,8 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         top = max(f, key=lambda p: p.bytes)
         rows.append(StageMemory(s.rank, (s.layers[0], s.layers[-1]) if s.layers else None, layer_runs(s.layers),
                                 len(s.layers),
-                                s.in_flight, s.first, s.last, d.weights, d.gradients, d.optimizer, d.master_weights,
+                                s.in_flight, s.first, s.last, d.weights, d.gradients + d.grad_buffer,
+                                d.optimizer, d.master_weights,
                                 h_, top.bytes, top.phase))
     tied_words = " and a copy of the tied embedding for the head (Megatron's rule)" if tied_name else ""
     words = (f"{split_words(layout, count)}; the embeddings on stage 0, {after_layers(ctx.report.params, stack)} on "
@@ -404,7 +405,8 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                   "there); the ring's other buffers are freed inside each attention",)
     if policy:
         notes += (POLICY_CLOSED_FORM,)
-    device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
+    device = DeviceMemory(layout, dev.weights, dev.gradients + dev.grad_buffer,
+                          dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           held, f"analytic: {recipe}, stage {stage.rank}'s layers × microbatches in flight",
                           dev.arithmetic, tuple(comm), figures, rules, tuple(rows), words, bubble(layout), notes)
 

@@ -310,7 +310,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     for s, d, f, r, _ in rows_in:
         top = max(f, key=lambda p: p.bytes)
         rows.append(StageMemory(s.rank, (s.layers[0], s.layers[-1]) if s.layers else None, layer_runs(s.layers),
-                                len(s.layers), s.in_flight, s.first, s.last, d.weights, d.gradients, d.optimizer,
+                                len(s.layers), s.in_flight, s.first, s.last, d.weights, d.gradients + d.grad_buffer,
+                                d.optimizer,
                                 d.master_weights, r.held if r is not None else 0, top.bytes, top.phase, r))
     tied_words = " and a copy of the tied embedding for the head (Megatron's rule)" if tied_name else ""
     words = (f"{split_words(layout, count)}; the embeddings on stage 0, {after_layers(ctx.report.params, stack)} on "
@@ -369,7 +370,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
              *((load_words(layout.ep, layout.expert_load,
                            micro * (ctx.seq // layout.cp) * (dim(ctx.text, "top_k") or 0)),)
                if experts and layout.expert_load != 1 else ()))
-    device = DeviceMemory(layout, dev.weights, dev.gradients, dev.optimizer, dev.master_weights, ctx.buffer_bytes,
+    device = DeviceMemory(layout, dev.weights, dev.gradients + dev.grad_buffer,
+                          dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           held, f"derived: stage {stage.rank}'s layers from the recipe's segments × microbatches in "
                           "flight", dev.arithmetic, tuple(comm) + tuple(b for b in p2p if b.bytes), figures, rules,
                           tuple(rows), words, bubble(layout), notes)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from ...words import counted
-from ..memory.states import MASTER_PRECISION, ModelStates, model_states
+from ..memory.states import MAIN_GRAD_PRECISION, MASTER_PRECISION, ModelStates, grad_buffer, model_states
 from .layout import ParallelLayout
 from .rules import Placement
 
@@ -32,10 +32,13 @@ class DeviceStates:
     master_weights: int
     unsharded: ModelStates  # the device's tensor/expert-parallel shards before any data-parallel share
     arithmetic: str  # how the data-parallel share was taken
+    # bf16-main-grad: the fp32 main-gradient buffer, resident at every moment (Megatron-Core's DDP: held whole on every
+    # data-parallel rank, the distributed optimizer included); `gradients` is then 0, as no .grad is held past its hook
+    grad_buffer: int = 0
 
     @property
     def bytes(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.master_weights
+        return self.weights + self.gradients + self.optimizer + self.master_weights + self.grad_buffer
 
 
 def device_states(params: Iterable, placements: Iterable[Placement], layout: ParallelLayout, *, precision: str,
@@ -45,6 +48,8 @@ def device_states(params: Iterable, placements: Iterable[Placement], layout: Par
     local = [dataclasses.replace(p, shape=by_name[p.name].local_shape, numel=by_name[p.name].local_numel)
              for p in params]
     whole = model_states(local, precision=precision, optimizer=optimizer, trainable=trainable, own=own)
+    if precision == MAIN_GRAD_PRECISION:
+        return main_grad_states(whole, layout)
     stage = layout.zero_stage
     degree = layout.shard_degree
     if stage == 0 or degree == 1:
@@ -98,6 +103,43 @@ def device_states(params: Iterable, placements: Iterable[Placement], layout: Par
                         share("master_weights", True), whole, how)
 
 
+def main_grad_states(whole: ModelStates, layout: ParallelLayout) -> DeviceStates:
+    """bf16-main-grad's states on a rank holding `whole` (its tensor/pipeline shard), Megatron-LM's: the bf16 weights
+    and the fp32 main-gradient buffer whole on every data-parallel rank (the buffer is reduce-scattered in place under
+    the distributed optimizer, still allocated whole), resident from before the forward (grad_buffer; no .grad held);
+    the fp32 masters and moments whole under DDP, ⌈/ d⌉ under the distributed optimizer (ZeRO-1's share of its flat
+    buffer: the padding Megatron adds, each bucket to a multiple of d and each parameter's start to 64 elements, not
+    counted)."""
+    buffer = grad_buffer(whole)
+    degree = layout.shard_degree
+    if layout.zero_stage == 0 or degree == 1:
+        return DeviceStates(whole.weights.bytes, 0, whole.optimizer.bytes, whole.master_weights.bytes, whole,
+                            "Megatron's DDP without the distributed optimizer: every data-parallel rank holds these",
+                            buffer)
+    return DeviceStates(whole.weights.bytes, 0, -(-whole.optimizer.bytes // degree),
+                        -(-whole.master_weights.bytes // degree), whole,
+                        f"Megatron's distributed optimizer over {degree} data-parallel ranks: ⌈bytes / {degree}⌉ of the "
+                        "fp32 masters and moments a rank, the bf16 weights and the fp32 gradient buffer whole", buffer)
+
+
+def main_grad_layout_words(layout: ParallelLayout) -> str:
+    """Which rule bf16-main-grad follows under `layout`, named: Megatron-LM's."""
+    over = (f"its distributed optimizer sharding the fp32 masters and Adam moments over the {layout.shard_degree} "
+            "data-parallel ranks (6 + 12/d B a parameter, ZeRO-1's share)" if layout.zero_stage and
+            layout.shard_degree > 1 else "plain DDP, every data-parallel rank holding the masters and moments whole "
+            "(18 B a parameter)")
+    words = [f"bf16-main-grad: Megatron-LM's bf16 training (Megatron-Core's DistributedDataParallel with "
+             "accumulate_allreduce_grads_in_fp32), bf16 weights, the fp32 main-gradient buffer held whole and resident "
+             f"at every moment, fp32 masters and moments, {over}"]
+    if layout.tp > 1:
+        words.append(f"beside tp {layout.tp} each rank's states are its shard's (Megatron's tensor parallelism; here as "
+                     "torch's DTensor runs it, the activations bf16-pure's)")
+    if layout.pp > 1:
+        words.append(f"beside pp {layout.pp} each stage holds its own parameters' buffer, masters and moments")
+    words.append("the optimizer step casts nothing (main_param.grad is the fp32 buffer itself)")
+    return "; ".join(words)
+
+
 def rank_master_copy(params: Iterable, placements: Iterable[Placement], layout: ParallelLayout, *, optimizer: str,
                      trainable: frozenset[str], own: frozenset[str] = frozenset()) -> int:
     """Bytes of the fp32 gradients bf16-master's optimizer step casts on one rank: one per element of the fp32 master
@@ -116,8 +158,13 @@ def master_whole_gradient(full: int, local: int, cast: str) -> tuple[int, str]:
     the rank's DTensors); the fused step's shard of that fp32 gradient and the sequence-parallel norms' all-reduced
     fp32 gradients are made after the bf16 gradients are freed, a lower moment (smaller than the rank's other bf16
     gradients), so neither is counted. "partition" (ZeRO 1-3): DeepSpeed casts only the fp32 partition of its flat
-    buffer of the rank's shards, so nothing beyond the bf16 gradient held whole."""
+    buffer of the rank's shards, so nothing beyond the bf16 gradient held whole. "buffer" (bf16-main-grad): its hook
+    adds the whole gradient into the rank's fp32 main_grad shard and frees it as the backward ends, so the step holds
+    nothing of it (traced: MainGradOptimizer on the rank's DTensors)."""
     more = full - local
+    if cast == "buffer":
+        return 0, ("the embedding's whole gradient (torch's DTensor) added into the rank's fp32 main_grad by its hook "
+                   "and freed: none held at the step")
     words = f"the embedding's gradient whole on every rank (torch's DTensor), + {more:,}"
     if cast == "partition":
         return more, f"{words}; the step casts the rank's ZeRO partition of its shards only"

@@ -21,6 +21,7 @@ use to check that the fake step equals reality to the byte on small models.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import itertools
 import re
@@ -84,7 +85,7 @@ class TracedStep:
 class StepSettings:
     batch: int = 1
     seq: int = 512
-    precision: str = "fp32"  # training: fp32 | bf16-mixed | fp16-mixed | bf16-pure | bf16-master
+    precision: str = "fp32"  # training: fp32 | bf16-mixed | fp16-mixed | bf16-pure | bf16-master | bf16-main-grad
     optimizer: str = "adamw"
     grad_checkpointing: bool = False
     attention: str | None = None  # None: the model's own (transformers picks sdpa where the model supports it)
@@ -595,12 +596,15 @@ def loss_of(output: Any) -> Any:
 
 def _optimizer(model: Any, name: str, precision: str = "fp32") -> tuple[Any, str | None]:
     """torch's optimizer as the Trainer builds it (fused AdamW, its default on GPUs); None for one torch lacks.
-    Under bf16-master, that optimizer on fp32 master copies of the bf16 weights (MasterCopyOptimizer)."""
+    Under bf16-master, that optimizer on fp32 master copies of the bf16 weights (MasterCopyOptimizer); under
+    bf16-main-grad, on fp32 masters whose gradients are a resident fp32 buffer (MainGradOptimizer)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise OptionError("nothing trains: every parameter is frozen")
     if precision == "bf16-master":
         return MasterCopyOptimizer(params, name), None
+    if precision == "bf16-main-grad":
+        return MainGradOptimizer(params, name), None
     return _torch_optimizer(params, name)
 
 
@@ -661,6 +665,64 @@ class MasterCopyOptimizer:
         for param in self.params:
             param.grad = None
         self.inner.zero_grad(set_to_none=set_to_none)
+
+
+class MainGradOptimizer:
+    """bf16-main-grad's step, Megatron-LM's (megatron/core/distributed/distributed_data_parallel.py and
+    param_and_grad_buffer.py; megatron/core/optimizer/optimizer.py, Float16OptimizerWithFloat16Params): each trained
+    bf16 weight gets an fp32 `main_grad` when the model is wrapped (Megatron carves them out of one contiguous
+    buffer; here one tensor each: the same bytes, the buffer's alignment padding apart), held from before the forward;
+    a hook after each gradient is accumulated adds it into `main_grad` and frees it (`param.main_grad.add_(
+    param.grad.data); param.grad = None`); at the step each fp32 master's gradient is its main_grad itself
+    (`main_param.grad = model_param.main_grad.float()`: no copy, it is fp32), the optimizer updates the masters, whose
+    .grad is dropped, the masters are copied into the bf16 weights, and zero_grad zeroes the buffer in place
+    (`zero_grad_buffer`) rather than freeing it. A tensor that is not floating point keeps no master."""
+
+    def __init__(self, params: list, name: str) -> None:
+        import torch
+
+        self.params = [p for p in params if p.is_floating_point()]
+        self.masters = torch.nn.ParameterList([torch.nn.Parameter(p.detach().float()) for p in self.params])
+        self.main_grads = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
+        inner, note = _torch_optimizer(list(self.masters), name)
+        if inner is None:
+            raise OptionError("{0} bf16-main-grad runs torch's optimizers on the master copy: {note}", "precision",
+                              note=note)
+        self.inner = inner
+        for param, main_grad in zip(self.params, self.main_grads):
+            param.register_post_accumulate_grad_hook(functools.partial(_add_into_main_grad, main_grad))
+
+    def tracked(self) -> tuple[Any, ...]:
+        """What the tracker counts as resident: the masters, the states and the fp32 gradient buffer."""
+        return self.masters, self.inner, *self.main_grads
+
+    def step(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for master, main_grad in zip(self.masters, self.main_grads):
+                master.grad = main_grad.float()  # already fp32: the buffer itself, as Megatron's step reads it
+            self.inner.step()
+            for master in self.masters:
+                master.grad = None
+            for param, master in zip(self.params, self.masters):
+                param.copy_(master)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for param in self.params:
+            param.grad = None
+        for main_grad in self.main_grads:  # Megatron's zero_grad_buffer: zeroed in place, still held
+            main_grad.zero_()
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+
+def _add_into_main_grad(main_grad: Any, param: Any) -> None:
+    """Megatron-Core DDP's backward hook: the bf16 gradient added into the fp32 main_grad, then freed."""
+    import torch
+
+    with torch.no_grad():
+        main_grad.add_(param.grad)
+    param.grad = None
 
 
 def autocast_for(precision: str) -> Any:
