@@ -399,6 +399,10 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
     if derived is not None:
         figures = derived.recipe.peaks(options.batch, seq)
         how = "depth-extended trace" if extended else "derived"
+        if grad_buffer(states) and figures.gradients_at_backward_peak:  # derived under bf16-pure's AccumulateGrad
+            notes.append(f"the derived backward peak holds {figures.gradients_at_backward_peak:,} B of bf16 gradients "
+                         "(bf16-pure's step), which Megatron's hooks add into the fp32 buffer and free: a bound, up "
+                         "to that much over (--trace full runs the hooks)")
         # what the traced step still holds at its optimizer step: the MoE layers' expert offsets
         offsets, offsets_text = expert_offsets(report.params, precision, own, config=view.config)
         step_end = resident + gradients + step_bytes + offsets
