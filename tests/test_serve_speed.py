@@ -95,10 +95,12 @@ def test_mixtral_reads_the_expected_active_experts():
     assert speed.notes[0].startswith(f"does not fit one H100 80GB: weights {held:,} B + KV cache 67,108,864 B "
                                      "(batch 1 × 512 tokens) = 93,472,694,272 B > 85,899,345,920 B (decode at batch "
                                      "1, 8, 32, 128, context 512; the prefill of 8 × 512 tokens;")
-    # where the asked batch does not fit, memory's smallest tensor-parallel degree at it (its own peak, + reserve)
-    assert speed.notes[0].endswith("`memory`'s smallest tensor-parallel degree that fits at batch 8 × 512 tokens (its "
-                                   "peak, a prefill of all 512 tokens included, + 1,073,741,824 B reserve): tp 2, "
-                                   "47,644,258,880 B a GPU")  # memory --gpu h100 --batch 8 --seq 512: tp 2, this peak
+    # where the asked batch does not fit, memory's smallest layout at it (its own peak, + reserve): a MoE model's
+    # search is over tp × dp, named so (memory --gpu h100 --batch 8 --seq 512: tp 2 × dp 1, this peak)
+    assert speed.notes[0].endswith("`memory`'s smallest layout that fits at batch 8 × 512 tokens, a replica's batch "
+                                   "(its peak, a prefill of all 512 tokens included, + 1,073,741,824 B reserve) "
+                                   "(tried tp × dp by GPUs, fewer replicas first at equal GPUs, dp in powers of two, "
+                                   "the experts cut over tp × dp): tp 2 = 2 GPUs, 47,644,258,880 B a GPU")
 
 
 def test_deepseek_v3_reads_the_mla_latent():
@@ -352,3 +354,22 @@ def test_a_missing_peak_offers_the_table_s_dtypes(capsys):
     assert main(["serve", "gpt2", "--gpu", "4090"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "give --peak-tflops, or --peak-dtype bf16/fp16/fp8" in err
+
+
+def test_the_split_sentence_names_a_moe_layouts_replicas():
+    """Memory's MoE search is over tp × dp: where it finds D > 1 (or nothing), speed's sentence names the layout,
+    its replicas and GPUs, not the tp alone."""
+    from paramscope.cost.hardware import Accelerator
+    from paramscope.cost.parallel.serving import TensorParallelSearch
+    from paramscope.cost.speed.roofline import _layout_words
+
+    gpu = Accelerator("budget", 1 << 30, "", "budget")
+    tried = ((1, 5 << 30, ""), (2, 3 << 30, ""), (1, 2 << 30, ""), (2, None, "uneven"), (1, 1 << 29, ""))
+    found = TensorParallelSearch(gpu, 1, 8, 512, 1, 1 << 29, tried, 4, True, True, (1, 1, 2, 2, 4))
+    assert _layout_words(found, "at batch 8 × 512 tokens (its peak)") == (
+        "`memory`'s smallest layout that fits at batch 8 × 512 tokens, a replica's batch (its peak) (tried tp × dp "
+        "by GPUs, fewer replicas first at equal GPUs, dp in powers of two, ep = tp × dp): tp 1 × dp 4 = 4 GPUs, "
+        "536,870,912 B a GPU")
+    none = TensorParallelSearch(gpu, 2, 8, 512, None, None, tried[:3], 1, False, True, (1, 1, 2))
+    assert _layout_words(none, "at batch 8 × 512 tokens (its peak)").endswith(
+        "the experts cut over tp × dp) (up to tp 1 × dp 2 × pp 2 = 4 GPUs)")

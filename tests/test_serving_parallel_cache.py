@@ -119,10 +119,13 @@ def test_each_gpu_takes_the_one_device_correction(cache):
     assert device.weights.bytes == 7_162_540_032 and device.weights.buffer_bytes == 512
     assert device.kv_cache.bytes == 24 * 8192 * 2 * 4 * 128 * 2 == 402_653_184  # 16 KV heads / tp 4
     assert device.workspace.bytes == 184_614_912
-    assert device.correction == 455_279_072
-    assert device.peak == estimate.peak == 7_162_540_032 + 512 + 402_653_184 + 184_614_912 + 455_279_072 \
-        == 8_205_087_712
-    assert any("adds the one-device correction whole, 455,279,072 B, a bound" in n for n in estimate.notes)
+    # the correction whole and the formula's tp cut given back: 2 × intermediate 5,632 × (1 - 1/4) × 8,192 × 2 B
+    # (the traced moment does not shrink with it: test_serving_expert_workspace.py traces a rank-shaped module)
+    assert device.correction == 455_279_072 + 8192 * 2 * (5632 - 5632 // 4) * 2 == 593_691_104
+    assert device.peak == estimate.peak == 7_162_540_032 + 512 + 402_653_184 + 184_614_912 + 593_691_104 \
+        == 8_343_499_744
+    assert any("adds the one-device correction whole, 455,279,072 B, and gives back the formula's own tp cut" in n
+               for n in estimate.notes)
     assert not any("uncorrected" in n for n in estimate.notes)
     tried = dict((t, peak) for t, peak, _ in estimate.parallel.smallest.tried)
     assert tried[1] == 30_565_208_576 + 455_279_072  # the one-device answer, corrected

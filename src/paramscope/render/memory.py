@@ -225,8 +225,8 @@ def _gpu_table(estimate, layout) -> Table:
                       device.workspace.arithmetic)
     if device.correction:
         table.add_row("correction (a bound)", exact(device.correction), binary(device.correction),
-                      "what transformers' prefill keeps beyond the formula on one device (traced), carried whole: "
-                      "see the notes")
+                      "what transformers' prefill keeps beyond the formula on one device (traced), carried whole, "
+                      "with the formula's tp cut of the workspace given back: see the notes")
     if device.gathered:
         table.add_row("MoE dispatch, gathered", exact(device.gathered), binary(device.gathered),
                       layout.dispatch.arithmetic(estimate.settings["batch"], estimate.settings["seq"])

@@ -240,13 +240,19 @@ def prefill_moments(config: Any, class_name: str, seq: int) -> tuple[str, dict[s
 
 # the family moments' widths and heads a tensor-parallel rank holds 1/tp of (the hidden size stays whole)
 SPLIT_BY_TP = ("i", "heads", "inner", "kv", "q")
+# the family moments' widths that are the routed experts' own: under expert parallelism a rank holds whole experts
+# (vLLM's MoE tensor-parallel size 1), so these stay whole on it while attention's heads are still / tp
+EXPERT_WIDTHS = {"Mixtral": ("i",)}
 
 
 def family_workspace(config: Any, class_name: str, *, batch: int, seq: int, dtype_size: int,
-                     cache_bytes: int, tp: int = 1, last: bool = True) -> tuple[int, str] | str | None:
+                     cache_bytes: int, tp: int = 1, last: bool = True,
+                     experts_whole: bool = False) -> tuple[int, str] | str | None:
     """(bytes beyond weights, buffers and the KV cache, arithmetic) at the family's largest moment; the words why
     not (a config or dtype not fitted); None for a family without moments here. `tp`: on one tensor-parallel rank
-    (widths and heads / tp); `last`: the stage that computes the logits (a pipeline's other stages skip them)."""
+    (widths and heads / tp); `last`: the stage that computes the logits (a pipeline's other stages skip them);
+    `experts_whole`: the rank holds whole routed experts (expert parallelism), so the family's expert widths
+    (EXPERT_WIDTHS) are not / tp."""
     found = prefill_moments(config, class_name, seq)
     if not isinstance(found, tuple):
         return found
@@ -254,10 +260,13 @@ def family_workspace(config: Any, class_name: str, *, batch: int, seq: int, dtyp
     if dtype_size not in tables:
         return f"{family} computing in {dtype_size}-byte floats (fitted: 16-bit and fp32)"
     dims = dict(dims, B=batch, S=seq)
+    whole = EXPERT_WIDTHS.get(family, ()) if experts_whole else ()
     for key in SPLIT_BY_TP:
-        if tp > 1 and dims.get(key):
+        if tp > 1 and dims.get(key) and key not in whole:
             dims[key] = -(-dims[key] // tp)
-    split = f" (widths and heads / tp {tp})" if tp > 1 else ""
+    kept = [key for key in whole if dims.get(key)]
+    split = (f" (widths and heads / tp {tp}" + (f"; the experts' {', '.join(kept)} whole: expert parallel" if kept
+                                                else "") + ")") if tp > 1 else ""
     best: tuple[int, str] | None = None
     for moment in tables[dtype_size]:
         if not last and "logits" in moment.where:
@@ -272,7 +281,8 @@ def family_workspace(config: Any, class_name: str, *, batch: int, seq: int, dtyp
 
 def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, vocab: int | None, gated: bool = True,
                       layers: int = 2, every_token_logits: bool = False, class_name: str = "",
-                      cache_bytes: int = 0, window_extra: int = 0, tp: int = 1, last: bool = True) -> Workspace:
+                      cache_bytes: int = 0, window_extra: int = 0, tp: int = 1, last: bool = True,
+                      experts_whole: bool = False) -> Workspace:
     """The prefill's working memory on top of weights, buffers and the KV cache, at its peak: the last layer.
 
     Live then, per token: the embedding output (the model keeps `inputs_embeds`) and the layer's input (h each,
@@ -290,13 +300,15 @@ def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, voc
 
     `tp`: one tensor-parallel rank's (serving across GPUs): the same moments with the MLP's and attention's widths
     and heads / tp and the hidden size whole, the logits gathered (the whole vocabulary); `last`: the pipeline stage
-    that computes them (the others hold none).
+    that computes them (the others hold none); `experts_whole`: the rank holds whole routed experts (expert
+    parallelism) whose width is the formula's MLP width (or the family's expert widths), kept whole.
     """
     from ..dims import config_int, text_config
 
     text = text_config(config)
     family = family_workspace(text, class_name, batch=batch, seq=seq, dtype_size=dtype_size,
-                              cache_bytes=cache_bytes, tp=tp, last=last) if class_name else None
+                              cache_bytes=cache_bytes, tp=tp, last=last,
+                              experts_whole=experts_whole) if class_name else None
     beyond = (f" + the sliding layers' prompt K and V beyond their windows, kept until the first decode step "
               f"{window_extra:,} B" if window_extra else "")
     logits = batch * (vocab or 0) * dtype_size * (seq if every_token_logits else 1) if last else 0
@@ -304,7 +316,8 @@ def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, voc
         layer_peak, text_line = family
         return Workspace(max(layer_peak, logits) + window_extra, text_line + beyond, logits)
     hidden = dim(text, "hidden") or 0
-    inner = -(-(dim(text, "intermediate") or 4 * hidden) // tp)
+    split = 1 if experts_whole else tp
+    inner = -(-(dim(text, "intermediate") or 4 * hidden) // split)
     held = 2 if layers > 1 else 1
     mlp = 3 if gated else 2
     per_token = ((held + 2) * hidden + mlp * inner) * dtype_size
@@ -317,8 +330,8 @@ def prefill_workspace(config: Any, *, batch: int, seq: int, dtype_size: int, voc
     # mask, shared by the batch
     mask = seq * seq if window_extra else 0
     layer_peak = batch * seq * per_token + rope + positions + mask
-    width = (f"intermediate {dim(text, 'intermediate') or 4 * hidden:,} / tp {tp}" if tp > 1 else
-             f"intermediate {inner:,}")
+    width = (f"intermediate {dim(text, 'intermediate') or 4 * hidden:,} / tp {tp}" if split > 1 else
+             f"intermediate {inner:,}" + (" (the routed experts', whole: expert parallel)" if tp > 1 else ""))
     text_line = (f"{batch} × {seq:,} tokens × ({held + 2} × hidden {hidden:,} + {mlp} × {width}) × "
                  f"{dtype_size} B" + (f" + RoPE cos/sin 2 × {seq:,} × {head_dim} × {dtype_size} B" if rope else "")
                  + f" + position ids {seq:,} × 8 B" + (f" + the sliding window's mask {seq:,}² × 1 B" if mask else ""))

@@ -59,7 +59,8 @@ class ServingStage:
     kv_cache: Any  # memory/kv.KVCache of the rank's share of the stage's layers, or None
     workspace: Any  # memory/result.Workspace, or None
     peak: int  # weights + buffers + KV cache + workspace + correction + gathered
-    correction: int = 0  # the one-device trace's correction carried to this GPU (PerGpuCorrection), bytes
+    correction: int = 0  # the one-device trace's correction carried to this GPU (PerGpuCorrection) with the
+    # formula's tp cut of the workspace given back (the traced moment need not shrink with it), bytes
     gathered: int = 0  # under --dp, the MoE dispatch's tokens gathered from every replica (GatheredDispatch), bytes
 
     @property
@@ -131,12 +132,16 @@ class PerGpuCorrection:
                     f"{-self.one_device:,} B above the traced prefill at {at}, and how much of that a rank keeps was "
                     "not traced under tp")
         how = "the whole model traced" if self.whole else "traced on two cuts, the same on both"
-        return (f"each GPU's peak adds the one-device correction whole, {self.one_device:,} B, a bound: on one device "
-                f"transformers' prefill at {at} keeps {self.one_device:,} B of working tensors the analytic formula "
-                f"does not count ({how}); under tp each such tensor is cut or replicated, none larger on a rank "
-                "than on one device, and a pipeline stage runs the same layers, so no GPU keeps more than the one "
-                "device's (not traced under tp); the fits move each GPU's curve by the same (exact at the asked "
-                "point only)")
+        return (f"each GPU's peak adds the one-device correction whole, {self.one_device:,} B, and gives back the "
+                "formula's own tp cut of the workspace (the one-device formula less the rank's), a bound: on one "
+                f"device transformers' prefill at {at} keeps {self.one_device:,} B of working tensors the analytic "
+                f"formula does not count ({how}), and that moment need not shrink with the widths the formula cuts "
+                "(Qwen1.5-MoE's does not: a module shaped as its tp rank, heads, KV heads and shared expert / tp, "
+                "traced, keeps the one device's workspace); under tp each tensor is cut or replicated, none larger "
+                "on a rank than on one device, and a pipeline stage runs the same layers, so no GPU's workspace "
+                "exceeds the one device's traced one, which each GPU's correction row makes up (not traced "
+                "per layout); the fits move each GPU's curve by the correction (exact at the asked point only), the "
+                "tp cut given back at each point")
 
 
 def per_gpu_correction(one_device: int, batch: int, seq: int, whole: bool = False) -> PerGpuCorrection | None:
@@ -305,13 +310,32 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
 
     caches = [cache_of(held, batch, seq) for _, _, held in stage_rows]
 
+    experts_whole = False
+    if ep > 1:
+        from .serving_experts import workspace_experts_whole
+
+        experts_whole = workspace_experts_whole(report.params, text, ep)
+
     def workspace_of(stage: Any, cache: Any, b: int, s: int) -> Any:
         last = stage is None or stage.last
-        return prefill_workspace(view.config, tp=tp, batch=b, seq=s, last=last,
+        return prefill_workspace(view.config, tp=tp, batch=b, seq=s, last=last, experts_whole=experts_whole,
                                  cache_bytes=cache.at(b, s) if cache is not None else 0,
                                  window_extra=cache.prefill_extra(b, s) if cache is not None else 0, **inputs.shape)
 
     extra = missed.bytes if missed is not None else 0
+
+    def uncut_of(stage: Any, cache: Any, b: int, s: int) -> int:
+        """Where the one-device answer carries a traced correction: the formula's own tp cut of the workspace (the
+        one-device formula less the rank's, at the rank's cache), given back. The traced moment the formula misses
+        need not shrink with the widths the formula cuts (on Qwen1.5-MoE it does not: a rank-shaped module, heads
+        and shared expert / tp, keeps the one device's workspace, its KV cache alone cut), so a bound carries the
+        one device's whole workspace."""
+        if missed is None or missed.one_device <= 0:
+            return 0
+        common = dict(batch=b, seq=s, last=stage is None or stage.last,
+                      cache_bytes=cache.at(b, s) if cache is not None else 0,
+                      window_extra=cache.prefill_extra(b, s) if cache is not None else 0, **inputs.shape)
+        return max(0, prefill_workspace(view.config, **common).bytes - workspace_of(stage, cache, b, s).bytes)
     moe = any(p.role == "moe.experts" for p in placements)
     dispatch = None
     if moe:
@@ -326,18 +350,19 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
     for (stage, weights, held), cache in zip(stage_rows, caches):
         work = workspace_of(stage, cache, batch, seq)
         gathered = gathered_of(weights, batch, seq)
-        peak = (weights.bytes + weights.buffer_bytes + (cache.bytes if cache is not None else 0) + work.bytes + extra
-                + gathered)
+        carried = extra + uncut_of(stage, cache, batch, seq)
+        peak = (weights.bytes + weights.buffer_bytes + (cache.bytes if cache is not None else 0) + work.bytes
+                + carried + gathered)
         rows.append(ServingStage(stage.rank if stage else 0, (held[0], held[-1]) if held else None,
                                  len(held) if held is not None else count, stage is None or stage.first,
-                                 stage is None or stage.last, weights, cache, work, peak, extra, gathered))
+                                 stage is None or stage.last, weights, cache, work, peak, carried, gathered))
 
     def peak_at(b: int, s: int) -> int:
         best = 0
         for (stage, weights, _), cache in zip(stage_rows, caches):
             kv = cache.at(b, s) if cache is not None else 0
             best = max(best, weights.bytes + weights.buffer_bytes + kv + workspace_of(stage, cache, b, s).bytes
-                       + gathered_of(weights, b, s))
+                       + gathered_of(weights, b, s) + uncut_of(stage, cache, b, s))
         return best + extra
 
     cut_experts = ep == 1 and moe

@@ -78,6 +78,34 @@ def expert_parallel(placements: Any, ep: int, model: str) -> tuple[Any, int, tup
     return tuple(placed), experts, (start, stop)
 
 
+def expert_widths(params: Any, hidden: int) -> frozenset[int]:
+    """The routed experts' own widths beside the hidden size, read off their tensors: a projection's other dim where
+    one of its last two is `hidden` (packed [E, 2i, h] and [E, h, i], per-expert [i, h] and [h, i], either
+    orientation), so the fused gate-up's 2i and the down projection's i."""
+    widths = set()
+    for p in params:
+        if p.role != "moe.experts" or len(p.shape) < 2:
+            continue
+        out, inputs = p.shape[-2], p.shape[-1]
+        if inputs == hidden and out != hidden:
+            widths.add(out)
+        elif out == hidden:
+            widths.add(inputs)
+    return frozenset(widths)
+
+
+def workspace_experts_whole(params: Any, text: Any, ep: int) -> bool:
+    """Whether a rank's prefill workspace keeps its MLP width whole: under expert parallelism (each rank holds whole
+    experts, vLLM's MoE tensor-parallel size 1) where the config's intermediate size is the routed experts' own
+    width (Mixtral, OLMoE: every MLP is routed). A config whose intermediate is another MLP's (Qwen-MoE's dense or
+    shared expert, DeepSeek's dense layers: a moe_intermediate_size apart) keeps it / tp: those are cut over tp
+    under --ep too."""
+    from ..dims import dim
+
+    hidden, inner = dim(text, "hidden"), dim(text, "intermediate")
+    return ep > 1 and bool(hidden) and bool(inner) and inner in expert_widths(params, hidden)
+
+
 def rule_words(experts: int, ep: int) -> str:
     counts = sorted({stop - start for start, stop in expert_ranges(experts, ep)}, reverse=True)
     share = f"{counts[0]} a rank" if len(counts) == 1 else \
@@ -100,7 +128,9 @@ def notes(experts: int, ep: int, tp: int, held: tuple[int, int], dp: int = 1) ->
              "data-parallel dispatch, counted: see its note)" if dp > 1 else
              "expert parallel with one replica: every tp rank already holds the replica's tokens, so nothing is "
              "dispatched (vLLM's MoE layer runs its own experts on them and all-reduces the outputs over tp)")
-            + "; the prefill workspace is the tensor-parallel formula's")
+            + "; the prefill workspace is the tensor-parallel formula's, with the routed experts' widths whole "
+            "where it reads them (vLLM's fused experts run whole experts, their intermediate caches at the "
+            "expert's full width)")
 
 
 def flattened_words(tp: int, dp: int) -> str:
@@ -157,5 +187,5 @@ def gathered_dispatch(text: Any, dp: int, dtype_size: int) -> GatheredDispatch |
     return GatheredDispatch(dp, hidden, dim(text, "top_k") or 0, dtype_size)
 
 
-__all__ = ["GatheredDispatch", "expert_parallel", "expert_ranges", "experts_of", "flattened_words", "gathered_dispatch",
-           "notes", "rule_words"]
+__all__ = ["GatheredDispatch", "expert_parallel", "expert_ranges", "expert_widths", "experts_of", "flattened_words",
+           "gathered_dispatch", "notes", "rule_words", "workspace_experts_whole"]

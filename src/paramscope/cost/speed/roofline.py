@@ -393,12 +393,33 @@ def _split_words(roof: Roofline, batch: int, decode: tuple[StepBound, ...], pref
         return pointer
     at = f"at batch {search.batch:,} × {search.seq:,} tokens (its peak, a prefill of all {search.seq:,} tokens " \
          f"included, + {reserve:,} B reserve)"
+    if search.dp_searched:  # a MoE model: memory searched tp × dp, its MoE layers spanning the replicas
+        return _layout_words(search, at)
     if search.tp is None:
         widest = max(t for t, peak, _ in search.tried if peak is not None) if any(
             peak is not None for _, peak, _ in search.tried) else None
         return f"no tensor-parallel degree fits in `memory`'s search {at}" + (
             f" (up to tp {widest})" if widest else "")
     return f"`memory`'s smallest tensor-parallel degree that fits {at}: tp {search.tp}, {search.peak:,} B a GPU"
+
+
+def _layout_words(search: Any, at: str) -> str:
+    """A MoE model's smallest layout (parallel/serving.TensorParallelSearch over tp × dp) in words: the layout with
+    its replicas and GPUs, as memory's sentence names it."""
+    def layout(tp: int, dp: int) -> str:
+        gpus = tp * dp * search.pp
+        return (f"tp {tp}" + (f" × dp {dp}" if dp > 1 else "") + (f" × pp {search.pp}" if search.pp > 1 else "")
+                + f" = {gpus:,} GPU{'s' if gpus > 1 else ''}")
+
+    at = at.replace(" tokens (its peak", " tokens, a replica's batch (its peak", 1)
+    order = f" (tried {search.order_words()})"
+    if search.tp is None:
+        # tried in order of GPUs: the last answered is the widest
+        sized = [(tp, dp) for (tp, peak, _), dp in zip(search.tried, search.tried_dp) if peak is not None]
+        widest = f" (up to {layout(*sized[-1])})" if sized else ""
+        return f"no layout fits in `memory`'s search {at}{order}{widest}"
+    return (f"`memory`'s smallest layout that fits {at}{order}: {layout(search.tp, search.dp)}, {search.peak:,} B "
+            "a GPU")
 
 
 def _crossover(step: Callable[[int], StepBound], quick: Callable[[int], StepBound] | None = None) -> int | None:

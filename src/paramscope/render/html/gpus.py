@@ -49,9 +49,10 @@ def gpu_parts(memory: dict, stage: dict) -> list[Part]:
              ("KV cache", _bytes(stage.get("kv_cache")), _kv_how(stage.get("kv_cache"), memory["settings"])),
              ("prefill workspace", _bytes(stage.get("workspace")),
               (stage.get("workspace") or {}).get("arithmetic", ""))]
-    if stage.get("correction"):  # the one-device correction, on every GPU alike
+    if stage.get("correction"):  # the one-device correction, the formula's tp cut of the workspace given back
         parts.append(("correction (a bound)", int(stage["correction"]), "what transformers' prefill keeps beyond "
-                      "the formula on one device (traced), carried whole: see the notes"))
+                      "the formula on one device (traced), carried whole, with the formula's tp cut of the "
+                      "workspace given back: see the notes"))
     if stage.get("moe_gathered"):  # under --dp, a MoE layer's tokens from every replica
         how = (memory.get("layout") or {}).get("moe_dispatch") or ""
         parts.append(("MoE dispatch, gathered", int(stage["moe_gathered"]),
