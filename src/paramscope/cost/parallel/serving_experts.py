@@ -171,7 +171,10 @@ class GatheredDispatch:
                 "formula's MLP, Mixtral's fitted experts' moments); the "
                 "convention: every replica prefills its batch at once (vLLM's chunked prefill caps a step at "
                 "max_num_batched_tokens and holds less); not counted: vLLM's fused experts' own workspaces over the "
-                "gathered tokens (the workspace is transformers' formula on the rank's shard); a model that takes "
+                "gathered tokens (the workspace is transformers' formula on the rank's shard, over its replica's "
+                "tokens; TritonExperts' caches are M·k·max(2i, h) + M·k·max(i, h) in the compute dtype, M the "
+                "gathered tokens up to VLLM_FUSED_MOE_CHUNK_SIZE, 16,384, a chunk, i the expert's width on the "
+                "rank: whole under --ep, / (tp × dp) without); a model that takes "
                 "vLLM's sequence-parallel MoE (DeepSeek-V2/V3, Qwen3-MoE under --ep with tp > 1) gathers "
                 "⌈B·S / tp⌉ a tp rank, and an fp8 w8a8 checkpoint 1-byte activations with their scales: a bound "
                 "there" + unknown)
