@@ -29,7 +29,7 @@ POLICY_CLOSED_FORM = (
     "rank's fp32 shards, its units gathered in 16 bits; an estimate: FSDP2's moments inside a layer's backward (its "
     "fp32 reduce-scatter input) are not among a stage's, nor what torch's PipelineStage holds without gradient sync "
     "until the last backward; memory derives the stages instead, replaying the policy's FSDP2 rank (on a 4-layer Llama "
-    "cut, dp 2 × pp 2, 2 × 64: the last stage 8 B over it, the first 3,937,536 B under it; "
+    "cut, dp 2 × pp 2, 2 × 64: the last stage 8 B over it, the first 858,624 B under it; "
     "tests/test_policy_pipeline_search.py)")
 
 # the last stage's loss, kept in its cache until its backward, and the total weight cross-entropy saves for it: two

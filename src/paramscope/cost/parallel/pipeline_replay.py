@@ -42,8 +42,9 @@ POLICY_CONVENTION = (
     "after the forward under a pipeline (reshard_after_forward False): a stage then holds its layers gathered in 16 "
     "bits and their gradients unsharded in fp32 (the reduce_dtype accumulates them) until the step's last backward, "
     "not counted here, nor in the autocast convention's pipeline answer (the extra is named below for the device's "
-    "stage); and the root unit's reduce-scatter at the end of the backward is the whole root's on the first stage "
-    "(the recipe's), none on the last")
+    "stage); and the root unit's reduce-scatter at the end of a stage's backward is the first stage's own (its "
+    "embeddings', root_reduced), none on the last (its final norm and head's fp32 reduce-scatter input, 4 B an "
+    "element, not among its moments)")
 POLICY_CHECK = (
     "the replay's mechanics held to the rank traced under the policy: the whole cut replayed as one stage equals the "
     "derived rank, which equals --trace (a 4-layer Llama cut, dp 2, bf16-mixed: tests/test_policy_pipeline_search.py);"
@@ -68,16 +69,50 @@ def policy_rank_layout(ctx: StepContext, experts: bool) -> tuple | None:
     return with_mixed_precision((layout.shard_degree, "fsdp", layout.tp, layout.sp), "policy")
 
 
-def root_apart(recipe: Any) -> Any:
+def root_apart(recipe: Any, reduced: tuple[tuple[int, int], tuple[int, int]] | None = None) -> Any:
     """The FSDP2 rank's recipe without its root unit's gather: the prefix's allocations that depend on neither B nor
     S (the root's all-gather input and output and its unsharded 16-bit parameters, made before the embeddings run;
     held until the end of the backward, and counted once a microbatch by the replay), sized 0, so that each stage
-    holds its own root unit instead (policy_root)."""
+    holds its own root unit instead (policy_root). `reduced` (a first stage without the head): ((the whole root's
+    fp32 reduce-scatter input, its fp32 gradient shards), the same of the stage's own root), in bytes: the root's
+    post-backward at the end of the first layer's backward segment reduces the stage's root, not the model's."""
     sizes = list(recipe.sizes)
     for sign, index, _ in recipe.prefix:
-        if sign > 0 and all(i == 0 and j == 0 for i, j, _ in sizes[index]):
+        if sign > 0 and _constant(sizes[index]):
             sizes[index] = ()
+    if reduced is not None:
+        (whole_input, whole_shards), (own_input, own_shards) = reduced
+        for sign, index, _ in recipe.first_backward:
+            if sign < 0 or not _constant(sizes[index]):
+                continue
+            value = sizes[index][0][2] if sizes[index] else 0
+            if value == whole_input and not recipe.gradient[index]:
+                sizes[index] = ((0, 0, own_input),) if own_input else ()
+            elif value == whole_shards and recipe.gradient[index]:
+                sizes[index] = ((0, 0, own_shards),) if own_shards else ()
     return dataclasses.replace(recipe, sizes=tuple(sizes))
+
+
+def _constant(poly: Any) -> bool:
+    return all(i == 0 and j == 0 for i, j, _ in poly)
+
+
+def root_reduced(ctx: StepContext, placements: tuple[Placement, ...], held: set[str]) -> tuple[tuple[int, int], ...]:
+    """((the whole root's reduce-scatter input, its gradient shards), the same of the stage's own root), fp32 bytes:
+    the parameters outside the layers, each padded as fully_shard pads it (⌈dim0 / d⌉·d rows; its shard ⌈dim0 / d⌉),
+    and of those the stage holds (`held`)."""
+    import math
+
+    from .pipeline import LAYER_PREFIX
+
+    d = ctx.layout.shard_degree
+
+    def sizes(group: list[Placement]) -> tuple[int, int]:
+        rows = [(-(-(p.local_shape or (1,))[0] // d), math.prod((p.local_shape or (1,))[1:])) for p in group]
+        return 4 * sum(r * d * rest for r, rest in rows), 4 * sum(r * rest for r, rest in rows)
+
+    root = [p for p in placements if not LAYER_PREFIX.match(p.name) and p.name in ctx.trainable]
+    return sizes(root), sizes([p for p in root if p.name in held])
 
 
 def _unsynced_words(ctx: StepContext, placements: tuple[Placement, ...], params: list, rank: int) -> str:
@@ -215,6 +250,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
         recipe = recipe_at(batch, length)
         if recipe is None:
             return (PhaseFigure("backward", 1 << 62, "", ""),), None, ""
+        if policy is not None and stage.first and not stage.last:  # the root's post-backward reduces its own root
+            recipe = root_apart(recipe, root_reduced(ctx, placements, {p.name for p in stage_params(stage)}))
         residual = batch * (length // shard) * hidden * residual_size
         # a later backward (more than one microbatch): every gradient already held; as many microbatches in flight
         # as at the first where another forward comes before it (1F1B, interleaved), one fewer where every forward
