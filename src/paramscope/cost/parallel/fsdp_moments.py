@@ -66,6 +66,14 @@ from .rules import Placement
 # k = L − 2 or at k = 1, the lowest with a prefetch; the last layer (no reduce-scatter input yet) is its own case.
 # Then the embedding's backward (every root gradient, its output's gradient) and, under tp, the root's
 # post-backward; and in the forward each unit's all-gather (below, where it is made).
+# A head tied to the embedding (Qwen2-0.5B's, Llama-3.2-1B's: the root's one weight used twice): the head's matmul
+# backward makes the whole weight's gradient, held unsharded from there (beside every layer's moments, as an untied
+# head's is); the embedding's backward makes its own beside it, and autograd adds the two out of place, both live
+# beside their sum once the output's gradient is freed: "the tied weight's two gradients summed", 2·V·h a gradient's
+# size over the untied root (the root's peak where it outweighs the activations). Traced under dp (autocast in fp32,
+# 16-bit mixed and bf16-pure; the policy; with and without checkpointing); beside tp the vocabulary-parallel tied
+# weight holds more (the embedding's Replicate gradient, and more inside the layers' backward) and is not held to a
+# trace: the policy refuses it there, autocast's prices it as under dp.
 # Under FSDP2's MixedPrecisionPolicy (param_dtype 16-bit, reduce_dtype fp32, no autocast: torchtitan's apply_fsdp;
 # device_parts.policy_context) the rank runs bf16-pure's step over its fp32 shards: the units gathered in 16 bits
 # (2 B an element, padded as above), no autocast copies, the activations and the unsharded weight gradients
@@ -122,11 +130,11 @@ def fsdp_moments_missing(ctx: StepContext, placements: tuple[Placement, ...]) ->
         return f"the class is {ctx.view.class_name}"
     if layout.cp > 1 or layout.ep > 1:
         return "context or expert parallelism is applied"
-    # a head tied to the embedding (the root's one weight, its gradient made twice) was not held to a trace under the
-    # policy: its moments are not priced (nor are they under autocast: on a tied 4-layer Qwen2 cut, dp 2, 16 tokens,
-    # the closed form is 3,674,112 B under the traced rank)
-    if fsdp_policy(layout) and tied_bytes(ctx, placements):
-        return "the head is tied to the embedding"
+    # a head tied to the embedding (the root's one weight, its gradient made twice): held to the traced rank under dp
+    # (the moments below); beside tp the vocabulary-parallel tied weight's gradients were not (autocast's closed form
+    # is 1,034,240 B under the traced rank inside a layer's backward on a tied 4-layer Qwen2 cut, dp 2 × tp 2)
+    if fsdp_policy(layout) and layout.tp > 1 and tied_bytes(ctx, placements):
+        return "the head is tied to the embedding beside tp"
     if _kind(ctx.precision) is None:
         return f"the precision is {ctx.precision}"
     layers = config_int(ctx.text, "num_hidden_layers") or 0
@@ -195,6 +203,11 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     shard = {k: sum(rows(p) * reduced(p) for p in group) for k, group in by_layer.items()}
     root_bytes = sum(rows(p) * d * size(p) for p in root)
     head = sum(p.local_numel * size(p) for p in root if p.role.startswith("head") or p.role == "norm.final")
+    # a head tied to the embedding (one root parameter, used twice): the head's matmul backward makes the whole
+    # weight's gradient, held unsharded beside the layers' moments until the embedding's backward adds its own
+    tied = tied_bytes(ctx, placements)
+    head += tied
+    tied_words = " (the head's the tied weight's whole gradient)" if tied else ""
     local = local_config(ctx.text, layout.tp) if layout.tp > 1 else ctx.text
     h = config_int(ctx.text, "hidden_size") or 0
     i = config_int(local, "intermediate_size") or 0
@@ -263,7 +276,7 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
                  + (f" + the position ids the checkpoints keep, 8·S = {positions_kept:,}" if positions_kept else "")
                  + f"{masked_text}; "
                  f"FSDP2: the root unit all-gathered {root_bytes:,} + the head's and final norm's gradients "
-                 f"unsharded {head:,} + layer {k}'s parameters all-gathered {padded[k]:,}"
+                 f"unsharded{tied_words} {head:,} + layer {k}'s parameters all-gathered {padded[k]:,}"
                  + (f" + layer {k - 1}'s all-gather output, prefetched {prefetched:,}" if prefetched else "")
                  + (f" + layer {k + 1}'s reduce-scatter input {reduce_in:,}" if reduce_in else "")
                  + (f" + the shards of the {layers - 1 - k} layers above {above:,}" if above else ""))
@@ -304,8 +317,17 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
                  + f" + layer 0's reduce-scatter input {reduce_input[0]:,} + every layer's reduce-scattered gradients "
                  f"{shards:,}")
     output = embedding_gradient(ctx.text, batch=batch, seq=seq, precision=ctx.precision)
-    out.append(PhaseFigure("backward", resident + held + output + masked, "FSDP2: the embedding's backward", (
-        f"{held_text} + the embedding output's gradient and the loss's scalars {output:,}{masked_text}"), shards))
+    out.append(PhaseFigure("backward", resident + held + output + masked + tied, "FSDP2: the embedding's backward", (
+        f"{held_text}" + (f" + the embedding's own gradient of the tied weight {tied:,}" if tied else "")
+        + f" + the embedding output's gradient and the loss's scalars {output:,}{masked_text}"), shards))
+    if tied:
+        # autograd adds the two gradients of the tied weight out of place (the head's, held, and the embedding's, made
+        # as its output's gradient is freed): both beside their sum until the sum replaces them
+        out.append(PhaseFigure("backward", resident + held + 2 * tied + 8 + masked,
+                               "FSDP2: the tied weight's two gradients summed", (
+                                   f"{held_text} (their sum among them) + the head's and the embedding's "
+                                   f"gradients of the tied weight, 2 × {tied:,} + the loss's scalars 8{masked_text}"),
+                               shards))
     if whole is not None:
         ids = 8 * tokens + 8
         out.append(PhaseFigure("backward", resident + held + whole[1] + ids, "FSDP2: the root's post-backward", (
