@@ -84,7 +84,8 @@ def test_pipeline_stages_replay_the_policy_rank():
     assert any(n.startswith("not counted (the convention above), on stage 1: its 939,648 parameters gathered in 16 "
                             "bits, 2·N = 1,879,296 B, and their gradients unsharded in fp32, 4·N = 3,758,592 B")
                for n in policy.notes)
-    autocast, _ = _device(layout_for(dp=2, zero="fsdp", pp=2, micro_batches=2, batch=4), 4)
+    autocast, _ = _device(layout_for(dp=2, zero="fsdp", pp=2, micro_batches=2, batch=4,
+                                     fsdp_mixed_precision="autocast"), 4)
     assert autocast.activations_from.startswith("analytic") and autocast.peak == 20_561_124
     # the derivation off (the layout search): the Llama closed form over bf16-pure's stages and the fp32 shards, the
     # last stage 8 B over the replay, the first 858,624 B under it (the replay's FSDP2 reduce-scatter buffers)
@@ -155,7 +156,7 @@ def test_fsdp_bytes_under_the_policy_and_autocast_by_hand():
         {(True, "policy"), (False, "autocast")}
     assert "dp 4 (FSDP2, its MixedPrecisionPolicy) = 4 devices" in [layout.words() for layout, _ in layouts]
     # which are derived: cp (no closed form beside the ring), not dp or a pipeline of this Llama (the closed forms);
-    # a tied head's dp layout is (the policy's closed form does not price it)
+    # a tied head's beside tp is (the policy's closed form does not price it there), not alone
     from paramscope.cost.parallel.layout_evaluation import policy_derived
 
     facts = read_facts(report, view, options, SEQ)
@@ -164,8 +165,9 @@ def test_fsdp_bytes_under_the_policy_and_autocast_by_hand():
     tied = _config()
     tied.tie_word_embeddings = True
     report, _, view = training_answer(tied, TrainingOptions(batch=1, seq=SEQ, fits=False))
-    assert policy_derived(layout_for(dp=4, zero="fsdp", batch=2, fsdp_mixed_precision="policy"),
-                          read_facts(report, view, options, SEQ))
+    facts = read_facts(report, view, options, SEQ)
+    assert [policy_derived(layout_for(zero="fsdp", batch=2, fsdp_mixed_precision="policy", **degrees), facts)
+            for degrees in (dict(dp=4), dict(dp=2, tp=2, sp=True))] == [False, True]
 
 
 def test_the_search_options_take_the_policy_and_refuse_it_in_one_line(capsys):

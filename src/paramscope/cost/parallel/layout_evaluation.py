@@ -190,14 +190,14 @@ def policy_derived(layout: ParallelLayout, facts: ModelFacts) -> bool:
     """Under the policy, a layout memory answers from a derived step whatever the class: context parallel or routed
     experts cut over ep (the policy's closed form, fsdp_moments.py, reaches neither; beside a pipeline memory refuses
     them, naming why), and without a pipeline a class the policy's closed form does not price (fsdp_moments
-    .fsdp_moments_missing: Llama, Mistral and Qwen2 with an untied head). A Llama-family pipeline takes the closed
-    form over bf16-pure's stages with the derivation off (pipeline_device.py), as autocast's pipelines do; another
-    class's stages replay the policy's FSDP2 rank."""
+    .fsdp_moments_missing: Llama, Mistral and Qwen2, a tied head not beside tp). A Llama-family pipeline takes the
+    closed form over bf16-pure's stages with the derivation off (pipeline_device.py), as autocast's pipelines do;
+    another class's stages replay the policy's FSDP2 rank."""
     from .fsdp_moments import _TRACED_FAMILY  # the families the policy's closed form is held to
 
     if not policy_layout(layout):
         return False
-    priced = getattr(facts.text, "model_type", None) in _TRACED_FAMILY and facts.tied is None
+    priced = getattr(facts.text, "model_type", None) in _TRACED_FAMILY and (facts.tied is None or layout.tp == 1)
     return layout.cp > 1 or layout.ep > 1 and facts.experts > 0 or layout.pp == 1 and not priced
 
 
