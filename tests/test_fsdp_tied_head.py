@@ -1,10 +1,11 @@
 """FSDP2's closed form (cost/parallel/fsdp_moments.py) where the head is tied to the token embedding (Qwen2-0.5B's,
 Llama-3.2-1B's kind), against one rank traced by MemTracker on torch's fake process group: the peak equals the traced
-rank's to the byte, under autocast (fp32, bf16-mixed, bf16-pure) and under FSDP2's MixedPrecisionPolicy, with and
-without full checkpointing. The tied weight is the root unit's one parameter used twice: the head's matmul backward
-makes its whole gradient, held unsharded beside every layer's backward; the embedding's backward makes its own, and
-autograd adds the two out of place, both beside their sum (the root's peak). A 4-layer Qwen2 cut at hidden size 128
-(test_fsdp_closed_form.py's proportions)."""
+rank's to the byte, under autocast (fp32, bf16-mixed, bf16-pure) and under FSDP2's MixedPrecisionPolicy, dp alone
+and beside tp, with and without full checkpointing. The tied weight is the root unit's one parameter used twice: the
+head's matmul backward makes its whole gradient, held unsharded beside every layer's backward; the embedding's
+backward makes its own, and autograd adds the two out of place, both beside their sum (the root's peak); beside tp
+the vocabulary-parallel embedding's gradient is whole (DTensor's Replicate) beside them. A 4-layer Qwen2 cut at hidden
+size 128 (test_fsdp_closed_form.py's proportions)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from paramscope.cost.memory.training import TrainingOptions, training_answer
 from paramscope.cost.parallel.layout import ParallelLayout
 from paramscope.cost.traced.parallel import trace_parallel_training
 from paramscope.cost.traced.step import StepSettings
-from paramscope.errors import UnsupportedError
 
 CUT = dict(hidden_size=128, intermediate_size=448, num_attention_heads=4, num_key_value_heads=1,
            tie_word_embeddings=True, num_hidden_layers=4, architectures=["Qwen2ForCausalLM"])
@@ -31,43 +31,45 @@ def _closed(dp: int, tp: int, seq: int, batch: int, precision: str, mixed: str, 
     return estimate.training.device, view
 
 
-# (dp, seq, batch, precision, FSDP2's mixed precision, vocabulary, checkpointing): the moment it peaks at, its bytes
-# (traced; torch 2.13). Before the tied head's moments autocast's closed form was 3,674,112 B under the first
+# (dp, tp, seq, batch, precision, FSDP2's mixed precision, vocabulary, checkpointing): the moment it peaks at, its
+# bytes (traced; torch 2.13). Before the tied head's moments autocast's closed form was 3,674,112 B under the first
 # (15,298,384 B inside layer 2's backward) and the policy's refused tied heads
 CASES = {
-    "autocast, dp 2, 16 tokens": ((2, 16, 1, "bf16-mixed", "autocast", 4008, False), SUM, 18_972_496),
-    "bf16-pure, dp 2, 16 tokens": ((2, 16, 1, "bf16-pure", "autocast", 4008, False), SUM, 9_486_416),
+    "autocast, dp 2, 16 tokens": ((2, 1, 16, 1, "bf16-mixed", "autocast", 4008, False), SUM, 18_972_496),
+    # beside tp: the embedding's whole gradient (Replicate) beside the two local ones and their sum
+    "bf16-pure, dp 2 × tp 2, 16 tokens": ((2, 2, 16, 1, "bf16-pure", "autocast", 4008, False), SUM, 5_846_608),
     # inside a layer's backward the tied weight's whole gradient beside the layer's moments
     "fp32, dp 2, 2 × 64 tokens, a 512-token vocabulary": (
-        (2, 64, 2, "fp32", "autocast", 512, False), "FSDP2: inside layer 3's backward (MLP's product)", 14_430_288),
+        (2, 1, 64, 2, "fp32", "autocast", 512, False), "FSDP2: inside layer 3's backward (MLP's product)", 14_430_288),
     "autocast, dp 2, 2 × 128 tokens, a 512-token vocabulary, checkpointing": (
-        (2, 128, 2, "bf16-mixed", "autocast", 512, True), "FSDP2: inside layer 1's backward (MLP's product)",
+        (2, 1, 128, 2, "bf16-mixed", "autocast", 512, True), "FSDP2: inside layer 1's backward (MLP's product)",
         12_692_048),
-    "policy, dp 2, 16 tokens": ((2, 16, 1, "bf16-mixed", "policy", 4008, False), SUM, 14_867_792),
+    "policy, dp 2, 16 tokens": ((2, 1, 16, 1, "bf16-mixed", "policy", 4008, False), SUM, 14_867_792),
+    "policy, dp 4 × tp 2, 16 tokens": ((4, 2, 16, 1, "bf16-mixed", "policy", 4008, False), SUM, 6_068_560),
     "policy, dp 2, 2 × 64 tokens, a 512-token vocabulary": (
-        (2, 64, 2, "bf16-mixed", "policy", 512, False), "FSDP2: inside layer 2's backward (MLP's product)",
+        (2, 1, 64, 2, "bf16-mixed", "policy", 512, False), "FSDP2: inside layer 2's backward (MLP's product)",
         10_716_624),
-    "policy, dp 4, 32 tokens, checkpointing": ((4, 32, 1, "bf16-mixed", "policy", 4008, True), SUM, 9_913_296),
+    "policy, dp 4, 32 tokens, checkpointing": ((4, 1, 32, 1, "bf16-mixed", "policy", 4008, True), SUM, 9_913_296),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_tied_head_closed_form_peak_is_the_traced_rank(name):
-    (dp, seq, batch, precision, mixed, vocab, checkpointing), moment, peak = CASES[name]
-    device, view = _closed(dp, 1, seq, batch, precision, mixed, vocab, checkpointing)
+    (dp, tp, seq, batch, precision, mixed, vocab, checkpointing), moment, peak = CASES[name]
+    device, view = _closed(dp, tp, seq, batch, precision, mixed, vocab, checkpointing)
     traced = trace_parallel_training(view.module, StepSettings(batch=batch, seq=seq, precision=precision,
                                                                optimizer="adamw", grad_checkpointing=checkpointing),
-                                     dp=dp, shard="fsdp", mixed=mixed)
+                                     dp=dp, shard="fsdp", tp=tp, mixed=mixed)
     assert (device.peak_figure.where, device.peak, traced.peak.bytes) == (moment, peak, peak), name
 
 
-def test_the_sum_names_both_gradients():
-    device, _ = _closed(2, 1, 16, 1, "bf16-mixed", "autocast", 4008, False)
-    words = next(p.arithmetic for p in device.phases if p.where == SUM)
+def test_the_sum_names_its_gradients():
+    words = next(p.arithmetic for p in _closed(2, 1, 16, 1, "bf16-mixed", "autocast", 4008, False)[0].phases
+                 if p.where == SUM)
     # the vocabulary × hidden fp32 gradient, twice beside the held sum
-    assert "the head's and the embedding's gradients of the tied weight, 2 × 2,052,096" in words
-
-
-def test_the_policy_refuses_a_tied_head_beside_tp_with_the_derivation_off():
-    with pytest.raises(UnsupportedError, match="here the head is tied to the embedding beside tp"):
-        _closed(2, 2, 16, 1, "bf16-mixed", "policy", 4008, False)
+    assert "the head's and the embedding's gradients of the tied weight, 2 × 2,052,096 + the loss's" in words
+    # beside tp each is the rank's half, and the embedding's whole gradient is beside them
+    words = next(p.arithmetic for p in _closed(2, 2, 16, 1, "bf16-mixed", "autocast", 4008, False)[0].phases
+                 if p.where == SUM)
+    assert ("the tied weight, 2 × 1,026,048 + the embedding's whole gradient (Replicate) it was taken from "
+            "2,052,096") in words

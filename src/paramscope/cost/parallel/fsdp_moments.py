@@ -70,10 +70,10 @@ from .rules import Placement
 # backward makes the whole weight's gradient, held unsharded from there (beside every layer's moments, as an untied
 # head's is); the embedding's backward makes its own beside it, and autograd adds the two out of place, both live
 # beside their sum once the output's gradient is freed: "the tied weight's two gradients summed", 2·V·h a gradient's
-# size over the untied root (the root's peak where it outweighs the activations). Traced under dp (autocast in fp32,
-# 16-bit mixed and bf16-pure; the policy; with and without checkpointing); beside tp the vocabulary-parallel tied
-# weight holds more (the embedding's Replicate gradient, and more inside the layers' backward) and is not held to a
-# trace: the policy refuses it there, autocast's prices it as under dp.
+# size over the untied root (the root's peak where it outweighs the activations). Beside tp the vocabulary-parallel
+# embedding's backward returns the gradient whole (DTensor's Replicate) and its local chunk is copied out to meet the
+# head's Shard(0) one: the whole gradient, V·h, beside the two local ones and their sum. Traced under dp and dp × tp
+# (autocast in fp32, 16-bit mixed and bf16-pure; the policy; with and without checkpointing; --sp too).
 # Under FSDP2's MixedPrecisionPolicy (param_dtype 16-bit, reduce_dtype fp32, no autocast: torchtitan's apply_fsdp;
 # device_parts.policy_context) the rank runs bf16-pure's step over its fp32 shards: the units gathered in 16 bits
 # (2 B an element, padded as above), no autocast copies, the activations and the unsharded weight gradients
@@ -119,7 +119,7 @@ def fsdp_moments_missing(ctx: StepContext, placements: tuple[Placement, ...]) ->
     """Why FSDP2's in-step moments (fsdp_backward_moments) are not modelled for this rank, in words ("here ..."); ""
     where they are: FSDP2 sharding over more than one rank, a class of Llama, Mistral or Qwen2 with its closed form
     on a rank's shard, no context or expert parallelism, fp32, a mixed precision (autocast or FSDP2's
-    MixedPrecisionPolicy, there with the head untied) or bf16-pure, and two layers or more."""
+    MixedPrecisionPolicy) or bf16-pure, and two layers or more; the head tied to the embedding or not."""
     from ..dims import config_int
 
     layout = ctx.layout
@@ -130,11 +130,6 @@ def fsdp_moments_missing(ctx: StepContext, placements: tuple[Placement, ...]) ->
         return f"the class is {ctx.view.class_name}"
     if layout.cp > 1 or layout.ep > 1:
         return "context or expert parallelism is applied"
-    # a head tied to the embedding (the root's one weight, its gradient made twice): held to the traced rank under dp
-    # (the moments below); beside tp the vocabulary-parallel tied weight's gradients were not (autocast's closed form
-    # is 1,034,240 B under the traced rank inside a layer's backward on a tied 4-layer Qwen2 cut, dp 2 × tp 2)
-    if fsdp_policy(layout) and layout.tp > 1 and tied_bytes(ctx, placements):
-        return "the head is tied to the embedding beside tp"
     if _kind(ctx.precision) is None:
         return f"the precision is {ctx.precision}"
     layers = config_int(ctx.text, "num_hidden_layers") or 0
@@ -317,17 +312,25 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
                  + f" + layer 0's reduce-scatter input {reduce_input[0]:,} + every layer's reduce-scattered gradients "
                  f"{shards:,}")
     output = embedding_gradient(ctx.text, batch=batch, seq=seq, precision=ctx.precision)
-    out.append(PhaseFigure("backward", resident + held + output + masked + tied, "FSDP2: the embedding's backward", (
-        f"{held_text}" + (f" + the embedding's own gradient of the tied weight {tied:,}" if tied else "")
-        + f" + the embedding output's gradient and the loss's scalars {output:,}{masked_text}"), shards))
+    # under tp a vocabulary-parallel tied embedding's backward returns its gradient whole (DTensor's Replicate),
+    # redistributed to the head's Shard(0) (a local chunk, copied) before the two are added
+    replicate = _tied_whole(ctx, root) if tied and layout.tp > 1 else 0
+    own = replicate or tied
+    own_words = (f" + the embedding's own gradient of the tied weight{', whole (Replicate)' if replicate else ''} "
+                 f"{own:,}" if tied else "")
+    out.append(PhaseFigure("backward", resident + held + output + masked + own, "FSDP2: the embedding's backward", (
+        f"{held_text}{own_words} + the embedding output's gradient and the loss's scalars {output:,}{masked_text}"),
+        shards))
     if tied:
         # autograd adds the two gradients of the tied weight out of place (the head's, held, and the embedding's, made
         # as its output's gradient is freed): both beside their sum until the sum replaces them
-        out.append(PhaseFigure("backward", resident + held + 2 * tied + 8 + masked,
+        whole_words = f" + the embedding's whole gradient (Replicate) it was taken from {replicate:,}" if replicate \
+            else ""
+        out.append(PhaseFigure("backward", resident + held + replicate + 2 * tied + 8 + masked,
                                "FSDP2: the tied weight's two gradients summed", (
                                    f"{held_text} (their sum among them) + the head's and the embedding's "
-                                   f"gradients of the tied weight, 2 × {tied:,} + the loss's scalars 8{masked_text}"),
-                               shards))
+                                   f"gradients of the tied weight, 2 × {tied:,}{whole_words} + the loss's scalars "
+                                   f"8{masked_text}"), shards))
     if whole is not None:
         ids = 8 * tokens + 8
         out.append(PhaseFigure("backward", resident + held + whole[1] + ids, "FSDP2: the root's post-backward", (
@@ -366,6 +369,17 @@ def _policy_root_reduce(root: list[Placement], rows: Any, size: Any, d: int, roo
                             f"fp32 {reduce_in:,} + its output, the root's fp32 gradient shard {output:,} + the last "
                             f"root parameter's ({root[-1].name if root else ''}) 16-bit gradient, still referenced "
                             f"{last:,} + {scalar_words} {scalars:,}"), shards))
+
+
+def _tied_whole(ctx: StepContext, root: list[Placement]) -> int:
+    """A vocabulary-parallel tied embedding's whole gradient, V·h in its gradient's dtype (0 where it is not cut)."""
+    import math
+
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+
+    return next((math.prod(p.shape) * itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
+                 for p in root if p.role == "embeddings.word" and p.tp == "vocabulary"), 0)
 
 
 def _copied(p: Placement) -> bool:
