@@ -44,7 +44,6 @@ CASES = {
     "autocast, dp 2, 2 × 128 tokens, a 512-token vocabulary, checkpointing": (
         (2, 1, 128, 2, "bf16-mixed", "autocast", 512, True), "FSDP2: inside layer 1's backward (MLP's product)",
         12_692_048),
-    "policy, dp 2, 16 tokens": ((2, 1, 16, 1, "bf16-mixed", "policy", 4008, False), SUM, 14_867_792),
     "policy, dp 4 × tp 2, 16 tokens": ((4, 2, 16, 1, "bf16-mixed", "policy", 4008, False), SUM, 6_068_560),
     "policy, dp 2, 2 × 64 tokens, a 512-token vocabulary": (
         (2, 1, 64, 2, "bf16-mixed", "policy", 512, False), "FSDP2: inside layer 2's backward (MLP's product)",
