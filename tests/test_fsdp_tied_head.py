@@ -72,3 +72,20 @@ def test_the_sum_names_its_gradients():
                  if p.where == SUM)
     assert ("the tied weight, 2 × 1,026,048 + the embedding's whole gradient (Replicate) it was taken from "
             "2,052,096") in words
+
+
+def test_under_gradient_accumulation_each_micro_step_is_the_traced_rank():
+    """The policy, dp 2, 2 sequences of 16 tokens in 2 micro-steps: every phase the traced rank's, the later
+    micro-step's peak the tied weight's sum over the held shards (15,894,096 B)."""
+    import transformers as T
+
+    options = TrainingOptions(batch=2, seq=16, precision="bf16-mixed", fits=False, grad_accum=2, derive_layout=False,
+                              layout=ParallelLayout(dp=2, shard="fsdp", fsdp_mixed_precision="policy"))
+    _, estimate, view = training_answer(T.Qwen2Config(vocab_size=4008, **CUT), options, use_cache=False)
+    closed: dict[str, int] = {}
+    for p in estimate.training.device.phases:
+        closed[p.phase] = max(closed.get(p.phase, 0), p.bytes)
+    traced = trace_parallel_training(view.module, StepSettings(batch=1, seq=16, precision="bf16-mixed", grad_accum=2),
+                                     dp=2, shard="fsdp", mixed="policy")
+    assert closed == {p.phase: p.bytes for p in traced.phases}
+    assert closed["backward, gradients held"] == 15_894_096
