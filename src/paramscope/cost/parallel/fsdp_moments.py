@@ -11,7 +11,7 @@ from typing import Any
 from ..memory.phases import PhaseFigure
 from .device import StepContext
 from .device_parts import (device_states_of, fsdp_policy, local_activations, local_recipe_missing, local_shape,
-                           policy_context, resident_bytes, tied_bytes, whole_embedding_gradient)
+                           policy_context, resident_bytes, ring_output_copies, tied_bytes, whole_embedding_gradient)
 from .pipeline import LAYER_PREFIX
 from .rules import Placement
 
@@ -118,7 +118,8 @@ _FSDP_MOMENTS = {
 def fsdp_moments_missing(ctx: StepContext, placements: tuple[Placement, ...]) -> str:
     """Why FSDP2's in-step moments (fsdp_backward_moments) are not modelled for this rank, in words ("here ..."); ""
     where they are: FSDP2 sharding over more than one rank, a class of Llama, Mistral or Qwen2 with its closed form
-    on a rank's shard, no context or expert parallelism, fp32, a mixed precision (autocast or FSDP2's
+    on a rank's shard, no expert parallelism, no context parallelism but cp 2 under FSDP2's MixedPrecisionPolicy
+    (full sharding, no sp, the head untied), fp32, a mixed precision (autocast or FSDP2's
     MixedPrecisionPolicy) or bf16-pure, and two layers or more; the head tied to the embedding or not."""
     from ..dims import config_int
 
@@ -128,8 +129,19 @@ def fsdp_moments_missing(ctx: StepContext, placements: tuple[Placement, ...]) ->
         return "FSDP2 shards nothing"
     if local_recipe_missing(ctx) or getattr(ctx.text, "model_type", None) not in _TRACED_FAMILY:
         return f"the class is {ctx.view.class_name}"
-    if layout.cp > 1 or layout.ep > 1:
-        return "context or expert parallelism is applied"
+    if layout.ep > 1:
+        return "expert parallelism is applied"
+    # context parallel under the policy: torch's ring beside FSDP2 over dp × cp, held to the traced rank at cp 2 (the
+    # ring's kept output copies, _ring_copy); over more ranks its backward's all-gathered K and V and fp32 dk, dv
+    # all-to-all outweigh the layer's moments (cp 4 on the 4-layer cut: 8,704 B over them), not priced
+    if layout.cp > 1 and not fsdp_policy(layout):
+        return "context parallelism is applied"
+    if layout.cp > 2:
+        return f"context parallel is applied over {layout.cp} ranks, more than the 2 its closed form prices"
+    if layout.cp > 1 and layout.sp:  # the 4-layer cut, cp 2 × tp 2: 44,672 B over the traced rank
+        return "context parallel is applied beside sequence parallel"
+    if layout.cp > 1 and (layout.shard != "fsdp" or tied_bytes(ctx, placements)):
+        return "context parallel is applied beside hybrid sharding or a tied head"
     if _kind(ctx.precision) is None:
         return f"the precision is {ctx.precision}"
     layers = config_int(ctx.text, "num_hidden_layers") or 0
@@ -231,6 +243,7 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     masked = 8 * tokens if layout.tp > 1 and any(p.role == "embeddings.word" and p.tp == "vocabulary" and
                                                  p.name in ctx.trainable for p in root) else 0
     masked_text = f" + the embedding's masked token ids, 8·T = {masked:,}" if masked else ""
+    ring = _ring_copy(ctx, batch, length)
 
     def at_layer(k: int, moment: str) -> PhaseFigure:
         roles = {p.role: p.local_numel for p in by_layer[k] if _copied(p)}  # the projections' weights
@@ -258,8 +271,9 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
         reduce_in = reduce_input[k + 1] if k + 1 < layers else 0
         prefetched = padded[k - 1] if k >= 1 else 0
         fsdp = root_bytes + head + padded[k] + prefetched + reduce_in + above
+        rings = _rings_held(ring, k, moment, checkpointing)
         total = resident + (k + (1 if kept_input else 0)) * per_layer + own + flow + grads + copies + rope + \
-            positions_kept + masked + fsdp
+            positions_kept + masked + fsdp + rings * ring
         below_words = (f"layers below saved {k} × {per_layer:,}" if not checkpointing else
                        "the checkpointed inputs of the layers below" + (" and its own" if kept_input else "")
                        + f" {k + (1 if kept_input else 0)} × {per_layer:,}")
@@ -269,6 +283,7 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
                  + (f" + autocast's 16-bit weight copies still held {copies:,}" if copies else "")
                  + f" + the rotary tables and the loss's scalars, {rotary}·S·hd + 8 = {rope:,}"
                  + (f" + the position ids the checkpoints keep, 8·S = {positions_kept:,}" if positions_kept else "")
+                 + (f" + ring attention's outputs copied for o_proj, {rings} × {ring:,}" if rings else "")
                  + f"{masked_text}; "
                  f"FSDP2: the root unit all-gathered {root_bytes:,} + the head's and final norm's gradients "
                  f"unsharded{tied_words} {head:,} + layer {k}'s parameters all-gathered {padded[k]:,}"
@@ -288,7 +303,8 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
         previous = root_bytes if k == 0 else padded[k - 1]
         layer_casts = 2 * sum(p.local_numel for kk in range(k) for p in by_layer[kk] if _copied(p)) \
             if casts and not checkpointing else 0
-        below = k * per_layer + layer_casts
+        rings = 0 if checkpointing else k  # the layers below keep their ring outputs' copies (cp)
+        below = k * per_layer + layer_casts + rings * ring
         total = resident + root_bytes + previous + 2 * padded[k] + below + hidden + positions + masked
         out.append(PhaseFigure("forward", total, f"FSDP2: layer {k}'s all-gather in the forward", (
             f"the root unit all-gathered {root_bytes:,} + {'its' if k == 0 else f'layer {k - 1}'}'s all-gather "
@@ -296,6 +312,7 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
             f"of it, 2 × {padded[k]:,}"
             + (f" + layers below saved {k} × {per_layer:,}" if k else "")
             + (f" + their autocast 16-bit weight copies {layer_casts:,}" if layer_casts else "")
+            + (f" + their ring attention outputs copied for o_proj, {rings} × {ring:,}" if rings and ring else "")
             + f" + the hidden state entering it {hidden:,} + the rotary tables and positions, {rotary}·S·hd + 8·S = "
             f"{positions:,}{masked_text}"), 0))
     # the embedding's backward, the step's last, and the root's post-backward after it: every root gradient
@@ -380,6 +397,28 @@ def _tied_whole(ctx: StepContext, root: list[Placement]) -> int:
 
     return next((math.prod(p.shape) * itemsize(trained_dtype(p, ctx.precision, ctx.own))  # type: ignore[arg-type]
                  for p in root if p.role == "embeddings.word" and p.tp == "vocabulary"), 0)
+
+
+def _ring_copy(ctx: StepContext, batch: int, length: int) -> int:
+    """Under context parallelism (the policy's closed form), one layer's ring attention output as o_proj keeps it:
+    torch's balanced merge leaves it heads-major, so the reshape before o_proj copies it (device_parts.
+    ring_output_copies, B·(S / cp)·heads·head_dim × 2 B); held from the layer's forward to its o_proj's backward.
+    0 without cp, or where 2·cp does not divide S (no copy)."""
+    from ..dims import config_int
+
+    if ctx.layout.cp == 1:
+        return 0
+    layers = config_int(ctx.text, "num_hidden_layers") or 1
+    return ring_output_copies(ctx, batch, length)[0] // layers
+
+
+def _rings_held(ring: int, k: int, moment: str, checkpointing: bool) -> int:
+    """How many layers' ring output copies (_ring_copy) a moment inside layer k's backward holds: the layers below's
+    (none under checkpointing: each keeps its input alone) and, before its attention's backward (the MLP's moments),
+    layer k's own, its recomputed one under checkpointing."""
+    if not ring:
+        return 0
+    return (0 if checkpointing else k) + (0 if moment in ("attention", "attention's norm") else 1)
 
 
 def _copied(p: Placement) -> bool:

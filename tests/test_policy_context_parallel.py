@@ -1,0 +1,97 @@
+"""FSDP2's MixedPrecisionPolicy beside context parallel (--cp 2 with --zero fsdp, FSDP2 over dp × cp as torchtitan
+shards it) in the Llama family's closed form (cost/parallel/fsdp_moments.py over bf16-pure's step at S / cp tokens,
+with each layer's ring attention output copied for o_proj, device_parts.ring_output_copies), against one rank
+traced on torch's ring and fake process group with the policy applied: equal to the byte, with and without tp
+beside. Where the ring's own backward outweighs the layer's moments (cp over more than 2 ranks) or sp splits the
+ring's tokens again, the closed form refuses and the rank is derived; the layout search routes those alone."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from paramscope.cost.memory.training import TrainingOptions, training_answer
+from paramscope.cost.parallel.layout import ParallelLayout
+from paramscope.cost.parallel.layout_evaluation import policy_derived
+from paramscope.cost.traced.parallel import trace_parallel_training
+from paramscope.cost.traced.step import StepSettings
+from paramscope.errors import UnsupportedError
+
+# test_fsdp_policy_closed_form.py's cut (Llama-3's proportions at hidden size 128), 4 layers, a 512-token vocabulary
+CUT = dict(hidden_size=128, intermediate_size=448, num_attention_heads=4, num_key_value_heads=1, vocab_size=512,
+           num_hidden_layers=4)
+
+
+def _closed(batch: int, seq: int, checkpointing: bool = False, vocab: int = 512, **layout):
+    import transformers as T
+
+    config = T.LlamaConfig(architectures=["LlamaForCausalLM"], **dict(CUT, vocab_size=vocab))
+    _, estimate, view = training_answer(config, TrainingOptions(
+        batch=batch, seq=seq, precision="bf16-mixed", fits=False, derive_layout=False,
+        grad_checkpointing="full" if checkpointing else "none",
+        layout=ParallelLayout(shard="fsdp", fsdp_mixed_precision="policy", **layout)), use_cache=False)
+    return estimate.training.device, view
+
+
+@pytest.mark.parametrize("layout, peak, copy", [
+    (dict(dp=2, cp=2), 6_790_052, "16,384"),
+    (dict(cp=2, tp=2), 5_408_292, "8,192"),
+], ids=["dp 2 × cp 2", "cp 2 × tp 2"])
+def test_the_policy_ring_rank_is_the_traced_rank(layout, peak, copy):
+    """2 × 64 tokens, 32 a rank: inside layer 2's backward (the MLP's norm), the two layers below's and its own ring
+    output copies held (B·(S / cp)·heads·head_dim × 2 B each, the rank's heads under tp; without them the closed
+    form was 49,152 B under the trace at dp 2 × cp 2)."""
+    device, view = _closed(2, 64, **layout)
+    traced = trace_parallel_training(view.module, StepSettings(batch=2, seq=64, precision="bf16-mixed",
+                                                               optimizer="adamw"),
+                                     shard="fsdp", mixed="policy", **layout)
+    assert device.activations_from.startswith("analytic")
+    assert device.peak == traced.peak.bytes == peak
+    assert device.peak_figure.where == "FSDP2: inside layer 2's backward (MLP's norm)"
+    assert f"ring attention's outputs copied for o_proj, 3 × {copy}" in device.peak_figure.arithmetic
+
+
+@pytest.mark.parametrize("args, layout, peak", [
+    ((1, 64), dict(dp=2, cp=2, tp=2), 3_334_436),
+    ((2, 512), dict(dp=2, cp=2), 20_765_092),
+    ((1, 32, False, 4008), dict(dp=2, cp=2), 12_647_844),
+    ((2, 128, True), dict(dp=2, cp=2), 6_768_804),
+    ((2, 68), dict(dp=2, cp=2), 6_863_796),
+], ids=["dp 2 × cp 2 × tp 2", "2 × 512", "a 4,008-token vocabulary", "checkpointing", "unbalanced"])
+def test_the_closed_form_at_each_traced_cut(args, layout, peak):
+    """Each traced equal (torch 2.13, not re-traced here to keep the file short): beside tp over 8 ranks, at 256
+    tokens a rank, a vocabulary whose root outweighs the layers, full checkpointing (the recomputed layer's own copy
+    alone), and 68 tokens, which 2·cp does not divide (torch's ring runs unbalanced and copies nothing)."""
+    assert _closed(*args, **layout)[0].peak == peak
+
+
+def test_llama_3_8b_is_the_derived_rank():
+    """llama-3-8b --dp 4 --cp 2 --zero fsdp --seq 8192 under the policy: the closed form (derivation off) is memory's
+    derived rank to the byte, 48,421,584,532 B at the start of backward (its end of forward 47,370,944,156 B, also
+    the derived rank's forward)."""
+    options = TrainingOptions(batch=1, seq=8192, fits=False, derive_layout=False,
+                              layout=ParallelLayout(dp=4, cp=2, shard="fsdp", fsdp_mixed_precision="policy"))
+    device = training_answer("llama-3-8b", options)[1].training.device
+    assert (device.peak, device.peak_figure.where) == (48_421_584_532, "start of backward")
+
+
+@pytest.mark.parametrize("layout, why", [
+    (dict(cp=4), "context parallel is applied over 4 ranks, more than the 2 its closed form prices"),
+    (dict(cp=2, tp=2, sp=True), "context parallel is applied beside sequence parallel"),
+])
+def test_what_the_closed_form_does_not_price_is_refused_with_the_derivation_off(layout, why):
+    """cp 4 on the cut (2 × 128 tokens): the ring's backward (every rank's K and V all-gathered, the fp32 dk and dv
+    passed all-to-all) peaks 8,704 B over the layer's moments; cp 2 × tp 2 with sp: 44,672 B over the traced rank."""
+    with pytest.raises(UnsupportedError, match=why):
+        _closed(2, 128, **layout)
+
+
+def test_the_search_derives_only_the_ring_layouts_the_closed_form_does_not_price():
+    facts = SimpleNamespace(text=SimpleNamespace(model_type="llama"), tied=None, experts=0)
+
+    def derived(**layout):
+        return policy_derived(ParallelLayout(shard="fsdp", fsdp_mixed_precision="policy", **layout), facts)
+    assert not derived(dp=4, cp=2)
+    assert derived(dp=2, cp=4) and derived(dp=2, cp=2, tp=2, sp=True) and derived(dp=1, cp=2, pp=4)
+    assert derived(dp=4, cp=2) is False and derived(dp=8) is False
