@@ -78,7 +78,7 @@ def test_what_the_trace_and_the_derivation_take_and_refuse():
             check_ring_beside_experts(layout)
         assert "\n" not in str(refusal.value) and untraced_by_layout(layout) is not None
         assert derivation_key(layout, 2, 8) is None  # memory refuses first: the search spends no derivation
-    key = derivation_key(layout_for(dp=2, cp=2, ep=4, zero="fsdp", batch=2), 2, 8)
+    key = derivation_key(layout_for(dp=2, cp=2, ep=4, zero="fsdp", batch=2, fsdp_mixed_precision="autocast"), 2, 8)
     assert derivation_words(key) == "cp 2, FSDP2 over dp × cp = 4, ep 4 over dp × cp, batch 2 and up"
     # FSDP2 over more ranks than ep beside cp, answered now: the search's key follows memory's (a derivation of its own)
     assert derivation_key(layout_for(dp=2, cp=2, ep=2, zero="fsdp", batch=2), 2, 8) not in (None, key)

@@ -57,12 +57,13 @@ def test_devices_zero3_and_dp_zero3_give_one_answer_and_say_so(capsys):
     code_dp, layout, _ = _cli(capsys, *base, "--dp", "8")
     assert code == code_dp == 0 and flat == layout
     assert "One device (rank 0, the largest share): dp 8 (ZeRO-3) = 8 devices" in layout
-    # the gathered buffers, to the byte: one layer's weights (872,448,000) and the head's (2,101,346,304)
+    # the gathered buffers, to the byte: one layer's weights (436,224,000) and the head's (1,050,673,152), in bf16
+    # (ZeRO's default precision is DeepSpeed's bf16, bf16-master)
     assert "--devices 8 --zero 3 is this layout and gives this answer, the gathered buffers above counted " \
-           "(2,973,794,304 B at the peak" in " ".join(layout.split())
-    assert 2_973_794_304 == 872_448_000 + 2_101_346_304
+           "(1,486,897,152 B at the peak" in " ".join(layout.split())
+    assert 1_486_897_152 == 436_224_000 + 1_050_673_152
     code, zero1, _ = _cli(capsys, *base[:3], "--zero", "1", "--devices", "8", "--width", "100")
-    assert code == 0 and "flat" not in zero1  # ZeRO-1 and -2: both answers agree, nothing to point at
+    assert code == 0 and "flat shares" not in zero1  # ZeRO-1 and -2: both answers agree, nothing to point at
 
 
 # --- words: bytes past 1,000 of a unit, a throughput's thousands -------------------------------------------------
@@ -111,10 +112,11 @@ def test_the_serving_and_training_reprs_say_the_layout():
     assert "peak 260,793,344 B (0.24 GiB) on the fullest GPU of tp 2 = 2 GPUs in prefill" in repr(serving)
     alone = paramscope.estimate_memory("gpt2", paramscope.MemoryOptions(seq=128))
     assert " GPU of " not in repr(alone)
-    flat = paramscope.estimate_training("llama-3-8b", paramscope.TrainingOptions(devices=8, zero="3"))
+    flat = paramscope.estimate_training("llama-3-8b", paramscope.TrainingOptions(devices=8, zero="3",
+                                                                                          precision="bf16-mixed"))
     assert "peak 46,139,325,082 B (42.97 GiB) on each of 8 devices (ZeRO-3's flat shares) in backward" in repr(flat)
     layout = paramscope.estimate_training("llama-3-8b", paramscope.TrainingOptions(
-        layout=paramscope.layout_for(dp=8, zero="3")))
+        layout=paramscope.layout_for(dp=8, zero="3"), precision="bf16-mixed"))
     assert "peak 49,113,119,386 B (45.74 GiB) on the fullest device of dp 8 (ZeRO-3) = 8 devices in backward" \
         in repr(layout)
 

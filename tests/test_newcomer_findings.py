@@ -48,10 +48,13 @@ def test_devices_zero3_is_the_dp_layout_and_per_device_is_its_device(capsys):
     spelled, layout = _json(capsys, "--devices", "8", "--zero", "3"), _json(capsys, "--dp", "8", "--zero", "3")
     assert spelled == layout
     device = layout["layout"]["device"]
-    assert sum(b["bytes"] for b in device["communication"]) == 2_973_794_304
+    # ZeRO's default precision is DeepSpeed's bf16 (bf16-master): the gathered layer and head in bf16, half autocast's
+    assert layout["settings"]["precision"] == "bf16-master"
+    assert sum(b["bytes"] for b in device["communication"]) == 1_486_897_152 == 2_973_794_304 // 2
     shares = layout["per_device"]
     assert shares["peak"] == layout["peak"]["bytes"] == device["peak"]["bytes"] and shares["peak_phase"] == "backward"
-    assert (shares["weights"], shares["gradients"], shares["master_weights"]) == (4_015_130_624, 4_015_130_624, 0)
+    assert (shares["weights"], shares["gradients"], shares["master_weights"]) == (
+        2_007_565_312, 2_007_565_312, 4_015_130_624)  # 8,030,261,248 × 2 B / 8 twice; × 4 B / 8
 
 
 # --- refusals and the layout's words -------------------------------------------------------------------------------

@@ -95,7 +95,8 @@ def test_fsdp2_shards_each_parameter_along_its_first_dimension():
     fsdp = estimate_training("llama-3-8b", TrainingOptions(layout=layout_for(devices=3, zero="fsdp"))).training.device
     assert fsdp.weights == 4 * rows
     assert fsdp.optimizer == 2 * 4 * rows + 4 * len(report.params)
-    zero3 = estimate_training("llama-3-8b", TrainingOptions(layout=layout_for(devices=3, zero="3"))).training.device
+    zero3 = estimate_training("llama-3-8b", TrainingOptions(layout=layout_for(devices=3, zero="3"),
+                                                            precision="bf16-mixed")).training.device  # fp32 weights
     total = report.total
     assert zero3.weights == -(-4 * total // 3)
     assert fsdp.weights > zero3.weights
@@ -159,10 +160,14 @@ def test_degrees_bounded(bad, capsys):
 
 def test_layout_words_and_checks():
     layout = layout_for(devices=16, tp=2, zero="fsdp")
-    assert layout == ParallelLayout(dp=8, shard="fsdp", tp=2)
-    assert layout.words() == "dp 8 (FSDP2) × tp 2 = 16 devices"
+    # FSDP2 takes its MixedPrecisionPolicy where none is asked (torchtitan's and accelerate's)
+    assert layout == ParallelLayout(dp=8, shard="fsdp", tp=2, fsdp_mixed_precision="policy")
+    assert layout.words() == "dp 8 (FSDP2, its MixedPrecisionPolicy) × tp 2 = 16 devices"
+    assert layout_for(devices=16, tp=2, zero="fsdp", fsdp_mixed_precision="autocast").words() == \
+        "dp 8 (FSDP2) × tp 2 = 16 devices"
     hybrid = layout_for(devices=32, zero="hybrid_shard", shard_group=8)
-    assert hybrid.shard_degree == 8 and hybrid.words() == "dp 32 (FSDP2 hybrid, shards over 8) = 32 devices"
+    assert hybrid.shard_degree == 8 and hybrid.words() == \
+        "dp 32 (FSDP2 hybrid, shards over 8, its MixedPrecisionPolicy) = 32 devices"
     with pytest.raises(ParamscopeError, match="shard_group must divide dp × cp = 32"):
         layout_for(devices=32, zero="hybrid_shard", shard_group=5)
     with pytest.raises(ParamscopeError, match="shard_group is for hybrid sharding"):
@@ -172,12 +177,12 @@ def test_layout_words_and_checks():
 def test_cli_text_and_json(capsys):
     """DeepSpeed's ZeRO-3 × tp 2: the closed form answers; the device table, the rules and the JSON agree."""
     assert main(["memory", "llama-3-8b", "--training", "--devices", "8", "--tp", "2", "--zero", "3",
-                 "--width", "120"]) == 0
+                 "--precision", "bf16-mixed", "--width", "120"]) == 0
     out = capsys.readouterr().out
     assert "One device (rank 0, the largest share): dp 4 (ZeRO-3) × tp 2 = 8 devices" in out
     assert "ZeRO-3 over 4 ranks" in out
     assert main(["memory", "llama-3-8b", "--training", "--devices", "8", "--tp", "2", "--zero", "3",
-                 "--json"]) == 0
+                 "--precision", "bf16-mixed", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)["memory"]
     layout = data["layout"]
     assert (layout["dp"], layout["tp"], layout["shard"], layout["devices"]) == (4, 2, "zero3", 8)
@@ -195,7 +200,8 @@ def test_cli_text_and_json(capsys):
 def test_fsdp2_is_derived_from_traces_of_the_laid_out_class(capsys):
     """FSDP2: one rank's step derived from short cuts traced with fully_shard applied (its in-backward buffers),
     the closed form beside as a check; kept, so the same question again answers without a build."""
-    argv = ["memory", "llama-3-8b", "--training", "--devices", "8", "--zero", "fsdp", "--seq", "512", "--json"]
+    argv = ["memory", "llama-3-8b", "--training", "--devices", "8", "--zero", "fsdp", "--seq", "512",
+            "--fsdp-mixed-precision", "autocast", "--json"]
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)["memory"]
     assert data["engine"] == "derived"
@@ -206,5 +212,5 @@ def test_fsdp2_is_derived_from_traces_of_the_laid_out_class(capsys):
 
 def test_devices_and_zero_alone_keep_their_meaning():
     """--devices 8 --zero 3 is still DeepSpeed's flat ZeRO-3 over 8 data-parallel devices (no layout object)."""
-    estimate = estimate_training("llama-3-8b", TrainingOptions(devices=8, zero="3"))
+    estimate = estimate_training("llama-3-8b", TrainingOptions(devices=8, zero="3", precision="bf16-mixed"))
     assert estimate.training.device is None and estimate.training.per_device["weights"] == 4_015_130_624

@@ -57,10 +57,10 @@ def add_parser(subparsers: Any) -> None:
                           help="one steady training step: loss, backward, optimizer step, zero_grad")
     training.add_argument("--optimizer", default="adamw", metavar="NAME",
                           help="adamw (default, fused), adam, sgd, sgd-momentum, adafactor, adamw-8bit, lion")
-    training.add_argument("--precision", default="bf16-mixed", metavar="P",
-                          help="bf16-mixed (default; fp32 weights, bf16 autocast), fp16-mixed, fp32, bf16-pure, "
-                               "bf16-master (bf16 weights and gradients, fp32 master copy and optimizer states: "
-                               "DeepSpeed's bf16), bf16-main-grad (bf16 weights, a resident fp32 gradient buffer, "
+    training.add_argument("--precision", default=None, metavar="P",
+                          help="bf16-mixed (fp32 weights, bf16 autocast: the default, but under DeepSpeed's --zero "
+                               "1/2/3), fp16-mixed, fp32, bf16-pure, bf16-master (bf16 weights and gradients, fp32 "
+                               "master copy and optimizer states: DeepSpeed's bf16, the default under --zero 1/2/3), bf16-main-grad (bf16 weights, a resident fp32 gradient buffer, "
                                "fp32 masters and optimizer states: Megatron-LM's; --zero 0 or 1, its distributed "
                                "optimizer)")
     training.add_argument("--image-tokens", type=int, metavar="N",
@@ -120,10 +120,10 @@ def add_parser(subparsers: Any) -> None:
     layout.add_argument("--shard-group", type=int, metavar="G",
                         help="--zero hybrid_shard: ranks a shard group holds (default 8, one node)")
     layout.add_argument("--fsdp-mixed-precision", choices=("autocast", "policy"),
-                        help="--zero fsdp or hybrid_shard with a mixed --precision: autocast (torch.autocast over the "
-                             "fp32 parameters, the default) or policy (FSDP2's MixedPrecisionPolicy, param_dtype "
-                             "16-bit and reduce_dtype fp32, no autocast: torchtitan's); policy's rank is derived "
-                             "from traces")
+                        help="--zero fsdp or hybrid_shard with a mixed --precision: policy (FSDP2's "
+                             "MixedPrecisionPolicy, param_dtype 16-bit and reduce_dtype fp32, no autocast: "
+                             "torchtitan's and accelerate's; the default) or autocast (torch.autocast over the fp32 "
+                             "parameters FSDP2 gathers)")
     layout.add_argument("--expert-load", type=float, metavar="F",
                         help="with --ep: the busiest expert-parallel rank receives F × its balanced token-expert "
                              "pairs (1 ≤ F ≤ E; default 1, balanced routing); its step is derived from traces")
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         report, estimate, view = training_answer(source, training, not args.no_cache, **model_options)
     else:
         for flag, value, default in (("--optimizer", args.optimizer, "adamw"),
-                                     ("--precision", args.precision, "bf16-mixed"),
+                                     ("--precision", args.precision, None),
                                      ("--grad-checkpointing", args.grad_checkpointing, "none"),
                                      ("--devices", args.devices, None), ("--zero", args.zero, "0"),
                                      ("--attention", args.attention, None),
@@ -296,7 +296,7 @@ def _find_layout(args: argparse.Namespace) -> int:
                             shard_group=args.shard_group, schedule=args.schedule,
                             virtual_stages=args.virtual_stages,
                             expert_load=1.0 if args.expert_load is None else args.expert_load,
-                            fsdp_mixed_precision=args.fsdp_mixed_precision or "autocast",
+                            fsdp_mixed_precision=args.fsdp_mixed_precision,
                             reserve=checked_size("--reserve", args.reserve, zero=True))
     options.check()
     source = resolve(args.model, revision=args.revision)
@@ -319,7 +319,7 @@ def _find_layout(args: argparse.Namespace) -> int:
         from ..cost.memory.states import weight_dtype
 
         record_after_build(report, source, model_class=args.model_class, task=args.task, num_labels=args.num_labels,
-                           module=view.module, build_dtype=weight_dtype(args.precision), debug=args.debug)
+                           module=view.module, build_dtype=weight_dtype(options.precision), debug=args.debug)
     return 0
 
 
@@ -357,7 +357,7 @@ def _layout(args: argparse.Namespace) -> Any:
                       sp=args.sp, pp=args.pp, micro_batches=args.micro_batches, schedule=args.schedule,
                       virtual_stages=args.virtual_stages, ep=args.ep, cp=args.cp, batch=args.batch,
                       expert_load=1.0 if args.expert_load is None else args.expert_load,
-                      fsdp_mixed_precision=args.fsdp_mixed_precision or "autocast")
+                      fsdp_mixed_precision=args.fsdp_mixed_precision)
 
 
 def _show(args: argparse.Namespace, report: Any, estimate: Any, width: int | None) -> None:

@@ -490,7 +490,10 @@ def training_parts(report, estimate) -> list:
     title = Text(f"Memory to train {report.model.label} ({report.model.class_name}): {estimate.engine} engine, "
                  "allocator level", style="bold")
     seq_from = "" if settings["seq_from"] == "--seq" else " (default for training)"
-    step = (f"{settings['precision']} ({_PRECISIONS[settings['precision']]}); {settings['optimizer']}"
+    policy = (settings.get("layout") or {}).get("fsdp_mixed_precision") == "policy"
+    described = (f"fp32 weights sharded, gathered as {settings['precision'][:4]} by FSDP2's MixedPrecisionPolicy, no "
+                 "autocast") if policy else _PRECISIONS[settings['precision']]
+    step = (f"{settings['precision']} ({described}); {settings['optimizer']}"
             + (" (fused)" if settings["optimizer"] in ("adamw", "adam") else ""))
     shape = (f"batch {settings['batch']:,} × {settings['seq']:,} tokens{seq_from}; attention "
              f"{settings['attention']}; gradient checkpointing {settings['grad_checkpointing']}")
@@ -523,7 +526,7 @@ def training_parts(report, estimate) -> list:
         lines.append(_budget_line(estimate))
     for note in estimate.notes:
         lines.append(indented(f"note: {note}"))
-    if settings["precision"].endswith("-mixed"):
+    if settings["precision"].endswith("-mixed") and not policy:
         lines.append(indented("convention: mixed precision is torch.autocast's: matmuls (and sdpa) in 16 bits with "
                               "16-bit weight copies cached for the step, norms, softmax and the loss in fp32; "
                               "traced with the CPU autocast rules, which cast the same matmuls as CUDA's"))

@@ -18,7 +18,7 @@ from ...entry_options import check_layout_option, check_model_options
 from ...errors import OptionError
 from ...frozen import FrozenDict, freeze_fields
 from ...selection import match_all
-from ..parallel.layout import layout_at_batch
+from ..parallel.layout import ParallelLayout, layout_at_batch
 from ..parallel.trace_reach import untraced_by_layout
 from .activations import (
     TrainingActivations, recipe_attention, recipe_declines, recipe_for, recipe_peak_inside_layers,
@@ -32,6 +32,7 @@ from ..traced.step import ATTENTION, StepSettings, TORCH_OPTIMIZERS, TracedStep,
 from .expert_offsets import expert_offsets
 from .fits import fit_on, fit_table
 from .phases import PhaseFigure, cast_weights, moment_phases
+from .precision_default import default_fsdp_mixed_precision, default_precision, default_precision_words
 from .quantization import weight_format
 from .result import DEFAULT_RESERVE, MemoryEstimate, Workspace
 from .serving import step_length
@@ -51,7 +52,9 @@ class TrainingOptions:
     batch: int = 1
     seq: int | None = None  # None: 2,048, or the model's maximum when shorter
     optimizer: str = "adamw"
-    precision: str = "bf16-mixed"
+    # None: what the frameworks run by default for the layout asked (precision_default.py): bf16-mixed, or
+    # bf16-master under DeepSpeed's ZeRO 1-3; resolved here, `precision_defaulted` saying so for the notes
+    precision: str | None = None
     grad_checkpointing: str = "none"  # "none" | "full"
     attention: str | None = None  # None: the model's own choice (sdpa where supported)
     freeze: tuple[str, ...] = ()  # roles ("embedding", "attention") or parameter-name globs
@@ -80,10 +83,20 @@ class TrainingOptions:
     # the optimizer stepping after the last (torchtitan's global / local batch, HF Trainer's
     # gradient_accumulation_steps); 1: the whole batch at once
     grad_accum: int = 1
+    precision_defaulted: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.precision is None:
+            shard = self.layout.shard if isinstance(self.layout, ParallelLayout) else self.zero
+            object.__setattr__(self, "precision", default_precision(shard, self.optimizer))
+            object.__setattr__(self, "precision_defaulted", True)
         # the options' batch is the one batch: a layout built without one takes it (check refuses another)
-        object.__setattr__(self, "layout", layout_at_batch(self.layout, self.batch))
+        layout = layout_at_batch(self.layout, self.batch)
+        if isinstance(layout, ParallelLayout) and layout.fsdp_mixed_precision_defaulted:
+            # FSDP2's MixedPrecisionPolicy where a mixed precision runs under it; autocast (nothing) elsewhere
+            layout = dataclasses.replace(layout, fsdp_mixed_precision=default_fsdp_mixed_precision(
+                layout.shard, str(self.precision)))
+        object.__setattr__(self, "layout", layout)
 
     def check(self) -> None:
         from .serving import check_batch_and_seq
@@ -91,7 +104,15 @@ class TrainingOptions:
         check_batch_and_seq(self.batch, self.seq)
         check_master_optimizer(check_precision(self.precision), check_optimizer(self.optimizer))
         _check_flat_zero(self.zero)
-        check_master_layout(check_precision(self.precision), self.layout)
+        try:
+            check_master_layout(check_precision(self.precision), self.layout)
+        except OptionError as err:
+            if not self.precision_defaulted:
+                raise
+            # a layout DeepSpeed refuses under its bf16, where the user asked no precision: say whose default it is
+            raise OptionError(err.template + "; bf16-master is the default precision under DeepSpeed's ZeRO 1-3: "
+                              "give {%d} bf16-mixed for torch.autocast over fp32 weights" % len(err.options),
+                              *err.options, "precision", **err.values) from err
         check_main_grad_layout(check_precision(self.precision), self.layout, zero=zero_stage(self.zero),
                                devices=self.devices)
         if self.grad_checkpointing not in ("none", "full"):
@@ -603,8 +624,10 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
                        for p in phases)
         return on_one_device(scaled).bytes
 
+    if options.precision_defaulted and precision == MASTER_PRECISION:  # the default under ZeRO 1-3, named first
+        notes.insert(0, default_precision_words(precision))
     settings_out = {
-        "precision": precision, "optimizer": optimizer, "weights_dtype": dtype, "own_dtype": _own_dtypes(report, own),
+        "precision": precision, "precision_defaulted": options.precision_defaulted, "optimizer": optimizer, "weights_dtype": dtype, "own_dtype": _own_dtypes(report, own),
         "batch": options.batch, "seq": seq,
         "seq_from": "--seq" if options.seq else "default for training (2,048, or the model's maximum)",
         "grad_checkpointing": options.grad_checkpointing, "attention": attention,

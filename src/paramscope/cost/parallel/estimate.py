@@ -139,15 +139,17 @@ def mixed_precision_words(ctx: StepContext) -> str:
     """The convention a mixed precision under FSDP2 was traced with, named (--fsdp-mixed-precision)."""
     half = ctx.precision.split("-")[0]
     if ctx.layout.fsdp_mixed_precision == "policy":
+        default = "the default, as torchtitan's apply_fsdp and accelerate's FSDP2 run it; " \
+            "--fsdp-mixed-precision autocast for torch.autocast over fp32 gathers" \
+            if ctx.layout.fsdp_mixed_precision_defaulted else "--fsdp-mixed-precision policy"
         return (f"mixed precision: FSDP2's MixedPrecisionPolicy(param_dtype={half}, reduce_dtype=fp32), torchtitan's "
-                f"(--fsdp-mixed-precision policy): the fp32 shards gathered as {half} parameters, no autocast, the "
+                f"({default}): the fp32 shards gathered as {half} parameters, no autocast, the "
                 f"{half} gradients reduce-scattered in fp32; its closed form (fsdp_moments.py, for Llama, Mistral and "
                 f"Qwen2 without cp or ep): {half}-pure's step over the fp32 shards, the reduce-scatter input and the "
                 "reduced shards in fp32")
     return (f"mixed precision: torch.autocast({half}) over the fp32 parameters FSDP2 gathers in fp32 "
-            "(--fsdp-mixed-precision autocast, the default); torchtitan runs FSDP2 with its MixedPrecisionPolicy "
-            "and no autocast instead: --fsdp-mixed-precision policy (accelerate's FSDP2 path enters no autocast "
-            "either, its policy reducing in bf16)")
+            "(--fsdp-mixed-precision autocast); torchtitan runs FSDP2 with its MixedPrecisionPolicy and no autocast "
+            "instead, the default: --fsdp-mixed-precision policy (accelerate's FSDP2 path enters no autocast either)")
 
 
 def _no_experts_words(ctx: StepContext) -> str:

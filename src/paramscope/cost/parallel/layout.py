@@ -54,6 +54,9 @@ class ParallelLayout:
     cp: int = 1
     expert_load: float = 1.0  # the busiest ep rank's token-expert pairs over its balanced share (1: balanced)
     fsdp_mixed_precision: str = "autocast"  # one of FSDP_MIXED_PRECISIONS; "policy" under FSDP2 alone
+    # layout_for was not asked a convention: the policy under FSDP2, which TrainingOptions turns to autocast where the
+    # precision is not a mixed one (memory/precision_default.py); the words then name it the default
+    fsdp_mixed_precision_defaulted: bool = field(default=False, compare=False, repr=False)
     # the sequences each data-parallel replica takes a step, where layout_for was told; None: the options' batch
     # (TrainingOptions, FlopOptions) is taken (at_batch). Not compared: a layout is its cut of the devices
     batch: int | None = field(default=None, compare=False)
@@ -207,14 +210,15 @@ def layout_for(*, devices: int | None = None, dp: int | None = None, zero: str |
                tp: int = 1, sp: bool = False, pp: int = 1, micro_batches: int | None = None,
                schedule: str | None = None, virtual_stages: int = 1, ep: int = 1, cp: int = 1,
                batch: int | None = None, expert_load: float = 1.0,
-               fsdp_mixed_precision: str = "autocast") -> ParallelLayout:
+               fsdp_mixed_precision: str | None = None) -> ParallelLayout:
     """The layout the options describe. `devices` is the total; dp, when not given, is what tp × pp × cp leave of
     it (so `--devices 8 --zero 3` is dp 8, as it always was, and `--devices 8 --tp 2` is dp 4); neither given: dp 1. `batch`: the
     sequences each data-parallel replica takes a step; under a pipeline they are cut into `micro_batches`
     microbatches (default: one sequence each, Megatron's usual micro-batch size); not given, the options' batch
     (TrainingOptions, FlopOptions) is taken, and one given must be theirs. `fsdp_mixed_precision`: "autocast" (a
     mixed precision as torch.autocast over fp32 parameters) or "policy" (FSDP2's MixedPrecisionPolicy, torchtitan's:
-    16-bit gathered parameters, fp32 gradient reduction, no autocast); policy needs zero fsdp or hybrid_shard."""
+    16-bit gathered parameters, fp32 gradient reduction, no autocast); policy needs zero fsdp or hybrid_shard. None:
+    the policy under FSDP2 (zero fsdp or hybrid_shard) in a mixed precision, as torchtitan and accelerate run it."""
     for name, value in (("devices", 1 if devices is None else devices), ("tp", tp), ("pp", pp), ("cp", cp)):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEGREE:
             raise OptionError("{0} must be a whole number from 1 to {limit:,}, got {value!r}", name,
@@ -242,7 +246,9 @@ def layout_for(*, devices: int | None = None, dp: int | None = None, zero: str |
     layout = ParallelLayout(dp=dp, shard=shard_mode(zero), shard_group=shard_group, tp=tp, sp=sp, pp=pp,
                             micro_batches=micro, schedule=chosen, virtual_stages=virtual_stages, ep=ep, cp=cp,
                             expert_load=expert_load, batch=batch, micro_batches_default=default_micro,
-                            fsdp_mixed_precision=fsdp_mixed_precision,
+                            fsdp_mixed_precision=fsdp_mixed_precision or (
+                                "policy" if shard_mode(zero) in ("fsdp", "hsdp") else "autocast"),
+                            fsdp_mixed_precision_defaulted=fsdp_mixed_precision is None,
                             schedule_implied=schedule is None and virtual_stages > 1)
     layout.check()
     return layout

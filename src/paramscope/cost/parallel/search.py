@@ -138,7 +138,7 @@ def mixed_precision_note(options: SearchOptions) -> str:
     half = options.precision.split("-")[0]
     if options.fsdp_mixed_precision == "policy":
         return (f"FSDP2's mixed precision: fully_shard's MixedPrecisionPolicy(param_dtype={half}, reduce_dtype=fp32) "
-                "and no autocast (--fsdp-mixed-precision policy, torchtitan's), on every layout FSDP2 shards over more "
+                "and no autocast (--fsdp-mixed-precision policy, torchtitan's and accelerate's: the default), on every layout FSDP2 shards over more "
                 "than one rank (named 'its MixedPrecisionPolicy'; one sharded over one rank has no fully_shard and "
                 "runs autocast): each peak as memory --fsdp-mixed-precision policy answers it, by the closed form "
                 "where one reaches (Llama, Mistral and Qwen2 over dp, tp and pipelines, as derive_layout=False asks "
@@ -147,8 +147,9 @@ def mixed_precision_note(options: SearchOptions) -> str:
                 f"unsynced gradients not counted); its dp bytes the {half} gathers (2 B an element) and fp32 "
                 "reduce-scatters (4 B), each parameter padded as fully_shard pads it")
     return (f"FSDP2's mixed precision: torch.autocast({half}) over the fp32 parameters (--fsdp-mixed-precision "
-            "autocast, the default): fp32 gathers and reduce-scatters (4 B an element each, padded as fully_shard "
-            "pads); torchtitan runs FSDP2 with its MixedPrecisionPolicy instead: --fsdp-mixed-precision policy")
+            "autocast): fp32 gathers and reduce-scatters (4 B an element each, padded as fully_shard "
+            "pads); torchtitan runs FSDP2 with its MixedPrecisionPolicy instead, the default: --fsdp-mixed-precision "
+            "policy")
 
 
 def _sorted(candidates: list[Candidate]) -> tuple[tuple[Candidate, ...], tuple[Candidate, ...]]:

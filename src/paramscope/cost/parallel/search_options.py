@@ -8,7 +8,7 @@ from typing import Any
 
 from ...errors import OptionError
 from ..memory.result import DEFAULT_RESERVE
-from .layout import MAX_DEGREE, ParallelLayout, shard_mode
+from .layout import MAX_DEGREE, SHARD_ALIASES, ParallelLayout, shard_mode
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class SearchOptions:
     global_batch: int | None = None  # None: batch × devices (what N data-parallel replicas of `batch` take)
     batch: int = 1
     seq: int | None = None
-    precision: str = "bf16-mixed"
+    precision: str | None = None  # None: the frameworks' default for `zero` (memory/precision_default.py)
     optimizer: str = "adamw"
     grad_checkpointing: str = "none"
     attention: str | None = None
@@ -30,9 +30,20 @@ class SearchOptions:
     expert_load: float = 1.0  # every ep > 1 layout's busiest rank's pairs over its balanced share (--expert-load)
     # how a mixed precision runs under FSDP2 (--fsdp-mixed-precision): torch.autocast over the fp32 parameters, or
     # fully_shard's MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32), torchtitan's; every FSDP2 layout
-    # sharded over more than one rank takes it (torchtitan applies no fully_shard, so no policy, to one)
-    fsdp_mixed_precision: str = "autocast"
+    # sharded over more than one rank takes it (torchtitan applies no fully_shard, so no policy, to one); None: the
+    # policy where FSDP2 shards in a mixed precision, as torchtitan and accelerate run it
+    fsdp_mixed_precision: str | None = None
     reserve: int = DEFAULT_RESERVE
+
+    def __post_init__(self) -> None:
+        from ..memory.precision_default import default_fsdp_mixed_precision, default_precision
+
+        if self.precision is None:
+            object.__setattr__(self, "precision", default_precision(self.zero or "fsdp", self.optimizer))
+        if self.fsdp_mixed_precision is None:
+            zero = str(self.zero or "fsdp").strip().lower().replace("-", "_")
+            shard = SHARD_ALIASES.get(zero, "none")  # an unknown zero: check() refuses it in one line
+            object.__setattr__(self, "fsdp_mixed_precision", default_fsdp_mixed_precision(shard, str(self.precision)))
 
     @property
     def total_batch(self) -> int:
