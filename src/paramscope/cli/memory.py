@@ -122,7 +122,7 @@ def add_parser(subparsers: Any) -> None:
     layout.add_argument("--fsdp-mixed-precision", choices=("autocast", "policy"),
                         help="--zero fsdp or hybrid_shard with a mixed --precision: policy (FSDP2's "
                              "MixedPrecisionPolicy, param_dtype 16-bit and reduce_dtype fp32, no autocast: "
-                             "torchtitan's and accelerate's; the default) or autocast (torch.autocast over the fp32 "
+                             "torchtitan's; the default) or autocast (torch.autocast over the fp32 "
                              "parameters FSDP2 gathers)")
     layout.add_argument("--expert-load", type=float, metavar="F",
                         help="with --ep: the busiest expert-parallel rank receives F × its balanced token-expert "

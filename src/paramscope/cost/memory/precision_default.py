@@ -6,8 +6,8 @@
   keeps fp32 master weights and moments in its optimizer: what HF Trainer's `--bf16 --deepspeed` runs), where the
   optimizer is one the master copy runs (MASTER_OPTIMIZERS); bf16-mixed otherwise.
 - FSDP2 (`--zero fsdp`, `hybrid_shard`) in a mixed precision: its MixedPrecisionPolicy(param_dtype=16-bit,
-  reduce_dtype=fp32) with no autocast, as torchtitan's apply_fsdp runs it (and accelerate's FSDP2 path, which
-  enters no autocast): `--fsdp-mixed-precision policy`.
+  reduce_dtype=fp32) with no autocast, as torchtitan's apply_fsdp runs it (accelerate's FSDP2 path enters no
+  autocast either, its policy reducing in bf16): `--fsdp-mixed-precision policy`.
 
 An asked precision is always taken as asked: `--precision bf16-mixed` under ZeRO is torch.autocast over fp32 weights
 ZeRO shards, `--fsdp-mixed-precision autocast` under FSDP2 is autocast over the fp32 parameters FSDP2 gathers.

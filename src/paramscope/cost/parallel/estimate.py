@@ -139,7 +139,7 @@ def mixed_precision_words(ctx: StepContext) -> str:
     """The convention a mixed precision under FSDP2 was traced with, named (--fsdp-mixed-precision)."""
     half = ctx.precision.split("-")[0]
     if ctx.layout.fsdp_mixed_precision == "policy":
-        default = "the default, as torchtitan's apply_fsdp and accelerate's FSDP2 run it; " \
+        default = "the default, as torchtitan's apply_fsdp runs it; " \
             "--fsdp-mixed-precision autocast for torch.autocast over fp32 gathers" \
             if ctx.layout.fsdp_mixed_precision_defaulted else "--fsdp-mixed-precision policy"
         return (f"mixed precision: FSDP2's MixedPrecisionPolicy(param_dtype={half}, reduce_dtype=fp32), torchtitan's "

@@ -138,8 +138,8 @@ def mixed_precision_note(options: SearchOptions) -> str:
     half = options.precision.split("-")[0]
     if options.fsdp_mixed_precision == "policy":
         return (f"FSDP2's mixed precision: fully_shard's MixedPrecisionPolicy(param_dtype={half}, reduce_dtype=fp32) "
-                "and no autocast (--fsdp-mixed-precision policy, torchtitan's and accelerate's: the default), on every layout FSDP2 shards over more "
-                "than one rank (named 'its MixedPrecisionPolicy'; one sharded over one rank has no fully_shard and "
+                "and no autocast (--fsdp-mixed-precision policy, torchtitan's: the default), on every layout FSDP2 "
+                "shards over more than one rank (named 'its MixedPrecisionPolicy'; one sharded over one rank has no fully_shard and "
                 "runs autocast): each peak as memory --fsdp-mixed-precision policy answers it, by the closed form "
                 "where one reaches (Llama, Mistral and Qwen2 over dp, tp and pipelines, as derive_layout=False asks "
                 "it), else derived from traces with the policy applied (cp, ep, other classes: each a derivation of "
