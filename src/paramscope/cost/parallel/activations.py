@@ -105,8 +105,17 @@ def sequence_parallel(act: TrainingActivations, *, tp: int, tokens: int, hidden:
     # forward was 4·T·h·(1 − 1/t) over without this)
     final = 4 * tokens * hidden - 4 * tokens * hidden // tp if precision.endswith("-mixed") else 0
     final_words = f"; the final norm's fp32 output the loss is taken beside, on 1/{tp} of the tokens, − {final:,}"
+    if kind != "mixed":
+        # in fp32 and bf16-pure the head saves its input all-gathered whole (counted with the one-device recipe's
+        # saved activations), and the model's output still holds the final norm's own output, on the rank's
+        # S / t tokens, as the loss is taken: e·T·h / t more (traced, the llama-3-8b cut at tp 2 + sp, B 1 and 2:
+        # the end of forward was 2,097,152 B under in fp32 at B 1, 256 tokens, 1,048,576 B in bf16-pure)
+        size = 2 if kind == "bf16-pure" else 4
+        final = -(size * tokens * hidden // tp)
+        final_words = (f"; the final norm's output on 1/{tp} of the tokens, which the model's output holds as the "
+                       f"loss is taken beside the head's all-gathered input, {size}·T·h / {tp} = {-final:,}")
 
-    def moment(m: Any) -> Any:
+    def moment(m: Any) -> Any:  # a negative `final` is held, not shed
         shed = less + (final if m.where == "end of forward" else 0)
         return dataclasses.replace(m, bytes=m.bytes - shed, arithmetic=m.arithmetic + words + (
             final_words if shed != less else ""))

@@ -419,3 +419,54 @@ def with_masked_ids(phase: PhaseFigure, masked: int) -> PhaseFigure:
         return phase
     return dataclasses.replace(phase, bytes=phase.bytes + masked, arithmetic=(
         f"{phase.arithmetic}; + the vocabulary-parallel embedding's masked token ids, 8·T = {masked:,}"))
+
+
+# the recipes whose tensor-parallel rank's gather moment was held to its trace (tests/test_tp_forward_moment.py)
+GATHER_TRACED_RECIPES = ("Llama-style decoder",)
+
+
+def with_head_gather(ctx: StepContext, placements: tuple[Placement, ...], figures: tuple[PhaseFigure, ...],
+                     batch: int, length: int) -> tuple[PhaseFigure, ...]:
+    """`figures` with the forward's moment inside the head under tensor parallelism: transformers' lm_head is
+    colwise_gather_output, so the rank's logits shard (B, S, ⌈V / t⌉) is all-gathered into t shards (t·⌈V / t⌉
+    columns) and concatenated into the whole logits (B, S, V) while both are live, before the loss makes its
+    buffers. That moment is the end of forward's less what the loss makes: its log-softmax 4·T·V, the logits' fp32
+    copy 4·T·V where they are 16-bit (the saved activations count it), the shifted labels 8·T (counted saved) and the
+    labels padded by one, the loss and its total weight; plus the shard and the all-gather's output in the logits'
+    dtype e (4 B in fp32, 2 B under autocast and in bf16-pure); under sp and autocast, plus the head's input
+    all-gathered in fp32 (4·T·h), freed once autocast's 16-bit cast has gone through the matmul. In fp32 it is the
+    forward's peak, 4·T·⌈V / t⌉ − 8·T − 8·B·(S + 1) − 8 over the end of forward (at B 1, whose shifted labels are a
+    view of the padded ones, 4·T·⌈V / t⌉ − 8·T − 16; the rank traced on torch's
+    fake process group, llama-3-8b cut to 2 layers, tp 2 with and without sp, B 1 and 2: equal to the byte; was
+    65,665,008 B under at B 1, 256 tokens); under autocast and in bf16-pure the loss's end of forward stays above."""
+    from ..dims import config_int
+    from .activations import local_recipe, norm_kind
+
+    tp = ctx.layout.tp
+    head = next((p for p in placements if p.role == "head.lm" and p.tp == "vocabulary"), None)
+    end = next((p for p in figures if p.where == "end of forward"), None)
+    vocab = config_int(ctx.text, "vocab_size") or 0
+    if tp == 1 or head is None or end is None or not vocab or \
+            local_recipe(ctx.text, ctx.view.class_name) not in GATHER_TRACED_RECIPES:
+        return figures
+    kind = norm_kind(ctx.precision)
+    size = 4 if kind == "fp32" else 2
+    seq = -(-length // ctx.layout.cp)
+    tokens = batch * seq
+    shard = head.local_shape[0]
+    padded = 8 * batch * (seq + 1) if batch > 1 else 8
+    made = 4 * tokens * vocab + (4 * tokens * vocab if size == 2 else 0) + 8 * tokens + padded + 8
+    gathered = size * tokens * shard + size * tokens * tp * shard
+    head_input = 4 * tokens * hidden_size(ctx) if ctx.layout.sp and kind == "mixed" else 0
+    made_words = "4·T·V" + (" + its fp32 copy of the 16-bit logits 4·T·V" if size == 2 else "") + \
+        " + the shifted labels 8·T + the labels padded by one " + \
+        ("8·B·(S + 1)" if batch > 1 else "(their one element more at batch 1)") + " + the loss's two scalars 8"
+    words = (f"; at the head's gather, before the loss: − what the loss makes ({made_words}) = {made:,}, + the "
+             f"rank's logits {size}·T·⌈V / {tp}⌉ and the all-gather's output {tp} × {size}·T·⌈V / {tp}⌉ = "
+             f"{gathered:,} (the whole logits, concatenated from it, counted above)")
+    if head_input:
+        words += f" + the head's input all-gathered in fp32 (sequence parallel) 4·T·h = {head_input:,}"
+    gather = dataclasses.replace(end, bytes=end.bytes - made + gathered + head_input,
+                                 where="the head's logits gathered", arithmetic=end.arithmetic + words)
+    at = figures.index(end)  # in the step's order: the gather comes before the loss
+    return figures[:at] + (gather,) + figures[at:]

@@ -29,7 +29,7 @@ from .device_parts import (
     hidden_size, local_activations, local_recipe_missing, local_shape, policy_context, refuse_attention_dropout,
     resident_bytes, ring_chunk_bytes, ring_output_copies,
     sequence_parallel_norm_gradients, tied_bytes, whole_embedding_gradient, with_buffers, with_norm_gradients,
-    with_ring_outputs, with_whole_gradient, masked_token_ids, with_masked_ids
+    with_ring_outputs, with_whole_gradient, masked_token_ids, with_masked_ids, with_head_gather
 )
 from .device_trace import traced_check
 from .fsdp_moments import fsdp_moments_missing
@@ -604,8 +604,10 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
         held, held_text = held_at_step(ctx, placements, batch, length)
         figures = tuple(dataclasses.replace(p, bytes=p.bytes + held, arithmetic=p.arithmetic + held_text)
                         if p.where in ("end of backward", "optimizer step") and held else p for p in figures)
-        return tuple(with_buffers(with_masked_ids(with_ring_outputs(with_norm_gradients(p, norms), kept), masked),
-                                  comm) for p in figures) + fsdp_backward_moments(ctx, placements, batch, length)
+        figures = tuple(with_buffers(with_masked_ids(with_ring_outputs(with_norm_gradients(p, norms), kept), masked),
+                                     comm) for p in figures)
+        return with_head_gather(ctx, placements, figures, batch, length) + \
+            fsdp_backward_moments(ctx, placements, batch, length)
 
     act = local_activations(ctx, shape, ctx.batch, ctx.seq)
     kept = ring_kept(ctx.batch, ctx.seq)
