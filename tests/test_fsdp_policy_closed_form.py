@@ -129,8 +129,8 @@ def test_llama_3_8b_on_8_ranks_is_the_derived_rank(seq, layout, peak, moment):
 
 @pytest.mark.parametrize("family, extra, layout, why", [
     ("Mixtral", dict(num_local_experts=4, num_experts_per_tok=2), dict(dp=2), "here the class is MixtralForCausalLM"),
-    ("Llama", {}, dict(dp=1, cp=4), "here context parallel is applied over 4 ranks, more than the 2 its closed form "
-                                    "prices"),
+    ("Llama", {}, dict(dp=2, cp=2, shard="hsdp", shard_group=2),
+     "here context parallel is applied beside hybrid sharding or a tied head"),
 ])
 def test_where_the_closed_form_does_not_reach_the_derivation_off_is_refused(family, extra, layout, why):
     with pytest.raises(UnsupportedError, match=f"fsdp_mixed_precision policy is answered from the rank's step "

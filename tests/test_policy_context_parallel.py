@@ -1,9 +1,10 @@
-"""FSDP2's MixedPrecisionPolicy beside context parallel (--cp 2 with --zero fsdp, FSDP2 over dp × cp as torchtitan
+"""FSDP2's MixedPrecisionPolicy beside context parallel (--cp C with --zero fsdp, FSDP2 over dp × cp as torchtitan
 shards it) in the Llama family's closed form (cost/parallel/fsdp_moments.py over bf16-pure's step at S / cp tokens,
-with each layer's ring attention output copied for o_proj, device_parts.ring_output_copies), against one rank
-traced on torch's ring and fake process group with the policy applied: equal to the byte, with and without tp
-beside. Where the ring's own backward outweighs the layer's moments (cp over more than 2 ranks) or sp splits the
-ring's tokens again, the closed form refuses and the rank is derived; the layout search routes those alone."""
+with each layer's ring attention output copied for o_proj, device_parts.ring_output_copies, and a moment inside each
+layer's ring backward, fsdp_moments._ring_backward_bytes), against one rank traced on torch's ring and fake process
+group with the policy applied: equal to the byte, with and without tp beside. Where sp splits the ring's tokens
+again, or the ring runs unbalanced beyond cp 2, the closed form refuses and the rank is derived; the layout search
+routes those alone to the derivation."""
 
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ CUT = dict(hidden_size=128, intermediate_size=448, num_attention_heads=4, num_ke
            num_hidden_layers=4)
 
 
-def _closed(batch: int, seq: int, checkpointing: bool = False, vocab: int = 512, **layout):
+def _closed(batch: int, seq: int, checkpointing: bool = False, vocab: int = 512, kv: int = 1, **layout):
     import transformers as T
 
-    config = T.LlamaConfig(architectures=["LlamaForCausalLM"], **dict(CUT, vocab_size=vocab))
+    config = T.LlamaConfig(architectures=["LlamaForCausalLM"], **dict(CUT, vocab_size=vocab, num_key_value_heads=kv))
     _, estimate, view = training_answer(config, TrainingOptions(
         batch=batch, seq=seq, precision="bf16-mixed", fits=False, derive_layout=False,
         grad_checkpointing="full" if checkpointing else "none",
@@ -34,35 +35,43 @@ def _closed(batch: int, seq: int, checkpointing: bool = False, vocab: int = 512,
     return estimate.training.device, view
 
 
-@pytest.mark.parametrize("layout, peak, copy", [
-    (dict(dp=2, cp=2), 6_790_052, "16,384"),
-    (dict(cp=2, tp=2), 5_408_292, "8,192"),
-], ids=["dp 2 × cp 2", "cp 2 × tp 2"])
-def test_the_policy_ring_rank_is_the_traced_rank(layout, peak, copy):
-    """2 × 64 tokens, 32 a rank: inside layer 2's backward (the MLP's norm), the two layers below's and its own ring
-    output copies held (B·(S / cp)·heads·head_dim × 2 B each, the rank's heads under tp; without them the closed
-    form was 49,152 B under the trace at dp 2 × cp 2)."""
-    device, view = _closed(2, 64, **layout)
-    traced = trace_parallel_training(view.module, StepSettings(batch=2, seq=64, precision="bf16-mixed",
+@pytest.mark.parametrize("seq, layout, peak, moment, words", [
+    (128, dict(cp=4), 6_798_756, "the ring attention's", "2 × 16,384"),
+    (64, dict(cp=2, tp=2), 5_408_292, "MLP's norm", "3 × 8,192"),
+], ids=["cp 4", "cp 2 × tp 2"])
+def test_the_policy_ring_rank_is_the_traced_rank(seq, layout, peak, moment, words):
+    """2 sequences, 32 tokens a rank, layer 2's backward. cp 4: inside its ring backward (8,704 B over the MLP's
+    norm, which the closed form alone gave); cp 2 × tp 2: the MLP's norm, the two layers below's and its own ring
+    output copies held (B·(S / cp)·heads·head_dim × 2 B each, the rank's heads; 49,152 B under the trace without
+    them at dp 2 × cp 2)."""
+    device, view = _closed(2, seq, **layout)
+    traced = trace_parallel_training(view.module, StepSettings(batch=2, seq=seq, precision="bf16-mixed",
                                                                optimizer="adamw"),
                                      shard="fsdp", mixed="policy", **layout)
     assert device.activations_from.startswith("analytic")
     assert device.peak == traced.peak.bytes == peak
-    assert device.peak_figure.where == "FSDP2: inside layer 2's backward (MLP's norm)"
-    assert f"ring attention's outputs copied for o_proj, 3 × {copy}" in device.peak_figure.arithmetic
+    assert device.peak_figure.where == f"FSDP2: inside layer 2's backward ({moment})"
+    assert f"ring attention's outputs copied for o_proj, {words}" in device.peak_figure.arithmetic
 
 
 @pytest.mark.parametrize("args, layout, peak", [
+    ((2, 64), dict(dp=2, cp=2), 6_790_052),
     ((1, 64), dict(dp=2, cp=2, tp=2), 3_334_436),
     ((2, 512), dict(dp=2, cp=2), 20_765_092),
     ((1, 32, False, 4008), dict(dp=2, cp=2), 12_647_844),
     ((2, 128, True), dict(dp=2, cp=2), 6_768_804),
     ((2, 68), dict(dp=2, cp=2), 6_863_796),
-], ids=["dp 2 × cp 2 × tp 2", "2 × 512", "a 4,008-token vocabulary", "checkpointing", "unbalanced"])
+    ((1, 256), dict(cp=8), 4_656_356),
+    ((1, 128), dict(dp=2, cp=4), 4_639_972),
+    ((2, 128, False, 512, 2), dict(cp=4), 7_093_668),
+    ((2, 128, False, 512, 2), dict(cp=4, tp=2), 3_770_276),
+], ids=["dp 2 × cp 2", "dp 2 × cp 2 × tp 2", "2 × 512", "a 4,008-token vocabulary", "checkpointing", "unbalanced",
+        "cp 8", "dp 2 × cp 4", "2 KV heads, cp 4", "2 KV heads, cp 4 × tp 2"])
 def test_the_closed_form_at_each_traced_cut(args, layout, peak):
     """Each traced equal (torch 2.13, not re-traced here to keep the file short): beside tp over 8 ranks, at 256
     tokens a rank, a vocabulary whose root outweighs the layers, full checkpointing (the recomputed layer's own copy
-    alone), and 68 tokens, which 2·cp does not divide (torch's ring runs unbalanced and copies nothing)."""
+    alone), 68 tokens, which 2·cp does not divide (torch's ring runs unbalanced and copies nothing), the ring's
+    backward peaking at cp 8, at dp 2 × cp 4 and with 2 KV heads (its K and V buffers twice as large)."""
     assert _closed(*args, **layout)[0].peak == peak
 
 
@@ -76,22 +85,24 @@ def test_llama_3_8b_is_the_derived_rank():
     assert (device.peak, device.peak_figure.where) == (48_421_584_532, "start of backward")
 
 
-@pytest.mark.parametrize("layout, why", [
-    (dict(cp=4), "context parallel is applied over 4 ranks, more than the 2 its closed form prices"),
-    (dict(cp=2, tp=2, sp=True), "context parallel is applied beside sequence parallel"),
+@pytest.mark.parametrize("seq, layout, why", [
+    (132, dict(cp=4), "context parallel 4 runs unbalanced at 132 tokens"),
+    (128, dict(cp=2, tp=2, sp=True), "context parallel is applied beside sequence parallel"),
 ])
-def test_what_the_closed_form_does_not_price_is_refused_with_the_derivation_off(layout, why):
-    """cp 4 on the cut (2 × 128 tokens): the ring's backward (every rank's K and V all-gathered, the fp32 dk and dv
-    passed all-to-all) peaks 8,704 B over the layer's moments; cp 2 × tp 2 with sp: 44,672 B over the traced rank."""
+def test_what_the_closed_form_does_not_price_is_refused_with_the_derivation_off(seq, layout, why):
+    """cp 4 at 132 tokens, which 2·cp does not divide (torch's ring unbalanced: not traced beyond cp 2); cp 2 × tp 2
+    with sp (2 × 64 tokens: 44,672 B over the traced rank, which peaks inside the ring's backward, 32,896 B under
+    that moment as the closed form prices it without sp)."""
     with pytest.raises(UnsupportedError, match=why):
-        _closed(2, 128, **layout)
+        _closed(2, seq, **layout)
 
 
 def test_the_search_derives_only_the_ring_layouts_the_closed_form_does_not_price():
-    facts = SimpleNamespace(text=SimpleNamespace(model_type="llama"), tied=None, experts=0)
+    facts = SimpleNamespace(text=SimpleNamespace(model_type="llama"), tied=None, experts=0, seq=2048)
 
     def derived(**layout):
         return policy_derived(ParallelLayout(shard="fsdp", fsdp_mixed_precision="policy", **layout), facts)
-    assert not derived(dp=4, cp=2)
-    assert derived(dp=2, cp=4) and derived(dp=2, cp=2, tp=2, sp=True) and derived(dp=1, cp=2, pp=4)
-    assert derived(dp=4, cp=2) is False and derived(dp=8) is False
+    assert not any(derived(**layout) for layout in (dict(dp=4, cp=2), dict(dp=2, cp=4), dict(cp=8), dict(dp=8)))
+    assert derived(dp=2, cp=2, tp=2, sp=True) and derived(dp=1, cp=2, pp=4)
+    assert policy_derived(ParallelLayout(  # unbalanced: 2·cp = 16 does not divide 2,056
+        cp=8, shard="fsdp", fsdp_mixed_precision="policy"), SimpleNamespace(**dict(vars(facts), seq=2056)))

@@ -87,6 +87,13 @@ from .rules import Placement
 # the embedding's backward (the input, in fp32 as the gradients are, replaces them); under the policy the fp32 input
 # is twice the 16-bit gradients, and one of them is the peak wherever the root outweighs the activations (llama-3-8b
 # on 8 ranks at 512 tokens). Read off one rank traced by MemTracker with the policy applied (traced/parallel.py).
+# Beside context parallel (the policy alone; FSDP2 over dp × cp, torchtitan's dp_shard_cp) the same moments at the
+# rank's S / cp tokens, each layer's ring output copied for o_proj held from its forward to its o_proj's backward
+# (_ring_copy: the layers below's at every moment, layer k's own inside its MLP's backward), and one moment more,
+# inside layer k's ring backward on rank 0 (_ring_backward_bytes): the fp32 dq, dk, dv of torch's ring, every rank's K
+# and V all-gathered and the dk, dv passed all-to-all, the peak from cp 4 on the traced cuts (8,704 B over the MLP's
+# norm at cp 4). Traced on the ring (traced/context_parallel.py), with and without tp; beside sp not (the rank's
+# tokens split again over tp inside the layer: 44,672 B over on a cp 2 × tp 2 cut), nor unbalanced beyond cp 2.
 
 # the classes whose ranks were traced against these moments: Llama's layer, Mistral's (the same; its sliding window
 # is the recipe's concern) and Qwen2's (q, k and v with biases)
@@ -118,8 +125,8 @@ _FSDP_MOMENTS = {
 def fsdp_moments_missing(ctx: StepContext, placements: tuple[Placement, ...]) -> str:
     """Why FSDP2's in-step moments (fsdp_backward_moments) are not modelled for this rank, in words ("here ..."); ""
     where they are: FSDP2 sharding over more than one rank, a class of Llama, Mistral or Qwen2 with its closed form
-    on a rank's shard, no expert parallelism, no context parallelism but cp 2 under FSDP2's MixedPrecisionPolicy
-    (full sharding, no sp, the head untied), fp32, a mixed precision (autocast or FSDP2's
+    on a rank's shard, no expert parallelism, no context parallelism but under FSDP2's MixedPrecisionPolicy (full
+    sharding, no sp, the head untied; balanced beyond cp 2), fp32, a mixed precision (autocast or FSDP2's
     MixedPrecisionPolicy) or bf16-pure, and two layers or more; the head tied to the embedding or not."""
     from ..dims import config_int
 
@@ -131,13 +138,13 @@ def fsdp_moments_missing(ctx: StepContext, placements: tuple[Placement, ...]) ->
         return f"the class is {ctx.view.class_name}"
     if layout.ep > 1:
         return "expert parallelism is applied"
-    # context parallel under the policy: torch's ring beside FSDP2 over dp × cp, held to the traced rank at cp 2 (the
-    # ring's kept output copies, _ring_copy); over more ranks its backward's all-gathered K and V and fp32 dk, dv
-    # all-to-all outweigh the layer's moments (cp 4 on the 4-layer cut: 8,704 B over them), not priced
+    # context parallel under the policy: torch's ring beside FSDP2 over dp × cp, held to the traced rank (the ring's
+    # kept output copies, _ring_copy, and its backward's own buffers, _ring_backward_bytes); where 2·cp does not
+    # divide S the ring runs unbalanced, traced at cp 2 alone
     if layout.cp > 1 and not fsdp_policy(layout):
         return "context parallelism is applied"
-    if layout.cp > 2:
-        return f"context parallel is applied over {layout.cp} ranks, more than the 2 its closed form prices"
+    if layout.cp > 2 and ctx.seq % (2 * layout.cp):
+        return f"context parallel {layout.cp} runs unbalanced at {ctx.seq:,} tokens (2·cp does not divide them)"
     if layout.cp > 1 and layout.sp:  # the 4-layer cut, cp 2 × tp 2: 44,672 B over the traced rank
         return "context parallel is applied beside sequence parallel"
     if layout.cp > 1 and (layout.shard != "fsdp" or tied_bytes(ctx, placements)):
@@ -292,8 +299,38 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
                  + (f" + the shards of the {layers - 1 - k} layers above {above:,}" if above else ""))
         return PhaseFigure("backward", total, f"FSDP2: inside layer {k}'s backward ({moment})", words, above)
 
+    def in_ring(k: int) -> PhaseFigure:
+        """Inside layer k's attention backward, torch's ring at its peak (_ring_backward_bytes), over what the layer
+        holds as its attention's backward starts: its o_proj's backward done (its ring output copy freed)."""
+        own, ring_words = _ring_backward_bytes(ctx, tokens, h)
+        grads = sum(p.local_numel * size(p) for p in by_layer[k] if p.role in _BEFORE_ATTENTION)
+        above = sum(shard[kk] for kk in range(k + 1, layers))
+        reduce_in = reduce_input[k + 1] if k + 1 < layers else 0
+        prefetched = padded[k - 1] if k >= 1 else 0
+        fsdp = root_bytes + head + padded[k] + prefetched + reduce_in + above
+        rings = 0 if checkpointing else k
+        below = (k + (1 if kept_input else 0)) * per_layer
+        total = resident + below + own + grads + rope + positions_kept + masked + fsdp + rings * ring
+        words = ((f"layers below saved {k} × {per_layer:,}" if not checkpointing else
+                  f"the checkpointed inputs of the layers below{' and its own' if kept_input else ''} "
+                  f"{k + (1 if kept_input else 0)} × {per_layer:,}")
+                 + f" + {ring_words} + its weight gradients so far (the MLP's, its norm's and o_proj's) {grads:,}"
+                 + f" + the rotary tables and the loss's scalars, {rotary}·S·hd + 8 = {rope:,}"
+                 + (f" + the position ids the checkpoints keep, 8·S = {positions_kept:,}" if positions_kept else "")
+                 + (f" + ring attention's outputs copied for o_proj, {rings} × {ring:,}" if rings else "")
+                 + f"{masked_text}; "
+                 f"FSDP2: the root unit all-gathered {root_bytes:,} + the head's and final norm's gradients "
+                 f"unsharded{tied_words} {head:,} + layer {k}'s parameters all-gathered {padded[k]:,}"
+                 + (f" + layer {k - 1}'s all-gather output, prefetched {prefetched:,}" if prefetched else "")
+                 + (f" + layer {k + 1}'s reduce-scatter input {reduce_in:,}" if reduce_in else "")
+                 + (f" + the shards of the {layers - 1 - k} layers above {above:,}" if above else ""))
+        return PhaseFigure("backward", total, f"FSDP2: inside layer {k}'s backward (the ring attention's)", words,
+                           above)
+
     out = [at_layer(k, moment) for k in sorted({layers - 1, layers - 2, min(1, layers - 2)})
            for moment in _FSDP_MOMENTS[kind]]
+    if ring:  # torch's balanced ring (cp; 2·cp divides S), under the policy: its backward's own buffers
+        out += [in_ring(k) for k in sorted({layers - 1, layers - 2, min(1, layers - 2)})]
     # the forward's all-gathers: a unit's copy-out allocates its parameters beside its all-gather output while the
     # previous unit's output is still referenced (wait_for_unshard frees it from its comm state, but its local
     # `prev_all_gather_state` holds it to the function's end): at layer 0 the root's, at the last layer layer L − 2's
@@ -410,6 +447,39 @@ def _ring_copy(ctx: StepContext, batch: int, length: int) -> int:
         return 0
     layers = config_int(ctx.text, "num_hidden_layers") or 1
     return ring_output_copies(ctx, batch, length)[0] // layers
+
+
+# the weights whose gradients a layer holds as its attention's backward starts (the MLP's, its norm's, o_proj's)
+_BEFORE_ATTENTION = ("mlp.gate", "mlp.up", "mlp.down", "mlp.norm", "attention.output")
+
+
+def _ring_backward_bytes(ctx: StepContext, tokens: int, hidden: int) -> tuple[int, str]:
+    """(bytes, words) of a layer as torch's ring attention's backward peaks on rank 0 (torch 2.13's
+    _templated_ring_attention_backward, load-balanced, K and V all-gathered at once, dk and dv passed all-to-all), in
+    16 bits over the rank's T = B·S / cp tokens, q = its heads × head_dim, kv = its KV heads × head_dim, H its heads:
+    what the layer holds as the attention's backward starts, T·(10h + 4 + 6q + 4kv + 4H): the input norm's saved fp32
+    input, reciprocal root, 16-bit normalised input and output (8h + 4), the residual's gradient (2h), the attention
+    output's gradient (2q), q, K, V, the output and the fp32 log-sum-exp the ring saved (4q + 4kv + 4H); and the
+    ring's own at its second step (every later step alike), T·(9q + (32 + 4·cp)·kv + 2H): the fp32 dq accumulator and
+    its partial update's new copy (8q), the fp32 dk and dv received, concatenated and passed all-to-all (24kv), every
+    rank's K and V all-gathered (4·cp·kv), the K and V sent on and the step's own dk and dv (8kv), the step's dq on
+    the second half of q (q) and that half's log-sum-exp made contiguous (2H). Held to the ring rank traced on the
+    4-layer Llama cut: cp 2, 4 and 8, beside tp 2, with 1 and 2 KV heads, B 1 and 2: equal to the byte."""
+    from ..dims import config_int
+
+    heads_all = config_int(ctx.text, "num_attention_heads") or 1
+    head_dim = config_int(ctx.text, "head_dim") or hidden // heads_all
+    heads = heads_all // ctx.layout.tp or 1
+    kv_heads = (config_int(ctx.text, "num_key_value_heads") or heads_all) // ctx.layout.tp or 1
+    q, kv, cp = heads * head_dim, kv_heads * head_dim, ctx.layout.cp
+    held = tokens * (10 * hidden + 4 + 6 * q + 4 * kv + 4 * heads)
+    ring = tokens * (9 * q + (32 + 4 * cp) * kv + 2 * heads)
+    return held + ring, (f"the layer as its attention's backward starts (the input norm's saved input, root and "
+                         f"outputs, the residual's and the attention output's gradients, q, K, V, the output and "
+                         f"log-sum-exp the ring saved), T·(10h + 4 + 6q + 4kv + 4H) = {held:,} + torch's ring "
+                         f"backward at its second step (the fp32 dq and its partial update, the fp32 dk, dv passed "
+                         f"all-to-all, every rank's K and V all-gathered, the step's own gradients), "
+                         f"T·(9q + {32 + 4 * cp}kv + 2H) = {ring:,}")
 
 
 def _rings_held(ring: int, k: int, moment: str, checkpointing: bool) -> int:

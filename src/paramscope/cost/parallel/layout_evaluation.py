@@ -188,7 +188,7 @@ def policy_layout(layout: ParallelLayout) -> bool:
 
 def policy_derived(layout: ParallelLayout, facts: ModelFacts) -> bool:
     """Under the policy, a layout memory answers from a derived step whatever the class: context parallel where the
-    policy's closed form (fsdp_moments.py) does not price the ring (it does at cp 2, below) or routed experts cut
+    policy's closed form (fsdp_moments.py) does not price the ring (below) or routed experts cut
     over ep (it reaches none; beside a pipeline memory refuses them, naming why), and without a pipeline a class
     the policy's closed form does not price (fsdp_moments.fsdp_moments_missing: Llama, Mistral and Qwen2, a tied
     head not beside tp). A Llama-family pipeline takes the
@@ -199,10 +199,11 @@ def policy_derived(layout: ParallelLayout, facts: ModelFacts) -> bool:
     if not policy_layout(layout):
         return False
     priced = getattr(facts.text, "model_type", None) in _TRACED_FAMILY and (facts.tied is None or layout.tp == 1)
-    # context parallel: the closed form prices the ring at cp 2 over FSDP2, without sp, a tied head or a pipeline
-    # (fsdp_moments_missing); the search's tp layouts run sp, so those are derived
-    ring_priced = priced and layout.cp == 2 and not layout.sp and layout.shard == "fsdp" and facts.tied is None \
-        and layout.pp == 1
+    # context parallel: the closed form prices torch's ring over FSDP2 without sp, a tied head or a pipeline, beyond
+    # cp 2 where it runs balanced (2·cp divides S) (fsdp_moments_missing); the search's tp layouts run sp, so those
+    # are derived
+    ring_priced = priced and not layout.sp and layout.shard == "fsdp" and facts.tied is None and layout.pp == 1 \
+        and (layout.cp == 2 or facts.seq % (2 * layout.cp) == 0)
     return layout.cp > 1 and not ring_priced or layout.ep > 1 and facts.experts > 0 or layout.pp == 1 and not priced
 
 
