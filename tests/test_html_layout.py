@@ -27,7 +27,8 @@ from test_html import _Page, _screenshot, browser  # noqa: F401  (browser: the m
 # the brief's command: `paramscope memory llama-3-70b --training --devices 32 --tp 8 --pp 4 --batch 16`
 PIPELINE = ("llama-3-70b", {"batch": 16}, {"devices": 32, "tp": 8, "pp": 4, "batch": 16})
 FSDP = ("llama-3-8b", {"batch": 1}, {"dp": 8, "zero": "fsdp"})  # FSDP2's all-gathered units at the peak
-FSDP_PP = ("llama-3-8b", {"batch": 2}, {"dp": 2, "zero": "fsdp", "tp": 2, "pp": 2, "micro_batches": 1, "batch": 2})
+FSDP_PP = ("llama-3-8b", {"batch": 2}, {"dp": 2, "zero": "fsdp", "tp": 2, "pp": 2, "micro_batches": 1, "batch": 2,
+                                        "fsdp_mixed_precision": "autocast"})
 LAYOUTS = {
     "pipeline": PIPELINE, "fsdp": FSDP, "fsdp-pp": FSDP_PP,
     "cp": ("llama-3-8b", {"batch": 1}, {"dp": 2, "tp": 4, "cp": 2, "zero": "2"}),
@@ -294,8 +295,9 @@ def test_fsdp_buffers_are_drawn_as_their_own_parts(browser, tmp_path):
     device = memory["layout"]["device"]
     parts = page.page.evaluate("""() => Object.fromEntries(document.getElementById('bars-device').data
         .filter(t => t.xaxis === 'x2').map(t => [t.name, t.x[0]]))""")
-    assert parts["FSDP2's root unit, all-gathered"] == 1_050_689_536
-    assert sum(parts.values()) == device["peak"]["bytes"] == 35_432_784_984
+    # beside the pipeline every unit of the stage is gathered (fp32 under autocast) through its microbatches
+    assert parts["FSDP2's units of the stage, all gathered"] == 8_030_519_296
+    assert sum(parts.values()) == device["peak"]["bytes"] == 43_146_019_908
     stages = page.page.evaluate(_STACKS, ["bars-stages", "x"])
     assert list(stages.values()) == [s["peak"] for s in device["stages"]]
     # each stage's figure holds its own FSDP2 buffers: the worst stage's is the device's

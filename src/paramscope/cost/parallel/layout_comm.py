@@ -17,6 +17,10 @@ bytes: all-gather and reduce-scatter (n − 1)/n · X each, all-reduce 2(n − 1
                              gradients                                           (n−1)/n · (2P + G)
          FSDP2 hybrid        the same inside a shard group of g, then all-reduce of the gradient shard across the
                              r = n / g groups                (g−1)/g · (2P + G) + 2(r−1)/r · G/g
+         FSDP2 beside pp     a stage's units gathered once, at its first forward (torchtitan: reshard_after_forward
+                             False under a pipeline), kept through every microbatch's backward (torch's PipelineStage:
+                             set_reshard_after_backward(False), no gradient sync), the gradients reduce-scattered once
+                             after the last backward (perform_reduce_grad)    (n−1)/n · (P + G)  (hybrid: P for 2P)
     TP   X = b·s·h × a (a microbatch's tokens on the rank: b = the microbatch, s = S / cp; a = 2 B under mixed or
          bf16 precision, 4 B in fp32); per layer 2 all-reduces forward and 2 backward (Megatron; with sequence
          parallel each is an all-gather and a reduce-scatter: the same bytes); the vocabulary-parallel embedding's
@@ -209,25 +213,34 @@ def _dp_terms(layout: ParallelLayout, dense: int | Moved, experts: int | Moved) 
             continue
         n = max(1, layout.shard_degree // split)  # ranks a shard is cut over
         replicas = same // n
+        # FSDP2 beside a pipeline gathers each unit once a step: torchtitan keeps the units gathered after the forward
+        # (reshard_after_forward = not pp_enabled) and torch's PipelineStage runs every microbatch's backward with
+        # set_reshard_after_backward(False) and set_requires_gradient_sync(False), reducing once in
+        # perform_reduce_grad after the last backward
+        once = _fsdp(layout) and layout.pp > 1
+        twice, two = (1, "") if once else (2, "2")
+        when = (" (once a step: gathered at the stage's first forward and kept through every microbatch, torchtitan's "
+                "reshard_after_forward False under a pipeline; reduced once after the last backward, torch's "
+                "PipelineStage.perform_reduce_grad)") if once else " (forward and backward)"
         if layout.zero_stage in (1, 2):
             out.append(CommTerm("dp", f"{shard_words(layout)}: reduce-scatter of the gradients, all-gather of "
                                       f"the updated parameters{label}", _ceil((n - 1) * (g + p), n),
                                 f"(n−1)/n · (G + P), n = {group} = {n}", f"{n - 1}/{n} × ({g:,} + {p:,}) "
                                                                          f"({given})"))
         elif replicas > 1:
-            inside = _ceil((n - 1) * (2 * p + g), n)
+            inside = _ceil((n - 1) * (twice * p + g), n)
             across = _ceil(2 * (replicas - 1) * _ceil(g, n), replicas)
-            out.append(CommTerm("dp", f"{shard_words(layout)}: all-gather of the parameters (forward and "
-                                      f"backward) and reduce-scatter of the gradients inside a shard group of "
+            out.append(CommTerm("dp", f"{shard_words(layout)}: all-gather of the parameters{when} and "
+                                      f"reduce-scatter of the gradients inside a shard group of "
                                       f"g = {n}, all-reduce of the gradient shard across r = {replicas} "
-                                      f"groups{label}", inside + across, "(g−1)/g · (2P + G) + 2(r−1)/r · G/g",
-                                f"{n - 1}/{n} × (2 × {p:,} + {g:,}) + 2·{replicas - 1}/{replicas} × "
-                                f"{_ceil(g, n):,} ({given})"))
+                                      f"groups{label}", inside + across, f"(g−1)/g · ({two}P + G) + 2(r−1)/r · G/g",
+                                f"{n - 1}/{n} × ({f'{twice} × ' if twice > 1 else ''}{p:,} + {g:,}) + "
+                                f"2·{replicas - 1}/{replicas} × {_ceil(g, n):,} ({given})"))
         else:
-            out.append(CommTerm("dp", f"{shard_words(layout)}: all-gather of the parameters (forward and "
-                                      f"backward), reduce-scatter of the gradients{label}",
-                                _ceil((n - 1) * (2 * p + g), n), f"(n−1)/n · (2P + G), n = {group} = {n}",
-                                f"{n - 1}/{n} × (2 × {p:,} + {g:,}) ({given})"))
+            out.append(CommTerm("dp", f"{shard_words(layout)}: all-gather of the parameters{when}, "
+                                      f"reduce-scatter of the gradients{label}",
+                                _ceil((n - 1) * (twice * p + g), n), f"(n−1)/n · ({two}P + G), n = {group} = {n}",
+                                f"{n - 1}/{n} × ({f'{twice} × ' if twice > 1 else ''}{p:,} + {g:,}) ({given})"))
     return out
 
 

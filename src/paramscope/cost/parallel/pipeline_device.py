@@ -13,7 +13,9 @@ from .device_parts import (
     check_analytic, device_states_of, fsdp_buffers, fsdp_sharded, layer_runs, local_activations, local_recipe_missing,
     local_shape, matmul_names, policy_context, resident_bytes, ring_output_copies, tied_bytes, with_buffers, with_ring_outputs
 )
-from .pipeline_replay import derived_pipeline_device
+from .pipeline_replay import (
+    UNSYNCED, derived_pipeline_device, fsdp_beside, unsynced_buffer, unsynced_gradients, with_unsynced_gradients
+)
 from .pipeline import (
     Stage, after_layers, bubble, interleaved_order, layer_of, layer_stack_of, layers_in_flight, params_held, split_words,
     stages
@@ -27,9 +29,10 @@ POLICY_CLOSED_FORM = (
     "FSDP2's MixedPrecisionPolicy (--fsdp-mixed-precision policy) with the derivation off (the layout search): each "
     "stage as bf16-pure's closed form (no autocast: the layers run on 16-bit parameters, no weight copies) over the "
     "rank's fp32 shards, its units gathered in 16 bits; an estimate: FSDP2's moments inside a layer's backward (its "
-    "fp32 reduce-scatter input) are not among a stage's, nor what torch's PipelineStage holds without gradient sync "
-    "until the last backward; memory derives the stages instead, replaying the policy's FSDP2 rank (on a 4-layer Llama "
-    "cut, dp 2 × pp 2, 2 × 64: the last stage 8 B over it, the first 858,624 B under it; "
+    "fp32 reduce-scatter input) are not among a stage's (every unit gathered and the gradients unsharded, as the "
+    "pipeline's FSDP2 holds them, are: pipeline_replay.UNSYNCED); memory derives the stages instead, replaying the "
+    "policy's FSDP2 rank (on a 4-layer Llama cut, dp 2 × pp 2, 2 × 64: the last stage 8 B over it, the first "
+    "455,680 B over it; "
     "tests/test_policy_pipeline_search.py)")
 
 # the last stage's loss, kept in its cache until its backward, and the total weight cross-entropy saves for it: two
@@ -184,6 +187,12 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         return most, head, words
 
     def stage_figures(stage: Stage, dev: DeviceStates, batch: int, length: int) -> tuple[tuple[PhaseFigure, ...], int]:
+        figures, held = closed_figures(stage, dev, batch, length)
+        return tuple(with_unsynced_gradients(f, whole_of[stage.rank], dev.gradients, comm_of[stage.rank])
+                     for f in figures), held
+
+    def closed_figures(stage: Stage, dev: DeviceStates, batch: int, length: int
+                       ) -> tuple[tuple[PhaseFigure, ...], int]:
         act = local_activations(ctx, shape_all, batch, length)
         local_len = -(-length // layout.cp)
         # the layer-microbatches held: interleaved, each chunk-microbatch its own chunk's layers, counted along
@@ -352,6 +361,8 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
             if one else "")
 
     comm_of: dict[int, list[Buffer]] = {}
+    # FSDP2 beside the pipeline: each stage's gradients unsharded (pipeline_replay.unsynced_gradients), 0 without
+    whole_of: dict[int, int] = {}
     for stage in plan:
         extra = ()
         if stage.last and layout.pp > 1 and tied_name is not None and tied_name in by_name and \
@@ -360,7 +371,12 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
             extra = (dataclasses.replace(copy, name=copy.name + " (the last stage's copy)"),)
         dev = device_states_of(ctx, placements, stage_params(stage), extra)
         held_names = {q.name for q in stage_params(stage)}
-        comm_of[stage.rank] = fsdp_buffers(ctx, tuple(p for p in placements if p.name in held_names))
+        own = tuple(p for p in placements if p.name in held_names)
+        # FSDP2 beside the pipeline (pipeline_replay.UNSYNCED): every unit of the stage gathered through its
+        # microbatches, in place of FSDP2's default one layer and root unit, and the gradients a moment holds
+        # unsharded until the step's reduce
+        comm_of[stage.rank] = unsynced_buffer(ctx, own + extra) or fsdp_buffers(ctx, own)
+        whole_of[stage.rank] = unsynced_gradients(ctx, own + extra, dev.gradients)
         figures, held = stage_figures(stage, dev, micro, ctx.seq)
         figures_by_stage.append((stage, dev, figures, held))
     worst = max(figures_by_stage, key=lambda item: max(p.bytes for p in item[2]))
@@ -405,6 +421,8 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                   "there); the ring's other buffers are freed inside each attention",)
     if policy:
         notes += (POLICY_CLOSED_FORM,)
+    if fsdp_beside(ctx):
+        notes += (UNSYNCED,)
     device = DeviceMemory(layout, dev.weights, dev.gradients + dev.grad_buffer,
                           dev.optimizer, dev.master_weights, ctx.buffer_bytes,
                           held, f"analytic: {recipe}, stage {stage.rank}'s layers × microbatches in flight",

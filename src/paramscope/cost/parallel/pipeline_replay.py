@@ -32,19 +32,10 @@ LEAF_CASTS = ("pipeline: a later stage's received hidden state is a leaf (Pipeli
 # the replay is held to (tests/test_policy_pipeline_search.py)
 POLICY_CONVENTION = (
     "pipeline convention under FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), no autocast "
-    "(torchtitan's): each stage replays the FSDP2 rank's own traced step, so each of its layers is gathered in 16 bits "
-    "as it runs and resharded after, its 16-bit gradients reduce-scattered in fp32 as each layer's backward ends "
-    "(FSDP2's defaults, every microbatch), the rank keeping fp32 gradient shards; the root unit apart: each stage's "
-    "own (torchtitan's fully_shard on each stage's model part: the embeddings on the first, the final norm and head "
-    "on the last, none on the others) gathered in 16 bits through the step. An estimate, in two ways named here: "
-    "torch's PipelineStage runs FSDP2 without gradient sync until the last microbatch's backward "
-    "(set_requires_gradient_sync(False), set_reshard_after_backward(False)) and torchtitan keeps the units gathered "
-    "after the forward under a pipeline (reshard_after_forward False): a stage then holds its layers gathered in 16 "
-    "bits and their gradients unsharded in fp32 (the reduce_dtype accumulates them) until the step's last backward, "
-    "not counted here, nor in the autocast convention's pipeline answer (the extra is named below for the device's "
-    "stage); and the root unit's reduce-scatter at the end of a stage's backward is the first stage's own (its "
-    "embeddings', root_reduced), none on the last (its final norm and head's fp32 reduce-scatter input, 4 B an "
-    "element, not among its moments)")
+    "(torchtitan's): each stage replays the FSDP2 rank's own traced step for its layers (16-bit parameters, 16-bit "
+    "gradients made as each layer's backward runs), the rank's root unit apart (torchtitan's fully_shard on each "
+    "stage's model part), with every unit of the stage gathered and its gradients unsharded as the pipeline's FSDP2 "
+    "holds them (below); the hidden state between stages 16-bit")
 POLICY_CHECK = (
     "the replay's mechanics held to the rank traced under the policy: the whole cut replayed as one stage equals the "
     "derived rank, which equals --trace (a 4-layer Llama cut, dp 2, bf16-mixed: tests/test_policy_pipeline_search.py);"
@@ -115,15 +106,105 @@ def root_reduced(ctx: StepContext, placements: tuple[Placement, ...], held: set[
     return sizes(root), sizes([p for p in root if p.name in held])
 
 
-def _unsynced_words(ctx: StepContext, placements: tuple[Placement, ...], params: list, rank: int) -> str:
-    """The size of what torch's PipelineStage would hold beyond the replay on a stage (POLICY_CONVENTION): its N
-    parameters gathered in 16 bits and their gradients unsharded in fp32, beside the fp32 shards counted."""
-    held = {p.name for p in params}
-    numel = sum(p.local_numel for p in placements if p.name in held)
-    d = ctx.layout.shard_degree
-    return (f"not counted (the convention above), on stage {rank}: its {numel:,} parameters gathered in 16 bits, "
-            f"2·N = {2 * numel:,} B, and their gradients unsharded in fp32, 4·N = {4 * numel:,} B, where the replay "
-            f"holds one layer gathered at a time and fp32 gradient shards of about 4·N / {d} = {4 * numel // d:,} B")
+# FSDP2 beside a pipeline, as torch's PipelineStage and torchtitan run it (both engines, both conventions)
+UNSYNCED = (
+    "FSDP2 beside a pipeline, as torchtitan and torch's PipelineStage run it: torchtitan keeps each unit gathered after "
+    "its forward under a pipeline (apply_fsdp's reshard_after_forward = not pp_enabled), and PipelineStage runs every "
+    "microbatch's backward with set_requires_gradient_sync(False) and set_reshard_after_backward(False) "
+    "(backward_maybe_with_nosync), reducing once after the last backward (perform_reduce_grad: each unit resharded, "
+    "then its gradients reduce-scattered): so from its first forward to the step's reduce a stage holds every unit "
+    "gathered (16 bits under the MixedPrecisionPolicy's param_dtype, the trained dtype under autocast), and from each "
+    "layer's first backward its gradients unsharded (fp32: the policy accumulates them in its reduce_dtype, "
+    "unsharded_accumulated_grad; autocast's .grad) in place of the fp32 shards, which exist only from the reduce to "
+    "the optimizer step. Counted at every forward and backward moment: the stage's units gathered in place of the one "
+    "layer and root unit FSDP2's default step holds, and the gradients a moment holds unsharded (where it holds some "
+    "but not all of them, as the first backward, in proportion to the shards it counts). An estimate, no stage traced "
+    "under FSDP2: the reduce after the last backward (no activations left; each unit's fp32 reduce-scatter input "
+    "beside its gradients as its gathered parameters are freed) is not a moment of its own; under the policy the "
+    "replayed rank's in-layer FSDP2 transients (the running layer's gather, the backward's prefetch of the next, its "
+    "16-bit gradients' fp32 reduce-scatter input) are kept, which the unsynced stage does not make, so the replay "
+    "there is over by up to that; the first microbatch's 16-bit gradients cast to fp32 (a layer's 2·N beside its "
+    "4·N) are within those")
+
+
+UNITS = "FSDP2's units of the stage, all gathered"
+
+
+def fsdp_beside(ctx: StepContext) -> bool:
+    """Whether FSDP2 shards the stage's parameters over more than one rank beside a pipeline (UNSYNCED)."""
+    from .device_parts import fsdp_sharded
+
+    return fsdp_sharded(ctx.layout) and ctx.layout.pp > 1
+
+
+def unsynced_buffer(ctx: StepContext, held: tuple[Placement, ...]) -> list[Buffer]:
+    """FSDP2 beside a pipeline (UNSYNCED): every unit the stage holds gathered, in the dtype fully_shard gathers it
+    (fsdp_buffers' own: 16-bit under the policy), from the first forward to the reduce after the last backward;
+    none without FSDP2 sharding or a pipeline."""
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+    from .device_parts import policy_context
+
+    if not fsdp_beside(ctx):
+        return []
+    precision = policy_context(ctx).precision
+    gathered = sum(p.local_numel * itemsize(trained_dtype(p, precision, ctx.own))  # type: ignore[arg-type]
+                   for p in held)
+    size = "16 bits (the MixedPrecisionPolicy's param_dtype)" if ctx.layout.fsdp_mixed_precision == "policy" \
+        else f"the dtype they train in ({precision})"
+    return [Buffer(UNITS, gathered,
+                   f"every parameter the stage holds unsharded in {size}, {gathered:,} B: gathered at the first "
+                   "forward and kept to the reduce after the last backward (torchtitan's reshard_after_forward False "
+                   "under a pipeline, PipelineStage's set_reshard_after_backward(False))", ("forward", "backward"))]
+
+
+def unsynced_gradients(ctx: StepContext, held: tuple[Placement, ...], shards: int) -> int:
+    """The bytes of the stage's gradients unsharded (UNSYNCED): fp32 under the policy (its reduce_dtype accumulates
+    them), else the dtype they train in; 0 without FSDP2 sharding beside a pipeline or where no shard is counted."""
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+    from .device_parts import fsdp_policy
+
+    if not fsdp_beside(ctx) or not shards:
+        return 0
+    policy = fsdp_policy(ctx.layout)
+    return sum(p.local_numel * (4 if policy else itemsize(trained_dtype(p, ctx.precision, ctx.own)))  # type: ignore
+               for p in held if p.name.split(" (")[0] in ctx.trainable)
+
+
+def _without_running_gather(phase: PhaseFigure, layer: int, in_flight: int) -> PhaseFigure:
+    """Under the policy beside a pipeline (UNSYNCED): the replayed FSDP2 rank gathers each layer as it runs (and
+    frees it after), which the stage, holding every unit gathered, does not: a moment with no gather of its own (a
+    backward, a forward after the stage's first microbatch's) is one layer's 16-bit parameters below the replay,
+    `layer` (the largest layer unit). Held to the trace (trace_unsynced_fsdp on a 4-layer Llama cut: the first
+    forward equal without it, the backwards and the later forward equal with it)."""
+    if phase.where not in ("first backward", "later backward") and not (
+            phase.where == "forwards in flight" and in_flight > 1):
+        return phase
+    return dataclasses.replace(phase, bytes=phase.bytes - layer, arithmetic=phase.arithmetic + (
+        f"; − the running layer's 16-bit gather the replayed rank makes, held here among the stage's units, {layer:,}"))
+
+
+def with_unsynced_gradients(phase: PhaseFigure, whole: int, shards: int, comm: list[Buffer] = ()) -> PhaseFigure:
+    """A forward or backward moment of a stage under FSDP2 beside a pipeline (UNSYNCED): the gradient shards it
+    counts held unsharded instead, `whole` where it counts every shard (`shards`), else in proportion; at the end of
+    a backward (which with_buffers leaves without FSDP2's gathered units) the stage's units, still gathered."""
+    if phase.phase == "optimizer step" or not whole:
+        return phase
+    if phase.where == "end of backward":
+        gathered = [b for b in comm if b.name == UNITS]
+        phase = with_buffers(dataclasses.replace(phase, where="end of a backward"), gathered)
+        phase = dataclasses.replace(phase, where="end of backward")
+    if not phase.gradients:
+        return phase
+    if phase.gradients >= shards:
+        extra, words = whole - shards, f"{whole:,} − the shards {shards:,}"
+    else:
+        extra = phase.gradients * (whole - shards) // shards
+        words = f"{phase.gradients:,} of the shards made × ({whole:,} − {shards:,}) / {shards:,}, in proportion"
+    return dataclasses.replace(phase, bytes=phase.bytes + extra, gradients=phase.gradients + extra,
+                               arithmetic=phase.arithmetic + f"; + the gradients unsharded until the step's reduce "
+                               f"(PipelineStage's unsynced backward), {words} = {extra:,}")
 
 
 def policy_root(ctx: StepContext, placements: tuple[Placement, ...]) -> list[Buffer]:
@@ -250,8 +331,12 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
         recipe = recipe_at(batch, length)
         if recipe is None:
             return (PhaseFigure("backward", 1 << 62, "", ""),), None, ""
-        if policy is not None and stage.first and not stage.last:  # the root's post-backward reduces its own root
-            recipe = root_apart(recipe, root_reduced(ctx, placements, {p.name for p in stage_params(stage)}))
+        if policy is not None and stage.first and not stage.last:
+            # the rank's root post-backward at the end of the first layer's backward: beside a pipeline no unit
+            # reduces in a microbatch's backward (UNSYNCED), so the whole root's reduce-scatter input and gradient
+            # shards are taken out (root_reduced's stage's own, sized 0)
+            whole_root, _ = root_reduced(ctx, placements, {p.name for p in stage_params(stage)})
+            recipe = root_apart(recipe, (whole_root, (0, 0)))
         residual = batch * (length // shard) * hidden * residual_size
         # a later backward (more than one microbatch): every gradient already held; as many microbatches in flight
         # as at the first where another forward comes before it (1F1B, interleaved), one fewer where every forward
@@ -311,8 +396,31 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
             phases = [with_whole_gradient(p, whole) for p in phases]
         elif stage.first and tied_whole is not None:  # and one tied to the head on the last stage
             phases = [with_whole_gradient(p, tied_whole) for p in phases]
+        if policy is not None:  # the replayed rank's running layer, gathered again: held among the stage's units
+            phases = [_without_running_gather(p, running_gather(stage), k) for p in phases]
         norms = sequence_parallel_norm_gradients(ctx, stage_params(stage))
-        return tuple(with_buffers(with_norm_gradients(p, norms), comm) for p in phases), figures, recipe.regime
+        # FSDP2 beside the pipeline: the gradients a moment holds are unsharded until the step's reduce (UNSYNCED)
+        whole_grads = unsynced_gradients(ctx, held_of(stage), dev.gradients)
+        return tuple(with_unsynced_gradients(with_buffers(with_norm_gradients(p, norms), comm), whole_grads,
+                                             dev.gradients, comm) for p in phases), figures, recipe.regime
+
+    def running_gather(stage: Stage) -> int:
+        """The largest layer unit of the stage gathered in 16 bits (the policy's param_dtype)."""
+        from .device_parts import fsdp_units
+
+        return fsdp_units(held_of(stage), lambda p: 2 * p.local_numel)[1]
+
+    def held_of(stage: Stage) -> tuple[Placement, ...]:
+        """The placements the stage holds, with the last stage's copy of a tied embedding."""
+        names = {q.name for q in stage_params(stage)}
+        return tuple(p for p in placements if p.name in names) + extra_of(stage)
+
+    def extra_of(stage: Stage) -> tuple[Placement, ...]:
+        if stage.last and tied_name is not None and tied_name in by_name and \
+                by_name[tied_name].role.startswith("embedding"):
+            copy = by_name[tied_name]
+            return (dataclasses.replace(copy, name=copy.name + " (the last stage's copy)"),)
+        return ()
 
     rows_in: list[tuple[Stage, DeviceStates, tuple[PhaseFigure, ...], Any, list[Buffer]]] = []
     regime = ""
@@ -325,8 +433,11 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
         params = stage_params(stage)
         dev = device_states_of(ctx, placements, params, extra)
         held_names = {q.name for q in params}
-        comm = fsdp_buffers(ctx, tuple(p for p in placements if p.name in held_names)) if policy is None else \
-            policy_root(ctx, tuple(p for p in placements if p.name in held_names) + extra)
+        # FSDP2 beside the pipeline: every unit of the stage gathered through its microbatches (UNSYNCED), in place
+        # of FSDP2's default one layer and root unit (and of the policy's stage root, the recipe's root taken apart)
+        comm = unsynced_buffer(ctx, tuple(p for p in placements if p.name in held_names) + extra) or (
+            fsdp_buffers(ctx, tuple(p for p in placements if p.name in held_names)) if policy is None else
+            policy_root(ctx, tuple(p for p in placements if p.name in held_names) + extra))
         figures, replayed, regime = stage_figures(stage, dev, comm, micro, ctx.seq)
         rows_in.append((stage, dev, figures, replayed, comm))
     stage, dev, figures, replayed, comm = max(rows_in, key=lambda item: max(p.bytes for p in item[2]))
@@ -402,7 +513,7 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
              "copies are held with it (as one device's step); later stages take the position tables with their "
              "input (torchtitan's stages hold them as buffers), not counted there",
              *((LEAF_CASTS,) if ctx.precision in ("bf16-mixed", "fp16-mixed") and policy is None else ()),
-             *((_unsynced_words(ctx, placements, stage_params(stage), stage.rank),) if policy is not None else ()),
+             *((UNSYNCED,) if fsdp_beside(ctx) else ()),
              *step.notes()[:1],
              *((load_words(layout.ep, layout.expert_load,
                            micro * (ctx.seq // layout.cp) * (dim(ctx.text, "top_k") or 0)),)

@@ -314,3 +314,94 @@ class _BaseOutput(tuple):
         if name.startswith("__"):
             raise AttributeError(name)
         return None
+
+
+@dataclass(frozen=True)
+class UnsyncedTrace:
+    """FSDP2's rank run as one pipeline stage runs it (trace_unsynced_fsdp): MemTracker's figures, in bytes, each
+    the whole rank's (its resident shards and optimizer states included)."""
+
+    resident: int  # before the step: the fp32 shards and the optimizer's states
+    forward_first: int  # the first microbatch's forward (each unit gathered as it first runs, and kept)
+    backward_first: int  # its backward, the gradients accumulated unsharded
+    forward_later: int  # the next microbatch's forward, every unit gathered and every gradient unsharded held
+    backward_later: int  # its backward
+    reduce: int  # the reduce after the last backward: each unit resharded, then its gradients reduce-scattered
+    optimizer_step: int
+
+
+def trace_unsynced_fsdp(module: Any, settings: Any, dp: int, mixed: str) -> UnsyncedTrace:
+    """Trace rank 0 of FSDP2 over `dp` ranks (traced/parallel.py's fully_shard on each layer and the root, `mixed`
+    "policy" or "autocast", on torch's fake process group) as a pipeline stage runs it: every unit kept gathered
+    after its forward (torchtitan under a pipeline: reshard_after_forward False); each microbatch's backward with
+    set_is_last_backward(False), set_reshard_after_backward(False), set_requires_gradient_sync(False), as torch's
+    PipelineStage.backward_maybe_with_nosync sets them; after the last, PipelineStage.perform_reduce_grad's reduce
+    (the three set True, each state's parameter groups' post_backward, the root's final callback). Two microbatches,
+    each forward then backward (the whole model as one stage, 1F1B with one in flight), after a warm-up step."""
+    import contextlib
+
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    from .parallel import check_layout, parallel_copy
+    from .step import _optimizer, _peak, autocast_for, loss_of, make_tracker, restart_peak, running, training_inputs
+    from .tracker_hooks import gradients_not_held
+
+    layout = check_layout(dp, "fsdp", 1, False, 0, mixed=mixed)
+    with parallel_copy(module, settings, layout) as (model, _, _):
+        model.set_reshard_after_forward(False)
+        inputs = training_inputs(model, settings)
+        optimizer, _ = _optimizer(model, settings.optimizer, settings.precision)
+        # the policy's copy runs without autocast (apply_fsdp's policy_without_autocast)
+        autocast = autocast_for(settings.precision) if mixed == "autocast" else contextlib.nullcontext()
+
+        def forward() -> Any:
+            with autocast:
+                return loss_of(model(**inputs))
+
+        def backward(loss: Any) -> None:  # PipelineStage.backward_maybe_with_nosync under FSDP2
+            model.set_is_last_backward(False)
+            model.set_reshard_after_backward(False)
+            model.set_requires_gradient_sync(False)
+            torch.autograd.backward(loss)
+
+        def reduce() -> None:  # PipelineStage.perform_reduce_grad under FSDP2
+            model.set_is_last_backward(True)
+            model.set_reshard_after_backward(True)
+            model.set_requires_gradient_sync(True)
+            state = fully_shard.state(model)
+            for each in state._state_ctx.all_states:
+                for group in each._fsdp_param_groups:
+                    group.post_backward()
+            state._root_post_backward_final_callback()
+
+        def step(tracker: Any = None) -> list[int]:
+            peaks: list[int] = []
+
+            def mark(phase: str) -> None:
+                if tracker is not None:
+                    peaks.append(_peak(tracker, phase).bytes)
+                    restart_peak(tracker)
+            for later in (False, True):
+                if tracker is not None and later:
+                    tracker.reset_mod_stats()  # the tracker's per-module stats allow one call per module
+                loss = forward()
+                mark("forward")
+                backward(loss)
+                del loss
+                mark("backward")
+            reduce()
+            mark("backward")
+            optimizer.step()
+            mark("optimizer step")
+            optimizer.zero_grad(set_to_none=True)
+            return peaks
+
+        with running(model):
+            step()  # warm-up: the optimizer's states allocated, as in every step after the first
+            tracker = make_tracker(model, optimizer)
+            with gradients_not_held(), tracker:
+                resident = sum(s.get("Total", 0) for s in tracker.get_tracker_snapshot("current").values())
+                restart_peak(tracker)
+                peaks = step(tracker)
+    return UnsyncedTrace(resident, *peaks)

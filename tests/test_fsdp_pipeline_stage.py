@@ -1,0 +1,105 @@
+"""FSDP2 beside a pipeline, as torch's PipelineStage and torchtitan run it (parallel/pipeline_replay.UNSYNCED):
+every unit of a stage gathered from its first forward to the reduce after its last backward, its gradients unsharded
+(fp32) until then. Held to FSDP2's rank traced as one stage runs it (traced/pipeline_stage.trace_unsynced_fsdp: two
+microbatches without gradient sync, then PipelineStage.perform_reduce_grad's reduce) on Llama's 4-layer cut of
+test_policy_pipeline_search.py, dp 2, 2 × 64; the engines' answers on llama-3-8b; the dp bytes of the search."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_policy_pipeline_search import SEQ, _config
+
+# the cut's parameters: the embedding and head 4,008 × 128 each, the final norm 128, and a layer's q, o 128 × 128,
+# k, v 32 × 128, gate, up, down 448 × 128, its two norms 128 each
+LAYER = 2 * 128 * 128 + 2 * 32 * 128 + 3 * 448 * 128 + 2 * 128
+N = 2 * 4008 * 128 + 128 + 4 * LAYER
+
+
+def _recipe(settings_layout):
+    import torch
+    import transformers as T
+
+    from paramscope.cost.derived.step import DerivedStep
+    from paramscope.cost.traced.step import StepSettings
+
+    with torch.device("meta"):
+        module = T.LlamaForCausalLM(_config())
+    settings = StepSettings(precision="bf16-mixed", optimizer="adamw", grad_checkpointing=False, attention="sdpa",
+                            frozen=(), weights_dtype=None, own_dtype=(), layout=settings_layout)
+    return module, DerivedStep.first(module, "LlamaForCausalLM", module.config, settings, batch=2, seq=SEQ,
+                                     limit=None).recipe
+
+
+def _traced(module, mixed):
+    from paramscope.cost.traced.pipeline_stage import trace_unsynced_fsdp
+    from paramscope.cost.traced.step import StepSettings
+
+    settings = StepSettings(precision="bf16-mixed", optimizer="adamw", grad_checkpointing=False, attention="sdpa",
+                            frozen=(), weights_dtype=None, own_dtype=(), batch=2, seq=SEQ)
+    return trace_unsynced_fsdp(module, settings, 2, mixed)
+
+
+@pytest.mark.parametrize("mixed", ["policy", "autocast"])
+def test_the_unsynced_stage_is_the_replay_with_every_unit_gathered_and_the_gradients_unsharded(mixed):
+    """The whole cut as one stage, two microbatches each forward then backward. Under the policy the replay of the
+    policy's FSDP2 rank (root apart) + every unit gathered in bf16 (2·N) + the gradients unsharded in fp32 (4·N, from
+    the first backward), less the running layer's bf16 gather the rank makes (2·L) where the stage gathers nothing:
+    the first forward equal, each backward and the later forward equal. Under autocast the one-device recipe (the
+    closed form's own, held to its traces) + every unit gathered in fp32 (4·N) + 4·N of gradients: equal but the
+    first forward, one layer's fp32 parameters (4·L) over it as its unit is first gathered. The later backward: the
+    replay keeps the first microbatch's loss (4 B, torch's schedule holds it), which the trace drops. The reduce after
+    the last backward is below it (no activations left), and the optimizer step is FSDP2's default rank's."""
+    from paramscope.cost.parallel.pipeline_replay import root_apart
+    from paramscope.cost.parallel.stage_recipe import stage_activations
+    from paramscope.cost.traced.parallel import with_mixed_precision
+
+    policy = mixed == "policy"
+    module, recipe = _recipe(with_mixed_precision((2, "fsdp", 1, False), "policy") if policy else None)
+    replay = stage_activations(root_apart(recipe) if policy else recipe, 2, SEQ, 0, 4, 1, 2 * SEQ * 128 * 2, 1,
+                               frozenset(), None)
+    traced = _traced(module, mixed)
+    gathered, gradients = (2 if policy else 4) * N, 4 * N
+    running = 2 * LAYER if policy else 0
+    first_gather = 0 if policy else 4 * LAYER
+    assert [traced.forward_first, traced.backward_first, traced.forward_later, traced.backward_later] == [
+        traced.resident + replay.forward_peak + gathered + first_gather,
+        traced.resident + replay.backward_peak + gathered - running,
+        traced.resident + replay.forward_peak + gathered + gradients - running,
+        traced.resident + replay.later_peak + gathered + gradients - running - 4]
+    assert traced.reduce < traced.backward_later
+    assert (traced.resident, traced.optimizer_step) == (11_275_292, 15_033_628)
+    assert (traced.backward_later - traced.resident) == (20_794_632 if policy else 27_979_272)
+
+
+def test_the_engines_count_the_unsynced_stage_on_llama_3_8b(capsys):
+    """dp 2 × pp 4, 8 microbatches of 2,048 tokens, autocast (the closed form): stage 0's 1F1B steady state holds its
+    8 layers and embedding gathered in fp32 (4·N = 9,080,930,304 B, in place of the root unit 2,101,346,304 and one
+    layer 872,448,000) and their gradients unsharded (9,080,930,304 B, in place of 4,540,465,152 of shards):
+    51,351,946,020 → 61,999,547,172 B; its optimizer step unchanged (the shards after the reduce)."""
+    import json
+
+    from paramscope.cli import main
+
+    assert main(["memory", "llama-3-8b", "--training", "--dp", "2", "--pp", "4", "--batch", "8", "--zero", "fsdp",
+                 "--fsdp-mixed-precision", "autocast", "--json"]) == 0
+    device = json.loads(capsys.readouterr().out)["memory"]["layout"]["device"]
+    steady, step = device["phases"]
+    assert (steady["moment"], steady["bytes"], step["bytes"]) == ("1F1B steady state", 61_999_547_172, 18_161_861_412)
+    assert "FSDP2's units of the stage, all gathered 9,080,930,304" in steady["arithmetic"]
+    assert steady["arithmetic"].endswith("9,080,930,304 − the shards 4,540,465,152 = 4,540,465,152")
+    assert "layer unit" not in steady["arithmetic"]
+    assert [s["peak"] for s in device["stages"]] == [61_999_547_172, 47_151_579_936, 39_666_713_376, 43_521_213_268]
+
+
+def test_fsdp_beside_a_pipeline_gathers_once_a_step():
+    """The dp bytes: beside a pipeline FSDP2 gathers each unit once (kept through the microbatches) and
+    reduce-scatters once, (n−1)/n · (P + G); without one (n−1)/n · (2P + G)."""
+    from paramscope.cost.parallel.layout import layout_for
+    from paramscope.cost.parallel.layout_comm import dp_terms
+
+    for pp, gathers in ((1, 2), (2, 1)):
+        (term,) = dp_terms(layout_for(dp=4, pp=pp, zero="fsdp", batch=8, fsdp_mixed_precision="policy"),
+                           (1_000, 2_000), 0)
+        assert term.bytes == -(-3 * (gathers * 1_000 + 2_000) // 4)
+        assert ("once a step" in term.what) == (pp > 1)
