@@ -108,8 +108,8 @@ def root_reduced(ctx: StepContext, placements: tuple[Placement, ...], held: set[
 
 # FSDP2 beside a pipeline, as torch's PipelineStage and torchtitan run it (both engines, both conventions)
 UNSYNCED = (
-    "FSDP2 beside a pipeline, as torchtitan and torch's PipelineStage run it: torchtitan keeps each unit gathered after "
-    "its forward under a pipeline (apply_fsdp's reshard_after_forward = not pp_enabled), and PipelineStage runs every "
+    "FSDP2 beside a pipeline, as torchtitan and torch's PipelineStage run it: torchtitan keeps each unit gathered "
+    "after its forward under a pipeline (apply_fsdp's reshard_after_forward = not pp_enabled), and PipelineStage runs every "
     "microbatch's backward with set_requires_gradient_sync(False) and set_reshard_after_backward(False) "
     "(backward_maybe_with_nosync), reducing once after the last backward (perform_reduce_grad: each unit resharded, "
     "then its gradients reduce-scattered): so from its first forward to the step's reduce a stage holds every unit "
@@ -118,13 +118,16 @@ UNSYNCED = (
     "unsharded_accumulated_grad; autocast's .grad) in place of the fp32 shards, which exist only from the reduce to "
     "the optimizer step. Counted at every forward and backward moment: the stage's units gathered in place of the one "
     "layer and root unit FSDP2's default step holds, and the gradients a moment holds unsharded (where it holds some "
-    "but not all of them, as the first backward, in proportion to the shards it counts). An estimate, no stage traced "
-    "under FSDP2: the reduce after the last backward (no activations left; each unit's fp32 reduce-scatter input "
-    "beside its gradients as its gathered parameters are freed) is not a moment of its own; under the policy the "
-    "replayed rank's in-layer FSDP2 transients (the running layer's gather, the backward's prefetch of the next, its "
-    "16-bit gradients' fp32 reduce-scatter input) are kept, which the unsynced stage does not make, so the replay "
-    "there is over by up to that; the first microbatch's 16-bit gradients cast to fp32 (a layer's 2·N beside its "
-    "4·N) are within those")
+    "but not all of them, as the first backward, in proportion to the shards it counts); under the policy, where the "
+    "stage gathers nothing (a backward, a forward after its first microbatch's), less the running layer's 16-bit "
+    "gather the replayed rank makes. Held to FSDP2's rank traced as one stage runs it (two microbatches without "
+    "gradient sync, then the reduce; a 4-layer Llama cut, dp 2, 2 × 64: tests/test_fsdp_pipeline_stage.py): under "
+    "the policy every forward and backward equal; under autocast too, but the first microbatch's forward, where "
+    "each unit is first gathered, one layer's fp32 parameters over what is counted (4·N of a layer; a stage's peak "
+    "is a later moment). An estimate still, no pipeline stage traced under FSDP2: the reduce after the last backward "
+    "(no activations left; each unit's fp32 reduce-scatter input beside its gradients as its gathered parameters are "
+    "freed) is no moment of its own (below the last backward on the traced cut), and a stage's first gradients' "
+    "share is in proportion")
 
 
 UNITS = "FSDP2's units of the stage, all gathered"
