@@ -31,10 +31,11 @@ def _traced(view, **layout):
 
 @pytest.mark.parametrize("config, layout, traced, peak", [
     (GPT2, dict(devices=4, cp=2, tp=2), dict(cp=2, tp=2), 4_627_256),
-    (GPT2, dict(devices=4, dp=2, cp=2, zero="fsdp"), dict(cp=2, dp=2, shard="fsdp"), 4_612_408),
+    (GPT2, dict(devices=4, dp=2, cp=2, zero="fsdp", fsdp_mixed_precision="autocast"), dict(cp=2, dp=2, shard="fsdp"),
+     4_612_408),
     (LLAMA, dict(devices=4, cp=2, tp=2), dict(cp=2, tp=2), 3_056_428),
-    (GPT2, dict(devices=8, dp=2, cp=2, tp=2, sp=True, zero="fsdp"), dict(cp=2, tp=2, sp=True, dp=2, shard="fsdp"),
-     2_798_840),
+    (GPT2, dict(devices=8, dp=2, cp=2, tp=2, sp=True, zero="fsdp", fsdp_mixed_precision="autocast"),
+     dict(cp=2, tp=2, sp=True, dp=2, shard="fsdp"), 2_798_840),
 ], ids=["gpt2 cp×tp", "gpt2 cp×fsdp", "llama cp×tp", "gpt2 fsdp×cp×tp×sp"])
 def test_the_derived_rank_equals_the_traced_rank(config, layout, traced, peak):
     """FSDP2 shards over dp × cp = 4 ranks: the trace's dp is 2 (its flattened mesh), the derived layout's shard
