@@ -135,7 +135,8 @@ def test_llama_3_8b_on_8_ranks_is_the_derived_rank(seq, layout, peak, moment):
 def test_where_the_closed_form_does_not_reach_the_derivation_off_is_refused(family, extra, layout, why):
     with pytest.raises(UnsupportedError, match=f"fsdp_mixed_precision policy is answered from the rank's step "
                                                f"derived from traces with the policy applied; its closed form "
-                                               f"covers Llama, Mistral and Qwen2 without cp or ep, and {why}: leave "
+                                               f"covers Llama, Mistral and Qwen2 \\(cp without sp or hybrid sharding "
+                                               f"beside it; not ep\\), and {why}: leave "
                                                "derive_layout on"):
         _closed(_config(2, family, **extra), layout.pop("dp"), 1, 64, 1, **layout)
 

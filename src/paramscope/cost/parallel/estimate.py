@@ -119,7 +119,7 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
 def check_mixed_precision_policy(ctx: StepContext, placements: tuple[Placement, ...]) -> bool:
     """Whether the layout asks FSDP2's MixedPrecisionPolicy (--fsdp-mixed-precision policy), refusing in one line
     where it does not apply: not a mixed precision, or no derivation asked where the policy's closed form
-    (fsdp_moments.py: Llama, Mistral and Qwen2 without cp or ep) does not reach; elsewhere the rank is derived from
+    (fsdp_moments.py: Llama, Mistral and Qwen2; cp without sp or hybrid sharding beside it; not ep) does not reach; elsewhere the rank is derived from
     traces with the policy applied."""
     if ctx.layout.fsdp_mixed_precision != "policy":
         return False
@@ -130,7 +130,8 @@ def check_mixed_precision_policy(ctx: StepContext, placements: tuple[Placement, 
     why = "" if ctx.derive else fsdp_moments_missing(ctx, placements)
     if why:
         raise UnsupportedError("{0} policy is answered from the rank's step derived from traces with the policy "
-                               "applied; its closed form covers Llama, Mistral and Qwen2 without cp or ep, and here "
+                               "applied; its closed form covers Llama, Mistral and Qwen2 (cp without sp or hybrid sharding "
+                               "beside it; not ep), and here "
                                "{why}: leave derive_layout on", "fsdp_mixed_precision", why=why)
     return True
 
@@ -145,7 +146,7 @@ def mixed_precision_words(ctx: StepContext) -> str:
         return (f"mixed precision: FSDP2's MixedPrecisionPolicy(param_dtype={half}, reduce_dtype=fp32), torchtitan's "
                 f"({default}): the fp32 shards gathered as {half} parameters, no autocast, the "
                 f"{half} gradients reduce-scattered in fp32; its closed form (fsdp_moments.py, for Llama, Mistral and "
-                f"Qwen2 without cp or ep): {half}-pure's step over the fp32 shards, the reduce-scatter input and the "
+                f"Qwen2; cp without sp or hybrid sharding beside it; not ep): {half}-pure's step over the fp32 shards, the reduce-scatter input and the "
                 "reduced shards in fp32")
     return (f"mixed precision: torch.autocast({half}) over the fp32 parameters FSDP2 gathers in fp32 "
             "(--fsdp-mixed-precision autocast); torchtitan runs FSDP2 with its MixedPrecisionPolicy and no autocast "
@@ -575,7 +576,8 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
     recipe = check_analytic(ctx, what)
     missing = fsdp_moments_missing(ctx, placements) if policy else ""
     if missing:  # bf16-pure's step without FSDP2's moments would not be the policy's rank
-        raise UnsupportedError("{0} policy: its closed form covers Llama, Mistral and Qwen2 without cp or ep, and "
+        raise UnsupportedError("{0} policy: its closed form covers Llama, Mistral and Qwen2 (cp without sp or hybrid "
+                               "sharding beside it; not ep), and "
                                "here {why}", "fsdp_mixed_precision", why=missing)
     dev = device_states_of(ctx, placements)
     shape = local_shape(ctx, placements)

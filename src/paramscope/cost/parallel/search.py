@@ -139,11 +139,11 @@ def mixed_precision_note(options: SearchOptions) -> str:
     if options.fsdp_mixed_precision == "policy":
         return (f"FSDP2's mixed precision: fully_shard's MixedPrecisionPolicy(param_dtype={half}, reduce_dtype=fp32) "
                 "and no autocast (--fsdp-mixed-precision policy, torchtitan's: the default), on every layout FSDP2 "
-                "shards over more than one rank (named 'its MixedPrecisionPolicy'; one sharded over one rank has no fully_shard and "
-                "runs autocast): each peak as memory --fsdp-mixed-precision policy answers it, by the closed form "
-                "where one reaches (Llama, Mistral and Qwen2 over dp, tp and pipelines, as derive_layout=False asks "
-                "it), else derived from traces with the policy applied (cp, ep, other classes: each a derivation of "
-                "its own); a pipeline's stages are an estimate, named in memory's answer (torch's PipelineStage's "
+                "shards over more than one rank (named 'its MixedPrecisionPolicy'; one sharded over one rank has no "
+                "fully_shard and runs autocast): each peak as memory --fsdp-mixed-precision policy answers it, by the closed form "
+                "where one reaches (Llama, Mistral and Qwen2 over dp, tp, cp without sp and pipelines, as "
+                "derive_layout=False asks it), else derived from traces with the policy applied (cp beside sp, ep, "
+                "other classes: each a derivation of its own); a pipeline's stages are an estimate, named in memory's answer (torch's PipelineStage's "
                 f"unsynced gradients not counted); its dp bytes the {half} gathers (2 B an element) and fp32 "
                 "reduce-scatters (4 B), each parameter padded as fully_shard pads it")
     return (f"FSDP2's mixed precision: torch.autocast({half}) over the fp32 parameters (--fsdp-mixed-precision "
