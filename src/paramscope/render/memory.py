@@ -530,11 +530,20 @@ def training_parts(report, estimate) -> list:
         lines.append(indented("convention: mixed precision is torch.autocast's: matmuls (and sdpa) in 16 bits with "
                               "16-bit weight copies cached for the step, norms, softmax and the loss in fp32; "
                               "traced with the CPU autocast rules, which cast the same matmuls as CUDA's"))
+        if settings.get("precision_defaulted"):  # the default where no DeepSpeed bf16 or FSDP2 policy applies: named
+            lines.append(indented(f"convention: {settings['precision']}, the default where neither DeepSpeed's bf16 "
+                                  "(ZeRO 1-3) nor FSDP2's MixedPrecisionPolicy applies (HF Trainer's --bf16); "
+                                  "--precision bf16-pure, bf16-master, bf16-main-grad or fp32 for another"))
         shard = (settings.get("layout") or {}).get("shard", "")
         if settings.get("zero") or shard.startswith("zero"):  # a DeepSpeed layout priced with autocast's states
             lines.append(indented("convention: ZeRO is priced over autocast's fp32 weights and gradients; DeepSpeed "
                                   "with bf16 enabled keeps bf16 weights and gradients and an fp32 master copy "
                                   "instead (the ZeRO paper's 2 + 2 + 12 B a parameter): --precision bf16-master"))
+    if policy and not any("--fsdp-mixed-precision autocast" in note for note in estimate.notes):
+        # the policy's own note names the other convention; where a pipeline's note speaks instead, say it here
+        lines.append(indented("convention: FSDP2's MixedPrecisionPolicy is the default under --zero fsdp and "
+                              "hybrid_shard (torchtitan's); --fsdp-mixed-precision autocast for torch.autocast over "
+                              "the fp32 parameters FSDP2 gathers"))
     lines.append(indented("convention: the steady step (optimizer states already allocated): loss = model(ids, "
                           "labels=ids).loss; loss.backward(); opt.step(); opt.zero_grad(set_to_none=True); outputs "
                           "are not kept past the loss"))
