@@ -758,10 +758,11 @@ def _own_dtypes(report: Any, own: frozenset[str]) -> dict[str, int]:
 
 
 # what bf16-master counts of DeepSpeed's bf16 step and what it leaves out (DeepSpeed's source, read: runtime/engine.py,
-# runtime/zero/stage_1_and_2.py, runtime/bf16_optimizer.py)
+# runtime/zero/stage_1_and_2.py, runtime/zero/stage3.py, runtime/bf16_optimizer.py)
 MASTER_CONVENTION = (
     "bf16-master is DeepSpeed's bf16 (its engine casts the module to bf16; DeepSpeedZeroOptimizer keeps "
-    "the fp32 partition it updates, single_partition_of_fp32_groups, and the optimizer's states on it); the states "
+    "the fp32 partition it updates, single_partition_of_fp32_groups (ZeRO-3's DeepSpeedZeroOptimizer_Stage3: "
+    "fp32_partitioned_groups_flat), and the optimizer's states on it); the states "
     "are counted as torch's fused AdamW per tensor (a 4 B step each), where DeepSpeed's flat partition keeps one per "
     "param group; not counted: DeepSpeed's gradient buckets (reduce_bucket_size, 5e8 elements by default), the flat "
     "bf16 gradient partition its step makes before the fp32 cast, the flat buffer's padding to a multiple of 2 × dp "
