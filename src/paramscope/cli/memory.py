@@ -348,6 +348,9 @@ def _layout(args: argparse.Namespace) -> Any:
     stage3 = shard_mode(args.zero) == "zero3" and (args.devices or 1) > 1
     flat = shard_mode(args.zero) in ("none", "zero1", "zero2", "zero3") and str(args.zero).strip().lower() not in (
         "full_shard",) and not stage3
+    # gradient accumulation is counted under a layout (the held gradients' share): --devices N --zero 0-2 is that
+    # layout's answer too, so it takes the layout rather than a refusal
+    flat = flat and not (args.grad_accum > 1 and (args.devices or 1) > 1)
     given = (args.dp, args.shard_group, args.micro_batches, args.schedule, args.expert_load,
              args.fsdp_mixed_precision)
     if all(v is None for v in given) and (args.tp, args.ep, args.pp, args.cp, args.virtual_stages, args.sp) == \
