@@ -96,13 +96,14 @@ def _notes(evaluator: LayoutEvaluator, options: SearchOptions, any_answered: boo
                      "pipeline's stages replayed from the one-device (or tensor- or expert-parallel rank's) derived "
                      "recipe; a layout memory refuses is named as not answered, with its reason")
     elif any_answered:
-        notes.append("each layout's peak is the analytic per-device closed form (instant); under FSDP2 it prices "
-                     "the moments fully_shard holds inside the step (a unit's all-gather, the root's unsharded "
-                     "gradients, the reduce-scatter input) for Llama, Mistral and Qwen2 in fp32, mixed precision "
-                     "and bf16-pure, with or without full checkpointing, equal to memory's derived rank (llama-3-8b, "
-                     "8 × H100, 512 tokens: dp 8 36.19 GiB); for the other classes and settings memory --dp D "
-                     "--zero fsdp (no pipeline) derives a rank from traces that counts them, so its figure can be "
-                     "higher: a layout near the GPU's limit is worth memory's answer")
+        notes.append("each layout's peak is the analytic per-device closed form (instant; the ranks a note below "
+                     "names derived from traces apart); under FSDP2 it prices the moments fully_shard holds inside "
+                     "the step (a unit's all-gather, the root's unsharded gradients, the reduce-scatter input) for "
+                     "Llama, Mistral and Qwen2 in fp32, mixed precision and bf16-pure, with or without full "
+                     "checkpointing, equal to memory's derived rank (llama-3-8b, 8 × H100, 512 tokens: dp 8 20.34 GiB "
+                     "under FSDP2's MixedPrecisionPolicy, 36.19 GiB under autocast); for the other classes and "
+                     "settings memory --dp D --zero fsdp (no pipeline) derives a rank from traces that counts them, so "
+                     "its figure can be higher: a layout near the GPU's limit is worth memory's answer")
     if any_answered:
         notes.append("gradient accumulation (memory --grad-accum): a layout without a pipeline runs its replica batch "
                      "as micro-steps of one sequence (accum N), the microbatch each pipeline runs, the optimizer "
