@@ -26,7 +26,8 @@ from test_html import _Page, _screenshot, browser  # noqa: F401  (browser: the m
 
 # the brief's command: `paramscope memory llama-3-70b --training --devices 32 --tp 8 --pp 4 --batch 16`
 PIPELINE = ("llama-3-70b", {"batch": 16}, {"devices": 32, "tp": 8, "pp": 4, "batch": 16})
-FSDP = ("llama-3-8b", {"batch": 1}, {"dp": 8, "zero": "fsdp"})  # FSDP2's all-gathered units at the peak
+# FSDP2's all-gathered units at the peak, under autocast (fp32 gathers), the convention these figures were read in
+FSDP = ("llama-3-8b", {"batch": 1}, {"dp": 8, "zero": "fsdp", "fsdp_mixed_precision": "autocast"})
 FSDP_PP = ("llama-3-8b", {"batch": 2}, {"dp": 2, "zero": "fsdp", "tp": 2, "pp": 2, "micro_batches": 1, "batch": 2,
                                         "fsdp_mixed_precision": "autocast"})
 LAYOUTS = {
@@ -34,10 +35,13 @@ LAYOUTS = {
     "cp": ("llama-3-8b", {"batch": 1}, {"dp": 2, "tp": 4, "cp": 2, "zero": "2"}),
     "interleaved": ("llama-3-8b", {"batch": 8}, {"tp": 2, "pp": 4, "schedule": "interleaved", "virtual_stages": 2,
                                                  "batch": 8}),
-    "gpipe-zero3": ("llama-3-8b", {"batch": 8}, {"dp": 2, "zero": "3", "pp": 4, "schedule": "gpipe", "batch": 8}),
+    # torch.autocast over ZeRO-3's fp32 weights (DeepSpeed's own bf16, ZeRO's default, refuses ZeRO-3 beside pp)
+    "gpipe-zero3": ("llama-3-8b", {"batch": 8, "precision": "bf16-mixed"},
+                    {"dp": 2, "zero": "3", "pp": 4, "schedule": "gpipe", "batch": 8}),
     "one-microbatch": ("llama-3-8b", {"batch": 4, "grad_checkpointing": "full"}, {"pp": 2, "micro_batches": 1,
                                                                                   "batch": 4}),
-    "hsdp": ("gpt2", {"batch": 2, "seq": 128}, {"dp": 4, "zero": "hybrid_shard", "shard_group": 2}),
+    "hsdp": ("gpt2", {"batch": 2, "seq": 128}, {"dp": 4, "zero": "hybrid_shard", "shard_group": 2,
+                                                "fsdp_mixed_precision": "autocast"}),
 }
 _CACHE: dict[str, tuple] = {}
 

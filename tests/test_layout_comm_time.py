@@ -125,7 +125,8 @@ def test_json_and_text_of_a_search_over_two_nodes(capsys):
 
     from paramscope.cli import main
 
-    argv = ["memory", "llama-3-8b", "--training", "--find-layout", "--gpu", "h100", "--devices", "16", "--seq", "1024"]
+    argv = ["memory", "llama-3-8b", "--training", "--find-layout", "--gpu", "h100", "--devices", "16", "--seq", "1024",
+            "--fsdp-mixed-precision", "autocast"]  # the links' placement, under the convention its figures were read
     assert main(argv + ["--json"]) == 0
     found = json.loads(capsys.readouterr().out)["layout_search"]
     assert found["links"] == {"gpus_per_node": 8, "nvlink": "NVLink 4, 900 GB/s both directions",
