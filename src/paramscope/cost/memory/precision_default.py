@@ -1,7 +1,8 @@
 """The mixed precision a training step takes where none is asked: what the frameworks run by default, named.
 
-- One device, DDP (`--zero 0`), FSDP1's spellings: `bf16-mixed`, torch.autocast over fp32 weights (HF Trainer's
-  `--bf16`, Lightning's "bf16-mixed").
+- One device, DDP (`--zero 0`), FSDP1's `no_shard` and `shard_grad_op` (DDP's and ZeRO-2's flat shares here):
+  `bf16-mixed`, torch.autocast over fp32 weights (HF Trainer's `--bf16`, Lightning's "bf16-mixed"). FSDP1's
+  `full_shard` is FSDP2's layout here (`--devices N --zero full_shard`), so it takes FSDP2's policy below.
 - DeepSpeed's ZeRO 1-3 (`--zero 1/2/3`): `bf16-master`, DeepSpeed's bf16 (its engine casts the module to bf16 and
   keeps fp32 master weights and moments in its optimizer: what HF Trainer's `--bf16 --deepspeed` runs), where the
   optimizer is one the master copy runs (MASTER_OPTIMIZERS); bf16-mixed otherwise.
