@@ -155,7 +155,7 @@ def test_fsdp_bytes_under_the_policy_and_autocast_by_hand():
         {(True, "policy"), (False, "autocast")}
     assert "dp 4 (FSDP2, its MixedPrecisionPolicy) = 4 devices" in [layout.words() for layout, _ in layouts]
     # which are derived: cp beside sp (no closed form there), not dp, a pipeline or cp alone of this Llama (the closed
-    # forms); a tied head's beside tp is (the policy's closed form does not price it there), not alone
+    # forms); a tied head's neither, alone or beside tp (the policy's closed form prices it: fsdp_moments' tied moments)
     from paramscope.cost.parallel.layout_evaluation import policy_derived
 
     facts = read_facts(report, view, options, SEQ)
@@ -167,7 +167,7 @@ def test_fsdp_bytes_under_the_policy_and_autocast_by_hand():
     report, _, view = training_answer(tied, TrainingOptions(batch=1, seq=SEQ, fits=False))
     facts = read_facts(report, view, options, SEQ)
     assert [policy_derived(layout_for(zero="fsdp", batch=2, fsdp_mixed_precision="policy", **degrees), facts)
-            for degrees in (dict(dp=4), dict(dp=2, tp=2, sp=True))] == [False, True]
+            for degrees in (dict(dp=4), dict(dp=2, tp=2, sp=True))] == [False, False]
 
 
 def test_the_search_options_take_the_policy_and_refuse_it_in_one_line(capsys):

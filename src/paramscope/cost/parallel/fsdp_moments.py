@@ -97,7 +97,7 @@ from .rules import Placement
 
 # the classes whose ranks were traced against these moments: Llama's layer, Mistral's (the same; its sliding window
 # is the recipe's concern) and Qwen2's (q, k and v with biases)
-_TRACED_FAMILY = ("llama", "mistral", "qwen2")
+TRACED_FAMILY = ("llama", "mistral", "qwen2")
 
 _FSDP_MOMENTS = {
     # kind: {moment: (of the layer's own activations, freed before it, per token (·h, ·i, constant), or held, (·h,
@@ -134,7 +134,7 @@ def fsdp_moments_missing(ctx: StepContext, placements: tuple[Placement, ...]) ->
     ctx = policy_context(ctx)
     if layout.shard not in ("fsdp", "hsdp") or layout.shard_degree == 1:
         return "FSDP2 shards nothing"
-    if local_recipe_missing(ctx) or getattr(ctx.text, "model_type", None) not in _TRACED_FAMILY:
+    if local_recipe_missing(ctx) or getattr(ctx.text, "model_type", None) not in TRACED_FAMILY:
         return f"the class is {ctx.view.class_name}"
     if layout.ep > 1:
         return "expert parallelism is applied"

@@ -190,15 +190,15 @@ def policy_derived(layout: ParallelLayout, facts: ModelFacts) -> bool:
     """Under the policy, a layout memory answers from a derived step whatever the class: context parallel where the
     policy's closed form (fsdp_moments.py) does not price the ring (below) or routed experts cut
     over ep (it reaches none; beside a pipeline memory refuses them, naming why), and without a pipeline a class
-    the policy's closed form does not price (fsdp_moments.fsdp_moments_missing: Llama, Mistral and Qwen2, a tied
-    head not beside tp). A Llama-family pipeline takes the
+    the policy's closed form does not price (fsdp_moments.fsdp_moments_missing: Llama, Mistral and Qwen2, tied heads
+    too). A Llama-family pipeline takes the
     closed form over bf16-pure's stages with the derivation off (pipeline_device.py), as autocast's pipelines do;
     another class's stages replay the policy's FSDP2 rank."""
-    from .fsdp_moments import _TRACED_FAMILY  # the families the policy's closed form is held to
+    from .fsdp_moments import TRACED_FAMILY  # the families the policy's closed form is held to
 
     if not policy_layout(layout):
         return False
-    priced = getattr(facts.text, "model_type", None) in _TRACED_FAMILY and (facts.tied is None or layout.tp == 1)
+    priced = getattr(facts.text, "model_type", None) in TRACED_FAMILY  # a tied head too, beside tp or not
     # context parallel: the closed form prices torch's ring over FSDP2 without sp, a tied head or a pipeline, beyond
     # cp 2 where it runs balanced (2·cp divides S) (fsdp_moments_missing); the search's tp layouts run sp, so those
     # are derived

@@ -344,14 +344,15 @@ def trace_unsynced_fsdp(module: Any, settings: Any, dp: int, mixed: str) -> Unsy
     from torch.distributed.fsdp import fully_shard
 
     from .parallel import check_layout, parallel_copy
-    from .step import _optimizer, _peak, autocast_for, loss_of, make_tracker, restart_peak, running, training_inputs
+    from .step import (autocast_for, loss_of, make_optimizer, make_tracker, phase_peak, restart_peak, running,
+                       training_inputs)
     from .tracker_hooks import gradients_not_held
 
     layout = check_layout(dp, "fsdp", 1, False, 0, mixed=mixed)
     with parallel_copy(module, settings, layout) as (model, _, _):
         model.set_reshard_after_forward(False)
         inputs = training_inputs(model, settings)
-        optimizer, _ = _optimizer(model, settings.optimizer, settings.precision)
+        optimizer, _ = make_optimizer(model, settings.optimizer, settings.precision)
         # the policy's copy runs without autocast (apply_fsdp's policy_without_autocast)
         autocast = autocast_for(settings.precision) if mixed == "autocast" else contextlib.nullcontext()
 
@@ -380,7 +381,7 @@ def trace_unsynced_fsdp(module: Any, settings: Any, dp: int, mixed: str) -> Unsy
 
             def mark(phase: str) -> None:
                 if tracker is not None:
-                    peaks.append(_peak(tracker, phase).bytes)
+                    peaks.append(phase_peak(tracker, phase).bytes)
                     restart_peak(tracker)
             for later in (False, True):
                 if tracker is not None and later:

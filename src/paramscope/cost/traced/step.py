@@ -118,7 +118,7 @@ def measure_training(module: Any, settings: StepSettings, *, fake: bool) -> Trac
     with fake_mode(fake) as mode, assumed_values(fake) as assumed:
         model = training_copy(module, mode, settings)
         inputs = training_inputs(model, settings)
-        optimizer, note = _optimizer(model, settings.optimizer, settings.precision)
+        optimizer, note = make_optimizer(model, settings.optimizer, settings.precision)
         if note:
             notes.append(note)
         autocast = autocast_for(settings.precision)
@@ -148,26 +148,26 @@ def measure_training(module: Any, settings: StepSettings, *, fake: bool) -> Trac
                 restart_peak(tracker)
                 loss = forward()
                 end_of_forward = _current(tracker)
-                forward_peak = _peak(tracker, "forward")
+                forward_peak = phase_peak(tracker, "forward")
                 kept = _kept_by_module(tracker, type(model).__name__)
                 restart_peak(tracker)
                 loss.backward()
                 del loss
-                backward_peak = _peak(tracker, "backward")
+                backward_peak = phase_peak(tracker, "backward")
                 phases = [forward_peak, backward_peak]
                 if micro_steps > 1:  # a later micro-step: its forward and backward over the gradients held
                     tracker.reset_mod_stats()  # the tracker's per-module stats allow one call per module
                     restart_peak(tracker)
                     loss = forward()
-                    phases.append(_peak(tracker, HELD_FORWARD))
+                    phases.append(phase_peak(tracker, HELD_FORWARD))
                     restart_peak(tracker)
                     loss.backward()
                     del loss
-                    phases.append(_peak(tracker, HELD_BACKWARD))
+                    phases.append(phase_peak(tracker, HELD_BACKWARD))
                 if optimizer is not None:
                     restart_peak(tracker)
                     optimizer.step()
-                    phases.append(_peak(tracker, "optimizer step"))
+                    phases.append(phase_peak(tracker, "optimizer step"))
                     optimizer.zero_grad(set_to_none=True)
                 else:
                     model.zero_grad(set_to_none=True)
@@ -222,7 +222,7 @@ def _trace_inference(module: Any, settings: StepSettings, *, fake: bool) -> Trac
                 restart_peak(tracker)
                 output = model(**kwargs)
                 end_of_forward = _current(tracker)
-                phases = [_peak(tracker, "prefill")]
+                phases = [phase_peak(tracker, "prefill")]
                 cache = output_cache(output) if generating else None
                 cache_name = cache_argument(model)
                 if cache is not None and settings.decode_steps > 0:
@@ -238,7 +238,7 @@ def _trace_inference(module: Any, settings: StepSettings, *, fake: bool) -> Trac
                         del output
                         output = model(**step_kwargs)
                         cache = output_cache(output)
-                    phases.append(_peak(tracker, "decode"))
+                    phases.append(phase_peak(tracker, "decode"))
                 del output, cache
         if not generating:
             notes.append(f"{type(model).__name__} does not generate: one forward over every token, no KV cache")
@@ -594,7 +594,7 @@ def loss_of(output: Any) -> Any:
     return first.float().sum()
 
 
-def _optimizer(model: Any, name: str, precision: str = "fp32") -> tuple[Any, str | None]:
+def make_optimizer(model: Any, name: str, precision: str = "fp32") -> tuple[Any, str | None]:
     """torch's optimizer as the Trainer builds it (fused AdamW, its default on GPUs); None for one torch lacks.
     Under bf16-master, that optimizer on fp32 master copies of the bf16 weights (MasterCopyOptimizer); under
     bf16-main-grad, on fp32 masters whose gradients are a resident fp32 buffer (MainGradOptimizer)."""
@@ -809,7 +809,7 @@ def _current(tracker: Any) -> dict[str, int]:
     return by_category(tracker.get_tracker_snapshot("current"))
 
 
-def _peak(tracker: Any, phase: str) -> PhasePeak:
+def phase_peak(tracker: Any, phase: str) -> PhasePeak:
     snapshot = tracker.get_tracker_snapshot("peak")
     total = sum(snap.get("Total", 0) for snap in snapshot.values())
     return PhasePeak(phase, total, by_category(snapshot))
