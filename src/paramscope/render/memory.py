@@ -977,6 +977,15 @@ def seconds_words(value: float | None) -> str:
     return f"{value:.3g} s" if value >= 0.01 else f"{value * 1e3:.3g} ms"
 
 
+def search_precision_words(search) -> str:
+    """The search's precision as it ran: a mixed one where FSDP2 shards is its MixedPrecisionPolicy by default, which
+    "bf16-mixed" alone would read as torch.autocast."""
+    if search.fsdp_mixed_precision == "policy" and search.shard in ("fsdp", "hsdp"):
+        return (f"{search.precision} as FSDP2's MixedPrecisionPolicy where it shards over more than one rank "
+                "(--fsdp-mixed-precision autocast for torch.autocast)")
+    return search.precision
+
+
 def layout_search_parts(report, search, width: int | None = None) -> list:
     """The search's text parts; `width` (None: unbounded) is what the layouts table fits its last column to."""
     title = Text(f"Layouts to train {report.model.label} ({report.model.class_name}) on {search.devices:,} × "
@@ -991,7 +1000,7 @@ def layout_search_parts(report, search, width: int | None = None) -> list:
         title,
         *filter(None, [model_source_line(report.model)]),
         indented(f"global batch {search.global_batch:,} sequences × {search.seq:,} tokens a step, each replica "
-                 f"global batch / dp; {search.precision}; {search.optimizer}; gradient checkpointing "
+                 f"global batch / dp; {search_precision_words(search)}; {search.optimizer}; gradient checkpointing "
                  f"{search.grad_checkpointing}"),
         indented(f"every layout: {shard} over dp × cp; sequence parallel with tp; pipelines {pipeline} with "
                  "microbatches of one sequence; without a pipeline, gradient accumulation over micro-steps of one "
@@ -1320,6 +1329,7 @@ def layout_search_to_dict(search) -> dict[str, Any]:
         "accelerator": search.accelerator, "memory": search.memory, "reserve": search.reserve,
         "peak_flops": search.peak_flops, "peak_dtype": search.peak_dtype, "devices": search.devices,
         "global_batch": search.global_batch, "seq": search.seq, "precision": search.precision,
+        "fsdp_mixed_precision": search.fsdp_mixed_precision,
         "optimizer": search.optimizer, "grad_checkpointing": search.grad_checkpointing, "shard": search.shard,
         "schedule": search.schedule, "virtual_stages": search.virtual_stages,
         "seconds_are": "a bound at the GPU's peak, not a prediction: the busiest device's hardware FLOPs a step / "

@@ -79,7 +79,7 @@ def search(report: Any, view: Any, options: SearchOptions, flops_check: Any = No
                         options.optimizer, options.grad_checkpointing, facts.shard,
                         options.schedule or ("interleaved" if options.virtual_stages > 1 else "1f1b"),
                         options.virtual_stages, fitting, not_fitting, tuple(skipped), minimum, evaluator.evaluated,
-                        tuple(notes), perf_counter() - began)
+                        tuple(notes), perf_counter() - began, fsdp_mixed_precision=options.fsdp_mixed_precision)
 
 
 def _notes(evaluator: LayoutEvaluator, options: SearchOptions, any_answered: bool) -> list[str]:

@@ -141,6 +141,9 @@ class LayoutSearch(HtmlDisplay):
     evaluated: int  # layouts whose memory and FLOPs were computed (here and in the minimum's search)
     notes: tuple[str, ...] = field(default=())
     seconds: float = 0.0  # the search's wall time (a measurement, not a figure of the model)
+    # how a mixed precision ran where FSDP2 shards (--fsdp-mixed-precision): "policy" (its MixedPrecisionPolicy, the
+    # default) or "autocast"; the header names it, since "bf16-mixed" alone reads as torch.autocast
+    fsdp_mixed_precision: str = "autocast"
     # the model's Report, as `paramscope.find_layout` answers (the CLI renders it beside); no part of == or hash
     report: Any = field(default=None, repr=False, compare=False)
 

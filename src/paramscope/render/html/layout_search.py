@@ -15,6 +15,7 @@ from ...explain import exact
 from ..memory import binary as bytes_text
 from ..memory import layout_degrees as degrees
 from ..memory import minimum_sentence
+from ..memory import search_precision_words
 from ..memory import seconds_words as seconds_text
 from ..memory import step_time_words
 from .layout_parts import binary_axis
@@ -73,7 +74,7 @@ def _settings_table(search) -> str:
                          "bound divides by it"),
             ("global batch", f"{search.global_batch:,} sequences × {search.seq:,} tokens a step; each replica "
                              "global batch / dp"),
-            ("precision", search.precision), ("optimizer", search.optimizer),
+            ("precision", search_precision_words(search)), ("optimizer", search.optimizer),
             ("gradient checkpointing", search.grad_checkpointing),
             ("data parallel", f"{_SHARD[search.shard]} over dp × cp"),
             ("tensor parallel", "sequence parallel with tp"),
