@@ -154,14 +154,13 @@ def test_fsdp_bytes_under_the_policy_and_autocast_by_hand():
     assert {(layout.dp * layout.cp > 1, layout.fsdp_mixed_precision) for layout, _ in layouts} == \
         {(True, "policy"), (False, "autocast")}
     assert "dp 4 (FSDP2, its MixedPrecisionPolicy) = 4 devices" in [layout.words() for layout, _ in layouts]
-    # which are derived: cp beside sp (no closed form there), not dp, a pipeline or cp alone of this Llama (the closed
-    # forms); a tied head's neither, alone or beside tp (the policy's closed form prices it: fsdp_moments' tied moments)
+    # which are derived: none of this Llama's, dp, a pipeline, cp alone or beside sp (the closed forms); a tied head's neither, alone or beside tp (the policy's closed form prices it: fsdp_moments' tied moments)
     from paramscope.cost.parallel.layout_evaluation import policy_derived
 
     facts = read_facts(report, view, options, SEQ)
     assert [policy_derived(layout_for(zero="fsdp", batch=2, fsdp_mixed_precision="policy", **degrees), facts)
             for degrees in (dict(dp=4), dict(dp=2, pp=2), dict(dp=2, cp=2), dict(cp=2, tp=2, sp=True))] == \
-        [False, False, False, True]
+        [False, False, False, False]
     tied = _config()
     tied.tie_word_embeddings = True
     report, _, view = training_answer(tied, TrainingOptions(batch=1, seq=SEQ, fits=False))

@@ -199,10 +199,10 @@ def policy_derived(layout: ParallelLayout, facts: ModelFacts) -> bool:
     if not policy_layout(layout):
         return False
     priced = getattr(facts.text, "model_type", None) in TRACED_FAMILY  # a tied head too, beside tp or not
-    # context parallel: the closed form prices torch's ring over FSDP2 without sp, a tied head or a pipeline, beyond
-    # cp 2 where it runs balanced (2·cp divides S) (fsdp_moments_missing); the search's tp layouts run sp, so those
-    # are derived
-    ring_priced = priced and not layout.sp and layout.shard == "fsdp" and facts.tied is None and layout.pp == 1 \
+    # context parallel: the closed form prices torch's ring over FSDP2 without a tied head, beyond cp 2 where it runs
+    # balanced (2·cp divides S) (fsdp_moments_missing); under a pipeline the closed form answers memory too (the
+    # replay reaches no cp rank: pipeline_device.POLICY_BESIDE_CP)
+    ring_priced = priced and layout.shard == "fsdp" and facts.tied is None \
         and (layout.cp == 2 or facts.seq % (2 * layout.cp) == 0)
     return layout.cp > 1 and not ring_priced or layout.ep > 1 and facts.experts > 0 or layout.pp == 1 and not priced
 

@@ -35,6 +35,13 @@ POLICY_CLOSED_FORM = (
     "455,680 B over it; "
     "tests/test_policy_pipeline_search.py)")
 
+# beside context parallel memory answers with that closed form too: the replay reaches no cp rank under the policy
+POLICY_BESIDE_CP = (
+    "beside context parallel the derived replay reaches no cp rank under FSDP2's MixedPrecisionPolicy, so memory "
+    "answers with the closed form above too, an estimate: each stage's layers on the cp rank's S / cp tokens with "
+    "the ring's kept copies, held to the traced ring without a pipeline (tests/test_policy_context_parallel.py), not "
+    "traced beside one")
+
 # the last stage's loss, kept in its cache until its backward, and the total weight cross-entropy saves for it: two
 # fp32 scalars a microbatch (measured on the stage's trace)
 LOSS_SCALARS = 8
@@ -121,7 +128,8 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
     # no closed form on a stage's layers: the derived recipe's segments; and under FSDP2's MixedPrecisionPolicy,
     # whose stages replay the policy's FSDP2 rank (this closed form prices autocast's per-microbatch copies)
     policy = layout.fsdp_mixed_precision == "policy" and fsdp_sharded(layout)
-    if local_recipe_missing(ctx) or policy and ctx.derive:
+    # (the replay reaches no cp rank under the policy: there the closed form answers, derived or not, an estimate)
+    if local_recipe_missing(ctx) or policy and ctx.derive and layout.cp == 1:
         return derived_pipeline_device(ctx, placements, rules)
     if policy:  # the derivation off (the layout search): the closed form over bf16-pure's stages (policy_context)
         ctx = policy_context(ctx)
@@ -420,7 +428,7 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                   "copied for o_proj (the closed form of the cp rank without a pipeline, held to the traced ring "
                   "there); the ring's other buffers are freed inside each attention",)
     if policy:
-        notes += (POLICY_CLOSED_FORM,)
+        notes += (POLICY_CLOSED_FORM,) + ((POLICY_BESIDE_CP,) if ctx.derive else ())
     if fsdp_beside(ctx):
         notes += (UNSYNCED,)
     device = DeviceMemory(layout, dev.weights, dev.gradients + dev.grad_buffer,
