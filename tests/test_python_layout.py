@@ -58,7 +58,7 @@ def test_find_layout_equals_the_cli(capsys):
     mine.pop("search_seconds"), document.pop("search_seconds")  # wall time, not a figure
     assert mine == document
     assert found.report.model.label == "meta-llama/Meta-Llama-3-8B"
-    assert repr(found).startswith("<LayoutSearch of meta-llama/Meta-Llama-3-8B on 4 × H100 80GB: 9 of 9 "
+    assert repr(found).startswith("<LayoutSearch of meta-llama/Meta-Llama-3-8B on 4 × H100 80GB: 10 of 10 "
                                   "layouts fit, best dp 1 (FSDP2) × tp 4 (sequence parallel) = 4 devices")
     assert found.minimum.devices == 2 and "\n" not in repr(found)
     # Jupyter shows the page the CLI's --html writes, and .to_html(path) saves it
