@@ -99,7 +99,9 @@ def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[Phase
         device = dataclasses.replace(device, notes=device.notes + (declined,))
     if layout.ep > 1 and not cuts_routed_experts(placements):
         device = dataclasses.replace(device, notes=device.notes + (_no_experts_words(ctx),))
-    if layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1:
+    # (beside a pipeline the stages' own note says how PipelineStage runs FSDP2: units kept gathered, no per-layer
+    # reshard or reduce-scatter until the last backward; this default-step note would contradict it)
+    if layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1 and layout.pp == 1:
         modelled = any(p.where.startswith("FSDP2:") for p in device.phases)
         device = dataclasses.replace(device, notes=device.notes + (
             "FSDP2 as torch's fully_shard runs it by default (on each layer, then the root; a layer resharded after "
