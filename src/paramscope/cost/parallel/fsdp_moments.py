@@ -253,6 +253,14 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     masked_text = f" + the embedding's masked token ids, 8·T = {masked:,}" if masked else ""
     ring = _ring_copy(ctx, batch, length)
 
+
+    def fsdp_words(k: int, prefetched: int, reduce_in: int, above: int) -> str:
+        """What FSDP2 holds at a moment inside layer k's backward, in words (the moments below share it)."""
+        return (f"FSDP2: the root unit all-gathered {root_bytes:,} + the head's and final norm's gradients "
+                f"unsharded{tied_words} {head:,} + layer {k}'s parameters all-gathered {padded[k]:,}"
+                + (f" + layer {k - 1}'s all-gather output, prefetched {prefetched:,}" if prefetched else "")
+                + (f" + layer {k + 1}'s reduce-scatter input {reduce_in:,}" if reduce_in else "")
+                + (f" + the shards of the {layers - 1 - k} layers above {above:,}" if above else ""))
     def at_layer(k: int, moment: str) -> PhaseFigure:
         roles = {p.role: p.local_numel for p in by_layer[k] if _copied(p)}  # the projections' weights
         attn = sum(roles.get(r, 0) for r in ("attention.query", "attention.key", "attention.value",
@@ -293,11 +301,7 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
                  + (f" + the position ids the checkpoints keep, 8·S = {positions_kept:,}" if positions_kept else "")
                  + (f" + ring attention's outputs copied for o_proj, {rings} × {ring:,}" if rings else "")
                  + f"{masked_text}; "
-                 f"FSDP2: the root unit all-gathered {root_bytes:,} + the head's and final norm's gradients "
-                 f"unsharded{tied_words} {head:,} + layer {k}'s parameters all-gathered {padded[k]:,}"
-                 + (f" + layer {k - 1}'s all-gather output, prefetched {prefetched:,}" if prefetched else "")
-                 + (f" + layer {k + 1}'s reduce-scatter input {reduce_in:,}" if reduce_in else "")
-                 + (f" + the shards of the {layers - 1 - k} layers above {above:,}" if above else ""))
+                 + fsdp_words(k, prefetched, reduce_in, above))
         return PhaseFigure("backward", total, f"FSDP2: inside layer {k}'s backward ({moment})", words, above)
 
     def in_ring(k: int) -> PhaseFigure:
@@ -320,11 +324,7 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
                  + (f" + the position ids the checkpoints keep, 8·S = {positions_kept:,}" if positions_kept else "")
                  + (f" + ring attention's outputs copied for o_proj, {rings} × {ring:,}" if rings else "")
                  + f"{masked_text}; "
-                 f"FSDP2: the root unit all-gathered {root_bytes:,} + the head's and final norm's gradients "
-                 f"unsharded{tied_words} {head:,} + layer {k}'s parameters all-gathered {padded[k]:,}"
-                 + (f" + layer {k - 1}'s all-gather output, prefetched {prefetched:,}" if prefetched else "")
-                 + (f" + layer {k + 1}'s reduce-scatter input {reduce_in:,}" if reduce_in else "")
-                 + (f" + the shards of the {layers - 1 - k} layers above {above:,}" if above else ""))
+                 + fsdp_words(k, prefetched, reduce_in, above))
         return PhaseFigure("backward", total, f"FSDP2: inside layer {k}'s backward (the ring attention's)", words,
                            above)
 
