@@ -134,7 +134,8 @@ def test_cli_mixtral_8x7b(capsys):
     # --zero as memory takes it (FSDP2, the layout memory answers under --expert-load too): named, no FLOP changes
     assert main([*args, "--expert-load", "1.5", "--zero", "fsdp", "--json"]) == 0
     device = json.loads(capsys.readouterr().out)["flops"]["device"]
-    assert device["forward"] == forwards["1.5"] and device["layout"]["words"].startswith("dp 8 (FSDP2) = 8 devices")
+    assert device["forward"] == forwards["1.5"] and device["layout"]["words"].startswith(
+        "dp 8 (FSDP2, its MixedPrecisionPolicy) = 8 devices")
     assert main([*args, "--expert-load", "1.5", "--width", "200"]) == 0
     text = capsys.readouterr().out
     assert "⌈1.5·S⌉ = 3,072 of its balanced S = 2,048 token-expert pairs a layer" in text

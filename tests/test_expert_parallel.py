@@ -92,7 +92,7 @@ def test_expert_parallel_under_fsdp2_traced_beside_the_closed_form():
     from paramscope.cost.memory.training import TrainingOptions, training_answer
     from paramscope.cost.parallel.layout import layout_for
 
-    layout = layout_for(devices=2, ep=2, zero="fsdp")
+    layout = layout_for(devices=2, ep=2, zero="fsdp", fsdp_mixed_precision="autocast")  # the closed form beside
     _, estimate, _ = training_answer(dict(MIXTRAL, num_hidden_layers=3), TrainingOptions(
         batch=1, seq=64, precision="bf16-mixed", layout=layout, trace=True), use_cache=False)
     device = estimate.training.device

@@ -26,7 +26,8 @@ _CACHE: dict[str, tuple] = {}
 def _search():
     """llama-3-8b on 2 × H100 (global batch 2 × 2,048): answered from its template; tp 2 fits, three layouts do not."""
     if "search" not in _CACHE:
-        report, search, _ = find_layouts(resolve("llama-3-8b"), SearchOptions(devices=2, gpu="h100"), True)
+        report, search, _ = find_layouts(resolve("llama-3-8b"), SearchOptions(devices=2, gpu="h100",
+                                                                            fsdp_mixed_precision="autocast"), True)
         _CACHE["search"] = report, search
     return _CACHE["search"]
 
@@ -36,7 +37,7 @@ def test_the_cli_writes_the_page_with_every_layout_and_its_figures(tmp_path):
 
     out = tmp_path / "layouts.html"
     assert main(["memory", "llama-3-8b", "--training", "--find-layout", "--gpu", "h100", "--devices", "2",
-                 "--html", str(out)]) == 0
+                 "--fsdp-mixed-precision", "autocast", "--html", str(out)]) == 0
     page = out.read_text("utf-8")
     report, search = _search()
     assert page == render_layout_search_html(report, search).replace(
