@@ -655,16 +655,22 @@ class MasterCopyOptimizer:
                 master.grad = None if param.grad is None else param.grad.float()
             for param in self.params:
                 param.grad = None
-            self.inner.step()
-            for master in self.masters:
-                master.grad = None
-            for param, master in zip(self.params, self.masters):
-                param.copy_(master)
+            _step_masters(self.inner, self.masters, self.params)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for param in self.params:
             param.grad = None
         self.inner.zero_grad(set_to_none=set_to_none)
+
+
+def _step_masters(inner: Any, masters: Any, params: list) -> None:
+    """The master-copy step both 16-bit optimizers share (under no_grad): the optimizer updates the fp32 masters,
+    their .grad is dropped, and each master is copied into its 16-bit weight."""
+    inner.step()
+    for master in masters:
+        master.grad = None
+    for param, master in zip(params, masters):
+        param.copy_(master)
 
 
 class MainGradOptimizer:
@@ -702,11 +708,7 @@ class MainGradOptimizer:
         with torch.no_grad():
             for master, main_grad in zip(self.masters, self.main_grads):
                 master.grad = main_grad.float()  # already fp32: the buffer itself, as Megatron's step reads it
-            self.inner.step()
-            for master in self.masters:
-                master.grad = None
-            for param, master in zip(self.params, self.masters):
-                param.copy_(master)
+            _step_masters(self.inner, self.masters, self.params)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for param in self.params:
