@@ -143,3 +143,14 @@ def test_what_megatron_does_not_run_is_refused_in_one_line(options, words):
     with pytest.raises(OptionError, match=words) as err:
         TrainingOptions(precision="bf16-main-grad", **options).check()
     assert "\n" not in str(err.value)
+
+
+def test_trace_under_the_distributed_optimizer_names_megatron_not_deepspeed():
+    """--trace under bf16-main-grad's ZeRO-1 is Megatron-LM's distributed optimizer, refused in its own words;
+    bf16-master's ZeRO-1 is DeepSpeed's."""
+    layout = layout_for(dp=2, zero="1")
+    with pytest.raises(OptionError, match="Megatron-LM's distributed optimizer .* is not traced") as err:
+        TrainingOptions(precision="bf16-main-grad", layout=layout, trace=True).check()
+    assert "DeepSpeed" not in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(OptionError, match="DeepSpeed's ZeRO is not traced"):
+        TrainingOptions(precision="bf16-master", layout=layout, trace=True).check()

@@ -146,7 +146,7 @@ class TrainingOptions:
             self.layout.check_batch(self.batch)
             if self.devices != 1 or str(self.zero) != "0":
                 raise OptionError("give the layout or {0} and {1}, not both", "devices", "zero")
-            why = untraced_by_layout(self.layout) if self.trace else None
+            why = untraced_by_layout(self.layout, self.precision) if self.trace else None
             if why:  # refused before the build that would end in "no rank traced"
                 raise OptionError("{0} traces no rank under this layout: {why}", "trace", why=why)
 

@@ -10,12 +10,15 @@ what it did."""
 
 from __future__ import annotations
 
+from ..memory.states import MAIN_GRAD_PRECISION
 from .layout import ParallelLayout
 
 
-def untraced_by_layout(layout: ParallelLayout) -> str | None:
+def untraced_by_layout(layout: ParallelLayout, precision: str | None = None) -> str | None:
     """Why --trace traces no rank under `layout`, for any class, or None (device_trace.traced_check's and
-    traced_stages' refusals that read the layout alone)."""
+    traced_stages' refusals that read the layout alone). `precision` names whose ZeRO-1 it is: under bf16-main-grad,
+    Megatron-LM's distributed optimizer (megatron/core/optimizer/distrib_optimizer.py, DistributedOptimizer), not
+    DeepSpeed's."""
     if layout.trivial:
         return None
     fsdp = layout.shard in ("fsdp", "hsdp") and layout.shard_degree > 1
@@ -38,6 +41,10 @@ def untraced_by_layout(layout: ParallelLayout) -> str | None:
                 "ranks ep divides (torchtitan's (dp / ep, ep, tp) mesh; hybrid sharding within a shard group ep "
                 "divides, dp_replicate in front), beside tensor parallel on the (ep, tp) mesh, not under DeepSpeed's "
                 "ZeRO")
+    if layout.shard in ("zero1", "zero2", "zero3") and precision == MAIN_GRAD_PRECISION:
+        return ("Megatron-LM's distributed optimizer (bf16-main-grad's zero 1) is not traced (no Megatron here; its "
+                "rank is the closed form's: the fp32 masters and moments over the data-parallel ranks, the bf16 "
+                "weights and the fp32 main-gradient buffer whole); plain DDP (zero 0) is")
     if layout.shard in ("zero1", "zero2", "zero3"):
         return "DeepSpeed's ZeRO is not traced (no DeepSpeed here); FSDP2 (zero fsdp) is"
     return None
