@@ -154,3 +154,26 @@ def test_trace_under_the_distributed_optimizer_names_megatron_not_deepspeed():
     assert "DeepSpeed" not in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(OptionError, match="DeepSpeed's ZeRO is not traced"):
         TrainingOptions(precision="bf16-master", layout=layout, trace=True).check()
+
+
+def test_find_layouts_dp_bytes_are_megatrons_fp32_gradients_and_bf16_parameters():
+    """The search's dp bytes on the cut (N parameters, dp 4): Megatron's DDP all-reduces the fp32 main_grad, 2·3/4 ×
+    4N; its distributed optimizer reduce-scatters it and all-gathers the bf16 parameters, 3/4 × (4N + 2N) (were 2 B a
+    gradient: 2·3/4 × 2N and 3/4 × (2N + 2N)); under accumulation once a step (the DDP's no_sync), not each
+    micro-step."""
+    import transformers as T
+
+    from paramscope.cost.memory.training import training_answer
+    from paramscope.cost.parallel.layout_comm import StepCommunication
+    from paramscope.cost.parallel.layout_facts import read_facts
+    from paramscope.cost.parallel.search_options import SearchOptions
+
+    config = T.LlamaConfig(**{k: v for k, v in LLAMA.items() if k != "model_type"})
+    report, _, view = training_answer(config, TrainingOptions(batch=1, seq=32, fits=False))
+    for zero, expected in (("0", -(-2 * 3 * 4 * N // 4)), ("1", -(-3 * (4 * N + 2 * N) // 4))):
+        options = SearchOptions(devices=4, gpu="h100", seq=32, precision="bf16-main-grad", zero=zero)
+        comm = StepCommunication(read_facts(report, view, options, 32))
+        for steps in (1, 2):
+            _, (term,) = comm.busiest(layout_for(dp=4, zero=zero, batch=2), 2 // steps, steps)
+            assert term.bytes == expected
+            assert term.what.startswith("Megatron's") and ("no_sync" in term.what) == (steps == 2)

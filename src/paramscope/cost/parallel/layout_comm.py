@@ -21,6 +21,8 @@ bytes: all-gather and reduce-scatter (n − 1)/n · X each, all-reduce 2(n − 1
                              False under a pipeline), kept through every microbatch's backward (torch's PipelineStage:
                              set_reshard_after_backward(False), no gradient sync), the gradients reduce-scattered once
                              after the last backward (perform_reduce_grad)    (n−1)/n · (P + G)  (hybrid: P for 2P)
+         bf16-main-grad (Megatron-LM's) G = the fp32 main_grad, 4 B an element, P = the bf16 parameters, 2 B: DDP
+                             2(n−1)/n · G; the distributed optimizer (n−1)/n · (G + P); once a step under accumulation
     TP   X = b·s·h × a (a microbatch's tokens on the rank: b = the microbatch, s = S / cp; a = 2 B under mixed or
          bf16 precision, 4 B in fp32); per layer 2 all-reduces forward and 2 backward (Megatron; with sequence
          parallel each is an all-gather and a reduce-scatter: the same bytes); the vocabulary-parallel embedding's
@@ -44,6 +46,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..memory.states import MAIN_GRAD_PRECISION
 from .layout import ParallelLayout, shard_words
 from .layout_facts import ModelFacts
 from .pipeline import Stage, params_held, stages
@@ -73,7 +76,9 @@ class StepCommunication:
         gathered = self.fsdp_bytes(layout) if _fsdp(layout) else None
         for index, (stage, dense, experts, tied) in enumerate(self.stage_bytes(layout)):
             moved = (dense, experts) if gathered is None else gathered[index]
-            terms = tuple(t for t in (*dp_terms(layout, *moved, steps), tp_term(facts, layout, replica, stage),
+            data = main_grad_dp_terms(layout, dense, experts, steps) \
+                if facts.options.precision == MAIN_GRAD_PRECISION else dp_terms(layout, *moved, steps)
+            terms = tuple(t for t in (*data, tp_term(facts, layout, replica, stage),
                                       *pp_terms(facts, layout, replica, stage, tied),
                                       ep_term(facts, layout, replica, stage), cp_term(facts, layout, replica, stage))
                           if t is not None)
@@ -241,6 +246,43 @@ def _dp_terms(layout: ParallelLayout, dense: int | Moved, experts: int | Moved) 
                                       f"reduce-scatter of the gradients{label}",
                                 _ceil((n - 1) * (twice * p + g), n), f"(n−1)/n · ({two}P + G), n = {group} = {n}",
                                 f"{n - 1}/{n} × ({f'{twice} × ' if twice > 1 else ''}{p:,} + {g:,}) ({given})"))
+    return out
+
+
+def main_grad_dp_terms(layout: ParallelLayout, dense: int, experts: int, steps: int = 1) -> list[CommTerm]:
+    """bf16-main-grad's data-parallel collectives, Megatron-LM's (megatron/core/distributed/param_and_grad_buffer.py,
+    _ParamAndGradBucketGroup.start_grad_sync and start_param_sync): the grad buffer is fp32 under bf16
+    (training/arguments.py sets accumulate_allreduce_grads_in_fp32; group_params_for_buffers: grad_dtype
+    torch.float), so G is 4 B a trained element, twice the bf16 bytes `dense` / `experts` the stage holds; plain DDP
+    all-reduces it over the data-parallel group, the distributed optimizer reduce-scatters it and all-gathers the
+    bf16 param buffer (param_data, P = 2 B an element) over the same group. Dense parameters over dp × cp (Megatron's data-parallel
+    group with context parallel), routed experts over the expert-data-parallel group (dp × cp / ep ranks). Under
+    gradient accumulation both run once a step: the schedules (pipeline_parallel/schedules.py,
+    forward_backward_no_pipelining) run every micro-step but the last under the DDP's no_sync, the fp32 main_grad
+    accumulating them. The buffer's alignment padding (each bucket to a multiple of the group, each parameter's
+    start to 64 elements) is not counted."""
+    ranks = layout.dp * layout.cp
+    out = []
+    for label, p, split in (("", dense, 1), (" (routed experts)", experts, layout.ep)):
+        n = ranks // split
+        if not p or n == 1:
+            continue
+        g = 2 * p  # the fp32 main_grad: 4 B an element where the bf16 weight is 2
+        group = "dp × cp" + (" / ep" if split > 1 else "")
+        names = ("Pe", "Ge") if split > 1 else ("P", "G")
+        given = (f"{names[1]} = {g:,} B, the fp32 main-gradient buffer, 4 B an element" if layout.zero_stage == 0
+                 else f"{names[1]} = {g:,} B, the fp32 main-gradient buffer, 4 B an element; {names[0]} = {p:,} B, "
+                      "the bf16 parameters, 2 B")
+        once = f", once a step (every micro-step but the last of {steps} under the DDP's no_sync)" if steps > 1 else ""
+        if layout.zero_stage == 0:
+            out.append(CommTerm("dp", f"Megatron's DDP: all-reduce of the fp32 gradients{label}{once}",
+                                _ceil(2 * (n - 1) * g, n), f"2(n−1)/n · G, n = {group} = {n}",
+                                f"2·{n - 1}/{n} × {g:,} ({given})"))
+        else:
+            out.append(CommTerm("dp", f"Megatron's distributed optimizer: reduce-scatter of the fp32 gradients, "
+                                      f"all-gather of the updated bf16 parameters{label}{once}",
+                                _ceil((n - 1) * (g + p), n), f"(n−1)/n · (G + P), n = {group} = {n}",
+                                f"{n - 1}/{n} × ({g:,} + {p:,}) ({given})"))
     return out
 
 
