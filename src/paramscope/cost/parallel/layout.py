@@ -251,4 +251,9 @@ def layout_for(*, devices: int | None = None, dp: int | None = None, zero: str |
                             fsdp_mixed_precision_defaulted=fsdp_mixed_precision is None,
                             schedule_implied=schedule is None and virtual_stages > 1)
     layout.check()
+    if fsdp_mixed_precision is not None and layout.shard not in ("fsdp", "hsdp"):
+        # an asked choice that would change nothing is refused rather than ignored: without FSDP2 there is no
+        # policy to apply, and a mixed precision is torch.autocast's
+        raise OptionError("{0} chooses how FSDP2 runs a mixed precision: it needs {1} fsdp or hybrid_shard, got "
+                          "{shard}", "fsdp_mixed_precision", "zero", shard=shard_words(layout))
     return layout

@@ -71,8 +71,8 @@ def candidate_layouts(facts: ModelFacts, devices: int) -> tuple[list[tuple[Paral
                             virtual_stages=virtual if pp > 1 else 1,
                             expert_load=options.expert_load if ep > 1 else 1.0,
                             # FSDP2's MixedPrecisionPolicy where fully_shard shards (none on one rank)
-                            fsdp_mixed_precision=options.fsdp_mixed_precision
-                            if facts.shard in ("fsdp", "hsdp") and _sharded(facts, dp * cp) else "autocast")
+                            fsdp_mixed_precision=(options.fsdp_mixed_precision if _sharded(facts, dp * cp)
+                                                  else "autocast") if facts.shard in ("fsdp", "hsdp") else None)
                         # bf16-master: DeepSpeed's own rules (its PipelineEngine runs ZeRO 0-1, DeepSpeed-MoE 0-2)
                         check_master_layout(check_precision(options.precision), layout)
                     except OptionError as err:

@@ -3,7 +3,7 @@ layout shares) and the GPU's peak FLOP/s the layouts are sorted by (peak_for).""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import OptionError
@@ -34,12 +34,14 @@ class SearchOptions:
     # policy where FSDP2 shards in a mixed precision, as torchtitan and accelerate run it
     fsdp_mixed_precision: str | None = None
     reserve: int = DEFAULT_RESERVE
+    fsdp_mixed_precision_asked: bool = field(default=False, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         from ..memory.precision_default import default_fsdp_mixed_precision, default_precision
 
         if self.precision is None:
             object.__setattr__(self, "precision", default_precision(self.zero or "fsdp", self.optimizer))
+        object.__setattr__(self, "fsdp_mixed_precision_asked", self.fsdp_mixed_precision is not None)
         if self.fsdp_mixed_precision is None:
             zero = str(self.zero or "fsdp").strip().lower().replace("-", "_")
             shard = SHARD_ALIASES.get(zero, "none")  # an unknown zero: check() refuses it in one line
@@ -89,6 +91,14 @@ class SearchOptions:
         if mixed not in FSDP_MIXED_PRECISIONS:
             raise OptionError("{0} must be one of {choices}, got {value!r}", "fsdp_mixed_precision",
                               choices=", ".join(FSDP_MIXED_PRECISIONS), value=str(mixed)[:40])
+        if mixed == "autocast" and self.fsdp_mixed_precision_asked and \
+                shard_mode(self.zero or "fsdp") not in ("fsdp", "hsdp"):
+            raise OptionError("{0} chooses how FSDP2 runs a mixed precision: the search's layouts need {1} fsdp or "
+                              "hybrid_shard, got {zero}", "fsdp_mixed_precision", "zero", zero=str(self.zero)[:40])
+        if mixed == "autocast" and self.fsdp_mixed_precision_asked and not self.precision.endswith("-mixed"):
+            raise OptionError("{0} autocast chooses torch.autocast over the fp32 parameters FSDP2 gathers: it needs a "
+                              "mixed precision (bf16-mixed, fp16-mixed), got {precision}", "fsdp_mixed_precision",
+                              precision=str(self.precision)[:40])
         if mixed == "policy" and shard_mode(self.zero or "fsdp") not in ("fsdp", "hsdp"):
             raise OptionError("{0} policy is FSDP2's MixedPrecisionPolicy: the search's layouts need {1} fsdp or "
                               "hybrid_shard, got {zero}", "fsdp_mixed_precision", "zero", zero=str(self.zero)[:40])
