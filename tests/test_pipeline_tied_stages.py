@@ -14,7 +14,9 @@ def test_gpt2_tp_pp_first_stage_keeps_its_tied_embedding_s_own_gradient_as_trace
     """The first stage holds wte but not the head: its embedding's backward makes the weight's first gradient, the
     whole V × h (DTensor returns it Replicate), which autograd keeps as the .grad. The replay took the one-device
     step's sum into the head's Shard(0) gradient, and was above the trace at the first backward by V·h·2 − B·S·h·4 B
-    (95,232 B here)."""
+    (95,232 B here); since the step recorder sees inside DTensor's operators (traced/timeline.py), the one-device
+    step also shows the Replicate gradient's local chunk copied out for that sum, which the stage does not make
+    either (it was 95,232 B over again until the replay left it out)."""
     import transformers as T
 
     from paramscope.cost.memory.training import TrainingOptions, training_answer

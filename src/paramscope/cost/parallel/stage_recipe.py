@@ -147,7 +147,7 @@ class _Replay:
         for i in range(max(start, 1), min(stop, self.count - 1)):
             self.held_counts[self.context[i]] = self.held_counts.get(self.context[i], 0) + 1
         self.kept_gradient, self.not_made = self.tied_apart(tied) if tied and self.first and not self.last \
-            else (None, None)
+            else (None, ())
 
     # ----------------------------------------------------------------------------------------------- segments
     def forward_key(self, layer: int) -> Any:
@@ -304,9 +304,9 @@ class _Replay:
             # what the layer (and, for the last, the head beside it) made, in its forward or its backward
             own = {key, self.forward_key(layer)} | ({"fwlast", "head", "bwlast"} if layer == self.count - 1 else set())
             for sign, index, mult in self.segment(key):
-                if key == "bw0" and index in (self.kept_gradient, self.not_made):
+                if key == "bw0" and (index == self.kept_gradient or index in self.not_made):
                     # the tied weight's gradient on a stage without its head: the embedding's own, kept as its .grad
-                    # (never freed), and no sum made
+                    # (never freed), and neither the sum nor the chunk copied out for it made
                     if sign > 0 and index == self.kept_gradient:
                         out.append((1, self.values[index], True))
                     continue
@@ -317,17 +317,21 @@ class _Replay:
                     out.append((times, self.values[index], self.recipe.gradient[index]))
         return out
 
-    def tied_apart(self, tied: tuple[int, int]) -> tuple[int | None, int | None]:
-        """(the embedding's gradient the stage keeps as the weight's .grad, the sum it does not make), as allocation
-        indices of the first layer's backward, either None where the recipe shows no such allocation.
+    def tied_apart(self, tied: tuple[int, int]) -> tuple[int | None, tuple[int, ...]]:
+        """(the embedding's gradient the stage keeps as the weight's .grad, what it does not make: the sum and the
+        copy made for it), as allocation indices of the first layer's backward; None and () where the recipe shows
+        no such allocation.
 
         In the one-device step a weight tied to the head has a .grad from the head's backward (the "head" segment)
         when the embedding's backward makes its own gradient N (`tied[0]` bytes): autograd's AccumulateGrad adds N
         into it, in place for a plain tensor (N then freed), out of place for a DTensor under tensor parallel (the
-        sum G, `tied[1]` bytes, made; the head's .grad and N freed). On the first stage, the head on another, the
-        weight has no .grad yet: AccumulateGrad takes N itself as the .grad (a DTensor's as the embedding's backward
-        returns it: Replicate, whole, under a vocabulary-parallel cut), so N is kept and counted a gradient, and G is
-        not made (traced: GPT-2's wte, tp 2 × pp 2 and 3, tests/test_pipeline_tied_stages.py)."""
+        sum G, `tied[1]` bytes, made; the head's .grad and N freed). A Replicate N added to the head's Shard(0) .grad
+        is first redistributed: DTensor copies its local chunk out (`tied[1]` bytes, made before G and freed after
+        it; the step recorder sees it since it lets DTensor desugar the add, traced/timeline.py). On the first stage,
+        the head on another, the weight has no .grad yet: AccumulateGrad takes N itself as the .grad (a DTensor's as
+        the embedding's backward returns it: Replicate, whole, under a vocabulary-parallel cut), so N is kept and
+        counted a gradient, and neither G nor the chunk's copy is made (traced: GPT-2's wte, tp 2 × pp 2 and 3,
+        tests/test_pipeline_tied_stages.py)."""
         made, kept = tied
         entries = self.recipe.first_backward
         freed_at = {index: position for position, (sign, index, _) in enumerate(entries) if sign < 0}
@@ -335,17 +339,23 @@ class _Replay:
                       if sign > 0 and mult is None and self.values[index] == made and not self.recipe.gradient[index]
                       and freed_at.get(index, -1) > position]
         if not candidates:
-            return None, None
+            return None, ()
         position = candidates[-1]
         own = entries[position][1]
         # the sum: a gradient the size of the .grad, made while N is live, before the head's .grad (made on the
         # last stage only) is freed
         head_frees = [p for p, (sign, index, _) in enumerate(entries)
                       if sign < 0 and self.owner.get(index) == "head" and self.values[index] == kept]
-        total = next((index for p, (sign, index, _) in enumerate(entries)
+        total = next((p for p, (sign, index, _) in enumerate(entries)
                       if position < p < freed_at[own] and sign > 0 and self.recipe.gradient[index]
                       and self.values[index] == kept and any(f > p for f in head_frees)), None)
-        return own, total
+        if total is None:
+            return own, ()
+        # the redistribute's copy: the local chunk of N, made after N and before G, live while G is made
+        copies = tuple(index for p, (sign, index, mult) in enumerate(entries)
+                       if position < p < total and sign > 0 and mult is None and not self.recipe.gradient[index]
+                       and self.values[index] == kept and freed_at.get(index, -1) > total)
+        return own, (entries[total][1], *copies)
 
     def _backward_free(self, layer: int, own: set, index: int, mult: str | None) -> int:
         owner = self.owner.get(index)

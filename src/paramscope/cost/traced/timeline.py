@@ -16,6 +16,7 @@ the other's is ready). The optimizer's states and step are not traced: they are 
 
 from __future__ import annotations
 
+import sys
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -265,7 +266,16 @@ def allocation_recorder() -> Any:
             for finalizer in self.finalizers:
                 finalizer.detach()
 
+        def __enter__(self) -> Any:
+            self.fake_on_entry = active_fake_mode()
+            return super().__enter__()
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
+            if _dtensor_among(types):
+                # DTensor runs first and desugars the operator into its local ones, which come back here: a
+                # redistribute's copy made and freed inside the operator (the tied embedding's Replicate gradient's
+                # local chunk copied out to meet the head's Shard(0) one) is then seen, as MemTracker sees it
+                return NotImplemented
             if func is torch.ops._c10d_functional.wait_tensor.default and (active_fake_mode() is not None or
                                                                            is_fake(args[0])):
                 # eager wait_tensor returns the tensor it waited on; the fake (meta) kernel returns a new one, which
@@ -273,12 +283,22 @@ def allocation_recorder() -> Any:
                 # B·S·h·4 B). MemTracker overrides it the same way.
                 return args[0]
             result = func(*args, **(kwargs or {}))
+            if active_fake_mode() is not self.fake_on_entry:
+                # DTensor's sharding propagation, run under a fake mode of its own: no rank's memory (MemTracker's
+                # rule)
+                return result
             for tensor in (inner for leaf in tree_leaves(result) for inner in _plain(leaf)):
                 storage = tensor.untyped_storage()
                 if storage in self.index_of:
                     continue
                 self._allocated(storage, storage.nbytes(), tuple(tensor.shape), tensor.dtype.itemsize)
             return result
+
+    def _dtensor_among(types: Any) -> bool:
+        # no DTensor exists unless its module was imported (a layout's copy imports it): one device's step pays
+        # no import
+        dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+        return dtensor is not None and any(t is dtensor for t in types)
 
     def _plain(tensor: Any) -> list:
         """The plain tensors holding `tensor`'s bytes: itself, or a wrapper subclass's inner tensors (a DTensor's
