@@ -119,10 +119,15 @@ def test_ep_ranks_partition_their_experts_over_the_expert_data_parallel_group():
 
 def test_pipeline_stages_hold_their_own_parameters_states_and_step_copy():
     """pp 2 on the cut (2 × 32, 2 microbatches): each stage's bf16 weights, masters and moments are its own
-    parameters' (948,736 on stage 0, 948,992 with the final norm and head on stage 1), and its step casts its own
-    gradients (stage 1: resident 13,286,060 + bf16 gradients 1,897,984 + fp32 copy 3,795,968 + the losses' mean 4);
-    ZeRO-1 over dp 2 halves the masters and moments; ZeRO-2 beside a pipeline is refused (DeepSpeed's
-    PipelineEngine asserts stage < 2)."""
+    parameters' (948,736 on stage 0, 948,992 with the final norm and head on stage 1). At ZeRO 0 DeepSpeed's
+    PipelineEngine runs BF16_Optimizer (engine.py _do_optimizer_sanity_check: bf16 with a pipeline): its bf16
+    gradient-accumulation buffer of the stage's parameters (fp32_groups_gradients_flat in grad_acc_dtype, bf16 by
+    default) is held at every moment beside the bf16 gradients, in the gradients column (2 + 2 B a parameter; was 2,
+    the buffer uncounted: stage 1's peak 18,980,016 → 20,878,000 B), its masters and moments are partitioned over
+    the data-parallel ranks as ZeRO-1 does (dp 2: halved, where they were whole), and its step casts the rank's
+    partition of the buffer to fp32. ZeRO-1 over dp 2 is DeepSpeedZeroOptimizer (no buffer: BF16_Optimizer there
+    only with grad_accum_dtype fp32); ZeRO-2 beside a pipeline is refused (DeepSpeed's PipelineEngine asserts
+    stage < 2)."""
     from paramscope.errors import OptionError
 
     def stages(**layout):
@@ -132,12 +137,18 @@ def test_pipeline_stages_hold_their_own_parameters_states_and_step_copy():
                           for s in estimate.training.device.stages]
 
     estimate, got = stages()
-    assert got == [(1_897_472, 1_897_472, 8 * 948_736 + 4 * 10, 4 * 948_736, 18_974_888, "optimizer step"),
-                   (1_897_984, 1_897_984, 8 * 948_992 + 4 * 11, 4 * 948_992, 18_980_016, "optimizer step")]
-    assert 18_980_016 == 1_897_984 + 128 + 7_591_980 + 3_795_968 + 1_897_984 + 3_795_968 + 4
-    assert any("DeepSpeed's PipelineEngine" in n for n in estimate.notes)
+    assert got == [(1_897_472, 2 * 1_897_472, 8 * 948_736 + 4 * 10, 4 * 948_736, 20_872_360, "optimizer step"),
+                   (1_897_984, 2 * 1_897_984, 8 * 948_992 + 4 * 11, 4 * 948_992, 20_878_000, "optimizer step")]
+    # weights + ids + moments + masters + the buffer + the bf16 gradients + the fp32 cast + the losses' mean
+    assert 20_878_000 == 1_897_984 + 128 + 7_591_980 + 3_795_968 + 1_897_984 + 1_897_984 + 3_795_968 + 4
+    assert any("BF16_Optimizer" in n and "gradient-accumulation buffer" in n for n in estimate.notes)
+    assert estimate.training.device.accumulation_buffer == 1_897_984  # the worst stage's, named in its peak's sum
+    _, zero0 = stages(dp=2)
+    assert [row[1:5] for row in zero0] == [(2 * 1_897_472, 3_794_964, 1_897_472, 13_282_452),
+                                           (2 * 1_897_984, 3_795_990, 1_897_984, 13_286_042)]
     _, zero1 = stages(dp=2, zero="1")
-    assert [row[2:5] for row in zero1] == [(3_794_964, 1_897_472, 11_384_980), (3_795_990, 1_897_984, 11_388_058)]
+    assert [row[1:5] for row in zero1] == [(1_897_472, 3_794_964, 1_897_472, 11_384_980),
+                                           (1_897_984, 3_795_990, 1_897_984, 11_388_058)]
     with pytest.raises(OptionError, match="PipelineEngine, which runs with ZeRO 0 or 1"):
         TrainingOptions(precision="bf16-master", layout=layout_for(dp=2, pp=2, zero="2")).check()
 

@@ -691,6 +691,9 @@ def _peak_sum(device) -> str:
                 ("master weights", device.master_weights), ("buffers", device.buffers))
     if device.gradients_resident:  # bf16-main-grad's fp32 gradient buffer, held at every moment
         resident = resident[:1] + (("fp32 gradient buffer", device.gradients),) + resident[1:]
+    if device.accumulation_buffer:  # bf16-master's BF16_Optimizer: its bf16 gradient-accumulation buffer, held always
+        resident = resident[:1] + (("BF16_Optimizer's bf16 gradient-accumulation buffer", device.accumulation_buffer),) \
+            + resident[1:]
     return whole_sum(device.peak_figure, resident)
 
 
@@ -804,6 +807,7 @@ def _device_to_dict(device) -> dict[str, Any]:
     top = device.peak_figure
     return {"weights": device.weights, "gradients": device.gradients, "optimizer": device.optimizer,
             "master_weights": device.master_weights, "buffers": device.buffers, "activations": device.activations,
+            "accumulation_buffer": device.accumulation_buffer,
             "activations_from": device.activations_from, "states_arithmetic": device.states_arithmetic,
             "communication": [{"name": b.name, "bytes": b.bytes, "arithmetic": b.arithmetic,
                                "moments": list(b.moments)} for b in device.comm],

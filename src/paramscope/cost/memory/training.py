@@ -535,6 +535,7 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
     device, layout_at = None, None
     if options.layout is not None and not options.layout.trivial:
         from ..parallel.estimate import StepContext, layout_device
+        from ..parallel.states import bf16_optimizer
 
         # bf16-master: a rank's step casts its partition of the gradients to fp32
         # (under a pipeline each stage's own: parallel/states.stage_step adds it)
@@ -568,6 +569,9 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
         device, layout_at = answer
         if grad_buffer(states):  # the device's gradients are its resident fp32 buffer (parallel/states.py)
             device = dataclasses.replace(device, gradients_resident=True)
+        if bf16_optimizer(states.precision, options.layout):  # half its gradients: BF16_Optimizer's bf16 buffer,
+            # zeros_like the flat bf16 group of the stage's trained parameters (their bf16 .grad the other half)
+            device = dataclasses.replace(device, accumulation_buffer=device.gradients // 2)
         notes.extend(device.notes)
 
     def on_one_device(figures: tuple[PhaseFigure, ...], batch: int = options.batch,
@@ -812,6 +816,8 @@ def master_layout_words(layout: Any) -> str:
     ranks = "data-parallel" if layout.cp == 1 else "dp × cp"
     over = f"ZeRO-{zero} partitioning them over the {layout.shard_degree} {ranks} ranks" \
         if zero and layout.shard_degree > 1 else f"each {ranks} rank holding them whole (no ZeRO partition)"
+    if layout.pp > 1 and not zero and layout.dp * layout.cp > 1:  # DeepSpeed's BF16_Optimizer (states.py)
+        over = f"no ZeRO, but BF16_Optimizer partitioning them over the {layout.dp * layout.cp} {ranks} ranks"
     words = [f"bf16-master: DeepSpeed's bf16 and ZeRO, the fp32 masters and Adam moments of what the rank holds, {over}"]
     if layout.tp > 1:
         words.append(f"beside tp {layout.tp} Megatron-DeepSpeed's composition: each tp rank holds its shard's bf16 "
@@ -822,10 +828,18 @@ def master_layout_words(layout: Any) -> str:
         words.append(f"beside cp {layout.cp} the ZeRO group takes the cp ranks too (they hold the same weights: "
                      "Megatron's data-parallel group with context parallel, DeepSpeed's sequence-data-parallel group)")
     if layout.pp > 1:
-        words.append(f"beside pp {layout.pp} each stage's own parameters' (DeepSpeed's PipelineEngine, ZeRO 0-1); the "
-                     "step's fp32 gradients counted as the stage's cast at the step, where DeepSpeed's PipelineEngine "
-                     "runs BF16_Optimizer, which keeps an fp32 gradient buffer of the stage's parameters the whole "
-                     "step (4 B a parameter more, not counted)")
+        words.append(f"beside pp {layout.pp} each stage's own parameters' (DeepSpeed's PipelineEngine, ZeRO 0-1); "
+                     + ("at ZeRO 0 its optimizer is BF16_Optimizer (engine.py's _do_optimizer_sanity_check: bf16 with "
+                        "a pipeline), which partitions the fp32 masters and moments over the data-parallel ranks "
+                        "as ZeRO-1 does and keeps a bf16 "
+                        "gradient-accumulation buffer of the stage's parameters (2 B a parameter, its default "
+                        "grad_accum_dtype, the model's) at every moment beside the bf16 gradients, in the "
+                        "gradients column; its step casts the rank's partition of the buffer to fp32"
+                        if layout.zero_stage == 0 else
+                        "at ZeRO-1 its optimizer is DeepSpeedZeroOptimizer (BF16_Optimizer only with data_types "
+                        "grad_accum_dtype fp32, not DeepSpeed's default, which would add an fp32 accumulation buffer "
+                        "of the stage's parameters, 4 B a parameter, not counted); the step's fp32 gradients counted "
+                        "as the stage's cast of its partition at the step"))
     if layout.ep > 1:
         words.append(f"beside ep {layout.ep} each rank's routed experts' states are its own experts', partitioned over "
                      f"their expert-data-parallel group ({max(1, layout.shard_degree // layout.ep)} of the ranks: "

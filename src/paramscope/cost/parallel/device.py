@@ -68,6 +68,9 @@ class DeviceMemory:
     # bf16-main-grad: `gradients` is the fp32 main-gradient buffer, resident at every moment (in each phase's bytes
     # beside the weights, not among its moment's terms)
     gradients_resident: bool = False
+    # bf16-master under DeepSpeed's BF16_Optimizer (a pipeline at ZeRO 0): the bytes of `gradients` that are its bf16
+    # gradient-accumulation buffer, resident at every moment beside the bf16 .grad (parallel/states.bf16_optimizer)
+    accumulation_buffer: int = 0
 
     def __post_init__(self) -> None:
         freeze_fields(self, "rules")

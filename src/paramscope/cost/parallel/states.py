@@ -33,7 +33,9 @@ class DeviceStates:
     unsharded: ModelStates  # the device's tensor/expert-parallel shards before any data-parallel share
     arithmetic: str  # how the data-parallel share was taken
     # bf16-main-grad: the fp32 main-gradient buffer, resident at every moment (Megatron-Core's DDP: held whole on every
-    # data-parallel rank, the distributed optimizer included); `gradients` is then 0, as no .grad is held past its hook
+    # data-parallel rank, the distributed optimizer included); `gradients` is then 0, as no .grad is held past its hook.
+    # bf16-master under DeepSpeed's BF16_Optimizer (a pipeline at ZeRO 0): its bf16 gradient-accumulation buffer,
+    # resident at every moment beside the bf16 .grad (bf16_optimizer)
     grad_buffer: int = 0
 
     @property
@@ -52,9 +54,14 @@ def device_states(params: Iterable, placements: Iterable[Placement], layout: Par
         return main_grad_states(whole, layout)
     stage = layout.zero_stage
     degree = layout.shard_degree
+    accumulation = 0
+    if bf16_optimizer(precision, layout):  # its masters and moments partitioned as ZeRO-1's, its buffer whole
+        stage, degree, accumulation = 1, layout.dp * layout.cp, whole.gradients.bytes
     if stage == 0 or degree == 1:
         return DeviceStates(whole.weights.bytes, whole.gradients.bytes, whole.optimizer.bytes,
-                            whole.master_weights.bytes, whole, "no data-parallel sharding: every rank holds these")
+                            whole.master_weights.bytes, whole,
+                            BF16_OPTIMIZER_WORDS if accumulation else "no data-parallel sharding: every rank holds these",
+                            accumulation)
     experts = [p for p in local if by_name[p.name].experts_split]
     expert_degree = max(1, degree // layout.ep) if experts else degree
     if layout.shard in ("fsdp", "hsdp"):
@@ -96,11 +103,38 @@ def device_states(params: Iterable, placements: Iterable[Placement], layout: Par
     how = (f"ZeRO-{stage} over {degree} ranks: ⌈bytes / {degree}⌉ of each flat buffer of "
            + {1: "optimizer states and master weights", 2: "optimizer states, master weights and gradients",
               3: "optimizer states, master weights, gradients and weights"}[stage])
+    if accumulation:
+        how = (f"{BF16_OPTIMIZER_WORDS}: ⌈bytes / {degree}⌉ of the fp32 masters and moments over the {degree} "
+               "data-parallel ranks")
     if experts:
         how += (f"; the routed experts' over their expert-data-parallel group of {counted(expert_degree, 'rank')} "
                 f"({degree} / ep {layout.ep}: the ranks holding the same experts), as DeepSpeed-MoE partitions them")
     return DeviceStates(share("weights", stage >= 3), share("gradients", stage >= 2), share("optimizer", True),
-                        share("master_weights", True), whole, how)
+                        share("master_weights", True), whole, how, accumulation)
+
+
+# DeepSpeed's BF16_Optimizer, named where a figure follows it
+BF16_OPTIMIZER_WORDS = ("DeepSpeed's BF16_Optimizer (its PipelineEngine's optimizer under bf16 at ZeRO 0): the fp32 "
+                        "masters and Adam moments partitioned over the data-parallel ranks as ZeRO-1 does, the bf16 "
+                        "gradients and a gradient-accumulation buffer of the stage's parameters whole")
+
+
+def bf16_optimizer(precision: str, layout: ParallelLayout) -> bool:
+    """Whether bf16-master's rank runs DeepSpeed's BF16_Optimizer (runtime/bf16_optimizer.py) rather than
+    DeepSpeedZeroOptimizer or FP16_Optimizer: engine.py's _do_optimizer_sanity_check picks it under bf16 with ZeRO 0
+    and pipeline parallelism (model dtype = grad_accum_dtype, both bf16 by default: BFLOAT16, its "BF16 gradient
+    accumulation is not safe numerically" warning), and under ZeRO-1 only with data_types.grad_accum_dtype fp32 (not
+    DeepSpeed's default: ZeRO-1 takes DeepSpeedZeroOptimizer; ZeRO 0 without a pipeline DDP_BFLOAT16, FP16_Optimizer
+    in bf16, the masters whole). BF16_Optimizer._setup_for_real_optimizer then keeps, besides the bf16 weights and
+    their .grad (cleared in place, clear_lp_grads(set_to_none=False), never freed in the step): the fp32 master
+    partition, the flat bf16 weights ⌈/ d⌉ over the data-parallel group (fp32_groups_flat_partition; the optimizer's
+    param group is that partition, so its moments too) and fp32_groups_gradients_flat, zeros_like the whole flat
+    bf16 group in grad_acc_dtype (bf16 here), allocated at construction and zeroed in place (clear_hp_grads): the
+    accumulation buffer every microbatch's gradients are added into (update_hp_grads), resident at every moment. Its
+    step casts the rank's partition of that buffer to fp32 (`grad_partition.to(fp32)`), the masters' gradients, freed
+    after optimizer.step (stage_step counts it: one per master element). The flat groups' alignment padding (to 2·d
+    elements) is not counted."""
+    return precision == MASTER_PRECISION and layout.pp > 1 and layout.zero_stage == 0
 
 
 def main_grad_states(whole: ModelStates, layout: ParallelLayout) -> DeviceStates:
@@ -180,6 +214,10 @@ def stage_step(ctx: Any, dev: DeviceStates) -> tuple[int, str]:
     if ctx.states.precision != MASTER_PRECISION or ctx.layout.pp == 1:
         return step_bytes, step_text
     copy = dev.master_weights
+    if bf16_optimizer(ctx.states.precision, ctx.layout):
+        return step_bytes + copy, (f"the rank's partition of the bf16 accumulation buffer cast to fp32 for its "
+                                   f"masters, {copy:,} B (BF16_Optimizer.step's grad_partition.to(fp32), freed after "
+                                   f"the optimizer's step; the bf16 gradients held through it); {step_text}")
     return step_bytes + copy, (f"the fp32 gradients cast for the stage's master copy, {copy:,} B (one per element of "
                                "the masters it updates; held through the optimizer step, the bf16 gradients freed "
                                f"once cast, as DeepSpeed's step does); {step_text}")
