@@ -61,7 +61,11 @@ def test_dp_with_ep_splits_the_experts_over_tp_times_dp():
     assert device.kv_cache.bytes == tp2.kv_cache.bytes == 2 * 64 * 2 * 1 * 16 * 2 == 8_192
     assert device.workspace.bytes == tp2.workspace.bytes
     assert device.peak == device.weights.bytes + device.weights.buffer_bytes + 8_192 + device.workspace.bytes + \
-        device.gathered
+        device.gathered + device.experts_workspace
+    # vLLM's fused experts' workspace under DP+EP: the profile run's worst case at VLLM_FUSED_MOE_CHUNK_SIZE 16,384
+    # tokens, kept by the WorkspaceManager: 16,384 × k 2 × (max(i 32, h 64) + max(2i 64, h 64)) × 2 B + the output
+    # 16,384 × 64 × 2 B (the 128 gathered tokens ask less)
+    assert device.experts_workspace == 16384 * 2 * (64 + 64) * 2 + 16384 * 64 * 2 == 10_485_760
     assert (layout.tp, layout.dp, layout.ep, layout.devices) == (2, 2, 4, 4)
     assert layout.words() == "tp 2 × dp 2 with ep 4 = 4 GPUs"
     assert estimate.settings["layout"]["dp"] == 2 and estimate.settings["layout"]["ep"] == 4
@@ -85,9 +89,12 @@ def test_the_moe_dispatch_gathers_every_replicas_tokens():
     assert [s.gathered for s in layout.stages] == [18_432] and layout.dispatch.at(1, 64) == expected
     without = _answer(tp=2, dp=2)[1].parallel.layout
     assert without.device.gathered == 18_432
-    assert without.device.peak - without.device.gathered == \
+    assert without.device.peak - without.device.gathered - without.device.experts_workspace == \
         sum(getattr(without.device, k) for k in ("weight_bytes", "correction")) + \
         without.device.kv_cache.bytes + without.device.workspace.bytes
+    # without --ep: one chunk of the 128 gathered tokens, the expert's width / (tp × dp) = 32 / 4 = 8:
+    # 128 × k 2 × (max(8, 64) + max(16, 64)) × 2 B (the output, 128 × 64, shares workspace13)
+    assert without.device.experts_workspace == 128 * 2 * (64 + 64) * 2 == 65_536
     assert _answer(tp=2, expert_parallel=True)[1].parallel.layout.device.gathered == 0  # one replica
     staged = _answer(tp=1, dp=2, pp=2)[1].parallel.layout  # each stage runs MoE layers: each gathers
     assert [s.gathered for s in staged.stages] == [18_432, 18_432]
@@ -96,26 +103,42 @@ def test_the_moe_dispatch_gathers_every_replicas_tokens():
            "18,432 B" in note and "allgather_reducescatter" in note
 
 
-def test_the_smallest_moe_layout_searches_tp_times_dp():
+# wider experts (moe_intermediate_size 256), so that splitting them further saves more than a replica's gathered
+# tokens and the fused experts' workspace over them cost
+WIDE_EXPERTS = {**QWEN_MOE, "moe_intermediate_size": 256}
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """VLLM_FUSED_MOE_CHUNK_SIZE=16: the DP+EP profile run's fused-experts buffer at 16 tokens, not 16,384 (which on
+    this 64-wide model outweighs every expert, so that fewer GPUs would always fit first)."""
+    from paramscope.cost.parallel import serving_experts
+
+    monkeypatch.setattr(serving_experts, "FUSED_MOE_CHUNK_SIZE", 16)
+
+
+def test_the_smallest_moe_layout_searches_tp_times_dp(small_chunks):
     """A MoE model's smallest layout: T × D by GPUs, the fewer replicas first at equal GPUs (4 heads: T is 1, 2 or
     4, so 8 GPUs are tp 4 × dp 2 alone); each try's peak is that layout's own answer. The budget holds tp 4 × dp
     2's peak and none of 4 GPUs'."""
-    peak = _answer(tp=4, dp=2, expert_parallel=True)[1].peak
-    search = _answer(budget=peak + (1 << 30), reserve=1 << 30, expert_parallel=True)[1].parallel.smallest
+    peak = _answer(WIDE_EXPERTS, tp=4, dp=2, expert_parallel=True)[1].peak
+    search = _answer(WIDE_EXPERTS, budget=peak + (1 << 30), reserve=1 << 30,
+                     expert_parallel=True)[1].parallel.smallest
     layouts = [(t, d) for (t, _, _), d in zip(search.tried, search.tried_dp)]
     assert search.dp_searched and layouts == [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (1, 4), (4, 2)]
     assert (search.tp, search.dp, search.peak) == (4, 2, peak) and search.expert_parallel
-    assert search.tried[4][1] == _answer(tp=2, dp=2, expert_parallel=True)[1].peak
+    assert search.tried[4][1] == _answer(WIDE_EXPERTS, tp=2, dp=2, expert_parallel=True)[1].peak
     assert min(p for _, p, _ in search.tried[3:6]) > peak  # more replicas split the experts further
 
 
-def test_the_smallest_layout_sentence():
+def test_the_smallest_layout_sentence(small_chunks):
     """One line from the JSON form: the order tried, the layout found, the least the next fewer GPUs need; the
     JSON names each try's dp. Where none fits, the least any layout tried needs."""
     from paramscope.render.memory import _smallest_to_dict, smallest_tp_sentence
 
-    peak = _answer(tp=4, dp=2, expert_parallel=True)[1].peak
-    search = _answer(budget=peak + (1 << 30), reserve=1 << 30, expert_parallel=True)[1].parallel.smallest
+    peak = _answer(WIDE_EXPERTS, tp=4, dp=2, expert_parallel=True)[1].peak
+    search = _answer(WIDE_EXPERTS, budget=peak + (1 << 30), reserve=1 << 30,
+                     expert_parallel=True)[1].parallel.smallest
     smallest = _smallest_to_dict(search)
     assert smallest["dp_searched"] and (smallest["tp"], smallest["dp"], smallest["peak"]) == (4, 2, peak)
     assert [(t["tp"], t["dp"]) for t in smallest["tried"]][-2:] == [(1, 4), (4, 2)]
@@ -126,7 +149,8 @@ def test_the_smallest_layout_sentence():
                            "× dp): tp 4 × dp 2 = 8 GPUs, ")
     best = next(t for t in smallest["tried"][3:6] if t["peak"] == least)
     assert f"(at best tp {best['tp']} × dp {best['dp']} = 4 GPUs needs " in line and "\n" not in line
-    none = _smallest_to_dict(_answer(budget=1 << 30, reserve=1 << 30, expert_parallel=True)[1].parallel.smallest)
+    none = _smallest_to_dict(_answer(WIDE_EXPERTS, budget=1 << 30, reserve=1 << 30,
+                                     expert_parallel=True)[1].parallel.smallest)
     assert none["tp"] is None and len(none["tried"]) == 7 + 6 + 5  # 4 heads: T 1, 2, 4 × D 1 … 64, 64 GPUs at most
     assert smallest_tp_sentence(none).startswith("No layout fits a 1.00 GiB budget")
 
@@ -200,25 +224,34 @@ def test_full_size_per_gpu_figures(cache, capsys):
         assert (layout["tp"], layout["dp"], layout["ep"], layout["devices"]) == (2, 4, 8, 8)
         device = layout["device"]
         assert device["peak"] == memory["peak"]["bytes"] == device["weights"]["bytes"] + device["buffers"] + \
-            device["kv_cache"]["bytes"] + device["workspace"]["bytes"] + device["correction"] + device["moe_gathered"]
+            device["kv_cache"]["bytes"] + device["workspace"]["bytes"] + device["correction"] + \
+            device["moe_gathered"] + device["moe_workspace"]
         figures[model] = (device["weights"]["by_role"]["moe.experts"], device["weights"]["bytes"],
-                          device["kv_cache"]["bytes"], device["moe_gathered"], device["peak"])
+                          device["kv_cache"]["bytes"], device["moe_gathered"], device["moe_workspace"],
+                          device["peak"])
     # the gathered tokens: 4 replicas × 8,192 × (hidden × 2 B + top-k × (4 + 4) B), Qwen's top-4, Mixtral's top-2
     # Qwen: the one-device correction carries the formula's tp cut back (2 × 2,816 × 8,192 × 2 B): the traced moment
     # does not shrink with it (test_serving_expert_workspace.py)
+    # vLLM's fused experts over the 32,768 gathered tokens, two chunks of 16,384: workspace13 16,384 × k × max(i, h),
+    # workspace2 16,384 × k × max(2i, h), the output 32,768 × h, each in bf16 (256-byte multiples already)
+    qwen_fused = 16384 * 4 * 2048 * 2 + 16384 * 4 * 2816 * 2 + 32768 * 2048 * 2
+    assert qwen_fused == 771_751_936
     assert figures["qwen1.5-moe-a2.7b"] == (8 * 24 * 3 * 2048 * 1408 * 2, 5_183_688_704,
-                                            24 * 8192 * 2 * 8 * 128 * 2, 4 * 8192 * (2048 * 2 + 4 * 8),
-                                            6_675_026_912 + 135_266_304 + 2 * 2816 * 8192 * 2)
-    assert figures["qwen1.5-moe-a2.7b"][4] == 6_902_567_904
+                                            24 * 8192 * 2 * 8 * 128 * 2, 4 * 8192 * (2048 * 2 + 4 * 8), qwen_fused,
+                                            6_675_026_912 + 135_266_304 + 2 * 2816 * 8192 * 2 + qwen_fused)
+    assert figures["qwen1.5-moe-a2.7b"][5] == 7_674_319_840  # was 6,902,567,904 without the fused workspace
     assert figures["qwen1.5-moe-a2.7b"][:3] == (3_321_888_768, 5_183_688_704, 805_306_368)
     # Mixtral's rest on tp rank 0 of 2: per layer q and o / 2, k and v 4 heads of 128, router and norms whole;
     # embeddings and head / 2, the final norm
     rest = 32 * (2 * 4096 * 4096 // 2 + 2 * 512 * 4096 + 8 * 4096 + 2 * 4096) + 2 * 16000 * 4096 + 4096
     # Mixtral's workspace under ep keeps the experts' intermediate whole: 8·T·k·i at i 14,336, not 14,336 / 2
+    mixtral_fused = 16384 * 2 * 14336 * 2 + 16384 * 2 * 28672 * 2 + 32768 * 4096 * 2
+    assert mixtral_fused == 3_087_007_744
     assert figures["mixtral-8x7b"] == (1 * 32 * 3 * 4096 * 14336 * 2, 11_274_289_152 + 2 * rest,
-                                       32 * 8192 * 2 * 4 * 128 * 2, 4 * 8192 * (4096 * 2 + 2 * 8),
-                                       14_765_269_568 + 268_959_744 + 8 * 8192 * 2 * (14336 - 14336 // 2))
-    assert 2 * rest == 1_606_950_912 and figures["mixtral-8x7b"][4] == 15_973_753_408
+                                       32 * 8192 * 2 * 4 * 128 * 2, 4 * 8192 * (4096 * 2 + 2 * 8), mixtral_fused,
+                                       14_765_269_568 + 268_959_744 + 8 * 8192 * 2 * (14336 - 14336 // 2)
+                                       + mixtral_fused)
+    assert 2 * rest == 1_606_950_912 and figures["mixtral-8x7b"][5] == 19_060_761_152  # was 15,973,753,408
 
 
 @pytest.mark.parametrize("argv, message", [

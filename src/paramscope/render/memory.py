@@ -231,6 +231,10 @@ def _gpu_table(estimate, layout) -> Table:
         table.add_row("MoE dispatch, gathered", exact(device.gathered), binary(device.gathered),
                       layout.dispatch.arithmetic(estimate.settings["batch"], estimate.settings["seq"])
                       + " (vLLM's allgather_reducescatter dispatch over the DP group: see the notes)")
+    if device.experts_workspace:
+        table.add_row("MoE experts' workspace", exact(device.experts_workspace), binary(device.experts_workspace),
+                      layout.experts_workspace.arithmetic(estimate.settings["batch"], estimate.settings["seq"])
+                      + " (vLLM's fused experts over the gathered tokens: see the notes)")
     table.add_row(f"peak ({estimate.peak_phase})", exact(device.peak), binary(device.peak),
                   "the sum above: this GPU's weights stay resident, its cache is full at the end of the prefill",
                   style="bold")
@@ -918,13 +922,16 @@ def _serving_layout_to_dict(estimate) -> dict[str, Any] | None:
                                for g in cache.groups]},
                 "workspace": None if s.workspace is None else {"bytes": s.workspace.bytes,
                                                                "arithmetic": s.workspace.arithmetic},
-                "correction": s.correction, "moe_gathered": s.gathered, "peak": s.peak}
+                "correction": s.correction, "moe_gathered": s.gathered, "moe_workspace": s.experts_workspace,
+                "peak": s.peak}
 
     return {"devices": layout.devices, "tp": layout.tp, "pp": layout.pp, "ep": layout.ep, "dp": layout.dp,
             "words": layout.words(),
             "kv_heads": layout.kv_heads, "workspace_from": layout.workspace_from, "pipeline": layout.pipeline or None,
             "rules": dict(layout.rules), "device": stage(layout.device),
             "moe_dispatch": None if layout.dispatch is None else layout.dispatch.arithmetic(
+                estimate.settings["batch"], estimate.settings["seq"]),
+            "moe_workspace": None if layout.experts_workspace is None else layout.experts_workspace.arithmetic(
                 estimate.settings["batch"], estimate.settings["seq"]),
             "stages": [stage(s) for s in layout.stages]}
 

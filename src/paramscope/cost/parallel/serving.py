@@ -58,10 +58,11 @@ class ServingStage:
     weights: Any  # memory/weights.WeightMemory of the rank's shards
     kv_cache: Any  # memory/kv.KVCache of the rank's share of the stage's layers, or None
     workspace: Any  # memory/result.Workspace, or None
-    peak: int  # weights + buffers + KV cache + workspace + correction + gathered
+    peak: int  # weights + buffers + KV cache + workspace + correction + gathered + experts_workspace
     correction: int = 0  # the one-device trace's correction carried to this GPU (PerGpuCorrection) with the
     # formula's tp cut of the workspace given back (the traced moment need not shrink with it), bytes
     gathered: int = 0  # under --dp, the MoE dispatch's tokens gathered from every replica (GatheredDispatch), bytes
+    experts_workspace: int = 0  # under --dp, vLLM's fused experts' workspace over them (FusedExpertsWorkspace), bytes
 
     @property
     def weight_bytes(self) -> int:
@@ -89,6 +90,8 @@ class ServingLayout:
     ep: int = 1  # expert parallel (vLLM's --enable-expert-parallel): the routed experts split whole over ep = tp × dp
     dp: int = 1  # data-parallel replicas (vLLM's --data-parallel-size), each serving its own --batch
     dispatch: Any = None  # serving_experts.GatheredDispatch under --dp for a MoE model, else None
+    experts_workspace: Any = None  # serving_experts.FusedExpertsWorkspace beside the dispatch, else None
+    sequence_parallel: bool = False  # vLLM's sequence-parallel MoE (serving_experts.sequence_parallel_moe)
 
     def __post_init__(self) -> None:
         freeze_fields(self, "rules")
@@ -208,9 +211,12 @@ def serving_placements(report: Any, view: Any, tp: int, dp: int = 1, ep: int = 1
     experts as vLLM's MoE layers take them (FusedMoEParallelConfig.make): under expert parallelism (ep > 1) whole,
     their own TP size 1, so no width of theirs need divide anything (`expert_parallel` then splits them over ep);
     without it cut by their widths over tp × dp (flatten_tp_across_dp; FusedMoE asserts `intermediate_size %
-    self.tp_size == 0` at that size, which rules.place's width check is)."""
+    self.tp_size == 0` at that size, which rules.place's width check is). Under vLLM's sequence-parallel MoE
+    (serving_experts.sequence_parallel_moe: DeepSeek under --ep with tp > 1 and dp > 1) the shared experts are
+    whole on every rank (DeepseekV2MLP's `disable_tp=is_sequence_parallel`)."""
     from ..dims import text_config
     from .rules import model_shape, place
+    from .serving_experts import sequence_parallel_moe
 
     classes = {sub.__class__.__name__ for _, sub in view.root.named_modules()} if view.root is not None else set()
     shape = model_shape(text_config(view.config), classes)
@@ -228,6 +234,9 @@ def serving_placements(report: Any, view: Any, tp: int, dp: int = 1, ep: int = 1
                                   size=p.shape[p.tp_dim], what="output" if p.tp == "column" else "input",
                                   name=p.name)
     placed.update((p.name, p) for p in (whole if ep > 1 else place(experts, expert_shape, tp=tp * dp, ep=1)))
+    if sequence_parallel_moe(view.class_name, tp, dp, ep):
+        shared = [p for p in report.params if p.role == "moe.shared_experts"]
+        placed.update((p.name, p) for p in place(shared, expert_shape, tp=1, ep=1))
     return tuple(placed[p.name] for p in report.params)
 
 
@@ -254,11 +263,12 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
     experts_words = None
     notes: list[str] = []
     if ep > 1:
-        from .serving_experts import expert_parallel, notes as expert_notes, rule_words
+        from .serving_experts import expert_parallel, notes as expert_notes, rule_words, sequence_parallel_moe
 
         placements, experts, held_experts = expert_parallel(placements, ep, view.class_name)
         experts_words = rule_words(experts, ep)
-        notes.extend(expert_notes(experts, ep, tp, held_experts, dp))
+        notes.extend(expert_notes(experts, ep, tp, held_experts, dp,
+                                  sequence_parallel_moe(view.class_name, tp, dp, ep)))
     elif dp > 1 and any(p.role == "moe.experts" for p in placements):
         from .serving_experts import flattened_words
 
@@ -337,32 +347,40 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
                       window_extra=cache.prefill_extra(b, s) if cache is not None else 0, **inputs.shape)
         return max(0, prefill_workspace(view.config, **common).bytes - workspace_of(stage, cache, b, s).bytes)
     moe = any(p.role == "moe.experts" for p in placements)
-    dispatch = None
+    dispatch = fused = None
+    sequence = False
     if moe:
-        from .serving_experts import gathered_dispatch
+        from .serving_experts import fused_experts_workspace, gathered_dispatch, sequence_parallel_moe
 
-        dispatch = gathered_dispatch(text, dp, inputs.shape["dtype_size"])
+        sequence = sequence_parallel_moe(view.class_name, tp, dp, ep)
+        dispatch = gathered_dispatch(text, dp, inputs.shape["dtype_size"], tp if sequence else 1)
+        fused = fused_experts_workspace(dispatch, report.params, tp=tp, dp=dp, ep=ep)
 
     def gathered_of(weights: Any, b: int, s: int) -> int:  # on a stage that runs a MoE layer
         return dispatch.at(b, s) if dispatch is not None and weights.by_role.get("moe.experts") else 0
+
+    def fused_of(weights: Any, b: int, s: int) -> int:  # likewise: vLLM's fused experts' workspace over them
+        return fused.at(b, s) if fused is not None and weights.by_role.get("moe.experts") else 0
 
     rows = []
     for (stage, weights, held), cache in zip(stage_rows, caches):
         work = workspace_of(stage, cache, batch, seq)
         gathered = gathered_of(weights, batch, seq)
+        experts_work = fused_of(weights, batch, seq)
         carried = extra + uncut_of(stage, cache, batch, seq)
         peak = (weights.bytes + weights.buffer_bytes + (cache.bytes if cache is not None else 0) + work.bytes
-                + carried + gathered)
+                + carried + gathered + experts_work)
         rows.append(ServingStage(stage.rank if stage else 0, (held[0], held[-1]) if held else None,
                                  len(held) if held is not None else count, stage is None or stage.first,
-                                 stage is None or stage.last, weights, cache, work, peak, carried, gathered))
+                                 stage is None or stage.last, weights, cache, work, peak, carried, gathered,
+                                 experts_work))
 
     def peak_at(b: int, s: int) -> int:
         best = 0
         for (stage, weights, _), cache in zip(stage_rows, caches):
             kv = cache.at(b, s) if cache is not None else 0
             best = max(best, weights.bytes + weights.buffer_bytes + kv + workspace_of(stage, cache, b, s).bytes
-                       + gathered_of(weights, b, s) + uncut_of(stage, cache, b, s))
+                       + gathered_of(weights, b, s) + fused_of(weights, b, s) + uncut_of(stage, cache, b, s))
         return best + extra
 
     cut_experts = ep == 1 and moe
@@ -375,6 +393,8 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
         notes.append(_data_parallel_words(dp, batch, seq))
         if dispatch is not None:
             notes.append(dispatch.words(batch, seq))
+        if fused is not None:
+            notes.append(fused.words(batch, seq))
         if inputs.fmt.quantized:
             notes.append(f"{inputs.fmt.key}: a quantised weight's shard is the format applied to the rank's slice "
                          "(its packed values and its own scales and zero points, counted on the local shape), as "
@@ -388,9 +408,16 @@ def serving_layout(inputs: ServingInputs, tp: int, pp: int, batch: int, seq: int
     rules = rules_in_words(placements, layout)
     if experts_words is not None:
         rules["moe.experts"] = experts_words
+    if sequence and "moe.shared_experts" in rules:
+        from .serving_experts import SHARED_WHOLE
+
+        rules["moe.shared_experts"] = SHARED_WHOLE
+        notes.append(f"{SHARED_WHOLE}; tp {tp} × dp {dp} with ep turns vLLM's sequence-parallel MoE on "
+                     "(ParallelConfig.use_sequence_parallel_moe), so each tp rank runs the shared experts on its own "
+                     "⌈T / tp⌉ tokens; with one replica or tp 1 they are tensor parallel")
     result = ServingLayout(tp, pp, tuple(rows), rules, layout_words,
                            split_words(layout, count) if pp > 1 else "", _workspace_words(text, tp),
-                           tuple(notes), missed, ep, dp, dispatch)
+                           tuple(notes), missed, ep, dp, dispatch, fused, sequence)
     return result, peak_at
 
 

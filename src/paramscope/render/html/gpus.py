@@ -57,6 +57,10 @@ def gpu_parts(memory: dict, stage: dict) -> list[Part]:
         how = (memory.get("layout") or {}).get("moe_dispatch") or ""
         parts.append(("MoE dispatch, gathered", int(stage["moe_gathered"]),
                       how + " (vLLM's allgather_reducescatter dispatch over the DP group: see the notes)"))
+    if stage.get("moe_workspace"):  # vLLM's fused experts' workspace over those tokens
+        parts.append(("MoE experts' workspace", int(stage["moe_workspace"]),
+                      ((memory.get("layout") or {}).get("moe_workspace") or "")
+                      + " (vLLM's fused experts over the gathered tokens: see the notes)"))
     assert sum(value for _, value, _ in parts) == stage["peak"]
     return parts
 
