@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from paramscope.cost.towers import MediaInput
+from paramscope.cost.towers.media import MediaInput
 from paramscope.cost.traced.media_step import step_media
 from paramscope.cost.traced.step import StepSettings, trace_training
 

@@ -119,7 +119,7 @@ def test_whisper_is_counted_on_its_audio_by_default(cache):
     """Whisper has no text-only forward: its encoder always reads a 30 s window. With no input named, the count is
     the one of 30 s of audio (FlopCounterMode over the real forward), and says so; the analytic count, which would
     run the encoder over the decoder's length, is not given."""
-    from paramscope.cost.towers import MediaInput
+    from paramscope.cost.towers.media import MediaInput
 
     config = json.loads((CONFIGS / "families" / "openai--whisper-small.json").read_text())
     config.update(d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,

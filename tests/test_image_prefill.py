@@ -11,7 +11,7 @@ from transformers import MllamaConfig
 from paramscope.api import inspect_with_module
 from paramscope.cost.memory.serving import MemoryOptions
 from paramscope.cost.memory.serving_answer import estimate_memory
-from paramscope.cost.towers import MediaInput
+from paramscope.cost.towers.media import MediaInput
 
 
 def _cut(cross: int) -> dict:

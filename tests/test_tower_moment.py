@@ -15,7 +15,7 @@ import torch
 from paramscope.api import inspect_with_module
 from paramscope.cost.memory.serving import MemoryOptions
 from paramscope.cost.memory.serving_answer import estimate_memory
-from paramscope.cost.towers import MediaInput
+from paramscope.cost.towers.media import MediaInput
 
 FAMILIES = Path(__file__).parent / "configs" / "families"
 PREFILL_LLAVA, PREFILL_QWEN = 7_067_136, 1_273_632
@@ -30,10 +30,11 @@ def _memtracker_until_language_model(module, inputs) -> int:
     in bf16, no grad, the inputs (`inputs(constant)`, a dict) made under it: the peak less the weights."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from paramscope.cost.towers import _constants, _MatchingTokens
+    from paramscope.cost.towers.prefill import _MatchingTokens
+    from paramscope.cost.towers.trace import KeptConstants
     from paramscope.cost.traced.step import fake_mode, working_copy
 
-    with fake_mode(True) as mode, _MatchingTokens(), _constants(True):
+    with fake_mode(True) as mode, _MatchingTokens(), KeptConstants(True):
         def constant(value):  # Qwen2.5-VL's grid and windows, whose values its tower reads
             return mode.fake_tensor_converter.from_real_tensor(mode, value, make_constant=True)
 
@@ -131,10 +132,11 @@ def _memtracker_whole_forward(module, inputs) -> int:
     last token's logits), the weights in bf16, no grad, the inputs made under it: the peak less the weights."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from paramscope.cost.towers import _constants, _MatchingTokens
+    from paramscope.cost.towers.prefill import _MatchingTokens
+    from paramscope.cost.towers.trace import KeptConstants
     from paramscope.cost.traced.step import fake_mode, working_copy
 
-    with fake_mode(True) as mode, _MatchingTokens(), _constants(True):
+    with fake_mode(True) as mode, _MatchingTokens(), KeptConstants(True):
         def constant(value):  # Qwen2.5-VL's grid and windows, whose values its tower reads
             return mode.fake_tensor_converter.from_real_tensor(mode, value, make_constant=True)
 
@@ -190,7 +192,7 @@ def test_qwen2_5_vl_tower_moment_holds_its_rope_positions():
     model of width 64), batch 2, 32 image tokens (an 8×16-patch image) and 8 text tokens a sequence: the token ids,
     attention mask and the 3-D rope positions given (2 × 40 × 40 B), the grid and the tower's layouts as the
     forward takes them, beside the embeddings and the tower's run."""
-    from paramscope.cost.towers import _qwen_layout
+    from paramscope.cost.towers.shapes import qwen_vision_layout
 
     _, module = inspect_with_module(_small_qwen2_5_vl())
     served, media, moment = _served(module, MediaInput(image_tokens=32), 2, 8)
@@ -198,7 +200,7 @@ def test_qwen2_5_vl_tower_moment_holds_its_rope_positions():
     assert (media["text_inputs"], media["text_inputs_given"]) == (2 * 40 * 40, given)
     assert media["embeddings"] == 2 * 40 * 64 * 2
     assert moment == media["text_inputs"] + media["embeddings"] + media["tower_forward_peak"] + media["tower_rest"]
-    grid, layouts, width = _qwen_layout(module.model.visual, 32, 2)  # real tensors, made constants under fake
+    grid, layouts, width = qwen_vision_layout(module.model.visual, 32, 2)  # real tensors, made constants under fake
 
     def inputs(constant):
         return {"input_ids": _ids(2, 40, module.config.image_token_id, 32),
@@ -232,13 +234,13 @@ def test_qwen2_5_vl_prefill_on_images_is_measured_through_the_forward():
     """Qwen2.5-VL cut, batch 2, 32 image tokens and 8 text tokens a sequence (S = 40): the answer's prefill
     moment, less the weights, is MemTracker's peak over the real class's whole forward, to the byte (the analytic
     prefill was 5,088 B short); here the prefill binds."""
-    from paramscope.cost.towers import _qwen_layout
+    from paramscope.cost.towers.shapes import qwen_vision_layout
 
     _, module = inspect_with_module(_small_qwen2_5_vl())
     served, media, _ = _served(module, MediaInput(image_tokens=32), 2, 8)
     resident = served.weights.bytes + served.weights.buffer_bytes
     assert (served.engine, served.peak, served.peak_phase) == ("traced", media["prefill_moment"], "prefill")
-    grid, layouts, width = _qwen_layout(module.model.visual, 32, 2)
+    grid, layouts, width = qwen_vision_layout(module.model.visual, 32, 2)
 
     def inputs(constant):
         return {"input_ids": _ids(2, 40, module.config.image_token_id, 32),

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from paramscope.api import inspect_with_module
-from paramscope.cost.towers import MediaInput, media_flops
+from paramscope.cost.towers.families import media_flops
+from paramscope.cost.towers.media import MediaInput
 from paramscope.errors import OptionError
 
 FAMILIES = Path(__file__).parent / "configs" / "families"
@@ -165,7 +166,8 @@ def test_the_cli_takes_the_flags_and_writes_json(cache, capsys):
 def test_the_tower_trace_is_kept_and_read_back_without_a_build(cache, monkeypatch):
     """The second ask of the same config and input reads the kept trace (and the language model's cost facts):
     no build, no trace; a tampered entry is never read."""
-    from paramscope.cost import towers
+    from paramscope.cost.towers import families
+    from paramscope.cost.towers.cache import find_media
     from paramscope.cost.flops.estimate import FlopOptions, estimate_flops
 
     config = json.loads((FAMILIES / "openai--whisper-small.json").read_text()) | {
@@ -176,14 +178,14 @@ def test_the_tower_trace_is_kept_and_read_back_without_a_build(cache, monkeypatc
     def no_trace(*args, **kwargs):
         raise AssertionError("traced again")
 
-    monkeypatch.setattr(towers, "media_flops", no_trace)
+    monkeypatch.setattr(families, "media_flops", no_trace)
     again = estimate_flops(config, FlopOptions(seq=16, media=MediaInput(audio_seconds=10)))
     assert (again.forward, again.by_role) == (first.forward, first.by_role)
     assert again.notes[-1] == "the tower's count is kept from an earlier FlopCounterMode trace of this config and input"
     data = json.loads(entry.read_text())
     for broken in ({"lines": [["vision tower", "x", "X", -1, None]]}, {"kind": "smell"}, {"notes": ["\x1b[2J"]}):
         entry.write_text(json.dumps(data | {"media": data["media"] | broken}))
-        assert towers.find_media("WhisperForConditionalGeneration", data["key"]) is None
+        assert find_media("WhisperForConditionalGeneration", data["key"]) is None
 
 
 def test_llama_3_2_vision_reads_its_tiles_by_cross_attention():
@@ -322,7 +324,7 @@ def _forward_peak_by_memtracker(module, images: bool) -> int:
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from paramscope.cost.towers import _MatchingTokens
+    from paramscope.cost.towers.prefill import _MatchingTokens
     from paramscope.cost.traced.step import fake_mode, working_copy
 
     with fake_mode(True) as mode, _MatchingTokens():  # the forward's check that image tokens and features match

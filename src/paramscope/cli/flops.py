@@ -147,7 +147,7 @@ def _media(args: argparse.Namespace) -> Any:
     """The images or audio each sequence holds, or None for a text input."""
     if args.image_tokens is None and args.images is None and args.audio_seconds is None:
         return None
-    from ..cost.towers import MediaInput
+    from ..cost.towers.media import MediaInput
 
     return MediaInput(image_tokens=args.image_tokens, images=args.images, audio_seconds=args.audio_seconds)
 

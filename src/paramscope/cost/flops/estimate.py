@@ -226,23 +226,24 @@ def _media_once(options: FlopOptions, key: str, use_cache: bool) -> Any:
     made: dict[str, Any] = {}
 
     def media_of(report: Any, view: Any) -> Any:
-        from .. import towers
+        from ..towers.cache import find_media, keep_media, media_key
+        from ..towers.families import media_flops
+        from ..towers.media import MediaInput
 
         asked, assumed = options.media if options.media is not None and options.media.given else None, ()
         if asked is None and getattr(view.config, "model_type", None) == "whisper":
             # no text-only forward exists: Whisper's encoder always reads a 30 s window of mel frames
-            asked = towers.MediaInput(audio_seconds=30.0)
+            asked = MediaInput(audio_seconds=30.0)
             assumed = ("Whisper runs on audio and its transcript: 30 s of audio a sequence assumed (the window its "
                        "feature extractor pads every clip to; --audio-seconds T)",)
         if asked is None:
             return None
         seq, _ = _length(report, text_config(view.config), options)
         frozen = frozenset(match_all(report.params, options.freeze))
-        trace_key = towers.media_key(key, asked, batch=options.batch, seq=seq, training=options.training,
-                                     frozen=frozen)
+        trace_key = media_key(key, asked, batch=options.batch, seq=seq, training=options.training, frozen=frozen)
         if trace_key in made:
             return made[trace_key]
-        kept = towers.find_media(view.class_name, trace_key) if use_cache else None
+        kept = find_media(view.class_name, trace_key) if use_cache else None
         if kept is not None:
             made[trace_key] = dataclasses.replace(kept, notes=assumed + kept.notes + (
                 "the tower's count is kept from an earlier FlopCounterMode trace of this config and input",))
@@ -251,10 +252,10 @@ def _media_once(options: FlopOptions, key: str, use_cache: bool) -> Any:
             from ..model_view import FactsGap
 
             raise FactsGap("an image or audio input traces the tower once on the built module")
-        made[trace_key] = towers.media_flops(view.module, asked, batch=options.batch, seq=seq,
-                                             training=options.training, frozen=frozen)
+        made[trace_key] = media_flops(view.module, asked, batch=options.batch, seq=seq,
+                                      training=options.training, frozen=frozen)
         if use_cache:
-            towers.keep_media(made[trace_key], view.class_name, trace_key)
+            keep_media(made[trace_key], view.class_name, trace_key)
         if assumed:
             made[trace_key] = dataclasses.replace(made[trace_key], notes=assumed + made[trace_key].notes)
         return made[trace_key]

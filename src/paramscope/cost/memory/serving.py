@@ -298,7 +298,8 @@ def _media_input(view: Any, options: MemoryOptions, seq: int,
     measured (image_prefill.py). Audio (Whisper): each 30 s window is a sequence of its own, its decoder
     cross-attending to the window's encoder states, so the batch is B × windows and the cross-attention cache holds
     max_source_positions states a sequence."""
-    from ..towers import held_into_prefill, media_family, media_flops
+    from ..towers.families import media_family, media_flops
+    from ..towers.prefill import held_into_prefill
 
     config = getattr(view.module, "config", None)
     cross = media_family(config) == "mllama"

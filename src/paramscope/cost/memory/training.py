@@ -289,14 +289,14 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
     media_notes: list[str] = []
     asked = options.media if options.media is not None and options.media.given else None
     if asked is None and getattr(view.config, "model_type", None) == "whisper":
-        from ..towers import MediaInput
+        from ..towers.media import MediaInput
 
         asked = MediaInput(audio_seconds=30.0)  # Whisper's forward needs its mel frames: it pads any audio to 30 s
         dataclasses.replace(options, media=asked).check()  # what an audio input's step is counted without
         media_notes.append("Whisper trains on audio and its transcript: 30 s of audio a sequence assumed (the window "
                            "its feature extractor pads every clip to; --audio-seconds T)")
     if asked is not None:  # the towers run on the image or audio input, and train
-        from ..towers import media_family, media_flops
+        from ..towers.families import media_family, media_flops
 
         if module is None:
             return None
