@@ -19,6 +19,9 @@ so the head's backward holds every gradient and a second head gradient at once (
 the allocation timeline of the traced second micro-step (llama-3-8b cut to 2 layers, 256 tokens): its backward
 peaks as the head's matmul backward makes the weight gradient (fp32, bf16-pure), or as autograd casts that bf16
 gradient to the fp32 weight's dtype (bf16-mixed, autocast's copy of the head freed with the matmul's backward).
+Under full checkpointing a second one: the recomputed last layer's down projection makes its new weight gradient
+beside the held ones over the layer's recomputed activations (recomputed_gradient_moments), the later backward's
+peak wherever the layer's activations outweigh the head's logits (fp32, bf16-pure and bf16-mixed Llama cuts).
 
 Sharded data parallelism (ZeRO-2/3, FSDP2) reduce-scatters each micro-step's gradients and accumulates the shard,
 FSDP2's default (set_requires_gradient_sync(True) on every micro-step; torchtitan and accelerate keep it): each
@@ -29,6 +32,7 @@ would hold the full unsharded gradients instead, trading memory for communicatio
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -68,14 +72,16 @@ class HeadBackward:
 
 
 def held_phases(phases: tuple[PhaseFigure, ...], gradients: int, last_new: int,
-                head: HeadBackward | None = None, exact: bool = False) -> tuple[PhaseFigure, ...]:
+                head: HeadBackward | None = None, exact: bool = False,
+                recomputed: RecomputedLayer | None = None) -> tuple[PhaseFigure, ...]:
     """`phases` (one micro-step's moments and the optimizer step) with a later micro-step's moments added before
     the optimizer step: each forward and backward moment less the gradients it held, plus `gradients` (every one,
     the device's share), plus `last_new` at the end of the backward (the embedding's new gradient, added into the
     held one there), and with `head` the head's backward over the held gradients (head_gradient_moments); unless
     `exact` (head_outweighs_layers, or FSDP2's moments, which hold the head's) the later micro-step is a lower
-    bound, named so. Phases already measured over held gradients (a traced later
-    micro-step) are kept as measured."""
+    bound, named so; with `recomputed` (full checkpointing) the recomputed last layer's down projection's backward
+    over the held gradients (recomputed_gradient_moments). Phases already measured over held gradients (a traced
+    later micro-step) are kept as measured."""
     if measured(phases):
         return phases
     first = [p for p in phases if p.phase != "optimizer step"]
@@ -83,6 +89,8 @@ def held_phases(phases: tuple[PhaseFigure, ...], gradients: int, last_new: int,
     later = []
     bound = "" if exact else " (lower bound)"
     for p in first:
+        if recomputed is not None and p.where == "last layer recomputed":
+            continue  # the first micro-step's composite of the recomputed layer: recomputed_gradient_moments' below
         new = last_new if p.where.endswith("end of backward") else 0
         held = p.gradients - new
         words = (f"{p.arithmetic}; a later micro-step{bound}: − the gradients this moment held in the "
@@ -92,6 +100,9 @@ def held_phases(phases: tuple[PhaseFigure, ...], gradients: int, last_new: int,
     start = next((p for p in first if p.where.endswith("start of backward")), None)
     if head is not None and start is not None:
         later += head_gradient_moments(start, gradients, head)
+    again = next((p for p in first if p.where == "last layer recomputed"), None)
+    if recomputed is not None and again is not None:
+        later += recomputed_gradient_moments(again, gradients, recomputed)
     return tuple(first) + tuple(later) + tuple(rest)
 
 
@@ -134,12 +145,106 @@ def head_gradient_moments(start: PhaseFigure, gradients: int, head: HeadBackward
                         "held one until AccumulateGrad adds it in", gradients, made - gradients)]
 
 
+@dataclass(frozen=True)
+class RecomputedLayer:
+    """The last layer's backward under full checkpointing in a micro-step (a Llama-style layer): T tokens, h the
+    hidden width, i the down projection's input width, `casts` the elements of the layer's matmul weights, which
+    autocast copies to 16 bits again as the layer is recomputed (bf16-mixed), `head` the head weight's elements,
+    whose autocast copy the head's backward has freed by then (bf16-mixed), and the step's precision."""
+
+    tokens: int
+    hidden: int
+    inner: int
+    casts: int
+    head: int
+    precision: str
+
+
+# what the first micro-step's "last layer recomputed" moment holds that is freed by the later one's down projection
+# backward, or counted twice, ·T·h by precision: the final norm's and the head's saved inputs (the recipe's outside
+# T·h: 12, 8, 10), the layer's input (among the checkpoints and in its activations: 4, 2, 4) and the moment's output
+# and input gradients 8·T·h, less the gradient flowing into the layer then (4 fp32 and bf16-pure; 6 under autocast,
+# the fp32 one and its bf16 cast); read off the traced second micro-step (Llama cuts at h 128 and 256, i 344 and 512,
+# 16 to 256 tokens, fp32, bf16-pure and bf16-mixed)
+RECOMPUTE_FREED = {"fp32": 20, "bf16-pure": 14, "bf16-mixed": 16}
+
+
+def recomputed_gradient_moments(again: PhaseFigure, gradients: int, layer: RecomputedLayer) -> list[PhaseFigure]:
+    """A later micro-step's moments in the recomputed last layer's backward under full checkpointing, from the
+    first micro-step's "last layer recomputed" `again` (the checkpoints, the outside activations less the fp32
+    logits, one layer's activations and 8·T·h of gradients): by the down projection's backward the head's and the
+    final norm's backward have freed their saved inputs and the labels, and the down projection's matmul backward
+    makes its input's gradient e·T·i and its new weight gradient e·i·h beside every held one, before AccumulateGrad
+    adds it in: the largest new gradient over the most activations a later backward holds. Under autocast the
+    recomputation made the layer's 16-bit weight copies again (2 B each) while the head's was freed with its
+    backward, the new gradient is bf16 and is cast to the fp32 weight's dtype once the matmul's backward has freed
+    the projection's copy, its saved input and its output's bf16 gradient: two moments, the larger the peak. Each
+    equals the traced second micro-step's (Llama cuts, h 128 and 256, fp32, bf16-pure, bf16-mixed)."""
+    t, h, i = layer.tokens, layer.hidden, layer.inner
+    k = RECOMPUTE_FREED[layer.precision]
+    base = again.bytes - again.gradients + gradients - k * t * h - 12 * t + 8
+    opening = (f"last layer recomputed {again.bytes - again.gradients:,} + every gradient, held from the earlier "
+               f"micro-steps, {gradients:,} − what the head's and the final norm's backward freed and the moment's "
+               f"gradients not made or counted twice by the down projection's backward, {k}·T·h + 12·T − 8 (the "
+               f"loss and its gradient) = {k * t * h + 12 * t - 8:,}")
+    if layer.precision == "bf16-mixed":
+        copies = 2 * layer.casts - 2 * layer.head
+        made = base + copies + 2 * t * i + 2 * i * h
+        cast = made - 2 * i * h - 2 * t * i - 2 * t * h + 4 * i * h
+        copy_words = (f" + the layer's 16-bit weight copies, made again by its recomputation, 2 × {layer.casts:,} − "
+                      f"the head's, freed by its backward, 2 × {layer.head:,}")
+        return [
+            PhaseFigure(HELD_BACKWARD, made, "the recomputed last layer's down projection gradient",
+                        f"{opening}{copy_words} + its input's bf16 gradient 2·T·i = {2 * t * i:,} + its new bf16 "
+                        f"weight gradient 2·i·h = {2 * i * h:,}, beside the held one", gradients, made - gradients),
+            PhaseFigure(HELD_BACKWARD, cast, "the recomputed down projection gradient cast to fp32",
+                        f"{opening}{copy_words} + its input's bf16 gradient 2·T·i = {2 * t * i:,} − its copy, its "
+                        f"saved input and its output's bf16 gradient, freed with the matmul's backward, 2·i·h + "
+                        f"2·T·i + 2·T·h = {2 * i * h + 2 * t * i + 2 * t * h:,} + the new weight gradient in bf16 "
+                        f"2·i·h = {2 * i * h:,} and cast to fp32 4·i·h = {4 * i * h:,}, beside the held one until "
+                        "AccumulateGrad adds it in", gradients, cast - gradients),
+        ]
+    e = 2 if layer.precision == "bf16-pure" else 4
+    made = base + e * t * i + e * i * h
+    return [PhaseFigure(HELD_BACKWARD, made, "the recomputed last layer's down projection gradient",
+                        f"{opening} + its input's gradient {e}·T·i = {e * t * i:,} + its new weight gradient "
+                        f"{e}·i·h = {e * i * h:,}, beside the held one until AccumulateGrad adds it in", gradients,
+                        made - gradients)]
+
+
+def recomputed_layer(source: str, report: Any, trainable: frozenset[str], tokens: int,
+                     precision: str) -> RecomputedLayer | None:
+    """The last layer's backward a later micro-step recomputes (recomputed_gradient_moments) where it was read off
+    a trace: an analytic HEAD_MOMENT_RECIPES answer whose head is named (head_shape), the last layer's down
+    projection trainable and the largest of its weights (its backward then holds the largest new gradient beside
+    the most activations); None elsewhere."""
+    shape = head_shape(source, report, trainable)
+    if shape is None:
+        return None
+    layers = {}
+    for p in report.params:
+        found = re.search(r"\.(\d+)\.", p.name)
+        if found:
+            layers.setdefault(int(found.group(1)), []).append(p)
+    if not layers:
+        return None
+    last = layers[max(layers)]
+    down = [p for p in last if p.role == "mlp.down" and len(p.shape) == 2]
+    matmuls = [p for p in last if len(p.shape) == 2]
+    if len(down) != 1 or down[0].name not in trainable or any(p.numel > down[0].numel for p in matmuls):
+        return None
+    hidden, inner = down[0].shape
+    return RecomputedLayer(tokens, hidden, inner, sum(p.numel for p in matmuls), shape[0] * shape[1],
+                           step_precision(precision))
+
+
 def head_outweighs_layers(report: Any, trainable: frozenset[str], checkpointing: bool) -> bool:
     """Whether the head's backward is a later micro-step's largest moment among those that make a new gradient
     beside the held ones: each layer's backward makes its own, over what the backward has not yet freed (less than
     at the head's moment), so without checkpointing it is where the head's weight is the largest trainable one
     (equal to the trace on Llama cuts at h 128 and 4,096). Under full checkpointing the recomputed layer's
-    activations sit beside its new gradients, a moment the recipe does not name for a later micro-step."""
+    activations sit beside its new gradients, a moment the recipe does not name (recomputed_gradient_moments names
+    the last layer's, for the Llama recipe)."""
     if checkpointing:
         return False
     head = max((p.numel for p in report.params if p.role == "head.lm" and p.name in trainable), default=0)
@@ -244,7 +349,8 @@ def later_micro_step(report: Any, trainable: frozenset[str], precision: str, own
     def later(phases: tuple[PhaseFigure, ...], batch: int, length: int) -> tuple[PhaseFigure, ...]:
         head = None if shape is None else HeadBackward(batch * length, shape[0], shape[1], shape[0] * shape[1],
                                                        step_precision(precision))
-        return held_phases(phases, held_between(phases), new, head)
+        again = recomputed_layer(source, report, trainable, batch * length, precision)
+        return held_phases(phases, held_between(phases), new, head, recomputed=again)
     return later
 
 
@@ -260,8 +366,11 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
     checkpointing = micro.settings.get("grad_checkpointing") == "full"
     outweighs = head_outweighs_layers(report, trainable, checkpointing)
     named = head is not None  # the head's backward moment named over the held gradients
-    exact = traced or named and outweighs
-    phases = held_phases(detail.phases, held_between(detail.phases), new, head, exact)
+    # under full checkpointing the recomputed last layer's down projection backward beside the held gradients
+    recomputed = recomputed_layer(micro.settings.get("activations_from", ""), report, trainable, head.tokens,
+                                  micro.settings["precision"]) if named and checkpointing else None
+    exact = traced or named and (outweighs or recomputed is not None)
+    phases = held_phases(detail.phases, held_between(detail.phases), new, head, exact, recomputed)
     device = detail.device
     if device is not None:  # the device's held share; the embedding's new gradient there is left out
         rank_head = head_backward(micro, report, options, trainable, device)
@@ -287,6 +396,12 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
          "the later micro-step is replayed from the derived recipe's allocations: every gradient held, and each new "
          "weight gradient beside them until AccumulateGrad adds it in (equal to --trace full's second micro-step)"
          if traced else
+         "the later micro-step's moments are the first's over the held gradients, the head's backward, where its "
+         "new weight gradient lives beside the held ones until added in ('the head's weight gradient'), and the "
+         "recomputed last layer's down projection backward, its new weight gradient beside them over the layer's "
+         "recomputed activations ('the recomputed last layer's down projection gradient'; the arithmetic of both "
+         "read off the traced second micro-step's allocations): the largest moments that hold a new gradient"
+         if named and exact and recomputed is not None else
          "the later micro-step's moments are the first's over the held gradients, and the head's backward, where "
          "its new weight gradient lives beside the held ones until added in ('the head's weight gradient': the "
          "arithmetic read off the traced second micro-step's allocations), the largest moment that holds a new "
