@@ -16,7 +16,7 @@ import pytest
 
 from paramscope.cost.parallel.search import SearchOptions, find_layouts
 from paramscope.render.html.layout_search import render_layout_search_html
-from paramscope.render.memory import minimum_sentence
+from paramscope.render.layout_search import minimum_sentence
 from paramscope.sources import resolve
 from test_html import _Page, _screenshot, browser  # noqa: F401  (browser: the module's Chromium, one launch)
 

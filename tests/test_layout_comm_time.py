@@ -1,5 +1,6 @@
 """The layout search's communication time (cost/parallel/layout_time.py): each kind's bytes over the link its group
-crosses on 8-GPU H100 nodes, and the search ranked by max(compute, communication)."""
+crosses on 8-GPU H100 nodes, tp's collectives exposed where its group spans nodes, and the search ranked by
+max(compute + exposed tp, NVLink, network)."""
 
 from __future__ import annotations
 
@@ -99,17 +100,81 @@ def _search(gpu: str, *candidates: Candidate) -> LayoutSearch:
 
 def test_the_search_ranks_by_max_of_compute_and_communication():
     fast_compute = _candidate(8, 8, 0.9, 100 * 10**9)  # 2 s on the network
-    slower = _candidate(1, 64, 1.2, 0)  # tp 64: 45 GB over 8 nodes' hierarchy, 7/63 across: 0.1 s
+    slower = _candidate(1, 64, 1.2, 0)  # tp 64: 45 GB over 8 nodes' hierarchy, 7/63 across: 0.1 s, exposed
     search = _search("H100 80GB", fast_compute, slower)
     first, second = search.fitting
     assert first.layout == slower.layout and second.layout == fast_compute.layout
-    assert second.comm_time.network == 2.0 and second.step_bound == 2.0
+    assert second.comm_time.network == 2.0 and second.step_bound == 2.0 and second.comm_time.exposed == 0
     assert second.no_overlap == 0.9 + 2.0 + 45 * 10**9 / NV
-    assert first.step_bound == 1.2 and search.minimum.layout == first  # the fewest at N: the first in that order
+    # tp 64's 5 GB across (56 / 504 of 45 GB) take 0.1 s, its 40 GB inside 0.089 s: the slower is exposed
+    assert [(t.kind, t.link, t.bytes, t.exposed) for t in first.comm_time.terms] == [
+        ("dp", NVLINK, 0, False), ("tp", NETWORK, 5 * 10**9, True), ("tp", NVLINK, 40 * 10**9, True)]
+    assert first.comm_time.exposed == 5 * 10**9 / NET and first.tp_spans_nodes
+    assert first.step_bound == 1.2 + 5 * 10**9 / NET and search.minimum.layout == first  # the fewest at N: the first
     # a GPU without link figures: compute alone, as before
     plain = _search("RTX 4090", fast_compute, slower)
     assert [c.step_bound for c in plain.fitting] == [0.9, 1.2] and plain.fitting[0].comm_time is None
     assert replace(plain).fitting == plain.fitting  # timing is idempotent
+
+
+def test_tp_across_nodes_is_exposed_and_the_rest_overlapped():
+    """tp 16 over two nodes: its collective on the critical path, the slower of its two links added to compute;
+    tp 8 inside a node, cp's ring and ep's all-to-all across nodes, and dp: overlapped (layout_time.EXPOSURE)."""
+    spanning = ParallelLayout(dp=4, shard="fsdp", tp=16, sp=True)  # 64 devices, each tp group on two nodes
+    tp = 90 * 10**9
+    time = comm_time(spanning, (term("dp", 10**9), term("tp", tp)), 0, H100)
+    # 8 of the group's 15 peers on the other node, 8 a node: (16 − 8) / (8 · 15) = 1/15 of the ring's bytes cross
+    assert [(t.kind, t.link, t.bytes, t.exposed) for t in time.terms] == [
+        ("dp", NETWORK, 10**9, False), ("tp", NETWORK, 6 * 10**9, True), ("tp", NVLINK, 84 * 10**9, True)]
+    assert time.tp_spans_nodes and time.exposed == max(84 * 10**9 / NV, 6 * 10**9 / NET) == 84 * 10**9 / NV
+    assert (time.nvlink, time.network) == (84 * 10**9 / NV, 7 * 10**9 / NET)  # the links carry tp beside the rest
+    row = Candidate(spanning, 16, 1, "backward", True, 0, 1, 1, 0.0, 0.5, (term("dp", 10**9), term("tp", tp)), 0,
+                    16).timed(H100)
+    # compute 0.5 s + exposed 0.187 s = 0.687 s, above either link (0.187 s, 0.14 s); the no-overlap sum above it
+    assert row.step_bound == 0.5 + 84 * 10**9 / NV and row.tp_spans_nodes
+    assert row.no_overlap == 0.5 + 84 * 10**9 / NV + 7 * 10**9 / NET > row.step_bound
+    inside = ParallelLayout(dp=8, shard="fsdp", tp=8, sp=True)
+    time = comm_time(inside, (term("tp", tp),), 0, H100)
+    assert (time.exposed, time.tp_spans_nodes, [t.exposed for t in time.terms]) == (0, False, [False])
+    ring = ParallelLayout(dp=4, shard="fsdp", tp=8, cp=2, ep=2)  # cp's ring and ep's all-to-all across nodes
+    time = comm_time(ring, (term("tp", tp), term("cp", 100), term("ep", 60)), 0, H100)
+    assert [(t.kind, t.link, t.exposed) for t in time.terms] == [
+        ("tp", NVLINK, False), ("cp", NETWORK, False), ("ep", NETWORK, False)] and time.exposed == 0
+
+
+def test_the_table_json_and_page_mark_tp_across_nodes():
+    """The tp column marks a group across nodes (†, named in the legend), the bound's sentence says where the first
+    such layout lands, the first layout's link line adds its exposure to compute; JSON: tp_spans_nodes, the exposed
+    seconds and terms; the page: the row's mark."""
+    from types import SimpleNamespace
+
+    from paramscope.render.html.layout_search import render_layout_search_html
+    from paramscope.render.layout_search import layout_search_parts, layout_search_to_dict
+    from paramscope.render._console import to_text
+
+    spanning = _candidate(1, 64, 1.2, 0)
+    search = _search("H100 80GB", spanning, _candidate(8, 8, 0.9, 100 * 10**9))
+    model = SimpleNamespace(label="a model", class_name="LlamaForCausalLM", engine="live", engine_detail=None,
+                            transformers_version=None, source="a model", class_reason="its config")
+    report = SimpleNamespace(model=model)
+    lines = to_text(layout_search_parts(report, search, 120), 120).splitlines()
+    rule = next(i for i, line in enumerate(lines) if line.lstrip().startswith("───"))
+    assert lines[rule - 1].split()[:3] == ["#", "dp", "tp"]
+    assert [line.split()[:3] for line in lines[rule + 1:rule + 3]] == [["1", "1", "64†"], ["2", "8", "8"]]
+    text = " ".join(" ".join(lines).split())
+    assert "tp †: tp spans nodes (its collectives exposed, added to compute)" in text
+    assert "tp spans nodes in 1 of the 2 layouts that fit (marked †), the first of them #1 (dp 1 · tp 64 · accum 8, " \
+           "step ≥ 1.3 s)" in text
+    assert "step ≥ max(compute 1.2 s + exposed tp 0.1 s (tp spans nodes: the slower of its two links), NVLink, " \
+           "network) = 1.3 s" in text and "tp network 5,000,000,000 B exposed, tp NVLink exposed" in text
+    found = layout_search_to_dict(search)
+    first, second = found["layouts"]
+    assert (first["tp_spans_nodes"], second["tp_spans_nodes"]) == (True, False)
+    assert first["comm_time"]["exposed_seconds"] == 0.1 and second["comm_time"]["exposed_seconds"] == 0
+    assert [t["exposed"] for t in first["comm_time"]["terms"]] == [False, True, True]
+    assert first["step_bound"] == 1.2 + 0.1 and "tp across nodes exposed" in found["exposure_is"]
+    page = render_layout_search_html(report, search, fragment=True)
+    assert page.count('data-tp-spans-nodes="true"') == 1
 
 
 @pytest.mark.parametrize("gpu", ["A100 80GB", "H200", "B200", "B300"])
@@ -137,7 +202,12 @@ def test_json_and_text_of_a_search_over_two_nodes(capsys):
     assert [row["step_bound"] for row in rows] == sorted(row["step_bound"] for row in rows)
     for row in rows:
         time = row["comm_time"]
-        assert row["step_bound"] == max(row["seconds"], time["nvlink_seconds"], time["network_seconds"])
+        assert row["step_bound"] == max(row["seconds"] + time["exposed_seconds"], time["nvlink_seconds"],
+                                        time["network_seconds"])
+        assert row["tp_spans_nodes"] == time["tp_spans_nodes"] == (row["tp"] == 16)
+        exposed = [t for t in time["terms"] if t["exposed"]]  # tp 16 over the two nodes: its whole collective
+        assert [t["kind"] for t in exposed] == (["tp", "tp"] if row["tp"] == 16 else [])
+        assert time["exposed_seconds"] == max([t["seconds"] for t in exposed], default=0)
         assert row["no_overlap_seconds"] == row["seconds"] + (time["nvlink_seconds"] + time["network_seconds"])
         assert time["nvlink_bytes"] + time["network_bytes"] <= row["comm_bytes"]
     first = rows[0]
@@ -147,5 +217,6 @@ def test_json_and_text_of_a_search_over_two_nodes(capsys):
     assert first["comm_time"]["network_bytes"] == next(t["bytes"] for t in first["comm"] if t["kind"] == "pp")
     assert main(argv + ["--width", "400"]) == 0
     text = capsys.readouterr().out
-    assert "max(compute, communication), the two perfectly overlapped" in text
+    assert "max(compute + exposed tp, NVLink, network), the rest perfectly overlapped" in text
+    assert "tp across nodes exposed, added to compute" in text
     assert "NVLink 4, 900 GB/s both directions (450 GB/s a direction)" in text and "no overlap" in text

@@ -10,7 +10,7 @@ import pytest
 
 import paramscope
 from paramscope.cli import main
-from paramscope.render.memory import render_layout_search_text
+from paramscope.render.layout_search import render_layout_search_text
 
 PIPELINE = ["memory", "llama-3-8b", "--training", "--pp", "4", "--micro-batches", "8", "--batch", "8", "--seq", "4096"]
 

@@ -10,7 +10,7 @@ import pytest
 
 import paramscope
 from paramscope.cli import main
-from paramscope.render.memory import layout_search_to_dict
+from paramscope.render.layout_search import layout_search_to_dict
 
 
 def _cli_json(capsys, *argv):

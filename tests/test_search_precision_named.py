@@ -5,7 +5,7 @@ it as layout_search.fsdp_mixed_precision."""
 from __future__ import annotations
 
 import paramscope
-from paramscope.render.memory import layout_search_to_dict, render_layout_search_text
+from paramscope.render.layout_search import layout_search_to_dict, render_layout_search_text
 
 POLICY = "bf16-mixed as FSDP2's MixedPrecisionPolicy where it shards over more than one rank"
 

@@ -308,11 +308,11 @@ def _find_layout(args: argparse.Namespace) -> int:
 
         write_html_page(render_layout_search_html(report, search), args.html)
     if args.json:
-        from ..render.memory import layout_search_to_dict
+        from ..render.layout_search import layout_search_to_dict
 
         write_report_json(report, layout_search=layout_search_to_dict(search))
     elif args.html is None:
-        from ..render.memory import render_layout_search_text
+        from ..render.layout_search import render_layout_search_text
 
         write(render_layout_search_text(report, search, width, color=use_color()))
     if view.module is not None and not args.no_cache and not args.trust_remote_code:

@@ -23,9 +23,24 @@ bound's choice where nodes hold the group unevenly):
     ring attention (cp), pipeline sends (pp)   all of it on a device whose next rank is on another node
 
 Each link carries its kinds one after another, the two links at once: the communication takes at least
-max(Σ NVLink bytes / NVLink's rate, Σ network bytes / the NIC's rate). The search's step-time bound is
-max(compute, communication): perfect overlap, so a lower bound; the no-overlap sum compute + NVLink + network is
-shown beside it (what a step with no overlap at all would take at those rates)."""
+max(Σ NVLink bytes / NVLink's rate, Σ network bytes / the NIC's rate).
+
+What may hide under compute (the convention, EXPOSURE): tensor parallel's collectives (each layer's all-reduces, or
+sequence parallel's all-gathers and reduce-scatters, forward and backward) sit on the critical path: the next matmul
+reads their result. Inside a node they can hide under the matmuls they feed (torchtitan's async TP, Megatron's
+--tp-comm-overlap with Transformer Engine's userbuffers: both run the tp group over one node's NVLink), so a lower
+bound lets them overlap there; where the tp group spans nodes neither framework overlaps them (Megatron and
+torchtitan keep tp inside a node for that reason), so the tp collective's whole time, the slower of its two links
+(Σ its NVLink part / NVLink's rate, Σ its network part / the NIC's rate; the collective cannot finish sooner than
+either), is exposed: added to compute. Every other kind may overlap: FSDP2's prefetched gathers and its
+reduce-scatters, DDP's bucketed all-reduce and ZeRO's, the pipeline's sends, the experts' all-to-all (Megatron's
+a2a overlap, DeepSeek's DualPipe: another microbatch's compute) and context parallel's ring (torch's ring attention
+and Megatron's / Transformer Engine's cp post the next chunk's K and V exchange before computing the current chunk's
+attention, so the ring hides under attention; under attention alone in truth, under any compute in this bound).
+
+The search's step-time bound is max(compute + exposed tp, NVLink, network): the rest perfectly overlapped, so a
+lower bound; the no-overlap sum compute + NVLink + network is shown beside it (what a step with no overlap at all
+would take at those rates), and is never below it."""
 
 from __future__ import annotations
 
@@ -50,6 +65,7 @@ class TermTime:
     bytes: int  # what the link carries of the term (on the network: the share that must cross, floored)
     seconds: float  # bytes / the link's rate a direction: a bound
     why: str  # the group and where it lies, in words
+    exposed: bool = False  # on the critical path, not overlapped (tp whose group spans nodes: EXPOSURE)
 
 
 @dataclass(frozen=True)
@@ -61,6 +77,10 @@ class CommTime:
     network: float  # seconds: every network term's bytes over the NIC's rate
     nvlink_bytes: int
     network_bytes: int
+    # tp's collectives where its group spans nodes (EXPOSURE): the slower of their NVLink and network parts, seconds;
+    # 0 where tp lies inside a node (or there is no tp)
+    exposed: float = 0.0
+    tp_spans_nodes: bool = False  # this device's stage's tp groups span nodes (its tp terms exposed)
 
     @property
     def seconds(self) -> float:
@@ -77,14 +97,17 @@ def comm_time(layout: ParallelLayout, terms: tuple[CommTerm, ...], stage: int | 
               links: Interconnect) -> CommTime:
     """The communication time of the device whose terms these are (pipeline stage `stage`'s), on `links`."""
     place = _Placement(layout, stage or 0, links.gpus_per_node)
+    spans = layout.tp > 1 and place.spans(1, layout.tp)  # this stage's tp groups: their bytes split on both links
     out: list[TermTime] = []
     for index, term in enumerate(terms):
         for link, size, why in place.split(term):
             rate = links.nvlink if link == NVLINK else links.network
-            out.append(TermTime(term.kind, index, link, size, size / rate, why))
+            out.append(TermTime(term.kind, index, link, size, size / rate, why, spans and term.kind == "tp"))
     nvlink = sum(t.bytes for t in out if t.link == NVLINK)
     network = sum(t.bytes for t in out if t.link == NETWORK)
-    return CommTime(tuple(out), nvlink / links.nvlink, network / links.network, nvlink, network)
+    exposed = max(sum(t.bytes for t in out if t.exposed and t.link == NVLINK) / links.nvlink,
+                  sum(t.bytes for t in out if t.exposed and t.link == NETWORK) / links.network)
+    return CommTime(tuple(out), nvlink / links.nvlink, network / links.network, nvlink, network, exposed, spans)
 
 
 class _Placement:
@@ -138,7 +161,7 @@ class _Placement:
 
     def _collective(self, size: int, stride: int, n: int, name: str,
                     all_to_all: bool) -> list[tuple[str, int, str]]:
-        if n <= 1 or not self._spans(stride, n):
+        if n <= 1 or not self.spans(stride, n):
             return [(NVLINK, size, f"{name}: {n} ranks inside a node")]
         g = min(n - 1, -(-self.node // stride))  # a spanning group's fullest node holds at most n − 1
         if all_to_all:
@@ -153,11 +176,11 @@ class _Placement:
         return parts
 
     def _ring(self, size: int, stride: int, n: int, name: str) -> tuple[str, int, str]:
-        if n <= 1 or not self._spans(stride, n):
+        if n <= 1 or not self.spans(stride, n):
             return NVLINK, size, f"{name}: a ring of {n} inside a node"
         return NETWORK, size, f"{name}: a ring of {n} across nodes (a device whose next rank is on another node)"
 
-    def _spans(self, stride: int, n: int) -> bool:
+    def spans(self, stride: int, n: int) -> bool:
         """Whether some group of (stride, n) in this stage's block has members on two nodes. The groups tile the
         block in runs of stride · n ranks (the block starts on a run), so a node boundary inside the block splits a
         group exactly where it falls inside a run."""
@@ -201,6 +224,12 @@ def _multiples(m: int, lo: int, hi: int) -> int:
     return max(0, (hi - 1) // m - lo // m)
 
 
+EXPOSURE = ("tp inside a node overlapped (torchtitan's async TP, Megatron's --tp-comm-overlap: both over one node's "
+            "NVLink); tp across nodes exposed, added to compute (neither framework overlaps it there); every other "
+            "kind overlapped (FSDP2's prefetch, DDP's buckets, pp's sends, ep's all-to-all, cp's ring under "
+            "attention)")
+
+
 def describe(links: Interconnect) -> str:
     """The links in words, with their source."""
     return (f"{links.gpus_per_node} GPUs a node on {links.nvlink_words} ({links.nvlink / 1e9:,.0f} GB/s a "
@@ -208,4 +237,4 @@ def describe(links: Interconnect) -> str:
             f"source: {links.source}")
 
 
-__all__ = ["CommTime", "TermTime", "comm_time", "describe", "NVLINK", "NETWORK"]
+__all__ = ["CommTime", "EXPOSURE", "TermTime", "comm_time", "describe", "NVLINK", "NETWORK"]

@@ -10,7 +10,9 @@ the fewest devices that fit. `memory --training --find-layout` and the Python AP
     → evaluate layout_evaluation.py: one device's peak against the GPU (the analytic closed form, or derived as
                memory derives it), its FLOPs (layout_flops.py), a time bound at the GPU's peak, its communication a
                step (layout_comm.py)
-    → sorted   by the time bound, then by the bytes, then by the peak
+    → sorted   by the step-time bound, then by the bytes, then by the peak (search_result.py's time_order: the
+               bound is max(compute + exposed tp, NVLink, network), layout_time.py's EXPOSURE, once LayoutSearch
+               times each layout's communication on the GPU's links)
     → fewest   layout_minimum.py: the fewest devices that fit, up to 16 × N
     → answer   search_result.py's LayoutSearch (the options: search_options.py's SearchOptions)
 """

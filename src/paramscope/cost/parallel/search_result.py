@@ -42,11 +42,17 @@ class Candidate:
 
     @property
     def step_bound(self) -> float | None:
-        """The step-time bound the layouts are ranked by: max(compute, communication), the two perfectly
+        """The step-time bound the layouts are ranked by: max(compute + exposed tp, NVLink, network), tp's
+        collectives on the critical path where its group spans nodes (layout_time.EXPOSURE), the rest perfectly
         overlapped, so a lower bound; the compute bound alone where communication is not timed."""
         if self.seconds is None or self.comm_time is None:
             return self.seconds
-        return max(self.seconds, self.comm_time.seconds)
+        return max(self.seconds + self.comm_time.exposed, self.comm_time.seconds)
+
+    @property
+    def tp_spans_nodes(self) -> bool | None:
+        """Whether the shown device's tp group spans nodes (its collectives then exposed); None where not timed."""
+        return None if self.comm_time is None else self.comm_time.tp_spans_nodes
 
     @property
     def no_overlap(self) -> float | None:
@@ -176,7 +182,8 @@ class LayoutSearch(HtmlDisplay):
         model = "" if self.report is None else f" of {self.report.model.label}"
         best = self.best
         answer = (f"best {best.layout.words()}, {best.step_bound:.3g} s a step (a bound: "
-                  + ("max(compute, communication))" if best.comm_time is not None else "compute at the peak)")
+                  + ("max(compute + exposed tp, communication))" if best.comm_time is not None else
+                     "compute at the peak)")
                   if best is not None and best.step_bound is not None else "none fits")
         fewest = self.minimum.devices
         return (f"<LayoutSearch{model} on {self.devices:,} × {self.accelerator}: {len(self.fitting):,} of "

@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...explain import exact
+from ..layout_search import layout_degrees as degrees
+from ..layout_search import minimum_sentence
+from ..layout_search import search_precision_words
+from ..layout_search import SPANS_MARK
+from ..layout_search import seconds_words as seconds_text
+from ..layout_search import step_time_words
 from ..memory import binary as bytes_text
-from ..memory import layout_degrees as degrees
-from ..memory import minimum_sentence
-from ..memory import search_precision_words
-from ..memory import seconds_words as seconds_text
-from ..memory import step_time_words
 from .layout_parts import binary_axis
 from .page import FONT, Section, escape, figure, html_page, notes_section, subtitle
 
@@ -111,10 +112,13 @@ def _layouts_table(search, answered) -> str:
         spare = (bytes_text(c.free) if c.free >= 0 else f"short by {bytes_text(-c.free)}")
         comm = (f'<td class="num" data-value="{c.comm_bytes}" title="{exact(c.comm_bytes)} B">'
                 f"{bytes_text(c.comm_bytes)}</td>" if c.fits else '<td class="num">—</td>')
-        body += (f'<tr data-layout="{escape(degrees(c.layout))}" data-fits="{str(c.fits).lower()}">'
+        spans = (f' <span title="tp spans nodes: its collectives exposed, added to compute">{SPANS_MARK}</span>'
+                 if c.tp_spans_nodes else "")
+        body += (f'<tr data-layout="{escape(degrees(c.layout))}" data-fits="{str(c.fits).lower()}"'
+                 + (' data-tp-spans-nodes="true"' if c.tp_spans_nodes else "") + ">"
                  f'<td class="num">{index if c.fits else "—"}</td>'
                  f'<td style="white-space:nowrap" title="{escape(c.layout.words())}">'
-                 f'{escape(degrees(c.layout) + c.accumulation_words)}</td>'
+                 f'{escape(degrees(c.layout) + c.accumulation_words)}{spans}</td>'
                  f'<td class="num" data-value="{c.peak}" title="{exact(c.peak)} B">{bytes_text(c.peak)}</td>'
                  f"<td>{escape(c.peak_phase)}</td><td>{'yes' if c.fits else 'no'}</td>"
                  f'<td class="num" data-value="{c.free}" title="{exact(c.free)} B">{escape(spare)}</td>'
@@ -125,8 +129,9 @@ def _layouts_table(search, answered) -> str:
     if not body:
         return ""
     return (f'<div class="scroll"><table class="compare" id="layouts"><caption class="dim">Those that fit by the '
-            "step time's bound, then the bytes sent, then the peak; then those that do not, by peak. Each row's "
-            "layout in full and its exact bytes in the tooltips.</caption>"
+            f"step time's bound, then the bytes sent, then the peak; then those that do not, by peak ({SPANS_MARK}: tp "
+            "spans nodes, its collectives exposed). Each row's layout in full and its exact bytes in the "
+            "tooltips.</caption>"
             f"{head}{body}</table></div>")
 
 
