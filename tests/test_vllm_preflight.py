@@ -16,8 +16,8 @@ import pytest
 
 from paramscope.cli import main
 from paramscope.cost.memory.vllm import (CUDA_GRAPH_ALLOWANCE, NON_TORCH_ALLOWANCE, _activation, _encoder_shape,
-                                          _worker_group_size, vllm_blocks, vllm_grouping, vllm_layer_kinds, vllm_pages,
-                                          vllm_pp_partition)
+                                          _fused_experts_at, _worker_group_size, vllm_blocks, vllm_grouping,
+                                          vllm_layer_kinds, vllm_pages, vllm_pp_partition)
 
 GiB = 2**30
 
@@ -299,6 +299,37 @@ def test_whisper_cross_attention_holds_the_encoder_length():
     assert moment.bytes == 1500 * (3 * 1280 + 2 * 5120) * 2 == 42_240_000 and moment.arithmetic.startswith("encoder")
 
 
+def test_a_moe_layer_holds_vllms_fused_experts_workspace_beside_every_moment():
+    """Mixtral-8x7B's shapes at tp 2, 8,192 tokens: TritonExperts' workspace (fused_moe.py workspace_shapes, one
+    WorkspaceManager request, each tensor rounded up to 256 B) at the expert width 14,336 / 2, held beside the
+    largest moment (the sampler's here); the MoE layer's own tensors beside the workspace by hand."""
+    config = SimpleNamespace(model_type="mixtral", hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                             intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2, vocab_size=32000)
+    params = [SimpleNamespace(name=f"model.layers.0.block_sparse_moe.experts.0.{n}.weight", role="moe.experts",
+                              shape=shape) for n, shape in (("w1", (14336, 4096)), ("w2", (4096, 14336)),
+                                                            ("w3", (14336, 4096)))]
+    experts = _fused_experts_at(params, config, "bfloat16")(2)
+    assert (experts.width, experts.gated) == (7168, True)
+    workspace = 8192 * 2 * max(7168, 4096) * 2 + 8192 * 2 * max(2 * 7168, 4096) * 2
+    assert workspace == 704_643_072
+    sampler = 8192 * 4096 * 2 + 1024 * 32_000 * (2 + 12)
+    moment = _activation(config, "bfloat16", 8192, 1024, 2, experts=experts)
+    assert moment.bytes == sampler + workspace == 1_230_503_936
+    assert "fused experts' workspace 704,643,072 B" in moment.arithmetic and "WorkspaceManager" in moment.source
+    # without the sampler (a pipeline stage before the last) the MLP's moment is the largest; a stage holding no
+    # routed experts holds no workspace
+    mlp = 8192 * (2 * 4096 + 3 * 14336 // 2) * 2
+    assert _activation(config, "bfloat16", 8192, 1024, 2, last=False, experts=experts).bytes == mlp + workspace
+    assert _activation(config, "bfloat16", 8192, 1024, 2, last=False).bytes == mlp == 486_539_264
+    # the MoE layer's own tensors: residual, normed input and the output (zeros_like), the router's logits, fp32
+    # top-k weights and int32 ids, moe_align_block_size's sorted ids (t·k + E·63) and expert ids at BLOCK_SIZE_M 64
+    padded = 8192 * 2 + 8 * 63
+    own = 8192 * 3 * 4096 * 2 + 8192 * 8 * 2 + 8192 * 2 * 8 + 4 * (padded + -(-padded // 64) + 1)
+    tiny = SimpleNamespace(**{**vars(config), "intermediate_size": 64, "head_dim": 8})  # narrow attention and MLP
+    moe = _activation(tiny, "bfloat16", 8192, 1024, 2, last=False, experts=experts)
+    assert moe.bytes == own + workspace == 201_657_348 + 704_643_072 and moe.arithmetic.startswith("MoE layer")
+
+
 @pytest.mark.parametrize("model, argv, message", [
     ("t5-small", ["--gpu", "h100"], "t5 is an encoder-decoder vLLM's V1 engine does not serve"),
     ("llama-3-8b", ["--gpu", "h100", "--pp", "2", "--pp-layer-partition", "20,11"],
@@ -329,7 +360,11 @@ def test_the_budget_rows_add_up_to_the_byte_when_short(capsys):
     printed rows' exact difference (a float truncated by int() came out 1 B above it)."""
     v = _vllm(capsys, "deepseek-v3", "--gpu", "h100", "--tp", "8", "--max-model-len", "16384")
     assert v["requested_bytes"] == math.ceil(80 * GiB * 0.92) == 79_027_398_247
-    assert (v["weights_bytes"], v["activation"]["bytes"]) == (85_352_992_032, 1_970_798_592)
+    # the sampler's moment, 1,970,798,592 B, with vLLM's fused experts' workspace held beside it (8,192 tokens ×
+    # top-8 × (max(256, 7,168) + max(512, 7,168)) × 2 B: TritonExperts at the expert width 2,048 / tp 8)
+    workspace = 2 * 8192 * 8 * 7168 * 2
+    assert (v["weights_bytes"], v["activation"]["bytes"]) == (85_352_992_032, 1_970_798_592 + workspace)
+    assert workspace == 1_879_048_192 and v["activation"]["bytes"] == 3_849_846_784
     non_kv = v["weights_bytes"] + v["activation"]["bytes"] + NON_TORCH_ALLOWANCE + CUDA_GRAPH_ALLOWANCE
-    assert non_kv == 88_129_096_992
-    assert v["available_bytes"] == 79_027_398_247 - 88_129_096_992 == -9_101_698_745
+    assert non_kv == 90_008_145_184
+    assert v["available_bytes"] == 79_027_398_247 - 90_008_145_184 == -10_980_746_937

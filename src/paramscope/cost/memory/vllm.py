@@ -94,6 +94,10 @@ CUDA_GRAPH_ALLOWANCE = 512 * MiB
 _LARGE_GPU = 70 * GiB
 _SERVE_DEFAULTS = {True: (8192, 1024), False: (2048, 256)}  # large GPU → (max_num_batched_tokens, max_num_seqs)
 _MAX_TOKENS = 1 << 24
+# moe_align_block_size pads each expert's tokens to BLOCK_SIZE_M of the fused kernel's config: 64 in fused_moe.py's
+# get_default_config for more tokens than experts (a config tuned for the GPU may take another; its ids are
+# kilobytes beside the caches)
+MOE_ALIGN_BLOCK = 64
 _DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _KV_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")  # the cache dtypes vLLM's flag names
 
@@ -352,6 +356,7 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
                      "cache (MMEncoderAttention)")
     inputs = _serving_inputs(report, view, estimate)
     weights_at = _weights_at(inputs, estimate.weights, pp, split if pp > 1 else None)
+    fused_at = _fused_experts_at(report.params, text, compute_dtype)
     notes.extend(_weight_notes(text, compute_dtype))
     non_torch = Estimate(
         NON_TORCH_ALLOWANCE, f"{NON_TORCH_ALLOWANCE:,} B (an allowance)",
@@ -386,9 +391,9 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
     def stages_at(t: int, t_page: int, t_request: int, search: bool) -> list[VllmStage]:
         """Each pipeline stage's worker (rank 0 of its tensor-parallel group) at tensor-parallel degree t."""
         out = []
-        for r, (weights, n) in enumerate(zip(weights_at(t), split)):
+        for r, ((weights, moe), n) in enumerate(zip(weights_at(t), split)):
             activation = _activation(text, compute_dtype, batched, seqs, t, first=r == 0, last=r == len(split) - 1,
-                                     encoder=encoder)
+                                     encoder=encoder, experts=fused_at(t) if moe else None)
             available = requested - weights - activation.bytes - non_torch.bytes - graphs.bytes
             per_block = t_page * stage_pools[r]
             blocks = max(available // per_block, 0) if per_block else 0
@@ -807,17 +812,72 @@ def _largest_length(fits: Any, limit: int) -> int:
     return low
 
 
+def _fused_experts_at(params: Any, text: Any, compute_dtype: str) -> Any:
+    """tp → vLLM's fused experts' workspace on a tp rank of one replica (serving_experts.FusedExpertsWorkspace: the
+    same TritonExperts arithmetic as `memory --tp --dp`, here over the profile run's own tokens, M = the tokens of
+    the dummy forward, no dispatch; the expert's width read off the module's expert tensors / tp), or None for a
+    model without routed experts (or a top-k)."""
+    from ..dims import config_int, dim
+    from ..dtypes import itemsize
+    from ..parallel.serving_experts import GatheredDispatch, fused_experts_workspace
+
+    hidden, topk = dim(text, "hidden"), config_int(text, "num_experts_per_tok", "moe_topk", "top_k")
+    if not hidden or not topk:
+        return lambda tp: None
+    one_replica = GatheredDispatch(1, hidden, topk, itemsize(compute_dtype))
+    return lambda tp: fused_experts_workspace(one_replica, params, tp=tp, dp=1, ep=1)
+
+
+def _moe_moment(text: Any, experts: Any, t: int, size: int) -> tuple[tuple[int, str], int, str]:
+    """A MoE layer's moment in vLLM's profile run at `t` tokens, beside the fused experts' workspace `experts`
+    (serving_experts.FusedExpertsWorkspace at one replica), and that workspace's bytes and words, held apart.
+
+    Live while TritonExperts.apply runs (fused_moe.py; FusedMoEModularKernel.forward, modular_kernel.py): the
+    residual and the normed input [t, h]; the MoE output [t, h] (`torch.zeros_like(hidden_states)`: in place only
+    where disable_inplace() is false, and it is true from torch 2.9, which vLLM v0.27 runs); the router's logits
+    [t, E] in the compute dtype (the gate's output, an argument of the experts' call); fused_topk's top-k weights
+    [t, k] fp32 and ids [t, k] int32; moe_align_block_size's sorted token ids (t·k + E·(B − 1) int32), expert ids
+    (⌈that / B⌉ int32) and padded count (1 int32), B = BLOCK_SIZE_M. The caches themselves (workspace13 and
+    workspace2) are views of the WorkspaceManager's buffer (v1/worker/workspace.py): one tensor a worker, grown to
+    the largest request and never freed, so it is beside every later moment of the profile run (the other layers'
+    attention, the sampler), not this layer's alone."""
+    from ..dims import config_int
+
+    hidden = experts.dispatch.hidden
+    k = experts.dispatch.top_k
+    routed = config_int(text, "n_routed_experts", "num_local_experts", "num_experts") or 0
+    padded = t * k + routed * (MOE_ALIGN_BLOCK - 1)
+    align = 4 * (padded + -(-padded // MOE_ALIGN_BLOCK) + 1)
+    moment = (t * 3 * hidden * size + t * routed * size + t * k * (4 + 4) + align,
+              f"MoE layer: {t:,} tokens × (3 × hidden {hidden:,} × {size} B (residual, normed input, the MoE output) "
+              f"+ router logits {routed:,} × {size} B + top-{k} × (4 B fp32 weight + 4 B int32 id)) + "
+              f"moe_align_block_size's ids {align:,} B (({t:,} × {k} + {routed:,} × {MOE_ALIGN_BLOCK - 1}) int32 "
+              f"sorted ids, ⌈/ {MOE_ALIGN_BLOCK}⌉ expert ids, at BLOCK_SIZE_M {MOE_ALIGN_BLOCK})")
+    held = experts.at(1, t)
+    one = t <= experts.chunk
+    words = (f"the fused experts' workspace {held:,} B (TritonExperts.workspace_shapes at {t:,} tokens"
+             + ("" if one else f" in chunks of VLLM_FUSED_MOE_CHUNK_SIZE {experts.chunk:,}")
+             + f" × top-{k}, expert width {experts.width:,} on the rank"
+             + (f", gate and up fused {2 * experts.width:,}" if experts.gated else "")
+             + ": workspace13 and workspace2" + (" (the output sharing workspace13)" if one else " and the output")
+             + ", each rounded up to 256 B in vLLM's WorkspaceManager, held from the first MoE layer on)")
+    return moment, held, words
+
+
 def _activation(text: Any, compute_dtype: str, batched: int, seqs: int, tp: int, *, first: bool = True,
-                last: bool = True, encoder: tuple[int, str] | None = None) -> Estimate:
+                last: bool = True, encoder: tuple[int, str] | None = None, experts: Any = None) -> Estimate:
     """The profile run's torch peak beyond the weights, estimated: the larger of one decoder layer's live tensors at
     max_num_batched_tokens tokens (vLLM's fused kernels: the residual and the normed input, then the MLP's gate_up
-    and activation outputs, or the attention's qkv and output, or the fused MoE's per-expert caches) and the
-    sampler's tensors over max_num_seqs requests (the hidden states, the logits in the compute dtype, their fp32
-    copy, the probabilities and the exponential noise the random sampler divides by). Under pipeline parallelism
-    only the last stage runs the sampler, and every stage after the first holds the intermediate tensors it
-    receives (hidden states and residual, max_num_batched_tokens × hidden each) through the run. An encoder-decoder
-    (Whisper) adds the encoder's moment on one item of the encoder length (vLLM sets the encoder budget to it), its
-    output kept for the decoder's cross-attention; its MLP is not gated (fc1, its activation)."""
+    and activation outputs, or the attention's qkv and output, or a MoE layer's tensors beside its fused experts:
+    `_moe_moment`) and the sampler's tensors over max_num_seqs requests (the hidden states, the logits in the
+    compute dtype, their fp32 copy, the probabilities and the exponential noise the random sampler divides by).
+    Under pipeline parallelism only the last stage runs the sampler, and every stage after the first holds the
+    intermediate tensors it receives (hidden states and residual, max_num_batched_tokens × hidden each) through the
+    run. An encoder-decoder (Whisper) adds the encoder's moment on one item of the encoder length (vLLM sets the
+    encoder budget to it), its output kept for the decoder's cross-attention; its MLP is not gated (fc1, its
+    activation). On a stage holding routed experts (`experts`: serving_experts.FusedExpertsWorkspace at the rank's
+    width, None on a stage without them) the fused experts' workspace, kept by vLLM's WorkspaceManager once the
+    first MoE layer asks for it, is added to whichever moment is the largest."""
     from ..dims import config_int, dim
     from ..dtypes import itemsize
 
@@ -847,13 +907,10 @@ def _activation(text: Any, compute_dtype: str, batched: int, seqs: int, tp: int,
         moments.append((length * (3 * hidden + 2 * ffn) * size,
                         f"encoder: 1 item × {length:,} tokens × (3 × hidden {hidden:,} + 2 × encoder ffn "
                         f"{ffn:,}) × {size} B"))
-    topk = config_int(text, "num_experts_per_tok", "moe_topk", "top_k")
-    experts = config_int(text, "n_routed_experts", "num_local_experts", "num_experts")
-    if topk and experts:
-        expert = -(-(config_int(text, "moe_intermediate_size") or dim(text, "intermediate") or 0) // tp)
-        moments.append((t * (2 * hidden + topk * (3 * expert + hidden)) * size,
-                        f"fused MoE: {t:,} tokens × (2 × hidden {hidden:,} + top-{topk} × (3 × expert intermediate "
-                        f"{expert:,} + hidden {hidden:,})) × {size} B"))
+    held, held_words = 0, ""
+    if experts is not None:
+        moe, held, held_words = _moe_moment(text, experts, t, size)
+        moments.append(moe)
     vocab = config_int(text, "vocab_size") or 0
     requests = min(seqs, batched)
     if last:
@@ -865,11 +922,19 @@ def _activation(text: Any, compute_dtype: str, batched: int, seqs: int, tp: int,
         received = 2 * t * hidden * size
         value, words = value + received, (f"{words} + intermediate tensors received: 2 × {t:,} tokens × hidden "
                                           f"{hidden:,} × {size} B")
+    if held:
+        value, words = value + held, f"{words} + {held_words}"
     return Estimate(value, words,
                     "vLLM measures torch's peak allocation over its profile run (gpu_model_runner.profile_run: a "
                     f"dummy forward of max_num_batched_tokens = {batched:,} tokens, then the sampler over "
                     f"{requests:,} requests on the last pipeline stage; mem_utils.memory_profiling, "
-                    "torch_peak_increase); estimated here as the largest of these moments")
+                    "torch_peak_increase); estimated here as the largest of these moments"
+                    + ("; beside each, vLLM's fused experts' workspace: FusedMoEModularKernel (modular_kernel.py "
+                       "_chunk_info, _allocate_buffers) asks vLLM's WorkspaceManager (v1/worker/workspace.py) for "
+                       "TritonExperts' caches (fused_moe.py workspace_shapes) in one request, and the manager keeps "
+                       "one buffer grown to the largest request, held through the rest of the run; the convention: "
+                       "TritonExperts, vLLM's kernel for unquantised experts (DeepGEMM, CUTLASS or FlashInfer "
+                       "experts, as an fp8 checkpoint may run, size their own)" if held else ""))
 
 
 def _serving_inputs(report: Any, view: Any, estimate: Any) -> Any:
@@ -891,17 +956,20 @@ def _serving_inputs(report: Any, view: Any, estimate: Any) -> Any:
 
 
 def _weights_at(inputs: Any, one_device: Any, pp: int = 1, split: tuple[int, ...] | None = None) -> Any:
-    """tp → each pipeline stage's GPU weights and buffers, in stage order: the one-device answer's at tp 1 without
-    pp, else rank 0's shards as parallel/serving.py places them (at `split`, vLLM's partition, under pp); raises
-    ParamscopeError where the rules refuse the degree."""
+    """tp → each pipeline stage's GPU (weights and buffers, whether it holds routed experts), in stage order: the
+    one-device answer's at tp 1 without pp, else rank 0's shards as parallel/serving.py places them (at `split`,
+    vLLM's partition, under pp); raises ParamscopeError where the rules refuse the degree."""
     from ..parallel.serving import serving_layout
 
-    memo: dict[int, list[int]] = {1: [one_device.bytes + one_device.buffer_bytes]} if pp == 1 else {}
+    memo: dict[int, list[tuple[int, bool]]] = {
+        1: [(one_device.bytes + one_device.buffer_bytes, bool(one_device.by_role.get("moe.experts")))]} \
+        if pp == 1 else {}
 
-    def at(tp: int) -> list[int]:
+    def at(tp: int) -> list[tuple[int, bool]]:
         if tp not in memo:
             layout = serving_layout(inputs, tp, pp, 1, 1, split)[0]
-            memo[tp] = [stage.weight_bytes for stage in layout.stages]
+            memo[tp] = [(stage.weight_bytes, bool(stage.weights.by_role.get("moe.experts")))
+                        for stage in layout.stages]
         return memo[tp]
     return at
 
