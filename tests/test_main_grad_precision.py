@@ -1,7 +1,8 @@
 """bf16-main-grad: Megatron-LM's bf16 training (Megatron-Core's DDP with accumulate_allreduce_grads_in_fp32): bf16
 weights, a resident fp32 main-gradient buffer, fp32 masters and Adam moments, 18 B a parameter under plain DDP and
-6 + 12/d under the distributed optimizer (theoretical_memory_usage.py's), beside tp [sp] and pp; its step held to a
-real traced one (MainGradOptimizer: the hook adding each gradient into an fp32 main_grad) on a 2-layer Llama cut."""
+6 + 12/d under the distributed optimizer (theoretical_memory_usage.py's), beside tp [sp], pp, cp and ep; its step
+held to a real traced one (MainGradOptimizer: the hook adding each gradient into an fp32 main_grad) on 2-layer Llama
+and Mixtral cuts."""
 
 import functools
 
@@ -136,7 +137,6 @@ def test_pipeline_stages_hold_their_own_buffer_masters_and_moments():
     (dict(layout=layout_for(dp=4, zero="2")), "not ZeRO-2"),
     (dict(layout=layout_for(dp=2, tp=2, zero="3")), "not ZeRO-3"),
     (dict(devices=4, zero="2"), "ZeRO-2 is not one: Megatron's DDP keeps the whole fp32 gradient buffer"),
-    (dict(layout=layout_for(dp=2, cp=2, zero="1")), "not yet beside context or expert parallelism"),
     (dict(optimizer="lion"), "'lion' is not one"),
 ])
 def test_what_megatron_does_not_run_is_refused_in_one_line(options, words):
@@ -177,3 +177,60 @@ def test_find_layouts_dp_bytes_are_megatrons_fp32_gradients_and_bf16_parameters(
             _, (term,) = comm.busiest(layout_for(dp=4, zero=zero, batch=2), 2 // steps, steps)
             assert term.bytes == expected
             assert term.what.startswith("Megatron's") and ("no_sync" in term.what) == (steps == 2)
+
+
+def test_a_cp_rank_equals_its_trace_and_the_distributed_optimizer_shards_over_dp_times_cp():
+    """cp 2 on the cut, 2 × 64 tokens: the closed form (the recipe at S / cp, the ring's kept copies) with the whole
+    fp32 buffer resident equals the rank traced on torch's ring with MainGradOptimizer, phase by phase (was refused);
+    beside dp 2 the distributed optimizer shards the masters and moments over dp × cp = 4 ranks (Megatron's
+    data-parallel group with context parallel), the buffer whole."""
+    import transformers as T
+
+    from paramscope.cost.memory.training import training_answer
+    from paramscope.cost.traced.parallel import trace_parallel_training
+    from paramscope.cost.traced.step import StepSettings
+
+    config = T.LlamaConfig(**{k: v for k, v in LLAMA.items() if k != "model_type"})
+    _, alone, view = training_answer(config, TrainingOptions(batch=2, seq=64, precision="bf16-main-grad", fits=False,
+                                                             layout=layout_for(cp=2), derive_layout=False),
+                                     use_cache=False)
+    traced = trace_parallel_training(view.module, StepSettings(batch=2, seq=64, precision="bf16-main-grad",
+                                                               optimizer="adamw"), cp=2)
+    phases = {p.where: p.bytes for p in alone.training.device.phases}
+    assert (phases["end of forward"], phases["start of backward"], phases["optimizer step"]) == \
+        tuple(p.bytes for p in traced.phases) == (36_399_084, 36_526_044, 34_159_316)
+    zero = estimate_training(LLAMA, TrainingOptions(batch=2, seq=64, precision="bf16-main-grad", fits=False,
+                                                    layout=layout_for(dp=2, cp=2, zero="1"), derive_layout=False))
+    device = zero.training.device
+    assert (device.gradients, device.optimizer, device.master_weights) == \
+        (4 * N, -(-(8 * N + 4 * 21) // 4), N)
+    assert any("beside cp 2" in n and "dp × cp" in n for n in zero.notes)
+
+
+def test_ep_ranks_hold_their_experts_buffer_and_shard_their_masters_over_the_expert_data_parallel_group():
+    """A 2-layer Mixtral cut at dp 2 · ep 2 (was refused): the rank's 98,304 expert and 58,176 other parameters'
+    bf16 weights and fp32 buffer whole; under Megatron's DDP its step equals the rank traced with torchtitan's
+    ExpertParallel and MainGradOptimizer (forward and backward 496 B under it, as bf16-master's and bf16-pure's are
+    on this cut; the one device's fp32 buffer swapped for the rank's: was 392,720 B over); under the distributed
+    optimizer the experts' masters and moments stay whole (their expert-data-parallel group is dp / ep = 1 rank),
+    the rest halved."""
+    from paramscope.cost.memory.training import training_answer
+    from parallel_steps import small_mixtral
+
+    experts, rest = 98_304, 58_176
+    _, estimate, _ = training_answer(small_mixtral(2), TrainingOptions(
+        batch=2, seq=32, precision="bf16-main-grad", fits=False, trace=True, layout=layout_for(dp=2, ep=2)),
+        use_cache=False)
+    device = estimate.training.device
+    assert (device.weights, device.gradients) == (2 * (experts + rest), 4 * (experts + rest))
+    phases = {p.phase: p.bytes for p in device.phases}
+    traced = {p.phase: p.bytes for p in device.traced.phases}
+    assert phases["optimizer step"] == traced["optimizer step"] == 2_817_300
+    assert (traced["forward"] - phases["forward"], traced["backward"] - phases["backward"]) == (496, 496)
+    zero = estimate_training(small_mixtral(2), TrainingOptions(batch=2, seq=32, precision="bf16-main-grad",
+                                                               fits=False, layout=layout_for(dp=2, ep=2, zero="1")))
+    device = zero.training.device
+    assert (device.weights, device.gradients, device.optimizer, device.master_weights) == (
+        2 * (experts + rest), 4 * (experts + rest), 8 * experts + 4 * 4 + -(-(8 * rest + 4 * 17) // 2),
+        4 * experts + 4 * rest // 2) == (312_960, 625_920, 1_019_186, 509_568)
+    assert "expert-data-parallel group of 1 rank" in device.states_arithmetic

@@ -160,7 +160,9 @@ def check_main_grad_layout(precision: str, layout: Any, *, zero: int = 0, device
     """bf16-main-grad is Megatron-LM's bf16 training: plain DDP (ZeRO-0) or its distributed optimizer (ZeRO-1), beside
     its own tensor (and sequence) and pipeline parallelism. What Megatron does not run is refused in one line: FSDP2's
     shards, ZeRO-2/3 (Megatron's DDP holds the whole fp32 gradient buffer on every rank, and its distributed optimizer
-    shards the masters and moments alone); context and expert parallelism are not modelled under it yet."""
+    shards the masters and moments alone). Beside context and expert parallelism it is Megatron's too
+    (parallel/states.main_grad_states: the distributed optimizer over dp × cp, the experts' over their
+    expert-data-parallel group)."""
     if precision != MAIN_GRAD_PRECISION:
         return
     if devices > 1 and zero >= 2:
@@ -175,10 +177,6 @@ def check_main_grad_layout(precision: str, layout: Any, *, zero: int = 0, device
         raise OptionError("{0} {main} is Megatron-LM's bf16 training, which runs plain DDP or its distributed "
                           "optimizer ({1} 0 or 1, the whole fp32 gradient buffer on every rank); not {what}",
                           "precision", "zero", main=MAIN_GRAD_PRECISION, what=what)
-    if layout.cp > 1 or layout.ep > 1:
-        raise OptionError("{0} {main} is modelled beside tensor (and sequence) and pipeline parallelism, Megatron's "
-                          "own layouts; not yet beside context or expert parallelism", "precision",
-                          main=MAIN_GRAD_PRECISION)
 
 
 def grad_buffer(states: ModelStates) -> int:

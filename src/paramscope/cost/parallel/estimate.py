@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from ...errors import ParamscopeError, UnsupportedError
 from ..memory.expert_offsets import expert_offsets
+from ..memory.states import grad_buffer
 from ..memory.phases import PhaseFigure, moment_phases
 from .device import DeviceMemory, RingQuestion, StepContext, NEEDS_BUILD
 from .device_parts import (
@@ -528,7 +529,8 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
         return _sharded_activations_device(ctx, placements, rules)
 
     states = ctx.states
-    full_resident = states.weights.bytes + states.optimizer.bytes + states.master_weights.bytes
+    # bf16-main-grad: one device's fp32 main-gradient buffer (resident, in no phase's gradients) swapped for the rank's
+    full_resident = states.weights.bytes + states.optimizer.bytes + states.master_weights.bytes + grad_buffer(states)
     dev = device_states_of(ctx, placements)
     comm = fsdp_buffers(ctx, placements)
     # under ep the optimizer step holds the rank's own (held_at_step: its E / ep experts' offsets, and the token ids
@@ -543,7 +545,7 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
         for p in figures:
             grads = -(-p.gradients * dev.gradients // states.gradients.bytes) if states.gradients.bytes else 0
             moved = dataclasses.replace(p, bytes=p.bytes - full_resident + dev.weights + dev.optimizer +
-                                        dev.master_weights - p.gradients + grads, gradients=grads)
+                                        dev.master_weights + dev.grad_buffer - p.gradients + grads, gradients=grads)
             if ctx.layout.ep > 1 and p.phase == "optimizer step":
                 held, held_text = held_at_step(ctx, placements, batch, length)
                 moved = dataclasses.replace(moved, bytes=moved.bytes - one_device + held, arithmetic=(

@@ -51,7 +51,9 @@ def device_states(params: Iterable, placements: Iterable[Placement], layout: Par
              for p in params]
     whole = model_states(local, precision=precision, optimizer=optimizer, trainable=trainable, own=own)
     if precision == MAIN_GRAD_PRECISION:
-        return main_grad_states(whole, layout)
+        routed = [p for p in local if by_name[p.name].experts_split]
+        return main_grad_states(whole, layout, model_states(routed, precision=precision, optimizer=optimizer,
+                                                            trainable=trainable, own=own) if routed else None)
     stage = layout.zero_stage
     degree = layout.shard_degree
     accumulation = 0
@@ -137,23 +139,38 @@ def bf16_optimizer(precision: str, layout: ParallelLayout) -> bool:
     return precision == MASTER_PRECISION and layout.pp > 1 and layout.zero_stage == 0
 
 
-def main_grad_states(whole: ModelStates, layout: ParallelLayout) -> DeviceStates:
-    """bf16-main-grad's states on a rank holding `whole` (its tensor/pipeline shard), Megatron-LM's: the bf16 weights
-    and the fp32 main-gradient buffer whole on every data-parallel rank (the buffer is reduce-scattered in place under
-    the distributed optimizer, still allocated whole), resident from before the forward (grad_buffer; no .grad held);
-    the fp32 masters and moments whole under DDP, ⌈/ d⌉ under the distributed optimizer (ZeRO-1's share of its flat
-    buffer: the padding Megatron adds, each bucket to a multiple of d and each parameter's start to 64 elements, not
-    counted)."""
+def main_grad_states(whole: ModelStates, layout: ParallelLayout, experts: ModelStates | None = None) -> DeviceStates:
+    """bf16-main-grad's states on a rank holding `whole` (its tensor/pipeline/expert shard; `experts`: the routed
+    experts' part of it), Megatron-LM's: the bf16 weights and the fp32 main-gradient buffer whole on every
+    data-parallel rank (the buffer is reduce-scattered in place under the distributed optimizer, still allocated
+    whole; the experts' in a buffer of their own, DistributedDataParallel's expert_parallel_buffers), resident from
+    before the forward (grad_buffer; no .grad held); the fp32 masters and moments whole under DDP, under the
+    distributed optimizer ⌈/ d⌉ (ZeRO-1's share of its flat buffer: the padding Megatron adds, each bucket to a
+    multiple of d and each parameter's start to 64 elements, not counted) over d = dp × cp, the ranks holding the
+    same dense parameters (parallel_state's data-parallel group with context parallel, which
+    DistributedDataParallel takes for the dense buffers), and the routed experts' over the expert-data-parallel
+    group, dp × cp / ep ranks (the expert buffers' intra_expt_dp group; with Megatron's default expert tensor
+    parallel = tp)."""
     buffer = grad_buffer(whole)
     degree = layout.shard_degree
     if layout.zero_stage == 0 or degree == 1:
         return DeviceStates(whole.weights.bytes, 0, whole.optimizer.bytes, whole.master_weights.bytes, whole,
                             "Megatron's DDP without the distributed optimizer: every data-parallel rank holds these",
                             buffer)
-    return DeviceStates(whole.weights.bytes, 0, -(-whole.optimizer.bytes // degree),
-                        -(-whole.master_weights.bytes // degree), whole,
-                        f"Megatron's distributed optimizer over {degree} data-parallel ranks: ⌈bytes / {degree}⌉ of the "
-                        "fp32 masters and moments a rank, the bf16 weights and the fp32 gradient buffer whole", buffer)
+    expert_degree = max(1, degree // layout.ep)
+    groups = [(whole.optimizer.bytes, whole.master_weights.bytes, degree)]
+    if experts is not None:  # the dense part over dp × cp, the experts' over their expert-data-parallel group
+        groups = [(whole.optimizer.bytes - experts.optimizer.bytes,
+                   whole.master_weights.bytes - experts.master_weights.bytes, degree),
+                  (experts.optimizer.bytes, experts.master_weights.bytes, expert_degree)]
+    how = (f"Megatron's distributed optimizer over {degree} data-parallel ranks"
+           + (" (dp × cp)" if layout.cp > 1 else "") + f": ⌈bytes / {degree}⌉ of the fp32 masters and moments a rank")
+    if experts is not None:
+        how += (f", the routed experts' over their expert-data-parallel group of {counted(expert_degree, 'rank')} "
+                f"({degree} / ep {layout.ep})")
+    return DeviceStates(whole.weights.bytes, 0, sum(-(-o // d) for o, _, d in groups),
+                        sum(-(-m // d) for _, m, d in groups), whole,
+                        how + ", the bf16 weights and the fp32 gradient buffer whole", buffer)
 
 
 def main_grad_layout_words(layout: ParallelLayout) -> str:
@@ -170,6 +187,15 @@ def main_grad_layout_words(layout: ParallelLayout) -> str:
                      "torch's DTensor runs it, the activations bf16-pure's)")
     if layout.pp > 1:
         words.append(f"beside pp {layout.pp} each stage holds its own parameters' buffer, masters and moments")
+    if layout.cp > 1:
+        words.append(f"beside cp {layout.cp} the cp ranks hold the same weights, so the buffer is whole on each and "
+                     "the distributed optimizer shards over dp × cp (Megatron's data-parallel group with context "
+                     "parallel); the activations torch's ring attention's, as on a bf16-pure rank")
+    if layout.ep > 1:
+        words.append(f"beside ep {layout.ep} each rank's routed experts keep a buffer of their own (Megatron's expert "
+                     "grad buffers), whole, and the distributed optimizer shards their masters and moments over "
+                     f"the expert-data-parallel group ({max(1, layout.shard_degree // layout.ep)} of the ranks: those "
+                     "holding the same experts)")
     words.append("the optimizer step casts nothing (main_param.grad is the fp32 buffer itself)")
     return "; ".join(words)
 
