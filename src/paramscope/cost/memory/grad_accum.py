@@ -383,9 +383,17 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
         top = max(device.phases, key=lambda p: p.bytes)
     else:
         top = max(phases, key=lambda p: p.bytes)
+    rank = getattr(device, "traced", None)
+    micro_notes = micro.notes
+    if rank is not None and measured(getattr(rank, "phases", ())):  # --trace's rank ran two micro-steps: its check
+        # beside the answer with the later micro-step's moments
+        from ..parallel.device_trace import rechecked
+
+        device = dataclasses.replace(device, notes=rechecked(device.notes, rank, top.bytes))
+        micro_notes = rechecked(micro.notes, rank, top.bytes)
     detail = dataclasses.replace(detail, phases=phases, device=device)
     settings = dict(micro.settings, batch=batch, micro_batch=batch // steps, grad_accum=steps)
-    notes = micro.notes + (
+    notes = micro_notes + (
         f"gradient accumulation: the batch of {batch:,} runs as {steps:,} micro-steps of {batch // steps:,}, the "
         "optimizer stepping after the last; the first micro-step is the step at the micro-batch without the "
         "optimizer's, each later one starts with the gradients held (the moments named 'gradients held'); every "

@@ -128,9 +128,6 @@ class TrainingOptions:
             raise OptionError("{0} must be 0 or more, got {reserve}", "reserve", reserve=self.reserve)
         trace_depth(self.trace)
         _check_grad_accum(self.grad_accum, self.batch, self.layout)
-        if self.grad_accum > 1 and self.trace and self.layout is not None and not self.layout.trivial:
-            raise OptionError("{0} under a layout is not traced yet (one rank's trace runs one micro-step): drop "
-                              "{1}", "grad_accum", "trace")
         if self.grad_accum > 1 and (self.devices != 1 or self.media is not None):
             raise OptionError("{0} is counted on one device or under a layout (layout_for), without an image or "
                               "audio input, here", "grad_accum")
@@ -563,7 +560,8 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
             seq=seq, shape=shape, step=(step_bytes - master_copy + rank_copy, rank_text),
             trace=bool(options.trace),
             attention=options.attention, frozen=frozenset(frozen), weights_dtype=dtype if live else None,
-            limit=limit, live=live, structure=structure, derive=options.derive_layout))
+            limit=limit, live=live, structure=structure, derive=options.derive_layout,
+            accumulating=accumulating))
         if answer is None:  # its per-device recipe is neither kept nor derivable without the build
             return None
         device, layout_at = answer

@@ -130,6 +130,7 @@ class StepContext:
     live: bool = False
     structure: str | None = None
     derive: bool = True  # TrainingOptions.derive_layout
+    accumulating: bool = False  # a micro-step under gradient accumulation: a derived rank replays the later one
 
 
 # an answer that needs the built module: the recipe is neither cached nor derivable without it

@@ -4,6 +4,7 @@ stage of a derived class cut and traced, beside the answer it checks."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from .device import DeviceMemory, StepContext
 from .device_parts import fsdp_sharded
@@ -38,9 +39,13 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
         return dataclasses.replace(device, notes=device.notes + (f"--trace: no rank traced: {why}",))
     fsdp = fsdp_sharded(layout)
     # the states' precision: bf16-master's rank runs bf16-pure's forward and backward, its step on fp32 masters
+    # under gradient accumulation (ctx.batch the micro-batch) the rank runs two micro-steps before its optimizer's,
+    # the second over the gradients the first left (every later one is the second again): FSDP2 reduce-scatters
+    # each micro-step's gradients and adds the shard into the held one (set_requires_gradient_sync(True), its
+    # default, which torchtitan and accelerate keep); a tp rank's AccumulateGrad adds into its DTensor gradients
     settings = StepSettings(batch=ctx.batch, seq=ctx.seq, precision=ctx.states.precision, optimizer=ctx.optimizer,
                             attention=ctx.attention, frozen=ctx.frozen, weights_dtype=ctx.weights_dtype,
-                            own_dtype=ctx.own)
+                            own_dtype=ctx.own, grad_accum=2 if ctx.accumulating else 1)
     # beside cp, the ep ranks are dp_shard_in_ep × cp (torchtitan's): the trace's dp is ep / cp
     # under FSDP2 beside ep, torchtitan's (dp / ep, ep) mesh: the trace's dp is the shard degree (/ cp)
     traced = trace_parallel_training(ctx.view.module, settings, dp=layout.shard_degree // layout.cp if fsdp else
@@ -50,15 +55,39 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
                                      mixed=layout.fsdp_mixed_precision if fsdp else "autocast",
                                      replicate=hybrid_replicas(layout, layout.ep > 1 and cuts_routed_experts(
                                          placements_for(ctx.report, ctx.view, layout))))
-    top = traced.peak
-    diff = (device.peak - top.bytes) / top.bytes if top.bytes else 0.0
     engine = "derived" if device.activations_from.startswith("derived") else "analytic"
     applied = ", ".join(["FSDP2"] * fsdp + ["torchtitan's ExpertParallel"] * (layout.ep > 1) +
                         ["DTensor"] * (layout.tp > 1) + ["torch's ring attention"] * (layout.cp > 1)) \
         or "one data-parallel replica"
-    note = (f"check: rank 0's step traced on torch's fake process group ({applied}, MemTracker): peak "
-            f"{top.bytes:,} B in {top.phase}; the {engine} {device.peak:,} B is {100 * diff:+.3f}% from it")
+    if ctx.accumulating:
+        applied += ("; two micro-steps before the optimizer's, the second over the gradients held" +
+                    (", FSDP2 reduce-scattering each (set_requires_gradient_sync(True), its default)" if fsdp else ""))
+    note = rank_check_note(applied, engine, traced, device.peak)
     return dataclasses.replace(device, traced=traced, notes=device.notes + (note,) + tuple(traced.notes))
+
+
+RANK_CHECK = "check: rank 0's step traced on torch's fake process group ("
+
+
+def rank_check_note(applied: str, engine: str, traced: Any, peak: int) -> str:
+    """--trace's check under a layout: the traced rank's peak (`traced`, a TracedStep) beside the `engine`'s
+    (analytic or derived) `peak`; `applied`: what the trace laid out, in words."""
+    top = traced.peak
+    diff = (peak - top.bytes) / top.bytes if top.bytes else 0.0
+    return (f"{RANK_CHECK}{applied}, MemTracker): peak {top.bytes:,} B in {top.phase}; the {engine} {peak:,} B is "
+            f"{100 * diff:+.3f}% from it")
+
+
+def rechecked(notes: tuple[str, ...], traced: Any, peak: int) -> tuple[str, ...]:
+    """`notes` with rank_check_note's check said again beside `peak` (the engine's answer once a later micro-step's
+    moments are added to it: grad_accum.accumulated), the traced rank and what it laid out as they were."""
+    def again(note: str) -> str:
+        if not note.startswith(RANK_CHECK):
+            return note
+        applied = note[len(RANK_CHECK):note.index(", MemTracker): peak ")]
+        engine = "derived" if "; the derived " in note else "analytic"
+        return rank_check_note(applied, engine, traced, peak)
+    return tuple(again(note) for note in notes)
 
 
 def traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
