@@ -43,13 +43,15 @@ MoE routers' load-balancing statistics: bytes per token or per step, well under 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
-from ..memory.states import MAIN_GRAD_PRECISION
+from ..memory.states import MAIN_GRAD_PRECISION, MASTER_PRECISION
 from .layout import ParallelLayout, shard_words
 from .layout_facts import ModelFacts
 from .pipeline import Stage, params_held, stages
+from .states import bf16_optimizer
 from .search_result import CommTerm
 
 # a parameter group's bytes as FSDP2 moves them: (all-gathered, reduce-scattered); ints where no FSDP2 (the same bytes)
@@ -76,8 +78,13 @@ class StepCommunication:
         gathered = self.fsdp_bytes(layout) if _fsdp(layout) else None
         for index, (stage, dense, experts, tied) in enumerate(self.stage_bytes(layout)):
             moved = (dense, experts) if gathered is None else gathered[index]
-            data = main_grad_dp_terms(layout, dense, experts, steps) \
-                if facts.options.precision == MAIN_GRAD_PRECISION else dp_terms(layout, *moved, steps)
+            precision = facts.options.precision
+            if precision == MAIN_GRAD_PRECISION:
+                data = main_grad_dp_terms(layout, dense, experts, steps)
+            elif precision == MASTER_PRECISION and layout.zero_stage == 0:
+                data = deepspeed_zero0_dp_terms(layout, dense, experts, steps)
+            else:
+                data = dp_terms(layout, *moved, steps)
             terms = tuple(t for t in (*data, tp_term(facts, layout, replica, stage),
                                       *pp_terms(facts, layout, replica, stage, tied),
                                       ep_term(facts, layout, replica, stage), cp_term(facts, layout, replica, stage))
@@ -182,7 +189,12 @@ def dp_terms(layout: ParallelLayout, dense: int | Moved, experts: int | Moved, s
     out = _dp_terms(layout, dense, experts)
     if steps == 1:
         return out
-    if layout.zero_stage in (1, 2):  # the gradients' reduce-scatter each micro-step, the parameters' gather once
+    if layout.zero_stage == 1:  # DeepSpeed's ZeRO-1 reduces at the accumulation boundary only (engine.py
+        # allreduce_gradients: "Communicate only at gradient accumulation boundaries"; ZeRO-2's partitioned gradients
+        # are reduced in every micro-step's backward, overlapping_partition_gradients_reduce_epilogue)
+        return [dataclasses.replace(term, what=f"{term.what}, once a step (DeepSpeed reduces at the accumulation "
+                                               f"boundary, the last of {steps} micro-steps)") for term in out]
+    if layout.zero_stage == 2:  # the gradients' reduce-scatter each micro-step, the parameters' gather once
         held = [(params, max(1, layout.shard_degree // split)) for params, split in ((dense, 1), (experts, layout.ep))
                 if params and layout.dp * layout.cp // split > 1]  # the terms _dp_terms gave, in its order
         return [CommTerm(term.kind, f"{term.what}: the gradients' each of {steps} micro-steps",
@@ -246,6 +258,38 @@ def _dp_terms(layout: ParallelLayout, dense: int | Moved, experts: int | Moved) 
                                       f"reduce-scatter of the gradients{label}",
                                 _ceil((n - 1) * (twice * p + g), n), f"(n−1)/n · ({two}P + G), n = {group} = {n}",
                                 f"{n - 1}/{n} × ({f'{twice} × ' if twice > 1 else ''}{p:,} + {g:,}) ({given})"))
+    return out
+
+
+def deepspeed_zero0_dp_terms(layout: ParallelLayout, dense: int, experts: int, steps: int = 1) -> list[CommTerm]:
+    """bf16-master at ZeRO 0, DeepSpeed's engine (not torch's DDP): the bf16 gradients all-reduced once a step, at
+    the accumulation boundary (engine.py allreduce_gradients: "Communicate only at gradient accumulation boundaries";
+    buffered_allreduce_fallback, BF16_Optimizer's get_grads_for_reduction: its bf16 accumulation buffer); beside a
+    pipeline DeepSpeed's BF16_Optimizer (states.bf16_optimizer) then all-gathers the updated bf16 parameters over the
+    data-parallel group (bf16_optimizer.py update_lp_params → all_gather_dp_groups), each rank having stepped its
+    partition; without a pipeline FP16_Optimizer in bf16 steps whole masters, and gathers nothing. G = P = the bf16
+    bytes the stage holds."""
+    ranks = layout.dp * layout.cp
+    gathers = bf16_optimizer(MASTER_PRECISION, layout)
+    out = []
+    for label, g, split in (("", dense, 1), (" (routed experts)", experts, layout.ep)):
+        n = ranks // split
+        if not g or n == 1:
+            continue
+        group = "dp × cp" + (" / ep" if split > 1 else "")
+        names = ("Pe", "Ge") if split > 1 else ("P", "G")
+        once = f", once a step (at the accumulation boundary, the last of {steps} micro-steps)" if steps > 1 else ""
+        if gathers:
+            out.append(CommTerm("dp", f"DeepSpeed's BF16_Optimizer: all-reduce of the bf16 gradients, all-gather of "
+                                      f"the updated bf16 parameters{label}{once}",
+                                _ceil(2 * (n - 1) * g, n) + _ceil((n - 1) * g, n),
+                                f"2(n−1)/n · G + (n−1)/n · P, n = {group} = {n}",
+                                f"2·{n - 1}/{n} × {g:,} + {n - 1}/{n} × {g:,} ({names[1]} = {names[0]} = {g:,} B, "
+                                "bf16)"))
+        else:
+            out.append(CommTerm("dp", f"DeepSpeed's engine (ZeRO 0): all-reduce of the bf16 gradients{label}{once}",
+                                _ceil(2 * (n - 1) * g, n), f"2(n−1)/n · G, n = {group} = {n}",
+                                f"2·{n - 1}/{n} × {g:,} ({names[1]} = {g:,} B, bf16)"))
     return out
 
 
