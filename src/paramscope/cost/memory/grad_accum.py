@@ -372,6 +372,7 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
     exact = traced or named and (outweighs or recomputed is not None)
     phases = held_phases(detail.phases, held_between(detail.phases), new, head, exact, recomputed)
     device = detail.device
+    replayed = device is not None and measured(device.phases)  # a derived FSDP2 rank's, replayed (estimate.py)
     if device is not None:  # the device's held share; the embedding's new gradient there is left out
         rank_head = head_backward(micro, report, options, trainable, device)
         named = rank_head is not None
@@ -399,7 +400,10 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
         "optimizer's, each later one starts with the gradients held (the moments named 'gradients held'); every "
         "later micro-step is the same, so the second stands for them all. FLOPs a step are unchanged "
         f"({steps:,} × the micro-batch's). {CONVENTION}",
-        ("the later micro-step is measured (the traced step runs two micro-steps before the optimizer's)"
+        ("the later micro-step is replayed from the rank's derived recipe: every gradient shard held, and each "
+         "unit's new gradient shard (FSDP2's reduce-scatter output) beside them until added in (equal to the "
+         "traced rank's second micro-step)" if replayed else
+         "the later micro-step is measured (the traced step runs two micro-steps before the optimizer's)"
          if traced and micro.engine == "traced" else
          "the later micro-step is replayed from the derived recipe's allocations: every gradient held, and each new "
          "weight gradient beside them until AccumulateGrad adds it in (equal to --trace full's second micro-step)"

@@ -323,6 +323,12 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         where = "forward" if index == 0 else "backward"
         phases = phases[:index] + (dataclasses.replace(phase, arithmetic=f"{phase.bytes - resident:,} ("  # its value
             + step.recipe.words(where, ctx.batch, ctx.seq) + ")"),) + phases[index + 1:]
+    if ctx.accumulating and fsdp:  # FSDP2's rank: its later micro-step replayed from the recipe (the new gradient
+        # shards made beside the held ones until added in), as one device's is; beside tp the whole embedding
+        # gradient a rank holds is not held between micro-steps under FSDP2 (whole is None there)
+        from ..memory.grad_accum import derived_later
+
+        phases = derived_later(phases, step, ctx.batch, ctx.seq, resident, dev.gradients)
     applied = _derived_applied_words(layout, fsdp, ring_ep, loaded)
     if replicas > 1:
         applied += (f"; hybrid sharding: traced as FSDP2 over the shard group of {layout.shard_degree}, which its "
