@@ -35,11 +35,12 @@ def _closed(batch: int, seq: int, checkpointing: bool = False, vocab: int = 512,
     return estimate.training.device, view
 
 
-@pytest.mark.parametrize("seq, layout, peak, moment, words", [
-    (128, dict(cp=4), 6_798_756, "the ring attention's", "2 × 16,384"),
-    (64, dict(cp=2, tp=2), 5_408_292, "MLP's norm", "3 × 8,192"),
+@pytest.mark.parametrize("seq, layout, peak, moment, words, fwd, fwd_where", [
+    (128, dict(cp=4), 6_798_756, "the ring attention's", "2 × 16,384", 5_831_836,
+     "FSDP2: layer 3's residual add in the forward"),
+    (64, dict(cp=2, tp=2), 5_408_292, "MLP's norm", "3 × 8,192", 4_924_980, "end of forward"),
 ], ids=["cp 4", "cp 2 × tp 2"])
-def test_the_policy_ring_rank_is_the_traced_rank(seq, layout, peak, moment, words):
+def test_the_policy_ring_rank_is_the_traced_rank(seq, layout, peak, moment, words, fwd, fwd_where):
     """2 sequences, 32 tokens a rank, layer 2's backward. cp 4: inside its ring backward (8,704 B over the MLP's
     norm, which the closed form alone gave); cp 2 × tp 2: the MLP's norm, the two layers below's and its own ring
     output copies held (B·(S / cp)·heads·head_dim × 2 B each, the rank's heads; 49,152 B under the trace without
@@ -52,27 +53,38 @@ def test_the_policy_ring_rank_is_the_traced_rank(seq, layout, peak, moment, word
     assert device.peak == traced.peak.bytes == peak
     assert device.peak_figure.where == f"FSDP2: inside layer 2's backward ({moment})"
     assert f"ring attention's outputs copied for o_proj, {words}" in device.peak_figure.arithmetic
+    # the forward's largest moment too: cp 4's the last layer's residual add (its all-gather output held, no unit
+    # after it; 58,368 B under before it was named), cp 2 × tp 2's the end of forward
+    forward = max((p for p in device.phases if p.phase == "forward"), key=lambda p: p.bytes)
+    assert forward.bytes == next(p.bytes for p in traced.phases if p.phase == "forward") == fwd
+    assert forward.where == fwd_where
 
 
-@pytest.mark.parametrize("args, layout, peak", [
-    ((2, 64), dict(dp=2, cp=2), 6_790_052),
-    ((1, 64), dict(dp=2, cp=2, tp=2), 3_334_436),
-    ((2, 512), dict(dp=2, cp=2), 20_765_092),
-    ((1, 32, False, 4008), dict(dp=2, cp=2), 12_647_844),
-    ((2, 128, True), dict(dp=2, cp=2), 6_768_804),
-    ((2, 68), dict(dp=2, cp=2), 6_863_796),
-    ((1, 256), dict(cp=8), 4_656_356),
-    ((1, 128), dict(dp=2, cp=4), 4_639_972),
-    ((2, 128, False, 512, 2), dict(cp=4), 7_093_668),
-    ((2, 128, False, 512, 2), dict(cp=4, tp=2), 3_770_276),
+@pytest.mark.parametrize("args, layout, peak, forward", [
+    ((2, 64), dict(dp=2, cp=2), 6_790_052, 5_831_836),
+    ((1, 64), dict(dp=2, cp=2, tp=2), 3_334_436, None),
+    ((2, 512), dict(dp=2, cp=2), 20_765_092, 20_249_012),
+    ((1, 32, False, 4008), dict(dp=2, cp=2), 12_647_844, 10_601_756),
+    ((2, 128, True), dict(dp=2, cp=2), 6_768_804, 4_634_524),
+    ((2, 68), dict(dp=2, cp=2), 6_863_796, 5_942_060),
+    ((1, 256), dict(cp=8), 4_656_356, 3_668_188),
+    ((1, 128), dict(dp=2, cp=4), 4_639_972, 3_668_188),
+    ((2, 128, False, 512, 2), dict(cp=4), 7_093_668, 5_995_676),
+    ((2, 128, False, 512, 2), dict(cp=4, tp=2), 3_770_276, None),
 ], ids=["dp 2 × cp 2", "dp 2 × cp 2 × tp 2", "2 × 512", "a 4,008-token vocabulary", "checkpointing", "unbalanced",
         "cp 8", "dp 2 × cp 4", "2 KV heads, cp 4", "2 KV heads, cp 4 × tp 2"])
-def test_the_closed_form_at_each_traced_cut(args, layout, peak):
+def test_the_closed_form_at_each_traced_cut(args, layout, peak, forward):
     """Each traced equal (torch 2.13, not re-traced here to keep the file short): beside tp over 8 ranks, at 256
     tokens a rank, a vocabulary whose root outweighs the layers, full checkpointing (the recomputed layer's own copy
     alone), 68 tokens, which 2·cp does not divide (torch's ring runs unbalanced and copies nothing), the ring's
-    backward peaking at cp 8, at dp 2 × cp 4 and with 2 KV heads (its K and V buffers twice as large)."""
-    assert _closed(*args, **layout)[0].peak == peak
+    backward peaking at cp 8, at dp 2 × cp 4 and with 2 KV heads (its K and V buffers twice as large). The forward's
+    largest moment too, where traced (torch 2.13): the last layer's residual add (2 × 64, 68, cp 4 with 2 KV heads;
+    at 2 × 64 58,368 B above the all-gather moment named before), the last layer's all-gather with the embedding's
+    output held (cp 8, dp 2 × cp 4: 8,192 B under before), the end of forward or layer 0's all-gather."""
+    device = _closed(*args, **layout)[0]
+    assert device.peak == peak
+    if forward is not None:
+        assert max(p.bytes for p in device.phases if p.phase == "forward") == forward
 
 
 def test_llama_3_8b_is_the_derived_rank():

@@ -65,7 +65,8 @@ from .rules import Placement
 # Each is linear in k (a layer lower holds one layer's activations fewer and one shard more), so its largest is at
 # k = L − 2 or at k = 1, the lowest with a prefetch; the last layer (no reduce-scatter input yet) is its own case.
 # Then the embedding's backward (every root gradient, its output's gradient) and, under tp, the root's
-# post-backward; and in the forward each unit's all-gather (below, where it is made).
+# post-backward; and in the forward each unit's all-gather (below, where it is made) and, in 16 bits, the last layer's
+# residual add, its all-gather output still held (no unit follows it in the forward: _last_residual_add).
 # A head tied to the embedding (Qwen2-0.5B's, Llama-3.2-1B's: the root's one weight used twice): the head's matmul
 # backward makes the whole weight's gradient, held unsharded from there (beside every layer's moments, as an untied
 # head's is); the embedding's backward makes its own beside it, and autograd adds the two out of place, both live
@@ -337,12 +338,18 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     # `prev_all_gather_state` holds it to the function's end): at layer 0 the root's, at the last layer layer L − 2's
     hidden = embedding_gradient(ctx.text, batch=batch, seq=seq, precision=ctx.precision) - 8
     positions = rotary * seq * head_dim + 8 * seq
+    # in 16 bits (bf16-pure, the policy) each norm saves its fp32 copy of its input, so the embedding's 16-bit output,
+    # which the model's forward keeps referenced (inputs_embeds) to its end, is held apart from the layers' saved
+    # tensors past layer 0 (in fp32 and under autocast the first norm saves that very tensor; under checkpointing it
+    # is layer 0's checkpointed input); traced without tp
+    embedded = hidden if kind == "bf16" and not checkpointing and layout.tp == 1 else 0
+    embedded_text = f" + the embedding's output, which the model keeps referenced {embedded:,}" if embedded else ""
     for k in sorted({0, layers - 1}):
         previous = root_bytes if k == 0 else padded[k - 1]
         layer_casts = 2 * sum(p.local_numel for kk in range(k) for p in by_layer[kk] if _copied(p)) \
             if casts and not checkpointing else 0
         rings = 0 if checkpointing else k  # the layers below keep their ring outputs' copies (cp)
-        below = k * per_layer + layer_casts + rings * ring
+        below = k * per_layer + layer_casts + rings * ring + (embedded if k else 0)
         total = resident + root_bytes + previous + 2 * padded[k] + below + hidden + positions + masked
         out.append(PhaseFigure("forward", total, f"FSDP2: layer {k}'s all-gather in the forward", (
             f"the root unit all-gathered {root_bytes:,} + {'its' if k == 0 else f'layer {k - 1}'}'s all-gather "
@@ -351,8 +358,12 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
             + (f" + layers below saved {k} × {per_layer:,}" if k else "")
             + (f" + their autocast 16-bit weight copies {layer_casts:,}" if layer_casts else "")
             + (f" + their ring attention outputs copied for o_proj, {rings} × {ring:,}" if rings and ring else "")
+            + (embedded_text if k else "")
             + f" + the hidden state entering it {hidden:,} + the rotary tables and positions, {rotary}·S·hd + 8·S = "
             f"{positions:,}{masked_text}"), 0))
+    if embedded:
+        out.append(_last_residual_add(resident, root_bytes, padded[layers - 1], layers, per_layer, ring, hidden,
+                                      positions))
     # the embedding's backward, the step's last, and the root's post-backward after it: every root gradient
     # unsharded (the embedding's whole on every tp rank, where DTensor returns a vocabulary-parallel embedding's
     # gradient Replicate), the root still gathered (it reshards only after collecting them), layer 0's
@@ -396,6 +407,29 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
         out += _policy_root_reduce(root, rows, size, d, sum(p.local_numel * size(p) for p in root), shards, resident,
                                    8 * tokens + 8 if whole else 8, whole is not None)
     return tuple(out)
+
+
+def _last_residual_add(resident: int, root_bytes: int, padded: int, layers: int, per_layer: int, ring: int,
+                       hidden: int, positions: int) -> PhaseFigure:
+    """In 16 bits (bf16-pure, the policy), without checkpointing or tp: the last layer's MLP residual add, its
+    forward's largest moment. No unit follows the last layer in the forward, so its all-gather output is never
+    released by a later copy-out (the unit's `prev_all_gather_state`) and stays beside its parameters copied out of
+    it until the layer reshards after its forward; the layer holds all it saves (one layer's saved tensors, its ring
+    output copy under cp) and, in 16 bits, the attention's residual sum, down_proj's output and the sum itself, beside
+    its input and the embedding's output that the model keeps referenced. Equal to the traced rank's forward peak
+    on the 4-layer cut under the policy (cp 2 at 2 × 64 and 2 × 68, cp 4 at 2 × 128 with 1 and 2 KV heads: 58,368 B
+    above the last layer's all-gather, which the closed form named before); under the all-gather or the end of
+    forward at cp 8, dp 2 × cp 4 and dp 2 (tests/test_policy_context_parallel.py)."""
+    rings = layers * ring
+    total = resident + root_bytes + 2 * padded + layers * per_layer + rings + 5 * hidden + positions
+    return PhaseFigure("forward", total, f"FSDP2: layer {layers - 1}'s residual add in the forward", (
+        f"the root unit all-gathered {root_bytes:,} + layer {layers - 1}'s all-gather output, still held (no unit "
+        f"follows it in the forward), and its parameters copied out of it, 2 × {padded:,} + every layer's saved "
+        f"tensors, its own among them, {layers} × {per_layer:,}"
+        + (f" + their ring attention outputs copied for o_proj, {layers} × {ring:,}" if ring else "")
+        + f" + five 16-bit hidden states, the embedding's output (the model keeps it referenced), the layer's input, "
+        f"its attention's residual sum, down_proj's output and the layer's output, 5 × {hidden:,} + the rotary tables "
+        f"and positions {positions:,}"), 0)
 
 
 def _policy_root_reduce(root: list[Placement], rows: Any, size: Any, d: int, root_grads: int, shards: int,
