@@ -9,6 +9,7 @@ import pytest
 import paramscope
 from paramscope import ConfigError, SourceError
 from paramscope import build
+from paramscope.build import meta
 from paramscope.safe_io import hf_cache_repo, is_within, read_regular
 
 from conftest import bert_config
@@ -16,12 +17,12 @@ from conftest import bert_config
 
 def test_the_module_budget_stops_a_build_that_passed_the_field_checks(monkeypatch):
     """Fields can each be legal and still describe too many modules: the build itself is cut off."""
-    monkeypatch.setattr(build, "MAX_MODULES", 100)
+    monkeypatch.setattr(meta, "MAX_MODULES", 100)
     config = bert_config(num_hidden_layers=12, hidden_size=16, num_attention_heads=2, intermediate_size=32)
     with pytest.raises(ConfigError, match="more than 100 modules"):
         paramscope.inspect(config, model_class="BertModel")
     # the hook is gone afterwards: the same model builds under the real budget
-    monkeypatch.setattr(build, "MAX_MODULES", 15_000)
+    monkeypatch.setattr(meta, "MAX_MODULES", 15_000)
     assert paramscope.inspect(config, model_class="BertModel").num_layers == 12
 
 
