@@ -250,3 +250,27 @@ def test_trace_under_a_layout_runs_the_rank_s_micro_steps():
     check = next(note for note in answer.notes if note.startswith("check: rank 0's step traced"))
     assert "two micro-steps before the optimizer's" in check and "set_requires_gradient_sync(True)" in check
     assert check.endswith("the analytic 6,069,212 B is +0.000% from it")
+
+
+@pytest.mark.parametrize("layout", [dict(tp=2), dict(dp=2, zero="fsdp", fsdp_mixed_precision="autocast")])
+def test_the_fits_rows_beside_a_layout_are_the_micro_step_s(layout):
+    """--gpu under --grad-accum beside a layout (was left out: 'not searched under gradient accumulation beside a
+    layout'): the largest batch is a data-parallel rank's micro-batch, searched over the device's later micro-step
+    (every gradient, its share, held), as on one device: the answer's own peak at that micro-batch fits, one more
+    does not."""
+    from paramscope.cost.parallel.layout import layout_for
+
+    config = _llama_3_8b_cut()
+    options = TrainingOptions(batch=2, seq=256, precision="bf16-mixed", grad_accum=2, gpu="H100",
+                              layout=layout_for(**layout))
+    answer = estimate_training(config, options)
+    capacity = answer.budget.accelerator.memory - answer.reserve
+    assert answer.budget.free == capacity - answer.peak
+    largest = answer.budget.largest_batch
+    assert any("each row's batch is a micro-batch" in note for note in answer.notes)
+    assert [f.largest_batch for f in answer.fits if f.accelerator.name == "H100 80GB"] == [largest]
+    for micro, fits in ((largest, True), (largest + 1, False)):
+        at = estimate_training(config, dataclasses.replace(options, batch=2 * micro, gpu=None, fits=False,
+                                                           layout=layout_for(**layout)))
+        assert (at.peak <= capacity) is fits
+        assert at.peak_phase.endswith("gradients held")

@@ -354,6 +354,24 @@ def later_micro_step(report: Any, trainable: frozenset[str], precision: str, own
     return later
 
 
+def later_rank_step(report: Any, trainable: frozenset[str], precision: str, own: frozenset[str], source: str,
+                    layout: Any) -> Callable[[tuple[PhaseFigure, ...], int, int], tuple[PhaseFigure, ...]]:
+    """A layout's device phases at (micro-batch, length) → with a later micro-step's moments added, as `accumulated`
+    adds them to the device's (`source`: the device's activations_from): what the largest batch and context (the
+    fits table, --gpu) are searched over under accumulation beside a layout."""
+    whole = tp_alone(layout)  # a tp rank's embedding backward makes the whole gradient beside the whole one held
+    new = embedding_gradient_bytes(report, trainable, precision, own) if whole else 0
+    shape = head_shape(source, report, trainable) if whole else None
+    if shape is not None and shape[0] % layout.tp:
+        shape = None
+
+    def later(phases: tuple[PhaseFigure, ...], batch: int, length: int) -> tuple[PhaseFigure, ...]:
+        head = None if shape is None else HeadBackward(batch * length, shape[0], shape[1],
+                                                       shape[0] * shape[1] // layout.tp, step_precision(precision))
+        return held_phases(phases, held_between(phases), new, head)
+    return later
+
+
 def accumulated(micro: Any, report: Any, options: Any) -> Any:
     """The MemoryEstimate of `options` (grad_accum > 1) from `micro`, the estimate at its micro-batch."""
     detail = micro.training
@@ -433,11 +451,8 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
          "--trace full measures it on one device"),
         "the largest batch and context (--gpu, the fits table) are the micro-step's: each row's batch is a "
         "micro-batch, its later micro-steps over every gradient held (a replica's batch is that × the micro-steps)"
-        if device is None else
-        "the largest batch and context (--gpu, the fits table) are not searched under gradient accumulation beside "
-        "a layout: the peak above is this micro-batch's")
-    if device is None:  # one device: step_estimate_at searched the micro-batch over the later micro-step's moments
-        return dataclasses.replace(micro, settings=settings, peak=top.bytes, peak_phase=top.phase, training=detail,
-                                   notes=notes)
+        + ("" if device is None else "; per device, each data-parallel rank's micro-batch"))
+    # step_estimate_at searched the micro-batch over the later micro-step's moments (one device: later_micro_step;
+    # a layout's device: later_rank_step)
     return dataclasses.replace(micro, settings=settings, peak=top.bytes, peak_phase=top.phase, training=detail,
-                               notes=notes, fits=(), budget=None)
+                               notes=notes)

@@ -572,9 +572,18 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
             device = dataclasses.replace(device, accumulation_buffer=device.gradients // 2)
         notes.extend(device.notes)
 
+    rank_later = None
+    if accumulating and device is not None:  # the fits table beside a layout: each micro-batch's later micro-step
+        from .grad_accum import later_rank_step
+
+        rank_later = later_rank_step(report, trainable, precision, own, device.activations_from, options.layout)
+
     def on_one_device(figures: tuple[PhaseFigure, ...], batch: int = options.batch,
                       length: int = seq) -> PhaseFigure:
         """The largest moment on one device, each moment's model states replaced by the device's shares."""
+        if layout_at is not None and rank_later is not None:  # accumulation: the device's later micro-step too
+            return max(rank_later(layout_at(to_rank(figures), batch, length, every=True), batch, length),
+                       key=lambda p: p.bytes)
         if layout_at is not None:
             return layout_at(to_rank(figures), batch, length)
         if sharded is None:

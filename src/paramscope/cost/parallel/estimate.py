@@ -42,7 +42,8 @@ from .trace_reach import hybrid_replicas
 
 def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[PhaseFigure, ...], int, int], PhaseFigure]]:
     """(the device's figures, the function that gives the device's largest moment at another batch and length from
-    the one-device moments there: the fits table's question)."""
+    the one-device moments there: the fits table's question; with every=True all its moments there, to which
+    gradient accumulation adds a later micro-step's, grad_accum.later_rank_step)."""
     layout = ctx.layout
     placements = placements_for(ctx.report, ctx.view, layout)
     rules = rules_in_words(placements, layout)
@@ -350,7 +351,7 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                           "applied (torch's fake process group), laid out to the model's depth", dev.arithmetic,
                           (), phases, rules, notes=tuple(notes))
 
-    def at(one_device: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
+    def at(one_device: tuple[PhaseFigure, ...], batch: int, length: int, every: bool = False) -> Any:
         if layout.cp > 1:  # a length 2·cp does not divide runs unbalanced (not derived): the next that it divides
             # bounds it, so the fits table's largest context comes out a multiple of 2·cp (of 2·cp·tp under sp,
             # whose ranks split the rank's S / cp tokens again)
@@ -358,8 +359,9 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
             length = -(-length // unit) * unit
         point = step.at(batch, length)
         if point is None:
-            return PhaseFigure("backward", 1 << 62, "", "")
-        return max(phases_at(point, batch, length), key=lambda p: p.bytes)
+            return (PhaseFigure("backward", 1 << 62, "", ""),) if every else PhaseFigure("backward", 1 << 62, "", "")
+        figures = phases_at(point, batch, length)
+        return figures if every else max(figures, key=lambda p: p.bytes)
     return device, at
 
 
@@ -572,8 +574,9 @@ def _data_parallel_device(ctx: StepContext, placements: tuple[Placement, ...], r
                           f"{ctx.source_label}: each rank runs its own batch, as one device does", dev.arithmetic,
                           tuple(comm + expert_dispatch(ctx, placements, ctx.batch, ctx.seq)), phases, rules)
 
-    def at(figures: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
-        return max(shifted(figures, batch, length), key=lambda p: p.bytes)
+    def at(figures: tuple[PhaseFigure, ...], batch: int, length: int, every: bool = False) -> Any:
+        moments = shifted(figures, batch, length)  # every: all of them (a later micro-step's are added to them)
+        return moments if every else max(moments, key=lambda p: p.bytes)
     return device, at
 
 
@@ -666,8 +669,9 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
                           act.saved + kept[0], f"analytic: {recipe} on the rank's shard ({'; '.join(parts)})",
                           dev.arithmetic, tuple(comm), phases_at(ctx.batch, ctx.seq), rules, notes=notes)
 
-    def at(figures: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
-        return max(phases_at(batch, length), key=lambda p: p.bytes)
+    def at(figures: tuple[PhaseFigure, ...], batch: int, length: int, every: bool = False) -> Any:
+        moments = phases_at(batch, length)  # every: all of them (a later micro-step's are added to them)
+        return moments if every else max(moments, key=lambda p: p.bytes)
     return device, at
 
 
