@@ -22,6 +22,8 @@ from .pipeline import (
 )
 from .rules import Placement
 from .states import DeviceStates, stage_step
+from ..dtypes import itemsize
+from ..memory.states import trained_dtype
 
 
 # FSDP2's MixedPrecisionPolicy with the derivation off (the layout search): the closed form over bf16-pure's stages
@@ -91,6 +93,39 @@ def mlp_backward_working(precision: str, tokens: int, hidden: int, inner: int) -
                     "down_proj's 16-bit weight copy freed, 4·T·i − 2·h·i"))
     value, words = max(moments, key=lambda m: m[0])
     return value, f"{words} = {value:,}"
+
+
+def mlp_first_backward_working(precision: str, tokens: int, hidden: int, inner: int) -> tuple[int, str]:
+    """(bytes, words) the top layer's MLP holds above what the stage began its first backward with (its output's
+    gradient, its microbatches' saved tensors, no gradient yet): mlp_backward_working's moments, with down_proj's
+    weight gradient kept as its .grad (a first backward makes each .grad and keeps it; a later one adds it in and
+    frees it). fp32 4·h·i + 8·T·i, bf16-pure 2·h·i + 4·T·i, mixed max(2·T·h + 2·h·i + 2·T·i, 4·h·i, 4·T·i + 2·h·i).
+    Traced: trace_stage's first backward on Llama cuts' first and middle stages (T 64, h 32, i 48 and 96), to the
+    byte; where a layer's weights outweigh its tokens (T ≪ h) the layer's later moments, with more of its gradients
+    made, rise above it (a 1-layer middle stage at T 8, h 32, i 48: 4,192 B under), and in bf16-pure on a narrow
+    MLP (i < 2h) the post-attention norm's (1,856 B under at T 64)."""
+    t, h, i = tokens, hidden, inner
+    if precision == "fp32":
+        moments = ((4 * h * i + 4 * t * i, "down_proj's weight and input gradients 4·h·i + 4·T·i"),
+                   (4 * h * i + 8 * t * i, "down_proj's weight gradient kept as its .grad and the gated product's "
+                    "two gradients beside its own, its saved input freed, 4·h·i + 8·T·i"))
+    elif precision == "bf16-pure":
+        moments = ((2 * h * i + 2 * t * i, "down_proj's weight and input gradients 2·h·i + 2·T·i"),
+                   (2 * h * i + 4 * t * i, "down_proj's weight gradient kept as its .grad and the gated product's "
+                    "two gradients beside its own, its saved input freed, 2·h·i + 4·T·i"))
+    else:
+        moments = ((2 * t * h + 2 * h * i + 2 * t * i, "the output's gradient cast to 16 bits and down_proj's 16-bit "
+                    "weight and input gradients 2·T·h + 2·h·i + 2·T·i"),
+                   (4 * h * i, "down_proj's weight gradient cast to fp32 for its .grad, 4·h·i, its 16-bit copy and "
+                    "input freed"),
+                   (4 * t * i + 2 * h * i, "down_proj's fp32 .grad kept and the gated product's two gradients beside "
+                    "its own, its saved input and down_proj's 16-bit weight copy freed, 4·h·i + 4·T·i − 2·h·i"))
+    value, words = max(moments, key=lambda m: m[0])
+    return value, f"{words} = {value:,}"
+
+
+# the precisions whose draining stages are priced moment by moment (held to trace_stage's first and later backward)
+DRAIN_PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-pure")
 
 
 def _without_other_stages_keys(moment: Any, ctx: StepContext, layers: int, here: int, tokens: int) -> Any:
@@ -338,9 +373,10 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
                  + f" + the gradient arriving from the next stage {incoming:,} + gradients {dev.gradients:,}")
         # 1F1B's steady state (more microbatches than the stage holds): a backward with every gradient already
         # made, its microbatches in flight (the one going back included) and the top layer's MLP backward moment
-        # above them (mlp_backward_working, held to the stage's trace); elsewhere (GPipe, a stage that only drains,
-        # interleaved, tensor or context parallel beside, whose stages no trace has held it to) the figure takes
-        # every gradient beside every microbatch, an estimate
+        # above them (mlp_backward_working, held to the stage's trace); a stage that runs every forward first (GPipe,
+        # a 1F1B stage that only drains) its real moments (draining_figures); elsewhere (interleaved, tensor or
+        # context parallel, FSDP2 beside, whose stages no trace has held it to) the figure takes every gradient
+        # beside every microbatch, an estimate
         steady_state = layout.schedule == "1f1b" and layout.micro_batches > stage.in_flight and \
             layout.tp == 1 and layout.cp == 1
         working, working_words = mlp_backward_working(
@@ -350,10 +386,88 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
             words += f" + the top layer's MLP backward moment: {working_words}"
         steady = PhaseFigure("backward", resident + held + incoming + dev.gradients + working, "1F1B steady state" if
                              layout.schedule != "gpipe" else "first backward", words, dev.gradients)
+        emb = embedding_gradient(stage) if steady_state else 0
+        others = (stage.in_flight - 1) * (held // stage.in_flight)
+        if emb and resident + others + dev.gradients + emb + 3 * incoming > steady.bytes:
+            # a vocabulary outweighing a microbatch's layers: the steady state's backward peaks as it reaches the
+            # embedding, its new gradient beside the .grad it is added into (draining_figures' later moment)
+            steady = PhaseFigure(
+                "backward", resident + others + dev.gradients + emb + 3 * incoming, "1F1B steady state",
+                f"the {stage.in_flight - 1} other microbatches held, {others:,} + gradients {dev.gradients:,} + the "
+                f"embedding's new gradient {emb:,} beside its .grad, added in place + three hidden states' gradients "
+                f"3·{residual}·B·S·h = {3 * incoming:,}, as a later backward reaches the embedding", dev.gradients)
         step_bytes, step_text = stage_step(ctx, dev)
         step = PhaseFigure("optimizer step", resident + dev.gradients + step_bytes, "optimizer step",
                            f"gradients {dev.gradients:,}; {step_text}", dev.gradients)
+        drain = draining_figures(stage, dev, batch, local_len, held, incoming, words, resident) \
+            if not interleaved else ()
+        if drain:
+            return tuple(with_buffers(f, comm_of[stage.rank]) for f in drain) + (step,), held
         return (with_buffers(steady, comm_of[stage.rank]), step), held
+
+    def embedding_gradient(stage: Stage) -> int:
+        """The bytes of the gradient the first stage's embedding backward makes (0 elsewhere, or frozen)."""
+        if not stage.first:
+            return 0
+        return sum(by_name[p.name].local_numel * itemsize(trained_dtype(by_name[p.name], ctx.precision, ctx.own))
+                   for p in stage_params(stage) if p.name in ctx.trainable and by_name[p.name].role
+                   .startswith("embedding"))
+
+    def draining_figures(stage: Stage, dev: DeviceStates, batch: int, length: int, held: int, incoming: int,
+                         held_words: str, resident: int) -> tuple[PhaseFigure, ...]:
+        """A stage before the last that runs every forward before its first backward (GPipe; 1F1B where the
+        microbatches are no more than the stage holds: it only drains): its real moments, not every gradient
+        beside every microbatch (no moment holds both). The first backward: its k microbatches held, the gradient
+        arriving, the top layer's MLP moment with its own gradient kept (mlp_first_backward_working), no other
+        gradient made yet; its end: every gradient beside the k − 1 others (on the first stage as the embedding's
+        backward makes its weight's gradient, with three hidden states' gradients, 3·r·B·S·h, live: measured on
+        the stage's trace); a later backward (k ≥ 2): k − 1 held, every gradient, the gradient arriving and the
+        top layer's MLP moment, each new gradient added in at once (the steady state's rule), and on the first
+        stage the embedding's new gradient beside its .grad as they are added, k − 2 held. Where the layout is
+        outside what the traces hold (tp, cp, FSDP2, checkpointing, another precision): () (the estimate)."""
+        if layout.schedule not in ("gpipe", "1f1b") or layout.micro_batches > stage.in_flight or \
+                layout.tp > 1 or layout.cp > 1 or policy or fsdp_beside(ctx) or \
+                ctx.precision not in DRAIN_PRECISIONS or ctx.shape.get("checkpointing"):
+            return ()
+        k = stage.in_flight
+        each = held // k
+        tokens = batch * length
+        inner = config_int(ctx.text, "intermediate_size") or 0
+        first_w, first_words = mlp_first_backward_working(ctx.precision, tokens, h, inner)
+        later_w, later_words = mlp_backward_working(ctx.precision, tokens, h, inner)
+        g = dev.gradients
+        held_short = held_words.split(" + the gradient arriving")[0]
+        figures = [PhaseFigure(
+            "backward", resident + held + incoming + first_w, "first backward",
+            f"{held_short} + the gradient arriving from the next stage {incoming:,} + the top layer's MLP moment of "
+            f"the first backward: {first_words} (no other gradient made yet: every forward ran first)", 0)]
+        others = (k - 1) * each
+        others_words = f"the {k - 1} other microbatch{'es' if k > 2 else ''} held, {k - 1} × {each:,} = {others:,} + " \
+            if k > 1 else ""
+        emb = embedding_gradient(stage)
+        if stage.first:
+            figures.append(PhaseFigure(
+                "backward", resident + others + g + 3 * incoming, "end of the first backward",
+                f"{others_words}gradients {g:,} (the embedding's made last, {emb:,}) + three hidden states' gradients "
+                f"3·{residual}·B·S·h = {3 * incoming:,} (the embedding output's and the first layer's, live as the "
+                "embedding's backward makes its weight's gradient)", g))
+        else:
+            figures.append(PhaseFigure(
+                "backward", resident + others + g + incoming, "end of the first backward",
+                f"{others_words}gradients {g:,} + the input's gradient to send {incoming:,}", g))
+        if k > 1:
+            figures.append(PhaseFigure(
+                "backward", resident + others + g + incoming + later_w, "later backward",
+                f"{others_words}gradients {g:,} + the gradient arriving {incoming:,} + the top layer's MLP moment: "
+                f"{later_words} (each new gradient added into its .grad at once)", g))
+            if emb:
+                rest = (k - 2) * each
+                figures.append(PhaseFigure(
+                    "backward", resident + rest + g + emb + 3 * incoming, "a later backward's embedding gradient",
+                    (f"the {k - 2} microbatch{'es' if k > 3 else ''} still held, {k - 2} × {each:,} = {rest:,} + "
+                     if k > 2 else "") + f"gradients {g:,} + the embedding's new gradient {emb:,} beside its .grad, "
+                    f"added in place + three hidden states' gradients {3 * incoming:,}", g))
+        return tuple(figures)
 
     def ring_kept(stage: Stage, batch: int, length: int) -> tuple[int, str]:
         if layout.cp == 1 or ctx.shape.get("checkpointing"):  # a recomputed layer keeps no copy to the moments
@@ -411,9 +525,17 @@ def pipeline_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
              "than it holds peaks in its steady state: every gradient, its microbatches in flight, the gradient "
              "arriving and the top layer's MLP backward moment, equal to the stage's trace (llama-3-8b, pp 4, 8 "
              "microbatches of 4,096 tokens, bf16-mixed: stages 0-2 to the byte; a 3-layer cut's middle stage in fp32, "
-             "mixed and bf16-pure). Elsewhere a stage's figure is an estimate: before the last under GPipe, a stage "
-             "that only drains, interleaved, or beside tensor or context parallel, every gradient beside every "
-             "microbatch held, "
+             "mixed and bf16-pure). A stage before the last that runs every forward first (GPipe; 1F1B with no "
+             "more microbatches than it holds: it only drains) peaks at one of its real moments: its first backward "
+             "(its microbatches, the gradient arriving, the top layer's MLP moment, no gradient made before), that "
+             "backward's end (every gradient; on the first stage as the embedding's backward makes its weight's, "
+             "three hidden states' gradients beside), a later backward (one microbatch fewer, every gradient), equal "
+             "to the stage's trace (llama-3-8b --pp 2 --batch 1 stage 0, 64,342,721,604 B; 2-4-layer cuts in fp32, "
+             "mixed and bf16-pure; tests/test_pipeline_draining_stage.py), but where a layer's weights outweigh its "
+             "tokens (T << h: the layer's later moments, more of its gradients made, rise above the MLP's; 4,192 B "
+             "under on a 1-layer stage at 8 tokens) or in bf16-pure on a narrow MLP (i < 2h, the norm's backward: "
+             "1,856 B under). Elsewhere (interleaved, beside tensor or context parallel, FSDP2 beside) a stage's "
+             "figure is an estimate, every gradient beside every microbatch held, "
              "without the backward's working memory (on a 3-layer cut, 1,728 B under to 32,000 B over its trace). "
              "The last stage's figure is the recipe's moments for its layers (its end of forward with its own layers' "
              "KV cache keys), with every gradient once a microbatch has gone back (GPipe: its first backward without "
