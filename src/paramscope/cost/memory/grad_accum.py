@@ -158,6 +158,7 @@ class RecomputedLayer:
     casts: int
     head: int
     precision: str
+    ids: int = 0  # a tensor-parallel rank's: the token ids its vocabulary-parallel embedding still references, 8·T
 
 
 # what the first micro-step's "last layer recomputed" moment holds that is freed by the later one's down projection
@@ -182,11 +183,13 @@ def recomputed_gradient_moments(again: PhaseFigure, gradients: int, layer: Recom
     equals the traced second micro-step's (Llama cuts, h 128 and 256, fp32, bf16-pure, bf16-mixed)."""
     t, h, i = layer.tokens, layer.hidden, layer.inner
     k = RECOMPUTE_FREED[layer.precision]
-    base = again.bytes - again.gradients + gradients - k * t * h - 12 * t + 8
+    base = again.bytes - again.gradients + gradients - k * t * h - 12 * t + 8 + layer.ids
     opening = (f"last layer recomputed {again.bytes - again.gradients:,} + every gradient, held from the earlier "
                f"micro-steps, {gradients:,} − what the head's and the final norm's backward freed and the moment's "
                f"gradients not made or counted twice by the down projection's backward, {k}·T·h + 12·T − 8 (the "
-               f"loss and its gradient) = {k * t * h + 12 * t - 8:,}")
+               f"loss and its gradient) = {k * t * h + 12 * t - 8:,}" +
+               (f" + the token ids the vocabulary-parallel embedding references, 8·T = {layer.ids:,}"
+                if layer.ids else ""))
     if layer.precision == "bf16-mixed":
         copies = 2 * layer.casts - 2 * layer.head
         made = base + copies + 2 * t * i + 2 * i * h
@@ -390,15 +393,23 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
     exact = traced or named and (outweighs or recomputed is not None)
     phases = held_phases(detail.phases, held_between(detail.phases), new, head, exact, recomputed)
     device = detail.device
+    rank_recomputed = None
     replayed = device is not None and measured(device.phases)  # a derived FSDP2 rank's, replayed (estimate.py)
     if device is not None:  # the device's held share; the embedding's new gradient there is left out
         rank_head = head_backward(micro, report, options, trainable, device)
         named = rank_head is not None
-        exact = measured(device.phases) or named and outweighs or fsdp2_alone(options.layout)
+        # a tp rank under full checkpointing: its recomputed last layer's down projection, cut over tp
+        whole = recomputed_layer(device.activations_from, report, trainable, rank_head.tokens,
+                                 micro.settings["precision"]) if named and checkpointing else None
+        rank_recomputed = None if whole is None or whole.inner % options.layout.tp else dataclasses.replace(
+            whole, inner=whole.inner // options.layout.tp, casts=whole.casts // options.layout.tp,
+            head=rank_head.head, ids=8 * rank_head.tokens)
+        exact = measured(device.phases) or named and (outweighs or rank_recomputed is not None) or \
+            fsdp2_alone(options.layout)
         # a tp rank's embedding backward makes the whole embedding gradient, added into the whole one it holds
         device_new = new if tp_alone(options.layout) else 0
         device = dataclasses.replace(device, phases=held_phases(device.phases, held_between(device.phases),
-                                                                device_new, rank_head, exact))
+                                                                device_new, rank_head, exact, rank_recomputed))
         top = max(device.phases, key=lambda p: p.bytes)
     else:
         top = max(phases, key=lambda p: p.bytes)
@@ -431,7 +442,7 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
          "recomputed last layer's down projection backward, its new weight gradient beside them over the layer's "
          "recomputed activations ('the recomputed last layer's down projection gradient'; the arithmetic of both "
          "read off the traced second micro-step's allocations): the largest moments that hold a new gradient"
-         if named and exact and recomputed is not None else
+         if named and exact and (recomputed is not None or rank_recomputed is not None) else
          "the later micro-step's moments are the first's over the held gradients, and the head's backward, where "
          "its new weight gradient lives beside the held ones until added in ('the head's weight gradient': the "
          "arithmetic read off the traced second micro-step's allocations), the largest moment that holds a new "

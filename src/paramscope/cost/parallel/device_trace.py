@@ -39,13 +39,15 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
         return dataclasses.replace(device, notes=device.notes + (f"--trace: no rank traced: {why}",))
     fsdp = fsdp_sharded(layout)
     # the states' precision: bf16-master's rank runs bf16-pure's forward and backward, its step on fp32 masters
+    # the answer's full checkpointing too (each layer recomputed in its backward; the trace ran without it)
     # under gradient accumulation (ctx.batch the micro-batch) the rank runs two micro-steps before its optimizer's,
     # the second over the gradients the first left (every later one is the second again): FSDP2 reduce-scatters
     # each micro-step's gradients and adds the shard into the held one (set_requires_gradient_sync(True), its
     # default, which torchtitan and accelerate keep); a tp rank's AccumulateGrad adds into its DTensor gradients
     settings = StepSettings(batch=ctx.batch, seq=ctx.seq, precision=ctx.states.precision, optimizer=ctx.optimizer,
                             attention=ctx.attention, frozen=ctx.frozen, weights_dtype=ctx.weights_dtype,
-                            own_dtype=ctx.own, grad_accum=2 if ctx.accumulating else 1)
+                            own_dtype=ctx.own, grad_accum=2 if ctx.accumulating else 1,
+                            grad_checkpointing=bool(ctx.shape.get("checkpointing")))
     # beside cp, the ep ranks are dp_shard_in_ep × cp (torchtitan's): the trace's dp is ep / cp
     # under FSDP2 beside ep, torchtitan's (dp / ep, ep) mesh: the trace's dp is the shard degree (/ cp)
     traced = trace_parallel_training(ctx.view.module, settings, dp=layout.shard_degree // layout.cp if fsdp else
