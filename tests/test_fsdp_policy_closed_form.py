@@ -60,6 +60,12 @@ CASES = {
         (4, 2, 1, 64, 2, 512, "Mistral"), "FSDP2: inside layer 2's backward (MLP's product)", 11_234_340),
     "Qwen2 dp 2 × tp 2, 2 × 32 tokens, a 512-token vocabulary": (
         (4, 2, 2, 32, 2, 512, "Qwen2"), "FSDP2: inside layer 2's backward (MLP's norm)", 5_388_116),
+    # layer 0's pre-backward: its parameters copied out of its all-gather output (prefetched in layer 1's backward)
+    # while that is still referenced, beside its saved tensors, layer 1's reduce-scatter input and shard: layer 0
+    # prefetches nothing below, so its in-layer moments lie under it (test_grad_accum's 2-layer cut, dp 2, 32 tokens:
+    # 80,640 B under before this moment was named)
+    "2 layers, dp 2, 32 tokens, a 512-token vocabulary": (
+        (2, 2, 1, 32, 1, 512), "FSDP2: layer 0's parameters copied out in its backward", 6_086_364),
     # full checkpointing: the checkpointed inputs below, the layer recomputed in 16 bits
     "dp 2, 2 × 128 tokens, a 512-token vocabulary, checkpointing": (
         (4, 2, 1, 128, 2, 512, "Llama", True), "FSDP2: inside layer 1's backward (MLP's product)", 11_257_380),

@@ -66,7 +66,9 @@ from .rules import Placement
 # k = L − 2 or at k = 1, the lowest with a prefetch; the last layer (no reduce-scatter input yet) is its own case.
 # Then the embedding's backward (every root gradient, its output's gradient) and, under tp, the root's
 # post-backward; and in the forward each unit's all-gather (below, where it is made) and, in 16 bits, the last layer's
-# residual add, its all-gather output still held (no unit follows it in the forward: _last_residual_add).
+# residual add, its all-gather output still held (no unit follows it in the forward: _last_residual_add); and in
+# 16 bits each layer's pre-backward, its parameters copied out beside its prefetched all-gather output, then (past
+# layer 0) the prefetch of the layer below, its 16-bit all-gather input beside its output (a 2-layer cut's peak).
 # A head tied to the embedding (Qwen2-0.5B's, Llama-3.2-1B's: the root's one weight used twice): the head's matmul
 # backward makes the whole weight's gradient, held unsharded from there (beside every layer's moments, as an untied
 # head's is); the embedding's backward makes its own beside it, and autograd adds the two out of place, both live
@@ -364,6 +366,34 @@ def fsdp_backward_moments(ctx: StepContext, placements: tuple[Placement, ...], b
     if embedded:
         out.append(_last_residual_add(resident, root_bytes, padded[layers - 1], layers, per_layer, ring, hidden,
                                       positions))
+        # each layer's pre-backward in 16 bits: its parameters copied out of its all-gather output (prefetched in the
+        # layer above's backward) while that output is still referenced, before it prefetches the layer below's;
+        # the layer's saved tensors all held, the gradient flowing into it, the layer above's reduce-scatter input
+        # and the shards above. Linear in k: its largest at k = 0 or L − 2 (a 2-layer cut's peak, 80,640 B over
+        # the in-layer moments: layer 0 has no layer below prefetched beside them); past layer 0, the prefetch of
+        # the layer below that follows it
+        for k in sorted({0, layers - 2}):
+            above = sum(shard[kk] for kk in range(k + 1, layers))
+            saved = (k + 1) * (per_layer + ring)
+            total = resident + root_bytes + head + 2 * padded[k] + reduce_input[k + 1] + above + saved + hidden + rope
+            out.append(PhaseFigure("backward", total, f"FSDP2: layer {k}'s parameters copied out in its backward", (
+                f"layers {k} and below saved {k + 1} × {per_layer:,}"
+                + (f" + their ring attention outputs copied for o_proj, {k + 1} × {ring:,}" if ring else "")
+                + f" + the gradient flowing into layer {k} {hidden:,} + the rotary tables and the loss's scalars, "
+                f"{rotary}·S·hd + 8 = {rope:,}; FSDP2: the root unit all-gathered {root_bytes:,} + the head's and "
+                f"final norm's gradients unsharded{tied_words} {head:,} + layer {k}'s all-gather output, prefetched "
+                f"and still referenced, and its parameters copied out of it, 2 × {padded[k]:,} + layer {k + 1}'s "
+                f"reduce-scatter input {reduce_input[k + 1]:,} + the shards of the {layers - 1 - k} layers above "
+                f"{above:,}"), above))
+            if k:  # then it frees that output and prefetches layer k − 1's: its 16-bit input (the rank's shard cast)
+                # beside its output, freed as the all-gather returns
+                gather_in = padded[k - 1] // d
+                out.append(PhaseFigure(
+                    "backward", total - padded[k] + padded[k - 1] + gather_in,
+                    f"FSDP2: layer {k - 1}'s all-gather prefetched in layer {k}'s backward", (
+                        f"layer {k}'s parameters copied out in its backward {total - resident:,} − its all-gather "
+                        f"output, freed, {padded[k]:,} + layer {k - 1}'s all-gather output {padded[k - 1]:,} and its "
+                        f"input, the rank's shard in 16 bits, {gather_in:,}"), above))
     # the embedding's backward, the step's last, and the root's post-backward after it: every root gradient
     # unsharded (the embedding's whole on every tp rank, where DTensor returns a vocabulary-parallel embedding's
     # gradient Replicate), the root still gathered (it reshards only after collecting them), layer 0's
