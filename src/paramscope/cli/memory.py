@@ -344,7 +344,12 @@ def _layout(args: argparse.Namespace) -> Any:
     over --devices N is the layout --dp N --zero 3, the more exact answer (ZeRO-3's gathered layer and head
     counted): two spellings of one layout, one answer."""
     from ..cost.parallel.layout import layout_for, shard_mode
+    from ..errors import OptionError
 
+    if args.fsdp_mixed_precision == "autocast" and args.precision is not None and \
+            not str(args.precision).endswith("-mixed"):  # asked, it would change nothing: no autocast to choose
+        raise OptionError(f"--fsdp-mixed-precision autocast chooses torch.autocast over the fp32 parameters FSDP2 "
+                          f"gathers: it needs a mixed precision (bf16-mixed, fp16-mixed), got {args.precision}")
     stage3 = shard_mode(args.zero) == "zero3" and (args.devices or 1) > 1
     flat = shard_mode(args.zero) in ("none", "zero1", "zero2", "zero3") and str(args.zero).strip().lower() not in (
         "full_shard",) and not stage3

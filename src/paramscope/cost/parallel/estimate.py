@@ -24,6 +24,7 @@ from ...errors import ParamscopeError, UnsupportedError
 from ..memory.expert_offsets import expert_offsets
 from ..memory.states import grad_buffer
 from ..memory.phases import PhaseFigure, moment_phases
+from ..traced.step import HELD_BACKWARD, HELD_FORWARD
 from .device import DeviceMemory, RingQuestion, StepContext, NEEDS_BUILD
 from .device_parts import (
     check_analytic, device_states_of, encoder_refusal, expert_dispatch, fsdp_buffers, fsdp_policy, fsdp_sharded,
