@@ -362,6 +362,10 @@ def _derived_device(ctx: StepContext, placements: tuple[Placement, ...], rules: 
         if point is None:
             return (PhaseFigure("backward", 1 << 62, "", ""),) if every else PhaseFigure("backward", 1 << 62, "", "")
         figures = phases_at(point, batch, length)
+        if ctx.accumulating and fsdp:  # the later micro-step replayed there too (the fits under accumulation)
+            from ..memory.grad_accum import derived_later
+
+            figures = derived_later(figures, step, batch, length, resident, dev.gradients)
         return figures if every else max(figures, key=lambda p: p.bytes)
     return device, at
 
