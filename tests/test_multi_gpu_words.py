@@ -1,0 +1,22 @@
+"""The words of the multi-GPU output (issue 28's newcomer trial): each note and refusal says what it compares or
+refuses in the user's words, before any build where the config answers it."""
+
+from __future__ import annotations
+
+from paramscope.cost.memory.training import TrainingOptions, estimate_training
+from paramscope.cost.parallel.layout import layout_for
+
+LLAMA = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=500, architectures=["LlamaForCausalLM"], model_type="llama",
+             tie_word_embeddings=False)
+
+
+def test_the_grad_accum_check_names_the_first_micro_step():
+    """FSDP2's derived rank under --grad-accum: the closed form (the first micro-step's) is compared with the
+    derived first micro-step's peak (9,777,188 B), not the answer's (the later micro-step's 11,223,588 B; the note
+    said -12.887% 'from the derived peak')."""
+    answer = estimate_training(LLAMA, TrainingOptions(batch=4, seq=64, precision="bf16-mixed", fits=False,
+                                                      grad_accum=2, layout=layout_for(dp=2, zero="fsdp")))
+    assert answer.peak == 11_223_588
+    assert ("check: the first micro-step's peak: the closed form gives 9,777,188 B, +0.000% from the derived first "
+            "micro-step") in answer.training.device.notes
