@@ -20,3 +20,17 @@ def test_the_grad_accum_check_names_the_first_micro_step():
     assert answer.peak == 11_223_588
     assert ("check: the first micro-step's peak: the closed form gives 9,777,188 B, +0.000% from the derived first "
             "micro-step") in answer.training.device.notes
+
+
+def test_an_ep_that_does_not_divide_the_experts_is_refused_before_the_build(monkeypatch, capsys):
+    """--ep 3 on Mixtral's 8 experts: refused from the config's count, the model never built (it took ~70 s before
+    the layout's rules refused it per experts module)."""
+    import paramscope.cost.memory.training as training
+    from paramscope.cli import main
+
+    def built(*args, **kwargs):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(training, "training_answer", built)
+    assert main(["memory", "mixtral-8x7b", "--training", "--dp", "3", "--ep", "3"]) != 0
+    assert "--ep 3 does not divide Mixtral's 8 routed experts (num_local_experts)" in capsys.readouterr().err

@@ -228,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
                 else untraced_pipeline(source.config, training, model_class=args.model_class, task=args.task)
             if why:
                 raise OptionError("{0} traces no stage here: {why}", "trace", why=why)
+        if layout is not None and layout.ep > 1:  # before the build: the config says how many experts ep splits
+            _check_expert_degree(source.config, layout.ep)
         report, estimate, view = training_answer(source, training, not args.no_cache, **model_options)
     else:
         for flag, value, default in (("--optimizer", args.optimizer, "adamw"),
@@ -332,6 +334,24 @@ def _serving_ep(args: argparse.Namespace) -> bool:
         raise OptionError(f"--ep {args.ep}: serving's expert-parallel size is vLLM's, TP × DP = --tp {args.tp} × "
                           f"--dp {dp} = {args.tp * dp} here: give --ep alone or --ep {args.tp * dp}")
     return args.ep != 1
+
+
+def _check_expert_degree(config: dict[str, Any], ep: int) -> None:
+    """--ep E must divide the routed experts: refused from the config's count before the build (the layout's rules
+    refuse it again after the build, per experts module, where a config does not say it)."""
+    import re
+
+    from ..errors import OptionError
+    from ..moe import EXPERT_FIELDS, config_value
+
+    found = config_value(config, EXPERT_FIELDS)
+    if found is None or found[1] % ep == 0:
+        return
+    field, experts = found
+    architectures = config.get("architectures") or []
+    name = re.sub(r"For[A-Z]\w*$|Model$", "", str(architectures[0])) if architectures else ""
+    owner = f"{name}'s" if name else "the model's"
+    raise OptionError(f"--ep {ep} does not divide {owner} {experts} routed experts ({field})")
 
 
 _LAYOUT_FLAGS = ("--devices", "--zero", "--dp", "--ep", "--sp", "--micro-batches", "--schedule", "--virtual-stages",
