@@ -34,3 +34,23 @@ def test_an_ep_that_does_not_divide_the_experts_is_refused_before_the_build(monk
     monkeypatch.setattr(training, "training_answer", built)
     assert main(["memory", "mixtral-8x7b", "--training", "--dp", "3", "--ep", "3"]) != 0
     assert "--ep 3 does not divide Mixtral's 8 routed experts (num_local_experts)" in capsys.readouterr().err
+
+
+def test_the_pipeline_refusals_name_the_values_asked():
+    """--pp 64 on 32 layers names no virtual stages that were not asked; --virtual-stages 2 without --pp names
+    itself and what to give."""
+    import pytest
+
+    from paramscope.cost.parallel.pipeline import stages
+    from paramscope.errors import OptionError
+
+    with pytest.raises(OptionError) as err:
+        stages(layout_for(pp=64), 32)
+    assert err.value.spelled(lambda o: "--" + o) == "--pp 64 is more than the model's 32 layers"
+    with pytest.raises(OptionError) as err:
+        stages(layout_for(pp=32, virtual_stages=2), 32)
+    assert "× virtual stages = 64 chunks is more than the model's 32 layers" in str(err.value)
+    with pytest.raises(OptionError) as err:
+        layout_for(virtual_stages=2)
+    assert err.value.spelled(lambda o: "--" + o.replace("_", "-")) == \
+        "--virtual-stages 2 interleaves pipeline stages: give --pp 2 or more"

@@ -123,6 +123,9 @@ class ParallelLayout:
             raise OptionError("{0} (sequence parallel) needs tensor parallelism: give tp > 1", "sp")
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             raise OptionError("{0} > 1 needs the interleaved schedule", "virtual_stages")
+        if self.schedule == "interleaved" and self.pp == 1 and self.virtual_stages > 1:
+            raise OptionError("{0} {v} interleaves pipeline stages: give {1} 2 or more", "virtual_stages", "pp",
+                              v=self.virtual_stages)
         if self.schedule == "interleaved" and self.pp == 1:
             raise OptionError("the interleaved schedule needs pipeline stages: give pp > 1", "schedule")
         # one chunk a device is 1F1B under another name; torchtitan refuses it for a multi-stage schedule and

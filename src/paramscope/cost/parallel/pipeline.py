@@ -131,6 +131,8 @@ def bubble(layout: ParallelLayout) -> float:
 def stages(layout: ParallelLayout, layers: int) -> tuple[Stage, ...]:
     p, v = layout.pp, layout.virtual_stages
     chunks = p * v
+    if layers < chunks and v == 1:
+        raise OptionError("{0} {pp} is more than the model's {layers} layers", "pp", pp=p, layers=layers)
     if layers < chunks:
         raise OptionError("{0} × virtual stages = {chunks} chunks is more than the model's {layers} layers", "pp",
                           chunks=chunks, layers=layers)
