@@ -54,3 +54,16 @@ def test_the_pipeline_refusals_name_the_values_asked():
         layout_for(virtual_stages=2)
     assert err.value.spelled(lambda o: "--" + o.replace("_", "-")) == \
         "--virtual-stages 2 interleaves pipeline stages: give --pp 2 or more"
+
+
+def test_fsdp2_over_one_rank_reads_as_no_sharding_in_the_search_s_words():
+    """find_layout's repr and text: FSDP2 over one rank applies no fully_shard (the search's note: it shards
+    nothing and runs autocast), not "dp 1 (FSDP2)"."""
+    from paramscope.cost.parallel.search_result import layout_words
+
+    alone = layout_for(dp=1, zero="fsdp", tp=8, sp=True)
+    assert layout_words(alone, "bf16-mixed") == "dp 1 (one rank: no sharding, torch.autocast) × tp 8 (sequence " \
+        "parallel) = 8 devices"
+    assert layout_words(alone, "fp32").startswith("dp 1 (one rank: no sharding) × tp 8")
+    sharded = layout_for(dp=2, zero="fsdp", tp=4, sp=True)
+    assert layout_words(sharded, "bf16-mixed") == sharded.words()

@@ -59,7 +59,8 @@ def test_find_layout_equals_the_cli(capsys):
     assert mine == document
     assert found.report.model.label == "meta-llama/Meta-Llama-3-8B"
     assert repr(found).startswith("<LayoutSearch of meta-llama/Meta-Llama-3-8B on 4 × H100 80GB: 10 of 10 "
-                                  "layouts fit, best dp 1 (FSDP2) × tp 4 (sequence parallel) = 4 devices")
+                                  "layouts fit, best dp 1 (one rank: no sharding, torch.autocast) × tp 4 (sequence "
+                                  "parallel) = 4 devices")
     assert found.minimum.devices == 2 and "\n" not in repr(found)
     # Jupyter shows the page the CLI's --html writes, and .to_html(path) saves it
     page = found._repr_html_()

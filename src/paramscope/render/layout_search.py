@@ -80,8 +80,11 @@ def layout_search_parts(report, search, width: int | None = None) -> list:
         if len(fitting) > SHOWN_LAYOUTS:
             lines.append(indented(f"… {len(fitting) - SHOWN_LAYOUTS:,} more that fit (--json lists them all)"))
         lines.append(legend)
+        from ..cost.parallel.search_result import layout_words
+
         best = fitting[0]
-        lines += [Text(""), indented(f"the first, {best.layout.words()}: each device's communication a step"
+        lines += [Text(""), indented(f"the first, {layout_words(best.layout, search.precision)}: each device's "
+                                     "communication a step"
                                      + (f" (stage {best.comm_stage}'s, the most)" if best.layout.pp > 1 else "")),
                   _comm_table(best), *_link_lines(best)]
     elif len(skipped) > len(passed):  # only the answered ones were tried: one of the others may fit

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...display import HtmlDisplay
 from .comm_term import CommTerm
-from .layout import ParallelLayout
+from .layout import ParallelLayout, shard_words
 
 if TYPE_CHECKING:
     from ..hardware import Interconnect
@@ -181,7 +181,7 @@ class LayoutSearch(HtmlDisplay):
         parallel) = 4 devices, 0.0485 s a step (bound at the peak) · batch 4 × 1,024 tokens · fewest that fit: 2>`."""
         model = "" if self.report is None else f" of {self.report.model.label}"
         best = self.best
-        answer = (f"best {best.layout.words()}, {best.step_bound:.3g} s a step (a bound: "
+        answer = (f"best {layout_words(best.layout, self.precision)}, {best.step_bound:.3g} s a step (a bound: "
                   + ("max(compute + exposed tp, communication))" if best.comm_time is not None else
                      "compute at the peak)")
                   if best is not None and best.step_bound is not None else "none fits")
@@ -189,6 +189,19 @@ class LayoutSearch(HtmlDisplay):
         return (f"<LayoutSearch{model} on {self.devices:,} × {self.accelerator}: {len(self.fitting):,} of "
                 f"{len(self.fitting) + len(self.not_fitting):,} layouts fit, {answer} · batch {self.global_batch:,} "
                 f"× {self.seq:,} tokens · fewest that fit: {'none' if fewest is None else f'{fewest:,}'}>")
+
+
+def layout_words(layout: ParallelLayout, precision: str) -> str:
+    """The layout's words as the search's text reads them: FSDP2 over one rank applies no fully_shard, so shards
+    nothing (and runs torch.autocast in a mixed precision): "dp 1 (one rank: no sharding, torch.autocast) × tp 8 …"
+    where ParallelLayout.words says "dp 1 (FSDP2) × tp 8 …"."""
+    text = layout.words()
+    if layout.shard not in ("fsdp", "hsdp") or layout.shard_degree > 1:
+        return text
+    policy = ", its MixedPrecisionPolicy" if layout.fsdp_mixed_precision == "policy" else ""
+    autocast = ", torch.autocast" if precision.endswith("-mixed") else ""
+    return text.replace(f"dp {layout.dp} ({shard_words(layout)}{policy})",
+                        f"dp {layout.dp} (one rank: no sharding{autocast})", 1)
 
 
 def time_order(candidate: Candidate) -> tuple:
