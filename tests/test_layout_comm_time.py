@@ -220,3 +220,26 @@ def test_json_and_text_of_a_search_over_two_nodes(capsys):
     assert "max(compute + exposed tp, NVLink, network), the rest perfectly overlapped" in text
     assert "tp across nodes exposed, added to compute" in text
     assert "NVLink 4, 900 GB/s both directions (450 GB/s a direction)" in text and "no overlap" in text
+
+
+def test_the_first_marked_layout_past_the_shown_rows_is_printed_after_an_ellipsis_row():
+    """The bound's sentence names the first layout whose tp spans nodes (#12 here); the table prints the first 10
+    and, past them, that row after a "…" row, so its † is seen (it was never shown), within 80 columns."""
+    from types import SimpleNamespace
+
+    from paramscope.render._console import to_text
+    from paramscope.render.layout_search import layout_search_parts
+
+    inside = [_candidate(8, 8, 0.1 * (i + 1), 0) for i in range(11)]
+    search = _search("H100 80GB", *inside, _candidate(1, 64, 5.0, 0), _candidate(1, 64, 6.0, 0))
+    model = SimpleNamespace(label="a model", class_name="LlamaForCausalLM", engine="live", engine_detail=None,
+                            transformers_version=None, source="a model", class_reason="its config")
+    lines = to_text(layout_search_parts(SimpleNamespace(model=model), search, 80), 80).splitlines()
+    assert max(map(len, lines)) <= 80
+    rule = next(i for i, line in enumerate(lines) if line.lstrip().startswith("───"))
+    table = lines[rule + 1:lines.index("", rule)]
+    rows = [line.split()[:3] for line in table if line.split()[0] in ("…", *map(str, range(1, 14)))]
+    assert [row[0] for row in rows] == [*map(str, range(1, 11)), "…", "12"] and rows[-1] == ["12", "1", "64†"]
+    text = " ".join(" ".join(lines).split())
+    assert "… 2 more that fit; #12 shown as the first whose tp spans nodes (†) (--json lists them all)" in text
+    assert "tp spans nodes in 2 of the 13 layouts that fit (marked †), the first of them #12" in text

@@ -75,10 +75,13 @@ def layout_search_parts(report, search, width: int | None = None) -> list:
         Text(""),
     ]
     if fitting:
-        table, legend = _layouts_table(fitting[:SHOWN_LAYOUTS], width)
+        numbers = shown_layouts(fitting)
+        table, legend = _layouts_table([fitting[n - 1] for n in numbers], width, numbers)
         lines.append(table)
-        if len(fitting) > SHOWN_LAYOUTS:
-            lines.append(indented(f"… {len(fitting) - SHOWN_LAYOUTS:,} more that fit (--json lists them all)"))
+        if len(fitting) > len(numbers):
+            marked = (f"; #{numbers[-1]} shown as the first whose tp spans nodes ({SPANS_MARK})"
+                      if numbers[-1] > SHOWN_LAYOUTS else "")
+            lines.append(indented(f"… {len(fitting) - len(numbers):,} more that fit{marked} (--json lists them all)"))
         lines.append(legend)
         from ..cost.parallel.search_result import layout_words
 
@@ -124,6 +127,15 @@ SHOWN_LAYOUTS = 10
 SPANS_MARK = "†"  # beside a tp degree whose group spans nodes
 
 
+def shown_layouts(fitting) -> list[int]:
+    """The numbers (from 1) of the layouts the table prints: the first SHOWN_LAYOUTS, and past them the first whose
+    tp spans nodes where none of those does, so that the mark the bound's sentence names is seen (after a "…" row)."""
+    numbers = list(range(1, min(len(fitting), SHOWN_LAYOUTS) + 1))
+    if not any(c.tp_spans_nodes for c in fitting[:SHOWN_LAYOUTS]):
+        numbers += [i for i, c in enumerate(fitting, 1) if c.tp_spans_nodes][:1]
+    return numbers
+
+
 @dataclass(frozen=True)
 class LayoutColumn:
     """A figure column of the layouts table: its header (the unit on its second line), its cell for a layout, what
@@ -166,11 +178,13 @@ def _comm_unit(rows) -> tuple[str, int]:
     return table_unit([min((c.comm_bytes for c in rows if c.comm_bytes), default=0)])
 
 
-def _layouts_table(rows, width: int | None) -> tuple[Table, Any]:
+def _layouts_table(rows, width: int | None, numbers: list[int] | None = None) -> tuple[Table, Any]:
     """The layouts that fit, a row each, in one shape at any width (_layout_columns), and last each kind's
     communication, packed a kind a piece into the width left. Where a row would need more than BY_KIND_LINES lines
     for it, that column is left out, then the optional columns one by one while the table is wider than the width;
-    the legend line names what is left out and the width that shows it all. Returns the table and the legend."""
+    the legend line names what is left out and the width that shows it all; `numbers`: the rows' numbers (default
+    1, 2, …), a "…" row where they skip. Returns the table and the legend."""
+    numbered = numbers or list(range(1, len(rows) + 1))
     columns = _layout_columns(rows)
     comm = _comm_unit(rows)
     pieces = [[f"{kind} {_three_figures(value / comm[1])}" for kind, value in
@@ -180,39 +194,42 @@ def _layouts_table(rows, width: int | None) -> tuple[Table, Any]:
     def room(shown: list[LayoutColumn]) -> int:
         """The by-kind column's room beside `shown`: the width less the rest of the table laid out with the column
         at its header's width, so that its padding and separator count as rich lays them out."""
-        return width - _measured_width(_layouts_rows(rows, shown, by_kind, [""] * len(rows))) + len("by kind")
+        return width - _measured_width(_layouts_rows(rows, shown, by_kind, [""] * len(rows), numbered)) + len("by kind")
 
     units = ", ".join(f"{u} = {UNIT_POWERS[u]} B" for u in dict.fromkeys(
         (table_unit([c.peak for c in rows])[0], comm[0])) if u != "B")
     legend = "; ".join(filter(None, [units, *(column.legend for column in columns)])) + "; exact bytes in --json"
     if width is None or _packs(pieces, room(columns)):
         packed = ["\n".join(_packed(row, None if width is None else room(columns))) for row in pieces]
-        return _layouts_rows(rows, columns, by_kind, packed), indented(legend)
+        return _layouts_rows(rows, columns, by_kind, packed, numbered), indented(legend)
     everything = width - room(columns) + _narrowest_packing(pieces)
     shown, left_out = list(columns), ["comm by kind"]
     for column in [c for c in columns if c.optional]:
-        if _measured_width(_layouts_rows(rows, shown, by_kind, None)) <= width:
+        if _measured_width(_layouts_rows(rows, shown, by_kind, None, numbered)) <= width:
             break
         shown.remove(column)
         left_out.append(column.header.split("\n")[0])
     legend = "; ".join(filter(None, [units, *(column.legend for column in shown)]))
-    return _layouts_rows(rows, shown, by_kind, None), indented(
+    return _layouts_rows(rows, shown, by_kind, None, numbered), indented(
         f"{legend}; exact bytes in --json; not shown at this width: {', '.join(left_out)} (at --width {everything} "
         "or more; the first's below)")
 
 
-def _layouts_rows(rows, columns: list[LayoutColumn], by_kind: str, packed: list[str] | None) -> Table:
-    """The layouts table of `columns`, a numbered row a layout, with the column `by_kind` where `packed` gives its
-    cells."""
+def _layouts_rows(rows, columns: list[LayoutColumn], by_kind: str, packed: list[str] | None,
+                  numbers: list[int]) -> Table:
+    """The layouts table of `columns`, a row a layout numbered by `numbers` (a "…" row where they skip), with the
+    column `by_kind` where `packed` gives its cells."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("#", justify="right", no_wrap=True)
     for column in columns:
         table.add_column(column.header, justify="right", no_wrap=True)
     if packed is not None:
         table.add_column(by_kind, no_wrap=True)
-    for index, candidate in enumerate(rows, 1):
-        table.add_row(str(index), *(column.cell(candidate) for column in columns),
-                      *([packed[index - 1]] if packed is not None else []))
+    for index, (number, candidate) in enumerate(zip(numbers, rows)):
+        if index and number != numbers[index - 1] + 1:
+            table.add_row("…", *([""] * (len(columns) + (packed is not None))))
+        table.add_row(str(number), *(column.cell(candidate) for column in columns),
+                      *([packed[index]] if packed is not None else []))
     return table
 
 
