@@ -67,3 +67,18 @@ def test_fsdp2_over_one_rank_reads_as_no_sharding_in_the_search_s_words():
     assert layout_words(alone, "fp32").startswith("dp 1 (one rank: no sharding) × tp 8")
     sharded = layout_for(dp=2, zero="fsdp", tp=4, sp=True)
     assert layout_words(sharded, "bf16-mixed") == sharded.words()
+
+
+def test_the_training_header_names_the_one_device_tables_under_a_layout():
+    """Under a layout the whole-model tables are the one-device step's (autocast's 16-bit weights in a mixed
+    precision), then one device's: the header says so, as serving's does, though FSDP2 runs its policy."""
+    from paramscope.cost.memory.training import training_answer
+    from paramscope.render.memory import render_memory_text
+
+    config = dict(LLAMA, num_hidden_layers=2)
+    report, answer, _ = training_answer(config, TrainingOptions(
+        batch=2, seq=64, precision="bf16-mixed", fits=False, derive_layout=False,
+        layout=layout_for(dp=2, zero="fsdp")), use_cache=False)
+    text = " ".join(render_memory_text(report, answer, width=200).split())
+    assert ("across GPUs: dp 2 (FSDP2, its MixedPrecisionPolicy) = 2 devices; the model's figures on one device "
+            "(bf16-mixed, torch.autocast) first, then one device's under the layout") in text

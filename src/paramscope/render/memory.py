@@ -500,6 +500,10 @@ def training_parts(report, estimate) -> list:
     shape = (f"batch {settings['batch']:,} × {settings['seq']:,} tokens{seq_from}; attention "
              f"{settings['attention']}; gradient checkpointing {settings['grad_checkpointing']}")
     lines = [title, *filter(None, [model_source_line(report.model)]), indented(step), indented(shape)]
+    if detail.device is not None:  # the whole-model tables are the one-device step's (torch.autocast when mixed)
+        alone = settings["precision"] + (", torch.autocast" if settings["precision"].endswith("-mixed") else "")
+        lines.append(indented(f"across GPUs: {detail.device.layout.words()}; the model's figures on one device "
+                              f"({alone}) first, then one device's under the layout"))
     if detail.frozen:
         tensors = "tensor" if len(detail.frozen) == 1 else "tensors"
         towers = settings.get("idle_towers") or []
