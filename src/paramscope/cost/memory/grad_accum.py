@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 from ..dtypes import itemsize
 from ..traced.step import HELD_BACKWARD, HELD_FORWARD
-from .phases import PhaseFigure
+from .phases import RECOMPUTED_MOMENTS, PhaseFigure
 from .states import as_trained, step_precision
 
 CONVENTION = ("gradient accumulation as FSDP2 and DeepSpeed run it by default: each micro-step's gradients "
@@ -91,6 +91,8 @@ def held_phases(phases: tuple[PhaseFigure, ...], gradients: int, last_new: int,
     for p in first:
         if recomputed is not None and p.where == "last layer recomputed":
             continue  # the first micro-step's composite of the recomputed layer: recomputed_gradient_moments' below
+        if p.where in RECOMPUTED_MOMENTS:
+            continue  # the first micro-step's recomputed layers, each new gradient kept as the .grad
         new = last_new if p.where.endswith("end of backward") else 0
         held = p.gradients - new
         words = (f"{p.arithmetic}; a later micro-step{bound}: − the gradients this moment held in the "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .activations import TrainingActivations, embedding_gradient
+from .activations import TrainingActivations, embedding_gradient, recomputed_backward_moments
 
 
 @dataclass(frozen=True)
@@ -25,14 +25,21 @@ class PhaseFigure:
 
 
 def moment_phases(act: TrainingActivations, *, resident: int, gradients: int, tied: int, text: Any, batch: int,
-                  length: int, precision: str, step: tuple[int, str]) -> tuple[PhaseFigure, ...]:
+                  length: int, precision: str, step: tuple[int, str],
+                  recompute: tuple[int, int] | None = None) -> tuple[PhaseFigure, ...]:
     """The step's moments from an analytic recipe's activations: its forward and backward moments over the
-    resident bytes, the end of backward (every gradient, and the embedding output's), and the optimizer step."""
+    resident bytes, the end of backward (every gradient, and the embedding output's), and the optimizer step.
+    `recompute` (vocab_shards, ids): the first and last recomputed layers' backward moments too
+    (recomputed_figures), on one device (1, 0) or a tensor-parallel rank alone (tp, the 8·T token ids its
+    vocabulary-parallel embedding references); None where the gradients are shared out otherwise."""
     # a tied embedding's backward frees its output's gradient before its two gradients are summed
     kept = not tied
     output_gradient = embedding_gradient(text, batch=batch, seq=length, precision=precision) if kept else 8
     end = gradients + output_gradient + 2 * tied
     figures = [PhaseFigure(m.phase, resident + m.bytes, m.where, m.arithmetic) for m in act.moments]
+    if recompute is not None:
+        figures += recomputed_figures(act, resident=resident, gradients=gradients, tied=tied, precision=precision,
+                                      vocab_shards=recompute[0], ids=recompute[1])
     how = f"gradients {gradients:,} + {end - gradients:,}: " + (
         "the embedding output's gradient" if kept else "8 B (the embedding output's gradient freed)")
     if tied:
@@ -42,6 +49,35 @@ def moment_phases(act: TrainingActivations, *, resident: int, gradients: int, ti
     figures.append(PhaseFigure("optimizer step", resident + gradients + step_bytes, "optimizer step",
                                f"gradients {gradients:,}; {step_text}", gradients))
     return tuple(figures)
+
+
+# the first micro-step's recomputed layers' backward moments (recomputed_figures): a later micro-step accumulates each
+# new gradient into the held one and frees it, so it does not hold them (grad_accum names its own)
+RECOMPUTED_MOMENTS = ("last layer's backward (recomputed)", "first layer's backward (recomputed)")
+# the precisions whose recomputed layer's backward was read off the traces (recomputed_backward_moments)
+RECOMPUTED_PRECISIONS = ("fp32", "bf16-pure", "bf16-mixed")
+
+
+def recomputed_figures(act: TrainingActivations, *, resident: int, gradients: int, tied: int, precision: str,
+                       vocab_shards: int = 1, ids: int = 0) -> list[PhaseFigure]:
+    """The first and last recomputed layers' backward moments (full checkpointing, a Llama-style recipe), each with
+    the gradients it holds: the head's (V / `vocab_shards` rows, a tp rank's shard) and the final norm's, and every
+    later layer's, the step's `gradients` less the embedding's and the head's (once, when `tied`) and the final
+    norm's, over the layers. Empty where the recipe does not name the layer or the gradients are not every
+    parameter's."""
+    shape = act.recomputed
+    if shape is None or precision not in RECOMPUTED_PRECISIONS or not act.layers:
+        return []
+    size = 2 if precision == "bf16-pure" else 4
+    vocab = act.logits // (4 * shape.tokens) // vocab_shards
+    head = size * vocab * shape.hidden
+    held_last = head + size * shape.hidden
+    layers = gradients - held_last - (0 if tied else head)
+    if layers <= 0 or layers % act.layers:
+        return []
+    return [PhaseFigure("backward", resident + n, where, words, held)
+            for where, n, words, held in recomputed_backward_moments(act, held_last=held_last,
+                                                                     layer_gradients=layers // act.layers, ids=ids)]
 
 
 def cast_weights(view: Any, local: dict[str, int] | None = None) -> tuple[int, int, int]:

@@ -18,10 +18,10 @@ GPU step for models with attention dropout by that term (the report says so).
 
 from ...dims import attention_dropout, hidden_dropout
 from .step import (
-    Moment, TrainingActivations, embedding_gradient, recipe_attention, recipe_declines, recipe_for,
-    recipe_peak_inside_layers, training_activations,
+    Moment, RecomputedShape, TrainingActivations, embedding_gradient, recipe_attention, recipe_declines, recipe_for,
+    recipe_peak_inside_layers, recomputed_backward_moments, training_activations,
 )
 
-__all__ = ["Moment", "TrainingActivations", "attention_dropout", "embedding_gradient", "hidden_dropout",
+__all__ = ["Moment", "RecomputedShape", "TrainingActivations", "attention_dropout", "embedding_gradient", "hidden_dropout",
            "recipe_attention", "recipe_declines", "recipe_for", "recipe_peak_inside_layers",
-           "training_activations"]
+           "recomputed_backward_moments", "training_activations"]

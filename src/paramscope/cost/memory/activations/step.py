@@ -13,6 +13,10 @@ The peak is the largest of the step's moments, not the sum of its parts (R = wei
   takes the loss in bf16) + Layout.backward_start (a causal LM: − the shifted labels nll_loss's backward frees
   first, + the loss and its gradient);
 - last layer recomputed (checkpointing): R + saved − the freed logits + one layer + its gradients;
+- the first and the last layer's backward, recomputed (a Llama-style recipe, on one device or a tp rank alone;
+  recomputed_backward_moments): every later layer's gradient and the head's held beside the layer's recomputed
+  activations as its MLP makes its weight gradients (the first layer's peaks the step where a layer's gradients
+  outweigh its checkpoint);
 - end of backward: R + gradients + the embedding output's gradient, or, with a tied embedding, its two gradients
   and their sum (the embedding's backward frees its output's gradient first);
 - optimizer step: R + gradients (fused AdamW and foreach SGD keep no step-sized temporaries).
@@ -103,6 +107,23 @@ class TrainingActivations:
     layers: int
     logits: int  # the fp32 logits, 4·T·V
     moments: tuple[Moment, ...]  # candidate peaks; the gradients' moments are added by the caller
+    # a Llama-style layer recomputed in backward (full checkpointing): what recomputed_backward_moments reads
+    recomputed: RecomputedShape | None = None
+
+
+@dataclass(frozen=True)
+class RecomputedShape:
+    """A Llama-style checkpointed layer as its recomputed backward reads it: T tokens, h the hidden width, i the MLP's
+    (the rank's, under tp), the elements of one layer's matmul weights and of the head's (autocast copies them, 2 B
+    each, under bf16-mixed), the precision kind, and the bytes of one layer's checkpoint (its input)."""
+
+    tokens: int
+    hidden: int
+    inner: int
+    layer_casts: int
+    head_casts: int
+    kind: str
+    checkpoint: int
 
 
 def recipe_for(config: Any, class_name: str) -> str | None:
@@ -211,7 +232,12 @@ def training_activations(config: Any, class_name: str, *, batch: int, seq: int, 
                               f"saved {saved:,} − the freed fp32 logits 4·T·V = {4 * tokens * vocab:,} + one "
                               f"layer's activations {layout.layer:,} + its output and input gradients 8·T·h = "
                               f"{8 * tokens * h:,}"))
-    return TrainingActivations(recipe, saved, text, per_layer, layers, logits, tuple(moments))
+    shape = None
+    if checkpointing and recipe == "Llama-style decoder" and layers:
+        inner = dim(config, "intermediate") or 0
+        shape = RecomputedShape(tokens, h, inner, (cast_weights - cast_head) // layers, cast_head,
+                                kind, per_layer) if inner else None
+    return TrainingActivations(recipe, saved, text, per_layer, layers, logits, tuple(moments), shape)
 
 
 def embedding_gradient(config: Any, *, batch: int, seq: int, precision: str) -> int:
@@ -219,3 +245,81 @@ def embedding_gradient(config: Any, *, batch: int, seq: int, precision: str) -> 
 
     h = dim(config, "hidden") or 0
     return (2 if precision == "bf16-pure" else 4) * batch * seq * h + 8
+
+
+# what the "last layer recomputed" moment holds that the recomputed layer's down projection's backward has freed
+# (the head's and the final norm's saved inputs, the labels), ·T·h, by precision kind (grad_accum's too)
+_RECOMPUTE_FREED = {"fp32": 20, "bf16-pure": 14, "mixed": 16}
+# the recomputed layer's backward through its MLP, its post-attention norm and its output projection, operator by operator, as the first
+# micro-step runs it (each new parameter gradient is kept as the .grad): the bytes live after each allocation, over
+# the moment before the down projection's weight gradient (`_ANCHOR`), as (T·i, i·h, T·h, T, h) coefficients. Read
+# off the traced allocations (traced/timeline.py) and equal to them on six Llama cuts (h 96-256, i 256-600, 24-128
+# tokens) at each precision (the step's peak equal to --trace on 13 Llama, Mistral and Qwen2 cuts); each gradient is made beside the layer's recomputed activations and every later
+# layer's gradient.
+_MLP_BACKWARD = {
+    "fp32": ((0, 0, 0, 0, 0), (0, 4, 0, 0, 0), (4, 4, 0, 0, 0), (8, 4, 0, 0, 0), (-4, 8, 0, 0, 0),
+             (-4, 8, 4, 0, 0), (-12, 12, 4, 0, 0), (-12, 12, 8, 0, 0), (-16, 12, 8, 0, 0), (-16, 12, 4, 0, 4),
+             (-16, 12, 4, 4, 4), (-16, 12, -8, 16, 4), (-16, 12, 8, -4, 4)),
+    "bf16-pure": ((0, 0, 0, 0, 0), (0, 2, -2, 0, 0), (2, 2, -2, 0, 0), (4, 2, -2, 0, 0), (-2, 4, -2, 0, 0),
+                  (-2, 4, 0, 0, 0), (-6, 6, 0, 0, 0), (-6, 6, 2, 0, 0), (-8, 6, 2, 0, 0), (-8, 6, 0, 0, 2),
+                  (-8, 6, 2, 0, 2), (-8, 6, 6, 0, 2), (-8, 6, 6, 4, 2), (-8, 6, -2, 16, 2), (-8, 6, 6, -4, 2),
+                  (-8, 6, 10, -4, 2), (-8, 6, 14, -4, 2)),
+    "mixed": ((0, 0, 0, 0, 0), (-2, 2, -2, 0, 0), (0, 0, -2, 0, 0), (2, 0, -2, 0, 0), (-4, 2, -2, 0, 0),
+              (-4, 2, 0, 0, 0), (-6, 0, 2, 0, 0), (-6, 4, 0, 0, 0), (-8, 4, 0, 0, 0), (-8, 4, 2, 0, 0),
+              (-10, 2, 4, 0, 0), (-10, 2, 6, 0, 0), (-10, 6, -2, 0, 0), (-10, 4, 2, 0, 0), (-10, 4, 6, 0, 0),
+              (-10, 4, 2, 0, 4), (-10, 4, -2, 0, 4), (-10, 4, 2, 4, 4), (-10, 4, -2, 4, 4), (-10, 4, -10, 12, 4),
+              (-10, 4, 6, -4, 4)),
+}
+
+
+def recomputed_backward_moments(act: TrainingActivations, *, held_last: int, layer_gradients: int,
+                                ids: int = 0) -> tuple[tuple[str, int, str, int], ...]:
+    """The first micro-step's moments inside a recomputed layer's backward under full checkpointing (a Llama-style
+    recipe): (where, bytes beyond the resident states, words, the gradients held), for the first layer and the last.
+
+    Layer l's backward holds the checkpoints of layers 0..l, the outside activations the head's and the final norm's
+    backward left, its own recomputed activations, and the gradients of the head and the final norm (`held_last`: a
+    tied head's is held in the tied weight's gradient buffer until the embedding's adds in) and of layers
+    l+1..L−1 (`layer_gradients` each): linear in l, so its largest is at layer 0 or at the last layer. In the layer
+    the MLP's backward makes its weight gradients one by one as it frees its activations (_MLP_BACKWARD, from the
+    moment before the down projection's weight gradient: "last layer recomputed" − what the head's and the final
+    norm's backward freed, k·T·h + 12·T − 8, + the down projection's input gradient and, under autocast, the
+    layer's 16-bit weight copies made again, less the head's, freed with its backward). `ids`: the token ids a
+    vocabulary-parallel embedding still references (a tp rank's 8·T)."""
+    shape = act.recomputed
+    again = next((m for m in act.moments if m.where == "last layer recomputed"), None)
+    if shape is None or again is None or not act.layers:
+        return ()
+    t, h, i, kind = shape.tokens, shape.hidden, shape.inner, shape.kind
+    k = _RECOMPUTE_FREED[kind]
+    anchor = again.bytes - k * t * h - 12 * t + 8 + ids
+    anchor_words = f"last layer recomputed {again.bytes:,} − {k}·T·h + 12·T − 8 freed by then = "
+    if kind == "bf16-pure":
+        anchor += 2 * t * h
+        anchor_words += f"{anchor - 2 * t * h:,} + the down projection's output gradient 2·T·h"
+    elif kind == "mixed":
+        copies = 2 * shape.layer_casts - 2 * shape.head_casts
+        anchor += copies + 2 * t * i + 2 * i * h
+        anchor_words += (f"{anchor - copies - 2 * t * i - 2 * i * h:,} + the layer's 16-bit weight copies 2 × "
+                         f"{shape.layer_casts:,} − the head's 2 × {shape.head_casts:,} + the down projection's "
+                         f"bf16 input and weight gradients 2·T·i + 2·i·h")
+    else:
+        anchor_words += f"{anchor:,}"
+    basis = (t * i, i * h, t * h, t, h)
+    steps = [sum(c * b for c, b in zip(coefs, basis)) for coefs in _MLP_BACKWARD[kind]]
+    top = max(range(len(steps)), key=lambda n: steps[n])
+    terms = " + ".join(f"{c}·{n}" for c, n in zip(_MLP_BACKWARD[kind][top], ("T·i", "i·h", "T·h", "T", "h")) if c)
+    inner = steps[top]
+    earlier = act.layers - 1
+    out = []
+    for where, layer, held, kept in (("last layer's backward (recomputed)", earlier, held_last, 0),
+                                     ("first layer's backward (recomputed)", 0, held_last + earlier * layer_gradients,
+                                      earlier * shape.checkpoint)):
+        total = anchor + inner + held - kept
+        words = (f"{anchor_words}; its MLP's backward at its largest, {terms or '0'} = {inner:,}; the gradients "
+                 f"held, {held:,} (the head's and the final norm's"
+                 + (f", and layers 1–{earlier}'s, {layer_gradients:,} each" if layer == 0 and earlier else "") + ")"
+                 + (f" − the checkpoints of layers 1–{earlier}, freed, {earlier} × {shape.checkpoint:,}"
+                    if kept else ""))
+        out.append((where, total, words, held))
+    return tuple(out)

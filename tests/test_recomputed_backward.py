@@ -1,0 +1,59 @@
+"""Full gradient checkpointing on a Llama-style decoder: the first micro-step's recomputed layers' backward.
+
+Layer l's recomputed backward holds the checkpoints of layers 0..l, its recomputed activations, and the gradients of
+the head, the final norm and layers l+1..L−1; its MLP makes its weight gradients one by one beside them. The closed
+form (activations/step.py, recomputed_backward_moments) prices it at the first layer and the last; before, only
+"last layer recomputed" (without the gradients held) and the end of backward were priced, under the trace by up to
+10%. Each figure below is the traced step's peak (MemTracker on fake tensors, --trace)."""
+
+from __future__ import annotations
+
+import pytest
+
+from paramscope.cost.memory.training import TrainingOptions, estimate_training
+
+
+def _config(model_type, hidden, inner, layers, tied=False):
+    arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}[model_type]
+    return dict(model_type=model_type, architectures=[arch], hidden_size=hidden, intermediate_size=inner,
+                num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                tie_word_embeddings=tied)
+
+
+@pytest.mark.parametrize("model_type, hidden, inner, layers, tied, batch, seq, precision, traced, before", [
+    ("llama", 128, 344, 2, False, 2, 64, "fp32", 10_576_604, 9_971_932),  # its first layer (the end of backward before)
+    ("llama", 128, 344, 2, False, 2, 64, "bf16-mixed", 10_257_116, None),
+    ("llama", 128, 344, 2, False, 2, 64, "bf16-pure", 5_456_860, None),
+    ("llama", 256, 600, 3, False, 1, 16, "fp32", 39_793_024, None),
+    ("llama", 192, 480, 3, False, 1, 128, "bf16-pure", 12_827_584, None),  # its output projection's backward
+    ("mistral", 128, 400, 3, False, 2, 32, "bf16-mixed", 13_875_456, None),
+    ("qwen2", 128, 344, 2, True, 2, 64, "fp32", 9_047_792, None),  # tied: the head's gradient held in its buffer
+])
+def test_the_first_recomputed_layer_s_backward_equals_the_trace(model_type, hidden, inner, layers, tied, batch, seq,
+                                                                 precision, traced, before):
+    options = TrainingOptions(batch=batch, seq=seq, precision=precision, fits=False, grad_checkpointing="full")
+    answer = estimate_training(_config(model_type, hidden, inner, layers, tied), options)
+    first = next(p for p in answer.training.phases if p.where == "first layer's backward (recomputed)")
+    assert answer.peak == traced and first.bytes <= traced
+    if before is not None:  # the end of backward, which the answer gave before
+        end = next(p for p in answer.training.phases if p.where == "end of backward")
+        assert end.bytes == before
+
+
+@pytest.mark.parametrize("precision, batch, seq, inner, traced", [
+    ("fp32", 2, 64, 344, 4_636_380),
+    ("bf16-pure", 1, 128, 344, 2_512_860),
+    ("bf16-mixed", 1, 256, 512, 6_598_876),
+])
+def test_a_tp_rank_s_first_recomputed_layer_equals_its_trace(precision, batch, seq, inner, traced):
+    """A tp 2 rank (2-layer Llama, h 128, V 500): its first recomputed layer's backward holds the head's vocabulary
+    shard's gradient and the later layer's shards, the token ids the vocabulary-parallel embedding references
+    beside; each figure is the traced rank's peak (--trace beside tp 2)."""
+    from paramscope.cost.parallel.layout import layout_for
+
+    config = dict(_config("llama", 128, inner, 2), vocab_size=500)
+    options = TrainingOptions(batch=batch, seq=seq, precision=precision, fits=False, grad_checkpointing="full",
+                              layout=layout_for(tp=2))
+    answer = estimate_training(config, options)
+    top = max(answer.training.device.phases, key=lambda p: p.bytes)
+    assert (answer.peak, top.where) == (traced, "first layer's backward (recomputed)")
