@@ -399,7 +399,10 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
 
     def analytic_phases(act: TrainingActivations, batch: int, length: int) -> tuple[PhaseFigure, ...]:
         return moment_phases(act, resident=resident, gradients=gradients, tied=tied, text=text, batch=batch,
-                             length=length, precision=run, step=(step_bytes, step_text), recompute=(1, 0))
+                             length=length, precision=run, step=(step_bytes, step_text),
+                             # the recomputed layers' moments read each layer's gradient off the total: every
+                             # parameter trains (a frozen one would make the per-layer share wrong)
+                             recompute=None if frozen else (1, 0))
 
     traced = None
     derived = None
