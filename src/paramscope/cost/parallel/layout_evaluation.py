@@ -191,9 +191,10 @@ def policy_derived(layout: ParallelLayout, facts: ModelFacts) -> bool:
     policy's closed form (fsdp_moments.py) does not price the ring (below) or routed experts cut
     over ep (it reaches none; beside a pipeline memory refuses them, naming why), and without a pipeline a class
     the policy's closed form does not price (fsdp_moments.fsdp_moments_missing: Llama, Mistral and Qwen2, tied heads
-    too). A Llama-family pipeline takes the
-    closed form over bf16-pure's stages with the derivation off (pipeline_device.py), as autocast's pipelines do;
-    another class's stages replay the policy's FSDP2 rank."""
+    too). A Llama-family pipeline without tp takes the closed form over bf16-pure's stages with the derivation off
+    (pipeline_device.py), as autocast's pipelines do; beside tp (cp 1) its stages replay the policy's FSDP2 tp rank, as
+    memory's do (the closed form lies under that replay there); another class's stages replay the policy's FSDP2
+    rank."""
     from .fsdp_moments import TRACED_FAMILY  # the families the policy's closed form is held to
 
     if not policy_layout(layout):
@@ -204,7 +205,12 @@ def policy_derived(layout: ParallelLayout, facts: ModelFacts) -> bool:
     # replay reaches no cp rank: pipeline_device.POLICY_BESIDE_CP)
     ring_priced = priced and layout.shard == "fsdp" and facts.tied is None \
         and (layout.cp == 2 or facts.seq % (2 * layout.cp) == 0)
-    return layout.cp > 1 and not ring_priced or layout.ep > 1 and facts.experts > 0 or layout.pp == 1 and not priced
+    # a pipeline beside tensor parallel: memory replays the policy's FSDP2 rank (tp's), which the closed form over
+    # bf16-pure's stages lies under (tp's layers and the backward's moments: pipeline_device.POLICY_CLOSED_FORM), so
+    # the search asks memory's replay there, the same figure to the byte
+    replayed = layout.pp > 1 and layout.tp > 1 and layout.cp == 1
+    return layout.cp > 1 and not ring_priced or layout.ep > 1 and facts.experts > 0 or layout.pp == 1 and not priced \
+        or replayed
 
 
 MICRO_BATCH = 1  # sequences a microbatch: a pipeline's default (layout_for), Megatron's usual micro-batch size

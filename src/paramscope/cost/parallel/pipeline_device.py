@@ -35,7 +35,10 @@ POLICY_CLOSED_FORM = (
     "pipeline's FSDP2 holds them, are: pipeline_replay.UNSYNCED); memory derives the stages instead, replaying the "
     "policy's FSDP2 rank (on a 4-layer Llama cut, dp 2 × pp 2, 2 × 64: the last stage 8 B over it, the first "
     "455,680 B over it; "
-    "tests/test_policy_pipeline_search.py)")
+    "tests/test_policy_pipeline_search.py); beside tensor parallel it lies under the replay (tp's layers and the "
+    "backward's moments: on the cut at dp 2 × tp 2 × pp 2, 2 × 64, the first stage 788,992 B under; llama-3-70b, dp 2 "
+    "× tp 8 × pp 4, 1,393,735,680 B under), so the layout search replays the tp rank's stages there as memory does "
+    "(layout_evaluation.policy_derived; tests/test_policy_pipeline_tp_search.py)")
 
 # beside context parallel memory answers with that closed form too: the replay reaches no cp rank under the policy
 POLICY_BESIDE_CP = (

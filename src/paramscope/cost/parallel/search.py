@@ -146,8 +146,11 @@ def mixed_precision_note(options: SearchOptions) -> str:
                 "fully_shard and runs autocast): each peak as memory --fsdp-mixed-precision policy answers it, by the closed form "
                 "where one reaches (Llama, Mistral and Qwen2 over dp, tp, cp without sp and pipelines, as "
                 "derive_layout=False asks it), else derived from traces with the policy applied (cp beside sp, ep, "
-                "other classes: each a derivation of its own); a pipeline's stages are an estimate, named in memory's answer (torch's PipelineStage's "
-                f"unsynced gradients not counted); its dp bytes the {half} gathers (2 B an element) and fp32 "
+                "other classes: each a derivation of its own); a pipeline's stages beside tp (cp 1) replay the policy's "
+                "FSDP2 tp rank, as memory's do (every unit of the stage gathered in 16 bits and its gradients "
+                "unsharded in fp32 until the step's reduce: torch's PipelineStage's unsynced backward), memory's figure "
+                "to the byte; without tp, or beside cp, they are the Llama closed form over bf16-pure's stages, an "
+                f"estimate named in memory's answer; its dp bytes the {half} gathers (2 B an element) and fp32 "
                 "reduce-scatters (4 B), each parameter padded as fully_shard pads it")
     return (f"FSDP2's mixed precision: torch.autocast({half}) over the fp32 parameters (--fsdp-mixed-precision "
             "autocast): fp32 gathers and reduce-scatters (4 B an element each, padded as fully_shard "
