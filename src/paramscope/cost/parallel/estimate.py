@@ -127,11 +127,6 @@ def check_mixed_precision_policy(ctx: StepContext, placements: tuple[Placement, 
     (fsdp_moments.py: Llama, Mistral and Qwen2; cp without sp or hybrid sharding beside it; not ep) does not reach; elsewhere the rank is derived from
     traces with the policy applied."""
     if ctx.layout.fsdp_mixed_precision != "policy":
-        if not ctx.layout.fsdp_mixed_precision_defaulted and not ctx.precision.endswith("-mixed"):
-            # asked, it would change nothing: a precision that is not mixed runs no autocast to choose
-            raise UnsupportedError("{0} autocast chooses torch.autocast over the fp32 parameters FSDP2 gathers: it "
-                                   "needs a mixed precision (bf16-mixed, fp16-mixed), got {precision}",
-                                   "fsdp_mixed_precision", precision=ctx.precision)
         return False
     if not ctx.precision.endswith("-mixed"):
         raise UnsupportedError("{0} policy casts fp32 parameters to 16 bits as FSDP2 gathers them: it needs a mixed "
