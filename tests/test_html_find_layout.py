@@ -24,7 +24,8 @@ _CACHE: dict[str, tuple] = {}
 
 
 def _search():
-    """llama-3-8b on 2 × H100 (global batch 2 × 2,048): answered from its template; tp 2 fits, three layouts do not."""
+    """llama-3-8b on 2 × H100 (global batch 2 × 2,048): answered from its template; tp 2 and pp 2 fit (pp 2's
+    draining stage priced at its real moments since d3939e1: 77.70 GiB, was over), two layouts do not."""
     if "search" not in _CACHE:
         report, search, _ = find_layouts(resolve("llama-3-8b"), SearchOptions(devices=2, gpu="h100",
                                                                             fsdp_mixed_precision="autocast"), True)
@@ -45,7 +46,7 @@ def test_the_cli_writes_the_page_with_every_layout_and_its_figures(tmp_path):
     rows = re.findall(r'<tr data-layout="([^"]*)" data-fits="(true|false)">(.*?)</tr>',
                       re.search(r'<table class="compare" id="layouts">(.*?)</table>', page, re.S).group(1))
     answered = [*search.fitting, *search.not_fitting]
-    assert len(rows) == len(answered) == 4 and len(search.fitting) == 1
+    assert len(rows) == len(answered) == 4 and len(search.fitting) == 2
     for (degrees, fits, cells), candidate in zip(rows, answered):
         values = [int(v) for v in re.findall(r'data-value="(-?\d+)"', cells)]
         assert fits == str(candidate.fits).lower()

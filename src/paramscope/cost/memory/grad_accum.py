@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 from ..dtypes import itemsize
 from ..traced.step import HELD_BACKWARD, HELD_FORWARD
-from .phases import RECOMPUTED_MOMENTS, PhaseFigure
+from .phases import RECOMPUTED_MOMENTS, RECOMPUTED_PRECISIONS, PhaseFigure
 from .states import as_trained, step_precision
 
 CONVENTION = ("gradient accumulation as FSDP2 and DeepSpeed run it by default: each micro-step's gradients "
@@ -222,7 +222,11 @@ def recomputed_layer(source: str, report: Any, trainable: frozenset[str], tokens
     """The last layer's backward a later micro-step recomputes (recomputed_gradient_moments) where it was read off
     a trace: an analytic HEAD_MOMENT_RECIPES answer whose head is named (head_shape), the last layer's down
     projection trainable and the largest of its weights (its backward then holds the largest new gradient beside
-    the most activations); None elsewhere."""
+    the most activations), in a precision its moments were read off (RECOMPUTED_PRECISIONS: fp32, bf16-pure,
+    bf16-mixed; fp16-mixed keeps the first micro-step's moments over the held gradients, a lower bound); None
+    elsewhere."""
+    if step_precision(precision) not in RECOMPUTED_PRECISIONS:
+        return None
     shape = head_shape(source, report, trainable)
     if shape is None:
         return None
@@ -433,7 +437,8 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
         f"({steps:,} × the micro-batch's). {CONVENTION}",
         ("the later micro-step is replayed from the rank's derived recipe: every gradient shard held, and each "
          "unit's new gradient shard (FSDP2's reduce-scatter output) beside them until added in (equal to the "
-         "traced rank's second micro-step)" if replayed else
+         "traced rank's second micro-step on dp, cp, dp × cp and dp × tp cuts, with and without checkpointing; "
+         "not checked beside ep or under hybrid sharding)" if replayed else
          "the later micro-step is measured (the traced step runs two micro-steps before the optimizer's)"
          if traced and micro.engine == "traced" else
          "the later micro-step is replayed from the derived recipe's allocations: every gradient held, and each new "

@@ -357,6 +357,9 @@ def vllm_preflight(report: Any, view: Any, estimate: Any, options: VllmOptions, 
     inputs = _serving_inputs(report, view, estimate)
     weights_at = _weights_at(inputs, estimate.weights, pp, split if pp > 1 else None)
     fused_at = _fused_experts_at(report.params, text, compute_dtype)
+    if any(moe for _, moe in weights_at(tp)) and fused_at(tp) is None:  # said, not dropped in silence
+        notes.append("not counted: a MoE layer's moment and vLLM's fused experts' workspace (the routed experts' "
+                     "width could not be read off their tensors, packed or quantised, or the config names no top-k)")
     notes.extend(_weight_notes(text, compute_dtype))
     non_torch = Estimate(
         NON_TORCH_ALLOWANCE, f"{NON_TORCH_ALLOWANCE:,} B (an allowance)",

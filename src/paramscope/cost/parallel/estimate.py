@@ -41,7 +41,7 @@ from .rules import Placement, cuts_routed_experts, placements_for, rules_in_word
 from .trace_reach import hybrid_replicas
 
 
-def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[[tuple[PhaseFigure, ...], int, int], PhaseFigure]]:
+def layout_device(ctx: StepContext) -> tuple[DeviceMemory, Callable[..., PhaseFigure | tuple[PhaseFigure, ...]]]:
     """(the device's figures, the function that gives the device's largest moment at another batch and length from
     the one-device moments there: the fits table's question; with every=True all its moments there, to which
     gradient accumulation adds a later micro-step's, grad_accum.later_rank_step)."""
@@ -245,14 +245,18 @@ def _balanced_beside(ctx: StepContext, placements: tuple[Placement, ...], rules:
             ctx, placements, rules)
     except UnsupportedError:  # no closed form on a tp rank's shard for this class: nothing beside
         return ""
-    more = device.peak - closed.peak
+    # under --grad-accum the derived rank holds a later micro-step the closed form does not: compare first ones
+    peak, base = (_first_micro_step_peak(device), _first_micro_step_peak(closed)) if ctx.accumulating else \
+        (device.peak, closed.peak)
+    more = peak - base
+    first = "the first micro-step's" if ctx.accumulating else ""
     fsdp = ctx.layout.shard == "fsdp"
-    return (f"balanced routing (--expert-load 1, the closed form: "
+    return (f"balanced routing (--expert-load 1, the closed form{', ' + first if first else ''}: "
             f"{'the recipe on the rank' + chr(39) + 's shard' if ctx.layout.tp > 1 else 'one device' + chr(39) + 's step'}, "
             f"the rank's states"
             f"{', FSDP2' + chr(39) + 's gathered root and layer units' if fsdp else ''} and the permute index) gives "
-            f"{closed.peak:,} B; the busiest rank's {ctx.layout.expert_load:g}× share adds {more:,} B "
-            f"({100 * more / closed.peak:+.3f}%)" + (" (under FSDP2 that balanced figure is the closed form, not a "
+            f"{base:,} B; the busiest rank's {ctx.layout.expert_load:g}× share adds {more:,} B{' to its first micro-step' if first else ''} "
+            f"({100 * more / base:+.3f}%)" + (" (under FSDP2 that balanced figure is the closed form, not a "
                                                      "trace: 0.56% under the traced balanced rank at Mixtral-8x7B's "
                                                      "size, dp 8; --expert-load 1 derives it)" if fsdp else ""))
 
