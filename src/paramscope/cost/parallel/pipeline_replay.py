@@ -489,7 +489,7 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     if policy is not None:
         source = (f"FSDP2 rank's derived step under its MixedPrecisionPolicy (FSDP2 over {layout.shard_degree}"
                   + (f", beside {tp_words}" if layout.tp > 1 else "") + f", traced on torch's fake process group as "
-                  f"without a pipeline, estimate._derived_device's key; {regime})")
+                  f"without a pipeline, the same recipe as memory's rank of this layout without --pp; {regime})")
     check = (POLICY_CHECK if policy is not None else
              RING_EXPERT_CHECK if ring_experts else CONTEXT_CHECK if layout.cp > 1 else
              "checked against MemTracker on the real class cut to each stage with the tp layout applied on the fake "
