@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from ..dtypes import itemsize
 from ..traced.step import HELD_BACKWARD, HELD_FORWARD
+from .activations.step import RECOMPUTE_FREED  # what the down projection's backward has freed, ·T·h
 from .phases import RECOMPUTED_MOMENTS, RECOMPUTED_PRECISIONS, PhaseFigure
 from .states import as_trained, step_precision
 
@@ -163,13 +164,6 @@ class RecomputedLayer:
     ids: int = 0  # a tensor-parallel rank's: the token ids its vocabulary-parallel embedding still references, 8·T
 
 
-# what the first micro-step's "last layer recomputed" moment holds that is freed by the later one's down projection
-# backward, or counted twice, ·T·h by precision: the final norm's and the head's saved inputs (the recipe's outside
-# T·h: 12, 8, 10), the layer's input (among the checkpoints and in its activations: 4, 2, 4) and the moment's output
-# and input gradients 8·T·h, less the gradient flowing into the layer then (4 fp32 and bf16-pure; 6 under autocast,
-# the fp32 one and its bf16 cast); read off the traced second micro-step (Llama cuts at h 128 and 256, i 344 and 512,
-# 16 to 256 tokens, fp32, bf16-pure and bf16-mixed)
-RECOMPUTE_FREED = {"fp32": 20, "bf16-pure": 14, "bf16-mixed": 16}
 
 
 def recomputed_gradient_moments(again: PhaseFigure, gradients: int, layer: RecomputedLayer) -> list[PhaseFigure]:

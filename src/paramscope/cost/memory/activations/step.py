@@ -247,9 +247,13 @@ def embedding_gradient(config: Any, *, batch: int, seq: int, precision: str) -> 
     return (2 if precision == "bf16-pure" else 4) * batch * seq * h + 8
 
 
-# what the "last layer recomputed" moment holds that the recomputed layer's down projection's backward has freed
-# (the head's and the final norm's saved inputs, the labels), ·T·h, by precision kind (grad_accum's too)
-_RECOMPUTE_FREED = {"fp32": 20, "bf16-pure": 14, "mixed": 16}
+# what the "last layer recomputed" moment holds that the recomputed layer's down projection's backward has freed or
+# would count twice, ·T·h by precision (this first micro-step's moments and grad_accum's later one's): the final
+# norm's and the head's saved inputs (the recipe's outside T·h: 12, 8, 10), the layer's input (among the checkpoints
+# and in its activations: 4, 2, 4) and the moment's output and input gradients 8·T·h, less the gradient flowing into
+# the layer then (4 fp32 and bf16-pure; 6 under autocast, the fp32 one and its bf16 cast); read off the traced steps
+# (Llama cuts at h 128 and 256, i 344 and 512, 16 to 256 tokens, fp32, bf16-pure and bf16-mixed)
+RECOMPUTE_FREED = {"fp32": 20, "bf16-pure": 14, "bf16-mixed": 16}
 # the recomputed layer's backward through its MLP, its post-attention norm and its output projection, operator by operator, as the first
 # micro-step runs it (each new parameter gradient is kept as the .grad): the bytes live after each allocation, over
 # the moment before the down projection's weight gradient (`_ANCHOR`), as (T·i, i·h, T·h, T, h) coefficients. Read
@@ -291,7 +295,7 @@ def recomputed_backward_moments(act: TrainingActivations, *, held_last: int, lay
     if shape is None or again is None or not act.layers:
         return ()
     t, h, i, kind = shape.tokens, shape.hidden, shape.inner, shape.kind
-    k = _RECOMPUTE_FREED[kind]
+    k = RECOMPUTE_FREED["bf16-mixed" if kind == "mixed" else kind]
     anchor = again.bytes - k * t * h - 12 * t + 8 + ids
     anchor_words = f"last layer recomputed {again.bytes:,} − {k}·T·h + 12·T − 8 freed by then = "
     if kind == "bf16-pure":
