@@ -64,3 +64,19 @@ def stage_gaps(rows, traces):
         gaps.append((traced.later_peak - traced.after_backward) -
                     (replayed.later_peak - replayed.after_first_backward))
     return gaps
+
+
+def cp_rank_beside_its_trace(llama: dict, precision: str, *, batch: int = 2, seq: int = 64, cp: int = 2):
+    """A Llama cut's cp rank by the closed form (no derivation) and traced on torch's ring in `precision`: (the
+    closed form's phases by moment name, the traced step)."""
+    import transformers as T
+
+    from paramscope.cost.parallel.layout import layout_for
+
+    config = T.LlamaConfig(**{k: v for k, v in llama.items() if k != "model_type"})
+    _, alone, view = training_answer(config, TrainingOptions(batch=batch, seq=seq, precision=precision, fits=False,
+                                                             layout=layout_for(cp=cp), derive_layout=False),
+                                     use_cache=False)
+    traced = trace_parallel_training(view.module, StepSettings(batch=batch, seq=seq, precision=precision,
+                                                               optimizer="adamw"), cp=cp)
+    return {p.where: p.bytes for p in alone.training.device.phases}, traced

@@ -71,15 +71,9 @@ def test_a_cp_rank_equals_its_trace_and_zero_partitions_over_dp_times_cp():
     """cp 2 on the cut, 2 × 64 tokens: the closed form (the recipe at S / cp, the ring's kept copies) with the master
     step equals the rank traced on torch's ring with MasterCopyOptimizer, phase by phase; beside dp 2 under ZeRO-1
     the masters and moments are partitioned over the dp × cp = 4 ranks (7,590,912 / 4 B of masters)."""
-    import transformers as T
+    from parallel_steps import cp_rank_beside_its_trace
 
-    config = T.LlamaConfig(**{k: v for k, v in LLAMA.items() if k != "model_type"})
-    _, alone, view = training_answer(config, TrainingOptions(batch=2, seq=64, precision="bf16-master", fits=False,
-                                                             layout=layout_for(cp=2), derive_layout=False),
-                                     use_cache=False)
-    traced = trace_parallel_training(view.module, StepSettings(batch=2, seq=64, precision="bf16-master",
-                                                               optimizer="adamw"), cp=2)
-    phases = {p.where: p.bytes for p in alone.training.device.phases}
+    phases, traced = cp_rank_beside_its_trace(LLAMA, "bf16-master")
     assert (phases["end of forward"], phases["end of backward"], phases["optimizer step"]) == \
         tuple(p.bytes for p in traced.phases) == (28_808_172, 30_396_636, 37_954_772)
     zero = estimate_training(LLAMA, TrainingOptions(batch=2, seq=64, precision="bf16-master", fits=False,

@@ -188,19 +188,9 @@ def test_a_cp_rank_equals_its_trace_and_the_distributed_optimizer_shards_over_dp
     fp32 buffer resident equals the rank traced on torch's ring with MainGradOptimizer, phase by phase (was refused);
     beside dp 2 the distributed optimizer shards the masters and moments over dp × cp = 4 ranks (Megatron's
     data-parallel group with context parallel), the buffer whole."""
-    import transformers as T
+    from parallel_steps import cp_rank_beside_its_trace
 
-    from paramscope.cost.memory.training import training_answer
-    from paramscope.cost.traced.parallel import trace_parallel_training
-    from paramscope.cost.traced.step import StepSettings
-
-    config = T.LlamaConfig(**{k: v for k, v in LLAMA.items() if k != "model_type"})
-    _, alone, view = training_answer(config, TrainingOptions(batch=2, seq=64, precision="bf16-main-grad", fits=False,
-                                                             layout=layout_for(cp=2), derive_layout=False),
-                                     use_cache=False)
-    traced = trace_parallel_training(view.module, StepSettings(batch=2, seq=64, precision="bf16-main-grad",
-                                                               optimizer="adamw"), cp=2)
-    phases = {p.where: p.bytes for p in alone.training.device.phases}
+    phases, traced = cp_rank_beside_its_trace(LLAMA, "bf16-main-grad")
     assert (phases["end of forward"], phases["start of backward"], phases["optimizer step"]) == \
         tuple(p.bytes for p in traced.phases) == (36_399_084, 36_526_044, 34_159_316)
     zero = estimate_training(LLAMA, TrainingOptions(batch=2, seq=64, precision="bf16-main-grad", fits=False,
