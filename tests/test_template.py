@@ -233,6 +233,35 @@ def test_a_tampered_template_costs_nothing_and_the_build_answers(tmp_path, monke
         found.template.module(config)
 
 
+def _first_params_entry(node):
+    if node.get("params"):
+        return node["params"][0]
+    for _, child in node.get("children", ()):
+        if "alias" not in child and (found := _first_params_entry(child)) is not None:
+            return found
+    for _, child in node.get("runs", ()):
+        if (found := _first_params_entry(child)) is not None:
+            return found
+    return None
+
+
+@needs_shipped
+@pytest.mark.parametrize("target", ["", "encoder", "decoder.block.0"])
+def test_a_tie_that_names_a_module_is_refused(target):
+    """A stored tie names a tensor: one that names a module (the root "" or a submodule) is refused with the name,
+    not built into a parameter that is a module (the fuzz below found "" counted as a tensor: AttributeError)."""
+    from paramscope.errors import AssumptionError
+    from paramscope.sources import Source
+    from paramscope.template import report_from_template
+
+    config = find_preset("t5-small").load_config()
+    document = lookup_template(config).template.to_json()
+    _first_params_entry(document["skeleton"])[3] = target
+    template = Template.from_json(json.loads(json.dumps(document)))
+    with pytest.raises(AssumptionError, match=f"to {target!r}, which it does not hold"):
+        report_from_template(template, Source("config-dict", "config", "a config dict", config), class_reason="test")
+
+
 @needs_shipped
 @settings(max_examples=int(os.environ.get("PARAMSCOPE_FUZZ_EXAMPLES", 150)), deadline=None)
 @given(data=st.data())

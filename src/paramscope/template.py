@@ -251,7 +251,10 @@ class _Instantiate:
     def __init__(self, template: Template, values: dict[str, int]):
         self.t = template
         self.values = values
-        self.registry: dict[str, Any] = {}  # full name → the module/tensor object created under it
+        # full name → the module or tensor created under it, apart: a tie names a tensor and an alias a module, and a
+        # stored name that points at the other kind is refused, never built into a tensor that is a module
+        self.modules: dict[str, StubModule] = {}
+        self.tensors: dict[str, Any] = {}
         self.nodes = 0
         self._memo: dict[tuple[str, str], Any] = {}
 
@@ -276,7 +279,7 @@ class _Instantiate:
         if self.nodes > MAX_SKELETON_NODES:
             raise AssumptionError(f"the config asks for more than {MAX_SKELETON_NODES:,} modules")
         module = stub_class(node["type"])(bool(node.get("emb")))
-        self.registry[path] = module
+        self.modules[path] = module
         for local, dtype, trainable, tie in node.get("params", ()):
             full = f"{path}.{local}" if path else local
             module._parameters[local] = self._tensor("param", full, dtype, trainable, tie)
@@ -296,7 +299,7 @@ class _Instantiate:
         for attr, child in node.get("children", ()):
             name = f"{path}.{attr}" if path else attr
             if "alias" in child:
-                target = self.registry.get(child["alias"])
+                target = self.modules.get(child["alias"])
                 if target is None:
                     raise AssumptionError(f"the template's alias {child['alias']!r} names no module")
                 module._modules[attr] = target
@@ -306,12 +309,12 @@ class _Instantiate:
 
     def _tensor(self, kind: str, full: str, dtype: str, trainable: bool, tie: str | None) -> Any:
         if tie is not None:
-            target = self.registry.get(tie)
+            target = self.tensors.get(tie)
             if target is None:
                 raise AssumptionError(f"the template ties {full!r} to {tie!r}, which it does not hold")
             return target
         tensor = StubTensor(self._size(kind, pattern_of(full)), stub_dtype(dtype), trainable)
-        self.registry[full] = tensor
+        self.tensors[full] = tensor
         return tensor
 
 
