@@ -83,5 +83,15 @@ def test_tp_pp_stages_replay_the_tensor_parallel_rank_s_recipe(cache):
     assert sum(r.weights for r in rows) == one.weights and sum(r.gradients for r in rows) == one.gradients
     assert sum(r.optimizer for r in rows) == one.optimizer
     assert device.peak == max(r.peak for r in rows)
+    # the first backward's words sum to their figure: k × each + what is held once a stage (stage 0's 512 B, the
+    # step never frees it) = held, where each is a microbatch's own bytes (1,024 B off when each carried the 512)
+    import re
+
+    first = next(p for p in device.phases if p.where == "first backward")
+    words = re.search(r"\((\d+) microbatches in flight × ([\d,]+) B each(?: \([^()]*\))?(?: \+ ([\d,]+) B held once a "
+                      r"stage \([^()]*\))? = ([\d,]+),", first.arithmetic)
+    k, each, once, held = (int((g or "0").replace(",", "")) for g in words.groups())
+    assert (k, once) == (rows[0].in_flight, rows[0].replayed.kept_once) == (3, 512)
+    assert k * each + once == held == rows[0].replayed.held
     assert any("tensor-parallel rank's derived step" in n and "down_proj gradient is held until" in n
                for n in estimate.notes)

@@ -356,9 +356,14 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                                         stage.in_flight, residual, later, waiting, tied)
         resident = resident_bytes(dev, ctx.buffer_bytes)
         k = stage.in_flight
-        held_words = (f"{k} microbatch{'es' if k > 1 else ''} in flight × {figures.per_microbatch:,} B each"
+        # what the step never frees (an object the model keeps and replaces at its next call) is held once a
+        # stage, not once a microbatch: its own term, so that k × each + once is the figure
+        once = figures.kept_once if not interleaved else 0
+        each = figures.per_microbatch - once
+        once_words = f" + {once:,} B held once a stage (what the step never frees, not made again)" if once else ""
+        held_words = (f"{k} microbatch{'es' if k > 1 else ''} in flight × {each:,} B each"
                       + (f" (the received hidden state B·S·h × {residual_size} B = {figures.received:,} included)"
-                         if figures.received else "")) if not interleaved else \
+                         if figures.received else "") + once_words) if not interleaved else \
             (f"the chunk-microbatches in flight at the rank's first backward along torch's interleaved order, each "
              f"its chunk's bytes (of its {len(stage.chunk_layers)} chunks, the largest's {figures.per_microbatch:,}"
              + (f", a received hidden state B·S·h × {residual_size} B = {residual:,} included" if figures.received
@@ -367,7 +372,8 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
             # each figure's words open on its value and name its parts in parentheses: the line sums to the figure
             PhaseFigure("forward", resident + figures.forward_peak, "forwards in flight",
                         f"the forwards {figures.forward_peak:,} ({k - 1} microbatch{'es' if k != 2 else ''} held × "
-                        f"{figures.per_microbatch:,} and the last forward's peak; derived, the stage's segments)"
+                        f"{each:,}" + (once_words if k > 1 else "")
+                        + " and the last forward's peak; derived, the stage's segments)"
                         if not interleaved else
                         f"the forwards {figures.forward_peak:,} (the largest forward before the rank's first "
                         "backward along torch's interleaved order, with the chunk-microbatches then in flight; "
