@@ -15,9 +15,11 @@ from types import SimpleNamespace
 import pytest
 
 from paramscope.cli import main
-from paramscope.cost.memory.vllm import (CUDA_GRAPH_ALLOWANCE, NON_TORCH_ALLOWANCE, _activation, _encoder_shape,
-                                          _fused_experts_at, _worker_group_size, vllm_blocks, vllm_grouping,
+from paramscope.cost.memory.vllm import (CUDA_GRAPH_ALLOWANCE, NON_TORCH_ALLOWANCE, vllm_blocks, vllm_grouping,
                                           vllm_layer_kinds, vllm_pages, vllm_pp_partition)
+from paramscope.cost.memory.vllm_kv_blocks import worker_group_size
+from paramscope.cost.memory.vllm_layers import encoder_shape
+from paramscope.cost.memory.vllm_reserve import fused_experts_at, profile_activation
 
 GiB = 2**30
 
@@ -246,11 +248,11 @@ def test_a_stage_pools_its_largest_share_of_a_global_group():
     group. On the first of two stages each group keeps 4 of its 8 layers: 4 layers a pool."""
     keys = [[("sliding window 1,024", 1024)] if i % 6 != 5 else [("full attention", None)] for i in range(48)]
     assert vllm_grouping([("sliding window 1,024", 1024, 40), ("full attention", None, 8)])[0] == 8
-    assert _worker_group_size(keys, 8, 0, 24) == _worker_group_size(keys, 8, 24, 48) == 4
+    assert worker_group_size(keys, 8, 0, 24) == worker_group_size(keys, 8, 24, 48) == 4
     # Gemma-2's alternation, 42 layers over two stages of 21: 11 sliding and 10 full on the first, 11 a pool
     keys = [[("sliding window 4,096", 4096)] if i % 2 == 0 else [("full attention", None)] for i in range(42)]
-    assert _worker_group_size(keys, 21, 0, 21) == 11 and _worker_group_size(keys, 21, 21, 42) == 11
-    assert _worker_group_size(keys, 21, 0, 42) == 21
+    assert worker_group_size(keys, 21, 0, 21) == 11 and worker_group_size(keys, 21, 21, 42) == 11
+    assert worker_group_size(keys, 21, 0, 42) == 21
 
 
 def test_a_layer_partition_is_vllms_environment_variable(capsys):
@@ -293,9 +295,9 @@ def test_whisper_cross_attention_holds_the_encoder_length():
     # at tp 4 each rank keeps 5 heads of both
     assert vllm_layer_kinds(config, "float16", 4, "float16")[1] == 5120 // 4
     # the profile run's encoder moment: one item of 1,500 tokens (the encoder budget is the encoder length)
-    encoder = _encoder_shape(config)
+    encoder = encoder_shape(config)
     assert encoder[0] == 1500
-    moment = _activation(config, "float16", 512, 1, 1, encoder=encoder)
+    moment = profile_activation(config, "float16", 512, 1, 1, encoder=encoder)
     assert moment.bytes == 1500 * (3 * 1280 + 2 * 5120) * 2 == 42_240_000 and moment.arithmetic.startswith("encoder")
 
 
@@ -308,25 +310,25 @@ def test_a_moe_layer_holds_vllms_fused_experts_workspace_beside_every_moment():
     params = [SimpleNamespace(name=f"model.layers.0.block_sparse_moe.experts.0.{n}.weight", role="moe.experts",
                               shape=shape) for n, shape in (("w1", (14336, 4096)), ("w2", (4096, 14336)),
                                                             ("w3", (14336, 4096)))]
-    experts = _fused_experts_at(params, config, "bfloat16")(2)
+    experts = fused_experts_at(params, config, "bfloat16")(2)
     assert (experts.width, experts.gated) == (7168, True)
     workspace = 8192 * 2 * max(7168, 4096) * 2 + 8192 * 2 * max(2 * 7168, 4096) * 2
     assert workspace == 704_643_072
     sampler = 8192 * 4096 * 2 + 1024 * 32_000 * (2 + 12)
-    moment = _activation(config, "bfloat16", 8192, 1024, 2, experts=experts)
+    moment = profile_activation(config, "bfloat16", 8192, 1024, 2, experts=experts)
     assert moment.bytes == sampler + workspace == 1_230_503_936
     assert "fused experts' workspace 704,643,072 B" in moment.arithmetic and "WorkspaceManager" in moment.source
     # without the sampler (a pipeline stage before the last) the MLP's moment is the largest; a stage holding no
     # routed experts holds no workspace
     mlp = 8192 * (2 * 4096 + 3 * 14336 // 2) * 2
-    assert _activation(config, "bfloat16", 8192, 1024, 2, last=False, experts=experts).bytes == mlp + workspace
-    assert _activation(config, "bfloat16", 8192, 1024, 2, last=False).bytes == mlp == 486_539_264
+    assert profile_activation(config, "bfloat16", 8192, 1024, 2, last=False, experts=experts).bytes == mlp + workspace
+    assert profile_activation(config, "bfloat16", 8192, 1024, 2, last=False).bytes == mlp == 486_539_264
     # the MoE layer's own tensors: residual, normed input and the output (zeros_like), the router's logits, fp32
     # top-k weights and int32 ids, moe_align_block_size's sorted ids (t·k + E·63) and expert ids at BLOCK_SIZE_M 64
     padded = 8192 * 2 + 8 * 63
     own = 8192 * 3 * 4096 * 2 + 8192 * 8 * 2 + 8192 * 2 * 8 + 4 * (padded + -(-padded // 64) + 1)
     tiny = SimpleNamespace(**{**vars(config), "intermediate_size": 64, "head_dim": 8})  # narrow attention and MLP
-    moe = _activation(tiny, "bfloat16", 8192, 1024, 2, last=False, experts=experts)
+    moe = profile_activation(tiny, "bfloat16", 8192, 1024, 2, last=False, experts=experts)
     assert moe.bytes == own + workspace == 201_657_348 + 704_643_072 and moe.arithmetic.startswith("MoE layer")
 
 
