@@ -414,13 +414,15 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
     else:
         top = max(phases, key=lambda p: p.bytes)
     rank = getattr(device, "traced", None)
+    check = getattr(device, "rank_check", None)
     micro_notes = micro.notes
-    if rank is not None and measured(getattr(rank, "phases", ())):  # --trace's rank ran two micro-steps: its check
-        # beside the answer with the later micro-step's moments
+    if rank is not None and check is not None and measured(getattr(rank, "phases", ())):  # --trace's rank ran two
+        # micro-steps: its check beside the answer with the later micro-step's moments
         from ..parallel.device_trace import rechecked
 
-        device = dataclasses.replace(device, notes=rechecked(device.notes, rank, top.bytes))
-        micro_notes = rechecked(micro.notes, rank, top.bytes)
+        device = dataclasses.replace(device, notes=rechecked(device.notes, check, rank, top.bytes),
+                                     rank_check=dataclasses.replace(check, peak=top.bytes))
+        micro_notes = rechecked(micro.notes, check, rank, top.bytes)
     detail = dataclasses.replace(detail, phases=phases, device=device)
     settings = dict(micro.settings, batch=batch, micro_batch=batch // steps, grad_accum=steps)
     notes = micro_notes + (

@@ -65,6 +65,7 @@ class DeviceMemory:
     notes: tuple[str, ...] = field(default=())
     traced: Any = None  # with --trace: rank 0's step traced on torch's fake process group (a TracedStep); under a
     # derived class's pipeline, each stage traced (traced/pipeline_stage.StageTrace, one a stage)
+    rank_check: Any = None  # with --trace on one rank: its check's data (device_trace.RankCheck), its note in `notes`
     # bf16-main-grad: `gradients` is the fp32 main-gradient buffer, resident at every moment (in each phase's bytes
     # beside the weights, not among its moment's terms)
     gradients_resident: bool = False

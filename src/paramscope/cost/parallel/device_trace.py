@@ -4,6 +4,7 @@ stage of a derived class cut and traced, beside the answer it checks."""
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from .device import DeviceMemory, StepContext
@@ -64,11 +65,26 @@ def traced_check(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
     if ctx.accumulating:
         applied += ("; two micro-steps before the optimizer's, the second over the gradients held" +
                     (", FSDP2 reduce-scattering each (set_requires_gradient_sync(True), its default)" if fsdp else ""))
-    note = rank_check_note(applied, engine, traced, device.peak)
-    return dataclasses.replace(device, traced=traced, notes=device.notes + (note,) + tuple(traced.notes))
+    check = RankCheck(applied, engine, device.peak)
+    return dataclasses.replace(device, traced=traced, rank_check=check,
+                               notes=device.notes + (check.note(traced),) + tuple(traced.notes))
 
 
 RANK_CHECK = "check: rank 0's step traced on torch's fake process group ("
+
+
+@dataclass(frozen=True)
+class RankCheck:
+    """--trace's check under a layout, as data (carried beside the device's notes, DeviceMemory.rank_check): what
+    the trace laid out, in words (`applied`), the engine whose answer it checks (analytic or derived) and that
+    answer's `peak`; its note rendered from them beside the traced rank (rank_check_note)."""
+
+    applied: str
+    engine: str
+    peak: int
+
+    def note(self, traced: Any) -> str:
+        return rank_check_note(self.applied, self.engine, traced, self.peak)
 
 
 def rank_check_note(applied: str, engine: str, traced: Any, peak: int) -> str:
@@ -80,16 +96,12 @@ def rank_check_note(applied: str, engine: str, traced: Any, peak: int) -> str:
             f"{100 * diff:+.3f}% from it")
 
 
-def rechecked(notes: tuple[str, ...], traced: Any, peak: int) -> tuple[str, ...]:
-    """`notes` with rank_check_note's check said again beside `peak` (the engine's answer once a later micro-step's
-    moments are added to it: grad_accum.accumulated), the traced rank and what it laid out as they were."""
-    def again(note: str) -> str:
-        if not note.startswith(RANK_CHECK):
-            return note
-        applied = note[len(RANK_CHECK):note.index(", MemTracker): peak ")]
-        engine = "derived" if "; the derived " in note else "analytic"
-        return rank_check_note(applied, engine, traced, peak)
-    return tuple(again(note) for note in notes)
+def rechecked(notes: tuple[str, ...], check: RankCheck, traced: Any, peak: int) -> tuple[str, ...]:
+    """`notes` with `check`'s note (the one traced_check rendered, beside `traced`) said again beside `peak` (the
+    engine's answer once a later micro-step's moments are added to it: grad_accum.accumulated), re-rendered from
+    the check's data: the traced rank and what it laid out as they were."""
+    said, again = check.note(traced), dataclasses.replace(check, peak=peak).note(traced)
+    return tuple(again if note == said else note for note in notes)
 
 
 def traced_stages(ctx: StepContext, device: DeviceMemory) -> DeviceMemory:
