@@ -124,7 +124,12 @@ UNSYNCED = (
     "gradient sync, then the reduce; a 4-layer Llama cut, dp 2, 2 × 64: tests/test_fsdp_pipeline_stage.py): under "
     "the policy every forward and backward equal; under autocast too, but the first microbatch's forward, where "
     "each unit is first gathered, one layer's fp32 parameters over what is counted (4·N of a layer; a stage's peak "
-    "is a later moment). An estimate still, no pipeline stage traced under FSDP2: the reduce after the last backward "
+    "is a later moment). With three microbatches in flight (three forwards, then three backwards; the cut, 2 × 40, "
+    "replayed as one stage under the policy) each microbatch holds its activations alone, no gather, in the trace as "
+    "in the replay: the forwards and the later backward equal (the replay keeps the first microbatch's loss, 4 B), "
+    "the first backward under the trace by the gradients' share in proportion; beside tp 2 with sequence parallel "
+    "the forwards equal, the first backward 81,856 B and the later 81,244 B under, the same with two in flight. An "
+    "estimate still, no pipeline stage traced under FSDP2: the reduce after the last backward "
     "(no activations left; each unit's fp32 reduce-scatter input beside its gradients as its gathered parameters are "
     "freed) is no moment of its own (below the last backward on the traced cut), and a stage's first gradients' "
     "share is in proportion")
@@ -334,10 +339,11 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
         recipe = recipe_at(batch, length)
         if recipe is None:
             return (PhaseFigure("backward", 1 << 62, "", ""),), None, ""
-        if policy is not None and stage.first and not stage.last:
+        if policy is not None and stage.first:
             # the rank's root post-backward at the end of the first layer's backward: beside a pipeline no unit
             # reduces in a microbatch's backward (UNSYNCED), so the whole root's reduce-scatter input and gradient
-            # shards are taken out (root_reduced's stage's own, sized 0)
+            # shards are taken out (root_reduced's stage's own, sized 0); a stage holding the whole model too (the
+            # single stage tests/test_fsdp_pipeline_stage.py replays against the trace: no pp ≥ 2 stage is both)
             whole_root, _ = root_reduced(ctx, placements, {p.name for p in stage_params(stage)})
             recipe = root_apart(recipe, (whole_root, (0, 0)))
         residual = batch * (length // shard) * hidden * residual_size

@@ -330,14 +330,19 @@ class UnsyncedTrace:
     optimizer_step: int
 
 
-def trace_unsynced_fsdp(module: Any, settings: Any, dp: int, mixed: str) -> UnsyncedTrace:
+def trace_unsynced_fsdp(module: Any, settings: Any, dp: int, mixed: str, in_flight: int = 1, tp: int = 1,
+                        sp: bool = False) -> UnsyncedTrace:
     """Trace rank 0 of FSDP2 over `dp` ranks (traced/parallel.py's fully_shard on each layer and the root, `mixed`
     "policy" or "autocast", on torch's fake process group) as a pipeline stage runs it: every unit kept gathered
     after its forward (torchtitan under a pipeline: reshard_after_forward False); each microbatch's backward with
     set_is_last_backward(False), set_reshard_after_backward(False), set_requires_gradient_sync(False), as torch's
     PipelineStage.backward_maybe_with_nosync sets them; after the last, PipelineStage.perform_reduce_grad's reduce
-    (the three set True, each state's parameter groups' post_backward, the root's final callback). Two microbatches,
-    each forward then backward (the whole model as one stage, 1F1B with one in flight), after a warm-up step."""
+    (the three set True, each state's parameter groups' post_backward, the root's final callback). The whole model as
+    one stage, after a warm-up step: two microbatches, each forward then backward (1F1B with one in flight); with
+    `in_flight` k > 1, k forwards then k backwards (GPipe's order, k in flight): forward_first the first forward,
+    forward_later the largest of the others (each with those before it held), backward_first the first backward
+    (the others still held), backward_later the largest of the others. `tp`, `sp`: the FSDP2 rank beside tensor
+    parallel (the same fake process group's tp layout, as the policy's tp rank is derived)."""
     import contextlib
 
     import torch
@@ -348,7 +353,7 @@ def trace_unsynced_fsdp(module: Any, settings: Any, dp: int, mixed: str) -> Unsy
                        training_inputs)
     from .tracker_hooks import gradients_not_held
 
-    layout = check_layout(dp, "fsdp", 1, False, 0, mixed=mixed)
+    layout = check_layout(dp, "fsdp", tp, sp, 0, mixed=mixed)
     with parallel_copy(module, settings, layout) as (model, _, _):
         model.set_reshard_after_forward(False)
         inputs = training_inputs(model, settings)
@@ -383,14 +388,28 @@ def trace_unsynced_fsdp(module: Any, settings: Any, dp: int, mixed: str) -> Unsy
                 if tracker is not None:
                     peaks.append(phase_peak(tracker, phase).bytes)
                     restart_peak(tracker)
-            for later in (False, True):
-                if tracker is not None and later:
-                    tracker.reset_mod_stats()  # the tracker's per-module stats allow one call per module
-                loss = forward()
-                mark("forward")
-                backward(loss)
-                del loss
-                mark("backward")
+            if in_flight == 1:
+                for later in (False, True):
+                    if tracker is not None and later:
+                        tracker.reset_mod_stats()  # the tracker's per-module stats allow one call per module
+                    loss = forward()
+                    mark("forward")
+                    backward(loss)
+                    del loss
+                    mark("backward")
+            else:
+                losses = []
+                for _ in range(in_flight):
+                    if tracker is not None:
+                        tracker.reset_mod_stats()
+                    losses.append(forward())
+                    mark("forward")
+                for _ in range(in_flight):
+                    backward(losses.pop(0))
+                    mark("backward")
+                if tracker is not None:  # in UnsyncedTrace's order: the first of each, then the largest of the others
+                    forwards, backwards = peaks[:in_flight], peaks[in_flight:]
+                    peaks[:] = [forwards[0], backwards[0], max(forwards[1:]), max(backwards[1:])]
             reduce()
             mark("backward")
             optimizer.step()
