@@ -77,7 +77,8 @@ def recomputed_figures(act: TrainingActivations, *, resident: int, gradients: in
         return []
     return [PhaseFigure("backward", resident + n, where, words, held)
             for where, n, words, held in recomputed_backward_moments(act, held_last=held_last,
-                                                                     layer_gradients=layers // act.layers, ids=ids)]
+                                                                     layer_gradients=layers // act.layers, ids=ids,
+                                                                     tensor_parallel=vocab_shards > 1)]
 
 
 def cast_weights(view: Any, local: dict[str, int] | None = None) -> tuple[int, int, int]:

@@ -276,8 +276,18 @@ _MLP_BACKWARD = {
 }
 
 
+# a tensor-parallel rank (tp > 1, no sp) holds one fp32 4·T·h more through the end of the post-attention norm's
+# backward (in fp32 and under autocast): the gradient of the norm's output, the sum of the column-parallel MLP
+# projections' input gradients, which one device frees inside that backward and the rank only as it ends (read off
+# the traced allocations, one device beside the tp 2 rank): _MLP_BACKWARD's steps from this index on hold 4·T·h more
+# there. Traced, Llama h 256, i 344, 2 × 64, tp 2: the step's peak was 131,072 B under the rank's trace under
+# autocast, 43,520 in fp32; equal with it, and on h 192, Qwen2 tied, Mistral and tp 4 cuts (were 29,184 to 131,072
+# under). bf16-pure's norm backward reaches the same levels on the rank as on one device.
+TP_NORM_GRADIENT_HELD = {"fp32": 11, "mixed": 19}
+
+
 def recomputed_backward_moments(act: TrainingActivations, *, held_last: int, layer_gradients: int,
-                                ids: int = 0) -> tuple[tuple[str, int, str, int], ...]:
+                                ids: int = 0, tensor_parallel: bool = False) -> tuple[tuple[str, int, str, int], ...]:
     """The first micro-step's moments inside a recomputed layer's backward under full checkpointing (a Llama-style
     recipe): (where, bytes beyond the resident states, words, the gradients held), for the first layer and the last.
 
@@ -289,7 +299,8 @@ def recomputed_backward_moments(act: TrainingActivations, *, held_last: int, lay
     moment before the down projection's weight gradient: "last layer recomputed" − what the head's and the final
     norm's backward freed, k·T·h + 12·T − 8, + the down projection's input gradient and, under autocast, the
     layer's 16-bit weight copies made again, less the head's, freed with its backward). `ids`: the token ids a
-    vocabulary-parallel embedding still references (a tp rank's 8·T)."""
+    vocabulary-parallel embedding still references (a tp rank's 8·T). `tensor_parallel`: a tp rank's, whose
+    post-attention norm's output gradient is held to the end of the norm's backward (TP_NORM_GRADIENT_HELD)."""
     shape = act.recomputed
     again = next((m for m in act.moments if m.where == "last layer recomputed"), None)
     if shape is None or again is None or not act.layers:
@@ -310,9 +321,14 @@ def recomputed_backward_moments(act: TrainingActivations, *, held_last: int, lay
     else:
         anchor_words += f"{anchor:,}"
     basis = (t * i, i * h, t * h, t, h)
-    steps = [sum(c * b for c, b in zip(coefs, basis)) for coefs in _MLP_BACKWARD[kind]]
+    held_from = TP_NORM_GRADIENT_HELD.get(kind) if tensor_parallel else None
+    table = [coefs if held_from is None or n < held_from else (coefs[0], coefs[1], coefs[2] + 4) + coefs[3:]
+             for n, coefs in enumerate(_MLP_BACKWARD[kind])]
+    steps = [sum(c * b for c, b in zip(coefs, basis)) for coefs in table]
     top = max(range(len(steps)), key=lambda n: steps[n])
-    terms = " + ".join(f"{c}·{n}" for c, n in zip(_MLP_BACKWARD[kind][top], ("T·i", "i·h", "T·h", "T", "h")) if c)
+    terms = " + ".join(f"{c}·{n}" for c, n in zip(table[top], ("T·i", "i·h", "T·h", "T", "h")) if c)
+    if held_from is not None and top >= held_from:
+        terms += " (of which 4·T·h the post-attention norm's output gradient, which the tp rank holds to its end)"
     inner = steps[top]
     earlier = act.layers - 1
     out = []
