@@ -134,12 +134,12 @@ def test_the_smallest_moe_layout_searches_tp_times_dp(small_chunks):
 def test_the_smallest_layout_sentence(small_chunks):
     """One line from the JSON form: the order tried, the layout found, the least the next fewer GPUs need; the
     JSON names each try's dp. Where none fits, the least any layout tried needs."""
-    from paramscope.render.memory import _smallest_to_dict, smallest_tp_sentence
+    from paramscope.render.memory import smallest_to_dict, smallest_tp_sentence
 
     peak = _answer(WIDE_EXPERTS, tp=4, dp=2, expert_parallel=True)[1].peak
     search = _answer(WIDE_EXPERTS, budget=peak + (1 << 30), reserve=1 << 30,
                      expert_parallel=True)[1].parallel.smallest
-    smallest = _smallest_to_dict(search)
+    smallest = smallest_to_dict(search)
     assert smallest["dp_searched"] and (smallest["tp"], smallest["dp"], smallest["peak"]) == (4, 2, peak)
     assert [(t["tp"], t["dp"]) for t in smallest["tried"]][-2:] == [(1, 4), (4, 2)]
     least = min(t["peak"] for t in smallest["tried"][3:6])
@@ -149,7 +149,7 @@ def test_the_smallest_layout_sentence(small_chunks):
                            "× dp): tp 4 × dp 2 = 8 GPUs, ")
     best = next(t for t in smallest["tried"][3:6] if t["peak"] == least)
     assert f"(at best tp {best['tp']} × dp {best['dp']} = 4 GPUs needs " in line and "\n" not in line
-    none = _smallest_to_dict(_answer(WIDE_EXPERTS, budget=1 << 30, reserve=1 << 30,
+    none = smallest_to_dict(_answer(WIDE_EXPERTS, budget=1 << 30, reserve=1 << 30,
                                      expert_parallel=True)[1].parallel.smallest)
     assert none["tp"] is None and len(none["tried"]) == 7 + 6 + 5  # 4 heads: T 1, 2, 4 × D 1 … 64, 64 GPUs at most
     assert smallest_tp_sentence(none).startswith("No layout fits a 1.00 GiB budget")
