@@ -8,16 +8,10 @@ import dataclasses
 from typing import Any
 
 from ...selection import match_all
-from .activations import (
-    TrainingActivations, recipe_attention, recipe_declines, recipe_for, recipe_peak_inside_layers,
-    training_activations,
-)
-from ..dims import attention_dropout, config_int, dim, text_config
+from .activations import TrainingActivations, training_activations
+from ..dims import attention_dropout, dim, text_config
 from ..hardware import Accelerator, find_accelerator
-from ..model_view import towers_not_run
-from ..traced.media_step import FAMILIES as CROSS_ATTENTION_FAMILIES
-from ..traced.step import StepSettings, TORCH_OPTIMIZERS, trace_training
-from .expert_offsets import expert_offsets
+from ..traced.step import StepSettings
 from .fits import fit_on, fit_table
 from .phases import PhaseFigure, cast_weights, moment_phases
 from .precision_default import default_precision_words
@@ -29,10 +23,12 @@ from .states import (
     per_device, step_precision, weight_dtype, zero_stage,
 )
 from .training_engines import accumulating_moments, derive_step
-from .training_master import (
-    MAIN_GRAD_CONVENTION, MASTER_CONVENTION, master_copy_on_rank, master_layout_words, with_master_copy,
-)
+from .training_input import input_words, step_input
+from .training_layout import rank_layout
+from .training_master import MAIN_GRAD_CONVENTION, MASTER_CONVENTION, with_master_copy
+from .training_moments import derived_moments, traced_moments
 from .training_options import DEFAULT_TRAINING_SEQ, TrainingOptions, trace_depth
+from .training_recipe import step_recipe
 from .training_parts import TrainingDetail, own_dtypes, step_temporaries, tied_embedding_bytes, tower_activations
 from .weights import weight_memory
 
@@ -68,42 +64,10 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
     frozen = match_all(report.params, options.freeze)
     if live:  # a user's module (a PEFT model, a half-frozen one) trains what its requires_grad flags say
         frozen = sorted(set(frozen) | {p.name for p in report.params if not p.trainable})
-    media = None
-    cross = None  # a cross-attention family's audio or images (traced/media_step.StepMedia), fed to a traced step
-    media_notes: list[str] = []
-    asked = options.media if options.media is not None and options.media.given else None
-    if asked is None and getattr(view.config, "model_type", None) == "whisper":
-        from ..towers.media import MediaInput
-
-        asked = MediaInput(audio_seconds=30.0)  # Whisper's forward needs its mel frames: it pads any audio to 30 s
-        dataclasses.replace(options, media=asked).check()  # what an audio input's step is counted without
-        media_notes.append("Whisper trains on audio and its transcript: 30 s of audio a sequence assumed (the window "
-                           "its feature extractor pads every clip to; --audio-seconds T)")
-    if asked is not None:  # the towers run on the image or audio input, and train
-        from ..towers.families import media_family, media_flops
-
-        if module is None:
-            return None
-        if media_family(view.config) in CROSS_ATTENTION_FAMILIES:
-            from ..traced.media_step import step_media
-
-            asked.check()
-            cross = step_media(module, asked, options.batch)
-            fixed = [p for p in report.params if not p.trainable and p.name not in set(frozen)]
-            if fixed:  # the step runs the class as built: what it sets requires_grad False on takes no gradient
-                frozen = sorted(set(frozen) | {p.name for p in fixed})
-                media_notes.append(f"{', '.join(p.name for p in fixed[:4])}{' …' if len(fixed) > 4 else ''} "
-                                   f"({sum(p.numel for p in fixed):,} parameters) do not train: {view.class_name} sets "
-                                   "requires_grad False on them (Whisper's sinusoidal encoder positions), so no "
-                                   "gradient or optimizer state is kept for them")
-        else:
-            media = media_flops(module, asked, batch=options.batch, seq=options.seq or DEFAULT_TRAINING_SEQ,
-                                training=True, precision=run, attention=options.attention,
-                                frozen=frozenset(frozen))
-    idle = () if media is not None or cross is not None else towers_not_run(view)
-    unused = [p.name for p in report.params if any(p.name.startswith(tower + ".") for tower in idle)]
-    if unused:  # a text input runs no vision or audio tower: their parameters' .grad stays None
-        frozen = sorted(set(frozen) | set(unused))
+    inputs = step_input(report, view, options, frozen, run)
+    if inputs is None:
+        return None
+    media, cross, frozen, idle, unused = inputs.media, inputs.cross, inputs.frozen, inputs.idle, inputs.unused
     trainable = frozenset(p.name for p in report.params) - frozenset(frozen)
     own = options.own_dtype if live else frozenset()
     states = model_states(report.params, precision=precision, optimizer=optimizer, trainable=trainable, own=own)
@@ -113,30 +77,12 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
                             components=[c.name for c in report.components])
     text = text_config(view.config)
     seq, limit, notes = step_length(report, text, options.seq, DEFAULT_TRAINING_SEQ)
-    notes.extend(media_notes)
-    if cross is not None:
-        notes.append(f"{'audio' if cross.family == 'whisper' else 'image'} input: each sequence holds {cross.words}; "
-                     f"the text is {seq:,} tokens; " + "; ".join(cross.notes))
-        notes.append(f"{view.class_name} reads its {'encoder' if cross.family == 'whisper' else 'vision tower'} by "
-                     "cross-attention: the step is traced on the real input, every layer of the tower and the "
-                     "language model, forward, backward and optimizer step (MemTracker on fake tensors); the "
-                     "analytic and derived engines take no such input, so the answer is the trace's")
+    notes.extend(inputs.notes)
+    notes.extend(input_words(report, view, inputs, seq))
     tower_saved = 0
     if media is not None:
         seq += media.tokens
         tower_saved = media.saved_bytes or 0
-        notes.append(f"image input: each sequence holds {media.input_words}; the language model's activations are "
-                     f"over {seq - media.tokens:,} text + {media.tokens:,} image tokens = {seq:,}; the towers train (but "
-                     "for what --freeze names), and "
-                     f"what their forward saves for backward, {tower_saved:,} B (what the tower's and projector's forward "
-                     "saves and still holds at its end, each storage once, weights not: measured on fake tensors), is "
-                     "held from the forward through the language model's backward, added to those moments (linear in "
-                     "the batch)")
-    if unused:
-        held = sum(p.numel for p in report.params if p.name in set(unused))
-        notes.append(f"a text input runs the language model only: {', '.join(idle)} ({held:,} parameters) get no "
-                     "gradient, so no gradient, optimizer state or master copy is kept for them (PyTorch's optimizers "
-                     "skip a parameter whose .grad is None); their weights stay resident")
     checkpointing = options.grad_checkpointing == "full"
     resident = weights.bytes + weights.buffer_bytes + states.optimizer.bytes + states.master_weights.bytes
     gradients = states.gradients.bytes
@@ -146,31 +92,10 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
     cast, cast_head, cast_biases = cast_weights(view) if precision.endswith("-mixed") else (0, 0, 0)
     shape = dict(precision=run, checkpointing=checkpointing, cast_weights=cast, cast_head=cast_head,
                  cast_biases=cast_biases)
-    attention = options.attention or str(getattr(view.config, "_attn_implementation", "") or "") or "sdpa"
     class_name = view.class_name
-    # adapters add their own activations: never an analytic recipe's (a plan counted without a build is a PEFT
-    # model's stand-ins, named as PEFT's classes are)
-    adapters = (module is not None and type(module).__module__.startswith("peft")) or \
-        (module is None and live and class_name.startswith("PeftModel"))
-    fused = attention in ("sdpa", "flash")  # flash is sdpa's flash kernel here, as traced
-    recipe = recipe_for(text, class_name)
-    fitted = recipe_attention(recipe) if recipe else None
-    at_fitted = fitted == ("sdpa" if fused else attention)
-    analytic = training_activations(text, class_name, batch=options.batch, seq=seq, **shape) \
-        if at_fitted and not adapters and cross is None else None
-    if recipe is not None and cross is None and not at_fitted:  # (a cross-attention step: the trace's, said above)
-        notes.append(f"the analytic recipe is for {fitted} attention; attention {attention} is traced")
-    elif recipe is not None and cross is None and analytic is None and not adapters:
-        why = recipe_declines(text, class_name, batch=options.batch, seq=seq, precision=run,
-                              checkpointing=checkpointing)
-        notes.append(f"the analytic {recipe} recipe was not fitted for {why}: one step traced")
-    beside = None  # a recipe's figures shown as a check, not given as the answer
-    inside = recipe_peak_inside_layers(analytic.recipe) if analytic is not None else ""
-    if inside:
-        beside, analytic = analytic, None
-        notes.append(f"the analytic {beside.recipe} recipe counts what the forward saves, but {inside}, which the "
-                     "recipe's moments do not hold: the step is derived from traces (the recipe's figure is given "
-                     "beside, as a check)")
+    found = step_recipe(view, text, options, live=live, seq=seq, shape=shape, cross=cross, notes=notes)
+    attention, fused, adapters, recipe = found.attention, found.fused, found.adapters, found.recipe
+    analytic, beside = found.analytic, found.beside
 
     tied = tied_embedding_bytes(report, trainable)
     step_bytes, step_text = step_temporaries(optimizer, gradients)
@@ -205,39 +130,10 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
             notes.append(f"no closed form derived for {class_name} ({why_not}): one step traced")
     extended = derived is not None and depth == "extended"
     if derived is not None:
-        figures = derived.recipe.peaks(options.batch, seq)
-        how = "depth-extended trace" if extended else "derived"
-        if grad_buffer(states) and figures.gradients_at_backward_peak:  # derived under bf16-pure's AccumulateGrad
-            notes.append(f"the derived backward peak holds {figures.gradients_at_backward_peak:,} B of bf16 gradients "
-                         "(bf16-pure's step), which Megatron's hooks add into the fp32 buffer and free: a bound, up "
-                         "to that much over (--trace full runs the hooks)")
-        # what the traced step still holds at its optimizer step: the MoE layers' expert offsets
-        offsets, offsets_text = expert_offsets(report.params, precision, own, config=view.config)
-        step_end = resident + gradients + step_bytes + offsets
-        phases = (
-            PhaseFigure("forward", resident + figures.forward, how, derived.recipe.words("forward", options.batch, seq), 0,
-                        figures.forward),
-            PhaseFigure("backward", resident + figures.backward, how, derived.recipe.words("backward", options.batch, seq),
-                        figures.gradients_at_backward_peak, figures.backward - figures.gradients_at_backward_peak),
-            PhaseFigure("optimizer step", step_end, "optimizer step",
-                        f"gradients {gradients:,}; {step_text}" + (f"; held past the backward: {offsets_text}"
-                                                                  if offsets else ""), gradients),
-        )
-        if accumulating:  # a later micro-step, replayed from the same recipe (grad_accum.derived_later)
-            from .grad_accum import derived_later
-
-            phases = derived_later(phases, derived, options.batch, seq, resident, gradients)
-        activations = Workspace(figures.end_of_forward, derived.recipe.words("end of forward", options.batch, seq),
-                                4 * options.batch * seq * (config_int(text, "vocab_size") or 0))
-        if extended:
-            layers = len(derived.recipe.layer_types)
-            notes.append(f"traced, depth-extended: {derived.recipe.traced}; {derived.recipe.check}; extended to "
-                         f"the model's {layers:,} layers exactly, allocation by allocation (--trace full traces "
-                         "every layer); the optimizer step's moment is counted (gradients, the step's temporaries "
-                         "and what a layer keeps referenced past the backward: a MoE layer's 4 B per expert)")
-        else:
-            notes.extend(derived.notes())
-        source_label = "traced (depth-extended)" if extended else "derived"
+        phases, activations, source_label = derived_moments(
+            derived, report, view, batch=options.batch, seq=seq, states=states, precision=precision, own=own,
+            resident=resident, gradients=gradients, step=(step_bytes, step_text), extended=extended,
+            accumulating=accumulating, text=text, notes=notes)
     elif depth or analytic is None:
         if module is None:
             return None
@@ -245,38 +141,9 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
                                 grad_checkpointing=checkpointing, attention=options.attention, frozen=frozenset(frozen),
                                 weights_dtype=dtype if live else None, own_dtype=own, media=cross,
                                 grad_accum=2 if accumulating else 1)
-        traced = trace_training(module, settings)
-        notes.extend(traced.notes)
-        extra = 0 if optimizer in TORCH_OPTIMIZERS[:4] else states.optimizer.bytes  # states the trace lacks
-        phases = tuple(PhaseFigure(p.phase, p.bytes + extra, "measured",
-                                   "MemTracker: " + ", ".join(f"{k} {v:,}" for k, v in p.by_category.items() if v),
-                                   p.by_category["gradients"],
-                                   p.by_category["activations"] + p.by_category["temporaries"] +
-                                   p.by_category["other"])
-                       for p in traced.phases)
-        if master_copy:  # MemTracker files the step's fp32 gradient copies under activations: they do not scale
-            phases = tuple(dataclasses.replace(p, variable=p.variable - master_copy) if p.phase == "optimizer step"
-                           else p for p in phases)
-        if extra:
-            phases = phases + (PhaseFigure("optimizer step", resident + gradients + step_bytes,
-                                           "optimizer step (analytic)", f"gradients {gradients:,}; {step_text}",
-                                           gradients),)
-        if media is not None:  # the trace runs text only: its optimizer holds no state for the towers, which train
-            towers = towers_not_run(view)
-            held = model_states([p for p in report.params if any(p.name.startswith(t + ".") for t in towers)],
-                                precision=precision, optimizer=optimizer, own=own,
-                                trainable=frozenset(p.name for p in report.params if p.name not in set(frozen)
-                                                    and any(p.name.startswith(t + ".") for t in towers)))
-            kept = held.optimizer.bytes + held.master_weights.bytes
-            phases = tuple(dataclasses.replace(p, bytes=p.bytes + kept + (held.gradients.bytes if p.phase ==
-                                                                           "optimizer step" else 0)) for p in phases)
-            notes.append(f"the traced step runs the text: the towers' optimizer state and master copy ({kept:,} B) "
-                         f"are added to each moment, their gradients ({held.gradients.bytes:,} B) to the optimizer "
-                         "step's")
-        saved = traced.saved_activations
-        rows = cross.sequences if cross is not None else options.batch
-        activations = Workspace(saved, "measured at the end of the forward (MemTracker, fake tensors)",
-                                4 * rows * seq * (config_int(text, "vocab_size") or 0))
+        traced, phases, activations = traced_moments(
+            module, report, view, settings, states=states, resident=resident, gradients=gradients,
+            step=(step_bytes, step_text), master_copy=master_copy, media=media, cross=cross, text=text, notes=notes)
         if (recipe is None or adapters) and cross is None:
             notes.append(f"no analytic activation recipe for {class_name}: one step traced on fake "
                          "tensors; the largest batch scales the measured activations (linear in the batch), the "
@@ -319,48 +186,22 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
     elif zero and options.devices == 1:
         notes.append(f"ZeRO stage {zero} over one device shards nothing; give --devices N")
 
-    device, layout_at = None, None
+    device, layout_at, to_rank = None, None, None
     if options.layout is not None and not options.layout.trivial:
-        from ..parallel.estimate import StepContext, layout_device
-        from ..parallel.states import bf16_optimizer
+        from ..parallel.device import StepContext
 
-        # bf16-master: a rank's step casts its partition of the gradients to fp32
-        # (under a pipeline each stage's own: parallel/states.stage_step adds it)
-        rank_copy, rank_text = (0, optimizer_text) if master_copy and options.layout.pp > 1 else \
-            master_copy_on_rank(report, view, options.layout, master_copy, optimizer=optimizer, trainable=trainable,
-                                own=own, words=optimizer_text) if master_copy else (0, step_text)
-        if master_copy:
-            notes.append(master_layout_words(options.layout))
-        if grad_buffer(states):
-            from ..parallel.states import main_grad_layout_words
-
-            notes.append(main_grad_layout_words(options.layout))
-
-        def to_rank(figures: tuple[PhaseFigure, ...]) -> tuple[PhaseFigure, ...]:
-            return tuple(dataclasses.replace(p, bytes=p.bytes - master_copy + rank_copy,
-                                             arithmetic=p.arithmetic.replace(step_text, rank_text))
-                         if p.phase == "optimizer step" else p for p in figures)
-
-        rank_phases = to_rank(phases)
-        answer = layout_device(StepContext(
+        rank = rank_layout(StepContext(
             report=report, view=view, layout=options.layout, states=states, buffer_bytes=weights.buffer_bytes,
-            phases=rank_phases, activations=activations.bytes, analytic=analytic,
+            phases=phases, activations=activations.bytes, analytic=analytic,
             derived_or_traced=derived is not None or traced is not None, source_label=source_label,
             precision=run, optimizer=optimizer, trainable=trainable, own=own, text=text, batch=options.batch,
-            seq=seq, shape=shape, step=(step_bytes - master_copy + rank_copy, rank_text),
-            trace=bool(options.trace),
+            seq=seq, shape=shape, step=(step_bytes, step_text), trace=bool(options.trace),
             attention=options.attention, frozen=frozenset(frozen), weights_dtype=dtype if live else None,
             limit=limit, live=live, structure=structure, derive=options.derive_layout,
-            accumulating=accumulating))
-        if answer is None:  # its per-device recipe is neither kept nor derivable without the build
+            accumulating=accumulating), master_copy=master_copy, optimizer_text=optimizer_text, notes=notes)
+        if rank is None:  # its per-device recipe is neither kept nor derivable without the build
             return None
-        device, layout_at = answer
-        if grad_buffer(states):  # the device's gradients are its resident fp32 buffer (parallel/states.py)
-            device = dataclasses.replace(device, gradients_resident=True)
-        if bf16_optimizer(states.precision, options.layout):  # half its gradients: BF16_Optimizer's bf16 buffer,
-            # zeros_like the flat bf16 group of the stage's trained parameters (their bf16 .grad the other half)
-            device = dataclasses.replace(device, accumulation_buffer=device.gradients // 2)
-        notes.extend(device.notes)
+        device, layout_at, to_rank = rank.device, rank.layout_at, rank.to_rank
 
     rank_later = None
     if accumulating and device is not None:  # the fits table beside a layout: each micro-batch's later micro-step
