@@ -108,10 +108,15 @@ def stages_table(device) -> list:
 
 
 def rules_table(device) -> Table:
-    table = Table(title="How each role is cut (from its role; transformers' tp plans agree)",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    return role_cuts_table(device.rules, "How each role is cut (from its role; transformers' tp plans agree)")
+
+
+def role_cuts_table(rules: dict[str, str], title: str, caption: str | None = None) -> Table:
+    """Each role and the rule that cuts it: a training device's table and a serving layout's."""
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
     table.add_column("role", no_wrap=True)
     table.add_column("rule", overflow="fold", ratio=1)
-    for role, rule in device.rules.items():
+    for role, rule in rules.items():
         table.add_row(role, rule)
     return table

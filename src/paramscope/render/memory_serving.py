@@ -13,6 +13,7 @@ from rich.text import Text
 from ..explain import exact
 from ._console import indented
 from .memory_cells import binary, in_unit, share, short_dtype, stage_layers, table_unit, unit_words
+from .memory_layout import role_cuts_table
 
 
 def serving_totals(estimate) -> Table:
@@ -174,14 +175,8 @@ def serving_stages_table(layout) -> list:
 
 
 def serving_rules_table(layout) -> Table:
-    table = Table(title=f"How each role is cut over tp {layout.tp}", title_justify="left",
-                  caption="from each parameter's role, the rules training layouts use (transformers' tp plans agree)",
-                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("role", no_wrap=True)
-    table.add_column("rule", overflow="fold", ratio=1)
-    for role, rule in layout.rules.items():
-        table.add_row(role, rule)
-    return table
+    return role_cuts_table(layout.rules, f"How each role is cut over tp {layout.tp}",
+                           "from each parameter's role, the rules training layouts use (transformers' tp plans agree)")
 
 
 def cache_table(cache) -> Table:
