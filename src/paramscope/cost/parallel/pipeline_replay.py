@@ -18,6 +18,7 @@ from .device_parts import (
 from .pipeline import Stage, after_layers, bubble, layer_stack_of, params_held, split_words, stages
 from .rules import Placement, cuts_routed_experts
 from .states import DeviceStates, stage_step
+from .unsynced_backward import end_of_first_backward, first_backward_unsharded
 
 
 # a bound where the replay is above the stage's trace (tests/test_pipeline_encoder_stages.py)
@@ -117,8 +118,9 @@ UNSYNCED = (
     "layer's first backward its gradients unsharded (fp32: the policy accumulates them in its reduce_dtype, "
     "unsharded_accumulated_grad; autocast's .grad) in place of the fp32 shards, which exist only from the reduce to "
     "the optimizer step. Counted at every forward and backward moment: the stage's units gathered in place of the one "
-    "layer and root unit FSDP2's default step holds, and the gradients a moment holds unsharded (where it holds some "
-    "but not all of them, as the first backward, in proportion to the shards it counts); under the policy, where the "
+    "layer and root unit FSDP2's default step holds, and the gradients a moment holds unsharded (at the first "
+    "backward's largest moment those of the layer units gone back, unit by unit; its end, every one, its own moment: "
+    "parallel/unsynced_backward.py); under the policy, where the "
     "stage gathers nothing (a backward, a forward after its first microbatch's), less the running layer's 16-bit "
     "gather the replayed rank makes. Held to FSDP2's rank traced as one stage runs it (two microbatches without "
     "gradient sync, then the reduce; a 4-layer Llama cut, dp 2, 2 × 64: tests/test_fsdp_pipeline_stage.py): under "
@@ -127,12 +129,13 @@ UNSYNCED = (
     "is a later moment). With three microbatches in flight (three forwards, then three backwards; the cut, 2 × 40, "
     "replayed as one stage under the policy) each microbatch holds its activations alone, no gather, in the trace as "
     "in the replay: the forwards and the later backward equal (the replay keeps the first microbatch's loss, 4 B), "
-    "the first backward under the trace by the gradients' share in proportion; beside tp 2 with sequence parallel "
-    "the forwards equal, the first backward 81,856 B and the later 81,244 B under, the same with two in flight. An "
+    "and the first backward's end, the phase's peak there, equal (with 2 in flight too): every gradient unsharded "
+    "in fp32 beside the root's last 16-bit gradient, cast as the root's post-backward runs; beside tp 2 with "
+    "sequence parallel the forwards equal, the first backward 81,856 B and the later 81,244 B under, the same with "
+    "two in flight. An "
     "estimate still, no pipeline stage traced under FSDP2: the reduce after the last backward "
     "(no activations left; each unit's fp32 reduce-scatter input beside its gradients as its gathered parameters are "
-    "freed) is no moment of its own (below the last backward on the traced cut), and a stage's first gradients' "
-    "share is in proportion")
+    "freed) is no moment of its own (below the last backward on the traced cut)")
 
 
 UNITS = "FSDP2's units of the stage, all gathered"
@@ -193,10 +196,15 @@ def _without_running_gather(phase: PhaseFigure, layer: int, in_flight: int) -> P
         f"; − the running layer's 16-bit gather the replayed rank makes, held here among the stage's units, {layer:,}"))
 
 
-def with_unsynced_gradients(phase: PhaseFigure, whole: int, shards: int, comm: list[Buffer] = ()) -> PhaseFigure:
+def with_unsynced_gradients(phase: PhaseFigure, whole: int, shards: int, comm: list[Buffer] = (),
+                            partial: tuple[int, str] | None = None) -> PhaseFigure:
     """A forward or backward moment of a stage under FSDP2 beside a pipeline (UNSYNCED): the gradient shards it
-    counts held unsharded instead, `whole` where it counts every shard (`shards`), else in proportion; at the end of
-    a backward (which with_buffers leaves without FSDP2's gathered units) the stage's units, still gathered."""
+    counts held unsharded instead, `whole` where it counts every shard (`shards`); where it counts some (the first
+    backward's largest moment) `partial`, (bytes, words) counted unit by unit (unsynced_backward
+    .first_backward_unsharded), else in proportion, named an estimate; at the end of a backward (which with_buffers
+    leaves without FSDP2's gathered units) the stage's units, still gathered."""
+    from .unsynced_backward import IN_PROPORTION
+
     if phase.phase == "optimizer step" or not whole:
         return phase
     if phase.where == "end of backward":
@@ -205,11 +213,14 @@ def with_unsynced_gradients(phase: PhaseFigure, whole: int, shards: int, comm: l
         phase = dataclasses.replace(phase, where="end of backward")
     if not phase.gradients:
         return phase
-    if phase.gradients >= shards:
+    if partial is not None and phase.where == "first backward":
+        extra, words = partial
+    elif phase.gradients >= shards:
         extra, words = whole - shards, f"{whole:,} − the shards {shards:,}"
     else:
         extra = phase.gradients * (whole - shards) // shards
-        words = f"{phase.gradients:,} of the shards made × ({whole:,} − {shards:,}) / {shards:,}, in proportion"
+        words = (f"{phase.gradients:,} of the shards made × ({whole:,} − {shards:,}) / {shards:,}, "
+                 f"{IN_PROPORTION}")
     return dataclasses.replace(phase, bytes=phase.bytes + extra, gradients=phase.gradients + extra,
                                arithmetic=phase.arithmetic + f"; + the gradients unsharded until the step's reduce "
                                f"(PipelineStage's unsynced backward), {words} = {extra:,}")
@@ -414,10 +425,19 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
         if policy is not None:  # the replayed rank's running layer, gathered again: held among the stage's units
             phases = [_without_running_gather(p, running_gather(stage), k) for p in phases]
         norms = sequence_parallel_norm_gradients(ctx, stage_params(stage))
-        # FSDP2 beside the pipeline: the gradients a moment holds are unsharded until the step's reduce (UNSYNCED)
+        # FSDP2 beside the pipeline: the gradients a moment holds are unsharded until the step's reduce (UNSYNCED):
+        # at the first backward's largest moment those of the units gone back, and its end, every one (its own
+        # moment: unsynced_backward)
         whole_grads = unsynced_gradients(ctx, held_of(stage), dev.gradients)
+        partial = None
+        if whole_grads:
+            partial = first_backward_unsharded(ctx, held_of(stage), stack, stage, figures.gradients_at_backward_peak,
+                                               policy is not None)
+            if not interleaved:
+                phases.insert(2, end_of_first_backward(ctx, held_of(stage), stage, figures, resident, dev.gradients,
+                                                       policy is not None))
         return tuple(with_unsynced_gradients(with_buffers(with_norm_gradients(p, norms), comm), whole_grads,
-                                             dev.gradients, comm) for p in phases), figures, recipe.regime
+                                             dev.gradients, comm, partial) for p in phases), figures, recipe.regime
 
     def running_gather(stage: Stage) -> int:
         """The largest layer unit of the stage gathered in 16 bits (the policy's param_dtype)."""
