@@ -7,6 +7,10 @@ MixedPrecisionPolicy, the root unit's 16-bit gradients upcast one by one.
                      unit, padded as fully_shard pads: ⌈dim0 / d⌉ rows); the stage holds those units' gradients
                      unsharded in fp32 instead (FSDP2's unsharded_accumulated_grad), so + Σ (whole − shard) over
                      them. Under autocast the replayed step is one device's: its .grad are the stage's, unsharded.
+                     Where that moment falls inside a unit's post-backward, the rank's reduce-scatter input (the
+                     unit's fp32 gradients, padded, beside its 16-bit ones) stands where the stage casts them one
+                     by one, which holds no more: a bound there (no trace holds such a moment; on the traced cut
+                     the largest moment is the loss's, no gradient made).
     end of the       the root's final callback (_root_post_backward_final_callback) runs the post-backward of each
     first backward   group not yet run; under the policy with no gradient sync each parameter's 16-bit gradient is
                      cast to fp32 (FSDPParam.to_accumulated_grad_if_needed: .grad set to None, then .to(reduce_dtype)
@@ -19,7 +23,10 @@ Traced: trace_unsynced_fsdp on a 4-layer Llama cut (dp 2, the whole cut one stag
 in flight: the end of the first backward is the phase's peak there, equal to the byte
 (tests/test_fsdp_pipeline_stage.py). A stage of a pp ≥ 2 layout is held by argument: a first stage's root is its
 embeddings, a last's its final norm and head, a middle stage's none; a stage before the last holds the received
-output gradient and, after the first, its input's gradient to send, in place of the loss and its seed.
+output gradient and, after the first, its input's gradient to send, in place of the loss and its seed. An
+interleaved rank's end moment is not counted (its first backward is one chunk's). Beside tp 2 with sequence parallel
+(the cut, 3 in flight) the end moment is below the trace's first backward, which the replay's largest moment is
+under by 351,328 B: the replay beside tp is under its trace (UNSYNCED), not this count.
 """
 
 from __future__ import annotations
