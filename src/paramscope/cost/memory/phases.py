@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .activations import TrainingActivations, embedding_gradient, recomputed_backward_moments
+from .activations.step import ONE_DEVICE, SP_RANK, TP_RANK
 
 
 @dataclass(frozen=True)
@@ -26,12 +27,13 @@ class PhaseFigure:
 
 def moment_phases(act: TrainingActivations, *, resident: int, gradients: int, tied: int, text: Any, batch: int,
                   length: int, precision: str, step: tuple[int, str],
-                  recompute: tuple[int, int] | None = None) -> tuple[PhaseFigure, ...]:
+                  recompute: tuple[int, int, bool] | None = None) -> tuple[PhaseFigure, ...]:
     """The step's moments from an analytic recipe's activations: its forward and backward moments over the
     resident bytes, the end of backward (every gradient, and the embedding output's), and the optimizer step.
-    `recompute` (vocab_shards, ids): the first and last recomputed layers' backward moments too
-    (recomputed_figures), on one device (1, 0) or a tensor-parallel rank alone (tp, the 8·T token ids its
-    vocabulary-parallel embedding references); None where the gradients are shared out otherwise."""
+    `recompute` (vocab_shards, ids, sp): the first and last recomputed layers' backward moments too
+    (recomputed_figures), on one device (1, 0, False) or a tensor-parallel rank alone (tp, the 8·T token ids its
+    vocabulary-parallel embedding references, whether sequence parallel); None where the gradients are shared out
+    otherwise."""
     # a tied embedding's backward frees its output's gradient before its two gradients are summed
     kept = not tied
     output_gradient = embedding_gradient(text, batch=batch, seq=length, precision=precision) if kept else 8
@@ -39,7 +41,7 @@ def moment_phases(act: TrainingActivations, *, resident: int, gradients: int, ti
     figures = [PhaseFigure(m.phase, resident + m.bytes, m.where, m.arithmetic) for m in act.moments]
     if recompute is not None:
         figures += recomputed_figures(act, resident=resident, gradients=gradients, tied=tied, precision=precision,
-                                      vocab_shards=recompute[0], ids=recompute[1])
+                                      vocab_shards=recompute[0], ids=recompute[1], sequence_parallel=recompute[2])
     how = f"gradients {gradients:,} + {end - gradients:,}: " + (
         "the embedding output's gradient" if kept else "8 B (the embedding output's gradient freed)")
     if tied:
@@ -59,12 +61,12 @@ RECOMPUTED_PRECISIONS = ("fp32", "bf16-pure", "bf16-mixed")
 
 
 def recomputed_figures(act: TrainingActivations, *, resident: int, gradients: int, tied: int, precision: str,
-                       vocab_shards: int = 1, ids: int = 0) -> list[PhaseFigure]:
+                       vocab_shards: int = 1, ids: int = 0, sequence_parallel: bool = False) -> list[PhaseFigure]:
     """The first and last recomputed layers' backward moments (full checkpointing, a Llama-style recipe), each with
     the gradients it holds: the head's (V / `vocab_shards` rows, a tp rank's shard) and the final norm's, and every
     later layer's, the step's `gradients` less the embedding's and the head's (once, when `tied`) and the final
-    norm's, over the layers. Empty where the recipe does not name the layer or the gradients are not every
-    parameter's."""
+    norm's, over the layers; on a tp rank with `sequence_parallel`, the tp + sp rank's backward. Empty where the
+    recipe does not name the layer or the gradients are not every parameter's."""
     shape = act.recomputed
     if shape is None or precision not in RECOMPUTED_PRECISIONS or not act.layers:
         return []
@@ -75,10 +77,11 @@ def recomputed_figures(act: TrainingActivations, *, resident: int, gradients: in
     layers = gradients - held_last - (0 if tied else head)
     if layers <= 0 or layers % act.layers:
         return []
+    layout = ONE_DEVICE if vocab_shards == 1 else SP_RANK if sequence_parallel else TP_RANK
     return [PhaseFigure("backward", resident + n, where, words, held)
             for where, n, words, held in recomputed_backward_moments(act, held_last=held_last,
                                                                      layer_gradients=layers // act.layers, ids=ids,
-                                                                     tensor_parallel=vocab_shards > 1)]
+                                                                     layout=layout, tp=vocab_shards)]
 
 
 def cast_weights(view: Any, local: dict[str, int] | None = None) -> tuple[int, int, int]:

@@ -114,7 +114,7 @@ def step_estimate_at(report: Any, view: Any, options: TrainingOptions, *, live: 
                              length=length, precision=run, step=(step_bytes, step_text),
                              # the recomputed layers' moments read each layer's gradient off the total: every
                              # parameter trains (a frozen one would make the per-layer share wrong)
-                             recompute=None if frozen else (1, 0))
+                             recompute=None if frozen else (1, 0, False))
 
     traced = None
     derived = None

@@ -625,12 +625,12 @@ def _sharded_activations_device(ctx: StepContext, placements: tuple[Placement, .
 
     def phases_at(batch: int, length: int) -> tuple[PhaseFigure, ...]:
         act = local_activations(ctx, shape, batch, length)
-        # a tp rank alone under full checkpointing: its first and last recomputed layers' backward (the head's
-        # vocabulary shard held, the token ids the vocabulary-parallel embedding references)
-        alone = layout.tp > 1 and layout.dp == layout.cp == layout.ep == layout.pp == 1 and not layout.sp
+        # a tp rank alone (with or without sp) under full checkpointing: its first and last recomputed layers'
+        # backward (the head's vocabulary shard held, the token ids the vocabulary-parallel embedding references)
+        alone = layout.tp > 1 and layout.dp == layout.cp == layout.ep == layout.pp == 1
         figures = moment_phases(act, resident=resident_bytes(dev, ctx.buffer_bytes), gradients=dev.gradients, tied=tied,
                                 text=ctx.text, batch=batch, length=-(-length // layout.cp), precision=ctx.precision,
-                                step=ctx.step, recompute=(layout.tp, 8 * batch * length) if alone else None)
+                                step=ctx.step, recompute=(layout.tp, 8 * batch * length, layout.sp) if alone else None)
         if whole is not None:
             figures = tuple(with_whole_gradient(p, whole) for p in figures)
         kept = ring_kept(batch, length)

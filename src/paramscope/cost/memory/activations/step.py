@@ -13,8 +13,8 @@ The peak is the largest of the step's moments, not the sum of its parts (R = wei
   takes the loss in bf16) + Layout.backward_start (a causal LM: − the shifted labels nll_loss's backward frees
   first, + the loss and its gradient);
 - last layer recomputed (checkpointing): R + saved − the freed logits + one layer + its gradients;
-- the first and the last layer's backward, recomputed (a Llama-style recipe, on one device or a tp rank alone;
-  recomputed_backward_moments): every later layer's gradient and the head's held beside the layer's recomputed
+- the first and the last layer's backward, recomputed (a Llama-style recipe, on one device or a tp rank alone, with
+  or without sequence parallel; recomputed_backward_moments, a table of the backward per layout): every later layer's gradient and the head's held beside the layer's recomputed
   activations as its MLP makes its weight gradients (the first layer's peaks the step where a layer's gradients
   outweigh its checkpoint);
 - end of backward: R + gradients + the embedding output's gradient, or, with a tied embedding, its two gradients
@@ -254,40 +254,119 @@ def embedding_gradient(config: Any, *, batch: int, seq: int, precision: str) -> 
 # the layer then (4 fp32 and bf16-pure; 6 under autocast, the fp32 one and its bf16 cast); read off the traced steps
 # (Llama cuts at h 128 and 256, i 344 and 512, 16 to 256 tokens, fp32, bf16-pure and bf16-mixed)
 RECOMPUTE_FREED = {"fp32": 20, "bf16-pure": 14, "bf16-mixed": 16}
-# the recomputed layer's backward through its MLP, its post-attention norm and its output projection, operator by operator, as the first
-# micro-step runs it (each new parameter gradient is kept as the .grad): the bytes live after each allocation, over
-# the moment before the down projection's weight gradient (`_ANCHOR`), as (T·i, i·h, T·h, T, h) coefficients. Read
-# off the traced allocations (traced/timeline.py) and equal to them on six Llama cuts (h 96-256, i 256-600, 24-128
-# tokens) at each precision (the step's peak equal to --trace on 13 Llama, Mistral and Qwen2 cuts); each gradient is made beside the layer's recomputed activations and every later
-# layer's gradient.
+# the layouts whose recomputed layer's backward was read off the traced allocations (recomputed_backward_moments)
+ONE_DEVICE, TP_RANK, SP_RANK = "one device", "tp rank", "tp + sp rank"
+# the recomputed layer's backward through its MLP, its post-attention norm and (one device) its output projection,
+# operator by operator, as the first micro-step runs it on each layout (each new parameter gradient is
+# kept as the .grad): the bytes live after each allocation, over the moment before the down projection's weight
+# gradient (the anchor), as coefficients of _BASIS[layout] (T tokens, h the hidden width, i the rank's MLP width, tp
+# the tensor-parallel degree). Each row read off the traced allocations (traced/timeline.py, the backward of the
+# first recomputed layer stepped through allocation by allocation) and equal to them:
+# - one device: six Llama cuts (h 96-256, i 256-600, 24-128 tokens) at each precision (the step's peak equal to
+#   --trace on 13 Llama, Mistral and Qwen2 cuts);
+# - a tp rank (DTensor's parallelize_module on the fake process group, no sp), every allocation from the anchor
+#   through the end of the post-attention norm's backward: beside one device's, the rank holds the norm's output
+#   gradient (fp32 4·T·h, the sum of the column-parallel MLP projections' input gradients) to the end of the norm's
+#   backward (one device frees it inside it); Llama h 128-256, i 344-600, 1 × 32 to 2 × 64 at tp 2 (and h 256 i 344
+#   at tp 4 under autocast); the step's peak equal to the rank's trace on the h 256 i 344 2 × 64 (was 131,072 B under
+#   under autocast, 43,520 in fp32, with one device's rows) and h 128 cuts of tests/test_recomputed_backward.py (at
+#   1 × 32, h 256, i 600 under autocast one device's rows plus that 4·T·h were 32,768 B under the layer's traced
+#   largest);
+# - a tp + sp rank, every allocation likewise: the MLP reads its input all-gathered (B·S tokens) and the norm's
+#   backward runs on the rank's S / tp tokens after the reduce-scatter of its output gradient (the T·h / tp and
+#   T / tp terms); Llama h 128-256, i 344-600, 1 × 32 to 2 × 64 at tp 2, h 256 i 344 and h 192 i 480 (bf16-mixed)
+#   2 × 64 at tp 4, 2 and 3 layers, V 500 and 1,000 (the step's peak was 78,856 B under the rank's trace at h 256
+#   i 344 2 × 64 under autocast, at the optimizer step: the recomputed layer was not priced under sp).
+# On a tp rank, with or without sp, the output projection's backward and the attention's follow these rows, below
+# their largest on every cut traced but one, with few tokens beside a wide MLP under sp (1 × 32, h 256, i 600,
+# bf16-mixed: the q projection's weight gradient 2,752 B above it, the layer's gradients then nearly all made).
+# Each gradient is made beside the layer's recomputed activations and every later layer's gradient.
+_BASIS = {ONE_DEVICE: ("T·i", "i·h", "T·h", "T", "h"), TP_RANK: ("T·i", "i·h", "T·h", "T", "h"),
+          SP_RANK: ("T·i", "i·h", "T·h", "T·h/tp", "T/tp", "h")}
 _MLP_BACKWARD = {
-    "fp32": ((0, 0, 0, 0, 0), (0, 4, 0, 0, 0), (4, 4, 0, 0, 0), (8, 4, 0, 0, 0), (-4, 8, 0, 0, 0),
-             (-4, 8, 4, 0, 0), (-12, 12, 4, 0, 0), (-12, 12, 8, 0, 0), (-16, 12, 8, 0, 0), (-16, 12, 4, 0, 4),
-             (-16, 12, 4, 4, 4), (-16, 12, -8, 16, 4), (-16, 12, 8, -4, 4)),
-    "bf16-pure": ((0, 0, 0, 0, 0), (0, 2, -2, 0, 0), (2, 2, -2, 0, 0), (4, 2, -2, 0, 0), (-2, 4, -2, 0, 0),
-                  (-2, 4, 0, 0, 0), (-6, 6, 0, 0, 0), (-6, 6, 2, 0, 0), (-8, 6, 2, 0, 0), (-8, 6, 0, 0, 2),
-                  (-8, 6, 2, 0, 2), (-8, 6, 6, 0, 2), (-8, 6, 6, 4, 2), (-8, 6, -2, 16, 2), (-8, 6, 6, -4, 2),
-                  (-8, 6, 10, -4, 2), (-8, 6, 14, -4, 2)),
-    "mixed": ((0, 0, 0, 0, 0), (-2, 2, -2, 0, 0), (0, 0, -2, 0, 0), (2, 0, -2, 0, 0), (-4, 2, -2, 0, 0),
-              (-4, 2, 0, 0, 0), (-6, 0, 2, 0, 0), (-6, 4, 0, 0, 0), (-8, 4, 0, 0, 0), (-8, 4, 2, 0, 0),
-              (-10, 2, 4, 0, 0), (-10, 2, 6, 0, 0), (-10, 6, -2, 0, 0), (-10, 4, 2, 0, 0), (-10, 4, 6, 0, 0),
-              (-10, 4, 2, 0, 4), (-10, 4, -2, 0, 4), (-10, 4, 2, 4, 4), (-10, 4, -2, 4, 4), (-10, 4, -10, 12, 4),
-              (-10, 4, 6, -4, 4)),
+    ONE_DEVICE: {
+        "fp32": ((0, 0, 0, 0, 0), (0, 4, 0, 0, 0), (4, 4, 0, 0, 0), (8, 4, 0, 0, 0), (-4, 8, 0, 0, 0),
+                 (-4, 8, 4, 0, 0), (-12, 12, 4, 0, 0), (-12, 12, 8, 0, 0), (-16, 12, 8, 0, 0), (-16, 12, 4, 0, 4),
+                 (-16, 12, 4, 4, 4), (-16, 12, -8, 16, 4), (-16, 12, 8, -4, 4)),
+        "bf16-pure": ((0, 0, 0, 0, 0), (0, 2, -2, 0, 0), (2, 2, -2, 0, 0), (4, 2, -2, 0, 0), (-2, 4, -2, 0, 0),
+                      (-2, 4, 0, 0, 0), (-6, 6, 0, 0, 0), (-6, 6, 2, 0, 0), (-8, 6, 2, 0, 0), (-8, 6, 0, 0, 2),
+                      (-8, 6, 2, 0, 2), (-8, 6, 6, 0, 2), (-8, 6, 6, 4, 2), (-8, 6, -2, 16, 2), (-8, 6, 6, -4, 2),
+                      (-8, 6, 10, -4, 2), (-8, 6, 14, -4, 2)),
+        "mixed": ((0, 0, 0, 0, 0), (-2, 2, -2, 0, 0), (0, 0, -2, 0, 0), (2, 0, -2, 0, 0), (-4, 2, -2, 0, 0),
+                  (-4, 2, 0, 0, 0), (-6, 0, 2, 0, 0), (-6, 4, 0, 0, 0), (-8, 4, 0, 0, 0), (-8, 4, 2, 0, 0),
+                  (-10, 2, 4, 0, 0), (-10, 2, 6, 0, 0), (-10, 6, -2, 0, 0), (-10, 4, 2, 0, 0), (-10, 4, 6, 0, 0),
+                  (-10, 4, 2, 0, 4), (-10, 4, -2, 0, 4), (-10, 4, 2, 4, 4), (-10, 4, -2, 4, 4),
+                  (-10, 4, -10, 12, 4), (-10, 4, 6, -4, 4)),
+    },
+    TP_RANK: {
+        "fp32": ((0, 0, 0, 0, 0), (0, 4, 0, 0, 0), (4, 4, 0, 0, 0), (4, 4, 0, 0, 0), (8, 4, 0, 0, 0),
+                 (-4, 8, 0, 0, 0), (-4, 8, 4, 0, 0), (-8, 8, 8, 0, 0), (-4, 8, 4, 0, 0), (-12, 12, 4, 0, 0),
+                 (-12, 12, 8, 0, 0), (-16, 12, 8, 0, 0), (-16, 12, 8, 0, 0), (-16, 12, 4, 0, 0), (-16, 12, 8, 0, 0),
+                 (-16, 12, 4, 0, 4), (-16, 12, 0, 0, 4), (-16, 12, 4, 0, 4), (-16, 12, 4, 4, 4), (-16, 12, -4, 8, 4),
+                 (-16, 12, -4, 12, 4), (-16, 12, -4, 16, 4), (-16, 12, 0, 0, 4), (-16, 12, 4, -4, 4),
+                 (-16, 12, 8, -4, 4), (-16, 12, 12, -4, 4), (-16, 12, 0, -4, 4), (-16, 12, -4, -4, 4)),
+        "bf16-pure": ((0, 0, 0, 0, 0), (0, 2, -2, 0, 0), (2, 2, -2, 0, 0), (2, 2, -2, 0, 0), (4, 2, -2, 0, 0),
+                      (-2, 4, -2, 0, 0), (-2, 4, 0, 0, 0), (-4, 4, 2, 0, 0), (-2, 4, 0, 0, 0), (-6, 6, 0, 0, 0),
+                      (-6, 6, 2, 0, 0), (-8, 6, 2, 0, 0), (-8, 6, 2, 0, 0), (-8, 6, 0, 0, 0), (-8, 6, 2, 0, 0),
+                      (-8, 6, 0, 0, 2), (-8, 6, 0, 0, 2), (-8, 6, 2, 0, 2), (-8, 6, 6, 0, 2), (-8, 6, 6, 4, 2),
+                      (-8, 6, -2, 8, 2), (-8, 6, -2, 12, 2), (-8, 6, -2, 16, 2), (-8, 6, 2, 0, 2), (-8, 6, 6, -4, 2),
+                      (-8, 6, 10, -4, 2), (-8, 6, 14, -4, 2), (-8, 6, 2, -4, 2), (-8, 6, -4, -4, 2),
+                      (-8, 6, -6, -4, 2)),
+        "mixed": ((0, 0, 0, 0, 0), (-2, 2, -2, 0, 0), (0, 0, -2, 0, 0), (2, 0, -2, 0, 0), (-4, 2, -2, 0, 0),
+                  (-4, 2, 0, 0, 0), (-6, 0, 2, 0, 0), (-6, 4, 0, 0, 0), (-6, 2, 4, 0, 0), (-4, 2, 0, 0, 0),
+                  (-8, 4, 0, 0, 0), (-8, 4, 2, 0, 0), (-10, 2, 4, 0, 0), (-10, 6, 2, 0, 0), (-10, 4, 6, 0, 0),
+                  (-10, 4, 6, 0, 0), (-10, 4, 2, 0, 0), (-10, 4, 6, 0, 0), (-10, 4, 2, 0, 4), (-10, 4, -2, 0, 4),
+                  (-10, 4, 2, 0, 4), (-10, 4, 2, 4, 4), (-10, 4, -6, 8, 4), (-10, 4, -6, 12, 4), (-10, 4, -6, 16, 4),
+                  (-10, 4, -2, 0, 4), (-10, 4, 2, -4, 4), (-10, 4, 6, -4, 4), (-10, 4, 10, -4, 4),
+                  (-10, 4, -2, -4, 4), (-10, 4, -6, -4, 4), (-10, 4, -12, -4, 4)),
+    },
+    SP_RANK: {
+        "fp32": ((0, 0, 0, 0, 0, 0), (0, 4, 0, -4, 0, 0), (4, 4, 0, -4, 0, 0), (4, 4, -4, -4, 0, 0),
+                 (8, 4, -4, -4, 0, 0), (-4, 8, -4, -4, 0, 0), (-4, 8, 0, -4, 0, 0), (-8, 8, 4, -4, 0, 0),
+                 (-4, 8, 0, -4, 0, 0), (-12, 12, 0, -4, 0, 0), (-12, 12, 4, -4, 0, 0), (-16, 12, 4, -4, 0, 0),
+                 (-16, 12, 4, -4, 0, 0), (-16, 12, -4, 0, 0, 0), (-16, 12, -8, 4, 0, 0), (-16, 12, -8, 8, 0, 0),
+                 (-16, 12, -8, 4, 0, 4), (-16, 12, -8, 0, 0, 4), (-16, 12, -8, 4, 0, 4), (-16, 12, -8, 4, 4, 4),
+                 (-16, 12, -8, -4, 8, 4), (-16, 12, -8, -4, 12, 4), (-16, 12, -8, -4, 16, 4), (-16, 12, -8, 0, 0, 4),
+                 (-16, 12, -8, 4, -4, 4), (-16, 12, -8, 8, -4, 4), (-16, 12, -8, 12, -4, 4), (-16, 12, -8, 0, -4, 4),
+                 (-16, 12, -8, -4, -4, 4), (-16, 12, -4, -12, -4, 4)),
+        "bf16-pure": ((0, 0, 0, 0, 0, 0), (0, 2, 0, -4, 0, 0), (2, 2, 0, -4, 0, 0), (2, 2, -2, -4, 0, 0),
+                      (4, 2, -2, -4, 0, 0), (-2, 4, -2, -4, 0, 0), (-2, 4, 0, -4, 0, 0), (-4, 4, 2, -4, 0, 0),
+                      (-2, 4, 0, -4, 0, 0), (-6, 6, 0, -4, 0, 0), (-6, 6, 2, -4, 0, 0), (-8, 6, 2, -4, 0, 0),
+                      (-8, 6, 2, -4, 0, 0), (-8, 6, -2, -2, 0, 0), (-8, 6, -4, 0, 0, 0), (-8, 6, -4, 2, 0, 0),
+                      (-8, 6, -4, 0, 0, 2), (-8, 6, -4, 0, 0, 2), (-8, 6, -4, 2, 0, 2), (-8, 6, -4, 6, 0, 2),
+                      (-8, 6, -4, 6, 4, 2), (-8, 6, -4, -2, 8, 2), (-8, 6, -4, -2, 12, 2), (-8, 6, -4, -2, 16, 2),
+                      (-8, 6, -4, 2, 0, 2), (-8, 6, -4, 6, -4, 2), (-8, 6, -4, 10, -4, 2), (-8, 6, -4, 14, -4, 2),
+                      (-8, 6, -4, 2, -4, 2), (-8, 6, -4, -4, -4, 2), (-8, 6, -4, -6, -4, 2), (-8, 6, -2, -10, -4, 2)),
+        "mixed": ((0, 0, 0, 0, 0, 0), (-2, 2, -2, 0, 0, 0), (0, 0, -2, 0, 0, 0), (2, 0, -2, 0, 0, 0),
+                  (-4, 2, -2, 0, 0, 0), (-4, 2, 0, 0, 0, 0), (-6, 0, 2, 0, 0, 0), (-6, 4, 0, 0, 0, 0),
+                  (-6, 2, 4, 0, 0, 0), (-4, 2, 0, 0, 0, 0), (-8, 4, 0, 0, 0, 0), (-8, 4, 2, 0, 0, 0),
+                  (-10, 2, 4, 0, 0, 0), (-10, 6, 2, 0, 0, 0), (-10, 4, 6, 0, 0, 0), (-10, 4, 6, 0, 0, 0),
+                  (-10, 4, -2, 4, 0, 0), (-10, 4, -6, 8, 0, 0), (-10, 4, -6, 12, 0, 0), (-10, 4, -6, 8, 0, 4),
+                  (-10, 4, -6, 4, 0, 4), (-10, 4, -6, 8, 0, 4), (-10, 4, -6, 8, 4, 4), (-10, 4, -6, 0, 8, 4),
+                  (-10, 4, -6, 0, 12, 4), (-10, 4, -6, 0, 16, 4), (-10, 4, -6, 4, 0, 4), (-10, 4, -6, 8, -4, 4),
+                  (-10, 4, -6, 12, -4, 4), (-10, 4, -6, 16, -4, 4), (-10, 4, -6, 4, -4, 4), (-10, 4, -6, 0, -4, 4),
+                  (-10, 4, -6, -6, -4, 4), (-10, 4, -4, -6, -4, 4)),
+    },
 }
+# a tp + sp rank's anchor: "last layer recomputed" less what the head's and the final norm's backward have freed by
+# the down projection's weight gradient, (a·T·h + b·T·h/tp + c·T + d·T/tp − 8) by precision, (a, b, c, d); read off
+# the same traced ranks as its rows (tp 2 and tp 4 separate the sharded terms). The moment is taken over layers whose
+# checkpoints are the layers' inputs on the rank's S / tp tokens (size·T·h / tp each), in place of what the sequence
+# parallel recipe's saved activations count for each layer (parallel/activations.sequence_parallel takes the norms'
+# share off each checkpoint, which saves no norm: the anchor adds the difference back, L × (size·T·h / tp − per_layer),
+# so it stays the same should that count become the checkpoint's)
+SP_RECOMPUTE_FREED = {"fp32": (24, -12, 16, -4), "bf16-pure": (20, -12, 16, -4), "mixed": (24, -8, 16, -4)}
 
 
-# a tensor-parallel rank (tp > 1, no sp) holds one fp32 4·T·h more through the end of the post-attention norm's
-# backward (in fp32 and under autocast): the gradient of the norm's output, the sum of the column-parallel MLP
-# projections' input gradients, which one device frees inside that backward and the rank only as it ends (read off
-# the traced allocations, one device beside the tp 2 rank): _MLP_BACKWARD's steps from this index on hold 4·T·h more
-# there. Traced, Llama h 256, i 344, 2 × 64, tp 2: the step's peak was 131,072 B under the rank's trace under
-# autocast, 43,520 in fp32; equal with it, and on h 192, Qwen2 tied, Mistral and tp 4 cuts (were 29,184 to 131,072
-# under). bf16-pure's norm backward reaches the same levels on the rank as on one device.
-TP_NORM_GRADIENT_HELD = {"fp32": 11, "mixed": 19}
+def _basis(layout: str, t: int, h: int, i: int, tp: int) -> tuple[int, ...]:
+    if layout == SP_RANK:
+        return t * i, i * h, t * h, t * h // tp, t // tp, h
+    return t * i, i * h, t * h, t, h
 
 
 def recomputed_backward_moments(act: TrainingActivations, *, held_last: int, layer_gradients: int,
-                                ids: int = 0, tensor_parallel: bool = False) -> tuple[tuple[str, int, str, int], ...]:
+                                ids: int = 0, layout: str = ONE_DEVICE,
+                                tp: int = 1) -> tuple[tuple[str, int, str, int], ...]:
     """The first micro-step's moments inside a recomputed layer's backward under full checkpointing (a Llama-style
     recipe): (where, bytes beyond the resident states, words, the gradients held), for the first layer and the last.
 
@@ -295,51 +374,63 @@ def recomputed_backward_moments(act: TrainingActivations, *, held_last: int, lay
     backward left, its own recomputed activations, and the gradients of the head and the final norm (`held_last`: a
     tied head's is held in the tied weight's gradient buffer until the embedding's adds in) and of layers
     l+1..L−1 (`layer_gradients` each): linear in l, so its largest is at layer 0 or at the last layer. In the layer
-    the MLP's backward makes its weight gradients one by one as it frees its activations (_MLP_BACKWARD, from the
-    moment before the down projection's weight gradient: "last layer recomputed" − what the head's and the final
-    norm's backward freed, k·T·h + 12·T − 8, + the down projection's input gradient and, under autocast, the
-    layer's 16-bit weight copies made again, less the head's, freed with its backward). `ids`: the token ids a
-    vocabulary-parallel embedding still references (a tp rank's 8·T). `tensor_parallel`: a tp rank's, whose
-    post-attention norm's output gradient is held to the end of the norm's backward (TP_NORM_GRADIENT_HELD)."""
+    the MLP's backward makes its weight gradients one by one as it frees its activations (_MLP_BACKWARD[layout],
+    from the moment before the down projection's weight gradient: "last layer recomputed" − what the head's and the
+    final norm's backward freed (one device and a tp rank: k·T·h + 12·T − 8; a tp + sp rank: SP_RECOMPUTE_FREED, over
+    its checkpoints on S / tp tokens), + the down projection's input gradient and, under autocast, the layer's
+    16-bit weight copies made again, less the head's, freed with its backward). `layout`: ONE_DEVICE, TP_RANK or
+    SP_RANK (tensor parallel with sequence parallel), of degree `tp`. `ids`: the token ids a vocabulary-parallel
+    embedding still references (a tp rank's 8·T)."""
     shape = act.recomputed
     again = next((m for m in act.moments if m.where == "last layer recomputed"), None)
     if shape is None or again is None or not act.layers:
         return ()
     t, h, i, kind = shape.tokens, shape.hidden, shape.inner, shape.kind
-    k = RECOMPUTE_FREED["bf16-mixed" if kind == "mixed" else kind]
-    anchor = again.bytes - k * t * h - 12 * t + 8 + ids
-    anchor_words = f"last layer recomputed {again.bytes:,} − {k}·T·h + 12·T − 8 freed by then = "
-    if kind == "bf16-pure":
-        anchor += 2 * t * h
-        anchor_words += f"{anchor - 2 * t * h:,} + the down projection's output gradient 2·T·h"
-    elif kind == "mixed":
+    sp = layout == SP_RANK
+    checkpoint = shape.checkpoint // tp if sp else shape.checkpoint  # a layer's input, on the rank's S / tp tokens
+    if sp:
+        a, b, c, d = SP_RECOMPUTE_FREED[kind]
+        freed = a * t * h + b * (t * h // tp) + c * t + d * (t // tp) - 8
+        moved = act.layers * (checkpoint - act.per_layer)
+        anchor = again.bytes + moved - freed + ids
+        what = "".join(f" {'−' if n < 0 else '+'} {abs(n)}·{name}" for n, name in
+                       ((b, "T·h/tp"), (c, "T"), (d, "T/tp")) if n)
+        anchor_words = (f"last layer recomputed {again.bytes:,} + {act.layers} × (a checkpoint on the rank's S / {tp} "
+                        f"tokens {checkpoint:,} − the {act.per_layer:,} the sequence-parallel recipe's saved counts "
+                        f"a layer) − ({a}·T·h{what} − 8) freed by then = ")
+        if kind != "mixed":
+            anchor_words += f"{anchor:,}"
+    else:
+        k = RECOMPUTE_FREED["bf16-mixed" if kind == "mixed" else kind]
+        anchor = again.bytes - k * t * h - 12 * t + 8 + ids
+        anchor_words = f"last layer recomputed {again.bytes:,} − {k}·T·h + 12·T − 8 freed by then = "
+        if kind == "bf16-pure":
+            anchor += 2 * t * h
+            anchor_words += f"{anchor - 2 * t * h:,} + the down projection's output gradient 2·T·h"
+        elif kind == "fp32":
+            anchor_words += f"{anchor:,}"
+    if kind == "mixed":
         copies = 2 * shape.layer_casts - 2 * shape.head_casts
         anchor += copies + 2 * t * i + 2 * i * h
         anchor_words += (f"{anchor - copies - 2 * t * i - 2 * i * h:,} + the layer's 16-bit weight copies 2 × "
                          f"{shape.layer_casts:,} − the head's 2 × {shape.head_casts:,} + the down projection's "
                          f"bf16 input and weight gradients 2·T·i + 2·i·h")
-    else:
-        anchor_words += f"{anchor:,}"
-    basis = (t * i, i * h, t * h, t, h)
-    held_from = TP_NORM_GRADIENT_HELD.get(kind) if tensor_parallel else None
-    table = [coefs if held_from is None or n < held_from else (coefs[0], coefs[1], coefs[2] + 4) + coefs[3:]
-             for n, coefs in enumerate(_MLP_BACKWARD[kind])]
+    basis = _basis(layout, t, h, i, tp)
+    table = _MLP_BACKWARD[layout][kind]
     steps = [sum(c * b for c, b in zip(coefs, basis)) for coefs in table]
     top = max(range(len(steps)), key=lambda n: steps[n])
-    terms = " + ".join(f"{c}·{n}" for c, n in zip(table[top], ("T·i", "i·h", "T·h", "T", "h")) if c)
-    if held_from is not None and top >= held_from:
-        terms += " (of which 4·T·h the post-attention norm's output gradient, which the tp rank holds to its end)"
+    terms = " + ".join(f"{c}·{n}" for c, n in zip(table[top], _BASIS[layout]) if c)
     inner = steps[top]
     earlier = act.layers - 1
     out = []
     for where, layer, held, kept in (("last layer's backward (recomputed)", earlier, held_last, 0),
                                      ("first layer's backward (recomputed)", 0, held_last + earlier * layer_gradients,
-                                      earlier * shape.checkpoint)):
+                                      earlier * checkpoint)):
         total = anchor + inner + held - kept
         words = (f"{anchor_words}; its MLP's backward at its largest, {terms or '0'} = {inner:,}; the gradients "
                  f"held, {held:,} (the head's and the final norm's"
                  + (f", and layers 1–{earlier}'s, {layer_gradients:,} each" if layer == 0 and earlier else "") + ")"
-                 + (f" − the checkpoints of layers 1–{earlier}, freed, {earlier} × {shape.checkpoint:,}"
+                 + (f" − the checkpoints of layers 1–{earlier}, freed, {earlier} × {checkpoint:,}"
                     if kept else ""))
         out.append((where, total, words, held))
     return tuple(out)
