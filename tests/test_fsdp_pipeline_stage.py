@@ -147,3 +147,26 @@ def test_the_policy_stage_with_k_in_flight_is_the_trace(monkeypatch, in_flight, 
     assert phases["end of the first backward"] == traced.backward_first
     assert phases["first backward"] < traced.backward_first
     assert estimate.training.device.stages[0].activations == in_flight * 3_385_288
+
+
+def test_the_policy_rank_at_another_shard_degree_is_its_sibling_resized(monkeypatch, tmp_path):
+    """The layout search derives the policy's FSDP2 tp rank once a tp degree (parallel/policy_degrees.py): its
+    recipe at one shard degree with each shard allocation resized answers another. The cut beside tp 2 with sequence
+    parallel, 4 microbatches of 1 × 64, pp 2: dp 4's stages from dp 2's recipe resized equal dp 4's own
+    derivation's, every phase to the byte."""
+    from paramscope.cost.parallel.layout import layout_for
+    from test_policy_pipeline_search import _device
+
+    def device(dp, cache):
+        monkeypatch.setenv("PARAMSCOPE_CACHE_DIR", str(tmp_path / cache))
+        layout = layout_for(dp=dp, tp=2, sp=True, pp=2, zero="fsdp", micro_batches=4, batch=4,
+                            fsdp_mixed_precision="policy")
+        return _device(layout, 4)[0]
+
+    device(2, "sibling")
+    resized, derived = device(4, "sibling"), device(4, "own")
+    assert any("resized to d = 4" in note for note in resized.notes)
+    assert not any("resized" in note for note in derived.notes)
+    assert [(p.where, p.bytes) for p in resized.phases] == [(p.where, p.bytes) for p in derived.phases]
+    assert [s.peak for s in resized.stages] == [s.peak for s in derived.stages]
+    assert resized.peak == derived.peak

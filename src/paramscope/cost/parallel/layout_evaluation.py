@@ -207,7 +207,8 @@ def policy_derived(layout: ParallelLayout, facts: ModelFacts) -> bool:
         and (layout.cp == 2 or facts.seq % (2 * layout.cp) == 0)
     # a pipeline beside tensor parallel: memory replays the policy's FSDP2 rank (tp's), which the closed form over
     # bf16-pure's stages lies under (tp's layers and the backward's moments: pipeline_device.POLICY_CLOSED_FORM), so
-    # the search asks memory's replay there, the same figure to the byte
+    # the search asks memory's replay there, the same figure to the byte (the rank derived once a tp degree: at
+    # another shard degree its recipe's shards are resized, parallel/policy_degrees.py)
     replayed = layout.pp > 1 and layout.tp > 1 and layout.cp == 1
     return layout.cp > 1 and not ring_priced or layout.ep > 1 and facts.experts > 0 or layout.pp == 1 and not priced \
         or replayed

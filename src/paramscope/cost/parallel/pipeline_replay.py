@@ -252,6 +252,7 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     from ..dims import dim
     from .experts import load_words
     from .pipeline import interleaved_order
+    from .policy_degrees import sibling_step
     from .stage_recipe import interleaved_activations, stage_activations
 
     layout = ctx.layout
@@ -301,8 +302,13 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                             (layout.ep, "none", layout.tp, layout.sp, 0, layout.ep)
                             + ((1, layout.expert_load) if layout.expert_load != 1 else ()) if experts else None)
     try:
-        step = DerivedStep.first(ctx.view.module, cls, ctx.view.config, settings, batch=micro, seq=ctx.seq,
-                                 limit=ctx.limit, live=ctx.live, structure=ctx.structure)
+        # under the policy beside tp, its FSDP2 rank at another shard degree cached: that recipe, its shards resized
+        # to this degree (policy_degrees.py: the layout search derives one a tp degree, not one a layout)
+        step = sibling_step(DerivedStep(ctx.view.module, cls, ctx.view.config, settings, ctx.limit, ctx.live,
+                                        ctx.structure), placements, micro, ctx.seq) \
+            if policy is not None and layout.tp > 1 else None
+        step = step or DerivedStep.first(ctx.view.module, cls, ctx.view.config, settings, batch=micro, seq=ctx.seq,
+                                         limit=ctx.limit, live=ctx.live, structure=ctx.structure)
     except NotDerivable as err:
         raise UnsupportedError("pipeline parallelism for {cls} needs its step derived from traces, which declined: "
                                "{why}", cls=cls, why=str(err)) from None
