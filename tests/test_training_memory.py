@@ -149,6 +149,7 @@ def _truncated(preset: str, layers: int = 2) -> dict:
     return config
 
 
+@pytest.mark.usefixtures("shared_traces")  # the answer without --trace traces the same step again where it traces
 @pytest.mark.parametrize("preset, recipe", [
     ("llama-3-8b", "Llama-style decoder"), ("mistral-7b", "Llama-style decoder"),
     ("qwen2.5-0.5b", "Llama-style decoder"), ("gemma-2b", "Gemma decoder"), ("gemma-7b", "Gemma decoder"),
@@ -218,6 +219,7 @@ def test_model_states_agree_with_the_trace_to_the_byte():
     assert step.by_category["gradients"] == states.gradients.bytes
 
 
+@pytest.mark.usefixtures("shared_traces")  # the answer without --trace traces the same step again where it traces
 @pytest.mark.parametrize("preset", ["gpt2", "distilgpt2", "bert-base-uncased", "roberta-base",
                                     "distilbert-base-uncased", "electra-base-discriminator"])
 @pytest.mark.parametrize("precision, checkpointing, batch, seq", [
@@ -328,6 +330,7 @@ def test_the_bare_bart_model_with_checkpointing_is_traced_and_says_why():
            "checkpointing (its checkpointed layers keep more than their inputs): one step traced" in estimate.notes
 
 
+@pytest.mark.usefixtures("shared_traces")  # the answer without --trace traces the same step again where it traces
 @pytest.mark.parametrize("model_class, recipe", [
     (None, "BART (bare, trained on its output's sum)"), ("BartForConditionalGeneration", "BART")])
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16-pure"])
@@ -348,6 +351,7 @@ def test_bart_recipe_equals_the_trace(model_class, recipe, precision):
     assert analytic.activations.arithmetic.startswith("6 encoder layers × (")
 
 
+@pytest.mark.usefixtures("shared_traces")  # the answer without --trace traces the same step again where it traces
 @pytest.mark.parametrize("precision, checkpointing", [("bf16-mixed", "none"), ("bf16-pure", "none"),
                                                       ("bf16-mixed", "full")])
 def test_deepseek_v3_recipe_equals_the_trace(precision, checkpointing):
