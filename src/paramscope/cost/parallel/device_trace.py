@@ -77,23 +77,19 @@ RANK_CHECK = "check: rank 0's step traced on torch's fake process group ("
 class RankCheck:
     """--trace's check under a layout, as data (carried beside the device's notes, DeviceMemory.rank_check): what
     the trace laid out, in words (`applied`), the engine whose answer it checks (analytic or derived) and that
-    answer's `peak`; its note rendered from them beside the traced rank (rank_check_note)."""
+    answer's `peak`; its note rendered from them beside the traced rank (note)."""
 
     applied: str
     engine: str
     peak: int
 
     def note(self, traced: Any) -> str:
-        return rank_check_note(self.applied, self.engine, traced, self.peak)
-
-
-def rank_check_note(applied: str, engine: str, traced: Any, peak: int) -> str:
-    """--trace's check under a layout: the traced rank's peak (`traced`, a TracedStep) beside the `engine`'s
-    (analytic or derived) `peak`; `applied`: what the trace laid out, in words."""
-    top = traced.peak
-    diff = (peak - top.bytes) / top.bytes if top.bytes else 0.0
-    return (f"{RANK_CHECK}{applied}, MemTracker): peak {top.bytes:,} B in {top.phase}; the {engine} {peak:,} B is "
-            f"{100 * diff:+.3f}% from it")
+        """The check's note: the traced rank's peak (`traced`, a TracedStep) beside the engine's `peak`, RANK_CHECK
+        its opening."""
+        top = traced.peak
+        diff = (self.peak - top.bytes) / top.bytes if top.bytes else 0.0
+        return (f"{RANK_CHECK}{self.applied}, MemTracker): peak {top.bytes:,} B in {top.phase}; the {self.engine} "
+                f"{self.peak:,} B is {100 * diff:+.3f}% from it")
 
 
 def rechecked(notes: tuple[str, ...], check: RankCheck, traced: Any, peak: int) -> tuple[str, ...]:

@@ -4,7 +4,7 @@ The analytic per-device engine (estimate.py) lays out the analytic recipe's acti
 pipeline layout has the closed form where the class has the analytic recipe (the Llama-style family) and its
 one-device step at that batch is the analytic engine's. Otherwise the step is derived: each layout is asked as
 memory --dp D --tp T --pp P --cp C --ep E --sp answers it, which refuses what it does not model in one line (a
-Skipped's reason): a rank's step derived from traces with the layout applied (estimate.py's _derived_device), a
+Skipped's reason): a rank's step derived from traces with the layout applied (estimate_derived.derived_device), a
 pipeline's stages replayed from the one-device, tensor- or expert-parallel rank's derived recipe (pipeline_replay.py's
 derived_pipeline_device); each derivation once and cached."""
 
