@@ -6,6 +6,7 @@ A value that is not a positive integer (bools included) reads as unset; the engi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 # The dimensions every engine reads, each with its keys in one order: the first a config sets to a positive integer
@@ -73,6 +74,49 @@ def same_head_sizes(config: Any) -> bool:
         return True
     d_qk = (config_int(config, "qk_nope_head_dim") or 0) + (config_int(config, "qk_rope_head_dim") or 0)
     return d_qk == (config_int(config, "v_head_dim") or d_qk)
+
+
+# the families whose mixer is Mamba's (Jamba's too) or Mamba-2's, by model_type
+MAMBA_FAMILIES = ("mamba", "jamba")
+MAMBA2_FAMILIES = ("mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "zamba2")
+
+
+@dataclass(frozen=True)
+class MambaDims:
+    """A Mamba layer's dimensions as its config gives them (mamba_dims): Mamba's `inner` channels (version 1), or
+    Mamba-2's `heads` of `head_dim` in `groups` groups (version 2); the SSM state size and the convolution's kernel.
+    Each cache keeps its own convention on them (memory/kv.py transformers', memory/vllm_layers.py vLLM's)."""
+
+    version: int
+    state: int
+    conv_kernel: int
+    inner: int = 0
+    heads: int = 0
+    head_dim: int = 0
+    groups: int = 1
+
+
+def mamba_dims(config: Any) -> MambaDims | None:
+    """The Mamba layer's dimensions of a config whose model_type has a Mamba or Mamba-2 mixer, each by its keys in
+    one order (Jamba's channels mamba_expand × hidden, its intermediate_size the MLP's; Mamba-2's heads, head size,
+    state and groups under each family's names: Nemotron-H's mamba_num_heads, mamba_head_dim and ssm_state_size, its
+    head_dim attention's; Zamba2's n_mamba_heads, mamba_headdim and mamba_ngroups); None for any other family."""
+    kind = str(getattr(config, "model_type", ""))
+    if kind in MAMBA_FAMILIES:
+        hidden = config_int(config, "hidden_size") or 0
+        inner = config_int(config, "intermediate_size") if kind == "mamba" else (
+            (config_int(config, "mamba_expand") or 2) * hidden)
+        return MambaDims(1, config_int(config, "state_size", "mamba_d_state") or 16,
+                         config_int(config, "conv_kernel", "mamba_d_conv") or 4, inner=inner or 0)
+    if kind in MAMBA2_FAMILIES:
+        return MambaDims(2, config_int(config, "mamba_d_state", "ssm_state_size", "state_size") or 0,
+                         config_int(config, "mamba_d_conv", "conv_kernel") or 4,
+                         heads=config_int(config, "mamba_n_heads", "mamba_num_heads", "n_mamba_heads",
+                                          "num_heads") or 0,
+                         head_dim=config_int(config, "mamba_d_head", "mamba_head_dim", "mamba_headdim",
+                                             "head_dim") or 0,
+                         groups=config_int(config, "mamba_n_groups", "n_groups", "mamba_ngroups") or 1)
+    return None
 
 
 def config_dims(config: Any, **fields: str | tuple[str, ...]) -> tuple[int, ...] | str:

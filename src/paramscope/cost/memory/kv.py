@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..dims import config_int, decoder_layers, dim, is_mla, text_config
+from ..dims import config_int, decoder_layers, dim, is_mla, mamba_dims, text_config
 from ..dtypes import itemsize, short_name
 
 CONVENTION = ("transformers' DynamicCache: a full layer holds every token; a sliding-window layer keeps its last "
@@ -303,22 +303,15 @@ def _recurrent_state(config: Any, size: int, tp: int = 1) -> tuple[int, str] | N
 
     def split(n: int) -> int:
         return rank_heads(n, tp) if n else 0
-    if model_type in ("mamba", "jamba"):
-        hidden = config_int(config, "hidden_size") or 0
-        inner = config_int(config, "intermediate_size") if model_type == "mamba" else (
-            (config_int(config, "mamba_expand") or 2) * hidden)
-        conv = config_int(config, "conv_kernel", "mamba_d_conv") or 4
-        state = config_int(config, "state_size", "mamba_d_state") or 16
+    # Zamba2's cache is not measured here (traced/cache_probe.py): no formula for it
+    mamba = mamba_dims(config) if model_type != "zamba2" else None
+    if mamba is not None and mamba.version == 1:
+        inner, conv, state = mamba.inner, mamba.conv_kernel, mamba.state
         local = split(inner)
         return (local * conv * size + local * state * 4,
                 f"conv {inner:,}{per} × {conv} × {size} B + ssm {inner:,}{per} × {state} × 4 B")
-    if model_type in ("mamba2", "falcon_h1", "bamba", "nemotron_h", "granitemoehybrid"):
-        # Nemotron-H names them mamba_num_heads, mamba_head_dim and ssm_state_size (its head_dim is attention's)
-        heads = config_int(config, "mamba_n_heads", "mamba_num_heads", "num_heads") or 0
-        head_dim = config_int(config, "mamba_d_head", "mamba_head_dim", "head_dim") or 0
-        state = config_int(config, "mamba_d_state", "ssm_state_size", "state_size") or 0
-        groups = config_int(config, "mamba_n_groups", "n_groups") or 1
-        conv = config_int(config, "mamba_d_conv", "conv_kernel") or 4
+    if mamba is not None:
+        heads, head_dim, state, groups, conv = mamba.heads, mamba.head_dim, mamba.state, mamba.groups, mamba.conv_kernel
         local_heads = split(heads)
         local_groups = groups // tp if groups % tp == 0 else 1
         conv_dim = local_heads * head_dim + 2 * local_groups * state

@@ -167,7 +167,7 @@ def vllm_mamba_state(text: Any, dtype: str, tp: int) -> tuple[int, str] | None:
     dtype (vLLM's --mamba-cache-dtype and --mamba-ssm-cache-dtype auto; a model whose vLLM config asks for a
     float32 SSM state holds twice the SSM part); Mamba-2's groups are padded to tp where tp does not divide them
     (extra_groups_for_head_shards). None for a family without a formula here."""
-    from ..dims import config_int
+    from ..dims import config_int, mamba_dims
     from ..dtypes import itemsize
 
     size = itemsize(dtype)
@@ -176,21 +176,14 @@ def vllm_mamba_state(text: Any, dtype: str, tp: int) -> tuple[int, str] | None:
 
     def split(n: int) -> int:
         return n // tp if n % tp == 0 else -(-n // tp)
-    if kind in ("mamba", "jamba"):
-        hidden = config_int(text, "hidden_size") or 0
-        inner = config_int(text, "intermediate_size") if kind == "mamba" else (
-            (config_int(text, "mamba_expand") or 2) * hidden)
-        conv = config_int(text, "conv_kernel", "mamba_d_conv") or 4
-        state = config_int(text, "state_size", "mamba_d_state") or 16
-        local = split(inner or 0)
+    mamba = mamba_dims(text)
+    if mamba is not None and mamba.version == 1:
+        inner, conv, state = mamba.inner, mamba.conv_kernel, mamba.state
+        local = split(inner)
         return (local * (conv - 1) * size + local * state * size,
                 f"conv {inner:,}{per} × (kernel {conv} − 1) × {size} B + ssm {inner:,}{per} × {state} × {size} B")
-    if kind in ("mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "zamba2"):
-        heads = config_int(text, "mamba_n_heads", "mamba_num_heads", "n_mamba_heads", "num_heads") or 0
-        head_dim = config_int(text, "mamba_d_head", "mamba_head_dim", "mamba_headdim", "head_dim") or 0
-        state = config_int(text, "mamba_d_state", "ssm_state_size", "state_size") or 0
-        groups = config_int(text, "mamba_n_groups", "n_groups", "mamba_ngroups") or 1
-        conv = config_int(text, "mamba_d_conv", "conv_kernel") or 4
+    if mamba is not None:
+        heads, head_dim, state, groups, conv = mamba.heads, mamba.head_dim, mamba.state, mamba.groups, mamba.conv_kernel
         if not heads or not head_dim or not state:
             return None
         padded = groups if groups % tp == 0 else groups + tp - groups  # vLLM pads the groups to tp
