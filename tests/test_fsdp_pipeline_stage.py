@@ -105,9 +105,11 @@ def test_fsdp_beside_a_pipeline_gathers_once_a_step():
         assert ("once a step" in term.what) == (pp > 1)
 
 
-@pytest.mark.parametrize("in_flight, figures", [(3, (27_113_988, 30_346_932, 31_885_356)),
-                                                (2, (23_728_700, 26_961_644, 28_500_068))])
-def test_the_policy_stage_with_k_in_flight_is_the_trace(monkeypatch, in_flight, figures):
+@pytest.mark.parametrize("in_flight, tp, figures, held", [
+    (3, 1, (27_113_988, 30_346_932, 31_885_356), 3 * 3_385_288),
+    (2, 1, (23_728_700, 26_961_644, 28_500_068), 2 * 3_385_288),
+    (3, 2, (16_936_356, 17_917_428, 19_968_876), 3 * 2_449_448 + 640)])
+def test_the_policy_stage_with_k_in_flight_is_the_trace(monkeypatch, in_flight, tp, figures, held):
     """Issue 28: does the replay count a layer's 16-bit gather again once a microbatch in flight? No. The whole cut
     (2 × 40: T ≠ h) replayed by pipeline_replay as one stage (dp 2, the stage list asked for one stage of every
     layer, k = 3 and 2 microbatches in flight), against FSDP2's rank traced with k forwards, then k backwards
@@ -118,7 +120,11 @@ def test_the_policy_stage_with_k_in_flight_is_the_trace(monkeypatch, in_flight, 
     post-backward in its final callback), each gradient unsharded in fp32 and the head's 16-bit gradient beside its
     fp32 copy as the last cast runs (2·V·h = 1,026,048 B; it was 2,592,960 B under, at the replay's largest moment
     with no gradient made): equal to the byte, the replay's largest moment (the loss's gradients over the vocabulary,
-    no gradient made) below it."""
+    no gradient made) below it. Beside tp 2 with sequence parallel (the tp row) the same, each microbatch 2,449,448 B
+    (and 640 B held once a stage): the vocabulary-parallel embedding's gradient is whole (DTensor's embedding
+    backward makes it Replicate, and without the sync FSDP2 casts and adds it so), 4·(V − V/tp)·h = 1,026,048 B over
+    the rank's own from the first backward's end; without it the first backward was 351,328 B under (the replay's
+    largest moment above the end moment short of it) and the later 1,026,044 (2 in flight too)."""
     import torch
     import transformers as T
 
@@ -131,7 +137,7 @@ def test_the_policy_stage_with_k_in_flight_is_the_trace(monkeypatch, in_flight, 
 
     monkeypatch.setattr(replay, "stages", lambda layout, count: (Stage(0, tuple(range(count)), (count,), True, True,
                                                                         in_flight),))
-    layout = layout_for(dp=2, pp=2, zero="fsdp", micro_batches=in_flight, batch=2 * in_flight,
+    layout = layout_for(dp=2, tp=tp, sp=tp > 1, pp=2, zero="fsdp", micro_batches=in_flight, batch=2 * in_flight,
                         fsdp_mixed_precision="policy")
     _, estimate, _ = training_answer(_config(), TrainingOptions(batch=2 * in_flight, seq=40, precision="bf16-mixed",
                                                                 fits=False, layout=layout, derive_layout=True))
@@ -140,13 +146,13 @@ def test_the_policy_stage_with_k_in_flight_is_the_trace(monkeypatch, in_flight, 
         module = T.LlamaForCausalLM(_config())
     settings = StepSettings(precision="bf16-mixed", optimizer="adamw", grad_checkpointing=False, attention="sdpa",
                             frozen=(), weights_dtype=None, own_dtype=(), batch=2, seq=40)
-    traced = trace_unsynced_fsdp(module, settings, 2, "policy", in_flight)
+    traced = trace_unsynced_fsdp(module, settings, 2, "policy", in_flight, tp=tp, sp=tp > 1)
     assert (traced.forward_later, traced.backward_first, traced.backward_later) == figures
     assert phases["forwards in flight"] == traced.forward_later
     assert phases["later backward"] == traced.backward_later + 4
     assert phases["end of the first backward"] == traced.backward_first
     assert phases["first backward"] < traced.backward_first
-    assert estimate.training.device.stages[0].activations == in_flight * 3_385_288
+    assert estimate.training.device.stages[0].activations == held
 
 
 def test_the_policy_rank_at_another_shard_degree_is_its_sibling_resized(monkeypatch, tmp_path):

@@ -18,7 +18,7 @@ from .device_parts import (
 from .pipeline import Stage, after_layers, bubble, layer_stack_of, params_held, split_words, stages
 from .rules import Placement, cuts_routed_experts
 from .states import DeviceStates, stage_step
-from .unsynced_backward import end_of_first_backward, first_backward_unsharded
+from .unsynced_backward import end_of_first_backward, first_backward_unsharded, whole_embedding_extra
 
 
 # a bound where the replay is above the stage's trace (tests/test_pipeline_encoder_stages.py)
@@ -130,9 +130,17 @@ UNSYNCED = (
     "replayed as one stage under the policy) each microbatch holds its activations alone, no gather, in the trace as "
     "in the replay: the forwards and the later backward equal (the replay keeps the first microbatch's loss, 4 B), "
     "and the first backward's end, the phase's peak there, equal (with 2 in flight too): every gradient unsharded "
-    "in fp32 beside the root's last 16-bit gradient, cast as the root's post-backward runs; beside tp 2 with "
-    "sequence parallel the forwards equal, the first backward 81,856 B and the later 81,244 B under, the same with "
-    "two in flight. An "
+    "in fp32 beside the root's last 16-bit gradient, cast as the root's post-backward runs. Beside tp 2 with "
+    "sequence parallel the vocabulary-parallel embedding's gradient is whole from the first backward's end to the "
+    "reduce (DTensor's embedding backward makes it Replicate, and FSDP2 casts and adds it so; 4·(V − V/tp)·h over "
+    "the rank's own, counted: unsynced_backward.whole_embedding_extra): on that cut (vocabulary 4,008, one KV head), "
+    "3 and 2 in flight, the forwards, the first backward's end and the later backward equal (the kept loss, 4 B), "
+    "where without it the first backward was 351,328 B under (the replay's largest moment above the end short of "
+    "it) and the later 1,026,044; on test_policy_pipeline_tp_search's cut (vocabulary 512, two KV heads), 3 and 2 "
+    "in flight, the forwards and the first backward's end equal (it was 81,856 B under), the later backward 49,828 B "
+    "over (it was 81,244 B under: there the trace's later peak, at 2 in flight, holds the running microbatch's "
+    "activations whole and 327,680 B of temporaries above every fp32 gradient, 4 × the fp32 logits' shard B·S·V/tp: "
+    "the loss's moment; the replay's largest later moment is another, above it). An "
     "estimate still, no pipeline stage traced under FSDP2: the reduce after the last backward "
     "(no activations left; each unit's fp32 reduce-scatter input beside its gradients as its gathered parameters are "
     "freed) is no moment of its own (below the last backward on the traced cut)")
@@ -197,12 +205,13 @@ def _without_running_gather(phase: PhaseFigure, layer: int, in_flight: int) -> P
 
 
 def with_unsynced_gradients(phase: PhaseFigure, whole: int, shards: int, comm: list[Buffer] = (),
-                            partial: tuple[int, str] | None = None) -> PhaseFigure:
+                            partial: tuple[int, str] | None = None, whole_words: str = "") -> PhaseFigure:
     """A forward or backward moment of a stage under FSDP2 beside a pipeline (UNSYNCED): the gradient shards it
     counts held unsharded instead, `whole` where it counts every shard (`shards`); where it counts some (the first
     backward's largest moment) `partial`, (bytes, words) counted unit by unit (unsynced_backward
     .first_backward_unsharded), else in proportion, named an estimate; at the end of a backward (which with_buffers
-    leaves without FSDP2's gathered units) the stage's units, still gathered."""
+    leaves without FSDP2's gathered units) the stage's units, still gathered. `whole_words`: what `whole` holds
+    over the rank's own gradients, in words."""
     from .unsynced_backward import IN_PROPORTION
 
     if phase.phase == "optimizer step" or not whole:
@@ -216,7 +225,7 @@ def with_unsynced_gradients(phase: PhaseFigure, whole: int, shards: int, comm: l
     if partial is not None and phase.where == "first backward":
         extra, words = partial
     elif phase.gradients >= shards:
-        extra, words = whole - shards, f"{whole:,} − the shards {shards:,}"
+        extra, words = whole - shards, f"{whole:,}{whole_words} − the shards {shards:,}"
     else:
         extra = phase.gradients * (whole - shards) // shards
         words = (f"{phase.gradients:,} of the shards made × ({whole:,} − {shards:,}) / {shards:,}, "
@@ -436,14 +445,20 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
         # moment: unsynced_backward)
         whole_grads = unsynced_gradients(ctx, held_of(stage), dev.gradients)
         partial = None
-        if whole_grads:
+        whole_words = ""
+        if whole_grads:  # a vocabulary-parallel embedding's gradient whole, from its first (unsynced_backward)
+            embedding = whole_embedding_extra(ctx, held_of(stage), policy is not None)
+            whole_grads += embedding
+            whole_words = (f" (the vocabulary-parallel embedding's gradient whole, as DTensor's backward makes it, "
+                           f"{embedding:,} over the rank's own)") if embedding else ""
             partial = first_backward_unsharded(ctx, held_of(stage), stack, stage, figures.gradients_at_backward_peak,
                                                policy is not None)
             if not interleaved:
                 phases.insert(2, end_of_first_backward(ctx, held_of(stage), stage, figures, resident, dev.gradients,
                                                        policy is not None))
         return tuple(with_unsynced_gradients(with_buffers(with_norm_gradients(p, norms), comm), whole_grads,
-                                             dev.gradients, comm, partial) for p in phases), figures, recipe.regime
+                                             dev.gradients, comm, partial, whole_words)
+                     for p in phases), figures, recipe.regime
 
     def running_gather(stage: Stage) -> int:
         """The largest layer unit of the stage gathered in 16 bits (the policy's param_dtype)."""

@@ -24,9 +24,12 @@ in flight: the end of the first backward is the phase's peak there, equal to the
 (tests/test_fsdp_pipeline_stage.py). A stage of a pp ≥ 2 layout is held by argument: a first stage's root is its
 embeddings, a last's its final norm and head, a middle stage's none; a stage before the last holds the received
 output gradient and, after the first, its input's gradient to send, in place of the loss and its seed. An
-interleaved rank's end moment is not counted (its first backward is one chunk's). Beside tp 2 with sequence parallel
-(the cut, 3 in flight) the end moment is below the trace's first backward, which the replay's largest moment is
-under by 351,328 B: the replay beside tp is under its trace (UNSYNCED), not this count.
+interleaved rank's end moment is not counted (its first backward is one chunk's). Beside tensor parallel a
+vocabulary-parallel embedding's gradient is whole (DTensor's embedding backward makes it Replicate; without the sync
+FSDP2 casts it to fp32 and adds each later microbatch's into it so, redistributing to the rank's Shard(0) only in
+the step's reduce): from the end of the first backward the stage holds 4·(V − V/tp)·h over the rank's own
+(whole_embedding_extra; traced beside tp 2 with sequence parallel: the trace's reduce holds every fp32 gradient with
+the embedding whole, and the end moment with it equals the trace's first backward, UNSYNCED).
 """
 
 from __future__ import annotations
@@ -85,11 +88,37 @@ def first_backward_unsharded(ctx: StepContext, held: tuple[Placement, ...], stac
     return None
 
 
+def whole_gradient_numel(ctx: StepContext, p: Placement) -> int:
+    """The elements of the gradient the stage holds of `p` unsharded: the whole embedding where tensor parallel cuts
+    it over the vocabulary and no head is tied to it (DTensor's embedding backward returns its gradient Replicate,
+    and without the sync FSDP2 keeps it so: the cast to fp32 and each later microbatch's add are on that Replicate
+    DTensor, redistributed to the rank's Shard(0) only in the step's reduce), else the rank's own."""
+    tied = {name for group in ctx.report.tied for name in (group.canonical, *group.aliases)}
+    if ctx.layout.tp > 1 and p.role == "embeddings.word" and p.tp == "vocabulary" \
+            and p.name.split(" (")[0] not in tied:
+        return math.prod(p.shape)
+    return p.local_numel
+
+
+def whole_embedding_extra(ctx: StepContext, held: tuple[Placement, ...], policy: bool) -> int:
+    """The bytes the stage's unsharded gradients hold above the rank's own (unsynced_gradients' count) from the
+    embedding's first gradient (the end of the first backward) to the step's reduce: a vocabulary-parallel
+    embedding's gradient whole (whole_gradient_numel), fp32 under the policy (its reduce_dtype), else the dtype it
+    trains in; 0 without one."""
+    from ..dtypes import itemsize
+    from ..memory.states import trained_dtype
+
+    return sum((whole_gradient_numel(ctx, p) - p.local_numel)
+               * (4 if policy else itemsize(trained_dtype(p, ctx.precision, ctx.own)))  # type: ignore[arg-type]
+               for p in held if p.name.split(" (")[0] in ctx.trainable)
+
+
 def root_upcast(ctx: StepContext, held: tuple[Placement, ...]) -> int:
     """Under the policy, the most the root unit's post-backward holds above every fp32 gradient of the stage as it
     casts its parameters' 16-bit gradients to fp32 in order: max over i of (16-bit of parameters ≥ i) − (fp32 of
-    parameters > i); 0 where the stage's root holds no trainable parameter."""
-    root = [p.local_numel for p in held if not LAYER_PREFIX.match(p.name)
+    parameters > i), each gradient as the stage holds it (whole_gradient_numel); 0 where the stage's root holds no
+    trainable parameter."""
+    root = [whole_gradient_numel(ctx, p) for p in held if not LAYER_PREFIX.match(p.name)
             and p.name.split(" (")[0] in ctx.trainable]
     return max((2 * sum(root[i:]) - 4 * sum(root[i + 1:]) for i in range(len(root))), default=0)
 
