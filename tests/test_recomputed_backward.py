@@ -85,3 +85,31 @@ def test_a_tp_sp_rank_s_first_recomputed_layer_equals_its_trace(hidden, inner, t
     answer = estimate_training(config, options)
     top = max(answer.training.device.phases, key=lambda p: p.bytes)
     assert (answer.peak, top.where) == (traced, "first layer's backward (recomputed)")
+
+
+@pytest.mark.parametrize("hidden, inner, tp, precision, accum, end, forward", [
+    (256, 344, 2, "bf16-mixed", 1, 9_200_748, None),  # was 8,806,508: 394,240 under, L·(1 − 1/tp)·(12·h + 8)·T
+    (256, 344, 2, "fp32", 1, 8_088_684, 8_214_612),  # the forward's peak with the head's logits gathered
+    (256, 344, 2, "bf16-pure", 1, 4_463_212, None),  # was 328,704 under, L·(1 − 1/tp)·(10·h + 8)·T
+    (192, 480, 2, "bf16-mixed", 1, 7_642_156, None),
+    (256, 344, 4, "bf16-pure", 1, 2_794_988, None),
+    (256, 344, 2, "bf16-mixed", 2, 11_817_068, None),  # the peak, the second micro-step's: was 11,422,828
+])
+def test_a_tp_sp_rank_s_forward_under_full_checkpointing_equals_its_trace(hidden, inner, tp, precision, accum, end,
+                                                                          forward):
+    """A checkpointed layer saves no norm: its checkpoint is its input, on the rank's S / tp tokens under sequence
+    parallel (taking the norms' share off each instead left the forward under). Each figure is the traced rank's
+    forward peak (--trace beside --tp --sp --checkpointing full), at the end of the forward (of the last
+    micro-step's under --grad-accum 2, over every gradient held) where no `forward` is given."""
+    from paramscope.cost.parallel.layout import layout_for
+
+    config = dict(_config("llama", hidden, inner, 2), vocab_size=500)
+    options = TrainingOptions(batch=2 * accum, seq=64, precision=precision, fits=False, grad_checkpointing="full",
+                              grad_accum=accum, layout=layout_for(tp=tp, sp=True))
+    phases = estimate_training(config, options).training.device.phases
+    last = [p for p in phases if p.phase.startswith("forward")][-1]
+    assert (last.where, last.bytes) == ("end of forward", end)
+    assert max(p.bytes for p in phases if p.phase.startswith("forward")) == (forward or end)
+    if (hidden, tp, precision, accum) == (256, 2, "bf16-mixed", 1):  # the start of backward, traced: 1,258,248 over
+        start = next(p for p in phases if p.where == "start of backward")  # the resident 7,081,300 (was 864,008)
+        assert start.bytes == 8_339_548 and "2 layers' checkpoints (each its input)" in start.arithmetic

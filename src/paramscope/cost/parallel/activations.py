@@ -88,18 +88,29 @@ def norm_saved(precision: str, hidden: int, recipe: str | None = None) -> int:
 
 
 def sequence_parallel(act: TrainingActivations, *, tp: int, tokens: int, hidden: int, precision: str,
-                      layer_norms: int) -> TrainingActivations:
+                      layer_norms: int, checkpointing: bool = False) -> TrainingActivations:
     """`act` (a tensor-parallel rank's) with every norm of the residual stream on 1/tp of the tokens: the layers'
-    `layer_norms` each and the final norm."""
+    `layer_norms` each and the final norm. Under full `checkpointing` a layer saves no norm: its checkpoint, its
+    input (`act.per_layer`, e·T·h), is the residual stream between the norms, on the rank's S / tp tokens too."""
     import dataclasses
 
     kind = norm_kind(precision, act.recipe)
     per_norm = norm_saved(precision, hidden, act.recipe) * tokens
-    layer = layer_norms * per_norm - layer_norms * per_norm // tp
     outside = per_norm - per_norm // tp
-    less = act.layers * layer + outside
-    words = (f"; sequence parallel: {act.layers} layers × {layer_norms} norms and the final norm on 1/{tp} of the "
-             f"tokens, − {less:,} (({NORM_SAVED[kind][0]}h + {NORM_SAVED[kind][1]})·T·(1 − 1/{tp}) a norm)")
+    norm_words = f"({NORM_SAVED[kind][0]}h + {NORM_SAVED[kind][1]})·T·(1 − 1/{tp}) a norm"
+    if checkpointing:
+        # traced (Llama, tp 2 and 4 + sp, fp32, bf16-mixed and bf16-pure): each checkpoint is e·T·h / tp; taking
+        # the norms' share off instead left the forward L·(1 − 1/tp)·(12·h + 8)·T under (10·h + 8 in bf16-pure)
+        layer = act.per_layer - act.per_layer // tp
+        less = act.layers * layer + outside
+        size = act.per_layer // (tokens * hidden) if tokens and hidden else 0
+        words = (f"; sequence parallel: {act.layers} layers' checkpoints (each its input) and the final norm on "
+                 f"1/{tp} of the tokens, − {less:,} ({size}·T·h·(1 − 1/{tp}) a checkpoint, {norm_words})")
+    else:
+        layer = layer_norms * per_norm - layer_norms * per_norm // tp
+        less = act.layers * layer + outside
+        words = (f"; sequence parallel: {act.layers} layers × {layer_norms} norms and the final norm on 1/{tp} of "
+                 f"the tokens, − {less:,} ({norm_words})")
     # under autocast the model's output holds the final norm's fp32 output as the loss is taken (4·T·h, the end of
     # forward's loss_working): on the rank's S / t tokens under sp (traced, Llama tp 2 and tp 4 + sp: the end of
     # forward was 4·T·h·(1 − 1/t) over without this)
@@ -115,13 +126,28 @@ def sequence_parallel(act: TrainingActivations, *, tp: int, tokens: int, hidden:
         final_words = (f"; the final norm's output on 1/{tp} of the tokens, which the model's output holds as the "
                        f"loss is taken beside the head's all-gathered input, {size}·T·h / {tp} = {-final:,}")
 
+    # under full checkpointing the last layer, recomputed, runs its own norms on 1/tp of the tokens too, and its
+    # output's and input's gradients (the recipe's 8·T·h) are the residual stream's, on 1/tp of the tokens
+    # (traced, the second micro-step's backward under --grad-accum 2: without the gradients' share it was up to
+    # 8·T·h·(1 − 1/tp) over)
+    norms_again = layer_norms * (per_norm - per_norm // tp) if checkpointing else 0
+    gradients_again = 8 * tokens * hidden - 8 * tokens * hidden // tp if checkpointing else 0
+    recomputed = norms_again + gradients_again
+    recomputed_words = (f"; the recomputed layer's {layer_norms} norms, − {norms_again:,}, and its output and input "
+                        f"gradients 8·T·h·(1 − 1/{tp}), − {gradients_again:,}, on 1/{tp} of the tokens"
+                        if recomputed else "")
+
     def moment(m: Any) -> Any:  # a negative `final` is held, not shed
-        shed = less + (final if m.where == "end of forward" else 0)
-        return dataclasses.replace(m, bytes=m.bytes - shed, arithmetic=m.arithmetic + words + (
-            final_words if shed != less else ""))
+        again = recomputed if m.where == "last layer recomputed" else 0
+        end = final if m.where == "end of forward" else 0
+        return dataclasses.replace(m, bytes=m.bytes - less - end - again, arithmetic=m.arithmetic + words + (
+            final_words if end else "") + (recomputed_words if again else ""))
+    shape = act.recomputed
+    if shape is not None and recomputed:
+        shape = dataclasses.replace(shape, sp_shed=recomputed)
     return dataclasses.replace(
         act, saved=act.saved - less, saved_arithmetic=act.saved_arithmetic + words, per_layer=act.per_layer - layer,
-        moments=tuple(moment(m) for m in act.moments))
+        moments=tuple(moment(m) for m in act.moments), recomputed=shape)
 
 
 def tp_activations(config: Any, class_name: str, *, tp: int, batch: int, seq: int, precision: str,

@@ -172,7 +172,8 @@ def local_activations(ctx: StepContext, shape: dict, batch: int, length: int) ->
     act = tp_activations(ctx.text, ctx.view.class_name, tp=ctx.layout.tp, batch=batch, seq=seq, **shape)
     if ctx.layout.sp:
         act = sequence_parallel(act, tp=ctx.layout.tp, tokens=batch * seq, hidden=hidden_size(ctx),
-                                precision=ctx.precision, layer_norms=layer_norms(ctx))
+                                precision=ctx.precision, layer_norms=layer_norms(ctx),
+                                checkpointing=shape.get("checkpointing", False))
     return act
 
 

@@ -172,7 +172,8 @@ class PeakLowerBound:
                                      cast_weights=0, cast_head=0, cast_biases=0)
                 if act is not None and sp and tp > 1:
                     act = sequence_parallel(act, tp=tp, tokens=micro * seq, hidden=facts.hidden,
-                                            precision=precision, layer_norms=facts.layer_norms)
+                                            precision=precision, layer_norms=facts.layer_norms,
+                                            checkpointing=facts.checkpointing)
                 value = act.per_layer if act is not None else None
             self._per_layer[key] = value
         return self._per_layer[key]

@@ -124,6 +124,9 @@ class RecomputedShape:
     head_casts: int
     kind: str
     checkpoint: int
+    # what sequence parallel took off "last layer recomputed" for the recomputed layer's own norms and its output and
+    # input gradients, on S / tp tokens (parallel/activations.sequence_parallel); the tp + sp rank's anchor adds it back
+    sp_shed: int = 0
 
 
 def recipe_for(config: Any, class_name: str) -> str | None:
@@ -353,8 +356,9 @@ _MLP_BACKWARD = {
 # the same traced ranks as its rows (tp 2 and tp 4 separate the sharded terms). The moment is taken over layers whose
 # checkpoints are the layers' inputs on the rank's S / tp tokens (size·T·h / tp each), in place of what the sequence
 # parallel recipe's saved activations count for each layer (parallel/activations.sequence_parallel takes the norms'
-# share off each checkpoint, which saves no norm: the anchor adds the difference back, L × (size·T·h / tp − per_layer),
-# so it stays the same should that count become the checkpoint's)
+# share off each checkpoint before, which saves no norm; it now counts the checkpoint, size·T·h / tp, and takes the
+# recomputed layer's norms' and gradients' share off "last layer recomputed" (RecomputedShape.sp_shed): the anchor
+# adds back both differences, L × (size·T·h / tp − per_layer) and sp_shed, so it is the same under either count)
 SP_RECOMPUTE_FREED = {"fp32": (24, -12, 16, -4), "bf16-pure": (20, -12, 16, -4), "mixed": (24, -8, 16, -4)}
 
 
@@ -391,13 +395,17 @@ def recomputed_backward_moments(act: TrainingActivations, *, held_last: int, lay
     if sp:
         a, b, c, d = SP_RECOMPUTE_FREED[kind]
         freed = a * t * h + b * (t * h // tp) + c * t + d * (t // tp) - 8
-        moved = act.layers * (checkpoint - act.per_layer)
+        moved = act.layers * (checkpoint - act.per_layer) + shape.sp_shed
         anchor = again.bytes + moved - freed + ids
         what = "".join(f" {'−' if n < 0 else '+'} {abs(n)}·{name}" for n, name in
                        ((b, "T·h/tp"), (c, "T"), (d, "T/tp")) if n)
-        anchor_words = (f"last layer recomputed {again.bytes:,} + {act.layers} × (a checkpoint on the rank's S / {tp} "
-                        f"tokens {checkpoint:,} − the {act.per_layer:,} the sequence-parallel recipe's saved counts "
-                        f"a layer) − ({a}·T·h{what} − 8) freed by then = ")
+        anchor_words = (f"last layer recomputed {again.bytes:,}"
+                        + (f" + {act.layers} × (a checkpoint on the rank's S / {tp} tokens {checkpoint:,} − the "
+                           f"{act.per_layer:,} the sequence-parallel recipe's saved counts a layer)"
+                           if checkpoint != act.per_layer else "")
+                        + (f" + the recomputed layer's norms' and gradients' (1 − 1/{tp}) share "
+                           f"{shape.sp_shed:,}" if shape.sp_shed else "")
+                        + f" − ({a}·T·h{what} − 8) freed by then = ")
         if kind != "mixed":
             anchor_words += f"{anchor:,}"
     else:
