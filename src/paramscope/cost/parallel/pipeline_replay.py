@@ -45,7 +45,7 @@ POLICY_CHECK = (
 
 def policy_rank_layout(ctx: StepContext, experts: bool) -> tuple | None:
     """The traced layout whose derived step a pipeline's stages replay under FSDP2's MixedPrecisionPolicy: the FSDP2
-    rank's as estimate._derived_device keys it without a pipeline ((shard degree, "fsdp", tp, sp) with the policy,
+    rank's as estimate_derived.derived_device keys it without a pipeline ((shard degree, "fsdp", tp, sp) with the policy,
     traced/parallel.py with_mixed_precision); None without the policy. One line where the policy beside a pipeline is
     not answered: beside context parallel or routed experts cut over ep (their ranks' FSDP2 keys are not replayed)."""
     from ..traced.parallel import with_mixed_precision
@@ -583,7 +583,7 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
     def at(one_device: tuple[PhaseFigure, ...], batch: int, length: int) -> PhaseFigure:
         size = max(1, batch // layout.micro_batches)
         if layout.cp > 1:  # the rank is derived where 2·cp (2·cp·tp under sp) divides S: the next such length
-            # bounds one it does not divide, as without a pipeline (estimate._derived_device)
+            # bounds one it does not divide, as without a pipeline (estimate_derived.derived_device)
             unit = 2 * layout.cp * (layout.tp if layout.sp else 1)
             length = -(-length // unit) * unit
         return max((max(stage_figures(s, d, c, size, length)[0], key=lambda p: p.bytes)
