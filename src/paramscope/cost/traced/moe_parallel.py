@@ -160,7 +160,7 @@ def shared_expert_styles(style: str) -> Any:
         def _apply(self, module: Any, device_mesh: Any) -> Any:
             import torch
 
-            def partition(_name: str, sub: Any, mesh: Any) -> None:  # same tensors, no copy (as _replicate_rest)
+            def partition(_name: str, sub: Any, mesh: Any) -> None:  # same tensors, no copy (as tensor_parallel.replicate_the_rest)
                 for key, param in list(sub.named_parameters(recurse=False)):
                     sub.register_parameter(key, torch.nn.Parameter(
                         DTensor.from_local(param.data, mesh, [Replicate()], run_check=False),
