@@ -16,7 +16,7 @@ from typing import Any
 
 from ...errors import SourceError
 from ...errors import short_repr as _q
-from .llama_cpp import LayerState, LlamaCppModel
+from .llama_cpp_model import LayerState, LlamaCppModel
 
 HEADER_ONLY = ("rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")
 _MAX_LAYERS = 4096
