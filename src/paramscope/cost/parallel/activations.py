@@ -142,12 +142,11 @@ def sequence_parallel(act: TrainingActivations, *, tp: int, tokens: int, hidden:
         end = final if m.where == "end of forward" else 0
         return dataclasses.replace(m, bytes=m.bytes - less - end - again, arithmetic=m.arithmetic + words + (
             final_words if end else "") + (recomputed_words if again else ""))
-    shape = act.recomputed
-    if shape is not None and recomputed:
-        shape = dataclasses.replace(shape, sp_shed=recomputed)
+    # the tp + sp rank's recomputed backward (activations/step.SP_RECOMPUTE_FREED) is anchored on this
+    # "last layer recomputed", as shed here
     return dataclasses.replace(
         act, saved=act.saved - less, saved_arithmetic=act.saved_arithmetic + words, per_layer=act.per_layer - layer,
-        moments=tuple(moment(m) for m in act.moments), recomputed=shape)
+        moments=tuple(moment(m) for m in act.moments))
 
 
 def tp_activations(config: Any, class_name: str, *, tp: int, batch: int, seq: int, precision: str,

@@ -124,9 +124,6 @@ class RecomputedShape:
     head_casts: int
     kind: str
     checkpoint: int
-    # what sequence parallel took off "last layer recomputed" for the recomputed layer's own norms and its output and
-    # input gradients, on S / tp tokens (parallel/activations.sequence_parallel); the tp + sp rank's anchor adds it back
-    sp_shed: int = 0
 
 
 def recipe_for(config: Any, class_name: str) -> str | None:
@@ -351,15 +348,15 @@ _MLP_BACKWARD = {
                   (-10, 4, -6, -6, -4, 4), (-10, 4, -4, -6, -4, 4)),
     },
 }
-# a tp + sp rank's anchor: "last layer recomputed" less what the head's and the final norm's backward have freed by
-# the down projection's weight gradient, (a·T·h + b·T·h/tp + c·T + d·T/tp − 8) by precision, (a, b, c, d); read off
-# the same traced ranks as its rows (tp 2 and tp 4 separate the sharded terms). The moment is taken over layers whose
-# checkpoints are the layers' inputs on the rank's S / tp tokens (size·T·h / tp each), in place of what the sequence
-# parallel recipe's saved activations count for each layer (parallel/activations.sequence_parallel takes the norms'
-# share off each checkpoint before, which saves no norm; it now counts the checkpoint, size·T·h / tp, and takes the
-# recomputed layer's norms' and gradients' share off "last layer recomputed" (RecomputedShape.sp_shed): the anchor
-# adds back both differences, L × (size·T·h / tp − per_layer) and sp_shed, so it is the same under either count)
-SP_RECOMPUTE_FREED = {"fp32": (24, -12, 16, -4), "bf16-pure": (20, -12, 16, -4), "mixed": (24, -8, 16, -4)}
+# a tp + sp rank's anchor: "last layer recomputed" as parallel/activations.sequence_parallel sheds it (each layer's
+# checkpoint, its input, on the rank's S / tp tokens, and the recomputed layer's two norms and its output and input
+# gradients 8·T·h on them too) less what the head's and the final norm's backward have freed by the down
+# projection's weight gradient, (b·T·h/tp + c·T + d·T/tp − 8) by precision, (b, c, d): no whole-sequence T·h term
+# is left. Read off the same traced ranks as its rows (tp 2 and tp 4 separate the sharded terms) over the moment
+# before that shed, as (24, −12, 16, −4) in fp32, (20, −12, 16, −4) in bf16-pure and (24, −8, 16, −4) under
+# autocast on (T·h, T·h/tp, T, T/tp); these are those less the shed, the norms' 2 × (p·h + 4)·T·(1 − 1/tp) (p 8; 6 in
+# bf16-pure) and the gradients' 8·T·h·(1 − 1/tp), where tp divides T (the traced rank refuses an S it does not)
+SP_RECOMPUTE_FREED = {"fp32": (12, 8, 4), "bf16-pure": (8, 8, 4), "mixed": (16, 8, 4)}
 
 
 def _basis(layout: str, t: int, h: int, i: int, tp: int) -> tuple[int, ...]:
@@ -393,25 +390,17 @@ def recomputed_backward_moments(act: TrainingActivations, *, held_last: int, lay
     sp = layout == SP_RANK
     checkpoint = shape.checkpoint // tp if sp else shape.checkpoint  # a layer's input, on the rank's S / tp tokens
     if sp:
-        a, b, c, d = SP_RECOMPUTE_FREED[kind]
-        freed = a * t * h + b * (t * h // tp) + c * t + d * (t // tp) - 8
-        moved = act.layers * (checkpoint - act.per_layer) + shape.sp_shed
-        anchor = again.bytes + moved - freed + ids
-        what = "".join(f" {'−' if n < 0 else '+'} {abs(n)}·{name}" for n, name in
-                       ((b, "T·h/tp"), (c, "T"), (d, "T/tp")) if n)
-        anchor_words = (f"last layer recomputed {again.bytes:,}"
-                        + (f" + {act.layers} × (a checkpoint on the rank's S / {tp} tokens {checkpoint:,} − the "
-                           f"{act.per_layer:,} the sequence-parallel recipe's saved counts a layer)"
-                           if checkpoint != act.per_layer else "")
-                        + (f" + the recomputed layer's norms' and gradients' (1 − 1/{tp}) share "
-                           f"{shape.sp_shed:,}" if shape.sp_shed else "")
-                        + f" − ({a}·T·h{what} − 8) freed by then = ")
+        b, c, d = SP_RECOMPUTE_FREED[kind]
+        freed = b * (t * h // tp) + c * t + d * (t // tp) - 8
+        anchor = again.bytes - freed + ids
+        anchor_words = (f"last layer recomputed {again.bytes:,} − ({b}·T·h/tp + {c}·T + {d}·T/tp − 8) freed by "
+                        "then = ")
         if kind != "mixed":
             anchor_words += f"{anchor:,}"
     else:
         k = RECOMPUTE_FREED["bf16-mixed" if kind == "mixed" else kind]
         anchor = again.bytes - k * t * h - 12 * t + 8 + ids
-        anchor_words = f"last layer recomputed {again.bytes:,} − {k}·T·h + 12·T − 8 freed by then = "
+        anchor_words = f"last layer recomputed {again.bytes:,} − ({k}·T·h + 12·T − 8) freed by then = "
         if kind == "bf16-pure":
             anchor += 2 * t * h
             anchor_words += f"{anchor - 2 * t * h:,} + the down projection's output gradient 2·T·h"
@@ -427,7 +416,9 @@ def recomputed_backward_moments(act: TrainingActivations, *, held_last: int, lay
     table = _MLP_BACKWARD[layout][kind]
     steps = [sum(c * b for c, b in zip(coefs, basis)) for coefs in table]
     top = max(range(len(steps)), key=lambda n: steps[n])
-    terms = " + ".join(f"{c}·{n}" for c, n in zip(table[top], _BASIS[layout]) if c)
+    named = [(c, n) for c, n in zip(table[top], _BASIS[layout]) if c]
+    terms = "".join((("−" if c < 0 else "") if k == 0 else f" {'−' if c < 0 else '+'} ") + f"{abs(c)}·{n}"
+                    for k, (c, n) in enumerate(named))
     inner = steps[top]
     earlier = act.layers - 1
     out = []
