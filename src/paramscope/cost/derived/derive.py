@@ -281,9 +281,16 @@ def derive_training(module: Any, settings: Any, *, seq: int, batch: int = 1,
     # the sample points are in S' = S / unit; each is traced at S = unit · S'
     at1, at2 = sample_points(seq_range, config_integers(module.config), batch_range, unit)
 
+    # one trace per (layers, point) in a call: a regime of one point (B = 1 at S = 1, or at S = a window) samples
+    # that point twice (sample_points); the module and settings are the call's own, so the second is the first
+    traced: dict[tuple[int, tuple[int, int]], Any] = {}
+
     def trace(layers: int, at: tuple[int, int]) -> Any:
-        cut = cut_module(module, path, layers)
-        return record_training_step(cut, dataclasses.replace(settings, batch=at[0], seq=at[1] * unit), path)
+        if (layers, at) not in traced:
+            cut = cut_module(module, path, layers)
+            traced[(layers, at)] = record_training_step(
+                cut, dataclasses.replace(settings, batch=at[0], seq=at[1] * unit), path)
+        return traced[(layers, at)]
 
     with progress.status(f"deriving {type(module).__name__}'s training memory from traces of {depth} and "
                          f"{check_depth} layers"):
