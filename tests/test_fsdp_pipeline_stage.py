@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from test_policy_pipeline_search import SEQ, _config
+from test_policy_pipeline_tp_search import _config as small_vocabulary
 
 # the cut's parameters: the embedding and head 4,008 × 128 each, the final norm 128, and a layer's q, o 128 × 128,
 # k, v 32 × 128, gate, up, down 448 × 128, its two norms 128 each
@@ -105,11 +106,13 @@ def test_fsdp_beside_a_pipeline_gathers_once_a_step():
         assert ("once a step" in term.what) == (pp > 1)
 
 
-@pytest.mark.parametrize("in_flight, tp, figures, held", [
-    (3, 1, (27_113_988, 30_346_932, 31_885_356), 3 * 3_385_288),
-    (2, 1, (23_728_700, 26_961_644, 28_500_068), 2 * 3_385_288),
-    (3, 2, (16_936_356, 17_917_428, 19_968_876), 3 * 2_449_448 + 640)])
-def test_the_policy_stage_with_k_in_flight_is_the_trace(monkeypatch, in_flight, tp, figures, held):
+@pytest.mark.parametrize("in_flight, tp, figures, held, cut", [
+    (3, 1, (27_113_988, 30_346_932, 31_885_356), 3 * 3_385_288, _config),
+    (2, 1, (23_728_700, 26_961_644, 28_500_068), 2 * 3_385_288, _config),
+    (3, 2, (16_936_356, 17_917_428, 19_968_876), 3 * 2_449_448 + 640, _config),
+    (2, 2, (6_991_484, 7_636_940, 7_898_436), 2 * 1_330_728 + 640, small_vocabulary)],
+    ids=["k3", "k2", "k3 tp2 sp", "k2 tp2 sp V512"])
+def test_the_policy_stage_with_k_in_flight_is_the_trace(monkeypatch, in_flight, tp, figures, held, cut):
     """Issue 28: does the replay count a layer's 16-bit gather again once a microbatch in flight? No. The whole cut
     (2 × 40: T ≠ h) replayed by pipeline_replay as one stage (dp 2, the stage list asked for one stage of every
     layer, k = 3 and 2 microbatches in flight), against FSDP2's rank traced with k forwards, then k backwards
@@ -124,7 +127,16 @@ def test_the_policy_stage_with_k_in_flight_is_the_trace(monkeypatch, in_flight, 
     (and 640 B held once a stage): the vocabulary-parallel embedding's gradient is whole (DTensor's embedding
     backward makes it Replicate, and without the sync FSDP2 casts and adds it so), 4·(V − V/tp)·h = 1,026,048 B over
     the rank's own from the first backward's end; without it the first backward was 351,328 B under (the replay's
-    largest moment above the end moment short of it) and the later 1,026,044 (2 in flight too)."""
+    largest moment above the end moment short of it) and the later 1,026,044 (2 in flight too). The optimizer step
+    equals but for the kept loss (4 B): beside tp the trace holds the token ids there (8·B·S = 640 B, the 640 B held
+    once a stage: the tp plan's DTensor input aliases them, estimate_closed_form.token_ids_held), 636 B under before
+    they were counted. On test_policy_pipeline_tp_search's cut (vocabulary 512, two KV heads; the last row) the
+    trace's later backward peaks at the loss's moment (4 × the fp32 logits' shard, 327,680 B, above every fp32
+    gradient), which the replay's largest later moment, inside a middle layer's backward, was 49,828 B above: there
+    the replayed rank holds the layer's 16-bit parameters copied out of its all-gather, the next layer's prefetched
+    all-gather and the layer above's fp32 reduce-scatter input, none of which the stage makes (every unit gathered, no
+    reduce without the sync); the later backward without them (unsynced_backward.backward_gathers_apart) is the
+    loss's moment, the trace + 4 B (3 in flight too, and on the vocabulary-4,008 cut at 3 and 2)."""
     import torch
     import transformers as T
 
@@ -139,11 +151,11 @@ def test_the_policy_stage_with_k_in_flight_is_the_trace(monkeypatch, in_flight, 
                                                                         in_flight),))
     layout = layout_for(dp=2, tp=tp, sp=tp > 1, pp=2, zero="fsdp", micro_batches=in_flight, batch=2 * in_flight,
                         fsdp_mixed_precision="policy")
-    _, estimate, _ = training_answer(_config(), TrainingOptions(batch=2 * in_flight, seq=40, precision="bf16-mixed",
-                                                                fits=False, layout=layout, derive_layout=True))
+    _, estimate, _ = training_answer(cut(), TrainingOptions(batch=2 * in_flight, seq=40, precision="bf16-mixed",
+                                                            fits=False, layout=layout, derive_layout=True))
     phases = {p.where: p.bytes for p in estimate.training.device.phases}
     with torch.device("meta"):
-        module = T.LlamaForCausalLM(_config())
+        module = T.LlamaForCausalLM(cut())
     settings = StepSettings(precision="bf16-mixed", optimizer="adamw", grad_checkpointing=False, attention="sdpa",
                             frozen=(), weights_dtype=None, own_dtype=(), batch=2, seq=40)
     traced = trace_unsynced_fsdp(module, settings, 2, "policy", in_flight, tp=tp, sp=tp > 1)
@@ -152,6 +164,7 @@ def test_the_policy_stage_with_k_in_flight_is_the_trace(monkeypatch, in_flight, 
     assert phases["later backward"] == traced.backward_later + 4
     assert phases["end of the first backward"] == traced.backward_first
     assert phases["first backward"] < traced.backward_first
+    assert phases["optimizer step"] == traced.optimizer_step + 4
     assert estimate.training.device.stages[0].activations == held
 
 

@@ -178,6 +178,18 @@ def sharded_activations_device(ctx: StepContext, placements: tuple[Placement, ..
     return device, at
 
 
+def token_ids_held(ctx: StepContext, batch: int, length: int) -> tuple[int, str]:
+    """(bytes, words) of the token ids the traced rank holds at its optimizer step, int64, 8·B·S/cp, where its inputs
+    enter a DTensor module (held_at_step's first term; a pipeline's first stage holds them too,
+    pipeline_replay.derived_pipeline_device); (0, "") elsewhere."""
+    layout = ctx.layout
+    if not (layout.tp > 1 or layout.ep > 1 and not fsdp_sharded(layout)):
+        return 0, ""
+    ids = 8 * batch * (length // layout.cp)
+    return ids, (f"the token ids 8·B·S{' / cp' if layout.cp > 1 else ''} = {ids:,} B (the rank's DTensor input "
+                 "aliases them)")
+
+
 def held_at_step(ctx: StepContext, placements: tuple[Placement, ...], batch: int, length: int) -> tuple[int, str]:
     """(bytes, words) the traced rank still holds at its optimizer step beyond its states and gradients:
     - the token ids, int64, 8·B·S/cp, where the rank's inputs enter a DTensor module (the tp plan's replicated input,
@@ -186,12 +198,10 @@ def held_at_step(ctx: StepContext, placements: tuple[Placement, ...], batch: int
       are not seen; nor under FSDP2 or cp alone, where the embedding reads them as they are);
     - each MoE layer's expert offsets, int32, one per expert the rank holds (memory/expert_offsets.py, one device's
       rule too)."""
-    layout = ctx.layout
     parts = []
-    if layout.tp > 1 or layout.ep > 1 and not fsdp_sharded(layout):
-        ids = 8 * batch * (length // layout.cp)
-        parts.append((ids, f"the token ids 8·B·S{' / cp' if layout.cp > 1 else ''} = {ids:,} B (the rank's "
-                           "DTensor input aliases them)"))
+    ids = token_ids_held(ctx, batch, length)
+    if ids[0]:
+        parts.append(ids)
     offsets = expert_offsets(placements, ctx.precision, ctx.own, config=ctx.view.config, local=True)
     if offsets[0]:
         parts.append(offsets)

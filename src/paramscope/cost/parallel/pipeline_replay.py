@@ -11,6 +11,7 @@ from typing import Any
 from ...errors import UnsupportedError
 from ..memory.phases import PhaseFigure
 from .device import Buffer, StageMemory, DeviceMemory, StepContext, NEEDS_BUILD
+from .estimate_closed_form import token_ids_held
 from .device_parts import (
     device_states_of, fsdp_buffers, hidden_size, layer_runs, resident_bytes, sequence_parallel_norm_gradients,
     whole_embedding_gradient, with_buffers, with_norm_gradients, with_whole_gradient
@@ -18,7 +19,9 @@ from .device_parts import (
 from .pipeline import Stage, after_layers, bubble, layer_stack_of, params_held, split_words, stages
 from .rules import Placement, cuts_routed_experts
 from .states import DeviceStates, stage_step
-from .unsynced_backward import end_of_first_backward, first_backward_unsharded, whole_embedding_extra
+from .unsynced_backward import (
+    backward_gathers_apart, end_of_first_backward, first_backward_unsharded, whole_embedding_extra
+)
 
 
 # a bound where the replay is above the stage's trace (tests/test_pipeline_encoder_stages.py)
@@ -137,10 +140,17 @@ UNSYNCED = (
     "3 and 2 in flight, the forwards, the first backward's end and the later backward equal (the kept loss, 4 B), "
     "where without it the first backward was 351,328 B under (the replay's largest moment above the end short of "
     "it) and the later 1,026,044; on test_policy_pipeline_tp_search's cut (vocabulary 512, two KV heads), 3 and 2 "
-    "in flight, the forwards and the first backward's end equal (it was 81,856 B under), the later backward 49,828 B "
-    "over (it was 81,244 B under: there the trace's later peak, at 2 in flight, holds the running microbatch's "
-    "activations whole and 327,680 B of temporaries above every fp32 gradient, 4 × the fp32 logits' shard B·S·V/tp: "
-    "the loss's moment; the replay's largest later moment is another, above it). An "
+    "in flight, the forwards, the first backward's end and the later backward equal (the kept loss, 4 B; the first "
+    "backward's end was 81,856 B under): there the trace's later peak holds the running microbatch's activations "
+    "and 327,680 B of temporaries above every fp32 gradient, 4 × the fp32 logits' shard B·S·V/tp, the loss's moment, "
+    "while the replay's largest later moment was inside a middle layer's backward, 49,828 B above it, where the "
+    "replayed FSDP2 rank holds the layer's 16-bit parameters copied out of its all-gather, the next layer's "
+    "prefetched all-gather and the layer above's fp32 reduce-scatter input, none of which the stage makes (every "
+    "unit gathered, no reduce without the sync): a later backward is replayed without them "
+    "(unsynced_backward.backward_gathers_apart), and the forward before it, where counted, less the running "
+    "layer's gather. The optimizer step beside tp holds the first stage's token ids (8·B·S, a microbatch's: the tp "
+    "plan's DTensor input aliases them, as without a pipeline), equal on both cuts but for the kept loss (4 B; it "
+    "was 636 B under). An "
     "estimate still, no pipeline stage traced under FSDP2: the reduce after the last backward "
     "(no activations left; each unit's fp32 reduce-scatter input beside its gradients as its gathered parameters are "
     "freed) is no moment of its own (below the last backward on the traced cut)")
@@ -191,13 +201,14 @@ def unsynced_gradients(ctx: StepContext, held: tuple[Placement, ...], shards: in
                for p in held if p.name.split(" (")[0] in ctx.trainable)
 
 
-def _without_running_gather(phase: PhaseFigure, layer: int, in_flight: int) -> PhaseFigure:
+def _without_running_gather(phase: PhaseFigure, layer: int, in_flight: int, bare: bool = False) -> PhaseFigure:
     """Under the policy beside a pipeline (UNSYNCED): the replayed FSDP2 rank gathers each layer as it runs (and
     frees it after), which the stage, holding every unit gathered, does not: a moment with no gather of its own (a
     backward, a forward after the stage's first microbatch's) is one layer's 16-bit parameters below the replay,
     `layer` (the largest layer unit). Held to the trace (trace_unsynced_fsdp on a 4-layer Llama cut: the first
-    forward equal without it, the backwards and the later forward equal with it)."""
-    if phase.where not in ("first backward", "later backward") and not (
+    forward equal without it, the backwards and the later forward equal with it). `bare`: the later backward is
+    counted without the rank's gathers already (unsynced_backward.backward_gathers_apart), left as it is."""
+    if bare and phase.where == "later backward" or phase.where not in ("first backward", "later backward") and not (
             phase.where == "forwards in flight" and in_flight > 1):
         return phase
     return dataclasses.replace(phase, bytes=phase.bytes - layer, arithmetic=phase.arithmetic + (
@@ -417,7 +428,25 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                            f"{figures.output_gradient:,}" if figures.output_gradient else " from the loss")
                         + ", its gradients made as it goes; derived)",
                         figures.gradients_at_backward_peak, figures.backward_peak - figures.gradients_at_backward_peak)]
-        if later:
+        # under the policy beside the pipeline: a later backward without the replayed rank's own gathers and
+        # reduce-scatters, which the stage makes none of (unsynced_backward.backward_gathers_apart)
+        bare = bare_later(stage, recipe, batch, length, residual, later, tied) \
+            if policy is not None and later and not interleaved and fsdp_beside(ctx) else None
+        if bare is not None:
+            gather = running_gather(stage)
+            value = max(bare[0], figures.later_forward - gather)
+            phases.append(PhaseFigure(
+                "backward", resident + dev.gradients + value, "later backward",
+                f"gradients {dev.gradients:,} (held from the microbatches gone back) + a later backward {value:,} "
+                f"({later} microbatch{'es' if later > 1 else ''} in flight and one's backward, each new gradient "
+                "added into its .grad at once, the replayed rank's backward without its FSDP2 gathers and "
+                f"reduce-scatters ({bare[1]} allocations: each layer unit's 16-bit parameters copied out of its "
+                "all-gather, the next unit's prefetched all-gather, the unit above's fp32 reduce-scatter input), "
+                "which the stage makes none of, every unit gathered and no reduce without the sync"
+                + (f"; or the forward before it with one fewer held, less the running layer's 16-bit gather the "
+                   f"replayed rank makes ({figures.later_forward:,} − {gather:,}), where larger"
+                   if figures.later_forward else "") + "; derived)", dev.gradients, value))
+        elif later:
             phases.append(PhaseFigure(
                 "backward", resident + dev.gradients + figures.later_peak, "later backward",
                 f"gradients {dev.gradients:,} (held from the microbatches gone back) + a later backward "
@@ -431,14 +460,18 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
                 "backward and added into their .grad at once after; derived)", dev.gradients, figures.later_peak))
         losses, losses_text = kept_losses(figures, layout.micro_batches)
         step_bytes, step_text = stage_step(ctx, dev)  # bf16-master: the stage's own fp32 gradient copy
-        phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes + losses, "optimizer step",
-                                  f"gradients {dev.gradients:,}; {step_text}{losses_text}", dev.gradients))
+        # the first stage's token ids, where a DTensor input aliases them (held to the step's end, as without a
+        # pipeline: estimate_closed_form.held_at_step)
+        ids, ids_text = token_ids_held(ctx, batch, length) if stage.first else (0, "")
+        phases.append(PhaseFigure("optimizer step", resident + dev.gradients + step_bytes + losses + ids,
+                                  "optimizer step", f"gradients {dev.gradients:,}; {step_text}{losses_text}"
+                                  + (f"; held from the step before: {ids_text}" if ids else ""), dev.gradients))
         if stage.first and whole is not None:  # the stage holding the vocabulary-parallel embedding
             phases = [with_whole_gradient(p, whole) for p in phases]
         elif stage.first and tied_whole is not None:  # and one tied to the head on the last stage
             phases = [with_whole_gradient(p, tied_whole) for p in phases]
         if policy is not None:  # the replayed rank's running layer, gathered again: held among the stage's units
-            phases = [_without_running_gather(p, running_gather(stage), k) for p in phases]
+            phases = [_without_running_gather(p, running_gather(stage), k, bare is not None) for p in phases]
         norms = sequence_parallel_norm_gradients(ctx, stage_params(stage))
         # FSDP2 beside the pipeline: the gradients a moment holds are unsharded until the step's reduce (UNSYNCED):
         # at the first backward's largest moment those of the units gone back, and its end, every one (its own
@@ -459,6 +492,16 @@ def derived_pipeline_device(ctx: StepContext, placements: tuple[Placement, ...],
         return tuple(with_unsynced_gradients(with_buffers(with_norm_gradients(p, norms), comm), whole_grads,
                                              dev.gradients, comm, partial, whole_words)
                      for p in phases), figures, recipe.regime
+
+    def bare_later(stage: Stage, recipe: Any, batch: int, length: int, residual: int, later: int,
+                   tied: tuple[int, int] | None) -> tuple[int, int] | None:
+        """(the stage's later backward replayed without the rank's gathers and reduce-scatters, how many
+        allocations were taken out); None where none is recognised."""
+        apart, count = backward_gathers_apart(ctx, recipe, held_of(stage))
+        if not count:
+            return None
+        return stage_activations(apart, batch, length, stage.layers[0], stage.layers[-1] + 1, stage.in_flight,
+                                 residual, later, waiting, tied).later_backward, count
 
     def running_gather(stage: Stage) -> int:
         """The largest layer unit of the stage gathered in 16 bits (the policy's param_dtype)."""

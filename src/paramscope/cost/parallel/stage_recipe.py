@@ -58,6 +58,10 @@ class StageActivations:
     # pipeline_replay.kept_losses (torchtitan holds their mean, whose graph reaches each)
     loss_kept: int = 0
     loss_scalar: int = 0  # of loss_kept, the loss itself
+    # later_peak's two moments: the later backward's own largest, and the forward before it (1F1B's steady state;
+    # 0 where none comes first)
+    later_backward: int = 0
+    later_forward: int = 0
 
     @property
     def after_first_backward(self) -> int:
@@ -103,14 +107,16 @@ def stage_activations(recipe: DerivedRecipe, batch: int, seq: int, start: int, s
         forward_peak = max(forward_peak, (in_flight - 1) * each + kept_once + again)
     # the first microbatch's loss, kept from its backward on (the last stage)
     loss, scalar = replay.kept_with_loss()
-    later = 0
+    later = later_backward = later_forward = 0
     if later_in_flight:
         _, accumulated, _ = replay.run_backward(backward, gradient, accumulate=True, waiting=waiting)
-        later = later_in_flight * each + kept_once + loss + accumulated
+        later = later_backward = later_in_flight * each + kept_once + loss + accumulated
         if later_in_flight == in_flight:  # 1F1B's steady state: one more forward first, the k - 1 others held
-            later = max(later, (in_flight - 1) * each + kept_once + loss + again)
+            later_forward = (in_flight - 1) * each + kept_once + loss + again
+            later = max(later, later_forward)
     return StageActivations(forward_live, in_flight, held, forward_peak, held + backward_peak, grads, received,
-                            gradient, later_in_flight, later, kept_once, loss_kept=loss, loss_scalar=scalar)
+                            gradient, later_in_flight, later, kept_once, loss_kept=loss, loss_scalar=scalar,
+                            later_backward=later_backward, later_forward=later_forward)
 
 
 class _Replay:

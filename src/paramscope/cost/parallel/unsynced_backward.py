@@ -1,6 +1,7 @@
-"""A pipeline stage's first backward under FSDP2 beside the pipeline (pipeline_replay.UNSYNCED): the gradients its
-largest moment holds unsharded, unit by unit, and the moment its end makes, every gradient unsharded and, under the
-MixedPrecisionPolicy, the root unit's 16-bit gradients upcast one by one.
+"""A pipeline stage's backward under FSDP2 beside the pipeline (pipeline_replay.UNSYNCED): the gradients the first
+backward's largest moment holds unsharded, unit by unit, and the moment its end makes, every gradient unsharded and,
+under the MixedPrecisionPolicy, the root unit's 16-bit gradients upcast one by one; a later backward replayed without
+the FSDP2 rank's own gathers and reduce-scatters (backward_gathers_apart).
 
     first backward   the replayed step's largest moment, whose gradients made by then are, under the policy, the
                      replayed FSDP2 rank's fp32 shards of the layer units gone back (one reduce-scatter output a
@@ -18,6 +19,13 @@ MixedPrecisionPolicy, the root unit's 16-bit gradients upcast one by one.
                      unit gone back and of root parameters ≤ i, and the 16-bit ones of parameters ≥ i; the k − 1
                      other microbatches held, and on the last stage the loss and autograd's seed gradient
                      (ones_like(loss), held by torch.autograd.backward's frame through the callback).
+    later backward   under the policy the replayed rank, in each layer unit's backward, holds the unit's 16-bit
+                     parameters copied out of its all-gather, the next unit's prefetched all-gather (the cast shards
+                     and the flat output) and the unit above's fp32 reduce-scatter input; the stage, every unit
+                     gathered and no reduce without the sync, makes none: the later backward is replayed without
+                     them (traced: on the vocabulary-512 cut, tp 2 + sp, 3 and 2 in flight, the replay's largest
+                     later moment inside a middle layer's backward was 49,828 B above the trace's, the loss's
+                     moment; without them the later backward is the loss's moment, the trace + the kept loss, 4 B).
 
 Traced: trace_unsynced_fsdp on a 4-layer Llama cut (dp 2, the whole cut one stage), 2 × 40, 3 and 2 microbatches
 in flight: the end of the first backward is the phase's peak there, equal to the byte
@@ -34,6 +42,7 @@ the embedding whole, and the end moment with it equals the trace's first backwar
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -148,3 +157,51 @@ def end_of_first_backward(ctx: StepContext, held: tuple[Placement, ...], stage: 
                 f"cast's 16-bit gradient beside its fp32 copy where that is largest, {upcast:,}" if upcast else ""))
     return PhaseFigure("backward", resident + after + tail + shards + upcast, "end of the first backward", words,
                        shards)
+
+
+def backward_gathers_apart(ctx: StepContext, recipe: Any, held: tuple[Placement, ...]) -> tuple[Any, int]:
+    """(the replayed FSDP2 rank's recipe with the allocations of its backward's gathers and reduce-scatters sized 0,
+    how many): under the policy a stage beside a pipeline makes neither in a later microbatch's backward (every unit
+    gathered since its first forward, no reduce without the sync: UNSYNCED), where the rank, in each layer unit's
+    backward, holds the unit's 16-bit parameters copied out of its all-gather, the next unit's prefetched all-gather
+    (its input, the 16-bit shards cast, and its flat output) and the unit above's fp32 reduce-scatter input
+    (FSDP2's foreach_all_gather, foreach_all_gather_copy_out, foreach_reduce). Recognised among the constant
+    allocations a backward segment makes (B and S appear in none of them), not the rank's gradients: the unit's
+    16-bit shards 2·Σ⌈dim0 / d⌉·rest, its all-gather output d times that, its reduce-scatter input 4·d·Σ⌈dim0 / d⌉·rest,
+    and a run of consecutive allocations the unit's parameters' 16-bit sizes in order (the copy-out). The reduce-
+    scatter's output, the rank's gradient shard, is the replay's own gradient (not made at a later backward)."""
+    d = ctx.layout.shard_degree
+    units: dict[str, list[Placement]] = {}
+    for p in held:
+        if (m := LAYER_PREFIX.match(p.name)) and p.name.split(" (")[0] in ctx.trainable:
+            units.setdefault(m.group(0), []).append(p)
+    whole: set[int] = set()
+    copies: set[tuple[int, ...]] = set()
+    for params in units.values():
+        shards = sum(-(-(p.local_shape or (1,))[0] // d) * math.prod((p.local_shape or (1,))[1:]) for p in params)
+        whole |= {2 * shards, 2 * d * shards, 4 * d * shards}
+        copies.add(tuple(2 * p.local_numel for p in params))
+    sizes = list(recipe.sizes)
+
+    def constant(index: int) -> int | None:
+        poly = sizes[index]
+        if recipe.gradient[index] or not all(i == 0 and j == 0 for i, j, _ in poly):
+            return None
+        return sum(v for _, _, v in poly)
+
+    apart = set()
+    segments = (recipe.head_backward, recipe.last_backward, recipe.first_backward, *recipe.middle_backward.values())
+    for entries in segments:
+        made = [(sign > 0 and mult is None, index) for sign, index, mult in entries]
+        for position, (alloc, index) in enumerate(made):
+            if not alloc or constant(index) is None:
+                continue
+            if constant(index) in whole:
+                apart.add(index)
+            for run in copies:
+                window = made[position:position + len(run)]
+                if len(window) == len(run) and all(a and constant(i) == v for (a, i), v in zip(window, run)):
+                    apart.update(i for _, i in window)
+    for index in apart:
+        sizes[index] = ()
+    return dataclasses.replace(recipe, sizes=tuple(sizes)), len(apart)
