@@ -113,3 +113,38 @@ def test_a_tp_sp_rank_s_forward_under_full_checkpointing_equals_its_trace(hidden
     if (hidden, tp, precision, accum) == (256, 2, "bf16-mixed", 1):  # the start of backward, traced: 1,258,248 over
         start = next(p for p in phases if p.where == "start of backward")  # the resident 7,081,300 (was 864,008)
         assert start.bytes == 8_339_548 and "2 layers' checkpoints (each its input)" in start.arithmetic
+
+
+@pytest.mark.parametrize("hidden, inner, tp, precision, traced, where, down", [
+    # the recomputed last layer's down projection's new weight gradient beside the held ones, over the tp + sp
+    # rank's anchor: was 11,331,156 and 9,390,100 (1,800 and 110,344 B under; no such moment beside sp)
+    (256, 344, 2, "fp32", 11_332_956, "the recomputed last layer's down projection gradient", 11_332_956),
+    (192, 480, 2, "fp32", 9_500_444, "the recomputed last layer's down projection gradient", 9_500_444),
+    (256, 344, 4, "fp32", 6_704_092, "start of backward", 6_703_708),  # 384 B below it in the traced allocations
+    (256, 344, 2, "bf16-pure", 5_864_540, "start of backward", 5_766_492),  # 98,048 B below it, likewise
+    (192, 480, 2, "bf16-pure", 4_922_652, "start of backward", None),
+    (256, 344, 4, "bf16-pure", 3_753_436, "start of backward", None),
+    (256, 344, 2, "bf16-mixed", 11_817_068, "end of forward", None),
+    (192, 480, 2, "bf16-mixed", 9_770_284, "end of forward", None),
+    (256, 344, 4, "bf16-mixed", 7_135_724, "end of forward", None),
+])
+def test_a_tp_sp_rank_s_later_micro_step_under_full_checkpointing_equals_its_trace(hidden, inner, tp, precision,
+                                                                                    traced, where, down):
+    """--grad-accum 2 beside tp + sp under full checkpointing (2-layer Llama, V 500, 2 × 64 a micro-step): the later
+    micro-step's recomputed last layer (fp32, bf16-pure) prices its down projection's new weight gradient, live beside
+    every held one until AccumulateGrad adds it in, over the tp + sp rank's anchor; each peak is the traced rank's
+    (--trace beside --tp --sp --grad-checkpointing full --grad-accum 2), at the moment named, and each `down` the
+    traced second micro-step's allocations at that gradient (its live bytes against the traced peak's)."""
+    from paramscope.cost.parallel.layout import layout_for
+
+    config = dict(_config("llama", hidden, inner, 2), vocab_size=500)
+    options = TrainingOptions(batch=4, seq=64, precision=precision, fits=False, grad_checkpointing="full",
+                              grad_accum=2, layout=layout_for(tp=tp, sp=True))
+    phases = estimate_training(config, options).training.device.phases
+    top = max(phases, key=lambda p: p.bytes)
+    assert (top.bytes, top.where, top.phase.endswith("gradients held")) == (traced, where, True)
+    named = [p.bytes for p in phases if p.where == "the recomputed last layer's down projection gradient"]
+    if precision == "bf16-mixed":  # its later backward peaks before the anchor (the layer's copies made again)
+        assert named == []
+    else:
+        assert len(named) == 1 and named[0] <= traced and (down is None or named[0] == down)

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 from ..dtypes import itemsize
 from ..traced.step import HELD_BACKWARD, HELD_FORWARD
-from .activations.step import RECOMPUTE_FREED  # what the down projection's backward has freed, ·T·h
+from .activations.step import RECOMPUTE_FREED, sp_recompute_freed  # what the down projection's backward freed
 from .phases import RECOMPUTED_MOMENTS, RECOMPUTED_PRECISIONS, PhaseFigure
 from .states import as_trained, step_precision
 
@@ -162,6 +162,7 @@ class RecomputedLayer:
     head: int
     precision: str
     ids: int = 0  # a tensor-parallel rank's: the token ids its vocabulary-parallel embedding still references, 8·T
+    sp: int = 0  # a tp + sp rank's tp degree: its anchor and its down projection's rows are the tp + sp rank's
 
 
 
@@ -179,13 +180,21 @@ def recomputed_gradient_moments(again: PhaseFigure, gradients: int, layer: Recom
     equals the traced second micro-step's (Llama cuts, h 128 and 256, fp32, bf16-pure, bf16-mixed)."""
     t, h, i = layer.tokens, layer.hidden, layer.inner
     k = RECOMPUTE_FREED[layer.precision]
-    base = again.bytes - again.gradients + gradients - k * t * h - 12 * t + 8 + layer.ids
+    freed, freed_words = k * t * h + 12 * t - 8, f"{k}·T·h + 12·T − 8 (the loss and its gradient)"
+    if layer.sp:  # a tp + sp rank: its table's anchor (activations/step.py), over the moment as sp sheds it
+        kind = "mixed" if layer.precision == "bf16-mixed" else layer.precision
+        freed, freed_words = sp_recompute_freed(kind, t, h, layer.sp)
+    base = again.bytes - again.gradients + gradients - freed + layer.ids
     opening = (f"last layer recomputed {again.bytes - again.gradients:,} + every gradient, held from the earlier "
                f"micro-steps, {gradients:,} − what the head's and the final norm's backward freed and the moment's "
-               f"gradients not made or counted twice by the down projection's backward, {k}·T·h + 12·T − 8 (the "
-               f"loss and its gradient) = {k * t * h + 12 * t - 8:,}" +
+               f"gradients not made or counted twice by the down projection's backward, {freed_words} = {freed:,}" +
                (f" + the token ids the vocabulary-parallel embedding references, 8·T = {layer.ids:,}"
                 if layer.ids else ""))
+    if layer.sp and layer.precision != "bf16-mixed":
+        # the tp + sp rank's table (its rows 1 and 2): 4·T·h/tp freed before the weight gradient is made (traced,
+        # the second micro-step's allocations: Llama h 256 and 192, tp 2, fp32 and bf16-pure)
+        base -= 4 * (t * h // layer.sp)
+        opening += f" − 4·T·h/tp freed as its weight gradient is made = {4 * (t * h // layer.sp):,}"
     if layer.precision == "bf16-mixed":
         copies = 2 * layer.casts - 2 * layer.head
         made = base + copies + 2 * t * i + 2 * i * h
@@ -259,6 +268,14 @@ def tp_alone(layout: Any) -> bool:
     whose rank's later micro-step was traced moment by moment."""
     return layout is not None and layout.tp > 1 and layout.dp == layout.cp == layout.ep == layout.pp == 1 and \
         not layout.sp
+
+
+def sp_alone(layout: Any) -> bool:
+    """Whether `layout` is tensor parallelism with sequence parallel alone (no data, context or expert parallelism
+    or pipeline beside it), whose rank's recomputed layer's backward was traced (activations/step.py's tp + sp
+    table)."""
+    return layout is not None and layout.tp > 1 and layout.sp and layout.dp == layout.cp == layout.ep == \
+        layout.pp == 1
 
 
 def fsdp2_alone(layout: Any) -> bool:
@@ -404,6 +421,16 @@ def accumulated(micro: Any, report: Any, options: Any) -> Any:
         rank_recomputed = None if whole is None or whole.inner % options.layout.tp else dataclasses.replace(
             whole, inner=whole.inner // options.layout.tp, casts=whole.casts // options.layout.tp,
             head=rank_head.head, ids=8 * rank_head.tokens)
+        if checkpointing and rank_recomputed is None and sp_alone(options.layout) and \
+                step_precision(micro.settings["precision"]) in ("fp32", "bf16-pure"):
+            # a tp + sp rank: its recomputed last layer's down projection over the tp + sp rank's anchor (its head's
+            # backward is not named; under autocast the layer's later backward peaks before the anchor, as its
+            # 16-bit copies are made again beside its output's gradient: not named either)
+            tokens = micro.settings["batch"] * micro.settings["seq"]
+            whole = recomputed_layer(device.activations_from, report, trainable, tokens, micro.settings["precision"])
+            if whole is not None and whole.inner % options.layout.tp == 0:
+                rank_recomputed = dataclasses.replace(whole, inner=whole.inner // options.layout.tp, casts=0, head=0,
+                                                      ids=8 * tokens, sp=options.layout.tp)
         exact = measured(device.phases) or named and (outweighs or rank_recomputed is not None) or \
             fsdp2_alone(options.layout)
         # a tp rank's embedding backward makes the whole embedding gradient, added into the whole one it holds

@@ -359,6 +359,15 @@ _MLP_BACKWARD = {
 SP_RECOMPUTE_FREED = {"fp32": (12, 8, 4), "bf16-pure": (8, 8, 4), "mixed": (16, 8, 4)}
 
 
+def sp_recompute_freed(kind: str, t: int, h: int, tp: int) -> tuple[int, str]:
+    """(bytes, words) of what a tp + sp rank's head's and final norm's backward have freed of "last layer
+    recomputed" by the recomputed layer's down projection's weight gradient (SP_RECOMPUTE_FREED; `kind` fp32,
+    bf16-pure or mixed; T tokens, h the hidden width): the anchor of its first micro-step's table and of a later
+    micro-step's down projection moment (grad_accum.recomputed_gradient_moments)."""
+    b, c, d = SP_RECOMPUTE_FREED[kind]
+    return b * (t * h // tp) + c * t + d * (t // tp) - 8, f"{b}·T·h/tp + {c}·T + {d}·T/tp − 8"
+
+
 def _basis(layout: str, t: int, h: int, i: int, tp: int) -> tuple[int, ...]:
     if layout == SP_RANK:
         return t * i, i * h, t * h, t * h // tp, t // tp, h
@@ -390,11 +399,9 @@ def recomputed_backward_moments(act: TrainingActivations, *, held_last: int, lay
     sp = layout == SP_RANK
     checkpoint = shape.checkpoint // tp if sp else shape.checkpoint  # a layer's input, on the rank's S / tp tokens
     if sp:
-        b, c, d = SP_RECOMPUTE_FREED[kind]
-        freed = b * (t * h // tp) + c * t + d * (t // tp) - 8
+        freed, freed_words = sp_recompute_freed(kind, t, h, tp)
         anchor = again.bytes - freed + ids
-        anchor_words = (f"last layer recomputed {again.bytes:,} − ({b}·T·h/tp + {c}·T + {d}·T/tp − 8) freed by "
-                        "then = ")
+        anchor_words = f"last layer recomputed {again.bytes:,} − ({freed_words}) freed by then = "
         if kind != "mixed":
             anchor_words += f"{anchor:,}"
     else:
