@@ -6,8 +6,9 @@ for the same step twice (an answer with --trace beside the same answer without i
 derivation that two tests ask for), the second is the first's result, copied. The key is everything the step
 reads: the class, its whole config (and the attention each submodule's config names), every submodule's type,
 mode, extra_repr, plain attributes and hooks, every parameter's and buffer's name, shape, stride, dtype, device,
-type, trainability and which ones are tied, the settings, the layer path, torch's default dtype and grad mode. A
-step on real tensors (fake=False) or with media inputs is never shared.
+type, trainability and which ones are tied, the settings (less a weights dtype that changes no parameter's dtype:
+`settings_read`), the layer path, torch's default dtype and grad mode. A step on real tensors (fake=False) or with
+media inputs is never shared.
 """
 
 from __future__ import annotations
@@ -57,6 +58,25 @@ def module_key(module: Any) -> str:
     return digest.hexdigest()
 
 
+def settings_read(module: Any, settings: Any) -> Any:
+    """`settings` as the step reads them on `module`: a weights_dtype (with its own_dtype exceptions) that changes no
+    parameter's dtype dropped. working_copy (traced/step.py) reads them only to give a floating parameter not named
+    in own_dtype that dtype, so where every such parameter has it already the fake copy is the same without it (a
+    live float32 module asked as --training estimates it, weights_dtype 'float32', beside a test's own settings)."""
+    import dataclasses
+
+    import torch
+
+    name = getattr(settings, "weights_dtype", None)
+    if not name:
+        return settings
+    target = getattr(torch, name)
+    own = {id(p) for n, p in module.named_parameters(remove_duplicate=False) if n in settings.own_dtype}
+    if any(p.dtype.is_floating_point and p.dtype != target and id(p) not in own for p in module.parameters()):
+        return settings
+    return dataclasses.replace(settings, weights_dtype=None, own_dtype=frozenset())
+
+
 def share_traces(monkeypatch: Any, store: dict, module: Any = None) -> None:
     """Route trace_training and record_training_step through `store` (a dict kept across the tests that share it)
     for this test: where paramscope calls them, and in the test's `module` where it imported them by name."""
@@ -74,11 +94,12 @@ def share_traces(monkeypatch: Any, store: dict, module: Any = None) -> None:
         return copy.deepcopy(store[key])
 
     def trace_training(module: Any, settings: Any, *, fake: bool = True) -> Any:
-        key = ("trace", module_key(module), repr(settings)) if fake and settings.media is None else None
+        key = ("trace", module_key(module), repr(settings_read(module, settings))) \
+            if fake and settings.media is None else None
         return shared(trace, key, module, settings, fake=fake)
 
     def record_training_step(module: Any, settings: Any, layer_path: str, *, fake: bool = True) -> Any:
-        key = ("record", module_key(module), repr(settings), layer_path) \
+        key = ("record", module_key(module), repr(settings_read(module, settings)), layer_path) \
             if fake and getattr(settings, "media", None) is None else None
         return shared(record, key, module, settings, layer_path, fake=fake)
 
