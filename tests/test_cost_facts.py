@@ -361,7 +361,20 @@ def test_shipped_facts_are_fresh(preset, tmp_path):
     source = resolve(preset)
     key = facts_key(source.config, model_class=None, task=None, num_labels=None)
     from paramscope.api import inspect_with_module
+    from paramscope.disk_cache import class_directory, installed_transformers_version, safe_name
+    from paramscope.template import lookup_template, shipped_directory
 
+    # record_facts also keeps the engine checks (FLOPs, generation, serving per dtype) beside the facts, made on the
+    # build unless kept there already; this test compares the facts only, so the shipped checks are put there first
+    # (each preset's FLOP and serving checks are made afresh against the shipped ones in
+    # test_every_preset_costs_from_facts_exactly_as_built): the same facts, without ~5 traces per preset
+    class_name = lookup_template(source.config, model_class=None, task=None, num_labels=None).template.class_name
+    shipped = facts_directory(class_directory(shipped_directory(installed_transformers_version()), class_name))
+    kept = facts_directory(class_directory(tmp_path, class_name))
+    kept.mkdir(parents=True)
+    for check in shipped.glob(f"{safe_name(key)}*-check.json"):
+        (kept / check.name).write_bytes(check.read_bytes())
+    assert len(list(kept.iterdir())) >= 1 + len(BUILD_DTYPES)  # the FLOP check and one serving check a dtype
     for dtype in BUILD_DTYPES:
         report, module = inspect_with_module(source, dtype=None if dtype == "float32" else dtype)
         facts, message = record_facts(source, report, module, build_dtype=dtype, directory=tmp_path)

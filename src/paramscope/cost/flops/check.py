@@ -60,7 +60,8 @@ def _first_difference(cut: Any, points: list[tuple[int, int]], checkpointing: bo
                 return f"{at}, {name} {a:,} analytic vs {t:,} traced"
         if checkpointing and index < 2:  # the reruns are per layer, as the weights are: two points tell them
             checked = analytic_flops(view, params, batch=batch, seq=seq, training=True, checkpointing=True)
-            rerun = count_flops(cut, dataclasses.replace(settings, grad_checkpointing=True), training=True)
+            rerun = count_flops(cut, dataclasses.replace(settings, grad_checkpointing=True), training=True,
+                                plain=step)  # the step above is the one without checkpointing
             if checked.recompute != rerun.recompute:
                 return (f"{at}, the checkpointed step's recomputation {checked.recompute:,} analytic vs "
                         f"{rerun.recompute:,} traced")

@@ -33,8 +33,12 @@ def check_serving(module: Any, dtype: str) -> EngineCheck:
                            UNEQUAL_HEADS.format(type(module).__name__))
 
     def compare() -> str:
+        from ...api import inspect_module
+        from ..model_view import from_module
+
+        read = inspect_module(cut), from_module(cut)  # one view: its cache probe (B 1, S 2) serves every point
         for batch, seq in points:
-            analytic, traced, phase, _ = _both(cut, dtype, batch, seq)
+            analytic, traced, phase, _ = _both(cut, dtype, batch, seq, read=read)
             if analytic != traced:
                 return (f"at B={batch}, S={seq:,}, the peak {analytic:,} B analytic vs {traced:,} B traced ({phase}), "
                         f"{analytic - traced:+,} B")
@@ -44,18 +48,19 @@ def check_serving(module: Any, dtype: str) -> EngineCheck:
                      depth=depth, count=count, points=points, modes=(dtype,))
 
 
-def _both(cut: Any, dtype: str, batch: int, seq: int,
-          encoder_seq: int | None = None) -> tuple[int, int, str, tuple[str, ...]]:
+def _both(cut: Any, dtype: str, batch: int, seq: int, encoder_seq: int | None = None,
+          read: tuple[Any, Any] | None = None) -> tuple[int, int, str, tuple[str, ...]]:
     """(the analytic peak, the traced peak, the traced peak's phase, the trace's notes) of `cut` at B × S, the KV
-    cache as transformers keeps it in the compute dtype (what the trace holds)."""
+    cache as transformers keeps it in the compute dtype (what the trace holds). `read`: the cut's (report, view),
+    where the caller reads them once for several points."""
     from ...api import inspect_module
     from ..model_view import from_module
     from .quantization import weight_format
     from .serving import MemoryOptions, serving_estimate, traced_serving
 
     options = MemoryOptions(batch=batch, seq=seq, encoder_seq=encoder_seq)
-    analytic = serving_estimate(inspect_module(cut), from_module(cut), options, weight_format(_FORMATS[dtype]),
-                                "--dtype", ())
+    report, view = read or (inspect_module(cut), from_module(cut))
+    analytic = serving_estimate(report, view, options, weight_format(_FORMATS[dtype]), "--dtype", ())
     traced, phase, notes = traced_serving(cut, options, seq, analytic.weights)
     return analytic.peak, traced, phase, tuple(notes)
 

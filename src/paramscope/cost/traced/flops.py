@@ -55,22 +55,26 @@ class TracedFlops:
         return None if self.backward is None else self.backward - self.model_backward
 
 
-def count_flops(module: Any, settings: StepSettings, *, training: bool) -> TracedFlops:
+def count_flops(module: Any, settings: StepSettings, *, training: bool,
+                plain: TracedFlops | None = None) -> TracedFlops:
     """Count one forward (and, for training, the backward) of `module` on fake tensors.
 
     With gradient checkpointing the step is counted twice, with and without it: the difference is the reruns
     (non-reentrant checkpointing stops rerunning a layer once backward has what it needs, so they are less
-    than the layers' forward)."""
+    than the layers' forward). `plain`: the step without checkpointing (these settings, training), where the caller
+    has counted it already (not counted again)."""
     with progress.status(f"counting {type(module).__name__}'s FLOPs on fake tensors (FlopCounterMode)"):
-        return _count_flops(module, settings, training=training)
+        return _count_flops(module, settings, training=training, plain=plain)
 
 
-def _count_flops(module: Any, settings: StepSettings, *, training: bool) -> TracedFlops:
+def _count_flops(module: Any, settings: StepSettings, *, training: bool,
+                 plain: TracedFlops | None = None) -> TracedFlops:
     import dataclasses
 
     counted = _count(module, settings, training=training)
     if training and settings.grad_checkpointing:
-        plain = _count(module, dataclasses.replace(settings, grad_checkpointing=False), training=True)
+        if plain is None:
+            plain = _count(module, dataclasses.replace(settings, grad_checkpointing=False), training=True)
         counted = dataclasses.replace(counted, fused_attention_backward=plain.fused_attention_backward,
                                       backward_without_checkpointing=plain.backward)
     return counted
