@@ -198,11 +198,11 @@ def serving_estimate(report: Any, view: Any, options: MemoryOptions, fmt: Any, o
         accelerator = Accelerator("budget", options.budget, "", "budget")
     parallel = None
     if options.tp * options.pp * options.dp > 1 or accelerator is not None:
-        parallel, layout_curve = _across_gpus(
+        parallel, layout_at = _across_gpus(
             report, view, fmt, stored, cache, kv_dtype, shape, options, accelerator, seq,
             one_device=peak, missed_by=peak - analytic_peak if engine == "traced" else 0, whole=curve.whole)
-        if layout_curve is not None:
-            peak, peak_at, engine = layout_curve.peak, layout_curve.at, layout_curve.engine
+        if parallel.layout is not None:  # the layout's worst GPU answers, in its own arithmetic
+            peak, peak_at, engine = parallel.layout.peak, layout_at, "analytic"
             notes.extend(parallel.layout.notes)
             settings["layout"] = _layout_settings(parallel.layout)
     longest = max_context(text)
@@ -319,25 +319,24 @@ def _checked_curve(curve: _Curve, check: Any, view: Any, options: MemoryOptions,
 
 def _across_gpus(report: Any, view: Any, fmt: Any, stored: _Stored, cache: Any, kv_dtype: str,
                  shape: dict[str, Any], options: MemoryOptions, accelerator: Accelerator | None, seq: int, *,
-                 one_device: int, missed_by: int, whole: bool) -> tuple[Any, _Curve | None]:
+                 one_device: int, missed_by: int, whole: bool) -> tuple[Any, Any]:
     """(parallel/serving's ServingParallel: each GPU's answer under --tp/--pp/--dp and the smallest tp that fits the
-    accelerator, the curve the layout's worst GPU answers with, or None without a layout). `missed_by`: what a
+    accelerator; (batch, length) → the layout's worst GPU's peak, or None without a layout). `missed_by`: what a
     trace moved the one-device answer by (each GPU's share of it added back, per_gpu_correction)."""
     from ..parallel.serving import ServingInputs, ServingParallel, per_gpu_correction, serving_layout, smallest_tp
 
     inputs = ServingInputs(report, view, fmt, stored.quantized, stored.fp32, stored.inputs_first, cache, kv_dtype,
                            options.encoder_seq, shape)
-    layout = curve = None
+    layout = peak_at = None
     missed = per_gpu_correction(missed_by, options.batch, seq, whole=whole)
     if options.tp * options.pp * options.dp > 1:
         layout, peak_at = serving_layout(inputs, options.tp, options.pp, options.batch, seq, missed=missed,
                                          ep=options.tp * options.dp if options.expert_parallel else 1,
                                          dp=options.dp)
-        curve = _Curve(layout.peak, peak_at, "", "analytic")
     smallest = smallest_tp(inputs, accelerator, options.reserve, pp=options.pp, batch=options.batch, seq=seq,
                            one_device_peak=one_device, missed=missed, dp=options.dp,
                            expert_parallel=options.expert_parallel) if accelerator is not None else None
-    return ServingParallel(layout, smallest), curve
+    return ServingParallel(layout, smallest), peak_at
 
 
 def _layout_settings(layout: Any) -> dict[str, Any]:
